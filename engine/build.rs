@@ -1,0 +1,5 @@
+include!("mlx-sys/link_args.rs");
+
+fn main() {
+    forward_mlx_link_args();
+}

@@ -1,0 +1,7 @@
+//! The engine: an LLM runtime on MLX (through mlx-rs). See `docs/` for one page per
+//! subsystem. MLX is not thread-safe: all MLX work of one model stays on one thread.
+
+pub mod runtime;
+
+/// The engine crate's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
