@@ -123,7 +123,9 @@ pub fn self_check() -> Result<(), RuntimeError> {
     let shifted = squared.add(Array::from_f32(1.0))?;
     let total = shifted.sum(None)?;
     let got: Vec<f32> = squared.as_slice::<f32>().to_vec();
-    let sum = total.try_item_exact::<f32>()?;
+    let sum = total
+        .try_item_exact::<f32>()
+        .map_err(|e| RuntimeError::SelfCheck(e.to_string()))?;
     if got != [7.0, 10.0, 15.0, 22.0] || sum != 58.0 {
         return Err(RuntimeError::SelfCheck(format!(
             "matmul gave {got:?} and sum {sum}, expected [7, 10, 15, 22] and 58"

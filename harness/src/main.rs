@@ -1,1 +1,117 @@
-fn main(){}
+use anyhow::{bail, Result};
+use clap::{Parser, Subcommand};
+use harness::goldens::{Layer, TensorGolden};
+use harness::{machine, oracle, parity};
+
+/// Verification and measurement for the engine: parity gates against committed goldens and
+/// live oracles, and honest numbers.
+#[derive(Parser)]
+#[command(name = "harness", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Check this machine end to end: the engine's MLX runtime, the machine key, the runtime
+    /// golden reproduced bit for bit, and the oracle venv (if present).
+    Doctor,
+    /// The Python oracle environment (oracles/.venv).
+    Oracle {
+        #[command(subcommand)]
+        command: OracleCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum OracleCommand {
+    /// Report the venv, its package versions, and whether its libmlx is the same wheel
+    /// (version and bytes) as the engine's.
+    Doctor,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Command::Doctor => doctor(),
+        Command::Oracle {
+            command: OracleCommand::Doctor,
+        } => oracle_doctor(true).map(|_| ()),
+    }
+}
+
+fn doctor() -> Result<()> {
+    println!("engine {} · MLX {} · backend {} · device {}",
+        engine::VERSION,
+        engine::runtime::mlx_version(),
+        engine::runtime::backend(),
+        engine::runtime::default_device());
+    engine::runtime::self_check()?;
+    println!("runtime self-check: ok");
+    println!("machine key: {}", machine::machine_key());
+
+    let golden = TensorGolden::open("runtime")?;
+    let layer = match golden.layer {
+        Layer::Reference => "reference set",
+        Layer::Machine => "this machine's override",
+    };
+    println!("runtime golden: {} ({layer})", golden.dir.display());
+    let reports = parity::runtime::check_all(&golden)?;
+    let exact = reports.iter().filter(|r| r.comparison.bit_exact).count();
+    for r in reports.iter().filter(|r| !r.comparison.bit_exact) {
+        println!("  {}/{}: {}", r.case, r.tensor, r.comparison);
+    }
+    println!("runtime golden: {exact}/{} tensors bit-exact vs Python mlx", reports.len());
+
+    println!();
+    let oracle_ok = oracle_doctor(false)?;
+    if exact != reports.len() {
+        bail!("runtime golden not reproduced bit for bit");
+    }
+    if !oracle_ok {
+        println!("(oracle venv not ready: gates from committed goldens still run; `--live` diffs need it)");
+    }
+    Ok(())
+}
+
+/// Prints the oracle report; with `strict`, a missing venv or a runtime mismatch is an error.
+fn oracle_doctor(strict: bool) -> Result<bool> {
+    println!("oracle venv: {}", oracle::venv_dir().display());
+    let info = match oracle::probe() {
+        Ok(info) => info,
+        Err(e) if !strict => {
+            println!("  {e}");
+            return Ok(false);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!("  python {}", info.python);
+    for (name, version) in &info.versions {
+        println!("  {name}=={version}");
+    }
+    let same = oracle::same_runtime(&info);
+    println!(
+        "  engine runtime: {} {} at {}",
+        oracle::engine_wheel(),
+        same.engine_version,
+        same.engine_lib.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "?".into())
+    );
+    println!("  oracle libmlx: {}", info.libmlx.as_deref().unwrap_or("not found"));
+    let bytes = match same.bytes_match() {
+        Some(true) => "identical bytes (sha256 match)",
+        Some(false) => "DIFFERENT bytes",
+        None => "bytes not compared (a library path is unknown)",
+    };
+    let verdict = same.versions_match() && same.bytes_match() != Some(false);
+    println!(
+        "  same libmlx as the engine: {} — {} {} vs {}, {bytes}",
+        if verdict { "yes" } else { "NO" },
+        oracle::engine_wheel(),
+        same.engine_version,
+        same.oracle_version.as_deref().unwrap_or("absent"),
+    );
+    if strict && !verdict {
+        bail!("the oracle venv's libmlx differs from the engine's: re-run `bash oracles/setup.sh`");
+    }
+    Ok(verdict)
+}
