@@ -18,7 +18,10 @@ fn every_runtime_case_is_bit_exact_with_python_mlx() {
         println!("{}/{}: {}", r.case, r.tensor, r.comparison);
     }
     let exact = reports.iter().filter(|r| r.comparison.bit_exact).count();
-    println!("runtime golden: {exact}/{} tensors bit-exact", reports.len());
+    println!(
+        "runtime golden: {exact}/{} tensors bit-exact",
+        reports.len()
+    );
     assert_eq!(reports.len(), 18, "every golden tensor is checked");
     assert_eq!(exact, reports.len(), "all tensors bit-exact (max |Δ| = 0)");
 }
@@ -32,12 +35,21 @@ fn changing_one_input_value_fails_the_gate() {
         let reports = check_case(&golden, case, Tamper::FirstInputValue).unwrap();
         let broken: Vec<_> = reports.iter().filter(|r| !r.comparison.bit_exact).collect();
         assert!(
-            broken.iter().any(|r| !["a", "b", "x", "w", "a_bf16", "a_f16"].contains(&r.tensor.as_str())),
+            broken
+                .iter()
+                .any(|r| !["a", "b", "x", "w", "a_bf16", "a_f16"].contains(&r.tensor.as_str())),
             "case {case}: a changed input did not change any output"
         );
         for r in &broken {
-            assert!(r.comparison.first_mismatch.is_some(), "{case}/{}: no location", r.tensor);
+            assert!(
+                r.comparison.first_mismatch.is_some(),
+                "{case}/{}: no location",
+                r.tensor
+            );
         }
-        println!("{case}: tampered input caught in {} tensor(s)", broken.len());
+        println!(
+            "{case}: tampered input caught in {} tensor(s)",
+            broken.len()
+        );
     }
 }

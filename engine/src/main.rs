@@ -46,7 +46,11 @@ fn doctor() -> Result<()> {
     print_version();
     println!(
         "accelerator available: {}",
-        if runtime::accelerator_available() { "yes" } else { "no" }
+        if runtime::accelerator_available() {
+            "yes"
+        } else {
+            "no"
+        }
     );
     println!(
         "libmlx built against: MLX {} from {}",
@@ -55,7 +59,10 @@ fn doctor() -> Result<()> {
     );
     match runtime::loaded_library_path() {
         Some(path) => println!("libmlx loaded from: {}", path.display()),
-        None => println!("libmlx loaded from: (not reported by this OS; rpath {})", runtime::BUILD_MLX_LIB_DIR),
+        None => println!(
+            "libmlx loaded from: (not reported by this OS; rpath {})",
+            runtime::BUILD_MLX_LIB_DIR
+        ),
     }
     let version = runtime::mlx_version();
     if version != runtime::BUILD_MLX_VERSION {

@@ -76,14 +76,25 @@ fn sdpa_with_one_key_returns_its_value_and_causal_masks_the_future() -> R {
     for head in 0..2 {
         for row in 0..3 {
             let at = (head * 3 + row) * 8;
-            assert_eq!(&y[at..at + 8], &v[head * 8..head * 8 + 8], "head {head} row {row}");
+            assert_eq!(
+                &y[at..at + 8],
+                &v[head * 8..head * 8 + 8],
+                "head {head} row {row}"
+            );
         }
     }
 
     // Causal with equal lengths: the first query sees only the first key, so row 0 = v[0].
     let k3 = random::normal::<f32>(&[1, 2, 3, 8], None, None, &random::key(3)?)?;
     let v3 = random::normal::<f32>(&[1, 2, 3, 8], None, None, &random::key(4)?)?;
-    let y = fast::scaled_dot_product_attention(&q, &k3, &v3, 0.3, ScaledDotProductAttentionMask::Causal, None)?;
+    let y = fast::scaled_dot_product_attention(
+        &q,
+        &k3,
+        &v3,
+        0.3,
+        ScaledDotProductAttentionMask::Causal,
+        None,
+    )?;
     let y = y.as_slice::<f32>().to_vec();
     let v3 = v3.as_slice::<f32>().to_vec();
     for head in 0..2 {
@@ -100,7 +111,11 @@ fn quantize_round_trip_error_is_within_one_step() -> R {
     assert_eq!(wq.dtype(), Dtype::Uint32);
     assert_eq!(wq.shape(), &[32, 8]); // 64 values × 4 bits / 32 bits
     let back = dequantize(&wq, &scales, &biases, 64, 4)?;
-    let (w, back, scales) = (w.as_slice::<f32>(), back.as_slice::<f32>(), scales.as_slice::<f32>());
+    let (w, back, scales) = (
+        w.as_slice::<f32>(),
+        back.as_slice::<f32>(),
+        scales.as_slice::<f32>(),
+    );
     for (i, (a, b)) in w.iter().zip(back).enumerate() {
         // MLX snaps one edge of each group onto the grid, so the other edge may clip: the
         // bound is one step, not half.
@@ -109,7 +124,11 @@ fn quantize_round_trip_error_is_within_one_step() -> R {
     }
     // quantized_matmul equals matmul with the dequantized weight on integer-valued inputs.
     let x = Array::from_slice(&[1.0f32; 64], &[1, 64]);
-    let (wq, scales, biases) = quantize(Array::from_slice(&[0.0f32; 64 * 4], &[4, 64]).add(Array::from_f32(1.0))?, 64, 4)?;
+    let (wq, scales, biases) = quantize(
+        Array::from_slice(&[0.0f32; 64 * 4], &[4, 64]).add(Array::from_f32(1.0))?,
+        64,
+        4,
+    )?;
     let y = quantized_matmul(&x, &wq, &scales, &biases, true, 64, 4)?;
     assert_eq!(y.as_slice::<f32>(), &[64.0; 4]);
     Ok(())
@@ -118,7 +137,9 @@ fn quantize_round_trip_error_is_within_one_step() -> R {
 #[test]
 fn value_and_grad_of_sum_of_squares_is_two_x() -> R {
     let x = Array::from_slice(&[1.0f32, -2.0, 3.5], &[3]);
-    let f = |args: &[Array]| -> Result<Vec<Array>, Exception> { Ok(vec![args[0].square()?.sum(None)?]) };
+    let f = |args: &[Array]| -> Result<Vec<Array>, Exception> {
+        Ok(vec![args[0].square()?.sum(None)?])
+    };
     let (values, grads) = value_and_grad(f)(&[x])?;
     assert_eq!(values[0].as_slice::<f32>(), &[1.0 + 4.0 + 12.25]);
     assert_eq!(grads[0].as_slice::<f32>(), &[2.0, -4.0, 7.0]);
@@ -150,13 +171,22 @@ fn memory_counters_track_allocations_and_peak_resets() -> R {
     let big = Array::from_slice(&vec![1.0f32; 1 << 20], &[1 << 20]).add(Array::from_f32(1.0))?;
     big.eval()?;
     let during = engine::runtime::memory().unwrap();
-    assert!(during.active >= before.active + 4 * (1 << 20), "{before:?} -> {during:?}");
+    assert!(
+        during.active >= before.active + 4 * (1 << 20),
+        "{before:?} -> {during:?}"
+    );
     assert!(during.peak >= during.active);
     drop(big);
     let after = engine::runtime::memory().unwrap();
-    assert!(after.active < during.active, "freed: {during:?} -> {after:?}");
+    assert!(
+        after.active < during.active,
+        "freed: {during:?} -> {after:?}"
+    );
     engine::runtime::reset_peak_memory().unwrap();
     let reset = engine::runtime::memory().unwrap();
-    assert!(reset.peak < during.peak, "peak reset: {during:?} -> {reset:?}");
+    assert!(
+        reset.peak < during.peak,
+        "peak reset: {during:?} -> {reset:?}"
+    );
     Ok(())
 }

@@ -42,23 +42,38 @@ pub fn values_and_bytes(array: &Array) -> Result<(Vec<f64>, Vec<u8>), mlx_rs::er
     Ok(match array.dtype() {
         Dtype::Float32 => {
             let v = array.as_slice::<f32>();
-            (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|&x| x as f64).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
         Dtype::Float16 => {
             let v = array.as_slice::<f16>();
-            (v.iter().map(|x| x.to_f64()).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|x| x.to_f64()).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
         Dtype::Bfloat16 => {
             let v = array.as_slice::<bf16>();
-            (v.iter().map(|x| x.to_f64()).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|x| x.to_f64()).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
         Dtype::Uint32 => {
             let v = array.as_slice::<u32>();
-            (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|&x| x as f64).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
         Dtype::Int32 => {
             let v = array.as_slice::<i32>();
-            (v.iter().map(|&x| x as f64).collect(), v.iter().flat_map(|x| x.to_le_bytes()).collect())
+            (
+                v.iter().map(|&x| x as f64).collect(),
+                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            )
         }
         other => {
             return Err(mlx_rs::error::Exception::custom(format!(
@@ -70,17 +85,36 @@ pub fn values_and_bytes(array: &Array) -> Result<(Vec<f64>, Vec<u8>), mlx_rs::er
 
 fn decode(dtype: &str, bytes: &[u8]) -> Vec<f64> {
     match dtype {
-        "float32" => bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-        "float16" => bytes.chunks_exact(2).map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
-        "bfloat16" => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f64()).collect(),
-        "uint32" => bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-        "int32" => bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+        "float32" => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        "float16" => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        "bfloat16" => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f64())
+            .collect(),
+        "uint32" => bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
+        "int32" => bytes
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
+            .collect(),
         _ => Vec::new(),
     }
 }
 
 /// Compares `ours` with a golden tensor, bit for bit.
-pub fn compare(ours: &Array, entry: &TensorEntry, golden: &[u8]) -> Result<Comparison, mlx_rs::error::Exception> {
+pub fn compare(
+    ours: &Array,
+    entry: &TensorEntry,
+    golden: &[u8],
+) -> Result<Comparison, mlx_rs::error::Exception> {
     let (values, bytes) = values_and_bytes(ours)?;
     let expected = decode(&entry.dtype, golden);
     let shape_matches = ours.shape() == entry.shape.as_slice() && expected.len() == values.len();
@@ -95,7 +129,9 @@ pub fn compare(ours: &Array, entry: &TensorEntry, golden: &[u8]) -> Result<Compa
     };
     if shape_matches {
         for (i, (a, b)) in values.iter().zip(&expected).enumerate() {
-            if cmp.first_mismatch.is_none() && bytes[i * width..(i + 1) * width] != golden[i * width..(i + 1) * width] {
+            if cmp.first_mismatch.is_none()
+                && bytes[i * width..(i + 1) * width] != golden[i * width..(i + 1) * width]
+            {
                 cmp.first_mismatch = Some(i);
             }
             let d = (a - b).abs();
@@ -114,23 +150,38 @@ pub fn to_array(entry: &TensorEntry, bytes: &[u8]) -> Array {
     let shape = &entry.shape;
     match entry.dtype.as_str() {
         "float32" => Array::from_slice(
-            &bytes.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>(),
+            &bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
             shape,
         ),
         "uint32" => Array::from_slice(
-            &bytes.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>(),
+            &bytes
+                .chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
             shape,
         ),
         "int32" => Array::from_slice(
-            &bytes.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>(),
+            &bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
             shape,
         ),
         "float16" => Array::from_slice(
-            &bytes.chunks_exact(2).map(|c| f16::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>(),
+            &bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
             shape,
         ),
         "bfloat16" => Array::from_slice(
-            &bytes.chunks_exact(2).map(|c| bf16::from_le_bytes(c.try_into().unwrap())).collect::<Vec<_>>(),
+            &bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes(c.try_into().unwrap()))
+                .collect::<Vec<_>>(),
             shape,
         ),
         other => panic!("to_array: unsupported golden dtype {other}"),

@@ -37,7 +37,11 @@ pub fn goldens_root() -> PathBuf {
 }
 
 /// Where `name` resolves on this machine, and which layer that is.
-pub fn resolve(root: &Path, machine_key: &str, name: &str) -> Result<(PathBuf, Layer), GoldenError> {
+pub fn resolve(
+    root: &Path,
+    machine_key: &str,
+    name: &str,
+) -> Result<(PathBuf, Layer), GoldenError> {
     let override_dir = root.join(machine_key).join(name);
     if override_dir.is_dir() {
         return Ok((override_dir, Layer::Machine));
@@ -133,7 +137,11 @@ impl TensorGolden {
         let bytes = self
             .data
             .get(entry.offset..entry.offset + entry.bytes)
-            .ok_or_else(|| self.malformed(format!("tensor `{case}/{tensor}` lies outside the data file")))?;
+            .ok_or_else(|| {
+                self.malformed(format!(
+                    "tensor `{case}/{tensor}` lies outside the data file"
+                ))
+            })?;
         Ok((entry, bytes))
     }
 }

@@ -68,7 +68,10 @@ mod tests {
 
     #[test]
     fn slugs_match_the_documented_examples() {
-        assert_eq!(slug("cpu Intel(R) Xeon(R) Processor"), "cpu-intel-xeon-processor");
+        assert_eq!(
+            slug("cpu Intel(R) Xeon(R) Processor"),
+            "cpu-intel-xeon-processor"
+        );
         assert_eq!(slug("cuda NVIDIA H200"), "cuda-nvidia-h200");
         assert_eq!(slug("Apple M4 Pro"), "apple-m4-pro");
         assert_eq!(slug("cpu AMD EPYC"), "cpu-amd-epyc");

@@ -41,11 +41,13 @@ fn main() -> Result<()> {
 }
 
 fn doctor() -> Result<()> {
-    println!("engine {} · MLX {} · backend {} · device {}",
+    println!(
+        "engine {} · MLX {} · backend {} · device {}",
         engine::VERSION,
         engine::runtime::mlx_version(),
         engine::runtime::backend(),
-        engine::runtime::default_device());
+        engine::runtime::default_device()
+    );
     engine::runtime::self_check()?;
     println!("runtime self-check: ok");
     println!("machine key: {}", machine::machine_key());
@@ -61,7 +63,10 @@ fn doctor() -> Result<()> {
     for r in reports.iter().filter(|r| !r.comparison.bit_exact) {
         println!("  {}/{}: {}", r.case, r.tensor, r.comparison);
     }
-    println!("runtime golden: {exact}/{} tensors bit-exact vs Python mlx", reports.len());
+    println!(
+        "runtime golden: {exact}/{} tensors bit-exact vs Python mlx",
+        reports.len()
+    );
 
     println!();
     let oracle_ok = oracle_doctor(false)?;
@@ -94,9 +99,15 @@ fn oracle_doctor(strict: bool) -> Result<bool> {
         "  engine runtime: {} {} at {}",
         oracle::engine_wheel(),
         same.engine_version,
-        same.engine_lib.as_ref().map(|p| p.display().to_string()).unwrap_or_else(|| "?".into())
+        same.engine_lib
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "?".into())
     );
-    println!("  oracle libmlx: {}", info.libmlx.as_deref().unwrap_or("not found"));
+    println!(
+        "  oracle libmlx: {}",
+        info.libmlx.as_deref().unwrap_or("not found")
+    );
     let bytes = match same.bytes_match() {
         Some(true) => "identical bytes (sha256 match)",
         Some(false) => "DIFFERENT bytes",

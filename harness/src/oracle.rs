@@ -71,7 +71,9 @@ pub fn probe() -> Result<VenvInfo, OracleError> {
         .output()
         .map_err(|e| OracleError::Probe(e.to_string()))?;
     if !out.status.success() {
-        return Err(OracleError::Probe(String::from_utf8_lossy(&out.stderr).into_owned()));
+        return Err(OracleError::Probe(
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ));
     }
     serde_json::from_slice(&out.stdout).map_err(|e| OracleError::Probe(e.to_string()))
 }
@@ -116,7 +118,10 @@ pub fn same_runtime(info: &VenvInfo) -> SameRuntime {
         engine_version: engine::runtime::mlx_version(),
         oracle_version: info.versions.get(engine_wheel()).cloned(),
         engine_sha256: engine_lib.as_deref().and_then(|p| sha256_file(p).ok()),
-        oracle_sha256: info.libmlx.as_deref().and_then(|p| sha256_file(Path::new(p)).ok()),
+        oracle_sha256: info
+            .libmlx
+            .as_deref()
+            .and_then(|p| sha256_file(Path::new(p)).ok()),
         engine_lib,
     }
 }

@@ -37,12 +37,18 @@ pub fn python() -> String {
 /// so an interrupted install is never mistaken for a finished one.
 pub fn pip_install(requirement: &str, dest: &Path, with_deps: bool) {
     if dest.join(".complete").is_file() {
-        println!("cargo:warning=using cached {requirement} from {}", dest.display());
+        println!(
+            "cargo:warning=using cached {requirement} from {}",
+            dest.display()
+        );
         return;
     }
     let parent = dest.parent().expect("cache entries live in a directory");
     fs::create_dir_all(parent).unwrap_or_else(|e| {
-        fail(format!("cannot create the cache dir {}: {e}; set ENGINE_CACHE_DIR to a writable directory", parent.display()))
+        fail(format!(
+            "cannot create the cache dir {}: {e}; set ENGINE_CACHE_DIR to a writable directory",
+            parent.display()
+        ))
     });
     let staging = parent.join(format!(
         ".{}.partial-{}",
@@ -50,13 +56,23 @@ pub fn pip_install(requirement: &str, dest: &Path, with_deps: bool) {
         std::process::id()
     ));
     let _ = fs::remove_dir_all(&staging);
-    println!("cargo:warning=installing {requirement} into {} (first build only)", dest.display());
+    println!(
+        "cargo:warning=installing {requirement} into {} (first build only)",
+        dest.display()
+    );
     let python = python();
     let mut pip = Command::new(&python);
-    pip.args(["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet"])
-        .args(["--only-binary=:all:", "--target"])
-        .arg(&staging)
-        .arg(requirement);
+    pip.args([
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--quiet",
+    ])
+    .args(["--only-binary=:all:", "--target"])
+    .arg(&staging)
+    .arg(requirement);
     if !with_deps {
         pip.arg("--no-deps");
     }
@@ -82,6 +98,10 @@ pub fn pip_install(requirement: &str, dest: &Path, with_deps: bool) {
         Err(_) if dest.join(".complete").is_file() => {
             let _ = fs::remove_dir_all(&staging);
         }
-        Err(e) => fail(format!("cannot move {} to {}: {e}", staging.display(), dest.display())),
+        Err(e) => fail(format!(
+            "cannot move {} to {}: {e}",
+            staging.display(),
+            dest.display()
+        )),
     }
 }

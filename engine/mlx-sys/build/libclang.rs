@@ -13,9 +13,11 @@ const WHEEL: &str = "libclang==18.1.1";
 static USING_WHEEL: OnceLock<bool> = OnceLock::new();
 
 pub fn ensure(target: &Target) {
-    let using_wheel = if env::var_os("LIBCLANG_PATH").is_some() || target.is_macos() {
-        false // user's choice, or Xcode's libclang which clang-sys finds itself
-    } else if system_libclang().is_some() {
+    // The user's choice, Xcode's libclang, or a system one: clang-sys finds those itself.
+    let found = env::var_os("LIBCLANG_PATH").is_some()
+        || target.is_macos()
+        || system_libclang().is_some();
+    let using_wheel = if found {
         false
     } else {
         let dest = cache::dir().join("tools").join("libclang-18.1.1");

@@ -55,7 +55,11 @@ pub fn locate_sources(out_dir: &Path) -> PathBuf {
         .flatten()
         .find(|p| p["name"] == UPSTREAM && p["version"] == UPSTREAM_VERSION)
         .and_then(|p| p["manifest_path"].as_str())
-        .unwrap_or_else(|| fail(format!("cargo metadata did not list {UPSTREAM} {UPSTREAM_VERSION}")));
+        .unwrap_or_else(|| {
+            fail(format!(
+                "cargo metadata did not list {UPSTREAM} {UPSTREAM_VERSION}"
+            ))
+        });
     checked(Path::new(manifest).parent().unwrap().join("src/mlx-c"))
 }
 
@@ -91,7 +95,9 @@ fn sources(mlx_c: &Path) -> Vec<PathBuf> {
 }
 
 fn csrc(name: &str) -> PathBuf {
-    PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap()).join("csrc").join(name)
+    PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap())
+        .join("csrc")
+        .join(name)
 }
 
 /// aarch64 compilers have __fp16/__bf16 and mlx-c's own half.h; elsewhere ours.
@@ -111,9 +117,13 @@ pub fn compile(target: &Target, mlx_c: &Path, runtime: &Runtime) {
         .flag_if_supported("-Wno-deprecated-declarations")
         .files(sources(mlx_c));
     // Force-included ahead of every translation unit: std::format where libstdc++ lacks it.
-    build.flag("-include").flag(csrc("format_fallback.h").to_str().unwrap());
+    build
+        .flag("-include")
+        .flag(csrc("format_fallback.h").to_str().unwrap());
     if needs_half_shim(target) {
-        build.flag("-include").flag(csrc("half_x86.h").to_str().unwrap());
+        build
+            .flag("-include")
+            .flag(csrc("half_x86.h").to_str().unwrap());
     }
     if target.is_macos() {
         build.define("_METAL_", None);

@@ -62,6 +62,15 @@ fn wheel_name(target: &Target) -> &'static str {
 }
 
 pub fn locate(target: &Target) -> Runtime {
+    if target.cuda && cuda_driver_dir().is_none() {
+        // Checked before pip fetches gigabytes of CUDA wheels that could not link anyway.
+        fail(
+            "the `cuda` feature needs the NVIDIA driver's libcuda.so.1, and this machine has none \
+             (looked in LD_LIBRARY_PATH, /usr/local/nvidia/lib64, /usr/lib/x86_64-linux-gnu, \
+             /usr/lib/aarch64-linux-gnu, /usr/lib64). Build with `--features cuda` on a machine \
+             with an NVIDIA driver (nvidia-smi works), or without it for the CPU runtime.",
+        );
+    }
     let runtime = match env::var_os("MLX_DIR") {
         Some(dir) => Runtime {
             root: PathBuf::from(dir),
@@ -79,7 +88,9 @@ pub fn locate(target: &Target) -> Runtime {
 
 fn install_wheel(target: &Target) -> Runtime {
     let wheel = wheel_name(target);
-    let dest = cache::dir().join("runtime").join(format!("{wheel}-{MLX_VERSION}"));
+    let dest = cache::dir()
+        .join("runtime")
+        .join(format!("{wheel}-{MLX_VERSION}"));
     // The CUDA wheel's libmlx finds cuBLAS/cuDNN/NCCL in sibling nvidia-* wheels.
     cache::pip_install(&format!("{wheel}=={MLX_VERSION}"), &dest, target.cuda);
     Runtime {
@@ -179,7 +190,6 @@ fn cuda_driver_dir() -> Option<PathBuf> {
             "/usr/lib/x86_64-linux-gnu",
             "/usr/lib/aarch64-linux-gnu",
             "/usr/lib64",
-            "/usr/local/cuda/lib64/stubs",
         ]
         .map(PathBuf::from),
     );

@@ -122,14 +122,23 @@ pub fn run_case(name: &str, tamper: Tamper) -> Result<Vec<(&'static str, Array)>
             let b_f16 = normal(&[32, 10], 13, Dtype::Float16)?;
             let y_bf16 = a_bf16.matmul(&b_bf16)?;
             let y_f16 = a_f16.matmul(&b_f16)?;
-            vec![("a_bf16", a_bf16), ("y_bf16", y_bf16), ("a_f16", a_f16), ("y_f16", y_f16)]
+            vec![
+                ("a_bf16", a_bf16),
+                ("y_bf16", y_bf16),
+                ("a_f16", a_f16),
+                ("y_f16", y_f16),
+            ]
         }
         other => return Err(ParityError::UnknownCase(other.to_owned())),
     })
 }
 
 /// Runs one case and compares every output it shares with the golden.
-pub fn check_case(golden: &TensorGolden, name: &str, tamper: Tamper) -> Result<Vec<TensorReport>, ParityError> {
+pub fn check_case(
+    golden: &TensorGolden,
+    name: &str,
+    tamper: Tamper,
+) -> Result<Vec<TensorReport>, ParityError> {
     let mut reports = Vec::new();
     for (tensor, array) in run_case(name, tamper)? {
         let (entry, bytes) = golden.tensor(name, tensor)?;
