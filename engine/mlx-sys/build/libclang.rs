@@ -14,9 +14,8 @@ static USING_WHEEL: OnceLock<bool> = OnceLock::new();
 
 pub fn ensure(target: &Target) {
     // The user's choice, Xcode's libclang, or a system one: clang-sys finds those itself.
-    let found = env::var_os("LIBCLANG_PATH").is_some()
-        || target.is_macos()
-        || system_libclang().is_some();
+    let found =
+        env::var_os("LIBCLANG_PATH").is_some() || target.is_macos() || system_libclang().is_some();
     let using_wheel = if found {
         false
     } else {
