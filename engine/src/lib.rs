@@ -1,6 +1,10 @@
 //! The engine: an LLM runtime on MLX (through mlx-rs). See `docs/` for one page per
 //! subsystem. MLX is not thread-safe: all MLX work of one model stays on one thread.
 
+pub mod cache;
+pub mod generate;
+pub mod load;
+pub mod model;
 pub mod runtime;
 
 /// The engine crate's version.

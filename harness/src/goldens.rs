@@ -126,6 +126,20 @@ impl TensorGolden {
             .ok_or_else(|| self.malformed(format!("no case `{case}`")))
     }
 
+    /// The raw bytes of a tensor entry (from any index layout).
+    pub fn tensor_at(&self, entry: &TensorEntry) -> Result<(TensorEntry, &[u8]), GoldenError> {
+        let bytes = self
+            .data
+            .get(entry.offset..entry.offset + entry.bytes)
+            .ok_or_else(|| {
+                self.malformed(format!(
+                    "tensor `{}` lies outside the data file",
+                    entry.name
+                ))
+            })?;
+        Ok((entry.clone(), bytes))
+    }
+
     /// The entry and raw bytes of tensor `tensor` in case `case`.
     pub fn tensor(&self, case: &str, tensor: &str) -> Result<(TensorEntry, &[u8]), GoldenError> {
         let entry = self.case(case)?["tensors"]

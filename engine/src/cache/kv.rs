@@ -1,0 +1,89 @@
+//! The standard KV cache, laid out like mlx-lm's `KVCache`: buffers grow in steps of 256
+//! positions, new keys are written with a slice update, and reads slice to the offset.
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::Array;
+
+use super::Cache;
+
+#[derive(Default)]
+pub struct KvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: i32,
+}
+
+impl KvCache {
+    pub const STEP: i32 = 256;
+
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Cache for KvCache {
+    fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn update_and_fetch(
+        &mut self,
+        keys: Array,
+        values: Array,
+    ) -> Result<(Array, Array), Exception> {
+        let prev = self.offset;
+        let len = keys.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if self.keys.is_none() || prev + len > capacity {
+            let (b, heads, k_dim) = (keys.shape()[0], keys.shape()[1], keys.shape()[3]);
+            let v_dim = values.shape()[3];
+            let n_steps = (Self::STEP + len - 1) / Self::STEP;
+            let new_k =
+                mlx_rs::ops::zeros_dtype(&[b, heads, n_steps * Self::STEP, k_dim], keys.dtype())?;
+            let new_v =
+                mlx_rs::ops::zeros_dtype(&[b, heads, n_steps * Self::STEP, v_dim], values.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(mut old_k), Some(mut old_v)) => {
+                    if prev % Self::STEP != 0 {
+                        old_k = old_k.index((Ellipsis, ..prev, ..));
+                        old_v = old_v.index((Ellipsis, ..prev, ..));
+                    }
+                    self.keys = Some(concatenate(&[old_k, new_k], 2)?);
+                    self.values = Some(concatenate(&[old_v, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        self.offset += len;
+        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &keys)?;
+        v_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &values)?;
+        if self.offset < k_buf.shape()[2] {
+            Ok((
+                k_buf.index((Ellipsis, ..self.offset, ..)),
+                v_buf.index((Ellipsis, ..self.offset, ..)),
+            ))
+        } else {
+            Ok((k_buf.clone(), v_buf.clone()))
+        }
+    }
+
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        n
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+}

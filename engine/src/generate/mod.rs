@@ -1,0 +1,139 @@
+//! Generation, mirroring mlx-lm's `generate_step`: the prompt minus its last token is
+//! prefilled in chunks of `prefill_step` (caches evaluated after each), then every step
+//! feeds one token and reads the logits of the last position. Greedy picks
+//! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
+
+use std::time::{Duration, Instant};
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
+use mlx_rs::Array;
+
+use crate::cache::Cache;
+use crate::model::LanguageModel;
+
+/// mlx-lm's default prefill chunk.
+pub const PREFILL_STEP: usize = 2048;
+
+/// One sequence being generated: the model, its caches, and the step logic.
+pub struct Session<'m> {
+    model: &'m dyn LanguageModel,
+    pub caches: Vec<Box<dyn Cache>>,
+    pub prefill_step: usize,
+}
+
+fn ids_array(ids: &[u32]) -> Array {
+    let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+    Array::from_slice(&ids, &[1, ids.len() as i32])
+}
+
+impl<'m> Session<'m> {
+    pub fn new(model: &'m dyn LanguageModel) -> Self {
+        Session {
+            model,
+            caches: model.make_caches(),
+            prefill_step: PREFILL_STEP,
+        }
+    }
+
+    fn eval_caches(&self) -> Result<(), Exception> {
+        let state: Vec<&Array> = self.caches.iter().flat_map(|c| c.state()).collect();
+        mlx_rs::transforms::eval(state)
+    }
+
+    /// Feeds `ids` and returns the logits of the last position, [1, vocab].
+    pub fn step(&mut self, ids: &[u32]) -> Result<Array, Exception> {
+        let logits = self.model.forward(&ids_array(ids), &mut self.caches)?;
+        Ok(logits.index((.., -1, ..)))
+    }
+
+    /// Processes the prompt as mlx-lm does and returns the logits after its last token.
+    pub fn prefill(&mut self, prompt: &[u32]) -> Result<Array, Exception> {
+        assert!(!prompt.is_empty(), "prefill needs at least one token");
+        let mut rest = prompt;
+        while rest.len() > 1 {
+            let n = self.prefill_step.min(rest.len() - 1);
+            // Only the caches are evaluated; the chunk's logits are never computed.
+            self.model
+                .forward(&ids_array(&rest[..n]), &mut self.caches)?;
+            self.eval_caches()?;
+            rest = &rest[n..];
+            mlx_rs::memory::clear_cache()?;
+        }
+        self.step(rest)
+    }
+}
+
+/// The greedy choice for logits [1, vocab]: argmax of the log-probabilities.
+pub fn greedy(logits: &Array) -> Result<u32, Exception> {
+    let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+    let id = argmax_axis(&logprobs, -1, None)?;
+    id.eval()?;
+    Ok(id.as_slice::<u32>()[0])
+}
+
+/// Timing of one generation.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub prompt_time: Duration,
+    pub generated_tokens: usize,
+    pub generation_time: Duration,
+}
+
+impl Stats {
+    pub fn prompt_tps(&self) -> f64 {
+        self.prompt_tokens as f64 / self.prompt_time.as_secs_f64().max(1e-9)
+    }
+
+    pub fn generation_tps(&self) -> f64 {
+        self.generated_tokens as f64 / self.generation_time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Why generation stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Eos,
+    Length,
+}
+
+/// Greedy generation of up to `max_tokens`, stopping at any of `eos_ids`; `on_token` sees
+/// each id as it is produced (the EOS id is not passed on).
+pub fn generate_greedy(
+    model: &dyn LanguageModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos_ids: &[u32],
+    mut on_token: impl FnMut(u32) -> Result<(), Exception>,
+) -> Result<(Stats, Finish), Exception> {
+    let mut session = Session::new(model);
+    let mut stats = Stats {
+        prompt_tokens: prompt.len(),
+        ..Stats::default()
+    };
+    let start = Instant::now();
+    let mut logits = session.prefill(prompt)?;
+    let mut token = greedy(&logits)?;
+    stats.prompt_time = start.elapsed();
+    let decode_start = Instant::now();
+    let mut finish = Finish::Length;
+    for n in 0..max_tokens {
+        if eos_ids.contains(&token) {
+            finish = Finish::Eos;
+            break;
+        }
+        on_token(token)?;
+        stats.generated_tokens += 1;
+        if n + 1 == max_tokens {
+            break;
+        }
+        logits = session.step(&[token])?;
+        token = greedy(&logits)?;
+        if n % 256 == 0 {
+            mlx_rs::memory::clear_cache()?;
+        }
+    }
+    stats.generation_time = decode_start.elapsed();
+    Ok((stats, finish))
+}

@@ -1,0 +1,128 @@
+//! Weights from `*.safetensors` via memmap2: headers are parsed in place and each tensor is
+//! copied once, straight from the mapped file into an MLX array of the same dtype.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use mlx_rs::{Array, Dtype};
+use safetensors::{Dtype as StDtype, SafeTensors};
+
+use super::LoadError;
+
+/// All tensors of a model directory by name.
+pub struct Weights {
+    tensors: HashMap<String, Array>,
+}
+
+fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
+    Some(match dtype {
+        StDtype::F32 => Dtype::Float32,
+        StDtype::F16 => Dtype::Float16,
+        StDtype::BF16 => Dtype::Bfloat16,
+        StDtype::F64 => Dtype::Float64,
+        StDtype::U8 => Dtype::Uint8,
+        StDtype::U16 => Dtype::Uint16,
+        StDtype::U32 => Dtype::Uint32,
+        StDtype::U64 => Dtype::Uint64,
+        StDtype::I8 => Dtype::Int8,
+        StDtype::I16 => Dtype::Int16,
+        StDtype::I32 => Dtype::Int32,
+        StDtype::I64 => Dtype::Int64,
+        StDtype::BOOL => Dtype::Bool,
+        _ => return None,
+    })
+}
+
+/// The safetensors files of a directory: `model.safetensors` or the shards named by
+/// `model.safetensors.index.json`, else every `*.safetensors` file.
+fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|source| LoadError::Io {
+            path: dir.to_owned(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(LoadError::Weights(format!(
+            "no *.safetensors files in {}",
+            dir.display()
+        )));
+    }
+    Ok(files)
+}
+
+impl Weights {
+    pub fn load(dir: &Path) -> Result<Self, LoadError> {
+        let mut tensors = HashMap::new();
+        for path in weight_files(dir)? {
+            load_file(&path, &mut tensors)?;
+        }
+        Ok(Weights { tensors })
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Takes tensor `name` out of the set (each weight has one owner: its layer).
+    pub fn take(&mut self, name: &str) -> Result<Array, LoadError> {
+        self.tensors
+            .remove(name)
+            .ok_or_else(|| LoadError::Weights(format!("missing tensor `{name}`")))
+    }
+
+    /// Drops tensors a family ignores (e.g. precomputed rotary frequencies).
+    pub fn discard(&mut self, pred: impl Fn(&str) -> bool) {
+        self.tensors.retain(|name, _| !pred(name));
+    }
+
+    /// Names left over after a model took what it needs; non-empty means a mismatch.
+    pub fn remaining(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.tensors.keys().cloned().collect();
+        names.sort();
+        names
+    }
+}
+
+fn load_file(path: &Path, out: &mut HashMap<String, Array>) -> Result<(), LoadError> {
+    let file = File::open(path).map_err(|source| LoadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    // SAFETY: the mapping is read-only and lives only while we copy out of it; a file
+    // truncated under us would fault, as with any mmap reader (mlx and safetensors alike).
+    let map = unsafe { Mmap::map(&file) }.map_err(|source| LoadError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let st = SafeTensors::deserialize(&map).map_err(|e| LoadError::Safetensors {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })?;
+    for (name, view) in st.tensors() {
+        let dtype = mlx_dtype(view.dtype()).ok_or_else(|| LoadError::Safetensors {
+            path: path.to_owned(),
+            message: format!("tensor `{name}` has unsupported dtype {:?}", view.dtype()),
+        })?;
+        let shape: Vec<i32> = view.shape().iter().map(|&d| d as i32).collect();
+        let data = view.data();
+        // SAFETY: `data` holds exactly prod(shape) elements of `dtype` (safetensors checked
+        // the byte length against shape and dtype); MLX copies them before we unmap.
+        let array = unsafe { Array::from_raw_data(data.as_ptr().cast(), &shape, dtype) };
+        out.insert(name, array);
+    }
+    Ok(())
+}

@@ -1,0 +1,255 @@
+//! The pieces every family shares, written to compute exactly what mlx-lm's modules compute
+//! (same MLX ops, same order, same dtypes): Linear, RMSNorm, Embedding, RoPE, attention, MLP.
+
+use mlx_rs::error::Exception;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::{addmm, arange, select};
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::Array;
+
+use crate::cache::Cache;
+use crate::load::config::RopeScaling;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+type R<T> = Result<T, Exception>;
+
+/// `nn.Linear`: `x @ W.T`, or `addmm(b, x, W.T)` with a bias.
+pub struct Linear {
+    pub weight: Array,
+    pub bias: Option<Array>,
+}
+
+impl Linear {
+    pub fn load(w: &mut Weights, prefix: &str, bias: bool) -> Result<Self, LoadError> {
+        Ok(Linear {
+            weight: w.take(&format!("{prefix}.weight"))?,
+            bias: if bias {
+                Some(w.take(&format!("{prefix}.bias"))?)
+            } else {
+                None
+            },
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> R<Array> {
+        match &self.bias {
+            Some(b) => addmm(b, x, self.weight.t(), None, None),
+            None => x.matmul(self.weight.t()),
+        }
+    }
+}
+
+/// `nn.RMSNorm`: the fused `fast::rms_norm` kernel.
+pub struct RmsNorm {
+    pub weight: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
+        Ok(RmsNorm {
+            weight: w.take(&format!("{prefix}.weight"))?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> R<Array> {
+        fast::rms_norm(x, Some(&self.weight), self.eps)
+    }
+}
+
+/// `nn.Embedding`: a gather of rows; `as_linear` is the tied output head.
+pub struct Embedding {
+    pub weight: Array,
+}
+
+impl Embedding {
+    pub fn forward(&self, ids: &Array) -> R<Array> {
+        self.weight.take_axis(ids, 0)
+    }
+
+    pub fn as_linear(&self, x: &Array) -> R<Array> {
+        x.matmul(self.weight.t())
+    }
+}
+
+/// Rotary embeddings as mlx-lm's `initialize_rope` builds them for these families.
+pub enum Rope {
+    /// `nn.RoPE` (types "default" and "linear").
+    Standard {
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scale: f32,
+    },
+    /// Precomputed frequencies (type "llama3").
+    Freqs {
+        dims: i32,
+        traditional: bool,
+        freqs: Array,
+    },
+}
+
+impl Rope {
+    pub fn new(
+        dims: i32,
+        base: f32,
+        traditional: bool,
+        scaling: Option<&RopeScaling>,
+    ) -> Result<Self, LoadError> {
+        let variant = scaling.map_or("default", RopeScaling::variant);
+        let factor = |s: &RopeScaling| {
+            s.factor
+                .ok_or_else(|| LoadError::Unsupported("rope_scaling needs `factor`".into()))
+        };
+        Ok(match (variant, scaling) {
+            ("default", _) | (_, None) => Rope::Standard { dims, traditional, base, scale: 1.0 },
+            ("linear", Some(s)) => Rope::Standard {
+                dims,
+                traditional,
+                base,
+                scale: 1.0 / factor(s)?,
+            },
+            ("llama3", Some(s)) => Rope::Freqs {
+                dims,
+                traditional,
+                freqs: llama3_freqs(dims, base, s, factor(s)?)?,
+            },
+            (other, _) => {
+                return Err(LoadError::Unsupported(format!(
+                    "rope_scaling type `{other}` is not supported yet (supported: default, linear, llama3)"
+                )))
+            }
+        })
+    }
+
+    pub fn forward(&self, x: &Array, offset: i32) -> R<Array> {
+        match self {
+            Rope::Standard {
+                dims,
+                traditional,
+                base,
+                scale,
+            } => fast::rope(x, *dims, *traditional, Some(*base), *scale, offset, None),
+            Rope::Freqs {
+                dims,
+                traditional,
+                freqs,
+            } => fast::rope(x, *dims, *traditional, None, 1.0, offset, freqs),
+        }
+    }
+}
+
+/// mlx-lm's `Llama3RoPE` frequencies, op for op (Python floats become f32 scalars only where
+/// they meet an array, so the scalar arithmetic stays in f64 as in Python).
+fn llama3_freqs(dims: i32, base: f32, s: &RopeScaling, factor: f32) -> Result<Array, LoadError> {
+    let low = s.low_freq_factor.unwrap_or(1.0) as f64;
+    let high = s.high_freq_factor.unwrap_or(4.0) as f64;
+    let old_context = s.original_max_position_embeddings.unwrap_or(8192.0) as f64;
+    let low_wavelen = old_context / low;
+    let high_wavelen = old_context / high;
+    let f = |v: f64| Array::from_f32(v as f32);
+    let freqs = Array::from_f32(base)
+        .power(arange::<_, i32>(0, dims, 2)?.divide(Array::from_int(dims))?)?;
+    let wavelens = f(2.0 * std::f64::consts::PI).multiply(&freqs)?;
+    let freqs = select(
+        &wavelens.gt(f(low_wavelen))?,
+        freqs.multiply(f(factor as f64))?,
+        &freqs,
+    )?;
+    let medium = wavelens
+        .gt(f(high_wavelen))?
+        .logical_and(wavelens.lt(f(low_wavelen))?)?;
+    let smooth = f(old_context)
+        .divide(&wavelens)?
+        .subtract(f(low))?
+        .divide(f(high - low))?;
+    let smooth_freqs = freqs.divide(
+        f(1.0)
+            .subtract(&smooth)?
+            .divide(f(factor as f64))?
+            .add(&smooth)?,
+    )?;
+    Ok(select(&medium, smooth_freqs, freqs)?)
+}
+
+/// The attention mask mlx-lm's standard caches ask for: none for one token, else causal.
+pub fn causal_mask_mode(len: i32) -> Option<ScaledDotProductAttentionMask<'static>> {
+    (len > 1).then_some(ScaledDotProductAttentionMask::Causal)
+}
+
+/// Multi-head attention with grouped KV heads and optional per-head q/k RMSNorm (Qwen3).
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub scale: f32,
+    pub rope: Rope,
+}
+
+impl Attention {
+    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> R<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
+            let t = t.reshape(&[b, l, n, -1])?;
+            let t = match norm {
+                Some(norm) => norm.forward(&t)?,
+                None => t,
+            };
+            t.transpose_axes(&[0, 2, 1, 3])
+        };
+        let q = heads(self.q_proj.forward(x)?, self.n_heads, self.q_norm.as_ref())?;
+        let k = heads(
+            self.k_proj.forward(x)?,
+            self.n_kv_heads,
+            self.k_norm.as_ref(),
+        )?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, None)?;
+        let offset = cache.offset();
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(k, v)?;
+        let out =
+            fast::scaled_dot_product_attention(q, k, v, self.scale, causal_mask_mode(l), None)?;
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}
+
+/// mlx-lm's `swiglu`: `silu(gate) * x`, compiled shapeless as mlx-lm compiles it (the
+/// compiled CPU/GPU kernel is what the reference runs, so we run it too).
+pub fn swiglu(gate: &Array, x: &Array) -> R<Array> {
+    let f = |args: &[Array]| -> R<Vec<Array>> {
+        Ok(vec![mlx_rs::nn::silu(&args[0])?.multiply(&args[1])?])
+    };
+    let mut compiled = compile(f, true);
+    Ok(compiled(&[gate.clone(), x.clone()])?.remove(0))
+}
+
+/// The gated MLP: `down(swiglu(gate(x), up(x)))`.
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    pub fn load(w: &mut Weights, prefix: &str, bias: bool) -> Result<Self, LoadError> {
+        Ok(Mlp {
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias)?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias)?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias)?,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> R<Array> {
+        let gated = swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        self.down_proj.forward(&gated)
+    }
+}

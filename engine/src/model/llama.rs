@@ -1,0 +1,280 @@
+//! The Llama family as mlx-lm 0.32.2 implements it: `llama` (and the same layout in
+//! `qwen3`, which adds per-head q/k RMSNorm and an explicit head_dim).
+//!
+//!   h = embed(ids)
+//!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
+//!   logits = head(rms_norm(h))      (head = embedding.T when tied)
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm, Rope};
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache};
+use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+fn default_rope_theta() -> f32 {
+    10000.0
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// mlx-lm's `llama.ModelArgs` (defaults included).
+#[derive(Debug, Clone, Deserialize)]
+pub struct LlamaArgs {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub head_dim: Option<i32>,
+    pub num_key_value_heads: Option<i32>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+    pub layer_types: Option<Vec<String>>,
+}
+
+/// mlx-lm's `qwen3.ModelArgs`: head_dim, tie_word_embeddings and max_position_embeddings
+/// are required; transformers ≥ 5 may nest rope_theta/rope_scaling in rope_parameters.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Qwen3Args {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    pub max_position_embeddings: i32,
+    pub head_dim: i32,
+    pub tie_word_embeddings: bool,
+    pub rope_theta: Option<f32>,
+    pub rope_scaling: Option<RopeScaling>,
+    pub rope_parameters: Option<RopeScaling>,
+}
+
+/// What both families reduce to.
+struct Shape {
+    layers: i32,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+    eps: f32,
+    attention_bias: bool,
+    mlp_bias: bool,
+    qk_norm: bool,
+    tied: bool,
+    rope_theta: f32,
+    rope_traditional: bool,
+    rope_scaling: Option<RopeScaling>,
+}
+
+impl From<LlamaArgs> for Shape {
+    fn from(a: LlamaArgs) -> Self {
+        Shape {
+            layers: a.num_hidden_layers,
+            heads: a.num_attention_heads,
+            kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
+            head_dim: a.head_dim.unwrap_or(a.hidden_size / a.num_attention_heads),
+            eps: a.rms_norm_eps,
+            attention_bias: a.attention_bias,
+            mlp_bias: a.mlp_bias,
+            qk_norm: false,
+            tied: a.tie_word_embeddings,
+            rope_theta: a.rope_theta,
+            rope_traditional: a.rope_traditional,
+            rope_scaling: a.rope_scaling,
+        }
+    }
+}
+
+impl From<Qwen3Args> for Shape {
+    fn from(a: Qwen3Args) -> Self {
+        let nested = a.rope_parameters.clone();
+        Shape {
+            layers: a.num_hidden_layers,
+            heads: a.num_attention_heads,
+            kv_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+            eps: a.rms_norm_eps,
+            attention_bias: false,
+            mlp_bias: false,
+            qk_norm: true,
+            tied: a.tie_word_embeddings,
+            rope_theta: a
+                .rope_theta
+                .or(nested.as_ref().and_then(|p| p.rope_theta))
+                .unwrap_or(default_rope_theta()),
+            rope_traditional: false,
+            rope_scaling: a.rope_scaling.or(nested),
+        }
+    }
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+}
+
+pub struct Llama {
+    model_type: String,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Llama {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let shape: Shape = match config.model_type.as_str() {
+            "qwen3" => config.parse::<Qwen3Args>()?.into(),
+            _ => {
+                let args: LlamaArgs = config.parse()?;
+                if let Some(types) = &args.layer_types {
+                    if types.iter().any(|t| t != "full_attention") {
+                        return Err(LoadError::Unsupported(
+                            "sliding-window layers need the rotating cache (not supported yet)"
+                                .into(),
+                        ));
+                    }
+                }
+                args.into()
+            }
+        };
+        // mlx-lm's sanitize: drop precomputed rotary tables, and the head when tied.
+        w.discard(|n| n.contains("self_attn.rotary_emb.inv_freq"));
+        if shape.tied {
+            w.discard(|n| n == "lm_head.weight");
+        }
+        let mut blocks = Vec::new();
+        for i in 0..shape.layers {
+            let p = format!("model.layers.{i}");
+            let norm = |w: &mut Weights, name: &str| {
+                RmsNorm::load(w, &format!("{p}.self_attn.{name}"), shape.eps)
+            };
+            let attn = Attention {
+                q_proj: Linear::load(
+                    &mut w,
+                    &format!("{p}.self_attn.q_proj"),
+                    shape.attention_bias,
+                )?,
+                k_proj: Linear::load(
+                    &mut w,
+                    &format!("{p}.self_attn.k_proj"),
+                    shape.attention_bias,
+                )?,
+                v_proj: Linear::load(
+                    &mut w,
+                    &format!("{p}.self_attn.v_proj"),
+                    shape.attention_bias,
+                )?,
+                o_proj: Linear::load(
+                    &mut w,
+                    &format!("{p}.self_attn.o_proj"),
+                    shape.attention_bias,
+                )?,
+                q_norm: if shape.qk_norm {
+                    Some(norm(&mut w, "q_norm")?)
+                } else {
+                    None
+                },
+                k_norm: if shape.qk_norm {
+                    Some(norm(&mut w, "k_norm")?)
+                } else {
+                    None
+                },
+                n_heads: shape.heads,
+                n_kv_heads: shape.kv_heads,
+                scale: (shape.head_dim as f32).powf(-0.5),
+                rope: Rope::new(
+                    shape.head_dim,
+                    shape.rope_theta,
+                    shape.rope_traditional,
+                    shape.rope_scaling.as_ref(),
+                )?,
+            };
+            blocks.push(Block {
+                attn,
+                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), shape.mlp_bias)?,
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), shape.eps)?,
+                post_attn_norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm"),
+                    shape.eps,
+                )?,
+            });
+        }
+        let embed = Embedding {
+            weight: w.take("model.embed_tokens.weight")?,
+        };
+        let norm = RmsNorm::load(&mut w, "model.norm", shape.eps)?;
+        let lm_head = if shape.tied {
+            None
+        } else {
+            Some(Linear::load(&mut w, "lm_head", false)?)
+        };
+        let left = w.remaining();
+        if !left.is_empty() {
+            return Err(LoadError::Weights(format!(
+                "{} tensors this {} config does not use, e.g. `{}`",
+                left.len(),
+                config.model_type,
+                left[0]
+            )));
+        }
+        Ok(Llama {
+            model_type: config.model_type.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+}
+
+impl LanguageModel for Llama {
+    fn model_type(&self) -> &str {
+        &self.model_type
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        let mut h = self.embed.forward(ids)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let r = block
+                .attn
+                .forward(&block.input_norm.forward(&h)?, cache.as_mut())?;
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+        }
+        let out = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.embed.as_linear(&out),
+        }
+    }
+}

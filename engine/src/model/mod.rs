@@ -1,0 +1,44 @@
+//! Model architectures behind one trait, chosen by `config.model_type`.
+
+pub mod layers;
+pub mod llama;
+
+use std::path::Path;
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+
+use crate::cache::Cache;
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+/// A causal language model: token ids in, logits out, state in per-layer caches.
+pub trait LanguageModel {
+    fn model_type(&self) -> &str;
+    /// One fresh cache per layer, of the kind each layer needs.
+    fn make_caches(&self) -> Vec<Box<dyn Cache>>;
+    /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception>;
+}
+
+/// The families this engine implements, by `model_type`.
+pub const SUPPORTED: &[&str] = &["llama", "qwen3"];
+
+/// Builds the model for a parsed config and its weights.
+pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    match config.model_type.as_str() {
+        "llama" | "qwen3" => Ok(Box::new(llama::Llama::load(config, weights)?)),
+        other => Err(LoadError::Unsupported(format!(
+            "model_type `{other}` is not supported yet (supported: {})",
+            SUPPORTED.join(", ")
+        ))),
+    }
+}
+
+/// Loads config and weights of a model directory and builds the model.
+pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let config = ModelConfig::read(dir)?;
+    let weights = Weights::load(dir)?;
+    build(&config, weights)
+}

@@ -1,0 +1,231 @@
+//! The L1 gate: the engine against mlx-lm's greedy generation on the same model
+//! (`goldens/l1/<model>`, from `oracles/gen_l1.py`). Per case: tokenizer ids and the chat
+//! template string must equal transformers', every stored logit vector must be bit-exact,
+//! and the greedy ids must be identical.
+
+use engine::generate::{greedy, Session};
+use engine::load::template::{ChatTemplate, Message};
+use engine::load::tokenizer::Tokenizer;
+use engine::model::LanguageModel;
+use serde::Deserialize;
+
+use crate::compare::{compare, Comparison};
+use crate::goldens::{GoldenError, TensorEntry, TensorGolden};
+
+#[derive(Debug, Deserialize)]
+struct Case {
+    name: String,
+    kind: String,
+    prompt: Option<String>,
+    messages: Option<Vec<MessageJson>>,
+    rendered: Option<String>,
+    prompt_ids: Vec<u32>,
+    greedy_ids: Vec<u32>,
+    logits: Vec<TensorEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MessageJson {
+    role: String,
+    content: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum L1Error {
+    #[error(transparent)]
+    Golden(#[from] GoldenError),
+    #[error("golden index: {0}")]
+    Index(String),
+    #[error("engine: {0}")]
+    Load(#[from] engine::load::LoadError),
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+/// One prompt's verdict.
+#[derive(Debug, Clone)]
+pub struct CaseReport {
+    pub name: String,
+    pub ids_match: bool,
+    /// None for raw prompts (no template involved).
+    pub template_match: Option<bool>,
+    pub logits: Vec<Comparison>,
+    pub greedy_matching: usize,
+    pub greedy_total: usize,
+    /// The first decode step whose greedy id differs from the oracle's.
+    pub first_divergent_step: Option<usize>,
+}
+
+impl CaseReport {
+    pub fn logits_exact(&self) -> usize {
+        self.logits.iter().filter(|c| c.bit_exact).count()
+    }
+
+    /// The first logit vector (0 = prefill) that is not bit-exact.
+    pub fn first_inexact_logits(&self) -> Option<usize> {
+        self.logits.iter().position(|c| !c.bit_exact)
+    }
+
+    pub fn passed(&self) -> bool {
+        self.ids_match
+            && self.template_match != Some(false)
+            && self.logits_exact() == self.logits.len()
+            && self.greedy_matching == self.greedy_total
+    }
+}
+
+/// All prompts of one model.
+#[derive(Debug, Clone)]
+pub struct ModelReport {
+    pub model: String,
+    pub cases: Vec<CaseReport>,
+}
+
+impl ModelReport {
+    pub fn passed(&self) -> bool {
+        self.cases.iter().all(CaseReport::passed)
+    }
+
+    pub fn summary(&self) -> String {
+        let (exact, total) = self.cases.iter().fold((0, 0), |(e, t), c| {
+            (e + c.logits_exact(), t + c.logits.len())
+        });
+        let (ids, steps) = self.cases.iter().fold((0, 0), |(e, t), c| {
+            (e + c.greedy_matching, t + c.greedy_total)
+        });
+        let tok = self.cases.iter().filter(|c| c.ids_match).count();
+        let tpl: Vec<bool> = self.cases.iter().filter_map(|c| c.template_match).collect();
+        format!(
+            "L1 {}: {exact}/{total} logit vectors bit-exact, {ids}/{steps} greedy ids, \
+             tokenizer {tok}/{n}, template {}/{}",
+            self.model,
+            tpl.iter().filter(|&&m| m).count(),
+            tpl.len(),
+            n = self.cases.len(),
+        )
+    }
+
+    /// Per-case lines, with the first divergence named where there is one.
+    pub fn details(&self) -> Vec<String> {
+        self.cases
+            .iter()
+            .map(|c| {
+                let mut line = format!(
+                    "  {}: logits {}/{}, greedy {}/{}",
+                    c.name,
+                    c.logits_exact(),
+                    c.logits.len(),
+                    c.greedy_matching,
+                    c.greedy_total
+                );
+                if !c.ids_match {
+                    line.push_str(", TOKENIZER IDS DIFFER");
+                }
+                if c.template_match == Some(false) {
+                    line.push_str(", TEMPLATE STRING DIFFERS");
+                }
+                if let Some(step) = c.first_inexact_logits() {
+                    line.push_str(&format!(
+                        ", first inexact logits at step {step} ({})",
+                        c.logits[step]
+                    ));
+                }
+                if let Some(step) = c.first_divergent_step {
+                    line.push_str(&format!(", greedy diverges at step {step}"));
+                }
+                line
+            })
+            .collect()
+    }
+}
+
+/// Runs every case of `golden` through `model`.
+pub fn check_model(
+    golden: &TensorGolden,
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+) -> Result<ModelReport, L1Error> {
+    let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
+        .map_err(|e| L1Error::Index(e.to_string()))?;
+    let name = golden.index["model"]
+        .as_str()
+        .unwrap_or("?")
+        .trim_start_matches("models/")
+        .to_owned();
+    let mut reports = Vec::new();
+    for case in &cases {
+        reports.push(check_case(golden, case, model, tokenizer, template)?);
+    }
+    Ok(ModelReport {
+        model: name,
+        cases: reports,
+    })
+}
+
+fn check_case(
+    golden: &TensorGolden,
+    case: &Case,
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+) -> Result<CaseReport, L1Error> {
+    // Prompt ids the way mlx_lm.generate makes them.
+    let (ids, template_match) = match case.kind.as_str() {
+        "chat" => {
+            let template = template.ok_or_else(|| {
+                L1Error::Index("chat case but the model has no chat template".into())
+            })?;
+            let messages: Vec<Message> = case
+                .messages
+                .iter()
+                .flatten()
+                .map(|m| Message::new(&m.role, &m.content))
+                .collect();
+            let rendered = template.render(&messages, true)?;
+            let matches = Some(case.rendered.as_deref() == Some(rendered.as_str()));
+            (tokenizer.encode(&rendered, false)?, matches)
+        }
+        _ => (
+            tokenizer.encode(case.prompt.as_deref().unwrap_or_default(), true)?,
+            None,
+        ),
+    };
+    let ids_match = ids == case.prompt_ids;
+
+    // Generation always starts from the oracle's ids, so the model is judged on its own.
+    let mut session = Session::new(model);
+    let mut logits = session.prefill(&case.prompt_ids)?;
+    let mut comparisons = Vec::new();
+    let mut greedy_ids = Vec::new();
+    for step in 0..case.greedy_ids.len() {
+        if let Some(entry) = case.logits.get(step) {
+            let (entry, bytes) = golden.tensor_at(entry)?;
+            let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
+            comparisons.push(compare(&flat, &entry, bytes)?);
+        }
+        let id = greedy(&logits)?;
+        greedy_ids.push(id);
+        if step + 1 < case.greedy_ids.len() {
+            logits = session.step(&[id])?;
+        }
+    }
+    let first_divergent_step = greedy_ids
+        .iter()
+        .zip(&case.greedy_ids)
+        .position(|(a, b)| a != b);
+    let greedy_matching = greedy_ids
+        .iter()
+        .zip(&case.greedy_ids)
+        .filter(|(a, b)| a == b)
+        .count();
+    Ok(CaseReport {
+        name: case.name.clone(),
+        ids_match,
+        template_match,
+        logits: comparisons,
+        greedy_matching,
+        greedy_total: case.greedy_ids.len(),
+        first_divergent_step,
+    })
+}

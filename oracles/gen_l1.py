@@ -1,0 +1,94 @@
+"""L1 goldens: mlx-lm 0.32.2 greedy generation on the tiny models, logits included.
+
+    oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...]
+
+For each model in goldens/models/ and each prompt (raw text and chat turns) this records:
+the prompt ids (transformers tokenizer; raw prompts with special tokens, chat prompts as
+the rendered template without, as mlx_lm.generate does), the rendered chat string
+(transformers apply_chat_template), the full-vocabulary logits at the prefill's last
+position and at each of the first 16 decode steps (as f32), and 64 greedy ids. Generation
+runs through mlx_lm.generate.generate_step itself with its standard KV cache; a pass-through
+logits processor captures the logits it computes.
+
+Output: goldens/l1/<model>/index.json + logits.bin (raw little-endian f32).
+"""
+
+import sys
+
+import mlx.core as mx
+from mlx_lm import load
+from mlx_lm.generate import generate_step
+from transformers import AutoTokenizer
+
+from provenance import GOLDENS, TensorFile, golden_dir, provenance, write_json
+
+MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"]
+RAW_PROMPTS = [
+    "The little robot",
+    "Question: What color is the grass? Answer:",
+    "On Friday the robot went to the market. The market had apples, bread, cheese, flowers and tools. The robot bought",
+]
+CHATS = [
+    [{"role": "user", "content": "What color is the sky?"}],
+    [{"role": "system", "content": "You answer in one sentence."},
+     {"role": "user", "content": "Who brought the broken clock?"},
+     {"role": "assistant", "content": "Mira brought the broken clock."},
+     {"role": "user", "content": "What does the robot like? ü ✓"}],
+]
+LOGIT_STEPS = 17   # prefill + 16 decode steps
+GREEDY_STEPS = 64
+
+
+def run(model, prompt_ids):
+    captured = []
+
+    def capture(tokens, logits):
+        captured.append(logits)
+        return logits
+
+    ids = []
+    for token, _ in generate_step(mx.array(prompt_ids), model, max_tokens=GREEDY_STEPS,
+                                  logits_processors=[capture]):
+        ids.append(int(token))
+    logits = [l.astype(mx.float32).reshape(-1) for l in captured[:LOGIT_STEPS]]
+    mx.eval(logits)
+    return ids, logits
+
+
+def main(names) -> None:
+    mx.set_default_device(mx.cpu)
+    for name in names:
+        path = GOLDENS / "models" / name
+        model, _ = load(str(path))
+        hf = AutoTokenizer.from_pretrained(str(path))
+        out = TensorFile()
+        cases = []
+        for i, text in enumerate(RAW_PROMPTS):
+            ids = hf.encode(text, add_special_tokens=True)
+            greedy, logits = run(model, ids)
+            cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text, "prompt_ids": ids,
+                          "greedy_ids": greedy,
+                          "logits": [out.add(f"raw{i}/{s}", l) for s, l in enumerate(logits)]})
+        for i, messages in enumerate(CHATS):
+            rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = hf.encode(rendered, add_special_tokens=False)
+            greedy, logits = run(model, ids)
+            cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages,
+                          "rendered": rendered, "prompt_ids": ids, "greedy_ids": greedy,
+                          "logits": [out.add(f"chat{i}/{s}", l) for s, l in enumerate(logits)]})
+        dest = golden_dir(f"l1/{name}")
+        out.write(dest / "logits.bin")
+        write_json(dest / "index.json", {
+            "provenance": provenance("mlx-lm", "mlx-lm"),
+            "generator": "oracles/gen_l1.py",
+            "model": f"models/{name}",
+            "data": "logits.bin",
+            "settings": {"sampler": "greedy", "prefill_step_size": 2048, "cache": "KVCache",
+                         "logit_steps": LOGIT_STEPS, "greedy_steps": GREEDY_STEPS},
+            "cases": cases,
+        })
+        print(f"{name}: {len(cases)} cases -> {dest}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or MODELS)

@@ -1,0 +1,223 @@
+"""Tiny deterministic model dirs in HF layout, for parity gates and tests.
+
+    oracles/.venv/bin/python oracles/make_models.py
+
+Writes goldens/models/<name>/ with config.json, model.safetensors, tokenizer.json,
+tokenizer_config.json (with a chat template), generation_config.json and provenance.json:
+
+- tiny-llama         llama, GQA (4 q / 2 kv heads), untied head, llama3 RoPE scaling, bf16
+- tiny-qwen3         qwen3, q/k RMSNorm, explicit head_dim, tied embeddings, f32;
+                     written with mlx-lm's own save_model/save_config
+- tiny-llama-trained llama, trained here on oracles/corpus.txt (plain text + chat turns) so
+                     that its greedy output is the text it learned, bf16
+
+Everything is seeded. The tokenizer is a byte-level BPE (vocab 1024) trained on
+oracles/corpus.txt with special tokens for bos/eos/padding and chat turns.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten
+from mlx_lm.models import llama, qwen3
+from mlx_lm.utils import save_config, save_model
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from provenance import GOLDENS, provenance, write_json
+
+HERE = Path(__file__).resolve().parent
+CORPUS = (HERE / "corpus.txt").read_text()
+VOCAB = 1024
+SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
+           "<|im_start|>", "<|im_end|>"]
+
+# Llama-style turns: bos, then <|role|>\ncontent<|end|>\n per message.
+LLAMA_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] | trim }}<|end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# ChatML-style turns (Qwen): no bos; a default system line when none is given.
+QWEN_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful robot.<|im_end|>\n{% endif %}"
+    "{% for message in messages %}"
+    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def qa_pairs():
+    for line in CORPUS.splitlines():
+        if line.startswith("Question:") and " Answer: " in line:
+            q, a = line.removeprefix("Question: ").split(" Answer: ")
+            yield q.strip(), a.strip()
+
+
+def train_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    return tok
+
+
+def write_tokenizer(tok: Tokenizer, dest: Path, style: str) -> dict:
+    tok = Tokenizer.from_str(tok.to_str())
+    if style == "llama":
+        bos = tok.token_to_id("<|bos|>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", bos)]
+        )
+        cfg = {"bos_token": "<|bos|>", "eos_token": "<|end|>", "chat_template": LLAMA_TEMPLATE}
+        eos = ["<|end|>", "<|eos|>"]
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+        cfg = {"bos_token": None, "eos_token": "<|im_end|>", "chat_template": QWEN_TEMPLATE}
+        eos = ["<|im_end|>", "<|eos|>"]
+    tok.save(str(dest / "tokenizer.json"))
+    write_json(dest / "tokenizer_config.json", {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "pad_token": "<|pad|>",
+        "model_max_length": 4096,
+        "clean_up_tokenization_spaces": False,
+        **cfg,
+    })
+    return {"eos_token_id": [tok.token_to_id(t) for t in eos],
+            "bos_token_id": tok.token_to_id("<|bos|>") if style == "llama" else None}
+
+
+def llama_config(hidden, layers, heads, kv_heads, inter, rope_scaling, tie) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": inter,
+        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "rms_norm_eps": 1e-5, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rope_theta": 500000.0 if rope_scaling else 10000.0, "rope_scaling": rope_scaling,
+        "tie_word_embeddings": tie, "attention_bias": False, "mlp_bias": False,
+    }
+
+
+def qwen3_config() -> dict:
+    return {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 160,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "tie_word_embeddings": True,
+    }
+
+
+def finish_dir(dest: Path, config: dict, tok_info: dict, notes: str) -> None:
+    write_json(dest / "generation_config.json", {
+        "bos_token_id": tok_info["bos_token_id"], "eos_token_id": tok_info["eos_token_id"],
+        "do_sample": False,
+    })
+    write_json(dest / "provenance.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
+                                          "generator": "oracles/make_models.py", "notes": notes})
+
+
+def save_plain(dest: Path, model: nn.Module, config: dict) -> None:
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_json(dest / "config.json", config)
+
+
+def random_model(module, config: dict, seed: int, dtype):
+    mx.random.seed(seed)
+    model = module.Model(module.ModelArgs.from_dict(config))
+    model.set_dtype(dtype)
+    mx.eval(model.parameters())
+    return model
+
+
+def training_text(tok: Tokenizer) -> list[int]:
+    bos, end = tok.token_to_id("<|bos|>"), tok.token_to_id("<|end|>")
+    ids = []
+    for paragraph in CORPUS.split("\n\n"):
+        ids += [bos] + tok.encode(paragraph.strip()).ids + [end]
+    chats = []
+    for q, a in qa_pairs():
+        chats.append(f"<|user|>\n{q}<|end|>\n<|assistant|>\n{a}<|end|>\n")
+    for text in chats * 6:
+        ids += [bos] + tok.encode(text).ids
+    return ids
+
+
+def train(model, ids: list[int], steps=600, seq=64, batch=16, seed=7):
+    """Next-token training on random windows; deterministic given the seed."""
+    mx.random.seed(seed)
+    data = mx.array(ids)
+    opt = optim.AdamW(learning_rate=optim.cosine_decay(3e-3, steps), weight_decay=0.01)
+
+    def loss_fn(model, x, y):
+        return nn.losses.cross_entropy(model(x), y, reduction="mean")
+
+    step_fn = nn.value_and_grad(model, loss_fn)
+    for step in range(steps):
+        starts = mx.random.randint(0, len(ids) - seq - 1, (batch,))
+        idx = starts[:, None] + mx.arange(seq + 1)[None]
+        window = data[idx]
+        loss, grads = step_fn(model, window[:, :-1], window[:, 1:])
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state, loss)
+        if step % 100 == 0 or step == steps - 1:
+            print(f"  step {step:4d}  loss {loss.item():.3f}", file=sys.stderr)
+    return loss.item()
+
+
+def main() -> None:
+    mx.set_default_device(mx.cpu)
+    root = GOLDENS / "models"
+    tok = train_tokenizer()
+
+    # tiny-llama: random, bf16, GQA, untied, llama3 rope scaling.
+    dest = root / "tiny-llama"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    cfg = llama_config(64, 2, 4, 2, 192, rope, tie=False)
+    save_plain(dest, random_model(llama, cfg, 1, mx.bfloat16), cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 1), bf16")
+
+    # tiny-qwen3: random, f32, q/k norm, tied; saved by mlx-lm's own writers.
+    dest = root / "tiny-qwen3"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = qwen3_config()
+    save_model(dest, random_model(qwen3, cfg, 2, mx.float32))
+    save_config(dict(cfg), dest / "config.json")
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 2), f32, mlx_lm.utils.save_model")
+
+    # tiny-llama-trained: f32 training on the corpus, saved in bf16.
+    dest = root / "tiny-llama-trained"
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = llama_config(128, 3, 4, 2, 320, None, tie=False)
+    model = random_model(llama, cfg, 3, mx.float32)
+    final = train(model, training_text(tok))
+    model.set_dtype(mx.bfloat16)
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
+               f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
+    for d in sorted(root.iterdir()):
+        size = sum(f.stat().st_size for f in d.iterdir())
+        print(f"{d.name}: {size / 1e6:.2f} MB")
+
+
+if __name__ == "__main__":
+    main()

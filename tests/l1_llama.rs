@@ -1,0 +1,85 @@
+//! L1: the engine vs mlx-lm 0.32.2 on the Llama-family tiny models (goldens/l1/<model>):
+//! tokenizer ids and chat-template strings equal transformers', every logit vector
+//! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
+//! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
+
+use engine::load::config::ModelConfig;
+use engine::load::template::ChatTemplate;
+use engine::load::tokenizer::Tokenizer;
+use engine::load::weights::Weights;
+use harness::goldens::{goldens_root, TensorGolden};
+use harness::parity::l1::{check_model, ModelReport};
+use serde_json::json;
+
+/// Runs the L1 gate for `name`, with `tweak` applied to config.json first.
+fn l1(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> ModelReport {
+    let dir = goldens_root().join("models").join(name);
+    let mut config = ModelConfig::read(&dir).unwrap();
+    tweak(&mut config.raw);
+    let model = engine::model::build(&config, Weights::load(&dir).unwrap()).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+    let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
+    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref()).unwrap()
+}
+
+fn assert_bit_exact(name: &str) {
+    let report = l1(name, |_| {});
+    println!("{}", report.summary());
+    for line in report.details() {
+        println!("{line}");
+    }
+    assert!(
+        report.passed(),
+        "L1 {name} failed:\n{}",
+        report.details().join("\n")
+    );
+}
+
+#[test]
+fn l1_tiny_llama() {
+    assert_bit_exact("tiny-llama");
+}
+
+#[test]
+fn l1_tiny_qwen3() {
+    assert_bit_exact("tiny-qwen3");
+}
+
+#[test]
+fn l1_tiny_llama_trained() {
+    assert_bit_exact("tiny-llama-trained");
+}
+
+/// Planted defect: rms_norm eps 1e-5 → 1e-6 must break the gate and name where.
+#[test]
+fn planted_rms_norm_eps_fails_l1() {
+    let report = l1("tiny-llama-trained", |c| c["rms_norm_eps"] = json!(1e-6));
+    assert!(!report.passed());
+    let first = &report.cases[0];
+    assert_eq!(
+        first.first_inexact_logits(),
+        Some(0),
+        "the prefill logits already differ"
+    );
+    println!(
+        "planted eps defect caught: {}",
+        report.details().join(" | ")
+    );
+}
+
+/// Planted defect: a different RoPE base must break the gate, and the report must name the
+/// first divergent greedy step somewhere.
+#[test]
+fn planted_rope_base_fails_l1() {
+    let report = l1("tiny-qwen3", |c| c["rope_theta"] = json!(10000.0));
+    assert!(!report.passed());
+    assert!(report
+        .cases
+        .iter()
+        .all(|c| c.first_inexact_logits() == Some(0)));
+    println!(
+        "planted rope defect caught: {}",
+        report.details().join(" | ")
+    );
+}
