@@ -3,24 +3,11 @@
 //! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
 
-use engine::load::config::ModelConfig;
-use engine::load::template::ChatTemplate;
-use engine::load::tokenizer::Tokenizer;
-use engine::load::weights::Weights;
-use harness::goldens::{goldens_root, TensorGolden};
-use harness::parity::l1::{check_model, ModelReport};
+use harness::parity::l1::{check_named, ModelReport};
 use serde_json::json;
 
-/// Runs the L1 gate for `name`, with `tweak` applied to config.json first.
 fn l1(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> ModelReport {
-    let dir = goldens_root().join("models").join(name);
-    let mut config = ModelConfig::read(&dir).unwrap();
-    tweak(&mut config.raw);
-    let model = engine::model::build(&config, Weights::load(&dir).unwrap()).unwrap();
-    let tokenizer = Tokenizer::load(&dir).unwrap();
-    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-    let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
-    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref()).unwrap()
+    check_named(name, tweak).unwrap()
 }
 
 fn assert_bit_exact(name: &str) {

@@ -1,5 +1,11 @@
-use anyhow::Result;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use engine::generate::{generate_greedy, Finish};
+use engine::load::template::{ChatTemplate, Message};
+use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
 
 /// An LLM engine on MLX.
@@ -17,12 +23,34 @@ struct Cli {
 enum Command {
     /// Check the MLX runtime: versions, where libmlx came from, memory counters, a self-check.
     Doctor,
+    /// Generate text from a prompt (greedy), streaming it to stdout; stats go to stderr.
+    Generate(GenerateArgs),
+}
+
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json).
+    #[arg(long)]
+    model: PathBuf,
+    /// The prompt text.
+    #[arg(long)]
+    prompt: String,
+    /// Wrap the prompt as a user turn with the model's chat template.
+    #[arg(long)]
+    chat: bool,
+    /// An optional system message (with --chat).
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Maximum number of tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Doctor) => doctor(),
+        Some(Command::Generate(args)) => generate(args),
         None if cli.version => {
             print_version();
             Ok(())
@@ -33,6 +61,83 @@ fn main() -> Result<()> {
             Ok(())
         }
     }
+}
+
+fn generate(args: GenerateArgs) -> Result<()> {
+    let dir = &args.model;
+    let model = engine::model::load(dir)
+        .with_context(|| format!("loading model from {}", dir.display()))?;
+    let tokenizer = Tokenizer::load(dir)?;
+    let prompt_ids = if args.chat {
+        let template = ChatTemplate::from_tokenizer(&tokenizer)?.with_context(|| {
+            format!(
+                "{} has no chat_template in tokenizer_config.json; drop --chat",
+                dir.display()
+            )
+        })?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message::new("system", system));
+        }
+        messages.push(Message::new("user", &args.prompt));
+        // As mlx_lm.generate: the rendered template already holds any bos token.
+        tokenizer.encode(&template.render(&messages, true)?, false)?
+    } else {
+        tokenizer.encode(&args.prompt, true)?
+    };
+    anyhow::ensure!(
+        !prompt_ids.is_empty(),
+        "the prompt encodes to no tokens; give some text"
+    );
+
+    let mut detok = tokenizer.detokenizer();
+    let mut stdout = std::io::stdout().lock();
+    let mut write_err = None;
+    let (stats, finish) = generate_greedy(
+        model.as_ref(),
+        &prompt_ids,
+        args.max_tokens,
+        &tokenizer.eos_token_ids,
+        |id| {
+            match detok.push(id) {
+                Ok(piece) => {
+                    if let Err(e) = stdout
+                        .write_all(piece.as_bytes())
+                        .and_then(|_| stdout.flush())
+                    {
+                        write_err.get_or_insert(anyhow::Error::from(e));
+                    }
+                }
+                Err(e) => {
+                    write_err.get_or_insert(anyhow::Error::from(e));
+                }
+            }
+            Ok(())
+        },
+    )?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    writeln!(stdout, "{}", detok.finish()?)?;
+    stdout.flush()?;
+    eprintln!("==========");
+    eprintln!(
+        "Prompt: {} tokens, {:.3} tokens-per-sec",
+        stats.prompt_tokens,
+        stats.prompt_tps()
+    );
+    eprintln!(
+        "Generation: {} tokens, {:.3} tokens-per-sec ({})",
+        stats.generated_tokens,
+        stats.generation_tps(),
+        match finish {
+            Finish::Eos => "stopped at EOS",
+            Finish::Length => "max tokens reached",
+        }
+    );
+    let mem = runtime::memory()?;
+    eprintln!("Peak memory: {:.3} MB", mem.peak as f64 / 1e6);
+    Ok(())
 }
 
 fn print_version() {

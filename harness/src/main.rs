@@ -17,6 +17,15 @@ enum Command {
     /// Check this machine end to end: the engine's MLX runtime, the machine key, the runtime
     /// golden reproduced bit for bit, and the oracle venv (if present).
     Doctor,
+    /// Run parity gates from the committed goldens and print per-model verdicts.
+    Parity {
+        /// The tier to run (only l1 so far).
+        #[arg(long, default_value = "l1")]
+        tier: String,
+        /// One model (default: every model with goldens).
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// The Python oracle environment (oracles/.venv).
     Oracle {
         #[command(subcommand)]
@@ -34,10 +43,39 @@ enum OracleCommand {
 fn main() -> Result<()> {
     match Cli::parse().command {
         Command::Doctor => doctor(),
+        Command::Parity { tier, model } => parity_cmd(&tier, model.as_deref()),
         Command::Oracle {
             command: OracleCommand::Doctor,
         } => oracle_doctor(true).map(|_| ()),
     }
+}
+
+/// The built-in default model (committed under goldens/models).
+const DEFAULT_MODEL: &str = "tiny-llama-trained";
+
+fn parity_cmd(tier: &str, model: Option<&str>) -> Result<()> {
+    if tier != "l1" {
+        bail!("tier `{tier}` has no gates yet (available: l1)");
+    }
+    let models: Vec<&str> = match model {
+        Some(m) => vec![m],
+        None => parity::l1::MODELS.to_vec(),
+    };
+    let mut failed = Vec::new();
+    for name in models {
+        let report = parity::l1::check_named(name, |_| {})?;
+        println!("{}", report.summary());
+        for line in report.details() {
+            println!("{line}");
+        }
+        if !report.passed() {
+            failed.push(name);
+        }
+    }
+    if !failed.is_empty() {
+        bail!("L1 failed for: {}", failed.join(", "));
+    }
+    Ok(())
 }
 
 fn doctor() -> Result<()> {
@@ -68,10 +106,19 @@ fn doctor() -> Result<()> {
         reports.len()
     );
 
+    let l1 = parity::l1::check_named(DEFAULT_MODEL, |_| {})?;
+    println!("{}", l1.summary());
+
     println!();
     let oracle_ok = oracle_doctor(false)?;
     if exact != reports.len() {
         bail!("runtime golden not reproduced bit for bit");
+    }
+    if !l1.passed() {
+        bail!(
+            "L1 gate failed on {DEFAULT_MODEL}:\n{}",
+            l1.details().join("\n")
+        );
     }
     if !oracle_ok {
         println!("(oracle venv not ready: gates from committed goldens still run; `--live` diffs need it)");

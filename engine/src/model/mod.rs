@@ -23,12 +23,13 @@ pub trait LanguageModel {
 }
 
 /// The families this engine implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "qwen3"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen3"];
 
 /// Builds the model for a parsed config and its weights.
 pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     match config.model_type.as_str() {
-        "llama" | "qwen3" => Ok(Box::new(llama::Llama::load(config, weights)?)),
+        // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
+        "llama" | "mistral" | "qwen3" => Ok(Box::new(llama::Llama::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

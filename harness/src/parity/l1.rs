@@ -229,3 +229,24 @@ fn check_case(
         first_divergent_step,
     })
 }
+
+/// The tiny models with committed L1 goldens.
+pub const MODELS: [&str; 3] = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"];
+
+/// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
+/// planted-defect checks) and runs its L1 gate from `goldens/l1/<name>`.
+pub fn check_named(
+    name: &str,
+    tweak: impl FnOnce(&mut serde_json::Value),
+) -> Result<ModelReport, L1Error> {
+    use engine::load::config::ModelConfig;
+    use engine::load::weights::Weights;
+    let dir = crate::goldens::goldens_root().join("models").join(name);
+    let mut config = ModelConfig::read(&dir)?;
+    tweak(&mut config.raw);
+    let model = engine::model::build(&config, Weights::load(&dir)?)?;
+    let tokenizer = Tokenizer::load(&dir)?;
+    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+    let golden = TensorGolden::open(&format!("l1/{name}"))?;
+    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref())
+}
