@@ -1,6 +1,6 @@
 """L1 goldens: mlx-lm 0.32.2 greedy generation on the tiny models, logits included.
 
-    oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...]
+    oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...] [--out DIR]
 
 For each model in goldens/models/ and each prompt (raw text and chat turns) this records:
 the prompt ids (transformers tokenizer; raw prompts with special tokens, chat prompts as
@@ -13,14 +13,15 @@ logits processor captures the logits it computes.
 Output: goldens/l1/<model>/index.json + logits.bin (raw little-endian f32).
 """
 
-import sys
+import argparse
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
 from mlx_lm.generate import generate_step
 from transformers import AutoTokenizer
 
-from provenance import GOLDENS, TensorFile, golden_dir, provenance, write_json
+from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"]
 RAW_PROMPTS = [
@@ -55,10 +56,10 @@ def run(model, prompt_ids):
     return ids, logits
 
 
-def main(names) -> None:
+def main(names, out_root) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
-        path = GOLDENS / "models" / name
+        path = resolve(f"models/{name}")
         model, _ = load(str(path))
         hf = AutoTokenizer.from_pretrained(str(path))
         out = TensorFile()
@@ -76,7 +77,7 @@ def main(names) -> None:
             cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages,
                           "rendered": rendered, "prompt_ids": ids, "greedy_ids": greedy,
                           "logits": [out.add(f"chat{i}/{s}", l) for s, l in enumerate(logits)]})
-        dest = golden_dir(f"l1/{name}")
+        dest = Path(out_root) / name if out_root else golden_dir(f"l1/{name}")
         out.write(dest / "logits.bin")
         write_json(dest / "index.json", {
             "provenance": provenance("mlx-lm", "mlx-lm"),
@@ -91,4 +92,8 @@ def main(names) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or MODELS)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("models", nargs="*", default=MODELS)
+    ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    main(args.models, args.out)

@@ -2,7 +2,8 @@
 
     oracles/.venv/bin/python oracles/make_models.py
 
-Writes goldens/models/<name>/ with config.json, model.safetensors, tokenizer.json,
+Writes goldens/models/<name>/ (or goldens/<machine-key>/models/<name>/ off the reference
+machine) with config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json (with a chat template), generation_config.json and provenance.json:
 
 - tiny-llama         llama, GQA (4 q / 2 kv heads), untied head, llama3 RoPE scaling, bf16
@@ -28,7 +29,7 @@ from mlx_lm.models import llama, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from provenance import GOLDENS, provenance, write_json
+from provenance import golden_dir, provenance, write_json
 
 HERE = Path(__file__).resolve().parent
 CORPUS = (HERE / "corpus.txt").read_text()
@@ -181,11 +182,10 @@ def train(model, ids: list[int], steps=600, seq=64, batch=16, seed=7):
 
 def main() -> None:
     mx.set_default_device(mx.cpu)
-    root = GOLDENS / "models"
     tok = train_tokenizer()
 
     # tiny-llama: random, bf16, GQA, untied, llama3 rope scaling.
-    dest = root / "tiny-llama"
+    dest = golden_dir("models/tiny-llama")
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -195,7 +195,7 @@ def main() -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 1), bf16")
 
     # tiny-qwen3: random, f32, q/k norm, tied; saved by mlx-lm's own writers.
-    dest = root / "tiny-qwen3"
+    dest = golden_dir("models/tiny-qwen3")
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     cfg = qwen3_config()
@@ -204,7 +204,7 @@ def main() -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 2), f32, mlx_lm.utils.save_model")
 
     # tiny-llama-trained: f32 training on the corpus, saved in bf16.
-    dest = root / "tiny-llama-trained"
+    dest = golden_dir("models/tiny-llama-trained")
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
     cfg = llama_config(128, 3, 4, 2, 320, None, tie=False)
@@ -214,9 +214,10 @@ def main() -> None:
     save_plain(dest, model, cfg)
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
                f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
-    for d in sorted(root.iterdir()):
+    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"]:
+        d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
-        print(f"{d.name}: {size / 1e6:.2f} MB")
+        print(f"{d}: {size / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":

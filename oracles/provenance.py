@@ -130,5 +130,11 @@ def golden_dir(name: str) -> Path:
     return GOLDENS / name if key == reference else GOLDENS / key / name
 
 
+def resolve(name: str) -> Path:
+    """Where golden `name` is read from here: this machine's override, else the reference."""
+    override = GOLDENS / machine_key() / name
+    return override if override.is_dir() else GOLDENS / name
+
+
 def write_json(path: Path, obj) -> None:
     write_atomic(path, json.dumps(obj, indent=1) + "\n")

@@ -12,7 +12,7 @@ fn l1(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> ModelReport {
 
 fn assert_bit_exact(name: &str) {
     let report = l1(name, |_| {});
-    println!("{}", report.summary());
+    harness::announce(&report.summary());
     for line in report.details() {
         println!("{line}");
     }

@@ -159,3 +159,160 @@ impl TensorGolden {
         Ok((entry, bytes))
     }
 }
+
+/// A committed golden and the oracle command that regenerates it.
+#[derive(Debug, Clone)]
+pub struct Registered {
+    pub name: String,
+    /// Script under `oracles/` and its arguments.
+    pub script: &'static str,
+    pub args: Vec<String>,
+}
+
+/// Every golden this repository knows, in regeneration order (models before L1).
+pub fn registry() -> Vec<Registered> {
+    let mut out = vec![Registered {
+        name: "runtime".into(),
+        script: "gen_runtime.py",
+        args: vec![],
+    }];
+    for m in crate::parity::l1::MODELS {
+        out.push(Registered {
+            name: format!("models/{m}"),
+            script: "make_models.py",
+            args: vec![],
+        });
+    }
+    for m in crate::parity::l1::MODELS {
+        out.push(Registered {
+            name: format!("l1/{m}"),
+            script: "gen_l1.py",
+            args: vec![m.to_owned()],
+        });
+    }
+    out
+}
+
+/// Top-level entries of the goldens dir that are golden groups, not machine layers.
+const GROUPS: [&str; 3] = ["runtime", "models", "l1"];
+
+/// Machine-key override dirs present under `root`.
+pub fn machine_layers(root: &Path) -> Vec<String> {
+    let mut keys: Vec<String> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| !GROUPS.contains(&n.as_str()) && !n.starts_with('.'))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The reference machine key (`goldens/REFERENCE`).
+pub fn reference_key(root: &Path) -> Option<String> {
+    std::fs::read_to_string(root.join("REFERENCE"))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+/// Problems `harness goldens check` finds in one golden dir: missing provenance fields, or
+/// a generator that does not exist.
+pub fn check_dir(dir: &Path, repo: &Path) -> Vec<String> {
+    let index = ["index.json", "provenance.json"]
+        .iter()
+        .map(|f| dir.join(f))
+        .find(|p| p.is_file());
+    let Some(index) = index else {
+        return vec![format!(
+            "{}: no index.json or provenance.json",
+            dir.display()
+        )];
+    };
+    let value: Value = match std::fs::read_to_string(&index)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+    {
+        Some(v) => v,
+        None => return vec![format!("{}: unreadable JSON", index.display())],
+    };
+    let mut problems = Vec::new();
+    let prov = &value["provenance"];
+    for key in [
+        "oracle",
+        "oracle_version",
+        "mlx_version",
+        "command",
+        "machine_key",
+        "created",
+    ] {
+        if prov[key].as_str().is_none_or(str::is_empty) {
+            problems.push(format!("{}: provenance.{key} missing", index.display()));
+        }
+    }
+    match value["generator"].as_str() {
+        Some(generator) if repo.join(generator).is_file() => {}
+        Some(generator) => problems.push(format!(
+            "{}: generator {generator} does not exist",
+            index.display()
+        )),
+        None => problems.push(format!("{}: no generator named", index.display())),
+    }
+    problems
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    }
+
+    #[test]
+    fn every_committed_golden_has_provenance_and_a_generator() {
+        let root = repo().join("goldens");
+        for g in registry() {
+            let problems = check_dir(&root.join(&g.name), &repo());
+            assert!(problems.is_empty(), "{}: {problems:?}", g.name);
+        }
+    }
+
+    #[test]
+    fn check_catches_missing_provenance_and_generator() {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(
+            tmp.path().join("index.json"),
+            r#"{"provenance": {"oracle": "mlx-lm", "command": "x"}, "generator": "oracles/nope.py"}"#,
+        )
+        .unwrap();
+        let problems = check_dir(tmp.path(), &repo());
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("provenance.machine_key missing")),
+            "{problems:?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.contains("oracles/nope.py does not exist")),
+            "{problems:?}"
+        );
+    }
+
+    #[test]
+    fn machine_override_wins_over_the_reference_set() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("runtime")).unwrap();
+        assert_eq!(resolve(root, "m1", "runtime").unwrap().1, Layer::Reference);
+        std::fs::create_dir_all(root.join("m1/runtime")).unwrap();
+        let (dir, layer) = resolve(root, "m1", "runtime").unwrap();
+        assert_eq!((dir, layer), (root.join("m1/runtime"), Layer::Machine));
+        assert_eq!(resolve(root, "m2", "runtime").unwrap().1, Layer::Reference);
+        assert!(resolve(root, "m1", "l1/none").is_err());
+        assert_eq!(machine_layers(root), vec!["m1".to_owned()]);
+    }
+}

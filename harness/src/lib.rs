@@ -2,8 +2,22 @@
 //! oracles) and measures it honestly. It depends on the engine, never the reverse, and owns
 //! every oracle call.
 
+pub mod bench;
 pub mod compare;
+pub mod db;
 pub mod goldens;
 pub mod machine;
 pub mod oracle;
 pub mod parity;
+pub mod preflight;
+pub mod promote;
+
+/// Writes a verdict line straight to the process's stdout, past the test harness's output
+/// capture, so `cargo test` shows gate summaries (e.g. "L1 tiny-llama: 85/85 …") without
+/// `--nocapture`.
+pub fn announce(line: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}

@@ -3,6 +3,8 @@
 //! feeds one token and reads the logits of the last position. Greedy picks
 //! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
 
+pub mod bench;
+
 use std::time::{Duration, Instant};
 
 use mlx_rs::error::Exception;

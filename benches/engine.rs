@@ -1,0 +1,131 @@
+//! Criterion benches for the engine's hot paths. Group names say what varies:
+//! `ops/<op>/<size>`, `decode_step/<model>`, `prefill/<model>/<tokens>`.
+//! Run: `cargo bench --bench engine` (single-threaded MLX use: criterion runs one bench at a time).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use engine::generate::Session;
+use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::ops::{quantize, quantized_matmul};
+use mlx_rs::{random, Array};
+
+fn normal(shape: &[i32], seed: u64) -> Array {
+    let a = random::normal::<f32>(shape, None, None, &random::key(seed).unwrap()).unwrap();
+    a.eval().unwrap();
+    a
+}
+
+fn model_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("goldens/models")
+        .join(name)
+}
+
+fn ops(c: &mut Criterion) {
+    let mut g = c.benchmark_group("ops/rms_norm");
+    for dim in [256, 1024, 4096] {
+        let x = normal(&[32, dim], 1);
+        let w = normal(&[dim], 2);
+        g.bench_with_input(
+            BenchmarkId::new("rows=32", format!("dim={dim}")),
+            &dim,
+            |b, _| b.iter(|| fast::rms_norm(&x, Some(&w), 1e-5).unwrap().eval().unwrap()),
+        );
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("ops/sdpa");
+    for kv_len in [128, 512] {
+        let q = normal(&[1, 8, 1, 64], 3);
+        let k = normal(&[1, 2, kv_len, 64], 4);
+        let v = normal(&[1, 2, kv_len, 64], 5);
+        g.bench_with_input(
+            BenchmarkId::new("decode q=1", format!("kv={kv_len}")),
+            &kv_len,
+            |b, _| {
+                b.iter(|| {
+                    fast::scaled_dot_product_attention(&q, &k, &v, 0.125, None, None)
+                        .unwrap()
+                        .eval()
+                        .unwrap()
+                })
+            },
+        );
+        let qp = normal(&[1, 8, kv_len, 64], 6);
+        g.bench_with_input(
+            BenchmarkId::new("prefill causal", format!("len={kv_len}")),
+            &kv_len,
+            |b, _| {
+                b.iter(|| {
+                    fast::scaled_dot_product_attention(
+                        &qp,
+                        &k,
+                        &v,
+                        0.125,
+                        ScaledDotProductAttentionMask::Causal,
+                        None,
+                    )
+                    .unwrap()
+                    .eval()
+                    .unwrap()
+                })
+            },
+        );
+    }
+    g.finish();
+
+    let mut g = c.benchmark_group("ops/quantized_matmul");
+    let w = normal(&[1024, 1024], 7);
+    let x = normal(&[1, 1024], 8);
+    for bits in [4, 8] {
+        let (wq, s, bias) = quantize(&w, 64, bits).unwrap();
+        g.bench_with_input(
+            BenchmarkId::new("1x1024·1024x1024", format!("bits={bits}")),
+            &bits,
+            |b, _| {
+                b.iter(|| {
+                    quantized_matmul(&x, &wq, &s, &bias, true, 64, bits)
+                        .unwrap()
+                        .eval()
+                        .unwrap()
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn model_paths(c: &mut Criterion) {
+    let name = "tiny-llama-trained";
+    let model = engine::model::load(&model_dir(name)).unwrap();
+    let prompt: Vec<u32> = (0..64).map(|i| 10 + (i * 7) % 500).collect();
+
+    let mut session = Session::new(model.as_ref());
+    session.prefill(&prompt).unwrap().eval().unwrap();
+    c.bench_function(&format!("decode_step/{name}/context=64"), |b| {
+        b.iter(|| {
+            session.step(&[42]).unwrap().eval().unwrap();
+            for cache in session.caches.iter_mut() {
+                cache.trim(1); // keep the context length fixed across iterations
+            }
+        })
+    });
+
+    let mut g = c.benchmark_group(format!("prefill/{name}"));
+    for tokens in [32usize, 128] {
+        let ids: Vec<u32> = (0..tokens as u32).map(|i| 10 + (i * 7) % 500).collect();
+        g.bench_with_input(
+            BenchmarkId::from_parameter(format!("tokens={tokens}")),
+            &tokens,
+            |b, _| {
+                b.iter(|| {
+                    let mut s = Session::new(model.as_ref());
+                    s.prefill(&ids).unwrap().eval().unwrap()
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, ops, model_paths);
+criterion_main!(benches);

@@ -1,0 +1,386 @@
+//! `harness bench`: the engine against mlx-lm on the same model and the same prompt ids.
+//! Every leg is a fresh process (a discarded warm-up inside it, then one measured run);
+//! legs alternate ABBA over the rounds; each metric is the median over the rounds.
+//! Preflight runs before and after: `--clean` refuses a dirty machine, and a run that went
+//! dirty is tagged `went-dirty` and never promoted.
+
+pub mod models;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Deserialize;
+
+use crate::db::{Db, Row};
+use crate::preflight::{self, MachineState, Thresholds};
+use models::BenchModel;
+
+/// What one leg prints (the engine's and `oracles/bench_leg.py`'s JSON line).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Leg {
+    pub stack: String,
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub ttft_s: f64,
+    pub prefill_tps: f64,
+    pub decode_tps: f64,
+    pub peak_memory_bytes: f64,
+}
+
+pub struct Options {
+    pub models: Vec<BenchModel>,
+    pub rounds: usize,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub peer: bool,
+    pub clean: bool,
+    pub force: bool,
+}
+
+/// Deterministic prompt ids in [0, vocab) (a 64-bit LCG; no RNG crate needed).
+pub fn prompt_ids(n: usize, vocab: i32, seed: u64) -> Vec<u32> {
+    let mut state = seed ^ 0x9E37_79B9_7F4A_7C15;
+    (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 33) % vocab as u64) as u32
+        })
+        .collect()
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// ABBA: round r runs A then B when r is even, B then A when odd.
+pub fn leg_order(rounds: usize, stacks: &[&'static str]) -> Vec<&'static str> {
+    (0..rounds)
+        .flat_map(|r| {
+            let mut s = stacks.to_vec();
+            if r % 2 == 1 {
+                s.reverse();
+            }
+            s
+        })
+        .collect()
+}
+
+fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) -> Result<Leg> {
+    let mut cmd = match stack {
+        "engine" => {
+            let mut c = Command::new(std::env::current_exe()?);
+            c.arg("leg-engine");
+            c
+        }
+        _ => {
+            let mut c = Command::new(crate::oracle::python());
+            c.arg(crate::oracle::repo_root().join("oracles/bench_leg.py"));
+            c
+        }
+    };
+    cmd.arg("--model")
+        .arg(model_dir)
+        .arg("--prompt-ids")
+        .arg(ids_file)
+        .arg("--max-tokens")
+        .arg(max_tokens.to_string());
+    let out = cmd
+        .output()
+        .with_context(|| format!("starting the {stack} leg"))?;
+    if !out.status.success() {
+        bail!(
+            "{stack} leg failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("leg printed no JSON")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+/// Median results per stack for one model.
+pub struct ModelResult {
+    pub model: BenchModel,
+    pub medians: Vec<(String, Metrics)>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Metrics {
+    pub decode_tps: f64,
+    pub prefill_tps: f64,
+    pub ttft_ms: f64,
+    pub peak_mb: f64,
+}
+
+impl Metrics {
+    pub fn named(&self) -> [(&'static str, f64, &'static str, bool); 4] {
+        // (metric, value, unit, higher is better)
+        [
+            ("decode_tps", self.decode_tps, "tok/s", true),
+            ("prefill_tps", self.prefill_tps, "tok/s", true),
+            ("ttft_ms", self.ttft_ms, "ms", false),
+            ("peak_memory_mb", self.peak_mb, "MB", false),
+        ]
+    }
+}
+
+fn medians(legs: &[Leg]) -> Metrics {
+    let m = |f: fn(&Leg) -> f64| median(legs.iter().map(f).collect());
+    Metrics {
+        decode_tps: m(|l| l.decode_tps),
+        prefill_tps: m(|l| l.prefill_tps),
+        ttft_ms: m(|l| l.ttft_s * 1e3),
+        peak_mb: m(|l| l.peak_memory_bytes / 1e6),
+    }
+}
+
+fn spinner(msg: String) -> ProgressBar {
+    let pb = ProgressBar::new_spinner();
+    pb.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").unwrap());
+    pb.enable_steady_tick(std::time::Duration::from_millis(120));
+    pb.set_message(msg);
+    pb
+}
+
+/// Creates the oracle venv if it is missing (first use), showing progress.
+pub fn ensure_oracle_venv() -> Result<()> {
+    if crate::oracle::python().exists() {
+        return Ok(());
+    }
+    let pb = spinner("creating the oracle venv (oracles/setup.sh, first use only)".into());
+    let out = Command::new("bash")
+        .arg(crate::oracle::repo_root().join("oracles/setup.sh"))
+        .output()
+        .context("running oracles/setup.sh")?;
+    pb.finish_and_clear();
+    if !out.status.success() {
+        bail!(
+            "oracles/setup.sh failed:\n{}\n(or run with --no-peer to measure the engine alone)",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Runs the whole benchmark; returns results and the before/after machine states.
+pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineState)> {
+    let thresholds = Thresholds::from_env();
+    let before = preflight::check(&thresholds);
+    if !before.clean && !opts.force {
+        let reasons = before
+            .reasons
+            .iter()
+            .map(|r| format!("  - {r}"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let what = if opts.clean {
+            "--clean refuses to measure"
+        } else {
+            "refusing to measure"
+        };
+        bail!(
+            "this machine is not clean, so {what}:\n{reasons}\nLet it settle (stop other work, wait for \
+             the load to drop) and retry, or pass --force to measure anyway (rows are then tagged \
+             dirty and never promoted)."
+        );
+    }
+    if opts.peer {
+        ensure_oracle_venv()?;
+    }
+    let stacks: Vec<&'static str> = if opts.peer {
+        vec!["engine", "mlx-lm"]
+    } else {
+        vec!["engine"]
+    };
+    let order = leg_order(opts.rounds, &stacks);
+    let tmp = tempfile::tempdir()?;
+    let mut results = Vec::new();
+    for model in &opts.models {
+        let pb = spinner(format!(
+            "preparing bench model {} ({:.1} M params)",
+            model.name,
+            model.parameter_count() as f64 / 1e6
+        ));
+        let dir = model.ensure()?;
+        pb.finish_and_clear();
+        let ids = prompt_ids(opts.prompt_tokens, model.vocab, model.seed);
+        let ids_file: PathBuf = tmp.path().join(format!("{}.json", model.name));
+        std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
+        let bar = ProgressBar::new(order.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} legs ({elapsed})")
+                .unwrap(),
+        );
+        bar.set_message(model.name);
+        let mut legs: Vec<(String, Leg)> = Vec::new();
+        for stack in &order {
+            legs.push((
+                stack.to_string(),
+                run_leg(stack, &dir, &ids_file, opts.max_tokens)?,
+            ));
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let medians = stacks
+            .iter()
+            .map(|s| {
+                let mine: Vec<Leg> = legs
+                    .iter()
+                    .filter(|(k, _)| k == s)
+                    .map(|(_, l)| l.clone())
+                    .collect();
+                (s.to_string(), medians(&mine))
+            })
+            .collect();
+        results.push(ModelResult {
+            model: *model,
+            medians,
+        });
+    }
+    let after = preflight::check(&thresholds);
+    Ok((results, before, after))
+}
+
+/// The table printed after a run: each metric per stack, and engine / mlx-lm.
+pub fn table(results: &[ModelResult]) -> String {
+    let mut s = format!(
+        "{:<8} {:<22} {:>12} {:>12} {:>8}\n",
+        "model", "metric", "engine", "mlx-lm", "ratio"
+    );
+    for r in results {
+        let engine = r
+            .medians
+            .iter()
+            .find(|(k, _)| k == "engine")
+            .map(|(_, m)| *m);
+        let peer = r
+            .medians
+            .iter()
+            .find(|(k, _)| k == "mlx-lm")
+            .map(|(_, m)| *m);
+        for i in 0..4 {
+            let e = engine.map(|m| m.named()[i]);
+            let p = peer.map(|m| m.named()[i]);
+            let (name, unit) = e.or(p).map(|x| (x.0, x.2)).unwrap_or(("?", ""));
+            let fmt = |v: Option<(&str, f64, &str, bool)>| {
+                v.map_or("-".to_owned(), |x| format!("{:.1}", x.1))
+            };
+            let ratio = match (e, p) {
+                (Some(e), Some(p)) if p.1 > 0.0 => format!("{:.2}x", e.1 / p.1),
+                _ => "-".to_owned(),
+            };
+            s.push_str(&format!(
+                "{:<8} {:<22} {:>12} {:>12} {:>8}\n",
+                r.model.name,
+                format!("{name} ({unit})"),
+                fmt(e),
+                fmt(p),
+                ratio
+            ));
+        }
+    }
+    s
+}
+
+/// Stores one row per (model, stack, metric).
+pub fn record(
+    db: &Db,
+    opts: &Options,
+    results: &[ModelResult],
+    before: &MachineState,
+    after: &MachineState,
+) -> Result<usize> {
+    let mut tags = vec![
+        format!("median-of-{}", opts.rounds),
+        "abba".to_owned(),
+        "fresh-process-legs".to_owned(),
+    ];
+    if !before.clean {
+        tags.push("forced-dirty".into());
+    }
+    if before.clean && !after.clean {
+        tags.push("went-dirty".into());
+    }
+    let preflight = if before.clean && after.clean {
+        "clean"
+    } else {
+        "dirty"
+    };
+    let state = serde_json::to_string(&serde_json::json!({"before": before, "after": after}))?;
+    let mut n = 0;
+    for r in results {
+        for (stack, metrics) in &r.medians {
+            for (metric, value, unit, _) in metrics.named() {
+                db.insert(&Row {
+                    ts: after.at.clone(),
+                    commit: before.commit.clone(),
+                    dirty: before.dirty,
+                    machine_key: before.machine_key.clone(),
+                    machine_state: state.clone(),
+                    preflight: preflight.into(),
+                    suite: "decode".into(),
+                    model: r.model.name.into(),
+                    metric: metric.into(),
+                    value,
+                    unit: unit.into(),
+                    stack: stack.clone(),
+                    peer: if stack == "engine" && opts.peer {
+                        Some("mlx-lm".into())
+                    } else {
+                        None
+                    },
+                    params: serde_json::json!({
+                        "prompt_tokens": opts.prompt_tokens,
+                        "max_tokens": opts.max_tokens,
+                        "rounds": opts.rounds,
+                        "params_m": (r.model.parameter_count() as f64 / 1e5).round() / 10.0,
+                    })
+                    .to_string(),
+                    tags: tags.join(" "),
+                })?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn abba_order_and_medians() {
+        assert_eq!(
+            leg_order(4, &["e", "p"]),
+            ["e", "p", "p", "e", "e", "p", "p", "e"]
+        );
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 2.0, 3.0]), 2.5);
+    }
+
+    #[test]
+    fn prompt_ids_are_deterministic_and_in_range() {
+        let a = prompt_ids(100, 4096, 7);
+        assert_eq!(a, prompt_ids(100, 4096, 7));
+        assert_ne!(a, prompt_ids(100, 4096, 8));
+        assert!(a.iter().all(|&i| i < 4096));
+    }
+}

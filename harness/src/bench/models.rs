@@ -1,0 +1,159 @@
+//! The built-in benchmark models: Llama-layout checkpoints with seeded random bf16 weights,
+//! generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
+//! Both stacks load the very same directory, so they run the same weights.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use mlx_rs::{random, Array, Dtype};
+use serde_json::json;
+
+/// A benchmark model's shape.
+#[derive(Debug, Clone, Copy)]
+pub struct BenchModel {
+    pub name: &'static str,
+    pub hidden: i32,
+    pub layers: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub intermediate: i32,
+    pub vocab: i32,
+    pub seed: u64,
+}
+
+pub const TINY: BenchModel = BenchModel {
+    name: "tiny",
+    hidden: 256,
+    layers: 4,
+    heads: 4,
+    kv_heads: 2,
+    intermediate: 704,
+    vocab: 4096,
+    seed: 1234,
+};
+
+/// ~55 M parameters.
+pub const SMALL: BenchModel = BenchModel {
+    name: "small",
+    hidden: 640,
+    layers: 10,
+    heads: 10,
+    kv_heads: 5,
+    intermediate: 1728,
+    vocab: 8192,
+    seed: 5678,
+};
+
+pub fn by_name(name: &str) -> Option<BenchModel> {
+    [TINY, SMALL].into_iter().find(|m| m.name == name)
+}
+
+impl BenchModel {
+    pub fn config(&self) -> serde_json::Value {
+        json!({
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "rms_norm_eps": 1e-5,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": 4096,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// (name, shape) of every weight, in a fixed order (the seed of weight i is seed + i).
+    fn weight_shapes(&self) -> Vec<(String, Vec<i32>)> {
+        let head_dim = self.hidden / self.heads;
+        let (h, q, kv, i) = (
+            self.hidden,
+            self.heads * head_dim,
+            self.kv_heads * head_dim,
+            self.intermediate,
+        );
+        let mut w = vec![("model.embed_tokens.weight".to_owned(), vec![self.vocab, h])];
+        for l in 0..self.layers {
+            let p = format!("model.layers.{l}");
+            w.push((format!("{p}.input_layernorm.weight"), vec![h]));
+            w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
+            w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
+            w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
+            w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+            w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
+            w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
+            w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
+        }
+        w.push(("model.norm.weight".to_owned(), vec![h]));
+        w.push(("lm_head.weight".to_owned(), vec![self.vocab, h]));
+        w
+    }
+
+    pub fn parameter_count(&self) -> i64 {
+        self.weight_shapes()
+            .iter()
+            .map(|(_, s)| s.iter().map(|&d| d as i64).product::<i64>())
+            .sum()
+    }
+
+    pub fn dir(&self) -> PathBuf {
+        let base = std::env::var_os("ENGINE_CACHE_DIR")
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("mlx-engine"))
+            })
+            .or_else(|| {
+                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlx-engine"))
+            })
+            .unwrap_or_else(|| std::env::temp_dir().join("mlx-engine"));
+        base.join("bench-models")
+            .join(format!("{}-seed{}", self.name, self.seed))
+    }
+
+    /// The model dir, generated first if missing. Written to a temporary sibling and
+    /// renamed, so an interrupted generation never leaves a half model behind.
+    pub fn ensure(&self) -> anyhow::Result<PathBuf> {
+        let dir = self.dir();
+        if dir.join("model.safetensors").is_file() && dir.join("config.json").is_file() {
+            return Ok(dir);
+        }
+        let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp)?;
+        let mut weights: HashMap<String, Array> = HashMap::new();
+        for (i, (name, shape)) in self.weight_shapes().into_iter().enumerate() {
+            let w = if name.ends_with("norm.weight") {
+                mlx_rs::ops::ones::<f32>(&shape)?
+            } else {
+                let key = random::key(self.seed + i as u64)?;
+                random::normal::<f32>(&shape[..], None, 0.02, &key)?
+            };
+            let w = w.as_dtype(Dtype::Bfloat16)?;
+            w.eval()?;
+            weights.insert(name, w);
+        }
+        let meta = HashMap::from([("format".to_owned(), "mlx".to_owned())]);
+        Array::save_safetensors(weights.iter(), &meta, tmp.join("model.safetensors"))?;
+        std::fs::write(
+            tmp.join("config.json"),
+            serde_json::to_string_pretty(&self.config())?,
+        )?;
+        if let Some(parent) = dir.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        match std::fs::rename(&tmp, &dir) {
+            Ok(()) => Ok(dir),
+            Err(_) if dir.join("model.safetensors").is_file() => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Ok(dir)
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}

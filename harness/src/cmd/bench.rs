@@ -1,0 +1,97 @@
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use harness::bench::{self, models};
+use harness::db::Db;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Refuse to run unless preflight says the machine is clean (the default behaviour;
+    /// the flag makes the intent explicit).
+    #[arg(long, conflicts_with = "force")]
+    clean: bool,
+    /// Measure even on a dirty machine; rows are tagged and never promoted.
+    #[arg(long)]
+    force: bool,
+    /// Benchmark suite (decode: prefill, decode, TTFT, peak memory).
+    #[arg(long, default_value = "decode")]
+    suite: String,
+    /// Built-in benchmark models to run (tiny, small).
+    #[arg(long, value_delimiter = ',', default_value = "tiny")]
+    model: Vec<String>,
+    /// Measure the engine alone (no mlx-lm legs, no oracle venv needed).
+    #[arg(long)]
+    no_peer: bool,
+    /// Rounds of legs per stack (median over them; at least 3).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 256)]
+    prompt_tokens: usize,
+    /// Tokens generated per leg.
+    #[arg(long, default_value_t = 128)]
+    max_tokens: usize,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.suite != "decode" {
+        bail!(
+            "suite `{}` does not exist yet (available: decode)",
+            args.suite
+        );
+    }
+    if args.rounds < 3 {
+        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
+    }
+    let mut chosen = Vec::new();
+    for name in &args.model {
+        chosen.push(
+            models::by_name(name)
+                .with_context(|| format!("unknown bench model `{name}` (tiny, small)"))?,
+        );
+    }
+    let opts = bench::Options {
+        models: chosen,
+        rounds: args.rounds,
+        prompt_tokens: args.prompt_tokens,
+        max_tokens: args.max_tokens,
+        peer: !args.no_peer,
+        clean: args.clean,
+        force: args.force,
+    };
+    let (results, before, after) = bench::run(&opts)?;
+    print!("{}", bench::table(&results));
+    let db = Db::open_default()?;
+    let n = bench::record(&db, &opts, &results, &before, &after)?;
+    println!(
+        "recorded {n} rows in {} (preflight before: {}, after: {})",
+        harness::db::default_path().display(),
+        before.verdict(),
+        after.verdict()
+    );
+    if before.clean && !after.clean {
+        println!("the machine went dirty during the run; rows are tagged went-dirty and will not be promoted:");
+        for r in &after.reasons {
+            println!("  - {r}");
+        }
+    }
+    Ok(())
+}
+
+#[derive(clap::Args)]
+pub struct LegArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt_ids: PathBuf,
+    #[arg(long)]
+    max_tokens: usize,
+}
+
+pub fn leg(args: LegArgs) -> Result<()> {
+    let model = engine::model::load(&args.model)?;
+    let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&args.prompt_ids)?)?;
+    let result = engine::generate::bench::run_leg(model.as_ref(), &ids, args.max_tokens)?;
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}

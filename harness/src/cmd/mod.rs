@@ -1,0 +1,10 @@
+//! Command handlers of the `harness` binary.
+
+pub mod bench;
+pub mod doctor;
+pub mod goldens;
+pub mod parity;
+pub mod results;
+
+/// The built-in default model (committed under goldens/models).
+pub const DEFAULT_MODEL: &str = "tiny-llama-trained";

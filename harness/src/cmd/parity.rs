@@ -1,0 +1,122 @@
+use anyhow::{bail, Result};
+use harness::db::{Db, Row};
+use harness::parity::l1::{self, ModelReport};
+use harness::preflight::{self, Thresholds};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// The tier to run (l1 so far).
+    #[arg(long, default_value = "l1")]
+    tier: String,
+    /// One model (default: every model with goldens).
+    #[arg(long)]
+    model: Option<String>,
+    /// Run the oracle now (mlx-lm in oracles/.venv, same prompt ids) instead of reading the
+    /// committed goldens.
+    #[arg(long)]
+    live: bool,
+    /// Do not write result rows.
+    #[arg(long)]
+    no_record: bool,
+    /// A planted defect, to see the gate fail: `key=value` set in the model's config.json
+    /// before loading (e.g. rms_norm_eps=1e-6).
+    #[arg(long, value_name = "KEY=VALUE")]
+    plant: Option<String>,
+}
+
+fn record(reports: &[ModelReport], live: bool) -> Result<()> {
+    let state = preflight::check(&Thresholds::from_env());
+    let db = Db::open_default()?;
+    let machine_state = serde_json::to_string(&serde_json::json!({ "before": state }))?;
+    for r in reports {
+        let (exact, total) = r.cases.iter().fold((0, 0), |(e, t), c| {
+            (e + c.logits_exact(), t + c.logits.len())
+        });
+        let (ids, steps) = r.cases.iter().fold((0, 0), |(e, t), c| {
+            (e + c.greedy_matching, t + c.greedy_total)
+        });
+        for (metric, value, total) in [
+            ("logit_vectors_bit_exact", exact, total),
+            ("greedy_ids_identical", ids, steps),
+        ] {
+            db.insert(&Row {
+                ts: state.at.clone(),
+                commit: state.commit.clone(),
+                dirty: state.dirty,
+                machine_key: state.machine_key.clone(),
+                machine_state: machine_state.clone(),
+                preflight: state.verdict().into(),
+                suite: "parity-l1".into(),
+                model: r.model.clone(),
+                metric: metric.into(),
+                value: value as f64,
+                unit: format!("/{total}"),
+                stack: "engine".into(),
+                peer: Some("mlx-lm".into()),
+                params: serde_json::json!({ "live": live }).to_string(),
+                tags: if live {
+                    "live".into()
+                } else {
+                    "committed-goldens".into()
+                },
+            })?;
+        }
+    }
+    Ok(())
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if args.tier != "l1" {
+        bail!("tier `{}` has no gates yet (available: l1)", args.tier);
+    }
+    let models: Vec<&str> = match &args.model {
+        Some(m) => vec![m.as_str()],
+        None => l1::MODELS.to_vec(),
+    };
+    let live = if args.live {
+        println!(
+            "running the oracle now (mlx-lm in {})…",
+            harness::oracle::venv_dir().display()
+        );
+        Some(l1::live_goldens(&models)?)
+    } else {
+        None
+    };
+    let plant = match &args.plant {
+        Some(p) => {
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--plant wants KEY=VALUE, got `{p}`"))?;
+            let v: serde_json::Value =
+                serde_json::from_str(v).unwrap_or(serde_json::Value::String(v.into()));
+            println!("planted defect: config.json {k} = {v}");
+            Some((k.to_owned(), v))
+        }
+        None => None,
+    };
+    let mut reports = Vec::new();
+    for name in models {
+        let report = l1::check_named_against(name, live.as_ref().map(|d| d.path()), |c| {
+            if let Some((k, v)) = &plant {
+                c[k.as_str()] = v.clone();
+            }
+        })?;
+        println!("{}", report.summary());
+        for line in report.details() {
+            println!("{line}");
+        }
+        reports.push(report);
+    }
+    if !args.no_record && plant.is_none() {
+        record(&reports, args.live)?;
+    }
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.model.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("L1 failed for: {}", failed.join(", "));
+    }
+    Ok(())
+}

@@ -1,0 +1,59 @@
+use std::path::PathBuf;
+
+use anyhow::Result;
+use harness::db::Db;
+use harness::preflight::{self, Thresholds};
+use harness::{oracle, promote};
+
+pub fn preflight(json: bool) -> Result<()> {
+    let state = preflight::check(&Thresholds::from_env());
+    if json {
+        println!("{}", serde_json::to_string_pretty(&state)?);
+    } else {
+        print!("{}", state.render());
+    }
+    Ok(())
+}
+
+pub fn results(suite: Option<&str>, limit: usize) -> Result<()> {
+    let path = harness::db::default_path();
+    let db = Db::open(&path)?;
+    let rows = db.query(suite, limit)?;
+    println!("{} row(s) from {}", rows.len(), path.display());
+    println!(
+        "{:<20} {:<12} {:<10} {:<12} {:<24} {:<7} {:>12} {:<6} {:<8} tags",
+        "ts", "commit", "suite", "model", "metric", "stack", "value", "unit", "preflt"
+    );
+    for r in rows {
+        println!(
+            "{:<20} {:<12} {:<10} {:<12} {:<24} {:<7} {:>12.3} {:<6} {:<8} {}",
+            r.ts,
+            r.commit,
+            r.suite,
+            r.model,
+            r.metric,
+            r.stack,
+            r.value,
+            r.unit,
+            r.preflight,
+            r.tags
+        );
+    }
+    Ok(())
+}
+
+pub fn promote(out: Option<PathBuf>) -> Result<()> {
+    let db = Db::open_default()?;
+    let rows = db.latest_clean()?;
+    let md = promote::render(&rows);
+    let out = out.unwrap_or_else(|| oracle::repo_root().join("RESULTS.md"));
+    let tmp = out.with_extension("md.tmp");
+    std::fs::write(&tmp, &md)?;
+    std::fs::rename(&tmp, &out)?;
+    println!(
+        "wrote {} from {} promotable row(s)",
+        out.display(),
+        rows.len()
+    );
+    Ok(())
+}

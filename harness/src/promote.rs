@@ -1,0 +1,197 @@
+//! `harness promote`: renders RESULTS.md from the newest promotable rows of the results DB
+//! (preflight clean, not tagged went-dirty). The renderer is a pure function of the rows, so
+//! the same rows always give the same bytes (snapshot-tested).
+
+use std::collections::BTreeMap;
+
+use crate::db::Row;
+
+/// The machine/toolchain header line, from a row's stored machine state.
+fn header(rows: &[&Row]) -> String {
+    let Some(row) = rows.iter().max_by(|a, b| a.ts.cmp(&b.ts)) else {
+        return "No promotable rows yet.".to_owned();
+    };
+    let state: serde_json::Value = serde_json::from_str(&row.machine_state).unwrap_or_default();
+    let s = state.get("before").unwrap_or(&state);
+    let mut parts = vec![format!("machine `{}`", row.machine_key)];
+    if let Some(cores) = s.get("cores").and_then(|v| v.as_u64()) {
+        parts.push(format!("{cores} cores"));
+    }
+    if let Some(mem) = s.get("mem_total_mb").and_then(|v| v.as_f64()) {
+        parts.push(format!("{:.0} GB RAM", mem / 1024.0));
+    }
+    if let Some(v) = s.get("engine_version").and_then(|v| v.as_str()) {
+        parts.push(format!("engine {v}"));
+    }
+    if let Some(v) = s.get("mlx_version").and_then(|v| v.as_str()) {
+        parts.push(format!("MLX {v}"));
+    }
+    if let Some(map) = s.get("oracle_versions").and_then(|v| v.as_object()) {
+        for key in ["mlx-lm", "mlx-optiq", "transformers"] {
+            if let Some(v) = map.get(key).and_then(|v| v.as_str()) {
+                parts.push(format!("{key} {v}"));
+            }
+        }
+    }
+    parts.join(" · ")
+}
+
+fn date(ts: &str) -> &str {
+    ts.get(..10).unwrap_or(ts)
+}
+
+fn fmt_value(v: f64) -> String {
+    if v.fract() == 0.0 || v >= 100.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
+/// RESULTS.md for `rows` (already filtered to promotable ones).
+pub fn render(rows: &[Row]) -> String {
+    let rows: Vec<&Row> = rows.iter().filter(|r| r.preflight == "clean").collect();
+    let mut out = String::from("# Results\n\n");
+    out.push_str("Written by `harness promote` from preflight-clean rows of the results DB; do not edit by hand.\n\n");
+    out.push_str(&header(&rows));
+    out.push_str("\n\n## Parity\n\n");
+
+    let parity: Vec<&&Row> = rows
+        .iter()
+        .filter(|r| r.suite.starts_with("parity"))
+        .collect();
+    if parity.is_empty() {
+        out.push_str("No parity runs recorded yet.\n");
+    } else {
+        out.push_str(
+            "| tier | model | check | result | commit | date |\n|---|---|---|---|---|---|\n",
+        );
+        let mut sorted = parity.clone();
+        sorted
+            .sort_by(|a, b| (&a.suite, &a.model, &a.metric).cmp(&(&b.suite, &b.model, &b.metric)));
+        for r in sorted {
+            let tier = r.suite.trim_start_matches("parity-");
+            out.push_str(&format!(
+                "| {tier} | {} | {} | {}{} | {} | {} |\n",
+                r.model,
+                r.metric.replace('_', " "),
+                fmt_value(r.value),
+                r.unit,
+                r.commit,
+                date(&r.ts)
+            ));
+        }
+    }
+
+    out.push_str("\n## Performance\n\n");
+    // (suite, model, metric) → stack → row
+    let mut perf: BTreeMap<(String, String, String), BTreeMap<String, &Row>> = BTreeMap::new();
+    for r in rows
+        .iter()
+        .filter(|r| !r.suite.starts_with("parity") && r.suite != "quality")
+    {
+        perf.entry((r.suite.clone(), r.model.clone(), r.metric.clone()))
+            .or_default()
+            .insert(r.stack.clone(), r);
+    }
+    if perf.is_empty() {
+        out.push_str("No performance runs recorded yet.\n");
+    } else {
+        out.push_str(
+            "| suite | model | metric | engine | mlx-lm | engine / mlx-lm | commit | date |\n",
+        );
+        out.push_str("|---|---|---|---|---|---|---|---|\n");
+        for ((suite, model, metric), stacks) in &perf {
+            let e = stacks.get("engine");
+            let p = stacks.get("mlx-lm");
+            let unit = e.or(p).map(|r| r.unit.as_str()).unwrap_or("");
+            let cell = |r: Option<&&Row>| {
+                r.map_or("-".to_owned(), |r| format!("{} {unit}", fmt_value(r.value)))
+            };
+            let ratio = match (e, p) {
+                (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
+                _ => "-".to_owned(),
+            };
+            let newest = e.or(p).unwrap();
+            out.push_str(&format!(
+                "| {suite} | {model} | {} | {} | {} | {ratio} | {} | {} |\n",
+                metric.replace('_', " "),
+                cell(e),
+                cell(p),
+                newest.commit,
+                date(&newest.ts)
+            ));
+        }
+        out.push_str("\nMedians of fresh-process legs in ABBA order; each row's tags and parameters are in the results DB.\n");
+    }
+
+    out.push_str("\n## Quality\n\n");
+    let quality: Vec<&&Row> = rows.iter().filter(|r| r.suite == "quality").collect();
+    if quality.is_empty() {
+        out.push_str("No quality runs recorded yet.\n");
+    } else {
+        out.push_str("| model | metric | value | commit | date |\n|---|---|---|---|---|\n");
+        for r in quality {
+            out.push_str(&format!(
+                "| {} | {} | {} {} | {} | {} |\n",
+                r.model,
+                r.metric,
+                fmt_value(r.value),
+                r.unit,
+                r.commit,
+                date(&r.ts)
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(suite: &str, model: &str, metric: &str, stack: &str, value: f64, unit: &str) -> Row {
+        Row {
+            ts: "2026-11-29T18:00:00Z".into(),
+            commit: "0123456789ab".into(),
+            dirty: false,
+            machine_key: "cpu-amd-epyc".into(),
+            machine_state: r#"{"before":{"cores":2,"mem_total_mb":24000,"engine_version":"0.1.0","mlx_version":"0.32.2","oracle_versions":{"mlx-lm":"0.32.2","transformers":"5.12.1"}}}"#.into(),
+            preflight: "clean".into(),
+            suite: suite.into(),
+            model: model.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+            stack: stack.into(),
+            peer: None,
+            params: "{}".into(),
+            tags: String::new(),
+        }
+    }
+
+    #[test]
+    fn results_md_snapshot() {
+        let mut dirty = row("decode", "tiny", "decode_tps", "engine", 9999.0, "tok/s");
+        dirty.preflight = "dirty".into();
+        let rows = vec![
+            row("decode", "tiny", "decode_tps", "engine", 812.4, "tok/s"),
+            row("decode", "tiny", "decode_tps", "mlx-lm", 790.0, "tok/s"),
+            row("decode", "tiny", "ttft_ms", "engine", 12.25, "ms"),
+            row("decode", "tiny", "ttft_ms", "mlx-lm", 14.0, "ms"),
+            row(
+                "parity-l1",
+                "tiny-llama",
+                "logit_vectors_bit_exact",
+                "engine",
+                85.0,
+                "/85",
+            ),
+            dirty,
+        ];
+        let md = render(&rows);
+        assert_eq!(md, render(&rows), "deterministic");
+        assert!(!md.contains("9999"), "dirty rows are never rendered");
+        insta::assert_snapshot!(md);
+    }
+}
