@@ -1,6 +1,6 @@
 """L1 goldens: mlx-lm 0.32.2 greedy generation on the tiny models, logits included.
 
-    oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...] [--out DIR]
+    oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...] [--out DIR] [--prefill-step N --suffix S]
 
 For each model in goldens/models/ and each prompt (raw text and chat turns) this records:
 the prompt ids (transformers tokenizer; raw prompts with special tokens, chat prompts as
@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 
-MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"]
+MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",
@@ -40,7 +40,7 @@ LOGIT_STEPS = 17   # prefill + 16 decode steps
 GREEDY_STEPS = 64
 
 
-def run(model, prompt_ids):
+def run(model, prompt_ids, prefill_step):
     captured = []
 
     def capture(tokens, logits):
@@ -49,14 +49,14 @@ def run(model, prompt_ids):
 
     ids = []
     for token, _ in generate_step(mx.array(prompt_ids), model, max_tokens=GREEDY_STEPS,
-                                  logits_processors=[capture]):
+                                  logits_processors=[capture], prefill_step_size=prefill_step):
         ids.append(int(token))
     logits = [l.astype(mx.float32).reshape(-1) for l in captured[:LOGIT_STEPS]]
     mx.eval(logits)
     return ids, logits
 
 
-def main(names, out_root) -> None:
+def main(names, out_root, prefill_step, suffix) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
         path = resolve(f"models/{name}")
@@ -66,34 +66,38 @@ def main(names, out_root) -> None:
         cases = []
         for i, text in enumerate(RAW_PROMPTS):
             ids = hf.encode(text, add_special_tokens=True)
-            greedy, logits = run(model, ids)
+            greedy, logits = run(model, ids, prefill_step)
             cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text, "prompt_ids": ids,
                           "greedy_ids": greedy,
                           "logits": [out.add(f"raw{i}/{s}", l) for s, l in enumerate(logits)]})
         for i, messages in enumerate(CHATS):
             rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = hf.encode(rendered, add_special_tokens=False)
-            greedy, logits = run(model, ids)
+            greedy, logits = run(model, ids, prefill_step)
             cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages,
                           "rendered": rendered, "prompt_ids": ids, "greedy_ids": greedy,
                           "logits": [out.add(f"chat{i}/{s}", l) for s, l in enumerate(logits)]})
-        dest = Path(out_root) / name if out_root else golden_dir(f"l1/{name}")
+        golden = name + suffix
+        dest = Path(out_root) / golden if out_root else golden_dir(f"l1/{golden}")
         out.write(dest / "logits.bin")
         write_json(dest / "index.json", {
             "provenance": provenance("mlx-lm", "mlx-lm"),
             "generator": "oracles/gen_l1.py",
             "model": f"models/{name}",
             "data": "logits.bin",
-            "settings": {"sampler": "greedy", "prefill_step_size": 2048, "cache": "KVCache",
+            "settings": {"sampler": "greedy", "prefill_step_size": prefill_step, "cache": "KVCache",
                          "logit_steps": LOGIT_STEPS, "greedy_steps": GREEDY_STEPS},
             "cases": cases,
         })
-        print(f"{name}: {len(cases)} cases -> {dest}")
+        print(f"{golden}: {len(cases)} cases -> {dest}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=MODELS)
-    ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    ap.add_argument("--out", help="write <out>/<golden>/ instead of the goldens (live diffs)")
+    ap.add_argument("--prefill-step", type=int, default=2048,
+                    help="mlx-lm's prefill_step_size (chunked prefill); default 2048 as mlx-lm")
+    ap.add_argument("--suffix", default="", help="golden name = model name + suffix")
     args = ap.parse_args()
-    main(args.models, args.out)
+    main(args.models, args.out, args.prefill_step, args.suffix)

@@ -70,3 +70,46 @@ fn planted_rope_base_fails_l1() {
         report.details().join(" | ")
     );
 }
+
+#[test]
+fn l1_tiny_llama_trained_q4_mixed() {
+    assert_bit_exact("tiny-llama-trained-q4");
+}
+
+#[test]
+fn l1_tiny_qwen3_q8() {
+    assert_bit_exact("tiny-qwen3-q8");
+}
+
+/// Planted defect on the quantized path: the gate must fail there too.
+#[test]
+fn planted_defect_fails_l1_on_a_quantized_model() {
+    let report = l1("tiny-llama-trained-q4", |c| c["rms_norm_eps"] = json!(1e-6));
+    assert!(!report.passed());
+    assert_eq!(report.cases[0].first_inexact_logits(), Some(0));
+}
+
+/// Chunked prefill (mlx-lm's prefill_step_size) stays bit-exact for any chunk size, down to
+/// one token per step. (On this CPU backend mlx-lm's own logits do not depend on the chunk
+/// size either, so these runs are checked against the standard goldens.)
+#[test]
+fn chunked_prefill_is_bit_exact() {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{goldens_root, TensorGolden};
+    use harness::parity::l1::check_model_with;
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4"] {
+        let dir = goldens_root().join("models").join(name);
+        let model = engine::model::load(&dir).unwrap();
+        let tokenizer = Tokenizer::load(&dir).unwrap();
+        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+        let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
+        for step in [1, 5, 16] {
+            let report =
+                check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
+                    .unwrap();
+            harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
+            assert!(report.passed(), "{}", report.details().join("\n"));
+        }
+    }
+}

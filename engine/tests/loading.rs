@@ -56,16 +56,16 @@ fn weights_keep_their_dtype() {
 }
 
 #[test]
-fn a_quantized_model_is_refused_clearly() {
+fn a_foreign_quantization_format_is_refused_clearly() {
     let tmp = copy_of("tiny-llama");
     let path = tmp.path().join("config.json");
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["quantization"] = serde_json::json!({"group_size": 64, "bits": 4});
+    config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
     std::fs::write(&path, config.to_string()).unwrap();
     let err = load_err(tmp.path());
     assert!(
-        err.contains("quantized models are not supported yet"),
+        err.contains("is not supported") && err.contains("quantization_config"),
         "{err}"
     );
 }
@@ -168,4 +168,56 @@ fn eos_ids_come_from_tokenizer_and_generation_config() {
     let end = tokenizer.token_to_id("<|end|>").unwrap();
     let eos = tokenizer.token_to_id("<|eos|>").unwrap();
     assert_eq!(tokenizer.eos_token_ids, vec![end, eos]);
+}
+
+#[test]
+fn per_module_quantization_is_honoured() {
+    use engine::load::config::QuantParams;
+    let dir = model_dir("tiny-llama-trained-q4");
+    let config = ModelConfig::read(&dir).unwrap();
+    let mut w = Weights::load(&dir).unwrap();
+    w.set_quantization(config.quantization.clone());
+    let q4 = Some(QuantParams {
+        group_size: 64,
+        bits: 4,
+    });
+    let q8 = Some(QuantParams {
+        group_size: 64,
+        bits: 8,
+    });
+    assert_eq!(
+        w.quant_params("model.layers.1.self_attn.q_proj", 128)
+            .unwrap(),
+        q4
+    );
+    assert_eq!(w.quant_params("model.embed_tokens", 128).unwrap(), q4);
+    assert_eq!(
+        w.quant_params("lm_head", 128).unwrap(),
+        q8,
+        "explicit per-module entry"
+    );
+    assert_eq!(
+        w.quant_params("model.layers.0.mlp.down_proj", 320).unwrap(),
+        None,
+        "explicit false"
+    );
+    assert!(
+        w.contains("model.layers.0.mlp.down_proj.weight")
+            && !w.contains("model.layers.0.mlp.down_proj.scales")
+    );
+}
+
+#[test]
+fn non_affine_quantization_is_refused_clearly() {
+    let tmp = copy_of("tiny-qwen3-q8");
+    let path = tmp.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["quantization"]["mode"] = serde_json::json!("mxfp4");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = load_err(tmp.path());
+    assert!(
+        err.contains("quantization mode `mxfp4`") && err.contains("not supported yet"),
+        "{err}"
+    );
 }

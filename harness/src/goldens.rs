@@ -179,7 +179,12 @@ pub fn registry() -> Vec<Registered> {
     for m in crate::parity::l1::MODELS {
         out.push(Registered {
             name: format!("models/{m}"),
-            script: "make_models.py",
+            // Quantized variants are derived from the base models by mlx-lm's quantizer.
+            script: if m.ends_with("-q4") || m.ends_with("-q8") {
+                "make_quantized.py"
+            } else {
+                "make_models.py"
+            },
             args: vec![],
         });
     }

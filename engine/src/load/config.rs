@@ -16,6 +16,64 @@ pub struct ModelConfig {
     pub path: PathBuf,
     pub raw: Value,
     pub model_type: String,
+    /// MLX affine quantization, if the checkpoint is quantized.
+    pub quantization: Option<QuantConfig>,
+}
+
+/// Affine quantization parameters of one module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuantParams {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// mlx-lm's `quantization` block: global `{group_size, bits, mode}` plus per-module
+/// entries keyed by path, each either params or `false` (left unquantized).
+#[derive(Debug, Clone, Default)]
+pub struct QuantConfig {
+    pub default: Option<QuantParams>,
+    pub per_path: std::collections::HashMap<String, Option<QuantParams>>,
+}
+
+impl QuantConfig {
+    fn parse(q: &Value) -> Result<Self, String> {
+        let params = |v: &Value, at: &str| -> Result<QuantParams, String> {
+            if let Some(mode) = v.get("mode").and_then(Value::as_str) {
+                if mode != "affine" {
+                    return Err(format!(
+                        "quantization mode `{mode}` at {at} is not supported yet (only affine)"
+                    ));
+                }
+            }
+            let int = |k: &str| {
+                v.get(k)
+                    .and_then(Value::as_i64)
+                    .map(|n| n as i32)
+                    .ok_or_else(|| format!("quantization {at}: missing field `{k}`"))
+            };
+            Ok(QuantParams {
+                group_size: int("group_size")?,
+                bits: int("bits")?,
+            })
+        };
+        let obj = q.as_object().ok_or("`quantization` must be an object")?;
+        let mut cfg = QuantConfig {
+            default: Some(params(q, "(global)")?),
+            ..Default::default()
+        };
+        for (key, value) in obj {
+            match value {
+                Value::Bool(false) => {
+                    cfg.per_path.insert(key.clone(), None);
+                }
+                Value::Object(_) => {
+                    cfg.per_path.insert(key.clone(), Some(params(value, key)?));
+                }
+                _ => {} // group_size, bits, mode
+            }
+        }
+        Ok(cfg)
+    }
 }
 
 impl ModelConfig {
@@ -41,17 +99,26 @@ impl ModelConfig {
                 message: "missing field `model_type`".into(),
             })?
             .to_owned();
-        if raw.get("quantization").is_some() || raw.get("quantization_config").is_some() {
-            return Err(LoadError::Unsupported(format!(
-                "{}: quantized models are not supported yet (config has `quantization`); \
-                 use an unquantized (bf16/f16/f32) checkpoint",
-                path.display()
-            )));
-        }
+        let quantization = match raw.get("quantization") {
+            Some(q) => Some(QuantConfig::parse(q).map_err(|message| LoadError::Config {
+                path: path.clone(),
+                message,
+            })?),
+            None if raw.get("quantization_config").is_some() => {
+                return Err(LoadError::Unsupported(format!(
+                    "{}: this checkpoint's `quantization_config` (GPTQ/AWQ/bitnet/fp8 style) is not \
+                     supported; MLX affine quantization (`quantization` with group_size/bits, as \
+                     written by mlx_lm.convert) is",
+                    path.display()
+                )))
+            }
+            None => None,
+        };
         Ok(ModelConfig {
             path,
             raw,
             model_type,
+            quantization,
         })
     }
 

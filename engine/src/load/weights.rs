@@ -9,11 +9,14 @@ use memmap2::Mmap;
 use mlx_rs::{Array, Dtype};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
+use super::config::{QuantConfig, QuantParams};
 use super::LoadError;
 
-/// All tensors of a model directory by name.
+/// All tensors of a model directory by name (plus the checkpoint's quantization map, so
+/// layers can tell whether they were stored quantized).
 pub struct Weights {
     tensors: HashMap<String, Array>,
+    quantization: Option<QuantConfig>,
 }
 
 fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
@@ -62,7 +65,45 @@ impl Weights {
         for path in weight_files(dir)? {
             load_file(&path, &mut tensors)?;
         }
-        Ok(Weights { tensors })
+        Ok(Weights {
+            tensors,
+            quantization: None,
+        })
+    }
+
+    /// The quantization map the checkpoint's config declares.
+    pub fn set_quantization(&mut self, quantization: Option<QuantConfig>) {
+        self.quantization = quantization;
+    }
+
+    /// How module `path` (with `in_dims` inputs) is stored, as mlx-lm's loader decides: an
+    /// explicit per-path entry wins; otherwise a module is quantized iff `<path>.scales`
+    /// exists, with group size and bits inferred from the stored shapes.
+    pub fn quant_params(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>, LoadError> {
+        let Some(q) = &self.quantization else {
+            return Ok(None);
+        };
+        if let Some(explicit) = q.per_path.get(path) {
+            return Ok(*explicit);
+        }
+        let Some(scales) = self.tensors.get(&format!("{path}.scales")) else {
+            return Ok(None);
+        };
+        if scales.dtype() == Dtype::Uint8 {
+            return Err(LoadError::Unsupported(format!(
+                "{path}: uint8 scales (mxfp4/nvfp4/mxfp8) are not supported yet; affine only"
+            )));
+        }
+        let weight = self
+            .tensors
+            .get(&format!("{path}.weight"))
+            .ok_or_else(|| LoadError::Weights(format!("missing tensor `{path}.weight`")))?;
+        let groups = *scales.shape().last().unwrap_or(&1);
+        let packed = *weight.shape().last().unwrap_or(&0);
+        Ok(Some(QuantParams {
+            group_size: in_dims / groups.max(1),
+            bits: packed * 32 / in_dims.max(1),
+        }))
     }
 
     pub fn len(&self) -> usize {

@@ -3,25 +3,71 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
-use mlx_rs::ops::{addmm, arange, select};
+use mlx_rs::ops::{addmm, arange, dequantize, quantized_matmul, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
 use crate::cache::Cache;
-use crate::load::config::RopeScaling;
+use crate::load::config::{QuantParams, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
 type R<T> = Result<T, Exception>;
 
-/// `nn.Linear`: `x @ W.T`, or `addmm(b, x, W.T)` with a bias.
+/// Packed affine-quantized weights (`nn.QuantizedLinear` / `QuantizedEmbedding` storage).
+pub struct Quantized {
+    pub scales: Array,
+    pub biases: Option<Array>,
+    pub params: QuantParams,
+}
+
+impl Quantized {
+    fn load(w: &mut Weights, prefix: &str, params: QuantParams) -> Result<Self, LoadError> {
+        let biases = format!("{prefix}.biases");
+        Ok(Quantized {
+            scales: w.take(&format!("{prefix}.scales"))?,
+            biases: if w.contains(&biases) {
+                Some(w.take(&biases)?)
+            } else {
+                None
+            },
+            params,
+        })
+    }
+
+    /// `x @ dequantize(W).T` through the fused quantized matmul.
+    fn matmul_t(&self, x: &Array, weight: &Array) -> R<Array> {
+        quantized_matmul(
+            x,
+            weight,
+            &self.scales,
+            self.biases.as_ref(),
+            true,
+            self.params.group_size,
+            self.params.bits,
+        )
+    }
+}
+
+/// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
+/// (`quantized_matmul(x, W, …)`, then `+ b`), as the checkpoint stores it.
 pub struct Linear {
     pub weight: Array,
     pub bias: Option<Array>,
+    pub quantized: Option<Quantized>,
 }
 
 impl Linear {
-    pub fn load(w: &mut Weights, prefix: &str, bias: bool) -> Result<Self, LoadError> {
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        bias: bool,
+        in_dims: i32,
+    ) -> Result<Self, LoadError> {
+        let quantized = match w.quant_params(prefix, in_dims)? {
+            Some(params) => Some(Quantized::load(w, prefix, params)?),
+            None => None,
+        };
         Ok(Linear {
             weight: w.take(&format!("{prefix}.weight"))?,
             bias: if bias {
@@ -29,13 +75,16 @@ impl Linear {
             } else {
                 None
             },
+            quantized,
         })
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
-        match &self.bias {
-            Some(b) => addmm(b, x, self.weight.t(), None, None),
-            None => x.matmul(self.weight.t()),
+        match (&self.quantized, &self.bias) {
+            (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b),
+            (Some(q), None) => q.matmul_t(x, &self.weight),
+            (None, Some(b)) => addmm(b, x, self.weight.t(), None, None),
+            (None, None) => x.matmul(self.weight.t()),
         }
     }
 }
@@ -59,18 +108,46 @@ impl RmsNorm {
     }
 }
 
-/// `nn.Embedding`: a gather of rows; `as_linear` is the tied output head.
+/// `nn.Embedding` (a gather of rows) or `nn.QuantizedEmbedding` (gather the packed rows,
+/// then dequantize); `as_linear` is the tied output head.
 pub struct Embedding {
     pub weight: Array,
+    pub quantized: Option<Quantized>,
 }
 
 impl Embedding {
+    pub fn load(w: &mut Weights, prefix: &str, dims: i32) -> Result<Self, LoadError> {
+        let quantized = match w.quant_params(prefix, dims)? {
+            Some(params) => Some(Quantized::load(w, prefix, params)?),
+            None => None,
+        };
+        Ok(Embedding {
+            weight: w.take(&format!("{prefix}.weight"))?,
+            quantized,
+        })
+    }
+
     pub fn forward(&self, ids: &Array) -> R<Array> {
-        self.weight.take_axis(ids, 0)
+        match &self.quantized {
+            None => self.weight.take_axis(ids, 0),
+            Some(q) => {
+                let biases = q.biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
+                dequantize(
+                    self.weight.take_axis(ids, 0)?,
+                    q.scales.take_axis(ids, 0)?,
+                    biases.as_ref(),
+                    q.params.group_size,
+                    q.params.bits,
+                )
+            }
+        }
     }
 
     pub fn as_linear(&self, x: &Array) -> R<Array> {
-        x.matmul(self.weight.t())
+        match &self.quantized {
+            None => x.matmul(self.weight.t()),
+            Some(q) => q.matmul_t(x, &self.weight),
+        }
     }
 }
 
@@ -240,11 +317,17 @@ pub struct Mlp {
 }
 
 impl Mlp {
-    pub fn load(w: &mut Weights, prefix: &str, bias: bool) -> Result<Self, LoadError> {
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        bias: bool,
+        hidden: i32,
+        intermediate: i32,
+    ) -> Result<Self, LoadError> {
         Ok(Mlp {
-            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias)?,
-            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias)?,
-            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias)?,
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias, hidden)?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias, hidden)?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias, intermediate)?,
         })
     }
 

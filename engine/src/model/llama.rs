@@ -70,6 +70,8 @@ pub struct Qwen3Args {
 
 /// What both families reduce to.
 struct Shape {
+    hidden: i32,
+    intermediate: i32,
     layers: i32,
     heads: i32,
     kv_heads: i32,
@@ -87,6 +89,8 @@ struct Shape {
 impl From<LlamaArgs> for Shape {
     fn from(a: LlamaArgs) -> Self {
         Shape {
+            hidden: a.hidden_size,
+            intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
             heads: a.num_attention_heads,
             kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
@@ -107,6 +111,8 @@ impl From<Qwen3Args> for Shape {
     fn from(a: Qwen3Args) -> Self {
         let nested = a.rope_parameters.clone();
         Shape {
+            hidden: a.hidden_size,
+            intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
             heads: a.num_attention_heads,
             kv_heads: a.num_key_value_heads,
@@ -163,43 +169,36 @@ impl Llama {
         if shape.tied {
             w.discard(|n| n == "lm_head.weight");
         }
+        w.set_quantization(config.quantization.clone());
+        let q_dims = shape.heads * shape.head_dim;
         let mut blocks = Vec::new();
         for i in 0..shape.layers {
             let p = format!("model.layers.{i}");
-            let norm = |w: &mut Weights, name: &str| {
-                RmsNorm::load(w, &format!("{p}.self_attn.{name}"), shape.eps)
+            let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+                Linear::load(
+                    w,
+                    &format!("{p}.self_attn.{name}"),
+                    shape.attention_bias,
+                    in_dims,
+                )
+            };
+            let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>, LoadError> {
+                if !shape.qk_norm {
+                    return Ok(None);
+                }
+                Ok(Some(RmsNorm::load(
+                    w,
+                    &format!("{p}.self_attn.{name}"),
+                    shape.eps,
+                )?))
             };
             let attn = Attention {
-                q_proj: Linear::load(
-                    &mut w,
-                    &format!("{p}.self_attn.q_proj"),
-                    shape.attention_bias,
-                )?,
-                k_proj: Linear::load(
-                    &mut w,
-                    &format!("{p}.self_attn.k_proj"),
-                    shape.attention_bias,
-                )?,
-                v_proj: Linear::load(
-                    &mut w,
-                    &format!("{p}.self_attn.v_proj"),
-                    shape.attention_bias,
-                )?,
-                o_proj: Linear::load(
-                    &mut w,
-                    &format!("{p}.self_attn.o_proj"),
-                    shape.attention_bias,
-                )?,
-                q_norm: if shape.qk_norm {
-                    Some(norm(&mut w, "q_norm")?)
-                } else {
-                    None
-                },
-                k_norm: if shape.qk_norm {
-                    Some(norm(&mut w, "k_norm")?)
-                } else {
-                    None
-                },
+                q_proj: proj(&mut w, "q_proj", shape.hidden)?,
+                k_proj: proj(&mut w, "k_proj", shape.hidden)?,
+                v_proj: proj(&mut w, "v_proj", shape.hidden)?,
+                o_proj: proj(&mut w, "o_proj", q_dims)?,
+                q_norm: norm(&mut w, "q_norm")?,
+                k_norm: norm(&mut w, "k_norm")?,
                 n_heads: shape.heads,
                 n_kv_heads: shape.kv_heads,
                 scale: (shape.head_dim as f32).powf(-0.5),
@@ -210,25 +209,26 @@ impl Llama {
                     shape.rope_scaling.as_ref(),
                 )?,
             };
+            let post = format!("{p}.post_attention_layernorm");
             blocks.push(Block {
                 attn,
-                mlp: Mlp::load(&mut w, &format!("{p}.mlp"), shape.mlp_bias)?,
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), shape.eps)?,
-                post_attn_norm: RmsNorm::load(
+                mlp: Mlp::load(
                     &mut w,
-                    &format!("{p}.post_attention_layernorm"),
-                    shape.eps,
+                    &format!("{p}.mlp"),
+                    shape.mlp_bias,
+                    shape.hidden,
+                    shape.intermediate,
                 )?,
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), shape.eps)?,
+                post_attn_norm: RmsNorm::load(&mut w, &post, shape.eps)?,
             });
         }
-        let embed = Embedding {
-            weight: w.take("model.embed_tokens.weight")?,
-        };
+        let embed = Embedding::load(&mut w, "model.embed_tokens", shape.hidden)?;
         let norm = RmsNorm::load(&mut w, "model.norm", shape.eps)?;
         let lm_head = if shape.tied {
             None
         } else {
-            Some(Linear::load(&mut w, "lm_head", false)?)
+            Some(Linear::load(&mut w, "lm_head", false, shape.hidden)?)
         };
         let left = w.remaining();
         if !left.is_empty() {

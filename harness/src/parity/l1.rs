@@ -105,8 +105,22 @@ impl ModelReport {
         let tok = self.cases.iter().filter(|c| c.ids_match).count();
         let tpl: Vec<bool> = self.cases.iter().filter_map(|c| c.template_match).collect();
         let ties = self.cases.iter().filter(|c| c.tie_at.is_some()).count();
+        let worst = self
+            .cases
+            .iter()
+            .flat_map(|c| {
+                c.logits
+                    .iter()
+                    .enumerate()
+                    .map(move |(step, cmp)| (cmp.max_abs_diff, &c.name, step))
+            })
+            .max_by(|a, b| a.0.total_cmp(&b.0));
+        let max_delta = match worst {
+            Some((d, case, step)) if d > 0.0 => format!("max |Δ| {d:e} ({case} step {step})"),
+            _ => "max |Δ| 0".to_owned(),
+        };
         format!(
-            "L1 {}: {exact}/{total} logit vectors bit-exact, {ids}/{steps} greedy ids, \
+            "L1 {}: {exact}/{total} logit vectors bit-exact ({max_delta}), {ids}/{steps} greedy ids, \
              tokenizer {tok}/{n}, template {}/{}, ties {ties}",
             self.model,
             tpl.iter().filter(|&&m| m).count(),
@@ -154,12 +168,27 @@ impl ModelReport {
     }
 }
 
-/// Runs every case of `golden` through `model`.
+/// Runs every case of `golden` through `model`, prefilling in chunks of the golden's
+/// `prefill_step_size` (mlx-lm's 2048 unless the golden says otherwise).
 pub fn check_model(
     golden: &TensorGolden,
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
+) -> Result<ModelReport, L1Error> {
+    let step = golden.index["settings"]["prefill_step_size"]
+        .as_u64()
+        .map_or(engine::generate::PREFILL_STEP, |s| s as usize);
+    check_model_with(golden, model, tokenizer, template, step)
+}
+
+/// As `check_model`, with an explicit prefill chunk size.
+pub fn check_model_with(
+    golden: &TensorGolden,
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    prefill_step: usize,
 ) -> Result<ModelReport, L1Error> {
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| L1Error::Index(e.to_string()))?;
@@ -170,7 +199,14 @@ pub fn check_model(
         .to_owned();
     let mut reports = Vec::new();
     for case in &cases {
-        reports.push(check_case(golden, case, model, tokenizer, template)?);
+        reports.push(check_case(
+            golden,
+            case,
+            model,
+            tokenizer,
+            template,
+            prefill_step,
+        )?);
     }
     Ok(ModelReport {
         model: name,
@@ -184,6 +220,7 @@ fn check_case(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
+    prefill_step: usize,
 ) -> Result<CaseReport, L1Error> {
     // Prompt ids the way mlx_lm.generate makes them.
     let (ids, template_match) = match case.kind.as_str() {
@@ -210,6 +247,7 @@ fn check_case(
 
     // Generation always starts from the oracle's ids, so the model is judged on its own.
     let mut session = Session::new(model);
+    session.prefill_step = prefill_step;
     let mut logits = session.prefill(&case.prompt_ids)?;
     let mut comparisons = Vec::new();
     let mut greedy_ids = Vec::new();
@@ -272,7 +310,13 @@ fn top2_gap(bytes: &[u8]) -> f32 {
 }
 
 /// The tiny models with committed L1 goldens.
-pub const MODELS: [&str; 3] = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"];
+pub const MODELS: [&str; 5] = [
+    "tiny-llama",
+    "tiny-qwen3",
+    "tiny-llama-trained",
+    "tiny-llama-trained-q4",
+    "tiny-qwen3-q8",
+];
 
 /// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
 /// planted-defect checks) and runs its L1 gate from `goldens/l1/<name>`.
