@@ -87,6 +87,26 @@ impl TensorGolden {
         Self::open_dir(dir, layer)
     }
 
+    /// Opens a golden that has an index but no tensor data file.
+    pub fn open_index_only(name: &str) -> Result<Self, GoldenError> {
+        let (dir, layer) = resolve(&goldens_root(), &crate::machine::machine_key(), name)?;
+        let index_path = dir.join("index.json");
+        let text = std::fs::read_to_string(&index_path).map_err(|source| GoldenError::Io {
+            path: index_path.clone(),
+            source,
+        })?;
+        let index = serde_json::from_str(&text).map_err(|e| GoldenError::Malformed {
+            path: index_path,
+            message: e.to_string(),
+        })?;
+        Ok(TensorGolden {
+            dir,
+            layer,
+            index,
+            data: Vec::new(),
+        })
+    }
+
     pub fn open_dir(dir: PathBuf, layer: Layer) -> Result<Self, GoldenError> {
         let index_path = dir.join("index.json");
         let text = std::fs::read_to_string(&index_path).map_err(|source| GoldenError::Io {
@@ -188,6 +208,13 @@ pub fn registry() -> Vec<Registered> {
             args: vec![],
         });
     }
+    for m in crate::parity::sampling::MODELS {
+        out.push(Registered {
+            name: format!("sampling/{m}"),
+            script: "gen_sampling.py",
+            args: vec![m.to_owned()],
+        });
+    }
     for m in crate::parity::l1::MODELS {
         out.push(Registered {
             name: format!("l1/{m}"),
@@ -199,7 +226,7 @@ pub fn registry() -> Vec<Registered> {
 }
 
 /// Top-level entries of the goldens dir that are golden groups, not machine layers.
-const GROUPS: [&str; 3] = ["runtime", "models", "l1"];
+const GROUPS: [&str; 4] = ["runtime", "models", "l1", "sampling"];
 
 /// Machine-key override dirs present under `root`.
 pub fn machine_layers(root: &Path) -> Vec<String> {

@@ -4,6 +4,7 @@
 //! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
 
 pub mod bench;
+pub mod sampler;
 
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use mlx_rs::Array;
 
 use crate::cache::Cache;
 use crate::model::LanguageModel;
+use sampler::{Sampler, SamplingParams};
 
 /// mlx-lm's default prefill chunk.
 pub const PREFILL_STEP: usize = 2048;
@@ -100,23 +102,37 @@ pub enum Finish {
     Length,
 }
 
-/// Greedy generation of up to `max_tokens`, stopping at any of `eos_ids`; `on_token` sees
-/// each id as it is produced (the EOS id is not passed on).
-pub fn generate_greedy(
+/// Generation of up to `max_tokens` with `sampler` (mlx-lm's `generate_step` loop: the
+/// logits processors see every token so far, prompt included), stopping at any of
+/// `eos_ids`; `on_token` sees each id as it is produced (the EOS id is not passed on).
+pub fn generate(
     model: &dyn LanguageModel,
     prompt: &[u32],
     max_tokens: usize,
     eos_ids: &[u32],
+    sampler: &mut Sampler,
     mut on_token: impl FnMut(u32) -> Result<(), Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut session = Session::new(model);
+    let mut history: Vec<u32> = prompt.to_vec();
+    let mut pick = |logits: &Array, history: &[u32]| -> Result<u32, Exception> {
+        let logits = if sampler.has_processors() {
+            sampler.process(logits, history)?
+        } else {
+            logits.clone()
+        };
+        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+        let id = sampler.sample(&logprobs)?;
+        id.eval()?;
+        Ok(id.as_slice::<u32>()[0])
+    };
     let mut stats = Stats {
         prompt_tokens: prompt.len(),
         ..Stats::default()
     };
     let start = Instant::now();
-    let mut logits = session.prefill(prompt)?;
-    let mut token = greedy(&logits)?;
+    let logits = session.prefill(prompt)?;
+    let mut token = pick(&logits, &history)?;
     stats.prompt_time = start.elapsed();
     let decode_start = Instant::now();
     let mut finish = Finish::Length;
@@ -130,12 +146,25 @@ pub fn generate_greedy(
         if n + 1 == max_tokens {
             break;
         }
-        logits = session.step(&[token])?;
-        token = greedy(&logits)?;
+        history.push(token);
+        let logits = session.step(&[token])?;
+        token = pick(&logits, &history)?;
         if n % 256 == 0 {
             mlx_rs::memory::clear_cache()?;
         }
     }
     stats.generation_time = decode_start.elapsed();
     Ok((stats, finish))
+}
+
+/// Greedy generation (temperature 0, no processors): `generate` with mlx-lm's defaults.
+pub fn generate_greedy(
+    model: &dyn LanguageModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos_ids: &[u32],
+    on_token: impl FnMut(u32) -> Result<(), Exception>,
+) -> Result<(Stats, Finish), Exception> {
+    let mut sampler = Sampler::new(SamplingParams::default())?;
+    generate(model, prompt, max_tokens, eos_ids, &mut sampler, on_token)
 }
