@@ -3,7 +3,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use engine::generate::{generate_greedy, Finish};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{self as gen, Finish};
 use engine::load::template::{ChatTemplate, Message};
 use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
@@ -44,6 +45,67 @@ struct GenerateArgs {
     /// Maximum number of tokens to generate.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    temp: f64,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    top_p: f64,
+    /// Keep only the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: i32,
+    /// Drop tokens under min_p × the top token's probability (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f64,
+    /// Seed of the sampler's random key sequence.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Multiplicative penalty on tokens among the last --repetition-context-size.
+    #[arg(long)]
+    repetition_penalty: Option<f64>,
+    #[arg(long, default_value_t = 20)]
+    repetition_context_size: usize,
+    /// Additive penalty on tokens present in the last 20.
+    #[arg(long)]
+    presence_penalty: Option<f64>,
+    /// Additive penalty per occurrence in the last 20.
+    #[arg(long)]
+    frequency_penalty: Option<f64>,
+    /// Additive logit bias, e.g. `50:2.0,100:-5`.
+    #[arg(long, value_delimiter = ',', value_parser = parse_bias)]
+    logit_bias: Vec<(u32, f32)>,
+}
+
+fn parse_bias(s: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = s
+        .split_once(':')
+        .ok_or_else(|| format!("`{s}`: expected TOKEN_ID:BIAS"))?;
+    Ok((
+        id.trim()
+            .parse()
+            .map_err(|_| format!("`{id}` is not a token id"))?,
+        bias.trim()
+            .parse()
+            .map_err(|_| format!("`{bias}` is not a number"))?,
+    ))
+}
+
+impl GenerateArgs {
+    fn sampling(&self) -> SamplingParams {
+        SamplingParams {
+            temp: self.temp,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: self.seed,
+            repetition_penalty: self.repetition_penalty,
+            repetition_context_size: self.repetition_context_size,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
+            ..SamplingParams::default()
+        }
+    }
 }
 
 fn main() -> Result<()> {
@@ -93,11 +155,13 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut detok = tokenizer.detokenizer();
     let mut stdout = std::io::stdout().lock();
     let mut write_err = None;
-    let (stats, finish) = generate_greedy(
+    let mut sampler = Sampler::new(args.sampling())?;
+    let (stats, finish) = gen::generate(
         model.as_ref(),
         &prompt_ids,
         args.max_tokens,
         &tokenizer.eos_token_ids,
+        &mut sampler,
         |id| {
             match detok.push(id) {
                 Ok(piece) => {

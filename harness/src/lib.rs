@@ -18,6 +18,7 @@ pub mod promote;
 pub fn announce(line: &str) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}");
+    // Start on a fresh line: the test runner may have printed "test name ... " already.
+    let _ = writeln!(out, "\n{line}");
     let _ = out.flush();
 }

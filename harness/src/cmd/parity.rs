@@ -110,11 +110,27 @@ pub fn run(args: Args) -> Result<()> {
     if !args.no_record && plant.is_none() {
         record(&reports, args.live)?;
     }
-    let failed: Vec<&str> = reports
+    let mut failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.passed())
-        .map(|r| r.model.as_str())
+        .map(|r| r.model.clone())
         .collect();
+    // The sampling gates (committed goldens; their live oracle is oracles/gen_sampling.py).
+    if !args.live && plant.is_none() {
+        for name in harness::parity::sampling::MODELS {
+            if args.model.as_deref().is_some_and(|m| m != name) {
+                continue;
+            }
+            let report = harness::parity::sampling::check_named(name, |_| {})?;
+            println!("{}", report.summary());
+            for line in report.details() {
+                println!("{line}");
+            }
+            if !report.passed() {
+                failed.push(format!("sampling/{name}"));
+            }
+        }
+    }
     if !failed.is_empty() {
         bail!("L1 failed for: {}", failed.join(", "));
     }
