@@ -11,6 +11,10 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      written with mlx-lm's own save_model/save_config
 - tiny-llama-trained llama, trained here on oracles/corpus.txt (plain text + chat turns) so
                      that its greedy output is the text it learned, bf16
+- tiny-gemma3        gemma3_text, sliding window 8 (rotating caches wrap), tied head, bf16
+
+`make_models.py tiny-gemma3` writes only that one (the tokenizer is retrained
+deterministically; the other models are left as they are).
 
 Everything is seeded. The tokenizer is a byte-level BPE (vocab 1024) trained on
 oracles/corpus.txt with special tokens for bos/eos/padding and chat turns.
@@ -25,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import gemma3_text, llama, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -180,9 +184,37 @@ def train(model, ids: list[int], steps=600, seq=64, batch=16, seed=7):
     return loss.item()
 
 
-def main() -> None:
+def gemma3_config() -> dict:
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 16,
+        "sliding_window": 8, "sliding_window_pattern": 2,
+    }
+
+
+def make_gemma3(tok) -> None:
+    """tiny-gemma3: gemma3_text with a sliding window of 8 (layers 0 and 2 slide through a
+    rotating cache, layers 1 and 3 attend globally), tied head (no lm_head saved), bf16."""
+    dest = golden_dir("models/tiny-gemma3")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = gemma3_config()
+    model = random_model(gemma3_text, cfg, 4, mx.bfloat16)
+    weights = {k: v for k, v in tree_flatten(model.parameters()) if k != "lm_head.weight"}
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_json(dest / "config.json", cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 4), bf16, tied (no lm_head)")
+
+
+def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()
+    if only == ["tiny-gemma3"]:
+        make_gemma3(tok)
+        return
 
     # tiny-llama: random, bf16, GQA, untied, llama3 rope scaling.
     dest = golden_dir("models/tiny-llama")
@@ -214,11 +246,12 @@ def main() -> None:
     save_plain(dest, model, cfg)
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
                f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
-    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained"]:
+    make_gemma3(tok)
+    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or None)

@@ -6,7 +6,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 
-use super::Cache;
+use super::{causal_mask, Cache, Mask};
 
 #[derive(Default)]
 pub struct KvCache {
@@ -85,5 +85,14 @@ impl Cache for KvCache {
 
     fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
+    }
+
+    /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
+        Ok(match window {
+            Some(w) => Mask::Array(causal_mask(n, self.offset, Some(w))?),
+            None if n == 1 => Mask::None,
+            None => Mask::Causal,
+        })
     }
 }

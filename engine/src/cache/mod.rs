@@ -1,8 +1,10 @@
 //! KV caches. Each attention layer owns one; the model reads `offset` for RoPE and the mask.
 
 pub mod kv;
+pub mod rotating;
 
 pub use kv::KvCache;
+pub use rotating::RotatingKvCache;
 
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
@@ -20,4 +22,48 @@ pub trait Cache {
     fn trim(&mut self, n: i32) -> i32;
     /// The arrays that hold the cache's state (for eval).
     fn state(&self) -> Vec<&Array>;
+    /// The attention mask for `n` new tokens, as mlx-lm's cache of this kind makes it;
+    /// `window` is the attention window of the layer kind asking (None = full attention).
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception>;
+}
+
+/// An attention mask as mlx-lm passes it to SDPA.
+#[derive(Clone)]
+pub enum Mask {
+    None,
+    /// SDPA's built-in causal mode (bottom-right aligned).
+    Causal,
+    /// An explicit boolean mask (true = attend).
+    Array(Array),
+}
+
+impl Mask {
+    pub fn as_sdpa(&self) -> Option<mlx_rs::fast::ScaledDotProductAttentionMask<'_>> {
+        use mlx_rs::fast::ScaledDotProductAttentionMask as M;
+        match self {
+            Mask::None => None,
+            Mask::Causal => Some(M::Causal),
+            Mask::Array(a) => Some(M::Array(a)),
+        }
+    }
+}
+
+/// mlx-lm's `create_causal_mask(N, offset, window_size)`: query i (at offset + i) sees key
+/// j iff j ≤ offset + i and, with a window, offset + i < j + window.
+pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array, Exception> {
+    use mlx_rs::ops::arange;
+    use mlx_rs::ops::indexing::{IndexOp, NewAxis};
+    let rinds = arange::<_, i32>(0, offset + n, 1)?;
+    let linds = if offset != 0 {
+        arange::<_, i32>(offset, offset + n, 1)?
+    } else {
+        rinds.clone()
+    };
+    let linds = linds.index((.., NewAxis));
+    let rinds = rinds.index((NewAxis, ..));
+    let mut mask = linds.ge(&rinds)?;
+    if let Some(w) = window {
+        mask = mask.logical_and(linds.lt(rinds.add(Array::from_int(w))?)?)?;
+    }
+    Ok(mask)
 }

@@ -2,12 +2,12 @@
 //! (same MLX ops, same order, same dtypes): Linear, RMSNorm, Embedding, RoPE, attention, MLP.
 
 use mlx_rs::error::Exception;
-use mlx_rs::fast::{self, ScaledDotProductAttentionMask};
+use mlx_rs::fast;
 use mlx_rs::ops::{addmm, arange, dequantize, quantized_matmul, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::Cache;
+use crate::cache::{Cache, Mask};
 use crate::load::config::{QuantParams, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -251,11 +251,6 @@ fn llama3_freqs(dims: i32, base: f32, s: &RopeScaling, factor: f32) -> Result<Ar
     Ok(select(&medium, smooth_freqs, freqs)?)
 }
 
-/// The attention mask mlx-lm's standard caches ask for: none for one token, else causal.
-pub fn causal_mask_mode(len: i32) -> Option<ScaledDotProductAttentionMask<'static>> {
-    (len > 1).then_some(ScaledDotProductAttentionMask::Causal)
-}
-
 /// Multi-head attention with grouped KV heads and optional per-head q/k RMSNorm (Qwen3).
 pub struct Attention {
     pub q_proj: Linear,
@@ -268,18 +263,23 @@ pub struct Attention {
     pub n_kv_heads: i32,
     pub scale: f32,
     pub rope: Rope,
+    /// Gemma normalizes q/k after moving heads forward, Qwen3 before; same math, but we
+    /// keep each family's op order.
+    pub norm_after_transpose: bool,
 }
 
 impl Attention {
-    pub fn forward(&self, x: &Array, cache: &mut dyn Cache) -> R<Array> {
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
             let t = t.reshape(&[b, l, n, -1])?;
-            let t = match norm {
-                Some(norm) => norm.forward(&t)?,
-                None => t,
-            };
-            t.transpose_axes(&[0, 2, 1, 3])
+            match norm {
+                None => t.transpose_axes(&[0, 2, 1, 3]),
+                Some(norm) if self.norm_after_transpose => {
+                    norm.forward(&t.transpose_axes(&[0, 2, 1, 3])?)
+                }
+                Some(norm) => norm.forward(&t)?.transpose_axes(&[0, 2, 1, 3]),
+            }
         };
         let q = heads(self.q_proj.forward(x)?, self.n_heads, self.q_norm.as_ref())?;
         let k = heads(
@@ -292,8 +292,7 @@ impl Attention {
         let q = self.rope.forward(&q, offset)?;
         let k = self.rope.forward(&k, offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
-        let out =
-            fast::scaled_dot_product_attention(q, k, v, self.scale, causal_mask_mode(l), None)?;
+        let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask.as_sdpa(), None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }

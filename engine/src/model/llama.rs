@@ -202,6 +202,7 @@ impl Llama {
                 n_heads: shape.heads,
                 n_kv_heads: shape.kv_heads,
                 scale: (shape.head_dim as f32).powf(-0.5),
+                norm_after_transpose: false,
                 rope: Rope::new(
                     shape.head_dim,
                     shape.rope_theta,
@@ -263,10 +264,11 @@ impl LanguageModel for Llama {
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
         let mut h = self.embed.forward(ids)?;
+        // One mask for every (full-attention) layer, from the first cache, as mlx-lm does.
+        let mask = caches[0].make_mask(ids.shape()[1], None)?;
         for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let r = block
-                .attn
-                .forward(&block.input_norm.forward(&h)?, cache.as_mut())?;
+            let x = block.input_norm.forward(&h)?;
+            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
             h = hh.add(&r)?;

@@ -1,5 +1,6 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
+pub mod gemma;
 pub mod layers;
 pub mod llama;
 
@@ -23,13 +24,14 @@ pub trait LanguageModel {
 }
 
 /// The families this engine implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen3"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen3", "gemma3_text"];
 
 /// Builds the model for a parsed config and its weights.
 pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     match config.model_type.as_str() {
         // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
         "llama" | "mistral" | "qwen3" => Ok(Box::new(llama::Llama::load(config, weights)?)),
+        "gemma3_text" => Ok(Box::new(gemma::Gemma3::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

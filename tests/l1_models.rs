@@ -1,4 +1,5 @@
-//! L1: the engine vs mlx-lm 0.32.2 on the Llama-family tiny models (goldens/l1/<model>):
+//! L1: the engine vs mlx-lm 0.32.2 on the tiny models (goldens/l1/<model>): Llama, Qwen3,
+//! their quantized variants and Gemma 3 (sliding window 8, so its rotating caches wrap):
 //! tokenizer ids and chat-template strings equal transformers', every logit vector
 //! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
@@ -98,7 +99,9 @@ fn chunked_prefill_is_bit_exact() {
     use engine::load::tokenizer::Tokenizer;
     use harness::goldens::{goldens_root, TensorGolden};
     use harness::parity::l1::check_model_with;
-    for name in ["tiny-llama-trained", "tiny-llama-trained-q4"] {
+    // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
+    // (temporal reorder + trim) and windowed prefill masks.
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-gemma3"] {
         let dir = goldens_root().join("models").join(name);
         let model = engine::model::load(&dir).unwrap();
         let tokenizer = Tokenizer::load(&dir).unwrap();
@@ -112,4 +115,21 @@ fn chunked_prefill_is_bit_exact() {
             assert!(report.passed(), "{}", report.details().join("\n"));
         }
     }
+}
+
+#[test]
+fn l1_tiny_gemma3_with_wrapping_rings() {
+    assert_bit_exact("tiny-gemma3");
+}
+
+/// Planted defect: a wider sliding window changes what the sliding layers see once the
+/// ring wraps; the gate must fail.
+#[test]
+fn planted_sliding_window_fails_l1() {
+    let report = l1("tiny-gemma3", |c| c["sliding_window"] = json!(16));
+    assert!(!report.passed());
+    println!(
+        "planted window defect caught: {}",
+        report.details().join(" | ")
+    );
 }

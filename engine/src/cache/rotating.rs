@@ -1,0 +1,269 @@
+//! The rotating (sliding-window) KV cache, laid out like mlx-lm's `RotatingKVCache`: a ring
+//! of `max_size` positions (the first `keep` never rotate out). Multi-token updates first put
+//! the ring back in temporal order and keep the last `max_size − 1` positions before
+//! appending (so every new token still sees a full window); single-token updates write in
+//! place at the ring index. It can be trimmed only while it has not wrapped.
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::Array;
+
+use super::{causal_mask, Cache, Mask};
+
+pub struct RotatingKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: i32,
+    max_size: i32,
+    keep: i32,
+    idx: i32,
+}
+
+impl RotatingKvCache {
+    pub const STEP: i32 = 256;
+
+    pub fn new(max_size: i32) -> Self {
+        Self::with_keep(max_size, 0)
+    }
+
+    pub fn with_keep(max_size: i32, keep: i32) -> Self {
+        RotatingKvCache {
+            keys: None,
+            values: None,
+            offset: 0,
+            max_size,
+            keep,
+            idx: 0,
+        }
+    }
+
+    pub fn max_size(&self) -> i32 {
+        self.max_size
+    }
+
+    /// Drops `trim` positions after the kept prefix, then appends `append`.
+    fn trim_cat(&self, trim: i32, v: &Array, append: Option<&Array>) -> Result<Array, Exception> {
+        let mut parts = if trim > 0 {
+            vec![
+                v.index((Ellipsis, ..self.keep, ..)),
+                v.index((Ellipsis, (trim + self.keep).., ..)),
+            ]
+        } else {
+            vec![v.clone()]
+        };
+        parts.extend(append.cloned());
+        concatenate(&parts, 2)
+    }
+
+    /// The ring rearranged into temporal order, unused tail sliced off.
+    fn temporal_order(&self, v: &Array) -> Result<Array, Exception> {
+        let len = v.shape()[2];
+        if self.idx == len {
+            Ok(v.clone())
+        } else if self.idx < self.offset {
+            concatenate(
+                &[
+                    v.index((Ellipsis, ..self.keep, ..)),
+                    v.index((Ellipsis, self.idx.., ..)),
+                    v.index((Ellipsis, self.keep..self.idx, ..)),
+                ],
+                2,
+            )
+        } else {
+            Ok(v.index((Ellipsis, ..self.idx, ..)))
+        }
+    }
+
+    fn update_concat(&mut self, keys: Array, values: Array) -> Result<(Array, Array), Exception> {
+        let len = keys.shape()[2];
+        match (self.keys.take(), self.values.take()) {
+            (Some(old_k), Some(old_v)) => {
+                let k = self.temporal_order(&old_k)?;
+                let v = self.temporal_order(&old_v)?;
+                self.idx = k.shape()[2];
+                let trim = self.idx - self.max_size + 1;
+                self.keys = Some(self.trim_cat(trim, &k, Some(&keys))?);
+                self.values = Some(self.trim_cat(trim, &v, Some(&values))?);
+            }
+            _ => {
+                self.keys = Some(keys);
+                self.values = Some(values);
+            }
+        }
+        self.offset += len;
+        self.idx = self.keys.as_ref().unwrap().shape()[2];
+        Ok((self.keys.clone().unwrap(), self.values.clone().unwrap()))
+    }
+
+    fn update_in_place(&mut self, keys: Array, values: Array) -> Result<(Array, Array), Exception> {
+        let s = keys.shape()[2];
+        let prev = self.offset;
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
+            let (b, heads, k_dim) = (keys.shape()[0], keys.shape()[1], keys.shape()[3]);
+            let v_dim = values.shape()[3];
+            let new_size = Self::STEP.min(self.max_size - prev);
+            let new_k = mlx_rs::ops::zeros_dtype(&[b, heads, new_size, k_dim], keys.dtype())?;
+            let new_v = mlx_rs::ops::zeros_dtype(&[b, heads, new_size, v_dim], values.dtype())?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(k), Some(v)) => {
+                    self.keys = Some(concatenate(&[k, new_k], 2)?);
+                    self.values = Some(concatenate(&[v, new_v], 2)?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+            self.idx = prev;
+        }
+        let trim = self.keys.as_ref().unwrap().shape()[2] - self.max_size;
+        if trim > 0 {
+            let k = self.trim_cat(trim, self.keys.as_ref().unwrap(), None)?;
+            let v = self.trim_cat(trim, self.values.as_ref().unwrap(), None)?;
+            self.keys = Some(k);
+            self.values = Some(v);
+            self.idx = self.max_size;
+        }
+        if self.idx == self.max_size {
+            self.idx = self.keep;
+        }
+        let (at, end) = (self.idx, self.idx + s);
+        self.keys
+            .as_mut()
+            .unwrap()
+            .try_index_mut((Ellipsis, at..end, ..), &keys)?;
+        self.values
+            .as_mut()
+            .unwrap()
+            .try_index_mut((Ellipsis, at..end, ..), &values)?;
+        self.offset += s;
+        self.idx += s;
+        let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
+        if self.offset < k.shape()[2] {
+            Ok((
+                k.index((Ellipsis, ..self.offset, ..)),
+                v.index((Ellipsis, ..self.offset, ..)),
+            ))
+        } else {
+            Ok((k.clone(), v.clone()))
+        }
+    }
+}
+
+impl Cache for RotatingKvCache {
+    fn offset(&self) -> i32 {
+        self.offset
+    }
+
+    fn update_and_fetch(
+        &mut self,
+        keys: Array,
+        values: Array,
+    ) -> Result<(Array, Array), Exception> {
+        if keys.shape()[2] == 1 {
+            self.update_in_place(keys, values)
+        } else {
+            self.update_concat(keys, values)
+        }
+    }
+
+    fn is_trimmable(&self) -> bool {
+        self.offset < self.max_size
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        self.idx -= n;
+        n
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        self.keys.iter().chain(self.values.iter()).collect()
+    }
+
+    /// mlx-lm's `RotatingKVCache.make_mask`.
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
+        if n > 1 {
+            let window = window.unwrap_or(self.max_size);
+            let offset = (self.max_size - 1).min(self.offset);
+            return Ok(if offset + n > window {
+                Mask::Array(causal_mask(n, offset, Some(window))?)
+            } else {
+                Mask::Causal
+            });
+        }
+        let Some(window) = window else {
+            return Ok(Mask::None);
+        };
+        if self.offset >= window && self.max_size > window {
+            // The window is narrower than the ring: mask the ring slots outside it.
+            let idx = if self.idx >= self.max_size {
+                0
+            } else {
+                self.idx
+            };
+            let size = if self.offset < self.max_size {
+                self.offset + 1
+            } else {
+                self.max_size
+            };
+            let mask =
+                mlx_rs::ops::arange::<_, i32>(0, size, 1)?.ge(Array::from_int(size - window))?;
+            // mx.roll(mask, idx + 1) on a vector: the last `shift` entries move to the front.
+            let shift = (idx + 1).rem_euclid(size);
+            let rolled = concatenate(
+                &[mask.index((size - shift)..), mask.index(..(size - shift))],
+                0,
+            )?;
+            return Ok(Mask::Array(rolled));
+        }
+        Ok(Mask::None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(cache: &mut RotatingKvCache, n: i32) -> (Array, Array) {
+        let k = mlx_rs::ops::ones::<f32>(&[1, 1, n, 2]).unwrap();
+        cache.update_and_fetch(k.clone(), k).unwrap()
+    }
+
+    #[test]
+    fn ring_keeps_the_window_and_is_trimmable_only_before_wrapping() {
+        let mut cache = RotatingKvCache::new(4);
+        let (k, _) = step(&mut cache, 3);
+        assert_eq!(k.shape()[2], 3);
+        assert!(cache.is_trimmable());
+        assert_eq!(cache.trim(1), 1);
+        assert_eq!(cache.offset(), 2);
+        step(&mut cache, 1);
+        step(&mut cache, 1);
+        let (k, _) = step(&mut cache, 1); // offset 5 > max_size 4: wrapped
+        assert_eq!(
+            k.shape()[2],
+            4,
+            "the ring never exceeds max_size for single tokens"
+        );
+        assert_eq!(cache.offset(), 5);
+        assert!(!cache.is_trimmable(), "a wrapped ring cannot be trimmed");
+        // A multi-token update keeps max_size - 1 old positions plus the new ones.
+        let (k, _) = step(&mut cache, 3);
+        assert_eq!(k.shape()[2], 3 + 3);
+    }
+
+    #[test]
+    fn prefill_masks_follow_mlx_lm() {
+        let cache = RotatingKvCache::new(8);
+        assert!(matches!(cache.make_mask(4, Some(8)).unwrap(), Mask::Causal));
+        assert!(matches!(
+            cache.make_mask(12, Some(8)).unwrap(),
+            Mask::Array(_)
+        ));
+        assert!(matches!(cache.make_mask(1, Some(8)).unwrap(), Mask::None));
+    }
+}

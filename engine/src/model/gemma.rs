@@ -1,0 +1,259 @@
+//! Gemma 3 text (`gemma3_text`) as mlx-lm 0.32.2 implements it:
+//!
+//!   h = embed(ids) · √hidden (the scale rounded through bf16)
+//!   each layer:  h = h + post_attn_norm(attn(input_norm(h)))
+//!                h = h + post_ffw_norm(mlp(pre_ffw_norm(h)))     mlp = down(gelu_tanh(gate) · up)
+//!   logits = head(norm(h))                                        (tied when no lm_head)
+//!
+//! RMSNorms scale by (1 + w). Every `sliding_window_pattern`-th layer attends globally
+//! (standard cache, rope_theta); the others attend within `sliding_window` through a
+//! rotating cache (rope_local_base_freq).
+
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::{Array, Dtype};
+use serde::Deserialize;
+
+use super::layers::{Attention, Embedding, Linear, RmsNorm, Rope};
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache, RotatingKvCache};
+use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+type R<T> = Result<T, Exception>;
+
+/// mlx-lm's `gemma3_text.ModelArgs`, defaults included.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Gemma3Args {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub head_dim: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    pub rope_theta: f32,
+    pub rope_local_base_freq: f32,
+    pub query_pre_attn_scalar: f32,
+    pub sliding_window: i32,
+    pub sliding_window_pattern: i32,
+    pub max_position_embeddings: i32,
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+impl Default for Gemma3Args {
+    fn default() -> Self {
+        Gemma3Args {
+            hidden_size: 1152,
+            num_hidden_layers: 26,
+            intermediate_size: 6912,
+            num_attention_heads: 4,
+            head_dim: 256,
+            rms_norm_eps: 1e-6,
+            vocab_size: 262_144,
+            num_key_value_heads: 1,
+            rope_theta: 1_000_000.0,
+            rope_local_base_freq: 10_000.0,
+            query_pre_attn_scalar: 256.0,
+            sliding_window: 512,
+            sliding_window_pattern: 6,
+            max_position_embeddings: 32_768,
+            rope_scaling: None,
+        }
+    }
+}
+
+/// Gemma's RMSNorm scales by (1 + w); the sum is formed once, in w's dtype, as mlx-lm
+/// forms it on every call.
+fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadError> {
+    let mut norm = RmsNorm::load(w, prefix, eps)?;
+    let one = Array::from_f32(1.0).as_dtype(norm.weight.dtype())?;
+    norm.weight = one.add(&norm.weight)?;
+    Ok(norm)
+}
+
+/// `nn.gelu_approx`, compiled shapeless as MLX compiles it; its Python scalars are weak
+/// (they take x's dtype).
+fn gelu_approx(x: &Array) -> R<Array> {
+    let f = |args: &[Array]| -> R<Vec<Array>> {
+        let x = &args[0];
+        let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
+        let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;
+        let inner = c((2.0 / std::f64::consts::PI).sqrt())?.multiply(x.add(&cubic)?)?;
+        let y = c(0.5)?
+            .multiply(x)?
+            .multiply(c(1.0)?.add(mlx_rs::ops::tanh(&inner)?)?)?;
+        Ok(vec![y])
+    };
+    let mut compiled = compile(f, true);
+    Ok(compiled(&[x.clone()])?.remove(0))
+}
+
+/// mlx-lm's `clip_residual`: a plain sum except in float16, where it is clipped to range.
+fn clip_residual(x: &Array, y: &Array) -> R<Array> {
+    if x.dtype() != Dtype::Float16 {
+        return x.add(y);
+    }
+    let bound = Array::from_f32(65504.0);
+    let sum = x
+        .as_dtype(Dtype::Float32)?
+        .add(y.as_dtype(Dtype::Float32)?)?;
+    mlx_rs::ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
+}
+
+struct Block {
+    attn: Attention,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffw_norm: RmsNorm,
+    post_ffw_norm: RmsNorm,
+    global: bool,
+}
+
+pub struct Gemma3 {
+    args: Gemma3Args,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+impl Gemma3 {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let a: Gemma3Args = config.parse()?;
+        w.set_quantization(config.quantization.clone());
+        let q_dims = a.num_attention_heads * a.head_dim;
+        let mut blocks = Vec::new();
+        for i in 0..a.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
+            let rope = if global {
+                Rope::new(a.head_dim, a.rope_theta, false, a.rope_scaling.as_ref())?
+            } else {
+                Rope::new(a.head_dim, a.rope_local_base_freq, false, None)?
+            };
+            let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+            };
+            let attn = Attention {
+                q_proj: proj(&mut w, "self_attn.q_proj", a.hidden_size)?,
+                k_proj: proj(&mut w, "self_attn.k_proj", a.hidden_size)?,
+                v_proj: proj(&mut w, "self_attn.v_proj", a.hidden_size)?,
+                o_proj: proj(&mut w, "self_attn.o_proj", q_dims)?,
+                q_norm: Some(gemma_norm(
+                    &mut w,
+                    &format!("{p}.self_attn.q_norm"),
+                    a.rms_norm_eps,
+                )?),
+                k_norm: Some(gemma_norm(
+                    &mut w,
+                    &format!("{p}.self_attn.k_norm"),
+                    a.rms_norm_eps,
+                )?),
+                n_heads: a.num_attention_heads,
+                n_kv_heads: a.num_key_value_heads,
+                scale: (a.query_pre_attn_scalar as f64).powf(-0.5) as f32,
+                rope,
+                norm_after_transpose: true,
+            };
+            let norm =
+                |w: &mut Weights, name: &str| gemma_norm(w, &format!("{p}.{name}"), a.rms_norm_eps);
+            blocks.push(Block {
+                attn,
+                gate_proj: proj(&mut w, "mlp.gate_proj", a.hidden_size)?,
+                up_proj: proj(&mut w, "mlp.up_proj", a.hidden_size)?,
+                down_proj: proj(&mut w, "mlp.down_proj", a.intermediate_size)?,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
+                pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
+                post_ffw_norm: norm(&mut w, "post_feedforward_layernorm")?,
+                global,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
+        let norm = gemma_norm(&mut w, "model.norm", a.rms_norm_eps)?;
+        // mlx-lm's sanitize: no lm_head in the checkpoint means a tied head.
+        let lm_head = if w.contains("lm_head.weight") {
+            Some(Linear::load(&mut w, "lm_head", false, a.hidden_size)?)
+        } else {
+            None
+        };
+        let left = w.remaining();
+        if !left.is_empty() {
+            return Err(LoadError::Weights(format!(
+                "{} tensors this gemma3_text config does not use, e.g. `{}`",
+                left.len(),
+                left[0]
+            )));
+        }
+        Ok(Gemma3 {
+            args: a,
+            embed,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+}
+
+impl LanguageModel for Gemma3 {
+    fn model_type(&self) -> &str {
+        "gemma3_text"
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|b| -> Box<dyn Cache> {
+                if b.global {
+                    Box::new(KvCache::new())
+                } else {
+                    Box::new(RotatingKvCache::new(self.args.sliding_window))
+                }
+            })
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        let mut h = self.embed.forward(ids)?;
+        let scale = Array::from_f32((self.args.hidden_size as f64).sqrt() as f32)
+            .as_dtype(Dtype::Bfloat16)?
+            .as_dtype(h.dtype())?;
+        h = h.multiply(&scale)?;
+        let n = ids.shape()[1];
+        let pattern = self.args.sliding_window_pattern as usize;
+        let global_mask = caches[pattern - 1].make_mask(n, None)?;
+        let sliding_mask = if pattern > 1 {
+            caches[0].make_mask(n, Some(self.args.sliding_window))?
+        } else {
+            crate::cache::Mask::None
+        };
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let mask = if block.global {
+                &global_mask
+            } else {
+                &sliding_mask
+            };
+            let r = block
+                .attn
+                .forward(&block.input_norm.forward(&h)?, mask, cache.as_mut())?;
+            h = clip_residual(&h, &block.post_attn_norm.forward(&r)?)?;
+            let x = block.pre_ffw_norm.forward(&h)?;
+            let gated =
+                gelu_approx(&block.gate_proj.forward(&x)?)?.multiply(block.up_proj.forward(&x)?)?;
+            let r = block.down_proj.forward(&gated)?;
+            h = clip_residual(&h, &block.post_ffw_norm.forward(&r)?)?;
+        }
+        let out = self.norm.forward(&h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.embed.as_linear(&out),
+        }
+    }
+}
