@@ -6,6 +6,7 @@
                          8 bits, layer 0's down_proj left unquantized (explicit `false`)
 - tiny-qwen3-q8          affine 8-bit, group 32 everywhere (tied, so the embedding doubles
                          as the quantized head)
+- tiny-gemma3-q4         affine 4-bit, group 32 (tied quantized head, rotating caches)
 
 Each is mlx_lm.utils.quantize_model on the committed f32/bf16 model, written with
 mlx-lm's save_model/save_config next to copies of the tokenizer files.
@@ -56,6 +57,7 @@ def main() -> None:
     make("tiny-llama-trained", "tiny-llama-trained-q4", 4, 64, mixed_q4,
          "affine 4-bit g64 via mlx_lm.utils.quantize_model; lm_head 8-bit; layer 0 down_proj unquantized")
     make("tiny-qwen3", "tiny-qwen3-q8", 8, 32, None, "affine 8-bit g32 via mlx_lm.utils.quantize_model")
+    make("tiny-gemma3", "tiny-gemma3-q4", 4, 32, None, "affine 4-bit g32 via mlx_lm.utils.quantize_model")
 
 
 if __name__ == "__main__":

@@ -133,3 +133,8 @@ fn planted_sliding_window_fails_l1() {
         report.details().join(" | ")
     );
 }
+
+#[test]
+fn l1_tiny_gemma3_q4() {
+    assert_bit_exact("tiny-gemma3-q4");
+}

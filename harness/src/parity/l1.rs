@@ -310,13 +310,14 @@ fn top2_gap(bytes: &[u8]) -> f32 {
 }
 
 /// The tiny models with committed L1 goldens.
-pub const MODELS: [&str; 6] = [
+pub const MODELS: [&str; 7] = [
     "tiny-llama",
     "tiny-qwen3",
     "tiny-llama-trained",
     "tiny-llama-trained-q4",
     "tiny-qwen3-q8",
     "tiny-gemma3",
+    "tiny-gemma3-q4",
 ];
 
 /// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
