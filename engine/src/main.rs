@@ -4,7 +4,8 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{self as gen, Finish};
+use engine::generate::stop::{StopMatcher, StopStep};
+use engine::generate::{self as gen, Finish, Flow};
 use engine::load::template::{ChatTemplate, Message};
 use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
@@ -71,6 +72,10 @@ struct GenerateArgs {
     /// Additive penalty per occurrence in the last 20.
     #[arg(long)]
     frequency_penalty: Option<f64>,
+    /// Stop when the generated text contains this string (repeatable); the stop string
+    /// itself is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
     /// Additive logit bias, e.g. `50:2.0,100:-5`.
     #[arg(long, value_delimiter = ',', value_parser = parse_bias)]
     logit_bias: Vec<(u32, f32)>,
@@ -153,8 +158,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     );
 
     let mut detok = tokenizer.detokenizer();
+    let mut stops = StopMatcher::new(args.stop.iter().cloned());
     let mut stdout = std::io::stdout().lock();
-    let mut write_err = None;
+    let mut failure: Option<anyhow::Error> = None;
     let mut sampler = Sampler::new(args.sampling())?;
     let (stats, finish) = gen::generate(
         model.as_ref(),
@@ -163,26 +169,39 @@ fn generate(args: GenerateArgs) -> Result<()> {
         &tokenizer.eos_token_ids,
         &mut sampler,
         |id| {
-            match detok.push(id) {
-                Ok(piece) => {
-                    if let Err(e) = stdout
-                        .write_all(piece.as_bytes())
-                        .and_then(|_| stdout.flush())
-                    {
-                        write_err.get_or_insert(anyhow::Error::from(e));
-                    }
-                }
+            let step = match detok.push(id) {
+                Ok(piece) => stops.push(&piece),
                 Err(e) => {
-                    write_err.get_or_insert(anyhow::Error::from(e));
+                    failure = Some(e.into());
+                    return Ok(Flow::Stop);
                 }
+            };
+            let (text, flow) = match step {
+                StopStep::Continue(text) => (text, Flow::Continue),
+                StopStep::Stop(text) => (text, Flow::Stop),
+            };
+            if let Err(e) = stdout
+                .write_all(text.as_bytes())
+                .and_then(|_| stdout.flush())
+            {
+                failure = Some(e.into());
+                return Ok(Flow::Stop);
             }
-            Ok(())
+            Ok(flow)
         },
     )?;
-    if let Some(e) = write_err {
+    if let Some(e) = failure {
         return Err(e);
     }
-    writeln!(stdout, "{}", detok.finish()?)?;
+    if finish != Finish::Stop {
+        let tail = detok.finish()?;
+        let tail = match stops.push(&tail) {
+            StopStep::Continue(text) => text + &stops.finish(),
+            StopStep::Stop(text) => text,
+        };
+        stdout.write_all(tail.as_bytes())?;
+    }
+    writeln!(stdout)?;
     stdout.flush()?;
     eprintln!("==========");
     eprintln!(
@@ -197,6 +216,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         match finish {
             Finish::Eos => "stopped at EOS",
             Finish::Length => "max tokens reached",
+            Finish::Stop => "stop string",
         }
     );
     let mem = runtime::memory()?;

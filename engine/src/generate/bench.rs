@@ -31,7 +31,7 @@ fn run_once(
     let start = Instant::now();
     generate_greedy(model, ids, max_tokens, &[], |_| {
         times.push(Instant::now());
-        Ok(())
+        Ok(super::Flow::Continue)
     })?;
     let ttft = times[0].duration_since(start).as_secs_f64();
     let decode = match times.len() {

@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod sampler;
+pub mod stop;
 
 use std::time::{Duration, Instant};
 
@@ -100,6 +101,15 @@ impl Stats {
 pub enum Finish {
     Eos,
     Length,
+    /// The caller asked to stop (e.g. a stop string completed).
+    Stop,
+}
+
+/// What the token callback wants next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flow {
+    Continue,
+    Stop,
 }
 
 /// Generation of up to `max_tokens` with `sampler` (mlx-lm's `generate_step` loop: the
@@ -111,7 +121,7 @@ pub fn generate(
     max_tokens: usize,
     eos_ids: &[u32],
     sampler: &mut Sampler,
-    mut on_token: impl FnMut(u32) -> Result<(), Exception>,
+    mut on_token: impl FnMut(u32) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut session = Session::new(model);
     let mut history: Vec<u32> = prompt.to_vec();
@@ -141,8 +151,12 @@ pub fn generate(
             finish = Finish::Eos;
             break;
         }
-        on_token(token)?;
+        let flow = on_token(token)?;
         stats.generated_tokens += 1;
+        if flow == Flow::Stop {
+            finish = Finish::Stop;
+            break;
+        }
         if n + 1 == max_tokens {
             break;
         }
@@ -163,7 +177,7 @@ pub fn generate_greedy(
     prompt: &[u32],
     max_tokens: usize,
     eos_ids: &[u32],
-    on_token: impl FnMut(u32) -> Result<(), Exception>,
+    on_token: impl FnMut(u32) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut sampler = Sampler::new(SamplingParams::default())?;
     generate(model, prompt, max_tokens, eos_ids, &mut sampler, on_token)

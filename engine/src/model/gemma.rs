@@ -89,7 +89,7 @@ fn gelu_approx(x: &Array) -> R<Array> {
         Ok(vec![y])
     };
     let mut compiled = compile(f, true);
-    Ok(compiled(&[x.clone()])?.remove(0))
+    Ok(compiled(std::slice::from_ref(x))?.remove(0))
 }
 
 /// mlx-lm's `clip_residual`: a plain sum except in float16, where it is clipped to range.

@@ -153,7 +153,7 @@ fn check(
             &mut sampler,
             |id| {
                 ids.push(id);
-                Ok(())
+                Ok(engine::generate::Flow::Continue)
             },
         )?;
         reports.push(CaseReport {
