@@ -26,7 +26,7 @@ enum Command {
     /// Check the MLX runtime: versions, where libmlx came from, memory counters, a self-check.
     Doctor,
     /// Generate text from a prompt (greedy), streaming it to stdout; stats go to stderr.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
 }
 
 #[derive(clap::Args)]
@@ -117,7 +117,7 @@ fn main() -> Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Doctor) => doctor(),
-        Some(Command::Generate(args)) => generate(args),
+        Some(Command::Generate(args)) => generate(*args),
         None if cli.version => {
             print_version();
             Ok(())
