@@ -6,7 +6,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 
-use super::{causal_mask, Cache, Mask};
+use super::{causal_mask, live_positions, zeros_positions, Cache, Mask};
 
 #[derive(Default)]
 pub struct KvCache {
@@ -37,13 +37,9 @@ impl Cache for KvCache {
         let len = keys.shape()[2];
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
         if self.keys.is_none() || prev + len > capacity {
-            let (b, heads, k_dim) = (keys.shape()[0], keys.shape()[1], keys.shape()[3]);
-            let v_dim = values.shape()[3];
             let n_steps = (Self::STEP + len - 1) / Self::STEP;
-            let new_k =
-                mlx_rs::ops::zeros_dtype(&[b, heads, n_steps * Self::STEP, k_dim], keys.dtype())?;
-            let new_v =
-                mlx_rs::ops::zeros_dtype(&[b, heads, n_steps * Self::STEP, v_dim], values.dtype())?;
+            let new_k = zeros_positions(&keys, n_steps * Self::STEP)?;
+            let new_v = zeros_positions(&values, n_steps * Self::STEP)?;
             match (self.keys.take(), self.values.take()) {
                 (Some(mut old_k), Some(mut old_v)) => {
                     if prev % Self::STEP != 0 {
@@ -63,14 +59,10 @@ impl Cache for KvCache {
         let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
         k_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &keys)?;
         v_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &values)?;
-        if self.offset < k_buf.shape()[2] {
-            Ok((
-                k_buf.index((Ellipsis, ..self.offset, ..)),
-                v_buf.index((Ellipsis, ..self.offset, ..)),
-            ))
-        } else {
-            Ok((k_buf.clone(), v_buf.clone()))
-        }
+        Ok((
+            live_positions(k_buf, self.offset),
+            live_positions(v_buf, self.offset),
+        ))
     }
 
     fn is_trimmable(&self) -> bool {

@@ -67,3 +67,19 @@ pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array, Ex
     }
     Ok(mask)
 }
+
+/// Zeros with `like`'s batch, heads, head dim and dtype, and `positions` positions.
+pub(crate) fn zeros_positions(like: &Array, positions: i32) -> Result<Array, Exception> {
+    let shape = like.shape();
+    mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], positions, shape[3]], like.dtype())
+}
+
+/// The first `offset` positions of a cache buffer (the whole buffer once it is full).
+pub(crate) fn live_positions(buf: &Array, offset: i32) -> Array {
+    use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+    if offset < buf.shape()[2] {
+        buf.index((Ellipsis, ..offset, ..))
+    } else {
+        buf.clone()
+    }
+}

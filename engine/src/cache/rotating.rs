@@ -9,7 +9,7 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 
-use super::{causal_mask, Cache, Mask};
+use super::{causal_mask, live_positions, zeros_positions, Cache, Mask};
 
 pub struct RotatingKvCache {
     keys: Option<Array>,
@@ -101,11 +101,9 @@ impl RotatingKvCache {
         let prev = self.offset;
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
         if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
-            let (b, heads, k_dim) = (keys.shape()[0], keys.shape()[1], keys.shape()[3]);
-            let v_dim = values.shape()[3];
             let new_size = Self::STEP.min(self.max_size - prev);
-            let new_k = mlx_rs::ops::zeros_dtype(&[b, heads, new_size, k_dim], keys.dtype())?;
-            let new_v = mlx_rs::ops::zeros_dtype(&[b, heads, new_size, v_dim], values.dtype())?;
+            let new_k = zeros_positions(&keys, new_size)?;
+            let new_v = zeros_positions(&values, new_size)?;
             match (self.keys.take(), self.values.take()) {
                 (Some(k), Some(v)) => {
                     self.keys = Some(concatenate(&[k, new_k], 2)?);
@@ -141,14 +139,10 @@ impl RotatingKvCache {
         self.offset += s;
         self.idx += s;
         let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        if self.offset < k.shape()[2] {
-            Ok((
-                k.index((Ellipsis, ..self.offset, ..)),
-                v.index((Ellipsis, ..self.offset, ..)),
-            ))
-        } else {
-            Ok((k.clone(), v.clone()))
-        }
+        Ok((
+            live_positions(k, self.offset),
+            live_positions(v, self.offset),
+        ))
     }
 }
 

@@ -9,8 +9,9 @@ use engine::load::tokenizer::Tokenizer;
 use engine::model::LanguageModel;
 use serde::Deserialize;
 
+use super::ParityError;
 use crate::compare::{compare, Comparison};
-use crate::goldens::{GoldenError, TensorEntry, TensorGolden};
+use crate::goldens::{TensorEntry, TensorGolden};
 
 #[derive(Debug, Deserialize)]
 struct Case {
@@ -28,18 +29,6 @@ struct Case {
 struct MessageJson {
     role: String,
     content: String,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum L1Error {
-    #[error(transparent)]
-    Golden(#[from] GoldenError),
-    #[error("golden index: {0}")]
-    Index(String),
-    #[error("engine: {0}")]
-    Load(#[from] engine::load::LoadError),
-    #[error("MLX: {0}")]
-    Mlx(#[from] mlx_rs::error::Exception),
 }
 
 /// One prompt's verdict.
@@ -175,7 +164,7 @@ pub fn check_model(
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
-) -> Result<ModelReport, L1Error> {
+) -> Result<ModelReport, ParityError> {
     let step = golden.index["settings"]["prefill_step_size"]
         .as_u64()
         .map_or(engine::generate::PREFILL_STEP, |s| s as usize);
@@ -189,9 +178,9 @@ pub fn check_model_with(
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
     prefill_step: usize,
-) -> Result<ModelReport, L1Error> {
+) -> Result<ModelReport, ParityError> {
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
-        .map_err(|e| L1Error::Index(e.to_string()))?;
+        .map_err(|e| ParityError::Index(e.to_string()))?;
     let name = golden.index["model"]
         .as_str()
         .unwrap_or("?")
@@ -221,12 +210,12 @@ fn check_case(
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
     prefill_step: usize,
-) -> Result<CaseReport, L1Error> {
+) -> Result<CaseReport, ParityError> {
     // Prompt ids the way mlx_lm.generate makes them.
     let (ids, template_match) = match case.kind.as_str() {
         "chat" => {
             let template = template.ok_or_else(|| {
-                L1Error::Index("chat case but the model has no chat template".into())
+                ParityError::Index("chat case but the model has no chat template".into())
             })?;
             let messages: Vec<Message> = case
                 .messages
@@ -325,7 +314,7 @@ pub const MODELS: [&str; 7] = [
 pub fn check_named(
     name: &str,
     tweak: impl FnOnce(&mut serde_json::Value),
-) -> Result<ModelReport, L1Error> {
+) -> Result<ModelReport, ParityError> {
     check_named_against(name, None, tweak)
 }
 
@@ -334,7 +323,7 @@ pub fn check_named_against(
     name: &str,
     live_dir: Option<&std::path::Path>,
     tweak: impl FnOnce(&mut serde_json::Value),
-) -> Result<ModelReport, L1Error> {
+) -> Result<ModelReport, ParityError> {
     use engine::load::config::ModelConfig;
     use engine::load::weights::Weights;
     let root = crate::goldens::goldens_root();
@@ -357,17 +346,17 @@ pub fn check_named_against(
 
 /// Runs the oracle now (`oracles/gen_l1.py --out DIR`) for `models`; returns DIR, a temp
 /// dir holding fresh goldens in the committed layout. Needs the oracle venv.
-pub fn live_goldens(models: &[&str]) -> Result<tempfile::TempDir, L1Error> {
-    let tmp = tempfile::tempdir().map_err(|e| L1Error::Index(e.to_string()))?;
+pub fn live_goldens(models: &[&str]) -> Result<tempfile::TempDir, ParityError> {
+    let tmp = tempfile::tempdir().map_err(|e| ParityError::Index(e.to_string()))?;
     let out = std::process::Command::new(crate::oracle::python())
         .arg(crate::oracle::repo_root().join("oracles/gen_l1.py"))
         .args(models)
         .arg("--out")
         .arg(tmp.path())
         .output()
-        .map_err(|e| L1Error::Index(format!("running the oracle: {e}")))?;
+        .map_err(|e| ParityError::Index(format!("running the oracle: {e}")))?;
     if !out.status.success() {
-        return Err(L1Error::Index(format!(
+        return Err(ParityError::Index(format!(
             "oracles/gen_l1.py failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         )));

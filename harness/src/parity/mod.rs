@@ -4,3 +4,18 @@
 pub mod l1;
 pub mod runtime;
 pub mod sampling;
+
+/// Why a parity gate could not run (a failing gate is a report, not an error).
+#[derive(Debug, thiserror::Error)]
+pub enum ParityError {
+    #[error(transparent)]
+    Golden(#[from] crate::goldens::GoldenError),
+    #[error("golden index: {0}")]
+    Index(String),
+    #[error("engine: {0}")]
+    Load(#[from] engine::load::LoadError),
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    #[error("unknown case `{0}`")]
+    UnknownCase(String),
+}

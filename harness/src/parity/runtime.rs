@@ -8,8 +8,9 @@ use mlx_rs::ops::{quantize, quantized_matmul, softmax_axis};
 use mlx_rs::transforms::value_and_grad;
 use mlx_rs::{random, Array, Dtype};
 
+use super::ParityError;
 use crate::compare::{compare, Comparison};
-use crate::goldens::{GoldenError, TensorGolden};
+use crate::goldens::TensorGolden;
 
 /// The cases of `oracles/gen_runtime.py`, in its order.
 pub const CASES: [&str; 6] = [
@@ -27,16 +28,6 @@ pub enum Tamper {
     None,
     /// Add 1 to the first value of the case's first input.
     FirstInputValue,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ParityError {
-    #[error(transparent)]
-    Golden(#[from] GoldenError),
-    #[error("MLX: {0}")]
-    Mlx(#[from] Exception),
-    #[error("unknown runtime case `{0}`")]
-    UnknownCase(String),
 }
 
 /// One tensor's verdict.

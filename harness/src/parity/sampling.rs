@@ -8,7 +8,8 @@ use engine::model::LanguageModel;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::goldens::{GoldenError, TensorGolden};
+use super::ParityError;
+use crate::goldens::TensorGolden;
 
 /// Models with committed sampling goldens.
 pub const MODELS: [&str; 3] = ["tiny-llama-trained", "tiny-qwen3", "tiny-llama-trained-q4"];
@@ -102,24 +103,9 @@ impl Report {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum SamplingError {
-    #[error(transparent)]
-    Golden(#[from] GoldenError),
-    #[error("golden index: {0}")]
-    Index(String),
-    #[error("engine: {0}")]
-    Load(#[from] engine::load::LoadError),
-    #[error("MLX: {0}")]
-    Mlx(#[from] mlx_rs::error::Exception),
-}
-
 /// Runs every case of `goldens/sampling/<name>`; `tweak` may alter each case's parameters
 /// (for planted-defect checks).
-pub fn check_named(
-    name: &str,
-    tweak: impl Fn(&mut SamplingParams),
-) -> Result<Report, SamplingError> {
+pub fn check_named(name: &str, tweak: impl Fn(&mut SamplingParams)) -> Result<Report, ParityError> {
     let golden = TensorGolden::open_index_only(&format!("sampling/{name}"))?;
     let root = crate::goldens::goldens_root();
     let (dir, _) = crate::goldens::resolve(
@@ -136,9 +122,9 @@ fn check(
     model: &dyn LanguageModel,
     name: &str,
     tweak: impl Fn(&mut SamplingParams),
-) -> Result<Report, SamplingError> {
+) -> Result<Report, ParityError> {
     let cases: Vec<Case> = serde_json::from_value(index["cases"].clone())
-        .map_err(|e| SamplingError::Index(e.to_string()))?;
+        .map_err(|e| ParityError::Index(e.to_string()))?;
     let mut reports = Vec::new();
     for case in cases {
         let mut params = params_from_settings(&case.settings);
