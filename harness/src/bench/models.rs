@@ -8,10 +8,19 @@ use std::path::PathBuf;
 use mlx_rs::{random, Array, Dtype};
 use serde_json::json;
 
+/// Which architecture a benchmark model uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Llama,
+    /// gemma3_text: sliding window 128 on 5 of every 6 layers (rotating caches).
+    Gemma3,
+}
+
 /// A benchmark model's shape.
 #[derive(Debug, Clone, Copy)]
 pub struct BenchModel {
     pub name: &'static str,
+    pub family: Family,
     pub hidden: i32,
     pub layers: i32,
     pub heads: i32,
@@ -23,6 +32,7 @@ pub struct BenchModel {
 
 pub const TINY: BenchModel = BenchModel {
     name: "tiny",
+    family: Family::Llama,
     hidden: 256,
     layers: 4,
     heads: 4,
@@ -35,6 +45,7 @@ pub const TINY: BenchModel = BenchModel {
 /// ~55 M parameters.
 pub const SMALL: BenchModel = BenchModel {
     name: "small",
+    family: Family::Llama,
     hidden: 640,
     layers: 10,
     heads: 10,
@@ -44,12 +55,44 @@ pub const SMALL: BenchModel = BenchModel {
     seed: 5678,
 };
 
+/// ~7 M parameters, Gemma 3 layout: 12 layers, so 10 slide through a 128-token window.
+pub const GEMMA_TINY: BenchModel = BenchModel {
+    name: "gemma-tiny",
+    family: Family::Gemma3,
+    hidden: 256,
+    layers: 12,
+    heads: 4,
+    kv_heads: 1,
+    intermediate: 512,
+    vocab: 4096,
+    seed: 9012,
+};
+
 pub fn by_name(name: &str) -> Option<BenchModel> {
-    [TINY, SMALL].into_iter().find(|m| m.name == name)
+    [TINY, SMALL, GEMMA_TINY].into_iter().find(|m| m.name == name)
 }
 
 impl BenchModel {
     pub fn config(&self) -> serde_json::Value {
+        if self.family == Family::Gemma3 {
+            return json!({
+                "architectures": ["Gemma3ForCausalLM"],
+                "model_type": "gemma3_text",
+                "hidden_size": self.hidden,
+                "num_hidden_layers": self.layers,
+                "intermediate_size": self.intermediate,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads,
+                "head_dim": self.hidden / self.heads,
+                "query_pre_attn_scalar": self.hidden / self.heads,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": self.vocab,
+                "sliding_window": 128,
+                "sliding_window_pattern": 6,
+                "max_position_embeddings": 4096,
+                "bench_seed": self.seed,
+            });
+        }
         json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -82,6 +125,12 @@ impl BenchModel {
             let p = format!("model.layers.{l}");
             w.push((format!("{p}.input_layernorm.weight"), vec![h]));
             w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            if self.family == Family::Gemma3 {
+                w.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
+                w.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
+                w.push((format!("{p}.self_attn.q_norm.weight"), vec![head_dim]));
+                w.push((format!("{p}.self_attn.k_norm.weight"), vec![head_dim]));
+            }
             w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
             w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
             w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
@@ -91,7 +140,9 @@ impl BenchModel {
             w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
         }
         w.push(("model.norm.weight".to_owned(), vec![h]));
-        w.push(("lm_head.weight".to_owned(), vec![self.vocab, h]));
+        if self.family == Family::Llama {
+            w.push(("lm_head.weight".to_owned(), vec![self.vocab, h])); // Gemma: tied
+        }
         w
     }
 
@@ -129,7 +180,12 @@ impl BenchModel {
         let mut weights: HashMap<String, Array> = HashMap::new();
         for (i, (name, shape)) in self.weight_shapes().into_iter().enumerate() {
             let w = if name.ends_with("norm.weight") {
-                mlx_rs::ops::ones::<f32>(&shape)?
+                // Gemma norms scale by (1 + w): zeros there are the same unit scale.
+                if self.family == Family::Gemma3 {
+                    mlx_rs::ops::zeros::<f32>(&shape)?
+                } else {
+                    mlx_rs::ops::ones::<f32>(&shape)?
+                }
             } else {
                 let key = random::key(self.seed + i as u64)?;
                 random::normal::<f32>(&shape[..], None, 0.02, &key)?
