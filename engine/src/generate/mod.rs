@@ -52,6 +52,14 @@ impl<'m> Session<'m> {
         Ok(logits.index((.., -1, ..)))
     }
 
+    /// Feeds a token id that is still an MLX array (shape [1], e.g. a lazy sample) and
+    /// returns the logits of its position, [1, vocab].
+    pub fn step_array(&mut self, token: &Array) -> Result<Array, Exception> {
+        let ids = token.reshape(&[1, -1])?;
+        let logits = self.model.forward(&ids, &mut self.caches)?;
+        Ok(logits.index((.., -1, ..)))
+    }
+
     /// Processes the prompt as mlx-lm does and returns the logits after its last token.
     pub fn prefill(&mut self, prompt: &[u32]) -> Result<Array, Exception> {
         assert!(!prompt.is_empty(), "prefill needs at least one token");
@@ -125,16 +133,22 @@ pub fn generate(
 ) -> Result<(Stats, Finish), Exception> {
     let mut session = Session::new(model);
     let mut history: Vec<u32> = prompt.to_vec();
-    let mut pick = |logits: &Array, history: &[u32]| -> Result<u32, Exception> {
+    // Without logits processors the next step needs no host-side token, so (as mlx-lm's
+    // generate_step does) step n+1 is built and queued with async_eval before step n's id
+    // is read back. With processors, each step waits for the previous id.
+    let pipelined = !sampler.has_processors();
+    let mut pick = |logits: &Array, history: &[u32]| -> Result<Array, Exception> {
         let logits = if sampler.has_processors() {
             sampler.process(logits, history)?
         } else {
             logits.clone()
         };
         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-        let id = sampler.sample(&logprobs)?;
-        id.eval()?;
-        Ok(id.as_slice::<u32>()[0])
+        sampler.sample(&logprobs)
+    };
+    let read = |y: &Array| -> Result<u32, Exception> {
+        y.eval()?;
+        Ok(y.as_slice::<u32>()[0])
     };
     let mut stats = Stats {
         prompt_tokens: prompt.len(),
@@ -142,11 +156,21 @@ pub fn generate(
     };
     let start = Instant::now();
     let logits = session.prefill(prompt)?;
-    let mut token = pick(&logits, &history)?;
+    let mut y = pick(&logits, &history)?;
+    mlx_rs::transforms::async_eval([&y])?;
+    let mut token = read(&y)?;
     stats.prompt_time = start.elapsed();
     let decode_start = Instant::now();
     let mut finish = Finish::Length;
     for n in 0..max_tokens {
+        let queued = if pipelined && n + 1 < max_tokens {
+            let logits = session.step_array(&y)?;
+            let next = pick(&logits, &history)?;
+            mlx_rs::transforms::async_eval([&next])?;
+            Some(next)
+        } else {
+            None
+        };
         if eos_ids.contains(&token) {
             finish = Finish::Eos;
             break;
@@ -161,8 +185,14 @@ pub fn generate(
             break;
         }
         history.push(token);
-        let logits = session.step(&[token])?;
-        token = pick(&logits, &history)?;
+        y = match queued {
+            Some(next) => next,
+            None => {
+                let logits = session.step(&[token])?;
+                pick(&logits, &history)?
+            }
+        };
+        token = read(&y)?;
         if n % 256 == 0 {
             mlx_rs::memory::clear_cache()?;
         }

@@ -10,11 +10,10 @@
 //! rotating cache (rope_local_base_freq).
 
 use mlx_rs::error::Exception;
-use mlx_rs::transforms::compile::compile;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{Attention, Embedding, Linear, RmsNorm, Rope};
+use super::layers::{compiled_shapeless, Attention, CompiledFn, Embedding, Linear, RmsNorm, Rope};
 use super::LanguageModel;
 use crate::cache::{Cache, KvCache, RotatingKvCache};
 use crate::load::config::{ModelConfig, RopeScaling};
@@ -78,18 +77,22 @@ fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadEr
 /// `nn.gelu_approx`, compiled shapeless as MLX compiles it; its Python scalars are weak
 /// (they take x's dtype).
 fn gelu_approx(x: &Array) -> R<Array> {
-    let f = |args: &[Array]| -> R<Vec<Array>> {
-        let x = &args[0];
-        let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
-        let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;
-        let inner = c((2.0 / std::f64::consts::PI).sqrt())?.multiply(x.add(&cubic)?)?;
-        let y = c(0.5)?
-            .multiply(x)?
-            .multiply(c(1.0)?.add(mlx_rs::ops::tanh(&inner)?)?)?;
-        Ok(vec![y])
-    };
-    let mut compiled = compile(f, true);
-    Ok(compiled(std::slice::from_ref(x))?.remove(0))
+    GELU_APPROX.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
+}
+
+fn gelu_approx_graph(args: &[Array]) -> R<Vec<Array>> {
+    let x = &args[0];
+    let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
+    let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;
+    let inner = c((2.0 / std::f64::consts::PI).sqrt())?.multiply(x.add(&cubic)?)?;
+    let y = c(0.5)?
+        .multiply(x)?
+        .multiply(c(1.0)?.add(mlx_rs::ops::tanh(&inner)?)?)?;
+    Ok(vec![y])
+}
+
+thread_local! {
+    static GELU_APPROX: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(gelu_approx_graph));
 }
 
 /// mlx-lm's `clip_residual`: a plain sum except in float16, where it is clipped to range.

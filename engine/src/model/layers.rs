@@ -298,14 +298,28 @@ impl Attention {
     }
 }
 
+/// A shapeless-compiled function kept for the life of the thread, so it is traced once and
+/// reused at every shape (as `mx.compile(shapeless=True)` is in Python). MLX work stays on
+/// one thread, so a thread-local is the right owner.
+pub type CompiledFn = Box<dyn FnMut(&[Array]) -> R<Vec<Array>>>;
+
+pub fn compiled_shapeless(f: fn(&[Array]) -> R<Vec<Array>>) -> CompiledFn {
+    let mut compiled = compile(f, true);
+    Box::new(move |args: &[Array]| compiled(args))
+}
+
+fn swiglu_graph(args: &[Array]) -> R<Vec<Array>> {
+    Ok(vec![mlx_rs::nn::silu(&args[0])?.multiply(&args[1])?])
+}
+
+thread_local! {
+    static SWIGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(swiglu_graph));
+}
+
 /// mlx-lm's `swiglu`: `silu(gate) * x`, compiled shapeless as mlx-lm compiles it (the
 /// compiled CPU/GPU kernel is what the reference runs, so we run it too).
 pub fn swiglu(gate: &Array, x: &Array) -> R<Array> {
-    let f = |args: &[Array]| -> R<Vec<Array>> {
-        Ok(vec![mlx_rs::nn::silu(&args[0])?.multiply(&args[1])?])
-    };
-    let mut compiled = compile(f, true);
-    Ok(compiled(&[gate.clone(), x.clone()])?.remove(0))
+    SWIGLU.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
 }
 
 /// The gated MLP: `down(swiglu(gate(x), up(x)))`.

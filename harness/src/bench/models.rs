@@ -69,7 +69,9 @@ pub const GEMMA_TINY: BenchModel = BenchModel {
 };
 
 pub fn by_name(name: &str) -> Option<BenchModel> {
-    [TINY, SMALL, GEMMA_TINY].into_iter().find(|m| m.name == name)
+    [TINY, SMALL, GEMMA_TINY]
+        .into_iter()
+        .find(|m| m.name == name)
 }
 
 impl BenchModel {

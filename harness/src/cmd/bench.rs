@@ -46,8 +46,9 @@ pub fn run(args: Args) -> Result<()> {
     let mut chosen = Vec::new();
     for name in &args.model {
         chosen.push(
-            models::by_name(name)
-                .with_context(|| format!("unknown bench model `{name}` (tiny, small, gemma-tiny)"))?,
+            models::by_name(name).with_context(|| {
+                format!("unknown bench model `{name}` (tiny, small, gemma-tiny)")
+            })?,
         );
     }
     let opts = bench::Options {
