@@ -97,12 +97,12 @@ fn planted_defect_fails_l1_on_a_quantized_model() {
 fn chunked_prefill_is_bit_exact() {
     use engine::load::template::ChatTemplate;
     use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{goldens_root, TensorGolden};
+    use harness::goldens::{model_dir, TensorGolden};
     use harness::parity::l1::check_model_with;
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
     for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-gemma3"] {
-        let dir = goldens_root().join("models").join(name);
+        let dir = model_dir(name).unwrap();
         let model = engine::model::load(&dir).unwrap();
         let tokenizer = Tokenizer::load(&dir).unwrap();
         let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();

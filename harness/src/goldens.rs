@@ -56,6 +56,17 @@ pub fn resolve(
     })
 }
 
+/// The directory of tiny model `name` (`models/<name>`) as it resolves on this machine.
+pub fn model_dir(name: &str) -> Result<PathBuf, GoldenError> {
+    let root = goldens_root();
+    Ok(resolve(
+        &root,
+        &crate::machine::machine_key(),
+        &format!("models/{name}"),
+    )?
+    .0)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layer {
     Reference,

@@ -326,12 +326,7 @@ pub fn check_named_against(
 ) -> Result<ModelReport, ParityError> {
     use engine::load::config::ModelConfig;
     use engine::load::weights::Weights;
-    let root = crate::goldens::goldens_root();
-    let (dir, _) = crate::goldens::resolve(
-        &root,
-        &crate::machine::machine_key(),
-        &format!("models/{name}"),
-    )?;
+    let dir = crate::goldens::model_dir(name)?;
     let mut config = ModelConfig::read(&dir)?;
     tweak(&mut config.raw);
     let model = engine::model::build(&config, Weights::load(&dir)?)?;

@@ -107,12 +107,7 @@ impl Report {
 /// (for planted-defect checks).
 pub fn check_named(name: &str, tweak: impl Fn(&mut SamplingParams)) -> Result<Report, ParityError> {
     let golden = TensorGolden::open_index_only(&format!("sampling/{name}"))?;
-    let root = crate::goldens::goldens_root();
-    let (dir, _) = crate::goldens::resolve(
-        &root,
-        &crate::machine::machine_key(),
-        &format!("models/{name}"),
-    )?;
+    let dir = crate::goldens::model_dir(name)?;
     let model = engine::model::load(&dir)?;
     check(&golden.index, model.as_ref(), name, tweak)
 }
