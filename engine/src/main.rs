@@ -72,6 +72,9 @@ struct GenerateArgs {
     /// Additive penalty per occurrence in the last 20.
     #[arg(long)]
     frequency_penalty: Option<f64>,
+    /// Decode eagerly (the compiled decode step is on by default where it is bit-exact).
+    #[arg(long)]
+    no_compile: bool,
     /// Stop when the generated text contains this string (repeatable); the stop string
     /// itself is not printed.
     #[arg(long)]
@@ -162,12 +165,18 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut failure: Option<anyhow::Error> = None;
     let mut sampler = Sampler::new(args.sampling())?;
-    let (stats, finish) = gen::generate(
+    let compile = if args.no_compile {
+        gen::CompileDecode::Off
+    } else {
+        gen::CompileDecode::WhereExact
+    };
+    let (stats, finish) = gen::generate_with(
         model.as_ref(),
         &prompt_ids,
         args.max_tokens,
         &tokenizer.eos_token_ids,
         &mut sampler,
+        compile,
         |id| {
             let step = match detok.push(id) {
                 Ok(piece) => stops.push(&piece),

@@ -21,6 +21,23 @@ impl KvCache {
     pub fn new() -> Self {
         Self::default()
     }
+
+    pub fn offset_value(&self) -> i32 {
+        self.offset
+    }
+
+    /// The whole buffers, if the next `n` tokens fit without growing them.
+    pub fn buffers_with_room(&self, n: i32) -> Option<(&Array, &Array)> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        (self.offset + n <= k.shape()[2]).then_some((k, v))
+    }
+
+    /// Takes the buffers a compiled step produced after writing `n` tokens in place.
+    pub fn advance_with(&mut self, keys: Array, values: Array, n: i32) {
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset += n;
+    }
 }
 
 impl Cache for KvCache {
@@ -80,6 +97,10 @@ impl Cache for KvCache {
     }
 
     /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         Ok(match window {
             Some(w) => Mask::Array(causal_mask(n, self.offset, Some(w))?),

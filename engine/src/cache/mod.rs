@@ -1,5 +1,6 @@
 //! KV caches. Each attention layer owns one; the model reads `offset` for RoPE and the mask.
 
+pub mod fixed;
 pub mod kv;
 pub mod rotating;
 
@@ -25,6 +26,20 @@ pub trait Cache {
     /// The attention mask for `n` new tokens, as mlx-lm's cache of this kind makes it;
     /// `window` is the attention window of the layer kind asking (None = full attention).
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception>;
+    /// The RoPE position of the next token (an array inside compiled steps).
+    fn rope_offset(&self) -> RopeOffset {
+        RopeOffset::Int(self.offset())
+    }
+    /// For callers that need the concrete cache (e.g. the compiled decode step).
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// A RoPE position: a plain integer, or an MLX array (so a compiled graph can be reused
+/// at every position).
+#[derive(Clone)]
+pub enum RopeOffset {
+    Int(i32),
+    Array(Array),
 }
 
 /// An attention mask as mlx-lm passes it to SDPA.

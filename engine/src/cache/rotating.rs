@@ -179,6 +179,10 @@ impl Cache for RotatingKvCache {
     }
 
     /// mlx-lm's `RotatingKVCache.make_mask`.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         if n > 1 {
             let window = window.unwrap_or(self.max_size);

@@ -8,7 +8,8 @@ use std::time::Instant;
 use mlx_rs::error::Exception;
 use serde::Serialize;
 
-use super::generate_greedy;
+use super::sampler::{Sampler, SamplingParams};
+use super::{generate_with, CompileDecode};
 use crate::model::LanguageModel;
 
 #[derive(Debug, Clone, Serialize)]
@@ -26,10 +27,12 @@ fn run_once(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
+    compile: CompileDecode,
 ) -> Result<(f64, f64, usize), Exception> {
     let mut times = Vec::with_capacity(max_tokens);
     let start = Instant::now();
-    generate_greedy(model, ids, max_tokens, &[], |_| {
+    let mut sampler = Sampler::new(SamplingParams::default())?;
+    generate_with(model, ids, max_tokens, &[], &mut sampler, compile, |_| {
         times.push(Instant::now());
         Ok(super::Flow::Continue)
     })?;
@@ -41,18 +44,24 @@ fn run_once(
     Ok((ttft, decode, times.len()))
 }
 
+/// `compile` Off measures the eager engine (stack "engine-eager").
 pub fn run_leg(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
+    compile: CompileDecode,
 ) -> Result<LegResult, Exception> {
     assert!(max_tokens > 0 && !ids.is_empty());
-    run_once(model, ids, max_tokens)?; // warm-up, discarded
+    run_once(model, ids, max_tokens, compile)?; // warm-up, discarded
     mlx_rs::memory::clear_cache()?;
     mlx_rs::memory::reset_peak_memory()?;
-    let (ttft, decode, n) = run_once(model, ids, max_tokens)?;
+    let (ttft, decode, n) = run_once(model, ids, max_tokens, compile)?;
     Ok(LegResult {
-        stack: "engine",
+        stack: if compile == CompileDecode::Off {
+            "engine-eager"
+        } else {
+            "engine"
+        },
         prompt_tokens: ids.len(),
         generated_tokens: n,
         ttft_s: ttft,

@@ -4,6 +4,7 @@
 //! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
 
 pub mod bench;
+pub mod compiled;
 pub mod sampler;
 pub mod stop;
 
@@ -20,8 +21,21 @@ use sampler::{Sampler, SamplingParams};
 /// mlx-lm's default prefill chunk.
 pub const PREFILL_STEP: usize = 2048;
 
+/// Whether one-token steps run through the compiled graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompileDecode {
+    /// Always eager (`--no-compile`).
+    Off,
+    /// Compiled where it is bit-exact with eager (see `compiled_decode_is_exact`); default.
+    WhereExact,
+    /// Compiled regardless (for measurements and planted-defect checks).
+    Always,
+}
+
 /// One sequence being generated: the model, its caches, and the step logic.
 pub struct Session<'m> {
+    // Declared first so it is dropped before anything else: it borrows `model`.
+    compiled: Option<compiled::CompiledDecode>,
     model: &'m dyn LanguageModel,
     pub caches: Vec<Box<dyn Cache>>,
     pub prefill_step: usize,
@@ -33,12 +47,40 @@ fn ids_array(ids: &[u32]) -> Array {
 }
 
 impl<'m> Session<'m> {
+    /// A session with the compiled decode step on where it is exact (the default).
     pub fn new(model: &'m dyn LanguageModel) -> Self {
+        Self::with_compile(model, CompileDecode::WhereExact)
+    }
+
+    /// Where the compiled step reproduces the eager (mlx-lm) step bit for bit. On the CPU
+    /// backend, compiling fuses the SDPA fallback's f32 elementwise ops and changes their
+    /// rounding (measured: 38/39 single-query f32 cases differ), while bf16/f16 models stay
+    /// exact (the L1 gate runs every compiled step); f32 models therefore decode eagerly.
+    pub fn compiled_decode_is_exact(model: &dyn LanguageModel) -> bool {
+        matches!(
+            model.activation_dtype(),
+            mlx_rs::Dtype::Bfloat16 | mlx_rs::Dtype::Float16
+        )
+    }
+
+    pub fn with_compile(model: &'m dyn LanguageModel, policy: CompileDecode) -> Self {
+        let on = match policy {
+            CompileDecode::Off => false,
+            CompileDecode::WhereExact => Self::compiled_decode_is_exact(model),
+            CompileDecode::Always => true,
+        };
         Session {
+            // SAFETY: the compiled step lives in this session, which borrows `model` for 'm.
+            compiled: on.then(|| unsafe { compiled::CompiledDecode::new(model) }),
             model,
             caches: model.make_caches(),
             prefill_step: PREFILL_STEP,
         }
+    }
+
+    /// How many steps ran through the compiled graph (proof that the path ran).
+    pub fn compiled_steps(&self) -> usize {
+        self.compiled.as_ref().map_or(0, |c| c.steps)
     }
 
     fn eval_caches(&self) -> Result<(), Exception> {
@@ -48,13 +90,22 @@ impl<'m> Session<'m> {
 
     /// Feeds `ids` and returns the logits of the last position, [1, vocab].
     pub fn step(&mut self, ids: &[u32]) -> Result<Array, Exception> {
-        let logits = self.model.forward(&ids_array(ids), &mut self.caches)?;
+        let ids = ids_array(ids);
+        if ids.shape()[1] == 1 {
+            return self.step_array(&ids.reshape(&[1])?);
+        }
+        let logits = self.model.forward(&ids, &mut self.caches)?;
         Ok(logits.index((.., -1, ..)))
     }
 
     /// Feeds a token id that is still an MLX array (shape [1], e.g. a lazy sample) and
     /// returns the logits of its position, [1, vocab].
     pub fn step_array(&mut self, token: &Array) -> Result<Array, Exception> {
+        if let Some(compiled) = self.compiled.as_mut() {
+            if let Some(logits) = compiled.try_step(token, &mut self.caches)? {
+                return Ok(logits);
+            }
+        }
         let ids = token.reshape(&[1, -1])?;
         let logits = self.model.forward(&ids, &mut self.caches)?;
         Ok(logits.index((.., -1, ..)))
@@ -129,9 +180,30 @@ pub fn generate(
     max_tokens: usize,
     eos_ids: &[u32],
     sampler: &mut Sampler,
+    on_token: impl FnMut(u32) -> Result<Flow, Exception>,
+) -> Result<(Stats, Finish), Exception> {
+    generate_with(
+        model,
+        prompt,
+        max_tokens,
+        eos_ids,
+        sampler,
+        CompileDecode::WhereExact,
+        on_token,
+    )
+}
+
+/// `generate` with an explicit compiled-decode policy.
+pub fn generate_with(
+    model: &dyn LanguageModel,
+    prompt: &[u32],
+    max_tokens: usize,
+    eos_ids: &[u32],
+    sampler: &mut Sampler,
+    compile: CompileDecode,
     mut on_token: impl FnMut(u32) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
-    let mut session = Session::new(model);
+    let mut session = Session::with_compile(model, compile);
     let mut history: Vec<u32> = prompt.to_vec();
     // Without logits processors the next step needs no host-side token, so (as mlx-lm's
     // generate_step does) step n+1 is built and queued with async_eval before step n's id

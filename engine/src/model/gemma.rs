@@ -210,6 +210,10 @@ impl LanguageModel for Gemma3 {
         "gemma3_text"
     }
 
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks
             .iter()

@@ -7,7 +7,7 @@ use mlx_rs::ops::{addmm, arange, dequantize, quantized_matmul, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::{Cache, Mask};
+use crate::cache::{Cache, Mask, RopeOffset};
 use crate::load::config::{QuantParams, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -143,6 +143,13 @@ impl Embedding {
         }
     }
 
+    /// The dtype rows come out in (the scales' dtype when quantized).
+    pub fn output_dtype(&self) -> mlx_rs::Dtype {
+        self.quantized
+            .as_ref()
+            .map_or(self.weight.dtype(), |q| q.scales.dtype())
+    }
+
     pub fn as_linear(&self, x: &Array) -> R<Array> {
         match &self.quantized {
             None => x.matmul(self.weight.t()),
@@ -201,19 +208,23 @@ impl Rope {
         })
     }
 
-    pub fn forward(&self, x: &Array, offset: i32) -> R<Array> {
-        match self {
+    pub fn forward(&self, x: &Array, offset: &RopeOffset) -> R<Array> {
+        let (dims, traditional, base, scale, freqs) = match self {
             Rope::Standard {
                 dims,
                 traditional,
                 base,
                 scale,
-            } => fast::rope(x, *dims, *traditional, Some(*base), *scale, offset, None),
+            } => (*dims, *traditional, Some(*base), *scale, None),
             Rope::Freqs {
                 dims,
                 traditional,
                 freqs,
-            } => fast::rope(x, *dims, *traditional, None, 1.0, offset, freqs),
+            } => (*dims, *traditional, None, 1.0, Some(freqs)),
+        };
+        match offset {
+            RopeOffset::Int(o) => fast::rope(x, dims, traditional, base, scale, *o, freqs),
+            RopeOffset::Array(o) => fast::rope_dynamic(x, dims, traditional, base, scale, o, freqs),
         }
     }
 }
@@ -288,9 +299,9 @@ impl Attention {
             self.k_norm.as_ref(),
         )?;
         let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, None)?;
-        let offset = cache.offset();
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let offset = cache.rope_offset();
+        let q = self.rope.forward(&q, &offset)?;
+        let k = self.rope.forward(&k, &offset)?;
         let (k, v) = cache.update_and_fetch(k, v)?;
         let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask.as_sdpa(), None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;

@@ -255,6 +255,10 @@ impl LanguageModel for Llama {
         &self.model_type
     }
 
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks
             .iter()

@@ -17,6 +17,8 @@ use crate::load::LoadError;
 /// A causal language model: token ids in, logits out, state in per-layer caches.
 pub trait LanguageModel {
     fn model_type(&self) -> &str;
+    /// The dtype activations run in (the embedding's output dtype).
+    fn activation_dtype(&self) -> mlx_rs::Dtype;
     /// One fresh cache per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<Box<dyn Cache>>;
     /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.

@@ -35,6 +35,8 @@ pub struct Options {
     pub prompt_tokens: usize,
     pub max_tokens: usize,
     pub peer: bool,
+    /// Add an eager-decode engine leg ("engine-eager").
+    pub eager: bool,
     pub clean: bool,
     pub force: bool,
 }
@@ -80,9 +82,12 @@ pub fn leg_order(rounds: usize, stacks: &[&'static str]) -> Vec<&'static str> {
 
 fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) -> Result<Leg> {
     let mut cmd = match stack {
-        "engine" => {
+        "engine" | "engine-eager" => {
             let mut c = Command::new(std::env::current_exe()?);
             c.arg("leg-engine");
+            if stack == "engine-eager" {
+                c.arg("--no-compile");
+            }
             c
         }
         _ => {

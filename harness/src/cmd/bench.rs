@@ -22,6 +22,10 @@ pub struct Args {
     /// Measure the engine alone (no mlx-lm legs, no oracle venv needed).
     #[arg(long)]
     no_peer: bool,
+    /// Also measure the engine with the compiled decode step off (stack "engine-eager"),
+    /// to show what compiling gains.
+    #[arg(long)]
+    compare_compile: bool,
     /// Rounds of legs per stack (median over them; at least 3).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -57,6 +61,7 @@ pub fn run(args: Args) -> Result<()> {
         prompt_tokens: args.prompt_tokens,
         max_tokens: args.max_tokens,
         peer: !args.no_peer,
+        eager: args.compare_compile,
         clean: args.clean,
         force: args.force,
     };
@@ -81,6 +86,9 @@ pub fn run(args: Args) -> Result<()> {
 
 #[derive(clap::Args)]
 pub struct LegArgs {
+    /// Decode eagerly (the "engine-eager" stack).
+    #[arg(long)]
+    no_compile: bool,
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
@@ -92,7 +100,12 @@ pub struct LegArgs {
 pub fn leg(args: LegArgs) -> Result<()> {
     let model = engine::model::load(&args.model)?;
     let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&args.prompt_ids)?)?;
-    let result = engine::generate::bench::run_leg(model.as_ref(), &ids, args.max_tokens)?;
+    let compile = if args.no_compile {
+        engine::generate::CompileDecode::Off
+    } else {
+        engine::generate::CompileDecode::WhereExact
+    };
+    let result = engine::generate::bench::run_leg(model.as_ref(), &ids, args.max_tokens, compile)?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
 }

@@ -1,0 +1,78 @@
+//! The compiled decode step against the eager one: identical logits, bit for bit, on every
+//! step where it is enabled; proof that it actually ran; and a planted defect (forcing it
+//! onto an f32 model, where CPU compilation changes SDPA rounding) that the same
+//! comparison catches.
+
+use std::path::Path;
+
+use engine::generate::{CompileDecode, Session};
+use mlx_rs::Array;
+
+fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
+    engine::model::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../goldens/models")
+            .join(name),
+    )
+    .unwrap()
+}
+
+fn bytes(a: &Array) -> Vec<u8> {
+    let a = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>()
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
+}
+
+/// Runs prefill + `steps` greedy steps; returns every logit vector and the compiled count.
+fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>, usize) {
+    let m = model(name);
+    let mut s = Session::with_compile(m.as_ref(), policy);
+    let prompt: Vec<u32> = vec![1, 346, 403, 276, 22, 207];
+    let mut logits = s.prefill(&prompt).unwrap();
+    let mut out = vec![bytes(&logits)];
+    for _ in 0..steps {
+        let id = engine::generate::greedy(&logits).unwrap();
+        logits = s.step(&[id]).unwrap();
+        out.push(bytes(&logits));
+    }
+    let compiled = s.compiled_steps();
+    (out, compiled)
+}
+
+#[test]
+fn compiled_decode_is_bit_exact_with_eager_and_actually_runs() {
+    // Past 256 positions the KV buffers grow once: the step after is traced again.
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-llama"] {
+        let (eager, none) = trajectory(name, CompileDecode::Off, 300);
+        let (compiled, ran) = trajectory(name, CompileDecode::WhereExact, 300);
+        assert_eq!(none, 0);
+        assert!(ran >= 299, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&compiled).position(|(a, b)| a != b);
+        assert_eq!(
+            first_diff, None,
+            "{name}: compiled logits differ from eager"
+        );
+    }
+}
+
+#[test]
+fn f32_models_decode_eagerly_by_default() {
+    let (_, ran) = trajectory("tiny-qwen3", CompileDecode::WhereExact, 5);
+    assert_eq!(ran, 0);
+}
+
+/// Planted defect: forcing the compiled step onto an f32 model changes the numbers, and the
+/// comparison above would catch it.
+#[test]
+fn forcing_compile_on_an_f32_model_is_caught() {
+    let (eager, _) = trajectory("tiny-qwen3", CompileDecode::Off, 8);
+    let (forced, ran) = trajectory("tiny-qwen3", CompileDecode::Always, 8);
+    assert!(ran > 0);
+    assert!(
+        eager.iter().zip(&forced).any(|(a, b)| a != b),
+        "forced compile unexpectedly exact"
+    );
+}
