@@ -98,11 +98,12 @@ pub fn render(rows: &[Row]) -> String {
         out.push_str("No performance runs recorded yet.\n");
     } else {
         out.push_str(
-            "| suite | model | metric | engine | mlx-lm | engine / mlx-lm | commit | date |\n",
+            "| suite | model | metric | engine | engine, eager decode | mlx-lm | engine / mlx-lm | commit | date |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|\n");
         for ((suite, model, metric), stacks) in &perf {
             let e = stacks.get("engine");
+            let g = stacks.get("engine-eager");
             let p = stacks.get("mlx-lm");
             let unit = e.or(p).map(|r| r.unit.as_str()).unwrap_or("");
             let cell = |r: Option<&&Row>| {
@@ -112,11 +113,12 @@ pub fn render(rows: &[Row]) -> String {
                 (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
                 _ => "-".to_owned(),
             };
-            let newest = e.or(p).unwrap();
+            let newest = e.or(p).or(g).unwrap();
             out.push_str(&format!(
-                "| {suite} | {model} | {} | {} | {} | {ratio} | {} | {} |\n",
+                "| {suite} | {model} | {} | {} | {} | {} | {ratio} | {} | {} |\n",
                 metric.replace('_', " "),
                 cell(e),
+                cell(g),
                 cell(p),
                 newest.commit,
                 date(&newest.ts)
@@ -179,6 +181,14 @@ mod tests {
             row("decode", "tiny", "decode_tps", "mlx-lm", 790.0, "tok/s"),
             row("decode", "tiny", "ttft_ms", "engine", 12.25, "ms"),
             row("decode", "tiny", "ttft_ms", "mlx-lm", 14.0, "ms"),
+            row(
+                "decode",
+                "tiny",
+                "decode_tps",
+                "engine-eager",
+                800.0,
+                "tok/s",
+            ),
             row(
                 "parity-l1",
                 "tiny-llama",

@@ -209,11 +209,13 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
     if opts.peer {
         ensure_oracle_venv()?;
     }
-    let stacks: Vec<&'static str> = if opts.peer {
-        vec!["engine", "mlx-lm"]
-    } else {
-        vec!["engine"]
-    };
+    let mut stacks: Vec<&'static str> = vec!["engine"];
+    if opts.eager {
+        stacks.push("engine-eager");
+    }
+    if opts.peer {
+        stacks.push("mlx-lm");
+    }
     let order = leg_order(opts.rounds, &stacks);
     let tmp = tempfile::tempdir()?;
     let mut results = Vec::new();
@@ -265,39 +267,35 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
 
 /// The table printed after a run: each metric per stack, and engine / mlx-lm.
 pub fn table(results: &[ModelResult]) -> String {
+    type Cell = Option<(&'static str, f64, &'static str, bool)>;
+    let fmt = |v: Cell| v.map_or("-".to_owned(), |x| format!("{:.1}", x.1));
+    let ratio = |a: Cell, b: Cell| match (a, b) {
+        (Some(a), Some(b)) if b.1 > 0.0 => format!("{:.2}x", a.1 / b.1),
+        _ => "-".to_owned(),
+    };
     let mut s = format!(
-        "{:<8} {:<22} {:>12} {:>12} {:>8}\n",
-        "model", "metric", "engine", "mlx-lm", "ratio"
+        "{:<10} {:<22} {:>10} {:>12} {:>10} {:>11} {:>15}\n",
+        "model", "metric", "engine", "engine-eager", "mlx-lm", "eng/mlx-lm", "compiled/eager"
     );
     for r in results {
-        let engine = r
-            .medians
-            .iter()
-            .find(|(k, _)| k == "engine")
-            .map(|(_, m)| *m);
-        let peer = r
-            .medians
-            .iter()
-            .find(|(k, _)| k == "mlx-lm")
-            .map(|(_, m)| *m);
+        let find = |name: &str| r.medians.iter().find(|(k, _)| k == name).map(|(_, m)| *m);
+        let (engine, eager, peer) = (find("engine"), find("engine-eager"), find("mlx-lm"));
         for i in 0..4 {
-            let e = engine.map(|m| m.named()[i]);
-            let p = peer.map(|m| m.named()[i]);
+            let (e, g, p): (Cell, Cell, Cell) = (
+                engine.map(|m| m.named()[i]),
+                eager.map(|m| m.named()[i]),
+                peer.map(|m| m.named()[i]),
+            );
             let (name, unit) = e.or(p).map(|x| (x.0, x.2)).unwrap_or(("?", ""));
-            let fmt = |v: Option<(&str, f64, &str, bool)>| {
-                v.map_or("-".to_owned(), |x| format!("{:.1}", x.1))
-            };
-            let ratio = match (e, p) {
-                (Some(e), Some(p)) if p.1 > 0.0 => format!("{:.2}x", e.1 / p.1),
-                _ => "-".to_owned(),
-            };
             s.push_str(&format!(
-                "{:<8} {:<22} {:>12} {:>12} {:>8}\n",
+                "{:<10} {:<22} {:>10} {:>12} {:>10} {:>11} {:>15}\n",
                 r.model.name,
                 format!("{name} ({unit})"),
                 fmt(e),
+                fmt(g),
                 fmt(p),
-                ratio
+                ratio(e, p),
+                ratio(e, g)
             ));
         }
     }
@@ -346,7 +344,7 @@ pub fn record(
                     value,
                     unit: unit.into(),
                     stack: stack.clone(),
-                    peer: if stack == "engine" && opts.peer {
+                    peer: if stack.starts_with("engine") && opts.peer {
                         Some("mlx-lm".into())
                     } else {
                         None
