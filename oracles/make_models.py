@@ -13,7 +13,9 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      that its greedy output is the text it learned, bf16
 - tiny-gemma3        gemma3_text, sliding window 8 (rotating caches wrap), tied head, bf16
 
-`make_models.py tiny-gemma3` writes only that one (the tokenizer is retrained
+- tiny-qwen2         qwen2 (q/k/v biases), untied, float16
+
+`make_models.py tiny-gemma3 tiny-qwen2` writes only those (the tokenizer is retrained
 deterministically; the other models are left as they are).
 
 Everything is seeded. The tokenizer is a byte-level BPE (vocab 1024) trained on
@@ -29,7 +31,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from mlx_lm.models import gemma3_text, llama, qwen3
+from mlx_lm.models import gemma3_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -209,11 +211,36 @@ def make_gemma3(tok) -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 4), bf16, tied (no lm_head)")
 
 
+def make_qwen2(tok) -> None:
+    """tiny-qwen2: qwen2 (q/k/v biases, no o bias), GQA, untied head, float16."""
+    dest = golden_dir("models/tiny-qwen2")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+    }
+    model = random_model(qwen2, cfg, 5, mx.float16)
+    # nn.Linear initialises biases near zero; give them weight so a dropped bias shows.
+    for layer in model.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+            proj.bias = (mx.random.normal(proj.bias.shape, key=mx.random.key(11)) * 0.5).astype(mx.float16)
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 5), float16, q/k/v biases")
+
+
+ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2}
+
+
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()
-    if only == ["tiny-gemma3"]:
-        make_gemma3(tok)
+    if only:
+        for name in only:
+            ONLY[name](tok)
         return
 
     # tiny-llama: random, bf16, GQA, untied, llama3 rope scaling.
@@ -247,7 +274,8 @@ def main(only=None) -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
                f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
     make_gemma3(tok)
-    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3"]:
+    make_qwen2(tok)
+    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

@@ -138,3 +138,21 @@ fn planted_sliding_window_fails_l1() {
 fn l1_tiny_gemma3_q4() {
     assert_bit_exact("tiny-gemma3-q4");
 }
+
+#[test]
+fn l1_tiny_qwen2_f16_with_qkv_biases() {
+    assert_bit_exact("tiny-qwen2");
+}
+
+/// Planted defect: a qwen2 checkpoint read as llama (no q/k/v biases) must not load
+/// silently; it is refused because the bias tensors are left over.
+#[test]
+fn qwen2_biases_are_not_ignored() {
+    let dir = harness::goldens::model_dir("tiny-qwen2").unwrap();
+    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
+    config.model_type = "llama".into();
+    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
+        .err()
+        .expect("extra bias tensors must be an error");
+    assert!(err.to_string().contains("does not use"), "{err}");
+}

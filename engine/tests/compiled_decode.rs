@@ -59,20 +59,24 @@ fn compiled_decode_is_bit_exact_with_eager_and_actually_runs() {
 }
 
 #[test]
-fn f32_models_decode_eagerly_by_default() {
-    let (_, ran) = trajectory("tiny-qwen3", CompileDecode::WhereExact, 5);
-    assert_eq!(ran, 0);
+fn f32_and_f16_models_decode_eagerly_by_default() {
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (_, ran) = trajectory(name, CompileDecode::WhereExact, 5);
+        assert_eq!(ran, 0, "{name}");
+    }
 }
 
-/// Planted defect: forcing the compiled step onto an f32 model changes the numbers, and the
-/// comparison above would catch it.
+/// Planted defect: forcing the compiled step onto an f32 or f16 model changes the numbers
+/// (measured), and the comparison above catches it.
 #[test]
-fn forcing_compile_on_an_f32_model_is_caught() {
-    let (eager, _) = trajectory("tiny-qwen3", CompileDecode::Off, 8);
-    let (forced, ran) = trajectory("tiny-qwen3", CompileDecode::Always, 8);
-    assert!(ran > 0);
-    assert!(
-        eager.iter().zip(&forced).any(|(a, b)| a != b),
-        "forced compile unexpectedly exact"
-    );
+fn forcing_compile_on_f32_and_f16_models_is_caught() {
+    for (name, steps) in [("tiny-qwen3", 8), ("tiny-qwen2", 120)] {
+        let (eager, _) = trajectory(name, CompileDecode::Off, steps);
+        let (forced, ran) = trajectory(name, CompileDecode::Always, steps);
+        assert!(ran > 0);
+        assert!(
+            eager.iter().zip(&forced).any(|(a, b)| a != b),
+            "{name}: forced compile unexpectedly exact"
+        );
+    }
 }

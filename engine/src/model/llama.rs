@@ -1,5 +1,6 @@
-//! The Llama family as mlx-lm 0.32.2 implements it: `llama` (and the same layout in
-//! `qwen3`, which adds per-head q/k RMSNorm and an explicit head_dim).
+//! The Llama family as mlx-lm 0.32.2 implements it: `llama` (and `mistral`, which mlx-lm
+//! maps onto it), `qwen2` (q/k/v biases) and `qwen3` (per-head q/k RMSNorm, explicit
+//! head_dim).
 //!
 //!   h = embed(ids)
 //!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
@@ -68,7 +69,52 @@ pub struct Qwen3Args {
     pub rope_parameters: Option<RopeScaling>,
 }
 
-/// What both families reduce to.
+/// mlx-lm's `qwen2.ModelArgs`: q/k/v projections carry a bias, o does not.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Qwen2Args {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    #[serde(default = "qwen2_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+}
+
+fn qwen2_rope_theta() -> f32 {
+    1_000_000.0
+}
+
+impl From<Qwen2Args> for Shape {
+    fn from(a: Qwen2Args) -> Self {
+        Shape {
+            hidden: a.hidden_size,
+            intermediate: a.intermediate_size,
+            layers: a.num_hidden_layers,
+            heads: a.num_attention_heads,
+            kv_heads: a.num_key_value_heads,
+            head_dim: a.hidden_size / a.num_attention_heads,
+            eps: a.rms_norm_eps,
+            attention_bias: true,
+            o_bias: false,
+            mlp_bias: false,
+            qk_norm: false,
+            tied: a.tie_word_embeddings,
+            rope_theta: a.rope_theta,
+            rope_traditional: a.rope_traditional,
+            rope_scaling: a.rope_scaling,
+        }
+    }
+}
+
+/// What the families reduce to.
 struct Shape {
     hidden: i32,
     intermediate: i32,
@@ -77,7 +123,10 @@ struct Shape {
     kv_heads: i32,
     head_dim: i32,
     eps: f32,
+    /// Bias on the q/k/v projections.
     attention_bias: bool,
+    /// Bias on the output projection.
+    o_bias: bool,
     mlp_bias: bool,
     qk_norm: bool,
     tied: bool,
@@ -97,6 +146,7 @@ impl From<LlamaArgs> for Shape {
             head_dim: a.head_dim.unwrap_or(a.hidden_size / a.num_attention_heads),
             eps: a.rms_norm_eps,
             attention_bias: a.attention_bias,
+            o_bias: a.attention_bias,
             mlp_bias: a.mlp_bias,
             qk_norm: false,
             tied: a.tie_word_embeddings,
@@ -119,6 +169,7 @@ impl From<Qwen3Args> for Shape {
             head_dim: a.head_dim,
             eps: a.rms_norm_eps,
             attention_bias: false,
+            o_bias: false,
             mlp_bias: false,
             qk_norm: true,
             tied: a.tie_word_embeddings,
@@ -151,6 +202,7 @@ impl Llama {
     pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
         let shape: Shape = match config.model_type.as_str() {
             "qwen3" => config.parse::<Qwen3Args>()?.into(),
+            "qwen2" => config.parse::<Qwen2Args>()?.into(),
             _ => {
                 let args: LlamaArgs = config.parse()?;
                 if let Some(types) = &args.layer_types {
@@ -175,12 +227,12 @@ impl Llama {
         for i in 0..shape.layers {
             let p = format!("model.layers.{i}");
             let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-                Linear::load(
-                    w,
-                    &format!("{p}.self_attn.{name}"),
-                    shape.attention_bias,
-                    in_dims,
-                )
+                let bias = if name == "o_proj" {
+                    shape.o_bias
+                } else {
+                    shape.attention_bias
+                };
+                Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
             };
             let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>, LoadError> {
                 if !shape.qk_norm {

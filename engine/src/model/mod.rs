@@ -26,13 +26,15 @@ pub trait LanguageModel {
 }
 
 /// The families this engine implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen3", "gemma3_text"];
+pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3_text"];
 
 /// Builds the model for a parsed config and its weights.
 pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     match config.model_type.as_str() {
         // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
-        "llama" | "mistral" | "qwen3" => Ok(Box::new(llama::Llama::load(config, weights)?)),
+        "llama" | "mistral" | "qwen2" | "qwen3" => {
+            Ok(Box::new(llama::Llama::load(config, weights)?))
+        }
         "gemma3_text" => Ok(Box::new(gemma::Gemma3::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",

@@ -299,7 +299,7 @@ fn top2_gap(bytes: &[u8]) -> f32 {
 }
 
 /// The tiny models with committed L1 goldens.
-pub const MODELS: [&str; 7] = [
+pub const MODELS: [&str; 8] = [
     "tiny-llama",
     "tiny-qwen3",
     "tiny-llama-trained",
@@ -307,6 +307,7 @@ pub const MODELS: [&str; 7] = [
     "tiny-qwen3-q8",
     "tiny-gemma3",
     "tiny-gemma3-q4",
+    "tiny-qwen2",
 ];
 
 /// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
