@@ -103,38 +103,61 @@ impl Tokenizer {
         StreamingDetokenizer {
             tokenizer: self,
             ids: Vec::new(),
-            emitted: 0,
+            prefix: 0,
+            read: 0,
         }
     }
 }
 
-/// Turns a stream of ids into text pieces. It re-decodes the ids since the last complete
-/// character boundary and holds back any trailing U+FFFD (an incomplete UTF-8 sequence
-/// split across byte-level tokens) until the next token completes it.
+/// Turns a stream of ids into text pieces without ever emitting half a character.
+///
+/// Incremental decoding over a short window: `ids[prefix..read]` were already emitted and
+/// give the decoder its left context (so decoders that strip a leading space at the start of
+/// a sequence behave as they would mid-text); the new piece is
+/// `decode(ids[prefix..]) − decode(ids[prefix..read])`, held back while it ends in U+FFFD
+/// (a UTF-8 sequence split across byte-level tokens). Each push decodes only the window.
 pub struct StreamingDetokenizer<'t> {
     tokenizer: &'t Tokenizer,
     ids: Vec<u32>,
-    emitted: usize,
+    prefix: usize,
+    read: usize,
 }
 
 impl StreamingDetokenizer<'_> {
+    fn pending(&self) -> Result<String, LoadError> {
+        let before = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
+        let now = self.tokenizer.decode(&self.ids[self.prefix..])?;
+        Ok(match now.strip_prefix(before.as_str()) {
+            Some(new) => new.to_owned(),
+            // The decoder rewrote its left context (rare); fall back to the long way.
+            None => {
+                let all_before = self.tokenizer.decode(&self.ids[..self.read])?;
+                let all_now = self.tokenizer.decode(&self.ids)?;
+                all_now
+                    .get(all_before.len()..)
+                    .unwrap_or_default()
+                    .to_owned()
+            }
+        })
+    }
+
     /// Adds one id; returns the newly completed text (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, LoadError> {
         self.ids.push(id);
-        let text = self.tokenizer.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') {
+        let new = self.pending()?;
+        if new.is_empty() || new.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }
-        let new = text.get(self.emitted..).unwrap_or_default().to_owned();
-        self.emitted = text.len();
+        self.prefix = self.read;
+        self.read = self.ids.len();
         Ok(new)
     }
 
     /// Whatever is still held back (an incomplete character at the very end).
     pub fn finish(&mut self) -> Result<String, LoadError> {
-        let text = self.tokenizer.decode(&self.ids)?;
-        let rest = text.get(self.emitted..).unwrap_or_default().to_owned();
-        self.emitted = text.len();
+        let rest = self.pending()?;
+        self.prefix = self.read;
+        self.read = self.ids.len();
         Ok(rest)
     }
 }
