@@ -1,6 +1,6 @@
 """Sampling goldens: mlx-lm 0.32.2's sampler chain and logits processors, seeded.
 
-    oracles/.venv/bin/python oracles/gen_sampling.py [MODEL ...]
+    oracles/.venv/bin/python oracles/gen_sampling.py [MODEL ...] [--out DIR]
 
 For each model and each setting, `mx.random.seed(seed)` then mlx_lm's generate_step with
 make_sampler(...) and make_logits_processors(...) on a raw and a chat prompt; the sampled
@@ -8,6 +8,7 @@ ids (48 per prompt) are stored with the settings in goldens/sampling/<model>/ind
 """
 
 import argparse
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
@@ -48,7 +49,7 @@ def sample(model, ids, s):
                                              logits_processors=processors)]
 
 
-def main(names) -> None:
+def main(names, out_root=None) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
         path = resolve(f"models/{name}")
@@ -65,7 +66,7 @@ def main(names) -> None:
                     ids = hf.encode(text, add_special_tokens=True)
                 cases.append({"name": f"{s['name']}/{kind}", "settings": s, "prompt_ids": ids,
                               "sampled_ids": sample(model, ids, s)})
-        dest = golden_dir(f"sampling/{name}")
+        dest = Path(out_root) / name if out_root else golden_dir(f"sampling/{name}")
         write_json(dest / "index.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
                                          "generator": "oracles/gen_sampling.py", "model": f"models/{name}",
                                          "steps": STEPS, "cases": cases})
@@ -75,4 +76,6 @@ def main(names) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="*", default=MODELS)
-    main(ap.parse_args().models)
+    ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    main(args.models, args.out)

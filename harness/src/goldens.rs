@@ -101,6 +101,14 @@ impl TensorGolden {
     /// Opens a golden that has an index but no tensor data file.
     pub fn open_index_only(name: &str) -> Result<Self, GoldenError> {
         let (dir, layer) = resolve(&goldens_root(), &crate::machine::machine_key(), name)?;
+        let mut golden = Self::open_index_dir(dir)?;
+        golden.layer = layer;
+        Ok(golden)
+    }
+
+    /// An index-only golden in `dir` (e.g. a live oracle run's output).
+    pub fn open_index_dir(dir: PathBuf) -> Result<Self, GoldenError> {
+        let layer = Layer::Reference;
         let index_path = dir.join("index.json");
         let text = std::fs::read_to_string(&index_path).map_err(|source| GoldenError::Io {
             path: index_path.clone(),

@@ -78,7 +78,7 @@ pub fn run(args: Args) -> Result<()> {
             "running the oracle now (mlx-lm in {})…",
             harness::oracle::venv_dir().display()
         );
-        Some(l1::live_goldens(&models)?)
+        Some(l1::live_goldens("gen_l1.py", &models)?)
     } else {
         None
     };
@@ -115,13 +115,19 @@ pub fn run(args: Args) -> Result<()> {
         .filter(|r| !r.passed())
         .map(|r| r.model.clone())
         .collect();
-    // The sampling gates (committed goldens; their live oracle is oracles/gen_sampling.py).
-    if !args.live && plant.is_none() {
-        for name in harness::parity::sampling::MODELS {
-            if args.model.as_deref().is_some_and(|m| m != name) {
-                continue;
-            }
-            let report = harness::parity::sampling::check_named(name, |_| {})?;
+    // The sampling gates (same models where they have sampling goldens).
+    if plant.is_none() {
+        let sampling_models: Vec<&str> = harness::parity::sampling::MODELS
+            .into_iter()
+            .filter(|m| args.model.as_deref().is_none_or(|want| want == *m))
+            .collect();
+        let live_sampling = match (args.live, sampling_models.is_empty()) {
+            (true, false) => Some(l1::live_goldens("gen_sampling.py", &sampling_models)?),
+            _ => None,
+        };
+        for name in sampling_models {
+            let live_dir = live_sampling.as_ref().map(|d| d.path());
+            let report = harness::parity::sampling::check_named_against(name, live_dir, |_| {})?;
             println!("{}", report.summary());
             for line in report.details() {
                 println!("{line}");

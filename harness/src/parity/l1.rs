@@ -340,12 +340,13 @@ pub fn check_named_against(
     check_model(&golden, model.as_ref(), &tokenizer, template.as_ref())
 }
 
-/// Runs the oracle now (`oracles/gen_l1.py --out DIR`) for `models`; returns DIR, a temp
-/// dir holding fresh goldens in the committed layout. Needs the oracle venv.
-pub fn live_goldens(models: &[&str]) -> Result<tempfile::TempDir, ParityError> {
+/// Runs the oracle now (`oracles/<script> MODELS --out DIR`, e.g. gen_l1.py or
+/// gen_sampling.py); returns DIR, a temp dir holding fresh goldens in the committed layout.
+/// Needs the oracle venv.
+pub fn live_goldens(script: &str, models: &[&str]) -> Result<tempfile::TempDir, ParityError> {
     let tmp = tempfile::tempdir().map_err(|e| ParityError::Index(e.to_string()))?;
     let out = std::process::Command::new(crate::oracle::python())
-        .arg(crate::oracle::repo_root().join("oracles/gen_l1.py"))
+        .arg(crate::oracle::repo_root().join("oracles").join(script))
         .args(models)
         .arg("--out")
         .arg(tmp.path())
@@ -353,7 +354,7 @@ pub fn live_goldens(models: &[&str]) -> Result<tempfile::TempDir, ParityError> {
         .map_err(|e| ParityError::Index(format!("running the oracle: {e}")))?;
     if !out.status.success() {
         return Err(ParityError::Index(format!(
-            "oracles/gen_l1.py failed:\n{}",
+            "oracles/{script} failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         )));
     }

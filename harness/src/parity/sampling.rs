@@ -106,7 +106,19 @@ impl Report {
 /// Runs every case of `goldens/sampling/<name>`; `tweak` may alter each case's parameters
 /// (for planted-defect checks).
 pub fn check_named(name: &str, tweak: impl Fn(&mut SamplingParams)) -> Result<Report, ParityError> {
-    let golden = TensorGolden::open_index_only(&format!("sampling/{name}"))?;
+    check_named_against(name, None, tweak)
+}
+
+/// As `check_named`, against `live_dir/<name>` (written by `gen_sampling.py --out`) if given.
+pub fn check_named_against(
+    name: &str,
+    live_dir: Option<&std::path::Path>,
+    tweak: impl Fn(&mut SamplingParams),
+) -> Result<Report, ParityError> {
+    let golden = match live_dir {
+        Some(dir) => TensorGolden::open_index_dir(dir.join(name))?,
+        None => TensorGolden::open_index_only(&format!("sampling/{name}"))?,
+    };
     let dir = crate::goldens::model_dir(name)?;
     let model = engine::model::load(&dir)?;
     check(&golden.index, model.as_ref(), name, tweak)
