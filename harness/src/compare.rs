@@ -36,45 +36,61 @@ impl std::fmt::Display for Comparison {
     }
 }
 
+/// The element types goldens hold: how to read them as f64 and as little-endian bytes.
+trait Element: mlx_rs::ArrayElement + Copy {
+    const WIDTH: usize;
+    fn to_f64(self) -> f64;
+    fn le_bytes(self) -> Vec<u8>;
+    fn from_le(bytes: &[u8]) -> Self;
+}
+
+macro_rules! element {
+    ($t:ty, $width:expr, $to_f64:expr) => {
+        impl Element for $t {
+            const WIDTH: usize = $width;
+            fn to_f64(self) -> f64 {
+                $to_f64(self)
+            }
+            fn le_bytes(self) -> Vec<u8> {
+                self.to_le_bytes().to_vec()
+            }
+            fn from_le(bytes: &[u8]) -> Self {
+                <$t>::from_le_bytes(bytes.try_into().expect("chunk of the element width"))
+            }
+        }
+    };
+}
+
+element!(f32, 4, |x: f32| x as f64);
+element!(f16, 2, |x: f16| x.to_f64());
+element!(bf16, 2, |x: bf16| x.to_f64());
+element!(u32, 4, |x: u32| x as f64);
+element!(i32, 4, |x: i32| x as f64);
+
+fn values_and_bytes_of<T: Element>(array: &Array) -> (Vec<f64>, Vec<u8>) {
+    let v = array.as_slice::<T>();
+    (
+        v.iter().map(|&x| x.to_f64()).collect(),
+        v.iter().flat_map(|&x| x.le_bytes()).collect(),
+    )
+}
+
+fn decode_as<T: Element>(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(T::WIDTH)
+        .map(|c| T::from_le(c).to_f64())
+        .collect()
+}
+
 /// The array's values as f64 plus their raw little-endian bytes.
 pub fn values_and_bytes(array: &Array) -> Result<(Vec<f64>, Vec<u8>), mlx_rs::error::Exception> {
     array.eval()?;
     Ok(match array.dtype() {
-        Dtype::Float32 => {
-            let v = array.as_slice::<f32>();
-            (
-                v.iter().map(|&x| x as f64).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        Dtype::Float16 => {
-            let v = array.as_slice::<f16>();
-            (
-                v.iter().map(|x| x.to_f64()).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        Dtype::Bfloat16 => {
-            let v = array.as_slice::<bf16>();
-            (
-                v.iter().map(|x| x.to_f64()).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        Dtype::Uint32 => {
-            let v = array.as_slice::<u32>();
-            (
-                v.iter().map(|&x| x as f64).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
-        Dtype::Int32 => {
-            let v = array.as_slice::<i32>();
-            (
-                v.iter().map(|&x| x as f64).collect(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        }
+        Dtype::Float32 => values_and_bytes_of::<f32>(array),
+        Dtype::Float16 => values_and_bytes_of::<f16>(array),
+        Dtype::Bfloat16 => values_and_bytes_of::<bf16>(array),
+        Dtype::Uint32 => values_and_bytes_of::<u32>(array),
+        Dtype::Int32 => values_and_bytes_of::<i32>(array),
         other => {
             return Err(mlx_rs::error::Exception::custom(format!(
                 "compare: dtype {other:?} not supported"
@@ -83,28 +99,14 @@ pub fn values_and_bytes(array: &Array) -> Result<(Vec<f64>, Vec<u8>), mlx_rs::er
     })
 }
 
+/// Golden bytes of dtype `dtype` (the name the oracle scripts write) as f64 values.
 fn decode(dtype: &str, bytes: &[u8]) -> Vec<f64> {
     match dtype {
-        "float32" => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
-        "float16" => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes(c.try_into().unwrap()).to_f64())
-            .collect(),
-        "bfloat16" => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes(c.try_into().unwrap()).to_f64())
-            .collect(),
-        "uint32" => bytes
-            .chunks_exact(4)
-            .map(|c| u32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
-        "int32" => bytes
-            .chunks_exact(4)
-            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f64)
-            .collect(),
+        "float32" => decode_as::<f32>(bytes),
+        "float16" => decode_as::<f16>(bytes),
+        "bfloat16" => decode_as::<bf16>(bytes),
+        "uint32" => decode_as::<u32>(bytes),
+        "int32" => decode_as::<i32>(bytes),
         _ => Vec::new(),
     }
 }
@@ -143,47 +145,4 @@ pub fn compare(
         }
     }
     Ok(cmp)
-}
-
-/// Builds an MLX array from a golden tensor's bytes (for feeding stored inputs back in).
-pub fn to_array(entry: &TensorEntry, bytes: &[u8]) -> Array {
-    let shape = &entry.shape;
-    match entry.dtype.as_str() {
-        "float32" => Array::from_slice(
-            &bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
-        "uint32" => Array::from_slice(
-            &bytes
-                .chunks_exact(4)
-                .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
-        "int32" => Array::from_slice(
-            &bytes
-                .chunks_exact(4)
-                .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
-        "float16" => Array::from_slice(
-            &bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
-        "bfloat16" => Array::from_slice(
-            &bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes(c.try_into().unwrap()))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
-        other => panic!("to_array: unsupported golden dtype {other}"),
-    }
 }

@@ -1,5 +1,5 @@
 //! The results DB: one append-only `runs` table in SQLite (bundled), at
-//! `$HARNESS_DB` or `<cache>/mlx-engine/results.sqlite`. Rows are never updated or deleted.
+//! `$HARNESS_DB` or `<cache dir>/results.sqlite` (see `harness::cache_dir`). Rows are never updated or deleted.
 
 use std::path::{Path, PathBuf};
 
@@ -33,11 +33,7 @@ pub fn default_path() -> PathBuf {
     if let Ok(p) = std::env::var("HARNESS_DB") {
         return PathBuf::from(p);
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
-    base.join("mlx-engine/results.sqlite")
+    crate::cache_dir().join("results.sqlite")
 }
 
 pub struct Db {

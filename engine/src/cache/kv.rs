@@ -22,10 +22,6 @@ impl KvCache {
         Self::default()
     }
 
-    pub fn offset_value(&self) -> i32 {
-        self.offset
-    }
-
     /// The whole buffers, if the next `n` tokens fit without growing them.
     pub fn buffers_with_room(&self, n: i32) -> Option<(&Array, &Array)> {
         let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);

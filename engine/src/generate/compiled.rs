@@ -72,7 +72,7 @@ impl CompiledDecode {
             let Some(kv) = cache.as_any_mut().downcast_mut::<KvCache>() else {
                 return Ok(None);
             };
-            let o = kv.offset_value();
+            let o = kv.offset();
             let Some((k, v)) = kv.buffers_with_room(1) else {
                 return Ok(None);
             };

@@ -156,16 +156,8 @@ impl BenchModel {
     }
 
     pub fn dir(&self) -> PathBuf {
-        let base = std::env::var_os("ENGINE_CACHE_DIR")
-            .map(PathBuf::from)
-            .or_else(|| {
-                std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("mlx-engine"))
-            })
-            .or_else(|| {
-                std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlx-engine"))
-            })
-            .unwrap_or_else(|| std::env::temp_dir().join("mlx-engine"));
-        base.join("bench-models")
+        crate::cache_dir()
+            .join("bench-models")
             .join(format!("{}-seed{}", self.name, self.seed))
     }
 
