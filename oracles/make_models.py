@@ -14,8 +14,14 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
 - tiny-gemma3        gemma3_text, sliding window 8 (rotating caches wrap), tied head, bf16
 
 - tiny-qwen2         qwen2 (q/k/v biases), untied, float16
+- tiny-gemma4        gemma4_text like the small Gemma 4s: per-layer input embeddings, KV sharing
+                     (the last 3 of 6 layers reuse earlier layers' K/V), double-wide MLPs on
+                     the sharing layers, proportional partial RoPE and a wider head on full
+                     attention, sliding window 8, softcap 10, tied head, bf16
+- tiny-gemma4-keqv   gemma4_text like the large Gemma 4s: K = V on full-attention layers with
+                     their own KV head count, no per-layer inputs, no sharing, untied, bf16
 
-`make_models.py tiny-gemma3 tiny-qwen2` writes only those (the tokenizer is retrained
+`make_models.py tiny-gemma4 tiny-qwen2` writes only those (the tokenizer is retrained
 deterministically; the other models are left as they are).
 
 Everything is seeded. The tokenizer is a byte-level BPE (vocab 1024) trained on
@@ -31,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from mlx_lm.models import gemma3_text, llama, qwen2, qwen3
+from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -232,7 +238,77 @@ def make_qwen2(tok) -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 5), float16, q/k/v biases")
 
 
-ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2}
+GEMMA4_ROPE = {
+    "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+    "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
+}
+
+
+def gemma4_config(**over) -> dict:
+    cfg = {
+        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
+        "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 96,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32,
+        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": 16, "num_kv_shared_layers": 3, "use_double_wide_mlp": True,
+        "sliding_window": 8, "sliding_window_pattern": 3, "max_position_embeddings": 4096,
+        "rope_parameters": GEMMA4_ROPE, "final_logit_softcapping": 10.0,
+        "attention_k_eq_v": False, "enable_moe_block": False, "tie_word_embeddings": True,
+    }
+    cfg.update(over)
+    # Spelled out, so every reader of config.json (mlx-lm, transformers, us) agrees.
+    pattern = cfg["sliding_window_pattern"]
+    cfg["layer_types"] = ["full_attention" if i % pattern == pattern - 1 else "sliding_attention"
+                          for i in range(cfg["num_hidden_layers"])]
+    return cfg
+
+
+def randomize_scales(model, seed: int) -> None:
+    """Norm weights and layer scalars initialise to ones; make them differ from one so a
+    dropped or misplaced norm or scalar changes the logits."""
+    params = tree_flatten(model.parameters())
+    updates = []
+    for i, (name, v) in enumerate(params):
+        if name.endswith("norm.weight") or name.endswith("layer_scalar"):
+            noise = mx.random.normal(v.shape, key=mx.random.key(seed * 1000 + i)) * 0.3
+            updates.append((name, (1.0 + noise).astype(v.dtype)))
+    model.load_weights(updates, strict=False)
+    mx.eval(model.parameters())
+
+
+def make_gemma4(tok) -> None:
+    """tiny-gemma4: layers s s f | s s f with layers 3-5 reusing the K/V of layers 1 (sliding)
+    and 2 (full); sliding window 8 so the rotating caches wrap."""
+    dest = golden_dir("models/tiny-gemma4")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = gemma4_config()
+    model = random_model(gemma4_text, cfg, 6, mx.bfloat16)
+    randomize_scales(model, 16)
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
+               "random weights (seed 6, norm/scalar noise seed 16), bf16, tied, KV sharing, per-layer inputs")
+
+
+def make_gemma4_keqv(tok) -> None:
+    """tiny-gemma4-keqv: layers s f s f; full layers project one K that is also V (2 KV heads
+    on sliding layers, 1 on full ones); untied head."""
+    dest = golden_dir("models/tiny-gemma4-keqv")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = gemma4_config(num_hidden_layers=4, sliding_window_pattern=2, num_key_value_heads=2,
+                        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=0,
+                        hidden_size_per_layer_input=0, use_double_wide_mlp=False,
+                        final_logit_softcapping=30.0, tie_word_embeddings=False)
+    model = random_model(gemma4_text, cfg, 8, mx.bfloat16)
+    randomize_scales(model, 18)
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
+               "random weights (seed 8, norm/scalar noise seed 18), bf16, untied, K=V on full attention")
+
+
+ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma4": make_gemma4,
+        "tiny-gemma4-keqv": make_gemma4_keqv}
 
 
 def main(only=None) -> None:
@@ -275,7 +351,10 @@ def main(only=None) -> None:
                f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
     make_gemma3(tok)
     make_qwen2(tok)
-    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2"]:
+    make_gemma4(tok)
+    make_gemma4_keqv(tok)
+    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
+                 "tiny-gemma4", "tiny-gemma4-keqv"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

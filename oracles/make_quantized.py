@@ -7,12 +7,17 @@
 - tiny-qwen3-q8          affine 8-bit, group 32 everywhere (tied, so the embedding doubles
                          as the quantized head)
 - tiny-gemma3-q4         affine 4-bit, group 32 (tied quantized head, rotating caches)
+- tiny-gemma4-q4         affine 4-bit, group 32 (quantized per-layer embedding; the 16-wide
+                         per-layer projection stays unquantized because 16 % 32 != 0)
+
+`make_quantized.py tiny-gemma4-q4` writes only that one.
 
 Each is mlx_lm.utils.quantize_model on the committed f32/bf16 model, written with
 mlx-lm's save_model/save_config next to copies of the tokenizer files.
 """
 
 import shutil
+import sys
 
 import mlx.core as mx
 from mlx_lm import load
@@ -53,12 +58,20 @@ def make(src: str, dst: str, bits: int, group_size: int, predicate, notes: str) 
     print(f"{dest}: {size / 1e6:.2f} MB")
 
 
-def main() -> None:
-    make("tiny-llama-trained", "tiny-llama-trained-q4", 4, 64, mixed_q4,
-         "affine 4-bit g64 via mlx_lm.utils.quantize_model; lm_head 8-bit; layer 0 down_proj unquantized")
-    make("tiny-qwen3", "tiny-qwen3-q8", 8, 32, None, "affine 8-bit g32 via mlx_lm.utils.quantize_model")
-    make("tiny-gemma3", "tiny-gemma3-q4", 4, 32, None, "affine 4-bit g32 via mlx_lm.utils.quantize_model")
+def main(only=None) -> None:
+    jobs = {
+        "tiny-llama-trained-q4": lambda: make("tiny-llama-trained", "tiny-llama-trained-q4", 4, 64, mixed_q4,
+         "affine 4-bit g64 via mlx_lm.utils.quantize_model; lm_head 8-bit; layer 0 down_proj unquantized"),
+        "tiny-qwen3-q8": lambda: make("tiny-qwen3", "tiny-qwen3-q8", 8, 32, None,
+                                      "affine 8-bit g32 via mlx_lm.utils.quantize_model"),
+        "tiny-gemma3-q4": lambda: make("tiny-gemma3", "tiny-gemma3-q4", 4, 32, None,
+                                       "affine 4-bit g32 via mlx_lm.utils.quantize_model"),
+        "tiny-gemma4-q4": lambda: make("tiny-gemma4", "tiny-gemma4-q4", 4, 32, None,
+                                       "affine 4-bit g32 via mlx_lm.utils.quantize_model"),
+    }
+    for name in only or jobs:
+        jobs[name]()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or None)

@@ -1,5 +1,5 @@
 //! L1: the engine vs mlx-lm 0.32.2 on the tiny models (goldens/l1/<model>): Llama, Qwen3,
-//! their quantized variants and Gemma 3 (sliding window 8, so its rotating caches wrap):
+//! their quantized variants, Gemma 3 and Gemma 4 (sliding window 8, so rotating caches wrap):
 //! tokenizer ids and chat-template strings equal transformers', every logit vector
 //! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
@@ -101,7 +101,13 @@ fn chunked_prefill_is_bit_exact() {
     use harness::parity::l1::check_model_with;
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
-    for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-gemma3"] {
+    // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
+    for name in [
+        "tiny-llama-trained",
+        "tiny-llama-trained-q4",
+        "tiny-gemma3",
+        "tiny-gemma4",
+    ] {
         let dir = model_dir(name).unwrap();
         let model = engine::model::load(&dir).unwrap();
         let tokenizer = Tokenizer::load(&dir).unwrap();
@@ -155,4 +161,42 @@ fn qwen2_biases_are_not_ignored() {
         .err()
         .expect("extra bias tensors must be an error");
     assert!(err.to_string().contains("does not use"), "{err}");
+}
+
+/// Gemma 4 as the small checkpoints build it: per-layer input embeddings, KV sharing,
+/// double-wide MLPs, proportional partial RoPE on a wider full-attention head, softcap.
+#[test]
+fn l1_tiny_gemma4_shared_kv_per_layer_inputs() {
+    assert_bit_exact("tiny-gemma4");
+}
+
+/// Gemma 4 as the large checkpoints build it: K = V on full-attention layers.
+#[test]
+fn l1_tiny_gemma4_k_eq_v() {
+    assert_bit_exact("tiny-gemma4-keqv");
+}
+
+#[test]
+fn l1_tiny_gemma4_q4() {
+    assert_bit_exact("tiny-gemma4-q4");
+}
+
+/// Planted defects on Gemma 4: the softcap, the proportional RoPE's rotated share and the
+/// sliding window each break the gate.
+#[test]
+fn planted_gemma4_defects_fail_l1() {
+    let softcap = l1("tiny-gemma4", |c| {
+        c["final_logit_softcapping"] = json!(30.0)
+    });
+    assert!(!softcap.passed());
+    assert_eq!(softcap.cases[0].first_inexact_logits(), Some(0));
+    let rope = l1("tiny-gemma4", |c| {
+        c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(0.5)
+    });
+    assert!(!rope.passed());
+    let window = l1("tiny-gemma4-keqv", |c| c["sliding_window"] = json!(16));
+    assert!(!window.passed());
+    for report in [softcap, rope, window] {
+        println!("planted gemma4 defect caught: {}", report.summary());
+    }
 }

@@ -82,6 +82,19 @@ struct GenerateArgs {
     /// Additive logit bias, e.g. `50:2.0,100:-5`.
     #[arg(long, value_delimiter = ',', value_parser = parse_bias)]
     logit_bias: Vec<(u32, f32)>,
+    /// Print prompt and generation tok/s and peak memory after the text (as mlx_lm.generate:
+    /// `--verbose False` prints only the response).
+    #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
+    verbose: bool,
+}
+
+/// mlx-lm's `str2bool`: true/t/1/yes and false/f/0/no, any case.
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "t" | "1" | "yes" => Ok(true),
+        "false" | "f" | "0" | "no" => Ok(false),
+        _ => Err(format!("`{s}`: expected True or False")),
+    }
 }
 
 fn parse_bias(s: &str) -> Result<(u32, f32), String> {
@@ -212,6 +225,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     }
     writeln!(stdout)?;
     stdout.flush()?;
+    if !args.verbose {
+        return Ok(());
+    }
     eprintln!("==========");
     eprintln!(
         "Prompt: {} tokens, {:.3} tokens-per-sec",

@@ -55,6 +55,28 @@ fn generate_answers_from_what_the_trained_model_learned() {
     );
 }
 
+/// `--verbose False` (mlx_lm.generate's spelling) prints the response and nothing else.
+#[test]
+fn generate_verbose_false_prints_only_the_response() {
+    let out = engine()
+        .args([
+            "generate",
+            "--model",
+            &model("tiny-llama-trained"),
+            "--chat",
+            "--prompt",
+            "What color is the sky?",
+            "--verbose",
+            "False",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "The sky is blue.\n");
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(!stderr.contains("tokens-per-sec"), "{stderr}");
+}
+
 #[test]
 fn generate_stops_at_a_stop_string_without_printing_it() {
     let out = engine()

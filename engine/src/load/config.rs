@@ -143,6 +143,8 @@ pub struct RopeScaling {
     pub high_freq_factor: Option<f32>,
     pub original_max_position_embeddings: Option<f32>,
     pub rope_theta: Option<f32>,
+    /// "proportional" (Gemma 4): the share of each head's dims that rotates.
+    pub partial_rotary_factor: Option<f64>,
 }
 
 impl RopeScaling {

@@ -76,11 +76,11 @@ fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadEr
 
 /// `nn.gelu_approx`, compiled shapeless as MLX compiles it; its Python scalars are weak
 /// (they take x's dtype).
-fn gelu_approx(x: &Array) -> R<Array> {
+pub(super) fn gelu_approx(x: &Array) -> R<Array> {
     GELU_APPROX.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
 }
 
-fn gelu_approx_graph(args: &[Array]) -> R<Vec<Array>> {
+pub(super) fn gelu_approx_graph(args: &[Array]) -> R<Vec<Array>> {
     let x = &args[0];
     let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
     let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;

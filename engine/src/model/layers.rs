@@ -167,7 +167,7 @@ pub enum Rope {
         base: f32,
         scale: f32,
     },
-    /// Precomputed frequencies (type "llama3").
+    /// Precomputed frequencies (types "llama3" and "proportional").
     Freqs {
         dims: i32,
         traditional: bool,
@@ -200,9 +200,14 @@ impl Rope {
                 traditional,
                 freqs: llama3_freqs(dims, base, s, factor(s)?)?,
             },
+            ("proportional", Some(s)) => Rope::Freqs {
+                dims,
+                traditional,
+                freqs: proportional_freqs(dims, base, s)?,
+            },
             (other, _) => {
                 return Err(LoadError::Unsupported(format!(
-                    "rope_scaling type `{other}` is not supported yet (supported: default, linear, llama3)"
+                    "rope_scaling type `{other}` is not supported yet (supported: default, linear, llama3, proportional)"
                 )))
             }
         })
@@ -260,6 +265,23 @@ fn llama3_freqs(dims: i32, base: f32, s: &RopeScaling, factor: f32) -> Result<Ar
             .add(&smooth)?,
     )?;
     Ok(select(&medium, smooth_freqs, freqs)?)
+}
+
+/// mlx-lm's `ProportionalRoPE` frequencies: the first `dims · partial_rotary_factor` dims
+/// rotate with `factor · base^(i/dims)`, the rest get an infinite period (they stay put).
+fn proportional_freqs(dims: i32, base: f32, s: &RopeScaling) -> Result<Array, LoadError> {
+    let rotated = (dims as f64 * s.partial_rotary_factor.unwrap_or(1.0)) as i32;
+    if rotated > dims {
+        return Err(LoadError::Unsupported(format!(
+            "partial_rotary_factor {:?} rotates more than the head's {dims} dims",
+            s.partial_rotary_factor
+        )));
+    }
+    let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_f32(dims as f32))?;
+    let rotating = Array::from_f32(s.factor.unwrap_or(1.0))
+        .multiply(Array::from_f32(base).power(&exponents)?)?;
+    let still = mlx_rs::ops::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
+    Ok(mlx_rs::ops::concatenate(&[rotating, still], 0)?)
 }
 
 /// Multi-head attention with grouped KV heads and optional per-head q/k RMSNorm (Qwen3).

@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod gemma;
+pub mod gemma4;
 pub mod layers;
 pub mod llama;
 
@@ -26,7 +27,14 @@ pub trait LanguageModel {
 }
 
 /// The families this engine implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "gemma3_text"];
+pub const SUPPORTED: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "gemma4_text",
+];
 
 /// Builds the model for a parsed config and its weights.
 pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
@@ -36,6 +44,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
             Ok(Box::new(llama::Llama::load(config, weights)?))
         }
         "gemma3_text" => Ok(Box::new(gemma::Gemma3::load(config, weights)?)),
+        "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

@@ -1,5 +1,5 @@
-//! The built-in benchmark models: Llama-layout checkpoints with seeded random bf16 weights,
-//! generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
+//! The built-in benchmark models: Llama-, Gemma 3- and Gemma 4-layout checkpoints with seeded
+//! random bf16 weights, generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
 //! Both stacks load the very same directory, so they run the same weights.
 
 use std::collections::HashMap;
@@ -14,7 +14,14 @@ pub enum Family {
     Llama,
     /// gemma3_text: sliding window 128 on 5 of every 6 layers (rotating caches).
     Gemma3,
+    /// gemma4_text, small-checkpoint layout: sliding window 128 on 5 of every 6 layers,
+    /// per-layer inputs, the last 4 layers sharing K/V, a 2× wider head on full attention.
+    Gemma4,
 }
+
+/// Gemma 4 bench layout: per-layer input width and how many trailing layers share K/V.
+const GEMMA4_PER_LAYER: i32 = 64;
+const GEMMA4_SHARED: i32 = 4;
 
 /// A benchmark model's shape.
 #[derive(Debug, Clone, Copy)]
@@ -68,14 +75,65 @@ pub const GEMMA_TINY: BenchModel = BenchModel {
     seed: 9012,
 };
 
+/// ~8 M parameters, Gemma 4 layout (see `Family::Gemma4`).
+pub const GEMMA4_TINY: BenchModel = BenchModel {
+    name: "gemma4-tiny",
+    family: Family::Gemma4,
+    hidden: 256,
+    layers: 12,
+    heads: 4,
+    kv_heads: 1,
+    intermediate: 512,
+    vocab: 4096,
+    seed: 3456,
+};
+
+/// Names of the built-in bench models, for messages.
+pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny";
+
 pub fn by_name(name: &str) -> Option<BenchModel> {
-    [TINY, SMALL, GEMMA_TINY]
+    [TINY, SMALL, GEMMA_TINY, GEMMA4_TINY]
         .into_iter()
         .find(|m| m.name == name)
 }
 
 impl BenchModel {
     pub fn config(&self) -> serde_json::Value {
+        if self.family == Family::Gemma4 {
+            let types: Vec<&str> = (0..self.layers)
+                .map(|i| {
+                    if i % 6 == 5 {
+                        "full_attention"
+                    } else {
+                        "sliding_attention"
+                    }
+                })
+                .collect();
+            return json!({
+                "architectures": ["Gemma4ForCausalLM"],
+                "model_type": "gemma4_text",
+                "hidden_size": self.hidden,
+                "num_hidden_layers": self.layers,
+                "intermediate_size": self.intermediate,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads,
+                "head_dim": self.hidden / self.heads,
+                "global_head_dim": 2 * self.hidden / self.heads,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": self.vocab,
+                "vocab_size_per_layer_input": self.vocab,
+                "hidden_size_per_layer_input": GEMMA4_PER_LAYER,
+                "num_kv_shared_layers": GEMMA4_SHARED,
+                "use_double_wide_mlp": true,
+                "sliding_window": 128,
+                "sliding_window_pattern": 6,
+                "layer_types": types,
+                "max_position_embeddings": 4096,
+                "final_logit_softcapping": 30.0,
+                "tie_word_embeddings": true,
+                "bench_seed": self.seed,
+            });
+        }
         if self.family == Family::Gemma3 {
             return json!({
                 "architectures": ["Gemma3ForCausalLM"],
@@ -115,6 +173,9 @@ impl BenchModel {
 
     /// (name, shape) of every weight, in a fixed order (the seed of weight i is seed + i).
     fn weight_shapes(&self) -> Vec<(String, Vec<i32>)> {
+        if self.family == Family::Gemma4 {
+            return self.gemma4_shapes();
+        }
         let head_dim = self.hidden / self.heads;
         let (h, q, kv, i) = (
             self.hidden,
@@ -148,6 +209,68 @@ impl BenchModel {
         w
     }
 
+    fn gemma4_shapes(&self) -> Vec<(String, Vec<i32>)> {
+        let (h, v, n, pl) = (self.hidden, self.vocab, self.layers, GEMMA4_PER_LAYER);
+        let mut w = vec![
+            ("model.embed_tokens.weight".to_owned(), vec![v, h]),
+            (
+                "model.embed_tokens_per_layer.weight".to_owned(),
+                vec![v, n * pl],
+            ),
+            (
+                "model.per_layer_model_projection.weight".to_owned(),
+                vec![n * pl, h],
+            ),
+            (
+                "model.per_layer_projection_norm.weight".to_owned(),
+                vec![pl],
+            ),
+        ];
+        for l in 0..n {
+            let p = format!("model.layers.{l}");
+            let full = l % 6 == 5;
+            let d = if full { 2 } else { 1 } * h / self.heads;
+            let inter = if l >= n - GEMMA4_SHARED { 2 } else { 1 } * self.intermediate;
+            for norm in [
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+                "post_per_layer_input_norm",
+            ] {
+                w.push((format!("{p}.{norm}.weight"), vec![h]));
+            }
+            w.push((format!("{p}.layer_scalar"), vec![1]));
+            w.push((
+                format!("{p}.self_attn.q_proj.weight"),
+                vec![self.heads * d, h],
+            ));
+            w.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
+            w.push((
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![h, self.heads * d],
+            ));
+            if l < n - GEMMA4_SHARED {
+                w.push((
+                    format!("{p}.self_attn.k_proj.weight"),
+                    vec![self.kv_heads * d, h],
+                ));
+                w.push((
+                    format!("{p}.self_attn.v_proj.weight"),
+                    vec![self.kv_heads * d, h],
+                ));
+                w.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
+            }
+            w.push((format!("{p}.mlp.gate_proj.weight"), vec![inter, h]));
+            w.push((format!("{p}.mlp.up_proj.weight"), vec![inter, h]));
+            w.push((format!("{p}.mlp.down_proj.weight"), vec![h, inter]));
+            w.push((format!("{p}.per_layer_input_gate.weight"), vec![pl, h]));
+            w.push((format!("{p}.per_layer_projection.weight"), vec![h, pl]));
+        }
+        w.push(("model.norm.weight".to_owned(), vec![h]));
+        w
+    }
+
     pub fn parameter_count(&self) -> i64 {
         self.weight_shapes()
             .iter()
@@ -173,7 +296,9 @@ impl BenchModel {
         std::fs::create_dir_all(&tmp)?;
         let mut weights: HashMap<String, Array> = HashMap::new();
         for (i, (name, shape)) in self.weight_shapes().into_iter().enumerate() {
-            let w = if name.ends_with("norm.weight") {
+            let w = if name.ends_with("layer_scalar") {
+                mlx_rs::ops::ones::<f32>(&shape)?
+            } else if name.ends_with("norm.weight") {
                 // Gemma norms scale by (1 + w): zeros there are the same unit scale.
                 if self.family == Family::Gemma3 {
                     mlx_rs::ops::zeros::<f32>(&shape)?

@@ -16,7 +16,7 @@ pub struct Args {
     /// Benchmark suite (decode: prefill, decode, TTFT, peak memory).
     #[arg(long, default_value = "decode")]
     suite: String,
-    /// Built-in benchmark models to run (tiny, small, gemma-tiny).
+    /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny).
     #[arg(long, value_delimiter = ',', default_value = "tiny")]
     model: Vec<String>,
     /// Measure the engine alone (no mlx-lm legs, no oracle venv needed).
@@ -50,9 +50,8 @@ pub fn run(args: Args) -> Result<()> {
     let mut chosen = Vec::new();
     for name in &args.model {
         chosen.push(
-            models::by_name(name).with_context(|| {
-                format!("unknown bench model `{name}` (tiny, small, gemma-tiny)")
-            })?,
+            models::by_name(name)
+                .with_context(|| format!("unknown bench model `{name}` ({})", models::NAMES))?,
         );
     }
     let opts = bench::Options {

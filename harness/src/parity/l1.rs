@@ -299,7 +299,7 @@ fn top2_gap(bytes: &[u8]) -> f32 {
 }
 
 /// The tiny models with committed L1 goldens.
-pub const MODELS: [&str; 8] = [
+pub const MODELS: [&str; 11] = [
     "tiny-llama",
     "tiny-qwen3",
     "tiny-llama-trained",
@@ -308,6 +308,9 @@ pub const MODELS: [&str; 8] = [
     "tiny-gemma3",
     "tiny-gemma3-q4",
     "tiny-qwen2",
+    "tiny-gemma4",
+    "tiny-gemma4-keqv",
+    "tiny-gemma4-q4",
 ];
 
 /// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for

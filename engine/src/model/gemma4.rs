@@ -1,0 +1,597 @@
+//! Gemma 4 text (`gemma4_text`) as mlx-lm 0.32.2 implements it (the dense variants):
+//!
+//!   h = embed(ids) · √hidden
+//!   per-layer inputs (small Gemma 4s): p = (norm(proj(h) / √hidden) + embed_pl(ids) · √d_pl) / √2,
+//!                                      one d_pl-wide slice per layer
+//!   each layer:  h = h + post_attn_norm(attn(input_norm(h)))
+//!                h = h + post_ffw_norm(mlp(pre_ffw_norm(h)))       mlp = down(gelu_tanh(gate) · up)
+//!                h = h + post_pl_norm(pl_proj(gelu_tanh(pl_gate(h)) · p_layer))
+//!                h = h · layer_scalar
+//!   logits = softcap(head(norm(h)))                                  softcap(x) = c · tanh(x / c)
+//!
+//! Attention has scale 1 (q and k are RMS-normalized, v is normalized without a scale).
+//! Full-attention layers may use a wider head and a proportional, partial RoPE; with
+//! `attention_k_eq_v` they project one tensor that serves as both K and V. The last
+//! `num_kv_shared_layers` layers compute no K/V of their own: each reuses the K/V (and RoPE
+//! position) of the last earlier layer of its kind, and has no cache; their MLPs are
+//! double-wide. Sliding layers keep a rotating cache of `sliding_window`.
+
+use std::collections::HashMap;
+
+use mlx_rs::error::Exception;
+use mlx_rs::fast;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::gemma::{gelu_approx, gelu_approx_graph};
+use super::layers::{compiled_shapeless, CompiledFn, Embedding, Linear, RmsNorm, Rope};
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache, Mask, RopeOffset, RotatingKvCache};
+use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+type R<T> = Result<T, Exception>;
+
+/// mlx-lm's `gemma4_text.ModelArgs`, defaults included.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct Gemma4Args {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub head_dim: i32,
+    pub global_head_dim: Option<i32>,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub vocab_size_per_layer_input: i32,
+    pub num_key_value_heads: i32,
+    pub num_global_key_value_heads: Option<i32>,
+    pub num_kv_shared_layers: i32,
+    pub hidden_size_per_layer_input: Option<i32>,
+    pub rope_traditional: bool,
+    pub rope_parameters: Option<HashMap<String, RopeScaling>>,
+    pub sliding_window: i32,
+    pub sliding_window_pattern: i32,
+    pub attention_k_eq_v: bool,
+    pub final_logit_softcapping: Option<f32>,
+    pub use_double_wide_mlp: bool,
+    pub enable_moe_block: bool,
+    pub layer_types: Option<Vec<String>>,
+    pub tie_word_embeddings: bool,
+}
+
+impl Default for Gemma4Args {
+    fn default() -> Self {
+        Gemma4Args {
+            hidden_size: 1536,
+            num_hidden_layers: 35,
+            intermediate_size: 6144,
+            num_attention_heads: 8,
+            head_dim: 256,
+            global_head_dim: Some(512),
+            rms_norm_eps: 1e-6,
+            vocab_size: 262_144,
+            vocab_size_per_layer_input: 262_144,
+            num_key_value_heads: 1,
+            num_global_key_value_heads: None,
+            num_kv_shared_layers: 20,
+            hidden_size_per_layer_input: Some(256),
+            rope_traditional: false,
+            rope_parameters: None,
+            sliding_window: 512,
+            sliding_window_pattern: 5,
+            attention_k_eq_v: false,
+            final_logit_softcapping: Some(30.0),
+            use_double_wide_mlp: true,
+            enable_moe_block: false,
+            layer_types: None,
+            tie_word_embeddings: true,
+        }
+    }
+}
+
+impl Gemma4Args {
+    /// Whether each layer attends globally (`layer_types`, else the sliding pattern).
+    fn full_attention(&self) -> Result<Vec<bool>, LoadError> {
+        let n = self.num_hidden_layers as usize;
+        match &self.layer_types {
+            Some(types) => {
+                if types.len() < n {
+                    return Err(LoadError::Unsupported(format!(
+                        "layer_types names {} layers, num_hidden_layers is {n}",
+                        types.len()
+                    )));
+                }
+                types[..n]
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        "full_attention" => Ok(true),
+                        "sliding_attention" => Ok(false),
+                        other => Err(LoadError::Unsupported(format!(
+                            "layer type `{other}` (supported: full_attention, sliding_attention)"
+                        ))),
+                    })
+                    .collect()
+            }
+            None => {
+                let p = self.sliding_window_pattern.max(1) as usize;
+                Ok((0..n).map(|i| i % p == p - 1).collect())
+            }
+        }
+    }
+
+    /// The RoPE parameters of one layer kind (mlx-lm's defaults when the config has none).
+    fn rope_for(&self, full: bool) -> RopeScaling {
+        let key = if full {
+            "full_attention"
+        } else {
+            "sliding_attention"
+        };
+        match &self.rope_parameters {
+            Some(params) => params.get(key).cloned().unwrap_or_default(),
+            None if full => RopeScaling {
+                rope_type: Some("proportional".into()),
+                rope_theta: Some(1_000_000.0),
+                partial_rotary_factor: Some(0.25),
+                ..Default::default()
+            },
+            None => RopeScaling {
+                rope_type: Some("default".into()),
+                rope_theta: Some(10_000.0),
+                partial_rotary_factor: Some(1.0),
+                ..Default::default()
+            },
+        }
+    }
+}
+
+fn softcap_graph(args: &[Array]) -> R<Vec<Array>> {
+    let (x, cap) = (&args[0], &args[1]);
+    Ok(vec![mlx_rs::ops::tanh(&x.divide(cap)?)?.multiply(cap)?])
+}
+
+fn geglu_graph(args: &[Array]) -> R<Vec<Array>> {
+    let (gate, x) = (&args[0], &args[1]);
+    Ok(vec![gelu_approx_graph(std::slice::from_ref(gate))?
+        .remove(0)
+        .multiply(x)?])
+}
+
+thread_local! {
+    static SOFTCAP: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(softcap_graph));
+    static GEGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(geglu_graph));
+}
+
+/// A Python float meeting an array: it takes the array's dtype.
+fn weak(v: f64, like: &Array) -> R<Array> {
+    Array::from_f32(v as f32).as_dtype(like.dtype())
+}
+
+/// mlx-lm's compiled `logit_softcap(cap, x)`.
+fn softcap(x: &Array, cap: f32) -> R<Array> {
+    let cap = weak(cap as f64, x)?;
+    SOFTCAP.with_borrow_mut(|f| Ok(f(&[x.clone(), cap])?.remove(0)))
+}
+
+/// mlx-lm's compiled `geglu(gate, x)` = gelu_approx(gate) · x.
+fn geglu(gate: &Array, x: &Array) -> R<Array> {
+    GEGLU.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
+}
+
+/// K/V of one layer as later layers may borrow them: the cache's full contents after this
+/// step, and the RoPE position the step used.
+#[derive(Clone)]
+struct SharedKv {
+    keys: Array,
+    values: Array,
+    offset: RopeOffset,
+}
+
+/// The K/V half of an attention layer that computes its own.
+struct KvProj {
+    k_proj: Linear,
+    /// None: K = V (full-attention layers of the large Gemma 4s).
+    v_proj: Option<Linear>,
+    k_norm: RmsNorm,
+    n_kv_heads: i32,
+}
+
+struct Attention {
+    q_proj: Linear,
+    q_norm: RmsNorm,
+    kv: Option<KvProj>,
+    o_proj: Linear,
+    n_heads: i32,
+    eps: f32,
+    rope: Rope,
+}
+
+impl Attention {
+    fn forward(
+        &self,
+        x: &Array,
+        mask: &Mask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&SharedKv>,
+    ) -> R<(Array, SharedKv)> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = [0, 2, 1, 3];
+        let q =
+            self.q_norm
+                .forward(&self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, -1])?)?;
+        let (keys, values, offset) = match (shared, &self.kv) {
+            (Some(s), _) => (s.keys.clone(), s.values.clone(), s.offset.clone()),
+            (None, Some(kv)) => {
+                let k = kv.k_proj.forward(x)?.reshape(&[b, l, kv.n_kv_heads, -1])?;
+                let v = match &kv.v_proj {
+                    Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, kv.n_kv_heads, -1])?,
+                    None => k.clone(),
+                };
+                // mlx-lm passes `mx.array(cache.offset)`: the array form of the position.
+                let offset = match cache.as_ref().map(|c| c.rope_offset()) {
+                    Some(RopeOffset::Int(o)) => RopeOffset::Array(Array::from_int(o)),
+                    Some(o) => o,
+                    None => RopeOffset::Int(0),
+                };
+                let k = kv.k_norm.forward(&k)?.transpose_axes(&heads)?;
+                let k = self.rope.forward(&k, &offset)?;
+                let v = fast::rms_norm(&v, None, self.eps)?.transpose_axes(&heads)?;
+                (k, v, offset)
+            }
+            (None, None) => {
+                return Err(Exception::custom(
+                    "a KV-shared gemma4 layer ran without the K/V it borrows",
+                ))
+            }
+        };
+        let q = self.rope.forward(&q.transpose_axes(&heads)?, &offset)?;
+        let (keys, values) = match cache {
+            Some(c) => c.update_and_fetch(keys, values)?,
+            None => (keys, values),
+        };
+        let out =
+            fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, mask.as_sdpa(), None)?;
+        let out = out.transpose_axes(&heads)?.reshape(&[b, l, -1])?;
+        Ok((
+            self.o_proj.forward(&out)?,
+            SharedKv {
+                keys,
+                values,
+                offset,
+            },
+        ))
+    }
+}
+
+/// The per-layer input branch of the small Gemma 4s.
+struct PerLayerGate {
+    gate: Linear,
+    projection: Linear,
+    norm: RmsNorm,
+}
+
+struct Block {
+    attn: Attention,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffw_norm: RmsNorm,
+    post_ffw_norm: RmsNorm,
+    per_layer: Option<PerLayerGate>,
+    layer_scalar: Array,
+    full: bool,
+    /// The layer whose K/V this one borrows (itself when it computes its own).
+    kv_source: usize,
+}
+
+/// The model-level half of the per-layer inputs.
+struct PerLayerInputs {
+    embed: Embedding,
+    model_projection: Linear,
+    projection_norm: RmsNorm,
+    width: i32,
+}
+
+pub struct Gemma4 {
+    args: Gemma4Args,
+    embed: Embedding,
+    per_layer: Option<PerLayerInputs>,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+}
+
+/// Checkpoint tensors mlx-lm's `sanitize` drops for this family.
+fn sanitized_away(name: &str, first_shared: i32) -> bool {
+    const IGNORED: [&str; 5] = [
+        "self_attn.rotary_emb",
+        "input_max",
+        "input_min",
+        "output_max",
+        "output_min",
+    ];
+    if IGNORED.iter().any(|s| name.contains(s)) {
+        return true;
+    }
+    let kv = [
+        ".self_attn.k_proj",
+        ".self_attn.v_proj",
+        ".self_attn.k_norm",
+    ];
+    if kv.iter().any(|s| name.contains(s)) {
+        let layer = name
+            .split("layers.")
+            .nth(1)
+            .and_then(|rest| rest.split('.').next())
+            .and_then(|i| i.parse::<i32>().ok());
+        return layer.is_some_and(|i| i >= first_shared);
+    }
+    false
+}
+
+impl Gemma4 {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let a: Gemma4Args = config.parse()?;
+        if a.enable_moe_block {
+            return Err(LoadError::Unsupported(
+                "gemma4_text with `enable_moe_block` (the mixture-of-experts Gemma 4) is not \
+                 supported yet; the dense Gemma 4 text models are"
+                    .into(),
+            ));
+        }
+        w.set_quantization(config.quantization.clone());
+        let full = a.full_attention()?;
+        let n = a.num_hidden_layers;
+        let first_shared = n - a.num_kv_shared_layers;
+        let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
+        let eps = a.rms_norm_eps;
+        let mut blocks = Vec::new();
+        for i in 0..n {
+            let p = format!("model.layers.{i}");
+            let is_full = full[i as usize];
+            let head_dim = match a.global_head_dim {
+                Some(g) if is_full && g > 0 => g,
+                _ => a.head_dim,
+            };
+            let k_eq_v = a.attention_k_eq_v && is_full;
+            let n_kv_heads = match a.num_global_key_value_heads {
+                Some(h) if k_eq_v => h,
+                _ => a.num_key_value_heads,
+            };
+            let rope_params = a.rope_for(is_full);
+            let base = rope_params.rope_theta.unwrap_or(10_000.0);
+            let rope = Rope::new(head_dim, base, a.rope_traditional, Some(&rope_params))?;
+            let linear = |w: &mut Weights, name: &str, in_dims: i32| {
+                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+            };
+            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
+            let has_kv = i < first_shared;
+            let kv = if has_kv {
+                Some(KvProj {
+                    k_proj: linear(&mut w, "self_attn.k_proj", a.hidden_size)?,
+                    v_proj: if k_eq_v {
+                        None
+                    } else {
+                        Some(linear(&mut w, "self_attn.v_proj", a.hidden_size)?)
+                    },
+                    k_norm: norm(&mut w, "self_attn.k_norm")?,
+                    n_kv_heads,
+                })
+            } else {
+                None
+            };
+            let q_dims = a.num_attention_heads * head_dim;
+            let attn = Attention {
+                q_proj: linear(&mut w, "self_attn.q_proj", a.hidden_size)?,
+                q_norm: norm(&mut w, "self_attn.q_norm")?,
+                kv,
+                o_proj: linear(&mut w, "self_attn.o_proj", q_dims)?,
+                n_heads: a.num_attention_heads,
+                eps,
+                rope,
+            };
+            let double_wide = a.use_double_wide_mlp && i >= first_shared && first_shared > 0;
+            let inter = a.intermediate_size * if double_wide { 2 } else { 1 };
+            let per_layer = if pl_width > 0 {
+                Some(PerLayerGate {
+                    gate: linear(&mut w, "per_layer_input_gate", a.hidden_size)?,
+                    projection: linear(&mut w, "per_layer_projection", pl_width)?,
+                    norm: norm(&mut w, "post_per_layer_input_norm")?,
+                })
+            } else {
+                None
+            };
+            // The last earlier layer of the same kind lends a shared layer its K/V.
+            let kv_source = if has_kv {
+                i as usize
+            } else {
+                (0..first_shared as usize)
+                    .rev()
+                    .find(|&j| full[j] == is_full)
+                    .ok_or_else(|| {
+                        LoadError::Unsupported(format!(
+                            "layer {i} shares K/V but no earlier layer has its attention kind"
+                        ))
+                    })?
+            };
+            blocks.push(Block {
+                attn,
+                gate_proj: linear(&mut w, "mlp.gate_proj", a.hidden_size)?,
+                up_proj: linear(&mut w, "mlp.up_proj", a.hidden_size)?,
+                down_proj: linear(&mut w, "mlp.down_proj", inter)?,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
+                pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
+                post_ffw_norm: norm(&mut w, "post_feedforward_layernorm")?,
+                per_layer,
+                layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
+                full: is_full,
+                kv_source,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
+        let per_layer = if pl_width > 0 {
+            Some(PerLayerInputs {
+                embed: Embedding::load(&mut w, "model.embed_tokens_per_layer", n * pl_width)?,
+                model_projection: Linear::load(
+                    &mut w,
+                    "model.per_layer_model_projection",
+                    false,
+                    a.hidden_size,
+                )?,
+                projection_norm: RmsNorm::load(&mut w, "model.per_layer_projection_norm", eps)?,
+                width: pl_width,
+            })
+        } else {
+            None
+        };
+        let norm = RmsNorm::load(&mut w, "model.norm", eps)?;
+        let lm_head = if a.tie_word_embeddings {
+            None
+        } else {
+            Some(Linear::load(&mut w, "lm_head", false, a.hidden_size)?)
+        };
+        let left: Vec<String> = w
+            .remaining()
+            .into_iter()
+            .filter(|name| !sanitized_away(name, first_shared))
+            .collect();
+        if !left.is_empty() {
+            return Err(LoadError::Weights(format!(
+                "{} tensors this gemma4_text config does not use, e.g. `{}`",
+                left.len(),
+                left[0]
+            )));
+        }
+        Ok(Gemma4 {
+            args: a,
+            embed,
+            per_layer,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+
+    /// Per-layer inputs [B, L, layers, width] from the ids and the scaled embeddings.
+    fn per_layer_inputs(&self, p: &PerLayerInputs, ids: &Array, h: &Array) -> R<Array> {
+        let (b, l) = (ids.shape()[0], ids.shape()[1]);
+        let shape = [b, l, self.args.num_hidden_layers, p.width];
+        let from_ids = p.embed.forward(ids)?;
+        let from_ids = from_ids
+            .multiply(weak((p.width as f64).sqrt(), &from_ids)?)?
+            .reshape(&shape)?;
+        let projected = p.model_projection.forward(h)?;
+        let projected = projected
+            .multiply(weak((self.args.hidden_size as f64).powf(-0.5), &projected)?)?
+            .reshape(&shape)?;
+        let projected = p.projection_norm.forward(&projected)?;
+        let sum = projected.add(&from_ids)?;
+        sum.multiply(weak(2f64.powf(-0.5), &sum)?)
+    }
+}
+
+impl Block {
+    fn forward(
+        &self,
+        h: &Array,
+        mask: &Mask,
+        cache: Option<&mut Box<dyn Cache>>,
+        shared: Option<&SharedKv>,
+        per_layer_input: Option<&Array>,
+    ) -> R<(Array, SharedKv)> {
+        let (r, kv) = self
+            .attn
+            .forward(&self.input_norm.forward(h)?, mask, cache, shared)?;
+        let h = h.add(&self.post_attn_norm.forward(&r)?)?;
+        let x = self.pre_ffw_norm.forward(&h)?;
+        let r = self.down_proj.forward(&geglu(
+            &self.gate_proj.forward(&x)?,
+            &self.up_proj.forward(&x)?,
+        )?)?;
+        let mut h = h.add(&self.post_ffw_norm.forward(&r)?)?;
+        if let (Some(g), Some(input)) = (&self.per_layer, per_layer_input) {
+            let gate = gelu_approx(&g.gate.forward(&h)?)?.multiply(input)?;
+            let gate = g.norm.forward(&g.projection.forward(&gate)?)?;
+            h = h.add(&gate)?;
+        }
+        Ok((h.multiply(&self.layer_scalar)?, kv))
+    }
+}
+
+impl LanguageModel for Gemma4 {
+    fn model_type(&self) -> &str {
+        "gemma4_text"
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
+    /// Caches only for the layers that compute K/V (as mlx-lm's `make_cache`).
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .enumerate()
+            .filter(|(i, b)| b.kv_source == *i)
+            .map(|(_, b)| -> Box<dyn Cache> {
+                if b.full {
+                    Box::new(KvCache::new())
+                } else {
+                    Box::new(RotatingKvCache::new(self.args.sliding_window))
+                }
+            })
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        let h = self.embed.forward(ids)?;
+        let mut h = h.multiply(weak((self.args.hidden_size as f64).sqrt(), &h)?)?;
+        let per_layer = match &self.per_layer {
+            Some(p) => Some(self.per_layer_inputs(p, ids, &h)?),
+            None => None,
+        };
+        let n = ids.shape()[1];
+        // One mask per attention kind, from the first cache of that kind.
+        let mut masks: [Option<Mask>; 2] = [None, None];
+        for (block, cache) in self.blocks.iter().zip(caches.iter()) {
+            let slot = &mut masks[block.full as usize];
+            if slot.is_none() {
+                let window = (!block.full).then_some(self.args.sliding_window);
+                *slot = Some(cache.make_mask(n, window)?);
+            }
+        }
+        let mut produced: Vec<Option<SharedKv>> = vec![None; self.blocks.len()];
+        let mut caches = caches.iter_mut();
+        for (i, block) in self.blocks.iter().enumerate() {
+            let own = block.kv_source == i;
+            let cache = if own { caches.next() } else { None };
+            let shared = if own {
+                None
+            } else {
+                produced[block.kv_source].as_ref()
+            };
+            let mask = masks[block.full as usize]
+                .as_ref()
+                .ok_or_else(|| Exception::custom("no mask for this attention kind"))?;
+            let input = per_layer.as_ref().map(|p| p.index((.., .., i as i32, ..)));
+            let (next, kv) = block.forward(&h, mask, cache, shared, input.as_ref())?;
+            h = next;
+            produced[i] = Some(kv);
+        }
+        let out = self.norm.forward(&h)?;
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(&out)?,
+            None => self.embed.as_linear(&out)?,
+        };
+        match self.args.final_logit_softcapping {
+            Some(cap) => softcap(&logits, cap),
+            None => Ok(logits),
+        }
+    }
+}
