@@ -18,6 +18,7 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      (the last 3 of 6 layers reuse earlier layers' K/V), double-wide MLPs on
                      the sharing layers, proportional partial RoPE and a wider head on full
                      attention, sliding window 8, softcap 10, tied head, bf16
+- tiny-gemma3-kv     tiny-gemma3 with head_dim 32 (quantizable KV: the L2 rotating-cache model)
 - tiny-gemma4-keqv   gemma4_text like the large Gemma 4s: K = V on full-attention layers with
                      their own KV head count, no per-layer inputs, no sharing, untied, bf16
 
@@ -217,6 +218,20 @@ def make_gemma3(tok) -> None:
     finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 4), bf16, tied (no lm_head)")
 
 
+def make_gemma3_kv(tok) -> None:
+    """tiny-gemma3-kv: as tiny-gemma3 but with head_dim 32, so that MLX can quantize its
+    caches (group sizes start at 32) — the L2 model for quantized rotating caches."""
+    dest = golden_dir("models/tiny-gemma3-kv")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = dict(gemma3_config(), head_dim=32, query_pre_attn_scalar=32)
+    model = random_model(gemma3_text, cfg, 9, mx.bfloat16)
+    weights = {k: v for k, v in tree_flatten(model.parameters()) if k != "lm_head.weight"}
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_json(dest / "config.json", cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 9), bf16, head_dim 32, tied")
+
+
 def make_qwen2(tok) -> None:
     """tiny-qwen2: qwen2 (q/k/v biases, no o bias), GQA, untied head, float16."""
     dest = golden_dir("models/tiny-qwen2")
@@ -307,7 +322,7 @@ def make_gemma4_keqv(tok) -> None:
                "random weights (seed 8, norm/scalar noise seed 18), bf16, untied, K=V on full attention")
 
 
-ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma4": make_gemma4,
+ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
         "tiny-gemma4-keqv": make_gemma4_keqv}
 
 
@@ -353,8 +368,9 @@ def main(only=None) -> None:
     make_qwen2(tok)
     make_gemma4(tok)
     make_gemma4_keqv(tok)
+    make_gemma3_kv(tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
-                 "tiny-gemma4", "tiny-gemma4-keqv"]:
+                 "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma3-kv"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

@@ -72,9 +72,8 @@ struct GenerateArgs {
     /// Additive penalty per occurrence in the last 20.
     #[arg(long)]
     frequency_penalty: Option<f64>,
-    /// Decode eagerly (the compiled decode step is on by default where it is bit-exact).
-    #[arg(long)]
-    no_compile: bool,
+    #[command(flatten)]
+    tier: engine::tiers::TierArgs,
     /// Stop when the generated text contains this string (repeatable); the stop string
     /// itself is not printed.
     #[arg(long)]
@@ -178,18 +177,14 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut failure: Option<anyhow::Error> = None;
     let mut sampler = Sampler::new(args.sampling())?;
-    let compile = if args.no_compile {
-        gen::CompileDecode::Off
-    } else {
-        gen::CompileDecode::WhereExact
-    };
+    let opts = args.tier.resolve(&args.model)?;
     let (stats, finish) = gen::generate_with(
         model.as_ref(),
         &prompt_ids,
         args.max_tokens,
         &tokenizer.eos_token_ids,
         &mut sampler,
-        compile,
+        &opts,
         |id| {
             let step = match detok.push(id) {
                 Ok(piece) => stops.push(&piece),

@@ -8,7 +8,7 @@
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
-use super::{Cache, Mask, RopeOffset};
+use super::{Cache, Kv, Mask, RopeOffset};
 
 pub struct FixedKv {
     pub keys: Array,
@@ -57,14 +57,10 @@ impl Cache for FixedKv {
         RopeOffset::Array(self.offset.clone())
     }
 
-    fn update_and_fetch(
-        &mut self,
-        keys: Array,
-        values: Array,
-    ) -> Result<(Array, Array), Exception> {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         self.keys = slice_update_dynamic(&self.keys, &keys, &self.offset, 2)?;
         self.values = slice_update_dynamic(&self.values, &values, &self.offset, 2)?;
-        Ok((self.keys.clone(), self.values.clone()))
+        Ok(Kv::Dense(self.keys.clone(), self.values.clone()))
     }
 
     fn is_trimmable(&self) -> bool {

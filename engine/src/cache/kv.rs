@@ -1,18 +1,20 @@
 //! The standard KV cache, laid out like mlx-lm's `KVCache`: buffers grow in steps of 256
 //! positions, new keys are written with a slice update, and reads slice to the offset.
+//! Once quantized it is mlx-lm's `QuantizedKVCache`: the same growth and slicing applied to
+//! the packed words, scales and biases, new keys quantized on write.
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
 use mlx_rs::Array;
 
-use super::{causal_mask, live_positions, zeros_positions, Cache, Mask};
+use super::parts::{self, Parts};
+use super::{causal_mask, Cache, Kv, KvQuant, Mask};
 
 #[derive(Default)]
 pub struct KvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    keys: Option<Parts>,
+    values: Option<Parts>,
     offset: i32,
+    quant: Option<KvQuant>,
 }
 
 impl KvCache {
@@ -22,16 +24,19 @@ impl KvCache {
         Self::default()
     }
 
-    /// The whole buffers, if the next `n` tokens fit without growing them.
+    /// The whole dense buffers, if the next `n` tokens fit without growing them.
     pub fn buffers_with_room(&self, n: i32) -> Option<(&Array, &Array)> {
+        if self.quant.is_some() {
+            return None;
+        }
         let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
-        (self.offset + n <= k.shape()[2]).then_some((k, v))
+        (self.offset + n <= parts::len(k)).then_some((&k[0], &v[0]))
     }
 
     /// Takes the buffers a compiled step produced after writing `n` tokens in place.
     pub fn advance_with(&mut self, keys: Array, values: Array, n: i32) {
-        self.keys = Some(keys);
-        self.values = Some(values);
+        self.keys = Some(vec![keys]);
+        self.values = Some(vec![values]);
         self.offset += n;
     }
 }
@@ -41,26 +46,22 @@ impl Cache for KvCache {
         self.offset
     }
 
-    fn update_and_fetch(
-        &mut self,
-        keys: Array,
-        values: Array,
-    ) -> Result<(Array, Array), Exception> {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let prev = self.offset;
         let len = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, parts::len);
         if self.keys.is_none() || prev + len > capacity {
-            let n_steps = (Self::STEP + len - 1) / Self::STEP;
-            let new_k = zeros_positions(&keys, n_steps * Self::STEP)?;
-            let new_v = zeros_positions(&values, n_steps * Self::STEP)?;
+            let grow = (Self::STEP + len - 1) / Self::STEP * Self::STEP;
+            let new_k = parts::zeros(&keys, grow, self.quant)?;
+            let new_v = parts::zeros(&values, grow, self.quant)?;
             match (self.keys.take(), self.values.take()) {
                 (Some(mut old_k), Some(mut old_v)) => {
                     if prev % Self::STEP != 0 {
-                        old_k = old_k.index((Ellipsis, ..prev, ..));
-                        old_v = old_v.index((Ellipsis, ..prev, ..));
+                        old_k = parts::head(&old_k, prev);
+                        old_v = parts::head(&old_v, prev);
                     }
-                    self.keys = Some(concatenate(&[old_k, new_k], 2)?);
-                    self.values = Some(concatenate(&[old_v, new_v], 2)?);
+                    self.keys = Some(parts::cat(&[old_k, new_k])?);
+                    self.values = Some(parts::cat(&[old_v, new_v])?);
                 }
                 _ => {
                     self.keys = Some(new_k);
@@ -69,13 +70,29 @@ impl Cache for KvCache {
             }
         }
         self.offset += len;
+        let new_k = parts::encode(keys, self.quant)?;
+        let new_v = parts::encode(values, self.quant)?;
         let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &keys)?;
-        v_buf.try_index_mut((Ellipsis, prev..self.offset, ..), &values)?;
-        Ok((
-            live_positions(k_buf, self.offset),
-            live_positions(v_buf, self.offset),
+        parts::write(k_buf, prev, &new_k)?;
+        parts::write(v_buf, prev, &new_v)?;
+        Ok(parts::fetch(
+            parts::live(k_buf, self.offset),
+            parts::live(v_buf, self.offset),
+            self.quant,
         ))
+    }
+
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        if self.quant.is_none() {
+            parts::quantize_parts(&mut self.keys, quant)?;
+            parts::quantize_parts(&mut self.values, quant)?;
+            self.quant = Some(quant);
+        }
+        Ok(true)
+    }
+
+    fn kv_quant(&self) -> Option<KvQuant> {
+        self.quant
     }
 
     fn is_trimmable(&self) -> bool {
@@ -89,14 +106,22 @@ impl Cache for KvCache {
     }
 
     fn state(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .flatten()
+            .collect()
     }
 
-    /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
+    fn nbytes(&self) -> usize {
+        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
+    }
+
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
 
+    /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         Ok(match window {
             Some(w) => Mask::Array(causal_mask(n, self.offset, Some(w))?),

@@ -2,6 +2,7 @@
 
 pub mod fixed;
 pub mod kv;
+pub(crate) mod parts;
 pub mod rotating;
 
 pub use kv::KvCache;
@@ -14,9 +15,23 @@ use mlx_rs::Array;
 pub trait Cache {
     /// Tokens stored so far (the position of the next token).
     fn offset(&self) -> i32;
-    /// Appends this step's keys/values ([B, kv_heads, L, head_dim]) and returns all live ones.
-    fn update_and_fetch(&mut self, keys: Array, values: Array)
-        -> Result<(Array, Array), Exception>;
+    /// Appends this step's keys/values ([B, kv_heads, L, head_dim]) and returns all live
+    /// ones, in the cache's layout (dense, or quantized once converted).
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception>;
+    /// Converts the stored K/V to affine-quantized form (mlx-lm's `to_quantized`, optiq's
+    /// `quantize_cache_layer`); later updates are quantized on write. Returns false where
+    /// this kind of cache cannot be quantized.
+    fn quantize(&mut self, _quant: KvQuant) -> Result<bool, Exception> {
+        Ok(false)
+    }
+    /// The quantization in force, if any.
+    fn kv_quant(&self) -> Option<KvQuant> {
+        None
+    }
+    /// Bytes the stored K/V buffers hold.
+    fn nbytes(&self) -> usize {
+        self.state().iter().map(|a| a.nbytes()).sum()
+    }
     /// Whether `trim` can drop tokens from the end.
     fn is_trimmable(&self) -> bool;
     /// Drops up to `n` tokens from the end; returns how many were dropped.
@@ -32,6 +47,67 @@ pub trait Cache {
     }
     /// For callers that need the concrete cache (e.g. the compiled decode step).
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// Affine quantization of a KV cache (MLX `quantize`: groups along the head dim).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvQuant {
+    pub bits: i32,
+    pub group_size: i32,
+    /// Which attention reads this cache.
+    pub sdpa: QuantSdpa,
+}
+
+/// Attention over quantized K/V.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantSdpa {
+    /// mlx-lm's `quantized_scaled_dot_product_attention` (L1 with `--kv-bits`).
+    MlxLm,
+    /// optiq 0.7.7's fused KV-tiled kernel where optiq's server uses it (L2).
+    OptiqFused,
+    /// As `OptiqFused`, but one-token decode folds the query heads that share a KV head
+    /// into one matrix product (L3: ours, no oracle; gated by the envelope).
+    FoldedDecode,
+}
+
+/// One affine-quantized tensor, as `mx.quantize` returns it.
+#[derive(Clone)]
+pub struct QTensor {
+    pub packed: Array,
+    pub scales: Array,
+    pub biases: Array,
+}
+
+impl QTensor {
+    fn from_parts(parts: Vec<Array>) -> Self {
+        let mut it = parts.into_iter();
+        let mut next = || it.next().expect("quantized parts come in threes");
+        QTensor {
+            packed: next(),
+            scales: next(),
+            biases: next(),
+        }
+    }
+
+    /// The same map applied to all three arrays.
+    pub fn map(&self, f: impl Fn(&Array) -> Result<Array, Exception>) -> Result<Self, Exception> {
+        Ok(QTensor {
+            packed: f(&self.packed)?,
+            scales: f(&self.scales)?,
+            biases: f(&self.biases)?,
+        })
+    }
+}
+
+/// Keys and values as attention reads them.
+#[derive(Clone)]
+pub enum Kv {
+    Dense(Array, Array),
+    Quantized {
+        keys: QTensor,
+        values: QTensor,
+        quant: KvQuant,
+    },
 }
 
 /// A RoPE position: a plain integer, or an MLX array (so a compiled graph can be reused
@@ -81,20 +157,4 @@ pub fn causal_mask(n: i32, offset: i32, window: Option<i32>) -> Result<Array, Ex
         mask = mask.logical_and(linds.lt(rinds.add(Array::from_int(w))?)?)?;
     }
     Ok(mask)
-}
-
-/// Zeros with `like`'s batch, heads, head dim and dtype, and `positions` positions.
-pub(crate) fn zeros_positions(like: &Array, positions: i32) -> Result<Array, Exception> {
-    let shape = like.shape();
-    mlx_rs::ops::zeros_dtype(&[shape[0], shape[1], positions, shape[3]], like.dtype())
-}
-
-/// The first `offset` positions of a cache buffer (the whole buffer once it is full).
-pub(crate) fn live_positions(buf: &Array, offset: i32) -> Array {
-    use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
-    if offset < buf.shape()[2] {
-        buf.index((Ellipsis, ..offset, ..))
-    } else {
-        buf.clone()
-    }
 }

@@ -6,18 +6,22 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::concatenate;
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
-use super::{causal_mask, live_positions, zeros_positions, Cache, Mask};
+use super::parts::{self, Parts};
+use super::{causal_mask, Cache, Kv, KvQuant, Mask};
 
 pub struct RotatingKvCache {
-    keys: Option<Array>,
-    values: Option<Array>,
+    keys: Option<Parts>,
+    values: Option<Parts>,
     offset: i32,
     max_size: i32,
     keep: i32,
     idx: i32,
+    /// Set once quantized (optiq's `RotatingQuantizedKVCache`: the same ring, every
+    /// operation applied to the packed words, scales and biases alike).
+    quant: Option<KvQuant>,
 }
 
 impl RotatingKvCache {
@@ -35,6 +39,7 @@ impl RotatingKvCache {
             max_size,
             keep,
             idx: 0,
+            quant: None,
         }
     }
 
@@ -43,71 +48,72 @@ impl RotatingKvCache {
     }
 
     /// Drops `trim` positions after the kept prefix, then appends `append`.
-    fn trim_cat(&self, trim: i32, v: &Array, append: Option<&Array>) -> Result<Array, Exception> {
-        let mut parts = if trim > 0 {
+    fn trim_cat(&self, trim: i32, v: &Parts, append: Option<&Parts>) -> Result<Parts, Exception> {
+        let mut pieces = if trim > 0 {
             vec![
-                v.index((Ellipsis, ..self.keep, ..)),
-                v.index((Ellipsis, (trim + self.keep).., ..)),
+                parts::slice(v, |x| x.index((Ellipsis, ..self.keep, ..))),
+                parts::slice(v, |x| x.index((Ellipsis, (trim + self.keep).., ..))),
             ]
         } else {
             vec![v.clone()]
         };
-        parts.extend(append.cloned());
-        concatenate(&parts, 2)
+        pieces.extend(append.cloned());
+        if pieces.len() == 1 {
+            return Ok(pieces.remove(0));
+        }
+        parts::cat(&pieces)
     }
 
     /// The ring rearranged into temporal order, unused tail sliced off.
-    fn temporal_order(&self, v: &Array) -> Result<Array, Exception> {
-        let len = v.shape()[2];
+    fn temporal_order(&self, v: &Parts) -> Result<Parts, Exception> {
+        let len = parts::len(v);
         if self.idx == len {
             Ok(v.clone())
         } else if self.idx < self.offset {
-            concatenate(
-                &[
-                    v.index((Ellipsis, ..self.keep, ..)),
-                    v.index((Ellipsis, self.idx.., ..)),
-                    v.index((Ellipsis, self.keep..self.idx, ..)),
-                ],
-                2,
-            )
+            parts::cat(&[
+                parts::slice(v, |x| x.index((Ellipsis, ..self.keep, ..))),
+                parts::slice(v, |x| x.index((Ellipsis, self.idx.., ..))),
+                parts::slice(v, |x| x.index((Ellipsis, self.keep..self.idx, ..))),
+            ])
         } else {
-            Ok(v.index((Ellipsis, ..self.idx, ..)))
+            Ok(parts::head(v, self.idx))
         }
     }
 
-    fn update_concat(&mut self, keys: Array, values: Array) -> Result<(Array, Array), Exception> {
+    fn update_concat(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let len = keys.shape()[2];
+        let new_k = parts::encode(keys, self.quant)?;
+        let new_v = parts::encode(values, self.quant)?;
         match (self.keys.take(), self.values.take()) {
             (Some(old_k), Some(old_v)) => {
                 let k = self.temporal_order(&old_k)?;
                 let v = self.temporal_order(&old_v)?;
-                self.idx = k.shape()[2];
+                self.idx = parts::len(&k);
                 let trim = self.idx - self.max_size + 1;
-                self.keys = Some(self.trim_cat(trim, &k, Some(&keys))?);
-                self.values = Some(self.trim_cat(trim, &v, Some(&values))?);
+                self.keys = Some(self.trim_cat(trim, &k, Some(&new_k))?);
+                self.values = Some(self.trim_cat(trim, &v, Some(&new_v))?);
             }
             _ => {
-                self.keys = Some(keys);
-                self.values = Some(values);
+                self.keys = Some(new_k);
+                self.values = Some(new_v);
             }
         }
         self.offset += len;
-        self.idx = self.keys.as_ref().unwrap().shape()[2];
-        Ok((self.keys.clone().unwrap(), self.values.clone().unwrap()))
+        self.idx = parts::len(self.keys.as_ref().unwrap());
+        Ok(self.live())
     }
 
-    fn update_in_place(&mut self, keys: Array, values: Array) -> Result<(Array, Array), Exception> {
-        let s = keys.shape()[2];
+    fn update_in_place(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let prev = self.offset;
-        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        let capacity = self.keys.as_ref().map_or(0, parts::len);
         if self.keys.is_none() || (prev >= capacity && capacity < self.max_size) {
             let new_size = Self::STEP.min(self.max_size - prev);
-            let new_k = zeros_positions(&keys, new_size)?;
-            let new_v = zeros_positions(&values, new_size)?;
+            let new_k = parts::zeros(&keys, new_size, self.quant)?;
+            let new_v = parts::zeros(&values, new_size, self.quant)?;
             match (self.keys.take(), self.values.take()) {
                 (Some(k), Some(v)) => {
-                    self.keys = Some(concatenate(&[k, new_k], 2)?);
-                    self.values = Some(concatenate(&[v, new_v], 2)?);
+                    self.keys = Some(parts::cat(&[k, new_k])?);
+                    self.values = Some(parts::cat(&[v, new_v])?);
                 }
                 _ => {
                     self.keys = Some(new_k);
@@ -116,7 +122,7 @@ impl RotatingKvCache {
             }
             self.idx = prev;
         }
-        let trim = self.keys.as_ref().unwrap().shape()[2] - self.max_size;
+        let trim = parts::len(self.keys.as_ref().unwrap()) - self.max_size;
         if trim > 0 {
             let k = self.trim_cat(trim, self.keys.as_ref().unwrap(), None)?;
             let v = self.trim_cat(trim, self.values.as_ref().unwrap(), None)?;
@@ -127,22 +133,24 @@ impl RotatingKvCache {
         if self.idx == self.max_size {
             self.idx = self.keep;
         }
-        let (at, end) = (self.idx, self.idx + s);
-        self.keys
-            .as_mut()
-            .unwrap()
-            .try_index_mut((Ellipsis, at..end, ..), &keys)?;
-        self.values
-            .as_mut()
-            .unwrap()
-            .try_index_mut((Ellipsis, at..end, ..), &values)?;
+        let s = keys.shape()[2];
+        let new_k = parts::encode(keys, self.quant)?;
+        let new_v = parts::encode(values, self.quant)?;
+        parts::write(self.keys.as_mut().unwrap(), self.idx, &new_k)?;
+        parts::write(self.values.as_mut().unwrap(), self.idx, &new_v)?;
         self.offset += s;
         self.idx += s;
+        Ok(self.live())
+    }
+
+    /// The live positions in ring order (attention is order-blind given the mask).
+    fn live(&self) -> Kv {
         let (k, v) = (self.keys.as_ref().unwrap(), self.values.as_ref().unwrap());
-        Ok((
-            live_positions(k, self.offset),
-            live_positions(v, self.offset),
-        ))
+        parts::fetch(
+            parts::live(k, self.offset),
+            parts::live(v, self.offset),
+            self.quant,
+        )
     }
 }
 
@@ -151,16 +159,26 @@ impl Cache for RotatingKvCache {
         self.offset
     }
 
-    fn update_and_fetch(
-        &mut self,
-        keys: Array,
-        values: Array,
-    ) -> Result<(Array, Array), Exception> {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         if keys.shape()[2] == 1 {
             self.update_in_place(keys, values)
         } else {
             self.update_concat(keys, values)
         }
+    }
+
+    /// optiq's conversion: the ring buffer quantized as it stands, ring index kept.
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        if self.quant.is_none() {
+            parts::quantize_parts(&mut self.keys, quant)?;
+            parts::quantize_parts(&mut self.values, quant)?;
+            self.quant = Some(quant);
+        }
+        Ok(true)
+    }
+
+    fn kv_quant(&self) -> Option<KvQuant> {
+        self.quant
     }
 
     fn is_trimmable(&self) -> bool {
@@ -175,14 +193,22 @@ impl Cache for RotatingKvCache {
     }
 
     fn state(&self) -> Vec<&Array> {
-        self.keys.iter().chain(self.values.iter()).collect()
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .flatten()
+            .collect()
     }
 
-    /// mlx-lm's `RotatingKVCache.make_mask`.
+    fn nbytes(&self) -> usize {
+        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
+    }
+
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
     }
 
+    /// mlx-lm's `RotatingKVCache.make_mask`.
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         if n > 1 {
             let window = window.unwrap_or(self.max_size);
@@ -228,7 +254,10 @@ mod tests {
 
     fn step(cache: &mut RotatingKvCache, n: i32) -> (Array, Array) {
         let k = mlx_rs::ops::ones::<f32>(&[1, 1, n, 2]).unwrap();
-        cache.update_and_fetch(k.clone(), k).unwrap()
+        match cache.update_and_fetch(k.clone(), k).unwrap() {
+            Kv::Dense(k, v) => (k, v),
+            Kv::Quantized { .. } => unreachable!("never quantized here"),
+        }
     }
 
     #[test]

@@ -9,7 +9,7 @@ use mlx_rs::error::Exception;
 use serde::Serialize;
 
 use super::sampler::{Sampler, SamplingParams};
-use super::{generate_with, CompileDecode};
+use super::{generate_with, SessionOptions};
 use crate::model::LanguageModel;
 
 #[derive(Debug, Clone, Serialize)]
@@ -21,18 +21,20 @@ pub struct LegResult {
     pub prefill_tps: f64,
     pub decode_tps: f64,
     pub peak_memory_bytes: usize,
+    /// Bytes the KV caches hold after the prompt and the generated tokens.
+    pub kv_bytes: usize,
 }
 
 fn run_once(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
-    compile: CompileDecode,
+    opts: &SessionOptions,
 ) -> Result<(f64, f64, usize), Exception> {
     let mut times = Vec::with_capacity(max_tokens);
     let start = Instant::now();
     let mut sampler = Sampler::new(SamplingParams::default())?;
-    generate_with(model, ids, max_tokens, &[], &mut sampler, compile, |_| {
+    generate_with(model, ids, max_tokens, &[], &mut sampler, opts, |_| {
         times.push(Instant::now());
         Ok(super::Flow::Continue)
     })?;
@@ -44,29 +46,45 @@ fn run_once(
     Ok((ttft, decode, times.len()))
 }
 
-/// `compile` Off measures the eager engine (stack "engine-eager").
+/// KV bytes after greedy-feeding the prompt and `steps` more tokens (untimed).
+fn kv_bytes(
+    model: &dyn LanguageModel,
+    ids: &[u32],
+    steps: usize,
+    opts: &SessionOptions,
+) -> Result<usize, Exception> {
+    let mut session = super::Session::with_options(model, opts);
+    let mut token = super::greedy(&session.prefill(ids)?)?;
+    for _ in 1..steps {
+        token = super::greedy(&session.step(&[token])?)?;
+    }
+    let state: Vec<&mlx_rs::Array> = session.caches.iter().flat_map(|c| c.state()).collect();
+    mlx_rs::transforms::eval(state)?;
+    Ok(session.caches.iter().map(|c| c.nbytes()).sum())
+}
+
+/// One leg of `stack` (e.g. "engine", "engine-eager", "engine-l2") run with `opts`.
 pub fn run_leg(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
-    compile: CompileDecode,
+    stack: &'static str,
+    opts: &SessionOptions,
 ) -> Result<LegResult, Exception> {
     assert!(max_tokens > 0 && !ids.is_empty());
-    run_once(model, ids, max_tokens, compile)?; // warm-up, discarded
+    run_once(model, ids, max_tokens, opts)?; // warm-up, discarded
     mlx_rs::memory::clear_cache()?;
     mlx_rs::memory::reset_peak_memory()?;
-    let (ttft, decode, n) = run_once(model, ids, max_tokens, compile)?;
+    let (ttft, decode, n) = run_once(model, ids, max_tokens, opts)?;
+    let peak = mlx_rs::memory::peak_memory()?;
     Ok(LegResult {
-        stack: if compile == CompileDecode::Off {
-            "engine-eager"
-        } else {
-            "engine"
-        },
+        stack,
         prompt_tokens: ids.len(),
         generated_tokens: n,
         ttft_s: ttft,
         prefill_tps: ids.len() as f64 / ttft,
         decode_tps: decode,
-        peak_memory_bytes: mlx_rs::memory::peak_memory()?,
+        peak_memory_bytes: peak,
+        kv_bytes: kv_bytes(model, ids, n, opts)?,
     })
 }

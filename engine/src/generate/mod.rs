@@ -5,6 +5,7 @@
 
 pub mod bench;
 pub mod compiled;
+pub mod kv_quant;
 pub mod sampler;
 pub mod stop;
 
@@ -16,6 +17,7 @@ use mlx_rs::Array;
 
 use crate::cache::Cache;
 use crate::model::LanguageModel;
+pub use kv_quant::{KvLayers, KvQuantPlan};
 use sampler::{Sampler, SamplingParams};
 
 /// mlx-lm's default prefill chunk.
@@ -32,6 +34,31 @@ pub enum CompileDecode {
     Always,
 }
 
+/// How a session runs: the compiled-decode policy and KV quantization.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionOptions {
+    pub compile: CompileDecode,
+    pub kv_quant: Option<KvQuantPlan>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            compile: CompileDecode::WhereExact,
+            kv_quant: None,
+        }
+    }
+}
+
+impl From<CompileDecode> for SessionOptions {
+    fn from(compile: CompileDecode) -> Self {
+        SessionOptions {
+            compile,
+            ..Default::default()
+        }
+    }
+}
+
 /// One sequence being generated: the model, its caches, and the step logic.
 pub struct Session<'m> {
     // Declared first so it is dropped before anything else: it borrows `model`.
@@ -39,6 +66,7 @@ pub struct Session<'m> {
     model: &'m dyn LanguageModel,
     pub caches: Vec<Box<dyn Cache>>,
     pub prefill_step: usize,
+    kv_quant: Option<KvQuantPlan>,
 }
 
 fn ids_array(ids: &[u32]) -> Array {
@@ -62,7 +90,11 @@ impl<'m> Session<'m> {
     }
 
     pub fn with_compile(model: &'m dyn LanguageModel, policy: CompileDecode) -> Self {
-        let on = match policy {
+        Self::with_options(model, &policy.into())
+    }
+
+    pub fn with_options(model: &'m dyn LanguageModel, opts: &SessionOptions) -> Self {
+        let on = match opts.compile {
             CompileDecode::Off => false,
             CompileDecode::WhereExact => Self::compiled_decode_is_exact(model),
             CompileDecode::Always => true,
@@ -73,7 +105,16 @@ impl<'m> Session<'m> {
             model,
             caches: model.make_caches(),
             prefill_step: PREFILL_STEP,
+            kv_quant: opts.kv_quant.clone(),
         }
+    }
+
+    /// generate_step's quantization hook: converts the caches that are due.
+    fn quantize_due(&mut self) -> Result<(), Exception> {
+        if let Some(plan) = &self.kv_quant {
+            plan.apply(&mut self.caches)?;
+        }
+        Ok(())
     }
 
     /// How many steps ran through the compiled graph (proof that the path ran).
@@ -93,6 +134,7 @@ impl<'m> Session<'m> {
             return self.step_array(&ids.reshape(&[1])?);
         }
         let logits = self.model.forward(&ids, &mut self.caches)?;
+        self.quantize_due()?;
         Ok(logits.index((.., -1, ..)))
     }
 
@@ -101,11 +143,13 @@ impl<'m> Session<'m> {
     pub fn step_array(&mut self, token: &Array) -> Result<Array, Exception> {
         if let Some(compiled) = self.compiled.as_mut() {
             if let Some(logits) = compiled.try_step(token, &mut self.caches)? {
+                self.quantize_due()?;
                 return Ok(logits);
             }
         }
         let ids = token.reshape(&[1, -1])?;
         let logits = self.model.forward(&ids, &mut self.caches)?;
+        self.quantize_due()?;
         Ok(logits.index((.., -1, ..)))
     }
 
@@ -118,6 +162,7 @@ impl<'m> Session<'m> {
             // Only the caches are evaluated; the chunk's logits are never computed.
             self.model
                 .forward(&ids_array(&rest[..n]), &mut self.caches)?;
+            self.quantize_due()?;
             self.eval_caches()?;
             rest = &rest[n..];
             mlx_rs::memory::clear_cache()?;
@@ -186,22 +231,22 @@ pub fn generate(
         max_tokens,
         eos_ids,
         sampler,
-        CompileDecode::WhereExact,
+        &SessionOptions::default(),
         on_token,
     )
 }
 
-/// `generate` with an explicit compiled-decode policy.
+/// `generate` with explicit session options.
 pub fn generate_with(
     model: &dyn LanguageModel,
     prompt: &[u32],
     max_tokens: usize,
     eos_ids: &[u32],
     sampler: &mut Sampler,
-    compile: CompileDecode,
+    opts: &SessionOptions,
     mut on_token: impl FnMut(u32) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
-    let mut session = Session::with_compile(model, compile);
+    let mut session = Session::with_options(model, opts);
     let mut history: Vec<u32> = prompt.to_vec();
     // Without logits processors the next step needs no host-side token, so (as mlx-lm's
     // generate_step does) step n+1 is built and queued with async_eval before step n's id
@@ -232,11 +277,16 @@ pub fn generate_with(
     stats.prompt_time = start.elapsed();
     let decode_start = Instant::now();
     let mut finish = Finish::Length;
+    // A step queued with async_eval that the loop may leave unread (EOS, a stop); it is
+    // waited for before returning, so no MLX work is in flight once the caller moves on
+    // (a process exiting under a running CPU task corrupted the heap, about 1 run in 40).
+    let mut in_flight: Option<Array> = None;
     for n in 0..max_tokens {
         let queued = if pipelined && n + 1 < max_tokens {
             let logits = session.step_array(&y)?;
             let next = pick(&logits, &history)?;
             mlx_rs::transforms::async_eval([&next])?;
+            in_flight = Some(next.clone());
             Some(next)
         } else {
             None
@@ -268,6 +318,9 @@ pub fn generate_with(
         }
     }
     stats.generation_time = decode_start.elapsed();
+    if let Some(pending) = in_flight {
+        pending.eval()?;
+    }
     Ok((stats, finish))
 }
 

@@ -27,7 +27,7 @@ use serde::Deserialize;
 use super::gemma::{gelu_approx, gelu_approx_graph};
 use super::layers::{compiled_shapeless, CompiledFn, Embedding, Linear, RmsNorm, Rope};
 use super::LanguageModel;
-use crate::cache::{Cache, KvCache, Mask, RopeOffset, RotatingKvCache};
+use crate::cache::{Cache, Kv, KvCache, KvQuant, Mask, QuantSdpa, RopeOffset, RotatingKvCache};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -185,8 +185,7 @@ fn geglu(gate: &Array, x: &Array) -> R<Array> {
 /// step, and the RoPE position the step used.
 #[derive(Clone)]
 struct SharedKv {
-    keys: Array,
-    values: Array,
+    kv: Kv,
     offset: RopeOffset,
 }
 
@@ -222,8 +221,8 @@ impl Attention {
         let q =
             self.q_norm
                 .forward(&self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, -1])?)?;
-        let (keys, values, offset) = match (shared, &self.kv) {
-            (Some(s), _) => (s.keys.clone(), s.values.clone(), s.offset.clone()),
+        let (fresh, offset) = match (shared, &self.kv) {
+            (Some(s), _) => (None, s.offset.clone()),
             (None, Some(kv)) => {
                 let k = kv.k_proj.forward(x)?.reshape(&[b, l, kv.n_kv_heads, -1])?;
                 let v = match &kv.v_proj {
@@ -239,7 +238,7 @@ impl Attention {
                 let k = kv.k_norm.forward(&k)?.transpose_axes(&heads)?;
                 let k = self.rope.forward(&k, &offset)?;
                 let v = fast::rms_norm(&v, None, self.eps)?.transpose_axes(&heads)?;
-                (k, v, offset)
+                (Some((k, v)), offset)
             }
             (None, None) => {
                 return Err(Exception::custom(
@@ -248,21 +247,30 @@ impl Attention {
             }
         };
         let q = self.rope.forward(&q.transpose_axes(&heads)?, &offset)?;
-        let (keys, values) = match cache {
-            Some(c) => c.update_and_fetch(keys, values)?,
-            None => (keys, values),
-        };
-        let out =
-            fast::scaled_dot_product_attention(&q, &keys, &values, 1.0, mask.as_sdpa(), None)?;
-        let out = out.transpose_axes(&heads)?.reshape(&[b, l, -1])?;
-        Ok((
-            self.o_proj.forward(&out)?,
-            SharedKv {
-                keys,
-                values,
-                offset,
+        let kv = match (fresh, cache, shared) {
+            (Some((k, v)), Some(c), _) => c.update_and_fetch(k, v)?,
+            (Some((k, v)), None, _) => Kv::Dense(k, v),
+            // optiq attends borrowed quantized K/V through its unfused quantized SDPA.
+            (None, _, Some(s)) => match &s.kv {
+                Kv::Quantized {
+                    keys,
+                    values,
+                    quant,
+                } => Kv::Quantized {
+                    keys: keys.clone(),
+                    values: values.clone(),
+                    quant: KvQuant {
+                        sdpa: QuantSdpa::MlxLm,
+                        ..*quant
+                    },
+                },
+                dense => dense.clone(),
             },
-        ))
+            (None, _, None) => unreachable!("a layer without K/V of its own always borrows"),
+        };
+        let out = super::sdpa::attend(&q, &kv, 1.0, mask)?;
+        let out = out.transpose_axes(&heads)?.reshape(&[b, l, -1])?;
+        Ok((self.o_proj.forward(&out)?, SharedKv { kv, offset }))
     }
 }
 

@@ -324,8 +324,8 @@ impl Attention {
         let offset = cache.rope_offset();
         let q = self.rope.forward(&q, &offset)?;
         let k = self.rope.forward(&k, &offset)?;
-        let (k, v) = cache.update_and_fetch(k, v)?;
-        let out = fast::scaled_dot_product_attention(q, k, v, self.scale, mask.as_sdpa(), None)?;
+        let kv = cache.update_and_fetch(k, v)?;
+        let out = super::sdpa::attend(&q, &kv, self.scale, mask)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }

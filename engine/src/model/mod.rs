@@ -4,6 +4,7 @@ pub mod gemma;
 pub mod gemma4;
 pub mod layers;
 pub mod llama;
+pub mod sdpa;
 
 use std::path::Path;
 

@@ -85,9 +85,11 @@ pub fn run(args: Args) -> Result<()> {
 
 #[derive(clap::Args)]
 pub struct LegArgs {
-    /// Decode eagerly (the "engine-eager" stack).
-    #[arg(long)]
-    no_compile: bool,
+    /// The stack name reported for this leg.
+    #[arg(long, default_value = "engine")]
+    stack: String,
+    #[command(flatten)]
+    tier: engine::tiers::TierArgs,
     #[arg(long)]
     model: PathBuf,
     #[arg(long)]
@@ -99,12 +101,10 @@ pub struct LegArgs {
 pub fn leg(args: LegArgs) -> Result<()> {
     let model = engine::model::load(&args.model)?;
     let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&args.prompt_ids)?)?;
-    let compile = if args.no_compile {
-        engine::generate::CompileDecode::Off
-    } else {
-        engine::generate::CompileDecode::WhereExact
-    };
-    let result = engine::generate::bench::run_leg(model.as_ref(), &ids, args.max_tokens, compile)?;
+    let opts = args.tier.resolve(&args.model)?;
+    let stack: &'static str = Box::leak(args.stack.into_boxed_str());
+    let result =
+        engine::generate::bench::run_leg(model.as_ref(), &ids, args.max_tokens, stack, &opts)?;
     println!("{}", serde_json::to_string(&result)?);
     Ok(())
 }

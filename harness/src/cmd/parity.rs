@@ -5,7 +5,7 @@ use harness::preflight::{self, Thresholds};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The tier to run (l1 so far).
+    /// The tier to run: l1 (vs mlx-lm), l2 (vs mlx-optiq), l3 (the envelope gate).
     #[arg(long, default_value = "l1")]
     tier: String,
     /// One model (default: every model with goldens).
@@ -18,13 +18,14 @@ pub struct Args {
     /// Do not write result rows.
     #[arg(long)]
     no_record: bool,
-    /// A planted defect, to see the gate fail: `key=value` set in the model's config.json
-    /// before loading (e.g. rms_norm_eps=1e-6).
+    /// A planted defect, to see the gate fail: for l1, `key=value` set in the model's
+    /// config.json before loading (e.g. rms_norm_eps=1e-6); for l2, `sdpa=mlx-lm` (mlx-lm's
+    /// quantized attention instead of optiq's fused kernel) or `kv_start=N`.
     #[arg(long, value_name = "KEY=VALUE")]
     plant: Option<String>,
 }
 
-fn record(reports: &[ModelReport], live: bool) -> Result<()> {
+fn record(reports: &[ModelReport], live: bool, suite: &str, peer: &str) -> Result<()> {
     let state = preflight::check(&Thresholds::from_env());
     let db = Db::open_default()?;
     let machine_state = serde_json::to_string(&serde_json::json!({ "before": state }))?;
@@ -46,13 +47,13 @@ fn record(reports: &[ModelReport], live: bool) -> Result<()> {
                 machine_key: state.machine_key.clone(),
                 machine_state: machine_state.clone(),
                 preflight: state.verdict().into(),
-                suite: "parity-l1".into(),
+                suite: suite.into(),
                 model: r.model.clone(),
                 metric: metric.into(),
                 value: value as f64,
                 unit: format!("/{total}"),
                 stack: "engine".into(),
-                peer: Some("mlx-lm".into()),
+                peer: Some(peer.into()),
                 params: serde_json::json!({ "live": live }).to_string(),
                 tags: if live {
                     "live".into()
@@ -65,9 +66,64 @@ fn record(reports: &[ModelReport], live: bool) -> Result<()> {
     Ok(())
 }
 
+fn run_l2(args: &Args) -> Result<()> {
+    use harness::parity::l2;
+    let models: Vec<&str> = match &args.model {
+        Some(m) => vec![m.as_str()],
+        None => l2::MODELS.to_vec(),
+    };
+    let live = if args.live {
+        println!(
+            "running the oracle now (mlx-optiq in {})…",
+            harness::oracle::venv_dir().display()
+        );
+        Some(l1::live_goldens("gen_l2.py", &models)?)
+    } else {
+        None
+    };
+    let plant = args.plant.clone();
+    if let Some(p) = &plant {
+        println!("planted defect: {p}");
+    }
+    let mut reports = Vec::new();
+    for name in models {
+        let report = l2::check_named(name, live.as_ref().map(|d| d.path()), |opts| {
+            let Some(plan) = opts.kv_quant.as_mut() else {
+                return;
+            };
+            match plant.as_deref() {
+                Some("sdpa=mlx-lm") => plan.sdpa = engine::cache::QuantSdpa::MlxLm,
+                Some(p) if p.starts_with("kv_start=") => {
+                    plan.start = p["kv_start=".len()..].parse().unwrap_or(plan.start)
+                }
+                _ => {}
+            }
+        })?;
+        println!("{}", report.summary());
+        for line in report.details() {
+            println!("{line}");
+        }
+        reports.push(report);
+    }
+    if !args.no_record && plant.is_none() {
+        record(&reports, args.live, "parity-l2", "mlx-optiq")?;
+    }
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed())
+        .map(|r| r.model.clone())
+        .collect();
+    if !failed.is_empty() {
+        bail!("L2 failed for: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> Result<()> {
-    if args.tier != "l1" {
-        bail!("tier `{}` has no gates yet (available: l1)", args.tier);
+    match args.tier.as_str() {
+        "l1" => {}
+        "l2" => return run_l2(&args),
+        other => bail!("tier `{other}` has no gates yet (available: l1, l2)"),
     }
     let models: Vec<&str> = match &args.model {
         Some(m) => vec![m.as_str()],
@@ -108,7 +164,7 @@ pub fn run(args: Args) -> Result<()> {
         reports.push(report);
     }
     if !args.no_record && plant.is_none() {
-        record(&reports, args.live)?;
+        record(&reports, args.live, "parity-l1", "mlx-lm")?;
     }
     let mut failed: Vec<String> = reports
         .iter()

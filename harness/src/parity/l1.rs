@@ -3,7 +3,7 @@
 //! template string must equal transformers', every stored logit vector must be bit-exact,
 //! and the greedy ids must be identical.
 
-use engine::generate::{greedy, Session};
+use engine::generate::{greedy, Session, SessionOptions};
 use engine::load::template::{ChatTemplate, Message};
 use engine::load::tokenizer::Tokenizer;
 use engine::model::LanguageModel;
@@ -75,6 +75,8 @@ impl CaseReport {
 /// All prompts of one model.
 #[derive(Debug, Clone)]
 pub struct ModelReport {
+    /// "L1", "L2", …: the tier whose oracle made the goldens.
+    pub tier: &'static str,
     pub model: String,
     pub cases: Vec<CaseReport>,
 }
@@ -109,8 +111,9 @@ impl ModelReport {
             _ => "max |Δ| 0".to_owned(),
         };
         format!(
-            "L1 {}: {exact}/{total} logit vectors bit-exact ({max_delta}), {ids}/{steps} greedy ids, \
+            "{} {}: {exact}/{total} logit vectors bit-exact ({max_delta}), {ids}/{steps} greedy ids, \
              tokenizer {tok}/{n}, template {}/{}, ties {ties}",
+            self.tier,
             self.model,
             tpl.iter().filter(|&&m| m).count(),
             tpl.len(),
@@ -179,6 +182,25 @@ pub fn check_model_with(
     template: Option<&ChatTemplate>,
     prefill_step: usize,
 ) -> Result<ModelReport, ParityError> {
+    check_model_opts(
+        golden,
+        model,
+        tokenizer,
+        template,
+        prefill_step,
+        &SessionOptions::default(),
+    )
+}
+
+/// As `check_model_with`, with explicit session options (KV quantization for L2/L3).
+pub fn check_model_opts(
+    golden: &TensorGolden,
+    model: &dyn LanguageModel,
+    tokenizer: &Tokenizer,
+    template: Option<&ChatTemplate>,
+    prefill_step: usize,
+    opts: &SessionOptions,
+) -> Result<ModelReport, ParityError> {
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| ParityError::Index(e.to_string()))?;
     let name = golden.index["model"]
@@ -195,9 +217,11 @@ pub fn check_model_with(
             tokenizer,
             template,
             prefill_step,
+            opts,
         )?);
     }
     Ok(ModelReport {
+        tier: "L1",
         model: name,
         cases: reports,
     })
@@ -210,6 +234,7 @@ fn check_case(
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
     prefill_step: usize,
+    opts: &SessionOptions,
 ) -> Result<CaseReport, ParityError> {
     // Prompt ids the way mlx_lm.generate makes them.
     let (ids, template_match) = match case.kind.as_str() {
@@ -227,6 +252,8 @@ fn check_case(
             let matches = Some(case.rendered.as_deref() == Some(rendered.as_str()));
             (tokenizer.encode(&rendered, false)?, matches)
         }
+        // Given as ids (e.g. a long prompt cut to length): nothing to tokenize.
+        "ids" => (case.prompt_ids.clone(), None),
         _ => (
             tokenizer.encode(case.prompt.as_deref().unwrap_or_default(), true)?,
             None,
@@ -235,7 +262,7 @@ fn check_case(
     let ids_match = ids == case.prompt_ids;
 
     // Generation always starts from the oracle's ids, so the model is judged on its own.
-    let mut session = Session::new(model);
+    let mut session = Session::with_options(model, opts);
     session.prefill_step = prefill_step;
     let mut logits = session.prefill(&case.prompt_ids)?;
     let mut comparisons = Vec::new();

@@ -1,0 +1,186 @@
+//! Attention over what a cache returns. Dense K/V go to MLX's fused SDPA kernel (as
+//! mlx-lm's `scaled_dot_product_attention`); quantized K/V go to mlx-lm's
+//! `quantized_scaled_dot_product_attention` or, where optiq 0.7.7's server would, to
+//! optiq's fused kernel that tiles the KV axis (FlashAttention-2 style online softmax over
+//! 512-position tiles of `quantized_matmul`). Op order and dtypes follow each reference.
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis};
+use mlx_rs::ops::{arange, exp, maximum, quantized_matmul, select, softmax_axis};
+use mlx_rs::{fast, Array, Dtype};
+
+use crate::cache::{Kv, KvQuant, Mask, QTensor, QuantSdpa};
+
+type R<T> = Result<T, Exception>;
+
+/// KV positions per tile of optiq's fused kernel.
+pub const FUSED_TILE: i32 = 512;
+
+/// `softmax(q·kᵀ·scale + mask)·v` for whatever layout the cache returned.
+pub fn attend(q: &Array, kv: &Kv, scale: f32, mask: &Mask) -> R<Array> {
+    match kv {
+        Kv::Dense(k, v) => fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), None),
+        Kv::Quantized {
+            keys,
+            values,
+            quant,
+        } => {
+            if fused_applies(q, quant, mask) {
+                fused_tiled(q, keys, values, scale, mask, quant)
+            } else {
+                quantized(q, keys, values, scale, mask, quant)
+            }
+        }
+    }
+}
+
+/// optiq installs its kernel for 4/8 bits and f16/bf16 queries with no mask or the causal
+/// one; everything else (e.g. a wrapped window's explicit mask) takes mlx-lm's path.
+fn fused_applies(q: &Array, quant: &KvQuant, mask: &Mask) -> bool {
+    quant.sdpa != QuantSdpa::MlxLm
+        && matches!(quant.bits, 4 | 8)
+        && matches!(quant.group_size, 32 | 64 | 128)
+        && matches!(q.dtype(), Dtype::Float16 | Dtype::Bfloat16)
+        && !matches!(mask, Mask::Array(_))
+}
+
+/// `mx.finfo(dtype).min` as a Python float meets an array of `dtype`.
+fn lowest(like: &Array) -> R<Array> {
+    let v = match like.dtype() {
+        Dtype::Float16 => -65504.0,
+        Dtype::Bfloat16 => f32::from_bits(0xFF7F_0000),
+        _ => f32::MIN,
+    };
+    Array::from_f32(v).as_dtype(like.dtype())
+}
+
+/// The bottom-right-aligned causal mask [L, N] (query i sits at N − L + i).
+fn causal(l: i32, n: i32) -> R<Array> {
+    let q = arange::<_, i32>(n - l, n, 1)?.index((.., NewAxis));
+    let k = arange::<_, i32>(0, n, 1)?.index(NewAxis);
+    q.ge(&k)
+}
+
+/// Scaled queries, grouped per KV head when heads are shared ([B, Hkv, rep, L, D]), and
+/// K/V expanded to match; returns the shape to restore.
+fn grouped(
+    q: &Array,
+    keys: &QTensor,
+    values: &QTensor,
+    scale: f32,
+) -> R<(Array, QTensor, QTensor, Option<Vec<i32>>)> {
+    let shape = q.shape().to_vec();
+    let (b, hq, l, d) = (shape[0], shape[1], shape[2], shape[3]);
+    let hkv = keys.packed.shape()[keys.packed.ndim() - 3];
+    let q = q.multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?;
+    let rep = hq / hkv;
+    if rep == 1 {
+        return Ok((q, keys.clone(), values.clone(), None));
+    }
+    let q = q.reshape(&[b, hkv, rep, l, d])?;
+    let expand = |t: &QTensor| t.map(|x| x.expand_dims(-3));
+    Ok((q, expand(keys)?, expand(values)?, Some(shape)))
+}
+
+fn qmm(x: &Array, t: &QTensor, transpose: bool, quant: &KvQuant) -> R<Array> {
+    quantized_matmul(
+        x,
+        &t.packed,
+        &t.scales,
+        &t.biases,
+        transpose,
+        quant.group_size,
+        quant.bits,
+    )
+}
+
+/// mlx-lm's `quantized_scaled_dot_product_attention`.
+fn quantized(
+    q: &Array,
+    keys: &QTensor,
+    values: &QTensor,
+    scale: f32,
+    mask: &Mask,
+    quant: &KvQuant,
+) -> R<Array> {
+    let (q, keys, values, restore) = grouped(q, keys, values, scale)?;
+    let mut scores = qmm(&q, &keys, true, quant)?;
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => {
+            let s = scores.shape();
+            Some(causal(s[s.len() - 2], s[s.len() - 1])?)
+        }
+        Mask::Array(m) if restore.is_some() && m.ndim() > 3 => Some(m.expand_dims(-3)?),
+        Mask::Array(m) => Some(m.clone()),
+    };
+    if let Some(m) = mask {
+        scores = if m.dtype() == Dtype::Bool {
+            select(&m, &scores, lowest(&scores)?)?
+        } else {
+            scores.add(&m)?
+        };
+    }
+    let scores = softmax_axis(&scores, -1, true)?;
+    let out = qmm(&scores, &values, false, quant)?;
+    match restore {
+        Some(shape) => out.reshape(&shape),
+        None => Ok(out),
+    }
+}
+
+/// optiq 0.7.7's `_prefill_flashattn_n_tiled` (used for every query length, decode too):
+/// running max, rescaled sums and outputs, all in the activation dtype.
+fn fused_tiled(
+    q: &Array,
+    keys: &QTensor,
+    values: &QTensor,
+    scale: f32,
+    mask: &Mask,
+    quant: &KvQuant,
+) -> R<Array> {
+    let n = keys.packed.shape()[keys.packed.ndim() - 2];
+    let l = q.shape()[2];
+    let (q, keys, values, restore) = grouped(q, keys, values, scale)?;
+    let mask = match mask {
+        Mask::Causal => Some(causal(l, n)?),
+        _ => None,
+    };
+    let tile = |t: &QTensor, a: i32, b: i32| t.map(|x| Ok(x.index((Ellipsis, a..b, ..))));
+    // (running max, running sum, output)
+    let mut acc: Option<(Array, Array, Array)> = None;
+    let mut start = 0;
+    while start < n {
+        let end = (start + FUSED_TILE).min(n);
+        let (k, v) = (tile(&keys, start, end)?, tile(&values, start, end)?);
+        let mut scores = qmm(&q, &k, true, quant)?;
+        if let Some(m) = &mask {
+            scores = select(m.index((.., start..end)), &scores, lowest(&scores)?)?;
+        }
+        let tile_max = scores.max_axis(-1, true)?;
+        acc = Some(match acc {
+            None => {
+                let e = exp(scores.subtract(&tile_max)?)?;
+                let sum = e.sum_axis(-1, true)?;
+                let out = qmm(&e, &v, false, quant)?;
+                (tile_max, sum, out)
+            }
+            Some((m, sum, out)) => {
+                let m2 = maximum(&m, &tile_max)?;
+                let factor = exp(m.subtract(&m2)?)?;
+                let e = exp(scores.subtract(&m2)?)?;
+                let sum2 = factor.multiply(&sum)?.add(e.sum_axis(-1, true)?)?;
+                let delta = qmm(&e, &v, false, quant)?;
+                let out = out.multiply(&factor)?.add(&delta)?;
+                (m2, sum2, out)
+            }
+        });
+        start = end;
+    }
+    let (_, sum, out) = acc.ok_or_else(|| Exception::custom("attention over an empty cache"))?;
+    let out = out.divide(&sum)?;
+    match restore {
+        Some(shape) => out.reshape(&shape),
+        None => Ok(out),
+    }
+}
