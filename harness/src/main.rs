@@ -56,6 +56,13 @@ enum Command {
         #[command(subcommand)]
         command: OracleCommand,
     },
+    /// Freeze the L3 perf oracle: 64 greedy ids per prompt from our own L2 engine, with a
+    /// fingerprint of the graph-shaping config (the L3 envelope gate compares against it).
+    FreezePerfOracle {
+        /// One model (default: every model the L3 gate covers).
+        #[arg(long)]
+        model: Option<String>,
+    },
     /// One engine benchmark leg in this fresh process (used by `harness bench`).
     #[command(hide = true)]
     LegEngine(cmd::bench::LegArgs),
@@ -81,5 +88,6 @@ fn main() -> Result<()> {
             command: OracleCommand::Doctor,
         } => cmd::doctor::oracle(true).map(|_| ()),
         Command::LegEngine(args) => cmd::bench::leg(args),
+        Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
     }
 }

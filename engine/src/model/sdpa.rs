@@ -4,6 +4,8 @@
 //! optiq's fused kernel that tiles the KV axis (FlashAttention-2 style online softmax over
 //! 512-position tiles of `quantized_matmul`). Op order and dtypes follow each reference.
 
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis};
 use mlx_rs::ops::{arange, exp, maximum, quantized_matmul, select, softmax_axis};
@@ -16,6 +18,22 @@ type R<T> = Result<T, Exception>;
 /// KV positions per tile of optiq's fused kernel.
 pub const FUSED_TILE: i32 = 512;
 
+/// One-token decode steps that ran through the folded L3 path (proof that it ran).
+static FOLDED_DECODE_CALLS: AtomicUsize = AtomicUsize::new(0);
+/// A planted defect for the L3 envelope gate's self-check: when set, the folded path
+/// leaves the newest position out of attention (so the gate must fail). Never set outside
+/// that check.
+static PLANT_FOLDED_DEFECT: AtomicBool = AtomicBool::new(false);
+
+pub fn folded_decode_calls() -> usize {
+    FOLDED_DECODE_CALLS.load(Ordering::Relaxed)
+}
+
+/// Turns the planted L3 defect on or off (tests and `harness parity --tier l3 --plant`).
+pub fn plant_folded_defect(on: bool) {
+    PLANT_FOLDED_DEFECT.store(on, Ordering::Relaxed);
+}
+
 /// `softmax(q·kᵀ·scale + mask)·v` for whatever layout the cache returned.
 pub fn attend(q: &Array, kv: &Kv, scale: f32, mask: &Mask) -> R<Array> {
     match kv {
@@ -25,13 +43,87 @@ pub fn attend(q: &Array, kv: &Kv, scale: f32, mask: &Mask) -> R<Array> {
             values,
             quant,
         } => {
-            if fused_applies(q, quant, mask) {
-                fused_tiled(q, keys, values, scale, mask, quant)
-            } else {
+            if !fused_applies(q, quant, mask) {
                 quantized(q, keys, values, scale, mask, quant)
+            } else if quant.sdpa == QuantSdpa::FoldedDecode && q.shape()[2] == 1 {
+                FOLDED_DECODE_CALLS.fetch_add(1, Ordering::Relaxed);
+                if PLANT_FOLDED_DEFECT.load(Ordering::Relaxed) {
+                    let n = keys.packed.shape()[keys.packed.ndim() - 2];
+                    let older =
+                        |t: &QTensor| t.map(|x| Ok(x.index((Ellipsis, ..(n - 1).max(1), ..))));
+                    return folded_decode(q, &older(keys)?, &older(values)?, scale, quant);
+                }
+                folded_decode(q, keys, values, scale, quant)
+            } else {
+                fused_tiled(q, keys, values, scale, mask, quant)
             }
         }
     }
+}
+
+/// L3 (ours, no oracle): a one-token decode step over quantized K/V with the query heads
+/// that share a KV head folded into the rows of one product ([B, Hkv, rep, D] against
+/// [B, Hkv, N, D/…]), so the packed keys and values are read once per KV head instead of
+/// being broadcast over a grouped axis; otherwise optiq's tiled online softmax.
+fn folded_decode(
+    q: &Array,
+    keys: &QTensor,
+    values: &QTensor,
+    scale: f32,
+    quant: &KvQuant,
+) -> R<Array> {
+    let shape = q.shape().to_vec();
+    let (b, hq, d) = (shape[0], shape[1], shape[3]);
+    let hkv = keys.packed.shape()[keys.packed.ndim() - 3];
+    let q = q
+        .multiply(Array::from_f32(scale).as_dtype(q.dtype())?)?
+        .reshape(&[b, hkv, hq / hkv, d])?;
+    online_softmax(&q, keys, values, None, quant)?.reshape(&shape)
+}
+
+/// softmax(q·kᵀ)·v over 512-position tiles with a running max and rescaled sums (optiq's
+/// op order), for already scaled and grouped queries.
+fn online_softmax(
+    q: &Array,
+    keys: &QTensor,
+    values: &QTensor,
+    mask: Option<&Array>,
+    quant: &KvQuant,
+) -> R<Array> {
+    let n = keys.packed.shape()[keys.packed.ndim() - 2];
+    let tile = |t: &QTensor, a: i32, b: i32| t.map(|x| Ok(x.index((Ellipsis, a..b, ..))));
+    // (running max, running sum, output)
+    let mut acc: Option<(Array, Array, Array)> = None;
+    let mut start = 0;
+    while start < n {
+        let end = (start + FUSED_TILE).min(n);
+        let (k, v) = (tile(keys, start, end)?, tile(values, start, end)?);
+        let mut scores = qmm(q, &k, true, quant)?;
+        if let Some(m) = mask {
+            scores = select(m.index((.., start..end)), &scores, lowest(&scores)?)?;
+        }
+        let tile_max = scores.max_axis(-1, true)?;
+        acc = Some(match acc {
+            None => {
+                let e = exp(scores.subtract(&tile_max)?)?;
+                let sum = e.sum_axis(-1, true)?;
+                let out = qmm(&e, &v, false, quant)?;
+                (tile_max, sum, out)
+            }
+            Some((m, sum, out)) => {
+                let m2 = maximum(&m, &tile_max)?;
+                let factor = exp(m.subtract(&m2)?)?;
+                let e = exp(scores.subtract(&m2)?)?;
+                let sum2 = factor.multiply(&sum)?.add(e.sum_axis(-1, true)?)?;
+                let delta = qmm(&e, &v, false, quant)?;
+                let out = out.multiply(&factor)?.add(&delta)?;
+                (m2, sum2, out)
+            }
+        });
+        start = end;
+    }
+    let (_, sum, out) = acc.ok_or_else(|| Exception::custom("attention over an empty cache"))?;
+    out.divide(&sum)
 }
 
 /// optiq installs its kernel for 4/8 bits and f16/bf16 queries with no mask or the causal
@@ -146,39 +238,7 @@ fn fused_tiled(
         Mask::Causal => Some(causal(l, n)?),
         _ => None,
     };
-    let tile = |t: &QTensor, a: i32, b: i32| t.map(|x| Ok(x.index((Ellipsis, a..b, ..))));
-    // (running max, running sum, output)
-    let mut acc: Option<(Array, Array, Array)> = None;
-    let mut start = 0;
-    while start < n {
-        let end = (start + FUSED_TILE).min(n);
-        let (k, v) = (tile(&keys, start, end)?, tile(&values, start, end)?);
-        let mut scores = qmm(&q, &k, true, quant)?;
-        if let Some(m) = &mask {
-            scores = select(m.index((.., start..end)), &scores, lowest(&scores)?)?;
-        }
-        let tile_max = scores.max_axis(-1, true)?;
-        acc = Some(match acc {
-            None => {
-                let e = exp(scores.subtract(&tile_max)?)?;
-                let sum = e.sum_axis(-1, true)?;
-                let out = qmm(&e, &v, false, quant)?;
-                (tile_max, sum, out)
-            }
-            Some((m, sum, out)) => {
-                let m2 = maximum(&m, &tile_max)?;
-                let factor = exp(m.subtract(&m2)?)?;
-                let e = exp(scores.subtract(&m2)?)?;
-                let sum2 = factor.multiply(&sum)?.add(e.sum_axis(-1, true)?)?;
-                let delta = qmm(&e, &v, false, quant)?;
-                let out = out.multiply(&factor)?.add(&delta)?;
-                (m2, sum2, out)
-            }
-        });
-        start = end;
-    }
-    let (_, sum, out) = acc.ok_or_else(|| Exception::custom("attention over an empty cache"))?;
-    let out = out.divide(&sum)?;
+    let out = online_softmax(&q, &keys, &values, mask.as_ref(), quant)?;
     match restore {
         Some(shape) => out.reshape(&shape),
         None => Ok(out),

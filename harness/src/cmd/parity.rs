@@ -119,11 +119,60 @@ fn run_l2(args: &Args) -> Result<()> {
     Ok(())
 }
 
+pub fn freeze(model: Option<String>) -> Result<()> {
+    use harness::parity::l3;
+    let models: Vec<String> = match model {
+        Some(m) => vec![m],
+        None => l3::MODELS.iter().map(|m| m.to_string()).collect(),
+    };
+    for name in models {
+        let dir = l3::freeze(&name)?;
+        println!("froze the L2 trajectories of {name} -> {}", dir.display());
+    }
+    Ok(())
+}
+
+fn run_l3(args: &Args) -> Result<()> {
+    use harness::parity::l3;
+    if args.live {
+        bail!("L3 has no oracle to run live; its reference is the frozen trajectory (harness freeze-perf-oracle)");
+    }
+    let models: Vec<&str> = match &args.model {
+        Some(m) => vec![m.as_str()],
+        None => l3::MODELS.to_vec(),
+    };
+    let plant = match args.plant.as_deref() {
+        None => false,
+        Some("perf-path") => true,
+        Some(other) => {
+            bail!("--plant for l3: `perf-path` (breaks the L3 decode path), not `{other}`")
+        }
+    };
+    engine::model::sdpa::plant_folded_defect(plant);
+    if plant {
+        println!("planted defect: the L3 decode path leaves the newest position out of attention");
+    }
+    let mut failed = Vec::new();
+    for name in models {
+        let report = l3::check(name, |_| {})?;
+        println!("{}", report.summary());
+        if !report.passed() {
+            failed.push(name.to_owned());
+        }
+    }
+    engine::model::sdpa::plant_folded_defect(false);
+    if !failed.is_empty() {
+        bail!("L3 envelope failed for: {}", failed.join(", "));
+    }
+    Ok(())
+}
+
 pub fn run(args: Args) -> Result<()> {
     match args.tier.as_str() {
         "l1" => {}
         "l2" => return run_l2(&args),
-        other => bail!("tier `{other}` has no gates yet (available: l1, l2)"),
+        "l3" => return run_l3(&args),
+        other => bail!("tier `{other}` does not exist (available: l1, l2, l3)"),
     }
     let models: Vec<&str> = match &args.model {
         Some(m) => vec![m.as_str()],

@@ -3,6 +3,7 @@
 
 pub mod l1;
 pub mod l2;
+pub mod l3;
 pub mod runtime;
 pub mod sampling;
 

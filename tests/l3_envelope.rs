@@ -1,0 +1,74 @@
+//! L3: our folded one-token decode attention over quantized KV has no oracle; it is gated
+//! by the teacher-forced envelope against trajectories frozen from our own L2 engine
+//! (goldens/l3/<model>, `harness freeze-perf-oracle`): ≥56/64 argmax agreement on a short
+//! and a long prompt, and a counter proving the path ran. Planted defects: a broken perf
+//! path, a run where the path never ran, and a stale fingerprint are all refused.
+
+use engine::cache::QuantSdpa;
+use engine::model::sdpa::plant_folded_defect;
+use harness::parity::l3::{check, MODELS};
+
+#[test]
+fn l3_envelope_passes_and_the_perf_path_ran() {
+    for name in MODELS {
+        let report = check(name, |_| {}).unwrap();
+        harness::announce(&report.summary());
+        assert!(report.passed(), "{}", report.summary());
+        assert!(report.perf_path_steps > 0);
+    }
+}
+
+#[test]
+fn planted_broken_perf_path_fails_the_envelope() {
+    plant_folded_defect(true);
+    let report = check("tiny-llama-trained", |_| {});
+    plant_folded_defect(false);
+    let report = report.unwrap();
+    println!("planted L3 defect caught: {}", report.summary());
+    assert!(!report.passed());
+}
+
+/// Agreement alone is not enough: if the perf path never ran (here: plain L2 options), the
+/// gate must fail even though every id agrees.
+#[test]
+fn the_envelope_fails_when_the_perf_path_did_not_run() {
+    let report = check("tiny-llama-trained", |o| {
+        o.kv_quant.as_mut().unwrap().sdpa = QuantSdpa::OptiqFused
+    })
+    .unwrap();
+    assert_eq!(report.perf_path_steps, 0);
+    assert!(!report.passed(), "{}", report.summary());
+}
+
+/// A frozen trajectory whose fingerprint no longer matches the model and KV scheme is
+/// refused, not used.
+#[test]
+fn a_stale_fingerprint_is_refused() {
+    let src = harness::goldens::goldens_root();
+    let tmp = tempfile::tempdir().unwrap();
+    let name = "tiny-llama-trained";
+    for sub in [
+        format!("models/{name}"),
+        format!("l2/{name}"),
+        format!("l3/{name}"),
+    ] {
+        let (from, to) = (src.join(&sub), tmp.path().join(&sub));
+        std::fs::create_dir_all(&to).unwrap();
+        for entry in std::fs::read_dir(&from).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+    std::fs::copy(src.join("REFERENCE"), tmp.path().join("REFERENCE")).unwrap();
+    // The KV scheme changes after the freeze: layer 2 now at 8 bits.
+    std::fs::write(
+        tmp.path().join(format!("l2/{name}/kv_config.json")),
+        r#"[{"layer_idx": 0, "bits": 8, "group_size": 32}, {"layer_idx": 2, "bits": 8, "group_size": 32}]"#,
+    )
+    .unwrap();
+    std::env::set_var("HARNESS_GOLDENS", tmp.path());
+    let result = check(name, |_| {});
+    std::env::remove_var("HARNESS_GOLDENS");
+    let err = result.expect_err("a stale frozen oracle must be refused");
+    assert!(err.to_string().contains("stale"), "{err}");
+}
