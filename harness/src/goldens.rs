@@ -234,6 +234,15 @@ pub fn registry() -> Vec<Registered> {
             args: vec![m.to_owned()],
         });
     }
+    for m in crate::parity::l2::MODELS {
+        if !crate::parity::l1::MODELS.contains(&m) {
+            out.push(Registered {
+                name: format!("models/{m}"),
+                script: "make_models.py",
+                args: vec![m.to_owned()],
+            });
+        }
+    }
     for m in crate::parity::l1::MODELS {
         out.push(Registered {
             name: format!("l1/{m}"),
@@ -241,11 +250,20 @@ pub fn registry() -> Vec<Registered> {
             args: vec![m.to_owned()],
         });
     }
+    for m in crate::parity::l2::MODELS {
+        out.push(Registered {
+            name: format!("l2/{m}"),
+            script: "gen_l2.py",
+            args: vec![m.to_owned()],
+        });
+    }
+    // l3/<model> is frozen from our own engine by `harness freeze-perf-oracle`, not by an
+    // oracle script, so it is not regenerated from here.
     out
 }
 
 /// Top-level entries of the goldens dir that are golden groups, not machine layers.
-const GROUPS: [&str; 4] = ["runtime", "models", "l1", "sampling"];
+const GROUPS: [&str; 6] = ["runtime", "models", "l1", "l2", "l3", "sampling"];
 
 /// Machine-key override dirs present under `root`.
 pub fn machine_layers(root: &Path) -> Vec<String> {

@@ -27,6 +27,9 @@ pub struct Leg {
     pub prefill_tps: f64,
     pub decode_tps: f64,
     pub peak_memory_bytes: f64,
+    /// KV cache bytes after the run (engine legs only).
+    #[serde(default)]
+    pub kv_bytes: Option<f64>,
 }
 
 pub struct Options {
@@ -37,6 +40,8 @@ pub struct Options {
     pub peer: bool,
     /// Add an eager-decode engine leg ("engine-eager").
     pub eager: bool,
+    /// Add the L2 and L3 presets ("engine-l2", "engine-l3"; the default engine is L1).
+    pub tiers: bool,
     pub clean: bool,
     pub force: bool,
 }
@@ -82,11 +87,20 @@ pub fn leg_order(rounds: usize, stacks: &[&'static str]) -> Vec<&'static str> {
 
 fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) -> Result<Leg> {
     let mut cmd = match stack {
-        "engine" | "engine-eager" => {
+        "engine" | "engine-eager" | "engine-l2" | "engine-l3" => {
             let mut c = Command::new(std::env::current_exe()?);
-            c.arg("leg-engine");
-            if stack == "engine-eager" {
-                c.arg("--no-compile");
+            c.arg("leg-engine").arg("--stack").arg(stack);
+            match stack {
+                "engine-eager" => {
+                    c.arg("--no-compile");
+                }
+                "engine-l2" => {
+                    c.arg("--l2");
+                }
+                "engine-l3" => {
+                    c.arg("--l3");
+                }
+                _ => {}
             }
             c
         }
@@ -132,16 +146,19 @@ pub struct Metrics {
     pub prefill_tps: f64,
     pub ttft_ms: f64,
     pub peak_mb: f64,
+    /// NaN where the stack does not report it (the Python peer).
+    pub kv_mb: f64,
 }
 
 impl Metrics {
-    pub fn named(&self) -> [(&'static str, f64, &'static str, bool); 4] {
+    pub fn named(&self) -> [(&'static str, f64, &'static str, bool); 5] {
         // (metric, value, unit, higher is better)
         [
             ("decode_tps", self.decode_tps, "tok/s", true),
             ("prefill_tps", self.prefill_tps, "tok/s", true),
             ("ttft_ms", self.ttft_ms, "ms", false),
             ("peak_memory_mb", self.peak_mb, "MB", false),
+            ("kv_memory_mb", self.kv_mb, "MB", false),
         ]
     }
 }
@@ -153,6 +170,7 @@ fn medians(legs: &[Leg]) -> Metrics {
         prefill_tps: m(|l| l.prefill_tps),
         ttft_ms: m(|l| l.ttft_s * 1e3),
         peak_mb: m(|l| l.peak_memory_bytes / 1e6),
+        kv_mb: m(|l| l.kv_bytes.map_or(f64::NAN, |b| b / 1e6)),
     }
 }
 
@@ -212,6 +230,9 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
     let mut stacks: Vec<&'static str> = vec!["engine"];
     if opts.eager {
         stacks.push("engine-eager");
+    }
+    if opts.tiers {
+        stacks.extend(["engine-l2", "engine-l3"]);
     }
     if opts.peer {
         stacks.push("mlx-lm");
@@ -280,7 +301,7 @@ pub fn table(results: &[ModelResult]) -> String {
     for r in results {
         let find = |name: &str| r.medians.iter().find(|(k, _)| k == name).map(|(_, m)| *m);
         let (engine, eager, peer) = (find("engine"), find("engine-eager"), find("mlx-lm"));
-        for i in 0..4 {
+        for i in 0..5 {
             let (e, g, p): (Cell, Cell, Cell) = (
                 engine.map(|m| m.named()[i]),
                 eager.map(|m| m.named()[i]),
@@ -297,6 +318,37 @@ pub fn table(results: &[ModelResult]) -> String {
                 ratio(e, p),
                 ratio(e, g)
             ));
+        }
+    }
+    if results
+        .iter()
+        .any(|r| r.medians.iter().any(|(k, _)| k == "engine-l2"))
+    {
+        s.push_str(&format!(
+            "\n{:<10} {:<22} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
+            "model", "metric", "L1", "L2", "L3", "L2/L1", "L3/L2"
+        ));
+        for r in results {
+            let find = |name: &str| r.medians.iter().find(|(k, _)| k == name).map(|(_, m)| *m);
+            let (l1, l2, l3) = (find("engine"), find("engine-l2"), find("engine-l3"));
+            for i in [0, 4] {
+                let (a, b, c): (Cell, Cell, Cell) = (
+                    l1.map(|m| m.named()[i]),
+                    l2.map(|m| m.named()[i]),
+                    l3.map(|m| m.named()[i]),
+                );
+                let (name, unit) = a.map(|x| (x.0, x.2)).unwrap_or(("?", ""));
+                s.push_str(&format!(
+                    "{:<10} {:<22} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
+                    r.model.name,
+                    format!("{name} ({unit})"),
+                    fmt(a),
+                    fmt(b),
+                    fmt(c),
+                    ratio(b, a),
+                    ratio(c, b)
+                ));
+            }
         }
     }
     s
@@ -331,6 +383,9 @@ pub fn record(
     for r in results {
         for (stack, metrics) in &r.medians {
             for (metric, value, unit, _) in metrics.named() {
+                if value.is_nan() {
+                    continue;
+                }
                 db.insert(&Row {
                     ts: after.at.clone(),
                     commit: before.commit.clone(),

@@ -271,6 +271,22 @@ impl BenchModel {
         w
     }
 
+    /// The mixed KV scheme the L2/L3 legs use (optiq's kv_config.json shape): the first
+    /// layer at 8 bits, the rest at 4, group 64.
+    fn ensure_kv_config(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let path = dir.join("kv_config.json");
+        if path.is_file() {
+            return Ok(());
+        }
+        let entries: Vec<serde_json::Value> = (0..self.layers)
+            .map(|i| json!({"layer_idx": i, "bits": if i == 0 { 8 } else { 4 }, "group_size": 64}))
+            .collect();
+        let tmp = dir.join("kv_config.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&entries)?)?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
     pub fn parameter_count(&self) -> i64 {
         self.weight_shapes()
             .iter()
@@ -289,6 +305,7 @@ impl BenchModel {
     pub fn ensure(&self) -> anyhow::Result<PathBuf> {
         let dir = self.dir();
         if dir.join("model.safetensors").is_file() && dir.join("config.json").is_file() {
+            self.ensure_kv_config(&dir)?;
             return Ok(dir);
         }
         let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
@@ -322,6 +339,7 @@ impl BenchModel {
         if let Some(parent) = dir.parent() {
             std::fs::create_dir_all(parent)?;
         }
+        self.ensure_kv_config(&tmp)?;
         match std::fs::rename(&tmp, &dir) {
             Ok(()) => Ok(dir),
             Err(_) if dir.join("model.safetensors").is_file() => {

@@ -26,6 +26,10 @@ pub struct Args {
     /// to show what compiling gains.
     #[arg(long)]
     compare_compile: bool,
+    /// Also measure the L2 and L3 presets ("engine-l2", "engine-l3": quantized KV from the
+    /// bench model's kv_config.json), with KV memory; use a long --prompt-tokens to see it.
+    #[arg(long)]
+    tiers: bool,
     /// Rounds of legs per stack (median over them; at least 3).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -61,6 +65,7 @@ pub fn run(args: Args) -> Result<()> {
         max_tokens: args.max_tokens,
         peer: !args.no_peer,
         eager: args.compare_compile,
+        tiers: args.tiers,
         clean: args.clean,
         force: args.force,
     };
