@@ -1,6 +1,11 @@
 """L1 goldens: mlx-lm 0.32.2 greedy generation on the tiny models, logits included.
 
     oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...] [--out DIR] [--prefill-step N --suffix S]
+        [--kv-bits B --kv-group-size G --quantized-kv-start S]
+
+With --kv-bits, mlx-lm's own KV quantization runs (QuantizedKVCache, converted by
+generate_step's hook, read through mlx-lm's quantized SDPA): the L1 gate of
+`engine generate --kv-quant 4|8`.
 
 For each model in goldens/models/ and each prompt (raw text and chat turns) this records:
 the prompt ids (transformers tokenizer; raw prompts with special tokens, chat prompts as
@@ -41,7 +46,7 @@ LOGIT_STEPS = 17   # prefill + 16 decode steps
 GREEDY_STEPS = 64
 
 
-def run(model, prompt_ids, prefill_step):
+def run(model, prompt_ids, prefill_step, kv=None):
     captured = []
 
     def capture(tokens, logits):
@@ -50,14 +55,15 @@ def run(model, prompt_ids, prefill_step):
 
     ids = []
     for token, _ in generate_step(mx.array(prompt_ids), model, max_tokens=GREEDY_STEPS,
-                                  logits_processors=[capture], prefill_step_size=prefill_step):
+                                  logits_processors=[capture], prefill_step_size=prefill_step,
+                                  **(kv or {})):
         ids.append(int(token))
     logits = [l.astype(mx.float32).reshape(-1) for l in captured[:LOGIT_STEPS]]
     mx.eval(logits)
     return ids, logits
 
 
-def main(names, out_root, prefill_step, suffix) -> None:
+def main(names, out_root, prefill_step, suffix, kv=None) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
         path = resolve(f"models/{name}")
@@ -67,14 +73,14 @@ def main(names, out_root, prefill_step, suffix) -> None:
         cases = []
         for i, text in enumerate(RAW_PROMPTS):
             ids = hf.encode(text, add_special_tokens=True)
-            greedy, logits = run(model, ids, prefill_step)
+            greedy, logits = run(model, ids, prefill_step, kv)
             cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text, "prompt_ids": ids,
                           "greedy_ids": greedy,
                           "logits": [out.add(f"raw{i}/{s}", l) for s, l in enumerate(logits)]})
         for i, messages in enumerate(CHATS):
             rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = hf.encode(rendered, add_special_tokens=False)
-            greedy, logits = run(model, ids, prefill_step)
+            greedy, logits = run(model, ids, prefill_step, kv)
             cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages,
                           "rendered": rendered, "prompt_ids": ids, "greedy_ids": greedy,
                           "logits": [out.add(f"chat{i}/{s}", l) for s, l in enumerate(logits)]})
@@ -86,7 +92,8 @@ def main(names, out_root, prefill_step, suffix) -> None:
             "generator": "oracles/gen_l1.py",
             "model": f"models/{name}",
             "data": "logits.bin",
-            "settings": {"sampler": "greedy", "prefill_step_size": prefill_step, "cache": "KVCache",
+            "settings": {"sampler": "greedy", "prefill_step_size": prefill_step,
+                         "cache": "QuantizedKVCache" if kv else "KVCache", **(kv or {}),
                          "logit_steps": LOGIT_STEPS, "greedy_steps": GREEDY_STEPS},
             "cases": cases,
         })
@@ -100,5 +107,12 @@ if __name__ == "__main__":
     ap.add_argument("--prefill-step", type=int, default=2048,
                     help="mlx-lm's prefill_step_size (chunked prefill); default 2048 as mlx-lm")
     ap.add_argument("--suffix", default="", help="golden name = model name + suffix")
+    ap.add_argument("--kv-bits", type=int, help="mlx-lm's KV cache quantization (generate_step kv_bits)")
+    ap.add_argument("--kv-group-size", type=int, default=64)
+    ap.add_argument("--quantized-kv-start", type=int, default=0)
     args = ap.parse_args()
-    main(args.models, args.out, args.prefill_step, args.suffix)
+    kv = None
+    if args.kv_bits:
+        kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size,
+              "quantized_kv_start": args.quantized_kv_start}
+    main(args.models, args.out, args.prefill_step, args.suffix, kv)

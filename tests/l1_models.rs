@@ -200,3 +200,38 @@ fn planted_gemma4_defects_fail_l1() {
         println!("planted gemma4 defect caught: {}", report.summary());
     }
 }
+
+/// mlx-lm's own KV quantization (`generate_step(kv_bits=4, kv_group_size=32,
+/// quantized_kv_start=0)`, prefill chunks of 16): QuantizedKVCache and mlx-lm's quantized
+/// SDPA — the L1 gate of `engine generate --kv-quant 4`. Planted defect: reading the same
+/// caches through optiq's fused kernel must break it.
+#[test]
+fn l1_mlx_lm_kv_bits_4() {
+    let report = harness::parity::l1::check_golden("tiny-llama-trained-kv4").unwrap();
+    harness::announce(&report.summary());
+    assert!(report.passed(), "{}", report.details().join("\n"));
+
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    let golden = TensorGolden::open("l1/tiny-llama-trained-kv4").unwrap();
+    let dir = model_dir("tiny-llama-trained").unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+    let mut opts = harness::parity::l1::options(&golden);
+    opts.kv_quant.as_mut().unwrap().sdpa = engine::cache::QuantSdpa::OptiqFused;
+    let planted = harness::parity::l1::check_model_opts(
+        &golden,
+        model.as_ref(),
+        &tokenizer,
+        template.as_ref(),
+        16,
+        &opts,
+    )
+    .unwrap();
+    assert!(
+        !planted.passed(),
+        "the fused kernel must not pass mlx-lm's golden"
+    );
+}

@@ -250,6 +250,13 @@ pub fn registry() -> Vec<Registered> {
             args: vec![m.to_owned()],
         });
     }
+    for (golden, args) in crate::parity::l1::KV_GOLDENS {
+        out.push(Registered {
+            name: format!("l1/{golden}"),
+            script: "gen_l1.py",
+            args: args.iter().map(|a| a.to_string()).collect(),
+        });
+    }
     for m in crate::parity::l2::MODELS {
         out.push(Registered {
             name: format!("l2/{m}"),

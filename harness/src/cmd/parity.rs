@@ -212,6 +212,18 @@ pub fn run(args: Args) -> Result<()> {
         }
         reports.push(report);
     }
+    // Goldens made with mlx-lm's KV quantization (committed goldens only).
+    if plant.is_none() && !args.live {
+        for (golden, _) in l1::KV_GOLDENS {
+            let mut report = l1::check_golden(golden)?;
+            if args.model.as_deref().is_some_and(|m| m != report.model) {
+                continue;
+            }
+            report.model = golden.to_string();
+            println!("{} (mlx-lm kv_bits)", report.summary());
+            reports.push(report);
+        }
+    }
     if !args.no_record && plant.is_none() {
         record(&reports, args.live, "parity-l1", "mlx-lm")?;
     }

@@ -171,7 +171,42 @@ pub fn check_model(
     let step = golden.index["settings"]["prefill_step_size"]
         .as_u64()
         .map_or(engine::generate::PREFILL_STEP, |s| s as usize);
-    check_model_with(golden, model, tokenizer, template, step)
+    check_model_opts(golden, model, tokenizer, template, step, &options(golden))
+}
+
+/// The session options a golden was made with: mlx-lm's KV quantization when its settings
+/// name `kv_bits` (uniform, mlx-lm's quantized SDPA), else the defaults.
+pub fn options(golden: &TensorGolden) -> SessionOptions {
+    use engine::generate::{KvLayers, KvQuantPlan};
+    let settings = &golden.index["settings"];
+    let int = |k: &str, default: i64| settings[k].as_i64().unwrap_or(default) as i32;
+    SessionOptions {
+        kv_quant: settings["kv_bits"].as_i64().map(|bits| KvQuantPlan {
+            layers: KvLayers::Uniform {
+                bits: bits as i32,
+                group_size: int("kv_group_size", 64),
+            },
+            start: int("quantized_kv_start", 5000),
+            sdpa: engine::cache::QuantSdpa::MlxLm,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Runs the L1 golden `l1/<golden>` against the model it names (for goldens made with
+/// non-default settings, e.g. `tiny-llama-trained-kv4`).
+pub fn check_golden(golden: &str) -> Result<ModelReport, ParityError> {
+    let golden = TensorGolden::open(&format!("l1/{golden}"))?;
+    let name = golden.index["model"]
+        .as_str()
+        .unwrap_or_default()
+        .trim_start_matches("models/")
+        .to_owned();
+    let dir = crate::goldens::model_dir(&name)?;
+    let model = engine::model::load(&dir)?;
+    let tokenizer = Tokenizer::load(&dir)?;
+    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref())
 }
 
 /// As `check_model`, with an explicit prefill chunk size.
@@ -339,6 +374,21 @@ pub const MODELS: [&str; 11] = [
     "tiny-gemma4-keqv",
     "tiny-gemma4-q4",
 ];
+
+/// L1 goldens made with mlx-lm's KV quantization: (golden, gen_l1.py arguments).
+pub const KV_GOLDENS: [(&str, &[&str]); 1] = [(
+    "tiny-llama-trained-kv4",
+    &[
+        "tiny-llama-trained",
+        "--kv-bits",
+        "4",
+        "--kv-group-size",
+        "32",
+        "--prefill-step",
+        "16",
+        "--suffix=-kv4",
+    ],
+)];
 
 /// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
 /// planted-defect checks) and runs its L1 gate from `goldens/l1/<name>`.
