@@ -1,11 +1,11 @@
-//! L3: our folded one-token decode attention over quantized KV has no oracle; it is gated
+//! L3: our dequantizing one-token decode attention over quantized KV has no oracle; it is gated
 //! by the teacher-forced envelope against trajectories frozen from our own L2 engine
 //! (goldens/l3/<model>, `harness freeze-perf-oracle`): ≥56/64 argmax agreement on a short
 //! and a long prompt, and a counter proving the path ran. Planted defects: a broken perf
 //! path, a run where the path never ran, and a stale fingerprint are all refused.
 
 use engine::cache::QuantSdpa;
-use engine::model::sdpa::plant_folded_defect;
+use engine::model::sdpa::plant_perf_decode_defect;
 use harness::parity::l3::{check, MODELS};
 
 #[test]
@@ -20,9 +20,9 @@ fn l3_envelope_passes_and_the_perf_path_ran() {
 
 #[test]
 fn planted_broken_perf_path_fails_the_envelope() {
-    plant_folded_defect(true);
+    plant_perf_decode_defect(true);
     let report = check("tiny-llama-trained", |_| {});
-    plant_folded_defect(false);
+    plant_perf_decode_defect(false);
     let report = report.unwrap();
     println!("planted L3 defect caught: {}", report.summary());
     assert!(!report.passed());

@@ -66,7 +66,7 @@ pub struct TierArgs {
     /// optiq's fused KV-tiled attention over quantized caches (overrides the preset).
     #[arg(long, value_enum)]
     pub fused_sdpa: Option<OnOff>,
-    /// Our folded one-token decode attention over quantized caches (L3 lever).
+    /// Our dequantize-then-dense-SDPA decode step over quantized caches (L3 lever).
     #[arg(long, value_enum)]
     pub perf_decode: Option<OnOff>,
     /// Decode eagerly (the compiled decode step is on by default where it is bit-exact).
@@ -115,7 +115,7 @@ impl TierArgs {
             None => tier == Tier::L3,
         };
         let sdpa = match (fused, perf) {
-            (_, true) => QuantSdpa::FoldedDecode,
+            (_, true) => QuantSdpa::DequantDecode,
             (true, false) => QuantSdpa::OptiqFused,
             (false, false) => QuantSdpa::MlxLm,
         };

@@ -65,9 +65,9 @@ pub enum QuantSdpa {
     MlxLm,
     /// optiq 0.7.7's fused KV-tiled kernel where optiq's server uses it (L2).
     OptiqFused,
-    /// As `OptiqFused`, but one-token decode folds the query heads that share a KV head
-    /// into one matrix product (L3: ours, no oracle; gated by the envelope).
-    FoldedDecode,
+    /// As `OptiqFused`, but one-token decode dequantizes the cache and runs the dense SDPA
+    /// kernel (L3: ours, faster on CPU, no oracle; gated by the envelope).
+    DequantDecode,
 }
 
 /// One affine-quantized tensor, as `mx.quantize` returns it.

@@ -148,7 +148,7 @@ fn run_l3(args: &Args) -> Result<()> {
             bail!("--plant for l3: `perf-path` (breaks the L3 decode path), not `{other}`")
         }
     };
-    engine::model::sdpa::plant_folded_defect(plant);
+    engine::model::sdpa::plant_perf_decode_defect(plant);
     if plant {
         println!("planted defect: the L3 decode path leaves the newest position out of attention");
     }
@@ -160,7 +160,7 @@ fn run_l3(args: &Args) -> Result<()> {
             failed.push(name.to_owned());
         }
     }
-    engine::model::sdpa::plant_folded_defect(false);
+    engine::model::sdpa::plant_perf_decode_defect(false);
     if !failed.is_empty() {
         bail!("L3 envelope failed for: {}", failed.join(", "));
     }

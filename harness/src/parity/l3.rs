@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use engine::cache::QuantSdpa;
 use engine::generate::{greedy, Session, SessionOptions};
 use engine::load::tokenizer::Tokenizer;
-use engine::model::sdpa::folded_decode_calls;
+use engine::model::sdpa::perf_decode_calls;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
@@ -94,7 +94,7 @@ fn l2_options(name: &str) -> Result<(SessionOptions, String), ParityError> {
 
 fn l3_options(mut opts: SessionOptions) -> SessionOptions {
     if let Some(plan) = opts.kv_quant.as_mut() {
-        plan.sdpa = QuantSdpa::FoldedDecode;
+        plan.sdpa = QuantSdpa::DequantDecode;
     }
     opts
 }
@@ -212,7 +212,7 @@ pub fn check(
     let mut opts = l3_options(l2);
     opts_tweak(&mut opts);
     let model = engine::model::load(&crate::goldens::model_dir(name)?)?;
-    let before = folded_decode_calls();
+    let before = perf_decode_calls();
     let mut cases = Vec::new();
     for case in &frozen.cases {
         let mut session = Session::with_options(model.as_ref(), &opts);
@@ -239,6 +239,6 @@ pub fn check(
     Ok(L3Report {
         model: name.to_owned(),
         cases,
-        perf_path_steps: folded_decode_calls() - before,
+        perf_path_steps: perf_decode_calls() - before,
     })
 }
