@@ -155,3 +155,68 @@ impl TierArgs {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        tier: TierArgs,
+    }
+
+    fn resolve(args: &[&str], dir: &Path) -> Result<SessionOptions, TierError> {
+        let cli = Cli::try_parse_from(std::iter::once("t").chain(args.iter().copied())).unwrap();
+        cli.tier.resolve(dir)
+    }
+
+    #[test]
+    fn presets_and_overrides() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("kv_config.json"),
+            r#"[{"layer_idx": 0, "bits": 8, "group_size": 32}]"#,
+        )
+        .unwrap();
+        let l1 = resolve(&[], dir.path()).unwrap();
+        assert!(l1.kv_quant.is_none());
+        let l2 = resolve(&["--l2"], dir.path()).unwrap().kv_quant.unwrap();
+        assert_eq!(l2.sdpa, QuantSdpa::OptiqFused);
+        assert_eq!(l2.start, 0);
+        assert!(matches!(l2.layers, KvLayers::PerLayer(_)));
+        let l3 = resolve(&["--l3"], dir.path()).unwrap().kv_quant.unwrap();
+        assert_eq!(l3.sdpa, QuantSdpa::DequantDecode);
+        let unfused = resolve(&["--l2", "--fused-sdpa", "off"], dir.path()).unwrap();
+        assert_eq!(unfused.kv_quant.unwrap().sdpa, QuantSdpa::MlxLm);
+        let off = resolve(&["--l2", "--kv-quant", "off"], dir.path()).unwrap();
+        assert!(off.kv_quant.is_none());
+        let uniform = resolve(&["--kv-quant", "8", "--kv-group-size", "32"], dir.path())
+            .unwrap()
+            .kv_quant
+            .unwrap();
+        assert_eq!(
+            uniform.layers,
+            KvLayers::Uniform {
+                bits: 8,
+                group_size: 32
+            }
+        );
+        assert_eq!(uniform.sdpa, QuantSdpa::MlxLm);
+    }
+
+    #[test]
+    fn l2_without_a_kv_config_says_what_to_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = resolve(&["--l2"], dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("kv_config.json") && err.contains("--kv-config"),
+            "{err}"
+        );
+        let err = resolve(&["--kv-quant", "4", "--kv-group-size", "48"], dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("group_size 48"), "{err}");
+    }
+}

@@ -121,3 +121,54 @@ fn a_bad_model_dir_is_a_clear_error() {
         "{err}"
     );
 }
+
+/// The tier presets from the command line: L2 and L3 with optiq's kv_config answer like L1
+/// on the trained model; L2 without a kv_config is refused with what to do.
+#[test]
+fn generate_with_tier_presets() {
+    let kv_config = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/l2/tiny-llama-trained/kv_config.json")
+        .display()
+        .to_string();
+    for tier in ["--l2", "--l3"] {
+        let out = engine()
+            .args([
+                "generate",
+                "--model",
+                &model("tiny-llama-trained"),
+                "--chat",
+                "--prompt",
+                "What color is the sky?",
+                "--verbose",
+                "False",
+                tier,
+                "--kv-config",
+                &kv_config,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), "The sky is blue.\n");
+    }
+    let out = engine()
+        .args([
+            "generate",
+            "--model",
+            &model("tiny-llama-trained"),
+            "--prompt",
+            "x",
+            "--l2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        err.contains("kv_config.json") && err.contains("--kv-config"),
+        "{err}"
+    );
+}

@@ -125,3 +125,45 @@ impl KvQuantPlan {
         Ok(converted)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(text: &str) -> tempfile::NamedTempFile {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), text).unwrap();
+        f
+    }
+
+    #[test]
+    fn kv_config_reads_optiq_entries_with_defaults_and_last_wins() {
+        let f = write(
+            r#"[{"layer_idx": 0, "bits": 8, "group_size": 32},
+                {"layer_idx": 2, "bits": 4},
+                {"layer_idx": 0, "bits": 4, "group_size": 128, "extra": "ignored"}]"#,
+        );
+        let KvLayers::PerLayer(map) = KvLayers::from_config_file(f.path()).unwrap() else {
+            panic!("per-layer expected");
+        };
+        assert_eq!(
+            map.get(&0),
+            Some(&(4, 128)),
+            "the last entry for a layer wins"
+        );
+        assert_eq!(map.get(&2), Some(&(4, 64)), "group size defaults to 64");
+        assert_eq!(map.get(&1), None, "layers not named stay dense");
+    }
+
+    #[test]
+    fn bad_kv_configs_are_clear_errors() {
+        let not_a_list = write(r#"{"layer_idx": 0, "bits": 4}"#);
+        let err = KvLayers::from_config_file(not_a_list.path()).unwrap_err();
+        assert!(err.to_string().contains("is not a list"), "{err}");
+        let bad_group = write(r#"[{"layer_idx": 1, "bits": 4, "group_size": 16}]"#);
+        let err = KvLayers::from_config_file(bad_group.path()).unwrap_err();
+        assert!(err.to_string().contains("layer 1: group_size 16"), "{err}");
+        let err = KvLayers::from_config_file(Path::new("/nonexistent/kv_config.json")).unwrap_err();
+        assert!(err.to_string().contains("cannot read"), "{err}");
+    }
+}

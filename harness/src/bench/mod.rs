@@ -107,6 +107,10 @@ fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) ->
         _ => {
             let mut c = Command::new(crate::oracle::python());
             c.arg(crate::oracle::repo_root().join("oracles/bench_leg.py"));
+            if stack == "mlx-optiq" {
+                c.arg("--optiq-kv-config")
+                    .arg(model_dir.join("kv_config.json"));
+            }
             c
         }
     };
@@ -233,6 +237,9 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
     }
     if opts.tiers {
         stacks.extend(["engine-l2", "engine-l3"]);
+        if opts.peer {
+            stacks.push("mlx-optiq");
+        }
     }
     if opts.peer {
         stacks.push("mlx-lm");
@@ -325,28 +332,36 @@ pub fn table(results: &[ModelResult]) -> String {
         .any(|r| r.medians.iter().any(|(k, _)| k == "engine-l2"))
     {
         s.push_str(&format!(
-            "\n{:<10} {:<22} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
-            "model", "metric", "L1", "L2", "L3", "L2/L1", "L3/L2"
+            "\n{:<10} {:<22} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
+            "model", "metric", "L1", "L2", "L3", "optiq", "L2/L1", "L3/L2", "L2/optiq"
         ));
         for r in results {
             let find = |name: &str| r.medians.iter().find(|(k, _)| k == name).map(|(_, m)| *m);
-            let (l1, l2, l3) = (find("engine"), find("engine-l2"), find("engine-l3"));
+            let (l1, l2, l3, optiq) = (
+                find("engine"),
+                find("engine-l2"),
+                find("engine-l3"),
+                find("mlx-optiq"),
+            );
             for i in [0, 4] {
-                let (a, b, c): (Cell, Cell, Cell) = (
+                let (a, b, c, o): (Cell, Cell, Cell, Cell) = (
                     l1.map(|m| m.named()[i]),
                     l2.map(|m| m.named()[i]),
                     l3.map(|m| m.named()[i]),
+                    optiq.map(|m| m.named()[i]),
                 );
                 let (name, unit) = a.map(|x| (x.0, x.2)).unwrap_or(("?", ""));
                 s.push_str(&format!(
-                    "{:<10} {:<22} {:>10} {:>10} {:>10} {:>9} {:>9}\n",
+                    "{:<10} {:<22} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
                     r.model.name,
                     format!("{name} ({unit})"),
                     fmt(a),
                     fmt(b),
                     fmt(c),
+                    fmt(o),
                     ratio(b, a),
-                    ratio(c, b)
+                    ratio(c, b),
+                    ratio(b, o)
                 ));
             }
         }
@@ -399,10 +414,10 @@ pub fn record(
                     value,
                     unit: unit.into(),
                     stack: stack.clone(),
-                    peer: if stack.starts_with("engine") && opts.peer {
-                        Some("mlx-lm".into())
-                    } else {
-                        None
+                    peer: match stack.as_str() {
+                        "engine-l2" | "engine-l3" if opts.peer => Some("mlx-optiq".into()),
+                        s if s.starts_with("engine") && opts.peer => Some("mlx-lm".into()),
+                        _ => None,
                     },
                     params: serde_json::json!({
                         "prompt_tokens": opts.prompt_tokens,
