@@ -83,11 +83,7 @@ impl Cache for KvCache {
     }
 
     fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        if self.quant.is_none() {
-            parts::quantize_parts(&mut self.keys, quant)?;
-            parts::quantize_parts(&mut self.values, quant)?;
-            self.quant = Some(quant);
-        }
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
         Ok(true)
     }
 

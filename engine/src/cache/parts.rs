@@ -100,16 +100,28 @@ pub(crate) fn fetch(keys: Parts, values: Parts, quant: Option<KvQuant>) -> Kv {
     }
 }
 
-/// Quantizes a dense buffer in place of itself (the whole buffer, padding included, as
-/// mlx-lm's `to_quantized` and optiq's `quantize_cache_layer` do).
-pub(crate) fn quantize_parts(p: &mut Option<Parts>, q: KvQuant) -> Result<(), Exception> {
-    if let Some(parts) = p.take() {
-        let dense = parts
-            .into_iter()
-            .next()
-            .expect("a dense buffer has one part");
-        *p = Some(encode(dense, Some(q))?);
+/// Quantizes dense K and V buffers in place of themselves (whole buffers, padding included,
+/// as mlx-lm's `to_quantized` and optiq's `quantize_cache_layer` do); later writes are
+/// quantized on the way in. A cache already quantized stays as it is.
+pub(crate) fn quantize_kv(
+    keys: &mut Option<Parts>,
+    values: &mut Option<Parts>,
+    current: &mut Option<KvQuant>,
+    q: KvQuant,
+) -> Result<(), Exception> {
+    if current.is_some() {
+        return Ok(());
     }
+    for p in [keys, values] {
+        if let Some(parts) = p.take() {
+            let dense = parts
+                .into_iter()
+                .next()
+                .expect("a dense buffer has one part");
+            *p = Some(encode(dense, Some(q))?);
+        }
+    }
+    *current = Some(q);
     Ok(())
 }
 

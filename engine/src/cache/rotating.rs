@@ -169,11 +169,7 @@ impl Cache for RotatingKvCache {
 
     /// optiq's conversion: the ring buffer quantized as it stands, ring index kept.
     fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        if self.quant.is_none() {
-            parts::quantize_parts(&mut self.keys, quant)?;
-            parts::quantize_parts(&mut self.values, quant)?;
-            self.quant = Some(quant);
-        }
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
         Ok(true)
     }
 

@@ -179,6 +179,14 @@ fn grouped(
     Ok((q, expand(keys)?, expand(values)?, Some(shape)))
 }
 
+/// Undoes `grouped`'s head grouping on the output.
+fn ungrouped(out: Array, restore: Option<Vec<i32>>) -> R<Array> {
+    match restore {
+        Some(shape) => out.reshape(&shape),
+        None => Ok(out),
+    }
+}
+
 fn qmm(x: &Array, t: &QTensor, transpose: bool, quant: &KvQuant) -> R<Array> {
     quantized_matmul(
         x,
@@ -220,10 +228,7 @@ fn quantized(
     }
     let scores = softmax_axis(&scores, -1, true)?;
     let out = qmm(&scores, &values, false, quant)?;
-    match restore {
-        Some(shape) => out.reshape(&shape),
-        None => Ok(out),
-    }
+    ungrouped(out, restore)
 }
 
 /// optiq 0.7.7's `_prefill_flashattn_n_tiled` (used for every query length, decode too):
@@ -244,8 +249,5 @@ fn fused_tiled(
         _ => None,
     };
     let out = online_softmax(&q, &keys, &values, mask.as_ref(), quant)?;
-    match restore {
-        Some(shape) => out.reshape(&shape),
-        None => Ok(out),
-    }
+    ungrouped(out, restore)
 }
