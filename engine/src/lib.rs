@@ -6,6 +6,7 @@ pub mod generate;
 pub mod load;
 pub mod model;
 pub mod runtime;
+pub mod serve;
 pub mod tiers;
 
 /// The engine crate's version.

@@ -27,6 +27,8 @@ enum Command {
     Doctor,
     /// Generate text from a prompt (greedy), streaming it to stdout; stats go to stderr.
     Generate(Box<GenerateArgs>),
+    /// Serve the model over an OpenAI-compatible HTTP API (a drop-in for mlx_lm.server).
+    Serve(Box<engine::serve::ServeArgs>),
 }
 
 #[derive(clap::Args)]
@@ -133,6 +135,7 @@ fn main() -> Result<()> {
     match cli.command {
         Some(Command::Doctor) => doctor(),
         Some(Command::Generate(args)) => generate(*args),
+        Some(Command::Serve(args)) => engine::serve::run(*args),
         None if cli.version => {
             print_version();
             Ok(())
@@ -185,7 +188,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         &tokenizer.eos_token_ids,
         &mut sampler,
         &opts,
-        |id| {
+        |id, _| {
             let step = match detok.push(id) {
                 Ok(piece) => stops.push(&piece),
                 Err(e) => {

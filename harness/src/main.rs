@@ -63,6 +63,8 @@ enum Command {
         #[arg(long)]
         model: Option<String>,
     },
+    /// Check `engine serve` with the official `openai` Python client (oracle venv).
+    ServeCheck,
     /// One engine benchmark leg in this fresh process (used by `harness bench`).
     #[command(hide = true)]
     LegEngine(cmd::bench::LegArgs),
@@ -89,5 +91,6 @@ fn main() -> Result<()> {
         } => cmd::doctor::oracle(true).map(|_| ()),
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
+        Command::ServeCheck => cmd::serve_check::run(),
     }
 }

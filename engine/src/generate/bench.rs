@@ -34,7 +34,7 @@ fn run_once(
     let mut times = Vec::with_capacity(max_tokens);
     let start = Instant::now();
     let mut sampler = Sampler::new(SamplingParams::default())?;
-    generate_with(model, ids, max_tokens, &[], &mut sampler, opts, |_| {
+    generate_with(model, ids, max_tokens, &[], &mut sampler, opts, |_, _| {
         times.push(Instant::now());
         Ok(super::Flow::Continue)
     })?;

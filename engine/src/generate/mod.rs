@@ -216,14 +216,15 @@ pub enum Flow {
 
 /// Generation of up to `max_tokens` with `sampler` (mlx-lm's `generate_step` loop: the
 /// logits processors see every token so far, prompt included), stopping at any of
-/// `eos_ids`; `on_token` sees each id as it is produced (the EOS id is not passed on).
+/// `eos_ids`; `on_token` sees each id as it is produced, with the log-probabilities
+/// [1, vocab] it was sampled from (the EOS id is not passed on).
 pub fn generate(
     model: &dyn LanguageModel,
     prompt: &[u32],
     max_tokens: usize,
     eos_ids: &[u32],
     sampler: &mut Sampler,
-    on_token: impl FnMut(u32) -> Result<Flow, Exception>,
+    on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     generate_with(
         model,
@@ -244,7 +245,7 @@ pub fn generate_with(
     eos_ids: &[u32],
     sampler: &mut Sampler,
     opts: &SessionOptions,
-    mut on_token: impl FnMut(u32) -> Result<Flow, Exception>,
+    mut on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut session = Session::with_options(model, opts);
     let mut history: Vec<u32> = prompt.to_vec();
@@ -252,14 +253,15 @@ pub fn generate_with(
     // generate_step does) step n+1 is built and queued with async_eval before step n's id
     // is read back. With processors, each step waits for the previous id.
     let pipelined = !sampler.has_processors();
-    let mut pick = |logits: &Array, history: &[u32]| -> Result<Array, Exception> {
+    // The sampled id and the log-probabilities it was drawn from (for logprobs output).
+    let mut pick = |logits: &Array, history: &[u32]| -> Result<(Array, Array), Exception> {
         let logits = if sampler.has_processors() {
             sampler.process(logits, history)?
         } else {
             logits.clone()
         };
         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-        sampler.sample(&logprobs)
+        Ok((sampler.sample(&logprobs)?, logprobs))
     };
     let read = |y: &Array| -> Result<u32, Exception> {
         y.eval()?;
@@ -271,7 +273,7 @@ pub fn generate_with(
     };
     let start = Instant::now();
     let logits = session.prefill(prompt)?;
-    let mut y = pick(&logits, &history)?;
+    let (mut y, mut y_logprobs) = pick(&logits, &history)?;
     mlx_rs::transforms::async_eval([&y])?;
     let mut token = read(&y)?;
     stats.prompt_time = start.elapsed();
@@ -285,8 +287,8 @@ pub fn generate_with(
         let queued = if pipelined && n + 1 < max_tokens {
             let logits = session.step_array(&y)?;
             let next = pick(&logits, &history)?;
-            mlx_rs::transforms::async_eval([&next])?;
-            in_flight = Some(next.clone());
+            mlx_rs::transforms::async_eval([&next.0])?;
+            in_flight = Some(next.0.clone());
             Some(next)
         } else {
             None
@@ -295,7 +297,7 @@ pub fn generate_with(
             finish = Finish::Eos;
             break;
         }
-        let flow = on_token(token)?;
+        let flow = on_token(token, &y_logprobs)?;
         stats.generated_tokens += 1;
         if flow == Flow::Stop {
             finish = Finish::Stop;
@@ -305,7 +307,7 @@ pub fn generate_with(
             break;
         }
         history.push(token);
-        y = match queued {
+        (y, y_logprobs) = match queued {
             Some(next) => next,
             None => {
                 let logits = session.step(&[token])?;
@@ -330,7 +332,7 @@ pub fn generate_greedy(
     prompt: &[u32],
     max_tokens: usize,
     eos_ids: &[u32],
-    on_token: impl FnMut(u32) -> Result<Flow, Exception>,
+    on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut sampler = Sampler::new(SamplingParams::default())?;
     generate(model, prompt, max_tokens, eos_ids, &mut sampler, on_token)

@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod goldens;
 pub mod parity;
 pub mod results;
+pub mod serve_check;
 
 /// The built-in default model (committed under goldens/models).
 pub const DEFAULT_MODEL: &str = "tiny-llama-trained";

@@ -144,7 +144,7 @@ fn check(
             case.sampled_ids.len(),
             &[],
             &mut sampler,
-            |id| {
+            |id, _| {
                 ids.push(id);
                 Ok(engine::generate::Flow::Continue)
             },

@@ -1,0 +1,159 @@
+//! `engine serve`: an OpenAI-compatible HTTP server, a drop-in for `mlx_lm.server`:
+//! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
+//! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
+
+pub mod error;
+pub mod request;
+mod routes;
+pub mod worker;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{mpsc, Arc};
+use std::time::Instant;
+
+use anyhow::Context;
+
+use crate::load::config::ModelConfig;
+use crate::load::template::ChatTemplate;
+use crate::load::tokenizer::Tokenizer;
+
+/// `engine serve` flags (mlx_lm.server's, where they mean the same here).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Model directory in Hugging Face layout.
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Default max_tokens of a request.
+    #[arg(long, default_value_t = 512)]
+    pub max_tokens: usize,
+    /// Default sampling temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temp: f64,
+    /// Default nucleus sampling top-p.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    /// Default top-k (0 = off).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+    /// Default min-p (0 = off).
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f64,
+    /// A chat template (Jinja source) to use instead of the tokenizer's.
+    #[arg(long)]
+    pub chat_template: Option<String>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long, default_value_t = 4 << 20)]
+    pub max_body_bytes: usize,
+    #[command(flatten)]
+    pub tier: crate::tiers::TierArgs,
+}
+
+/// What the HTTP side shares.
+pub struct AppState {
+    pub model_id: String,
+    pub created: u64,
+    pub started: Instant,
+    pub defaults: request::Defaults,
+    pub jobs: std::sync::Mutex<mpsc::Sender<worker::Job>>,
+    pub counters: Arc<worker::Counters>,
+    pub next_id: std::sync::atomic::AtomicU64,
+}
+
+/// Loads the model, starts the model thread and serves until interrupted.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = ModelConfig::read(&args.model)?;
+    let context = config.raw["max_position_embeddings"]
+        .as_u64()
+        .unwrap_or(131_072) as usize;
+    let opts = args.tier.resolve(&args.model)?;
+    let model_id = args
+        .model
+        .canonicalize()
+        .unwrap_or_else(|_| args.model.clone())
+        .display()
+        .to_string();
+    let counters = Arc::new(worker::Counters::default());
+    let (tx, rx) = mpsc::channel::<worker::Job>();
+    // The model thread loads everything MLX touches itself, so MLX work stays on it.
+    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<()>>();
+    let model_dir = args.model.clone();
+    let template_source = args.chat_template.clone();
+    let worker_counters = counters.clone();
+    std::thread::Builder::new()
+        .name("model".into())
+        .spawn(move || {
+            let setup = (|| -> anyhow::Result<worker::Worker> {
+                let model = crate::model::load(&model_dir)?;
+                let tokenizer = Tokenizer::load(&model_dir)?;
+                let template = match &template_source {
+                    Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
+                    None => ChatTemplate::from_tokenizer(&tokenizer)?,
+                };
+                Ok(worker::Worker {
+                    model,
+                    tokenizer,
+                    template,
+                    opts,
+                    context,
+                    counters: worker_counters,
+                })
+            })();
+            match setup {
+                Ok(worker) => {
+                    let _ = ready_tx.send(Ok(()));
+                    worker.run(rx);
+                }
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                }
+            }
+        })?;
+    ready_rx
+        .recv()
+        .context("the model thread exited while loading")??;
+    let state = Arc::new(AppState {
+        model_id,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        started: Instant::now(),
+        defaults: request::Defaults {
+            max_tokens: args.max_tokens,
+            temp: args.temp,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            min_p: args.min_p,
+            context,
+        },
+        jobs: std::sync::Mutex::new(tx),
+        counters,
+        next_id: Default::default(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+            .parse()
+            .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("cannot listen on {addr} (is another server using that port? try --port)")
+        })?;
+        let local = listener.local_addr()?;
+        println!("engine serve: {} on http://{local}", state.model_id);
+        let app = routes::router(state, args.max_body_bytes);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,284 @@
+//! Request bodies as mlx_lm.server 0.32.2 reads them (same fields, same defaults from the
+//! server's flags, same validation bounds), checked field by field so that a bad request
+//! gets a 4xx naming the field instead of reaching the model.
+
+use serde_json::{Map, Value};
+
+use super::error::ApiError;
+use crate::generate::sampler::SamplingParams;
+use crate::load::template::Message;
+
+/// Server-wide defaults a request may override (mlx_lm.server's flags).
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub max_tokens: usize,
+    pub temp: f64,
+    pub top_p: f64,
+    pub top_k: i32,
+    pub min_p: f64,
+    /// The model's context length: prompts and max_tokens beyond it are refused.
+    pub context: usize,
+}
+
+/// What the prompt is: chat turns (rendered with the chat template) or raw text.
+#[derive(Debug, Clone)]
+pub enum Prompt {
+    Chat(Vec<Message>),
+    Text(String),
+}
+
+/// A validated generation request.
+#[derive(Debug, Clone)]
+pub struct GenRequest {
+    pub prompt: Prompt,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Per-token log-probabilities (`logprobs: true`) and how many alternatives per token.
+    pub logprobs: bool,
+    pub top_logprobs: usize,
+}
+
+const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+
+struct Body<'a>(&'a Map<String, Value>);
+
+impl Body<'_> {
+    fn get(&self, key: &str) -> Option<&Value> {
+        self.0.get(key).filter(|v| !v.is_null())
+    }
+
+    fn bool(&self, key: &str, default: bool) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| ApiError::field(key, format!("{key} must be a boolean"))),
+        }
+    }
+
+    fn int(&self, key: &str, default: i64, min: i64, max: i64) -> Result<i64, ApiError> {
+        let Some(v) = self.get(key) else {
+            return Ok(default);
+        };
+        let n = v
+            .as_i64()
+            .ok_or_else(|| ApiError::field(key, format!("{key} must be an integer")))?;
+        if n < min {
+            return Err(ApiError::field(
+                key,
+                format!("{key} must be at least {min}"),
+            ));
+        }
+        if n > max {
+            return Err(ApiError::field(key, format!("{key} must be at most {max}")));
+        }
+        Ok(n)
+    }
+
+    fn num(&self, key: &str, default: f64, min: f64, max: f64) -> Result<f64, ApiError> {
+        let Some(v) = self.get(key) else {
+            return Ok(default);
+        };
+        let x = v
+            .as_f64()
+            .filter(|x| x.is_finite())
+            .ok_or_else(|| ApiError::field(key, format!("{key} must be a number")))?;
+        if x < min {
+            return Err(ApiError::field(
+                key,
+                format!("{key} must be at least {min}"),
+            ));
+        }
+        if x > max {
+            return Err(ApiError::field(key, format!("{key} must be at most {max}")));
+        }
+        Ok(x)
+    }
+}
+
+/// Text of a message's `content`: a string, or OpenAI's list of `{type: "text", text}` parts.
+fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(parts) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::field(
+                            &format!("{field}[{j}]"),
+                            "only {\"type\": \"text\", \"text\": …} content parts are supported",
+                        ))
+                    }
+                }
+            }
+            Ok(text)
+        }
+        Value::Null => Ok(String::new()),
+        _ => Err(ApiError::field(
+            field,
+            "content must be a string or a list of text parts",
+        )),
+    }
+}
+
+fn messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+    let list = v
+        .and_then(Value::as_array)
+        .ok_or_else(|| ApiError::field("messages", "messages must be a non-empty list"))?;
+    if list.is_empty() {
+        return Err(ApiError::field(
+            "messages",
+            "messages must be a non-empty list",
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ApiError::field(&format!("messages[{i}].role"), "role must be a string")
+            })?;
+            if !ROLES.contains(&role) {
+                return Err(ApiError::field(
+                    &format!("messages[{i}].role"),
+                    format!(
+                        "unknown role `{role}` (expected one of {})",
+                        ROLES.join(", ")
+                    ),
+                ));
+            }
+            let content = content_text(
+                m.get("content").unwrap_or(&Value::Null),
+                &format!("messages[{i}].content"),
+            )?;
+            Ok(Message::new(role, &content))
+        })
+        .collect()
+}
+
+fn stop_words(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
+    match v {
+        None => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|s| {
+                s.as_str().map(str::to_owned).ok_or_else(|| {
+                    ApiError::field("stop", "stop must be a string or a list of strings")
+                })
+            })
+            .collect(),
+        Some(_) => Err(ApiError::field(
+            "stop",
+            "stop must be a string or a list of strings",
+        )),
+    }
+}
+
+fn logit_bias(v: Option<&Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let Some(v) = v else {
+        return Ok(Vec::new());
+    };
+    let map = v.as_object().ok_or_else(|| {
+        ApiError::field("logit_bias", "logit_bias must be a dict of int to float")
+    })?;
+    map.iter()
+        .map(|(k, b)| {
+            let id = k.parse::<u32>().ok();
+            let bias = b.as_f64().filter(|x| x.is_finite());
+            match (id, bias) {
+                (Some(id), Some(bias)) => Ok((id, bias as f32)),
+                _ => Err(ApiError::field(
+                    "logit_bias",
+                    "logit_bias must be a dict of int to float",
+                )),
+            }
+        })
+        .collect()
+}
+
+/// Parses and validates a body for `/v1/chat/completions` (`chat`) or `/v1/completions`.
+pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiError> {
+    let map = body
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))?;
+    let b = Body(map);
+    let prompt = if chat {
+        Prompt::Chat(messages(b.get("messages"))?)
+    } else {
+        match b.get("prompt") {
+            Some(Value::String(s)) => Prompt::Text(s.clone()),
+            _ => return Err(ApiError::field("prompt", "prompt must be a string")),
+        }
+    };
+    let ctx = d.context as i64;
+    let max_key = if b.get("max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let max_tokens = b.int(max_key, d.max_tokens as i64, 1, ctx)? as usize;
+    let penalty = |key: &str, min: f64| -> Result<Option<f64>, ApiError> {
+        let x = b.num(key, 0.0, min, f64::MAX)?;
+        Ok((x != 0.0).then_some(x))
+    };
+    let sampling = SamplingParams {
+        temp: b.num("temperature", d.temp, 0.0, f64::MAX)?,
+        top_p: b.num("top_p", d.top_p, 0.0, 1.0)?,
+        top_k: b.int("top_k", d.top_k as i64, 0, i32::MAX as i64)? as i32,
+        min_p: b.num("min_p", d.min_p, 0.0, 1.0)?,
+        seed: b.int("seed", 0, 0, i64::MAX)? as u64,
+        logit_bias: logit_bias(b.get("logit_bias"))?,
+        repetition_penalty: penalty("repetition_penalty", 0.0)?,
+        repetition_context_size: b.int("repetition_context_size", 20, 0, ctx)? as usize,
+        presence_penalty: penalty("presence_penalty", f64::MIN)?,
+        presence_context_size: b.int("presence_context_size", 20, 0, ctx)? as usize,
+        frequency_penalty: penalty("frequency_penalty", f64::MIN)?,
+        frequency_context_size: b.int("frequency_context_size", 20, 0, ctx)? as usize,
+        ..SamplingParams::default()
+    };
+    let include_usage = match b.get("stream_options") {
+        None => false,
+        Some(Value::Object(o)) => Body(o).bool("include_usage", false)?,
+        Some(_) => {
+            return Err(ApiError::field(
+                "stream_options",
+                "stream_options must be an object",
+            ))
+        }
+    };
+    if let Some(m) = b.get("model") {
+        if !m.is_string() {
+            return Err(ApiError::field("model", "model must be a string"));
+        }
+    }
+    // OpenAI's chat API takes `logprobs: bool` + `top_logprobs: 0..=20`; its completions
+    // API takes `logprobs: int`. Both map onto (per-token logprob, alternatives).
+    let (logprobs, top_logprobs) = match b.get("logprobs") {
+        Some(Value::Number(n)) if !chat => {
+            let k = n
+                .as_u64()
+                .filter(|k| *k <= 10)
+                .ok_or_else(|| ApiError::field("logprobs", "logprobs must be an integer 0–10"))?;
+            (true, k as usize)
+        }
+        _ => (
+            b.bool("logprobs", false)?,
+            b.int("top_logprobs", 0, 0, 10)? as usize,
+        ),
+    };
+    Ok(GenRequest {
+        prompt,
+        max_tokens,
+        sampling,
+        stop: stop_words(b.get("stop"))?,
+        stream: b.bool("stream", false)?,
+        include_usage,
+        logprobs: logprobs || top_logprobs > 0,
+        top_logprobs,
+    })
+}

@@ -1,0 +1,260 @@
+//! The HTTP routes: bodies are read as bytes and parsed here, so that every malformed
+//! request becomes an OpenAI-style 4xx naming the problem (never a panic, never a hang).
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::{self, StreamExt};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::error::ApiError;
+use super::request::{self, GenRequest};
+use super::worker::{Event, Job, TokenLogprob};
+use super::AppState;
+
+pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/stats", get(stats))
+        .fallback(|| async {
+            ApiError::invalid("no such route").with_status(StatusCode::NOT_FOUND)
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(state)
+}
+
+async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [{
+        "id": s.model_id, "object": "model", "created": s.created, "owned_by": "engine"
+    }]}))
+}
+
+async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
+    let c = &s.counters;
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    Json(json!({
+        "model": s.model_id,
+        "uptime_s": s.started.elapsed().as_secs_f64(),
+        "requests": n(&c.requests),
+        "completed": n(&c.completed),
+        "failed": n(&c.failed),
+        "rejected": n(&c.rejected),
+        "cancelled": n(&c.cancelled),
+        "queued": c.queued.load(Ordering::Relaxed),
+        "running": c.running.load(Ordering::Relaxed),
+        "prompt_tokens": n(&c.prompt_tokens),
+        "completion_tokens": n(&c.completion_tokens),
+        "lanes": {"serial": 1},
+    }))
+}
+
+fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|e| {
+        let status = e.status();
+        let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
+            "the request body is larger than this server accepts (--max-body-bytes)".to_owned()
+        } else {
+            format!("cannot read the request body: {e}")
+        };
+        ApiError::invalid(message).with_status(status)
+    })?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::invalid(format!("invalid JSON in the request body: {e}")))
+}
+
+async fn chat(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
+    handle(s, body, true)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+async fn completions(
+    State(s): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(s, body, false)
+        .await
+        .unwrap_or_else(|e| e.into_response())
+}
+
+/// What every response chunk shares.
+struct Meta {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: String,
+    chat: bool,
+}
+
+impl Meta {
+    fn chunk(
+        &self,
+        text: &str,
+        finish: Option<&str>,
+        logprobs: &[TokenLogprob],
+        stream: bool,
+    ) -> Value {
+        let mut choice = json!({"index": 0, "finish_reason": finish});
+        if self.chat {
+            let key = if stream { "delta" } else { "message" };
+            let mut msg = json!({"role": "assistant"});
+            if !stream || !text.is_empty() {
+                msg["content"] = if text.is_empty() && !stream {
+                    Value::Null
+                } else {
+                    json!(text)
+                };
+            }
+            choice[key] = msg;
+        } else {
+            choice["text"] = json!(text);
+        }
+        if !logprobs.is_empty() {
+            choice["logprobs"] = json!({"content": logprobs.iter().map(|t| json!({
+                "token": t.token, "id": t.id, "logprob": t.logprob,
+                "top_logprobs": t.top.iter().map(|(id, tok, lp)| json!({
+                    "token": tok, "id": id, "logprob": lp
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>()});
+        }
+        json!({
+            "id": self.id, "object": self.object, "created": self.created,
+            "model": self.model, "system_fingerprint": crate::VERSION,
+            "choices": [choice],
+        })
+    }
+}
+
+fn usage(prompt: usize, completion: usize) -> Value {
+    json!({"prompt_tokens": prompt, "completion_tokens": completion,
+           "total_tokens": prompt + completion})
+}
+
+async fn handle(
+    s: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+    chat: bool,
+) -> Result<Response, ApiError> {
+    s.counters.requests.fetch_add(1, Ordering::Relaxed);
+    let parsed = body_json(body).and_then(|v| request::parse(&v, chat, &s.defaults));
+    let req: GenRequest = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
+    let meta = Meta {
+        id: format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" }),
+        object: match (chat, req.stream) {
+            (true, true) => "chat.completion.chunk",
+            (true, false) => "chat.completion",
+            (false, _) => "text_completion",
+        },
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: s.model_id.clone(),
+        chat,
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let stream = req.stream;
+    let include_usage = req.include_usage;
+    s.counters.queued.fetch_add(1, Ordering::Relaxed);
+    let sent = s
+        .jobs
+        .lock()
+        .map_err(|_| ApiError::server("the request queue is poisoned"))?
+        .send(Job {
+            request: req,
+            events: tx,
+        });
+    if sent.is_err() {
+        s.counters.queued.fetch_sub(1, Ordering::Relaxed);
+        return Err(ApiError::server("the model thread has stopped")
+            .with_status(StatusCode::SERVICE_UNAVAILABLE));
+    }
+    // The first event tells whether the request was accepted (prompt encoded, fits).
+    let prompt_tokens = match rx.recv().await {
+        Some(Event::Started { prompt_tokens }) => prompt_tokens,
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::server("the model thread dropped the request")),
+    };
+    if !stream {
+        let mut text = String::new();
+        let mut logprobs = Vec::new();
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Text {
+                    text: t,
+                    logprobs: l,
+                } => {
+                    text.push_str(&t);
+                    logprobs.extend(l);
+                }
+                Event::Done {
+                    finish_reason,
+                    prompt_tokens,
+                    completion_tokens,
+                } => {
+                    let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
+                    body["usage"] = usage(prompt_tokens, completion_tokens);
+                    return Ok(Json(body).into_response());
+                }
+                Event::Failed(e) => return Err(e),
+                Event::Started { .. } => {}
+            }
+        }
+        return Err(ApiError::server("the model thread dropped the request"));
+    }
+    let meta = Arc::new(meta);
+    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+        let data: Vec<Value> = match ev {
+            Event::Text { text, logprobs } => vec![meta.chunk(&text, None, &logprobs, true)],
+            Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+            } => {
+                let mut last = meta.chunk("", Some(finish_reason), &[], true);
+                last["usage"] = usage(prompt_tokens, completion_tokens);
+                let mut out = vec![last];
+                if include_usage {
+                    let mut u = meta.chunk("", None, &[], true);
+                    u["choices"] = json!([]);
+                    u["usage"] = usage(prompt_tokens, completion_tokens);
+                    out.push(u);
+                }
+                out
+            }
+            Event::Failed(e) => vec![e.body()],
+            Event::Started { .. } => vec![],
+        };
+        stream::iter(
+            data.into_iter()
+                .map(|v| Ok::<_, Infallible>(SseEvent::default().data(v.to_string())))
+                .collect::<Vec<_>>(),
+        )
+    });
+    let _ = prompt_tokens;
+    let done = stream::iter([Ok::<_, Infallible>(SseEvent::default().data("[DONE]"))]);
+    Ok(Sse::new(events.chain(done))
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}

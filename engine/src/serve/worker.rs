@@ -1,0 +1,261 @@
+//! The model thread. MLX is not thread-safe, so one thread owns the model and runs every
+//! request on it, one at a time, in arrival order (the serial lane). Requests arrive as
+//! jobs; results leave as events on the job's channel. A client that has gone away is
+//! noticed at the next token (its channel is closed) and its generation stops there. A
+//! request that fails — an MLX error, even a panic — fails alone; the thread goes on.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+
+use mlx_rs::ops::argsort_axis;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::request::{GenRequest, Prompt};
+use crate::generate::sampler::Sampler;
+use crate::generate::stop::{StopMatcher, StopStep};
+use crate::generate::{generate_with, Finish, Flow, SessionOptions};
+use crate::load::template::ChatTemplate;
+use crate::load::tokenizer::Tokenizer;
+use crate::model::LanguageModel;
+
+/// One token's log-probability and its best alternatives.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, String, f32)>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// The prompt was encoded: its length.
+    Started {
+        prompt_tokens: usize,
+    },
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish_reason: &'static str,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Failed(super::error::ApiError),
+}
+
+pub struct Job {
+    pub request: GenRequest,
+    pub events: UnboundedSender<Event>,
+}
+
+/// Counters for `/stats`.
+#[derive(Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub rejected: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+}
+
+pub struct Worker {
+    pub model: Box<dyn LanguageModel>,
+    pub tokenizer: Tokenizer,
+    pub template: Option<ChatTemplate>,
+    pub opts: SessionOptions,
+    pub context: usize,
+    pub counters: Arc<Counters>,
+}
+
+impl Worker {
+    /// Serves jobs until every sender is gone.
+    pub fn run(self, jobs: mpsc::Receiver<Job>) {
+        for job in jobs {
+            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+            self.counters.running.fetch_add(1, Ordering::Relaxed);
+            let events = job.events.clone();
+            let outcome = catch_unwind(AssertUnwindSafe(|| self.serve(job)));
+            let failure = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e),
+                Err(panic) => Some(super::error::ApiError::server(format!(
+                    "the model failed on this request: {}",
+                    panic
+                        .downcast_ref::<String>()
+                        .map(String::as_str)
+                        .or_else(|| panic.downcast_ref::<&str>().copied())
+                        .unwrap_or("panic")
+                ))),
+            };
+            if let Some(e) = failure {
+                if e.status.is_client_error() {
+                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                }
+                let _ = events.send(Event::Failed(e));
+            }
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, super::error::ApiError> {
+        use super::error::ApiError;
+        let (ids, field) = match prompt {
+            Prompt::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| {
+                    ApiError::invalid("this model has no chat template; use /v1/completions")
+                })?;
+                let rendered = template
+                    .render(messages, true)
+                    .map_err(|e| ApiError::field("messages", e.to_string()))?;
+                (self.tokenizer.encode(&rendered, false), "messages")
+            }
+            Prompt::Text(text) => (self.tokenizer.encode(text, true), "prompt"),
+        };
+        let ids = ids.map_err(|e| ApiError::field(field, e.to_string()))?;
+        if ids.is_empty() {
+            return Err(ApiError::field(field, "the prompt encodes to no tokens"));
+        }
+        if ids.len() >= self.context {
+            return Err(ApiError::field(
+                field,
+                format!(
+                    "the prompt is {} tokens; this model's context is {} tokens",
+                    ids.len(),
+                    self.context
+                ),
+            ));
+        }
+        Ok(ids)
+    }
+
+    fn serve(&self, job: Job) -> Result<(), super::error::ApiError> {
+        use super::error::ApiError;
+        let Job { request, events } = job;
+        let prompt_ids = self.prompt_ids(&request.prompt)?;
+        let mut sampler =
+            Sampler::new(request.sampling.clone()).map_err(|e| ApiError::server(e.to_string()))?;
+        let _ = events.send(Event::Started {
+            prompt_tokens: prompt_ids.len(),
+        });
+        // Never past the context.
+        let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
+        let mut detok = self.tokenizer.detokenizer();
+        let mut stops = StopMatcher::new(request.stop.iter().cloned());
+        let mut gone = false;
+        let mut failure: Option<ApiError> = None;
+        let mut generated = 0usize;
+        let (_, finish) = generate_with(
+            self.model.as_ref(),
+            &prompt_ids,
+            max_tokens,
+            &self.tokenizer.eos_token_ids,
+            &mut sampler,
+            &self.opts,
+            |id, logprobs| {
+                generated += 1;
+                let piece = match detok.push(id) {
+                    Ok(p) => p,
+                    Err(e) => {
+                        failure = Some(ApiError::server(e.to_string()));
+                        return Ok(Flow::Stop);
+                    }
+                };
+                let (text, flow) = match stops.push(&piece) {
+                    StopStep::Continue(t) => (t, Flow::Continue),
+                    StopStep::Stop(t) => (t, Flow::Stop),
+                };
+                let lp = if request.logprobs {
+                    vec![self.logprob(id, logprobs, request.top_logprobs)?]
+                } else {
+                    Vec::new()
+                };
+                if (!text.is_empty() || !lp.is_empty())
+                    && events.send(Event::Text { text, logprobs: lp }).is_err()
+                {
+                    gone = true;
+                    return Ok(Flow::Stop);
+                }
+                Ok(flow)
+            },
+        )
+        .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if gone {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        if finish != Finish::Stop {
+            let tail = detok
+                .finish()
+                .map_err(|e| ApiError::server(e.to_string()))?;
+            let tail = match stops.push(&tail) {
+                StopStep::Continue(t) => t + &stops.finish(),
+                StopStep::Stop(t) => t,
+            };
+            if !tail.is_empty() {
+                let _ = events.send(Event::Text {
+                    text: tail,
+                    logprobs: Vec::new(),
+                });
+            }
+        }
+        self.counters
+            .prompt_tokens
+            .fetch_add(prompt_ids.len() as u64, Ordering::Relaxed);
+        self.counters
+            .completion_tokens
+            .fetch_add(generated as u64, Ordering::Relaxed);
+        self.counters.completed.fetch_add(1, Ordering::Relaxed);
+        let _ = events.send(Event::Done {
+            finish_reason: if finish == Finish::Length {
+                "length"
+            } else {
+                "stop"
+            },
+            prompt_tokens: prompt_ids.len(),
+            completion_tokens: generated,
+        });
+        Ok(())
+    }
+
+    /// The chosen token's log-probability and the `top` most likely ones.
+    fn logprob(
+        &self,
+        id: u32,
+        logprobs: &Array,
+        top: usize,
+    ) -> Result<TokenLogprob, mlx_rs::error::Exception> {
+        let flat = logprobs.reshape(&[-1])?.as_dtype(mlx_rs::Dtype::Float32)?;
+        let chosen = flat.index(id as i32);
+        chosen.eval()?;
+        let decode = |i: u32| self.tokenizer.decode(&[i]).unwrap_or_default();
+        let mut alternatives = Vec::new();
+        if top > 0 {
+            let order = argsort_axis(flat.negative()?, -1)?.index(..top as i32);
+            let values = flat.take_axis(&order, 0)?;
+            mlx_rs::transforms::eval([&order, &values])?;
+            for (&i, &v) in order.as_slice::<u32>().iter().zip(values.as_slice::<f32>()) {
+                alternatives.push((i, decode(i), v));
+            }
+        }
+        Ok(TokenLogprob {
+            id,
+            token: decode(id),
+            logprob: chosen.as_slice::<f32>()[0],
+            top: alternatives,
+        })
+    }
+}
