@@ -518,3 +518,42 @@ fn fuzzed_request_bodies_never_crash_the_server() {
     );
     assert_eq!(http(port, "GET", "/health", b"").0, 200);
 }
+
+/// The prompt cache across requests: a chat's second turn reuses the first turn's caches
+/// (usage.prompt_tokens_details.cached_tokens, /stats hits) and answers exactly as a server
+/// without a prompt cache does.
+#[test]
+fn second_turn_hits_the_prompt_cache_and_answers_the_same() {
+    let turn1 = json!({"messages": [{"role": "user", "content": "What color is the sky?"}]});
+    let turn2 = |answer: &str| {
+        json!({"messages": [
+            {"role": "user", "content": "What color is the sky?"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "What color is the grass?"},
+        ]})
+    };
+    let cached = serve(&[]);
+    let (_, r1) = post(cached.port, "/v1/chat/completions", &turn1);
+    let answer = r1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (code, r2) = post(cached.port, "/v1/chat/completions", &turn2(&answer));
+    assert_eq!(code, 200);
+    let reused = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(reused >= 14, "turn 2 reused {reused} tokens: {r2}");
+    let st = stats(cached.port);
+    assert_eq!(st["prompt_cache"]["hits"], 1, "{st}");
+    assert!(st["prompt_cache"]["bytes"].as_u64().unwrap() > 0);
+
+    let plain = serve(&["--prompt-cache-size", "0"]);
+    post(plain.port, "/v1/chat/completions", &turn1);
+    let (_, fresh) = post(plain.port, "/v1/chat/completions", &turn2(&answer));
+    assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        r2["choices"][0]["message"]["content"], fresh["choices"][0]["message"]["content"],
+        "a cache hit must answer as a fresh prefill does"
+    );
+}

@@ -3,6 +3,7 @@
 pub mod fixed;
 pub mod kv;
 pub(crate) mod parts;
+pub mod prompt;
 pub mod rotating;
 
 pub use kv::KvCache;

@@ -94,6 +94,15 @@ impl<'m> Session<'m> {
     }
 
     pub fn with_options(model: &'m dyn LanguageModel, opts: &SessionOptions) -> Self {
+        Self::with_caches(model, opts, model.make_caches())
+    }
+
+    /// A session continuing from `caches` (e.g. a prompt-cache hit holding a prefix).
+    pub fn with_caches(
+        model: &'m dyn LanguageModel,
+        opts: &SessionOptions,
+        caches: Vec<Box<dyn Cache>>,
+    ) -> Self {
         let on = match opts.compile {
             CompileDecode::Off => false,
             CompileDecode::WhereExact => Self::compiled_decode_is_exact(model),
@@ -103,7 +112,7 @@ impl<'m> Session<'m> {
             // SAFETY: the compiled step lives in this session, which borrows `model` for 'm.
             compiled: on.then(|| unsafe { compiled::CompiledDecode::new(model) }),
             model,
-            caches: model.make_caches(),
+            caches,
             prefill_step: PREFILL_STEP,
             kv_quant: opts.kv_quant.clone(),
         }
@@ -245,9 +254,36 @@ pub fn generate_with(
     eos_ids: &[u32],
     sampler: &mut Sampler,
     opts: &SessionOptions,
-    mut on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
+    on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
 ) -> Result<(Stats, Finish), Exception> {
     let mut session = Session::with_options(model, opts);
+    generate_in(
+        &mut session,
+        prompt,
+        0,
+        max_tokens,
+        eos_ids,
+        sampler,
+        on_token,
+    )
+}
+
+/// `generate` in an existing session whose caches already hold `prompt[..cached]` (a
+/// prompt-cache hit): only the rest of the prompt is prefilled. Afterwards the session's
+/// caches hold every token fed to the model.
+pub fn generate_in(
+    session: &mut Session,
+    prompt: &[u32],
+    cached: usize,
+    max_tokens: usize,
+    eos_ids: &[u32],
+    sampler: &mut Sampler,
+    mut on_token: impl FnMut(u32, &Array) -> Result<Flow, Exception>,
+) -> Result<(Stats, Finish), Exception> {
+    assert!(
+        cached < prompt.len(),
+        "at least one prompt token must be fed"
+    );
     let mut history: Vec<u32> = prompt.to_vec();
     // Without logits processors the next step needs no host-side token, so (as mlx-lm's
     // generate_step does) step n+1 is built and queued with async_eval before step n's id
@@ -272,7 +308,7 @@ pub fn generate_with(
         ..Stats::default()
     };
     let start = Instant::now();
-    let logits = session.prefill(prompt)?;
+    let logits = session.prefill(&prompt[cached..])?;
     let (mut y, mut y_logprobs) = pick(&logits, &history)?;
     mlx_rs::transforms::async_eval([&y])?;
     let mut token = read(&y)?;

@@ -47,6 +47,12 @@ pub struct ServeArgs {
     /// A chat template (Jinja source) to use instead of the tokenizer's.
     #[arg(long)]
     pub chat_template: Option<String>,
+    /// Prompt cache: how many entries (conversations' KV caches) to keep in RAM (0 = off).
+    #[arg(long, default_value_t = 10)]
+    pub prompt_cache_size: usize,
+    /// Prompt cache: a cap on the bytes its entries hold (default: none).
+    #[arg(long)]
+    pub prompt_cache_bytes: Option<usize>,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -62,6 +68,7 @@ pub struct AppState {
     pub defaults: request::Defaults,
     pub jobs: std::sync::Mutex<mpsc::Sender<worker::Job>>,
     pub counters: Arc<worker::Counters>,
+    pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -85,6 +92,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_dir = args.model.clone();
     let template_source = args.chat_template.clone();
     let worker_counters = counters.clone();
+    let cache_caps = (args.prompt_cache_size, args.prompt_cache_bytes);
+    let prompt_cache = Arc::new(std::sync::Mutex::new(
+        crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1).stats(),
+    ));
+    let worker_cache_stats = prompt_cache.clone();
     std::thread::Builder::new()
         .name("model".into())
         .spawn(move || {
@@ -96,6 +108,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     None => ChatTemplate::from_tokenizer(&tokenizer)?,
                 };
                 Ok(worker::Worker {
+                    prompt_cache: std::cell::RefCell::new(crate::cache::prompt::PromptCache::new(
+                        cache_caps.0,
+                        cache_caps.1,
+                    )),
+                    prompt_cache_stats: worker_cache_stats,
                     model,
                     tokenizer,
                     template,
@@ -133,6 +150,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
         jobs: std::sync::Mutex::new(tx),
         counters,
+        prompt_cache,
         next_id: Default::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -60,6 +60,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         "prompt_tokens": n(&c.prompt_tokens),
         "completion_tokens": n(&c.completion_tokens),
         "lanes": {"serial": 1},
+        "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
     }))
 }
 
@@ -140,9 +141,10 @@ impl Meta {
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion})
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 async fn handle(
@@ -212,9 +214,10 @@ async fn handle(
                     finish_reason,
                     prompt_tokens,
                     completion_tokens,
+                    cached_tokens,
                 } => {
                     let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
-                    body["usage"] = usage(prompt_tokens, completion_tokens);
+                    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
                     return Ok(Json(body).into_response());
                 }
                 Event::Failed(e) => return Err(e),
@@ -231,15 +234,17 @@ async fn handle(
                 finish_reason,
                 prompt_tokens,
                 completion_tokens,
+                cached_tokens,
             } => {
+                let u = usage(prompt_tokens, completion_tokens, cached_tokens);
                 let mut last = meta.chunk("", Some(finish_reason), &[], true);
-                last["usage"] = usage(prompt_tokens, completion_tokens);
+                last["usage"] = u.clone();
                 let mut out = vec![last];
                 if include_usage {
-                    let mut u = meta.chunk("", None, &[], true);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage(prompt_tokens, completion_tokens);
-                    out.push(u);
+                    let mut only = meta.chunk("", None, &[], true);
+                    only["choices"] = json!([]);
+                    only["usage"] = u;
+                    out.push(only);
                 }
                 out
             }

@@ -14,9 +14,10 @@ use mlx_rs::Array;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::request::{GenRequest, Prompt};
+use crate::cache::prompt::{PromptCache, PromptCacheStats};
 use crate::generate::sampler::Sampler;
 use crate::generate::stop::{StopMatcher, StopStep};
-use crate::generate::{generate_with, Finish, Flow, SessionOptions};
+use crate::generate::{generate_in, Finish, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
@@ -44,6 +45,8 @@ pub enum Event {
         finish_reason: &'static str,
         prompt_tokens: usize,
         completion_tokens: usize,
+        /// Prompt tokens served from the prompt cache.
+        cached_tokens: usize,
     },
     Failed(super::error::ApiError),
 }
@@ -68,6 +71,10 @@ pub struct Counters {
 }
 
 pub struct Worker {
+    pub prompt_cache: std::cell::RefCell<PromptCache>,
+    /// The prompt cache's numbers, mirrored for `/stats` (the cache itself holds MLX arrays
+    /// and stays on this thread).
+    pub prompt_cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
     pub model: Box<dyn LanguageModel>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
@@ -154,16 +161,23 @@ impl Worker {
         let mut stops = StopMatcher::new(request.stop.iter().cloned());
         let mut gone = false;
         let mut failure: Option<ApiError> = None;
-        let mut generated = 0usize;
-        let (_, finish) = generate_with(
-            self.model.as_ref(),
+        let mut produced: Vec<u32> = Vec::new();
+        // No adapters yet: every request is in the base model's namespace.
+        let hit = self.prompt_cache.borrow_mut().take("", &prompt_ids);
+        let (caches, cached) = match hit {
+            Some(h) => (h.caches, h.reused),
+            None => (self.model.make_caches(), 0),
+        };
+        let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+        let (_, finish) = generate_in(
+            &mut session,
             &prompt_ids,
+            cached,
             max_tokens,
             &self.tokenizer.eos_token_ids,
             &mut sampler,
-            &self.opts,
             |id, logprobs| {
-                generated += 1;
+                produced.push(id);
                 let piece = match detok.push(id) {
                     Ok(p) => p,
                     Err(e) => {
@@ -197,6 +211,8 @@ impl Worker {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
+        let generated = produced.len();
+        self.keep_caches(session, &prompt_ids, produced);
         if finish != Finish::Stop {
             let tail = detok
                 .finish()
@@ -227,8 +243,32 @@ impl Worker {
             },
             prompt_tokens: prompt_ids.len(),
             completion_tokens: generated,
+            cached_tokens: cached,
         });
         Ok(())
+    }
+
+    /// Puts the session's caches in the prompt cache under the tokens they hold: the prompt
+    /// and the generated ids fed back (a final EOS id may have been fed too; it is trimmed
+    /// off, since it is not in `produced`).
+    fn keep_caches(&self, mut session: Session, prompt: &[u32], produced: Vec<u32>) {
+        let mut tokens = prompt.to_vec();
+        tokens.extend(produced);
+        let fed = session.caches.first().map_or(0, |c| c.offset()) as usize;
+        if fed > tokens.len() {
+            let extra = (fed - tokens.len()) as i32;
+            if session.caches.iter_mut().any(|c| c.trim(extra) != extra) {
+                return;
+            }
+        }
+        tokens.truncate(fed);
+        let caches = std::mem::take(&mut session.caches);
+        drop(session);
+        let mut pc = self.prompt_cache.borrow_mut();
+        pc.put("", tokens, caches);
+        if let Ok(mut stats) = self.prompt_cache_stats.lock() {
+            *stats = pc.stats();
+        }
     }
 
     /// The chosen token's log-probability and the `top` most likely ones.

@@ -1,0 +1,95 @@
+//! A prompt-cache hit continues exactly as a fresh prefill would: the caches of a finished
+//! conversation turn, trimmed to the common prefix, then the rest of the next prompt
+//! prefilled, give bit-identical log-probabilities at every step to prefilling the whole
+//! next prompt from scratch (plain and rotating caches). Planted defect: reusing one token
+//! too many (no trim) must show.
+
+use std::path::Path;
+
+use engine::cache::prompt::PromptCache;
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{generate_in, Flow, Session, SessionOptions};
+use mlx_rs::Array;
+
+fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
+    engine::model::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../goldens/models")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// Greedy generation in `session`; returns the ids and each step's log-probabilities.
+fn run(
+    session: &mut Session,
+    prompt: &[u32],
+    cached: usize,
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    generate_in(
+        session,
+        prompt,
+        cached,
+        n,
+        &[],
+        &mut sampler,
+        |id, lp: &Array| {
+            ids.push(id);
+            let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
+            lp.eval()?;
+            lps.push(lp.as_slice::<f32>().to_vec());
+            Ok(Flow::Continue)
+        },
+    )
+    .unwrap();
+    (ids, lps)
+}
+
+fn continuation_matches_fresh(name: &str, plant_extra_reuse: bool) -> bool {
+    let m = model(name);
+    let opts = SessionOptions::default();
+    let turn1: Vec<u32> = (3..40).map(|i| (i * 7 % 900) as u32 + 10).collect();
+    let mut first = Session::with_options(m.as_ref(), &opts);
+    let (answer, _) = run(&mut first, &turn1, 0, 12);
+    let fed = first.caches[0].offset() as usize;
+    let mut tokens = turn1.clone();
+    tokens.extend(&answer);
+    tokens.truncate(fed);
+    let mut pc = PromptCache::new(4, None);
+    pc.put("", tokens, std::mem::take(&mut first.caches));
+    drop(first);
+
+    let mut turn2 = turn1.clone();
+    turn2.extend(&answer);
+    turn2.extend([5u32, 17, 99, 230, 41]);
+    let hit = pc.take("", &turn2).expect("a hit");
+    assert!(hit.reused >= turn1.len(), "reused {}", hit.reused);
+    let mut caches = hit.caches;
+    let mut reused = hit.reused;
+    if plant_extra_reuse {
+        // Planted defect: claim one more cached token than the caches hold.
+        reused += 1;
+    } else {
+        assert_eq!(caches[0].offset() as usize, reused);
+    }
+    let mut resumed = Session::with_caches(m.as_ref(), &opts, std::mem::take(&mut caches));
+    let (ids_hit, lps_hit) = run(&mut resumed, &turn2, reused, 24);
+    let mut fresh = Session::with_options(m.as_ref(), &opts);
+    let (ids_fresh, lps_fresh) = run(&mut fresh, &turn2, 0, 24);
+    ids_hit == ids_fresh && lps_hit == lps_fresh
+}
+
+#[test]
+fn a_cache_hit_continues_bit_identically_to_a_fresh_prefill() {
+    for name in ["tiny-llama-trained", "tiny-gemma3"] {
+        assert!(continuation_matches_fresh(name, false), "{name}");
+    }
+}
+
+#[test]
+fn planted_off_by_one_reuse_is_caught() {
+    assert!(!continuation_matches_fresh("tiny-llama-trained", true));
+}
