@@ -65,6 +65,9 @@ enum Command {
     },
     /// Check `engine serve` with the official `openai` Python client (oracle venv).
     ServeCheck,
+    /// `engine serve` in this fresh process (used by `harness bench --suite serve`).
+    #[command(hide = true)]
+    LegServe(cmd::bench::LegServeArgs),
     /// One engine benchmark leg in this fresh process (used by `harness bench`).
     #[command(hide = true)]
     LegEngine(cmd::bench::LegArgs),
@@ -92,5 +95,6 @@ fn main() -> Result<()> {
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),
+        Command::LegServe(args) => cmd::bench::leg_serve(args),
     }
 }

@@ -5,6 +5,7 @@
 //! dirty is tagged `went-dirty` and never promoted.
 
 pub mod models;
+pub mod serve;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

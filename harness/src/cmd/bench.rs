@@ -13,9 +13,17 @@ pub struct Args {
     /// Measure even on a dirty machine; rows are tagged and never promoted.
     #[arg(long)]
     force: bool,
-    /// Benchmark suite (decode: prefill, decode, TTFT, peak memory).
+    /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory) or serve
+    /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16 streaming clients, on a committed
+    /// tiny model: --serve-model).
     #[arg(long, default_value = "decode")]
     suite: String,
+    /// The committed model the serve suite runs on.
+    #[arg(long, default_value = "tiny-llama-trained")]
+    serve_model: String,
+    /// Serve suite: requests per client per level.
+    #[arg(long, default_value_t = 2)]
+    per_client: usize,
     /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny).
     #[arg(long, value_delimiter = ',', default_value = "tiny")]
     model: Vec<String>,
@@ -41,12 +49,61 @@ pub struct Args {
     max_tokens: usize,
 }
 
+fn run_serve(args: &Args) -> Result<()> {
+    use harness::bench::serve;
+    let opts = serve::ServeOptions {
+        model: args.serve_model.clone(),
+        rounds: args.rounds,
+        per_client: args.per_client,
+        max_tokens: args.max_tokens,
+        peer: !args.no_peer,
+        clean: args.clean,
+        force: args.force,
+    };
+    let (result, before, after) = serve::run(&opts)?;
+    print!("{}", serve::table(&opts.model, &result));
+    let db = Db::open_default()?;
+    let n = serve::record(&db, &opts, &result, &before, &after)?;
+    println!(
+        "recorded {n} rows in {} (preflight before: {}, after: {})",
+        harness::db::default_path().display(),
+        before.verdict(),
+        after.verdict()
+    );
+    Ok(())
+}
+
+/// `harness leg-serve`: `engine serve` in this fresh process (the serve suite's engine
+/// server).
+#[derive(clap::Args)]
+pub struct LegServeArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    port: u16,
+}
+
+pub fn leg_serve(args: LegServeArgs) -> Result<()> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: engine::serve::ServeArgs,
+    }
+    let cli = <Cli as clap::Parser>::try_parse_from([
+        "engine".to_owned(),
+        "--model".into(),
+        args.model.display().to_string(),
+        "--port".into(),
+        args.port.to_string(),
+    ])?;
+    engine::serve::run(cli.serve)
+}
+
 pub fn run(args: Args) -> Result<()> {
-    if args.suite != "decode" {
-        bail!(
-            "suite `{}` does not exist yet (available: decode)",
-            args.suite
-        );
+    match args.suite.as_str() {
+        "decode" => {}
+        "serve" => return run_serve(&args),
+        other => bail!("suite `{other}` does not exist (available: decode, serve)"),
     }
     if args.rounds < 3 {
         bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
