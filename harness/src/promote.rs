@@ -48,6 +48,17 @@ fn fmt_value(v: f64) -> String {
     }
 }
 
+/// The run parameters that change what a number means: prompt and generation length.
+fn params_label(params: &str) -> Option<String> {
+    let p: serde_json::Value = serde_json::from_str(params).ok()?;
+    let tokens = p.get("max_tokens").and_then(|v| v.as_u64());
+    match (p.get("prompt_tokens").and_then(|v| v.as_u64()), tokens) {
+        (Some(prompt), Some(gen)) => Some(format!("prompt {prompt}, {gen} new")),
+        (None, Some(gen)) => Some(format!("{gen} new")),
+        _ => None,
+    }
+}
+
 /// RESULTS.md for `rows` (already filtered to promotable ones).
 pub fn render(rows: &[Row]) -> String {
     let rows: Vec<&Row> = rows.iter().filter(|r| r.preflight == "clean").collect();
@@ -90,7 +101,12 @@ pub fn render(rows: &[Row]) -> String {
         .iter()
         .filter(|r| !r.suite.starts_with("parity") && r.suite != "quality")
     {
-        perf.entry((r.suite.clone(), r.model.clone(), r.metric.clone()))
+        // Runs with other parameters (e.g. a longer prompt) are separate rows of the table.
+        let model = match params_label(&r.params) {
+            Some(label) => format!("{} ({label})", r.model),
+            None => r.model.clone(),
+        };
+        perf.entry((r.suite.clone(), model, r.metric.clone()))
             .or_default()
             .insert(r.stack.clone(), r);
     }
@@ -98,9 +114,9 @@ pub fn render(rows: &[Row]) -> String {
         out.push_str("No performance runs recorded yet.\n");
     } else {
         out.push_str(
-            "| suite | model | metric | engine | engine, eager decode | mlx-lm | engine / mlx-lm | commit | date |\n",
+            "| suite | model | metric | engine | engine, eager decode | mlx-lm | engine / mlx-lm | other stacks | commit | date |\n",
         );
-        out.push_str("|---|---|---|---|---|---|---|---|---|\n");
+        out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
         for ((suite, model, metric), stacks) in &perf {
             let e = stacks.get("engine");
             let g = stacks.get("engine-eager");
@@ -113,9 +129,22 @@ pub fn render(rows: &[Row]) -> String {
                 (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
                 _ => "-".to_owned(),
             };
-            let newest = e.or(p).or(g).unwrap();
+            // Tier presets and other peers (engine-l2, engine-l3, mlx-optiq, …).
+            let others: Vec<String> = stacks
+                .iter()
+                .filter(|(k, _)| !["engine", "engine-eager", "mlx-lm"].contains(&k.as_str()))
+                .map(|(k, r)| format!("{k} {} {}", fmt_value(r.value), r.unit))
+                .collect();
+            let others = if others.is_empty() {
+                "-".to_owned()
+            } else {
+                others.join(", ")
+            };
+            let Some(newest) = e.or(p).or(g).or_else(|| stacks.values().next()) else {
+                continue;
+            };
             out.push_str(&format!(
-                "| {suite} | {model} | {} | {} | {} | {} | {ratio} | {} | {} |\n",
+                "| {suite} | {model} | {} | {} | {} | {} | {ratio} | {others} | {} | {} |\n",
                 metric.replace('_', " "),
                 cell(e),
                 cell(g),

@@ -84,6 +84,12 @@ pub struct LegServeArgs {
 }
 
 pub fn leg_serve(args: LegServeArgs) -> Result<()> {
+    engine::serve::run(serve_args(&args.model, args.port)?)
+}
+
+/// `engine serve`'s arguments for `model` on loopback `port`, every other flag at its
+/// default.
+pub fn serve_args(model: &std::path::Path, port: u16) -> Result<engine::serve::ServeArgs> {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
@@ -92,11 +98,11 @@ pub fn leg_serve(args: LegServeArgs) -> Result<()> {
     let cli = <Cli as clap::Parser>::try_parse_from([
         "engine".to_owned(),
         "--model".into(),
-        args.model.display().to_string(),
+        model.display().to_string(),
         "--port".into(),
-        args.port.to_string(),
+        port.to_string(),
     ])?;
-    engine::serve::run(cli.serve)
+    Ok(cli.serve)
 }
 
 pub fn run(args: Args) -> Result<()> {

@@ -12,25 +12,7 @@ pub fn run() -> Result<()> {
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port();
-    let args = vec![
-        "serve".to_owned(),
-        "--model".into(),
-        model.display().to_string(),
-        "--port".into(),
-        port.to_string(),
-    ];
-    #[derive(clap::Parser)]
-    struct Cli {
-        #[command(subcommand)]
-        cmd: Sub,
-    }
-    #[derive(clap::Subcommand)]
-    enum Sub {
-        Serve(engine::serve::ServeArgs),
-    }
-    let Sub::Serve(serve_args) =
-        <Cli as clap::Parser>::try_parse_from(std::iter::once("engine".to_owned()).chain(args))?
-            .cmd;
+    let serve_args = super::bench::serve_args(&model, port)?;
     std::thread::spawn(move || {
         if let Err(e) = engine::serve::run(serve_args) {
             eprintln!("engine serve failed: {e:#}");
