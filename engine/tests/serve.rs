@@ -557,3 +557,18 @@ fn second_turn_hits_the_prompt_cache_and_answers_the_same() {
         "a cache hit must answer as a fresh prefill does"
     );
 }
+
+/// The tier presets apply to the server too (`--l2` with optiq's kv_config).
+#[test]
+fn serve_with_the_l2_preset() {
+    let kv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/l2/tiny-llama-trained/kv_config.json");
+    let s = serve(&["--l2", "--kv-config", kv.to_str().unwrap()]);
+    let (code, r) = post(
+        s.port,
+        "/v1/chat/completions",
+        &ask("What color is the sky?"),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], "The sky is blue.");
+}
