@@ -33,6 +33,18 @@ impl KvCache {
         (self.offset + n <= parts::len(k)).then_some((&k[0], &v[0]))
     }
 
+    /// The live dense keys and values ([1, heads, offset, head dim]), if any.
+    pub fn live(&self) -> Option<(Array, Array)> {
+        if self.quant.is_some() {
+            return None;
+        }
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        Some((
+            parts::live(k, self.offset).remove(0),
+            parts::live(v, self.offset).remove(0),
+        ))
+    }
+
     /// Takes the buffers a compiled step produced after writing `n` tokens in place.
     pub fn advance_with(&mut self, keys: Array, values: Array, n: i32) {
         self.keys = Some(vec![keys]);

@@ -1,5 +1,6 @@
 //! KV caches. Each attention layer owns one; the model reads `offset` for RoPE and the mask.
 
+pub mod batch;
 pub mod fixed;
 pub mod kv;
 pub(crate) mod parts;

@@ -3,6 +3,7 @@
 //! feeds one token and reads the logits of the last position. Greedy picks
 //! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
 
+pub mod batch;
 pub mod bench;
 pub mod compiled;
 pub mod kv_quant;

@@ -1,6 +1,7 @@
 //! Parity gates. `runtime`: the model-free MLX golden (Rust vs Python mlx, bit for bit).
 //! `l1`: the engine vs mlx-lm on the tiny models. `sampling`: mlx-lm's sampler chain, seeded.
 
+pub mod batch;
 pub mod l1;
 pub mod l2;
 pub mod l3;
