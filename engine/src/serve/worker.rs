@@ -13,11 +13,11 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::emit::Emitter;
 use super::request::{GenRequest, Prompt};
 use crate::cache::prompt::{PromptCache, PromptCacheStats};
 use crate::generate::sampler::Sampler;
-use crate::generate::stop::{StopMatcher, StopStep};
-use crate::generate::{generate_in, Finish, Flow, Session, SessionOptions};
+use crate::generate::{generate_in, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
@@ -157,11 +157,8 @@ impl Worker {
         });
         // Never past the context.
         let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
-        let mut detok = self.tokenizer.detokenizer();
-        let mut stops = StopMatcher::new(request.stop.iter().cloned());
-        let mut gone = false;
+        let mut emit = Emitter::new(self, &request, events);
         let mut failure: Option<ApiError> = None;
-        let mut produced: Vec<u32> = Vec::new();
         // No adapters yet: every request is in the base model's namespace.
         let hit = self.prompt_cache.borrow_mut().take("", &prompt_ids);
         let (caches, cached) = match hit {
@@ -176,76 +173,36 @@ impl Worker {
             max_tokens,
             &self.tokenizer.eos_token_ids,
             &mut sampler,
-            |id, logprobs| {
-                produced.push(id);
-                let piece = match detok.push(id) {
-                    Ok(p) => p,
-                    Err(e) => {
-                        failure = Some(ApiError::server(e.to_string()));
-                        return Ok(Flow::Stop);
-                    }
-                };
-                let (text, flow) = match stops.push(&piece) {
-                    StopStep::Continue(t) => (t, Flow::Continue),
-                    StopStep::Stop(t) => (t, Flow::Stop),
-                };
-                let lp = if request.logprobs {
-                    vec![self.logprob(id, logprobs, request.top_logprobs)?]
-                } else {
-                    Vec::new()
-                };
-                if (!text.is_empty() || !lp.is_empty())
-                    && events.send(Event::Text { text, logprobs: lp }).is_err()
-                {
-                    gone = true;
-                    return Ok(Flow::Stop);
+            |id, logprobs| match emit.token(self, id, logprobs) {
+                Ok(flow) => Ok(flow),
+                Err(e) => {
+                    failure = Some(e);
+                    Ok(Flow::Stop)
                 }
-                Ok(flow)
             },
         )
         .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
         if let Some(e) = failure {
             return Err(e);
         }
-        if gone {
+        if emit.gone {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return Ok(());
         }
-        let generated = produced.len();
-        self.keep_caches(session, &prompt_ids, produced);
-        if finish != Finish::Stop {
-            let tail = detok
-                .finish()
-                .map_err(|e| ApiError::server(e.to_string()))?;
-            let tail = match stops.push(&tail) {
-                StopStep::Continue(t) => t + &stops.finish(),
-                StopStep::Stop(t) => t,
-            };
-            if !tail.is_empty() {
-                let _ = events.send(Event::Text {
-                    text: tail,
-                    logprobs: Vec::new(),
-                });
-            }
-        }
+        let generated = emit.finish(finish, prompt_ids.len(), cached)?;
+        self.keep_caches(session, &prompt_ids, emit.produced.clone());
+        self.count_done(prompt_ids.len(), generated);
+        Ok(())
+    }
+
+    fn count_done(&self, prompt_tokens: usize, generated: usize) {
         self.counters
             .prompt_tokens
-            .fetch_add(prompt_ids.len() as u64, Ordering::Relaxed);
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         self.counters
             .completion_tokens
             .fetch_add(generated as u64, Ordering::Relaxed);
         self.counters.completed.fetch_add(1, Ordering::Relaxed);
-        let _ = events.send(Event::Done {
-            finish_reason: if finish == Finish::Length {
-                "length"
-            } else {
-                "stop"
-            },
-            prompt_tokens: prompt_ids.len(),
-            completion_tokens: generated,
-            cached_tokens: cached,
-        });
-        Ok(())
     }
 
     /// Puts the session's caches in the prompt cache under the tokens they hold: the prompt
@@ -272,7 +229,7 @@ impl Worker {
     }
 
     /// The chosen token's log-probability and the `top` most likely ones.
-    fn logprob(
+    pub(super) fn logprob(
         &self,
         id: u32,
         logprobs: &Array,
