@@ -2,6 +2,7 @@
 //! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
 //! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
 
+mod batch_lane;
 mod emit;
 pub mod error;
 pub mod request;
@@ -54,6 +55,10 @@ pub struct ServeArgs {
     /// Prompt cache: a cap on the bytes its entries hold (default: none).
     #[arg(long)]
     pub prompt_cache_bytes: Option<usize>,
+    /// Batch lane: up to this many requests decode together in one forward (1 = the serial
+    /// lane only). Full-attention models with dense caches only; others stay serial.
+    #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
+    pub batch: usize,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -93,6 +98,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let model_dir = args.model.clone();
     let template_source = args.chat_template.clone();
     let worker_counters = counters.clone();
+    let slots = args.batch.max(1);
     let cache_caps = (args.prompt_cache_size, args.prompt_cache_bytes);
     let prompt_cache = Arc::new(std::sync::Mutex::new(
         crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1).stats(),
@@ -125,7 +131,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             match setup {
                 Ok(worker) => {
                     let _ = ready_tx.send(Ok(()));
-                    worker.run(rx);
+                    if slots > 1 && worker.batchable() {
+                        worker.run_batched(rx, slots);
+                    } else {
+                        worker.run(rx);
+                    }
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));

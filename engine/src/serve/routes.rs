@@ -59,7 +59,11 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         "running": c.running.load(Ordering::Relaxed),
         "prompt_tokens": n(&c.prompt_tokens),
         "completion_tokens": n(&c.completion_tokens),
-        "lanes": {"serial": 1},
+        "lanes": {
+            "serial": 1,
+            "batch_slots": c.batch_slots.load(Ordering::Relaxed),
+            "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
+        },
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
     }))
 }

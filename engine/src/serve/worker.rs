@@ -68,6 +68,9 @@ pub struct Counters {
     pub completion_tokens: AtomicU64,
     pub queued: AtomicUsize,
     pub running: AtomicUsize,
+    /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
+    pub batch_slots: AtomicUsize,
+    pub batch_peak: AtomicUsize,
 }
 
 pub struct Worker {
@@ -115,7 +118,7 @@ impl Worker {
         }
     }
 
-    fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, super::error::ApiError> {
+    pub(super) fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, super::error::ApiError> {
         use super::error::ApiError;
         let (ids, field) = match prompt {
             Prompt::Chat(messages) => {
@@ -159,9 +162,7 @@ impl Worker {
         let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
         let mut emit = Emitter::new(self, &request, events);
         let mut failure: Option<ApiError> = None;
-        // No adapters yet: every request is in the base model's namespace.
-        let hit = self.prompt_cache.borrow_mut().take("", &prompt_ids);
-        let (caches, cached) = match hit {
+        let (caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
             None => (self.model.make_caches(), 0),
         };
@@ -195,7 +196,7 @@ impl Worker {
         Ok(())
     }
 
-    fn count_done(&self, prompt_tokens: usize, generated: usize) {
+    pub(super) fn count_done(&self, prompt_tokens: usize, generated: usize) {
         self.counters
             .prompt_tokens
             .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
@@ -221,10 +222,22 @@ impl Worker {
         tokens.truncate(fed);
         let caches = std::mem::take(&mut session.caches);
         drop(session);
-        let mut pc = self.prompt_cache.borrow_mut();
-        pc.put("", tokens, caches);
+        self.prompt_cache.borrow_mut().put("", tokens, caches);
+        self.sync_cache_stats();
+    }
+
+    /// Takes the prompt cache's longest usable entry for `prompt`, if any.
+    pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
+        // No adapters yet: every request is in the base model's namespace.
+        let hit = self.prompt_cache.borrow_mut().take("", prompt);
+        self.sync_cache_stats();
+        hit
+    }
+
+    /// Mirrors the prompt cache's numbers for /stats.
+    fn sync_cache_stats(&self) {
         if let Ok(mut stats) = self.prompt_cache_stats.lock() {
-            *stats = pc.stats();
+            *stats = self.prompt_cache.borrow().stats();
         }
     }
 

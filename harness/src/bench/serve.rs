@@ -54,11 +54,11 @@ fn free_port() -> Result<u16> {
 }
 
 /// Starts `stack`'s server on `model` and waits for /health.
-pub fn start(stack: &str, model: &Path) -> Result<Server> {
+pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
     let port = free_port()?;
     let mut cmd = if stack == "engine" {
         let mut c = Command::new(std::env::current_exe()?);
-        c.arg("leg-serve");
+        c.arg("leg-serve").arg("--batch").arg(batch.to_string());
         c
     } else {
         let mut c = Command::new(crate::oracle::python());
@@ -235,6 +235,8 @@ pub struct ServeOptions {
     pub peer: bool,
     pub clean: bool,
     pub force: bool,
+    /// `engine serve --batch` for the engine's server.
+    pub batch: usize,
 }
 
 /// Medians over rounds, per stack and level; plus direct generation's decode tok/s.
@@ -284,7 +286,7 @@ pub fn run(
     bar.set_message("serve");
     let mut runs: Vec<(&str, Vec<Level>)> = Vec::new();
     for stack in &order {
-        let server = start(stack, &dir)?;
+        let server = start(stack, &dir, opts.batch)?;
         let measured = levels(server.port, opts.per_client, opts.max_tokens)
             .with_context(|| format!("serving with {stack}"))?;
         runs.push((stack, measured));
@@ -457,7 +459,7 @@ pub fn record(
             peer: (stack == "engine" && opts.peer).then(|| "mlx-lm".into()),
             params: serde_json::json!({
                 "per_client": opts.per_client, "max_tokens": opts.max_tokens,
-                "rounds": opts.rounds, "levels": LEVELS, "prompt": PROMPT,
+                "rounds": opts.rounds, "levels": LEVELS, "prompt": PROMPT, "engine_batch": opts.batch,
             })
             .to_string(),
             tags: tags.join(" "),

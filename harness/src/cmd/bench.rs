@@ -21,6 +21,9 @@ pub struct Args {
     /// The committed model the serve suite runs on.
     #[arg(long, default_value = "tiny-llama-trained")]
     serve_model: String,
+    /// Serve suite: the engine server's batch lane rows (`engine serve --batch`).
+    #[arg(long, default_value_t = 16)]
+    serve_batch: usize,
     /// Serve suite: requests per client per level.
     #[arg(long, default_value_t = 2)]
     per_client: usize,
@@ -59,6 +62,7 @@ fn run_serve(args: &Args) -> Result<()> {
         peer: !args.no_peer,
         clean: args.clean,
         force: args.force,
+        batch: args.serve_batch,
     };
     let (result, before, after) = serve::run(&opts)?;
     print!("{}", serve::table(&opts.model, &result));
@@ -81,10 +85,14 @@ pub struct LegServeArgs {
     model: PathBuf,
     #[arg(long)]
     port: u16,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
 }
 
 pub fn leg_serve(args: LegServeArgs) -> Result<()> {
-    engine::serve::run(serve_args(&args.model, args.port)?)
+    let mut serve = serve_args(&args.model, args.port)?;
+    serve.batch = args.batch;
+    engine::serve::run(serve)
 }
 
 /// `engine serve`'s arguments for `model` on loopback `port`, every other flag at its

@@ -1,0 +1,265 @@
+//! The batch lane (`engine serve --batch N`): up to N requests decode together, one forward
+//! of [rows, 1] ids per step (`generate::batch`). Each scheduler tick admits at most one
+//! waiting request — prefilled alone, so admission interleaves with decode steps — and then
+//! runs one batched step; rows that finish (EOS, max tokens, a stop string, an error, a
+//! client gone) leave the batch at once, alone. Models whose caches are not all standard
+//! full-attention caches, and quantized KV, are served by the serial lane instead.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use super::emit::Emitter;
+use super::error::ApiError;
+use super::worker::{Event, Job, Worker};
+use crate::cache::KvCache;
+use crate::generate::batch::Batch;
+use crate::generate::sampler::Sampler;
+use crate::generate::{Finish, Flow, Session};
+
+struct Row<'w> {
+    emit: Emitter<'w>,
+    sampler: Sampler,
+    /// Prompt and generated ids (the logits processors' history).
+    history: Vec<u32>,
+    prompt_tokens: usize,
+    cached: usize,
+    max_tokens: usize,
+    /// The id to feed at the next step.
+    next: u32,
+}
+
+enum Outcome {
+    Continue,
+    Done(Finish),
+    Failed(ApiError),
+}
+
+impl Worker {
+    /// Whether this model and these options can use the batch lane.
+    pub fn batchable(&self) -> bool {
+        self.opts.kv_quant.is_none()
+            && self
+                .model
+                .make_caches()
+                .iter_mut()
+                .all(|c| c.as_any_mut().downcast_mut::<KvCache>().is_some())
+    }
+
+    /// Picks the next id of `row` from its logits [1, vocab] and emits it.
+    fn advance(&self, row: &mut Row<'_>, logits: &Array, eos: &[u32]) -> Outcome {
+        let step = (|| -> Result<Outcome, ApiError> {
+            let logits = if row.sampler.has_processors() {
+                row.sampler
+                    .process(logits, &row.history)
+                    .map_err(|e| ApiError::server(e.to_string()))?
+            } else {
+                logits.clone()
+            };
+            let logprobs = logits
+                .subtract(
+                    logits
+                        .logsumexp(true)
+                        .map_err(|e| ApiError::server(e.to_string()))?,
+                )
+                .map_err(|e| ApiError::server(e.to_string()))?;
+            let y = row
+                .sampler
+                .sample(&logprobs)
+                .map_err(|e| ApiError::server(e.to_string()))?;
+            y.eval().map_err(|e| ApiError::server(e.to_string()))?;
+            let id = y.as_slice::<u32>()[0];
+            if eos.contains(&id) {
+                return Ok(Outcome::Done(Finish::Eos));
+            }
+            let flow = row.emit.token(self, id, &logprobs)?;
+            row.history.push(id);
+            row.next = id;
+            if flow == Flow::Stop {
+                return Ok(Outcome::Done(Finish::Stop));
+            }
+            if row.emit.produced.len() >= row.max_tokens {
+                return Ok(Outcome::Done(Finish::Length));
+            }
+            Ok(Outcome::Continue)
+        })();
+        step.unwrap_or_else(Outcome::Failed)
+    }
+
+    /// Ends a row: Done (or the error) to its client, counters updated.
+    fn close(&self, mut row: Row<'_>, outcome: Outcome) {
+        self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        match outcome {
+            Outcome::Continue => {}
+            Outcome::Done(_) if row.emit.gone => {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            }
+            Outcome::Done(finish) => match row.emit.finish(finish, row.prompt_tokens, row.cached) {
+                Ok(generated) => self.count_done(row.prompt_tokens, generated),
+                Err(e) => {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    row.emit.send(Event::Failed(e));
+                }
+            },
+            Outcome::Failed(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                row.emit.send(Event::Failed(e));
+            }
+        }
+    }
+
+    /// Prefills a new request alone and emits its first token; the session joins the batch
+    /// unless the request is already finished.
+    fn admit<'w>(&'w self, job: Job) -> Option<(Row<'w>, Session<'w>)> {
+        let Job { request, events } = job;
+        let fail = |e: ApiError, events: &tokio::sync::mpsc::UnboundedSender<Event>| {
+            let _ = events.send(Event::Failed(e));
+        };
+        let prompt_ids = match self.prompt_ids(&request.prompt) {
+            Ok(ids) => ids,
+            Err(e) => {
+                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                fail(e, &events);
+                return None;
+            }
+        };
+        let sampler = match Sampler::new(request.sampling.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                fail(ApiError::server(e.to_string()), &events);
+                return None;
+            }
+        };
+        let _ = events.send(Event::Started {
+            prompt_tokens: prompt_ids.len(),
+        });
+        self.counters.running.fetch_add(1, Ordering::Relaxed);
+        let (caches, cached) = match self.cache_take(&prompt_ids) {
+            Some(h) => (h.caches, h.reused),
+            None => (self.model.make_caches(), 0),
+        };
+        let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+        let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
+        let mut row = Row {
+            emit: Emitter::new(self, &request, events),
+            sampler,
+            history: prompt_ids.clone(),
+            prompt_tokens: prompt_ids.len(),
+            cached,
+            max_tokens,
+            next: 0,
+        };
+        let outcome = match session.prefill(&prompt_ids[cached..]) {
+            Ok(logits) => self.advance(&mut row, &logits, &self.tokenizer.eos_token_ids),
+            Err(e) => Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+        };
+        match outcome {
+            Outcome::Continue => Some((row, session)),
+            done => {
+                self.close(row, done);
+                None
+            }
+        }
+    }
+
+    /// Serves jobs with up to `slots` rows decoding together, until every sender is gone.
+    pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
+        self.counters.batch_slots.store(slots, Ordering::Relaxed);
+        let mut waiting: VecDeque<Job> = VecDeque::new();
+        let mut batch = Batch::new(self.model.as_ref());
+        let mut rows: Vec<Row<'_>> = Vec::new();
+        let mut steps = 0usize;
+        loop {
+            if rows.is_empty() && waiting.is_empty() {
+                match jobs.recv() {
+                    Ok(job) => waiting.push_back(job),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(job) = jobs.try_recv() {
+                waiting.push_back(job);
+            }
+            if rows.len() < slots {
+                if let Some(job) = waiting.pop_front() {
+                    self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                    if let Some((row, session)) = self.admit(job) {
+                        match batch.join(vec![session]) {
+                            Ok(()) => {
+                                rows.push(row);
+                                self.counters
+                                    .batch_peak
+                                    .fetch_max(rows.len(), Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                self.close(row, Outcome::Failed(ApiError::server(e.to_string())))
+                            }
+                        }
+                    }
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let ids: Vec<u32> = rows.iter().map(|r| r.next).collect();
+            let logits = match batch.step(&ids) {
+                Ok(l) => l,
+                Err(e) => {
+                    // A failed forward cannot be pinned on one row: every row fails, the
+                    // lane starts empty, later requests are unaffected.
+                    for row in rows.drain(..) {
+                        self.close(
+                            row,
+                            Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+                        );
+                    }
+                    batch = Batch::new(self.model.as_ref());
+                    continue;
+                }
+            };
+            let mut keep = Vec::new();
+            let mut finished = Vec::new();
+            for (i, row) in rows.iter_mut().enumerate() {
+                let row_logits = match logits.index(i as i32).reshape(&[1, -1]) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        finished.push((i, Outcome::Failed(ApiError::server(e.to_string()))));
+                        continue;
+                    }
+                };
+                match self.advance(row, &row_logits, &self.tokenizer.eos_token_ids) {
+                    Outcome::Continue if !row.emit.gone => keep.push(i),
+                    Outcome::Continue => finished.push((i, Outcome::Done(Finish::Stop))),
+                    other => finished.push((i, other)),
+                }
+            }
+            if !finished.is_empty() {
+                if let Err(e) = batch.keep(&keep) {
+                    for row in rows.drain(..) {
+                        self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+                    }
+                    batch = Batch::new(self.model.as_ref());
+                    continue;
+                }
+                let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
+                for (i, o) in finished {
+                    outcomes[i] = Some(o);
+                }
+                let old = std::mem::take(&mut rows);
+                for (row, outcome) in old.into_iter().zip(outcomes) {
+                    match outcome {
+                        None => rows.push(row),
+                        Some(o) => self.close(row, o),
+                    }
+                }
+            }
+            steps += 1;
+            if steps % 256 == 0 {
+                let _ = mlx_rs::memory::clear_cache();
+            }
+        }
+    }
+}
