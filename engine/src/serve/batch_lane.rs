@@ -257,7 +257,7 @@ impl Worker {
                 }
             }
             steps += 1;
-            if steps % 256 == 0 {
+            if steps.is_multiple_of(256) {
                 let _ = mlx_rs::memory::clear_cache();
             }
         }
