@@ -264,13 +264,18 @@ pub fn registry() -> Vec<Registered> {
             args: vec![m.to_owned()],
         });
     }
+    out.push(Registered {
+        name: "batch/tiny-llama-trained".into(),
+        script: "gen_batch.py",
+        args: vec!["tiny-llama-trained".into()],
+    });
     // l3/<model> is frozen from our own engine by `harness freeze-perf-oracle`, not by an
     // oracle script, so it is not regenerated from here.
     out
 }
 
 /// Top-level entries of the goldens dir that are golden groups, not machine layers.
-const GROUPS: [&str; 6] = ["runtime", "models", "l1", "l2", "l3", "sampling"];
+const GROUPS: [&str; 7] = ["runtime", "models", "l1", "l2", "l3", "batch", "sampling"];
 
 /// Machine-key override dirs present under `root`.
 pub fn machine_layers(root: &Path) -> Vec<String> {

@@ -227,11 +227,29 @@ pub fn run(args: Args) -> Result<()> {
     if !args.no_record && plant.is_none() {
         record(&reports, args.live, "parity-l1", "mlx-lm")?;
     }
+    // The B=N gate: batched decoding vs mlx-lm's BatchGenerator (committed goldens).
+    let mut batch_failed = Vec::new();
+    if plant.is_none()
+        && !args.live
+        && args
+            .model
+            .as_deref()
+            .is_none_or(|m| m == "tiny-llama-trained")
+    {
+        for scenario in harness::parity::batch::SCENARIOS {
+            let r = harness::parity::batch::run("tiny-llama-trained", scenario)?;
+            println!("L1 batch tiny-llama-trained {scenario}: {}", r.summary());
+            if !r.passed() {
+                batch_failed.push(format!("batch/{scenario}"));
+            }
+        }
+    }
     let mut failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.passed())
         .map(|r| r.model.clone())
         .collect();
+    failed.extend(batch_failed);
     // The sampling gates (same models where they have sampling goldens).
     if plant.is_none() {
         let sampling_models: Vec<&str> = harness::parity::sampling::MODELS

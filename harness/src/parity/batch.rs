@@ -1,9 +1,8 @@
-//! The B=N gate: batched decoding (the batch lane's `Batch`) against mlx-lm. On this backend
-//! mlx-lm's `BatchGenerator` gives every row bit-identical logits to running that prompt
-//! alone through `generate_step` (measured: docs/design/batch-lane.md), so each row is
-//! checked against its prompt's L1 golden: every logit vector bit-exact, greedy ids equal —
-//! for static batches of rows with different prompt lengths (left padding) and for rows
-//! joining and leaving a running batch.
+//! The B=N gate: batched decoding (the batch lane's `Batch`) against mlx-lm's batched
+//! generation (`BatchGenerator` goldens from oracles/gen_batch.py): per row, every logit
+//! vector bit-exact and the greedy ids identical — for static batches of rows with different
+//! prompt lengths (left padding) and for rows joining a running batch and leaving it when
+//! they reach their token limit.
 
 use engine::generate::batch::Batch;
 use engine::generate::{greedy, Session, SessionOptions};
@@ -14,12 +13,8 @@ use super::ParityError;
 use crate::compare::compare;
 use crate::goldens::{TensorEntry, TensorGolden};
 
-/// What happens before batch step `at`.
-#[derive(Debug, Clone)]
-pub enum Event {
-    Join(Vec<&'static str>),
-    Leave(Vec<&'static str>),
-}
+/// The scenarios of `goldens/batch/<model>`.
+pub const SCENARIOS: [&str; 3] = ["b2", "b4", "joinleave"];
 
 #[derive(Debug, Clone, Default)]
 pub struct BatchReport {
@@ -52,8 +47,8 @@ impl BatchReport {
 }
 
 struct Row {
-    case: Value,
-    /// Index of the next logit vector / greedy id to check (0 = prefill).
+    golden: Value,
+    /// Index of the next logit vector / id to check (0 = after the prefill).
     step: usize,
     token: u32,
 }
@@ -62,33 +57,23 @@ fn entry(v: &Value) -> Result<TensorEntry, ParityError> {
     serde_json::from_value(v.clone()).map_err(|e| ParityError::Index(e.to_string()))
 }
 
-/// Runs `schedule` (events before the given batch steps) for `steps` batch steps on the L1
-/// golden of `model`.
-pub fn run(
-    model: &str,
-    schedule: &[(usize, Event)],
-    steps: usize,
-) -> Result<BatchReport, ParityError> {
-    let golden = TensorGolden::open(&format!("l1/{model}"))?;
+/// Runs `scenario` of the batch golden of `model`: rows join the batch at their `join_at`
+/// step (prefilled alone first) and leave when they have produced `max_tokens` ids.
+pub fn run(model: &str, scenario: &str) -> Result<BatchReport, ParityError> {
+    let golden = TensorGolden::open(&format!("batch/{model}"))?;
     let m = engine::model::load(&crate::goldens::model_dir(model)?)?;
-    let cases = golden.index["cases"]
+    let rows_golden: Vec<Value> = golden.index["scenarios"]
         .as_array()
-        .cloned()
-        .unwrap_or_default();
-    let find = |name: &str| {
-        cases
-            .iter()
-            .find(|c| c["name"] == name)
-            .cloned()
-            .ok_or_else(|| ParityError::UnknownCase(name.to_owned()))
-    };
+        .and_then(|s| s.iter().find(|s| s["name"] == scenario))
+        .and_then(|s| s["rows"].as_array().cloned())
+        .ok_or_else(|| ParityError::UnknownCase(scenario.to_owned()))?;
     let mut report = BatchReport::default();
     let check = |row: &mut Row,
                  logits: &mlx_rs::Array,
                  report: &mut BatchReport|
-     -> Result<u32, ParityError> {
-        let name = row.case["name"].as_str().unwrap_or("?").to_owned();
-        if let Some(e) = row.case["logits"].get(row.step) {
+     -> Result<(), ParityError> {
+        let name = row.golden["name"].as_str().unwrap_or("?").to_owned();
+        if let Some(e) = row.golden["logits"].get(row.step) {
             let (e, bytes) = golden.tensor_at(&entry(e)?)?;
             let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
             let cmp = compare(&flat, &e, bytes)?;
@@ -97,61 +82,54 @@ pub fn run(
             if cmp.bit_exact {
                 report.exact += 1;
             } else if report.first_failure.is_none() {
-                report.first_failure = Some(format!("{name} logits step {}", row.step));
+                report.first_failure = Some(format!("{scenario}/{name} logits step {}", row.step));
             }
         }
         let id = greedy(logits)?;
-        if let Some(want) = row.case["greedy_ids"].get(row.step).and_then(Value::as_u64) {
+        if let Some(want) = row.golden["ids"].get(row.step).and_then(Value::as_u64) {
             report.ids += 1;
             if want as u32 == id {
                 report.ids_matching += 1;
             } else if report.first_failure.is_none() {
-                report.first_failure = Some(format!("{name} greedy step {}", row.step));
+                report.first_failure = Some(format!("{scenario}/{name} id step {}", row.step));
             }
         }
         row.step += 1;
         row.token = id;
-        Ok(id)
+        Ok(())
     };
+    let limit = |r: &Row| r.golden["max_tokens"].as_u64().unwrap_or(0) as usize;
     let mut batch = Batch::new(m.as_ref());
     let mut rows: Vec<Row> = Vec::new();
-    for t in 0..steps {
-        for (_, event) in schedule.iter().filter(|(at, _)| *at == t) {
-            match event {
-                Event::Join(names) => {
-                    let mut sessions = Vec::new();
-                    for name in names {
-                        let case = find(name)?;
-                        let ids: Vec<u32> = serde_json::from_value(case["prompt_ids"].clone())
-                            .map_err(|e| ParityError::Index(e.to_string()))?;
-                        let mut session =
-                            Session::with_options(m.as_ref(), &SessionOptions::default());
-                        let logits = session.prefill(&ids)?;
-                        let mut row = Row {
-                            case,
-                            step: 0,
-                            token: 0,
-                        };
-                        check(&mut row, &logits, &mut report)?;
-                        sessions.push(session);
-                        rows.push(row);
-                    }
-                    batch.join(sessions)?;
-                }
-                Event::Leave(names) => {
-                    let keep: Vec<usize> = (0..rows.len())
-                        .filter(|&i| !names.iter().any(|n| rows[i].case["name"] == *n))
-                        .collect();
-                    batch.keep(&keep)?;
-                    rows = rows
-                        .into_iter()
-                        .enumerate()
-                        .filter(|(i, _)| keep.contains(i))
-                        .map(|(_, r)| r)
-                        .collect();
-                }
+    let last_join = rows_golden
+        .iter()
+        .filter_map(|r| r["join_at"].as_u64())
+        .max()
+        .unwrap_or(0) as usize;
+    let mut t = 0;
+    while t <= last_join || !rows.is_empty() {
+        let mut sessions = Vec::new();
+        for g in rows_golden
+            .iter()
+            .filter(|g| g["join_at"].as_u64() == Some(t as u64))
+        {
+            let ids: Vec<u32> = serde_json::from_value(g["prompt_ids"].clone())
+                .map_err(|e| ParityError::Index(e.to_string()))?;
+            let mut session = Session::with_options(m.as_ref(), &SessionOptions::default());
+            let logits = session.prefill(&ids)?;
+            let mut row = Row {
+                golden: g.clone(),
+                step: 0,
+                token: 0,
+            };
+            check(&mut row, &logits, &mut report)?;
+            if row.step < limit(&row) {
+                sessions.push(session);
+                rows.push(row);
             }
         }
+        batch.join(sessions)?;
+        t += 1;
         if rows.is_empty() {
             continue;
         }
@@ -159,6 +137,17 @@ pub fn run(
         let logits = batch.step(&ids)?;
         for (i, row) in rows.iter_mut().enumerate() {
             check(row, &logits.index(i as i32), &mut report)?;
+        }
+        let keep: Vec<usize> = (0..rows.len())
+            .filter(|&i| rows[i].step < limit(&rows[i]))
+            .collect();
+        if keep.len() < rows.len() {
+            batch.keep(&keep)?;
+            let mut i = 0;
+            rows.retain(|_| {
+                i += 1;
+                keep.contains(&(i - 1))
+            });
         }
     }
     Ok(report)
