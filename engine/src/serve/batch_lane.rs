@@ -49,44 +49,51 @@ impl Worker {
                 .all(|c| c.as_any_mut().downcast_mut::<KvCache>().is_some())
     }
 
-    /// Picks the next id of `row` from its logits [1, vocab] and emits it.
-    fn advance(&self, row: &mut Row<'_>, logits: &Array, eos: &[u32]) -> Outcome {
-        let step = (|| -> Result<Outcome, ApiError> {
-            let logits = if row.sampler.has_processors() {
-                row.sampler
-                    .process(logits, &row.history)
-                    .map_err(|e| ApiError::server(e.to_string()))?
-            } else {
-                logits.clone()
-            };
-            let logprobs = logits
-                .subtract(
-                    logits
-                        .logsumexp(true)
-                        .map_err(|e| ApiError::server(e.to_string()))?,
-                )
-                .map_err(|e| ApiError::server(e.to_string()))?;
-            let y = row
-                .sampler
-                .sample(&logprobs)
-                .map_err(|e| ApiError::server(e.to_string()))?;
+    /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
+    fn sample(row: &mut Row<'_>, logits: &Array) -> Result<(Array, Array), ApiError> {
+        let err = |e: mlx_rs::error::Exception| ApiError::server(e.to_string());
+        let logits = if row.sampler.has_processors() {
+            row.sampler.process(logits, &row.history).map_err(err)?
+        } else {
+            logits.clone()
+        };
+        let logprobs = logits
+            .subtract(logits.logsumexp(true).map_err(err)?)
+            .map_err(err)?;
+        Ok((row.sampler.sample(&logprobs).map_err(err)?, logprobs))
+    }
+
+    /// Emits `row`'s evaluated next id and says whether the row goes on.
+    fn emit_next(&self, row: &mut Row<'_>, y: &Array, logprobs: &Array) -> Outcome {
+        let id = y.as_slice::<u32>()[0];
+        if self.tokenizer.eos_token_ids.contains(&id) {
+            return Outcome::Done(Finish::Eos);
+        }
+        match row.emit.token(self, id, logprobs) {
+            Err(e) => Outcome::Failed(e),
+            Ok(flow) => {
+                row.history.push(id);
+                row.next = id;
+                if flow == Flow::Stop {
+                    Outcome::Done(Finish::Stop)
+                } else if row.emit.produced.len() >= row.max_tokens {
+                    Outcome::Done(Finish::Length)
+                } else {
+                    Outcome::Continue
+                }
+            }
+        }
+    }
+
+    /// Samples and emits the next id of one row (admission: right after its prefill).
+    fn advance(&self, row: &mut Row<'_>, logits: &Array) -> Outcome {
+        match Self::sample(row, logits).and_then(|(y, lp)| {
             y.eval().map_err(|e| ApiError::server(e.to_string()))?;
-            let id = y.as_slice::<u32>()[0];
-            if eos.contains(&id) {
-                return Ok(Outcome::Done(Finish::Eos));
-            }
-            let flow = row.emit.token(self, id, &logprobs)?;
-            row.history.push(id);
-            row.next = id;
-            if flow == Flow::Stop {
-                return Ok(Outcome::Done(Finish::Stop));
-            }
-            if row.emit.produced.len() >= row.max_tokens {
-                return Ok(Outcome::Done(Finish::Length));
-            }
-            Ok(Outcome::Continue)
-        })();
-        step.unwrap_or_else(Outcome::Failed)
+            Ok((y, lp))
+        }) {
+            Ok((y, lp)) => self.emit_next(row, &y, &lp),
+            Err(e) => Outcome::Failed(e),
+        }
     }
 
     /// Ends a row: Done (or the error) to its client, counters updated.
@@ -154,7 +161,7 @@ impl Worker {
             next: 0,
         };
         let outcome = match session.prefill(&prompt_ids[cached..]) {
-            Ok(logits) => self.advance(&mut row, &logits, &self.tokenizer.eos_token_ids),
+            Ok(logits) => self.advance(&mut row, &logits),
             Err(e) => Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
         };
         match outcome {
@@ -222,15 +229,35 @@ impl Worker {
             };
             let mut keep = Vec::new();
             let mut finished = Vec::new();
+            // Every row's sample is built first and evaluated together: one sync per step.
+            let mut sampled: Vec<Option<(Array, Array)>> = Vec::with_capacity(rows.len());
             for (i, row) in rows.iter_mut().enumerate() {
-                let row_logits = match logits.index(i as i32).reshape(&[1, -1]) {
-                    Ok(l) => l,
+                let row_logits = logits
+                    .index(i as i32)
+                    .reshape(&[1, -1])
+                    .map_err(|e| ApiError::server(e.to_string()));
+                match row_logits.and_then(|l| Self::sample(row, &l)) {
+                    Ok(pair) => sampled.push(Some(pair)),
                     Err(e) => {
-                        finished.push((i, Outcome::Failed(ApiError::server(e.to_string()))));
-                        continue;
+                        finished.push((i, Outcome::Failed(e)));
+                        sampled.push(None);
                     }
-                };
-                match self.advance(row, &row_logits, &self.tokenizer.eos_token_ids) {
+                }
+            }
+            let ys: Vec<&Array> = sampled.iter().flatten().map(|(y, _)| y).collect();
+            if let Err(e) = mlx_rs::transforms::eval(ys) {
+                for row in rows.drain(..) {
+                    self.close(
+                        row,
+                        Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+                    );
+                }
+                batch = Batch::new(self.model.as_ref());
+                continue;
+            }
+            for (i, (row, pair)) in rows.iter_mut().zip(&sampled).enumerate() {
+                let Some((y, lp)) = pair else { continue };
+                match self.emit_next(row, y, lp) {
                     Outcome::Continue if !row.emit.gone => keep.push(i),
                     Outcome::Continue => finished.push((i, Outcome::Done(Finish::Stop))),
                     other => finished.push((i, other)),
