@@ -469,12 +469,23 @@ fn arb_body() -> impl Strategy<Value = Vec<u8>> {
 /// A fuzz of request bodies: every answer is a 200 or a 4xx with a JSON error; no crash.
 #[test]
 fn fuzzed_request_bodies_never_crash_the_server() {
-    let s = serve(&[]);
+    fuzz(&[]);
+}
+
+/// The same fuzz against the batch lane.
+#[test]
+fn fuzzed_request_bodies_never_crash_the_batch_lane() {
+    fuzz(&["--batch", "8"]);
+}
+
+fn fuzz(extra: &[&str]) {
+    let s = serve(extra);
     let port = s.port;
     // A fixed seed: the same 300 bodies on every run.
     let mut runner = proptest::test_runner::TestRunner::new_with_rng(
         ProptestConfig {
             cases: 300,
+            failure_persistence: None,
             ..ProptestConfig::default()
         },
         proptest::test_runner::TestRng::deterministic_rng(

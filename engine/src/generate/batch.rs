@@ -91,12 +91,18 @@ impl<'m> Batch<'m> {
 
     /// Feeds one token per row; returns the logits [B, vocab].
     pub fn step(&mut self, ids: &[u32]) -> Result<Array, Exception> {
-        if ids.len() != self.rows() {
+        let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
+        self.step_ids(&Array::from_slice(&ids, &[ids.len() as i32]))
+    }
+
+    /// As `step`, with the ids still an MLX array [B] (e.g. lazy samples).
+    pub fn step_ids(&mut self, ids: &Array) -> Result<Array, Exception> {
+        if ids.size() != self.rows() {
             return Err(Exception::custom("one token per batch row"));
         }
-        let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-        let ids = Array::from_slice(&ids, &[ids.len() as i32, 1]);
-        let logits = self.model.forward(&ids, &mut self.caches)?;
+        let logits = self
+            .model
+            .forward(&ids.reshape(&[-1, 1])?, &mut self.caches)?;
         Ok(logits.index((.., -1, ..)))
     }
 }

@@ -173,12 +173,78 @@ impl Worker {
         }
     }
 
+    /// Removes the rows whose outcome is given (closing them) from `rows` and `batch`;
+    /// `samples`, if given, keeps the kept rows' entries. Returns false if the batch broke
+    /// (then every row has been failed and the lane is empty).
+    fn settle<'w>(
+        &self,
+        rows: &mut Vec<Row<'w>>,
+        batch: &mut Batch<'_>,
+        mut outcomes: Vec<Option<Outcome>>,
+        samples: Option<&mut Vec<(Array, Array)>>,
+    ) -> bool {
+        if outcomes.iter().all(Option::is_none) {
+            return true;
+        }
+        let keep: Vec<usize> = (0..rows.len()).filter(|&i| outcomes[i].is_none()).collect();
+        if let Err(e) = batch.keep(&keep) {
+            for row in rows.drain(..) {
+                self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+            }
+            return false;
+        }
+        if let Some(samples) = samples {
+            let old = std::mem::take(samples);
+            samples.extend(
+                old.into_iter()
+                    .enumerate()
+                    .filter(|(i, _)| keep.contains(i))
+                    .map(|(_, s)| s),
+            );
+        }
+        let old = std::mem::take(rows);
+        for (row, outcome) in old.into_iter().zip(outcomes.iter_mut()) {
+            match outcome.take() {
+                None => rows.push(row),
+                Some(o) => self.close(row, o),
+            }
+        }
+        true
+    }
+
+    /// Evaluates `samples` (one per row) and emits them; the outcome of each row.
+    fn emit_all(&self, rows: &mut [Row<'_>], samples: &[(Array, Array)]) -> Vec<Option<Outcome>> {
+        let ys: Vec<&Array> = samples.iter().map(|(y, _)| y).collect();
+        if let Err(e) = mlx_rs::transforms::eval(ys) {
+            let msg = format!("generation failed: {e}");
+            return rows
+                .iter()
+                .map(|_| Some(Outcome::Failed(ApiError::server(msg.clone()))))
+                .collect();
+        }
+        rows.iter_mut()
+            .zip(samples)
+            .map(|(row, (y, lp))| match self.emit_next(row, y, lp) {
+                Outcome::Continue if !row.emit.gone => None,
+                Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
+                other => Some(other),
+            })
+            .collect()
+    }
+
     /// Serves jobs with up to `slots` rows decoding together, until every sender is gone.
+    ///
+    /// Pipelined as generate_step is: a step's forward for every row is queued (async eval)
+    /// before the ids it feeds are read back and emitted, so host work overlaps the model.
+    /// Before a request is admitted, and whenever a row's logits processors need its
+    /// history, the queued samples are emitted first.
     pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
         self.counters.batch_slots.store(slots, Ordering::Relaxed);
         let mut waiting: VecDeque<Job> = VecDeque::new();
         let mut batch = Batch::new(self.model.as_ref());
         let mut rows: Vec<Row<'_>> = Vec::new();
+        // Samples of the last step, one per row, not yet emitted.
+        let mut inflight: Option<Vec<(Array, Array)>> = None;
         let mut steps = 0usize;
         loop {
             if rows.is_empty() && waiting.is_empty() {
@@ -190,7 +256,17 @@ impl Worker {
             while let Ok(job) = jobs.try_recv() {
                 waiting.push_back(job);
             }
-            if rows.len() < slots {
+            let admitting = rows.len() < slots && !waiting.is_empty();
+            let needs_history = rows.iter().any(|r| r.sampler.has_processors());
+            if admitting || needs_history {
+                if let Some(pending) = inflight.take() {
+                    let outcomes = self.emit_all(&mut rows, &pending);
+                    if !self.settle(&mut rows, &mut batch, outcomes, None) {
+                        batch = Batch::new(self.model.as_ref());
+                    }
+                }
+            }
+            if admitting && rows.len() < slots {
                 if let Some(job) = waiting.pop_front() {
                     self.counters.queued.fetch_sub(1, Ordering::Relaxed);
                     if let Some((row, session)) = self.admit(job) {
@@ -209,10 +285,22 @@ impl Worker {
                 }
             }
             if rows.is_empty() {
+                inflight = None;
                 continue;
             }
-            let ids: Vec<u32> = rows.iter().map(|r| r.next).collect();
-            let logits = match batch.step(&ids) {
+            // Feed the queued samples (still lazy) or, after a flush, the emitted ids.
+            let feed = match &inflight {
+                Some(pending) => {
+                    let ys: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
+                    mlx_rs::ops::concatenate(&ys, 0)
+                }
+                None => {
+                    let ids: Vec<u32> = rows.iter().map(|r| r.next).collect();
+                    Ok(Array::from_slice(&ids, &[ids.len() as i32]))
+                }
+            };
+            let step = feed.and_then(|f| batch.step_ids(&f));
+            let logits = match step {
                 Ok(l) => l,
                 Err(e) => {
                     // A failed forward cannot be pinned on one row: every row fails, the
@@ -224,65 +312,43 @@ impl Worker {
                         );
                     }
                     batch = Batch::new(self.model.as_ref());
+                    inflight = None;
                     continue;
                 }
             };
-            let mut keep = Vec::new();
-            let mut finished = Vec::new();
-            // Every row's sample is built first and evaluated together: one sync per step.
-            let mut sampled: Vec<Option<(Array, Array)>> = Vec::with_capacity(rows.len());
+            let mut next: Vec<(Array, Array)> = Vec::with_capacity(rows.len());
+            let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(rows.len());
             for (i, row) in rows.iter_mut().enumerate() {
-                let row_logits = logits
+                let sampled = logits
                     .index(i as i32)
                     .reshape(&[1, -1])
-                    .map_err(|e| ApiError::server(e.to_string()));
-                match row_logits.and_then(|l| Self::sample(row, &l)) {
-                    Ok(pair) => sampled.push(Some(pair)),
+                    .map_err(|e| ApiError::server(e.to_string()))
+                    .and_then(|l| Self::sample(row, &l));
+                match sampled {
+                    Ok(pair) => {
+                        next.push(pair);
+                        outcomes.push(None);
+                    }
                     Err(e) => {
-                        finished.push((i, Outcome::Failed(e)));
-                        sampled.push(None);
+                        next.push((Array::from_slice(&[0u32], &[1]), Array::from_f32(0.0)));
+                        outcomes.push(Some(Outcome::Failed(e)));
                     }
                 }
             }
-            let ys: Vec<&Array> = sampled.iter().flatten().map(|(y, _)| y).collect();
-            if let Err(e) = mlx_rs::transforms::eval(ys) {
-                for row in rows.drain(..) {
-                    self.close(
-                        row,
-                        Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
-                    );
+            let _ = mlx_rs::transforms::async_eval(next.iter().map(|(y, _)| y));
+            // While that step runs: emit what was fed to it.
+            if let Some(pending) = inflight.take() {
+                for (o, emitted) in outcomes.iter_mut().zip(self.emit_all(&mut rows, &pending)) {
+                    if o.is_none() {
+                        *o = emitted;
+                    }
                 }
+            }
+            if !self.settle(&mut rows, &mut batch, outcomes, Some(&mut next)) {
                 batch = Batch::new(self.model.as_ref());
                 continue;
             }
-            for (i, (row, pair)) in rows.iter_mut().zip(&sampled).enumerate() {
-                let Some((y, lp)) = pair else { continue };
-                match self.emit_next(row, y, lp) {
-                    Outcome::Continue if !row.emit.gone => keep.push(i),
-                    Outcome::Continue => finished.push((i, Outcome::Done(Finish::Stop))),
-                    other => finished.push((i, other)),
-                }
-            }
-            if !finished.is_empty() {
-                if let Err(e) = batch.keep(&keep) {
-                    for row in rows.drain(..) {
-                        self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
-                    }
-                    batch = Batch::new(self.model.as_ref());
-                    continue;
-                }
-                let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
-                for (i, o) in finished {
-                    outcomes[i] = Some(o);
-                }
-                let old = std::mem::take(&mut rows);
-                for (row, outcome) in old.into_iter().zip(outcomes) {
-                    match outcome {
-                        None => rows.push(row),
-                        Some(o) => self.close(row, o),
-                    }
-                }
-            }
+            inflight = (!rows.is_empty()).then_some(next);
             steps += 1;
             if steps.is_multiple_of(256) {
                 let _ = mlx_rs::memory::clear_cache();
