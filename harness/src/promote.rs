@@ -52,11 +52,15 @@ fn fmt_value(v: f64) -> String {
 fn params_label(params: &str) -> Option<String> {
     let p: serde_json::Value = serde_json::from_str(params).ok()?;
     let tokens = p.get("max_tokens").and_then(|v| v.as_u64());
-    match (p.get("prompt_tokens").and_then(|v| v.as_u64()), tokens) {
-        (Some(prompt), Some(gen)) => Some(format!("prompt {prompt}, {gen} new")),
-        (None, Some(gen)) => Some(format!("{gen} new")),
-        _ => None,
-    }
+    let label = match (p.get("prompt_tokens").and_then(|v| v.as_u64()), tokens) {
+        (Some(prompt), Some(gen)) => format!("prompt {prompt}, {gen} new"),
+        (None, Some(gen)) => format!("{gen} new"),
+        _ => return None,
+    };
+    Some(match p.get("engine_batch").and_then(|v| v.as_u64()) {
+        Some(b) => format!("{label}, engine --batch {b}"),
+        None => label,
+    })
 }
 
 /// RESULTS.md for `rows` (already filtered to promotable ones).
@@ -106,9 +110,11 @@ pub fn render(rows: &[Row]) -> String {
             Some(label) => format!("{} ({label})", r.model),
             None => r.model.clone(),
         };
+        // Rows come newest first: the first one per stack is the one to show.
         perf.entry((r.suite.clone(), model, r.metric.clone()))
             .or_default()
-            .insert(r.stack.clone(), r);
+            .entry(r.stack.clone())
+            .or_insert(r);
     }
     if perf.is_empty() {
         out.push_str("No performance runs recorded yet.\n");
