@@ -631,7 +631,9 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
         .map(|(path, body)| text(&post(serial.port, path, body).1))
         .collect();
     drop(serial);
-    let batched = serve(&["--batch", "8"]);
+    // Prefill chunks of 4 tokens: long prompts are admitted over several decode steps of
+    // the rows already running.
+    let batched = serve(&["--batch", "8", "--prefill-step-size", "4"]);
     let port = batched.port;
     let handles: Vec<_> = requests
         .iter()

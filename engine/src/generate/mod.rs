@@ -169,15 +169,19 @@ impl<'m> Session<'m> {
         let mut rest = prompt;
         while rest.len() > 1 {
             let n = self.prefill_step.min(rest.len() - 1);
-            // Only the caches are evaluated; the chunk's logits are never computed.
-            self.model
-                .forward(&ids_array(&rest[..n]), &mut self.caches)?;
-            self.quantize_due()?;
-            self.eval_caches()?;
+            self.prefill_chunk(&rest[..n])?;
             rest = &rest[n..];
-            mlx_rs::memory::clear_cache()?;
         }
         self.step(rest)
+    }
+
+    /// Feeds one prefill chunk: only the caches are evaluated; the chunk's logits are never
+    /// computed.
+    pub fn prefill_chunk(&mut self, ids: &[u32]) -> Result<(), Exception> {
+        self.model.forward(&ids_array(ids), &mut self.caches)?;
+        self.quantize_due()?;
+        self.eval_caches()?;
+        mlx_rs::memory::clear_cache()
     }
 }
 

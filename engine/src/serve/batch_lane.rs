@@ -32,6 +32,28 @@ struct Row<'w> {
     next: u32,
 }
 
+/// A request being admitted: its prompt is prefilled one chunk per tick.
+struct Admission<'w> {
+    row: Row<'w>,
+    session: Session<'w>,
+    prompt: Vec<u32>,
+    /// Prompt tokens in the session's caches.
+    fed: usize,
+}
+
+impl Admission<'_> {
+    /// Whether the next tick finishes the prompt (and the row joins the batch).
+    fn joins_next(&self) -> bool {
+        self.prompt.len() - 1 - self.fed <= self.session.prefill_step
+    }
+}
+
+enum Step<'w> {
+    Prefilling(Admission<'w>),
+    Join(Row<'w>, Session<'w>),
+    Closed,
+}
+
 enum Outcome {
     Continue,
     Done(Finish),
@@ -118,18 +140,14 @@ impl Worker {
         }
     }
 
-    /// Prefills a new request alone and emits its first token; the session joins the batch
-    /// unless the request is already finished.
-    fn admit<'w>(&'w self, job: Job) -> Option<(Row<'w>, Session<'w>)> {
+    /// Starts admitting a request: prompt encoded, prompt cache consulted, session made.
+    fn start<'w>(&'w self, job: Job) -> Option<Admission<'w>> {
         let Job { request, events } = job;
-        let fail = |e: ApiError, events: &tokio::sync::mpsc::UnboundedSender<Event>| {
-            let _ = events.send(Event::Failed(e));
-        };
-        let prompt_ids = match self.prompt_ids(&request.prompt) {
+        let prompt = match self.prompt_ids(&request.prompt) {
             Ok(ids) => ids,
             Err(e) => {
                 self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                fail(e, &events);
+                let _ = events.send(Event::Failed(e));
                 return None;
             }
         };
@@ -137,38 +155,66 @@ impl Worker {
             Ok(s) => s,
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                fail(ApiError::server(e.to_string()), &events);
+                let _ = events.send(Event::Failed(ApiError::server(e.to_string())));
                 return None;
             }
         };
         let _ = events.send(Event::Started {
-            prompt_tokens: prompt_ids.len(),
+            prompt_tokens: prompt.len(),
         });
         self.counters.running.fetch_add(1, Ordering::Relaxed);
-        let (caches, cached) = match self.cache_take(&prompt_ids) {
+        let (caches, cached) = match self.cache_take(&prompt) {
             Some(h) => (h.caches, h.reused),
             None => (self.model.make_caches(), 0),
         };
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
-        let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
-        let mut row = Row {
+        session.prefill_step = self.prefill_step;
+        let max_tokens = request.max_tokens.min(self.context - prompt.len());
+        let row = Row {
             emit: Emitter::new(self, &request, events),
             sampler,
-            history: prompt_ids.clone(),
-            prompt_tokens: prompt_ids.len(),
+            history: prompt.clone(),
+            prompt_tokens: prompt.len(),
             cached,
             max_tokens,
             next: 0,
         };
-        let outcome = match session.prefill(&prompt_ids[cached..]) {
-            Ok(logits) => self.advance(&mut row, &logits),
+        Some(Admission {
+            row,
+            session,
+            prompt,
+            fed: cached,
+        })
+    }
+
+    /// One tick of an admission: the next prefill chunk, or — once the prompt is in — the
+    /// last prompt token and the first generated id. Returns the finished admission's row
+    /// and session when it should join the batch.
+    fn admission_step<'w>(&self, mut adm: Admission<'w>) -> Step<'w> {
+        let last = adm.prompt.len() - 1;
+        if adm.fed < last {
+            let end = (adm.fed + adm.session.prefill_step).min(last);
+            if let Err(e) = adm.session.prefill_chunk(&adm.prompt[adm.fed..end]) {
+                self.close(
+                    adm.row,
+                    Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+                );
+                return Step::Closed;
+            }
+            adm.fed = end;
+            if adm.fed < last {
+                return Step::Prefilling(adm);
+            }
+        }
+        let outcome = match adm.session.step(&adm.prompt[last..]) {
+            Ok(logits) => self.advance(&mut adm.row, &logits),
             Err(e) => Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
         };
         match outcome {
-            Outcome::Continue => Some((row, session)),
+            Outcome::Continue => Step::Join(adm.row, adm.session),
             done => {
-                self.close(row, done);
-                None
+                self.close(adm.row, done);
+                Step::Closed
             }
         }
     }
@@ -245,9 +291,10 @@ impl Worker {
         let mut rows: Vec<Row<'_>> = Vec::new();
         // Samples of the last step, one per row, not yet emitted.
         let mut inflight: Option<Vec<(Array, Array)>> = None;
+        let mut admission: Option<Admission<'_>> = None;
         let mut steps = 0usize;
         loop {
-            if rows.is_empty() && waiting.is_empty() {
+            if rows.is_empty() && waiting.is_empty() && admission.is_none() {
                 match jobs.recv() {
                     Ok(job) => waiting.push_back(job),
                     Err(_) => return,
@@ -256,9 +303,15 @@ impl Worker {
             while let Ok(job) = jobs.try_recv() {
                 waiting.push_back(job);
             }
-            let admitting = rows.len() < slots && !waiting.is_empty();
+            if admission.is_none() && rows.len() < slots {
+                if let Some(job) = waiting.pop_front() {
+                    self.counters.queued.fetch_sub(1, Ordering::Relaxed);
+                    admission = self.start(job);
+                }
+            }
+            let joining = admission.as_ref().is_some_and(Admission::joins_next);
             let needs_history = rows.iter().any(|r| r.sampler.has_processors());
-            if admitting || needs_history {
+            if joining || needs_history {
                 if let Some(pending) = inflight.take() {
                     let outcomes = self.emit_all(&mut rows, &pending);
                     if !self.settle(&mut rows, &mut batch, outcomes, None) {
@@ -266,22 +319,20 @@ impl Worker {
                     }
                 }
             }
-            if admitting && rows.len() < slots {
-                if let Some(job) = waiting.pop_front() {
-                    self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-                    if let Some((row, session)) = self.admit(job) {
-                        match batch.join(vec![session]) {
-                            Ok(()) => {
-                                rows.push(row);
-                                self.counters
-                                    .batch_peak
-                                    .fetch_max(rows.len(), Ordering::Relaxed);
-                            }
-                            Err(e) => {
-                                self.close(row, Outcome::Failed(ApiError::server(e.to_string())))
-                            }
+            // One admission chunk per tick, interleaved with the batch's decode steps.
+            if let Some(adm) = admission.take() {
+                match self.admission_step(adm) {
+                    Step::Prefilling(adm) => admission = Some(adm),
+                    Step::Join(row, session) => match batch.join(vec![session]) {
+                        Ok(()) => {
+                            rows.push(row);
+                            self.counters
+                                .batch_peak
+                                .fetch_max(rows.len(), Ordering::Relaxed);
                         }
-                    }
+                        Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
+                    },
+                    Step::Closed => {}
                 }
             }
             if rows.is_empty() {

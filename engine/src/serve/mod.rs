@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Prompt cache: a cap on the bytes its entries hold (default: none).
     #[arg(long)]
     pub prompt_cache_bytes: Option<usize>,
+    /// Prompt tokens per prefill chunk (mlx_lm.server's --prefill-step-size); in the batch
+    /// lane, one chunk of an admitted prompt runs per decode step.
+    #[arg(long, default_value_t = 2048)]
+    pub prefill_step_size: usize,
     /// Batch lane: up to this many requests decode together in one forward (1 = the serial
     /// lane only). Full-attention models with dense caches only; others stay serial.
     #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
@@ -99,6 +103,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let template_source = args.chat_template.clone();
     let worker_counters = counters.clone();
     let slots = args.batch.max(1);
+    let prefill_step = args.prefill_step_size;
     let cache_caps = (args.prompt_cache_size, args.prompt_cache_bytes);
     let prompt_cache = Arc::new(std::sync::Mutex::new(
         crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1).stats(),
@@ -125,6 +130,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     template,
                     opts,
                     context,
+                    prefill_step: prefill_step.max(1),
                     counters: worker_counters,
                 })
             })();

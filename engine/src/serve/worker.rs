@@ -83,6 +83,7 @@ pub struct Worker {
     pub template: Option<ChatTemplate>,
     pub opts: SessionOptions,
     pub context: usize,
+    pub prefill_step: usize,
     pub counters: Arc<Counters>,
 }
 
@@ -167,6 +168,7 @@ impl Worker {
             None => (self.model.make_caches(), 0),
         };
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+        session.prefill_step = self.prefill_step;
         let (_, finish) = generate_in(
             &mut session,
             &prompt_ids,
