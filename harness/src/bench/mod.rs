@@ -370,18 +370,18 @@ pub fn table(results: &[ModelResult]) -> String {
     s
 }
 
-/// Stores one row per (model, stack, metric).
-pub fn record(
-    db: &Db,
-    opts: &Options,
-    results: &[ModelResult],
+/// What every row of one bench run records about it: tags (rounds, order, how legs ran,
+/// dirty or went dirty), the preflight verdict, and the machine state before and after.
+pub fn run_labels(
+    rounds: usize,
+    legs: &str,
     before: &MachineState,
     after: &MachineState,
-) -> Result<usize> {
+) -> Result<(Vec<String>, &'static str, String)> {
     let mut tags = vec![
-        format!("median-of-{}", opts.rounds),
+        format!("median-of-{rounds}"),
         "abba".to_owned(),
-        "fresh-process-legs".to_owned(),
+        legs.to_owned(),
     ];
     if !before.clean {
         tags.push("forced-dirty".into());
@@ -395,6 +395,18 @@ pub fn record(
         "dirty"
     };
     let state = serde_json::to_string(&serde_json::json!({"before": before, "after": after}))?;
+    Ok((tags, preflight, state))
+}
+
+/// Stores one row per (model, stack, metric).
+pub fn record(
+    db: &Db,
+    opts: &Options,
+    results: &[ModelResult],
+    before: &MachineState,
+    after: &MachineState,
+) -> Result<usize> {
+    let (tags, preflight, state) = run_labels(opts.rounds, "fresh-process-legs", before, after)?;
     let mut n = 0;
     for r in results {
         for (stack, metrics) in &r.medians {

@@ -392,23 +392,8 @@ pub fn record(
     before: &crate::preflight::MachineState,
     after: &crate::preflight::MachineState,
 ) -> Result<usize> {
-    let mut tags = vec![
-        format!("median-of-{}", opts.rounds),
-        "abba".into(),
-        "fresh-server-processes".into(),
-    ];
-    if !before.clean {
-        tags.push("forced-dirty".into());
-    }
-    if before.clean && !after.clean {
-        tags.push("went-dirty".into());
-    }
-    let preflight = if before.clean && after.clean {
-        "clean"
-    } else {
-        "dirty"
-    };
-    let state = serde_json::to_string(&serde_json::json!({"before": before, "after": after}))?;
+    let (tags, preflight, state) =
+        super::run_labels(opts.rounds, "fresh-server-processes", before, after)?;
     let mut rows: Vec<(String, String, f64, &str)> = Vec::new();
     for (stack, levels) in &r.stacks {
         for l in levels {
