@@ -7,7 +7,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use super::parts::{self, Parts};
-use super::{causal_mask, Cache, Kv, KvQuant, Mask};
+use super::{causal_mask, Cache, Kv, KvQuant, Mask, Snapshot, SnapshotKind};
 
 #[derive(Default)]
 pub struct KvCache {
@@ -31,6 +31,16 @@ impl KvCache {
         }
         let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
         (self.offset + n <= parts::len(k)).then_some((&k[0], &v[0]))
+    }
+
+    /// A cache holding `offset` positions given as parts sliced to them (kv-store restore).
+    pub fn from_parts(keys: Parts, values: Parts, offset: i32, quant: Option<KvQuant>) -> Self {
+        KvCache {
+            keys: Some(keys),
+            values: Some(values),
+            offset,
+            quant,
+        }
     }
 
     /// The live dense keys and values ([1, heads, offset, head dim]), if any.
@@ -101,6 +111,19 @@ impl Cache for KvCache {
 
     fn kv_quant(&self) -> Option<KvQuant> {
         self.quant
+    }
+
+    /// The live positions only (the buffer's unused tail is not stored).
+    fn snapshot(&self) -> Option<Snapshot> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let mut tensors = parts::live(k, self.offset);
+        tensors.extend(parts::live(v, self.offset));
+        Some(Snapshot {
+            kind: SnapshotKind::Kv,
+            offset: self.offset,
+            quant: self.quant,
+            tensors,
+        })
     }
 
     fn is_trimmable(&self) -> bool {

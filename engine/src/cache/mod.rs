@@ -3,6 +3,7 @@
 pub mod batch;
 pub mod fixed;
 pub mod kv;
+pub mod kvstore;
 pub(crate) mod parts;
 pub mod prompt;
 pub mod rotating;
@@ -28,6 +29,11 @@ pub trait Cache {
     }
     /// The quantization in force, if any.
     fn kv_quant(&self) -> Option<KvQuant> {
+        None
+    }
+    /// The cache's state for the kv-store (None for kinds that are not stored, e.g. the
+    /// compiled step's or the batch lane's).
+    fn snapshot(&self) -> Option<Snapshot> {
         None
     }
     /// Bytes the stored K/V buffers hold.
@@ -110,6 +116,50 @@ pub enum Kv {
         values: QTensor,
         quant: KvQuant,
     },
+}
+
+/// A cache's state as the kv-store writes it: its kind, positions and arrays (keys' parts,
+/// then values' parts: one each when dense, packed/scales/biases each when quantized).
+#[derive(Clone)]
+pub struct Snapshot {
+    pub kind: SnapshotKind,
+    pub offset: i32,
+    pub quant: Option<KvQuant>,
+    pub tensors: Vec<Array>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A standard cache, sliced to its live positions.
+    Kv,
+    /// A ring stored whole with its index.
+    Rotating { max_size: i32, keep: i32, idx: i32 },
+}
+
+/// Rebuilds a cache from its snapshot; a quantized one is read through `sdpa` (the
+/// attention is the session's choice, not part of the stored state).
+pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Exception> {
+    if let Some(q) = s.quant.as_mut() {
+        q.sdpa = sdpa;
+    }
+    let half = s.tensors.len() / 2;
+    if half == 0 || s.tensors.len() % 2 != 0 || half != if s.quant.is_some() { 3 } else { 1 } {
+        return Err(Exception::custom(
+            "a cache snapshot holds keys' and values' parts",
+        ));
+    }
+    let mut tensors = s.tensors;
+    let values = tensors.split_off(half);
+    Ok(match s.kind {
+        SnapshotKind::Kv => Box::new(KvCache::from_parts(tensors, values, s.offset, s.quant)),
+        SnapshotKind::Rotating {
+            max_size,
+            keep,
+            idx,
+        } => Box::new(RotatingKvCache::from_parts(
+            tensors, values, s.offset, max_size, keep, idx, s.quant,
+        )),
+    })
 }
 
 /// A RoPE position: a plain integer, or an MLX array (so a compiled graph can be reused

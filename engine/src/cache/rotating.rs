@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
 use super::parts::{self, Parts};
-use super::{causal_mask, Cache, Kv, KvQuant, Mask};
+use super::{causal_mask, Cache, Kv, KvQuant, Mask, Snapshot, SnapshotKind};
 
 pub struct RotatingKvCache {
     keys: Option<Parts>,
@@ -40,6 +40,27 @@ impl RotatingKvCache {
             keep,
             idx: 0,
             quant: None,
+        }
+    }
+
+    /// A ring restored from the kv-store: buffers stored whole, with offset and index.
+    pub fn from_parts(
+        keys: Parts,
+        values: Parts,
+        offset: i32,
+        max_size: i32,
+        keep: i32,
+        idx: i32,
+        quant: Option<KvQuant>,
+    ) -> Self {
+        RotatingKvCache {
+            keys: Some(keys),
+            values: Some(values),
+            offset,
+            max_size,
+            keep,
+            idx,
+            quant,
         }
     }
 
@@ -175,6 +196,23 @@ impl Cache for RotatingKvCache {
 
     fn kv_quant(&self) -> Option<KvQuant> {
         self.quant
+    }
+
+    /// The whole ring with its index (its order is the ring's, not time's).
+    fn snapshot(&self) -> Option<Snapshot> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let mut tensors = k.clone();
+        tensors.extend(v.iter().cloned());
+        Some(Snapshot {
+            kind: SnapshotKind::Rotating {
+                max_size: self.max_size,
+                keep: self.keep,
+                idx: self.idx,
+            },
+            offset: self.offset,
+            quant: self.quant,
+            tensors,
+        })
     }
 
     fn is_trimmable(&self) -> bool {

@@ -1,0 +1,354 @@
+//! kv-store v2: one file holds the KV caches of one token sequence (docs/kv-store.md).
+//!
+//!   bytes 0..8    magic `MLXKV\0v2`
+//!   8..12         format version, u32 LE (2)
+//!   12..16        header length H, u32 LE
+//!   16..24        data start D, u64 LE (a multiple of 16 KiB)
+//!   24..56        sha256 of the header bytes
+//!   56..56+H      the header: UTF-8 JSON (below)
+//!   D..           tensors, each at D + its `off` (a multiple of 16 KiB), raw row-major bytes
+//!
+//! Header: {formatVersion, createdAt, modelId, configFingerprint, ns, tokenizerHash, tokens,
+//! caches: [{kind: kv|rotating|qkv|rotating-qkv, offset, idx?, maxSize?, keep?, groupSize?,
+//! bits?, tensors: [{off, bytes, shape, dtype, hash}]}]}. A write goes to a temp file in the
+//! same directory, is fsynced and renamed into place, so a reader never sees half a file.
+//! A read maps the file, always checks the header hash, and checks each tensor's hash when
+//! asked to.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use mlx_rs::{Array, Dtype};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{KvQuant, QuantSdpa, Snapshot, SnapshotKind};
+
+pub const MAGIC: &[u8; 8] = b"MLXKV\0v2";
+pub const FORMAT_VERSION: u32 = 2;
+pub const ALIGN: u64 = 16 * 1024;
+const PREAMBLE: usize = 56;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KvStoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a kv-store v2 file ({why})")]
+    Format { path: PathBuf, why: String },
+    #[error("{path}: corrupt: {why}")]
+    Corrupt { path: PathBuf, why: String },
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TensorEntry {
+    pub off: u64,
+    pub bytes: u64,
+    pub shape: Vec<i32>,
+    pub dtype: String,
+    pub hash: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheEntry {
+    pub kind: String,
+    pub offset: i32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idx: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_size: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group_size: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bits: Option<i32>,
+    pub tensors: Vec<TensorEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Header {
+    pub format_version: u32,
+    pub created_at: String,
+    pub model_id: String,
+    pub config_fingerprint: String,
+    pub ns: String,
+    pub tokenizer_hash: String,
+    pub tokens: Vec<u32>,
+    pub caches: Vec<CacheEntry>,
+}
+
+/// Who the caches belong to (goes into the header as is).
+#[derive(Debug, Clone)]
+pub struct Identity {
+    pub model_id: String,
+    pub config_fingerprint: String,
+    pub ns: String,
+    pub tokenizer_hash: String,
+}
+
+fn dtype_name(d: Dtype) -> Option<&'static str> {
+    Some(match d {
+        Dtype::Float32 => "float32",
+        Dtype::Float16 => "float16",
+        Dtype::Bfloat16 => "bfloat16",
+        Dtype::Uint32 => "uint32",
+        _ => return None,
+    })
+}
+
+fn dtype_of(name: &str) -> Option<Dtype> {
+    Some(match name {
+        "float32" => Dtype::Float32,
+        "float16" => Dtype::Float16,
+        "bfloat16" => Dtype::Bfloat16,
+        "uint32" => Dtype::Uint32,
+        _ => return None,
+    })
+}
+
+fn hex(bytes: &[u8]) -> String {
+    format!("{:x}", Sha256::digest(bytes))
+}
+
+/// An array's row-major bytes.
+fn bytes_of(a: &Array) -> Result<Vec<u8>, mlx_rs::error::Exception> {
+    let flat = a.reshape(&[-1])?.view::<u8>()?;
+    flat.eval()?;
+    Ok(flat.as_slice::<u8>().to_vec())
+}
+
+fn kind_name(kind: SnapshotKind, quantized: bool) -> &'static str {
+    match (kind, quantized) {
+        (SnapshotKind::Kv, false) => "kv",
+        (SnapshotKind::Kv, true) => "qkv",
+        (SnapshotKind::Rotating { .. }, false) => "rotating",
+        (SnapshotKind::Rotating { .. }, true) => "rotating-qkv",
+    }
+}
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> KvStoreError + '_ {
+    move |source| KvStoreError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `snapshots` (one per cache, in layer order) for `tokens` to `path` atomically.
+pub fn write(
+    path: &Path,
+    id: &Identity,
+    tokens: &[u32],
+    snapshots: &[Snapshot],
+    created_at: &str,
+) -> Result<u64, KvStoreError> {
+    let mut blobs: Vec<Vec<u8>> = Vec::new();
+    let mut caches = Vec::new();
+    let mut off = 0u64;
+    for s in snapshots {
+        let mut tensors = Vec::new();
+        for t in &s.tensors {
+            let dtype = dtype_name(t.dtype()).ok_or_else(|| KvStoreError::Format {
+                path: path.to_owned(),
+                why: format!("cannot store dtype {:?}", t.dtype()),
+            })?;
+            let bytes = bytes_of(t)?;
+            tensors.push(TensorEntry {
+                off,
+                bytes: bytes.len() as u64,
+                shape: t.shape().to_vec(),
+                dtype: dtype.to_owned(),
+                hash: hex(&bytes),
+            });
+            off += (bytes.len() as u64).div_ceil(ALIGN) * ALIGN;
+            blobs.push(bytes);
+        }
+        let (idx, max_size, keep) = match s.kind {
+            SnapshotKind::Kv => (None, None, None),
+            SnapshotKind::Rotating {
+                max_size,
+                keep,
+                idx,
+            } => (Some(idx), Some(max_size), Some(keep)),
+        };
+        caches.push(CacheEntry {
+            kind: kind_name(s.kind, s.quant.is_some()).to_owned(),
+            offset: s.offset,
+            idx,
+            max_size,
+            keep,
+            group_size: s.quant.map(|q| q.group_size),
+            bits: s.quant.map(|q| q.bits),
+            tensors,
+        });
+    }
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        created_at: created_at.to_owned(),
+        model_id: id.model_id.clone(),
+        config_fingerprint: id.config_fingerprint.clone(),
+        ns: id.ns.clone(),
+        tokenizer_hash: id.tokenizer_hash.clone(),
+        tokens: tokens.to_vec(),
+        caches,
+    };
+    let json = serde_json::to_vec(&header).expect("a header serializes");
+    let data_start = ((PREAMBLE + json.len()) as u64).div_ceil(ALIGN) * ALIGN;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
+        std::process::id()
+    ));
+    let result = (|| -> Result<(), KvStoreError> {
+        let mut f = File::create(&tmp).map_err(io(&tmp))?;
+        let mut pre = Vec::with_capacity(PREAMBLE);
+        pre.extend_from_slice(MAGIC);
+        pre.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        pre.extend_from_slice(&(json.len() as u32).to_le_bytes());
+        pre.extend_from_slice(&data_start.to_le_bytes());
+        pre.extend_from_slice(&Sha256::digest(&json));
+        f.write_all(&pre).map_err(io(&tmp))?;
+        f.write_all(&json).map_err(io(&tmp))?;
+        let mut pos = (PREAMBLE + json.len()) as u64;
+        let pad_to = |f: &mut File, target: u64, pos: &mut u64| -> Result<(), KvStoreError> {
+            let zeros = vec![0u8; (target - *pos) as usize];
+            f.write_all(&zeros).map_err(io(&tmp))?;
+            *pos = target;
+            Ok(())
+        };
+        pad_to(&mut f, data_start, &mut pos)?;
+        let entries = header.caches.iter().flat_map(|c| c.tensors.iter());
+        for (blob, e) in blobs.iter().zip(entries) {
+            pad_to(&mut f, data_start + e.off, &mut pos)?;
+            f.write_all(blob).map_err(io(&tmp))?;
+            pos += blob.len() as u64;
+        }
+        f.sync_all().map_err(io(&tmp))?;
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    Ok(std::fs::metadata(path).map_err(io(path))?.len())
+}
+
+/// Reads and checks the preamble and header only (a store's start-up scan).
+pub fn read_header(path: &Path) -> Result<Header, KvStoreError> {
+    let bytes = std::fs::read(path).map_err(io(path))?;
+    parse_header(path, &bytes).map(|(h, _)| h)
+}
+
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<(Header, u64), KvStoreError> {
+    let bad = |why: &str| KvStoreError::Format {
+        path: path.to_owned(),
+        why: why.to_owned(),
+    };
+    if bytes.len() < PREAMBLE || &bytes[..8] != MAGIC {
+        return Err(bad("wrong magic"));
+    }
+    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
+    if version != FORMAT_VERSION {
+        return Err(bad(&format!(
+            "format version {version}, this engine reads {FORMAT_VERSION}"
+        )));
+    }
+    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
+    let json = bytes
+        .get(PREAMBLE..PREAMBLE + len)
+        .ok_or_else(|| bad("truncated header"))?;
+    if Sha256::digest(json).as_slice() != &bytes[24..56] {
+        return Err(KvStoreError::Corrupt {
+            path: path.to_owned(),
+            why: "header hash mismatch".into(),
+        });
+    }
+    let header: Header = serde_json::from_slice(json).map_err(|e| KvStoreError::Corrupt {
+        path: path.to_owned(),
+        why: format!("header JSON: {e}"),
+    })?;
+    Ok((header, data_start))
+}
+
+/// Reads a file back into snapshots (mapped, header hash always checked, tensor hashes when
+/// `verify`).
+pub fn read(path: &Path, verify: bool) -> Result<(Header, Vec<Snapshot>), KvStoreError> {
+    let file = File::open(path).map_err(io(path))?;
+    // SAFETY: read-only mapping, copied out of before it is dropped; store files are only
+    // ever replaced by rename, never rewritten in place.
+    let map = unsafe { Mmap::map(&file) }.map_err(io(path))?;
+    let (header, data_start) = parse_header(path, &map)?;
+    let corrupt = |why: String| KvStoreError::Corrupt {
+        path: path.to_owned(),
+        why,
+    };
+    let mut snapshots = Vec::new();
+    for c in &header.caches {
+        let mut tensors = Vec::new();
+        for t in &c.tensors {
+            let start = (data_start + t.off) as usize;
+            let data = map
+                .get(start..start + t.bytes as usize)
+                .ok_or_else(|| corrupt(format!("tensor at {start} runs past the end")))?;
+            if verify && hex(data) != t.hash {
+                return Err(corrupt(format!("tensor at {start}: hash mismatch")));
+            }
+            let dtype = dtype_of(&t.dtype).ok_or_else(|| corrupt(format!("dtype {}", t.dtype)))?;
+            let elements: i64 = t.shape.iter().map(|&d| d as i64).product();
+            let width = if dtype == Dtype::Float32 || dtype == Dtype::Uint32 {
+                4
+            } else {
+                2
+            };
+            if elements * width != t.bytes as i64 {
+                return Err(corrupt("tensor size does not match its shape".into()));
+            }
+            // SAFETY: `data` holds exactly prod(shape) elements of `dtype` (checked above);
+            // MLX copies them before the mapping goes away.
+            tensors.push(unsafe { Array::from_raw_data(data.as_ptr().cast(), &t.shape, dtype) });
+        }
+        let quant = match (c.bits, c.group_size) {
+            (Some(bits), Some(group_size)) => Some(KvQuant {
+                bits,
+                group_size,
+                sdpa: QuantSdpa::MlxLm,
+            }),
+            _ => None,
+        };
+        let kind = match c.kind.as_str() {
+            "kv" | "qkv" => SnapshotKind::Kv,
+            "rotating" | "rotating-qkv" => SnapshotKind::Rotating {
+                max_size: c
+                    .max_size
+                    .ok_or_else(|| corrupt("rotating cache without maxSize".into()))?,
+                keep: c.keep.unwrap_or(0),
+                idx: c
+                    .idx
+                    .ok_or_else(|| corrupt("rotating cache without idx".into()))?,
+            },
+            other => return Err(corrupt(format!("cache kind `{other}`"))),
+        };
+        snapshots.push(Snapshot {
+            kind,
+            offset: c.offset,
+            quant,
+            tensors,
+        });
+    }
+    Ok((header, snapshots))
+}

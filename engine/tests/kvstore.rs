@@ -1,0 +1,209 @@
+//! kv-store v2 files: every cache kind (kv, rotating, qkv, rotating-qkv) round-trips byte
+//! for byte; continuing from restored caches equals continuing in memory (bit-identical
+//! log-probabilities) for plain, rotating and quantized caches; a flipped byte in the header
+//! or (with verification) in a tensor is refused with a clear error; writes leave no
+//! temporary file behind.
+
+use std::path::Path;
+
+use engine::cache::kvstore::{self, Identity};
+use engine::cache::{restore, Cache, QuantSdpa, Snapshot};
+use engine::generate::kv_quant::{KvLayers, KvQuantPlan};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{generate_in, Flow, Session, SessionOptions};
+
+fn goldens() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
+}
+
+fn id() -> Identity {
+    Identity {
+        model_id: "test".into(),
+        config_fingerprint: "f".repeat(64),
+        ns: String::new(),
+        tokenizer_hash: "t".repeat(64),
+    }
+}
+
+/// tiny-gemma3-kv with optiq's kv_config: layers 0, 2 are quantized rings, 1 a quantized
+/// plain cache, 3 a dense plain cache — all four kinds.
+fn l2_options() -> SessionOptions {
+    SessionOptions {
+        kv_quant: Some(KvQuantPlan {
+            layers: KvLayers::from_config_file(&goldens().join("l2/tiny-gemma3-kv/kv_config.json"))
+                .unwrap(),
+            start: 0,
+            sdpa: QuantSdpa::OptiqFused,
+        }),
+        ..Default::default()
+    }
+}
+
+fn run(
+    session: &mut Session,
+    prompt: &[u32],
+    cached: usize,
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    generate_in(session, prompt, cached, n, &[], &mut sampler, |id, lp| {
+        ids.push(id);
+        let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
+        lp.eval()?;
+        lps.push(lp.as_slice::<f32>().to_vec());
+        Ok(Flow::Continue)
+    })
+    .unwrap();
+    (ids, lps)
+}
+
+fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
+    let v = a.reshape(&[-1]).unwrap().view::<u8>().unwrap();
+    v.eval().unwrap();
+    v.as_slice::<u8>().to_vec()
+}
+
+fn snapshots(caches: &[Box<dyn Cache>]) -> Vec<Snapshot> {
+    caches.iter().map(|c| c.snapshot().unwrap()).collect()
+}
+
+/// Prefill + a few steps, then: snapshot → file → restore, and continue both ways.
+fn fork_compare(model: &str, opts: &SessionOptions) -> Vec<String> {
+    fork_compare_with(model, opts, |_| {}).expect("restored caches continue identically")
+}
+
+/// As `fork_compare`, with `plant` applied to the restored snapshots; None if the
+/// continuations differ.
+fn fork_compare_with(
+    model: &str,
+    opts: &SessionOptions,
+    plant: impl Fn(&mut Vec<Snapshot>),
+) -> Option<Vec<String>> {
+    let m = engine::model::load(&goldens().join("models").join(model)).unwrap();
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 37 % 900) as u32 + 10).collect();
+    let mut live = Session::with_options(m.as_ref(), opts);
+    let (first, _) = run(&mut live, &prompt, 0, 6);
+    let fed = live.caches[0].offset() as usize;
+    let mut tokens = prompt.clone();
+    tokens.extend(&first);
+    tokens.truncate(fed);
+    let snaps = snapshots(&live.caches);
+    let kinds: Vec<String> = snaps
+        .iter()
+        .map(|s| format!("{:?}{}", s.kind, if s.quant.is_some() { "+q" } else { "" }))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entry.mlxkv");
+    kvstore::write(&path, &id(), &tokens, &snaps, "2026-11-29T00:00:00Z").unwrap();
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        1,
+        "no temporary file left behind"
+    );
+    let (header, mut back) = kvstore::read(&path, true).unwrap();
+    assert_eq!(header.tokens, tokens);
+    // Byte-identical round trip, every tensor of every cache.
+    for (a, b) in snaps.iter().zip(&back) {
+        assert_eq!(
+            (a.offset, a.kind, a.quant.map(|q| (q.bits, q.group_size))),
+            (b.offset, b.kind, b.quant.map(|q| (q.bits, q.group_size)))
+        );
+        for (x, y) in a.tensors.iter().zip(b.tensors.iter()) {
+            assert_eq!(x.shape(), y.shape());
+            assert_eq!(x.dtype(), y.dtype());
+            assert_eq!(bytes(x), bytes(y));
+        }
+    }
+    plant(&mut back);
+    // Continue in memory and from the restored caches on the same next prompt.
+    let sdpa = opts.kv_quant.as_ref().map_or(QuantSdpa::MlxLm, |p| p.sdpa);
+    let restored: Vec<Box<dyn Cache>> = back
+        .into_iter()
+        .map(|s| restore(s, sdpa).unwrap())
+        .collect();
+    let mut next = tokens.clone();
+    next.extend([5u32, 17, 99]);
+    let (ids_live, lps_live) = run(&mut live, &next, fed, 12);
+    let mut resumed = Session::with_caches(m.as_ref(), opts, restored);
+    let (ids_back, lps_back) = run(&mut resumed, &next, fed, 12);
+    (ids_live == ids_back && lps_live == lps_back).then_some(kinds)
+}
+
+/// Planted defect: a ring restored with its index off by one continues differently.
+#[test]
+fn planted_wrong_ring_index_is_caught() {
+    use engine::cache::SnapshotKind;
+    let caught = fork_compare_with("tiny-gemma3-kv", &l2_options(), |snaps| {
+        for s in snaps.iter_mut() {
+            if let SnapshotKind::Rotating { idx, .. } = &mut s.kind {
+                *idx = (*idx + 1) % 8;
+            }
+        }
+    });
+    assert!(
+        caught.is_none(),
+        "a shifted ring index must change the continuation"
+    );
+}
+
+#[test]
+fn plain_caches_round_trip_and_continue_identically() {
+    let kinds = fork_compare("tiny-llama-trained", &SessionOptions::default());
+    assert!(kinds.iter().all(|k| k == "Kv"), "{kinds:?}");
+}
+
+#[test]
+fn rotating_and_quantized_caches_round_trip_and_continue_identically() {
+    let kinds = fork_compare("tiny-gemma3-kv", &l2_options());
+    for want in ["Kv", "Kv+q", "Rotating", "Rotating"] {
+        assert!(
+            kinds.iter().any(|k| k.starts_with(want)),
+            "{want} missing in {kinds:?}"
+        );
+    }
+    assert!(
+        kinds
+            .iter()
+            .any(|k| k.starts_with("Rotating") && k.ends_with("+q")),
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn flipped_bytes_are_refused_not_fatal() {
+    let m = engine::model::load(&goldens().join("models/tiny-llama-trained")).unwrap();
+    let mut s = Session::with_options(m.as_ref(), &SessionOptions::default());
+    s.prefill(&[1, 2, 3, 4, 5, 6]).unwrap();
+    let snaps = snapshots(&s.caches);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.mlxkv");
+    kvstore::write(&path, &id(), &[1, 2, 3, 4, 5, 6], &snaps, "t").unwrap();
+    let clean = std::fs::read(&path).unwrap();
+
+    let mut header_flip = clean.clone();
+    header_flip[60] ^= 0x20; // inside the JSON header
+    std::fs::write(&path, &header_flip).unwrap();
+    let err = kvstore::read(&path, false)
+        .err()
+        .expect("a flipped header byte is refused");
+    assert!(err.to_string().contains("header hash mismatch"), "{err}");
+    assert!(kvstore::read_header(&path).is_err());
+
+    let mut tensor_flip = clean.clone();
+    let data_start = u64::from_le_bytes(clean[16..24].try_into().unwrap()) as usize;
+    tensor_flip[data_start + 3] ^= 0x01;
+    std::fs::write(&path, &tensor_flip).unwrap();
+    let err = kvstore::read(&path, true)
+        .err()
+        .expect("verification catches a tensor flip");
+    assert!(err.to_string().contains("hash mismatch"), "{err}");
+    assert!(
+        kvstore::read(&path, false).is_ok(),
+        "without verification only the header is checked"
+    );
+
+    std::fs::write(&path, b"not a kv file").unwrap();
+    let err = kvstore::read(&path, false).err().unwrap();
+    assert!(err.to_string().contains("not a kv-store v2 file"), "{err}");
+}
