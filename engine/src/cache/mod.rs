@@ -142,14 +142,14 @@ pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Excep
     if let Some(q) = s.quant.as_mut() {
         q.sdpa = sdpa;
     }
-    let half = s.tensors.len() / 2;
-    if half == 0 || s.tensors.len() % 2 != 0 || half != if s.quant.is_some() { 3 } else { 1 } {
+    let per_side = if s.quant.is_some() { 3 } else { 1 };
+    if s.tensors.len() != 2 * per_side {
         return Err(Exception::custom(
             "a cache snapshot holds keys' and values' parts",
         ));
     }
     let mut tensors = s.tensors;
-    let values = tensors.split_off(half);
+    let values = tensors.split_off(per_side);
     Ok(match s.kind {
         SnapshotKind::Kv => Box::new(KvCache::from_parts(tensors, values, s.offset, s.quant)),
         SnapshotKind::Rotating {
