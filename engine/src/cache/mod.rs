@@ -7,6 +7,7 @@ pub mod kvstore;
 pub(crate) mod parts;
 pub mod prompt;
 pub mod rotating;
+pub mod ssd;
 
 pub use kv::KvCache;
 pub use rotating::RotatingKvCache;

@@ -1,0 +1,186 @@
+//! The SSD store (files are the database): a restart finds and restores a stored prefix
+//! and continues bit-identically to a fresh prefill; the start-up scan removes temp files
+//! and corrupt entries and never touches another fingerprint's directory; eviction goes by
+//! oldest mtime (a restore counts as use); oversize entries are refused; a longer entry
+//! supersedes its prefixes.
+
+use std::path::Path;
+
+use engine::cache::kvstore::Identity;
+use engine::cache::ssd::SsdStore;
+use engine::cache::{Cache, QuantSdpa};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{generate_in, Flow, Session, SessionOptions};
+
+fn model() -> Box<dyn engine::model::LanguageModel> {
+    engine::model::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained"),
+    )
+    .unwrap()
+}
+
+fn id(fp: &str) -> Identity {
+    Identity {
+        model_id: "tiny-llama-trained".into(),
+        config_fingerprint: fp.into(),
+        ns: String::new(),
+        tokenizer_hash: "t".into(),
+    }
+}
+
+fn run(
+    session: &mut Session,
+    prompt: &[u32],
+    cached: usize,
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    generate_in(session, prompt, cached, n, &[], &mut sampler, |id, lp| {
+        ids.push(id);
+        let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
+        lp.eval()?;
+        lps.push(lp.as_slice::<f32>().to_vec());
+        Ok(Flow::Continue)
+    })
+    .unwrap();
+    (ids, lps)
+}
+
+/// Caches holding `prompt` (prefilled, one step) and the tokens they hold.
+fn prefilled(
+    m: &dyn engine::model::LanguageModel,
+    prompt: &[u32],
+) -> (Vec<u32>, Vec<Box<dyn Cache>>) {
+    let mut s = Session::with_options(m, &SessionOptions::default());
+    s.prefill(prompt).unwrap();
+    let caches = std::mem::take(&mut s.caches);
+    (prompt.to_vec(), caches)
+}
+
+#[test]
+fn a_restart_restores_the_prefix_and_continues_like_a_fresh_prefill() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 13 % 800) as u32 + 20).collect();
+    let (tokens, caches) = prefilled(m.as_ref(), &prompt);
+    {
+        let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, true).unwrap();
+        assert!(store.store("", &tokens, &caches, "t"));
+    }
+    // "Restart": a new store on the same directory.
+    let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, true).unwrap();
+    assert_eq!(store.stats().entries, 1);
+    let mut next = prompt.clone();
+    next.extend([7u32, 8, 9, 10]);
+    let (index, usable) = store.find("", &next).unwrap();
+    assert_eq!(usable, prompt.len());
+    assert!(store.find("other-ns", &next).is_none());
+    let restored = store.restore(index, usable, QuantSdpa::MlxLm).unwrap();
+    assert_eq!(store.stats().restores, 1);
+    let mut resumed = Session::with_caches(m.as_ref(), &SessionOptions::default(), restored);
+    let (ids_back, lps_back) = run(&mut resumed, &next, usable, 16);
+    let mut fresh = Session::with_options(m.as_ref(), &SessionOptions::default());
+    let (ids_fresh, lps_fresh) = run(&mut fresh, &next, 0, 16);
+    assert_eq!(ids_back, ids_fresh);
+    assert!(
+        lps_back == lps_fresh,
+        "a restored prefix continues exactly as a fresh prefill"
+    );
+}
+
+#[test]
+fn the_scan_cleans_its_own_fingerprint_only() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let (tokens, caches) = prefilled(m.as_ref(), &[1, 2, 3, 4, 5]);
+    let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, false).unwrap();
+    assert!(store.store("", &tokens, &caches, "t"));
+    assert!(store.store("", &[9, 9, 9], &prefilled(m.as_ref(), &[9, 9, 9]).1, "t"));
+    drop(store);
+    let ns = dir.path().join("fp1/_base");
+    let mut files: Vec<_> = std::fs::read_dir(&ns)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    // Corrupt one entry's header, leave a temp file behind, and put a file under another
+    // fingerprint.
+    let mut bytes = std::fs::read(&files[0]).unwrap();
+    bytes[70] ^= 0x10;
+    std::fs::write(&files[0], bytes).unwrap();
+    std::fs::write(ns.join(".x.mlxkv.tmp-999"), b"partial").unwrap();
+    std::fs::create_dir_all(dir.path().join("fp2/_base")).unwrap();
+    std::fs::write(dir.path().join("fp2/_base/keep.mlxkv"), b"someone else's").unwrap();
+
+    let store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, false).unwrap();
+    assert_eq!(
+        store.stats().entries,
+        1,
+        "the corrupt entry is gone, the good one stays"
+    );
+    assert_eq!(store.stats().removed_corrupt, 1);
+    assert!(!files[0].exists());
+    assert!(
+        !ns.join(".x.mlxkv.tmp-999").exists(),
+        "leftover temp files are removed"
+    );
+    assert!(
+        dir.path().join("fp2/_base/keep.mlxkv").exists(),
+        "other fingerprints are never touched"
+    );
+}
+
+#[test]
+fn eviction_goes_by_oldest_use_and_oversize_is_refused() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let a = prefilled(m.as_ref(), &[1, 2, 3]);
+    let b = prefilled(m.as_ref(), &[4, 5, 6]);
+    let c = prefilled(m.as_ref(), &[7, 8, 9]);
+    let size = {
+        let mut s = SsdStore::open(dir.path(), id("probe"), 1 << 30, false).unwrap();
+        s.store("", &a.0, &a.1, "t");
+        s.stats().bytes
+    };
+    let mut store = SsdStore::open(dir.path(), id("fp"), size * 5 / 2, false).unwrap();
+    assert!(store.store("", &a.0, &a.1, "t"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(store.store("", &b.0, &b.1, "t"));
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    // Using A makes B the oldest.
+    let (i, n) = store.find("", &[1, 2, 3, 0]).unwrap();
+    assert!(store.restore(i, n, QuantSdpa::MlxLm).is_some());
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert!(store.store("", &c.0, &c.1, "t"));
+    assert_eq!(store.stats().entries, 2);
+    assert!(
+        store.find("", &[1, 2, 3, 0]).is_some(),
+        "A was used recently"
+    );
+    assert!(
+        store.find("", &[4, 5, 6, 0]).is_none(),
+        "B was the oldest: evicted"
+    );
+    assert!(store.find("", &[7, 8, 9, 0]).is_some());
+
+    let mut tiny = SsdStore::open(dir.path(), id("tiny"), 1, false).unwrap();
+    assert!(
+        !tiny.store("", &a.0, &a.1, "t"),
+        "larger than the cap: refused"
+    );
+}
+
+#[test]
+fn a_longer_entry_supersedes_its_prefixes() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SsdStore::open(dir.path(), id("fp"), 1 << 30, false).unwrap();
+    let short = prefilled(m.as_ref(), &[1, 2, 3]);
+    let long = prefilled(m.as_ref(), &[1, 2, 3, 4, 5, 6]);
+    store.store("", &short.0, &short.1, "t");
+    store.store("", &long.0, &long.1, "t");
+    assert_eq!(store.stats().entries, 1);
+    let (_, n) = store.find("", &[1, 2, 3, 9]).unwrap();
+    assert_eq!(n, 3, "served by the longer entry, trimmed");
+}
