@@ -695,3 +695,61 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     assert_eq!(st["failed"], 0, "{st}");
     println!("batch lane: {st}");
 }
+
+/// The SSD tier across a restart: turn 1 on one server, turn 2 on a new server over the
+/// same --ssd-cache directory restores the prefix from disk and answers exactly as a
+/// server without caches does.
+#[test]
+fn a_restarted_server_resumes_a_conversation_from_the_ssd_tier() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().to_str().unwrap().to_owned();
+    let turn1 = ask("What color is the sky?");
+    let turn2 = |answer: &str| {
+        json!({"messages": [
+            {"role": "user", "content": "What color is the sky?"},
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "What color is the grass?"},
+        ]})
+    };
+    let first = serve(&["--ssd-cache", &ssd]);
+    let (_, r1) = post(first.port, "/v1/chat/completions", &turn1);
+    let answer = r1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Written behind the response: wait for it.
+    let start = Instant::now();
+    while stats(first.port)["ssd_cache"]["spills"] != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            stats(first.port)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(first);
+
+    let second = serve(&["--ssd-cache", &ssd]);
+    assert_eq!(
+        stats(second.port)["ssd_cache"]["entries"],
+        1,
+        "found on disk after the restart"
+    );
+    let (code, r2) = post(second.port, "/v1/chat/completions", &turn2(&answer));
+    assert_eq!(code, 200);
+    assert!(
+        r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 14,
+        "{r2}"
+    );
+    assert_eq!(stats(second.port)["ssd_cache"]["restores"], 1);
+
+    let plain = serve(&["--prompt-cache-size", "0"]);
+    let (_, fresh) = post(plain.port, "/v1/chat/completions", &turn2(&answer));
+    assert_eq!(
+        r2["choices"][0]["message"]["content"],
+        fresh["choices"][0]["message"]["content"]
+    );
+}

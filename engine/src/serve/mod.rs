@@ -63,6 +63,16 @@ pub struct ServeArgs {
     /// lane only). Full-attention models with dense caches only; others stay serial.
     #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
     pub batch: usize,
+    /// SSD tier: keep conversation prefixes in kv-store files under this directory, so a
+    /// restarted server resumes them (docs/kv-store.md). Off without it.
+    #[arg(long)]
+    pub ssd_cache: Option<PathBuf>,
+    /// SSD tier: the most it may hold, in GiB.
+    #[arg(long, default_value_t = 32.0)]
+    pub ssd_cache_max: f64,
+    /// SSD tier: check every tensor's hash when restoring (the header is always checked).
+    #[arg(long)]
+    pub ssd_cache_verify: bool,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -79,6 +89,7 @@ pub struct AppState {
     pub jobs: std::sync::Mutex<mpsc::Sender<worker::Job>>,
     pub counters: Arc<worker::Counters>,
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
+    pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
     pub next_id: std::sync::atomic::AtomicU64,
 }
 
@@ -109,12 +120,45 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1).stats(),
     ));
     let worker_cache_stats = prompt_cache.clone();
+    let ssd_cache = Arc::new(std::sync::Mutex::new(None));
+    let worker_ssd_stats = ssd_cache.clone();
+    let ssd_args = (
+        args.ssd_cache.clone(),
+        (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
+        args.ssd_cache_verify,
+    );
+    let fingerprint_source = format!(
+        "{}|{:?}",
+        std::fs::read_to_string(args.model.join("config.json")).unwrap_or_default(),
+        opts.kv_quant
+    );
     std::thread::Builder::new()
         .name("model".into())
         .spawn(move || {
             let setup = (|| -> anyhow::Result<worker::Worker> {
                 let model = crate::model::load(&model_dir)?;
                 let tokenizer = Tokenizer::load(&model_dir)?;
+                let ssd = match &ssd_args.0 {
+                    None => None,
+                    Some(dir) => {
+                        use sha2::Digest;
+                        let hex = |b: &[u8]| format!("{:x}", sha2::Sha256::digest(b));
+                        let tokenizer_json =
+                            std::fs::read(model_dir.join("tokenizer.json")).unwrap_or_default();
+                        let id = crate::cache::kvstore::Identity {
+                            model_id: model_dir.display().to_string(),
+                            config_fingerprint: hex(fingerprint_source.as_bytes()),
+                            ns: String::new(),
+                            tokenizer_hash: hex(&tokenizer_json),
+                        };
+                        Some(crate::cache::ssd::SsdStore::open(
+                            dir, id, ssd_args.1, ssd_args.2,
+                        )?)
+                    }
+                };
+                if let (Some(store), Ok(mut stats)) = (&ssd, worker_ssd_stats.lock()) {
+                    *stats = Some(store.stats());
+                }
                 let template = match &template_source {
                     Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
                     None => ChatTemplate::from_tokenizer(&tokenizer)?,
@@ -125,6 +169,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         cache_caps.1,
                     )),
                     prompt_cache_stats: worker_cache_stats,
+                    ssd: std::cell::RefCell::new(ssd),
+                    ssd_stats: worker_ssd_stats,
                     model,
                     tokenizer,
                     template,
@@ -168,6 +214,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         jobs: std::sync::Mutex::new(tx),
         counters,
         prompt_cache,
+        ssd_cache,
         next_id: Default::default(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -65,6 +65,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
             "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
         },
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
+        "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
     }))
 }
 

@@ -75,6 +75,9 @@ pub struct Counters {
 
 pub struct Worker {
     pub prompt_cache: std::cell::RefCell<PromptCache>,
+    /// The SSD tier (`--ssd-cache`), if on.
+    pub ssd: std::cell::RefCell<Option<crate::cache::ssd::SsdStore>>,
+    pub ssd_stats: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
     /// The prompt cache's numbers, mirrored for `/stats` (the cache itself holds MLX arrays
     /// and stays on this thread).
     pub prompt_cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
@@ -224,22 +227,51 @@ impl Worker {
         tokens.truncate(fed);
         let caches = std::mem::take(&mut session.caches);
         drop(session);
+        // Write-behind to the SSD tier (the response has already been sent).
+        if let Some(ssd) = self.ssd.borrow_mut().as_mut() {
+            let covered = ssd
+                .find("", &tokens)
+                .is_some_and(|(_, n)| n + 1 >= tokens.len());
+            if !covered {
+                ssd.store("", &tokens, &caches, &now_utc());
+            }
+        }
         self.prompt_cache.borrow_mut().put("", tokens, caches);
         self.sync_cache_stats();
     }
 
-    /// Takes the prompt cache's longest usable entry for `prompt`, if any.
+    /// Takes the longest usable cached prefix of `prompt`: from RAM, or from the SSD tier
+    /// when it holds a strictly longer one (restored and trimmed to the match).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
         // No adapters yet: every request is in the base model's namespace.
         let hit = self.prompt_cache.borrow_mut().take("", prompt);
+        let ram = hit.as_ref().map_or(0, |h| h.reused);
+        let mut ssd = self.ssd.borrow_mut();
+        let from_disk = ssd.as_mut().and_then(|store| {
+            let (index, usable) = store.find("", prompt).filter(|&(_, n)| n > ram)?;
+            let sdpa = self
+                .opts
+                .kv_quant
+                .as_ref()
+                .map_or(crate::cache::QuantSdpa::MlxLm, |p| p.sdpa);
+            let caches = store.restore(index, usable, sdpa)?;
+            Some(crate::cache::prompt::Hit {
+                caches,
+                reused: usable,
+            })
+        });
+        drop(ssd);
         self.sync_cache_stats();
-        hit
+        from_disk.or(hit)
     }
 
-    /// Mirrors the prompt cache's numbers for /stats.
+    /// Mirrors the prompt cache's and the SSD tier's numbers for /stats.
     fn sync_cache_stats(&self) {
         if let Ok(mut stats) = self.prompt_cache_stats.lock() {
             *stats = self.prompt_cache.borrow().stats();
+        }
+        if let Ok(mut stats) = self.ssd_stats.lock() {
+            *stats = self.ssd.borrow().as_ref().map(|s| s.stats());
         }
     }
 
@@ -270,4 +302,28 @@ impl Worker {
             top: alternatives,
         })
     }
+}
+
+/// The current UTC time, RFC 3339 (for kv-store headers).
+fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
