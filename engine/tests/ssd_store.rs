@@ -184,3 +184,76 @@ fn a_longer_entry_supersedes_its_prefixes() {
     let (_, n) = store.find("", &[1, 2, 3, 9]).unwrap();
     assert_eq!(n, 3, "served by the longer entry, trimmed");
 }
+
+/// Not a gate by itself: the writer process of `a_sigkill_during_writes_leaves_no_partial_entry`
+/// (it runs only when that test starts it with SSD_CHILD_DIR set).
+#[test]
+fn child_writer_for_the_sigkill_test() {
+    let Ok(dir) = std::env::var("SSD_CHILD_DIR") else {
+        return;
+    };
+    let m = model();
+    let mut store = SsdStore::open(Path::new(&dir), id("fp"), 1 << 40, false).unwrap();
+    let prompt: Vec<u32> = (0..300).map(|i| (i * 7 % 900) as u32 + 10).collect();
+    let (_, caches) = prefilled(m.as_ref(), &prompt);
+    for round in 0u32.. {
+        // A different token sequence each time, so nothing is superseded.
+        let mut tokens = prompt.clone();
+        tokens[0] = round;
+        store.store("", &tokens, &caches, "t");
+    }
+}
+
+/// A process killed with SIGKILL in the middle of writing entries leaves no visible
+/// partial entry: every .mlxkv file that remains reads back, and the next scan removes the
+/// temp files.
+#[test]
+fn a_sigkill_during_writes_leaves_no_partial_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_writer_for_the_sigkill_test",
+            "--test-threads=1",
+        ])
+        .env("SSD_CHILD_DIR", dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let ns = dir.path().join("fp/_base");
+    let start = std::time::Instant::now();
+    // Let it write a good number of entries, then kill it mid-stream.
+    while std::fs::read_dir(&ns).map_or(0, |d| d.count()) < 20 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "the writer wrote nothing"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    for f in std::fs::read_dir(&ns).unwrap().flatten() {
+        let name = f.file_name().to_string_lossy().into_owned();
+        if name.ends_with(".mlxkv") && !name.starts_with('.') {
+            engine::cache::kvstore::read(&f.path(), true)
+                .unwrap_or_else(|e| panic!("a visible entry is partial: {e}"));
+        }
+    }
+    let store = SsdStore::open(dir.path(), id("fp"), 1 << 40, false).unwrap();
+    assert_eq!(
+        store.stats().removed_corrupt,
+        0,
+        "no entry was half-written"
+    );
+    assert!(store.stats().entries >= 20);
+    let leftovers = std::fs::read_dir(&ns)
+        .unwrap()
+        .flatten()
+        .filter(|f| f.file_name().to_string_lossy().contains(".tmp-"))
+        .count();
+    assert_eq!(
+        leftovers, 0,
+        "the scan removed the killed writer's temp file"
+    );
+}
