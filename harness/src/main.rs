@@ -65,6 +65,9 @@ enum Command {
     },
     /// Check `engine serve` with the official `openai` Python client (oracle venv).
     ServeCheck,
+    /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
+    #[command(hide = true)]
+    LegRestart(cmd::bench::LegRestartArgs),
     /// `engine serve` in this fresh process (used by `harness bench --suite serve`).
     #[command(hide = true)]
     LegServe(cmd::bench::LegServeArgs),
@@ -96,5 +99,6 @@ fn main() -> Result<()> {
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),
         Command::LegServe(args) => cmd::bench::leg_serve(args),
+        Command::LegRestart(args) => cmd::bench::leg_restart(args),
     }
 }

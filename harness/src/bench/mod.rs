@@ -5,6 +5,7 @@
 //! dirty is tagged `went-dirty` and never promoted.
 
 pub mod models;
+pub mod restart;
 pub mod serve;
 
 use std::path::{Path, PathBuf};

@@ -18,6 +18,9 @@ pub struct Args {
     /// tiny model: --serve-model).
     #[arg(long, default_value = "decode")]
     suite: String,
+    /// The bench model the restart suite runs on (its prompt is at least 4096 tokens).
+    #[arg(long, default_value = "small")]
+    restart_model: String,
     /// The committed model the serve suite runs on.
     #[arg(long, default_value = "tiny-llama-trained")]
     serve_model: String,
@@ -50,6 +53,89 @@ pub struct Args {
     /// Tokens generated per leg.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
+}
+
+fn run_restart(args: &Args) -> Result<()> {
+    use harness::bench::restart;
+    use harness::preflight::{self, Thresholds};
+    let model = models::by_name(&args.restart_model).with_context(|| {
+        format!(
+            "unknown bench model `{}` ({})",
+            args.restart_model,
+            models::NAMES
+        )
+    })?;
+    let thresholds = Thresholds::from_env();
+    let before = preflight::check(&thresholds);
+    if !before.clean && !args.force {
+        bail!(
+            "this machine is not clean, so the restart bench refuses to measure: {}\n\
+             Let it settle and retry, or pass --force.",
+            before.reasons.join("; ")
+        );
+    }
+    let prompt_tokens = args.prompt_tokens.max(4096);
+    let r = restart::run(model, prompt_tokens, args.max_tokens, args.rounds)?;
+    let after = preflight::check(&thresholds);
+    for (metric, value, unit) in r.rows() {
+        println!(
+            "restart {} (prompt {prompt_tokens}): {metric} {value:.1} {unit}",
+            r.model
+        );
+    }
+    let db = Db::open_default()?;
+    let (tags, preflight_verdict, state) =
+        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let rows = r.rows();
+    for (metric, value, unit) in &rows {
+        db.insert(&harness::db::Row {
+            ts: after.at.clone(),
+            commit: before.commit.clone(),
+            dirty: before.dirty,
+            machine_key: before.machine_key.clone(),
+            machine_state: state.clone(),
+            preflight: preflight_verdict.into(),
+            suite: "restart".into(),
+            model: r.model.into(),
+            metric: (*metric).into(),
+            value: *value,
+            unit: (*unit).into(),
+            stack: "engine".into(),
+            peer: None,
+            params: serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds}).to_string(),
+            tags: tags.join(" "),
+        })?;
+    }
+    println!(
+        "recorded {} rows (preflight before: {}, after: {})",
+        rows.len(),
+        before.verdict(),
+        after.verdict()
+    );
+    Ok(())
+}
+
+/// `harness leg-restart`: one restart-suite leg in this fresh process.
+#[derive(clap::Args)]
+pub struct LegRestartArgs {
+    #[arg(long)]
+    mode: String,
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    prompt_ids: PathBuf,
+    #[arg(long)]
+    max_tokens: usize,
+    #[arg(long)]
+    ssd: PathBuf,
+}
+
+pub fn leg_restart(args: LegRestartArgs) -> Result<()> {
+    let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&args.prompt_ids)?)?;
+    let leg =
+        harness::bench::restart::leg(&args.mode, &args.model, &ids, args.max_tokens, &args.ssd)?;
+    println!("{}", serde_json::to_string(&leg)?);
+    Ok(())
 }
 
 fn run_serve(args: &Args) -> Result<()> {
@@ -117,7 +203,8 @@ pub fn run(args: Args) -> Result<()> {
     match args.suite.as_str() {
         "decode" => {}
         "serve" => return run_serve(&args),
-        other => bail!("suite `{other}` does not exist (available: decode, serve)"),
+        "restart" => return run_restart(&args),
+        other => bail!("suite `{other}` does not exist (available: decode, serve, restart)"),
     }
     if args.rounds < 3 {
         bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");

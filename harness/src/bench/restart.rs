@@ -1,0 +1,193 @@
+//! `harness bench --suite restart`: what the SSD tier buys after a restart. On the `small`
+//! bench model with a long prompt, each leg is a fresh process: "fresh" prefills the whole
+//! prompt and decodes; "store" prefills and writes the caches to a kv-store directory
+//! (untimed); "restored" opens that store as a restarted server would, restores the prefix,
+//! feeds the last prompt token and decodes. TTFT counts from the start of the request (for
+//! "restored": the store lookup, the file read and the restore included).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use engine::cache::kvstore::Identity;
+use engine::cache::ssd::SsdStore;
+use engine::cache::QuantSdpa;
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{generate_in, Flow, Session, SessionOptions};
+use serde::{Deserialize, Serialize};
+
+use super::median;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RestartLeg {
+    pub mode: String,
+    pub ttft_s: f64,
+    pub decode_tps: f64,
+}
+
+fn identity() -> Identity {
+    Identity {
+        model_id: "bench".into(),
+        config_fingerprint: "restart-bench".into(),
+        ns: String::new(),
+        tokenizer_hash: "none".into(),
+    }
+}
+
+/// One leg in this process (`harness leg-restart`).
+pub fn leg(
+    mode: &str,
+    model: &Path,
+    ids: &[u32],
+    max_tokens: usize,
+    ssd: &Path,
+) -> Result<RestartLeg> {
+    let m = engine::model::load(model)?;
+    let opts = SessionOptions::default();
+    let start = Instant::now();
+    let (mut session, cached) = match mode {
+        "fresh" => (Session::with_options(m.as_ref(), &opts), 0),
+        "store" => {
+            let mut s = Session::with_options(m.as_ref(), &opts);
+            s.prefill(ids)?;
+            let mut store = SsdStore::open(ssd, identity(), u64::MAX, false)?;
+            if !store.store("", ids, &s.caches, "bench") {
+                bail!("the store refused the entry");
+            }
+            return Ok(RestartLeg {
+                mode: mode.into(),
+                ttft_s: 0.0,
+                decode_tps: 0.0,
+            });
+        }
+        "restored" => {
+            let mut store = SsdStore::open(ssd, identity(), u64::MAX, false)?;
+            let (index, usable) = store
+                .find("", ids)
+                .context("nothing stored for this prompt")?;
+            let caches = store
+                .restore(index, usable, QuantSdpa::MlxLm)
+                .context("the stored entry could not be restored")?;
+            (Session::with_caches(m.as_ref(), &opts, caches), usable)
+        }
+        other => bail!("unknown restart leg `{other}`"),
+    };
+    let mut sampler = Sampler::new(SamplingParams::default())?;
+    let mut times = Vec::new();
+    generate_in(
+        &mut session,
+        ids,
+        cached,
+        max_tokens,
+        &[],
+        &mut sampler,
+        |_, _| {
+            times.push(Instant::now());
+            Ok(Flow::Continue)
+        },
+    )?;
+    let ttft = times[0].duration_since(start).as_secs_f64();
+    let decode = match times.len() {
+        n if n > 1 => (n - 1) as f64 / times[n - 1].duration_since(times[0]).as_secs_f64(),
+        _ => 0.0,
+    };
+    Ok(RestartLeg {
+        mode: mode.into(),
+        ttft_s: ttft,
+        decode_tps: decode,
+    })
+}
+
+fn run_leg(
+    mode: &str,
+    model: &Path,
+    ids_file: &Path,
+    max_tokens: usize,
+    ssd: &Path,
+) -> Result<RestartLeg> {
+    let out = Command::new(std::env::current_exe()?)
+        .args(["leg-restart", "--mode", mode])
+        .arg("--model")
+        .arg(model)
+        .arg("--prompt-ids")
+        .arg(ids_file)
+        .arg("--max-tokens")
+        .arg(max_tokens.to_string())
+        .arg("--ssd")
+        .arg(ssd)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{mode} leg failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("leg printed no JSON")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+pub struct RestartResult {
+    pub model: &'static str,
+    pub prompt_tokens: usize,
+    pub fresh: RestartLeg,
+    pub restored: RestartLeg,
+}
+
+/// Runs `rounds` × (fresh, restored) legs after one store leg; medians.
+pub fn run(
+    model: super::models::BenchModel,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    rounds: usize,
+) -> Result<RestartResult> {
+    let dir = model.ensure()?;
+    let tmp = tempfile::tempdir()?;
+    let ids = super::prompt_ids(prompt_tokens, model.vocab, model.seed);
+    let ids_file: PathBuf = tmp.path().join("ids.json");
+    std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
+    let ssd = tmp.path().join("ssd");
+    run_leg("store", &dir, &ids_file, max_tokens, &ssd)?;
+    let order = super::leg_order(rounds, &["fresh", "restored"]);
+    let bar = indicatif::ProgressBar::new(order.len() as u64);
+    let mut legs = Vec::new();
+    for mode in order {
+        legs.push(run_leg(mode, &dir, &ids_file, max_tokens, &ssd)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let med = |mode: &str| {
+        let mine: Vec<&RestartLeg> = legs.iter().filter(|l| l.mode == mode).collect();
+        RestartLeg {
+            mode: mode.into(),
+            ttft_s: median(mine.iter().map(|l| l.ttft_s).collect()),
+            decode_tps: median(mine.iter().map(|l| l.decode_tps).collect()),
+        }
+    };
+    Ok(RestartResult {
+        model: model.name,
+        prompt_tokens,
+        fresh: med("fresh"),
+        restored: med("restored"),
+    })
+}
+
+impl RestartResult {
+    pub fn rows(&self) -> Vec<(&'static str, f64, &'static str)> {
+        let pct = 100.0 * self.restored.ttft_s / self.fresh.ttft_s;
+        let overhead = 100.0 * (1.0 - self.restored.decode_tps / self.fresh.decode_tps);
+        vec![
+            ("ttft_ms_full_prefill", self.fresh.ttft_s * 1e3, "ms"),
+            ("ttft_ms_restored", self.restored.ttft_s * 1e3, "ms"),
+            ("restored_ttft_pct_of_full", pct, "%"),
+            ("decode_tps_ssd_off", self.fresh.decode_tps, "tok/s"),
+            ("decode_tps_ssd_on", self.restored.decode_tps, "tok/s"),
+            ("decode_overhead_pct", overhead, "%"),
+        ]
+    }
+}
