@@ -257,3 +257,30 @@ fn a_sigkill_during_writes_leaves_no_partial_entry() {
         "the scan removed the killed writer's temp file"
     );
 }
+
+/// An entry under this fingerprint's directory whose header names another config (copied
+/// in by hand, or left from a bug) is deleted by the scan; the same file under its own
+/// fingerprint's directory is left alone.
+#[test]
+fn a_fingerprint_mismatch_is_removed_by_the_scan() {
+    let m = model();
+    let dir = tempfile::tempdir().unwrap();
+    let (tokens, caches) = prefilled(m.as_ref(), &[1, 2, 3, 4]);
+    let mut other = SsdStore::open(dir.path(), id("fpB"), 1 << 30, false).unwrap();
+    assert!(other.store("", &tokens, &caches, "t"));
+    drop(other);
+    let src = std::fs::read_dir(dir.path().join("fpB/_base"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::create_dir_all(dir.path().join("fpA/_base")).unwrap();
+    let planted = dir.path().join("fpA/_base/copied.mlxkv");
+    std::fs::copy(&src, &planted).unwrap();
+    let store = SsdStore::open(dir.path(), id("fpA"), 1 << 30, false).unwrap();
+    assert_eq!(store.stats().entries, 0);
+    assert_eq!(store.stats().removed_corrupt, 1);
+    assert!(!planted.exists(), "the mismatched entry is deleted");
+    assert!(src.exists(), "its own fingerprint's copy is untouched");
+}
