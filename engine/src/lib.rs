@@ -2,6 +2,7 @@
 //! subsystem. MLX is not thread-safe: all MLX work of one model stays on one thread.
 
 pub mod cache;
+pub mod clock;
 pub mod generate;
 pub mod load;
 pub mod model;

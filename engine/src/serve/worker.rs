@@ -233,7 +233,7 @@ impl Worker {
                 .find("", &tokens)
                 .is_some_and(|(_, n)| n + 1 >= tokens.len());
             if !covered {
-                ssd.store("", &tokens, &caches, &now_utc());
+                ssd.store("", &tokens, &caches, &crate::clock::now_utc());
             }
         }
         self.prompt_cache.borrow_mut().put("", tokens, caches);
@@ -302,28 +302,4 @@ impl Worker {
             top: alternatives,
         })
     }
-}
-
-/// The current UTC time, RFC 3339 (for kv-store headers).
-fn now_utc() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
 }
