@@ -3,19 +3,12 @@
 //! onto an f32 model, where CPU compilation changes SDPA rounding) that the same
 //! comparison catches.
 
-use std::path::Path;
+mod common;
+
+use common::model;
 
 use engine::generate::{CompileDecode, Session};
 use mlx_rs::Array;
-
-fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
-    engine::model::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../goldens/models")
-            .join(name),
-    )
-    .unwrap()
-}
 
 fn bytes(a: &Array) -> Vec<u8> {
     let a = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();

@@ -4,17 +4,14 @@
 //! or (with verification) in a tensor is refused with a clear error; writes leave no
 //! temporary file behind.
 
-use std::path::Path;
+mod common;
+
+use common::{bytes, goldens, greedy_run};
 
 use engine::cache::kvstore::{self, Identity};
 use engine::cache::{restore, Cache, QuantSdpa, Snapshot};
 use engine::generate::kv_quant::{KvLayers, KvQuantPlan};
-use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{generate_in, Flow, Session, SessionOptions};
-
-fn goldens() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
-}
+use engine::generate::{Session, SessionOptions};
 
 fn id() -> Identity {
     Identity {
@@ -39,31 +36,6 @@ fn l2_options() -> SessionOptions {
     }
 }
 
-fn run(
-    session: &mut Session,
-    prompt: &[u32],
-    cached: usize,
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
-    let (mut ids, mut lps) = (Vec::new(), Vec::new());
-    generate_in(session, prompt, cached, n, &[], &mut sampler, |id, lp| {
-        ids.push(id);
-        let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
-        lp.eval()?;
-        lps.push(lp.as_slice::<f32>().to_vec());
-        Ok(Flow::Continue)
-    })
-    .unwrap();
-    (ids, lps)
-}
-
-fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
-    let v = a.reshape(&[-1]).unwrap().view::<u8>().unwrap();
-    v.eval().unwrap();
-    v.as_slice::<u8>().to_vec()
-}
-
 fn snapshots(caches: &[Box<dyn Cache>]) -> Vec<Snapshot> {
     caches.iter().map(|c| c.snapshot().unwrap()).collect()
 }
@@ -83,7 +55,7 @@ fn fork_compare_with(
     let m = engine::model::load(&goldens().join("models").join(model)).unwrap();
     let prompt: Vec<u32> = (0..30).map(|i| (i * 37 % 900) as u32 + 10).collect();
     let mut live = Session::with_options(m.as_ref(), opts);
-    let (first, _) = run(&mut live, &prompt, 0, 6);
+    let (first, _) = greedy_run(&mut live, &prompt, 0, 6);
     let fed = live.caches[0].offset() as usize;
     let mut tokens = prompt.clone();
     tokens.extend(&first);
@@ -124,9 +96,9 @@ fn fork_compare_with(
         .collect();
     let mut next = tokens.clone();
     next.extend([5u32, 17, 99]);
-    let (ids_live, lps_live) = run(&mut live, &next, fed, 12);
+    let (ids_live, lps_live) = greedy_run(&mut live, &next, fed, 12);
     let mut resumed = Session::with_caches(m.as_ref(), opts, restored);
-    let (ids_back, lps_back) = run(&mut resumed, &next, fed, 12);
+    let (ids_back, lps_back) = greedy_run(&mut resumed, &next, fed, 12);
     (ids_live == ids_back && lps_live == lps_back).then_some(kinds)
 }
 

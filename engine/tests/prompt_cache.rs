@@ -4,56 +4,19 @@
 //! next prompt from scratch (plain and rotating caches). Planted defect: reusing one token
 //! too many (no trim) must show.
 
-use std::path::Path;
+mod common;
+
+use common::{greedy_run, model};
 
 use engine::cache::prompt::PromptCache;
-use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{generate_in, Flow, Session, SessionOptions};
-use mlx_rs::Array;
-
-fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
-    engine::model::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../goldens/models")
-            .join(name),
-    )
-    .unwrap()
-}
-
-/// Greedy generation in `session`; returns the ids and each step's log-probabilities.
-fn run(
-    session: &mut Session,
-    prompt: &[u32],
-    cached: usize,
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
-    let (mut ids, mut lps) = (Vec::new(), Vec::new());
-    generate_in(
-        session,
-        prompt,
-        cached,
-        n,
-        &[],
-        &mut sampler,
-        |id, lp: &Array| {
-            ids.push(id);
-            let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
-            lp.eval()?;
-            lps.push(lp.as_slice::<f32>().to_vec());
-            Ok(Flow::Continue)
-        },
-    )
-    .unwrap();
-    (ids, lps)
-}
+use engine::generate::{Session, SessionOptions};
 
 fn continuation_matches_fresh(name: &str, plant_extra_reuse: bool) -> bool {
     let m = model(name);
     let opts = SessionOptions::default();
     let turn1: Vec<u32> = (3..40).map(|i| (i * 7 % 900) as u32 + 10).collect();
     let mut first = Session::with_options(m.as_ref(), &opts);
-    let (answer, _) = run(&mut first, &turn1, 0, 12);
+    let (answer, _) = greedy_run(&mut first, &turn1, 0, 12);
     let fed = first.caches[0].offset() as usize;
     let mut tokens = turn1.clone();
     tokens.extend(&answer);
@@ -76,9 +39,9 @@ fn continuation_matches_fresh(name: &str, plant_extra_reuse: bool) -> bool {
         assert_eq!(caches[0].offset() as usize, reused);
     }
     let mut resumed = Session::with_caches(m.as_ref(), &opts, std::mem::take(&mut caches));
-    let (ids_hit, lps_hit) = run(&mut resumed, &turn2, reused, 24);
+    let (ids_hit, lps_hit) = greedy_run(&mut resumed, &turn2, reused, 24);
     let mut fresh = Session::with_options(m.as_ref(), &opts);
-    let (ids_fresh, lps_fresh) = run(&mut fresh, &turn2, 0, 24);
+    let (ids_fresh, lps_fresh) = greedy_run(&mut fresh, &turn2, 0, 24);
     ids_hit == ids_fresh && lps_hit == lps_fresh
 }
 

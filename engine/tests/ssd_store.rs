@@ -4,20 +4,20 @@
 //! oldest mtime (a restore counts as use); oversize entries are refused; a longer entry
 //! supersedes its prefixes.
 
+mod common;
+
+use common::greedy_run;
+
+fn model() -> Box<dyn engine::model::LanguageModel> {
+    common::model("tiny-llama-trained")
+}
+
 use std::path::Path;
 
 use engine::cache::kvstore::Identity;
 use engine::cache::ssd::SsdStore;
 use engine::cache::{Cache, QuantSdpa};
-use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{generate_in, Flow, Session, SessionOptions};
-
-fn model() -> Box<dyn engine::model::LanguageModel> {
-    engine::model::load(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained"),
-    )
-    .unwrap()
-}
+use engine::generate::{Session, SessionOptions};
 
 fn id(fp: &str) -> Identity {
     Identity {
@@ -26,25 +26,6 @@ fn id(fp: &str) -> Identity {
         ns: String::new(),
         tokenizer_hash: "t".into(),
     }
-}
-
-fn run(
-    session: &mut Session,
-    prompt: &[u32],
-    cached: usize,
-    n: usize,
-) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
-    let (mut ids, mut lps) = (Vec::new(), Vec::new());
-    generate_in(session, prompt, cached, n, &[], &mut sampler, |id, lp| {
-        ids.push(id);
-        let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
-        lp.eval()?;
-        lps.push(lp.as_slice::<f32>().to_vec());
-        Ok(Flow::Continue)
-    })
-    .unwrap();
-    (ids, lps)
 }
 
 /// Caches holding `prompt` (prefilled, one step) and the tokens they hold.
@@ -79,9 +60,9 @@ fn a_restart_restores_the_prefix_and_continues_like_a_fresh_prefill() {
     let restored = store.restore(index, usable, QuantSdpa::MlxLm).unwrap();
     assert_eq!(store.stats().restores, 1);
     let mut resumed = Session::with_caches(m.as_ref(), &SessionOptions::default(), restored);
-    let (ids_back, lps_back) = run(&mut resumed, &next, usable, 16);
+    let (ids_back, lps_back) = greedy_run(&mut resumed, &next, usable, 16);
     let mut fresh = Session::with_options(m.as_ref(), &SessionOptions::default());
-    let (ids_fresh, lps_fresh) = run(&mut fresh, &next, 0, 16);
+    let (ids_fresh, lps_fresh) = greedy_run(&mut fresh, &next, 0, 16);
     assert_eq!(ids_back, ids_fresh);
     assert!(
         lps_back == lps_fresh,

@@ -1,0 +1,45 @@
+//! Helpers shared by the engine's integration tests (each test binary uses a subset).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{generate_in, Flow, Session};
+
+/// The committed goldens directory.
+pub fn goldens() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
+}
+
+/// A committed tiny model.
+pub fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
+    engine::model::load(&goldens().join("models").join(name)).unwrap()
+}
+
+/// Greedy generation of `n` ids in `session` (whose caches hold `prompt[..cached]`);
+/// returns the ids and each step's log-probabilities as f32.
+pub fn greedy_run(
+    session: &mut Session,
+    prompt: &[u32],
+    cached: usize,
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let (mut ids, mut lps) = (Vec::new(), Vec::new());
+    generate_in(session, prompt, cached, n, &[], &mut sampler, |id, lp| {
+        ids.push(id);
+        let lp = lp.as_dtype(mlx_rs::Dtype::Float32)?;
+        lp.eval()?;
+        lps.push(lp.as_slice::<f32>().to_vec());
+        Ok(Flow::Continue)
+    })
+    .unwrap();
+    (ids, lps)
+}
+
+/// An array's row-major bytes.
+pub fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
+    let v = a.reshape(&[-1]).unwrap().view::<u8>().unwrap();
+    v.eval().unwrap();
+    v.as_slice::<u8>().to_vec()
+}
