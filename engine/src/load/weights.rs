@@ -131,6 +131,27 @@ impl Weights {
     }
 
     /// Names left over after a model took what it needs; non-empty means a mismatch.
+    /// Errs if tensors are left that `model_type` did not take (a checkpoint of another
+    /// layout must not load silently); `ignored` names those its sanitize drops.
+    pub fn ensure_consumed(
+        &self,
+        model_type: &str,
+        ignored: impl Fn(&str) -> bool,
+    ) -> Result<(), LoadError> {
+        let left: Vec<String> = self
+            .remaining()
+            .into_iter()
+            .filter(|n| !ignored(n))
+            .collect();
+        match left.first() {
+            None => Ok(()),
+            Some(first) => Err(LoadError::Weights(format!(
+                "{} tensors this {model_type} config does not use, e.g. `{first}`",
+                left.len()
+            ))),
+        }
+    }
+
     pub fn remaining(&self) -> Vec<String> {
         let mut names: Vec<String> = self.tensors.keys().cloned().collect();
         names.sort();

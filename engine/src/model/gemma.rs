@@ -187,14 +187,7 @@ impl Gemma3 {
         } else {
             None
         };
-        let left = w.remaining();
-        if !left.is_empty() {
-            return Err(LoadError::Weights(format!(
-                "{} tensors this gemma3_text config does not use, e.g. `{}`",
-                left.len(),
-                left[0]
-            )));
-        }
+        w.ensure_consumed("gemma3_text", |_| false)?;
         Ok(Gemma3 {
             args: a,
             embed,

@@ -464,18 +464,7 @@ impl Gemma4 {
         } else {
             Some(Linear::load(&mut w, "lm_head", false, a.hidden_size)?)
         };
-        let left: Vec<String> = w
-            .remaining()
-            .into_iter()
-            .filter(|name| !sanitized_away(name, first_shared))
-            .collect();
-        if !left.is_empty() {
-            return Err(LoadError::Weights(format!(
-                "{} tensors this gemma4_text config does not use, e.g. `{}`",
-                left.len(),
-                left[0]
-            )));
-        }
+        w.ensure_consumed("gemma4_text", |name| sanitized_away(name, first_shared))?;
         Ok(Gemma4 {
             args: a,
             embed,

@@ -283,15 +283,7 @@ impl Llama {
         } else {
             Some(Linear::load(&mut w, "lm_head", false, shape.hidden)?)
         };
-        let left = w.remaining();
-        if !left.is_empty() {
-            return Err(LoadError::Weights(format!(
-                "{} tensors this {} config does not use, e.g. `{}`",
-                left.len(),
-                config.model_type,
-                left[0]
-            )));
-        }
+        w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Llama {
             model_type: config.model_type.clone(),
             embed,
