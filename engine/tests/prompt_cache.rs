@@ -22,7 +22,7 @@ fn continuation_matches_fresh(name: &str, plant_extra_reuse: bool) -> bool {
     tokens.extend(&answer);
     tokens.truncate(fed);
     let mut pc = PromptCache::new(4, None);
-    pc.put("", tokens, std::mem::take(&mut first.caches));
+    let _ = pc.put("", tokens, std::mem::take(&mut first.caches));
     drop(first);
 
     let mut turn2 = turn1.clone();

@@ -541,6 +541,16 @@ fn fuzz(extra: &[&str]) {
 /// without a prompt cache does.
 #[test]
 fn second_turn_hits_the_prompt_cache_and_answers_the_same() {
+    second_turn_reuses(&[]);
+}
+
+/// As above on the batch lane: a row leaving the batch leaves its caches to the prompt cache.
+#[test]
+fn batch_lane_rows_feed_the_prompt_cache() {
+    second_turn_reuses(&["--batch", "4"]);
+}
+
+fn second_turn_reuses(extra: &[&str]) {
     let turn1 = json!({"messages": [{"role": "user", "content": "What color is the sky?"}]});
     let turn2 = |answer: &str| {
         json!({"messages": [
@@ -549,7 +559,7 @@ fn second_turn_hits_the_prompt_cache_and_answers_the_same() {
             {"role": "user", "content": "What color is the grass?"},
         ]})
     };
-    let cached = serve(&[]);
+    let cached = serve(extra);
     let (_, r1) = post(cached.port, "/v1/chat/completions", &turn1);
     let answer = r1["choices"][0]["message"]["content"]
         .as_str()
@@ -707,6 +717,17 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
 /// server without caches does.
 #[test]
 fn a_restarted_server_resumes_a_conversation_from_the_ssd_tier() {
+    restart_resumes(&[]);
+}
+
+/// As above on the batch lane: rows leaving the batch reach the SSD tier, and a restored
+/// prefix joins the batch.
+#[test]
+fn a_restarted_batch_lane_resumes_from_the_ssd_tier() {
+    restart_resumes(&["--batch", "4"]);
+}
+
+fn restart_resumes(extra: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let ssd = dir.path().to_str().unwrap().to_owned();
     let turn1 = ask("What color is the sky?");
@@ -717,7 +738,11 @@ fn a_restarted_server_resumes_a_conversation_from_the_ssd_tier() {
             {"role": "user", "content": "What color is the grass?"},
         ]})
     };
-    let first = serve(&["--ssd-cache", &ssd]);
+    let opts: Vec<&str> = ["--ssd-cache", ssd.as_str()]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let first = serve(&opts);
     let (_, r1) = post(first.port, "/v1/chat/completions", &turn1);
     let answer = r1["choices"][0]["message"]["content"]
         .as_str()
@@ -735,7 +760,7 @@ fn a_restarted_server_resumes_a_conversation_from_the_ssd_tier() {
     }
     drop(first);
 
-    let second = serve(&["--ssd-cache", &ssd]);
+    let second = serve(&opts);
     assert_eq!(
         stats(second.port)["ssd_cache"]["entries"],
         1,
@@ -757,5 +782,61 @@ fn a_restarted_server_resumes_a_conversation_from_the_ssd_tier() {
     assert_eq!(
         r2["choices"][0]["message"]["content"],
         fresh["choices"][0]["message"]["content"]
+    );
+}
+
+/// The SSD tier's write-behind is debounced: nothing is written while the lane has not been
+/// idle for the debounce time; what the RAM tier evicts is written at once; what is still
+/// pending is written when the server is stopped (SIGTERM) — so a restart finds both.
+#[test]
+fn ssd_write_behind_waits_for_idle_and_spills_on_eviction_and_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().to_str().unwrap().to_owned();
+    let opts = [
+        "--ssd-cache",
+        &ssd,
+        "--ssd-cache-debounce-ms",
+        "600000",
+        "--prompt-cache-size",
+        "1",
+    ];
+    let mut first = serve(&opts);
+    let spills = |port| stats(port)["ssd_cache"]["spills"].as_u64().unwrap();
+    post(
+        first.port,
+        "/v1/chat/completions",
+        &ask("What color is the sky?"),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(spills(first.port), 0, "written before the lane was idle");
+    // A second conversation evicts the first from RAM (one entry): spilled at once.
+    post(
+        first.port,
+        "/v1/chat/completions",
+        &ask("Who brought the broken clock?"),
+    );
+    let start = Instant::now();
+    while spills(first.port) != 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            stats(first.port)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let pid = first.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = first.child.wait().unwrap();
+    assert!(status.success(), "SIGTERM is a clean stop: {status}");
+    let second = serve(&opts);
+    assert_eq!(
+        stats(second.port)["ssd_cache"]["entries"],
+        2,
+        "{}",
+        stats(second.port)
     );
 }

@@ -68,6 +68,17 @@ impl BatchKvCache {
         self.lengths.len()
     }
 
+    /// Row `row`'s first `len` real positions as a standard cache of its own (a copy: the
+    /// batch buffers are not kept alive by it), for the prompt cache when the row leaves.
+    pub fn row_cache(&self, row: usize, len: i32) -> Result<KvCache, Exception> {
+        let len = len.min(self.lengths[row]);
+        let (r, start) = (row as i32, self.left_padding[row]);
+        let slice = |x: &Array| x.index((r..r + 1, .., start..start + len, ..));
+        let mut cache = KvCache::new();
+        cache.update_and_fetch(slice(&self.keys), slice(&self.values))?;
+        Ok(cache)
+    }
+
     /// Keeps only rows `keep` (in that order), trimming the padding they all share.
     pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
         let index = Array::from_slice(

@@ -163,6 +163,14 @@ pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Excep
     })
 }
 
+/// An independent copy of a cache (through its snapshot: the arrays are shared, and MLX
+/// copies a shared buffer before writing into it, so neither copy sees the other's writes).
+/// None for kinds without a snapshot.
+pub fn duplicate(c: &dyn Cache) -> Option<Box<dyn Cache>> {
+    let sdpa = c.kv_quant().map_or(QuantSdpa::MlxLm, |q| q.sdpa);
+    restore(c.snapshot()?, sdpa).ok()
+}
+
 /// A RoPE position: a plain integer, or an MLX array (so a compiled graph can be reused
 /// at every position).
 #[derive(Clone)]

@@ -16,6 +16,14 @@ struct Entry {
     used: u64,
 }
 
+/// An entry pushed out of the RAM tier (least recently used, or too large for it): the
+/// caller may spill it to the SSD tier.
+pub struct Evicted {
+    pub ns: String,
+    pub tokens: Vec<u32>,
+    pub caches: Vec<Box<dyn Cache>>,
+}
+
 /// A cache hit: caches holding the first `reused` prompt tokens.
 pub struct Hit {
     pub caches: Vec<Box<dyn Cache>>,
@@ -81,9 +89,28 @@ impl PromptCache {
             self.misses += 1;
             return None;
         };
-        let mut entry = self.entries.swap_remove(i);
-        let trim = (entry.tokens.len() - n) as i32;
-        for c in entry.caches.iter_mut() {
+        let trim = (self.entries[i].tokens.len() - n) as i32;
+        // Branching off an entry (only a prefix of it is used) takes a copy and leaves the
+        // entry here for its own conversation; an entry used whole is handed over (the
+        // request extends it, and puts the longer one back).
+        let copies: Option<Vec<Box<dyn Cache>>> = (trim > 0)
+            .then(|| {
+                self.entries[i]
+                    .caches
+                    .iter()
+                    .map(|c| super::duplicate(c.as_ref()))
+                    .collect()
+            })
+            .flatten();
+        let mut caches = match copies {
+            Some(copies) => {
+                self.clock += 1;
+                self.entries[i].used = self.clock;
+                copies
+            }
+            None => self.entries.swap_remove(i).caches,
+        };
+        for c in caches.iter_mut() {
             if c.trim(trim) != trim {
                 // A cache that cannot give back exactly that much is useless here.
                 self.misses += 1;
@@ -92,19 +119,30 @@ impl PromptCache {
         }
         self.hits += 1;
         self.reused_tokens += n as u64;
-        Some(Hit {
-            caches: entry.caches,
-            reused: n,
-        })
+        Some(Hit { caches, reused: n })
+    }
+
+    /// The caches of the entry holding exactly `tokens`, if it is still here.
+    pub fn peek(&self, ns: &str, tokens: &[u32]) -> Option<&[Box<dyn Cache>]> {
+        self.entries
+            .iter()
+            .find(|e| e.ns == ns && e.tokens == tokens)
+            .map(|e| e.caches.as_slice())
     }
 
     /// Stores caches holding `tokens`. Entries of the same namespace that are a prefix of
     /// `tokens` are superseded; an entry larger than the byte cap is refused; then the
-    /// least recently used entries go until the caps hold.
-    pub fn put(&mut self, ns: &str, tokens: Vec<u32>, caches: Vec<Box<dyn Cache>>) {
+    /// least recently used entries go until the caps hold. Returns what was pushed out
+    /// (a refused entry included), for a colder tier.
+    #[must_use = "evicted entries are dropped unless spilled"]
+    pub fn put(&mut self, ns: &str, tokens: Vec<u32>, caches: Vec<Box<dyn Cache>>) -> Vec<Evicted> {
         let bytes: usize = caches.iter().map(|c| c.nbytes()).sum();
-        if tokens.is_empty() || self.max_entries == 0 || self.max_bytes.is_some_and(|m| bytes > m) {
-            return;
+        if tokens.is_empty() {
+            return Vec::new();
+        }
+        if self.max_entries == 0 || self.max_bytes.is_some_and(|m| bytes > m) {
+            let ns = ns.to_owned();
+            return vec![Evicted { ns, tokens, caches }];
         }
         self.entries.retain(|e| {
             !(e.ns == ns && e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens))
@@ -117,6 +155,7 @@ impl PromptCache {
             bytes,
             used: self.clock,
         });
+        let mut evicted = Vec::new();
         while self.entries.len() > self.max_entries
             || self.max_bytes.is_some_and(|m| self.total_bytes() > m)
         {
@@ -127,8 +166,14 @@ impl PromptCache {
                 .min_by_key(|(_, e)| e.used)
                 .map(|(i, _)| i)
                 .expect("non-empty while over a cap");
-            self.entries.swap_remove(oldest);
+            let e = self.entries.swap_remove(oldest);
+            evicted.push(Evicted {
+                ns: e.ns,
+                tokens: e.tokens,
+                caches: e.caches,
+            });
         }
+        evicted
     }
 
     fn total_bytes(&self) -> usize {
@@ -163,38 +208,72 @@ mod tests {
     #[test]
     fn longest_usable_prefix_is_taken_and_trimmed() {
         let mut pc = PromptCache::new(10, None);
-        pc.put("", vec![1, 2, 3], caches_with(3));
-        pc.put("", vec![1, 2, 9, 9, 9], caches_with(5));
-        pc.put("other", vec![1, 2, 3, 4, 5, 6], caches_with(6));
+        let _ = pc.put("", vec![1, 2, 3], caches_with(3));
+        let _ = pc.put("", vec![1, 2, 9, 9, 9], caches_with(5));
+        let _ = pc.put("other", vec![1, 2, 3, 4, 5, 6], caches_with(6));
         // Prompt 1 2 3 4: the first entry shares 3 tokens, the second 2.
         let hit = pc.take("", &[1, 2, 3, 4]).unwrap();
         assert_eq!(hit.reused, 3);
         assert_eq!(hit.caches[0].offset(), 3);
+        assert_eq!(pc.stats().entries, 2, "used whole: handed over");
         // The same prompt as an entry: only length − 1 is usable, so it is trimmed by one.
-        pc.put("", vec![7, 8, 9], caches_with(3));
+        let _ = pc.put("", vec![7, 8, 9], caches_with(3));
         let hit = pc.take("", &[7, 8, 9]).unwrap();
         assert_eq!((hit.reused, hit.caches[0].offset()), (2, 2));
+        // Used in part: a trimmed copy; the entry stays, whole.
+        assert_eq!(pc.stats().entries, 3);
+        assert_eq!(pc.peek("", &[7, 8, 9]).unwrap()[0].offset(), 3);
         // Namespaces do not mix; no common prefix is a miss.
         assert!(pc.take("", &[5, 5]).is_none());
         let s = pc.stats();
-        assert_eq!((s.hits, s.misses, s.entries), (2, 1, 2));
+        assert_eq!((s.hits, s.misses, s.entries), (2, 1, 3));
+    }
+
+    /// A copy handed out for a branch shares the entry's buffers; writing into the copy must
+    /// not change the entry (MLX copies a shared buffer before a slice update).
+    #[test]
+    fn a_branch_copy_never_writes_into_the_entry() {
+        let mut pc = PromptCache::new(10, None);
+        let _ = pc.put("", vec![1, 2, 3, 4, 5], caches_with(5));
+        let mut hit = pc.take("", &[1, 2, 3, 9, 9]).unwrap();
+        assert_eq!(hit.reused, 3);
+        let twos = mlx_rs::ops::full::<f32>(&[1, 1, 1, 4], mlx_rs::Array::from_f32(2.0)).unwrap();
+        let kv = hit.caches[0].update_and_fetch(twos.clone(), twos).unwrap();
+        let crate::cache::Kv::Dense(k, _) = kv else {
+            panic!("dense")
+        };
+        let k = k.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        k.eval().unwrap();
+        assert_eq!(k.as_slice::<f32>()[12..16], [2.0; 4]);
+        let entry = &pc.peek("", &[1, 2, 3, 4, 5]).unwrap()[0];
+        let state = entry.state()[0].as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        state.eval().unwrap();
+        assert_eq!(state.as_slice::<f32>()[..20], [1.0; 20]);
     }
 
     #[test]
     fn caps_evict_least_recently_used_and_prefixes_are_superseded() {
         let mut pc = PromptCache::new(2, None);
-        pc.put("", vec![1, 2], caches_with(2));
-        pc.put("", vec![1, 2, 3], caches_with(3)); // supersedes [1, 2]
+        assert!(pc.put("", vec![1, 2], caches_with(2)).is_empty());
+        // Supersedes [1, 2] (not an eviction: the new entry serves all it served).
+        assert!(pc.put("", vec![1, 2, 3], caches_with(3)).is_empty());
         assert_eq!(pc.stats().entries, 1);
-        pc.put("", vec![4, 5], caches_with(2));
-        pc.put("", vec![6, 7], caches_with(2)); // evicts [1, 2, 3], the oldest
+        assert!(pc.put("", vec![4, 5], caches_with(2)).is_empty());
+        // Evicts [1, 2, 3], the oldest, and hands it back for spilling.
+        let out = pc.put("", vec![6, 7], caches_with(2));
+        assert_eq!(out.len(), 1);
+        assert_eq!(
+            (out[0].tokens.as_slice(), out[0].caches[0].offset()),
+            (&[1, 2, 3][..], 3)
+        );
         assert!(pc.take("", &[1, 2, 3, 4]).is_none());
+        assert!(pc.peek("", &[4, 5]).is_some() && pc.peek("", &[4]).is_none());
         let one = caches_with(2)[0].nbytes();
         let mut capped = PromptCache::new(10, Some(one));
         // 300 positions take two 256-position blocks: larger than the cap, refused.
-        capped.put("", (0..300).collect(), caches_with(300));
-        assert_eq!(capped.stats().entries, 0);
-        capped.put("", vec![1, 2], caches_with(2));
+        let refused = capped.put("", (0..300).collect(), caches_with(300));
+        assert_eq!((capped.stats().entries, refused.len()), (0, 1));
+        let _ = capped.put("", vec![1, 2], caches_with(2));
         assert_eq!(capped.stats().entries, 1);
     }
 }

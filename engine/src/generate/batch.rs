@@ -77,6 +77,18 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
+    /// Row `row`'s caches holding its first `len` tokens, one standard cache per layer.
+    pub fn row_caches(&mut self, row: usize, len: i32) -> Result<Vec<Box<dyn Cache>>, Exception> {
+        let caches: Vec<Box<dyn Cache>> = self
+            .caches
+            .iter_mut()
+            .map(|c| Ok(Box::new(as_batch(c).row_cache(row, len)?) as Box<dyn Cache>))
+            .collect::<Result<_, Exception>>()?;
+        let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+        mlx_rs::transforms::eval(state)?;
+        Ok(caches)
+    }
+
     /// Keeps rows `keep` (in that order).
     pub fn keep(&mut self, keep: &[usize]) -> Result<(), Exception> {
         if keep.is_empty() {

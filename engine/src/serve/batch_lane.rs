@@ -213,7 +213,12 @@ impl Worker {
         match outcome {
             Outcome::Continue => Step::Join(adm.row, adm.session),
             done => {
+                let finished = matches!(done, Outcome::Done(_)) && !adm.row.emit.gone;
+                let produced = adm.row.emit.produced.clone();
                 self.close(adm.row, done);
+                if finished {
+                    self.keep_caches(adm.session, &adm.prompt, produced);
+                }
                 Step::Closed
             }
         }
@@ -233,6 +238,16 @@ impl Worker {
             return true;
         }
         let keep: Vec<usize> = (0..rows.len()).filter(|&i| outcomes[i].is_none()).collect();
+        // Rows that finished well leave their caches to the prompt cache (and SSD tier).
+        let mut kept = Vec::new();
+        for (i, row) in rows.iter().enumerate() {
+            if matches!(outcomes[i], Some(Outcome::Done(_))) && !row.emit.gone {
+                if let Ok(caches) = batch.row_caches(i, row.history.len() as i32) {
+                    let fed = caches.first().map_or(0, |c| c.offset()) as usize;
+                    kept.push((row.history[..fed].to_vec(), caches));
+                }
+            }
+        }
         if let Err(e) = batch.keep(&keep) {
             for row in rows.drain(..) {
                 self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
@@ -254,6 +269,9 @@ impl Worker {
                 None => rows.push(row),
                 Some(o) => self.close(row, o),
             }
+        }
+        for (tokens, caches) in kept {
+            self.keep("", tokens, caches);
         }
         true
     }
@@ -295,9 +313,9 @@ impl Worker {
         let mut steps = 0usize;
         loop {
             if rows.is_empty() && waiting.is_empty() && admission.is_none() {
-                match jobs.recv() {
-                    Ok(job) => waiting.push_back(job),
-                    Err(_) => return,
+                match self.next_job(&jobs) {
+                    Some(job) => waiting.push_back(job),
+                    None => return,
                 }
             }
             while let Ok(job) = jobs.try_recv() {

@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// SSD tier: check every tensor's hash when restoring (the header is always checked).
     #[arg(long)]
     pub ssd_cache_verify: bool,
+    /// SSD tier: write a finished conversation to disk once no request has arrived for this
+    /// many milliseconds (RAM evictions and shutdown write at once).
+    #[arg(long, default_value_t = 500)]
+    pub ssd_cache_debounce_ms: u64,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -86,7 +90,8 @@ pub struct AppState {
     pub created: u64,
     pub started: Instant,
     pub defaults: request::Defaults,
-    pub jobs: std::sync::Mutex<mpsc::Sender<worker::Job>>,
+    /// The model thread's queue; taken (closed) when the server stops.
+    pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Job>>>,
     pub counters: Arc<worker::Counters>,
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
@@ -127,12 +132,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
         args.ssd_cache_verify,
     );
+    let ssd_debounce = std::time::Duration::from_millis(args.ssd_cache_debounce_ms);
     let fingerprint_source = format!(
         "{}|{:?}",
         std::fs::read_to_string(args.model.join("config.json")).unwrap_or_default(),
         opts.kv_quant
     );
-    std::thread::Builder::new()
+    let model_thread = std::thread::Builder::new()
         .name("model".into())
         .spawn(move || {
             let setup = (|| -> anyhow::Result<worker::Worker> {
@@ -171,6 +177,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     prompt_cache_stats: worker_cache_stats,
                     ssd: std::cell::RefCell::new(ssd),
                     ssd_stats: worker_ssd_stats,
+                    ssd_pending: Default::default(),
+                    ssd_debounce,
                     model,
                     tokenizer,
                     template,
@@ -211,7 +219,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             min_p: args.min_p,
             context,
         },
-        jobs: std::sync::Mutex::new(tx),
+        jobs: std::sync::Mutex::new(Some(tx)),
         counters,
         prompt_cache,
         ssd_cache,
@@ -221,6 +229,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
+    let served = state.clone();
     runtime.block_on(async move {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()
@@ -229,13 +238,33 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             format!("cannot listen on {addr} (is another server using that port? try --port)")
         })?;
         let local = listener.local_addr()?;
-        println!("engine serve: {} on http://{local}", state.model_id);
-        let app = routes::router(state, args.max_body_bytes);
+        println!("engine serve: {} on http://{local}", served.model_id);
+        let app = routes::router(served, args.max_body_bytes);
         axum::serve(listener, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .with_graceful_shutdown(stop_signal())
             .await?;
-        Ok(())
-    })
+        anyhow::Ok(())
+    })?;
+    // Close the queue; the model thread finishes (writing pending SSD snapshots) and ends.
+    if let Ok(mut jobs) = state.jobs.lock() {
+        jobs.take();
+    }
+    let _ = model_thread.join();
+    Ok(())
+}
+
+/// Ctrl-C, or (Unix) SIGTERM — how a desktop shell or a service manager stops the server.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
 }

@@ -188,11 +188,15 @@ async fn handle(
         .jobs
         .lock()
         .map_err(|_| ApiError::server("the request queue is poisoned"))?
-        .send(Job {
-            request: req,
-            events: tx,
+        .as_ref()
+        .map(|jobs| {
+            jobs.send(Job {
+                request: req,
+                events: tx,
+            })
+            .is_ok()
         });
-    if sent.is_err() {
+    if sent != Some(true) {
         s.counters.queued.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::server("the model thread has stopped")
             .with_status(StatusCode::SERVICE_UNAVAILABLE));

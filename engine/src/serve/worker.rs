@@ -78,6 +78,11 @@ pub struct Worker {
     /// The SSD tier (`--ssd-cache`), if on.
     pub ssd: std::cell::RefCell<Option<crate::cache::ssd::SsdStore>>,
     pub ssd_stats: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
+    /// Write-behind: RAM entries (namespace, tokens) not yet on the SSD tier. They are
+    /// written once no request has arrived for `ssd_debounce` (never on the token loop), when
+    /// the RAM tier evicts them, and when the server stops.
+    pub ssd_pending: std::cell::RefCell<Vec<(String, Vec<u32>)>>,
+    pub ssd_debounce: std::time::Duration,
     /// The prompt cache's numbers, mirrored for `/stats` (the cache itself holds MLX arrays
     /// and stays on this thread).
     pub prompt_cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
@@ -93,7 +98,7 @@ pub struct Worker {
 impl Worker {
     /// Serves jobs until every sender is gone.
     pub fn run(self, jobs: mpsc::Receiver<Job>) {
-        for job in jobs {
+        while let Some(job) = self.next_job(&jobs) {
             self.counters.queued.fetch_sub(1, Ordering::Relaxed);
             self.counters.running.fetch_add(1, Ordering::Relaxed);
             let events = job.events.clone();
@@ -211,10 +216,92 @@ impl Worker {
         self.counters.completed.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Waits for the next job. Pending write-behind snapshots are written once the lane has
+    /// been idle for the debounce time, and before returning None (every sender gone).
+    pub(super) fn next_job(&self, jobs: &mpsc::Receiver<Job>) -> Option<Job> {
+        if !self.ssd_pending.borrow().is_empty() {
+            match jobs.recv_timeout(self.ssd_debounce) {
+                Ok(job) => return Some(job),
+                Err(mpsc::RecvTimeoutError::Timeout) => self.flush_ssd(),
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    self.flush_ssd();
+                    return None;
+                }
+            }
+        }
+        let job = jobs.recv().ok();
+        if job.is_none() {
+            self.flush_ssd();
+        }
+        job
+    }
+
+    /// Writes the pending write-behind snapshots still in RAM (an entry a later request took
+    /// is gone from RAM: that request keeps a longer one).
+    pub(super) fn flush_ssd(&self) {
+        let pending = std::mem::take(&mut *self.ssd_pending.borrow_mut());
+        let mut ssd = self.ssd.borrow_mut();
+        let Some(store) = ssd.as_mut() else {
+            return;
+        };
+        let ram = self.prompt_cache.borrow();
+        for (ns, tokens) in pending {
+            if let Some(caches) = ram.peek(&ns, &tokens) {
+                Self::write_ssd(store, &ns, &tokens, caches);
+            }
+        }
+        drop((ram, ssd));
+        self.sync_cache_stats();
+    }
+
+    /// Writes an entry to the SSD tier unless it already holds these tokens (or all but the
+    /// last: a prompt's last token is always fed again, so that entry serves as well).
+    fn write_ssd(
+        store: &mut crate::cache::ssd::SsdStore,
+        ns: &str,
+        tokens: &[u32],
+        caches: &[Box<dyn crate::cache::Cache>],
+    ) {
+        let covered = store
+            .find(ns, tokens)
+            .is_some_and(|(_, n)| n + 1 >= tokens.len());
+        if !covered {
+            store.store(ns, tokens, caches, &crate::clock::now_utc());
+        }
+    }
+
+    /// Keeps finished caches holding `tokens` for later requests: in the RAM tier, with the
+    /// SSD tier (if on) getting what RAM evicts now and a write-behind snapshot later.
+    pub(super) fn keep(
+        &self,
+        ns: &str,
+        tokens: Vec<u32>,
+        caches: Vec<Box<dyn crate::cache::Cache>>,
+    ) {
+        let mut ssd = self.ssd.borrow_mut();
+        if ssd.is_some() {
+            let mut pending = self.ssd_pending.borrow_mut();
+            // Coalesced: an earlier pending prefix of the same conversation is superseded.
+            pending.retain(|(n, t)| !(n == ns && tokens.starts_with(t)));
+            pending.push((ns.to_owned(), tokens.clone()));
+        }
+        let evicted = self.prompt_cache.borrow_mut().put(ns, tokens, caches);
+        if let Some(store) = ssd.as_mut() {
+            for e in evicted {
+                Self::write_ssd(store, &e.ns, &e.tokens, &e.caches);
+                self.ssd_pending
+                    .borrow_mut()
+                    .retain(|(n, t)| !(*n == e.ns && *t == e.tokens));
+            }
+        }
+        drop(ssd);
+        self.sync_cache_stats();
+    }
+
     /// Puts the session's caches in the prompt cache under the tokens they hold: the prompt
     /// and the generated ids fed back (a final EOS id may have been fed too; it is trimmed
     /// off, since it is not in `produced`).
-    fn keep_caches(&self, mut session: Session, prompt: &[u32], produced: Vec<u32>) {
+    pub(super) fn keep_caches(&self, mut session: Session, prompt: &[u32], produced: Vec<u32>) {
         let mut tokens = prompt.to_vec();
         tokens.extend(produced);
         let fed = session.caches.first().map_or(0, |c| c.offset()) as usize;
@@ -227,17 +314,7 @@ impl Worker {
         tokens.truncate(fed);
         let caches = std::mem::take(&mut session.caches);
         drop(session);
-        // Write-behind to the SSD tier (the response has already been sent).
-        if let Some(ssd) = self.ssd.borrow_mut().as_mut() {
-            let covered = ssd
-                .find("", &tokens)
-                .is_some_and(|(_, n)| n + 1 >= tokens.len());
-            if !covered {
-                ssd.store("", &tokens, &caches, &crate::clock::now_utc());
-            }
-        }
-        self.prompt_cache.borrow_mut().put("", tokens, caches);
-        self.sync_cache_stats();
+        self.keep("", tokens, caches);
     }
 
     /// Takes the longest usable cached prefix of `prompt`: from RAM, or from the SSD tier
