@@ -19,6 +19,8 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      the sharing layers, proportional partial RoPE and a wider head on full
                      attention, sliding window 8, softcap 10, tied head, bf16
 - tiny-gemma3-kv     tiny-gemma3 with head_dim 32 (quantizable KV: the L2 rotating-cache model)
+- tiny-llama-draft   llama, 2 layers of width 64, trained like tiny-llama-trained (seed 11/7):
+                     the speculative-decoding drafter for tiny-llama-trained (same tokenizer)
 - tiny-gemma4-keqv   gemma4_text like the large Gemma 4s: K = V on full-attention layers with
                      their own KV head count, no per-layer inputs, no sharing, untied, bf16
 
@@ -322,7 +324,21 @@ def make_gemma4_keqv(tok) -> None:
                "random weights (seed 8, norm/scalar noise seed 18), bf16, untied, K=V on full attention")
 
 
-ONLY = {"tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
+def make_llama_draft(tok) -> None:
+    """A smaller model trained on the same text: drafts that tiny-llama-trained often accepts."""
+    dest = golden_dir("models/tiny-llama-draft")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = llama_config(64, 2, 2, 1, 160, None, tie=True)
+    model = random_model(llama, cfg, 11, mx.float32)
+    final = train(model, training_text(tok))
+    model.set_dtype(mx.bfloat16)
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
+               f"drafter: trained 600 steps on oracles/corpus.txt (seed 11/7), final loss {final:.3f}, bf16")
+
+
+ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
         "tiny-gemma4-keqv": make_gemma4_keqv}
 
 
@@ -369,8 +385,9 @@ def main(only=None) -> None:
     make_gemma4(tok)
     make_gemma4_keqv(tok)
     make_gemma3_kv(tok)
+    make_llama_draft(tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
-                 "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma3-kv"]:
+                 "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma3-kv", "tiny-llama-draft"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

@@ -8,6 +8,7 @@ pub mod bench;
 pub mod compiled;
 pub mod kv_quant;
 pub mod sampler;
+pub mod speculative;
 pub mod stop;
 
 use std::time::{Duration, Instant};
@@ -161,6 +162,35 @@ impl<'m> Session<'m> {
         let logits = self.model.forward(&ids, &mut self.caches)?;
         self.quantize_due()?;
         Ok(logits.index((.., -1, ..)))
+    }
+
+    /// Feeds `ids` and returns the logits of every position, [1, len, vocab] (a speculative
+    /// verify pass).
+    pub fn forward(&mut self, ids: &[u32]) -> Result<Array, Exception> {
+        let logits = self.model.forward(&ids_array(ids), &mut self.caches)?;
+        self.quantize_due()?;
+        Ok(logits)
+    }
+
+    /// Drops the last `n` tokens from every cache (a speculative rollback); fails, naming
+    /// the cache, where one cannot give them back (a sliding-window ring that has wrapped
+    /// has overwritten what it would need).
+    pub fn trim(&mut self, n: usize) -> Result<(), Exception> {
+        if n == 0 {
+            return Ok(());
+        }
+        if let Some(i) = self.caches.iter().position(|c| !c.is_trimmable()) {
+            return Err(Exception::custom(format!(
+                "speculative decoding cannot roll back layer {i}'s cache at position {}: a \
+                 sliding-window cache that has wrapped cannot give tokens back; use a model \
+                 without sliding windows, or keep prompt + output under its window",
+                self.caches[i].offset()
+            )));
+        }
+        for c in self.caches.iter_mut() {
+            c.trim(n as i32);
+        }
+        Ok(())
     }
 
     /// Processes the prompt as mlx-lm does and returns the logits after its last token.

@@ -7,6 +7,7 @@ pub mod l2;
 pub mod l3;
 pub mod runtime;
 pub mod sampling;
+pub mod spec;
 
 /// Why a parity gate could not run (a failing gate is a report, not an error).
 #[derive(Debug, thiserror::Error)]
