@@ -76,6 +76,13 @@ struct GenerateArgs {
     frequency_penalty: Option<f64>,
     #[command(flatten)]
     tier: engine::tiers::TierArgs,
+    /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
+    /// model verifies (mlx_lm.generate's --draft-model).
+    #[arg(long)]
+    draft_model: Option<PathBuf>,
+    /// Tokens drafted per verify pass (γ).
+    #[arg(long, default_value_t = 2)]
+    num_draft_tokens: usize,
     /// Stop when the generated text contains this string (repeatable); the stop string
     /// itself is not printed.
     #[arg(long)]
@@ -181,35 +188,73 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut failure: Option<anyhow::Error> = None;
     let mut sampler = Sampler::new(args.sampling())?;
     let opts = args.tier.resolve(&args.model)?;
-    let (stats, finish) = gen::generate_with(
-        model.as_ref(),
-        &prompt_ids,
-        args.max_tokens,
-        &tokenizer.eos_token_ids,
-        &mut sampler,
-        &opts,
-        |id, _| {
-            let step = match detok.push(id) {
-                Ok(piece) => stops.push(&piece),
-                Err(e) => {
-                    failure = Some(e.into());
-                    return Ok(Flow::Stop);
-                }
-            };
-            let (text, flow) = match step {
-                StopStep::Continue(text) => (text, Flow::Continue),
-                StopStep::Stop(text) => (text, Flow::Stop),
-            };
-            if let Err(e) = stdout
-                .write_all(text.as_bytes())
-                .and_then(|_| stdout.flush())
-            {
+    let draft = match &args.draft_model {
+        None => None,
+        Some(d) => {
+            let draft = engine::model::load(d)
+                .with_context(|| format!("loading the draft model from {}", d.display()))?;
+            let draft_vocab = Tokenizer::load(d)?.vocab_size();
+            anyhow::ensure!(
+                draft_vocab == tokenizer.vocab_size(),
+                "the draft model's tokenizer has {draft_vocab} tokens, the model's {}: a \
+                 drafter must share the model's tokenizer",
+                tokenizer.vocab_size()
+            );
+            Some(draft)
+        }
+    };
+    let mut emit = |id: u32| {
+        let step = match detok.push(id) {
+            Ok(piece) => stops.push(&piece),
+            Err(e) => {
                 failure = Some(e.into());
                 return Ok(Flow::Stop);
             }
-            Ok(flow)
-        },
-    )?;
+        };
+        let (text, flow) = match step {
+            StopStep::Continue(text) => (text, Flow::Continue),
+            StopStep::Stop(text) => (text, Flow::Stop),
+        };
+        if let Err(e) = stdout
+            .write_all(text.as_bytes())
+            .and_then(|_| stdout.flush())
+        {
+            failure = Some(e.into());
+            return Ok(Flow::Stop);
+        }
+        Ok(flow)
+    };
+    let mut spec_stats = None;
+    let (stats, finish) = match &draft {
+        None => gen::generate_with(
+            model.as_ref(),
+            &prompt_ids,
+            args.max_tokens,
+            &tokenizer.eos_token_ids,
+            &mut sampler,
+            &opts,
+            |id, _| emit(id),
+        )?,
+        Some(draft) => {
+            let mut target = gen::Session::with_options(model.as_ref(), &opts);
+            let mut drafter = gen::Session::with_options(draft.as_ref(), &opts);
+            target.prefill_step = gen::speculative::SPEC_PREFILL_STEP;
+            drafter.prefill_step = gen::speculative::SPEC_PREFILL_STEP;
+            let (stats, spec, finish) = gen::speculative::speculative_generate_in(
+                &mut target,
+                &mut drafter,
+                &prompt_ids,
+                0,
+                args.num_draft_tokens,
+                args.max_tokens,
+                &tokenizer.eos_token_ids,
+                &mut sampler,
+                |id, _, _| emit(id),
+            )?;
+            spec_stats = Some(spec);
+            (stats, finish)
+        }
+    };
     if let Some(e) = failure {
         return Err(e);
     }
@@ -242,6 +287,17 @@ fn generate(args: GenerateArgs) -> Result<()> {
             Finish::Stop => "stop string",
         }
     );
+    if let Some(spec) = spec_stats {
+        eprintln!(
+            "Speculative: γ {}, drafted {}, accepted {} ({:.1}%), target calls {}, draft calls {}",
+            args.num_draft_tokens,
+            spec.drafted,
+            spec.accepted,
+            100.0 * spec.acceptance(),
+            spec.target_calls,
+            spec.draft_calls
+        );
+    }
     let mem = runtime::memory()?;
     eprintln!("Peak memory: {:.3} MB", mem.peak as f64 / 1e6);
     Ok(())

@@ -172,3 +172,50 @@ fn generate_with_tier_presets() {
         "{err}"
     );
 }
+
+/// `--draft-model`: the same text as plain greedy generation, with the speculation's numbers;
+/// a drafter with another tokenizer and logits processors are clear errors.
+#[test]
+fn generate_with_a_draft_model() {
+    let run = |extra: &[&str]| {
+        engine()
+            .args([
+                "generate",
+                "--model",
+                &model("tiny-llama-trained"),
+                "--prompt",
+                "The old clock in the workshop",
+                "--max-tokens",
+                "40",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let plain = run(&[]);
+    let draft = model("tiny-llama-draft");
+    let spec = run(&["--draft-model", &draft, "--num-draft-tokens", "3"]);
+    assert!(spec.status.success());
+    assert_eq!(spec.stdout, plain.stdout);
+    let log = String::from_utf8_lossy(&spec.stderr);
+    assert!(log.contains("Speculative: γ 3, drafted "), "{log}");
+    let bad = run(&["--draft-model", &draft, "--repetition-penalty", "1.2"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("logits processors"));
+    // The drafter's tokenizer with one more token.
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(&draft).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+    }
+    let tok = dir.path().join("tokenizer.json");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tok).unwrap()).unwrap();
+    json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": 1024, "content": "<|extra|>", "single_word": false, "lstrip": false,
+        "rstrip": false, "normalized": false, "special": true
+    }));
+    std::fs::write(&tok, json.to_string()).unwrap();
+    let other = run(&["--draft-model", dir.path().to_str().unwrap()]);
+    let log = String::from_utf8_lossy(&other.stderr);
+    assert!(!other.status.success() && log.contains("share the model's tokenizer"), "{log}");
+}

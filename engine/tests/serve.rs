@@ -840,3 +840,54 @@ fn ssd_write_behind_waits_for_idle_and_spills_on_eviction_and_stop() {
         stats(second.port)
     );
 }
+
+/// Speculative decoding in the server (`--draft-model`): greedy answers equal a plain
+/// server's, drafts are counted, a chat's second turn reuses the model's and the drafter's
+/// caches, and requests with logits processors or `num_draft_tokens: 0` run without drafting.
+#[test]
+fn serve_with_a_draft_model() {
+    let draft = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-draft");
+    let spec = serve(&["--draft-model", draft.to_str().unwrap(), "--batch", "4"]);
+    let plain = serve(&["--prompt-cache-size", "0"]);
+    let turn1 = ask("What color is the sky?");
+    let (code, r1) = post(spec.port, "/v1/chat/completions", &turn1);
+    assert_eq!(code, 200, "{r1}");
+    let (_, p1) = post(plain.port, "/v1/chat/completions", &turn1);
+    assert_eq!(r1["choices"][0]["message"], p1["choices"][0]["message"]);
+    let answer = r1["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let turn2 = json!({"messages": [
+        {"role": "user", "content": "What color is the sky?"},
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "Who brought the broken clock?"},
+    ], "max_tokens": 40});
+    let (_, r2) = post(spec.port, "/v1/chat/completions", &turn2);
+    let (_, p2) = post(plain.port, "/v1/chat/completions", &turn2);
+    assert_eq!(r2["choices"][0]["message"], p2["choices"][0]["message"]);
+    assert!(
+        r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 14,
+        "{r2}"
+    );
+    let st = stats(spec.port);
+    let s = &st["speculative"];
+    assert!(
+        s["drafted"].as_u64().unwrap() > 0 && s["accepted"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    assert_eq!(
+        st["lanes"]["batch_slots"], 0,
+        "a drafter keeps requests on the serial lane"
+    );
+    let mut penalised = ask("What color is the sky?");
+    penalised["repetition_penalty"] = json!(1.3);
+    assert_eq!(post(spec.port, "/v1/chat/completions", &penalised).0, 200);
+    let mut undrafted = ask("What color is the sky?");
+    undrafted["num_draft_tokens"] = json!(0);
+    assert_eq!(post(spec.port, "/v1/chat/completions", &undrafted).0, 200);
+    assert_eq!(stats(spec.port)["speculative"]["fallbacks"], 2);
+}

@@ -91,6 +91,11 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| self.error(e))
     }
 
+    /// The vocabulary size, added tokens included (HF's `len(tokenizer)`).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }

@@ -64,6 +64,7 @@ impl Worker {
     /// Whether this model and these options can use the batch lane.
     pub fn batchable(&self) -> bool {
         self.opts.kv_quant.is_none()
+            && self.draft.is_none()
             && self
                 .model
                 .make_caches()
@@ -165,7 +166,7 @@ impl Worker {
         self.counters.running.fetch_add(1, Ordering::Relaxed);
         let (caches, cached) = match self.cache_take(&prompt) {
             Some(h) => (h.caches, h.reused),
-            None => (self.model.make_caches(), 0),
+            None => (self.make_caches(), 0),
         };
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;

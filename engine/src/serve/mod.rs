@@ -63,6 +63,14 @@ pub struct ServeArgs {
     /// lane only). Full-attention models with dense caches only; others stay serial.
     #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
     pub batch: usize,
+    /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
+    /// model verifies (mlx_lm.server's --draft-model). Requests run on the serial lane;
+    /// requests with logits processors (penalties, logit bias) run without drafting.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Tokens drafted per verify pass (γ).
+    #[arg(long, default_value_t = 3)]
+    pub num_draft_tokens: usize,
     /// SSD tier: keep conversation prefixes in kv-store files under this directory, so a
     /// restarted server resumes them (docs/kv-store.md). Off without it.
     #[arg(long)]
@@ -133,10 +141,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         args.ssd_cache_verify,
     );
     let ssd_debounce = std::time::Duration::from_millis(args.ssd_cache_debounce_ms);
+    let draft_dir = args.draft_model.clone();
+    let num_draft = args.num_draft_tokens;
+    anyhow::ensure!(
+        draft_dir.is_none() || num_draft >= 1,
+        "--num-draft-tokens must be at least 1"
+    );
+    // Entries hold the drafter's caches too, so its config is part of the fingerprint.
     let fingerprint_source = format!(
-        "{}|{:?}",
+        "{}|{:?}|{}",
         std::fs::read_to_string(args.model.join("config.json")).unwrap_or_default(),
-        opts.kv_quant
+        opts.kv_quant,
+        draft_dir
+            .as_ref()
+            .map(|d| std::fs::read_to_string(d.join("config.json")).unwrap_or_default())
+            .unwrap_or_default()
     );
     let model_thread = std::thread::Builder::new()
         .name("model".into())
@@ -144,6 +163,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             let setup = (|| -> anyhow::Result<worker::Worker> {
                 let model = crate::model::load(&model_dir)?;
                 let tokenizer = Tokenizer::load(&model_dir)?;
+                let draft = match &draft_dir {
+                    None => None,
+                    Some(d) => {
+                        let draft = crate::model::load(d).with_context(|| {
+                            format!("loading the draft model from {}", d.display())
+                        })?;
+                        let vocab = Tokenizer::load(d)?.vocab_size();
+                        anyhow::ensure!(
+                            vocab == tokenizer.vocab_size(),
+                            "the draft model's tokenizer has {vocab} tokens, the model's {}: \
+                             a drafter must share the model's tokenizer",
+                            tokenizer.vocab_size()
+                        );
+                        Some((draft, num_draft))
+                    }
+                };
                 let ssd = match &ssd_args.0 {
                     None => None,
                     Some(dir) => {
@@ -180,6 +215,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     ssd_pending: Default::default(),
                     ssd_debounce,
                     model,
+                    draft,
                     tokenizer,
                     template,
                     opts,

@@ -39,6 +39,9 @@ pub struct GenRequest {
     /// Per-token log-probabilities (`logprobs: true`) and how many alternatives per token.
     pub logprobs: bool,
     pub top_logprobs: usize,
+    /// Drafts per verify pass with `--draft-model` (mlx_lm.server's `num_draft_tokens`;
+    /// None: the server's; 0: no drafting for this request).
+    pub num_draft_tokens: Option<usize>,
 }
 
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
@@ -280,5 +283,9 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         include_usage,
         logprobs: logprobs || top_logprobs > 0,
         top_logprobs,
+        num_draft_tokens: match b.get("num_draft_tokens") {
+            None => None,
+            Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
+        },
     })
 }

@@ -64,6 +64,12 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
             "batch_slots": c.batch_slots.load(Ordering::Relaxed),
             "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
         },
+        "speculative": {
+            "drafted": n(&c.spec_drafted),
+            "accepted": n(&c.spec_accepted),
+            "target_calls": n(&c.spec_target_calls),
+            "fallbacks": n(&c.spec_fallbacks),
+        },
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
     }))

@@ -17,6 +17,7 @@ use super::emit::Emitter;
 use super::request::{GenRequest, Prompt};
 use crate::cache::prompt::{PromptCache, PromptCacheStats};
 use crate::generate::sampler::Sampler;
+use crate::generate::speculative::speculative_generate_in;
 use crate::generate::{generate_in, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
@@ -71,6 +72,12 @@ pub struct Counters {
     /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
     pub batch_slots: AtomicUsize,
     pub batch_peak: AtomicUsize,
+    /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
+    /// and requests that ran without it (their logits processors need the plain path).
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
+    pub spec_target_calls: AtomicU64,
+    pub spec_fallbacks: AtomicU64,
 }
 
 pub struct Worker {
@@ -87,6 +94,9 @@ pub struct Worker {
     /// and stays on this thread).
     pub prompt_cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
     pub model: Box<dyn LanguageModel>,
+    /// Speculative decoding's drafter and γ (`--draft-model`, `--num-draft-tokens`); its
+    /// caches follow the model's in every prompt-cache entry (as mlx_lm.server keeps them).
+    pub draft: Option<(Box<dyn LanguageModel>, usize)>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub opts: SessionOptions,
@@ -171,28 +181,73 @@ impl Worker {
         let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
         let mut emit = Emitter::new(self, &request, events);
         let mut failure: Option<ApiError> = None;
-        let (caches, cached) = match self.cache_take(&prompt_ids) {
+        let (mut caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
-            None => (self.model.make_caches(), 0),
+            None => (self.make_caches(), 0),
         };
+        let draft_caches = caches.split_off(self.model_layers());
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
-        let (_, finish) = generate_in(
-            &mut session,
-            &prompt_ids,
-            cached,
-            max_tokens,
-            &self.tokenizer.eos_token_ids,
-            &mut sampler,
-            |id, logprobs| match emit.token(self, id, logprobs) {
-                Ok(flow) => Ok(flow),
-                Err(e) => {
-                    failure = Some(e);
-                    Ok(Flow::Stop)
-                }
-            },
-        )
-        .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
+        let mut on_token = |id: u32, logprobs: &Array| match emit.token(self, id, logprobs) {
+            Ok(flow) => Ok(flow),
+            Err(e) => {
+                failure = Some(e);
+                Ok(Flow::Stop)
+            }
+        };
+        // Drafting unless the request turns it off (num_draft_tokens 0) or has logits
+        // processors, which the speculative executor does not run.
+        let gamma = self
+            .draft
+            .as_ref()
+            .map(|(_, g)| request.num_draft_tokens.unwrap_or(*g));
+        let spec = self
+            .draft
+            .as_ref()
+            .zip(gamma)
+            .filter(|&(_, g)| g > 0 && !sampler.has_processors());
+        if self.draft.is_some() && spec.is_none() {
+            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        let (finish, mut drafter) = match spec {
+            None => {
+                let (_, finish) = generate_in(
+                    &mut session,
+                    &prompt_ids,
+                    cached,
+                    max_tokens,
+                    &self.tokenizer.eos_token_ids,
+                    &mut sampler,
+                    on_token,
+                )
+                .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
+                (finish, None)
+            }
+            Some(((draft, _), gamma)) => {
+                let mut drafter = Session::with_caches(draft.as_ref(), &self.opts, draft_caches);
+                drafter.prefill_step = self.prefill_step;
+                let (_, stats, finish) = speculative_generate_in(
+                    &mut session,
+                    &mut drafter,
+                    &prompt_ids,
+                    cached,
+                    gamma,
+                    max_tokens,
+                    &self.tokenizer.eos_token_ids,
+                    &mut sampler,
+                    |id, logprobs, _| on_token(id, logprobs),
+                )
+                .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
+                let c = &self.counters;
+                c.spec_drafted
+                    .fetch_add(stats.drafted as u64, Ordering::Relaxed);
+                c.spec_accepted
+                    .fetch_add(stats.accepted as u64, Ordering::Relaxed);
+                c.spec_target_calls
+                    .fetch_add(stats.target_calls as u64, Ordering::Relaxed);
+                (finish, Some(drafter))
+            }
+        };
         if let Some(e) = failure {
             return Err(e);
         }
@@ -201,9 +256,33 @@ impl Worker {
             return Ok(());
         }
         let generated = emit.finish(finish, prompt_ids.len(), cached)?;
-        self.keep_caches(session, &prompt_ids, emit.produced.clone());
-        self.count_done(prompt_ids.len(), generated);
+        let tokens_len = prompt_ids.len();
+        let mut tokens = prompt_ids;
+        tokens.extend(&emit.produced);
+        // A fallback request leaves no draft caches: the entry would be incomplete.
+        if self.draft.is_none() || drafter.is_some() {
+            let mut caches = std::mem::take(&mut session.caches);
+            if let Some(d) = drafter.as_mut() {
+                caches.append(&mut d.caches);
+            }
+            self.keep_fed(caches, tokens);
+        }
+        self.count_done(tokens_len, generated);
         Ok(())
+    }
+
+    /// The model's caches, then the drafter's (if any): one prompt-cache entry holds both.
+    pub(super) fn make_caches(&self) -> Vec<Box<dyn crate::cache::Cache>> {
+        let mut caches = self.model.make_caches();
+        if let Some((draft, _)) = &self.draft {
+            caches.extend(draft.make_caches());
+        }
+        caches
+    }
+
+    /// How many of an entry's caches are the model's (the rest are the drafter's).
+    fn model_layers(&self) -> usize {
+        self.model.make_caches().len()
     }
 
     pub(super) fn count_done(&self, prompt_tokens: usize, generated: usize) {
@@ -304,16 +383,28 @@ impl Worker {
     pub(super) fn keep_caches(&self, mut session: Session, prompt: &[u32], produced: Vec<u32>) {
         let mut tokens = prompt.to_vec();
         tokens.extend(produced);
-        let fed = session.caches.first().map_or(0, |c| c.offset()) as usize;
-        if fed > tokens.len() {
-            let extra = (fed - tokens.len()) as i32;
-            if session.caches.iter_mut().any(|c| c.trim(extra) != extra) {
+        let caches = std::mem::take(&mut session.caches);
+        drop(session);
+        self.keep_fed(caches, tokens);
+    }
+
+    /// Keeps `caches` under the first tokens of `tokens` that every cache holds: caches
+    /// holding more (an EOS fed, drafts past the last verify) are trimmed to that count;
+    /// if one cannot be, nothing is kept.
+    fn keep_fed(&self, mut caches: Vec<Box<dyn crate::cache::Cache>>, mut tokens: Vec<u32>) {
+        let fed = caches
+            .iter()
+            .map(|c| c.offset().max(0) as usize)
+            .min()
+            .unwrap_or(0)
+            .min(tokens.len());
+        for c in caches.iter_mut() {
+            let extra = c.offset() - fed as i32;
+            if extra > 0 && c.trim(extra) != extra {
                 return;
             }
         }
         tokens.truncate(fed);
-        let caches = std::mem::take(&mut session.caches);
-        drop(session);
         self.keep("", tokens, caches);
     }
 
