@@ -210,12 +210,18 @@ fn generate_with_a_draft_model() {
     let tok = dir.path().join("tokenizer.json");
     let mut json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&tok).unwrap()).unwrap();
-    json["added_tokens"].as_array_mut().unwrap().push(serde_json::json!({
-        "id": 1024, "content": "<|extra|>", "single_word": false, "lstrip": false,
-        "rstrip": false, "normalized": false, "special": true
-    }));
+    json["added_tokens"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "id": 1024, "content": "<|extra|>", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true
+        }));
     std::fs::write(&tok, json.to_string()).unwrap();
     let other = run(&["--draft-model", dir.path().to_str().unwrap()]);
     let log = String::from_utf8_lossy(&other.stderr);
-    assert!(!other.status.success() && log.contains("share the model's tokenizer"), "{log}");
+    assert!(
+        !other.status.success() && log.contains("share the model's tokenizer"),
+        "{log}"
+    );
 }

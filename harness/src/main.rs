@@ -68,6 +68,9 @@ enum Command {
     /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
     #[command(hide = true)]
     LegRestart(cmd::bench::LegRestartArgs),
+    /// One spec-suite leg in this fresh process (used by `harness bench --suite spec`).
+    #[command(hide = true)]
+    LegSpec(cmd::bench::LegSpecArgs),
     /// `engine serve` in this fresh process (used by `harness bench --suite serve`).
     #[command(hide = true)]
     LegServe(cmd::bench::LegServeArgs),
@@ -100,5 +103,6 @@ fn main() -> Result<()> {
         Command::ServeCheck => cmd::serve_check::run(),
         Command::LegServe(args) => cmd::bench::leg_serve(args),
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
+        Command::LegSpec(args) => cmd::bench::leg_spec(args),
     }
 }

@@ -7,6 +7,7 @@
 pub mod models;
 pub mod restart;
 pub mod serve;
+pub mod spec;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

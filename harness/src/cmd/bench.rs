@@ -13,9 +13,10 @@ pub struct Args {
     /// Measure even on a dirty machine; rows are tagged and never promoted.
     #[arg(long)]
     force: bool,
-    /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory) or serve
+    /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory), serve
     /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16 streaming clients, on a committed
-    /// tiny model: --serve-model).
+    /// tiny model: --serve-model), restart (the SSD tier after a restart) or spec
+    /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens).
@@ -115,6 +116,89 @@ fn run_restart(args: &Args) -> Result<()> {
     Ok(())
 }
 
+fn run_spec(args: &Args) -> Result<()> {
+    use harness::bench::spec;
+    use harness::preflight::{self, Thresholds};
+    if args.rounds < 3 {
+        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
+    }
+    let thresholds = Thresholds::from_env();
+    let before = preflight::check(&thresholds);
+    if !before.clean && !args.force {
+        bail!(
+            "this machine is not clean, so the spec bench refuses to measure: {}\n\
+             Let it settle and retry, or pass --force.",
+            before.reasons.join("; ")
+        );
+    }
+    if !args.no_peer {
+        harness::bench::ensure_oracle_venv()?;
+    }
+    let r = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
+    let after = preflight::check(&thresholds);
+    print!("{}", r.table());
+    let db = Db::open_default()?;
+    let (mut tags, preflight_verdict, state) =
+        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let id: String = after.at.chars().filter(char::is_ascii_digit).collect();
+    tags.push(format!("spec-bench[{id}]"));
+    let rows = r.rows();
+    for (stack, gamma, metric, value, unit) in &rows {
+        db.insert(&harness::db::Row {
+            ts: after.at.clone(),
+            commit: before.commit.clone(),
+            dirty: before.dirty,
+            machine_key: before.machine_key.clone(),
+            machine_state: state.clone(),
+            preflight: preflight_verdict.into(),
+            suite: "spec".into(),
+            model: spec::TARGET.into(),
+            metric: format!("g{gamma}_{metric}"),
+            value: *value,
+            unit: (*unit).into(),
+            stack: stack.clone(),
+            peer: (stack == "engine" && !args.no_peer).then(|| "mlx-lm".into()),
+            params: serde_json::json!({"draft": spec::DRAFT, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts}).to_string(),
+            tags: tags.join(" "),
+        })?;
+    }
+    println!(
+        "recorded {} rows tagged spec-bench[{id}] (preflight before: {}, after: {})",
+        rows.len(),
+        before.verdict(),
+        after.verdict()
+    );
+    Ok(())
+}
+
+/// `harness leg-spec`: one spec-suite engine leg in this fresh process.
+#[derive(clap::Args)]
+pub struct LegSpecArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    draft_model: PathBuf,
+    #[arg(long)]
+    prompts: PathBuf,
+    #[arg(long)]
+    max_tokens: usize,
+    #[arg(long)]
+    num_draft_tokens: usize,
+}
+
+pub fn leg_spec(args: LegSpecArgs) -> Result<()> {
+    let prompts: Vec<Vec<u32>> = serde_json::from_str(&std::fs::read_to_string(&args.prompts)?)?;
+    let leg = harness::bench::spec::leg(
+        &args.model,
+        &args.draft_model,
+        &prompts,
+        args.max_tokens,
+        args.num_draft_tokens,
+    )?;
+    println!("{}", serde_json::to_string(&leg)?);
+    Ok(())
+}
+
 /// `harness leg-restart`: one restart-suite leg in this fresh process.
 #[derive(clap::Args)]
 pub struct LegRestartArgs {
@@ -204,7 +288,8 @@ pub fn run(args: Args) -> Result<()> {
         "decode" => {}
         "serve" => return run_serve(&args),
         "restart" => return run_restart(&args),
-        other => bail!("suite `{other}` does not exist (available: decode, serve, restart)"),
+        "spec" => return run_spec(&args),
+        other => bail!("suite `{other}` does not exist (available: decode, serve, restart, spec)"),
     }
     if args.rounds < 3 {
         bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");

@@ -243,6 +243,12 @@ pub fn run(args: Args) -> Result<()> {
                 batch_failed.push(format!("batch/{scenario}"));
             }
         }
+        // Speculative decoding vs mlx-lm's speculative_generate_step (ids, trace, log-probs).
+        let r = harness::parity::spec::run("tiny-llama-trained", None)?;
+        println!("L1 spec tiny-llama-trained: {}", r.summary());
+        if !r.passed() {
+            batch_failed.push("spec/tiny-llama-trained".into());
+        }
     }
     let mut failed: Vec<String> = reports
         .iter()
