@@ -23,6 +23,13 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      the speculative-decoding drafter for tiny-llama-trained (same tokenizer)
 - tiny-gemma4-keqv   gemma4_text like the large Gemma 4s: K = V on full-attention layers with
                      their own KV head count, no per-layer inputs, no sharing, untied, bf16
+- tiny-gemma4-assistant
+                     a Gemma 4 "-assistant" drafter for tiny-gemma4 (optiq's
+                     GemmaAssistantDrafter layout: config.json with text_config, HF tensor
+                     names, no tokenizer): Q-only layers s s s f reading tiny-gemma4's donor
+                     K/V, tied head, no centroid head; briefly distilled on tiny-gemma4's
+                     greedy continuations of its L1 prompts so that some drafts are accepted,
+                     bf16 (needs tiny-gemma4 and goldens/l1/tiny-gemma4)
 
 `make_models.py tiny-gemma4 tiny-qwen2` writes only those (the tokenizer is retrained
 deterministically; the other models are left as they are).
@@ -324,6 +331,173 @@ def make_gemma4_keqv(tok) -> None:
                "random weights (seed 8, norm/scalar noise seed 18), bf16, untied, K=V on full attention")
 
 
+ASSISTANT_STEPS = 10           # distillation steps (one sequence each): few, so that drafts are
+                               # accepted ~10-90% by case (~40% at gamma 2), not nearly always
+ASSISTANT_CHAIN = 3            # draft steps unrolled per position (covers gamma <= 3)
+ASSISTANT_CONTINUATION = 40    # greedy target tokens appended to each L1 prompt
+
+
+def gemma4_assistant_config(target: dict) -> dict:
+    """Gemma4AssistantConfig for a drafter of `target` (a gemma4_text config): the K/V head
+    count and head dims must equal the target's, which the drafter's queries attend to."""
+    return {
+        "architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
+        "backbone_hidden_size": target["hidden_size"],
+        "use_ordered_embeddings": False, "num_centroids": 0, "centroid_intermediate_top_k": 0,
+        "tie_word_embeddings": True,
+        "text_config": {
+            "model_type": "gemma4_text",
+            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,
+            "num_attention_heads": 4, "num_key_value_heads": target["num_key_value_heads"],
+            "head_dim": target["head_dim"], "global_head_dim": target["global_head_dim"],
+            "rms_norm_eps": target["rms_norm_eps"],
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+            "sliding_window": target["sliding_window"],
+            "max_position_embeddings": target["max_position_embeddings"],
+            "vocab_size": target["vocab_size"], "rope_parameters": target["rope_parameters"],
+            "num_kv_shared_layers": 4, "hidden_size_per_layer_input": 0,
+            "vocab_size_per_layer_input": 0, "use_double_wide_mlp": False,
+            "enable_moe_block": False, "tie_word_embeddings": True,
+        },
+    }
+
+
+def assistant_traces(target, sequences: list[list[int]]):
+    """Teacher-forced target passes (plain KVCaches, so every position's K/V is kept): per
+    sequence the ids, the post-final-norm hidden states, the target's argmax at every
+    position (uncapped head: the id optiq's verify pass compares a draft with) and the
+    donor layers' K/V by layer type."""
+    from mlx_lm.models.cache import KVCache, make_prompt_cache
+    from optiq.runtime.spec.kv_view import find_donor_layers
+
+    sliding, full = find_donor_layers(target)
+    f32 = lambda a: a.astype(mx.float32)
+    out = []
+    for ids in sequences:
+        caches = [KVCache() for _ in make_prompt_cache(target)]
+        hidden = target.model(mx.array([ids]), cache=caches)
+        labels = mx.argmax(target.model.embed_tokens.as_linear(hidden)[0], axis=-1)
+        kv = {kind: (f32(caches[i].keys[..., :len(ids), :]), f32(caches[i].values[..., :len(ids), :]))
+              for kind, i in (("sliding_attention", sliding), ("full_attention", full))}
+        mx.eval(hidden, labels, kv)
+        out.append((ids, f32(hidden), labels, kv))
+    return out
+
+
+def assistant_chain(drafter, target, trace, depth: int):
+    """The drafter's forward for every query position of one trace at once, unrolled `depth`
+    draft steps, as optiq's loop chains them: step k of the draft for the token at position
+    p reads token ids[p+k] (teacher-forced: a rejected draft is never chained on) through
+    the target's scaled embedding, the target hidden at p-1 (k = 0) or the previous step's
+    post_projection, and the donor K/V of positions before p only (the last window-1 of
+    them on sliding layers), with its query at position p+k. Returns per step the logits
+    [P, V] and the labels [P] (the target's argmax at p+k)."""
+    ids, hidden, labels, kv = trace
+    T, window = len(ids), drafter.cfg.sliding_window
+    P = T - depth                                         # query positions p = 1 .. P
+    p = mx.arange(1, P + 1)[:, None]
+    j = mx.arange(T)[None]
+    masks = {"full_attention": j < p, "sliding_attention": (j < p) & (j >= p - (window - 1))}
+    emb = target.model.embed_tokens
+    h_in = hidden[:, :P]
+    steps = []
+    for k in range(depth):
+        tok = mx.array(ids[1 + k:P + 1 + k])[None]
+        h = drafter.pre_projection(mx.concatenate([emb(tok) * target.model.embed_scale, h_in], axis=-1))
+        for blk in drafter.layers:
+            keys, values = kv[blk.layer_type]
+            att = blk.self_attn
+            q = att.q_proj(blk.input_layernorm(h)).reshape(1, P, att.n_heads, att.head_dim)
+            q = att.rope(att.q_norm(q).transpose(0, 2, 1, 3), offset=1 + k)
+            rep = att.n_heads // att.n_kv_heads
+            o = mx.fast.scaled_dot_product_attention(
+                q, mx.repeat(keys, rep, axis=1), mx.repeat(values, rep, axis=1),
+                scale=att.scale, mask=masks[blk.layer_type])
+            o = att.o_proj(o.transpose(0, 2, 1, 3).reshape(1, P, -1))
+            h = h + blk.post_attention_layernorm(o)
+            h = h + blk.post_feedforward_layernorm(blk.mlp(blk.pre_feedforward_layernorm(h)))
+            h = h * blk.layer_scalar
+        h = drafter.model_norm(h)
+        steps.append((drafter.model_embed_tokens.as_linear(h)[0], labels[1 + k:P + 1 + k]))
+        h_in = drafter.post_projection(h)
+    return steps
+
+
+def make_gemma4_assistant(tok) -> None:
+    """tiny-gemma4-assistant: seeded weights (seed 22, norm/scalar noise seed 23) distilled in
+    f32 (seed 24) on tiny-gemma4's greedy continuations of its L1 prompts, saved in bf16
+    under the HF names optiq's GemmaAssistantDrafter.from_pretrained loads."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.utils import load_model
+    from optiq.runtime.spec import GemmaAssistantDrafter
+    from optiq.runtime.spec.drafters.gemma_assistant import GemmaAssistantConfig
+
+    from provenance import resolve
+
+    target_dir = resolve("models/tiny-gemma4")
+    target, _ = load_model(target_dir)
+    cfg = gemma4_assistant_config(json.loads((target_dir / "config.json").read_text()))
+    dest = golden_dir("models/tiny-gemma4-assistant")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+
+    mx.random.seed(22)
+    drafter = GemmaAssistantDrafter(GemmaAssistantConfig.from_dict(cfg))
+    drafter.set_dtype(mx.float32)
+    randomize_scales(drafter, 23)
+
+    l1 = json.loads((resolve("l1/tiny-gemma4") / "index.json").read_text())
+    sequences = []
+    for case in l1["cases"]:
+        prompt = case["prompt_ids"]
+        cont = [int(t) for (t, _), _ in zip(generate_step(mx.array(prompt), target,
+                                                          max_tokens=ASSISTANT_CONTINUATION),
+                                             range(ASSISTANT_CONTINUATION))]
+        sequences.append(prompt + cont)
+    traces = assistant_traces(target, sequences)
+
+    # The batched chain is optiq's forward laid out over positions: check it on a few.
+    from optiq.runtime.spec.runtime import _target_embed
+    ids, hidden, _, kv = traces[0]
+    logits0 = assistant_chain(drafter, target, traces[0], 1)[0][0]
+    for pos in (1, 5, len(ids) - 2):
+        first = max(0, pos - (drafter.cfg.sliding_window - 1))
+        view = {"full_attention": tuple(a[..., :pos, :] for a in kv["full_attention"]),
+                "sliding_attention": tuple(a[..., first:pos, :] for a in kv["sliding_attention"])}
+        ref, _ = drafter.forward(last_token_emb=_target_embed(target, ids[pos]),
+                                 target_hidden=hidden[:, pos - 1:pos], shared_kv=view, position=pos)
+        assert mx.allclose(ref, logits0[pos - 1], atol=1e-4).item(), pos
+
+    def loss_fn(model, trace):
+        steps = assistant_chain(model, target, trace, ASSISTANT_CHAIN)
+        return sum(nn.losses.cross_entropy(lg, lb, reduction="mean") for lg, lb in steps) / len(steps)
+
+    mx.random.seed(24)
+    opt = optim.Adam(learning_rate=3e-3)
+    step_fn = nn.value_and_grad(drafter, loss_fn)
+    order = mx.random.permutation(ASSISTANT_STEPS) % len(traces)
+    for step in range(ASSISTANT_STEPS):
+        loss, grads = step_fn(drafter, traces[order[step].item()])
+        opt.update(drafter, grads)
+        mx.eval(drafter.parameters(), opt.state, loss)
+        if step % 5 == 0 or step == ASSISTANT_STEPS - 1:
+            print(f"  step {step:4d}  loss {loss.item():.3f}", file=sys.stderr)
+
+    drafter.set_dtype(mx.bfloat16)
+    hf_names = {"model_embed_tokens.weight": "model.embed_tokens.weight", "model_norm.weight": "model.norm.weight"}
+    weights = {hf_names.get(k, "model." + k if k.startswith("layers.") else k): v
+               for k, v in tree_flatten(drafter.parameters())}
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_json(dest / "config.json", cfg)
+    GemmaAssistantDrafter.from_pretrained(str(dest))      # loads, with nothing missing
+    write_json(dest / "provenance.json", {
+        "provenance": provenance("mlx-optiq", "mlx-optiq"), "generator": "oracles/make_models.py",
+        "notes": f"drafter for models/tiny-gemma4: seeded weights (seed 22, norm/scalar noise seed 23), "
+                 f"distilled {ASSISTANT_STEPS} Adam steps (3e-3, seed 24, f32, {ASSISTANT_CHAIN} chained "
+                 f"draft steps) on tiny-gemma4's {ASSISTANT_CONTINUATION}-token greedy continuations of "
+                 f"its L1 prompts (labels: the target's uncapped argmax), final loss {loss.item():.3f}, bf16"})
+
+
 def make_llama_draft(tok) -> None:
     """A smaller model trained on the same text: drafts that tiny-llama-trained often accepts."""
     dest = golden_dir("models/tiny-llama-draft")
@@ -339,7 +513,7 @@ def make_llama_draft(tok) -> None:
 
 
 ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
-        "tiny-gemma4-keqv": make_gemma4_keqv}
+        "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant}
 
 
 def main(only=None) -> None:
@@ -383,11 +557,13 @@ def main(only=None) -> None:
     make_gemma3(tok)
     make_qwen2(tok)
     make_gemma4(tok)
+    make_gemma4_assistant(tok)
     make_gemma4_keqv(tok)
     make_gemma3_kv(tok)
     make_llama_draft(tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
-                 "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma3-kv", "tiny-llama-draft"]:
+                 "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
+                 "tiny-llama-draft"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

@@ -190,18 +190,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let opts = args.tier.resolve(&args.model)?;
     let draft = match &args.draft_model {
         None => None,
-        Some(d) => {
-            let draft = engine::model::load(d)
-                .with_context(|| format!("loading the draft model from {}", d.display()))?;
-            let draft_vocab = Tokenizer::load(d)?.vocab_size();
-            anyhow::ensure!(
-                draft_vocab == tokenizer.vocab_size(),
-                "the draft model's tokenizer has {draft_vocab} tokens, the model's {}: a \
-                 drafter must share the model's tokenizer",
-                tokenizer.vocab_size()
-            );
-            Some(draft)
-        }
+        Some(d) => Some(
+            gen::drafter::Drafter::load(d, model.as_ref(), &tokenizer)
+                .with_context(|| format!("loading the draft model from {}", d.display()))?,
+        ),
     };
     let mut emit = |id: u32| {
         let step = match detok.push(id) {
@@ -237,12 +229,11 @@ fn generate(args: GenerateArgs) -> Result<()> {
         )?,
         Some(draft) => {
             let mut target = gen::Session::with_options(model.as_ref(), &opts);
-            let mut drafter = gen::Session::with_options(draft.as_ref(), &opts);
-            target.prefill_step = gen::speculative::SPEC_PREFILL_STEP;
-            drafter.prefill_step = gen::speculative::SPEC_PREFILL_STEP;
-            let (stats, spec, finish) = gen::speculative::speculative_generate_in(
+            target.prefill_step = draft.prefill_step();
+            let (stats, spec, finish, _) = draft.generate(
                 &mut target,
-                &mut drafter,
+                draft.make_caches(),
+                &opts,
                 &prompt_ids,
                 0,
                 args.num_draft_tokens,

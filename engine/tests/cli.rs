@@ -225,3 +225,37 @@ fn generate_with_a_draft_model() {
         "{log}"
     );
 }
+
+/// An assistant drafter (optiq's Gemma 4 kind) on its Gemma 4 target: the same greedy text
+/// as without it here; on a target of another family it is refused.
+#[test]
+fn generate_with_an_assistant_drafter() {
+    let run = |target: &str, extra: &[&str]| {
+        engine()
+            .args([
+                "generate",
+                "--model",
+                &model(target),
+                "--prompt",
+                "The old clock",
+                "--max-tokens",
+                "24",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let assistant = model("tiny-gemma4-assistant");
+    let plain = run("tiny-gemma4", &[]);
+    let spec = run("tiny-gemma4", &["--draft-model", &assistant]);
+    let log = String::from_utf8_lossy(&spec.stderr);
+    assert!(spec.status.success(), "{log}");
+    assert_eq!(spec.stdout, plain.stdout);
+    assert!(log.contains("Speculative: γ 2, drafted "), "{log}");
+    let wrong = run("tiny-llama-trained", &["--draft-model", &assistant]);
+    let log = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        !wrong.status.success() && log.contains("gemma4_text models only"),
+        "{log}"
+    );
+}

@@ -24,7 +24,13 @@ impl Drop for Server {
 }
 
 fn serve(extra: &[&str]) -> Server {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained");
+    serve_model("tiny-llama-trained", extra)
+}
+
+fn serve_model(name: &str, extra: &[&str]) -> Server {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/models")
+        .join(name);
     let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
         .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
         .args(extra)
@@ -890,4 +896,20 @@ fn serve_with_a_draft_model() {
     undrafted["num_draft_tokens"] = json!(0);
     assert_eq!(post(spec.port, "/v1/chat/completions", &undrafted).0, 200);
     assert_eq!(stats(spec.port)["speculative"]["fallbacks"], 2);
+}
+
+/// optiq's assistant drafter in the server: completions equal a plain server's (greedy),
+/// drafts are counted.
+#[test]
+fn serve_with_an_assistant_drafter() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-gemma4-assistant");
+    let spec = serve_model("tiny-gemma4", &["--draft-model", dir.to_str().unwrap()]);
+    let plain = serve_model("tiny-gemma4", &[]);
+    let body = json!({"prompt": "The old clock", "max_tokens": 24});
+    let (code, r) = post(spec.port, "/v1/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let (_, p) = post(plain.port, "/v1/completions", &body);
+    assert_eq!(r["choices"][0]["text"], p["choices"][0]["text"]);
+    let st = stats(spec.port);
+    assert!(st["speculative"]["drafted"].as_u64().unwrap() > 0, "{st}");
 }

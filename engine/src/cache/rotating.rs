@@ -68,6 +68,61 @@ impl RotatingKvCache {
         self.max_size
     }
 
+    /// optiq's donor view for its assistant drafter: the ring in temporal order, its newest
+    /// min(offset, max_size − 1) positions (dense caches only).
+    pub fn newest_window(&self) -> Result<(Array, Array), Exception> {
+        let (Some(k), Some(v), None) = (&self.keys, &self.values, self.quant) else {
+            return Err(Exception::custom(
+                "the assistant drafter reads dense, non-empty caches only",
+            ));
+        };
+        let (k, v) = (
+            self.temporal_order(k)?.remove(0),
+            self.temporal_order(v)?.remove(0),
+        );
+        let len = k.shape()[2];
+        // Python's `x[..., -0:, :]` is the whole buffer.
+        let valid = self.offset.min(self.max_size - 1).min(len);
+        let from = if valid == 0 { 0 } else { len - valid };
+        Ok((
+            k.index((Ellipsis, from.., ..)),
+            v.index((Ellipsis, from.., ..)),
+        ))
+    }
+
+    /// optiq's `_trim_rotating`: drops the newest `n` positions by slicing them off the
+    /// buffer (after a multi-token verify the buffer is in time order with them last), so
+    /// a ring past its window can be rolled back too. If that leaves a full ring shorter
+    /// than its window, a placeholder slot is appended where the next token will be written.
+    pub fn trim_tail(&mut self, n: i32) -> Result<(), Exception> {
+        if n <= 0 {
+            return Ok(());
+        }
+        let (Some(k), Some(v), None) = (&self.keys, &self.values, self.quant) else {
+            return Err(Exception::custom(
+                "only dense, non-empty rings trim this way",
+            ));
+        };
+        let n = n.min(self.offset);
+        self.offset -= n;
+        self.idx -= n;
+        let mut k = k[0].index((Ellipsis, ..self.idx, ..));
+        let mut v = v[0].index((Ellipsis, ..self.idx, ..));
+        let short = self.max_size - k.shape()[2];
+        if self.offset >= self.max_size && short > 0 {
+            let pad = |x: &Array| -> Result<Array, Exception> {
+                let s = x.shape();
+                let z = mlx_rs::ops::zeros_dtype(&[s[0], s[1], short, s[3]], x.dtype())?;
+                mlx_rs::ops::concatenate(&[x, &z], 2)
+            };
+            k = pad(&k)?;
+            v = pad(&v)?;
+        }
+        self.keys = Some(vec![k]);
+        self.values = Some(vec![v]);
+        Ok(())
+    }
+
     /// Drops `trim` positions after the kept prefix, then appends `append`.
     fn trim_cat(&self, trim: i32, v: &Parts, append: Option<&Parts>) -> Result<Parts, Exception> {
         let mut pieces = if trim > 0 {

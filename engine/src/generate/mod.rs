@@ -3,9 +3,11 @@
 //! feeds one token and reads the logits of the last position. Greedy picks
 //! argmax(logits − logsumexp(logits)), exactly as mlx-lm's default sampler sees them.
 
+pub mod assistant;
 pub mod batch;
 pub mod bench;
 pub mod compiled;
+pub mod drafter;
 pub mod kv_quant;
 pub mod sampler;
 pub mod speculative;
@@ -126,6 +128,11 @@ impl<'m> Session<'m> {
             plan.apply(&mut self.caches)?;
         }
         Ok(())
+    }
+
+    /// The model this session runs.
+    pub fn model(&self) -> &'m dyn LanguageModel {
+        self.model
     }
 
     /// How many steps ran through the compiled graph (proof that the path ran).

@@ -16,6 +16,8 @@
 //! position) of the last earlier layer of its kind, and has no cache; their MLPs are
 //! double-wide. Sliding layers keep a rotating cache of `sliding_window`.
 
+pub mod assistant;
+
 use std::collections::HashMap;
 
 use mlx_rs::error::Exception;
@@ -31,6 +33,7 @@ use crate::cache::{Cache, Kv, KvCache, KvQuant, Mask, QuantSdpa, RopeOffset, Rot
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use assistant::AssistantTarget;
 
 type R<T> = Result<T, Exception>;
 
@@ -547,8 +550,36 @@ impl LanguageModel for Gemma4 {
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        let logits = self.head(&self.hidden(ids, caches)?)?;
+        match self.args.final_logit_softcapping {
+            Some(cap) => softcap(&logits, cap),
+            None => Ok(logits),
+        }
+    }
+
+    fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
+        Some(self)
+    }
+}
+
+impl Gemma4 {
+    /// The scaled input embedding (`embed_tokens(ids) * embed_scale`).
+    fn embed_scaled(&self, ids: &Array) -> R<Array> {
         let h = self.embed.forward(ids)?;
-        let mut h = h.multiply(weak((self.args.hidden_size as f64).sqrt(), &h)?)?;
+        h.multiply(weak((self.args.hidden_size as f64).sqrt(), &h)?)
+    }
+
+    /// The output head, before the final softcap.
+    fn head(&self, out: &Array) -> R<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(out),
+            None => self.embed.as_linear(out),
+        }
+    }
+
+    /// mlx-lm's inner `Gemma4TextModel`: the hidden state after the final norm.
+    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        let mut h = self.embed_scaled(ids)?;
         let per_layer = match &self.per_layer {
             Some(p) => Some(self.per_layer_inputs(p, ids, &h)?),
             None => None,
@@ -581,14 +612,6 @@ impl LanguageModel for Gemma4 {
             h = next;
             produced[i] = Some(kv);
         }
-        let out = self.norm.forward(&h)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&out)?,
-            None => self.embed.as_linear(&out)?,
-        };
-        match self.args.final_logit_softcapping {
-            Some(cap) => softcap(&logits, cap),
-            None => Ok(logits),
-        }
+        self.norm.forward(&h)
     }
 }

@@ -11,6 +11,8 @@ use std::path::Path;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
+pub use gemma4::assistant::{AssistantDrafter, AssistantTarget, DonorKv};
+
 use crate::cache::Cache;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -25,6 +27,10 @@ pub trait LanguageModel {
     fn make_caches(&self) -> Vec<Box<dyn Cache>>;
     /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception>;
+    /// The hooks optiq's assistant drafter reads, for families that have them (Gemma 4).
+    fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
+        None
+    }
 }
 
 /// The families this engine implements, by `model_type`.

@@ -165,19 +165,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let tokenizer = Tokenizer::load(&model_dir)?;
                 let draft = match &draft_dir {
                     None => None,
-                    Some(d) => {
-                        let draft = crate::model::load(d).with_context(|| {
-                            format!("loading the draft model from {}", d.display())
-                        })?;
-                        let vocab = Tokenizer::load(d)?.vocab_size();
-                        anyhow::ensure!(
-                            vocab == tokenizer.vocab_size(),
-                            "the draft model's tokenizer has {vocab} tokens, the model's {}: \
-                             a drafter must share the model's tokenizer",
-                            tokenizer.vocab_size()
-                        );
-                        Some((draft, num_draft))
-                    }
+                    Some(d) => Some((
+                        crate::generate::drafter::Drafter::load(d, model.as_ref(), &tokenizer)
+                            .with_context(|| {
+                                format!("loading the draft model from {}", d.display())
+                            })?,
+                        num_draft,
+                    )),
                 };
                 let ssd = match &ssd_args.0 {
                     None => None,

@@ -17,7 +17,6 @@ use super::emit::Emitter;
 use super::request::{GenRequest, Prompt};
 use crate::cache::prompt::{PromptCache, PromptCacheStats};
 use crate::generate::sampler::Sampler;
-use crate::generate::speculative::speculative_generate_in;
 use crate::generate::{generate_in, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
@@ -96,7 +95,7 @@ pub struct Worker {
     pub model: Box<dyn LanguageModel>,
     /// Speculative decoding's drafter and γ (`--draft-model`, `--num-draft-tokens`); its
     /// caches follow the model's in every prompt-cache entry (as mlx_lm.server keeps them).
-    pub draft: Option<(Box<dyn LanguageModel>, usize)>,
+    pub draft: Option<(crate::generate::drafter::Drafter, usize)>,
     pub tokenizer: Tokenizer,
     pub template: Option<ChatTemplate>,
     pub opts: SessionOptions,
@@ -209,7 +208,7 @@ impl Worker {
         if self.draft.is_some() && spec.is_none() {
             self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
         }
-        let (finish, mut drafter) = match spec {
+        let (finish, drafter_caches) = match spec {
             None => {
                 let (_, finish) = generate_in(
                     &mut session,
@@ -224,20 +223,20 @@ impl Worker {
                 (finish, None)
             }
             Some(((draft, _), gamma)) => {
-                let mut drafter = Session::with_caches(draft.as_ref(), &self.opts, draft_caches);
-                drafter.prefill_step = self.prefill_step;
-                let (_, stats, finish) = speculative_generate_in(
-                    &mut session,
-                    &mut drafter,
-                    &prompt_ids,
-                    cached,
-                    gamma,
-                    max_tokens,
-                    &self.tokenizer.eos_token_ids,
-                    &mut sampler,
-                    |id, logprobs, _| on_token(id, logprobs),
-                )
-                .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
+                let (_, stats, finish, caches) = draft
+                    .generate(
+                        &mut session,
+                        draft_caches,
+                        &self.opts,
+                        &prompt_ids,
+                        cached,
+                        gamma,
+                        max_tokens,
+                        &self.tokenizer.eos_token_ids,
+                        &mut sampler,
+                        |id, logprobs, _| on_token(id, logprobs),
+                    )
+                    .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
                 let c = &self.counters;
                 c.spec_drafted
                     .fetch_add(stats.drafted as u64, Ordering::Relaxed);
@@ -245,7 +244,7 @@ impl Worker {
                     .fetch_add(stats.accepted as u64, Ordering::Relaxed);
                 c.spec_target_calls
                     .fetch_add(stats.target_calls as u64, Ordering::Relaxed);
-                (finish, Some(drafter))
+                (finish, Some(caches))
             }
         };
         if let Some(e) = failure {
@@ -260,11 +259,9 @@ impl Worker {
         let mut tokens = prompt_ids;
         tokens.extend(&emit.produced);
         // A fallback request leaves no draft caches: the entry would be incomplete.
-        if self.draft.is_none() || drafter.is_some() {
+        if self.draft.is_none() || drafter_caches.is_some() {
             let mut caches = std::mem::take(&mut session.caches);
-            if let Some(d) = drafter.as_mut() {
-                caches.append(&mut d.caches);
-            }
+            caches.extend(drafter_caches.into_iter().flatten());
             self.keep_fed(caches, tokens);
         }
         self.count_done(tokens_len, generated);

@@ -108,11 +108,19 @@ fn run_l2(args: &Args) -> Result<()> {
     if !args.no_record && plant.is_none() {
         record(&reports, args.live, "parity-l2", "mlx-optiq")?;
     }
-    let failed: Vec<String> = reports
+    let mut failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.passed())
         .map(|r| r.model.clone())
         .collect();
+    // Speculative decoding with optiq's assistant drafter (committed goldens).
+    if plant.is_none() && !args.live && args.model.as_deref().is_none_or(|m| m == "tiny-gemma4") {
+        let r = harness::parity::spec_l2::run("tiny-gemma4", None)?;
+        println!("L2 spec (assistant drafter) tiny-gemma4: {}", r.summary());
+        if !r.passed() {
+            failed.push("spec-l2/tiny-gemma4".into());
+        }
+    }
     if !failed.is_empty() {
         bail!("L2 failed for: {}", failed.join(", "));
     }

@@ -8,6 +8,7 @@ pub mod l3;
 pub mod runtime;
 pub mod sampling;
 pub mod spec;
+pub mod spec_l2;
 
 /// Why a parity gate could not run (a failing gate is a report, not an error).
 #[derive(Debug, thiserror::Error)]

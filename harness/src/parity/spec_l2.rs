@@ -1,0 +1,139 @@
+//! The L2 speculative gate: our assistant-drafter path (`engine::generate::assistant`)
+//! against mlx-optiq 0.7.7's `assistant_generate_step` goldens (oracles/gen_spec_l2.py,
+//! target tiny-gemma4, drafter tiny-gemma4-assistant): per case the same ids and
+//! accept/reject trace, every verify pass's input and accepted count, every draft call's
+//! position, input, id and logits (bit-exact), and every emitted log-probability row
+//! (bit-exact).
+
+use engine::generate::assistant::{assistant_generate_in, AssistantTrace};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::{Flow, Session, SessionOptions};
+use engine::model::AssistantDrafter;
+use serde_json::Value;
+
+use super::spec::SpecReport;
+use super::ParityError;
+use crate::compare::compare;
+use crate::goldens::{TensorEntry, TensorGolden};
+
+fn field<T: serde::de::DeserializeOwned>(v: &Value, key: &str) -> Result<T, ParityError> {
+    serde_json::from_value(v[key].clone()).map_err(|e| ParityError::Index(format!("{key}: {e}")))
+}
+
+/// Runs every case of `goldens/spec-l2/<target>` (or only `only`). `vectors`/`exact` count
+/// log-prob rows and drafter logits together.
+pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> {
+    let golden = TensorGolden::open(&format!("spec-l2/{target}"))?;
+    let drafter_name = golden.index["drafter"]
+        .as_str()
+        .and_then(|s| s.strip_prefix("models/"))
+        .ok_or_else(|| ParityError::Index("drafter".into()))?
+        .to_owned();
+    let m = engine::model::load(&crate::goldens::model_dir(target)?)?;
+    let hooks = m
+        .as_assistant_target()
+        .ok_or_else(|| ParityError::Index(format!("{target} cannot host an assistant")))?;
+    let drafter = AssistantDrafter::load(&crate::goldens::model_dir(&drafter_name)?)?;
+    let prefill_step: usize = field(&golden.index["settings"], "prefill_step_size")?;
+    let cases: Vec<Value> = field(&golden.index, "cases")?;
+    let mut report = SpecReport::default();
+    let fail = |report: &mut SpecReport, what: String| {
+        if report.first_failure.is_none() {
+            report.first_failure = Some(what);
+        }
+    };
+    for case in cases.iter().filter(|c| only.is_none_or(|o| c["name"] == o)) {
+        let name: String = field(case, "name")?;
+        let prompt: Vec<u32> = field(case, "prompt_ids")?;
+        let want_ids: Vec<u32> = field(case, "ids")?;
+        let want_flags: Vec<bool> = field(case, "from_draft")?;
+        let lp_entries: Vec<TensorEntry> = field(case, "logprobs")?;
+        let mut session = Session::with_options(m.as_ref(), &SessionOptions::default());
+        session.prefill_step = prefill_step;
+        let mut sampler = Sampler::new(SamplingParams::default())?;
+        let mut trace = AssistantTrace::default();
+        let (mut ids, mut flags, mut rows) = (Vec::new(), Vec::new(), Vec::new());
+        let (_, stats, _) = assistant_generate_in(
+            &mut session,
+            hooks,
+            &drafter,
+            &prompt,
+            0,
+            field(case, "gamma")?,
+            field(case, "max_tokens")?,
+            &[],
+            &mut sampler,
+            Some(&mut trace),
+            |id, lp, from_draft| {
+                ids.push(id);
+                flags.push(from_draft);
+                rows.push(lp.reshape(&[-1])?);
+                Ok(Flow::Continue)
+            },
+        )?;
+        let check = |report: &mut SpecReport,
+                     ours: &mlx_rs::Array,
+                     e: &TensorEntry,
+                     what: String|
+         -> Result<(), ParityError> {
+            let (e, bytes) = golden.tensor_at(e)?;
+            let cmp = compare(ours, &e, bytes)?;
+            report.vectors += 1;
+            report.max_abs_diff = report.max_abs_diff.max(cmp.max_abs_diff);
+            if cmp.bit_exact {
+                report.exact += 1;
+            } else {
+                fail(report, what);
+            }
+            Ok(())
+        };
+        for (k, (row, e)) in rows.iter().zip(&lp_entries).enumerate() {
+            check(&mut report, row, e, format!("{name} log-probs {k}"))?;
+        }
+        let want_drafts: Vec<Value> = field(case, "drafts")?;
+        let mut drafts_match = want_drafts.len() == trace.drafts.len();
+        for (k, ((pos, tok_in, id, logits), want)) in
+            trace.drafts.iter().zip(&want_drafts).enumerate()
+        {
+            let same = *pos as i64 == want["position"].as_i64().unwrap_or(-1)
+                && u64::from(*tok_in) == want["token_in"].as_u64().unwrap_or(u64::MAX)
+                && u64::from(*id) == want["id"].as_u64().unwrap_or(u64::MAX);
+            drafts_match &= same;
+            let e: TensorEntry = field(want, "logits")?;
+            check(&mut report, logits, &e, format!("{name} draft {k} logits"))?;
+        }
+        let want_passes: Vec<Value> = field(case, "passes")?;
+        let passes_match = want_passes.len() == trace.passes.len()
+            && trace
+                .passes
+                .iter()
+                .zip(&want_passes)
+                .all(|((input, n), want)| {
+                    serde_json::to_value(input).ok().as_ref() == Some(&want["input"])
+                        && *n as u64 == want["accepted"].as_u64().unwrap_or(u64::MAX)
+                });
+        report.drafted += stats.drafted;
+        report.accepted += stats.accepted;
+        report.cases += 1;
+        if ids == want_ids && flags == want_flags && drafts_match && passes_match {
+            report.cases_matching += 1;
+        } else {
+            fail(
+                &mut report,
+                format!(
+                    "{name}: ids {} trace {} drafts {} passes {}",
+                    ids == want_ids,
+                    flags == want_flags,
+                    drafts_match,
+                    passes_match
+                ),
+            );
+        }
+    }
+    if report.cases == 0 {
+        return Err(ParityError::UnknownCase(
+            only.unwrap_or("(none)").to_owned(),
+        ));
+    }
+    Ok(report)
+}
