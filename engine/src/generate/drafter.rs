@@ -19,8 +19,12 @@ use crate::model::{AssistantDrafter, LanguageModel};
 
 pub enum Drafter {
     Model(Box<dyn LanguageModel>),
-    Assistant(AssistantDrafter),
+    Assistant(Box<AssistantDrafter>),
 }
+
+/// What a speculative run returns: timing, the speculation's numbers, why it stopped, and
+/// the drafter's caches afterwards (none for an assistant).
+pub type SpecOutcome = (Stats, SpecStats, Finish, Vec<Box<dyn Cache>>);
 
 impl Drafter {
     /// Loads the drafter in `dir` for `target` (whose tokenizer is `tokenizer`).
@@ -38,7 +42,7 @@ impl Drafter {
                     target.model_type()
                 )));
             }
-            return Ok(Drafter::Assistant(AssistantDrafter::load(dir)?));
+            return Ok(Drafter::Assistant(Box::new(AssistantDrafter::load(dir)?)));
         }
         let model = crate::model::load(dir)?;
         let vocab = Tokenizer::load(dir)?.vocab_size();
@@ -75,7 +79,7 @@ impl Drafter {
         eos_ids: &[u32],
         sampler: &mut Sampler,
         on_token: impl FnMut(u32, &Array, bool) -> Result<Flow, Exception>,
-    ) -> Result<(Stats, SpecStats, Finish, Vec<Box<dyn Cache>>), Exception> {
+    ) -> Result<SpecOutcome, Exception> {
         match self {
             Drafter::Model(m) => {
                 let mut draft = Session::with_caches(m.as_ref(), opts, draft_caches);
