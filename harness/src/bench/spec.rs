@@ -1,24 +1,29 @@
-//! `harness bench --suite spec`: speculative decoding's γ sweep. The target and drafter are
-//! the committed trained pair (tiny-llama-trained, tiny-llama-draft: random bench models
-//! would never agree, so acceptance would mean nothing); the prompts are the L1 cases'.
-//! Each leg is a fresh process that runs every prompt greedily to --max-tokens (EOS does not
-//! stop it) at one γ; γ = 0 is the same model without a drafter — the only baseline a
-//! speedup is measured against. The mlx-lm peer (`oracles/spec_leg.py`) runs the same legs.
+//! `harness bench --suite spec`: speculative decoding's γ sweep, for both drafter kinds on
+//! committed pairs whose drafts are sometimes right (random bench models would never agree,
+//! so acceptance would mean nothing): tiny-llama-trained + tiny-llama-draft (mlx-lm's
+//! speculative decoding; peer mlx-lm) and tiny-gemma4 + tiny-gemma4-assistant (optiq's
+//! assistant drafter; peer mlx-optiq). The prompts are the target's L1 cases. Each leg is a
+//! fresh process that runs every prompt greedily to --max-tokens (EOS does not stop it) at
+//! one γ; γ = 0 is the same model without a drafter — the only baseline a speedup is
+//! measured against. The peers run the same legs (`oracles/spec_leg.py`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use engine::generate::drafter::Drafter;
 use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::speculative::{speculative_generate_in, SPEC_PREFILL_STEP};
-use engine::generate::{generate_in, Flow, Session};
+use engine::generate::{generate_in, Flow, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
 use super::median;
 
-pub const TARGET: &str = "tiny-llama-trained";
-pub const DRAFT: &str = "tiny-llama-draft";
+/// (target, drafter, the peer's stack name).
+pub const PAIRS: [(&str, &str, &str); 2] = [
+    ("tiny-llama-trained", "tiny-llama-draft", "mlx-lm"),
+    ("tiny-gemma4", "tiny-gemma4-assistant", "mlx-optiq"),
+];
 pub const GAMMAS: [usize; 5] = [0, 1, 2, 3, 4];
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -41,7 +46,8 @@ pub fn leg(
     gamma: usize,
 ) -> Result<SpecLeg> {
     let t = engine::model::load(target)?;
-    let d = engine::model::load(draft)?;
+    let tokenizer = engine::load::tokenizer::Tokenizer::load(target)?;
+    let d = Drafter::load(draft, t.as_ref(), &tokenizer)?;
     let one = |ids: &[u32]| -> Result<(f64, usize, f64, usize, usize)> {
         let mut sampler = Sampler::new(SamplingParams::default())?;
         let mut times = Vec::new();
@@ -62,12 +68,11 @@ pub fn leg(
             )?;
             (0, 0)
         } else {
-            let mut drafter = Session::new(d.as_ref());
-            target.prefill_step = SPEC_PREFILL_STEP;
-            drafter.prefill_step = SPEC_PREFILL_STEP;
-            let (_, s, _) = speculative_generate_in(
+            target.prefill_step = d.prefill_step();
+            let (_, s, _, _) = d.generate(
                 &mut target,
-                &mut drafter,
+                d.make_caches(),
+                &SessionOptions::default(),
                 ids,
                 0,
                 gamma,
@@ -153,15 +158,17 @@ fn run_leg(
     Ok(serde_json::from_str(line)?)
 }
 
-/// Median legs per (stack, γ).
+/// Median legs per (stack, γ) of one pair.
 pub struct SpecResult {
+    pub target: &'static str,
+    pub draft: &'static str,
     pub legs: Vec<SpecLeg>,
     pub prompts: usize,
 }
 
-/// The L1 cases' prompts of the target.
-fn prompts() -> Result<Vec<Vec<u32>>> {
-    let golden = crate::goldens::TensorGolden::open_index_only(&format!("l1/{TARGET}"))?;
+/// The L1 cases' prompts of `target`.
+fn prompts(target: &str) -> Result<Vec<Vec<u32>>> {
+    let golden = crate::goldens::TensorGolden::open_index_only(&format!("l1/{target}"))?;
     golden.index["cases"]
         .as_array()
         .context("l1 index has no cases")?
@@ -170,20 +177,40 @@ fn prompts() -> Result<Vec<Vec<u32>>> {
         .collect()
 }
 
-pub fn run(rounds: usize, max_tokens: usize, peer: bool) -> Result<SpecResult> {
-    let target = crate::goldens::model_dir(TARGET)?;
-    let draft = crate::goldens::model_dir(DRAFT)?;
-    let prompts = prompts()?;
+/// Runs the sweep for every pair.
+pub fn run(rounds: usize, max_tokens: usize, peer: bool) -> Result<Vec<SpecResult>> {
+    PAIRS
+        .iter()
+        .map(|&(target, draft, peer_stack)| {
+            run_pair(
+                target,
+                draft,
+                peer.then_some(peer_stack),
+                rounds,
+                max_tokens,
+            )
+        })
+        .collect()
+}
+
+fn run_pair(
+    target_name: &'static str,
+    draft_name: &'static str,
+    peer: Option<&'static str>,
+    rounds: usize,
+    max_tokens: usize,
+) -> Result<SpecResult> {
+    let target = crate::goldens::model_dir(target_name)?;
+    let draft = crate::goldens::model_dir(draft_name)?;
+    let prompts = prompts(target_name)?;
     let tmp = tempfile::tempdir()?;
     let file: PathBuf = tmp.path().join("prompts.json");
     std::fs::write(&file, serde_json::to_string(&prompts)?)?;
-    let stacks: Vec<&'static str> = if peer {
-        vec!["engine", "mlx-lm"]
-    } else {
-        vec!["engine"]
-    };
+    let mut stacks: Vec<&'static str> = vec!["engine"];
+    stacks.extend(peer);
     let order = super::leg_order(rounds, &stacks);
     let bar = indicatif::ProgressBar::new((order.len() * GAMMAS.len()) as u64);
+    bar.set_message(format!("{target_name} + {draft_name}"));
     let mut all = Vec::new();
     for stack in order {
         for gamma in GAMMAS {
@@ -210,6 +237,8 @@ pub fn run(rounds: usize, max_tokens: usize, peer: bool) -> Result<SpecResult> {
         }
     }
     Ok(SpecResult {
+        target: target_name,
+        draft: draft_name,
         legs,
         prompts: prompts.len(),
     })
@@ -247,8 +276,8 @@ impl SpecResult {
 
     pub fn table(&self) -> String {
         let mut s = format!(
-            "spec {TARGET} + drafter {DRAFT} ({} prompts, greedy)\n  stack    γ   decode tok/s  speedup  acceptance\n",
-            self.prompts
+            "spec {} + drafter {} ({} prompts, greedy)\n  stack      γ   decode tok/s  speedup  acceptance\n",
+            self.target, self.draft, self.prompts
         );
         for l in &self.legs {
             let speedup = l.decode_tps / self.baseline(&l.stack);
@@ -263,7 +292,7 @@ impl SpecResult {
                 )
             };
             s += &format!(
-                "  {:7} {:2}   {:11.1}  {:6.2}×  {acc}\n",
+                "  {:9} {:2}   {:11.1}  {:6.2}×  {acc}\n",
                 l.stack, l.gamma, l.decode_tps, speedup
             );
         }

@@ -134,37 +134,43 @@ fn run_spec(args: &Args) -> Result<()> {
     if !args.no_peer {
         harness::bench::ensure_oracle_venv()?;
     }
-    let r = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
+    let results = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
     let after = preflight::check(&thresholds);
-    print!("{}", r.table());
     let db = Db::open_default()?;
     let (mut tags, preflight_verdict, state) =
         harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let id: String = after.at.chars().filter(char::is_ascii_digit).collect();
     tags.push(format!("spec-bench[{id}]"));
-    let rows = r.rows();
-    for (stack, gamma, metric, value, unit) in &rows {
-        db.insert(&harness::db::Row {
-            ts: after.at.clone(),
-            commit: before.commit.clone(),
-            dirty: before.dirty,
-            machine_key: before.machine_key.clone(),
-            machine_state: state.clone(),
-            preflight: preflight_verdict.into(),
-            suite: "spec".into(),
-            model: spec::TARGET.into(),
-            metric: format!("g{gamma}_{metric}"),
-            value: *value,
-            unit: (*unit).into(),
-            stack: stack.clone(),
-            peer: (stack == "engine" && !args.no_peer).then(|| "mlx-lm".into()),
-            params: serde_json::json!({"draft": spec::DRAFT, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts}).to_string(),
-            tags: tags.join(" "),
-        })?;
+    let mut n = 0;
+    for r in &results {
+        print!("{}", r.table());
+        let peer = spec::PAIRS
+            .iter()
+            .find(|p| p.0 == r.target)
+            .map(|p| p.2.to_owned());
+        for (stack, gamma, metric, value, unit) in r.rows() {
+            db.insert(&harness::db::Row {
+                ts: after.at.clone(),
+                commit: before.commit.clone(),
+                dirty: before.dirty,
+                machine_key: before.machine_key.clone(),
+                machine_state: state.clone(),
+                preflight: preflight_verdict.into(),
+                suite: "spec".into(),
+                model: r.target.into(),
+                metric: format!("g{gamma}_{metric}"),
+                value,
+                unit: unit.into(),
+                peer: (stack == "engine" && !args.no_peer).then(|| peer.clone()).flatten(),
+                stack,
+                params: serde_json::json!({"draft": r.draft, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts}).to_string(),
+                tags: tags.join(" "),
+            })?;
+            n += 1;
+        }
     }
     println!(
-        "recorded {} rows tagged spec-bench[{id}] (preflight before: {}, after: {})",
-        rows.len(),
+        "recorded {n} rows tagged spec-bench[{id}] (preflight before: {}, after: {})",
         before.verdict(),
         after.verdict()
     );
