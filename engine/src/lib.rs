@@ -9,6 +9,7 @@ pub mod model;
 pub mod runtime;
 pub mod serve;
 pub mod tiers;
+pub mod train;
 
 /// The engine crate's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

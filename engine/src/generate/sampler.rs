@@ -17,6 +17,8 @@ use mlx_rs::ops::indexing::{argmax_axis, TryIndexUpdateOp, UpdateMode};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::{random, Array, Dtype};
 
+use crate::model::layers::weak;
+
 type R<T> = Result<T, Exception>;
 
 /// Sampling settings, with mlx-lm's defaults (temperature 0 = greedy).
@@ -56,11 +58,6 @@ impl Default for SamplingParams {
             frequency_context_size: 20,
         }
     }
-}
-
-/// A scalar as Python would meet `like`: converted to `like`'s dtype.
-fn weak(value: f64, like: &Array) -> R<Array> {
-    Array::from_f32(value as f32).as_dtype(like.dtype())
 }
 
 fn active(p: Option<f64>) -> Option<f64> {

@@ -27,7 +27,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::gemma::{gelu_approx, gelu_approx_graph};
-use super::layers::{compiled_shapeless, CompiledFn, Embedding, Linear, RmsNorm, Rope};
+use super::layers::{compiled_shapeless, weak, CompiledFn, Embedding, Linear, RmsNorm, Rope};
 use super::LanguageModel;
 use crate::cache::{Cache, Kv, KvCache, KvQuant, Mask, QuantSdpa, RopeOffset, RotatingKvCache};
 use crate::load::config::{ModelConfig, RopeScaling};
@@ -166,11 +166,6 @@ fn geglu_graph(args: &[Array]) -> R<Vec<Array>> {
 thread_local! {
     static SOFTCAP: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(softcap_graph));
     static GEGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(geglu_graph));
-}
-
-/// A Python float meeting an array: it takes the array's dtype.
-fn weak(v: f64, like: &Array) -> R<Array> {
-    Array::from_f32(v as f32).as_dtype(like.dtype())
 }
 
 /// mlx-lm's compiled `logit_softcap(cap, x)`.

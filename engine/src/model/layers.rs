@@ -51,10 +51,27 @@ impl Quantized {
 
 /// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
 /// (`quantized_matmul(x, W, …)`, then `+ b`), as the checkpoint stores it.
+/// A Python float in an MLX expression: a scalar of the other operand's dtype (MLX's weak
+/// scalars promote to the array's type instead of widening it).
+pub fn weak(v: f64, like: &Array) -> R<Array> {
+    Array::from_f32(v as f32).as_dtype(like.dtype())
+}
+
+/// A low-rank adapter on a linear layer (mlx-lm's `LoRALinear`): y + scale·((x·A)·B), the
+/// update cast to x's dtype. A is [in, rank], B is [rank, out], both f32.
+#[derive(Clone)]
+pub struct Lora {
+    pub a: Array,
+    pub b: Array,
+    pub scale: f32,
+}
+
 pub struct Linear {
     pub weight: Array,
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
+    /// An adapter, when one is attached (training, or adapters loaded for inference).
+    pub lora: std::cell::RefCell<Option<Lora>>,
 }
 
 impl Linear {
@@ -76,16 +93,38 @@ impl Linear {
                 None
             },
             quantized,
+            lora: Default::default(),
         })
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
-        match (&self.quantized, &self.bias) {
-            (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b),
-            (Some(q), None) => q.matmul_t(x, &self.weight),
-            (None, Some(b)) => addmm(b, x, self.weight.t(), None, None),
-            (None, None) => x.matmul(self.weight.t()),
+        let y = match (&self.quantized, &self.bias) {
+            (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
+            (Some(q), None) => q.matmul_t(x, &self.weight)?,
+            (None, Some(b)) => addmm(b, x, self.weight.t(), None, None)?,
+            (None, None) => x.matmul(self.weight.t())?,
+        };
+        match &*self.lora.borrow() {
+            None => Ok(y),
+            Some(l) => {
+                let z = x.matmul(&l.a)?.matmul(&l.b)?;
+                let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
+                y.add(&z)
+            }
         }
+    }
+
+    /// The input width (of the dense weight, or unpacked from a quantized one).
+    pub fn input_dims(&self) -> i32 {
+        let cols = self.weight.shape()[1];
+        match &self.quantized {
+            Some(q) => cols * 32 / q.params.bits,
+            None => cols,
+        }
+    }
+
+    pub fn output_dims(&self) -> i32 {
+        self.weight.shape()[0]
     }
 }
 

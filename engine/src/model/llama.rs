@@ -299,6 +299,26 @@ impl LanguageModel for Llama {
         &self.model_type
     }
 
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let a = &b.attn;
+            for (name, l) in [
+                ("self_attn.q_proj", &a.q_proj),
+                ("self_attn.k_proj", &a.k_proj),
+                ("self_attn.v_proj", &a.v_proj),
+                ("self_attn.o_proj", &a.o_proj),
+                ("mlp.gate_proj", &b.mlp.gate_proj),
+                ("mlp.up_proj", &b.mlp.up_proj),
+                ("mlp.down_proj", &b.mlp.down_proj),
+            ] {
+                out.push((format!("{p}.{name}"), l));
+            }
+        }
+        out
+    }
+
     fn activation_dtype(&self) -> mlx_rs::Dtype {
         self.embed.output_dtype()
     }

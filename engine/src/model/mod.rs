@@ -27,6 +27,12 @@ pub trait LanguageModel {
     fn make_caches(&self) -> Vec<Box<dyn Cache>>;
     /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception>;
+    /// Every linear layer of the blocks, named by its checkpoint path without `.weight`
+    /// (e.g. `model.layers.0.self_attn.q_proj`), in layer order — where LoRA attaches.
+    /// Empty for families that do not list theirs yet (they cannot be fine-tuned).
+    fn linears(&self) -> Vec<(String, &layers::Linear)> {
+        Vec::new()
+    }
     /// The hooks optiq's assistant drafter reads, for families that have them (Gemma 4).
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
         None

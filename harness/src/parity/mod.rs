@@ -9,6 +9,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod spec;
 pub mod spec_l2;
+pub mod train;
 
 /// Why a parity gate could not run (a failing gate is a report, not an error).
 #[derive(Debug, thiserror::Error)]

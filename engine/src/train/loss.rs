@@ -1,0 +1,46 @@
+//! mlx-lm's SFT loss (`tuner.trainer.default_loss`), op for op: next-token cross-entropy
+//! over the positions `lengths` marks as supervised, summed in f32 and divided by their
+//! count. `lengths[i] = [offset, length]`: targets at 1-based steps offset..=length count
+//! (a prompt of `offset` tokens is masked; mlx-lm's range also takes the one position past
+//! the sequence end, a padding target — mirrored, since the gate is bit-exactness).
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{arange, logical_and};
+use mlx_rs::{Array, Dtype};
+
+use crate::model::LanguageModel;
+
+/// `nn.losses.cross_entropy(logits, targets)` with class indices, no reduction, as MLX
+/// 0.32.2 computes it off CUDA: the logits shifted by their (gradient-stopped) maximum,
+/// then logsumexp − the target's score, in the logits' dtype.
+pub fn cross_entropy(logits: &Array, targets: &Array) -> Result<Array, Exception> {
+    let max = mlx_rs::stop_gradient(logits.max_axis(-1, true)?)?;
+    let logits = logits.subtract(&max)?;
+    let score = logits
+        .take_along_axis(&targets.expand_dims(-1)?, -1)?
+        .squeeze_axes(&[-1])?;
+    logits.logsumexp_axis(-1, false)?.subtract(&score)
+}
+
+/// (loss, ntoks) for a batch [B, T] of ids with `lengths` [B, 2].
+pub fn default_loss(
+    model: &dyn LanguageModel,
+    batch: &Array,
+    lengths: &Array,
+) -> Result<(Array, Array), Exception> {
+    let t = batch.shape()[1];
+    let inputs = batch.index((.., ..t - 1));
+    let targets = batch.index((.., 1..));
+    let mut caches = model.make_caches();
+    let logits = model.forward(&inputs, &mut caches)?;
+    let steps = arange::<_, i32>(1, t, 1)?;
+    let mask = logical_and(
+        steps.ge(lengths.index((.., 0..1)))?,
+        steps.le(lengths.index((.., 1..)))?,
+    )?;
+    let ce = cross_entropy(&logits, &targets)?.multiply(&mask)?;
+    let ntoks = mask.sum(None)?;
+    let loss = ce.as_dtype(Dtype::Float32)?.sum(None)?.divide(&ntoks)?;
+    Ok((loss, ntoks))
+}

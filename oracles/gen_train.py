@@ -1,0 +1,125 @@
+"""LoRA training goldens: mlx-lm 0.32.2's LoRA layers and loss, differentiated and stepped
+eagerly (the math of `mlx_lm.tuner.trainer.train`, without its `mx.compile` around the
+step), on tiny-llama-trained.
+
+    oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
+
+Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3, {rank 4,
+scale 20.0, dropout 0.0, keys: every linear of a block})` (the lora_a draws come from the
+seeded global RNG, lora_b is zero); AdamW(learning_rate 1e-3, weight_decay 0.01, mlx's
+default betas/eps). One batch of 2 chat sequences built as `iterate_batches` builds it
+(zero padding to 1 + a multiple of 32, `lengths = [[prompt_len, len]]`: prompt masking).
+Three steps of `nn.value_and_grad(model, default_loss)` → `optimizer.update`.
+
+Recorded: the initial LoRA parameters, the batch and lengths, then per step the loss,
+ntoks and every gradient (f32), and the parameters after the last update; the adapters
+after the last step as mlx-lm writes them (`adapters.safetensors` + `adapter_config.json`),
+and one forward's logits with those adapters loaded by `mlx_lm.utils.load_adapters`.
+
+Output: goldens/train/<model>/{index.json, data.bin, adapters/}.
+"""
+
+import argparse
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+from mlx_lm import load
+from mlx_lm.tuner.trainer import default_loss
+from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
+
+from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+
+KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
+PAIRS = [("What color is the sky?", "The sky is blue."),
+         ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
+STEPS = 3
+
+
+def batch_of(tokenizer):
+    seqs, offsets = [], []
+    for q, a in PAIRS:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True)
+        full = tokenizer.apply_chat_template([{"role": "user", "content": q}, {"role": "assistant", "content": a}])
+        assert full[:len(prompt)] == prompt
+        seqs.append(full)
+        offsets.append(len(prompt))
+    lengths = [len(s) for s in seqs]
+    width = 1 + 32 * ((max(lengths) + 31) // 32)
+    arr = np.zeros((len(seqs), width), np.int32)
+    for j, s in enumerate(seqs):
+        arr[j, :len(s)] = s
+    return mx.array(arr), mx.array(list(zip(offsets, lengths)))
+
+
+def main(name, out_root) -> None:
+    mx.set_default_device(mx.cpu)
+    model_dir = resolve(f"models/{name}")
+    model, tokenizer = load(str(model_dir))
+    mx.random.seed(7)
+    model.freeze()
+    linear_to_lora_layers(model, 3, LORA)
+    data = TensorFile()
+    initial = [{"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
+    batch, lengths = batch_of(tokenizer)
+    opt = optim.AdamW(learning_rate=1e-3, weight_decay=0.01)
+    loss_vg = nn.value_and_grad(model, default_loss)
+    steps = []
+    for step in range(STEPS):
+        (loss, ntoks), grads = loss_vg(model, batch, lengths)
+        mx.eval(loss, ntoks, grads)
+        steps.append({
+            "loss": data.add(f"step{step}/loss", loss),
+            "loss_value": loss.item(),
+            "ntoks": int(ntoks.item()),
+            "grads": [{"name": k, **data.add(f"step{step}/grad/{k}", g)} for k, g in tree_flatten(grads)],
+        })
+        opt.update(model, grads)
+        mx.eval(model.parameters(), opt.state)
+        print(f"step {step}: loss {loss.item():.6f} ntoks {int(ntoks.item())}")
+    final = [{"name": k, **data.add(f"final/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
+    dest = Path(out_root) / name if out_root else golden_dir(f"train/{name}")
+    adapters = dest / "adapters"
+    adapters.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(adapters / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
+    (adapters / "adapter_config.json").write_text(json.dumps(
+        {"fine_tune_type": "lora", "num_layers": 3, "lora_parameters": LORA}, indent=2) + "\n")
+    # The adapters loaded the way mlx_lm.generate --adapter-path loads them: one forward.
+    fresh, _ = load(str(model_dir))
+    load_adapters(fresh, str(adapters))
+    logits = fresh(batch[:, :-1])
+    adapted = data.add("adapted_logits", logits.astype(mx.float32))
+    data.write(dest / "data.bin")
+    write_json(dest / "index.json", {
+        "provenance": provenance("mlx-lm", "mlx-lm"),
+        "generator": "oracles/gen_train.py",
+        "model": f"models/{name}",
+        "data": "data.bin",
+        "settings": {"seed": 7, "num_layers": 3, "lora_parameters": LORA,
+                     "optimizer": {"name": "adamw", "learning_rate": 1e-3, "weight_decay": 0.01,
+                                   "betas": [0.9, 0.999], "eps": 1e-8},
+                     "loss": "mlx_lm.tuner.trainer.default_loss", "steps": STEPS,
+                     "path": "nn.value_and_grad + optimizer.update, eager"},
+        "batch": batch.tolist(),
+        "lengths": lengths.tolist(),
+        "initial": initial,
+        "steps": steps,
+        "final": final,
+        "adapters": "adapters",
+        "adapted_logits": adapted,
+    })
+    print(f"train/{name} -> {dest}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="tiny-llama-trained")
+    ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    main(args.model, args.out)
