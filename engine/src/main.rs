@@ -29,6 +29,8 @@ enum Command {
     Generate(Box<GenerateArgs>),
     /// Serve the model over an OpenAI-compatible HTTP API (a drop-in for mlx_lm.server).
     Serve(Box<engine::serve::ServeArgs>),
+    /// Fine-tune LoRA adapters (SFT or ORPO) on jsonl data; writes mlx-lm-format adapters.
+    Train(Box<engine::train::cli::TrainArgs>),
 }
 
 #[derive(clap::Args)]
@@ -76,6 +78,10 @@ struct GenerateArgs {
     frequency_penalty: Option<f64>,
     #[command(flatten)]
     tier: engine::tiers::TierArgs,
+    /// LoRA adapters to apply (a directory with adapters.safetensors and
+    /// adapter_config.json, as `engine train` or mlx_lm.lora writes it).
+    #[arg(long)]
+    adapter_path: Option<PathBuf>,
     /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
     /// model verifies (mlx_lm.generate's --draft-model).
     #[arg(long)]
@@ -143,6 +149,7 @@ fn main() -> Result<()> {
         Some(Command::Doctor) => doctor(),
         Some(Command::Generate(args)) => generate(*args),
         Some(Command::Serve(args)) => engine::serve::run(*args),
+        Some(Command::Train(args)) => engine::train::cli::run(*args),
         None if cli.version => {
             print_version();
             Ok(())
@@ -160,6 +167,13 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let model = engine::model::load(dir)
         .with_context(|| format!("loading model from {}", dir.display()))?;
     let tokenizer = Tokenizer::load(dir)?;
+    let _adapters = match &args.adapter_path {
+        Some(path) => Some(
+            engine::train::lora::Adapters::load(model.as_ref(), path)
+                .with_context(|| format!("loading adapters from {}", path.display()))?,
+        ),
+        None => None,
+    };
     let prompt_ids = if args.chat {
         let template = ChatTemplate::from_tokenizer(&tokenizer)?.with_context(|| {
             format!(

@@ -64,6 +64,9 @@ pub struct Lora {
     pub a: Array,
     pub b: Array,
     pub scale: f32,
+    /// Training-time dropout on the adapter's input: the drop probability and this step's
+    /// key (no key: no dropout, as at inference).
+    pub dropout: Option<(f32, Array)>,
 }
 
 pub struct Linear {
@@ -107,6 +110,15 @@ impl Linear {
         match &*self.lora.borrow() {
             None => Ok(y),
             Some(l) => {
+                let x = match &l.dropout {
+                    Some((p, key)) if *p > 0.0 => {
+                        let keep =
+                            mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
+                        x.multiply(&keep)?
+                            .multiply(weak(1.0 / (1.0 - *p as f64), x)?)?
+                    }
+                    _ => x.clone(),
+                };
                 let z = x.matmul(&l.a)?.matmul(&l.b)?;
                 let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
                 y.add(&z)

@@ -5,7 +5,7 @@
 //! (`fine_tune_type`, `num_layers`, `lora_parameters {rank, scale, dropout, keys}`) — so
 //! `mlx_lm.generate --adapter-path` loads ours and we load theirs.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use mlx_rs::{random, Array};
@@ -112,6 +112,7 @@ impl<'m> Adapters<'m> {
                 a,
                 b,
                 scale: config.lora_parameters.scale,
+                dropout: None,
             });
         }
         Ok(Adapters { config, slots })
@@ -148,6 +149,7 @@ impl<'m> Adapters<'m> {
                 a: get("lora_a")?,
                 b: get("lora_b")?,
                 scale,
+                dropout: None,
             });
         }
         Ok(adapters)
@@ -186,7 +188,9 @@ impl<'m> Adapters<'m> {
     /// Writes `adapters.safetensors` and `adapter_config.json` into `dir` (each atomically).
     pub fn save(&self, dir: &Path) -> Result<(), TrainError> {
         std::fs::create_dir_all(dir).map_err(|e| TrainError::Io(dir.to_path_buf(), e))?;
-        let tensors: HashMap<String, Array> = self.names().into_iter().zip(self.params()).collect();
+        // Sorted, so the same adapters always make the same file.
+        let tensors: BTreeMap<String, Array> =
+            self.names().into_iter().zip(self.params()).collect();
         let tmp = dir.join(".adapters.tmp.safetensors");
         Array::save_safetensors(tensors.iter(), None, &tmp)
             .map_err(|e| TrainError::Config(format!("{}: {e}", tmp.display())))?;
@@ -194,6 +198,24 @@ impl<'m> Adapters<'m> {
         std::fs::rename(&tmp, &file).map_err(|e| TrainError::Io(file, e))?;
         let config = serde_json::to_string_pretty(&self.config).expect("serializable");
         crate::train::write_atomic(&dir.join("adapter_config.json"), config.as_bytes())
+    }
+
+    /// Gives every adapter this step's dropout key (derived from `seed`, the step and the
+    /// layer), so a run's masks are reproducible; nothing to do without dropout.
+    pub fn seed_dropout(&self, seed: u64, step: u64) -> Result<(), TrainError> {
+        let p = self.config.lora_parameters.dropout;
+        if p <= 0.0 {
+            return Ok(());
+        }
+        let mut key = random::key(seed.wrapping_mul(0x9E37_79B9).wrapping_add(step))?;
+        for (_, l) in &self.slots {
+            let (next, sub) = random::split(&key, 2)?;
+            key = next;
+            if let Some(lora) = l.lora.borrow_mut().as_mut() {
+                lora.dropout = Some((p, sub));
+            }
+        }
+        Ok(())
     }
 
     /// Removes the adapters from the model.

@@ -2,9 +2,13 @@
 //! mlx.optimizers runs them (`optim`), and one training step: the loss and the adapters'
 //! gradients from MLX's autodiff over the same forward the engine decodes with.
 
+pub mod cli;
+pub mod data;
 pub mod lora;
 pub mod loss;
 pub mod optim;
+pub mod orpo;
+pub mod trainer;
 
 use std::path::{Path, PathBuf};
 
@@ -40,25 +44,36 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
     std::fs::rename(&tmp, path).map_err(|e| TrainError::Io(path.to_path_buf(), e))
 }
 
-/// The SFT loss on a batch and its gradient with respect to every adapter parameter
-/// (`adapters.params()` order): (loss, supervised token count, gradients).
+/// The outputs of `f` (which runs the model with the adapters attached) and the gradient
+/// of its first output with respect to every adapter parameter (`adapters.params()` order).
+pub fn value_and_grad(
+    adapters: &Adapters,
+    mut f: impl FnMut() -> Result<Vec<Array>, Exception>,
+) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    let params = adapters.params();
+    let argnums: Vec<i32> = (0..params.len() as i32).collect();
+    let traced = |p: &[Array]| -> Result<Vec<Array>, Exception> {
+        adapters.set(p);
+        f()
+    };
+    let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(traced, &argnums[..]);
+    let result = vg(&params);
+    // The closure left tracers in the layers; put the real parameters back either way.
+    adapters.set(&params);
+    result
+}
+
+/// The SFT loss on a batch and its gradient (mlx-lm's `default_loss`): (loss, supervised
+/// token count, gradients).
 pub fn loss_and_grad(
     model: &dyn LanguageModel,
     adapters: &Adapters,
     batch: &Array,
     lengths: &Array,
 ) -> Result<(Array, Array, Vec<Array>), Exception> {
-    let params = adapters.params();
-    let argnums: Vec<i32> = (0..params.len() as i32).collect();
-    let f = |p: &[Array]| -> Result<Vec<Array>, Exception> {
-        adapters.set(p);
+    let (values, grads) = value_and_grad(adapters, || {
         let (loss, ntoks) = loss::default_loss(model, batch, lengths)?;
         Ok(vec![loss, ntoks])
-    };
-    let mut value_and_grad = mlx_rs::transforms::value_and_grad_with_argnums(f, &argnums[..]);
-    let result = value_and_grad(&params);
-    // The closure left tracers in the layers; put the real parameters back either way.
-    adapters.set(&params);
-    let (values, grads) = result?;
+    })?;
     Ok((values[0].clone(), values[1].clone(), grads))
 }

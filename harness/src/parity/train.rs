@@ -8,7 +8,7 @@
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use mlx_rs::Array;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::ParityError;
 use crate::compare::compare;
@@ -163,6 +163,41 @@ pub fn run(model: &str, perturb: impl FnOnce(&mut AdamW)) -> Result<TrainReport,
         .zip(&names)
     {
         check(&mut report, p, &e, format!("final {n}"))?;
+    }
+    // Our adapter files hold what mlx-lm's hold: the same tensors under the same names and
+    // the config fields its loader reads.
+    let tmp = tempfile::tempdir().map_err(|e| ParityError::Index(e.to_string()))?;
+    adapters
+        .save(tmp.path())
+        .map_err(|e| ParityError::Index(e.to_string()))?;
+    let load = |dir: &std::path::Path| {
+        Array::load_safetensors(dir.join("adapters.safetensors"))
+            .map_err(|e| ParityError::Index(e.to_string()))
+    };
+    let (ours, theirs) = (load(tmp.path())?, load(&golden.dir.join("adapters"))?);
+    let config = |dir: &std::path::Path| -> Result<Value, ParityError> {
+        let v: Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("adapter_config.json"))
+                .map_err(|e| ParityError::Index(e.to_string()))?,
+        )
+        .map_err(|e| ParityError::Index(e.to_string()))?;
+        Ok(json!([
+            v["fine_tune_type"],
+            v["num_layers"],
+            v["lora_parameters"]
+        ]))
+    };
+    let bytes = |a: &Array| crate::compare::values_and_bytes(a).ok().map(|x| x.1);
+    report.tensors += 1;
+    let same_files = ours.len() == theirs.len()
+        && ours
+            .iter()
+            .all(|(k, a)| theirs.get(k).is_some_and(|b| bytes(a) == bytes(b)))
+        && config(tmp.path())? == config(&golden.dir.join("adapters"))?;
+    if same_files {
+        report.exact += 1;
+    } else if report.first_failure.is_none() {
+        report.first_failure = Some("saved adapter files differ from mlx-lm's".into());
     }
     adapters.detach();
     // mlx-lm's saved adapters, loaded by us: the logits its loader gave.

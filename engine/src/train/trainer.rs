@@ -1,0 +1,354 @@
+//! The training loop behind `engine train`: batches (sorted by length, shuffled with a
+//! seeded permutation each pass), LoRA gradients by MLX autodiff, gradient accumulation,
+//! global-norm clipping, AdamW on a warm-up + cosine schedule, validation every N steps,
+//! `metrics.jsonl` (a meta line, then one line per step and per eval), adapters saved every
+//! N steps and at the end.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::minimum;
+use mlx_rs::Array;
+use serde_json::{json, Value};
+
+use super::data::{Example, Pair};
+use super::lora::Adapters;
+use super::optim::AdamW;
+use super::orpo::{orpo_loss, OrpoTerms, SftScope};
+use super::{value_and_grad, TrainError};
+use crate::model::LanguageModel;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Method {
+    Sft,
+    Orpo,
+}
+
+/// What to train and how (the CLI's flags, resolved).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TrainConfig {
+    pub method: Method,
+    pub iters: usize,
+    pub batch_size: usize,
+    pub grad_accumulation: usize,
+    pub max_grad_norm: Option<f32>,
+    pub steps_per_report: usize,
+    pub steps_per_eval: usize,
+    pub val_batches: usize,
+    pub save_every: usize,
+    pub max_seq_length: usize,
+    pub seed: u64,
+    pub orpo_lambda: f32,
+    pub sft_scope: SftScope,
+}
+
+/// The training data, by method.
+pub enum Dataset {
+    Sft(Vec<Example>),
+    Orpo(Vec<Pair>),
+}
+
+impl Dataset {
+    fn len(&self) -> usize {
+        match self {
+            Dataset::Sft(v) => v.len(),
+            Dataset::Orpo(v) => v.len(),
+        }
+    }
+
+    fn item_len(&self, i: usize) -> usize {
+        match self {
+            Dataset::Sft(v) => v[i].tokens.len(),
+            Dataset::Orpo(v) => v[i].chosen.len().max(v[i].rejected.len()),
+        }
+    }
+}
+
+/// Batches of indices: sorted by length, cut into `batch_size` (a short tail dropped, as
+/// mlx-lm's `iterate_batches` does).
+fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
+    let mut idx: Vec<usize> = (0..data.len()).collect();
+    idx.sort_by_key(|&i| data.item_len(i));
+    idx.chunks_exact(batch_size)
+        .map(<[usize]>::to_vec)
+        .collect()
+}
+
+/// A seeded permutation (Fisher–Yates over a 64-bit LCG).
+fn permutation(n: usize, state: &mut u64) -> Vec<usize> {
+    let mut p: Vec<usize> = (0..n).collect();
+    for i in (1..n).rev() {
+        *state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        p.swap(i, ((*state >> 33) % (i as u64 + 1)) as usize);
+    }
+    p
+}
+
+/// An SFT batch as mlx-lm builds it: ids zero-padded to 1 + a multiple of 32 (at most
+/// `max_len`), lengths [[offset, length]].
+pub fn sft_batch(examples: &[&Example], max_len: usize) -> (Array, Array) {
+    let longest = examples.iter().map(|e| e.tokens.len()).max().unwrap_or(1);
+    let width = (1 + 32 * longest.div_ceil(32)).min(max_len);
+    let mut ids = vec![0i32; examples.len() * width];
+    let mut lengths = Vec::new();
+    for (j, e) in examples.iter().enumerate() {
+        let n = e.tokens.len().min(max_len);
+        for (k, &t) in e.tokens[..n].iter().enumerate() {
+            ids[j * width + k] = t as i32;
+        }
+        lengths.extend([e.offset as i32, n as i32]);
+    }
+    let b = examples.len() as i32;
+    (
+        Array::from_slice(&ids, &[b, width as i32]),
+        Array::from_slice(&lengths, &[b, 2]),
+    )
+}
+
+/// The loss outputs of one batch: SFT [loss, ntoks]; ORPO the `OrpoTerms` in order.
+fn batch_outputs(
+    model: &dyn LanguageModel,
+    data: &Dataset,
+    batch: &[usize],
+    cfg: &TrainConfig,
+) -> Result<Vec<Array>, Exception> {
+    match data {
+        Dataset::Sft(v) => {
+            let ex: Vec<&Example> = batch.iter().map(|&i| &v[i]).collect();
+            let (ids, lengths) = sft_batch(&ex, cfg.max_seq_length);
+            let (loss, ntoks) = super::loss::default_loss(model, &ids, &lengths)?;
+            Ok(vec![loss, ntoks])
+        }
+        Dataset::Orpo(v) => {
+            let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
+            Ok(orpo_loss(model, &pairs, cfg.orpo_lambda, cfg.sft_scope)?.into_vec())
+        }
+    }
+}
+
+/// mlx.optimizers' `clip_grad_norm`: the global norm, and the gradients scaled to at most
+/// `max_norm` (unchanged without one).
+pub fn clip_grad_norm(
+    grads: Vec<Array>,
+    max_norm: Option<f32>,
+) -> Result<(Vec<Array>, Array), Exception> {
+    let mut sq = Array::from_f32(0.0);
+    for g in &grads {
+        sq = sq.add(g.square()?.sum(None)?)?;
+    }
+    let norm = sq.sqrt()?;
+    let Some(max) = max_norm else {
+        return Ok((grads, norm));
+    };
+    let scale = minimum(
+        Array::from_f32(max).divide(norm.add(Array::from_f32(1e-6))?)?,
+        Array::from_f32(1.0),
+    )?;
+    let clipped = grads
+        .iter()
+        .map(|g| g.multiply(&scale))
+        .collect::<Result<_, _>>()?;
+    Ok((clipped, norm))
+}
+
+fn scalar(a: &Array) -> Result<f64, Exception> {
+    let a = a.as_dtype(mlx_rs::Dtype::Float32)?;
+    a.eval()?;
+    Ok(a.as_slice::<f32>()[0] as f64)
+}
+
+/// Appends JSON lines to `metrics.jsonl`, flushed each time.
+pub struct Metrics {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl Metrics {
+    pub fn create(path: &Path, meta: Value) -> Result<Self, TrainError> {
+        let file =
+            std::fs::File::create(path).map_err(|e| TrainError::Io(path.to_path_buf(), e))?;
+        let mut m = Metrics {
+            file,
+            path: path.to_path_buf(),
+        };
+        m.write(json!({"type": "meta", "meta": meta}))?;
+        Ok(m)
+    }
+
+    pub fn write(&mut self, line: Value) -> Result<(), TrainError> {
+        writeln!(self.file, "{line}")
+            .and_then(|_| self.file.flush())
+            .map_err(|e| TrainError::Io(self.path.clone(), e))
+    }
+}
+
+/// What an eval measured: SFT `val_loss`; ORPO every `OrpoTerms` name, averaged.
+pub fn evaluate(
+    model: &dyn LanguageModel,
+    data: &Dataset,
+    cfg: &TrainConfig,
+) -> Result<Vec<(&'static str, f64)>, Exception> {
+    let all = batches(data, cfg.batch_size.min(data.len()).max(1));
+    let take = if cfg.val_batches == 0 {
+        all.len()
+    } else {
+        cfg.val_batches.min(all.len())
+    };
+    let mut sums = [0.0f64; 7];
+    let mut weight = 0.0;
+    for b in &all[..take] {
+        let out = batch_outputs(model, data, b, cfg)?;
+        match data {
+            Dataset::Sft(_) => {
+                let n = scalar(&out[1])?;
+                sums[0] += scalar(&out[0])? * n;
+                weight += n;
+            }
+            Dataset::Orpo(_) => {
+                for (s, o) in sums.iter_mut().zip(&out) {
+                    *s += scalar(o)? * b.len() as f64;
+                }
+                weight += b.len() as f64;
+            }
+        }
+    }
+    Ok(match data {
+        Dataset::Sft(_) => vec![("val_loss", sums[0] / weight)],
+        Dataset::Orpo(_) => OrpoTerms::NAMES
+            .iter()
+            .zip(sums)
+            .map(|(&n, s)| (n, s / weight))
+            .collect(),
+    })
+}
+
+/// One step's report.
+pub struct StepReport {
+    pub step: usize,
+    pub loss: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub tokens_per_s: f64,
+}
+
+/// Trains `adapters` on `train` (validating on `valid`), writing `metrics` and saving the
+/// adapters to `out` every `save_every` steps and at the end; `on_step` sees each step.
+#[allow(clippy::too_many_arguments)]
+pub fn train(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    opt: &mut AdamW,
+    train: &Dataset,
+    valid: Option<&Dataset>,
+    cfg: &TrainConfig,
+    metrics: &mut Metrics,
+    out: &Path,
+    mut on_step: impl FnMut(&StepReport, Option<&[(&'static str, f64)]>),
+) -> Result<(), TrainError> {
+    if train.len() < cfg.batch_size {
+        return Err(TrainError::Config(format!(
+            "the training set has {} examples, fewer than --batch-size {}",
+            train.len(),
+            cfg.batch_size
+        )));
+    }
+    let all = batches(train, cfg.batch_size);
+    let mut rng = cfg.seed ^ 0x9E37_79B9_7F4A_7C15;
+    let mut order: Vec<usize> = Vec::new();
+    let mut accum: Option<Vec<Array>> = None;
+    let accum_steps = cfg.grad_accumulation.max(1);
+    crate::runtime::reset_peak_memory().map_err(|e| TrainError::Config(e.to_string()))?;
+    let mut tic = Instant::now();
+    for step in 1..=cfg.iters {
+        let eval_now = step == 1 || step % cfg.steps_per_eval.max(1) == 0 || step == cfg.iters;
+        if let (Some(v), true) = (valid, eval_now) {
+            let m = evaluate(model, v, cfg)?;
+            let mut line = json!({"type": "eval", "step": step});
+            for (k, x) in &m {
+                line[*k] = json!(x);
+            }
+            metrics.write(line)?;
+            on_step(
+                &StepReport {
+                    step,
+                    loss: f64::NAN,
+                    grad_norm: f64::NAN,
+                    lr: f64::NAN,
+                    tokens_per_s: 0.0,
+                },
+                Some(&m),
+            );
+            tic = Instant::now();
+        }
+        if order.is_empty() {
+            order = permutation(all.len(), &mut rng);
+        }
+        let batch = &all[order.pop().expect("non-empty")];
+        adapters.seed_dropout(cfg.seed, step as u64)?;
+        let (outputs, grads) =
+            value_and_grad(adapters, || batch_outputs(model, train, batch, cfg))?;
+        let grads = match accum.take() {
+            Some(prev) => prev
+                .iter()
+                .zip(&grads)
+                .map(|(a, g)| a.add(g))
+                .collect::<Result<_, _>>()?,
+            None => grads,
+        };
+        let tokens: usize = batch.iter().map(|&i| train.item_len(i)).sum();
+        if step % accum_steps != 0 {
+            mlx_rs::transforms::eval(grads.iter())?;
+            accum = Some(grads);
+            continue;
+        }
+        let grads: Vec<Array> = if accum_steps > 1 {
+            let k = Array::from_f32(accum_steps as f32);
+            grads
+                .iter()
+                .map(|g| g.divide(&k))
+                .collect::<Result<_, _>>()?
+        } else {
+            grads
+        };
+        let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
+        let lr = opt.learning_rate()? as f64;
+        let next = opt.update(&adapters.params(), &grads)?;
+        adapters.set(&next);
+        let mut state: Vec<&Array> = next.iter().collect();
+        state.extend(opt.state());
+        state.push(&outputs[0]);
+        state.push(&norm);
+        mlx_rs::transforms::eval(state)?;
+        let elapsed = tic.elapsed().as_secs_f64();
+        tic = Instant::now();
+        let report = StepReport {
+            step,
+            loss: scalar(&outputs[0])?,
+            grad_norm: scalar(&norm)?,
+            lr,
+            tokens_per_s: tokens as f64 / elapsed.max(1e-9),
+        };
+        let peak = crate::runtime::memory().map_or(0, |m| m.peak);
+        let mut line = json!({
+            "type": "train", "step": step, "loss": report.loss, "grad_norm": report.grad_norm,
+            "lr": report.lr, "tokens_per_s": report.tokens_per_s, "peak_memory_mb": peak as f64 / 1e6,
+        });
+        if cfg.method == Method::Orpo {
+            // The step's ORPO parts ("lr" stays the learning rate here; ℓw, ℓr are in evals).
+            for (name, o) in OrpoTerms::NAMES.iter().zip(&outputs).skip(1).take(4) {
+                line[*name] = json!(scalar(o)?);
+            }
+        }
+        metrics.write(line)?;
+        on_step(&report, None);
+        if cfg.save_every > 0 && step % cfg.save_every == 0 {
+            adapters.save(out)?;
+        }
+    }
+    adapters.save(out)
+}

@@ -1,0 +1,245 @@
+//! Training: ORPO's loss against an independent numpy reference (oracles/orpo_reference.py,
+//! both scopes, to 1e-6); the full-scope NLL with a one-token prompt against the SFT loss;
+//! the positive control ("prefer uppercase": ORPO learns a preference the base model does
+//! not have, and swapping chosen and rejected makes it learn the opposite); data errors
+//! named by line; seeded dropout masks reproducible.
+
+mod common;
+
+use common::{goldens, model};
+use engine::train::orpo::{orpo_terms, SftScope};
+use mlx_rs::Array;
+use serde_json::Value;
+use std::process::Command;
+
+fn matrix(v: &Value) -> Array {
+    let rows: Vec<Vec<f32>> = serde_json::from_value(v.clone()).unwrap();
+    Array::from_slice(&rows.concat(), &[rows.len() as i32, rows[0].len() as i32])
+}
+
+fn value(a: &Array) -> f64 {
+    a.eval().unwrap();
+    a.as_slice::<f32>()[0] as f64
+}
+
+fn reference_gap(lambda_scale: f32) -> f64 {
+    let r: Value = serde_json::from_str(
+        &std::fs::read_to_string(goldens().join("train/orpo-reference.json")).unwrap(),
+    )
+    .unwrap();
+    let (lp, pm, rm) = (
+        matrix(&r["token_logps"]),
+        matrix(&r["prompt_mask"]),
+        matrix(&r["response_mask"]),
+    );
+    let lambda = r["lambda"].as_f64().unwrap() as f32 * lambda_scale;
+    let mut worst = 0.0f64;
+    for (scope, key) in [(SftScope::Full, "full"), (SftScope::Response, "response")] {
+        let t = orpo_terms(&lp, &pm, &rm, lambda, scope).unwrap();
+        let ours = [&t.loss, &t.nll, &t.or, &t.accuracy, &t.margin, &t.lw, &t.lr];
+        for (name, a) in engine::train::orpo::OrpoTerms::NAMES.iter().zip(ours) {
+            let want = r["expected"][key][*name].as_f64().unwrap();
+            let gap = (value(a) - want).abs();
+            println!("{key} {name}: ours {} numpy {want} |Δ| {gap:e}", value(a));
+            worst = worst.max(gap);
+        }
+    }
+    worst
+}
+
+#[test]
+fn orpo_loss_equals_the_numpy_reference() {
+    let worst = reference_gap(1.0);
+    assert!(worst <= 1e-6, "largest gap {worst:e}");
+}
+
+#[test]
+fn planted_lambda_fails_the_reference() {
+    assert!(reference_gap(1.1) > 1e-6);
+}
+
+/// With a one-token prompt, the full-scope NLL covers every label-shifted position: it is
+/// mlx-lm's SFT loss of that sequence with lengths [1, L − 1] (the same per-token
+/// cross-entropies, summed in another order).
+#[test]
+fn full_scope_nll_with_a_one_token_prompt_is_the_sft_loss() {
+    let m = model("tiny-llama-trained");
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    let chosen = tok
+        .encode(
+            "The robot took a spring from the jar and fixed the clock.",
+            true,
+        )
+        .unwrap();
+    let rejected = tok.encode("The robot sold the clock.", true).unwrap();
+    let pair = engine::train::data::Pair {
+        prompt_len: 1,
+        chosen: chosen.clone(),
+        rejected,
+    };
+    let t = engine::train::orpo::orpo_loss(m.as_ref(), &[&pair], 0.1, SftScope::Full).unwrap();
+    let ids: Vec<i32> = chosen.iter().map(|&x| x as i32).collect();
+    let batch = Array::from_slice(&ids, &[1, ids.len() as i32]);
+    let lengths = Array::from_slice(&[1, ids.len() as i32 - 1], &[1, 2]);
+    let (sft, _) = engine::train::loss::default_loss(m.as_ref(), &batch, &lengths).unwrap();
+    let (a, b) = (value(&t.nll), value(&sft));
+    println!("full NLL {a} vs SFT {b}: |Δ| {:e}", (a - b).abs());
+    // Measured: 0 or one f32 ulp (summation order).
+    assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
+}
+
+fn train_uppercase(data: &std::path::Path, out: &std::path::Path) -> f64 {
+    let status = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["train", "--model"])
+        .arg(goldens().join("models/tiny-llama-trained"))
+        .arg("--data")
+        .arg(data)
+        .args([
+            "--method",
+            "orpo",
+            "--iters",
+            "120",
+            "--batch-size",
+            "2",
+            "--learning-rate",
+            "2e-3",
+        ])
+        .args([
+            "--warmup",
+            "10",
+            "--orpo-lambda",
+            "1.0",
+            "--num-layers",
+            "3",
+            "--lora-rank",
+            "8",
+        ])
+        .args([
+            "--steps-per-eval",
+            "40",
+            "--val-batches",
+            "0",
+            "--adapter-path",
+        ])
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
+    let last_eval: Value = metrics
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "eval")
+        .last()
+        .unwrap();
+    println!("{}: final eval {last_eval}", data.display());
+    last_eval["accuracy"].as_f64().unwrap()
+}
+
+/// The positive control: ORPO on 12 "Shout: …" pairs (chosen: capitals) reaches validation
+/// accuracy ≥ 0.95 on 4 unseen phrases in 120 iterations; with chosen and rejected swapped
+/// in the training pairs only, the same run learns the opposite preference and scores
+/// ≤ 0.05 on the (unswapped) validation pairs, so the gate can fail.
+#[test]
+fn orpo_positive_control_prefers_uppercase() {
+    let dir = tempfile::tempdir().unwrap();
+    let acc = train_uppercase(&goldens().join("data/uppercase"), &dir.path().join("a"));
+    assert!(acc >= 0.95, "validation accuracy {acc}");
+    let swapped = dir.path().join("swapped");
+    std::fs::create_dir_all(&swapped).unwrap();
+    std::fs::copy(
+        goldens().join("data/uppercase/valid.jsonl"),
+        swapped.join("valid.jsonl"),
+    )
+    .unwrap();
+    for name in ["train.jsonl"] {
+        let text = std::fs::read_to_string(goldens().join("data/uppercase").join(name)).unwrap();
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let mut v: Value = serde_json::from_str(l).unwrap();
+                let c = v["chosen"].take();
+                v["chosen"] = v["rejected"].take();
+                v["rejected"] = c;
+                v.to_string()
+            })
+            .collect();
+        std::fs::write(swapped.join(name), lines.join("\n") + "\n").unwrap();
+    }
+    let flipped = train_uppercase(&swapped, &dir.path().join("b"));
+    assert!(flipped <= 0.05, "swapped pairs still scored {flipped}");
+}
+
+#[test]
+fn a_bad_data_line_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("train.jsonl"),
+        "{\"text\": \"fine\"}\n{\"txt\": \"typo\"}\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["train", "--model"])
+        .arg(goldens().join("models/tiny-llama-trained"))
+        .arg("--data")
+        .arg(dir.path())
+        .args(["--iters", "1", "--batch-size", "1", "--adapter-path"])
+        .arg(dir.path().join("out"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("train.jsonl line 2") && err.contains("expected"),
+        "{err}"
+    );
+}
+
+/// Dropout masks come from the seed: the same seed trains the same adapters, another seed
+/// different ones.
+#[test]
+fn dropout_is_reproducible_from_the_seed() {
+    let run = |seed: &str, out: &std::path::Path| {
+        let status = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args(["train", "--model"])
+            .arg(goldens().join("models/tiny-llama-trained"))
+            .arg("--data")
+            .arg(goldens().join("data/sft-chat"))
+            .args([
+                "--iters",
+                "3",
+                "--batch-size",
+                "2",
+                "--learning-rate",
+                "1e-3",
+                "--num-layers",
+                "2",
+            ])
+            .args([
+                "--lora-rank",
+                "4",
+                "--lora-dropout",
+                "0.3",
+                "--seed",
+                seed,
+                "--adapter-path",
+            ])
+            .arg(out)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read(out.join("adapters.safetensors")).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let a = run("1", &dir.path().join("a"));
+    let b = run("1", &dir.path().join("b"));
+    let c = run("2", &dir.path().join("c"));
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}

@@ -1,0 +1,58 @@
+"""Small deterministic training sets, in mlx-lm's jsonl shapes, under goldens/data/:
+
+    oracles/.venv/bin/python oracles/make_train_data.py
+
+- sft-chat/        {"messages": [...]} from the corpus's question/answer lines
+                   (train: all 7; valid: 3 of them) — an SFT smoke set.
+- uppercase/       ORPO {"prompt", "chosen", "rejected"}: "Shout: <phrase>" → the phrase in
+                   capitals (chosen) vs as written (rejected); 12 train / 4 validation pairs
+                   with disjoint phrases — the positive control (a preference the base model
+                   does not have and can learn).
+"""
+
+import json
+import random
+from pathlib import Path
+
+from provenance import golden_dir
+
+PHRASES = [
+    "the sky is blue", "the grass is green", "fix the clock", "open the window",
+    "the lamp is warm", "count the birds", "paint the fence", "sort the bolts",
+    "read a book", "the robot rests", "oil the arms", "clean the table",
+    "the sun is yellow", "the apple is red", "play a song", "build something",
+]
+
+
+def qa_pairs():
+    corpus = (Path(__file__).parent / "corpus.txt").read_text()
+    for line in corpus.splitlines():
+        if line.startswith("Question:") and " Answer: " in line:
+            q, a = line.removeprefix("Question: ").split(" Answer: ")
+            yield q.strip(), a.strip()
+
+
+def write(dest: Path, name: str, rows) -> None:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def main() -> None:
+    qa = list(qa_pairs())
+    chat = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in qa]
+    dest = golden_dir("data/sft-chat")
+    write(dest, "train.jsonl", chat)
+    write(dest, "valid.jsonl", chat[:3])
+
+    rng = random.Random(5)
+    phrases = PHRASES[:]
+    rng.shuffle(phrases)
+    pairs = [{"prompt": f"Shout: {p}", "chosen": p.upper(), "rejected": p} for p in phrases]
+    dest = golden_dir("data/uppercase")
+    write(dest, "train.jsonl", pairs[:12])
+    write(dest, "valid.jsonl", pairs[12:])
+    print("wrote goldens/data/{sft-chat,uppercase}")
+
+
+if __name__ == "__main__":
+    main()
