@@ -189,8 +189,7 @@ fn a_wrapped_ring_is_refused_clearly() {
     let draft = model("tiny-llama-draft");
     let prompt: Vec<u32> = (10..30).collect();
     let err = spec_run(target.as_ref(), draft.as_ref(), &prompt, 4)
-        .err()
-        .expect("a wrapped ring cannot be rolled back");
+        .expect_err("a wrapped ring cannot be rolled back");
     let msg = err.to_string();
     assert!(
         msg.contains("sliding-window") && msg.contains("wrapped"),

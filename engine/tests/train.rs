@@ -135,8 +135,7 @@ fn train_uppercase(data: &std::path::Path, out: &std::path::Path) -> f64 {
     let last_eval: Value = metrics
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["type"] == "eval")
-        .last()
+        .rfind(|v| v["type"] == "eval")
         .unwrap();
     println!("{}: final eval {last_eval}", data.display());
     last_eval["accuracy"].as_f64().unwrap()
@@ -158,20 +157,18 @@ fn orpo_positive_control_prefers_uppercase() {
         swapped.join("valid.jsonl"),
     )
     .unwrap();
-    for name in ["train.jsonl"] {
-        let text = std::fs::read_to_string(goldens().join("data/uppercase").join(name)).unwrap();
-        let lines: Vec<String> = text
-            .lines()
-            .map(|l| {
-                let mut v: Value = serde_json::from_str(l).unwrap();
-                let c = v["chosen"].take();
-                v["chosen"] = v["rejected"].take();
-                v["rejected"] = c;
-                v.to_string()
-            })
-            .collect();
-        std::fs::write(swapped.join(name), lines.join("\n") + "\n").unwrap();
-    }
+    let text = std::fs::read_to_string(goldens().join("data/uppercase/train.jsonl")).unwrap();
+    let lines: Vec<String> = text
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            let c = v["chosen"].take();
+            v["chosen"] = v["rejected"].take();
+            v["rejected"] = c;
+            v.to_string()
+        })
+        .collect();
+    std::fs::write(swapped.join("train.jsonl"), lines.join("\n") + "\n").unwrap();
     let flipped = train_uppercase(&swapped, &dir.path().join("b"));
     assert!(flipped <= 0.05, "swapped pairs still scored {flipped}");
 }
