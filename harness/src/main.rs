@@ -68,6 +68,9 @@ enum Command {
     /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
     #[command(hide = true)]
     LegRestart(cmd::bench::LegRestartArgs),
+    /// One train-suite leg in this fresh process (used by `harness bench --suite train`).
+    #[command(hide = true)]
+    LegTrain(cmd::bench::LegTrainArgs),
     /// One spec-suite leg in this fresh process (used by `harness bench --suite spec`).
     #[command(hide = true)]
     LegSpec(cmd::bench::LegSpecArgs),
@@ -104,5 +107,6 @@ fn main() -> Result<()> {
         Command::LegServe(args) => cmd::bench::leg_serve(args),
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
         Command::LegSpec(args) => cmd::bench::leg_spec(args),
+        Command::LegTrain(args) => cmd::bench::leg_train(args),
     }
 }

@@ -8,6 +8,7 @@ pub mod models;
 pub mod restart;
 pub mod serve;
 pub mod spec;
+pub mod train;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -177,6 +177,85 @@ fn run_spec(args: &Args) -> Result<()> {
     Ok(())
 }
 
+fn run_train(args: &Args) -> Result<()> {
+    use harness::bench::train;
+    use harness::preflight::{self, Thresholds};
+    if args.rounds < 3 {
+        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
+    }
+    let thresholds = Thresholds::from_env();
+    let before = preflight::check(&thresholds);
+    if !before.clean && !args.force {
+        bail!(
+            "this machine is not clean, so the train bench refuses to measure: {}\n\
+             Let it settle and retry, or pass --force.",
+            before.reasons.join("; ")
+        );
+    }
+    if !args.no_peer {
+        harness::bench::ensure_oracle_venv()?;
+    }
+    let results = train::run(args.rounds, 10, !args.no_peer)?;
+    let after = preflight::check(&thresholds);
+    let db = Db::open_default()?;
+    let (tags, preflight_verdict, state) =
+        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let mut n = 0;
+    for r in &results {
+        print!("{}", r.table());
+        for l in &r.legs {
+            for (metric, value, unit) in [
+                ("step_ms", l.step_s * 1e3, "ms"),
+                ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
+            ] {
+                db.insert(&harness::db::Row {
+                    ts: after.at.clone(),
+                    commit: before.commit.clone(),
+                    dirty: before.dirty,
+                    machine_key: before.machine_key.clone(),
+                    machine_state: state.clone(),
+                    preflight: preflight_verdict.into(),
+                    suite: "train".into(),
+                    model: r.model.clone(),
+                    metric: metric.into(),
+                    value,
+                    unit: unit.into(),
+                    stack: l.stack.clone(),
+                    peer: (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".into()),
+                    params: serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds}).to_string(),
+                    tags: tags.join(" "),
+                })?;
+                n += 1;
+            }
+        }
+    }
+    println!(
+        "recorded {n} rows (preflight before: {}, after: {})",
+        before.verdict(),
+        after.verdict()
+    );
+    Ok(())
+}
+
+/// `harness leg-train`: one train-suite engine leg in this fresh process.
+#[derive(clap::Args)]
+pub struct LegTrainArgs {
+    #[arg(long)]
+    model: PathBuf,
+    #[arg(long)]
+    pairs: PathBuf,
+    #[arg(long)]
+    steps: usize,
+    #[arg(long)]
+    num_layers: usize,
+}
+
+pub fn leg_train(args: LegTrainArgs) -> Result<()> {
+    let leg = harness::bench::train::leg(&args.model, &args.pairs, args.steps, args.num_layers)?;
+    println!("{}", serde_json::to_string(&leg)?);
+    Ok(())
+}
+
 /// `harness leg-spec`: one spec-suite engine leg in this fresh process.
 #[derive(clap::Args)]
 pub struct LegSpecArgs {
@@ -295,7 +374,10 @@ pub fn run(args: Args) -> Result<()> {
         "serve" => return run_serve(&args),
         "restart" => return run_restart(&args),
         "spec" => return run_spec(&args),
-        other => bail!("suite `{other}` does not exist (available: decode, serve, restart, spec)"),
+        "train" => return run_train(&args),
+        other => {
+            bail!("suite `{other}` does not exist (available: decode, serve, restart, spec, train)")
+        }
     }
     if args.rounds < 3 {
         bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");

@@ -1,0 +1,248 @@
+//! `harness bench --suite train`: one ORPO training step — forward over chosen and
+//! rejected, LoRA gradients, AdamW update — timed and its peak memory read, for the engine
+//! and for mlx-lm-lora's ORPO trainer step (`oracles/train_leg.py`), on the same models and
+//! the same token pairs (rank 8 on every linear of every block). mlx-lm-lora's ORPO is not
+//! canonical (response-only NLL; log-odds of its own kind), so only time and memory are
+//! compared. Fresh process per leg, ABBA over rounds, median of the steps in a leg and of
+//! the legs.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use engine::train::data::Pair;
+use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::optim::{AdamW, Schedule};
+use engine::train::orpo::{orpo_loss, SftScope};
+use serde::{Deserialize, Serialize};
+
+use super::median;
+
+pub const RANK: i32 = 8;
+pub const PAIRS: usize = 4;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TrainLeg {
+    pub stack: String,
+    pub step_s: f64,
+    pub peak_memory_bytes: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+struct PairIds {
+    prompt_len: usize,
+    chosen: Vec<u32>,
+    rejected: Vec<u32>,
+}
+
+/// Deterministic pairs: a shared prompt of `prompt` ids, responses of `response` ids.
+fn pairs(vocab: i32, seed: u64, prompt: usize, response: usize) -> Vec<PairIds> {
+    (0..PAIRS as u64)
+        .map(|i| {
+            let p = super::prompt_ids(prompt, vocab, seed + i);
+            let mut chosen = p.clone();
+            chosen.extend(super::prompt_ids(response, vocab, seed + 100 + i));
+            let mut rejected = p.clone();
+            rejected.extend(super::prompt_ids(response, vocab, seed + 200 + i));
+            PairIds {
+                prompt_len: prompt,
+                chosen,
+                rejected,
+            }
+        })
+        .collect()
+}
+
+/// One engine leg in this process (`harness leg-train`).
+pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> Result<TrainLeg> {
+    let m = engine::model::load(model)?;
+    let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
+    let pairs: Vec<Pair> = ids
+        .into_iter()
+        .map(|p| Pair {
+            prompt_len: p.prompt_len,
+            chosen: p.chosen,
+            rejected: p.rejected,
+        })
+        .collect();
+    let refs: Vec<&Pair> = pairs.iter().collect();
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers,
+        lora_parameters: LoraParams {
+            rank: RANK,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
+    };
+    let adapters = Adapters::attach(m.as_ref(), config, 0)?;
+    let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
+    let mut times = Vec::new();
+    for i in 0..steps + 2 {
+        if i == 2 {
+            engine::runtime::reset_peak_memory()?;
+        }
+        let t0 = Instant::now();
+        let (out, grads) = engine::train::value_and_grad(&adapters, || {
+            Ok(orpo_loss(m.as_ref(), &refs, 0.1, SftScope::Full)?.into_vec())
+        })?;
+        let next = opt.update(&adapters.params(), &grads)?;
+        adapters.set(&next);
+        let mut state: Vec<&mlx_rs::Array> = next.iter().collect();
+        state.extend(opt.state());
+        state.push(&out[0]);
+        mlx_rs::transforms::eval(state)?;
+        if i >= 2 {
+            times.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(TrainLeg {
+        stack: "engine".into(),
+        step_s: median(times),
+        peak_memory_bytes: engine::runtime::memory()?.peak as f64,
+    })
+}
+
+fn run_leg(
+    stack: &str,
+    model: &Path,
+    pairs: &Path,
+    steps: usize,
+    layers: usize,
+) -> Result<TrainLeg> {
+    let mut cmd = if stack == "engine" {
+        let mut c = Command::new(std::env::current_exe()?);
+        c.arg("leg-train")
+            .arg("--num-layers")
+            .arg(layers.to_string());
+        c
+    } else {
+        let mut c = Command::new(crate::oracle::python());
+        c.arg(crate::oracle::repo_root().join("oracles/train_leg.py"))
+            .arg("--rank")
+            .arg(RANK.to_string())
+            .arg("--num-layers")
+            .arg(layers.to_string());
+        c
+    };
+    let out = cmd
+        .arg("--model")
+        .arg(model)
+        .arg("--pairs")
+        .arg(pairs)
+        .arg("--steps")
+        .arg(steps.to_string())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{stack} leg failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .context("leg printed no JSON")?;
+    Ok(serde_json::from_str(line)?)
+}
+
+pub struct TrainResult {
+    pub model: String,
+    pub tokens_per_pair: usize,
+    pub legs: Vec<TrainLeg>,
+}
+
+/// The models: the committed trained tiny model and the `tiny` bench model (random
+/// weights, twice as wide). The `small` one takes ~16 s per step on a 2-core CPU.
+pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> {
+    let bench = super::models::by_name("tiny").context("bench model tiny")?;
+    let targets: Vec<(String, PathBuf, i32, usize, usize)> = vec![
+        (
+            "tiny-llama-trained".into(),
+            crate::goldens::model_dir("tiny-llama-trained")?,
+            1024,
+            3,
+            24,
+        ),
+        (
+            format!("bench-{}", bench.name),
+            bench.ensure()?,
+            bench.vocab,
+            bench.layers as usize,
+            64,
+        ),
+    ];
+    if peer
+        && !crate::oracle::repo_root()
+            .join("oracles/.lora-peer/mlx_lm_lora")
+            .is_dir()
+    {
+        bail!("the train bench's peer is missing: run `bash oracles/setup_lora_peer.sh` (or pass --no-peer)");
+    }
+    let mut results = Vec::new();
+    for (name, dir, vocab, layers, response) in targets {
+        let tmp = tempfile::tempdir()?;
+        let file = tmp.path().join("pairs.json");
+        let prompt = response / 2;
+        std::fs::write(
+            &file,
+            serde_json::to_string(&pairs(vocab, 17, prompt, response))?,
+        )?;
+        let stacks: Vec<&'static str> = if peer {
+            vec!["engine", "mlx-lm-lora"]
+        } else {
+            vec!["engine"]
+        };
+        let order = super::leg_order(rounds, &stacks);
+        let bar = indicatif::ProgressBar::new(order.len() as u64);
+        let mut all = Vec::new();
+        for stack in order {
+            all.push(run_leg(stack, &dir, &file, steps, layers)?);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let legs = stacks
+            .iter()
+            .map(|s| {
+                let mine: Vec<&TrainLeg> = all.iter().filter(|l| l.stack == *s).collect();
+                TrainLeg {
+                    stack: (*s).into(),
+                    step_s: median(mine.iter().map(|l| l.step_s).collect()),
+                    peak_memory_bytes: median(mine.iter().map(|l| l.peak_memory_bytes).collect()),
+                }
+            })
+            .collect();
+        results.push(TrainResult {
+            model: name,
+            tokens_per_pair: prompt + response,
+            legs,
+        });
+    }
+    Ok(results)
+}
+
+impl TrainResult {
+    pub fn table(&self) -> String {
+        let mut s = format!(
+            "train (ORPO step, {PAIRS} pairs × {} tokens, LoRA rank {RANK}) on {}\n",
+            self.tokens_per_pair, self.model
+        );
+        let engine = self.legs.iter().find(|l| l.stack == "engine");
+        for l in &self.legs {
+            let ratio = engine.map_or(f64::NAN, |e| l.step_s / e.step_s);
+            s += &format!(
+                "  {:12} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
+                l.stack,
+                l.step_s * 1e3,
+                ratio,
+                l.peak_memory_bytes / 1e6
+            );
+        }
+        s
+    }
+}
