@@ -134,3 +134,38 @@ impl AdamW {
         self.m.iter().chain(self.v.iter()).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// mlx-lm's `build_schedule({"name": "cosine_decay", "arguments": [1e-3, 90, 1e-5],
+    /// "warmup": 10})` at these steps, as MLX 0.32.2 computed them (f32).
+    #[test]
+    fn warmup_cosine_matches_mlx() {
+        let s = Schedule::WarmupCosine {
+            warmup: 10,
+            warmup_init: 0.0,
+            peak: 1e-3,
+            decay_steps: 90,
+            end: 1e-5,
+        };
+        let mlx: [(u64, f64); 10] = [
+            (0, 0.0),
+            (1, 9.999999747378752e-05),
+            (5, 0.0004999999655410647),
+            (10, 0.0009999999310821295),
+            (11, 0.0009999999310821295),
+            (12, 0.0009996984153985977),
+            (50, 0.0006079162703827024),
+            (100, 1.0301533620804548e-05),
+            (101, 9.999999747378752e-06),
+            (150, 9.999999747378752e-06),
+        ];
+        for (step, want) in mlx {
+            let got = s.at(step).unwrap().as_dtype(Dtype::Float32).unwrap();
+            got.eval().unwrap();
+            assert_eq!(got.as_slice::<f32>()[0], want as f32, "step {step}");
+        }
+    }
+}

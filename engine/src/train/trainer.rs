@@ -352,3 +352,45 @@ pub fn train(
     }
     adapters.save(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clipping_scales_to_the_max_norm_and_reports_the_norm() {
+        let g = vec![
+            Array::from_slice(&[3.0f32, 0.0], &[2]),
+            Array::from_slice(&[4.0f32], &[1]),
+        ];
+        let (same, norm) = clip_grad_norm(g.clone(), None).unwrap();
+        assert_eq!(scalar(&norm).unwrap(), 5.0);
+        assert_eq!(same[0].as_slice::<f32>(), [3.0, 0.0]);
+        let (clipped, _) = clip_grad_norm(g, Some(1.0)).unwrap();
+        let total: f32 = clipped
+            .iter()
+            .map(|c| {
+                c.eval().unwrap();
+                c.as_slice::<f32>().iter().map(|x| x * x).sum::<f32>()
+            })
+            .sum();
+        assert!((total.sqrt() - 1.0).abs() < 1e-5, "{total}");
+    }
+
+    #[test]
+    fn batches_are_length_sorted_and_the_permutation_is_seeded() {
+        let data = Dataset::Sft(
+            [5usize, 1, 3, 2, 4, 6]
+                .iter()
+                .map(|&n| Example {
+                    tokens: vec![1; n],
+                    offset: 0,
+                })
+                .collect(),
+        );
+        assert_eq!(batches(&data, 2), vec![vec![1, 3], vec![2, 4], vec![0, 5]]);
+        let (mut a, mut b) = (7u64, 7u64);
+        assert_eq!(permutation(10, &mut a), permutation(10, &mut b));
+        assert_ne!(permutation(10, &mut a), (0..10).collect::<Vec<_>>());
+    }
+}
