@@ -4,6 +4,7 @@ pub mod batch;
 pub mod fixed;
 pub mod kv;
 pub mod kvstore;
+pub mod none;
 pub(crate) mod parts;
 pub mod prompt;
 pub mod rotating;

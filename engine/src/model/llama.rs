@@ -11,8 +11,8 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm, Rope};
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache};
+use super::{LanguageModel, Layered};
+use crate::cache::{Cache, KvCache, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -331,17 +331,63 @@ impl LanguageModel for Llama {
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
+        let h = self.embed.forward(ids)?;
         // One mask for every (full-attention) layer, from the first cache, as mlx-lm does.
         let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+        let h = self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))?;
+        self.head_logits(&h)
+    }
+
+    fn as_layered(&self) -> Option<&dyn Layered> {
+        Some(self)
+    }
+}
+
+impl Llama {
+    fn blocks_with<'c>(
+        &self,
+        mut h: Array,
+        mask: &Mask,
+        blocks: impl Iterator<Item = (&'c Block, &'c mut Box<dyn Cache>)>,
+    ) -> Result<Array, Exception>
+    where
+        Self: 'c,
+    {
+        for (block, cache) in blocks {
             let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
+            let r = block.attn.forward(&x, mask, cache.as_mut())?;
             let hh = h.add(&r)?;
             let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
         }
-        let out = self.norm.forward(&h)?;
+        Ok(h)
+    }
+}
+
+impl Layered for Llama {
+    fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn embed_ids(&self, ids: &Array) -> Result<Array, Exception> {
+        self.embed.forward(ids)
+    }
+
+    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> Result<Array, Exception> {
+        let mut caches: Vec<Box<dyn Cache>> = range
+            .clone()
+            .map(|_| Box::new(crate::cache::none::PassThrough) as Box<dyn Cache>)
+            .collect();
+        let mask = caches[0].make_mask(h.shape()[1], None)?;
+        self.blocks_with(
+            h.clone(),
+            &mask,
+            self.blocks[range].iter().zip(caches.iter_mut()),
+        )
+    }
+
+    fn head_logits(&self, h: &Array) -> Result<Array, Exception> {
+        let out = self.norm.forward(h)?;
         match &self.lm_head {
             Some(head) => head.forward(&out),
             None => self.embed.as_linear(&out),

@@ -33,10 +33,27 @@ pub trait LanguageModel {
     fn linears(&self) -> Vec<(String, &layers::Linear)> {
         Vec::new()
     }
+    /// The model as embed → blocks → head, for segmented training; None for families that
+    /// do not expose it yet.
+    fn as_layered(&self) -> Option<&dyn Layered> {
+        None
+    }
     /// The hooks optiq's assistant drafter reads, for families that have them (Gemma 4).
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
         None
     }
+}
+
+/// A model seen as its three stages, run without caches (training): segmented backward
+/// runs the blocks a few at a time.
+pub trait Layered {
+    fn num_blocks(&self) -> usize;
+    /// ids [B, L] → the first hidden state.
+    fn embed_ids(&self, ids: &Array) -> Result<Array, Exception>;
+    /// Blocks `range` over a hidden state [B, L, H] (causal, no cache).
+    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> Result<Array, Exception>;
+    /// Final norm and output head → logits.
+    fn head_logits(&self, h: &Array) -> Result<Array, Exception>;
 }
 
 /// The families this engine implements, by `model_type`.

@@ -175,6 +175,35 @@ impl<'m> Adapters<'m> {
             .collect()
     }
 
+    /// Positions in `params` of the adapters on blocks `layers`.
+    pub fn params_in_layers(&self, layers: &std::ops::Range<usize>) -> Vec<usize> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, (n, _))| {
+                n.strip_prefix("model.layers.")
+                    .and_then(|r| r.split('.').next())
+                    .and_then(|i| i.parse::<usize>().ok())
+                    .is_some_and(|i| layers.contains(&i))
+            })
+            .flat_map(|(i, _)| [2 * i, 2 * i + 1])
+            .collect()
+    }
+
+    /// Replaces some trainable arrays: `values[k]` goes to position `at[k]` of `params`.
+    pub fn set_some(&self, at: &[usize], values: &[Array]) {
+        for (&k, v) in at.iter().zip(values) {
+            let (_, l) = &self.slots[k / 2];
+            if let Some(lora) = l.lora.borrow_mut().as_mut() {
+                if k % 2 == 0 {
+                    lora.a = v.clone();
+                } else {
+                    lora.b = v.clone();
+                }
+            }
+        }
+    }
+
     /// Replaces the trainable arrays (same order as `params`).
     pub fn set(&self, params: &[Array]) {
         for ((_, l), ab) in self.slots.iter().zip(params.chunks(2)) {

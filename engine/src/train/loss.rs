@@ -31,15 +31,24 @@ pub fn default_loss(
 ) -> Result<(Array, Array), Exception> {
     let t = batch.shape()[1];
     let inputs = batch.index((.., ..t - 1));
+    let logits = model.forward(&inputs, &mut crate::cache::none::none_for(model))?;
+    sft_loss(&logits, batch, lengths)
+}
+
+/// `default_loss` from the logits of `batch[:, :-1]`.
+pub fn sft_loss(
+    logits: &Array,
+    batch: &Array,
+    lengths: &Array,
+) -> Result<(Array, Array), Exception> {
+    let t = batch.shape()[1];
     let targets = batch.index((.., 1..));
-    let mut caches = model.make_caches();
-    let logits = model.forward(&inputs, &mut caches)?;
     let steps = arange::<_, i32>(1, t, 1)?;
     let mask = logical_and(
         steps.ge(lengths.index((.., 0..1)))?,
         steps.le(lengths.index((.., 1..)))?,
     )?;
-    let ce = cross_entropy(&logits, &targets)?.multiply(&mask)?;
+    let ce = cross_entropy(logits, &targets)?.multiply(&mask)?;
     let ntoks = mask.sum(None)?;
     let loss = ce.as_dtype(Dtype::Float32)?.sum(None)?.divide(&ntoks)?;
     Ok((loss, ntoks))

@@ -8,6 +8,7 @@ pub mod lora;
 pub mod loss;
 pub mod optim;
 pub mod orpo;
+pub mod segmented;
 pub mod trainer;
 
 use std::path::{Path, PathBuf};

@@ -146,9 +146,24 @@ pub fn orpo_loss(
 ) -> Result<OrpoTerms, Exception> {
     let (ids, prompt_mask, response_mask) = pair_batch(pairs);
     let t = ids.shape()[1];
-    let logits = model.forward(&ids.index((.., ..t - 1)), &mut model.make_caches())?;
-    let logps = cross_entropy(&logits, &ids.index((.., 1..)))?
+    let logits = model.forward(
+        &ids.index((.., ..t - 1)),
+        &mut crate::cache::none::none_for(model),
+    )?;
+    orpo_from_logits(&logits, &ids, &prompt_mask, &response_mask, lambda, scope)
+}
+
+/// The ORPO terms from the logits of `ids[:, :-1]` (a `pair_batch`).
+pub fn orpo_from_logits(
+    logits: &Array,
+    ids: &Array,
+    prompt_mask: &Array,
+    response_mask: &Array,
+    lambda: f32,
+    scope: SftScope,
+) -> Result<OrpoTerms, Exception> {
+    let logps = cross_entropy(logits, &ids.index((.., 1..)))?
         .as_dtype(Dtype::Float32)?
         .negative()?;
-    orpo_terms(&logps, &prompt_mask, &response_mask, lambda, scope)
+    orpo_terms(&logps, prompt_mask, response_mask, lambda, scope)
 }

@@ -1,0 +1,169 @@
+//! Segmented backward against the unsegmented step (both ours): on tiny-llama-trained with
+//! LoRA on every linear, for segment sizes 1, 2 and 3 (= unsegmented), SFT and ORPO — the
+//! loss bit-identical and every gradient within the stated bound (measured: identical).
+//! Planted: dropping the cotangent between segments fails.
+
+mod common;
+
+use common::{goldens, model};
+use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::orpo::{orpo_from_logits, pair_batch, SftScope};
+use engine::train::segmented::{plant_drop_cotangent, segmented_value_and_grad};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+type LossFn = Box<dyn FnMut(&Array) -> Result<Vec<Array>, mlx_rs::error::Exception>>;
+
+/// The largest gradient gap allowed (absolute). Measured on cpu-amd-epyc: 0.
+const GRAD_BOUND: f32 = 0.0;
+
+fn bytes(a: &Array) -> Vec<u8> {
+    common::bytes(a)
+}
+
+fn max_gap(a: &Array, b: &Array) -> f32 {
+    let d = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap();
+    d.eval().unwrap();
+    d.as_slice::<f32>()[0]
+}
+
+/// (loss gap bit-identical?, largest gradient gap) between segmented and unsegmented.
+fn compare(method: &str, segment_size: usize) -> (bool, f32) {
+    let m = model("tiny-llama-trained");
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers: 3,
+        lora_parameters: LoraParams {
+            rank: 4,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
+    };
+    let adapters = Adapters::attach(m.as_ref(), config, 3).unwrap();
+    // Nonzero B, so every adapter parameter gets a gradient.
+    let params: Vec<Array> = adapters
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let key = mlx_rs::random::key(100 + i as u64).unwrap();
+            mlx_rs::random::normal::<f32>(p.shape(), None, None, &key)
+                .unwrap()
+                .multiply(Array::from_f32(0.01))
+                .unwrap()
+        })
+        .collect();
+    adapters.set(&params);
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    let layered = m.as_layered().unwrap();
+    let (ids, loss_fn): (Array, LossFn) = match method {
+        "sft" => {
+            let a = tok
+                .encode(
+                    "The robot took a spring from the jar and fixed the clock.",
+                    true,
+                )
+                .unwrap();
+            let b = tok
+                .encode("Mira came back the next week with a music box.", true)
+                .unwrap();
+            let ex: Vec<engine::train::data::Example> = [a, b]
+                .into_iter()
+                .map(|tokens| engine::train::data::Example { tokens, offset: 3 })
+                .collect();
+            let refs: Vec<&_> = ex.iter().collect();
+            let (batch, lengths) = engine::train::trainer::sft_batch(&refs, 2048);
+            let b2 = batch.clone();
+            (
+                batch,
+                Box::new(move |logits: &Array| {
+                    let (l, n) = engine::train::loss::sft_loss(logits, &b2, &lengths)?;
+                    Ok(vec![l, n])
+                }),
+            )
+        }
+        _ => {
+            let enc = |s: &str| tok.encode(s, true).unwrap();
+            let prompt = enc("Question: What color is the sky?");
+            let mut chosen = prompt.clone();
+            chosen.extend(tok.encode(" Answer: The sky is blue.", false).unwrap());
+            let mut rejected = prompt.clone();
+            rejected.extend(tok.encode(" Answer: The sky is green.", false).unwrap());
+            let pair = engine::train::data::Pair {
+                prompt_len: prompt.len(),
+                chosen,
+                rejected,
+            };
+            let (ids, pm, rm) = pair_batch(&[&pair]);
+            let ids2 = ids.clone();
+            (
+                ids,
+                Box::new(move |logits: &Array| {
+                    Ok(orpo_from_logits(logits, &ids2, &pm, &rm, 0.1, SftScope::Full)?.into_vec())
+                }),
+            )
+        }
+    };
+    let t = ids.shape()[1];
+    let inputs = ids.index((.., ..t - 1));
+    let mut loss_fn = loss_fn;
+    // Unsegmented: one value-and-grad over the whole forward.
+    let (full_out, full_grads) = engine::train::value_and_grad(&adapters, || {
+        let logits = m.forward(&inputs, &mut engine::cache::none::none_for(m.as_ref()))?;
+        loss_fn(&logits)
+    })
+    .unwrap();
+    let (seg_out, seg_grads) = segmented_value_and_grad(
+        layered,
+        &adapters,
+        &inputs,
+        segment_size,
+        &mut loss_fn,
+        &mut (),
+    )
+    .unwrap();
+    let same_loss = bytes(&full_out[0]) == bytes(&seg_out[0]);
+    let gap = full_grads
+        .iter()
+        .zip(&seg_grads)
+        .map(|(a, b)| max_gap(a, b))
+        .fold(0.0, f32::max);
+    println!(
+        "{method} segment {segment_size}: loss identical {same_loss}, max gradient gap {gap:e}"
+    );
+    (same_loss, gap)
+}
+
+#[test]
+fn segmented_sft_matches_the_full_step() {
+    for size in [1, 2, 3] {
+        let (same, gap) = compare("sft", size);
+        assert!(
+            same && gap <= GRAD_BOUND,
+            "segment {size}: loss identical {same}, gap {gap:e}"
+        );
+    }
+}
+
+#[test]
+fn segmented_orpo_matches_the_full_step() {
+    for size in [1, 2] {
+        let (same, gap) = compare("orpo", size);
+        assert!(
+            same && gap <= GRAD_BOUND,
+            "segment {size}: loss identical {same}, gap {gap:e}"
+        );
+    }
+}
+
+#[test]
+fn planted_dropped_cotangent_fails() {
+    plant_drop_cotangent(true);
+    let (_, gap) = compare("sft", 1);
+    plant_drop_cotangent(false);
+    assert!(gap > GRAD_BOUND);
+}
