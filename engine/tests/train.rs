@@ -240,3 +240,49 @@ fn dropout_is_reproducible_from_the_seed() {
     assert_eq!(a, b);
     assert_ne!(a, c);
 }
+
+/// `--segment-size` trains the same adapters as the whole-model backward (its gradients are
+/// bit-identical, engine/tests/segmented.rs), for SFT and ORPO.
+#[test]
+fn segmented_training_gives_the_same_adapters() {
+    let run = |data: &str, method: &str, extra: &[&str], out: &std::path::Path| {
+        let status = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args(["train", "--model"])
+            .arg(goldens().join("models/tiny-llama-trained"))
+            .arg("--data")
+            .arg(goldens().join(data))
+            .args([
+                "--method",
+                method,
+                "--iters",
+                "3",
+                "--batch-size",
+                "2",
+                "--learning-rate",
+                "1e-3",
+            ])
+            .args(["--num-layers", "3", "--lora-rank", "4", "--adapter-path"])
+            .arg(out)
+            .args(extra)
+            .status()
+            .unwrap();
+        assert!(status.success());
+        std::fs::read(out.join("adapters.safetensors")).unwrap()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (data, method) in [("data/sft-chat", "sft"), ("data/uppercase", "orpo")] {
+        let whole = run(
+            data,
+            method,
+            &[],
+            &dir.path().join(format!("{method}-whole")),
+        );
+        let seg = run(
+            data,
+            method,
+            &["--segment-size", "1"],
+            &dir.path().join(format!("{method}-seg")),
+        );
+        assert_eq!(whole, seg, "{method}");
+    }
+}

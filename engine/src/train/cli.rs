@@ -106,6 +106,10 @@ pub struct TrainArgs {
     /// ORPO: what the NLL term covers (full: prompt and response, as TRL; response only).
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
+    /// Segmented backward: run the backward this many blocks at a time (less memory; the
+    /// same loss and gradients).
+    #[arg(long)]
+    pub segment_size: Option<usize>,
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -184,6 +188,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             ScopeArg::Full => SftScope::Full,
             ScopeArg::Response => SftScope::Response,
         },
+        segment_size: args.segment_size,
     };
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = Metrics::create(

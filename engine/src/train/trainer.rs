@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use super::data::{Example, Pair};
 use super::lora::Adapters;
 use super::optim::AdamW;
-use super::orpo::{orpo_loss, OrpoTerms, SftScope};
+use super::orpo::{OrpoTerms, SftScope};
 use super::{value_and_grad, TrainError};
 use crate::model::LanguageModel;
 
@@ -43,6 +43,8 @@ pub struct TrainConfig {
     pub seed: u64,
     pub orpo_lambda: f32,
     pub sft_scope: SftScope,
+    /// Segmented backward: blocks per segment (None: one backward over the whole model).
+    pub segment_size: Option<usize>,
 }
 
 /// The training data, by method.
@@ -110,23 +112,78 @@ pub fn sft_batch(examples: &[&Example], max_len: usize) -> (Array, Array) {
     )
 }
 
-/// The loss outputs of one batch: SFT [loss, ntoks]; ORPO the `OrpoTerms` in order.
+/// A batch's loss from the logits of its inputs: SFT [loss, ntoks]; ORPO the
+/// `OrpoTerms` in order.
+pub type LossFromLogits = Box<dyn FnMut(&Array) -> Result<Vec<Array>, Exception>>;
+
+/// One batch as model inputs (ids without their last position) and its loss function.
+pub fn batch_loss(data: &Dataset, batch: &[usize], cfg: &TrainConfig) -> (Array, LossFromLogits) {
+    use mlx_rs::ops::indexing::IndexOp;
+    match data {
+        Dataset::Sft(v) => {
+            let ex: Vec<&Example> = batch.iter().map(|&i| &v[i]).collect();
+            let (ids, lengths) = sft_batch(&ex, cfg.max_seq_length);
+            let t = ids.shape()[1];
+            let inputs = ids.index((.., ..t - 1));
+            let loss = move |logits: &Array| {
+                let (l, n) = super::loss::sft_loss(logits, &ids, &lengths)?;
+                Ok(vec![l, n])
+            };
+            (inputs, Box::new(loss))
+        }
+        Dataset::Orpo(v) => {
+            let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
+            let (ids, pm, rm) = super::orpo::pair_batch(&pairs);
+            let t = ids.shape()[1];
+            let inputs = ids.index((.., ..t - 1));
+            let (lambda, scope) = (cfg.orpo_lambda, cfg.sft_scope);
+            let loss = move |logits: &Array| {
+                Ok(
+                    super::orpo::orpo_from_logits(logits, &ids, &pm, &rm, lambda, scope)?
+                        .into_vec(),
+                )
+            };
+            (inputs, Box::new(loss))
+        }
+    }
+}
+
+/// The loss outputs of one batch (no gradients).
 fn batch_outputs(
     model: &dyn LanguageModel,
     data: &Dataset,
     batch: &[usize],
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
-    match data {
-        Dataset::Sft(v) => {
-            let ex: Vec<&Example> = batch.iter().map(|&i| &v[i]).collect();
-            let (ids, lengths) = sft_batch(&ex, cfg.max_seq_length);
-            let (loss, ntoks) = super::loss::default_loss(model, &ids, &lengths)?;
-            Ok(vec![loss, ntoks])
-        }
-        Dataset::Orpo(v) => {
-            let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
-            Ok(orpo_loss(model, &pairs, cfg.orpo_lambda, cfg.sft_scope)?.into_vec())
+    let (inputs, mut loss) = batch_loss(data, batch, cfg);
+    loss(&model.forward(&inputs, &mut crate::cache::none::none_for(model))?)
+}
+
+/// The loss outputs and the adapters' gradients of one batch: one value-and-grad over the
+/// whole model, or segment by segment with `cfg.segment_size`.
+pub fn batch_grads(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    data: &Dataset,
+    batch: &[usize],
+    cfg: &TrainConfig,
+    phases: &mut dyn super::segmented::Phases,
+) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    let (inputs, mut loss) = batch_loss(data, batch, cfg);
+    match (cfg.segment_size, model.as_layered()) {
+        (Some(size), Some(layered)) => super::segmented::segmented_value_and_grad(
+            layered, adapters, &inputs, size, &mut loss, phases,
+        ),
+        (Some(_), None) => Err(Exception::custom(format!(
+            "--segment-size is not available for model_type `{}` yet (llama family only)",
+            model.model_type()
+        ))),
+        (None, _) => {
+            let out = value_and_grad(adapters, || {
+                loss(&model.forward(&inputs, &mut crate::cache::none::none_for(model))?)
+            });
+            phases.phase("forward+backward");
+            out
         }
     }
 }
