@@ -10,6 +10,7 @@ pub mod machine;
 pub mod oracle;
 pub mod parity;
 pub mod preflight;
+pub mod probe;
 pub mod promote;
 
 /// The harness's cache dir (shared with the engine's build: `$ENGINE_CACHE_DIR`, else

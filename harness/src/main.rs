@@ -36,6 +36,12 @@ enum Command {
     },
     /// Benchmark the engine against mlx-lm (decode, prefill, TTFT, peak memory).
     Bench(cmd::bench::Args),
+    /// Probes: `memory` reads MLX's peak memory per training phase (whole vs segmented
+    /// backward at 1×, 2×, 4× a sequence length) and checks for leaks.
+    Probe {
+        #[command(subcommand)]
+        command: cmd::probe::Command,
+    },
     /// Query the results DB.
     Results {
         /// Only rows of this suite (e.g. decode, parity-l1).
@@ -96,6 +102,7 @@ fn main() -> Result<()> {
         Command::Goldens { command } => cmd::goldens::run(command),
         Command::Preflight { json } => cmd::results::preflight(json),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Probe { command } => cmd::probe::run(command),
         Command::Results { suite, limit } => cmd::results::results(suite.as_deref(), limit),
         Command::Promote { out } => cmd::results::promote(out),
         Command::Oracle {

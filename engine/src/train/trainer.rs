@@ -179,11 +179,12 @@ pub fn batch_grads(
             model.model_type()
         ))),
         (None, _) => {
-            let out = value_and_grad(adapters, || {
+            let (out, grads) = value_and_grad(adapters, || {
                 loss(&model.forward(&inputs, &mut crate::cache::none::none_for(model))?)
-            });
+            })?;
+            mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
             phases.phase("forward+backward");
-            out
+            Ok((out, grads))
         }
     }
 }

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod doctor;
 pub mod goldens;
 pub mod parity;
+pub mod probe;
 pub mod results;
 pub mod serve_check;
 
