@@ -8,6 +8,8 @@
                    capitals (chosen) vs as written (rejected); 12 train / 4 validation pairs
                    with disjoint phrases — the positive control (a preference the base model
                    does not have and can learn).
+- brevity/         ORPO: "Tell me about <thing>." → one short sentence (chosen) vs the same
+                   sentence padded with filler clauses (rejected); 12 train / 4 validation.
 """
 
 import json
@@ -51,7 +53,24 @@ def main() -> None:
     dest = golden_dir("data/uppercase")
     write(dest, "train.jsonl", pairs[:12])
     write(dest, "valid.jsonl", pairs[12:])
-    print("wrote goldens/data/{sft-chat,uppercase}")
+    things = ["the sky", "the grass", "the clock", "the lamp", "the robot", "the tree",
+              "the birds", "the spring", "the window", "the table", "the book", "the market",
+              "the song", "the gear", "the fence", "the apple"]
+    facts = ["it is blue", "it is green", "it ticks", "it is warm", "it fixes things", "it is tall",
+             "they sing", "it is new", "it is open", "it is long", "it is old", "it is busy",
+             "it is soft", "it is bent", "it is white", "it is red"]
+    order = list(range(len(things)))
+    rng.shuffle(order)
+    brevity = []
+    for i in order:
+        short = f"{things[i].capitalize()}: {facts[i]}."
+        long = (f"{things[i].capitalize()}: well, you see, as I was saying, {facts[i]}, "
+                f"and so on and so forth, and that is more or less that.")
+        brevity.append({"prompt": f"Tell me about {things[i]}.", "chosen": short, "rejected": long})
+    dest = golden_dir("data/brevity")
+    write(dest, "train.jsonl", brevity[:12])
+    write(dest, "valid.jsonl", brevity[12:])
+    print("wrote goldens/data/{sft-chat,uppercase,brevity}")
 
 
 if __name__ == "__main__":

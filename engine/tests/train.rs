@@ -286,3 +286,83 @@ fn segmented_training_gives_the_same_adapters() {
         assert_eq!(whole, seg, "{method}");
     }
 }
+
+fn lambda_events(data: &std::path::Path, out: &std::path::Path) -> Vec<Value> {
+    let status = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["train", "--model"])
+        .arg(goldens().join("models/tiny-llama-trained"))
+        .arg("--data")
+        .arg(data)
+        .args([
+            "--method",
+            "orpo",
+            "--iters",
+            "120",
+            "--batch-size",
+            "2",
+            "--learning-rate",
+            "2e-3",
+        ])
+        .args([
+            "--warmup",
+            "10",
+            "--num-layers",
+            "3",
+            "--lora-rank",
+            "8",
+            "--steps-per-eval",
+            "10",
+        ])
+        .args([
+            "--val-batches",
+            "0",
+            "--orpo-lambda-schedule",
+            "adaptive",
+            "--quiet",
+            "--adapter-path",
+        ])
+        .arg(out)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|v| v["type"] == "lambda")
+        .collect()
+}
+
+/// Under the positive control the adaptive controller leaves warm-up and ramps λ, and
+/// never backs off (no displacement, no hard stop); every change is logged with its cause.
+#[test]
+fn adaptive_lambda_ramps_under_the_positive_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let events = lambda_events(&goldens().join("data/uppercase"), dir.path());
+    for e in &events {
+        println!(
+            "step {}: {} → {} ({})",
+            e["step"], e["from"], e["to"], e["cause"]
+        );
+    }
+    let causes: Vec<&str> = events
+        .iter()
+        .map(|e| e["cause"].as_str().unwrap())
+        .collect();
+    assert!(
+        causes.iter().any(|c| c.starts_with("warm-up done")),
+        "{causes:?}"
+    );
+    assert!(
+        causes.iter().filter(|c| c.contains("ramp")).count() >= 2,
+        "{causes:?}"
+    );
+    assert!(
+        !causes
+            .iter()
+            .any(|c| c.contains("displacement") || c.contains("hard stop")),
+        "{causes:?}"
+    );
+    let last = events.last().unwrap()["to"].as_f64().unwrap();
+    assert!(last > 0.05 + 1e-9, "λ ended at {last}");
+}

@@ -12,6 +12,7 @@ pub mod parity;
 pub mod preflight;
 pub mod probe;
 pub mod promote;
+pub mod sweep;
 
 /// The harness's cache dir (shared with the engine's build: `$ENGINE_CACHE_DIR`, else
 /// `$XDG_CACHE_HOME/mlx-engine`, else `~/.cache/mlx-engine`): bench models, results DB.

@@ -42,6 +42,11 @@ enum Command {
         #[command(subcommand)]
         command: cmd::probe::Command,
     },
+    /// Sweeps: `lambda` runs the static-λ sweep against the dynamic-λ controller.
+    Sweep {
+        #[command(subcommand)]
+        command: cmd::sweep::Command,
+    },
     /// Query the results DB.
     Results {
         /// Only rows of this suite (e.g. decode, parity-l1).
@@ -103,6 +108,7 @@ fn main() -> Result<()> {
         Command::Preflight { json } => cmd::results::preflight(json),
         Command::Bench(args) => cmd::bench::run(args),
         Command::Probe { command } => cmd::probe::run(command),
+        Command::Sweep { command } => cmd::sweep::run(command),
         Command::Results { suite, limit } => cmd::results::results(suite.as_deref(), limit),
         Command::Promote { out } => cmd::results::promote(out),
         Command::Oracle {

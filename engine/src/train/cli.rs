@@ -110,6 +110,30 @@ pub struct TrainArgs {
     /// same loss and gradients).
     #[arg(long)]
     pub segment_size: Option<usize>,
+    /// ORPO: λ fixed (static) or moved by the dynamic-λ controller after each eval
+    /// (adaptive; docs/dynamic-lambda.md).
+    #[arg(long, value_enum, default_value = "static")]
+    pub orpo_lambda_schedule: LambdaScheduleArg,
+    /// The adaptive schedule's control law.
+    #[arg(long, value_enum, default_value = "aimd")]
+    pub lambda_law: LambdaLawArg,
+    /// No progress bar or messages (metrics.jsonl is still written).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LambdaScheduleArg {
+    Static,
+    Adaptive,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LambdaLawArg {
+    Aimd,
+    P,
+    Pd,
+    Pid,
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
@@ -189,6 +213,15 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             ScopeArg::Response => SftScope::Response,
         },
         segment_size: args.segment_size,
+        lambda_controller: (args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(|| {
+            use super::lambda::{ControllerConfig, Law};
+            ControllerConfig::new(match args.lambda_law {
+                LambdaLawArg::Aimd => Law::Aimd,
+                LambdaLawArg::P => Law::P,
+                LambdaLawArg::Pd => Law::Pd,
+                LambdaLawArg::Pid => Law::Pid,
+            })
+        }),
     };
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = Metrics::create(
@@ -206,7 +239,11 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             "started": crate::clock::now_utc(),
         }),
     )?;
-    let bar = indicatif::ProgressBar::new(args.iters as u64);
+    let bar = if args.quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(args.iters as u64)
+    };
     bar.set_style(
         indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed}<{eta})")
             .expect("valid template"),
@@ -235,6 +272,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         },
     )?;
     bar.finish();
+    if args.quiet {
+        return Ok(());
+    }
     println!(
         "adapters: {} (load with --adapter-path in mlx_lm or `engine generate`)",
         args.adapter_path.display()

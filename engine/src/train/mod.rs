@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod data;
+pub mod lambda;
 pub mod lora;
 pub mod loss;
 pub mod optim;

@@ -45,6 +45,8 @@ pub struct TrainConfig {
     pub sft_scope: SftScope,
     /// Segmented backward: blocks per segment (None: one backward over the whole model).
     pub segment_size: Option<usize>,
+    /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
+    pub lambda_controller: Option<super::lambda::ControllerConfig>,
 }
 
 /// The training data, by method.
@@ -315,6 +317,17 @@ pub fn train(
             cfg.batch_size
         )));
     }
+    let mut controller = cfg
+        .lambda_controller
+        .clone()
+        .filter(|_| cfg.method == Method::Orpo)
+        .map(super::lambda::Controller::new);
+    // The configuration this run uses, λ updated as the controller moves it.
+    let mut run_cfg = cfg.clone();
+    if let Some(c) = &controller {
+        run_cfg.orpo_lambda = c.lambda as f32;
+    }
+    let cfg = &mut run_cfg;
     let all = batches(train, cfg.batch_size);
     let mut rng = cfg.seed ^ 0x9E37_79B9_7F4A_7C15;
     let mut order: Vec<usize> = Vec::new();
@@ -326,11 +339,21 @@ pub fn train(
         let eval_now = step == 1 || step % cfg.steps_per_eval.max(1) == 0 || step == cfg.iters;
         if let (Some(v), true) = (valid, eval_now) {
             let m = evaluate(model, v, cfg)?;
-            let mut line = json!({"type": "eval", "step": step});
+            let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
             for (k, x) in &m {
                 line[*k] = json!(x);
             }
             metrics.write(line)?;
+            let get = |name: &str| m.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+            if let (Some(c), Some(lw), Some(lr)) = (controller.as_mut(), get("lw"), get("lr")) {
+                if let Some(change) = c.update(lw, lr) {
+                    metrics.write(json!({
+                        "type": "lambda", "step": step, "from": change.from, "to": change.to,
+                        "cause": change.cause, "phase": change.phase,
+                    }))?;
+                    cfg.orpo_lambda = c.lambda as f32;
+                }
+            }
             on_step(
                 &StepReport {
                     step,
@@ -397,6 +420,7 @@ pub fn train(
             "lr": report.lr, "tokens_per_s": report.tokens_per_s, "peak_memory_mb": peak as f64 / 1e6,
         });
         if cfg.method == Method::Orpo {
+            line["lambda"] = json!(cfg.orpo_lambda);
             // The step's ORPO parts ("lr" stays the learning rate here; ℓw, ℓr are in evals).
             for (name, o) in OrpoTerms::NAMES.iter().zip(&outputs).skip(1).take(4) {
                 line[*name] = json!(scalar(o)?);

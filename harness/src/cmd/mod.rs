@@ -7,6 +7,7 @@ pub mod parity;
 pub mod probe;
 pub mod results;
 pub mod serve_check;
+pub mod sweep;
 
 /// The built-in default model (committed under goldens/models).
 pub const DEFAULT_MODEL: &str = "tiny-llama-trained";

@@ -1,0 +1,306 @@
+//! `harness sweep lambda`: the static-λ sweep against the dynamic-λ controller. Every run
+//! is `engine train --method orpo` (in this process, one after another) on a synthetic
+//! preference set × a tiny trained model × a seed, for each static λ and each adaptive law;
+//! per run the final validation accuracy, margin, ℓw and ℓw's drop from its best (a
+//! coherence signal), and the λ/ℓw/ℓr trajectories for the plots.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::Value;
+
+pub const STATIC: [f64; 5] = [0.05, 0.1, 0.2, 0.5, 1.0];
+pub const LAWS: [&str; 4] = ["aimd", "p", "pd", "pid"];
+pub const DATASETS: [&str; 2] = ["uppercase", "brevity"];
+pub const MODELS: [&str; 2] = ["tiny-llama-trained", "tiny-llama-draft"];
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Run {
+    pub dataset: String,
+    pub model: String,
+    pub config: String,
+    pub seed: u64,
+    pub accuracy: f64,
+    pub margin: f64,
+    pub lw: f64,
+    pub lw_drop: f64,
+    pub lambda_changes: usize,
+    /// (step, λ, ℓw, ℓr) at each eval.
+    pub trace: Vec<(f64, f64, f64, f64)>,
+}
+
+fn run_one(
+    data: &Path,
+    model: &Path,
+    config: &str,
+    seed: u64,
+    iters: usize,
+    out: &Path,
+) -> Result<Run> {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        train: engine::train::cli::TrainArgs,
+    }
+    let mut argv: Vec<String> = [
+        "engine",
+        "--method",
+        "orpo",
+        "--batch-size",
+        "2",
+        "--learning-rate",
+        "2e-3",
+        "--warmup",
+        "10",
+        "--num-layers",
+        "3",
+        "--lora-rank",
+        "8",
+        "--steps-per-eval",
+        "10",
+        "--val-batches",
+        "0",
+        "--quiet",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend([
+        "--model".into(),
+        model.display().to_string(),
+        "--data".into(),
+        data.display().to_string(),
+    ]);
+    argv.extend([
+        "--iters".into(),
+        iters.to_string(),
+        "--seed".into(),
+        seed.to_string(),
+    ]);
+    argv.extend([
+        "--adapter-path".into(),
+        out.display().to_string(),
+        "--save-every".into(),
+        "0".into(),
+    ]);
+    match config.strip_prefix("static-") {
+        Some(l) => argv.extend(["--orpo-lambda".into(), l.into()]),
+        None => argv.extend([
+            "--orpo-lambda-schedule".into(),
+            "adaptive".into(),
+            "--lambda-law".into(),
+            config.strip_prefix("adaptive-").unwrap_or(config).into(),
+        ]),
+    }
+    let cli = <Cli as clap::Parser>::try_parse_from(argv)?;
+    engine::train::cli::run(cli.train)?;
+    let text = std::fs::read_to_string(out.join("metrics.jsonl"))?;
+    let lines: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let evals: Vec<&Value> = lines.iter().filter(|v| v["type"] == "eval").collect();
+    let last = evals.last().context("no eval")?;
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    let best_lw = evals
+        .iter()
+        .skip(1)
+        .map(|v| f(v, "lw"))
+        .fold(f64::NEG_INFINITY, f64::max);
+    Ok(Run {
+        dataset: data
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        model: model
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned(),
+        config: config.into(),
+        seed,
+        accuracy: f(last, "accuracy"),
+        margin: f(last, "margin"),
+        lw: f(last, "lw"),
+        lw_drop: best_lw - f(last, "lw"),
+        lambda_changes: lines.iter().filter(|v| v["type"] == "lambda").count(),
+        trace: evals
+            .iter()
+            .map(|v| (f(v, "step"), f(v, "lambda"), f(v, "lw"), f(v, "lr")))
+            .collect(),
+    })
+}
+
+/// Every run of the study; `progress` after each.
+pub fn run(
+    seeds: &[u64],
+    iters: usize,
+    out: &Path,
+    mut progress: impl FnMut(&Run),
+) -> Result<Vec<Run>> {
+    let configs: Vec<String> = STATIC
+        .iter()
+        .map(|l| format!("static-{l}"))
+        .chain(LAWS.iter().map(|l| format!("adaptive-{l}")))
+        .collect();
+    let mut runs = Vec::new();
+    for dataset in DATASETS {
+        for model in MODELS {
+            for config in &configs {
+                for &seed in seeds {
+                    let dir: PathBuf = out.join(format!("{dataset}/{model}/{config}/seed{seed}"));
+                    let r = run_one(
+                        &crate::goldens::goldens_root().join("data").join(dataset),
+                        &crate::goldens::model_dir(model)?,
+                        config,
+                        seed,
+                        iters,
+                        &dir,
+                    )?;
+                    progress(&r);
+                    runs.push(r);
+                }
+            }
+        }
+    }
+    Ok(runs)
+}
+
+fn mean_sd(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len().max(1) as f64;
+    let m = xs.iter().sum::<f64>() / n;
+    let v = xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (m, v.sqrt())
+}
+
+/// Per (dataset, model, config): mean ± sd over seeds of accuracy, margin, ℓw, ℓw drop.
+pub fn table(runs: &[Run]) -> String {
+    let mut s = String::from(
+        "| dataset | model | config | val accuracy | margin | final ℓw | ℓw drop from best | λ changes |\n|---|---|---|---|---|---|---|---|\n",
+    );
+    let mut keys: Vec<(String, String, String)> = Vec::new();
+    for r in runs {
+        let k = (r.dataset.clone(), r.model.clone(), r.config.clone());
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    for (d, m, c) in keys {
+        let mine: Vec<&Run> = runs
+            .iter()
+            .filter(|r| r.dataset == d && r.model == m && r.config == c)
+            .collect();
+        let stat = |f: fn(&Run) -> f64| mean_sd(&mine.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let (a, asd) = stat(|r| r.accuracy);
+        let (mg, mgsd) = stat(|r| r.margin);
+        let (lw, lwsd) = stat(|r| r.lw);
+        let (dr, drsd) = stat(|r| r.lw_drop);
+        let changes: usize = mine.iter().map(|r| r.lambda_changes).sum();
+        s += &format!(
+            "| {d} | {m} | {c} | {a:.2} ± {asd:.2} | {mg:.3} ± {mgsd:.3} | {lw:.3} ± {lwsd:.3} | {dr:.3} ± {drsd:.3} | {changes} |\n"
+        );
+    }
+    s
+}
+
+/// One SVG per (dataset, model): λ, ℓw and ℓr over steps for every config, first seed.
+pub fn plots(runs: &[Run], dir: &Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let mut written = Vec::new();
+    for d in DATASETS {
+        for m in MODELS {
+            let mine: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.dataset == d && r.model == m && r.seed == runs[0].seed)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let path = dir.join(format!("lambda-{d}-{m}.svg"));
+            engine::train::write_atomic(&path, svg(&format!("{d} · {m}"), &mine).as_bytes())
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            written.push(path);
+        }
+    }
+    Ok(written)
+}
+
+/// (step, λ, ℓw, ℓr) → one of them.
+type Getter = fn(&(f64, f64, f64, f64)) -> f64;
+
+const COLORS: [&str; 9] = [
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#17becf",
+];
+
+fn svg(title: &str, runs: &[&Run]) -> String {
+    let (w, h, pad) = (360.0, 220.0, 40.0);
+    let panels: [(&str, Getter); 3] = [
+        ("λ", |t| t.1),
+        ("ℓw (chosen)", |t| t.2),
+        ("ℓr (rejected)", |t| t.3),
+    ];
+    let mut s = format!(
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
+        3.0 * w + 160.0,
+        h + 30.0
+    );
+    s += &format!(r#"<text x="10" y="16" font-size="13">{title}</text>"#);
+    for (p, (name, get)) in panels.iter().enumerate() {
+        let x0 = p as f64 * w;
+        let pts: Vec<(f64, f64)> = runs
+            .iter()
+            .flat_map(|r| r.trace.iter().map(|t| (t.0, get(t))))
+            .collect();
+        let (xmin, xmax) = pts
+            .iter()
+            .fold((f64::MAX, f64::MIN), |a, b| (a.0.min(b.0), a.1.max(b.0)));
+        // ℓ panels skip the first eval (the untrained model), which would flatten the rest.
+        let ys: Vec<f64> = runs
+            .iter()
+            .flat_map(|r| r.trace.iter().skip(usize::from(p > 0)).map(get))
+            .collect();
+        let (ymin, ymax) = ys
+            .iter()
+            .fold((f64::MAX, f64::MIN), |a, &b| (a.0.min(b), a.1.max(b)));
+        let sx = |x: f64| x0 + pad + (x - xmin) / (xmax - xmin).max(1e-9) * (w - 2.0 * pad);
+        let sy = |y: f64| 30.0 + (h - pad) - (y - ymin) / (ymax - ymin).max(1e-9) * (h - 2.0 * pad);
+        s += &format!(
+            r##"<rect x="{}" y="30" width="{}" height="{}" fill="none" stroke="#ccc"/><text x="{}" y="44">{name}</text><text x="{}" y="{}">{ymax:.2}</text><text x="{}" y="{}">{ymin:.2}</text><text x="{}" y="{}">step {xmax}</text>"##,
+            x0 + pad,
+            w - 2.0 * pad,
+            h - pad,
+            x0 + pad + 4.0,
+            x0 + 2.0,
+            30.0 + pad,
+            x0 + 2.0,
+            h - 10.0,
+            x0 + w - pad - 50.0,
+            h + 24.0
+        );
+        for (i, r) in runs.iter().enumerate() {
+            let line: Vec<String> = r
+                .trace
+                .iter()
+                .skip(usize::from(p > 0))
+                .map(|t| format!("{:.1},{:.1}", sx(t.0), sy(get(t))))
+                .collect();
+            s += &format!(
+                r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
+                COLORS[i % COLORS.len()],
+                line.join(" ")
+            );
+        }
+    }
+    for (i, r) in runs.iter().enumerate() {
+        s += &format!(
+            r#"<text x="{}" y="{}" fill="{}">{}</text>"#,
+            3.0 * w + 10.0,
+            50.0 + 16.0 * i as f64,
+            COLORS[i % COLORS.len()],
+            r.config
+        );
+    }
+    s + "</svg>\n"
+}
