@@ -10,6 +10,7 @@ use common::{goldens, model};
 use engine::train::orpo::{orpo_terms, SftScope};
 use mlx_rs::Array;
 use serde_json::Value;
+use std::path::Path;
 use std::process::Command;
 
 fn matrix(v: &Value) -> Array {
@@ -90,53 +91,61 @@ fn full_scope_nll_with_a_one_token_prompt_is_the_sft_loss() {
     assert!((a - b).abs() <= 1e-6 * b.abs(), "{a} vs {b}");
 }
 
-fn train_uppercase(data: &std::path::Path, out: &std::path::Path) -> f64 {
-    let status = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["train", "--model"])
+/// `engine train` on tiny-llama-trained with `data`, adapters and metrics to `out`.
+fn engine_train(data: &Path, out: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["train", "--quiet", "--model"])
         .arg(goldens().join("models/tiny-llama-trained"))
         .arg("--data")
         .arg(data)
-        .args([
-            "--method",
-            "orpo",
-            "--iters",
-            "120",
-            "--batch-size",
-            "2",
-            "--learning-rate",
-            "2e-3",
-        ])
-        .args([
-            "--warmup",
-            "10",
-            "--orpo-lambda",
-            "1.0",
-            "--num-layers",
-            "3",
-            "--lora-rank",
-            "8",
-        ])
-        .args([
-            "--steps-per-eval",
-            "40",
-            "--val-batches",
-            "0",
-            "--adapter-path",
-        ])
+        .arg("--adapter-path")
         .arg(out)
+        .args(args)
         .output()
-        .unwrap();
-    assert!(
-        status.status.success(),
-        "{}",
-        String::from_utf8_lossy(&status.stderr)
-    );
-    let metrics = std::fs::read_to_string(out.join("metrics.jsonl")).unwrap();
-    let last_eval: Value = metrics
+        .unwrap()
+}
+
+/// The `kind` lines of a run's metrics.jsonl.
+fn metrics_of(out: &Path, kind: &str) -> Vec<Value> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .rfind(|v| v["type"] == "eval")
-        .unwrap();
+        .filter(|v| v["type"] == kind)
+        .collect()
+}
+
+/// The positive control's ORPO run (rank 8, lr 2e-3 with 10 warm-up steps, 120 iterations,
+/// the whole validation set at each eval).
+const CONTROL: [&str; 16] = [
+    "--method",
+    "orpo",
+    "--iters",
+    "120",
+    "--batch-size",
+    "2",
+    "--learning-rate",
+    "2e-3",
+    "--warmup",
+    "10",
+    "--num-layers",
+    "3",
+    "--lora-rank",
+    "8",
+    "--val-batches",
+    "0",
+];
+
+fn train_uppercase(data: &Path, out: &Path) -> f64 {
+    let mut args = CONTROL.to_vec();
+    args.extend(["--orpo-lambda", "1.0", "--steps-per-eval", "40"]);
+    let run = engine_train(data, out, &args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let last_eval = metrics_of(out, "eval").pop().unwrap();
     println!("{}: final eval {last_eval}", data.display());
     last_eval["accuracy"].as_f64().unwrap()
 }
@@ -287,50 +296,16 @@ fn segmented_training_gives_the_same_adapters() {
     }
 }
 
-fn lambda_events(data: &std::path::Path, out: &std::path::Path) -> Vec<Value> {
-    let status = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["train", "--model"])
-        .arg(goldens().join("models/tiny-llama-trained"))
-        .arg("--data")
-        .arg(data)
-        .args([
-            "--method",
-            "orpo",
-            "--iters",
-            "120",
-            "--batch-size",
-            "2",
-            "--learning-rate",
-            "2e-3",
-        ])
-        .args([
-            "--warmup",
-            "10",
-            "--num-layers",
-            "3",
-            "--lora-rank",
-            "8",
-            "--steps-per-eval",
-            "10",
-        ])
-        .args([
-            "--val-batches",
-            "0",
-            "--orpo-lambda-schedule",
-            "adaptive",
-            "--quiet",
-            "--adapter-path",
-        ])
-        .arg(out)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["type"] == "lambda")
-        .collect()
+fn lambda_events(data: &Path, out: &Path) -> Vec<Value> {
+    let mut args = CONTROL.to_vec();
+    args.extend([
+        "--steps-per-eval",
+        "10",
+        "--orpo-lambda-schedule",
+        "adaptive",
+    ]);
+    assert!(engine_train(data, out, &args).status.success());
+    metrics_of(out, "lambda")
 }
 
 /// Under the positive control the adaptive controller leaves warm-up and ramps λ, and

@@ -29,6 +29,83 @@ pub struct Row {
     pub tags: String,
 }
 
+/// What every row of one recording shares: when, at which commit, on which machine in
+/// which state, the preflight verdict and the run's tags.
+#[derive(Debug, Clone)]
+pub struct RowContext {
+    pub ts: String,
+    pub commit: String,
+    pub dirty: bool,
+    pub machine_key: String,
+    pub machine_state: String,
+    pub preflight: String,
+    pub tags: String,
+}
+
+/// One measured value: (metric, value, unit).
+pub type Measure<'a> = (&'a str, f64, &'a str);
+
+impl RowContext {
+    /// A bench run measured between two machine states (`bench::run_labels`' labels).
+    pub fn between(
+        before: &crate::preflight::MachineState,
+        after: &crate::preflight::MachineState,
+        labels: (Vec<String>, &str, String),
+    ) -> Self {
+        let (tags, preflight, state) = labels;
+        RowContext {
+            ts: after.at.clone(),
+            commit: before.commit.clone(),
+            dirty: before.dirty,
+            machine_key: before.machine_key.clone(),
+            machine_state: state,
+            preflight: preflight.into(),
+            tags: tags.join(" "),
+        }
+    }
+
+    /// A single-state recording (probes, sweeps).
+    pub fn at(state: &crate::preflight::MachineState, tags: &str) -> Self {
+        RowContext {
+            ts: state.at.clone(),
+            commit: state.commit.clone(),
+            dirty: state.dirty,
+            machine_key: state.machine_key.clone(),
+            machine_state: serde_json::to_string(state).unwrap_or_default(),
+            preflight: state.verdict().into(),
+            tags: tags.into(),
+        }
+    }
+
+    pub fn row(
+        &self,
+        suite: &str,
+        model: &str,
+        (metric, value, unit): Measure,
+        stack: &str,
+        peer: Option<String>,
+        params: serde_json::Value,
+    ) -> Row {
+        Row {
+            ts: self.ts.clone(),
+            commit: self.commit.clone(),
+            dirty: self.dirty,
+            machine_key: self.machine_key.clone(),
+            machine_state: self.machine_state.clone(),
+            preflight: self.preflight.clone(),
+            suite: suite.into(),
+            model: model.into(),
+            metric: metric.into(),
+            value,
+            unit: unit.into(),
+            stack: stack.into(),
+            peer,
+            params: params.to_string(),
+            tags: self.tags.clone(),
+        }
+    }
+}
+
 pub fn default_path() -> PathBuf {
     if let Ok(p) = std::env::var("HARNESS_DB") {
         return PathBuf::from(p);

@@ -16,7 +16,7 @@ use mlx_rs::Array;
 
 use super::sampler::Sampler;
 use super::speculative::SpecStats;
-use super::{Finish, Flow, Session, Stats};
+use super::{ids_array, Finish, Flow, Session, Stats};
 use crate::cache::{Cache, KvCache, RotatingKvCache};
 use crate::model::{AssistantDrafter, AssistantTarget, DonorKv};
 
@@ -37,22 +37,14 @@ pub enum AssistantPlant {
     FirstSlidingDonor,
 }
 
-static PLANT: std::sync::Mutex<Option<AssistantPlant>> = std::sync::Mutex::new(None);
+static PLANT: super::PlantSwitch<AssistantPlant> = super::PlantSwitch::new();
 
 pub fn plant(defect: Option<AssistantPlant>) {
-    *PLANT.lock().unwrap_or_else(|e| e.into_inner()) = defect;
+    PLANT.set(defect);
 }
 
 fn planted(defect: AssistantPlant) -> bool {
-    *PLANT.lock().unwrap_or_else(|e| e.into_inner()) == Some(defect)
-}
-
-/// optiq's γ for `serve --drafter`.
-pub const ASSISTANT_GAMMA: usize = 2;
-
-fn ids_array(ids: &[u32]) -> Array {
-    let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
-    Array::from_slice(&ids, &[1, ids.len() as i32])
+    PLANT.is(defect)
 }
 
 /// A donor cache's K/V in temporal order, as optiq's `_read_cache_temporal` reads it.
@@ -113,12 +105,7 @@ pub fn assistant_generate_in(
         cached < prompt.len(),
         "at least one prompt token must be fed"
     );
-    if sampler.has_processors() {
-        return Err(Exception::custom(
-            "speculative decoding does not support logits processors (repetition, presence \
-             or frequency penalties, logit bias); drop them or the draft model",
-        ));
-    }
+    super::speculative::refuse_processors(sampler)?;
     let (mut sliding, full) = target.donor_caches()?;
     if planted(AssistantPlant::FirstSlidingDonor) {
         sliding = 0;

@@ -29,14 +29,14 @@ pub enum Plant {
     TargetTrimShort,
 }
 
-static PLANT: std::sync::Mutex<Option<Plant>> = std::sync::Mutex::new(None);
+static PLANT: super::PlantSwitch<Plant> = super::PlantSwitch::new();
 
 pub fn plant(defect: Option<Plant>) {
-    *PLANT.lock().unwrap_or_else(|e| e.into_inner()) = defect;
+    PLANT.set(defect);
 }
 
 fn planted(defect: Plant) -> bool {
-    *PLANT.lock().unwrap_or_else(|e| e.into_inner()) == Some(defect)
+    PLANT.is(defect)
 }
 
 /// mlx-lm's prefill chunk for speculative generation.
@@ -57,6 +57,18 @@ impl SpecStats {
     pub fn acceptance(&self) -> f64 {
         self.accepted as f64 / self.drafted.max(1) as f64
     }
+}
+
+/// Speculative decoding runs without logits processors (mlx-lm's processor path feeds them
+/// a history this executor does not keep).
+pub fn refuse_processors(sampler: &Sampler) -> Result<(), Exception> {
+    if sampler.has_processors() {
+        return Err(Exception::custom(
+            "speculative decoding does not support logits processors (repetition, presence \
+             or frequency penalties, logit bias); drop them or the draft model",
+        ));
+    }
+    Ok(())
 }
 
 /// Log-probabilities of logits [n, vocab] and the sampler's choice at every row.
@@ -99,12 +111,7 @@ pub fn speculative_generate_in(
         cached < prompt.len(),
         "at least one prompt token must be fed"
     );
-    if sampler.has_processors() {
-        return Err(Exception::custom(
-            "speculative decoding does not support logits processors (repetition, presence \
-             or frequency penalties, logit bias); drop them or the draft model",
-        ));
-    }
+    refuse_processors(sampler)?;
     if num_draft == 0 {
         return Err(Exception::custom("--num-draft-tokens must be at least 1"));
     }

@@ -76,6 +76,27 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// Runs one fresh-process leg and parses the JSON line it prints last; a failed leg is an
+/// error naming it and quoting its stderr.
+pub fn run_json_leg<T: serde::de::DeserializeOwned>(cmd: &mut Command, what: &str) -> Result<T> {
+    let out = cmd
+        .output()
+        .with_context(|| format!("starting the {what} leg"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} leg failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .with_context(|| format!("the {what} leg printed no JSON"))?;
+    Ok(serde_json::from_str(line)?)
+}
+
 /// ABBA: round r runs A then B when r is even, B then A when odd.
 pub fn leg_order(rounds: usize, stacks: &[&'static str]) -> Vec<&'static str> {
     (0..rounds)
@@ -124,22 +145,7 @@ fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) ->
         .arg(ids_file)
         .arg("--max-tokens")
         .arg(max_tokens.to_string());
-    let out = cmd
-        .output()
-        .with_context(|| format!("starting the {stack} leg"))?;
-    if !out.status.success() {
-        bail!(
-            "{stack} leg failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("leg printed no JSON")?;
-    Ok(serde_json::from_str(line)?)
+    run_json_leg(&mut cmd, stack)
 }
 
 /// Median results per stack for one model.

@@ -106,8 +106,8 @@ fn run_leg(
     max_tokens: usize,
     ssd: &Path,
 ) -> Result<RestartLeg> {
-    let out = Command::new(std::env::current_exe()?)
-        .args(["leg-restart", "--mode", mode])
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.args(["leg-restart", "--mode", mode])
         .arg("--model")
         .arg(model)
         .arg("--prompt-ids")
@@ -115,21 +115,8 @@ fn run_leg(
         .arg("--max-tokens")
         .arg(max_tokens.to_string())
         .arg("--ssd")
-        .arg(ssd)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "{mode} leg failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("leg printed no JSON")?;
-    Ok(serde_json::from_str(line)?)
+        .arg(ssd);
+    super::run_json_leg(&mut cmd, mode)
 }
 
 pub struct RestartResult {

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use engine::generate::drafter::Drafter;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{generate_in, Flow, Session, SessionOptions};
@@ -131,8 +131,7 @@ fn run_leg(
         c.arg(crate::oracle::repo_root().join("oracles/spec_leg.py"));
         c
     };
-    let out = cmd
-        .arg("--model")
+    cmd.arg("--model")
         .arg(dirs.0)
         .arg("--draft-model")
         .arg(dirs.1)
@@ -141,21 +140,8 @@ fn run_leg(
         .arg("--max-tokens")
         .arg(max_tokens.to_string())
         .arg("--num-draft-tokens")
-        .arg(gamma.to_string())
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "{stack} γ={gamma} leg failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("leg printed no JSON")?;
-    Ok(serde_json::from_str(line)?)
+        .arg(gamma.to_string());
+    super::run_json_leg(&mut cmd, &format!("{stack} γ={gamma}"))
 }
 
 /// Median legs per (stack, γ) of one pair.

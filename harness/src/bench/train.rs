@@ -128,27 +128,13 @@ fn run_leg(
             .arg(layers.to_string());
         c
     };
-    let out = cmd
-        .arg("--model")
+    cmd.arg("--model")
         .arg(model)
         .arg("--pairs")
         .arg(pairs)
         .arg("--steps")
-        .arg(steps.to_string())
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "{stack} leg failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text
-        .lines()
-        .rev()
-        .find(|l| l.starts_with('{'))
-        .context("leg printed no JSON")?;
-    Ok(serde_json::from_str(line)?)
+        .arg(steps.to_string());
+    super::run_json_leg(&mut cmd, stack)
 }
 
 pub struct TrainResult {

@@ -56,9 +56,37 @@ pub struct Args {
     max_tokens: usize,
 }
 
+/// The preflight gate every suite passes before measuring: at least 3 rounds, a clean
+/// machine (or --force), the oracle venv when a peer runs. Returns the thresholds and the
+/// state before.
+fn preflight_gate(
+    args: &Args,
+    suite: &str,
+) -> Result<(
+    harness::preflight::Thresholds,
+    harness::preflight::MachineState,
+)> {
+    use harness::preflight::{self, Thresholds};
+    if args.rounds < 3 {
+        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
+    }
+    let thresholds = Thresholds::from_env();
+    let before = preflight::check(&thresholds);
+    if !before.clean && !args.force {
+        bail!(
+            "this machine is not clean, so the {suite} bench refuses to measure: {}\n\
+             Let it settle and retry, or pass --force.",
+            before.reasons.join("; ")
+        );
+    }
+    if !args.no_peer {
+        harness::bench::ensure_oracle_venv()?;
+    }
+    Ok((thresholds, before))
+}
+
 fn run_restart(args: &Args) -> Result<()> {
     use harness::bench::restart;
-    use harness::preflight::{self, Thresholds};
     let model = models::by_name(&args.restart_model).with_context(|| {
         format!(
             "unknown bench model `{}` ({})",
@@ -66,18 +94,10 @@ fn run_restart(args: &Args) -> Result<()> {
             models::NAMES
         )
     })?;
-    let thresholds = Thresholds::from_env();
-    let before = preflight::check(&thresholds);
-    if !before.clean && !args.force {
-        bail!(
-            "this machine is not clean, so the restart bench refuses to measure: {}\n\
-             Let it settle and retry, or pass --force.",
-            before.reasons.join("; ")
-        );
-    }
+    let (thresholds, before) = preflight_gate(args, "restart")?;
     let prompt_tokens = args.prompt_tokens.max(4096);
     let r = restart::run(model, prompt_tokens, args.max_tokens, args.rounds)?;
-    let after = preflight::check(&thresholds);
+    let after = harness::preflight::check(&thresholds);
     for (metric, value, unit) in r.rows() {
         println!(
             "restart {} (prompt {prompt_tokens}): {metric} {value:.1} {unit}",
@@ -85,27 +105,12 @@ fn run_restart(args: &Args) -> Result<()> {
         );
     }
     let db = Db::open_default()?;
-    let (tags, preflight_verdict, state) =
-        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
     let rows = r.rows();
-    for (metric, value, unit) in &rows {
-        db.insert(&harness::db::Row {
-            ts: after.at.clone(),
-            commit: before.commit.clone(),
-            dirty: before.dirty,
-            machine_key: before.machine_key.clone(),
-            machine_state: state.clone(),
-            preflight: preflight_verdict.into(),
-            suite: "restart".into(),
-            model: r.model.into(),
-            metric: (*metric).into(),
-            value: *value,
-            unit: (*unit).into(),
-            stack: "engine".into(),
-            peer: None,
-            params: serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds}).to_string(),
-            tags: tags.join(" "),
-        })?;
+    let params = serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds});
+    for m in &rows {
+        db.insert(&ctx.row("restart", r.model, *m, "engine", None, params.clone()))?;
     }
     println!(
         "recorded {} rows (preflight before: {}, after: {})",
@@ -118,29 +123,15 @@ fn run_restart(args: &Args) -> Result<()> {
 
 fn run_spec(args: &Args) -> Result<()> {
     use harness::bench::spec;
-    use harness::preflight::{self, Thresholds};
-    if args.rounds < 3 {
-        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
-    }
-    let thresholds = Thresholds::from_env();
-    let before = preflight::check(&thresholds);
-    if !before.clean && !args.force {
-        bail!(
-            "this machine is not clean, so the spec bench refuses to measure: {}\n\
-             Let it settle and retry, or pass --force.",
-            before.reasons.join("; ")
-        );
-    }
-    if !args.no_peer {
-        harness::bench::ensure_oracle_venv()?;
-    }
+    let (thresholds, before) = preflight_gate(args, "spec")?;
     let results = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
-    let after = preflight::check(&thresholds);
+    let after = harness::preflight::check(&thresholds);
     let db = Db::open_default()?;
-    let (mut tags, preflight_verdict, state) =
+    let mut labels =
         harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let id: String = after.at.chars().filter(char::is_ascii_digit).collect();
-    tags.push(format!("spec-bench[{id}]"));
+    labels.0.push(format!("spec-bench[{id}]"));
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
     let mut n = 0;
     for r in &results {
         print!("{}", r.table());
@@ -149,23 +140,19 @@ fn run_spec(args: &Args) -> Result<()> {
             .find(|p| p.0 == r.target)
             .map(|p| p.2.to_owned());
         for (stack, gamma, metric, value, unit) in r.rows() {
-            db.insert(&harness::db::Row {
-                ts: after.at.clone(),
-                commit: before.commit.clone(),
-                dirty: before.dirty,
-                machine_key: before.machine_key.clone(),
-                machine_state: state.clone(),
-                preflight: preflight_verdict.into(),
-                suite: "spec".into(),
-                model: r.target.into(),
-                metric: format!("g{gamma}_{metric}"),
-                value,
-                unit: unit.into(),
-                peer: (stack == "engine" && !args.no_peer).then(|| peer.clone()).flatten(),
-                stack,
-                params: serde_json::json!({"draft": r.draft, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts}).to_string(),
-                tags: tags.join(" "),
-            })?;
+            let params = serde_json::json!({"draft": r.draft, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts});
+            let metric = format!("g{gamma}_{metric}");
+            let peer = (stack == "engine" && !args.no_peer)
+                .then(|| peer.clone())
+                .flatten();
+            db.insert(&ctx.row(
+                "spec",
+                r.target,
+                (&metric, value, unit),
+                &stack,
+                peer,
+                params,
+            ))?;
             n += 1;
         }
     }
@@ -179,52 +166,23 @@ fn run_spec(args: &Args) -> Result<()> {
 
 fn run_train(args: &Args) -> Result<()> {
     use harness::bench::train;
-    use harness::preflight::{self, Thresholds};
-    if args.rounds < 3 {
-        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
-    }
-    let thresholds = Thresholds::from_env();
-    let before = preflight::check(&thresholds);
-    if !before.clean && !args.force {
-        bail!(
-            "this machine is not clean, so the train bench refuses to measure: {}\n\
-             Let it settle and retry, or pass --force.",
-            before.reasons.join("; ")
-        );
-    }
-    if !args.no_peer {
-        harness::bench::ensure_oracle_venv()?;
-    }
+    let (thresholds, before) = preflight_gate(args, "train")?;
     let results = train::run(args.rounds, 10, !args.no_peer)?;
-    let after = preflight::check(&thresholds);
+    let after = harness::preflight::check(&thresholds);
     let db = Db::open_default()?;
-    let (tags, preflight_verdict, state) =
-        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
     let mut n = 0;
     for r in &results {
         print!("{}", r.table());
         for l in &r.legs {
-            for (metric, value, unit) in [
+            let params = serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
+            let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
+            for m in [
                 ("step_ms", l.step_s * 1e3, "ms"),
                 ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
             ] {
-                db.insert(&harness::db::Row {
-                    ts: after.at.clone(),
-                    commit: before.commit.clone(),
-                    dirty: before.dirty,
-                    machine_key: before.machine_key.clone(),
-                    machine_state: state.clone(),
-                    preflight: preflight_verdict.into(),
-                    suite: "train".into(),
-                    model: r.model.clone(),
-                    metric: metric.into(),
-                    value,
-                    unit: unit.into(),
-                    stack: l.stack.clone(),
-                    peer: (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".into()),
-                    params: serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds}).to_string(),
-                    tags: tags.join(" "),
-                })?;
+                db.insert(&ctx.row("train", &r.model, m, &l.stack, peer.clone(), params.clone()))?;
                 n += 1;
             }
         }

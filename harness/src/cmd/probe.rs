@@ -67,28 +67,15 @@ pub fn run(command: Command) -> Result<()> {
     }
     let state = harness::preflight::check(&harness::preflight::Thresholds::from_env());
     let db = Db::open_default()?;
+    let ctx = harness::db::RowContext::at(&state, "single-process");
     for (mode, s, peak, a0, a1) in &r.steps {
-        for (metric, value) in [
-            ("step_peak_above_start_mb", *peak),
-            ("active_growth_mb", a1 - a0),
+        let params =
+            serde_json::json!({"mode": mode, "seq": s, "batch": 2, "rank": 8, "steps": steps});
+        for m in [
+            ("step_peak_above_start_mb", *peak, "MB"),
+            ("active_growth_mb", a1 - a0, "MB"),
         ] {
-            db.insert(&harness::db::Row {
-                ts: state.at.clone(),
-                commit: state.commit.clone(),
-                dirty: state.dirty,
-                machine_key: state.machine_key.clone(),
-                machine_state: serde_json::to_string(&state)?,
-                preflight: state.verdict().into(),
-                suite: "memory-probe".into(),
-                model: name.clone(),
-                metric: metric.into(),
-                value,
-                unit: "MB".into(),
-                stack: "engine".into(),
-                peer: None,
-                params: serde_json::json!({"mode": mode, "seq": s, "batch": 2, "rank": 8, "steps": steps}).to_string(),
-                tags: "single-process".into(),
-            })?;
+            db.insert(&ctx.row("memory-probe", &name, m, "engine", None, params.clone()))?;
         }
     }
     // A leak: active memory growing across steps of the same configuration (tolerance:

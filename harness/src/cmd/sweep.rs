@@ -51,30 +51,16 @@ pub fn run(command: Command) -> Result<()> {
     }
     let state = harness::preflight::check(&harness::preflight::Thresholds::from_env());
     let db = Db::open_default()?;
+    let ctx = harness::db::RowContext::at(&state, "");
     for r in &runs {
-        for (metric, value) in [
-            ("val_accuracy", r.accuracy),
-            ("margin", r.margin),
-            ("lw", r.lw),
-            ("lw_drop", r.lw_drop),
+        let params = serde_json::json!({"dataset": r.dataset, "config": r.config, "seed": r.seed, "iters": iters});
+        for m in [
+            ("val_accuracy", r.accuracy, ""),
+            ("margin", r.margin, ""),
+            ("lw", r.lw, ""),
+            ("lw_drop", r.lw_drop, ""),
         ] {
-            db.insert(&harness::db::Row {
-                ts: state.at.clone(),
-                commit: state.commit.clone(),
-                dirty: state.dirty,
-                machine_key: state.machine_key.clone(),
-                machine_state: serde_json::to_string(&state)?,
-                preflight: state.verdict().into(),
-                suite: "lambda-sweep".into(),
-                model: r.model.clone(),
-                metric: metric.into(),
-                value,
-                unit: "".into(),
-                stack: "engine".into(),
-                peer: None,
-                params: serde_json::json!({"dataset": r.dataset, "config": r.config, "seed": r.seed, "iters": iters}).to_string(),
-                tags: "".into(),
-            })?;
+            db.insert(&ctx.row("lambda-sweep", &r.model, m, "engine", None, params.clone()))?;
         }
     }
     Ok(())
