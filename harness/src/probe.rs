@@ -132,12 +132,7 @@ pub fn memory(
                 };
                 let (out, grads) =
                     batch_grads(model.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut rec)?;
-                let next = opt.update(&adapters.params(), &grads)?;
-                adapters.set(&next);
-                let mut state: Vec<&mlx_rs::Array> = next.iter().collect();
-                state.extend(opt.state());
-                state.push(&out[0]);
-                mlx_rs::transforms::eval(state)?;
+                engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
                 rec.phase("optimizer");
                 drop((out, grads));
                 step_peak = rec

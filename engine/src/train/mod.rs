@@ -65,6 +65,22 @@ pub fn value_and_grad(
     result
 }
 
+/// One optimizer update of the adapters from `grads`, evaluated together with `also` (the
+/// step's loss, its gradient norm, …) so nothing of the step stays lazy.
+pub fn apply_update(
+    opt: &mut optim::AdamW,
+    adapters: &Adapters,
+    grads: &[Array],
+    also: &[&Array],
+) -> Result<(), Exception> {
+    let next = opt.update(&adapters.params(), grads)?;
+    adapters.set(&next);
+    let mut state: Vec<&Array> = next.iter().collect();
+    state.extend(opt.state());
+    state.extend(also);
+    mlx_rs::transforms::eval(state)
+}
+
 /// The SFT loss on a batch and its gradient (mlx-lm's `default_loss`): (loss, supervised
 /// token count, gradients).
 pub fn loss_and_grad(

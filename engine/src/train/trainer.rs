@@ -398,13 +398,7 @@ pub fn train(
         };
         let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
         let lr = opt.learning_rate()? as f64;
-        let next = opt.update(&adapters.params(), &grads)?;
-        adapters.set(&next);
-        let mut state: Vec<&Array> = next.iter().collect();
-        state.extend(opt.state());
-        state.push(&outputs[0]);
-        state.push(&norm);
-        mlx_rs::transforms::eval(state)?;
+        super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
         let elapsed = tic.elapsed().as_secs_f64();
         tic = Instant::now();
         let report = StepReport {

@@ -89,12 +89,7 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
         let (out, grads) = engine::train::value_and_grad(&adapters, || {
             Ok(orpo_loss(m.as_ref(), &refs, 0.1, SftScope::Full)?.into_vec())
         })?;
-        let next = opt.update(&adapters.params(), &grads)?;
-        adapters.set(&next);
-        let mut state: Vec<&mlx_rs::Array> = next.iter().collect();
-        state.extend(opt.state());
-        state.push(&out[0]);
-        mlx_rs::transforms::eval(state)?;
+        engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }

@@ -148,11 +148,7 @@ pub fn run(model: &str, perturb: impl FnOnce(&mut AdamW)) -> Result<TrainReport,
         {
             check(&mut report, g, &e, format!("step {k} grad {n}"))?;
         }
-        let next = opt.update(&adapters.params(), &grads)?;
-        adapters.set(&next);
-        let mut state: Vec<&Array> = next.iter().collect();
-        state.extend(opt.state());
-        mlx_rs::transforms::eval(state)?;
+        engine::train::apply_update(&mut opt, &adapters, &grads, &[])?;
         report.steps += 1;
     }
     let final_list: Vec<Value> = field(&golden.index, "final")?;
