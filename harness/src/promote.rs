@@ -55,7 +55,11 @@ fn params_label(params: &str) -> Option<String> {
     let label = match (p.get("prompt_tokens").and_then(|v| v.as_u64()), tokens) {
         (Some(prompt), Some(gen)) => format!("prompt {prompt}, {gen} new"),
         (None, Some(gen)) => format!("{gen} new"),
-        _ => return None,
+        // Memory probes: which backward, at which length.
+        _ => match (p.get("mode").and_then(|v| v.as_str()), p.get("seq").and_then(|v| v.as_u64())) {
+            (Some(mode), Some(seq)) => format!("{mode}, seq {seq}"),
+            _ => return None,
+        },
     };
     Some(match p.get("engine_batch").and_then(|v| v.as_u64()) {
         Some(b) => format!("{label}, engine --batch {b}"),
@@ -65,7 +69,11 @@ fn params_label(params: &str) -> Option<String> {
 
 /// RESULTS.md for `rows` (already filtered to promotable ones).
 pub fn render(rows: &[Row]) -> String {
-    let rows: Vec<&Row> = rows.iter().filter(|r| r.preflight == "clean").collect();
+    // The λ study is per run and seed; its table lives in docs/dynamic-lambda.md.
+    let rows: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.preflight == "clean" && r.suite != "lambda-sweep")
+        .collect();
     let mut out = String::from("# Results\n\n");
     out.push_str("Written by `harness promote` from preflight-clean rows of the results DB; do not edit by hand.\n\n");
     out.push_str(&header(&rows));
@@ -159,7 +167,7 @@ pub fn render(rows: &[Row]) -> String {
                 date(&newest.ts)
             ));
         }
-        out.push_str("\nMedians of fresh-process legs in ABBA order; each row's tags and parameters are in the results DB.\n");
+        out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
     }
 
     out.push_str("\n## Quality\n\n");
