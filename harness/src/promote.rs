@@ -56,7 +56,10 @@ fn params_label(params: &str) -> Option<String> {
         (Some(prompt), Some(gen)) => format!("prompt {prompt}, {gen} new"),
         (None, Some(gen)) => format!("{gen} new"),
         // Memory probes: which backward, at which length.
-        _ => match (p.get("mode").and_then(|v| v.as_str()), p.get("seq").and_then(|v| v.as_u64())) {
+        _ => match (
+            p.get("mode").and_then(|v| v.as_str()),
+            p.get("seq").and_then(|v| v.as_u64()),
+        ) {
             (Some(mode), Some(seq)) => format!("{mode}, seq {seq}"),
             _ => return None,
         },
