@@ -913,3 +913,26 @@ fn serve_with_an_assistant_drafter() {
     let st = stats(spec.port);
     assert!(st["speculative"]["drafted"].as_u64().unwrap() > 0, "{st}");
 }
+
+/// The chat page: `/` serves the embedded page (HTML with the input box and the streaming
+/// client over /v1/chat/completions); the endpoints it uses answer as it expects.
+#[test]
+fn the_chat_page_is_served_at_the_root() {
+    let s = serve(&["--no-open"]);
+    let (code, page) = http(s.port, "GET", "/", b"");
+    assert_eq!(code, 200);
+    for needle in [
+        "<title>engine · chat</title>",
+        "id=\"input\"",
+        "id=\"stop\"",
+        "/v1/chat/completions",
+        "/v1/models",
+        "tok/s",
+    ] {
+        assert!(page.contains(needle), "the page lacks {needle}");
+    }
+    assert_eq!(http(s.port, "GET", "/index.html", b"").1, page);
+    let (code, models) = http(s.port, "GET", "/v1/models", b"");
+    assert_eq!(code, 200);
+    assert!(models.contains("tiny-llama-trained"));
+}

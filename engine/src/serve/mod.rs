@@ -85,6 +85,10 @@ pub struct ServeArgs {
     /// many milliseconds (RAM evictions and shutdown write at once).
     #[arg(long, default_value_t = 500)]
     pub ssd_cache_debounce_ms: u64,
+    /// Do not open the chat page in a browser (it opens by default when stdout is an
+    /// interactive terminal).
+    #[arg(long)]
+    pub no_open: bool,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
@@ -269,6 +273,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         })?;
         let local = listener.local_addr()?;
         println!("engine serve: {} on http://{local}", served.model_id);
+        if !args.no_open && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            open_browser(&local);
+        }
         let app = routes::router(served, args.max_body_bytes);
         axum::serve(listener, app)
             .with_graceful_shutdown(stop_signal())
@@ -281,6 +288,28 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let _ = model_thread.join();
     Ok(())
+}
+
+/// Opens the chat page in the desktop's browser, if there is one (failures are ignored:
+/// the address is printed anyway).
+fn open_browser(addr: &SocketAddr) {
+    let host = if addr.ip().is_unspecified() {
+        "127.0.0.1".to_owned()
+    } else {
+        addr.ip().to_string()
+    };
+    let url = format!("http://{host}:{}/#/chat", addr.port());
+    let opener = if cfg!(target_os = "macos") {
+        "open"
+    } else {
+        "xdg-open"
+    };
+    let _ = std::process::Command::new(opener)
+        .arg(&url)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+    println!("chat page: {url}");
 }
 
 /// Ctrl-C, or (Unix) SIGTERM — how a desktop shell or a service manager stops the server.

@@ -23,8 +23,17 @@ use super::request::{self, GenRequest};
 use super::worker::{Event, Job, TokenLogprob};
 use super::AppState;
 
+/// The chat page (plain HTML/CSS/JS, embedded in the binary).
+const CHAT_PAGE: &str = include_str!("page/chat.html");
+
+async fn chat_page() -> axum::response::Html<&'static str> {
+    axum::response::Html(CHAT_PAGE)
+}
+
 pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
     Router::new()
+        .route("/", get(chat_page))
+        .route("/index.html", get(chat_page))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
