@@ -1,6 +1,16 @@
 #!/usr/bin/env bash
 # The project's test command (README, .ci/run). MLX is not thread-safe, so every test
-# binary runs its tests on one thread.
+# binary runs its tests on one thread. The chat page's end-to-end test drives Debian's
+# headless Chromium; it is installed here when missing (as root), or named by CHROMIUM.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the chat page's end-to-end test" >&2
+    apt-get install -y -qq chromium >/dev/null 2>&1 \
+      || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+  else
+    echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) or set CHROMIUM" >&2
+  fi
+fi
 exec cargo test --workspace "$@" -- --test-threads=1
