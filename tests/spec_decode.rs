@@ -5,7 +5,7 @@
 //! that is not rolled back (same ids, different trace) and a target rolled back one token
 //! short fail.
 
-use engine::generate::speculative::{plant, Plant};
+use engine::generate::speculative::{Plant, PLANT};
 use harness::parity::spec::run;
 
 const TARGET: &str = "tiny-llama-trained";
@@ -27,9 +27,9 @@ fn planted_spec_defects_fail_the_gate() {
         (Plant::KeepDraftTail, "raw1-g3"),
         (Plant::TargetTrimShort, "raw1-g3"),
     ] {
-        plant(Some(defect));
+        PLANT.set(Some(defect));
         let r = run(TARGET, Some(case));
-        plant(None);
+        PLANT.set(None);
         let r = r.unwrap();
         println!("planted {defect:?} caught: {}", r.summary());
         assert!(!r.passed(), "{defect:?} went unnoticed");

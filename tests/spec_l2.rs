@@ -20,14 +20,14 @@ fn assistant_drafting_matches_optiq() {
 
 #[test]
 fn planted_assistant_defects_fail_the_gate() {
-    use engine::generate::assistant::{plant, AssistantPlant};
+    use engine::generate::assistant::{AssistantPlant, PLANT};
     for defect in [
         AssistantPlant::RingTrimLikeMlxLm,
         AssistantPlant::FirstSlidingDonor,
     ] {
-        plant(Some(defect));
+        PLANT.set(Some(defect));
         let r = run(TARGET, None);
-        plant(None);
+        PLANT.set(None);
         let r = r.unwrap();
         println!("planted {defect:?} caught: {}", r.summary());
         assert!(!r.passed(), "{defect:?} went unnoticed");

@@ -37,15 +37,8 @@ pub enum AssistantPlant {
     FirstSlidingDonor,
 }
 
-static PLANT: super::PlantSwitch<AssistantPlant> = super::PlantSwitch::new();
-
-pub fn plant(defect: Option<AssistantPlant>) {
-    PLANT.set(defect);
-}
-
-fn planted(defect: AssistantPlant) -> bool {
-    PLANT.is(defect)
-}
+/// The L2 gate's planted-defect switch (`PLANT.set(Some(…))`).
+pub static PLANT: super::PlantSwitch<AssistantPlant> = super::PlantSwitch::new();
 
 /// A donor cache's K/V in temporal order, as optiq's `_read_cache_temporal` reads it.
 fn read_temporal(cache: &mut Box<dyn Cache>) -> Result<(Array, Array), Exception> {
@@ -69,7 +62,7 @@ fn trim_all(caches: &mut [Box<dyn Cache>], n: usize) -> Result<(), Exception> {
         return Ok(());
     }
     for c in caches.iter_mut() {
-        if planted(AssistantPlant::RingTrimLikeMlxLm) {
+        if PLANT.is(AssistantPlant::RingTrimLikeMlxLm) {
             c.trim(n as i32);
         } else if let Some(ring) = c.as_any_mut().downcast_mut::<RotatingKvCache>() {
             ring.trim_tail(n as i32)?;
@@ -107,7 +100,7 @@ pub fn assistant_generate_in(
     );
     super::speculative::refuse_processors(sampler)?;
     let (mut sliding, full) = target.donor_caches()?;
-    if planted(AssistantPlant::FirstSlidingDonor) {
+    if PLANT.is(AssistantPlant::FirstSlidingDonor) {
         sliding = 0;
     }
     let mut stats = Stats {

@@ -25,6 +25,29 @@ pub struct LegResult {
     pub kv_bytes: usize,
 }
 
+/// From the start of a request and the instant each token arrived: the time to the first
+/// token, the tokens after it, and the time they took (their decode rate is the ratio).
+pub fn token_timing(start: Instant, times: &[Instant]) -> (f64, usize, f64) {
+    match times {
+        [] => (0.0, 0, 0.0),
+        [first, .., last] => (
+            first.duration_since(start).as_secs_f64(),
+            times.len() - 1,
+            last.duration_since(*first).as_secs_f64(),
+        ),
+        [first] => (first.duration_since(start).as_secs_f64(), 0, 0.0),
+    }
+}
+
+/// Decode tok/s from `token_timing` (0 with fewer than two tokens).
+pub fn decode_rate(after_first: usize, span_s: f64) -> f64 {
+    if after_first == 0 {
+        0.0
+    } else {
+        after_first as f64 / span_s
+    }
+}
+
 fn run_once(
     model: &dyn LanguageModel,
     ids: &[u32],
@@ -38,12 +61,8 @@ fn run_once(
         times.push(Instant::now());
         Ok(super::Flow::Continue)
     })?;
-    let ttft = times[0].duration_since(start).as_secs_f64();
-    let decode = match times.len() {
-        n if n > 1 => (n - 1) as f64 / times[n - 1].duration_since(times[0]).as_secs_f64(),
-        _ => 0.0,
-    };
-    Ok((ttft, decode, times.len()))
+    let (ttft, after_first, span) = token_timing(start, &times);
+    Ok((ttft, decode_rate(after_first, span), times.len()))
 }
 
 /// KV bytes after greedy-feeding the prompt and `steps` more tokens (untimed).
@@ -87,4 +106,21 @@ pub fn run_leg(
         peak_memory_bytes: peak,
         kv_bytes: kv_bytes(model, ids, n, opts)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn token_timing_counts_after_the_first_token() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let (ttft, n, span) = token_timing(t0, &[at(100), at(150), at(200)]);
+        assert!((ttft - 0.1).abs() < 1e-9 && n == 2 && (span - 0.1).abs() < 1e-9);
+        assert!((decode_rate(n, span) - 20.0).abs() < 1e-6);
+        assert_eq!(token_timing(t0, &[at(5)]).1, 0);
+        assert_eq!(decode_rate(0, 0.0), 0.0);
+    }
 }

@@ -29,15 +29,8 @@ pub enum Plant {
     TargetTrimShort,
 }
 
-static PLANT: super::PlantSwitch<Plant> = super::PlantSwitch::new();
-
-pub fn plant(defect: Option<Plant>) {
-    PLANT.set(defect);
-}
-
-fn planted(defect: Plant) -> bool {
-    PLANT.is(defect)
-}
+/// The gate's planted-defect switch (`PLANT.set(Some(…))`).
+pub static PLANT: super::PlantSwitch<Plant> = super::PlantSwitch::new();
 
 /// mlx-lm's prefill chunk for speculative generation.
 pub const SPEC_PREFILL_STEP: usize = 512;
@@ -195,8 +188,8 @@ pub fn speculative_generate_in(
             y.clone()
         };
         let rejected = n_draft - n;
-        target.trim(rejected - usize::from(planted(Plant::TargetTrimShort) && rejected > 0))?;
-        if !planted(Plant::KeepDraftTail) {
+        target.trim(rejected - usize::from(PLANT.is(Plant::TargetTrimShort) && rejected > 0))?;
+        if !PLANT.is(Plant::KeepDraftTail) {
             draft.trim(rejected.saturating_sub(1))?;
         }
     }

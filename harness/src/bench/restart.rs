@@ -87,15 +87,11 @@ pub fn leg(
             Ok(Flow::Continue)
         },
     )?;
-    let ttft = times[0].duration_since(start).as_secs_f64();
-    let decode = match times.len() {
-        n if n > 1 => (n - 1) as f64 / times[n - 1].duration_since(times[0]).as_secs_f64(),
-        _ => 0.0,
-    };
+    let (ttft, after_first, span) = engine::generate::bench::token_timing(start, &times);
     Ok(RestartLeg {
         mode: mode.into(),
         ttft_s: ttft,
-        decode_tps: decode,
+        decode_tps: engine::generate::bench::decode_rate(after_first, span),
     })
 }
 

@@ -86,14 +86,8 @@ pub fn leg(
             )?;
             (s.drafted, s.accepted)
         };
-        let n = times.len();
-        Ok((
-            times[0].duration_since(start).as_secs_f64(),
-            n - 1,
-            times[n - 1].duration_since(times[0]).as_secs_f64(),
-            drafted,
-            accepted,
-        ))
+        let (ttft, after_first, span) = engine::generate::bench::token_timing(start, &times);
+        Ok((ttft, after_first, span, drafted, accepted))
     };
     one(&prompts[0])?;
     let (mut ttft, mut tokens, mut seconds, mut drafted, mut accepted) = (0.0, 0, 0.0, 0, 0);
@@ -109,7 +103,7 @@ pub fn leg(
         stack: "engine".into(),
         gamma,
         ttft_s: ttft / prompts.len() as f64,
-        decode_tps: tokens as f64 / seconds,
+        decode_tps: engine::generate::bench::decode_rate(tokens, seconds),
         drafted,
         accepted,
     })
