@@ -190,15 +190,11 @@ fn a_bad_data_line_is_named() {
         "{\"text\": \"fine\"}\n{\"txt\": \"typo\"}\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["train", "--model"])
-        .arg(goldens().join("models/tiny-llama-trained"))
-        .arg("--data")
-        .arg(dir.path())
-        .args(["--iters", "1", "--batch-size", "1", "--adapter-path"])
-        .arg(dir.path().join("out"))
-        .output()
-        .unwrap();
+    let out = engine_train(
+        dir.path(),
+        &dir.path().join("out"),
+        &["--iters", "1", "--batch-size", "1"],
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(
@@ -211,35 +207,22 @@ fn a_bad_data_line_is_named() {
 /// different ones.
 #[test]
 fn dropout_is_reproducible_from_the_seed() {
-    let run = |seed: &str, out: &std::path::Path| {
-        let status = Command::new(env!("CARGO_BIN_EXE_engine"))
-            .args(["train", "--model"])
-            .arg(goldens().join("models/tiny-llama-trained"))
-            .arg("--data")
-            .arg(goldens().join("data/sft-chat"))
-            .args([
-                "--iters",
-                "3",
-                "--batch-size",
-                "2",
-                "--learning-rate",
-                "1e-3",
-                "--num-layers",
-                "2",
-            ])
-            .args([
-                "--lora-rank",
-                "4",
-                "--lora-dropout",
-                "0.3",
-                "--seed",
-                seed,
-                "--adapter-path",
-            ])
-            .arg(out)
-            .status()
-            .unwrap();
-        assert!(status.success());
+    let run = |seed: &str, out: &Path| {
+        let args = [
+            "--iters",
+            "3",
+            "--batch-size",
+            "2",
+            "--learning-rate",
+            "1e-3",
+            "--num-layers",
+            "2",
+        ];
+        let mut args = args.to_vec();
+        args.extend(["--lora-rank", "4", "--lora-dropout", "0.3", "--seed", seed]);
+        assert!(engine_train(&goldens().join("data/sft-chat"), out, &args)
+            .status
+            .success());
         std::fs::read(out.join("adapters.safetensors")).unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
@@ -254,28 +237,20 @@ fn dropout_is_reproducible_from_the_seed() {
 /// bit-identical, engine/tests/segmented.rs), for SFT and ORPO.
 #[test]
 fn segmented_training_gives_the_same_adapters() {
-    let run = |data: &str, method: &str, extra: &[&str], out: &std::path::Path| {
-        let status = Command::new(env!("CARGO_BIN_EXE_engine"))
-            .args(["train", "--model"])
-            .arg(goldens().join("models/tiny-llama-trained"))
-            .arg("--data")
-            .arg(goldens().join(data))
-            .args([
-                "--method",
-                method,
-                "--iters",
-                "3",
-                "--batch-size",
-                "2",
-                "--learning-rate",
-                "1e-3",
-            ])
-            .args(["--num-layers", "3", "--lora-rank", "4", "--adapter-path"])
-            .arg(out)
-            .args(extra)
-            .status()
-            .unwrap();
-        assert!(status.success());
+    let run = |data: &str, method: &str, extra: &[&str], out: &Path| {
+        let mut args = vec!["--method", method, "--iters", "3", "--batch-size", "2"];
+        args.extend([
+            "--learning-rate",
+            "1e-3",
+            "--num-layers",
+            "3",
+            "--lora-rank",
+            "4",
+        ]);
+        args.extend(extra);
+        assert!(engine_train(&goldens().join(data), out, &args)
+            .status
+            .success());
         std::fs::read(out.join("adapters.safetensors")).unwrap()
     };
     let dir = tempfile::tempdir().unwrap();
