@@ -2,6 +2,9 @@
 # The project's test command (README, .ci/run). MLX is not thread-safe, so every test
 # binary runs its tests on one thread. The chat page's end-to-end test drives Debian's
 # headless Chromium; it is installed here when missing (as root), or named by CHROMIUM.
+# Then the desktop shell's smoke tests under Xvfb (desktop/run.sh test: it installs the
+# webview's libraries as root on Debian; elsewhere, without them, it says what to install
+# and those tests are reported as not run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
@@ -13,4 +16,11 @@ if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
     echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) or set CHROMIUM" >&2
   fi
 fi
-exec cargo test --workspace "$@" -- --test-threads=1
+cargo test --workspace "$@" -- --test-threads=1
+status=0
+bash desktop/run.sh test || status=$?
+if [ "$status" = 3 ]; then
+  echo "desktop shell smoke tests: NOT RUN (system libraries missing, see above)" >&2
+  exit 0
+fi
+exit "$status"

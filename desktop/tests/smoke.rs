@@ -1,0 +1,365 @@
+//! The desktop shell end to end under Xvfb: the window starts `engine serve` on the trained
+//! tiny model, loads the server's chat page with a first message in its link, the page's
+//! JavaScript (inside the shell's webview) streams the answer, a screenshot of the screen
+//! is saved (target/e2e/desktop.png), and SIGTERM to the shell stops the server too.
+//! Two planted defects (a shell that leaves its server running, one that opens the wrong
+//! page) must each be caught.
+//!
+//! Needs Xvfb and ImageMagick's `import` (Debian: xvfb, imagemagick) and the engine binary
+//! (`../target/debug/engine`, or $ENGINE_BIN); `bash desktop/run.sh test` sees to all three.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn engine_bin() -> PathBuf {
+    let path = std::env::var_os("ENGINE_BIN")
+        .map_or_else(|| repo().join("target/debug/engine"), PathBuf::from);
+    assert!(
+        path.is_file(),
+        "no engine binary at {}: run `cargo build -p engine` in the repository root or set ENGINE_BIN",
+        path.display()
+    );
+    path
+}
+
+/// A virtual X display for the life of a test.
+struct Xvfb {
+    child: Child,
+    display: String,
+}
+
+impl Xvfb {
+    fn start() -> Xvfb {
+        let mut child = Command::new("Xvfb")
+            .args([
+                "-displayfd",
+                "1",
+                "-screen",
+                "0",
+                "1024x720x24",
+                "-nolisten",
+                "tcp",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("Xvfb is needed for this test (Debian: apt-get install -y xvfb)");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let display = format!(":{}", line.trim());
+        Xvfb { child, display }
+    }
+
+    fn screenshot(&self, path: &Path) -> Result<(), String> {
+        let out = Command::new("import")
+            .args(["-display", &self.display, "-window", "root"])
+            .arg(path)
+            .output()
+            .map_err(|e| {
+                format!("ImageMagick's import is needed (apt-get install -y imagemagick): {e}")
+            })?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+impl Drop for Xvfb {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The shell's stderr lines, as they come.
+fn lines(child: &mut Child) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("  | {line}");
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The first line (within `limit`) for which `pick` gives a value.
+fn wait_for<T>(
+    rx: &Receiver<String>,
+    limit: Duration,
+    what: &str,
+    mut pick: impl FnMut(&str) -> Option<Result<T, String>>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(found) = pick(&line) {
+                    return found;
+                }
+            }
+            Err(_) => return Err(format!("no sign of {what} within {limit:?}")),
+        }
+    }
+}
+
+fn get(base: &str, path: &str) -> Option<String> {
+    let host = base.strip_prefix("http://")?;
+    let mut s = TcpStream::connect(host).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    Some(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+fn alive(pid: u32) -> bool {
+    // Signal 0 checks that the process exists; a zombie would still count, but the
+    // server's parent (the shell) has exited, so it is reaped by init.
+    Command::new("kill")
+        .args(["-0", &pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+struct Leftover(Option<u32>);
+
+impl Drop for Leftover {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0 {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+    }
+}
+
+/// How a run ends.
+#[derive(Clone, Copy, PartialEq)]
+enum Ending {
+    /// SIGTERM, as a logout or `kill` sends: the shell's own exit path stops the server.
+    Term,
+    /// SIGKILL: the shell gets no say; the server must still go (Linux: parent-death signal).
+    Kill,
+}
+
+/// One run of the shell: everything the smoke test checks, in order. `plant` names a
+/// planted defect (ENGINE_DESKTOP_PLANT) or None for the real shell.
+fn run_shell(plant: Option<&str>, ending: Ending, screenshot: &Path) -> Result<(), String> {
+    let x = Xvfb::start();
+    let model = repo().join("goldens/models/tiny-llama-trained");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_engine-desktop"));
+    command
+        .arg("--model")
+        .arg(&model)
+        .arg("--engine")
+        .arg(engine_bin())
+        .args(["--message", "What color is the sky?"])
+        .env("DISPLAY", &x.display)
+        // No GPU under Xvfb: WebKitGTK's DMA-BUF renderer would draw nothing.
+        .env("WEBKIT_DISABLE_DMABUF_RENDERER", "1")
+        .env_remove("ENGINE_DESKTOP_PLANT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(plant) = plant {
+        command.env("ENGINE_DESKTOP_PLANT", plant);
+    }
+    let mut shell = command.spawn().map_err(|e| e.to_string())?;
+    let rx = lines(&mut shell);
+    let mut leftover = Leftover(None);
+    let result = (|| {
+        let (base, pid) = wait_for(&rx, Duration::from_secs(120), "a ready server", |l| {
+            let rest = l.strip_prefix("engine-desktop: server ready at ")?;
+            let (base, rest) = rest.split_once(" (pid ")?;
+            let pid = rest.split(',').next()?.parse::<u32>().ok()?;
+            Some(Ok((base.to_owned(), pid)))
+        })?;
+        leftover.0 = Some(pid);
+        let chat = format!("{base}/#/chat");
+        wait_for(&rx, Duration::from_secs(60), "the chat page loading", |l| {
+            let url = l.strip_prefix("engine-desktop: page loaded: ")?;
+            if url.starts_with(&chat) {
+                Some(Ok(()))
+            } else if url.starts_with(&base) {
+                Some(Err(format!("the window loaded {url}, not the chat page")))
+            } else {
+                None // the splash
+            }
+        })?;
+        // The page sends its first message by itself and streams the answer.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let stats = loop {
+            let stats: serde_json::Value = get(&base, "/stats")
+                .and_then(|s| serde_json::from_str(&s).ok())
+                .ok_or("no /stats from the server")?;
+            if stats["completed"] == 1 {
+                break stats;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the page's request did not complete: {stats}"));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        eprintln!("server after the page's request: {stats}");
+        if stats["completion_tokens"].as_u64().unwrap_or(0) < 3 {
+            return Err(format!("too few tokens streamed: {stats}"));
+        }
+        std::thread::sleep(Duration::from_millis(800)); // let the last tokens paint
+        x.screenshot(screenshot)?;
+
+        let signal = if ending == Ending::Term {
+            "-TERM"
+        } else {
+            "-KILL"
+        };
+        Command::new("kill")
+            .args([signal, &shell.id().to_string()])
+            .status()
+            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let exit = loop {
+            if let Some(exit) = shell.try_wait().map_err(|e| e.to_string())? {
+                break exit;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("the shell did not exit within 30 s of {signal}"));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        if ending == Ending::Term {
+            if !exit.success() {
+                return Err(format!("the shell exited with {exit}"));
+            }
+            // Its exit path waited for the server's clean stop (pending caches written).
+            wait_for(&rx, Duration::from_secs(5), "the server's stop", |l| {
+                l.starts_with("engine-desktop: server stopped (exit status: 0)")
+                    .then_some(Ok(()))
+            })
+            .map_err(|e| format!("the shell exited without stopping its server cleanly ({e})"))?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while alive(pid) || get(&base, "/v1/models").is_some() {
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "the server (pid {pid}) is still running after the shell exited"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        leftover.0 = None;
+        Ok(())
+    })();
+    let _ = shell.kill();
+    let _ = shell.wait();
+    result
+}
+
+fn e2e_dir() -> PathBuf {
+    let dir = repo().join("target/e2e");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_shell_shows_the_chat_page_and_stops_its_server() {
+    let shot = e2e_dir().join("desktop.png");
+    let _ = std::fs::remove_file(&shot);
+    if let Err(e) = run_shell(None, Ending::Term, &shot) {
+        panic!("desktop smoke test failed: {e}");
+    }
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "screenshot missing or blank ({} bytes)",
+        png.len()
+    );
+    println!("screenshot: {}", shot.display());
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_shell_takes_its_server_with_it() {
+    let shot = e2e_dir().join("desktop-killed.png");
+    if let Err(e) = run_shell(None, Ending::Kill, &shot) {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn a_server_that_cannot_start_is_explained_in_the_window() {
+    let x = Xvfb::start();
+    let mut shell = Command::new(env!("CARGO_BIN_EXE_engine-desktop"))
+        .args(["--model", "/no/such/model"])
+        .arg("--engine")
+        .arg(engine_bin())
+        .env("DISPLAY", &x.display)
+        .env("WEBKIT_DISABLE_DMABUF_RENDERER", "1")
+        .env_remove("ENGINE_DESKTOP_PLANT")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let rx = lines(&mut shell);
+    let shown = wait_for(&rx, Duration::from_secs(60), "the start failure", |l| {
+        l.starts_with("engine-desktop: engine serve exited")
+            .then(|| Ok(l.to_owned()))
+    });
+    std::thread::sleep(Duration::from_millis(800));
+    let shot = e2e_dir().join("desktop-error.png");
+    let taken = x.screenshot(&shot);
+    let still_open = shell.try_wait().unwrap().is_none();
+    let _ = shell.kill();
+    let _ = shell.wait();
+    shown.unwrap();
+    taken.unwrap();
+    assert!(still_open, "the window closed instead of showing the error");
+    // The reason (the server's own error) comes with it.
+    let reason = rx.try_iter().collect::<Vec<_>>().join("\n");
+    assert!(reason.contains("/no/such/model"), "{reason}");
+    println!("screenshot: {}", shot.display());
+}
+
+// Planted defects: each must make its check fail.
+
+#[test]
+fn a_shell_that_skips_stopping_its_server_is_caught() {
+    let shot = e2e_dir().join("desktop-planted.png");
+    let err =
+        run_shell(Some("keep-server"), Ending::Term, &shot).expect_err("planted defect not caught");
+    assert!(err.contains("without stopping its server"), "{err}");
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_shell_without_the_parent_death_signal_is_caught() {
+    let shot = e2e_dir().join("desktop-planted.png");
+    let err =
+        run_shell(Some("no-deathsig"), Ending::Kill, &shot).expect_err("planted defect not caught");
+    assert!(err.contains("still running"), "{err}");
+}
+
+#[test]
+fn a_shell_that_opens_the_wrong_page_is_caught() {
+    let shot = e2e_dir().join("desktop-planted.png");
+    let err =
+        run_shell(Some("wrong-page"), Ending::Term, &shot).expect_err("planted defect not caught");
+    assert!(err.contains("not the chat page"), "{err}");
+}
