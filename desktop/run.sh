@@ -120,7 +120,9 @@ case "$cmd" in
     ;;
   test)
     ensure tools
-    (cd "$repo" && cargo build -p engine)
+    # The engine binary as the workspace's tests build it (a no-op after scripts/test.sh's
+    # cargo test; `cargo build -p engine` would rebuild it with other features).
+    (cd "$repo" && cargo test --workspace --no-run -q)
     ENGINE_BIN="$repo/target/debug/engine" \
       cargo test --manifest-path "$manifest" "$@" -- --test-threads=1
     ;;

@@ -896,6 +896,44 @@ fn serve_with_a_draft_model() {
     undrafted["num_draft_tokens"] = json!(0);
     assert_eq!(post(spec.port, "/v1/chat/completions", &undrafted).0, 200);
     assert_eq!(stats(spec.port)["speculative"]["fallbacks"], 2);
+
+    // A turn decoded without drafting still leaves a whole entry (the drafter's caches catch
+    // up on what the model was fed): the next drafted turn of that conversation reuses it and
+    // drafts exactly as a server meeting the conversation fresh does.
+    let mut off = ask("Who brought the broken clock?");
+    off["num_draft_tokens"] = json!(0);
+    let (_, c1) = post(spec.port, "/v1/chat/completions", &off);
+    let follow = json!({"messages": [
+        {"role": "user", "content": "Who brought the broken clock?"},
+        {"role": "assistant", "content": c1["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "What color is the sky?"},
+    ], "max_tokens": 40});
+    let before = stats(spec.port)["speculative"].clone();
+    let (_, c2) = post(spec.port, "/v1/chat/completions", &follow);
+    let after = stats(spec.port)["speculative"].clone();
+    let cached = c2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached > c1["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "the undrafted turn's entry was not reused: {c2}"
+    );
+    let fresh = serve(&[
+        "--draft-model",
+        draft.to_str().unwrap(),
+        "--prompt-cache-size",
+        "0",
+    ]);
+    let (_, f2) = post(fresh.port, "/v1/chat/completions", &follow);
+    assert_eq!(c2["choices"][0]["message"], f2["choices"][0]["message"]);
+    let fresh_spec = &stats(fresh.port)["speculative"];
+    for key in ["drafted", "accepted"] {
+        let delta = after[key].as_u64().unwrap() - before[key].as_u64().unwrap();
+        assert_eq!(
+            delta, fresh_spec[key],
+            "{key}: reused caches {before} → {after}, fresh {fresh_spec}"
+        );
+    }
 }
 
 /// optiq's assistant drafter in the server: completions equal a plain server's (greedy),

@@ -196,3 +196,39 @@ fn a_wrapped_ring_is_refused_clearly() {
         "{msg}"
     );
 }
+
+/// A drafter whose caches fell behind (a server turn decoded without drafting) catches up
+/// on exactly the tokens the model was fed: its next logits are bit-identical to a session
+/// that prefilled the same tokens in the same chunks. (Feeding the right count of wrong
+/// tokens keeps the cache offsets right, so only the logits can tell.)
+#[test]
+fn a_drafter_catches_up_as_a_fresh_prefill_would() {
+    use common::bytes;
+    use engine::generate::drafter::Drafter;
+    use engine::generate::{CompileDecode, SessionOptions};
+    let drafter = Drafter::Model(model("tiny-llama-draft"));
+    let reference = model("tiny-llama-draft");
+    let opts = SessionOptions::from(CompileDecode::WhereExact);
+    let (_, prompt) = l1_prompts("tiny-llama-trained").remove(4);
+    let held = prompt.len() / 2;
+    let step = 4;
+    let caches = drafter
+        .catch_up(drafter.make_caches(), &opts, &prompt[..held], step)
+        .unwrap();
+    let caches = drafter.catch_up(caches, &opts, &prompt, step).unwrap();
+    let mut caught_up = Session::with_caches(reference.as_ref(), &opts, caches);
+    let mut fresh = Session::with_options(reference.as_ref(), &opts);
+    for part in [&prompt[..held], &prompt[held..]] {
+        for chunk in part.chunks(step) {
+            fresh.prefill_chunk(chunk).unwrap();
+        }
+    }
+    let next = [prompt[0]];
+    let a = caught_up.step(&next).unwrap();
+    let b = fresh.step(&next).unwrap();
+    assert_eq!(caught_up.caches[0].offset(), prompt.len() as i32 + 1);
+    assert!(
+        bytes(&a) == bytes(&b),
+        "caught-up drafter differs from a fresh prefill"
+    );
+}

@@ -105,7 +105,6 @@ pub fn memory(
                 batch_size: 2,
                 grad_accumulation: 1,
                 max_grad_norm: None,
-                steps_per_report: 1,
                 steps_per_eval: usize::MAX,
                 val_batches: 0,
                 save_every: 0,

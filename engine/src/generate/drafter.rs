@@ -104,6 +104,32 @@ impl Drafter {
         }
     }
 
+    /// Feeds the drafter's `caches` the tokens of `fed` they do not hold yet (prefill chunks
+    /// of `prefill_step`), e.g. after a request decoded without drafting; an assistant has
+    /// no caches of its own.
+    pub fn catch_up(
+        &self,
+        caches: Vec<Box<dyn Cache>>,
+        opts: &SessionOptions,
+        fed: &[u32],
+        prefill_step: usize,
+    ) -> Result<Vec<Box<dyn Cache>>, Exception> {
+        let Drafter::Model(m) = self else {
+            return Ok(caches);
+        };
+        let mut draft = Session::with_caches(m.as_ref(), opts, caches);
+        let held = draft
+            .caches
+            .iter()
+            .map(|c| c.offset().max(0) as usize)
+            .min();
+        let held = held.unwrap_or(0).min(fed.len());
+        for chunk in fed[held..].chunks(prefill_step.max(1)) {
+            draft.prefill_chunk(chunk)?;
+        }
+        Ok(std::mem::take(&mut draft.caches))
+    }
+
     /// The prefill chunk a target session should use with this drafter (mlx-lm's
     /// speculative loop defaults to 512, optiq's to generate_step's 2048).
     pub fn prefill_step(&self) -> usize {

@@ -184,7 +184,7 @@ impl Worker {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
         };
-        let draft_caches = caches.split_off(self.model_layers());
+        let mut draft_caches = Some(caches.split_off(self.model_layers()));
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
         let mut on_token = |id: u32, logprobs: &Array| match emit.token(self, id, logprobs) {
@@ -226,7 +226,7 @@ impl Worker {
                 let (_, stats, finish, caches) = draft
                     .generate(
                         &mut session,
-                        draft_caches,
+                        draft_caches.take().unwrap_or_default(),
                         &self.opts,
                         &prompt_ids,
                         cached,
@@ -258,11 +258,27 @@ impl Worker {
         let tokens_len = prompt_ids.len();
         let mut tokens = prompt_ids;
         tokens.extend(&emit.produced);
-        // A fallback request leaves no draft caches: the entry would be incomplete.
-        if self.draft.is_none() || drafter_caches.is_some() {
-            let mut caches = std::mem::take(&mut session.caches);
-            caches.extend(drafter_caches.into_iter().flatten());
-            self.keep_fed(caches, tokens);
+        let mut caches = std::mem::take(&mut session.caches);
+        let drafter_caches = match (drafter_caches, &self.draft, draft_caches) {
+            (Some(fed), _, _) => Ok(fed),
+            // A request that ran without drafting: the drafter's caches catch up on what the
+            // model was fed, so the entry stays whole for the next drafted turn.
+            (None, Some((draft, _)), Some(behind)) => {
+                let fed = caches.iter().map(|c| c.offset().max(0) as usize).min();
+                let fed = &tokens[..fed.unwrap_or(0).min(tokens.len())];
+                draft.catch_up(behind, &self.opts, fed, self.prefill_step)
+            }
+            _ => Ok(Vec::new()),
+        };
+        match drafter_caches {
+            Ok(drafter_caches) => {
+                caches.extend(drafter_caches);
+                self.keep_fed(caches, tokens);
+            }
+            // The answer is out already; only the cache entry is lost.
+            Err(e) => eprintln!(
+                "engine serve: not caching this conversation: drafter catch-up failed: {e}"
+            ),
         }
         self.count_done(tokens_len, generated);
         Ok(())

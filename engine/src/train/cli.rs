@@ -201,7 +201,6 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         batch_size: args.batch_size,
         grad_accumulation: args.grad_accumulation_steps,
         max_grad_norm: args.max_grad_norm,
-        steps_per_report: 1,
         steps_per_eval: args.steps_per_eval,
         val_batches: args.val_batches,
         save_every: args.save_every,

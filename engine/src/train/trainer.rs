@@ -35,7 +35,6 @@ pub struct TrainConfig {
     pub batch_size: usize,
     pub grad_accumulation: usize,
     pub max_grad_norm: Option<f32>,
-    pub steps_per_report: usize,
     pub steps_per_eval: usize,
     pub val_batches: usize,
     pub save_every: usize,
