@@ -1,11 +1,11 @@
 """LoRA training goldens: mlx-lm 0.32.2's LoRA layers and loss, differentiated and stepped
 eagerly (the math of `mlx_lm.tuner.trainer.train`, without its `mx.compile` around the
-step), on tiny-llama-trained.
+step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4.
 
     oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
 
-Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3, {rank 4,
-scale 20.0, dropout 0.0, keys: every linear of a block})` (the lora_a draws come from the
+Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3 (tiny-gemma4: 4),
+{rank 4, scale 20.0, dropout 0.0, keys: every linear of a block})` (the lora_a draws come from the
 seeded global RNG, lora_b is zero); AdamW(learning_rate 1e-3, weight_decay 0.01, mlx's
 default betas/eps). One batch of 2 chat sequences built as `iterate_batches` builds it
 (zero padding to 1 + a multiple of 32, `lengths = [[prompt_len, len]]`: prompt masking).
@@ -36,6 +36,10 @@ from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 
 KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+# Gemma 4's small models add a per-layer input branch with two more linears.
+EXTRA_KEYS = {"tiny-gemma4": ["per_layer_input_gate", "per_layer_projection"]}
+# Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
+NUM_LAYERS = {"tiny-gemma4": 4}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
@@ -64,7 +68,9 @@ def main(name, out_root) -> None:
     model, tokenizer = load(str(model_dir))
     mx.random.seed(7)
     model.freeze()
-    linear_to_lora_layers(model, 3, LORA)
+    lora = {**LORA, "keys": KEYS + EXTRA_KEYS.get(name, [])}
+    num_layers = NUM_LAYERS.get(name, 3)
+    linear_to_lora_layers(model, num_layers, lora)
     data = TensorFile()
     initial = [{"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
     batch, lengths = batch_of(tokenizer)
@@ -89,7 +95,7 @@ def main(name, out_root) -> None:
     adapters.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(adapters / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
     (adapters / "adapter_config.json").write_text(json.dumps(
-        {"fine_tune_type": "lora", "num_layers": 3, "lora_parameters": LORA}, indent=2) + "\n")
+        {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": lora}, indent=2) + "\n")
     # The adapters loaded the way mlx_lm.generate --adapter-path loads them: one forward.
     fresh, _ = load(str(model_dir))
     load_adapters(fresh, str(adapters))
@@ -101,7 +107,7 @@ def main(name, out_root) -> None:
         "generator": "oracles/gen_train.py",
         "model": f"models/{name}",
         "data": "data.bin",
-        "settings": {"seed": 7, "num_layers": 3, "lora_parameters": LORA,
+        "settings": {"seed": 7, "num_layers": num_layers, "lora_parameters": lora,
                      "optimizer": {"name": "adamw", "learning_rate": 1e-3, "weight_decay": 0.01,
                                    "betas": [0.9, 0.999], "eps": 1e-8},
                      "loss": "mlx_lm.tuner.trainer.default_loss", "steps": STEPS,

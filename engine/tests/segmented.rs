@@ -167,3 +167,87 @@ fn planted_dropped_cotangent_fails() {
     plant_drop_cotangent(false);
     assert!(gap > GRAD_BOUND);
 }
+
+/// The training loop takes the segmented backward when `segment_size` is set (it once did
+/// not: `--segment-size` was accepted and the whole-model backward ran, so the CLI test of
+/// equal adapters could not fail): three steps of `train` with segments of one block end
+/// with the whole-model adapters, and with different ones under the planted dropped
+/// cotangent.
+#[test]
+fn the_training_loop_runs_the_segmented_backward() {
+    use engine::train::optim::{AdamW, Schedule};
+    use engine::train::trainer::{train, Dataset, Method, Metrics, TrainConfig};
+    let m = model("tiny-llama-trained");
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    let data = Dataset::Sft(
+        [
+            "The robot took a spring from the jar and fixed the clock.",
+            "Mira came back the next week with a music box.",
+            "The sky is blue and the grass is green.",
+            "A girl named Mira came to the workshop.",
+        ]
+        .iter()
+        .map(|s| engine::train::data::Example {
+            tokens: tok.encode(s, true).unwrap(),
+            offset: 3,
+        })
+        .collect(),
+    );
+    let run = |segment_size: Option<usize>, plant: bool| -> Vec<Vec<u8>> {
+        let config = AdapterConfig {
+            fine_tune_type: "lora".into(),
+            num_layers: 3,
+            lora_parameters: LoraParams {
+                rank: 4,
+                scale: 20.0,
+                dropout: 0.0,
+                keys: None,
+            },
+            extra: Default::default(),
+        };
+        let adapters = Adapters::attach(m.as_ref(), config, 3).unwrap();
+        let cfg = TrainConfig {
+            method: Method::Sft,
+            iters: 3,
+            batch_size: 2,
+            grad_accumulation: 1,
+            max_grad_norm: None,
+            steps_per_eval: usize::MAX,
+            val_batches: 0,
+            save_every: 0,
+            max_seq_length: 2048,
+            seed: 0,
+            orpo_lambda: 0.1,
+            sft_scope: SftScope::Full,
+            segment_size,
+            lambda_controller: None,
+        };
+        let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);
+        let dir = tempfile::tempdir().unwrap();
+        let mut metrics =
+            Metrics::create(&dir.path().join("metrics.jsonl"), serde_json::json!({})).unwrap();
+        plant_drop_cotangent(plant);
+        let done = train(
+            m.as_ref(),
+            &adapters,
+            &mut opt,
+            &data,
+            None,
+            &cfg,
+            &mut metrics,
+            dir.path(),
+            |_, _| {},
+        );
+        plant_drop_cotangent(false);
+        done.unwrap();
+        adapters.params().iter().map(bytes).collect()
+    };
+    let whole = run(None, false);
+    assert!(whole == run(Some(1), false), "segmented training differs");
+    assert!(
+        whole != run(Some(1), true),
+        "the planted defect went unnoticed"
+    );
+}

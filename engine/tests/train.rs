@@ -316,3 +316,77 @@ fn adaptive_lambda_ramps_under_the_positive_control() {
     let last = events.last().unwrap()["to"].as_f64().unwrap();
     assert!(last > 0.05 + 1e-9, "λ ended at {last}");
 }
+
+/// Gemma 3 and 4 train LoRA adapters from the CLI (their steps are gated against mlx-lm in
+/// tests/train_lora.rs) and `generate --adapter-path` loads them; `--segment-size`, which
+/// only the llama family has, is refused before anything is written.
+#[test]
+fn gemma_models_train_and_refuse_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args(args)
+            .env_remove("RUST_BACKTRACE")
+            .output()
+            .unwrap()
+    };
+    for model in ["tiny-gemma3", "tiny-gemma4"] {
+        let model_dir = goldens().join("models").join(model);
+        let out = dir.path().join(model);
+        let trained = engine(&[
+            "train",
+            "--quiet",
+            "--model",
+            model_dir.to_str().unwrap(),
+            "--data",
+            goldens().join("data/sft-chat").to_str().unwrap(),
+            "--iters",
+            "3",
+            "--adapter-path",
+            out.to_str().unwrap(),
+        ]);
+        assert!(
+            trained.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&trained.stderr)
+        );
+        let generated = engine(&[
+            "generate",
+            "--model",
+            model_dir.to_str().unwrap(),
+            "--adapter-path",
+            out.to_str().unwrap(),
+            "--prompt",
+            "The old clock",
+            "--max-tokens",
+            "4",
+        ]);
+        assert!(
+            generated.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+    }
+    let out = dir.path().join("segmented");
+    let refused = engine(&[
+        "train",
+        "--quiet",
+        "--model",
+        goldens().join("models/tiny-gemma4").to_str().unwrap(),
+        "--data",
+        goldens().join("data/uppercase").to_str().unwrap(),
+        "--method",
+        "orpo",
+        "--segment-size",
+        "2",
+        "--adapter-path",
+        out.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("--segment-size is not available for model_type `gemma4_text`"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+}

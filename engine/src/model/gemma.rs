@@ -207,6 +207,21 @@ impl LanguageModel for Gemma3 {
         self.embed.output_dtype()
     }
 
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let mlp = [
+                ("mlp.gate_proj", &b.gate_proj),
+                ("mlp.up_proj", &b.up_proj),
+                ("mlp.down_proj", &b.down_proj),
+            ];
+            for (name, l) in b.attn.named_linears().into_iter().chain(mlp) {
+                out.push((format!("model.layers.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks
             .iter()

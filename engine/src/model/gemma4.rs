@@ -528,6 +528,36 @@ impl LanguageModel for Gemma4 {
         self.embed.output_dtype()
     }
 
+    /// mlx-lm's module names; KV-shared layers have no k/v projections, K = V layers no
+    /// v_proj, and the small models add the per-layer input gate and projection.
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let a = &b.attn;
+            let mut named = vec![("self_attn.q_proj", &a.q_proj)];
+            if let Some(kv) = &a.kv {
+                named.push(("self_attn.k_proj", &kv.k_proj));
+                if let Some(v) = &kv.v_proj {
+                    named.push(("self_attn.v_proj", v));
+                }
+            }
+            named.push(("self_attn.o_proj", &a.o_proj));
+            named.extend([
+                ("mlp.gate_proj", &b.gate_proj),
+                ("mlp.up_proj", &b.up_proj),
+                ("mlp.down_proj", &b.down_proj),
+            ]);
+            if let Some(pl) = &b.per_layer {
+                named.push(("per_layer_input_gate", &pl.gate));
+                named.push(("per_layer_projection", &pl.projection));
+            }
+            for (name, l) in named {
+                out.push((format!("model.layers.{i}.{name}"), l));
+            }
+        }
+        out
+    }
+
     /// Caches only for the layers that compute K/V (as mlx-lm's `make_cache`).
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks

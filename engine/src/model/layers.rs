@@ -353,6 +353,16 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The four projections under mlx-lm's names within a block, where LoRA attaches.
+    pub fn named_linears(&self) -> [(&'static str, &Linear); 4] {
+        [
+            ("self_attn.q_proj", &self.q_proj),
+            ("self_attn.k_proj", &self.k_proj),
+            ("self_attn.v_proj", &self.v_proj),
+            ("self_attn.o_proj", &self.o_proj),
+        ]
+    }
+
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {

@@ -303,16 +303,12 @@ impl LanguageModel for Llama {
         let mut out = Vec::new();
         for (i, b) in self.blocks.iter().enumerate() {
             let p = format!("model.layers.{i}");
-            let a = &b.attn;
-            for (name, l) in [
-                ("self_attn.q_proj", &a.q_proj),
-                ("self_attn.k_proj", &a.k_proj),
-                ("self_attn.v_proj", &a.v_proj),
-                ("self_attn.o_proj", &a.o_proj),
+            let mlp = [
                 ("mlp.gate_proj", &b.mlp.gate_proj),
                 ("mlp.up_proj", &b.mlp.up_proj),
                 ("mlp.down_proj", &b.mlp.down_proj),
-            ] {
+            ];
+            for (name, l) in b.attn.named_linears().into_iter().chain(mlp) {
                 out.push((format!("{p}.{name}"), l));
             }
         }

@@ -139,6 +139,13 @@ pub enum LambdaLawArg {
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let model = crate::model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
+    if args.segment_size.is_some() && model.as_layered().is_none() {
+        anyhow::bail!(
+            "--segment-size is not available for model_type `{}` yet (the llama family has \
+             it); train this model without it",
+            model.model_type()
+        );
+    }
     let tokenizer = Tokenizer::load(&args.model)?;
     let template = ChatTemplate::from_tokenizer(&tokenizer)?;
     let encoder = Encoder {

@@ -57,7 +57,7 @@ fn select<'m>(
     let all = model.linears();
     if all.is_empty() {
         return Err(TrainError::Unsupported(format!(
-            "LoRA is not available for model_type `{}` yet (llama, mistral, qwen2, qwen3 are)",
+            "LoRA is not available for model_type `{}` yet (llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text are)",
             model.model_type()
         )));
     }

@@ -370,8 +370,7 @@ pub fn train(
         }
         let batch = &all[order.pop().expect("non-empty")];
         adapters.seed_dropout(cfg.seed, step as u64)?;
-        let (outputs, grads) =
-            value_and_grad(adapters, || batch_outputs(model, train, batch, cfg))?;
+        let (outputs, grads) = batch_grads(model, adapters, train, batch, cfg, &mut ())?;
         let grads = match accum.take() {
             Some(prev) => prev
                 .iter()

@@ -258,10 +258,12 @@ pub fn run(args: Args) -> Result<()> {
             batch_failed.push("spec/tiny-llama-trained".into());
         }
         // LoRA training steps vs mlx-lm's LoRA layers, loss, autodiff and AdamW.
-        let r = harness::parity::train::run("tiny-llama-trained", |_| {})?;
-        println!("L1 train (LoRA) tiny-llama-trained: {}", r.summary());
-        if !r.passed() {
-            batch_failed.push("train/tiny-llama-trained".into());
+        for model in harness::parity::train::MODELS {
+            let r = harness::parity::train::run(model, |_| {})?;
+            println!("L1 train (LoRA) {model}: {}", r.summary());
+            if !r.passed() {
+                batch_failed.push(format!("train/{model}"));
+            }
         }
     }
     let mut failed: Vec<String> = reports

@@ -1,6 +1,6 @@
 //! The LoRA training gate: our adapters, SFT loss, autodiff gradients and AdamW against
 //! mlx-lm's (oracles/gen_train.py: `linear_to_lora_layers`, `default_loss`,
-//! `nn.value_and_grad`, `optim.AdamW`, eager) on tiny-llama-trained — from the golden's
+//! `nn.value_and_grad`, `optim.AdamW`, eager) on each of MODELS — from the golden's
 //! initial adapters, every step's loss, token count and every gradient, and the adapters
 //! after the last update, bit for bit; then mlx-lm's saved adapters loaded by us give the
 //! logits `mlx_lm.utils.load_adapters` gave, bit for bit.
@@ -13,6 +13,9 @@ use serde_json::{json, Value};
 use super::ParityError;
 use crate::compare::compare;
 use crate::goldens::{TensorEntry, TensorGolden};
+
+/// The models with LoRA training goldens (`oracles/gen_train.py MODEL`).
+pub const MODELS: [&str; 3] = ["tiny-llama-trained", "tiny-gemma3", "tiny-gemma4"];
 
 #[derive(Debug, Clone, Default)]
 pub struct TrainReport {
