@@ -1,7 +1,8 @@
 //! The desktop shell end to end under Xvfb: the window starts `engine serve` on the trained
 //! tiny model, loads the server's chat page with a first message in its link, the page's
 //! JavaScript (inside the shell's webview) streams the answer, a screenshot of the screen
-//! is saved (target/e2e/desktop.png), and SIGTERM to the shell stops the server too.
+//! is saved (target/e2e/desktop.png), and SIGTERM to the shell stops the server too, as
+//! does closing the window (a WM_DELETE_WINDOW message, as a window manager sends).
 //! Two planted defects (a shell that leaves its server running, one that opens the wrong
 //! page) must each be caught.
 //!
@@ -159,6 +160,55 @@ enum Ending {
     Term,
     /// SIGKILL: the shell gets no say; the server must still go (Linux: parent-death signal).
     Kill,
+    /// The window closed, as a window manager closes it (Linux: WM_DELETE_WINDOW).
+    #[cfg(target_os = "linux")]
+    Close,
+}
+
+/// Asks the shell's window to close, as a window manager does when its close button is
+/// pressed: a WM_DELETE_WINDOW client message to the top-level window titled "engine".
+#[cfg(target_os = "linux")]
+fn close_window(display: &str) -> Result<(), String> {
+    use x11rb::connection::Connection;
+    use x11rb::protocol::xproto::{AtomEnum, ClientMessageEvent, ConnectionExt, EventMask};
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let (conn, screen) = x11rb::connect(Some(display)).map_err(|x| e(&x))?;
+    let root = conn.setup().roots[screen].root;
+    let atom = |name: &[u8]| -> Result<u32, String> {
+        Ok(conn
+            .intern_atom(false, name)
+            .map_err(|x| e(&x))?
+            .reply()
+            .map_err(|x| e(&x))?
+            .atom)
+    };
+    let (protocols, delete) = (atom(b"WM_PROTOCOLS")?, atom(b"WM_DELETE_WINDOW")?);
+    let children = conn
+        .query_tree(root)
+        .map_err(|x| e(&x))?
+        .reply()
+        .map_err(|x| e(&x))?
+        .children;
+    let mut closed = 0;
+    for window in children {
+        let name = conn
+            .get_property(false, window, AtomEnum::WM_NAME, AtomEnum::ANY, 0, 64)
+            .map_err(|x| e(&x))?
+            .reply()
+            .map_err(|x| e(&x))?
+            .value;
+        if name == b"engine" {
+            let message = ClientMessageEvent::new(32, window, protocols, [delete, 0, 0, 0, 0]);
+            conn.send_event(false, window, EventMask::NO_EVENT, message)
+                .map_err(|x| e(&x))?;
+            closed += 1;
+        }
+    }
+    conn.flush().map_err(|x| e(&x))?;
+    if closed == 0 {
+        return Err("no window titled \"engine\" to close".into());
+    }
+    Ok(())
 }
 
 /// One run of the shell: everything the smoke test checks, in order. `plant` names a
@@ -225,15 +275,21 @@ fn run_shell(plant: Option<&str>, ending: Ending, screenshot: &Path) -> Result<(
         std::thread::sleep(Duration::from_millis(800)); // let the last tokens paint
         x.screenshot(screenshot)?;
 
-        let signal = if ending == Ending::Term {
-            "-TERM"
-        } else {
-            "-KILL"
+        let signal = match ending {
+            Ending::Term => "-TERM",
+            Ending::Kill => "-KILL",
+            #[cfg(target_os = "linux")]
+            Ending::Close => {
+                close_window(&x.display)?;
+                "the window's close"
+            }
         };
-        Command::new("kill")
-            .args([signal, &shell.id().to_string()])
-            .status()
-            .map_err(|e| e.to_string())?;
+        if signal.starts_with('-') {
+            Command::new("kill")
+                .args([signal, &shell.id().to_string()])
+                .status()
+                .map_err(|e| e.to_string())?;
+        }
         let deadline = Instant::now() + Duration::from_secs(30);
         let exit = loop {
             if let Some(exit) = shell.try_wait().map_err(|e| e.to_string())? {
@@ -244,7 +300,7 @@ fn run_shell(plant: Option<&str>, ending: Ending, screenshot: &Path) -> Result<(
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        if ending == Ending::Term {
+        if ending != Ending::Kill {
             if !exit.success() {
                 return Err(format!("the shell exited with {exit}"));
             }
@@ -292,6 +348,15 @@ fn the_shell_shows_the_chat_page_and_stops_its_server() {
         png.len()
     );
     println!("screenshot: {}", shot.display());
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn closing_the_window_stops_the_server() {
+    let shot = e2e_dir().join("desktop-closed.png");
+    if let Err(e) = run_shell(None, Ending::Close, &shot) {
+        panic!("{e}");
+    }
 }
 
 #[cfg(target_os = "linux")]
