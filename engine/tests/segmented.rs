@@ -28,8 +28,8 @@ fn max_gap(a: &Array, b: &Array) -> f32 {
 }
 
 /// (loss gap bit-identical?, largest gradient gap) between segmented and unsegmented.
-fn compare(method: &str, segment_size: usize) -> (bool, f32) {
-    let m = model("tiny-llama-trained");
+fn compare(name: &str, method: &str, segment_size: usize) -> (bool, f32) {
+    let m = model(name);
     let config = AdapterConfig {
         fine_tune_type: "lora".into(),
         num_layers: 3,
@@ -57,8 +57,7 @@ fn compare(method: &str, segment_size: usize) -> (bool, f32) {
         .collect();
     adapters.set(&params);
     let tok =
-        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
-            .unwrap();
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models").join(name)).unwrap();
     let layered = m.as_layered().unwrap();
     let (ids, loss_fn): (Array, LossFn) = match method {
         "sft" => {
@@ -133,39 +132,43 @@ fn compare(method: &str, segment_size: usize) -> (bool, f32) {
         .map(|(a, b)| max_gap(a, b))
         .fold(0.0, f32::max);
     println!(
-        "{method} segment {segment_size}: loss identical {same_loss}, max gradient gap {gap:e}"
+        "{name} {method} segment {segment_size}: loss identical {same_loss}, max gradient gap {gap:e}"
     );
     (same_loss, gap)
 }
 
 #[test]
 fn segmented_sft_matches_the_full_step() {
-    for size in [1, 2, 3] {
-        let (same, gap) = compare("sft", size);
-        assert!(
-            same && gap <= GRAD_BOUND,
-            "segment {size}: loss identical {same}, gap {gap:e}"
-        );
+    for (name, sizes) in [("tiny-llama-trained", 1..=3), ("tiny-gemma3", 1..=4)] {
+        for size in sizes {
+            let (same, gap) = compare(name, "sft", size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
     }
 }
 
 #[test]
 fn segmented_orpo_matches_the_full_step() {
-    for size in [1, 2] {
-        let (same, gap) = compare("orpo", size);
-        assert!(
-            same && gap <= GRAD_BOUND,
-            "segment {size}: loss identical {same}, gap {gap:e}"
-        );
+    for (name, sizes) in [("tiny-llama-trained", 1..=2), ("tiny-gemma3", 1..=2)] {
+        for size in sizes {
+            let (same, gap) = compare(name, "orpo", size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
     }
 }
 
 #[test]
 fn planted_dropped_cotangent_fails() {
     plant_drop_cotangent(true);
-    let (_, gap) = compare("sft", 1);
+    let gaps = ["tiny-llama-trained", "tiny-gemma3"].map(|name| compare(name, "sft", 1).1);
     plant_drop_cotangent(false);
-    assert!(gap > GRAD_BOUND);
+    assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
 }
 
 /// The training loop takes the segmented backward when `segment_size` is set (it once did

@@ -318,8 +318,9 @@ fn adaptive_lambda_ramps_under_the_positive_control() {
 }
 
 /// Gemma 3 and 4 train LoRA adapters from the CLI (their steps are gated against mlx-lm in
-/// tests/train_lora.rs) and `generate --adapter-path` loads them; `--segment-size`, which
-/// only the llama family has, is refused before anything is written.
+/// tests/train_lora.rs) and `generate --adapter-path` loads them; Gemma 3 segmented writes
+/// the same adapters; `--segment-size` on Gemma 4 (no segmented path) is refused before
+/// anything is written.
 #[test]
 fn gemma_models_train_and_refuse_segments() {
     let dir = tempfile::tempdir().unwrap();
@@ -330,26 +331,39 @@ fn gemma_models_train_and_refuse_segments() {
             .output()
             .unwrap()
     };
-    for model in ["tiny-gemma3", "tiny-gemma4"] {
-        let model_dir = goldens().join("models").join(model);
-        let out = dir.path().join(model);
-        let trained = engine(&[
+    let data = goldens().join("data/sft-chat");
+    let train = |model_dir: &Path, out: &Path, extra: &[&str]| {
+        let mut args = vec![
             "train",
             "--quiet",
             "--model",
             model_dir.to_str().unwrap(),
             "--data",
-            goldens().join("data/sft-chat").to_str().unwrap(),
+            data.to_str().unwrap(),
             "--iters",
             "3",
             "--adapter-path",
             out.to_str().unwrap(),
-        ]);
+        ];
+        args.extend(extra);
+        let trained = engine(&args);
         assert!(
             trained.status.success(),
-            "{model}: {}",
+            "{}: {}",
+            model_dir.display(),
             String::from_utf8_lossy(&trained.stderr)
         );
+        std::fs::read(out.join("adapters.safetensors")).unwrap()
+    };
+    for model in ["tiny-gemma3", "tiny-gemma4"] {
+        let model_dir = goldens().join("models").join(model);
+        let out = dir.path().join(model);
+        let whole = train(&model_dir, &out, &[]);
+        if model == "tiny-gemma3" {
+            let seg = dir.path().join("gemma3-segmented");
+            let segmented = train(&model_dir, &seg, &["--segment-size", "1"]);
+            assert!(whole == segmented, "segmented gemma3 adapters differ");
+        }
         let generated = engine(&[
             "generate",
             "--model",

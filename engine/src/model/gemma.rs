@@ -119,6 +119,20 @@ struct Block {
     global: bool,
 }
 
+impl Block {
+    fn forward(&self, h: &Array, mask: &crate::cache::Mask, cache: &mut dyn Cache) -> R<Array> {
+        let r = self
+            .attn
+            .forward(&self.input_norm.forward(h)?, mask, cache)?;
+        let h = clip_residual(h, &self.post_attn_norm.forward(&r)?)?;
+        let x = self.pre_ffw_norm.forward(&h)?;
+        let gated =
+            gelu_approx(&self.gate_proj.forward(&x)?)?.multiply(self.up_proj.forward(&x)?)?;
+        let r = self.down_proj.forward(&gated)?;
+        clip_residual(&h, &self.post_ffw_norm.forward(&r)?)
+    }
+}
+
 pub struct Gemma3 {
     args: Gemma3Args,
     embed: Embedding,
@@ -198,6 +212,58 @@ impl Gemma3 {
     }
 }
 
+impl Gemma3 {
+    /// embed(ids) · √hidden, the scale rounded through bf16 as mlx-lm rounds it.
+    fn embed_scaled(&self, ids: &Array) -> R<Array> {
+        let h = self.embed.forward(ids)?;
+        let scale = Array::from_f32((self.args.hidden_size as f64).sqrt() as f32)
+            .as_dtype(Dtype::Bfloat16)?
+            .as_dtype(h.dtype())?;
+        h.multiply(&scale)
+    }
+
+    fn head(&self, h: &Array) -> R<Array> {
+        let out = self.norm.forward(h)?;
+        match &self.lm_head {
+            Some(head) => head.forward(&out),
+            None => self.embed.as_linear(&out),
+        }
+    }
+}
+
+/// Segmented training: the cache-less forward in pieces (masks as `model(inputs)` makes
+/// them with no cache).
+impl super::Layered for Gemma3 {
+    fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn embed_ids(&self, ids: &Array) -> R<Array> {
+        self.embed_scaled(ids)
+    }
+
+    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> R<Array> {
+        use crate::cache::none::PassThrough;
+        let n = h.shape()[1];
+        let global_mask = PassThrough.make_mask(n, None)?;
+        let sliding_mask = PassThrough.make_mask(n, Some(self.args.sliding_window))?;
+        let mut h = h.clone();
+        for block in &self.blocks[range] {
+            let mask = if block.global {
+                &global_mask
+            } else {
+                &sliding_mask
+            };
+            h = block.forward(&h, mask, &mut PassThrough)?;
+        }
+        Ok(h)
+    }
+
+    fn head_logits(&self, h: &Array) -> R<Array> {
+        self.head(h)
+    }
+}
+
 impl LanguageModel for Gemma3 {
     fn model_type(&self) -> &str {
         "gemma3_text"
@@ -236,11 +302,7 @@ impl LanguageModel for Gemma3 {
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
-        let scale = Array::from_f32((self.args.hidden_size as f64).sqrt() as f32)
-            .as_dtype(Dtype::Bfloat16)?
-            .as_dtype(h.dtype())?;
-        h = h.multiply(&scale)?;
+        let mut h = self.embed_scaled(ids)?;
         let n = ids.shape()[1];
         let pattern = self.args.sliding_window_pattern as usize;
         let global_mask = caches[pattern - 1].make_mask(n, None)?;
@@ -255,20 +317,12 @@ impl LanguageModel for Gemma3 {
             } else {
                 &sliding_mask
             };
-            let r = block
-                .attn
-                .forward(&block.input_norm.forward(&h)?, mask, cache.as_mut())?;
-            h = clip_residual(&h, &block.post_attn_norm.forward(&r)?)?;
-            let x = block.pre_ffw_norm.forward(&h)?;
-            let gated =
-                gelu_approx(&block.gate_proj.forward(&x)?)?.multiply(block.up_proj.forward(&x)?)?;
-            let r = block.down_proj.forward(&gated)?;
-            h = clip_residual(&h, &block.post_ffw_norm.forward(&r)?)?;
+            h = block.forward(&h, mask, cache.as_mut())?;
         }
-        let out = self.norm.forward(&h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.embed.as_linear(&out),
-        }
+        self.head(&h)
+    }
+
+    fn as_layered(&self) -> Option<&dyn super::Layered> {
+        Some(self)
     }
 }

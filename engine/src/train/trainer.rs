@@ -176,7 +176,7 @@ pub fn batch_grads(
             layered, adapters, &inputs, size, &mut loss, phases,
         ),
         (Some(_), None) => Err(Exception::custom(format!(
-            "--segment-size is not available for model_type `{}` yet (llama family only)",
+            "--segment-size is not available for model_type `{}` yet (llama family and gemma3_text)",
             model.model_type()
         ))),
         (None, _) => {
