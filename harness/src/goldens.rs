@@ -243,6 +243,14 @@ pub fn registry() -> Vec<Registered> {
             });
         }
     }
+    // The speculative drafters (not L1 models themselves).
+    for m in ["tiny-llama-draft", "tiny-gemma4-assistant"] {
+        out.push(Registered {
+            name: format!("models/{m}"),
+            script: "make_models.py",
+            args: vec![m.to_owned()],
+        });
+    }
     for m in crate::parity::l1::MODELS {
         out.push(Registered {
             name: format!("l1/{m}"),
@@ -269,13 +277,34 @@ pub fn registry() -> Vec<Registered> {
         script: "gen_batch.py",
         args: vec!["tiny-llama-trained".into()],
     });
+    let one = |name: &str, script: &'static str, args: &[&str]| Registered {
+        name: name.into(),
+        script,
+        args: args.iter().map(|a| a.to_string()).collect(),
+    };
+    out.push(one(
+        "spec/tiny-llama-trained",
+        "gen_spec.py",
+        &["tiny-llama-trained"],
+    ));
+    out.push(one("spec-l2/tiny-gemma4", "gen_spec_l2.py", &[]));
+    for m in crate::parity::train::MODELS {
+        out.push(one(&format!("train/{m}"), "gen_train.py", &[m]));
+    }
+    for m in crate::parity::detok::MODELS {
+        out.push(one(&format!("detok/{m}"), "gen_detok.py", &[m]));
+    }
     // l3/<model> is frozen from our own engine by `harness freeze-perf-oracle`, not by an
     // oracle script, so it is not regenerated from here.
     out
 }
 
-/// Top-level entries of the goldens dir that are golden groups, not machine layers.
-const GROUPS: [&str; 7] = ["runtime", "models", "l1", "l2", "l3", "batch", "sampling"];
+/// Top-level entries of the goldens dir that are golden groups, not machine layers
+/// (`data` holds training sets made by oracles/make_train_data.py, not oracle output).
+const GROUPS: [&str; 12] = [
+    "runtime", "models", "l1", "l2", "l3", "batch", "sampling", "spec", "spec-l2", "train",
+    "detok", "data",
+];
 
 /// Machine-key override dirs present under `root`.
 pub fn machine_layers(root: &Path) -> Vec<String> {
@@ -380,6 +409,35 @@ mod tests {
                 .iter()
                 .any(|p| p.contains("oracles/nope.py does not exist")),
             "{problems:?}"
+        );
+    }
+
+    /// Every golden dir in the repository is registered (so `goldens check` sees its
+    /// provenance and `goldens regen` can rebuild it), except the frozen perf oracles (l3,
+    /// written by the engine) and the training sets (data).
+    #[test]
+    fn every_committed_golden_is_registered() {
+        let root = goldens_root();
+        let registered: Vec<String> = registry().into_iter().map(|g| g.name).collect();
+        let mut missing = Vec::new();
+        for group in GROUPS.iter().filter(|g| !["l3", "data"].contains(g)) {
+            let dir = root.join(group);
+            if *group == "runtime" {
+                continue;
+            }
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = format!("{group}/{}", entry.file_name().to_string_lossy());
+                if entry.path().is_dir() && !registered.contains(&name) {
+                    missing.push(name);
+                }
+            }
+        }
+        assert!(missing.is_empty(), "unregistered goldens: {missing:?}");
+        assert!(
+            machine_layers(&root)
+                .iter()
+                .all(|k| !GROUPS.contains(&k.as_str())),
+            "a golden group is taken for a machine layer"
         );
     }
 

@@ -1,5 +1,5 @@
 //! The tokenizer (`tokenizer.json` via the tokenizers crate, with `tokenizer_config.json`'s
-//! special tokens) and a streaming detokenizer that never emits half a UTF-8 character.
+//! special tokens); its streaming detokenizer is mlx-lm's (`detok.rs`).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,10 @@ pub struct Tokenizer {
     pub eos_token: Option<String>,
     /// Every id that ends generation: tokenizer eos plus generation_config's eos ids.
     pub eos_token_ids: Vec<u32>,
+    /// Which of mlx-lm's streaming detokenizers this tokenizer gets (from its decoder).
+    detok_kind: super::detok::Kind,
+    /// `clean_up_tokenization_spaces` (transformers' decode post-processing).
+    clean_up_spaces: bool,
 }
 
 /// A special-token entry is either a string or `{"content": "..."}`.
@@ -34,12 +38,18 @@ impl Tokenizer {
             path: path.clone(),
             message: e.to_string(),
         })?;
+        // mlx-lm picks its detokenizer by matching the decoder as written in the file.
+        let detok_kind = super::detok::Kind::of_decoder(&read_json(&path)?["decoder"]);
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
             read_json(&config_path)?
         } else {
             Value::Null
         };
+        let clean_up_spaces = config
+            .get("clean_up_tokenization_spaces")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         let bos_token = token_string(config.get("bos_token"));
         let eos_token = token_string(config.get("eos_token"));
         let mut eos_token_ids = Vec::new();
@@ -67,6 +77,8 @@ impl Tokenizer {
             bos_token,
             eos_token,
             eos_token_ids,
+            detok_kind,
+            clean_up_spaces,
         })
     }
 
@@ -86,9 +98,33 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
-    /// Text of `ids`, special tokens skipped (as mlx-lm's detokenizers do).
+    /// Text of `ids`, special tokens skipped.
     pub fn decode(&self, ids: &[u32]) -> Result<String, LoadError> {
         self.inner.decode(ids, true).map_err(|e| self.error(e))
+    }
+
+    /// Text of `ids` as transformers' `tokenizer.decode(ids)` gives it: special tokens
+    /// kept, spaces cleaned up where the tokenizer asks for it.
+    pub fn decode_with_special(&self, ids: &[u32]) -> Result<String, LoadError> {
+        let text = self.inner.decode(ids, false).map_err(|e| self.error(e))?;
+        Ok(if self.clean_up_spaces {
+            clean_up_tokenization(&text)
+        } else {
+            text
+        })
+    }
+
+    /// The token string of `id` (HF's `convert_ids_to_tokens`).
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn detokenizer_kind(&self) -> super::detok::Kind {
+        self.detok_kind
+    }
+
+    pub fn cleans_up_spaces(&self) -> bool {
+        self.clean_up_spaces
     }
 
     /// The vocabulary size, added tokens included (HF's `len(tokenizer)`).
@@ -104,65 +140,26 @@ impl Tokenizer {
         self.config.get("chat_template").and_then(Value::as_str)
     }
 
-    pub fn detokenizer(&self) -> StreamingDetokenizer<'_> {
-        StreamingDetokenizer {
-            tokenizer: self,
-            ids: Vec::new(),
-            prefix: 0,
-            read: 0,
-        }
+    /// A streaming detokenizer: the pieces of text mlx-lm streams for the same ids.
+    pub fn detokenizer(&self) -> super::detok::StreamingDetokenizer<'_> {
+        super::detok::StreamingDetokenizer::new(self)
     }
 }
 
-/// Turns a stream of ids into text pieces without ever emitting half a character.
-///
-/// Incremental decoding over a short window: `ids[prefix..read]` were already emitted and
-/// give the decoder its left context (so decoders that strip a leading space at the start of
-/// a sequence behave as they would mid-text); the new piece is
-/// `decode(ids[prefix..]) − decode(ids[prefix..read])`, held back while it ends in U+FFFD
-/// (a UTF-8 sequence split across byte-level tokens). Each push decodes only the window.
-pub struct StreamingDetokenizer<'t> {
-    tokenizer: &'t Tokenizer,
-    ids: Vec<u32>,
-    prefix: usize,
-    read: usize,
-}
-
-impl StreamingDetokenizer<'_> {
-    fn pending(&self) -> Result<String, LoadError> {
-        let before = self.tokenizer.decode(&self.ids[self.prefix..self.read])?;
-        let now = self.tokenizer.decode(&self.ids[self.prefix..])?;
-        Ok(match now.strip_prefix(before.as_str()) {
-            Some(new) => new.to_owned(),
-            // The decoder rewrote its left context (rare); fall back to the long way.
-            None => {
-                let all_before = self.tokenizer.decode(&self.ids[..self.read])?;
-                let all_now = self.tokenizer.decode(&self.ids)?;
-                all_now
-                    .get(all_before.len()..)
-                    .unwrap_or_default()
-                    .to_owned()
-            }
-        })
-    }
-
-    /// Adds one id; returns the newly completed text (possibly empty).
-    pub fn push(&mut self, id: u32) -> Result<String, LoadError> {
-        self.ids.push(id);
-        let new = self.pending()?;
-        if new.is_empty() || new.ends_with('\u{FFFD}') {
-            return Ok(String::new());
-        }
-        self.prefix = self.read;
-        self.read = self.ids.len();
-        Ok(new)
-    }
-
-    /// Whatever is still held back (an incomplete character at the very end).
-    pub fn finish(&mut self) -> Result<String, LoadError> {
-        let rest = self.pending()?;
-        self.prefix = self.read;
-        self.read = self.ids.len();
-        Ok(rest)
-    }
+/// transformers' `clean_up_tokenization`: spaces before punctuation and contractions.
+fn clean_up_tokenization(text: &str) -> String {
+    [
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ]
+    .iter()
+    .fold(text.to_owned(), |t, (from, to)| t.replace(from, to))
 }

@@ -9,7 +9,7 @@ use super::error::ApiError;
 use super::worker::{Event, Worker};
 use crate::generate::stop::{StopMatcher, StopStep};
 use crate::generate::{Finish, Flow};
-use crate::load::tokenizer::StreamingDetokenizer;
+use crate::load::detok::StreamingDetokenizer;
 
 pub struct Emitter<'t> {
     events: UnboundedSender<Event>,

@@ -257,6 +257,14 @@ pub fn run(args: Args) -> Result<()> {
         if !r.passed() {
             batch_failed.push("spec/tiny-llama-trained".into());
         }
+        // The streaming detokenizer vs mlx-lm's: every piece of streamed text.
+        for model in harness::parity::detok::MODELS {
+            let r = harness::parity::detok::run(model, |_| {})?;
+            println!("L1 detok {model}: {}", r.summary());
+            if !r.passed() {
+                batch_failed.push(format!("detok/{model}"));
+            }
+        }
         // LoRA training steps vs mlx-lm's LoRA layers, loss, autodiff and AdamW.
         for model in harness::parity::train::MODELS {
             let r = harness::parity::train::run(model, |_| {})?;

@@ -2,6 +2,7 @@
 //! `l1`: the engine vs mlx-lm on the tiny models. `sampling`: mlx-lm's sampler chain, seeded.
 
 pub mod batch;
+pub mod detok;
 pub mod l1;
 pub mod l2;
 pub mod l3;

@@ -1,0 +1,305 @@
+//! Streaming detokenizers, as mlx-lm 0.32.2 streams text (`tokenizer_utils.py`): what
+//! `mlx_lm.generate` prints and `mlx_lm.server` sends, piece by piece. The kind follows the
+//! tokenizer's `decoder` as mlx-lm chooses it:
+//!
+//! - **byte-level BPE** (`ByteLevel` decoder): each token's string is appended, its GPT-2
+//!   byte characters turned back into bytes; text is released unless it ends in half a
+//!   character or the token is a lone space; the stream's first leading space is dropped;
+//!   special tokens show as their text; ids past the tokenizer (a model's padded vocabulary)
+//!   show as "!".
+//! - **SentencePiece** (`Replace ▁→␣, ByteFallback, Fuse, Strip` decoders): token bytes
+//!   (`<0xNN>` tokens as that byte), released unless they end in half a character; the
+//!   leading space dropped unless the decoder keeps it.
+//! - **anything else**: the tokenizer's own decode of the current line (special tokens
+//!   included), released up to a trailing half character (and a trailing space where the
+//!   tokenizer cleans up spaces), committed at each newline.
+
+use std::collections::HashMap;
+
+use serde_json::{json, Value};
+
+use super::tokenizer::Tokenizer;
+use super::LoadError;
+
+/// Which of mlx-lm's detokenizers a tokenizer gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Bpe,
+    Spm { trim_space: bool },
+    Naive,
+}
+
+impl Kind {
+    /// mlx-lm's choice from `tokenizer.json`'s decoder.
+    pub fn of_decoder(decoder: &Value) -> Kind {
+        let mut spm = json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ]});
+        let no_space = spm.clone();
+        spm["decoders"]
+            .as_array_mut()
+            .expect("array")
+            .push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        if decoder == &spm {
+            Kind::Spm { trim_space: true }
+        } else if decoder == &no_space {
+            Kind::Spm { trim_space: false }
+        } else if decoder.get("type").and_then(Value::as_str) == Some("ByteLevel") {
+            Kind::Bpe
+        } else {
+            Kind::Naive
+        }
+    }
+}
+
+/// GPT-2's byte ↔ printable-character table, character → byte.
+fn byte_decoder() -> &'static HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<HashMap<char, u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
+        let mut map = HashMap::new();
+        let mut shifted = 0;
+        for b in 0..=255u32 {
+            let c = if printable(b) {
+                b
+            } else {
+                shifted += 1;
+                255 + shifted
+            };
+            map.insert(char::from_u32(c).expect("valid"), b as u8);
+        }
+        map
+    })
+}
+
+/// Each id's token string (HF's `convert_ids_to_tokens`), for ids below `len(tokenizer)`.
+fn token_strings(tokenizer: &Tokenizer) -> Vec<String> {
+    (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.id_to_token(id).unwrap_or_default())
+        .collect()
+}
+
+enum State {
+    Bpe {
+        tokens: Vec<String>,
+        unflushed: String,
+    },
+    Spm {
+        tokens: Vec<Vec<u8>>,
+        trim_space: bool,
+        unflushed: Vec<u8>,
+    },
+    Naive {
+        clean_spaces: bool,
+        line: Vec<u32>,
+        line_text: String,
+    },
+}
+
+/// Turns a stream of ids into text pieces, as mlx-lm's detokenizer for this tokenizer does.
+pub struct StreamingDetokenizer<'t> {
+    tokenizer: &'t Tokenizer,
+    state: State,
+    /// The text released so far (mlx-lm's `text`) and how much of it was handed out.
+    text: String,
+    offset: usize,
+}
+
+impl<'t> StreamingDetokenizer<'t> {
+    pub fn new(tokenizer: &'t Tokenizer) -> Self {
+        let state = match tokenizer.detokenizer_kind() {
+            Kind::Bpe => State::Bpe {
+                tokens: token_strings(tokenizer),
+                unflushed: String::new(),
+            },
+            Kind::Spm { trim_space } => State::Spm {
+                tokens: token_strings(tokenizer)
+                    .into_iter()
+                    .map(|t| match t.strip_prefix("<0x").and_then(|h| h.get(..2)) {
+                        Some(hex) if t.len() == 6 => match u8::from_str_radix(hex, 16) {
+                            Ok(b) => vec![b],
+                            Err(_) => t.into_bytes(),
+                        },
+                        _ => t.into_bytes(),
+                    })
+                    .collect(),
+                trim_space,
+                unflushed: Vec::new(),
+            },
+            Kind::Naive => State::Naive {
+                clean_spaces: tokenizer.cleans_up_spaces(),
+                line: Vec::new(),
+                line_text: String::new(),
+            },
+        };
+        StreamingDetokenizer {
+            tokenizer,
+            state,
+            text: String::new(),
+            offset: 0,
+        }
+    }
+
+    /// The stream's first leading space is dropped (mlx-lm's `_maybe_trim_space`).
+    fn release(&mut self, mut piece: String) {
+        if self.text.is_empty() && piece.starts_with(' ') {
+            piece.remove(0);
+        }
+        self.text.push_str(&piece);
+    }
+
+    /// The text released since the last call (mlx-lm's `last_segment`).
+    fn segment(&mut self) -> String {
+        let visible = match &self.state {
+            State::Naive { line_text, .. } => format!("{}{line_text}", self.text),
+            _ => self.text.clone(),
+        };
+        let piece = visible.get(self.offset..).unwrap_or_default().to_owned();
+        self.offset = visible.len();
+        piece
+    }
+
+    /// Adds one id; returns the newly released text (possibly empty).
+    pub fn push(&mut self, id: u32) -> Result<String, LoadError> {
+        match &mut self.state {
+            State::Bpe { tokens, unflushed } => {
+                // mlx-lm's fallback for ids past the tokenizer: a padded vocabulary.
+                let token = tokens.get(id as usize).map_or("!", String::as_str);
+                unflushed.push_str(token);
+                let text = bpe_bytes(unflushed, true);
+                let lone_space = {
+                    let mut chars = token.chars();
+                    matches!((chars.next(), chars.next()), (Some(c), None) if byte_decoder().get(&c) == Some(&b' '))
+                };
+                if !text.ends_with('\u{FFFD}') && !lone_space {
+                    unflushed.clear();
+                    self.release(text);
+                }
+            }
+            State::Spm {
+                tokens, unflushed, ..
+            } => {
+                if let Some(bytes) = tokens.get(id as usize) {
+                    unflushed.extend_from_slice(bytes);
+                }
+                self.flush_spm(false);
+            }
+            State::Naive {
+                clean_spaces,
+                line,
+                line_text,
+            } => {
+                line.push(id);
+                let mut text = self.tokenizer.decode_with_special(line)?;
+                if text.ends_with('\u{FFFD}') {
+                    text = text.trim_end_matches('\u{FFFD}').to_owned();
+                } else if *clean_spaces && text.ends_with(' ') {
+                    text.pop();
+                }
+                if text.ends_with('\n') {
+                    self.text.push_str(&text);
+                    line.clear();
+                    line_text.clear();
+                } else {
+                    *line_text = text;
+                }
+            }
+        }
+        Ok(self.segment())
+    }
+
+    fn flush_spm(&mut self, force: bool) {
+        let State::Spm {
+            unflushed,
+            trim_space,
+            ..
+        } = &mut self.state
+        else {
+            return;
+        };
+        let spaced = String::from_utf8_lossy(unflushed).replace('\u{2581}', " ");
+        if !force && spaced.ends_with('\u{FFFD}') {
+            return;
+        }
+        let mut text = spaced;
+        if self.text.is_empty() && *trim_space && text.starts_with(' ') {
+            text.remove(0);
+        }
+        unflushed.clear();
+        self.text.push_str(&text);
+    }
+
+    /// Whatever is still held back (mlx-lm's `finalize`, then `last_segment`).
+    pub fn finish(&mut self) -> Result<String, LoadError> {
+        match &mut self.state {
+            State::Bpe { unflushed, .. } => {
+                let text = bpe_bytes(unflushed, false);
+                unflushed.clear();
+                self.release(text);
+            }
+            State::Spm { .. } => self.flush_spm(true),
+            State::Naive {
+                line, line_text, ..
+            } => {
+                let text = self.tokenizer.decode_with_special(line)?;
+                line.clear();
+                line_text.clear();
+                self.text.push_str(&text);
+            }
+        }
+        Ok(self.segment())
+    }
+}
+
+/// The bytes a run of byte-level token characters stands for, as UTF-8 text (invalid
+/// sequences replaced). mlx-lm's streaming path treats a character that maps to byte 0 like
+/// one outside the table (its own UTF-8 bytes) — `if res:` — and its finalize does not; both
+/// kept.
+fn bpe_bytes(chars: &str, streaming: bool) -> String {
+    let table = byte_decoder();
+    let mut bytes = Vec::with_capacity(chars.len());
+    for c in chars.chars() {
+        match table.get(&c) {
+            Some(&b) if b != 0 || !streaming => bytes.push(b),
+            _ => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+        }
+    }
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_byte_table_is_gpt2s() {
+        let t = byte_decoder();
+        assert_eq!(t.len(), 256);
+        assert_eq!(t[&'!'], b'!');
+        assert_eq!(t[&'Ġ'], b' ');
+        assert_eq!(t[&'Ċ'], b'\n');
+        assert_eq!(t[&'Ā'], 0);
+    }
+
+    #[test]
+    fn decoders_pick_the_kind_mlx_lm_picks() {
+        assert_eq!(
+            Kind::of_decoder(&json!({"type": "ByteLevel", "add_prefix_space": true})),
+            Kind::Bpe
+        );
+        let spm = json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0},
+        ]});
+        assert_eq!(Kind::of_decoder(&spm), Kind::Spm { trim_space: true });
+        let mut no_space = spm.clone();
+        no_space["decoders"].as_array_mut().unwrap().pop();
+        assert_eq!(Kind::of_decoder(&no_space), Kind::Spm { trim_space: false });
+        assert_eq!(Kind::of_decoder(&json!({"type": "WordPiece"})), Kind::Naive);
+        assert_eq!(Kind::of_decoder(&Value::Null), Kind::Naive);
+    }
+}

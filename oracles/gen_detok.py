@@ -1,0 +1,88 @@
+"""Streaming-detokenizer goldens: the text mlx-lm 0.32.2 streams for a sequence of ids, piece
+by piece, as `mlx_lm.generate` and `mlx_lm.server` emit it (`TokenizerWrapper.detokenizer`:
+for our byte-level BPE tokenizer that is `BPEStreamingDetokenizer`).
+
+    oracles/.venv/bin/python oracles/gen_detok.py [MODEL] [--out DIR]
+
+Cases: the greedy continuations of the L1 golden's prompts; text with multi-byte characters
+(accents, CJK, an emoji split across byte tokens); added/special tokens in mid-stream; a
+leading space at the start of the stream; ids past the tokenizer's vocabulary (a model's
+padded embedding rows, which untrained models do emit); and 20 seeded random walks of 60
+ids over the whole id range (split UTF-8 sequences, lone spaces, specials, padding). For each: the ids, the segment after every `add_token` (`last_segment`),
+the segment `finalize` adds, and the final text.
+
+Output: goldens/detok/<model>/index.json.
+"""
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from provenance import golden_dir, provenance, resolve, write_json
+
+TEXTS = {
+    "multibyte": "Héllo, wörld — naïve café. 日本語のテキスト 🙂🚀 done.",
+    "leading-space": " The sky is blue.",
+}
+
+
+def stream(tokenizer, ids):
+    detok = tokenizer.detokenizer
+    detok.reset()
+    segments = []
+    for i in ids:
+        detok.add_token(i)
+        segments.append(detok.last_segment)
+    detok.finalize()
+    return segments, detok.last_segment, detok.text
+
+
+def main(name, out_root) -> None:
+    model_dir = resolve(f"models/{name}")
+    tokenizer = load_tokenizer(model_dir)
+    config = json.loads((model_dir / "config.json").read_text())
+    vocab = len(tokenizer._tokenizer)
+    padded = int(config["vocab_size"])
+    l1 = json.loads((resolve(f"l1/{name}") / "index.json").read_text())
+    cases = []
+    for c in l1["cases"]:
+        cases.append((f"greedy/{c['name']}", list(c["greedy_ids"])))
+    for key, text in TEXTS.items():
+        cases.append((key, tokenizer.encode(text, add_special_tokens=False)))
+    plain = tokenizer.encode(" The robot fixed the clock.", add_special_tokens=False)
+    special = sorted(t.id if hasattr(t, "id") else t for t in
+                     tokenizer._tokenizer.added_tokens_decoder.keys())
+    cases.append(("special-mid-stream", plain[:3] + special[:3] + plain[3:]))
+    cases.append(("padding-ids", plain[:2] + [vocab, padded - 1, vocab + 5] + plain[2:]))
+    rng = random.Random(7)
+    for k in range(20):
+        cases.append((f"random-walk/{k}", [rng.randrange(padded) for _ in range(60)]))
+
+    records = []
+    for case_name, ids in cases:
+        segments, final, text = stream(tokenizer, ids)
+        records.append({"name": case_name, "ids": ids, "segments": segments,
+                        "finalize": final, "text": text})
+        print(f"{case_name}: {len(ids)} ids -> {text!r}")
+    dest = Path(out_root) / name if out_root else golden_dir(f"detok/{name}")
+    dest.mkdir(parents=True, exist_ok=True)
+    write_json(dest / "index.json", {
+        "provenance": provenance("mlx-lm", "mlx-lm"),
+        "generator": "oracles/gen_detok.py",
+        "model": f"models/{name}",
+        "settings": {"detokenizer": type(tokenizer.detokenizer).__name__,
+                     "tokenizer_len": vocab, "model_vocab_size": padded},
+        "cases": records,
+    })
+    print(f"detok/{name} -> {dest}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", nargs="?", default="tiny-llama-trained")
+    ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    main(args.model, args.out)
