@@ -5,7 +5,8 @@ chat, streaming chat (with usage), completions, logprobs, stop, and error handli
 
 Prints one line per check and exits non-zero if any fails. Expects the tiny trained model
 (goldens/models/tiny-llama-trained), which answers "What color is the sky?" with
-"The sky is blue."
+"The sky is blue." (five tokens, and the EOS that ends them: completion_tokens 6, as
+mlx_lm.server counts).
 """
 
 import argparse
@@ -37,7 +38,7 @@ def main() -> None:
     r = client.chat.completions.create(model=model, messages=sky)
     check("chat", r.choices[0].message.content == "The sky is blue.", r.choices[0].message.content)
     check("chat finish_reason", r.choices[0].finish_reason == "stop", r.choices[0].finish_reason)
-    check("chat usage", r.usage.prompt_tokens == 14 and r.usage.completion_tokens == 5, r.usage)
+    check("chat usage", r.usage.prompt_tokens == 14 and r.usage.completion_tokens == 6, r.usage)
     check("chat model echoed", r.model == model, r.model)
 
     chunks = list(client.chat.completions.create(model=model, messages=sky, stream=True,
@@ -45,7 +46,7 @@ def main() -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     check("chat stream", text == "The sky is blue.", text)
     usage = [c.usage for c in chunks if c.usage is not None]
-    check("chat stream usage", bool(usage) and usage[-1].completion_tokens == 5, usage[-1:] )
+    check("chat stream usage", bool(usage) and usage[-1].completion_tokens == 6, usage[-1:] )
 
     r = client.completions.create(model=model, prompt="The little robot", max_tokens=8)
     check("completions", r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 8,

@@ -159,7 +159,8 @@ fn chat_completions_streaming_and_models() {
         .iter()
         .find(|c| c["choices"][0]["finish_reason"] == "stop")
         .unwrap();
-    assert_eq!(finish["usage"]["completion_tokens"], 5);
+    // Five text tokens and the EOS that ended them, counted as mlx_lm.server counts.
+    assert_eq!(finish["usage"]["completion_tokens"], 6);
     assert_eq!(
         chunks.last().unwrap()["choices"],
         json!([]),

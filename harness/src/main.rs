@@ -76,6 +76,10 @@ enum Command {
     },
     /// Check `engine serve` with the official `openai` Python client (oracle venv).
     ServeCheck,
+    /// Live diff: the same greedy requests to `engine serve` and `mlx_lm.server` (oracle
+    /// venv) on the tiny models; texts, streamed chunks, finish reasons and token counts
+    /// must be identical (plus a planted difference that must be caught).
+    ServeDiff,
     /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
     #[command(hide = true)]
     LegRestart(cmd::bench::LegRestartArgs),
@@ -117,6 +121,7 @@ fn main() -> Result<()> {
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),
+        Command::ServeDiff => cmd::serve_check::diff(),
         Command::LegServe(args) => cmd::bench::leg_serve(args),
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
         Command::LegSpec(args) => cmd::bench::leg_spec(args),

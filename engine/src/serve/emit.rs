@@ -100,7 +100,8 @@ impl<'t> Emitter<'t> {
                 "stop"
             },
             prompt_tokens,
-            completion_tokens: self.produced.len(),
+            // mlx_lm.server counts the EOS token that ended the answer as generated.
+            completion_tokens: self.produced.len() + usize::from(finish == Finish::Eos),
             cached_tokens,
         });
         Ok(self.produced.len())
