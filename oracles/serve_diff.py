@@ -39,14 +39,37 @@ def post(base, path, body):
         return {"chunks": chunks, "finish_reason": finish, "usage": usage}
 
 
-def summary(kind, r):
+def logprob_entries(c, peer):
+    """A chat answer's log-probabilities as comparable rows: (id, logprob) per token, and,
+    with top_logprobs, each position's alternatives as an unordered set of (id, logprob).
+    Two mlx_lm.server 0.32.2 quirks are allowed for, not mirrored: it also lists the EOS token
+    that ended the answer (its last row is dropped when it stopped there), and with
+    top_logprobs it reports each position's first argpartition entry instead of the chosen
+    token (so only the alternative sets are compared then)."""
+    lp = c.get("logprobs")
+    if not lp:
+        return None
+    content = lp["content"]
+    if peer and c["finish_reason"] == "stop" and content:
+        content = content[:-1]
+    rows = []
+    for e in content:
+        if e.get("top_logprobs"):
+            rows.append(sorted((t["id"], t["logprob"]) for t in e["top_logprobs"]))
+        else:
+            rows.append((e["id"], e["logprob"]))
+    return rows
+
+
+def summary(kind, r, peer):
     if "chunks" in r:
         return {"chunks": r["chunks"], "finish_reason": r["finish_reason"]}
     c = r["choices"][0]
     text = c["message"]["content"] if kind == "chat" else c["text"]
     u = r["usage"]
     return {"text": text, "finish_reason": c["finish_reason"],
-            "tokens": [u["prompt_tokens"], u["completion_tokens"]]}
+            "tokens": [u["prompt_tokens"], u["completion_tokens"]],
+            "logprobs": logprob_entries(c, peer)}
 
 
 def main() -> int:
@@ -64,12 +87,18 @@ def main() -> int:
                   ("chat", "/v1/chat/completions", chat, True),
                   ("text", "/v1/completions", {"prompt": p}, False),
                   ("text", "/v1/completions", {"prompt": p}, True)]
+    # Log-probabilities on non-streamed chat answers: per token, and the top alternatives.
+    for p in PROMPTS[:2]:
+        chat = [{"role": "user", "content": p}]
+        cases += [("chat", "/v1/chat/completions", {"messages": chat, "logprobs": True}, False),
+                  ("chat", "/v1/chat/completions",
+                   {"messages": chat, "logprobs": True, "top_logprobs": 3}, False)]
     for kind, path, extra, stream in cases:
         body = {"model": args.model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": stream,
                 **extra}
         ours_body = dict(body, max_tokens=4) if args.plant else body
-        ours = summary(kind, post(args.ours, path, ours_body))
-        peer = summary(kind, post(args.peer, path, body))
+        ours = summary(kind, post(args.ours, path, ours_body), False)
+        peer = summary(kind, post(args.peer, path, body), True)
         same = ours == peer
         failed += not same
         label = f"{path} {'stream' if stream else 'plain'} {json.dumps(extra, ensure_ascii=False)[:48]}"

@@ -578,9 +578,20 @@ fn second_turn_reuses(extra: &[&str]) {
         .as_u64()
         .unwrap();
     assert!(reused >= 14, "turn 2 reused {reused} tokens: {r2}");
-    let st = stats(cached.port);
+    // The model thread stores the new entry just after the answer went out.
+    let start = Instant::now();
+    let st = loop {
+        let st = stats(cached.port);
+        if st["prompt_cache"]["bytes"].as_u64().unwrap() > 0 {
+            break st;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no entry kept: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert_eq!(st["prompt_cache"]["hits"], 1, "{st}");
-    assert!(st["prompt_cache"]["bytes"].as_u64().unwrap() > 0);
 
     let plain = serve(&["--prompt-cache-size", "0"]);
     post(plain.port, "/v1/chat/completions", &turn1);

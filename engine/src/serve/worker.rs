@@ -466,7 +466,8 @@ impl Worker {
         let flat = logprobs.reshape(&[-1])?.as_dtype(mlx_rs::Dtype::Float32)?;
         let chosen = flat.index(id as i32);
         chosen.eval()?;
-        let decode = |i: u32| self.tokenizer.decode(&[i]).unwrap_or_default();
+        // mlx_lm.server names tokens by their vocabulary strings (`Ġsky`), not decoded text.
+        let decode = |i: u32| self.tokenizer.id_to_token(i).unwrap_or_default();
         let mut alternatives = Vec::new();
         if top > 0 {
             let order = argsort_axis(flat.negative()?, -1)?.index(..top as i32);
