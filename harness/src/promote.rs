@@ -199,23 +199,16 @@ mod tests {
     use super::*;
 
     fn row(suite: &str, model: &str, metric: &str, stack: &str, value: f64, unit: &str) -> Row {
-        Row {
+        crate::db::RowContext {
             ts: "2026-11-29T18:00:00Z".into(),
             commit: "0123456789ab".into(),
             dirty: false,
             machine_key: "cpu-amd-epyc".into(),
             machine_state: r#"{"before":{"cores":2,"mem_total_mb":24000,"engine_version":"0.1.0","mlx_version":"0.32.2","oracle_versions":{"mlx-lm":"0.32.2","transformers":"5.12.1"}}}"#.into(),
             preflight: "clean".into(),
-            suite: suite.into(),
-            model: model.into(),
-            metric: metric.into(),
-            value,
-            unit: unit.into(),
-            stack: stack.into(),
-            peer: None,
-            params: "{}".into(),
             tags: String::new(),
         }
+        .row(suite, model, (metric, value, unit), stack, None, serde_json::json!({}))
     }
 
     #[test]

@@ -74,20 +74,47 @@ fn byte_decoder() -> &'static HashMap<char, u8> {
     })
 }
 
-/// Each id's token string (HF's `convert_ids_to_tokens`), for ids below `len(tokenizer)`.
-fn token_strings(tokenizer: &Tokenizer) -> Vec<String> {
-    (0..tokenizer.vocab_size() as u32)
-        .map(|id| tokenizer.id_to_token(id).unwrap_or_default())
-        .collect()
+/// What a detokenizer looks tokens up in, built once per tokenizer (`Tokenizer::detok_table`)
+/// and shared by every stream: each id's token string (HF's `convert_ids_to_tokens`, for
+/// ids below `len(tokenizer)`), or for SentencePiece its bytes.
+pub enum Table {
+    Bpe(Vec<String>),
+    Spm(Vec<Vec<u8>>),
+    Naive,
 }
 
-enum State {
+impl Table {
+    pub fn build(tokenizer: &Tokenizer) -> Table {
+        let strings = || {
+            (0..tokenizer.vocab_size() as u32)
+                .map(|id| tokenizer.id_to_token(id).unwrap_or_default())
+        };
+        match tokenizer.detokenizer_kind() {
+            Kind::Bpe => Table::Bpe(strings().collect()),
+            Kind::Spm { .. } => Table::Spm(
+                strings()
+                    .map(|t| match t.strip_prefix("<0x").and_then(|h| h.get(..2)) {
+                        // Byte tokens carry their value in hex.
+                        Some(hex) if t.len() == 6 => match u8::from_str_radix(hex, 16) {
+                            Ok(b) => vec![b],
+                            Err(_) => t.into_bytes(),
+                        },
+                        _ => t.into_bytes(),
+                    })
+                    .collect(),
+            ),
+            Kind::Naive => Table::Naive,
+        }
+    }
+}
+
+enum State<'t> {
     Bpe {
-        tokens: Vec<String>,
+        tokens: &'t [String],
         unflushed: String,
     },
     Spm {
-        tokens: Vec<Vec<u8>>,
+        tokens: &'t [Vec<u8>],
         trim_space: bool,
         unflushed: Vec<u8>,
     },
@@ -101,7 +128,7 @@ enum State {
 /// Turns a stream of ids into text pieces, as mlx-lm's detokenizer for this tokenizer does.
 pub struct StreamingDetokenizer<'t> {
     tokenizer: &'t Tokenizer,
-    state: State,
+    state: State<'t>,
     /// The text released so far (mlx-lm's `text`) and how much of it was handed out.
     text: String,
     offset: usize,
@@ -109,26 +136,17 @@ pub struct StreamingDetokenizer<'t> {
 
 impl<'t> StreamingDetokenizer<'t> {
     pub fn new(tokenizer: &'t Tokenizer) -> Self {
-        let state = match tokenizer.detokenizer_kind() {
-            Kind::Bpe => State::Bpe {
-                tokens: token_strings(tokenizer),
-                unflushed: String::new(),
-            },
-            Kind::Spm { trim_space } => State::Spm {
-                tokens: token_strings(tokenizer)
-                    .into_iter()
-                    .map(|t| match t.strip_prefix("<0x").and_then(|h| h.get(..2)) {
-                        Some(hex) if t.len() == 6 => match u8::from_str_radix(hex, 16) {
-                            Ok(b) => vec![b],
-                            Err(_) => t.into_bytes(),
-                        },
-                        _ => t.into_bytes(),
-                    })
-                    .collect(),
+        let state = match (tokenizer.detokenizer_kind(), tokenizer.detok_table()) {
+            (Kind::Spm { trim_space }, Table::Spm(tokens)) => State::Spm {
+                tokens,
                 trim_space,
                 unflushed: Vec::new(),
             },
-            Kind::Naive => State::Naive {
+            (_, Table::Bpe(tokens)) => State::Bpe {
+                tokens,
+                unflushed: String::new(),
+            },
+            _ => State::Naive {
                 clean_spaces: tokenizer.cleans_up_spaces(),
                 line: Vec::new(),
                 line_text: String::new(),

@@ -20,6 +20,8 @@ pub struct Tokenizer {
     detok_kind: super::detok::Kind,
     /// `clean_up_tokenization_spaces` (transformers' decode post-processing).
     clean_up_spaces: bool,
+    /// The detokenizers' lookup table, built on first use and shared by every stream.
+    detok_table: std::sync::OnceLock<super::detok::Table>,
 }
 
 /// A special-token entry is either a string or `{"content": "..."}`.
@@ -79,6 +81,7 @@ impl Tokenizer {
             eos_token_ids,
             detok_kind,
             clean_up_spaces,
+            detok_table: std::sync::OnceLock::new(),
         })
     }
 
@@ -125,6 +128,11 @@ impl Tokenizer {
 
     pub fn cleans_up_spaces(&self) -> bool {
         self.clean_up_spaces
+    }
+
+    pub fn detok_table(&self) -> &super::detok::Table {
+        self.detok_table
+            .get_or_init(|| super::detok::Table::build(self))
     }
 
     /// The vocabulary size, added tokens included (HF's `len(tokenizer)`).
