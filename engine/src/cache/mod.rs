@@ -164,6 +164,16 @@ pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Excep
     })
 }
 
+/// How many tokens every cache of `caches` holds (0 for none), at most `cap`.
+pub fn common_len(caches: &[Box<dyn Cache>], cap: usize) -> usize {
+    caches
+        .iter()
+        .map(|c| c.offset().max(0) as usize)
+        .min()
+        .unwrap_or(0)
+        .min(cap)
+}
+
 /// An independent copy of a cache (through its snapshot: the arrays are shared, and MLX
 /// copies a shared buffer before writing into it, so neither copy sees the other's writes).
 /// None for kinds without a snapshot.

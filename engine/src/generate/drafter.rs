@@ -118,12 +118,7 @@ impl Drafter {
             return Ok(caches);
         };
         let mut draft = Session::with_caches(m.as_ref(), opts, caches);
-        let held = draft
-            .caches
-            .iter()
-            .map(|c| c.offset().max(0) as usize)
-            .min();
-        let held = held.unwrap_or(0).min(fed.len());
+        let held = crate::cache::common_len(&draft.caches, fed.len());
         for chunk in fed[held..].chunks(prefill_step.max(1)) {
             draft.prefill_chunk(chunk)?;
         }

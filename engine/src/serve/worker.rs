@@ -264,8 +264,7 @@ impl Worker {
             // A request that ran without drafting: the drafter's caches catch up on what the
             // model was fed, so the entry stays whole for the next drafted turn.
             (None, Some((draft, _)), Some(behind)) => {
-                let fed = caches.iter().map(|c| c.offset().max(0) as usize).min();
-                let fed = &tokens[..fed.unwrap_or(0).min(tokens.len())];
+                let fed = &tokens[..crate::cache::common_len(&caches, tokens.len())];
                 draft.catch_up(behind, &self.opts, fed, self.prefill_step)
             }
             _ => Ok(Vec::new()),
@@ -405,12 +404,7 @@ impl Worker {
     /// holding more (an EOS fed, drafts past the last verify) are trimmed to that count;
     /// if one cannot be, nothing is kept.
     fn keep_fed(&self, mut caches: Vec<Box<dyn crate::cache::Cache>>, mut tokens: Vec<u32>) {
-        let fed = caches
-            .iter()
-            .map(|c| c.offset().max(0) as usize)
-            .min()
-            .unwrap_or(0)
-            .min(tokens.len());
+        let fed = crate::cache::common_len(&caches, tokens.len());
         for c in caches.iter_mut() {
             let extra = c.offset() - fed as i32;
             if extra > 0 && c.trim(extra) != extra {
