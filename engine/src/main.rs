@@ -200,7 +200,15 @@ fn generate(args: GenerateArgs) -> Result<()> {
     let mut stops = StopMatcher::new(args.stop.iter().cloned());
     let mut stdout = std::io::stdout().lock();
     let mut failure: Option<anyhow::Error> = None;
-    let mut sampler = Sampler::new(args.sampling())?;
+    let sampling = args.sampling();
+    sampling.check(model.vocab_size()).map_err(|e| {
+        let flag = match e.field {
+            "temperature" => "temp".to_owned(),
+            f => f.replace('_', "-"),
+        };
+        anyhow::anyhow!("--{flag}: {}", e.message)
+    })?;
+    let mut sampler = Sampler::new(sampling)?;
     let opts = args.tier.resolve(&args.model)?;
     let draft = match &args.draft_model {
         None => None,

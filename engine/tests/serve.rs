@@ -1,114 +1,21 @@
 //! `engine serve` end to end over loopback HTTP: the OpenAI-shaped endpoints, streaming,
 //! hostile input (every bad request a 4xx naming the problem, the server unharmed), a
-//! client leaving mid-stream, 32 concurrent clients, and a fuzz of request bodies.
+//! client leaving mid-stream, 32 concurrent clients (the fuzz and the security checks are
+//! in serve_hardening.rs).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use proptest::prelude::*;
 use serde_json::{json, Value};
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::server::{ask, http, post, serve_model, stats, Server};
 
 fn serve(extra: &[&str]) -> Server {
     serve_model("tiny-llama-trained", extra)
-}
-
-fn serve_model(name: &str, extra: &[&str]) -> Server {
-    let model = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../goldens/models")
-        .join(name);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in `{line}`"));
-    Server { child, port }
-}
-
-/// One HTTP/1.1 request (Connection: close); returns status and the de-chunked body.
-fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (headers, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = headers
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = if headers
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    (status, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-fn post(port: u16, path: &str, body: &Value) -> (u16, Value) {
-    let (status, text) = http(port, "POST", path, body.to_string().as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn stats(port: u16) -> Value {
-    serde_json::from_str(&http(port, "GET", "/stats", b"").1).unwrap()
-}
-
-fn ask(content: &str) -> Value {
-    json!({"model": "m", "messages": [{"role": "user", "content": content}]})
 }
 
 #[test]
@@ -327,7 +234,8 @@ fn a_client_leaving_mid_stream_is_cancelled() {
     let text = body.to_string();
     write!(
         conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{text}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{text}",
         text.len()
     )
     .unwrap();
@@ -397,150 +305,6 @@ fn load_test_32_concurrent_clients() {
     assert_eq!(ok, 64, "errors under load: {st}");
     assert_eq!(st["completed"], 64, "none lost: {st}");
     assert!(elapsed < Duration::from_secs(120));
-}
-
-fn arb_value() -> impl Strategy<Value = Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::Bool),
-        any::<i64>().prop_map(|n| json!(n)),
-        (-1e6f64..1e6).prop_map(|x| json!(x)),
-        "[ -~]{0,12}".prop_map(Value::String),
-    ];
-    leaf.prop_recursive(3, 16, 4, |inner| {
-        prop_oneof![
-            prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-            prop::collection::vec(("[a-z_]{1,8}", inner), 0..4)
-                .prop_map(|kv| Value::Object(kv.into_iter().collect())),
-        ]
-    })
-}
-
-const FIELDS: [&str; 14] = [
-    "messages",
-    "prompt",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "stop",
-    "stream",
-    "logprobs",
-    "top_logprobs",
-    "logit_bias",
-    "seed",
-    "repetition_penalty",
-];
-
-/// A plausible value for a field: mostly in range, sometimes not.
-fn arb_field_value() -> impl Strategy<Value = Value> {
-    prop_oneof![
-        (0i64..12).prop_map(|n| json!(n)),
-        (0.0f64..1.2).prop_map(|x| json!(x)),
-        any::<bool>().prop_map(Value::Bool),
-        "[ -~]{0,6}".prop_map(Value::String),
-        arb_value(),
-    ]
-}
-
-fn arb_body() -> impl Strategy<Value = Vec<u8>> {
-    prop_oneof![
-        1 => prop::collection::vec(any::<u8>(), 0..64),
-        // A valid request with a few fields set to plausible or wild values.
-        4 => (
-            "[ -~]{1,24}",
-            prop::collection::vec((2..FIELDS.len(), arb_field_value()), 0..3)
-        )
-            .prop_map(|(text, kv)| {
-                let mut m = serde_json::Map::new();
-                m.insert("messages".into(), json!([{"role": "user", "content": text}]));
-                m.insert("prompt".into(), json!(text));
-                for (k, v) in kv {
-                    m.insert(FIELDS[k].to_owned(), v);
-                }
-                if m.get("max_tokens").is_none_or(|v| v.as_i64().is_some_and(|n| n > 8)) {
-                    m.insert("max_tokens".into(), json!(6));
-                }
-                Value::Object(m).to_string().into_bytes()
-            }),
-        1 => prop::collection::vec((0..FIELDS.len(), arb_value()), 0..6).prop_map(|kv| {
-            let mut m = serde_json::Map::new();
-            for (k, v) in kv {
-                m.insert(FIELDS[k].to_owned(), v);
-            }
-            // Keep generations short so the fuzz stays fast.
-            if m.get("max_tokens").is_some_and(|v| v.as_i64().is_some_and(|n| n > 8)) {
-                m.insert("max_tokens".into(), json!(8));
-            }
-            m.entry("max_tokens").or_insert(json!(4));
-            Value::Object(m).to_string().into_bytes()
-        }),
-    ]
-}
-
-/// A fuzz of request bodies: every answer is a 200 or a 4xx with a JSON error; no crash.
-#[test]
-fn fuzzed_request_bodies_never_crash_the_server() {
-    fuzz(&[]);
-}
-
-/// The same fuzz against the batch lane.
-#[test]
-fn fuzzed_request_bodies_never_crash_the_batch_lane() {
-    fuzz(&["--batch", "8"]);
-}
-
-fn fuzz(extra: &[&str]) {
-    let s = serve(extra);
-    let port = s.port;
-    // A fixed seed: the same 300 bodies on every run.
-    let mut runner = proptest::test_runner::TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: 300,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
-        proptest::test_runner::TestRng::deterministic_rng(
-            proptest::test_runner::RngAlgorithm::ChaCha,
-        ),
-    );
-    let ok = std::cell::Cell::new(0usize);
-    runner
-        .run(&(arb_body(), any::<bool>()), |(body, chat)| {
-            let path = if chat {
-                "/v1/chat/completions"
-            } else {
-                "/v1/completions"
-            };
-            let (code, text) = http(port, "POST", path, &body);
-            ok.set(ok.get() + usize::from(code == 200));
-            prop_assert!(
-                code == 200 || (400..500).contains(&code),
-                "status {} for {:?}: {}",
-                code,
-                String::from_utf8_lossy(&body),
-                text
-            );
-            if code != 200 {
-                let err: Value =
-                    serde_json::from_str(&text).map_err(|_| TestCaseError::fail(text.clone()))?;
-                prop_assert!(err["error"]["message"].is_string());
-            }
-            Ok(())
-        })
-        .unwrap();
-    let st = stats(port);
-    assert_eq!(st["failed"], 0, "{st}");
-    println!(
-        "fuzz: 300 bodies, {} answered 200, the rest 4xx, 0 crashes, stats {st}",
-        ok.get()
-    );
-    assert!(
-        ok.get() >= 60,
-        "the fuzz should reach the model, not only the parser"
-    );
-    assert_eq!(http(port, "GET", "/health", b"").0, 200);
 }
 
 /// The prompt cache across requests: a chat's second turn reuses the first turn's caches
@@ -713,7 +477,8 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true, "temperature": 1.0}).to_string();
     write!(
         conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();

@@ -60,6 +60,59 @@ impl Default for SamplingParams {
     }
 }
 
+/// A sampling setting this model cannot run: the field and why (each one would reach an
+/// MLX index or shape with a value out of range).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct InvalidSampling {
+    pub field: &'static str,
+    pub message: String,
+}
+
+impl SamplingParams {
+    /// Checks the settings against a model with `vocab` logits. A token id past the
+    /// vocabulary would make MLX read or write outside the logits (a crash, not an error),
+    /// so every id and every k is checked here, before any MLX work.
+    pub fn check(&self, vocab: usize) -> Result<(), InvalidSampling> {
+        let bad = |field, message: String| Err(InvalidSampling { field, message });
+        if let Some(&(id, _)) = self.logit_bias.iter().find(|(id, _)| *id as usize >= vocab) {
+            return bad(
+                "logit_bias",
+                format!(
+                    "token id {id} is not in this model's vocabulary (ids 0–{})",
+                    vocab - 1
+                ),
+            );
+        }
+        if !(self.temp.is_finite() && self.temp >= 0.0) {
+            return bad(
+                "temperature",
+                format!("must be a finite number ≥ 0, got {}", self.temp),
+            );
+        }
+        // As mlx-lm's make_sampler: the filters run only when sampling (temperature > 0).
+        if self.temp > 0.0 && self.top_k > 0 && self.top_k as usize >= vocab {
+            return bad(
+                "top_k",
+                format!(
+                    "top_k {} is not below this model's vocabulary size {vocab} (0 turns it off)",
+                    self.top_k
+                ),
+            );
+        }
+        if self.temp > 0.0
+            && self.min_p != 0.0
+            && !(1..=vocab as i64).contains(&(self.min_tokens_to_keep as i64))
+        {
+            return bad(
+                "min_tokens_to_keep",
+                format!("must be in 1–{vocab}, got {}", self.min_tokens_to_keep),
+            );
+        }
+        Ok(())
+    }
+}
+
 fn active(p: Option<f64>) -> Option<f64> {
     p.filter(|&v| v != 0.0)
 }
@@ -94,8 +147,33 @@ impl Sampler {
     }
 
     /// mlx-lm's logits processors over `history` (every token so far, prompt included).
+    ///
+    /// Ids are checked against the logits' width first (out-of-range ids would make MLX's
+    /// scatter and gather touch memory outside the array), so a bad id is an error here
+    /// whichever caller skipped `SamplingParams::check`.
     pub fn process(&self, logits: &Array, history: &[u32]) -> R<Array> {
         let p = &self.params;
+        let vocab = logits.shape().last().copied().unwrap_or(0).max(0) as u32;
+        let window = [
+            p.repetition_context_size,
+            p.presence_context_size,
+            p.frequency_context_size,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        let recent_ids = &history[history.len().saturating_sub(window)..];
+        if let Some(id) = p
+            .logit_bias
+            .iter()
+            .map(|&(id, _)| id)
+            .chain(recent_ids.iter().copied())
+            .find(|&id| id >= vocab)
+        {
+            return Err(Exception::custom(format!(
+                "token id {id} is not in this model's vocabulary of {vocab}"
+            )));
+        }
         let mut logits = logits.clone();
         if !p.logit_bias.is_empty() {
             let idx: Vec<i32> = p.logit_bias.iter().map(|&(i, _)| i as i32).collect();

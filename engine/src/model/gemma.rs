@@ -269,6 +269,10 @@ impl LanguageModel for Gemma3 {
         "gemma3_text"
     }
 
+    fn vocab_size(&self) -> usize {
+        self.embed.head_width(self.lm_head.as_ref())
+    }
+
     fn activation_dtype(&self) -> mlx_rs::Dtype {
         self.embed.output_dtype()
     }

@@ -88,8 +88,18 @@ impl Linear {
             Some(params) => Some(Quantized::load(w, prefix, params)?),
             None => None,
         };
+        let weight = w.take(&format!("{prefix}.weight"))?;
+        // A dense weight whose width disagrees with config.json would load, then fail every
+        // forward; say so at load instead, naming the tensor.
+        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != in_dims) {
+            return Err(LoadError::Weights(format!(
+                "`{prefix}.weight` has shape {:?}, but config.json makes its input {in_dims} wide: \
+                 the weights do not belong to this config",
+                weight.shape()
+            )));
+        }
         Ok(Linear {
-            weight: w.take(&format!("{prefix}.weight"))?,
+            weight,
             bias: if bias {
                 Some(w.take(&format!("{prefix}.bias"))?)
             } else {
@@ -172,10 +182,15 @@ impl Embedding {
             Some(params) => Some(Quantized::load(w, prefix, params)?),
             None => None,
         };
-        Ok(Embedding {
-            weight: w.take(&format!("{prefix}.weight"))?,
-            quantized,
-        })
+        let weight = w.take(&format!("{prefix}.weight"))?;
+        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != dims) {
+            return Err(LoadError::Weights(format!(
+                "`{prefix}.weight` has shape {:?}, but config.json makes its rows {dims} wide: \
+                 the weights do not belong to this config",
+                weight.shape()
+            )));
+        }
+        Ok(Embedding { weight, quantized })
     }
 
     pub fn forward(&self, ids: &Array) -> R<Array> {
@@ -192,6 +207,16 @@ impl Embedding {
                 )
             }
         }
+    }
+
+    /// How many rows (token ids) the table has.
+    pub fn rows(&self) -> usize {
+        self.weight.shape()[0] as usize
+    }
+
+    /// The width of the head's logits: the head's outputs, or the tied table's rows.
+    pub fn head_width(&self, head: Option<&Linear>) -> usize {
+        head.map_or(self.rows(), |h| h.output_dims() as usize)
     }
 
     /// The dtype rows come out in (the scales' dtype when quantized).

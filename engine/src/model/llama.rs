@@ -299,6 +299,10 @@ impl LanguageModel for Llama {
         &self.model_type
     }
 
+    fn vocab_size(&self) -> usize {
+        self.embed.head_width(self.lm_head.as_ref())
+    }
+
     fn linears(&self) -> Vec<(String, &Linear)> {
         let mut out = Vec::new();
         for (i, b) in self.blocks.iter().enumerate() {

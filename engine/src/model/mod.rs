@@ -23,6 +23,9 @@ pub trait LanguageModel {
     fn model_type(&self) -> &str;
     /// The dtype activations run in (the embedding's output dtype).
     fn activation_dtype(&self) -> mlx_rs::Dtype;
+    /// How many token ids the model reads and scores (the width of its logits): ids at or
+    /// past it must never reach the model or a logits processor.
+    fn vocab_size(&self) -> usize;
     /// One fresh cache per layer, of the kind each layer needs.
     fn make_caches(&self) -> Vec<Box<dyn Cache>>;
     /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.
@@ -86,5 +89,31 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
     let config = ModelConfig::read(dir)?;
     let weights = Weights::load(dir)?;
-    build(&config, weights)
+    let model = build(&config, weights)?;
+    check_forward(model.as_ref())?;
+    Ok(model)
+}
+
+/// One token through fresh caches: weights whose shapes disagree with config.json (a head
+/// count, a norm width) fail here, at load, instead of on every request after a healthy
+/// start. The logits must be [1, 1, vocab_size].
+fn check_forward(model: &dyn LanguageModel) -> Result<(), LoadError> {
+    let mismatch = |e: String| {
+        LoadError::Weights(format!(
+            "a one-token forward failed ({e}): the weights do not fit config.json"
+        ))
+    };
+    let mut caches = model.make_caches();
+    let logits = model
+        .forward(&Array::from_slice(&[0i32], &[1, 1]), &mut caches)
+        .map_err(|e| mismatch(e.what().to_owned()))?;
+    logits.eval().map_err(|e| mismatch(e.what().to_owned()))?;
+    let want = [1, 1, model.vocab_size() as i32];
+    if logits.shape() != want {
+        return Err(mismatch(format!(
+            "logits {:?}, expected {want:?}",
+            logits.shape()
+        )));
+    }
+    Ok(())
 }

@@ -38,11 +38,15 @@ impl ApiError {
         self
     }
 
-    /// The model failed on this request (the server stays up).
+    /// The model failed on this request (the server stays up). The full message goes to
+    /// the server's log; the client's copy has source locations removed (they say where
+    /// our code or MLX's was built, nothing a client can act on).
     pub fn server(message: impl Into<String>) -> Self {
+        let message = message.into();
+        eprintln!("engine serve: request failed: {message}");
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
-            message: message.into(),
+            message: scrub_locations(&message),
             param: None,
             kind: "server_error",
         }
@@ -61,5 +65,60 @@ impl ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+/// `message` without source locations: MLX errors read `"what" at src/file.rs:12:5` (and
+/// C++ ones may name `/path/file.cpp:34`); each word that is a path with a line number is
+/// dropped, with the `at` before it.
+pub fn scrub_locations(message: &str) -> String {
+    let is_location = |w: &str| {
+        let w = w.trim_matches(|c: char| "()[],;'\"".contains(c));
+        let path = w.split(':').next().unwrap_or("");
+        let has_line = w
+            .split(':')
+            .nth(1)
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        (path.contains('/') || path.contains('\\'))
+            && (has_line
+                || [".rs", ".cpp", ".cc", ".h", ".hpp", ".c"]
+                    .iter()
+                    .any(|ext| path.ends_with(ext)))
+    };
+    let words: Vec<&str> = message.split(' ').collect();
+    let mut out: Vec<&str> = Vec::with_capacity(words.len());
+    for w in words {
+        if is_location(w) {
+            if out.last() == Some(&"at") {
+                out.pop();
+            }
+            continue;
+        }
+        out.push(w);
+    }
+    out.join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scrub_locations;
+
+    #[test]
+    fn source_locations_are_removed() {
+        assert_eq!(
+            scrub_locations(
+                "\"top_k has to be in (0, 1024)\" at engine/src/generate/sampler.rs:291:16"
+            ),
+            "\"top_k has to be in (0, 1024)\""
+        );
+        assert_eq!(
+            scrub_locations("[take] bad index at /root/mlx/mlx/ops.cpp:123 (here)"),
+            "[take] bad index (here)"
+        );
+        // Ordinary text with a slash or a colon stays.
+        assert_eq!(
+            scrub_locations("tokens/s: 12 at 3:4"),
+            "tokens/s: 12 at 3:4"
+        );
     }
 }

@@ -18,6 +18,8 @@ pub struct Defaults {
     pub min_p: f64,
     /// The model's context length: prompts and max_tokens beyond it are refused.
     pub context: usize,
+    /// The model's vocabulary (logits width): token ids and k's are checked against it.
+    pub vocab: usize,
 }
 
 /// What the prompt is: chat turns (rendered with the chat template) or raw text.
@@ -244,6 +246,16 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         frequency_context_size: b.int("frequency_context_size", 20, 0, ctx)? as usize,
         ..SamplingParams::default()
     };
+    sampling
+        .check(d.vocab)
+        .map_err(|e| ApiError::field(e.field, e.message))?;
+    // One choice per request, as mlx_lm.server answers; more would be silently dropped.
+    if b.int("n", 1, 1, i64::MAX)? != 1 {
+        return Err(ApiError::field(
+            "n",
+            "only n = 1 is supported: send one request per completion",
+        ));
+    }
     let include_usage = match b.get("stream_options") {
         None => false,
         Some(Value::Object(o)) => Body(o).bool("include_usage", false)?,
@@ -274,6 +286,12 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
             b.int("top_logprobs", 0, 0, 10)? as usize,
         ),
     };
+    if top_logprobs > d.vocab {
+        return Err(ApiError::field(
+            "top_logprobs",
+            format!("at most the vocabulary size, {}", d.vocab),
+        ));
+    }
     Ok(GenRequest {
         prompt,
         max_tokens,
@@ -288,4 +306,19 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
             Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
         },
     })
+}
+
+/// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie
+/// past the model's embedding): MLX's gather does not check its indices.
+pub fn check_ids(ids: &[u32], vocab: usize, field: &str) -> Result<(), ApiError> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        None => Ok(()),
+        Some(id) => Err(ApiError::field(
+            field,
+            format!(
+                "the prompt encodes to token id {id}, outside this model's vocabulary of \
+                 {vocab}: the tokenizer does not match the model"
+            ),
+        )),
+    }
 }

@@ -1,6 +1,8 @@
 //! Helpers shared by the engine's integration tests (each test binary uses a subset).
 #![allow(dead_code)]
 
+pub mod server;
+
 use std::path::{Path, PathBuf};
 
 use engine::generate::sampler::{Sampler, SamplingParams};
