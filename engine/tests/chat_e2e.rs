@@ -1,94 +1,206 @@
-//! The chat page end to end in headless Chromium (Debian's `chromium`; `.ci/run` installs
-//! it): a live `engine serve` on the trained tiny model, the page loaded with a first
-//! message in its link (#/chat?q=…), the page's own JavaScript sends it and streams the
-//! answer; the server's counters show one streamed chat request completed with tokens, and
-//! the screenshot (target/e2e/chat.png) shows the exchange.
+//! The chat page end to end in headless Chromium (Debian's `chromium`, or $CHROMIUM;
+//! `scripts/test.sh` installs it), driven over the DevTools protocol (headless_chrome): a
+//! live `engine serve` on the trained tiny model, the page loaded with a first message in
+//! its link (#/chat?q=…); the page's own JavaScript sends it and streams the answer. The
+//! test waits for the page to mark the answer finished (a DOM condition, with a timeout),
+//! then for the server's counters to show one completed chat request with tokens, and
+//! saves a screenshot of the finished exchange (target/e2e/chat.png). Planted: a page
+//! that posts to a wrong path must fail the same checks.
 
+use headless_chrome::protocol::cdp::Page;
+use headless_chrome::{Browser, LaunchOptions};
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the page may take to finish its answer (the tiny model needs well under 1 s).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 fn chromium() -> PathBuf {
     let path = std::env::var_os("CHROMIUM")
-        .map_or_else(|| PathBuf::from("/usr/bin/chromium"), PathBuf::from);
-    assert!(
-        path.exists(),
-        "headless Chromium is needed for this test: install Debian's chromium (`apt-get install -y chromium`, as .ci/run does) or set CHROMIUM"
-    );
-    path
+        .map(PathBuf::from)
+        .or_else(|| which_chromium("chromium"))
+        .or_else(|| which_chromium("chromium-browser"));
+    path.expect(
+        "headless Chromium is needed for this test: install Debian's chromium (`apt-get install -y chromium`, as scripts/test.sh does) or set CHROMIUM",
+    )
 }
 
-fn get(port: u16, path: &str) -> String {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+fn which_chromium(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+fn get(port: u16, path: &str) -> Result<String, String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     )
-    .unwrap();
+    .map_err(|e| e.to_string())?;
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned()
+    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
+    Ok(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
+}
+
+/// `engine serve` on the trained tiny model, killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start() -> Server {
+        let model =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+            .args(["serve", "--no-open", "--port", "0", "--model"])
+            .arg(&model)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Its first stdout line names the address it bound (port 0: the OS picked one).
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
+        Server { child, port }
+    }
+
+    fn stats(&self) -> Result<serde_json::Value, String> {
+        let body = get(self.port, "/stats")?;
+        serde_json::from_str(&body).map_err(|e| format!("/stats: {e}: {body}"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What a finished page shows: its answer text and the server's counters.
+struct Finished {
+    answer: String,
+    stats: serde_json::Value,
+}
+
+/// Loads the chat page with a first message, waits until the page marks its answer done,
+/// checks it, saves a screenshot at `shot`. `plant_wrong_path` makes the page post its chat
+/// request to a path the server does not serve (the planted defect).
+fn run_page(plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let server = Server::start();
+    let browser = Browser::new(LaunchOptions {
+        path: Some(chromium()),
+        headless: true,
+        // Root in a container: Chromium's sandbox needs user namespaces it may not have.
+        sandbox: false,
+        window_size: Some((900, 500)),
+        args: vec![OsStr::new("--disable-quic")],
+        ..LaunchOptions::default()
+    })
+    .map_err(|x| format!("starting chromium: {x}"))?;
+    let tab = browser.new_tab().map_err(|x| e(&x))?;
+    if plant_wrong_path {
+        // Runs before the page's own script: every fetch of the chat endpoint goes astray.
+        tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
+            source: r#"const realFetch = window.fetch;
+window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/chat/complete" : url, init);"#
+                .into(),
+            world_name: None,
+            include_command_line_api: None,
+            run_immediately: None,
+        })
+        .map_err(|x| e(&x))?;
+    }
+    let url = format!(
+        "http://127.0.0.1:{}/#/chat?q=What%20color%20is%20the%20sky%3F",
+        server.port
+    );
+    tab.navigate_to(&url)
+        .and_then(|t| t.wait_until_navigated())
+        .map_err(|x| format!("loading {url}: {x}"))?;
+    // The page sets data-done on the assistant's message once its request has ended
+    // (answer complete, error or abort) and drops data-streaming.
+    let done = tab
+        .wait_for_element_with_custom_timeout(".msg.assistant[data-done]", ANSWER_TIMEOUT)
+        .map_err(|x| {
+            let html = tab.get_content().unwrap_or_default();
+            format!(
+                "the page did not finish its answer within {ANSWER_TIMEOUT:?} ({x}); page: {html}"
+            )
+        })?;
+    let answer = done.get_inner_text().map_err(|x| e(&x))?;
+    let class = done
+        .get_attribute_value("class")
+        .map_err(|x| e(&x))?
+        .unwrap_or_default();
+    let shot_png = tab
+        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
+        .map_err(|x| e(&x))?;
+    std::fs::write(shot, &shot_png).map_err(|x| e(&x))?;
+    if class.split(' ').any(|c| c == "error") {
+        return Err(format!("the page's answer is an error: {answer}"));
+    }
+    if answer.trim().is_empty() {
+        return Err("the page finished with an empty answer".into());
+    }
+    // The server counts a request completed just after its last token went out (it stores
+    // the prompt-cache entry first), so the page can finish before the counter moves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let stats = server.stats()?;
+        if stats["completed"] == 1 {
+            break stats;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the page's chat request did not complete: {stats}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if stats["completion_tokens"].as_u64().unwrap_or(0) < 3 {
+        return Err(format!("too few tokens streamed: {stats}"));
+    }
+    Ok(Finished { answer, stats })
+}
+
+fn e2e_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
 }
 
 #[test]
 fn the_chat_page_streams_an_answer_in_chromium() {
-    let browser = chromium();
-    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .args(["serve", "--no-open", "--port", "0", "--model"])
-        .arg(&model)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(server.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line.trim().rsplit(':').next().unwrap().parse().unwrap();
-    let out_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let shot = out_dir.join("chat.png");
+    let shot = e2e_dir().join("chat.png");
     let _ = std::fs::remove_file(&shot);
-    let profile = tempfile::tempdir().unwrap();
-    let url = format!("http://127.0.0.1:{port}/#/chat?q=What%20color%20is%20the%20sky%3F");
-    let run = Command::new(&browser)
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--virtual-time-budget=10000",
-            "--window-size=900,500",
-        ])
-        .arg(format!("--user-data-dir={}", profile.path().display()))
-        .arg(format!("--screenshot={}", shot.display()))
-        .arg(&url)
-        .output()
-        .unwrap();
-    let stats = get(port, "/stats");
-    let _ = server.kill();
-    let _ = server.wait();
-    assert!(
-        run.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let stats: serde_json::Value = serde_json::from_str(&stats).unwrap();
-    println!("server after the page's request: {stats}");
-    assert_eq!(
-        stats["completed"], 1,
-        "the page's chat request did not complete: {stats}"
-    );
-    assert!(stats["completion_tokens"].as_u64().unwrap() >= 3, "{stats}");
+    let done = run_page(false, &shot).unwrap_or_else(|e| panic!("{e}"));
+    println!("the page's answer: {:?}", done.answer);
+    println!("server after the page's request: {}", done.stats);
     let png = std::fs::read(&shot).unwrap();
     assert!(
         png.starts_with(b"\x89PNG") && png.len() > 5_000,
         "screenshot missing or blank"
     );
     println!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn a_page_posting_to_a_wrong_path_is_caught() {
+    let shot = e2e_dir().join("chat-planted.png");
+    let err = match run_page(true, &shot) {
+        Ok(done) => panic!("planted defect not caught: {:?}", done.answer),
+        Err(err) => err,
+    };
+    assert!(err.contains("is an error"), "{err}");
+    println!("caught: {err}");
 }
