@@ -7,6 +7,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use proptest::prelude::*;
+use proptest::strategy::ValueTree;
 use serde_json::{json, Value};
 
 mod common;
@@ -471,70 +472,84 @@ const FUZZ_CASES: u32 = 5_000;
 /// problem; no crash, no 5xx, no source path.
 #[test]
 fn fuzzed_request_bodies_never_crash_the_serial_lane() {
-    fuzz(&[], 1);
+    fuzz(&[], 1, 1);
 }
 
-/// The same fuzz against the batch lane (other bodies: another seed).
+/// The same fuzz against the batch lane, from 4 clients at once so that rows batch (other
+/// bodies: another seed).
 #[test]
 fn fuzzed_request_bodies_never_crash_the_batch_lane() {
-    fuzz(&["--batch", "8"], 2);
+    fuzz(&["--batch", "8"], 2, 4);
 }
 
-fn fuzz(extra: &[&str], seed: u8) {
+/// Why a fuzz answer is wrong, if it is.
+fn wrong_answer(code: u16, text: &str) -> Option<String> {
+    if !(code == 200 || (400..500).contains(&code)) {
+        return Some(format!("status {code}"));
+    }
+    if let Some(n) = [".rs:", ".cpp:", "/root/", ".cargo"]
+        .iter()
+        .find(|n| text.contains(**n))
+    {
+        return Some(format!("a source path ({n})"));
+    }
+    if code != 200 {
+        let err: Value = serde_json::from_str(text).ok()?;
+        if !err["error"]["message"].is_string() {
+            return Some("no error message".into());
+        }
+    }
+    None
+}
+
+fn fuzz(extra: &[&str], seed: u8, clients: usize) {
     let s = serve_model(MODEL, extra);
     let port = s.port;
     // A fixed seed: the same bodies on every run.
     let mut runner = proptest::test_runner::TestRunner::new_with_rng(
-        ProptestConfig {
-            cases: FUZZ_CASES,
-            failure_persistence: None,
-            ..ProptestConfig::default()
-        },
+        ProptestConfig::default(),
         proptest::test_runner::TestRng::from_seed(
             proptest::test_runner::RngAlgorithm::ChaCha,
             &[seed; 32],
         ),
     );
-    let ok = std::cell::Cell::new(0usize);
-    let sent = std::cell::Cell::new(0usize);
-    runner
-        .run(&(arb_body(), any::<bool>()), |(body, chat)| {
-            let path = if chat {
-                "/v1/chat/completions"
-            } else {
-                "/v1/completions"
-            };
-            let (code, text) = http(port, "POST", path, &body);
-            sent.set(sent.get() + 1);
-            ok.set(ok.get() + usize::from(code == 200));
-            prop_assert!(
-                code == 200 || (400..500).contains(&code),
-                "status {} for {:?}: {}",
-                code,
-                String::from_utf8_lossy(&body),
-                text
-            );
-            for needle in [".rs:", ".cpp:", "/root/", ".cargo"] {
-                prop_assert!(!text.contains(needle), "source path: {}", text);
-            }
-            if code != 200 {
-                let err: Value =
-                    serde_json::from_str(&text).map_err(|_| TestCaseError::fail(text.clone()))?;
-                prop_assert!(err["error"]["message"].is_string());
-            }
-            Ok(())
+    let strategy = (arb_body(), any::<bool>());
+    let bodies: Vec<(Vec<u8>, bool)> = (0..FUZZ_CASES)
+        .map(|_| strategy.new_tree(&mut runner).map(|t| t.current()).unwrap())
+        .collect();
+    let bodies = std::sync::Arc::new(bodies);
+    let workers: Vec<_> = (0..clients)
+        .map(|c| {
+            let bodies = bodies.clone();
+            std::thread::spawn(move || {
+                let mut ok = 0usize;
+                for (body, chat) in bodies.iter().skip(c).step_by(clients) {
+                    let path = if *chat {
+                        "/v1/chat/completions"
+                    } else {
+                        "/v1/completions"
+                    };
+                    let (code, text) = http(port, "POST", path, body);
+                    if let Some(why) = wrong_answer(code, &text) {
+                        panic!("{why} for {}: {text}", String::from_utf8_lossy(body));
+                    }
+                    ok += usize::from(code == 200);
+                }
+                ok
+            })
         })
-        .unwrap();
+        .collect();
+    let ok: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
     let st = wait_stats(port, Duration::from_secs(60), |st| st["running"] == 0);
     assert_eq!(st["failed"], 0, "{st}");
     println!(
-        "fuzz {extra:?}: {} bodies, {} answered 200, the rest 4xx, 0 crashes, 0 5xx; stats {st}",
-        sent.get(),
-        ok.get()
+        "fuzz {extra:?}, {clients} clients: {} bodies, {ok} answered 200, the rest 4xx, \
+         0 crashes, 0 5xx; stats {st}",
+        bodies.len()
     );
-    assert_eq!(sent.get(), FUZZ_CASES as usize);
+    assert_eq!(st["requests"], FUZZ_CASES, "every body was answered: {st}");
     assert!(
-        ok.get() >= FUZZ_CASES as usize / 5,
+        ok >= FUZZ_CASES as usize / 5,
         "the fuzz should reach the model, not only the parser"
     );
     assert_eq!(http(port, "GET", "/health", b"").0, 200);
