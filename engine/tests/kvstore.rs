@@ -1,8 +1,9 @@
-//! kv-store v2 files: every cache kind (kv, rotating, qkv, rotating-qkv) round-trips byte
+//! kv-store v3 files: every cache kind (kv, rotating, qkv, rotating-qkv) round-trips byte
 //! for byte; continuing from restored caches equals continuing in memory (bit-identical
 //! log-probabilities) for plain, rotating and quantized caches; a flipped byte in the header
-//! or (with verification) in a tensor is refused with a clear error; writes leave no
-//! temporary file behind.
+//! or in a tensor (always-on checksum; SHA-256 with verification) is refused with a clear
+//! error; older and malformed files are refused cleanly; writes leave no temporary file
+//! behind.
 
 mod common;
 
@@ -166,16 +167,103 @@ fn flipped_bytes_are_refused_not_fatal() {
     let data_start = u64::from_le_bytes(clean[16..24].try_into().unwrap()) as usize;
     tensor_flip[data_start + 3] ^= 0x01;
     std::fs::write(&path, &tensor_flip).unwrap();
+    for verify in [false, true] {
+        let err = kvstore::read(&path, verify)
+            .err()
+            .expect("the always-on checksum catches a tensor flip");
+        assert!(err.to_string().contains("checksum mismatch"), "{err}");
+    }
+    // With the flipped tensor's checksum rewritten to match (a valid header), only the
+    // SHA-256 of --ssd-cache-verify can tell.
+    std::fs::write(&path, &tensor_flip).unwrap();
+    rewrite_header(&path, |h| {
+        let t = &mut h["caches"][0]["tensors"][0];
+        assert_eq!(t["off"], 0, "the flipped byte is in the first tensor");
+        let len = t["bytes"].as_u64().unwrap() as usize;
+        let flipped = xxhash_rust::xxh3::xxh3_64(&tensor_flip[data_start..data_start + len]);
+        t["xxh3"] = serde_json::json!(format!("{flipped:016x}"));
+    });
+    assert!(kvstore::read(&path, false).is_ok());
     let err = kvstore::read(&path, true)
         .err()
-        .expect("verification catches a tensor flip");
+        .expect("verification catches what the checksum was made to miss");
     assert!(err.to_string().contains("hash mismatch"), "{err}");
-    assert!(
-        kvstore::read(&path, false).is_ok(),
-        "without verification only the header is checked"
-    );
 
     std::fs::write(&path, b"not a kv file").unwrap();
     let err = kvstore::read(&path, false).err().unwrap();
-    assert!(err.to_string().contains("not a kv-store v2 file"), "{err}");
+    assert!(err.to_string().contains("not a kv-store v3 file"), "{err}");
+}
+
+/// Rewrites a file's JSON header through `edit`, with a valid header hash.
+fn rewrite_header(path: &std::path::Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    use sha2::Digest;
+    let bytes = std::fs::read(path).unwrap();
+    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[56..56 + len]).unwrap();
+    edit(&mut header);
+    let json = serde_json::to_vec(&header).unwrap();
+    let mut out = bytes[..12].to_vec();
+    out.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    out.extend_from_slice(&bytes[16..24]);
+    out.extend_from_slice(&sha2::Sha256::digest(&json));
+    out.extend_from_slice(&json);
+    out.resize(data_start, 0);
+    out.extend_from_slice(&bytes[data_start..]);
+    std::fs::write(path, out).unwrap();
+}
+
+/// The format bump: a v2 file (no checksums), a truncated file, an absurd header length
+/// and a tensor said to lie past the end are each refused with an error naming the
+/// problem, never a crash.
+#[test]
+fn older_and_malformed_files_are_refused_cleanly() {
+    let m = engine::model::load(&goldens().join("models/tiny-llama-trained")).unwrap();
+    let mut s = Session::with_options(m.as_ref(), &SessionOptions::default());
+    s.prefill(&[1, 2, 3]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("e.mlxkv");
+    kvstore::write(&path, &id(), &[1, 2, 3], &snapshots(&s.caches), "t").unwrap();
+    let clean = std::fs::read(&path).unwrap();
+    assert_eq!(&clean[..8], b"MLXKV\0v3");
+
+    let mut v2 = clean.clone();
+    v2[7] = b'2';
+    v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+    std::fs::write(&path, &v2).unwrap();
+    for err in [
+        kvstore::read(&path, false).err().unwrap(),
+        kvstore::read_header(&path).err().unwrap(),
+    ] {
+        assert!(
+            err.to_string()
+                .contains("format version 2, this engine reads 3"),
+            "{err}"
+        );
+    }
+
+    std::fs::write(&path, &clean[..40]).unwrap();
+    let err = kvstore::read_header(&path).err().unwrap();
+    assert!(
+        err.to_string().contains("shorter than the preamble"),
+        "{err}"
+    );
+    assert!(kvstore::read(&path, false).is_err());
+
+    let mut huge = clean.clone();
+    huge[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    std::fs::write(&path, &huge).unwrap();
+    let err = kvstore::read_header(&path).err().unwrap();
+    assert!(
+        err.to_string().contains("header of 4294967295 bytes"),
+        "{err}"
+    );
+    assert!(kvstore::read(&path, false).is_err());
+
+    std::fs::write(&path, &clean).unwrap();
+    rewrite_header(&path, |h| {
+        h["caches"][0]["tensors"][0]["off"] = serde_json::json!(u64::MAX - 10);
+    });
+    let err = kvstore::read(&path, false).err().unwrap();
+    assert!(err.to_string().contains("runs past the end"), "{err}");
 }

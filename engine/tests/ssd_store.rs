@@ -15,9 +15,14 @@ fn model() -> Box<dyn engine::model::LanguageModel> {
 use std::path::Path;
 
 use engine::cache::kvstore::Identity;
-use engine::cache::ssd::SsdStore;
+use engine::cache::ssd::{Geometry, SsdStore};
 use engine::cache::{Cache, QuantSdpa};
 use engine::generate::{Session, SessionOptions};
+
+/// tiny-llama-trained's cache geometry (what the store checks entries against).
+fn geom() -> Geometry {
+    Geometry::probe(&[model().as_ref()], None).unwrap()
+}
 
 fn id(fp: &str) -> Identity {
     Identity {
@@ -46,11 +51,11 @@ fn a_restart_restores_the_prefix_and_continues_like_a_fresh_prefill() {
     let prompt: Vec<u32> = (0..40).map(|i| (i * 13 % 800) as u32 + 20).collect();
     let (tokens, caches) = prefilled(m.as_ref(), &prompt);
     {
-        let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, true).unwrap();
+        let mut store = SsdStore::open(dir.path(), id("fp1"), geom(), 1 << 30, true).unwrap();
         assert!(store.store("", &tokens, &caches, "t"));
     }
     // "Restart": a new store on the same directory.
-    let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, true).unwrap();
+    let mut store = SsdStore::open(dir.path(), id("fp1"), geom(), 1 << 30, true).unwrap();
     assert_eq!(store.stats().entries, 1);
     let mut next = prompt.clone();
     next.extend([7u32, 8, 9, 10]);
@@ -75,7 +80,7 @@ fn the_scan_cleans_its_own_fingerprint_only() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let (tokens, caches) = prefilled(m.as_ref(), &[1, 2, 3, 4, 5]);
-    let mut store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, false).unwrap();
+    let mut store = SsdStore::open(dir.path(), id("fp1"), geom(), 1 << 30, false).unwrap();
     assert!(store.store("", &tokens, &caches, "t"));
     assert!(store.store("", &[9, 9, 9], &prefilled(m.as_ref(), &[9, 9, 9]).1, "t"));
     drop(store);
@@ -90,11 +95,12 @@ fn the_scan_cleans_its_own_fingerprint_only() {
     let mut bytes = std::fs::read(&files[0]).unwrap();
     bytes[70] ^= 0x10;
     std::fs::write(&files[0], bytes).unwrap();
-    std::fs::write(ns.join(".x.mlxkv.tmp-999"), b"partial").unwrap();
+    let temp = format!(".{}.mlxkv.tmp-999", "0".repeat(32));
+    std::fs::write(ns.join(&temp), b"partial").unwrap();
     std::fs::create_dir_all(dir.path().join("fp2/_base")).unwrap();
     std::fs::write(dir.path().join("fp2/_base/keep.mlxkv"), b"someone else's").unwrap();
 
-    let store = SsdStore::open(dir.path(), id("fp1"), 1 << 30, false).unwrap();
+    let store = SsdStore::open(dir.path(), id("fp1"), geom(), 1 << 30, false).unwrap();
     assert_eq!(
         store.stats().entries,
         1,
@@ -102,10 +108,7 @@ fn the_scan_cleans_its_own_fingerprint_only() {
     );
     assert_eq!(store.stats().removed_corrupt, 1);
     assert!(!files[0].exists());
-    assert!(
-        !ns.join(".x.mlxkv.tmp-999").exists(),
-        "leftover temp files are removed"
-    );
+    assert!(!ns.join(&temp).exists(), "leftover temp files are removed");
     assert!(
         dir.path().join("fp2/_base/keep.mlxkv").exists(),
         "other fingerprints are never touched"
@@ -120,11 +123,11 @@ fn eviction_goes_by_oldest_use_and_oversize_is_refused() {
     let b = prefilled(m.as_ref(), &[4, 5, 6]);
     let c = prefilled(m.as_ref(), &[7, 8, 9]);
     let size = {
-        let mut s = SsdStore::open(dir.path(), id("probe"), 1 << 30, false).unwrap();
+        let mut s = SsdStore::open(dir.path(), id("probe"), geom(), 1 << 30, false).unwrap();
         s.store("", &a.0, &a.1, "t");
         s.stats().bytes
     };
-    let mut store = SsdStore::open(dir.path(), id("fp"), size * 5 / 2, false).unwrap();
+    let mut store = SsdStore::open(dir.path(), id("fp"), geom(), size * 5 / 2, false).unwrap();
     assert!(store.store("", &a.0, &a.1, "t"));
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert!(store.store("", &b.0, &b.1, "t"));
@@ -145,7 +148,7 @@ fn eviction_goes_by_oldest_use_and_oversize_is_refused() {
     );
     assert!(store.find("", &[7, 8, 9, 0]).is_some());
 
-    let mut tiny = SsdStore::open(dir.path(), id("tiny"), 1, false).unwrap();
+    let mut tiny = SsdStore::open(dir.path(), id("tiny"), geom(), 1, false).unwrap();
     assert!(
         !tiny.store("", &a.0, &a.1, "t"),
         "larger than the cap: refused"
@@ -156,7 +159,7 @@ fn eviction_goes_by_oldest_use_and_oversize_is_refused() {
 fn a_longer_entry_supersedes_its_prefixes() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
-    let mut store = SsdStore::open(dir.path(), id("fp"), 1 << 30, false).unwrap();
+    let mut store = SsdStore::open(dir.path(), id("fp"), geom(), 1 << 30, false).unwrap();
     let short = prefilled(m.as_ref(), &[1, 2, 3]);
     let long = prefilled(m.as_ref(), &[1, 2, 3, 4, 5, 6]);
     store.store("", &short.0, &short.1, "t");
@@ -174,7 +177,7 @@ fn child_writer_for_the_sigkill_test() {
         return;
     };
     let m = model();
-    let mut store = SsdStore::open(Path::new(&dir), id("fp"), 1 << 40, false).unwrap();
+    let mut store = SsdStore::open(Path::new(&dir), id("fp"), geom(), 1 << 40, false).unwrap();
     let prompt: Vec<u32> = (0..300).map(|i| (i * 7 % 900) as u32 + 10).collect();
     let (_, caches) = prefilled(m.as_ref(), &prompt);
     for round in 0u32.. {
@@ -229,7 +232,7 @@ fn a_sigkill_during_writes_leaves_no_partial_entry() {
                 .unwrap_or_else(|e| panic!("a visible entry is partial: {e}"));
         }
     }
-    let store = SsdStore::open(dir.path(), id("fp"), 1 << 40, false).unwrap();
+    let store = SsdStore::open(dir.path(), id("fp"), geom(), 1 << 40, false).unwrap();
     assert_eq!(
         store.stats().removed_corrupt,
         0,
@@ -255,7 +258,7 @@ fn a_fingerprint_mismatch_is_removed_by_the_scan() {
     let m = model();
     let dir = tempfile::tempdir().unwrap();
     let (tokens, caches) = prefilled(m.as_ref(), &[1, 2, 3, 4]);
-    let mut other = SsdStore::open(dir.path(), id("fpB"), 1 << 30, false).unwrap();
+    let mut other = SsdStore::open(dir.path(), id("fpB"), geom(), 1 << 30, false).unwrap();
     assert!(other.store("", &tokens, &caches, "t"));
     drop(other);
     let src = std::fs::read_dir(dir.path().join("fpB/_base"))
@@ -265,9 +268,9 @@ fn a_fingerprint_mismatch_is_removed_by_the_scan() {
         .unwrap()
         .path();
     std::fs::create_dir_all(dir.path().join("fpA/_base")).unwrap();
-    let planted = dir.path().join("fpA/_base/copied.mlxkv");
+    let planted = dir.path().join("fpA/_base").join(src.file_name().unwrap());
     std::fs::copy(&src, &planted).unwrap();
-    let store = SsdStore::open(dir.path(), id("fpA"), 1 << 30, false).unwrap();
+    let store = SsdStore::open(dir.path(), id("fpA"), geom(), 1 << 30, false).unwrap();
     assert_eq!(store.stats().entries, 0);
     assert_eq!(store.stats().removed_corrupt, 1);
     assert!(!planted.exists(), "the mismatched entry is deleted");

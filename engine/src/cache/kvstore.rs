@@ -1,7 +1,7 @@
-//! kv-store v2: one file holds the KV caches of one token sequence (docs/kv-store.md).
+//! kv-store v3: one file holds the KV caches of one token sequence (docs/kv-store.md).
 //!
-//!   bytes 0..8    magic `MLXKV\0v2`
-//!   8..12         format version, u32 LE (2)
+//!   bytes 0..8    magic `MLXKV\0v3`
+//!   8..12         format version, u32 LE (3)
 //!   12..16        header length H, u32 LE
 //!   16..24        data start D, u64 LE (a multiple of 16 KiB)
 //!   24..56        sha256 of the header bytes
@@ -10,10 +10,11 @@
 //!
 //! Header: {formatVersion, createdAt, modelId, configFingerprint, ns, tokenizerHash, tokens,
 //! caches: [{kind: kv|rotating|qkv|rotating-qkv, offset, idx?, maxSize?, keep?, groupSize?,
-//! bits?, tensors: [{off, bytes, shape, dtype, hash}]}]}. A write goes to a temp file in the
-//! same directory, is fsynced and renamed into place, so a reader never sees half a file.
-//! A read maps the file, always checks the header hash, and checks each tensor's hash when
-//! asked to.
+//! bits?, tensors: [{off, bytes, shape, dtype, xxh3, hash}]}]}. A write goes to a temp file
+//! in the same directory, is fsynced and renamed into place, so a reader never sees half a
+//! file. A read maps the file, always checks the header hash and every tensor's xxh3-64
+//! checksum (fast enough to be always on), and each tensor's SHA-256 when asked to.
+//! v2 files (no checksums) are refused by version, as any other version is.
 
 use std::fs::File;
 use std::io::Write;
@@ -26,10 +27,14 @@ use sha2::{Digest, Sha256};
 
 use super::{KvQuant, QuantSdpa, Snapshot, SnapshotKind};
 
-pub const MAGIC: &[u8; 8] = b"MLXKV\0v2";
-pub const FORMAT_VERSION: u32 = 2;
+pub const MAGIC: &[u8; 8] = b"MLXKV\0v3";
+pub const FORMAT_VERSION: u32 = 3;
 pub const ALIGN: u64 = 16 * 1024;
 const PREAMBLE: usize = 56;
+/// Every version of the format starts with this (then the version's digit).
+const MAGIC_FAMILY: &[u8; 7] = b"MLXKV\0v";
+/// A header larger than this is refused before it is read (a million tokens take ~8 MB).
+const MAX_HEADER: usize = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum KvStoreError {
@@ -38,10 +43,12 @@ pub enum KvStoreError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: not a kv-store v2 file ({why})")]
+    #[error("{path}: not a kv-store v3 file ({why})")]
     Format { path: PathBuf, why: String },
     #[error("{path}: corrupt: {why}")]
     Corrupt { path: PathBuf, why: String },
+    #[error("{path}: {why}")]
+    Refused { path: PathBuf, why: String },
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
 }
@@ -53,6 +60,9 @@ pub struct TensorEntry {
     pub bytes: u64,
     pub shape: Vec<i32>,
     pub dtype: String,
+    /// xxh3-64 of the bytes, 16 hex digits: checked at every read.
+    pub xxh3: String,
+    /// SHA-256 of the bytes: checked when verification is asked for.
     pub hash: String,
 }
 
@@ -96,7 +106,7 @@ pub struct Identity {
     pub tokenizer_hash: String,
 }
 
-fn dtype_name(d: Dtype) -> Option<&'static str> {
+pub fn dtype_name(d: Dtype) -> Option<&'static str> {
     Some(match d {
         Dtype::Float32 => "float32",
         Dtype::Float16 => "float16",
@@ -118,6 +128,25 @@ fn dtype_of(name: &str) -> Option<Dtype> {
 
 fn hex(bytes: &[u8]) -> String {
     format!("{:x}", Sha256::digest(bytes))
+}
+
+fn xxh3_hex(bytes: &[u8]) -> String {
+    format!("{:016x}", xxhash_rust::xxh3::xxh3_64(bytes))
+}
+
+/// Bytes per element of the dtypes the format stores.
+pub fn dtype_width(name: &str) -> Option<u64> {
+    Some(match dtype_of(name)? {
+        Dtype::Float32 | Dtype::Uint32 => 4,
+        _ => 2,
+    })
+}
+
+/// prod(shape) × width, if every dim is non-negative and nothing overflows.
+pub fn tensor_bytes(shape: &[i32], dtype: &str) -> Option<u64> {
+    shape.iter().try_fold(dtype_width(dtype)?, |acc, &d| {
+        acc.checked_mul(u64::try_from(d).ok()?)
+    })
 }
 
 /// An array's row-major bytes.
@@ -167,6 +196,7 @@ pub fn write(
                 bytes: bytes.len() as u64,
                 shape: t.shape().to_vec(),
                 dtype: dtype.to_owned(),
+                xxh3: xxh3_hex(&bytes),
                 hash: hex(&bytes),
             });
             off += (bytes.len() as u64).div_ceil(ALIGN) * ALIGN;
@@ -247,47 +277,96 @@ pub fn write(
     Ok(std::fs::metadata(path).map_err(io(path))?.len())
 }
 
-/// Reads and checks the preamble and header only (a store's start-up scan).
+/// Reads and checks the preamble and header only (a store's start-up scan): two reads of
+/// the file's first 56 + H bytes, never the tensors.
 pub fn read_header(path: &Path) -> Result<Header, KvStoreError> {
-    let bytes = std::fs::read(path).map_err(io(path))?;
-    parse_header(path, &bytes).map(|(h, _)| h)
+    use std::io::Read;
+    let mut f = File::open(path).map_err(io(path))?;
+    let mut pre = [0u8; PREAMBLE];
+    f.read_exact(&mut pre).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => format_error(path, "shorter than the preamble"),
+        _ => io(path)(e),
+    })?;
+    let (len, _) = parse_preamble(path, &pre)?;
+    let mut json = vec![0u8; len];
+    f.read_exact(&mut json).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => format_error(path, "truncated header"),
+        _ => io(path)(e),
+    })?;
+    parse_json(path, &pre, &json)
 }
 
-fn parse_header(path: &Path, bytes: &[u8]) -> Result<(Header, u64), KvStoreError> {
-    let bad = |why: &str| KvStoreError::Format {
+fn format_error(path: &Path, why: &str) -> KvStoreError {
+    KvStoreError::Format {
         path: path.to_owned(),
         why: why.to_owned(),
-    };
-    if bytes.len() < PREAMBLE || &bytes[..8] != MAGIC {
+    }
+}
+
+/// Magic, version and sizes: (header length, data start).
+fn parse_preamble(path: &Path, pre: &[u8]) -> Result<(usize, u64), KvStoreError> {
+    let bad = |why: &str| format_error(path, why);
+    if pre.len() < PREAMBLE || &pre[..7] != MAGIC_FAMILY {
         return Err(bad("wrong magic"));
     }
-    let version = u32::from_le_bytes(bytes[8..12].try_into().unwrap());
-    if version != FORMAT_VERSION {
+    let version = u32::from_le_bytes(pre[8..12].try_into().unwrap());
+    if version != FORMAT_VERSION || pre[..8] != MAGIC[..] {
         return Err(bad(&format!(
             "format version {version}, this engine reads {FORMAT_VERSION}"
         )));
     }
-    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-    let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap());
-    let json = bytes
-        .get(PREAMBLE..PREAMBLE + len)
-        .ok_or_else(|| bad("truncated header"))?;
-    if Sha256::digest(json).as_slice() != &bytes[24..56] {
-        return Err(KvStoreError::Corrupt {
-            path: path.to_owned(),
-            why: "header hash mismatch".into(),
-        });
+    let len = u32::from_le_bytes(pre[12..16].try_into().unwrap()) as usize;
+    let data_start = u64::from_le_bytes(pre[16..24].try_into().unwrap());
+    if len > MAX_HEADER {
+        return Err(bad(&format!(
+            "header of {len} bytes (at most {MAX_HEADER})"
+        )));
     }
-    let header: Header = serde_json::from_slice(json).map_err(|e| KvStoreError::Corrupt {
-        path: path.to_owned(),
-        why: format!("header JSON: {e}"),
-    })?;
-    Ok((header, data_start))
+    if data_start < (PREAMBLE + len) as u64 {
+        return Err(bad("data start inside the header"));
+    }
+    Ok((len, data_start))
 }
 
-/// Reads a file back into snapshots (mapped, header hash always checked, tensor hashes when
-/// `verify`).
+/// Checks the header hash (in the preamble) and parses the JSON.
+fn parse_json(path: &Path, pre: &[u8], json: &[u8]) -> Result<Header, KvStoreError> {
+    let corrupt = |why: String| KvStoreError::Corrupt {
+        path: path.to_owned(),
+        why,
+    };
+    if Sha256::digest(json).as_slice() != &pre[24..56] {
+        return Err(corrupt("header hash mismatch".into()));
+    }
+    let header: Header =
+        serde_json::from_slice(json).map_err(|e| corrupt(format!("header JSON: {e}")))?;
+    if header.format_version != FORMAT_VERSION {
+        return Err(corrupt(format!(
+            "header says format version {}",
+            header.format_version
+        )));
+    }
+    Ok(header)
+}
+
+fn parse_header(path: &Path, bytes: &[u8]) -> Result<(Header, u64), KvStoreError> {
+    let (len, data_start) = parse_preamble(path, bytes)?;
+    let json = bytes
+        .get(PREAMBLE..PREAMBLE + len)
+        .ok_or_else(|| format_error(path, "truncated header"))?;
+    Ok((parse_json(path, bytes, json)?, data_start))
+}
+
+/// Reads a file back into snapshots (mapped; the header hash and every tensor's xxh3
+/// checksum always checked, SHA-256 when `verify`).
 pub fn read(path: &Path, verify: bool) -> Result<(Header, Vec<Snapshot>), KvStoreError> {
+    read_timed(path, verify).map(|(h, s, _)| (h, s))
+}
+
+/// As `read`, with the time spent on the always-on checksums (the restart bench reports it).
+pub fn read_timed(
+    path: &Path,
+    verify: bool,
+) -> Result<(Header, Vec<Snapshot>, std::time::Duration), KvStoreError> {
     let file = File::open(path).map_err(io(path))?;
     // SAFETY: read-only mapping, copied out of before it is dropped; store files are only
     // ever replaced by rename, never rewritten in place.
@@ -297,26 +376,35 @@ pub fn read(path: &Path, verify: bool) -> Result<(Header, Vec<Snapshot>), KvStor
         path: path.to_owned(),
         why,
     };
+    let mut checksum_time = std::time::Duration::ZERO;
     let mut snapshots = Vec::new();
-    for c in &header.caches {
+    for (ci, c) in header.caches.iter().enumerate() {
         let mut tensors = Vec::new();
-        for t in &c.tensors {
-            let start = (data_start + t.off) as usize;
-            let data = map
-                .get(start..start + t.bytes as usize)
-                .ok_or_else(|| corrupt(format!("tensor at {start} runs past the end")))?;
-            if verify && hex(data) != t.hash {
-                return Err(corrupt(format!("tensor at {start}: hash mismatch")));
+        for (ti, t) in c.tensors.iter().enumerate() {
+            let at = format!("cache {ci} tensor {ti}");
+            let range = data_start
+                .checked_add(t.off)
+                .and_then(|s| Some(s..s.checked_add(t.bytes)?))
+                .and_then(|r| Some(usize::try_from(r.start).ok()?..usize::try_from(r.end).ok()?));
+            let data = range
+                .and_then(|r| map.get(r))
+                .ok_or_else(|| corrupt(format!("{at} runs past the end of the file")))?;
+            let dtype =
+                dtype_of(&t.dtype).ok_or_else(|| corrupt(format!("{at}: dtype {}", t.dtype)))?;
+            if tensor_bytes(&t.shape, &t.dtype) != Some(t.bytes) {
+                return Err(corrupt(format!(
+                    "{at}: {} bytes do not hold shape {:?} of {}",
+                    t.bytes, t.shape, t.dtype
+                )));
             }
-            let dtype = dtype_of(&t.dtype).ok_or_else(|| corrupt(format!("dtype {}", t.dtype)))?;
-            let elements: i64 = t.shape.iter().map(|&d| d as i64).product();
-            let width = if dtype == Dtype::Float32 || dtype == Dtype::Uint32 {
-                4
-            } else {
-                2
-            };
-            if elements * width != t.bytes as i64 {
-                return Err(corrupt("tensor size does not match its shape".into()));
+            let started = std::time::Instant::now();
+            let sum_ok = xxh3_hex(data) == t.xxh3;
+            checksum_time += started.elapsed();
+            if !sum_ok {
+                return Err(corrupt(format!("{at}: checksum mismatch")));
+            }
+            if verify && hex(data) != t.hash {
+                return Err(corrupt(format!("{at}: hash mismatch")));
             }
             // SAFETY: `data` holds exactly prod(shape) elements of `dtype` (checked above);
             // MLX copies them before the mapping goes away.
@@ -350,5 +438,5 @@ pub fn read(path: &Path, verify: bool) -> Result<(Header, Vec<Snapshot>), KvStor
             tensors,
         });
     }
-    Ok((header, snapshots))
+    Ok((header, snapshots, checksum_time))
 }

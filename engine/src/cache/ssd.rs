@@ -1,19 +1,28 @@
-//! The SSD store: kv-store v2 files in `<dir>/<fingerprint>/<ns>/<id>.mlxkv`, where the
+//! The SSD store: kv-store v3 files in `<dir>/<fingerprint>/<ns>/<id>.mlxkv`, where the
 //! files are the database — a start-up scan reads headers only and rebuilds the index.
-//! The scan removes leftover temp files, and deletes entries of its own fingerprint that
-//! are corrupt or were written for another config; other fingerprints' directories are
-//! never touched. `find` is the longest usable prefix (as the RAM tier's), `restore`
-//! touches the file's mtime, `store` supersedes shorter prefixes it makes redundant and
-//! evicts the oldest mtime first to stay under the cap; an entry larger than the cap is
-//! refused, and a full disk is reported once while serving goes on.
+//! Nothing read from disk is used unchecked: an entry must carry this store's identity
+//! (fingerprint, model id, tokenizer hash) and match the model's cache geometry (number,
+//! kinds, shapes and dtypes of the caches a session of this model makes), at the scan and
+//! again at restore, where every tensor's checksum is checked too; an entry that fails is
+//! removed (quarantined) and the request prefills instead. The scan never follows symlinks
+//! and deletes only regular files named as the store names them (its entries and temp
+//! files); anything else is left alone and not counted. A store over its cap is trimmed at
+//! start. `find` is the longest usable prefix (as the RAM tier's), `restore` touches the
+//! file's mtime, `store` supersedes shorter prefixes it makes redundant and evicts the
+//! oldest mtime first to stay under the cap; an entry larger than the cap is refused, and a
+//! failed write (e.g. a full disk) is reported once while serving goes on.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
 use sha2::{Digest, Sha256};
 
-use super::kvstore::{self, Header, Identity, KvStoreError};
-use super::{restore, Cache, QuantSdpa};
+use super::kvstore::{self, CacheEntry, Header, Identity, KvStoreError};
+use super::{restore, Cache, QuantSdpa, Snapshot, SnapshotKind};
+use crate::generate::kv_quant::KvQuantPlan;
+use crate::model::LanguageModel;
 
 struct Entry {
     path: PathBuf,
@@ -32,19 +41,217 @@ pub struct SsdStats {
     pub max_bytes: u64,
     pub restores: u64,
     pub spills: u64,
+    /// Entries removed as corrupt or inconsistent (checksum, identity, geometry).
     pub removed_corrupt: u64,
+    /// The last restore, file read, checks and cache rebuild included.
     pub restore_ms_last: f64,
+    /// Of which the always-on tensor checksums.
+    pub checksum_ms_last: f64,
 }
 
-pub struct SsdStore {
-    root: PathBuf,
-    id: Identity,
-    max_bytes: u64,
-    verify: bool,
-    entries: Vec<Entry>,
-    counter: u64,
-    warned: bool,
-    stats: SsdStats,
+/// One stored tensor as the model's caches hold it; axis 2 (positions) is free.
+#[derive(Debug, Clone, PartialEq)]
+struct TensorGeom {
+    shape: Vec<i32>,
+    dtype: String,
+}
+
+#[derive(Debug, Clone)]
+struct CacheGeom {
+    /// (max_size, keep) for a ring; None for a standard cache.
+    ring: Option<(i32, i32)>,
+    dense: Vec<TensorGeom>,
+    /// The session's quantization of this cache ((bits, group size)) and its tensors then.
+    quant: Option<((i32, i32), Vec<TensorGeom>)>,
+}
+
+/// The caches a session of this model (and its drafter) makes, as the store checks entries
+/// against them: built by `probe` on the model thread.
+#[derive(Debug, Clone)]
+pub struct Geometry {
+    /// None where the layer's cache is never stored (no snapshot).
+    caches: Vec<Option<CacheGeom>>,
+    /// Caches convert to the plan's quantization once they hold this many positions.
+    quant_start: i32,
+}
+
+fn tensor_geoms(s: &Snapshot) -> Option<Vec<TensorGeom>> {
+    s.tensors
+        .iter()
+        .map(|t| {
+            Some(TensorGeom {
+                shape: t.shape().to_vec(),
+                dtype: kvstore::dtype_name(t.dtype())?.to_owned(),
+            })
+        })
+        .collect()
+}
+
+impl Geometry {
+    /// Feeds one token to fresh caches of each model (the model's, then the drafter's, as
+    /// an entry holds them) and reads their snapshots' kinds, shapes and dtypes, dense and
+    /// as `plan` quantizes them. Nothing is evaluated: MLX knows shapes without computing.
+    pub fn probe(
+        models: &[&dyn LanguageModel],
+        plan: Option<&KvQuantPlan>,
+    ) -> Result<Self, Exception> {
+        let mut caches = Vec::new();
+        for m in models {
+            let mut cs = m.make_caches();
+            m.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut cs)?;
+            let dense: Vec<Option<Snapshot>> = cs.iter().map(|c| c.snapshot()).collect();
+            if let Some(p) = plan {
+                // Every planned cache converts now, whatever the plan's start.
+                KvQuantPlan {
+                    start: 0,
+                    ..p.clone()
+                }
+                .apply(&mut cs)?;
+            }
+            for (d, c) in dense.into_iter().zip(&cs) {
+                let geom = d.and_then(|d| {
+                    let ring = match d.kind {
+                        SnapshotKind::Kv => None,
+                        SnapshotKind::Rotating { max_size, keep, .. } => Some((max_size, keep)),
+                    };
+                    let quant = match (c.kv_quant(), c.snapshot()) {
+                        (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
+                        _ => None,
+                    };
+                    Some(CacheGeom {
+                        ring,
+                        dense: tensor_geoms(&d)?,
+                        quant,
+                    })
+                });
+                caches.push(geom);
+            }
+        }
+        Ok(Geometry {
+            caches,
+            quant_start: plan.map_or(0, |p| p.start),
+        })
+    }
+
+    /// A serving session's caches: the model's, then its drafter's (an assistant drafter
+    /// has none of its own).
+    pub fn of_session(
+        model: &dyn LanguageModel,
+        draft: Option<&crate::generate::drafter::Drafter>,
+        plan: Option<&KvQuantPlan>,
+    ) -> Result<Self, Exception> {
+        let mut models = vec![model];
+        if let Some(crate::generate::drafter::Drafter::Model(m)) = draft {
+            models.push(m.as_ref());
+        }
+        Self::probe(&models, plan)
+    }
+
+    /// Whether an entry's header describes caches this model's session could have made,
+    /// holding exactly its tokens: the reason if not.
+    pub fn check(&self, h: &Header) -> Result<(), String> {
+        if h.caches.len() != self.caches.len() {
+            return Err(format!(
+                "{} caches, the model's sessions have {}",
+                h.caches.len(),
+                self.caches.len()
+            ));
+        }
+        let n = i32::try_from(h.tokens.len()).map_err(|_| "too many tokens".to_owned())?;
+        if n == 0 {
+            return Err("no tokens".into());
+        }
+        for (i, (c, g)) in h.caches.iter().zip(&self.caches).enumerate() {
+            let g = g
+                .as_ref()
+                .ok_or_else(|| format!("cache {i}: this layer's cache is never stored"))?;
+            check_cache(c, g, n, self.quant_start).map_err(|why| format!("cache {i}: {why}"))?;
+        }
+        Ok(())
+    }
+}
+
+fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Result<(), String> {
+    let (ring, quantized) = match c.kind.as_str() {
+        "kv" => (None, false),
+        "qkv" => (None, true),
+        "rotating" | "rotating-qkv" => (
+            Some((
+                c.max_size.ok_or("a ring without maxSize")?,
+                c.keep.unwrap_or(0),
+            )),
+            c.kind == "rotating-qkv",
+        ),
+        other => return Err(format!("kind `{other}`")),
+    };
+    if ring != g.ring {
+        return Err(format!(
+            "kind {} (ring {ring:?}), the model's is ring {:?}",
+            c.kind, g.ring
+        ));
+    }
+    if c.offset != n {
+        return Err(format!("offset {}, the entry holds {n} tokens", c.offset));
+    }
+    let stored_quant = c.bits.zip(c.group_size);
+    let want = match (quantized, stored_quant, &g.quant) {
+        (false, None, None) => &g.dense,
+        (false, None, Some(_)) if c.offset < quant_start => &g.dense,
+        (true, Some(q), Some((planned, tensors))) if q == *planned => tensors,
+        _ => {
+            return Err(format!(
+                "quantization {stored_quant:?} ({}), the session's is {:?}",
+                c.kind,
+                g.quant.as_ref().map(|q| q.0)
+            ))
+        }
+    };
+    if c.tensors.len() != want.len() {
+        return Err(format!(
+            "{} tensors, the model's cache has {}",
+            c.tensors.len(),
+            want.len()
+        ));
+    }
+    let mut positions = None;
+    for (ti, (t, w)) in c.tensors.iter().zip(want).enumerate() {
+        let same_but_positions = t.shape.len() == w.shape.len()
+            && t.shape.len() == 4
+            && t.shape
+                .iter()
+                .zip(&w.shape)
+                .enumerate()
+                .all(|(axis, (a, b))| axis == 2 || a == b);
+        if !same_but_positions || t.dtype != w.dtype {
+            return Err(format!(
+                "tensor {ti}: {:?} {}, the model's cache holds {:?} {} (any length on axis 2)",
+                t.shape, t.dtype, w.shape, w.dtype
+            ));
+        }
+        if kvstore::tensor_bytes(&t.shape, &t.dtype) != Some(t.bytes) {
+            return Err(format!("tensor {ti}: {} bytes for {:?}", t.bytes, t.shape));
+        }
+        let len = t.shape[2];
+        if *positions.get_or_insert(len) != len {
+            return Err(format!("tensor {ti}: {len} positions, the others differ"));
+        }
+    }
+    let len = positions.unwrap_or(0);
+    match ring {
+        None if len != c.offset => Err(format!("{len} positions stored for offset {}", c.offset)),
+        Some((max, _)) => {
+            let idx = c.idx.ok_or("a ring without idx")?;
+            if len < c.offset.min(max) || !(0..=len).contains(&idx) || len > c.offset + max {
+                Err(format!(
+                    "a ring of {len} positions with offset {}, idx {idx}, maxSize {max}",
+                    c.offset
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        None => Ok(()),
+    }
 }
 
 fn ns_dir(ns: &str) -> String {
@@ -53,6 +260,31 @@ fn ns_dir(ns: &str) -> String {
     } else {
         format!("{:x}", Sha256::digest(ns.as_bytes()))[..16].to_owned()
     }
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The names the store gives its namespace directories (`ns_dir`).
+fn is_ns_name(name: &str) -> bool {
+    name == "_base" || is_hex(name, 16)
+}
+
+/// The names the store gives its entries (`new_path`): 32 hex digits + `.mlxkv`.
+fn is_entry_name(name: &str) -> bool {
+    name.strip_suffix(".mlxkv").is_some_and(|id| is_hex(id, 32))
+}
+
+/// The names `kvstore::write` gives its temp files: `.<entry name>.tmp-<pid>`.
+fn is_temp_name(name: &str) -> bool {
+    name.strip_prefix('.')
+        .and_then(|n| n.split_once(".tmp-"))
+        .is_some_and(|(entry, pid)| {
+            is_entry_name(entry) && !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())
+        })
 }
 
 fn trimmable(h: &Header) -> bool {
@@ -65,15 +297,43 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
+/// A path that is a symlink (not followed), or not there at all.
+fn is_symlink(path: &Path) -> bool {
+    path.symlink_metadata()
+        .is_ok_and(|m| m.file_type().is_symlink())
+}
+
+pub struct SsdStore {
+    root: PathBuf,
+    id: Identity,
+    geometry: Geometry,
+    max_bytes: u64,
+    verify: bool,
+    entries: Vec<Entry>,
+    counter: u64,
+    warned: bool,
+    stats: SsdStats,
+}
+
 impl SsdStore {
-    /// Opens (creating) `<dir>/<fingerprint>` and scans it.
+    /// Opens (creating) `<dir>/<fingerprint>` and scans it; entries are checked against
+    /// `id` and `geometry`.
     pub fn open(
         dir: &Path,
         id: Identity,
+        geometry: Geometry,
         max_bytes: u64,
         verify: bool,
     ) -> Result<Self, KvStoreError> {
         let root = dir.join(&id.config_fingerprint);
+        if is_symlink(&root) {
+            return Err(KvStoreError::Refused {
+                path: root,
+                why: "the store's fingerprint directory is a symlink; the store never \
+                      follows links inside itself"
+                    .into(),
+            });
+        }
         std::fs::create_dir_all(&root).map_err(|source| KvStoreError::Io {
             path: root.clone(),
             source,
@@ -81,6 +341,7 @@ impl SsdStore {
         let mut store = SsdStore {
             root,
             id,
+            geometry,
             max_bytes,
             verify,
             entries: Vec::new(),
@@ -95,44 +356,97 @@ impl SsdStore {
         Ok(store)
     }
 
+    /// Why `h` cannot be used by this store, if it cannot.
+    fn unusable(&self, h: &Header) -> Option<String> {
+        let id = &self.id;
+        if h.config_fingerprint != id.config_fingerprint {
+            return Some(format!("fingerprint {}", h.config_fingerprint));
+        }
+        if h.model_id != id.model_id {
+            return Some(format!(
+                "model id {}, this model is {}",
+                h.model_id, id.model_id
+            ));
+        }
+        if h.tokenizer_hash != id.tokenizer_hash {
+            return Some(format!("tokenizer hash {}", h.tokenizer_hash));
+        }
+        self.geometry.check(h).err()
+    }
+
+    fn quarantine(&mut self, path: &Path, why: &str) {
+        eprintln!("ssd cache: removing {}: {why}", path.display());
+        let _ = std::fs::remove_file(path);
+        self.stats.removed_corrupt += 1;
+    }
+
     fn scan(&mut self) {
         let Ok(namespaces) = std::fs::read_dir(&self.root) else {
             return;
         };
-        for ns in namespaces.flatten().filter(|e| e.path().is_dir()) {
+        for ns in namespaces.flatten() {
+            // `file_type` does not follow symlinks: a linked directory is not ours.
+            let ours = ns.file_type().is_ok_and(|t| t.is_dir())
+                && is_ns_name(&ns.file_name().to_string_lossy());
+            if !ours {
+                continue;
+            }
             for file in std::fs::read_dir(ns.path()).into_iter().flatten().flatten() {
+                if !file.file_type().is_ok_and(|t| t.is_file()) {
+                    continue;
+                }
                 let path = file.path();
                 let name = file.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') && name.contains(".tmp-") {
+                if is_temp_name(&name) {
                     let _ = std::fs::remove_file(&path);
                     continue;
                 }
-                if !name.ends_with(".mlxkv") {
+                if !is_entry_name(&name) {
                     continue;
                 }
-                match kvstore::read_header(&path) {
-                    Ok(h) if h.config_fingerprint == self.id.config_fingerprint => {
-                        let meta = file.metadata().ok();
-                        self.entries.push(Entry {
-                            trimmable: trimmable(&h),
-                            ns: h.ns,
-                            tokens: h.tokens,
-                            bytes: meta.as_ref().map_or(0, |m| m.len()),
-                            mtime: meta
-                                .and_then(|m| m.modified().ok())
-                                .unwrap_or(SystemTime::UNIX_EPOCH),
-                            path,
-                        });
+                let header = kvstore::read_header(&path).map_err(|e| e.to_string());
+                let h = match header.and_then(|h| match self.unusable(&h) {
+                    None => Ok(h),
+                    Some(why) => Err(why),
+                }) {
+                    Ok(h) => h,
+                    Err(why) => {
+                        self.quarantine(&path, &why);
+                        continue;
                     }
-                    // Corrupt, or written for another config under this fingerprint: gone.
-                    _ => {
-                        let _ = std::fs::remove_file(&path);
-                        self.stats.removed_corrupt += 1;
-                    }
-                }
+                };
+                let meta = file.metadata().ok();
+                self.entries.push(Entry {
+                    trimmable: trimmable(&h),
+                    ns: h.ns,
+                    tokens: h.tokens,
+                    bytes: meta.as_ref().map_or(0, |m| m.len()),
+                    mtime: meta
+                        .and_then(|m| m.modified().ok())
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
+                    path,
+                });
             }
         }
+        self.evict_to_cap();
         self.refresh();
+    }
+
+    /// Removes the oldest entries (by mtime) until the store is under its cap.
+    fn evict_to_cap(&mut self) {
+        while self.entries.iter().map(|e| e.bytes).sum::<u64>() > self.max_bytes {
+            let Some(oldest) = self
+                .entries
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, e)| e.mtime)
+                .map(|(i, _)| i)
+            else {
+                break;
+            };
+            let e = self.entries.remove(oldest);
+            let _ = std::fs::remove_file(&e.path);
+        }
     }
 
     fn refresh(&mut self) {
@@ -158,8 +472,9 @@ impl SsdStore {
             .max_by_key(|&(_, n)| n)
     }
 
-    /// Restores entry `index` trimmed to `usable` tokens; a file that fails to read is
-    /// deleted (None).
+    /// Restores entry `index` trimmed to `usable` tokens. A file that fails to read, fails
+    /// a checksum, or does not match this store's identity, the index or the model's cache
+    /// geometry is removed (None: the request prefills instead).
     pub fn restore(
         &mut self,
         index: usize,
@@ -168,21 +483,32 @@ impl SsdStore {
     ) -> Option<Vec<Box<dyn Cache>>> {
         let start = std::time::Instant::now();
         let path = self.entries[index].path.clone();
-        let snapshots = match kvstore::read(&path, self.verify) {
-            Ok((_, s)) => s,
-            Err(e) => {
-                eprintln!("ssd cache: removing {}: {e}", path.display());
-                let _ = std::fs::remove_file(&path);
+        let checked = kvstore::read_timed(&path, self.verify)
+            .map_err(|e| e.to_string())
+            .and_then(|(h, snapshots, checksum)| {
+                if let Some(why) = self.unusable(&h) {
+                    return Err(why);
+                }
+                let e = &self.entries[index];
+                if h.tokens != e.tokens || h.ns != e.ns {
+                    return Err("the file changed since the scan".into());
+                }
+                let caches = snapshots
+                    .into_iter()
+                    .map(|s| restore(s, sdpa))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())?;
+                Ok((caches, checksum))
+            });
+        let (mut caches, checksum) = match checked {
+            Ok(c) => c,
+            Err(why) => {
+                self.quarantine(&path, &why);
                 self.entries.remove(index);
-                self.stats.removed_corrupt += 1;
                 self.refresh();
                 return None;
             }
         };
-        let mut caches = Vec::new();
-        for s in snapshots {
-            caches.push(restore(s, sdpa).ok()?);
-        }
         let trim = (self.entries[index].tokens.len() - usable) as i32;
         if trim > 0 && caches.iter_mut().any(|c| c.trim(trim) != trim) {
             return None;
@@ -193,9 +519,9 @@ impl SsdStore {
         self.entries[index].mtime = SystemTime::now();
         self.stats.restores += 1;
         self.stats.restore_ms_last = start.elapsed().as_secs_f64() * 1e3;
+        self.stats.checksum_ms_last = checksum.as_secs_f64() * 1e3;
         Some(caches)
     }
-
     fn new_path(&mut self, ns: &str) -> PathBuf {
         self.counter += 1;
         let seed = format!(
@@ -233,6 +559,17 @@ impl SsdStore {
         }
         let path = self.new_path(ns);
         if let Some(parent) = path.parent() {
+            // Never write through a link planted where a namespace directory goes.
+            if is_symlink(parent) {
+                if !self.warned {
+                    eprintln!(
+                        "ssd cache: {} is a symlink; not writing there",
+                        parent.display()
+                    );
+                    self.warned = true;
+                }
+                return false;
+            }
             let _ = std::fs::create_dir_all(parent);
         }
         let id = Identity {
@@ -270,17 +607,7 @@ impl SsdStore {
             mtime: SystemTime::now(),
             trimmable: trimmable_new,
         });
-        while self.entries.iter().map(|e| e.bytes).sum::<u64>() > self.max_bytes {
-            let oldest = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.mtime)
-                .map(|(i, _)| i)
-                .expect("non-empty while over the cap");
-            let e = self.entries.remove(oldest);
-            let _ = std::fs::remove_file(&e.path);
-        }
+        self.evict_to_cap();
         self.stats.spills += 1;
         self.refresh();
         true

@@ -151,16 +151,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         draft_dir.is_none() || num_draft >= 1,
         "--num-draft-tokens must be at least 1"
     );
-    // Entries hold the drafter's caches too, so its config is part of the fingerprint.
-    let fingerprint_source = format!(
-        "{}|{:?}|{}",
-        std::fs::read_to_string(args.model.join("config.json")).unwrap_or_default(),
-        opts.kv_quant,
-        draft_dir
-            .as_ref()
-            .map(|d| std::fs::read_to_string(d.join("config.json")).unwrap_or_default())
-            .unwrap_or_default()
-    );
+    // What the SSD tier's entries must match (cache::fingerprint), computed on the model
+    // thread with --ssd-cache only.
+    let fingerprint_template = args.chat_template.clone();
     let model_thread = std::thread::Builder::new()
         .name("model".into())
         .spawn(move || {
@@ -180,18 +173,21 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 let ssd = match &ssd_args.0 {
                     None => None,
                     Some(dir) => {
-                        use sha2::Digest;
-                        let hex = |b: &[u8]| format!("{:x}", sha2::Sha256::digest(b));
-                        let tokenizer_json =
-                            std::fs::read(model_dir.join("tokenizer.json")).unwrap_or_default();
-                        let id = crate::cache::kvstore::Identity {
-                            model_id: model_dir.display().to_string(),
-                            config_fingerprint: hex(fingerprint_source.as_bytes()),
-                            ns: String::new(),
-                            tokenizer_hash: hex(&tokenizer_json),
+                        let sources = crate::cache::fingerprint::Sources {
+                            model: &model_dir,
+                            draft: draft_dir.as_deref(),
+                            adapters: &[],
+                            chat_template: fingerprint_template.as_deref(),
+                            kv_plan: opts.kv_quant.as_ref(),
                         };
+                        let id = crate::cache::fingerprint::fingerprint(&sources, dir)?.identity;
+                        let geometry = crate::cache::ssd::Geometry::of_session(
+                            model.as_ref(),
+                            draft.as_ref().map(|(d, _)| d),
+                            opts.kv_quant.as_ref(),
+                        )?;
                         Some(crate::cache::ssd::SsdStore::open(
-                            dir, id, ssd_args.1, ssd_args.2,
+                            dir, id, geometry, ssd_args.1, ssd_args.2,
                         )?)
                     }
                 };

@@ -3,7 +3,8 @@
 //! prompt and decodes; "store" prefills and writes the caches to a kv-store directory
 //! (untimed); "restored" opens that store as a restarted server would, restores the prefix,
 //! feeds the last prompt token and decodes. TTFT counts from the start of the request (for
-//! "restored": the store lookup, the file read and the restore included).
+//! "restored": the store lookup, the file read and the restore included). The restored
+//! legs also report the restore's own time and, of it, the always-on tensor checksums'.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,7 +12,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use engine::cache::kvstore::Identity;
-use engine::cache::ssd::SsdStore;
+use engine::cache::ssd::{Geometry, SsdStore};
 use engine::cache::QuantSdpa;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{generate_in, Flow, Session, SessionOptions};
@@ -24,6 +25,12 @@ pub struct RestartLeg {
     pub mode: String,
     pub ttft_s: f64,
     pub decode_tps: f64,
+    /// "restored": the store's restore (read, checks, rebuild) and, of it, the always-on
+    /// tensor checksums.
+    #[serde(default)]
+    pub restore_ms: f64,
+    #[serde(default)]
+    pub checksum_ms: f64,
 }
 
 fn identity() -> Identity {
@@ -45,13 +52,15 @@ pub fn leg(
 ) -> Result<RestartLeg> {
     let m = engine::model::load(model)?;
     let opts = SessionOptions::default();
+    let geometry = Geometry::probe(&[m.as_ref()], None)?;
+    let mut restore_ms = (0.0, 0.0);
     let start = Instant::now();
     let (mut session, cached) = match mode {
         "fresh" => (Session::with_options(m.as_ref(), &opts), 0),
         "store" => {
             let mut s = Session::with_options(m.as_ref(), &opts);
             s.prefill(ids)?;
-            let mut store = SsdStore::open(ssd, identity(), u64::MAX, false)?;
+            let mut store = SsdStore::open(ssd, identity(), geometry, u64::MAX, false)?;
             if !store.store("", ids, &s.caches, "bench") {
                 bail!("the store refused the entry");
             }
@@ -59,16 +68,20 @@ pub fn leg(
                 mode: mode.into(),
                 ttft_s: 0.0,
                 decode_tps: 0.0,
+                restore_ms: 0.0,
+                checksum_ms: 0.0,
             });
         }
         "restored" => {
-            let mut store = SsdStore::open(ssd, identity(), u64::MAX, false)?;
+            let mut store = SsdStore::open(ssd, identity(), geometry, u64::MAX, false)?;
             let (index, usable) = store
                 .find("", ids)
                 .context("nothing stored for this prompt")?;
             let caches = store
                 .restore(index, usable, QuantSdpa::MlxLm)
                 .context("the stored entry could not be restored")?;
+            let st = store.stats();
+            restore_ms = (st.restore_ms_last, st.checksum_ms_last);
             (Session::with_caches(m.as_ref(), &opts, caches), usable)
         }
         other => bail!("unknown restart leg `{other}`"),
@@ -92,6 +105,8 @@ pub fn leg(
         mode: mode.into(),
         ttft_s: ttft,
         decode_tps: engine::generate::bench::decode_rate(after_first, span),
+        restore_ms: restore_ms.0,
+        checksum_ms: restore_ms.1,
     })
 }
 
@@ -150,6 +165,8 @@ pub fn run(
             mode: mode.into(),
             ttft_s: median(mine.iter().map(|l| l.ttft_s).collect()),
             decode_tps: median(mine.iter().map(|l| l.decode_tps).collect()),
+            restore_ms: median(mine.iter().map(|l| l.restore_ms).collect()),
+            checksum_ms: median(mine.iter().map(|l| l.checksum_ms).collect()),
         }
     };
     Ok(RestartResult {
@@ -171,6 +188,13 @@ impl RestartResult {
             ("decode_tps_ssd_off", self.fresh.decode_tps, "tok/s"),
             ("decode_tps_ssd_on", self.restored.decode_tps, "tok/s"),
             ("decode_overhead_pct", overhead, "%"),
+            ("restore_ms", self.restored.restore_ms, "ms"),
+            ("restore_checksum_ms", self.restored.checksum_ms, "ms"),
+            (
+                "restore_checksum_pct_of_restore",
+                100.0 * self.restored.checksum_ms / self.restored.restore_ms,
+                "%",
+            ),
         ]
     }
 }
