@@ -12,9 +12,9 @@ use std::sync::mpsc;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::emit::Emitter;
+use super::emit::{Emitter, Outbox};
 use super::error::ApiError;
-use super::worker::{Event, Job, Worker};
+use super::worker::{Job, Worker};
 use crate::cache::KvCache;
 use crate::generate::batch::Batch;
 use crate::generate::sampler::Sampler;
@@ -124,45 +124,49 @@ impl Worker {
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Outcome::Continue => {}
-            Outcome::Done(_) if row.emit.gone => {
-                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-            }
+            Outcome::Done(_) if row.emit.gone => row.emit.end_cut(&self.counters),
             Outcome::Done(finish) => match row.emit.finish(finish, row.prompt_tokens, row.cached) {
                 Ok(generated) => self.count_done(row.prompt_tokens, generated),
                 Err(e) => {
                     self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    row.emit.send(Event::Failed(e));
+                    row.emit.fail(e);
                 }
             },
             Outcome::Failed(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                row.emit.send(Event::Failed(e));
+                row.emit.fail(e);
             }
         }
     }
 
-    /// Starts admitting a request: prompt encoded, prompt cache consulted, session made.
+    /// Starts admitting a request: its limits checked, prompt cache consulted, session made.
     fn start<'w>(&'w self, job: Job) -> Option<Admission<'w>> {
-        let Job { request, events } = job;
-        let prompt = match self.prompt_ids(&request.prompt) {
-            Ok(ids) => ids,
-            Err(e) => {
-                self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                let _ = events.send(Event::Failed(e));
-                return None;
-            }
+        let Job {
+            request,
+            prompt_ids: prompt,
+            events,
+            deadline,
+            queued,
+        } = job;
+        drop(queued);
+        let Some(out) = Outbox::new(events, deadline) else {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return None;
         };
+        let mut emit = Emitter::new(self, &request, out);
+        if emit.check() {
+            emit.end_cut(&self.counters);
+            return None;
+        }
         let sampler = match Sampler::new(request.sampling.clone()) {
             Ok(s) => s,
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = events.send(Event::Failed(ApiError::server(e.to_string())));
+                emit.fail(ApiError::server(e.to_string()));
                 return None;
             }
         };
-        let _ = events.send(Event::Started {
-            prompt_tokens: prompt.len(),
-        });
+        emit.started(prompt.len());
         self.counters.running.fetch_add(1, Ordering::Relaxed);
         let (caches, cached) = match self.cache_take(&prompt) {
             Some(h) => (h.caches, h.reused),
@@ -172,7 +176,7 @@ impl Worker {
         session.prefill_step = self.prefill_step;
         let max_tokens = request.max_tokens.min(self.context - prompt.len());
         let row = Row {
-            emit: Emitter::new(self, &request, events),
+            emit,
             sampler,
             history: prompt.clone(),
             prompt_tokens: prompt.len(),
@@ -193,6 +197,11 @@ impl Worker {
     /// and session when it should join the batch.
     fn admission_step<'w>(&self, mut adm: Admission<'w>) -> Step<'w> {
         let last = adm.prompt.len() - 1;
+        // A long prompt's admission spans ticks: its client may leave or its time run out.
+        if adm.row.emit.check() {
+            self.close(adm.row, Outcome::Done(Finish::Stop));
+            return Step::Closed;
+        }
         if adm.fed < last {
             let end = (adm.fed + adm.session.prefill_step).min(last);
             if let Err(e) = adm.session.prefill_chunk(&adm.prompt[adm.fed..end]) {
@@ -324,7 +333,6 @@ impl Worker {
             }
             if admission.is_none() && rows.len() < slots {
                 if let Some(job) = waiting.pop_front() {
-                    self.counters.queued.fetch_sub(1, Ordering::Relaxed);
                     admission = self.start(job);
                 }
             }

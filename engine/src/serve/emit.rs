@@ -1,51 +1,234 @@
 //! One request's output side, shared by the serial and the batch lane: each generated id
 //! goes through the streaming detokenizer and the stop matcher, gets its log-probabilities
-//! if asked, and is sent to the client; a send that fails means the client has gone.
+//! if asked, and is sent to the client.
+//!
+//! The model thread never blocks on a client. Each request's channel is bounded; an event
+//! it has no room for waits in the request's own backlog, and the last event (Done or an
+//! error) always fits because one slot is reserved for it at the start. A request is cut
+//! when its client has gone, when its backlog has made no progress for `--stall-timeout`
+//! (the client stopped reading), when it passed `--request-timeout`, or when a drain
+//! reached its deadline.
+
+use std::collections::VecDeque;
+use std::time::Instant;
 
 use mlx_rs::Array;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use super::error::ApiError;
-use super::worker::{Event, Worker};
+use super::worker::{Event, Limits, TokenLogprob, Worker};
 use crate::generate::stop::{StopMatcher, StopStep};
 use crate::generate::{Finish, Flow};
 use crate::load::detok::StreamingDetokenizer;
 
+/// Why a request stopped before its answer was complete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The client closed its connection.
+    Gone,
+    /// The client stopped reading for `--stall-timeout`.
+    Stalled,
+    /// The request ran past `--request-timeout`.
+    TimedOut,
+    /// The server is stopping and the drain deadline passed.
+    Draining,
+}
+
+impl Cut {
+    /// What the client is told (nothing, when it has gone).
+    pub fn error(self, limits: &Limits) -> Option<ApiError> {
+        use axum::http::StatusCode;
+        match self {
+            Cut::Gone => None,
+            Cut::Stalled => Some(
+                ApiError::server(format!(
+                    "the client read nothing for {:.1} s (--stall-timeout); the request was \
+                     cancelled",
+                    limits.stall.as_secs_f64()
+                ))
+                .with_status(StatusCode::REQUEST_TIMEOUT),
+            ),
+            Cut::TimedOut => Some(
+                ApiError::server(format!(
+                    "the request ran longer than {:.1} s (--request-timeout) and was stopped",
+                    limits.request_timeout.map_or(0.0, |d| d.as_secs_f64())
+                ))
+                .with_status(StatusCode::GATEWAY_TIMEOUT),
+            ),
+            Cut::Draining => Some(
+                ApiError::server("the server is shutting down; the request was stopped")
+                    .with_status(StatusCode::SERVICE_UNAVAILABLE),
+            ),
+        }
+    }
+}
+
+/// A request's side of its event channel, as the model thread holds it.
+pub struct Outbox {
+    events: Sender<Event>,
+    /// The slot reserved for the last event.
+    last: Option<OwnedPermit<Event>>,
+    /// Events the channel had no room for yet, oldest first.
+    backlog: VecDeque<Event>,
+    /// When the client last took an event (or the backlog was last empty).
+    progress: Instant,
+    /// When the request arrived plus `--request-timeout`.
+    deadline: Option<Instant>,
+}
+
+impl Outbox {
+    /// Reserves the last event's slot; fails only if the client has gone already.
+    pub fn new(events: Sender<Event>, deadline: Option<Instant>) -> Option<Self> {
+        let last = events.clone().try_reserve_owned().ok()?;
+        Some(Outbox {
+            events,
+            last: Some(last),
+            backlog: VecDeque::new(),
+            progress: Instant::now(),
+            deadline,
+        })
+    }
+
+    /// Queues `event` behind the backlog and moves what fits into the channel.
+    pub fn push(&mut self, event: Event) {
+        self.backlog.push_back(event);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        while let Some(event) = self.backlog.pop_front() {
+            match self.events.try_send(event) {
+                Ok(()) => self.progress = Instant::now(),
+                Err(TrySendError::Full(event)) | Err(TrySendError::Closed(event)) => {
+                    self.backlog.push_front(event);
+                    return;
+                }
+            }
+        }
+        self.progress = Instant::now();
+    }
+
+    /// Whether the request must stop now, and why.
+    pub fn check(&mut self, limits: &Limits) -> Option<Cut> {
+        if self.events.is_closed() {
+            return Some(Cut::Gone);
+        }
+        if limits.cut_all.load(std::sync::atomic::Ordering::Relaxed) {
+            return Some(Cut::Draining);
+        }
+        if self.deadline.is_some_and(|d| Instant::now() >= d) {
+            return Some(Cut::TimedOut);
+        }
+        if !self.backlog.is_empty() {
+            self.drain();
+            if !self.backlog.is_empty() && self.progress.elapsed() >= limits.stall {
+                return Some(Cut::Stalled);
+            }
+        }
+        None
+    }
+
+    /// Sends the last event (after the backlog) in the reserved slot; the channel closes.
+    pub fn close(mut self, event: Option<Event>) {
+        self.drain();
+        let Some(permit) = self.last.take() else {
+            return;
+        };
+        let mut rest: Vec<Event> = self.backlog.drain(..).collect();
+        rest.extend(event);
+        match rest.len() {
+            0 => {}
+            1 => {
+                permit.send(rest.remove(0));
+            }
+            _ => {
+                permit.send(Event::Batch(rest));
+            }
+        }
+    }
+}
+
 pub struct Emitter<'t> {
-    events: UnboundedSender<Event>,
+    out: Option<Outbox>,
+    limits: &'t Limits,
     detok: StreamingDetokenizer<'t>,
     stops: StopMatcher,
     logprobs: bool,
     top_logprobs: usize,
     pub produced: Vec<u32>,
-    /// The client disconnected.
+    /// The request was cut (its client gone, stalled, timed out, drained): it is not
+    /// finished normally and its caches are not kept.
     pub gone: bool,
+    pub cut: Option<Cut>,
 }
 
 impl<'t> Emitter<'t> {
-    pub fn new(
-        worker: &'t Worker,
-        request: &super::request::GenRequest,
-        events: UnboundedSender<Event>,
-    ) -> Self {
+    pub fn new(worker: &'t Worker, request: &super::request::GenRequest, out: Outbox) -> Self {
         Emitter {
-            events,
+            out: Some(out),
+            limits: &worker.limits,
             detok: worker.tokenizer.detokenizer(),
             stops: StopMatcher::new(request.stop.iter().cloned()),
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             produced: Vec::new(),
             gone: false,
+            cut: None,
         }
     }
 
-    pub fn send(&self, event: Event) -> bool {
-        self.events.send(event).is_ok()
+    fn push(&mut self, event: Event) {
+        if let Some(out) = self.out.as_mut() {
+            out.push(event);
+        }
+    }
+
+    /// The request was admitted: its prompt length goes first.
+    pub fn started(&mut self, prompt_tokens: usize) {
+        self.push(Event::Started { prompt_tokens });
+    }
+
+    /// Checks the request's limits; true (and `cut` set) if it must stop.
+    pub fn check(&mut self) -> bool {
+        if self.cut.is_none() {
+            self.cut = self.out.as_mut().and_then(|o| o.check(self.limits));
+        }
+        self.gone = self.cut.is_some();
+        self.gone
+    }
+
+    /// Sends an error as the request's last event.
+    pub fn fail(&mut self, e: ApiError) {
+        if let Some(out) = self.out.take() {
+            out.close(Some(Event::Failed(e)));
+        }
+    }
+
+    /// Ends a cut request: its error to the client (if any is left to tell), counted.
+    pub fn end_cut(&mut self, counters: &super::worker::Counters) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let cut = self.cut.unwrap_or(Cut::Gone);
+        match cut {
+            Cut::Gone | Cut::Draining => counters.cancelled.fetch_add(1, Relaxed),
+            Cut::Stalled => {
+                counters.stalled.fetch_add(1, Relaxed);
+                counters.cancelled.fetch_add(1, Relaxed)
+            }
+            Cut::TimedOut => counters.timed_out.fetch_add(1, Relaxed),
+        };
+        let error = cut.error(self.limits);
+        if let Some(out) = self.out.take() {
+            out.close(error.map(Event::Failed));
+        }
     }
 
     /// Emits generated id `id` (sampled from `logprobs`); Stop when a stop string completed
-    /// or the client has gone.
+    /// or the request was cut (`gone`).
     pub fn token(&mut self, worker: &Worker, id: u32, logprobs: &Array) -> Result<Flow, ApiError> {
+        if self.check() {
+            return Ok(Flow::Stop);
+        }
         self.produced.push(id);
         let piece = self
             .detok
@@ -62,9 +245,8 @@ impl<'t> Emitter<'t> {
         } else {
             Vec::new()
         };
-        if (!text.is_empty() || !lp.is_empty()) && !self.send(Event::Text { text, logprobs: lp }) {
-            self.gone = true;
-            return Ok(Flow::Stop);
+        if !text.is_empty() || !lp.is_empty() {
+            self.push(Event::Text { text, logprobs: lp });
         }
         Ok(flow)
     }
@@ -87,13 +269,13 @@ impl<'t> Emitter<'t> {
                 StopStep::Stop(t) => t,
             };
             if !tail.is_empty() {
-                self.send(Event::Text {
+                self.push(Event::Text {
                     text: tail,
-                    logprobs: Vec::new(),
+                    logprobs: Vec::<TokenLogprob>::new(),
                 });
             }
         }
-        self.send(Event::Done {
+        let done = Event::Done {
             finish_reason: if finish == Finish::Length {
                 "length"
             } else {
@@ -103,7 +285,10 @@ impl<'t> Emitter<'t> {
             // mlx_lm.server counts the EOS token that ended the answer as generated.
             completion_tokens: self.produced.len() + usize::from(finish == Finish::Eos),
             cached_tokens,
-        });
+        };
+        if let Some(out) = self.out.take() {
+            out.close(Some(done));
+        }
         Ok(self.produced.len())
     }
 }

@@ -5,6 +5,7 @@
 mod batch_lane;
 mod emit;
 pub mod error;
+pub mod guard;
 pub mod request;
 mod routes;
 pub mod worker;
@@ -89,9 +90,33 @@ pub struct ServeArgs {
     /// interactive terminal).
     #[arg(long)]
     pub no_open: bool,
+    /// Require `Authorization: Bearer KEY` on every API route (OpenAI clients send their
+    /// api_key so); the chat page asks for it. Also read from ENGINE_API_KEY.
+    #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Cut a request whose client has read nothing for this many seconds while its answer
+    /// waits (0 = never).
+    #[arg(long, default_value_t = 5.0)]
+    pub stall_timeout: f64,
+    /// Requests that may wait for the model (arrived, not yet running); more get 429 with
+    /// Retry-After.
+    #[arg(long, default_value_t = 64)]
+    pub max_queue: usize,
+    /// A request's wall-clock limit in seconds from arrival, queueing included (0 = none);
+    /// past it the request ends with a 504 error.
+    #[arg(long, default_value_t = 600.0)]
+    pub request_timeout: f64,
+    /// On SIGTERM / Ctrl-C: seconds running requests may take to finish before they are
+    /// cut and the server exits.
+    #[arg(long, default_value_t = 30.0)]
+    pub drain_timeout: f64,
+    /// Serial lane: up to this many requests take turns, one token each (1 = one at a time,
+    /// in arrival order).
+    #[arg(long, default_value_t = 8)]
+    pub interleave: usize,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
 }
@@ -108,6 +133,25 @@ pub struct AppState {
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
     pub next_id: std::sync::atomic::AtomicU64,
+    /// API key, Host and Content-Type checks (`guard`).
+    pub guard: guard::Guard,
+    /// Timeouts, drain state (shared with the model thread).
+    pub limits: Arc<worker::Limits>,
+    /// `--max-queue`.
+    pub max_queue: usize,
+    /// Prompt encoding, done on the HTTP side.
+    pub encoder: Arc<worker::Encoder>,
+    /// Big prompts are encoded one at a time.
+    pub big_prompts: tokio::sync::Semaphore,
+}
+
+/// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Option<std::time::Duration>> {
+    anyhow::ensure!(
+        secs.is_finite() && secs >= 0.0,
+        "--{flag} must be a number of seconds, 0 or more"
+    );
+    Ok((secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs)))
 }
 
 /// Loads the model, starts the model thread and serves until interrupted.
@@ -124,11 +168,28 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .display()
         .to_string();
     let counters = Arc::new(worker::Counters::default());
+    let limits = Arc::new(worker::Limits {
+        stall: seconds("stall-timeout", args.stall_timeout)?.unwrap_or(std::time::Duration::MAX),
+        request_timeout: seconds("request-timeout", args.request_timeout)?,
+        interleave: args.interleave.max(1),
+        draining: Default::default(),
+        cut_all: Default::default(),
+    });
+    let drain_timeout = seconds("drain-timeout", args.drain_timeout)?.unwrap_or_default();
+    // The tokenizer and template hold no MLX state: loaded here, shared by the HTTP side
+    // (which encodes prompts) and the model thread (which decodes).
+    let tokenizer = Arc::new(Tokenizer::load(&args.model)?);
+    let template = match &args.chat_template {
+        Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
+        None => ChatTemplate::from_tokenizer(&tokenizer)?,
+    };
+    let worker_tokenizer = tokenizer.clone();
+    let worker_limits = limits.clone();
     let (tx, rx) = mpsc::channel::<worker::Job>();
     // The model thread loads everything MLX touches itself, so MLX work stays on it.
-    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<()>>();
+    // Ready with the model's vocabulary size (request validation checks ids against it).
+    let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
     let model_dir = args.model.clone();
-    let template_source = args.chat_template.clone();
     let worker_counters = counters.clone();
     let slots = args.batch.max(1);
     let prefill_step = args.prefill_step_size;
@@ -159,7 +220,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .spawn(move || {
             let setup = (|| -> anyhow::Result<worker::Worker> {
                 let model = crate::model::load(&model_dir)?;
-                let tokenizer = Tokenizer::load(&model_dir)?;
+                let tokenizer = worker_tokenizer;
                 let draft = match &draft_dir {
                     None => None,
                     Some(d) => Some((
@@ -194,10 +255,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 if let (Some(store), Ok(mut stats)) = (&ssd, worker_ssd_stats.lock()) {
                     *stats = Some(store.stats());
                 }
-                let template = match &template_source {
-                    Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
-                    None => ChatTemplate::from_tokenizer(&tokenizer)?,
-                };
                 Ok(worker::Worker {
                     prompt_cache: std::cell::RefCell::new(crate::cache::prompt::PromptCache::new(
                         cache_caps.0,
@@ -211,16 +268,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                     model,
                     draft,
                     tokenizer,
-                    template,
                     opts,
                     context,
                     prefill_step: prefill_step.max(1),
                     counters: worker_counters,
+                    limits: worker_limits,
                 })
             })();
             match setup {
                 Ok(worker) => {
-                    let _ = ready_tx.send(Ok(()));
+                    let _ = ready_tx.send(Ok(worker.model.vocab_size()));
                     if slots > 1 && worker.batchable() {
                         worker.run_batched(rx, slots);
                     } else {
@@ -232,7 +289,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 }
             }
         })?;
-    ready_rx
+    let vocab = ready_rx
         .recv()
         .context("the model thread exited while loading")??;
     let state = Arc::new(AppState {
@@ -248,13 +305,36 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             top_k: args.top_k,
             min_p: args.min_p,
             context,
+            vocab,
         },
         jobs: std::sync::Mutex::new(Some(tx)),
         counters,
         prompt_cache,
         ssd_cache,
         next_id: Default::default(),
+        guard: guard::Guard::new(&args.host, args.api_key.clone()),
+        limits: limits.clone(),
+        max_queue: args.max_queue,
+        encoder: Arc::new(worker::Encoder {
+            tokenizer,
+            template,
+            context,
+            vocab,
+        }),
+        big_prompts: tokio::sync::Semaphore::new(1),
     });
+    if !state.guard.loopback_only {
+        eprintln!(
+            "engine serve: warning: --host {} is reachable from other machines; this server \
+             implements only basic security checks{}",
+            args.host,
+            if state.guard.api_key.is_none() {
+                " and anyone who reaches it can use it (set --api-key)"
+            } else {
+                ""
+            }
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -264,7 +344,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let addr: SocketAddr = format!("{}:{}", args.host, args.port)
             .parse()
             .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
-        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+        let listener = listen(addr).with_context(|| {
             format!("cannot listen on {addr} (is another server using that port? try --port)")
         })?;
         let local = listener.local_addr()?;
@@ -272,10 +352,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         if !args.no_open && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
             open_browser(&local);
         }
+        let limits = served.limits.clone();
         let app = routes::router(served, args.max_body_bytes);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop_signal())
-            .await?;
+        // A stop signal starts the drain: no new connections or requests, running ones go
+        // on until they end or the deadline cuts them.
+        let stopping = Arc::new(tokio::sync::Notify::new());
+        let (signalled, marked) = (stopping.clone(), limits.clone());
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            stop_signal().await;
+            marked
+                .draining
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            signalled.notify_one();
+        });
+        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+        tokio::select! {
+            served = &mut server => served?,
+            _ = async {
+                stopping.notified().await;
+                tokio::time::sleep(drain_timeout).await;
+            } => {
+                limits
+                    .cut_all
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                // The cut requests' last events get a moment to reach clients that read;
+                // connections of clients that do not are dropped with the runtime.
+                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut server).await;
+            }
+        }
         anyhow::Ok(())
     })?;
     // Close the queue; the model thread finishes (writing pending SSD snapshots) and ends.
@@ -283,7 +387,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         jobs.take();
     }
     let _ = model_thread.join();
+    // Encodings still running on the blocking pool are not waited for.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     Ok(())
+}
+
+/// What each connection's socket may hold unsent. Fixed (Linux grows an unset one to
+/// megabytes), so that a client that stops reading fills it within a few hundred tokens
+/// and the stall timeout sees it; accepted sockets inherit it from the listener.
+const SEND_BUFFER: u32 = 64 << 10;
+
+fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.set_send_buffer_size(SEND_BUFFER)?;
+    socket.bind(addr)?;
+    socket.listen(1024)
 }
 
 /// Opens the chat page in the desktop's browser, if there is one (failures are ignored:

@@ -15,12 +15,13 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::{self, StreamExt};
 use serde_json::{json, Value};
+use std::time::Instant;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::error::ApiError;
 use super::request::{self, GenRequest};
-use super::worker::{Event, Job, TokenLogprob};
+use super::worker::{prompt_bytes, Event, Job, QueueSlot, TokenLogprob, EVENT_SLOTS};
 use super::AppState;
 
 /// The chat page (plain HTML/CSS/JS, embedded in the binary).
@@ -44,6 +45,10 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
             ApiError::invalid("no such route").with_status(StatusCode::NOT_FOUND)
         })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::guard::check,
+        ))
         .with_state(state)
 }
 
@@ -64,6 +69,9 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         "failed": n(&c.failed),
         "rejected": n(&c.rejected),
         "cancelled": n(&c.cancelled),
+        "stalled": n(&c.stalled),
+        "timed_out": n(&c.timed_out),
+        "throttled": n(&c.throttled),
         "queued": c.queued.load(Ordering::Relaxed),
         "running": c.running.load(Ordering::Relaxed),
         "prompt_tokens": n(&c.prompt_tokens),
@@ -195,10 +203,51 @@ async fn handle(
         model: s.model_id.clone(),
         chat,
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
     let stream = req.stream;
     let include_usage = req.include_usage;
-    s.counters.queued.fetch_add(1, Ordering::Relaxed);
+    if s.limits.draining.load(Ordering::Relaxed) {
+        return Ok(refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        ));
+    }
+    // The deadline counts from arrival: time spent queued or encoding is part of it.
+    let deadline = s.limits.request_timeout.map(|d| Instant::now() + d);
+    let Some(queued) = QueueSlot::take(&s.counters, s.max_queue) else {
+        s.counters.throttled.fetch_add(1, Ordering::Relaxed);
+        return Ok(refuse(
+            StatusCode::TOO_MANY_REQUESTS,
+            "the server's queue is full (--max-queue); retry later",
+        ));
+    };
+    // Encoding (template + tokenizer) runs on the blocking pool, never on the model thread;
+    // big prompts take turns, so a flood of them leaves a core to the model.
+    let _turn = if prompt_bytes(&req.prompt) > BIG_PROMPT_BYTES {
+        Some(
+            s.big_prompts
+                .acquire()
+                .await
+                .map_err(|_| ApiError::server("the encoder has stopped"))?,
+        )
+    } else {
+        None
+    };
+    let encoder = s.encoder.clone();
+    let (req, encoded) = tokio::task::spawn_blocking(move || {
+        let ids = encoder.encode(&req.prompt);
+        (req, ids)
+    })
+    .await
+    .map_err(|_| ApiError::server("encoding the prompt failed"))?;
+    drop(_turn);
+    let prompt_ids = match encoded {
+        Ok(ids) => ids,
+        Err(e) => {
+            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(e);
+        }
+    };
+    let (tx, rx) = mpsc::channel(EVENT_SLOTS);
     let sent = s
         .jobs
         .lock()
@@ -207,17 +256,20 @@ async fn handle(
         .map(|jobs| {
             jobs.send(Job {
                 request: req,
+                prompt_ids,
                 events: tx,
+                deadline,
+                queued,
             })
             .is_ok()
         });
     if sent != Some(true) {
-        s.counters.queued.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::server("the model thread has stopped")
             .with_status(StatusCode::SERVICE_UNAVAILABLE));
     }
+    let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
     // The first event tells whether the request was accepted (prompt encoded, fits).
-    let prompt_tokens = match rx.recv().await {
+    let prompt_tokens = match events.next().await {
         Some(Event::Started { prompt_tokens }) => prompt_tokens,
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::server("the model thread dropped the request")),
@@ -225,7 +277,7 @@ async fn handle(
     if !stream {
         let mut text = String::new();
         let mut logprobs = Vec::new();
-        while let Some(ev) = rx.recv().await {
+        while let Some(ev) = events.next().await {
             match ev {
                 Event::Text {
                     text: t,
@@ -245,13 +297,13 @@ async fn handle(
                     return Ok(Json(body).into_response());
                 }
                 Event::Failed(e) => return Err(e),
-                Event::Started { .. } => {}
+                Event::Started { .. } | Event::Batch(_) => {}
             }
         }
         return Err(ApiError::server("the model thread dropped the request"));
     }
     let meta = Arc::new(meta);
-    let events = UnboundedReceiverStream::new(rx).flat_map(move |ev| {
+    let events = events.flat_map(move |ev| {
         let data: Vec<Value> = match ev {
             Event::Text { text, logprobs } => vec![meta.chunk(&text, None, &logprobs, true)],
             Event::Done {
@@ -273,7 +325,7 @@ async fn handle(
                 out
             }
             Event::Failed(e) => vec![e.body()],
-            Event::Started { .. } => vec![],
+            Event::Started { .. } | Event::Batch(_) => vec![],
         };
         stream::iter(
             data.into_iter()
@@ -286,4 +338,27 @@ async fn handle(
     Ok(Sse::new(events.chain(done))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// Prompts longer than this (bytes of text) are encoded one at a time.
+const BIG_PROMPT_BYTES: usize = 64 << 10;
+
+/// A batch of events as the events it holds, in order.
+fn flatten(ev: Event) -> Vec<Event> {
+    match ev {
+        Event::Batch(events) => events.into_iter().flat_map(flatten).collect(),
+        other => vec![other],
+    }
+}
+
+/// A refusal the client may retry (429 queue full, 503 draining), with `Retry-After`.
+fn refuse(status: StatusCode, message: &str) -> Response {
+    let mut response = ApiError::server(message)
+        .with_status(status)
+        .into_response();
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        axum::http::HeaderValue::from_static("1"),
+    );
+    response
 }

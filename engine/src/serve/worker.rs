@@ -1,23 +1,30 @@
 //! The model thread. MLX is not thread-safe, so one thread owns the model and runs every
-//! request on it, one at a time, in arrival order (the serial lane). Requests arrive as
-//! jobs; results leave as events on the job's channel. A client that has gone away is
-//! noticed at the next token (its channel is closed) and its generation stops there. A
-//! request that fails — an MLX error, even a panic — fails alone; the thread goes on.
+//! request on it (the serial lane): up to `--interleave` requests take turns, one token
+//! each, admitted in arrival order, so a long answer never holds up a short one. Requests
+//! arrive as jobs holding their prompt ids (encoded on the HTTP side: `Encoder`); results
+//! leave as events on the job's bounded channel (`emit`), which the thread never waits on.
+//! A client that has gone away, stopped reading, or whose request ran out of time is
+//! noticed at the next token and its generation stops there. A request that fails — an
+//! MLX error, even a panic — fails alone; the thread goes on.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
+use mlx_rs::error::Exception;
 use mlx_rs::ops::argsort_axis;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::Sender;
 
-use super::emit::Emitter;
+use super::emit::{Emitter, Outbox};
+use super::error::ApiError;
 use super::request::{GenRequest, Prompt};
 use crate::cache::prompt::{PromptCache, PromptCacheStats};
 use crate::generate::sampler::Sampler;
-use crate::generate::{generate_in, Flow, Session, SessionOptions};
+use crate::generate::{Finish, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
@@ -49,11 +56,112 @@ pub enum Event {
         cached_tokens: usize,
     },
     Failed(super::error::ApiError),
+    /// Several events at once, in order (what a slow client had not taken yet, then the
+    /// last event).
+    Batch(Vec<Event>),
 }
+
+/// Events a request's channel holds before the model thread keeps the rest back.
+pub const EVENT_SLOTS: usize = 16;
 
 pub struct Job {
     pub request: GenRequest,
-    pub events: UnboundedSender<Event>,
+    /// The prompt, encoded on the HTTP side.
+    pub prompt_ids: Vec<u32>,
+    /// Bounded (`EVENT_SLOTS`); the model thread only ever try-sends on it.
+    pub events: Sender<Event>,
+    /// Arrival plus `--request-timeout`.
+    pub deadline: Option<Instant>,
+    /// Counts the job as queued until the model thread admits it (or it is dropped).
+    pub queued: QueueSlot,
+}
+
+/// One place in the queue (`/stats` `queued`, `--max-queue`): taken by the HTTP side when a
+/// request arrives, given back when the request leaves the queue however it leaves.
+pub struct QueueSlot(Arc<Counters>);
+
+impl QueueSlot {
+    /// A place, unless `max` requests are queued already.
+    pub fn take(counters: &Arc<Counters>, max: usize) -> Option<Self> {
+        counters
+            .queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |q| {
+                (q < max).then_some(q + 1)
+            })
+            .ok()
+            .map(|_| QueueSlot(counters.clone()))
+    }
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The server's limits on a request, shared by the HTTP side and the model thread.
+pub struct Limits {
+    /// How long a client may read nothing before its request is cut (`--stall-timeout`).
+    pub stall: Duration,
+    /// A request's wall-clock limit from arrival (`--request-timeout`; None: none).
+    pub request_timeout: Option<Duration>,
+    /// Serial lane: how many requests take turns (`--interleave`).
+    pub interleave: usize,
+    /// Set on SIGTERM / Ctrl-C: new requests are refused.
+    pub draining: AtomicBool,
+    /// Set when the drain deadline passes: every request still running is cut.
+    pub cut_all: AtomicBool,
+}
+
+/// Turns a request's prompt into ids (chat template, tokenizer), off the model thread: the
+/// tokenizer and the template hold no MLX state and are safe to share between threads.
+pub struct Encoder {
+    pub tokenizer: Arc<Tokenizer>,
+    pub template: Option<ChatTemplate>,
+    pub context: usize,
+    /// The model's vocabulary: a prompt id past it is refused.
+    pub vocab: usize,
+}
+
+impl Encoder {
+    pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+        let (ids, field) = match prompt {
+            Prompt::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| {
+                    ApiError::invalid("this model has no chat template; use /v1/completions")
+                })?;
+                let rendered = template
+                    .render(messages, true)
+                    .map_err(|e| ApiError::field("messages", e.to_string()))?;
+                (self.tokenizer.encode(&rendered, false), "messages")
+            }
+            Prompt::Text(text) => (self.tokenizer.encode(text, true), "prompt"),
+        };
+        let ids = ids.map_err(|e| ApiError::field(field, e.to_string()))?;
+        if ids.is_empty() {
+            return Err(ApiError::field(field, "the prompt encodes to no tokens"));
+        }
+        if ids.len() >= self.context {
+            return Err(ApiError::field(
+                field,
+                format!(
+                    "the prompt is {} tokens; this model's context is {} tokens",
+                    ids.len(),
+                    self.context
+                ),
+            ));
+        }
+        super::request::check_ids(&ids, self.vocab, field)?;
+        Ok(ids)
+    }
+}
+
+/// Text bytes of a prompt (big prompts take turns being encoded).
+pub fn prompt_bytes(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Text(t) => t.len(),
+        Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+    }
 }
 
 /// Counters for `/stats`.
@@ -64,6 +172,12 @@ pub struct Counters {
     pub failed: AtomicU64,
     pub cancelled: AtomicU64,
     pub rejected: AtomicU64,
+    /// Refused with 429 because the queue was full (`--max-queue`).
+    pub throttled: AtomicU64,
+    /// Cut because the client stopped reading (`--stall-timeout`; also in `cancelled`).
+    pub stalled: AtomicU64,
+    /// Stopped at `--request-timeout`.
+    pub timed_out: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     pub queued: AtomicUsize,
@@ -96,90 +210,174 @@ pub struct Worker {
     /// Speculative decoding's drafter and γ (`--draft-model`, `--num-draft-tokens`); its
     /// caches follow the model's in every prompt-cache entry (as mlx_lm.server keeps them).
     pub draft: Option<(crate::generate::drafter::Drafter, usize)>,
-    pub tokenizer: Tokenizer,
-    pub template: Option<ChatTemplate>,
+    pub tokenizer: Arc<Tokenizer>,
     pub opts: SessionOptions,
     pub context: usize,
     pub prefill_step: usize,
     pub counters: Arc<Counters>,
+    pub limits: Arc<Limits>,
+}
+
+/// A serial-lane request between two of its tokens: `generate_in`'s loop state, so the
+/// lane can run one iteration of each request in turn — the same MLX calls, in the same
+/// order, per request as `generate_in`, so every answer is unchanged.
+struct Turn<'w> {
+    emit: Emitter<'w>,
+    session: Session<'w>,
+    sampler: Sampler,
+    prompt_ids: Vec<u32>,
+    cached: usize,
+    /// The drafter's caches, behind (this request runs without drafting).
+    draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    history: Vec<u32>,
+    /// Step n+1 is queued before step n's id is read (no logits processors).
+    pipelined: bool,
+    y: Array,
+    y_logprobs: Array,
+    token: u32,
+    n: usize,
+    max_tokens: usize,
+    /// A queued step the loop may leave unread; waited for when the request ends.
+    in_flight: Option<Array>,
+}
+
+fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
+    ApiError::server(format!(
+        "the model failed on this request: {}",
+        panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("panic")
+    ))
+}
+
+fn gen_err(e: Exception) -> ApiError {
+    ApiError::server(format!("generation failed: {e}"))
+}
+
+/// `generate_in`'s pick: the sampled id and the log-probabilities it was drawn from.
+fn pick(
+    sampler: &mut Sampler,
+    logits: &Array,
+    history: &[u32],
+) -> Result<(Array, Array), Exception> {
+    let logits = if sampler.has_processors() {
+        sampler.process(logits, history)?
+    } else {
+        logits.clone()
+    };
+    let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+    Ok((sampler.sample(&logprobs)?, logprobs))
+}
+
+fn read(y: &Array) -> Result<u32, Exception> {
+    y.eval()?;
+    Ok(y.as_slice::<u32>()[0])
+}
+
+/// `generate_in`'s start: the prompt prefilled, the first id sampled and read.
+fn first_token(
+    session: &mut Session<'_>,
+    sampler: &mut Sampler,
+    rest: &[u32],
+    history: &[u32],
+) -> Result<(Array, Array, u32), Exception> {
+    let logits = session.prefill(rest)?;
+    let (y, y_logprobs) = pick(sampler, &logits, history)?;
+    mlx_rs::transforms::async_eval([&y])?;
+    let token = read(&y)?;
+    Ok((y, y_logprobs, token))
 }
 
 impl Worker {
-    /// Serves jobs until every sender is gone.
+    /// Serves jobs until every sender is gone: up to `--interleave` requests take turns,
+    /// one token each; a new one is admitted (prefilled) at most once per round.
     pub fn run(self, jobs: mpsc::Receiver<Job>) {
-        while let Some(job) = self.next_job(&jobs) {
-            self.counters.queued.fetch_sub(1, Ordering::Relaxed);
-            self.counters.running.fetch_add(1, Ordering::Relaxed);
-            let events = job.events.clone();
-            let outcome = catch_unwind(AssertUnwindSafe(|| self.serve(job)));
-            let failure = match outcome {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e),
-                Err(panic) => Some(super::error::ApiError::server(format!(
-                    "the model failed on this request: {}",
-                    panic
-                        .downcast_ref::<String>()
-                        .map(String::as_str)
-                        .or_else(|| panic.downcast_ref::<&str>().copied())
-                        .unwrap_or("panic")
-                ))),
-            };
-            if let Some(e) = failure {
-                if e.status.is_client_error() {
-                    self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        let slots = self.limits.interleave.max(1);
+        let mut turns: VecDeque<Turn<'_>> = VecDeque::new();
+        loop {
+            let job = if turns.is_empty() {
+                match self.next_job(&jobs) {
+                    Some(job) => Some(job),
+                    None => return,
                 }
-                let _ = events.send(Event::Failed(e));
+            } else if turns.len() < slots {
+                jobs.try_recv().ok()
+            } else {
+                None
+            };
+            if let Some(turn) = job.and_then(|job| self.guarded_begin(job)) {
+                turns.push_back(turn);
             }
+            for _ in 0..turns.len() {
+                let Some(mut turn) = turns.pop_front() else {
+                    break;
+                };
+                let result = match catch_unwind(AssertUnwindSafe(|| self.turn(&mut turn))) {
+                    Ok(Ok(None)) => {
+                        turns.push_back(turn);
+                        continue;
+                    }
+                    Ok(Ok(Some(finish))) => Ok(finish),
+                    Ok(Err(e)) => Err(e),
+                    Err(panic) => Err(panic_error(panic)),
+                };
+                if catch_unwind(AssertUnwindSafe(|| self.end_turn(turn, result))).is_err() {
+                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                    self.counters.running.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// `begin`, with a panic failing the request alone.
+    fn guarded_begin<'w>(&'w self, job: Job) -> Option<Turn<'w>> {
+        let events = job.events.clone();
+        match catch_unwind(AssertUnwindSafe(|| self.begin(job))) {
+            Ok(turn) => turn,
+            Err(panic) => {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = events.try_send(Event::Failed(panic_error(panic)));
+                self.counters.running.fetch_sub(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+
+    /// Admits a job: its limits checked, the prompt cache consulted, the prompt prefilled
+    /// and its first id sampled. A drafted request (`--draft-model`) runs to its end here.
+    fn begin<'w>(&'w self, job: Job) -> Option<Turn<'w>> {
+        let Job {
+            request,
+            prompt_ids,
+            events,
+            deadline,
+            queued,
+        } = job;
+        drop(queued);
+        self.counters.running.fetch_add(1, Ordering::Relaxed);
+        let Some(out) = Outbox::new(events, deadline) else {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
-        }
-    }
-
-    pub(super) fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, super::error::ApiError> {
-        use super::error::ApiError;
-        let (ids, field) = match prompt {
-            Prompt::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| {
-                    ApiError::invalid("this model has no chat template; use /v1/completions")
-                })?;
-                let rendered = template
-                    .render(messages, true)
-                    .map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (self.tokenizer.encode(&rendered, false), "messages")
-            }
-            Prompt::Text(text) => (self.tokenizer.encode(text, true), "prompt"),
+            return None;
         };
-        let ids = ids.map_err(|e| ApiError::field(field, e.to_string()))?;
-        if ids.is_empty() {
-            return Err(ApiError::field(field, "the prompt encodes to no tokens"));
+        let mut emit = Emitter::new(self, &request, out);
+        if emit.check() {
+            emit.end_cut(&self.counters);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+            return None;
         }
-        if ids.len() >= self.context {
-            return Err(ApiError::field(
-                field,
-                format!(
-                    "the prompt is {} tokens; this model's context is {} tokens",
-                    ids.len(),
-                    self.context
-                ),
-            ));
-        }
-        Ok(ids)
-    }
-
-    fn serve(&self, job: Job) -> Result<(), super::error::ApiError> {
-        use super::error::ApiError;
-        let Job { request, events } = job;
-        let prompt_ids = self.prompt_ids(&request.prompt)?;
-        let mut sampler =
-            Sampler::new(request.sampling.clone()).map_err(|e| ApiError::server(e.to_string()))?;
-        let _ = events.send(Event::Started {
-            prompt_tokens: prompt_ids.len(),
-        });
+        let mut sampler = match Sampler::new(request.sampling.clone()) {
+            Ok(s) => s,
+            Err(e) => {
+                self.end_failed(emit, ApiError::server(e.to_string()));
+                return None;
+            }
+        };
+        emit.started(prompt_ids.len());
         // Never past the context.
         let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
-        let mut emit = Emitter::new(self, &request, events);
-        let mut failure: Option<ApiError> = None;
         let (mut caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
@@ -187,13 +385,6 @@ impl Worker {
         let mut draft_caches = Some(caches.split_off(self.model_layers()));
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
-        let mut on_token = |id: u32, logprobs: &Array| match emit.token(self, id, logprobs) {
-            Ok(flow) => Ok(flow),
-            Err(e) => {
-                failure = Some(e);
-                Ok(Flow::Stop)
-            }
-        };
         // Drafting unless the request turns it off (num_draft_tokens 0) or has logits
         // processors, which the speculative executor does not run.
         let gamma = self
@@ -208,58 +399,177 @@ impl Worker {
         if self.draft.is_some() && spec.is_none() {
             self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
         }
-        let (finish, drafter_caches) = match spec {
-            None => {
-                let (_, finish) = generate_in(
-                    &mut session,
-                    &prompt_ids,
-                    cached,
-                    max_tokens,
-                    &self.tokenizer.eos_token_ids,
-                    &mut sampler,
-                    on_token,
-                )
-                .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
-                (finish, None)
+        if let Some(((draft, _), gamma)) = spec {
+            let mut failure: Option<ApiError> = None;
+            let mut on_token = |id: u32, logprobs: &Array| match emit.token(self, id, logprobs) {
+                Ok(flow) => Ok(flow),
+                Err(e) => {
+                    failure = Some(e);
+                    Ok(Flow::Stop)
+                }
+            };
+            let generated = draft.generate(
+                &mut session,
+                draft_caches.take().unwrap_or_default(),
+                &self.opts,
+                &prompt_ids,
+                cached,
+                gamma,
+                max_tokens,
+                &self.tokenizer.eos_token_ids,
+                &mut sampler,
+                |id, logprobs, _| on_token(id, logprobs),
+            );
+            match generated {
+                Err(e) => self.end_failed(emit, gen_err(e)),
+                Ok(_) if failure.is_some() => {
+                    self.end_failed(emit, failure.unwrap_or_else(|| ApiError::server("")))
+                }
+                Ok((_, stats, finish, fed)) => {
+                    let c = &self.counters;
+                    c.spec_drafted
+                        .fetch_add(stats.drafted as u64, Ordering::Relaxed);
+                    c.spec_accepted
+                        .fetch_add(stats.accepted as u64, Ordering::Relaxed);
+                    c.spec_target_calls
+                        .fetch_add(stats.target_calls as u64, Ordering::Relaxed);
+                    self.conclude(emit, session, prompt_ids, cached, finish, Some(fed), None);
+                }
             }
-            Some(((draft, _), gamma)) => {
-                let (_, stats, finish, caches) = draft
-                    .generate(
-                        &mut session,
-                        draft_caches.take().unwrap_or_default(),
-                        &self.opts,
-                        &prompt_ids,
-                        cached,
-                        gamma,
-                        max_tokens,
-                        &self.tokenizer.eos_token_ids,
-                        &mut sampler,
-                        |id, logprobs, _| on_token(id, logprobs),
-                    )
-                    .map_err(|e| ApiError::server(format!("generation failed: {e}")))?;
-                let c = &self.counters;
-                c.spec_drafted
-                    .fetch_add(stats.drafted as u64, Ordering::Relaxed);
-                c.spec_accepted
-                    .fetch_add(stats.accepted as u64, Ordering::Relaxed);
-                c.spec_target_calls
-                    .fetch_add(stats.target_calls as u64, Ordering::Relaxed);
-                (finish, Some(caches))
+            return None;
+        }
+        let history = prompt_ids.clone();
+        match first_token(&mut session, &mut sampler, &prompt_ids[cached..], &history) {
+            Err(e) => {
+                self.end_failed(emit, gen_err(e));
+                None
+            }
+            Ok((y, y_logprobs, token)) => Some(Turn {
+                emit,
+                session,
+                pipelined: !sampler.has_processors(),
+                sampler,
+                prompt_ids,
+                cached,
+                draft_caches,
+                history,
+                y,
+                y_logprobs,
+                token,
+                n: 0,
+                max_tokens,
+                in_flight: None,
+            }),
+        }
+    }
+
+    /// One iteration of `generate_in`'s loop for one request: the next step queued (when
+    /// pipelined), the current id emitted. Some(finish) when the request is over.
+    fn turn(&self, t: &mut Turn<'_>) -> Result<Option<Finish>, ApiError> {
+        let n = t.n;
+        let queued = if t.pipelined && n + 1 < t.max_tokens {
+            let logits = t.session.step_array(&t.y).map_err(gen_err)?;
+            let next = pick(&mut t.sampler, &logits, &t.history).map_err(gen_err)?;
+            mlx_rs::transforms::async_eval([&next.0]).map_err(gen_err)?;
+            t.in_flight = Some(next.0.clone());
+            Some(next)
+        } else {
+            None
+        };
+        if self.tokenizer.eos_token_ids.contains(&t.token) {
+            return Ok(Some(Finish::Eos));
+        }
+        if t.emit.token(self, t.token, &t.y_logprobs)? == Flow::Stop {
+            return Ok(Some(Finish::Stop));
+        }
+        if n + 1 == t.max_tokens {
+            return Ok(Some(Finish::Length));
+        }
+        t.history.push(t.token);
+        (t.y, t.y_logprobs) = match queued {
+            Some(next) => next,
+            None => {
+                let logits = t.session.step(&[t.token]).map_err(gen_err)?;
+                pick(&mut t.sampler, &logits, &t.history).map_err(gen_err)?
             }
         };
-        if let Some(e) = failure {
-            return Err(e);
+        t.token = read(&t.y).map_err(gen_err)?;
+        if n.is_multiple_of(256) {
+            mlx_rs::memory::clear_cache().map_err(gen_err)?;
         }
+        t.n += 1;
+        Ok(None)
+    }
+
+    /// Ends a request that left the turns: no MLX work left in flight, then its answer.
+    fn end_turn(&self, t: Turn<'_>, result: Result<Finish, ApiError>) {
+        let Turn {
+            emit,
+            session,
+            prompt_ids,
+            cached,
+            draft_caches,
+            in_flight,
+            ..
+        } = t;
+        // A step the loop left unread is waited for, as generate_in does.
+        if let Some(pending) = in_flight {
+            let _ = pending.eval();
+        }
+        match result {
+            Err(e) => self.end_failed(emit, e),
+            Ok(finish) => self.conclude(
+                emit,
+                session,
+                prompt_ids,
+                cached,
+                finish,
+                None,
+                draft_caches,
+            ),
+        }
+    }
+
+    /// A failed request: its error sent, counted.
+    fn end_failed(&self, mut emit: Emitter<'_>, e: ApiError) {
+        if e.status.is_client_error() {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        emit.fail(e);
+        self.counters.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A request whose generation ended: its answer finished (or its cut told), its caches
+    /// kept for later requests. `fed`: the drafter's caches after a drafted run; `behind`:
+    /// the drafter's caches of a run without drafting, caught up here.
+    #[allow(clippy::too_many_arguments)]
+    fn conclude(
+        &self,
+        mut emit: Emitter<'_>,
+        mut session: Session<'_>,
+        prompt_ids: Vec<u32>,
+        cached: usize,
+        finish: Finish,
+        fed: Option<Vec<Box<dyn crate::cache::Cache>>>,
+        behind: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    ) {
         if emit.gone {
-            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            emit.end_cut(&self.counters);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+            return;
         }
-        let generated = emit.finish(finish, prompt_ids.len(), cached)?;
+        let generated = match emit.finish(finish, prompt_ids.len(), cached) {
+            Ok(n) => n,
+            Err(e) => return self.end_failed(emit, e),
+        };
         let tokens_len = prompt_ids.len();
         let mut tokens = prompt_ids;
         tokens.extend(&emit.produced);
         let mut caches = std::mem::take(&mut session.caches);
-        let drafter_caches = match (drafter_caches, &self.draft, draft_caches) {
+        drop(session);
+        let drafter_caches = match (fed, &self.draft, behind) {
             (Some(fed), _, _) => Ok(fed),
             // A request that ran without drafting: the drafter's caches catch up on what the
             // model was fed, so the entry stays whole for the next drafted turn.
@@ -280,7 +590,7 @@ impl Worker {
             ),
         }
         self.count_done(tokens_len, generated);
-        Ok(())
+        self.counters.running.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// The model's caches, then the drafter's (if any): one prompt-cache entry holds both.

@@ -330,11 +330,12 @@ pub fn run(args: Args) -> Result<()> {
     match args.suite.as_str() {
         "decode" => {}
         "serve" => return run_serve(&args),
+        "hostile" => return bench::hostile::main(&args.serve_model, args.per_client.max(5)),
         "restart" => return run_restart(&args),
         "spec" => return run_spec(&args),
         "train" => return run_train(&args),
         other => {
-            bail!("suite `{other}` does not exist (available: decode, serve, restart, spec, train)")
+            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train)")
         }
     }
     if args.rounds < 3 {

@@ -1,0 +1,423 @@
+//! No client holds `engine serve` hostage (issue 18, item 7): a stream nobody reads, long
+//! requests queued ahead, unread streams filling the batch lane, floods of 4 MB prompts,
+//! a full queue, a request past its time, and a stop signal with clients still attached.
+//! Each test asserts behaviour — the normal request is answered while the others are still
+//! running; the stalled one is cut; a 429 carries Retry-After — and bounds only what is the
+//! requirement itself (answered within the stall timeout plus a generous margin).
+//!
+//! `ENGINE_BIN` runs these against another build of `engine` (how they were shown to fail
+//! on the server before the limits existed).
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn engine_bin() -> String {
+    std::env::var("ENGINE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_engine").to_owned())
+}
+
+fn model_dir() -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/models/tiny-llama-trained")
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
+fn serve(extra: &[&str]) -> Server {
+    let mut child = Command::new(engine_bin())
+        .args(["serve", "--model", &model_dir(), "--port", "0"])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address in `{line}`"));
+    Server { child, port }
+}
+
+/// One HTTP/1.1 request (Connection: close); status, headers (lowercase) and the
+/// de-chunked body.
+fn http_full(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (headers, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = headers
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let headers = headers.to_ascii_lowercase();
+    let body = if headers.contains("transfer-encoding: chunked") {
+        dechunk(rest)
+    } else {
+        rest.to_owned()
+    };
+    (status, headers, body)
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn post(port: u16, path: &str, body: &Value) -> (u16, Value) {
+    let (status, _, text) = http_full(port, "POST", path, body.to_string().as_bytes());
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn stats(port: u16) -> Value {
+    serde_json::from_str(&http_full(port, "GET", "/stats", b"").2).unwrap()
+}
+
+/// Waits (polling /stats) until `cond` holds; fails with the last stats after `limit`.
+fn wait_for(port: u16, what: &str, limit: Duration, cond: impl Fn(&Value) -> bool) -> Value {
+    let start = Instant::now();
+    loop {
+        let st = stats(port);
+        if cond(&st) {
+            return st;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{what}: not within {limit:?}: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn n(st: &Value, key: &str) -> u64 {
+    st[key].as_u64().unwrap_or(0)
+}
+
+/// The normal request: its answer on this model is known.
+fn ask_sky(port: u16) -> Duration {
+    let start = Instant::now();
+    let (code, r) = post(
+        port,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "What color is the sky?"}]}),
+    );
+    assert_eq!(code, 200, "{r}");
+    assert_eq!(r["choices"][0]["message"]["content"], "The sky is blue.");
+    start.elapsed()
+}
+
+/// A long streamed completion: EOS (ids 2 and 6 on this model) biased away, so it runs to
+/// its limit.
+fn long_body() -> String {
+    json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+           "logit_bias": {"2": -100, "6": -100}})
+    .to_string()
+}
+
+/// Sends a long streamed request and never reads the answer (the socket stays open).
+fn unread_stream(port: u16) -> TcpStream {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = long_body();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn
+}
+
+/// Sends a long streamed request and reads it to its end on a thread (the answer's text
+/// comes back); the returned stream shuts the connection down from here.
+fn read_stream(port: u16) -> (TcpStream, std::thread::JoinHandle<String>) {
+    let conn = unread_stream(port);
+    let handle = conn.try_clone().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut conn = conn;
+        let mut raw = Vec::new();
+        let _ = conn.read_to_end(&mut raw);
+        String::from_utf8_lossy(&raw).into_owned()
+    });
+    (handle, reader)
+}
+
+/// Scenario 1 (serial lane): a normal request behind one stream its client never reads is
+/// answered at once, and the unread request is cut at the stall timeout (default 5 s).
+/// Before: the normal request waited for the whole unread answer (15.5 s for 4090 tokens).
+#[test]
+fn a_normal_request_does_not_wait_behind_an_unread_stream() {
+    let s = serve(&[]);
+    let _unread = unread_stream(s.port);
+    wait_for(
+        s.port,
+        "the unread stream runs",
+        Duration::from_secs(60),
+        |st| n(st, "running") == 1,
+    );
+    let took = ask_sky(s.port);
+    let st = stats(s.port);
+    assert_eq!(
+        n(&st, "completed"),
+        1,
+        "answered before the unread one: {st}"
+    );
+    assert!(took < Duration::from_secs(5 + 25), "{took:?}");
+    let st = wait_for(
+        s.port,
+        "the stalled stream is cut",
+        Duration::from_secs(90),
+        |st| n(st, "stalled") == 1 && n(st, "running") == 0,
+    );
+    assert_eq!(n(&st, "cancelled"), 1, "{st}");
+    assert_eq!(n(&st, "completed"), 1, "never completed: {st}");
+}
+
+/// Scenario 2 (serial lane): four long requests whose clients read them do not starve a
+/// short one: requests take turns, so it is answered while they run.
+/// Before: FIFO, it waited for all four (85 s).
+#[test]
+fn a_short_request_is_not_starved_by_long_ones() {
+    let s = serve(&[]);
+    let long: Vec<_> = (0..4).map(|_| read_stream(s.port)).collect();
+    wait_for(
+        s.port,
+        "four long requests run",
+        Duration::from_secs(60),
+        |st| n(st, "running") + n(st, "queued") == 4 && n(st, "running") >= 1,
+    );
+    ask_sky(s.port);
+    let st = stats(s.port);
+    assert_eq!(n(&st, "completed"), 1, "answered while they run: {st}");
+    for (conn, reader) in long {
+        let _ = conn.shutdown(Shutdown::Both);
+        let _ = reader.join();
+    }
+    let st = wait_for(s.port, "the long ones end", Duration::from_secs(60), |st| {
+        n(st, "running") == 0 && n(st, "queued") == 0
+    });
+    assert_eq!(n(&st, "cancelled"), 4, "{st}");
+}
+
+/// Scenario 3 (batch lane, `--batch 8`): eight unread streams fill every row; they are cut
+/// at the stall timeout and the normal request is answered within it (plus a margin).
+/// Before: it waited 84 s.
+#[test]
+fn unread_streams_filling_the_batch_lane_are_cut_at_the_stall_timeout() {
+    let s = serve(&["--batch", "8"]);
+    let _unread: Vec<_> = (0..8).map(|_| unread_stream(s.port)).collect();
+    wait_for(s.port, "eight rows run", Duration::from_secs(60), |st| {
+        n(st, "running") == 8
+    });
+    let took = ask_sky(s.port);
+    let st = stats(s.port);
+    assert_eq!(
+        n(&st, "completed"),
+        1,
+        "the unread ones never complete: {st}"
+    );
+    assert!(took < Duration::from_secs(5 + 40), "{took:?}");
+    let st = wait_for(s.port, "all eight cut", Duration::from_secs(90), |st| {
+        n(st, "stalled") == 8 && n(st, "running") == 0
+    });
+    assert_eq!(n(&st, "completed"), 1, "{st}");
+}
+
+/// Scenario 4: six prompts of 4 MB (each beyond the context, so each a 400) do not hold up
+/// a normal request: prompts are encoded off the model thread, the big ones in turn.
+/// Before: the model thread tokenized all six first (8.1 s).
+#[test]
+fn big_prompts_are_encoded_off_the_model_thread() {
+    let s = serve(&[]);
+    let port = s.port;
+    let big: Vec<_> = (0..6)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let prompt = format!("{i} ") + &"the little robot walks home ".repeat(145_000);
+                let body = json!({"prompt": prompt, "max_tokens": 4}).to_string();
+                assert!(body.len() <= 4 << 20);
+                http_full(port, "POST", "/v1/completions", body.as_bytes()).0
+            })
+        })
+        .collect();
+    wait_for(
+        port,
+        "six big prompts arrived",
+        Duration::from_secs(60),
+        |st| n(st, "requests") == 6,
+    );
+    ask_sky(port);
+    let st = stats(port);
+    assert!(
+        n(&st, "rejected") < 6,
+        "answered before the six were encoded: {st}"
+    );
+    for h in big {
+        assert_eq!(h.join().unwrap(), 400);
+    }
+    let st = stats(port);
+    assert_eq!(n(&st, "rejected"), 6, "{st}");
+    assert_eq!(n(&st, "completed"), 1, "{st}");
+}
+
+/// A full queue (`--max-queue`) answers 429 with Retry-After, and the server goes on.
+#[test]
+fn a_full_queue_answers_429_with_retry_after() {
+    let s = serve(&[
+        "--interleave",
+        "1",
+        "--max-queue",
+        "2",
+        "--stall-timeout",
+        "0",
+    ]);
+    let first = unread_stream(s.port);
+    wait_for(s.port, "one runs", Duration::from_secs(60), |st| {
+        n(st, "running") == 1
+    });
+    let queued: Vec<_> = (0..2).map(|_| unread_stream(s.port)).collect();
+    wait_for(s.port, "two are queued", Duration::from_secs(60), |st| {
+        n(st, "queued") == 2
+    });
+    let body = json!({"messages": [{"role": "user", "content": "What color is the sky?"}]});
+    let (code, headers, text) = http_full(
+        s.port,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(code, 429, "{text}");
+    assert!(headers.contains("retry-after:"), "{headers}");
+    let err: Value = serde_json::from_str(&text).unwrap();
+    assert!(err["error"]["message"].as_str().unwrap().contains("queue"));
+    assert_eq!(n(&stats(s.port), "throttled"), 1);
+    drop(first);
+    drop(queued);
+    wait_for(s.port, "the queue empties", Duration::from_secs(60), |st| {
+        n(st, "running") == 0 && n(st, "queued") == 0
+    });
+    ask_sky(s.port);
+}
+
+/// A request past `--request-timeout` ends with an error naming the limit.
+#[test]
+fn a_request_past_its_timeout_ends_with_an_error() {
+    let s = serve(&["--request-timeout", "1"]);
+    let (conn, reader) = read_stream(s.port);
+    let text = reader.join().unwrap();
+    drop(conn);
+    assert!(text.contains("--request-timeout"), "{text}");
+    assert!(text.contains("data: [DONE]"), "{text}");
+    let st = wait_for(s.port, "counted", Duration::from_secs(30), |st| {
+        n(st, "running") == 0
+    });
+    assert_eq!(n(&st, "timed_out"), 1, "{st}");
+    assert_eq!(n(&st, "completed"), 0, "{st}");
+    // Non-streamed: a 504 with the same message.
+    let mut body: Value = serde_json::from_str(&long_body()).unwrap();
+    body["stream"] = json!(false);
+    let (code, r) = post(s.port, "/v1/completions", &body);
+    assert_eq!(code, 504, "{r}");
+    assert!(r["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("--request-timeout"));
+}
+
+/// SIGTERM with a client that never reads and one that does: both are cut at the drain
+/// deadline, the process exits cleanly soon after, and the pending SSD snapshot is still
+/// written (a restart finds it).
+#[test]
+fn sigterm_drains_to_its_deadline_and_still_writes_ssd_snapshots() {
+    let dir = tempfile::tempdir().unwrap();
+    let ssd = dir.path().to_str().unwrap().to_owned();
+    let opts = [
+        "--ssd-cache",
+        &ssd,
+        "--ssd-cache-debounce-ms",
+        "600000",
+        "--drain-timeout",
+        "2",
+        "--stall-timeout",
+        "0",
+        "--batch",
+        "4",
+    ];
+    let mut first = serve(&opts);
+    ask_sky(first.port);
+    let _unread = unread_stream(first.port);
+    let (_conn, reader) = read_stream(first.port);
+    wait_for(first.port, "both run", Duration::from_secs(60), |st| {
+        n(st, "running") == 2
+    });
+    let pid = first.child.id().to_string();
+    let start = Instant::now();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let status = loop {
+        if let Some(status) = first.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(2 + 30),
+            "still running after the drain deadline"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "a clean stop: {status}");
+    let text = reader.join().unwrap();
+    assert!(text.contains("shutting down"), "the reader is told: {text}");
+    let second = serve(&opts);
+    assert_eq!(
+        stats(second.port)["ssd_cache"]["entries"],
+        1,
+        "{}",
+        stats(second.port)
+    );
+}
