@@ -8,6 +8,11 @@
 //!
 //! Needs Xvfb and ImageMagick's `import` (Debian: xvfb, imagemagick) and the engine binary
 //! (`../target/debug/engine`, or $ENGINE_BIN); `bash desktop/run.sh test` sees to all three.
+//!
+//! Nothing here waits a fixed time: each step waits, with a deadline, for what it needs
+//! (a line from the shell, a server counter, the screen showing a page's state, a process
+//! gone). The webview offers no automation protocol, so a page's state is read off the
+//! screen: the colours its CSS gives the elements that mark that state.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -46,6 +51,9 @@ impl Xvfb {
                 "-screen",
                 "0",
                 "1024x720x24",
+                // A black root instead of the stipple: the only colours on screen are the
+                // window's (see `wait_for_screen`).
+                "-br",
                 "-nolisten",
                 "tcp",
             ])
@@ -73,6 +81,94 @@ impl Xvfb {
             Ok(())
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+}
+
+/// A colour and how many screen pixels of it a state shows (at least `min`, at most `max`).
+struct Shade {
+    rgb: [u8; 3],
+    min: usize,
+    max: usize,
+    name: &'static str,
+}
+
+const fn shade(name: &'static str, rgb: u32, min: usize, max: usize) -> Shade {
+    Shade {
+        rgb: [(rgb >> 16) as u8, (rgb >> 8) as u8, rgb as u8],
+        min,
+        max,
+        name,
+    }
+}
+
+/// The chat page with its answer finished (engine/src/serve/page/chat.html): the user's
+/// bubble is on screen and the Send button is back (it is hidden, Stop shown, from the
+/// moment the bubble appears until the request has ended), so every token is painted.
+const CHAT_DONE: [Shade; 2] = [
+    shade("the user's bubble (#e8f0fe)", 0xe8f0fe, 500, usize::MAX),
+    shade("the Send button (#0071e3)", 0x0071e3, 500, usize::MAX),
+];
+
+/// The splash showing the engine's error (desktop/splash/index.html): its background, the
+/// error's white box, and no spinner (hidden once failed). A webview that has not painted
+/// the splash yet is all white, without the background.
+const SPLASH_ERROR: [Shade; 3] = [
+    shade(
+        "the splash's background (#f5f7fa)",
+        0xf5f7fa,
+        10_000,
+        usize::MAX,
+    ),
+    shade("the error's box (#ffffff)", 0xffffff, 2_000, usize::MAX),
+    shade("the spinner (#2b6cb0)", 0x2b6cb0, 0, 0),
+];
+
+impl Xvfb {
+    /// The whole screen as packed 8-bit RGB.
+    fn pixels(&self) -> Result<Vec<u8>, String> {
+        let out = Command::new("import")
+            .args(["-display", &self.display, "-window", "root", "-depth", "8"])
+            .arg("rgb:-")
+            .output()
+            .map_err(|e| {
+                format!("ImageMagick's import is needed (apt-get install -y imagemagick): {e}")
+            })?;
+        if out.status.success() {
+            Ok(out.stdout)
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// Waits (up to `limit`) until the screen shows every shade of `state`.
+    fn wait_for_screen(&self, limit: Duration, what: &str, state: &[Shade]) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let pixels = self.pixels()?;
+            let counts: Vec<usize> = state
+                .iter()
+                .map(|s| pixels.chunks_exact(3).filter(|p| *p == s.rgb).count())
+                .collect();
+            if state
+                .iter()
+                .zip(&counts)
+                .all(|(s, &n)| (s.min..=s.max).contains(&n))
+            {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                let seen: Vec<String> = state
+                    .iter()
+                    .zip(&counts)
+                    .map(|(s, n)| format!("{}: {n} px", s.name))
+                    .collect();
+                return Err(format!(
+                    "the screen did not show {what} within {limit:?} ({})",
+                    seen.join(", ")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
 }
@@ -134,8 +230,16 @@ fn get(base: &str, path: &str) -> Option<String> {
 }
 
 fn alive(pid: u32) -> bool {
-    // Signal 0 checks that the process exists; a zombie would still count, but the
-    // server's parent (the shell) has exited, so it is reaped by init.
+    // A zombie has stopped running: its parent (the shell) is gone, and whether it is
+    // reaped soon depends on the container's init, not on the shell.
+    #[cfg(target_os = "linux")]
+    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
+        return state != Some('Z');
+    }
+    // Signal 0 checks that the process exists.
     Command::new("kill")
         .args(["-0", &pid.to_string()])
         .stderr(Stdio::null())
@@ -272,7 +376,8 @@ fn run_shell(plant: Option<&str>, ending: Ending, screenshot: &Path) -> Result<(
         if stats["completion_tokens"].as_u64().unwrap_or(0) < 3 {
             return Err(format!("too few tokens streamed: {stats}"));
         }
-        std::thread::sleep(Duration::from_millis(800)); // let the last tokens paint
+        // The server has sent everything; the screenshot waits until the page has painted it.
+        x.wait_for_screen(Duration::from_secs(30), "the finished answer", &CHAT_DONE)?;
         x.screenshot(screenshot)?;
 
         let signal = match ending {
@@ -387,17 +492,24 @@ fn a_server_that_cannot_start_is_explained_in_the_window() {
         l.starts_with("engine-desktop: engine serve exited")
             .then(|| Ok(l.to_owned()))
     });
-    std::thread::sleep(Duration::from_millis(800));
     let shot = e2e_dir().join("desktop-error.png");
-    let taken = x.screenshot(&shot);
+    let painted = shown.is_ok().then(|| {
+        x.wait_for_screen(Duration::from_secs(30), "the splash's error", &SPLASH_ERROR)
+            .and_then(|()| x.screenshot(&shot))
+    });
     let still_open = shell.try_wait().unwrap().is_none();
     let _ = shell.kill();
     let _ = shell.wait();
-    shown.unwrap();
-    taken.unwrap();
+    let mut reason = vec![shown.unwrap()];
+    painted.unwrap().unwrap();
     assert!(still_open, "the window closed instead of showing the error");
-    // The reason (the server's own error) comes with it.
-    let reason = rx.try_iter().collect::<Vec<_>>().join("\n");
+    // The reason (the server's own error) comes with it: the rest of the shell's stderr,
+    // read until the reader thread has seen its end (the shell is gone).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while let Ok(line) = rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        reason.push(line);
+    }
+    let reason = reason.join("\n");
     assert!(reason.contains("/no/such/model"), "{reason}");
     println!("screenshot: {}", shot.display());
 }
