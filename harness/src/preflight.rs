@@ -164,8 +164,22 @@ pub fn commit_state(repo: &Path) -> (String, bool) {
 
 pub use engine::clock::now_utc;
 
-/// Reads the machine now and judges it against `t`.
-pub fn check(t: &Thresholds) -> MachineState {
+/// The readings that can change while a bench waits for the machine to settle: /proc and
+/// /sys only, cheap enough to take every second (no git, no Python).
+#[derive(Debug, Clone, Default)]
+pub struct Readings {
+    pub cores: usize,
+    pub load1: Option<f64>,
+    pub mem_total_mb: Option<f64>,
+    pub free_pct: Option<f64>,
+    pub swap_used_mb: Option<f64>,
+    pub big_foreign_procs: Vec<BigProcess>,
+    pub cpu_mhz: Option<f64>,
+    pub max_temp_c: Option<f64>,
+}
+
+/// Reads load, memory, swap, big foreign processes, CPU frequency and temperature now.
+pub fn read_machine(t: &Thresholds) -> Readings {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let load1 = std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -179,60 +193,77 @@ pub fn check(t: &Thresholds) -> MachineState {
     let swap_used = meminfo_mb(&meminfo, "SwapTotal:")
         .zip(meminfo_mb(&meminfo, "SwapFree:"))
         .map(|(t, f)| t - f);
-    let big = big_processes(t.max_foreign_rss_mb);
-    let cpu_mhz =
-        read_f64("/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq").map(|khz| khz / 1000.0);
-    let temp = max_thermal_c();
-    let repo = crate::oracle::repo_root();
-    let (commit, dirty) = commit_state(&repo);
-    let oracle_versions = crate::oracle::probe()
-        .map(|i| i.versions)
-        .unwrap_or_default();
-
-    let mut reasons = Vec::new();
-    if let Some(l) = load1 {
-        let limit = t.max_load_per_core * cores as f64;
-        if l > limit {
-            reasons.push(format!(
-                "1-minute load {l:.2} > {limit:.2} ({} per core × {cores} cores)",
-                t.max_load_per_core
-            ));
-        }
-    }
-    if let Some(f) = free_pct {
-        if f < t.min_free_pct {
-            reasons.push(format!("free memory {f:.1}% < {:.0}%", t.min_free_pct));
-        }
-    }
-    if let Some(s) = swap_used {
-        if s > t.max_swap_mb {
-            reasons.push(format!("swap in use {s:.0} MB > {:.0} MB", t.max_swap_mb));
-        }
-    }
-    for p in &big {
-        reasons.push(format!(
-            "foreign process {} (pid {}) holds {:.0} MB RSS > {:.0} MB",
-            p.name, p.pid, p.rss_mb, t.max_foreign_rss_mb
-        ));
-    }
-    if let Some(c) = temp {
-        if c > t.max_temp_c {
-            reasons.push(format!("temperature {c:.0} °C > {:.0} °C", t.max_temp_c));
-        }
-    }
-    MachineState {
-        machine_key: crate::machine::machine_key(),
-        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_owned())
-            .unwrap_or_default(),
+    Readings {
         cores,
         load1,
         mem_total_mb: mem_total,
         free_pct,
         swap_used_mb: swap_used,
-        big_foreign_procs: big,
-        cpu_mhz,
-        max_temp_c: temp,
+        big_foreign_procs: big_processes(t.max_foreign_rss_mb),
+        cpu_mhz: read_f64("/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq")
+            .map(|khz| khz / 1000.0),
+        max_temp_c: max_thermal_c(),
+    }
+}
+
+/// One reason per limit in `t` that `r` breaks; empty means clean.
+pub fn reasons(r: &Readings, t: &Thresholds) -> Vec<String> {
+    let mut reasons = Vec::new();
+    if let Some(l) = r.load1 {
+        let limit = t.max_load_per_core * r.cores as f64;
+        if l > limit {
+            reasons.push(format!(
+                "1-minute load {l:.2} > {limit:.2} ({} per core × {} cores)",
+                t.max_load_per_core, r.cores
+            ));
+        }
+    }
+    if let Some(f) = r.free_pct {
+        if f < t.min_free_pct {
+            reasons.push(format!("free memory {f:.1}% < {:.0}%", t.min_free_pct));
+        }
+    }
+    if let Some(s) = r.swap_used_mb {
+        if s > t.max_swap_mb {
+            reasons.push(format!("swap in use {s:.0} MB > {:.0} MB", t.max_swap_mb));
+        }
+    }
+    for p in &r.big_foreign_procs {
+        reasons.push(format!(
+            "foreign process {} (pid {}) holds {:.0} MB RSS > {:.0} MB",
+            p.name, p.pid, p.rss_mb, t.max_foreign_rss_mb
+        ));
+    }
+    if let Some(c) = r.max_temp_c {
+        if c > t.max_temp_c {
+            reasons.push(format!("temperature {c:.0} °C > {:.0} °C", t.max_temp_c));
+        }
+    }
+    reasons
+}
+
+/// Reads the machine now and judges it against `t`.
+pub fn check(t: &Thresholds) -> MachineState {
+    let r = read_machine(t);
+    let reasons = reasons(&r, t);
+    let repo = crate::oracle::repo_root();
+    let (commit, dirty) = commit_state(&repo);
+    let oracle_versions = crate::oracle::probe()
+        .map(|i| i.versions)
+        .unwrap_or_default();
+    MachineState {
+        machine_key: crate::machine::machine_key(),
+        host: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_owned())
+            .unwrap_or_default(),
+        cores: r.cores,
+        load1: r.load1,
+        mem_total_mb: r.mem_total_mb,
+        free_pct: r.free_pct,
+        swap_used_mb: r.swap_used_mb,
+        big_foreign_procs: r.big_foreign_procs,
+        cpu_mhz: r.cpu_mhz,
+        max_temp_c: r.max_temp_c,
         commit,
         dirty,
         engine_version: engine::VERSION.to_owned(),
@@ -242,6 +273,57 @@ pub fn check(t: &Thresholds) -> MachineState {
         clean: reasons.is_empty(),
         reasons,
         at: now_utc(),
+    }
+}
+
+/// Time as the settle wait sees it: injectable, so its test neither sleeps nor races.
+pub trait Clock {
+    /// Time since the wait began.
+    fn elapsed(&self) -> std::time::Duration;
+    fn sleep(&mut self, d: std::time::Duration);
+}
+
+/// The wall clock.
+pub struct WallClock(std::time::Instant);
+
+impl WallClock {
+    pub fn start() -> Self {
+        WallClock(std::time::Instant::now())
+    }
+}
+
+impl Clock for WallClock {
+    fn elapsed(&self) -> std::time::Duration {
+        self.0.elapsed()
+    }
+    fn sleep(&mut self, d: std::time::Duration) {
+        std::thread::sleep(d);
+    }
+}
+
+/// Waits (up to `timeout`, reading every `poll`) for readings that break no limit: a
+/// machine still busy from the build that preceded the bench settles within a minute or
+/// two. Ok(time waited) once clean; Err(the last reasons) if still dirty at the deadline.
+/// `progress` gets the current reasons and the time waited before each pause.
+pub fn settle(
+    t: &Thresholds,
+    timeout: std::time::Duration,
+    poll: std::time::Duration,
+    mut read: impl FnMut() -> Readings,
+    clock: &mut impl Clock,
+    mut progress: impl FnMut(&[String], std::time::Duration),
+) -> Result<std::time::Duration, Vec<String>> {
+    loop {
+        let reasons = reasons(&read(), t);
+        let waited = clock.elapsed();
+        if reasons.is_empty() {
+            return Ok(waited);
+        }
+        if waited >= timeout {
+            return Err(reasons);
+        }
+        progress(&reasons, waited);
+        clock.sleep(poll.min(timeout - waited));
     }
 }
 
@@ -318,6 +400,137 @@ mod tests {
             max_temp_c: 1e9,
         };
         assert!(check(&lax).clean);
+    }
+
+    /// A clock that moves only when slept on: the settle tests neither sleep nor race.
+    #[derive(Default)]
+    struct FakeClock {
+        now: Duration,
+        slept: Vec<Duration>,
+    }
+
+    impl Clock for FakeClock {
+        fn elapsed(&self) -> Duration {
+            self.now
+        }
+        fn sleep(&mut self, d: Duration) {
+            self.now += d;
+            self.slept.push(d);
+        }
+    }
+
+    /// Two cores at this 1-minute load, nothing else out of bounds.
+    fn loaded(load: f64) -> Readings {
+        Readings {
+            cores: 2,
+            load1: Some(load),
+            ..Readings::default()
+        }
+    }
+
+    use std::time::Duration;
+    const S: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn settle_waits_for_the_load_to_drop_then_passes() {
+        // The default limit on 2 cores is 1.50; a finished build's load decays below it.
+        let mut loads = [1.78, 1.70, 1.55, 1.42].into_iter();
+        let mut clock = FakeClock::default();
+        let mut shown = Vec::new();
+        let waited = settle(
+            &Thresholds::default(),
+            300 * S,
+            5 * S,
+            || loaded(loads.next().expect("read after it settled")),
+            &mut clock,
+            |reasons, waited| shown.push((reasons.join("; "), waited)),
+        )
+        .expect("settled");
+        assert_eq!(waited, 15 * S);
+        assert_eq!(clock.slept, [5 * S; 3]);
+        assert_eq!(shown.len(), 3);
+        assert!(
+            shown[0].0.starts_with("1-minute load 1.78 > 1.50"),
+            "{shown:?}"
+        );
+        assert_eq!(shown[2].1, 10 * S);
+    }
+
+    #[test]
+    fn settle_refuses_a_machine_that_stays_busy_past_the_timeout() {
+        let mut clock = FakeClock::default();
+        let mut reads = 0;
+        let reasons = settle(
+            &Thresholds::default(),
+            12 * S,
+            5 * S,
+            || {
+                reads += 1;
+                loaded(1.9)
+            },
+            &mut clock,
+            |_, _| {},
+        )
+        .expect_err("a busy machine must be refused");
+        // Reads at 0, 5, 10 and at the deadline (12 s): the last pause is cut to fit.
+        assert_eq!(reads, 4);
+        assert_eq!(clock.slept, [5 * S, 5 * S, 2 * S]);
+        assert_eq!(reasons.len(), 1);
+        assert!(
+            reasons[0].starts_with("1-minute load 1.90 > 1.50"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn settle_with_no_timeout_judges_once() {
+        let mut clock = FakeClock::default();
+        let busy = settle(
+            &Thresholds::default(),
+            Duration::ZERO,
+            5 * S,
+            || loaded(1.9),
+            &mut clock,
+            |_, _| {},
+        );
+        assert!(busy.is_err());
+        let quiet = settle(
+            &Thresholds::default(),
+            Duration::ZERO,
+            5 * S,
+            || loaded(0.2),
+            &mut clock,
+            |_, _| {},
+        );
+        assert_eq!(quiet, Ok(Duration::ZERO));
+        assert!(clock.slept.is_empty());
+    }
+
+    #[test]
+    fn every_limit_is_a_reason_to_wait() {
+        let r = Readings {
+            cores: 2,
+            load1: Some(3.0),
+            mem_total_mb: Some(1000.0),
+            free_pct: Some(10.0),
+            swap_used_mb: Some(600.0),
+            big_foreign_procs: vec![BigProcess {
+                pid: 7,
+                name: "rustc".into(),
+                rss_mb: 3000.0,
+            }],
+            cpu_mhz: None,
+            max_temp_c: Some(95.0),
+        };
+        let reasons = reasons(&r, &Thresholds::default());
+        let starts: Vec<&str> = reasons
+            .iter()
+            .map(|r| r.split(' ').next().unwrap())
+            .collect();
+        assert_eq!(
+            starts,
+            ["1-minute", "free", "swap", "foreign", "temperature"]
+        );
     }
 
     #[test]

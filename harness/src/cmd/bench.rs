@@ -6,13 +6,17 @@ use harness::db::Db;
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// Refuse to run unless preflight says the machine is clean (the default behaviour;
-    /// the flag makes the intent explicit).
+    /// Measure only on a machine preflight calls clean, waiting up to --settle-timeout for
+    /// a busy one to settle (the default behaviour; the flag makes the intent explicit).
     #[arg(long, conflicts_with = "force")]
     clean: bool,
     /// Measure even on a dirty machine; rows are tagged and never promoted.
     #[arg(long)]
     force: bool,
+    /// How long to wait for a busy machine to settle (the load of the build that just
+    /// ran, say) before refusing, in seconds; 0 refuses at once. Not with --force.
+    #[arg(long, default_value_t = 300, value_name = "SECONDS")]
+    settle_timeout: u64,
     /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory), serve
     /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16 streaming clients, on a committed
     /// tiny model: --serve-model), restart (the SSD tier after a restart) or spec
@@ -70,6 +74,7 @@ fn preflight_gate(
     if args.rounds < 3 {
         bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
     }
+    wait_until_settled(args)?;
     let thresholds = Thresholds::from_env();
     let before = preflight::check(&thresholds);
     if !before.clean && !args.force {
@@ -277,6 +282,7 @@ fn run_serve(args: &Args) -> Result<()> {
         force: args.force,
         batch: args.serve_batch,
     };
+    wait_until_settled(args)?;
     let (result, before, after) = serve::run(&opts)?;
     print!("{}", serve::table(&opts.model, &result));
     let db = Db::open_default()?;
@@ -326,6 +332,69 @@ pub fn serve_args(model: &std::path::Path, port: u16) -> Result<engine::serve::S
     Ok(cli.serve)
 }
 
+/// Waits (bounded by --settle-timeout) for preflight's limits to hold, with a progress line
+/// saying what it waits for; refuses if the machine does not settle in time. Every suite's
+/// own preflight check then judges the settled machine.
+fn wait_until_settled(args: &Args) -> Result<()> {
+    use harness::preflight::{self, Thresholds, WallClock};
+    use std::time::Duration;
+    if args.force {
+        return Ok(());
+    }
+    // The venv's first creation is minutes of pip work: done before the wait, so that its
+    // load is waited out too instead of landing in the measurement.
+    if !args.no_peer {
+        harness::bench::ensure_oracle_venv()?;
+    }
+    let thresholds = Thresholds::from_env();
+    let timeout = Duration::from_secs(args.settle_timeout);
+    let bar = indicatif::ProgressBar::new_spinner();
+    let mut announced = false;
+    let settled = preflight::settle(
+        &thresholds,
+        timeout,
+        Duration::from_secs(2),
+        || preflight::read_machine(&thresholds),
+        &mut WallClock::start(),
+        |reasons, waited| {
+            let what = reasons.join("; ");
+            if !announced {
+                // Once in plain text too, for logs where the spinner is not drawn.
+                eprintln!(
+                    "preflight: the machine is busy ({what}); waiting up to {} s for it to settle",
+                    timeout.as_secs()
+                );
+                announced = true;
+            }
+            bar.set_message(format!(
+                "waiting for the machine to settle ({} s of {} s): {what}",
+                waited.as_secs(),
+                timeout.as_secs()
+            ));
+            bar.tick();
+        },
+    );
+    bar.finish_and_clear();
+    match settled {
+        Ok(waited) if waited.is_zero() => Ok(()),
+        Ok(waited) => {
+            eprintln!("preflight: settled after {} s", waited.as_secs());
+            Ok(())
+        }
+        Err(reasons) => bail!(
+            "this machine did not settle within {} s (--settle-timeout), so the bench refuses to measure:\n{}\n\
+             Stop other work and retry, wait longer (--settle-timeout), or pass --force to measure \
+             anyway (rows are then tagged dirty and never promoted).",
+            timeout.as_secs(),
+            reasons
+                .iter()
+                .map(|r| format!("  - {r}"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        ),
+    }
+}
+
 pub fn run(args: Args) -> Result<()> {
     match args.suite.as_str() {
         "decode" => {}
@@ -359,6 +428,7 @@ pub fn run(args: Args) -> Result<()> {
         clean: args.clean,
         force: args.force,
     };
+    wait_until_settled(&args)?;
     let (results, before, after) = bench::run(&opts)?;
     print!("{}", bench::table(&results));
     let db = Db::open_default()?;
