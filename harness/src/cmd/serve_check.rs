@@ -14,15 +14,48 @@ fn free_port() -> Result<u16> {
         .port())
 }
 
-fn wait_for(port: u16, what: &str) -> Result<()> {
+/// `GET path` on loopback `port`: the status and the body, or None if nothing answers.
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let status = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, out.split("\r\n\r\n").nth(1)?.to_owned()))
+}
+
+/// Waits (up to 120 s) until the server on `port` answers `GET /v1/models` with 200 and
+/// `ours(body)` accepts it, while `gone()` says the server has not exited. A port picked by
+/// `free_port` can be taken by someone else before the server binds it: then the server
+/// exits (seen at once, not after the timeout) and a stranger's answer is not taken for it.
+fn wait_ready(
+    port: u16,
+    what: &str,
+    mut gone: impl FnMut() -> Option<String>,
+    ours: impl Fn(&str) -> bool,
+) -> Result<()> {
     let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+    loop {
+        if let Some(why) = gone() {
+            bail!("{what} exited before it was ready on port {port}: {why}");
+        }
+        if let Some((200, body)) = get(port, "/v1/models") {
+            if ours(&body) {
+                return Ok(());
+            }
+            bail!("port {port} is answered by another server than {what}: {body}");
+        }
         if start.elapsed() > Duration::from_secs(120) {
-            bail!("{what} did not come up on port {port}");
+            bail!("{what} did not come up on port {port} within 120 s");
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    Ok(())
 }
 
 /// `engine serve` for `model` on a thread of this process; returns its port. (It stays up,
@@ -30,12 +63,23 @@ fn wait_for(port: u16, what: &str) -> Result<()> {
 fn serve_in_process(model: &std::path::Path) -> Result<u16> {
     let port = free_port()?;
     let serve_args = super::bench::serve_args(model, port)?;
+    let (failed_tx, failed) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        if let Err(e) = engine::serve::run(serve_args) {
-            eprintln!("engine serve failed: {e:#}");
-        }
+        let end = engine::serve::run(serve_args)
+            .map_or_else(|e| format!("{e:#}"), |()| "stopped".to_owned());
+        let _ = failed_tx.send(end);
     });
-    wait_for(port, "engine serve")?;
+    // Our server names the model it serves by its canonical path.
+    let id = model.canonicalize()?.display().to_string();
+    wait_ready(
+        port,
+        "engine serve",
+        || failed.try_recv().ok(),
+        |body| {
+            serde_json::from_str::<serde_json::Value>(body)
+                .is_ok_and(|v| v["data"][0]["id"] == id.as_str())
+        },
+    )?;
     Ok(port)
 }
 
@@ -77,7 +121,7 @@ pub fn diff() -> Result<()> {
         let model = harness::goldens::model_dir(name)?;
         let ours = serve_in_process(&model)?;
         let peer_port = free_port()?;
-        let _peer = Peer(
+        let mut peer = Peer(
             std::process::Command::new(harness::oracle::python())
                 .args(["-m", "mlx_lm", "server", "--port", &peer_port.to_string()])
                 .arg("--model")
@@ -87,7 +131,12 @@ pub fn diff() -> Result<()> {
                 .spawn()
                 .context("starting mlx_lm.server in the oracle venv")?,
         );
-        wait_for(peer_port, "mlx_lm.server")?;
+        wait_ready(
+            peer_port,
+            "mlx_lm.server",
+            || peer.0.try_wait().ok().flatten().map(|s| s.to_string()),
+            |_| true,
+        )?;
         let compare = |plant: bool| -> Result<bool> {
             let mut cmd = std::process::Command::new(harness::oracle::python());
             cmd.arg(repo.join("oracles/serve_diff.py"))
@@ -111,6 +160,11 @@ pub fn diff() -> Result<()> {
             bail!("{name}: the planted difference (our answers cut at 4 tokens) was not caught");
         }
         println!("planted difference caught");
+        // Had the peer lost its port to someone else, it would have exited by now: the
+        // answers compared were then not its own.
+        if let Some(status) = peer.0.try_wait()? {
+            bail!("{name}: mlx_lm.server exited ({status}) during the diff; its answers are not trusted");
+        }
     }
     if !failed.is_empty() {
         bail!("engine serve differs from mlx_lm.server on {failed:?}");
