@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::server::{ask, http, post, serve_model, stats, Server};
+use common::server::{ask, http, post, serve_model, stats, wait_stats, Server};
 
 fn serve(extra: &[&str]) -> Server {
     serve_model("tiny-llama-trained", extra)
@@ -294,13 +294,11 @@ fn load_test_32_concurrent_clients() {
         .collect();
     let ok: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     let elapsed = start.elapsed();
-    // The counters are bumped after a response is sent (and its caches kept): let the
-    // last one land.
-    let mut st = stats(port);
-    while st["running"] != 0 && start.elapsed() < Duration::from_secs(120) {
-        std::thread::sleep(Duration::from_millis(10));
-        st = stats(port);
-    }
+    // The counters are bumped after a response is sent (and its caches kept): wait for
+    // the last one to land, with a deadline of its own.
+    let st = wait_stats(port, Duration::from_secs(60), |st| {
+        st["completed"] == 64 && st["running"] == 0
+    });
     println!("load test: 64 requests from 32 clients, {ok} ok, {elapsed:?}, stats {st}");
     assert_eq!(ok, 64, "errors under load: {st}");
     assert_eq!(st["completed"], 64, "none lost: {st}");
@@ -443,12 +441,6 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
         assert_eq!(code, 200, "{r}");
         assert_eq!(&text(&r), want, "batch lane vs serial lane");
     }
-    let st = stats(port);
-    assert_eq!(st["lanes"]["batch_slots"], 8, "{st}");
-    assert!(
-        st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 2,
-        "rows never shared a step: {st}"
-    );
     // Under load: 32 clients × 2 requests.
     let handles: Vec<_> = (0..32)
         .map(|i| {
@@ -474,7 +466,10 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     assert_eq!(ok, 64, "{}", stats(port));
     // A client that leaves mid-stream frees its row.
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true, "temperature": 1.0}).to_string();
+    // EOS ids (6, 2) biased away: the stream runs until the client leaves.
+    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+                      "temperature": 1.0, "logit_bias": {"6": -100, "2": -100}})
+    .to_string();
     write!(
         conn,
         "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
@@ -484,14 +479,19 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     .unwrap();
     let mut first = [0u8; 512];
     let _ = conn.read(&mut first).unwrap();
+    // While that stream decodes, another request joins it: two rows share a step for
+    // certain (not only when the threads above happened to overlap).
+    assert_eq!(post(port, "/v1/chat/completions", &ask("hi")).0, 200);
     drop(conn);
-    let start = Instant::now();
-    while !(stats(port)["cancelled"] == 1 && stats(port)["running"] == 0) {
-        assert!(start.elapsed() < Duration::from_secs(60), "{}", stats(port));
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let st = stats(port);
+    let st = wait_stats(port, Duration::from_secs(60), |st| {
+        st["cancelled"] == 1 && st["running"] == 0
+    });
     assert_eq!(st["failed"], 0, "{st}");
+    assert_eq!(st["lanes"]["batch_slots"], 8, "{st}");
+    assert!(
+        st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 2,
+        "rows never shared a step: {st}"
+    );
     println!("batch lane: {st}");
 }
 
@@ -590,7 +590,11 @@ fn ssd_write_behind_waits_for_idle_and_spills_on_eviction_and_stop() {
         "/v1/chat/completions",
         &ask("What color is the sky?"),
     );
-    std::thread::sleep(Duration::from_millis(500));
+    // Once the request is counted, its caches are in RAM: a write that did not wait for
+    // the (10-minute) idle time would have happened by then.
+    wait_stats(first.port, Duration::from_secs(60), |st| {
+        st["completed"] == 1
+    });
     assert_eq!(spills(first.port), 0, "written before the lane was idle");
     // A second conversation evicts the first from RAM (one entry): spilled at once.
     post(
