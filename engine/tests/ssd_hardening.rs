@@ -500,8 +500,8 @@ fn an_entry_changed_after_the_scan_is_checked_at_restore() {
 
 /// The geometry check accepts what real sessions store (no false quarantine): wrapped and
 /// quantized rings and quantized and dense plain caches (tiny-gemma3-kv with optiq's
-/// kv_config), dense caches before the plan's start, and the model's caches followed by a
-/// drafter's. Planted: the same entries against another session's geometry are refused.
+/// kv_config), dense caches before the plan's start, gemma4_text's, and the model's caches
+/// followed by a drafter's. Planted: the same entries against another session's geometry are refused.
 #[test]
 fn the_geometry_accepts_what_sessions_store_and_refuses_other_sessions() {
     use engine::generate::kv_quant::{KvLayers, KvQuantPlan};
@@ -573,6 +573,10 @@ fn the_geometry_accepts_what_sessions_store_and_refuses_other_sessions() {
         0,
         "dense entry, quantized session"
     );
+
+    let gemma4 = common::model("tiny-gemma4");
+    let g4 = gemma4.as_ref();
+    assert!(check(&[g4], session(g4, None), None), "gemma4_text");
 
     let llama = model();
     let draft = common::model("tiny-llama-draft");

@@ -45,8 +45,10 @@ pub struct SsdStats {
     pub removed_corrupt: u64,
     /// The last restore, file read, checks and cache rebuild included.
     pub restore_ms_last: f64,
-    /// Of which the always-on tensor checksums.
+    /// The last restore's tensor checksums: hashing time (on their own thread, overlapped
+    /// with the copy into MLX), and how long the restore waited for them after its copy.
     pub checksum_ms_last: f64,
+    pub checksum_wait_ms_last: f64,
 }
 
 /// One stored tensor as the model's caches hold it; axis 2 (positions) is free.
@@ -519,7 +521,8 @@ impl SsdStore {
         self.entries[index].mtime = SystemTime::now();
         self.stats.restores += 1;
         self.stats.restore_ms_last = start.elapsed().as_secs_f64() * 1e3;
-        self.stats.checksum_ms_last = checksum.as_secs_f64() * 1e3;
+        self.stats.checksum_ms_last = checksum.checksum.as_secs_f64() * 1e3;
+        self.stats.checksum_wait_ms_last = checksum.checksum_wait.as_secs_f64() * 1e3;
         Some(caches)
     }
     fn new_path(&mut self, ns: &str) -> PathBuf {
