@@ -199,7 +199,10 @@ fn a_normal_request_does_not_wait_behind_an_unread_stream() {
         |st| n(st, "running") == 1,
     );
     let took = ask_sky(s.port);
-    let st = stats(s.port);
+    // Counted just after its answer is sent: wait for the count, then look at the rest.
+    let st = wait_for(s.port, "counted", Duration::from_secs(30), |st| {
+        n(st, "completed") >= 1
+    });
     assert_eq!(
         n(&st, "completed"),
         1,
@@ -230,7 +233,10 @@ fn a_short_request_is_not_starved_by_long_ones() {
         |st| n(st, "running") + n(st, "queued") == 4 && n(st, "running") >= 1,
     );
     ask_sky(s.port);
-    let st = stats(s.port);
+    // Counted just after its answer is sent: wait for the count, then look at the rest.
+    let st = wait_for(s.port, "counted", Duration::from_secs(30), |st| {
+        n(st, "completed") >= 1
+    });
     assert_eq!(n(&st, "completed"), 1, "answered while they run: {st}");
     for (conn, reader) in long {
         let _ = conn.shutdown(Shutdown::Both);
@@ -253,7 +259,10 @@ fn unread_streams_filling_the_batch_lane_are_cut_at_the_stall_timeout() {
         n(st, "running") == 8
     });
     let took = ask_sky(s.port);
-    let st = stats(s.port);
+    // Counted just after its answer is sent: wait for the count, then look at the rest.
+    let st = wait_for(s.port, "counted", Duration::from_secs(30), |st| {
+        n(st, "completed") >= 1
+    });
     assert_eq!(
         n(&st, "completed"),
         1,
@@ -298,9 +307,10 @@ fn big_prompts_are_encoded_off_the_model_thread() {
     for h in big {
         assert_eq!(h.join().unwrap(), 400);
     }
-    let st = stats(port);
+    let st = wait_for(port, "counted", Duration::from_secs(30), |st| {
+        n(st, "completed") == 1 && n(st, "running") == 0
+    });
     assert_eq!(n(&st, "rejected"), 6, "{st}");
-    assert_eq!(n(&st, "completed"), 1, "{st}");
 }
 
 /// A full queue (`--max-queue`) answers 429 with Retry-After, and the server goes on.
@@ -420,4 +430,44 @@ fn sigterm_drains_to_its_deadline_and_still_writes_ssd_snapshots() {
         "{}",
         stats(second.port)
     );
+}
+
+/// Fair scheduling on the batch lane: with every row busy and requests waiting, rows take
+/// turns (a row yields its slot after a time slice, parked with its caches, and rejoins
+/// later) — and every answer is still exactly the serial lane's.
+#[test]
+fn a_full_batch_lane_takes_turns_and_answers_unchanged() {
+    let batch = serve(&["--batch", "2"]);
+    let serial = serve(&["--prompt-cache-size", "0"]);
+    let prompts = [
+        "The little robot",
+        "Once upon a time",
+        "The old clock",
+        "In the garden",
+    ];
+    let body =
+        |p: &str| json!({"prompt": p, "max_tokens": 1200, "logit_bias": {"2": -100, "6": -100}});
+    let port = batch.port;
+    let answers: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let b = body(p);
+            std::thread::spawn(move || post(port, "/v1/completions", &b))
+        })
+        .collect();
+    let answers: Vec<(u16, Value)> = answers.into_iter().map(|h| h.join().unwrap()).collect();
+    let st = stats(batch.port);
+    assert!(
+        st["lanes"]["batch_parks"].as_u64().unwrap() > 0,
+        "rows took turns: {st}"
+    );
+    for (p, (code, r)) in prompts.iter().zip(&answers) {
+        assert_eq!(*code, 200, "{r}");
+        let (_, want) = post(serial.port, "/v1/completions", &body(p));
+        assert_eq!(
+            r["choices"][0]["text"], want["choices"][0]["text"],
+            "prompt {p}"
+        );
+        assert_eq!(r["usage"]["completion_tokens"], 1200);
+    }
 }

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -15,7 +16,7 @@ use mlx_rs::Array;
 use super::emit::{Emitter, Outbox};
 use super::error::ApiError;
 use super::worker::{Job, Worker};
-use crate::cache::KvCache;
+use crate::cache::{Cache, KvCache};
 use crate::generate::batch::Batch;
 use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Flow, Session};
@@ -30,7 +31,13 @@ struct Row<'w> {
     max_tokens: usize,
     /// The id to feed at the next step.
     next: u32,
+    /// When the row last took its slot (joined or rejoined the batch).
+    since: Instant,
 }
+
+/// Under contention (every slot busy, requests waiting), how long a row keeps its slot
+/// before it yields it (parked) to the next waiting request.
+const SLICE: Duration = Duration::from_millis(500);
 
 /// A request being admitted: its prompt is prefilled one chunk per tick.
 struct Admission<'w> {
@@ -121,7 +128,6 @@ impl Worker {
 
     /// Ends a row: Done (or the error) to its client, counters updated.
     fn close(&self, mut row: Row<'_>, outcome: Outcome) {
-        self.counters.running.fetch_sub(1, Ordering::Relaxed);
         match outcome {
             Outcome::Continue => {}
             Outcome::Done(_) if row.emit.gone => row.emit.end_cut(&self.counters),
@@ -137,6 +143,8 @@ impl Worker {
                 row.emit.fail(e);
             }
         }
+        // Last, so that `running` 0 in /stats means every outcome is counted.
+        self.counters.running.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Starts admitting a request: its limits checked, prompt cache consulted, session made.
@@ -183,6 +191,7 @@ impl Worker {
             cached,
             max_tokens,
             next: 0,
+            since: Instant::now(),
         };
         Some(Admission {
             row,
@@ -286,6 +295,41 @@ impl Worker {
         true
     }
 
+    /// The row to park under contention: one whose client is behind, else the one that
+    /// has held its slot longest if that is at least SLICE.
+    fn victim(rows: &mut [Row<'_>]) -> Option<usize> {
+        if let Some(i) = rows.iter_mut().position(|r| r.emit.backlogged()) {
+            return Some(i);
+        }
+        let (i, oldest) = rows.iter().enumerate().min_by_key(|(_, r)| r.since)?;
+        (oldest.since.elapsed() >= SLICE).then_some(i)
+    }
+
+    /// Takes row `i` (whose emitted ids are all fed but its `next`) out of the batch with
+    /// its caches. Returns false if the batch broke (every row failed, the lane empty).
+    fn park<'w>(
+        &self,
+        i: usize,
+        rows: &mut Vec<Row<'w>>,
+        batch: &mut Batch<'_>,
+        parked: &mut Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
+    ) -> bool {
+        let fed = rows[i].history.len() as i32 - 1;
+        let Ok(caches) = batch.row_caches(i, fed) else {
+            return true;
+        };
+        let keep: Vec<usize> = (0..rows.len()).filter(|&k| k != i).collect();
+        if let Err(e) = batch.keep(&keep) {
+            for row in rows.drain(..) {
+                self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+            }
+            return false;
+        }
+        parked.push((rows.remove(i), caches));
+        self.counters.batch_parks.fetch_add(1, Ordering::Relaxed);
+        true
+    }
+
     /// Evaluates `samples` (one per row) and emits them; the outcome of each row.
     fn emit_all(&self, rows: &mut [Row<'_>], samples: &[(Array, Array)]) -> Vec<Option<Outcome>> {
         let ys: Vec<&Array> = samples.iter().map(|(y, _)| y).collect();
@@ -320,16 +364,72 @@ impl Worker {
         // Samples of the last step, one per row, not yet emitted.
         let mut inflight: Option<Vec<(Array, Array)>> = None;
         let mut admission: Option<Admission<'_>> = None;
+        // Rows out of the batch, with their caches, while their clients catch up.
+        let mut parked: Vec<(Row<'_>, Vec<Box<dyn Cache>>)> = Vec::new();
         let mut steps = 0usize;
         loop {
             if rows.is_empty() && waiting.is_empty() && admission.is_none() {
-                match self.next_job(&jobs) {
-                    Some(job) => waiting.push_back(job),
-                    None => return,
+                if parked.is_empty() {
+                    match self.next_job(&jobs) {
+                        Some(job) => waiting.push_back(job),
+                        None => return,
+                    }
+                } else if let Ok(job) = jobs.recv_timeout(std::time::Duration::from_millis(5)) {
+                    waiting.push_back(job);
                 }
             }
             while let Ok(job) = jobs.try_recv() {
                 waiting.push_back(job);
+            }
+            // Parked rows are cut as any other (stalled, gone, out of time).
+            for (mut row, caches) in std::mem::take(&mut parked) {
+                if row.emit.check() {
+                    self.close(row, Outcome::Done(Finish::Stop));
+                } else {
+                    parked.push((row, caches));
+                }
+            }
+            // Every slot busy and a request waiting (new, or parked and ready): a row whose
+            // client has not taken its events gives its slot up (parked), else the row that
+            // has held its slot longest, once it has held it for SLICE. Waiting requests take
+            // free slots first; parked rows whose clients caught up take them back next.
+            let ready = |parked: &mut Vec<(Row<'_>, Vec<Box<dyn Cache>>)>| {
+                parked.iter_mut().position(|(r, _)| !r.emit.backlogged())
+            };
+            let park = admission.is_none()
+                && rows.len() >= slots
+                && parked.len() < (super::worker::PAUSED_PER_SLOT - 1) * slots
+                && (!waiting.is_empty() || ready(&mut parked).is_some())
+                && Self::victim(&mut rows).is_some();
+            let rejoin = admission.is_none()
+                && waiting.is_empty()
+                && rows.len() < slots
+                && ready(&mut parked).is_some();
+            if park || rejoin {
+                if let Some(pending) = inflight.take() {
+                    let outcomes = self.emit_all(&mut rows, &pending);
+                    if !self.settle(&mut rows, &mut batch, outcomes, None) {
+                        batch = Batch::new(self.model.as_ref());
+                    }
+                }
+            }
+            if park && rows.len() >= slots {
+                if let Some(i) = Self::victim(&mut rows) {
+                    if !self.park(i, &mut rows, &mut batch, &mut parked) {
+                        batch = Batch::new(self.model.as_ref());
+                    }
+                }
+            }
+            if rejoin && rows.len() < slots {
+                if let Some(j) = ready(&mut parked) {
+                    let (mut row, caches) = parked.remove(j);
+                    row.since = Instant::now();
+                    let session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+                    match batch.join(vec![session]) {
+                        Ok(()) => rows.push(row),
+                        Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
+                    }
+                }
             }
             if admission.is_none() && rows.len() < slots {
                 if let Some(job) = waiting.pop_front() {
@@ -350,8 +450,9 @@ impl Worker {
             if let Some(adm) = admission.take() {
                 match self.admission_step(adm) {
                     Step::Prefilling(adm) => admission = Some(adm),
-                    Step::Join(row, session) => match batch.join(vec![session]) {
+                    Step::Join(mut row, session) => match batch.join(vec![session]) {
                         Ok(()) => {
+                            row.since = Instant::now();
                             rows.push(row);
                             self.counters
                                 .batch_peak

@@ -109,6 +109,13 @@ impl Outbox {
         self.progress = Instant::now();
     }
 
+    /// Whether events wait that the client has not taken (it reads slower than the model
+    /// writes, or not at all).
+    pub fn backlogged(&mut self) -> bool {
+        self.drain();
+        !self.backlog.is_empty()
+    }
+
     /// Whether the request must stop now, and why.
     pub fn check(&mut self, limits: &Limits) -> Option<Cut> {
         if self.events.is_closed() {
@@ -196,6 +203,11 @@ impl<'t> Emitter<'t> {
         }
         self.gone = self.cut.is_some();
         self.gone
+    }
+
+    /// Whether the client is behind (see `Outbox::backlogged`).
+    pub fn backlogged(&mut self) -> bool {
+        self.out.as_mut().is_some_and(Outbox::backlogged)
     }
 
     /// Sends an error as the request's last event.

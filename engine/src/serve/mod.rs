@@ -395,7 +395,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 /// What each connection's socket may hold unsent. Fixed (Linux grows an unset one to
 /// megabytes), so that a client that stops reading fills it within a few hundred tokens
 /// and the stall timeout sees it; accepted sockets inherit it from the listener.
-const SEND_BUFFER: u32 = 64 << 10;
+const SEND_BUFFER: u32 = 16 << 10;
 
 fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
     let socket = if addr.is_ipv4() {

@@ -80,6 +80,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
             "serial": 1,
             "batch_slots": c.batch_slots.load(Ordering::Relaxed),
             "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
+            "batch_parks": n(&c.batch_parks),
         },
         "speculative": {
             "drafted": n(&c.spec_drafted),

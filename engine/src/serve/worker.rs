@@ -64,6 +64,10 @@ pub enum Event {
 /// Events a request's channel holds before the model thread keeps the rest back.
 pub const EVENT_SLOTS: usize = 16;
 
+/// Requests held per `--interleave` / `--batch` slot at most, counting those waiting on
+/// their clients (paused or parked; each holds its KV caches until its stall timeout).
+pub const PAUSED_PER_SLOT: usize = 4;
+
 pub struct Job {
     pub request: GenRequest,
     /// The prompt, encoded on the HTTP side.
@@ -185,6 +189,8 @@ pub struct Counters {
     /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
     pub batch_slots: AtomicUsize,
     pub batch_peak: AtomicUsize,
+    /// Batch lane: rows that gave their slot up to a waiting request (parked).
+    pub batch_parks: AtomicU64,
     /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
     /// and requests that ran without it (their logits processors need the plain path).
     pub spec_drafted: AtomicU64,
@@ -292,28 +298,49 @@ fn first_token(
 
 impl Worker {
     /// Serves jobs until every sender is gone: up to `--interleave` requests take turns,
-    /// one token each; a new one is admitted (prefilled) at most once per round.
+    /// one token each; a new one is admitted (prefilled) at most once per round. A request
+    /// whose client has not taken its events yet gets no tokens until it does (its stall
+    /// clock runs) and does not count against `--interleave`, so clients that stop reading
+    /// never keep others from being admitted.
     pub fn run(self, jobs: mpsc::Receiver<Job>) {
         let slots = self.limits.interleave.max(1);
         let mut turns: VecDeque<Turn<'_>> = VecDeque::new();
+        let mut held: Option<Job> = None;
         loop {
-            let job = if turns.is_empty() {
+            if turns.is_empty() && held.is_none() {
                 match self.next_job(&jobs) {
-                    Some(job) => Some(job),
+                    Some(job) => held = Some(job),
                     None => return,
                 }
-            } else if turns.len() < slots {
-                jobs.try_recv().ok()
-            } else {
-                None
-            };
-            if let Some(turn) = job.and_then(|job| self.guarded_begin(job)) {
-                turns.push_back(turn);
             }
+            if held.is_none() {
+                held = jobs.try_recv().ok();
+            }
+            if held.is_some() {
+                let mut active = 0;
+                for t in turns.iter_mut() {
+                    active += usize::from(!t.emit.backlogged());
+                }
+                if active < slots && turns.len() < PAUSED_PER_SLOT * slots {
+                    if let Some(turn) = held.take().and_then(|job| self.guarded_begin(job)) {
+                        turns.push_back(turn);
+                    }
+                }
+            }
+            let mut ticked = false;
             for _ in 0..turns.len() {
                 let Some(mut turn) = turns.pop_front() else {
                     break;
                 };
+                if turn.emit.backlogged() {
+                    if turn.emit.check() {
+                        self.guarded_end(turn, Ok(Finish::Stop));
+                    } else {
+                        turns.push_back(turn);
+                    }
+                    continue;
+                }
+                ticked = true;
                 let result = match catch_unwind(AssertUnwindSafe(|| self.turn(&mut turn))) {
                     Ok(Ok(None)) => {
                         turns.push_back(turn);
@@ -323,11 +350,29 @@ impl Worker {
                     Ok(Err(e)) => Err(e),
                     Err(panic) => Err(panic_error(panic)),
                 };
-                if catch_unwind(AssertUnwindSafe(|| self.end_turn(turn, result))).is_err() {
-                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    self.counters.running.fetch_sub(1, Ordering::Relaxed);
+                self.guarded_end(turn, result);
+            }
+            if !ticked && !turns.is_empty() {
+                // Every request waits on its client: wait a moment (or for a new job).
+                let pause = Duration::from_millis(5);
+                if held.is_some() {
+                    std::thread::sleep(pause);
+                } else {
+                    match jobs.recv_timeout(pause) {
+                        Ok(job) => held = Some(job),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(pause),
+                    }
                 }
             }
+        }
+    }
+
+    /// `end_turn`, with a panic failing the request alone.
+    fn guarded_end(&self, turn: Turn<'_>, result: Result<Finish, ApiError>) {
+        if catch_unwind(AssertUnwindSafe(|| self.end_turn(turn, result))).is_err() {
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
