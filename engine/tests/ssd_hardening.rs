@@ -227,6 +227,18 @@ fn the_scan_never_follows_symlinks_or_deletes_foreign_files() {
         .join(format!("{}.mlxkv", "cd".repeat(16)))
         .symlink_metadata()
         .is_ok());
+
+    // The fingerprint's directory itself a symlink: the store refuses to open on it.
+    std::fs::create_dir_all(outside.path().join("_base")).unwrap();
+    let decoy = outside.path().join("_base").join(&entry_name);
+    std::fs::write(&decoy, b"someone else's file").unwrap();
+    std::os::unix::fs::symlink(outside.path(), dir.path().join("fpL")).unwrap();
+    let geometry = Geometry::probe(&[model().as_ref()], None).unwrap();
+    let err = SsdStore::open(dir.path(), id("fpL"), geometry, 1 << 30, false)
+        .err()
+        .expect("a symlinked fingerprint directory is refused");
+    assert!(err.to_string().contains("is a symlink"), "{err}");
+    assert!(decoy.exists());
 }
 
 /// Item 6: `read_header` reads the header only, never the whole file. Shown on a FIFO whose
