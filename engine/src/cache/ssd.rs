@@ -9,8 +9,8 @@
 //! files); anything else is left alone and not counted. A store over its cap is trimmed at
 //! start. `find` is the longest usable prefix (as the RAM tier's), `restore` touches the
 //! file's mtime, `store` supersedes shorter prefixes it makes redundant and evicts the
-//! oldest mtime first to stay under the cap; an entry larger than the cap is refused, and a
-//! failed write (e.g. a full disk) is reported once while serving goes on.
+//! least recently used first (in mtime order across restarts) to stay under the cap; an
+//! entry larger than the cap is refused, and a failed write (e.g. a full disk) is reported once while serving goes on.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
@@ -30,6 +30,10 @@ struct Entry {
     tokens: Vec<u32>,
     bytes: u64,
     mtime: SystemTime,
+    /// Order of last use, for eviction: from mtimes at the scan, then a counter this
+    /// process bumps (a wall clock that steps back, or two uses in one tick of it, would
+    /// misorder them).
+    used: u64,
     /// Whether every cache can give back positions (no wrapped ring).
     trimmable: bool,
 }
@@ -313,6 +317,8 @@ pub struct SsdStore {
     verify: bool,
     entries: Vec<Entry>,
     counter: u64,
+    /// The next `Entry::used`.
+    uses: u64,
     warned: bool,
     stats: SsdStats,
 }
@@ -348,6 +354,7 @@ impl SsdStore {
             verify,
             entries: Vec::new(),
             counter: 0,
+            uses: 0,
             warned: false,
             stats: SsdStats {
                 max_bytes,
@@ -426,9 +433,15 @@ impl SsdStore {
                     mtime: meta
                         .and_then(|m| m.modified().ok())
                         .unwrap_or(SystemTime::UNIX_EPOCH),
+                    used: 0,
                     path,
                 });
             }
+        }
+        self.entries.sort_by_key(|e| e.mtime);
+        for e in self.entries.iter_mut() {
+            e.used = self.uses;
+            self.uses += 1;
         }
         self.evict_to_cap();
         self.refresh();
@@ -441,7 +454,7 @@ impl SsdStore {
                 .entries
                 .iter()
                 .enumerate()
-                .min_by_key(|(_, e)| e.mtime)
+                .min_by_key(|(_, e)| e.used)
                 .map(|(i, _)| i)
             else {
                 break;
@@ -519,6 +532,8 @@ impl SsdStore {
             let _ = f.set_modified(SystemTime::now());
         }
         self.entries[index].mtime = SystemTime::now();
+        self.entries[index].used = self.uses;
+        self.uses += 1;
         self.stats.restores += 1;
         self.stats.restore_ms_last = start.elapsed().as_secs_f64() * 1e3;
         self.stats.checksum_ms_last = checksum.checksum.as_secs_f64() * 1e3;
@@ -608,8 +623,10 @@ impl SsdStore {
             tokens: tokens.to_vec(),
             bytes,
             mtime: SystemTime::now(),
+            used: self.uses,
             trimmable: trimmable_new,
         });
+        self.uses += 1;
         self.evict_to_cap();
         self.stats.spills += 1;
         self.refresh();
