@@ -131,13 +131,17 @@ impl Worker {
         match outcome {
             Outcome::Continue => {}
             Outcome::Done(_) if row.emit.gone => row.emit.end_cut(&self.counters),
-            Outcome::Done(finish) => match row.emit.finish(finish, row.prompt_tokens, row.cached) {
-                Ok(generated) => self.count_done(row.prompt_tokens, generated),
-                Err(e) => {
-                    self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                    row.emit.fail(e);
+            Outcome::Done(finish) => {
+                match row.emit.finish(finish, row.prompt_tokens, row.cached, |n| {
+                    self.count_done(row.prompt_tokens, n)
+                }) {
+                    Ok(()) => {}
+                    Err(e) => {
+                        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        row.emit.fail(e);
+                    }
                 }
-            },
+            }
             Outcome::Failed(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
                 row.emit.fail(e);

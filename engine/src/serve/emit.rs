@@ -263,14 +263,16 @@ impl<'t> Emitter<'t> {
         Ok(flow)
     }
 
-    /// Flushes held-back text (unless a stop string ended it) and sends Done; returns the
-    /// number of generated tokens.
+    /// Flushes held-back text (unless a stop string ended it) and sends Done. `counted`
+    /// gets the completion tokens as `usage` counts them just before Done goes out, so
+    /// /stats never lags an answer its client has.
     pub fn finish(
         &mut self,
         finish: Finish,
         prompt_tokens: usize,
         cached_tokens: usize,
-    ) -> Result<usize, ApiError> {
+        counted: impl FnOnce(usize),
+    ) -> Result<(), ApiError> {
         if finish != Finish::Stop {
             let tail = self
                 .detok
@@ -287,6 +289,8 @@ impl<'t> Emitter<'t> {
                 });
             }
         }
+        // mlx_lm.server counts the EOS token that ended the answer as generated.
+        let completion_tokens = self.produced.len() + usize::from(finish == Finish::Eos);
         let done = Event::Done {
             finish_reason: if finish == Finish::Length {
                 "length"
@@ -294,13 +298,13 @@ impl<'t> Emitter<'t> {
                 "stop"
             },
             prompt_tokens,
-            // mlx_lm.server counts the EOS token that ended the answer as generated.
-            completion_tokens: self.produced.len() + usize::from(finish == Finish::Eos),
+            completion_tokens,
             cached_tokens,
         };
+        counted(completion_tokens);
         if let Some(out) = self.out.take() {
             out.close(Some(done));
         }
-        Ok(self.produced.len())
+        Ok(())
     }
 }

@@ -102,7 +102,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 5.0)]
     pub stall_timeout: f64,
     /// Requests that may wait for the model (arrived, not yet running); more get 429 with
-    /// Retry-After.
+    /// Retry-After (0 = no cap).
     #[arg(long, default_value_t = 64)]
     pub max_queue: usize,
     /// A request's wall-clock limit in seconds from arrival, queueing included (0 = none);
@@ -314,7 +314,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         next_id: Default::default(),
         guard: guard::Guard::new(&args.host, args.api_key.clone()),
         limits: limits.clone(),
-        max_queue: args.max_queue,
+        max_queue: if args.max_queue == 0 {
+            usize::MAX
+        } else {
+            args.max_queue
+        },
         encoder: Arc::new(worker::Encoder {
             tokenizer,
             template,

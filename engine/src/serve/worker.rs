@@ -605,11 +605,12 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return;
         }
-        let generated = match emit.finish(finish, prompt_ids.len(), cached) {
-            Ok(n) => n,
-            Err(e) => return self.end_failed(emit, e),
-        };
         let tokens_len = prompt_ids.len();
+        if let Err(e) = emit.finish(finish, tokens_len, cached, |n| {
+            self.count_done(tokens_len, n)
+        }) {
+            return self.end_failed(emit, e);
+        }
         let mut tokens = prompt_ids;
         tokens.extend(&emit.produced);
         let mut caches = std::mem::take(&mut session.caches);
@@ -634,7 +635,6 @@ impl Worker {
                 "engine serve: not caching this conversation: drafter catch-up failed: {e}"
             ),
         }
-        self.count_done(tokens_len, generated);
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
     }
 

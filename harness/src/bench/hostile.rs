@@ -144,7 +144,7 @@ pub fn run_one(model: &Path, sc: &Scenario, normals: usize) -> Result<Outcome> {
     let port = server.port;
     normal(port)?; // warm-up
     let mut held: Vec<TcpStream> = Vec::new();
-    let mut threads = Vec::new();
+    let mut threads: Vec<std::thread::JoinHandle<String>> = Vec::new();
     match sc.attack {
         Attack::None => {}
         Attack::Unread(k) => {
@@ -161,6 +161,7 @@ pub fn run_one(model: &Path, sc: &Scenario, normals: usize) -> Result<Outcome> {
                     let mut s = s;
                     let mut sink = Vec::new();
                     let _ = s.read_to_end(&mut sink);
+                    String::new()
                 }));
             }
             wait_running(port, k as u64)?;
@@ -172,11 +173,12 @@ pub fn run_one(model: &Path, sc: &Scenario, normals: usize) -> Result<Outcome> {
                 let s = send(port, "/v1/completions", &body, true)?;
                 threads.push(std::thread::spawn(move || {
                     let mut s = s;
-                    let mut sink = Vec::new();
-                    let _ = s.read_to_end(&mut sink);
+                    let mut answer = String::new();
+                    let _ = s.read_to_string(&mut answer);
+                    answer.lines().next().unwrap_or("").to_owned()
                 }));
             }
-            // The uploads are on their way; the normal requests go right behind them.
+            // The uploads are in; the normal requests go right behind them.
         }
     }
     let latencies_ms = (0..normals)
@@ -186,10 +188,15 @@ pub fn run_one(model: &Path, sc: &Scenario, normals: usize) -> Result<Outcome> {
     for s in &held {
         let _ = s.shutdown(Shutdown::Both);
     }
-    drop(server);
+    let big_prompts = matches!(sc.attack, Attack::BigPrompts(_));
     for t in threads {
-        let _ = t.join();
+        let status = t.join().unwrap_or_default();
+        // Each big prompt must have been read and refused (beyond the context), not lost.
+        if big_prompts && !status.starts_with("HTTP/1.1 400") {
+            bail!("a 4 MB prompt was answered `{status}`, not 400");
+        }
     }
+    drop(server);
     Ok(Outcome {
         scenario: sc.name,
         batch: sc.batch,
