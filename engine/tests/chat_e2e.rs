@@ -10,11 +10,11 @@
 use headless_chrome::protocol::cdp::Page;
 use headless_chrome::{Browser, LaunchOptions};
 use std::ffi::OsStr;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod common;
+use common::server::{serve_model, stats};
 
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -37,56 +37,6 @@ fn which_chromium(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn get(port: u16, path: &str) -> Result<String, String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .map_err(|e| e.to_string())?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-    Ok(out.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned())
-}
-
-/// `engine serve` on the trained tiny model, killed when dropped.
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Server {
-    fn start() -> Server {
-        let model =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-trained");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
-            .args(["serve", "--no-open", "--port", "0", "--model"])
-            .arg(&model)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        // Its first stdout line names the address it bound (port 0: the OS picked one).
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line.trim().rsplit(':').next().unwrap().parse().unwrap();
-        Server { child, port }
-    }
-
-    fn stats(&self) -> Result<serde_json::Value, String> {
-        let body = get(self.port, "/stats")?;
-        serde_json::from_str(&body).map_err(|e| format!("/stats: {e}: {body}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// What a finished page shows: its answer text and the server's counters.
 struct Finished {
     answer: String,
@@ -98,7 +48,7 @@ struct Finished {
 /// request to a path the server does not serve (the planted defect).
 fn run_page(plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let server = Server::start();
+    let server = serve_model("tiny-llama-trained", &["--no-open"]);
     let browser = Browser::new(LaunchOptions {
         path: Some(chromium()),
         headless: true,
@@ -158,7 +108,7 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
     // the prompt-cache entry first), so the page can finish before the counter moves.
     let deadline = Instant::now() + Duration::from_secs(10);
     let stats = loop {
-        let stats = server.stats()?;
+        let stats = stats(server.port);
         if stats["completed"] == 1 {
             break stats;
         }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 mod common;
-use common::server::{ask, http, post, serve_model, stats, wait_stats, Server};
+use common::server::{ask, http, post, serve_model, stats, wait_for, Server};
 
 fn serve(extra: &[&str]) -> Server {
     serve_model("tiny-llama-trained", extra)
@@ -296,7 +296,7 @@ fn load_test_32_concurrent_clients() {
     let elapsed = start.elapsed();
     // The counters are bumped after a response is sent (and its caches kept): wait for
     // the last one to land, with a deadline of its own.
-    let st = wait_stats(port, Duration::from_secs(60), |st| {
+    let st = wait_for(port, "all 64 counted", Duration::from_secs(60), |st| {
         st["completed"] == 64 && st["running"] == 0
     });
     println!("load test: 64 requests from 32 clients, {ok} ok, {elapsed:?}, stats {st}");
@@ -483,9 +483,12 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     // certain (not only when the threads above happened to overlap).
     assert_eq!(post(port, "/v1/chat/completions", &ask("hi")).0, 200);
     drop(conn);
-    let st = wait_stats(port, Duration::from_secs(60), |st| {
-        st["cancelled"] == 1 && st["running"] == 0
-    });
+    let st = wait_for(
+        port,
+        "the leaving stream cancelled",
+        Duration::from_secs(60),
+        |st| st["cancelled"] == 1 && st["running"] == 0,
+    );
     assert_eq!(st["failed"], 0, "{st}");
     assert_eq!(st["lanes"]["batch_slots"], 8, "{st}");
     assert!(
@@ -592,9 +595,12 @@ fn ssd_write_behind_waits_for_idle_and_spills_on_eviction_and_stop() {
     );
     // Once the request is counted, its caches are in RAM: a write that did not wait for
     // the (10-minute) idle time would have happened by then.
-    wait_stats(first.port, Duration::from_secs(60), |st| {
-        st["completed"] == 1
-    });
+    wait_for(
+        first.port,
+        "the request counted",
+        Duration::from_secs(60),
+        |st| st["completed"] == 1,
+    );
     assert_eq!(spills(first.port), 0, "written before the lane was idle");
     // A second conversation evicts the first from RAM (one entry): spilled at once.
     post(

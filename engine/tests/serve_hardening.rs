@@ -11,7 +11,7 @@ use proptest::strategy::ValueTree;
 use serde_json::{json, Value};
 
 mod common;
-use common::server::{ask, http, http_with, post, serve_dir, serve_model, stats, wait_stats};
+use common::server::{ask, http, http_with, post, serve_dir, serve_model, stats, wait_for};
 
 const MODEL: &str = "tiny-llama-trained";
 /// Its vocabulary (config.json `vocab_size`).
@@ -134,9 +134,12 @@ fn stats_count_completion_tokens_as_usage_does() {
             assert_eq!(code, 200, "{r}");
             total += r["usage"]["completion_tokens"].as_u64().unwrap();
         }
-        let st = wait_stats(s.port, Duration::from_secs(60), |st| {
-            st["completed"] == 3 && st["running"] == 0
-        });
+        let st = wait_for(
+            s.port,
+            "the server settled",
+            Duration::from_secs(60),
+            |st| st["completed"] == 3 && st["running"] == 0,
+        );
         assert_eq!(st["completion_tokens"], total, "{lane:?}: {st}");
     }
 }
@@ -540,7 +543,9 @@ fn fuzz(extra: &[&str], seed: u8, clients: usize) {
         })
         .collect();
     let ok: usize = workers.into_iter().map(|w| w.join().unwrap()).sum();
-    let st = wait_stats(port, Duration::from_secs(60), |st| st["running"] == 0);
+    let st = wait_for(port, "the server settled", Duration::from_secs(60), |st| {
+        st["running"] == 0
+    });
     assert_eq!(st["failed"], 0, "{st}");
     println!(
         "fuzz {extra:?}, {clients} clients: {} bodies, {ok} answered 200, the rest 4xx, \

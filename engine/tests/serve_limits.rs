@@ -8,128 +8,24 @@
 //! `ENGINE_BIN` runs these against another build of `engine` (how they were shown to fail
 //! on the server before the limits existed).
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn engine_bin() -> String {
-    std::env::var("ENGINE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_engine").to_owned())
-}
-
-fn model_dir() -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../goldens/models/tiny-llama-trained")
-        .to_str()
-        .unwrap()
-        .to_owned()
-}
+mod common;
+use common::server::{http_with, post, serve_model, stats, wait_for, Server};
 
 fn serve(extra: &[&str]) -> Server {
-    let mut child = Command::new(engine_bin())
-        .args(["serve", "--model", &model_dir(), "--port", "0"])
-        .args(extra)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in `{line}`"));
-    Server { child, port }
+    serve_model("tiny-llama-trained", extra)
 }
 
-/// One HTTP/1.1 request (Connection: close); status, headers (lowercase) and the
-/// de-chunked body.
+/// One request with a JSON client's headers: status, headers (lowercase), body.
 fn http_full(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (headers, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = headers
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let headers = headers.to_ascii_lowercase();
-    let body = if headers.contains("transfer-encoding: chunked") {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
-    (status, headers, body)
-}
-
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
-fn post(port: u16, path: &str, body: &Value) -> (u16, Value) {
-    let (status, _, text) = http_full(port, "POST", path, body.to_string().as_bytes());
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
-}
-
-fn stats(port: u16) -> Value {
-    serde_json::from_str(&http_full(port, "GET", "/stats", b"").2).unwrap()
-}
-
-/// Waits (polling /stats) until `cond` holds; fails with the last stats after `limit`.
-fn wait_for(port: u16, what: &str, limit: Duration, cond: impl Fn(&Value) -> bool) -> Value {
-    let start = Instant::now();
-    loop {
-        let st = stats(port);
-        if cond(&st) {
-            return st;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{what}: not within {limit:?}: {st}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let headers = ["Host: localhost", "Content-Type: application/json"];
+    http_with(port, method, path, &headers, body)
 }
 
 fn n(st: &Value, key: &str) -> u64 {

@@ -7,10 +7,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
+
+use common::server::Server;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
@@ -335,57 +336,22 @@ fn a_directory_named_like_an_entry_is_left_alone_and_not_counted() {
 
 // ---- item 2 end to end: two `engine serve` processes on one --ssd-cache directory ----
 
-struct Server {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(model: &Path, ssd: &Path) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
-        .arg("serve")
-        .arg("--model")
-        .arg(model)
-        .args(["--port", "0", "--no-open", "--ssd-cache-debounce-ms", "0"])
-        .arg("--ssd-cache")
-        .arg(ssd)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in `{line}`"));
-    Server { child, port }
+    let ssd = ssd.to_str().unwrap();
+    let flags = [
+        "--no-open",
+        "--ssd-cache-debounce-ms",
+        "0",
+        "--ssd-cache",
+        ssd,
+    ];
+    common::server::serve_dir(model, &flags)
 }
 
-/// One HTTP/1.1 request (Connection: close, no chunked responses asked for): the JSON body.
+/// One request: the JSON body of the answer.
 fn http(port: u16, method: &str, path: &str, body: &str) -> Value {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(head.as_bytes()).unwrap();
-    let mut raw = String::new();
-    let _ = s.read_to_string(&mut raw);
-    let (_, rest) = raw.split_once("\r\n\r\n").unwrap_or(("", &raw));
-    serde_json::from_str(rest).unwrap_or_else(|_| panic!("not JSON: {raw}"))
+    let (_, text) = common::server::http(port, method, path, body.as_bytes());
+    serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}"))
 }
 
 fn ssd_stats(port: u16) -> Value {

@@ -79,7 +79,8 @@ pub struct ServeArgs {
     /// SSD tier: the most it may hold, in GiB.
     #[arg(long, default_value_t = 32.0)]
     pub ssd_cache_max: f64,
-    /// SSD tier: check every tensor's hash when restoring (the header is always checked).
+    /// SSD tier: also check every tensor's SHA-256 when restoring (the header hash and
+    /// every tensor's xxh3-64 checksum are always checked).
     #[arg(long)]
     pub ssd_cache_verify: bool,
     /// SSD tier: write a finished conversation to disk once no request has arrived for this

@@ -27,8 +27,14 @@ pub fn serve_model(name: &str, extra: &[&str]) -> Server {
     serve_dir(&super::goldens().join("models").join(name), extra)
 }
 
+/// The engine binary under test: this build's, or `ENGINE_BIN` (how a test is shown to
+/// fail on an older build).
+pub fn engine_bin() -> String {
+    std::env::var("ENGINE_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_engine").to_owned())
+}
+
 pub fn serve_dir(model: &std::path::Path, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+    let mut child = Command::new(engine_bin())
         .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
         .args(extra)
         .stdout(Stdio::piped())
@@ -62,7 +68,8 @@ pub fn http(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
 }
 
 /// One HTTP/1.1 request with exactly these header lines (plus Content-Length and
-/// Connection: close); returns status, the response's header block and its body.
+/// Connection: close); returns status, the response's header block (lowercase) and its
+/// body.
 pub fn http_with(
     port: u16,
     method: &str,
@@ -71,7 +78,7 @@ pub fn http_with(
     body: &[u8],
 ) -> (u16, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(180))).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\n");
     for h in headers {
         head.push_str(h);
@@ -100,7 +107,7 @@ pub fn http_with(
     } else {
         rest.to_owned()
     };
-    (status, headers.to_owned(), body)
+    (status, headers.to_ascii_lowercase(), body)
 }
 
 fn dechunk(mut s: &str) -> String {
@@ -129,8 +136,9 @@ pub fn stats(port: u16) -> Value {
     serde_json::from_str(&http(port, "GET", "/stats", b"").1).unwrap()
 }
 
-/// Waits (up to `limit`) until `/stats` satisfies `done`; panics with the last stats if not.
-pub fn wait_stats(port: u16, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
+/// Waits (polling /stats, up to `limit`) until `done` holds; fails naming `what`, with
+/// the last stats, if not.
+pub fn wait_for(port: u16, what: &str, limit: Duration, done: impl Fn(&Value) -> bool) -> Value {
     let start = std::time::Instant::now();
     loop {
         let st = stats(port);
@@ -139,7 +147,7 @@ pub fn wait_stats(port: u16, limit: Duration, done: impl Fn(&Value) -> bool) -> 
         }
         assert!(
             start.elapsed() < limit,
-            "condition not met within {limit:?}: {st}"
+            "{what}: not within {limit:?}: {st}"
         );
         std::thread::sleep(Duration::from_millis(20));
     }
