@@ -11,7 +11,9 @@ use proptest::strategy::ValueTree;
 use serde_json::{json, Value};
 
 mod common;
-use common::server::{ask, http, http_with, post, serve_dir, serve_model, stats, wait_for};
+use common::server::{
+    ask, engine_bin, http, http_with, post, serve_dir, serve_model, stats, wait_for,
+};
 
 const MODEL: &str = "tiny-llama-trained";
 /// Its vocabulary (config.json `vocab_size`).
@@ -94,7 +96,7 @@ fn engine_generate_refuses_ids_past_the_vocabulary() {
         (vec!["--logit-bias", "1024:1"], "--logit-bias"),
         (vec!["--top-k", "5000", "--temp", "0.5"], "--top-k"),
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        let out = Command::new(engine_bin())
             .args(["generate", "--model", model.to_str().unwrap()])
             .args(["--prompt", "hi", "--max-tokens", "3"])
             .args(&flags)
@@ -275,7 +277,7 @@ fn loopback_host_and_json_content_type_are_required() {
 #[test]
 fn a_non_loopback_host_is_warned_about() {
     let model = common::goldens().join("models").join(MODEL);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_engine"))
+    let mut child = Command::new(engine_bin())
         .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
         .args(["--host", "0.0.0.0"])
         .stdout(std::process::Stdio::piped())
@@ -322,7 +324,7 @@ fn weights_that_do_not_fit_the_config_fail_at_load() {
             serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
         cfg[key] = value;
         std::fs::write(&cfg_path, cfg.to_string()).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_engine"))
+        let mut child = Command::new(engine_bin())
             .args([
                 "serve",
                 "--model",
@@ -331,9 +333,23 @@ fn weights_that_do_not_fit_the_config_fail_at_load() {
                 "0",
             ])
             .stdin(std::process::Stdio::null())
-            .output()
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
+        // A server that starts prints its address; one that refuses the model exits.
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        if !line.is_empty() {
+            let _ = child.kill();
+        }
+        let out = child.wait_with_output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
+        assert!(line.is_empty(), "{key}: started anyway: {line}");
         assert!(!out.status.success(), "{key}: started anyway");
         assert!(err.contains(needle), "{key}: {err}");
     }
