@@ -356,15 +356,7 @@ pub fn generate_in(
     // is read back. With processors, each step waits for the previous id.
     let pipelined = !sampler.has_processors();
     // The sampled id and the log-probabilities it was drawn from (for logprobs output).
-    let mut pick = |logits: &Array, history: &[u32]| -> Result<(Array, Array), Exception> {
-        let logits = if sampler.has_processors() {
-            sampler.process(logits, history)?
-        } else {
-            logits.clone()
-        };
-        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-        Ok((sampler.sample(&logprobs)?, logprobs))
-    };
+    let mut pick = |logits: &Array, history: &[u32]| sampler.pick(logits, history);
     let read = |y: &Array| -> Result<u32, Exception> {
         y.eval()?;
         Ok(y.as_slice::<u32>()[0])

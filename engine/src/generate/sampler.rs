@@ -218,6 +218,19 @@ impl Sampler {
         Ok(logits)
     }
 
+    /// One decode step's choice, as mlx-lm's generate_step makes it: the logits processors
+    /// over `history` (when there are any), log-probabilities, then the sampled id — both
+    /// lazy: (id [1], log-probabilities).
+    pub fn pick(&mut self, logits: &Array, history: &[u32]) -> R<(Array, Array)> {
+        let logits = if self.has_processors() {
+            self.process(logits, history)?
+        } else {
+            logits.clone()
+        };
+        let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+        Ok((self.sample(&logprobs)?, logprobs))
+    }
+
     /// The next token id from log-probabilities [1, vocab].
     pub fn sample(&mut self, logprobs: &Array) -> R<Array> {
         let p = self.params.clone();

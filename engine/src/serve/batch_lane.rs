@@ -81,16 +81,9 @@ impl Worker {
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
     fn sample(row: &mut Row<'_>, logits: &Array) -> Result<(Array, Array), ApiError> {
-        let err = |e: mlx_rs::error::Exception| ApiError::server(e.to_string());
-        let logits = if row.sampler.has_processors() {
-            row.sampler.process(logits, &row.history).map_err(err)?
-        } else {
-            logits.clone()
-        };
-        let logprobs = logits
-            .subtract(logits.logsumexp(true).map_err(err)?)
-            .map_err(err)?;
-        Ok((row.sampler.sample(&logprobs).map_err(err)?, logprobs))
+        row.sampler
+            .pick(logits, &row.history)
+            .map_err(|e| ApiError::server(e.to_string()))
     }
 
     /// Emits `row`'s evaluated next id and says whether the row goes on.

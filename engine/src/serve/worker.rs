@@ -262,21 +262,6 @@ fn gen_err(e: Exception) -> ApiError {
     ApiError::server(format!("generation failed: {e}"))
 }
 
-/// `generate_in`'s pick: the sampled id and the log-probabilities it was drawn from.
-fn pick(
-    sampler: &mut Sampler,
-    logits: &Array,
-    history: &[u32],
-) -> Result<(Array, Array), Exception> {
-    let logits = if sampler.has_processors() {
-        sampler.process(logits, history)?
-    } else {
-        logits.clone()
-    };
-    let logprobs = logits.subtract(logits.logsumexp(true)?)?;
-    Ok((sampler.sample(&logprobs)?, logprobs))
-}
-
 fn read(y: &Array) -> Result<u32, Exception> {
     y.eval()?;
     Ok(y.as_slice::<u32>()[0])
@@ -290,7 +275,7 @@ fn first_token(
     history: &[u32],
 ) -> Result<(Array, Array, u32), Exception> {
     let logits = session.prefill(rest)?;
-    let (y, y_logprobs) = pick(sampler, &logits, history)?;
+    let (y, y_logprobs) = sampler.pick(&logits, history)?;
     mlx_rs::transforms::async_eval([&y])?;
     let token = read(&y)?;
     Ok((y, y_logprobs, token))
@@ -514,7 +499,7 @@ impl Worker {
         let n = t.n;
         let queued = if t.pipelined && n + 1 < t.max_tokens {
             let logits = t.session.step_array(&t.y).map_err(gen_err)?;
-            let next = pick(&mut t.sampler, &logits, &t.history).map_err(gen_err)?;
+            let next = t.sampler.pick(&logits, &t.history).map_err(gen_err)?;
             mlx_rs::transforms::async_eval([&next.0]).map_err(gen_err)?;
             t.in_flight = Some(next.0.clone());
             Some(next)
@@ -535,7 +520,7 @@ impl Worker {
             Some(next) => next,
             None => {
                 let logits = t.session.step(&[t.token]).map_err(gen_err)?;
-                pick(&mut t.sampler, &logits, &t.history).map_err(gen_err)?
+                t.sampler.pick(&logits, &t.history).map_err(gen_err)?
             }
         };
         t.token = read(&t.y).map_err(gen_err)?;
