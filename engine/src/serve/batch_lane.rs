@@ -287,7 +287,7 @@ impl Worker {
             }
         }
         for (tokens, caches) in kept {
-            self.keep("", tokens, caches);
+            self.keep(tokens, caches);
         }
         true
     }

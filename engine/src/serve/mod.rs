@@ -8,6 +8,7 @@ pub mod error;
 pub mod guard;
 pub mod request;
 mod routes;
+pub mod store;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -253,19 +254,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                         )?)
                     }
                 };
-                if let (Some(store), Ok(mut stats)) = (&ssd, worker_ssd_stats.lock()) {
-                    *stats = Some(store.stats());
-                }
-                Ok(worker::Worker {
-                    prompt_cache: std::cell::RefCell::new(crate::cache::prompt::PromptCache::new(
-                        cache_caps.0,
-                        cache_caps.1,
-                    )),
-                    prompt_cache_stats: worker_cache_stats,
-                    ssd: std::cell::RefCell::new(ssd),
-                    ssd_stats: worker_ssd_stats,
-                    ssd_pending: Default::default(),
+                let sdpa = opts
+                    .kv_quant
+                    .as_ref()
+                    .map_or(crate::cache::QuantSdpa::MlxLm, |p| p.sdpa);
+                let store = store::PromptStore::new(
+                    crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1),
+                    ssd,
+                    sdpa,
                     ssd_debounce,
+                    store::StatsMirror {
+                        ram: worker_cache_stats,
+                        ssd: worker_ssd_stats,
+                    },
+                );
+                Ok(worker::Worker {
+                    store: std::cell::RefCell::new(store),
                     model,
                     draft,
                     tokenizer,

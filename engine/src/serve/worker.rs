@@ -22,7 +22,7 @@ use tokio::sync::mpsc::Sender;
 use super::emit::{Emitter, Outbox};
 use super::error::ApiError;
 use super::request::{GenRequest, Prompt};
-use crate::cache::prompt::{PromptCache, PromptCacheStats};
+use super::store::PromptStore;
 use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
@@ -200,18 +200,9 @@ pub struct Counters {
 }
 
 pub struct Worker {
-    pub prompt_cache: std::cell::RefCell<PromptCache>,
-    /// The SSD tier (`--ssd-cache`), if on.
-    pub ssd: std::cell::RefCell<Option<crate::cache::ssd::SsdStore>>,
-    pub ssd_stats: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
-    /// Write-behind: RAM entries (namespace, tokens) not yet on the SSD tier. They are
-    /// written once no request has arrived for `ssd_debounce` (never on the token loop), when
-    /// the RAM tier evicts them, and when the server stops.
-    pub ssd_pending: std::cell::RefCell<Vec<(String, Vec<u32>)>>,
-    pub ssd_debounce: std::time::Duration,
-    /// The prompt cache's numbers, mirrored for `/stats` (the cache itself holds MLX arrays
-    /// and stays on this thread).
-    pub prompt_cache_stats: Arc<std::sync::Mutex<PromptCacheStats>>,
+    /// The prompt cache's RAM and SSD tiers (`store`): on this thread only, as it holds
+    /// MLX arrays.
+    pub store: std::cell::RefCell<PromptStore>,
     pub model: Box<dyn LanguageModel>,
     /// Speculative decoding's drafter and γ (`--draft-model`, `--num-draft-tokens`); its
     /// caches follow the model's in every prompt-cache entry (as mlx_lm.server keeps them).
@@ -650,83 +641,7 @@ impl Worker {
     /// Waits for the next job. Pending write-behind snapshots are written once the lane has
     /// been idle for the debounce time, and before returning None (every sender gone).
     pub(super) fn next_job(&self, jobs: &mpsc::Receiver<Job>) -> Option<Job> {
-        if !self.ssd_pending.borrow().is_empty() {
-            match jobs.recv_timeout(self.ssd_debounce) {
-                Ok(job) => return Some(job),
-                Err(mpsc::RecvTimeoutError::Timeout) => self.flush_ssd(),
-                Err(mpsc::RecvTimeoutError::Disconnected) => {
-                    self.flush_ssd();
-                    return None;
-                }
-            }
-        }
-        let job = jobs.recv().ok();
-        if job.is_none() {
-            self.flush_ssd();
-        }
-        job
-    }
-
-    /// Writes the pending write-behind snapshots still in RAM (an entry a later request took
-    /// is gone from RAM: that request keeps a longer one).
-    pub(super) fn flush_ssd(&self) {
-        let pending = std::mem::take(&mut *self.ssd_pending.borrow_mut());
-        let mut ssd = self.ssd.borrow_mut();
-        let Some(store) = ssd.as_mut() else {
-            return;
-        };
-        let ram = self.prompt_cache.borrow();
-        for (ns, tokens) in pending {
-            if let Some(caches) = ram.peek(&ns, &tokens) {
-                Self::write_ssd(store, &ns, &tokens, caches);
-            }
-        }
-        drop((ram, ssd));
-        self.sync_cache_stats();
-    }
-
-    /// Writes an entry to the SSD tier unless it already holds these tokens (or all but the
-    /// last: a prompt's last token is always fed again, so that entry serves as well).
-    fn write_ssd(
-        store: &mut crate::cache::ssd::SsdStore,
-        ns: &str,
-        tokens: &[u32],
-        caches: &[Box<dyn crate::cache::Cache>],
-    ) {
-        let covered = store
-            .find(ns, tokens)
-            .is_some_and(|(_, n)| n + 1 >= tokens.len());
-        if !covered {
-            store.store(ns, tokens, caches, &crate::clock::now_utc());
-        }
-    }
-
-    /// Keeps finished caches holding `tokens` for later requests: in the RAM tier, with the
-    /// SSD tier (if on) getting what RAM evicts now and a write-behind snapshot later.
-    pub(super) fn keep(
-        &self,
-        ns: &str,
-        tokens: Vec<u32>,
-        caches: Vec<Box<dyn crate::cache::Cache>>,
-    ) {
-        let mut ssd = self.ssd.borrow_mut();
-        if ssd.is_some() {
-            let mut pending = self.ssd_pending.borrow_mut();
-            // Coalesced: an earlier pending prefix of the same conversation is superseded.
-            pending.retain(|(n, t)| !(n == ns && tokens.starts_with(t)));
-            pending.push((ns.to_owned(), tokens.clone()));
-        }
-        let evicted = self.prompt_cache.borrow_mut().put(ns, tokens, caches);
-        if let Some(store) = ssd.as_mut() {
-            for e in evicted {
-                Self::write_ssd(store, &e.ns, &e.tokens, &e.caches);
-                self.ssd_pending
-                    .borrow_mut()
-                    .retain(|(n, t)| !(*n == e.ns && *t == e.tokens));
-            }
-        }
-        drop(ssd);
-        self.sync_cache_stats();
+        self.store.borrow_mut().recv(jobs)
     }
 
     /// Puts the session's caches in the prompt cache under the tokens they hold: the prompt
@@ -740,54 +655,21 @@ impl Worker {
         self.keep_fed(caches, tokens);
     }
 
-    /// Keeps `caches` under the first tokens of `tokens` that every cache holds: caches
-    /// holding more (an EOS fed, drafts past the last verify) are trimmed to that count;
-    /// if one cannot be, nothing is kept.
-    fn keep_fed(&self, mut caches: Vec<Box<dyn crate::cache::Cache>>, mut tokens: Vec<u32>) {
-        let fed = crate::cache::common_len(&caches, tokens.len());
-        for c in caches.iter_mut() {
-            let extra = c.offset() - fed as i32;
-            if extra > 0 && c.trim(extra) != extra {
-                return;
-            }
-        }
-        tokens.truncate(fed);
-        self.keep("", tokens, caches);
+    // No adapters yet: every request is in the base model's namespace ("").
+
+    /// Keeps caches holding (at least) the first tokens of `tokens` (`PromptStore::keep_fed`).
+    fn keep_fed(&self, caches: Vec<Box<dyn crate::cache::Cache>>, tokens: Vec<u32>) {
+        self.store.borrow_mut().keep_fed("", caches, tokens);
     }
 
-    /// Takes the longest usable cached prefix of `prompt`: from RAM, or from the SSD tier
-    /// when it holds a strictly longer one (restored and trimmed to the match).
+    /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).
+    pub(super) fn keep(&self, tokens: Vec<u32>, caches: Vec<Box<dyn crate::cache::Cache>>) {
+        self.store.borrow_mut().keep("", tokens, caches);
+    }
+
+    /// The longest usable cached prefix of `prompt` (`PromptStore::take`).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
-        // No adapters yet: every request is in the base model's namespace.
-        let hit = self.prompt_cache.borrow_mut().take("", prompt);
-        let ram = hit.as_ref().map_or(0, |h| h.reused);
-        let mut ssd = self.ssd.borrow_mut();
-        let from_disk = ssd.as_mut().and_then(|store| {
-            let (index, usable) = store.find("", prompt).filter(|&(_, n)| n > ram)?;
-            let sdpa = self
-                .opts
-                .kv_quant
-                .as_ref()
-                .map_or(crate::cache::QuantSdpa::MlxLm, |p| p.sdpa);
-            let caches = store.restore(index, usable, sdpa)?;
-            Some(crate::cache::prompt::Hit {
-                caches,
-                reused: usable,
-            })
-        });
-        drop(ssd);
-        self.sync_cache_stats();
-        from_disk.or(hit)
-    }
-
-    /// Mirrors the prompt cache's and the SSD tier's numbers for /stats.
-    fn sync_cache_stats(&self) {
-        if let Ok(mut stats) = self.prompt_cache_stats.lock() {
-            *stats = self.prompt_cache.borrow().stats();
-        }
-        if let Ok(mut stats) = self.ssd_stats.lock() {
-            *stats = self.ssd.borrow().as_ref().map(|s| s.stats());
-        }
+        self.store.borrow_mut().take("", prompt)
     }
 
     /// The chosen token's log-probability and the `top` most likely ones.
