@@ -30,10 +30,10 @@ fn a_row_joins_a_running_batch_while_another_leaves() {
 
 #[test]
 fn planted_unmasked_padding_fails_the_gate() {
-    engine::cache::batch::plant_unmasked_padding(true);
-    let r = run(MODEL, "b4");
-    engine::cache::batch::plant_unmasked_padding(false);
-    let r = r.unwrap();
+    let r = {
+        let _on = engine::plant::on(engine::plant::Defect::BatchUnmaskedPadding).unwrap();
+        run(MODEL, "b4").unwrap()
+    };
     println!("planted B=N defect caught: {}", r.summary());
     assert!(!r.passed());
 }

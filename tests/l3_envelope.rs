@@ -5,7 +5,7 @@
 //! path, a run where the path never ran, and a stale fingerprint are all refused.
 
 use engine::cache::QuantSdpa;
-use engine::model::sdpa::plant_perf_decode_defect;
+use engine::plant::{self, Defect};
 use harness::parity::l3::{check, MODELS};
 
 #[test]
@@ -20,10 +20,10 @@ fn l3_envelope_passes_and_the_perf_path_ran() {
 
 #[test]
 fn planted_broken_perf_path_fails_the_envelope() {
-    plant_perf_decode_defect(true);
-    let report = check("tiny-llama-trained", |_| {});
-    plant_perf_decode_defect(false);
-    let report = report.unwrap();
+    let report = {
+        let _on = plant::on(Defect::PerfDecodeDropsNewest).unwrap();
+        check("tiny-llama-trained", |_| {}).unwrap()
+    };
     println!("planted L3 defect caught: {}", report.summary());
     assert!(!report.passed());
 }

@@ -5,7 +5,7 @@
 //! that is not rolled back (same ids, different trace) and a target rolled back one token
 //! short fail.
 
-use engine::generate::speculative::{Plant, PLANT};
+use engine::plant::{self, Defect};
 use harness::parity::spec::run;
 
 const TARGET: &str = "tiny-llama-trained";
@@ -24,13 +24,13 @@ fn speculative_decoding_matches_mlx_lm_trace_and_logprobs() {
 #[test]
 fn planted_spec_defects_fail_the_gate() {
     for (defect, case) in [
-        (Plant::KeepDraftTail, "raw1-g3"),
-        (Plant::TargetTrimShort, "raw1-g3"),
+        (Defect::SpecKeepDraftTail, "raw1-g3"),
+        (Defect::SpecTargetTrimShort, "raw1-g3"),
     ] {
-        PLANT.set(Some(defect));
-        let r = run(TARGET, Some(case));
-        PLANT.set(None);
-        let r = r.unwrap();
+        let r = {
+            let _on = plant::on(defect).unwrap();
+            run(TARGET, Some(case)).unwrap()
+        };
         println!("planted {defect:?} caught: {}", r.summary());
         assert!(!r.passed(), "{defect:?} went unnoticed");
     }

@@ -20,15 +20,15 @@ fn assistant_drafting_matches_optiq() {
 
 #[test]
 fn planted_assistant_defects_fail_the_gate() {
-    use engine::generate::assistant::{AssistantPlant, PLANT};
+    use engine::plant::{self, Defect};
     for defect in [
-        AssistantPlant::RingTrimLikeMlxLm,
-        AssistantPlant::FirstSlidingDonor,
+        Defect::AssistantRingTrimLikeMlxLm,
+        Defect::AssistantFirstSlidingDonor,
     ] {
-        PLANT.set(Some(defect));
-        let r = run(TARGET, None);
-        PLANT.set(None);
-        let r = r.unwrap();
+        let r = {
+            let _on = plant::on(defect).unwrap();
+            run(TARGET, None).unwrap()
+        };
         println!("planted {defect:?} caught: {}", r.summary());
         assert!(!r.passed(), "{defect:?} went unnoticed");
     }

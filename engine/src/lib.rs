@@ -6,6 +6,7 @@ pub mod clock;
 pub mod generate;
 pub mod load;
 pub mod model;
+pub mod plant;
 pub mod runtime;
 pub mod serve;
 pub mod tiers;

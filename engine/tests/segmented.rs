@@ -6,9 +6,10 @@
 mod common;
 
 use common::{goldens, model};
+use engine::plant::{self, Defect};
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::orpo::{orpo_from_logits, pair_batch, SftScope};
-use engine::train::segmented::{plant_drop_cotangent, segmented_value_and_grad};
+use engine::train::segmented::segmented_value_and_grad;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
@@ -170,9 +171,10 @@ fn segmented_orpo_matches_the_full_step() {
 
 #[test]
 fn planted_dropped_cotangent_fails() {
-    plant_drop_cotangent(true);
-    let gaps = ["tiny-llama-trained", "tiny-gemma3"].map(|name| compare(name, "sft", 1).1);
-    plant_drop_cotangent(false);
+    let gaps = {
+        let _on = plant::on(Defect::DropCotangent).unwrap();
+        ["tiny-llama-trained", "tiny-gemma3"].map(|name| compare(name, "sft", 1).1)
+    };
     assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
 }
 
@@ -225,7 +227,7 @@ fn the_training_loop_runs_the_segmented_backward() {
         let dir = tempfile::tempdir().unwrap();
         let mut metrics =
             Metrics::create(&dir.path().join("metrics.jsonl"), serde_json::json!({})).unwrap();
-        plant_drop_cotangent(plant);
+        let planted = plant.then(|| plant::on(Defect::DropCotangent).unwrap());
         let done = train(
             m.as_ref(),
             &adapters,
@@ -237,7 +239,7 @@ fn the_training_loop_runs_the_segmented_backward() {
             dir.path(),
             |_, _| {},
         );
-        plant_drop_cotangent(false);
+        drop(planted);
         done.unwrap();
         adapters.params().iter().map(bytes).collect()
     };

@@ -143,13 +143,13 @@ fn spec_equals_greedy_where_there_is_no_tie() {
 /// The gate bites: a target rolled back one token short diverges where greedy is sure.
 #[test]
 fn planted_short_rollback_diverges_from_greedy() {
-    use engine::generate::speculative::{Plant, PLANT};
+    use engine::plant::{self, Defect};
     let target = model("tiny-llama-trained");
     let draft = model("tiny-llama-draft");
     let (name, prompt) = l1_prompts("tiny-llama-trained").remove(4);
-    PLANT.set(Some(Plant::TargetTrimShort));
+    let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
     let (_, divergences) = compare_with_greedy(target.as_ref(), draft.as_ref(), &name, &prompt);
-    PLANT.set(None);
+    drop(planted);
     println!("planted: {divergences:?}");
     assert!(divergences.iter().any(|&(_, _, m)| m > TIE));
 }

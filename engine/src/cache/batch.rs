@@ -23,15 +23,6 @@ pub struct BatchKvCache {
 
 const STEP: i32 = 256;
 
-/// A planted defect for the B=N gate's self-check: when set, the mask forgets the left
-/// padding (rows attend to pad positions). Never set outside that check.
-static PLANT_UNMASKED_PADDING: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-pub fn plant_unmasked_padding(on: bool) {
-    PLANT_UNMASKED_PADDING.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
 fn left_pad(x: &Array, pad: i32) -> Result<Array, Exception> {
     if pad == 0 {
         return Ok(x.clone());
@@ -180,7 +171,7 @@ impl Cache for BatchKvCache {
         let queries = arange::<_, i32>(self.idx, total, 1)?.index((.., NewAxis));
         let causal = queries.ge(keys.index(NewAxis))?; // [N, total]
         let mut padding = self.left_padding.clone();
-        if PLANT_UNMASKED_PADDING.load(std::sync::atomic::Ordering::Relaxed) {
+        if crate::plant::is(crate::plant::Defect::BatchUnmaskedPadding) {
             padding.iter_mut().for_each(|p| *p = 0);
         }
         let pad = Array::from_slice(&padding, &[padding.len() as i32]).reshape(&[-1, 1, 1, 1])?;

@@ -19,6 +19,7 @@ use super::speculative::SpecStats;
 use super::{ids_array, Finish, Flow, Session, Stats};
 use crate::cache::{Cache, KvCache, RotatingKvCache};
 use crate::model::{AssistantDrafter, AssistantTarget, DonorKv};
+use crate::plant::{self, Defect};
 
 /// What a run did, step by step (for the L2 gate): every draft call (position, token in,
 /// drafted id, the drafter's logits) and every verify pass (ids fed, drafts accepted).
@@ -27,18 +28,6 @@ pub struct AssistantTrace {
     pub drafts: Vec<(i32, u32, u32, Array)>,
     pub passes: Vec<(Vec<u32>, usize)>,
 }
-
-/// Planted defects for the L2 gate's self-check (never set outside it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AssistantPlant {
-    /// Rings roll back as mlx-lm's `trim` does (the write index moves, the tail stays).
-    RingTrimLikeMlxLm,
-    /// The drafter reads the first sliding cache instead of the last one.
-    FirstSlidingDonor,
-}
-
-/// The L2 gate's planted-defect switch (`PLANT.set(Some(…))`).
-pub static PLANT: super::PlantSwitch<AssistantPlant> = super::PlantSwitch::new();
 
 /// A donor cache's K/V in temporal order, as optiq's `_read_cache_temporal` reads it.
 fn read_temporal(cache: &mut Box<dyn Cache>) -> Result<(Array, Array), Exception> {
@@ -62,7 +51,7 @@ fn trim_all(caches: &mut [Box<dyn Cache>], n: usize) -> Result<(), Exception> {
         return Ok(());
     }
     for c in caches.iter_mut() {
-        if PLANT.is(AssistantPlant::RingTrimLikeMlxLm) {
+        if plant::is(Defect::AssistantRingTrimLikeMlxLm) {
             c.trim(n as i32);
         } else if let Some(ring) = c.as_any_mut().downcast_mut::<RotatingKvCache>() {
             ring.trim_tail(n as i32)?;
@@ -100,7 +89,7 @@ pub fn assistant_generate_in(
     );
     super::speculative::refuse_processors(sampler)?;
     let (mut sliding, full) = target.donor_caches()?;
-    if PLANT.is(AssistantPlant::FirstSlidingDonor) {
+    if plant::is(Defect::AssistantFirstSlidingDonor) {
         sliding = 0;
     }
     let mut stats = Stats {

@@ -73,30 +73,6 @@ pub struct Session<'m> {
     kv_quant: Option<KvQuantPlan>,
 }
 
-/// A planted-defect switch for a gate's self-check: which defect, if any, is on. Never set
-/// outside those checks.
-pub struct PlantSwitch<T: Copy + PartialEq>(std::sync::Mutex<Option<T>>);
-
-impl<T: Copy + PartialEq> PlantSwitch<T> {
-    pub const fn new() -> Self {
-        PlantSwitch(std::sync::Mutex::new(None))
-    }
-
-    pub fn set(&self, defect: Option<T>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = defect;
-    }
-
-    pub fn is(&self, defect: T) -> bool {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) == Some(defect)
-    }
-}
-
-impl<T: Copy + PartialEq> Default for PlantSwitch<T> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 pub(crate) fn ids_array(ids: &[u32]) -> Array {
     let ids: Vec<i32> = ids.iter().map(|&i| i as i32).collect();
     Array::from_slice(&ids, &[1, ids.len() as i32])

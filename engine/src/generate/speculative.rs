@@ -19,18 +19,7 @@ use mlx_rs::Array;
 
 use super::sampler::Sampler;
 use super::{Finish, Flow, Session, Stats};
-
-/// Planted defects for the gate's self-check (never set outside it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Plant {
-    /// The drafter keeps the drafts it fed beyond the accepted prefix.
-    KeepDraftTail,
-    /// The target gives back one token fewer than it rejected.
-    TargetTrimShort,
-}
-
-/// The gate's planted-defect switch (`PLANT.set(Some(…))`).
-pub static PLANT: super::PlantSwitch<Plant> = super::PlantSwitch::new();
+use crate::plant::{self, Defect};
 
 /// mlx-lm's prefill chunk for speculative generation.
 pub const SPEC_PREFILL_STEP: usize = 512;
@@ -188,8 +177,9 @@ pub fn speculative_generate_in(
             y.clone()
         };
         let rejected = n_draft - n;
-        target.trim(rejected - usize::from(PLANT.is(Plant::TargetTrimShort) && rejected > 0))?;
-        if !PLANT.is(Plant::KeepDraftTail) {
+        target
+            .trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
+        if !plant::is(Defect::SpecKeepDraftTail) {
             draft.trim(rejected.saturating_sub(1))?;
         }
     }

@@ -4,7 +4,7 @@
 //! optiq's fused kernel that tiles the KV axis (FlashAttention-2 style online softmax over
 //! 512-position tiles of `quantized_matmul`). Op order and dtypes follow each reference.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis};
@@ -20,18 +20,9 @@ pub const FUSED_TILE: i32 = 512;
 
 /// One-token decode steps that ran through the L3 path (proof that it ran).
 static PERF_DECODE_CALLS: AtomicUsize = AtomicUsize::new(0);
-/// A planted defect for the L3 envelope gate's self-check: when set, the L3 path
-/// leaves the newest position out of attention (so the gate must fail). Never set outside
-/// that check.
-static PLANT_PERF_DEFECT: AtomicBool = AtomicBool::new(false);
 
 pub fn perf_decode_calls() -> usize {
     PERF_DECODE_CALLS.load(Ordering::Relaxed)
-}
-
-/// Turns the planted L3 defect on or off (tests and `harness parity --tier l3 --plant`).
-pub fn plant_perf_decode_defect(on: bool) {
-    PLANT_PERF_DEFECT.store(on, Ordering::Relaxed);
 }
 
 /// `softmax(q·kᵀ·scale + mask)·v` for whatever layout the cache returned.
@@ -47,7 +38,7 @@ pub fn attend(q: &Array, kv: &Kv, scale: f32, mask: &Mask) -> R<Array> {
                 quantized(q, keys, values, scale, mask, quant)
             } else if quant.sdpa == QuantSdpa::DequantDecode && q.shape()[2] == 1 {
                 PERF_DECODE_CALLS.fetch_add(1, Ordering::Relaxed);
-                if PLANT_PERF_DEFECT.load(Ordering::Relaxed) {
+                if crate::plant::is(crate::plant::Defect::PerfDecodeDropsNewest) {
                     let n = keys.packed.shape()[keys.packed.ndim() - 2];
                     let older =
                         |t: &QTensor| t.map(|x| Ok(x.index((Ellipsis, ..(n - 1).max(1), ..))));

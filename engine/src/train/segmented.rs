@@ -15,15 +15,6 @@ use mlx_rs::Array;
 use super::lora::Adapters;
 use crate::model::Layered;
 
-/// Planted defect for the gate's self-check: the cotangent between segments is dropped
-/// (each segment's backward starts from zeros).
-static PLANT_DROP_COTANGENT: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
-
-pub fn plant_drop_cotangent(on: bool) {
-    PLANT_DROP_COTANGENT.store(on, std::sync::atomic::Ordering::Relaxed);
-}
-
 /// The block ranges of `segment_size` blocks each (the last may be shorter).
 pub fn segments(blocks: usize, segment_size: usize) -> Vec<Range<usize>> {
     let size = segment_size.max(1);
@@ -85,13 +76,12 @@ pub fn segmented_value_and_grad(
             adapters.set_some(&at, &p[1..]);
             Ok(vec![model.run_blocks(&p[0], r.clone())?])
         };
-        let cotangent = if PLANT_DROP_COTANGENT.load(std::sync::atomic::Ordering::Relaxed)
-            && s + 1 < segs.len()
-        {
-            mlx_rs::ops::zeros_like(&dh)?
-        } else {
-            dh.clone()
-        };
+        let cotangent =
+            if crate::plant::is(crate::plant::Defect::DropCotangent) && s + 1 < segs.len() {
+                mlx_rs::ops::zeros_like(&dh)?
+            } else {
+                dh.clone()
+            };
         let result = mlx_rs::transforms::fallible_vjp(replay, &primals, &[cotangent]);
         adapters.set_some(
             &at,

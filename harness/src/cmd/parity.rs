@@ -156,7 +156,9 @@ fn run_l3(args: &Args) -> Result<()> {
             bail!("--plant for l3: `perf-path` (breaks the L3 decode path), not `{other}`")
         }
     };
-    engine::model::sdpa::plant_perf_decode_defect(plant);
+    let _planted = plant
+        .then(|| engine::plant::on(engine::plant::Defect::PerfDecodeDropsNewest))
+        .transpose()?;
     if plant {
         println!("planted defect: the L3 decode path leaves the newest position out of attention");
     }
@@ -168,7 +170,6 @@ fn run_l3(args: &Args) -> Result<()> {
             failed.push(name.to_owned());
         }
     }
-    engine::model::sdpa::plant_perf_decode_defect(false);
     if !failed.is_empty() {
         bail!("L3 envelope failed for: {}", failed.join(", "));
     }

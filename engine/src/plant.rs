@@ -1,0 +1,192 @@
+//! Planted defects: deliberate bugs that a gate's self-check switches on to prove the gate
+//! can fail. There is one switch for all of them and one way to turn a defect on: a guard,
+//!
+//! ```ignore
+//! let _on = engine::plant::on(Defect::BatchUnmaskedPadding)?;
+//! // … run the gate: it must fail …
+//! // dropping the guard (also while a panic unwinds) restores the previous state
+//! ```
+//!
+//! and code that carries a defect asks `plant::is(Defect::X)`.
+//!
+//! The defects exist only in builds with the `plant` feature (`--features engine/plant`),
+//! which only test builds turn on (the dev-dependencies of `engine`, `harness` and the root
+//! package). Without it `is` is a constant `false`, so every defect branch is compiled out
+//! of release builds, and `on` returns [`NotCompiledIn`]. A build with the feature carries
+//! the byte string `ENGINE-PLANTED-DEFECTS-` `COMPILED-IN` (written here in two pieces so
+//! that this comment never spells it), which `.ci/run` looks for in the release binary.
+
+/// Every planted defect of the engine, and the gate that must catch it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Defect {
+    /// Speculative decoding: the drafter keeps the drafts it fed beyond the accepted
+    /// prefix (its cache is not rolled back; same ids, different trace). Caught by the
+    /// speculative gate against mlx-lm (`tests/spec_decode.rs`).
+    SpecKeepDraftTail,
+    /// Speculative decoding: the target gives back one token fewer than it rejected.
+    /// Caught by `tests/spec_decode.rs` and by the greedy comparison of
+    /// `engine/tests/speculative.rs`.
+    SpecTargetTrimShort,
+    /// Assistant drafting: rotating caches roll back as mlx-lm's `trim` does (the write
+    /// index moves, the stale tail stays). Caught by the L2 speculative gate against optiq
+    /// (`tests/spec_l2.rs`).
+    AssistantRingTrimLikeMlxLm,
+    /// Assistant drafting: the drafter reads the first sliding cache instead of the last
+    /// one. Caught by `tests/spec_l2.rs`.
+    AssistantFirstSlidingDonor,
+    /// The L3 one-token decode attention over quantized KV leaves the newest position out
+    /// of attention. Caught by the L3 envelope gate (`tests/l3_envelope.rs`,
+    /// `harness parity --tier l3 --plant perf-path`).
+    PerfDecodeDropsNewest,
+    /// The batch cache's mask forgets the left padding (rows attend to pad positions).
+    /// Caught by the B=N batch gate (`tests/batch_decode.rs`).
+    BatchUnmaskedPadding,
+    /// The segmented backward drops the cotangent between segments (each segment's
+    /// backward starts from zeros). Caught by `engine/tests/segmented.rs`.
+    DropCotangent,
+}
+
+/// `plant::on` in a build without the `plant` feature.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("this build carries no planted defects; build with `--features engine/plant`")]
+pub struct NotCompiledIn;
+
+/// A defect switched on; dropping it restores the state before [`on`].
+#[must_use = "the defect is switched off again when the guard is dropped"]
+#[derive(Debug)]
+pub struct Planted {
+    #[cfg(feature = "plant")]
+    defect: Defect,
+    #[cfg(feature = "plant")]
+    was_on: bool,
+    #[cfg(not(feature = "plant"))]
+    _none: std::convert::Infallible,
+}
+
+/// Whether this build carries the planted defects (the `plant` feature).
+pub const COMPILED_IN: bool = cfg!(feature = "plant");
+
+#[cfg(feature = "plant")]
+mod switch {
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::Defect;
+
+    /// The switch, one bit per defect, next to the marker: every query reads through a
+    /// pointer to the whole struct, so a binary that can plant a defect carries the marker.
+    #[repr(C)]
+    pub(super) struct Switch {
+        on: AtomicU32,
+        marker: [u8; 34],
+    }
+
+    #[used]
+    pub(super) static SWITCH: Switch = Switch {
+        on: AtomicU32::new(0),
+        marker: *b"ENGINE-PLANTED-DEFECTS-COMPILED-IN",
+    };
+
+    fn bit(d: Defect) -> u32 {
+        1 << d as u32
+    }
+
+    fn switch() -> &'static Switch {
+        std::hint::black_box(&SWITCH)
+    }
+
+    pub(super) fn is(d: Defect) -> bool {
+        switch().on.load(Ordering::SeqCst) & bit(d) != 0
+    }
+
+    /// Turns `d` on; whether it was on already.
+    pub(super) fn set(d: Defect) -> bool {
+        switch().on.fetch_or(bit(d), Ordering::SeqCst) & bit(d) != 0
+    }
+
+    pub(super) fn clear(d: Defect) {
+        switch().on.fetch_and(!bit(d), Ordering::SeqCst);
+    }
+
+    #[allow(dead_code)]
+    pub(super) fn marker() -> &'static [u8] {
+        &switch().marker
+    }
+}
+
+/// Whether `defect` is planted now.
+#[cfg(feature = "plant")]
+#[inline]
+pub fn is(defect: Defect) -> bool {
+    switch::is(defect)
+}
+
+/// Whether `defect` is planted now: never, in a build without the `plant` feature.
+#[cfg(not(feature = "plant"))]
+#[inline(always)]
+pub const fn is(_defect: Defect) -> bool {
+    false
+}
+
+/// Plants `defect` until the returned guard is dropped. Fails in a build without the
+/// `plant` feature.
+#[cfg(feature = "plant")]
+pub fn on(defect: Defect) -> Result<Planted, NotCompiledIn> {
+    let was_on = switch::set(defect);
+    Ok(Planted { defect, was_on })
+}
+
+/// Plants `defect` until the returned guard is dropped. Fails in a build without the
+/// `plant` feature.
+#[cfg(not(feature = "plant"))]
+pub fn on(_defect: Defect) -> Result<Planted, NotCompiledIn> {
+    Err(NotCompiledIn)
+}
+
+#[cfg(feature = "plant")]
+impl Drop for Planted {
+    fn drop(&mut self) {
+        if !self.was_on {
+            switch::clear(self.defect);
+        }
+    }
+}
+
+#[cfg(all(test, feature = "plant"))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guard_restores_the_previous_state_also_on_panic() {
+        assert!(!is(Defect::DropCotangent));
+        {
+            let _outer = on(Defect::DropCotangent).unwrap();
+            assert!(is(Defect::DropCotangent));
+            assert!(!is(Defect::BatchUnmaskedPadding));
+            {
+                let _inner = on(Defect::DropCotangent).unwrap();
+                assert!(is(Defect::DropCotangent));
+            }
+            assert!(is(Defect::DropCotangent), "the inner guard kept it on");
+        }
+        assert!(!is(Defect::DropCotangent));
+        let caught = std::panic::catch_unwind(|| {
+            let _on = on(Defect::BatchUnmaskedPadding).unwrap();
+            panic!("a gate failed while planted");
+        });
+        assert!(caught.is_err());
+        assert!(!is(Defect::BatchUnmaskedPadding), "a panic left it on");
+        assert_eq!(switch::marker(), b"ENGINE-PLANTED-DEFECTS-COMPILED-IN");
+    }
+}
+
+#[cfg(all(test, not(feature = "plant")))]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_the_feature_nothing_can_be_planted() {
+        let err = on(Defect::DropCotangent).unwrap_err();
+        assert!(err.to_string().contains("--features engine/plant"));
+        assert!(!is(Defect::DropCotangent));
+    }
+}
