@@ -1,0 +1,86 @@
+//! The checks can fail: planted cycles and a planted long fn are found, an acyclic crate
+//! passes (fixtures under tests/fixtures/).
+
+use std::process::Command;
+
+/// Run the tool from this crate's directory: (exit code, stdout).
+fn codeshape(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_codeshape"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run codeshape");
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    eprintln!("{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.code().expect("exit code"), stdout)
+}
+
+#[test]
+fn planted_cycles_are_found_with_their_edges() {
+    let (code, out) = codeshape(&["cycles", "tests/fixtures/cyclic/src"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("2 cycle(s)"), "{out}");
+    assert!(out.contains("cycle 1 under crate: {a, b}"), "{out}");
+    assert!(out.contains("cycle 2 under b: {deep, other}"), "{out}");
+    // Each edge with the line that makes it: a `use`, a path in code, one in a macro.
+    for edge in [
+        "a -> b:\n      tests/fixtures/cyclic/src/a.rs:1 (use)",
+        "b -> a:\n      tests/fixtures/cyclic/src/b/deep.rs:3 (path)",
+        "b::deep -> b::other:\n      tests/fixtures/cyclic/src/b/deep.rs:7 (use)",
+        "b::other -> b::deep:\n      tests/fixtures/cyclic/src/b/other.rs:4 (path)",
+    ] {
+        assert!(out.contains(edge), "missing {edge:?} in\n{out}");
+    }
+    // `c -> a` is an edge but in no cycle.
+    assert!(!out.contains("c -> a"), "{out}");
+}
+
+#[test]
+fn an_acyclic_crate_passes() {
+    let (code, out) = codeshape(&["cycles", "tests/fixtures/acyclic/src"]);
+    assert_eq!(code, 0);
+    // a, b, b::deep, b::renamed (#[path]) and the root; the test module is left out. The
+    // edges: a -> b, b::renamed -> b::deep.
+    assert!(
+        out.contains("5 modules, 2 edges between sibling modules, 0 cycle(s)"),
+        "{out}"
+    );
+}
+
+#[test]
+fn a_missing_module_file_is_an_error() {
+    let (code, _) = codeshape(&["cycles", "tests/fixtures/long/tests"]);
+    assert_eq!(code, 2);
+}
+
+#[test]
+fn planted_long_fns_are_found_outside_tests() {
+    let (code, out) = codeshape(&["long-fns", "--allow", "1", "tests/fixtures/long"]);
+    assert_eq!(code, 1, "two fns over an allowance of one");
+    assert!(out.contains("2 fn(s) over 100 lines"), "{out}");
+    assert!(
+        out.contains("tests/fixtures/long/src/lib.rs:9: long (120 lines)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("tests/fixtures/long/src/lib.rs:232: S::just_over (101 lines)"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("at_limit") && !out.contains("long_test") && !out.contains("long_helper"),
+        "{out}"
+    );
+    assert!(!out.contains("long_in_test_module"), "{out}");
+
+    let (code, _) = codeshape(&["long-fns", "--allow", "2", "tests/fixtures/long"]);
+    assert_eq!(code, 0);
+    let (code, out) = codeshape(&[
+        "long-fns",
+        "--max-lines",
+        "120",
+        "--allow",
+        "0",
+        "tests/fixtures/long",
+    ]);
+    assert_eq!(code, 0, "{out}");
+}
