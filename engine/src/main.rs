@@ -3,8 +3,10 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use engine::generate::decode::Decoder;
+use engine::generate::drafter::Decode;
 use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::stop::{StopMatcher, StopStep};
+use engine::generate::stop::TextStream;
 use engine::generate::{self as gen, Finish, Flow};
 use engine::load::template::{ChatTemplate, Message};
 use engine::load::tokenizer::Tokenizer;
@@ -196,10 +198,8 @@ fn generate(args: GenerateArgs) -> Result<()> {
         "the prompt encodes to no tokens; give some text"
     );
 
-    let mut detok = tokenizer.detokenizer();
-    let mut stops = StopMatcher::new(args.stop.iter().cloned());
+    let mut text = TextStream::new(&tokenizer, args.stop.iter().cloned());
     let mut stdout = std::io::stdout().lock();
-    let mut failure: Option<anyhow::Error> = None;
     let sampling = args.sampling();
     sampling.check(model.vocab_size()).map_err(|e| {
         let flag = match e.field {
@@ -208,7 +208,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         };
         anyhow::anyhow!("--{flag}: {}", e.message)
     })?;
-    let mut sampler = Sampler::new(sampling)?;
+    let sampler = Sampler::new(sampling)?;
     let opts = args.tier.resolve(&args.model)?;
     let draft = match &args.draft_model {
         None => None,
@@ -217,68 +217,29 @@ fn generate(args: GenerateArgs) -> Result<()> {
                 .with_context(|| format!("loading the draft model from {}", d.display()))?,
         ),
     };
-    let mut emit = |id: u32| {
-        let step = match detok.push(id) {
-            Ok(piece) => stops.push(&piece),
-            Err(e) => {
-                failure = Some(e.into());
-                return Ok(Flow::Stop);
-            }
-        };
-        let (text, flow) = match step {
-            StopStep::Continue(text) => (text, Flow::Continue),
-            StopStep::Stop(text) => (text, Flow::Stop),
-        };
-        if let Err(e) = stdout
-            .write_all(text.as_bytes())
-            .and_then(|_| stdout.flush())
-        {
-            failure = Some(e.into());
-            return Ok(Flow::Stop);
-        }
+    let mut session = gen::Session::with_options(model.as_ref(), &opts);
+    let draft = draft.as_ref().map(|d| {
+        session.prefill_step = d.prefill_step();
+        (d, args.num_draft_tokens, d.make_caches())
+    });
+    let mut dec = Decoder::new(
+        &prompt_ids,
+        args.max_tokens,
+        &tokenizer.eos_token_ids,
+        sampler,
+    );
+    let mut decode = Decode::start(session, draft, &opts, &mut dec, &prompt_ids, 0)?;
+    let finish = decode.run(&mut dec, &mut |id, _, _| -> Result<Flow> {
+        let (piece, flow) = text.push(id)?;
+        stdout.write_all(piece.as_bytes())?;
+        stdout.flush()?;
         Ok(flow)
-    };
-    let mut spec_stats = None;
-    let (stats, finish) = match &draft {
-        None => gen::generate_with(
-            model.as_ref(),
-            &prompt_ids,
-            args.max_tokens,
-            &tokenizer.eos_token_ids,
-            &mut sampler,
-            &opts,
-            |id, _| emit(id),
-        )?,
-        Some(draft) => {
-            let mut target = gen::Session::with_options(model.as_ref(), &opts);
-            target.prefill_step = draft.prefill_step();
-            let (stats, spec, finish, _) = draft.generate(
-                &mut target,
-                draft.make_caches(),
-                &opts,
-                &prompt_ids,
-                0,
-                args.num_draft_tokens,
-                args.max_tokens,
-                &tokenizer.eos_token_ids,
-                &mut sampler,
-                |id, _, _| emit(id),
-            )?;
-            spec_stats = Some(spec);
-            (stats, finish)
-        }
-    };
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    if finish != Finish::Stop {
-        let tail = detok.finish()?;
-        let tail = match stops.push(&tail) {
-            StopStep::Continue(text) => text + &stops.finish(),
-            StopStep::Stop(text) => text,
-        };
-        stdout.write_all(tail.as_bytes())?;
-    }
+    });
+    let stats = dec.finish();
+    let spec_stats = decode.spec_stats().cloned();
+    decode.end()?;
+    let finish = finish?;
+    stdout.write_all(text.finish(finish)?.as_bytes())?;
     writeln!(stdout)?;
     stdout.flush()?;
     if !args.verbose {

@@ -8,12 +8,13 @@
 //! sliding-window ring by slicing off its tail (optiq's `_trim_rotating`), so rings past
 //! their window roll back too. The drafter always drafts greedily.
 
-use std::time::Instant;
+use std::borrow::BorrowMut;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 
+use super::decode::Decoder;
 use super::sampler::Sampler;
 use super::speculative::SpecStats;
 use super::{ids_array, Finish, Flow, Session, Stats};
@@ -66,6 +67,157 @@ fn trim_all(caches: &mut [Box<dyn Cache>], n: usize) -> Result<(), Exception> {
     Ok(())
 }
 
+/// The assistant's policy: one pass drafts up to γ tokens from the target's last hidden
+/// state and caches, verifies them with the target, and emits the token the previous pass
+/// ended on plus the accepted drafts.
+pub struct AssistPass<'t> {
+    gamma: usize,
+    /// The donor caches the drafter reads (the last sliding and the last full layer).
+    sliding: usize,
+    full: usize,
+    /// The id fed first in the next pass, and whether it is output (emitted there).
+    cur: u32,
+    cur_is_output: bool,
+    /// The target's hidden state and log-probabilities at `cur` (None before the first pass).
+    h_prev: Option<Array>,
+    prev_lp: Option<Array>,
+    trace: Option<&'t mut AssistantTrace>,
+    pub spec: SpecStats,
+}
+
+impl<'t> AssistPass<'t> {
+    /// Prefills `session` (the target, holding `prompt[..cached]`) up to the last prompt
+    /// token. Refuses logits processors.
+    pub fn start<S: BorrowMut<Sampler>>(
+        session: &mut Session,
+        target: &dyn AssistantTarget,
+        dec: &mut Decoder<'_, S>,
+        prompt: &[u32],
+        cached: usize,
+        gamma: usize,
+        trace: Option<&'t mut AssistantTrace>,
+    ) -> Result<Self, Exception> {
+        assert!(
+            cached < prompt.len(),
+            "at least one prompt token must be fed"
+        );
+        super::speculative::refuse_processors(dec.sampler())?;
+        let (mut sliding, full) = target.donor_caches()?;
+        if plant::is(Defect::AssistantFirstSlidingDonor) {
+            sliding = 0;
+        }
+        let last = prompt.len() - 1;
+        for chunk in prompt[cached..last].chunks(session.prefill_step.max(1)) {
+            session.prefill_chunk(chunk)?;
+        }
+        Ok(AssistPass {
+            gamma,
+            sliding,
+            full,
+            cur: prompt[last],
+            cur_is_output: false,
+            h_prev: None,
+            prev_lp: None,
+            trace,
+            spec: SpecStats::default(),
+        })
+    }
+
+    /// The drafter's guesses after `cur`: at most `budget`, greedy, none before the target
+    /// has given a hidden state.
+    fn draft(
+        &mut self,
+        session: &mut Session,
+        target: &dyn AssistantTarget,
+        drafter: &AssistantDrafter,
+        budget: i64,
+    ) -> Result<Vec<u32>, Exception> {
+        let mut drafts = Vec::new();
+        let Some(h) = self.h_prev.as_ref().filter(|_| budget > 0) else {
+            return Ok(drafts);
+        };
+        let position = session.caches[0].offset();
+        let kv = DonorKv {
+            sliding: read_temporal(&mut session.caches[self.sliding])?,
+            full: read_temporal(&mut session.caches[self.full])?,
+        };
+        let (mut tok_in, mut h_in) = (self.cur, h.clone());
+        for k in 0..budget as i32 {
+            let emb = target.embed_scaled(&ids_array(&[tok_in]))?;
+            let (logits, h_next) = drafter.forward(&emb, &h_in, &kv, position + k)?;
+            let d = argmax_axis(&logits.reshape(&[-1])?, 0, None)?;
+            d.eval()?;
+            let d = d.as_slice::<u32>()[0];
+            if let Some(t) = self.trace.as_mut() {
+                t.drafts.push((position + k, tok_in, d, logits));
+            }
+            drafts.push(d);
+            (tok_in, h_in) = (d, h_next);
+        }
+        Ok(drafts)
+    }
+
+    /// One pass. Some(finish) when the request is over (the positions fed past the last
+    /// emitted one given back).
+    pub fn advance<S: BorrowMut<Sampler>, E: From<Exception>>(
+        &mut self,
+        session: &mut Session,
+        target: &dyn AssistantTarget,
+        drafter: &AssistantDrafter,
+        dec: &mut Decoder<'_, S>,
+        on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
+    ) -> Result<Option<Finish>, E> {
+        let remaining = dec.remaining() as i64 - i64::from(self.cur_is_output);
+        let budget = (self.gamma as i64).min(remaining - 1);
+        let drafts = self.draft(session, target, drafter, budget)?;
+        let mut inp = vec![self.cur];
+        inp.extend(&drafts);
+        let hidden = target.hidden(&ids_array(&inp), &mut session.caches)?;
+        let logits = target.head_uncapped(&hidden)?.index(0);
+        self.spec.target_calls += 1;
+        if let Some(t) = self.trace.as_mut() {
+            t.passes.push((inp.clone(), 0));
+        }
+        let (toks, lp) = dec.pick_rows(&logits)?;
+        mlx_rs::transforms::async_eval([&toks])?;
+        if self.cur_is_output {
+            let lp_cur = self
+                .prev_lp
+                .take()
+                .expect("an output token has its log-probs");
+            let lp_cur = lp_cur.reshape(&[1, -1])?;
+            if let Some(finish) = dec.emit(self.cur, &lp_cur, false, on_token)? {
+                trim_all(&mut session.caches, inp.len() - 1)?;
+                return Ok(Some(finish));
+            }
+        } else {
+            dec.prompt_done();
+        }
+        toks.eval()?;
+        let toks = toks.as_slice::<u32>().to_vec();
+        let n = drafts.iter().zip(&toks).take_while(|(d, t)| d == t).count();
+        self.spec.drafted += drafts.len();
+        self.spec.accepted += n;
+        if let Some(pass) = self.trace.as_mut().and_then(|t| t.passes.last_mut()) {
+            pass.1 = n;
+        }
+        for (j, &d) in drafts[..n].iter().enumerate() {
+            let lp_d = lp.index(j as i32).reshape(&[1, -1])?;
+            if let Some(finish) = dec.emit(d, &lp_d, true, on_token)? {
+                // Kept: `cur` and the drafts up to this one.
+                trim_all(&mut session.caches, inp.len() - (j + 2))?;
+                return Ok(Some(finish));
+            }
+        }
+        trim_all(&mut session.caches, inp.len() - (n + 1))?;
+        self.cur = toks[n];
+        self.prev_lp = Some(lp.index(n as i32));
+        self.h_prev = Some(hidden.index((.., n as i32..n as i32 + 1, ..)));
+        self.cur_is_output = true;
+        Ok(None)
+    }
+}
+
 /// Assistant-drafted generation of up to `max_tokens`; `session` holds the target and
 /// `prompt[..cached]`. `on_token` sees each id, its log-probabilities [1, vocab] and whether
 /// it was an accepted draft (the EOS id is not passed on). Logits processors are refused.
@@ -80,123 +232,15 @@ pub fn assistant_generate_in(
     max_tokens: usize,
     eos_ids: &[u32],
     sampler: &mut Sampler,
-    mut trace: Option<&mut AssistantTrace>,
+    trace: Option<&mut AssistantTrace>,
     mut on_token: impl FnMut(u32, &Array, bool) -> Result<Flow, Exception>,
 ) -> Result<(Stats, SpecStats, Finish), Exception> {
-    assert!(
-        cached < prompt.len(),
-        "at least one prompt token must be fed"
-    );
-    super::speculative::refuse_processors(sampler)?;
-    let (mut sliding, full) = target.donor_caches()?;
-    if plant::is(Defect::AssistantFirstSlidingDonor) {
-        sliding = 0;
-    }
-    let mut stats = Stats {
-        prompt_tokens: prompt.len(),
-        ..Stats::default()
+    let mut dec = Decoder::new(prompt, max_tokens, eos_ids, sampler);
+    let mut pass = AssistPass::start(session, target, &mut dec, prompt, cached, gamma, trace)?;
+    let finish = loop {
+        if let Some(f) = pass.advance(session, target, drafter, &mut dec, &mut on_token)? {
+            break f;
+        }
     };
-    let mut spec = SpecStats::default();
-    let start = Instant::now();
-    let last = prompt.len() - 1;
-    for chunk in prompt[cached..last].chunks(session.prefill_step.max(1)) {
-        session.prefill_chunk(chunk)?;
-    }
-    let mut cur = prompt[last];
-    let mut cur_is_output = false;
-    let mut h_prev: Option<Array> = None;
-    let mut prev_lp: Option<Array> = None;
-    let mut produced = 0usize;
-    let finish;
-    let mut decode_start = Instant::now();
-    // Emits one id; None to go on, Some(finish) to stop.
-    let mut emit = |id: u32, lp: &Array, from_draft: bool, produced: &mut usize| {
-        if eos_ids.contains(&id) {
-            return Ok::<_, Exception>(Some(Finish::Eos));
-        }
-        let flow = on_token(id, &lp.reshape(&[1, -1])?, from_draft)?;
-        *produced += 1;
-        if flow == Flow::Stop {
-            return Ok(Some(Finish::Stop));
-        }
-        Ok((*produced >= max_tokens).then_some(Finish::Length))
-    };
-    loop {
-        let remaining = max_tokens as i64 - produced as i64 - i64::from(cur_is_output);
-        let budget = (gamma as i64).min(remaining - 1);
-        let mut drafts: Vec<u32> = Vec::new();
-        if let (Some(h), true) = (&h_prev, budget > 0) {
-            let position = session.caches[0].offset();
-            let kv = DonorKv {
-                sliding: read_temporal(&mut session.caches[sliding])?,
-                full: read_temporal(&mut session.caches[full])?,
-            };
-            let (mut tok_in, mut h_in) = (cur, h.clone());
-            for k in 0..budget as i32 {
-                let emb = target.embed_scaled(&ids_array(&[tok_in]))?;
-                let (logits, h_next) = drafter.forward(&emb, &h_in, &kv, position + k)?;
-                let d = argmax_axis(&logits.reshape(&[-1])?, 0, None)?;
-                d.eval()?;
-                let d = d.as_slice::<u32>()[0];
-                if let Some(t) = trace.as_mut() {
-                    t.drafts.push((position + k, tok_in, d, logits));
-                }
-                drafts.push(d);
-                (tok_in, h_in) = (d, h_next);
-            }
-        }
-        let mut inp = vec![cur];
-        inp.extend(&drafts);
-        let hidden = target.hidden(&ids_array(&inp), &mut session.caches)?;
-        let logits = target.head_uncapped(&hidden)?.index(0);
-        spec.target_calls += 1;
-        if let Some(t) = trace.as_mut() {
-            t.passes.push((inp.clone(), 0));
-        }
-        let lp = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-        let toks = sampler.sample(&lp)?;
-        mlx_rs::transforms::async_eval([&toks])?;
-        // Positions fed this pass that are emitted (the rest are trimmed if we stop).
-        let mut kept = 1;
-        if cur_is_output {
-            let lp_cur = prev_lp.take().expect("an output token has its log-probs");
-            if let Some(f) = emit(cur, &lp_cur, false, &mut produced)? {
-                finish = f;
-                trim_all(&mut session.caches, inp.len() - kept)?;
-                break;
-            }
-        } else {
-            stats.prompt_time = start.elapsed();
-            decode_start = Instant::now();
-        }
-        toks.eval()?;
-        let toks = toks.as_slice::<u32>().to_vec();
-        let n = drafts.iter().zip(&toks).take_while(|(d, t)| d == t).count();
-        spec.drafted += drafts.len();
-        spec.accepted += n;
-        if let Some(pass) = trace.as_mut().and_then(|t| t.passes.last_mut()) {
-            pass.1 = n;
-        }
-        let mut stop = None;
-        for (j, &d) in drafts[..n].iter().enumerate() {
-            kept = j + 2;
-            if let Some(f) = emit(d, &lp.index(j as i32), true, &mut produced)? {
-                stop = Some(f);
-                break;
-            }
-        }
-        if let Some(f) = stop {
-            finish = f;
-            trim_all(&mut session.caches, inp.len() - kept)?;
-            break;
-        }
-        trim_all(&mut session.caches, inp.len() - (n + 1))?;
-        cur = toks[n];
-        prev_lp = Some(lp.index(n as i32));
-        h_prev = Some(hidden.index((.., n as i32..n as i32 + 1, ..)));
-        cur_is_output = true;
-    }
-    stats.generated_tokens = produced;
-    stats.generation_time = decode_start.elapsed();
-    Ok((stats, spec, finish))
+    Ok((dec.finish(), pass.spec, finish))
 }

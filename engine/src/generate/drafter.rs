@@ -8,23 +8,22 @@ use std::path::Path;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use super::assistant::assistant_generate_in;
+use std::borrow::BorrowMut;
+
+use super::assistant::AssistPass;
+use super::decode::{Decoder, Plain};
 use super::sampler::Sampler;
-use super::speculative::{speculative_generate_in, SpecStats, SPEC_PREFILL_STEP};
-use super::{Finish, Flow, Session, SessionOptions, Stats};
+use super::speculative::{SpecRound, SpecStats, SPEC_PREFILL_STEP};
+use super::{Finish, Flow, Session, SessionOptions};
 use crate::cache::Cache;
 use crate::load::tokenizer::Tokenizer;
 use crate::load::LoadError;
-use crate::model::{AssistantDrafter, LanguageModel};
+use crate::model::{AssistantDrafter, AssistantTarget, LanguageModel};
 
 pub enum Drafter {
     Model(Box<dyn LanguageModel>),
     Assistant(Box<AssistantDrafter>),
 }
-
-/// What a speculative run returns: timing, the speculation's numbers, why it stopped, and
-/// the drafter's caches afterwards (none for an assistant).
-pub type SpecOutcome = (Stats, SpecStats, Finish, Vec<Box<dyn Cache>>);
 
 impl Drafter {
     /// Loads the drafter in `dir` for `target` (whose tokenizer is `tokenizer`).
@@ -64,46 +63,6 @@ impl Drafter {
         }
     }
 
-    /// Speculative generation in `target` (holding `prompt[..cached]`, as `draft_caches`
-    /// do); returns the drafter's caches afterwards as well.
-    #[allow(clippy::too_many_arguments)]
-    pub fn generate(
-        &self,
-        target: &mut Session,
-        draft_caches: Vec<Box<dyn Cache>>,
-        opts: &SessionOptions,
-        prompt: &[u32],
-        cached: usize,
-        gamma: usize,
-        max_tokens: usize,
-        eos_ids: &[u32],
-        sampler: &mut Sampler,
-        on_token: impl FnMut(u32, &Array, bool) -> Result<Flow, Exception>,
-    ) -> Result<SpecOutcome, Exception> {
-        match self {
-            Drafter::Model(m) => {
-                let mut draft = Session::with_caches(m.as_ref(), opts, draft_caches);
-                draft.prefill_step = target.prefill_step;
-                let (stats, spec, finish) = speculative_generate_in(
-                    target, &mut draft, prompt, cached, gamma, max_tokens, eos_ids, sampler,
-                    on_token,
-                )?;
-                Ok((stats, spec, finish, std::mem::take(&mut draft.caches)))
-            }
-            Drafter::Assistant(a) => {
-                let model = target.model();
-                let hooks = model.as_assistant_target().ok_or_else(|| {
-                    Exception::custom("this model cannot host an assistant drafter")
-                })?;
-                let (stats, spec, finish) = assistant_generate_in(
-                    target, hooks, a, prompt, cached, gamma, max_tokens, eos_ids, sampler, None,
-                    on_token,
-                )?;
-                Ok((stats, spec, finish, Vec::new()))
-            }
-        }
-    }
-
     /// Feeds the drafter's `caches` the tokens of `fed` they do not hold yet (prefill chunks
     /// of `prefill_step`), e.g. after a request decoded without drafting; an assistant has
     /// no caches of its own.
@@ -131,6 +90,124 @@ impl Drafter {
         match self {
             Drafter::Model(_) => SPEC_PREFILL_STEP,
             Drafter::Assistant(_) => super::PREFILL_STEP,
+        }
+    }
+}
+
+/// A request's decoding: its target session and the policy that finds the next ids — one
+/// plain step, a draft model's round, or an assistant's pass (`decode` has the core they
+/// share). The one dispatch between them, for the CLI and the server alike.
+pub struct Decode<'m> {
+    pub session: Session<'m>,
+    policy: Policy<'m>,
+}
+
+enum Policy<'m> {
+    Plain(Plain),
+    Drafted {
+        draft: Session<'m>,
+        round: SpecRound,
+    },
+    Assisted {
+        hooks: &'m dyn AssistantTarget,
+        drafter: &'m AssistantDrafter,
+        pass: AssistPass<'static>,
+    },
+}
+
+impl<'m> Decode<'m> {
+    /// Starts decoding `prompt` in `session` (which holds `prompt[..cached]`): with
+    /// `draft` — the drafter, its γ and its own caches (holding the same prefix) — by
+    /// speculation, else plainly.
+    pub fn start<S: BorrowMut<Sampler>>(
+        mut session: Session<'m>,
+        draft: Option<(&'m Drafter, usize, Vec<Box<dyn Cache>>)>,
+        opts: &SessionOptions,
+        dec: &mut Decoder<'_, S>,
+        prompt: &[u32],
+        cached: usize,
+    ) -> Result<Self, Exception> {
+        assert!(
+            cached < prompt.len(),
+            "at least one prompt token must be fed"
+        );
+        let policy = match draft {
+            None => Policy::Plain(Plain::start(&mut session, dec, &prompt[cached..])?),
+            Some((Drafter::Model(m), gamma, caches)) => {
+                let mut draft = Session::with_caches(m.as_ref(), opts, caches);
+                draft.prefill_step = session.prefill_step;
+                let round = SpecRound::start(&mut session, &mut draft, dec, prompt, cached, gamma)?;
+                Policy::Drafted { draft, round }
+            }
+            Some((Drafter::Assistant(drafter), gamma, _)) => {
+                let hooks = session.model().as_assistant_target().ok_or_else(|| {
+                    Exception::custom("this model cannot host an assistant drafter")
+                })?;
+                let pass =
+                    AssistPass::start(&mut session, hooks, dec, prompt, cached, gamma, None)?;
+                Policy::Assisted {
+                    hooks,
+                    drafter,
+                    pass,
+                }
+            }
+        };
+        Ok(Decode { session, policy })
+    }
+
+    /// The next ids (one step, round or pass) through `dec`. Some(finish) when the request
+    /// is over.
+    pub fn advance<S: BorrowMut<Sampler>, E: From<Exception>>(
+        &mut self,
+        dec: &mut Decoder<'_, S>,
+        on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
+    ) -> Result<Option<Finish>, E> {
+        let session = &mut self.session;
+        match &mut self.policy {
+            Policy::Plain(plain) => plain.advance(session, dec, on_token),
+            Policy::Drafted { draft, round } => round.advance(session, draft, dec, on_token),
+            Policy::Assisted {
+                hooks,
+                drafter,
+                pass,
+            } => pass.advance(session, *hooks, drafter, dec, on_token),
+        }
+    }
+
+    /// Runs the request to its end.
+    pub fn run<S: BorrowMut<Sampler>, E: From<Exception>>(
+        &mut self,
+        dec: &mut Decoder<'_, S>,
+        on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
+    ) -> Result<Finish, E> {
+        loop {
+            if let Some(finish) = self.advance(dec, on_token)? {
+                return Ok(finish);
+            }
+        }
+    }
+
+    /// What the speculation did (None for a plain request).
+    pub fn spec_stats(&self) -> Option<&SpecStats> {
+        match &self.policy {
+            Policy::Plain(_) => None,
+            Policy::Drafted { round, .. } => Some(&round.spec),
+            Policy::Assisted { pass, .. } => Some(&pass.spec),
+        }
+    }
+
+    /// Ends the request (no MLX work left in flight): the target session, and the
+    /// drafter's caches after a drafted run (empty for an assistant; None when plain).
+    pub fn end(self) -> Result<(Session<'m>, Option<Vec<Box<dyn Cache>>>), Exception> {
+        match self.policy {
+            Policy::Plain(plain) => {
+                plain.end()?;
+                Ok((self.session, None))
+            }
+            Policy::Drafted { mut draft, .. } => {
+                Ok((self.session, Some(std::mem::take(&mut draft.caches))))
+            }
+            Policy::Assisted { .. } => Ok((self.session, Some(Vec::new()))),
         }
     }
 }

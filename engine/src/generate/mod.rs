@@ -7,13 +7,14 @@ pub mod assistant;
 pub mod batch;
 pub mod bench;
 pub mod compiled;
+pub mod decode;
 pub mod drafter;
 pub mod kv_quant;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
@@ -326,73 +327,21 @@ pub fn generate_in(
         cached < prompt.len(),
         "at least one prompt token must be fed"
     );
-    let mut history: Vec<u32> = prompt.to_vec();
-    // Without logits processors the next step needs no host-side token, so (as mlx-lm's
-    // generate_step does) step n+1 is built and queued with async_eval before step n's id
-    // is read back. With processors, each step waits for the previous id.
-    let pipelined = !sampler.has_processors();
-    // The sampled id and the log-probabilities it was drawn from (for logprobs output).
-    let mut pick = |logits: &Array, history: &[u32]| sampler.pick(logits, history);
-    let read = |y: &Array| -> Result<u32, Exception> {
-        y.eval()?;
-        Ok(y.as_slice::<u32>()[0])
-    };
-    let mut stats = Stats {
-        prompt_tokens: prompt.len(),
-        ..Stats::default()
-    };
-    let start = Instant::now();
-    let logits = session.prefill(&prompt[cached..])?;
-    let (mut y, mut y_logprobs) = pick(&logits, &history)?;
-    mlx_rs::transforms::async_eval([&y])?;
-    let mut token = read(&y)?;
-    stats.prompt_time = start.elapsed();
-    let decode_start = Instant::now();
-    let mut finish = Finish::Length;
-    // A step queued with async_eval that the loop may leave unread (EOS, a stop); it is
-    // waited for before returning, so no MLX work is in flight once the caller moves on
-    // (a process exiting under a running CPU task corrupted the heap, about 1 run in 40).
-    let mut in_flight: Option<Array> = None;
-    for n in 0..max_tokens {
-        let queued = if pipelined && n + 1 < max_tokens {
-            let logits = session.step_array(&y)?;
-            let next = pick(&logits, &history)?;
-            mlx_rs::transforms::async_eval([&next.0])?;
-            in_flight = Some(next.0.clone());
-            Some(next)
-        } else {
-            None
-        };
-        if eos_ids.contains(&token) {
-            finish = Finish::Eos;
-            break;
-        }
-        let flow = on_token(token, &y_logprobs)?;
-        stats.generated_tokens += 1;
-        if flow == Flow::Stop {
-            finish = Finish::Stop;
-            break;
-        }
-        if n + 1 == max_tokens {
-            break;
-        }
-        history.push(token);
-        (y, y_logprobs) = match queued {
-            Some(next) => next,
-            None => {
-                let logits = session.step(&[token])?;
-                pick(&logits, &history)?
+    let mut dec = decode::Decoder::new(prompt, max_tokens, eos_ids, sampler);
+    let mut plain = decode::Plain::start(session, &mut dec, &prompt[cached..])?;
+    let mut on_token = |id: u32, logprobs: &Array, _drafted: bool| on_token(id, logprobs);
+    let finish = loop {
+        match plain.advance(session, &mut dec, &mut on_token) {
+            Ok(None) => {}
+            Ok(Some(finish)) => break finish,
+            Err(e) => {
+                let _ = plain.end();
+                return Err(e);
             }
-        };
-        token = read(&y)?;
-        if n % 256 == 0 {
-            mlx_rs::memory::clear_cache()?;
         }
-    }
-    stats.generation_time = decode_start.elapsed();
-    if let Some(pending) = in_flight {
-        pending.eval()?;
-    }
+    };
+    let stats = dec.finish();
+    plain.end()?;
     Ok((stats, finish))
 }
 

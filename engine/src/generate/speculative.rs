@@ -11,12 +11,13 @@
 //! a full accept, the last draft (never fed to the draft model) is fed to it together with
 //! the bonus token.
 
-use std::time::Instant;
+use std::borrow::BorrowMut;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
+use super::decode::Decoder;
 use super::sampler::Sampler;
 use super::{Finish, Flow, Session, Stats};
 use crate::plant::{self, Defect};
@@ -53,12 +54,6 @@ pub fn refuse_processors(sampler: &Sampler) -> Result<(), Exception> {
     Ok(())
 }
 
-/// Log-probabilities of logits [n, vocab] and the sampler's choice at every row.
-fn pick(sampler: &mut Sampler, logits: &Array) -> Result<(Array, Array), Exception> {
-    let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
-    Ok((sampler.sample(&logprobs)?, logprobs))
-}
-
 /// Feeds `ids` in prefill chunks (caches evaluated after each, no logits).
 fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
     for chunk in ids.chunks(session.prefill_step.max(1)) {
@@ -70,6 +65,116 @@ fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
 fn ids_of(a: &Array) -> Result<Vec<u32>, Exception> {
     a.eval()?;
     Ok(a.as_slice::<u32>().to_vec())
+}
+
+/// The draft model's policy: one round drafts up to γ tokens, verifies them in one target
+/// forward and emits the accepted ones plus the target's own next token.
+pub struct SpecRound {
+    gamma: usize,
+    /// What the target and the draft model are fed first in the next round.
+    y: Vec<u32>,
+    draft_y: Vec<u32>,
+    first: bool,
+    pub spec: SpecStats,
+}
+
+impl SpecRound {
+    /// Prefills both sessions (each holding `prompt[..cached]`) up to the last prompt
+    /// token, draft first (as mlx-lm). Refuses logits processors and γ = 0.
+    pub fn start<S: BorrowMut<Sampler>>(
+        target: &mut Session,
+        draft: &mut Session,
+        dec: &mut Decoder<'_, S>,
+        prompt: &[u32],
+        cached: usize,
+        gamma: usize,
+    ) -> Result<Self, Exception> {
+        assert!(
+            cached < prompt.len(),
+            "at least one prompt token must be fed"
+        );
+        refuse_processors(dec.sampler())?;
+        if gamma == 0 {
+            return Err(Exception::custom("--num-draft-tokens must be at least 1"));
+        }
+        let last = prompt.len() - 1;
+        prefill_to(draft, &prompt[cached..last])?;
+        prefill_to(target, &prompt[cached..last])?;
+        Ok(SpecRound {
+            gamma,
+            y: vec![prompt[last]],
+            draft_y: vec![prompt[last]],
+            first: true,
+            spec: SpecStats::default(),
+        })
+    }
+
+    /// One round. Some(finish) when the request is over.
+    pub fn advance<S: BorrowMut<Sampler>, E: From<Exception>>(
+        &mut self,
+        target: &mut Session,
+        draft: &mut Session,
+        dec: &mut Decoder<'_, S>,
+        on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
+    ) -> Result<Option<Finish>, E> {
+        if dec.remaining() == 0 {
+            return Ok(Some(Finish::Length));
+        }
+        let n_draft = self.gamma.min(dec.remaining());
+        // Draft n_draft tokens, each fed back as a lazy array (mlx-lm's async drafting).
+        let mut drafts: Vec<Array> = Vec::with_capacity(n_draft);
+        let mut logits = draft.step(&self.draft_y)?;
+        for i in 0..n_draft {
+            let (d, _) = dec.pick_rows(&logits)?;
+            mlx_rs::transforms::async_eval([&d])?;
+            self.spec.draft_calls += 1;
+            if i + 1 < n_draft {
+                logits = draft.step_array(&d)?;
+            }
+            drafts.push(d);
+        }
+        let draft_ids = ids_of(&mlx_rs::ops::concatenate(&drafts, 0)?)?;
+        // Verify [y, drafts…] in one target forward; sample all positions at once.
+        let mut verify = self.y.clone();
+        verify.extend(&draft_ids);
+        let logits = target.forward(&verify)?;
+        let logits = logits
+            .index((.., -(n_draft as i32 + 1).., ..))
+            .squeeze_axes(&[0])?;
+        let (tokens, logprobs) = dec.pick_rows(&logits)?;
+        let tokens = ids_of(&tokens)?;
+        self.spec.target_calls += 1;
+        self.spec.drafted += n_draft;
+        if self.first {
+            dec.prompt_done();
+            self.first = false;
+        }
+        let mut n = 0;
+        while n < n_draft && tokens[n] == draft_ids[n] {
+            n += 1;
+        }
+        self.spec.accepted += n;
+        // Emit the accepted drafts, then the target's own token at n.
+        for (i, &id) in tokens[..=n].iter().enumerate() {
+            let lp = logprobs.index(i as i32).reshape(&[1, -1])?;
+            if let Some(finish) = dec.emit(id, &lp, i < n, on_token)? {
+                return Ok(Some(finish));
+            }
+        }
+        self.y = vec![tokens[n]];
+        self.draft_y = if n == n_draft {
+            vec![draft_ids[n_draft - 1], tokens[n]]
+        } else {
+            self.y.clone()
+        };
+        let rejected = n_draft - n;
+        target
+            .trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
+        if !plant::is(Defect::SpecKeepDraftTail) {
+            draft.trim(rejected.saturating_sub(1))?;
+        }
+        Ok(None)
+    }
 }
 
 /// Speculative generation of up to `max_tokens` with `num_draft` drafts per round, both
@@ -89,100 +194,12 @@ pub fn speculative_generate_in(
     sampler: &mut Sampler,
     mut on_token: impl FnMut(u32, &Array, bool) -> Result<Flow, Exception>,
 ) -> Result<(Stats, SpecStats, Finish), Exception> {
-    assert!(
-        cached < prompt.len(),
-        "at least one prompt token must be fed"
-    );
-    refuse_processors(sampler)?;
-    if num_draft == 0 {
-        return Err(Exception::custom("--num-draft-tokens must be at least 1"));
-    }
-    let mut stats = Stats {
-        prompt_tokens: prompt.len(),
-        ..Stats::default()
+    let mut dec = Decoder::new(prompt, max_tokens, eos_ids, sampler);
+    let mut round = SpecRound::start(target, draft, &mut dec, prompt, cached, num_draft)?;
+    let finish = loop {
+        if let Some(finish) = round.advance(target, draft, &mut dec, &mut on_token)? {
+            break finish;
+        }
     };
-    let mut spec = SpecStats::default();
-    let start = Instant::now();
-    // Prefill both up to the last prompt token, draft first (as mlx-lm).
-    let last = prompt.len() - 1;
-    prefill_to(draft, &prompt[cached..last])?;
-    prefill_to(target, &prompt[cached..last])?;
-    let mut y: Vec<u32> = vec![prompt[last]];
-    let mut draft_y: Vec<u32> = y.clone();
-    let mut produced = 0usize;
-    let mut finish = Finish::Length;
-    let mut first = true;
-    let mut decode_start = Instant::now();
-    'rounds: while produced < max_tokens {
-        let n_draft = num_draft.min(max_tokens - produced);
-        // Draft n_draft tokens, each fed back as a lazy array (mlx-lm's async drafting).
-        let mut drafts: Vec<Array> = Vec::with_capacity(n_draft);
-        let mut logits = draft.step(&draft_y)?;
-        for i in 0..n_draft {
-            let (d, _) = pick(sampler, &logits)?;
-            mlx_rs::transforms::async_eval([&d])?;
-            spec.draft_calls += 1;
-            if i + 1 < n_draft {
-                logits = draft.step_array(&d)?;
-            }
-            drafts.push(d);
-        }
-        let draft_ids = ids_of(&mlx_rs::ops::concatenate(&drafts, 0)?)?;
-        // Verify [y, drafts…] in one target forward; sample all positions at once.
-        let mut verify = y.clone();
-        verify.extend(&draft_ids);
-        let logits = target.forward(&verify)?;
-        let logits = logits
-            .index((.., -(n_draft as i32 + 1).., ..))
-            .squeeze_axes(&[0])?;
-        let (tokens, logprobs) = pick(sampler, &logits)?;
-        let tokens = ids_of(&tokens)?;
-        spec.target_calls += 1;
-        spec.drafted += n_draft;
-        if first {
-            stats.prompt_time = start.elapsed();
-            decode_start = Instant::now();
-            first = false;
-        }
-        let mut n = 0;
-        while n < n_draft && tokens[n] == draft_ids[n] {
-            n += 1;
-        }
-        spec.accepted += n;
-        // Emit the accepted drafts, then the target's own token at n.
-        for (i, &id) in tokens[..=n].iter().enumerate() {
-            if produced == max_tokens {
-                break 'rounds;
-            }
-            if eos_ids.contains(&id) {
-                finish = Finish::Eos;
-                break 'rounds;
-            }
-            let lp = logprobs.index(i as i32).reshape(&[1, -1])?;
-            let flow = on_token(id, &lp, i < n)?;
-            produced += 1;
-            stats.generated_tokens += 1;
-            if flow == Flow::Stop {
-                finish = Finish::Stop;
-                break 'rounds;
-            }
-        }
-        if produced == max_tokens {
-            break;
-        }
-        y = vec![tokens[n]];
-        draft_y = if n == n_draft {
-            vec![draft_ids[n_draft - 1], tokens[n]]
-        } else {
-            y.clone()
-        };
-        let rejected = n_draft - n;
-        target
-            .trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
-        if !plant::is(Defect::SpecKeepDraftTail) {
-            draft.trim(rejected.saturating_sub(1))?;
-        }
-    }
-    stats.generation_time = decode_start.elapsed();
-    Ok((stats, spec, finish))
+    Ok((dec.finish(), round.spec, finish))
 }

@@ -3,6 +3,11 @@
 //! before it is released and generation ends. (Matching runs on decoded text, so a stop
 //! string is found wherever token boundaries fall.)
 
+use super::{Finish, Flow};
+use crate::load::detok::StreamingDetokenizer;
+use crate::load::tokenizer::Tokenizer;
+use crate::load::LoadError;
+
 /// What a new piece of text does to the stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StopStep {
@@ -58,6 +63,43 @@ impl StopMatcher {
     /// Releases what was held back (generation ended for another reason).
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.pending)
+    }
+}
+
+/// Generated ids to the text a client sees: the streaming detokenizer, then the stop
+/// matcher (shared by `engine generate` and the server's emitter).
+pub struct TextStream<'t> {
+    detok: StreamingDetokenizer<'t>,
+    stops: StopMatcher,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tokenizer: &'t Tokenizer, stops: impl IntoIterator<Item = String>) -> Self {
+        TextStream {
+            detok: tokenizer.detokenizer(),
+            stops: StopMatcher::new(stops),
+        }
+    }
+
+    /// The text released by id `id`, and Stop once a stop string completed.
+    pub fn push(&mut self, id: u32) -> Result<(String, Flow), LoadError> {
+        let piece = self.detok.push(id)?;
+        Ok(match self.stops.push(&piece) {
+            StopStep::Continue(text) => (text, Flow::Continue),
+            StopStep::Stop(text) => (text, Flow::Stop),
+        })
+    }
+
+    /// The text still held back once generation ended (none after a stop string).
+    pub fn finish(&mut self, finish: Finish) -> Result<String, LoadError> {
+        if finish == Finish::Stop {
+            return Ok(String::new());
+        }
+        let tail = self.detok.finish()?;
+        Ok(match self.stops.push(&tail) {
+            StopStep::Continue(text) => text + &self.stops.finish(),
+            StopStep::Stop(text) => text,
+        })
     }
 }
 

@@ -12,7 +12,8 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use engine::generate::drafter::Drafter;
+use engine::generate::decode::Decoder;
+use engine::generate::drafter::{Decode, Drafter};
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{generate_in, Flow, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
@@ -69,21 +70,16 @@ pub fn leg(
             (0, 0)
         } else {
             target.prefill_step = d.prefill_step();
-            let (_, s, _, _) = d.generate(
-                &mut target,
-                d.make_caches(),
-                &SessionOptions::default(),
-                ids,
-                0,
-                gamma,
-                max_tokens,
-                &[],
-                &mut sampler,
-                |_, _, _| {
-                    times.push(Instant::now());
-                    Ok(Flow::Continue)
-                },
-            )?;
+            let opts = SessionOptions::default();
+            let mut dec = Decoder::new(ids, max_tokens, &[], &mut sampler);
+            let draft = Some((&d, gamma, d.make_caches()));
+            let mut decode = Decode::start(target, draft, &opts, &mut dec, ids, 0)?;
+            decode.run(&mut dec, &mut |_, _, _| -> Result<Flow> {
+                times.push(Instant::now());
+                Ok(Flow::Continue)
+            })?;
+            let s = decode.spec_stats().cloned().unwrap_or_default();
+            decode.end()?;
             (s.drafted, s.accepted)
         };
         let (ttft, after_first, span) = engine::generate::bench::token_timing(start, &times);
