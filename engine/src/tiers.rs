@@ -5,8 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::cache::kv_quant::{check_quant, KvConfigError, KvLayers, KvQuantPlan};
 use crate::cache::QuantSdpa;
-use crate::generate::kv_quant::{check_quant, KvConfigError, KvLayers, KvQuantPlan};
 use crate::generate::{CompileDecode, SessionOptions};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]

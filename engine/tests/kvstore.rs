@@ -9,9 +9,9 @@ mod common;
 
 use common::{bytes, goldens, greedy_run};
 
+use engine::cache::kv_quant::{KvLayers, KvQuantPlan};
 use engine::cache::kvstore::{self, Identity};
 use engine::cache::{restore, Cache, QuantSdpa, Snapshot};
-use engine::generate::kv_quant::{KvLayers, KvQuantPlan};
 use engine::generate::{Session, SessionOptions};
 
 fn id() -> Identity {

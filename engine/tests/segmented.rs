@@ -118,7 +118,10 @@ fn compare(name: &str, method: &str, segment_size: usize) -> (bool, f32) {
     let mut loss_fn = loss_fn;
     // Unsegmented: one value-and-grad over the whole forward.
     let (full_out, full_grads) = engine::train::value_and_grad(&adapters, || {
-        let logits = m.forward(&inputs, &mut engine::cache::none::none_for(m.as_ref()))?;
+        let logits = m.forward(
+            &inputs,
+            &mut engine::cache::none::none_for(&m.make_caches()),
+        )?;
         loss_fn(&logits)
     })
     .unwrap();

@@ -482,7 +482,7 @@ fn an_entry_changed_after_the_scan_is_checked_at_restore() {
 /// followed by a drafter's. Planted: the same entries against another session's geometry are refused.
 #[test]
 fn the_geometry_accepts_what_sessions_store_and_refuses_other_sessions() {
-    use engine::generate::kv_quant::{KvLayers, KvQuantPlan};
+    use engine::cache::kv_quant::{KvLayers, KvQuantPlan};
     let gemma = common::model("tiny-gemma3-kv");
     let plan = |start| KvQuantPlan {
         layers: KvLayers::from_config_file(
@@ -618,8 +618,8 @@ fn the_fingerprint_follows_everything_that_changes_the_numbers() {
     );
     std::fs::create_dir_all(&adapter).unwrap();
     std::fs::write(adapter.join("adapter_config.json"), b"{\"rank\": 4}").unwrap();
-    let plan = engine::generate::kv_quant::KvQuantPlan {
-        layers: engine::generate::kv_quant::KvLayers::Uniform {
+    let plan = engine::cache::kv_quant::KvQuantPlan {
+        layers: engine::cache::kv_quant::KvLayers::Uniform {
             bits: 4,
             group_size: 32,
         },

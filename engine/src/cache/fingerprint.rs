@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::kv_quant::KvQuantPlan;
 use super::kvstore::{Identity, FORMAT_VERSION};
-use crate::generate::kv_quant::KvQuantPlan;
 
 /// What a session's caches are computed from.
 pub struct Sources<'a> {

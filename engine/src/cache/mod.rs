@@ -4,6 +4,7 @@ pub mod batch;
 pub mod fingerprint;
 pub mod fixed;
 pub mod kv;
+pub mod kv_quant;
 pub mod kvstore;
 pub mod none;
 pub(crate) mod parts;

@@ -47,10 +47,9 @@ impl Cache for PassThrough {
     }
 }
 
-/// One pass-through per cache `model` would make: a cache-less forward.
-pub fn none_for(model: &dyn crate::model::LanguageModel) -> Vec<Box<dyn Cache>> {
-    model
-        .make_caches()
+/// One pass-through per cache of `caches` (a model's `make_caches()`): a cache-less forward.
+pub fn none_for(caches: &[Box<dyn Cache>]) -> Vec<Box<dyn Cache>> {
+    caches
         .iter()
         .map(|_| Box::new(PassThrough) as Box<dyn Cache>)
         .collect()

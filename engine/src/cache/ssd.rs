@@ -16,13 +16,11 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use sha2::{Digest, Sha256};
 
+use super::kv_quant::KvQuantPlan;
 use super::kvstore::{self, CacheEntry, Header, Identity, KvStoreError};
 use super::{restore, Cache, QuantSdpa, Snapshot, SnapshotKind};
-use crate::generate::kv_quant::KvQuantPlan;
-use crate::model::LanguageModel;
 
 struct Entry {
     path: PathBuf,
@@ -93,18 +91,42 @@ fn tensor_geoms(s: &Snapshot) -> Option<Vec<TensorGeom>> {
         .collect()
 }
 
+/// One cache's geometry: its dense snapshot `d`, and `c` as the plan left it (None where a
+/// tensor's dtype cannot be stored).
+fn cache_geom(d: Snapshot, c: &dyn Cache) -> Option<CacheGeom> {
+    let ring = match d.kind {
+        SnapshotKind::Kv => None,
+        SnapshotKind::Rotating { max_size, keep, .. } => Some((max_size, keep)),
+    };
+    let quant = match (c.kv_quant(), c.snapshot()) {
+        (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
+        _ => None,
+    };
+    Some(CacheGeom {
+        ring,
+        dense: tensor_geoms(&d)?,
+        quant,
+    })
+}
+
+/// What the probe needs of a model: its fresh caches after one token went through them.
+/// Every `LanguageModel` is one (`model` implements it).
+pub trait CacheSource {
+    fn probe_caches(&self) -> Result<Vec<Box<dyn Cache>>, Exception>;
+}
+
 impl Geometry {
-    /// Feeds one token to fresh caches of each model (the model's, then the drafter's, as
-    /// an entry holds them) and reads their snapshots' kinds, shapes and dtypes, dense and
-    /// as `plan` quantizes them. Nothing is evaluated: MLX knows shapes without computing.
-    pub fn probe(
-        models: &[&dyn LanguageModel],
+    /// Reads the caches each model makes for one token (the model's, then a drafter model's,
+    /// as an entry holds them; an assistant drafter has none of its own): their snapshots'
+    /// kinds, shapes and dtypes, dense and as `plan` quantizes them. Nothing is evaluated:
+    /// MLX knows shapes without computing.
+    pub fn probe<M: CacheSource + ?Sized>(
+        models: &[&M],
         plan: Option<&KvQuantPlan>,
     ) -> Result<Self, Exception> {
         let mut caches = Vec::new();
         for m in models {
-            let mut cs = m.make_caches();
-            m.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut cs)?;
+            let mut cs = m.probe_caches()?;
             let dense: Vec<Option<Snapshot>> = cs.iter().map(|c| c.snapshot()).collect();
             if let Some(p) = plan {
                 // Every planned cache converts now, whatever the plan's start.
@@ -115,42 +137,13 @@ impl Geometry {
                 .apply(&mut cs)?;
             }
             for (d, c) in dense.into_iter().zip(&cs) {
-                let geom = d.and_then(|d| {
-                    let ring = match d.kind {
-                        SnapshotKind::Kv => None,
-                        SnapshotKind::Rotating { max_size, keep, .. } => Some((max_size, keep)),
-                    };
-                    let quant = match (c.kv_quant(), c.snapshot()) {
-                        (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
-                        _ => None,
-                    };
-                    Some(CacheGeom {
-                        ring,
-                        dense: tensor_geoms(&d)?,
-                        quant,
-                    })
-                });
-                caches.push(geom);
+                caches.push(d.and_then(|d| cache_geom(d, c.as_ref())));
             }
         }
         Ok(Geometry {
             caches,
             quant_start: plan.map_or(0, |p| p.start),
         })
-    }
-
-    /// A serving session's caches: the model's, then its drafter's (an assistant drafter
-    /// has none of its own).
-    pub fn of_session(
-        model: &dyn LanguageModel,
-        draft: Option<&crate::generate::drafter::Drafter>,
-        plan: Option<&KvQuantPlan>,
-    ) -> Result<Self, Exception> {
-        let mut models = vec![model];
-        if let Some(crate::generate::drafter::Drafter::Model(m)) = draft {
-            models.push(m.as_ref());
-        }
-        Self::probe(&models, plan)
     }
 
     /// Whether an entry's header describes caches this model's session could have made,

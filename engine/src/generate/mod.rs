@@ -9,7 +9,6 @@ pub mod bench;
 pub mod compiled;
 pub mod decode;
 pub mod drafter;
-pub mod kv_quant;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;
@@ -22,7 +21,8 @@ use mlx_rs::Array;
 
 use crate::cache::Cache;
 use crate::model::LanguageModel;
-pub use kv_quant::{KvLayers, KvQuantPlan};
+/// The KV quantization plan lives with the caches it converts; reachable here too.
+pub use crate::cache::kv_quant::{self, KvLayers, KvQuantPlan};
 use sampler::{Sampler, SamplingParams};
 
 /// mlx-lm's default prefill chunk.

@@ -1,10 +1,12 @@
 //! Loading a model directory in Hugging Face layout: config, weights, tokenizer, chat template.
 
 pub mod config;
-pub mod detok;
 pub mod template;
 pub mod tokenizer;
 pub mod weights;
+
+/// The streaming detokenizers belong to the tokenizer; `load::detok` still names them.
+pub use tokenizer::detok;
 
 use std::path::{Path, PathBuf};
 

@@ -1,5 +1,7 @@
 //! The tokenizer (`tokenizer.json` via the tokenizers crate, with `tokenizer_config.json`'s
-//! special tokens); its streaming detokenizer is mlx-lm's (`detok.rs`).
+//! special tokens); its streaming detokenizer is mlx-lm's (`tokenizer/detok.rs`).
+
+pub mod detok;
 
 use std::path::{Path, PathBuf};
 
@@ -17,11 +19,11 @@ pub struct Tokenizer {
     /// Every id that ends generation: tokenizer eos plus generation_config's eos ids.
     pub eos_token_ids: Vec<u32>,
     /// Which of mlx-lm's streaming detokenizers this tokenizer gets (from its decoder).
-    detok_kind: super::detok::Kind,
+    detok_kind: detok::Kind,
     /// `clean_up_tokenization_spaces` (transformers' decode post-processing).
     clean_up_spaces: bool,
     /// The detokenizers' lookup table, built on first use and shared by every stream.
-    detok_table: std::sync::OnceLock<super::detok::Table>,
+    detok_table: std::sync::OnceLock<detok::Table>,
 }
 
 /// A special-token entry is either a string or `{"content": "..."}`.
@@ -41,7 +43,7 @@ impl Tokenizer {
             message: e.to_string(),
         })?;
         // mlx-lm picks its detokenizer by matching the decoder as written in the file.
-        let detok_kind = super::detok::Kind::of_decoder(&read_json(&path)?["decoder"]);
+        let detok_kind = detok::Kind::of_decoder(&read_json(&path)?["decoder"]);
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
             read_json(&config_path)?
@@ -122,7 +124,7 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
-    pub fn detokenizer_kind(&self) -> super::detok::Kind {
+    pub fn detokenizer_kind(&self) -> detok::Kind {
         self.detok_kind
     }
 
@@ -130,9 +132,8 @@ impl Tokenizer {
         self.clean_up_spaces
     }
 
-    pub fn detok_table(&self) -> &super::detok::Table {
-        self.detok_table
-            .get_or_init(|| super::detok::Table::build(self))
+    pub fn detok_table(&self) -> &detok::Table {
+        self.detok_table.get_or_init(|| detok::Table::build(self))
     }
 
     /// The vocabulary size, added tokens included (HF's `len(tokenizer)`).
@@ -149,8 +150,8 @@ impl Tokenizer {
     }
 
     /// A streaming detokenizer: the pieces of text mlx-lm streams for the same ids.
-    pub fn detokenizer(&self) -> super::detok::StreamingDetokenizer<'_> {
-        super::detok::StreamingDetokenizer::new(self)
+    pub fn detokenizer(&self) -> detok::StreamingDetokenizer<'_> {
+        detok::StreamingDetokenizer::new(self)
     }
 }
 

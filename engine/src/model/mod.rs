@@ -47,6 +47,15 @@ pub trait LanguageModel {
     }
 }
 
+/// The SSD store's geometry probe reads the caches one token leaves in fresh ones.
+impl<M: LanguageModel + ?Sized> crate::cache::ssd::CacheSource for M {
+    fn probe_caches(&self) -> Result<Vec<Box<dyn Cache>>, Exception> {
+        let mut caches = self.make_caches();
+        self.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut caches)?;
+        Ok(caches)
+    }
+}
+
 /// A model seen as its three stages, run without caches (training): segmented backward
 /// runs the blocks a few at a time.
 pub trait Layered {

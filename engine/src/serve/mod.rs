@@ -244,11 +244,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                             kv_plan: opts.kv_quant.as_ref(),
                         };
                         let id = crate::cache::fingerprint::fingerprint(&sources, dir)?.identity;
-                        let geometry = crate::cache::ssd::Geometry::of_session(
-                            model.as_ref(),
-                            draft.as_ref().map(|(d, _)| d),
-                            opts.kv_quant.as_ref(),
-                        )?;
+                        // The session's caches: the model's, then a drafter model's (an
+                        // assistant has none).
+                        let mut models = vec![model.as_ref()];
+                        if let Some((crate::generate::drafter::Drafter::Model(m), _)) = &draft {
+                            models.push(m.as_ref());
+                        }
+                        let geometry =
+                            crate::cache::ssd::Geometry::probe(&models, opts.kv_quant.as_ref())?;
                         Some(crate::cache::ssd::SsdStore::open(
                             dir, id, geometry, ssd_args.1, ssd_args.2,
                         )?)

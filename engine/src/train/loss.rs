@@ -31,7 +31,10 @@ pub fn default_loss(
 ) -> Result<(Array, Array), Exception> {
     let t = batch.shape()[1];
     let inputs = batch.index((.., ..t - 1));
-    let logits = model.forward(&inputs, &mut crate::cache::none::none_for(model))?;
+    let logits = model.forward(
+        &inputs,
+        &mut crate::cache::none::none_for(&model.make_caches()),
+    )?;
     sft_loss(&logits, batch, lengths)
 }
 

@@ -148,7 +148,7 @@ pub fn orpo_loss(
     let t = ids.shape()[1];
     let logits = model.forward(
         &ids.index((.., ..t - 1)),
-        &mut crate::cache::none::none_for(model),
+        &mut crate::cache::none::none_for(&model.make_caches()),
     )?;
     orpo_from_logits(&logits, &ids, &prompt_mask, &response_mask, lambda, scope)
 }

@@ -157,7 +157,10 @@ fn batch_outputs(
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
     let (inputs, mut loss) = batch_loss(data, batch, cfg);
-    loss(&model.forward(&inputs, &mut crate::cache::none::none_for(model))?)
+    loss(&model.forward(
+        &inputs,
+        &mut crate::cache::none::none_for(&model.make_caches()),
+    )?)
 }
 
 /// The loss outputs and the adapters' gradients of one batch: one value-and-grad over the
@@ -181,7 +184,7 @@ pub fn batch_grads(
         ))),
         (None, _) => {
             let (out, grads) = value_and_grad(adapters, || {
-                loss(&model.forward(&inputs, &mut crate::cache::none::none_for(model))?)
+                loss(&model.forward(&inputs, &mut crate::cache::none::none_for(&model.make_caches()))?)
             })?;
             mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
             phases.phase("forward+backward");

@@ -12,7 +12,7 @@ use std::path::Path;
 use mlx_rs::error::Exception;
 use serde::Deserialize;
 
-use crate::cache::{Cache, KvQuant, QuantSdpa};
+use super::{Cache, KvQuant, QuantSdpa};
 
 /// Which caches are quantized, and how.
 #[derive(Debug, Clone, PartialEq)]

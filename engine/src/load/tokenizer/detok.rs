@@ -18,8 +18,8 @@ use std::collections::HashMap;
 
 use serde_json::{json, Value};
 
-use super::tokenizer::Tokenizer;
-use super::LoadError;
+use super::Tokenizer;
+use crate::load::LoadError;
 
 /// Which of mlx-lm's detokenizers a tokenizer gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
