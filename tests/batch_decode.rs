@@ -1,15 +1,25 @@
-//! The B=N gate (harness::parity::batch): the batch lane's batched decoding against mlx-lm's
-//! `BatchGenerator` goldens (oracles/gen_batch.py) — B=2 and B=4 with different prompt
-//! lengths, and a row joining a running batch while another leaves — every row's logits
-//! bit-exact, ids identical. Planted defect: a mask that forgets the left padding fails.
+//! The B=N gate (`gates::BATCH`, harness::parity::batch): the batch lane's batched decoding
+//! against mlx-lm's `BatchGenerator` goldens (oracles/gen_batch.py) — B=2 and B=4 with
+//! different prompt lengths, and a row joining a running batch while another leaves — every
+//! row's logits bit-exact, ids identical. Planted defect: a mask that forgets the left
+//! padding fails.
 
-use harness::parity::batch::run;
+use harness::parity::gates::{Plant, Target, BATCH};
+use harness::parity::Report;
 
 const MODEL: &str = "tiny-llama-trained";
 
+fn run(scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
+    let target = Target {
+        case: Some(scenario),
+        ..Target::new(MODEL)
+    };
+    BATCH.run_target(&target, plant).unwrap()
+}
+
 fn gate(scenario: &str) {
-    let r = run(MODEL, scenario).unwrap();
-    harness::announce(&format!("B=N {MODEL} {scenario}: {}", r.summary()));
+    let r = run(scenario, None);
+    harness::announce(&r.summary());
     assert!(r.passed(), "{}", r.summary());
 }
 
@@ -30,10 +40,7 @@ fn a_row_joins_a_running_batch_while_another_leaves() {
 
 #[test]
 fn planted_unmasked_padding_fails_the_gate() {
-    let r = {
-        let _on = engine::plant::on(engine::plant::Defect::BatchUnmaskedPadding).unwrap();
-        run(MODEL, "b4").unwrap()
-    };
+    let r = run("b4", Some(&Plant::parse("unmasked-padding").unwrap()));
     println!("planted B=N defect caught: {}", r.summary());
     assert!(!r.passed());
 }

@@ -1,13 +1,13 @@
-//! The streaming detokenizer vs mlx-lm's (harness::parity::detok): every piece of text, as
-//! `mlx_lm.generate` prints it and `mlx_lm.server` streams it.
+//! The streaming detokenizer vs mlx-lm's (`gates::DETOK`, harness::parity::detok): every
+//! piece of text, as `mlx_lm.generate` prints it and `mlx_lm.server` streams it.
 
-use harness::parity::detok::{run, MODELS};
+use harness::parity::gates::{Plant, Tweak, DETOK};
 
 #[test]
 fn streamed_text_matches_mlx_lm() {
-    for model in MODELS {
-        let r = run(model, |_| {}).unwrap();
-        harness::announce(&format!("detok {model}: {}", r.summary()));
+    for model in DETOK.models {
+        let r = DETOK.run(model, None).unwrap();
+        harness::announce(&r.summary());
         assert!(r.passed(), "{model}: {}", r.summary());
     }
 }
@@ -15,12 +15,8 @@ fn streamed_text_matches_mlx_lm() {
 /// Planted: a stream that swallows the first character of its first piece fails.
 #[test]
 fn planted_lost_character_fails() {
-    let r = run(MODELS[0], |pieces| {
-        if let Some(p) = pieces.iter_mut().find(|p| !p.is_empty()) {
-            p.remove(0);
-        }
-    })
-    .unwrap();
+    let plant = Plant::Harness(Tweak::LostCharacter);
+    let r = DETOK.run(DETOK.models[0], Some(&plant)).unwrap();
     println!("planted: {}", r.summary());
     assert!(!r.passed());
 }

@@ -4,15 +4,18 @@
 //! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
 
-use harness::parity::l1::{check_named, ModelReport};
-use serde_json::json;
+use harness::parity::gates::{Plant, KV_BITS, L1};
+use harness::parity::l1::ModelReport;
+use harness::parity::Report;
 
-fn l1(name: &str, tweak: impl FnOnce(&mut serde_json::Value)) -> ModelReport {
-    check_named(name, tweak).unwrap()
+/// The L1 gate of `name`, with `plant` (`KEY=VALUE` in its config.json) if given.
+fn l1(name: &str, plant: Option<&str>) -> ModelReport {
+    let plant = plant.map(|p| Plant::parse(p).unwrap());
+    L1.run(name, plant.as_ref()).unwrap().downcast().unwrap()
 }
 
 fn assert_bit_exact(name: &str) {
-    let report = l1(name, |_| {});
+    let report = l1(name, None);
     harness::announce(&report.summary());
     for line in report.details() {
         println!("{line}");
@@ -42,7 +45,7 @@ fn l1_tiny_llama_trained() {
 /// Planted defect: rms_norm eps 1e-5 → 1e-6 must break the gate and name where.
 #[test]
 fn planted_rms_norm_eps_fails_l1() {
-    let report = l1("tiny-llama-trained", |c| c["rms_norm_eps"] = json!(1e-6));
+    let report = l1("tiny-llama-trained", Some("rms_norm_eps=1e-6"));
     assert!(!report.passed());
     let first = &report.cases[0];
     assert_eq!(
@@ -60,7 +63,7 @@ fn planted_rms_norm_eps_fails_l1() {
 /// first divergent greedy step somewhere.
 #[test]
 fn planted_rope_base_fails_l1() {
-    let report = l1("tiny-qwen3", |c| c["rope_theta"] = json!(10000.0));
+    let report = l1("tiny-qwen3", Some("rope_theta=10000.0"));
     assert!(!report.passed());
     assert!(report
         .cases
@@ -85,7 +88,7 @@ fn l1_tiny_qwen3_q8() {
 /// Planted defect on the quantized path: the gate must fail there too.
 #[test]
 fn planted_defect_fails_l1_on_a_quantized_model() {
-    let report = l1("tiny-llama-trained-q4", |c| c["rms_norm_eps"] = json!(1e-6));
+    let report = l1("tiny-llama-trained-q4", Some("rms_norm_eps=1e-6"));
     assert!(!report.passed());
     assert_eq!(report.cases[0].first_inexact_logits(), Some(0));
 }
@@ -132,7 +135,7 @@ fn l1_tiny_gemma3_with_wrapping_rings() {
 /// ring wraps; the gate must fail.
 #[test]
 fn planted_sliding_window_fails_l1() {
-    let report = l1("tiny-gemma3", |c| c["sliding_window"] = json!(16));
+    let report = l1("tiny-gemma3", Some("sliding_window=16"));
     assert!(!report.passed());
     println!(
         "planted window defect caught: {}",
@@ -185,16 +188,15 @@ fn l1_tiny_gemma4_q4() {
 /// sliding window each break the gate.
 #[test]
 fn planted_gemma4_defects_fail_l1() {
-    let softcap = l1("tiny-gemma4", |c| {
-        c["final_logit_softcapping"] = json!(30.0)
-    });
+    let softcap = l1("tiny-gemma4", Some("final_logit_softcapping=30.0"));
     assert!(!softcap.passed());
     assert_eq!(softcap.cases[0].first_inexact_logits(), Some(0));
-    let rope = l1("tiny-gemma4", |c| {
-        c["rope_parameters"]["full_attention"]["partial_rotary_factor"] = json!(0.5)
-    });
+    let rope = l1(
+        "tiny-gemma4",
+        Some("rope_parameters.full_attention.partial_rotary_factor=0.5"),
+    );
     assert!(!rope.passed());
-    let window = l1("tiny-gemma4-keqv", |c| c["sliding_window"] = json!(16));
+    let window = l1("tiny-gemma4-keqv", Some("sliding_window=16"));
     assert!(!window.passed());
     for report in [softcap, rope, window] {
         println!("planted gemma4 defect caught: {}", report.summary());
@@ -207,29 +209,12 @@ fn planted_gemma4_defects_fail_l1() {
 /// caches through optiq's fused kernel must break it.
 #[test]
 fn l1_mlx_lm_kv_bits_4() {
-    let report = harness::parity::l1::check_golden("tiny-llama-trained-kv4").unwrap();
+    let report = KV_BITS.run("tiny-llama-trained", None).unwrap();
     harness::announce(&report.summary());
-    assert!(report.passed(), "{}", report.details().join("\n"));
+    assert!(report.passed(), "{}", report.summary());
 
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    let golden = TensorGolden::open("l1/tiny-llama-trained-kv4").unwrap();
-    let dir = model_dir("tiny-llama-trained").unwrap();
-    let model = engine::model::load(&dir).unwrap();
-    let tokenizer = Tokenizer::load(&dir).unwrap();
-    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-    let mut opts = harness::parity::l1::options(&golden);
-    opts.kv_quant.as_mut().unwrap().sdpa = engine::cache::QuantSdpa::OptiqFused;
-    let planted = harness::parity::l1::check_model_opts(
-        &golden,
-        model.as_ref(),
-        &tokenizer,
-        template.as_ref(),
-        16,
-        &opts,
-    )
-    .unwrap();
+    let fused = Plant::parse("sdpa=optiq-fused").unwrap();
+    let planted = KV_BITS.run("tiny-llama-trained", Some(&fused)).unwrap();
     assert!(
         !planted.passed(),
         "the fused kernel must not pass mlx-lm's golden"

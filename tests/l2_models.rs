@@ -1,20 +1,20 @@
-//! L2: the engine vs mlx-optiq 0.7.7 (goldens/l2/<model>, oracles/gen_l2.py): optiq's
-//! mixed per-layer quantized KV from kv_config.json (plain caches, rotating caches that wrap,
-//! Gemma 4 layers borrowing quantized K/V), converted after the first prefill chunk as optiq
-//! converts, read through optiq's fused KV-tiled attention (two 512-position tiles on the
-//! long prompt) — every logit vector bit-identical, greedy ids identical. Planted defects
-//! prove the gate can fail. Run single-threaded: `bash scripts/test.sh`.
+//! L2 (`gates::L2`): the engine vs mlx-optiq 0.7.7 (goldens/l2/<model>, oracles/gen_l2.py):
+//! optiq's mixed per-layer quantized KV from kv_config.json (plain caches, rotating caches
+//! that wrap, Gemma 4 layers borrowing quantized K/V), converted after the first prefill
+//! chunk as optiq converts, read through optiq's fused KV-tiled attention (two 512-position
+//! tiles on the long prompt) — every logit vector bit-identical, greedy ids identical.
+//! Planted defects prove the gate can fail. Run single-threaded: `bash scripts/test.sh`.
 
-use engine::cache::QuantSdpa;
-use harness::parity::l1::ModelReport;
-use harness::parity::l2::check_named;
+use harness::parity::gates::{Plant, L2};
+use harness::parity::Report;
 
-fn l2(name: &str, tweak: impl FnOnce(&mut engine::generate::SessionOptions)) -> ModelReport {
-    check_named(name, None, tweak).unwrap()
+fn l2(name: &str, plant: Option<&str>) -> Box<dyn Report> {
+    let plant = plant.map(|p| Plant::parse(p).unwrap());
+    L2.run(name, plant.as_ref()).unwrap()
 }
 
 fn assert_bit_exact(name: &str) {
-    let report = l2(name, |_| {});
+    let report = l2(name, None);
     harness::announce(&report.summary());
     assert!(
         report.passed(),
@@ -42,13 +42,9 @@ fn l2_tiny_gemma4_shared_quantized_kv() {
 /// converting too late (mlx-lm's CLI default start of 5000), must both break the gate.
 #[test]
 fn planted_l2_defects_fail() {
-    let unfused = l2("tiny-llama-trained", |o| {
-        o.kv_quant.as_mut().unwrap().sdpa = QuantSdpa::MlxLm
-    });
+    let unfused = l2("tiny-llama-trained", Some("sdpa=mlx-lm"));
     assert!(!unfused.passed());
-    let late = l2("tiny-gemma3-kv", |o| {
-        o.kv_quant.as_mut().unwrap().start = 5000
-    });
+    let late = l2("tiny-gemma3-kv", Some("kv_start=5000"));
     assert!(!late.passed());
     for r in [unfused, late] {
         println!("planted L2 defect caught: {}", r.summary());

@@ -1,17 +1,23 @@
-//! L3: our dequantizing one-token decode attention over quantized KV has no oracle; it is gated
-//! by the teacher-forced envelope against trajectories frozen from our own L2 engine
-//! (goldens/l3/<model>, `harness freeze-perf-oracle`): ≥56/64 argmax agreement on a short
-//! and a long prompt, and a counter proving the path ran. Planted defects: a broken perf
-//! path, a run where the path never ran, and a stale fingerprint are all refused.
+//! L3 (`gates::L3`): our dequantizing one-token decode attention over quantized KV has no
+//! oracle; it is gated by the teacher-forced envelope against trajectories frozen from our
+//! own L2 engine (goldens/l3/<model>, `harness freeze-perf-oracle`): ≥56/64 argmax agreement
+//! on a short and a long prompt, and a counter proving the path ran. Planted defects: a
+//! broken perf path, a run where the path never ran, and a stale fingerprint are all
+//! refused.
 
-use engine::cache::QuantSdpa;
-use engine::plant::{self, Defect};
-use harness::parity::l3::{check, MODELS};
+use harness::parity::gates::{Plant, L3};
+use harness::parity::l3::L3Report;
+use harness::parity::Report;
+
+fn l3(name: &str, plant: Option<&str>) -> L3Report {
+    let plant = plant.map(|p| Plant::parse(p).unwrap());
+    L3.run(name, plant.as_ref()).unwrap().downcast().unwrap()
+}
 
 #[test]
 fn l3_envelope_passes_and_the_perf_path_ran() {
-    for name in MODELS {
-        let report = check(name, |_| {}).unwrap();
+    for name in L3.models {
+        let report = l3(name, None);
         harness::announce(&report.summary());
         assert!(report.passed(), "{}", report.summary());
         assert!(report.perf_path_steps > 0);
@@ -20,22 +26,16 @@ fn l3_envelope_passes_and_the_perf_path_ran() {
 
 #[test]
 fn planted_broken_perf_path_fails_the_envelope() {
-    let report = {
-        let _on = plant::on(Defect::PerfDecodeDropsNewest).unwrap();
-        check("tiny-llama-trained", |_| {}).unwrap()
-    };
+    let report = l3("tiny-llama-trained", Some("perf-path"));
     println!("planted L3 defect caught: {}", report.summary());
     assert!(!report.passed());
 }
 
-/// Agreement alone is not enough: if the perf path never ran (here: plain L2 options), the
-/// gate must fail even though every id agrees.
+/// Agreement alone is not enough: if the perf path never ran (here: plain L2 options, optiq's
+/// fused kernel), the gate must fail even though every id agrees.
 #[test]
 fn the_envelope_fails_when_the_perf_path_did_not_run() {
-    let report = check("tiny-llama-trained", |o| {
-        o.kv_quant.as_mut().unwrap().sdpa = QuantSdpa::OptiqFused
-    })
-    .unwrap();
+    let report = l3("tiny-llama-trained", Some("sdpa=optiq-fused"));
     assert_eq!(report.perf_path_steps, 0);
     assert!(!report.passed(), "{}", report.summary());
 }
@@ -67,8 +67,8 @@ fn a_stale_fingerprint_is_refused() {
     )
     .unwrap();
     std::env::set_var("HARNESS_GOLDENS", tmp.path());
-    let result = check(name, |_| {});
+    let result = L3.run(name, None);
     std::env::remove_var("HARNESS_GOLDENS");
-    let err = result.expect_err("a stale frozen oracle must be refused");
+    let err = result.err().expect("a stale frozen oracle must be refused");
     assert!(err.to_string().contains("stale"), "{err}");
 }

@@ -1,6 +1,7 @@
 use anyhow::{bail, Result};
 use harness::goldens::{Layer, TensorGolden};
-use harness::{machine, oracle, parity};
+use harness::parity::gates::{L1, RUNTIME};
+use harness::{machine, oracle};
 
 use super::DEFAULT_MODEL;
 
@@ -22,21 +23,17 @@ pub fn run() -> Result<()> {
         Layer::Machine => "this machine's override",
     };
     println!("runtime golden: {} ({layer})", golden.dir.display());
-    let reports = parity::runtime::check_all(&golden)?;
-    let exact = reports.iter().filter(|r| r.comparison.bit_exact).count();
-    for r in reports.iter().filter(|r| !r.comparison.bit_exact) {
-        println!("  {}/{}: {}", r.case, r.tensor, r.comparison);
+    let runtime = RUNTIME.run("", None)?;
+    println!("{}", runtime.summary());
+    for line in runtime.details() {
+        println!("{line}");
     }
-    println!(
-        "runtime golden: {exact}/{} tensors bit-exact vs Python mlx",
-        reports.len()
-    );
-    let l1 = parity::l1::check_named(DEFAULT_MODEL, |_| {})?;
+    let l1 = L1.run(DEFAULT_MODEL, None)?;
     println!("{}", l1.summary());
 
     println!();
     let oracle_ok = oracle(false)?;
-    if exact != reports.len() {
+    if !runtime.passed() {
         bail!("runtime golden not reproduced bit for bit");
     }
     if !l1.passed() {

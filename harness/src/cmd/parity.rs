@@ -1,310 +1,194 @@
-use anyhow::{bail, Result};
-use harness::db::{Db, Row};
-use harness::parity::l1::{self, ModelReport};
+use anyhow::{anyhow, bail, Result};
+use harness::db::{Db, RowContext};
+use harness::parity::gates::{Gate, Plant, Target, Tier, GATES, L3};
+use harness::parity::Report;
 use harness::preflight::{self, Thresholds};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// The tier to run: l1 (vs mlx-lm), l2 (vs mlx-optiq), l3 (the envelope gate).
+    /// The tier to run: runtime (the model-free MLX golden), l1 (vs mlx-lm), l2 (vs
+    /// mlx-optiq), l3 (the envelope gate).
     #[arg(long, default_value = "l1")]
     tier: String,
-    /// One model (default: every model with goldens).
+    /// One model (default: every model of every gate of the tier).
     #[arg(long)]
     model: Option<String>,
-    /// Run the oracle now (mlx-lm in oracles/.venv, same prompt ids) instead of reading the
-    /// committed goldens.
+    /// Run the oracle now (in oracles/.venv, same prompt ids) instead of reading the
+    /// committed goldens, for the gates whose generator can (l1, sampling, l2); the other
+    /// gates are left out.
     #[arg(long)]
     live: bool,
     /// Do not write result rows.
     #[arg(long)]
     no_record: bool,
-    /// A planted defect, to see the gate fail: for l1, `key=value` set in the model's
-    /// config.json before loading (e.g. rms_norm_eps=1e-6); for l2, `sdpa=mlx-lm` (mlx-lm's
-    /// quantized attention instead of optiq's fused kernel) or `kv_start=N`.
-    #[arg(long, value_name = "KEY=VALUE")]
+    /// A planted defect, to see a gate fail; only the gates of the tier that know it run.
+    /// l1: `KEY=VALUE` set in the model's config.json before loading (e.g.
+    /// rms_norm_eps=1e-6; KEY may be a dotted path); l2: `sdpa=mlx-lm` (mlx-lm's quantized
+    /// attention instead of optiq's fused kernel) or `kv_start=N`; l3: `perf-path`. An unknown
+    /// one lists every gate's plants. Engine defects (perf-path, unmasked-padding, …) need a
+    /// build with `--features plant`.
+    #[arg(long, value_name = "PLANT")]
     plant: Option<String>,
 }
 
-fn record(reports: &[ModelReport], live: bool, suite: &str, peer: &str) -> Result<()> {
-    let state = preflight::check(&Thresholds::from_env());
-    let db = Db::open_default()?;
-    let machine_state = serde_json::to_string(&serde_json::json!({ "before": state }))?;
-    for r in reports {
-        let (exact, total) = r.cases.iter().fold((0, 0), |(e, t), c| {
-            (e + c.logits_exact(), t + c.logits.len())
-        });
-        let (ids, steps) = r.cases.iter().fold((0, 0), |(e, t), c| {
-            (e + c.greedy_matching, t + c.greedy_total)
-        });
-        for (metric, value, total) in [
-            ("logit_vectors_bit_exact", exact, total),
-            ("greedy_ids_identical", ids, steps),
-        ] {
-            db.insert(&Row {
-                ts: state.at.clone(),
-                commit: state.commit.clone(),
-                dirty: state.dirty,
-                machine_key: state.machine_key.clone(),
-                machine_state: machine_state.clone(),
-                preflight: state.verdict().into(),
-                suite: suite.into(),
-                model: r.model.clone(),
-                metric: metric.into(),
-                value: value as f64,
-                unit: format!("/{total}"),
-                stack: "engine".into(),
-                peer: Some(peer.into()),
-                params: serde_json::json!({ "live": live }).to_string(),
-                tags: if live {
-                    "live".into()
-                } else {
-                    "committed-goldens".into()
-                },
-            })?;
-        }
-    }
-    Ok(())
-}
-
-fn run_l2(args: &Args) -> Result<()> {
-    use harness::parity::l2;
-    let models: Vec<&str> = match &args.model {
-        Some(m) => vec![m.as_str()],
-        None => l2::MODELS.to_vec(),
+/// Runs the gates of the tier from the gate table, one verdict block per run.
+pub fn run(args: Args) -> Result<()> {
+    let tier: Tier = args.tier.parse()?;
+    let plant = match args.plant.as_deref() {
+        Some(p) => Some(Plant::parse(p).map_err(|e| anyhow!("{e}; {}", plants_of(tier)))?),
+        None => None,
     };
-    let live = if args.live {
-        println!(
-            "running the oracle now (mlx-optiq in {})…",
-            harness::oracle::venv_dir().display()
-        );
-        Some(l1::live_goldens("gen_l2.py", &models)?)
-    } else {
-        None
-    };
-    let plant = args.plant.clone();
+    let gates = choose(tier, &args, plant.as_ref())?;
     if let Some(p) = &plant {
         println!("planted defect: {p}");
     }
-    let mut reports = Vec::new();
-    for name in models {
-        let report = l2::check_named(name, live.as_ref().map(|d| d.path()), |opts| {
-            let Some(plan) = opts.kv_quant.as_mut() else {
-                return;
-            };
-            match plant.as_deref() {
-                Some("sdpa=mlx-lm") => plan.sdpa = engine::cache::QuantSdpa::MlxLm,
-                Some(p) if p.starts_with("kv_start=") => {
-                    plan.start = p["kv_start=".len()..].parse().unwrap_or(plan.start)
-                }
-                _ => {}
+    let recorder = match args.no_record || plant.is_some() {
+        true => None,
+        false => Some(Recorder::open(tier, args.live)?),
+    };
+    let mut failed = Vec::new();
+    for (gate, models) in gates {
+        let live = match args.live {
+            true => {
+                let venv = harness::oracle::venv_dir();
+                println!(
+                    "running the oracle now ({} in {})…",
+                    tier.oracle(),
+                    venv.display()
+                );
+                Some(gate.live_goldens(&models)?)
             }
-        })?;
-        println!("{}", report.summary());
-        for line in report.details() {
-            println!("{line}");
-        }
-        reports.push(report);
-    }
-    if !args.no_record && plant.is_none() {
-        record(&reports, args.live, "parity-l2", "mlx-optiq")?;
-    }
-    let mut failed: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| r.model.clone())
-        .collect();
-    // Speculative decoding with optiq's assistant drafter (committed goldens).
-    if plant.is_none() && !args.live && args.model.as_deref().is_none_or(|m| m == "tiny-gemma4") {
-        let r = harness::parity::spec_l2::run("tiny-gemma4", None)?;
-        println!("L2 spec (assistant drafter) tiny-gemma4: {}", r.summary());
-        if !r.passed() {
-            failed.push("spec-l2/tiny-gemma4".into());
+            false => None,
+        };
+        let cases: Vec<Option<&str>> = match gate.cases {
+            [] => vec![None],
+            cases => cases.iter().map(|c| Some(*c)).collect(),
+        };
+        for model in models {
+            for &case in &cases {
+                let live = live.as_ref().map(|d| d.path());
+                let target = Target { model, case, live };
+                let report = gate.run_target(&target, plant.as_ref())?;
+                println!("{}", report.summary());
+                for line in report.details() {
+                    println!("{line}");
+                }
+                if let Some(r) = &recorder {
+                    r.record(&gate.golden_name(model), report.as_ref())?;
+                }
+                if !report.passed() {
+                    failed.push(gate.label(&target));
+                }
+            }
         }
     }
     if !failed.is_empty() {
-        bail!("L2 failed for: {}", failed.join(", "));
+        bail!("{tier} failed for: {}", failed.join(", "));
     }
     Ok(())
+}
+
+/// The gates of `tier` that --plant, --live and --model leave, each with its models.
+fn choose(
+    tier: Tier,
+    args: &Args,
+    plant: Option<&Plant>,
+) -> Result<Vec<(&'static Gate, Vec<&'static str>)>> {
+    let mut gates: Vec<&Gate> = GATES.into_iter().filter(|g| g.tier == tier).collect();
+    if let Some(p) = plant {
+        gates.retain(|g| g.accepts(p));
+        if gates.is_empty() {
+            bail!(
+                "no gate of tier {} has the plant `{p}`; {}",
+                tier.name(),
+                plants_of(tier)
+            );
+        }
+    }
+    if args.live {
+        gates.retain(|g| g.live);
+        if gates.is_empty() && tier == Tier::L3 {
+            bail!("L3 has no oracle to run live; its reference is the frozen trajectory (harness freeze-perf-oracle)");
+        }
+        if gates.is_empty() {
+            bail!("no gate of tier {} runs its oracle live", tier.name());
+        }
+    }
+    let chosen: Vec<_> = gates
+        .into_iter()
+        .map(|g| (g, g.models_for(args.model.as_deref())))
+        .filter(|(_, models)| !models.is_empty())
+        .collect();
+    if chosen.is_empty() {
+        let model = args.model.as_deref().unwrap_or_default();
+        bail!(
+            "no gate of tier {} has goldens of `{model}` (see `harness goldens list`)",
+            tier.name()
+        );
+    }
+    Ok(chosen)
+}
+
+/// Every gate of `tier` with its plants, for an error message.
+fn plants_of(tier: Tier) -> String {
+    let gates: Vec<String> = GATES
+        .into_iter()
+        .filter(|g| g.tier == tier)
+        .map(|g| format!("{}: {}", g.name, g.plants.join(", ")))
+        .collect();
+    format!("the plants of tier {}: {}", tier.name(), gates.join("; "))
+}
+
+/// Writes each report's counts to the results DB (suite `parity-<tier>`).
+struct Recorder {
+    db: Db,
+    ctx: RowContext,
+    tier: Tier,
+    live: bool,
+}
+
+impl Recorder {
+    fn open(tier: Tier, live: bool) -> Result<Self> {
+        let state = preflight::check(&Thresholds::from_env());
+        let tags = if live { "live" } else { "committed-goldens" };
+        let ctx = RowContext {
+            machine_state: serde_json::json!({ "before": state }).to_string(),
+            ..RowContext::at(&state, tags)
+        };
+        Ok(Recorder {
+            db: Db::open_default()?,
+            ctx,
+            tier,
+            live,
+        })
+    }
+
+    fn record(&self, model: &str, report: &dyn Report) -> Result<()> {
+        let suite = format!("parity-{}", self.tier.name());
+        for c in report.counts() {
+            let measure = (c.metric, c.value as f64, format!("/{}", c.total));
+            let row = self.ctx.row(
+                &suite,
+                model,
+                (measure.0, measure.1, &measure.2),
+                "engine",
+                Some(self.tier.oracle().into()),
+                serde_json::json!({ "live": self.live }),
+            );
+            self.db.insert(&row)?;
+        }
+        Ok(())
+    }
 }
 
 pub fn freeze(model: Option<String>) -> Result<()> {
-    use harness::parity::l3;
     let models: Vec<String> = match model {
         Some(m) => vec![m],
-        None => l3::MODELS.iter().map(|m| m.to_string()).collect(),
+        None => L3.models.iter().map(|m| m.to_string()).collect(),
     };
     for name in models {
-        let dir = l3::freeze(&name)?;
+        let dir = harness::parity::l3::freeze(&name)?;
         println!("froze the L2 trajectories of {name} -> {}", dir.display());
-    }
-    Ok(())
-}
-
-fn run_l3(args: &Args) -> Result<()> {
-    use harness::parity::l3;
-    if args.live {
-        bail!("L3 has no oracle to run live; its reference is the frozen trajectory (harness freeze-perf-oracle)");
-    }
-    let models: Vec<&str> = match &args.model {
-        Some(m) => vec![m.as_str()],
-        None => l3::MODELS.to_vec(),
-    };
-    let plant = match args.plant.as_deref() {
-        None => false,
-        Some("perf-path") => true,
-        Some(other) => {
-            bail!("--plant for l3: `perf-path` (breaks the L3 decode path), not `{other}`")
-        }
-    };
-    let _planted = plant
-        .then(|| engine::plant::on(engine::plant::Defect::PerfDecodeDropsNewest))
-        .transpose()?;
-    if plant {
-        println!("planted defect: the L3 decode path leaves the newest position out of attention");
-    }
-    let mut failed = Vec::new();
-    for name in models {
-        let report = l3::check(name, |_| {})?;
-        println!("{}", report.summary());
-        if !report.passed() {
-            failed.push(name.to_owned());
-        }
-    }
-    if !failed.is_empty() {
-        bail!("L3 envelope failed for: {}", failed.join(", "));
-    }
-    Ok(())
-}
-
-pub fn run(args: Args) -> Result<()> {
-    match args.tier.as_str() {
-        "l1" => {}
-        "l2" => return run_l2(&args),
-        "l3" => return run_l3(&args),
-        other => bail!("tier `{other}` does not exist (available: l1, l2, l3)"),
-    }
-    let models: Vec<&str> = match &args.model {
-        Some(m) => vec![m.as_str()],
-        None => l1::MODELS.to_vec(),
-    };
-    let live = if args.live {
-        println!(
-            "running the oracle now (mlx-lm in {})…",
-            harness::oracle::venv_dir().display()
-        );
-        Some(l1::live_goldens("gen_l1.py", &models)?)
-    } else {
-        None
-    };
-    let plant = match &args.plant {
-        Some(p) => {
-            let (k, v) = p
-                .split_once('=')
-                .ok_or_else(|| anyhow::anyhow!("--plant wants KEY=VALUE, got `{p}`"))?;
-            let v: serde_json::Value =
-                serde_json::from_str(v).unwrap_or(serde_json::Value::String(v.into()));
-            println!("planted defect: config.json {k} = {v}");
-            Some((k.to_owned(), v))
-        }
-        None => None,
-    };
-    let mut reports = Vec::new();
-    for name in models {
-        let report = l1::check_named_against(name, live.as_ref().map(|d| d.path()), |c| {
-            if let Some((k, v)) = &plant {
-                c[k.as_str()] = v.clone();
-            }
-        })?;
-        println!("{}", report.summary());
-        for line in report.details() {
-            println!("{line}");
-        }
-        reports.push(report);
-    }
-    // Goldens made with mlx-lm's KV quantization (committed goldens only).
-    if plant.is_none() && !args.live {
-        for (golden, _) in l1::KV_GOLDENS {
-            let mut report = l1::check_golden(golden)?;
-            if args.model.as_deref().is_some_and(|m| m != report.model) {
-                continue;
-            }
-            report.model = golden.to_string();
-            println!("{} (mlx-lm kv_bits)", report.summary());
-            reports.push(report);
-        }
-    }
-    if !args.no_record && plant.is_none() {
-        record(&reports, args.live, "parity-l1", "mlx-lm")?;
-    }
-    // The B=N gate: batched decoding vs mlx-lm's BatchGenerator (committed goldens).
-    let mut batch_failed = Vec::new();
-    if plant.is_none()
-        && !args.live
-        && args
-            .model
-            .as_deref()
-            .is_none_or(|m| m == "tiny-llama-trained")
-    {
-        for scenario in harness::parity::batch::SCENARIOS {
-            let r = harness::parity::batch::run("tiny-llama-trained", scenario)?;
-            println!("L1 batch tiny-llama-trained {scenario}: {}", r.summary());
-            if !r.passed() {
-                batch_failed.push(format!("batch/{scenario}"));
-            }
-        }
-        // Speculative decoding vs mlx-lm's speculative_generate_step (ids, trace, log-probs).
-        let r = harness::parity::spec::run("tiny-llama-trained", None)?;
-        println!("L1 spec tiny-llama-trained: {}", r.summary());
-        if !r.passed() {
-            batch_failed.push("spec/tiny-llama-trained".into());
-        }
-        // The streaming detokenizer vs mlx-lm's: every piece of streamed text.
-        for model in harness::parity::detok::MODELS {
-            let r = harness::parity::detok::run(model, |_| {})?;
-            println!("L1 detok {model}: {}", r.summary());
-            if !r.passed() {
-                batch_failed.push(format!("detok/{model}"));
-            }
-        }
-        // LoRA training steps vs mlx-lm's LoRA layers, loss, autodiff and AdamW.
-        for model in harness::parity::train::MODELS {
-            let r = harness::parity::train::run(model, |_| {})?;
-            println!("L1 train (LoRA) {model}: {}", r.summary());
-            if !r.passed() {
-                batch_failed.push(format!("train/{model}"));
-            }
-        }
-    }
-    let mut failed: Vec<String> = reports
-        .iter()
-        .filter(|r| !r.passed())
-        .map(|r| r.model.clone())
-        .collect();
-    failed.extend(batch_failed);
-    // The sampling gates (same models where they have sampling goldens).
-    if plant.is_none() {
-        let sampling_models: Vec<&str> = harness::parity::sampling::MODELS
-            .into_iter()
-            .filter(|m| args.model.as_deref().is_none_or(|want| want == *m))
-            .collect();
-        let live_sampling = match (args.live, sampling_models.is_empty()) {
-            (true, false) => Some(l1::live_goldens("gen_sampling.py", &sampling_models)?),
-            _ => None,
-        };
-        for name in sampling_models {
-            let live_dir = live_sampling.as_ref().map(|d| d.path());
-            let report = harness::parity::sampling::check_named_against(name, live_dir, |_| {})?;
-            println!("{}", report.summary());
-            for line in report.details() {
-                println!("{line}");
-            }
-            if !report.passed() {
-                failed.push(format!("sampling/{name}"));
-            }
-        }
-    }
-    if !failed.is_empty() {
-        bail!("L1 failed for: {}", failed.join(", "));
     }
     Ok(())
 }

@@ -7,17 +7,17 @@
 use engine::generate::batch::Batch;
 use engine::generate::{greedy, Session, SessionOptions};
 use mlx_rs::ops::indexing::IndexOp;
-use serde_json::Value;
+use serde::Deserialize;
 
-use super::ParityError;
+use super::{ParityError, Report};
 use crate::compare::compare;
 use crate::goldens::{TensorEntry, TensorGolden};
 
-/// The scenarios of `goldens/batch/<model>`.
-pub const SCENARIOS: [&str; 3] = ["b2", "b4", "joinleave"];
-
 #[derive(Debug, Clone, Default)]
 pub struct BatchReport {
+    pub model: String,
+    /// The scenario run, or None for all of them.
+    pub scenario: Option<String>,
     pub vectors: usize,
     pub exact: usize,
     pub max_abs_diff: f64,
@@ -26,14 +26,19 @@ pub struct BatchReport {
     pub first_failure: Option<String>,
 }
 
-impl BatchReport {
-    pub fn passed(&self) -> bool {
+impl Report for BatchReport {
+    fn passed(&self) -> bool {
         self.vectors > 0 && self.exact == self.vectors && self.ids_matching == self.ids
     }
 
-    pub fn summary(&self) -> String {
+    fn summary(&self) -> String {
+        let scenario = self
+            .scenario
+            .as_ref()
+            .map_or(String::new(), |s| format!(" {s}"));
         format!(
-            "{}/{} logit vectors bit-exact (max |Δ| {:e}), {}/{} greedy ids{}",
+            "L1 batch {}{scenario}: {}/{} logit vectors bit-exact (max |Δ| {:e}), {}/{} greedy ids{}",
+            self.model,
             self.exact,
             self.vectors,
             self.max_abs_diff,
@@ -46,84 +51,120 @@ impl BatchReport {
     }
 }
 
-struct Row {
-    golden: Value,
+/// One scenario of the golden: rows of one batch.
+#[derive(Debug, Deserialize)]
+struct Scenario {
+    name: String,
+    rows: Vec<GoldenRow>,
+}
+
+/// One row: it joins at step `join_at` and leaves after `max_tokens` ids.
+#[derive(Debug, Deserialize)]
+struct GoldenRow {
+    name: String,
+    join_at: usize,
+    max_tokens: usize,
+    prompt_ids: Vec<u32>,
+    ids: Vec<u32>,
+    logits: Vec<TensorEntry>,
+}
+
+/// A row in the running batch.
+struct Row<'g> {
+    golden: &'g GoldenRow,
     /// Index of the next logit vector / id to check (0 = after the prefill).
     step: usize,
     token: u32,
 }
 
-fn entry(v: &Value) -> Result<TensorEntry, ParityError> {
-    serde_json::from_value(v.clone()).map_err(|e| ParityError::Index(e.to_string()))
+/// Runs `scenario` (default: every scenario) of `golden`, the batch golden of `model`: rows
+/// join the batch at their `join_at` step (prefilled alone first) and leave when they have
+/// produced `max_tokens` ids.
+pub fn run(
+    model: &str,
+    golden: &TensorGolden,
+    scenario: Option<&str>,
+) -> Result<BatchReport, ParityError> {
+    let m = engine::model::load(&crate::goldens::model_dir(model)?)?;
+    let mut report = BatchReport {
+        model: model.to_owned(),
+        scenario: scenario.map(str::to_owned),
+        ..Default::default()
+    };
+    let scenarios: Vec<Scenario> = serde_json::from_value(golden.index["scenarios"].clone())
+        .map_err(|e| ParityError::Index(format!("scenarios: {e}")))?;
+    let chosen: Vec<&Scenario> = scenarios
+        .iter()
+        .filter(|s| scenario.is_none_or(|want| s.name == want))
+        .collect();
+    if chosen.is_empty() {
+        return Err(ParityError::UnknownCase(
+            scenario.unwrap_or("(none)").to_owned(),
+        ));
+    }
+    for s in chosen {
+        run_scenario(golden, m.as_ref(), s, &mut report)?;
+    }
+    Ok(report)
 }
 
-/// Runs `scenario` of the batch golden of `model`: rows join the batch at their `join_at`
-/// step (prefilled alone first) and leave when they have produced `max_tokens` ids.
-pub fn run(model: &str, scenario: &str) -> Result<BatchReport, ParityError> {
-    let golden = TensorGolden::open(&format!("batch/{model}"))?;
-    let m = engine::model::load(&crate::goldens::model_dir(model)?)?;
-    let rows_golden: Vec<Value> = golden.index["scenarios"]
-        .as_array()
-        .and_then(|s| s.iter().find(|s| s["name"] == scenario))
-        .and_then(|s| s["rows"].as_array().cloned())
-        .ok_or_else(|| ParityError::UnknownCase(scenario.to_owned()))?;
-    let mut report = BatchReport::default();
-    let check = |row: &mut Row,
-                 logits: &mlx_rs::Array,
-                 report: &mut BatchReport|
-     -> Result<(), ParityError> {
-        let name = row.golden["name"].as_str().unwrap_or("?").to_owned();
-        if let Some(e) = row.golden["logits"].get(row.step) {
-            let (e, bytes) = golden.tensor_at(&entry(e)?)?;
-            let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
-            let cmp = compare(&flat, &e, bytes)?;
-            report.vectors += 1;
-            report.max_abs_diff = report.max_abs_diff.max(cmp.max_abs_diff);
-            if cmp.bit_exact {
-                report.exact += 1;
-            } else if report.first_failure.is_none() {
-                report.first_failure = Some(format!("{scenario}/{name} logits step {}", row.step));
-            }
+/// Checks one row's logits and greedy id at its current step, then moves it on.
+fn check_row(
+    golden: &TensorGolden,
+    scenario: &str,
+    row: &mut Row,
+    logits: &mlx_rs::Array,
+    report: &mut BatchReport,
+) -> Result<(), ParityError> {
+    let name = &row.golden.name;
+    if let Some(e) = row.golden.logits.get(row.step) {
+        let (e, bytes) = golden.tensor_at(e)?;
+        let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
+        let cmp = compare(&flat, &e, bytes)?;
+        report.vectors += 1;
+        report.max_abs_diff = report.max_abs_diff.max(cmp.max_abs_diff);
+        if cmp.bit_exact {
+            report.exact += 1;
+        } else if report.first_failure.is_none() {
+            report.first_failure = Some(format!("{scenario}/{name} logits step {}", row.step));
         }
-        let id = greedy(logits)?;
-        if let Some(want) = row.golden["ids"].get(row.step).and_then(Value::as_u64) {
-            report.ids += 1;
-            if want as u32 == id {
-                report.ids_matching += 1;
-            } else if report.first_failure.is_none() {
-                report.first_failure = Some(format!("{scenario}/{name} id step {}", row.step));
-            }
+    }
+    let id = greedy(logits)?;
+    if let Some(&want) = row.golden.ids.get(row.step) {
+        report.ids += 1;
+        if want == id {
+            report.ids_matching += 1;
+        } else if report.first_failure.is_none() {
+            report.first_failure = Some(format!("{scenario}/{name} id step {}", row.step));
         }
-        row.step += 1;
-        row.token = id;
-        Ok(())
-    };
-    let limit = |r: &Row| r.golden["max_tokens"].as_u64().unwrap_or(0) as usize;
-    let mut batch = Batch::new(m.as_ref());
+    }
+    row.step += 1;
+    row.token = id;
+    Ok(())
+}
+
+fn run_scenario(
+    golden: &TensorGolden,
+    m: &dyn engine::model::LanguageModel,
+    scenario: &Scenario,
+    report: &mut BatchReport,
+) -> Result<(), ParityError> {
+    let mut batch = Batch::new(m);
     let mut rows: Vec<Row> = Vec::new();
-    let last_join = rows_golden
-        .iter()
-        .filter_map(|r| r["join_at"].as_u64())
-        .max()
-        .unwrap_or(0) as usize;
+    let last_join = scenario.rows.iter().map(|r| r.join_at).max().unwrap_or(0);
     let mut t = 0;
     while t <= last_join || !rows.is_empty() {
         let mut sessions = Vec::new();
-        for g in rows_golden
-            .iter()
-            .filter(|g| g["join_at"].as_u64() == Some(t as u64))
-        {
-            let ids: Vec<u32> = serde_json::from_value(g["prompt_ids"].clone())
-                .map_err(|e| ParityError::Index(e.to_string()))?;
-            let mut session = Session::with_options(m.as_ref(), &SessionOptions::default());
-            let logits = session.prefill(&ids)?;
+        for g in scenario.rows.iter().filter(|g| g.join_at == t) {
+            let mut session = Session::with_options(m, &SessionOptions::default());
+            let logits = session.prefill(&g.prompt_ids)?;
             let mut row = Row {
-                golden: g.clone(),
+                golden: g,
                 step: 0,
                 token: 0,
             };
-            check(&mut row, &logits, &mut report)?;
-            if row.step < limit(&row) {
+            check_row(golden, &scenario.name, &mut row, &logits, report)?;
+            if row.step < g.max_tokens {
                 sessions.push(session);
                 rows.push(row);
             }
@@ -136,10 +177,10 @@ pub fn run(model: &str, scenario: &str) -> Result<BatchReport, ParityError> {
         let ids: Vec<u32> = rows.iter().map(|r| r.token).collect();
         let logits = batch.step(&ids)?;
         for (i, row) in rows.iter_mut().enumerate() {
-            check(row, &logits.index(i as i32), &mut report)?;
+            check_row(golden, &scenario.name, row, &logits.index(i as i32), report)?;
         }
         let keep: Vec<usize> = (0..rows.len())
-            .filter(|&i| rows[i].step < limit(&rows[i]))
+            .filter(|&i| rows[i].step < rows[i].golden.max_tokens)
             .collect();
         if keep.len() < rows.len() {
             batch.keep(&keep)?;
@@ -150,5 +191,5 @@ pub fn run(model: &str, scenario: &str) -> Result<BatchReport, ParityError> {
             });
         }
     }
-    Ok(report)
+    Ok(())
 }

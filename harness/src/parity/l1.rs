@@ -4,12 +4,14 @@
 //! and the greedy ids must be identical.
 
 use engine::generate::{greedy, Session, SessionOptions};
+use engine::load::config::ModelConfig;
 use engine::load::template::{ChatTemplate, Message};
 use engine::load::tokenizer::Tokenizer;
+use engine::load::weights::Weights;
 use engine::model::LanguageModel;
 use serde::Deserialize;
 
-use super::ParityError;
+use super::{Count, ParityError, Report};
 use crate::compare::{compare, Comparison};
 use crate::goldens::{TensorEntry, TensorGolden};
 
@@ -81,18 +83,15 @@ pub struct ModelReport {
     pub cases: Vec<CaseReport>,
 }
 
-impl ModelReport {
-    pub fn passed(&self) -> bool {
+impl Report for ModelReport {
+    fn passed(&self) -> bool {
         self.cases.iter().all(CaseReport::passed)
     }
 
-    pub fn summary(&self) -> String {
-        let (exact, total) = self.cases.iter().fold((0, 0), |(e, t), c| {
-            (e + c.logits_exact(), t + c.logits.len())
-        });
-        let (ids, steps) = self.cases.iter().fold((0, 0), |(e, t), c| {
-            (e + c.greedy_matching, t + c.greedy_total)
-        });
+    fn summary(&self) -> String {
+        let counts = self.counts();
+        let (exact, total) = (counts[0].value, counts[0].total);
+        let (ids, steps) = (counts[1].value, counts[1].total);
         let tok = self.cases.iter().filter(|c| c.ids_match).count();
         let tpl: Vec<bool> = self.cases.iter().filter_map(|c| c.template_match).collect();
         let ties = self.cases.iter().filter(|c| c.tie_at.is_some()).count();
@@ -122,7 +121,7 @@ impl ModelReport {
     }
 
     /// Per-case lines, with the first divergence named where there is one.
-    pub fn details(&self) -> Vec<String> {
+    fn details(&self) -> Vec<String> {
         self.cases
             .iter()
             .map(|c| {
@@ -158,20 +157,55 @@ impl ModelReport {
             })
             .collect()
     }
+
+    /// Logit vectors bit-exact and greedy ids identical, over all cases.
+    fn counts(&self) -> Vec<Count> {
+        let sum = |metric, f: fn(&CaseReport) -> (usize, usize)| {
+            let (value, total) = self
+                .cases
+                .iter()
+                .map(f)
+                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+            Count {
+                metric,
+                value,
+                total,
+            }
+        };
+        vec![
+            sum("logit_vectors_bit_exact", |c| {
+                (c.logits_exact(), c.logits.len())
+            }),
+            sum("greedy_ids_identical", |c| {
+                (c.greedy_matching, c.greedy_total)
+            }),
+        ]
+    }
 }
 
-/// Runs every case of `golden` through `model`, prefilling in chunks of the golden's
-/// `prefill_step_size` (mlx-lm's 2048 unless the golden says otherwise).
-pub fn check_model(
-    golden: &TensorGolden,
-    model: &dyn LanguageModel,
-    tokenizer: &Tokenizer,
-    template: Option<&ChatTemplate>,
-) -> Result<ModelReport, ParityError> {
-    let step = golden.index["settings"]["prefill_step_size"]
+/// An L1 report on a golden made with mlx-lm's kv_bits: its summary line only.
+#[derive(Debug, Clone)]
+pub struct KvBits(pub ModelReport);
+
+impl Report for KvBits {
+    fn summary(&self) -> String {
+        format!("{} (mlx-lm kv_bits)", self.0.summary())
+    }
+
+    fn passed(&self) -> bool {
+        self.0.passed()
+    }
+
+    fn counts(&self) -> Vec<Count> {
+        self.0.counts()
+    }
+}
+
+/// The golden's prefill chunk size (mlx-lm's 2048 unless its settings say otherwise).
+pub(super) fn prefill_step(golden: &TensorGolden) -> usize {
+    golden.index["settings"]["prefill_step_size"]
         .as_u64()
-        .map_or(engine::generate::PREFILL_STEP, |s| s as usize);
-    check_model_opts(golden, model, tokenizer, template, step, &options(golden))
+        .map_or(engine::generate::PREFILL_STEP, |s| s as usize)
 }
 
 /// The session options a golden was made with: mlx-lm's KV quantization when its settings
@@ -193,23 +227,42 @@ pub fn options(golden: &TensorGolden) -> SessionOptions {
     }
 }
 
-/// Runs the L1 golden `l1/<golden>` against the model it names (for goldens made with
-/// non-default settings, e.g. `tiny-llama-trained-kv4`).
-pub fn check_golden(golden: &str) -> Result<ModelReport, ParityError> {
-    let golden = TensorGolden::open(&format!("l1/{golden}"))?;
-    let name = golden.index["model"]
-        .as_str()
-        .unwrap_or_default()
-        .trim_start_matches("models/")
-        .to_owned();
-    let dir = crate::goldens::model_dir(&name)?;
-    let model = engine::model::load(&dir)?;
+/// The L1 gate of `model` on `golden` (`l1/<model>`, or one made with other settings, such as
+/// `l1/tiny-llama-trained-kv4`): the model loaded with `tweak_config` applied to its
+/// config.json, run with the golden's session options after `tweak_options` (planted
+/// defects), prefilled in chunks of the golden's `prefill_step_size`. The report is named
+/// after the golden.
+pub fn run(
+    model: &str,
+    golden: &TensorGolden,
+    tweak_config: impl FnOnce(&mut serde_json::Value),
+    tweak_options: impl FnOnce(&mut SessionOptions),
+) -> Result<ModelReport, ParityError> {
+    let dir = crate::goldens::model_dir(model)?;
+    let mut config = ModelConfig::read(&dir)?;
+    tweak_config(&mut config.raw);
+    let built = engine::model::build(&config, Weights::load(&dir)?)?;
     let tokenizer = Tokenizer::load(&dir)?;
     let template = ChatTemplate::from_tokenizer(&tokenizer)?;
-    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref())
+    let mut opts = options(golden);
+    tweak_options(&mut opts);
+    let step = prefill_step(golden);
+    let mut report = check_model_opts(
+        golden,
+        built.as_ref(),
+        &tokenizer,
+        template.as_ref(),
+        step,
+        &opts,
+    )?;
+    if let Some(name) = golden.dir.file_name() {
+        report.model = name.to_string_lossy().into_owned();
+    }
+    Ok(report)
 }
 
-/// As `check_model`, with an explicit prefill chunk size.
+/// Runs every case of `golden` through `model` with the default session options, prefilling
+/// in chunks of `prefill_step`.
 pub fn check_model_with(
     golden: &TensorGolden,
     model: &dyn LanguageModel,
@@ -358,85 +411,4 @@ fn top2_gap(bytes: &[u8]) -> f32 {
         }
     }
     a - b
-}
-
-/// The tiny models with committed L1 goldens.
-pub const MODELS: [&str; 11] = [
-    "tiny-llama",
-    "tiny-qwen3",
-    "tiny-llama-trained",
-    "tiny-llama-trained-q4",
-    "tiny-qwen3-q8",
-    "tiny-gemma3",
-    "tiny-gemma3-q4",
-    "tiny-qwen2",
-    "tiny-gemma4",
-    "tiny-gemma4-keqv",
-    "tiny-gemma4-q4",
-];
-
-/// L1 goldens made with mlx-lm's KV quantization: (golden, gen_l1.py arguments).
-pub const KV_GOLDENS: [(&str, &[&str]); 1] = [(
-    "tiny-llama-trained-kv4",
-    &[
-        "tiny-llama-trained",
-        "--kv-bits",
-        "4",
-        "--kv-group-size",
-        "32",
-        "--prefill-step",
-        "16",
-        "--suffix=-kv4",
-    ],
-)];
-
-/// Loads `goldens/models/<name>` (with `tweak` applied to its config.json first, for
-/// planted-defect checks) and runs its L1 gate from `goldens/l1/<name>`.
-pub fn check_named(
-    name: &str,
-    tweak: impl FnOnce(&mut serde_json::Value),
-) -> Result<ModelReport, ParityError> {
-    check_named_against(name, None, tweak)
-}
-
-/// As `check_named`, against goldens in `live_dir/<name>` (from `live_goldens`) if given.
-pub fn check_named_against(
-    name: &str,
-    live_dir: Option<&std::path::Path>,
-    tweak: impl FnOnce(&mut serde_json::Value),
-) -> Result<ModelReport, ParityError> {
-    use engine::load::config::ModelConfig;
-    use engine::load::weights::Weights;
-    let dir = crate::goldens::model_dir(name)?;
-    let mut config = ModelConfig::read(&dir)?;
-    tweak(&mut config.raw);
-    let model = engine::model::build(&config, Weights::load(&dir)?)?;
-    let tokenizer = Tokenizer::load(&dir)?;
-    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
-    let golden = match live_dir {
-        Some(live) => TensorGolden::open_dir(live.join(name), crate::goldens::Layer::Reference)?,
-        None => TensorGolden::open(&format!("l1/{name}"))?,
-    };
-    check_model(&golden, model.as_ref(), &tokenizer, template.as_ref())
-}
-
-/// Runs the oracle now (`oracles/<script> MODELS --out DIR`, e.g. gen_l1.py or
-/// gen_sampling.py); returns DIR, a temp dir holding fresh goldens in the committed layout.
-/// Needs the oracle venv.
-pub fn live_goldens(script: &str, models: &[&str]) -> Result<tempfile::TempDir, ParityError> {
-    let tmp = tempfile::tempdir().map_err(|e| ParityError::Index(e.to_string()))?;
-    let out = std::process::Command::new(crate::oracle::python())
-        .arg(crate::oracle::repo_root().join("oracles").join(script))
-        .args(models)
-        .arg("--out")
-        .arg(tmp.path())
-        .output()
-        .map_err(|e| ParityError::Index(format!("running the oracle: {e}")))?;
-    if !out.status.success() {
-        return Err(ParityError::Index(format!(
-            "oracles/{script} failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(tmp)
 }

@@ -8,12 +8,9 @@ use engine::generate::{CompileDecode, KvLayers, KvQuantPlan, SessionOptions};
 use engine::load::template::ChatTemplate;
 use engine::load::tokenizer::Tokenizer;
 
-use super::l1::{check_model_opts, ModelReport};
+use super::l1::{check_model_opts, prefill_step, ModelReport};
 use super::ParityError;
-use crate::goldens::{Layer, TensorGolden};
-
-/// The tiny models with committed L2 goldens.
-pub const MODELS: [&str; 3] = ["tiny-llama-trained", "tiny-gemma3-kv", "tiny-gemma4"];
+use crate::goldens::TensorGolden;
 
 /// The L2 session options for a golden: its kv_config.json, optiq's conversion start and
 /// the fused kernel.
@@ -32,29 +29,23 @@ pub fn options(golden: &TensorGolden) -> Result<SessionOptions, ParityError> {
     })
 }
 
-/// Runs the L2 gate of `name` (from `live_dir/<name>` when given), with `tweak` applied to
-/// the session options first (planted defects).
-pub fn check_named(
-    name: &str,
-    live_dir: Option<&std::path::Path>,
+/// Runs the L2 gate of `model` on `golden`, with `tweak` applied to the session options
+/// first (planted defects).
+pub fn run(
+    model: &str,
+    golden: &TensorGolden,
     tweak: impl FnOnce(&mut SessionOptions),
 ) -> Result<ModelReport, ParityError> {
-    let dir = crate::goldens::model_dir(name)?;
-    let model = engine::model::load(&dir)?;
+    let dir = crate::goldens::model_dir(model)?;
+    let built = engine::model::load(&dir)?;
     let tokenizer = Tokenizer::load(&dir)?;
     let template = ChatTemplate::from_tokenizer(&tokenizer)?;
-    let golden = match live_dir {
-        Some(live) => TensorGolden::open_dir(live.join(name), Layer::Reference)?,
-        None => TensorGolden::open(&format!("l2/{name}"))?,
-    };
-    let mut opts = options(&golden)?;
+    let mut opts = options(golden)?;
     tweak(&mut opts);
-    let step = golden.index["settings"]["prefill_step_size"]
-        .as_u64()
-        .map_or(engine::generate::PREFILL_STEP, |s| s as usize);
+    let step = prefill_step(golden);
     let mut report = check_model_opts(
-        &golden,
-        model.as_ref(),
+        golden,
+        built.as_ref(),
         &tokenizer,
         template.as_ref(),
         step,

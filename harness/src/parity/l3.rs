@@ -15,11 +15,9 @@ use engine::model::sdpa::perf_decode_calls;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::ParityError;
+use super::{ParityError, Report};
 use crate::goldens::{goldens_root, TensorGolden};
 
-/// Models with a frozen perf oracle (their L2 goldens supply the kv_config).
-pub const MODELS: [&str; 2] = ["tiny-llama-trained", "tiny-gemma4"];
 pub const STEPS: usize = 64;
 pub const MIN_AGREEMENT: usize = 56;
 /// Long enough that the KV axis spans two of optiq's 512-position tiles.
@@ -57,12 +55,12 @@ pub struct L3Report {
     pub perf_path_steps: usize,
 }
 
-impl L3Report {
-    pub fn passed(&self) -> bool {
+impl Report for L3Report {
+    fn passed(&self) -> bool {
         self.perf_path_steps > 0 && self.cases.iter().all(|c| c.agree >= MIN_AGREEMENT)
     }
 
-    pub fn summary(&self) -> String {
+    fn summary(&self) -> String {
         let cases: Vec<String> = self
             .cases
             .iter()
@@ -191,12 +189,13 @@ pub fn freeze(name: &str) -> Result<PathBuf, ParityError> {
     Ok(dir)
 }
 
-/// The envelope gate for `name`; `opts_tweak` may change the L3 options (planted defects).
+/// The envelope gate for `name` against its frozen trajectories `golden` (`l3/<name>`);
+/// `opts_tweak` may change the L3 options (planted defects).
 pub fn check(
     name: &str,
+    golden: &TensorGolden,
     opts_tweak: impl FnOnce(&mut SessionOptions),
 ) -> Result<L3Report, ParityError> {
-    let golden = TensorGolden::open_index_only(&format!("l3/{name}"))?;
     let frozen: Frozen = serde_json::from_value(golden.index.clone())
         .map_err(|e| ParityError::Index(format!("l3/{name}: {e}")))?;
     let (l2, kv) = l2_options(name)?;

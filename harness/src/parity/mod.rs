@@ -1,8 +1,13 @@
-//! Parity gates. `runtime`: the model-free MLX golden (Rust vs Python mlx, bit for bit).
-//! `l1`: the engine vs mlx-lm on the tiny models. `sampling`: mlx-lm's sampler chain, seeded.
+//! Parity gates. `gates` is the table of them all (name, tier, golden group, oracle
+//! generator, models, run); `harness parity`, `harness goldens` and the tests in tests/ read
+//! it. One module per gate: `runtime` (the model-free MLX golden), `l1` (the engine vs
+//! mlx-lm; also mlx-lm's kv_bits goldens), `sampling`, `batch`, `spec`, `detok`, `train`
+//! (all vs mlx-lm), `l2` and `spec_l2` (vs mlx-optiq), `l3` (the envelope vs our own frozen
+//! L2 trajectories).
 
 pub mod batch;
 pub mod detok;
+pub mod gates;
 pub mod l1;
 pub mod l2;
 pub mod l3;
@@ -11,6 +16,8 @@ pub mod sampling;
 pub mod spec;
 pub mod spec_l2;
 pub mod train;
+
+use std::any::Any;
 
 /// Why a parity gate could not run (a failing gate is a report, not an error).
 #[derive(Debug, thiserror::Error)]
@@ -25,4 +32,52 @@ pub enum ParityError {
     Mlx(#[from] mlx_rs::error::Exception),
     #[error("unknown case `{0}`")]
     UnknownCase(String),
+    /// A tier, plant or gate that does not exist or does not fit.
+    #[error("{0}")]
+    Usage(String),
+    #[error("oracle: {0}")]
+    Oracle(String),
+    #[error(transparent)]
+    NotCompiledIn(#[from] engine::plant::NotCompiledIn),
+}
+
+/// One count for the results DB: `value` of `total` (e.g. logit vectors bit-exact).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Count {
+    pub metric: &'static str,
+    pub value: usize,
+    pub total: usize,
+}
+
+/// What every gate's run gives back.
+pub trait Report: IntoAny {
+    /// The verdict line, naming the gate and what it ran (`L1 tiny-llama: 85/85 …`).
+    fn summary(&self) -> String;
+    /// Lines under the summary: per case, or where it failed.
+    fn details(&self) -> Vec<String> {
+        Vec::new()
+    }
+    fn passed(&self) -> bool;
+    /// The counts `harness parity` records in the results DB (none for most gates).
+    fn counts(&self) -> Vec<Count> {
+        Vec::new()
+    }
+}
+
+/// `Box<dyn Report>` back to the gate's own report type (see [`Report::downcast`]).
+pub trait IntoAny: Any {
+    fn into_any(self: Box<Self>) -> Box<dyn Any>;
+}
+
+impl<T: Any> IntoAny for T {
+    fn into_any(self: Box<Self>) -> Box<dyn Any> {
+        self
+    }
+}
+
+impl dyn Report {
+    /// The report as the gate's own type (e.g. `SpecReport`, for its acceptance counts).
+    pub fn downcast<R: Report>(self: Box<Self>) -> Option<R> {
+        self.into_any().downcast().ok().map(|r| *r)
+    }
 }

@@ -8,7 +8,7 @@ use mlx_rs::ops::{quantize, quantized_matmul, softmax_axis};
 use mlx_rs::transforms::value_and_grad;
 use mlx_rs::{random, Array, Dtype};
 
-use super::ParityError;
+use super::{ParityError, Report};
 use crate::compare::{compare, Comparison};
 use crate::goldens::TensorGolden;
 
@@ -125,7 +125,7 @@ pub fn run_case(name: &str, tamper: Tamper) -> Result<Vec<(&'static str, Array)>
 }
 
 /// Runs one case and compares every output it shares with the golden.
-pub fn check_case(
+fn check_case(
     golden: &TensorGolden,
     name: &str,
     tamper: Tamper,
@@ -142,11 +142,54 @@ pub fn check_case(
     Ok(reports)
 }
 
-/// Every case of the runtime golden.
-pub fn check_all(golden: &TensorGolden) -> Result<Vec<TensorReport>, ParityError> {
-    let mut all = Vec::new();
-    for case in CASES {
-        all.extend(check_case(golden, case, Tamper::None)?);
+/// Every tensor of the cases run.
+#[derive(Debug, Clone)]
+pub struct RuntimeReport {
+    pub tensors: Vec<TensorReport>,
+}
+
+impl Report for RuntimeReport {
+    fn summary(&self) -> String {
+        let exact = self
+            .tensors
+            .iter()
+            .filter(|r| r.comparison.bit_exact)
+            .count();
+        format!(
+            "runtime golden: {exact}/{} tensors bit-exact vs Python mlx",
+            self.tensors.len()
+        )
     }
-    Ok(all)
+
+    /// The tensors that are not bit-exact.
+    fn details(&self) -> Vec<String> {
+        self.tensors
+            .iter()
+            .filter(|r| !r.comparison.bit_exact)
+            .map(|r| format!("  {}/{}: {}", r.case, r.tensor, r.comparison))
+            .collect()
+    }
+
+    fn passed(&self) -> bool {
+        !self.tensors.is_empty() && self.tensors.iter().all(|r| r.comparison.bit_exact)
+    }
+}
+
+/// Runs `case` (default: every case) against the golden.
+pub fn run(
+    golden: &TensorGolden,
+    case: Option<&str>,
+    tamper: Tamper,
+) -> Result<RuntimeReport, ParityError> {
+    let mut tensors = Vec::new();
+    for name in CASES
+        .into_iter()
+        .filter(|c| case.is_none_or(|want| want == *c))
+    {
+        tensors.extend(check_case(golden, name, tamper)?);
+    }
+    match case {
+        Some(name) if tensors.is_empty() => Err(ParityError::UnknownCase(name.to_owned())),
+        _ => Ok(RuntimeReport { tensors }),
+    }
 }

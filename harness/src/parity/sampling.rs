@@ -8,11 +8,8 @@ use engine::model::LanguageModel;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::ParityError;
+use super::{ParityError, Report};
 use crate::goldens::TensorGolden;
-
-/// Models with committed sampling goldens.
-pub const MODELS: [&str; 3] = ["tiny-llama-trained", "tiny-qwen3", "tiny-llama-trained-q4"];
 
 #[derive(Debug, Deserialize)]
 struct Case {
@@ -61,17 +58,17 @@ pub struct CaseReport {
 }
 
 #[derive(Debug, Clone)]
-pub struct Report {
+pub struct SamplingReport {
     pub model: String,
     pub cases: Vec<CaseReport>,
 }
 
-impl Report {
-    pub fn passed(&self) -> bool {
+impl Report for SamplingReport {
+    fn passed(&self) -> bool {
         self.cases.iter().all(|c| c.first_divergent_step.is_none())
     }
 
-    pub fn summary(&self) -> String {
+    fn summary(&self) -> String {
         let (m, t) = self
             .cases
             .iter()
@@ -88,7 +85,8 @@ impl Report {
         )
     }
 
-    pub fn details(&self) -> Vec<String> {
+    /// The cases that diverge.
+    fn details(&self) -> Vec<String> {
         self.cases
             .iter()
             .filter_map(|c| {
@@ -103,25 +101,15 @@ impl Report {
     }
 }
 
-/// Runs every case of `goldens/sampling/<name>`; `tweak` may alter each case's parameters
-/// (for planted-defect checks).
-pub fn check_named(name: &str, tweak: impl Fn(&mut SamplingParams)) -> Result<Report, ParityError> {
-    check_named_against(name, None, tweak)
-}
-
-/// As `check_named`, against `live_dir/<name>` (written by `gen_sampling.py --out`) if given.
-pub fn check_named_against(
-    name: &str,
-    live_dir: Option<&std::path::Path>,
+/// Runs every case of `golden`, the sampling golden of `model`; `tweak` may alter each
+/// case's parameters (for planted-defect checks).
+pub fn run(
+    model: &str,
+    golden: &TensorGolden,
     tweak: impl Fn(&mut SamplingParams),
-) -> Result<Report, ParityError> {
-    let golden = match live_dir {
-        Some(dir) => TensorGolden::open_index_dir(dir.join(name))?,
-        None => TensorGolden::open_index_only(&format!("sampling/{name}"))?,
-    };
-    let dir = crate::goldens::model_dir(name)?;
-    let model = engine::model::load(&dir)?;
-    check(&golden.index, model.as_ref(), name, tweak)
+) -> Result<SamplingReport, ParityError> {
+    let loaded = engine::model::load(&crate::goldens::model_dir(model)?)?;
+    check(&golden.index, loaded.as_ref(), model, tweak)
 }
 
 fn check(
@@ -129,7 +117,7 @@ fn check(
     model: &dyn LanguageModel,
     name: &str,
     tweak: impl Fn(&mut SamplingParams),
-) -> Result<Report, ParityError> {
+) -> Result<SamplingReport, ParityError> {
     let cases: Vec<Case> = serde_json::from_value(index["cases"].clone())
         .map_err(|e| ParityError::Index(e.to_string()))?;
     let mut reports = Vec::new();
@@ -165,7 +153,7 @@ fn check(
                     .then_some(ids.len().min(case.sampled_ids.len()))),
         });
     }
-    Ok(Report {
+    Ok(SamplingReport {
         model: name.to_owned(),
         cases: reports,
     })

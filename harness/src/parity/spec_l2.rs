@@ -20,10 +20,13 @@ fn field<T: serde::de::DeserializeOwned>(v: &Value, key: &str) -> Result<T, Pari
     serde_json::from_value(v[key].clone()).map_err(|e| ParityError::Index(format!("{key}: {e}")))
 }
 
-/// Runs every case of `goldens/spec-l2/<target>` (or only `only`). `vectors`/`exact` count
-/// log-prob rows and drafter logits together.
-pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> {
-    let golden = TensorGolden::open(&format!("spec-l2/{target}"))?;
+/// Runs every case (or only `only`) of `golden`, the assistant-drafting golden of `target`.
+/// `vectors`/`exact` count log-prob rows and drafter logits together.
+pub fn run(
+    target: &str,
+    golden: &TensorGolden,
+    only: Option<&str>,
+) -> Result<SpecReport, ParityError> {
     let drafter_name = golden.index["drafter"]
         .as_str()
         .and_then(|s| s.strip_prefix("models/"))
@@ -36,27 +39,55 @@ pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> 
     let drafter = AssistantDrafter::load(&crate::goldens::model_dir(&drafter_name)?)?;
     let prefill_step: usize = field(&golden.index["settings"], "prefill_step_size")?;
     let cases: Vec<Value> = field(&golden.index, "cases")?;
-    let mut report = SpecReport::default();
-    let fail = |report: &mut SpecReport, what: String| {
-        if report.first_failure.is_none() {
-            report.first_failure = Some(what);
-        }
+    let mut report = SpecReport {
+        label: format!("L2 spec (assistant drafter) {target}"),
+        ..Default::default()
     };
     for case in cases.iter().filter(|c| only.is_none_or(|o| c["name"] == o)) {
-        let name: String = field(case, "name")?;
-        let prompt: Vec<u32> = field(case, "prompt_ids")?;
-        let want_ids: Vec<u32> = field(case, "ids")?;
-        let want_flags: Vec<bool> = field(case, "from_draft")?;
-        let lp_entries: Vec<TensorEntry> = field(case, "logprobs")?;
         let mut session = Session::with_options(m.as_ref(), &SessionOptions::default());
         session.prefill_step = prefill_step;
+        let ours = Ours::generate(&mut session, hooks, &drafter, case)?;
+        ours.check(golden, case, &mut report)?;
+    }
+    if report.cases == 0 {
+        return Err(ParityError::UnknownCase(
+            only.unwrap_or("(none)").to_owned(),
+        ));
+    }
+    Ok(report)
+}
+
+/// What our assistant-drafting run of one case gave.
+struct Ours {
+    ids: Vec<u32>,
+    flags: Vec<bool>,
+    rows: Vec<mlx_rs::Array>,
+    trace: AssistantTrace,
+    drafted: usize,
+    accepted: usize,
+}
+
+fn fail(report: &mut SpecReport, what: String) {
+    if report.first_failure.is_none() {
+        report.first_failure = Some(what);
+    }
+}
+
+impl Ours {
+    fn generate(
+        session: &mut Session,
+        hooks: &dyn engine::model::AssistantTarget,
+        drafter: &AssistantDrafter,
+        case: &Value,
+    ) -> Result<Ours, ParityError> {
+        let prompt: Vec<u32> = field(case, "prompt_ids")?;
         let mut sampler = Sampler::new(SamplingParams::default())?;
         let mut trace = AssistantTrace::default();
         let (mut ids, mut flags, mut rows) = (Vec::new(), Vec::new(), Vec::new());
         let (_, stats, _) = assistant_generate_in(
-            &mut session,
+            session,
             hooks,
-            &drafter,
+            drafter,
             &prompt,
             0,
             field(case, "gamma")?,
@@ -71,6 +102,24 @@ pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> 
                 Ok(Flow::Continue)
             },
         )?;
+        Ok(Ours {
+            ids,
+            flags,
+            rows,
+            trace,
+            drafted: stats.drafted,
+            accepted: stats.accepted,
+        })
+    }
+
+    /// Compares this run with the golden's `case`, adding to `report`.
+    fn check(
+        &self,
+        golden: &TensorGolden,
+        case: &Value,
+        report: &mut SpecReport,
+    ) -> Result<(), ParityError> {
+        let name: String = field(case, "name")?;
         let check = |report: &mut SpecReport,
                      ours: &mlx_rs::Array,
                      e: &TensorEntry,
@@ -87,24 +136,26 @@ pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> 
             }
             Ok(())
         };
-        for (k, (row, e)) in rows.iter().zip(&lp_entries).enumerate() {
-            check(&mut report, row, e, format!("{name} log-probs {k}"))?;
+        let lp_entries: Vec<TensorEntry> = field(case, "logprobs")?;
+        for (k, (row, e)) in self.rows.iter().zip(&lp_entries).enumerate() {
+            check(report, row, e, format!("{name} log-probs {k}"))?;
         }
         let want_drafts: Vec<Value> = field(case, "drafts")?;
-        let mut drafts_match = want_drafts.len() == trace.drafts.len();
+        let mut drafts_match = want_drafts.len() == self.trace.drafts.len();
         for (k, ((pos, tok_in, id, logits), want)) in
-            trace.drafts.iter().zip(&want_drafts).enumerate()
+            self.trace.drafts.iter().zip(&want_drafts).enumerate()
         {
             let same = *pos as i64 == want["position"].as_i64().unwrap_or(-1)
                 && u64::from(*tok_in) == want["token_in"].as_u64().unwrap_or(u64::MAX)
                 && u64::from(*id) == want["id"].as_u64().unwrap_or(u64::MAX);
             drafts_match &= same;
             let e: TensorEntry = field(want, "logits")?;
-            check(&mut report, logits, &e, format!("{name} draft {k} logits"))?;
+            check(report, logits, &e, format!("{name} draft {k} logits"))?;
         }
         let want_passes: Vec<Value> = field(case, "passes")?;
-        let passes_match = want_passes.len() == trace.passes.len()
-            && trace
+        let passes_match = want_passes.len() == self.trace.passes.len()
+            && self
+                .trace
                 .passes
                 .iter()
                 .zip(&want_passes)
@@ -112,28 +163,22 @@ pub fn run(target: &str, only: Option<&str>) -> Result<SpecReport, ParityError> 
                     serde_json::to_value(input).ok().as_ref() == Some(&want["input"])
                         && *n as u64 == want["accepted"].as_u64().unwrap_or(u64::MAX)
                 });
-        report.drafted += stats.drafted;
-        report.accepted += stats.accepted;
+        let ids_match = self.ids == field::<Vec<u32>>(case, "ids")?;
+        let flags_match = self.flags == field::<Vec<bool>>(case, "from_draft")?;
+        report.drafted += self.drafted;
+        report.accepted += self.accepted;
         report.cases += 1;
-        if ids == want_ids && flags == want_flags && drafts_match && passes_match {
+        if ids_match && flags_match && drafts_match && passes_match {
             report.cases_matching += 1;
         } else {
             fail(
-                &mut report,
+                report,
                 format!(
-                    "{name}: ids {} trace {} drafts {} passes {}",
-                    ids == want_ids,
-                    flags == want_flags,
-                    drafts_match,
-                    passes_match
+                    "{name}: ids {ids_match} trace {flags_match} drafts {drafts_match} passes \
+                     {passes_match}"
                 ),
             );
         }
+        Ok(())
     }
-    if report.cases == 0 {
-        return Err(ParityError::UnknownCase(
-            only.unwrap_or("(none)").to_owned(),
-        ));
-    }
-    Ok(report)
 }
