@@ -176,27 +176,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         ),
         None => None,
     };
-    let prompt_ids = if args.chat {
-        let template = ChatTemplate::from_tokenizer(&tokenizer)?.with_context(|| {
-            format!(
-                "{} has no chat_template in tokenizer_config.json; drop --chat",
-                dir.display()
-            )
-        })?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message::new("system", system));
-        }
-        messages.push(Message::new("user", &args.prompt));
-        // As mlx_lm.generate: the rendered template already holds any bos token.
-        tokenizer.encode(&template.render(&messages, true)?, false)?
-    } else {
-        tokenizer.encode(&args.prompt, true)?
-    };
-    anyhow::ensure!(
-        !prompt_ids.is_empty(),
-        "the prompt encodes to no tokens; give some text"
-    );
+    let prompt_ids = encode_prompt(&args, &tokenizer)?;
 
     let mut text = TextStream::new(&tokenizer, args.stop.iter().cloned());
     let mut stdout = std::io::stdout().lock();
@@ -245,6 +225,42 @@ fn generate(args: GenerateArgs) -> Result<()> {
     if !args.verbose {
         return Ok(());
     }
+    print_stats(&args, &stats, finish, spec_stats)
+}
+
+/// The prompt's ids: the text, or (--chat) the rendered chat template around it.
+fn encode_prompt(args: &GenerateArgs, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+    let ids = if args.chat {
+        let template = ChatTemplate::from_tokenizer(tokenizer)?.with_context(|| {
+            format!(
+                "{} has no chat_template in tokenizer_config.json; drop --chat",
+                args.model.display()
+            )
+        })?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(Message::new("system", system));
+        }
+        messages.push(Message::new("user", &args.prompt));
+        // As mlx_lm.generate: the rendered template already holds any bos token.
+        tokenizer.encode(&template.render(&messages, true)?, false)?
+    } else {
+        tokenizer.encode(&args.prompt, true)?
+    };
+    anyhow::ensure!(
+        !ids.is_empty(),
+        "the prompt encodes to no tokens; give some text"
+    );
+    Ok(ids)
+}
+
+/// mlx_lm.generate's verbose footer (stderr): speeds, why it stopped, peak memory.
+fn print_stats(
+    args: &GenerateArgs,
+    stats: &gen::Stats,
+    finish: Finish,
+    spec: Option<gen::speculative::SpecStats>,
+) -> Result<()> {
     eprintln!("==========");
     eprintln!(
         "Prompt: {} tokens, {:.3} tokens-per-sec",
@@ -261,7 +277,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
             Finish::Stop => "stop string",
         }
     );
-    if let Some(spec) = spec_stats {
+    if let Some(spec) = spec {
         eprintln!(
             "Speculative: γ {}, drafted {}, accepted {} ({:.1}%), target calls {}, draft calls {}",
             args.num_draft_tokens,
