@@ -11,7 +11,7 @@ use super::data::{read_jsonl, Encoder};
 use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
-use super::trainer::{train, Dataset, Method, Metrics, TrainConfig};
+use super::trainer::{train, Dataset, Method, Metrics, StepReport, TrainConfig};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 
@@ -152,108 +152,14 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         tokenizer: &tokenizer,
         template: template.as_ref(),
     };
-    let load = |name: &str| -> anyhow::Result<Option<Dataset>> {
-        let file = args.data.join(name);
-        if !file.exists() {
-            return Ok(None);
-        }
-        Ok(Some(match args.method {
-            MethodArg::Sft => {
-                Dataset::Sft(read_jsonl(&file, |v| encoder.sft(v, args.mask_prompt))?)
-            }
-            MethodArg::Orpo => Dataset::Orpo(read_jsonl(&file, |v| encoder.pair(v))?),
-        }))
-    };
-    let train_set = load("train.jsonl")?.with_context(|| {
-        format!(
-            "{} has no train.jsonl (one JSON example per line)",
-            args.data.display()
-        )
-    })?;
-    let valid_set = load("valid.jsonl")?;
-    let scale = match args.lora_alpha {
-        Some(alpha) if args.rslora => alpha / (args.lora_rank as f32).sqrt(),
-        Some(alpha) => alpha / args.lora_rank as f32,
-        None => args.lora_scale,
-    };
-    let adapter_config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: args.num_layers,
-        lora_parameters: LoraParams {
-            rank: args.lora_rank,
-            scale,
-            dropout: args.lora_dropout,
-            keys: (!args.lora_keys.is_empty()).then(|| args.lora_keys.clone()),
-        },
-        extra: Default::default(),
-    };
+    let (train_set, valid_set) = args.datasets(&encoder)?;
+    let adapter_config = args.adapter_config();
     let adapters = Adapters::attach(model.as_ref(), adapter_config.clone(), args.seed)?;
-    let schedule = match args.lr_schedule {
-        ScheduleArg::Constant => Schedule::Constant(args.learning_rate),
-        ScheduleArg::Cosine => Schedule::WarmupCosine {
-            warmup: args.warmup,
-            warmup_init: 0.0,
-            peak: args.learning_rate,
-            decay_steps: (args.iters as u64).saturating_sub(args.warmup).max(1),
-            end: args.min_learning_rate,
-        },
-    };
-    let mut opt = AdamW::new(schedule, args.weight_decay);
-    let cfg = TrainConfig {
-        method: match args.method {
-            MethodArg::Sft => Method::Sft,
-            MethodArg::Orpo => Method::Orpo,
-        },
-        iters: args.iters,
-        batch_size: args.batch_size,
-        grad_accumulation: args.grad_accumulation_steps,
-        max_grad_norm: args.max_grad_norm,
-        steps_per_eval: args.steps_per_eval,
-        val_batches: args.val_batches,
-        save_every: args.save_every,
-        max_seq_length: args.max_seq_length,
-        seed: args.seed,
-        orpo_lambda: args.orpo_lambda,
-        sft_scope: match args.sft_scope {
-            ScopeArg::Full => SftScope::Full,
-            ScopeArg::Response => SftScope::Response,
-        },
-        segment_size: args.segment_size,
-        lambda_controller: (args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(|| {
-            use super::lambda::{ControllerConfig, Law};
-            ControllerConfig::new(match args.lambda_law {
-                LambdaLawArg::Aimd => Law::Aimd,
-                LambdaLawArg::P => Law::P,
-                LambdaLawArg::Pd => Law::Pd,
-                LambdaLawArg::Pid => Law::Pid,
-            })
-        }),
-    };
+    let mut opt = AdamW::new(args.schedule(), args.weight_decay);
+    let cfg = args.train_config();
     std::fs::create_dir_all(&args.adapter_path)?;
-    let mut metrics = Metrics::create(
-        &args.adapter_path.join("metrics.jsonl"),
-        json!({
-            "model": args.model.display().to_string(),
-            "data": args.data.display().to_string(),
-            "config": cfg,
-            "lora": adapter_config,
-            "learning_rate": args.learning_rate,
-            "lr_schedule": format!("{:?}", args.lr_schedule).to_lowercase(),
-            "warmup": args.warmup,
-            "weight_decay": args.weight_decay,
-            "engine": crate::VERSION,
-            "started": crate::clock::now_utc(),
-        }),
-    )?;
-    let bar = if args.quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(args.iters as u64)
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed}<{eta})")
-            .expect("valid template"),
-    );
+    let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
+    let bar = progress_bar(args.quiet, args.iters);
     train(
         model.as_ref(),
         &adapters,
@@ -263,19 +169,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         &cfg,
         &mut metrics,
         &args.adapter_path,
-        |r, eval| match eval {
-            Some(m) => {
-                let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
-                bar.println(format!("step {}: eval {}", r.step, parts.join(", ")));
-            }
-            None => {
-                bar.set_position(r.step as u64);
-                bar.set_message(format!(
-                    "loss {:.4} lr {:.2e} {:.0} tok/s",
-                    r.loss, r.lr, r.tokens_per_s
-                ));
-            }
-        },
+        |r, eval| show_progress(&bar, r, eval),
     )?;
     bar.finish();
     if args.quiet {
@@ -286,4 +180,154 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         args.adapter_path.display()
     );
     Ok(())
+}
+
+impl TrainArgs {
+    /// The training set (train.jsonl, required) and the validation set (valid.jsonl, if
+    /// there is one), encoded for the method.
+    fn datasets(&self, encoder: &Encoder) -> anyhow::Result<(Dataset, Option<Dataset>)> {
+        let load = |name: &str| -> anyhow::Result<Option<Dataset>> {
+            let file = self.data.join(name);
+            if !file.exists() {
+                return Ok(None);
+            }
+            Ok(Some(match self.method {
+                MethodArg::Sft => {
+                    Dataset::Sft(read_jsonl(&file, |v| encoder.sft(v, self.mask_prompt))?)
+                }
+                MethodArg::Orpo => Dataset::Orpo(read_jsonl(&file, |v| encoder.pair(v))?),
+            }))
+        };
+        let train_set = load("train.jsonl")?.with_context(|| {
+            format!(
+                "{} has no train.jsonl (one JSON example per line)",
+                self.data.display()
+            )
+        })?;
+        Ok((train_set, load("valid.jsonl")?))
+    }
+
+    /// The adapters' settings, as adapter_config.json records them.
+    fn adapter_config(&self) -> AdapterConfig {
+        let scale = match self.lora_alpha {
+            Some(alpha) if self.rslora => alpha / (self.lora_rank as f32).sqrt(),
+            Some(alpha) => alpha / self.lora_rank as f32,
+            None => self.lora_scale,
+        };
+        AdapterConfig {
+            fine_tune_type: "lora".into(),
+            num_layers: self.num_layers,
+            lora_parameters: LoraParams {
+                rank: self.lora_rank,
+                scale,
+                dropout: self.lora_dropout,
+                keys: (!self.lora_keys.is_empty()).then(|| self.lora_keys.clone()),
+            },
+            extra: Default::default(),
+        }
+    }
+
+    /// The learning-rate schedule.
+    fn schedule(&self) -> Schedule {
+        match self.lr_schedule {
+            ScheduleArg::Constant => Schedule::Constant(self.learning_rate),
+            ScheduleArg::Cosine => Schedule::WarmupCosine {
+                warmup: self.warmup,
+                warmup_init: 0.0,
+                peak: self.learning_rate,
+                decay_steps: (self.iters as u64).saturating_sub(self.warmup).max(1),
+                end: self.min_learning_rate,
+            },
+        }
+    }
+
+    /// The trainer's settings.
+    fn train_config(&self) -> TrainConfig {
+        TrainConfig {
+            method: match self.method {
+                MethodArg::Sft => Method::Sft,
+                MethodArg::Orpo => Method::Orpo,
+            },
+            iters: self.iters,
+            batch_size: self.batch_size,
+            grad_accumulation: self.grad_accumulation_steps,
+            max_grad_norm: self.max_grad_norm,
+            steps_per_eval: self.steps_per_eval,
+            val_batches: self.val_batches,
+            save_every: self.save_every,
+            max_seq_length: self.max_seq_length,
+            seed: self.seed,
+            orpo_lambda: self.orpo_lambda,
+            sft_scope: match self.sft_scope {
+                ScopeArg::Full => SftScope::Full,
+                ScopeArg::Response => SftScope::Response,
+            },
+            segment_size: self.segment_size,
+            lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
+                || {
+                    use super::lambda::{ControllerConfig, Law};
+                    ControllerConfig::new(match self.lambda_law {
+                        LambdaLawArg::Aimd => Law::Aimd,
+                        LambdaLawArg::P => Law::P,
+                        LambdaLawArg::Pd => Law::Pd,
+                        LambdaLawArg::Pid => Law::Pid,
+                    })
+                },
+            ),
+        }
+    }
+
+    /// `<adapter path>/metrics.jsonl`, headed by the run's settings.
+    fn open_metrics(&self, cfg: &TrainConfig, lora: &AdapterConfig) -> anyhow::Result<Metrics> {
+        Ok(Metrics::create(
+            &self.adapter_path.join("metrics.jsonl"),
+            json!({
+                "model": self.model.display().to_string(),
+                "data": self.data.display().to_string(),
+                "config": cfg,
+                "lora": lora,
+                "learning_rate": self.learning_rate,
+                "lr_schedule": format!("{:?}", self.lr_schedule).to_lowercase(),
+                "warmup": self.warmup,
+                "weight_decay": self.weight_decay,
+                "engine": crate::VERSION,
+                "started": crate::clock::now_utc(),
+            }),
+        )?)
+    }
+}
+
+/// A bar over the iterations (hidden with --quiet).
+fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
+    let bar = if quiet {
+        indicatif::ProgressBar::hidden()
+    } else {
+        indicatif::ProgressBar::new(iters as u64)
+    };
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed}<{eta})")
+            .expect("valid template"),
+    );
+    bar
+}
+
+/// A step moves the bar and shows its loss, learning rate and speed; an eval prints a line.
+fn show_progress(
+    bar: &indicatif::ProgressBar,
+    r: &StepReport,
+    eval: Option<&[(&'static str, f64)]>,
+) {
+    match eval {
+        Some(m) => {
+            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
+            bar.println(format!("step {}: eval {}", r.step, parts.join(", ")));
+        }
+        None => {
+            bar.set_position(r.step as u64);
+            bar.set_message(format!(
+                "loss {:.4} lr {:.2e} {:.0} tok/s",
+                r.loss, r.lr, r.tokens_per_s
+            ));
+        }
+    }
 }

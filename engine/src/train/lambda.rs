@@ -148,114 +148,132 @@ impl Controller {
     pub fn update(&mut self, lw: f64, lr: f64) -> Option<Change> {
         let (lw0, lr0) = self.prev.replace((lw, lr))?;
         let (dlw, dlr) = (lw - lw0, lr - lr0);
-        let c = self.cfg.clone();
         if self.phase == Phase::Stopped {
             return None;
         }
         if let Some(reference) = self.lw_ref {
-            if lw < reference - c.hard_drop {
-                self.phase = Phase::Stopped;
-                return self
-                    .set(
-                        c.min,
-                        format!(
-                            "hard stop: lw {lw:.3} fell more than {} below {reference:.3}",
-                            c.hard_drop
-                        ),
-                    )
-                    .or(Some(Change {
-                        from: self.lambda,
-                        to: self.lambda,
-                        cause: "hard stop".into(),
-                        phase: Phase::Stopped,
-                    }));
+            if lw < reference - self.cfg.hard_drop {
+                return Some(self.stop_hard(lw, reference));
             }
         }
         // Displacement: the margin grows because ℓr falls while ℓw falls as well.
-        let displacing = dlw < -c.eps_disp && dlr < dlw;
+        let displacing = dlw < -self.cfg.eps_disp && dlr < dlw;
         self.displaced = if displacing { self.displaced + 1 } else { 0 };
         match self.phase {
-            Phase::Warmup => {
-                self.settle = if dlw.abs() < c.eps_sft {
-                    self.settle + 1
-                } else {
-                    0
-                };
-                if self.settle >= c.k {
-                    self.phase = Phase::Control;
-                    self.lw_ref = Some(lw);
-                    return Some(Change {
-                        from: self.lambda,
-                        to: self.lambda,
-                        cause: format!("warm-up done: lw settled at {lw:.3}"),
-                        phase: Phase::Control,
-                    });
-                }
-                None
-            }
-            Phase::Hold => {
-                if dlw >= 0.0 && !displacing {
-                    self.phase = Phase::Control;
-                    return self.set(
-                        self.lambda + c.ramp,
-                        format!("lw recovered (dLw {dlw:+.3}): ramp again"),
-                    );
-                }
-                if self.displaced >= c.k {
-                    self.displaced = 0;
-                    return self.set(
-                        self.lambda * c.backoff,
-                        format!("displacement persists (dLw {dlw:+.3}, dLr {dlr:+.3})"),
-                    );
-                }
-                None
-            }
-            Phase::Control => {
-                match c.law {
-                    Law::Aimd => {
-                        if self.displaced >= c.k {
-                            self.displaced = 0;
-                            self.phase = Phase::Hold;
-                            self.set(self.lambda * c.backoff, format!("displacement confirmed (dLw {dlw:+.3}, dLr {dlr:+.3}): back off"))
-                        } else if dlw >= -c.eps_disp {
-                            self.set(
-                                self.lambda + c.ramp,
-                                format!("lw holds (dLw {dlw:+.3}): ramp"),
-                            )
-                        } else {
-                            None
-                        }
-                    }
-                    Law::P | Law::Pd | Law::Pid => {
-                        let e = dlw + c.eps_disp;
-                        self.errors.push(e);
-                        if self.errors.len() > c.window {
-                            self.errors.remove(0);
-                        }
-                        let mut delta = c.kp * e;
-                        if matches!(c.law, Law::Pd | Law::Pid) {
-                            delta += c.kd * robust_slope(&self.errors);
-                        }
-                        if c.law == Law::Pid {
-                            // Anti-windup: the integral stays within what can move λ across its range.
-                            let limit = (c.max - c.min) / c.ki.max(1e-9);
-                            self.integral = (self.integral + e).clamp(-limit, limit);
-                            delta += c.ki * self.integral;
-                        }
-                        // Lowering λ needs confirmed displacement; pushing is the default.
-                        if delta < 0.0 && self.displaced < c.k {
-                            return None;
-                        }
-                        let law = format!("{:?}", c.law).to_lowercase();
-                        self.set(
-                            self.lambda + delta,
-                            format!("{law}: e {e:+.3} → Δλ {delta:+.3}"),
-                        )
-                    }
-                }
-            }
+            Phase::Warmup => self.warm_up(lw, dlw),
+            Phase::Hold => self.hold(dlw, dlr, displacing),
+            Phase::Control => match self.cfg.law {
+                Law::Aimd => self.aimd(dlw, dlr),
+                Law::P | Law::Pd | Law::Pid => self.pid(dlw),
+            },
             Phase::Stopped => None,
         }
+    }
+
+    /// ℓw fell more than `hard_drop` below `reference` (its value when warm-up ended): λ to
+    /// its minimum, and no further changes.
+    fn stop_hard(&mut self, lw: f64, reference: f64) -> Change {
+        self.phase = Phase::Stopped;
+        let cause = format!(
+            "hard stop: lw {lw:.3} fell more than {} below {reference:.3}",
+            self.cfg.hard_drop
+        );
+        self.set(self.cfg.min, cause).unwrap_or_else(|| Change {
+            from: self.lambda,
+            to: self.lambda,
+            cause: "hard stop".into(),
+            phase: Phase::Stopped,
+        })
+    }
+
+    /// Warm-up: control starts once ℓw has settled (|ΔLw| < ε_sft) for K evals.
+    fn warm_up(&mut self, lw: f64, dlw: f64) -> Option<Change> {
+        self.settle = if dlw.abs() < self.cfg.eps_sft {
+            self.settle + 1
+        } else {
+            0
+        };
+        if self.settle < self.cfg.k {
+            return None;
+        }
+        self.phase = Phase::Control;
+        self.lw_ref = Some(lw);
+        Some(Change {
+            from: self.lambda,
+            to: self.lambda,
+            cause: format!("warm-up done: lw settled at {lw:.3}"),
+            phase: Phase::Control,
+        })
+    }
+
+    /// After a back-off: ramp again once ℓw recovers, back off again while displacement
+    /// persists for K evals.
+    fn hold(&mut self, dlw: f64, dlr: f64, displacing: bool) -> Option<Change> {
+        let c = self.cfg.clone();
+        if dlw >= 0.0 && !displacing {
+            self.phase = Phase::Control;
+            return self.set(
+                self.lambda + c.ramp,
+                format!("lw recovered (dLw {dlw:+.3}): ramp again"),
+            );
+        }
+        if self.displaced >= c.k {
+            self.displaced = 0;
+            return self.set(
+                self.lambda * c.backoff,
+                format!("displacement persists (dLw {dlw:+.3}, dLr {dlr:+.3})"),
+            );
+        }
+        None
+    }
+
+    /// AIMD: back off (and hold) on displacement confirmed for K evals, ramp while ℓw holds.
+    fn aimd(&mut self, dlw: f64, dlr: f64) -> Option<Change> {
+        let c = self.cfg.clone();
+        if self.displaced >= c.k {
+            self.displaced = 0;
+            self.phase = Phase::Hold;
+            self.set(
+                self.lambda * c.backoff,
+                format!("displacement confirmed (dLw {dlw:+.3}, dLr {dlr:+.3}): back off"),
+            )
+        } else if dlw >= -c.eps_disp {
+            self.set(
+                self.lambda + c.ramp,
+                format!("lw holds (dLw {dlw:+.3}): ramp"),
+            )
+        } else {
+            None
+        }
+    }
+
+    /// P, PD, PID on e = ΔLw + ε_disp; lowering λ needs displacement confirmed for K evals.
+    fn pid(&mut self, dlw: f64) -> Option<Change> {
+        let c = self.cfg.clone();
+        let e = dlw + c.eps_disp;
+        self.errors.push(e);
+        if self.errors.len() > c.window {
+            self.errors.remove(0);
+        }
+        let mut delta = c.kp * e;
+        if matches!(c.law, Law::Pd | Law::Pid) {
+            delta += c.kd * robust_slope(&self.errors);
+        }
+        if c.law == Law::Pid {
+            // Anti-windup: the integral stays within what can move λ across its range.
+            let limit = (c.max - c.min) / c.ki.max(1e-9);
+            self.integral = (self.integral + e).clamp(-limit, limit);
+            delta += c.ki * self.integral;
+        }
+        // Lowering λ needs confirmed displacement; pushing is the default.
+        if delta < 0.0 && self.displaced < c.k {
+            return None;
+        }
+        let law = format!("{:?}", c.law).to_lowercase();
+        self.set(
+            self.lambda + delta,
+            format!("{law}: e {e:+.3} → Δλ {delta:+.3}"),
+        )
     }
 }
 

@@ -157,10 +157,15 @@ fn batch_outputs(
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
     let (inputs, mut loss) = batch_loss(data, batch, cfg);
-    loss(&model.forward(
-        &inputs,
+    loss(&forward_uncached(model, &inputs)?)
+}
+
+/// The forward training runs: every layer attends over the inputs alone, no cache.
+fn forward_uncached(model: &dyn LanguageModel, inputs: &Array) -> Result<Array, Exception> {
+    model.forward(
+        inputs,
         &mut crate::cache::none::none_for(&model.make_caches()),
-    )?)
+    )
 }
 
 /// The loss outputs and the adapters' gradients of one batch: one value-and-grad over the
@@ -184,7 +189,7 @@ pub fn batch_grads(
         ))),
         (None, _) => {
             let (out, grads) = value_and_grad(adapters, || {
-                loss(&model.forward(&inputs, &mut crate::cache::none::none_for(&model.make_caches()))?)
+                loss(&forward_uncached(model, &inputs)?)
             })?;
             mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
             phases.phase("forward+backward");
@@ -298,6 +303,19 @@ pub struct StepReport {
     pub tokens_per_s: f64,
 }
 
+impl StepReport {
+    /// What `on_step` sees with an eval's results: the step, no training numbers.
+    fn at_eval(step: usize) -> Self {
+        StepReport {
+            step,
+            loss: f64::NAN,
+            grad_norm: f64::NAN,
+            lr: f64::NAN,
+            tokens_per_s: 0.0,
+        }
+    }
+}
+
 /// Trains `adapters` on `train` (validating on `valid`), writing `metrics` and saving the
 /// adapters to `out` every `save_every` steps and at the end; `on_step` sees each step.
 #[allow(clippy::too_many_arguments)]
@@ -340,32 +358,8 @@ pub fn train(
     for step in 1..=cfg.iters {
         let eval_now = step == 1 || step % cfg.steps_per_eval.max(1) == 0 || step == cfg.iters;
         if let (Some(v), true) = (valid, eval_now) {
-            let m = evaluate(model, v, cfg)?;
-            let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
-            for (k, x) in &m {
-                line[*k] = json!(x);
-            }
-            metrics.write(line)?;
-            let get = |name: &str| m.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
-            if let (Some(c), Some(lw), Some(lr)) = (controller.as_mut(), get("lw"), get("lr")) {
-                if let Some(change) = c.update(lw, lr) {
-                    metrics.write(json!({
-                        "type": "lambda", "step": step, "from": change.from, "to": change.to,
-                        "cause": change.cause, "phase": change.phase,
-                    }))?;
-                    cfg.orpo_lambda = c.lambda as f32;
-                }
-            }
-            on_step(
-                &StepReport {
-                    step,
-                    loss: f64::NAN,
-                    grad_norm: f64::NAN,
-                    lr: f64::NAN,
-                    tokens_per_s: 0.0,
-                },
-                Some(&m),
-            );
+            let m = evaluate_and_steer(model, v, cfg, controller.as_mut(), metrics, step)?;
+            on_step(&StepReport::at_eval(step), Some(&m));
             tic = Instant::now();
         }
         if order.is_empty() {
@@ -374,29 +368,14 @@ pub fn train(
         let batch = &all[order.pop().expect("non-empty")];
         adapters.seed_dropout(cfg.seed, step as u64)?;
         let (outputs, grads) = batch_grads(model, adapters, train, batch, cfg, &mut ())?;
-        let grads = match accum.take() {
-            Some(prev) => prev
-                .iter()
-                .zip(&grads)
-                .map(|(a, g)| a.add(g))
-                .collect::<Result<_, _>>()?,
-            None => grads,
-        };
+        let grads = add_grads(accum.take(), grads)?;
         let tokens: usize = batch.iter().map(|&i| train.item_len(i)).sum();
         if step % accum_steps != 0 {
             mlx_rs::transforms::eval(grads.iter())?;
             accum = Some(grads);
             continue;
         }
-        let grads: Vec<Array> = if accum_steps > 1 {
-            let k = Array::from_f32(accum_steps as f32);
-            grads
-                .iter()
-                .map(|g| g.divide(&k))
-                .collect::<Result<_, _>>()?
-        } else {
-            grads
-        };
+        let grads = mean_grads(grads, accum_steps)?;
         let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
         let lr = opt.learning_rate()? as f64;
         super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
@@ -409,25 +388,80 @@ pub fn train(
             lr,
             tokens_per_s: tokens as f64 / elapsed.max(1e-9),
         };
-        let peak = crate::runtime::memory().map_or(0, |m| m.peak);
-        let mut line = json!({
-            "type": "train", "step": step, "loss": report.loss, "grad_norm": report.grad_norm,
-            "lr": report.lr, "tokens_per_s": report.tokens_per_s, "peak_memory_mb": peak as f64 / 1e6,
-        });
-        if cfg.method == Method::Orpo {
-            line["lambda"] = json!(cfg.orpo_lambda);
-            // The step's ORPO parts ("lr" stays the learning rate here; ℓw, ℓr are in evals).
-            for (name, o) in OrpoTerms::NAMES.iter().zip(&outputs).skip(1).take(4) {
-                line[*name] = json!(scalar(o)?);
-            }
-        }
-        metrics.write(line)?;
+        metrics.write(train_line(&report, cfg, &outputs)?)?;
         on_step(&report, None);
         if cfg.save_every > 0 && step % cfg.save_every == 0 {
             adapters.save(out)?;
         }
     }
     adapters.save(out)
+}
+
+/// Evaluates on `valid` and writes the eval line; with a λ controller, feeds it the eval's
+/// ℓw and ℓr and, where it moves λ, writes the change and sets `cfg.orpo_lambda`.
+fn evaluate_and_steer(
+    model: &dyn LanguageModel,
+    valid: &Dataset,
+    cfg: &mut TrainConfig,
+    controller: Option<&mut super::lambda::Controller>,
+    metrics: &mut Metrics,
+    step: usize,
+) -> Result<Vec<(&'static str, f64)>, TrainError> {
+    let m = evaluate(model, valid, cfg)?;
+    let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
+    for (k, x) in &m {
+        line[*k] = json!(x);
+    }
+    metrics.write(line)?;
+    let get = |name: &str| m.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
+    if let (Some(c), Some(lw), Some(lr)) = (controller, get("lw"), get("lr")) {
+        if let Some(change) = c.update(lw, lr) {
+            metrics.write(json!({
+                "type": "lambda", "step": step, "from": change.from, "to": change.to,
+                "cause": change.cause, "phase": change.phase,
+            }))?;
+            cfg.orpo_lambda = c.lambda as f32;
+        }
+    }
+    Ok(m)
+}
+
+/// This batch's gradients added to those accumulated so far (if any).
+fn add_grads(prev: Option<Vec<Array>>, grads: Vec<Array>) -> Result<Vec<Array>, Exception> {
+    match prev {
+        Some(prev) => prev.iter().zip(&grads).map(|(a, g)| a.add(g)).collect(),
+        None => Ok(grads),
+    }
+}
+
+/// The mean over `accum_steps` accumulated batches (the gradients as they are for one).
+fn mean_grads(grads: Vec<Array>, accum_steps: usize) -> Result<Vec<Array>, Exception> {
+    if accum_steps <= 1 {
+        return Ok(grads);
+    }
+    let k = Array::from_f32(accum_steps as f32);
+    grads.iter().map(|g| g.divide(&k)).collect()
+}
+
+/// A step's metrics line: the report, peak memory and, for ORPO, λ and the step's parts.
+fn train_line(
+    report: &StepReport,
+    cfg: &TrainConfig,
+    outputs: &[Array],
+) -> Result<Value, Exception> {
+    let peak = crate::runtime::memory().map_or(0, |m| m.peak);
+    let mut line = json!({
+        "type": "train", "step": report.step, "loss": report.loss, "grad_norm": report.grad_norm,
+        "lr": report.lr, "tokens_per_s": report.tokens_per_s, "peak_memory_mb": peak as f64 / 1e6,
+    });
+    if cfg.method == Method::Orpo {
+        line["lambda"] = json!(cfg.orpo_lambda);
+        // The step's ORPO parts ("lr" stays the learning rate here; ℓw, ℓr are in evals).
+        for (name, o) in OrpoTerms::NAMES.iter().zip(outputs).skip(1).take(4) {
+            line[*name] = json!(scalar(o)?);
+        }
+    }
+    Ok(line)
 }
 
 #[cfg(test)]
