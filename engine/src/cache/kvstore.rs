@@ -180,6 +180,43 @@ pub fn write(
     snapshots: &[Snapshot],
     created_at: &str,
 ) -> Result<u64, KvStoreError> {
+    let (caches, blobs) = layout(path, snapshots)?;
+    let header = Header {
+        format_version: FORMAT_VERSION,
+        created_at: created_at.to_owned(),
+        model_id: id.model_id.clone(),
+        config_fingerprint: id.config_fingerprint.clone(),
+        ns: id.ns.clone(),
+        tokenizer_hash: id.tokenizer_hash.clone(),
+        tokens: tokens.to_vec(),
+        caches,
+    };
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
+        std::process::id()
+    ));
+    let result = write_file(&tmp, &header, &blobs).and_then(|()| {
+        std::fs::rename(&tmp, path).map_err(io(path))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result?;
+    Ok(std::fs::metadata(path).map_err(io(path))?.len())
+}
+
+/// The header's entry for each snapshot and the bytes of every tensor, in file order; each
+/// tensor's `off` (from the start of the data) is aligned to `ALIGN`.
+fn layout(
+    path: &Path,
+    snapshots: &[Snapshot],
+) -> Result<(Vec<CacheEntry>, Vec<Vec<u8>>), KvStoreError> {
     let mut blobs: Vec<Vec<u8>> = Vec::new();
     let mut caches = Vec::new();
     let mut off = 0u64;
@@ -202,79 +239,62 @@ pub fn write(
             off += (bytes.len() as u64).div_ceil(ALIGN) * ALIGN;
             blobs.push(bytes);
         }
-        let (idx, max_size, keep) = match s.kind {
-            SnapshotKind::Kv => (None, None, None),
-            SnapshotKind::Rotating {
-                max_size,
-                keep,
-                idx,
-            } => (Some(idx), Some(max_size), Some(keep)),
-        };
-        caches.push(CacheEntry {
-            kind: kind_name(s.kind, s.quant.is_some()).to_owned(),
-            offset: s.offset,
-            idx,
+        caches.push(cache_entry(s, tensors));
+    }
+    Ok((caches, blobs))
+}
+
+/// A snapshot's header entry: its kind, positions, quantization and `tensors`.
+fn cache_entry(s: &Snapshot, tensors: Vec<TensorEntry>) -> CacheEntry {
+    let (idx, max_size, keep) = match s.kind {
+        SnapshotKind::Kv => (None, None, None),
+        SnapshotKind::Rotating {
             max_size,
             keep,
-            group_size: s.quant.map(|q| q.group_size),
-            bits: s.quant.map(|q| q.bits),
-            tensors,
-        });
-    }
-    let header = Header {
-        format_version: FORMAT_VERSION,
-        created_at: created_at.to_owned(),
-        model_id: id.model_id.clone(),
-        config_fingerprint: id.config_fingerprint.clone(),
-        ns: id.ns.clone(),
-        tokenizer_hash: id.tokenizer_hash.clone(),
-        tokens: tokens.to_vec(),
-        caches,
+            idx,
+        } => (Some(idx), Some(max_size), Some(keep)),
     };
-    let json = serde_json::to_vec(&header).expect("a header serializes");
-    let data_start = ((PREAMBLE + json.len()) as u64).div_ceil(ALIGN) * ALIGN;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        path.file_name().and_then(|n| n.to_str()).unwrap_or("entry"),
-        std::process::id()
-    ));
-    let result = (|| -> Result<(), KvStoreError> {
-        let mut f = File::create(&tmp).map_err(io(&tmp))?;
-        let mut pre = Vec::with_capacity(PREAMBLE);
-        pre.extend_from_slice(MAGIC);
-        pre.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-        pre.extend_from_slice(&(json.len() as u32).to_le_bytes());
-        pre.extend_from_slice(&data_start.to_le_bytes());
-        pre.extend_from_slice(&Sha256::digest(&json));
-        f.write_all(&pre).map_err(io(&tmp))?;
-        f.write_all(&json).map_err(io(&tmp))?;
-        let mut pos = (PREAMBLE + json.len()) as u64;
-        let pad_to = |f: &mut File, target: u64, pos: &mut u64| -> Result<(), KvStoreError> {
-            let zeros = vec![0u8; (target - *pos) as usize];
-            f.write_all(&zeros).map_err(io(&tmp))?;
-            *pos = target;
-            Ok(())
-        };
-        pad_to(&mut f, data_start, &mut pos)?;
-        let entries = header.caches.iter().flat_map(|c| c.tensors.iter());
-        for (blob, e) in blobs.iter().zip(entries) {
-            pad_to(&mut f, data_start + e.off, &mut pos)?;
-            f.write_all(blob).map_err(io(&tmp))?;
-            pos += blob.len() as u64;
-        }
-        f.sync_all().map_err(io(&tmp))?;
-        std::fs::rename(&tmp, path).map_err(io(path))?;
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+    CacheEntry {
+        kind: kind_name(s.kind, s.quant.is_some()).to_owned(),
+        offset: s.offset,
+        idx,
+        max_size,
+        keep,
+        group_size: s.quant.map(|q| q.group_size),
+        bits: s.quant.map(|q| q.bits),
+        tensors,
     }
-    result?;
-    Ok(std::fs::metadata(path).map_err(io(path))?.len())
+}
+
+/// Writes and syncs the file `tmp`: the preamble, the header's JSON, zeros up to the data
+/// start, then each tensor's bytes at its offset.
+fn write_file(tmp: &Path, header: &Header, blobs: &[Vec<u8>]) -> Result<(), KvStoreError> {
+    let json = serde_json::to_vec(header).expect("a header serializes");
+    let data_start = ((PREAMBLE + json.len()) as u64).div_ceil(ALIGN) * ALIGN;
+    let mut f = File::create(tmp).map_err(io(tmp))?;
+    let mut pre = Vec::with_capacity(PREAMBLE);
+    pre.extend_from_slice(MAGIC);
+    pre.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    pre.extend_from_slice(&(json.len() as u32).to_le_bytes());
+    pre.extend_from_slice(&data_start.to_le_bytes());
+    pre.extend_from_slice(&Sha256::digest(&json));
+    f.write_all(&pre).map_err(io(tmp))?;
+    f.write_all(&json).map_err(io(tmp))?;
+    let mut pos = (PREAMBLE + json.len()) as u64;
+    let pad_to = |f: &mut File, target: u64, pos: &mut u64| -> Result<(), KvStoreError> {
+        let zeros = vec![0u8; (target - *pos) as usize];
+        f.write_all(&zeros).map_err(io(tmp))?;
+        *pos = target;
+        Ok(())
+    };
+    pad_to(&mut f, data_start, &mut pos)?;
+    let entries = header.caches.iter().flat_map(|c| c.tensors.iter());
+    for (blob, e) in blobs.iter().zip(entries) {
+        pad_to(&mut f, data_start + e.off, &mut pos)?;
+        f.write_all(blob).map_err(io(tmp))?;
+        pos += blob.len() as u64;
+    }
+    f.sync_all().map_err(io(tmp))
 }
 
 /// Reads and checks the preamble and header only (a store's start-up scan): two reads of
