@@ -81,39 +81,50 @@ pub fn render(rows: &[Row]) -> String {
     out.push_str("Written by `harness promote` from preflight-clean rows of the results DB; do not edit by hand.\n\n");
     out.push_str(&header(&rows));
     out.push_str("\n\n## Parity\n\n");
+    parity_section(&mut out, &rows);
+    out.push_str("\n## Performance\n\n");
+    performance_section(&mut out, &rows);
+    out.push_str("\n## Quality\n\n");
+    quality_section(&mut out, &rows);
+    out
+}
 
-    let parity: Vec<&&Row> = rows
+/// One line per parity check, by tier, model and check.
+fn parity_section(out: &mut String, rows: &[&Row]) {
+    let mut parity: Vec<&Row> = rows
         .iter()
+        .copied()
         .filter(|r| r.suite.starts_with("parity"))
         .collect();
     if parity.is_empty() {
         out.push_str("No parity runs recorded yet.\n");
-    } else {
-        out.push_str(
-            "| tier | model | check | result | commit | date |\n|---|---|---|---|---|---|\n",
-        );
-        let mut sorted = parity.clone();
-        sorted
-            .sort_by(|a, b| (&a.suite, &a.model, &a.metric).cmp(&(&b.suite, &b.model, &b.metric)));
-        for r in sorted {
-            let tier = r.suite.trim_start_matches("parity-");
-            out.push_str(&format!(
-                "| {tier} | {} | {} | {}{} | {} | {} |\n",
-                r.model,
-                r.metric.replace('_', " "),
-                fmt_value(r.value),
-                r.unit,
-                r.commit,
-                date(&r.ts)
-            ));
-        }
+        return;
     }
+    out.push_str("| tier | model | check | result | commit | date |\n|---|---|---|---|---|---|\n");
+    parity.sort_by(|a, b| (&a.suite, &a.model, &a.metric).cmp(&(&b.suite, &b.model, &b.metric)));
+    for r in parity {
+        let tier = r.suite.trim_start_matches("parity-");
+        out.push_str(&format!(
+            "| {tier} | {} | {} | {}{} | {} | {} |\n",
+            r.model,
+            r.metric.replace('_', " "),
+            fmt_value(r.value),
+            r.unit,
+            r.commit,
+            date(&r.ts)
+        ));
+    }
+}
 
-    out.push_str("\n## Performance\n\n");
-    // (suite, model, metric) → stack → row
-    let mut perf: BTreeMap<(String, String, String), BTreeMap<String, &Row>> = BTreeMap::new();
+/// (suite, model with its run parameters, metric) → stack → the newest row.
+type PerfTable<'a> = BTreeMap<(String, String, String), BTreeMap<String, &'a Row>>;
+
+/// The performance rows (neither parity nor quality), newest per stack.
+fn perf_table<'a>(rows: &[&'a Row]) -> PerfTable<'a> {
+    let mut perf = PerfTable::new();
     for r in rows
         .iter()
+        .copied()
         .filter(|r| !r.suite.starts_with("parity") && r.suite != "quality")
     {
         // Runs with other parameters (e.g. a longer prompt) are separate rows of the table.
@@ -127,71 +138,91 @@ pub fn render(rows: &[Row]) -> String {
             .entry(r.stack.clone())
             .or_insert(r);
     }
+    perf
+}
+
+/// One line per (suite, model, metric): engine, eager engine and mlx-lm side by side.
+fn performance_section(out: &mut String, rows: &[&Row]) {
+    let perf = perf_table(rows);
     if perf.is_empty() {
         out.push_str("No performance runs recorded yet.\n");
-    } else {
-        out.push_str(
-            "| suite | model | metric | engine | engine, eager decode | mlx-lm | engine / mlx-lm | other stacks | commit | date |\n",
-        );
-        out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
-        for ((suite, model, metric), stacks) in &perf {
-            let e = stacks.get("engine");
-            let g = stacks.get("engine-eager");
-            let p = stacks.get("mlx-lm");
-            let unit = e.or(p).map(|r| r.unit.as_str()).unwrap_or("");
-            let cell = |r: Option<&&Row>| {
-                r.map_or("-".to_owned(), |r| format!("{} {unit}", fmt_value(r.value)))
-            };
-            let ratio = match (e, p) {
-                (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
-                _ => "-".to_owned(),
-            };
-            // Tier presets and other peers (engine-l2, engine-l3, mlx-optiq, …).
-            let others: Vec<String> = stacks
-                .iter()
-                .filter(|(k, _)| !["engine", "engine-eager", "mlx-lm"].contains(&k.as_str()))
-                .map(|(k, r)| format!("{k} {} {}", fmt_value(r.value), r.unit))
-                .collect();
-            let others = if others.is_empty() {
-                "-".to_owned()
-            } else {
-                others.join(", ")
-            };
-            let Some(newest) = e.or(p).or(g).or_else(|| stacks.values().next()) else {
-                continue;
-            };
-            out.push_str(&format!(
-                "| {suite} | {model} | {} | {} | {} | {} | {ratio} | {others} | {} | {} |\n",
-                metric.replace('_', " "),
-                cell(e),
-                cell(g),
-                cell(p),
-                newest.commit,
-                date(&newest.ts)
-            ));
-        }
-        out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+        return;
     }
+    out.push_str(
+        "| suite | model | metric | engine | engine, eager decode | mlx-lm | engine / mlx-lm | other stacks | commit | date |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|---|---|---|---|\n");
+    for ((suite, model, metric), stacks) in &perf {
+        if let Some(line) = perf_line(suite, model, metric, stacks) {
+            out.push_str(&line);
+        }
+    }
+    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+}
 
-    out.push_str("\n## Quality\n\n");
-    let quality: Vec<&&Row> = rows.iter().filter(|r| r.suite == "quality").collect();
+/// A performance line from the newest row of each stack (None without any).
+fn perf_line(
+    suite: &str,
+    model: &str,
+    metric: &str,
+    stacks: &BTreeMap<String, &Row>,
+) -> Option<String> {
+    let e = stacks.get("engine");
+    let g = stacks.get("engine-eager");
+    let p = stacks.get("mlx-lm");
+    let unit = e.or(p).map(|r| r.unit.as_str()).unwrap_or("");
+    let cell =
+        |r: Option<&&Row>| r.map_or("-".to_owned(), |r| format!("{} {unit}", fmt_value(r.value)));
+    let ratio = match (e, p) {
+        (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
+        _ => "-".to_owned(),
+    };
+    // Tier presets and other peers (engine-l2, engine-l3, mlx-optiq, …).
+    let others: Vec<String> = stacks
+        .iter()
+        .filter(|(k, _)| !["engine", "engine-eager", "mlx-lm"].contains(&k.as_str()))
+        .map(|(k, r)| format!("{k} {} {}", fmt_value(r.value), r.unit))
+        .collect();
+    let others = if others.is_empty() {
+        "-".to_owned()
+    } else {
+        others.join(", ")
+    };
+    let newest = e.or(p).or(g).or_else(|| stacks.values().next())?;
+    Some(format!(
+        "| {suite} | {model} | {} | {} | {} | {} | {ratio} | {others} | {} | {} |\n",
+        metric.replace('_', " "),
+        cell(e),
+        cell(g),
+        cell(p),
+        newest.commit,
+        date(&newest.ts)
+    ))
+}
+
+/// One line per quality row.
+fn quality_section(out: &mut String, rows: &[&Row]) {
+    let quality: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.suite == "quality")
+        .collect();
     if quality.is_empty() {
         out.push_str("No quality runs recorded yet.\n");
-    } else {
-        out.push_str("| model | metric | value | commit | date |\n|---|---|---|---|---|\n");
-        for r in quality {
-            out.push_str(&format!(
-                "| {} | {} | {} {} | {} | {} |\n",
-                r.model,
-                r.metric,
-                fmt_value(r.value),
-                r.unit,
-                r.commit,
-                date(&r.ts)
-            ));
-        }
+        return;
     }
-    out
+    out.push_str("| model | metric | value | commit | date |\n|---|---|---|---|---|\n");
+    for r in quality {
+        out.push_str(&format!(
+            "| {} | {} | {} {} | {} | {} |\n",
+            r.model,
+            r.metric,
+            fmt_value(r.value),
+            r.unit,
+            r.commit,
+            date(&r.ts)
+        ));
+    }
 }
 
 #[cfg(test)]

@@ -29,6 +29,7 @@ pub struct Run {
     pub trace: Vec<(f64, f64, f64, f64)>,
 }
 
+/// One `engine train --method orpo` run of the study, and what its metrics.jsonl says.
 fn run_one(
     data: &Path,
     model: &Path,
@@ -42,6 +43,22 @@ fn run_one(
         #[command(flatten)]
         train: engine::train::cli::TrainArgs,
     }
+    let argv = train_argv(data, model, config, seed, iters, out);
+    let cli = <Cli as clap::Parser>::try_parse_from(argv)?;
+    engine::train::cli::run(cli.train)?;
+    results(data, model, config, seed, &out.join("metrics.jsonl"))
+}
+
+/// The `engine train` command line of one run: the study's fixed settings, then the run's
+/// data, model, length, seed, output and λ configuration (`static-<λ>` or `adaptive-<law>`).
+fn train_argv(
+    data: &Path,
+    model: &Path,
+    config: &str,
+    seed: u64,
+    iters: usize,
+    out: &Path,
+) -> Vec<String> {
     let mut argv: Vec<String> = [
         "engine",
         "--method",
@@ -92,9 +109,20 @@ fn run_one(
             config.strip_prefix("adaptive-").unwrap_or(config).into(),
         ]),
     }
-    let cli = <Cli as clap::Parser>::try_parse_from(argv)?;
-    engine::train::cli::run(cli.train)?;
-    let text = std::fs::read_to_string(out.join("metrics.jsonl"))?;
+    argv
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A run's results from its `metrics` (metrics.jsonl): the last eval's accuracy, margin and
+/// ℓw, ℓw's drop from its best after the first eval, the λ changes and the per-eval trace.
+fn results(data: &Path, model: &Path, config: &str, seed: u64, metrics: &Path) -> Result<Run> {
+    let text = std::fs::read_to_string(metrics)?;
     let lines: Vec<Value> = text
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -108,16 +136,8 @@ fn run_one(
         .map(|v| f(v, "lw"))
         .fold(f64::NEG_INFINITY, f64::max);
     Ok(Run {
-        dataset: data
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned(),
-        model: model
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned(),
+        dataset: file_name(data),
+        model: file_name(model),
         config: config.into(),
         seed,
         accuracy: f(last, "accuracy"),
