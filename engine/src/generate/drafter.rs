@@ -94,6 +94,12 @@ impl Drafter {
     }
 }
 
+/// A drafted request's drafter, its γ and its own caches.
+pub type Drafting<'m> = (&'m Drafter, usize, Vec<Box<dyn Cache>>);
+
+/// A finished request's target session, and the drafter's caches after a drafted run.
+pub type Ended<'m> = (Session<'m>, Option<Vec<Box<dyn Cache>>>);
+
 /// A request's decoding: its target session and the policy that finds the next ids — one
 /// plain step, a draft model's round, or an assistant's pass (`decode` has the core they
 /// share). The one dispatch between them, for the CLI and the server alike.
@@ -121,7 +127,7 @@ impl<'m> Decode<'m> {
     /// speculation, else plainly.
     pub fn start<S: BorrowMut<Sampler>>(
         mut session: Session<'m>,
-        draft: Option<(&'m Drafter, usize, Vec<Box<dyn Cache>>)>,
+        draft: Option<Drafting<'m>>,
         opts: &SessionOptions,
         dec: &mut Decoder<'_, S>,
         prompt: &[u32],
@@ -198,7 +204,7 @@ impl<'m> Decode<'m> {
 
     /// Ends the request (no MLX work left in flight): the target session, and the
     /// drafter's caches after a drafted run (empty for an assistant; None when plain).
-    pub fn end(self) -> Result<(Session<'m>, Option<Vec<Box<dyn Cache>>>), Exception> {
+    pub fn end(self) -> Result<Ended<'m>, Exception> {
         match self.policy {
             Policy::Plain(plain) => {
                 plain.end()?;
