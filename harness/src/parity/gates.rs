@@ -103,58 +103,19 @@ pub enum Tweak {
 }
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
+#[rustfmt::skip]
 const NAMED: [(&str, Plant, &str); 11] = [
-    (
-        "first-input",
-        Plant::Harness(Tweak::FirstInput),
-        "each case's first input value + 1",
-    ),
+    ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
-    (
-        "top-p-and-penalty",
-        Plant::Harness(Tweak::TopPAndPenalty),
-        "top_p 0.5, repetition penalty + 0.2",
-    ),
-    (
-        "lost-character",
-        Plant::Harness(Tweak::LostCharacter),
-        "the first streamed piece loses its first character",
-    ),
-    (
-        "weight-decay",
-        Plant::Harness(Tweak::WeightDecay),
-        "AdamW's weight decay × 1.1",
-    ),
-    (
-        "unmasked-padding",
-        Plant::Engine(Defect::BatchUnmaskedPadding),
-        "the batch mask forgets the left padding",
-    ),
-    (
-        "keep-draft-tail",
-        Plant::Engine(Defect::SpecKeepDraftTail),
-        "the drafter's cache is not rolled back",
-    ),
-    (
-        "target-trim-short",
-        Plant::Engine(Defect::SpecTargetTrimShort),
-        "the target gives back one token fewer than it rejected",
-    ),
-    (
-        "ring-trim",
-        Plant::Engine(Defect::AssistantRingTrimLikeMlxLm),
-        "rotating caches roll back as mlx-lm's trim does",
-    ),
-    (
-        "first-sliding-donor",
-        Plant::Engine(Defect::AssistantFirstSlidingDonor),
-        "the drafter reads the first sliding cache",
-    ),
-    (
-        "perf-path",
-        Plant::Engine(Defect::PerfDecodeDropsNewest),
-        "the L3 decode path leaves the newest position out of attention",
-    ),
+    ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
+    ("lost-character", Plant::Harness(Tweak::LostCharacter), "the first streamed piece loses its first character"),
+    ("weight-decay", Plant::Harness(Tweak::WeightDecay), "AdamW's weight decay × 1.1"),
+    ("unmasked-padding", Plant::Engine(Defect::BatchUnmaskedPadding), "the batch mask forgets the left padding"),
+    ("keep-draft-tail", Plant::Engine(Defect::SpecKeepDraftTail), "the drafter's cache is not rolled back"),
+    ("target-trim-short", Plant::Engine(Defect::SpecTargetTrimShort), "the target gives back one token fewer than it rejected"),
+    ("ring-trim", Plant::Engine(Defect::AssistantRingTrimLikeMlxLm), "rotating caches roll back as mlx-lm's trim does"),
+    ("first-sliding-donor", Plant::Engine(Defect::AssistantFirstSlidingDonor), "the drafter reads the first sliding cache"),
+    ("perf-path", Plant::Engine(Defect::PerfDecodeDropsNewest), "the L3 decode path leaves the newest position out of attention"),
 ];
 
 impl Plant {
