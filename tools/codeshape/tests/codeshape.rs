@@ -1,7 +1,48 @@
 //! The checks can fail: planted cycles and a planted long fn are found, an acyclic crate
-//! passes (fixtures under tests/fixtures/).
+//! passes (the cycle fixtures under tests/fixtures/; the long-fn crate is written by
+//! `long_fixture`, so no repeated lines are committed).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// A fn of `lines` lines in all (signature and closing brace included), indented `indent`.
+fn planted_fn(attr: &str, sig: &str, lines: usize, indent: &str) -> String {
+    let mut out = String::new();
+    if !attr.is_empty() {
+        out += &format!("{indent}{attr}\n");
+    }
+    out += &format!("{indent}{sig} {{\n");
+    for i in 0..lines - 2 {
+        out += &format!("{indent}    let _x{i} = {i};\n");
+    }
+    out + &format!("{indent}}}\n")
+}
+
+/// A crate with planted long fns: `long` (120 lines, at lib.rs:9) and `S::just_over` (101,
+/// at lib.rs:232) are over 100 lines; `S::at_limit` (100) is not; the test-only ones (a
+/// `#[test]` fn, a `#[cfg(test)]` fn, a `#[cfg(test)] mod`, and tests/) are left out.
+fn long_fixture() -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("long");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("src")).expect("fixture dir");
+    std::fs::create_dir_all(dir.join("tests")).expect("fixture dir");
+    let mut lib =
+        String::from("//! Planted long fns.\n\n\n#[cfg(test)]\nmod tests;\n\npub struct S;\n\n");
+    lib += &planted_fn("", "pub fn long()", 120, "");
+    lib += "\nimpl S {\n";
+    lib += &planted_fn("", "pub fn at_limit()", 100, "    ");
+    lib += "\n";
+    lib += &planted_fn("", "pub fn just_over()", 101, "    ");
+    lib += "}\n\n";
+    lib += &planted_fn("#[test]", "fn long_test()", 150, "");
+    lib += "\n";
+    lib += &planted_fn("#[cfg(all(test, unix))]", "fn long_helper()", 150, "");
+    let in_tests = planted_fn("", "pub fn long_in_test_module()", 150, "");
+    std::fs::write(dir.join("src/lib.rs"), lib).expect("fixture");
+    std::fs::write(dir.join("src/tests.rs"), &in_tests).expect("fixture");
+    std::fs::write(dir.join("tests/it.rs"), &in_tests).expect("fixture");
+    dir
+}
 
 /// Run the tool from this crate's directory: (exit code, stdout).
 fn codeshape(args: &[&str]) -> (i32, String) {
@@ -49,21 +90,21 @@ fn an_acyclic_crate_passes() {
 
 #[test]
 fn a_missing_module_file_is_an_error() {
-    let (code, _) = codeshape(&["cycles", "tests/fixtures/long/tests"]);
+    let dir = long_fixture().join("tests");
+    let (code, _) = codeshape(&["cycles", dir.to_str().expect("utf-8 path")]);
     assert_eq!(code, 2);
 }
 
 #[test]
 fn planted_long_fns_are_found_outside_tests() {
-    let (code, out) = codeshape(&["long-fns", "--allow", "1", "tests/fixtures/long"]);
+    let fixture = long_fixture();
+    let dir = fixture.to_str().expect("utf-8 path");
+    let (code, out) = codeshape(&["long-fns", "--allow", "1", dir]);
     assert_eq!(code, 1, "two fns over an allowance of one");
     assert!(out.contains("2 fn(s) over 100 lines"), "{out}");
+    assert!(out.contains("long/src/lib.rs:9: long (120 lines)"), "{out}");
     assert!(
-        out.contains("tests/fixtures/long/src/lib.rs:9: long (120 lines)"),
-        "{out}"
-    );
-    assert!(
-        out.contains("tests/fixtures/long/src/lib.rs:232: S::just_over (101 lines)"),
+        out.contains("long/src/lib.rs:232: S::just_over (101 lines)"),
         "{out}"
     );
     assert!(
@@ -72,15 +113,8 @@ fn planted_long_fns_are_found_outside_tests() {
     );
     assert!(!out.contains("long_in_test_module"), "{out}");
 
-    let (code, _) = codeshape(&["long-fns", "--allow", "2", "tests/fixtures/long"]);
+    let (code, _) = codeshape(&["long-fns", "--allow", "2", dir]);
     assert_eq!(code, 0);
-    let (code, out) = codeshape(&[
-        "long-fns",
-        "--max-lines",
-        "120",
-        "--allow",
-        "0",
-        "tests/fixtures/long",
-    ]);
+    let (code, out) = codeshape(&["long-fns", "--max-lines", "120", "--allow", "0", dir]);
     assert_eq!(code, 0, "{out}");
 }
