@@ -92,7 +92,7 @@ impl Worker {
         if self.tokenizer.eos_token_ids.contains(&id) {
             return Outcome::Done(Finish::Eos);
         }
-        match row.emit.token(self, id, logprobs) {
+        match row.emit.token(id, logprobs) {
             Err(e) => Outcome::Failed(e),
             Ok(flow) => {
                 row.history.push(id);
@@ -158,7 +158,7 @@ impl Worker {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let mut emit = Emitter::new(self, &request, out);
+        let mut emit = Emitter::new(&self.limits, &self.tokenizer, &request, out);
         if emit.check() {
             emit.end_cut(&self.counters);
             return None;

@@ -12,15 +12,82 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use mlx_rs::ops::argsort_axis;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use super::error::ApiError;
-use super::worker::{Event, Limits, TokenLogprob, Worker};
+use super::{Counters, Limits};
 use crate::generate::stop::{StopMatcher, StopStep};
 use crate::generate::{Finish, Flow};
 use crate::load::detok::StreamingDetokenizer;
+use crate::load::tokenizer::Tokenizer;
+
+/// One token's log-probability and its best alternatives.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(u32, String, f32)>,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// The prompt was encoded: its length.
+    Started {
+        prompt_tokens: usize,
+    },
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish_reason: &'static str,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+        /// Prompt tokens served from the prompt cache.
+        cached_tokens: usize,
+    },
+    Failed(ApiError),
+    /// Several events at once, in order (what a slow client had not taken yet, then the
+    /// last event).
+    Batch(Vec<Event>),
+}
+
+/// Events a request's channel holds before the model thread keeps the rest back.
+pub const EVENT_SLOTS: usize = 16;
+
+/// The chosen token's log-probability and the `top` most likely ones.
+pub fn logprob(
+    tokenizer: &Tokenizer,
+    id: u32,
+    logprobs: &Array,
+    top: usize,
+) -> Result<TokenLogprob, mlx_rs::error::Exception> {
+    let flat = logprobs.reshape(&[-1])?.as_dtype(mlx_rs::Dtype::Float32)?;
+    let chosen = flat.index(id as i32);
+    chosen.eval()?;
+    // mlx_lm.server names tokens by their vocabulary strings (`Ġsky`), not decoded text.
+    let decode = |i: u32| tokenizer.id_to_token(i).unwrap_or_default();
+    let mut alternatives = Vec::new();
+    if top > 0 {
+        let order = argsort_axis(flat.negative()?, -1)?.index(..top as i32);
+        let values = flat.take_axis(&order, 0)?;
+        mlx_rs::transforms::eval([&order, &values])?;
+        for (&i, &v) in order.as_slice::<u32>().iter().zip(values.as_slice::<f32>()) {
+            alternatives.push((i, decode(i), v));
+        }
+    }
+    Ok(TokenLogprob {
+        id,
+        token: decode(id),
+        logprob: chosen.as_slice::<f32>()[0],
+        top: alternatives,
+    })
+}
 
 /// Why a request stopped before its answer was complete.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,6 +226,8 @@ impl Outbox {
 pub struct Emitter<'t> {
     out: Option<Outbox>,
     limits: &'t Limits,
+    /// Names the log-probabilities' tokens.
+    tokenizer: &'t Tokenizer,
     detok: StreamingDetokenizer<'t>,
     stops: StopMatcher,
     logprobs: bool,
@@ -171,11 +240,17 @@ pub struct Emitter<'t> {
 }
 
 impl<'t> Emitter<'t> {
-    pub fn new(worker: &'t Worker, request: &super::request::GenRequest, out: Outbox) -> Self {
+    pub fn new(
+        limits: &'t Limits,
+        tokenizer: &'t Tokenizer,
+        request: &super::request::GenRequest,
+        out: Outbox,
+    ) -> Self {
         Emitter {
             out: Some(out),
-            limits: &worker.limits,
-            detok: worker.tokenizer.detokenizer(),
+            limits,
+            tokenizer,
+            detok: tokenizer.detokenizer(),
             stops: StopMatcher::new(request.stop.iter().cloned()),
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
@@ -218,7 +293,7 @@ impl<'t> Emitter<'t> {
     }
 
     /// Ends a cut request: its error to the client (if any is left to tell), counted.
-    pub fn end_cut(&mut self, counters: &super::worker::Counters) {
+    pub fn end_cut(&mut self, counters: &Counters) {
         use std::sync::atomic::Ordering::Relaxed;
         let cut = self.cut.unwrap_or(Cut::Gone);
         match cut {
@@ -237,7 +312,7 @@ impl<'t> Emitter<'t> {
 
     /// Emits generated id `id` (sampled from `logprobs`); Stop when a stop string completed
     /// or the request was cut (`gone`).
-    pub fn token(&mut self, worker: &Worker, id: u32, logprobs: &Array) -> Result<Flow, ApiError> {
+    pub fn token(&mut self, id: u32, logprobs: &Array) -> Result<Flow, ApiError> {
         if self.check() {
             return Ok(Flow::Stop);
         }
@@ -251,8 +326,7 @@ impl<'t> Emitter<'t> {
             StopStep::Stop(t) => (t, Flow::Stop),
         };
         let lp = if self.logprobs {
-            vec![worker
-                .logprob(id, logprobs, self.top_logprobs)
+            vec![logprob(self.tokenizer, id, logprobs, self.top_logprobs)
                 .map_err(|e| ApiError::server(e.to_string()))?]
         } else {
             Vec::new()

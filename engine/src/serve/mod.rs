@@ -13,11 +13,14 @@ pub mod worker;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{mpsc, Arc};
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 
+use crate::cache::prompt::PromptCache;
+use crate::generate::SessionOptions;
 use crate::load::config::ModelConfig;
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
@@ -123,6 +126,51 @@ pub struct ServeArgs {
     pub tier: crate::tiers::TierArgs,
 }
 
+/// The server's limits on a request, shared by the HTTP side and the model thread.
+pub struct Limits {
+    /// How long a client may read nothing before its request is cut (`--stall-timeout`).
+    pub stall: Duration,
+    /// A request's wall-clock limit from arrival (`--request-timeout`; None: none).
+    pub request_timeout: Option<Duration>,
+    /// Serial lane: how many requests take turns (`--interleave`).
+    pub interleave: usize,
+    /// Set on SIGTERM / Ctrl-C: new requests are refused.
+    pub draining: AtomicBool,
+    /// Set when the drain deadline passes: every request still running is cut.
+    pub cut_all: AtomicBool,
+}
+
+/// Counters for `/stats`.
+#[derive(Default)]
+pub struct Counters {
+    pub requests: AtomicU64,
+    pub completed: AtomicU64,
+    pub failed: AtomicU64,
+    pub cancelled: AtomicU64,
+    pub rejected: AtomicU64,
+    /// Refused with 429 because the queue was full (`--max-queue`).
+    pub throttled: AtomicU64,
+    /// Cut because the client stopped reading (`--stall-timeout`; also in `cancelled`).
+    pub stalled: AtomicU64,
+    /// Stopped at `--request-timeout`.
+    pub timed_out: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+    /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
+    pub batch_slots: AtomicUsize,
+    pub batch_peak: AtomicUsize,
+    /// Batch lane: rows that gave their slot up to a waiting request (parked).
+    pub batch_parks: AtomicU64,
+    /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
+    /// and requests that ran without it (their logits processors need the plain path).
+    pub spec_drafted: AtomicU64,
+    pub spec_accepted: AtomicU64,
+    pub spec_target_calls: AtomicU64,
+    pub spec_fallbacks: AtomicU64,
+}
+
 /// What the HTTP side shares.
 pub struct AppState {
     pub model_id: String,
@@ -131,14 +179,14 @@ pub struct AppState {
     pub defaults: request::Defaults,
     /// The model thread's queue; taken (closed) when the server stops.
     pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Job>>>,
-    pub counters: Arc<worker::Counters>,
+    pub counters: Arc<Counters>,
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
     pub next_id: std::sync::atomic::AtomicU64,
     /// API key, Host and Content-Type checks (`guard`).
     pub guard: guard::Guard,
     /// Timeouts, drain state (shared with the model thread).
-    pub limits: Arc<worker::Limits>,
+    pub limits: Arc<Limits>,
     /// `--max-queue`.
     pub max_queue: usize,
     /// Prompt encoding, done on the HTTP side.
@@ -148,160 +196,238 @@ pub struct AppState {
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
-fn seconds(flag: &str, secs: f64) -> anyhow::Result<Option<std::time::Duration>> {
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Option<Duration>> {
     anyhow::ensure!(
         secs.is_finite() && secs >= 0.0,
         "--{flag} must be a number of seconds, 0 or more"
     );
-    Ok((secs > 0.0).then(|| std::time::Duration::from_secs_f64(secs)))
+    Ok((secs > 0.0).then(|| Duration::from_secs_f64(secs)))
+}
+
+/// What `run` works out from the flags before anything loads.
+struct Config {
+    context: usize,
+    opts: SessionOptions,
+    model_id: String,
+    limits: Arc<Limits>,
+    drain_timeout: Duration,
+    tokenizer: Arc<Tokenizer>,
+    template: Option<ChatTemplate>,
+}
+
+impl Config {
+    fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
+        let config = ModelConfig::read(&args.model)?;
+        let context = config.raw["max_position_embeddings"]
+            .as_u64()
+            .unwrap_or(131_072) as usize;
+        let opts = args.tier.resolve(&args.model)?;
+        let model_id = args
+            .model
+            .canonicalize()
+            .unwrap_or_else(|_| args.model.clone())
+            .display()
+            .to_string();
+        let limits = Arc::new(Limits {
+            stall: seconds("stall-timeout", args.stall_timeout)?.unwrap_or(Duration::MAX),
+            request_timeout: seconds("request-timeout", args.request_timeout)?,
+            interleave: args.interleave.max(1),
+            draining: Default::default(),
+            cut_all: Default::default(),
+        });
+        let drain_timeout = seconds("drain-timeout", args.drain_timeout)?.unwrap_or_default();
+        // The tokenizer and template hold no MLX state: loaded here, shared by the HTTP side
+        // (which encodes prompts) and the model thread (which decodes).
+        let tokenizer = Arc::new(Tokenizer::load(&args.model)?);
+        let template = match &args.chat_template {
+            Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
+            None => ChatTemplate::from_tokenizer(&tokenizer)?,
+        };
+        anyhow::ensure!(
+            args.draft_model.is_none() || args.num_draft_tokens >= 1,
+            "--num-draft-tokens must be at least 1"
+        );
+        Ok(Config {
+            context,
+            opts,
+            model_id,
+            limits,
+            drain_timeout,
+            tokenizer,
+            template,
+        })
+    }
+}
+
+/// What the model thread shares with the HTTP side.
+struct Shared {
+    tokenizer: Arc<Tokenizer>,
+    counters: Arc<Counters>,
+    limits: Arc<Limits>,
+    /// The prompt store's numbers, for /stats.
+    mirror: store::StatsMirror,
 }
 
 /// Loads the model, starts the model thread and serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let config = ModelConfig::read(&args.model)?;
-    let context = config.raw["max_position_embeddings"]
-        .as_u64()
-        .unwrap_or(131_072) as usize;
-    let opts = args.tier.resolve(&args.model)?;
-    let model_id = args
-        .model
-        .canonicalize()
-        .unwrap_or_else(|_| args.model.clone())
-        .display()
-        .to_string();
-    let counters = Arc::new(worker::Counters::default());
-    let limits = Arc::new(worker::Limits {
-        stall: seconds("stall-timeout", args.stall_timeout)?.unwrap_or(std::time::Duration::MAX),
-        request_timeout: seconds("request-timeout", args.request_timeout)?,
-        interleave: args.interleave.max(1),
-        draining: Default::default(),
-        cut_all: Default::default(),
-    });
-    let drain_timeout = seconds("drain-timeout", args.drain_timeout)?.unwrap_or_default();
-    // The tokenizer and template hold no MLX state: loaded here, shared by the HTTP side
-    // (which encodes prompts) and the model thread (which decodes).
-    let tokenizer = Arc::new(Tokenizer::load(&args.model)?);
-    let template = match &args.chat_template {
-        Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
-        None => ChatTemplate::from_tokenizer(&tokenizer)?,
+    let config = Config::from_args(&args)?;
+    let shared = Shared {
+        tokenizer: config.tokenizer.clone(),
+        counters: Arc::new(Counters::default()),
+        limits: config.limits.clone(),
+        mirror: store::StatsMirror {
+            ram: Arc::new(Mutex::new(
+                PromptCache::new(args.prompt_cache_size, args.prompt_cache_bytes).stats(),
+            )),
+            ssd: Default::default(),
+        },
     };
-    let worker_tokenizer = tokenizer.clone();
-    let worker_limits = limits.clone();
+    let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
     let (tx, rx) = mpsc::channel::<worker::Job>();
-    // The model thread loads everything MLX touches itself, so MLX work stays on it.
-    // Ready with the model's vocabulary size (request validation checks ids against it).
+    let (model_thread, vocab) =
+        spawn_model_thread(&args, config.opts.clone(), config.context, shared, rx)?;
+    let drain_timeout = config.drain_timeout;
+    let state = Arc::new(app_state(&args, config, counters, mirror, tx, vocab));
+    warn_if_reachable(&args.host, &state.guard);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(serve_http(&args, state.clone(), drain_timeout))?;
+    // Close the queue; the model thread finishes (writing pending SSD snapshots) and ends.
+    if let Ok(mut jobs) = state.jobs.lock() {
+        jobs.take();
+    }
+    let _ = model_thread.join();
+    // Encodings still running on the blocking pool are not waited for.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// Starts the model thread, which loads everything MLX touches itself (so MLX work stays
+/// on it) and then serves `jobs`. Returns once it has loaded, with the model's vocabulary
+/// size (request validation checks ids against it).
+fn spawn_model_thread(
+    args: &ServeArgs,
+    opts: SessionOptions,
+    context: usize,
+    shared: Shared,
+    jobs: mpsc::Receiver<worker::Job>,
+) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
+    let args = args.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
-    let model_dir = args.model.clone();
-    let worker_counters = counters.clone();
-    let slots = args.batch.max(1);
-    let prefill_step = args.prefill_step_size;
-    let cache_caps = (args.prompt_cache_size, args.prompt_cache_bytes);
-    let prompt_cache = Arc::new(std::sync::Mutex::new(
-        crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1).stats(),
-    ));
-    let worker_cache_stats = prompt_cache.clone();
-    let ssd_cache = Arc::new(std::sync::Mutex::new(None));
-    let worker_ssd_stats = ssd_cache.clone();
-    let ssd_args = (
-        args.ssd_cache.clone(),
-        (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
-        args.ssd_cache_verify,
-    );
-    let ssd_debounce = std::time::Duration::from_millis(args.ssd_cache_debounce_ms);
-    let draft_dir = args.draft_model.clone();
-    let num_draft = args.num_draft_tokens;
-    anyhow::ensure!(
-        draft_dir.is_none() || num_draft >= 1,
-        "--num-draft-tokens must be at least 1"
-    );
-    // What the SSD tier's entries must match (cache::fingerprint), computed on the model
-    // thread with --ssd-cache only.
-    let fingerprint_template = args.chat_template.clone();
-    let model_thread = std::thread::Builder::new()
-        .name("model".into())
-        .spawn(move || {
-            let setup = (|| -> anyhow::Result<worker::Worker> {
-                let model = crate::model::load(&model_dir)?;
-                let tokenizer = worker_tokenizer;
-                let draft = match &draft_dir {
-                    None => None,
-                    Some(d) => Some((
-                        crate::generate::drafter::Drafter::load(d, model.as_ref(), &tokenizer)
-                            .with_context(|| {
-                                format!("loading the draft model from {}", d.display())
-                            })?,
-                        num_draft,
-                    )),
-                };
-                let ssd = match &ssd_args.0 {
-                    None => None,
-                    Some(dir) => {
-                        let sources = crate::cache::fingerprint::Sources {
-                            model: &model_dir,
-                            draft: draft_dir.as_deref(),
-                            adapters: &[],
-                            chat_template: fingerprint_template.as_deref(),
-                            kv_plan: opts.kv_quant.as_ref(),
-                        };
-                        let id = crate::cache::fingerprint::fingerprint(&sources, dir)?.identity;
-                        // The session's caches: the model's, then a drafter model's (an
-                        // assistant has none).
-                        let mut models = vec![model.as_ref()];
-                        if let Some((crate::generate::drafter::Drafter::Model(m), _)) = &draft {
-                            models.push(m.as_ref());
-                        }
-                        let geometry =
-                            crate::cache::ssd::Geometry::probe(&models, opts.kv_quant.as_ref())?;
-                        Some(crate::cache::ssd::SsdStore::open(
-                            dir, id, geometry, ssd_args.1, ssd_args.2,
-                        )?)
-                    }
-                };
-                let sdpa = opts
-                    .kv_quant
-                    .as_ref()
-                    .map_or(crate::cache::QuantSdpa::MlxLm, |p| p.sdpa);
-                let store = store::PromptStore::new(
-                    crate::cache::prompt::PromptCache::new(cache_caps.0, cache_caps.1),
-                    ssd,
-                    sdpa,
-                    ssd_debounce,
-                    store::StatsMirror {
-                        ram: worker_cache_stats,
-                        ssd: worker_ssd_stats,
-                    },
-                );
-                Ok(worker::Worker {
-                    store: std::cell::RefCell::new(store),
-                    model,
-                    draft,
-                    tokenizer,
-                    opts,
-                    context,
-                    prefill_step: prefill_step.max(1),
-                    counters: worker_counters,
-                    limits: worker_limits,
-                })
-            })();
-            match setup {
+    let thread =
+        std::thread::Builder::new()
+            .name("model".into())
+            .spawn(move || match load_worker(&args, opts, context, shared) {
                 Ok(worker) => {
                     let _ = ready_tx.send(Ok(worker.model.vocab_size()));
+                    let slots = args.batch.max(1);
                     if slots > 1 && worker.batchable() {
-                        worker.run_batched(rx, slots);
+                        worker.run_batched(jobs, slots);
                     } else {
-                        worker.run(rx);
+                        worker.run(jobs);
                     }
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                 }
-            }
-        })?;
+            })?;
     let vocab = ready_rx
         .recv()
         .context("the model thread exited while loading")??;
-    let state = Arc::new(AppState {
-        model_id,
+    Ok((thread, vocab))
+}
+
+/// The model thread's worker: the model, the drafter (`--draft-model`) and the prompt
+/// store, loaded on that thread.
+fn load_worker(
+    args: &ServeArgs,
+    opts: SessionOptions,
+    context: usize,
+    shared: Shared,
+) -> anyhow::Result<worker::Worker> {
+    let model = crate::model::load(&args.model)?;
+    let draft = match &args.draft_model {
+        None => None,
+        Some(d) => Some((
+            crate::generate::drafter::Drafter::load(d, model.as_ref(), &shared.tokenizer)
+                .with_context(|| format!("loading the draft model from {}", d.display()))?,
+            args.num_draft_tokens,
+        )),
+    };
+    let ssd = open_ssd(args, model.as_ref(), draft.as_ref().map(|(d, _)| d), &opts)?;
+    let sdpa = opts
+        .kv_quant
+        .as_ref()
+        .map_or(crate::cache::QuantSdpa::MlxLm, |p| p.sdpa);
+    let store = store::PromptStore::new(
+        PromptCache::new(args.prompt_cache_size, args.prompt_cache_bytes),
+        ssd,
+        sdpa,
+        Duration::from_millis(args.ssd_cache_debounce_ms),
+        shared.mirror,
+    );
+    Ok(worker::Worker {
+        store: std::cell::RefCell::new(store),
+        model,
+        draft,
+        tokenizer: shared.tokenizer,
+        opts,
+        context,
+        prefill_step: args.prefill_step_size.max(1),
+        counters: shared.counters,
+        limits: shared.limits,
+    })
+}
+
+/// The SSD tier (`--ssd-cache`), if on. Its entries must match this model, drafter, chat
+/// template and KV plan (`cache::fingerprint`) and the caches' geometry.
+fn open_ssd(
+    args: &ServeArgs,
+    model: &dyn crate::model::LanguageModel,
+    draft: Option<&crate::generate::drafter::Drafter>,
+    opts: &SessionOptions,
+) -> anyhow::Result<Option<crate::cache::ssd::SsdStore>> {
+    let Some(dir) = &args.ssd_cache else {
+        return Ok(None);
+    };
+    let sources = crate::cache::fingerprint::Sources {
+        model: &args.model,
+        draft: args.draft_model.as_deref(),
+        adapters: &[],
+        chat_template: args.chat_template.as_deref(),
+        kv_plan: opts.kv_quant.as_ref(),
+    };
+    let id = crate::cache::fingerprint::fingerprint(&sources, dir)?.identity;
+    // The session's caches: the model's, then a drafter model's (an assistant has none).
+    let mut models = vec![model];
+    if let Some(crate::generate::drafter::Drafter::Model(m)) = draft {
+        models.push(m.as_ref());
+    }
+    let geometry = crate::cache::ssd::Geometry::probe(&models, opts.kv_quant.as_ref())?;
+    let max_bytes = (args.ssd_cache_max * (1u64 << 30) as f64) as u64;
+    Ok(Some(crate::cache::ssd::SsdStore::open(
+        dir,
+        id,
+        geometry,
+        max_bytes,
+        args.ssd_cache_verify,
+    )?))
+}
+
+/// The HTTP side's state.
+fn app_state(
+    args: &ServeArgs,
+    config: Config,
+    counters: Arc<Counters>,
+    mirror: store::StatsMirror,
+    jobs: mpsc::Sender<worker::Job>,
+    vocab: usize,
+) -> AppState {
+    let context = config.context;
+    AppState {
+        model_id: config.model_id,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -315,92 +441,83 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             context,
             vocab,
         },
-        jobs: std::sync::Mutex::new(Some(tx)),
+        jobs: Mutex::new(Some(jobs)),
         counters,
-        prompt_cache,
-        ssd_cache,
+        prompt_cache: mirror.ram,
+        ssd_cache: mirror.ssd,
         next_id: Default::default(),
         guard: guard::Guard::new(&args.host, args.api_key.clone()),
-        limits: limits.clone(),
+        limits: config.limits,
         max_queue: if args.max_queue == 0 {
             usize::MAX
         } else {
             args.max_queue
         },
         encoder: Arc::new(worker::Encoder {
-            tokenizer,
-            template,
+            tokenizer: config.tokenizer,
+            template: config.template,
             context,
             vocab,
         }),
         big_prompts: tokio::sync::Semaphore::new(1),
-    });
-    if !state.guard.loopback_only {
+    }
+}
+
+/// Warns when `--host` is reachable from other machines.
+fn warn_if_reachable(host: &str, guard: &guard::Guard) {
+    if !guard.loopback_only {
         eprintln!(
-            "engine serve: warning: --host {} is reachable from other machines; this server \
+            "engine serve: warning: --host {host} is reachable from other machines; this server \
              implements only basic security checks{}",
-            args.host,
-            if state.guard.api_key.is_none() {
+            if guard.api_key.is_none() {
                 " and anyone who reaches it can use it (set --api-key)"
             } else {
                 ""
             }
         );
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let served = state.clone();
-    runtime.block_on(async move {
-        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
-            .parse()
-            .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
-        let listener = listen(addr).with_context(|| {
-            format!("cannot listen on {addr} (is another server using that port? try --port)")
-        })?;
-        let local = listener.local_addr()?;
-        println!("engine serve: {} on http://{local}", served.model_id);
-        if !args.no_open && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
-            open_browser(&local);
-        }
-        let limits = served.limits.clone();
-        let app = routes::router(served, args.max_body_bytes);
-        // A stop signal starts the drain: no new connections or requests, running ones go
-        // on until they end or the deadline cuts them.
-        let stopping = Arc::new(tokio::sync::Notify::new());
-        let (signalled, marked) = (stopping.clone(), limits.clone());
-        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            stop_signal().await;
-            marked
-                .draining
-                .store(true, std::sync::atomic::Ordering::Relaxed);
-            signalled.notify_one();
-        });
-        let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
-        tokio::select! {
-            served = &mut server => served?,
-            _ = async {
-                stopping.notified().await;
-                tokio::time::sleep(drain_timeout).await;
-            } => {
-                limits
-                    .cut_all
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                // The cut requests' last events get a moment to reach clients that read;
-                // connections of clients that do not are dropped with the runtime.
-                let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut server).await;
-            }
-        }
-        anyhow::Ok(())
+}
+
+/// Serves HTTP until a stop signal; then drains: no new connections or requests, running
+/// ones go on until they end or `drain_timeout` cuts them.
+async fn serve_http(
+    args: &ServeArgs,
+    state: Arc<AppState>,
+    drain_timeout: Duration,
+) -> anyhow::Result<()> {
+    let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+        .parse()
+        .with_context(|| format!("--host {} --port {}", args.host, args.port))?;
+    let listener = listen(addr).with_context(|| {
+        format!("cannot listen on {addr} (is another server using that port? try --port)")
     })?;
-    // Close the queue; the model thread finishes (writing pending SSD snapshots) and ends.
-    if let Ok(mut jobs) = state.jobs.lock() {
-        jobs.take();
+    let local = listener.local_addr()?;
+    println!("engine serve: {} on http://{local}", state.model_id);
+    if !args.no_open && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        open_browser(&local);
     }
-    let _ = model_thread.join();
-    // Encodings still running on the blocking pool are not waited for.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    let limits = state.limits.clone();
+    let app = routes::router(state, args.max_body_bytes);
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let (signalled, marked) = (stopping.clone(), limits.clone());
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        stop_signal().await;
+        marked.draining.store(true, Ordering::Relaxed);
+        signalled.notify_one();
+    });
+    let mut server = std::pin::pin!(std::future::IntoFuture::into_future(server));
+    tokio::select! {
+        served = &mut server => served?,
+        _ = async {
+            stopping.notified().await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            limits.cut_all.store(true, Ordering::Relaxed);
+            // The cut requests' last events get a moment to reach clients that read;
+            // connections of clients that do not are dropped with the runtime.
+            let _ = tokio::time::timeout(Duration::from_secs(2), &mut server).await;
+        }
+    }
     Ok(())
 }
 

@@ -19,9 +19,10 @@ use std::time::Instant;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
+use super::emit::{Event, TokenLogprob, EVENT_SLOTS};
 use super::error::ApiError;
 use super::request::{self, GenRequest};
-use super::worker::{prompt_bytes, Event, Job, QueueSlot, TokenLogprob, EVENT_SLOTS};
+use super::worker::{prompt_bytes, Job, QueueSlot};
 use super::AppState;
 
 /// The chat page (plain HTML/CSS/JS, embedded in the binary).

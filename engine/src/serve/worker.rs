@@ -9,60 +9,26 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::argsort_axis;
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use tokio::sync::mpsc::Sender;
 
-use super::emit::{Emitter, Outbox};
+use super::emit::{Emitter, Event, Outbox};
 use super::error::ApiError;
 use super::request::{GenRequest, Prompt};
 use super::store::PromptStore;
+use super::{Counters, Limits};
+use crate::generate::decode::Decoder;
+use crate::generate::drafter::Decode;
 use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Flow, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
-
-/// One token's log-probability and its best alternatives.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct TokenLogprob {
-    pub id: u32,
-    pub token: String,
-    pub logprob: f32,
-    pub top: Vec<(u32, String, f32)>,
-}
-
-#[derive(Debug)]
-pub enum Event {
-    /// The prompt was encoded: its length.
-    Started {
-        prompt_tokens: usize,
-    },
-    Text {
-        text: String,
-        logprobs: Vec<TokenLogprob>,
-    },
-    Done {
-        finish_reason: &'static str,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        /// Prompt tokens served from the prompt cache.
-        cached_tokens: usize,
-    },
-    Failed(super::error::ApiError),
-    /// Several events at once, in order (what a slow client had not taken yet, then the
-    /// last event).
-    Batch(Vec<Event>),
-}
-
-/// Events a request's channel holds before the model thread keeps the rest back.
-pub const EVENT_SLOTS: usize = 16;
 
 /// Requests held per `--interleave` / `--batch` slot at most, counting those waiting on
 /// their clients (paused or parked; each holds its KV caches until its stall timeout).
@@ -101,20 +67,6 @@ impl Drop for QueueSlot {
     fn drop(&mut self) {
         self.0.queued.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// The server's limits on a request, shared by the HTTP side and the model thread.
-pub struct Limits {
-    /// How long a client may read nothing before its request is cut (`--stall-timeout`).
-    pub stall: Duration,
-    /// A request's wall-clock limit from arrival (`--request-timeout`; None: none).
-    pub request_timeout: Option<Duration>,
-    /// Serial lane: how many requests take turns (`--interleave`).
-    pub interleave: usize,
-    /// Set on SIGTERM / Ctrl-C: new requests are refused.
-    pub draining: AtomicBool,
-    /// Set when the drain deadline passes: every request still running is cut.
-    pub cut_all: AtomicBool,
 }
 
 /// Turns a request's prompt into ids (chat template, tokenizer), off the model thread: the
@@ -166,37 +118,6 @@ pub fn prompt_bytes(prompt: &Prompt) -> usize {
         Prompt::Text(t) => t.len(),
         Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
     }
-}
-
-/// Counters for `/stats`.
-#[derive(Default)]
-pub struct Counters {
-    pub requests: AtomicU64,
-    pub completed: AtomicU64,
-    pub failed: AtomicU64,
-    pub cancelled: AtomicU64,
-    pub rejected: AtomicU64,
-    /// Refused with 429 because the queue was full (`--max-queue`).
-    pub throttled: AtomicU64,
-    /// Cut because the client stopped reading (`--stall-timeout`; also in `cancelled`).
-    pub stalled: AtomicU64,
-    /// Stopped at `--request-timeout`.
-    pub timed_out: AtomicU64,
-    pub prompt_tokens: AtomicU64,
-    pub completion_tokens: AtomicU64,
-    pub queued: AtomicUsize,
-    pub running: AtomicUsize,
-    /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
-    pub batch_slots: AtomicUsize,
-    pub batch_peak: AtomicUsize,
-    /// Batch lane: rows that gave their slot up to a waiting request (parked).
-    pub batch_parks: AtomicU64,
-    /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
-    /// and requests that ran without it (their logits processors need the plain path).
-    pub spec_drafted: AtomicU64,
-    pub spec_accepted: AtomicU64,
-    pub spec_target_calls: AtomicU64,
-    pub spec_fallbacks: AtomicU64,
 }
 
 pub struct Worker {
@@ -383,7 +304,7 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         };
-        let mut emit = Emitter::new(self, &request, out);
+        let mut emit = Emitter::new(&self.limits, &self.tokenizer, &request, out);
         if emit.check() {
             emit.end_cut(&self.counters);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
@@ -422,31 +343,40 @@ impl Worker {
         }
         if let Some(((draft, _), gamma)) = spec {
             let mut failure: Option<ApiError> = None;
-            let mut on_token = |id: u32, logprobs: &Array| match emit.token(self, id, logprobs) {
+            let mut on_token = |id: u32, logprobs: &Array| match emit.token(id, logprobs) {
                 Ok(flow) => Ok(flow),
                 Err(e) => {
                     failure = Some(e);
                     Ok(Flow::Stop)
                 }
             };
-            let generated = draft.generate(
-                &mut session,
-                draft_caches.take().unwrap_or_default(),
-                &self.opts,
-                &prompt_ids,
-                cached,
-                gamma,
-                max_tokens,
-                &self.tokenizer.eos_token_ids,
-                &mut sampler,
-                |id, logprobs, _| on_token(id, logprobs),
-            );
+            let generated = (|| {
+                let mut dec = Decoder::new(
+                    &prompt_ids,
+                    max_tokens,
+                    &self.tokenizer.eos_token_ids,
+                    &mut sampler,
+                );
+                let draft = (draft, gamma, draft_caches.take().unwrap_or_default());
+                let mut decode = Decode::start(
+                    session,
+                    Some(draft),
+                    &self.opts,
+                    &mut dec,
+                    &prompt_ids,
+                    cached,
+                )?;
+                let finish = decode.run(&mut dec, &mut |id, lp, _| on_token(id, lp));
+                let stats = decode.spec_stats().cloned().unwrap_or_default();
+                let (session, fed) = decode.end()?;
+                finish.map(|f| (session, stats, f, fed.unwrap_or_default()))
+            })();
             match generated {
                 Err(e) => self.end_failed(emit, gen_err(e)),
                 Ok(_) if failure.is_some() => {
                     self.end_failed(emit, failure.unwrap_or_else(|| ApiError::server("")))
                 }
-                Ok((_, stats, finish, fed)) => {
+                Ok((session, stats, finish, fed)) => {
                     let c = &self.counters;
                     c.spec_drafted
                         .fetch_add(stats.drafted as u64, Ordering::Relaxed);
@@ -500,7 +430,7 @@ impl Worker {
         if self.tokenizer.eos_token_ids.contains(&t.token) {
             return Ok(Some(Finish::Eos));
         }
-        if t.emit.token(self, t.token, &t.y_logprobs)? == Flow::Stop {
+        if t.emit.token(t.token, &t.y_logprobs)? == Flow::Stop {
             return Ok(Some(Finish::Stop));
         }
         if n + 1 == t.max_tokens {
@@ -670,34 +600,5 @@ impl Worker {
     /// The longest usable cached prefix of `prompt` (`PromptStore::take`).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
         self.store.borrow_mut().take("", prompt)
-    }
-
-    /// The chosen token's log-probability and the `top` most likely ones.
-    pub(super) fn logprob(
-        &self,
-        id: u32,
-        logprobs: &Array,
-        top: usize,
-    ) -> Result<TokenLogprob, mlx_rs::error::Exception> {
-        let flat = logprobs.reshape(&[-1])?.as_dtype(mlx_rs::Dtype::Float32)?;
-        let chosen = flat.index(id as i32);
-        chosen.eval()?;
-        // mlx_lm.server names tokens by their vocabulary strings (`Ġsky`), not decoded text.
-        let decode = |i: u32| self.tokenizer.id_to_token(i).unwrap_or_default();
-        let mut alternatives = Vec::new();
-        if top > 0 {
-            let order = argsort_axis(flat.negative()?, -1)?.index(..top as i32);
-            let values = flat.take_axis(&order, 0)?;
-            mlx_rs::transforms::eval([&order, &values])?;
-            for (&i, &v) in order.as_slice::<u32>().iter().zip(values.as_slice::<f32>()) {
-                alternatives.push((i, decode(i), v));
-            }
-        }
-        Ok(TokenLogprob {
-            id,
-            token: decode(id),
-            logprob: chosen.as_slice::<f32>()[0],
-            top: alternatives,
-        })
     }
 }
