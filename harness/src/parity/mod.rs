@@ -3,7 +3,7 @@
 //! it. One module per gate: `runtime` (the model-free MLX golden), `l1` (the engine vs
 //! mlx-lm; also mlx-lm's kv_bits goldens), `sampling`, `batch`, `spec`, `detok`, `train`
 //! (all vs mlx-lm), `l2` and `spec_l2` (vs mlx-optiq), `l3` (the envelope vs our own frozen
-//! L2 trajectories).
+//! L2 trajectories). `plant` names the defects a gate can be given to show it fails.
 
 pub mod batch;
 pub mod detok;
@@ -11,6 +11,7 @@ pub mod gates;
 pub mod l1;
 pub mod l2;
 pub mod l3;
+pub mod plant;
 pub mod runtime;
 pub mod sampling;
 pub mod spec;
