@@ -18,17 +18,18 @@ use super::error::ApiError;
 use super::worker::{Job, Worker};
 use crate::cache::{Cache, KvCache};
 use crate::generate::batch::Batch;
+use crate::generate::decode::Decoder;
 use crate::generate::sampler::Sampler;
-use crate::generate::{Finish, Flow, Session};
+use crate::generate::{Finish, Session};
 
 struct Row<'w> {
     emit: Emitter<'w>,
-    sampler: Sampler,
-    /// Prompt and generated ids (the logits processors' history).
-    history: Vec<u32>,
+    /// The row's sampler, history (prompt and generated ids), limit and EOS ids: the
+    /// decode core every path shares; this lane steps all rows in one forward and hands
+    /// each its logits.
+    dec: Decoder<'w>,
     prompt_tokens: usize,
     cached: usize,
-    max_tokens: usize,
     /// The id to feed at the next step.
     next: u32,
     /// When the row last took its slot (joined or rejoined the batch).
@@ -67,6 +68,20 @@ enum Outcome {
     Failed(ApiError),
 }
 
+/// The batch lane's state between ticks.
+struct Lane<'w> {
+    slots: usize,
+    waiting: VecDeque<Job>,
+    batch: Batch<'w>,
+    rows: Vec<Row<'w>>,
+    /// Samples of the last step, one per row, not yet emitted.
+    inflight: Option<Vec<(Array, Array)>>,
+    admission: Option<Admission<'w>>,
+    /// Rows out of the batch, with their caches, while their clients catch up.
+    parked: Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
+    steps: usize,
+}
+
 impl Worker {
     /// Whether this model and these options can use the batch lane.
     pub fn batchable(&self) -> bool {
@@ -81,30 +96,23 @@ impl Worker {
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
     fn sample(row: &mut Row<'_>, logits: &Array) -> Result<(Array, Array), ApiError> {
-        row.sampler
-            .pick(logits, &row.history)
+        row.dec
+            .pick(logits)
             .map_err(|e| ApiError::server(e.to_string()))
     }
 
     /// Emits `row`'s evaluated next id and says whether the row goes on.
-    fn emit_next(&self, row: &mut Row<'_>, y: &Array, logprobs: &Array) -> Outcome {
+    fn emit_next(row: &mut Row<'_>, y: &Array, logprobs: &Array) -> Outcome {
         let id = y.as_slice::<u32>()[0];
-        if self.tokenizer.eos_token_ids.contains(&id) {
-            return Outcome::Done(Finish::Eos);
-        }
-        match row.emit.token(id, logprobs) {
+        row.next = id;
+        let emit = &mut row.emit;
+        match row
+            .dec
+            .emit(id, logprobs, false, &mut |id, lp, _| emit.token(id, lp))
+        {
             Err(e) => Outcome::Failed(e),
-            Ok(flow) => {
-                row.history.push(id);
-                row.next = id;
-                if flow == Flow::Stop {
-                    Outcome::Done(Finish::Stop)
-                } else if row.emit.produced.len() >= row.max_tokens {
-                    Outcome::Done(Finish::Length)
-                } else {
-                    Outcome::Continue
-                }
-            }
+            Ok(None) => Outcome::Continue,
+            Ok(Some(finish)) => Outcome::Done(finish),
         }
     }
 
@@ -114,7 +122,7 @@ impl Worker {
             y.eval().map_err(|e| ApiError::server(e.to_string()))?;
             Ok((y, lp))
         }) {
-            Ok((y, lp)) => self.emit_next(row, &y, &lp),
+            Ok((y, lp)) => Self::emit_next(row, &y, &lp),
             Err(e) => Outcome::Failed(e),
         }
     }
@@ -182,11 +190,9 @@ impl Worker {
         let max_tokens = request.max_tokens.min(self.context - prompt.len());
         let row = Row {
             emit,
-            sampler,
-            history: prompt.clone(),
+            dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),
             prompt_tokens: prompt.len(),
             cached,
-            max_tokens,
             next: 0,
             since: Instant::now(),
         };
@@ -258,9 +264,9 @@ impl Worker {
         let mut kept = Vec::new();
         for (i, row) in rows.iter().enumerate() {
             if matches!(outcomes[i], Some(Outcome::Done(_))) && !row.emit.gone {
-                if let Ok(caches) = batch.row_caches(i, row.history.len() as i32) {
+                if let Ok(caches) = batch.row_caches(i, row.dec.history().len() as i32) {
                     let fed = caches.first().map_or(0, |c| c.offset()) as usize;
-                    kept.push((row.history[..fed].to_vec(), caches));
+                    kept.push((row.dec.history()[..fed].to_vec(), caches));
                 }
             }
         }
@@ -311,7 +317,7 @@ impl Worker {
         batch: &mut Batch<'_>,
         parked: &mut Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
     ) -> bool {
-        let fed = rows[i].history.len() as i32 - 1;
+        let fed = rows[i].dec.history().len() as i32 - 1;
         let Ok(caches) = batch.row_caches(i, fed) else {
             return true;
         };
@@ -339,7 +345,7 @@ impl Worker {
         }
         rows.iter_mut()
             .zip(samples)
-            .map(|(row, (y, lp))| match self.emit_next(row, y, lp) {
+            .map(|(row, (y, lp))| match Self::emit_next(row, y, lp) {
                 Outcome::Continue if !row.emit.gone => None,
                 Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
                 other => Some(other),
@@ -355,180 +361,211 @@ impl Worker {
     /// history, the queued samples are emitted first.
     pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
         self.counters.batch_slots.store(slots, Ordering::Relaxed);
-        let mut waiting: VecDeque<Job> = VecDeque::new();
-        let mut batch = Batch::new(self.model.as_ref());
-        let mut rows: Vec<Row<'_>> = Vec::new();
-        // Samples of the last step, one per row, not yet emitted.
-        let mut inflight: Option<Vec<(Array, Array)>> = None;
-        let mut admission: Option<Admission<'_>> = None;
-        // Rows out of the batch, with their caches, while their clients catch up.
-        let mut parked: Vec<(Row<'_>, Vec<Box<dyn Cache>>)> = Vec::new();
-        let mut steps = 0usize;
+        let mut lane = Lane {
+            slots,
+            waiting: VecDeque::new(),
+            batch: Batch::new(self.model.as_ref()),
+            rows: Vec::new(),
+            inflight: None,
+            admission: None,
+            parked: Vec::new(),
+            steps: 0,
+        };
         loop {
-            if rows.is_empty() && waiting.is_empty() && admission.is_none() {
-                if parked.is_empty() {
-                    match self.next_job(&jobs) {
-                        Some(job) => waiting.push_back(job),
-                        None => return,
-                    }
-                } else if let Ok(job) = jobs.recv_timeout(std::time::Duration::from_millis(5)) {
-                    waiting.push_back(job);
-                }
-            }
-            while let Ok(job) = jobs.try_recv() {
-                waiting.push_back(job);
+            if !self.receive(&mut lane, &jobs) {
+                return;
             }
             // Parked rows are cut as any other (stalled, gone, out of time).
-            for (mut row, caches) in std::mem::take(&mut parked) {
+            for (mut row, caches) in std::mem::take(&mut lane.parked) {
                 if row.emit.check() {
                     self.close(row, Outcome::Done(Finish::Stop));
                 } else {
-                    parked.push((row, caches));
+                    lane.parked.push((row, caches));
                 }
             }
-            // Every slot busy and a request waiting (new, or parked and ready): a row whose
-            // client has not taken its events gives its slot up (parked), else the row that
-            // has held its slot longest, once it has held it for SLICE. Waiting requests take
-            // free slots first; parked rows whose clients caught up take them back next.
-            let ready = |parked: &mut Vec<(Row<'_>, Vec<Box<dyn Cache>>)>| {
-                parked.iter_mut().position(|(r, _)| !r.emit.backlogged())
-            };
-            let park = admission.is_none()
-                && rows.len() >= slots
-                && parked.len() < (super::worker::PAUSED_PER_SLOT - 1) * slots
-                && (!waiting.is_empty() || ready(&mut parked).is_some())
-                && Self::victim(&mut rows).is_some();
-            let rejoin = admission.is_none()
-                && waiting.is_empty()
-                && rows.len() < slots
-                && ready(&mut parked).is_some();
-            if park || rejoin {
-                if let Some(pending) = inflight.take() {
-                    let outcomes = self.emit_all(&mut rows, &pending);
-                    if !self.settle(&mut rows, &mut batch, outcomes, None) {
-                        batch = Batch::new(self.model.as_ref());
-                    }
+            self.share_slots(&mut lane);
+            if lane.admission.is_none() && lane.rows.len() < slots {
+                if let Some(job) = lane.waiting.pop_front() {
+                    lane.admission = self.start(job);
                 }
             }
-            if park && rows.len() >= slots {
-                if let Some(i) = Self::victim(&mut rows) {
-                    if !self.park(i, &mut rows, &mut batch, &mut parked) {
-                        batch = Batch::new(self.model.as_ref());
-                    }
-                }
-            }
-            if rejoin && rows.len() < slots {
-                if let Some(j) = ready(&mut parked) {
-                    let (mut row, caches) = parked.remove(j);
-                    row.since = Instant::now();
-                    let session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
-                    match batch.join(vec![session]) {
-                        Ok(()) => rows.push(row),
-                        Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
-                    }
-                }
-            }
-            if admission.is_none() && rows.len() < slots {
-                if let Some(job) = waiting.pop_front() {
-                    admission = self.start(job);
-                }
-            }
-            let joining = admission.as_ref().is_some_and(Admission::joins_next);
-            let needs_history = rows.iter().any(|r| r.sampler.has_processors());
+            let joining = lane.admission.as_ref().is_some_and(Admission::joins_next);
+            let needs_history = lane
+                .rows
+                .iter_mut()
+                .any(|r| r.dec.sampler().has_processors());
             if joining || needs_history {
-                if let Some(pending) = inflight.take() {
-                    let outcomes = self.emit_all(&mut rows, &pending);
-                    if !self.settle(&mut rows, &mut batch, outcomes, None) {
-                        batch = Batch::new(self.model.as_ref());
-                    }
-                }
+                self.flush(&mut lane);
             }
             // One admission chunk per tick, interleaved with the batch's decode steps.
-            if let Some(adm) = admission.take() {
-                match self.admission_step(adm) {
-                    Step::Prefilling(adm) => admission = Some(adm),
-                    Step::Join(mut row, session) => match batch.join(vec![session]) {
-                        Ok(()) => {
-                            row.since = Instant::now();
-                            rows.push(row);
-                            self.counters
-                                .batch_peak
-                                .fetch_max(rows.len(), Ordering::Relaxed);
-                        }
-                        Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
-                    },
-                    Step::Closed => {}
-                }
+            if let Some(adm) = lane.admission.take() {
+                self.admit(&mut lane, adm);
             }
-            if rows.is_empty() {
-                inflight = None;
+            if lane.rows.is_empty() {
+                lane.inflight = None;
                 continue;
             }
-            // Feed the queued samples (still lazy) or, after a flush, the emitted ids.
-            let feed = match &inflight {
-                Some(pending) => {
-                    let ys: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
-                    mlx_rs::ops::concatenate(&ys, 0)
+            self.decode_step(&mut lane);
+        }
+    }
+
+    /// Takes new jobs (waiting for one when the lane is idle). False once every sender is
+    /// gone and nothing is left to do.
+    fn receive<'w>(&'w self, lane: &mut Lane<'w>, jobs: &mpsc::Receiver<Job>) -> bool {
+        if lane.rows.is_empty() && lane.waiting.is_empty() && lane.admission.is_none() {
+            if lane.parked.is_empty() {
+                match self.next_job(jobs) {
+                    Some(job) => lane.waiting.push_back(job),
+                    None => return false,
                 }
-                None => {
-                    let ids: Vec<u32> = rows.iter().map(|r| r.next).collect();
-                    Ok(Array::from_slice(&ids, &[ids.len() as i32]))
+            } else if let Ok(job) = jobs.recv_timeout(Duration::from_millis(5)) {
+                lane.waiting.push_back(job);
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            lane.waiting.push_back(job);
+        }
+        true
+    }
+
+    /// Emits the queued samples of the last step (if any) and settles the rows they end.
+    fn flush<'w>(&'w self, lane: &mut Lane<'w>) {
+        if let Some(pending) = lane.inflight.take() {
+            let outcomes = self.emit_all(&mut lane.rows, &pending);
+            if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, None) {
+                lane.batch = Batch::new(self.model.as_ref());
+            }
+        }
+    }
+
+    /// Every slot busy and a request waiting (new, or parked and ready): a row whose client
+    /// has not taken its events gives its slot up (parked), else the row that has held its
+    /// slot longest, once it has held it for SLICE. Waiting requests take free slots first;
+    /// parked rows whose clients caught up take them back next.
+    fn share_slots<'w>(&'w self, lane: &mut Lane<'w>) {
+        let slots = lane.slots;
+        let ready = |parked: &mut Vec<(Row<'_>, Vec<Box<dyn Cache>>)>| {
+            parked.iter_mut().position(|(r, _)| !r.emit.backlogged())
+        };
+        let park = lane.admission.is_none()
+            && lane.rows.len() >= slots
+            && lane.parked.len() < (super::worker::PAUSED_PER_SLOT - 1) * slots
+            && (!lane.waiting.is_empty() || ready(&mut lane.parked).is_some())
+            && Self::victim(&mut lane.rows).is_some();
+        let rejoin = lane.admission.is_none()
+            && lane.waiting.is_empty()
+            && lane.rows.len() < slots
+            && ready(&mut lane.parked).is_some();
+        if park || rejoin {
+            self.flush(lane);
+        }
+        if park && lane.rows.len() >= slots {
+            if let Some(i) = Self::victim(&mut lane.rows) {
+                if !self.park(i, &mut lane.rows, &mut lane.batch, &mut lane.parked) {
+                    lane.batch = Batch::new(self.model.as_ref());
                 }
-            };
-            let step = feed.and_then(|f| batch.step_ids(&f));
-            let logits = match step {
-                Ok(l) => l,
+            }
+        }
+        if rejoin && lane.rows.len() < slots {
+            if let Some(j) = ready(&mut lane.parked) {
+                let (mut row, caches) = lane.parked.remove(j);
+                row.since = Instant::now();
+                let session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+                match lane.batch.join(vec![session]) {
+                    Ok(()) => lane.rows.push(row),
+                    Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
+                }
+            }
+        }
+    }
+
+    /// One tick of the admission: it goes on prefilling, joins the batch, or is over.
+    fn admit<'w>(&'w self, lane: &mut Lane<'w>, adm: Admission<'w>) {
+        match self.admission_step(adm) {
+            Step::Prefilling(adm) => lane.admission = Some(adm),
+            Step::Join(mut row, session) => match lane.batch.join(vec![session]) {
+                Ok(()) => {
+                    row.since = Instant::now();
+                    lane.rows.push(row);
+                    self.counters
+                        .batch_peak
+                        .fetch_max(lane.rows.len(), Ordering::Relaxed);
+                }
+                Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
+            },
+            Step::Closed => {}
+        }
+    }
+
+    /// One batched decode step: the queued samples (still lazy) or, after a flush, the
+    /// emitted ids are fed; every row's next id is sampled and queued; while that runs,
+    /// what was fed is emitted, and rows that finished leave.
+    fn decode_step<'w>(&'w self, lane: &mut Lane<'w>) {
+        let feed = match &lane.inflight {
+            Some(pending) => {
+                let ys: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
+                mlx_rs::ops::concatenate(&ys, 0)
+            }
+            None => {
+                let ids: Vec<u32> = lane.rows.iter().map(|r| r.next).collect();
+                Ok(Array::from_slice(&ids, &[ids.len() as i32]))
+            }
+        };
+        let logits = match feed.and_then(|f| lane.batch.step_ids(&f)) {
+            Ok(l) => l,
+            Err(e) => {
+                // A failed forward cannot be pinned on one row: every row fails, the lane
+                // starts empty, later requests are unaffected.
+                for row in lane.rows.drain(..) {
+                    self.close(
+                        row,
+                        Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+                    );
+                }
+                lane.batch = Batch::new(self.model.as_ref());
+                lane.inflight = None;
+                return;
+            }
+        };
+        let mut next: Vec<(Array, Array)> = Vec::with_capacity(lane.rows.len());
+        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(lane.rows.len());
+        for (i, row) in lane.rows.iter_mut().enumerate() {
+            let sampled = logits
+                .index(i as i32)
+                .reshape(&[1, -1])
+                .map_err(|e| ApiError::server(e.to_string()))
+                .and_then(|l| Self::sample(row, &l));
+            match sampled {
+                Ok(pair) => {
+                    next.push(pair);
+                    outcomes.push(None);
+                }
                 Err(e) => {
-                    // A failed forward cannot be pinned on one row: every row fails, the
-                    // lane starts empty, later requests are unaffected.
-                    for row in rows.drain(..) {
-                        self.close(
-                            row,
-                            Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
-                        );
-                    }
-                    batch = Batch::new(self.model.as_ref());
-                    inflight = None;
-                    continue;
-                }
-            };
-            let mut next: Vec<(Array, Array)> = Vec::with_capacity(rows.len());
-            let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(rows.len());
-            for (i, row) in rows.iter_mut().enumerate() {
-                let sampled = logits
-                    .index(i as i32)
-                    .reshape(&[1, -1])
-                    .map_err(|e| ApiError::server(e.to_string()))
-                    .and_then(|l| Self::sample(row, &l));
-                match sampled {
-                    Ok(pair) => {
-                        next.push(pair);
-                        outcomes.push(None);
-                    }
-                    Err(e) => {
-                        next.push((Array::from_slice(&[0u32], &[1]), Array::from_f32(0.0)));
-                        outcomes.push(Some(Outcome::Failed(e)));
-                    }
+                    next.push((Array::from_slice(&[0u32], &[1]), Array::from_f32(0.0)));
+                    outcomes.push(Some(Outcome::Failed(e)));
                 }
             }
-            let _ = mlx_rs::transforms::async_eval(next.iter().map(|(y, _)| y));
-            // While that step runs: emit what was fed to it.
-            if let Some(pending) = inflight.take() {
-                for (o, emitted) in outcomes.iter_mut().zip(self.emit_all(&mut rows, &pending)) {
-                    if o.is_none() {
-                        *o = emitted;
-                    }
+        }
+        let _ = mlx_rs::transforms::async_eval(next.iter().map(|(y, _)| y));
+        // While that step runs: emit what was fed to it.
+        if let Some(pending) = lane.inflight.take() {
+            for (o, emitted) in outcomes
+                .iter_mut()
+                .zip(self.emit_all(&mut lane.rows, &pending))
+            {
+                if o.is_none() {
+                    *o = emitted;
                 }
             }
-            if !self.settle(&mut rows, &mut batch, outcomes, Some(&mut next)) {
-                batch = Batch::new(self.model.as_ref());
-                continue;
-            }
-            inflight = (!rows.is_empty()).then_some(next);
-            steps += 1;
-            if steps.is_multiple_of(256) {
-                let _ = mlx_rs::memory::clear_cache();
-            }
+        }
+        if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, Some(&mut next)) {
+            lane.batch = Batch::new(self.model.as_ref());
+            return;
+        }
+        lane.inflight = (!lane.rows.is_empty()).then_some(next);
+        lane.steps += 1;
+        if lane.steps.is_multiple_of(256) {
+            let _ = mlx_rs::memory::clear_cache();
         }
     }
 }

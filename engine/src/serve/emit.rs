@@ -20,9 +20,8 @@ use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use super::error::ApiError;
 use super::{Counters, Limits};
-use crate::generate::stop::{StopMatcher, StopStep};
+use crate::generate::stop::TextStream;
 use crate::generate::{Finish, Flow};
-use crate::load::detok::StreamingDetokenizer;
 use crate::load::tokenizer::Tokenizer;
 
 /// One token's log-probability and its best alternatives.
@@ -228,8 +227,8 @@ pub struct Emitter<'t> {
     limits: &'t Limits,
     /// Names the log-probabilities' tokens.
     tokenizer: &'t Tokenizer,
-    detok: StreamingDetokenizer<'t>,
-    stops: StopMatcher,
+    /// Detokenizer and stop strings.
+    text: TextStream<'t>,
     logprobs: bool,
     top_logprobs: usize,
     pub produced: Vec<u32>,
@@ -250,8 +249,7 @@ impl<'t> Emitter<'t> {
             out: Some(out),
             limits,
             tokenizer,
-            detok: tokenizer.detokenizer(),
-            stops: StopMatcher::new(request.stop.iter().cloned()),
+            text: TextStream::new(tokenizer, request.stop.iter().cloned()),
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             produced: Vec::new(),
@@ -317,14 +315,10 @@ impl<'t> Emitter<'t> {
             return Ok(Flow::Stop);
         }
         self.produced.push(id);
-        let piece = self
-            .detok
+        let (text, flow) = self
+            .text
             .push(id)
             .map_err(|e| ApiError::server(e.to_string()))?;
-        let (text, flow) = match self.stops.push(&piece) {
-            StopStep::Continue(t) => (t, Flow::Continue),
-            StopStep::Stop(t) => (t, Flow::Stop),
-        };
         let lp = if self.logprobs {
             vec![logprob(self.tokenizer, id, logprobs, self.top_logprobs)
                 .map_err(|e| ApiError::server(e.to_string()))?]
@@ -347,21 +341,15 @@ impl<'t> Emitter<'t> {
         cached_tokens: usize,
         counted: impl FnOnce(usize),
     ) -> Result<(), ApiError> {
-        if finish != Finish::Stop {
-            let tail = self
-                .detok
-                .finish()
-                .map_err(|e| ApiError::server(e.to_string()))?;
-            let tail = match self.stops.push(&tail) {
-                StopStep::Continue(t) => t + &self.stops.finish(),
-                StopStep::Stop(t) => t,
-            };
-            if !tail.is_empty() {
-                self.push(Event::Text {
-                    text: tail,
-                    logprobs: Vec::<TokenLogprob>::new(),
-                });
-            }
+        let tail = self
+            .text
+            .finish(finish)
+            .map_err(|e| ApiError::server(e.to_string()))?;
+        if !tail.is_empty() {
+            self.push(Event::Text {
+                text: tail,
+                logprobs: Vec::<TokenLogprob>::new(),
+            });
         }
         // mlx_lm.server counts the EOS token that ended the answer as generated.
         let completion_tokens = self.produced.len() + usize::from(finish == Finish::Eos);

@@ -12,6 +12,13 @@ pub struct ApiError {
     pub kind: &'static str,
 }
 
+/// An MLX failure while a request was being generated.
+impl From<mlx_rs::error::Exception> for ApiError {
+    fn from(e: mlx_rs::error::Exception) -> Self {
+        ApiError::server(format!("generation failed: {e}"))
+    }
+}
+
 impl ApiError {
     /// A bad value in one field of the request.
     pub fn field(param: &str, message: impl Into<String>) -> Self {

@@ -183,30 +183,13 @@ async fn handle(
     chat: bool,
 ) -> Result<Response, ApiError> {
     s.counters.requests.fetch_add(1, Ordering::Relaxed);
-    let parsed = body_json(body).and_then(|v| request::parse(&v, chat, &s.defaults));
-    let req: GenRequest = match parsed {
-        Ok(r) => r,
-        Err(e) => {
+    let req = body_json(body)
+        .and_then(|v| request::parse(&v, chat, &s.defaults))
+        .inspect_err(|_| {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
-        }
-    };
-    let n = s.next_id.fetch_add(1, Ordering::Relaxed);
-    let meta = Meta {
-        id: format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" }),
-        object: match (chat, req.stream) {
-            (true, true) => "chat.completion.chunk",
-            (true, false) => "chat.completion",
-            (false, _) => "text_completion",
-        },
-        created: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
-        model: s.model_id.clone(),
-        chat,
-    };
-    let stream = req.stream;
-    let include_usage = req.include_usage;
+        })?;
+    let meta = s.meta(chat, req.stream);
+    let (stream, include_usage) = (req.stream, req.include_usage);
     if s.limits.draining.load(Ordering::Relaxed) {
         return Ok(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -222,8 +205,62 @@ async fn handle(
             "the server's queue is full (--max-queue); retry later",
         ));
     };
-    // Encoding (template + tokenizer) runs on the blocking pool, never on the model thread;
-    // big prompts take turns, so a flood of them leaves a core to the model.
+    let (req, prompt_ids) = encode(&s, req).await?;
+    let (tx, rx) = mpsc::channel(EVENT_SLOTS);
+    let job = Job {
+        request: req,
+        prompt_ids,
+        events: tx,
+        deadline,
+        queued,
+    };
+    let sent = s
+        .jobs
+        .lock()
+        .map_err(|_| ApiError::server("the request queue is poisoned"))?
+        .as_ref()
+        .map(|jobs| jobs.send(job).is_ok());
+    if sent != Some(true) {
+        return Err(ApiError::server("the model thread has stopped")
+            .with_status(StatusCode::SERVICE_UNAVAILABLE));
+    }
+    let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
+    // The first event tells whether the request was accepted (prompt encoded, fits).
+    match events.next().await {
+        Some(Event::Started { .. }) => {}
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(ApiError::server("the model thread dropped the request")),
+    }
+    if stream {
+        Ok(respond_streamed(events, meta, include_usage))
+    } else {
+        respond_whole(events, meta).await
+    }
+}
+
+impl AppState {
+    /// The fields every response chunk of the next request carries.
+    fn meta(&self, chat: bool, stream: bool) -> Meta {
+        let n = self.next_id.fetch_add(1, Ordering::Relaxed);
+        Meta {
+            id: format!("{}-{n}", if chat { "chatcmpl" } else { "cmpl" }),
+            object: match (chat, stream) {
+                (true, true) => "chat.completion.chunk",
+                (true, false) => "chat.completion",
+                (false, _) => "text_completion",
+            },
+            created: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: self.model_id.clone(),
+            chat,
+        }
+    }
+}
+
+/// Encodes the prompt (template + tokenizer) on the blocking pool, never on the model
+/// thread; big prompts take turns, so a flood of them leaves a core to the model.
+async fn encode(s: &AppState, req: GenRequest) -> Result<(GenRequest, Vec<u32>), ApiError> {
     let _turn = if prompt_bytes(&req.prompt) > BIG_PROMPT_BYTES {
         Some(
             s.big_prompts
@@ -241,70 +278,52 @@ async fn handle(
     })
     .await
     .map_err(|_| ApiError::server("encoding the prompt failed"))?;
-    drop(_turn);
-    let prompt_ids = match encoded {
-        Ok(ids) => ids,
-        Err(e) => {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-            return Err(e);
-        }
-    };
-    let (tx, rx) = mpsc::channel(EVENT_SLOTS);
-    let sent = s
-        .jobs
-        .lock()
-        .map_err(|_| ApiError::server("the request queue is poisoned"))?
-        .as_ref()
-        .map(|jobs| {
-            jobs.send(Job {
-                request: req,
-                prompt_ids,
-                events: tx,
-                deadline,
-                queued,
-            })
-            .is_ok()
-        });
-    if sent != Some(true) {
-        return Err(ApiError::server("the model thread has stopped")
-            .with_status(StatusCode::SERVICE_UNAVAILABLE));
-    }
-    let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
-    // The first event tells whether the request was accepted (prompt encoded, fits).
-    let prompt_tokens = match events.next().await {
-        Some(Event::Started { prompt_tokens }) => prompt_tokens,
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::server("the model thread dropped the request")),
-    };
-    if !stream {
-        let mut text = String::new();
-        let mut logprobs = Vec::new();
-        while let Some(ev) = events.next().await {
-            match ev {
-                Event::Text {
-                    text: t,
-                    logprobs: l,
-                } => {
-                    text.push_str(&t);
-                    logprobs.extend(l);
-                }
-                Event::Done {
-                    finish_reason,
-                    prompt_tokens,
-                    completion_tokens,
-                    cached_tokens,
-                } => {
-                    let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
-                    body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
-                    return Ok(Json(body).into_response());
-                }
-                Event::Failed(e) => return Err(e),
-                Event::Started { .. } | Event::Batch(_) => {}
+    let ids = encoded.inspect_err(|_| {
+        s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+    })?;
+    Ok((req, ids))
+}
+
+/// The whole answer as one JSON body, once it is done.
+async fn respond_whole(
+    mut events: impl futures_util::Stream<Item = Event> + Unpin,
+    meta: Meta,
+) -> Result<Response, ApiError> {
+    let mut text = String::new();
+    let mut logprobs = Vec::new();
+    while let Some(ev) = events.next().await {
+        match ev {
+            Event::Text {
+                text: t,
+                logprobs: l,
+            } => {
+                text.push_str(&t);
+                logprobs.extend(l);
             }
+            Event::Done {
+                finish_reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            } => {
+                let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
+                body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
+                return Ok(Json(body).into_response());
+            }
+            Event::Failed(e) => return Err(e),
+            Event::Started { .. } | Event::Batch(_) => {}
         }
-        return Err(ApiError::server("the model thread dropped the request"));
     }
-    let meta = Arc::new(meta);
+    Err(ApiError::server("the model thread dropped the request"))
+}
+
+/// The answer as server-sent events: a chunk per text event, the last with usage (and a
+/// usage-only chunk when asked), then `[DONE]`.
+fn respond_streamed(
+    events: impl futures_util::Stream<Item = Event> + Send + 'static,
+    meta: Meta,
+    include_usage: bool,
+) -> Response {
     let events = events.flat_map(move |ev| {
         let data: Vec<Value> = match ev {
             Event::Text { text, logprobs } => vec![meta.chunk(&text, None, &logprobs, true)],
@@ -335,11 +354,10 @@ async fn handle(
                 .collect::<Vec<_>>(),
         )
     });
-    let _ = prompt_tokens;
     let done = stream::iter([Ok::<_, Infallible>(SseEvent::default().data("[DONE]"))]);
-    Ok(Sse::new(events.chain(done))
+    Sse::new(events.chain(done))
         .keep_alive(KeepAlive::default())
-        .into_response())
+        .into_response()
 }
 
 /// Prompts longer than this (bytes of text) are encoded one at a time.

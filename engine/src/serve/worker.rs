@@ -13,8 +13,6 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use tokio::sync::mpsc::Sender;
 
 use super::emit::{Emitter, Event, Outbox};
@@ -25,7 +23,7 @@ use super::{Counters, Limits};
 use crate::generate::decode::Decoder;
 use crate::generate::drafter::Decode;
 use crate::generate::sampler::Sampler;
-use crate::generate::{Finish, Flow, Session, SessionOptions};
+use crate::generate::{Finish, Session, SessionOptions};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
@@ -136,27 +134,18 @@ pub struct Worker {
     pub limits: Arc<Limits>,
 }
 
-/// A serial-lane request between two of its tokens: `generate_in`'s loop state, so the
-/// lane can run one iteration of each request in turn — the same MLX calls, in the same
-/// order, per request as `generate_in`, so every answer is unchanged.
+/// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
+/// and policy) and its `Decoder`, so the lane can run one step — or one speculative round
+/// — of each request in turn, with the same MLX calls in the same order per request as
+/// when it runs alone, so every answer is unchanged.
 struct Turn<'w> {
     emit: Emitter<'w>,
-    session: Session<'w>,
-    sampler: Sampler,
+    decode: Decode<'w>,
+    dec: Decoder<'w>,
     prompt_ids: Vec<u32>,
     cached: usize,
     /// The drafter's caches, behind (this request runs without drafting).
     draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
-    history: Vec<u32>,
-    /// Step n+1 is queued before step n's id is read (no logits processors).
-    pipelined: bool,
-    y: Array,
-    y_logprobs: Array,
-    token: u32,
-    n: usize,
-    max_tokens: usize,
-    /// A queued step the loop may leave unread; waited for when the request ends.
-    in_flight: Option<Array>,
 }
 
 fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
@@ -168,29 +157,6 @@ fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
             .or_else(|| panic.downcast_ref::<&str>().copied())
             .unwrap_or("panic")
     ))
-}
-
-fn gen_err(e: Exception) -> ApiError {
-    ApiError::server(format!("generation failed: {e}"))
-}
-
-fn read(y: &Array) -> Result<u32, Exception> {
-    y.eval()?;
-    Ok(y.as_slice::<u32>()[0])
-}
-
-/// `generate_in`'s start: the prompt prefilled, the first id sampled and read.
-fn first_token(
-    session: &mut Session<'_>,
-    sampler: &mut Sampler,
-    rest: &[u32],
-    history: &[u32],
-) -> Result<(Array, Array, u32), Exception> {
-    let logits = session.prefill(rest)?;
-    let (y, y_logprobs) = sampler.pick(&logits, history)?;
-    mlx_rs::transforms::async_eval([&y])?;
-    let token = read(&y)?;
-    Ok((y, y_logprobs, token))
 }
 
 impl Worker {
@@ -288,7 +254,9 @@ impl Worker {
     }
 
     /// Admits a job: its limits checked, the prompt cache consulted, the prompt prefilled
-    /// and its first id sampled. A drafted request (`--draft-model`) runs to its end here.
+    /// (and, decoding plainly, its first id sampled). With `--draft-model` it drafts unless
+    /// it turns that off (`num_draft_tokens` 0) or has logits processors, which the
+    /// speculative policies do not run.
     fn begin<'w>(&'w self, job: Job) -> Option<Turn<'w>> {
         let Job {
             request,
@@ -310,7 +278,7 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let mut sampler = match Sampler::new(request.sampling.clone()) {
+        let sampler = match Sampler::new(request.sampling.clone()) {
             Ok(s) => s,
             Err(e) => {
                 self.end_failed(emit, ApiError::server(e.to_string()));
@@ -327,8 +295,6 @@ impl Worker {
         let mut draft_caches = Some(caches.split_off(self.model_layers()));
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
-        // Drafting unless the request turns it off (num_draft_tokens 0) or has logits
-        // processors, which the speculative executor does not run.
         let gamma = self
             .draft
             .as_ref()
@@ -341,144 +307,58 @@ impl Worker {
         if self.draft.is_some() && spec.is_none() {
             self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
         }
-        if let Some(((draft, _), gamma)) = spec {
-            let mut failure: Option<ApiError> = None;
-            let mut on_token = |id: u32, logprobs: &Array| match emit.token(id, logprobs) {
-                Ok(flow) => Ok(flow),
-                Err(e) => {
-                    failure = Some(e);
-                    Ok(Flow::Stop)
-                }
-            };
-            let generated = (|| {
-                let mut dec = Decoder::new(
-                    &prompt_ids,
-                    max_tokens,
-                    &self.tokenizer.eos_token_ids,
-                    &mut sampler,
-                );
-                let draft = (draft, gamma, draft_caches.take().unwrap_or_default());
-                let mut decode = Decode::start(
-                    session,
-                    Some(draft),
-                    &self.opts,
-                    &mut dec,
-                    &prompt_ids,
-                    cached,
-                )?;
-                let finish = decode.run(&mut dec, &mut |id, lp, _| on_token(id, lp));
-                let stats = decode.spec_stats().cloned().unwrap_or_default();
-                let (session, fed) = decode.end()?;
-                finish.map(|f| (session, stats, f, fed.unwrap_or_default()))
-            })();
-            match generated {
-                Err(e) => self.end_failed(emit, gen_err(e)),
-                Ok(_) if failure.is_some() => {
-                    self.end_failed(emit, failure.unwrap_or_else(|| ApiError::server("")))
-                }
-                Ok((session, stats, finish, fed)) => {
-                    let c = &self.counters;
-                    c.spec_drafted
-                        .fetch_add(stats.drafted as u64, Ordering::Relaxed);
-                    c.spec_accepted
-                        .fetch_add(stats.accepted as u64, Ordering::Relaxed);
-                    c.spec_target_calls
-                        .fetch_add(stats.target_calls as u64, Ordering::Relaxed);
-                    self.conclude(emit, session, prompt_ids, cached, finish, Some(fed), None);
-                }
-            }
-            return None;
-        }
-        let history = prompt_ids.clone();
-        match first_token(&mut session, &mut sampler, &prompt_ids[cached..], &history) {
+        let draft =
+            spec.map(|((draft, _), gamma)| (draft, gamma, draft_caches.take().unwrap_or_default()));
+        let eos = &self.tokenizer.eos_token_ids;
+        let mut dec = Decoder::new(&prompt_ids, max_tokens, eos, sampler);
+        match Decode::start(session, draft, &self.opts, &mut dec, &prompt_ids, cached) {
             Err(e) => {
-                self.end_failed(emit, gen_err(e));
+                self.end_failed(emit, e.into());
                 None
             }
-            Ok((y, y_logprobs, token)) => Some(Turn {
+            Ok(decode) => Some(Turn {
                 emit,
-                session,
-                pipelined: !sampler.has_processors(),
-                sampler,
+                decode,
+                dec,
                 prompt_ids,
                 cached,
                 draft_caches,
-                history,
-                y,
-                y_logprobs,
-                token,
-                n: 0,
-                max_tokens,
-                in_flight: None,
             }),
         }
     }
 
-    /// One iteration of `generate_in`'s loop for one request: the next step queued (when
-    /// pipelined), the current id emitted. Some(finish) when the request is over.
+    /// One step (or speculative round) of one request. Some(finish) when it is over.
     fn turn(&self, t: &mut Turn<'_>) -> Result<Option<Finish>, ApiError> {
-        let n = t.n;
-        let queued = if t.pipelined && n + 1 < t.max_tokens {
-            let logits = t.session.step_array(&t.y).map_err(gen_err)?;
-            let next = t.sampler.pick(&logits, &t.history).map_err(gen_err)?;
-            mlx_rs::transforms::async_eval([&next.0]).map_err(gen_err)?;
-            t.in_flight = Some(next.0.clone());
-            Some(next)
-        } else {
-            None
-        };
-        if self.tokenizer.eos_token_ids.contains(&t.token) {
-            return Ok(Some(Finish::Eos));
-        }
-        if t.emit.token(t.token, &t.y_logprobs)? == Flow::Stop {
-            return Ok(Some(Finish::Stop));
-        }
-        if n + 1 == t.max_tokens {
-            return Ok(Some(Finish::Length));
-        }
-        t.history.push(t.token);
-        (t.y, t.y_logprobs) = match queued {
-            Some(next) => next,
-            None => {
-                let logits = t.session.step(&[t.token]).map_err(gen_err)?;
-                t.sampler.pick(&logits, &t.history).map_err(gen_err)?
-            }
-        };
-        t.token = read(&t.y).map_err(gen_err)?;
-        if n.is_multiple_of(256) {
-            mlx_rs::memory::clear_cache().map_err(gen_err)?;
-        }
-        t.n += 1;
-        Ok(None)
+        let emit = &mut t.emit;
+        t.decode
+            .advance(&mut t.dec, &mut |id, logprobs, _| emit.token(id, logprobs))
     }
 
     /// Ends a request that left the turns: no MLX work left in flight, then its answer.
     fn end_turn(&self, t: Turn<'_>, result: Result<Finish, ApiError>) {
         let Turn {
             emit,
-            session,
+            decode,
             prompt_ids,
             cached,
             draft_caches,
-            in_flight,
             ..
         } = t;
-        // A step the loop left unread is waited for, as generate_in does.
-        if let Some(pending) = in_flight {
-            let _ = pending.eval();
+        if let (Some(spec), Ok(_)) = (decode.spec_stats(), &result) {
+            let c = &self.counters;
+            c.spec_drafted
+                .fetch_add(spec.drafted as u64, Ordering::Relaxed);
+            c.spec_accepted
+                .fetch_add(spec.accepted as u64, Ordering::Relaxed);
+            c.spec_target_calls
+                .fetch_add(spec.target_calls as u64, Ordering::Relaxed);
         }
-        match result {
-            Err(e) => self.end_failed(emit, e),
-            Ok(finish) => self.conclude(
-                emit,
-                session,
-                prompt_ids,
-                cached,
-                finish,
-                None,
-                draft_caches,
-            ),
-        }
+        let ((session, fed), finish) = match (decode.end(), result) {
+            (Err(e), _) => return self.end_failed(emit, e.into()),
+            (Ok(_), Err(e)) => return self.end_failed(emit, e),
+            (Ok(ended), Ok(finish)) => (ended, finish),
+        };
+        self.conclude(emit, session, prompt_ids, cached, finish, fed, draft_caches)
     }
 
     /// A failed request: its error sent, counted.
