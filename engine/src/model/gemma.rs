@@ -13,9 +13,12 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{compiled_shapeless, Attention, CompiledFn, Embedding, Linear, RmsNorm, Rope};
+use super::layers::{
+    attn_mlp_linears, block_linears, layer_cache, Attention, Embedding, Glu, Linear, Mlp,
+    OutputHead, RmsNorm, Rope,
+};
 use super::LanguageModel;
-use crate::cache::{Cache, KvCache, RotatingKvCache};
+use crate::cache::Cache;
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -74,27 +77,6 @@ fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadEr
     Ok(norm)
 }
 
-/// `nn.gelu_approx`, compiled shapeless as MLX compiles it; its Python scalars are weak
-/// (they take x's dtype).
-pub(super) fn gelu_approx(x: &Array) -> R<Array> {
-    GELU_APPROX.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
-}
-
-pub(super) fn gelu_approx_graph(args: &[Array]) -> R<Vec<Array>> {
-    let x = &args[0];
-    let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
-    let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;
-    let inner = c((2.0 / std::f64::consts::PI).sqrt())?.multiply(x.add(&cubic)?)?;
-    let y = c(0.5)?
-        .multiply(x)?
-        .multiply(c(1.0)?.add(mlx_rs::ops::tanh(&inner)?)?)?;
-    Ok(vec![y])
-}
-
-thread_local! {
-    static GELU_APPROX: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(gelu_approx_graph));
-}
-
 /// mlx-lm's `clip_residual`: a plain sum except in float16, where it is clipped to range.
 fn clip_residual(x: &Array, y: &Array) -> R<Array> {
     if x.dtype() != Dtype::Float16 {
@@ -109,9 +91,8 @@ fn clip_residual(x: &Array, y: &Array) -> R<Array> {
 
 struct Block {
     attn: Attention,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    /// `down(gelu_approx(gate) · up)`.
+    mlp: Mlp,
     input_norm: RmsNorm,
     post_attn_norm: RmsNorm,
     pre_ffw_norm: RmsNorm,
@@ -125,10 +106,7 @@ impl Block {
             .attn
             .forward(&self.input_norm.forward(h)?, mask, cache)?;
         let h = clip_residual(h, &self.post_attn_norm.forward(&r)?)?;
-        let x = self.pre_ffw_norm.forward(&h)?;
-        let gated =
-            gelu_approx(&self.gate_proj.forward(&x)?)?.multiply(self.up_proj.forward(&x)?)?;
-        let r = self.down_proj.forward(&gated)?;
+        let r = self.mlp.forward(&self.pre_ffw_norm.forward(&h)?)?;
         clip_residual(&h, &self.post_ffw_norm.forward(&r)?)
     }
 }
@@ -137,8 +115,7 @@ pub struct Gemma3 {
     args: Gemma3Args,
     embed: Embedding,
     blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    head: OutputHead,
 }
 
 impl Gemma3 {
@@ -183,9 +160,14 @@ impl Gemma3 {
                 |w: &mut Weights, name: &str| gemma_norm(w, &format!("{p}.{name}"), a.rms_norm_eps);
             blocks.push(Block {
                 attn,
-                gate_proj: proj(&mut w, "mlp.gate_proj", a.hidden_size)?,
-                up_proj: proj(&mut w, "mlp.up_proj", a.hidden_size)?,
-                down_proj: proj(&mut w, "mlp.down_proj", a.intermediate_size)?,
+                mlp: Mlp::load(
+                    &mut w,
+                    &format!("{p}.mlp"),
+                    false,
+                    a.hidden_size,
+                    a.intermediate_size,
+                    Glu::GeluApprox,
+                )?,
                 input_norm: norm(&mut w, "input_layernorm")?,
                 post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
                 pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
@@ -196,18 +178,14 @@ impl Gemma3 {
         let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
         let norm = gemma_norm(&mut w, "model.norm", a.rms_norm_eps)?;
         // mlx-lm's sanitize: no lm_head in the checkpoint means a tied head.
-        let lm_head = if w.contains("lm_head.weight") {
-            Some(Linear::load(&mut w, "lm_head", false, a.hidden_size)?)
-        } else {
-            None
-        };
+        let tied = !w.contains("lm_head.weight");
+        let head = OutputHead::load(&mut w, norm, tied, a.hidden_size, None)?;
         w.ensure_consumed("gemma3_text", |_| false)?;
         Ok(Gemma3 {
             args: a,
             embed,
             blocks,
-            norm,
-            lm_head,
+            head,
         })
     }
 }
@@ -220,14 +198,6 @@ impl Gemma3 {
             .as_dtype(Dtype::Bfloat16)?
             .as_dtype(h.dtype())?;
         h.multiply(&scale)
-    }
-
-    fn head(&self, h: &Array) -> R<Array> {
-        let out = self.norm.forward(h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.embed.as_linear(&out),
-        }
     }
 }
 
@@ -260,7 +230,7 @@ impl super::Layered for Gemma3 {
     }
 
     fn head_logits(&self, h: &Array) -> R<Array> {
-        self.head(h)
+        self.head.forward(&self.embed, h)
     }
 }
 
@@ -270,7 +240,7 @@ impl LanguageModel for Gemma3 {
     }
 
     fn vocab_size(&self) -> usize {
-        self.embed.head_width(self.lm_head.as_ref())
+        self.head.width(&self.embed)
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {
@@ -278,30 +248,13 @@ impl LanguageModel for Gemma3 {
     }
 
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let mut out = Vec::new();
-        for (i, b) in self.blocks.iter().enumerate() {
-            let mlp = [
-                ("mlp.gate_proj", &b.gate_proj),
-                ("mlp.up_proj", &b.up_proj),
-                ("mlp.down_proj", &b.down_proj),
-            ];
-            for (name, l) in b.attn.named_linears().into_iter().chain(mlp) {
-                out.push((format!("model.layers.{i}.{name}"), l));
-            }
-        }
-        out
+        block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp))
     }
 
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks
             .iter()
-            .map(|b| -> Box<dyn Cache> {
-                if b.global {
-                    Box::new(KvCache::new())
-                } else {
-                    Box::new(RotatingKvCache::new(self.args.sliding_window))
-                }
-            })
+            .map(|b| layer_cache(b.global, self.args.sliding_window))
             .collect()
     }
 
@@ -323,7 +276,7 @@ impl LanguageModel for Gemma3 {
             };
             h = block.forward(&h, mask, cache.as_mut())?;
         }
-        self.head(&h)
+        self.head.forward(&self.embed, &h)
     }
 
     fn as_layered(&self) -> Option<&dyn super::Layered> {

@@ -26,10 +26,12 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::gemma::{gelu_approx, gelu_approx_graph};
-use super::layers::{compiled_shapeless, weak, CompiledFn, Embedding, Linear, RmsNorm, Rope};
+use super::layers::{
+    block_linears, gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, OutputHead,
+    RmsNorm, Rope,
+};
 use super::LanguageModel;
-use crate::cache::{Cache, Kv, KvCache, KvQuant, Mask, QuantSdpa, RopeOffset, RotatingKvCache};
+use crate::cache::{Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -151,34 +153,6 @@ impl Gemma4Args {
     }
 }
 
-fn softcap_graph(args: &[Array]) -> R<Vec<Array>> {
-    let (x, cap) = (&args[0], &args[1]);
-    Ok(vec![mlx_rs::ops::tanh(&x.divide(cap)?)?.multiply(cap)?])
-}
-
-fn geglu_graph(args: &[Array]) -> R<Vec<Array>> {
-    let (gate, x) = (&args[0], &args[1]);
-    Ok(vec![gelu_approx_graph(std::slice::from_ref(gate))?
-        .remove(0)
-        .multiply(x)?])
-}
-
-thread_local! {
-    static SOFTCAP: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(softcap_graph));
-    static GEGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(geglu_graph));
-}
-
-/// mlx-lm's compiled `logit_softcap(cap, x)`.
-fn softcap(x: &Array, cap: f32) -> R<Array> {
-    let cap = weak(cap as f64, x)?;
-    SOFTCAP.with_borrow_mut(|f| Ok(f(&[x.clone(), cap])?.remove(0)))
-}
-
-/// mlx-lm's compiled `geglu(gate, x)` = gelu_approx(gate) · x.
-fn geglu(gate: &Array, x: &Array) -> R<Array> {
-    GEGLU.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
-}
-
 /// K/V of one layer as later layers may borrow them: the cache's full contents after this
 /// step, and the RoPE position the step used.
 #[derive(Clone)]
@@ -281,9 +255,8 @@ struct PerLayerGate {
 
 struct Block {
     attn: Attention,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    /// `down(geglu(gate, up))`, double-wide on the KV-sharing layers.
+    mlp: Mlp,
     input_norm: RmsNorm,
     post_attn_norm: RmsNorm,
     pre_ffw_norm: RmsNorm,
@@ -308,8 +281,8 @@ pub struct Gemma4 {
     embed: Embedding,
     per_layer: Option<PerLayerInputs>,
     blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    /// `model.norm`, the head and the final logit softcap.
+    head: OutputHead,
 }
 
 /// Checkpoint tensors mlx-lm's `sanitize` drops for this family.
@@ -427,9 +400,14 @@ impl Gemma4 {
             };
             blocks.push(Block {
                 attn,
-                gate_proj: linear(&mut w, "mlp.gate_proj", a.hidden_size)?,
-                up_proj: linear(&mut w, "mlp.up_proj", a.hidden_size)?,
-                down_proj: linear(&mut w, "mlp.down_proj", inter)?,
+                mlp: Mlp::load(
+                    &mut w,
+                    &format!("{p}.mlp"),
+                    false,
+                    a.hidden_size,
+                    inter,
+                    Glu::Geglu,
+                )?,
                 input_norm: norm(&mut w, "input_layernorm")?,
                 post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
                 pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
@@ -457,19 +435,20 @@ impl Gemma4 {
             None
         };
         let norm = RmsNorm::load(&mut w, "model.norm", eps)?;
-        let lm_head = if a.tie_word_embeddings {
-            None
-        } else {
-            Some(Linear::load(&mut w, "lm_head", false, a.hidden_size)?)
-        };
+        let head = OutputHead::load(
+            &mut w,
+            norm,
+            a.tie_word_embeddings,
+            a.hidden_size,
+            a.final_logit_softcapping,
+        )?;
         w.ensure_consumed("gemma4_text", |name| sanitized_away(name, first_shared))?;
         Ok(Gemma4 {
             args: a,
             embed,
             per_layer,
             blocks,
-            norm,
-            lm_head,
+            head,
         })
     }
 
@@ -504,11 +483,7 @@ impl Block {
             .attn
             .forward(&self.input_norm.forward(h)?, mask, cache, shared)?;
         let h = h.add(&self.post_attn_norm.forward(&r)?)?;
-        let x = self.pre_ffw_norm.forward(&h)?;
-        let r = self.down_proj.forward(&geglu(
-            &self.gate_proj.forward(&x)?,
-            &self.up_proj.forward(&x)?,
-        )?)?;
+        let r = self.mlp.forward(&self.pre_ffw_norm.forward(&h)?)?;
         let mut h = h.add(&self.post_ffw_norm.forward(&r)?)?;
         if let (Some(g), Some(input)) = (&self.per_layer, per_layer_input) {
             let gate = gelu_approx(&g.gate.forward(&h)?)?.multiply(input)?;
@@ -525,7 +500,7 @@ impl LanguageModel for Gemma4 {
     }
 
     fn vocab_size(&self) -> usize {
-        self.embed.head_width(self.lm_head.as_ref())
+        self.head.width(&self.embed)
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {
@@ -535,8 +510,7 @@ impl LanguageModel for Gemma4 {
     /// mlx-lm's module names; KV-shared layers have no k/v projections, K = V layers no
     /// v_proj, and the small models add the per-layer input gate and projection.
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let mut out = Vec::new();
-        for (i, b) in self.blocks.iter().enumerate() {
+        block_linears(&self.blocks, |b| {
             let a = &b.attn;
             let mut named = vec![("self_attn.q_proj", &a.q_proj)];
             if let Some(kv) = &a.kv {
@@ -546,20 +520,13 @@ impl LanguageModel for Gemma4 {
                 }
             }
             named.push(("self_attn.o_proj", &a.o_proj));
-            named.extend([
-                ("mlp.gate_proj", &b.gate_proj),
-                ("mlp.up_proj", &b.up_proj),
-                ("mlp.down_proj", &b.down_proj),
-            ]);
+            named.extend(b.mlp.named_linears());
             if let Some(pl) = &b.per_layer {
                 named.push(("per_layer_input_gate", &pl.gate));
                 named.push(("per_layer_projection", &pl.projection));
             }
-            for (name, l) in named {
-                out.push((format!("model.layers.{i}.{name}"), l));
-            }
-        }
-        out
+            named
+        })
     }
 
     /// Caches only for the layers that compute K/V (as mlx-lm's `make_cache`).
@@ -568,22 +535,12 @@ impl LanguageModel for Gemma4 {
             .iter()
             .enumerate()
             .filter(|(i, b)| b.kv_source == *i)
-            .map(|(_, b)| -> Box<dyn Cache> {
-                if b.full {
-                    Box::new(KvCache::new())
-                } else {
-                    Box::new(RotatingKvCache::new(self.args.sliding_window))
-                }
-            })
+            .map(|(_, b)| layer_cache(b.full, self.args.sliding_window))
             .collect()
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        let logits = self.head(&self.hidden(ids, caches)?)?;
-        match self.args.final_logit_softcapping {
-            Some(cap) => softcap(&logits, cap),
-            None => Ok(logits),
-        }
+        self.head.forward(&self.embed, &self.run(ids, caches)?)
     }
 
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
@@ -598,16 +555,13 @@ impl Gemma4 {
         h.multiply(weak((self.args.hidden_size as f64).sqrt(), &h)?)
     }
 
-    /// The output head, before the final softcap.
-    fn head(&self, out: &Array) -> R<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(out),
-            None => self.embed.as_linear(out),
-        }
-    }
-
     /// mlx-lm's inner `Gemma4TextModel`: the hidden state after the final norm.
     fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        self.head.norm.forward(&self.run(ids, caches)?)
+    }
+
+    /// Embedding and blocks: the hidden state before the final norm.
+    fn run(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
         let mut h = self.embed_scaled(ids)?;
         let per_layer = match &self.per_layer {
             Some(p) => Some(self.per_layer_inputs(p, ids, &h)?),
@@ -641,6 +595,6 @@ impl Gemma4 {
             h = next;
             produced[i] = Some(kv);
         }
-        self.norm.forward(&h)
+        Ok(h)
     }
 }

@@ -1,5 +1,7 @@
 //! The pieces every family shares, written to compute exactly what mlx-lm's modules compute
-//! (same MLX ops, same order, same dtypes): Linear, RMSNorm, Embedding, RoPE, attention, MLP.
+//! (same MLX ops, same order, same dtypes): Linear, RMSNorm, Embedding, RoPE, attention, the
+//! gated MLPs (SwiGLU, gelu-tanh), the output head (final norm, lm_head or tied embedding,
+//! softcap) and the list of adaptable linears.
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
@@ -7,7 +9,7 @@ use mlx_rs::ops::{addmm, arange, dequantize, quantized_matmul, select};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::{Cache, Mask, RopeOffset};
+use crate::cache::{Cache, KvCache, Mask, RopeOffset, RotatingKvCache};
 use crate::load::config::{QuantParams, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -35,6 +37,30 @@ impl Quantized {
         })
     }
 
+    /// `<prefix>.weight`, and its quantization when the checkpoint stores it quantized. A
+    /// dense weight whose width (`what`: its input, its rows) disagrees with config.json
+    /// would load, then fail every forward; say so at load instead, naming the tensor.
+    fn load_weight(
+        w: &mut Weights,
+        prefix: &str,
+        dims: i32,
+        what: &str,
+    ) -> Result<(Array, Option<Self>), LoadError> {
+        let quantized = match w.quant_params(prefix, dims)? {
+            Some(params) => Some(Quantized::load(w, prefix, params)?),
+            None => None,
+        };
+        let weight = w.take(&format!("{prefix}.weight"))?;
+        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != dims) {
+            return Err(LoadError::Weights(format!(
+                "`{prefix}.weight` has shape {:?}, but config.json makes {what} {dims} wide: \
+                 the weights do not belong to this config",
+                weight.shape()
+            )));
+        }
+        Ok((weight, quantized))
+    }
+
     /// `x @ dequantize(W).T` through the fused quantized matmul.
     fn matmul_t(&self, x: &Array, weight: &Array) -> R<Array> {
         quantized_matmul(
@@ -49,8 +75,6 @@ impl Quantized {
     }
 }
 
-/// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
-/// (`quantized_matmul(x, W, …)`, then `+ b`), as the checkpoint stores it.
 /// A Python float in an MLX expression: a scalar of the other operand's dtype (MLX's weak
 /// scalars promote to the array's type instead of widening it).
 pub fn weak(v: f64, like: &Array) -> R<Array> {
@@ -69,6 +93,8 @@ pub struct Lora {
     pub dropout: Option<(f32, Array)>,
 }
 
+/// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
+/// (`quantized_matmul(x, W, …)`, then `+ b`), as the checkpoint stores it.
 pub struct Linear {
     pub weight: Array,
     pub bias: Option<Array>,
@@ -84,20 +110,7 @@ impl Linear {
         bias: bool,
         in_dims: i32,
     ) -> Result<Self, LoadError> {
-        let quantized = match w.quant_params(prefix, in_dims)? {
-            Some(params) => Some(Quantized::load(w, prefix, params)?),
-            None => None,
-        };
-        let weight = w.take(&format!("{prefix}.weight"))?;
-        // A dense weight whose width disagrees with config.json would load, then fail every
-        // forward; say so at load instead, naming the tensor.
-        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != in_dims) {
-            return Err(LoadError::Weights(format!(
-                "`{prefix}.weight` has shape {:?}, but config.json makes its input {in_dims} wide: \
-                 the weights do not belong to this config",
-                weight.shape()
-            )));
-        }
+        let (weight, quantized) = Quantized::load_weight(w, prefix, in_dims, "its input")?;
         Ok(Linear {
             weight,
             bias: if bias {
@@ -154,6 +167,8 @@ impl Linear {
 pub struct RmsNorm {
     pub weight: Array,
     pub eps: f32,
+    /// optiq's drafter norm: computed in f32, cast back to the input's dtype.
+    pub upcast: bool,
 }
 
 impl RmsNorm {
@@ -161,10 +176,27 @@ impl RmsNorm {
         Ok(RmsNorm {
             weight: w.take(&format!("{prefix}.weight"))?,
             eps,
+            upcast: false,
+        })
+    }
+
+    /// The norm optiq's assistant drafter uses (`x.astype(f32)`, rms_norm, cast back).
+    pub fn load_upcast(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
+        Ok(RmsNorm {
+            upcast: true,
+            ..Self::load(w, prefix, eps)?
         })
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
+        if self.upcast {
+            return fast::rms_norm(
+                x.as_dtype(mlx_rs::Dtype::Float32)?,
+                Some(&self.weight),
+                self.eps,
+            )?
+            .as_dtype(x.dtype());
+        }
         fast::rms_norm(x, Some(&self.weight), self.eps)
     }
 }
@@ -178,18 +210,7 @@ pub struct Embedding {
 
 impl Embedding {
     pub fn load(w: &mut Weights, prefix: &str, dims: i32) -> Result<Self, LoadError> {
-        let quantized = match w.quant_params(prefix, dims)? {
-            Some(params) => Some(Quantized::load(w, prefix, params)?),
-            None => None,
-        };
-        let weight = w.take(&format!("{prefix}.weight"))?;
-        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != dims) {
-            return Err(LoadError::Weights(format!(
-                "`{prefix}.weight` has shape {:?}, but config.json makes its rows {dims} wide: \
-                 the weights do not belong to this config",
-                weight.shape()
-            )));
-        }
+        let (weight, quantized) = Quantized::load_weight(w, prefix, dims, "its rows")?;
         Ok(Embedding { weight, quantized })
     }
 
@@ -212,11 +233,6 @@ impl Embedding {
     /// How many rows (token ids) the table has.
     pub fn rows(&self) -> usize {
         self.weight.shape()[0] as usize
-    }
-
-    /// The width of the head's logits: the head's outputs, or the tied table's rows.
-    pub fn head_width(&self, head: Option<&Linear>) -> usize {
-        head.map_or(self.rows(), |h| h.output_dims() as usize)
     }
 
     /// The dtype rows come out in (the scales' dtype when quantized).
@@ -417,6 +433,17 @@ impl Attention {
     }
 }
 
+/// One layer's cache in a family that mixes global and sliding-window layers, as mlx-lm's
+/// `make_cache` builds it: a standard cache for global attention, a rotating cache of
+/// `window` for a sliding layer.
+pub fn layer_cache(global: bool, window: i32) -> Box<dyn Cache> {
+    if global {
+        Box::new(KvCache::new())
+    } else {
+        Box::new(RotatingKvCache::new(window))
+    }
+}
+
 /// A shapeless-compiled function kept for the life of the thread, so it is traced once and
 /// reused at every shape (as `mx.compile(shapeless=True)` is in Python). MLX work stays on
 /// one thread, so a thread-local is the right owner.
@@ -431,8 +458,35 @@ fn swiglu_graph(args: &[Array]) -> R<Vec<Array>> {
     Ok(vec![mlx_rs::nn::silu(&args[0])?.multiply(&args[1])?])
 }
 
+/// `nn.gelu_approx`'s graph; its Python scalars are weak (they take x's dtype).
+fn gelu_approx_graph(args: &[Array]) -> R<Vec<Array>> {
+    let x = &args[0];
+    let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
+    let cubic = c(0.044715)?.multiply(x.power(c(3.0)?)?)?;
+    let inner = c((2.0 / std::f64::consts::PI).sqrt())?.multiply(x.add(&cubic)?)?;
+    let y = c(0.5)?
+        .multiply(x)?
+        .multiply(c(1.0)?.add(mlx_rs::ops::tanh(&inner)?)?)?;
+    Ok(vec![y])
+}
+
+fn geglu_graph(args: &[Array]) -> R<Vec<Array>> {
+    let (gate, x) = (&args[0], &args[1]);
+    Ok(vec![gelu_approx_graph(std::slice::from_ref(gate))?
+        .remove(0)
+        .multiply(x)?])
+}
+
+fn softcap_graph(args: &[Array]) -> R<Vec<Array>> {
+    let (x, cap) = (&args[0], &args[1]);
+    Ok(vec![mlx_rs::ops::tanh(&x.divide(cap)?)?.multiply(cap)?])
+}
+
 thread_local! {
     static SWIGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(swiglu_graph));
+    static GELU_APPROX: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(gelu_approx_graph));
+    static GEGLU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(geglu_graph));
+    static SOFTCAP: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(softcap_graph));
 }
 
 /// mlx-lm's `swiglu`: `silu(gate) * x`, compiled shapeless as mlx-lm compiles it (the
@@ -441,11 +495,41 @@ pub fn swiglu(gate: &Array, x: &Array) -> R<Array> {
     SWIGLU.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
 }
 
-/// The gated MLP: `down(swiglu(gate(x), up(x)))`.
+/// `nn.gelu_approx` (gelu with the tanh approximation), compiled shapeless as MLX compiles
+/// it.
+pub fn gelu_approx(x: &Array) -> R<Array> {
+    GELU_APPROX.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
+}
+
+/// mlx-lm's compiled `geglu(gate, x)` = gelu_approx(gate) · x, one compiled graph (Gemma 4).
+pub fn geglu(gate: &Array, x: &Array) -> R<Array> {
+    GEGLU.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
+}
+
+/// mlx-lm's compiled `logit_softcap(cap, x)` = cap · tanh(x / cap), cap a weak scalar.
+pub fn softcap(x: &Array, cap: f32) -> R<Array> {
+    let cap = weak(cap as f64, x)?;
+    SOFTCAP.with_borrow_mut(|f| Ok(f(&[x.clone(), cap])?.remove(0)))
+}
+
+/// How a gated MLP combines `gate(x)` and `up(x)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    /// `swiglu(gate, up)`, one compiled graph (the Llama family).
+    Swiglu,
+    /// `gelu_approx(gate) * up`: the compiled gelu, then an eager product (Gemma 3's MLP,
+    /// optiq's assistant drafter).
+    GeluApprox,
+    /// `geglu(gate, up)`, one compiled graph (Gemma 4's MLP).
+    Geglu,
+}
+
+/// The gated MLP: `down(glu(gate(x), up(x)))`.
 pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    pub glu: Glu,
 }
 
 impl Mlp {
@@ -455,16 +539,119 @@ impl Mlp {
         bias: bool,
         hidden: i32,
         intermediate: i32,
+        glu: Glu,
     ) -> Result<Self, LoadError> {
         Ok(Mlp {
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias, hidden)?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias, hidden)?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias, intermediate)?,
+            glu,
         })
     }
 
+    /// The three projections under mlx-lm's names within a block, where LoRA attaches.
+    pub fn named_linears(&self) -> [(&'static str, &Linear); 3] {
+        [
+            ("mlp.gate_proj", &self.gate_proj),
+            ("mlp.up_proj", &self.up_proj),
+            ("mlp.down_proj", &self.down_proj),
+        ]
+    }
+
     pub fn forward(&self, x: &Array) -> R<Array> {
-        let gated = swiglu(&self.gate_proj.forward(x)?, &self.up_proj.forward(x)?)?;
+        let (gate, up) = (self.gate_proj.forward(x)?, self.up_proj.forward(x)?);
+        let gated = match self.glu {
+            Glu::Swiglu => swiglu(&gate, &up)?,
+            Glu::GeluApprox => gelu_approx(&gate)?.multiply(&up)?,
+            Glu::Geglu => geglu(&gate, &up)?,
+        };
         self.down_proj.forward(&gated)
     }
+}
+
+/// The output head every family ends in: the final norm (`model.norm`), then the
+/// checkpoint's `lm_head` or — tied — the input embedding as a linear
+/// (`embed_tokens.as_linear`), then the logit softcap where the family has one (Gemma 4's
+/// `final_logit_softcapping`).
+pub struct OutputHead {
+    pub norm: RmsNorm,
+    /// None: tied to the input embedding.
+    pub lm_head: Option<Linear>,
+    pub softcap: Option<f32>,
+}
+
+impl OutputHead {
+    /// The head over an already loaded final `norm`: `lm_head` (`hidden` wide) is loaded
+    /// unless the head is `tied`.
+    pub fn load(
+        w: &mut Weights,
+        norm: RmsNorm,
+        tied: bool,
+        hidden: i32,
+        softcap: Option<f32>,
+    ) -> Result<Self, LoadError> {
+        let lm_head = if tied {
+            None
+        } else {
+            Some(Linear::load(w, "lm_head", false, hidden)?)
+        };
+        Ok(OutputHead {
+            norm,
+            lm_head,
+            softcap,
+        })
+    }
+
+    /// Logits of the last hidden state: softcap(head(norm(h))).
+    pub fn forward(&self, embed: &Embedding, h: &Array) -> R<Array> {
+        let logits = self.project(embed, &self.norm.forward(h)?)?;
+        match self.softcap {
+            Some(cap) => softcap(&logits, cap),
+            None => Ok(logits),
+        }
+    }
+
+    /// `lm_head`, or the tied embedding, on a hidden state already through the final norm;
+    /// no softcap.
+    pub fn project(&self, embed: &Embedding, normed: &Array) -> R<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(normed),
+            None => embed.as_linear(normed),
+        }
+    }
+
+    /// The width of the logits: the head's outputs, or the tied table's rows.
+    pub fn width(&self, embed: &Embedding) -> usize {
+        self.lm_head
+            .as_ref()
+            .map_or(embed.rows(), |h| h.output_dims() as usize)
+    }
+}
+
+/// The linears of a block with the shared attention and MLP: q, k, v, o, then gate, up, down.
+pub fn attn_mlp_linears<'m>(
+    attn: &'m Attention,
+    mlp: &'m Mlp,
+) -> impl Iterator<Item = (&'static str, &'m Linear)> {
+    attn.named_linears().into_iter().chain(mlp.named_linears())
+}
+
+/// `LanguageModel::linears` from each block's own list: every name prefixed with
+/// `model.layers.{i}.`, blocks in order and each block's linears in the order it lists them.
+pub fn block_linears<'m, B, I>(
+    blocks: &'m [B],
+    named: impl Fn(&'m B) -> I,
+) -> Vec<(String, &'m Linear)>
+where
+    I: IntoIterator<Item = (&'static str, &'m Linear)>,
+{
+    blocks
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            named(b)
+                .into_iter()
+                .map(move |(name, l)| (format!("model.layers.{i}.{name}"), l))
+        })
+        .collect()
 }

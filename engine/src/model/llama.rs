@@ -10,7 +10,10 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{Attention, Embedding, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{
+    attn_mlp_linears, block_linears, Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm,
+    Rope,
+};
 use super::{LanguageModel, Layered};
 use crate::cache::{Cache, KvCache, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
@@ -194,8 +197,7 @@ pub struct Llama {
     model_type: String,
     embed: Embedding,
     blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Option<Linear>,
+    head: OutputHead,
 }
 
 impl Llama {
@@ -271,6 +273,7 @@ impl Llama {
                     shape.mlp_bias,
                     shape.hidden,
                     shape.intermediate,
+                    Glu::Swiglu,
                 )?,
                 input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), shape.eps)?,
                 post_attn_norm: RmsNorm::load(&mut w, &post, shape.eps)?,
@@ -278,18 +281,13 @@ impl Llama {
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", shape.hidden)?;
         let norm = RmsNorm::load(&mut w, "model.norm", shape.eps)?;
-        let lm_head = if shape.tied {
-            None
-        } else {
-            Some(Linear::load(&mut w, "lm_head", false, shape.hidden)?)
-        };
+        let head = OutputHead::load(&mut w, norm, shape.tied, shape.hidden, None)?;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Llama {
             model_type: config.model_type.clone(),
             embed,
             blocks,
-            norm,
-            lm_head,
+            head,
         })
     }
 }
@@ -300,23 +298,11 @@ impl LanguageModel for Llama {
     }
 
     fn vocab_size(&self) -> usize {
-        self.embed.head_width(self.lm_head.as_ref())
+        self.head.width(&self.embed)
     }
 
     fn linears(&self) -> Vec<(String, &Linear)> {
-        let mut out = Vec::new();
-        for (i, b) in self.blocks.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let mlp = [
-                ("mlp.gate_proj", &b.mlp.gate_proj),
-                ("mlp.up_proj", &b.mlp.up_proj),
-                ("mlp.down_proj", &b.mlp.down_proj),
-            ];
-            for (name, l) in b.attn.named_linears().into_iter().chain(mlp) {
-                out.push((format!("{p}.{name}"), l));
-            }
-        }
-        out
+        block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp))
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {
@@ -387,10 +373,6 @@ impl Layered for Llama {
     }
 
     fn head_logits(&self, h: &Array) -> Result<Array, Exception> {
-        let out = self.norm.forward(h)?;
-        match &self.lm_head {
-            Some(head) => head.forward(&out),
-            None => self.embed.as_linear(&out),
-        }
+        self.head.forward(&self.embed, h)
     }
 }

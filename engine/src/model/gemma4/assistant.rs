@@ -11,7 +11,7 @@ use std::path::Path;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, repeat_axis};
-use mlx_rs::{fast, Array, Dtype};
+use mlx_rs::{fast, Array};
 use serde_json::Value;
 
 use super::Gemma4;
@@ -19,8 +19,7 @@ use crate::cache::{Cache, RopeOffset};
 use crate::load::config::RopeScaling;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
-use crate::model::gemma::gelu_approx;
-use crate::model::layers::{Embedding, Linear, Rope};
+use crate::model::layers::{Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
 
 type R<T> = Result<T, Exception>;
 
@@ -43,7 +42,7 @@ impl AssistantTarget for Gemma4 {
     }
 
     fn head_uncapped(&self, hidden: &Array) -> R<Array> {
-        self.head(hidden)
+        self.head.project(&self.embed, hidden)
     }
 
     fn embed_scaled(&self, ids: &Array) -> R<Array> {
@@ -76,49 +75,28 @@ pub struct DonorKv {
     pub full: (Array, Array),
 }
 
-/// optiq's drafter RMSNorm: computed in f32, cast back.
-struct UpcastNorm {
-    weight: Array,
-    eps: f32,
-}
-
-impl UpcastNorm {
-    fn load(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
-        Ok(UpcastNorm {
-            weight: w.take(&format!("{prefix}.weight"))?,
-            eps,
-        })
-    }
-
-    fn forward(&self, x: &Array) -> R<Array> {
-        fast::rms_norm(x.as_dtype(Dtype::Float32)?, Some(&self.weight), self.eps)?
-            .as_dtype(x.dtype())
-    }
-}
-
+/// One drafter layer: Q-only attention over the donor's K/V, then the gelu-tanh MLP.
 struct Layer {
     full: bool,
     q_proj: Linear,
     o_proj: Linear,
-    q_norm: UpcastNorm,
+    q_norm: RmsNorm,
     rope: Rope,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
-    input_norm: UpcastNorm,
-    post_attn_norm: UpcastNorm,
-    pre_ffw_norm: UpcastNorm,
-    post_ffw_norm: UpcastNorm,
+    mlp: Mlp,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    pre_ffw_norm: RmsNorm,
+    post_ffw_norm: RmsNorm,
     layer_scalar: Array,
 }
 
 pub struct AssistantDrafter {
     embed: Embedding,
     layers: Vec<Layer>,
-    norm: UpcastNorm,
+    /// `model.norm` (f32-upcast) and the head: `lm_head`, or the embedding when tied.
+    head: OutputHead,
     pre_projection: Linear,
     post_projection: Linear,
-    lm_head: Option<Linear>,
     n_heads: i32,
     n_kv_heads: i32,
 }
@@ -203,7 +181,7 @@ impl AssistantDrafter {
                 Linear::load(w, &format!("{p}.{name}"), false, in_dims)
             };
             let norm =
-                |w: &mut Weights, name: &str| UpcastNorm::load(w, &format!("{p}.{name}"), eps);
+                |w: &mut Weights, name: &str| RmsNorm::load_upcast(w, &format!("{p}.{name}"), eps);
             let inter = int(tc, "intermediate_size")?;
             layers.push(Layer {
                 full,
@@ -211,9 +189,14 @@ impl AssistantDrafter {
                 o_proj: lin(&mut w, "self_attn.o_proj", n_heads * d)?,
                 q_norm: norm(&mut w, "self_attn.q_norm")?,
                 rope,
-                gate_proj: lin(&mut w, "mlp.gate_proj", hidden)?,
-                up_proj: lin(&mut w, "mlp.up_proj", hidden)?,
-                down_proj: lin(&mut w, "mlp.down_proj", inter)?,
+                mlp: Mlp::load(
+                    &mut w,
+                    &format!("{p}.mlp"),
+                    false,
+                    hidden,
+                    inter,
+                    Glu::GeluApprox,
+                )?,
                 input_norm: norm(&mut w, "input_layernorm")?,
                 post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
                 pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
@@ -221,16 +204,16 @@ impl AssistantDrafter {
                 layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
             });
         }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
+        let norm = RmsNorm::load_upcast(&mut w, "model.norm", eps)?;
+        let pre_projection = Linear::load(&mut w, "pre_projection", false, 2 * backbone)?;
+        let post_projection = Linear::load(&mut w, "post_projection", false, hidden)?;
+        let head = OutputHead::load(&mut w, norm, tied, hidden, None)?;
         Ok(AssistantDrafter {
-            embed: Embedding::load(&mut w, "model.embed_tokens", hidden)?,
-            norm: UpcastNorm::load(&mut w, "model.norm", eps)?,
-            pre_projection: Linear::load(&mut w, "pre_projection", false, 2 * backbone)?,
-            post_projection: Linear::load(&mut w, "post_projection", false, hidden)?,
-            lm_head: if tied {
-                None
-            } else {
-                Some(Linear::load(&mut w, "lm_head", false, hidden)?)
-            },
+            embed,
+            head,
+            pre_projection,
+            post_projection,
             layers,
             n_heads,
             n_kv_heads,
@@ -273,19 +256,12 @@ impl AssistantDrafter {
             let attn = layer.post_attn_norm.forward(&layer.o_proj.forward(&out)?)?;
             h = residual.add(&attn)?;
             let residual = h.clone();
-            let x = layer.pre_ffw_norm.forward(&h)?;
-            let mlp =
-                gelu_approx(&layer.gate_proj.forward(&x)?)?.multiply(layer.up_proj.forward(&x)?)?;
-            let mlp = layer
-                .post_ffw_norm
-                .forward(&layer.down_proj.forward(&mlp)?)?;
+            let mlp = layer.mlp.forward(&layer.pre_ffw_norm.forward(&h)?)?;
+            let mlp = layer.post_ffw_norm.forward(&mlp)?;
             h = residual.add(&mlp)?.multiply(&layer.layer_scalar)?;
         }
-        let h = self.norm.forward(&h)?;
-        let logits = match &self.lm_head {
-            Some(head) => head.forward(&h)?,
-            None => self.embed.as_linear(&h)?,
-        };
+        let h = self.head.norm.forward(&h)?;
+        let logits = self.head.project(&self.embed, &h)?;
         let next = self.post_projection.forward(&h)?;
         Ok((logits.index((0, 0)), next))
     }
