@@ -6,17 +6,19 @@
 //! the drafter's own projected output for the next ones. Q-only attention, f32-upcast
 //! RMSNorms, a tied head; the centroid head of the small E2B/E4B drafters is refused.
 
+use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, repeat_axis};
 use mlx_rs::{fast, Array};
+use serde::Deserialize;
 use serde_json::Value;
 
 use super::Gemma4;
 use crate::cache::{Cache, RopeOffset};
-use crate::load::config::RopeScaling;
+use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 use crate::model::layers::{Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
@@ -75,6 +77,55 @@ pub struct DonorKv {
     pub full: (Array, Array),
 }
 
+fn default_eps() -> f32 {
+    1e-6
+}
+
+/// The top level of a drafter's config.json, as optiq's `GemmaAssistantConfig.from_dict`
+/// reads it (the fields the plain-head drafter uses; unknown fields are ignored).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AssistantArgs {
+    /// The target's hidden width (`pre_projection` reads two of them, `post_projection`
+    /// writes one).
+    pub backbone_hidden_size: i32,
+    /// The centroid output head of the small E2B/E4B drafters (refused).
+    #[serde(default)]
+    pub use_ordered_embeddings: bool,
+    #[serde(default)]
+    pub num_centroids: i64,
+    /// Wins over `text_config`'s; tied when neither says.
+    pub tie_word_embeddings: Option<bool>,
+    /// The drafter's layers; a flat config keeps these fields at the top level instead.
+    pub text_config: Option<serde_json::Map<String, Value>>,
+}
+
+/// The drafter's own layers (`text_config`, or the top level of a flat config).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AssistantTextArgs {
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    /// The target's KV head count: the drafter's queries attend to the target's K/V.
+    pub num_key_value_heads: i32,
+    /// Sliding layers' head width; full layers use `global_head_dim` (default: the same).
+    pub head_dim: i32,
+    pub global_head_dim: Option<i32>,
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f32,
+    /// One entry per layer: `sliding_attention` or `full_attention`.
+    pub layer_types: Vec<String>,
+    /// Per layer kind: `rope_theta` (defaults 1e4 sliding, 1e6 full) and, on full layers,
+    /// `partial_rotary_factor` (default 1).
+    pub rope_parameters: Option<HashMap<String, RopeScaling>>,
+    pub tie_word_embeddings: Option<bool>,
+}
+
+impl AssistantTextArgs {
+    fn rope(&self, kind: &str) -> Option<&RopeScaling> {
+        self.rope_parameters.as_ref()?.get(kind)
+    }
+}
+
 /// One drafter layer: Q-only attention over the donor's K/V, then the gelu-tanh MLP.
 struct Layer {
     full: bool,
@@ -101,13 +152,6 @@ pub struct AssistantDrafter {
     n_kv_heads: i32,
 }
 
-fn int(v: &Value, key: &str) -> Result<i32, LoadError> {
-    v[key]
-        .as_i64()
-        .map(|x| x as i32)
-        .ok_or_else(|| LoadError::Unsupported(format!("assistant config: `{key}` is missing")))
-}
-
 impl AssistantDrafter {
     /// Whether `dir` holds an assistant drafter (a config with `backbone_hidden_size`).
     pub fn is_assistant(dir: &Path) -> bool {
@@ -117,55 +161,64 @@ impl AssistantDrafter {
             .is_some_and(|c| !c["backbone_hidden_size"].is_null())
     }
 
+    /// Reads `config.json` and the weights of `dir` and builds the drafter.
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path)
-            .map_err(|e| LoadError::Unsupported(format!("{}: {e}", path.display())))?;
-        let cfg: Value = serde_json::from_str(&text)
-            .map_err(|e| LoadError::Unsupported(format!("{}: {e}", path.display())))?;
-        let tc = if cfg["text_config"].is_object() {
-            &cfg["text_config"]
-        } else {
-            &cfg
-        };
-        let uses_centroids = cfg["use_ordered_embeddings"].as_bool().unwrap_or(false)
-            && cfg["num_centroids"].as_i64().unwrap_or(0) > 0;
-        if uses_centroids {
+        let config = ModelConfig::read(dir)?;
+        let weights = Weights::load(dir)?;
+        Self::build(&config, weights)
+    }
+
+    /// The drafter for a parsed config and its weights: every tensor must be used, except
+    /// those optiq's non-strict load passes over (the centroid head's `masked_embedding.*`,
+    /// and an `lm_head` when the head is tied).
+    pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let args: AssistantArgs = config.parse()?;
+        if args.use_ordered_embeddings && args.num_centroids > 0 {
             return Err(LoadError::Unsupported(
                 "assistant drafters with the centroid output head (use_ordered_embeddings) are \
                  not supported yet; the plain-head ones are"
                     .into(),
             ));
         }
-        let hidden = int(tc, "hidden_size")?;
-        let backbone = int(&cfg, "backbone_hidden_size")?;
-        let n_heads = int(tc, "num_attention_heads")?;
-        let n_kv_heads = int(tc, "num_key_value_heads")?;
-        let head_dim = int(tc, "head_dim")?;
-        let global_head_dim = tc["global_head_dim"]
-            .as_i64()
-            .map_or(head_dim, |g| g as i32);
-        let eps = tc["rms_norm_eps"].as_f64().unwrap_or(1e-6) as f32;
-        let tied = cfg["tie_word_embeddings"]
-            .as_bool()
-            .or(tc["tie_word_embeddings"].as_bool())
-            .unwrap_or(true);
-        let types: Vec<String> = serde_json::from_value(tc["layer_types"].clone())
-            .map_err(|e| LoadError::Unsupported(format!("assistant config: layer_types: {e}")))?;
-        let theta = |kind: &str, default: f64| {
-            tc["rope_parameters"][kind]["rope_theta"]
-                .as_f64()
-                .unwrap_or(default) as f32
+        if config.quantization.is_some() {
+            return Err(LoadError::Unsupported(
+                "quantized assistant drafters are not supported (optiq 0.7.7 loads its drafters \
+                 dense)"
+                    .into(),
+            ));
+        }
+        let text: AssistantTextArgs = match &args.text_config {
+            Some(tc) => AssistantTextArgs::deserialize(Value::Object(tc.clone())).map_err(|e| {
+                LoadError::Config {
+                    path: config.path.clone(),
+                    message: format!("text_config: {e}"),
+                }
+            })?,
+            None => config.parse()?,
         };
-        let partial = tc["rope_parameters"]["full_attention"]["partial_rotary_factor"]
-            .as_f64()
+        let hidden = text.hidden_size;
+        let (n_heads, eps) = (text.num_attention_heads, text.rms_norm_eps);
+        let tied = args
+            .tie_word_embeddings
+            .or(text.tie_word_embeddings)
+            .unwrap_or(true);
+        let theta = |kind: &str, default: f32| {
+            text.rope(kind)
+                .and_then(|r| r.rope_theta)
+                .unwrap_or(default)
+        };
+        let partial = text
+            .rope("full_attention")
+            .and_then(|r| r.partial_rotary_factor)
             .unwrap_or(1.0);
-        let mut w = Weights::load(dir)?;
         let mut layers = Vec::new();
-        for (i, kind) in types.iter().enumerate() {
+        for (i, kind) in text.layer_types.iter().enumerate() {
             let p = format!("model.layers.{i}");
             let full = kind == "full_attention";
-            let d = if full { global_head_dim } else { head_dim };
+            let d = match text.global_head_dim {
+                Some(g) if full => g,
+                _ => text.head_dim,
+            };
             let rope = if full {
                 let s = RopeScaling {
                     rope_type: Some("proportional".into()),
@@ -182,7 +235,6 @@ impl AssistantDrafter {
             };
             let norm =
                 |w: &mut Weights, name: &str| RmsNorm::load_upcast(w, &format!("{p}.{name}"), eps);
-            let inter = int(tc, "intermediate_size")?;
             layers.push(Layer {
                 full,
                 q_proj: lin(&mut w, "self_attn.q_proj", hidden)?,
@@ -194,7 +246,7 @@ impl AssistantDrafter {
                     &format!("{p}.mlp"),
                     false,
                     hidden,
-                    inter,
+                    text.intermediate_size,
                     Glu::GeluApprox,
                 )?,
                 input_norm: norm(&mut w, "input_layernorm")?,
@@ -206,17 +258,25 @@ impl AssistantDrafter {
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
         let norm = RmsNorm::load_upcast(&mut w, "model.norm", eps)?;
-        let pre_projection = Linear::load(&mut w, "pre_projection", false, 2 * backbone)?;
+        let pre_projection = Linear::load(
+            &mut w,
+            "pre_projection",
+            false,
+            2 * args.backbone_hidden_size,
+        )?;
         let post_projection = Linear::load(&mut w, "post_projection", false, hidden)?;
         let head = OutputHead::load(&mut w, norm, tied, hidden, None)?;
+        w.ensure_consumed(&config.model_type, |name| {
+            name.starts_with("masked_embedding.") || (tied && name == "lm_head.weight")
+        })?;
         Ok(AssistantDrafter {
             embed,
+            layers,
             head,
             pre_projection,
             post_projection,
-            layers,
             n_heads,
-            n_kv_heads,
+            n_kv_heads: text.num_key_value_heads,
         })
     }
 
@@ -264,5 +324,89 @@ impl AssistantDrafter {
         let logits = self.head.project(&self.embed, &h)?;
         let next = self.post_projection.forward(&h)?;
         Ok((logits.index((0, 0)), next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A copy of the committed tiny drafter with its config edited by `edit` (and, with
+    /// `extra`, one more tensor in its weights).
+    fn drafter_dir(edit: impl FnOnce(&mut Value), extra: Option<&str>) -> tempfile::TempDir {
+        let golden =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-gemma4-assistant");
+        let dir = tempfile::tempdir().unwrap();
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(golden.join("config.json")).unwrap())
+                .unwrap();
+        edit(&mut config);
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        let weights = golden.join("model.safetensors");
+        match extra {
+            None => {
+                std::fs::copy(&weights, dir.path().join("model.safetensors")).unwrap();
+            }
+            Some(name) => {
+                let mut tensors = Array::load_safetensors(&weights).unwrap();
+                tensors.insert(name.to_owned(), Array::from_slice(&[1f32], &[1]));
+                Array::save_safetensors(tensors.iter(), None, dir.path().join("model.safetensors"))
+                    .unwrap();
+            }
+        }
+        dir
+    }
+
+    fn load_error(dir: &tempfile::TempDir) -> String {
+        match AssistantDrafter::load(dir.path()) {
+            Ok(_) => panic!("loaded"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn the_committed_drafter_loads() {
+        AssistantDrafter::load(drafter_dir(|_| {}, None).path()).unwrap();
+    }
+
+    #[test]
+    fn a_missing_or_mistyped_key_is_named() {
+        let missing = drafter_dir(
+            |c| drop(c["text_config"].as_object_mut().unwrap().remove("head_dim")),
+            None,
+        );
+        let e = load_error(&missing);
+        assert!(
+            e.contains("config.json") && e.contains("text_config: missing field `head_dim`"),
+            "{e}"
+        );
+        let missing = drafter_dir(
+            |c| drop(c.as_object_mut().unwrap().remove("backbone_hidden_size")),
+            None,
+        );
+        let e = load_error(&missing);
+        assert!(e.contains("missing field `backbone_hidden_size`"), "{e}");
+        let wrong = drafter_dir(|c| c["tie_word_embeddings"] = Value::from("yes"), None);
+        let e = load_error(&wrong);
+        assert!(
+            e.contains("invalid type") && e.contains("expected a boolean"),
+            "{e}"
+        );
+        let wrong = drafter_dir(|c| c["text_config"]["layer_types"] = Value::from(4), None);
+        let e = load_error(&wrong);
+        assert!(e.contains("text_config: invalid type"), "{e}");
+    }
+
+    #[test]
+    fn tensors_the_drafter_does_not_use_are_refused() {
+        let dir = drafter_dir(|_| {}, Some("model.layers.0.self_attn.k_proj.weight"));
+        let e = load_error(&dir);
+        assert!(
+            e.contains("1 tensors") && e.contains("self_attn.k_proj"),
+            "{e}"
+        );
+        // optiq's non-strict load passes over the centroid head's tensors.
+        let dir = drafter_dir(|_| {}, Some("masked_embedding.token_ordering"));
+        AssistantDrafter::load(dir.path()).unwrap();
     }
 }
