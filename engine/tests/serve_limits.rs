@@ -58,12 +58,15 @@ fn long_body() -> String {
 /// tokens however busy the machine is: how soon a default buffer fills depends on how fast
 /// the model runs, and on a loaded machine that was over a minute.
 fn unread_stream(port: u16) -> TcpStream {
+    unread_stream_with(port, &long_body())
+}
+
+fn unread_stream_with(port: u16, body: &str) -> TcpStream {
     let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
     socket.connect(&addr.into()).unwrap();
     let mut conn: TcpStream = socket.into();
-    let body = long_body();
     write!(
         conn,
         "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
@@ -77,7 +80,11 @@ fn unread_stream(port: u16) -> TcpStream {
 /// Sends a long streamed request and reads it to its end on a thread (the answer's text
 /// comes back); the returned stream shuts the connection down from here.
 fn read_stream(port: u16) -> (TcpStream, std::thread::JoinHandle<String>) {
-    let conn = unread_stream(port);
+    read_stream_with(port, &long_body())
+}
+
+fn read_stream_with(port: u16, body: &str) -> (TcpStream, std::thread::JoinHandle<String>) {
+    let conn = unread_stream_with(port, body);
     let handle = conn.try_clone().unwrap();
     let reader = std::thread::spawn(move || {
         let mut conn = conn;
@@ -127,8 +134,35 @@ fn a_normal_request_does_not_wait_behind_an_unread_stream() {
 /// Before: FIFO, it waited for all four (85 s).
 #[test]
 fn a_short_request_is_not_starved_by_long_ones() {
-    let s = serve(&[]);
-    let long: Vec<_> = (0..4).map(|_| read_stream(s.port)).collect();
+    short_answered_while_four_long_ones_run(&[], &long_body());
+}
+
+/// The same with a drafter: drafted requests take turns one speculative round at a time.
+/// Before: each drafted request ran to its end when admitted, so the short one waited for
+/// all four (it completed fifth).
+#[test]
+fn a_short_request_is_not_starved_by_long_drafted_ones() {
+    let draft =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-draft");
+    // No logits processors (they would turn drafting off), so no EOS bias: sampled at a
+    // high temperature, this answer runs hundreds of tokens before its EOS.
+    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+                      "temperature": 20.0, "seed": 0})
+    .to_string();
+    let st =
+        short_answered_while_four_long_ones_run(&["--draft-model", draft.to_str().unwrap()], &body);
+    let spec = &st["speculative"];
+    assert_eq!(spec["fallbacks"], 0, "every request drafted: {st}");
+    assert!(spec["drafted"].as_u64().unwrap_or(0) > 0, "{st}");
+}
+
+/// Four long streams read by their clients, then a short request: it must be answered
+/// while they run. The server's stats at the end.
+fn short_answered_while_four_long_ones_run(flags: &[&str], long_body: &str) -> Value {
+    let s = serve(flags);
+    let long: Vec<_> = (0..4)
+        .map(|_| read_stream_with(s.port, long_body))
+        .collect();
     wait_for(
         s.port,
         "four long requests run",
@@ -149,6 +183,7 @@ fn a_short_request_is_not_starved_by_long_ones() {
         n(st, "running") == 0 && n(st, "queued") == 0
     });
     assert_eq!(n(&st, "cancelled"), 4, "{st}");
+    st
 }
 
 /// Scenario 3 (batch lane, `--batch 8`): eight unread streams fill every row; they are cut
