@@ -27,12 +27,7 @@ fn model() -> Box<dyn engine::model::LanguageModel> {
 }
 
 fn id(fp: &str) -> Identity {
-    Identity {
-        model_id: "tiny-llama-trained".into(),
-        config_fingerprint: fp.into(),
-        ns: String::new(),
-        tokenizer_hash: "t".into(),
-    }
+    common::ssd_identity(fp)
 }
 
 fn open(dir: &Path, fp: &str, max: u64, verify: bool) -> SsdStore {

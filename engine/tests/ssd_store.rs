@@ -25,12 +25,7 @@ fn geom() -> Geometry {
 }
 
 fn id(fp: &str) -> Identity {
-    Identity {
-        model_id: "tiny-llama-trained".into(),
-        config_fingerprint: fp.into(),
-        ns: String::new(),
-        tokenizer_hash: "t".into(),
-    }
+    common::ssd_identity(fp)
 }
 
 /// Caches holding `prompt` (prefilled, one step) and the tokens they hold.

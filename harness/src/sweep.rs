@@ -29,36 +29,41 @@ pub struct Run {
     pub trace: Vec<(f64, f64, f64, f64)>,
 }
 
-/// One `engine train --method orpo` run of the study, and what its metrics.jsonl says.
-fn run_one(
-    data: &Path,
-    model: &Path,
-    config: &str,
+/// One run of the study: its data, model, λ configuration (`static-<λ>` or
+/// `adaptive-<law>`), seed, length and output directory.
+struct RunSpec<'a> {
+    data: &'a Path,
+    model: &'a Path,
+    config: &'a str,
     seed: u64,
     iters: usize,
-    out: &Path,
-) -> Result<Run> {
+    out: &'a Path,
+}
+
+/// One `engine train --method orpo` run of the study, and what its metrics.jsonl says.
+fn run_one(spec: &RunSpec) -> Result<Run> {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         train: engine::train::cli::TrainArgs,
     }
-    let argv = train_argv(data, model, config, seed, iters, out);
-    let cli = <Cli as clap::Parser>::try_parse_from(argv)?;
+    let cli = <Cli as clap::Parser>::try_parse_from(train_argv(spec))?;
     engine::train::cli::run(cli.train)?;
-    results(data, model, config, seed, &out.join("metrics.jsonl"))
+    let metrics = spec.out.join("metrics.jsonl");
+    results(spec.data, spec.model, spec.config, spec.seed, &metrics)
 }
 
 /// The `engine train` command line of one run: the study's fixed settings, then the run's
-/// data, model, length, seed, output and λ configuration (`static-<λ>` or `adaptive-<law>`).
-fn train_argv(
-    data: &Path,
-    model: &Path,
-    config: &str,
-    seed: u64,
-    iters: usize,
-    out: &Path,
-) -> Vec<String> {
+/// data, model, length, seed, output and λ configuration.
+fn train_argv(spec: &RunSpec) -> Vec<String> {
+    let RunSpec {
+        data,
+        model,
+        config,
+        seed,
+        iters,
+        out,
+    } = *spec;
     let mut argv: Vec<String> = [
         "engine",
         "--method",
@@ -170,14 +175,14 @@ pub fn run(
             for config in &configs {
                 for &seed in seeds {
                     let dir: PathBuf = out.join(format!("{dataset}/{model}/{config}/seed{seed}"));
-                    let r = run_one(
-                        &crate::goldens::goldens_root().join("data").join(dataset),
-                        &crate::goldens::model_dir(model)?,
+                    let r = run_one(&RunSpec {
+                        data: &crate::goldens::goldens_root().join("data").join(dataset),
+                        model: &crate::goldens::model_dir(model)?,
                         config,
                         seed,
                         iters,
-                        &dir,
-                    )?;
+                        out: &dir,
+                    })?;
                     progress(&r);
                     runs.push(r);
                 }

@@ -9,7 +9,7 @@ use mlx_rs::error::Exception;
 use serde::Serialize;
 
 use super::sampler::{Sampler, SamplingParams};
-use super::{generate_with, SessionOptions};
+use super::SessionOptions;
 use crate::model::LanguageModel;
 
 #[derive(Debug, Clone, Serialize)]
@@ -48,19 +48,44 @@ pub fn decode_rate(after_first: usize, span_s: f64) -> f64 {
     }
 }
 
+/// Greedy decoding of `ids` in `session` (which holds `ids[..cached]`), up to `max_tokens`
+/// and never stopping at an EOS: the instant each token arrived.
+pub fn token_times(
+    session: &mut super::Session,
+    ids: &[u32],
+    cached: usize,
+    max_tokens: usize,
+) -> Result<Vec<Instant>, Exception> {
+    let mut times = Vec::with_capacity(max_tokens);
+    let mut sampler = Sampler::new(SamplingParams::default())?;
+    super::generate_in(
+        session,
+        ids,
+        cached,
+        max_tokens,
+        &[],
+        &mut sampler,
+        |_, _| {
+            times.push(Instant::now());
+            Ok(super::Flow::Continue)
+        },
+    )?;
+    Ok(times)
+}
+
 fn run_once(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
     opts: &SessionOptions,
 ) -> Result<(f64, f64, usize), Exception> {
-    let mut times = Vec::with_capacity(max_tokens);
     let start = Instant::now();
-    let mut sampler = Sampler::new(SamplingParams::default())?;
-    generate_with(model, ids, max_tokens, &[], &mut sampler, opts, |_, _| {
-        times.push(Instant::now());
-        Ok(super::Flow::Continue)
-    })?;
+    let times = token_times(
+        &mut super::Session::with_options(model, opts),
+        ids,
+        0,
+        max_tokens,
+    )?;
     let (ttft, after_first, span) = token_timing(start, &times);
     Ok((ttft, decode_rate(after_first, span), times.len()))
 }

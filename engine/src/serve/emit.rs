@@ -45,15 +45,33 @@ pub enum Event {
     },
     Done {
         finish_reason: &'static str,
-        prompt_tokens: usize,
-        completion_tokens: usize,
-        /// Prompt tokens served from the prompt cache.
-        cached_tokens: usize,
+        usage: Usage,
     },
     Failed(ApiError),
     /// Several events at once, in order (what a slow client had not taken yet, then the
     /// last event).
     Batch(Vec<Event>),
+}
+
+/// A finished request's token counts, as `usage` reports them.
+#[derive(Debug, Clone, Copy)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prompt cache.
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// OpenAI's `usage` object.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
 }
 
 /// Events a request's channel holds before the model thread keeps the rest back.
@@ -359,9 +377,11 @@ impl<'t> Emitter<'t> {
             } else {
                 "stop"
             },
-            prompt_tokens,
-            completion_tokens,
-            cached_tokens,
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            },
         };
         counted(completion_tokens);
         if let Some(out) = self.out.take() {

@@ -171,12 +171,6 @@ impl Meta {
     }
 }
 
-fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({"prompt_tokens": prompt, "completion_tokens": completion,
-           "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": cached}})
-}
-
 async fn handle(
     s: Arc<AppState>,
     body: Result<Bytes, BytesRejection>,
@@ -302,12 +296,10 @@ async fn respond_whole(
             }
             Event::Done {
                 finish_reason,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
+                usage,
             } => {
                 let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
-                body["usage"] = usage(prompt_tokens, completion_tokens, cached_tokens);
+                body["usage"] = usage.json();
                 return Ok(Json(body).into_response());
             }
             Event::Failed(e) => return Err(e),
@@ -329,11 +321,9 @@ fn respond_streamed(
             Event::Text { text, logprobs } => vec![meta.chunk(&text, None, &logprobs, true)],
             Event::Done {
                 finish_reason,
-                prompt_tokens,
-                completion_tokens,
-                cached_tokens,
+                usage,
             } => {
-                let u = usage(prompt_tokens, completion_tokens, cached_tokens);
+                let u = usage.json();
                 let mut last = meta.chunk("", Some(finish_reason), &[], true);
                 last["usage"] = u.clone();
                 let mut out = vec![last];

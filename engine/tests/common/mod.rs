@@ -18,6 +18,16 @@ pub fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
     engine::model::load(&goldens().join("models").join(name)).unwrap()
 }
 
+/// An SSD-store identity of tiny-llama-trained with config fingerprint `fp`.
+pub fn ssd_identity(fp: &str) -> engine::cache::kvstore::Identity {
+    engine::cache::kvstore::Identity {
+        model_id: "tiny-llama-trained".into(),
+        config_fingerprint: fp.into(),
+        ns: String::new(),
+        tokenizer_hash: "t".into(),
+    }
+}
+
 /// Greedy generation of `n` ids in `session` (whose caches hold `prompt[..cached]`);
 /// returns the ids and each step's log-probabilities as f32.
 pub fn greedy_run(

@@ -16,8 +16,7 @@ use anyhow::{bail, Context, Result};
 use engine::cache::kvstore::Identity;
 use engine::cache::ssd::{Geometry, SsdStore};
 use engine::cache::QuantSdpa;
-use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{generate_in, Flow, Session, SessionOptions};
+use engine::generate::{Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
 use super::median;
@@ -96,20 +95,7 @@ pub fn leg(
         }
         other => bail!("unknown restart leg `{other}`"),
     };
-    let mut sampler = Sampler::new(SamplingParams::default())?;
-    let mut times = Vec::new();
-    generate_in(
-        &mut session,
-        ids,
-        cached,
-        max_tokens,
-        &[],
-        &mut sampler,
-        |_, _| {
-            times.push(Instant::now());
-            Ok(Flow::Continue)
-        },
-    )?;
+    let times = engine::generate::bench::token_times(&mut session, ids, cached, max_tokens)?;
     let (ttft, after_first, span) = engine::generate::bench::token_timing(start, &times);
     Ok(RestartLeg {
         mode: mode.into(),

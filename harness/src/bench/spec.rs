@@ -15,7 +15,7 @@ use anyhow::{Context, Result};
 use engine::generate::decode::Decoder;
 use engine::generate::drafter::{Decode, Drafter};
 use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::{generate_in, Flow, Session, SessionOptions};
+use engine::generate::{Flow, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
 use super::median;
@@ -55,18 +55,7 @@ pub fn leg(
         let start = Instant::now();
         let mut target = Session::new(t.as_ref());
         let (drafted, accepted) = if gamma == 0 {
-            generate_in(
-                &mut target,
-                ids,
-                0,
-                max_tokens,
-                &[],
-                &mut sampler,
-                |_, _| {
-                    times.push(Instant::now());
-                    Ok(Flow::Continue)
-                },
-            )?;
+            times = engine::generate::bench::token_times(&mut target, ids, 0, max_tokens)?;
             (0, 0)
         } else {
             target.prefill_step = d.prefill_step();

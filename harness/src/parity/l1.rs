@@ -242,23 +242,28 @@ pub fn run(
     let mut config = ModelConfig::read(&dir)?;
     tweak_config(&mut config.raw);
     let built = engine::model::build(&config, Weights::load(&dir)?)?;
-    let tokenizer = Tokenizer::load(&dir)?;
-    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
     let mut opts = options(golden);
     tweak_options(&mut opts);
-    let step = prefill_step(golden);
-    let mut report = check_model_opts(
-        golden,
-        built.as_ref(),
-        &tokenizer,
-        template.as_ref(),
-        step,
-        &opts,
-    )?;
+    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts)?;
     if let Some(name) = golden.dir.file_name() {
         report.model = name.to_string_lossy().into_owned();
     }
     Ok(report)
+}
+
+/// Runs every case of `golden` through `model` with `opts`, with the tokenizer and chat
+/// template of the model's directory `dir`, prefilling in chunks of the golden's
+/// `prefill_step_size`.
+pub(super) fn check_in_dir(
+    golden: &TensorGolden,
+    dir: &std::path::Path,
+    model: &dyn engine::model::LanguageModel,
+    opts: &SessionOptions,
+) -> Result<ModelReport, ParityError> {
+    let tokenizer = Tokenizer::load(dir)?;
+    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
+    let step = prefill_step(golden);
+    check_model_opts(golden, model, &tokenizer, template.as_ref(), step, opts)
 }
 
 /// Runs every case of `golden` through `model` with the default session options, prefilling

@@ -5,10 +5,8 @@
 
 use engine::cache::QuantSdpa;
 use engine::generate::{CompileDecode, KvLayers, KvQuantPlan, SessionOptions};
-use engine::load::template::ChatTemplate;
-use engine::load::tokenizer::Tokenizer;
 
-use super::l1::{check_model_opts, prefill_step, ModelReport};
+use super::l1::{check_in_dir, ModelReport};
 use super::ParityError;
 use crate::goldens::TensorGolden;
 
@@ -38,19 +36,9 @@ pub fn run(
 ) -> Result<ModelReport, ParityError> {
     let dir = crate::goldens::model_dir(model)?;
     let built = engine::model::load(&dir)?;
-    let tokenizer = Tokenizer::load(&dir)?;
-    let template = ChatTemplate::from_tokenizer(&tokenizer)?;
     let mut opts = options(golden)?;
     tweak(&mut opts);
-    let step = prefill_step(golden);
-    let mut report = check_model_opts(
-        golden,
-        built.as_ref(),
-        &tokenizer,
-        template.as_ref(),
-        step,
-        &opts,
-    )?;
+    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts)?;
     report.tier = "L2";
     Ok(report)
 }
