@@ -329,95 +329,9 @@ impl Gemma4 {
         let first_shared = n - a.num_kv_shared_layers;
         let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
         let eps = a.rms_norm_eps;
-        let mut blocks = Vec::new();
-        for i in 0..n {
-            let p = format!("model.layers.{i}");
-            let is_full = full[i as usize];
-            let head_dim = match a.global_head_dim {
-                Some(g) if is_full && g > 0 => g,
-                _ => a.head_dim,
-            };
-            let k_eq_v = a.attention_k_eq_v && is_full;
-            let n_kv_heads = match a.num_global_key_value_heads {
-                Some(h) if k_eq_v => h,
-                _ => a.num_key_value_heads,
-            };
-            let rope_params = a.rope_for(is_full);
-            let base = rope_params.rope_theta.unwrap_or(10_000.0);
-            let rope = Rope::new(head_dim, base, a.rope_traditional, Some(&rope_params))?;
-            let linear = |w: &mut Weights, name: &str, in_dims: i32| {
-                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
-            };
-            let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
-            let has_kv = i < first_shared;
-            let kv = if has_kv {
-                Some(KvProj {
-                    k_proj: linear(&mut w, "self_attn.k_proj", a.hidden_size)?,
-                    v_proj: if k_eq_v {
-                        None
-                    } else {
-                        Some(linear(&mut w, "self_attn.v_proj", a.hidden_size)?)
-                    },
-                    k_norm: norm(&mut w, "self_attn.k_norm")?,
-                    n_kv_heads,
-                })
-            } else {
-                None
-            };
-            let q_dims = a.num_attention_heads * head_dim;
-            let attn = Attention {
-                q_proj: linear(&mut w, "self_attn.q_proj", a.hidden_size)?,
-                q_norm: norm(&mut w, "self_attn.q_norm")?,
-                kv,
-                o_proj: linear(&mut w, "self_attn.o_proj", q_dims)?,
-                n_heads: a.num_attention_heads,
-                eps,
-                rope,
-            };
-            let double_wide = a.use_double_wide_mlp && i >= first_shared && first_shared > 0;
-            let inter = a.intermediate_size * if double_wide { 2 } else { 1 };
-            let per_layer = if pl_width > 0 {
-                Some(PerLayerGate {
-                    gate: linear(&mut w, "per_layer_input_gate", a.hidden_size)?,
-                    projection: linear(&mut w, "per_layer_projection", pl_width)?,
-                    norm: norm(&mut w, "post_per_layer_input_norm")?,
-                })
-            } else {
-                None
-            };
-            // The last earlier layer of the same kind lends a shared layer its K/V.
-            let kv_source = if has_kv {
-                i as usize
-            } else {
-                (0..first_shared as usize)
-                    .rev()
-                    .find(|&j| full[j] == is_full)
-                    .ok_or_else(|| {
-                        LoadError::Unsupported(format!(
-                            "layer {i} shares K/V but no earlier layer has its attention kind"
-                        ))
-                    })?
-            };
-            blocks.push(Block {
-                attn,
-                mlp: Mlp::load(
-                    &mut w,
-                    &format!("{p}.mlp"),
-                    false,
-                    a.hidden_size,
-                    inter,
-                    Glu::Geglu,
-                )?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-                pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
-                post_ffw_norm: norm(&mut w, "post_feedforward_layernorm")?,
-                per_layer,
-                layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
-                full: is_full,
-                kv_source,
-            });
-        }
+        let blocks = (0..n)
+            .map(|i| load_block(&mut w, &a, &full, i, first_shared))
+            .collect::<Result<Vec<_>, _>>()?;
         let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
         let per_layer = if pl_width > 0 {
             Some(PerLayerInputs {
@@ -597,4 +511,103 @@ impl Gemma4 {
         }
         Ok(h)
     }
+}
+
+/// Layer `i` of a Gemma 4 model: its attention (K/V projections unless it shares an earlier
+/// layer's), GeGLU MLP, norms, per-layer input gate and the layer that lends it K/V.
+fn load_block(
+    w: &mut Weights,
+    a: &Gemma4Args,
+    full: &[bool],
+    i: i32,
+    first_shared: i32,
+) -> Result<Block, LoadError> {
+    let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
+    let eps = a.rms_norm_eps;
+    let p = format!("model.layers.{i}");
+    let is_full = full[i as usize];
+    let head_dim = match a.global_head_dim {
+        Some(g) if is_full && g > 0 => g,
+        _ => a.head_dim,
+    };
+    let k_eq_v = a.attention_k_eq_v && is_full;
+    let n_kv_heads = match a.num_global_key_value_heads {
+        Some(h) if k_eq_v => h,
+        _ => a.num_key_value_heads,
+    };
+    let rope_params = a.rope_for(is_full);
+    let base = rope_params.rope_theta.unwrap_or(10_000.0);
+    let rope = Rope::new(head_dim, base, a.rope_traditional, Some(&rope_params))?;
+    let linear = |w: &mut Weights, name: &str, in_dims: i32| {
+        Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+    };
+    let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
+    let has_kv = i < first_shared;
+    let kv = if has_kv {
+        Some(KvProj {
+            k_proj: linear(w, "self_attn.k_proj", a.hidden_size)?,
+            v_proj: if k_eq_v {
+                None
+            } else {
+                Some(linear(w, "self_attn.v_proj", a.hidden_size)?)
+            },
+            k_norm: norm(w, "self_attn.k_norm")?,
+            n_kv_heads,
+        })
+    } else {
+        None
+    };
+    let q_dims = a.num_attention_heads * head_dim;
+    let attn = Attention {
+        q_proj: linear(w, "self_attn.q_proj", a.hidden_size)?,
+        q_norm: norm(w, "self_attn.q_norm")?,
+        kv,
+        o_proj: linear(w, "self_attn.o_proj", q_dims)?,
+        n_heads: a.num_attention_heads,
+        eps,
+        rope,
+    };
+    let double_wide = a.use_double_wide_mlp && i >= first_shared && first_shared > 0;
+    let inter = a.intermediate_size * if double_wide { 2 } else { 1 };
+    let per_layer = if pl_width > 0 {
+        Some(PerLayerGate {
+            gate: linear(w, "per_layer_input_gate", a.hidden_size)?,
+            projection: linear(w, "per_layer_projection", pl_width)?,
+            norm: norm(w, "post_per_layer_input_norm")?,
+        })
+    } else {
+        None
+    };
+    // The last earlier layer of the same kind lends a shared layer its K/V.
+    let kv_source = if has_kv {
+        i as usize
+    } else {
+        (0..first_shared as usize)
+            .rev()
+            .find(|&j| full[j] == is_full)
+            .ok_or_else(|| {
+                LoadError::Unsupported(format!(
+                    "layer {i} shares K/V but no earlier layer has its attention kind"
+                ))
+            })?
+    };
+    Ok(Block {
+        attn,
+        mlp: Mlp::load(
+            w,
+            &format!("{p}.mlp"),
+            false,
+            a.hidden_size,
+            inter,
+            Glu::Geglu,
+        )?,
+        input_norm: norm(w, "input_layernorm")?,
+        post_attn_norm: norm(w, "post_attention_layernorm")?,
+        pre_ffw_norm: norm(w, "pre_feedforward_layernorm")?,
+        post_ffw_norm: norm(w, "post_feedforward_layernorm")?,
+        per_layer,
+        layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
+        full: is_full,
+        kv_source,
+    })
 }

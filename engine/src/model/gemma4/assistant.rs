@@ -171,7 +171,9 @@ impl AssistantDrafter {
     /// The drafter for a parsed config and its weights: every tensor must be used, except
     /// those optiq's non-strict load passes over (the centroid head's `masked_embedding.*`,
     /// and an `lm_head` when the head is tied).
-    pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+    /// The drafter's settings (top level, and its text model's from `text_config` or a flat
+    /// config); refuses what it does not support.
+    fn read_args(config: &ModelConfig) -> Result<(AssistantArgs, AssistantTextArgs), LoadError> {
         let args: AssistantArgs = config.parse()?;
         if args.use_ordered_embeddings && args.num_centroids > 0 {
             return Err(LoadError::Unsupported(
@@ -187,7 +189,7 @@ impl AssistantDrafter {
                     .into(),
             ));
         }
-        let text: AssistantTextArgs = match &args.text_config {
+        let text = match &args.text_config {
             Some(tc) => AssistantTextArgs::deserialize(Value::Object(tc.clone())).map_err(|e| {
                 LoadError::Config {
                     path: config.path.clone(),
@@ -196,6 +198,11 @@ impl AssistantDrafter {
             })?,
             None => config.parse()?,
         };
+        Ok((args, text))
+    }
+
+    pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let (args, text) = Self::read_args(config)?;
         let hidden = text.hidden_size;
         let (n_heads, eps) = (text.num_attention_heads, text.rms_norm_eps);
         let tied = args
