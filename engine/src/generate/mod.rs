@@ -19,10 +19,10 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 
-use crate::cache::Cache;
-use crate::model::LanguageModel;
 /// The KV quantization plan lives with the caches it converts; reachable here too.
 pub use crate::cache::kv_quant::{self, KvLayers, KvQuantPlan};
+use crate::cache::Cache;
+use crate::model::LanguageModel;
 use sampler::{Sampler, SamplingParams};
 
 /// mlx-lm's default prefill chunk.
