@@ -233,7 +233,8 @@ fn encode_prompt(args: &GenerateArgs, tokenizer: &Tokenizer) -> Result<Vec<u32>>
     let ids = if args.chat {
         let template = ChatTemplate::from_tokenizer(tokenizer)?.with_context(|| {
             format!(
-                "{} has no chat_template in tokenizer_config.json; drop --chat",
+                "{} has no chat template (chat_template.jinja, or chat_template in \
+                 tokenizer_config.json); drop --chat",
                 args.model.display()
             )
         })?;

@@ -221,3 +221,148 @@ fn non_affine_quantization_is_refused_clearly() {
         "{err}"
     );
 }
+
+/// A directory as transformers 5 saves it: the chat template in `chat_template.jinja`, not
+/// in tokenizer_config.json. It is read, and it wins over a template left in the config (as
+/// transformers reads them). Planted: with the file removed, the copy has no template.
+#[test]
+fn chat_template_jinja_is_the_template_as_transformers_reads_it() {
+    let original = Tokenizer::load(&model_dir("tiny-llama-trained")).unwrap();
+    let template = original.chat_template().unwrap().to_owned();
+    let tmp = copy_of("tiny-llama-trained");
+    let config_path = tmp.path().join("tokenizer_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let jinja = tmp.path().join("chat_template.jinja");
+    std::fs::write(&jinja, &template).unwrap();
+    let t = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(t.chat_template(), Some(template.as_str()));
+    // The file takes priority over a template still in the config.
+    config["chat_template"] = "stale {{ messages }}".into();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let t = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(t.chat_template(), Some(template.as_str()));
+    // Planted: without the file, only the stale one is left.
+    std::fs::remove_file(&jinja).unwrap();
+    let t = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(t.chat_template(), Some("stale {{ messages }}"));
+}
+
+/// tokenizer_config.json may hold a list of named templates; the one named "default" is
+/// used (as transformers' `get_chat_template`), `additional_chat_templates/` adds others.
+#[test]
+fn named_chat_templates_are_read_and_default_is_used() {
+    let tmp = copy_of("tiny-llama-trained");
+    let config_path = tmp.path().join("tokenizer_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["chat_template"] = serde_json::json!([
+        {"name": "default", "template": "D{{ messages[0].content }}"},
+        {"name": "tool_use", "template": "T{{ messages[0].content }}"},
+    ]);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let t = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(t.chat_template(), Some("D{{ messages[0].content }}"));
+    let names: Vec<&str> = t.chat_template_names().collect();
+    assert_eq!(names, ["default", "tool_use"]);
+    // transformers 5's layout: chat_template.jinja plus additional_chat_templates/*.jinja.
+    std::fs::write(tmp.path().join("chat_template.jinja"), "J").unwrap();
+    std::fs::create_dir(tmp.path().join("additional_chat_templates")).unwrap();
+    std::fs::write(tmp.path().join("additional_chat_templates/rag.jinja"), "R").unwrap();
+    let t = Tokenizer::load(tmp.path()).unwrap();
+    assert_eq!(t.chat_template(), Some("J"));
+    assert_eq!(
+        t.chat_template_names().collect::<Vec<_>>(),
+        ["default", "rag"]
+    );
+    // A list entry without a template is an error naming the file.
+    config["chat_template"] = serde_json::json!([{"name": "default"}]);
+    std::fs::remove_file(tmp.path().join("chat_template.jinja")).unwrap();
+    std::fs::remove_dir_all(tmp.path().join("additional_chat_templates")).unwrap();
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let err = Tokenizer::load(tmp.path()).err().unwrap().to_string();
+    assert!(
+        err.contains("tokenizer_config.json") && err.contains("\"template\""),
+        "{err}"
+    );
+}
+
+/// Without generation_config.json the EOS ids come from config.json (as mlx-lm's
+/// load_config leaves them): Gemma 3 without it must still stop at `<end_of_turn>`.
+/// generation_config.json's ids win where both are given. Planted: with neither, only the
+/// tokenizer's eos is left.
+#[test]
+fn eos_ids_come_from_config_json_without_generation_config() {
+    let tmp = copy_of("tiny-gemma3");
+    let tok_eos = Tokenizer::load(&model_dir("tiny-gemma3")).unwrap();
+    let tokenizer_eos = tok_eos
+        .token_to_id(tok_eos.eos_token.as_deref().unwrap())
+        .unwrap();
+    std::fs::remove_file(tmp.path().join("generation_config.json")).unwrap();
+    let config_path = tmp.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config["eos_token_id"] = serde_json::json!([6, 2]);
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let mut ids = Tokenizer::load(tmp.path()).unwrap().eos_token_ids;
+    ids.sort();
+    let mut want = vec![6, 2, tokenizer_eos];
+    want.sort();
+    want.dedup();
+    assert_eq!(ids, want);
+    // generation_config.json's eos_token_id wins over config.json's.
+    std::fs::write(
+        tmp.path().join("generation_config.json"),
+        r#"{"eos_token_id": 3}"#,
+    )
+    .unwrap();
+    let mut ids = Tokenizer::load(tmp.path()).unwrap().eos_token_ids;
+    ids.sort();
+    let mut want = vec![3, tokenizer_eos];
+    want.sort();
+    want.dedup();
+    assert_eq!(ids, want);
+    // Planted: neither file names any.
+    std::fs::remove_file(tmp.path().join("generation_config.json")).unwrap();
+    config.as_object_mut().unwrap().remove("eos_token_id");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    assert_eq!(
+        Tokenizer::load(tmp.path()).unwrap().eos_token_ids,
+        [tokenizer_eos]
+    );
+}
+
+/// Weights are `model*.safetensors`, as mlx-lm globs them: a mistralai repo's extra
+/// `consolidated.safetensors` (the same weights under other names) is not read. Planted:
+/// named `model-consolidated.safetensors` it is read, and its unknown tensors are refused.
+#[test]
+fn only_model_safetensors_files_are_weights() {
+    let tmp = copy_of("tiny-llama");
+    let mut renamed = std::collections::HashMap::new();
+    let mut w = Weights::load(tmp.path()).unwrap();
+    for name in ["model.norm.weight", "model.embed_tokens.weight"] {
+        renamed.insert(format!("consolidated.{name}"), w.take(name).unwrap());
+    }
+    drop(w);
+    let consolidated = tmp.path().join("consolidated.safetensors");
+    mlx_rs::Array::save_safetensors(renamed.iter(), None, &consolidated).unwrap();
+    engine::model::load(tmp.path()).unwrap();
+    std::fs::rename(
+        &consolidated,
+        tmp.path().join("model-consolidated.safetensors"),
+    )
+    .unwrap();
+    let err = load_err(tmp.path());
+    assert!(err.contains("consolidated."), "{err}");
+    // No model*.safetensors at all: the error says which files are read.
+    for entry in std::fs::read_dir(tmp.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            std::fs::rename(&path, path.with_extension("bin")).unwrap();
+        }
+    }
+    let err = load_err(tmp.path());
+    assert!(err.contains("no model*.safetensors files"), "{err}");
+}

@@ -1,8 +1,11 @@
 //! The tokenizer (`tokenizer.json` via the tokenizers crate, with `tokenizer_config.json`'s
-//! special tokens); its streaming detokenizer is mlx-lm's (`tokenizer/detok.rs`).
+//! special tokens); its streaming detokenizer is mlx-lm's (`tokenizer/detok.rs`). The chat
+//! templates are read where transformers reads them, and the EOS ids as mlx-lm's `load`
+//! gathers them.
 
 pub mod detok;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -16,8 +19,11 @@ pub struct Tokenizer {
     pub config: Value,
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
-    /// Every id that ends generation: tokenizer eos plus generation_config's eos ids.
+    /// Every id that ends generation: tokenizer eos plus generation_config's eos ids (or,
+    /// without those, config.json's).
     pub eos_token_ids: Vec<u32>,
+    /// The chat templates by name ("default" is the one used), see `chat_templates`.
+    templates: BTreeMap<String, String>,
     /// Which of mlx-lm's streaming detokenizers this tokenizer gets (from its decoder).
     detok_kind: detok::Kind,
     /// `clean_up_tokenization_spaces` (transformers' decode post-processing).
@@ -33,6 +39,101 @@ fn token_string(value: Option<&Value>) -> Option<String> {
         Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
         _ => None,
     }
+}
+
+/// An `eos_token_id` entry: one id or a list (mlx-lm ignores a falsy one: 0 or empty).
+fn eos_ids_of(value: Option<&Value>) -> Vec<u32> {
+    let ids: Vec<u32> = match value {
+        Some(Value::Number(n)) => n.as_u64().into_iter().map(|i| i as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|i| i as u32)
+            .collect(),
+        _ => Vec::new(),
+    };
+    if ids == [0] {
+        return Vec::new();
+    }
+    ids
+}
+
+/// The model's EOS ids as mlx-lm's `load_config` leaves them: generation_config.json's
+/// `eos_token_id` when it has one, else config.json's.
+fn model_eos_ids(dir: &Path) -> Result<Vec<u32>, LoadError> {
+    let generation = dir.join("generation_config.json");
+    if generation.is_file() {
+        // mlx-lm passes over a generation_config.json that is not valid JSON.
+        if let Ok(gen) = read_json(&generation) {
+            let ids = eos_ids_of(gen.get("eos_token_id"));
+            if !ids.is_empty() {
+                return Ok(ids);
+            }
+        }
+    }
+    let config = dir.join("config.json");
+    if !config.is_file() {
+        return Ok(Vec::new());
+    }
+    Ok(eos_ids_of(read_json(&config)?.get("eos_token_id")))
+}
+
+/// The chat templates by name, read as transformers 5 reads them: `chat_template.jinja`
+/// (the default) and `additional_chat_templates/*.jinja` (by file name) take priority over
+/// tokenizer_config.json's `chat_template`, which is one template or a list of
+/// `{"name", "template"}`.
+fn chat_templates(dir: &Path, config: &Value) -> Result<BTreeMap<String, String>, LoadError> {
+    let read = |path: &Path| {
+        std::fs::read_to_string(path).map_err(|source| LoadError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let mut templates = BTreeMap::new();
+    let file = dir.join("chat_template.jinja");
+    if file.is_file() {
+        templates.insert("default".to_owned(), read(&file)?);
+    }
+    let extra = dir.join("additional_chat_templates");
+    if extra.is_dir() {
+        let entries = std::fs::read_dir(&extra).map_err(|source| LoadError::Io {
+            path: extra.clone(),
+            source,
+        })?;
+        for path in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+            if let Some(name) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".jinja"))
+            {
+                templates.insert(name.to_owned(), read(&path)?);
+            }
+        }
+    }
+    if !templates.is_empty() {
+        return Ok(templates);
+    }
+    match config.get("chat_template") {
+        Some(Value::String(t)) => {
+            templates.insert("default".to_owned(), t.clone());
+        }
+        Some(Value::Array(list)) => {
+            for entry in list {
+                let (Some(name), Some(t)) = (
+                    entry.get("name").and_then(Value::as_str),
+                    entry.get("template").and_then(Value::as_str),
+                ) else {
+                    return Err(LoadError::Template(format!(
+                        "{}: a chat_template list entry needs a \"name\" and a \"template\"",
+                        dir.join("tokenizer_config.json").display()
+                    )));
+                };
+                templates.insert(name.to_owned(), t.to_owned());
+            }
+        }
+        _ => {}
+    }
+    Ok(templates)
 }
 
 impl Tokenizer {
@@ -60,20 +161,12 @@ impl Tokenizer {
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_token_ids.push(id);
         }
-        let generation = dir.join("generation_config.json");
-        if generation.is_file() {
-            let gen = read_json(&generation)?;
-            let ids = match gen.get("eos_token_id") {
-                Some(Value::Number(n)) => n.as_u64().into_iter().collect(),
-                Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).collect(),
-                _ => Vec::new(),
-            };
-            for id in ids {
-                if !eos_token_ids.contains(&(id as u32)) {
-                    eos_token_ids.push(id as u32);
-                }
+        for id in model_eos_ids(dir)? {
+            if !eos_token_ids.contains(&id) {
+                eos_token_ids.push(id);
             }
         }
+        let templates = chat_templates(dir, &config)?;
         Ok(Tokenizer {
             inner,
             path,
@@ -81,6 +174,7 @@ impl Tokenizer {
             bos_token,
             eos_token,
             eos_token_ids,
+            templates,
             detok_kind,
             clean_up_spaces,
             detok_table: std::sync::OnceLock::new(),
@@ -145,8 +239,15 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The chat template `apply_chat_template` uses without a name: the only one, or the
+    /// one named "default".
     pub fn chat_template(&self) -> Option<&str> {
-        self.config.get("chat_template").and_then(Value::as_str)
+        self.templates.get("default").map(String::as_str)
+    }
+
+    /// The names of every chat template the model ships.
+    pub fn chat_template_names(&self) -> impl Iterator<Item = &str> {
+        self.templates.keys().map(String::as_str)
     }
 
     /// A streaming detokenizer: the pieces of text mlx-lm streams for the same ids.

@@ -38,8 +38,9 @@ fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
     })
 }
 
-/// The safetensors files of a directory: `model.safetensors` or the shards named by
-/// `model.safetensors.index.json`, else every `*.safetensors` file.
+/// The weight files of a directory as mlx-lm's `load_model` globs them:
+/// `model*.safetensors` (one file or the shards). Other safetensors files — a mistralai
+/// repo's `consolidated.safetensors`, adapters — are not weights of the model.
 fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| LoadError::Io {
@@ -47,12 +48,17 @@ fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
             source,
         })?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
         .collect();
     files.sort();
     if files.is_empty() {
         return Err(LoadError::Weights(format!(
-            "no *.safetensors files in {}",
+            "no model*.safetensors files in {} (the weights are read from model.safetensors or \
+             its shards model-00001-of-000NN.safetensors, as mlx-lm reads them)",
             dir.display()
         )));
     }
