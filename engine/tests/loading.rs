@@ -366,3 +366,30 @@ fn only_model_safetensors_files_are_weights() {
     let err = load_err(tmp.path());
     assert!(err.contains("no model*.safetensors files"), "{err}");
 }
+
+/// Template features real templates use. `{% generation %}` (transformers' assistant-mask
+/// tag) renders its body, whitespace control kept; without the rewrite minijinja refuses
+/// the template (planted: the raw source fails to parse). `tools` and `documents` are None,
+/// as apply_chat_template passes them: Llama 3.1's `tools is not none` branch stays off.
+#[test]
+fn generation_tags_and_absent_tools_render_as_in_transformers() {
+    use engine::load::template::{ChatTemplate, Message};
+    let t = Tokenizer::load(&model_dir("tiny-llama-trained")).unwrap();
+    let messages = [Message::new("user", "hi"), Message::new("assistant", "yo")];
+    let tagged = "{% for m in messages %}{% if m.role == 'assistant' %}\n  {%- generation -%}\n  [{{ m.content }}]\n  {%- endgeneration %}\n{% else %}<{{ m.content }}>{% endif %}{% endfor %}";
+    let plain = "{% for m in messages %}{% if m.role == 'assistant' %}\n  {%- if true -%}\n  [{{ m.content }}]\n  {%- endif %}\n{% else %}<{{ m.content }}>{% endif %}{% endfor %}";
+    let render = |src: &str| {
+        ChatTemplate::new(src, &t)
+            .unwrap()
+            .render(&messages, false)
+            .unwrap()
+    };
+    assert_eq!(render(tagged), render(plain));
+    assert_eq!(render(tagged), "<hi>[yo]");
+    // Planted: minijinja itself does not know the tag.
+    let mut env = minijinja::Environment::new();
+    assert!(env.add_template("raw", tagged).is_err());
+    let tools =
+        "{% if tools is not none %}TOOLS{% endif %}{% if documents is none %}none{% endif %}";
+    assert_eq!(render(tools), "none");
+}
