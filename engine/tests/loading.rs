@@ -24,6 +24,11 @@ fn copy_of(name: &str) -> tempfile::TempDir {
     tmp
 }
 
+/// A scratch copy's JSON file, to edit and write back.
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn load_err(dir: &Path) -> String {
     match engine::model::load(dir) {
         Ok(_) => panic!("{} loaded but should not", dir.display()),
@@ -59,8 +64,7 @@ fn weights_keep_their_dtype() {
 fn a_foreign_quantization_format_is_refused_clearly() {
     let tmp = copy_of("tiny-llama");
     let path = tmp.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut config = read_json(&path);
     config["quantization_config"] = serde_json::json!({"quant_method": "gptq", "bits": 4});
     std::fs::write(&path, config.to_string()).unwrap();
     let err = load_err(tmp.path());
@@ -94,8 +98,7 @@ fn a_corrupt_safetensors_header_is_a_clear_error() {
 fn a_missing_required_field_is_named() {
     let tmp = copy_of("tiny-llama");
     let path = tmp.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut config = read_json(&path);
     config.as_object_mut().unwrap().remove("hidden_size");
     config["some_future_field"] = serde_json::json!(true); // unknown fields are fine
     std::fs::write(&path, config.to_string()).unwrap();
@@ -211,8 +214,7 @@ fn per_module_quantization_is_honoured() {
 fn non_affine_quantization_is_refused_clearly() {
     let tmp = copy_of("tiny-qwen3-q8");
     let path = tmp.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut config = read_json(&path);
     config["quantization"]["mode"] = serde_json::json!("mxfp4");
     std::fs::write(&path, config.to_string()).unwrap();
     let err = load_err(tmp.path());
@@ -231,8 +233,7 @@ fn chat_template_jinja_is_the_template_as_transformers_reads_it() {
     let template = original.chat_template().unwrap().to_owned();
     let tmp = copy_of("tiny-llama-trained");
     let config_path = tmp.path().join("tokenizer_config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let mut config = read_json(&config_path);
     config.as_object_mut().unwrap().remove("chat_template");
     std::fs::write(&config_path, config.to_string()).unwrap();
     let jinja = tmp.path().join("chat_template.jinja");
@@ -256,8 +257,7 @@ fn chat_template_jinja_is_the_template_as_transformers_reads_it() {
 fn named_chat_templates_are_read_and_default_is_used() {
     let tmp = copy_of("tiny-llama-trained");
     let config_path = tmp.path().join("tokenizer_config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let mut config = read_json(&config_path);
     config["chat_template"] = serde_json::json!([
         {"name": "default", "template": "D{{ messages[0].content }}"},
         {"name": "tool_use", "template": "T{{ messages[0].content }}"},
@@ -302,8 +302,7 @@ fn eos_ids_come_from_config_json_without_generation_config() {
         .unwrap();
     std::fs::remove_file(tmp.path().join("generation_config.json")).unwrap();
     let config_path = tmp.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    let mut config = read_json(&config_path);
     config["eos_token_id"] = serde_json::json!([6, 2]);
     std::fs::write(&config_path, config.to_string()).unwrap();
     let mut ids = Tokenizer::load(tmp.path()).unwrap().eos_token_ids;
