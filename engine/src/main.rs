@@ -37,8 +37,10 @@ enum Command {
 
 #[derive(clap::Args)]
 struct GenerateArgs {
-    /// Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json).
-    #[arg(long)]
+    /// Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json),
+    /// or a hub repo id (`org/name[@revision]`) from the local Hugging Face cache (never
+    /// downloaded).
+    #[arg(long, value_parser = engine::load::hub::model_arg)]
     model: PathBuf,
     /// The prompt text.
     #[arg(long)]

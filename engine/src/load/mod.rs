@@ -1,6 +1,7 @@
 //! Loading a model directory in Hugging Face layout: config, weights, tokenizer, chat template.
 
 pub mod config;
+pub mod hub;
 pub mod template;
 pub mod tokenizer;
 pub mod weights;

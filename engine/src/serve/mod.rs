@@ -28,8 +28,9 @@ use crate::load::tokenizer::Tokenizer;
 /// `engine serve` flags (mlx_lm.server's, where they mean the same here).
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Model directory in Hugging Face layout.
-    #[arg(long)]
+    /// Model directory in Hugging Face layout, or a hub repo id (`org/name[@revision]`)
+    /// from the local Hugging Face cache (never downloaded).
+    #[arg(long, value_parser = crate::load::hub::model_arg)]
     pub model: PathBuf,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,

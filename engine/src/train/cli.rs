@@ -35,8 +35,9 @@ pub enum ScheduleArg {
 
 #[derive(clap::Args, Debug)]
 pub struct TrainArgs {
-    /// Model directory in Hugging Face layout.
-    #[arg(long)]
+    /// Model directory in Hugging Face layout, or a hub repo id (`org/name[@revision]`)
+    /// from the local Hugging Face cache (never downloaded).
+    #[arg(long, value_parser = crate::load::hub::model_arg)]
     pub model: PathBuf,
     /// Directory with train.jsonl (and valid.jsonl for validation), mlx-lm's formats.
     #[arg(long)]
