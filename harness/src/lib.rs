@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod compare;
 pub mod db;
+pub mod fixtures;
 pub mod goldens;
 pub mod machine;
 pub mod oracle;
@@ -15,15 +16,9 @@ pub mod promote;
 pub mod sweep;
 
 /// The harness's cache dir (shared with the engine's build: `$ENGINE_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/mlx-engine`, else `~/.cache/mlx-engine`): bench models, results DB.
-pub fn cache_dir() -> std::path::PathBuf {
-    use std::path::PathBuf;
-    std::env::var_os("ENGINE_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|x| PathBuf::from(x).join("mlx-engine")))
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/mlx-engine")))
-        .unwrap_or_else(|| std::env::temp_dir().join("mlx-engine"))
-}
+/// `$XDG_CACHE_HOME/mlx-engine`, else `~/.cache/mlx-engine`): bench models, results DB,
+/// fetched fixtures.
+pub use fixtures::cache_dir;
 
 /// Writes a verdict line straight to the process's stdout, past the test harness's output
 /// capture, so `cargo test` shows gate summaries (e.g. "L1 tiny-llama: 85/85 …") without
