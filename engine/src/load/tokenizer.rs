@@ -245,6 +245,11 @@ impl Tokenizer {
         self.templates.get("default").map(String::as_str)
     }
 
+    /// The chat template named `name` ("default", "tool_use", …), if the model ships it.
+    pub fn chat_template_named(&self, name: &str) -> Option<&str> {
+        self.templates.get(name).map(String::as_str)
+    }
+
     /// The names of every chat template the model ships.
     pub fn chat_template_names(&self) -> impl Iterator<Item = &str> {
         self.templates.keys().map(String::as_str)
