@@ -30,6 +30,9 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      K/V, tied head, no centroid head; briefly distilled on tiny-gemma4's
                      greedy continuations of its L1 prompts so that some drafts are accepted,
                      bf16 (needs tiny-gemma4 and goldens/l1/tiny-gemma4)
+- tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
+                     (chat_template.jinja, two shards + index), its own tokenizer and chat
+                     template: oracles/make_tools_model.py
 
 `make_models.py tiny-gemma4 tiny-qwen2` writes only those (the tokenizer is retrained
 deterministically; the other models are left as they are).
@@ -51,6 +54,7 @@ from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from make_tools_model import make_qwen3_tools
 from provenance import golden_dir, provenance, write_json
 
 HERE = Path(__file__).resolve().parent
@@ -513,7 +517,8 @@ def make_llama_draft(tok) -> None:
 
 
 ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
-        "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant}
+        "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant,
+        "tiny-qwen3-tools": make_qwen3_tools}
 
 
 def main(only=None) -> None:
@@ -561,6 +566,7 @@ def main(only=None) -> None:
     make_gemma4_keqv(tok)
     make_gemma3_kv(tok)
     make_llama_draft(tok)
+    make_qwen3_tools(tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
                  "tiny-llama-draft"]:
