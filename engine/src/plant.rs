@@ -51,6 +51,26 @@ pub enum Defect {
     /// The segmented backward drops the cotangent between segments (each segment's
     /// backward starts from zeros). Caught by `engine/tests/segmented.rs`.
     DropCotangent,
+    /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
+    /// asked for special tokens). Caught by the tokenization gate (`tests/tokenize.rs`).
+    EncodeSkipsPostProcessor,
+    /// SentencePiece streaming detokenizer: the stream's leading space is kept where
+    /// mlx-lm trims it. Caught by the detokenizer gate on the real tokenizers
+    /// (`tests/detok.rs`).
+    SpmKeepsLeadingSpace,
+    /// Greedy decoding takes the argmax over the first 65 536 ids only (a u16 id, say):
+    /// invisible at tiny vocabularies, caught by the L1 gate at real vocabulary sizes
+    /// (`tests/l1_vocab.rs`).
+    GreedyFirst64k,
+    /// Serve: a tool call's start marker stays in the content beside the parsed call.
+    /// Caught by `engine/tests/serve_tools.rs`.
+    ToolCallTextInContent,
+    /// Serve: an answer that made a tool call ends with `finish_reason: "stop"`, not
+    /// `"tool_calls"`. Caught by `engine/tests/serve_tools.rs`.
+    ToolCallFinishStaysStop,
+    /// Serve: reasoning text goes to the content instead of `reasoning`. Caught by
+    /// `engine/tests/serve_tools.rs`.
+    ReasoningInContent,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -9,6 +9,7 @@ pub mod guard;
 pub mod request;
 mod routes;
 pub mod store;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

@@ -1,0 +1,230 @@
+//! One request's text, split as mlx_lm.server's `handle_completion` splits it: each
+//! generated token's text goes through the state machine; reasoning, tool-call text and
+//! content accumulate, and a delta goes out after a token when the machine is not inside
+//! a tool call and there is something to send. A finished tool call is parsed and
+//! formatted as `ToolCallFormatter` does (`id`, `type: "function"`, `function` with the
+//! arguments as a JSON string, `index` counting the calls).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::machine::{Cursor, Machine, State};
+use super::value::PyValue;
+use super::{Family, Markers};
+
+/// What one streamed chunk carries (and what a whole answer is the sum of).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delta {
+    pub text: String,
+    pub reasoning: String,
+    /// Formatted calls, each with its `index` (dropped from a whole answer).
+    pub tool_calls: Vec<Value>,
+}
+
+impl Delta {
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.reasoning.is_empty() && self.tool_calls.is_empty()
+    }
+}
+
+/// A version-4 UUID from the standard library's per-process random hasher keys.
+fn uuid4() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let word = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(n);
+        h.write_u64(salt);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    };
+    let (a, b) = (word(1), word(2));
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xfff,
+        (b >> 48) & 0x3fff | 0x8000,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// `ToolCallFormatter`: parses tool-call texts and formats the calls.
+pub struct Formatter {
+    family: Option<Family>,
+    tools: Option<Value>,
+    next_index: usize,
+}
+
+impl Formatter {
+    pub fn new(family: Option<Family>, tools: Option<Value>) -> Self {
+        Formatter {
+            family,
+            tools,
+            next_index: 0,
+        }
+    }
+
+    /// Each text's calls; a text that does not parse is left out (mlx-lm logs a warning
+    /// and goes on: the text was likely cut off).
+    pub fn format(&mut self, texts: &[String]) -> Vec<Value> {
+        let mut out = Vec::new();
+        let Some(family) = self.family else {
+            return out;
+        };
+        for text in texts {
+            match family.parse(text, self.tools.as_ref()) {
+                Ok(calls) => {
+                    for c in calls {
+                        match self.format_one(c) {
+                            Ok(v) => out.push(v),
+                            Err(e) => eprintln!("engine serve: warning: dropped a tool call: {e}"),
+                        }
+                    }
+                }
+                Err(e) => eprintln!(
+                    "engine serve: warning: failed to parse tool call ({e}) — tool text was \
+                     likely truncated mid-generation."
+                ),
+            }
+        }
+        out
+    }
+
+    fn format_one(&mut self, call: PyValue) -> Result<Value, String> {
+        let PyValue::Dict(mut items) = call else {
+            return Err("a tool call is not an object".into());
+        };
+        let id = match items
+            .iter()
+            .position(|(k, _)| matches!(k, PyValue::Str(s) if s == "id"))
+        {
+            Some(i) => Some(items.remove(i).1).filter(PyValue::truthy),
+            None => None,
+        };
+        let slot = items
+            .iter_mut()
+            .find(|(k, _)| matches!(k, PyValue::Str(s) if s == "arguments"))
+            .ok_or("a tool call has no arguments")?;
+        let args = slot.1.dumps().map_err(|e| e.to_string())?;
+        slot.1 = PyValue::Str(args);
+        let id = id.map_or_else(|| Value::String(uuid4()), |v| v.to_json());
+        let index = self.next_index;
+        self.next_index += 1;
+        Ok(json!({
+            "function": PyValue::Dict(items).to_json(),
+            "type": "function",
+            "id": id,
+            "index": index,
+        }))
+    }
+}
+
+/// A request's splitter: the machine's cursor and what waits to be sent.
+pub struct Splitter {
+    machine: Arc<Machine>,
+    cur: Cursor,
+    prev: State,
+    pending: Delta,
+    tool_text: String,
+    /// Finished tool-call texts, not yet parsed.
+    finished: Vec<String>,
+    made_tool_call: bool,
+    formatter: Formatter,
+}
+
+impl Splitter {
+    pub fn new(
+        markers: &Markers,
+        machine: Arc<Machine>,
+        tools: Option<Value>,
+        initial: State,
+    ) -> Self {
+        Splitter {
+            cur: machine.start(initial),
+            machine,
+            prev: initial,
+            pending: Delta::default(),
+            tool_text: String::new(),
+            finished: Vec::new(),
+            made_tool_call: false,
+            formatter: Formatter::new(markers.tools, tools),
+        }
+    }
+
+    fn collect(&mut self, segments: Vec<(State, String)>) {
+        for (state, text) in segments {
+            match state {
+                State::Reasoning if crate::plant::is(crate::plant::Defect::ReasoningInContent) => {
+                    self.pending.text.push_str(&text)
+                }
+                State::Reasoning => self.pending.reasoning.push_str(&text),
+                State::Tool => self.tool_text.push_str(&text),
+                State::Normal => {
+                    if self.prev == State::Tool {
+                        self.finished.push(std::mem::take(&mut self.tool_text));
+                        self.made_tool_call = true;
+                    }
+                    self.pending.text.push_str(&text);
+                }
+            }
+            self.prev = state;
+        }
+    }
+
+    /// What goes out after a token: everything pending, unless inside a tool call or
+    /// there is nothing.
+    fn release(&mut self) -> Option<Delta> {
+        if self.cur.state == State::Tool || (self.pending.is_empty() && self.finished.is_empty()) {
+            return None;
+        }
+        let mut delta = std::mem::take(&mut self.pending);
+        delta.tool_calls = self.formatter.format(&std::mem::take(&mut self.finished));
+        if crate::plant::is(crate::plant::Defect::ToolCallTextInContent)
+            && !delta.tool_calls.is_empty()
+        {
+            delta.text.push_str("<tool_call>");
+        }
+        Some(delta)
+    }
+
+    /// One token's text.
+    pub fn push(&mut self, text: &str) -> Option<Delta> {
+        let segments = self.machine.split(&mut self.cur, text);
+        self.collect(segments);
+        self.release()
+    }
+
+    /// The last token's text when the answer reached its length: split, then what is
+    /// held back released.
+    pub fn push_last(&mut self, text: &str) -> Option<Delta> {
+        let mut segments = self.machine.split(&mut self.cur, text);
+        segments.push((self.cur.state, self.machine.flush(&mut self.cur)));
+        self.collect(segments);
+        self.release()
+    }
+
+    /// The answer ended (`stopped`: at EOS or a stop string, where held-back text is
+    /// dropped). The last chunk's delta, and whether a tool call was made.
+    pub fn finish(&mut self, stopped: bool) -> (Delta, bool) {
+        if stopped {
+            self.machine.discard(&mut self.cur);
+            self.collect(vec![(self.cur.state, String::new())]);
+        }
+        if self.prev == State::Tool && !self.tool_text.is_empty() {
+            self.finished.push(std::mem::take(&mut self.tool_text));
+            self.made_tool_call = true;
+        }
+        let mut delta = std::mem::take(&mut self.pending);
+        delta.tool_calls = self.formatter.format(&std::mem::take(&mut self.finished));
+        let made =
+            self.made_tool_call && !crate::plant::is(crate::plant::Defect::ToolCallFinishStaysStop);
+        (delta, made)
+    }
+}
