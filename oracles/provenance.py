@@ -121,13 +121,19 @@ def write_atomic(path: Path, data: bytes | str) -> None:
     os.replace(tmp, path)
 
 
-def golden_dir(name: str) -> Path:
+def golden_dir(name: str, portable: bool = False) -> Path:
     """Where a golden is written: the flat reference set, or this machine's override dir
-    when this is not the reference machine (goldens/REFERENCE names the reference key)."""
+    when this is not the reference machine (goldens/REFERENCE names the reference key).
+    `portable` goldens go to the reference set from any machine: text and ids that no
+    backend changes (tokenizers, templates), and with HARNESS_WRITE_REFERENCE=1 a numeric
+    golden whose gate was checked to reproduce the reference set's goldens bit for bit on
+    this machine (its provenance still names the machine that made it)."""
     ref_file = GOLDENS / "REFERENCE"
     reference = ref_file.read_text().strip() if ref_file.exists() else machine_key()
     key = machine_key()
-    return GOLDENS / name if key == reference else GOLDENS / key / name
+    if portable or key == reference or os.environ.get("HARNESS_WRITE_REFERENCE") == "1":
+        return GOLDENS / name
+    return GOLDENS / key / name
 
 
 def resolve(name: str) -> Path:

@@ -226,6 +226,11 @@ impl<'m> Session<'m> {
 /// The greedy choice for logits [1, vocab]: argmax of the log-probabilities.
 pub fn greedy(logits: &Array) -> Result<u32, Exception> {
     let logprobs = logits.subtract(logits.logsumexp(true)?)?;
+    let vocab = logprobs.dim(-1);
+    let logprobs = match crate::plant::is(crate::plant::Defect::GreedyFirst64k) && vocab > 65_536 {
+        true => logprobs.reshape(&[-1, vocab])?.index((.., ..65_536)),
+        false => logprobs,
+    };
     let id = argmax_axis(&logprobs, -1, None)?;
     id.eval()?;
     Ok(id.as_slice::<u32>()[0])

@@ -18,6 +18,10 @@ pub enum Command {
     /// reference machine they rewrite the reference set; anywhere else they write this
     /// machine's override dir and never touch the reference set.
     Regen { names: Vec<String> },
+    /// Write (once) the l1-vocab gate's model NAME (a tiny model resized to a real
+    /// tokenizer's vocabulary, `vocab-qwen3`, …) into the cache dir and print its path: the
+    /// oracle script reads the same bytes.
+    VocabModel { name: String },
 }
 
 /// The goldens and their generators come from the gate table (`registry`).
@@ -29,6 +33,14 @@ pub fn run(command: Command) -> Result<()> {
         Command::List => list(&root, &key, reference.as_deref()),
         Command::Check => check(&root),
         Command::Regen { names } => regen(&key, reference.as_deref(), &names),
+        Command::VocabModel { name } => {
+            let pairing = harness::parity::vocab::Pairing::named(&name)?;
+            println!(
+                "{}",
+                harness::parity::vocab::materialize(pairing)?.display()
+            );
+            Ok(())
+        }
     }
 }
 

@@ -17,6 +17,7 @@ pub mod sampling;
 pub mod spec;
 pub mod spec_l2;
 pub mod train;
+pub mod vocab;
 
 use std::any::Any;
 

@@ -41,7 +41,7 @@ pub enum Tweak {
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
 #[rustfmt::skip]
-const NAMED: [(&str, Plant, &str); 11] = [
+const NAMED: [(&str, Plant, &str); 12] = [
     ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
     ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
@@ -53,6 +53,7 @@ const NAMED: [(&str, Plant, &str); 11] = [
     ("ring-trim", Plant::Engine(Defect::AssistantRingTrimLikeMlxLm), "rotating caches roll back as mlx-lm's trim does"),
     ("first-sliding-donor", Plant::Engine(Defect::AssistantFirstSlidingDonor), "the drafter reads the first sliding cache"),
     ("perf-path", Plant::Engine(Defect::PerfDecodeDropsNewest), "the L3 decode path leaves the newest position out of attention"),
+    ("argmax-first-64k", Plant::Engine(Defect::GreedyFirst64k), "greedy argmax over the first 65 536 ids only"),
 ];
 
 impl Plant {
