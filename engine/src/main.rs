@@ -1,4 +1,4 @@
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -8,7 +8,7 @@ use engine::generate::drafter::Decode;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::stop::TextStream;
 use engine::generate::{self as gen, Finish, Flow};
-use engine::load::template::{ChatTemplate, Message};
+use engine::load::template::{ChatTemplate, RenderArgs};
 use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
 
@@ -35,6 +35,8 @@ enum Command {
     Train(Box<engine::train::cli::TrainArgs>),
 }
 
+/// `engine generate`: mlx_lm.generate's flags where they mean the same here (names, short
+/// forms and defaults), plus ours (stop strings, penalties, logit bias, tiers).
 #[derive(clap::Args)]
 struct GenerateArgs {
     /// Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json),
@@ -42,23 +44,37 @@ struct GenerateArgs {
     /// downloaded).
     #[arg(long, value_parser = engine::load::hub::model_arg)]
     model: PathBuf,
-    /// The prompt text.
-    #[arg(long)]
+    /// The message to the model ('-' reads it from stdin); `\n` and `\t` as typed become a
+    /// newline and a tab. Wrapped as a user turn with the model's chat template unless
+    /// --ignore-chat-template or the model has none.
+    #[arg(long, short = 'p', default_value = "hello", allow_hyphen_values = true)]
     prompt: String,
-    /// Wrap the prompt as a user turn with the model's chat template.
+    /// Use the raw prompt without the model's chat template.
+    #[arg(long, conflicts_with = "chat")]
+    ignore_chat_template: bool,
+    /// Apply the chat template (the default already; an error if the model has none).
     #[arg(long)]
     chat: bool,
-    /// An optional system message (with --chat).
-    #[arg(long, requires = "chat")]
-    system: Option<String>,
+    /// A system message for the chat template (`--system` is the older spelling).
+    #[arg(long, visible_alias = "system", allow_hyphen_values = true)]
+    system_prompt: Option<String>,
+    /// The start of the assistant's answer: the template continues that message.
+    #[arg(long, allow_hyphen_values = true)]
+    prefill_response: Option<String>,
+    /// More arguments for the chat template, as a JSON object, e.g. '{"enable_thinking": false}'.
+    #[arg(long)]
+    chat_template_config: Option<String>,
+    /// Tokens (strings or ids) that also end generation.
+    #[arg(long, num_args = 1..)]
+    extra_eos_token: Vec<String>,
     /// Maximum number of tokens to generate.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, short = 'm', default_value_t = 100)]
     max_tokens: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long, default_value_t = 0.0)]
     temp: f64,
-    /// Nucleus sampling: keep the most likely tokens up to this probability mass (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 or 0 = off).
+    #[arg(long, default_value_t = 1.0)]
     top_p: f64,
     /// Keep only the k most likely tokens (0 = off).
     #[arg(long, default_value_t = 0)]
@@ -66,9 +82,15 @@ struct GenerateArgs {
     /// Drop tokens under min_p × the top token's probability (0 = off).
     #[arg(long, default_value_t = 0.0)]
     min_p: f64,
+    /// Tokens min-p sampling always keeps.
+    #[arg(long, default_value_t = 1)]
+    min_tokens_to_keep: i32,
     /// Seed of the sampler's random key sequence.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Prompt tokens processed per forward pass (default 2048).
+    #[arg(long)]
+    prefill_step_size: Option<usize>,
     /// Multiplicative penalty on tokens among the last --repetition-context-size.
     #[arg(long)]
     repetition_penalty: Option<f64>,
@@ -136,6 +158,7 @@ impl GenerateArgs {
             top_p: self.top_p,
             top_k: self.top_k,
             min_p: self.min_p,
+            min_tokens_to_keep: self.min_tokens_to_keep,
             seed: self.seed,
             repetition_penalty: self.repetition_penalty,
             repetition_context_size: self.repetition_context_size,
@@ -179,6 +202,7 @@ fn generate(args: GenerateArgs) -> Result<()> {
         None => None,
     };
     let prompt_ids = encode_prompt(&args, &tokenizer)?;
+    let eos_ids = eos_ids(&args.extra_eos_token, &tokenizer)?;
 
     let mut text = TextStream::new(&tokenizer, args.stop.iter().cloned());
     let mut stdout = std::io::stdout().lock();
@@ -204,12 +228,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
         session.prefill_step = d.prefill_step();
         (d, args.num_draft_tokens, d.make_caches())
     });
-    let mut dec = Decoder::new(
-        &prompt_ids,
-        args.max_tokens,
-        &tokenizer.eos_token_ids,
-        sampler,
-    );
+    if let Some(step) = args.prefill_step_size {
+        session.prefill_step = step;
+    }
+    let mut dec = Decoder::new(&prompt_ids, args.max_tokens, &eos_ids, sampler);
     let mut decode = Decode::start(session, draft, &opts, &mut dec, &prompt_ids, 0)?;
     let finish = decode.run(&mut dec, &mut |id, _, _| -> Result<Flow> {
         let (piece, flow) = text.push(id)?;
@@ -230,30 +252,160 @@ fn generate(args: GenerateArgs) -> Result<()> {
     print_stats(&args, &stats, finish, spec_stats)
 }
 
-/// The prompt's ids: the text, or (--chat) the rendered chat template around it.
+/// The prompt's ids as mlx_lm.generate makes them: the chat template rendered around the
+/// prompt (and --system-prompt, --prefill-response) where the model has one, else the raw
+/// text with the tokenizer's special tokens.
 fn encode_prompt(args: &GenerateArgs, tokenizer: &Tokenizer) -> Result<Vec<u32>> {
-    let ids = if args.chat {
-        let template = ChatTemplate::from_tokenizer(tokenizer)?.with_context(|| {
-            format!(
-                "{} has no chat template (chat_template.jinja, or chat_template in \
-                 tokenizer_config.json); drop --chat",
-                args.model.display()
-            )
-        })?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(Message::new("system", system));
+    let kwargs = template_kwargs(args.chat_template_config.as_deref())?;
+    let prompt = prompt_text(&args.prompt)?;
+    let ids = match chat_template(args, tokenizer)? {
+        Some(template) => {
+            let text = render_chat(&template, args, &prompt, kwargs, tokenizer)?;
+            // As mlx_lm.generate: the rendered template already holds any bos token.
+            tokenizer.encode(&text, false)?
         }
-        messages.push(Message::new("user", &args.prompt));
-        // As mlx_lm.generate: the rendered template already holds any bos token.
-        tokenizer.encode(&template.render(&messages, true)?, false)?
-    } else {
-        tokenizer.encode(&args.prompt, true)?
+        None => tokenizer.encode(&prompt, true)?,
     };
     anyhow::ensure!(
         !ids.is_empty(),
         "the prompt encodes to no tokens; give some text"
     );
+    Ok(ids)
+}
+
+/// `--prompt` as mlx_lm.generate reads it: typed `\n` and `\t` become a newline and a tab,
+/// and `-` reads the prompt from stdin.
+fn prompt_text(arg: &str) -> Result<String> {
+    let prompt = arg.replace("\\n", "\n").replace("\\t", "\t");
+    if prompt != "-" {
+        return Ok(prompt);
+    }
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("--prompt -: reading the prompt from stdin")?;
+    Ok(text)
+}
+
+/// `--chat-template-config`: a JSON object whose entries become template variables.
+fn template_kwargs(config: Option<&str>) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let Some(config) = config else {
+        return Ok(Default::default());
+    };
+    let bad = |why: String| {
+        anyhow::anyhow!(
+            "--chat-template-config: {why}; give a JSON object of template arguments, e.g. \
+             '{{\"enable_thinking\": false}}'"
+        )
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(config).map_err(|e| bad(format!("invalid JSON ({e})")))?;
+    let serde_json::Value::Object(map) = value else {
+        return Err(bad(format!("{config} is not a JSON object")));
+    };
+    for key in [
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+    ] {
+        anyhow::ensure!(
+            !map.contains_key(key),
+            "--chat-template-config: `{key}` is set by `engine generate` itself (as by \
+             mlx_lm.generate); drop it"
+        );
+    }
+    Ok(map)
+}
+
+/// The template to wrap the prompt in: none with --ignore-chat-template or when the model
+/// has none (as mlx_lm.generate; `--chat` insists on one).
+fn chat_template(args: &GenerateArgs, tokenizer: &Tokenizer) -> Result<Option<ChatTemplate>> {
+    if args.ignore_chat_template {
+        return Ok(None);
+    }
+    if let Some(template) = ChatTemplate::from_tokenizer(tokenizer)? {
+        return Ok(Some(template));
+    }
+    let names: Vec<&str> = tokenizer.chat_template_names().collect();
+    anyhow::ensure!(
+        names.is_empty(),
+        "{} has chat templates named {} but none named `default` (which apply_chat_template \
+         uses); pass --ignore-chat-template for a raw prompt",
+        args.model.display(),
+        names.join(", ")
+    );
+    anyhow::ensure!(
+        !args.chat,
+        "{} has no chat template (chat_template.jinja, or chat_template in \
+         tokenizer_config.json); drop --chat",
+        args.model.display()
+    );
+    Ok(None)
+}
+
+/// mlx-lm's `TokenizerWrapper.has_thinking`: the vocabulary has a thinking start and end
+/// marker (the `enable_thinking` default it passes to every template).
+fn has_thinking(tokenizer: &Tokenizer) -> bool {
+    let has = |t: &str| tokenizer.token_to_id(t).is_some();
+    let pairs = [
+        ("<think>", "</think>"),
+        ("<longcat_think>", "</longcat_think>"),
+        ("<|think:start|>", "<|think:end|>"),
+        ("<|channel>", "<channel|>"),
+    ];
+    pairs.iter().any(|(start, end)| has(start) && has(end))
+        || ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+            .iter()
+            .all(|t| has(t))
+}
+
+/// The chat text: system, user and (with --prefill-response) a final assistant message the
+/// template continues; `enable_thinking` defaults as mlx-lm's TokenizerWrapper sets it.
+fn render_chat(
+    template: &ChatTemplate,
+    args: &GenerateArgs,
+    prompt: &str,
+    mut kwargs: serde_json::Map<String, serde_json::Value>,
+    tokenizer: &Tokenizer,
+) -> Result<String> {
+    use serde_json::json;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system_prompt {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    messages.push(json!({"role": "user", "content": prompt}));
+    let prefill = args.prefill_response.as_ref();
+    if let Some(answer) = prefill {
+        messages.push(json!({"role": "assistant", "content": answer}));
+    }
+    kwargs
+        .entry("enable_thinking")
+        .or_insert_with(|| has_thinking(tokenizer).into());
+    let render = RenderArgs {
+        tools: kwargs.remove("tools"),
+        documents: kwargs.remove("documents"),
+        add_generation_prompt: prefill.is_none(),
+        continue_final_message: prefill.is_some(),
+        kwargs,
+    };
+    Ok(template.render_json(&messages, &render)?)
+}
+
+/// mlx_lm.generate's `--extra-eos-token`: each a token id or a token string, added to the
+/// tokenizer's EOS ids.
+fn eos_ids(extra: &[String], tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+    let mut ids = tokenizer.eos_token_ids.clone();
+    for token in extra {
+        let id = match token.trim().parse::<u32>() {
+            Ok(id) => id,
+            Err(_) => tokenizer.token_to_id(token).with_context(|| {
+                format!("--extra-eos-token: '{token}' is not a token for this tokenizer")
+            })?,
+        };
+        if !ids.contains(&id) {
+            ids.push(id);
+        }
+    }
     Ok(ids)
 }
 

@@ -84,6 +84,7 @@ fn generate_stops_at_a_stop_string_without_printing_it() {
             "generate",
             "--model",
             &model("tiny-llama-trained"),
+            "--ignore-chat-template",
             "--prompt",
             "The little robot",
             "--stop",
@@ -183,6 +184,7 @@ fn generate_with_a_draft_model() {
                 "generate",
                 "--model",
                 &model("tiny-llama-trained"),
+                "--ignore-chat-template",
                 "--prompt",
                 "The old clock in the workshop",
                 "--max-tokens",
@@ -236,6 +238,7 @@ fn generate_with_an_assistant_drafter() {
                 "generate",
                 "--model",
                 &model(target),
+                "--ignore-chat-template",
                 "--prompt",
                 "The old clock",
                 "--max-tokens",
@@ -258,4 +261,289 @@ fn generate_with_an_assistant_drafter() {
         !wrong.status.success() && log.contains("gemma4_text models only"),
         "{log}"
     );
+}
+
+/// goldens/cli: what mlx_lm.generate printed for each case (oracles/gen_cli.py).
+fn cli_golden() -> serde_json::Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/cli/index.json");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; make it with `oracles/.venv/bin/python oracles/gen_cli.py --out \
+             goldens/cli`",
+            path.display()
+        )
+    });
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The golden's derived model dirs, rebuilt from its recipe as gen_cli.py builds them:
+/// `kwargs` (the template in chat_template.jinja behind a prefix that prints
+/// enable_thinking and persona) and `thinking` (plus `<think>`/`</think>` tokens).
+fn derived_models(golden: &serde_json::Value, root: &Path) {
+    let recipe = &golden["derived"];
+    let base = model(recipe["base"].as_str().unwrap());
+    for (name, think) in [("kwargs", false), ("thinking", true)] {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in std::fs::read_dir(&base).unwrap().flatten() {
+            std::fs::copy(f.path(), dir.join(f.file_name())).unwrap();
+        }
+        let read = |f: &str| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap()
+        };
+        let mut config = read("tokenizer_config.json");
+        let template = config.as_object_mut().unwrap().remove("chat_template");
+        let prefix = recipe["template_prefix"].as_str().unwrap();
+        let jinja = format!("{prefix}{}", template.unwrap().as_str().unwrap());
+        std::fs::write(dir.join("chat_template.jinja"), jinja).unwrap();
+        std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+        if think {
+            let mut tok = read("tokenizer.json");
+            for t in recipe["think_tokens"].as_array().unwrap() {
+                tok["added_tokens"]
+                    .as_array_mut()
+                    .unwrap()
+                    .push(serde_json::json!({
+                        "id": t[0], "content": t[1], "single_word": false, "lstrip": false,
+                        "rstrip": false, "normalized": false, "special": false
+                    }));
+            }
+            std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
+        }
+    }
+}
+
+/// Runs one golden case through `engine generate` (its args, then `extra`); a mismatch with
+/// what mlx_lm.generate printed (response text, prompt token count) is described.
+fn run_cli_case(case: &serde_json::Value, derived: &Path, extra: &[&str]) -> Result<(), String> {
+    let name = case["model"].as_str().unwrap();
+    let dir = match name {
+        "kwargs" | "thinking" => derived.join(name).display().to_string(),
+        _ => model(name),
+    };
+    let args: Vec<&str> = case["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let mut child = engine()
+        .args(["generate", "--model", &dir])
+        .args(&args)
+        .args(extra)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = case["stdin"].as_str().unwrap_or("").to_owned();
+    let mut pipe = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut pipe, stdin.as_bytes()).unwrap();
+    drop(pipe);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("failed: {stderr}"));
+    }
+    let want_text = format!("{}\n", case["text"].as_str().unwrap());
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tokens = format!("Prompt: {} tokens,", case["prompt_tokens"]);
+    match (text == want_text, stderr.contains(&tokens)) {
+        (true, true) => Ok(()),
+        (false, _) => Err(format!("text {text:?}, mlx_lm.generate {want_text:?}")),
+        (true, false) => Err(format!("{stderr}: mlx_lm.generate has `{tokens}`")),
+    }
+}
+
+/// The CLI gate: every goldens/cli case (default chat template, --ignore-chat-template,
+/// --system-prompt, --prefill-response, -m, `\n` in the prompt, `--prompt -`,
+/// --extra-eos-token, --chat-template-config reaching the template, the enable_thinking
+/// default, Qwen3 and Gemma 3 templates) prints the response mlx_lm.generate printed, from a
+/// prompt of the same number of tokens.
+#[test]
+fn generate_prints_what_mlx_lm_generate_prints() {
+    let golden = cli_golden();
+    let derived = tempfile::tempdir().unwrap();
+    derived_models(&golden, derived.path());
+    let cases = golden["cases"].as_array().unwrap();
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| {
+            run_cli_case(c, derived.path(), &[])
+                .err()
+                .map(|e| format!("{}: {e}", c["name"]))
+        })
+        .collect();
+    eprintln!(
+        "cli gate: {}/{} cases identical to mlx_lm.generate",
+        cases.len() - failures.len(),
+        cases.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(cases.len() >= 14);
+}
+
+/// The gate's planted half: invocations that drop what a case is about (the default
+/// template, the system prompt, the template kwargs, the enable_thinking default) print
+/// something else, and the comparison says so.
+#[test]
+fn the_cli_gate_fails_on_perturbed_invocations() {
+    let golden = cli_golden();
+    let derived = tempfile::tempdir().unwrap();
+    derived_models(&golden, derived.path());
+    let case = |name: &str| {
+        golden["cases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    let without = |name: &str, flag: &str| {
+        let mut c = case(name);
+        let args = c["args"].as_array_mut().unwrap();
+        let at = args.iter().position(|a| a == flag).unwrap();
+        args.drain(at..at + 2);
+        c
+    };
+    let perturbed = [
+        (case("default-chat"), vec!["--ignore-chat-template"]),
+        (without("system-prompt", "--system-prompt"), vec![]),
+        (without("kwargs-config", "--chat-template-config"), vec![]),
+        (
+            case("thinking-default"),
+            vec!["--chat-template-config", r#"{"enable_thinking": false}"#],
+        ),
+        (
+            without("thinking-config-off", "--chat-template-config"),
+            vec![],
+        ),
+        (without("extra-eos-token", "--extra-eos-token"), vec![]),
+    ];
+    for (i, (c, extra)) in perturbed.iter().enumerate() {
+        let got = run_cli_case(c, derived.path(), extra);
+        assert!(
+            got.is_err(),
+            "perturbation {i} ({}) still matched",
+            c["name"]
+        );
+    }
+}
+
+/// `--chat` is redundant now (the template is the default) and `--system` spells
+/// `--system-prompt`: the same prompt and text either way.
+#[test]
+fn chat_and_system_keep_working() {
+    let run = |args: &[&str]| {
+        let out = engine()
+            .args(["generate", "--model", &model("tiny-llama-trained")])
+            .args(["--prompt", "What color is the sky?"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let stderr = String::from_utf8(out.stderr).unwrap();
+        let prompt = stderr.lines().find(|l| l.starts_with("Prompt: ")).unwrap();
+        let tokens = prompt.split(',').next().unwrap().to_owned();
+        (String::from_utf8(out.stdout).unwrap(), tokens)
+    };
+    let plain = run(&[]);
+    assert_eq!(plain.1, "Prompt: 14 tokens");
+    assert_eq!(run(&["--chat"]), plain);
+    let system = run(&["--system-prompt", "You answer in one sentence."]);
+    assert_eq!(
+        run(&["--chat", "--system", "You answer in one sentence."]),
+        system
+    );
+    assert_ne!(system, plain);
+    assert_ne!(run(&["--ignore-chat-template"]), plain);
+}
+
+/// Bad `--chat-template-config` values, `--chat` with `--ignore-chat-template`, `--chat` on a
+/// model without a template, and an unknown --extra-eos-token: exact messages.
+#[test]
+fn chat_flag_errors_are_exact() {
+    let err = |model_dir: &str, args: &[&str]| {
+        let out = engine()
+            .args(["generate", "--model", model_dir, "--prompt", "hi"])
+            .args(args)
+            .env_remove("RUST_BACKTRACE")
+            .env_remove("RUST_LIB_BACKTRACE")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        String::from_utf8(out.stderr).unwrap()
+    };
+    let m = model("tiny-llama-trained");
+    let example = "give a JSON object of template arguments, e.g. '{\"enable_thinking\": false}'";
+    assert_eq!(
+        err(&m, &["--chat-template-config", "{enable_thinking: false}"]),
+        format!(
+            "Error: --chat-template-config: invalid JSON (key must be a string at line 1 \
+             column 2); {example}\n"
+        )
+    );
+    assert_eq!(
+        err(&m, &["--chat-template-config", "[true]"]),
+        format!("Error: --chat-template-config: [true] is not a JSON object; {example}\n")
+    );
+    assert_eq!(
+        err(
+            &m,
+            &[
+                "--chat-template-config",
+                r#"{"add_generation_prompt": false}"#
+            ]
+        ),
+        "Error: --chat-template-config: `add_generation_prompt` is set by `engine generate` \
+         itself (as by mlx_lm.generate); drop it\n"
+    );
+    assert_eq!(
+        err(&m, &["--extra-eos-token", "<|nope|>"]),
+        "Error: --extra-eos-token: '<|nope|>' is not a token for this tokenizer\n"
+    );
+    let both = err(&m, &["--chat", "--ignore-chat-template"]);
+    assert!(
+        both.starts_with(
+            "error: the argument '--chat' cannot be used with '--ignore-chat-template'"
+        ),
+        "{both}"
+    );
+    // A copy of the model without any chat template.
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(&m).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+    }
+    let config_path = dir.path().join("tokenizer_config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&config_path).unwrap()).unwrap();
+    config.as_object_mut().unwrap().remove("chat_template");
+    std::fs::write(&config_path, config.to_string()).unwrap();
+    let bare = dir.path().to_str().unwrap();
+    assert_eq!(
+        err(bare, &["--chat"]),
+        format!(
+            "Error: {bare} has no chat template (chat_template.jinja, or chat_template in \
+             tokenizer_config.json); drop --chat\n"
+        )
+    );
+    // Without --chat such a model takes the raw prompt, as mlx_lm.generate does.
+    let raw = |dir: &str, extra: &[&str]| {
+        engine()
+            .args([
+                "generate",
+                "--model",
+                dir,
+                "--prompt",
+                "The little robot",
+                "-m",
+                "8",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+            .stdout
+    };
+    assert_eq!(raw(bare, &[]), raw(&m, &["--ignore-chat-template"]));
 }

@@ -370,6 +370,7 @@ fn gemma_models_train_and_refuse_segments() {
             model_dir.to_str().unwrap(),
             "--adapter-path",
             out.to_str().unwrap(),
+            "--ignore-chat-template",
             "--prompt",
             "The old clock",
             "--max-tokens",

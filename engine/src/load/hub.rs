@@ -98,16 +98,13 @@ pub fn cache_dir_from(var: impl Fn(&str) -> Option<OsString>) -> PathBuf {
     if let Some(dir) = var("HF_HUB_CACHE").or_else(|| var("HUGGINGFACE_HUB_CACHE")) {
         return expand_user(dir, home.as_ref());
     }
-    let hf_home = var("HF_HOME").map_or_else(
-        || {
-            let cache = var("XDG_CACHE_HOME").map_or_else(
-                || expand_user("~".into(), home.as_ref()).join(".cache"),
-                PathBuf::from,
-            );
-            cache.join("huggingface").into_os_string()
-        },
-        |h| h,
-    );
+    let hf_home = var("HF_HOME").unwrap_or_else(|| {
+        let cache = var("XDG_CACHE_HOME").map_or_else(
+            || expand_user("~".into(), home.as_ref()).join(".cache"),
+            PathBuf::from,
+        );
+        cache.join("huggingface").into_os_string()
+    });
     expand_user(hf_home, home.as_ref()).join("hub")
 }
 
