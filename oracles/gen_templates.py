@@ -1,0 +1,201 @@
+"""Chat-template goldens: the prompt text transformers' `tokenizer.apply_chat_template(...,
+tokenize=False)` renders for each conversation, with the real tokenizers' templates
+(scripts/fetch_fixtures.sh puts them in the cache dir) and with one template of our own that
+uses the Jinja features real templates lean on (goldens/templates/pyisms/template.jinja,
+rendered with the gemma3 fixture's special tokens).
+
+    oracles/.venv/bin/python oracles/gen_templates.py [FIXTURE…] [--out DIR]
+
+Fixtures with a template: qwen3, gemma3, llama3.1, llama3.2 (and pyisms). mistral-v1 and
+mistral-v3 (SentencePiece models converted by transformers) have none and are not rendered.
+
+Conversations (the same list for every template): one user turn; a system prompt; several
+turns; add_generation_prompt off; tools (with `<`, `&` and `'` in their descriptions, which
+transformers' tojson leaves as they are); a tool call (arguments as a dict, as mlx_lm.server
+passes them) and its result in a "tool" message; the same with arguments as a JSON string
+(as OpenAI clients send them); two tool calls at once; thinking off and on (the
+`enable_thinking` kwarg); continue_final_message (an assistant turn to continue); multi-part
+`content` lists; unicode; reasoning_content in the history and `<think>` inline; documents;
+whitespace at the ends of messages; an unknown kwarg. Where transformers raises (a template's
+raise_exception, a list where a template concatenates strings), the golden records the
+error's type and message instead of a rendering.
+
+strftime_now reads a pinned clock (NOW below), as the gate pins ours
+(`ChatTemplate::with_now`). Each golden records the special tokens transformers passes the
+template (`tokenizer.special_tokens_map`) and pins the sha256 of the tokenizer_config.json
+and of the template it rendered.
+
+Output: goldens/templates/<fixture>/index.json (no machine layer: text only).
+"""
+
+import argparse
+import copy
+import datetime as dt
+import hashlib
+from pathlib import Path
+
+import transformers.utils.chat_template_utils as ctu
+from transformers import AutoTokenizer
+
+from gen_tokenize import fixture_dir, sha256
+from provenance import GOLDENS, provenance, write_json
+
+FIXTURES = ["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"]
+# Not rendered: no chat template (transformers' converted SentencePiece tokenizers).
+NO_TEMPLATE = ["mistral-v1", "mistral-v3"]
+NOW = dt.datetime(2025, 3, 9, 14, 7, 5)
+PYISMS = GOLDENS / "templates" / "pyisms" / "template.jinja"
+
+
+class PinnedClock(dt.datetime):
+    """What `strftime_now` sees as `datetime`: now() is NOW."""
+
+    @classmethod
+    def now(cls, tz=None):
+        return NOW
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city. Units: 'c' or 'f' (<default> is c) & more.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Zürich"},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7.5},
+            },
+            "required": ["city"],
+        },
+    },
+}
+CLOCK = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The local time in a time zone.",
+        "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}, "required": []},
+    },
+}
+
+
+def call(name, arguments, id_="call_1"):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def assistant(text, **extra):
+    return {"role": "assistant", "content": text, **extra}
+
+
+SYSTEM = {"role": "system", "content": "You are a terse assistant."}
+Q = user("What is the capital of France?")
+A = assistant("Paris.")
+Q2 = user("And of Italy?")
+WEATHER_CALL = assistant("", tool_calls=[call("get_weather", {"city": "Paris", "unit": "c"})])
+WEATHER_RESULT = {"role": "tool", "tool_call_id": "call_1", "name": "get_weather",
+                  "content": '{"temp": 18.5, "sky": "clear"}'}
+
+
+def cases():
+    """(name, messages, options): options are apply_chat_template's keyword arguments."""
+    gen = {"add_generation_prompt": True}
+    tools = {"tools": [WEATHER, CLOCK], **gen}
+    return [
+        ("user", [Q], gen),
+        ("system", [SYSTEM, Q], gen),
+        ("multi-turn", [SYSTEM, Q, A, Q2], gen),
+        ("no-generation-prompt", [SYSTEM, Q, A], {}),
+        ("tools", [SYSTEM, user("Weather in Paris?")], tools),
+        ("tools-no-system", [user("Weather in Paris?")], tools),
+        ("tool-call-and-result", [user("Weather in Paris?"), WEATHER_CALL, WEATHER_RESULT], tools),
+        ("tool-call-arguments-string",
+         [user("Weather in Paris?"),
+          assistant("", tool_calls=[call("get_weather", '{"city": "Paris"}')]), WEATHER_RESULT], tools),
+        ("tool-calls-parallel",
+         [user("Weather and time in Paris?"),
+          assistant("Checking both.", tool_calls=[call("get_weather", {"city": "Paris"}),
+                                                 call("get_time", {"tz": "Europe/Paris"}, "call_2")]),
+          WEATHER_RESULT,
+          {"role": "tool", "tool_call_id": "call_2", "name": "get_time", "content": "14:07"}],
+         tools),
+        ("tool-answer", [user("Weather in Paris?"), WEATHER_CALL, WEATHER_RESULT,
+                         assistant("It is 18.5 °C and clear."), user("Thanks!")], tools),
+        ("thinking-off", [Q], {**gen, "enable_thinking": False}),
+        ("thinking-on", [Q], {**gen, "enable_thinking": True}),
+        ("thinking-off-multi-turn", [SYSTEM, Q, A, Q2], {**gen, "enable_thinking": False}),
+        ("continue-final-message", [Q, assistant("The capital of France is")],
+         {"continue_final_message": True}),
+        ("continue-final-message-trailing-space", [Q, assistant("The capital is ")],
+         {"continue_final_message": True}),
+        ("multi-part-content",
+         [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+          {"role": "user", "content": [{"type": "text", "text": "Describe "},
+                                       {"type": "text", "text": "this in one word."}]}], gen),
+        ("unicode", [user("Grüße! 日本語で答えて 🙂 — שלום, ¿qué tal? \u00a0tab\there"),
+                     assistant("こんにちは 🚀 «ok»"), user("Ещё раз, пожалуйста.")], gen),
+        ("reasoning-content",
+         [Q, assistant("Paris.", reasoning_content="The user asks about France; its capital is Paris."),
+          Q2], gen),
+        ("think-inline", [Q, assistant("<think>\nFrance -> Paris.\n</think>\n\nParis."), Q2], gen),
+        ("documents", [user("Summarize the document.")],
+         {**gen, "documents": [{"title": "Note", "text": "The meeting moved to Tuesday."}]}),
+        ("whitespace", [{"role": "system", "content": "  padded system \n"},
+                        user("\n  spaced question?  \n\n")], gen),
+        ("extra-kwargs", [Q], {**gen, "date_string": "01 Jan 2030", "custom_flag": True}),
+        ("roles-do-not-alternate", [Q, user("Hello?")], gen),
+    ]
+
+
+def render(tokenizer, template, messages, options):
+    """The rendering, or the error transformers raises."""
+    try:
+        text = tokenizer.apply_chat_template(copy.deepcopy(messages), chat_template=template,
+                                             tokenize=False, **copy.deepcopy(options))
+        return {"rendered": text}
+    except Exception as e:  # the golden records what it raised
+        return {"error": {"type": type(e).__name__, "message": str(e)}}
+
+
+def main(fixture, out_root) -> None:
+    src = fixture_dir("gemma3" if fixture == "pyisms" else fixture)
+    tokenizer = AutoTokenizer.from_pretrained(src)
+    template = PYISMS.read_text() if fixture == "pyisms" else tokenizer.get_chat_template()
+    ctu.datetime = PinnedClock  # strftime_now reads the module's `datetime` at call time
+    records = []
+    for name, messages, options in cases():
+        record = {"name": name, "messages": messages}
+        record.update({k: v for k, v in options.items()})
+        record.update(render(tokenizer, template, messages, options))
+        records.append(record)
+        shown = record.get("rendered", record.get("error"))
+        print(f"{fixture}/{name}: {str(shown)[:70]!r}")
+    dest = Path(out_root) / fixture if out_root else GOLDENS / "templates" / fixture
+    write_json(dest / "index.json", {
+        "provenance": provenance("transformers", "transformers"),
+        "generator": "oracles/gen_templates.py",
+        "fixture": "gemma3" if fixture == "pyisms" else fixture,
+        "template": {"source": "goldens/templates/pyisms/template.jinja" if fixture == "pyisms"
+                     else "the fixture's default template",
+                     "sha256": hashlib.sha256(template.encode()).hexdigest()},
+        "settings": {"now": NOW.isoformat(),
+                     "tokenizer_config_sha256": sha256(src / "tokenizer_config.json"),
+                     "tokenizer_class": type(tokenizer).__name__},
+        "special_tokens": [[k, v] for k, v in tokenizer.special_tokens_map.items()],
+        "cases": records,
+    })
+    print(f"templates/{fixture} -> {dest}")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("fixtures", nargs="*", default=FIXTURES)
+    ap.add_argument("--out", help="write <out>/<fixture>/ instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    for fixture in args.fixtures:
+        main(fixture, args.out)
