@@ -1,7 +1,9 @@
-//! The streaming detokenizer vs mlx-lm's (`gates::DETOK`, harness::parity::detok): every
-//! piece of text, as `mlx_lm.generate` prints it and `mlx_lm.server` streams it.
+//! The streaming detokenizer vs mlx-lm's (`gates::DETOK` on the tiny model, `DETOK_REAL` on
+//! the real tokenizers — byte-level BPE for Qwen3 and Llama 3.x, SentencePiece for Gemma 3
+//! and Mistral; harness::parity::detok): every piece of text, as `mlx_lm.generate` prints it
+//! and `mlx_lm.server` streams it.
 
-use harness::parity::gates::{Plant, Tweak, DETOK};
+use harness::parity::gates::{Plant, Tweak, DETOK, DETOK_REAL};
 
 #[test]
 fn streamed_text_matches_mlx_lm() {
@@ -12,11 +14,38 @@ fn streamed_text_matches_mlx_lm() {
     }
 }
 
-/// Planted: a stream that swallows the first character of its first piece fails.
+#[test]
+fn streamed_text_matches_mlx_lm_on_real_tokenizers() {
+    for fixture in DETOK_REAL.models {
+        let r = DETOK_REAL.run(fixture, None).unwrap();
+        harness::announce(&r.summary());
+        assert!(r.passed(), "{fixture}: {}", r.summary());
+    }
+}
+
+/// Planted: a stream that swallows the first character of its first piece fails, on the
+/// tiny model and on every real tokenizer.
 #[test]
 fn planted_lost_character_fails() {
     let plant = Plant::Harness(Tweak::LostCharacter);
     let r = DETOK.run(DETOK.models[0], Some(&plant)).unwrap();
     println!("planted: {}", r.summary());
     assert!(!r.passed());
+    for fixture in DETOK_REAL.models {
+        let r = DETOK_REAL.run(fixture, Some(&plant)).unwrap();
+        println!("planted: {}", r.summary());
+        assert!(!r.passed(), "{fixture}: {}", r.summary());
+    }
+}
+
+/// Planted: the SentencePiece stream keeps the leading space mlx-lm trims (Mistral's
+/// decoder strips it; Gemma 3's keeps it, so there it changes nothing).
+#[test]
+fn planted_spm_leading_space_fails() {
+    let plant = Plant::parse("spm-leading-space").unwrap();
+    for fixture in ["mistral-v1", "mistral-v3"] {
+        let r = DETOK_REAL.run(fixture, Some(&plant)).unwrap();
+        println!("planted: {}", r.summary());
+        assert!(!r.passed(), "{fixture}: {}", r.summary());
+    }
 }

@@ -26,7 +26,9 @@ pub struct Tokenizer {
     templates: BTreeMap<String, String>,
     /// Which of mlx-lm's streaming detokenizers this tokenizer gets (from its decoder).
     detok_kind: detok::Kind,
-    /// `clean_up_tokenization_spaces` (transformers' decode post-processing).
+    /// Whether transformers' decode cleans up spaces: `clean_up_tokenization_spaces`, which
+    /// transformers 5 ignores for a BPE model (unless
+    /// `clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output`).
     clean_up_spaces: bool,
     /// The detokenizers' lookup table, built on first use and shared by every stream.
     detok_table: std::sync::OnceLock<detok::Table>,
@@ -151,10 +153,12 @@ impl Tokenizer {
         } else {
             Value::Null
         };
-        let clean_up_spaces = config
-            .get("clean_up_tokenization_spaces")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
+        let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
+        // transformers 5 skips the clean-up for a BPE model unless told to anyway.
+        let bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));
+        let clean_up_spaces = flag("clean_up_tokenization_spaces")
+            && (!bpe
+                || flag("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"));
         let bos_token = token_string(config.get("bos_token"));
         let eos_token = token_string(config.get("eos_token"));
         let mut eos_token_ids = Vec::new();
@@ -188,8 +192,12 @@ impl Tokenizer {
         }
     }
 
-    /// Token ids of `text`; `add_special_tokens` applies the post-processor (e.g. bos).
+    /// Token ids of `text`, as transformers' `tokenizer(text, add_special_tokens=…)` gives
+    /// them; `add_special_tokens` applies the post-processor (e.g. bos).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, LoadError> {
+        // Planted: the post-processor is forgotten (no bos, no template tokens).
+        let add_special_tokens =
+            add_special_tokens && !crate::plant::is(crate::plant::Defect::EncodeSkipsPostProcessor);
         let enc = self
             .inner
             .encode(text, add_special_tokens)

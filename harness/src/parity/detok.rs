@@ -5,6 +5,8 @@
 
 use serde::Deserialize;
 
+use engine::load::tokenizer::detok::Kind;
+
 use super::{ParityError, Report};
 use crate::goldens::TensorGolden;
 
@@ -58,11 +60,57 @@ pub fn run(
     golden: &TensorGolden,
     perturb: impl Fn(&mut Vec<String>),
 ) -> Result<DetokReport, ParityError> {
-    let tokenizer = engine::load::tokenizer::Tokenizer::load(&crate::goldens::model_dir(model)?)?;
+    run_dir(model, &crate::goldens::model_dir(model)?, golden, perturb)
+}
+
+/// The gate on a real tokenizer: `fixture` (`crate::fixtures`), whose tokenizer.json must be
+/// the one the golden was made from.
+pub fn run_fixture(
+    fixture: &str,
+    golden: &TensorGolden,
+    perturb: impl Fn(&mut Vec<String>),
+) -> Result<DetokReport, ParityError> {
+    let dir =
+        crate::fixtures::tokenizer_dir(fixture).map_err(|m| ParityError::Usage(m.to_string()))?;
+    super::tokenize::check_fixture_sha(&dir, golden)?;
+    run_dir(fixture, &dir, golden, perturb)
+}
+
+/// The gate on the tokenizer in `dir`, reported as `name`; mlx-lm's detokenizer class must
+/// be the kind ours picks.
+fn run_dir(
+    name: &str,
+    dir: &std::path::Path,
+    golden: &TensorGolden,
+    perturb: impl Fn(&mut Vec<String>),
+) -> Result<DetokReport, ParityError> {
+    let tokenizer = engine::load::tokenizer::Tokenizer::load(dir)?;
+    let settings = &golden.index["settings"];
+    if let Some(theirs) = settings["detokenizer"].as_str() {
+        let ours = tokenizer.detokenizer_kind();
+        let same = match ours {
+            Kind::Bpe => theirs == "BPEStreamingDetokenizer",
+            Kind::Spm { trim_space } => {
+                theirs == "SPMStreamingDetokenizer"
+                    && settings["trim_space"]
+                        .as_bool()
+                        .is_none_or(|t| t == trim_space)
+            }
+            Kind::Naive => theirs == "NaiveStreamingDetokenizer",
+        };
+        if !same {
+            return Ok(DetokReport {
+                model: name.to_owned(),
+                cases: 1,
+                first_failure: Some(format!("we pick {ours:?}, mlx-lm picks {theirs}")),
+                ..Default::default()
+            });
+        }
+    }
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| ParityError::Index(format!("cases: {e}")))?;
     let mut report = DetokReport {
-        model: model.to_owned(),
+        model: name.to_owned(),
         ..Default::default()
     };
     for case in &cases {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 pub use super::plant::{Plant, Tweak};
 use super::runtime::Tamper;
-use super::{batch, detok, l1, l2, l3, runtime, sampling, spec, spec_l2, train};
+use super::{batch, detok, l1, l2, l3, runtime, sampling, spec, spec_l2, tokenize, train, vocab};
 use super::{ParityError, Report};
 use crate::goldens::{Layer, TensorGolden};
 
@@ -114,6 +114,9 @@ pub struct Gate {
     pub cases: &'static [&'static str],
     /// Its plants, as `--plant` spells them ([`Plant::form`]).
     pub plants: &'static [&'static str],
+    /// Its models are real tokenizers fetched into the cache dir (`crate::fixtures`), not
+    /// models under goldens/models (so none is registered as a model).
+    pub on_fixtures: bool,
     run: Run,
 }
 
@@ -128,6 +131,7 @@ const BASE: Gate = Gate {
     fixtures: &[],
     cases: &[],
     plants: &[],
+    on_fixtures: false,
     run: |gate, _, _| Err(ParityError::Usage(format!("gate {} has no run", gate.name))),
 };
 
@@ -167,6 +171,24 @@ pub static L1: Gate = Gate {
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
+    ..BASE
+};
+
+/// L1 at real vocabulary sizes: tiny models resized to fetched real tokenizers
+/// (`parity::vocab`; the model dirs are generated into the cache dir).
+pub static L1_VOCAB: Gate = Gate {
+    name: "l1-vocab",
+    group: "l1-vocab",
+    generator: Some(("gen_l1_vocab.py", &["{model}"])),
+    models: &[
+        "vocab-qwen3",
+        "vocab-gemma3",
+        "vocab-llama3.1",
+        "vocab-mistral-v3",
+    ],
+    plants: &["argmax-first-64k"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(vocab::run(t.model, &g.open_index(t)?.index)),
     ..BASE
 };
 
@@ -230,6 +252,40 @@ pub static DETOK: Gate = Gate {
             }
         }))
     },
+    ..BASE
+};
+
+/// The streaming detokenizer on the real tokenizers (byte-level BPE and SentencePiece).
+pub static DETOK_REAL: Gate = Gate {
+    name: "detok-real",
+    group: "detok",
+    generator: Some(("gen_detok.py", &["{model}", "--fixture"])),
+    models: &REAL_TOKENIZERS,
+    plants: &["lost-character", "spm-leading-space"],
+    on_fixtures: true,
+    run: |g, t, p| {
+        let lose = p == Some(&Plant::Harness(Tweak::LostCharacter));
+        boxed(detok::run_fixture(t.model, &g.open_index(t)?, |pieces| {
+            if let Some(p) = pieces.iter_mut().find(|p| lose && !p.is_empty()) {
+                p.remove(0);
+            }
+        }))
+    },
+    ..BASE
+};
+
+/// The real tokenizers the tokenizer gates run on (`crate::fixtures::TOKENIZERS`).
+const REAL_TOKENIZERS: [&str; 6] = crate::fixtures::TOKENIZERS;
+
+/// Tokenization vs transformers on the real tokenizers: ids and decoded text.
+pub static TOKENIZE: Gate = Gate {
+    name: "tokenize",
+    group: "tokenize",
+    generator: Some(("gen_tokenize.py", &["{model}"])),
+    models: &REAL_TOKENIZERS,
+    plants: &["no-post-processor"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(tokenize::run(t.model, &g.open_index(t)?)),
     ..BASE
 };
 
@@ -315,8 +371,21 @@ pub static L3: Gate = Gate {
 };
 
 /// Every gate, in the order `harness parity` runs them.
-pub static GATES: [&Gate; 11] = [
-    &RUNTIME, &L1, &KV_BITS, &BATCH, &SPEC, &DETOK, &TRAIN, &SAMPLING, &L2, &SPEC_L2, &L3,
+pub static GATES: [&Gate; 14] = [
+    &RUNTIME,
+    &L1,
+    &L1_VOCAB,
+    &KV_BITS,
+    &BATCH,
+    &SPEC,
+    &DETOK,
+    &DETOK_REAL,
+    &TOKENIZE,
+    &TRAIN,
+    &SAMPLING,
+    &L2,
+    &SPEC_L2,
+    &L3,
 ];
 
 fn boxed<R: Report>(report: Result<R>) -> Result<Box<dyn Report>> {
@@ -460,7 +529,8 @@ pub struct Registered {
 /// own engine (`harness freeze-perf-oracle`), so they are not regenerated from here.
 pub fn registry() -> Vec<Registered> {
     let mut out: Vec<Registered> = Vec::new();
-    for m in GATES.iter().flat_map(|g| g.models.iter().chain(g.fixtures)) {
+    let model_gates = GATES.iter().filter(|g| !g.on_fixtures);
+    for m in model_gates.flat_map(|g| g.models.iter().chain(g.fixtures)) {
         let name = format!("models/{m}");
         if out.iter().any(|r| r.name == name) {
             continue;

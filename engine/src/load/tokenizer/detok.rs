@@ -93,13 +93,14 @@ impl Table {
             Kind::Bpe => Table::Bpe(strings().collect()),
             Kind::Spm { .. } => Table::Spm(
                 strings()
-                    .map(|t| match t.strip_prefix("<0x").and_then(|h| h.get(..2)) {
-                        // Byte tokens carry their value in hex.
-                        Some(hex) if t.len() == 6 => match u8::from_str_radix(hex, 16) {
-                            Ok(b) => vec![b],
-                            Err(_) => t.into_bytes(),
-                        },
-                        _ => t.into_bytes(),
+                    .map(|t| {
+                        // Byte tokens carry their value in hex: as mlx-lm reads them, any
+                        // token starting "<0x" is the byte of its next two characters.
+                        let hex = t.strip_prefix("<0x").and_then(|h| h.get(..2));
+                        match hex.map(|h| u8::from_str_radix(h, 16)) {
+                            Some(Ok(b)) => vec![b],
+                            _ => t.into_bytes(),
+                        }
                     })
                     .collect(),
             ),
@@ -242,7 +243,9 @@ impl<'t> StreamingDetokenizer<'t> {
             return;
         }
         let mut text = spaced;
-        if self.text.is_empty() && *trim_space && text.starts_with(' ') {
+        // Planted: the leading space is kept where mlx-lm trims it.
+        let trim = *trim_space && !crate::plant::is(crate::plant::Defect::SpmKeepsLeadingSpace);
+        if self.text.is_empty() && trim && text.starts_with(' ') {
             text.remove(0);
         }
         unflushed.clear();
