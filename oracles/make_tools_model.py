@@ -130,6 +130,15 @@ def tool_result(city: str) -> str:
     return json.dumps({"city": city, "sky": sky, "celsius": deg}, ensure_ascii=False)
 
 
+def final_answer(city: str) -> str:
+    sky, deg = CITIES[city]
+    return f"It is {sky} in {city}, {deg} degrees."
+
+
+def call_reasoning(city: str) -> str:
+    return f"The user wants the weather in {city}, so I call get_weather."
+
+
 def exchanges() -> list[dict]:
     """Each: messages, tools, enable_thinking (None: not passed) and the answer the model must
     give (everything it generates before <|im_end|>)."""
@@ -139,11 +148,11 @@ def exchanges() -> list[dict]:
         ask = [{"role": "user", "content": weather_question(city)}]
         answered = ask + [{"role": "assistant", "content": "", "tool_calls": [tool_call(city)]},
                           {"role": "tool", "tool_call_id": "call_1", "content": tool_result(city)}]
-        final = f"It is {sky} in {city}, {deg} degrees."
+        final = final_answer(city)
         out += [
             {"messages": ask, "tools": [WEATHER_TOOL], "thinking": False, "answer": call},
             {"messages": ask, "tools": [WEATHER_TOOL], "thinking": True,
-             "answer": f"<think>\nThe user wants the weather in {city}, so I call get_weather.\n</think>\n\n{call}"},
+             "answer": f"<think>\n{call_reasoning(city)}\n</think>\n\n{call}"},
             {"messages": answered, "tools": [WEATHER_TOOL], "thinking": False, "answer": final},
             {"messages": answered, "tools": [WEATHER_TOOL], "thinking": True,
              "answer": f"<think>\nThe tool says {city} is {sky}.\n</think>\n\n{final}"},

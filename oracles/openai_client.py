@@ -1,12 +1,13 @@
 """The official `openai` Python client against a running `engine serve` (or mlx_lm.server):
 chat, streaming chat (with usage), completions, logprobs, stop, and error handling.
 
-    oracles/.venv/bin/python oracles/openai_client.py --base-url http://127.0.0.1:PORT/v1
+    oracles/.venv/bin/python oracles/openai_client.py --base-url http://127.0.0.1:PORT/v1 [--agent]
 
 Prints one line per check and exits non-zero if any fails. Expects the tiny trained model
 (goldens/models/tiny-llama-trained), which answers "What color is the sky?" with
 "The sky is blue." (five tokens, and the EOS that ends them: completion_tokens 6, as
-mlx_lm.server counts).
+mlx_lm.server counts). With `--agent` it runs the agent exchange of openai_agent.py instead,
+against goldens/models/tiny-qwen3-tools.
 """
 
 import argparse
@@ -27,8 +28,15 @@ def check(name, cond, detail=""):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
+    ap.add_argument("--agent", action="store_true", help="the tool-calling exchange (tiny-qwen3-tools)")
+    ap.add_argument("--model", help="the model id to ask for (default: the first of /v1/models)")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="not-needed", max_retries=0, timeout=60)
+    if args.agent:
+        import openai_agent
+
+        openai_agent.run(client, check, args.model)
+        finish()
     sky = [{"role": "user", "content": "What color is the sky?"}]
 
     models = client.models.list()
@@ -69,6 +77,10 @@ def main() -> None:
     except openai.BadRequestError as e:
         check("bad request raises BadRequestError", e.status_code == 400 and "max_tokens" in str(e), e.status_code)
 
+    finish()
+
+
+def finish():
     print(f"openai {openai.__version__}: {'all checks passed' if not FAILED else 'FAILED: ' + ', '.join(FAILED)}")
     sys.exit(1 if FAILED else 0)
 

@@ -1,10 +1,16 @@
 """The same greedy requests to two OpenAI-compatible servers — `engine serve` and
-`mlx_lm.server` on the same model — compared field by field: the text, every streamed chunk
-of text, finish_reason and token counts.
+`mlx_lm.server` on the same model — compared field by field.
 
-    oracles/.venv/bin/python oracles/serve_diff.py --ours URL --peer URL --model DIR [--plant]
+    oracles/.venv/bin/python oracles/serve_diff.py --ours URL --peer URL --model DIR \
+        [--suite basic|tools] [--plant]
 
-`--plant` asks our server for at most 4 tokens (the check must then fail).
+`--suite basic` (the default): plain chat and completion requests; the text, every streamed
+chunk of text, finish_reason, token counts and log-probabilities are compared.
+`--suite tools` (models/tiny-qwen3-tools, oracles/serve_diff_tools.py): tool calling and
+reasoning; whole responses and whole streamed chunk sequences are compared, all fields but
+the ones that differ by design (see serve_diff_tools.normalize).
+`--plant` perturbs our side (basic: at most 4 tokens; tools: the request loses its `tools`
+and `chat_template_kwargs`): the check must then fail.
 Prints one line per request and exits non-zero on any difference.
 """
 
@@ -77,8 +83,13 @@ def main() -> int:
     ap.add_argument("--ours", required=True)
     ap.add_argument("--peer", required=True)
     ap.add_argument("--model", required=True, help="the model directory both servers serve")
+    ap.add_argument("--suite", choices=["basic", "tools"], default="basic")
     ap.add_argument("--plant", action="store_true")
     args = ap.parse_args()
+    if args.suite == "tools":
+        import serve_diff_tools
+
+        return serve_diff_tools.run(args.ours, args.peer, args.model, args.plant)
     failed = 0
     cases = []
     for p in PROMPTS:
