@@ -166,7 +166,14 @@ impl Worker {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return None;
         };
-        let mut emit = Emitter::new(&self.limits, &self.tokenizer, &request, out);
+        let max_tokens = request.max_tokens.min(self.context - prompt.len());
+        let mut emit = Emitter::new(
+            &self.limits,
+            &self.tokenizer,
+            &request,
+            out,
+            self.shape(&prompt, max_tokens),
+        );
         if emit.check() {
             emit.end_cut(&self.counters);
             return None;
@@ -187,7 +194,6 @@ impl Worker {
         };
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
-        let max_tokens = request.max_tokens.min(self.context - prompt.len());
         let row = Row {
             emit,
             dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),

@@ -19,6 +19,9 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::{OwnedPermit, Sender};
 
 use super::error::ApiError;
+use super::tools::machine::{Machine, State};
+use super::tools::split::{Delta, Splitter};
+use super::tools::Markers;
 use super::{Counters, Limits};
 use crate::generate::stop::TextStream;
 use crate::generate::{Finish, Flow};
@@ -39,13 +42,16 @@ pub enum Event {
     Started {
         prompt_tokens: usize,
     },
+    /// One streamed chunk's worth: content, reasoning, tool calls (`tools::split`).
     Text {
-        text: String,
+        delta: Delta,
         logprobs: Vec<TokenLogprob>,
     },
     Done {
         finish_reason: &'static str,
         usage: Usage,
+        /// What the last chunk carries besides the finish reason.
+        last: Delta,
     },
     Failed(ApiError),
     /// Several events at once, in order (what a slow client had not taken yet, then the
@@ -240,6 +246,15 @@ impl Outbox {
     }
 }
 
+/// How a request's text is split (reasoning, tool calls, content) and when it ends.
+pub struct Shape<'a> {
+    pub markers: &'a Markers,
+    pub machine: &'a std::sync::Arc<Machine>,
+    pub prompt: &'a [u32],
+    /// The request's token limit as its Decoder has it (its last token flushes the text).
+    pub max_tokens: usize,
+}
+
 pub struct Emitter<'t> {
     out: Option<Outbox>,
     limits: &'t Limits,
@@ -247,6 +262,9 @@ pub struct Emitter<'t> {
     tokenizer: &'t Tokenizer,
     /// Detokenizer and stop strings.
     text: TextStream<'t>,
+    /// Reasoning / tool-call / content split of the text.
+    split: Splitter,
+    max_tokens: usize,
     logprobs: bool,
     top_logprobs: usize,
     pub produced: Vec<u32>,
@@ -262,12 +280,22 @@ impl<'t> Emitter<'t> {
         tokenizer: &'t Tokenizer,
         request: &super::request::GenRequest,
         out: Outbox,
+        shape: Shape<'_>,
     ) -> Self {
+        // Chat prompts start in reasoning when the template opened a think block.
+        let (initial, tools) = match &request.prompt {
+            super::request::Prompt::Chat(c) => {
+                (shape.markers.initial_state(shape.prompt), c.tools.clone())
+            }
+            super::request::Prompt::Text(_) => (State::Normal, None),
+        };
         Emitter {
             out: Some(out),
             limits,
             tokenizer,
             text: TextStream::new(tokenizer, request.stop.iter().cloned()),
+            split: Splitter::new(shape.markers, shape.machine.clone(), tools, initial),
+            max_tokens: shape.max_tokens,
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             produced: Vec::new(),
@@ -333,18 +361,33 @@ impl<'t> Emitter<'t> {
             return Ok(Flow::Stop);
         }
         self.produced.push(id);
-        let (text, flow) = self
+        let (mut text, flow) = self
             .text
             .push(id)
             .map_err(|e| ApiError::server(e.to_string()))?;
+        // The answer's last token (its limit): mlx-lm finalizes the detokenizer and flushes
+        // the held text with it, in the same chunk.
+        let delta = if flow == Flow::Continue && self.produced.len() >= self.max_tokens {
+            let tail = self
+                .text
+                .finish(Finish::Length)
+                .map_err(|e| ApiError::server(e.to_string()))?;
+            text.push_str(&tail);
+            self.split.push_last(&text)
+        } else {
+            self.split.push(&text)
+        };
         let lp = if self.logprobs {
             vec![logprob(self.tokenizer, id, logprobs, self.top_logprobs)
                 .map_err(|e| ApiError::server(e.to_string()))?]
         } else {
             Vec::new()
         };
-        if !text.is_empty() || !lp.is_empty() {
-            self.push(Event::Text { text, logprobs: lp });
+        if delta.is_some() || !lp.is_empty() {
+            self.push(Event::Text {
+                delta: delta.unwrap_or_default(),
+                logprobs: lp,
+            });
         }
         Ok(flow)
     }
@@ -359,24 +402,31 @@ impl<'t> Emitter<'t> {
         cached_tokens: usize,
         counted: impl FnOnce(usize),
     ) -> Result<(), ApiError> {
-        let tail = self
-            .text
-            .finish(finish)
-            .map_err(|e| ApiError::server(e.to_string()))?;
-        if !tail.is_empty() {
-            self.push(Event::Text {
-                text: tail,
-                logprobs: Vec::<TokenLogprob>::new(),
-            });
+        // At EOS or a stop string mlx_lm.server drops what the detokenizer and the state
+        // machine still hold; at the limit it was flushed with the last token.
+        let stopped = finish != Finish::Length;
+        if !stopped && self.produced.len() < self.max_tokens {
+            let tail = self
+                .text
+                .finish(finish)
+                .map_err(|e| ApiError::server(e.to_string()))?;
+            if let Some(delta) = self.split.push_last(&tail) {
+                self.push(Event::Text {
+                    delta,
+                    logprobs: Vec::<TokenLogprob>::new(),
+                });
+            }
         }
+        let (last, made_tool_call) = self.split.finish(stopped);
         // mlx_lm.server counts the EOS token that ended the answer as generated.
         let completion_tokens = self.produced.len() + usize::from(finish == Finish::Eos);
         let done = Event::Done {
-            finish_reason: if finish == Finish::Length {
-                "length"
-            } else {
-                "stop"
+            finish_reason: match finish {
+                Finish::Length => "length",
+                _ if made_tool_call => "tool_calls",
+                _ => "stop",
             },
+            last,
             usage: Usage {
                 prompt_tokens,
                 completion_tokens,

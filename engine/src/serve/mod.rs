@@ -56,6 +56,11 @@ pub struct ServeArgs {
     /// A chat template (Jinja source) to use instead of the tokenizer's.
     #[arg(long)]
     pub chat_template: Option<String>,
+    /// Template kwargs for every chat request, as a JSON object (mlx_lm.server's
+    /// --chat-template-args), e.g. '{"enable_thinking": false}'; a request's
+    /// `chat_template_kwargs` go over them.
+    #[arg(long, default_value = "{}")]
+    pub chat_template_args: String,
     /// Prompt cache: how many entries (conversations' KV caches) to keep in RAM (0 = off).
     #[arg(long, default_value_t = 10)]
     pub prompt_cache_size: usize,
@@ -215,6 +220,22 @@ struct Config {
     drain_timeout: Duration,
     tokenizer: Arc<Tokenizer>,
     template: Option<ChatTemplate>,
+    /// The model's "tool_use" template, for requests with tools (transformers picks it).
+    tool_template: Option<ChatTemplate>,
+    /// Reasoning and tool-call markers (`tools::Markers`).
+    markers: Arc<tools::Markers>,
+    /// `--chat-template-args`.
+    template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// `--chat-template-args`: a JSON object.
+fn template_args(text: &str) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(o)) => Ok(o),
+        _ => anyhow::bail!(
+            "--chat-template-args must be a JSON object, e.g. '{{\"enable_thinking\": false}}'"
+        ),
+    }
 }
 
 impl Config {
@@ -245,6 +266,20 @@ impl Config {
             Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
             None => ChatTemplate::from_tokenizer(&tokenizer)?,
         };
+        let names: Vec<&str> = tokenizer.chat_template_names().collect();
+        let tool_template = match (&args.chat_template, names.contains(&"tool_use")) {
+            (None, true) => Some(ChatTemplate::named(&tokenizer, "tool_use")?),
+            _ => None,
+        };
+        // mlx-lm infers the tool parser from the template text when transformers exposes
+        // one string (not a dict of named templates).
+        let template_text = match &args.chat_template {
+            Some(src) => Some(src.as_str()),
+            None if names == ["default"] => tokenizer.chat_template(),
+            None => None,
+        };
+        let markers = Arc::new(tools::Markers::detect(&tokenizer, template_text)?);
+        let template_kwargs = template_args(&args.chat_template_args)?;
         anyhow::ensure!(
             args.draft_model.is_none() || args.num_draft_tokens >= 1,
             "--num-draft-tokens must be at least 1"
@@ -257,6 +292,9 @@ impl Config {
             drain_timeout,
             tokenizer,
             template,
+            tool_template,
+            markers,
+            template_kwargs,
         })
     }
 }
@@ -264,6 +302,7 @@ impl Config {
 /// What the model thread shares with the HTTP side.
 struct Shared {
     tokenizer: Arc<Tokenizer>,
+    markers: Arc<tools::Markers>,
     counters: Arc<Counters>,
     limits: Arc<Limits>,
     /// The prompt store's numbers, for /stats.
@@ -275,6 +314,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = Config::from_args(&args)?;
     let shared = Shared {
         tokenizer: config.tokenizer.clone(),
+        markers: config.markers.clone(),
         counters: Arc::new(Counters::default()),
         limits: config.limits.clone(),
         mirror: store::StatsMirror {
@@ -375,6 +415,8 @@ fn load_worker(
         model,
         draft,
         tokenizer: shared.tokenizer,
+        markers: shared.markers.clone(),
+        machine: Arc::new(shared.markers.machine()),
         opts,
         context,
         prefill_step: args.prefill_step_size.max(1),
@@ -442,6 +484,7 @@ fn app_state(
             min_p: args.min_p,
             context,
             vocab,
+            template_kwargs: config.template_kwargs,
         },
         jobs: Mutex::new(Some(jobs)),
         counters,
@@ -458,6 +501,8 @@ fn app_state(
         encoder: Arc::new(worker::Encoder {
             tokenizer: config.tokenizer,
             template: config.template,
+            tool_template: config.tool_template,
+            markers: config.markers,
             context,
             vocab,
         }),

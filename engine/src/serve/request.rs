@@ -6,7 +6,6 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 use crate::generate::sampler::SamplingParams;
-use crate::load::template::Message;
 
 /// Server-wide defaults a request may override (mlx_lm.server's flags).
 #[derive(Debug, Clone)]
@@ -20,13 +19,30 @@ pub struct Defaults {
     pub context: usize,
     /// The model's vocabulary (logits width): token ids and k's are checked against it.
     pub vocab: usize,
+    /// `--chat-template-args`: template kwargs every chat request starts from.
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// What the prompt is: chat turns (rendered with the chat template) or raw text.
 #[derive(Debug, Clone)]
 pub enum Prompt {
-    Chat(Vec<Message>),
+    Chat(Box<Chat>),
     Text(String),
+}
+
+/// A chat request's conversation as mlx_lm.server hands it to `apply_chat_template`: the
+/// messages as the client sent them (content parts joined into text, a missing content
+/// made "", tool-call arguments given as JSON strings parsed), the tools, and the template
+/// kwargs of the request (`chat_template_kwargs`, over `--chat-template-args`).
+#[derive(Debug, Clone, Default)]
+pub struct Chat {
+    pub messages: Vec<Value>,
+    /// None when absent or empty (`body.get("tools") or None`).
+    pub tools: Option<Value>,
+    /// apply_chat_template's own parameters, when chat_template_kwargs names them.
+    pub documents: Option<Value>,
+    pub continue_final_message: bool,
+    pub kwargs: Map<String, Value>,
 }
 
 /// A validated generation request.
@@ -104,11 +120,13 @@ impl Body<'_> {
     }
 }
 
-/// Text of a message's `content`: a string, or OpenAI's list of `{type: "text", text}` parts.
-fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
+/// `process_message_content`: a list of `{type: "text", text}` parts becomes their text
+/// joined (any other part is refused), a missing or null content becomes "".
+fn content_text(v: Option<&Value>, field: &str) -> Result<Value, ApiError> {
     match v {
-        Value::String(s) => Ok(s.clone()),
-        Value::Array(parts) => {
+        None | Some(Value::Null) => Ok(Value::String(String::new())),
+        Some(Value::String(s)) => Ok(Value::String(s.clone())),
+        Some(Value::Array(parts)) => {
             let mut text = String::new();
             for (j, part) in parts.iter().enumerate() {
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
@@ -121,17 +139,50 @@ fn content_text(v: &Value, field: &str) -> Result<String, ApiError> {
                     }
                 }
             }
-            Ok(text)
+            Ok(Value::String(text))
         }
-        Value::Null => Ok(String::new()),
-        _ => Err(ApiError::field(
+        Some(_) => Err(ApiError::field(
             field,
             "content must be a string or a list of text parts",
         )),
     }
 }
 
-fn messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+/// An assistant message's `tool_calls`: a list of objects whose `function.arguments`, when
+/// a JSON string (as OpenAI clients send them back), is parsed for the template.
+fn tool_calls(v: &mut Value, field: &str) -> Result<(), ApiError> {
+    let bad = |f: &str, m: &str| Err(ApiError::field(f, m.to_owned()));
+    let Some(list) = v.as_array_mut() else {
+        return bad(field, "tool_calls must be a list of objects");
+    };
+    for (j, call) in list.iter_mut().enumerate() {
+        let at = format!("{field}[{j}]");
+        let Some(call) = call.as_object_mut() else {
+            return bad(&at, "a tool call must be an object");
+        };
+        let Some(function) = call.get_mut("function").filter(|f| !f.is_null()) else {
+            continue;
+        };
+        let Some(function) = function.as_object_mut() else {
+            return bad(&format!("{at}.function"), "function must be an object");
+        };
+        if let Some(Value::String(args)) = function.get("arguments") {
+            if args.is_empty() {
+                continue;
+            }
+            let parsed: Value = serde_json::from_str(args).map_err(|e| {
+                ApiError::field(
+                    &format!("{at}.function.arguments"),
+                    format!("arguments is not valid JSON: {e}"),
+                )
+            })?;
+            function.insert("arguments".into(), parsed);
+        }
+    }
+    Ok(())
+}
+
+fn messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     let list = v
         .and_then(Value::as_array)
         .ok_or_else(|| ApiError::field("messages", "messages must be a non-empty list"))?;
@@ -144,6 +195,9 @@ fn messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
     list.iter()
         .enumerate()
         .map(|(i, m)| {
+            let mut m = m.as_object().cloned().ok_or_else(|| {
+                ApiError::field(&format!("messages[{i}]"), "a message must be an object")
+            })?;
             let role = m.get("role").and_then(Value::as_str).ok_or_else(|| {
                 ApiError::field(&format!("messages[{i}].role"), "role must be a string")
             })?;
@@ -156,13 +210,131 @@ fn messages(v: Option<&Value>) -> Result<Vec<Message>, ApiError> {
                     ),
                 ));
             }
-            let content = content_text(
-                m.get("content").unwrap_or(&Value::Null),
-                &format!("messages[{i}].content"),
-            )?;
-            Ok(Message::new(role, &content))
+            let content = content_text(m.get("content"), &format!("messages[{i}].content"))?;
+            m.insert("content".into(), content);
+            for key in ["tool_call_id", "name", "reasoning_content", "reasoning"] {
+                if m.get(key).is_some_and(|v| !v.is_string() && !v.is_null()) {
+                    return Err(ApiError::field(
+                        &format!("messages[{i}].{key}"),
+                        format!("{key} must be a string"),
+                    ));
+                }
+            }
+            if let Some(calls) = m.get_mut("tool_calls").filter(|c| !c.is_null()) {
+                tool_calls(calls, &format!("messages[{i}].tool_calls"))?;
+            }
+            Ok(Value::Object(m))
         })
         .collect()
+}
+
+/// `tools`: a list of `{"type": "function", "function": {"name", "description",
+/// "parameters"}}`; None when absent or empty, as mlx_lm.server reads it.
+fn tools(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+    let Some(v) = v else {
+        return Ok(None);
+    };
+    let list = v
+        .as_array()
+        .ok_or_else(|| ApiError::field("tools", "tools must be a list of tool objects"))?;
+    for (i, tool) in list.iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let tool = tool
+            .as_object()
+            .ok_or_else(|| ApiError::field(&at, "a tool must be an object"))?;
+        if let Some(t) = tool.get("type") {
+            if t.as_str() != Some("function") {
+                return Err(ApiError::field(
+                    &format!("{at}.type"),
+                    "only tools of type \"function\" are supported",
+                ));
+            }
+        }
+        let function = tool
+            .get("function")
+            .and_then(Value::as_object)
+            .ok_or_else(|| {
+                ApiError::field(&format!("{at}.function"), "function must be an object")
+            })?;
+        if !function.get("name").is_some_and(Value::is_string) {
+            return Err(ApiError::field(
+                &format!("{at}.function.name"),
+                "the function's name must be a string",
+            ));
+        }
+        if function
+            .get("parameters")
+            .is_some_and(|p| !p.is_object() && !p.is_null())
+        {
+            return Err(ApiError::field(
+                &format!("{at}.function.parameters"),
+                "parameters must be a JSON Schema object",
+            ));
+        }
+    }
+    Ok((!list.is_empty()).then(|| v.clone()))
+}
+
+/// `tool_choice`: read and ignored, as mlx_lm.server ignores it (the model decides).
+fn tool_choice(v: Option<&Value>) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Object(_)) => Ok(()),
+        Some(Value::String(s)) if ["auto", "none", "required"].contains(&s.as_str()) => Ok(()),
+        Some(_) => Err(ApiError::field(
+            "tool_choice",
+            "tool_choice must be \"auto\", \"none\", \"required\" or an object",
+        )),
+    }
+}
+
+/// The template kwargs: `--chat-template-args`, then the request's `chat_template_kwargs`
+/// over them; apply_chat_template's own `documents` and `continue_final_message` are taken
+/// out, and the names it passes itself are refused.
+fn template_kwargs(
+    chat: &mut Chat,
+    v: Option<&Value>,
+    defaults: &Map<String, Value>,
+) -> Result<(), ApiError> {
+    let field = "chat_template_kwargs";
+    let mut kwargs = defaults.clone();
+    match v {
+        None => {}
+        Some(Value::Object(o)) => kwargs.extend(o.clone()),
+        Some(_) => {
+            return Err(ApiError::field(
+                field,
+                "chat_template_kwargs must be an object",
+            ))
+        }
+    }
+    for reserved in [
+        "messages",
+        "conversation",
+        "tools",
+        "add_generation_prompt",
+        "tokenize",
+        "chat_template",
+    ] {
+        if kwargs.contains_key(reserved) {
+            return Err(ApiError::field(
+                field,
+                format!("chat_template_kwargs may not set `{reserved}` (the server passes it)"),
+            ));
+        }
+    }
+    chat.documents = kwargs.remove("documents").filter(|d| !d.is_null());
+    chat.continue_final_message = match kwargs.remove("continue_final_message") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => b,
+        Some(_) => {
+            return Err(ApiError::field(
+                field,
+                "continue_final_message must be a boolean",
+            ))
+        }
+    };
+    chat.kwargs = kwargs;
+    Ok(())
 }
 
 fn stop_words(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
@@ -213,7 +385,14 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))?;
     let b = Body(map);
     let prompt = if chat {
-        Prompt::Chat(messages(b.get("messages"))?)
+        let mut c = Chat {
+            messages: messages(b.get("messages"))?,
+            tools: tools(b.get("tools"))?,
+            ..Chat::default()
+        };
+        tool_choice(b.get("tool_choice"))?;
+        template_kwargs(&mut c, b.get("chat_template_kwargs"), &d.template_kwargs)?;
+        Prompt::Chat(Box::new(c))
     } else {
         match b.get("prompt") {
             Some(Value::String(s)) => Prompt::Text(s.clone()),

@@ -22,6 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::emit::{Event, TokenLogprob, EVENT_SLOTS};
 use super::error::ApiError;
 use super::request::{self, GenRequest};
+use super::tools::split::Delta;
 use super::worker::{prompt_bytes, Job, QueueSlot};
 use super::AppState;
 
@@ -133,13 +134,17 @@ struct Meta {
 }
 
 impl Meta {
+    /// One response body or streamed chunk, shaped as mlx_lm.server's generate_response:
+    /// `content` (null in a whole answer without text), `reasoning` and `tool_calls` when
+    /// there are any (streamed calls keep their `index`).
     fn chunk(
         &self,
-        text: &str,
+        delta: &Delta,
         finish: Option<&str>,
         logprobs: &[TokenLogprob],
         stream: bool,
     ) -> Value {
+        let text = delta.text.as_str();
         let mut choice = json!({"index": 0, "finish_reason": finish});
         if self.chat {
             let key = if stream { "delta" } else { "message" };
@@ -150,6 +155,20 @@ impl Meta {
                 } else {
                     json!(text)
                 };
+            }
+            if !delta.reasoning.is_empty() {
+                msg["reasoning"] = json!(delta.reasoning);
+            }
+            if !delta.tool_calls.is_empty() {
+                let mut calls = delta.tool_calls.clone();
+                if !stream {
+                    for c in &mut calls {
+                        if let Some(o) = c.as_object_mut() {
+                            o.remove("index");
+                        }
+                    }
+                }
+                msg["tool_calls"] = Value::Array(calls);
             }
             choice[key] = msg;
         } else {
@@ -283,22 +302,26 @@ async fn respond_whole(
     mut events: impl futures_util::Stream<Item = Event> + Unpin,
     meta: Meta,
 ) -> Result<Response, ApiError> {
-    let mut text = String::new();
+    let mut whole = Delta::default();
     let mut logprobs = Vec::new();
+    let mut add = |d: Delta| {
+        whole.text.push_str(&d.text);
+        whole.reasoning.push_str(&d.reasoning);
+        whole.tool_calls.extend(d.tool_calls);
+    };
     while let Some(ev) = events.next().await {
         match ev {
-            Event::Text {
-                text: t,
-                logprobs: l,
-            } => {
-                text.push_str(&t);
+            Event::Text { delta, logprobs: l } => {
+                add(delta);
                 logprobs.extend(l);
             }
             Event::Done {
                 finish_reason,
                 usage,
+                last,
             } => {
-                let mut body = meta.chunk(&text, Some(finish_reason), &logprobs, false);
+                add(last);
+                let mut body = meta.chunk(&whole, Some(finish_reason), &logprobs, false);
                 body["usage"] = usage.json();
                 return Ok(Json(body).into_response());
             }
@@ -318,17 +341,18 @@ fn respond_streamed(
 ) -> Response {
     let events = events.flat_map(move |ev| {
         let data: Vec<Value> = match ev {
-            Event::Text { text, logprobs } => vec![meta.chunk(&text, None, &logprobs, true)],
+            Event::Text { delta, logprobs } => vec![meta.chunk(&delta, None, &logprobs, true)],
             Event::Done {
                 finish_reason,
                 usage,
+                last,
             } => {
                 let u = usage.json();
-                let mut last = meta.chunk("", Some(finish_reason), &[], true);
+                let mut last = meta.chunk(&last, Some(finish_reason), &[], true);
                 last["usage"] = u.clone();
                 let mut out = vec![last];
                 if include_usage {
-                    let mut only = meta.chunk("", None, &[], true);
+                    let mut only = meta.chunk(&Delta::default(), None, &[], true);
                     only["choices"] = json!([]);
                     only["usage"] = u;
                     out.push(only);

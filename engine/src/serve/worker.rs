@@ -17,14 +17,16 @@ use tokio::sync::mpsc::Sender;
 
 use super::emit::{Emitter, Event, Outbox};
 use super::error::ApiError;
-use super::request::{GenRequest, Prompt};
+use super::request::{Chat, GenRequest, Prompt};
 use super::store::PromptStore;
+use super::tools::machine::Machine;
+use super::tools::Markers;
 use super::{Counters, Limits};
 use crate::generate::decode::Decoder;
 use crate::generate::drafter::Decode;
 use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Session, SessionOptions};
-use crate::load::template::ChatTemplate;
+use crate::load::template::{ChatTemplate, RenderArgs};
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
 
@@ -72,6 +74,10 @@ impl Drop for QueueSlot {
 pub struct Encoder {
     pub tokenizer: Arc<Tokenizer>,
     pub template: Option<ChatTemplate>,
+    /// The model's "tool_use" template, for requests with tools.
+    pub tool_template: Option<ChatTemplate>,
+    /// Reasoning and tool-call markers (the thinking kwarg's default, the tool format).
+    pub markers: Arc<Markers>,
     pub context: usize,
     /// The model's vocabulary: a prompt id past it is refused.
     pub vocab: usize,
@@ -80,15 +86,10 @@ pub struct Encoder {
 impl Encoder {
     pub fn encode(&self, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
         let (ids, field) = match prompt {
-            Prompt::Chat(messages) => {
-                let template = self.template.as_ref().ok_or_else(|| {
-                    ApiError::invalid("this model has no chat template; use /v1/completions")
-                })?;
-                let rendered = template
-                    .render(messages, true)
-                    .map_err(|e| ApiError::field("messages", e.to_string()))?;
-                (self.tokenizer.encode(&rendered, false), "messages")
-            }
+            Prompt::Chat(chat) => (
+                self.tokenizer.encode(&self.render(chat)?, false),
+                "messages",
+            ),
             Prompt::Text(text) => (self.tokenizer.encode(text, true), "prompt"),
         };
         let ids = ids.map_err(|e| ApiError::field(field, e.to_string()))?;
@@ -110,11 +111,60 @@ impl Encoder {
     }
 }
 
+impl Encoder {
+    /// The chat prompt as mlx_lm.server renders it: apply_chat_template with the tools,
+    /// add_generation_prompt, the kwargs, and `enable_thinking` defaulting to whether the
+    /// model has thinking markers.
+    fn render(&self, chat: &Chat) -> Result<String, ApiError> {
+        if let (Some(_), Some(family)) = (&chat.tools, self.markers.tools) {
+            if !family.supported() {
+                return Err(ApiError::field(
+                    "tools",
+                    format!(
+                        "this model's tool-call format ({}) is not supported by this engine; \
+                         send the request without tools",
+                        family.name()
+                    ),
+                ));
+            }
+        }
+        let template = match (&chat.tools, &self.tool_template) {
+            (Some(_), Some(t)) => Some(t),
+            _ => self.template.as_ref(),
+        };
+        let template = template.ok_or_else(|| {
+            ApiError::invalid("this model has no chat template; use /v1/completions")
+        })?;
+        let mut kwargs = chat.kwargs.clone();
+        kwargs
+            .entry("enable_thinking")
+            .or_insert(serde_json::Value::Bool(self.markers.thinking_default()));
+        let args = RenderArgs {
+            tools: chat.tools.clone(),
+            documents: chat.documents.clone(),
+            add_generation_prompt: true,
+            continue_final_message: chat.continue_final_message,
+            kwargs,
+        };
+        template
+            .render_json(&chat.messages, &args)
+            .map_err(|e| ApiError::field("messages", e.to_string()))
+    }
+}
+
 /// Text bytes of a prompt (big prompts take turns being encoded).
 pub fn prompt_bytes(prompt: &Prompt) -> usize {
     match prompt {
         Prompt::Text(t) => t.len(),
-        Prompt::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+        Prompt::Chat(chat) => {
+            let strings: usize = chat
+                .messages
+                .iter()
+                .filter_map(|m| m.get("content").and_then(serde_json::Value::as_str))
+                .map(str::len)
+                .sum();
+            strings + chat.tools.as_ref().map_or(0, |t| t.to_string().len())
+        }
     }
 }
 
@@ -127,6 +177,9 @@ pub struct Worker {
     /// caches follow the model's in every prompt-cache entry (as mlx_lm.server keeps them).
     pub draft: Option<(crate::generate::drafter::Drafter, usize)>,
     pub tokenizer: Arc<Tokenizer>,
+    /// Reasoning and tool-call markers, and their state machine (shared by every request).
+    pub markers: Arc<Markers>,
+    pub machine: Arc<Machine>,
     pub opts: SessionOptions,
     pub context: usize,
     pub prefill_step: usize,
@@ -272,7 +325,15 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         };
-        let mut emit = Emitter::new(&self.limits, &self.tokenizer, &request, out);
+        // Never past the context.
+        let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
+        let mut emit = Emitter::new(
+            &self.limits,
+            &self.tokenizer,
+            &request,
+            out,
+            self.shape(&prompt_ids, max_tokens),
+        );
         if emit.check() {
             emit.end_cut(&self.counters);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
@@ -286,8 +347,6 @@ impl Worker {
             }
         };
         emit.started(prompt_ids.len());
-        // Never past the context.
-        let max_tokens = request.max_tokens.min(self.context - prompt_ids.len());
         let (mut caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
@@ -422,6 +481,20 @@ impl Worker {
             ),
         }
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// How a request's output is split and limited (its Emitter's `Shape`).
+    pub(super) fn shape<'a>(
+        &'a self,
+        prompt: &'a [u32],
+        max_tokens: usize,
+    ) -> super::emit::Shape<'a> {
+        super::emit::Shape {
+            markers: &self.markers,
+            machine: &self.machine,
+            prompt,
+            max_tokens,
+        }
     }
 
     /// The model's caches, then the drafter's (if any): one prompt-cache entry holds both.
