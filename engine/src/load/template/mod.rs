@@ -129,6 +129,40 @@ fn trim_filter(value: Value, chars: Option<String>) -> Result<Value, Error> {
     Ok(Value::from(py_strip(&s, "strip", chars.as_deref())))
 }
 
+/// Jinja's `replace(s, old, new, count=None)` (minijinja's takes no count).
+fn replace_filter(value: Value, old: &str, new: &str, count: Option<i64>) -> Result<Value, Error> {
+    let s = pyjson::python_str(&value)?;
+    Ok(Value::from(match count {
+        Some(n) if n >= 0 => s.replacen(old, new, n as usize),
+        _ => s.replace(old, new),
+    }))
+}
+
+/// Jinja's `round(value, precision=0, method='common')`: Python's `round` (ties to even)
+/// for "common", else math.ceil / math.floor at that precision.
+fn round_filter(
+    value: Value,
+    precision: Option<i32>,
+    method: Option<&str>,
+) -> Result<Value, Error> {
+    let precision = precision.unwrap_or(0);
+    let method = method.unwrap_or("common");
+    if value.is_integer() && method == "common" {
+        return Ok(value);
+    }
+    let x = f64::try_from(value)?;
+    let scale = 10f64.powi(precision);
+    Ok(Value::from(match method {
+        "common" if precision == 0 => x.round_ties_even(),
+        "common" => format!("{x:.*}", precision.max(0) as usize)
+            .parse()
+            .unwrap_or(x),
+        "ceil" => (x * scale).ceil() / scale,
+        "floor" => (x * scale).floor() / scale,
+        _ => return Err(invalid("method must be 'common', 'ceil' or 'floor'")),
+    }))
+}
+
 fn string_filter(value: Value) -> Result<Value, Error> {
     pyjson::python_str(&value).map(Value::from)
 }
@@ -198,6 +232,8 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_filter("trim", trim_filter);
         env.add_filter("string", string_filter);
+        env.add_filter("replace", replace_filter);
+        env.add_filter("round", round_filter);
         env.add_template_owned("chat", generation_as_if(source))
             .map_err(template_error)?;
         Ok(ChatTemplate {

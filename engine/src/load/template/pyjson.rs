@@ -148,7 +148,7 @@ fn dump(value: &Value, options: &DumpOptions, level: usize, out: &mut String) ->
                 return Ok(());
             }
             if options.sort_keys {
-                keys.sort_by(|a, b| key_string(a).cmp(&key_string(b)));
+                keys.sort_by_key(key_string);
             }
             out.push('{');
             for (i, key) in keys.iter().enumerate() {
@@ -327,6 +327,7 @@ fn repr(value: &Value, out: &mut String) -> Result<(), Error> {
             }
             out.push('}');
         }
+        ValueKind::Undefined => out.push_str("Undefined"),
         _ => out.push_str(&python_str(value)?),
     }
     Ok(())
