@@ -5,7 +5,8 @@ the tool's result, as agent loops do, and the next answer is plain content. Non-
 (the returned message object appended as is) and streamed (the tool call assembled from its
 deltas by index, as agent frameworks do), plus a first turn with thinking on by default
 (reasoning beside the tool call). The model was trained on these exchanges
-(oracles/make_tools_model.py), so the answers are known exactly.
+(oracles/make_tools_model.py), so the answers are known exactly. With `plant` the requests
+carry an empty tools list (as a server that drops tools would render them): checks must fail.
 """
 
 import json
@@ -13,7 +14,12 @@ import json
 from make_tools_model import WEATHER_TOOL, call_reasoning, final_answer, tool_result, weather_question
 
 TOOLS = [WEATHER_TOOL]
+PLANTED = False
 THINKING_OFF = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+def tools():
+    return [] if PLANTED else TOOLS
 
 
 def ask(city):
@@ -36,14 +42,14 @@ def check_call(check, label, finish, calls, city):
 
 def plain(client, model, city, check):
     messages = ask(city)
-    r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, extra_body=THINKING_OFF)
+    r = client.chat.completions.create(model=model, messages=messages, tools=tools(), extra_body=THINKING_OFF)
     msg = r.choices[0].message
     calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
              for c in msg.tool_calls or []]
     call_id = check_call(check, "agent", r.choices[0].finish_reason, calls, city)
     check("agent: no text beside the call", not msg.content, repr(msg.content))
     messages += [msg, {"role": "tool", "tool_call_id": call_id, "content": tool_result(city)}]
-    r = client.chat.completions.create(model=model, messages=messages, tools=TOOLS, extra_body=THINKING_OFF)
+    r = client.chat.completions.create(model=model, messages=messages, tools=tools(), extra_body=THINKING_OFF)
     msg = r.choices[0].message
     check("agent: final answer after the tool result", msg.content == final_answer(city), repr(msg.content))
     check("agent: final finish_reason stop", r.choices[0].finish_reason == "stop" and not msg.tool_calls,
@@ -69,21 +75,21 @@ def collect(stream):
 def streamed(client, model, city, check):
     messages = ask(city)
     content, calls, finish = collect(client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, extra_body=THINKING_OFF, stream=True))
+        model=model, messages=messages, tools=tools(), extra_body=THINKING_OFF, stream=True))
     call_id = check_call(check, "agent stream", finish, calls, city)
     messages += [{"role": "assistant", "content": content or None,
                   "tool_calls": [{"id": c["id"], "type": "function",
                                   "function": {"name": c["name"], "arguments": c["arguments"]}} for c in calls]},
                  {"role": "tool", "tool_call_id": call_id, "content": tool_result(city)}]
     content, calls, finish = collect(client.chat.completions.create(
-        model=model, messages=messages, tools=TOOLS, extra_body=THINKING_OFF, stream=True))
+        model=model, messages=messages, tools=tools(), extra_body=THINKING_OFF, stream=True))
     check("agent stream: final answer after the tool result", content == final_answer(city), repr(content))
     check("agent stream: final finish_reason stop", finish == "stop" and not calls, finish)
 
 
 def thinking(client, model, city, check):
     """Thinking on (the template's default, as mlx_lm.server passes it): reasoning, then the call."""
-    r = client.chat.completions.create(model=model, messages=ask(city), tools=TOOLS)
+    r = client.chat.completions.create(model=model, messages=ask(city), tools=tools())
     msg = r.choices[0].message
     calls = [{"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
              for c in msg.tool_calls or []]
@@ -93,9 +99,11 @@ def thinking(client, model, city, check):
           and "<think>" not in (msg.content or ""), repr(reasoning))
 
 
-def run(client, check, model=None) -> None:
+def run(client, check, model=None, plant=False) -> None:
     """`check(name, cond, detail)` records each check (openai_client.check); `model` is the
     served model's id (default: the first one /v1/models lists)."""
+    global PLANTED
+    PLANTED = plant
     model = model or client.models.list().data[0].id
     plain(client, model, "Paris", check)
     streamed(client, model, "Tokyo", check)

@@ -30,12 +30,13 @@ def main() -> None:
     ap.add_argument("--base-url", required=True)
     ap.add_argument("--agent", action="store_true", help="the tool-calling exchange (tiny-qwen3-tools)")
     ap.add_argument("--model", help="the model id to ask for (default: the first of /v1/models)")
+    ap.add_argument("--plant", action="store_true", help="with --agent: send no tools (must fail)")
     args = ap.parse_args()
     client = OpenAI(base_url=args.base_url, api_key="not-needed", max_retries=0, timeout=60)
     if args.agent:
         import openai_agent
 
-        openai_agent.run(client, check, args.model)
+        openai_agent.run(client, check, args.model, args.plant)
         finish()
     sky = [{"role": "user", "content": "What color is the sky?"}]
 

@@ -1,8 +1,11 @@
 //! `harness serve-check`: `engine serve` on the built-in model, in this process on a free
 //! loopback port, checked by the official `openai` Python client (oracles/openai_client.py
-//! in the oracle venv). `harness serve-diff`: the same greedy requests to `engine serve` and
-//! `mlx_lm.server` on the same model, compared response by response and chunk by chunk
-//! (oracles/serve_diff.py), then once more with a planted difference that must be caught.
+//! in the oracle venv); then on models/tiny-qwen3-tools, an agent-style exchange with the
+//! same client (tool call, tool result, final answer; oracles/openai_agent.py).
+//! `harness serve-diff`: the same greedy requests to `engine serve` and `mlx_lm.server` on
+//! the same model, compared response by response and chunk by chunk (oracles/serve_diff.py;
+//! on tiny-qwen3-tools its tools suite: tool calls and reasoning), then once more with a
+//! planted difference that must be caught.
 
 use std::time::{Duration, Instant};
 
@@ -83,25 +86,57 @@ fn serve_in_process(model: &std::path::Path) -> Result<u16> {
     Ok(port)
 }
 
+/// The model the agent exchange of `serve-check` runs on (trained to call a tool).
+const TOOLS_MODEL: &str = "tiny-qwen3-tools";
+
+/// oracles/openai_client.py (with `extra` arguments) against our server on `port`; a
+/// `quiet` run prints nothing of its own.
+fn openai_client(port: u16, extra: &[&str], quiet: bool) -> Result<bool> {
+    let mut cmd = std::process::Command::new(harness::oracle::python());
+    cmd.arg(harness::oracle::repo_root().join("oracles/openai_client.py"))
+        .arg("--base-url")
+        .arg(format!("http://127.0.0.1:{port}/v1"))
+        .args(extra);
+    if quiet {
+        cmd.stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    }
+    Ok(cmd
+        .status()
+        .context("running oracles/openai_client.py")?
+        .success())
+}
+
 pub fn run() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
-    let port = serve_in_process(&model)?;
-    let status = std::process::Command::new(harness::oracle::python())
-        .arg(harness::oracle::repo_root().join("oracles/openai_client.py"))
-        .arg("--base-url")
-        .arg(format!("http://127.0.0.1:{port}/v1"))
-        .status()
-        .context("running oracles/openai_client.py")?;
-    if !status.success() {
-        bail!("the openai client checks failed");
+    println!("== {}: the openai client", super::DEFAULT_MODEL);
+    let basic = openai_client(serve_in_process(&model)?, &[], false)?;
+    // The first server stays up, idle, while the second one answers.
+    let tools = harness::goldens::model_dir(TOOLS_MODEL)?;
+    println!("== {TOOLS_MODEL}: an agent exchange with the openai client");
+    let port = serve_in_process(&tools)?;
+    let agent = openai_client(port, &["--agent"], false)?;
+    if openai_client(port, &["--agent", "--plant"], true)? {
+        bail!("the agent exchange's planted difference (requests without tools) was not caught");
     }
-    Ok(())
+    println!("planted difference caught");
+    match (basic, agent) {
+        (true, true) => Ok(()),
+        (false, true) => bail!("the openai client checks failed"),
+        (true, false) => bail!("the openai client's agent exchange failed"),
+        (false, false) => bail!("the openai client checks and its agent exchange failed"),
+    }
 }
 
-/// The models `serve-diff` compares on: the trained one (real answers, EOS stops) and an
-/// untrained Gemma 3 (special tokens and padding ids in its output).
-const DIFF_MODELS: [&str; 2] = ["tiny-llama-trained", "tiny-gemma3"];
+/// The models `serve-diff` compares on, with serve_diff.py's suite for each: the trained
+/// one (real answers, EOS stops), an untrained Gemma 3 (special tokens and padding ids in
+/// its output), and the tool-calling one (tool calls, tool results, reasoning).
+const DIFF_MODELS: [(&str, &str); 3] = [
+    ("tiny-llama-trained", "basic"),
+    ("tiny-gemma3", "basic"),
+    (TOOLS_MODEL, "tools"),
+];
 
 /// Kills the peer server when the diff ends, however it ends.
 struct Peer(std::process::Child);
@@ -117,7 +152,7 @@ pub fn diff() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
     let mut failed = Vec::new();
-    for name in DIFF_MODELS {
+    for (name, suite) in DIFF_MODELS {
         let model = harness::goldens::model_dir(name)?;
         let ours = serve_in_process(&model)?;
         let peer_port = free_port()?;
@@ -143,7 +178,8 @@ pub fn diff() -> Result<()> {
                 .args(["--ours", &format!("http://127.0.0.1:{ours}")])
                 .args(["--peer", &format!("http://127.0.0.1:{peer_port}")])
                 .arg("--model")
-                .arg(&model);
+                .arg(&model)
+                .args(["--suite", suite]);
             if plant {
                 cmd.arg("--plant").stdout(std::process::Stdio::null());
             }
@@ -157,7 +193,11 @@ pub fn diff() -> Result<()> {
             failed.push(name);
         }
         if compare(true)? {
-            bail!("{name}: the planted difference (our answers cut at 4 tokens) was not caught");
+            let planted = match suite {
+                "tools" => "our requests without tools and chat_template_kwargs",
+                _ => "our answers cut at 4 tokens",
+            };
+            bail!("{name}: the planted difference ({planted}) was not caught");
         }
         println!("planted difference caught");
         // Had the peer lost its port to someone else, it would have exited by now: the
