@@ -109,8 +109,9 @@ struct GenerateArgs {
     #[arg(long)]
     adapter_path: Option<PathBuf>,
     /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
-    /// model verifies (mlx_lm.generate's --draft-model).
-    #[arg(long)]
+    /// model verifies (mlx_lm.generate's --draft-model); a directory or a hub repo id, as
+    /// --model.
+    #[arg(long, value_parser = engine::load::hub::model_arg)]
     draft_model: Option<PathBuf>,
     /// Tokens drafted per verify pass (γ).
     #[arg(long, default_value_t = 2)]

@@ -116,6 +116,20 @@ fn generate_finds_a_repo_id_in_the_hub_cache() {
     assert_eq!(text(&generate("org/tiny-llama@trained", &env)), trained);
     let at_commit = format!("org/tiny-llama@{TRAINED}");
     assert_eq!(text(&generate(&at_commit, &env)), trained);
+    // --draft-model resolves the same way: speculation prints the target's greedy text.
+    add_to_cache(&hub, "org/draft", "tiny-llama-draft", MAIN, "main");
+    let target = goldens().join("tiny-llama-trained");
+    let mut args = vec!["generate", "--model", target.to_str().unwrap()];
+    args.extend(["--draft-model", "org/draft", "--ignore-chat-template"]);
+    args.extend([
+        "--prompt",
+        "The little robot",
+        "-m",
+        "12",
+        "--verbose",
+        "False",
+    ]);
+    assert_eq!(text(&engine(&args, &env)), trained);
     // HF_HUB_CACHE wins over HF_HOME: an empty HF_HUB_CACHE dir has no such repo.
     let empty = root.join("empty");
     std::fs::create_dir_all(&empty).unwrap();
