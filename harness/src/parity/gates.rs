@@ -289,6 +289,19 @@ pub static TOKENIZE: Gate = Gate {
     ..BASE
 };
 
+/// Chat templates vs transformers' apply_chat_template on the real tokenizers' templates
+/// and our own `pyisms` (`parity::templates`).
+pub static TEMPLATES: Gate = Gate {
+    name: "templates",
+    group: "templates",
+    generator: Some(("gen_templates.py", &["{model}"])),
+    models: &["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"],
+    plants: &["tojson-html-escape", "template-kwargs-dropped"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(super::templates::run(t.model, &g.open_index(t)?)),
+    ..BASE
+};
+
 pub static TRAIN: Gate = Gate {
     name: "train",
     group: "train",
@@ -371,7 +384,7 @@ pub static L3: Gate = Gate {
 };
 
 /// Every gate, in the order `harness parity` runs them.
-pub static GATES: [&Gate; 14] = [
+pub static GATES: [&Gate; 15] = [
     &RUNTIME,
     &L1,
     &L1_VOCAB,
@@ -381,6 +394,7 @@ pub static GATES: [&Gate; 14] = [
     &DETOK,
     &DETOK_REAL,
     &TOKENIZE,
+    &TEMPLATES,
     &TRAIN,
     &SAMPLING,
     &L2,

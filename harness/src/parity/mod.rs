@@ -16,6 +16,7 @@ pub mod runtime;
 pub mod sampling;
 pub mod spec;
 pub mod spec_l2;
+pub mod templates;
 pub mod tokenize;
 pub mod train;
 pub mod vocab;

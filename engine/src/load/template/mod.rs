@@ -19,6 +19,8 @@ use serde::Serialize;
 use super::tokenizer::Tokenizer;
 use super::LoadError;
 
+/// The time [`ChatTemplate::with_now`] pins (chrono's naive local date and time).
+pub use chrono::NaiveDateTime;
 pub use special::special_tokens_map;
 
 #[derive(Debug, Clone, Serialize)]
@@ -76,7 +78,7 @@ fn raise_exception(message: String) -> Result<Value, Error> {
 
 /// `datetime.strftime(format)` of a naive local time, as Python's (glibc's) strftime for
 /// the directives chrono shares with it.
-fn strftime(now: chrono::NaiveDateTime, format: &str) -> Result<String, Error> {
+fn strftime(now: NaiveDateTime, format: &str) -> Result<String, Error> {
     use chrono::format::{Item, StrftimeItems};
     use std::fmt::Write;
     let items: Vec<Item> = StrftimeItems::new(format).collect();
@@ -244,7 +246,7 @@ impl ChatTemplate {
     }
 
     /// `strftime_now` reads `now` instead of the clock (for reproducible renderings).
-    pub fn with_now(mut self, now: chrono::NaiveDateTime) -> Self {
+    pub fn with_now(mut self, now: NaiveDateTime) -> Self {
         self.env
             .add_function("strftime_now", move |format: &str| strftime(now, format));
         self
