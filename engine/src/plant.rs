@@ -29,10 +29,10 @@ pub enum Defect {
     /// `engine/tests/speculative.rs`.
     SpecTargetTrimShort,
     /// Chat templates: `tojson` HTML-escapes `<`, `>`, `&` and `'` as Jinja's own filter
-    /// does (transformers' does not). Caught by the template gate (`engine/tests/templates.rs`).
+    /// does (transformers' does not). Caught by the template gate (`tests/templates.rs`).
     TemplateTojsonEscapesHtml,
     /// Chat templates: the template kwargs (`enable_thinking`, …) never reach the template.
-    /// Caught by the template gate (`engine/tests/templates.rs`).
+    /// Caught by the template gate (`tests/templates.rs`).
     TemplateKwargsDropped,
     /// Assistant drafting: rotating caches roll back as mlx-lm's `trim` does (the write
     /// index moves, the stale tail stays). Caught by the L2 speculative gate against optiq
