@@ -228,3 +228,118 @@ impl Splitter {
         (delta, made)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen_markers() -> Markers {
+        Markers {
+            thinking: Some(super::super::Thinking {
+                start: "<think>".into(),
+                end: "</think>".into(),
+                start_ids: vec![1],
+                end_ids: vec![2],
+            }),
+            tools: Some(Family::JsonTools),
+            structural: Vec::new(),
+        }
+    }
+
+    fn splitter(m: &Markers, initial: State) -> Splitter {
+        Splitter::new(m, Arc::new(m.machine()), None, initial)
+    }
+
+    fn names(d: &Delta) -> Vec<(String, u64)> {
+        d.tool_calls
+            .iter()
+            .map(|c| {
+                let name = c["function"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                (name, c["index"].as_u64().unwrap_or(99))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn text_before_a_tool_call_waits_for_it_and_calls_count_up() {
+        let m = qwen_markers();
+        let mut s = splitter(&m, State::Normal);
+        assert_eq!(
+            s.push("Let me check. <tool").unwrap().text,
+            "Let me check. "
+        );
+        // Inside the call: nothing goes out.
+        assert_eq!(s.push("_call>{\"name\": \"a\", \"arguments\": {}}"), None);
+        let d = s
+            .push("</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {\"x\": 1}}</tool_call>")
+            .unwrap();
+        assert_eq!(names(&d), [("a".to_owned(), 0), ("b".to_owned(), 1)]);
+        assert_eq!(d.tool_calls[1]["function"]["arguments"], "{\"x\": 1}");
+        let (last, made) = s.finish(true);
+        assert!(made && last.is_empty());
+    }
+
+    #[test]
+    fn a_call_cut_off_at_eos_is_still_parsed_and_held_text_is_dropped() {
+        let m = qwen_markers();
+        let mut s = splitter(&m, State::Reasoning);
+        assert_eq!(s.push("hmm</think>").unwrap().reasoning, "hmm");
+        assert_eq!(
+            s.push("<tool_call>{\"name\": \"f\", \"arguments\": {}}"),
+            None
+        );
+        let (last, made) = s.finish(true);
+        assert!(made);
+        assert_eq!(names(&last), [("f".to_owned(), 0)]);
+        // A marker's start held at EOS is dropped; at the limit it is released.
+        let mut s = splitter(&m, State::Normal);
+        assert_eq!(s.push("ok <").unwrap().text, "ok ");
+        assert_eq!(s.finish(true).0, Delta::default());
+        let mut s = splitter(&m, State::Normal);
+        assert_eq!(s.push("ok ").unwrap().text, "ok ");
+        assert_eq!(s.push_last("<").unwrap().text, "<");
+    }
+
+    #[test]
+    fn an_unparsable_call_is_dropped_but_its_chunk_still_goes_out() {
+        let m = qwen_markers();
+        let mut s = splitter(&m, State::Normal);
+        assert_eq!(s.push("<tool_call>{broken"), None);
+        // mlx_lm.server sends the (now empty) chunk: the raw call text was pending.
+        assert_eq!(s.push("</tool_call>"), Some(Delta::default()));
+        assert!(
+            s.finish(true).1,
+            "a tool call was made, even if it did not parse"
+        );
+    }
+
+    #[test]
+    fn mistral_calls_run_to_the_end_of_the_answer() {
+        let m = Markers {
+            tools: Some(Family::Mistral),
+            ..Markers::default()
+        };
+        let mut s = splitter(&m, State::Normal);
+        assert_eq!(s.push("[TOOL_CALLS]get_weather[ARGS]{\"city\": "), None);
+        assert_eq!(s.push("\"Oslo\"}"), None);
+        let (last, made) = s.finish(true);
+        assert!(made);
+        assert_eq!(
+            last.tool_calls[0]["function"]["arguments"],
+            "{\"city\": \"Oslo\"}"
+        );
+    }
+
+    #[test]
+    fn the_reasoning_state_starts_where_the_prompt_left_a_think_block_open() {
+        let m = qwen_markers();
+        assert_eq!(m.initial_state(&[5, 1, 6]), State::Reasoning);
+        assert_eq!(m.initial_state(&[1, 6, 2, 7]), State::Normal);
+        assert_eq!(m.initial_state(&[1, 2, 1]), State::Reasoning);
+        assert_eq!(m.initial_state(&[5, 6]), State::Normal);
+        assert_eq!(Markers::default().initial_state(&[1]), State::Normal);
+    }
+}
