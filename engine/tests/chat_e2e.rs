@@ -1,41 +1,38 @@
 //! The chat page end to end in headless Chromium (Debian's `chromium`, or $CHROMIUM;
-//! `scripts/test.sh` installs it), driven over the DevTools protocol (headless_chrome): a
-//! live `engine serve` on the trained tiny model, the page loaded with a first message in
-//! its link (#/chat?q=…); the page's own JavaScript sends it and streams the answer. The
-//! test waits for the page to mark the answer finished (a DOM condition, with a timeout),
-//! then for the server's counters to show one completed chat request with tokens, and
-//! saves a screenshot of the finished exchange (target/e2e/chat.png). Planted: a page
-//! that posts to a wrong path must fail the same checks.
+//! `scripts/test.sh` installs it), driven over the DevTools protocol (headless_chrome).
+//!
+//! Live: an `engine serve` on the trained tiny model, the page loaded with a first message
+//! in its link (#/chat?q=…); the page's own JavaScript sends it and streams the answer.
+//! The test waits for the page to mark the answer finished (a DOM condition, with a
+//! timeout), then for the server's counters to show one completed chat request with
+//! tokens, and saves a screenshot of the finished exchange (target/e2e/chat.png).
+//! Planted: a page that posts to a wrong path must fail the same checks.
+//!
+//! Canned (chat_e2e/canned.rs, chat_e2e/stream.rs): the page from the same server, its
+//! chat requests answered by the test with what real models stream (reasoning, markdown
+//! with code and HTML payloads, tool calls in pieces), the DOM checked: Thinking section,
+//! code blocks, HTML shown as text and never run, tool call blocks, the settings sent,
+//! copy, regenerate, the history, settings kept across a reload. Each check has a
+//! planted page (the served page with one edit) that must fail it.
 
 use headless_chrome::protocol::cdp::Page;
-use headless_chrome::{Browser, LaunchOptions};
-use std::ffi::OsStr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 mod common;
 use common::server::{serve_model, stats};
 
+#[path = "chat_e2e/browser.rs"]
+mod browser;
+#[path = "chat_e2e/canned.rs"]
+mod canned;
+#[path = "chat_e2e/stream.rs"]
+mod stream;
+
+use browser::{e2e_dir, launch, Plant};
+
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-
-fn chromium() -> PathBuf {
-    let path = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .or_else(|| which_chromium("chromium"))
-        .or_else(|| which_chromium("chromium-browser"));
-    path.expect(
-        "headless Chromium is needed for this test: install Debian's chromium (`apt-get install -y chromium`, as scripts/test.sh does) or set CHROMIUM",
-    )
-}
-
-fn which_chromium(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    })
-}
 
 /// What a finished page shows: its answer text and the server's counters.
 struct Finished {
@@ -49,16 +46,7 @@ struct Finished {
 fn run_page(plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
     let server = serve_model("tiny-llama-trained", &["--no-open"]);
-    let browser = Browser::new(LaunchOptions {
-        path: Some(chromium()),
-        headless: true,
-        // Root in a container: Chromium's sandbox needs user namespaces it may not have.
-        sandbox: false,
-        window_size: Some((900, 500)),
-        args: vec![OsStr::new("--disable-quic")],
-        ..LaunchOptions::default()
-    })
-    .map_err(|x| format!("starting chromium: {x}"))?;
+    let browser = launch((900, 500))?;
     let tab = browser.new_tab().map_err(|x| e(&x))?;
     if plant_wrong_path {
         // Runs before the page's own script: every fetch of the chat endpoint goes astray.
@@ -123,12 +111,6 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
     Ok(Finished { answer, stats })
 }
 
-fn e2e_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[test]
 fn the_chat_page_streams_an_answer_in_chromium() {
     let shot = e2e_dir().join("chat.png");
@@ -152,5 +134,150 @@ fn a_page_posting_to_a_wrong_path_is_caught() {
         Err(err) => err,
     };
     assert!(err.contains("is an error"), "{err}");
+    println!("caught: {err}");
+}
+
+/// Runs the canned exchange on `plant`'s page and returns its outcome; the screenshot of
+/// the first answer goes to target/e2e/`shot`.
+fn canned_outcome(plant: Option<&Plant>, shot: &str) -> canned::Outcome {
+    canned::run(plant, shot).unwrap_or_else(|e| panic!("the canned exchange did not run: {e}"))
+}
+
+#[test]
+fn the_chat_page_renders_what_real_models_stream() {
+    let out = canned_outcome(None, "chat-canned.png");
+    println!("{}", out.report());
+    assert!(out.failed.is_empty(), "{}", out.report());
+    assert_eq!(out.passed.len(), 9, "{}", out.report());
+    println!(
+        "screenshot: {}",
+        e2e_dir().join("chat-canned.png").display()
+    );
+}
+
+/// A planted page must fail `check` (others may fail too: printed).
+fn planted_fails(name: &str, check: &str, plant: Plant) {
+    let out = canned_outcome(Some(&plant), &format!("chat-planted-{name}.png"));
+    println!("{}", out.report());
+    assert!(
+        out.failed(check),
+        "planted defect ({name}) not caught by the {check} check:\n{}",
+        out.report()
+    );
+}
+
+#[test]
+fn a_page_rendering_model_html_is_caught() {
+    // What a renderer that trusts the model's markup does: text goes in as HTML.
+    planted_fails(
+        "raw-html",
+        "xss",
+        Plant {
+            from: "parent.appendChild(document.createTextNode(s));",
+            to: "parent.insertAdjacentHTML(\"beforeend\", s);",
+        },
+    );
+}
+
+#[test]
+fn a_page_ignoring_reasoning_deltas_is_caught() {
+    planted_fails(
+        "no-reasoning",
+        "reasoning",
+        Plant {
+            from: "delta.reasoning != null ? delta.reasoning : delta.reasoning_content",
+            to: "delta.reasoning_content",
+        },
+    );
+}
+
+#[test]
+fn a_page_without_code_fences_is_caught() {
+    planted_fails(
+        "no-fences",
+        "markdown",
+        Plant {
+            from: "const FENCE = /^( {0,3})(`{3,}|~{3,})",
+            to: "const FENCE = /^( {0,3})(`{4,}|~{4,})",
+        },
+    );
+}
+
+#[test]
+fn a_page_keeping_only_the_last_argument_piece_is_caught() {
+    planted_fails(
+        "tool-arguments",
+        "tools",
+        Plant {
+            from: "call.arguments += f.arguments;",
+            to: "call.arguments = f.arguments;",
+        },
+    );
+}
+
+#[test]
+fn a_page_not_sending_its_settings_is_caught() {
+    planted_fails(
+        "settings-unsent",
+        "request",
+        Plant {
+            from: "{ model: modelId, messages: history, stream: true }, settings()",
+            to: "{ model: modelId, messages: history, stream: true }, {}",
+        },
+    );
+}
+
+#[test]
+fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
+    planted_fails(
+        "regenerate-keeps-answer",
+        "regenerate",
+        Plant {
+            from: "  messages.pop();\n  wrap.remove();",
+            to: "  wrap.remove();",
+        },
+    );
+}
+
+#[test]
+fn a_page_forgetting_its_settings_is_caught() {
+    planted_fails(
+        "settings-not-kept",
+        "persist",
+        Plant {
+            from: "localStorage.setItem(SETTINGS_KEY, JSON.stringify(s));",
+            to: "void s;",
+        },
+    );
+}
+
+#[test]
+fn the_thinking_section_is_open_while_streaming_and_closed_after() {
+    stream::run(None).unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "screenshot: {}",
+        e2e_dir().join("chat-stream.png").display()
+    );
+}
+
+#[test]
+fn a_thinking_section_that_never_closes_is_caught() {
+    let plant = Plant {
+        from: "view.thinking.open = false;",
+        to: "view.thinking.open = true;",
+    };
+    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    assert!(err.contains("to close once the answer starts"), "{err}");
+    println!("caught: {err}");
+}
+
+#[test]
+fn a_thinking_section_closed_while_streaming_is_caught() {
+    let plant = Plant {
+        from: "view.thinking.open = true;",
+        to: "view.thinking.open = false;",
+    };
+    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    assert!(err.contains("open while the model reasons"), "{err}");
     println!("caught: {err}");
 }

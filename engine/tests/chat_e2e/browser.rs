@@ -1,0 +1,367 @@
+//! The chat page in headless Chromium with its chat endpoint answered by the test: the
+//! page and /v1/models come from a live `engine serve` (the page as the binary embeds
+//! it, or a planted variant of it), every POST to /v1/chat/completions is intercepted
+//! over the DevTools protocol (Fetch.enable + Fetch.fulfillRequest) and answered with the
+//! next canned body, and the request bodies the page sent are kept for the test to read.
+
+use headless_chrome::browser::tab::RequestPausedDecision;
+use headless_chrome::protocol::cdp::Fetch::events::RequestPausedEvent;
+use headless_chrome::protocol::cdp::Fetch::{
+    FulfillRequest, HeaderEntry, RequestPattern, RequestStage,
+};
+use headless_chrome::protocol::cdp::Network::ResourceType;
+use headless_chrome::protocol::cdp::Page;
+use headless_chrome::{Browser, LaunchOptions, Tab};
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::common::server::{http, serve_model, Server};
+
+/// How long a DOM condition may take to hold (the page reacts in milliseconds).
+pub const DOM_TIMEOUT: Duration = Duration::from_secs(20);
+
+pub fn chromium() -> PathBuf {
+    let path = std::env::var_os("CHROMIUM")
+        .map(PathBuf::from)
+        .or_else(|| which_chromium("chromium"))
+        .or_else(|| which_chromium("chromium-browser"));
+    path.expect(
+        "headless Chromium is needed for this test: install Debian's chromium (`apt-get install -y chromium`, as scripts/test.sh does) or set CHROMIUM",
+    )
+}
+
+fn which_chromium(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+pub fn launch(window: (u32, u32)) -> Result<Browser, String> {
+    Browser::new(LaunchOptions {
+        path: Some(chromium()),
+        headless: true,
+        // Root in a container: Chromium's sandbox needs user namespaces it may not have.
+        sandbox: false,
+        window_size: Some(window),
+        args: vec![OsStr::new("--disable-quic")],
+        ..LaunchOptions::default()
+    })
+    .map_err(|x| format!("starting chromium: {x}"))
+}
+
+pub fn e2e_dir() -> PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/e2e");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A planted page: the served page with `from` replaced by `to` (`from` must occur).
+pub struct Plant {
+    pub from: &'static str,
+    pub to: &'static str,
+}
+
+/// What the interceptor shares with the test.
+#[derive(Default)]
+struct Shared {
+    /// The page to serve at / instead of the server's (a planted variant).
+    page: Option<String>,
+    /// Bodies for the coming chat requests, in order (the last one repeats).
+    replies: VecDeque<String>,
+    /// The JSON bodies the page posted to /v1/chat/completions.
+    requests: Vec<String>,
+    /// Events the interceptor could not handle.
+    errors: Vec<String>,
+}
+
+pub struct CannedPage {
+    pub server: Server,
+    /// Held for the tab's lifetime (dropping it closes Chromium).
+    _browser: Browser,
+    pub tab: Arc<Tab>,
+    shared: Arc<Mutex<Shared>>,
+}
+
+/// A script that runs before the page's own: the clipboard records what is written to it
+/// (window.__copied), as a headless browser has no clipboard to read back.
+const CLIPBOARD_STUB: &str = r#"Object.defineProperty(navigator, "clipboard", { configurable: true,
+  value: { writeText: async t => { window.__copied = t; } } });"#;
+
+impl CannedPage {
+    /// Starts a server, Chromium and the interception; `replies` answer the chat requests
+    /// in order. The page is not loaded yet (see `open`).
+    pub fn start(
+        plant: Option<&Plant>,
+        replies: Vec<String>,
+        window: (u32, u32),
+    ) -> Result<CannedPage, String> {
+        let server = serve_model("tiny-llama-trained", &["--no-open"]);
+        let page = plant.map(|p| planted_page(server.port, p));
+        let shared = Arc::new(Mutex::new(Shared {
+            page,
+            replies: replies.into(),
+            ..Shared::default()
+        }));
+        let browser = launch(window)?;
+        let tab = browser.new_tab().map_err(|x| x.to_string())?;
+        let patterns = [
+            RequestPattern {
+                url_pattern: Some("*/v1/chat/completions".into()),
+                resource_Type: None,
+                request_stage: Some(RequestStage::Request),
+            },
+            RequestPattern {
+                url_pattern: Some("*".into()),
+                resource_Type: Some(ResourceType::Document),
+                request_stage: Some(RequestStage::Request),
+            },
+        ];
+        tab.enable_fetch(Some(&patterns), None)
+            .map_err(|x| format!("Fetch.enable: {x}"))?;
+        let for_events = shared.clone();
+        tab.enable_request_interception(Arc::new(move |_transport, _session, event| {
+            intercept(&for_events, event)
+        }))
+        .map_err(|x| x.to_string())?;
+        add_script(&tab, CLIPBOARD_STUB)?;
+        Ok(CannedPage {
+            server,
+            _browser: browser,
+            tab,
+            shared,
+        })
+    }
+
+    /// Loads the page at `#/chat` (plus `query`) and waits until it knows the model.
+    pub fn open(&self, query: &str) -> Result<(), String> {
+        let url = format!("http://127.0.0.1:{}/#/chat{query}", self.server.port);
+        self.tab
+            .navigate_to(&url)
+            .and_then(|t| t.wait_until_navigated())
+            .map_err(|x| format!("loading {url}: {x}"))?;
+        wait_js(
+            &self.tab,
+            "document.getElementById('model').textContent.endsWith('/tiny-llama-trained')",
+            "the page to show the model's id",
+        )
+    }
+
+    /// Reloads the page (a new document: the old one's marker is gone) and waits until it
+    /// knows the model.
+    pub fn reload(&self) -> Result<(), String> {
+        js(&self.tab, "window.__old_document = true")?;
+        self.tab
+            .reload(false, None)
+            .map_err(|x| format!("reloading: {x}"))?;
+        wait_js(
+            &self.tab,
+            "window.__old_document === undefined && document.getElementById('model').textContent.endsWith('/tiny-llama-trained')",
+            "the reloaded page to show the model's id",
+        )
+    }
+
+    /// The request bodies the page has posted so far, parsed.
+    pub fn requests(&self) -> Vec<Value> {
+        let s = self.shared.lock().unwrap();
+        s.requests
+            .iter()
+            .map(|b| serde_json::from_str(b).unwrap_or(Value::String(b.clone())))
+            .collect()
+    }
+
+    pub fn intercept_errors(&self) -> Vec<String> {
+        self.shared.lock().unwrap().errors.clone()
+    }
+
+    pub fn screenshot(&self, name: &str) -> Result<PathBuf, String> {
+        let png = self
+            .tab
+            .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
+            .map_err(|x| x.to_string())?;
+        let path = e2e_dir().join(name);
+        std::fs::write(&path, png).map_err(|x| x.to_string())?;
+        Ok(path)
+    }
+}
+
+/// The server's page with the plant applied; panics when the plant no longer applies
+/// (the page changed under it), so a stale plant cannot pass as caught.
+fn planted_page(port: u16, plant: &Plant) -> String {
+    let (status, page) = http(port, "GET", "/", b"");
+    assert_eq!(status, 200, "GET / answered {status}");
+    assert!(
+        page.contains(plant.from),
+        "the plant's text is no longer in the page: {:?}",
+        plant.from
+    );
+    page.replace(plant.from, plant.to)
+}
+
+fn intercept(shared: &Mutex<Shared>, event: RequestPausedEvent) -> RequestPausedDecision {
+    let p = event.params;
+    let mut s = shared.lock().unwrap();
+    let (content_type, body) = if p.request.url.ends_with("/v1/chat/completions") {
+        s.requests.push(post_body(&p.request));
+        let body = if s.replies.len() > 1 {
+            s.replies.pop_front()
+        } else {
+            s.replies.front().cloned()
+        };
+        match body {
+            Some(body) => ("text/event-stream", body),
+            None => {
+                s.errors.push("a chat request with no reply left".into());
+                ("text/event-stream", String::new())
+            }
+        }
+    } else if let Some(page) = &s.page {
+        ("text/html; charset=utf-8", page.clone())
+    } else {
+        return RequestPausedDecision::Continue(None);
+    };
+    RequestPausedDecision::Fulfill(FulfillRequest {
+        request_id: p.request_id,
+        response_code: 200,
+        response_headers: Some(vec![HeaderEntry {
+            name: "Content-Type".into(),
+            value: content_type.into(),
+        }]),
+        binary_response_headers: None,
+        body: Some(base64(body.as_bytes())),
+        response_phrase: None,
+    })
+}
+
+/// A request's body: postData, or its postDataEntries (base64) joined.
+fn post_body(request: &headless_chrome::protocol::cdp::Network::Request) -> String {
+    if let Some(data) = &request.post_data {
+        return data.clone();
+    }
+    let bytes: Vec<u8> = request
+        .post_data_entries
+        .iter()
+        .flatten()
+        .filter_map(|e| e.bytes.as_deref())
+        .flat_map(unbase64)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn base64(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let n = chunk.iter().fold(0u32, |n, &b| n << 8 | b as u32) << (8 * (3 - chunk.len()));
+        for k in 0..4 {
+            if k <= chunk.len() {
+                out.push(B64[(n >> (18 - 6 * k)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn unbase64(text: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    let (mut acc, mut bits) = (0u32, 0);
+    for c in text.bytes() {
+        let Some(v) = B64.iter().position(|&b| b == c) else {
+            continue; // padding
+        };
+        acc = acc << 6 | v as u32;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    out
+}
+
+pub fn add_script(tab: &Tab, source: &str) -> Result<(), String> {
+    tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
+        source: source.into(),
+        world_name: None,
+        include_command_line_api: None,
+        run_immediately: None,
+    })
+    .map(|_| ())
+    .map_err(|x| x.to_string())
+}
+
+/// The JSON value of a JavaScript expression in the page (an exception is an error).
+pub fn js(tab: &Tab, expr: &str) -> Result<Value, String> {
+    let wrapped = format!(
+        "(() => {{ try {{ return JSON.stringify({{ ok: ({expr}) }}); }} catch (e) {{ return JSON.stringify({{ err: String(e) }}); }} }})()"
+    );
+    let out = tab.evaluate(&wrapped, false).map_err(|x| x.to_string())?;
+    let text = out
+        .value
+        .as_ref()
+        .and_then(Value::as_str)
+        .ok_or_else(|| format!("`{expr}` gave no value: {out:?}"))?;
+    let v: Value = serde_json::from_str(text).map_err(|x| x.to_string())?;
+    match v.get("err") {
+        Some(err) => Err(format!("`{expr}` threw {err}")),
+        None => Ok(v.get("ok").cloned().unwrap_or(Value::Null)),
+    }
+}
+
+/// Waits (up to DOM_TIMEOUT) until `cond` is true in the page.
+pub fn wait_js(tab: &Tab, cond: &str, what: &str) -> Result<(), String> {
+    let deadline = Instant::now() + DOM_TIMEOUT;
+    loop {
+        let last = js(tab, cond);
+        if last == Ok(Value::Bool(true)) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let body = js(tab, "document.getElementById('log').outerHTML").unwrap_or_default();
+            return Err(format!(
+                "waited {DOM_TIMEOUT:?} for {what} (`{cond}` is {last:?}); the log: {body}"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A streamed chat response as mlx_lm.server writes it: one `data:` event per delta,
+/// the last with `finish`, then `[DONE]`.
+pub fn sse(deltas: &[Value], finish: &str) -> String {
+    let chunk = |delta: &Value, finish: Value| {
+        serde_json::json!({
+            "id": "chatcmpl-test", "object": "chat.completion.chunk", "created": 1,
+            "model": "tiny-llama-trained",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+    };
+    let mut out = String::new();
+    for d in deltas {
+        out += &format!("data: {}\n\n", chunk(d, Value::Null));
+    }
+    out += &format!(
+        "data: {}\n\n",
+        chunk(&serde_json::json!({}), Value::String(finish.into()))
+    );
+    out + "data: [DONE]\n\n"
+}
+
+#[test]
+fn base64_round_trips() {
+    for s in ["", "a", "ab", "abc", "abcd", "data: {\"x\": \"é\"}\n\n"] {
+        let enc = base64(s.as_bytes());
+        assert_eq!(enc.len() % 4, 0);
+        assert_eq!(unbase64(&enc), s.as_bytes(), "{s:?} → {enc}");
+    }
+    assert_eq!(base64(b"Man"), "TWFu");
+    assert_eq!(base64(b"Ma"), "TWE=");
+}
