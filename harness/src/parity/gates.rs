@@ -541,6 +541,19 @@ pub struct Registered {
 /// Every golden an oracle script writes, in regeneration order: the models (of every gate,
 /// and the drafters) first, then each gate's goldens. The l3 goldens are frozen from our
 /// own engine (`harness freeze-perf-oracle`), so they are not regenerated from here.
+/// Goldens an oracle script writes that no parity gate reads: the tool-calling model of the
+/// serve tests and `harness serve-diff` (engine/tests/serve_tools.rs), and the CLI gate's
+/// mlx_lm.generate transcripts (engine/tests/cli.rs).
+#[allow(clippy::type_complexity)]
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 2] = [
+    (
+        "models/tiny-qwen3-tools",
+        "make_models.py",
+        &["tiny-qwen3-tools"],
+    ),
+    ("cli", "gen_cli.py", &[]),
+];
+
 pub fn registry() -> Vec<Registered> {
     let mut out: Vec<Registered> = Vec::new();
     let model_gates = GATES.iter().filter(|g| !g.on_fixtures);
@@ -566,6 +579,13 @@ pub fn registry() -> Vec<Registered> {
             },
         });
     }
+    let registered = |(name, script, args): &(&str, &'static str, &[&str])| Registered {
+        name: name.to_string(),
+        script,
+        args: args.iter().map(|a| a.to_string()).collect(),
+    };
+    let is_model = |g: &&(&str, &str, &[&str])| g.0.starts_with("models/");
+    out.extend(OUTSIDE_GATES.iter().filter(is_model).map(registered));
     for gate in GATES {
         let Some((script, args)) = gate.generator else {
             continue;
@@ -578,13 +598,19 @@ pub fn registry() -> Vec<Registered> {
             });
         }
     }
+    out.extend(
+        OUTSIDE_GATES
+            .iter()
+            .filter(|g| !is_model(g))
+            .map(registered),
+    );
     out
 }
 
 /// The top-level dirs of goldens/ that are golden groups, not machine layers (`data` holds
 /// the training sets of oracles/make_train_data.py, not oracle output).
 pub fn groups() -> Vec<&'static str> {
-    let mut groups = vec!["models", "data"];
+    let mut groups = vec!["models", "data", "cli"];
     for gate in GATES {
         if !groups.contains(&gate.group) {
             groups.push(gate.group);
