@@ -332,8 +332,9 @@ async fn respond_whole(
     Err(ApiError::server("the model thread dropped the request"))
 }
 
-/// The answer as server-sent events: a chunk per text event, the last with usage (and a
-/// usage-only chunk when asked), then `[DONE]`.
+/// The answer as server-sent events: a chunk per text event, the last with the
+/// finish_reason, a usage-only chunk when asked (`stream_options.include_usage`), then
+/// `[DONE]`. As mlx_lm.server, the finish chunk carries no usage.
 fn respond_streamed(
     events: impl futures_util::Stream<Item = Event> + Send + 'static,
     meta: Meta,
@@ -347,14 +348,11 @@ fn respond_streamed(
                 usage,
                 last,
             } => {
-                let u = usage.json();
-                let mut last = meta.chunk(&last, Some(finish_reason), &[], true);
-                last["usage"] = u.clone();
-                let mut out = vec![last];
+                let mut out = vec![meta.chunk(&last, Some(finish_reason), &[], true)];
                 if include_usage {
                     let mut only = meta.chunk(&Delta::default(), None, &[], true);
                     only["choices"] = json!([]);
-                    only["usage"] = u;
+                    only["usage"] = usage.json();
                     out.push(only);
                 }
                 out
