@@ -7,6 +7,7 @@ pub mod generate;
 pub mod load;
 pub mod model;
 pub mod plant;
+pub mod pyfmt;
 pub mod runtime;
 pub mod serve;
 pub mod tiers;

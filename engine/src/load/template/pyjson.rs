@@ -6,18 +6,8 @@ use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{Error, ErrorKind, Value};
 
 use crate::plant::{self, Defect};
-
-/// The options of `json.dumps` that transformers' `tojson` exposes.
-#[derive(Debug, Clone, Default)]
-pub struct DumpOptions {
-    pub ensure_ascii: bool,
-    /// `None`: one line; `Some(s)`: newlines, each level indented by `s`.
-    pub indent: Option<String>,
-    /// (item separator, key separator); Python's defaults are (", ", ": "), or (",", ": ")
-    /// with an indent.
-    pub separators: Option<(String, String)>,
-    pub sort_keys: bool,
-}
+pub use crate::pyfmt::DumpOptions;
+use crate::pyfmt::{float_repr, json_float, json_string};
 
 fn invalid(message: impl Into<String>) -> Error {
     Error::new(ErrorKind::InvalidOperation, message.into())
@@ -104,26 +94,13 @@ pub fn dumps(value: &Value, options: &DumpOptions) -> Result<String, Error> {
     Ok(out)
 }
 
-fn newline(options: &DumpOptions, level: usize, out: &mut String) {
-    if let Some(indent) = &options.indent {
-        out.push('\n');
-        for _ in 0..level {
-            out.push_str(indent);
-        }
-    }
-}
-
 fn dump(value: &Value, options: &DumpOptions, level: usize, out: &mut String) -> Result<(), Error> {
-    let (item_sep, key_sep) = match (&options.separators, &options.indent) {
-        (Some((i, k)), _) => (i.as_str(), k.as_str()),
-        (None, Some(_)) => (",", ": "),
-        (None, None) => (", ", ": "),
-    };
+    let (item_sep, key_sep) = options.separators();
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
         ValueKind::Number => out.push_str(&number_repr(value, true)),
-        ValueKind::String => string_json(value.as_str().unwrap_or(""), options.ensure_ascii, out),
+        ValueKind::String => json_string(value.as_str().unwrap_or(""), options.ensure_ascii, out),
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = value.try_iter()?.collect();
             if items.is_empty() {
@@ -135,10 +112,10 @@ fn dump(value: &Value, options: &DumpOptions, level: usize, out: &mut String) ->
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(options, level + 1, out);
+                options.newline(level + 1, out);
                 dump(item, options, level + 1, out)?;
             }
-            newline(options, level, out);
+            options.newline(level, out);
             out.push(']');
         }
         ValueKind::Map => {
@@ -155,12 +132,12 @@ fn dump(value: &Value, options: &DumpOptions, level: usize, out: &mut String) ->
                 if i > 0 {
                     out.push_str(item_sep);
                 }
-                newline(options, level + 1, out);
-                string_json(&key_string(key), options.ensure_ascii, out);
+                options.newline(level + 1, out);
+                json_string(&key_string(key), options.ensure_ascii, out);
                 out.push_str(key_sep);
                 dump(&value.get_item(key)?, options, level + 1, out)?;
             }
-            newline(options, level, out);
+            options.newline(level, out);
             out.push('}');
         }
         _ => {
@@ -194,75 +171,6 @@ fn python_type(value: &Value) -> &'static str {
     }
 }
 
-/// A JSON string literal as Python's json module writes it.
-fn string_json(s: &str, ensure_ascii: bool, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c if ensure_ascii && !(' '..='~').contains(&c) => {
-                let mut units = [0u16; 2];
-                for unit in c.encode_utf16(&mut units) {
-                    out.push_str(&format!("\\u{unit:04x}"));
-                }
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// `repr(float)`: the shortest digits that round-trip, positional for exponents in
-/// [-4, 16), else `1e+16` style.
-pub fn float_repr(x: f64, json: bool) -> String {
-    if x.is_nan() {
-        return (if json { "NaN" } else { "nan" }).to_owned();
-    }
-    if x.is_infinite() {
-        let s = if json { "Infinity" } else { "inf" };
-        return if x < 0.0 {
-            format!("-{s}")
-        } else {
-            s.to_owned()
-        };
-    }
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
-    let exp: i32 = exp.parse().expect("{:e} exponent is an integer");
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if !(-4..16).contains(&exp) {
-        let (first, rest) = digits.split_at(1);
-        let frac = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
-        let esign = if exp < 0 { '-' } else { '+' };
-        return format!("{sign}{first}{frac}e{esign}{:02}", exp.abs());
-    }
-    let point = exp + 1;
-    let body = if point <= 0 {
-        format!("0.{}{digits}", "0".repeat((-point) as usize))
-    } else if point as usize >= digits.len() {
-        format!("{digits}{}.0", "0".repeat(point as usize - digits.len()))
-    } else {
-        let (int, frac) = digits.split_at(point as usize);
-        format!("{int}.{frac}")
-    };
-    format!("{sign}{body}")
-}
-
 fn number_repr(value: &Value, json: bool) -> String {
     if value.is_integer() {
         return i128::try_from(value.clone())
@@ -270,7 +178,7 @@ fn number_repr(value: &Value, json: bool) -> String {
             .unwrap_or_else(|_| value.to_string());
     }
     f64::try_from(value.clone())
-        .map(|x| float_repr(x, json))
+        .map(|x| if json { json_float(x) } else { float_repr(x) })
         .unwrap_or_else(|_| value.to_string())
 }
 
@@ -357,28 +265,6 @@ mod tests {
 
     fn json(v: serde_json::Value, options: &DumpOptions) -> String {
         dumps(&Value::from_serialize(&v), options).unwrap()
-    }
-
-    #[test]
-    fn floats_print_as_python_repr() {
-        let cases = [
-            (1.0, "1.0"),
-            (0.1, "0.1"),
-            (-2.5, "-2.5"),
-            (1e16, "1e+16"),
-            (1e15, "1000000000000000.0"),
-            (123456789012345680.0, "1.2345678901234568e+17"),
-            (0.0001, "0.0001"),
-            (0.00001, "1e-05"),
-            (1.5e-7, "1.5e-07"),
-            (0.0, "0.0"),
-            (1e300, "1e+300"),
-        ];
-        for (x, want) in cases {
-            assert_eq!(float_repr(x, true), want, "{x}");
-        }
-        assert_eq!(float_repr(f64::NAN, true), "NaN");
-        assert_eq!(float_repr(f64::NEG_INFINITY, true), "-Infinity");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 
 use std::fmt::Write;
 
+use crate::pyfmt::{json_float, json_string};
+
 /// A Python value a tool parser can produce.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PyValue {
@@ -102,7 +104,7 @@ impl PyValue {
             }
             PyValue::BigInt(d) => out.push_str(d),
             PyValue::Float(x) => out.push_str(&json_float(*x)),
-            PyValue::Str(s) => dump_str(s, out),
+            PyValue::Str(s) => json_string(s, false, out),
             PyValue::List(items) | PyValue::Tuple(items) => {
                 out.push('[');
                 for (i, v) in items.iter().enumerate() {
@@ -119,7 +121,7 @@ impl PyValue {
                     if i > 0 {
                         out.push_str(", ");
                     }
-                    dump_str(&key_string(k)?, out);
+                    json_string(&key_string(k)?, false, out);
                     out.push_str(": ");
                     v.dump_into(out)?;
                 }
@@ -168,78 +170,6 @@ fn key_string(k: &PyValue) -> Result<String, ValueError> {
         PyValue::Float(x) => json_float(*x),
         _ => return err("keys must be str, int, float, bool or None"),
     })
-}
-
-fn dump_str(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-/// A float as json.dumps writes it: Python's repr, `NaN`, `Infinity`, `-Infinity`.
-pub fn json_float(x: f64) -> String {
-    if x.is_nan() {
-        return "NaN".into();
-    }
-    if x.is_infinite() {
-        return if x > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    py_float_repr(x)
-}
-
-/// Python's `repr(float)`: the shortest digits that round-trip, positional for exponents
-/// -4 ≤ e < 16, else `d.ddde±XX`.
-pub fn py_float_repr(x: f64) -> String {
-    if x == 0.0 {
-        return if x.is_sign_negative() { "-0.0" } else { "0.0" }.into();
-    }
-    // `{:e}` gives the shortest round-trip digits: "-1.2345e-7".
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(m) => ("-", m),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    let n = digits.len() as i32;
-    if (-4..16).contains(&exp) {
-        let point = exp + 1;
-        let body = if point <= 0 {
-            format!("0.{}{}", "0".repeat((-point) as usize), digits)
-        } else if point >= n {
-            format!("{}{}.0", digits, "0".repeat((point - n) as usize))
-        } else {
-            format!(
-                "{}.{}",
-                &digits[..point as usize],
-                &digits[point as usize..]
-            )
-        };
-        format!("{sign}{body}")
-    } else {
-        let m = if n > 1 {
-            format!("{}.{}", &digits[..1], &digits[1..])
-        } else {
-            digits.clone()
-        };
-        let e_sign = if exp < 0 { "-" } else { "+" };
-        format!("{sign}{m}e{e_sign}{:02}", exp.abs())
-    }
 }
 
 /// Python's `json.loads` (`strict`: control characters inside strings are refused).
@@ -481,29 +411,6 @@ impl JsonReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn floats_print_as_python_repr() {
-        // Expected strings: Python 3.11 `json.dumps(x)`.
-        let cases = [
-            (1.0, "1.0"),
-            (0.1, "0.1"),
-            (-2.5, "-2.5"),
-            (1e16, "1e+16"),
-            (1.5e16, "1.5e+16"),
-            (123456789012345.0, "123456789012345.0"),
-            (1e-5, "1e-05"),
-            (0.0001, "0.0001"),
-            (1.2345e-7, "1.2345e-07"),
-            (2.71234, "2.71234"),
-            (1e300, "1e+300"),
-            (-0.0, "-0.0"),
-            (f64::INFINITY, "Infinity"),
-        ];
-        for (x, want) in cases {
-            assert_eq!(json_float(x), want, "{x}");
-        }
-    }
 
     #[test]
     fn loads_then_dumps_is_pythons() {
