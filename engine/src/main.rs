@@ -11,6 +11,7 @@ use engine::generate::{self as gen, Finish, Flow};
 use engine::load::template::{ChatTemplate, RenderArgs};
 use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
+use engine::serve::tools::infer_thinking;
 
 /// An LLM engine on MLX.
 #[derive(Parser)]
@@ -344,24 +345,9 @@ fn chat_template(args: &GenerateArgs, tokenizer: &Tokenizer) -> Result<Option<Ch
     Ok(None)
 }
 
-/// mlx-lm's `TokenizerWrapper.has_thinking`: the vocabulary has a thinking start and end
-/// marker (the `enable_thinking` default it passes to every template).
-fn has_thinking(tokenizer: &Tokenizer) -> bool {
-    let has = |t: &str| tokenizer.token_to_id(t).is_some();
-    let pairs = [
-        ("<think>", "</think>"),
-        ("<longcat_think>", "</longcat_think>"),
-        ("<|think:start|>", "<|think:end|>"),
-        ("<|channel>", "<channel|>"),
-    ];
-    pairs.iter().any(|(start, end)| has(start) && has(end))
-        || ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
-            .iter()
-            .all(|t| has(t))
-}
-
 /// The chat text: system, user and (with --prefill-response) a final assistant message the
-/// template continues; `enable_thinking` defaults as mlx-lm's TokenizerWrapper sets it.
+/// template continues; `enable_thinking` defaults as mlx-lm's TokenizerWrapper sets it
+/// (`has_thinking`: the model has thinking markers, as the server's default).
 fn render_chat(
     template: &ChatTemplate,
     args: &GenerateArgs,
@@ -381,7 +367,7 @@ fn render_chat(
     }
     kwargs
         .entry("enable_thinking")
-        .or_insert_with(|| has_thinking(tokenizer).into());
+        .or_insert_with(|| infer_thinking(tokenizer).is_some().into());
     let render = RenderArgs {
         tools: kwargs.remove("tools"),
         documents: kwargs.remove("documents"),
