@@ -8,10 +8,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use common::server::{engine_bin, http, post, serve_model, Server};
+use common::server::{engine_bin, http, post, serve_dir_with_env, serve_model};
 use serde_json::{json, Value};
 
 const MODEL: &str = "tiny-qwen3-tools";
@@ -56,30 +55,6 @@ pub const CASES: &[(&str, &str, &str, &str)] = &[
         r#"[{"index": 0, "finish_reason": null, "delta": {"role": "assistant", "tool_calls": [{"function": {"name": "get_weather", "arguments": "{\"city\": \"São Paulo\"}"}, "type": "function", "id": "ID", "index": 0}]}}, {"index": 0, "finish_reason": "tool_calls", "delta": {"role": "assistant"}}]"#,
     ),
 ];
-
-/// A server on the tools model with `env` set (ENGINE_PLANT) and `extra` flags.
-fn serve_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
-    let dir = common::goldens().join("models").join(MODEL);
-    let mut child = Command::new(engine_bin())
-        .args(["serve", "--model", dir.to_str().unwrap(), "--port", "0"])
-        .args(extra)
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("no address in `{line}`"));
-    Server { child, port }
-}
 
 /// `choices[0]` with each tool call's id checked (a UUID, or the model's) and set to "ID".
 fn normalized(mut choice: Value) -> Result<Value, String> {
@@ -237,7 +212,11 @@ fn planted_serve_defects_fail_the_comparison() {
         "ToolCallFinishStaysStop",
         "ReasoningInContent",
     ] {
-        let s = serve_with_env(&[], &[("ENGINE_PLANT", defect)]);
+        let s = serve_dir_with_env(
+            &common::goldens().join("models").join(MODEL),
+            &[],
+            &[("ENGINE_PLANT", defect)],
+        );
         match check_all(s.port) {
             Ok(()) => panic!("planted {defect} was not caught"),
             Err(e) => eprintln!(

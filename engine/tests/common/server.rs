@@ -34,9 +34,15 @@ pub fn engine_bin() -> String {
 }
 
 pub fn serve_dir(model: &std::path::Path, extra: &[&str]) -> Server {
+    serve_dir_with_env(model, extra, &[])
+}
+
+/// `serve_dir` with these environment variables set in the server (e.g. ENGINE_PLANT).
+pub fn serve_dir_with_env(model: &std::path::Path, extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(engine_bin())
         .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
         .args(extra)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
