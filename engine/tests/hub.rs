@@ -50,19 +50,20 @@ fn engine(args: &[&str], env: &[(&str, &Path)]) -> Output {
     cmd.args(args).output().unwrap()
 }
 
+/// What every generate here prints: 12 greedy tokens of a raw prompt, text only.
+const PROMPT: [&str; 7] = [
+    "--ignore-chat-template",
+    "--prompt",
+    "The little robot",
+    "-m",
+    "12",
+    "--verbose",
+    "False",
+];
+
 fn generate(model: &str, env: &[(&str, &Path)]) -> Output {
-    let args = [
-        "generate",
-        "--model",
-        model,
-        "--ignore-chat-template",
-        "--prompt",
-        "The little robot",
-        "-m",
-        "12",
-        "--verbose",
-        "False",
-    ];
+    let mut args = vec!["generate", "--model", model];
+    args.extend(PROMPT);
     engine(&args, env)
 }
 
@@ -120,15 +121,8 @@ fn generate_finds_a_repo_id_in_the_hub_cache() {
     add_to_cache(&hub, "org/draft", "tiny-llama-draft", MAIN, "main");
     let target = goldens().join("tiny-llama-trained");
     let mut args = vec!["generate", "--model", target.to_str().unwrap()];
-    args.extend(["--draft-model", "org/draft", "--ignore-chat-template"]);
-    args.extend([
-        "--prompt",
-        "The little robot",
-        "-m",
-        "12",
-        "--verbose",
-        "False",
-    ]);
+    args.extend(["--draft-model", "org/draft"]);
+    args.extend(PROMPT);
     assert_eq!(text(&engine(&args, &env)), trained);
     // HF_HUB_CACHE wins over HF_HOME: an empty HF_HUB_CACHE dir has no such repo.
     let empty = root.join("empty");
