@@ -18,19 +18,62 @@ use crate::goldens::{TensorEntry, TensorGolden};
 #[derive(Debug, Deserialize)]
 struct Case {
     name: String,
+    #[serde(flatten)]
+    prompt: Prompt,
+    greedy_ids: Vec<u32>,
+    logits: Vec<TensorEntry>,
+}
+
+/// A golden case's prompt as the oracle made it (the L1 and real-vocabulary goldens share
+/// it): `raw` text encoded with special tokens, `chat` messages rendered with the template
+/// (and the string it rendered), or `ids` given as they are; and the oracle's ids.
+#[derive(Debug, Deserialize)]
+pub(super) struct Prompt {
     kind: String,
     prompt: Option<String>,
     messages: Option<Vec<MessageJson>>,
     rendered: Option<String>,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    logits: Vec<TensorEntry>,
+    pub prompt_ids: Vec<u32>,
 }
 
 #[derive(Debug, Deserialize)]
 struct MessageJson {
     role: String,
     content: String,
+}
+
+impl Prompt {
+    /// The prompt's ids the way mlx_lm.generate makes them, and (for a chat case) whether
+    /// our template renders the oracle's string.
+    pub(super) fn ids(
+        &self,
+        case: &str,
+        tokenizer: &Tokenizer,
+        template: Option<&ChatTemplate>,
+    ) -> Result<(Vec<u32>, Option<bool>), ParityError> {
+        Ok(match self.kind.as_str() {
+            "chat" => {
+                let template = template.ok_or_else(|| {
+                    ParityError::Index(format!("{case}: a chat case but no chat template"))
+                })?;
+                let messages: Vec<Message> = self
+                    .messages
+                    .iter()
+                    .flatten()
+                    .map(|m| Message::new(&m.role, &m.content))
+                    .collect();
+                let rendered = template.render(&messages, true)?;
+                let matches = self.rendered.as_deref() == Some(rendered.as_str());
+                (tokenizer.encode(&rendered, false)?, Some(matches))
+            }
+            // Given as ids (e.g. a long prompt cut to length): nothing to tokenize.
+            "ids" => (self.prompt_ids.clone(), None),
+            _ => (
+                tokenizer.encode(self.prompt.as_deref().unwrap_or_default(), true)?,
+                None,
+            ),
+        })
+    }
 }
 
 /// One prompt's verdict.
@@ -329,35 +372,13 @@ fn check_case(
     prefill_step: usize,
     opts: &SessionOptions,
 ) -> Result<CaseReport, ParityError> {
-    // Prompt ids the way mlx_lm.generate makes them.
-    let (ids, template_match) = match case.kind.as_str() {
-        "chat" => {
-            let template = template.ok_or_else(|| {
-                ParityError::Index("chat case but the model has no chat template".into())
-            })?;
-            let messages: Vec<Message> = case
-                .messages
-                .iter()
-                .flatten()
-                .map(|m| Message::new(&m.role, &m.content))
-                .collect();
-            let rendered = template.render(&messages, true)?;
-            let matches = Some(case.rendered.as_deref() == Some(rendered.as_str()));
-            (tokenizer.encode(&rendered, false)?, matches)
-        }
-        // Given as ids (e.g. a long prompt cut to length): nothing to tokenize.
-        "ids" => (case.prompt_ids.clone(), None),
-        _ => (
-            tokenizer.encode(case.prompt.as_deref().unwrap_or_default(), true)?,
-            None,
-        ),
-    };
-    let ids_match = ids == case.prompt_ids;
+    let (ids, template_match) = case.prompt.ids(&case.name, tokenizer, template)?;
+    let ids_match = ids == case.prompt.prompt_ids;
 
     // Generation always starts from the oracle's ids, so the model is judged on its own.
     let mut session = Session::with_options(model, opts);
     session.prefill_step = prefill_step;
-    let mut logits = session.prefill(&case.prompt_ids)?;
+    let mut logits = session.prefill(&case.prompt.prompt_ids)?;
     let mut comparisons = Vec::new();
     let mut greedy_ids = Vec::new();
     for step in 0..case.greedy_ids.len() {

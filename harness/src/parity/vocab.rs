@@ -11,12 +11,13 @@
 use std::path::{Path, PathBuf};
 
 use engine::generate::{greedy, Session};
-use engine::load::template::{ChatTemplate, Message};
+use engine::load::template::ChatTemplate;
 use engine::load::tokenizer::Tokenizer;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
+use super::l1::Prompt;
 use super::{Count, ParityError, Report};
 
 /// A real tokenizer and the tiny model whose vocabulary is resized to it.
@@ -272,19 +273,10 @@ struct Golden {
 #[derive(Debug, Deserialize)]
 struct Case {
     name: String,
-    kind: String,
-    prompt: Option<String>,
-    messages: Option<Vec<MessageJson>>,
-    rendered: Option<String>,
-    prompt_ids: Vec<u32>,
+    #[serde(flatten)]
+    prompt: Prompt,
     greedy_ids: Vec<u32>,
     logits: Vec<StepDigest>,
-}
-
-#[derive(Debug, Deserialize)]
-struct MessageJson {
-    role: String,
-    content: String,
 }
 
 /// One step's logits as the golden keeps them.
@@ -429,31 +421,12 @@ fn check_case(
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
 ) -> Result<CaseReport, ParityError> {
-    let (ids, template_match) = match case.kind.as_str() {
-        "chat" => {
-            let template = template.ok_or_else(|| {
-                ParityError::Index(format!("{}: a chat case but no chat template", case.name))
-            })?;
-            let messages: Vec<Message> = case
-                .messages
-                .iter()
-                .flatten()
-                .map(|m| Message::new(&m.role, &m.content))
-                .collect();
-            let rendered = template.render(&messages, true)?;
-            let matches = case.rendered.as_deref() == Some(rendered.as_str());
-            (tokenizer.encode(&rendered, false)?, Some(matches))
-        }
-        _ => (
-            tokenizer.encode(case.prompt.as_deref().unwrap_or_default(), true)?,
-            None,
-        ),
-    };
+    let (ids, template_match) = case.prompt.ids(&case.name, tokenizer, template)?;
     let mut session = Session::new(model);
-    let mut logits = session.prefill(&case.prompt_ids)?;
+    let mut logits = session.prefill(&case.prompt.prompt_ids)?;
     let mut report = CaseReport {
         name: case.name.clone(),
-        ids_match: ids == case.prompt_ids,
+        ids_match: ids == case.prompt.prompt_ids,
         template_match,
         logits_exact: Vec::new(),
         first_difference: None,
