@@ -155,21 +155,22 @@ fn the_chat_page_renders_what_real_models_stream() {
     );
 }
 
-/// A planted page must fail `check` (others may fail too: printed).
-fn planted_fails(name: &str, check: &str, plant: Plant) {
+/// A planted page must fail `check` (others may fail too: printed); returns why it did.
+fn planted_fails(name: &str, check: &str, plant: Plant) -> String {
     let out = canned_outcome(Some(&plant), &format!("chat-planted-{name}.png"));
     println!("{}", out.report());
-    assert!(
-        out.failed(check),
-        "planted defect ({name}) not caught by the {check} check:\n{}",
-        out.report()
-    );
+    out.why(check).unwrap_or_else(|| {
+        panic!(
+            "planted defect ({name}) not caught by the {check} check:\n{}",
+            out.report()
+        )
+    })
 }
 
 #[test]
 fn a_page_rendering_model_html_is_caught() {
     // What a renderer that trusts the model's markup does: text goes in as HTML.
-    planted_fails(
+    let why = planted_fails(
         "raw-html",
         "xss",
         Plant {
@@ -177,11 +178,13 @@ fn a_page_rendering_model_html_is_caught() {
             to: "parent.insertAdjacentHTML(\"beforeend\", s);",
         },
     );
+    // The payload did run there (its image's error handler set the flag).
+    assert!(why.contains("window.__pwned is \"img\""), "{why}");
 }
 
 #[test]
 fn a_page_ignoring_reasoning_deltas_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "no-reasoning",
         "reasoning",
         Plant {
@@ -193,7 +196,7 @@ fn a_page_ignoring_reasoning_deltas_is_caught() {
 
 #[test]
 fn a_page_without_code_fences_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "no-fences",
         "markdown",
         Plant {
@@ -205,7 +208,7 @@ fn a_page_without_code_fences_is_caught() {
 
 #[test]
 fn a_page_keeping_only_the_last_argument_piece_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "tool-arguments",
         "tools",
         Plant {
@@ -217,7 +220,7 @@ fn a_page_keeping_only_the_last_argument_piece_is_caught() {
 
 #[test]
 fn a_page_not_sending_its_settings_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "settings-unsent",
         "request",
         Plant {
@@ -229,7 +232,7 @@ fn a_page_not_sending_its_settings_is_caught() {
 
 #[test]
 fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "regenerate-keeps-answer",
         "regenerate",
         Plant {
@@ -241,7 +244,7 @@ fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
 
 #[test]
 fn a_page_forgetting_its_settings_is_caught() {
-    planted_fails(
+    let _ = planted_fails(
         "settings-not-kept",
         "persist",
         Plant {

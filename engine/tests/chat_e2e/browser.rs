@@ -4,13 +4,14 @@
 //! over the DevTools protocol (Fetch.enable + Fetch.fulfillRequest) and answered with the
 //! next canned body, and the request bodies the page sent are kept for the test to read.
 
+use headless_chrome::browser::tab::point::Point;
 use headless_chrome::browser::tab::RequestPausedDecision;
 use headless_chrome::protocol::cdp::Fetch::events::RequestPausedEvent;
 use headless_chrome::protocol::cdp::Fetch::{
     FulfillRequest, HeaderEntry, RequestPattern, RequestStage,
 };
 use headless_chrome::protocol::cdp::Network::ResourceType;
-use headless_chrome::protocol::cdp::Page;
+use headless_chrome::protocol::cdp::{Input, Page};
 use headless_chrome::{Browser, LaunchOptions, Tab};
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -314,6 +315,38 @@ pub fn js(tab: &Tab, expr: &str) -> Result<Value, String> {
         Some(err) => Err(format!("`{expr}` threw {err}")),
         None => Ok(v.get("ok").cloned().unwrap_or(Value::Null)),
     }
+}
+
+/// A mouse click (Input.dispatchMouseEvent) at the middle of the element `selector`
+/// picks, scrolled into view; an error if the element is missing or something else is on
+/// top of it there (a user could not click it).
+pub fn click(tab: &Tab, selector: &str) -> Result<(), String> {
+    let sel = serde_json::to_string(selector).unwrap();
+    let at = js(
+        tab,
+        &format!(
+            "(() => {{ const e = document.querySelector({sel}); if (!e) return 'no such element'; \
+             e.scrollIntoView({{ block: 'center', behavior: 'instant' }}); \
+             const r = e.getBoundingClientRect(), x = r.left + r.width / 2, y = r.top + r.height / 2; \
+             const hit = document.elementFromPoint(x, y); \
+             return hit && (hit === e || e.contains(hit)) ? [x, y] : 'covered by ' + (hit ? hit.outerHTML.slice(0, 120) : 'nothing'); }})()"
+        ),
+    )?;
+    let (Some(x), Some(y)) = (at[0].as_f64(), at[1].as_f64()) else {
+        return Err(format!("cannot click {selector}: {at}"));
+    };
+    tab.click_point(Point { x, y })
+        .map(|_| ())
+        .map_err(|e| format!("clicking {selector}: {e}"))
+}
+
+/// Clicks into the field and enters `text` as a keyboard's text input does (one
+/// Input.insertText: the field's input event fires, as for typing).
+pub fn type_into(tab: &Tab, selector: &str, text: &str) -> Result<(), String> {
+    click(tab, selector)?;
+    tab.call_method(Input::InsertText { text: text.into() })
+        .map(|_| ())
+        .map_err(|x| format!("typing into {selector}: {x}"))
 }
 
 /// Waits (up to DOM_TIMEOUT) until `cond` is true in the page.

@@ -3,7 +3,6 @@
 //! deltas whose arguments come in pieces. Each check has a name; a run collects the
 //! names of the checks that failed, so a planted page can be shown to fail its own.
 
-use headless_chrome::protocol::cdp::Input;
 use serde_json::{json, Value};
 
 use super::browser::{js, sse, wait_js, CannedPage, Plant};
@@ -85,8 +84,12 @@ impl Outcome {
         }
     }
 
-    pub fn failed(&self, name: &str) -> bool {
-        self.failed.iter().any(|(n, _)| n == name)
+    /// Why the check `name` failed, if it did.
+    pub fn why(&self, name: &str) -> Option<String> {
+        self.failed
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, why)| why.clone())
     }
 
     pub fn report(&self) -> String {
@@ -112,20 +115,11 @@ fn js_eq(page: &CannedPage, expr: &str, want: Value) -> Result<(), String> {
 }
 
 fn click(page: &CannedPage, selector: &str) -> Result<(), String> {
-    page.tab
-        .find_element(selector)
-        .and_then(|e| e.click().map(|_| ()))
-        .map_err(|x| format!("clicking {selector}: {x}"))
+    super::browser::click(&page.tab, selector)
 }
 
-/// Clicks into the field and enters `text` as a keyboard's text input does (one
-/// Input.insertText: the field's input event fires, as for typing).
 fn type_into(page: &CannedPage, selector: &str, text: &str) -> Result<(), String> {
-    click(page, selector)?;
-    page.tab
-        .call_method(Input::InsertText { text: text.into() })
-        .map(|_| ())
-        .map_err(|x| format!("typing into {selector}: {x}"))
+    super::browser::type_into(&page.tab, selector, text)
 }
 
 /// Opens the settings, types them, sends the first message, waits for its answer.
@@ -185,27 +179,28 @@ fn check_request(page: &CannedPage) -> Result<(), String> {
     })
 }
 
+/// Facts the page's DOM shows, read in one evaluation (each CDP call costs a round trip);
+/// `facts` is a JavaScript object literal over `m`, the first assistant message.
+fn facts(page: &CannedPage, facts: &str) -> Result<Value, String> {
+    js(
+        &page.tab,
+        &format!("(m => ({facts}))(document.querySelector('.msg.assistant'))"),
+    )
+}
+
+fn facts_eq(page: &CannedPage, expr: &str, want: Value) -> Result<(), String> {
+    let got = facts(page, expr)?;
+    ensure(got == want, || format!("the page shows {got}, want {want}"))
+}
+
 fn check_reasoning(page: &CannedPage) -> Result<(), String> {
-    let msg = "document.querySelector('.msg.assistant')";
-    js_eq(
+    facts_eq(
         page,
-        &format!("{msg}.querySelectorAll('details.thinking').length"),
-        json!(1),
-    )?;
-    js_eq(
-        page,
-        &format!("{msg}.querySelector('details.thinking .reasoning').textContent"),
-        json!(REASONING.concat()),
-    )?;
-    js_eq(
-        page,
-        &format!("{msg}.querySelector('details.thinking').open"),
-        json!(false),
-    )?;
-    js_eq(
-        page,
-        &format!("{msg}.querySelector('.content').textContent.includes('The user says hello')"),
-        json!(false),
+        "{ sections: m.querySelectorAll('details.thinking').length, \
+           text: (m.querySelector('details.thinking .reasoning') || {}).textContent, \
+           open: (m.querySelector('details.thinking') || {}).open, \
+           in_answer: m.querySelector('.content').textContent.includes('The user says hello') }",
+        json!({"sections": 1, "text": REASONING.concat(), "open": false, "in_answer": false}),
     )?;
     click(page, ".msg.assistant details.thinking summary")?;
     wait_js(
@@ -216,66 +211,57 @@ fn check_reasoning(page: &CannedPage) -> Result<(), String> {
 }
 
 fn check_markdown(page: &CannedPage) -> Result<(), String> {
-    let c = "document.querySelector('.msg.assistant .content')";
-    js_eq(
+    let all = |sel: &str| {
+        format!("Array.from(m.querySelectorAll('.content {sel}')).map(e => e.textContent)")
+    };
+    facts_eq(
         page,
-        &format!("{c}.querySelectorAll('pre > code').length"),
-        json!(1),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelector('pre > code').textContent"),
-        json!(CODE),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelector('pre > code').className"),
-        json!("language-python"),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelectorAll('.code .code-bar button.copy').length"),
-        json!(1),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelector('p strong').textContent"),
-        json!("bold"),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelector('p em').textContent"),
-        json!("italic"),
-    )?;
-    js_eq(
-        page,
-        &format!("{c}.querySelector('p > code').textContent"),
-        json!("inline <i>code</i>"),
-    )?;
-    js_eq(
-        page,
-        &format!("Array.from({c}.querySelectorAll('ul > li')).map(l => l.textContent)"),
-        json!(["one", "two"]),
-    )?;
-    js_eq(
-        page,
-        &format!("Array.from({c}.querySelectorAll('table th, table td')).map(l => l.textContent)"),
-        json!(["a", "b", "1", "2"]),
+        &format!(
+            "{{ code: {}, code_class: {}, copy_buttons: m.querySelectorAll('.content .code .code-bar button.copy').length, \
+               strong: {}, em: {}, inline_code: {}, items: {}, cells: {} }}",
+            all("pre > code"),
+            "Array.from(m.querySelectorAll('.content pre > code')).map(e => e.className)",
+            all("p strong"),
+            all("p em"),
+            all("p > code"),
+            all("ul > li"),
+            all("table th, .content table td"),
+        ),
+        json!({
+            "code": [CODE], "code_class": ["language-python"], "copy_buttons": 1,
+            "strong": ["bold"], "em": ["italic"], "inline_code": ["inline <i>code</i>"],
+            "items": ["one", "two"], "cells": ["a", "b", "1", "2"],
+        }),
     )
 }
 
+/// The HTML payloads are shown as text and none ran: no script, img, iframe or event
+/// handler attribute in the log, the flag they would set is unset (read once any image
+/// the page made has finished loading or failing: its error handler has run by then),
+/// the javascript: link is text, the https link a link that opens apart.
 fn check_xss(page: &CannedPage) -> Result<(), String> {
-    js_eq(
-        page,
-        "document.querySelectorAll('#log script, #log img, #log iframe, #log [onerror]').length",
-        json!(0),
-    )?;
-    js_eq(page, "typeof window.__pwned", json!("undefined"))?;
-    let text = js(
+    wait_js(
         &page.tab,
-        "document.querySelector('.msg.assistant .content').textContent",
+        "Array.from(document.querySelectorAll('#log img')).every(i => i.complete)",
+        "the images in the log to settle",
     )?;
-    let text = text.as_str().unwrap_or_default();
+    let got = facts(
+        page,
+        "{ flag: String(window.__pwned), \
+           elements: document.querySelectorAll('#log script, #log img, #log iframe, #log [onerror]').length, \
+           text: m.querySelector('.content').textContent, \
+           links: Array.from(document.querySelectorAll('#log a')).map(a => [a.href, a.target, a.rel]) }",
+    )?;
+    ensure(got["flag"] == "undefined", || {
+        format!("the model's HTML ran: window.__pwned is {}", got["flag"])
+    })?;
+    ensure(got["elements"] == 0, || {
+        format!(
+            "the model's HTML made {} elements in the log",
+            got["elements"]
+        )
+    })?;
+    let text = got["text"].as_str().unwrap_or_default();
     for payload in [
         SCRIPT_PAYLOAD,
         IMG_PAYLOAD,
@@ -285,52 +271,55 @@ fn check_xss(page: &CannedPage) -> Result<(), String> {
             format!("the payload {payload:?} is not shown as text in {text:?}")
         })?;
     }
-    js_eq(
-        page,
-        "Array.from(document.querySelectorAll('#log a')).map(a => [a.href, a.target, a.rel])",
-        json!([[
-            "https://example.com/docs",
-            "_blank",
-            "noopener noreferrer nofollow"
-        ]]),
-    )
+    let links = json!([[
+        "https://example.com/docs",
+        "_blank",
+        "noopener noreferrer nofollow"
+    ]]);
+    ensure(got["links"] == links, || {
+        format!("the links are {}, want {links}", got["links"])
+    })
 }
 
 fn check_tools(page: &CannedPage) -> Result<(), String> {
-    let calls = js(
-        &page.tab,
-        "Array.from(document.querySelectorAll('.msg.assistant .tool-call')).map(b => \
-         [b.querySelector('.tool-name').textContent, b.querySelector('pre > code.tool-args').textContent])",
-    )?;
-    let want = json!([
-        ["get_weather", "{\n  \"city\": \"Paris\",\n  \"days\": 3\n}"],
-        ["get_time", "{\n  \"tz\": \"Europe/Paris\"\n}"],
-    ]);
-    ensure(calls == want, || {
-        format!("tool call blocks {calls}, want {want}")
-    })?;
-    js_eq(
+    facts_eq(
         page,
-        "document.querySelector('.msg.assistant').dataset.finish",
-        json!("tool_calls"),
+        "{ calls: Array.from(m.querySelectorAll('.tool-call')).map(b => \
+             [b.querySelector('.tool-name').textContent, b.querySelector('pre > code.tool-args').textContent]), \
+           finish: m.dataset.finish }",
+        json!({
+            "calls": [
+                ["get_weather", "{\n  \"city\": \"Paris\",\n  \"days\": 3\n}"],
+                ["get_time", "{\n  \"tz\": \"Europe/Paris\"\n}"],
+            ],
+            "finish": "tool_calls",
+        }),
     )
 }
 
+/// The answer's Copy puts its markdown on the clipboard, the code block's its code.
 fn check_copy(page: &CannedPage) -> Result<(), String> {
-    click(page, ".turn.assistant .actions button.copy")?;
-    let want = serde_json::to_string(&answer_markdown()).unwrap();
-    wait_js(
-        &page.tab,
-        &format!("window.__copied === {want}"),
-        "the answer's Copy to copy its markdown",
-    )?;
-    click(page, ".msg.assistant .code button.copy")?;
-    let want = serde_json::to_string(CODE).unwrap();
-    wait_js(
-        &page.tab,
-        &format!("window.__copied === {want}"),
-        "the code block's Copy to copy its code",
-    )
+    for (button, want) in [
+        (".turn.assistant .actions button.copy", answer_markdown()),
+        (".msg.assistant .code button.copy", CODE.to_owned()),
+    ] {
+        click(page, button)?;
+        let sel = serde_json::to_string(button).unwrap();
+        wait_js(
+            &page.tab,
+            &format!("document.querySelector({sel}).dataset.copied === 'true'"),
+            &format!("{button} to copy"),
+        )?;
+        js(
+            &page.tab,
+            &format!("delete document.querySelector({sel}).dataset.copied"),
+        )?;
+        let got = js(&page.tab, "window.__copied")?;
+        ensure(got == want, || {
+            format!("{button} copied {got}, want {want:?}")
+        })?;
+    }
+    Ok(())
 }
 
 fn check_regenerate(page: &CannedPage) -> Result<(), String> {
