@@ -70,9 +70,9 @@ pub fn run_fixture(
     golden: &TensorGolden,
     perturb: impl Fn(&mut Vec<String>),
 ) -> Result<DetokReport, ParityError> {
-    let dir =
-        crate::fixtures::tokenizer_dir(fixture).map_err(|m| ParityError::Usage(m.to_string()))?;
-    super::tokenize::check_fixture_sha(&dir, golden)?;
+    let dir = super::fixture::dir(fixture)?;
+    let settings = &golden.index["settings"];
+    super::fixture::check_sha(&dir, "tokenizer.json", settings, "tokenizer_json_sha256")?;
     run_dir(fixture, &dir, golden, perturb)
 }
 

@@ -7,6 +7,7 @@
 
 pub mod batch;
 pub mod detok;
+pub mod fixture;
 pub mod gates;
 pub mod l1;
 pub mod l2;

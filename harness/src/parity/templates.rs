@@ -16,8 +16,8 @@ use std::path::Path;
 use engine::load::template::{ChatTemplate, NaiveDateTime, RenderArgs};
 use engine::load::tokenizer::Tokenizer;
 use serde_json::{Map, Value};
-use sha2::{Digest, Sha256};
 
+use super::fixture::sha256_hex;
 use super::{ParityError, Report};
 use crate::goldens::TensorGolden;
 
@@ -64,13 +64,6 @@ fn index_error(what: impl Into<String>) -> ParityError {
     ParityError::Index(what.into())
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// The golden's clock (`settings.now`, ISO seconds).
 fn pinned_now(index: &Value) -> Result<NaiveDateTime, ParityError> {
     let now = index["settings"]["now"]
@@ -86,18 +79,14 @@ fn template_of(fixture: &str, index: &Value, goldens: &Path) -> Result<ChatTempl
     let tokenizer_fixture = index["fixture"]
         .as_str()
         .ok_or_else(|| index_error("fixture missing"))?;
-    let dir = crate::fixtures::tokenizer_dir(tokenizer_fixture)
-        .map_err(|m| ParityError::Usage(m.to_string()))?;
-    let config_path = dir.join("tokenizer_config.json");
-    let config = std::fs::read(&config_path)
-        .map_err(|e| ParityError::Usage(format!("{}: {e}", config_path.display())))?;
-    if sha256_hex(&config) != index["settings"]["tokenizer_config_sha256"] {
-        return Err(ParityError::Usage(format!(
-            "{} is not the one the golden was made from: run `{}`",
-            config_path.display(),
-            crate::fixtures::FETCH
-        )));
-    }
+    let dir = super::fixture::dir(tokenizer_fixture)?;
+    let settings = &index["settings"];
+    super::fixture::check_sha(
+        &dir,
+        "tokenizer_config.json",
+        settings,
+        "tokenizer_config_sha256",
+    )?;
     let tokenizer = Tokenizer::load(&dir)?;
     let source = match fixture {
         "pyisms" => {

@@ -4,11 +4,8 @@
 //! `tokenizer(text, add_special_tokens=…)` ids, and our `decode_with_special` of both against
 //! transformers' `decode(ids)`. Identical ids and strings, or the first mismatch with its text.
 
-use std::path::Path;
-
 use engine::load::tokenizer::Tokenizer;
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
 use super::{ParityError, Report};
 use crate::goldens::TensorGolden;
@@ -57,31 +54,6 @@ struct Case {
     decoded_plain: String,
 }
 
-/// The sha256 the golden was made from must be the fixture's: else the comparison would
-/// judge other bytes.
-pub(super) fn check_fixture_sha(dir: &Path, golden: &TensorGolden) -> Result<(), ParityError> {
-    let Some(want) = golden.index["settings"]["tokenizer_json_sha256"].as_str() else {
-        return Err(ParityError::Index(
-            "settings.tokenizer_json_sha256 missing".into(),
-        ));
-    };
-    let path = dir.join("tokenizer.json");
-    let bytes =
-        std::fs::read(&path).map_err(|e| ParityError::Index(format!("{}: {e}", path.display())))?;
-    let got: String = Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    match got == want {
-        true => Ok(()),
-        false => Err(ParityError::Usage(format!(
-            "{} has sha256 {got}, the golden was made from {want}: run `{}`",
-            path.display(),
-            crate::fixtures::FETCH
-        ))),
-    }
-}
-
 /// Ours against one case: None when identical, else what differs first.
 fn compare(
     tokenizer: &Tokenizer,
@@ -122,9 +94,9 @@ fn compare(
 
 /// Runs the gate on `golden`, the tokenization golden of tokenizer fixture `fixture`.
 pub fn run(fixture: &str, golden: &TensorGolden) -> Result<TokenizeReport, ParityError> {
-    let dir =
-        crate::fixtures::tokenizer_dir(fixture).map_err(|m| ParityError::Usage(m.to_string()))?;
-    check_fixture_sha(&dir, golden)?;
+    let dir = super::fixture::dir(fixture)?;
+    let settings = &golden.index["settings"];
+    super::fixture::check_sha(&dir, "tokenizer.json", settings, "tokenizer_json_sha256")?;
     let tokenizer = Tokenizer::load(&dir)?;
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| ParityError::Index(format!("cases: {e}")))?;

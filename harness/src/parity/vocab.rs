@@ -15,8 +15,8 @@ use engine::load::template::ChatTemplate;
 use engine::load::tokenizer::Tokenizer;
 use safetensors::tensor::{Dtype, TensorView};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
 
+use super::fixture::sha256_hex;
 use super::l1::Prompt;
 use super::{Count, ParityError, Report};
 
@@ -72,11 +72,6 @@ impl Pairing {
     }
 }
 
-/// The fixture's dir, or the error naming the command that fetches it.
-fn fixture_dir(name: &str) -> Result<PathBuf, ParityError> {
-    crate::fixtures::tokenizer_dir(name).map_err(|e| ParityError::Usage(e.to_string()))
-}
-
 /// The seed of the generated rows; changing it (or the generator) changes every golden's
 /// `weights_sha256`, which the gate checks first.
 const SEED: u64 = 0x005e_ed0f_706b_656e;
@@ -108,7 +103,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> ParityError + '_ {
 /// model.safetensors holding the base's tensors with the vocabulary-sized ones regenerated.
 pub fn materialize(pairing: &Pairing) -> Result<PathBuf, ParityError> {
     let dir = crate::cache_dir().join("models").join(pairing.name);
-    let fixture = fixture_dir(pairing.fixture)?;
+    let fixture = super::fixture::dir(pairing.fixture)?;
     if dir.join("model.safetensors").is_file() && holds_fixture(&dir, &fixture)? {
         return Ok(dir);
     }
@@ -257,11 +252,7 @@ fn resized(
 /// sha256 of a file, hex.
 pub fn file_sha256(path: &Path) -> Result<String, ParityError> {
     let bytes = std::fs::read(path).map_err(io(path))?;
-    Ok(hex(&Sha256::digest(&bytes)))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    Ok(sha256_hex(&bytes))
 }
 
 #[derive(Debug, Deserialize)]
@@ -441,7 +432,7 @@ fn check_case(
             flat.eval()?;
             let values: &[f32] = flat.as_slice();
             let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let exact = hex(&Sha256::digest(&bytes)) == digest.sha256;
+            let exact = sha256_hex(&bytes) == digest.sha256;
             if !exact && report.first_difference.is_none() {
                 let top = top_entry(values);
                 let theirs = digest.top.first().copied().unwrap_or((u32::MAX, f32::NAN));
