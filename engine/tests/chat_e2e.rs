@@ -26,6 +26,8 @@ use common::server::{serve_model, stats};
 mod browser;
 #[path = "chat_e2e/canned.rs"]
 mod canned;
+#[path = "chat_e2e/markdown.rs"]
+mod markdown;
 #[path = "chat_e2e/stream.rs"]
 mod stream;
 
@@ -283,4 +285,40 @@ fn a_thinking_section_closed_while_streaming_is_caught() {
     let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
     assert!(err.contains("open while the model reasons"), "{err}");
     println!("caught: {err}");
+}
+
+#[test]
+fn the_markdown_renderer_matches_its_table() {
+    let bad = markdown::mismatches(None).unwrap_or_else(|e| panic!("{e}"));
+    for (md, want, got) in &bad {
+        println!("{md:?}\n  want {want}\n  got  {got}");
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases differ",
+        bad.len(),
+        markdown::CASES.len()
+    );
+    println!("{} cases rendered as expected", markdown::CASES.len());
+}
+
+#[test]
+fn a_renderer_linking_any_scheme_is_caught() {
+    let plant = Plant {
+        // A renderer that links whatever URL the model writes.
+        from: r#"if (!/^https?:\/\//i.test(raw)) return null;
+  try {
+    const u = new URL(raw);
+    return u.protocol === "http:" || u.protocol === "https:" ? u.href : null;"#,
+        to: r#"try {
+    const u = new URL(raw);
+    return u.href;"#,
+    };
+    let bad = markdown::mismatches(Some(&plant)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        bad.iter()
+            .any(|(md, _, got)| md.contains("javascript:") && got.contains("href=\"javascript:")),
+        "planted defect not caught: {bad:?}"
+    );
+    println!("caught: {bad:?}");
 }
