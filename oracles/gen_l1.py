@@ -46,6 +46,21 @@ LOGIT_STEPS = 17   # prefill + 16 decode steps
 GREEDY_STEPS = 64
 
 
+def prompt_cases(hf, raw_prompts, chats):
+    """Each prompt's case head, its ids made as mlx_lm.generate makes them: raw text encoded
+    with special tokens, chat turns rendered (apply_chat_template, generation prompt on) and
+    encoded without. The L1 and real-vocabulary goldens share it."""
+    cases = []
+    for i, text in enumerate(raw_prompts):
+        cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text,
+                      "prompt_ids": hf.encode(text, add_special_tokens=True)})
+    for i, messages in enumerate(chats):
+        rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages, "rendered": rendered,
+                      "prompt_ids": hf.encode(rendered, add_special_tokens=False)})
+    return cases
+
+
 def run(model, prompt_ids, prefill_step, kv=None):
     captured = []
 
@@ -70,20 +85,11 @@ def main(names, out_root, prefill_step, suffix, kv=None) -> None:
         model, _ = load(str(path))
         hf = AutoTokenizer.from_pretrained(str(path))
         out = TensorFile()
-        cases = []
-        for i, text in enumerate(RAW_PROMPTS):
-            ids = hf.encode(text, add_special_tokens=True)
-            greedy, logits = run(model, ids, prefill_step, kv)
-            cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text, "prompt_ids": ids,
-                          "greedy_ids": greedy,
-                          "logits": [out.add(f"raw{i}/{s}", l) for s, l in enumerate(logits)]})
-        for i, messages in enumerate(CHATS):
-            rendered = hf.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            ids = hf.encode(rendered, add_special_tokens=False)
-            greedy, logits = run(model, ids, prefill_step, kv)
-            cases.append({"name": f"chat{i}", "kind": "chat", "messages": messages,
-                          "rendered": rendered, "prompt_ids": ids, "greedy_ids": greedy,
-                          "logits": [out.add(f"chat{i}/{s}", l) for s, l in enumerate(logits)]})
+        cases = prompt_cases(hf, RAW_PROMPTS, CHATS)
+        for case in cases:
+            greedy, logits = run(model, case["prompt_ids"], prefill_step, kv)
+            case["greedy_ids"] = greedy
+            case["logits"] = [out.add(f"{case['name']}/{s}", l) for s, l in enumerate(logits)]
         golden = name + suffix
         dest = Path(out_root) / golden if out_root else golden_dir(f"l1/{golden}")
         out.write(dest / "logits.bin")

@@ -31,6 +31,7 @@ from mlx_lm import load
 from mlx_lm.generate import generate_step
 from transformers import AutoTokenizer
 
+from gen_l1 import prompt_cases
 from provenance import REPO, golden_dir, provenance, write_json
 
 NAMES = ["vocab-qwen3", "vocab-gemma3", "vocab-llama3.1", "vocab-mistral-v3"]
@@ -80,18 +81,9 @@ def main(names, out_root) -> None:
         path = model_dir(name)
         model, _ = load(str(path))
         hf = AutoTokenizer.from_pretrained(str(path))
-        cases = []
-        for i, text in enumerate(RAW_PROMPTS):
-            ids = hf.encode(text, add_special_tokens=True)
-            greedy, logits = run(model, ids)
-            cases.append({"name": f"raw{i}", "kind": "raw", "prompt": text, "prompt_ids": ids,
-                          "greedy_ids": greedy, "logits": logits})
-        if hf.chat_template:
-            rendered = hf.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
-            ids = hf.encode(rendered, add_special_tokens=False)
-            greedy, logits = run(model, ids)
-            cases.append({"name": "chat0", "kind": "chat", "messages": CHAT, "rendered": rendered,
-                          "prompt_ids": ids, "greedy_ids": greedy, "logits": logits})
+        cases = prompt_cases(hf, RAW_PROMPTS, [CHAT] if hf.chat_template else [])
+        for case in cases:
+            case["greedy_ids"], case["logits"] = run(model, case["prompt_ids"])
         weights = path / "model.safetensors"
         dest = Path(out_root) / name if out_root else golden_dir(f"l1-vocab/{name}")
         write_json(dest / "index.json", {
