@@ -28,7 +28,6 @@ and of the template it rendered.
 Output: goldens/templates/<fixture>/index.json (no machine layer: text only).
 """
 
-import argparse
 import copy
 import datetime as dt
 import hashlib
@@ -37,7 +36,7 @@ from pathlib import Path
 import transformers.utils.chat_template_utils as ctu
 from transformers import AutoTokenizer
 
-from gen_tokenize import fixture_dir, sha256
+from gen_tokenize import fixture_dir, fixture_main, sha256
 from provenance import GOLDENS, provenance, write_json
 
 FIXTURES = ["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"]
@@ -193,9 +192,4 @@ def main(fixture, out_root) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("fixtures", nargs="*", default=FIXTURES)
-    ap.add_argument("--out", help="write <out>/<fixture>/ instead of the goldens (live diffs)")
-    args = ap.parse_args()
-    for fixture in args.fixtures:
-        main(fixture, args.out)
+    fixture_main(main, FIXTURES)

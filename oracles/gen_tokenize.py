@@ -201,10 +201,16 @@ def main(name: str, out_root: str | None) -> None:
     print(f"tokenize/{name}: {len(cases)} texts -> {dest}")
 
 
-if __name__ == "__main__":
+def fixture_main(main, fixtures) -> None:
+    """The command line of a per-fixture golden generator: `[FIXTURE ...] [--out DIR]`,
+    calling main(fixture, out) for each (every fixture by default)."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("fixtures", nargs="*", default=FIXTURES)
+    ap.add_argument("fixtures", nargs="*", default=fixtures)
     ap.add_argument("--out", help="write <out>/<fixture>/ instead of the goldens (live diffs)")
     args = ap.parse_args()
     for fixture in args.fixtures:
         main(fixture, args.out)
+
+
+if __name__ == "__main__":
+    fixture_main(main, FIXTURES)
