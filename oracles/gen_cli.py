@@ -75,6 +75,12 @@ def cases(is_token: str) -> list[dict]:
         c("qwen3-default-chat", "tiny-qwen3", ["-m", "12", "--prompt", SKY]),
         c("gemma3-system-prompt", "tiny-gemma3",
           ["-m", "12", "--system-prompt", "You answer in one sentence.", "--prompt", SKY]),
+        # transformers 5's layout: chat_template.jinja, two shards with an index, and
+        # thinking markers in the vocabulary (enable_thinking on by default, then off).
+        c("transformers5-layout", "tiny-qwen3-tools", ["-m", "40", "--prompt", "What is the weather like?"]),
+        c("transformers5-layout-no-thinking", "tiny-qwen3-tools",
+          ["-m", "40", "--chat-template-config", '{"enable_thinking": false}',
+           "--prompt", "What is the weather like?"]),
     ]
 
 
