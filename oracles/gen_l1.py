@@ -29,7 +29,8 @@ from transformers import AutoTokenizer
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8", "tiny-gemma3", "tiny-gemma3-q4", "tiny-qwen2",
-          "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4"]
+          "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-gemma3-mm", "tiny-gemma4-mm",
+          "tiny-gemma4-mm-mlx"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",

@@ -30,6 +30,9 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      K/V, tied head, no centroid head; briefly distilled on tiny-gemma4's
                      greedy continuations of its L1 prompts so that some drafts are accepted,
                      bf16 (needs tiny-gemma4 and goldens/l1/tiny-gemma4)
+- tiny-gemma3-mm, tiny-gemma4-mm, tiny-gemma4-mm-mlx
+                     the multimodal wrappers gemma3 / gemma4 in their checkpoints' layouts:
+                     oracles/make_wrappers.py
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
@@ -521,6 +524,19 @@ ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-
         "tiny-qwen3-tools": make_qwen3_tools}
 
 
+def make_wrapper(name):
+    """The multimodal wrappers (gemma3, gemma4) are made by oracles/make_wrappers.py, which
+    imports this module: loaded when asked for."""
+    def make(tok):
+        import make_wrappers
+        make_wrappers.ONLY[name](tok)
+    return make
+
+
+WRAPPERS = ("tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gemma4-mm-mlx")
+ONLY.update({n: make_wrapper(n) for n in WRAPPERS})
+
+
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()
@@ -567,6 +583,8 @@ def main(only=None) -> None:
     make_gemma3_kv(tok)
     make_llama_draft(tok)
     make_qwen3_tools(tok)
+    for name in WRAPPERS:
+        ONLY[name](tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
                  "tiny-llama-draft"]:

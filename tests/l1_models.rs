@@ -220,3 +220,98 @@ fn l1_mlx_lm_kv_bits_4() {
         "the fused kernel must not pass mlx-lm's golden"
     );
 }
+
+/// The multimodal wrappers loaded for text as mlx-lm loads them (gemma3.Model /
+/// gemma4.Model): the language model from `text_config` with the wrapper's defaults (8 q /
+/// 4 kv heads, its vocab_size), its tensors under the language model's prefix, the vision
+/// and audio towers dropped. Gemma 3 as google/gemma-3-*-it and mlx-community name it.
+#[test]
+fn l1_tiny_gemma3_mm_wrapper() {
+    assert_bit_exact("tiny-gemma3-mm");
+}
+
+/// Gemma 4 in Hugging Face's layout (`model.language_model.…`, the KV-shared layers' K/V
+/// projections stored and dropped).
+#[test]
+fn l1_tiny_gemma4_mm_wrapper_hf_layout() {
+    assert_bit_exact("tiny-gemma4-mm");
+}
+
+/// Gemma 4 in mlx-community's layout (`language_model.model.…`, untied lm_head, K = V).
+#[test]
+fn l1_tiny_gemma4_mm_wrapper_mlx_layout() {
+    assert_bit_exact("tiny-gemma4-mm-mlx");
+}
+
+/// Planted defects on the wrappers: a setting changed in `text_config` breaks the gate while
+/// the same key at the top level (which mlx-lm does not read) leaves it bit-exact, and the
+/// language model's prefix kept in the tensor names fails the load.
+#[test]
+fn planted_wrapper_defects_fail_l1() {
+    let inner = l1("tiny-gemma3-mm", Some("text_config.sliding_window=16"));
+    assert!(!inner.passed());
+    println!("planted text_config defect caught: {}", inner.summary());
+    let top = l1("tiny-gemma3-mm", Some("sliding_window=16"));
+    assert!(top.passed(), "{}", top.details().join("\n"));
+    for name in ["tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gemma4-mm-mlx"] {
+        let _on = engine::plant::on(engine::plant::Defect::WrapperPrefixKept).unwrap();
+        let err = L1.run(name, None).err().expect("the prefix kept must fail");
+        assert!(err.to_string().contains("missing tensor"), "{err}");
+        println!("planted prefix defect caught on {name}: {err}");
+    }
+}
+
+/// A wrapper config without `text_config`, or weights without the language model's prefix,
+/// is an error naming the problem and the file.
+#[test]
+fn wrapper_layout_errors_name_the_problem() {
+    use engine::load::config::ModelConfig;
+    use engine::load::weights::Weights;
+    let dir = harness::goldens::model_dir("tiny-gemma3-mm").unwrap();
+    let mut config = ModelConfig::read(&dir).unwrap();
+    config.raw.as_object_mut().unwrap().remove("text_config");
+    let err = engine::model::build(&config, Weights::load(&dir).unwrap())
+        .err()
+        .expect("no text_config must be an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("config.json") && text.contains("`text_config`"),
+        "{text}"
+    );
+    // transformers' `model.language_model.…` names under a gemma3 config.
+    let config = ModelConfig::read(&dir).unwrap();
+    let hf = harness::goldens::model_dir("tiny-gemma4-mm").unwrap();
+    let err = engine::model::build(&config, Weights::load(&hf).unwrap())
+        .err()
+        .expect("no language_model. prefix must be an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("model*.safetensors") && text.contains("model.language_model."),
+        "{text}"
+    );
+    println!("{text}");
+}
+
+/// RoPE kinds (rope.rs, mlx-lm's initialize_rope): dynamic NTK (max_position_embeddings 32,
+/// so the base grows once prompt + continuation pass 32 positions) and yarn (ramped
+/// frequencies, mscale on the input).
+#[test]
+fn l1_tiny_llama_dynamic_and_yarn_rope() {
+    assert_bit_exact("tiny-llama-dynamic");
+    assert_bit_exact("tiny-llama-yarn");
+}
+
+/// phi3: fused qkv / gate_up, SuScaled (longrope) RoPE on 12 of 16 head dims.
+#[test]
+fn l1_tiny_phi3_longrope() {
+    assert_bit_exact("tiny-phi3");
+}
+
+/// transformers 5 configs with RoPE settings only in rope_parameters (flat for llama, per
+/// layer type for gemma3_text): read as transformers reads them; the golden is mlx-lm on the
+/// same config flattened to the top level (mlx-lm 0.32.2 itself ignores rope_parameters).
+#[test]
+fn l1_rope_parameters_only_configs() {
+    assert_bit_exact("tiny-llama-rope-params");
+    assert_bit_exact("tiny-gemma3-rope-params");
+}

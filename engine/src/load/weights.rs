@@ -131,6 +131,16 @@ impl Weights {
             .ok_or_else(|| LoadError::Weights(format!("missing tensor `{name}`")))
     }
 
+    /// Renames every tensor by `f`, dropping those it maps to None (a wrapper's sanitize:
+    /// the language model's prefix stripped, vision/audio towers dropped).
+    pub fn rename(&mut self, f: impl Fn(&str) -> Option<String>) {
+        let old = std::mem::take(&mut self.tensors);
+        self.tensors = old
+            .into_iter()
+            .filter_map(|(name, a)| f(&name).map(|n| (n, a)))
+            .collect();
+    }
+
     /// Drops tensors a family ignores (e.g. precomputed rotary frequencies).
     pub fn discard(&mut self, pred: impl Fn(&str) -> bool) {
         self.tensors.retain(|name, _| !pred(name));

@@ -5,6 +5,7 @@ pub mod gemma4;
 pub mod layers;
 pub mod llama;
 pub mod sdpa;
+pub mod wrapper;
 
 use std::path::Path;
 
@@ -76,6 +77,8 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3",
     "gemma3_text",
     "gemma4_text",
+    "gemma3",
+    "gemma4",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -87,6 +90,8 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         }
         "gemma3_text" => Ok(Box::new(gemma::Gemma3::load(config, weights)?)),
         "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(config, weights)?)),
+        // The multimodal wrappers, loaded for text as mlx-lm loads them.
+        "gemma3" | "gemma4" => wrapper::build(config, weights),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

@@ -1,0 +1,266 @@
+//! The multimodal wrappers `gemma3` and `gemma4` (Gemma 3 4B/12B/27B, Gemma 4 e4b/12B)
+//! loaded for text, as mlx-lm 0.32.2's `gemma3.Model` / `gemma4.Model` load them: the
+//! language model's settings are the config's `text_config` section, its weights are the
+//! tensors under the language model's prefix, and the vision/audio towers are dropped.
+//!
+//!   text config = text_config + { vocab_size: the wrapper's (default 262208 / 262144),
+//!                                 num_attention_heads: 8 if absent,
+//!                                 num_key_value_heads: 4 (gemma3) / 1 (gemma4) if absent }
+//!   gemma3 names: `vision_tower.…`, `multi_modal_projector.…` dropped;
+//!                 `language_model.X` → X (X as the gemma3_text family names it)
+//!   gemma4 names: a leading `model.` removed; then names starting `vision_tower`,
+//!                 `multi_modal_projector`, `audio_tower`, `embed_audio`, `embed_vision`,
+//!                 `vision_embedder` dropped; `model.language_model.X` → `model.X`
+//!                 (Hugging Face's layout), `language_model.X` → X (mlx-community's)
+//!
+//! The text model is then the gemma3_text / gemma4_text family, unchanged. Anything else
+//! left in the checkpoint is an error, as mlx-lm's strict load makes it one.
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+use serde_json::Value;
+
+use super::gemma::Gemma3;
+use super::gemma4::Gemma4;
+use super::{AssistantTarget, LanguageModel, Layered};
+use crate::cache::Cache;
+use crate::load::config::{ModelConfig, QuantConfig};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+use crate::plant::{self, Defect};
+
+/// The language model's prefix after mlx-lm's sanitize, in both wrappers.
+const LM: &str = "language_model.";
+
+/// What one wrapper is: its text family and mlx-lm's `ModelArgs.__post_init__` defaults.
+#[derive(Debug, Clone, Copy)]
+struct Spec {
+    model_type: &'static str,
+    text_family: &'static str,
+    vocab_size: i64,
+    kv_heads: i64,
+}
+
+const GEMMA3: Spec = Spec {
+    model_type: "gemma3",
+    text_family: "gemma3_text",
+    vocab_size: 262_208,
+    kv_heads: 4,
+};
+
+const GEMMA4: Spec = Spec {
+    model_type: "gemma4",
+    text_family: "gemma4_text",
+    vocab_size: 262_144,
+    kv_heads: 1,
+};
+
+/// The wrappers this module loads.
+pub const WRAPPERS: [&str; 2] = [GEMMA3.model_type, GEMMA4.model_type];
+
+/// Where one checkpoint tensor goes.
+enum Fate {
+    /// Not part of the text model (a vision or audio tower, the projector).
+    Dropped,
+    /// The text family's name for it.
+    Text(String),
+    /// Neither: mlx-lm's strict load rejects it.
+    Foreign,
+}
+
+/// gemma3.Model.sanitize: the `vision_tower` and `multi_modal_projector` subtrees popped,
+/// the `language_model` subtree kept.
+fn gemma3_fate(name: &str) -> Fate {
+    if name.starts_with("vision_tower.") || name.starts_with("multi_modal_projector.") {
+        return Fate::Dropped;
+    }
+    under_lm(name)
+}
+
+/// gemma4.Model.sanitize, name by name.
+fn gemma4_fate(name: &str) -> Fate {
+    const TOWERS: [&str; 6] = [
+        "vision_tower",
+        "multi_modal_projector",
+        "audio_tower",
+        "embed_audio",
+        "embed_vision",
+        "vision_embedder",
+    ];
+    let stripped = name.strip_prefix("model.");
+    let rest = stripped.unwrap_or(name);
+    if TOWERS.iter().any(|t| rest.starts_with(t)) {
+        return Fate::Dropped;
+    }
+    match stripped {
+        Some(rest) if rest.starts_with("language_model") => {
+            under_lm(&rest.replace("language_model.", "language_model.model."))
+        }
+        Some(rest) => under_lm(rest),
+        None => under_lm(name),
+    }
+}
+
+/// A sanitized name: under the language model's prefix or foreign.
+fn under_lm(name: &str) -> Fate {
+    match name.strip_prefix(LM) {
+        Some(_) if plant::is(Defect::WrapperPrefixKept) => Fate::Text(name.to_owned()),
+        Some(rest) => Fate::Text(rest.to_owned()),
+        None => Fate::Foreign,
+    }
+}
+
+impl Spec {
+    fn of(model_type: &str) -> Option<Spec> {
+        match model_type {
+            "gemma3" => Some(GEMMA3),
+            "gemma4" => Some(GEMMA4),
+            _ => None,
+        }
+    }
+
+    fn fate(&self, name: &str) -> Fate {
+        match self.model_type {
+            "gemma3" => gemma3_fate(name),
+            _ => gemma4_fate(name),
+        }
+    }
+
+    /// The text family's config: `text_config` with the wrapper's vocab size and head
+    /// defaults, and the wrapper's quantization map on the text model's module paths.
+    fn text_config(&self, config: &ModelConfig) -> Result<ModelConfig, LoadError> {
+        let problem = |message: String| LoadError::Config {
+            path: config.path.clone(),
+            message,
+        };
+        let Some(Value::Object(section)) = config.raw.get("text_config") else {
+            return Err(problem(format!(
+                "model_type `{}` is a multimodal wrapper: its language model's settings are \
+                 read from `text_config`, which this config lacks (or is not an object)",
+                self.model_type
+            )));
+        };
+        // gemma3_text's arguments have no default model_type; mlx-lm fails without it.
+        if self.model_type == "gemma3" && !section.contains_key("model_type") {
+            return Err(problem(
+                "`text_config` lacks `model_type` (mlx-lm's gemma3_text arguments require it)"
+                    .into(),
+            ));
+        }
+        let mut text = section.clone();
+        let vocab = config.raw.get("vocab_size").cloned();
+        text.insert("vocab_size".into(), vocab.unwrap_or(self.vocab_size.into()));
+        text.entry("num_attention_heads").or_insert(8.into());
+        text.entry("num_key_value_heads")
+            .or_insert(self.kv_heads.into());
+        text.insert("model_type".into(), self.text_family.into());
+        let mut inner = ModelConfig::from_value(config.path.clone(), Value::Object(text))?;
+        inner.quantization = config.quantization.as_ref().map(|q| QuantConfig {
+            default: q.default,
+            per_path: q
+                .per_path
+                .iter()
+                .filter_map(|(k, v)| Some((k.strip_prefix(LM)?.to_owned(), *v)))
+                .collect(),
+        });
+        Ok(inner)
+    }
+
+    /// Renames the checkpoint's tensors to the text family's names; errs where mlx-lm's
+    /// sanitize or strict load would.
+    fn sanitize(&self, config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+        let files = config.path.with_file_name("model*.safetensors");
+        let names = w.remaining();
+        if !names.iter().any(|n| matches!(self.fate(n), Fate::Text(_))) {
+            let hint = if names.iter().any(|n| n.starts_with("model.language_model.")) {
+                " (these are transformers' `model.language_model.…` names, which mlx-lm 0.32.2's \
+                 gemma3 does not read either)"
+            } else {
+                ""
+            };
+            return Err(LoadError::Weights(format!(
+                "{}: no tensor of the language model: a {} checkpoint keeps it under \
+                 `language_model.` (e.g. `language_model.model.embed_tokens.weight`){hint}",
+                files.display(),
+                self.model_type
+            )));
+        }
+        let foreign: Vec<&String> = names
+            .iter()
+            .filter(|n| matches!(self.fate(n), Fate::Foreign))
+            .collect();
+        if let Some(first) = foreign.first() {
+            return Err(LoadError::Weights(format!(
+                "{}: {} tensors are neither under the language model's prefix nor vision/audio \
+                 weights a {} checkpoint drops, e.g. `{first}`",
+                files.display(),
+                foreign.len(),
+                self.model_type
+            )));
+        }
+        w.rename(|n| match self.fate(n) {
+            Fate::Text(name) => Some(name),
+            Fate::Dropped | Fate::Foreign => None,
+        });
+        Ok(())
+    }
+}
+
+/// The text model behind a wrapper: everything is the text family's, except the name.
+/// LoRA and segmented training are refused (their adapter names would be the text
+/// family's, not mlx-lm's `language_model.model.layers.…`).
+pub struct Wrapped {
+    model_type: &'static str,
+    inner: Box<dyn LanguageModel>,
+}
+
+/// Builds a wrapper's text model (`config.model_type` is `gemma3` or `gemma4`).
+pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let spec = Spec::of(&config.model_type).ok_or_else(|| {
+        LoadError::Unsupported(format!(
+            "model_type `{}` is not a wrapper this engine loads ({})",
+            config.model_type,
+            WRAPPERS.join(", ")
+        ))
+    })?;
+    let text = spec.text_config(config)?;
+    spec.sanitize(config, &mut w)?;
+    let inner: Box<dyn LanguageModel> = match spec.model_type {
+        "gemma3" => Box::new(Gemma3::load(&text, w)?),
+        _ => Box::new(Gemma4::load(&text, w)?),
+    };
+    Ok(Box::new(Wrapped {
+        model_type: spec.model_type,
+        inner,
+    }))
+}
+
+impl LanguageModel for Wrapped {
+    fn model_type(&self) -> &str {
+        self.model_type
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.inner.activation_dtype()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.inner.vocab_size()
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.inner.make_caches()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        self.inner.forward(ids, caches)
+    }
+
+    fn as_layered(&self) -> Option<&dyn Layered> {
+        None
+    }
+
+    fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
+        self.inner.as_assistant_target()
+    }
+}
