@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod convert;
 pub mod generate;
 pub mod load;
 pub mod model;

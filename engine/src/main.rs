@@ -34,6 +34,8 @@ enum Command {
     Serve(Box<engine::serve::ServeArgs>),
     /// Fine-tune LoRA adapters (SFT or ORPO) on jsonl data; writes mlx-lm-format adapters.
     Train(Box<engine::train::cli::TrainArgs>),
+    /// Convert a Hugging Face model dir to MLX (dtype cast, quantization), as mlx_lm.convert.
+    Convert(Box<engine::convert::ConvertArgs>),
 }
 
 /// `engine generate`: mlx_lm.generate's flags where they mean the same here (names, short
@@ -179,6 +181,7 @@ fn main() -> Result<()> {
         Some(Command::Generate(args)) => generate(*args),
         Some(Command::Serve(args)) => engine::serve::run(*args),
         Some(Command::Train(args)) => engine::train::cli::run(*args),
+        Some(Command::Convert(args)) => engine::convert::convert(&args),
         None if cli.version => {
             print_version();
             Ok(())

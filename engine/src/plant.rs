@@ -75,6 +75,9 @@ pub enum Defect {
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
     /// by the L1 gate on the wrapper fixtures (`tests/l1_models.rs`).
     WrapperPrefixKept,
+    /// `engine convert`: the norms keep the source dtype when the weights are cast. Caught
+    /// by the convert gate against mlx_lm.convert (`engine/tests/convert.rs`).
+    ConvertNormsKeepDtype,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -548,13 +548,17 @@ pub struct Registered {
 /// serve tests and `harness serve-diff` (engine/tests/serve_tools.rs), and the CLI gate's
 /// mlx_lm.generate transcripts (engine/tests/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 2] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     (
         "models/tiny-qwen3-tools",
         "make_models.py",
         &["tiny-qwen3-tools"],
     ),
     ("cli", "gen_cli.py", &[]),
+    // engine convert's gate (engine/tests/convert.rs): mlx_lm.convert's output hashes, and
+    // the Hugging Face layout source it converts.
+    ("convert", "gen_convert.py", &[]),
+    ("convert/tiny-llama-hf", "gen_convert.py", &[]),
 ];
 
 pub fn registry() -> Vec<Registered> {
@@ -613,7 +617,7 @@ pub fn registry() -> Vec<Registered> {
 /// The top-level dirs of goldens/ that are golden groups, not machine layers (`data` holds
 /// the training sets of oracles/make_train_data.py, not oracle output).
 pub fn groups() -> Vec<&'static str> {
-    let mut groups = vec!["models", "data", "cli"];
+    let mut groups = vec!["models", "data", "cli", "convert"];
     for gate in GATES {
         if !groups.contains(&gate.group) {
             groups.push(gate.group);

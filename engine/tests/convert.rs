@@ -1,0 +1,310 @@
+//! The convert gate: `engine convert` writes what `mlx_lm convert` 0.32.2 writes, byte for
+//! byte, on the cases of goldens/convert/index.json (oracles/gen_convert.py): every output
+//! file's sha256, and on a difference the first differing tensor. The converted models
+//! also generate what mlx_lm.generate generates on mlx-lm's output.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use clap::Parser;
+use engine::convert::{convert, ConvertArgs};
+use engine::plant::{self, Defect};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+fn goldens() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
+}
+
+fn index() -> Value {
+    let text = std::fs::read_to_string(goldens().join("convert/index.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn cases() -> Vec<Value> {
+    index()["cases"].as_array().unwrap().clone()
+}
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    args: ConvertArgs,
+}
+
+/// The case's mlx_lm.convert flags, read by `engine convert`'s parser, into `out`.
+fn args_of(case: &Value, out: &Path) -> ConvertArgs {
+    let src = goldens().join(case["source"].as_str().unwrap());
+    let mut argv: Vec<String> = vec!["convert".into(), "--hf-path".into()];
+    argv.push(src.display().to_string());
+    argv.extend([
+        "--mlx-path".into(),
+        out.display().to_string(),
+        "--quiet".into(),
+    ]);
+    argv.extend(
+        case["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string()),
+    );
+    Cli::try_parse_from(argv).unwrap().args
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Each tensor of a safetensors file: name → (dtype, shape, sha256 of its bytes).
+fn tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, String)> {
+    let data = std::fs::read(path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&data).unwrap();
+    st.tensors()
+        .into_iter()
+        .map(|(k, t)| {
+            let v = (
+                format!("{:?}", t.dtype()),
+                t.shape().to_vec(),
+                sha256(t.data()),
+            );
+            (k, v)
+        })
+        .collect()
+}
+
+/// The first difference of the output dir from the golden case, named.
+fn first_difference(case: &Value, out: &Path) -> Option<String> {
+    let name = case["name"].as_str().unwrap();
+    let files = case["files"].as_object().unwrap();
+    let mut ours: Vec<String> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    ours.sort();
+    let theirs: Vec<String> = files.keys().cloned().collect();
+    if ours != theirs {
+        return Some(format!(
+            "{name}: files {ours:?}, mlx_lm.convert wrote {theirs:?}"
+        ));
+    }
+    for (file, want) in files {
+        let bytes = std::fs::read(out.join(file)).unwrap();
+        if sha256(&bytes) == want["sha256"].as_str().unwrap() {
+            continue;
+        }
+        if file == "config.json" {
+            let got: Value = serde_json::from_slice(&bytes).unwrap();
+            return Some(format!(
+                "{name}: config.json differs:\n ours {got}\n mlx-lm {}",
+                case["config"]
+            ));
+        }
+        if let Some(want_tensors) = case["tensors"][file].as_object() {
+            return Some(tensor_difference(name, file, &out.join(file), want_tensors));
+        }
+        return Some(format!("{name}: {file} differs (sha256)"));
+    }
+    None
+}
+
+fn tensor_difference(
+    name: &str,
+    file: &str,
+    path: &Path,
+    want: &serde_json::Map<String, Value>,
+) -> String {
+    let got = tensors(path);
+    for (k, w) in want {
+        let shape: Vec<usize> = w["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
+        let wv = (
+            w["dtype"].as_str().unwrap(),
+            shape,
+            w["sha256"].as_str().unwrap(),
+        );
+        match got.get(k) {
+            None => return format!("{name}: {file}: tensor {k} missing"),
+            Some((d, s, h)) if (d.as_str(), s.clone(), h.as_str()) != wv => {
+                return format!(
+                    "{name}: {file}: first differing tensor {k}: ours {d} {s:?}, mlx-lm {} {:?}",
+                    wv.0, wv.1
+                )
+            }
+            _ => {}
+        }
+    }
+    if let Some(extra) = got.keys().find(|k| !want.contains_key(*k)) {
+        return format!("{name}: {file}: extra tensor {extra}");
+    }
+    format!("{name}: {file}: same tensors, different layout (tensor order in the file)")
+}
+
+/// Converts every golden case; the differences found (none when all match).
+fn run_cases(only: Option<&str>) -> Vec<String> {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut problems = Vec::new();
+    for case in cases() {
+        let name = case["name"].as_str().unwrap();
+        if only.is_some_and(|o| o != name) {
+            continue;
+        }
+        let out = tmp.path().join(name);
+        if let Err(e) = convert(&args_of(&case, &out)) {
+            problems.push(format!("{name}: engine convert failed: {e:#}"));
+            continue;
+        }
+        problems.extend(first_difference(&case, &out));
+    }
+    problems
+}
+
+#[test]
+fn every_case_is_byte_identical_to_mlx_lm_convert() {
+    let n = cases().len();
+    assert!(n >= 10, "{n} cases");
+    let problems = run_cases(None);
+    assert!(
+        problems.is_empty(),
+        "{} of {n} cases differ:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn planted_norms_left_uncast_fail_the_gate() {
+    let _on = plant::on(Defect::ConvertNormsKeepDtype).unwrap();
+    let problems = run_cases(Some("llama-bf16"));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("first differing tensor model.layers.0.input_layernorm.weight"),
+        "{}",
+        problems[0]
+    );
+}
+
+fn engine() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_engine"))
+}
+
+/// The CLI converts, and the converted models generate what mlx_lm.generate generates on
+/// mlx_lm.convert's output of the same case.
+#[test]
+fn converted_models_generate_as_mlx_lm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for case in cases().iter().filter(|c| c.get("generate").is_some()) {
+        let name = case["name"].as_str().unwrap();
+        if !GENERATES.contains(&name) {
+            continue;
+        }
+        let out = tmp.path().join(name);
+        let src = goldens().join(case["source"].as_str().unwrap());
+        let mut cmd = engine();
+        cmd.args(["convert", "--hf-path"])
+            .arg(&src)
+            .arg("--mlx-path")
+            .arg(&out);
+        cmd.args(
+            case["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        );
+        let status = cmd.output().unwrap();
+        assert!(
+            status.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let gen = &case["generate"];
+        let mut cmd = engine();
+        cmd.args(["generate", "--model"])
+            .arg(&out)
+            .args(["--verbose", "False"]);
+        cmd.args(
+            gen["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|a| a.as_str().unwrap()),
+        );
+        let res = cmd.output().unwrap();
+        assert!(
+            res.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&res.stderr)
+        );
+        let text = String::from_utf8_lossy(&res.stdout);
+        assert_eq!(
+            text.trim_end_matches('\n'),
+            gen["text"].as_str().unwrap(),
+            "{name}"
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, GENERATES.len());
+}
+
+/// The cases whose converted model `engine generate` loads today.
+const GENERATES: &[&str] = &[
+    "llama-q4-g64",
+    "llama-q8-g32",
+    "llama-mixed-2-6-g32",
+    "llama-bf16",
+];
+
+#[test]
+fn refusals_say_what_is_wrong() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = goldens().join("convert/tiny-llama-hf");
+    let exists = tmp.path().join("exists");
+    std::fs::create_dir(&exists).unwrap();
+    let err = convert(&ConvertArgs::new(&src, &exists))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        format!(
+            "Cannot save to the path {} as it already exists. Please delete the file/directory or specify a new path to save to.",
+            exists.display()
+        )
+    );
+    let mut args = ConvertArgs::new(&src, tmp.path().join("a"));
+    args.quantize = true;
+    args.q_mode = "mxfp4".into();
+    args.quant_predicate = Some("mixed_3_6".into());
+    let err = convert(&args).unwrap_err().to_string();
+    assert_eq!(err, "Quant predicates only support 'affine' quantization.");
+
+    let phi = tmp.path().join("phi");
+    std::fs::create_dir(&phi).unwrap();
+    std::fs::write(phi.join("config.json"), r#"{"model_type": "phi3"}"#).unwrap();
+    let out = tmp.path().join("b");
+    let err = convert(&ConvertArgs::new(&phi, &out))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        err,
+        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text)"
+    );
+    assert!(!out.exists(), "a failed convert leaves nothing behind");
+    let mut partial = out.into_os_string();
+    partial.push(".partial");
+    assert!(!Path::new(&partial).exists());
+
+    let q4 = goldens().join("models/tiny-llama-trained-q4");
+    let err = convert(&ConvertArgs::new(&q4, tmp.path().join("c")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("is already quantized"), "{err}");
+}

@@ -1,0 +1,149 @@
+"""Convert golden: what `mlx_lm convert` 0.32.2 writes, as sha256 per file and per tensor.
+
+    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/gen_convert.py [--out DIR]
+
+Sources (Hugging Face layout):
+- `tiny-llama-hf` (committed under goldens/convert/): goldens/models/tiny-llama's weights
+  in float32 with `torch_dtype: float32`, plus the `self_attn.rotary_emb.inv_freq` tables
+  transformers checkpoints carry (llama's sanitize drops them);
+- goldens/models/tiny-qwen3 and tiny-gemma4 as they are (mlx_lm.convert accepts them;
+  gemma4_text's sanitize drops the KV-shared layers' k/v projections, absent already).
+
+Each case runs `python -m mlx_lm convert --hf-path SRC --mlx-path OUT ARGS...` in a
+subprocess and records every output file's sha256 and size, the config.json object, and
+for each safetensors file each tensor's dtype, shape and sha256 of its bytes (so the gate
+names the first differing tensor); for the cases in GENERATE_CASES also mlx_lm.generate's
+greedy text on the converted model. The outputs themselves are not stored.
+
+Output: goldens/convert/index.json (+ goldens/convert/tiny-llama-hf/)
+"""
+
+import argparse
+import hashlib
+import json
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from provenance import golden_dir, provenance, resolve, write_json
+
+HF_NAME = "tiny-llama-hf"
+
+CASES = [
+    ("llama-bf16", HF_NAME, ["--dtype", "bfloat16"]),
+    ("llama-f32", HF_NAME, []),
+    ("llama-q4-g64", HF_NAME, ["-q"]),
+    ("llama-q8-g32", HF_NAME, ["-q", "--q-bits", "8", "--q-group-size", "32", "--dtype", "bfloat16"]),
+    ("llama-mixed-3-6", HF_NAME, ["-q", "--quant-predicate", "mixed_3_6"]),
+    ("llama-mixed-2-6-g32", HF_NAME, ["-q", "--quant-predicate", "mixed_2_6", "--q-group-size", "32"]),
+    ("llama-mxfp4", HF_NAME, ["-q", "--q-mode", "mxfp4", "--dtype", "bfloat16"]),
+    ("qwen3-q4-g32", "models/tiny-qwen3", ["-q", "--q-group-size", "32"]),
+    ("qwen3-f16", "models/tiny-qwen3", ["--dtype", "float16"]),
+    ("gemma4-q8", "models/tiny-gemma4", ["-q", "--q-bits", "8"]),
+]
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def make_hf(out: Path) -> None:
+    """tiny-llama as a transformers checkpoint: float32 weights and rotary tables."""
+    import mlx.core as mx
+
+    base = resolve("models/tiny-llama")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    config = json.loads((base / "config.json").read_text())
+    config["torch_dtype"] = "float32"
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        shutil.copy(base / f, out / f)
+    weights = {k: v.astype(mx.float32) for k, v in sorted(mx.load(str(base / "model.safetensors")).items())}
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    inv_freq = 1.0 / (config["rope_theta"] ** (mx.arange(0, head_dim, 2, dtype=mx.float32) / head_dim))
+    for i in range(config["num_hidden_layers"]):
+        weights[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = inv_freq
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "pt"})
+    write_json(out / "provenance.json", {
+        "provenance": provenance("mlx_lm.convert (source of)", "mlx-lm"),
+        "generator": "oracles/gen_convert.py",
+        "base": "models/tiny-llama",
+    })
+
+
+def tensors(path: Path) -> dict:
+    data = path.read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    body = data[8 + n:]
+    out = {}
+    for k in sorted(header):
+        if k == "__metadata__":
+            continue
+        v = header[k]
+        a, b = v["data_offsets"]
+        out[k] = {"dtype": v["dtype"], "shape": v["shape"], "sha256": sha(body[a:b])}
+    return out
+
+
+def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
+    out = tmp / name
+    cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path", str(out), *args]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    files = {}
+    tensor_map = {}
+    for f in sorted(out.iterdir()):
+        data = f.read_bytes()
+        files[f.name] = {"sha256": sha(data), "size": len(data)}
+        if f.suffix == ".safetensors":
+            tensor_map[f.name] = tensors(f)
+    config = json.loads((out / "config.json").read_text())
+    result = {"name": name, "args": args, "files": files, "tensors": tensor_map, "config": config}
+    if name in GENERATE_CASES:
+        result["generate"] = {"args": GENERATE_ARGS, "text": generate(out)}
+    return result
+
+
+GENERATE_ARGS = ["--ignore-chat-template", "--prompt", "The little robot", "-m", "12"]
+GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixed-2-6-g32", "llama-mxfp4", "llama-bf16"]
+
+
+def generate(model_dir: Path) -> str:
+    """mlx_lm.generate's greedy text on the converted model (between its `==========` lines)."""
+    cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(model_dir), *GENERATE_ARGS]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    lines = out.stdout.split("\n")
+    first = lines.index("==========")
+    second = lines.index("==========", first + 1)
+    return "\n".join(lines[first + 1:second])
+
+
+def main(out_root: Path | None) -> None:
+    out = out_root or golden_dir("convert")
+    hf = out / HF_NAME
+    make_hf(hf)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, source, args in CASES:
+            src = hf if source == HF_NAME else resolve(source)
+            r = run(name, src, args, Path(tmp))
+            r["source"] = f"convert/{HF_NAME}" if source == HF_NAME else source
+            results.append(r)
+            print(f"{name}: {len(r['files'])} files, "
+                  f"{sum(len(t) for t in r['tensors'].values())} tensors")
+    write_json(out / "index.json", {
+        "provenance": provenance("mlx_lm.convert", "mlx-lm"),
+        "generator": "oracles/gen_convert.py",
+        "cases": results,
+    })
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path)
+    main(parser.parse_args().out)
