@@ -27,9 +27,11 @@ from mlx_lm.generate import generate_step
 from transformers import AutoTokenizer
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+from make_rope import oracle_view
 
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8", "tiny-gemma3", "tiny-gemma3-q4", "tiny-qwen2",
-          "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-gemma3-mm", "tiny-gemma4-mm",
+          "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3",
+          "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
           "tiny-gemma4-mm-mlx"]
 RAW_PROMPTS = [
     "The little robot",
@@ -83,7 +85,7 @@ def main(names, out_root, prefill_step, suffix, kv=None) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
         path = resolve(f"models/{name}")
-        model, _ = load(str(path))
+        model, _ = load(str(oracle_view(path)))   # rope_parameters flattened where mlx-lm ignores them
         hf = AutoTokenizer.from_pretrained(str(path))
         out = TensorFile()
         cases = prompt_cases(hf, RAW_PROMPTS, CHATS)

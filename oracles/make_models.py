@@ -30,6 +30,9 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      K/V, tied head, no centroid head; briefly distilled on tiny-gemma4's
                      greedy continuations of its L1 prompts so that some drafts are accepted,
                      bf16 (needs tiny-gemma4 and goldens/l1/tiny-gemma4)
+- tiny-llama-dynamic, tiny-llama-yarn, tiny-phi3, tiny-llama-rope-params, tiny-gemma3-rope-params
+                     the RoPE kinds (dynamic, yarn, longrope), phi3, and transformers 5's
+                     rope_parameters-only configs: oracles/make_rope.py
 - tiny-gemma3-mm, tiny-gemma4-mm, tiny-gemma4-mm-mlx
                      the multimodal wrappers gemma3 / gemma4 in their checkpoints' layouts:
                      oracles/make_wrappers.py
@@ -537,6 +540,20 @@ WRAPPERS = ("tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gemma4-mm-mlx")
 ONLY.update({n: make_wrapper(n) for n in WRAPPERS})
 
 
+def make_rope_model(name):
+    """The RoPE-kind models and tiny-phi3 are made by oracles/make_rope.py, which imports
+    this module: loaded when asked for."""
+    def make(tok):
+        import make_rope
+        make_rope.ONLY[name](tok)
+    return make
+
+
+ROPE_MODELS = ("tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3", "tiny-llama-rope-params",
+               "tiny-gemma3-rope-params")
+ONLY.update({n: make_rope_model(n) for n in ROPE_MODELS})
+
+
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()
@@ -584,6 +601,8 @@ def main(only=None) -> None:
     make_llama_draft(tok)
     make_qwen3_tools(tok)
     for name in WRAPPERS:
+        ONLY[name](tok)
+    for name in ROPE_MODELS:
         ONLY[name](tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",

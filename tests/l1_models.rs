@@ -315,3 +315,38 @@ fn l1_rope_parameters_only_configs() {
     assert_bit_exact("tiny-llama-rope-params");
     assert_bit_exact("tiny-gemma3-rope-params");
 }
+
+/// Planted defects on the RoPE kinds, each a config value the engine reads differently from
+/// the golden's: dynamic NTK's threshold (the base never grows: only positions past 32
+/// differ), yarn's mscale (0: no input scale), longrope's original context (the input scale
+/// becomes 1), and the rope_theta / scaling factor found only in rope_parameters.
+#[test]
+fn planted_rope_kind_defects_fail_l1() {
+    let dynamic = l1("tiny-llama-dynamic", Some("max_position_embeddings=4096"));
+    assert!(!dynamic.passed());
+    // Prompts past 32 tokens differ from the prefill on, shorter ones only later.
+    let firsts: Vec<_> = dynamic
+        .cases
+        .iter()
+        .map(|c| c.first_inexact_logits())
+        .collect();
+    assert!(firsts.contains(&Some(0)), "{firsts:?}");
+    assert!(firsts.iter().any(|f| *f != Some(0)), "{firsts:?}");
+    println!("planted dynamic threshold caught: first inexact logits {firsts:?}");
+    for (name, plant) in [
+        ("tiny-llama-yarn", "rope_scaling.mscale=0.0"),
+        ("tiny-phi3", "original_max_position_embeddings=256"),
+        (
+            "tiny-llama-rope-params",
+            "rope_parameters.rope_theta=10000.0",
+        ),
+        (
+            "tiny-gemma3-rope-params",
+            "rope_parameters.full_attention.factor=1.0",
+        ),
+    ] {
+        let report = l1(name, Some(plant));
+        assert!(!report.passed(), "{name} with {plant} passed");
+        println!("planted {plant} on {name} caught: {}", report.summary());
+    }
+}

@@ -132,19 +132,77 @@ impl ModelConfig {
     }
 }
 
-/// `rope_scaling` as mlx-lm reads it (`type` or `rope_type`, plus the variant's numbers).
+/// `rope_scaling` as mlx-lm reads it (`type` or `rope_type`, plus the variant's numbers), or
+/// transformers 5's `rope_parameters` (the same fields, with `rope_theta` among them).
+/// Numbers stay f64, as Python floats do, until they meet an array.
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct RopeScaling {
     #[serde(rename = "type")]
     pub kind: Option<String>,
     pub rope_type: Option<String>,
-    pub factor: Option<f32>,
-    pub low_freq_factor: Option<f32>,
-    pub high_freq_factor: Option<f32>,
-    pub original_max_position_embeddings: Option<f32>,
+    pub factor: Option<f64>,
+    pub low_freq_factor: Option<f64>,
+    pub high_freq_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<f64>,
     pub rope_theta: Option<f32>,
     /// "proportional" (Gemma 4): the share of each head's dims that rotates.
     pub partial_rotary_factor: Option<f64>,
+    /// "yarn": the correction range and the input scale's two halves.
+    pub beta_fast: Option<f64>,
+    pub beta_slow: Option<f64>,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    /// "longrope" / "su": per-frequency factors (mlx-lm reads only the long ones).
+    pub short_factor: Option<Factors>,
+    pub long_factor: Option<Factors>,
+}
+
+/// transformers 5's `rope_parameters`: one set of RoPE settings, or one per layer type
+/// (`full_attention`, `sliding_attention`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RopeParameters {
+    PerLayer(std::collections::HashMap<String, RopeScaling>),
+    One(RopeScaling),
+}
+
+impl RopeParameters {
+    /// The settings of layers of `kind` (the one set when not split by layer type).
+    pub fn for_layer(&self, kind: &str) -> Option<&RopeScaling> {
+        match self {
+            RopeParameters::PerLayer(m) => m.get(kind),
+            RopeParameters::One(s) => Some(s),
+        }
+    }
+}
+
+/// A longrope factor: one number or one per rotated frequency.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Factors {
+    One(f64),
+    Many(Vec<f64>),
+}
+
+impl Factors {
+    /// The factors as f32 (`mx.array(factors, dtype=mx.float32)`).
+    pub fn values(&self) -> Vec<f32> {
+        match self {
+            Factors::One(v) => vec![*v as f32],
+            Factors::Many(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
+
+    pub fn len(&self) -> i32 {
+        match self {
+            Factors::One(_) => 1,
+            Factors::Many(v) => v.len() as i32,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 impl RopeScaling {

@@ -17,9 +17,10 @@ use super::layers::{
     attn_mlp_linears, block_linears, layer_cache, Attention, Embedding, Glu, Linear, Mlp,
     OutputHead, RmsNorm, Rope,
 };
+use super::rope;
 use super::LanguageModel;
 use crate::cache::Cache;
-use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -37,13 +38,16 @@ pub struct Gemma3Args {
     pub rms_norm_eps: f32,
     pub vocab_size: i32,
     pub num_key_value_heads: i32,
-    pub rope_theta: f32,
-    pub rope_local_base_freq: f32,
+    /// None: from rope_parameters (transformers 5), else mlx-lm's 1e6 / 1e4.
+    pub rope_theta: Option<f32>,
+    pub rope_local_base_freq: Option<f32>,
     pub query_pre_attn_scalar: f32,
     pub sliding_window: i32,
     pub sliding_window_pattern: i32,
     pub max_position_embeddings: i32,
     pub rope_scaling: Option<RopeScaling>,
+    /// transformers 5, per layer type (mlx-lm 0.32.2 ignores it; we read it as transformers).
+    pub rope_parameters: Option<RopeParameters>,
 }
 
 impl Default for Gemma3Args {
@@ -57,13 +61,14 @@ impl Default for Gemma3Args {
             rms_norm_eps: 1e-6,
             vocab_size: 262_144,
             num_key_value_heads: 1,
-            rope_theta: 1_000_000.0,
-            rope_local_base_freq: 10_000.0,
+            rope_theta: None,
+            rope_local_base_freq: None,
             query_pre_attn_scalar: 256.0,
             sliding_window: 512,
             sliding_window_pattern: 6,
             max_position_embeddings: 32_768,
             rope_scaling: None,
+            rope_parameters: None,
         }
     }
 }
@@ -127,10 +132,26 @@ impl Gemma3 {
         for i in 0..a.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
+            let params = a.rope_parameters.as_ref();
             let rope = if global {
-                Rope::new(a.head_dim, a.rope_theta, false, a.rope_scaling.as_ref())?
+                let (theta, scaling) = rope::settings(
+                    a.rope_theta,
+                    a.rope_scaling.as_ref(),
+                    params,
+                    "full_attention",
+                    1_000_000.0,
+                );
+                let max = Some(a.max_position_embeddings);
+                Rope::init(a.head_dim, theta, false, scaling.as_ref(), max)?
             } else {
-                Rope::new(a.head_dim, a.rope_local_base_freq, false, None)?
+                let (theta, scaling) = rope::settings(
+                    a.rope_local_base_freq,
+                    None,
+                    params,
+                    "sliding_attention",
+                    1e4,
+                );
+                Rope::new(a.head_dim, theta, false, scaling.as_ref())?
             };
             let proj = |w: &mut Weights, name: &str, in_dims: i32| {
                 Linear::load(w, &format!("{p}.{name}"), false, in_dims)

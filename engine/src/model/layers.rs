@@ -5,12 +5,12 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
-use mlx_rs::ops::{addmm, arange, dequantize, quantized_matmul, select};
+use mlx_rs::ops::{addmm, dequantize, quantized_matmul};
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::{Cache, KvCache, Mask, RopeOffset, RotatingKvCache};
-use crate::load::config::{QuantParams, RopeScaling};
+use crate::cache::{Cache, KvCache, Mask, RotatingKvCache};
+use crate::load::config::QuantParams;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -250,131 +250,7 @@ impl Embedding {
     }
 }
 
-/// Rotary embeddings as mlx-lm's `initialize_rope` builds them for these families.
-pub enum Rope {
-    /// `nn.RoPE` (types "default" and "linear").
-    Standard {
-        dims: i32,
-        traditional: bool,
-        base: f32,
-        scale: f32,
-    },
-    /// Precomputed frequencies (types "llama3" and "proportional").
-    Freqs {
-        dims: i32,
-        traditional: bool,
-        freqs: Array,
-    },
-}
-
-impl Rope {
-    pub fn new(
-        dims: i32,
-        base: f32,
-        traditional: bool,
-        scaling: Option<&RopeScaling>,
-    ) -> Result<Self, LoadError> {
-        let variant = scaling.map_or("default", RopeScaling::variant);
-        let factor = |s: &RopeScaling| {
-            s.factor
-                .ok_or_else(|| LoadError::Unsupported("rope_scaling needs `factor`".into()))
-        };
-        Ok(match (variant, scaling) {
-            ("default", _) | (_, None) => Rope::Standard { dims, traditional, base, scale: 1.0 },
-            ("linear", Some(s)) => Rope::Standard {
-                dims,
-                traditional,
-                base,
-                scale: 1.0 / factor(s)?,
-            },
-            ("llama3", Some(s)) => Rope::Freqs {
-                dims,
-                traditional,
-                freqs: llama3_freqs(dims, base, s, factor(s)?)?,
-            },
-            ("proportional", Some(s)) => Rope::Freqs {
-                dims,
-                traditional,
-                freqs: proportional_freqs(dims, base, s)?,
-            },
-            (other, _) => {
-                return Err(LoadError::Unsupported(format!(
-                    "rope_scaling type `{other}` is not supported yet (supported: default, linear, llama3, proportional)"
-                )))
-            }
-        })
-    }
-
-    pub fn forward(&self, x: &Array, offset: &RopeOffset) -> R<Array> {
-        let (dims, traditional, base, scale, freqs) = match self {
-            Rope::Standard {
-                dims,
-                traditional,
-                base,
-                scale,
-            } => (*dims, *traditional, Some(*base), *scale, None),
-            Rope::Freqs {
-                dims,
-                traditional,
-                freqs,
-            } => (*dims, *traditional, None, 1.0, Some(freqs)),
-        };
-        match offset {
-            RopeOffset::Int(o) => fast::rope(x, dims, traditional, base, scale, *o, freqs),
-            RopeOffset::Array(o) => fast::rope_dynamic(x, dims, traditional, base, scale, o, freqs),
-        }
-    }
-}
-
-/// mlx-lm's `Llama3RoPE` frequencies, op for op (Python floats become f32 scalars only where
-/// they meet an array, so the scalar arithmetic stays in f64 as in Python).
-fn llama3_freqs(dims: i32, base: f32, s: &RopeScaling, factor: f32) -> Result<Array, LoadError> {
-    let low = s.low_freq_factor.unwrap_or(1.0) as f64;
-    let high = s.high_freq_factor.unwrap_or(4.0) as f64;
-    let old_context = s.original_max_position_embeddings.unwrap_or(8192.0) as f64;
-    let low_wavelen = old_context / low;
-    let high_wavelen = old_context / high;
-    let f = |v: f64| Array::from_f32(v as f32);
-    let freqs = Array::from_f32(base)
-        .power(arange::<_, i32>(0, dims, 2)?.divide(Array::from_int(dims))?)?;
-    let wavelens = f(2.0 * std::f64::consts::PI).multiply(&freqs)?;
-    let freqs = select(
-        &wavelens.gt(f(low_wavelen))?,
-        freqs.multiply(f(factor as f64))?,
-        &freqs,
-    )?;
-    let medium = wavelens
-        .gt(f(high_wavelen))?
-        .logical_and(wavelens.lt(f(low_wavelen))?)?;
-    let smooth = f(old_context)
-        .divide(&wavelens)?
-        .subtract(f(low))?
-        .divide(f(high - low))?;
-    let smooth_freqs = freqs.divide(
-        f(1.0)
-            .subtract(&smooth)?
-            .divide(f(factor as f64))?
-            .add(&smooth)?,
-    )?;
-    Ok(select(&medium, smooth_freqs, freqs)?)
-}
-
-/// mlx-lm's `ProportionalRoPE` frequencies: the first `dims · partial_rotary_factor` dims
-/// rotate with `factor · base^(i/dims)`, the rest get an infinite period (they stay put).
-fn proportional_freqs(dims: i32, base: f32, s: &RopeScaling) -> Result<Array, LoadError> {
-    let rotated = (dims as f64 * s.partial_rotary_factor.unwrap_or(1.0)) as i32;
-    if rotated > dims {
-        return Err(LoadError::Unsupported(format!(
-            "partial_rotary_factor {:?} rotates more than the head's {dims} dims",
-            s.partial_rotary_factor
-        )));
-    }
-    let exponents = arange::<_, f32>(0, rotated, 2)?.divide(Array::from_f32(dims as f32))?;
-    let rotating = Array::from_f32(s.factor.unwrap_or(1.0))
-        .multiply(Array::from_f32(base).power(&exponents)?)?;
-    let still = mlx_rs::ops::full::<f32>(&[(dims - rotated) / 2], Array::from_f32(f32::INFINITY))?;
-    Ok(mlx_rs::ops::concatenate(&[rotating, still], 0)?)
-}
+pub use super::rope::Rope;
 
 /// Multi-head attention with grouped KV heads and optional per-head q/k RMSNorm (Qwen3).
 pub struct Attention {

@@ -14,9 +14,10 @@ use super::layers::{
     attn_mlp_linears, block_linears, Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm,
     Rope,
 };
+use super::rope;
 use super::{LanguageModel, Layered};
 use crate::cache::{Cache, KvCache, Mask};
-use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -43,11 +44,14 @@ pub struct LlamaArgs {
     pub attention_bias: bool,
     #[serde(default)]
     pub mlp_bias: bool,
-    #[serde(default = "default_rope_theta")]
-    pub rope_theta: f32,
+    /// mlx-lm's default 10000 when neither the top level nor rope_parameters has it.
+    pub rope_theta: Option<f32>,
     #[serde(default)]
     pub rope_traditional: bool,
     pub rope_scaling: Option<RopeScaling>,
+    /// transformers 5 (mlx-lm 0.32.2 ignores it for llama; we read it as transformers does).
+    pub rope_parameters: Option<RopeParameters>,
+    pub max_position_embeddings: Option<i32>,
     #[serde(default = "yes")]
     pub tie_word_embeddings: bool,
     pub layer_types: Option<Vec<String>>,
@@ -82,18 +86,24 @@ pub struct Qwen2Args {
     pub rms_norm_eps: f32,
     pub vocab_size: i32,
     pub num_key_value_heads: i32,
-    #[serde(default = "qwen2_rope_theta")]
-    pub rope_theta: f32,
+    /// mlx-lm's default 1e6 when neither the top level nor rope_parameters has it.
+    pub rope_theta: Option<f32>,
     #[serde(default)]
     pub rope_traditional: bool,
     pub rope_scaling: Option<RopeScaling>,
+    /// transformers 5 (mlx-lm 0.32.2 ignores it for qwen2; we read it as transformers does).
+    pub rope_parameters: Option<RopeParameters>,
+    #[serde(default = "qwen2_max_positions")]
+    pub max_position_embeddings: i32,
     #[serde(default = "yes")]
     pub tie_word_embeddings: bool,
 }
 
-fn qwen2_rope_theta() -> f32 {
-    1_000_000.0
+fn qwen2_max_positions() -> i32 {
+    32768
 }
+
+const QWEN2_ROPE_THETA: f32 = 1_000_000.0;
 
 impl From<Qwen2Args> for Shape {
     fn from(a: Qwen2Args) -> Self {
@@ -110,9 +120,15 @@ impl From<Qwen2Args> for Shape {
             mlp_bias: false,
             qk_norm: false,
             tied: a.tie_word_embeddings,
-            rope_theta: a.rope_theta,
+            rope: rope::settings(
+                a.rope_theta,
+                a.rope_scaling.as_ref(),
+                a.rope_parameters.as_ref(),
+                "full_attention",
+                QWEN2_ROPE_THETA,
+            ),
             rope_traditional: a.rope_traditional,
-            rope_scaling: a.rope_scaling,
+            max_positions: Some(a.max_position_embeddings),
         }
     }
 }
@@ -133,9 +149,10 @@ struct Shape {
     mlp_bias: bool,
     qk_norm: bool,
     tied: bool,
-    rope_theta: f32,
+    /// rope_theta and the scaling settings (`rope::settings`).
+    rope: (f32, Option<RopeScaling>),
     rope_traditional: bool,
-    rope_scaling: Option<RopeScaling>,
+    max_positions: Option<i32>,
 }
 
 impl From<LlamaArgs> for Shape {
@@ -153,17 +170,33 @@ impl From<LlamaArgs> for Shape {
             mlp_bias: a.mlp_bias,
             qk_norm: false,
             tied: a.tie_word_embeddings,
-            rope_theta: a.rope_theta,
+            rope: rope::settings(
+                a.rope_theta,
+                a.rope_scaling.as_ref(),
+                a.rope_parameters.as_ref(),
+                "full_attention",
+                default_rope_theta(),
+            ),
             rope_traditional: a.rope_traditional,
-            rope_scaling: a.rope_scaling,
+            max_positions: a.max_position_embeddings,
         }
     }
 }
 
-impl From<Qwen3Args> for Shape {
-    fn from(a: Qwen3Args) -> Self {
+impl TryFrom<Qwen3Args> for Shape {
+    type Error = LoadError;
+
+    /// mlx-lm's `qwen3.ModelArgs.__post_init__`: rope_theta and rope_scaling from
+    /// rope_parameters when missing, and no default theta.
+    fn try_from(a: Qwen3Args) -> Result<Self, LoadError> {
         let nested = a.rope_parameters.clone();
-        Shape {
+        let theta = a
+            .rope_theta
+            .or(nested.as_ref().and_then(|p| p.rope_theta))
+            .ok_or_else(|| {
+                LoadError::Unsupported("rope_theta is missing from the model config".into())
+            })?;
+        Ok(Shape {
             hidden: a.hidden_size,
             intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
@@ -176,13 +209,10 @@ impl From<Qwen3Args> for Shape {
             mlp_bias: false,
             qk_norm: true,
             tied: a.tie_word_embeddings,
-            rope_theta: a
-                .rope_theta
-                .or(nested.as_ref().and_then(|p| p.rope_theta))
-                .unwrap_or(default_rope_theta()),
+            rope: (theta, a.rope_scaling.or(nested)),
             rope_traditional: false,
-            rope_scaling: a.rope_scaling.or(nested),
-        }
+            max_positions: Some(a.max_position_embeddings),
+        })
     }
 }
 
@@ -203,7 +233,7 @@ pub struct Llama {
 impl Llama {
     pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
         let shape: Shape = match config.model_type.as_str() {
-            "qwen3" => config.parse::<Qwen3Args>()?.into(),
+            "qwen3" => config.parse::<Qwen3Args>()?.try_into()?,
             "qwen2" => config.parse::<Qwen2Args>()?.into(),
             _ => {
                 let args: LlamaArgs = config.parse()?;
@@ -257,11 +287,12 @@ impl Llama {
                 n_kv_heads: shape.kv_heads,
                 scale: (shape.head_dim as f32).powf(-0.5),
                 norm_after_transpose: false,
-                rope: Rope::new(
+                rope: Rope::init(
                     shape.head_dim,
-                    shape.rope_theta,
+                    shape.rope.0,
                     shape.rope_traditional,
-                    shape.rope_scaling.as_ref(),
+                    shape.rope.1.as_ref(),
+                    shape.max_positions,
                 )?,
             };
             let post = format!("{p}.post_attention_layernorm");
@@ -312,7 +343,10 @@ impl LanguageModel for Llama {
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
         self.blocks
             .iter()
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .map(|b| match b.attn.rope.needs_int_offset() {
+                true => Box::new(rope::IntOffsetKv(KvCache::new())) as Box<dyn Cache>,
+                false => Box::new(KvCache::new()) as Box<dyn Cache>,
+            })
             .collect()
     }
 

@@ -4,6 +4,8 @@ pub mod gemma;
 pub mod gemma4;
 pub mod layers;
 pub mod llama;
+pub mod phi3;
+pub mod rope;
 pub mod sdpa;
 pub mod wrapper;
 
@@ -79,6 +81,7 @@ pub const SUPPORTED: &[&str] = &[
     "gemma4_text",
     "gemma3",
     "gemma4",
+    "phi3",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -92,6 +95,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(config, weights)?)),
         // The multimodal wrappers, loaded for text as mlx-lm loads them.
         "gemma3" | "gemma4" => wrapper::build(config, weights),
+        "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

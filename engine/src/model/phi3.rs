@@ -1,0 +1,222 @@
+//! `phi3` as mlx-lm 0.32.2 implements it (Phi-3, Phi-3.5, Phi-4-mini): the Llama block with
+//! fused projections and SuScaled (longrope) RoPE on a share of each head.
+//!
+//!   q, k, v = split(qkv_proj(x))          gate, up = split(gate_up_proj(x))
+//!   attn = o_proj(sdpa(rope(q), rope(k), v))    mlp = down_proj(silu(gate) · up)
+//!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
+//!   logits = head(rms_norm(h))
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::layers::{block_linears, swiglu, Embedding, Linear, OutputHead, RmsNorm, Rope};
+use super::rope;
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache, Mask};
+use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+type R<T> = Result<T, Exception>;
+
+fn max_positions() -> i32 {
+    131_072
+}
+
+/// mlx-lm's `phi3.ModelArgs` (defaults included), plus transformers 5's rope_parameters.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Phi3Args {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: Option<i32>,
+    /// mlx-lm's default 10000 when neither the top level nor rope_parameters has it.
+    pub rope_theta: Option<f32>,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<RopeScaling>,
+    /// transformers 5 (mlx-lm 0.32.2 ignores it for phi3; we read it as transformers does).
+    pub rope_parameters: Option<RopeParameters>,
+    pub partial_rotary_factor: Option<f64>,
+    #[serde(default = "max_positions")]
+    pub max_position_embeddings: i32,
+    pub original_max_position_embeddings: Option<f64>,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+}
+
+impl Phi3Args {
+    /// phi3's Attention.rope: SuScaledRoPE for longrope / su, nn.RoPE for linear or none,
+    /// on the first `head_dim · partial_rotary_factor` dims.
+    fn rope(&self, head_dim: i32) -> Result<Rope, LoadError> {
+        let params = self.rope_parameters.as_ref();
+        let nested = params.and_then(|p| p.for_layer("full_attention"));
+        let (theta, scaling) = rope::settings(
+            self.rope_theta,
+            self.rope_scaling.as_ref(),
+            params,
+            "full_attention",
+            10_000.0,
+        );
+        let partial = self
+            .partial_rotary_factor
+            .or(nested.and_then(|p| p.partial_rotary_factor))
+            .unwrap_or(1.0);
+        let dims = (head_dim as f64 * partial) as i32;
+        let Some(s) = scaling else {
+            return Rope::new(dims, theta, self.rope_traditional, None);
+        };
+        match s.variant() {
+            "longrope" | "su" => {
+                // mlx-lm reads the top level's original_max_position_embeddings (default 4096).
+                let orig = self
+                    .original_max_position_embeddings
+                    .or(nested.and_then(|p| p.original_max_position_embeddings))
+                    .unwrap_or(4096.0);
+                rope::su_scaled(dims, theta, &s, self.max_position_embeddings as f64, orig)
+            }
+            "linear" | "default" => Rope::new(dims, theta, self.rope_traditional, Some(&s)),
+            other => Err(LoadError::Unsupported(format!(
+                "phi3 rope_scaling type `{other}` is not supported (supported: longrope, su, linear)"
+            ))),
+        }
+    }
+}
+
+struct Block {
+    qkv_proj: Linear,
+    o_proj: Linear,
+    gate_up_proj: Linear,
+    down_proj: Linear,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    rope: Rope,
+}
+
+pub struct Phi3 {
+    embed: Embedding,
+    blocks: Vec<Block>,
+    head: OutputHead,
+    heads: i32,
+    kv_heads: i32,
+    head_dim: i32,
+}
+
+impl Phi3 {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let a: Phi3Args = config.parse()?;
+        let heads = a.num_attention_heads;
+        let kv_heads = a.num_key_value_heads.unwrap_or(heads);
+        let head_dim = a.hidden_size / heads;
+        let (hidden, eps) = (a.hidden_size, a.rms_norm_eps);
+        w.set_quantization(config.quantization.clone());
+        let mut blocks = Vec::new();
+        for i in 0..a.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let lin = |w: &mut Weights, name: &str, in_dims: i32| {
+                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+            };
+            blocks.push(Block {
+                qkv_proj: lin(&mut w, "self_attn.qkv_proj", hidden)?,
+                o_proj: lin(&mut w, "self_attn.o_proj", heads * head_dim)?,
+                gate_up_proj: lin(&mut w, "mlp.gate_up_proj", hidden)?,
+                down_proj: lin(&mut w, "mlp.down_proj", a.intermediate_size)?,
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), eps)?,
+                post_attn_norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm"),
+                    eps,
+                )?,
+                rope: a.rope(head_dim)?,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
+        let norm = RmsNorm::load(&mut w, "model.norm", eps)?;
+        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, hidden, None)?;
+        w.ensure_consumed(&config.model_type, |_| false)?;
+        Ok(Phi3 {
+            embed,
+            blocks,
+            head,
+            heads,
+            kv_heads,
+            head_dim,
+        })
+    }
+
+    fn attention(&self, b: &Block, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let (n, l) = (x.shape()[0], x.shape()[1]);
+        let qkv = b.qkv_proj.forward(x)?;
+        let q_end = self.heads * self.head_dim;
+        let k_end = q_end + self.kv_heads * self.head_dim;
+        let heads = |t: Array, h: i32| t.reshape(&[n, l, h, -1])?.transpose_axes(&[0, 2, 1, 3]);
+        let q = heads(qkv.index((Ellipsis, ..q_end)), self.heads)?;
+        let k = heads(qkv.index((Ellipsis, q_end..k_end)), self.kv_heads)?;
+        let v = heads(qkv.index((Ellipsis, k_end..)), self.kv_heads)?;
+        let offset = cache.rope_offset();
+        let q = b.rope.forward(&q, &offset)?;
+        let k = b.rope.forward(&k, &offset)?;
+        let kv = cache.update_and_fetch(k, v)?;
+        let scale = (self.head_dim as f32).powf(-0.5);
+        let out = super::sdpa::attend(&q, &kv, scale, mask)?;
+        b.o_proj
+            .forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[n, l, -1])?)
+    }
+
+    fn mlp(b: &Block, x: &Array) -> R<Array> {
+        let gu = b.gate_up_proj.forward(x)?;
+        let half = gu.shape()[gu.ndim() - 1] / 2;
+        let gate = gu.index((Ellipsis, ..half));
+        let up = gu.index((Ellipsis, half..));
+        b.down_proj.forward(&swiglu(&gate, &up)?)
+    }
+}
+
+impl LanguageModel for Phi3 {
+    fn model_type(&self) -> &str {
+        "phi3"
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.head.width(&self.embed)
+    }
+
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        block_linears(&self.blocks, |b| {
+            [
+                ("self_attn.qkv_proj", &b.qkv_proj),
+                ("self_attn.o_proj", &b.o_proj),
+                ("mlp.gate_up_proj", &b.gate_up_proj),
+                ("mlp.down_proj", &b.down_proj),
+            ]
+        })
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        let mut h = self.embed.forward(ids)?;
+        let mask = caches[0].make_mask(ids.shape()[1], None)?;
+        for (b, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let r = self.attention(b, &b.input_norm.forward(&h)?, &mask, cache.as_mut())?;
+            let hh = h.add(&r)?;
+            let r = Self::mlp(b, &b.post_attn_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+        }
+        self.head.forward(&self.embed, &h)
+    }
+}
