@@ -350,3 +350,21 @@ fn planted_rope_kind_defects_fail_l1() {
         println!("planted {plant} on {name} caught: {}", report.summary());
     }
 }
+
+/// No silent default theta: a qwen3 config with rope_theta neither at the top level nor in
+/// rope_parameters is refused as mlx-lm refuses it; a llama config carrying it only in
+/// rope_parameters loads with that theta (tiny-llama-rope-params above).
+#[test]
+fn qwen3_without_rope_theta_is_refused() {
+    let dir = harness::goldens::model_dir("tiny-qwen3").unwrap();
+    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
+    config.raw.as_object_mut().unwrap().remove("rope_theta");
+    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
+        .err()
+        .expect("a missing rope_theta must be an error");
+    assert!(
+        err.to_string()
+            .contains("rope_theta is missing from the model config"),
+        "{err}"
+    );
+}

@@ -155,6 +155,8 @@ pub struct RopeScaling {
     /// "longrope" / "su": per-frequency factors (mlx-lm reads only the long ones).
     pub short_factor: Option<Factors>,
     pub long_factor: Option<Factors>,
+    /// "mrope": mlx-lm checks there are 3 sections and rotates as the default RoPE.
+    pub mrope_section: Option<Vec<i64>>,
 }
 
 /// transformers 5's `rope_parameters`: one set of RoPE settings, or one per layer type
@@ -163,7 +165,7 @@ pub struct RopeScaling {
 #[serde(untagged)]
 pub enum RopeParameters {
     PerLayer(std::collections::HashMap<String, RopeScaling>),
-    One(RopeScaling),
+    One(Box<RopeScaling>),
 }
 
 impl RopeParameters {

@@ -58,6 +58,8 @@ pub struct Gemma4Args {
     pub hidden_size_per_layer_input: Option<i32>,
     pub rope_traditional: bool,
     pub rope_parameters: Option<HashMap<String, RopeScaling>>,
+    /// initialize_rope's max_position_embeddings (dynamic, longrope).
+    pub max_position_embeddings: i32,
     pub sliding_window: i32,
     pub sliding_window_pattern: i32,
     pub attention_k_eq_v: bool,
@@ -86,6 +88,7 @@ impl Default for Gemma4Args {
             hidden_size_per_layer_input: Some(256),
             rope_traditional: false,
             rope_parameters: None,
+            max_position_embeddings: 131_072,
             sliding_window: 512,
             sliding_window_pattern: 5,
             attention_k_eq_v: false,
@@ -537,7 +540,8 @@ fn load_block(
     };
     let rope_params = a.rope_for(is_full);
     let base = rope_params.rope_theta.unwrap_or(10_000.0);
-    let rope = Rope::new(head_dim, base, a.rope_traditional, Some(&rope_params))?;
+    let max = Some(a.max_position_embeddings);
+    let rope = Rope::init(head_dim, base, a.rope_traditional, Some(&rope_params), max)?;
     let linear = |w: &mut Weights, name: &str, in_dims: i32| {
         Linear::load(w, &format!("{p}.{name}"), false, in_dims)
     };

@@ -25,7 +25,8 @@ use crate::load::LoadError;
 type R<T> = Result<T, Exception>;
 
 /// The kinds `Rope::init` builds, as listed in its refusal.
-pub const KINDS: &str = "default, linear, dynamic, llama3, yarn, longrope, su, proportional";
+pub const KINDS: &str =
+    "default, linear, dynamic, llama3, yarn, deepseek_yarn, telechat3-yarn, longrope, su, proportional, mrope";
 
 /// One attention layer's rotary embedding.
 pub enum Rope {
@@ -127,6 +128,20 @@ impl Rope {
                 let max = need(max_positions, kind, "max_position_embeddings")?;
                 su_scaled(dims, base, s, max as f64, orig)?
             }
+            "mrope" => match s.mrope_section.as_deref().map(<[i64]>::len) {
+                Some(3) => Rope::Standard {
+                    dims,
+                    traditional,
+                    base,
+                    scale: 1.0,
+                },
+                n => {
+                    return Err(LoadError::Unsupported(format!(
+                        "mrope needs 3 sections in mrope_section, got {}",
+                        n.unwrap_or(0)
+                    )))
+                }
+            },
             "proportional" => Rope::Freqs {
                 dims,
                 traditional,
@@ -410,5 +425,107 @@ impl Rope {
     /// Whether positions must reach this RoPE as an int (see [`IntOffsetKv`]).
     pub fn needs_int_offset(&self) -> bool {
         matches!(self, Rope::Dynamic { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(k: &str) -> RopeScaling {
+        RopeScaling {
+            rope_type: Some(k.into()),
+            factor: Some(2.0),
+            ..Default::default()
+        }
+    }
+
+    fn refusal(r: Result<Rope, LoadError>) -> String {
+        r.err().expect("must be refused").to_string()
+    }
+
+    #[test]
+    fn unknown_kinds_and_missing_fields_are_refused_by_name() {
+        let e = refusal(Rope::new(16, 1e4, false, Some(&kind("ntk-by-parts"))));
+        assert!(e.contains("rope_scaling type `ntk-by-parts` is not supported (supported: default, linear, dynamic"), "{e}");
+        let e = refusal(Rope::new(16, 1e4, false, Some(&kind("dynamic"))));
+        assert!(
+            e.contains("rope_scaling type `dynamic` needs `max_position_embeddings`"),
+            "{e}"
+        );
+        let e = refusal(Rope::init(
+            16,
+            1e4,
+            false,
+            Some(&kind("longrope")),
+            Some(64),
+        ));
+        assert!(
+            e.contains("needs `original_max_position_embeddings`"),
+            "{e}"
+        );
+        let e = refusal(Rope::new(16, 1e4, false, Some(&kind("mrope"))));
+        assert!(e.contains("mrope needs 3 sections"), "{e}");
+        let linear = RopeScaling {
+            factor: None,
+            ..kind("linear")
+        };
+        let e = refusal(Rope::new(16, 1e4, false, Some(&linear)));
+        assert!(
+            e.contains("rope_scaling type `linear` needs `factor`"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn every_kind_builds() {
+        for k in ["default", "linear", "llama3", "yarn", "proportional"] {
+            Rope::new(16, 1e4, false, Some(&kind(k))).unwrap();
+        }
+        let mut su = kind("su");
+        su.original_max_position_embeddings = Some(32.0);
+        su.long_factor = Some(crate::load::config::Factors::Many(vec![1.0; 8]));
+        assert!(matches!(
+            Rope::init(16, 1e4, false, Some(&su), Some(256)).unwrap(),
+            Rope::Freqs { input_scale: Some(s), .. } if s > 1.0
+        ));
+        let dynamic = Rope::init(16, 1e4, false, Some(&kind("dynamic")), Some(32)).unwrap();
+        assert!(dynamic.needs_int_offset());
+    }
+
+    /// The base DynamicNTKScalingRoPE computes: unchanged up to max_position_embeddings,
+    /// then `base · (factor·len/max − (factor−1))^(d/(d−2))`.
+    #[test]
+    fn dynamic_base_grows_past_the_window() {
+        assert_eq!(dynamic_base(16, 1e4, 2.0, 32, 20), 1e4);
+        assert_eq!(dynamic_base(16, 1e4, 2.0, 32, 32), 1e4);
+        let grown = 1e4 * (2.0f64 * 64.0 / 32.0 - 1.0).powf(16.0 / 14.0);
+        assert_eq!(dynamic_base(16, 1e4, 2.0, 32, 64), grown);
+    }
+
+    /// rope_parameters fills only what the top level lacks; per layer type when split.
+    #[test]
+    fn settings_prefer_the_top_level_then_rope_parameters() {
+        let nested = RopeScaling {
+            rope_theta: Some(5e4),
+            ..kind("yarn")
+        };
+        let flat = RopeParameters::One(Box::new(nested.clone()));
+        let (theta, s) = settings(None, None, Some(&flat), "full_attention", 1e4);
+        assert_eq!(
+            (theta, s.unwrap().variant().to_owned()),
+            (5e4, "yarn".into())
+        );
+        let top = kind("linear");
+        let (theta, s) = settings(Some(2e4), Some(&top), Some(&flat), "full_attention", 1e4);
+        assert_eq!(
+            (theta, s.unwrap().variant().to_owned()),
+            (2e4, "linear".into())
+        );
+        let split = RopeParameters::PerLayer([("sliding_attention".to_owned(), nested)].into());
+        let (theta, s) = settings(None, None, Some(&split), "full_attention", 1e4);
+        assert_eq!((theta, s.is_none()), (1e4, true));
+        let (theta, _) = settings(None, None, Some(&split), "sliding_attention", 1e4);
+        assert_eq!(theta, 5e4);
     }
 }
