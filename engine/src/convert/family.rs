@@ -195,6 +195,39 @@ mod tests {
             ]
         );
         assert!(order_key("model.vision_tower.weight").is_err());
+        assert!(check_supported("phi3").is_err());
+    }
+
+    #[test]
+    fn sanitize_drops_what_mlx_lm_drops() {
+        let a = || Array::from_slice(&[0f32], &[1]);
+        let names = |w: &BTreeMap<String, Array>| w.keys().cloned().collect::<Vec<_>>();
+        let mut w: BTreeMap<String, Array> = [
+            "lm_head.weight",
+            "model.layers.0.self_attn.rotary_emb.inv_freq",
+            "model.layers.0.self_attn.k_proj.weight",
+            "model.layers.1.self_attn.k_proj.weight",
+            "model.layers.1.self_attn.k_norm.weight",
+            "model.layers.1.self_attn.q_proj.weight",
+        ]
+        .into_iter()
+        .map(|k| (k.to_string(), a()))
+        .collect();
+        let tied = serde_json::json!({"tie_word_embeddings": true});
+        let mut llama = w.clone();
+        sanitize("llama", &tied, &mut llama);
+        assert_eq!(names(&llama).len(), 4);
+        assert!(!llama.contains_key("lm_head.weight"));
+        let gemma4 = serde_json::json!({"num_hidden_layers": 2, "num_kv_shared_layers": 1});
+        sanitize("gemma4_text", &gemma4, &mut w);
+        assert_eq!(
+            names(&w),
+            [
+                "lm_head.weight",
+                "model.layers.0.self_attn.k_proj.weight",
+                "model.layers.1.self_attn.q_proj.weight"
+            ]
+        );
         assert!(check_supported("phi3")
             .unwrap_err()
             .to_string()

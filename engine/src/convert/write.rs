@@ -20,11 +20,11 @@ const MODEL_CARD: &str =
     "---\nlanguage: en\nlibrary_name: mlx\npipeline_tag: text-generation\ntags:\n- mlx\n---\n";
 
 /// `make_shards`: a new shard when the next tensor would pass the limit.
-fn make_shards(params: &[(String, Array)]) -> Vec<Vec<(String, Array)>> {
+fn make_shards(params: &[(String, Array)], max_bytes: usize) -> Vec<Vec<(String, Array)>> {
     let mut shards: Vec<Vec<(String, Array)>> = Vec::new();
     let mut size = 0;
     for (k, v) in params {
-        if shards.is_empty() || size + v.nbytes() > MAX_SHARD_BYTES {
+        if shards.is_empty() || size + v.nbytes() > max_bytes {
             shards.push(Vec::new());
             size = 0;
         }
@@ -46,7 +46,7 @@ pub fn save_weights(
     total_parameters: usize,
     mut on_shard: impl FnMut(usize),
 ) -> Result<()> {
-    let shards = make_shards(params);
+    let shards = make_shards(params, MAX_SHARD_BYTES);
     let count = shards.len();
     let metadata = HashMap::from([("format".to_string(), "mlx".to_string())]);
     let mut weight_map = Vec::new();
@@ -162,4 +162,27 @@ pub fn copy_extras(src: &Path, dir: &Path) -> Result<()> {
     }
     fs::write(dir.join("README.md"), MODEL_CARD)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_split_before_the_tensor_that_passes_the_limit() {
+        let t = |n: usize, name: &str| {
+            (
+                name.to_string(),
+                Array::from_slice(&vec![0f32; n], &[n as i32]),
+            )
+        };
+        // 40, 40, 80 (alone: larger than the limit), 8 bytes with a 64-byte limit.
+        let params = vec![t(10, "a"), t(10, "b"), t(20, "c"), t(2, "d")];
+        let names: Vec<Vec<String>> = make_shards(&params, 64)
+            .iter()
+            .map(|s| s.iter().map(|(k, _)| k.clone()).collect())
+            .collect();
+        assert_eq!(names, [vec!["a"], vec!["b"], vec!["c"], vec!["d"]]);
+        assert_eq!(make_shards(&params, 1 << 20).len(), 1);
+    }
 }
