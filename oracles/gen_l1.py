@@ -32,7 +32,7 @@ from make_rope import oracle_view
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8", "tiny-gemma3", "tiny-gemma3-q4", "tiny-qwen2",
           "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3",
           "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
-          "tiny-gemma4-mm-mlx"]
+          "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",

@@ -10,6 +10,8 @@
 - tiny-gemma4-q4         affine 4-bit, group 32 (quantized per-layer embedding; the 16-wide
                          per-layer projection stays unquantized because 16 % 32 != 0)
 
+- tiny-gemma3-mm-q4      the gemma3 wrapper, 4-bit g32: oracles/make_wrappers.py
+
 `make_quantized.py tiny-gemma4-q4` writes only that one.
 
 Each is mlx_lm.utils.quantize_model on the committed f32/bf16 model, written with
@@ -68,6 +70,8 @@ def main(only=None) -> None:
                                        "affine 4-bit g32 via mlx_lm.utils.quantize_model"),
         "tiny-gemma4-q4": lambda: make("tiny-gemma4", "tiny-gemma4-q4", 4, 32, None,
                                        "affine 4-bit g32 via mlx_lm.utils.quantize_model"),
+        # The quantized gemma3 wrapper: oracles/make_wrappers.py (imported when asked for).
+        "tiny-gemma3-mm-q4": lambda: __import__("make_wrappers").make_gemma3_mm_q4(),
     }
     for name in only or jobs:
         jobs[name]()

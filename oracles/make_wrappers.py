@@ -23,6 +23,12 @@ for the vision / audio towers that mlx-lm's sanitize drops:
                       `language_model.lm_head.weight` (untied), `vision_tower.…`,
                       `embed_vision.…`, `audio_tower.…`, `embed_audio.…`; text_config is
                       tiny-gemma4-keqv's (K = V on full layers, like the 12B), bf16
+- tiny-gemma3-mm-q4   tiny-gemma3-mm as mlx_lm.convert -q writes it (make_quantized.py
+                      dispatches it here): affine 4-bit g32 by mlx-lm's quantize_model, layer
+                      0's down_proj kept dense by a per-module `false` entry named as mlx-lm
+                      names the module (`language_model.model.layers.0.mlp.down_proj`);
+                      save_model / save_config, so the towers are gone (mlx-lm's sanitize
+                      dropped them) and text_config carries the wrapper's filled-in defaults
 """
 
 import copy
@@ -30,10 +36,12 @@ import shutil
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+from mlx_lm import load
 from mlx_lm.models import gemma3, gemma4
+from mlx_lm.utils import quantize_model, save_config, save_model
 
 import make_models as mm
-from provenance import golden_dir, write_json
+from provenance import golden_dir, provenance, resolve, write_json
 
 
 def tower(prefix: str, names: dict, seed: int) -> dict:
@@ -174,6 +182,27 @@ def make_gemma4_mm_mlx(tok) -> None:
     weights.update(tower("embed_audio.", EMBEDDER, 40))
     save(dest, weights, cfg, tok, "gemma4.Model, random weights (seed 23, norm noise 33), bf16, untied, "
          "K = V, mlx-community names; random vision and audio towers (seeds 47-49, 40)")
+
+
+def make_gemma3_mm_q4() -> None:
+    mx.set_default_device(mx.cpu)
+    src = resolve("models/tiny-gemma3-mm")
+    model, _, config = load(str(src), return_config=True)
+    dense = "language_model.model.layers.0.mlp.down_proj"
+    model, qconfig = quantize_model(model, config, 32, 4, quant_predicate=lambda path, _: path != dense)
+    qconfig["quantization"][dense] = False
+    qconfig["quantization_config"] = qconfig["quantization"]
+    dest = fresh("tiny-gemma3-mm-q4")
+    save_model(dest, model)
+    save_config(qconfig, dest / "config.json")
+    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
+        shutil.copy(src / f, dest / f)
+    write_json(dest / "provenance.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
+                                          "generator": "oracles/make_quantized.py",
+                                          "notes": "tiny-gemma3-mm, affine 4-bit g32 via mlx_lm.utils.quantize_model; "
+                                                   f"{dense} unquantized (explicit false)"})
+    size = sum(f.stat().st_size for f in dest.iterdir())
+    print(f"{dest}: {size / 1e6:.2f} MB")
 
 
 ONLY = {"tiny-gemma3-mm": make_gemma3_mm, "tiny-gemma4-mm": make_gemma4_mm,

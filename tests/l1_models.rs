@@ -243,6 +243,14 @@ fn l1_tiny_gemma4_mm_wrapper_mlx_layout() {
     assert_bit_exact("tiny-gemma4-mm-mlx");
 }
 
+/// The gemma3 wrapper quantized as mlx_lm.convert writes it: 4-bit g32, the per-module
+/// `false` entry named `language_model.model.layers.0.mlp.down_proj` (the wrapper's module
+/// path) keeps that projection dense.
+#[test]
+fn l1_tiny_gemma3_mm_q4_wrapper() {
+    assert_bit_exact("tiny-gemma3-mm-q4");
+}
+
 /// Planted defects on the wrappers: a setting changed in `text_config` breaks the gate while
 /// the same key at the top level (which mlx-lm does not read) leaves it bit-exact, and the
 /// language model's prefix kept in the tensor names fails the load.

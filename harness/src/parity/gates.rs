@@ -176,6 +176,7 @@ pub static L1: Gate = Gate {
         "tiny-gemma3-mm",
         "tiny-gemma4-mm",
         "tiny-gemma4-mm-mlx",
+        "tiny-gemma3-mm-q4",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
