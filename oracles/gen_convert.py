@@ -44,10 +44,25 @@ CASES = [
     ("llama-mxfp8", HF_NAME, ["-q", "--q-mode", "mxfp8", "--dtype", "float16"]),
     ("qwen2-q4-g32", "models/tiny-qwen2", ["-q", "--q-group-size", "32"]),
     ("gemma3-mixed-4-6", "models/tiny-gemma3", ["-q", "--quant-predicate", "mixed_4_6", "--q-group-size", "64"]),
+    # tiny-llama-hf with config overrides (the case's "config_overrides"): a mistral
+    # model_type (mlx-lm's llama class) with a tied head, so sanitize drops lm_head.
+    ("mistral-tied-q4", HF_NAME, ["-q"]),
     ("qwen3-q4-g32", "models/tiny-qwen3", ["-q", "--q-group-size", "32"]),
     ("qwen3-f16", "models/tiny-qwen3", ["--dtype", "float16"]),
     ("gemma4-q8", "models/tiny-gemma4", ["-q", "--q-bits", "8"]),
 ]
+
+
+CONFIG_OVERRIDES = {"mistral-tied-q4": {"model_type": "mistral", "tie_word_embeddings": True}}
+
+
+def with_overrides(src: Path, overrides: dict, out: Path) -> Path:
+    """A copy of `src` whose config.json has `overrides` set."""
+    shutil.copytree(src, out)
+    config = json.loads((out / "config.json").read_text())
+    config.update(overrides)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
 
 
 def sha(data: bytes) -> str:
@@ -114,7 +129,7 @@ def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
 
 
 GENERATE_ARGS = ["--ignore-chat-template", "--prompt", "The little robot", "-m", "12"]
-GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixed-2-6-g32", "llama-mxfp4", "llama-bf16"]
+GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixed-2-6-g32", "llama-mxfp4", "llama-bf16", "mistral-tied-q4"]
 
 
 def generate(model_dir: Path) -> str:
@@ -135,8 +150,13 @@ def main(out_root: Path | None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, source, args in CASES:
             src = hf if source == HF_NAME else resolve(source)
+            overrides = CONFIG_OVERRIDES.get(name)
+            if overrides:
+                src = with_overrides(src, overrides, Path(tmp) / f"src-{name}")
             r = run(name, src, args, Path(tmp))
             r["source"] = f"convert/{HF_NAME}" if source == HF_NAME else source
+            if overrides:
+                r["config_overrides"] = overrides
             results.append(r)
             print(f"{name}: {len(r['files'])} files, "
                   f"{sum(len(t) for t in r['tensors'].values())} tensors")

@@ -32,9 +32,30 @@ struct Cli {
     args: ConvertArgs,
 }
 
+/// The case's source dir: the golden one, or a copy under `tmp` with the case's
+/// `config_overrides` set in its config.json (as gen_convert.py makes it).
+fn source_of(case: &Value, tmp: &Path) -> PathBuf {
+    let src = goldens().join(case["source"].as_str().unwrap());
+    let Some(overrides) = case.get("config_overrides").and_then(Value::as_object) else {
+        return src;
+    };
+    let copy = tmp.join(format!("src-{}", case["name"].as_str().unwrap()));
+    std::fs::create_dir_all(&copy).unwrap();
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.join(path.file_name().unwrap())).unwrap();
+    }
+    let cfg_path = copy.join("config.json");
+    let mut config: serde_json::Map<String, Value> =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    config.extend(overrides.clone());
+    std::fs::write(&cfg_path, serde_json::to_string(&config).unwrap()).unwrap();
+    copy
+}
+
 /// The case's mlx_lm.convert flags, read by `engine convert`'s parser, into `out`.
 fn args_of(case: &Value, out: &Path) -> ConvertArgs {
-    let src = goldens().join(case["source"].as_str().unwrap());
+    let src = source_of(case, out.parent().unwrap());
     let mut argv: Vec<String> = vec!["convert".into(), "--hf-path".into()];
     argv.push(src.display().to_string());
     argv.extend([
@@ -224,7 +245,7 @@ fn converted_models_generate_as_mlx_lm() {
             continue;
         }
         let out = tmp.path().join(name);
-        let src = goldens().join(case["source"].as_str().unwrap());
+        let src = source_of(case, tmp.path());
         let mut cmd = engine();
         cmd.args(["convert", "--hf-path"])
             .arg(&src)
@@ -278,6 +299,7 @@ const GENERATES: &[&str] = &[
     "llama-q8-g32",
     "llama-mixed-2-6-g32",
     "llama-bf16",
+    "mistral-tied-q4",
 ];
 
 #[test]
