@@ -112,12 +112,23 @@ struct Model {
 
 fn convert_into(args: &ConvertArgs, dir: &Path) -> Result<()> {
     let src = &args.hf_path;
+    let info = |line: String| {
+        if !args.quiet {
+            eprintln!("[INFO] {line}");
+        }
+    };
+    info("Loading".into());
     let mut model = load(src)?;
     if let Some(dtype) = target_dtype(args, &model.config) {
+        info(format!("Using dtype: {}", dtype_name(dtype)));
         cast(&mut model, dtype)?;
     }
     if args.quantize {
+        info("Quantizing".into());
         quantize_model(&mut model, args)?;
+        let bytes: usize = model.params.iter().map(|(_, v)| v.nbytes()).sum();
+        let bpw = bytes as f64 * 8.0 / total_parameters(&model) as f64;
+        info(format!("Quantized model with {bpw:.3} bits per weight."));
     }
     let bar = progress_bar(args.quiet, model.params.len());
     bar.set_message("writing");
@@ -236,6 +247,14 @@ fn target_dtype(args: &ConvertArgs, config: &Map<String, Value>) -> Option<Dtype
         "bfloat16" => Some(Dtype::Bfloat16),
         "float32" => Some(Dtype::Float32),
         _ => None,
+    }
+}
+
+fn dtype_name(dtype: Dtype) -> &'static str {
+    match dtype {
+        Dtype::Float16 => "float16",
+        Dtype::Bfloat16 => "bfloat16",
+        _ => "float32",
     }
 }
 
