@@ -264,3 +264,152 @@ impl LanguageModel for Wrapped {
         self.inner.as_assistant_target()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::config::QuantParams;
+
+    fn text(fate: Fate) -> Option<String> {
+        match fate {
+            Fate::Text(name) => Some(name),
+            Fate::Dropped => Some("<dropped>".into()),
+            Fate::Foreign => None,
+        }
+    }
+
+    #[test]
+    fn gemma3_names_as_its_sanitize() {
+        let cases = [
+            (
+                "language_model.model.embed_tokens.weight",
+                Some("model.embed_tokens.weight"),
+            ),
+            ("language_model.lm_head.weight", Some("lm_head.weight")),
+            (
+                "vision_tower.vision_model.post_layernorm.weight",
+                Some("<dropped>"),
+            ),
+            (
+                "multi_modal_projector.mm_input_projection_weight",
+                Some("<dropped>"),
+            ),
+            // transformers' in-memory names: mlx-lm's gemma3 has no rule for them.
+            ("model.language_model.layers.0.mlp.up_proj.weight", None),
+            ("lm_head.weight", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(text(gemma3_fate(name)).as_deref(), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn gemma4_names_as_its_sanitize() {
+        let cases = [
+            (
+                "model.language_model.layers.3.self_attn.k_proj.weight",
+                Some("model.layers.3.self_attn.k_proj.weight"),
+            ),
+            (
+                "language_model.model.norm.weight",
+                Some("model.norm.weight"),
+            ),
+            ("language_model.lm_head.weight", Some("lm_head.weight")),
+            (
+                "model.vision_tower.encoder.layers.0.x.weight",
+                Some("<dropped>"),
+            ),
+            (
+                "model.embed_audio.embedding_projection.weight",
+                Some("<dropped>"),
+            ),
+            ("audio_tower.layers.0.x.weight", Some("<dropped>")),
+            (
+                "embed_vision.embedding_projection.weight",
+                Some("<dropped>"),
+            ),
+            ("vision_embedder.patch.weight", Some("<dropped>")),
+            ("model.multi_modal_projector.x.weight", Some("<dropped>")),
+            ("model.embed_tokens.weight", None),
+            ("lm_head.weight", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(text(gemma4_fate(name)).as_deref(), want, "{name}");
+        }
+    }
+
+    fn config(raw: Value) -> ModelConfig {
+        ModelConfig::from_value("config.json".into(), raw).unwrap()
+    }
+
+    #[test]
+    fn text_config_takes_the_wrappers_vocab_and_head_defaults() {
+        let bare = serde_json::json!({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text", "vocab_size": 7}});
+        let t = GEMMA3.text_config(&config(bare)).unwrap();
+        assert_eq!(t.model_type, "gemma3_text");
+        assert_eq!(t.raw["vocab_size"], 262_208);
+        assert_eq!(t.raw["num_attention_heads"], 8);
+        assert_eq!(t.raw["num_key_value_heads"], 4);
+        let given = serde_json::json!({"model_type": "gemma4", "vocab_size": 1024,
+            "text_config": {"num_attention_heads": 2, "num_key_value_heads": 2}});
+        let t = GEMMA4.text_config(&config(given)).unwrap();
+        assert_eq!(t.model_type, "gemma4_text");
+        assert_eq!(t.raw["vocab_size"], 1024);
+        assert_eq!(t.raw["num_attention_heads"], 2);
+        let t = GEMMA4
+            .text_config(&config(
+                serde_json::json!({"model_type": "gemma4", "text_config": {}}),
+            ))
+            .unwrap();
+        assert_eq!(
+            (
+                t.raw["vocab_size"].clone(),
+                t.raw["num_key_value_heads"].clone()
+            ),
+            (262_144.into(), 1.into())
+        );
+    }
+
+    #[test]
+    fn quantization_paths_lose_the_language_model_prefix() {
+        let raw = serde_json::json!({"model_type": "gemma3", "text_config": {"model_type": "gemma3_text"},
+            "quantization": {"group_size": 32, "bits": 4,
+                "language_model.model.layers.0.mlp.down_proj": false,
+                "language_model.lm_head": {"group_size": 64, "bits": 8},
+                "vision_tower.vision_model.x": false}});
+        let q = GEMMA3
+            .text_config(&config(raw))
+            .unwrap()
+            .quantization
+            .unwrap();
+        assert_eq!(
+            q.default,
+            Some(QuantParams {
+                group_size: 32,
+                bits: 4
+            })
+        );
+        assert_eq!(q.per_path.len(), 2);
+        assert_eq!(q.per_path["model.layers.0.mlp.down_proj"], None);
+        assert_eq!(
+            q.per_path["lm_head"],
+            Some(QuantParams {
+                group_size: 64,
+                bits: 8
+            })
+        );
+    }
+
+    #[test]
+    fn a_gemma3_text_config_needs_its_model_type() {
+        let raw = serde_json::json!({"model_type": "gemma3", "text_config": {"hidden_size": 8}});
+        let err = GEMMA3.text_config(&config(raw)).err().unwrap().to_string();
+        assert!(err.contains("`text_config` lacks `model_type`"), "{err}");
+        let raw = serde_json::json!({"model_type": "gemma4"});
+        let err = GEMMA4.text_config(&config(raw)).err().unwrap().to_string();
+        assert!(
+            err.starts_with("config.json: model_type `gemma4` is a multimodal wrapper"),
+            "{err}"
+        );
+    }
+}
