@@ -27,12 +27,16 @@ from mlx_lm.generate import generate_step
 from transformers import AutoTokenizer
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+from make_moe import patch_gather_qmm
+
+patch_gather_qmm()  # mlx-lm's QuantizedSwitchLinear on MLX 0.32.2 (see make_moe.py)
 from make_rope import oracle_view
 
 MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8", "tiny-gemma3", "tiny-gemma3-q4", "tiny-qwen2",
           "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3",
           "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
-          "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4"]
+          "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4",
+          "tiny-qwen3-moe", "tiny-qwen3-moe-q4"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",

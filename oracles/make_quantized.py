@@ -12,6 +12,9 @@
 
 - tiny-gemma3-mm-q4      the gemma3 wrapper, 4-bit g32: oracles/make_wrappers.py
 
+- tiny-qwen3-moe-q4  qwen3_moe cast to bf16, affine 4-bit g32, routers 8-bit g64:
+                     oracles/make_moe.py
+
 `make_quantized.py tiny-gemma4-q4` writes only that one.
 
 Each is mlx_lm.utils.quantize_model on the committed f32/bf16 model, written with
@@ -72,6 +75,8 @@ def main(only=None) -> None:
                                        "affine 4-bit g32 via mlx_lm.utils.quantize_model"),
         # The quantized gemma3 wrapper: oracles/make_wrappers.py (imported when asked for).
         "tiny-gemma3-mm-q4": lambda: __import__("make_wrappers").make_gemma3_mm_q4(),
+        # The quantized qwen3_moe: oracles/make_moe.py (imported when asked for).
+        "tiny-qwen3-moe-q4": lambda: __import__("make_moe").make_qwen3_moe_q4(),
     }
     for name in only or jobs:
         jobs[name]()

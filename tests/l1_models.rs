@@ -376,3 +376,37 @@ fn qwen3_without_rope_theta_is_refused() {
         "{err}"
     );
 }
+
+/// qwen3_moe (8 experts, top-2, a dense layer among sparse ones): every prompt's prefill
+/// of 32 or more tokens routes through the sorted-indices path (mlx-lm's `_gather_sort`),
+/// the shorter ones and every decode step through the unsorted gather_mm.
+#[test]
+fn l1_tiny_qwen3_moe() {
+    assert_bit_exact("tiny-qwen3-moe");
+}
+
+/// qwen3_moe quantized as mlx-lm quantizes it (bf16, affine 4-bit g32; the routers 8-bit
+/// g64 by per-module overrides): the experts run through gather_qmm, sorted and unsorted.
+#[test]
+fn l1_tiny_qwen3_moe_q4() {
+    assert_bit_exact("tiny-qwen3-moe-q4");
+}
+
+/// Planted defect: the router keeps the experts ranked 2..=k+1 (its top-k slice off by
+/// one); the prefill logits of every case already differ.
+#[test]
+fn planted_moe_top_k_off_by_one_fails_l1() {
+    let _on = engine::plant::on(engine::plant::Defect::MoeTopKOffByOne).unwrap();
+    for name in ["tiny-qwen3-moe", "tiny-qwen3-moe-q4"] {
+        let report = l1(name, None);
+        assert!(!report.passed());
+        assert!(report
+            .cases
+            .iter()
+            .all(|c| c.first_inexact_logits() == Some(0)));
+        println!(
+            "planted top-k defect caught on {name}: {}",
+            report.details().join(" | ")
+        );
+    }
+}

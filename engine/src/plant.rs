@@ -71,6 +71,10 @@ pub enum Defect {
     /// Serve: reasoning text goes to the content instead of `reasoning`. Caught by
     /// `engine/tests/serve_tools.rs`.
     ReasoningInContent,
+    /// Mixture of experts: the router keeps the experts ranked 2..=k+1 instead of the top k
+    /// (its top-k slice off by one). Caught by the L1 gate on tiny-qwen3-moe
+    /// (`tests/l1_models.rs`).
+    MoeTopKOffByOne,
     /// Multimodal wrappers (`gemma3`, `gemma4`): the language model's prefix is kept in the
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
     /// by the L1 gate on the wrapper fixtures (`tests/l1_models.rs`).

@@ -4,6 +4,8 @@ pub mod gemma;
 pub mod gemma4;
 pub mod layers;
 pub mod llama;
+pub mod moe;
+pub mod qwen3_moe;
 pub mod phi3;
 pub mod rope;
 pub mod sdpa;
@@ -82,6 +84,7 @@ pub const SUPPORTED: &[&str] = &[
     "gemma3",
     "gemma4",
     "phi3",
+    "qwen3_moe",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -96,6 +99,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         // The multimodal wrappers, loaded for text as mlx-lm loads them.
         "gemma3" | "gemma4" => wrapper::build(config, weights),
         "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
+        "qwen3_moe" => Ok(Box::new(qwen3_moe::Qwen3Moe::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

@@ -177,6 +177,8 @@ pub static L1: Gate = Gate {
         "tiny-gemma4-mm",
         "tiny-gemma4-mm-mlx",
         "tiny-gemma3-mm-q4",
+        "tiny-qwen3-moe",
+        "tiny-qwen3-moe-q4",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),

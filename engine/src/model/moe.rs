@@ -1,0 +1,247 @@
+//! Mixture of experts as mlx-lm 0.32.2 computes it (`switch_layers.py` and the routers of
+//! its MoE families):
+//!
+//!   probs = softmax(gate(x))                         (precise, in x's dtype)
+//!   inds  = argpartition(probs, -k)[..., -k:]        (the top k, in argpartition's order)
+//!   w     = probs[inds]  (/ their sum with norm_topk_prob)
+//!   y     = Σ_k w_k · down_e(swiglu(gate_e(x), up_e(x)))   e = inds_k, via gather_mm
+//!
+//! The experts' weights are stacked, [experts, out, in] (`SwitchLinear`), dense through
+//! `gather_mm` or affine-quantized through `gather_qmm` (`QuantizedSwitchLinear`). With
+//! 64 or more routing entries (B·L·k) the tokens are sorted by expert first and unsorted
+//! after (`_gather_sort` / `_scatter_unsort`), as mlx-lm does.
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, gather_mm, gather_qmm, softmax_axis, stack, unflatten,
+};
+use mlx_rs::Array;
+
+use super::layers::{swiglu, Linear, Quantized};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+use crate::plant::{self, Defect};
+
+type R<T> = Result<T, Exception>;
+
+/// mlx-lm's `SwitchGLU` sorts the tokens by expert from this many routing entries on.
+pub const SORT_THRESHOLD: usize = 64;
+
+/// `SwitchLinear` / `QuantizedSwitchLinear`: one linear per expert, stacked.
+pub struct SwitchLinear {
+    /// [experts, out, in] dense, or packed [experts, out, in·bits/32].
+    pub weight: Array,
+    pub bias: Option<Array>,
+    pub quantized: Option<Quantized>,
+}
+
+impl SwitchLinear {
+    /// `<prefix>.weight` (and its scales/biases when quantized); `in_dims` is the input
+    /// width config.json gives.
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        bias: bool,
+        in_dims: i32,
+    ) -> Result<Self, LoadError> {
+        let quantized = match w.quant_params(prefix, in_dims)? {
+            Some(params) => {
+                let biases = format!("{prefix}.biases");
+                Some(Quantized {
+                    scales: w.take(&format!("{prefix}.scales"))?,
+                    biases: if w.contains(&biases) {
+                        Some(w.take(&biases)?)
+                    } else {
+                        None
+                    },
+                    params,
+                })
+            }
+            None => None,
+        };
+        let weight = w.take(&format!("{prefix}.weight"))?;
+        if quantized.is_none() && (weight.ndim() != 3 || weight.shape()[2] != in_dims) {
+            return Err(LoadError::Weights(format!(
+                "`{prefix}.weight` has shape {:?}, but config.json makes the experts \
+                 [num_experts, out, {in_dims}]: the weights do not belong to this config",
+                weight.shape()
+            )));
+        }
+        let bias = if bias {
+            Some(w.take(&format!("{prefix}.bias"))?)
+        } else {
+            None
+        };
+        Ok(SwitchLinear {
+            weight,
+            bias,
+            quantized,
+        })
+    }
+
+    /// x [..., 1, in] through expert `indices` (broadcast against x's batch dims).
+    pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> R<Array> {
+        let y = match &self.quantized {
+            None => gather_mm(x, self.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
+            Some(q) => gather_qmm(
+                x,
+                &self.weight,
+                &q.scales,
+                q.biases.as_ref(),
+                None,
+                indices,
+                true,
+                q.params.group_size,
+                q.params.bits,
+                sorted,
+            )?,
+        };
+        match &self.bias {
+            None => Ok(y),
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
+        }
+    }
+}
+
+/// `SwitchGLU`: down(swiglu(gate(x), up(x))) with each token's k experts.
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+}
+
+impl SwitchGlu {
+    /// The experts under `prefix` (`….mlp.switch_mlp`), or — mlx-lm's `sanitize` of a
+    /// Hugging Face checkpoint — `….mlp.experts.{e}.*` stacked into them.
+    pub fn load(
+        w: &mut Weights,
+        mlp: &str,
+        hidden: i32,
+        intermediate: i32,
+        experts: i32,
+    ) -> Result<Self, LoadError> {
+        let mut proj = |n: &str, in_dims: i32| -> Result<SwitchLinear, LoadError> {
+            match stacked_experts(w, mlp, n, experts)? {
+                Some(l) => Ok(l),
+                None => SwitchLinear::load(w, &format!("{mlp}.switch_mlp.{n}"), false, in_dims),
+            }
+        };
+        // mlx-lm stacks up_proj first; the stacked layout is probed by up_proj, so it goes
+        // first here too.
+        let up_proj = proj("up_proj", hidden)?;
+        Ok(SwitchGlu {
+            up_proj,
+            down_proj: proj("down_proj", intermediate)?,
+            gate_proj: proj("gate_proj", hidden)?,
+        })
+    }
+
+    /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
+    pub fn forward(&self, x: &Array, indices: &Array) -> R<Array> {
+        let x = x.expand_dims_axes(&[-2, -3])?;
+        let do_sort = indices.size() >= SORT_THRESHOLD;
+        let (x, idx, inv_order) = if do_sort {
+            let (x, idx, inv) = gather_sort(&x, indices)?;
+            (x, idx, Some(inv))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let up = self.up_proj.forward(&x, &idx, do_sort)?;
+        let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
+        let x = self
+            .down_proj
+            .forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
+        let x = match inv_order {
+            Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
+            None => x,
+        };
+        x.squeeze_axes(&[-2])
+    }
+}
+
+/// mlx-lm's `_gather_sort`: the (token, slot) rows ordered by expert, the sorted experts
+/// and the inverse order.
+fn gather_sort(x: &Array, indices: &Array) -> R<(Array, Array, Array)> {
+    let m = *indices.shape().last().unwrap_or(&1);
+    let flat = indices.flatten(None, None)?;
+    let order = argsort_axis(&flat, -1)?;
+    let inv_order = argsort_axis(&order, -1)?;
+    let rows = order.floor_divide(Array::from_int(m).as_dtype(order.dtype())?)?;
+    let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+    Ok((x, flat.take_axis(&order, 0)?, inv_order))
+}
+
+/// `….mlp.experts.{e}.{n}.weight` (a Hugging Face checkpoint) stacked into one dense
+/// `SwitchLinear`, as mlx-lm's `sanitize` stacks them; None when the checkpoint has them
+/// stacked already (`….mlp.switch_mlp.{n}`).
+fn stacked_experts(
+    w: &mut Weights,
+    mlp: &str,
+    n: &str,
+    experts: i32,
+) -> Result<Option<SwitchLinear>, LoadError> {
+    if !w.contains(&format!("{mlp}.experts.0.up_proj.weight")) {
+        return Ok(None);
+    }
+    let parts = (0..experts)
+        .map(|e| w.take(&format!("{mlp}.experts.{e}.{n}.weight")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let weight = stack(&parts, 0).map_err(|e| LoadError::Weights(e.what().to_owned()))?;
+    Ok(Some(SwitchLinear {
+        weight,
+        bias: None,
+        quantized: None,
+    }))
+}
+
+/// The softmax-then-top-k router of Qwen3-MoE (and Qwen2-MoE, OLMoE): `gate` scores every
+/// expert; the k most probable are kept, renormalized when `norm_topk_prob`.
+pub struct SoftmaxTopK {
+    pub gate: Linear,
+    pub top_k: i32,
+    pub norm_topk_prob: bool,
+}
+
+impl SoftmaxTopK {
+    /// x [B, L, D] → (expert indices [B, L, k] uint32, their weights [B, L, k]).
+    pub fn route(&self, x: &Array) -> R<(Array, Array)> {
+        let gates = softmax_axis(self.gate.forward(x)?, -1, true)?;
+        let k = self.top_k;
+        let n = *gates.shape().last().unwrap_or(&0);
+        let part = argpartition_axis(&gates, -k, -1)?;
+        let inds = if plant::is(Defect::MoeTopKOffByOne) {
+            part.index((Ellipsis, (n - k - 1)..(n - 1)))
+        } else {
+            part.index((Ellipsis, (n - k)..))
+        };
+        let scores = gates.take_along_axis(&inds, -1)?;
+        let scores = if self.norm_topk_prob {
+            scores.divide(scores.sum_axis(-1, true)?)?
+        } else {
+            scores
+        };
+        Ok((inds, scores))
+    }
+}
+
+/// Σ_k scores_k · y_k over the k experts' outputs y [B, L, k, D], in y's dtype.
+pub fn combine(y: &Array, scores: &Array) -> R<Array> {
+    y.multiply(scores.expand_dims(-1)?)?
+        .sum_axis(-2, false)?
+        .as_dtype(y.dtype())
+}
+
+/// Qwen3-MoE's sparse block (`Qwen3MoeSparseMoeBlock`): router, then the experts.
+pub struct SparseMoe {
+    pub router: SoftmaxTopK,
+    pub experts: SwitchGlu,
+}
+
+impl SparseMoe {
+    pub fn forward(&self, x: &Array) -> R<Array> {
+        let (inds, scores) = self.router.route(x)?;
+        let y = self.experts.forward(x, &inds)?;
+        combine(&y, &scores)
+    }
+}

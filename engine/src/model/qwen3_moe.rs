@@ -1,0 +1,264 @@
+//! `qwen3_moe` as mlx-lm 0.32.2 implements it (Qwen3-30B-A3B, Qwen3-Coder): Qwen3's
+//! attention (per-head q/k RMSNorm, explicit head_dim, plain `nn.RoPE` from rope_theta),
+//! and in each layer either a dense SwiGLU MLP or the sparse MoE block (`moe.rs`):
+//!
+//!   h = embed(ids)
+//!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
+//!       mlp = SparseMoe  if i ∉ mlp_only_layers and num_experts > 0 and (i+1) % decoder_sparse_step == 0
+//!           = Mlp        otherwise (intermediate_size wide)
+//!   logits = head(rms_norm(h))
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::layers::{Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
+use super::moe::{SoftmaxTopK, SparseMoe, SwitchGlu};
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache};
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+/// mlx-lm's `qwen3_moe.ModelArgs`: every field is required there, and here.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Qwen3MoeArgs {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub num_experts: i32,
+    pub num_experts_per_tok: i32,
+    pub decoder_sparse_step: i32,
+    pub mlp_only_layers: Vec<i32>,
+    pub moe_intermediate_size: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    /// Required by mlx-lm; a transformers-5 config may carry it only in rope_parameters.
+    pub rope_theta: Option<f32>,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: i32,
+    pub norm_topk_prob: bool,
+    pub rope_scaling: Option<serde_json::Value>,
+    pub rope_parameters: Option<serde_json::Value>,
+}
+
+impl Qwen3MoeArgs {
+    /// The RoPE base. mlx-lm's qwen3_moe builds `nn.RoPE(head_dim, base=rope_theta)` and
+    /// never reads rope_scaling: a config that asks for scaling is refused rather than run
+    /// unscaled.
+    fn rope_base(&self) -> Result<f32, LoadError> {
+        let kind = |v: &serde_json::Value| {
+            v.get("rope_type")
+                .or_else(|| v.get("type"))
+                .and_then(|t| t.as_str())
+                .unwrap_or("default")
+                .to_owned()
+        };
+        for (field, v) in [
+            ("rope_scaling", &self.rope_scaling),
+            ("rope_parameters", &self.rope_parameters),
+        ] {
+            if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+                let kind = kind(v);
+                if kind != "default" {
+                    return Err(LoadError::Unsupported(format!(
+                        "qwen3_moe with {field} type `{kind}`: mlx-lm's qwen3_moe applies no RoPE \
+                         scaling (plain RoPE from rope_theta), so it is refused rather than run \
+                         unscaled"
+                    )));
+                }
+            }
+        }
+        let nested = self
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p.get("rope_theta"))
+            .and_then(|t| t.as_f64())
+            .map(|t| t as f32);
+        self.rope_theta.or(nested).ok_or_else(|| {
+            LoadError::Unsupported(
+                "qwen3_moe needs `rope_theta` (top level or rope_parameters)".into(),
+            )
+        })
+    }
+
+    /// Whether layer `i` is sparse, as `Qwen3MoeDecoderLayer.__init__` decides.
+    fn sparse(&self, i: i32) -> bool {
+        !self.mlp_only_layers.contains(&i)
+            && self.num_experts > 0
+            && (i + 1) % self.decoder_sparse_step == 0
+    }
+}
+
+enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+}
+
+impl Ffn {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(x),
+            Ffn::Sparse(moe) => moe.forward(x),
+        }
+    }
+}
+
+struct Block {
+    attn: Attention,
+    mlp: Ffn,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+}
+
+pub struct Qwen3Moe {
+    embed: Embedding,
+    blocks: Vec<Block>,
+    head: OutputHead,
+}
+
+/// Qwen3's attention as qwen3_moe builds it: no biases, q/k RMSNorm before the transpose.
+fn load_attention(
+    w: &mut Weights,
+    p: &str,
+    a: &Qwen3MoeArgs,
+    base: f32,
+) -> Result<Attention, LoadError> {
+    let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), false, in_dims)
+    };
+    let norm = |w: &mut Weights, name: &str| {
+        RmsNorm::load(w, &format!("{p}.self_attn.{name}"), a.rms_norm_eps).map(Some)
+    };
+    Ok(Attention {
+        q_proj: proj(w, "q_proj", a.hidden_size)?,
+        k_proj: proj(w, "k_proj", a.hidden_size)?,
+        v_proj: proj(w, "v_proj", a.hidden_size)?,
+        o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
+        q_norm: norm(w, "q_norm")?,
+        k_norm: norm(w, "k_norm")?,
+        n_heads: a.num_attention_heads,
+        n_kv_heads: a.num_key_value_heads,
+        scale: (a.head_dim as f32).powf(-0.5),
+        norm_after_transpose: false,
+        rope: Rope::Standard {
+            dims: a.head_dim,
+            traditional: false,
+            base,
+            scale: 1.0,
+        },
+    })
+}
+
+fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, LoadError> {
+    let mlp = format!("{p}.mlp");
+    if !a.sparse(i) {
+        let dense = Mlp::load(
+            w,
+            &mlp,
+            false,
+            a.hidden_size,
+            a.intermediate_size,
+            Glu::Swiglu,
+        )?;
+        return Ok(Ffn::Dense(dense));
+    }
+    Ok(Ffn::Sparse(SparseMoe {
+        router: SoftmaxTopK {
+            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
+            top_k: a.num_experts_per_tok,
+            norm_topk_prob: a.norm_topk_prob,
+        },
+        experts: SwitchGlu::load(
+            w,
+            &mlp,
+            a.hidden_size,
+            a.moe_intermediate_size,
+            a.num_experts,
+        )?,
+    }))
+}
+
+impl Qwen3Moe {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let a: Qwen3MoeArgs = config.parse()?;
+        let base = a.rope_base()?;
+        if a.decoder_sparse_step <= 0 {
+            return Err(LoadError::Unsupported(format!(
+                "qwen3_moe: decoder_sparse_step must be positive, got {}",
+                a.decoder_sparse_step
+            )));
+        }
+        if a.num_experts_per_tok <= 0 || a.num_experts_per_tok > a.num_experts {
+            return Err(LoadError::Unsupported(format!(
+                "qwen3_moe: num_experts_per_tok {} must be in 1..={} (num_experts)",
+                a.num_experts_per_tok, a.num_experts
+            )));
+        }
+        // mlx-lm's sanitize: a tied checkpoint's lm_head is dropped.
+        if a.tie_word_embeddings {
+            w.discard(|n| n == "lm_head.weight");
+        }
+        w.set_quantization(config.quantization.clone());
+        let mut blocks = Vec::new();
+        for i in 0..a.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            blocks.push(Block {
+                attn: load_attention(&mut w, &p, &a, base)?,
+                mlp: load_ffn(&mut w, &p, &a, i)?,
+                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), a.rms_norm_eps)?,
+                post_attn_norm: RmsNorm::load(
+                    &mut w,
+                    &format!("{p}.post_attention_layernorm"),
+                    a.rms_norm_eps,
+                )?,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
+        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
+        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, a.hidden_size, None)?;
+        w.ensure_consumed(&config.model_type, |_| false)?;
+        Ok(Qwen3Moe {
+            embed,
+            blocks,
+            head,
+        })
+    }
+}
+
+impl LanguageModel for Qwen3Moe {
+    fn model_type(&self) -> &str {
+        "qwen3_moe"
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.head.width(&self.embed)
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        let mut h = self.embed.forward(ids)?;
+        let mask = caches[0].make_mask(ids.shape()[1], None)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let x = block.input_norm.forward(&h)?;
+            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
+            let hh = h.add(&r)?;
+            let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+        }
+        self.head.forward(&self.embed, &h)
+    }
+}
