@@ -38,6 +38,8 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      oracles/make_wrappers.py
 - tiny-qwen3-moe     qwen3_moe, 8 experts top-2, a dense layer among sparse ones, f32:
                      oracles/make_moe.py
+- tiny-mixtral       mixtral, 8 experts top-2 (top-k logits, then softmax), f32:
+                     oracles/make_moe.py
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
@@ -62,7 +64,7 @@ from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from make_moe import make_qwen3_moe
+from make_moe import make_mixtral, make_qwen3_moe
 from make_tools_model import make_qwen3_tools
 from provenance import golden_dir, provenance, write_json
 
@@ -527,7 +529,8 @@ def make_llama_draft(tok) -> None:
 
 ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
         "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant,
-        "tiny-qwen3-tools": make_qwen3_tools, "tiny-qwen3-moe": make_qwen3_moe}
+        "tiny-qwen3-tools": make_qwen3_tools, "tiny-qwen3-moe": make_qwen3_moe,
+        "tiny-mixtral": make_mixtral}
 
 
 def make_wrapper(name):
@@ -604,13 +607,14 @@ def main(only=None) -> None:
     make_llama_draft(tok)
     make_qwen3_tools(tok)
     make_qwen3_moe(tok)
+    make_mixtral(tok)
     for name in WRAPPERS:
         ONLY[name](tok)
     for name in ROPE_MODELS:
         ONLY[name](tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
-                 "tiny-llama-draft", "tiny-qwen3-moe"]:
+                 "tiny-llama-draft", "tiny-qwen3-moe", "tiny-mixtral"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

@@ -8,6 +8,8 @@
                      only: a bf16 dense MoE fails there, in mlx-lm as in the engine); the
                      router's weights are scaled up so that expert choices are decisive,
                      norms drawn away from one
+- tiny-mixtral       mixtral: 2 layers, 8 experts, top-2 (top-k logits, then softmax), GQA,
+                     untied head, f32, routers scaled up as above
 - tiny-qwen3-moe-q4  tiny-qwen3-moe cast to bf16, then mlx_lm.utils.quantize_model, affine 4-bit g32:
                      the experts become QuantizedSwitchLinear (gather_qmm), the routers
                      8-bit g64 (qwen3_moe's own quant_predicate)
@@ -21,7 +23,7 @@ import shutil
 import sys
 
 import mlx.core as mx
-from mlx_lm.models import qwen3_moe
+from mlx_lm.models import mixtral, qwen3_moe
 
 from provenance import golden_dir, provenance, resolve, write_json
 
@@ -79,6 +81,31 @@ def patch_gather_qmm() -> None:
     mx.gather_qmm = gather_qmm
 
 
+def make_mixtral(tok) -> None:
+    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
+
+    dest = golden_dir("models/tiny-mixtral")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+        "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 32,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": VOCAB,
+        "max_position_embeddings": 4096, "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    }
+    model = random_model(mixtral, cfg, 22, mx.float32)
+    randomize_scales(model, 32)
+    for layer in model.model.layers:
+        layer.block_sparse_moe.gate.weight = layer.block_sparse_moe.gate.weight * 8
+    mx.eval(model.parameters())
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
+               "random weights (seed 22, norm noise seed 32), f32, routers x8, untied")
+    size = sum(f.stat().st_size for f in dest.iterdir())
+    print(f"{dest}: {size / 1e6:.2f} MB")
+
+
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 
 
@@ -106,14 +133,15 @@ def make_qwen3_moe_q4(_tok=None) -> None:
     print(f"{dest}: {size / 1e6:.2f} MB")
 
 
-ONLY = {"tiny-qwen3-moe": make_qwen3_moe, "tiny-qwen3-moe-q4": make_qwen3_moe_q4}
+ONLY = {"tiny-qwen3-moe": make_qwen3_moe, "tiny-mixtral": make_mixtral,
+        "tiny-qwen3-moe-q4": make_qwen3_moe_q4}
 
 
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     names = only or list(ONLY)
     tok = None
-    if "tiny-qwen3-moe" in names:
+    if any(n != "tiny-qwen3-moe-q4" for n in names):
         from make_models import train_tokenizer
         tok = train_tokenizer()
     for name in names:

@@ -392,12 +392,18 @@ fn l1_tiny_qwen3_moe_q4() {
     assert_bit_exact("tiny-qwen3-moe-q4");
 }
 
+/// mixtral (8 experts, top-2): the top-k gate logits, then a softmax over those k.
+#[test]
+fn l1_tiny_mixtral() {
+    assert_bit_exact("tiny-mixtral");
+}
+
 /// Planted defect: the router keeps the experts ranked 2..=k+1 (its top-k slice off by
 /// one); the prefill logits of every case already differ.
 #[test]
 fn planted_moe_top_k_off_by_one_fails_l1() {
     let _on = engine::plant::on(engine::plant::Defect::MoeTopKOffByOne).unwrap();
-    for name in ["tiny-qwen3-moe", "tiny-qwen3-moe-q4"] {
+    for name in ["tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral"] {
         let report = l1(name, None);
         assert!(!report.passed());
         assert!(report

@@ -4,6 +4,7 @@ pub mod gemma;
 pub mod gemma4;
 pub mod layers;
 pub mod llama;
+pub mod mixtral;
 pub mod moe;
 pub mod qwen3_moe;
 pub mod phi3;
@@ -85,6 +86,7 @@ pub const SUPPORTED: &[&str] = &[
     "gemma4",
     "phi3",
     "qwen3_moe",
+    "mixtral",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -100,6 +102,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         "gemma3" | "gemma4" => wrapper::build(config, weights),
         "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::Qwen3Moe::load(config, weights)?)),
+        "mixtral" => Ok(Box::new(mixtral::Mixtral::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

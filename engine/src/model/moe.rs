@@ -25,6 +25,10 @@ use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
 
+/// Per-expert tensor names (gate, up, down) of Hugging Face MoE checkpoints.
+pub const EXPERT_NAMES: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+pub const MIXTRAL_EXPERT_NAMES: [&str; 3] = ["w1", "w3", "w2"];
+
 /// mlx-lm's `SwitchGLU` sorts the tokens by expert from this many routing entries on.
 pub const SORT_THRESHOLD: usize = 64;
 
@@ -112,28 +116,30 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
-    /// The experts under `prefix` (`….mlp.switch_mlp`), or — mlx-lm's `sanitize` of a
-    /// Hugging Face checkpoint — `….mlp.experts.{e}.*` stacked into them.
+    /// The experts under `mlp` (`<mlp>.switch_mlp.{gate,up,down}_proj`), or — mlx-lm's
+    /// `sanitize` of a Hugging Face checkpoint — `<mlp>.experts.{e}.<hf name>` stacked into
+    /// them; `hf_names` are the per-expert names of gate, up and down
+    /// (`EXPERT_NAMES` for Qwen, `MIXTRAL_EXPERT_NAMES`).
     pub fn load(
         w: &mut Weights,
         mlp: &str,
-        hidden: i32,
-        intermediate: i32,
+        dims: (i32, i32),
         experts: i32,
+        hf_names: [&str; 3],
     ) -> Result<Self, LoadError> {
-        let mut proj = |n: &str, in_dims: i32| -> Result<SwitchLinear, LoadError> {
-            match stacked_experts(w, mlp, n, experts)? {
+        let (hidden, intermediate) = dims;
+        let mut proj = |n: &str, hf: &str, in_dims: i32| -> Result<SwitchLinear, LoadError> {
+            match stacked_experts(w, mlp, hf, experts)? {
                 Some(l) => Ok(l),
                 None => SwitchLinear::load(w, &format!("{mlp}.switch_mlp.{n}"), false, in_dims),
             }
         };
-        // mlx-lm stacks up_proj first; the stacked layout is probed by up_proj, so it goes
-        // first here too.
-        let up_proj = proj("up_proj", hidden)?;
+        let [gate, up, down] = hf_names;
+        let up_proj = proj("up_proj", up, hidden)?;
         Ok(SwitchGlu {
             up_proj,
-            down_proj: proj("down_proj", intermediate)?,
-            gate_proj: proj("gate_proj", hidden)?,
+            down_proj: proj("down_proj", down, intermediate)?,
+            gate_proj: proj("gate_proj", gate, hidden)?,
         })
     }
 
@@ -172,20 +178,20 @@ fn gather_sort(x: &Array, indices: &Array) -> R<(Array, Array, Array)> {
     Ok((x, flat.take_axis(&order, 0)?, inv_order))
 }
 
-/// `….mlp.experts.{e}.{n}.weight` (a Hugging Face checkpoint) stacked into one dense
+/// `<mlp>.experts.{e}.<hf>.weight` (a Hugging Face checkpoint) stacked into one dense
 /// `SwitchLinear`, as mlx-lm's `sanitize` stacks them; None when the checkpoint has them
-/// stacked already (`….mlp.switch_mlp.{n}`).
+/// stacked already (`<mlp>.switch_mlp.<name>`).
 fn stacked_experts(
     w: &mut Weights,
     mlp: &str,
-    n: &str,
+    hf: &str,
     experts: i32,
 ) -> Result<Option<SwitchLinear>, LoadError> {
-    if !w.contains(&format!("{mlp}.experts.0.up_proj.weight")) {
+    if !w.contains(&format!("{mlp}.experts.0.{hf}.weight")) {
         return Ok(None);
     }
     let parts = (0..experts)
-        .map(|e| w.take(&format!("{mlp}.experts.{e}.{n}.weight")))
+        .map(|e| w.take(&format!("{mlp}.experts.{e}.{hf}.weight")))
         .collect::<Result<Vec<_>, _>>()?;
     let weight = stack(&parts, 0).map_err(|e| LoadError::Weights(e.what().to_owned()))?;
     Ok(Some(SwitchLinear {
@@ -195,33 +201,50 @@ fn stacked_experts(
     }))
 }
 
-/// The softmax-then-top-k router of Qwen3-MoE (and Qwen2-MoE, OLMoE): `gate` scores every
-/// expert; the k most probable are kept, renormalized when `norm_topk_prob`.
-pub struct SoftmaxTopK {
-    pub gate: Linear,
-    pub top_k: i32,
-    pub norm_topk_prob: bool,
+/// How a router picks each token's k experts and weighs them.
+pub enum Router {
+    /// Qwen3-MoE: `softmax` over all experts, the top k by `argpartition(p, -k)[..., -k:]`,
+    /// their probabilities renormalized when `norm_topk_prob`.
+    SoftmaxTopK { norm_topk_prob: bool },
+    /// Mixtral: the top k logits by `argpartition(-g, k-1)[..., :k]`, then `softmax` over
+    /// those k.
+    TopKSoftmax,
 }
 
-impl SoftmaxTopK {
+/// A router: the `gate` linear scores every expert, `kind` picks `top_k` of them.
+pub struct Gate {
+    pub gate: Linear,
+    pub top_k: i32,
+    pub kind: Router,
+}
+
+impl Gate {
     /// x [B, L, D] → (expert indices [B, L, k] uint32, their weights [B, L, k]).
     pub fn route(&self, x: &Array) -> R<(Array, Array)> {
-        let gates = softmax_axis(self.gate.forward(x)?, -1, true)?;
         let k = self.top_k;
-        let n = *gates.shape().last().unwrap_or(&0);
-        let part = argpartition_axis(&gates, -k, -1)?;
-        let inds = if plant::is(Defect::MoeTopKOffByOne) {
-            part.index((Ellipsis, (n - k - 1)..(n - 1)))
-        } else {
-            part.index((Ellipsis, (n - k)..))
-        };
-        let scores = gates.take_along_axis(&inds, -1)?;
-        let scores = if self.norm_topk_prob {
-            scores.divide(scores.sum_axis(-1, true)?)?
-        } else {
-            scores
-        };
-        Ok((inds, scores))
+        let off = plant::is(Defect::MoeTopKOffByOne) as i32;
+        let logits = self.gate.forward(x)?;
+        match self.kind {
+            Router::SoftmaxTopK { norm_topk_prob } => {
+                let gates = softmax_axis(&logits, -1, true)?;
+                let n = *gates.shape().last().unwrap_or(&0);
+                let part = argpartition_axis(&gates, -k, -1)?;
+                let inds = part.index((Ellipsis, (n - k - off)..(n - off)));
+                let scores = gates.take_along_axis(&inds, -1)?;
+                let scores = if norm_topk_prob {
+                    scores.divide(scores.sum_axis(-1, true)?)?
+                } else {
+                    scores
+                };
+                Ok((inds, scores))
+            }
+            Router::TopKSoftmax => {
+                let part = argpartition_axis(logits.negative()?, k - 1, -1)?;
+                let inds = part.index((Ellipsis, off..(k + off)));
+                let scores = logits.take_along_axis(&inds, -1)?;
+                Ok((inds, softmax_axis(&scores, -1, true)?))
+            }
+        }
     }
 }
 
@@ -232,9 +255,10 @@ pub fn combine(y: &Array, scores: &Array) -> R<Array> {
         .as_dtype(y.dtype())
 }
 
-/// Qwen3-MoE's sparse block (`Qwen3MoeSparseMoeBlock`): router, then the experts.
+/// The sparse block (`Qwen3MoeSparseMoeBlock`, `MixtralSparseMoeBlock`): router, then
+/// the experts, weighed.
 pub struct SparseMoe {
-    pub router: SoftmaxTopK,
+    pub router: Gate,
     pub experts: SwitchGlu,
 }
 

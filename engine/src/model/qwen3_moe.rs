@@ -13,7 +13,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::layers::{Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
-use super::moe::{SoftmaxTopK, SparseMoe, SwitchGlu};
+use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
 use super::LanguageModel;
 use crate::cache::{Cache, KvCache};
 use crate::load::config::ModelConfig;
@@ -167,17 +167,19 @@ fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, L
         return Ok(Ffn::Dense(dense));
     }
     Ok(Ffn::Sparse(SparseMoe {
-        router: SoftmaxTopK {
+        router: Gate {
             gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
             top_k: a.num_experts_per_tok,
-            norm_topk_prob: a.norm_topk_prob,
+            kind: Router::SoftmaxTopK {
+                norm_topk_prob: a.norm_topk_prob,
+            },
         },
         experts: SwitchGlu::load(
             w,
             &mlp,
-            a.hidden_size,
-            a.moe_intermediate_size,
+            (a.hidden_size, a.moe_intermediate_size),
             a.num_experts,
+            EXPERT_NAMES,
         )?,
     }))
 }

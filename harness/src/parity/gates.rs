@@ -179,6 +179,7 @@ pub static L1: Gate = Gate {
         "tiny-gemma3-mm-q4",
         "tiny-qwen3-moe",
         "tiny-qwen3-moe-q4",
+        "tiny-mixtral",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
