@@ -36,7 +36,8 @@ MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-
           "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3",
           "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
           "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4",
-          "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral"]
+          "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral",
+          "tiny-qwen2-moe"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",

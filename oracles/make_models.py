@@ -40,6 +40,8 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      oracles/make_moe.py
 - tiny-mixtral       mixtral, 8 experts top-2 (top-k logits, then softmax), f32:
                      oracles/make_moe.py
+- tiny-qwen2-moe     qwen2_moe, 8 experts top-4 and a gated shared expert, f32:
+                     oracles/make_moe.py
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
@@ -64,7 +66,7 @@ from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from make_moe import make_mixtral, make_qwen3_moe
+from make_moe import make_mixtral, make_qwen2_moe, make_qwen3_moe
 from make_tools_model import make_qwen3_tools
 from provenance import golden_dir, provenance, write_json
 
@@ -530,7 +532,7 @@ def make_llama_draft(tok) -> None:
 ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
         "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant,
         "tiny-qwen3-tools": make_qwen3_tools, "tiny-qwen3-moe": make_qwen3_moe,
-        "tiny-mixtral": make_mixtral}
+        "tiny-mixtral": make_mixtral, "tiny-qwen2-moe": make_qwen2_moe}
 
 
 def make_wrapper(name):
@@ -608,13 +610,15 @@ def main(only=None) -> None:
     make_qwen3_tools(tok)
     make_qwen3_moe(tok)
     make_mixtral(tok)
+    make_qwen2_moe(tok)
     for name in WRAPPERS:
         ONLY[name](tok)
     for name in ROPE_MODELS:
         ONLY[name](tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
-                 "tiny-llama-draft", "tiny-qwen3-moe", "tiny-mixtral"]:
+                 "tiny-llama-draft", "tiny-qwen3-moe", "tiny-mixtral",
+                 "tiny-qwen2-moe"]:
         d = golden_dir(f"models/{name}")
         size = sum(f.stat().st_size for f in d.iterdir())
         print(f"{d}: {size / 1e6:.2f} MB")

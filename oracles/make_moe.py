@@ -10,6 +10,8 @@
                      norms drawn away from one
 - tiny-mixtral       mixtral: 2 layers, 8 experts, top-2 (top-k logits, then softmax), GQA,
                      untied head, f32, routers scaled up as above
+- tiny-qwen2-moe     qwen2_moe: 2 layers, 8 experts, top-4 (softmax, then the top k unnormalized),
+                     a sigmoid-gated shared expert, q/k/v biases, untied head, f32
 - tiny-qwen3-moe-q4  tiny-qwen3-moe cast to bf16, then mlx_lm.utils.quantize_model, affine 4-bit g32:
                      the experts become QuantizedSwitchLinear (gather_qmm), the routers
                      8-bit g64 (qwen3_moe's own quant_predicate)
@@ -23,7 +25,7 @@ import shutil
 import sys
 
 import mlx.core as mx
-from mlx_lm.models import mixtral, qwen3_moe
+from mlx_lm.models import mixtral, qwen2_moe, qwen3_moe
 
 from provenance import golden_dir, provenance, resolve, write_json
 
@@ -106,6 +108,33 @@ def make_mixtral(tok) -> None:
     print(f"{dest}: {size / 1e6:.2f} MB")
 
 
+def make_qwen2_moe(tok) -> None:
+    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
+
+    dest = golden_dir("models/tiny-qwen2-moe")
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir(parents=True)
+    cfg = {
+        "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+        "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 8,
+        "num_experts_per_tok": 4, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64,
+        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rope_theta": 1000000.0, "tie_word_embeddings": False,
+    }
+    model = random_model(qwen2_moe, cfg, 23, mx.float32)
+    randomize_scales(model, 33)
+    for layer in model.model.layers:
+        layer.mlp.gate.weight = layer.mlp.gate.weight * 8
+        layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
+    mx.eval(model.parameters())
+    save_plain(dest, model, cfg)
+    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"),
+               "random weights (seed 23, norm noise seed 33), f32, routers and shared gates x8, untied")
+    size = sum(f.stat().st_size for f in dest.iterdir())
+    print(f"{dest}: {size / 1e6:.2f} MB")
+
+
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
 
 
@@ -133,7 +162,7 @@ def make_qwen3_moe_q4(_tok=None) -> None:
     print(f"{dest}: {size / 1e6:.2f} MB")
 
 
-ONLY = {"tiny-qwen3-moe": make_qwen3_moe, "tiny-mixtral": make_mixtral,
+ONLY = {"tiny-qwen3-moe": make_qwen3_moe, "tiny-mixtral": make_mixtral, "tiny-qwen2-moe": make_qwen2_moe,
         "tiny-qwen3-moe-q4": make_qwen3_moe_q4}
 
 

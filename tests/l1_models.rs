@@ -398,12 +398,24 @@ fn l1_tiny_mixtral() {
     assert_bit_exact("tiny-mixtral");
 }
 
+/// qwen2_moe (8 experts, top-4 by `argpartition(-p, k-1)[..., :k]`, a sigmoid-gated shared
+/// expert, q/k/v biases).
+#[test]
+fn l1_tiny_qwen2_moe() {
+    assert_bit_exact("tiny-qwen2-moe");
+}
+
 /// Planted defect: the router keeps the experts ranked 2..=k+1 (its top-k slice off by
 /// one); the prefill logits of every case already differ.
 #[test]
 fn planted_moe_top_k_off_by_one_fails_l1() {
     let _on = engine::plant::on(engine::plant::Defect::MoeTopKOffByOne).unwrap();
-    for name in ["tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral"] {
+    for name in [
+        "tiny-qwen3-moe",
+        "tiny-qwen3-moe-q4",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+    ] {
         let report = l1(name, None);
         assert!(!report.passed());
         assert!(report

@@ -6,6 +6,7 @@ pub mod layers;
 pub mod llama;
 pub mod mixtral;
 pub mod moe;
+pub mod qwen2_moe;
 pub mod qwen3_moe;
 pub mod phi3;
 pub mod rope;
@@ -87,6 +88,7 @@ pub const SUPPORTED: &[&str] = &[
     "phi3",
     "qwen3_moe",
     "mixtral",
+    "qwen2_moe",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -103,6 +105,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
         "qwen3_moe" => Ok(Box::new(qwen3_moe::Qwen3Moe::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::Mixtral::load(config, weights)?)),
+        "qwen2_moe" => Ok(Box::new(qwen2_moe::Qwen2Moe::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

@@ -206,6 +206,9 @@ pub enum Router {
     /// Qwen3-MoE: `softmax` over all experts, the top k by `argpartition(p, -k)[..., -k:]`,
     /// their probabilities renormalized when `norm_topk_prob`.
     SoftmaxTopK { norm_topk_prob: bool },
+    /// Qwen2-MoE: `softmax` over all experts, the top k by `argpartition(-p, k-1)[..., :k]`,
+    /// their probabilities as they are.
+    SoftmaxLowTopK,
     /// Mixtral: the top k logits by `argpartition(-g, k-1)[..., :k]`, then `softmax` over
     /// those k.
     TopKSoftmax,
@@ -236,6 +239,13 @@ impl Gate {
                 } else {
                     scores
                 };
+                Ok((inds, scores))
+            }
+            Router::SoftmaxLowTopK => {
+                let gates = softmax_axis(&logits, -1, true)?;
+                let part = argpartition_axis(gates.negative()?, k - 1, -1)?;
+                let inds = part.index((Ellipsis, off..(k + off)));
+                let scores = gates.take_along_axis(&inds, -1)?;
                 Ok((inds, scores))
             }
             Router::TopKSoftmax => {

@@ -180,6 +180,7 @@ pub static L1: Gate = Gate {
         "tiny-qwen3-moe",
         "tiny-qwen3-moe-q4",
         "tiny-mixtral",
+        "tiny-qwen2-moe",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
