@@ -72,6 +72,16 @@ impl SwitchLinear {
                 weight.shape()
             )));
         }
+        if quantized.is_none()
+            && weight.dtype() != mlx_rs::Dtype::Float32
+            && crate::runtime::default_device().starts_with("cpu")
+        {
+            return Err(LoadError::Unsupported(format!(
+                "`{prefix}.weight` is {:?}: MLX's CPU gather_mm (dense experts) runs float32 \
+                 only, in mlx-lm as here; on the CPU use float32 or quantized experts",
+                weight.dtype()
+            )));
+        }
         let bias = if bias {
             Some(w.take(&format!("{prefix}.bias"))?)
         } else {
