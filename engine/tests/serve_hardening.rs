@@ -98,7 +98,13 @@ fn engine_generate_refuses_ids_past_the_vocabulary() {
     ] {
         let out = Command::new(engine_bin())
             .args(["generate", "--model", model.to_str().unwrap()])
-            .args(["--ignore-chat-template", "--prompt", "hi", "--max-tokens", "3"])
+            .args([
+                "--ignore-chat-template",
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "3",
+            ])
             .args(&flags)
             .output()
             .unwrap();
