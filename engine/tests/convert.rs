@@ -297,6 +297,8 @@ fn converted_models_generate_as_mlx_lm() {
 const GENERATES: &[&str] = &[
     "llama-q4-g64",
     "llama-q8-g32",
+    // Its per-module entries have "group_size": null (the affine default, 64).
+    "llama-mixed-3-6",
     "llama-mixed-2-6-g32",
     "llama-bf16",
     "mistral-tied-q4",

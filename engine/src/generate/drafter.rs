@@ -35,8 +35,8 @@ impl Drafter {
         if AssistantDrafter::is_assistant(dir) {
             if target.as_assistant_target().is_none() {
                 return Err(LoadError::Unsupported(format!(
-                    "{} is a Gemma 4 assistant drafter; it drafts for gemma4_text models only \
-                     (this model is {})",
+                    "{} is a Gemma 4 assistant drafter; it drafts for Gemma 4 models only \
+                     (gemma4_text, or the gemma4 wrapper; this model is {})",
                     dir.display(),
                     target.model_type()
                 )));

@@ -27,6 +27,9 @@ pub struct QuantParams {
     pub bits: i32,
 }
 
+/// MLX's default group size for affine quantization (`group_size=None`).
+const AFFINE_DEFAULT_GROUP_SIZE: i32 = 64;
+
 /// mlx-lm's `quantization` block: global `{group_size, bits, mode}` plus per-module
 /// entries keyed by path, each either params or `false` (left unquantized).
 #[derive(Debug, Clone, Default)]
@@ -51,8 +54,14 @@ impl QuantConfig {
                     .map(|n| n as i32)
                     .ok_or_else(|| format!("quantization {at}: missing field `{k}`"))
             };
+            // mlx_lm.convert's mixed recipes write `"group_size": null` when none was
+            // asked for; MLX's quantize then takes the mode's default (affine: 64).
+            let group_size = match v.get("group_size") {
+                Some(Value::Null) => AFFINE_DEFAULT_GROUP_SIZE,
+                _ => int("group_size")?,
+            };
             Ok(QuantParams {
-                group_size: int("group_size")?,
+                group_size,
                 bits: int("bits")?,
             })
         };
@@ -213,5 +222,38 @@ impl RopeScaling {
             .as_deref()
             .or(self.rope_type.as_deref())
             .unwrap_or("default")
+    }
+}
+
+#[cfg(test)]
+mod quant_tests {
+    use super::*;
+
+    #[test]
+    fn a_null_group_size_is_the_affine_default() {
+        let q = serde_json::json!({
+            "group_size": 32, "bits": 4, "mode": "affine",
+            "model.layers.0.mlp.down_proj": {"group_size": null, "bits": 6},
+        });
+        let cfg = QuantConfig::parse(&q).unwrap();
+        assert_eq!(
+            cfg.default,
+            Some(QuantParams {
+                group_size: 32,
+                bits: 4
+            })
+        );
+        assert_eq!(
+            cfg.per_path["model.layers.0.mlp.down_proj"],
+            Some(QuantParams {
+                group_size: 64,
+                bits: 6
+            })
+        );
+        // Absent is still an error (mlx-lm would raise a KeyError there too).
+        let q = serde_json::json!({"group_size": 32, "bits": 4, "m": {"bits": 6}});
+        assert!(QuantConfig::parse(&q)
+            .unwrap_err()
+            .contains("missing field `group_size`"));
     }
 }

@@ -77,8 +77,9 @@ pub struct ServeArgs {
     pub batch: usize,
     /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
     /// model verifies (mlx_lm.server's --draft-model). Requests run on the serial lane;
-    /// requests with logits processors (penalties, logit bias) run without drafting.
-    #[arg(long)]
+    /// requests with logits processors (penalties, logit bias) run without drafting. A
+    /// directory or a hub repo id from the local cache, as --model.
+    #[arg(long, value_parser = crate::load::hub::model_arg)]
     pub draft_model: Option<PathBuf>,
     /// Tokens drafted per verify pass (γ).
     #[arg(long, default_value_t = 3)]
