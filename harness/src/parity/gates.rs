@@ -233,9 +233,9 @@ pub static BATCH: Gate = Gate {
     name: "batch",
     group: "batch",
     generator: Some(("gen_batch.py", &["{model}"])),
-    models: &["tiny-llama-trained"],
+    models: &["tiny-llama-trained", "tiny-qwen3-moe"],
     cases: &["b2", "b4", "joinleave"],
-    plants: &["unmasked-padding"],
+    plants: &["unmasked-padding", "moe-top-k-off-by-one"],
     run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
     ..BASE
 };

@@ -41,7 +41,7 @@ pub enum Tweak {
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
 #[rustfmt::skip]
-const NAMED: [(&str, Plant, &str); 16] = [
+const NAMED: [(&str, Plant, &str); 17] = [
     ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
     ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
@@ -54,6 +54,7 @@ const NAMED: [(&str, Plant, &str); 16] = [
     ("first-sliding-donor", Plant::Engine(Defect::AssistantFirstSlidingDonor), "the drafter reads the first sliding cache"),
     ("perf-path", Plant::Engine(Defect::PerfDecodeDropsNewest), "the L3 decode path leaves the newest position out of attention"),
     ("argmax-first-64k", Plant::Engine(Defect::GreedyFirst64k), "greedy argmax over the first 65 536 ids only"),
+    ("moe-top-k-off-by-one", Plant::Engine(Defect::MoeTopKOffByOne), "the router keeps the experts ranked 2..k+1"),
     ("no-post-processor", Plant::Engine(Defect::EncodeSkipsPostProcessor), "encode forgets the post-processor (no bos)"),
     ("spm-leading-space", Plant::Engine(Defect::SpmKeepsLeadingSpace), "the SentencePiece stream keeps its leading space"),
     ("tojson-html-escape", Plant::Engine(Defect::TemplateTojsonEscapesHtml), "the templates' tojson HTML-escapes <, >, & and '"),
