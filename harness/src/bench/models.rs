@@ -1,5 +1,5 @@
-//! The built-in benchmark models: Llama-, Gemma 3- and Gemma 4-layout checkpoints with seeded
-//! random bf16 weights, generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
+//! The built-in benchmark models: Llama-, Gemma 3-, Gemma 4- and Qwen3-MoE-layout checkpoints
+//! with seeded random weights (bf16; the MoE model f32, see `Family::Qwen3Moe`), generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
 //! Both stacks load the very same directory, so they run the same weights.
 
 use std::collections::HashMap;
@@ -17,7 +17,15 @@ pub enum Family {
     /// gemma4_text, small-checkpoint layout: sliding window 128 on 5 of every 6 layers,
     /// per-layer inputs, the last 4 layers sharing K/V, a 2× wider head on full attention.
     Gemma4,
+    /// qwen3_moe: every layer a mixture of `MOE_EXPERTS` experts, top `MOE_TOP_K`, with
+    /// `intermediate` as each expert's width. f32: MLX's CPU `gather_mm` (dense experts)
+    /// runs float32 only, in mlx-lm as in the engine.
+    Qwen3Moe,
 }
+
+/// MoE bench layout: experts per layer and experts per token.
+const MOE_EXPERTS: i32 = 8;
+const MOE_TOP_K: i32 = 2;
 
 /// Gemma 4 bench layout: per-layer input width and how many trailing layers share K/V.
 const GEMMA4_PER_LAYER: i32 = 64;
@@ -88,11 +96,24 @@ pub const GEMMA4_TINY: BenchModel = BenchModel {
     seed: 3456,
 };
 
+/// ~10 M parameters, Qwen3-MoE layout: 8 experts, top-2 (see `Family::Qwen3Moe`).
+pub const MOE_TINY: BenchModel = BenchModel {
+    name: "moe-tiny",
+    family: Family::Qwen3Moe,
+    hidden: 256,
+    layers: 4,
+    heads: 4,
+    kv_heads: 2,
+    intermediate: 352,
+    vocab: 4096,
+    seed: 7890,
+};
+
 /// Names of the built-in bench models, for messages.
-pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny";
+pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny";
 
 pub fn by_name(name: &str) -> Option<BenchModel> {
-    [TINY, SMALL, GEMMA_TINY, GEMMA4_TINY]
+    [TINY, SMALL, GEMMA_TINY, GEMMA4_TINY, MOE_TINY]
         .into_iter()
         .find(|m| m.name == name)
 }
@@ -153,6 +174,31 @@ impl BenchModel {
                 "bench_seed": self.seed,
             });
         }
+        if self.family == Family::Qwen3Moe {
+            return json!({
+                "architectures": ["Qwen3MoeForCausalLM"],
+                "model_type": "qwen3_moe",
+                "hidden_size": self.hidden,
+                "num_hidden_layers": self.layers,
+                "intermediate_size": self.intermediate,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads,
+                "head_dim": self.hidden / self.heads,
+                "num_experts": MOE_EXPERTS,
+                "num_experts_per_tok": MOE_TOP_K,
+                "moe_intermediate_size": self.intermediate,
+                "decoder_sparse_step": 1,
+                "mlp_only_layers": [],
+                "norm_topk_prob": true,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": self.vocab,
+                "max_position_embeddings": 4096,
+                "rope_theta": 1000000.0,
+                "tie_word_embeddings": false,
+                "torch_dtype": "float32",
+                "bench_seed": self.seed,
+            });
+        }
         json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -188,6 +234,10 @@ impl BenchModel {
             let p = format!("model.layers.{l}");
             w.push((format!("{p}.input_layernorm.weight"), vec![h]));
             w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
+            if self.family == Family::Qwen3Moe {
+                w.push((format!("{p}.self_attn.q_norm.weight"), vec![head_dim]));
+                w.push((format!("{p}.self_attn.k_norm.weight"), vec![head_dim]));
+            }
             if self.family == Family::Gemma3 {
                 w.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
                 w.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
@@ -198,12 +248,26 @@ impl BenchModel {
             w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
             w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
             w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
+            if self.family == Family::Qwen3Moe {
+                let e = MOE_EXPERTS;
+                w.push((format!("{p}.mlp.gate.weight"), vec![e, h]));
+                w.push((
+                    format!("{p}.mlp.switch_mlp.gate_proj.weight"),
+                    vec![e, i, h],
+                ));
+                w.push((format!("{p}.mlp.switch_mlp.up_proj.weight"), vec![e, i, h]));
+                w.push((
+                    format!("{p}.mlp.switch_mlp.down_proj.weight"),
+                    vec![e, h, i],
+                ));
+                continue;
+            }
             w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
             w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
             w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
         }
         w.push(("model.norm.weight".to_owned(), vec![h]));
-        if self.family == Family::Llama {
+        if matches!(self.family, Family::Llama | Family::Qwen3Moe) {
             w.push(("lm_head.weight".to_owned(), vec![self.vocab, h])); // Gemma: tied
         }
         w
@@ -326,7 +390,11 @@ impl BenchModel {
                 let key = random::key(self.seed + i as u64)?;
                 random::normal::<f32>(&shape[..], None, 0.02, &key)?
             };
-            let w = w.as_dtype(Dtype::Bfloat16)?;
+            let dtype = match self.family {
+                Family::Qwen3Moe => Dtype::Float32,
+                _ => Dtype::Bfloat16,
+            };
+            let w = w.as_dtype(dtype)?;
             w.eval()?;
             weights.insert(name, w);
         }

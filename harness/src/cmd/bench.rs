@@ -35,7 +35,7 @@ pub struct Args {
     /// Serve suite: requests per client per level.
     #[arg(long, default_value_t = 2)]
     per_client: usize,
-    /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny).
+    /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny, moe-tiny).
     #[arg(long, value_delimiter = ',', default_value = "tiny")]
     model: Vec<String>,
     /// Measure the engine alone (no mlx-lm legs, no oracle venv needed).
