@@ -52,7 +52,32 @@ fn a_cache_hit_continues_bit_identically_to_a_fresh_prefill() {
     }
 }
 
+/// The families added for real checkpoints: mixture of experts, the multimodal wrappers,
+/// phi3's fused projections, yarn RoPE. Not dynamic RoPE: it recomputes its base per call
+/// from the call's last position (as mlx-lm's DynamicNTKScalingRoPE), so a continuation
+/// from a cache is a different computation from one prefill of the whole prompt — in
+/// mlx-lm too — and the two differ (`dynamic_rope_continuations_depend_on_the_split`).
+#[test]
+fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
+    for name in [
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-gemma3-mm",
+        "tiny-gemma4-mm",
+        "tiny-phi3",
+        "tiny-llama-yarn",
+    ] {
+        assert!(continuation_matches_fresh(name, false), "{name}");
+    }
+}
+
 #[test]
 fn planted_off_by_one_reuse_is_caught() {
     assert!(!continuation_matches_fresh("tiny-llama-trained", true));
+}
+
+#[test]
+fn dynamic_rope_continuations_depend_on_the_split() {
+    assert!(!continuation_matches_fresh("tiny-llama-dynamic", false));
 }
