@@ -10,6 +10,7 @@ pub mod model;
 pub mod plant;
 pub mod pyfmt;
 pub mod runtime;
+pub mod scalar;
 pub mod serve;
 pub mod tiers;
 pub mod train;

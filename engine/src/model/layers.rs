@@ -75,11 +75,7 @@ impl Quantized {
     }
 }
 
-/// A Python float in an MLX expression: a scalar of the other operand's dtype (MLX's weak
-/// scalars promote to the array's type instead of widening it).
-pub fn weak(v: f64, like: &Array) -> R<Array> {
-    Array::from_f32(v as f32).as_dtype(like.dtype())
-}
+pub use crate::scalar::weak;
 
 /// A low-rank adapter on a linear layer (mlx-lm's `LoRALinear`): y + scale·((x·A)·B), the
 /// update cast to x's dtype. A is [in, rank], B is [rank, out], both f32.

@@ -17,7 +17,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, clip, concatenate, full, select};
 use mlx_rs::Array;
 
-use super::layers::weak;
+use crate::scalar::weak;
 use crate::cache::RopeOffset;
 use crate::load::config::{RopeParameters, RopeScaling};
 use crate::load::LoadError;
