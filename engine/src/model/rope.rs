@@ -17,10 +17,10 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, clip, concatenate, full, select};
 use mlx_rs::Array;
 
-use crate::scalar::weak;
 use crate::cache::RopeOffset;
 use crate::load::config::{RopeParameters, RopeScaling};
 use crate::load::LoadError;
+use crate::scalar::weak;
 
 type R<T> = Result<T, Exception>;
 
