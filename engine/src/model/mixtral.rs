@@ -7,14 +7,11 @@
 //!   for each layer:  h = h + attn(rms_norm(h));  h = h + moe(rms_norm(h))
 //!   logits = head(rms_norm(h))
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{Attention, Embedding, Linear, OutputHead, RmsNorm, Rope};
+use super::layers::{Attention, Linear, Rope};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, MIXTRAL_EXPERT_NAMES};
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache};
+use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -76,19 +73,6 @@ fn theta() -> f32 {
     1e6
 }
 
-struct Block {
-    attn: Attention,
-    moe: SparseMoe,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-}
-
-pub struct Mixtral {
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
-}
-
 fn load_attention(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<Attention, LoadError> {
     let head_dim = a.hidden_size / a.num_attention_heads;
     let proj = |w: &mut Weights, name: &str, in_dims: i32| {
@@ -132,80 +116,29 @@ fn load_moe(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<SparseMoe, Load
     })
 }
 
-impl Mixtral {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: MixtralArgs = config.parse()?;
-        if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(LoadError::Unsupported(
-                "mixtral with rope_scaling: mlx-lm's mixtral applies no RoPE scaling (plain \
-                 RoPE from rope_theta), so it is refused rather than run unscaled"
-                    .into(),
-            ));
-        }
-        if a.num_experts_per_tok <= 0 || a.num_experts_per_tok > a.num_local_experts {
-            return Err(LoadError::Unsupported(format!(
-                "mixtral: num_experts_per_tok {} must be in 1..={} (num_local_experts)",
-                a.num_experts_per_tok, a.num_local_experts
-            )));
-        }
-        if a.tie_word_embeddings {
-            w.discard(|n| n == "lm_head.weight");
-        }
-        w.set_quantization(config.quantization.clone());
-        let mut blocks = Vec::new();
-        for i in 0..a.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let norm =
-                |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), a.rms_norm_eps);
-            blocks.push(Block {
-                attn: load_attention(&mut w, &p, &a)?,
-                moe: load_moe(&mut w, &p, &a)?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
-        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, a.hidden_size, None)?;
-        w.ensure_consumed(&config.model_type, |_| false)?;
-        Ok(Mixtral {
-            embed,
-            blocks,
-            head,
-        })
+/// The model: mlx-lm's checks, then the shared MoE decoder with Mixtral's layers.
+pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+    let a: MixtralArgs = config.parse()?;
+    if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(LoadError::Unsupported(
+            "mixtral with rope_scaling: mlx-lm's mixtral applies no RoPE scaling (plain \
+             RoPE from rope_theta), so it is refused rather than run unscaled"
+                .into(),
+        ));
     }
-}
-
-impl LanguageModel for Mixtral {
-    fn model_type(&self) -> &str {
-        "mixtral"
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
-        let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
-            let hh = h.add(&r)?;
-            let r = block.moe.forward(&block.post_attn_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-        }
-        self.head.forward(&self.embed, &h)
-    }
+    check_top_k(
+        "mixtral",
+        a.num_experts_per_tok,
+        a.num_local_experts,
+        "num_local_experts",
+    )?;
+    let shape = Shape {
+        layers: a.num_hidden_layers,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: a.tie_word_embeddings,
+    };
+    MoeDecoder::load("mixtral", config, w, shape, |w, p, _| {
+        Ok((load_attention(w, p, &a)?, Ffn::Sparse(load_moe(w, p, &a)?)))
+    })
 }

@@ -6,6 +6,7 @@ pub mod layers;
 pub mod llama;
 pub mod mixtral;
 pub mod moe;
+pub mod moe_decoder;
 pub mod phi3;
 pub mod qwen2_moe;
 pub mod qwen3_moe;
@@ -103,9 +104,9 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         // The multimodal wrappers, loaded for text as mlx-lm loads them.
         "gemma3" | "gemma4" => wrapper::build(config, weights),
         "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
-        "qwen3_moe" => Ok(Box::new(qwen3_moe::Qwen3Moe::load(config, weights)?)),
-        "mixtral" => Ok(Box::new(mixtral::Mixtral::load(config, weights)?)),
-        "qwen2_moe" => Ok(Box::new(qwen2_moe::Qwen2Moe::load(config, weights)?)),
+        "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
+        "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
+        "qwen2_moe" => Ok(Box::new(qwen2_moe::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

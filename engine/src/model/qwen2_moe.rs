@@ -7,14 +7,11 @@
 //!                    x = rms_norm(h);  h = h + moe(x) + sigmoid(shared_gate(x)) · shared(x)
 //!   logits = head(rms_norm(h))
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
+use super::layers::{Attention, Glu, Linear, Mlp, Rope};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache};
+use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape, SharedMoe};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -44,37 +41,6 @@ pub struct Qwen2MoeArgs {
 
 fn theta() -> f32 {
     1_000_000.0
-}
-
-/// The MoE block with its shared expert (`Qwen2MoeSparseMoeBlock`).
-struct SharedMoe {
-    moe: SparseMoe,
-    shared: Mlp,
-    shared_gate: Linear,
-}
-
-impl SharedMoe {
-    fn forward(&self, x: &Array) -> Result<Array, Exception> {
-        let (inds, scores) = self.moe.router.route(x)?;
-        let y = self.moe.experts.forward(x, &inds)?;
-        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
-        let shared = self.shared.forward(x)?;
-        let shared = mlx_rs::ops::sigmoid(self.shared_gate.forward(x)?)?.multiply(&shared)?;
-        y.add(&shared)
-    }
-}
-
-struct Block {
-    attn: Attention,
-    mlp: SharedMoe,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-}
-
-pub struct Qwen2Moe {
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
 }
 
 fn load_attention(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<Attention, LoadError> {
@@ -139,81 +105,33 @@ fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, Loa
     })
 }
 
-impl Qwen2Moe {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: Qwen2MoeArgs = config.parse()?;
-        if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(LoadError::Unsupported(
-                "qwen2_moe with rope_scaling: mlx-lm's qwen2_moe accepts only `linear` and then \
-                 applies no scaling (plain RoPE from rope_theta), so it is refused rather than \
-                 run unscaled"
-                    .into(),
-            ));
-        }
-        if a.num_experts_per_tok <= 0 || a.num_experts_per_tok > a.num_experts {
-            return Err(LoadError::Unsupported(format!(
-                "qwen2_moe: num_experts_per_tok {} must be in 1..={} (num_experts)",
-                a.num_experts_per_tok, a.num_experts
-            )));
-        }
-        if a.tie_word_embeddings {
-            w.discard(|n| n == "lm_head.weight");
-        }
-        w.set_quantization(config.quantization.clone());
-        let mut blocks = Vec::new();
-        for i in 0..a.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let norm =
-                |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), a.rms_norm_eps);
-            blocks.push(Block {
-                attn: load_attention(&mut w, &p, &a)?,
-                mlp: load_mlp(&mut w, &p, &a)?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
-        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, a.hidden_size, None)?;
-        w.ensure_consumed(&config.model_type, |_| false)?;
-        Ok(Qwen2Moe {
-            embed,
-            blocks,
-            head,
-        })
+/// The model: mlx-lm's checks, then the shared MoE decoder with qwen2_moe's layers.
+pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+    let a: Qwen2MoeArgs = config.parse()?;
+    if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(LoadError::Unsupported(
+            "qwen2_moe with rope_scaling: mlx-lm's qwen2_moe accepts only `linear` and then \
+             applies no scaling (plain RoPE from rope_theta), so it is refused rather than \
+             run unscaled"
+                .into(),
+        ));
     }
-}
-
-impl LanguageModel for Qwen2Moe {
-    fn model_type(&self) -> &str {
-        "qwen2_moe"
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
-        let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
-            let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-        }
-        self.head.forward(&self.embed, &h)
-    }
+    check_top_k(
+        "qwen2_moe",
+        a.num_experts_per_tok,
+        a.num_experts,
+        "num_experts",
+    )?;
+    let shape = Shape {
+        layers: a.num_hidden_layers,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: a.tie_word_embeddings,
+    };
+    MoeDecoder::load("qwen2_moe", config, w, shape, |w, p, _| {
+        Ok((
+            load_attention(w, p, &a)?,
+            Ffn::Shared(Box::new(load_mlp(w, p, &a)?)),
+        ))
+    })
 }

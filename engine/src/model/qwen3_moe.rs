@@ -8,14 +8,11 @@
 //!           = Mlp        otherwise (intermediate_size wide)
 //!   logits = head(rms_norm(h))
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
+use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache};
+use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -93,33 +90,6 @@ impl Qwen3MoeArgs {
     }
 }
 
-enum Ffn {
-    Dense(Mlp),
-    Sparse(SparseMoe),
-}
-
-impl Ffn {
-    fn forward(&self, x: &Array) -> Result<Array, Exception> {
-        match self {
-            Ffn::Dense(mlp) => mlp.forward(x),
-            Ffn::Sparse(moe) => moe.forward(x),
-        }
-    }
-}
-
-struct Block {
-    attn: Attention,
-    mlp: Ffn,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-}
-
-pub struct Qwen3Moe {
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
-}
-
 /// Qwen3's attention as qwen3_moe builds it: no biases, q/k RMSNorm before the transpose.
 fn load_attention(
     w: &mut Weights,
@@ -184,83 +154,29 @@ fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, L
     }))
 }
 
-impl Qwen3Moe {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: Qwen3MoeArgs = config.parse()?;
-        let base = a.rope_base()?;
-        if a.decoder_sparse_step <= 0 {
-            return Err(LoadError::Unsupported(format!(
-                "qwen3_moe: decoder_sparse_step must be positive, got {}",
-                a.decoder_sparse_step
-            )));
-        }
-        if a.num_experts_per_tok <= 0 || a.num_experts_per_tok > a.num_experts {
-            return Err(LoadError::Unsupported(format!(
-                "qwen3_moe: num_experts_per_tok {} must be in 1..={} (num_experts)",
-                a.num_experts_per_tok, a.num_experts
-            )));
-        }
-        // mlx-lm's sanitize: a tied checkpoint's lm_head is dropped.
-        if a.tie_word_embeddings {
-            w.discard(|n| n == "lm_head.weight");
-        }
-        w.set_quantization(config.quantization.clone());
-        let mut blocks = Vec::new();
-        for i in 0..a.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            blocks.push(Block {
-                attn: load_attention(&mut w, &p, &a, base)?,
-                mlp: load_ffn(&mut w, &p, &a, i)?,
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), a.rms_norm_eps)?,
-                post_attn_norm: RmsNorm::load(
-                    &mut w,
-                    &format!("{p}.post_attention_layernorm"),
-                    a.rms_norm_eps,
-                )?,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
-        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, a.hidden_size, None)?;
-        w.ensure_consumed(&config.model_type, |_| false)?;
-        Ok(Qwen3Moe {
-            embed,
-            blocks,
-            head,
-        })
+/// The model: mlx-lm's checks, then the shared MoE decoder with qwen3_moe's layers.
+pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+    let a: Qwen3MoeArgs = config.parse()?;
+    let base = a.rope_base()?;
+    if a.decoder_sparse_step <= 0 {
+        return Err(LoadError::Unsupported(format!(
+            "qwen3_moe: decoder_sparse_step must be positive, got {}",
+            a.decoder_sparse_step
+        )));
     }
-}
-
-impl LanguageModel for Qwen3Moe {
-    fn model_type(&self) -> &str {
-        "qwen3_moe"
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
-        let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
-            let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-        }
-        self.head.forward(&self.embed, &h)
-    }
+    check_top_k(
+        "qwen3_moe",
+        a.num_experts_per_tok,
+        a.num_experts,
+        "num_experts",
+    )?;
+    let shape = Shape {
+        layers: a.num_hidden_layers,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: a.tie_word_embeddings,
+    };
+    MoeDecoder::load("qwen3_moe", config, w, shape, |w, p, i| {
+        Ok((load_attention(w, p, &a, base)?, load_ffn(w, p, &a, i)?))
+    })
 }

@@ -1,0 +1,171 @@
+//! The decoder the mixture-of-experts families share (`qwen3_moe`, `mixtral`, `qwen2_moe`):
+//!
+//!   h = embed(ids)
+//!   for each layer:  h = h + attn(rms_norm(h));  h = h + ffn(rms_norm(h))
+//!   logits = head(rms_norm(h))
+//!
+//! where a layer's ffn is a dense MLP, the sparse block, or the sparse block with a shared
+//! expert. Each family reads its own config and builds its layers' attention and ffn; the
+//! rest — norms, embedding, head, caches, the forward — is here once.
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+
+use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm};
+use super::moe::SparseMoe;
+use super::LanguageModel;
+use crate::cache::{Cache, KvCache};
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+/// The sparse block plus a shared expert behind a sigmoid gate (`Qwen2MoeSparseMoeBlock`).
+pub struct SharedMoe {
+    pub moe: SparseMoe,
+    pub shared: Mlp,
+    pub shared_gate: Linear,
+}
+
+impl SharedMoe {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        let (inds, scores) = self.moe.router.route(x)?;
+        let y = self.moe.experts.forward(x, &inds)?;
+        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let shared = self.shared.forward(x)?;
+        let shared = mlx_rs::ops::sigmoid(self.shared_gate.forward(x)?)?.multiply(&shared)?;
+        y.add(&shared)
+    }
+}
+
+/// A layer's feed-forward.
+pub enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+    /// Boxed: it is twice the size of the others (one per layer, so the box costs nothing).
+    Shared(Box<SharedMoe>),
+}
+
+impl Ffn {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(x),
+            Ffn::Sparse(moe) => moe.forward(x),
+            Ffn::Shared(moe) => moe.forward(x),
+        }
+    }
+}
+
+struct Block {
+    attn: Attention,
+    ffn: Ffn,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+}
+
+/// The model shape every MoE family's config gives.
+pub struct Shape {
+    pub layers: i32,
+    pub hidden: i32,
+    pub rms_norm_eps: f32,
+    pub tie_word_embeddings: bool,
+}
+
+pub struct MoeDecoder {
+    model_type: &'static str,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    head: OutputHead,
+}
+
+/// `num_experts_per_tok` must pick at least one and at most every expert (`field` names
+/// the family's expert count).
+pub fn check_top_k(
+    model_type: &str,
+    top_k: i32,
+    experts: i32,
+    field: &str,
+) -> Result<(), LoadError> {
+    if top_k <= 0 || top_k > experts {
+        return Err(LoadError::Unsupported(format!(
+            "{model_type}: num_experts_per_tok {top_k} must be in 1..={experts} ({field})"
+        )));
+    }
+    Ok(())
+}
+
+impl MoeDecoder {
+    /// Loads the decoder: layer `i` (prefix `model.layers.{i}`) gets the attention and ffn
+    /// that `layer` builds, then its two norms; then the embedding, final norm and head.
+    /// A tied checkpoint's `lm_head` is dropped (mlx-lm's sanitize) and every other tensor
+    /// must be used.
+    pub fn load(
+        model_type: &'static str,
+        config: &ModelConfig,
+        mut w: Weights,
+        shape: Shape,
+        mut layer: impl FnMut(&mut Weights, &str, i32) -> Result<(Attention, Ffn), LoadError>,
+    ) -> Result<Self, LoadError> {
+        if shape.tie_word_embeddings {
+            w.discard(|n| n == "lm_head.weight");
+        }
+        w.set_quantization(config.quantization.clone());
+        let mut blocks = Vec::new();
+        for i in 0..shape.layers {
+            let p = format!("model.layers.{i}");
+            let (attn, ffn) = layer(&mut w, &p, i)?;
+            let norm = |w: &mut Weights, n: &str| {
+                RmsNorm::load(w, &format!("{p}.{n}"), shape.rms_norm_eps)
+            };
+            blocks.push(Block {
+                attn,
+                ffn,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", shape.hidden)?;
+        let norm = RmsNorm::load(&mut w, "model.norm", shape.rms_norm_eps)?;
+        let head = OutputHead::load(&mut w, norm, shape.tie_word_embeddings, shape.hidden, None)?;
+        w.ensure_consumed(&config.model_type, |_| false)?;
+        Ok(MoeDecoder {
+            model_type,
+            embed,
+            blocks,
+            head,
+        })
+    }
+}
+
+impl LanguageModel for MoeDecoder {
+    fn model_type(&self) -> &str {
+        self.model_type
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.head.width(&self.embed)
+    }
+
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        let mut h = self.embed.forward(ids)?;
+        let mask = caches[0].make_mask(ids.shape()[1], None)?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let x = block.input_norm.forward(&h)?;
+            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
+            let hh = h.add(&r)?;
+            let r = block.ffn.forward(&block.post_attn_norm.forward(&hh)?)?;
+            h = hh.add(&r)?;
+        }
+        self.head.forward(&self.embed, &h)
+    }
+}
