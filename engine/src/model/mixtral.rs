@@ -9,9 +9,9 @@
 
 use serde::Deserialize;
 
-use super::layers::{Attention, Linear, Rope};
+use super::layers::Linear;
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, MIXTRAL_EXPERT_NAMES};
-use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape};
+use super::moe_decoder::{check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -73,29 +73,18 @@ fn theta() -> f32 {
     1e6
 }
 
-fn load_attention(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<Attention, LoadError> {
-    let head_dim = a.hidden_size / a.num_attention_heads;
-    let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, in_dims)
-    };
-    Ok(Attention {
-        q_proj: proj(w, "q_proj", a.hidden_size)?,
-        k_proj: proj(w, "k_proj", a.hidden_size)?,
-        v_proj: proj(w, "v_proj", a.hidden_size)?,
-        o_proj: proj(w, "o_proj", a.num_attention_heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
-        scale: (head_dim as f32).powf(-0.5),
-        norm_after_transpose: false,
-        rope: Rope::Standard {
-            dims: head_dim,
-            traditional: a.rope_traditional,
-            base: a.rope_theta,
-            scale: 1.0,
-        },
-    })
+/// Llama's attention as mixtral builds it: no biases, head_dim = hidden / heads.
+fn attention_shape(a: &MixtralArgs) -> AttnShape {
+    AttnShape {
+        hidden: a.hidden_size,
+        heads: a.num_attention_heads,
+        kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
+        head_dim: a.hidden_size / a.num_attention_heads,
+        qkv_bias: false,
+        qk_norm_eps: None,
+        rope_traditional: a.rope_traditional,
+        rope_base: a.rope_theta,
+    }
 }
 
 fn load_moe(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<SparseMoe, LoadError> {
@@ -138,7 +127,11 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
     };
+    let attn = attention_shape(&a);
     MoeDecoder::load("mixtral", config, w, shape, |w, p, _| {
-        Ok((load_attention(w, p, &a)?, Ffn::Sparse(load_moe(w, p, &a)?)))
+        Ok((
+            load_attention(w, p, &attn)?,
+            Ffn::Sparse(load_moe(w, p, &a)?),
+        ))
     })
 }

@@ -11,7 +11,7 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm};
+use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm, Rope};
 use super::moe::SparseMoe;
 use super::LanguageModel;
 use crate::cache::{Cache, KvCache};
@@ -75,6 +75,49 @@ pub struct MoeDecoder {
     embed: Embedding,
     blocks: Vec<Block>,
     head: OutputHead,
+}
+
+/// The attention of the MoE families: Llama's, plain `nn.RoPE` (no scaling: mlx-lm's MoE
+/// modules never apply it), q/k/v biases for qwen2_moe, per-head q/k RMSNorm for qwen3_moe.
+pub struct AttnShape {
+    pub hidden: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub qkv_bias: bool,
+    /// The q/k RMSNorms' eps, where the family has them.
+    pub qk_norm_eps: Option<f32>,
+    pub rope_traditional: bool,
+    pub rope_base: f32,
+}
+
+pub fn load_attention(w: &mut Weights, p: &str, a: &AttnShape) -> Result<Attention, LoadError> {
+    let proj = |w: &mut Weights, name: &str, bias: bool, in_dims: i32| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+    };
+    let norm = |w: &mut Weights, name: &str| {
+        a.qk_norm_eps
+            .map(|eps| RmsNorm::load(w, &format!("{p}.self_attn.{name}"), eps))
+            .transpose()
+    };
+    Ok(Attention {
+        q_proj: proj(w, "q_proj", a.qkv_bias, a.hidden)?,
+        k_proj: proj(w, "k_proj", a.qkv_bias, a.hidden)?,
+        v_proj: proj(w, "v_proj", a.qkv_bias, a.hidden)?,
+        o_proj: proj(w, "o_proj", false, a.heads * a.head_dim)?,
+        q_norm: norm(w, "q_norm")?,
+        k_norm: norm(w, "k_norm")?,
+        n_heads: a.heads,
+        n_kv_heads: a.kv_heads,
+        scale: (a.head_dim as f32).powf(-0.5),
+        norm_after_transpose: false,
+        rope: Rope::Standard {
+            dims: a.head_dim,
+            traditional: a.rope_traditional,
+            base: a.rope_base,
+            scale: 1.0,
+        },
+    })
 }
 
 /// `num_experts_per_tok` must pick at least one and at most every expert (`field` names

@@ -9,9 +9,11 @@
 
 use serde::Deserialize;
 
-use super::layers::{Attention, Glu, Linear, Mlp, Rope};
+use super::layers::{Glu, Linear, Mlp};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape, SharedMoe};
+use super::moe_decoder::{
+    check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape, SharedMoe,
+};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -43,29 +45,18 @@ fn theta() -> f32 {
     1_000_000.0
 }
 
-fn load_attention(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<Attention, LoadError> {
-    let head_dim = a.hidden_size / a.num_attention_heads;
-    let proj = |w: &mut Weights, name: &str, bias: bool, in_dims: i32| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
-    };
-    Ok(Attention {
-        q_proj: proj(w, "q_proj", true, a.hidden_size)?,
-        k_proj: proj(w, "k_proj", true, a.hidden_size)?,
-        v_proj: proj(w, "v_proj", true, a.hidden_size)?,
-        o_proj: proj(w, "o_proj", false, a.num_attention_heads * head_dim)?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
-        scale: (head_dim as f32).powf(-0.5),
-        norm_after_transpose: false,
-        rope: Rope::Standard {
-            dims: head_dim,
-            traditional: a.rope_traditional,
-            base: a.rope_theta,
-            scale: 1.0,
-        },
-    })
+/// Qwen2's attention as qwen2_moe builds it: q/k/v biases, head_dim = hidden / heads.
+fn attention_shape(a: &Qwen2MoeArgs) -> AttnShape {
+    AttnShape {
+        hidden: a.hidden_size,
+        heads: a.num_attention_heads,
+        kv_heads: a.num_key_value_heads.unwrap_or(a.num_attention_heads),
+        head_dim: a.hidden_size / a.num_attention_heads,
+        qkv_bias: true,
+        qk_norm_eps: None,
+        rope_traditional: a.rope_traditional,
+        rope_base: a.rope_theta,
+    }
 }
 
 fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, LoadError> {
@@ -128,9 +119,10 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
     };
+    let attn = attention_shape(&a);
     MoeDecoder::load("qwen2_moe", config, w, shape, |w, p, _| {
         Ok((
-            load_attention(w, p, &a)?,
+            load_attention(w, p, &attn)?,
             Ffn::Shared(Box::new(load_mlp(w, p, &a)?)),
         ))
     })

@@ -10,9 +10,9 @@
 
 use serde::Deserialize;
 
-use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{Glu, Linear, Mlp};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::moe_decoder::{check_top_k, Ffn, MoeDecoder, Shape};
+use super::moe_decoder::{check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -91,36 +91,17 @@ impl Qwen3MoeArgs {
 }
 
 /// Qwen3's attention as qwen3_moe builds it: no biases, q/k RMSNorm before the transpose.
-fn load_attention(
-    w: &mut Weights,
-    p: &str,
-    a: &Qwen3MoeArgs,
-    base: f32,
-) -> Result<Attention, LoadError> {
-    let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, in_dims)
-    };
-    let norm = |w: &mut Weights, name: &str| {
-        RmsNorm::load(w, &format!("{p}.self_attn.{name}"), a.rms_norm_eps).map(Some)
-    };
-    Ok(Attention {
-        q_proj: proj(w, "q_proj", a.hidden_size)?,
-        k_proj: proj(w, "k_proj", a.hidden_size)?,
-        v_proj: proj(w, "v_proj", a.hidden_size)?,
-        o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
-        q_norm: norm(w, "q_norm")?,
-        k_norm: norm(w, "k_norm")?,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
-        scale: (a.head_dim as f32).powf(-0.5),
-        norm_after_transpose: false,
-        rope: Rope::Standard {
-            dims: a.head_dim,
-            traditional: false,
-            base,
-            scale: 1.0,
-        },
-    })
+fn attention_shape(a: &Qwen3MoeArgs, base: f32) -> AttnShape {
+    AttnShape {
+        hidden: a.hidden_size,
+        heads: a.num_attention_heads,
+        kv_heads: a.num_key_value_heads,
+        head_dim: a.head_dim,
+        qkv_bias: false,
+        qk_norm_eps: Some(a.rms_norm_eps),
+        rope_traditional: false,
+        rope_base: base,
+    }
 }
 
 fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, LoadError> {
@@ -176,7 +157,8 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
     };
+    let attn = attention_shape(&a, base);
     MoeDecoder::load("qwen3_moe", config, w, shape, |w, p, i| {
-        Ok((load_attention(w, p, &a, base)?, load_ffn(w, p, &a, i)?))
+        Ok((load_attention(w, p, &attn)?, load_ffn(w, p, &a, i)?))
     })
 }
