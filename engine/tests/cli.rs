@@ -258,7 +258,7 @@ fn generate_with_an_assistant_drafter() {
     let wrong = run("tiny-llama-trained", &["--draft-model", &assistant]);
     let log = String::from_utf8_lossy(&wrong.stderr);
     assert!(
-        !wrong.status.success() && log.contains("gemma4_text models only"),
+        !wrong.status.success() && log.contains("drafts for Gemma 4 models only"),
         "{log}"
     );
 }
