@@ -117,7 +117,25 @@ fn fingerprint(
         "prefill_step": PREFILL_STEP,
         "steps": STEPS,
     });
+    let inputs = sorted_keys(&inputs);
     Ok((hex(inputs.to_string().as_bytes()), inputs))
+}
+
+/// `v` with every object's keys in sorted order, so that its text — and the fingerprint —
+/// does not depend on insertion order (serde_json keeps it, with `preserve_order`).
+fn sorted_keys(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            let sorted = keys.into_iter().map(|k| (k.clone(), sorted_keys(&m[k])));
+            serde_json::Value::Object(sorted.collect())
+        }
+        serde_json::Value::Array(a) => {
+            serde_json::Value::Array(a.iter().map(sorted_keys).collect())
+        }
+        other => other.clone(),
+    }
 }
 
 fn prompts(name: &str) -> Result<Vec<(String, Vec<u32>)>, ParityError> {
