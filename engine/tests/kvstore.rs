@@ -267,3 +267,29 @@ fn older_and_malformed_files_are_refused_cleanly() {
     let err = kvstore::read(&path, false).err().unwrap();
     assert!(err.to_string().contains("runs past the end"), "{err}");
 }
+
+/// The families added for real checkpoints (issue 21): mixture of experts and phi3 hold
+/// plain caches, the multimodal wrappers gemma3 / gemma4 their text families' rings and
+/// plain caches; each round-trips byte for byte and continues identically.
+#[test]
+fn the_newer_families_round_trip_and_continue_identically() {
+    let opts = SessionOptions::default();
+    for model in [
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-phi3",
+    ] {
+        let kinds = fork_compare(model, &opts);
+        assert!(kinds.iter().all(|k| k == "Kv"), "{model}: {kinds:?}");
+    }
+    for model in ["tiny-gemma3-mm", "tiny-gemma4-mm"] {
+        let kinds = fork_compare(model, &opts);
+        for want in ["Kv", "Rotating"] {
+            assert!(
+                kinds.iter().any(|k| k.starts_with(want)),
+                "{model}: {want} missing in {kinds:?}"
+            );
+        }
+    }
+}

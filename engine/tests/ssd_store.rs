@@ -268,3 +268,177 @@ fn a_fingerprint_mismatch_is_removed_by_the_scan() {
     assert!(!planted.exists(), "the mismatched entry is deleted");
     assert!(src.exists(), "its own fingerprint's copy is untouched");
 }
+
+/// A session of `name` stores a 40-token prefix, a new store on the same directory (a
+/// restart) restores it, and the next prompt continues from it; whether that continuation
+/// equals a fresh prefill of the whole prompt (ids and every step's log-probabilities, bit
+/// for bit). `claim_extra`: the planted defect, the session told the restored caches hold
+/// one token more than they do.
+fn restart_continues_like_fresh(name: &str, claim_extra: bool) -> bool {
+    let m = common::model(name);
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| (i * 13 % 800) as u32 + 20).collect();
+    {
+        let (tokens, caches) = prefilled(m.as_ref(), &prompt);
+        let mut store = SsdStore::open(dir.path(), id(name), g.clone(), 1 << 30, true).unwrap();
+        assert!(store.store("", &tokens, &caches, "t"), "{name}: stored");
+    }
+    let mut store = SsdStore::open(dir.path(), id(name), g, 1 << 30, true).unwrap();
+    assert_eq!(store.stats().entries, 1, "{name}: the scan finds the entry");
+    let mut next = prompt.clone();
+    next.extend([7u32, 8, 9, 10]);
+    let (index, usable) = store.find("", &next).unwrap();
+    assert_eq!(usable, prompt.len(), "{name}");
+    let restored = store
+        .restore(index, usable, QuantSdpa::MlxLm)
+        .unwrap_or_else(|| panic!("{name}: the entry restores"));
+    let opts = SessionOptions::default();
+    let mut resumed = Session::with_caches(m.as_ref(), &opts, restored);
+    let (ids_back, lps_back) = greedy_run(&mut resumed, &next, usable + claim_extra as usize, 16);
+    let mut fresh = Session::with_options(m.as_ref(), &opts);
+    let (ids_fresh, lps_fresh) = greedy_run(&mut fresh, &next, 0, 16);
+    ids_back == ids_fresh && lps_back == lps_fresh
+}
+
+/// The families added for real checkpoints (issue 21) through the SSD tier: mixture of
+/// experts (qwen3_moe, mixtral, qwen2_moe), phi3 (longrope), yarn RoPE, and the multimodal
+/// wrappers gemma3 / gemma4 with their text families (rotating caches: the window of 8 has
+/// wrapped by 40 tokens, so the rings are stored and restored as rings).
+const FAMILIES: [&str; 10] = [
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-qwen2-moe",
+    "tiny-phi3",
+    "tiny-llama-yarn",
+    "tiny-gemma3",
+    "tiny-gemma3-mm",
+    "tiny-gemma4",
+    "tiny-gemma4-mm",
+    "tiny-qwen3-moe-q4",
+];
+
+#[test]
+fn a_restart_continues_like_a_fresh_prefill_on_the_newer_families() {
+    for name in FAMILIES {
+        assert!(restart_continues_like_fresh(name, false), "{name}");
+    }
+}
+
+#[test]
+fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
+    for name in FAMILIES {
+        assert!(!restart_continues_like_fresh(name, true), "{name}");
+    }
+}
+
+/// Dynamic RoPE recomputes its base from each call's last position (as mlx-lm's
+/// DynamicNTKScalingRoPE), so a continuation from stored caches is not the computation of
+/// one prefill: such caches are never stored (`store` writes nothing), and an entry that
+/// claims to hold them is refused with the reason.
+#[test]
+fn dynamic_rope_caches_are_never_stored() {
+    let m = common::model("tiny-llama-dynamic");
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut store = SsdStore::open(dir.path(), id("dyn"), g.clone(), 1 << 30, false).unwrap();
+    let (tokens, caches) = prefilled(m.as_ref(), &[1, 2, 3, 4, 5]);
+    assert!(
+        !store.store("", &tokens, &caches, "t"),
+        "nothing is written"
+    );
+    assert_eq!(store.stats().entries, 0);
+    // The same prefix through the same-shaped tiny-llama, written as an entry: refused.
+    let plain = common::model("tiny-llama");
+    let (tokens, caches) = prefilled(plain.as_ref(), &[1, 2, 3, 4, 5]);
+    let snaps: Vec<_> = caches.iter().map(|c| c.snapshot().unwrap()).collect();
+    let path = dir.path().join("e.mlxkv");
+    engine::cache::kvstore::write(&path, &id("dyn"), &tokens, &snaps, "t").unwrap();
+    let header = engine::cache::kvstore::read_header(&path).unwrap();
+    let why = g.check(&header).unwrap_err();
+    assert_eq!(why, "cache 0: this layer's cache is never stored");
+}
+
+/// The identity of a model directory as `engine serve --ssd-cache` computes it.
+fn served_identity(name: &str, dir: &Path) -> Identity {
+    let model = common::goldens().join("models").join(name);
+    let sources = engine::cache::fingerprint::Sources {
+        model: &model,
+        draft: None,
+        adapters: &[],
+        chat_template: None,
+        kv_plan: None,
+    };
+    engine::cache::fingerprint::fingerprint(&sources, dir)
+        .unwrap()
+        .identity
+}
+
+/// tiny-mixtral and tiny-qwen2-moe make caches of the same geometry (2 layers, 2 KV heads
+/// of 16, f32): only the fingerprint tells their entries apart. An entry mixtral wrote is
+/// never seen by qwen2_moe's store, and copied into its directory it is removed by the
+/// scan. Planted defect: a store keyed by the wrong identity restores mixtral's caches
+/// into a qwen2_moe session, which then continues unlike a fresh qwen2_moe prefill.
+#[test]
+fn an_entry_written_by_another_model_is_refused() {
+    let (a, b) = ("tiny-mixtral", "tiny-qwen2-moe");
+    let dir = tempfile::tempdir().unwrap();
+    let (id_a, id_b) = (
+        served_identity(a, dir.path()),
+        served_identity(b, dir.path()),
+    );
+    assert_ne!(id_a.config_fingerprint, id_b.config_fingerprint);
+    assert_ne!(id_a.model_id, id_b.model_id);
+    let (ma, mb) = (common::model(a), common::model(b));
+    let (ga, gb) = (
+        Geometry::probe(&[ma.as_ref()], None).unwrap(),
+        Geometry::probe(&[mb.as_ref()], None).unwrap(),
+    );
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 13 % 800) as u32 + 20).collect();
+    let (tokens, caches) = prefilled(ma.as_ref(), &prompt);
+    let mut store_a = SsdStore::open(dir.path(), id_a.clone(), ga, 1 << 30, false).unwrap();
+    assert!(store_a.store("", &tokens, &caches, "t"));
+    drop(store_a);
+    let src = std::fs::read_dir(dir.path().join(&id_a.config_fingerprint).join("_base"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let header = engine::cache::kvstore::read_header(&src).unwrap();
+    assert!(
+        gb.check(&header).is_ok(),
+        "the geometry alone would pass it"
+    );
+
+    let store_b = SsdStore::open(dir.path(), id_b.clone(), gb.clone(), 1 << 30, false).unwrap();
+    assert_eq!(
+        store_b.stats().entries,
+        0,
+        "another model's entries are not seen"
+    );
+    drop(store_b);
+    let planted = dir
+        .path()
+        .join(&id_b.config_fingerprint)
+        .join("_base")
+        .join(src.file_name().unwrap());
+    std::fs::create_dir_all(planted.parent().unwrap()).unwrap();
+    std::fs::copy(&src, &planted).unwrap();
+    let store_b = SsdStore::open(dir.path(), id_b, gb.clone(), 1 << 30, false).unwrap();
+    assert_eq!(store_b.stats().entries, 0);
+    assert_eq!(store_b.stats().removed_corrupt, 1, "removed by the scan");
+    assert!(!planted.exists() && src.exists());
+
+    let mut wrong = SsdStore::open(dir.path(), id_a, gb, 1 << 30, false).unwrap();
+    let mut next = prompt.clone();
+    next.extend([7u32, 8, 9]);
+    let (index, usable) = wrong.find("", &next).unwrap();
+    let restored = wrong.restore(index, usable, QuantSdpa::MlxLm).unwrap();
+    let opts = SessionOptions::default();
+    let mut resumed = Session::with_caches(mb.as_ref(), &opts, restored);
+    let (_, lps_wrong) = greedy_run(&mut resumed, &next, usable, 8);
+    let mut fresh = Session::with_options(mb.as_ref(), &opts);
+    let (_, lps_fresh) = greedy_run(&mut fresh, &next, 0, 8);
+    assert!(lps_wrong != lps_fresh, "the planted wrong identity shows");
+}
