@@ -428,3 +428,55 @@ fn planted_moe_top_k_off_by_one_fails_l1() {
         );
     }
 }
+
+/// tiny-llama-trained quantized by mlx-lm in each floating-point mode (uint8 scales, no
+/// biases): mxfp4 (4-bit g32), nvfp4 (4-bit g16), mxfp8 (8-bit g32), the embedding, every
+/// linear and the head; the fp embedding's rows come out in bfloat16, so the model runs in
+/// bfloat16, as in mlx-lm.
+#[test]
+fn l1_tiny_llama_fp_modes() {
+    for name in ["tiny-llama-mxfp4", "tiny-llama-nvfp4", "tiny-llama-mxfp8"] {
+        assert_bit_exact(name);
+    }
+}
+
+/// Per-module modes as mlx-lm writes them: mxfp4 by default, attention affine 8-bit g64,
+/// lm_head mxfp8 from `null` group size and bits, the embedding affine (an entry with no
+/// `mode`).
+#[test]
+fn l1_tiny_llama_mixed_modes() {
+    assert_bit_exact("tiny-llama-mixed-modes");
+}
+
+/// qwen3_moe in mxfp4: the experts through gather_qmm in mxfp4, sorted and unsorted, the
+/// routers affine 8-bit g64.
+#[test]
+fn l1_tiny_qwen3_moe_mxfp4() {
+    assert_bit_exact("tiny-qwen3-moe-mxfp4");
+}
+
+/// Planted defect: the fp modes' quantized embedding dequantizes to float32 (not MLX's
+/// bfloat16), so the model runs in float32: the prefill logits of every case differ on the
+/// fixtures whose embedding is fp-quantized. The affine embedding of the mixed fixture does
+/// not carry it.
+#[test]
+fn planted_quant_fp_rows_float32_fails_l1() {
+    let _on = engine::plant::on(engine::plant::Defect::QuantFpRowsFloat32).unwrap();
+    for name in [
+        "tiny-llama-mxfp4",
+        "tiny-llama-nvfp4",
+        "tiny-llama-mxfp8",
+        "tiny-qwen3-moe-mxfp4",
+    ] {
+        let report = l1(name, None);
+        assert!(!report.passed());
+        assert!(report
+            .cases
+            .iter()
+            .all(|c| c.first_inexact_logits() == Some(0)));
+        println!(
+            "planted fp rows float32 caught on {name}: {}",
+            report.summary()
+        );
+    }
+}

@@ -82,6 +82,11 @@ pub enum Defect {
     /// `engine convert`: the norms keep the source dtype when the weights are cast. Caught
     /// by the convert gate against mlx_lm.convert (`engine/tests/convert.rs`).
     ConvertNormsKeepDtype,
+    /// Quantization modes: a floating-point mode's (mxfp4, nvfp4, mxfp8) quantized
+    /// embedding dequantizes its rows to float32 instead of MLX's bfloat16 default, so the
+    /// model runs in float32. Caught by the L1 gate on the mode fixtures
+    /// (`tests/l1_models.rs`).
+    QuantFpRowsFloat32,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -180,14 +180,8 @@ fn per_module_quantization_is_honoured() {
     let config = ModelConfig::read(&dir).unwrap();
     let mut w = Weights::load(&dir).unwrap();
     w.set_quantization(config.quantization.clone());
-    let q4 = Some(QuantParams {
-        group_size: 64,
-        bits: 4,
-    });
-    let q8 = Some(QuantParams {
-        group_size: 64,
-        bits: 8,
-    });
+    let q4 = Some(QuantParams::affine(64, 4));
+    let q8 = Some(QuantParams::affine(64, 8));
     assert_eq!(
         w.quant_params("model.layers.1.self_attn.q_proj", 128)
             .unwrap(),
@@ -210,16 +204,85 @@ fn per_module_quantization_is_honoured() {
     );
 }
 
+/// Each module's mode as mlx-lm's loader finds it: explicit entries from config.json (no
+/// `mode`: affine; `null`s: the mode's defaults), the others inferred from the stored
+/// tensors (uint8 scales of 4 bits in groups of 32: mxfp4; of 16: nvfp4; 8 bits: mxfp8).
 #[test]
-fn non_affine_quantization_is_refused_clearly() {
+fn quantization_modes_are_read_and_inferred_as_mlx_lm_does() {
+    use engine::load::config::{QuantMode, QuantParams};
+    let params = |name: &str| {
+        let dir = model_dir(name);
+        let config = ModelConfig::read(&dir).unwrap();
+        let mut w = Weights::load(&dir).unwrap();
+        w.set_quantization(config.quantization.clone());
+        move |path: &str, in_dims: i32| w.quant_params(path, in_dims).unwrap()
+    };
+    let fp = |group_size, bits, mode| {
+        Some(QuantParams {
+            group_size,
+            bits,
+            mode,
+        })
+    };
+    let mixed = params("tiny-llama-mixed-modes");
+    assert_eq!(
+        mixed("model.layers.0.mlp.gate_proj", 128),
+        fp(32, 4, QuantMode::Mxfp4)
+    );
+    assert_eq!(
+        mixed("model.layers.2.mlp.down_proj", 320),
+        fp(32, 4, QuantMode::Mxfp4)
+    );
+    assert_eq!(
+        mixed("model.layers.1.self_attn.q_proj", 128),
+        Some(QuantParams::affine(64, 8))
+    );
+    assert_eq!(
+        mixed("model.embed_tokens", 128),
+        Some(QuantParams::affine(32, 4))
+    );
+    assert_eq!(mixed("lm_head", 128), fp(32, 8, QuantMode::Mxfp8));
+    let nvfp4 = params("tiny-llama-nvfp4");
+    assert_eq!(
+        nvfp4("model.layers.0.mlp.down_proj", 320),
+        fp(16, 4, QuantMode::Nvfp4)
+    );
+    let mxfp8 = params("tiny-llama-mxfp8");
+    assert_eq!(
+        mxfp8("model.embed_tokens", 128),
+        fp(32, 8, QuantMode::Mxfp8)
+    );
+    let moe = params("tiny-qwen3-moe-mxfp4");
+    assert_eq!(
+        moe("model.layers.0.mlp.switch_mlp.down_proj", 32),
+        fp(32, 4, QuantMode::Mxfp4)
+    );
+    assert_eq!(
+        moe("model.layers.0.mlp.gate", 64),
+        Some(QuantParams::affine(64, 8))
+    );
+}
+
+/// The modes MLX does not know, and bits or group sizes a mode does not allow, are refused
+/// at load with the reason (mxfp4, nvfp4 and mxfp8 load: tests/l1_models.rs).
+#[test]
+fn unknown_quantization_modes_are_refused_clearly() {
     let tmp = copy_of("tiny-qwen3-q8");
     let path = tmp.path().join("config.json");
-    let mut config = read_json(&path);
+    let original = read_json(&path);
+    let mut config = original.clone();
+    config["quantization"]["mode"] = serde_json::json!("mxfp5");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let err = load_err(tmp.path());
+    assert!(err.contains("unknown mode `mxfp5`"), "{err}");
+    let mut config = original;
     config["quantization"]["mode"] = serde_json::json!("mxfp4");
     std::fs::write(&path, config.to_string()).unwrap();
     let err = load_err(tmp.path());
     assert!(
-        err.contains("quantization mode `mxfp4`") && err.contains("not supported yet"),
+        err.contains(
+            "mxfp4 quantization requires group size 32 and 4 bits, got group size 32 and 8 bits"
+        ),
         "{err}"
     );
 }

@@ -16,19 +16,96 @@ pub struct ModelConfig {
     pub path: PathBuf,
     pub raw: Value,
     pub model_type: String,
-    /// MLX affine quantization, if the checkpoint is quantized.
+    /// MLX quantization (any mode), if the checkpoint is quantized.
     pub quantization: Option<QuantConfig>,
 }
 
-/// Affine quantization parameters of one module.
+/// MLX's quantization modes (`mx.quantize(..., mode=...)`): affine (scales and biases in
+/// the weights' float dtype) and the floating-point formats, whose uint8 scales come alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QuantMode {
+    Affine,
+    Mxfp4,
+    Nvfp4,
+    Mxfp8,
+}
+
+impl QuantMode {
+    pub const ALL: [QuantMode; 4] = [Self::Affine, Self::Mxfp4, Self::Nvfp4, Self::Mxfp8];
+
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|m| m.name() == name)
+    }
+
+    pub fn name(self) -> &'static str {
+        self.c_name().to_str().unwrap_or("affine")
+    }
+
+    /// The name as mlx-c takes it.
+    pub fn c_name(self) -> &'static std::ffi::CStr {
+        match self {
+            Self::Affine => c"affine",
+            Self::Mxfp4 => c"mxfp4",
+            Self::Nvfp4 => c"nvfp4",
+            Self::Mxfp8 => c"mxfp8",
+        }
+    }
+
+    /// `nn.quantize`'s defaults for the mode (`_defaults_for_mode`): (group size, bits).
+    pub fn defaults(self) -> (i32, i32) {
+        match self {
+            Self::Affine => (64, 4),
+            Self::Mxfp4 => (32, 4),
+            Self::Nvfp4 => (16, 4),
+            Self::Mxfp8 => (32, 8),
+        }
+    }
+
+    /// The (group size, bits) MLX's quantized kernels accept in this mode, with MLX's
+    /// own wording when they are not.
+    pub fn check(self, group_size: i32, bits: i32) -> Result<(), String> {
+        if self == Self::Affine {
+            if ![32, 64, 128].contains(&group_size) {
+                return Err(format!(
+                    "affine group size {group_size} is not supported (MLX supports 32, 64 and 128)"
+                ));
+            }
+            if ![2, 3, 4, 5, 6, 8].contains(&bits) {
+                return Err(format!(
+                    "affine bits {bits} are not supported (MLX supports 2, 3, 4, 5, 6 and 8)"
+                ));
+            }
+            return Ok(());
+        }
+        let (g, b) = self.defaults();
+        if (group_size, bits) != (g, b) {
+            return Err(format!(
+                "{} quantization requires group size {g} and {b} bits, got group size \
+                 {group_size} and {bits} bits",
+                self.name()
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How one module is quantized: group size, bits and mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantParams {
     pub group_size: i32,
     pub bits: i32,
+    pub mode: QuantMode,
 }
 
-/// MLX's default group size for affine quantization (`group_size=None`).
-const AFFINE_DEFAULT_GROUP_SIZE: i32 = 64;
+impl QuantParams {
+    pub const fn affine(group_size: i32, bits: i32) -> Self {
+        QuantParams {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+        }
+    }
+}
 
 /// mlx-lm's `quantization` block: global `{group_size, bits, mode}` plus per-module
 /// entries keyed by path, each either params or `false` (left unquantized).
@@ -38,36 +115,53 @@ pub struct QuantConfig {
     pub per_path: std::collections::HashMap<String, Option<QuantParams>>,
 }
 
+/// One `{group_size, bits, mode}` entry as `to_quantized(**entry)` reads it: a missing
+/// `mode` is affine (the keyword's default, also for a per-module entry under a global
+/// mxfp4: qwen3_moe's router entries carry none); a `null` group size or bits is the
+/// mode's default; a missing group size or bits is an error, as mlx-lm's KeyError.
+fn entry_params(v: &Value, at: &str) -> Result<QuantParams, String> {
+    let mode = match v.get("mode") {
+        None | Some(Value::Null) => QuantMode::Affine,
+        Some(m) => {
+            let name = m.as_str().unwrap_or("?");
+            QuantMode::parse(name).ok_or_else(|| {
+                format!(
+                    "quantization {at}: unknown mode `{name}` (MLX's modes are affine, mxfp4, \
+                     nvfp4 and mxfp8)"
+                )
+            })?
+        }
+    };
+    if v.get("quantize_input").and_then(Value::as_bool) == Some(true) {
+        return Err(format!(
+            "quantization {at}: `quantize_input` (nn.QQLinear, quantized activations) is not \
+             supported"
+        ));
+    }
+    let (default_group_size, default_bits) = mode.defaults();
+    let int = |k: &str, default: i32| match v.get(k) {
+        Some(Value::Null) => Ok(default),
+        Some(n) => n
+            .as_i64()
+            .map(|n| n as i32)
+            .ok_or_else(|| format!("quantization {at}: `{k}` must be an integer or null")),
+        None => Err(format!("quantization {at}: missing field `{k}`")),
+    };
+    let params = QuantParams {
+        group_size: int("group_size", default_group_size)?,
+        bits: int("bits", default_bits)?,
+        mode,
+    };
+    mode.check(params.group_size, params.bits)
+        .map_err(|e| format!("quantization {at}: {e}"))?;
+    Ok(params)
+}
+
 impl QuantConfig {
     fn parse(q: &Value) -> Result<Self, String> {
-        let params = |v: &Value, at: &str| -> Result<QuantParams, String> {
-            if let Some(mode) = v.get("mode").and_then(Value::as_str) {
-                if mode != "affine" {
-                    return Err(format!(
-                        "quantization mode `{mode}` at {at} is not supported yet (only affine)"
-                    ));
-                }
-            }
-            let int = |k: &str| {
-                v.get(k)
-                    .and_then(Value::as_i64)
-                    .map(|n| n as i32)
-                    .ok_or_else(|| format!("quantization {at}: missing field `{k}`"))
-            };
-            // mlx_lm.convert's mixed recipes write `"group_size": null` when none was
-            // asked for; MLX's quantize then takes the mode's default (affine: 64).
-            let group_size = match v.get("group_size") {
-                Some(Value::Null) => AFFINE_DEFAULT_GROUP_SIZE,
-                _ => int("group_size")?,
-            };
-            Ok(QuantParams {
-                group_size,
-                bits: int("bits")?,
-            })
-        };
         let obj = q.as_object().ok_or("`quantization` must be an object")?;
         let mut cfg = QuantConfig {
-            default: Some(params(q, "(global)")?),
+            default: Some(entry_params(q, "(global)")?),
             ..Default::default()
         };
         for (key, value) in obj {
@@ -76,7 +170,8 @@ impl QuantConfig {
                     cfg.per_path.insert(key.clone(), None);
                 }
                 Value::Object(_) => {
-                    cfg.per_path.insert(key.clone(), Some(params(value, key)?));
+                    cfg.per_path
+                        .insert(key.clone(), Some(entry_params(value, key)?));
                 }
                 _ => {} // group_size, bits, mode
             }
@@ -236,24 +331,71 @@ mod quant_tests {
             "model.layers.0.mlp.down_proj": {"group_size": null, "bits": 6},
         });
         let cfg = QuantConfig::parse(&q).unwrap();
-        assert_eq!(
-            cfg.default,
-            Some(QuantParams {
-                group_size: 32,
-                bits: 4
-            })
-        );
+        assert_eq!(cfg.default, Some(QuantParams::affine(32, 4)));
         assert_eq!(
             cfg.per_path["model.layers.0.mlp.down_proj"],
-            Some(QuantParams {
-                group_size: 64,
-                bits: 6
-            })
+            Some(QuantParams::affine(64, 6))
         );
         // Absent is still an error (mlx-lm would raise a KeyError there too).
         let q = serde_json::json!({"group_size": 32, "bits": 4, "m": {"bits": 6}});
         assert!(QuantConfig::parse(&q)
             .unwrap_err()
             .contains("missing field `group_size`"));
+    }
+
+    #[test]
+    fn modes_and_their_defaults_are_read_as_mlx_lm_reads_them() {
+        let q = serde_json::json!({
+            "group_size": 32, "bits": 4, "mode": "mxfp4",
+            "lm_head": {"group_size": null, "bits": null, "mode": "mxfp8"},
+            "model.embed_tokens": {"group_size": 32, "bits": 4},
+            "model.layers.0.mlp.gate": {"group_size": 64, "bits": 8},
+            "model.layers.0.self_attn.q_proj": {"group_size": null, "bits": 4, "mode": "nvfp4"},
+        });
+        let cfg = QuantConfig::parse(&q).unwrap();
+        let mx = |g, b, mode| {
+            Some(QuantParams {
+                group_size: g,
+                bits: b,
+                mode,
+            })
+        };
+        assert_eq!(cfg.default, mx(32, 4, QuantMode::Mxfp4));
+        assert_eq!(cfg.per_path["lm_head"], mx(32, 8, QuantMode::Mxfp8));
+        // An entry without a mode is affine, whatever the global mode.
+        assert_eq!(
+            cfg.per_path["model.embed_tokens"],
+            Some(QuantParams::affine(32, 4))
+        );
+        assert_eq!(
+            cfg.per_path["model.layers.0.mlp.gate"],
+            Some(QuantParams::affine(64, 8))
+        );
+        assert_eq!(
+            cfg.per_path["model.layers.0.self_attn.q_proj"],
+            mx(16, 4, QuantMode::Nvfp4)
+        );
+        let refused = |q: Value| QuantConfig::parse(&q).unwrap_err();
+        assert_eq!(
+            refused(serde_json::json!({"group_size": 32, "bits": 4, "mode": "fp4"})),
+            "quantization (global): unknown mode `fp4` (MLX's modes are affine, mxfp4, nvfp4 \
+             and mxfp8)"
+        );
+        assert_eq!(
+            refused(serde_json::json!({"group_size": 16, "bits": 8, "mode": "nvfp4"})),
+            "quantization (global): nvfp4 quantization requires group size 16 and 4 bits, got \
+             group size 16 and 8 bits"
+        );
+        assert_eq!(
+            refused(
+                serde_json::json!({"group_size": 64, "bits": 4, "m": {"group_size": 16, "bits": 4}})
+            ),
+            "quantization m: affine group size 16 is not supported (MLX supports 32, 64 and 128)"
+        );
+        assert_eq!(
+            refused(serde_json::json!({"group_size": 64, "bits": 7})),
+            "quantization (global): affine bits 7 are not supported (MLX supports 2, 3, 4, 5, 6 \
+             and 8)"
+        );
     }
 }

@@ -9,7 +9,7 @@ use memmap2::Mmap;
 use mlx_rs::{Array, Dtype};
 use safetensors::{Dtype as StDtype, SafeTensors};
 
-use super::config::{QuantConfig, QuantParams};
+use super::config::{QuantConfig, QuantMode, QuantParams};
 use super::LoadError;
 
 /// All tensors of a model directory by name (plus the checkpoint's quantization map, so
@@ -82,33 +82,55 @@ impl Weights {
         self.quantization = quantization;
     }
 
-    /// How module `path` (with `in_dims` inputs) is stored, as mlx-lm's loader decides: an
-    /// explicit per-path entry wins; otherwise a module is quantized iff `<path>.scales`
-    /// exists, with group size and bits inferred from the stored shapes.
+    /// How module `path` (with `in_dims` inputs) is stored, as mlx-lm's loader decides
+    /// (`load_model`'s class_predicate): an explicit per-path entry wins; otherwise a
+    /// module is quantized iff `<path>.scales` exists, with group size and bits inferred
+    /// from the stored shapes and the mode from the scales (`infer_quant_config`): float
+    /// scales are affine, uint8 ones the one floating-point mode with that (bits, group).
     pub fn quant_params(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>, LoadError> {
         let Some(q) = &self.quantization else {
             return Ok(None);
         };
+        if self.tensors.contains_key(&format!("{path}.global_scale")) {
+            return Err(LoadError::Unsupported(format!(
+                "`{path}.global_scale`: nvfp4 with a per-tensor global scale is not supported \
+                 (MLX 0.32.2's gather_qmm takes none, so mlx-lm 0.32.2 cannot run it either)"
+            )));
+        }
         if let Some(explicit) = q.per_path.get(path) {
             return Ok(*explicit);
         }
         let Some(scales) = self.tensors.get(&format!("{path}.scales")) else {
             return Ok(None);
         };
-        if scales.dtype() == Dtype::Uint8 {
-            return Err(LoadError::Unsupported(format!(
-                "{path}: uint8 scales (mxfp4/nvfp4/mxfp8) are not supported yet; affine only"
-            )));
-        }
         let weight = self
             .tensors
             .get(&format!("{path}.weight"))
             .ok_or_else(|| LoadError::Weights(format!("missing tensor `{path}.weight`")))?;
         let groups = *scales.shape().last().unwrap_or(&1);
         let packed = *weight.shape().last().unwrap_or(&0);
+        let group_size = in_dims / groups.max(1);
+        let bits = packed * 32 / in_dims.max(1);
+        let mode = if scales.dtype() != Dtype::Uint8 {
+            QuantMode::Affine
+        } else {
+            match (bits, group_size) {
+                (4, 16) => QuantMode::Nvfp4,
+                (4, 32) => QuantMode::Mxfp4,
+                (8, 32) => QuantMode::Mxfp8,
+                _ => {
+                    return Err(LoadError::Unsupported(format!(
+                        "Cannot infer the quantization mode of {path}: {bits} bits with group \
+                         size {group_size} (uint8 scales are mxfp4 4/32, nvfp4 4/16 or mxfp8 \
+                         8/32)"
+                    )))
+                }
+            }
+        };
         Ok(Some(QuantParams {
-            group_size: in_dims / groups.max(1),
-            bits: packed * 32 / in_dims.max(1),
+            group_size,
+            bits,
+            mode,
         }))
     }
 

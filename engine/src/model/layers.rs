@@ -5,75 +5,17 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
-use mlx_rs::ops::{addmm, dequantize, quantized_matmul};
+use mlx_rs::ops::addmm;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
 use crate::cache::{Cache, KvCache, Mask, RotatingKvCache};
-use crate::load::config::QuantParams;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
 type R<T> = Result<T, Exception>;
 
-/// Packed affine-quantized weights (`nn.QuantizedLinear` / `QuantizedEmbedding` storage).
-pub struct Quantized {
-    pub scales: Array,
-    pub biases: Option<Array>,
-    pub params: QuantParams,
-}
-
-impl Quantized {
-    fn load(w: &mut Weights, prefix: &str, params: QuantParams) -> Result<Self, LoadError> {
-        let biases = format!("{prefix}.biases");
-        Ok(Quantized {
-            scales: w.take(&format!("{prefix}.scales"))?,
-            biases: if w.contains(&biases) {
-                Some(w.take(&biases)?)
-            } else {
-                None
-            },
-            params,
-        })
-    }
-
-    /// `<prefix>.weight`, and its quantization when the checkpoint stores it quantized. A
-    /// dense weight whose width (`what`: its input, its rows) disagrees with config.json
-    /// would load, then fail every forward; say so at load instead, naming the tensor.
-    fn load_weight(
-        w: &mut Weights,
-        prefix: &str,
-        dims: i32,
-        what: &str,
-    ) -> Result<(Array, Option<Self>), LoadError> {
-        let quantized = match w.quant_params(prefix, dims)? {
-            Some(params) => Some(Quantized::load(w, prefix, params)?),
-            None => None,
-        };
-        let weight = w.take(&format!("{prefix}.weight"))?;
-        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != dims) {
-            return Err(LoadError::Weights(format!(
-                "`{prefix}.weight` has shape {:?}, but config.json makes {what} {dims} wide: \
-                 the weights do not belong to this config",
-                weight.shape()
-            )));
-        }
-        Ok((weight, quantized))
-    }
-
-    /// `x @ dequantize(W).T` through the fused quantized matmul.
-    fn matmul_t(&self, x: &Array, weight: &Array) -> R<Array> {
-        quantized_matmul(
-            x,
-            weight,
-            &self.scales,
-            self.biases.as_ref(),
-            true,
-            self.params.group_size,
-            self.params.bits,
-        )
-    }
-}
+pub use super::quantized::Quantized;
 
 pub use crate::scalar::weak;
 
@@ -149,7 +91,7 @@ impl Linear {
     pub fn input_dims(&self) -> i32 {
         let cols = self.weight.shape()[1];
         match &self.quantized {
-            Some(q) => cols * 32 / q.params.bits,
+            Some(q) => q.unpacked_width(cols),
             None => cols,
         }
     }
@@ -213,16 +155,7 @@ impl Embedding {
     pub fn forward(&self, ids: &Array) -> R<Array> {
         match &self.quantized {
             None => self.weight.take_axis(ids, 0),
-            Some(q) => {
-                let biases = q.biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
-                dequantize(
-                    self.weight.take_axis(ids, 0)?,
-                    q.scales.take_axis(ids, 0)?,
-                    biases.as_ref(),
-                    q.params.group_size,
-                    q.params.bits,
-                )
-            }
+            Some(q) => q.rows(&self.weight, ids),
         }
     }
 
@@ -231,11 +164,12 @@ impl Embedding {
         self.weight.shape()[0] as usize
     }
 
-    /// The dtype rows come out in (the scales' dtype when quantized).
+    /// The dtype rows come out in (when quantized: the scales' dtype for affine, bfloat16
+    /// for the floating-point modes).
     pub fn output_dtype(&self) -> mlx_rs::Dtype {
         self.quantized
             .as_ref()
-            .map_or(self.weight.dtype(), |q| q.scales.dtype())
+            .map_or(self.weight.dtype(), Quantized::rows_dtype)
     }
 
     pub fn as_linear(&self, x: &Array) -> R<Array> {

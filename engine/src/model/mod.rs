@@ -9,6 +9,7 @@ pub mod moe;
 pub mod moe_decoder;
 pub mod phi3;
 pub mod qwen2_moe;
+pub mod quantized;
 pub mod qwen3_moe;
 pub mod rope;
 pub mod sdpa;

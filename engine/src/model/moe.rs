@@ -7,18 +7,17 @@
 //!   y     = Σ_k w_k · down_e(swiglu(gate_e(x), up_e(x)))   e = inds_k, via gather_mm
 //!
 //! The experts' weights are stacked, [experts, out, in] (`SwitchLinear`), dense through
-//! `gather_mm` or affine-quantized through `gather_qmm` (`QuantizedSwitchLinear`). With
-//! 64 or more routing entries (B·L·k) the tokens are sorted by expert first and unsorted
-//! after (`_gather_sort` / `_scatter_unsort`), as mlx-lm does.
+//! `gather_mm` or quantized in any of MLX's modes through `gather_qmm`
+//! (`QuantizedSwitchLinear`). With 64 or more routing entries (B·L·k) the tokens are sorted
+//! by expert first and unsorted after (`_gather_sort` / `_scatter_unsort`), as mlx-lm does.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
-use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, gather_mm, gather_qmm, softmax_axis, stack, unflatten,
-};
+use mlx_rs::ops::{argpartition_axis, argsort_axis, gather_mm, softmax_axis, stack, unflatten};
 use mlx_rs::Array;
 
 use super::layers::{swiglu, Linear, Quantized};
+use super::quantized;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 use crate::plant::{self, Defect};
@@ -50,18 +49,7 @@ impl SwitchLinear {
         in_dims: i32,
     ) -> Result<Self, LoadError> {
         let quantized = match w.quant_params(prefix, in_dims)? {
-            Some(params) => {
-                let biases = format!("{prefix}.biases");
-                Some(Quantized {
-                    scales: w.take(&format!("{prefix}.scales"))?,
-                    biases: if w.contains(&biases) {
-                        Some(w.take(&biases)?)
-                    } else {
-                        None
-                    },
-                    params,
-                })
-            }
+            Some(params) => Some(Quantized::load(w, prefix, params)?),
             None => None,
         };
         let weight = w.take(&format!("{prefix}.weight"))?;
@@ -98,16 +86,14 @@ impl SwitchLinear {
     pub fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> R<Array> {
         let y = match &self.quantized {
             None => gather_mm(x, self.weight.swap_axes(-1, -2)?, None, indices, sorted)?,
-            Some(q) => gather_qmm(
+            Some(q) => quantized::ops::gather_qmm(
                 x,
                 &self.weight,
                 &q.scales,
                 q.biases.as_ref(),
-                None,
                 indices,
                 true,
-                q.params.group_size,
-                q.params.bits,
+                q.params,
                 sorted,
             )?,
         };

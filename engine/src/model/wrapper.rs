@@ -382,22 +382,10 @@ mod tests {
             .unwrap()
             .quantization
             .unwrap();
-        assert_eq!(
-            q.default,
-            Some(QuantParams {
-                group_size: 32,
-                bits: 4
-            })
-        );
+        assert_eq!(q.default, Some(QuantParams::affine(32, 4)));
         assert_eq!(q.per_path.len(), 2);
         assert_eq!(q.per_path["model.layers.0.mlp.down_proj"], None);
-        assert_eq!(
-            q.per_path["lm_head"],
-            Some(QuantParams {
-                group_size: 64,
-                bits: 8
-            })
-        );
+        assert_eq!(q.per_path["lm_head"], Some(QuantParams::affine(64, 8)));
     }
 
     #[test]
