@@ -301,6 +301,8 @@ const GENERATES: &[&str] = &[
     "llama-mixed-3-6",
     "llama-mixed-2-6-g32",
     "llama-bf16",
+    // mxfp4 everywhere (uint8 scales, no biases), bf16 elsewhere.
+    "llama-mxfp4",
     "mistral-tied-q4",
 ];
 
