@@ -1,7 +1,7 @@
 """Speculative-decoding L2 goldens: optiq 0.7.7's `assistant_generate_step` (the loop
 `optiq serve --drafter` runs) on tiny-gemma4 with the tiny-gemma4-assistant drafter, greedy.
 
-    oracles/.venv/bin/python oracles/gen_spec_l2.py [--out DIR]
+    oracles/.venv/bin/python oracles/gen_spec_l2.py [--drafter NAME] [--out DIR]
 
 Cases: the L1 prompts raw0 (4 ids, shorter than the sliding window 8), raw1, raw2 and chat1
 (11, 26 and 55 ids), each for γ = 1, 2, 3 with 20 tokens, plus raw1 with γ = 3 and 3 tokens
@@ -21,11 +21,20 @@ bf16: uncapped log-softmax), passes ({input, verify, accepted}; accepted is opti
 pass, 0 for a final pass cut short before its drafts were checked), drafts ({pass, position,
 token_in, id, logits}), stats (optiq's SpecStats counts) and the cache offsets afterwards.
 
-Output: goldens/spec-l2/tiny-gemma4/index.json + data.bin.
+Output: goldens/spec-l2/tiny-gemma4/index.json + data.bin; with `--drafter NAME` (one of
+the head variants oracles/make_assistants.py makes) goldens/spec-l2/NAME/, the same cases.
+
+The head is the one the drafter's tensors carry (`masked_embedding.*` → the centroid head,
+else `lm_head.weight` → its own, else the tied embedding). optiq 0.7.7 chooses it from the
+config flags instead, so where a drafter's flags contradict its tensors optiq runs on a copy
+of its config with the flags set to what the tensors say, and the index records what optiq
+does with the committed config (`optiq_on_committed_config`).
 """
 
 import argparse
+import copy
 import json
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -110,10 +119,43 @@ def run(model, drafter, case, data: TensorFile):
                 cache_offsets=[c.offset for c in cache])
 
 
-def main(out_root) -> None:
+def tensor_head(path: Path) -> tuple[bool, bool]:
+    """(centroid, lm_head): the heads the drafter's tensors carry."""
+    names = set(mx.load(str(path / "model.safetensors")))
+    return "masked_embedding.centroids.weight" in names, "lm_head.weight" in names
+
+
+def load_drafter(path: Path):
+    """optiq's drafter for `path` with its flags set to its tensors' head, and what optiq
+    does with the committed config."""
+    cfg = json.loads((path / "config.json").read_text())
+    centroid, lm_head = tensor_head(path)
+    fixed = copy.deepcopy(cfg)
+    fixed["use_ordered_embeddings"] = centroid
+    if not centroid:
+        for c in (fixed, fixed.get("text_config", {})):
+            c["tie_word_embeddings"] = not lm_head
+    try:
+        as_is = GemmaAssistantDrafter.from_pretrained(str(path)).cfg
+        head = ("centroid" if as_is.use_ordered_embeddings else
+                "tied embedding" if as_is.tie_word_embeddings else "lm_head")
+        committed = f"loads, head: {head}"
+    except ValueError as e:
+        committed = f"refused: {e}"
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "config.json").write_text(json.dumps(fixed))
+        (Path(tmp) / "model.safetensors").symlink_to((path / "model.safetensors").resolve())
+        drafter = GemmaAssistantDrafter.from_pretrained(tmp)
+    corrected = {k: fixed[k] for k in ("use_ordered_embeddings", "tie_word_embeddings")
+                 if fixed.get(k) != cfg.get(k)}
+    return drafter, committed, corrected
+
+
+def main(out_root, drafter_name=DRAFTER) -> None:
     mx.set_default_device(mx.cpu)
     model, _ = load_model(resolve(f"models/{TARGET}"))
-    drafter = GemmaAssistantDrafter.from_pretrained(str(resolve(f"models/{DRAFTER}")))
+    drafter, committed, corrected = load_drafter(resolve(f"models/{drafter_name}"))
+    print(f"{drafter_name}: optiq on the committed config: {committed}; flags set to the tensors: {corrected}")
     l1 = json.loads((resolve(f"l1/{TARGET}") / "index.json").read_text())
     data = TensorFile()
     done = []
@@ -123,13 +165,16 @@ def main(out_root) -> None:
         s = case["stats"]
         print(f"{case['name']:14s} accepted {s['n_accepted']:2d}/{s['n_drafted']:2d}  "
               f"passes {s['n_target_calls']:2d}  {case['ids'][:10]}")
-    dest = Path(out_root) / TARGET if out_root else golden_dir(f"spec-l2/{TARGET}")
+    name = TARGET if drafter_name == DRAFTER else drafter_name
+    dest = Path(out_root) / name if out_root else golden_dir(f"spec-l2/{name}")
     data.write(dest / "data.bin")
     write_json(dest / "index.json", {
         "provenance": provenance("mlx-optiq", "mlx-optiq"),
         "generator": "oracles/gen_spec_l2.py",
         "model": f"models/{TARGET}",
-        "drafter": f"models/{DRAFTER}",
+        "drafter": f"models/{drafter_name}",
+        "drafter_flags_set_to_tensors": corrected,
+        "optiq_on_committed_config": committed,
         "data": "data.bin",
         "gamma_values": list(GAMMAS),
         "settings": {"path": "optiq.runtime.spec.assistant_generate_step", "sampler": "greedy",
@@ -137,10 +182,12 @@ def main(out_root) -> None:
                      "eos": "not stopped (the generator is read to max_tokens)"},
         "cases": done,
     })
-    print(f"spec-l2/{TARGET} -> {dest}")
+    print(f"spec-l2/{name} -> {dest}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", help="write <out>/tiny-gemma4/ instead of the goldens (live diffs)")
-    main(ap.parse_args().out)
+    ap.add_argument("--drafter", default=DRAFTER, help="the drafter (a head variant: goldens/spec-l2/NAME)")
+    ap.add_argument("--out", help="write <out>/tiny-gemma4/ (<out>/NAME/) instead of the goldens (live diffs)")
+    args = ap.parse_args()
+    main(args.out, args.drafter)

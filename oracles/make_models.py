@@ -562,6 +562,20 @@ ROPE_MODELS = ("tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3", "tiny-llama
 ONLY.update({n: make_rope_model(n) for n in ROPE_MODELS})
 
 
+def make_assistant_variant(name):
+    """The assistant drafter's head variants are made by oracles/make_assistants.py from
+    tiny-gemma4-assistant: loaded when asked for."""
+    def make(tok):
+        import make_assistants
+        make_assistants.ONLY[name](tok)
+    return make
+
+
+ONLY.update({n: make_assistant_variant(n) for n in ("tiny-gemma4-assistant-centroid",
+                                                    "tiny-gemma4-assistant-lm-head",
+                                                    "tiny-gemma4-assistant-no-lm-head")})
+
+
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()

@@ -41,6 +41,13 @@ pub enum Defect {
     /// Assistant drafting: the drafter reads the first sliding cache instead of the last
     /// one. Caught by `tests/spec_l2.rs`.
     AssistantFirstSlidingDonor,
+    /// Assistant drafting: the drafter's head is chosen by the config flags (as optiq 0.7.7
+    /// does), not by the tensors. Caught by the head rows of the L2 speculative gate
+    /// (`tests/spec_l2.rs`, the drafters whose flags lie).
+    AssistantHeadFromFlags,
+    /// Assistant drafting: the centroid head expands one centroid fewer than its top-k.
+    /// Caught by the centroid row of `tests/spec_l2.rs`.
+    AssistantCentroidTopKShort,
     /// The L3 one-token decode attention over quantized KV leaves the newest position out
     /// of attention. Caught by the L3 envelope gate (`tests/l3_envelope.rs`,
     /// `harness parity --tier l3 --plant perf-path`).

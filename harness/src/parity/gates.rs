@@ -392,6 +392,25 @@ pub static SPEC_L2: Gate = Gate {
     ..BASE
 };
 
+/// The assistant drafter's head variants (oracles/make_assistants.py) on the spec-l2 cases:
+/// its models are the drafters, their target is tiny-gemma4. The centroid head, and the pair
+/// whose config flags contradict their tensors (the head is the one the tensors carry).
+pub static SPEC_L2_HEADS: Gate = Gate {
+    name: "spec-l2-heads",
+    tier: Tier::L2,
+    group: "spec-l2",
+    generator: Some(("gen_spec_l2.py", &["--drafter", "{model}"])),
+    models: &[
+        "tiny-gemma4-assistant-centroid",
+        "tiny-gemma4-assistant-lm-head",
+        "tiny-gemma4-assistant-no-lm-head",
+    ],
+    fixtures: &["tiny-gemma4"],
+    plants: &["head-from-flags", "centroid-top-k-short"],
+    run: |g, t, _| boxed(spec_l2::run_drafter(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
 /// Frozen from our own L2 engine by `harness freeze-perf-oracle`, not by an oracle script.
 pub static L3: Gate = Gate {
     name: "l3",
@@ -408,7 +427,7 @@ pub static L3: Gate = Gate {
 };
 
 /// Every gate, in the order `harness parity` runs them.
-pub static GATES: [&Gate; 15] = [
+pub static GATES: [&Gate; 16] = [
     &RUNTIME,
     &L1,
     &L1_VOCAB,
@@ -423,6 +442,7 @@ pub static GATES: [&Gate; 15] = [
     &SAMPLING,
     &L2,
     &SPEC_L2,
+    &SPEC_L2_HEADS,
     &L3,
 ];
 

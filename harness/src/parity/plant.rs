@@ -41,7 +41,7 @@ pub enum Tweak {
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
 #[rustfmt::skip]
-const NAMED: [(&str, Plant, &str); 17] = [
+const NAMED: [(&str, Plant, &str); 19] = [
     ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
     ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
@@ -52,6 +52,8 @@ const NAMED: [(&str, Plant, &str); 17] = [
     ("target-trim-short", Plant::Engine(Defect::SpecTargetTrimShort), "the target gives back one token fewer than it rejected"),
     ("ring-trim", Plant::Engine(Defect::AssistantRingTrimLikeMlxLm), "rotating caches roll back as mlx-lm's trim does"),
     ("first-sliding-donor", Plant::Engine(Defect::AssistantFirstSlidingDonor), "the drafter reads the first sliding cache"),
+    ("head-from-flags", Plant::Engine(Defect::AssistantHeadFromFlags), "the drafter's head follows the config flags, not the tensors"),
+    ("centroid-top-k-short", Plant::Engine(Defect::AssistantCentroidTopKShort), "the centroid head expands one centroid fewer"),
     ("perf-path", Plant::Engine(Defect::PerfDecodeDropsNewest), "the L3 decode path leaves the newest position out of attention"),
     ("argmax-first-64k", Plant::Engine(Defect::GreedyFirst64k), "greedy argmax over the first 65 536 ids only"),
     ("moe-top-k-off-by-one", Plant::Engine(Defect::MoeTopKOffByOne), "the router keeps the experts ranked 2..k+1"),

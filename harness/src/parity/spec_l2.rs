@@ -4,6 +4,10 @@
 //! accept/reject trace, every verify pass's input and accepted count, every draft call's
 //! position, input, id and logits (bit-exact), and every emitted log-probability row
 //! (bit-exact).
+//!
+//! The head rows (`gates::SPEC_L2_HEADS`, goldens `spec-l2/<drafter>`) run the same cases
+//! with the drafter's head variants: the centroid head, and the pair whose config flags
+//! contradict their tensors (the head is the one the tensors carry).
 
 use engine::generate::assistant::{assistant_generate_in, AssistantTrace};
 use engine::generate::sampler::{Sampler, SamplingParams};
@@ -27,20 +31,49 @@ pub fn run(
     golden: &TensorGolden,
     only: Option<&str>,
 ) -> Result<SpecReport, ParityError> {
-    let drafter_name = golden.index["drafter"]
+    let drafter = model_field(golden, "drafter")?;
+    run_pair(target, &drafter, golden, only)
+}
+
+/// Runs the golden of `drafter` (a head variant; its target is the golden's `model`).
+pub fn run_drafter(
+    drafter: &str,
+    golden: &TensorGolden,
+    only: Option<&str>,
+) -> Result<SpecReport, ParityError> {
+    if model_field(golden, "drafter")? != drafter {
+        return Err(ParityError::Index(format!("drafter: not models/{drafter}")));
+    }
+    run_pair(&model_field(golden, "model")?, drafter, golden, only)
+}
+
+/// The model a golden's index names (`models/NAME` → NAME) under `key`.
+fn model_field(golden: &TensorGolden, key: &str) -> Result<String, ParityError> {
+    golden.index[key]
         .as_str()
         .and_then(|s| s.strip_prefix("models/"))
-        .ok_or_else(|| ParityError::Index("drafter".into()))?
-        .to_owned();
+        .map(str::to_owned)
+        .ok_or_else(|| ParityError::Index(key.into()))
+}
+
+fn run_pair(
+    target: &str,
+    drafter_name: &str,
+    golden: &TensorGolden,
+    only: Option<&str>,
+) -> Result<SpecReport, ParityError> {
     let m = engine::model::load(&crate::goldens::model_dir(target)?)?;
     let hooks = m
         .as_assistant_target()
         .ok_or_else(|| ParityError::Index(format!("{target} cannot host an assistant")))?;
-    let drafter = AssistantDrafter::load(&crate::goldens::model_dir(&drafter_name)?)?;
+    let drafter = AssistantDrafter::load(&crate::goldens::model_dir(drafter_name)?)?;
     let prefill_step: usize = field(&golden.index["settings"], "prefill_step_size")?;
     let cases: Vec<Value> = field(&golden.index, "cases")?;
     let mut report = SpecReport {
-        label: format!("L2 spec (assistant drafter) {target}"),
+        label: format!(
+            "L2 spec (assistant drafter {drafter_name}, {} head) {target}",
+            drafter.head_kind()
+        ),
         ..Default::default()
     };
     for case in cases.iter().filter(|c| only.is_none_or(|o| c["name"] == o)) {

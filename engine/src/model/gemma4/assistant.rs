@@ -4,7 +4,8 @@
 //! layer that keep a cache, the target's scaled embedding of the token it continues from,
 //! and a hidden state — the target's (after its final norm) for the first draft of a pass,
 //! the drafter's own projected output for the next ones. Q-only attention, f32-upcast
-//! RMSNorms, a tied head; the centroid head of the small E2B/E4B drafters is refused.
+//! RMSNorms; the head is the one the tensors carry (`assistant/head.rs`: the centroid head
+//! of the small E2B/E4B drafters, an own `lm_head`, or the tied embedding).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -16,12 +17,15 @@ use mlx_rs::{fast, Array};
 use serde::Deserialize;
 use serde_json::Value;
 
+pub mod head;
+
+use self::head::{DrafterHead, HeadFlags};
 use super::Gemma4;
 use crate::cache::{Cache, RopeOffset};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
-use crate::model::layers::{Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm, Rope};
+use crate::model::layers::{Embedding, Glu, Linear, Mlp, RmsNorm, Rope};
 
 type R<T> = Result<T, Exception>;
 
@@ -82,18 +86,13 @@ fn default_eps() -> f32 {
 }
 
 /// The top level of a drafter's config.json, as optiq's `GemmaAssistantConfig.from_dict`
-/// reads it (the fields the plain-head drafter uses; unknown fields are ignored).
+/// reads it (unknown fields are ignored; the head's flags are read by `HeadFlags`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct AssistantArgs {
     /// The target's hidden width (`pre_projection` reads two of them, `post_projection`
-    /// writes one).
-    pub backbone_hidden_size: i32,
-    /// The centroid output head of the small E2B/E4B drafters (refused).
-    #[serde(default)]
-    pub use_ordered_embeddings: bool,
-    #[serde(default)]
-    pub num_centroids: i64,
-    /// Wins over `text_config`'s; tied when neither says.
+    /// writes one); else `text_config`'s, else `post_projection`'s output width.
+    pub backbone_hidden_size: Option<i32>,
+    /// Wins over `text_config`'s (the head itself is chosen by the tensors).
     pub tie_word_embeddings: Option<bool>,
     /// The drafter's layers; a flat config keeps these fields at the top level instead.
     pub text_config: Option<serde_json::Map<String, Value>>,
@@ -118,6 +117,7 @@ pub struct AssistantTextArgs {
     /// `partial_rotary_factor` (default 1).
     pub rope_parameters: Option<HashMap<String, RopeScaling>>,
     pub tie_word_embeddings: Option<bool>,
+    pub backbone_hidden_size: Option<i32>,
 }
 
 impl AssistantTextArgs {
@@ -144,8 +144,10 @@ struct Layer {
 pub struct AssistantDrafter {
     embed: Embedding,
     layers: Vec<Layer>,
-    /// `model.norm` (f32-upcast) and the head: `lm_head`, or the embedding when tied.
-    head: OutputHead,
+    /// `model.norm` (f32-upcast).
+    norm: RmsNorm,
+    /// The head the tensors carry: centroid, `lm_head` or the tied embedding.
+    head: DrafterHead,
     pre_projection: Linear,
     post_projection: Linear,
     n_heads: i32,
@@ -153,12 +155,23 @@ pub struct AssistantDrafter {
 }
 
 impl AssistantDrafter {
-    /// Whether `dir` holds an assistant drafter (a config with `backbone_hidden_size`).
+    /// Whether `dir` holds an assistant drafter: its config says so (`backbone_hidden_size`
+    /// at the top or in `text_config`, `model_type` `gemma4_assistant`), or its tensors do
+    /// (`pre_projection.weight` and `post_projection.weight`, which no other model has).
     pub fn is_assistant(dir: &Path) -> bool {
-        std::fs::read_to_string(dir.join("config.json"))
+        let config = std::fs::read_to_string(dir.join("config.json"))
             .ok()
             .and_then(|s| serde_json::from_str::<Value>(&s).ok())
-            .is_some_and(|c| !c["backbone_hidden_size"].is_null())
+            .unwrap_or(Value::Null);
+        let says = !config["backbone_hidden_size"].is_null()
+            || !config["text_config"]["backbone_hidden_size"].is_null()
+            || config["model_type"] == "gemma4_assistant";
+        says || {
+            let names = head::tensor_names(dir);
+            ["pre_projection.weight", "post_projection.weight"]
+                .iter()
+                .all(|n| names.iter().any(|t| t == n))
+        }
     }
 
     /// Reads `config.json` and the weights of `dir` and builds the drafter.
@@ -168,20 +181,10 @@ impl AssistantDrafter {
         Self::build(&config, weights)
     }
 
-    /// The drafter for a parsed config and its weights: every tensor must be used, except
-    /// those optiq's non-strict load passes over (the centroid head's `masked_embedding.*`,
-    /// and an `lm_head` when the head is tied).
     /// The drafter's settings (top level, and its text model's from `text_config` or a flat
     /// config); refuses what it does not support.
     fn read_args(config: &ModelConfig) -> Result<(AssistantArgs, AssistantTextArgs), LoadError> {
         let args: AssistantArgs = config.parse()?;
-        if args.use_ordered_embeddings && args.num_centroids > 0 {
-            return Err(LoadError::Unsupported(
-                "assistant drafters with the centroid output head (use_ordered_embeddings) are \
-                 not supported yet; the plain-head ones are"
-                    .into(),
-            ));
-        }
         if config.quantization.is_some() {
             return Err(LoadError::Unsupported(
                 "quantized assistant drafters are not supported (optiq 0.7.7 loads its drafters \
@@ -201,14 +204,14 @@ impl AssistantDrafter {
         Ok((args, text))
     }
 
+    /// The drafter for a parsed config and its weights: every tensor must be used (the
+    /// head's included: it is the one the tensors carry, `DrafterHead::load`).
     pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
         let (args, text) = Self::read_args(config)?;
         let hidden = text.hidden_size;
         let (n_heads, eps) = (text.num_attention_heads, text.rms_norm_eps);
-        let tied = args
-            .tie_word_embeddings
-            .or(text.tie_word_embeddings)
-            .unwrap_or(true);
+        let tie = args.tie_word_embeddings.or(text.tie_word_embeddings);
+        let flags = HeadFlags::read(&config.raw, tie);
         let theta = |kind: &str, default: f32| {
             text.rope(kind)
                 .and_then(|r| r.rope_theta)
@@ -265,26 +268,31 @@ impl AssistantDrafter {
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
         let norm = RmsNorm::load_upcast(&mut w, "model.norm", eps)?;
-        let pre_projection = Linear::load(
-            &mut w,
-            "pre_projection",
-            false,
-            2 * args.backbone_hidden_size,
-        )?;
+        // optiq defaults a missing backbone_hidden_size to 2560; here the tensors give it:
+        // post_projection writes the target's width, pre_projection reads it twice over.
         let post_projection = Linear::load(&mut w, "post_projection", false, hidden)?;
-        let head = OutputHead::load(&mut w, norm, tied, hidden, None)?;
-        w.ensure_consumed(&config.model_type, |name| {
-            name.starts_with("masked_embedding.") || (tied && name == "lm_head.weight")
-        })?;
+        let backbone = args
+            .backbone_hidden_size
+            .or(text.backbone_hidden_size)
+            .unwrap_or(post_projection.output_dims());
+        let pre_projection = Linear::load(&mut w, "pre_projection", false, 2 * backbone)?;
+        let head = DrafterHead::load(&mut w, &flags, hidden, embed.rows() as i32)?;
+        w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(AssistantDrafter {
             embed,
             layers,
+            norm,
             head,
             pre_projection,
             post_projection,
             n_heads,
             n_kv_heads: text.num_key_value_heads,
         })
+    }
+
+    /// Which head the drafter loaded, in words.
+    pub fn head_kind(&self) -> &'static str {
+        self.head.kind()
     }
 
     /// One draft step at RoPE `position`: the logits [vocab] and the next step's hidden.
@@ -327,8 +335,8 @@ impl AssistantDrafter {
             let mlp = layer.post_ffw_norm.forward(&mlp)?;
             h = residual.add(&mlp)?.multiply(&layer.layer_scalar)?;
         }
-        let h = self.head.norm.forward(&h)?;
-        let logits = self.head.project(&self.embed, &h)?;
+        let h = self.norm.forward(&h)?;
+        let logits = self.head.logits(&self.embed, &h)?;
         let next = self.post_projection.forward(&h)?;
         Ok((logits.index((0, 0)), next))
     }
@@ -387,12 +395,17 @@ mod tests {
             e.contains("config.json") && e.contains("text_config: missing field `head_dim`"),
             "{e}"
         );
+        // optiq defaults it (to 2560); the tensors carry it, and they say an assistant's.
         let missing = drafter_dir(
-            |c| drop(c.as_object_mut().unwrap().remove("backbone_hidden_size")),
+            |c| {
+                let c = c.as_object_mut().unwrap();
+                c.remove("backbone_hidden_size");
+                c.insert("model_type".into(), Value::from("gemma4_text"));
+            },
             None,
         );
-        let e = load_error(&missing);
-        assert!(e.contains("missing field `backbone_hidden_size`"), "{e}");
+        assert!(AssistantDrafter::is_assistant(missing.path()));
+        AssistantDrafter::load(missing.path()).unwrap();
         let wrong = drafter_dir(|c| c["tie_word_embeddings"] = Value::from("yes"), None);
         let e = load_error(&wrong);
         assert!(
@@ -412,8 +425,52 @@ mod tests {
             e.contains("1 tensors") && e.contains("self_attn.k_proj"),
             "{e}"
         );
-        // optiq's non-strict load passes over the centroid head's tensors.
+        // Half a centroid head is named, not passed over.
         let dir = drafter_dir(|_| {}, Some("masked_embedding.token_ordering"));
-        AssistantDrafter::load(dir.path()).unwrap();
+        let e = load_error(&dir);
+        assert!(
+            e.contains("`masked_embedding.centroids.weight` is missing"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_head_is_the_one_the_tensors_carry() {
+        let head = |dir: &tempfile::TempDir| {
+            AssistantDrafter::load(dir.path())
+                .map(|d| d.head_kind())
+                .unwrap()
+        };
+        let untied_flag = |c: &mut Value| {
+            c["tie_word_embeddings"] = Value::from(false);
+            c["text_config"]["tie_word_embeddings"] = Value::from(false);
+        };
+        assert_eq!(head(&drafter_dir(|_| {}, None)), "tied embedding");
+        assert_eq!(head(&drafter_dir(untied_flag, None)), "tied embedding");
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models");
+        let own = AssistantDrafter::load(&golden.join("tiny-gemma4-assistant-lm-head")).unwrap();
+        assert_eq!(own.head_kind(), "lm_head");
+        let centroid =
+            AssistantDrafter::load(&golden.join("tiny-gemma4-assistant-centroid")).unwrap();
+        assert_eq!(centroid.head_kind(), "centroid");
+    }
+
+    #[test]
+    fn the_centroid_head_needs_its_top_k() {
+        let golden = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../goldens/models/tiny-gemma4-assistant-centroid");
+        let dir = tempfile::tempdir().unwrap();
+        let mut config: Value =
+            serde_json::from_str(&std::fs::read_to_string(golden.join("config.json")).unwrap())
+                .unwrap();
+        config["centroid_intermediate_top_k"] = Value::from(0);
+        std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+        std::fs::copy(
+            golden.join("model.safetensors"),
+            dir.path().join("model.safetensors"),
+        )
+        .unwrap();
+        let e = load_error(&dir);
+        assert!(e.contains("centroid_intermediate_top_k"), "{e}");
     }
 }
