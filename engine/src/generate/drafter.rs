@@ -1,7 +1,9 @@
 //! The two kinds of speculative drafter behind `--draft-model`: a standalone small model
 //! sharing the tokenizer (mlx-lm's speculative decoding, `speculative.rs`) or optiq's Gemma
 //! 4 assistant, which reads the target's caches and hidden state (`assistant.rs`). The
-//! directory's config tells them apart (an assistant's has `backbone_hidden_size`).
+//! directory tells them apart: an assistant's config has `backbone_hidden_size` (at the top
+//! or in `text_config`) or `model_type` `gemma4_assistant`, or its tensors include
+//! `pre_projection` and `post_projection` (`AssistantDrafter::is_assistant`).
 
 use std::path::Path;
 
