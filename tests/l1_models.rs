@@ -480,3 +480,28 @@ fn planted_quant_fp_rows_float32_fails_l1() {
         );
     }
 }
+
+/// Planted defect: a per-module entry without a `mode` takes the global mode (mxfp4), not
+/// affine: the mixed fixture's affine embedding then reads as mxfp4 and is refused for its
+/// biases, and the MoE fixture's affine 8-bit g64 routers as mxfp4 with (64, 8), which MLX
+/// does not allow.
+#[test]
+fn planted_quant_entry_takes_global_mode_fails_l1() {
+    use harness::parity::gates::L1;
+    let _on = engine::plant::on(engine::plant::Defect::QuantEntryTakesGlobalMode).unwrap();
+    for (name, expect) in [
+        ("tiny-llama-mixed-modes", "mxfp4 quantization has no biases"),
+        (
+            "tiny-qwen3-moe-mxfp4",
+            "mxfp4 quantization requires group size 32 and 4 bits",
+        ),
+    ] {
+        let err = L1
+            .run(name, None)
+            .err()
+            .unwrap_or_else(|| panic!("{name} must fail with the plant"))
+            .to_string();
+        assert!(err.contains(expect), "{name}: {err}");
+        println!("planted entry-takes-global-mode caught on {name}: {err}");
+    }
+}

@@ -94,6 +94,11 @@ pub enum Defect {
     /// model runs in float32. Caught by the L1 gate on the mode fixtures
     /// (`tests/l1_models.rs`).
     QuantFpRowsFloat32,
+    /// Quantization modes: a per-module `quantization` entry without a `mode` takes the
+    /// global mode instead of affine (mlx-lm's `to_quantized` default). Caught by the L1
+    /// gate on tiny-llama-mixed-modes and tiny-qwen3-moe-mxfp4, which then fail to load
+    /// (`tests/l1_models.rs`).
+    QuantEntryTakesGlobalMode,
 }
 
 /// `plant::on` in a build without the `plant` feature.

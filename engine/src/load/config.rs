@@ -119,9 +119,14 @@ pub struct QuantConfig {
 /// `mode` is affine (the keyword's default, also for a per-module entry under a global
 /// mxfp4: qwen3_moe's router entries carry none); a `null` group size or bits is the
 /// mode's default; a missing group size or bits is an error, as mlx-lm's KeyError.
-fn entry_params(v: &Value, at: &str) -> Result<QuantParams, String> {
+/// `global` is the global entry's mode (planted: a per-module entry without one takes it).
+fn entry_params(v: &Value, at: &str, global: Option<QuantMode>) -> Result<QuantParams, String> {
+    let unnamed = match global {
+        Some(g) if crate::plant::is(crate::plant::Defect::QuantEntryTakesGlobalMode) => g,
+        _ => QuantMode::Affine,
+    };
     let mode = match v.get("mode") {
-        None | Some(Value::Null) => QuantMode::Affine,
+        None | Some(Value::Null) => unnamed,
         Some(m) => {
             let name = m.as_str().unwrap_or("?");
             QuantMode::parse(name).ok_or_else(|| {
@@ -160,8 +165,9 @@ fn entry_params(v: &Value, at: &str) -> Result<QuantParams, String> {
 impl QuantConfig {
     fn parse(q: &Value) -> Result<Self, String> {
         let obj = q.as_object().ok_or("`quantization` must be an object")?;
+        let default = entry_params(q, "(global)", None)?;
         let mut cfg = QuantConfig {
-            default: Some(entry_params(q, "(global)")?),
+            default: Some(default),
             ..Default::default()
         };
         for (key, value) in obj {
@@ -170,8 +176,10 @@ impl QuantConfig {
                     cfg.per_path.insert(key.clone(), None);
                 }
                 Value::Object(_) => {
-                    cfg.per_path
-                        .insert(key.clone(), Some(entry_params(value, key)?));
+                    cfg.per_path.insert(
+                        key.clone(),
+                        Some(entry_params(value, key, Some(default.mode))?),
+                    );
                 }
                 _ => {} // group_size, bits, mode
             }
