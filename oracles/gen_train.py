@@ -1,6 +1,10 @@
 """LoRA training goldens: mlx-lm 0.32.2's LoRA layers and loss, differentiated and stepped
 eagerly (the math of `mlx_lm.tuner.trainer.train`, without its `mx.compile` around the
-step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4.
+step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4; the gemma3 / gemma4 wrappers
+(tiny-gemma3-mm, tiny-gemma4-mm: adapter names under `language_model.`); and with mlx-lm's
+default keys (every linear of a block) tiny-phi3 and the MoE families tiny-qwen3-moe,
+tiny-mixtral, tiny-qwen2-moe (`LoRASwitchLinear` on the stacked experts, `LoRALinear` on the
+router gate).
 
     oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
 
@@ -14,7 +18,9 @@ Three steps of `nn.value_and_grad(model, default_loss)` → `optimizer.update`.
 Recorded: the initial LoRA parameters, the batch and lengths, then per step the loss,
 ntoks and every gradient (f32), and the parameters after the last update; the adapters
 after the last step as mlx-lm writes them (`adapters.safetensors` + `adapter_config.json`),
-and one forward's logits with those adapters loaded by `mlx_lm.utils.load_adapters`.
+and one forward's logits with those adapters loaded by `mlx_lm.utils.load_adapters` — of the
+batch, and of its first row's first 8 tokens (fewer than 64 routing entries: the MoE
+experts' unsorted path).
 
 Output: goldens/train/<model>/{index.json, data.bin, adapters/}.
 """
@@ -37,13 +43,19 @@ from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 # Gemma 4's small models add a per-layer input branch with two more linears.
-EXTRA_KEYS = {"tiny-gemma4": ["per_layer_input_gate", "per_layer_projection"]}
+GEMMA4_EXTRA = ["per_layer_input_gate", "per_layer_projection"]
+EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
-NUM_LAYERS = {"tiny-gemma4": 4}
+# tiny-qwen3-moe: all 4, so the dense layer (mlp_only_layers [1]) is adapted too.
+NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4}
+# No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
+# qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
+DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
 STEPS = 3
+SHORT = 8
 
 
 def batch_of(tokenizer):
@@ -69,6 +81,8 @@ def main(name, out_root) -> None:
     mx.random.seed(7)
     model.freeze()
     lora = {**LORA, "keys": KEYS + EXTRA_KEYS.get(name, [])}
+    if name in DEFAULT_KEYS:
+        del lora["keys"]
     num_layers = NUM_LAYERS.get(name, 3)
     linear_to_lora_layers(model, num_layers, lora)
     data = TensorFile()
@@ -101,6 +115,9 @@ def main(name, out_root) -> None:
     load_adapters(fresh, str(adapters))
     logits = fresh(batch[:, :-1])
     adapted = data.add("adapted_logits", logits.astype(mx.float32))
+    # A short input too: with under 64 routing entries the experts take the unsorted path.
+    short = fresh(batch[:1, :SHORT]).astype(mx.float32)
+    adapted_short = data.add("adapted_logits_short", short)
     data.write(dest / "data.bin")
     write_json(dest / "index.json", {
         "provenance": provenance("mlx-lm", "mlx-lm"),
@@ -119,6 +136,8 @@ def main(name, out_root) -> None:
         "final": final,
         "adapters": "adapters",
         "adapted_logits": adapted,
+        "short_input": [1, SHORT],
+        "adapted_logits_short": adapted_short,
     })
     print(f"train/{name} -> {dest}")
 

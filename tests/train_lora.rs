@@ -1,7 +1,9 @@
 //! The LoRA training gate (`gates::TRAIN`, harness::parity::train): adapters, SFT loss,
 //! gradients and AdamW against mlx-lm (oracles/gen_train.py) bit for bit, and mlx-lm's saved
-//! adapters loaded by us, on tiny-llama-trained, tiny-gemma3 and tiny-gemma4. Planted: a
-//! weight decay off by 10 % fails from the second step on, on each.
+//! adapters loaded by us, on tiny-llama-trained, tiny-gemma3, tiny-gemma4, tiny-phi3, the
+//! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, mixtral, qwen2_moe). Planted: a
+//! weight decay off by 10 % fails from the second step on, on each; the stacked experts'
+//! LoRA update scaled twice fails the MoE rows.
 
 use harness::parity::gates::{Plant, Tweak, TRAIN};
 
@@ -31,6 +33,63 @@ fn lora_sft_steps_match_mlx_lm_on_gemma3() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_gemma4() {
     assert_passes("tiny-gemma4");
+}
+
+/// Phi-3: fused qkv_proj and gate_up_proj, mlx-lm's default keys (every linear of a
+/// block), longrope RoPE over a 33-token batch.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_phi3() {
+    assert_passes("tiny-phi3");
+}
+
+/// The gemma3 wrapper: adapters at `language_model.model.layers.…`, as mlx-lm's module tree
+/// names them (mlx-lm's saved adapters load into ours; ours save under the same names).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_the_gemma3_wrapper() {
+    assert_passes("tiny-gemma3-mm");
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_the_gemma4_wrapper() {
+    assert_passes("tiny-gemma4-mm");
+}
+
+/// The MoE families with mlx-lm's default keys: LoRA on the router gate (`LoRALinear`) and
+/// on the stacked experts (`LoRASwitchLinear`, one A/B pair per expert, gathered per routing
+/// entry; the 65-token batch takes the sorted path); qwen3_moe's dense layer, qwen2_moe's
+/// shared expert and its gate.
+const MOE: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_qwen3_moe() {
+    assert_passes(MOE[0]);
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_mixtral() {
+    assert_passes(MOE[1]);
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_qwen2_moe() {
+    assert_passes(MOE[2]);
+}
+
+/// Planted: the experts' LoRA update scaled twice. B starts at zero, so step 0's loss
+/// still matches; its gradients (of B, through scale²) already do not.
+#[test]
+fn planted_switch_lora_scale_twice_fails_the_moe_rows() {
+    let _on = engine::plant::on(engine::plant::Defect::SwitchLoraScaleTwice).unwrap();
+    for model in MOE {
+        let r = TRAIN.run(model, None).unwrap();
+        println!("{model}: planted switch-LoRA scale caught: {}", r.summary());
+        assert!(!r.passed(), "{model}");
+        assert!(
+            r.summary().contains("first failure: step 0 grad"),
+            "{}",
+            r.summary()
+        );
+    }
 }
 
 #[test]

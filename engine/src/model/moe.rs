@@ -37,6 +37,8 @@ pub struct SwitchLinear {
     pub weight: Array,
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
+    /// A LoRA adapter per expert, when attached (`lora_switch.rs`).
+    pub lora: std::cell::RefCell<Option<super::layers::Lora>>,
 }
 
 impl SwitchLinear {
@@ -79,6 +81,7 @@ impl SwitchLinear {
             weight,
             bias,
             quantized,
+            lora: Default::default(),
         })
     }
 
@@ -97,9 +100,13 @@ impl SwitchLinear {
                 sorted,
             )?,
         };
-        match &self.bias {
+        let y = match &self.bias {
+            None => y,
+            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?)?,
+        };
+        match &*self.lora.borrow() {
             None => Ok(y),
-            Some(b) => y.add(b.take_axis(indices, 0)?.expand_dims(-2)?),
+            Some(l) => super::lora_switch::add_update(l, &y, x, indices, sorted),
         }
     }
 }
@@ -142,6 +149,8 @@ impl SwitchGlu {
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> R<Array> {
         let x = x.expand_dims_axes(&[-2, -3])?;
+        // mlx-lm's SwitchGLU stops the indices' gradient (they are integers).
+        let indices = &mlx_rs::stop_gradient(indices)?;
         let do_sort = indices.size() >= SORT_THRESHOLD;
         let (x, idx, inv_order) = if do_sort {
             let (x, idx, inv) = gather_sort(&x, indices)?;
@@ -194,6 +203,7 @@ fn stacked_experts(
         weight,
         bias: None,
         quantized: None,
+        lora: Default::default(),
     }))
 }
 
@@ -228,7 +238,7 @@ impl Gate {
                 let gates = softmax_axis(&logits, -1, true)?;
                 let n = *gates.shape().last().unwrap_or(&0);
                 let part = argpartition_axis(&gates, -k, -1)?;
-                let inds = part.index((Ellipsis, (n - k - off)..(n - off)));
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
                 let scores = gates.take_along_axis(&inds, -1)?;
                 let scores = if norm_topk_prob {
                     scores.divide(scores.sum_axis(-1, true)?)?
@@ -240,13 +250,13 @@ impl Gate {
             Router::SoftmaxLowTopK => {
                 let gates = softmax_axis(&logits, -1, true)?;
                 let part = argpartition_axis(gates.negative()?, k - 1, -1)?;
-                let inds = part.index((Ellipsis, off..(k + off)));
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
                 let scores = gates.take_along_axis(&inds, -1)?;
                 Ok((inds, scores))
             }
             Router::TopKSoftmax => {
                 let part = argpartition_axis(logits.negative()?, k - 1, -1)?;
-                let inds = part.index((Ellipsis, off..(k + off)));
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
                 let scores = logits.take_along_axis(&inds, -1)?;
                 Ok((inds, softmax_axis(&scores, -1, true)?))
             }

@@ -12,7 +12,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm, Rope};
-use super::moe::SparseMoe;
+use super::moe::{SparseMoe, SwitchLinear};
 use super::LanguageModel;
 use crate::cache::{Cache, KvCache};
 use crate::load::config::ModelConfig;
@@ -179,9 +179,81 @@ impl MoeDecoder {
     }
 }
 
+impl Ffn {
+    /// Its linears under mlx-lm's names within the block (`ffn` is the module's name):
+    /// the dense MLP's three; the router `gate`; a shared expert's three and its gate.
+    fn named_linears(&self, ffn: &str) -> Vec<(String, &Linear)> {
+        fn mlp(prefix: String, m: &Mlp) -> [(String, &Linear); 3] {
+            [
+                ("gate_proj", &m.gate_proj),
+                ("up_proj", &m.up_proj),
+                ("down_proj", &m.down_proj),
+            ]
+            .map(|(n, l)| (format!("{prefix}.{n}"), l))
+        }
+        match self {
+            Ffn::Dense(m) => mlp(ffn.to_owned(), m).into(),
+            Ffn::Sparse(moe) => vec![(format!("{ffn}.gate"), &moe.router.gate)],
+            Ffn::Shared(s) => std::iter::once((format!("{ffn}.gate"), &s.moe.router.gate))
+                .chain(mlp(format!("{ffn}.shared_expert"), &s.shared))
+                .chain([(format!("{ffn}.shared_expert_gate"), &s.shared_gate)])
+                .collect(),
+        }
+    }
+
+    /// Its stacked experts (`<ffn>.switch_mlp.{gate,up,down}_proj`), none for a dense MLP.
+    fn named_switches(&self, ffn: &str) -> Vec<(String, &SwitchLinear)> {
+        let experts = match self {
+            Ffn::Dense(_) => return Vec::new(),
+            Ffn::Sparse(moe) => &moe.experts,
+            Ffn::Shared(s) => &s.moe.experts,
+        };
+        [
+            ("gate_proj", &experts.gate_proj),
+            ("up_proj", &experts.up_proj),
+            ("down_proj", &experts.down_proj),
+        ]
+        .map(|(n, l)| (format!("{ffn}.switch_mlp.{n}"), l))
+        .into()
+    }
+}
+
+impl MoeDecoder {
+    /// The feed-forward module's name in mlx-lm: Mixtral's `block_sparse_moe`, else `mlp`.
+    fn ffn_name(&self) -> &'static str {
+        match self.model_type {
+            "mixtral" => "block_sparse_moe",
+            _ => "mlp",
+        }
+    }
+}
+
 impl LanguageModel for MoeDecoder {
     fn model_type(&self) -> &str {
         self.model_type
+    }
+
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let ffn = self.ffn_name();
+        let mut all = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let attn = b.attn.named_linears().map(|(n, l)| (n.to_owned(), l));
+            for (n, l) in attn.into_iter().chain(b.ffn.named_linears(ffn)) {
+                all.push((format!("model.layers.{i}.{n}"), l));
+            }
+        }
+        all
+    }
+
+    fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
+        let ffn = self.ffn_name();
+        let mut all = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            for (n, l) in b.ffn.named_switches(ffn) {
+                all.push((format!("model.layers.{i}.{n}"), l));
+            }
+        }
+        all
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {

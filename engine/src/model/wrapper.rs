@@ -206,9 +206,9 @@ impl Spec {
     }
 }
 
-/// The text model behind a wrapper: everything is the text family's, except the name.
-/// LoRA and segmented training are refused (their adapter names would be the text
-/// family's, not mlx-lm's `language_model.model.layers.…`).
+/// The text model behind a wrapper: everything is the text family's, except the name and
+/// the layer paths LoRA reports, which carry the language model's prefix as mlx-lm's
+/// module tree does (`language_model.model.layers.…`). Segmented training is refused.
 pub struct Wrapped {
     model_type: &'static str,
     inner: Box<dyn LanguageModel>,
@@ -254,6 +254,16 @@ impl LanguageModel for Wrapped {
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
         self.inner.forward(ids, caches)
+    }
+
+    fn linears(&self) -> Vec<(String, &super::layers::Linear)> {
+        let inner = self.inner.linears().into_iter();
+        inner.map(|(n, l)| (format!("{LM}{n}"), l)).collect()
+    }
+
+    fn switch_linears(&self) -> Vec<(String, &super::moe::SwitchLinear)> {
+        let inner = self.inner.switch_linears().into_iter();
+        inner.map(|(n, l)| (format!("{LM}{n}"), l)).collect()
     }
 
     fn as_layered(&self) -> Option<&dyn Layered> {

@@ -1,10 +1,12 @@
 //! LoRA adapters in mlx-lm's form: attached to chosen linear layers of the last
 //! `num_layers` blocks, A ~ U(±1/√in) of shape [in, rank] and B = 0 of shape [rank, out],
-//! both f32, the update scaled by `scale`. Saved as mlx-lm saves them —
+//! both f32, the update scaled by `scale`; on stacked experts (`SwitchLinear`) one pair per
+//! expert, A [experts, rank, in] and B [experts, out, rank] (mlx-lm's `LoRASwitchLinear`). Saved as mlx-lm saves them —
 //! `adapters.safetensors` (`<layer path>.lora_a` / `.lora_b`) and `adapter_config.json`
 //! (`fine_tune_type`, `num_layers`, `lora_parameters {rank, scale, dropout, keys}`) — so
 //! `mlx_lm.generate --adapter-path` loads ours and we load theirs.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -13,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use super::TrainError;
 use crate::model::layers::{Linear, Lora};
+use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
 /// mlx-lm's `lora_parameters` (its `scale` is the multiplier itself, not an alpha).
@@ -42,42 +45,93 @@ fn lora_kind() -> String {
     "lora".into()
 }
 
+/// One adapted layer: where its adapter lives and the shapes of A and B — [in, rank] and
+/// [rank, out] on a linear (`LoRALinear`), [experts, rank, in] and [experts, out, rank] on
+/// stacked experts (`LoRASwitchLinear`).
+struct Slot<'m> {
+    lora: &'m RefCell<Option<Lora>>,
+    input_dims: i32,
+    a_shape: Vec<i32>,
+    b_shape: Vec<i32>,
+}
+
+impl<'m> Slot<'m> {
+    fn linear(l: &'m Linear, rank: i32) -> Self {
+        let (i, o) = (l.input_dims(), l.output_dims());
+        Slot {
+            lora: &l.lora,
+            input_dims: i,
+            a_shape: vec![i, rank],
+            b_shape: vec![rank, o],
+        }
+    }
+
+    fn switch(s: &'m SwitchLinear, rank: i32) -> Self {
+        let (i, o, e) = (s.input_dims(), s.output_dims(), s.num_experts());
+        Slot {
+            lora: &s.lora,
+            input_dims: i,
+            a_shape: vec![e, rank, i],
+            b_shape: vec![e, o, rank],
+        }
+    }
+}
+
 /// The attached adapters of one model, in layer order.
 pub struct Adapters<'m> {
     pub config: AdapterConfig,
-    slots: Vec<(String, &'m Linear)>,
+    slots: Vec<(String, Slot<'m>)>,
 }
 
-/// Which layers a config selects: the linears of the last `num_layers` blocks whose name
-/// ends in one of `keys`.
+/// The block a layer path belongs to: `model.layers.{i}.…`, under a wrapper
+/// `language_model.model.layers.{i}.…`.
+fn layer_index(name: &str) -> Option<usize> {
+    name.strip_prefix("language_model.")
+        .unwrap_or(name)
+        .strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Which layers a config selects: the linears and stacked experts of the last `num_layers`
+/// blocks whose path ends in one of `keys` (no keys: all of them, mlx-lm's default).
 fn select<'m>(
     model: &'m dyn LanguageModel,
     config: &AdapterConfig,
-) -> Result<Vec<(String, &'m Linear)>, TrainError> {
-    let all = model.linears();
+) -> Result<Vec<(String, Slot<'m>)>, TrainError> {
+    let rank = config.lora_parameters.rank;
+    let mut all: Vec<(String, Slot<'m>)> = model
+        .linears()
+        .into_iter()
+        .map(|(n, l)| (n, Slot::linear(l, rank)))
+        .chain(
+            model
+                .switch_linears()
+                .into_iter()
+                .map(|(n, s)| (n, Slot::switch(s, rank))),
+        )
+        .collect();
     if all.is_empty() {
         return Err(TrainError::Unsupported(format!(
-            "LoRA is not available for model_type `{}` yet (llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text are)",
-            model.model_type()
+            "LoRA is not available for model_type `{}` yet ({} are)",
+            model.model_type(),
+            LORA_FAMILIES.join(", ")
         )));
     }
-    let layer_of = |name: &str| -> Option<usize> {
-        name.strip_prefix("model.layers.")?
-            .split('.')
-            .next()?
-            .parse()
-            .ok()
-    };
+    // Stable: blocks in order, each block's linears before its experts.
+    all.sort_by_key(|(n, _)| layer_index(n));
     let blocks = all
         .iter()
-        .filter_map(|(n, _)| layer_of(n))
+        .filter_map(|(n, _)| layer_index(n))
         .max()
         .map_or(0, |m| m + 1);
     let first = blocks.saturating_sub(config.num_layers);
     let keys = &config.lora_parameters.keys;
     let chosen: Vec<_> = all
         .into_iter()
-        .filter(|(n, _)| layer_of(n).is_some_and(|i| i >= first))
+        .filter(|(n, _)| layer_index(n).is_some_and(|i| i >= first))
         .filter(|(n, _)| {
             keys.as_ref()
                 .is_none_or(|ks| ks.iter().any(|k| n.ends_with(&format!(".{k}"))))
@@ -91,24 +145,39 @@ fn select<'m>(
     Ok(chosen)
 }
 
+/// The families whose layers LoRA attaches to (each gated against mlx-lm's trainer).
+pub const LORA_FAMILIES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+    "gemma4_text",
+    "gemma3",
+    "gemma4",
+    "phi3",
+    "qwen3_moe",
+    "mixtral",
+    "qwen2_moe",
+];
+
 impl<'m> Adapters<'m> {
-    /// Attaches fresh adapters: A drawn from `seed`'s key sequence (one split per layer,
-    /// in layer order), B zero.
+    /// Attaches fresh adapters: A ~ U(±1/√in) drawn from `seed`'s key sequence (one split
+    /// per layer, in layer order), B zero.
     pub fn attach(
         model: &'m dyn LanguageModel,
         config: AdapterConfig,
         seed: u64,
     ) -> Result<Self, TrainError> {
         let slots = select(model, &config)?;
-        let r = config.lora_parameters.rank;
         let mut key = random::key(seed)?;
-        for (_, linear) in &slots {
+        for (_, slot) in &slots {
             let (next, sub) = random::split(&key, 2)?;
             key = next;
-            let bound = 1.0 / (linear.input_dims() as f32).sqrt();
-            let a = random::uniform::<_, f32>(-bound, bound, &[linear.input_dims(), r], &sub)?;
-            let b = mlx_rs::ops::zeros::<f32>(&[r, linear.output_dims()])?;
-            *linear.lora.borrow_mut() = Some(Lora {
+            let bound = 1.0 / (slot.input_dims as f32).sqrt();
+            let a = random::uniform::<_, f32>(-bound, bound, &slot.a_shape[..], &sub)?;
+            let b = mlx_rs::ops::zeros::<f32>(&slot.b_shape[..])?;
+            *slot.lora.borrow_mut() = Some(Lora {
                 a,
                 b,
                 scale: config.lora_parameters.scale,
@@ -138,16 +207,24 @@ impl<'m> Adapters<'m> {
             config,
         };
         let scale = adapters.config.lora_parameters.scale;
-        for (name, linear) in &adapters.slots {
-            let get = |part: &str| {
+        for (name, slot) in &adapters.slots {
+            let get = |part: &str, shape: &[i32]| {
                 let key = format!("{name}.{part}");
-                tensors.get(&key).cloned().ok_or_else(|| {
+                let t = tensors.get(&key).cloned().ok_or_else(|| {
                     TrainError::Config(format!("{} has no tensor `{key}`", file.display()))
-                })
+                })?;
+                if t.shape() != shape {
+                    return Err(TrainError::Config(format!(
+                        "{}: `{key}` has shape {:?}, the model's layer takes {shape:?}",
+                        file.display(),
+                        t.shape()
+                    )));
+                }
+                Ok(t)
             };
-            *linear.lora.borrow_mut() = Some(Lora {
-                a: get("lora_a")?,
-                b: get("lora_b")?,
+            *slot.lora.borrow_mut() = Some(Lora {
+                a: get("lora_a", &slot.a_shape)?,
+                b: get("lora_b", &slot.b_shape)?,
                 scale,
                 dropout: None,
             });
@@ -167,8 +244,8 @@ impl<'m> Adapters<'m> {
     pub fn params(&self) -> Vec<Array> {
         self.slots
             .iter()
-            .flat_map(|(_, l)| {
-                let lora = l.lora.borrow();
+            .flat_map(|(_, slot)| {
+                let lora = slot.lora.borrow();
                 let lora = lora.as_ref().expect("attached");
                 [lora.a.clone(), lora.b.clone()]
             })
@@ -180,12 +257,7 @@ impl<'m> Adapters<'m> {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, (n, _))| {
-                n.strip_prefix("model.layers.")
-                    .and_then(|r| r.split('.').next())
-                    .and_then(|i| i.parse::<usize>().ok())
-                    .is_some_and(|i| layers.contains(&i))
-            })
+            .filter(|(_, (n, _))| layer_index(n).is_some_and(|i| layers.contains(&i)))
             .flat_map(|(i, _)| [2 * i, 2 * i + 1])
             .collect()
     }
@@ -193,8 +265,8 @@ impl<'m> Adapters<'m> {
     /// Replaces some trainable arrays: `values[k]` goes to position `at[k]` of `params`.
     pub fn set_some(&self, at: &[usize], values: &[Array]) {
         for (&k, v) in at.iter().zip(values) {
-            let (_, l) = &self.slots[k / 2];
-            if let Some(lora) = l.lora.borrow_mut().as_mut() {
+            let (_, slot) = &self.slots[k / 2];
+            if let Some(lora) = slot.lora.borrow_mut().as_mut() {
                 if k % 2 == 0 {
                     lora.a = v.clone();
                 } else {
@@ -206,8 +278,8 @@ impl<'m> Adapters<'m> {
 
     /// Replaces the trainable arrays (same order as `params`).
     pub fn set(&self, params: &[Array]) {
-        for ((_, l), ab) in self.slots.iter().zip(params.chunks(2)) {
-            if let Some(lora) = l.lora.borrow_mut().as_mut() {
+        for ((_, slot), ab) in self.slots.iter().zip(params.chunks(2)) {
+            if let Some(lora) = slot.lora.borrow_mut().as_mut() {
                 lora.a = ab[0].clone();
                 lora.b = ab[1].clone();
             }
@@ -237,10 +309,10 @@ impl<'m> Adapters<'m> {
             return Ok(());
         }
         let mut key = random::key(seed.wrapping_mul(0x9E37_79B9).wrapping_add(step))?;
-        for (_, l) in &self.slots {
+        for (_, slot) in &self.slots {
             let (next, sub) = random::split(&key, 2)?;
             key = next;
-            if let Some(lora) = l.lora.borrow_mut().as_mut() {
+            if let Some(lora) = slot.lora.borrow_mut().as_mut() {
                 lora.dropout = Some((p, sub));
             }
         }
@@ -249,8 +321,22 @@ impl<'m> Adapters<'m> {
 
     /// Removes the adapters from the model.
     pub fn detach(self) {
-        for (_, l) in &self.slots {
-            *l.lora.borrow_mut() = None;
+        for (_, slot) in &self.slots {
+            *slot.lora.borrow_mut() = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::layer_index;
+
+    #[test]
+    fn layer_paths_with_and_without_the_wrapper_prefix() {
+        assert_eq!(layer_index("model.layers.3.self_attn.q_proj"), Some(3));
+        let wrapped = "language_model.model.layers.12.mlp.switch_mlp.up_proj";
+        assert_eq!(layer_index(wrapped), Some(12));
+        assert_eq!(layer_index("lm_head"), None);
+        assert_eq!(layer_index("vision_tower.model.layers.0.fc"), None);
     }
 }

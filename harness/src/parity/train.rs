@@ -3,7 +3,8 @@
 //! `nn.value_and_grad`, `optim.AdamW`, eager) on each of its models — from the golden's
 //! initial adapters, every step's loss, token count and every gradient, and the adapters
 //! after the last update, bit for bit; then mlx-lm's saved adapters loaded by us give the
-//! logits `mlx_lm.utils.load_adapters` gave, bit for bit.
+//! logits `mlx_lm.utils.load_adapters` gave, bit for bit (of the batch and, in goldens that
+//! have it, of a short input: the MoE experts' unsorted path).
 
 use std::path::Path;
 
@@ -198,6 +199,15 @@ impl Check<'_> {
         let want = field(&self.golden.index, "adapted_logits")?;
         let what = "logits with mlx-lm's saved adapters".into();
         self.tensor(&logits.as_dtype(mlx_rs::Dtype::Float32)?, &want, what)?;
+        // Goldens since the MoE rows add a short input (the experts' unsorted path).
+        if let Some(want) = self.golden.index.get("adapted_logits_short") {
+            let [rows, cols]: [i32; 2] = field(&self.golden.index, "short_input")?;
+            let short = batch.index((..rows, ..cols));
+            let logits = fresh.forward(&short, &mut fresh.make_caches())?;
+            let want = serde_json::from_value(want.clone()).map_err(index_err)?;
+            let what = "short-input logits with mlx-lm's saved adapters".into();
+            self.tensor(&logits.as_dtype(mlx_rs::Dtype::Float32)?, &want, what)?;
+        }
         loaded.detach();
         Ok(())
     }
