@@ -37,6 +37,7 @@ MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-
           "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
           "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4",
           "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral",
+          "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
           "tiny-llama-mxfp4", "tiny-llama-nvfp4", "tiny-llama-mxfp8", "tiny-llama-mixed-modes", "tiny-qwen3-moe-mxfp4",
           "tiny-qwen2-moe"]
 RAW_PROMPTS = [

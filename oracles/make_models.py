@@ -42,6 +42,11 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      oracles/make_moe.py
 - tiny-qwen2-moe     qwen2_moe, 8 experts top-4 and a gated shared expert, f32:
                      oracles/make_moe.py
+- tiny-gpt-oss, tiny-gpt-oss-mxfp4
+                     gpt_oss (attention sinks, sliding/full layers with window 8, 8 experts
+                     top-4 through the clamped SwiGLU, yarn RoPE), f32; and cast to bf16 with
+                     mxfp4 experts and the rest affine 8-bit (mlx-community's MXFP4-Q8
+                     layout): oracles/make_gpt_oss.py
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
@@ -576,6 +581,18 @@ ONLY.update({n: make_assistant_variant(n) for n in ("tiny-gemma4-assistant-centr
                                                     "tiny-gemma4-assistant-no-lm-head")})
 
 
+def make_gpt_oss_model(name):
+    """The gpt-oss models are made by oracles/make_gpt_oss.py, which imports this module:
+    loaded when asked for."""
+    def make(tok):
+        import make_gpt_oss
+        make_gpt_oss.ONLY[name](tok)
+    return make
+
+
+ONLY.update({n: make_gpt_oss_model(n) for n in ("tiny-gpt-oss", "tiny-gpt-oss-mxfp4")})
+
+
 def main(only=None) -> None:
     mx.set_default_device(mx.cpu)
     tok = train_tokenizer()
@@ -628,6 +645,8 @@ def main(only=None) -> None:
     for name in WRAPPERS:
         ONLY[name](tok)
     for name in ROPE_MODELS:
+        ONLY[name](tok)
+    for name in ("tiny-gpt-oss", "tiny-gpt-oss-mxfp4"):
         ONLY[name](tok)
     for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
                  "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",

@@ -505,3 +505,49 @@ fn planted_quant_entry_takes_global_mode_fails_l1() {
         println!("planted entry-takes-global-mode caught on {name}: {err}");
     }
 }
+
+/// gpt_oss: layers sliding / full from layer_types (window 8: the rotating caches wrap in
+/// every prompt and in decode), per-head attention sinks in the fused SDPA, yarn RoPE,
+/// the router's top-4 logits of 8 then a softmax, biased experts through the clamped SwiGLU
+/// (the prompts of 16+ tokens take the sorted-indices path).
+#[test]
+fn l1_tiny_gpt_oss() {
+    assert_bit_exact("tiny-gpt-oss");
+}
+
+/// gpt_oss quantized as mlx-community's MXFP4-Q8 checkpoints are (bf16): the experts mxfp4
+/// through gather_qmm (sorted and unsorted), the other linears, the routers and the
+/// embedding affine 8-bit g64 by per-module entries under a global mxfp4 block.
+#[test]
+fn l1_tiny_gpt_oss_mxfp4() {
+    assert_bit_exact("tiny-gpt-oss-mxfp4");
+}
+
+/// Planted defects on gpt_oss: the attention sinks dropped (every case's prefill logits
+/// already differ), and the sliding window ignored (a window past every sequence: a case
+/// differs once its sequence outgrows the real window of 8).
+#[test]
+fn planted_gpt_oss_defects_fail_l1() {
+    {
+        let _on = engine::plant::on(engine::plant::Defect::GptOssSinksDropped).unwrap();
+        let report = l1("tiny-gpt-oss", None);
+        assert!(!report.passed());
+        assert!(report
+            .cases
+            .iter()
+            .all(|c| c.first_inexact_logits() == Some(0)));
+        println!(
+            "planted sinks dropped caught: {}",
+            report.details().join(" | ")
+        );
+    }
+    let report = l1("tiny-gpt-oss", Some("sliding_window=4096"));
+    assert!(!report.passed());
+    let firsts: Vec<_> = report
+        .cases
+        .iter()
+        .map(|c| c.first_inexact_logits())
+        .collect();
+    assert!(firsts.iter().all(Option::is_some), "{firsts:?}");
+    println!("planted sliding window ignored caught: first inexact logits {firsts:?}");
+}

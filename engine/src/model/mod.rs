@@ -2,9 +2,9 @@
 
 pub mod gemma;
 pub mod gemma4;
+pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
-pub mod lora_switch;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_decoder;
@@ -44,12 +44,6 @@ pub trait LanguageModel {
     /// (e.g. `model.layers.0.self_attn.q_proj`), in layer order — where LoRA attaches.
     /// Empty for families that do not list theirs yet (they cannot be fine-tuned).
     fn linears(&self) -> Vec<(String, &layers::Linear)> {
-        Vec::new()
-    }
-    /// Every stack of experts of the blocks (`SwitchLinear`, e.g.
-    /// `model.layers.0.mlp.switch_mlp.gate_proj`), in layer order — where LoRA attaches a
-    /// `LoRASwitchLinear`. Empty for dense families.
-    fn switch_linears(&self) -> Vec<(String, &moe::SwitchLinear)> {
         Vec::new()
     }
     /// The model as embed → blocks → head, for segmented training; None for families that
@@ -98,6 +92,7 @@ pub const SUPPORTED: &[&str] = &[
     "qwen3_moe",
     "mixtral",
     "qwen2_moe",
+    "gpt_oss",
 ];
 
 /// Builds the model for a parsed config and its weights.
@@ -115,6 +110,7 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
         "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
         "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
         "qwen2_moe" => Ok(Box::new(qwen2_moe::load(config, weights)?)),
+        "gpt_oss" => Ok(Box::new(gpt_oss::GptOss::load(config, weights)?)),
         other => Err(LoadError::Unsupported(format!(
             "model_type `{other}` is not supported yet (supported: {})",
             SUPPORTED.join(", ")

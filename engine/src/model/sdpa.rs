@@ -52,6 +52,28 @@ pub fn attend(q: &Array, kv: &Kv, scale: f32, mask: &Mask) -> R<Array> {
     }
 }
 
+/// mlx-lm's `scaled_dot_product_attention(..., sinks=)` (gpt-oss): dense K/V through the
+/// fused SDPA with one learned sink logit per head (`sinks` [heads]: a column that joins
+/// each row's softmax and takes its share of the mass, with no value); None is [`attend`]'s
+/// dense path. Quantized K/V are refused as mlx-lm refuses them.
+pub fn attend_with_sinks(
+    q: &Array,
+    kv: &Kv,
+    scale: f32,
+    mask: &Mask,
+    sinks: Option<&Array>,
+) -> R<Array> {
+    match kv {
+        Kv::Dense(k, v) => {
+            fast::scaled_dot_product_attention(q, k, v, scale, mask.as_sdpa(), sinks)
+        }
+        Kv::Quantized { .. } if sinks.is_some() => Err(Exception::custom(
+            "Quantized SDPA does not support attention sinks.",
+        )),
+        Kv::Quantized { .. } => attend(q, kv, scale, mask),
+    }
+}
+
 /// L3 (ours, no oracle): a one-token decode step over quantized K/V that dequantizes the
 /// cache and runs MLX's dense SDPA kernel. On the CPU backend `quantized_matmul` with one
 /// query row is slow: at 2048 cached positions (4-bit, head dim 64, 4 q / 2 kv heads) one

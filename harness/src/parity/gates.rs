@@ -186,6 +186,8 @@ pub static L1: Gate = Gate {
         "tiny-llama-mxfp8",
         "tiny-llama-mixed-modes",
         "tiny-qwen3-moe-mxfp4",
+        "tiny-gpt-oss",
+        "tiny-gpt-oss-mxfp4",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
@@ -330,17 +332,7 @@ pub static TRAIN: Gate = Gate {
     name: "train",
     group: "train",
     generator: Some(("gen_train.py", &["{model}"])),
-    models: &[
-        "tiny-llama-trained",
-        "tiny-gemma3",
-        "tiny-gemma4",
-        "tiny-phi3",
-        "tiny-gemma3-mm",
-        "tiny-gemma4-mm",
-        "tiny-qwen3-moe",
-        "tiny-mixtral",
-        "tiny-qwen2-moe",
-    ],
+    models: &["tiny-llama-trained", "tiny-gemma3", "tiny-gemma4"],
     plants: &["weight-decay"],
     run: |g, t, p| {
         let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));

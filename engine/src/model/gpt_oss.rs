@@ -1,0 +1,428 @@
+//! `gpt_oss` (OpenAI's gpt-oss) as mlx-lm 0.32.2 implements it:
+//!
+//!   h = embed(ids)
+//!   for each layer:  h = h + attn(rms_norm(h));  h = h + experts(rms_norm(h))
+//!   logits = lm_head(rms_norm(h))
+//!
+//! - attention: q/k/v/o with biases, RoPE from `initialize_rope` (yarn in the released
+//!   configs), scale 1/√head_dim, and a learned per-head attention sink passed to the fused
+//!   SDPA (`sinks`: an extra logit per head in the softmax's denominator);
+//! - `layer_types` alternate `sliding_attention` (a rotating cache of `sliding_window`, the
+//!   windowed mask) and `full_attention` (a standard cache, the causal mask); the two masks
+//!   are made once per forward from the first cache of each kind;
+//! - experts: the router (a biased linear) scores every expert, the top k logits by
+//!   `argpartition(g, -k)[..., -k:]`, then a softmax over those k (precise); the experts are
+//!   mlx-lm's `SwitchGLU` with biases (`moe.rs`) and gpt-oss's clamped SwiGLU, compiled
+//!   shapeless as mlx-lm compiles it:
+//!
+//!   swiglu_oai(gate, up) = (clip(up, −7, 7) + 1) · (g · σ(1.702 g)),  g = min(gate, 7)
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, clip, minimum, sigmoid, softmax_axis, unflatten,
+};
+use mlx_rs::Array;
+use serde::Deserialize;
+
+use super::layers::{
+    compiled_shapeless, layer_cache, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
+};
+use super::moe::{SwitchGlu, SwitchLinear, SORT_THRESHOLD};
+use super::moe_decoder::check_top_k;
+use super::{rope, sdpa, LanguageModel};
+use crate::cache::{Cache, Mask};
+use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+use crate::plant::{self, Defect};
+
+type R<T> = Result<T, Exception>;
+
+/// mlx-lm's `gpt_oss.ModelArgs`, its defaults (gpt-oss-120b's) included.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default)]
+pub struct GptOssArgs {
+    pub num_hidden_layers: i32,
+    pub num_local_experts: i32,
+    pub num_experts_per_tok: i32,
+    pub vocab_size: i32,
+    pub rms_norm_eps: f32,
+    pub hidden_size: i32,
+    pub intermediate_size: i32,
+    pub head_dim: i32,
+    pub num_attention_heads: i32,
+    pub num_key_value_heads: i32,
+    pub sliding_window: i32,
+    /// None: from rope_parameters (transformers 5), else mlx-lm's 150000.
+    pub rope_theta: Option<f32>,
+    pub rope_scaling: Option<RopeScaling>,
+    /// transformers 5 (mlx-lm 0.32.2 ignores it; we read it as transformers does).
+    pub rope_parameters: Option<RopeParameters>,
+    pub layer_types: Option<Vec<String>>,
+    /// Not read by mlx-lm, which hard-codes 7.0; any other value is refused.
+    pub swiglu_limit: Option<f64>,
+}
+
+impl Default for GptOssArgs {
+    fn default() -> Self {
+        GptOssArgs {
+            num_hidden_layers: 36,
+            num_local_experts: 128,
+            num_experts_per_tok: 4,
+            vocab_size: 201_088,
+            rms_norm_eps: 1e-5,
+            hidden_size: 2880,
+            intermediate_size: 2880,
+            head_dim: 64,
+            num_attention_heads: 64,
+            num_key_value_heads: 8,
+            sliding_window: 128,
+            rope_theta: None,
+            rope_scaling: None,
+            rope_parameters: None,
+            layer_types: None,
+            swiglu_limit: None,
+        }
+    }
+}
+
+/// gpt-oss's SwiGLU constants (mlx-lm's `SwigluOAI` defaults, never read from the config).
+const SWIGLU_ALPHA: f32 = 1.702;
+const SWIGLU_LIMIT: f32 = 7.0;
+
+impl GptOssArgs {
+    /// Whether each layer attends within the window, from `layer_types` (mlx-lm's default:
+    /// sliding, full, repeated). Both kinds must be present (mlx-lm looks up the first of
+    /// each) and one type per layer (mlx-lm would silently drop the layers past the list).
+    fn sliding_layers(&self) -> Result<Vec<bool>, LoadError> {
+        let types = self.layer_types.clone().unwrap_or_else(|| {
+            ["sliding_attention", "full_attention"]
+                .repeat((self.num_hidden_layers / 2) as usize)
+                .into_iter()
+                .map(String::from)
+                .collect()
+        });
+        if types.len() != self.num_hidden_layers as usize {
+            return Err(LoadError::Unsupported(format!(
+                "gpt_oss: layer_types lists {} layers, num_hidden_layers is {}",
+                types.len(),
+                self.num_hidden_layers
+            )));
+        }
+        let sliding = types
+            .iter()
+            .map(|t| match t.as_str() {
+                "sliding_attention" => Ok(true),
+                "full_attention" => Ok(false),
+                other => Err(LoadError::Unsupported(format!(
+                    "gpt_oss: layer type `{other}` (supported: sliding_attention, full_attention)"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        if !sliding.contains(&true) || !sliding.contains(&false) {
+            return Err(LoadError::Unsupported(
+                "gpt_oss needs both a sliding_attention and a full_attention layer (mlx-lm \
+                 looks up the first of each)"
+                    .into(),
+            ));
+        }
+        Ok(sliding)
+    }
+
+    fn rope(&self) -> Result<Rope, LoadError> {
+        let (theta, scaling) = rope::settings(
+            self.rope_theta,
+            self.rope_scaling.as_ref(),
+            self.rope_parameters.as_ref(),
+            "full_attention",
+            150_000.0,
+        );
+        Rope::new(self.head_dim, theta, false, scaling.as_ref())
+    }
+
+    fn check(&self) -> Result<(), LoadError> {
+        check_top_k(
+            "gpt_oss",
+            self.num_experts_per_tok,
+            self.num_local_experts,
+            "num_local_experts",
+        )?;
+        if let Some(limit) = self.swiglu_limit.filter(|l| *l != SWIGLU_LIMIT as f64) {
+            return Err(LoadError::Unsupported(format!(
+                "gpt_oss with swiglu_limit {limit}: mlx-lm's gpt_oss clamps at 7.0 whatever \
+                 the config says, so another limit is refused rather than run differently"
+            )));
+        }
+        if self.sliding_window <= 0 {
+            return Err(LoadError::Unsupported(format!(
+                "gpt_oss: sliding_window must be positive, got {}",
+                self.sliding_window
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// mlx-lm's compiled `swiglu_oai(gate, x)`; its Python scalars are weak (x's dtype).
+fn swiglu_oai_graph(args: &[Array]) -> R<Vec<Array>> {
+    let (gate, x) = (&args[0], &args[1]);
+    let c = |v: f32| Array::from_f32(v).as_dtype(x.dtype());
+    let gate = minimum(gate, c(SWIGLU_LIMIT)?)?;
+    let x = clip(x, (&c(-SWIGLU_LIMIT)?, &c(SWIGLU_LIMIT)?))?;
+    let glu = gate.multiply(sigmoid(&c(SWIGLU_ALPHA)?.multiply(&gate)?)?)?;
+    Ok(vec![x.add(c(1.0)?)?.multiply(&glu)?])
+}
+
+thread_local! {
+    static SWIGLU_OAI: std::cell::RefCell<CompiledFn> =
+        std::cell::RefCell::new(compiled_shapeless(swiglu_oai_graph));
+}
+
+/// gpt-oss's clamped SwiGLU, one compiled graph.
+pub fn swiglu_oai(gate: &Array, x: &Array) -> R<Array> {
+    SWIGLU_OAI.with_borrow_mut(|f| Ok(f(&[gate.clone(), x.clone()])?.remove(0)))
+}
+
+/// `AttentionBlock`: biased projections, RoPE, SDPA with the per-head sinks.
+struct SinkAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    sinks: Array,
+    head_dim: i32,
+    scale: f32,
+    rope: Rope,
+}
+
+impl SinkAttention {
+    fn load(w: &mut Weights, p: &str, a: &GptOssArgs) -> Result<Self, LoadError> {
+        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+            Linear::load(w, &format!("{p}.self_attn.{name}"), true, in_dims)
+        };
+        Ok(SinkAttention {
+            q_proj: proj(w, "q_proj", a.hidden_size)?,
+            k_proj: proj(w, "k_proj", a.hidden_size)?,
+            v_proj: proj(w, "v_proj", a.hidden_size)?,
+            o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
+            sinks: w.take(&format!("{p}.self_attn.sinks"))?,
+            head_dim: a.head_dim,
+            // `1 / math.sqrt(head_dim)` in Python floats.
+            scale: (1.0 / (a.head_dim as f64).sqrt()) as f32,
+            rope: a.rope()?,
+        })
+    }
+
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |t: Array| t.reshape(&[b, l, -1, self.head_dim])?.swap_axes(1, 2);
+        let q = heads(self.q_proj.forward(x)?)?;
+        let k = heads(self.k_proj.forward(x)?)?;
+        let v = heads(self.v_proj.forward(x)?)?;
+        let offset = cache.rope_offset();
+        let q = self.rope.forward(&q, &offset)?;
+        let k = self.rope.forward(&k, &offset)?;
+        let kv = cache.update_and_fetch(k, v)?;
+        let sinks = (!plant::is(Defect::GptOssSinksDropped)).then_some(&self.sinks);
+        let out = sdpa::attend_with_sinks(&q, &kv, self.scale, mask, sinks)?;
+        self.o_proj
+            .forward(&out.swap_axes(1, 2)?.reshape(&[b, l, -1])?)
+    }
+}
+
+/// `MLPBlock`: the router's top k logits, softmaxed, weigh the k experts' outputs.
+struct Experts {
+    router: Linear,
+    experts: SwitchGlu,
+    top_k: i32,
+}
+
+impl Experts {
+    fn load(w: &mut Weights, p: &str, a: &GptOssArgs) -> Result<Self, LoadError> {
+        let mlp = format!("{p}.mlp");
+        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+            SwitchLinear::load(w, &format!("{mlp}.experts.{name}"), true, in_dims)
+        };
+        let up_proj = proj(w, "up_proj", a.hidden_size)?;
+        let down_proj = proj(w, "down_proj", a.intermediate_size)?;
+        let gate_proj = proj(w, "gate_proj", a.hidden_size)?;
+        Ok(Experts {
+            router: Linear::load(w, &format!("{mlp}.router"), true, a.hidden_size)?,
+            experts: SwitchGlu {
+                gate_proj,
+                up_proj,
+                down_proj,
+            },
+            top_k: a.num_experts_per_tok,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> R<Array> {
+        let g = self.router.forward(x)?;
+        let (k, n) = (self.top_k, *g.shape().last().unwrap_or(&0));
+        // The planted top-k defect of the MoE families applies here too.
+        let off = plant::is(Defect::MoeTopKOffByOne) as i32;
+        let part = argpartition_axis(&g, -k, -1)?;
+        let inds = part.index((Ellipsis, (n - k - off)..(n - off)));
+        let weights = softmax_axis(g.take_along_axis(&inds, -1)?, -1, true)?;
+        let y = switch_glu_oai(&self.experts, x, &inds)?;
+        y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)
+    }
+}
+
+/// mlx-lm's `SwitchGLU.__call__` with `SwigluOAI`: x [B, L, D], indices [B, L, k] →
+/// [B, L, k, D], the (token, slot) rows sorted by expert from `SORT_THRESHOLD` routing
+/// entries on (`_gather_sort` / `_scatter_unsort`). moe.rs's `SwitchGlu::forward` computes
+/// the same with swiglu; this one goes once that takes the activation.
+fn switch_glu_oai(glu: &SwitchGlu, x: &Array, indices: &Array) -> R<Array> {
+    let x = x.expand_dims_axes(&[-2, -3])?;
+    let do_sort = indices.size() >= SORT_THRESHOLD;
+    let (x, idx, inv_order) = if do_sort {
+        let m = *indices.shape().last().unwrap_or(&1);
+        let flat = indices.flatten(None, None)?;
+        let order = argsort_axis(&flat, -1)?;
+        let inv = argsort_axis(&order, -1)?;
+        let rows = order.floor_divide(Array::from_int(m).as_dtype(order.dtype())?)?;
+        let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
+        (x, flat.take_axis(&order, 0)?, Some(inv))
+    } else {
+        (x, indices.clone(), None)
+    };
+    let up = glu.up_proj.forward(&x, &idx, do_sort)?;
+    let gate = glu.gate_proj.forward(&x, &idx, do_sort)?;
+    let x = glu
+        .down_proj
+        .forward(&swiglu_oai(&gate, &up)?, &idx, do_sort)?;
+    let x = match inv_order {
+        Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
+        None => x,
+    };
+    x.squeeze_axes(&[-2])
+}
+
+struct Block {
+    attn: SinkAttention,
+    mlp: Experts,
+    input_norm: RmsNorm,
+    post_attn_norm: RmsNorm,
+    sliding: bool,
+}
+
+impl Block {
+    fn forward(&self, h: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let r = self
+            .attn
+            .forward(&self.input_norm.forward(h)?, mask, cache)?;
+        let h = h.add(&r)?;
+        let r = self.mlp.forward(&self.post_attn_norm.forward(&h)?)?;
+        h.add(&r)
+    }
+}
+
+pub struct GptOss {
+    embed: Embedding,
+    blocks: Vec<Block>,
+    head: OutputHead,
+    window: i32,
+    /// The first sliding and the first full layer: their caches make the two masks.
+    first_sliding: usize,
+    first_full: usize,
+}
+
+/// A Hugging Face gpt-oss checkpoint (fused, interleaved `gate_up_proj` experts, mxfp4
+/// `_blocks` / `_scales`) is refused: mlx-lm's `sanitize` converts it at load, we read the
+/// converted layout. Its first tensor of that layout, if any.
+fn hf_layout(w: &Weights) -> Option<String> {
+    let names = w.remaining();
+    if names.iter().any(|n| n.contains("gate_proj.weight")) {
+        return None; // mlx-lm: "already sanitized"
+    }
+    names
+        .into_iter()
+        .find(|n| n.contains("gate_up_proj") || n.ends_with("_blocks"))
+}
+
+impl GptOss {
+    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
+        let a: GptOssArgs = config.parse()?;
+        a.check()?;
+        if let Some(name) = hf_layout(&w) {
+            return Err(LoadError::Unsupported(format!(
+                "gpt_oss: `{name}` is Hugging Face's layout (fused, interleaved gate_up_proj \
+                 experts, mxfp4 as _blocks/_scales), which mlx-lm's sanitize rewrites at load; \
+                 the engine reads the converted layout. Convert it once with `mlx_lm.convert \
+                 --hf-path <dir or repo> --mlx-path <out>` (`engine convert` does not handle \
+                 gpt_oss yet), or use an MLX conversion such as mlx-community's gpt-oss models"
+            )));
+        }
+        let sliding = a.sliding_layers()?;
+        w.set_quantization(config.quantization.clone());
+        let mut blocks = Vec::new();
+        for (i, &sliding) in sliding.iter().enumerate() {
+            let p = format!("model.layers.{i}");
+            let norm =
+                |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), a.rms_norm_eps);
+            blocks.push(Block {
+                attn: SinkAttention::load(&mut w, &p, &a)?,
+                mlp: Experts::load(&mut w, &p, &a)?,
+                input_norm: norm(&mut w, "input_layernorm")?,
+                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
+                sliding,
+            });
+        }
+        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
+        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
+        // mlx-lm's gpt_oss always has its own lm_head (never tied).
+        let head = OutputHead::load(&mut w, norm, false, a.hidden_size, None)?;
+        w.ensure_consumed("gpt_oss", |_| false)?;
+        let first = |kind: bool| sliding.iter().position(|&s| s == kind).unwrap_or(0);
+        Ok(GptOss {
+            embed,
+            blocks,
+            head,
+            window: a.sliding_window,
+            first_sliding: first(true),
+            first_full: first(false),
+        })
+    }
+}
+
+impl LanguageModel for GptOss {
+    fn model_type(&self) -> &str {
+        "gpt_oss"
+    }
+
+    fn activation_dtype(&self) -> mlx_rs::Dtype {
+        self.embed.output_dtype()
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.head.width(&self.embed)
+    }
+
+    /// mlx-lm's `make_cache`: a rotating cache of the window per sliding layer, a standard
+    /// one per full layer.
+    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+        self.blocks
+            .iter()
+            .map(|b| layer_cache(!b.sliding, self.window))
+            .collect()
+    }
+
+    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        let mut h = self.embed.forward(ids)?;
+        let n = ids.shape()[1];
+        let full_mask = caches[self.first_full].make_mask(n, None)?;
+        let sliding_mask = caches[self.first_sliding].make_mask(n, Some(self.window))?;
+        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+            let mask = if block.sliding {
+                &sliding_mask
+            } else {
+                &full_mask
+            };
+            h = block.forward(&h, mask, cache.as_mut())?;
+        }
+        self.head.forward(&self.embed, &h)
+    }
+}
