@@ -99,6 +99,9 @@ pub enum Defect {
     /// gate on tiny-llama-mixed-modes and tiny-qwen3-moe-mxfp4, which then fail to load
     /// (`tests/l1_models.rs`).
     QuantEntryTakesGlobalMode,
+    /// LoRA on stacked experts (`LoRASwitchLinear`): the update is scaled twice. Caught by
+    /// the LoRA training gate on the MoE fixtures (`tests/train_lora.rs`).
+    SwitchLoraScaleTwice,
     /// gpt-oss: the attention sinks never reach the SDPA (every head's softmax loses its
     /// sink column). Caught by the L1 gate on tiny-gpt-oss (`tests/l1_models.rs`).
     GptOssSinksDropped,

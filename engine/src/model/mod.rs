@@ -5,6 +5,7 @@ pub mod gemma4;
 pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
+pub mod lora_switch;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_decoder;
@@ -44,6 +45,12 @@ pub trait LanguageModel {
     /// (e.g. `model.layers.0.self_attn.q_proj`), in layer order — where LoRA attaches.
     /// Empty for families that do not list theirs yet (they cannot be fine-tuned).
     fn linears(&self) -> Vec<(String, &layers::Linear)> {
+        Vec::new()
+    }
+    /// Every stack of experts of the blocks (`SwitchLinear`, e.g.
+    /// `model.layers.0.mlp.switch_mlp.gate_proj`), in layer order — where LoRA attaches a
+    /// `LoRASwitchLinear`. Empty for dense families.
+    fn switch_linears(&self) -> Vec<(String, &moe::SwitchLinear)> {
         Vec::new()
     }
     /// The model as embed → blocks → head, for segmented training; None for families that

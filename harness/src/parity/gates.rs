@@ -332,7 +332,17 @@ pub static TRAIN: Gate = Gate {
     name: "train",
     group: "train",
     generator: Some(("gen_train.py", &["{model}"])),
-    models: &["tiny-llama-trained", "tiny-gemma3", "tiny-gemma4"],
+    models: &[
+        "tiny-llama-trained",
+        "tiny-gemma3",
+        "tiny-gemma4",
+        "tiny-phi3",
+        "tiny-gemma3-mm",
+        "tiny-gemma4-mm",
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+    ],
     plants: &["weight-decay"],
     run: |g, t, p| {
         let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
