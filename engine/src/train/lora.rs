@@ -114,11 +114,7 @@ fn select<'m>(
         )
         .collect();
     if all.is_empty() {
-        return Err(TrainError::Unsupported(format!(
-            "LoRA is not available for model_type `{}` yet ({} are)",
-            model.model_type(),
-            LORA_FAMILIES.join(", ")
-        )));
+        return Err(TrainError::Unsupported(refusal(model.model_type())));
     }
     // Stable: blocks in order, each block's linears before its experts.
     all.sort_by_key(|(n, _)| layer_index(n));
@@ -143,6 +139,16 @@ fn select<'m>(
         )));
     }
     Ok(chosen)
+}
+
+/// Why a model that lists no adaptable layers cannot be fine-tuned.
+fn refusal(model_type: &str) -> String {
+    format!(
+        "LoRA is not available for this `{model_type}` model yet: it lists no layers LoRA \
+         attaches to (LoRA is available for {}; not yet for Gemma 4's mixture-of-experts \
+         block)",
+        LORA_FAMILIES.join(", ")
+    )
 }
 
 /// The families whose layers LoRA attaches to (each gated against mlx-lm's trainer).
@@ -329,7 +335,52 @@ impl<'m> Adapters<'m> {
 
 #[cfg(test)]
 mod tests {
-    use super::layer_index;
+    use super::{layer_index, refusal, AdapterConfig, Adapters, LoraParams};
+    use crate::cache::Cache;
+    use mlx_rs::{error::Exception, Array};
+
+    /// A model that lists no adaptable layers.
+    struct Bare;
+
+    impl crate::model::LanguageModel for Bare {
+        fn model_type(&self) -> &str {
+            "gpt_oss"
+        }
+        fn activation_dtype(&self) -> mlx_rs::Dtype {
+            mlx_rs::Dtype::Float32
+        }
+        fn vocab_size(&self) -> usize {
+            1
+        }
+        fn make_caches(&self) -> Vec<Box<dyn Cache>> {
+            Vec::new()
+        }
+        fn forward(&self, ids: &Array, _: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+            Ok(ids.clone())
+        }
+    }
+
+    #[test]
+    fn a_model_without_adaptable_layers_is_refused_by_name() {
+        let config = AdapterConfig {
+            fine_tune_type: "lora".into(),
+            num_layers: 16,
+            lora_parameters: LoraParams {
+                rank: 8,
+                scale: 20.0,
+                dropout: 0.0,
+                keys: None,
+            },
+            extra: Default::default(),
+        };
+        let err = Adapters::attach(&Bare, config, 0)
+            .err()
+            .unwrap()
+            .to_string();
+        assert_eq!(err, refusal("gpt_oss"));
+        assert!(err.starts_with("LoRA is not available for this `gpt_oss` model yet"));
+        assert!(err.contains("phi3, qwen3_moe, mixtral, qwen2_moe"), "{err}");
+    }
 
     #[test]
     fn layer_paths_with_and_without_the_wrapper_prefix() {
