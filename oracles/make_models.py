@@ -567,6 +567,18 @@ ROPE_MODELS = ("tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3", "tiny-llama
 ONLY.update({n: make_rope_model(n) for n in ROPE_MODELS})
 
 
+def make_gemma4_moe_model(name):
+    """The Gemma 4 mixture-of-experts models are made by oracles/make_gemma4_moe.py, which
+    imports this module: loaded when asked for."""
+    def make(tok):
+        import make_gemma4_moe
+        make_gemma4_moe.ONLY[name](tok)
+    return make
+
+
+ONLY.update({n: make_gemma4_moe_model(n) for n in ("tiny-gemma4-moe", "tiny-gemma4-moe-q4")})
+
+
 def make_assistant_variant(name):
     """The assistant drafter's head variants are made by oracles/make_assistants.py from
     tiny-gemma4-assistant: loaded when asked for."""

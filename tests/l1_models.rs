@@ -551,3 +551,60 @@ fn planted_gpt_oss_defects_fail_l1() {
     assert!(firsts.iter().all(Option::is_some), "{firsts:?}");
     println!("planted sliding window ignored caught: first inexact logits {firsts:?}");
 }
+
+/// Gemma 4 with the mixture-of-experts block (the 26B-A4B's layers): beside each dense MLP a
+/// router (norm, scale, top 3 of 8, softmax over those, per-expert scale) and SwitchGLU
+/// experts with the GeGLU activation, each branch with its own norms; K = V on full layers,
+/// sliding window 8. Hugging Face's fused `experts.gate_up_proj` split as mlx-lm's sanitize
+/// splits it; the prompts of 22+ tokens take the sorted-indices path.
+#[test]
+fn l1_tiny_gemma4_moe() {
+    assert_bit_exact("tiny-gemma4-moe");
+}
+
+/// The same model as the `gemma4` wrapper, bf16, affine 4-bit g32 experts through
+/// gather_qmm and the routers' proj 8-bit g64 (gemma4's quant_predicate), as mlx_lm.convert
+/// writes the 26B.
+#[test]
+fn l1_tiny_gemma4_moe_q4_wrapper() {
+    assert_bit_exact("tiny-gemma4-moe-q4");
+}
+
+/// Planted defects on Gemma 4's experts: the router's per-expert scale dropped, and one
+/// expert fewer per token (`top_k_experts=2`), each break the prefill of every case.
+#[test]
+fn planted_gemma4_moe_defects_fail_l1() {
+    {
+        let _on = engine::plant::on(engine::plant::Defect::Gemma4PerExpertScaleDropped).unwrap();
+        for name in ["tiny-gemma4-moe", "tiny-gemma4-moe-q4"] {
+            let report = l1(name, None);
+            assert!(!report.passed());
+            assert!(report
+                .cases
+                .iter()
+                .all(|c| c.first_inexact_logits() == Some(0)));
+            println!(
+                "planted per-expert scale defect caught on {name}: {}",
+                report.summary()
+            );
+        }
+    }
+    let top_k = l1("tiny-gemma4-moe", Some("top_k_experts=2"));
+    assert!(!top_k.passed());
+    assert_eq!(top_k.cases[0].first_inexact_logits(), Some(0));
+    println!("planted top_k_experts=2 caught: {}", top_k.summary());
+}
+
+/// `enable_moe_block` without the expert counts is refused, naming them (mlx-lm has no
+/// defaults for them).
+#[test]
+fn gemma4_moe_without_expert_counts_is_refused() {
+    let dir = harness::goldens::model_dir("tiny-gemma4-moe").unwrap();
+    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
+    config.raw.as_object_mut().unwrap().remove("top_k_experts");
+    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
+        .err()
+        .expect("a MoE config without top_k_experts must be an error");
+    assert!(err.to_string().contains("`top_k_experts`"), "{err}");
+    println!("{err}");
+}

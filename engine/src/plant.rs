@@ -105,6 +105,10 @@ pub enum Defect {
     /// gpt-oss: the attention sinks never reach the SDPA (every head's softmax loses its
     /// sink column). Caught by the L1 gate on tiny-gpt-oss (`tests/l1_models.rs`).
     GptOssSinksDropped,
+    /// Gemma 4's mixture of experts: the router's weights skip `per_expert_scale` (the
+    /// softmax over the top k as it is). Caught by the L1 gate on tiny-gemma4-moe
+    /// (`tests/l1_models.rs`).
+    Gemma4PerExpertScaleDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.

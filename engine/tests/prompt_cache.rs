@@ -57,6 +57,10 @@ fn a_cache_hit_continues_bit_identically_to_a_fresh_prefill() {
 /// from the call's last position (as mlx-lm's DynamicNTKScalingRoPE), so a continuation
 /// from a cache is a different computation from one prefill of the whole prompt — in
 /// mlx-lm too — and the two differ (`dynamic_rope_continuations_depend_on_the_split`).
+/// Gemma 4's mixture of experts on its bf16 q4 fixture: the float32 tiny-gemma4-moe's
+/// continuations differ from one prefill in the last bits in mlx-lm as well (up to 6e-6
+/// after single-token decode steps, as do tiny-gemma3 and tiny-gemma4 cast to float32), so
+/// that fixture cannot show bit-identity.
 #[test]
 fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
     for name in [
@@ -70,6 +74,7 @@ fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
         // gpt-oss on its bf16 fixture: the float32 tiny-gpt-oss continues up to 3e-6 away
         // from one prefill in mlx-lm as well.
         "tiny-gpt-oss-mxfp4",
+        "tiny-gemma4-moe-q4",
     ] {
         assert!(continuation_matches_fresh(name, false), "{name}");
     }

@@ -1,10 +1,12 @@
-//! Gemma 4 text (`gemma4_text`) as mlx-lm 0.32.2 implements it (the dense variants):
+//! Gemma 4 text (`gemma4_text`) as mlx-lm 0.32.2 implements it:
 //!
 //!   h = embed(ids) · √hidden
 //!   per-layer inputs (small Gemma 4s): p = (norm(proj(h) / √hidden) + embed_pl(ids) · √d_pl) / √2,
 //!                                      one d_pl-wide slice per layer
 //!   each layer:  h = h + post_attn_norm(attn(input_norm(h)))
 //!                h = h + post_ffw_norm(mlp(pre_ffw_norm(h)))       mlp = down(gelu_tanh(gate) · up)
+//!                    (with `enable_moe_block`, the 26B: post_ffw_norm(post_ffw_norm_1(mlp(…))
+//!                     + post_ffw_norm_2(experts(pre_ffw_norm_2(h)))), see moe.rs)
 //!                h = h + post_pl_norm(pl_proj(gelu_tanh(pl_gate(h)) · p_layer))
 //!                h = h · layer_scalar
 //!   logits = softcap(head(norm(h)))                                  softcap(x) = c · tanh(x / c)
@@ -16,15 +18,14 @@
 //! position) of the last earlier layer of its kind, and has no cache; their MLPs are
 //! double-wide. Sliding layers keep a rotating cache of `sliding_window`.
 
+mod args;
 pub mod assistant;
-
-use std::collections::HashMap;
+mod moe;
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
-use serde::Deserialize;
 
 use super::layers::{
     block_linears, gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, OutputHead,
@@ -32,129 +33,14 @@ use super::layers::{
 };
 use super::LanguageModel;
 use crate::cache::{Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
-use crate::load::config::{ModelConfig, RopeScaling};
+use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+pub use args::Gemma4Args;
 use assistant::AssistantTarget;
+use moe::MoeBlock;
 
 type R<T> = Result<T, Exception>;
-
-/// mlx-lm's `gemma4_text.ModelArgs`, defaults included.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct Gemma4Args {
-    pub hidden_size: i32,
-    pub num_hidden_layers: i32,
-    pub intermediate_size: i32,
-    pub num_attention_heads: i32,
-    pub head_dim: i32,
-    pub global_head_dim: Option<i32>,
-    pub rms_norm_eps: f32,
-    pub vocab_size: i32,
-    pub vocab_size_per_layer_input: i32,
-    pub num_key_value_heads: i32,
-    pub num_global_key_value_heads: Option<i32>,
-    pub num_kv_shared_layers: i32,
-    pub hidden_size_per_layer_input: Option<i32>,
-    pub rope_traditional: bool,
-    pub rope_parameters: Option<HashMap<String, RopeScaling>>,
-    /// initialize_rope's max_position_embeddings (dynamic, longrope).
-    pub max_position_embeddings: i32,
-    pub sliding_window: i32,
-    pub sliding_window_pattern: i32,
-    pub attention_k_eq_v: bool,
-    pub final_logit_softcapping: Option<f32>,
-    pub use_double_wide_mlp: bool,
-    pub enable_moe_block: bool,
-    pub layer_types: Option<Vec<String>>,
-    pub tie_word_embeddings: bool,
-}
-
-impl Default for Gemma4Args {
-    fn default() -> Self {
-        Gemma4Args {
-            hidden_size: 1536,
-            num_hidden_layers: 35,
-            intermediate_size: 6144,
-            num_attention_heads: 8,
-            head_dim: 256,
-            global_head_dim: Some(512),
-            rms_norm_eps: 1e-6,
-            vocab_size: 262_144,
-            vocab_size_per_layer_input: 262_144,
-            num_key_value_heads: 1,
-            num_global_key_value_heads: None,
-            num_kv_shared_layers: 20,
-            hidden_size_per_layer_input: Some(256),
-            rope_traditional: false,
-            rope_parameters: None,
-            max_position_embeddings: 131_072,
-            sliding_window: 512,
-            sliding_window_pattern: 5,
-            attention_k_eq_v: false,
-            final_logit_softcapping: Some(30.0),
-            use_double_wide_mlp: true,
-            enable_moe_block: false,
-            layer_types: None,
-            tie_word_embeddings: true,
-        }
-    }
-}
-
-impl Gemma4Args {
-    /// Whether each layer attends globally (`layer_types`, else the sliding pattern).
-    fn full_attention(&self) -> Result<Vec<bool>, LoadError> {
-        let n = self.num_hidden_layers as usize;
-        match &self.layer_types {
-            Some(types) => {
-                if types.len() < n {
-                    return Err(LoadError::Unsupported(format!(
-                        "layer_types names {} layers, num_hidden_layers is {n}",
-                        types.len()
-                    )));
-                }
-                types[..n]
-                    .iter()
-                    .map(|t| match t.as_str() {
-                        "full_attention" => Ok(true),
-                        "sliding_attention" => Ok(false),
-                        other => Err(LoadError::Unsupported(format!(
-                            "layer type `{other}` (supported: full_attention, sliding_attention)"
-                        ))),
-                    })
-                    .collect()
-            }
-            None => {
-                let p = self.sliding_window_pattern.max(1) as usize;
-                Ok((0..n).map(|i| i % p == p - 1).collect())
-            }
-        }
-    }
-
-    /// The RoPE parameters of one layer kind (mlx-lm's defaults when the config has none).
-    fn rope_for(&self, full: bool) -> RopeScaling {
-        let key = if full {
-            "full_attention"
-        } else {
-            "sliding_attention"
-        };
-        match &self.rope_parameters {
-            Some(params) => params.get(key).cloned().unwrap_or_default(),
-            None if full => RopeScaling {
-                rope_type: Some("proportional".into()),
-                rope_theta: Some(1_000_000.0),
-                partial_rotary_factor: Some(0.25),
-                ..Default::default()
-            },
-            None => RopeScaling {
-                rope_type: Some("default".into()),
-                rope_theta: Some(10_000.0),
-                partial_rotary_factor: Some(1.0),
-                ..Default::default()
-            },
-        }
-    }
-}
 
 /// K/V of one layer as later layers may borrow them: the cache's full contents after this
 /// step, and the RoPE position the step used.
@@ -260,6 +146,8 @@ struct Block {
     attn: Attention,
     /// `down(geglu(gate, up))`, double-wide on the KV-sharing layers.
     mlp: Mlp,
+    /// The experts beside the MLP (`enable_moe_block`).
+    moe: Option<MoeBlock>,
     input_norm: RmsNorm,
     post_attn_norm: RmsNorm,
     pre_ffw_norm: RmsNorm,
@@ -319,13 +207,6 @@ fn sanitized_away(name: &str, first_shared: i32) -> bool {
 impl Gemma4 {
     pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
         let a: Gemma4Args = config.parse()?;
-        if a.enable_moe_block {
-            return Err(LoadError::Unsupported(
-                "gemma4_text with `enable_moe_block` (the mixture-of-experts Gemma 4) is not \
-                 supported yet; the dense Gemma 4 text models are"
-                    .into(),
-            ));
-        }
         w.set_quantization(config.quantization.clone());
         let full = a.full_attention()?;
         let n = a.num_hidden_layers;
@@ -401,6 +282,10 @@ impl Block {
             .forward(&self.input_norm.forward(h)?, mask, cache, shared)?;
         let h = h.add(&self.post_attn_norm.forward(&r)?)?;
         let r = self.mlp.forward(&self.pre_ffw_norm.forward(&h)?)?;
+        let r = match &self.moe {
+            Some(moe) => moe.forward(&h, &r)?,
+            None => r,
+        };
         let mut h = h.add(&self.post_ffw_norm.forward(&r)?)?;
         if let (Some(g), Some(input)) = (&self.per_layer, per_layer_input) {
             let gate = gelu_approx(&g.gate.forward(&h)?)?.multiply(input)?;
@@ -425,8 +310,12 @@ impl LanguageModel for Gemma4 {
     }
 
     /// mlx-lm's module names; KV-shared layers have no k/v projections, K = V layers no
-    /// v_proj, and the small models add the per-layer input gate and projection.
+    /// v_proj, and the small models add the per-layer input gate and projection. None with
+    /// the experts: LoRA is not available on the mixture-of-experts Gemma 4.
     fn linears(&self) -> Vec<(String, &Linear)> {
+        if self.args.enable_moe_block {
+            return Vec::new();
+        }
         block_linears(&self.blocks, |b| {
             let a = &b.attn;
             let mut named = vec![("self_attn.q_proj", &a.q_proj)];
@@ -605,6 +494,11 @@ fn load_block(
             inter,
             Glu::Geglu,
         )?,
+        moe: if a.enable_moe_block {
+            Some(MoeBlock::load(w, &p, a)?)
+        } else {
+            None
+        },
         input_norm: norm(w, "input_layernorm")?,
         post_attn_norm: norm(w, "post_attention_layernorm")?,
         pre_ffw_norm: norm(w, "pre_feedforward_layernorm")?,

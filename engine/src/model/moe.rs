@@ -148,6 +148,17 @@ impl SwitchGlu {
 
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> R<Array> {
+        self.forward_with(x, indices, swiglu)
+    }
+
+    /// As [`Self::forward`] with another activation `act(gate, up)` in place of swiglu
+    /// (Gemma 4's experts: `geglu`).
+    pub fn forward_with(
+        &self,
+        x: &Array,
+        indices: &Array,
+        act: impl Fn(&Array, &Array) -> R<Array>,
+    ) -> R<Array> {
         let x = x.expand_dims_axes(&[-2, -3])?;
         // mlx-lm's SwitchGLU stops the indices' gradient (they are integers).
         let indices = &mlx_rs::stop_gradient(indices)?;
@@ -162,7 +173,7 @@ impl SwitchGlu {
         let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
         let x = self
             .down_proj
-            .forward(&swiglu(&gate, &up)?, &idx, do_sort)?;
+            .forward(&act(&gate, &up)?, &idx, do_sort)?;
         let x = match inv_order {
             Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
             None => x,
@@ -205,6 +216,33 @@ fn stacked_experts(
         quantized: None,
         lora: Default::default(),
     }))
+}
+
+/// A dense, bias-free stack of experts [experts, out, in] that a family's sanitize made from
+/// the checkpoint's `name` (Gemma 4 splits its fused `experts.gate_up_proj`), refused on the
+/// CPU unless float32 as [`SwitchLinear::load`] refuses it.
+pub fn dense_experts(name: &str, weight: Array) -> Result<SwitchLinear, LoadError> {
+    if weight.ndim() != 3 {
+        return Err(LoadError::Weights(format!(
+            "`{name}` has shape {:?}; stacked experts are [num_experts, out, in]",
+            weight.shape()
+        )));
+    }
+    if weight.dtype() != mlx_rs::Dtype::Float32
+        && crate::runtime::default_device().starts_with("cpu")
+    {
+        return Err(LoadError::Unsupported(format!(
+            "`{name}` is {:?}: MLX's CPU gather_mm (dense experts) runs float32 only, in \
+             mlx-lm as here; on the CPU use float32 or quantized experts",
+            weight.dtype()
+        )));
+    }
+    Ok(SwitchLinear {
+        weight,
+        bias: None,
+        quantized: None,
+        lora: Default::default(),
+    })
 }
 
 /// How a router picks each token's k experts and weighs them.

@@ -181,6 +181,8 @@ pub static L1: Gate = Gate {
         "tiny-qwen3-moe-q4",
         "tiny-mixtral",
         "tiny-qwen2-moe",
+        "tiny-gemma4-moe",
+        "tiny-gemma4-moe-q4",
         "tiny-llama-mxfp4",
         "tiny-llama-nvfp4",
         "tiny-llama-mxfp8",
