@@ -13,8 +13,8 @@ use mlx_rs::Array;
 
 use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm, Rope};
 use super::moe::{SparseMoe, SwitchLinear};
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache};
+use super::{LanguageModel, Layered};
+use crate::cache::{Cache, KvCache, Mask};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -272,15 +272,60 @@ impl LanguageModel for MoeDecoder {
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
+        let h = self.embed.forward(ids)?;
         let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
+        let h = self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))?;
+        self.head.forward(&self.embed, &h)
+    }
+
+    fn as_layered(&self) -> Option<&dyn Layered> {
+        Some(self)
+    }
+}
+
+impl MoeDecoder {
+    /// The pre-norm residual blocks over `h`, each with its cache.
+    fn blocks_with<'c>(
+        &self,
+        mut h: Array,
+        mask: &Mask,
+        blocks: impl Iterator<Item = (&'c Block, &'c mut Box<dyn Cache>)>,
+    ) -> Result<Array, Exception>
+    where
+        Self: 'c,
+    {
+        for (block, cache) in blocks {
             let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, &mask, cache.as_mut())?;
+            let r = block.attn.forward(&x, mask, cache.as_mut())?;
             let hh = h.add(&r)?;
             let r = block.ffn.forward(&block.post_attn_norm.forward(&hh)?)?;
             h = hh.add(&r)?;
         }
-        self.head.forward(&self.embed, &h)
+        Ok(h)
+    }
+}
+
+/// Segmented training: the blocks a few at a time, without caches.
+impl Layered for MoeDecoder {
+    fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    fn embed_ids(&self, ids: &Array) -> Result<Array, Exception> {
+        self.embed.forward(ids)
+    }
+
+    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> Result<Array, Exception> {
+        let mut caches: Vec<Box<dyn Cache>> = range
+            .clone()
+            .map(|_| Box::new(crate::cache::none::PassThrough) as Box<dyn Cache>)
+            .collect();
+        let mask = caches[0].make_mask(h.shape()[1], None)?;
+        let blocks = self.blocks[range].iter().zip(caches.iter_mut());
+        self.blocks_with(h.clone(), &mask, blocks)
+    }
+
+    fn head_logits(&self, h: &Array) -> Result<Array, Exception> {
+        self.head.forward(&self.embed, h)
     }
 }

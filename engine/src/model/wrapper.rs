@@ -208,7 +208,7 @@ impl Spec {
 
 /// The text model behind a wrapper: everything is the text family's, except the name and
 /// the layer paths LoRA reports, which carry the language model's prefix as mlx-lm's
-/// module tree does (`language_model.model.layers.…`). Segmented training is refused.
+/// module tree does (`language_model.model.layers.…`).
 pub struct Wrapped {
     model_type: &'static str,
     inner: Box<dyn LanguageModel>,
@@ -266,8 +266,9 @@ impl LanguageModel for Wrapped {
         inner.map(|(n, l)| (format!("{LM}{n}"), l)).collect()
     }
 
+    /// The text model's (gemma3_text has it; its adapter names carry the prefix here too).
     fn as_layered(&self) -> Option<&dyn Layered> {
-        None
+        self.inner.as_layered()
     }
 
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {

@@ -142,9 +142,10 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading model from {}", args.model.display()))?;
     if args.segment_size.is_some() && model.as_layered().is_none() {
         anyhow::bail!(
-            "--segment-size is not available for model_type `{}` yet (the llama family and \
-             gemma3_text have it); train this model without it",
-            model.model_type()
+            "--segment-size is not available for model_type `{}` yet ({} have it); train \
+             this model without it",
+            model.model_type(),
+            super::segmented::SEGMENTED_FAMILIES
         );
     }
     let tokenizer = Tokenizer::load(&args.model)?;

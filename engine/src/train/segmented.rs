@@ -15,6 +15,10 @@ use mlx_rs::Array;
 use super::lora::Adapters;
 use crate::model::Layered;
 
+/// The families whose models expose their blocks (`LanguageModel::as_layered`).
+pub const SEGMENTED_FAMILIES: &str =
+    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3, qwen3_moe, mixtral, qwen2_moe";
+
 /// The block ranges of `segment_size` blocks each (the last may be shorter).
 pub fn segments(blocks: usize, segment_size: usize) -> Vec<Range<usize>> {
     let size = segment_size.max(1);

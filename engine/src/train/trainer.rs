@@ -184,13 +184,13 @@ pub fn batch_grads(
             layered, adapters, &inputs, size, &mut loss, phases,
         ),
         (Some(_), None) => Err(Exception::custom(format!(
-            "--segment-size is not available for model_type `{}` yet (llama family and gemma3_text)",
-            model.model_type()
+            "--segment-size is not available for model_type `{}` yet ({} have it)",
+            model.model_type(),
+            super::segmented::SEGMENTED_FAMILIES
         ))),
         (None, _) => {
-            let (out, grads) = value_and_grad(adapters, || {
-                loss(&forward_uncached(model, &inputs)?)
-            })?;
+            let (out, grads) =
+                value_and_grad(adapters, || loss(&forward_uncached(model, &inputs)?))?;
             mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
             phases.phase("forward+backward");
             Ok((out, grads))
