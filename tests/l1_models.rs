@@ -608,3 +608,65 @@ fn gemma4_moe_without_expert_counts_is_refused() {
     assert!(err.to_string().contains("`top_k_experts`"), "{err}");
     println!("{err}");
 }
+
+/// What gpt_oss refuses, and how: a Hugging Face checkpoint (fused, interleaved
+/// `gate_up_proj` experts) names mlx_lm.convert; a `swiglu_limit` other than the 7.0 mlx-lm
+/// hard-codes; quantized KV, which mlx-lm's quantized SDPA cannot read with sinks (the
+/// same error as mlx-lm's, where attention meets quantized K/V).
+#[test]
+fn gpt_oss_refusals_name_the_fix() {
+    use engine::cache::{Kv, KvQuant, Mask, QTensor, QuantSdpa};
+    use engine::load::config::ModelConfig;
+    use engine::load::weights::Weights;
+    let dir = harness::goldens::model_dir("tiny-gpt-oss").unwrap();
+    let config = ModelConfig::read(&dir).unwrap();
+    let mut hf = Weights::load(&dir).unwrap();
+    hf.rename(|n| Some(n.replace("experts.gate_proj.weight", "experts.gate_up_proj")));
+    let err = engine::model::build(&config, hf).err().unwrap().to_string();
+    println!("{err}");
+    assert!(
+        err.contains("Hugging Face's layout") && err.contains("mlx_lm.convert"),
+        "{err}"
+    );
+    let mut limited = config.clone();
+    limited.raw["swiglu_limit"] = serde_json::json!(6.0);
+    let err = engine::model::build(&limited, Weights::load(&dir).unwrap())
+        .err()
+        .unwrap()
+        .to_string();
+    println!("{err}");
+    assert!(err.contains("swiglu_limit 6"), "{err}");
+    // Quantized K/V (here packed zeros; the tiny head_dim of 16 is below MLX's smallest
+    // KV group of 32, so no session can quantize this fixture's caches).
+    let zeros = |shape: &[i32]| mlx_rs::ops::zeros::<f32>(shape).unwrap();
+    let t = || QTensor {
+        packed: zeros(&[1, 2, 4, 4]),
+        scales: zeros(&[1, 2, 4, 1]),
+        biases: zeros(&[1, 2, 4, 1]),
+    };
+    let kv = Kv::Quantized {
+        keys: t(),
+        values: t(),
+        quant: KvQuant {
+            bits: 8,
+            group_size: 32,
+            sdpa: QuantSdpa::MlxLm,
+        },
+    };
+    let sinks = zeros(&[4]);
+    let err = engine::model::sdpa::attend_with_sinks(
+        &zeros(&[1, 4, 1, 32]),
+        &kv,
+        1.0,
+        &Mask::None,
+        Some(&sinks),
+    )
+    .expect_err("quantized KV with sinks must fail")
+    .what()
+    .to_owned();
+    println!("{err}");
+    assert!(
+        err.contains("Quantized SDPA does not support attention sinks."),
+        "{err}"
+    );
+}

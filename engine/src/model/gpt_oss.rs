@@ -264,7 +264,8 @@ impl Experts {
         // The planted top-k defect of the MoE families applies here too.
         let off = plant::is(Defect::MoeTopKOffByOne) as i32;
         let part = argpartition_axis(&g, -k, -1)?;
-        let inds = part.index((Ellipsis, (n - k - off)..(n - off)));
+        // mlx-lm's mlx_topk stops the indices' gradient (they are integers).
+        let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
         let weights = softmax_axis(g.take_along_axis(&inds, -1)?, -1, true)?;
         let y = switch_glu_oai(&self.experts, x, &inds)?;
         y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)
@@ -277,6 +278,7 @@ impl Experts {
 /// the same with swiglu; this one goes once that takes the activation.
 fn switch_glu_oai(glu: &SwitchGlu, x: &Array, indices: &Array) -> R<Array> {
     let x = x.expand_dims_axes(&[-2, -3])?;
+    let indices = &mlx_rs::stop_gradient(indices)?;
     let do_sort = indices.size() >= SORT_THRESHOLD;
     let (x, idx, inv_order) = if do_sort {
         let m = *indices.shape().last().unwrap_or(&1);
