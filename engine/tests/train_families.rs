@@ -254,3 +254,25 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         assert!(gap > 0.0, "{name}");
     }
 }
+
+/// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
+/// and Gemma 4 with its mixture-of-experts block list no adaptable layers.
+#[test]
+fn lora_is_refused_where_no_layers_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (model, model_type) in [
+        ("tiny-gemma4-moe", "gemma4_text"),
+        ("tiny-gpt-oss", "gpt_oss"),
+    ] {
+        let out = dir.path().join(model);
+        let refused = train(model, &out, &[]);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{model}");
+        let want = format!(
+            "LoRA is not available for this `{model_type}` model yet: it lists no layers LoRA \
+             attaches to"
+        );
+        assert!(err.contains(&want), "{model}: {err}");
+        assert!(!out.exists(), "a refused run wrote {}", out.display());
+    }
+}
