@@ -494,11 +494,7 @@ fn load_block(
             inter,
             Glu::Geglu,
         )?,
-        moe: if a.enable_moe_block {
-            Some(MoeBlock::load(w, &p, a)?)
-        } else {
-            None
-        },
+        moe: MoeBlock::load(w, &p, a)?,
         input_norm: norm(w, "input_layernorm")?,
         post_attn_norm: norm(w, "post_attention_layernorm")?,
         pre_ffw_norm: norm(w, "pre_feedforward_layernorm")?,

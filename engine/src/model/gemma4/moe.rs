@@ -81,8 +81,12 @@ impl MoeBlock {
         dense.add(&self.post_ffw_norm_2.forward(&y)?)
     }
 
-    /// Layer `p`'s (`model.layers.{i}`) router, experts and MoE norms.
-    pub fn load(w: &mut Weights, p: &str, a: &Gemma4Args) -> Result<Self, LoadError> {
+    /// Layer `p`'s (`model.layers.{i}`) router, experts and MoE norms; None without
+    /// `enable_moe_block`.
+    pub fn load(w: &mut Weights, p: &str, a: &Gemma4Args) -> Result<Option<Self>, LoadError> {
+        if !a.enable_moe_block {
+            return Ok(None);
+        }
         let (experts, top_k, inter) = moe_shape(a)?;
         let eps = a.rms_norm_eps;
         let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
@@ -94,13 +98,13 @@ impl MoeBlock {
             hidden: a.hidden_size,
             eps,
         };
-        Ok(MoeBlock {
+        Ok(Some(MoeBlock {
             router,
             experts: load_experts(w, &format!("{p}.experts"), a.hidden_size, (experts, inter))?,
             post_ffw_norm_1: norm(w, "post_feedforward_layernorm_1")?,
             pre_ffw_norm_2: norm(w, "pre_feedforward_layernorm_2")?,
             post_ffw_norm_2: norm(w, "post_feedforward_layernorm_2")?,
-        })
+        }))
     }
 }
 
