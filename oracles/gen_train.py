@@ -3,8 +3,8 @@ eagerly (the math of `mlx_lm.tuner.trainer.train`, without its `mx.compile` arou
 step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4; the gemma3 / gemma4 wrappers
 (tiny-gemma3-mm, tiny-gemma4-mm: adapter names under `language_model.`); and with mlx-lm's
 default keys (every linear of a block) tiny-phi3 and the MoE families tiny-qwen3-moe,
-tiny-mixtral, tiny-qwen2-moe (`LoRASwitchLinear` on the stacked experts, `LoRALinear` on the
-router gate).
+tiny-mixtral, tiny-qwen2-moe and the 4-bit tiny-qwen3-moe-q4 (`LoRASwitchLinear` on the
+stacked experts, `LoRALinear` on the router gate).
 
     oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
 
@@ -39,6 +39,9 @@ from mlx_lm.tuner.trainer import default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+from make_moe import patch_gather_qmm
+
+patch_gather_qmm()  # mlx-lm's QuantizedSwitchLinear on MLX 0.32.2 (see make_moe.py)
 
 KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
@@ -47,10 +50,10 @@ GEMMA4_EXTRA = ["per_layer_input_gate", "per_layer_projection"]
 EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
 # tiny-qwen3-moe: all 4, so the dense layer (mlp_only_layers [1]) is adapted too.
-NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4}
+NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
-DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"}
+DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

@@ -1,9 +1,9 @@
 //! The LoRA training gate (`gates::TRAIN`, harness::parity::train): adapters, SFT loss,
 //! gradients and AdamW against mlx-lm (oracles/gen_train.py) bit for bit, and mlx-lm's saved
 //! adapters loaded by us, on tiny-llama-trained, tiny-gemma3, tiny-gemma4, tiny-phi3, the
-//! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, mixtral, qwen2_moe). Planted: a
-//! weight decay off by 10 % fails from the second step on, on each; the stacked experts'
-//! LoRA update scaled twice fails the MoE rows.
+//! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
+//! qwen2_moe). Planted: a weight decay off by 10 % fails from the second step on, on each;
+//! the stacked experts' LoRA update scaled twice fails the MoE rows.
 
 use harness::parity::gates::{Plant, Tweak, TRAIN};
 
@@ -58,7 +58,12 @@ fn lora_sft_steps_match_mlx_lm_on_the_gemma4_wrapper() {
 /// on the stacked experts (`LoRASwitchLinear`, one A/B pair per expert, gathered per routing
 /// entry; the 65-token batch takes the sorted path); qwen3_moe's dense layer, qwen2_moe's
 /// shared expert and its gate.
-const MOE: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
+const MOE: [&str; 4] = [
+    "tiny-qwen3-moe",
+    "tiny-mixtral",
+    "tiny-qwen2-moe",
+    "tiny-qwen3-moe-q4",
+];
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_moe() {
@@ -73,6 +78,13 @@ fn lora_sft_steps_match_mlx_lm_on_mixtral() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen2_moe() {
     assert_passes(MOE[2]);
+}
+
+/// Affine 4-bit experts (`QuantizedSwitchLinear` under `LoRASwitchLinear`: gather_qmm, its
+/// gradient with respect to the input) and quantized attention.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_quantized_qwen3_moe() {
+    assert_passes(MOE[3]);
 }
 
 /// Planted: the experts' LoRA update scaled twice. B starts at zero, so step 0's loss

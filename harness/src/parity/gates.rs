@@ -344,6 +344,7 @@ pub static TRAIN: Gate = Gate {
         "tiny-qwen3-moe",
         "tiny-mixtral",
         "tiny-qwen2-moe",
+        "tiny-qwen3-moe-q4",
     ],
     plants: &["weight-decay"],
     run: |g, t, p| {
