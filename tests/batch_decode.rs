@@ -104,6 +104,7 @@ fn models_with_rotating_or_dynamic_rope_caches_are_refused_by_name() {
         "tiny-gemma4-mm",
         "tiny-llama-dynamic",
         "tiny-gpt-oss",
+        "tiny-gemma4-moe",
     ] {
         let why = join_refusal(model);
         println!("{model}: {why}");

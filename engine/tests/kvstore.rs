@@ -270,7 +270,7 @@ fn older_and_malformed_files_are_refused_cleanly() {
 
 /// The families added for real checkpoints (issue 21): mixture of experts and phi3 hold
 /// plain caches, the multimodal wrappers gemma3 / gemma4 their text families' rings and
-/// plain caches, gpt-oss rings and plain caches; each round-trips byte for byte and continues identically.
+/// plain caches, gpt-oss and Gemma 4's MoE rings and plain caches; each round-trips byte for byte and continues identically.
 #[test]
 fn the_newer_families_round_trip_and_continue_identically() {
     let opts = SessionOptions::default();
@@ -283,7 +283,12 @@ fn the_newer_families_round_trip_and_continue_identically() {
         let kinds = fork_compare(model, &opts);
         assert!(kinds.iter().all(|k| k == "Kv"), "{model}: {kinds:?}");
     }
-    for model in ["tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gpt-oss"] {
+    for model in [
+        "tiny-gemma3-mm",
+        "tiny-gemma4-mm",
+        "tiny-gpt-oss",
+        "tiny-gemma4-moe",
+    ] {
         let kinds = fork_compare(model, &opts);
         for want in ["Kv", "Rotating"] {
             assert!(

@@ -316,9 +316,9 @@ fn restart_continuation(name: &str, claim_extra: bool) -> Continuation {
 /// The families added for real checkpoints (issue 21) through the SSD tier: mixture of
 /// experts (qwen3_moe, also with affine experts, mixtral, qwen2_moe), phi3 (longrope),
 /// yarn RoPE, the multimodal wrappers gemma3 / gemma4 with their text families, and
-/// gpt-oss (sinks, mxfp4 experts) on its bf16 fixture (rotating caches: the window of 8 has
+/// gpt-oss (sinks, mxfp4 experts) and Gemma 4's MoE block on their bf16 fixtures (rotating caches: the window of 8 has
 /// wrapped by 40 tokens, so the rings are stored and restored as rings).
-const FAMILIES: [&str; 11] = [
+const FAMILIES: [&str; 12] = [
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen2-moe",
@@ -330,6 +330,7 @@ const FAMILIES: [&str; 11] = [
     "tiny-gemma4-mm",
     "tiny-qwen3-moe-q4",
     "tiny-gpt-oss-mxfp4",
+    "tiny-gemma4-moe-q4",
 ];
 
 #[test]
@@ -459,15 +460,16 @@ fn an_entry_written_by_another_model_is_refused() {
     assert!(lps_wrong != lps_fresh, "the planted wrong identity shows");
 }
 
-/// float32 models with sliding windows (tiny-gpt-oss): a stored prefix continues exactly
+/// float32 models with sliding windows (tiny-gpt-oss, tiny-gemma4-moe): a stored prefix continues exactly
 /// as the same caches continued in memory, but not bit for bit as one prefill of the whole
 /// prompt — in mlx-lm 0.32.2 too. There, once the prefix is longer than the window (8),
 /// the last prefix token fed as a one-token step (as a session prefills) and the same
 /// token inside a prefill chunk give logits ~2e-6 apart (0 up to 8 tokens; 0 on the bf16
-/// gemma3 / gemma4 / gpt-oss-mxfp4 fixtures and the windowless f32 qwen3_moe); from the
+/// gemma3 / gemma4 / gpt-oss-mxfp4 / gemma4-moe-q4 fixtures and the windowless f32 qwen3_moe); from the
 /// 40-token prefix mlx-lm's continuation differs from its fresh prefill by the amounts the
-/// engine's does (max |Δ| log-prob 9.5e-7 at step 0 on tiny-gpt-oss).
-const SPLIT_DEPENDENT: [&str; 1] = ["tiny-gpt-oss"];
+/// engine's does (max |Δ| log-prob at step 0: 9.5e-7 on tiny-gpt-oss, 2.9e-6 on
+/// tiny-gemma4-moe).
+const SPLIT_DEPENDENT: [&str; 2] = ["tiny-gpt-oss", "tiny-gemma4-moe"];
 
 #[test]
 fn split_dependent_models_restore_like_memory() {
