@@ -19,16 +19,14 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
-use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, clip, minimum, sigmoid, softmax_axis, unflatten,
-};
+use mlx_rs::ops::{argpartition_axis, clip, minimum, sigmoid, softmax_axis};
 use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::layers::{
     compiled_shapeless, layer_cache, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
 };
-use super::moe::{SwitchGlu, SwitchLinear, SORT_THRESHOLD};
+use super::moe::{SwitchGlu, SwitchLinear};
 use super::moe_decoder::check_top_k;
 use super::{rope, sdpa, LanguageModel};
 use crate::cache::{Cache, Mask};
@@ -267,40 +265,9 @@ impl Experts {
         // mlx-lm's mlx_topk stops the indices' gradient (they are integers).
         let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
         let weights = softmax_axis(g.take_along_axis(&inds, -1)?, -1, true)?;
-        let y = switch_glu_oai(&self.experts, x, &inds)?;
+        let y = self.experts.forward_with(x, &inds, swiglu_oai)?;
         y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)
     }
-}
-
-/// mlx-lm's `SwitchGLU.__call__` with `SwigluOAI`: x [B, L, D], indices [B, L, k] →
-/// [B, L, k, D], the (token, slot) rows sorted by expert from `SORT_THRESHOLD` routing
-/// entries on (`_gather_sort` / `_scatter_unsort`). moe.rs's `SwitchGlu::forward` computes
-/// the same with swiglu; this one goes once that takes the activation.
-fn switch_glu_oai(glu: &SwitchGlu, x: &Array, indices: &Array) -> R<Array> {
-    let x = x.expand_dims_axes(&[-2, -3])?;
-    let indices = &mlx_rs::stop_gradient(indices)?;
-    let do_sort = indices.size() >= SORT_THRESHOLD;
-    let (x, idx, inv_order) = if do_sort {
-        let m = *indices.shape().last().unwrap_or(&1);
-        let flat = indices.flatten(None, None)?;
-        let order = argsort_axis(&flat, -1)?;
-        let inv = argsort_axis(&order, -1)?;
-        let rows = order.floor_divide(Array::from_int(m).as_dtype(order.dtype())?)?;
-        let x = x.flatten(0, -3)?.take_axis(&rows, 0)?;
-        (x, flat.take_axis(&order, 0)?, Some(inv))
-    } else {
-        (x, indices.clone(), None)
-    };
-    let up = glu.up_proj.forward(&x, &idx, do_sort)?;
-    let gate = glu.gate_proj.forward(&x, &idx, do_sort)?;
-    let x = glu
-        .down_proj
-        .forward(&swiglu_oai(&gate, &up)?, &idx, do_sort)?;
-    let x = match inv_order {
-        Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
-        None => x,
-    };
-    x.squeeze_axes(&[-2])
 }
 
 struct Block {
