@@ -5,7 +5,6 @@ pub mod gemma4;
 pub mod gpt_oss;
 pub mod layers;
 pub mod llama;
-pub mod lora_switch;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_decoder;

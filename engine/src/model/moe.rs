@@ -11,6 +11,8 @@
 //! (`QuantizedSwitchLinear`). With 64 or more routing entries (B·L·k) the tokens are sorted
 //! by expert first and unsorted after (`_gather_sort` / `_scatter_unsort`), as mlx-lm does.
 
+pub mod lora;
+
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{argpartition_axis, argsort_axis, gather_mm, softmax_axis, stack, unflatten};
@@ -37,7 +39,7 @@ pub struct SwitchLinear {
     pub weight: Array,
     pub bias: Option<Array>,
     pub quantized: Option<Quantized>,
-    /// A LoRA adapter per expert, when attached (`lora_switch.rs`).
+    /// A LoRA adapter per expert, when attached (`moe/lora.rs`).
     pub lora: std::cell::RefCell<Option<super::layers::Lora>>,
 }
 
@@ -106,7 +108,7 @@ impl SwitchLinear {
         };
         match &*self.lora.borrow() {
             None => Ok(y),
-            Some(l) => super::lora_switch::add_update(l, &y, x, indices, sorted),
+            Some(l) => lora::add_update(l, &y, x, indices, sorted),
         }
     }
 }
