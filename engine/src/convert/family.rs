@@ -79,15 +79,23 @@ const LINEAR: &[&str] = &[
 /// `nn.Embedding` modules.
 const EMBEDDING: &[&str] = &["embed_tokens", "embed_tokens_per_layer"];
 
-/// The refusal for a `model_type` outside [`SUPPORTED`].
-pub fn check_supported(model_type: &str) -> anyhow::Result<()> {
-    if SUPPORTED.contains(&model_type) {
-        return Ok(());
+/// The refusal for a `model_type` outside [`SUPPORTED`], or a variant of one that convert
+/// does not lay out yet (the mixture-of-experts Gemma 4: expert stacks, router order).
+pub fn check_supported(model_type: &str, config: &Value) -> anyhow::Result<()> {
+    if !SUPPORTED.contains(&model_type) {
+        anyhow::bail!(
+            "engine convert does not support model_type `{model_type}` (supported: {})",
+            SUPPORTED.join(", ")
+        )
     }
-    anyhow::bail!(
-        "engine convert does not support model_type `{model_type}` (supported: {})",
-        SUPPORTED.join(", ")
-    )
+    if flag(config, "enable_moe_block") {
+        anyhow::bail!(
+            "engine convert does not support {model_type} with `enable_moe_block` (the \
+             mixture-of-experts Gemma 4) yet; convert it with `mlx_lm.convert` — the engine \
+             loads its output"
+        )
+    }
+    Ok(())
 }
 
 fn flag(config: &Value, key: &str) -> bool {
@@ -195,7 +203,7 @@ mod tests {
             ]
         );
         assert!(order_key("model.vision_tower.weight").is_err());
-        assert!(check_supported("phi3").is_err());
+        assert!(check_supported("phi3", &Value::Null).is_err());
     }
 
     #[test]
@@ -228,9 +236,14 @@ mod tests {
                 "model.layers.1.self_attn.q_proj.weight"
             ]
         );
-        assert!(check_supported("phi3")
+        assert!(check_supported("phi3", &Value::Null)
             .unwrap_err()
             .to_string()
             .contains("llama, mistral"));
+        let moe = serde_json::json!({"enable_moe_block": true});
+        assert!(check_supported("gemma4_text", &moe)
+            .unwrap_err()
+            .to_string()
+            .contains("mlx_lm.convert"));
     }
 }

@@ -174,7 +174,7 @@ fn load(src: &Path) -> Result<Model> {
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    family::check_supported(&model_type)?;
+    family::check_supported(&model_type, &Value::Object(config.clone()))?;
     for key in ["quantization", "quantization_config"] {
         if config.contains_key(key) {
             anyhow::bail!(

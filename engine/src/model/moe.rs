@@ -64,15 +64,8 @@ impl SwitchLinear {
                 weight.shape()
             )));
         }
-        if quantized.is_none()
-            && weight.dtype() != mlx_rs::Dtype::Float32
-            && crate::runtime::default_device().starts_with("cpu")
-        {
-            return Err(LoadError::Unsupported(format!(
-                "`{prefix}.weight` is {:?}: MLX's CPU gather_mm (dense experts) runs float32 \
-                 only, in mlx-lm as here; on the CPU use float32 or quantized experts",
-                weight.dtype()
-            )));
+        if quantized.is_none() {
+            check_dense_dtype(&format!("{prefix}.weight"), &weight)?;
         }
         let bias = if bias {
             Some(w.take(&format!("{prefix}.bias"))?)
@@ -173,9 +166,7 @@ impl SwitchGlu {
         };
         let up = self.up_proj.forward(&x, &idx, do_sort)?;
         let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let x = self
-            .down_proj
-            .forward(&act(&gate, &up)?, &idx, do_sort)?;
+        let x = self.down_proj.forward(&act(&gate, &up)?, &idx, do_sort)?;
         let x = match inv_order {
             Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
             None => x,
@@ -230,6 +221,18 @@ pub fn dense_experts(name: &str, weight: Array) -> Result<SwitchLinear, LoadErro
             weight.shape()
         )));
     }
+    check_dense_dtype(name, &weight)?;
+    Ok(SwitchLinear {
+        weight,
+        bias: None,
+        quantized: None,
+        lora: Default::default(),
+    })
+}
+
+/// MLX's CPU `gather_mm` (dense experts) runs float32 only — in mlx-lm as here — so a
+/// dense expert stack of another dtype is refused at load rather than failing every forward.
+fn check_dense_dtype(name: &str, weight: &Array) -> Result<(), LoadError> {
     if weight.dtype() != mlx_rs::Dtype::Float32
         && crate::runtime::default_device().starts_with("cpu")
     {
@@ -239,12 +242,7 @@ pub fn dense_experts(name: &str, weight: Array) -> Result<SwitchLinear, LoadErro
             weight.dtype()
         )));
     }
-    Ok(SwitchLinear {
-        weight,
-        bias: None,
-        quantized: None,
-        lora: Default::default(),
-    })
+    Ok(())
 }
 
 /// How a router picks each token's k experts and weighs them.

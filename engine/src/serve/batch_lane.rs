@@ -83,15 +83,21 @@ struct Lane<'w> {
 }
 
 impl Worker {
-    /// Whether this model and these options can use the batch lane.
-    pub fn batchable(&self) -> bool {
-        self.opts.kv_quant.is_none()
-            && self.draft.is_none()
-            && self
-                .model
-                .make_caches()
-                .iter_mut()
-                .all(|c| c.as_any_mut().downcast_mut::<KvCache>().is_some())
+    /// Why this worker cannot take the batch lane (what it holds that the lane lacks), or
+    /// None when it can.
+    pub fn not_batchable(&self) -> Option<&'static str> {
+        if self.opts.kv_quant.is_some() {
+            return Some("quantized KV caches (--kv-bits)");
+        }
+        if self.draft.is_some() {
+            return Some("speculative decoding (--draft-model)");
+        }
+        let dense = self
+            .model
+            .make_caches()
+            .iter_mut()
+            .all(|c| c.as_any_mut().downcast_mut::<KvCache>().is_some());
+        (!dense).then_some("this model's caches (sliding-window rings or dynamic RoPE)")
     }
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).

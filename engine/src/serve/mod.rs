@@ -390,10 +390,16 @@ fn spawn_model_thread(
                 Ok(worker) => {
                     let _ = ready_tx.send(Ok(worker.model.vocab_size()));
                     let slots = args.batch.max(1);
-                    if slots > 1 && worker.batchable() {
-                        worker.run_batched(jobs, slots);
-                    } else {
-                        worker.run(jobs);
+                    match (slots > 1).then(|| worker.not_batchable()) {
+                        Some(None) => worker.run_batched(jobs, slots),
+                        Some(Some(why)) => {
+                            eprintln!(
+                                "engine serve: --batch {slots}: the batch lane does not take \
+                                 {why}; requests are served one at a time"
+                            );
+                            worker.run(jobs);
+                        }
+                        None => worker.run(jobs),
                     }
                 }
                 Err(e) => {
@@ -475,6 +481,16 @@ fn open_ssd(
         models.push(m.as_ref());
     }
     let geometry = crate::cache::ssd::Geometry::probe(&models, opts.kv_quant.as_ref())?;
+    if crate::cache::ssd::CacheSource::probe_caches(model)?
+        .iter()
+        .any(|c| c.snapshot().is_none())
+    {
+        eprintln!(
+            "engine serve: --ssd-cache: this model's caches are never stored by the SSD tier \
+             (dynamic RoPE recomputes its base from each call's last position, so a stored \
+             prefix would not continue like a fresh prefill); the RAM prompt cache still serves"
+        );
+    }
     let max_bytes = (args.ssd_cache_max * (1u64 << 30) as f64) as u64;
     Ok(Some(crate::cache::ssd::SsdStore::open(
         dir,

@@ -12,8 +12,8 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::gather_mm;
 use mlx_rs::Array;
 
-use crate::model::layers::{weak, Lora};
 use super::SwitchLinear;
+use crate::model::layers::{weak, Lora};
 use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
