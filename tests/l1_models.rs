@@ -14,6 +14,24 @@ fn l1(name: &str, plant: Option<&str>) -> ModelReport {
     L1.run(name, plant.as_ref()).unwrap().downcast().unwrap()
 }
 
+/// A planted defect's report: the gate fails, and every case already differs at its
+/// prefill (step 0) — the defect sits in the forward, not in some later step.
+fn assert_fails_at_prefill(report: &ModelReport, what: &str) {
+    assert!(
+        !report.passed(),
+        "{what}: the gate passed with the defect planted"
+    );
+    assert!(
+        report
+            .cases
+            .iter()
+            .all(|c| c.first_inexact_logits() == Some(0)),
+        "{what}: {}",
+        report.details().join(" | ")
+    );
+    println!("planted {what} caught: {}", report.summary());
+}
+
 fn assert_bit_exact(name: &str) {
     let report = l1(name, None);
     harness::announce(&report.summary());
@@ -64,15 +82,7 @@ fn planted_rms_norm_eps_fails_l1() {
 #[test]
 fn planted_rope_base_fails_l1() {
     let report = l1("tiny-qwen3", Some("rope_theta=10000.0"));
-    assert!(!report.passed());
-    assert!(report
-        .cases
-        .iter()
-        .all(|c| c.first_inexact_logits() == Some(0)));
-    println!(
-        "planted rope defect caught: {}",
-        report.details().join(" | ")
-    );
+    assert_fails_at_prefill(&report, "rope_theta=10000.0");
 }
 
 #[test]
@@ -377,296 +387,6 @@ fn qwen3_without_rope_theta_is_refused() {
     );
 }
 
-/// qwen3_moe (8 experts, top-2, a dense layer among sparse ones): every prompt's prefill
-/// of 32 or more tokens routes through the sorted-indices path (mlx-lm's `_gather_sort`),
-/// the shorter ones and every decode step through the unsorted gather_mm.
-#[test]
-fn l1_tiny_qwen3_moe() {
-    assert_bit_exact("tiny-qwen3-moe");
-}
-
-/// qwen3_moe quantized as mlx-lm quantizes it (bf16, affine 4-bit g32; the routers 8-bit
-/// g64 by per-module overrides): the experts run through gather_qmm, sorted and unsorted.
-#[test]
-fn l1_tiny_qwen3_moe_q4() {
-    assert_bit_exact("tiny-qwen3-moe-q4");
-}
-
-/// mixtral (8 experts, top-2): the top-k gate logits, then a softmax over those k.
-#[test]
-fn l1_tiny_mixtral() {
-    assert_bit_exact("tiny-mixtral");
-}
-
-/// qwen2_moe (8 experts, top-4 by `argpartition(-p, k-1)[..., :k]`, a sigmoid-gated shared
-/// expert, q/k/v biases).
-#[test]
-fn l1_tiny_qwen2_moe() {
-    assert_bit_exact("tiny-qwen2-moe");
-}
-
-/// Planted defect: the router keeps the experts ranked 2..=k+1 (its top-k slice off by
-/// one); the prefill logits of every case already differ.
-#[test]
-fn planted_moe_top_k_off_by_one_fails_l1() {
-    let _on = engine::plant::on(engine::plant::Defect::MoeTopKOffByOne).unwrap();
-    for name in [
-        "tiny-qwen3-moe",
-        "tiny-qwen3-moe-q4",
-        "tiny-mixtral",
-        "tiny-qwen2-moe",
-    ] {
-        let report = l1(name, None);
-        assert!(!report.passed());
-        assert!(report
-            .cases
-            .iter()
-            .all(|c| c.first_inexact_logits() == Some(0)));
-        println!(
-            "planted top-k defect caught on {name}: {}",
-            report.details().join(" | ")
-        );
-    }
-}
-
-/// tiny-llama-trained quantized by mlx-lm in each floating-point mode (uint8 scales, no
-/// biases): mxfp4 (4-bit g32), nvfp4 (4-bit g16), mxfp8 (8-bit g32), the embedding, every
-/// linear and the head; the fp embedding's rows come out in bfloat16, so the model runs in
-/// bfloat16, as in mlx-lm.
-#[test]
-fn l1_tiny_llama_fp_modes() {
-    for name in ["tiny-llama-mxfp4", "tiny-llama-nvfp4", "tiny-llama-mxfp8"] {
-        assert_bit_exact(name);
-    }
-}
-
-/// Per-module modes as mlx-lm writes them: mxfp4 by default, attention affine 8-bit g64,
-/// lm_head mxfp8 from `null` group size and bits, the embedding affine (an entry with no
-/// `mode`).
-#[test]
-fn l1_tiny_llama_mixed_modes() {
-    assert_bit_exact("tiny-llama-mixed-modes");
-}
-
-/// qwen3_moe in mxfp4: the experts through gather_qmm in mxfp4, sorted and unsorted, the
-/// routers affine 8-bit g64.
-#[test]
-fn l1_tiny_qwen3_moe_mxfp4() {
-    assert_bit_exact("tiny-qwen3-moe-mxfp4");
-}
-
-/// Planted defect: the fp modes' quantized embedding dequantizes to float32 (not MLX's
-/// bfloat16), so the model runs in float32: the prefill logits of every case differ on the
-/// fixtures whose embedding is fp-quantized. The affine embedding of the mixed fixture does
-/// not carry it.
-#[test]
-fn planted_quant_fp_rows_float32_fails_l1() {
-    let _on = engine::plant::on(engine::plant::Defect::QuantFpRowsFloat32).unwrap();
-    for name in [
-        "tiny-llama-mxfp4",
-        "tiny-llama-nvfp4",
-        "tiny-llama-mxfp8",
-        "tiny-qwen3-moe-mxfp4",
-    ] {
-        let report = l1(name, None);
-        assert!(!report.passed());
-        assert!(report
-            .cases
-            .iter()
-            .all(|c| c.first_inexact_logits() == Some(0)));
-        println!(
-            "planted fp rows float32 caught on {name}: {}",
-            report.summary()
-        );
-    }
-}
-
-/// Planted defect: a per-module entry without a `mode` takes the global mode (mxfp4), not
-/// affine: the mixed fixture's affine embedding then reads as mxfp4 and is refused for its
-/// biases, and the MoE fixture's affine 8-bit g64 routers as mxfp4 with (64, 8), which MLX
-/// does not allow.
-#[test]
-fn planted_quant_entry_takes_global_mode_fails_l1() {
-    use harness::parity::gates::L1;
-    let _on = engine::plant::on(engine::plant::Defect::QuantEntryTakesGlobalMode).unwrap();
-    for (name, expect) in [
-        ("tiny-llama-mixed-modes", "mxfp4 quantization has no biases"),
-        (
-            "tiny-qwen3-moe-mxfp4",
-            "mxfp4 quantization requires group size 32 and 4 bits",
-        ),
-    ] {
-        let err = L1
-            .run(name, None)
-            .err()
-            .unwrap_or_else(|| panic!("{name} must fail with the plant"))
-            .to_string();
-        assert!(err.contains(expect), "{name}: {err}");
-        println!("planted entry-takes-global-mode caught on {name}: {err}");
-    }
-}
-
-/// gpt_oss: layers sliding / full from layer_types (window 8: the rotating caches wrap in
-/// every prompt and in decode), per-head attention sinks in the fused SDPA, yarn RoPE,
-/// the router's top-4 logits of 8 then a softmax, biased experts through the clamped SwiGLU
-/// (the prompts of 16+ tokens take the sorted-indices path).
-#[test]
-fn l1_tiny_gpt_oss() {
-    assert_bit_exact("tiny-gpt-oss");
-}
-
-/// gpt_oss quantized as mlx-community's MXFP4-Q8 checkpoints are (bf16): the experts mxfp4
-/// through gather_qmm (sorted and unsorted), the other linears, the routers and the
-/// embedding affine 8-bit g64 by per-module entries under a global mxfp4 block.
-#[test]
-fn l1_tiny_gpt_oss_mxfp4() {
-    assert_bit_exact("tiny-gpt-oss-mxfp4");
-}
-
-/// Planted defects on gpt_oss: the attention sinks dropped (every case's prefill logits
-/// already differ), and the sliding window ignored (a window past every sequence: a case
-/// differs once its sequence outgrows the real window of 8).
-#[test]
-fn planted_gpt_oss_defects_fail_l1() {
-    {
-        let _on = engine::plant::on(engine::plant::Defect::GptOssSinksDropped).unwrap();
-        let report = l1("tiny-gpt-oss", None);
-        assert!(!report.passed());
-        assert!(report
-            .cases
-            .iter()
-            .all(|c| c.first_inexact_logits() == Some(0)));
-        println!(
-            "planted sinks dropped caught: {}",
-            report.details().join(" | ")
-        );
-    }
-    let report = l1("tiny-gpt-oss", Some("sliding_window=4096"));
-    assert!(!report.passed());
-    let firsts: Vec<_> = report
-        .cases
-        .iter()
-        .map(|c| c.first_inexact_logits())
-        .collect();
-    assert!(firsts.iter().all(Option::is_some), "{firsts:?}");
-    println!("planted sliding window ignored caught: first inexact logits {firsts:?}");
-}
-
-/// Gemma 4 with the mixture-of-experts block (the 26B-A4B's layers): beside each dense MLP a
-/// router (norm, scale, top 3 of 8, softmax over those, per-expert scale) and SwitchGLU
-/// experts with the GeGLU activation, each branch with its own norms; K = V on full layers,
-/// sliding window 8. Hugging Face's fused `experts.gate_up_proj` split as mlx-lm's sanitize
-/// splits it; the prompts of 22+ tokens take the sorted-indices path.
-#[test]
-fn l1_tiny_gemma4_moe() {
-    assert_bit_exact("tiny-gemma4-moe");
-}
-
-/// The same model as the `gemma4` wrapper, bf16, affine 4-bit g32 experts through
-/// gather_qmm and the routers' proj 8-bit g64 (gemma4's quant_predicate), as mlx_lm.convert
-/// writes the 26B.
-#[test]
-fn l1_tiny_gemma4_moe_q4_wrapper() {
-    assert_bit_exact("tiny-gemma4-moe-q4");
-}
-
-/// Planted defects on Gemma 4's experts: the router's per-expert scale dropped, and one
-/// expert fewer per token (`top_k_experts=2`), each break the prefill of every case.
-#[test]
-fn planted_gemma4_moe_defects_fail_l1() {
-    {
-        let _on = engine::plant::on(engine::plant::Defect::Gemma4PerExpertScaleDropped).unwrap();
-        for name in ["tiny-gemma4-moe", "tiny-gemma4-moe-q4"] {
-            let report = l1(name, None);
-            assert!(!report.passed());
-            assert!(report
-                .cases
-                .iter()
-                .all(|c| c.first_inexact_logits() == Some(0)));
-            println!(
-                "planted per-expert scale defect caught on {name}: {}",
-                report.summary()
-            );
-        }
-    }
-    let top_k = l1("tiny-gemma4-moe", Some("top_k_experts=2"));
-    assert!(!top_k.passed());
-    assert_eq!(top_k.cases[0].first_inexact_logits(), Some(0));
-    println!("planted top_k_experts=2 caught: {}", top_k.summary());
-}
-
-/// `enable_moe_block` without the expert counts is refused, naming them (mlx-lm has no
-/// defaults for them).
-#[test]
-fn gemma4_moe_without_expert_counts_is_refused() {
-    let dir = harness::goldens::model_dir("tiny-gemma4-moe").unwrap();
-    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
-    config.raw.as_object_mut().unwrap().remove("top_k_experts");
-    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
-        .err()
-        .expect("a MoE config without top_k_experts must be an error");
-    assert!(err.to_string().contains("`top_k_experts`"), "{err}");
-    println!("{err}");
-}
-
-/// What gpt_oss refuses, and how: a Hugging Face checkpoint (fused, interleaved
-/// `gate_up_proj` experts) names mlx_lm.convert; a `swiglu_limit` other than the 7.0 mlx-lm
-/// hard-codes; quantized KV, which mlx-lm's quantized SDPA cannot read with sinks (the
-/// same error as mlx-lm's, where attention meets quantized K/V).
-#[test]
-fn gpt_oss_refusals_name_the_fix() {
-    use engine::cache::{Kv, KvQuant, Mask, QTensor, QuantSdpa};
-    use engine::load::config::ModelConfig;
-    use engine::load::weights::Weights;
-    let dir = harness::goldens::model_dir("tiny-gpt-oss").unwrap();
-    let config = ModelConfig::read(&dir).unwrap();
-    let mut hf = Weights::load(&dir).unwrap();
-    hf.rename(|n| Some(n.replace("experts.gate_proj.weight", "experts.gate_up_proj")));
-    let err = engine::model::build(&config, hf).err().unwrap().to_string();
-    println!("{err}");
-    assert!(
-        err.contains("Hugging Face's layout") && err.contains("mlx_lm.convert"),
-        "{err}"
-    );
-    let mut limited = config.clone();
-    limited.raw["swiglu_limit"] = serde_json::json!(6.0);
-    let err = engine::model::build(&limited, Weights::load(&dir).unwrap())
-        .err()
-        .unwrap()
-        .to_string();
-    println!("{err}");
-    assert!(err.contains("swiglu_limit 6"), "{err}");
-    // Quantized K/V (here packed zeros; the tiny head_dim of 16 is below MLX's smallest
-    // KV group of 32, so no session can quantize this fixture's caches).
-    let zeros = |shape: &[i32]| mlx_rs::ops::zeros::<f32>(shape).unwrap();
-    let t = || QTensor {
-        packed: zeros(&[1, 2, 4, 4]),
-        scales: zeros(&[1, 2, 4, 1]),
-        biases: zeros(&[1, 2, 4, 1]),
-    };
-    let kv = Kv::Quantized {
-        keys: t(),
-        values: t(),
-        quant: KvQuant {
-            bits: 8,
-            group_size: 32,
-            sdpa: QuantSdpa::MlxLm,
-        },
-    };
-    let sinks = zeros(&[4]);
-    let err = engine::model::sdpa::attend_with_sinks(
-        &zeros(&[1, 4, 1, 32]),
-        &kv,
-        1.0,
-        &Mask::None,
-        Some(&sinks),
-    )
-    .expect_err("quantized KV with sinks must fail")
-    .what()
-    .to_owned();
-    println!("{err}");
-    assert!(
-        err.contains("Quantized SDPA does not support attention sinks."),
-        "{err}"
-    );
-}
+/// The MoE families and the floating-point quantization modes.
+#[path = "l1_models/moe_quant.rs"]
+mod moe_quant;
