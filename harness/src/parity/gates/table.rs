@@ -1,0 +1,363 @@
+//! The table itself: one static per gate (its tier, goldens, generator, models, cases,
+//! plants and run), and `GATES`, the order `harness parity` runs them in.
+
+use super::*;
+use crate::parity::runtime::Tamper;
+use crate::parity::{
+    batch, detok, l1, l2, l3, runtime, sampling, spec, spec_l2, tokenize, train, vocab,
+};
+
+const BASE: Gate = Gate {
+    name: "",
+    tier: Tier::L1,
+    group: "",
+    suffix: "",
+    generator: None,
+    live: false,
+    models: &[],
+    fixtures: &[],
+    cases: &[],
+    plants: &[],
+    on_fixtures: false,
+    run: |gate, _, _| Err(ParityError::Usage(format!("gate {} has no run", gate.name))),
+};
+
+pub static RUNTIME: Gate = Gate {
+    name: "runtime",
+    tier: Tier::Runtime,
+    group: "runtime",
+    generator: Some(("gen_runtime.py", &[])),
+    plants: &["first-input"],
+    run: |g, t, p| {
+        let tamper = match p {
+            Some(Plant::Harness(Tweak::FirstInput)) => Tamper::FirstInputValue,
+            _ => Tamper::None,
+        };
+        boxed(runtime::run(&g.open(t)?, t.case, tamper))
+    },
+    ..BASE
+};
+
+pub static L1: Gate = Gate {
+    name: "l1",
+    group: "l1",
+    generator: Some(("gen_l1.py", &["{model}"])),
+    live: true,
+    models: &[
+        "tiny-llama",
+        "tiny-qwen3",
+        "tiny-llama-trained",
+        "tiny-llama-trained-q4",
+        "tiny-qwen3-q8",
+        "tiny-gemma3",
+        "tiny-gemma3-q4",
+        "tiny-qwen2",
+        "tiny-gemma4",
+        "tiny-gemma4-keqv",
+        "tiny-gemma4-q4",
+        "tiny-llama-dynamic",
+        "tiny-llama-yarn",
+        "tiny-phi3",
+        "tiny-llama-rope-params",
+        "tiny-gemma3-rope-params",
+        "tiny-gemma3-mm",
+        "tiny-gemma4-mm",
+        "tiny-gemma4-mm-mlx",
+        "tiny-gemma3-mm-q4",
+        "tiny-qwen3-moe",
+        "tiny-qwen3-moe-q4",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-gemma4-moe",
+        "tiny-gemma4-moe-q4",
+        "tiny-llama-mxfp4",
+        "tiny-llama-nvfp4",
+        "tiny-llama-mxfp8",
+        "tiny-llama-mixed-modes",
+        "tiny-qwen3-moe-mxfp4",
+        "tiny-gpt-oss",
+        "tiny-gpt-oss-mxfp4",
+    ],
+    plants: &["KEY=VALUE"],
+    run: |g, t, p| boxed(run_l1(g, t, p)),
+    ..BASE
+};
+
+/// L1 at real vocabulary sizes: tiny models resized to fetched real tokenizers
+/// (`parity::vocab`; the model dirs are generated into the cache dir).
+pub static L1_VOCAB: Gate = Gate {
+    name: "l1-vocab",
+    group: "l1-vocab",
+    generator: Some(("gen_l1_vocab.py", &["{model}"])),
+    models: &[
+        "vocab-qwen3",
+        "vocab-gemma3",
+        "vocab-llama3.1",
+        "vocab-mistral-v3",
+    ],
+    plants: &["argmax-first-64k"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(vocab::run(t.model, &g.open_index(t)?.index)),
+    ..BASE
+};
+
+/// mlx-lm's own KV quantization (`generate_step(kv_bits=4, …)`), on the L1 gate's run.
+pub static KV_BITS: Gate = Gate {
+    name: "kv-bits",
+    group: "l1",
+    suffix: "-kv4",
+    generator: Some((
+        "gen_l1.py",
+        &[
+            "{model}",
+            "--kv-bits",
+            "4",
+            "--kv-group-size",
+            "32",
+            "--prefill-step",
+            "16",
+            "--suffix=-kv4",
+        ],
+    )),
+    models: &["tiny-llama-trained"],
+    plants: &["sdpa=optiq-fused"],
+    run: |g, t, p| boxed(run_l1(g, t, p).map(l1::KvBits)),
+    ..BASE
+};
+
+pub static BATCH: Gate = Gate {
+    name: "batch",
+    group: "batch",
+    generator: Some(("gen_batch.py", &["{model}"])),
+    models: &[
+        "tiny-llama-trained",
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-phi3",
+    ],
+    cases: &["b2", "b4", "joinleave"],
+    plants: &["unmasked-padding", "moe-top-k-off-by-one"],
+    run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
+pub static SPEC: Gate = Gate {
+    name: "spec",
+    group: "spec",
+    generator: Some(("gen_spec.py", &["{model}"])),
+    models: &["tiny-llama-trained"],
+    fixtures: &["tiny-llama-draft"],
+    plants: &["keep-draft-tail", "target-trim-short"],
+    run: |g, t, _| boxed(spec::run(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
+pub static DETOK: Gate = Gate {
+    name: "detok",
+    group: "detok",
+    generator: Some(("gen_detok.py", &["{model}"])),
+    models: &["tiny-llama-trained"],
+    plants: &["lost-character"],
+    run: |g, t, p| {
+        let lose = p == Some(&Plant::Harness(Tweak::LostCharacter));
+        boxed(detok::run(t.model, &g.open_index(t)?, |pieces| {
+            if let Some(p) = pieces.iter_mut().find(|p| lose && !p.is_empty()) {
+                p.remove(0);
+            }
+        }))
+    },
+    ..BASE
+};
+
+/// The streaming detokenizer on the real tokenizers (byte-level BPE and SentencePiece).
+pub static DETOK_REAL: Gate = Gate {
+    name: "detok-real",
+    group: "detok",
+    generator: Some(("gen_detok.py", &["{model}", "--fixture"])),
+    models: &REAL_TOKENIZERS,
+    plants: &["lost-character", "spm-leading-space"],
+    on_fixtures: true,
+    run: |g, t, p| {
+        let lose = p == Some(&Plant::Harness(Tweak::LostCharacter));
+        boxed(detok::run_fixture(t.model, &g.open_index(t)?, |pieces| {
+            if let Some(p) = pieces.iter_mut().find(|p| lose && !p.is_empty()) {
+                p.remove(0);
+            }
+        }))
+    },
+    ..BASE
+};
+
+/// The real tokenizers the tokenizer gates run on (`crate::fixtures::TOKENIZERS`).
+const REAL_TOKENIZERS: [&str; 6] = crate::fixtures::TOKENIZERS;
+
+/// Tokenization vs transformers on the real tokenizers: ids and decoded text.
+pub static TOKENIZE: Gate = Gate {
+    name: "tokenize",
+    group: "tokenize",
+    generator: Some(("gen_tokenize.py", &["{model}"])),
+    models: &REAL_TOKENIZERS,
+    plants: &["no-post-processor"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(tokenize::run(t.model, &g.open_index(t)?)),
+    ..BASE
+};
+
+/// Chat templates vs transformers' apply_chat_template on the real tokenizers' templates
+/// and our own `pyisms` (`parity::templates`).
+pub static TEMPLATES: Gate = Gate {
+    name: "templates",
+    group: "templates",
+    generator: Some(("gen_templates.py", &["{model}"])),
+    models: &["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"],
+    plants: &["tojson-html-escape", "template-kwargs-dropped"],
+    on_fixtures: true,
+    run: |g, t, _| boxed(crate::parity::templates::run(t.model, &g.open_index(t)?)),
+    ..BASE
+};
+
+pub static TRAIN: Gate = Gate {
+    name: "train",
+    group: "train",
+    generator: Some(("gen_train.py", &["{model}"])),
+    models: &[
+        "tiny-llama-trained",
+        "tiny-gemma3",
+        "tiny-gemma4",
+        "tiny-phi3",
+        "tiny-gemma3-mm",
+        "tiny-gemma4-mm",
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-qwen3-moe-q4",
+    ],
+    plants: &["weight-decay"],
+    run: |g, t, p| {
+        let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
+        boxed(train::run(t.model, &g.open(t)?, |opt| {
+            if decay {
+                opt.weight_decay *= 1.1;
+            }
+        }))
+    },
+    ..BASE
+};
+
+pub static SAMPLING: Gate = Gate {
+    name: "sampling",
+    group: "sampling",
+    generator: Some(("gen_sampling.py", &["{model}"])),
+    live: true,
+    models: &["tiny-llama-trained", "tiny-qwen3", "tiny-llama-trained-q4"],
+    plants: &["seed", "top-p-and-penalty"],
+    run: |g, t, p| {
+        let tweak = |s: &mut engine::generate::sampler::SamplingParams| match p {
+            Some(Plant::Harness(Tweak::Seed)) if s.temp > 0.0 => s.seed += 1,
+            Some(Plant::Harness(Tweak::TopPAndPenalty)) => {
+                if s.top_p > 0.0 {
+                    s.top_p = 0.5;
+                }
+                if let Some(r) = s.repetition_penalty.as_mut() {
+                    *r += 0.2;
+                }
+            }
+            _ => {}
+        };
+        boxed(sampling::run(t.model, &g.open_index(t)?, tweak))
+    },
+    ..BASE
+};
+
+pub static L2: Gate = Gate {
+    name: "l2",
+    tier: Tier::L2,
+    group: "l2",
+    generator: Some(("gen_l2.py", &["{model}"])),
+    live: true,
+    models: &["tiny-llama-trained", "tiny-gemma3-kv", "tiny-gemma4"],
+    plants: &["sdpa=mlx-lm", "kv_start=N"],
+    run: |g, t, p| boxed(l2::run(t.model, &g.open(t)?, |o| Plant::options(p, o))),
+    ..BASE
+};
+
+pub static SPEC_L2: Gate = Gate {
+    name: "spec-l2",
+    tier: Tier::L2,
+    group: "spec-l2",
+    generator: Some(("gen_spec_l2.py", &[])),
+    models: &["tiny-gemma4"],
+    fixtures: &["tiny-gemma4-assistant"],
+    plants: &["ring-trim", "first-sliding-donor"],
+    run: |g, t, _| boxed(spec_l2::run(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
+/// The assistant drafter's head variants (oracles/make_assistants.py) on the spec-l2 cases:
+/// its models are the drafters, their target is tiny-gemma4. The centroid head, and the pair
+/// whose config flags contradict their tensors (the head is the one the tensors carry).
+pub static SPEC_L2_HEADS: Gate = Gate {
+    name: "spec-l2-heads",
+    tier: Tier::L2,
+    group: "spec-l2",
+    generator: Some(("gen_spec_l2.py", &["--drafter", "{model}"])),
+    models: &[
+        "tiny-gemma4-assistant-centroid",
+        "tiny-gemma4-assistant-lm-head",
+        "tiny-gemma4-assistant-no-lm-head",
+    ],
+    fixtures: &["tiny-gemma4"],
+    plants: &["head-from-flags", "centroid-top-k-short"],
+    run: |g, t, _| boxed(spec_l2::run_drafter(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
+/// Frozen from our own L2 engine by `harness freeze-perf-oracle`, not by an oracle script.
+pub static L3: Gate = Gate {
+    name: "l3",
+    tier: Tier::L3,
+    group: "l3",
+    models: &["tiny-llama-trained", "tiny-gemma4"],
+    plants: &["perf-path", "sdpa=optiq-fused"],
+    run: |g, t, p| {
+        boxed(l3::check(t.model, &g.open_index(t)?, |o| {
+            Plant::options(p, o)
+        }))
+    },
+    ..BASE
+};
+
+/// Every gate, in the order `harness parity` runs them.
+pub static GATES: [&Gate; 16] = [
+    &RUNTIME,
+    &L1,
+    &L1_VOCAB,
+    &KV_BITS,
+    &BATCH,
+    &SPEC,
+    &DETOK,
+    &DETOK_REAL,
+    &TOKENIZE,
+    &TEMPLATES,
+    &TRAIN,
+    &SAMPLING,
+    &L2,
+    &SPEC_L2,
+    &SPEC_L2_HEADS,
+    &L3,
+];
+
+fn boxed<R: Report>(report: Result<R>) -> Result<Box<dyn Report>> {
+    Ok(Box::new(report?))
+}
+
+fn run_l1(gate: &Gate, t: &Target, plant: Option<&Plant>) -> Result<l1::ModelReport> {
+    let golden = gate.open(t)?;
+    l1::run(
+        t.model,
+        &golden,
+        |c| Plant::config(plant, c),
+        |o| Plant::options(plant, o),
+    )
+}
