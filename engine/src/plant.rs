@@ -133,7 +133,7 @@ pub const COMPILED_IN: bool = cfg!(feature = "plant");
 
 #[cfg(feature = "plant")]
 mod switch {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     use super::Defect;
 
@@ -141,18 +141,19 @@ mod switch {
     /// pointer to the whole struct, so a binary that can plant a defect carries the marker.
     #[repr(C)]
     pub(super) struct Switch {
-        on: AtomicU32,
+        on: AtomicU64,
         marker: [u8; 34],
     }
 
     #[used]
     pub(super) static SWITCH: Switch = Switch {
-        on: AtomicU32::new(0),
+        on: AtomicU64::new(0),
         marker: *b"ENGINE-PLANTED-DEFECTS-COMPILED-IN",
     };
 
-    fn bit(d: Defect) -> u32 {
-        1 << d as u32
+    fn bit(d: Defect) -> u64 {
+        1u64.checked_shl(d as u32)
+            .expect("more planted defects than the switch has bits: widen it")
     }
 
     fn switch() -> &'static Switch {
@@ -205,6 +206,28 @@ pub fn on(defect: Defect) -> Result<Planted, NotCompiledIn> {
 #[cfg(not(feature = "plant"))]
 pub fn on(_defect: Defect) -> Result<Planted, NotCompiledIn> {
     Err(NotCompiledIn)
+}
+
+/// Test builds only: switches on, for the life of the process, the defects named in
+/// `ENGINE_PLANT=Name[,Name…]`, so that a gate can show it fails against a server process
+/// that carries one (engine/tests/serve_tools.rs). Only the defects a process-level gate
+/// needs have names here.
+#[cfg(feature = "plant")]
+pub fn on_from_env() -> Result<(), String> {
+    let Ok(names) = std::env::var("ENGINE_PLANT") else {
+        return Ok(());
+    };
+    for name in names.split(',').filter(|n| !n.is_empty()) {
+        let defect = match name {
+            "ToolCallTextInContent" => Defect::ToolCallTextInContent,
+            "ToolCallFinishStaysStop" => Defect::ToolCallFinishStaysStop,
+            "ReasoningInContent" => Defect::ReasoningInContent,
+            other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
+        };
+        // On for the life of the process.
+        std::mem::forget(on(defect).map_err(|e| e.to_string())?);
+    }
+    Ok(())
 }
 
 #[cfg(feature = "plant")]

@@ -310,32 +310,10 @@ struct Shared {
     mirror: store::StatsMirror,
 }
 
-/// Test builds only (the `plant` feature): `ENGINE_PLANT=Name[,Name…]` switches these
-/// planted serve defects on for the whole process, so that a gate can show it fails
-/// against a server that carries one (engine/tests/serve_tools.rs).
-#[cfg(feature = "plant")]
-fn plant_from_env() -> anyhow::Result<()> {
-    use crate::plant::{self, Defect};
-    let Ok(names) = std::env::var("ENGINE_PLANT") else {
-        return Ok(());
-    };
-    for name in names.split(',').filter(|n| !n.is_empty()) {
-        let defect = match name {
-            "ToolCallTextInContent" => Defect::ToolCallTextInContent,
-            "ToolCallFinishStaysStop" => Defect::ToolCallFinishStaysStop,
-            "ReasoningInContent" => Defect::ReasoningInContent,
-            other => anyhow::bail!("ENGINE_PLANT: no planted serve defect named {other}"),
-        };
-        // On for the life of the process.
-        std::mem::forget(plant::on(defect)?);
-    }
-    Ok(())
-}
-
 /// Loads the model, starts the model thread and serves until interrupted.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "plant")]
-    plant_from_env()?;
+    crate::plant::on_from_env().map_err(anyhow::Error::msg)?;
     let config = Config::from_args(&args)?;
     let shared = Shared {
         tokenizer: config.tokenizer.clone(),
