@@ -679,6 +679,10 @@ fn serve_with_a_draft_model() {
         st["lanes"]["batch_slots"], 0,
         "a drafter keeps requests on the serial lane"
     );
+    assert_eq!(
+        st["lanes"]["serial_reason"], "speculative decoding (--draft-model)",
+        "{st}"
+    );
     let mut penalised = ask("What color is the sky?");
     penalised["repetition_penalty"] = json!(1.3);
     assert_eq!(post(spec.port, "/v1/chat/completions", &penalised).0, 200);
@@ -763,4 +767,16 @@ fn the_chat_page_is_served_at_the_root() {
     let (code, models) = http(s.port, "GET", "/v1/models", b"");
     assert_eq!(code, 200);
     assert!(models.contains("tiny-llama-trained"));
+}
+
+/// `--batch N` on a model the batch lane does not take (Gemma 3's sliding-window rings):
+/// served on the serial lane, and /stats says why.
+#[test]
+fn a_model_the_batch_lane_cannot_take_says_why() {
+    let server = serve_model("tiny-gemma3", &["--batch", "4"]);
+    let st = stats(server.port);
+    assert_eq!(st["lanes"]["batch_slots"], 0, "{st}");
+    let why = st["lanes"]["serial_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("sliding-window"), "{st}");
+    assert_eq!(post(server.port, "/v1/chat/completions", &ask("Hi")).0, 200);
 }

@@ -168,6 +168,8 @@ pub struct Counters {
     pub running: AtomicUsize,
     /// Rows of the batch lane (0: serial lane only), and the most that decoded together.
     pub batch_slots: AtomicUsize,
+    /// Why `--batch N` still serves on the serial lane (what the batch lane does not take).
+    pub serial_reason: std::sync::OnceLock<&'static str>,
     pub batch_peak: AtomicUsize,
     /// Batch lane: rows that gave their slot up to a waiting request (parked).
     pub batch_parks: AtomicU64,
@@ -366,18 +368,20 @@ fn spawn_model_thread(
             .name("model".into())
             .spawn(move || match load_worker(&args, opts, context, shared) {
                 Ok(worker) => {
-                    let _ = ready_tx.send(Ok(worker.model.vocab_size()));
                     let slots = args.batch.max(1);
-                    match (slots > 1).then(|| worker.not_batchable()) {
+                    // Why `--batch N` cannot batch, said before the server reports ready.
+                    let lane = (slots > 1).then(|| worker.not_batchable());
+                    if let Some(Some(why)) = lane {
+                        let _ = worker.counters.serial_reason.set(why);
+                        eprintln!(
+                            "engine serve: --batch {slots}: the batch lane does not take \
+                             {why}; requests are served one at a time"
+                        );
+                    }
+                    let _ = ready_tx.send(Ok(worker.model.vocab_size()));
+                    match lane {
                         Some(None) => worker.run_batched(jobs, slots),
-                        Some(Some(why)) => {
-                            eprintln!(
-                                "engine serve: --batch {slots}: the batch lane does not take \
-                                 {why}; requests are served one at a time"
-                            );
-                            worker.run(jobs);
-                        }
-                        None => worker.run(jobs),
+                        _ => worker.run(jobs),
                     }
                 }
                 Err(e) => {

@@ -81,6 +81,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         "lanes": {
             "serial": 1,
             "batch_slots": c.batch_slots.load(Ordering::Relaxed),
+            "serial_reason": c.serial_reason.get(),
             "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
             "batch_parks": n(&c.batch_parks),
         },
