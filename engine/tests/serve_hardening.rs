@@ -391,7 +391,7 @@ fn arb_value() -> impl Strategy<Value = Value> {
     })
 }
 
-const FIELDS: [&str; 22] = [
+const FIELDS: [&str; 25] = [
     "messages",
     "prompt",
     "max_tokens",
@@ -414,6 +414,9 @@ const FIELDS: [&str; 22] = [
     "max_completion_tokens",
     "stream_options",
     "num_draft_tokens",
+    "tools",
+    "chat_template_kwargs",
+    "tool_choice",
 ];
 
 /// A token id: mostly in the vocabulary, often at or past its end, sometimes absurd.
@@ -427,9 +430,26 @@ fn arb_id() -> impl Strategy<Value = String> {
     ]
 }
 
+/// A function tool as OpenAI clients send it, with a name, a description and parameters
+/// that are sometimes a schema and sometimes anything.
+fn arb_tool() -> impl Strategy<Value = Value> {
+    let params = prop_oneof![
+        2 => Just(json!({"type": "object", "properties": {"city": {"type": "string"}},
+                         "required": ["city"]})),
+        1 => arb_value(),
+    ];
+    ("[a-z_]{0,10}", "[ -~]{0,16}", params).prop_map(|(name, description, parameters)| {
+        json!({"type": "function",
+               "function": {"name": name, "description": description, "parameters": parameters}})
+    })
+}
+
 /// A plausible value for a field: mostly in range, sometimes far out.
 fn arb_field_value() -> impl Strategy<Value = Value> {
     prop_oneof![
+        2 => prop::collection::vec(arb_tool(), 0..3).prop_map(Value::Array),
+        1 => (any::<bool>(), "[ -~]{0,6}")
+            .prop_map(|(b, s)| json!({"enable_thinking": b, "extra": s})),
         3 => (0i64..12).prop_map(|n| json!(n)),
         2 => (VOCAB as i64 - 4..VOCAB as i64 + 4).prop_map(|n| json!(n)),
         1 => any::<i32>().prop_map(|n| json!(n)),
@@ -448,6 +468,17 @@ fn arb_message() -> impl Strategy<Value = Value> {
               "[ -~]{1,24}")
             .prop_map(|(role, text)| json!({"role": role, "content": text})),
         1 => "[ -~]{1,12}".prop_map(|t| json!({"role": "user", "content": [{"type": "text", "text": t}]})),
+        // An assistant turn that called a tool (arguments as a JSON string or an object,
+        // sometimes with its reasoning), and the tool's answer.
+        1 => ("[a-z_]{0,8}", arb_value(), any::<bool>(), "[ -~]{0,12}").prop_map(
+            |(name, args, as_text, text)| {
+                let arguments = if as_text { json!(args.to_string()) } else { args };
+                json!({"role": "assistant", "content": null, "reasoning_content": text,
+                       "tool_calls": [{"id": "call_0", "type": "function",
+                                       "function": {"name": name, "arguments": arguments}}]})
+            }
+        ),
+        1 => "[ -~]{0,12}".prop_map(|t| json!({"role": "tool", "tool_call_id": "call_0", "content": t})),
         1 => arb_value(),
     ]
 }
@@ -508,6 +539,13 @@ fn fuzzed_request_bodies_never_crash_the_batch_lane() {
 }
 
 /// Why a fuzz answer is wrong, if it is.
+/// The same fuzz against a model whose template renders tools and whose answers go
+/// through a tool-call parser (qwen3's `<tool_call>` JSON), on the batch lane.
+#[test]
+fn fuzzed_request_bodies_never_crash_a_tool_calling_model() {
+    fuzz_model("tiny-qwen3-tools", &["--batch", "4"], 3, 4);
+}
+
 fn wrong_answer(code: u16, text: &str) -> Option<String> {
     if !(code == 200 || (400..500).contains(&code)) {
         return Some(format!("status {code}"));
@@ -528,7 +566,11 @@ fn wrong_answer(code: u16, text: &str) -> Option<String> {
 }
 
 fn fuzz(extra: &[&str], seed: u8, clients: usize) {
-    let s = serve_model(MODEL, extra);
+    fuzz_model(MODEL, extra, seed, clients)
+}
+
+fn fuzz_model(model: &str, extra: &[&str], seed: u8, clients: usize) {
+    let s = serve_model(model, extra);
     let port = s.port;
     // A fixed seed: the same bodies on every run.
     let mut runner = proptest::test_runner::TestRunner::new_with_rng(
@@ -570,7 +612,7 @@ fn fuzz(extra: &[&str], seed: u8, clients: usize) {
     });
     assert_eq!(st["failed"], 0, "{st}");
     println!(
-        "fuzz {extra:?}, {clients} clients: {} bodies, {ok} answered 200, the rest 4xx, \
+        "fuzz {model} {extra:?}, {clients} clients: {} bodies, {ok} answered 200, the rest 4xx, \
          0 crashes, 0 5xx; stats {st}",
         bodies.len()
     );
