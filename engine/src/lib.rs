@@ -4,6 +4,7 @@
 pub mod cache;
 pub mod clock;
 pub mod convert;
+pub mod dist;
 pub mod generate;
 pub mod load;
 pub mod model;

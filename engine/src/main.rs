@@ -130,6 +130,9 @@ struct GenerateArgs {
     /// `--verbose False` prints only the response).
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     verbose: bool,
+    /// As a rank under mlx.launch (tensor parallel, or --pipeline).
+    #[command(flatten)]
+    dist: engine::dist::DistArgs,
 }
 
 /// mlx-lm's `str2bool`: true/t/1/yes and false/f/0/no, any case.
@@ -195,6 +198,25 @@ fn main() -> Result<()> {
 }
 
 fn generate(args: GenerateArgs) -> Result<()> {
+    #[cfg(feature = "plant")]
+    engine::plant::on_from_env().map_err(anyhow::Error::msg)?;
+    if engine::dist::init(&args.dist)?.is_none() {
+        return generate_on_rank(args);
+    }
+    if args.draft_model.is_some() || args.adapter_path.is_some() {
+        anyhow::bail!(
+            "--draft-model and --adapter-path are not supported across ranks (as in mlx-lm); \
+             run them on one machine"
+        );
+    }
+    // A failed collective leaves the ring unusable: this rank exits (status 4) so that the
+    // launcher and the other ranks stop too.
+    generate_on_rank(args).unwrap_or_else(|e| engine::dist::fatal(&format!("{e:#}")));
+    Ok(())
+}
+
+/// `engine generate` on one machine, or as one rank of a group (only rank 0 writes).
+fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     let dir = &args.model;
     let model = engine::model::load(dir)
         .with_context(|| format!("loading model from {}", dir.display()))?;
@@ -236,19 +258,28 @@ fn generate(args: GenerateArgs) -> Result<()> {
     if let Some(step) = args.prefill_step_size {
         session.prefill_step = step;
     }
+    let writer = engine::dist::is_writer();
+    engine::dist::arm("the prompt's prefill");
     let mut dec = Decoder::new(&prompt_ids, args.max_tokens, &eos_ids, sampler);
     let mut decode = Decode::start(session, draft, &opts, &mut dec, &prompt_ids, 0)?;
     let finish = decode.run(&mut dec, &mut |id, _, _| -> Result<Flow> {
+        engine::dist::tick("a decode step");
         let (piece, flow) = text.push(id)?;
-        stdout.write_all(piece.as_bytes())?;
-        stdout.flush()?;
+        if writer {
+            stdout.write_all(piece.as_bytes())?;
+            stdout.flush()?;
+        }
         Ok(flow)
     });
     let stats = dec.finish();
     let spec_stats = decode.spec_stats().cloned();
     decode.end()?;
     let finish = finish?;
-    stdout.write_all(text.finish(finish)?.as_bytes())?;
+    let tail = text.finish(finish)?;
+    if !writer {
+        return Ok(());
+    }
+    stdout.write_all(tail.as_bytes())?;
     writeln!(stdout)?;
     stdout.flush()?;
     if !args.verbose {

@@ -109,6 +109,13 @@ pub enum Defect {
     /// softmax over the top k as it is). Caught by the L1 gate on tiny-gemma4-moe
     /// (`tests/l1_models.rs`).
     Gemma4PerExpertScaleDropped,
+    /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
+    /// parallel: the stages are reversed. Caught by the distributed L1 gate
+    /// (`harness/tests/l1_dist.rs`).
+    DistShardWrongRank,
+    /// Tensor parallel: the row-split linears skip their `all_sum`. Caught by the
+    /// distributed L1 gate.
+    DistReduceDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -222,6 +229,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ToolCallTextInContent" => Defect::ToolCallTextInContent,
             "ToolCallFinishStaysStop" => Defect::ToolCallFinishStaysStop,
             "ReasoningInContent" => Defect::ReasoningInContent,
+            "DistShardWrongRank" => Defect::DistShardWrongRank,
+            "DistReduceDropped" => Defect::DistReduceDropped,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

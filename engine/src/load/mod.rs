@@ -35,6 +35,8 @@ pub enum LoadError {
     Template(String),
     #[error("MLX: {0}")]
     Mlx(#[from] mlx_rs::error::Exception),
+    #[error("distributed: {0}")]
+    Distributed(#[from] crate::dist::DistError),
 }
 
 pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {

@@ -39,6 +39,9 @@ pub struct Linear {
     pub quantized: Option<Quantized>,
     /// An adapter, when one is attached (training, or adapters loaded for inference).
     pub lora: std::cell::RefCell<Option<Lora>>,
+    /// Tensor parallel, row-split (mlx's `ShardedToAllLinear`): this rank's partial product
+    /// is summed over the ranks (`all_sum`) before the bias is added once.
+    pub reduce: bool,
 }
 
 impl Linear {
@@ -58,10 +61,14 @@ impl Linear {
             },
             quantized,
             lora: Default::default(),
+            reduce: false,
         })
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
+        if self.reduce {
+            return super::shard::reduced_forward(self, x);
+        }
         let y = match (&self.quantized, &self.bias) {
             (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
             (Some(q), None) => q.matmul_t(x, &self.weight)?,

@@ -361,6 +361,15 @@ impl LanguageModel for Llama {
     fn as_layered(&self) -> Option<&dyn Layered> {
         Some(self)
     }
+
+    fn shard(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            b.attn.shard(part, &p)?;
+            b.mlp.shard(part, &format!("{p}.mlp"))?;
+        }
+        Ok(())
+    }
 }
 
 impl Llama {

@@ -14,6 +14,7 @@ pub mod qwen2_moe;
 pub mod qwen3_moe;
 pub mod rope;
 pub mod sdpa;
+pub mod shard;
 pub mod wrapper;
 
 use std::path::Path;
@@ -24,6 +25,7 @@ use mlx_rs::Array;
 pub use gemma4::assistant::{AssistantDrafter, AssistantTarget, DonorKv};
 
 use crate::cache::Cache;
+use crate::dist::Mode;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -60,6 +62,14 @@ pub trait LanguageModel {
     /// The hooks optiq's assistant drafter reads, for families that have them (Gemma 4).
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
         None
+    }
+    /// Tensor parallel: keep this rank's part of every layer, as mlx-lm's `Model.shard`.
+    fn shard(&mut self, _part: shard::Part) -> Result<(), LoadError> {
+        Err(shard::unsupported(self.model_type(), Mode::Tensor))
+    }
+    /// Pipeline parallel: keep this rank's layers, as mlx-lm's `PipelineMixin.pipeline`.
+    fn pipeline(&mut self, _part: shard::Part) -> Result<(), LoadError> {
+        Err(shard::unsupported(self.model_type(), Mode::Pipeline))
     }
 }
 
@@ -124,11 +134,21 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
     }
 }
 
-/// Loads config and weights of a model directory and builds the model.
+/// Loads config and weights of a model directory and builds the model. A rank of a
+/// distributed group (`dist::init`) first checks that every rank loads the same model, then
+/// keeps its part of it (tensor or pipeline parallel, as the group's mode says).
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
+    crate::dist::agree_on_model(dir)?;
     let config = ModelConfig::read(dir)?;
     let weights = Weights::load(dir)?;
-    let model = build(&config, weights)?;
+    let mut model = build(&config, weights)?;
+    if let Some(g) = crate::dist::group() {
+        let part = shard::Part::of_group();
+        match g.mode {
+            Mode::Tensor => model.shard(part)?,
+            Mode::Pipeline => model.pipeline(part)?,
+        }
+    }
     check_forward(model.as_ref())?;
     Ok(model)
 }

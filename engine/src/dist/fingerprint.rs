@@ -1,0 +1,116 @@
+//! The first collective of every rank: who it is. A rank started with another model, another
+//! engine or MLX build, or another mode would compute different shapes and deadlock (or,
+//! worse, agree on shapes and sum garbage), so the ranks compare 64-byte fingerprints and
+//! all refuse to go on when any differs.
+
+use std::io::Read;
+use std::path::Path;
+
+use mlx_rs::Array;
+use sha2::{Digest, Sha256};
+
+use super::{DistError, Mode};
+
+const TAG: &[u8; 4] = b"EDST";
+const LEN: usize = 64;
+
+/// [tag 4][mode 1][size 1][rank 2][engine+mlx 24][model 32].
+pub struct Fingerprint([u8; LEN]);
+
+/// The bytes of config.json and each weight file's name, size and safetensors header: what
+/// decides the shapes and values a rank computes (not the tensors' bytes: reading them twice
+/// would double the load time; the header carries every name, dtype, shape and offset).
+fn model_digest(dir: &Path) -> Result<[u8; 32], DistError> {
+    let io = |p: &Path, e: std::io::Error| DistError::Env(format!("{}: {e}", p.display()));
+    let mut h = Sha256::new();
+    let config = dir.join("config.json");
+    h.update(std::fs::read(&config).map_err(|e| io(&config, e))?);
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
+        })
+        .collect();
+    files.sort();
+    for path in files {
+        let mut f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+        let size = f.metadata().map_err(|e| io(&path, e))?.len();
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len).map_err(|e| io(&path, e))?;
+        let n = u64::from_le_bytes(len)
+            .min(size.saturating_sub(8))
+            .min(1 << 28);
+        let mut header = vec![0u8; n as usize];
+        f.read_exact(&mut header).map_err(|e| io(&path, e))?;
+        h.update(path.file_name().unwrap_or_default().as_encoded_bytes());
+        h.update(size.to_le_bytes());
+        h.update(&header);
+    }
+    Ok(h.finalize().into())
+}
+
+impl Fingerprint {
+    pub fn new(dir: &Path, mode: Mode, rank: usize, size: usize) -> Result<Self, DistError> {
+        let mut b = [0u8; LEN];
+        b[..4].copy_from_slice(TAG);
+        b[4] = match mode {
+            Mode::Tensor => 1,
+            Mode::Pipeline => 2,
+        };
+        b[5] = size.min(255) as u8;
+        b[6..8].copy_from_slice(&(rank as u16).to_le_bytes());
+        let build = Sha256::digest(format!(
+            "engine {} mlx {}",
+            env!("CARGO_PKG_VERSION"),
+            crate::runtime::mlx_version()
+        ));
+        b[8..32].copy_from_slice(&build[..24]);
+        b[32..].copy_from_slice(&model_digest(dir)?);
+        Ok(Fingerprint(b))
+    }
+}
+
+/// Every rank's fingerprint to every rank (all_gather): Ok when they agree apart from the
+/// rank field, else an error naming the ranks and what differs. Every rank calls it first.
+pub fn check_fingerprints(mine: &Fingerprint) -> Result<(), DistError> {
+    let mlx =
+        |e: mlx_rs::error::Exception| DistError::Connect(format!("fingerprint exchange: {e}"));
+    let all = super::all_gather(&Array::from_slice(&mine.0, &[1, LEN as i32])).map_err(mlx)?;
+    all.eval().map_err(mlx)?;
+    let all = all.as_slice::<u8>().to_vec();
+    let mut problems = Vec::new();
+    for (r, theirs) in all.chunks(LEN).enumerate() {
+        let diff = |range: std::ops::Range<usize>| theirs[range.clone()] != mine.0[range];
+        let mut what = Vec::new();
+        if diff(0..4) {
+            what.push("not an engine rank (another program, or another protocol)");
+        } else {
+            if diff(4..5) {
+                what.push("parallel mode (--pipeline on some ranks only)");
+            }
+            if diff(5..6) {
+                what.push("group size");
+            }
+            if diff(8..32) {
+                what.push("engine or MLX version");
+            }
+            if diff(32..64) {
+                what.push("model (config.json or weights differ)");
+            }
+        }
+        if !what.is_empty() {
+            problems.push(format!("rank {r}: {}", what.join(", ")));
+        }
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(DistError::Mismatch(format!(
+        "the ranks do not run the same thing ({}): start every rank with the same engine, \
+         model directory and flags",
+        problems.join("; ")
+    )))
+}
