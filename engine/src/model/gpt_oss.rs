@@ -24,10 +24,11 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::layers::{
-    compiled_shapeless, layer_cache, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
+    compiled_shapeless, layer_cache, weak, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
 };
 use super::moe::{SwitchGlu, SwitchLinear};
 use super::moe_decoder::check_top_k;
+use super::shard::{slice, Part, Split};
 use super::{rope, sdpa, LanguageModel};
 use crate::cache::{Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
@@ -227,6 +228,32 @@ impl SinkAttention {
         self.o_proj
             .forward(&out.swap_axes(1, 2)?.reshape(&[b, l, -1])?)
     }
+
+    /// `gpt_oss.Model.shard`'s attention: q/k/v by columns, o by rows, and this rank's
+    /// heads' sinks (`sinks[h·r : h·(r+1)]`, h the heads per rank). Heads are counted from
+    /// the projections (the forward reshapes with -1).
+    fn shard(&mut self, part: Part, attn: &str) -> Result<(), LoadError> {
+        let heads = self.sinks.shape()[0];
+        let kv_heads = self.k_proj.weight.shape()[0] / self.head_dim;
+        let n = part.size as i32;
+        if heads % n != 0 || kv_heads % n != 0 {
+            return Err(LoadError::Unsupported(format!(
+                "{attn}: {heads} query and {kv_heads} KV heads do not split over {n} ranks \
+                 (tensor parallel needs both to divide by the rank count)"
+            )));
+        }
+        for (l, name) in [
+            (&mut self.q_proj, "q_proj"),
+            (&mut self.k_proj, "k_proj"),
+            (&mut self.v_proj, "v_proj"),
+        ] {
+            l.shard(Split::Columns, part, &format!("{attn}.{name}"))?;
+        }
+        self.o_proj
+            .shard(Split::Rows, part, &format!("{attn}.o_proj"))?;
+        self.sinks = slice(&self.sinks, 0, part, &format!("{attn}.sinks"))?;
+        Ok(())
+    }
 }
 
 /// `MLPBlock`: the router's top k logits, softmaxed, weigh the k experts' outputs.
@@ -266,7 +293,25 @@ impl Experts {
         let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
         let weights = softmax_axis(g.take_along_axis(&inds, -1)?, -1, true)?;
         let y = self.experts.forward_with(x, &inds, swiglu_oai)?;
-        y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)
+        let y = y.multiply(weights.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        self.experts.sum_partials(y)
+    }
+
+    /// `gpt_oss.Model.shard`'s experts: narrowed in place (`moe/shard.rs`), the router
+    /// whole. Every rank adds the down projection's bias before the block's `all_sum`, so
+    /// mlx-lm divides it by N (`bias /= N`); N adds of bias/N round unlike one add of the
+    /// bias, so the port divides exactly as mlx-lm does.
+    fn shard(&mut self, part: Part, mlp: &str) -> Result<(), LoadError> {
+        self.experts.shard(part, &format!("{mlp}.experts"))?;
+        if let Some(b) = &self.experts.down_proj.bias {
+            // `bias /= N`: a Python int, weak (the bias's dtype).
+            let divided = weak(part.size as f64, b).and_then(|n| b.divide(&n));
+            let divided = divided.map_err(|e| {
+                LoadError::Weights(format!("sharding `{mlp}.experts.down_proj.bias`: {e}"))
+            })?;
+            self.experts.down_proj.bias = Some(divided);
+        }
+        Ok(())
     }
 }
 
@@ -377,6 +422,17 @@ impl LanguageModel for GptOss {
             .iter()
             .map(|b| layer_cache(!b.sliding, self.window))
             .collect()
+    }
+
+    /// Tensor parallel as `gpt_oss.Model.shard`: the attention's heads and sinks, the
+    /// experts' features (`moe/shard.rs`), the expert down bias divided by the rank count.
+    fn shard(&mut self, part: Part) -> Result<(), LoadError> {
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            b.attn.shard(part, &format!("{p}.self_attn"))?;
+            b.mlp.shard(part, &format!("{p}.mlp"))?;
+        }
+        Ok(())
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {

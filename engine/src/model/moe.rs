@@ -12,6 +12,7 @@
 //! by expert first and unsorted after (`_gather_sort` / `_scatter_unsort`), as mlx-lm does.
 
 pub mod lora;
+mod shard;
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
@@ -41,6 +42,9 @@ pub struct SwitchLinear {
     pub quantized: Option<Quantized>,
     /// A LoRA adapter per expert, when attached (`moe/lora.rs`).
     pub lora: std::cell::RefCell<Option<super::layers::Lora>>,
+    /// Tensor parallel (`moe/shard.rs`): narrowed to this rank's slice of the inputs, so its
+    /// outputs are partial sums the owning block sums over the ranks after combining.
+    pub partial_sums: bool,
 }
 
 impl SwitchLinear {
@@ -77,6 +81,7 @@ impl SwitchLinear {
             bias,
             quantized,
             lora: Default::default(),
+            partial_sums: false,
         })
     }
 
@@ -208,6 +213,7 @@ fn stacked_experts(
         bias: None,
         quantized: None,
         lora: Default::default(),
+        partial_sums: false,
     }))
 }
 
@@ -227,6 +233,7 @@ pub fn dense_experts(name: &str, weight: Array) -> Result<SwitchLinear, LoadErro
         bias: None,
         quantized: None,
         lora: Default::default(),
+        partial_sums: false,
     })
 }
 
@@ -320,6 +327,6 @@ impl SparseMoe {
     pub fn forward(&self, x: &Array) -> R<Array> {
         let (inds, scores) = self.router.route(x)?;
         let y = self.experts.forward(x, &inds)?;
-        combine(&y, &scores)
+        self.experts.sum_partials(combine(&y, &scores)?)
     }
 }

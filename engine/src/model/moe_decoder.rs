@@ -281,6 +281,34 @@ impl LanguageModel for MoeDecoder {
     fn as_layered(&self) -> Option<&dyn Layered> {
         Some(self)
     }
+
+    /// Tensor parallel as `qwen3_moe.Model.shard`: attention and dense MLPs as Llama's; a
+    /// sparse block keeps its router whole and every expert narrowed (`moe/shard.rs`), and
+    /// sums its combined output over the ranks. mlx-lm shards no other MoE family.
+    fn shard(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
+        if self.model_type != "qwen3_moe" {
+            return Err(super::shard::unsupported(
+                self.model_type,
+                crate::dist::Mode::Tensor,
+            ));
+        }
+        let ffn = self.ffn_name();
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            let p = format!("model.layers.{i}");
+            b.attn.shard(part, &p)?;
+            match &mut b.ffn {
+                Ffn::Dense(mlp) => mlp.shard(part, &format!("{p}.{ffn}"))?,
+                Ffn::Sparse(moe) => moe.experts.shard(part, &format!("{p}.{ffn}.switch_mlp"))?,
+                Ffn::Shared(_) => {
+                    return Err(super::shard::unsupported(
+                        self.model_type,
+                        crate::dist::Mode::Tensor,
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl MoeDecoder {
