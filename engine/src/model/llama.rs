@@ -14,6 +14,7 @@ use super::layers::{
     attn_mlp_linears, block_linears, Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm,
     Rope,
 };
+use super::pipeline::{self, Stage};
 use super::rope;
 use super::{LanguageModel, Layered};
 use crate::cache::{Cache, KvCache, Mask};
@@ -228,6 +229,8 @@ pub struct Llama {
     embed: Embedding,
     blocks: Vec<Block>,
     head: OutputHead,
+    /// Pipeline parallel: this rank's stage (`blocks` then holds only its layers).
+    stage: Option<Stage>,
 }
 
 impl Llama {
@@ -319,6 +322,7 @@ impl Llama {
             embed,
             blocks,
             head,
+            stage: None,
         })
     }
 }
@@ -333,33 +337,43 @@ impl LanguageModel for Llama {
     }
 
     fn linears(&self) -> Vec<(String, &Linear)> {
-        block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp))
+        let named = block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp));
+        pipeline::checkpoint_names(self.stage.as_ref(), named)
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {
         self.embed.output_dtype()
     }
 
+    /// One per local layer (a pipeline stage's in its stage wrapper).
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
+        let caches = self
+            .blocks
             .iter()
             .map(|b| match b.attn.rope.needs_int_offset() {
                 true => Box::new(rope::IntOffsetKv(KvCache::new())) as Box<dyn Cache>,
                 false => Box::new(KvCache::new()) as Box<dyn Cache>,
             })
-            .collect()
+            .collect();
+        pipeline::local_caches(self.stage.as_ref(), caches)
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
         let h = self.embed.forward(ids)?;
         // One mask for every (full-attention) layer, from the first cache, as mlx-lm does.
         let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        let h = self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))?;
+        let h = pipeline::run(self.stage.as_ref(), h, caches, |h, caches| {
+            self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))
+        })?;
         self.head_logits(&h)
     }
 
+    /// None on a pipeline stage: its blocks are only part of the model.
     fn as_layered(&self) -> Option<&dyn Layered> {
-        Some(self)
+        match self.stage {
+            Some(_) => None,
+            None => Some(self),
+        }
     }
 
     fn shard(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
@@ -368,6 +382,15 @@ impl LanguageModel for Llama {
             b.attn.shard(part, &p)?;
             b.mlp.shard(part, &format!("{p}.mlp"))?;
         }
+        Ok(())
+    }
+
+    /// `Qwen2Model.pipeline`: this rank keeps its stage's layers. mlx-lm 0.32.2 pipelines
+    /// only qwen2 of this family (llama, mistral and qwen3 have no `PipelineMixin`).
+    fn pipeline(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
+        let stage = pipeline::stage_for(&self.model_type, &["qwen2"], part, self.blocks.len())?;
+        self.blocks = stage.keep(std::mem::take(&mut self.blocks));
+        self.stage = Some(stage);
         Ok(())
     }
 }

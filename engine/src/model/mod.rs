@@ -9,6 +9,7 @@ pub mod mixtral;
 pub mod moe;
 pub mod moe_decoder;
 pub mod phi3;
+pub mod pipeline;
 pub mod quantized;
 pub mod qwen2_moe;
 pub mod qwen3_moe;

@@ -13,6 +13,7 @@ use mlx_rs::Array;
 
 use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm, Rope};
 use super::moe::{SparseMoe, SwitchLinear};
+use super::pipeline::{self, Stage};
 use super::{LanguageModel, Layered};
 use crate::cache::{Cache, KvCache, Mask};
 use crate::load::config::ModelConfig;
@@ -75,6 +76,8 @@ pub struct MoeDecoder {
     embed: Embedding,
     blocks: Vec<Block>,
     head: OutputHead,
+    /// Pipeline parallel: this rank's stage (`blocks` then holds only its layers).
+    stage: Option<Stage>,
 }
 
 /// The attention of the MoE families: Llama's, plain `nn.RoPE` (no scaling: mlx-lm's MoE
@@ -175,6 +178,7 @@ impl MoeDecoder {
             embed,
             blocks,
             head,
+            stage: None,
         })
     }
 }
@@ -242,7 +246,7 @@ impl LanguageModel for MoeDecoder {
                 all.push((format!("model.layers.{i}.{n}"), l));
             }
         }
-        all
+        pipeline::checkpoint_names(self.stage.as_ref(), all)
     }
 
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
@@ -253,7 +257,7 @@ impl LanguageModel for MoeDecoder {
                 all.push((format!("model.layers.{i}.{n}"), l));
             }
         }
-        all
+        pipeline::checkpoint_names(self.stage.as_ref(), all)
     }
 
     fn activation_dtype(&self) -> mlx_rs::Dtype {
@@ -264,22 +268,40 @@ impl LanguageModel for MoeDecoder {
         self.head.width(&self.embed)
     }
 
+    /// One per local layer (a pipeline stage's in its stage wrapper).
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
+        let caches = self
+            .blocks
             .iter()
             .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
-            .collect()
+            .collect();
+        pipeline::local_caches(self.stage.as_ref(), caches)
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
         let h = self.embed.forward(ids)?;
         let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        let h = self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))?;
+        let h = pipeline::run(self.stage.as_ref(), h, caches, |h, caches| {
+            self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))
+        })?;
         self.head.forward(&self.embed, &h)
     }
 
+    /// None on a pipeline stage: its blocks are only part of the model.
     fn as_layered(&self) -> Option<&dyn Layered> {
-        Some(self)
+        match self.stage {
+            Some(_) => None,
+            None => Some(self),
+        }
+    }
+
+    /// `Qwen3MoeModel.pipeline`: this rank keeps its stage's layers. mlx-lm 0.32.2
+    /// pipelines no other MoE family.
+    fn pipeline(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
+        let stage = pipeline::stage_for(self.model_type, &["qwen3_moe"], part, self.blocks.len())?;
+        self.blocks = stage.keep(std::mem::take(&mut self.blocks));
+        self.stage = Some(stage);
+        Ok(())
     }
 
     /// Tensor parallel as `qwen3_moe.Model.shard`: attention and dense MLPs as Llama's; a
