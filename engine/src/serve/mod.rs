@@ -3,8 +3,10 @@
 //! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
 
 mod batch_lane;
+mod dist_plan;
 mod emit;
 pub mod error;
+mod follower;
 pub mod guard;
 pub mod request;
 mod routes;
@@ -132,6 +134,9 @@ pub struct ServeArgs {
     pub interleave: usize,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
+    /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).
+    #[command(flatten)]
+    pub dist: crate::dist::DistArgs,
 }
 
 /// The server's limits on a request, shared by the HTTP side and the model thread.
@@ -316,6 +321,7 @@ struct Shared {
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "plant")]
     crate::plant::on_from_env().map_err(anyhow::Error::msg)?;
+    let group = dist_plan::join(&args)?;
     let config = Config::from_args(&args)?;
     let shared = Shared {
         tokenizer: config.tokenizer.clone(),
@@ -329,6 +335,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ssd: Default::default(),
         },
     };
+    if group.is_some_and(|g| g.rank != 0) {
+        let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
+        return dist_plan::follow(worker);
+    }
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
     let (tx, rx) = mpsc::channel::<worker::Job>();
     let (model_thread, vocab) =
@@ -367,10 +377,14 @@ fn spawn_model_thread(
         std::thread::Builder::new()
             .name("model".into())
             .spawn(move || match load_worker(&args, opts, context, shared) {
-                Ok(worker) => {
+                Ok(mut worker) => {
                     let slots = args.batch.max(1);
+                    worker.dist = crate::dist::active().then(dist_plan::Leader::default);
                     // Why `--batch N` cannot batch, said before the server reports ready.
-                    let lane = (slots > 1).then(|| worker.not_batchable());
+                    let lane = (slots > 1).then(|| match worker.dist {
+                        Some(_) => Some(dist_plan::SERIAL_REASON),
+                        None => worker.not_batchable(),
+                    });
                     if let Some(Some(why)) = lane {
                         let _ = worker.counters.serial_reason.set(why);
                         eprintln!(
@@ -435,6 +449,7 @@ fn load_worker(
         prefill_step: args.prefill_step_size.max(1),
         counters: shared.counters,
         limits: shared.limits,
+        dist: None,
     })
 }
 

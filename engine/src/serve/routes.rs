@@ -91,6 +91,9 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
             "target_calls": n(&c.spec_target_calls),
             "fallbacks": n(&c.spec_fallbacks),
         },
+        "group": crate::dist::group().map(|g| json!({
+            "rank": g.rank, "size": g.size, "mode": g.mode.name(),
+        })),
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
     }))

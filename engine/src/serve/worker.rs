@@ -185,6 +185,8 @@ pub struct Worker {
     pub prefill_step: usize,
     pub counters: Arc<Counters>,
     pub limits: Arc<Limits>,
+    /// Rank 0 of a distributed group: what it shares with the followers (`dist_plan`).
+    pub dist: Option<super::dist_plan::Leader>,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -192,6 +194,8 @@ pub struct Worker {
 /// — of each request in turn, with the same MLX calls in the same order per request as
 /// when it runs alone, so every answer is unchanged.
 struct Turn<'w> {
+    /// The request's id in the round plans (under a group).
+    id: u64,
     emit: Emitter<'w>,
     decode: Decode<'w>,
     dec: Decoder<'w>,
@@ -201,7 +205,7 @@ struct Turn<'w> {
     draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
 }
 
-fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
+pub(super) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
     ApiError::server(format!(
         "the model failed on this request: {}",
         panic
@@ -222,7 +226,11 @@ impl Worker {
         let slots = self.limits.interleave.max(1);
         let mut turns: VecDeque<Turn<'_>> = VecDeque::new();
         let mut held: Option<Job> = None;
+        crate::dist::arm("the first round plan");
         loop {
+            if let Some(why) = self.dist.as_ref().and_then(|l| l.lost()) {
+                self.peer_lost(&mut turns, held.take(), &jobs, &why);
+            }
             if turns.is_empty() && held.is_none() {
                 match self.next_job(&jobs) {
                     Some(job) => held = Some(job),
@@ -264,9 +272,14 @@ impl Worker {
                     }
                     Ok(Ok(Some(finish))) => Ok(finish),
                     Ok(Err(e)) => Err(e),
-                    Err(panic) => Err(panic_error(panic)),
+                    Err(panic) => Err(self.lose_on_panic(panic)),
                 };
                 self.guarded_end(turn, result);
+            }
+            if let (false, Some(lead)) = (ticked, &self.dist) {
+                if let Err(e) = lead.heartbeat() {
+                    lead.lose(&e);
+                }
             }
             if !ticked && !turns.is_empty() {
                 // Every request waits on its client: wait a moment (or for a new job).
@@ -286,9 +299,18 @@ impl Worker {
 
     /// `end_turn`, with a panic failing the request alone.
     fn guarded_end(&self, turn: Turn<'_>, result: Result<Finish, ApiError>) {
+        if let Some(why) = self.dist.as_ref().and_then(|l| l.lost()) {
+            // No MLX work after a failed collective (a later one would hang): it fails as is.
+            let e = ApiError::server(super::dist_plan::lost_message(&why));
+            return self.end_failed(turn.emit, e);
+        }
+        let (id, prompt_len) = (turn.id, turn.prompt_ids.len());
         if catch_unwind(AssertUnwindSafe(|| self.end_turn(turn, result))).is_err() {
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        }
+        if let Some(lead) = &self.dist {
+            lead.ended(id, prompt_len);
         }
     }
 
@@ -299,7 +321,7 @@ impl Worker {
             Ok(turn) => turn,
             Err(panic) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                let _ = events.try_send(Event::Failed(panic_error(panic)));
+                let _ = events.try_send(Event::Failed(self.lose_on_panic(panic)));
                 self.counters.running.fetch_sub(1, Ordering::Relaxed);
                 None
             }
@@ -370,12 +392,20 @@ impl Worker {
             spec.map(|((draft, _), gamma)| (draft, gamma, draft_caches.take().unwrap_or_default()));
         let eos = &self.tokenizer.eos_token_ids;
         let mut dec = Decoder::new(&prompt_ids, max_tokens, eos, sampler);
+        let id = match self.share_admission(&request, &prompt_ids, max_tokens, cached) {
+            Ok(id) => id,
+            Err(e) => {
+                self.end_failed(emit, e);
+                return None;
+            }
+        };
         match Decode::start(session, draft, &self.opts, &mut dec, &prompt_ids, cached) {
             Err(e) => {
-                self.end_failed(emit, e.into());
+                self.end_failed(emit, self.model_error(e));
                 None
             }
             Ok(decode) => Some(Turn {
+                id,
                 emit,
                 decode,
                 dec,
@@ -389,8 +419,23 @@ impl Worker {
     /// One step (or speculative round) of one request. Some(finish) when it is over.
     fn turn(&self, t: &mut Turn<'_>) -> Result<Option<Finish>, ApiError> {
         let emit = &mut t.emit;
-        t.decode
-            .advance(&mut t.dec, &mut |id, logprobs, _| emit.token(id, logprobs))
+        let Some(lead) = &self.dist else {
+            return t
+                .decode
+                .advance(&mut t.dec, &mut |id, logprobs, _| emit.token(id, logprobs));
+        };
+        let step = super::dist_plan::Op::Step { id: t.id };
+        lead.send(Some(step)).map_err(|e| lead.lose(&e))?;
+        lead.emit_failed.set(false);
+        let result = t.decode.advance(&mut t.dec, &mut |id, logprobs, _| {
+            lead.flow(id, emit.token(id, logprobs))
+                .unwrap_or_else(|e| Err(lead.lose(&e)))
+        });
+        match result {
+            // A model error on one rank is a step the others did not finish the same way.
+            Err(e) if !lead.emit_failed.get() => Err(lead.lose(&e.message)),
+            other => other,
+        }
     }
 
     /// Ends a request that left the turns: no MLX work left in flight, then its answer.
@@ -413,7 +458,9 @@ impl Worker {
                 .fetch_add(spec.target_calls as u64, Ordering::Relaxed);
         }
         let ((session, fed), finish) = match (decode.end(), result) {
-            (Err(e), _) => return self.end_failed(emit, e.into()),
+            (Err(e), _) => {
+                return self.end_failed(emit, self.model_error(e));
+            }
             (Ok(_), Err(e)) => return self.end_failed(emit, e),
             (Ok(ended), Ok(finish)) => (ended, finish),
         };
@@ -524,7 +571,32 @@ impl Worker {
     /// Waits for the next job. Pending write-behind snapshots are written once the lane has
     /// been idle for the debounce time, and before returning None (every sender gone).
     pub(super) fn next_job(&self, jobs: &mpsc::Receiver<Job>) -> Option<Job> {
-        self.store.borrow_mut().recv(jobs)
+        match &self.dist {
+            Some(lead) => self.lead_idle(lead, jobs),
+            None => self.store.borrow_mut().recv(jobs),
+        }
+    }
+
+    /// Under a group, when a collective failed: every request in flight or waiting fails
+    /// (a 500, or an error event mid-stream), the HTTP side gets a moment to send that,
+    /// and the process exits with `dist::exit::PEER_LOST`.
+    fn peer_lost(
+        &self,
+        turns: &mut VecDeque<Turn<'_>>,
+        held: Option<Job>,
+        jobs: &mpsc::Receiver<Job>,
+        why: &str,
+    ) -> ! {
+        let error = || ApiError::server(super::dist_plan::lost_message(why));
+        for t in turns.iter_mut() {
+            t.emit.fail(error());
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        for job in held.into_iter().chain(jobs.try_iter()) {
+            let _ = job.events.try_send(Event::Failed(error()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        crate::dist::fatal(&why)
     }
 
     /// Puts the session's caches in the prompt cache under the tokens they hold: the prompt
@@ -541,7 +613,10 @@ impl Worker {
     // No adapters yet: every request is in the base model's namespace ("").
 
     /// Keeps caches holding (at least) the first tokens of `tokens` (`PromptStore::keep_fed`).
-    fn keep_fed(&self, caches: Vec<Box<dyn crate::cache::Cache>>, tokens: Vec<u32>) {
+    pub(super) fn keep_fed(&self, caches: Vec<Box<dyn crate::cache::Cache>>, tokens: Vec<u32>) {
+        if let Some(lead) = &self.dist {
+            *lead.kept.borrow_mut() = Some(tokens.clone());
+        }
         self.store.borrow_mut().keep_fed("", caches, tokens);
     }
 

@@ -1,0 +1,381 @@
+//! `engine serve` as ranks of a distributed group (mlx.launch): rank 0 serves HTTP and runs
+//! the worker; every other rank runs a follower (`follower.rs`) with the same model shard,
+//! sampler and prompt store, and no HTTP. Every rank must run the same forwards, in the
+//! same order, with the same shapes (each one holds collectives). The worker decides on
+//! facts only rank 0 sees (arrivals, backlogged clients, stop strings, deadlines,
+//! disconnects), so rank 0 shares them, in mlx_lm.server's framing (`dist::share_bytes`):
+//!
+//! * before each model step, a **round plan** (JSON): the requests that ended since the last
+//!   plan (with the tokens their caches were kept under, so prompt-store contents cannot
+//!   diverge), then the step: an admission (prompt ids, sampling, seed, limit, and how many
+//!   prompt tokens the prompt store gave), a decode step of one request, or shutdown;
+//! * while idle, an empty plan at most every [`HEARTBEAT`] (which also notices a lost peer);
+//! * at each emitted token, the emitter's decision (go on, stop, failed) — stop strings
+//!   and cut clients are known on rank 0 only, and a step that goes on may run a forward.
+//!
+//! Any failed collective is fatal: the ring cannot recover.
+
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+use mlx_rs::error::Exception;
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use crate::generate::sampler::SamplingParams;
+use crate::generate::Flow;
+
+/// The most rank 0 stays silent while idle.
+pub const HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// A request's sampling settings as shared (`SamplingParams`, every field).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sampling {
+    temp: f64,
+    top_p: f64,
+    min_p: f64,
+    min_tokens_to_keep: i32,
+    top_k: i32,
+    seed: u64,
+    logit_bias: Vec<(u32, f32)>,
+    repetition_penalty: Option<f64>,
+    repetition_context_size: usize,
+    presence_penalty: Option<f64>,
+    presence_context_size: usize,
+    frequency_penalty: Option<f64>,
+    frequency_context_size: usize,
+}
+
+impl From<&SamplingParams> for Sampling {
+    fn from(p: &SamplingParams) -> Self {
+        Sampling {
+            temp: p.temp,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            min_tokens_to_keep: p.min_tokens_to_keep,
+            top_k: p.top_k,
+            seed: p.seed,
+            logit_bias: p.logit_bias.clone(),
+            repetition_penalty: p.repetition_penalty,
+            repetition_context_size: p.repetition_context_size,
+            presence_penalty: p.presence_penalty,
+            presence_context_size: p.presence_context_size,
+            frequency_penalty: p.frequency_penalty,
+            frequency_context_size: p.frequency_context_size,
+        }
+    }
+}
+
+impl From<Sampling> for SamplingParams {
+    fn from(s: Sampling) -> Self {
+        SamplingParams {
+            temp: s.temp,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            min_tokens_to_keep: s.min_tokens_to_keep,
+            top_k: s.top_k,
+            seed: s.seed,
+            logit_bias: s.logit_bias,
+            repetition_penalty: s.repetition_penalty,
+            repetition_context_size: s.repetition_context_size,
+            presence_penalty: s.presence_penalty,
+            presence_context_size: s.presence_context_size,
+            frequency_penalty: s.frequency_penalty,
+            frequency_context_size: s.frequency_context_size,
+        }
+    }
+}
+
+/// A request rank 0 admits: everything a follower needs to run its prefill and steps.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Admit {
+    pub id: u64,
+    pub prompt: Vec<u32>,
+    /// The limit after clamping to the context.
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    /// Prompt tokens the prompt store gave rank 0 (the rest is prefilled).
+    pub cached: usize,
+}
+
+/// One entry of a round plan, applied in order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Op {
+    /// A request left the turns; `keep`: the tokens after its prompt that its caches were
+    /// kept under (None: not kept).
+    End {
+        id: u64,
+        keep: Option<Vec<u32>>,
+    },
+    Admit(Admit),
+    /// One decode step of a request.
+    Step {
+        id: u64,
+    },
+    /// Rank 0 stops serving: followers exit 0.
+    Shutdown,
+}
+
+/// The emitter's decision at a token, shared so every rank's decoder does the same.
+const GO_ON: u8 = 0;
+const STOP: u8 = 1;
+const FAILED: u8 = 2;
+
+/// Rank 0's side: what has happened since the last plan.
+#[derive(Default)]
+pub struct Leader {
+    pending: RefCell<Vec<Op>>,
+    last_sent: Cell<Option<Instant>>,
+    next_id: Cell<u64>,
+    /// The tokens `keep_fed` kept the ending request's caches under.
+    pub kept: RefCell<Option<Vec<u32>>>,
+    /// Set when the emitter failed at a token (not a model error).
+    pub emit_failed: Cell<bool>,
+    /// Why a collective (or a model step, which holds collectives) failed: the server
+    /// fails what is in flight and exits.
+    lost: RefCell<Option<String>>,
+}
+
+impl Leader {
+    /// Marks the group lost (the first cause is kept); the error for the request at hand.
+    pub fn lose(&self, why: &dyn std::fmt::Display) -> ApiError {
+        let mut lost = self.lost.borrow_mut();
+        let why = lost.get_or_insert_with(|| why.to_string()).clone();
+        ApiError::server(lost_message(&why))
+    }
+
+    /// Why the group was lost, if it was.
+    pub fn lost(&self) -> Option<String> {
+        self.lost.borrow().clone()
+    }
+
+    /// A fresh request id.
+    pub fn next_id(&self) -> u64 {
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        id
+    }
+
+    /// Notes a request that ended (sent with the next plan): its caches' kept tokens past
+    /// its prompt of `prompt_len` (taken from `kept`).
+    pub fn ended(&self, id: u64, prompt_len: usize) {
+        let keep = self
+            .kept
+            .borrow_mut()
+            .take()
+            .map(|mut t| t.split_off(prompt_len));
+        self.pending.borrow_mut().push(Op::End { id, keep });
+    }
+
+    /// Shares the pending ends and then `op` (None: only the ends, a heartbeat).
+    pub fn send(&self, op: Option<Op>) -> Result<(), Exception> {
+        let mut ops = std::mem::take(&mut *self.pending.borrow_mut());
+        ops.extend(op);
+        let bytes = serde_json::to_vec(&ops).map_err(|e| Exception::custom(e.to_string()))?;
+        crate::dist::share_bytes(&bytes)?;
+        self.last_sent.set(Some(Instant::now()));
+        crate::dist::tick("the next round plan");
+        Ok(())
+    }
+
+    /// An empty plan when nothing was shared for [`HEARTBEAT`].
+    pub fn heartbeat(&self) -> Result<(), Exception> {
+        if self
+            .last_sent
+            .get()
+            .is_none_or(|t| t.elapsed() >= HEARTBEAT)
+        {
+            self.send(None)?;
+        }
+        Ok(())
+    }
+
+    /// Shares the emitter's decision at token `id`; returns it.
+    pub fn flow<E>(&self, id: u32, decided: Result<Flow, E>) -> Result<Result<Flow, E>, Exception> {
+        let code = match &decided {
+            Ok(Flow::Continue) => GO_ON,
+            Ok(Flow::Stop) => STOP,
+            Err(_) => FAILED,
+        };
+        self.emit_failed.set(code == FAILED);
+        let mut bytes = vec![code];
+        bytes.extend(id.to_le_bytes());
+        crate::dist::share_bytes(&bytes)?;
+        Ok(decided)
+    }
+}
+
+/// The error of every request in flight when the group is lost.
+pub fn lost_message(why: &str) -> String {
+    format!(
+        "a distributed step failed ({why}): a peer rank was lost; this server exits \
+         (restart every rank)"
+    )
+}
+
+/// A token decision: its code and the id rank 0 emitted.
+const DECISION_BYTES: usize = 5;
+
+/// Ends a follower whose decoding no longer matches rank 0's (they sampled different ids,
+/// or one stopped where the other did not), with `dist::exit::MISMATCH`.
+fn diverged(what: &str) -> ! {
+    crate::dist::exit_with(
+        crate::dist::exit::MISMATCH,
+        &format!(
+            "the ranks' decoding diverged: {what} (the ranks computed different logits: are \
+             they running the same engine build on the same model?)"
+        ),
+    )
+}
+
+/// A follower's next round plan (rank 0's ops, in order).
+pub fn receive() -> Result<Vec<Op>, Exception> {
+    let bytes = crate::dist::share_bytes(&[])?;
+    crate::dist::tick("the next round plan");
+    if bytes.len() == DECISION_BYTES && bytes[0] <= FAILED {
+        diverged("rank 0 emitted a token where this rank's request had ended");
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Exception::custom(format!("a round plan that does not parse: {e}")))
+}
+
+/// A follower's view of rank 0's decision at this rank's token `id`: go on, or stop there
+/// (rank 0 stopped, or its emitter failed, which ends the request without another forward
+/// as well).
+pub fn follow_flow(id: u32) -> Result<Flow, Exception> {
+    let bytes = crate::dist::share_bytes(&[])?;
+    if bytes.len() != DECISION_BYTES {
+        diverged("rank 0 went on with a round plan where this rank emitted a token");
+    }
+    let theirs = u32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]);
+    if theirs != id {
+        diverged(&format!(
+            "rank 0 emitted id {theirs} where this rank sampled {id}"
+        ));
+    }
+    match bytes[0] {
+        GO_ON => Ok(Flow::Continue),
+        STOP | FAILED => Ok(Flow::Stop),
+        _ => Err(Exception::custom("a token decision that does not parse")),
+    }
+}
+
+impl super::worker::Worker {
+    /// An MLX error of a model step as the request's error; under a group it also marks
+    /// the group lost (the step held collectives: the ranks no longer agree).
+    pub(super) fn model_error(&self, e: Exception) -> ApiError {
+        match &self.dist {
+            Some(lead) => lead.lose(&e),
+            None => e.into(),
+        }
+    }
+
+    /// A panic on the model thread as the request's error (and, under a group, the group
+    /// lost).
+    pub(super) fn lose_on_panic(&self, panic: Box<dyn std::any::Any + Send>) -> ApiError {
+        let e = super::worker::panic_error(panic);
+        match &self.dist {
+            Some(lead) => lead.lose(&e.message),
+            None => e,
+        }
+    }
+
+    /// Under a group, shares an admission before its prefill; its id (0 outside a group).
+    pub(super) fn share_admission(
+        &self,
+        request: &super::request::GenRequest,
+        prompt: &[u32],
+        max_tokens: usize,
+        cached: usize,
+    ) -> Result<u64, ApiError> {
+        let Some(lead) = &self.dist else { return Ok(0) };
+        let id = lead.next_id();
+        let admit = Admit {
+            id,
+            prompt: prompt.to_vec(),
+            max_tokens,
+            sampling: (&request.sampling).into(),
+            cached,
+        };
+        lead.send(Some(Op::Admit(admit)))
+            .map_err(|e| lead.lose(&e))?;
+        Ok(id)
+    }
+
+    /// Rank 0 waiting for a job: an empty plan every [`HEARTBEAT`]; when every sender is
+    /// gone, shutdown is shared and None returned.
+    pub(super) fn lead_idle(
+        &self,
+        lead: &Leader,
+        jobs: &std::sync::mpsc::Receiver<super::worker::Job>,
+    ) -> Option<super::worker::Job> {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            let sent = match jobs.recv_timeout(HEARTBEAT) {
+                Ok(job) => return Some(job),
+                Err(RecvTimeoutError::Timeout) => lead.heartbeat(),
+                Err(RecvTimeoutError::Disconnected) => {
+                    if let Err(e) = lead.send(Some(Op::Shutdown)) {
+                        crate::dist::fatal(&e)
+                    }
+                    return None;
+                }
+            };
+            if let Err(e) = sent {
+                // Nothing is in flight: the server exits at once.
+                crate::dist::fatal(&e)
+            }
+        }
+    }
+}
+
+/// Why `--batch N` serves on the serial lane under a group (`/stats` lanes.serial_reason).
+pub const SERIAL_REASON: &str =
+    "requests across distributed ranks (the batch lane's rounds are not shared yet)";
+
+/// Joins the group mlx.launch describes (None outside one) and refuses what ranks cannot
+/// serve together.
+pub fn join(args: &super::ServeArgs) -> anyhow::Result<Option<&'static crate::dist::Group>> {
+    let Some(group) = crate::dist::init(&args.dist)? else {
+        return Ok(None);
+    };
+    anyhow::ensure!(
+        args.draft_model.is_none(),
+        "--draft-model is not supported across ranks (as in mlx_lm.server); serve it on one \
+         machine"
+    );
+    anyhow::ensure!(
+        args.ssd_cache.is_none(),
+        "--ssd-cache is not supported across ranks: each rank would restore and write its \
+         own shard's files"
+    );
+    anyhow::ensure!(
+        group.mode == crate::dist::Mode::Tensor || args.prompt_cache_bytes.is_none(),
+        "--prompt-cache-bytes is not supported with --pipeline: the ranks' stages hold \
+         different bytes, so their prompt caches would evict differently (use \
+         --prompt-cache-size)"
+    );
+    if group.rank == 0 {
+        eprintln!(
+            "engine serve: rank 0 of {} ({} parallel): serving HTTP; the other ranks follow",
+            group.size,
+            group.mode.name()
+        );
+    }
+    Ok(Some(group))
+}
+
+/// A follower rank: applies rank 0's plans until its shutdown (then exits 0); any failure
+/// ends it with `dist::exit::PEER_LOST`.
+pub fn follow(worker: super::worker::Worker) -> anyhow::Result<()> {
+    if let Some(g) = crate::dist::group() {
+        eprintln!(
+            "engine serve: rank {} of {} ({} parallel): following rank 0",
+            g.rank,
+            g.size,
+            g.mode.name()
+        );
+    }
+    worker.follow();
+    Ok(())
+}
