@@ -2,13 +2,16 @@
 `mlx_lm.server` on the same model — compared field by field.
 
     oracles/.venv/bin/python oracles/serve_diff.py --ours URL --peer URL --model DIR \
-        [--suite basic|tools] [--plant]
+        [--suite basic|tools|dist] [--plant]
 
 `--suite basic` (the default): plain chat and completion requests; the text, every streamed
 chunk of text, finish_reason, token counts and log-probabilities are compared.
 `--suite tools` (models/tiny-qwen3-tools, oracles/serve_diff_tools.py): tool calling and
 reasoning; whole responses and whole streamed chunk sequences are compared, all fields but
 the ones that differ by design (see serve_diff_tools.normalize).
+`--suite dist` (both servers as ranks of a tensor-parallel group, `harness serve-diff --ranks
+N`): the basic suite plus seeded sampled requests (temperature, top_p, seed), which every rank
+must sample alike.
 `--plant` perturbs our side (basic: at most 4 tokens; tools: the request loses its `tools`
 and `chat_template_kwargs`): the check must then fail.
 Prints one line per request and exits non-zero on any difference.
@@ -67,6 +70,19 @@ def logprob_entries(c, peer):
     return rows
 
 
+def sampled_cases():
+    """Seeded sampling: each rank samples on its own, so the ranks agree only if they draw the
+    same ids from the same logits and key."""
+    cases = []
+    for i, p in enumerate(PROMPTS[:3]):
+        sampling = {"temperature": 0.8, "top_p": 0.95, "seed": 11 + i}
+        chat = {"messages": [{"role": "user", "content": p}], **sampling}
+        cases += [("chat", "/v1/chat/completions", chat, False),
+                  ("chat", "/v1/chat/completions", chat, True),
+                  ("text", "/v1/completions", {"prompt": p, **sampling}, True)]
+    return cases
+
+
 def summary(kind, r, peer):
     if "chunks" in r:
         return {"chunks": r["chunks"], "finish_reason": r["finish_reason"]}
@@ -83,7 +99,7 @@ def main() -> int:
     ap.add_argument("--ours", required=True)
     ap.add_argument("--peer", required=True)
     ap.add_argument("--model", required=True, help="the model directory both servers serve")
-    ap.add_argument("--suite", choices=["basic", "tools"], default="basic")
+    ap.add_argument("--suite", choices=["basic", "tools", "dist"], default="basic")
     ap.add_argument("--plant", action="store_true")
     args = ap.parse_args()
     if args.suite == "tools":
@@ -104,6 +120,9 @@ def main() -> int:
         cases += [("chat", "/v1/chat/completions", {"messages": chat, "logprobs": True}, False),
                   ("chat", "/v1/chat/completions",
                    {"messages": chat, "logprobs": True, "top_logprobs": 3}, False)]
+    if args.suite == "dist":
+        cases += sampled_cases()
+    chunks = 0
     for kind, path, extra, stream in cases:
         body = {"model": args.model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": stream,
                 **extra}
@@ -112,11 +131,13 @@ def main() -> int:
         peer = summary(kind, post(args.peer, path, body), True)
         same = ours == peer
         failed += not same
-        label = f"{path} {'stream' if stream else 'plain'} {json.dumps(extra, ensure_ascii=False)[:48]}"
+        chunks += len(ours.get("chunks", []))
+        count = f" ({len(ours['chunks'])} chunks)" if stream else ""
+        label = f"{path} {'stream' if stream else 'plain'}{count} {json.dumps(extra, ensure_ascii=False)[:48]}"
         print(f"{'ok  ' if same else 'FAIL'} {label}")
         if not same:
             print(f"     ours: {ours}\n     peer: {peer}")
-    print(f"{len(cases) - failed}/{len(cases)} responses identical")
+    print(f"{len(cases) - failed}/{len(cases)} responses identical ({chunks} streamed text chunks)")
     return 1 if failed else 0
 
 

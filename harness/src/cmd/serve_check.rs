@@ -5,7 +5,9 @@
 //! `harness serve-diff`: the same greedy requests to `engine serve` and `mlx_lm.server` on
 //! the same model, compared response by response and chunk by chunk (oracles/serve_diff.py;
 //! on tiny-qwen3-tools its tools suite: tool calls and reasoning), then once more with a
-//! planted difference that must be caught.
+//! planted difference that must be caught. `harness serve-diff --ranks N`: the same with both
+//! servers as N tensor-parallel ranks on loopback — ours as N `harness leg-serve` processes
+//! given mlx.launch's environment, the peer under `mlx.launch --backend ring -n N`.
 
 use std::time::{Duration, Instant};
 
@@ -148,7 +150,10 @@ impl Drop for Peer {
     }
 }
 
-pub fn diff() -> Result<()> {
+pub fn diff(ranks: usize) -> Result<()> {
+    if ranks > 1 {
+        return diff_ranks(ranks);
+    }
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
     let mut failed = Vec::new();
@@ -208,6 +213,162 @@ pub fn diff() -> Result<()> {
     }
     if !failed.is_empty() {
         bail!("engine serve differs from mlx_lm.server on {failed:?}");
+    }
+    Ok(())
+}
+
+/// Ranks (ours, or mlx.launch and its ranks) killed when the diff ends, however it ends:
+/// each started in a process group of its own, which is killed whole.
+struct Ranks(Vec<std::process::Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{}", c.id())])
+                .status();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Ranks {
+    /// Why a rank (or the launcher) has exited, if one has.
+    fn gone(&mut self) -> Option<String> {
+        self.0.iter_mut().enumerate().find_map(|(r, c)| {
+            let status = c.try_wait().ok().flatten()?;
+            Some(format!("process {r} exited ({status})"))
+        })
+    }
+}
+
+/// `n` consecutive loopback ports free now (mlx.launch's ring counts up from `-p`).
+fn free_run(n: u16) -> Result<u16> {
+    for _ in 0..100 {
+        let start = free_port()?;
+        if start.checked_add(n).is_none() {
+            continue;
+        }
+        let held: Result<Vec<_>, _> = (start..start + n)
+            .map(|p| std::net::TcpListener::bind(("127.0.0.1", p)))
+            .collect();
+        if held.is_ok() {
+            return Ok(start);
+        }
+    }
+    bail!("no {n} consecutive free loopback ports")
+}
+
+/// A process in a process group of its own (so that its children are killed with it).
+fn own_group(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+}
+
+/// `engine serve` as `n` ranks (rank 0 serves HTTP on `port`): this binary's `leg-serve`
+/// with MLX_RANK and MLX_HOSTFILE as mlx.launch sets them.
+fn our_ranks(
+    model: &std::path::Path,
+    n: usize,
+    port: u16,
+    hostfile: &std::path::Path,
+) -> Result<Ranks> {
+    let start = free_run(n as u16)?;
+    let hosts: Vec<Vec<String>> = (0..n as u16)
+        .map(|r| vec![format!("127.0.0.1:{}", start + r)])
+        .collect();
+    std::fs::write(hostfile, serde_json::to_string(&hosts)?)?;
+    let mut ranks = Ranks(Vec::new());
+    for r in 0..n {
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["leg-serve", "--port", &port.to_string(), "--model"])
+            .arg(model)
+            .env("MLX_RANK", r.to_string())
+            .env("MLX_HOSTFILE", hostfile);
+        // Our ranks' own messages (their group, a failure) are worth seeing.
+        let rank = own_group(&mut cmd).stderr(std::process::Stdio::inherit());
+        ranks.0.push(rank.spawn()?);
+    }
+    Ok(ranks)
+}
+
+/// mlx_lm.server as `n` ranks under `mlx.launch --backend ring` (rank 0 serves on `port`).
+fn peer_ranks(model: &std::path::Path, n: usize, port: u16) -> Result<Ranks> {
+    let bin = harness::oracle::venv_dir().join("bin");
+    let mut cmd = std::process::Command::new(bin.join("mlx.launch"));
+    cmd.args(["--backend", "ring", "-n", &n.to_string()])
+        .args(["-p", &free_run(n as u16)?.to_string(), "--"])
+        .arg(bin.join("mlx_lm.server"))
+        .args(["--port", &port.to_string(), "--model"])
+        .arg(model);
+    Ok(Ranks(vec![own_group(&mut cmd)
+        .spawn()
+        .context("starting mlx.launch in the oracle venv")?]))
+}
+
+/// The model `serve-diff --ranks N` compares on (Llama: tensor parallel in both).
+const DIST_MODEL: &str = "tiny-llama-trained";
+
+/// `serve-diff --ranks N`: serve_diff.py's `dist` suite (the basic one plus seeded sampled
+/// requests) against both servers as N tensor-parallel ranks, then the planted difference.
+fn diff_ranks(n: usize) -> Result<()> {
+    harness::bench::ensure_oracle_venv()?;
+    let repo = harness::oracle::repo_root();
+    let model = harness::goldens::model_dir(DIST_MODEL)?;
+    let hostfile = std::env::temp_dir().join(format!("serve-diff-{}.json", std::process::id()));
+    let (ours, peer_port) = (free_port()?, free_port()?);
+    let mut mine = our_ranks(&model, n, ours, &hostfile)?;
+    let id = model.canonicalize()?.display().to_string();
+    wait_ready(
+        ours,
+        "engine serve (rank 0)",
+        || mine.gone(),
+        |body| {
+            serde_json::from_str::<serde_json::Value>(body)
+                .is_ok_and(|v| v["data"][0]["id"] == id.as_str())
+        },
+    )?;
+    let mut peer = peer_ranks(&model, n, peer_port)?;
+    wait_ready(
+        peer_port,
+        "mlx_lm.server under mlx.launch",
+        || peer.gone(),
+        |_| true,
+    )?;
+    let compare = |plant: bool| -> Result<bool> {
+        let mut cmd = std::process::Command::new(harness::oracle::python());
+        cmd.arg(repo.join("oracles/serve_diff.py"))
+            .args(["--ours", &format!("http://127.0.0.1:{ours}")])
+            .args(["--peer", &format!("http://127.0.0.1:{peer_port}")])
+            .arg("--model")
+            .arg(&model)
+            .args(["--suite", "dist"]);
+        if plant {
+            cmd.arg("--plant").stdout(std::process::Stdio::null());
+        }
+        Ok(cmd
+            .status()
+            .context("running oracles/serve_diff.py")?
+            .success())
+    };
+    println!("== {DIST_MODEL}: engine serve vs mlx_lm.server, {n} tensor-parallel ranks each");
+    let same = compare(false)?;
+    if compare(true)? {
+        bail!("{DIST_MODEL}: the planted difference (our answers cut at 4 tokens) was not caught");
+    }
+    println!("planted difference caught");
+    // A rank that exited mid-diff (or a peer that lost its port) makes the answers untrusted.
+    for (what, ranks) in [("engine serve", &mut mine), ("mlx.launch", &mut peer)] {
+        if let Some(why) = ranks.gone() {
+            bail!("{what}: {why} during the diff; its answers are not trusted");
+        }
+    }
+    drop(mine);
+    let _ = std::fs::remove_file(&hostfile);
+    if !same {
+        bail!("engine serve differs from mlx_lm.server on {n} ranks ({DIST_MODEL})");
     }
     Ok(())
 }
