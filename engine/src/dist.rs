@@ -9,6 +9,7 @@
 //! step that makes no progress).
 
 mod fingerprint;
+mod mlx_error;
 mod watchdog;
 
 use std::path::PathBuf;
@@ -19,7 +20,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
 pub use fingerprint::{check_fingerprints, Fingerprint};
-pub use watchdog::{arm, tick};
+pub use watchdog::{arm, bound, tick};
 
 type R<T> = Result<T, Exception>;
 
@@ -161,8 +162,9 @@ fn ring_addresses(rank: usize) -> Result<(usize, String), DistError> {
 
 /// Joins the group `mlx.launch` describes in the environment, once, before the model loads.
 /// None when the process was not launched as a rank (or the group has one rank): nothing
-/// changes then. A group that does not form within `--dist-connect-timeout` ends the
-/// process with [`exit::CONNECT`], naming the addresses.
+/// changes then. A group that does not form within `--dist-connect-timeout`, or that MLX
+/// fails to form (an address it cannot parse, a peer that refused every connect), ends the
+/// process with [`exit::CONNECT`], naming the addresses and MLX's reason.
 pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
     if let Some(g) = GROUP.get() {
         return Ok(Some(g));
@@ -198,7 +200,7 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
     let backend = std::ffi::CString::new(args.dist_backend.as_str())
         .map_err(|_| DistError::Env("--dist-backend has a NUL byte".into()))?;
     // SAFETY: `raw` is a fresh handle written by init; the backend string outlives the call.
-    let (status, raw) = unsafe {
+    let ((status, raw), mlx) = mlx_error::captured(|| unsafe {
         let mut raw = mlx_sys::mlx_distributed_group_new();
         let bk = if args.dist_backend == "any" {
             std::ptr::null()
@@ -206,14 +208,19 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
             backend.as_ptr()
         };
         (mlx_sys::mlx_distributed_init(&mut raw, true, bk), raw)
-    };
+    });
     drop(connect);
     if status != 0 {
-        return Err(DistError::Connect(format!(
-            "could not join the distributed group ({addresses}, backend {}): a peer is not \
-             reachable at that address, or the backend is not available",
-            args.dist_backend
-        )));
+        // As a group that does not form in time: the same status, the addresses tried.
+        let mlx = mlx.map_or_else(String::new, |m| format!(": {}", strip_location(&m)));
+        exit_with(
+            exit::CONNECT,
+            &format!(
+                "could not join the distributed group ({addresses}, backend {}){mlx}: is \
+                 every rank started, with the same hostfile, and is the port reachable?",
+                args.dist_backend
+            ),
+        );
     }
     // SAFETY: `raw` is a live group handle.
     let (rank, size) = unsafe {
@@ -240,6 +247,11 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
     Ok(GROUP.get())
 }
 
+/// MLX's message without the " at <source file>:<line>" mlx-c appends.
+fn strip_location(m: &str) -> &str {
+    m.rsplit_once(" at /").map_or(m, |(head, _)| head)
+}
+
 /// Ends a rank whose collective failed: the ring cannot recover (a later collective hangs),
 /// so the process exits with [`exit::PEER_LOST`] after saying why.
 pub fn fatal(err: &dyn std::fmt::Display) -> ! {
@@ -258,6 +270,9 @@ pub fn exit_with(status: i32, why: &dyn std::fmt::Display) -> ! {
 /// model and mode; on a mismatch every rank exits with [`exit::MISMATCH`].
 pub fn agree_on_model(dir: &std::path::Path) -> Result<(), DistError> {
     let Some(g) = group() else { return Ok(()) };
+    // A peer that joined the ring but never gets here (stopped, or another program) would
+    // leave the exchange waiting forever.
+    let _bound = watchdog::bound("the fingerprint exchange before the model loads");
     let mine = Fingerprint::new(dir, g.mode, g.rank, g.size)?;
     match check_fingerprints(&mine) {
         Err(DistError::Mismatch(m)) => exit_with(exit::MISMATCH, &m),

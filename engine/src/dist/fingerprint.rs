@@ -17,9 +17,39 @@ const LEN: usize = 64;
 /// [tag 4][mode 1][size 1][rank 2][engine+mlx 24][model 32].
 pub struct Fingerprint([u8; LEN]);
 
-/// The bytes of config.json and each weight file's name, size and safetensors header: what
-/// decides the shapes and values a rank computes (not the tensors' bytes: reading them twice
-/// would double the load time; the header carries every name, dtype, shape and offset).
+/// Bytes of a weight file's data hashed whole up to this size, else in [`SAMPLES`] blocks
+/// of [`SAMPLE`] bytes spread evenly from the first byte to the last.
+const WHOLE: u64 = 16 << 20;
+const SAMPLE: u64 = 1 << 20;
+const SAMPLES: u64 = 16;
+
+/// The tensors' bytes of one weight file (after its header, `start..size`), or samples of
+/// them: two checkpoints of one architecture (a base model and its fine-tune) have the same
+/// headers, and their ranks would sum each other's numbers without a word.
+fn hash_data(h: &mut Sha256, f: &mut std::fs::File, start: u64, size: u64) -> std::io::Result<()> {
+    use std::io::{Seek, SeekFrom};
+    let len = size.saturating_sub(start);
+    let blocks: Vec<(u64, u64)> = if len <= WHOLE {
+        vec![(start, len)]
+    } else {
+        (0..SAMPLES)
+            .map(|i| (start + i * (len - SAMPLE) / (SAMPLES - 1), SAMPLE))
+            .collect()
+    };
+    let mut buf = Vec::new();
+    for (at, n) in blocks {
+        buf.resize(n as usize, 0);
+        f.seek(SeekFrom::Start(at))?;
+        f.read_exact(&mut buf)?;
+        h.update(&buf);
+    }
+    Ok(())
+}
+
+/// The bytes of config.json and each weight file's name, size, safetensors header (every
+/// name, dtype, shape and offset) and its tensors' bytes, sampled past 16 MiB a file (reading
+/// them all twice would double a large model's load time): what decides the shapes and
+/// values a rank computes.
 fn model_digest(dir: &Path) -> Result<[u8; 32], DistError> {
     let io = |p: &Path, e: std::io::Error| DistError::Env(format!("{}: {e}", p.display()));
     let mut h = Sha256::new();
@@ -48,6 +78,7 @@ fn model_digest(dir: &Path) -> Result<[u8; 32], DistError> {
         h.update(path.file_name().unwrap_or_default().as_encoded_bytes());
         h.update(size.to_le_bytes());
         h.update(&header);
+        hash_data(&mut h, &mut f, 8 + n, size).map_err(|e| io(&path, e))?;
     }
     Ok(h.finalize().into())
 }

@@ -65,6 +65,25 @@ pub(super) fn set_timeout(t: Duration) {
     *steps().timeout.lock().unwrap_or_else(|e| e.into_inner()) = t;
 }
 
+/// A wait on the other ranks outside the step watchdog (the fingerprint exchange): unless
+/// the returned deadline is dropped within `--dist-timeout`, the rank exits with
+/// [`super::exit::STALLED`], naming `what` it waited for. None outside a group.
+pub fn bound(what: &'static str) -> Option<Deadline> {
+    if !super::active() {
+        return None;
+    }
+    let timeout = *steps().timeout.lock().unwrap_or_else(|e| e.into_inner());
+    Some(Deadline::start(timeout, move || {
+        let g = super::group().map(|g| g.addresses.as_str()).unwrap_or("");
+        eprintln!(
+            "error: no progress for {:.1} s while waiting on the other ranks ({what}; {g}): \
+             a peer stalled or is unreachable (--dist-timeout)",
+            timeout.as_secs_f64()
+        );
+        super::exit::STALLED
+    }))
+}
+
 /// Starts watching (idempotent): from now on a rank that goes `timeout` without a tick
 /// exits with [`super::exit::STALLED`]. A no-op outside a group.
 pub fn arm(what: &'static str) {
