@@ -211,8 +211,13 @@ fn generate(args: GenerateArgs) -> Result<()> {
     }
     // A failed collective leaves the ring unusable: this rank exits (status 4) so that the
     // launcher and the other ranks stop too.
-    generate_on_rank(args).unwrap_or_else(|e| engine::dist::fatal(&format!("{e:#}")));
-    Ok(())
+    match generate_on_rank(args) {
+        // A refusal at load (a family that cannot be sharded, a bad flag) is the same on
+        // every rank and leaves no collective pending: an ordinary error.
+        Err(e) if e.downcast_ref::<engine::load::LoadError>().is_some() => Err(e),
+        Err(e) => engine::dist::fatal(&format!("{e:#}")),
+        Ok(()) => Ok(()),
+    }
 }
 
 /// `engine generate` on one machine, or as one rank of a group (only rank 0 writes).

@@ -113,6 +113,9 @@ impl<'m> Session<'m> {
             CompileDecode::WhereExact => Self::compiled_decode_is_exact(model),
             CompileDecode::Always => true,
         };
+        // A rank of a group runs eagerly, as mlx-lm's sharded models do: a compiled step
+        // would trace the collectives into the graph, which is untried (and not mlx-lm's path).
+        let on = on && !crate::dist::active();
         Session {
             // SAFETY: the compiled step lives in this session, which borrows `model` for 'm.
             compiled: on.then(|| unsafe { compiled::CompiledDecode::new(model) }),
