@@ -150,6 +150,15 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
             Mode::Pipeline => model.pipeline(part)?,
         }
     }
+    if crate::dist::active() {
+        // The check is the ranks' first step together: bounded (a peer that stalls while it
+        // loads), and a failure there is a lost peer as much as a misfit checkpoint.
+        let _bound = crate::dist::bound("the one-token check after every rank has loaded");
+        if let Err(e) = check_forward(model.as_ref()) {
+            crate::dist::fatal(&e);
+        }
+        return Ok(model);
+    }
     check_forward(model.as_ref())?;
     Ok(model)
 }
