@@ -55,16 +55,8 @@ fn model_digest(dir: &Path) -> Result<[u8; 32], DistError> {
     let mut h = Sha256::new();
     let config = dir.join("config.json");
     h.update(std::fs::read(&config).map_err(|e| io(&config, e))?);
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("model") && n.ends_with(".safetensors"))
-        })
-        .collect();
-    files.sort();
+    let files =
+        crate::load::weights::weight_files(dir).map_err(|e| DistError::Env(e.to_string()))?;
     for path in files {
         let mut f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
         let size = f.metadata().map_err(|e| io(&path, e))?.len();

@@ -41,7 +41,7 @@ fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
 /// The weight files of a directory as mlx-lm's `load_model` globs them:
 /// `model*.safetensors` (one file or the shards). Other safetensors files — a mistralai
 /// repo's `consolidated.safetensors`, adapters — are not weights of the model.
-fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| LoadError::Io {
             path: dir.to_owned(),

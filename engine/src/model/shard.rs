@@ -88,28 +88,47 @@ pub fn slice(a: &Array, axis: i32, part: Part, what: &str) -> Result<Array, Load
 }
 
 impl Linear {
-    /// Keeps this rank's part of the layer (`shard_linear`); quantized scales and biases
-    /// are cut as the packed weight is.
+    /// Keeps this rank's part of the layer (`shard_linear`).
     pub fn shard(&mut self, split: Split, part: Part, what: &str) -> Result<(), LoadError> {
-        let axis = match split {
-            Split::Columns => (self.weight.ndim() as i32 - 2).max(0),
-            Split::Rows => -1,
-        };
-        self.weight = slice(&self.weight, axis, part, &format!("{what}.weight"))?;
-        if let Some(q) = &mut self.quantized {
-            q.scales = slice(&q.scales, axis, part, &format!("{what}.scales"))?;
-            if let Some(b) = &q.biases {
-                q.biases = Some(slice(b, axis, part, &format!("{what}.biases"))?);
-            }
-        }
-        if split == Split::Columns {
-            if let Some(b) = &self.bias {
-                self.bias = Some(slice(b, -1, part, &format!("{what}.bias"))?);
-            }
-        }
+        shard_params(
+            &mut self.weight,
+            &mut self.quantized,
+            &mut self.bias,
+            (split, part),
+            what,
+        )?;
         self.reduce = split == Split::Rows;
         Ok(())
     }
+}
+
+/// Cuts a linear's parameters, of one layer (`[out, in]`) or a stack of experts
+/// (`[E, out, in]`): the weight on the outputs (`max(ndim - 2, 0)`) or the inputs (-1),
+/// quantized scales and biases as the packed weight, the bias with the outputs only.
+pub(crate) fn shard_params(
+    weight: &mut Array,
+    quantized: &mut Option<super::layers::Quantized>,
+    bias: &mut Option<Array>,
+    (split, part): (Split, Part),
+    what: &str,
+) -> Result<(), LoadError> {
+    let axis = match split {
+        Split::Columns => (weight.ndim() as i32 - 2).max(0),
+        Split::Rows => -1,
+    };
+    *weight = slice(weight, axis, part, &format!("{what}.weight"))?;
+    if let Some(q) = quantized {
+        q.scales = slice(&q.scales, axis, part, &format!("{what}.scales"))?;
+        if let Some(b) = &q.biases {
+            q.biases = Some(slice(b, axis, part, &format!("{what}.biases"))?);
+        }
+    }
+    if split == Split::Columns {
+        if let Some(b) = bias {
+            *b = slice(b, -1, part, &format!("{what}.bias"))?;
+        }
+    }
+    Ok(())
 }
 
 /// `ShardedToAllLinear.__call__` (and its quantized twin): `x @ W.T` or

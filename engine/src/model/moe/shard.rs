@@ -16,7 +16,7 @@ use mlx_rs::Array;
 
 use super::{SwitchGlu, SwitchLinear};
 use crate::load::LoadError;
-use crate::model::shard::{slice, Part, Split};
+use crate::model::shard::{shard_params, Part, Split};
 use crate::plant::{self, Defect};
 
 impl SwitchLinear {
@@ -28,23 +28,14 @@ impl SwitchLinear {
                  mlx-lm)"
             )));
         }
-        // [experts, out, in]: the outputs are axis 1 (`max(ndim - 2, 0)`), the inputs -1.
-        let axis = match split {
-            Split::Columns => (self.weight.ndim() as i32 - 2).max(0),
-            Split::Rows => -1,
-        };
-        self.weight = slice(&self.weight, axis, part, &format!("{what}.weight"))?;
-        if let Some(q) = &mut self.quantized {
-            q.scales = slice(&q.scales, axis, part, &format!("{what}.scales"))?;
-            if let Some(b) = &q.biases {
-                q.biases = Some(slice(b, axis, part, &format!("{what}.biases"))?);
-            }
-        }
-        if split == Split::Columns {
-            if let Some(b) = &self.bias {
-                self.bias = Some(slice(b, -1, part, &format!("{what}.bias"))?);
-            }
-        }
+        // [experts, out, in]: the outputs are axis 1, the inputs -1.
+        shard_params(
+            &mut self.weight,
+            &mut self.quantized,
+            &mut self.bias,
+            (split, part),
+            what,
+        )?;
         self.partial_sums = split == Split::Rows;
         Ok(())
     }
