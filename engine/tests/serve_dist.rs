@@ -57,40 +57,43 @@ fn hostfile() -> PathBuf {
     path
 }
 
-fn rank_command(rank: usize, hostfile: &PathBuf, extra: &[&str]) -> Command {
-    rank_command_with_env(rank, hostfile, extra, &[])
+/// How the ranks are started: the model, extra flags, extra environment.
+#[derive(Clone, Copy)]
+struct Launch<'a> {
+    model: &'a str,
+    extra: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
 }
 
-fn rank_command_with_env(
-    rank: usize,
-    hostfile: &PathBuf,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Command {
-    let model = common::goldens().join("models").join(MODEL);
+fn launch<'a>(extra: &'a [&'a str]) -> Launch<'a> {
+    Launch {
+        model: MODEL,
+        extra,
+        env: &[],
+    }
+}
+
+fn rank_command(rank: usize, hostfile: &PathBuf, how: Launch) -> Command {
+    let model = common::goldens().join("models").join(how.model);
     let mut cmd = Command::new(engine_bin());
     cmd.args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
         .args(["--dist-connect-timeout", "30", "--dist-timeout", "30"])
-        .args(extra)
+        .args(how.extra)
         .env("MLX_RANK", rank.to_string())
         .env("MLX_HOSTFILE", hostfile)
-        .envs(env.iter().copied());
+        .envs(how.env.iter().copied());
     cmd
 }
 
 /// Both ranks, once rank 0 has printed the address it serves on (it does once the group
 /// formed and the model loaded).
-fn start_ranks(extra: &[&str]) -> Ranks {
-    start_ranks_with_env(extra, &[])
-}
-
-fn start_ranks_with_env(extra: &[&str], env: &[(&str, &str)]) -> Ranks {
+fn start_ranks(how: Launch) -> Ranks {
     let hostfile = hostfile();
-    let follower = rank_command_with_env(1, &hostfile, extra, env)
+    let follower = rank_command(1, &hostfile, how)
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let mut leader = rank_command_with_env(0, &hostfile, extra, env)
+    let mut leader = rank_command(0, &hostfile, how)
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -212,7 +215,7 @@ fn answers(port: u16) -> Vec<Vec<Value>> {
 #[test]
 fn two_ranks_answer_as_one_process() {
     let single = answers(serve_model(MODEL, &[]).port);
-    let mut ranks = start_ranks(&[]);
+    let mut ranks = start_ranks(launch(&[]));
     let dist = answers(ranks.port);
     assert_eq!(dist.len(), single.len());
     for (i, (d, s)) in dist.iter().zip(&single).enumerate() {
@@ -242,6 +245,24 @@ fn two_ranks_answer_as_one_process() {
     }
 }
 
+/// Pipeline parallel (tiny-qwen2, one layer per rank; rank 0 holds the last): the same
+/// answers as one process, bit for bit (no product is split).
+#[test]
+fn pipeline_ranks_answer_as_one_process() {
+    let single = answers(serve_model("tiny-qwen2", &[]).port);
+    let ranks = start_ranks(Launch {
+        model: "tiny-qwen2",
+        ..launch(&["--pipeline"])
+    });
+    let dist = answers(ranks.port);
+    assert_eq!(dist, single);
+    let st = stats(ranks.port);
+    assert_eq!(
+        st["group"],
+        json!({"rank": 0, "size": 2, "mode": "pipeline"})
+    );
+}
+
 /// The comparison catches ranks that do not combine their shards: with the planted
 /// DistReduceDropped (the row-split linears skip their all_sum) the first answer differs
 /// from one process's. Each rank then computes logits of its own, so their decoding
@@ -252,7 +273,10 @@ fn a_dropped_reduce_changes_the_answer() {
     let one = |port: u16| http(port, "POST", path, body.to_string().as_bytes());
     let single = one(serve_model(MODEL, &[]).port);
     assert_eq!(single.0, 200);
-    let mut ranks = start_ranks_with_env(&[], &[("ENGINE_PLANT", "DistReduceDropped")]);
+    let mut ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "DistReduceDropped")],
+        ..launch(&[])
+    });
     let planted = one(ranks.port);
     assert_ne!(
         planted, single,
@@ -270,7 +294,7 @@ fn a_dropped_reduce_changes_the_answer() {
 /// issue asks for an exit).
 #[test]
 fn a_lost_peer_fails_the_request_and_ends_rank_0() {
-    let mut ranks = start_ranks(&["--batch", "4"]);
+    let mut ranks = start_ranks(launch(&["--batch", "4"]));
     // --batch N across ranks serves on the serial lane, and says why.
     let reason = stats(ranks.port)["lanes"]["serial_reason"].clone();
     assert!(
@@ -320,7 +344,7 @@ fn draft_model_is_refused_across_ranks() {
     let extra = ["--draft-model", draft.to_str().unwrap()];
     let children: Vec<_> = (0..2)
         .map(|r| {
-            rank_command(r, &hostfile, &extra)
+            rank_command(r, &hostfile, launch(&extra))
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
                 .spawn()
