@@ -83,6 +83,20 @@ def sampled_cases():
     return cases
 
 
+def tokenless_ids(model):
+    """Ids the model can emit that its tokenizer has no token for (tiny random models:
+    vocab_size past the tokenizer's vocabulary). The two servers decode those differently
+    (that holds on one process too), so the dist suite bans them with logit_bias to keep
+    the texts comparable; the ids and log-probabilities are compared either way."""
+    from pathlib import Path
+
+    tok = json.loads((Path(model) / "tokenizer.json").read_text())
+    known = set(tok["model"]["vocab"].values()) | {a["id"] for a in tok.get("added_tokens", [])}
+    config = json.loads((Path(model) / "config.json").read_text())
+    size = config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 0)
+    return [i for i in range(size) if i not in known]
+
+
 def summary(kind, r, peer):
     if "chunks" in r:
         return {"chunks": r["chunks"], "finish_reason": r["finish_reason"]}
@@ -120,12 +134,18 @@ def main() -> int:
         cases += [("chat", "/v1/chat/completions", {"messages": chat, "logprobs": True}, False),
                   ("chat", "/v1/chat/completions",
                    {"messages": chat, "logprobs": True, "top_logprobs": 3}, False)]
+    ban = {}
     if args.suite == "dist":
         cases += sampled_cases()
+        ban = {str(i): -100 for i in tokenless_ids(args.model)}
+        if ban:
+            print(f"({len(ban)} ids without a token banned by logit_bias)")
     chunks = 0
     for kind, path, extra, stream in cases:
         body = {"model": args.model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": stream,
                 **extra}
+        if ban:
+            body["logit_bias"] = ban
         ours_body = dict(body, max_tokens=4) if args.plant else body
         ours = summary(kind, post(args.ours, path, ours_body), False)
         peer = summary(kind, post(args.peer, path, body), True)

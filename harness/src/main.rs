@@ -79,12 +79,7 @@ enum Command {
     /// Live diff: the same greedy requests to `engine serve` and `mlx_lm.server` (oracle
     /// venv) on the tiny models; texts, streamed chunks, finish reasons and token counts
     /// must be identical (plus a planted difference that must be caught).
-    ServeDiff {
-        /// Both servers as this many tensor-parallel ranks on loopback: ours given
-        /// mlx.launch's environment, mlx_lm.server under `mlx.launch --backend ring -n N`.
-        #[arg(long, default_value_t = 1)]
-        ranks: usize,
-    },
+    ServeDiff(cmd::serve_check::DiffArgs),
     /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
     #[command(hide = true)]
     LegRestart(cmd::bench::LegRestartArgs),
@@ -126,7 +121,7 @@ fn main() -> Result<()> {
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),
-        Command::ServeDiff { ranks } => cmd::serve_check::diff(ranks),
+        Command::ServeDiff(args) => cmd::serve_check::diff(args),
         Command::LegServe(args) => cmd::bench::leg_serve(args),
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
         Command::LegSpec(args) => cmd::bench::leg_spec(args),

@@ -150,9 +150,32 @@ impl Drop for Peer {
     }
 }
 
-pub fn diff(ranks: usize) -> Result<()> {
-    if ranks > 1 {
-        return diff_ranks(ranks);
+/// `harness serve-diff` flags.
+#[derive(clap::Args, Debug)]
+pub struct DiffArgs {
+    /// Both servers as this many ranks on loopback: ours given mlx.launch's environment,
+    /// mlx_lm.server under `mlx.launch --backend ring -n N` (tensor parallel on
+    /// tiny-llama-trained).
+    #[arg(long, default_value_t = 1)]
+    ranks: usize,
+    /// With --ranks: pipeline parallel instead (tiny-qwen2; both get --pipeline).
+    #[arg(long)]
+    pipeline: bool,
+    /// One of our ranks in this process: `engine serve` for this model (used by --ranks).
+    #[arg(long, hide = true)]
+    serve_rank: Option<std::path::PathBuf>,
+    #[arg(long, hide = true, default_value_t = 0)]
+    port: u16,
+}
+
+pub fn diff(args: DiffArgs) -> Result<()> {
+    if let Some(model) = &args.serve_rank {
+        let mut serve = super::bench::serve_args(model, args.port)?;
+        serve.dist.pipeline = args.pipeline;
+        return engine::serve::run(serve);
+    }
+    if args.ranks > 1 {
+        return diff_ranks(args.ranks, args.pipeline);
     }
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
@@ -267,13 +290,14 @@ fn own_group(cmd: &mut std::process::Command) -> &mut std::process::Command {
         .stderr(std::process::Stdio::null())
 }
 
-/// `engine serve` as `n` ranks (rank 0 serves HTTP on `port`): this binary's `leg-serve`
-/// with MLX_RANK and MLX_HOSTFILE as mlx.launch sets them.
+/// `engine serve` as `n` ranks (rank 0 serves HTTP on `port`): this binary's hidden
+/// `serve-diff --serve-rank` with MLX_RANK and MLX_HOSTFILE as mlx.launch sets them.
 fn our_ranks(
     model: &std::path::Path,
     n: usize,
     port: u16,
     hostfile: &std::path::Path,
+    pipeline: bool,
 ) -> Result<Ranks> {
     let start = free_run(n as u16)?;
     let hosts: Vec<Vec<String>> = (0..n as u16)
@@ -283,8 +307,9 @@ fn our_ranks(
     let mut ranks = Ranks(Vec::new());
     for r in 0..n {
         let mut cmd = std::process::Command::new(std::env::current_exe()?);
-        cmd.args(["leg-serve", "--port", &port.to_string(), "--model"])
+        cmd.args(["serve-diff", "--port", &port.to_string(), "--serve-rank"])
             .arg(model)
+            .args(pipeline.then_some("--pipeline"))
             .env("MLX_RANK", r.to_string())
             .env("MLX_HOSTFILE", hostfile);
         // Our ranks' own messages (their group, a failure) are worth seeing.
@@ -295,31 +320,85 @@ fn our_ranks(
 }
 
 /// mlx_lm.server as `n` ranks under `mlx.launch --backend ring` (rank 0 serves on `port`).
-fn peer_ranks(model: &std::path::Path, n: usize, port: u16) -> Result<Ranks> {
+fn peer_ranks(model: &std::path::Path, n: usize, port: u16, pipeline: bool) -> Result<Ranks> {
     let bin = harness::oracle::venv_dir().join("bin");
     let mut cmd = std::process::Command::new(bin.join("mlx.launch"));
     cmd.args(["--backend", "ring", "-n", &n.to_string()])
         .args(["-p", &free_run(n as u16)?.to_string(), "--"])
         .arg(bin.join("mlx_lm.server"))
         .args(["--port", &port.to_string(), "--model"])
-        .arg(model);
+        .arg(model)
+        .args(pipeline.then_some("--pipeline"));
     Ok(Ranks(vec![own_group(&mut cmd)
         .spawn()
         .context("starting mlx.launch in the oracle venv")?]))
 }
 
-/// The model `serve-diff --ranks N` compares on (Llama: tensor parallel in both).
-const DIST_MODEL: &str = "tiny-llama-trained";
+/// The models `serve-diff --ranks N` compares on: Llama tensor parallel, qwen2 pipeline
+/// parallel (the families both engines split each way).
+const TP_MODEL: &str = "tiny-llama-trained";
+const PP_MODEL: &str = "tiny-qwen2";
 
-/// `serve-diff --ranks N`: serve_diff.py's `dist` suite (the basic one plus seeded sampled
-/// requests) against both servers as N tensor-parallel ranks, then the planted difference.
-fn diff_ranks(n: usize) -> Result<()> {
+/// The directory mlx-lm's pipeline load reads: `model` itself when it has
+/// model.safetensors.index.json, else `view` made as a copy of links to its files with a
+/// one-file index (mlx-lm's sharded_load reads the index to pick each stage's files).
+fn pp_view(model: &std::path::Path, view: &std::path::Path) -> Result<std::path::PathBuf> {
+    if model.join("model.safetensors.index.json").exists() {
+        return Ok(model.to_path_buf());
+    }
+    std::fs::create_dir_all(view)?;
+    for entry in std::fs::read_dir(model)? {
+        let entry = entry?;
+        let link = view.join(entry.file_name());
+        if !link.exists() {
+            std::os::unix::fs::symlink(entry.path().canonicalize()?, &link)?;
+        }
+    }
+    let bytes = std::fs::read(model.join("model.safetensors"))?;
+    let len = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + len])?;
+    let weight_map: serde_json::Map<_, _> = header
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .map(|k| (k.clone(), serde_json::json!("model.safetensors")))
+        .collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": weight_map});
+    std::fs::write(view.join("model.safetensors.index.json"), index.to_string())?;
+    Ok(view.to_path_buf())
+}
+
+/// `serve-diff --ranks N [--pipeline]`: serve_diff.py's `dist` suite (the basic one plus
+/// seeded sampled requests) against both servers as N ranks, then the planted difference.
+fn diff_ranks(n: usize, pipeline: bool) -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
-    let model = harness::goldens::model_dir(DIST_MODEL)?;
-    let hostfile = std::env::temp_dir().join(format!("serve-diff-{}.json", std::process::id()));
+    let (name, mode) = match pipeline {
+        true => (PP_MODEL, "pipeline"),
+        false => (TP_MODEL, "tensor"),
+    };
+    let tmp = std::env::temp_dir().join(format!("serve-diff-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp)?;
+    let model = harness::goldens::model_dir(name)?;
+    let model = match pipeline {
+        true => pp_view(&model, &tmp.join(name))?,
+        false => model,
+    };
+    let result = compare_ranks(&repo, &model, n, pipeline, &tmp.join("hostfile.json"));
+    let _ = std::fs::remove_dir_all(&tmp);
+    println!("({name}, {n} {mode}-parallel ranks each)");
+    result
+}
+
+fn compare_ranks(
+    repo: &std::path::Path,
+    model: &std::path::Path,
+    n: usize,
+    pipeline: bool,
+    hostfile: &std::path::Path,
+) -> Result<()> {
     let (ours, peer_port) = (free_port()?, free_port()?);
-    let mut mine = our_ranks(&model, n, ours, &hostfile)?;
+    let mut mine = our_ranks(model, n, ours, hostfile, pipeline)?;
     let id = model.canonicalize()?.display().to_string();
     wait_ready(
         ours,
@@ -330,7 +409,7 @@ fn diff_ranks(n: usize) -> Result<()> {
                 .is_ok_and(|v| v["data"][0]["id"] == id.as_str())
         },
     )?;
-    let mut peer = peer_ranks(&model, n, peer_port)?;
+    let mut peer = peer_ranks(model, n, peer_port, pipeline)?;
     wait_ready(
         peer_port,
         "mlx_lm.server under mlx.launch",
@@ -343,7 +422,7 @@ fn diff_ranks(n: usize) -> Result<()> {
             .args(["--ours", &format!("http://127.0.0.1:{ours}")])
             .args(["--peer", &format!("http://127.0.0.1:{peer_port}")])
             .arg("--model")
-            .arg(&model)
+            .arg(model)
             .args(["--suite", "dist"]);
         if plant {
             cmd.arg("--plant").stdout(std::process::Stdio::null());
@@ -353,10 +432,10 @@ fn diff_ranks(n: usize) -> Result<()> {
             .context("running oracles/serve_diff.py")?
             .success())
     };
-    println!("== {DIST_MODEL}: engine serve vs mlx_lm.server, {n} tensor-parallel ranks each");
+    println!("== engine serve vs mlx_lm.server, {n} ranks each");
     let same = compare(false)?;
     if compare(true)? {
-        bail!("{DIST_MODEL}: the planted difference (our answers cut at 4 tokens) was not caught");
+        bail!("the planted difference (our answers cut at 4 tokens) was not caught");
     }
     println!("planted difference caught");
     // A rank that exited mid-diff (or a peer that lost its port) makes the answers untrusted.
@@ -365,10 +444,8 @@ fn diff_ranks(n: usize) -> Result<()> {
             bail!("{what}: {why} during the diff; its answers are not trusted");
         }
     }
-    drop(mine);
-    let _ = std::fs::remove_file(&hostfile);
     if !same {
-        bail!("engine serve differs from mlx_lm.server on {n} ranks ({DIST_MODEL})");
+        bail!("engine serve differs from mlx_lm.server on {n} ranks");
     }
     Ok(())
 }
