@@ -92,6 +92,9 @@ enum Command {
     /// `engine serve` in this fresh process (used by `harness bench --suite serve`).
     #[command(hide = true)]
     LegServe(cmd::bench::LegServeArgs),
+    /// One engine rank of a distributed-suite leg (used by `harness bench --suite distributed`).
+    #[command(hide = true)]
+    LegDist(harness::bench::distributed::LegArgs),
     /// One engine benchmark leg in this fresh process (used by `harness bench`).
     #[command(hide = true)]
     LegEngine(cmd::bench::LegArgs),
@@ -126,5 +129,6 @@ fn main() -> Result<()> {
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
         Command::LegSpec(args) => cmd::bench::leg_spec(args),
         Command::LegTrain(args) => cmd::bench::leg_train(args),
+        Command::LegDist(args) => harness::bench::distributed::leg(args),
     }
 }

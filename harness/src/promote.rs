@@ -64,27 +64,138 @@ fn params_label(params: &str) -> Option<String> {
             _ => return None,
         },
     };
-    Some(match p.get("engine_batch").and_then(|v| v.as_u64()) {
+    let label = match p.get("engine_batch").and_then(|v| v.as_u64()) {
         Some(b) => format!("{label}, engine --batch {b}"),
         None => label,
-    })
+    };
+    // Distributed rows: how many ranks, split which way.
+    Some(
+        match (
+            p.get("ranks").and_then(|v| v.as_u64()),
+            p.get("split").and_then(|v| v.as_str()),
+        ) {
+            (Some(1), _) => format!("{label}, 1 rank"),
+            (Some(n), Some(split)) => format!("{label}, {split} ×{n}"),
+            _ => label,
+        },
+    )
 }
 
-/// RESULTS.md for `rows` (already filtered to promotable ones).
+/// The heading that opens one machine's section: "## Machine `<key>`".
+const MACHINE_HEADING: &str = "## Machine `";
+
+const INTRO: &str = "# Results\n\nWritten by `harness promote` from preflight-clean rows of the results DB; do not edit by hand. \
+One section per machine: a promote rewrites the section of the machine it runs on, from that machine's DB, and keeps every \
+other machine's section as it was.\n";
+
+/// RESULTS.md for `rows` (already filtered to promotable ones): one section per machine.
 pub fn render(rows: &[Row]) -> String {
+    let mut sections = BTreeMap::new();
+    for key in rows.iter().map(|r| r.machine_key.clone()) {
+        if let std::collections::btree_map::Entry::Vacant(e) = sections.entry(key) {
+            let section = machine_section(e.key(), rows);
+            e.insert(section);
+        }
+    }
+    document(&sections)
+}
+
+/// RESULTS.md as `harness promote` on `machine` writes it: that machine's section rendered
+/// from its rows of `rows`, every other machine's section of `existing` (the current
+/// RESULTS.md) kept byte for byte. Rows of other machines are not used (this DB holds only
+/// part of their history); with no promotable row of `machine`, its existing section stays
+/// too. Returns the text and how many rows it was rendered from.
+pub fn merge(existing: Option<&str>, machine: &str, rows: &[Row]) -> (String, usize) {
+    let mut sections = existing.map(sections).unwrap_or_default();
+    let mine: Vec<Row> = rows
+        .iter()
+        .filter(|r| r.machine_key == machine && promotable(r))
+        .cloned()
+        .collect();
+    if !mine.is_empty() || !sections.contains_key(machine) {
+        sections.insert(machine.to_owned(), machine_section(machine, &mine));
+    }
+    (document(&sections), mine.len())
+}
+
+fn document(sections: &BTreeMap<String, String>) -> String {
+    let mut out = String::from(INTRO);
+    for section in sections.values() {
+        out.push('\n');
+        out.push_str(section);
+    }
+    out
+}
+
+/// The machine sections of a RESULTS.md, by machine key, each from its heading to the next
+/// (ending in one newline). A file from before per-machine sections (one machine, named in
+/// its header line) becomes that machine's section, its headings one level down.
+pub fn sections(md: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut current: Option<(String, String)> = None;
+    for line in md.split_inclusive('\n') {
+        if let Some(rest) = line.strip_prefix(MACHINE_HEADING) {
+            if let Some((key, text)) = current.take() {
+                out.insert(key, finish(text));
+            }
+            let key = rest.split('`').next().unwrap_or("").to_owned();
+            current = Some((key, line.to_owned()));
+        } else if let Some((_, text)) = current.as_mut() {
+            text.push_str(line);
+        }
+    }
+    if let Some((key, text)) = current {
+        out.insert(key, finish(text));
+    }
+    if out.is_empty() {
+        if let Some((key, section)) = legacy_section(md) {
+            out.insert(key, section);
+        }
+    }
+    out
+}
+
+/// The one machine of a RESULTS.md without machine headings: its header line names it
+/// ("machine `<key>` · …"); the section runs from there to the end.
+fn legacy_section(md: &str) -> Option<(String, String)> {
+    let at = md.find("\nmachine `")? + 1;
+    let key = md[at + "machine `".len()..].split('`').next()?.to_owned();
+    let body: String = md[at..]
+        .split_inclusive('\n')
+        .map(|l| match l.strip_prefix("## ") {
+            Some(rest) => format!("### {rest}"),
+            None => l.to_owned(),
+        })
+        .collect();
+    Some((
+        key.clone(),
+        finish(format!("{MACHINE_HEADING}{key}`\n\n{body}")),
+    ))
+}
+
+/// `text` with exactly one trailing newline.
+fn finish(text: String) -> String {
+    format!("{}\n", text.trim_end())
+}
+
+fn promotable(r: &Row) -> bool {
+    r.preflight == "clean" && r.suite != "lambda-sweep"
+}
+
+/// One machine's section: its header line, then parity, performance and quality.
+fn machine_section(machine: &str, rows: &[Row]) -> String {
     // The λ study is per run and seed; its table lives in docs/dynamic-lambda.md.
     let rows: Vec<&Row> = rows
         .iter()
-        .filter(|r| r.preflight == "clean" && r.suite != "lambda-sweep")
+        .filter(|r| r.machine_key == machine && promotable(r))
         .collect();
-    let mut out = String::from("# Results\n\n");
-    out.push_str("Written by `harness promote` from preflight-clean rows of the results DB; do not edit by hand.\n\n");
+    let mut out = format!("{MACHINE_HEADING}{machine}`\n\n");
     out.push_str(&header(&rows));
-    out.push_str("\n\n## Parity\n\n");
+    out.push_str("\n\n### Parity\n\n");
     parity_section(&mut out, &rows);
-    out.push_str("\n## Performance\n\n");
+    out.push_str("\n### Performance\n\n");
     performance_section(&mut out, &rows);
-    out.push_str("\n## Quality\n\n");
+    out.push_str("\n### Quality\n\n");
     quality_section(&mut out, &rows);
     out
 }
@@ -230,11 +341,23 @@ mod tests {
     use super::*;
 
     fn row(suite: &str, model: &str, metric: &str, stack: &str, value: f64, unit: &str) -> Row {
+        on("cpu-amd-epyc", suite, model, metric, stack, value, unit)
+    }
+
+    fn on(
+        machine: &str,
+        suite: &str,
+        model: &str,
+        metric: &str,
+        stack: &str,
+        value: f64,
+        unit: &str,
+    ) -> Row {
         crate::db::RowContext {
             ts: "2026-11-29T18:00:00Z".into(),
             commit: "0123456789ab".into(),
             dirty: false,
-            machine_key: "cpu-amd-epyc".into(),
+            machine_key: machine.into(),
             machine_state: r#"{"before":{"cores":2,"mem_total_mb":24000,"engine_version":"0.1.0","mlx_version":"0.32.2","oracle_versions":{"mlx-lm":"0.32.2","transformers":"5.12.1"}}}"#.into(),
             preflight: "clean".into(),
             tags: String::new(),
@@ -273,5 +396,96 @@ mod tests {
         assert_eq!(md, render(&rows), "deterministic");
         assert!(!md.contains("9999"), "dirty rows are never rendered");
         insta::assert_snapshot!(md);
+    }
+
+    /// A RESULTS.md from before per-machine sections (one machine, `##` headings).
+    const LEGACY: &str = "# Results\n\nWritten by `harness promote` from preflight-clean rows of the results DB; do not edit by hand.\n\n\
+machine `cpu-amd-epyc` · 2 cores · 24 GB RAM\n\n## Parity\n\n| tier | model | check | result | commit | date |\n|---|---|---|---|---|---|\n\
+| l1 | tiny-llama | logit vectors bit exact | 85/85 | 913f1136bd36 | 2026-11-29 |\n\n## Performance\n\nNo performance runs recorded yet.\n\n\
+## Quality\n\nNo quality runs recorded yet.\n";
+
+    #[test]
+    fn promote_keeps_the_sections_of_other_machines() {
+        let rows = vec![
+            on(
+                "cpu-intel-xeon-processor",
+                "decode",
+                "tiny",
+                "decode_tps",
+                "engine",
+                95.0,
+                "tok/s",
+            ),
+            // A row of the other machine in this DB is not used: its section stays as it was.
+            row("decode", "tiny", "decode_tps", "engine", 777.0, "tok/s"),
+        ];
+        let (md, used) = merge(Some(LEGACY), "cpu-intel-xeon-processor", &rows);
+        assert_eq!(used, 1);
+        let s = sections(&md);
+        assert_eq!(
+            s.keys().collect::<Vec<_>>(),
+            ["cpu-amd-epyc", "cpu-intel-xeon-processor"]
+        );
+        // The old machine's lines, byte for byte (its headings one level down).
+        for line in LEGACY.lines().skip(3) {
+            let line = line
+                .strip_prefix("## ")
+                .map_or(line.to_owned(), |l| format!("### {l}"));
+            assert!(s["cpu-amd-epyc"].contains(&line), "lost: {line}");
+        }
+        assert!(!md.contains("777"));
+        assert!(s["cpu-intel-xeon-processor"].contains("| decode | tiny | decode tps | 95 tok/s |"));
+        // Promoting again is a fixed point, and new rows replace only this machine's section.
+        assert_eq!(merge(Some(&md), "cpu-intel-xeon-processor", &rows).0, md);
+        let newer = vec![on(
+            "cpu-intel-xeon-processor",
+            "decode",
+            "tiny",
+            "decode_tps",
+            "engine",
+            97.0,
+            "tok/s",
+        )];
+        let (md2, _) = merge(Some(&md), "cpu-intel-xeon-processor", &newer);
+        assert_eq!(sections(&md2)["cpu-amd-epyc"], s["cpu-amd-epyc"]);
+        assert!(md2.contains("97 tok/s") && !md2.contains("95 tok/s"));
+        // No promotable row of this machine: its section is kept too.
+        assert_eq!(merge(Some(&md2), "cpu-intel-xeon-processor", &[]).0, md2);
+    }
+
+    #[test]
+    fn the_committed_results_md_survives_a_promote_elsewhere() {
+        let committed = include_str!("../../RESULTS.md");
+        let rows = vec![on(
+            "some-other-machine",
+            "decode",
+            "tiny",
+            "decode_tps",
+            "engine",
+            1.0,
+            "tok/s",
+        )];
+        let (md, _) = merge(Some(committed), "some-other-machine", &rows);
+        for line in committed
+            .lines()
+            .filter(|l| l.starts_with('|') || l.starts_with("machine `"))
+        {
+            assert!(md.contains(line), "promote elsewhere dropped: {line}");
+        }
+    }
+
+    #[test]
+    fn distributed_rows_name_their_split() {
+        let p = |v: serde_json::Value| params_label(&v.to_string()).unwrap();
+        let base = serde_json::json!({"prompt_tokens": 256, "max_tokens": 128});
+        let with = |ranks: u64, split: &str| {
+            let mut v = base.clone();
+            v["ranks"] = ranks.into();
+            v["split"] = split.into();
+            p(v)
+        };
+        assert_eq!(with(1, "single"), "prompt 256, 128 new, 1 rank");
+        assert_eq!(with(2, "tensor"), "prompt 256, 128 new, tensor ×2");
+        assert_eq!(p(base), "prompt 256, 128 new");
     }
 }

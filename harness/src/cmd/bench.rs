@@ -20,7 +20,8 @@ pub struct Args {
     /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory), serve
     /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16 streaming clients, on a committed
     /// tiny model: --serve-model), restart (the SSD tier after a restart) or spec
-    /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter).
+    /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter) or
+    /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens).
@@ -197,6 +198,55 @@ fn run_train(args: &Args) -> Result<()> {
         before.verdict(),
         after.verdict()
     );
+    Ok(())
+}
+
+/// The distributed suite on each --model: 1 rank, tensor ×2, pipeline ×2; engine and mlx-lm.
+fn run_distributed(args: &Args) -> Result<()> {
+    use harness::bench::distributed;
+    let chosen = args
+        .model
+        .iter()
+        .map(|n| {
+            models::by_name(n)
+                .with_context(|| format!("unknown bench model `{n}` ({})", models::NAMES))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let (thresholds, before) = preflight_gate(args, "distributed")?;
+    let opts = distributed::Options {
+        rounds: args.rounds,
+        prompt_tokens: args.prompt_tokens,
+        max_tokens: args.max_tokens,
+        peer: !args.no_peer,
+        leg_timeout: std::time::Duration::from_secs(180),
+    };
+    let results = chosen
+        .iter()
+        .map(|m| distributed::run(m, &opts))
+        .collect::<Result<Vec<_>>>()?;
+    let after = harness::preflight::check(&thresholds);
+    let db = Db::open_default()?;
+    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
+    let mut n = 0;
+    for (r, m) in results.iter().zip(&chosen) {
+        print!("{}", r.table(&opts));
+        let params_m = (m.parameter_count() as f64 / 1e5).round() / 10.0;
+        n += r.record(&db, &ctx, &opts, params_m)?;
+    }
+    println!(
+        "recorded {n} rows (preflight before: {}, after: {})",
+        before.verdict(),
+        after.verdict()
+    );
+    let failed = results
+        .iter()
+        .flat_map(|r| &r.cells)
+        .filter(|c| c.result.is_err())
+        .count();
+    if failed > 0 {
+        bail!("{failed} (split, stack) leg(s) failed; see above");
+    }
     Ok(())
 }
 
@@ -403,8 +453,9 @@ pub fn run(args: Args) -> Result<()> {
         "restart" => return run_restart(&args),
         "spec" => return run_spec(&args),
         "train" => return run_train(&args),
+        "distributed" => return run_distributed(&args),
         other => {
-            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train)")
+            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed)")
         }
     }
     if args.rounds < 3 {

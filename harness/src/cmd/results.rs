@@ -45,15 +45,25 @@ pub fn results(suite: Option<&str>, limit: usize) -> Result<()> {
 pub fn promote(out: Option<PathBuf>) -> Result<()> {
     let db = Db::open_default()?;
     let rows = db.latest_clean()?;
-    let md = promote::render(&rows);
     let out = out.unwrap_or_else(|| oracle::repo_root().join("RESULTS.md"));
+    let existing = std::fs::read_to_string(&out).ok();
+    let machine = harness::machine::machine_key();
+    let (md, used) = promote::merge(existing.as_deref(), &machine, &rows);
     let tmp = out.with_extension("md.tmp");
     std::fs::write(&tmp, &md)?;
     std::fs::rename(&tmp, &out)?;
+    let kept: Vec<String> = promote::sections(&md)
+        .into_keys()
+        .filter(|k| *k != machine)
+        .collect();
     println!(
-        "wrote {} from {} promotable row(s)",
+        "wrote {}: the section of `{machine}` from {used} promotable row(s){}",
         out.display(),
-        rows.len()
+        if kept.is_empty() {
+            String::new()
+        } else {
+            format!("; kept as they were: {}", kept.join(", "))
+        }
     );
     Ok(())
 }
