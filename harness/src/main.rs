@@ -80,6 +80,13 @@ enum Command {
     /// venv) on the tiny models; texts, streamed chunks, finish reasons and token counts
     /// must be identical (plus a planted difference that must be caught).
     ServeDiff(cmd::serve_check::DiffArgs),
+    /// One rank of a distributed gate, under `mlx.launch` (or with MLX_RANK and MLX_HOSTFILE
+    /// set): `l1` checks this rank's part of the model against `goldens/l1-dist`; rank 0
+    /// prints the verdict as one JSON line.
+    DistRank {
+        #[command(subcommand)]
+        command: cmd::dist_rank::Command,
+    },
     /// One restart-suite leg in this fresh process (used by `harness bench --suite restart`).
     #[command(hide = true)]
     LegRestart(cmd::bench::LegRestartArgs),
@@ -121,6 +128,7 @@ fn main() -> Result<()> {
         Command::Oracle {
             command: OracleCommand::Doctor,
         } => cmd::doctor::oracle(true).map(|_| ()),
+        Command::DistRank { command } => cmd::dist_rank::run(command),
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),

@@ -1,6 +1,7 @@
 //! Command handlers of the `harness` binary.
 
 pub mod bench;
+pub mod dist_rank;
 pub mod doctor;
 pub mod goldens;
 pub mod parity;
