@@ -1,5 +1,6 @@
 //! Weights from `*.safetensors` via memmap2: headers are parsed in place and each tensor is
-//! copied once, straight from the mapped file into an MLX array of the same dtype.
+//! copied once, straight from the mapped file into an MLX array of the same dtype. A rank of
+//! a distributed group loads lazily instead (MLX reads a tensor when it is evaluated).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -68,8 +69,17 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 impl Weights {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let mut tensors = HashMap::new();
+        // A rank of a group keeps only its part of the model: MLX's lazy safetensors
+        // arrays are read when evaluated, so the slices a rank keeps are read and the rest
+        // (other ranks' slices, other stages' layers) never is — a rank's peak stays near
+        // its share instead of the whole model, as with mlx-lm's lazy sharded_load.
+        let lazy = crate::dist::active();
         for path in weight_files(dir)? {
-            load_file(&path, &mut tensors)?;
+            if lazy {
+                load_file_lazy(&path, &mut tensors)?;
+            } else {
+                load_file(&path, &mut tensors)?;
+            }
         }
         Ok(Weights {
             tensors,
@@ -223,6 +233,46 @@ fn load_file(path: &Path, out: &mut HashMap<String, Array>) -> Result<(), LoadEr
         // the byte length against shape and dtype); MLX copies them before we unmap.
         let array = unsafe { Array::from_raw_data(data.as_ptr().cast(), &shape, dtype) };
         out.insert(name, array);
+    }
+    Ok(())
+}
+
+/// `mx.load(path)` through mlx-c: arrays whose data MLX reads from the file when they are
+/// evaluated (on the CPU stream, where MLX's loads run).
+fn load_file_lazy(path: &Path, out: &mut HashMap<String, Array>) -> Result<(), LoadError> {
+    let fail = |message: String| LoadError::Safetensors {
+        path: path.to_owned(),
+        message,
+    };
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| fail("the path has a NUL byte".into()))?;
+    // SAFETY: every handle is created here and freed before returning; each value handle
+    // is fresh before `next` sets it and is taken over by `Array::from_ptr`; `key` points
+    // into the map, which outlives its copy into a String.
+    unsafe {
+        let stream = mlx_sys::mlx_default_cpu_stream_new();
+        let mut map = mlx_sys::mlx_map_string_to_array_new();
+        let mut meta = mlx_sys::mlx_map_string_to_string_new();
+        let status = mlx_sys::mlx_load_safetensors(&mut map, &mut meta, c_path.as_ptr(), stream);
+        mlx_sys::mlx_stream_free(stream);
+        mlx_sys::mlx_map_string_to_string_free(meta);
+        if status != 0 {
+            mlx_sys::mlx_map_string_to_array_free(map);
+            return Err(fail("MLX could not read it".into()));
+        }
+        let it = mlx_sys::mlx_map_string_to_array_iterator_new(map);
+        loop {
+            let mut key: *const std::os::raw::c_char = std::ptr::null();
+            let mut value = mlx_sys::mlx_array_new();
+            if mlx_sys::mlx_map_string_to_array_iterator_next(&mut key, &mut value, it) != 0 {
+                mlx_sys::mlx_array_free(value);
+                break;
+            }
+            let name = std::ffi::CStr::from_ptr(key).to_string_lossy().into_owned();
+            out.insert(name, Array::from_ptr(value));
+        }
+        mlx_sys::mlx_map_string_to_array_iterator_free(it);
+        mlx_sys::mlx_map_string_to_array_free(map);
     }
     Ok(())
 }
