@@ -2,9 +2,11 @@
 //! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
 //! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
 
+mod args;
 mod batch_lane;
 mod dist_plan;
 mod emit;
+mod encode;
 pub mod error;
 mod follower;
 pub mod guard;
@@ -15,7 +17,6 @@ pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -28,116 +29,7 @@ use crate::load::config::ModelConfig;
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 
-/// `engine serve` flags (mlx_lm.server's, where they mean the same here).
-#[derive(Debug, Clone, clap::Args)]
-pub struct ServeArgs {
-    /// Model directory in Hugging Face layout, or a hub repo id (`org/name[@revision]`)
-    /// from the local Hugging Face cache (never downloaded).
-    #[arg(long, value_parser = crate::load::hub::model_arg)]
-    pub model: PathBuf,
-    #[arg(long, default_value = "127.0.0.1")]
-    pub host: String,
-    /// Port (0 picks a free one; the address is printed).
-    #[arg(long, default_value_t = 8080)]
-    pub port: u16,
-    /// Default max_tokens of a request.
-    #[arg(long, default_value_t = 512)]
-    pub max_tokens: usize,
-    /// Default sampling temperature.
-    #[arg(long, default_value_t = 0.0)]
-    pub temp: f64,
-    /// Default nucleus sampling top-p.
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f64,
-    /// Default top-k (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub top_k: i32,
-    /// Default min-p (0 = off).
-    #[arg(long, default_value_t = 0.0)]
-    pub min_p: f64,
-    /// A chat template (Jinja source) to use instead of the tokenizer's.
-    #[arg(long)]
-    pub chat_template: Option<String>,
-    /// Template kwargs for every chat request, as a JSON object (mlx_lm.server's
-    /// --chat-template-args), e.g. '{"enable_thinking": false}'; a request's
-    /// `chat_template_kwargs` go over them.
-    #[arg(long, default_value = "{}")]
-    pub chat_template_args: String,
-    /// Prompt cache: how many entries (conversations' KV caches) to keep in RAM (0 = off).
-    #[arg(long, default_value_t = 10)]
-    pub prompt_cache_size: usize,
-    /// Prompt cache: a cap on the bytes its entries hold (default: none).
-    #[arg(long)]
-    pub prompt_cache_bytes: Option<usize>,
-    /// Prompt tokens per prefill chunk (mlx_lm.server's --prefill-step-size); in the batch
-    /// lane, one chunk of an admitted prompt runs per decode step.
-    #[arg(long, default_value_t = 2048)]
-    pub prefill_step_size: usize,
-    /// Batch lane: up to this many requests decode together in one forward (1 = the serial
-    /// lane only). Full-attention models with dense caches only; others stay serial.
-    #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
-    pub batch: usize,
-    /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
-    /// model verifies (mlx_lm.server's --draft-model). Requests run on the serial lane;
-    /// requests with logits processors (penalties, logit bias) run without drafting. A
-    /// directory or a hub repo id from the local cache, as --model.
-    #[arg(long, value_parser = crate::load::hub::model_arg)]
-    pub draft_model: Option<PathBuf>,
-    /// Tokens drafted per verify pass (γ).
-    #[arg(long, default_value_t = 3)]
-    pub num_draft_tokens: usize,
-    /// SSD tier: keep conversation prefixes in kv-store files under this directory, so a
-    /// restarted server resumes them (docs/kv-store.md). Off without it.
-    #[arg(long)]
-    pub ssd_cache: Option<PathBuf>,
-    /// SSD tier: the most it may hold, in GiB.
-    #[arg(long, default_value_t = 32.0)]
-    pub ssd_cache_max: f64,
-    /// SSD tier: also check every tensor's SHA-256 when restoring (the header hash and
-    /// every tensor's xxh3-64 checksum are always checked).
-    #[arg(long)]
-    pub ssd_cache_verify: bool,
-    /// SSD tier: write a finished conversation to disk once no request has arrived for this
-    /// many milliseconds (RAM evictions and shutdown write at once).
-    #[arg(long, default_value_t = 500)]
-    pub ssd_cache_debounce_ms: u64,
-    /// Do not open the chat page in a browser (it opens by default when stdout is an
-    /// interactive terminal).
-    #[arg(long)]
-    pub no_open: bool,
-    /// Require `Authorization: Bearer KEY` on every API route (OpenAI clients send their
-    /// api_key so); the chat page asks for it. Also read from ENGINE_API_KEY.
-    #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
-    pub api_key: Option<String>,
-    /// Largest request body accepted, in bytes.
-    #[arg(long, default_value_t = 4 << 20)]
-    pub max_body_bytes: usize,
-    /// Cut a request whose client has read nothing for this many seconds while its answer
-    /// waits (0 = never).
-    #[arg(long, default_value_t = 5.0)]
-    pub stall_timeout: f64,
-    /// Requests that may wait for the model (arrived, not yet running); more get 429 with
-    /// Retry-After (0 = no cap).
-    #[arg(long, default_value_t = 64)]
-    pub max_queue: usize,
-    /// A request's wall-clock limit in seconds from arrival, queueing included (0 = none);
-    /// past it the request ends with a 504 error.
-    #[arg(long, default_value_t = 600.0)]
-    pub request_timeout: f64,
-    /// On SIGTERM / Ctrl-C: seconds running requests may take to finish before they are
-    /// cut and the server exits.
-    #[arg(long, default_value_t = 30.0)]
-    pub drain_timeout: f64,
-    /// Serial lane: up to this many requests take turns, one token each (1 = one at a time,
-    /// in arrival order).
-    #[arg(long, default_value_t = 8)]
-    pub interleave: usize,
-    #[command(flatten)]
-    pub tier: crate::tiers::TierArgs,
-    /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).
-    #[command(flatten)]
-    pub dist: crate::dist::DistArgs,
-}
+pub use args::ServeArgs;
 
 /// The server's limits on a request, shared by the HTTP side and the model thread.
 pub struct Limits {
