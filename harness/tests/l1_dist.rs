@@ -223,9 +223,15 @@ bit_exact! {
     pp_tiny_qwen3_moe_mxfp4: "l1-dist/pp/tiny-qwen3-moe-mxfp4",
 }
 
-/// Every committed golden of the distributed L1 has its test above.
+/// Every committed golden of the distributed L1 has its test above, and the registry
+/// (`goldens regen` / `check`) lists exactly those.
 #[test]
 fn every_l1_dist_golden_is_gated() {
+    let mut registered = harness::parity::gates::l1_dist_goldens();
+    let mut covered: Vec<String> = COVERED.iter().map(|s| s.to_string()).collect();
+    registered.sort();
+    covered.sort();
+    assert_eq!(registered, covered, "gates::L1_DIST and the tests differ");
     let mut missing = Vec::new();
     for mode in ["tp", "pp"] {
         for entry in std::fs::read_dir(goldens().join("l1-dist").join(mode))
@@ -255,6 +261,12 @@ fn planted_reversed_stages_fail_pp() {
 #[test]
 fn planted_dropped_all_sum_fails_tp() {
     assert_plant_fails("l1-dist/tp/tiny-llama", "DistReduceDropped");
+}
+
+/// The sparse block's all_sum after the experts are combined is dropped too.
+#[test]
+fn planted_dropped_all_sum_fails_tp_moe() {
+    assert_plant_fails("l1-dist/tp/tiny-qwen3-moe", "DistReduceDropped");
 }
 
 /// Two ranks of tiny-llama against the single-process golden of another model

@@ -263,6 +263,47 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
 ];
 
+/// The distributed L1 gate's goldens by mode (tp, pp): multi-process (two ring ranks per
+/// check, harness/tests/l1_dist.rs), so not a row of the in-process table. Made by
+/// oracles/gen_l1_dist.py under mlx.launch on 2 ranks.
+pub const L1_DIST: [(&str, &[&str]); 2] = [
+    (
+        "tp",
+        &[
+            "tiny-llama",
+            "tiny-llama-trained",
+            "tiny-llama-dynamic",
+            "tiny-llama-mxfp4",
+            "tiny-llama-nvfp4",
+            "tiny-llama-mxfp8",
+            "tiny-llama-mixed-modes",
+            "tiny-llama-rope-params",
+            "tiny-llama-yarn",
+            "tiny-qwen2",
+            "tiny-qwen3",
+            "tiny-qwen3-moe",
+            "tiny-gpt-oss",
+        ],
+    ),
+    (
+        "pp",
+        &[
+            "tiny-qwen2",
+            "tiny-qwen3-moe",
+            "tiny-qwen3-moe-q4",
+            "tiny-qwen3-moe-mxfp4",
+        ],
+    ),
+];
+
+/// `l1-dist/<mode>/<model>` for every distributed L1 golden.
+pub fn l1_dist_goldens() -> Vec<String> {
+    L1_DIST
+        .iter()
+        .flat_map(|(mode, models)| models.iter().map(move |m| format!("l1-dist/{mode}/{m}")))
+        .collect()
+}
+
 pub fn registry() -> Vec<Registered> {
     let mut out: Vec<Registered> = Vec::new();
     let model_gates = GATES.iter().filter(|g| !g.on_fixtures);
@@ -307,6 +348,18 @@ pub fn registry() -> Vec<Registered> {
             });
         }
     }
+    for (mode, models) in L1_DIST {
+        for model in models {
+            out.push(Registered {
+                name: format!("l1-dist/{mode}/{model}"),
+                script: "gen_l1_dist.py",
+                args: ["--launch", "--mode", mode, model]
+                    .iter()
+                    .map(|a| a.to_string())
+                    .collect(),
+            });
+        }
+    }
     out.extend(
         OUTSIDE_GATES
             .iter()
@@ -319,7 +372,7 @@ pub fn registry() -> Vec<Registered> {
 /// The top-level dirs of goldens/ that are golden groups, not machine layers (`data` holds
 /// the training sets of oracles/make_train_data.py, not oracle output).
 pub fn groups() -> Vec<&'static str> {
-    let mut groups = vec!["models", "data", "cli", "convert"];
+    let mut groups = vec!["models", "data", "cli", "convert", "l1-dist"];
     for gate in GATES {
         if !groups.contains(&gate.group) {
             groups.push(gate.group);
@@ -416,8 +469,21 @@ mod tests {
                 .flatten()
             {
                 let name = format!("{group}/{}", entry.file_name().to_string_lossy());
-                if entry.path().is_dir() && !registered.contains(&name) {
+                if !entry.path().is_dir() || registered.contains(&name) {
+                    continue;
+                }
+                // A golden group one level deeper (l1-dist/<mode>/<model>).
+                let nested: Vec<String> = std::fs::read_dir(entry.path())
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| format!("{name}/{}", e.file_name().to_string_lossy()))
+                    .collect();
+                if nested.is_empty() || !registered.iter().any(|r| r.starts_with(&name)) {
                     missing.push(name);
+                } else {
+                    missing.extend(nested.into_iter().filter(|n| !registered.contains(n)));
                 }
             }
         }
