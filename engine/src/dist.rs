@@ -268,12 +268,15 @@ pub fn exit_with(status: i32, why: &dyn std::fmt::Display) -> ! {
 
 /// Before the weights load: every rank checks that the others run the same engine, MLX,
 /// model and mode; on a mismatch every rank exits with [`exit::MISMATCH`].
-pub fn agree_on_model(dir: &std::path::Path) -> Result<(), DistError> {
+pub fn agree_on_model(
+    dir: &std::path::Path,
+    weight_files: &[std::path::PathBuf],
+) -> Result<(), DistError> {
     let Some(g) = group() else { return Ok(()) };
     // A peer that joined the ring but never gets here (stopped, or another program) would
     // leave the exchange waiting forever.
     let _bound = watchdog::bound("the fingerprint exchange before the model loads");
-    let mine = Fingerprint::new(dir, g.mode, g.rank, g.size)?;
+    let mine = Fingerprint::new((dir, weight_files), g.mode, g.rank, g.size)?;
     match check_fingerprints(&mine) {
         Err(DistError::Mismatch(m)) => exit_with(exit::MISMATCH, &m),
         other => other,

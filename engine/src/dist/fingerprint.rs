@@ -50,33 +50,37 @@ fn hash_data(h: &mut Sha256, f: &mut std::fs::File, start: u64, size: u64) -> st
 /// name, dtype, shape and offset) and its tensors' bytes, sampled past 16 MiB a file (reading
 /// them all twice would double a large model's load time): what decides the shapes and
 /// values a rank computes.
-fn model_digest(dir: &Path) -> Result<[u8; 32], DistError> {
+fn model_digest(dir: &Path, files: &[std::path::PathBuf]) -> Result<[u8; 32], DistError> {
     let io = |p: &Path, e: std::io::Error| DistError::Env(format!("{}: {e}", p.display()));
     let mut h = Sha256::new();
     let config = dir.join("config.json");
     h.update(std::fs::read(&config).map_err(|e| io(&config, e))?);
-    let files =
-        crate::load::weights::weight_files(dir).map_err(|e| DistError::Env(e.to_string()))?;
     for path in files {
-        let mut f = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-        let size = f.metadata().map_err(|e| io(&path, e))?.len();
+        let mut f = std::fs::File::open(path).map_err(|e| io(path, e))?;
+        let size = f.metadata().map_err(|e| io(path, e))?.len();
         let mut len = [0u8; 8];
-        f.read_exact(&mut len).map_err(|e| io(&path, e))?;
+        f.read_exact(&mut len).map_err(|e| io(path, e))?;
         let n = u64::from_le_bytes(len)
             .min(size.saturating_sub(8))
             .min(1 << 28);
         let mut header = vec![0u8; n as usize];
-        f.read_exact(&mut header).map_err(|e| io(&path, e))?;
+        f.read_exact(&mut header).map_err(|e| io(path, e))?;
         h.update(path.file_name().unwrap_or_default().as_encoded_bytes());
         h.update(size.to_le_bytes());
         h.update(&header);
-        hash_data(&mut h, &mut f, 8 + n, size).map_err(|e| io(&path, e))?;
+        hash_data(&mut h, &mut f, 8 + n, size).map_err(|e| io(path, e))?;
     }
     Ok(h.finalize().into())
 }
 
 impl Fingerprint {
-    pub fn new(dir: &Path, mode: Mode, rank: usize, size: usize) -> Result<Self, DistError> {
+    /// Of the model in `dir` whose weights are `files` (the loader's list).
+    pub fn new(
+        (dir, files): (&Path, &[std::path::PathBuf]),
+        mode: Mode,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self, DistError> {
         let mut b = [0u8; LEN];
         b[..4].copy_from_slice(TAG);
         b[4] = match mode {
@@ -91,7 +95,7 @@ impl Fingerprint {
             crate::runtime::mlx_version()
         ));
         b[8..32].copy_from_slice(&build[..24]);
-        b[32..].copy_from_slice(&model_digest(dir)?);
+        b[32..].copy_from_slice(&model_digest(dir, files)?);
         Ok(Fingerprint(b))
     }
 }

@@ -42,7 +42,7 @@ fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
 /// The weight files of a directory as mlx-lm's `load_model` globs them:
 /// `model*.safetensors` (one file or the shards). Other safetensors files — a mistralai
 /// repo's `consolidated.safetensors`, adapters — are not weights of the model.
-pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| LoadError::Io {
             path: dir.to_owned(),
@@ -68,12 +68,18 @@ pub(crate) fn weight_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 
 impl Weights {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
+        Self::load_files(dir, false)
+    }
+
+    /// MLX's lazy safetensors arrays, read when evaluated: a rank of a distributed group
+    /// reads the slices and layers it keeps and never the rest, so its peak stays near its
+    /// share of the model (as with mlx-lm's lazy `sharded_load`).
+    pub fn load_lazy(dir: &Path) -> Result<Self, LoadError> {
+        Self::load_files(dir, true)
+    }
+
+    fn load_files(dir: &Path, lazy: bool) -> Result<Self, LoadError> {
         let mut tensors = HashMap::new();
-        // A rank of a group keeps only its part of the model: MLX's lazy safetensors
-        // arrays are read when evaluated, so the slices a rank keeps are read and the rest
-        // (other ranks' slices, other stages' layers) never is — a rank's peak stays near
-        // its share instead of the whole model, as with mlx-lm's lazy sharded_load.
-        let lazy = crate::dist::active();
         for path in weight_files(dir)? {
             if lazy {
                 load_file_lazy(&path, &mut tensors)?;

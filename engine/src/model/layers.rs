@@ -67,7 +67,7 @@ impl Linear {
 
     pub fn forward(&self, x: &Array) -> R<Array> {
         if self.reduce {
-            return super::shard::reduced_forward(self, x);
+            return self.forward_reduced(x);
         }
         let y = match (&self.quantized, &self.bias) {
             (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
@@ -91,6 +91,29 @@ impl Linear {
                 let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
                 y.add(&z)
             }
+        }
+    }
+
+    /// `ShardedToAllLinear.__call__` (and its quantized twin): `x @ W.T` or
+    /// `quantized_matmul`, `all_sum`, then `+ bias` — never `addmm`.
+    fn forward_reduced(&self, x: &Array) -> R<Array> {
+        if self.lora.borrow().is_some() {
+            return Err(Exception::custom(
+                "LoRA adapters on a tensor-parallel model are not supported (as in mlx-lm)",
+            ));
+        }
+        let y = match &self.quantized {
+            Some(q) => q.matmul_t(x, &self.weight)?,
+            None => x.matmul(self.weight.t())?,
+        };
+        let y = if crate::plant::is(crate::plant::Defect::DistReduceDropped) {
+            y
+        } else {
+            crate::dist::all_sum(&y)?
+        };
+        match &self.bias {
+            Some(b) => y.add(b),
+            None => Ok(y),
         }
     }
 

@@ -139,9 +139,15 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
 /// distributed group (`dist::init`) first checks that every rank loads the same model, then
 /// keeps its part of it (tensor or pipeline parallel, as the group's mode says).
 pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
-    crate::dist::agree_on_model(dir)?;
+    let lazy = crate::dist::active();
+    if lazy {
+        crate::dist::agree_on_model(dir, &crate::load::weights::weight_files(dir)?)?;
+    }
     let config = ModelConfig::read(dir)?;
-    let weights = Weights::load(dir)?;
+    let weights = match lazy {
+        true => Weights::load_lazy(dir)?,
+        false => Weights::load(dir)?,
+    };
     let mut model = build(&config, weights)?;
     if let Some(g) = crate::dist::group() {
         let part = shard::Part::of_group();

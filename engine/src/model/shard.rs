@@ -131,29 +131,6 @@ pub(crate) fn shard_params(
     Ok(())
 }
 
-/// `ShardedToAllLinear.__call__` (and its quantized twin): `x @ W.T` or
-/// `quantized_matmul`, `all_sum`, then `+ bias` — never `addmm`.
-pub(super) fn reduced_forward(l: &Linear, x: &Array) -> Result<Array, Exception> {
-    if l.lora.borrow().is_some() {
-        return Err(Exception::custom(
-            "LoRA adapters on a tensor-parallel model are not supported (as in mlx-lm)",
-        ));
-    }
-    let y = match &l.quantized {
-        Some(q) => q.matmul_t(x, &l.weight)?,
-        None => x.matmul(l.weight.t())?,
-    };
-    let y = if plant::is(Defect::DistReduceDropped) {
-        y
-    } else {
-        crate::dist::all_sum(&y)?
-    };
-    match &l.bias {
-        Some(b) => y.add(b),
-        None => Ok(y),
-    }
-}
-
 impl Attention {
     /// mlx-lm's attention shard: q/k/v by columns (whole heads and their KV groups), o by
     /// rows; each rank runs `heads / size` query heads and `kv_heads / size` KV heads.

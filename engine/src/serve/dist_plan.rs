@@ -260,75 +260,6 @@ pub fn follow_flow(id: u32) -> Result<Flow, Exception> {
     }
 }
 
-impl super::worker::Worker {
-    /// An MLX error of a model step as the request's error; under a group it also marks
-    /// the group lost (the step held collectives: the ranks no longer agree).
-    pub(super) fn model_error(&self, e: Exception) -> ApiError {
-        match &self.dist {
-            Some(lead) => lead.lose(&e),
-            None => e.into(),
-        }
-    }
-
-    /// A panic on the model thread as the request's error (and, under a group, the group
-    /// lost).
-    pub(super) fn lose_on_panic(&self, panic: Box<dyn std::any::Any + Send>) -> ApiError {
-        let e = super::worker::panic_error(panic);
-        match &self.dist {
-            Some(lead) => lead.lose(&e.message),
-            None => e,
-        }
-    }
-
-    /// Under a group, shares an admission before its prefill; its id (0 outside a group).
-    pub(super) fn share_admission(
-        &self,
-        request: &super::request::GenRequest,
-        prompt: &[u32],
-        max_tokens: usize,
-        cached: usize,
-    ) -> Result<u64, ApiError> {
-        let Some(lead) = &self.dist else { return Ok(0) };
-        let id = lead.next_id();
-        let admit = Admit {
-            id,
-            prompt: prompt.to_vec(),
-            max_tokens,
-            sampling: (&request.sampling).into(),
-            cached,
-        };
-        lead.send(Some(Op::Admit(admit)))
-            .map_err(|e| lead.lose(&e))?;
-        Ok(id)
-    }
-
-    /// Rank 0 waiting for a job: an empty plan every [`HEARTBEAT`]; when every sender is
-    /// gone, shutdown is shared and None returned.
-    pub(super) fn lead_idle(
-        &self,
-        lead: &Leader,
-        jobs: &std::sync::mpsc::Receiver<super::worker::Job>,
-    ) -> Option<super::worker::Job> {
-        use std::sync::mpsc::RecvTimeoutError;
-        loop {
-            let sent = match jobs.recv_timeout(HEARTBEAT) {
-                Ok(job) => return Some(job),
-                Err(RecvTimeoutError::Timeout) => lead.heartbeat(),
-                Err(RecvTimeoutError::Disconnected) => {
-                    if let Err(e) = lead.send(Some(Op::Shutdown)) {
-                        crate::dist::fatal(&e)
-                    }
-                    return None;
-                }
-            };
-            if let Err(e) = sent {
-                // Nothing is in flight: the server exits at once.
-                crate::dist::fatal(&e)
-            }
-        }
-    }
-}
-
 /// Why `--batch N` serves on the serial lane under a group (`/stats` lanes.serial_reason).
 pub const SERIAL_REASON: &str =
     "requests across distributed ranks (the batch lane's rounds are not shared yet)";
@@ -363,19 +294,4 @@ pub fn join(args: &super::ServeArgs) -> anyhow::Result<Option<&'static crate::di
         );
     }
     Ok(Some(group))
-}
-
-/// A follower rank: applies rank 0's plans until its shutdown (then exits 0); any failure
-/// ends it with `dist::exit::PEER_LOST`.
-pub fn follow(worker: super::worker::Worker) -> anyhow::Result<()> {
-    if let Some(g) = crate::dist::group() {
-        eprintln!(
-            "engine serve: rank {} of {} ({} parallel): following rank 0",
-            g.rank,
-            g.size,
-            g.mode.name()
-        );
-    }
-    worker.follow();
-    Ok(())
 }

@@ -99,3 +99,18 @@ impl Worker {
         Ok(())
     }
 }
+
+/// A follower rank: applies rank 0's plans until its shutdown (then exits 0); any failure
+/// ends it with `dist::exit::PEER_LOST`.
+pub fn follow(worker: Worker) -> anyhow::Result<()> {
+    if let Some(g) = crate::dist::group() {
+        eprintln!(
+            "engine serve: rank {} of {} ({} parallel): following rank 0",
+            g.rank,
+            g.size,
+            g.mode.name()
+        );
+    }
+    worker.follow();
+    Ok(())
+}

@@ -10,6 +10,7 @@ mod encode;
 pub mod error;
 mod follower;
 pub mod guard;
+mod lead;
 pub mod request;
 mod routes;
 pub mod store;
@@ -229,7 +230,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     if group.is_some_and(|g| g.rank != 0) {
         let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
-        return dist_plan::follow(worker);
+        return follower::follow(worker);
     }
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
     let (tx, rx) = mpsc::channel::<worker::Job>();
