@@ -62,17 +62,13 @@ impl Split {
     }
 }
 
-/// What one rank prints (the engine's `harness leg-dist` and `bench_dist_leg.py`).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// What one rank prints (the engine's `harness leg-dist` and `bench_dist_leg.py`): a
+/// leg's line, as every suite's legs print it, with the rank.
+#[derive(Debug, Clone, Deserialize)]
 pub struct RankLeg {
-    pub stack: String,
     pub rank: usize,
-    pub prompt_tokens: usize,
-    pub generated_tokens: usize,
-    pub ttft_s: f64,
-    pub prefill_tps: f64,
-    pub decode_tps: f64,
-    pub peak_memory_bytes: f64,
+    #[serde(flatten)]
+    pub leg: super::Leg,
 }
 
 /// A bench model as the suite runs it: a name, a directory both stacks can shard, and the
@@ -189,8 +185,8 @@ pub fn leg(args: LegArgs) -> Result<()> {
     // A load refusal is an ordinary error (exit 1), as in `engine generate`.
     let model = engine::model::load(&args.model)?;
     match measure(model.as_ref(), &args, rank, group.is_some()) {
-        Ok(leg) => {
-            println!("{}", serde_json::to_string(&leg)?);
+        Ok(line) => {
+            println!("{line}");
             Ok(())
         }
         // A failed collective leaves the ring unusable: exit (status 4) so the peer stops.
@@ -204,7 +200,7 @@ fn measure(
     args: &LegArgs,
     rank: usize,
     grouped: bool,
-) -> Result<RankLeg> {
+) -> Result<String> {
     let ids: Vec<u32> = serde_json::from_str(&std::fs::read_to_string(&args.prompt_ids)?)?;
     let opts = engine::generate::SessionOptions::default();
     let r = engine::generate::bench::run_leg(model, &ids, args.max_tokens, "engine", &opts)?;
@@ -213,16 +209,13 @@ fn measure(
         let one = engine::dist::all_sum(&Array::from_f32(1.0))?;
         one.eval()?;
     }
-    Ok(RankLeg {
-        stack: "engine".into(),
-        rank,
-        prompt_tokens: r.prompt_tokens,
-        generated_tokens: r.generated_tokens,
-        ttft_s: r.ttft_s,
-        prefill_tps: r.prefill_tps,
-        decode_tps: r.decode_tps,
-        peak_memory_bytes: r.peak_memory_bytes as f64,
-    })
+    #[derive(Serialize)]
+    struct Printed {
+        rank: usize,
+        #[serde(flatten)]
+        leg: engine::generate::bench::LegResult,
+    }
+    Ok(serde_json::to_string(&Printed { rank, leg: r })?)
 }
 
 /// The command for one rank of `stack` under `split`.
@@ -270,11 +263,17 @@ impl DistMetrics {
         let rank0 = |f: fn(&RankLeg) -> f64| median(legs.iter().map(|l| f(&l[0])).collect());
         let ranks = legs.first().map_or(0, Vec::len);
         DistMetrics {
-            decode_tps: rank0(|l| l.decode_tps),
-            prefill_tps: rank0(|l| l.prefill_tps),
-            ttft_ms: rank0(|l| l.ttft_s * 1e3),
+            decode_tps: rank0(|l| l.leg.decode_tps),
+            prefill_tps: rank0(|l| l.leg.prefill_tps),
+            ttft_ms: rank0(|l| l.leg.ttft_s * 1e3),
             peak_mb: (0..ranks)
-                .map(|r| median(legs.iter().map(|l| l[r].peak_memory_bytes / 1e6).collect()))
+                .map(|r| {
+                    median(
+                        legs.iter()
+                            .map(|l| l[r].leg.peak_memory_bytes / 1e6)
+                            .collect(),
+                    )
+                })
                 .collect(),
         }
     }
@@ -407,14 +406,17 @@ mod tests {
     #[test]
     fn medians_take_rank_zero_timings_and_every_ranks_memory() {
         let leg = |rank, tps, peak| RankLeg {
-            stack: "engine".into(),
             rank,
-            prompt_tokens: 8,
-            generated_tokens: 4,
-            ttft_s: 0.5,
-            prefill_tps: 16.0,
-            decode_tps: tps,
-            peak_memory_bytes: peak,
+            leg: crate::bench::Leg {
+                stack: "engine".into(),
+                prompt_tokens: 8,
+                generated_tokens: 4,
+                ttft_s: 0.5,
+                prefill_tps: 16.0,
+                decode_tps: tps,
+                peak_memory_bytes: peak,
+                kv_bytes: None,
+            },
         };
         let legs = vec![
             vec![leg(0, 10.0, 1e6), leg(1, 99.0, 3e6)],
