@@ -4,45 +4,20 @@
 //! model. Every wait polls against a deadline; a rank still running at its deadline is
 //! killed and the test fails. Each rank's own exit status and stderr are checked (mlx.launch
 //! exits 0 whatever its ranks did).
-#![cfg(unix)]
 
 use std::io::Read;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use crate::ranks::{free_ports, hostfile, model};
 
 /// engine::dist::exit, as a launcher sees it.
 const MISMATCH: i32 = 2;
 const CONNECT: i32 = 3;
 const PEER_LOST: i32 = 4;
 const STALLED: i32 = 5;
-
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../goldens/models")
-        .join(name)
-}
-
-/// Ports nobody listens on (bound to :0 and released).
-fn free_ports<const N: usize>() -> [u16; N] {
-    let held: Vec<TcpListener> = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
-}
-
-/// mlx.launch's ring hostfile: one `["ip:port"]` per rank.
-fn hostfile(dir: &Path, name: &str, ports: &[u16]) -> PathBuf {
-    let hosts: Vec<Vec<String>> = ports
-        .iter()
-        .map(|p| vec![format!("127.0.0.1:{p}")])
-        .collect();
-    let path = dir.join(name);
-    std::fs::write(&path, serde_json::to_string(&hosts).unwrap()).unwrap();
-    path
-}
 
 /// One rank: its process, and what it wrote so far (read by threads as it runs). Dropping
 /// it kills the process (stopped or not) and reaps it.

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-mod common;
-use common::server::{engine_bin, http, serve_model, stats};
+use crate::common;
+use crate::common::server::{engine_bin, http, serve_model, stats};
+use crate::ranks::{self, free_ports};
 
 const MODEL: &str = "tiny-llama-trained";
 
@@ -34,27 +35,11 @@ impl Drop for Ranks {
     }
 }
 
-/// Loopback ports free right now (bound, read, released).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    held.iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
-
 /// A hostfile for two loopback ranks, as mlx.launch writes one.
 fn hostfile() -> PathBuf {
-    let p = free_ports(2);
-    let path =
-        std::env::temp_dir().join(format!("serve_dist-{}-{}.json", std::process::id(), p[0]));
-    let text = json!([
-        [format!("127.0.0.1:{}", p[0])],
-        [format!("127.0.0.1:{}", p[1])]
-    ]);
-    std::fs::write(&path, text.to_string()).unwrap();
-    path
+    let ports = free_ports::<2>();
+    let name = format!("serve_dist-{}-{}.json", std::process::id(), ports[0]);
+    ranks::hostfile(&std::env::temp_dir(), &name, &ports)
 }
 
 /// How the ranks are started: the model, extra flags, extra environment.

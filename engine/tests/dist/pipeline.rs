@@ -5,21 +5,15 @@
 //! send); rank 1 prints nothing. The planted reversed stages change the text; families
 //! mlx-lm does not pipeline are refused on both ranks. Every rank is bounded by a deadline
 //! and killed past it; each rank's own exit status is checked.
-#![cfg(unix)]
 
 use std::io::Read;
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const DEADLINE: Duration = Duration::from_secs(120);
+use crate::ranks::{free_ports, hostfile, model};
 
-fn model(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../goldens/models")
-        .join(name)
-}
+const DEADLINE: Duration = Duration::from_secs(120);
 
 /// What a process printed and how it ended.
 struct Run {
@@ -101,24 +95,10 @@ fn finish(children: Vec<Child>) -> Vec<Run> {
         .collect()
 }
 
-/// Two ports nobody listens on (bound to :0 and released).
-fn free_ports() -> [u16; 2] {
-    let held: Vec<TcpListener> = (0..2)
-        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    std::array::from_fn(|i| held[i].local_addr().unwrap().port())
-}
-
 /// `engine generate --pipeline` as two ranks; `plant` names a defect both ranks switch on.
 fn two_ranks(model: &Path, args: &[&str], plant: Option<&str>) -> Vec<Run> {
     let dir = tempfile::tempdir().unwrap();
-    let hosts = dir.path().join("hosts.json");
-    let [p0, p1] = free_ports();
-    std::fs::write(
-        &hosts,
-        format!("[[\"127.0.0.1:{p0}\"],[\"127.0.0.1:{p1}\"]]"),
-    )
-    .unwrap();
+    let hosts = hostfile(dir.path(), "hosts.json", &free_ports::<2>());
     let mut args = args.to_vec();
     args.extend(["--pipeline", "--dist-connect-timeout", "30"]);
     let children = (0..2)
