@@ -47,11 +47,27 @@ pub struct DistArgs {
     #[arg(long, default_value = "any")]
     pub dist_backend: String,
     /// Seconds a rank waits for the group to form before it gives up, naming the addresses.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = seconds)]
     pub dist_connect_timeout: f64,
     /// Seconds a step may wait on the other ranks before this rank gives up (a stalled peer).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = seconds)]
     pub dist_timeout: f64,
+}
+
+/// The longest timeout a flag takes: a week (a bound, where `inf` would never fire).
+const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
+
+/// A timeout flag's value: seconds, finite, positive, at most a week.
+fn seconds(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !(v > 0.0 && v <= MAX_TIMEOUT_S) {
+        return Err(format!(
+            "{s} s: a timeout is a number of seconds above 0 and at most {MAX_TIMEOUT_S} (a week)"
+        ));
+    }
+    Ok(v)
 }
 
 impl Default for DistArgs {
@@ -386,4 +402,18 @@ pub fn share_bytes(bytes: &[u8]) -> R<Vec<u8>> {
     let data = all_sum(&data)?;
     data.eval()?;
     Ok(data.as_slice::<u8>().to_vec())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::seconds;
+
+    #[test]
+    fn timeouts_are_bounded_positive_seconds() {
+        assert_eq!(seconds("2.5"), Ok(2.5));
+        for bad in ["inf", "nan", "0", "-1", "1e9", "soon"] {
+            let err = seconds(bad).unwrap_err();
+            assert!(err.contains(bad), "{bad}: {err}");
+        }
+    }
 }
