@@ -119,6 +119,22 @@ struct GenerateArgs {
     /// Tokens drafted per verify pass (γ).
     #[arg(long, default_value_t = 2)]
     num_draft_tokens: usize,
+    /// Prompt-lookup decoding (speculation without a draft model): up to N tokens per
+    /// verify pass copied from what followed the latest earlier occurrence of the last
+    /// tokens in the prompt and the text so far (transformers' prompt_lookup_num_tokens;
+    /// vLLM's ngram num_speculative_tokens). `--prompt-lookup` alone drafts 10.
+    #[arg(long, visible_alias = "prompt-lookup", value_name = "N", num_args = 0..=1,
+          default_missing_value = "10", conflicts_with = "draft_model")]
+    prompt_lookup_num_tokens: Option<usize>,
+    /// The longest n-gram prompt lookup matches; shorter ones down to 1 are tried when it
+    /// finds none (transformers' max_matching_ngram_size, vLLM's prompt_lookup_max; default 2).
+    #[arg(
+        long,
+        visible_alias = "prompt-lookup-max",
+        value_name = "N",
+        requires = "prompt_lookup_num_tokens"
+    )]
+    max_matching_ngram_size: Option<usize>,
     /// Stop when the generated text contains this string (repeatable); the stop string
     /// itself is not printed.
     #[arg(long)]
@@ -159,6 +175,22 @@ fn parse_bias(s: &str) -> Result<(u32, f32), String> {
 }
 
 impl GenerateArgs {
+    /// The prompt-lookup settings, checked (None without --prompt-lookup).
+    fn lookup(&self) -> Result<Option<gen::lookup::LookupParams>> {
+        let Some(n) = self.prompt_lookup_num_tokens else {
+            return Ok(None);
+        };
+        gen::lookup::LookupParams::new(n, self.max_matching_ngram_size)
+            .map(Some)
+            .map_err(|e| {
+                let flag = match e.field {
+                    "num_tokens" => "--prompt-lookup-num-tokens",
+                    _ => "--max-matching-ngram-size",
+                };
+                anyhow::anyhow!("{flag}: {}", e.message)
+            })
+    }
+
     fn sampling(&self) -> SamplingParams {
         SamplingParams {
             temp: self.temp,
@@ -202,6 +234,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
     engine::plant::on_from_env().map_err(anyhow::Error::msg)?;
     if engine::dist::init(&args.dist)?.is_none() {
         return generate_on_rank(args);
+    }
+    if args.prompt_lookup_num_tokens.is_some() {
+        anyhow::bail!("--prompt-lookup is not supported across ranks; run it on one machine");
     }
     if args.draft_model.is_some() || args.adapter_path.is_some() {
         anyhow::bail!(
@@ -247,6 +282,10 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
         anyhow::anyhow!("--{flag}: {}", e.message)
     })?;
     let sampler = Sampler::new(sampling)?;
+    let lookup = args.lookup()?;
+    if lookup.is_some() && sampler.has_processors() {
+        anyhow::bail!("--prompt-lookup: {}", gen::lookup::PROCESSORS_REFUSED);
+    }
     let opts = args.tier.resolve(&args.model)?;
     let draft = match &args.draft_model {
         None => None,
@@ -266,7 +305,7 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     let writer = engine::dist::is_writer();
     engine::dist::arm("the prompt's prefill");
     let mut dec = Decoder::new(&prompt_ids, args.max_tokens, &eos_ids, sampler);
-    let mut decode = Decode::start(session, draft, &opts, &mut dec, &prompt_ids, 0)?;
+    let mut decode = Decode::start_with(session, draft, lookup, &opts, &mut dec, &prompt_ids, 0)?;
     let finish = decode.run(&mut dec, &mut |id, _, _| -> Result<Flow> {
         engine::dist::tick("a decode step");
         let (piece, flow) = text.push(id)?;
@@ -461,7 +500,8 @@ fn print_stats(
     if let Some(spec) = spec {
         eprintln!(
             "Speculative: γ {}, drafted {}, accepted {} ({:.1}%), target calls {}, draft calls {}",
-            args.num_draft_tokens,
+            args.prompt_lookup_num_tokens
+                .unwrap_or(args.num_draft_tokens),
             spec.drafted,
             spec.accepted,
             100.0 * spec.acceptance(),

@@ -116,6 +116,10 @@ pub enum Defect {
     /// Tensor parallel: the row-split linears skip their `all_sum`. Caught by the
     /// distributed L1 gate.
     DistReduceDropped,
+    /// Prompt lookup: the drafts are copied from one position past the match, and the
+    /// verify pass accepts every draft unchecked. Caught by the prompt-lookup trace gate
+    /// (`engine/tests/lookup.rs`).
+    LookupWrongOffsetUnverified,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -14,6 +14,7 @@ use std::borrow::BorrowMut;
 
 use super::assistant::AssistPass;
 use super::decode::{Decoder, Plain};
+use super::lookup::{LookupParams, LookupRound};
 use super::sampler::Sampler;
 use super::speculative::{SpecRound, SpecStats, SPEC_PREFILL_STEP};
 use super::{Finish, Flow, Session, SessionOptions};
@@ -103,8 +104,8 @@ pub type Drafting<'m> = (&'m Drafter, usize, Vec<Box<dyn Cache>>);
 pub type Ended<'m> = (Session<'m>, Option<Vec<Box<dyn Cache>>>);
 
 /// A request's decoding: its target session and the policy that finds the next ids — one
-/// plain step, a draft model's round, or an assistant's pass (`decode` has the core they
-/// share). The one dispatch between them, for the CLI and the server alike.
+/// plain step, a draft model's round, an assistant's pass or a prompt-lookup round
+/// (`decode` has the core they share). The one dispatch between them, for the CLI and the server alike.
 pub struct Decode<'m> {
     pub session: Session<'m>,
     policy: Policy<'m>,
@@ -121,6 +122,7 @@ enum Policy<'m> {
         drafter: &'m AssistantDrafter,
         pass: AssistPass<'static>,
     },
+    Lookup(LookupRound),
 }
 
 impl<'m> Decode<'m> {
@@ -128,8 +130,22 @@ impl<'m> Decode<'m> {
     /// `draft` — the drafter, its γ and its own caches (holding the same prefix) — by
     /// speculation, else plainly.
     pub fn start<S: BorrowMut<Sampler>>(
+        session: Session<'m>,
+        draft: Option<Drafting<'m>>,
+        opts: &SessionOptions,
+        dec: &mut Decoder<'_, S>,
+        prompt: &[u32],
+        cached: usize,
+    ) -> Result<Self, Exception> {
+        Self::start_with(session, draft, None, opts, dec, prompt, cached)
+    }
+
+    /// `start`, or with `lookup` and no `draft`, by prompt lookup (drafts copied from the
+    /// prompt and the text so far; a draft model, when given, drafts instead).
+    pub fn start_with<S: BorrowMut<Sampler>>(
         mut session: Session<'m>,
         draft: Option<Drafting<'m>>,
+        lookup: Option<LookupParams>,
         opts: &SessionOptions,
         dec: &mut Decoder<'_, S>,
         prompt: &[u32],
@@ -140,7 +156,16 @@ impl<'m> Decode<'m> {
             "at least one prompt token must be fed"
         );
         let policy = match draft {
-            None => Policy::Plain(Plain::start(&mut session, dec, &prompt[cached..])?),
+            None => match lookup {
+                Some(params) => Policy::Lookup(LookupRound::start(
+                    &mut session,
+                    dec,
+                    prompt,
+                    cached,
+                    params,
+                )?),
+                None => Policy::Plain(Plain::start(&mut session, dec, &prompt[cached..])?),
+            },
             Some((Drafter::Model(m), gamma, caches)) => {
                 let mut draft = Session::with_caches(m.as_ref(), opts, caches);
                 draft.prefill_step = session.prefill_step;
@@ -179,6 +204,7 @@ impl<'m> Decode<'m> {
                 drafter,
                 pass,
             } => pass.advance(session, *hooks, drafter, dec, on_token),
+            Policy::Lookup(round) => round.advance(session, dec, on_token),
         }
     }
 
@@ -201,6 +227,7 @@ impl<'m> Decode<'m> {
             Policy::Plain(_) => None,
             Policy::Drafted { round, .. } => Some(&round.spec),
             Policy::Assisted { pass, .. } => Some(&pass.spec),
+            Policy::Lookup(round) => Some(&round.spec),
         }
     }
 
@@ -216,6 +243,8 @@ impl<'m> Decode<'m> {
                 Ok((self.session, Some(std::mem::take(&mut draft.caches))))
             }
             Policy::Assisted { .. } => Ok((self.session, Some(Vec::new()))),
+            // No drafter ran: a drafter's caches (if any) are behind, as after plain decoding.
+            Policy::Lookup(_) => Ok((self.session, None)),
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod compiled;
 pub mod decode;
 pub mod drafter;
+pub mod lookup;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;

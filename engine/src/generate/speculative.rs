@@ -55,7 +55,7 @@ pub fn refuse_processors(sampler: &Sampler) -> Result<(), Exception> {
 }
 
 /// Feeds `ids` in prefill chunks (caches evaluated after each, no logits).
-fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
+pub(super) fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
     for chunk in ids.chunks(session.prefill_step.max(1)) {
         session.prefill_chunk(chunk)?;
     }
@@ -65,6 +65,72 @@ fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
 fn ids_of(a: &Array) -> Result<Vec<u32>, Exception> {
     a.eval()?;
     Ok(a.as_slice::<u32>().to_vec())
+}
+
+/// How a verify pass ended.
+pub enum Verified {
+    /// The request is over (EOS, a stop, the limit) while emitting.
+    Finished(Finish),
+    /// `accepted` drafts and then the target's own `token` were emitted; the target holds
+    /// everything up to the accepted drafts (`token` is to be fed next).
+    Next { accepted: usize, token: u32 },
+}
+
+/// The verify half of a round, for every kind of drafter (a draft model's round, prompt
+/// lookup): the target runs `[y…, drafts…]` in one forward; the last drafts + 1 positions
+/// go through one log-softmax and one sampler call, the target's own choice at each; the
+/// longest prefix where the drafts equal those choices is accepted and emitted, then the
+/// target's choice at the first disagreement (or the bonus after a full accept); the
+/// target gives back the rejected drafts. Without drafts it is one plain step.
+#[allow(clippy::too_many_arguments)]
+pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
+    target: &mut Session,
+    dec: &mut Decoder<'_, S>,
+    y: &[u32],
+    drafts: &[u32],
+    spec: &mut SpecStats,
+    first: &mut bool,
+    on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
+) -> Result<Verified, E> {
+    let n_draft = drafts.len();
+    let logits = if n_draft == 0 && y.len() == 1 {
+        // One position: the one-token step (compiled where that is exact).
+        target.step(y)?
+    } else {
+        let mut fed = y.to_vec();
+        fed.extend(drafts);
+        target
+            .forward(&fed)?
+            .index((.., -(n_draft as i32 + 1).., ..))
+            .squeeze_axes(&[0])?
+    };
+    let (tokens, logprobs) = dec.pick_rows(&logits)?;
+    let tokens = ids_of(&tokens)?;
+    spec.target_calls += 1;
+    spec.drafted += n_draft;
+    if std::mem::take(first) {
+        dec.prompt_done();
+    }
+    let mut n = 0;
+    let blind = plant::is(Defect::LookupWrongOffsetUnverified);
+    while n < n_draft && (blind || tokens[n] == drafts[n]) {
+        n += 1;
+    }
+    spec.accepted += n;
+    // Emit the accepted drafts (the target's picks there), then the target's own id at n.
+    let out: Vec<u32> = drafts[..n].iter().copied().chain([tokens[n]]).collect();
+    for (i, &id) in out.iter().enumerate() {
+        let lp = logprobs.index(i as i32).reshape(&[1, -1])?;
+        if let Some(finish) = dec.emit(id, &lp, i < n, on_token)? {
+            return Ok(Verified::Finished(finish));
+        }
+    }
+    let rejected = n_draft - n;
+    target.trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
+    Ok(Verified::Next {
+        accepted: n,
+        token: tokens[n],
+    })
 }
 
 /// The draft model's policy: one round drafts up to γ tokens, verifies them in one target
@@ -134,42 +200,26 @@ impl SpecRound {
             drafts.push(d);
         }
         let draft_ids = ids_of(&mlx_rs::ops::concatenate(&drafts, 0)?)?;
-        // Verify [y, drafts…] in one target forward; sample all positions at once.
-        let mut verify = self.y.clone();
-        verify.extend(&draft_ids);
-        let logits = target.forward(&verify)?;
-        let logits = logits
-            .index((.., -(n_draft as i32 + 1).., ..))
-            .squeeze_axes(&[0])?;
-        let (tokens, logprobs) = dec.pick_rows(&logits)?;
-        let tokens = ids_of(&tokens)?;
-        self.spec.target_calls += 1;
-        self.spec.drafted += n_draft;
-        if self.first {
-            dec.prompt_done();
-            self.first = false;
-        }
-        let mut n = 0;
-        while n < n_draft && tokens[n] == draft_ids[n] {
-            n += 1;
-        }
-        self.spec.accepted += n;
-        // Emit the accepted drafts, then the target's own token at n.
-        for (i, &id) in tokens[..=n].iter().enumerate() {
-            let lp = logprobs.index(i as i32).reshape(&[1, -1])?;
-            if let Some(finish) = dec.emit(id, &lp, i < n, on_token)? {
-                return Ok(Some(finish));
-            }
-        }
-        self.y = vec![tokens[n]];
+        let verdict = verify(
+            target,
+            dec,
+            &self.y,
+            &draft_ids,
+            &mut self.spec,
+            &mut self.first,
+            on_token,
+        )?;
+        let (n, token) = match verdict {
+            Verified::Finished(finish) => return Ok(Some(finish)),
+            Verified::Next { accepted, token } => (accepted, token),
+        };
+        self.y = vec![token];
         self.draft_y = if n == n_draft {
-            vec![draft_ids[n_draft - 1], tokens[n]]
+            vec![draft_ids[n_draft - 1], token]
         } else {
             self.y.clone()
         };
         let rejected = n_draft - n;
-        target
-            .trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
         if !plant::is(Defect::SpecKeepDraftTail) {
             draft.trim(rejected.saturating_sub(1))?;
         }

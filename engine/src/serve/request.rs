@@ -60,6 +60,10 @@ pub struct GenRequest {
     /// Drafts per verify pass with `--draft-model` (mlx_lm.server's `num_draft_tokens`;
     /// None: the server's; 0: no drafting for this request).
     pub num_draft_tokens: Option<usize>,
+    /// Prompt-lookup decoding for this request (`prompt_lookup_num_tokens`, with
+    /// `max_matching_ngram_size`, as transformers' generate takes them): drafts copied from
+    /// the prompt and the text so far; None: plain decoding (or the server's drafter).
+    pub prompt_lookup: Option<crate::generate::lookup::LookupParams>,
 }
 
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
@@ -471,6 +475,11 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
             format!("at most the vocabulary size, {}", d.vocab),
         ));
     }
+    let num_draft_tokens = match b.get("num_draft_tokens") {
+        None => None,
+        Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
+    };
+    let prompt_lookup = prompt_lookup(&b, &sampling, num_draft_tokens)?;
     Ok(GenRequest {
         prompt,
         max_tokens,
@@ -480,11 +489,63 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         include_usage,
         logprobs: logprobs || top_logprobs > 0,
         top_logprobs,
-        num_draft_tokens: match b.get("num_draft_tokens") {
-            None => None,
-            Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
-        },
+        num_draft_tokens,
+        prompt_lookup,
     })
+}
+
+/// `prompt_lookup_num_tokens` (0 or absent: off) and `max_matching_ngram_size`, checked:
+/// not with logits processors (the verify pass samples every position at once) nor with
+/// `num_draft_tokens` above 0 (one drafter per request).
+fn prompt_lookup(
+    b: &Body<'_>,
+    sampling: &SamplingParams,
+    num_draft_tokens: Option<usize>,
+) -> Result<Option<crate::generate::lookup::LookupParams>, ApiError> {
+    use crate::generate::lookup::{LookupParams, MAX_NGRAM, MAX_NUM_TOKENS};
+    const KEY: &str = "prompt_lookup_num_tokens";
+    const NGRAM: &str = "max_matching_ngram_size";
+    let n = b.int(KEY, 0, 0, MAX_NUM_TOKENS as i64)? as usize;
+    let ngram = match b.get(NGRAM) {
+        None => None,
+        Some(_) => Some(b.int(NGRAM, 0, 1, MAX_NGRAM as i64)? as usize),
+    };
+    if n == 0 {
+        return match ngram {
+            Some(_) => Err(ApiError::field(
+                NGRAM,
+                format!(
+                    "{NGRAM} applies to prompt-lookup decoding: set {KEY} too (1–{MAX_NUM_TOKENS})"
+                ),
+            )),
+            None => Ok(None),
+        };
+    }
+    let processors = !sampling.logit_bias.is_empty()
+        || sampling.repetition_penalty.is_some()
+        || sampling.presence_penalty.is_some()
+        || sampling.frequency_penalty.is_some();
+    if processors {
+        return Err(ApiError::field(
+            KEY,
+            format!(
+                "{KEY}: prompt-lookup decoding does not run logits processors (logit_bias, \
+                 repetition, presence or frequency penalties); drop them or {KEY}"
+            ),
+        ));
+    }
+    if num_draft_tokens.is_some_and(|g| g > 0) {
+        return Err(ApiError::field(
+            KEY,
+            format!(
+                "{KEY} and num_draft_tokens both ask for drafting: set one of them (0 turns \
+                 the draft model off)"
+            ),
+        ));
+    }
+    LookupParams::new(n, ngram)
+        .map(Some)
+        .map_err(|e| ApiError::field(KEY, e.message))
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

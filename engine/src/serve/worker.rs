@@ -281,11 +281,9 @@ impl Worker {
             .draft
             .as_ref()
             .map(|(_, g)| request.num_draft_tokens.unwrap_or(*g));
-        let spec = self
-            .draft
-            .as_ref()
-            .zip(gamma)
-            .filter(|&(_, g)| g > 0 && !sampler.has_processors());
+        let spec = self.draft.as_ref().zip(gamma).filter(|&(_, g)| {
+            g > 0 && !sampler.has_processors() && request.prompt_lookup.is_none()
+        });
         if self.draft.is_some() && spec.is_none() {
             self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
         }
@@ -300,7 +298,17 @@ impl Worker {
                 return None;
             }
         };
-        match Decode::start(session, draft, &self.opts, &mut dec, &prompt_ids, cached) {
+        // Prompt lookup on one process only (a group's followers decode plainly).
+        let lookup = request.prompt_lookup.filter(|_| self.dist.is_none());
+        match Decode::start_with(
+            session,
+            draft,
+            lookup,
+            &self.opts,
+            &mut dec,
+            &prompt_ids,
+            cached,
+        ) {
             Err(e) => {
                 self.end_failed(emit, self.model_error(e));
                 None
