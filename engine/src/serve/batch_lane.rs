@@ -1,9 +1,15 @@
 //! The batch lane (`engine serve --batch N`): up to N requests decode together, one forward
-//! of [rows, 1] ids per step (`generate::batch`). Each scheduler tick admits at most one
-//! waiting request — prefilled alone, so admission interleaves with decode steps — and then
-//! runs one batched step; rows that finish (EOS, max tokens, a stop string, an error, a
-//! client gone) leave the batch at once, alone. Models whose caches are not all standard
-//! full-attention caches, and quantized KV, are served by the serial lane instead.
+//! of [rows, 1] ids per step (`generate::batch`). Each scheduler tick admits every waiting
+//! request there is room for, up to `admit::PREFILL_BATCH` prompts in prefill at once (as
+//! mlx_lm.server's BatchGenerator, prompt concurrency 8), and gives them at most one
+//! prefill step's worth of prompt tokens in all (`--prefill-step-size`; a long prompt goes
+//! on over several ticks), so the rows already running get a decode step between any two
+//! chunks. A prompt whose tokens but the last are in its caches joins the batch: its last
+//! token is fed by the next batched step with every other row's, which samples its first
+//! id (as BatchGenerator's generation batch does). Rows that finish (EOS, max tokens, a
+//! stop string, an error, a client gone) leave the batch at once, alone. Models whose
+//! caches are not all standard full-attention caches, and quantized KV, are served by the
+//! serial lane instead.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -13,13 +19,14 @@ use std::time::{Duration, Instant};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::emit::{Emitter, Outbox};
+use super::emit::Emitter;
 use super::error::ApiError;
 use super::worker::{Job, Worker};
+
+mod admit;
 use crate::cache::{Cache, KvCache};
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
-use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Session};
 
 struct Row<'w> {
@@ -30,7 +37,7 @@ struct Row<'w> {
     dec: Decoder<'w>,
     prompt_tokens: usize,
     cached: usize,
-    /// The id to feed at the next step.
+    /// The id to feed at the next step (a row that has just joined: its last prompt token).
     next: u32,
     /// When the row last took its slot (joined or rejoined the batch).
     since: Instant,
@@ -39,28 +46,6 @@ struct Row<'w> {
 /// Under contention (every slot busy, requests waiting), how long a row keeps its slot
 /// before it yields it (parked) to the next waiting request.
 const SLICE: Duration = Duration::from_millis(500);
-
-/// A request being admitted: its prompt is prefilled one chunk per tick.
-struct Admission<'w> {
-    row: Row<'w>,
-    session: Session<'w>,
-    prompt: Vec<u32>,
-    /// Prompt tokens in the session's caches.
-    fed: usize,
-}
-
-impl Admission<'_> {
-    /// Whether the next tick finishes the prompt (and the row joins the batch).
-    fn joins_next(&self) -> bool {
-        self.prompt.len() - 1 - self.fed <= self.session.prefill_step
-    }
-}
-
-enum Step<'w> {
-    Prefilling(Admission<'w>),
-    Join(Row<'w>, Session<'w>),
-    Closed,
-}
 
 enum Outcome {
     Continue,
@@ -74,9 +59,11 @@ struct Lane<'w> {
     waiting: VecDeque<Job>,
     batch: Batch<'w>,
     rows: Vec<Row<'w>>,
-    /// Samples of the last step, one per row, not yet emitted.
+    /// Samples of the last step, not yet emitted: one per row of that step, which are the
+    /// first rows of `rows` (rows that joined since come after them).
     inflight: Option<Vec<(Array, Array)>>,
-    admission: Option<Admission<'w>>,
+    /// Requests whose prompts are being prefilled, in arrival order.
+    admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
     parked: Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
     steps: usize,
@@ -156,106 +143,6 @@ impl Worker {
         }
         // Last, so that `running` 0 in /stats means every outcome is counted.
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Starts admitting a request: its limits checked, prompt cache consulted, session made.
-    fn start<'w>(&'w self, job: Job) -> Option<Admission<'w>> {
-        let Job {
-            request,
-            prompt_ids: prompt,
-            events,
-            deadline,
-            queued,
-        } = job;
-        drop(queued);
-        let Some(out) = Outbox::new(events, deadline) else {
-            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
-            return None;
-        };
-        let max_tokens = request.max_tokens.min(self.context - prompt.len());
-        let mut emit = Emitter::new(
-            &self.limits,
-            &self.tokenizer,
-            &request,
-            out,
-            self.shape(&prompt, max_tokens),
-        );
-        if emit.check() {
-            emit.end_cut(&self.counters);
-            return None;
-        }
-        let sampler = match Sampler::new(request.sampling.clone()) {
-            Ok(s) => s,
-            Err(e) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                emit.fail(ApiError::server(e.to_string()));
-                return None;
-            }
-        };
-        emit.started(prompt.len());
-        self.counters.running.fetch_add(1, Ordering::Relaxed);
-        let (caches, cached) = match self.cache_take(&prompt) {
-            Some(h) => (h.caches, h.reused),
-            None => (self.make_caches(), 0),
-        };
-        let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
-        session.prefill_step = self.prefill_step;
-        let row = Row {
-            emit,
-            dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),
-            prompt_tokens: prompt.len(),
-            cached,
-            next: 0,
-            since: Instant::now(),
-        };
-        Some(Admission {
-            row,
-            session,
-            prompt,
-            fed: cached,
-        })
-    }
-
-    /// One tick of an admission: the next prefill chunk, or — once the prompt is in — the
-    /// last prompt token and the first generated id. Returns the finished admission's row
-    /// and session when it should join the batch.
-    fn admission_step<'w>(&self, mut adm: Admission<'w>) -> Step<'w> {
-        let last = adm.prompt.len() - 1;
-        // A long prompt's admission spans ticks: its client may leave or its time run out.
-        if adm.row.emit.check() {
-            self.close(adm.row, Outcome::Done(Finish::Stop));
-            return Step::Closed;
-        }
-        if adm.fed < last {
-            let end = (adm.fed + adm.session.prefill_step).min(last);
-            if let Err(e) = adm.session.prefill_chunk(&adm.prompt[adm.fed..end]) {
-                self.close(
-                    adm.row,
-                    Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
-                );
-                return Step::Closed;
-            }
-            adm.fed = end;
-            if adm.fed < last {
-                return Step::Prefilling(adm);
-            }
-        }
-        let outcome = match adm.session.step(&adm.prompt[last..]) {
-            Ok(logits) => self.advance(&mut adm.row, &logits),
-            Err(e) => Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
-        };
-        match outcome {
-            Outcome::Continue => Step::Join(adm.row, adm.session),
-            done => {
-                let finished = matches!(done, Outcome::Done(_)) && !adm.row.emit.gone;
-                let produced = adm.row.emit.produced.clone();
-                self.close(adm.row, done);
-                if finished {
-                    self.keep_caches(adm.session, &adm.prompt, produced);
-                }
-                Step::Closed
-            }
-        }
     }
 
     /// Removes the rows whose outcome is given (closing them) from `rows` and `batch`;
@@ -369,8 +256,9 @@ impl Worker {
     ///
     /// Pipelined as generate_step is: a step's forward for every row is queued (async eval)
     /// before the ids it feeds are read back and emitted, so host work overlaps the model.
-    /// Before a request is admitted, and whenever a row's logits processors need its
-    /// history, the queued samples are emitted first.
+    /// Rows that join feed their last prompt token to the next step beside the queued
+    /// samples; whenever a row's logits processors need its history, the queued samples
+    /// are emitted first.
     pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
         self.counters.batch_slots.store(slots, Ordering::Relaxed);
         let mut lane = Lane {
@@ -379,7 +267,7 @@ impl Worker {
             batch: Batch::new(self.model.as_ref()),
             rows: Vec::new(),
             inflight: None,
-            admission: None,
+            admissions: Vec::new(),
             parked: Vec::new(),
             steps: 0,
         };
@@ -396,23 +284,16 @@ impl Worker {
                 }
             }
             self.share_slots(&mut lane);
-            if lane.admission.is_none() && lane.rows.len() < slots {
-                if let Some(job) = lane.waiting.pop_front() {
-                    lane.admission = self.start(job);
-                }
-            }
-            let joining = lane.admission.as_ref().is_some_and(Admission::joins_next);
+            self.start_admissions(&mut lane);
             let needs_history = lane
                 .rows
                 .iter_mut()
                 .any(|r| r.dec.sampler().has_processors());
-            if joining || needs_history {
+            if needs_history {
                 self.flush(&mut lane);
             }
-            // One admission chunk per tick, interleaved with the batch's decode steps.
-            if let Some(adm) = lane.admission.take() {
-                self.admit(&mut lane, adm);
-            }
+            // At most one prefill step of prompt tokens per tick, between decode steps.
+            self.prefill_tick(&mut lane);
             if lane.rows.is_empty() {
                 lane.inflight = None;
                 continue;
@@ -424,7 +305,7 @@ impl Worker {
     /// Takes new jobs (waiting for one when the lane is idle). False once every sender is
     /// gone and nothing is left to do.
     fn receive<'w>(&'w self, lane: &mut Lane<'w>, jobs: &mpsc::Receiver<Job>) -> bool {
-        if lane.rows.is_empty() && lane.waiting.is_empty() && lane.admission.is_none() {
+        if lane.rows.is_empty() && lane.waiting.is_empty() && lane.admissions.is_empty() {
             if lane.parked.is_empty() {
                 match self.next_job(jobs) {
                     Some(job) => lane.waiting.push_back(job),
@@ -443,7 +324,9 @@ impl Worker {
     /// Emits the queued samples of the last step (if any) and settles the rows they end.
     fn flush<'w>(&'w self, lane: &mut Lane<'w>) {
         if let Some(pending) = lane.inflight.take() {
-            let outcomes = self.emit_all(&mut lane.rows, &pending);
+            let mut outcomes = self.emit_all(&mut lane.rows, &pending);
+            // Rows that joined after that step have nothing to emit.
+            outcomes.resize_with(lane.rows.len(), || None);
             if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, None) {
                 lane.batch = Batch::new(self.model.as_ref());
             }
@@ -459,12 +342,12 @@ impl Worker {
         let ready = |parked: &mut Vec<(Row<'_>, Vec<Box<dyn Cache>>)>| {
             parked.iter_mut().position(|(r, _)| !r.emit.backlogged())
         };
-        let park = lane.admission.is_none()
+        let park = lane.admissions.is_empty()
             && lane.rows.len() >= slots
             && lane.parked.len() < (super::worker::PAUSED_PER_SLOT - 1) * slots
             && (!lane.waiting.is_empty() || ready(&mut lane.parked).is_some())
             && Self::victim(&mut lane.rows).is_some();
-        let rejoin = lane.admission.is_none()
+        let rejoin = lane.admissions.is_empty()
             && lane.waiting.is_empty()
             && lane.rows.len() < slots
             && ready(&mut lane.parked).is_some();
@@ -491,39 +374,28 @@ impl Worker {
         }
     }
 
-    /// One tick of the admission: it goes on prefilling, joins the batch, or is over.
-    fn admit<'w>(&'w self, lane: &mut Lane<'w>, adm: Admission<'w>) {
-        match self.admission_step(adm) {
-            Step::Prefilling(adm) => lane.admission = Some(adm),
-            Step::Join(mut row, session) => match lane.batch.join(vec![session]) {
-                Ok(()) => {
-                    row.since = Instant::now();
-                    lane.rows.push(row);
-                    self.counters
-                        .batch_peak
-                        .fetch_max(lane.rows.len(), Ordering::Relaxed);
-                }
-                Err(e) => self.close(row, Outcome::Failed(ApiError::server(e.to_string()))),
-            },
-            Step::Closed => {}
+    /// The ids of the next step, [rows]: the queued samples (still lazy) of the rows of
+    /// the last step, then the ids on the host (`next`) of the rows after them — every row
+    /// after a flush, the rows that have joined since that step otherwise.
+    fn feed(lane: &Lane<'_>) -> Result<Array, mlx_rs::error::Exception> {
+        let pending = lane.inflight.as_deref().unwrap_or(&[]);
+        let ids: Vec<u32> = lane.rows[pending.len()..].iter().map(|r| r.next).collect();
+        let host = Array::from_slice(&ids, &[ids.len() as i32]);
+        if pending.is_empty() {
+            return Ok(host);
         }
+        let mut parts: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
+        if !ids.is_empty() {
+            parts.push(&host);
+        }
+        mlx_rs::ops::concatenate(&parts, 0)
     }
 
     /// One batched decode step: the queued samples (still lazy) or, after a flush, the
     /// emitted ids are fed; every row's next id is sampled and queued; while that runs,
     /// what was fed is emitted, and rows that finished leave.
     fn decode_step<'w>(&'w self, lane: &mut Lane<'w>) {
-        let feed = match &lane.inflight {
-            Some(pending) => {
-                let ys: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
-                mlx_rs::ops::concatenate(&ys, 0)
-            }
-            None => {
-                let ids: Vec<u32> = lane.rows.iter().map(|r| r.next).collect();
-                Ok(Array::from_slice(&ids, &[ids.len() as i32]))
-            }
-        };
-        let logits = match feed.and_then(|f| lane.batch.step_ids(&f)) {
+        let logits = match Self::feed(lane).and_then(|f| lane.batch.step_ids(&f)) {
             Ok(l) => l,
             Err(e) => {
                 // A failed forward cannot be pinned on one row: every row fails, the lane

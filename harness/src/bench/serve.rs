@@ -1,5 +1,5 @@
 //! `harness bench --suite serve`: `engine serve` against `mlx_lm.server` on the same model,
-//! each a fresh server process, driven over loopback HTTP by 1, 4, 8 and 16 concurrent
+//! each a fresh server process, driven over loopback HTTP by 1, 4, 8, 16 and 32 concurrent
 //! streaming clients. Per level: median TTFT (request sent → first content chunk), median
 //! per-request decode tok/s, and throughput (completion tokens / wall time of the level).
 //! Direct generation (`engine generate`'s path, no HTTP) at one client gives the served
@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 
 use super::median;
 
-pub const LEVELS: [usize; 4] = [1, 4, 8, 16];
+pub const LEVELS: [usize; 5] = [1, 4, 8, 16, 32];
 const PROMPT: &str = "The little robot";
 
 /// One request's timings.
