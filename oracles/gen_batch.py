@@ -9,6 +9,15 @@ Scenarios (prompts are the L1 cases' prompt ids, so lengths differ and rows are 
 - b4:        raw0 + raw1 + raw2 + chat0 inserted together, 16 tokens each
 - joinleave: A = raw0 (3 tokens: it leaves early) and B = raw2 (16) start together;
              C = chat1 (16) is inserted before the 4th `next()` call, while A and B decode.
+- ring:      A = raw2 (6) alone; B = raw0 (16) joins before call 2, C = raw1 (10) before
+             call 4, A leaves after 6. On a sliding-window model (tiny-gemma3: window 8)
+             A's ring wraps at its first step (25 prompt tokens cached), B's group does not
+             (3), so B joins a wrapped batch from an unwrapped one; C's group wraps (10).
+
+With --kv-bits (mlx-lm 0.32.2's BatchGenerator has no quantized batch cache), each row is
+instead its own single-sequence run, `generate_step(kv_bits=…, quantized_kv_start=0)`
+(QuantizedKVCache, mlx-lm's quantized SDPA), with the same scenarios: the B=N reference
+for quantized KV is every row's single-sequence numbers (golden `<model><suffix>`).
 
 Logits are captured by a per-row logits processor that returns its input unchanged (the
 sampler sees exactly these logits; recording them does not change the path). EOS does not
@@ -23,7 +32,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm import load
-from mlx_lm.generate import BatchGenerator
+from mlx_lm.generate import BatchGenerator, generate_step
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
 
@@ -31,6 +40,7 @@ SCENARIOS = {
     "b2": [(0, "raw1", 16), (0, "chat1", 16)],
     "b4": [(0, "raw0", 16), (0, "raw1", 16), (0, "raw2", 16), (0, "chat0", 16)],
     "joinleave": [(0, "raw0", 3), (0, "raw2", 16), (3, "chat1", 16)],
+    "ring": [(0, "raw2", 6), (2, "raw0", 16), (4, "raw1", 10)],
 }
 
 
@@ -65,7 +75,23 @@ def run(model, rows):
     return {n: (ids[n], [l.astype(mx.float32).reshape(-1) for l in seen[n][:len(ids[n])]]) for n in ids}
 
 
-def main(name, out_root) -> None:
+def run_single(model, rows, kv):
+    """Each row alone through generate_step with mlx-lm's KV quantization."""
+    result = {}
+    for _, name, prompt, max_tokens in rows:
+        seen, ids = [], []
+
+        def record(tokens, logits):
+            seen.append(logits)
+            return logits
+        for token, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens,
+                                      logits_processors=[record], **kv):
+            ids.append(int(token))
+        result[name] = (ids, [l.astype(mx.float32).reshape(-1) for l in seen[:len(ids)]])
+    return result
+
+
+def main(name, out_root, kv=None, suffix="") -> None:
     mx.set_default_device(mx.cpu)
     model, _ = load(str(resolve(f"models/{name}")))
     l1 = json.loads((resolve(f"l1/{name}") / "index.json").read_text())
@@ -73,14 +99,16 @@ def main(name, out_root) -> None:
     out = TensorFile()
     scenarios = []
     for scenario, rows in SCENARIOS.items():
-        result = run(model, [(at, case, prompts[case], m) for at, case, m in rows])
+        plan = [(at, case, prompts[case], m) for at, case, m in rows]
+        result = run_single(model, plan, kv) if kv else run(model, plan)
         scenarios.append({"name": scenario, "rows": [{
             "name": case, "join_at": at, "max_tokens": m, "prompt_ids": prompts[case],
             "ids": result[case][0],
             "logits": [out.add(f"{scenario}/{case}/{k}", l) for k, l in enumerate(result[case][1])],
         } for at, case, m in rows]})
         print(scenario, {case: result[case][0][:8] for _, case, _ in rows})
-    dest = Path(out_root) / name if out_root else golden_dir(f"batch/{name}")
+    golden = name + suffix
+    dest = Path(out_root) / golden if out_root else golden_dir(f"batch/{golden}")
     out.write(dest / "logits.bin")
     write_json(dest / "index.json", {
         "provenance": provenance("mlx-lm", "mlx-lm"),
@@ -88,15 +116,23 @@ def main(name, out_root) -> None:
         "model": f"models/{name}",
         "data": "logits.bin",
         "settings": {"sampler": "greedy", "path": "mlx_lm.generate.BatchGenerator(stop_tokens=None)",
-                     "prefill_batch_size": 8, "prefill_step_size": 2048},
+                     "prefill_batch_size": 8, "prefill_step_size": 2048} if not kv else
+                    {"sampler": "greedy", "path": "mlx_lm.generate.generate_step per row",
+                     "cache": "QuantizedKVCache", "prefill_step_size": 2048, **kv},
         "scenarios": scenarios,
     })
-    print(f"batch/{name} -> {dest}")
+    print(f"batch/{golden} -> {dest}")
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="tiny-llama-trained")
     ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    ap.add_argument("--kv-bits", type=int, help="per-row generate_step with mlx-lm's KV quantization")
+    ap.add_argument("--kv-group-size", type=int, default=64)
+    ap.add_argument("--suffix", default="", help="golden name = model name + suffix")
     args = ap.parse_args()
-    main(args.model, args.out)
+    kv = None
+    if args.kv_bits:
+        kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size, "quantized_kv_start": 0}
+    main(args.model, args.out, kv, args.suffix)

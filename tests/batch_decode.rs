@@ -1,36 +1,56 @@
 //! The B=N gate (`gates::BATCH`, harness::parity::batch): the batch lane's batched decoding
 //! against mlx-lm's `BatchGenerator` goldens (oracles/gen_batch.py) — B=2 and B=4 with
-//! different prompt lengths, and a row joining a running batch while another leaves — every
-//! row's logits bit-exact, ids identical, on a dense model, on the three mixture-of-experts
-//! families (whose rows route to different experts in the same forward) and on phi3
-//! (fused projections, longrope: per-row positions through RoPE with its own frequencies).
-//! Planted defects: a mask that forgets the left padding fails every model; a router that
-//! keeps the wrong experts fails every MoE family. Models whose caches are not all
-//! standard full-attention ones (rotating windows, dynamic RoPE) are refused by the batch
-//! lane by name.
+//! different prompt lengths, a row joining a running batch while another leaves, and the
+//! `ring` scenario (a row joining a wrapped sliding-window batch from an unwrapped group) —
+//! every row's logits bit-exact, ids identical, on a dense model, on the three
+//! mixture-of-experts families (whose rows route to different experts in the same forward),
+//! on phi3 (fused projections, longrope: per-row positions through RoPE with its own
+//! frequencies) and on gemma3 (sliding window 8 < every row's length: `BatchRotatingKvCache`
+//! beside `BatchKvCache`). `gates::BATCH_KV4`: the same scenarios over 4-bit quantized KV
+//! against each row's single-sequence `generate_step(kv_bits=4)` run. Planted defects: a
+//! mask that forgets the left padding fails every model; a router that keeps the wrong
+//! experts fails every MoE family; a sliding-window mask not rolled with the ring fails
+//! gemma3; zeroed biases of new quantized positions fail the quantized gate. Models with
+//! other caches (dynamic RoPE, …) are refused by the batch lane by name.
 
 use engine::generate::batch::Batch;
 use engine::generate::{Session, SessionOptions};
-use harness::parity::gates::{Plant, Target, BATCH};
+use harness::parity::gates::{Gate, Plant, Target, BATCH, BATCH_KV4};
 use harness::parity::Report;
 
 /// The mixture-of-experts models of the gate (each router kind: qwen3_moe's softmax then
 /// top-k, mixtral's top-k then softmax, qwen2_moe's unnormalized top-k and shared expert).
 const MOE: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
 
-fn run(model: &str, scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
+/// The sliding-window models of the gate (window 8, below every row's length): gemma3
+/// (1 global layer in 2), gemma4 (KV shared across layers, per-layer-kind masks), its MoE,
+/// and gpt-oss (attention sinks beside the window).
+const SLIDING: [&str; 4] = [
+    "tiny-gemma3",
+    "tiny-gemma4",
+    "tiny-gemma4-moe",
+    "tiny-gpt-oss",
+];
+
+fn run_gate(gate: &Gate, model: &str, scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
     let target = Target {
         case: Some(scenario),
         ..Target::new(model)
     };
-    BATCH.run_target(&target, plant).unwrap()
+    gate.run_target(&target, plant).unwrap()
+}
+
+fn run(model: &str, scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
+    run_gate(&BATCH, model, scenario, plant)
 }
 
 fn gate(scenario: &str) {
-    for model in BATCH.models {
-        let r = run(model, scenario, None);
-        harness::announce(&r.summary());
-        assert!(r.passed(), "{model}: {}", r.summary());
+    for g in [&BATCH, &BATCH_KV4] {
+        for model in g.models {
+            let r = run_gate(g, model, scenario, None);
+            harness::announce(&format!("{}: {}", g.name, r.summary()));
+            assert!(r.passed(), "{} {model}: {}", g.name, r.summary());
+        }
     }
 }
 
@@ -50,8 +70,17 @@ fn a_row_joins_a_running_batch_while_another_leaves() {
 }
 
 #[test]
+fn a_row_joins_a_wrapped_sliding_window_batch() {
+    gate("ring");
+}
+
+#[test]
 fn the_gate_covers_every_family_of_the_batch_lane() {
-    for model in MOE.iter().chain(&["tiny-llama-trained", "tiny-phi3"]) {
+    for model in MOE
+        .iter()
+        .chain(&SLIDING)
+        .chain(&["tiny-llama-trained", "tiny-phi3"])
+    {
         assert!(BATCH.models.contains(model), "{model} is not gated");
     }
 }
@@ -70,6 +99,32 @@ fn planted_unmasked_padding_fails_the_gate() {
 }
 
 #[test]
+fn planted_unrolled_ring_mask_fails_the_sliding_window_gate() {
+    let plant = Plant::parse("ring-mask-unrolled").unwrap();
+    for model in SLIDING {
+        let r = run(model, "ring", Some(&plant));
+        println!(
+            "planted ring-mask defect caught on {model}: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
+}
+
+#[test]
+fn planted_defects_fail_the_quantized_gate() {
+    for name in ["batch-kv-biases-dropped", "unmasked-padding"] {
+        let plant = Plant::parse(name).unwrap();
+        let r = run_gate(&BATCH_KV4, "tiny-llama-trained", "b4", Some(&plant));
+        println!(
+            "planted {name} caught on the quantized gate: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{name}");
+    }
+}
+
+#[test]
 fn planted_moe_top_k_off_by_one_fails_the_batched_gate() {
     let plant = Plant::parse("moe-top-k-off-by-one").unwrap();
     for model in MOE {
@@ -84,33 +139,31 @@ fn planted_moe_top_k_off_by_one_fails_the_batched_gate() {
 
 /// The batch lane's refusal, as `Batch::join` gives it (`engine serve --batch N` sends
 /// such models to the serial lane instead: /stats shows `lanes.batch_slots` 0).
-fn join_refusal(model: &str) -> String {
+fn join_refusal(model: &str) -> Option<String> {
     let m = engine::model::load(&harness::goldens::model_dir(model).unwrap()).unwrap();
     let mut session = Session::with_options(m.as_ref(), &SessionOptions::default());
     session.prefill(&[1, 2, 3, 4]).unwrap();
     let mut batch = Batch::new(m.as_ref());
-    match batch.join(vec![session]) {
-        Ok(()) => panic!("{model}: the batch lane took caches it cannot batch"),
-        Err(e) => e.what().to_owned(),
-    }
+    batch.join(vec![session]).err().map(|e| e.what().to_owned())
 }
 
 #[test]
-fn models_with_rotating_or_dynamic_rope_caches_are_refused_by_name() {
-    for model in [
-        "tiny-gemma3",
-        "tiny-gemma3-mm",
-        "tiny-gemma4",
-        "tiny-gemma4-mm",
-        "tiny-llama-dynamic",
-        "tiny-gpt-oss",
-        "tiny-gemma4-moe",
-    ] {
-        let why = join_refusal(model);
-        println!("{model}: {why}");
-        assert!(
-            why.contains("the batch lane takes standard (dense, full-attention) caches only"),
-            "{model}: {why}"
-        );
+fn models_with_dynamic_rope_caches_are_refused_by_name() {
+    let why = join_refusal("tiny-llama-dynamic").expect("the batch lane took a dynamic-RoPE cache");
+    println!("tiny-llama-dynamic: {why}");
+    assert!(
+        why.contains(
+            "the batch lane takes standard (dense, full-attention) and sliding-window caches only"
+        ),
+        "{why}"
+    );
+}
+
+#[test]
+fn sliding_window_models_join_the_batch() {
+    // Gated above (BATCH.models) or their text model is (the multimodal and quantized-weight
+    // variants share gemma3's caches).
+    for model in SLIDING.iter().chain(&["tiny-gemma3-mm", "tiny-gemma3-q4"]) {
+        assert_eq!(join_refusal(model), None, "{model}");
     }
 }

@@ -55,6 +55,13 @@ pub enum Defect {
     /// The batch cache's mask forgets the left padding (rows attend to pad positions).
     /// Caught by the B=N batch gate (`tests/batch_decode.rs`).
     BatchUnmaskedPadding,
+    /// The batched sliding-window cache's mask is not rolled with the ring once it has
+    /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
+    /// sliding-window model (`tests/batch_decode.rs`).
+    BatchRingMaskUnrolled,
+    /// The quantized batch cache writes new positions' biases as zeros. Caught by the B=N
+    /// gate over quantized KV (`tests/batch_decode.rs`, gate `batch-kv4`).
+    BatchKvBiasesDropped,
     /// The segmented backward drops the cotangent between segments (each segment's
     /// backward starts from zeros). Caught by `engine/tests/segmented.rs`.
     DropCotangent,

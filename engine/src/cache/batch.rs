@@ -1,19 +1,29 @@
-//! The batched KV cache of the batch lane, laid out like mlx-lm's `BatchKVCache`: rows
-//! share one buffer [B, heads, positions, head dim] and one write position; shorter rows are
-//! padded on the left, and the mask hides each row's padding. Rows join (`extend`: the
-//! shorter side is left-padded so both end at the same position) and leave (`filter`: the
-//! padding every remaining row shares is trimmed). RoPE gets each row's own position.
+//! The batched KV cache of the batch lane's full-attention layers, laid out like mlx-lm's
+//! `BatchKVCache`: rows share one buffer [B, heads, positions, head dim] and one write
+//! position; shorter rows are padded on the left, and the mask hides each row's padding.
+//! Rows join (`extend`: the shorter side is left-padded so both end at the same position)
+//! and leave (`filter`: the padding every remaining row shares is trimmed). RoPE gets each
+//! row's own position.
+//!
+//! Quantized KV (mlx-lm's `QuantizedKVCache`, which `BatchGenerator` 0.32.2 cannot batch)
+//! is the same layout applied to the packed words, scales and biases alike: quantization
+//! is per position and per group along the head dim, so a row's parts are the ones its
+//! single-sequence cache holds, and attention over them with the padding masked gives
+//! that row's single-sequence numbers (B=N gate `batch-kv4`).
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{Cache, Kv, KvCache, Mask, RopeOffset};
+use super::parts::{self, Parts};
+use super::{Cache, Kv, KvCache, KvQuant, Mask, RopeOffset, Snapshot, SnapshotKind};
 
 pub struct BatchKvCache {
-    keys: Array,
-    values: Array,
+    /// None while every row is empty (one-token prompts before their first step).
+    keys: Option<Parts>,
+    values: Option<Parts>,
+    quant: Option<KvQuant>,
     /// Per row: pad positions at the front, and real tokens held.
     left_padding: Vec<i32>,
     lengths: Vec<i32>,
@@ -23,32 +33,114 @@ pub struct BatchKvCache {
 
 const STEP: i32 = 256;
 
-fn left_pad(x: &Array, pad: i32) -> Result<Array, Exception> {
+/// `pad` zero positions before (or, with `after`, after) every part of `p`.
+pub(crate) fn pad_parts(p: &Parts, pad: i32, after: bool) -> Result<Parts, Exception> {
     if pad == 0 {
-        return Ok(x.clone());
+        return Ok(p.clone());
     }
-    let s = x.shape();
-    let zeros = zeros_dtype(&[s[0], s[1], pad, s[3]], x.dtype())?;
-    concatenate(&[&zeros, x], 2)
+    p.iter()
+        .map(|x| {
+            let s = x.shape();
+            let zeros = zeros_dtype(&[s[0], s[1], pad, s[3]], x.dtype())?;
+            match after {
+                false => concatenate(&[&zeros, x], 2),
+                true => concatenate(&[x, &zeros], 2),
+            }
+        })
+        .collect()
+}
+
+/// `rows` zero rows of no positions shaped like `like` (an empty side of a merge).
+pub(crate) fn empty_like(like: &Parts, rows: i32) -> Result<Parts, Exception> {
+    like.iter()
+        .map(|x| {
+            let s = x.shape();
+            zeros_dtype(&[rows, s[1], 0, s[3]], x.dtype())
+        })
+        .collect()
+}
+
+/// Concatenates parts along the batch axis.
+pub(crate) fn cat_rows(pieces: &[Parts]) -> Result<Parts, Exception> {
+    (0..pieces[0].len())
+        .map(|i| {
+            let column: Vec<&Array> = pieces.iter().map(|p| &p[i]).collect();
+            concatenate(&column, 0)
+        })
+        .collect()
+}
+
+/// Each part's rows `keep`, in that order.
+pub(crate) fn take_rows(p: &Parts, keep: &[usize]) -> Result<Parts, Exception> {
+    let index = Array::from_slice(
+        &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
+        &[keep.len() as i32],
+    );
+    p.iter().map(|x| x.take_axis(&index, 0)).collect()
+}
+
+/// A standard cache's live keys' and values' parts, its quantization and its length
+/// (None parts when it holds nothing).
+type Row = (Option<(Parts, Parts)>, Option<KvQuant>, i32);
+
+fn row_of(snapshot: Option<Snapshot>) -> Result<Row, Exception> {
+    let Some(s) = snapshot else {
+        return Ok((None, None, 0));
+    };
+    if s.kind != SnapshotKind::Kv {
+        return Err(Exception::custom("a standard cache's snapshot expected"));
+    }
+    let mut keys = s.tensors;
+    let values = keys.split_off(keys.len() / 2);
+    Ok((Some((keys, values)), s.quant, s.offset))
+}
+
+/// The one quantization every row agrees on, or the refusal.
+fn common_quant(rows: &[Row]) -> Result<Option<KvQuant>, Exception> {
+    let held: Vec<Option<KvQuant>> = rows.iter().filter(|r| r.0.is_some()).map(|r| r.1).collect();
+    let quant = held.first().copied().flatten();
+    if held.iter().any(|q| *q != quant) {
+        return Err(Exception::custom(
+            "rows whose caches are quantized differently cannot share a batch",
+        ));
+    }
+    if quant.is_some_and(|q| q.sdpa != super::QuantSdpa::MlxLm) {
+        return Err(Exception::custom(
+            "the batch lane reads quantized KV through mlx-lm's attention only \
+             (--kv-quant 4|8 --fused-sdpa off --perf-decode off); optiq's fused attention \
+             (--l2, --l3) is served by the serial lane",
+        ));
+    }
+    Ok(quant)
 }
 
 impl BatchKvCache {
-    /// Merges single-sequence caches (one per row, each holding its prompt) into a batch.
-    pub fn merge(rows: &mut [&mut KvCache]) -> Result<Self, Exception> {
-        let lengths: Vec<i32> = rows.iter().map(|c| c.offset()).collect();
+    /// Merges single-sequence caches (one per row, as they stand) into a batch, as mlx-lm's
+    /// `BatchKVCache.merge`: rows right-aligned at the longest, padding on the left.
+    pub fn merge(rows: &[&KvCache]) -> Result<Self, Exception> {
+        let rows: Vec<Row> = rows
+            .iter()
+            .map(|c| row_of(c.snapshot()))
+            .collect::<Result<_, _>>()?;
+        let quant = common_quant(&rows)?;
+        let lengths: Vec<i32> = rows.iter().map(|r| r.2).collect();
         let idx = *lengths.iter().max().unwrap_or(&0);
+        let like = rows.iter().find_map(|r| r.0.clone());
         let (mut ks, mut vs) = (Vec::new(), Vec::new());
-        for c in rows.iter() {
-            let (k, v) = c
-                .live()
-                .ok_or_else(|| Exception::custom("an empty cache cannot join a batch"))?;
-            let pad = idx - c.offset();
-            ks.push(left_pad(&k, pad)?);
-            vs.push(left_pad(&v, pad)?);
+        if let Some((lk, lv)) = &like {
+            for (held, _, len) in &rows {
+                let (k, v) = match held {
+                    Some((k, v)) => (k.clone(), v.clone()),
+                    None => (empty_like(lk, 1)?, empty_like(lv, 1)?),
+                };
+                ks.push(pad_parts(&k, idx - len, false)?);
+                vs.push(pad_parts(&v, idx - len, false)?);
+            }
         }
         Ok(BatchKvCache {
-            keys: concatenate(&ks, 0)?,
-            values: concatenate(&vs, 0)?,
+            keys: like.is_some().then(|| cat_rows(&ks)).transpose()?,
+            values: like.is_some().then(|| cat_rows(&vs)).transpose()?,
+            quant,
             left_padding: lengths.iter().map(|l| idx - l).collect(),
             lengths,
             idx,
@@ -64,26 +156,30 @@ impl BatchKvCache {
     pub fn row_cache(&self, row: usize, len: i32) -> Result<KvCache, Exception> {
         let len = len.min(self.lengths[row]);
         let (r, start) = (row as i32, self.left_padding[row]);
-        let slice = |x: &Array| x.index((r..r + 1, .., start..start + len, ..));
-        let mut cache = KvCache::new();
-        cache.update_and_fetch(slice(&self.keys), slice(&self.values))?;
-        Ok(cache)
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            return Ok(KvCache::new());
+        };
+        if len == 0 {
+            return Ok(KvCache::new());
+        }
+        let slice =
+            |p: &Parts| parts::slice(p, |x| x.index((r..r + 1, .., start..start + len, ..)));
+        Ok(KvCache::from_parts(slice(k), slice(v), len, self.quant))
     }
 
     /// Keeps only rows `keep` (in that order), trimming the padding they all share.
     pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
-        let index = Array::from_slice(
-            &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
-            &[keep.len() as i32],
-        );
-        self.keys = self.keys.take_axis(&index, 0)?;
-        self.values = self.values.take_axis(&index, 0)?;
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            self.keys = Some(take_rows(k, keep)?);
+            self.values = Some(take_rows(v, keep)?);
+        }
         self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
         self.lengths = keep.iter().map(|&i| self.lengths[i]).collect();
         let shared = self.left_padding.iter().copied().min().unwrap_or(0);
         if shared > 0 {
-            self.keys = self.keys.index((Ellipsis, shared.., ..));
-            self.values = self.values.index((Ellipsis, shared.., ..));
+            let drop = |p: &Parts| parts::slice(p, |x| x.index((Ellipsis, shared.., ..)));
+            self.keys = self.keys.as_ref().map(drop);
+            self.values = self.values.as_ref().map(drop);
             self.idx -= shared;
             self.left_padding.iter_mut().for_each(|p| *p -= shared);
         }
@@ -91,17 +187,43 @@ impl BatchKvCache {
     }
 
     /// Appends the rows of `other` after this batch's rows.
-    pub fn extend(&mut self, other: BatchKvCache) -> Result<(), Exception> {
+    pub fn extend(&mut self, other: &BatchKvCache) -> Result<(), Exception> {
+        let both_held = self.keys.is_some() && other.keys.is_some();
+        if both_held && self.quant != other.quant {
+            return Err(Exception::custom(
+                "rows whose caches are quantized differently cannot share a batch",
+            ));
+        }
         let idx = self.idx.max(other.idx);
-        let fit =
-            |c: &BatchKvCache, x: &Array| left_pad(&x.index((Ellipsis, ..c.idx, ..)), idx - c.idx);
-        self.keys = concatenate(&[fit(self, &self.keys)?, fit(&other, &other.keys)?], 0)?;
-        self.values = concatenate(&[fit(self, &self.values)?, fit(&other, &other.values)?], 0)?;
+        let like = self.keys.clone().or_else(|| other.keys.clone());
+        let like_v = self.values.clone().or_else(|| other.values.clone());
+        if let (Some(lk), Some(lv)) = (like, like_v) {
+            let fit =
+                |c: &BatchKvCache, p: &Option<Parts>, like: &Parts| -> Result<Parts, Exception> {
+                    let held = match p {
+                        Some(p) => parts::head(p, c.idx),
+                        None => empty_like(like, c.rows() as i32)?,
+                    };
+                    pad_parts(&held, idx - c.idx, false)
+                };
+            let k = cat_rows(&[fit(self, &self.keys, &lk)?, fit(other, &other.keys, &lk)?])?;
+            let v = cat_rows(&[
+                fit(self, &self.values, &lv)?,
+                fit(other, &other.values, &lv)?,
+            ])?;
+            self.quant = if self.keys.is_some() {
+                self.quant
+            } else {
+                other.quant
+            };
+            self.keys = Some(k);
+            self.values = Some(v);
+        }
         let (mine, theirs) = (idx - self.idx, idx - other.idx);
         self.left_padding.iter_mut().for_each(|p| *p += mine);
         self.left_padding
             .extend(other.left_padding.iter().map(|p| p + theirs));
-        self.lengths.extend(other.lengths);
+        self.lengths.extend(other.lengths.iter().copied());
         self.idx = idx;
         Ok(())
     }
@@ -120,27 +242,42 @@ impl Cache for BatchKvCache {
         ))
     }
 
+    fn kv_quant(&self) -> Option<KvQuant> {
+        self.quant
+    }
+
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let n = keys.shape()[2];
-        if self.idx + n > self.keys.shape()[2] {
+        let capacity = self.keys.as_ref().map_or(0, parts::len);
+        if self.keys.is_none() || self.idx + n > capacity {
             let grow = (STEP + n - 1) / STEP * STEP;
-            let s = self.keys.shape().to_vec();
-            let more = |x: &Array, d: i32| -> Result<Array, Exception> {
-                let z = zeros_dtype(&[s[0], s[1], grow, d], x.dtype())?;
-                concatenate(&[&x.index((Ellipsis, ..self.idx, ..)), &z], 2)
-            };
-            self.keys = more(&self.keys, keys.shape()[3])?;
-            self.values = more(&self.values, values.shape()[3])?;
+            let new_k = parts::zeros(&keys, grow, self.quant)?;
+            let new_v = parts::zeros(&values, grow, self.quant)?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(k), Some(v)) => {
+                    self.keys = Some(parts::cat(&[parts::head(&k, self.idx), new_k])?);
+                    self.values = Some(parts::cat(&[parts::head(&v, self.idx), new_v])?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
         }
-        let (at, end) = (self.idx, self.idx + n);
-        self.keys.try_index_mut((Ellipsis, at..end, ..), &keys)?;
-        self.values
-            .try_index_mut((Ellipsis, at..end, ..), &values)?;
-        self.idx = end;
+        let mut new_k = parts::encode(keys, self.quant)?;
+        let new_v = parts::encode(values, self.quant)?;
+        if self.quant.is_some() && crate::plant::is(crate::plant::Defect::BatchKvBiasesDropped) {
+            new_k[2] = mlx_rs::ops::zeros_like(&new_k[2])?;
+        }
+        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        parts::write(k_buf, self.idx, &new_k)?;
+        parts::write(v_buf, self.idx, &new_v)?;
+        self.idx += n;
         self.lengths.iter_mut().for_each(|l| *l += n);
-        Ok(Kv::Dense(
-            self.keys.index((Ellipsis, ..self.idx, ..)),
-            self.values.index((Ellipsis, ..self.idx, ..)),
+        Ok(parts::fetch(
+            parts::head(k_buf, self.idx),
+            parts::head(v_buf, self.idx),
+            self.quant,
         ))
     }
 
@@ -153,7 +290,15 @@ impl Cache for BatchKvCache {
     }
 
     fn state(&self) -> Vec<&Array> {
-        vec![&self.keys, &self.values]
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .flatten()
+            .collect()
+    }
+
+    fn nbytes(&self) -> usize {
+        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
     }
 
     /// mlx-lm's `create_causal_mask(N, offset=idx, left_padding)`: causal, and each row's
@@ -161,7 +306,7 @@ impl Cache for BatchKvCache {
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         if window.is_some() {
             return Err(Exception::custom(
-                "the batch lane serves full-attention models only",
+                "a full-attention batch cache was asked for a sliding-window mask",
             ));
         }
         use mlx_rs::ops::arange;

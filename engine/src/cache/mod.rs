@@ -1,6 +1,7 @@
 //! KV caches. Each attention layer owns one; the model reads `offset` for RoPE and the mask.
 
 pub mod batch;
+pub mod batch_rotating;
 pub mod fingerprint;
 pub mod fixed;
 pub mod kv;

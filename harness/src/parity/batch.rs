@@ -2,8 +2,17 @@
 //! generation (`BatchGenerator` goldens from oracles/gen_batch.py): per row, every logit
 //! vector bit-exact and the greedy ids identical — for static batches of rows with different
 //! prompt lengths (left padding) and for rows joining a running batch and leaving it when
-//! they reach their token limit.
+//! they reach their token limit. Rows are admitted as BatchGenerator admits them: every
+//! prompt token but the last prefilled (alone), the last fed by one step of the rows that
+//! join together (`Batch::admit`), which gives their first logits.
+//!
+//! A golden with `settings.kv_bits` (gate `batch-kv4`) holds each row's single-sequence
+//! `generate_step(kv_bits=…)` run instead (mlx-lm has no quantized batch cache): the rows'
+//! sessions quantize their caches as that run does, and the batch decodes over quantized
+//! K/V.
 
+use engine::cache::kv_quant::{KvLayers, KvQuantPlan};
+use engine::cache::QuantSdpa;
 use engine::generate::batch::Batch;
 use engine::generate::{greedy, Session, SessionOptions};
 use mlx_rs::ops::indexing::IndexOp;
@@ -102,10 +111,28 @@ pub fn run(
             scenario.unwrap_or("(none)").to_owned(),
         ));
     }
+    let opts = session_options(&golden.index["settings"]);
     for s in chosen {
-        run_scenario(golden, m.as_ref(), s, &mut report)?;
+        run_scenario(golden, m.as_ref(), &opts, s, &mut report)?;
     }
     Ok(report)
+}
+
+/// The rows' session options: mlx-lm's `kv_bits` quantization (quantized from the first
+/// prefill chunk on, read through mlx-lm's quantized SDPA) where the golden has it.
+fn session_options(settings: &serde_json::Value) -> SessionOptions {
+    let int = |k: &str| settings[k].as_i64().map(|v| v as i32);
+    SessionOptions {
+        kv_quant: int("kv_bits").map(|bits| KvQuantPlan {
+            layers: KvLayers::Uniform {
+                bits,
+                group_size: int("kv_group_size").unwrap_or(64),
+            },
+            start: int("quantized_kv_start").unwrap_or(0),
+            sdpa: QuantSdpa::MlxLm,
+        }),
+        ..SessionOptions::default()
+    }
 }
 
 /// Checks one row's logits and greedy id at its current step, then moves it on.
@@ -143,33 +170,90 @@ fn check_row(
     Ok(())
 }
 
+/// Drops the rows that have reached their token limit (batch and bookkeeping alike).
+fn leave(batch: &mut Batch, rows: &mut Vec<Row>) -> Result<(), ParityError> {
+    let keep: Vec<usize> = (0..rows.len())
+        .filter(|&i| rows[i].step < rows[i].golden.max_tokens)
+        .collect();
+    if keep.len() < rows.len() {
+        batch.keep(&keep)?;
+        let mut i = 0;
+        rows.retain(|_| {
+            i += 1;
+            keep.contains(&(i - 1))
+        });
+    }
+    Ok(())
+}
+
+/// What one scenario's run reads.
+struct Run<'a, 'g> {
+    golden: &'a TensorGolden,
+    model: &'a dyn engine::model::LanguageModel,
+    opts: &'a SessionOptions,
+    scenario: &'g Scenario,
+}
+
+/// Admits the rows that join at step `t`: prompts but the last token prefilled alone, then
+/// one step of their own for the last tokens (checked: each row's first logits).
+fn admit<'g>(
+    run: &Run<'_, 'g>,
+    t: usize,
+    batch: &mut Batch,
+    rows: &mut Vec<Row<'g>>,
+    report: &mut BatchReport,
+) -> Result<(), ParityError> {
+    let (mut sessions, mut last, mut joining) = (Vec::new(), Vec::new(), Vec::new());
+    for g in run.scenario.rows.iter().filter(|g| g.join_at == t) {
+        let mut session = Session::with_options(run.model, run.opts);
+        let (body, tail) = g.prompt_ids.split_at(g.prompt_ids.len() - 1);
+        for chunk in body.chunks(session.prefill_step) {
+            session.prefill_chunk(chunk)?;
+        }
+        sessions.push(session);
+        last.push(tail[0]);
+        joining.push(Row {
+            golden: g,
+            step: 0,
+            token: 0,
+        });
+    }
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    let logits = batch.admit(sessions, &last)?;
+    for (i, row) in joining.iter_mut().enumerate() {
+        check_row(
+            run.golden,
+            &run.scenario.name,
+            row,
+            &logits.index(i as i32),
+            report,
+        )?;
+    }
+    rows.extend(joining);
+    leave(batch, rows)
+}
+
 fn run_scenario(
     golden: &TensorGolden,
     m: &dyn engine::model::LanguageModel,
+    opts: &SessionOptions,
     scenario: &Scenario,
     report: &mut BatchReport,
 ) -> Result<(), ParityError> {
     let mut batch = Batch::new(m);
     let mut rows: Vec<Row> = Vec::new();
+    let run = Run {
+        golden,
+        model: m,
+        opts,
+        scenario,
+    };
     let last_join = scenario.rows.iter().map(|r| r.join_at).max().unwrap_or(0);
     let mut t = 0;
     while t <= last_join || !rows.is_empty() {
-        let mut sessions = Vec::new();
-        for g in scenario.rows.iter().filter(|g| g.join_at == t) {
-            let mut session = Session::with_options(m, &SessionOptions::default());
-            let logits = session.prefill(&g.prompt_ids)?;
-            let mut row = Row {
-                golden: g,
-                step: 0,
-                token: 0,
-            };
-            check_row(golden, &scenario.name, &mut row, &logits, report)?;
-            if row.step < g.max_tokens {
-                sessions.push(session);
-                rows.push(row);
-            }
-        }
-        batch.join(sessions)?;
+        admit(&run, t, &mut batch, &mut rows, report)?;
         t += 1;
         if rows.is_empty() {
             continue;
@@ -179,17 +263,7 @@ fn run_scenario(
         for (i, row) in rows.iter_mut().enumerate() {
             check_row(golden, &scenario.name, row, &logits.index(i as i32), report)?;
         }
-        let keep: Vec<usize> = (0..rows.len())
-            .filter(|&i| rows[i].step < rows[i].golden.max_tokens)
-            .collect();
-        if keep.len() < rows.len() {
-            batch.keep(&keep)?;
-            let mut i = 0;
-            rows.retain(|_| {
-                i += 1;
-                keep.contains(&(i - 1))
-            });
-        }
+        leave(&mut batch, &mut rows)?;
     }
     Ok(())
 }

@@ -41,13 +41,15 @@ pub enum Tweak {
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
 #[rustfmt::skip]
-const NAMED: [(&str, Plant, &str); 19] = [
+const NAMED: [(&str, Plant, &str); 21] = [
     ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
     ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
     ("lost-character", Plant::Harness(Tweak::LostCharacter), "the first streamed piece loses its first character"),
     ("weight-decay", Plant::Harness(Tweak::WeightDecay), "AdamW's weight decay × 1.1"),
     ("unmasked-padding", Plant::Engine(Defect::BatchUnmaskedPadding), "the batch mask forgets the left padding"),
+    ("ring-mask-unrolled", Plant::Engine(Defect::BatchRingMaskUnrolled), "the batched sliding-window mask is not rolled with the ring"),
+    ("batch-kv-biases-dropped", Plant::Engine(Defect::BatchKvBiasesDropped), "the quantized batch cache writes new biases as zeros"),
     ("keep-draft-tail", Plant::Engine(Defect::SpecKeepDraftTail), "the drafter's cache is not rolled back"),
     ("target-trim-short", Plant::Engine(Defect::SpecTargetTrimShort), "the target gives back one token fewer than it rejected"),
     ("ring-trim", Plant::Engine(Defect::AssistantRingTrimLikeMlxLm), "rotating caches roll back as mlx-lm's trim does"),

@@ -135,9 +135,30 @@ pub static BATCH: Gate = Gate {
         "tiny-mixtral",
         "tiny-qwen2-moe",
         "tiny-phi3",
+        "tiny-gemma3",
+        "tiny-gemma4",
+        "tiny-gemma4-moe",
+        "tiny-gpt-oss",
     ],
-    cases: &["b2", "b4", "joinleave"],
-    plants: &["unmasked-padding", "moe-top-k-off-by-one"],
+    cases: &["b2", "b4", "joinleave", "ring"],
+    plants: &["unmasked-padding", "moe-top-k-off-by-one", "ring-mask-unrolled"],
+    run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
+    ..BASE
+};
+
+/// The B=N gate over quantized KV: the batch against each row's single-sequence
+/// `generate_step(kv_bits=4)` run (mlx-lm has no quantized batch cache).
+pub static BATCH_KV4: Gate = Gate {
+    name: "batch-kv4",
+    group: "batch",
+    suffix: "-kv4",
+    generator: Some((
+        "gen_batch.py",
+        &["{model}", "--kv-bits", "4", "--kv-group-size", "32", "--suffix=-kv4"],
+    )),
+    models: &["tiny-llama-trained"],
+    cases: &["b2", "b4", "joinleave", "ring"],
+    plants: &["unmasked-padding", "batch-kv-biases-dropped"],
     run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
     ..BASE
 };
@@ -329,12 +350,13 @@ pub static L3: Gate = Gate {
 };
 
 /// Every gate, in the order `harness parity` runs them.
-pub static GATES: [&Gate; 16] = [
+pub static GATES: [&Gate; 17] = [
     &RUNTIME,
     &L1,
     &L1_VOCAB,
     &KV_BITS,
     &BATCH,
+    &BATCH_KV4,
     &SPEC,
     &DETOK,
     &DETOK_REAL,
