@@ -10,6 +10,7 @@ pub mod goldens;
 pub mod machine;
 pub mod oracle;
 pub mod parity;
+pub mod plot;
 pub mod preflight;
 pub mod probe;
 pub mod promote;

@@ -68,6 +68,15 @@ fn params_label(params: &str) -> Option<String> {
         Some(b) => format!("{label}, engine --batch {b}"),
         None => label,
     };
+    // Restart rows measured through the server, with or without quantized KV.
+    let label = match (
+        p.get("via").and_then(|v| v.as_str()),
+        p.get("kv_config").and_then(|v| v.as_str()),
+    ) {
+        (Some(via), Some(kv)) => format!("{label}, via {via}, kv_config {kv}"),
+        (Some(via), None) => format!("{label}, via {via}"),
+        _ => label,
+    };
     // Distributed rows: how many ranks, split which way.
     Some(
         match (
@@ -195,9 +204,36 @@ fn machine_section(machine: &str, rows: &[Row]) -> String {
     parity_section(&mut out, &rows);
     out.push_str("\n### Performance\n\n");
     performance_section(&mut out, &rows);
+    plots_section(&mut out, machine, &rows);
     out.push_str("\n### Quality\n\n");
     quality_section(&mut out, &rows);
     out
+}
+
+/// Where `harness promote` writes the plots, relative to the repository root (RESULTS.md's
+/// directory).
+pub const PLOTS_DIR: &str = "docs/plots";
+
+/// The plots of `machine`'s section, from its promotable rows of `rows` (what
+/// `harness promote` writes under PLOTS_DIR; the section links them).
+pub fn plots(machine: &str, rows: &[Row]) -> Vec<crate::plot::results::Plot> {
+    let mine: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.machine_key == machine && promotable(r))
+        .collect();
+    crate::plot::results::plots(machine, &mine)
+}
+
+/// Links to the section's plots, if any.
+fn plots_section(out: &mut String, machine: &str, rows: &[&Row]) {
+    let plots = crate::plot::results::plots(machine, rows);
+    if plots.is_empty() {
+        return;
+    }
+    out.push_str("\n#### Plots\n\n");
+    for p in plots {
+        out.push_str(&format!("![{}]({PLOTS_DIR}/{})\n", p.caption, p.file));
+    }
 }
 
 /// One line per parity check, by tier, model and check.
@@ -472,6 +508,34 @@ machine `cpu-amd-epyc` · 2 cores · 24 GB RAM\n\n## Parity\n\n| tier | model | 
         {
             assert!(md.contains(line), "promote elsewhere dropped: {line}");
         }
+    }
+
+    #[test]
+    fn a_context_sweep_is_plotted_and_linked() {
+        let rows: Vec<Row> = [256, 1024]
+            .iter()
+            .flat_map(|&n| {
+                ["engine", "mlx-lm"].map(|stack| {
+                    let mut r = row("decode", "tiny", "decode_tps", stack, 90.0, "tok/s");
+                    r.params =
+                        serde_json::json!({"prompt_tokens": n, "max_tokens": 128}).to_string();
+                    r.tags = "median-of-3 abba context-sweep".into();
+                    r
+                })
+            })
+            .collect();
+        let md = render(&rows);
+        let file = "cpu-amd-epyc-decode-context-tiny.svg";
+        assert!(
+            md.contains(&format!(
+                "#### Plots\n\n![decode tok/s vs prompt length, tiny (commit 0123456789ab)](docs/plots/{file})\n"
+            )),
+            "{md}"
+        );
+        let mine = plots("cpu-amd-epyc", &rows);
+        assert_eq!(mine.len(), 1);
+        assert_eq!(mine[0].file, file);
+        assert!(plots("another-machine", &rows).is_empty());
     }
 
     #[test]

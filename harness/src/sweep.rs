@@ -254,78 +254,42 @@ pub fn plots(runs: &[Run], dir: &Path) -> Result<Vec<PathBuf>> {
 /// (step, λ, ℓw, ℓr) → one of them.
 type Getter = fn(&(f64, f64, f64, f64)) -> f64;
 
-const COLORS: [&str; 9] = [
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#17becf",
-];
-
+/// λ, ℓw and ℓr over steps, one line per config (`crate::plot`).
 fn svg(title: &str, runs: &[&Run]) -> String {
-    let (w, h, pad) = (360.0, 220.0, 40.0);
     let panels: [(&str, Getter); 3] = [
         ("λ", |t| t.1),
         ("ℓw (chosen)", |t| t.2),
         ("ℓr (rejected)", |t| t.3),
     ];
-    let mut s = format!(
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{}" font-family="sans-serif" font-size="11">"#,
-        3.0 * w + 160.0,
-        h + 30.0
-    );
-    s += &format!(r#"<text x="10" y="16" font-size="13">{title}</text>"#);
-    for (p, (name, get)) in panels.iter().enumerate() {
-        let x0 = p as f64 * w;
-        let pts: Vec<(f64, f64)> = runs
+    let fig = crate::plot::Figure {
+        title: title.into(),
+        legend: runs.iter().map(|r| r.config.clone()).collect(),
+        panels: panels
             .iter()
-            .flat_map(|r| r.trace.iter().map(|t| (t.0, get(t))))
-            .collect();
-        let (xmin, xmax) = pts
-            .iter()
-            .fold((f64::MAX, f64::MIN), |a, b| (a.0.min(b.0), a.1.max(b.0)));
-        // ℓ panels skip the first eval (the untrained model), which would flatten the rest.
-        let ys: Vec<f64> = runs
-            .iter()
-            .flat_map(|r| r.trace.iter().skip(usize::from(p > 0)).map(get))
-            .collect();
-        let (ymin, ymax) = ys
-            .iter()
-            .fold((f64::MAX, f64::MIN), |a, &b| (a.0.min(b), a.1.max(b)));
-        let sx = |x: f64| x0 + pad + (x - xmin) / (xmax - xmin).max(1e-9) * (w - 2.0 * pad);
-        let sy = |y: f64| 30.0 + (h - pad) - (y - ymin) / (ymax - ymin).max(1e-9) * (h - 2.0 * pad);
-        s += &format!(
-            r##"<rect x="{}" y="30" width="{}" height="{}" fill="none" stroke="#ccc"/><text x="{}" y="44">{name}</text><text x="{}" y="{}">{ymax:.2}</text><text x="{}" y="{}">{ymin:.2}</text><text x="{}" y="{}">step {xmax}</text>"##,
-            x0 + pad,
-            w - 2.0 * pad,
-            h - pad,
-            x0 + pad + 4.0,
-            x0 + 2.0,
-            30.0 + pad,
-            x0 + 2.0,
-            h - 10.0,
-            x0 + w - pad - 50.0,
-            h + 24.0
-        );
-        for (i, r) in runs.iter().enumerate() {
-            let line: Vec<String> = r
-                .trace
-                .iter()
-                .skip(usize::from(p > 0))
-                .map(|t| format!("{:.1},{:.1}", sx(t.0), sy(get(t))))
-                .collect();
-            s += &format!(
-                r#"<polyline fill="none" stroke="{}" stroke-width="1.5" points="{}"/>"#,
-                COLORS[i % COLORS.len()],
-                line.join(" ")
-            );
-        }
-    }
-    for (i, r) in runs.iter().enumerate() {
-        s += &format!(
-            r#"<text x="{}" y="{}" fill="{}">{}</text>"#,
-            3.0 * w + 10.0,
-            50.0 + 16.0 * i as f64,
-            COLORS[i % COLORS.len()],
-            r.config
-        );
-    }
-    s + "</svg>\n"
+            .enumerate()
+            .map(|(p, (name, get))| crate::plot::Panel {
+                title: (*name).into(),
+                x_label: "step".into(),
+                // ℓ panels skip the first eval (the untrained model), which would flatten
+                // the rest.
+                series: runs
+                    .iter()
+                    .map(|r| {
+                        Some(crate::plot::Series {
+                            name: r.config.clone(),
+                            points: r
+                                .trace
+                                .iter()
+                                .skip(usize::from(p > 0))
+                                .map(|t| (t.0, get(t)))
+                                .collect(),
+                        })
+                    })
+                    .collect(),
+                log_x: false,
+                y_from_zero: false,
+            })
+            .collect(),
+    };
+    crate::plot::svg(&fig)
 }

@@ -334,23 +334,17 @@ pub fn run(model: &BenchModel, opts: &Options) -> Result<DistResult> {
     let ids = super::prompt_ids(opts.prompt_tokens, model.vocab, model.seed);
     std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
     let order = order(opts.rounds, combos.len());
-    let bar = indicatif::ProgressBar::new(order.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>12} [{bar:30}] {pos}/{len} legs ({elapsed})",
-        )
-        .unwrap(),
-    );
-    bar.set_message(dm.name.clone());
+    let bar = super::Progress::new("distributed", order.len());
     let mut legs: Vec<Vec<Vec<RankLeg>>> = vec![Vec::new(); combos.len()];
     let mut failed: Vec<Option<String>> = vec![None; combos.len()];
     for i in order {
-        bar.inc(1);
-        if failed[i].is_some() {
-            continue;
-        }
         let (split, stack) = combos[i];
         let what = format!("{stack} {}", split.label());
+        bar.start(format!("{} · {what}", dm.name));
+        if failed[i].is_some() {
+            bar.done();
+            continue;
+        }
         let make = || rank_command(stack, split, &dm.dir, &ids_file, opts.max_tokens);
         match launch(split.ranks(), &make, opts.leg_timeout, &what) {
             Ok(l) => legs[i].push(l),
@@ -359,8 +353,9 @@ pub fn run(model: &BenchModel, opts: &Options) -> Result<DistResult> {
                 failed[i] = Some(format!("{e:#}"));
             }
         }
+        bar.done();
     }
-    bar.finish_and_clear();
+    bar.finish();
     let cells = combos
         .iter()
         .enumerate()

@@ -7,7 +7,9 @@
 pub mod distributed;
 pub mod hostile;
 pub mod models;
+pub mod progress;
 pub mod restart;
+pub mod restart_server;
 pub mod serve;
 pub mod spec;
 pub mod train;
@@ -22,6 +24,7 @@ use serde::Deserialize;
 use crate::db::{Db, Row};
 use crate::preflight::{self, MachineState, Thresholds};
 use models::BenchModel;
+pub use progress::Progress;
 
 /// What one leg prints (the engine's and `oracles/bench_leg.py`'s JSON line).
 #[derive(Debug, Clone, Deserialize)]
@@ -41,7 +44,9 @@ pub struct Leg {
 pub struct Options {
     pub models: Vec<BenchModel>,
     pub rounds: usize,
-    pub prompt_tokens: usize,
+    /// The prompt lengths to measure at (one: a plain run; several: a context sweep, one
+    /// set of rows per length).
+    pub contexts: Vec<usize>,
     pub max_tokens: usize,
     pub peer: bool,
     /// Add an eager-decode engine leg ("engine-eager").
@@ -150,9 +155,10 @@ fn run_leg(stack: &str, model_dir: &Path, ids_file: &Path, max_tokens: usize) ->
     run_json_leg(&mut cmd, stack)
 }
 
-/// Median results per stack for one model.
+/// Median results per stack for one model at one prompt length.
 pub struct ModelResult {
     pub model: BenchModel,
+    pub prompt_tokens: usize,
     pub medians: Vec<(String, Metrics)>,
 }
 
@@ -258,49 +264,52 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
     }
     let order = leg_order(opts.rounds, &stacks);
     let tmp = tempfile::tempdir()?;
+    let progress = Progress::new(
+        "decode",
+        opts.models.len() * opts.contexts.len() * order.len(),
+    );
     let mut results = Vec::new();
     for model in &opts.models {
-        let pb = spinner(format!(
+        progress.start(format!(
             "preparing bench model {} ({:.1} M params)",
             model.name,
             model.parameter_count() as f64 / 1e6
         ));
         let dir = model.ensure()?;
-        pb.finish_and_clear();
-        let ids = prompt_ids(opts.prompt_tokens, model.vocab, model.seed);
-        let ids_file: PathBuf = tmp.path().join(format!("{}.json", model.name));
-        std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
-        let bar = ProgressBar::new(order.len() as u64);
-        bar.set_style(
-            ProgressStyle::with_template("{msg:>12} [{bar:30}] {pos}/{len} legs ({elapsed})")
-                .unwrap(),
-        );
-        bar.set_message(model.name);
-        let mut legs: Vec<(String, Leg)> = Vec::new();
-        for stack in &order {
-            legs.push((
-                stack.to_string(),
-                run_leg(stack, &dir, &ids_file, opts.max_tokens)?,
-            ));
-            bar.inc(1);
+        for &prompt_tokens in &opts.contexts {
+            let ids = prompt_ids(prompt_tokens, model.vocab, model.seed);
+            let ids_file: PathBuf = tmp
+                .path()
+                .join(format!("{}-{prompt_tokens}.json", model.name));
+            std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
+            let mut legs: Vec<(String, Leg)> = Vec::new();
+            for stack in &order {
+                progress.start(format!("{} · prompt {prompt_tokens} · {stack}", model.name));
+                legs.push((
+                    stack.to_string(),
+                    run_leg(stack, &dir, &ids_file, opts.max_tokens)?,
+                ));
+                progress.done();
+            }
+            let medians = stacks
+                .iter()
+                .map(|s| {
+                    let mine: Vec<Leg> = legs
+                        .iter()
+                        .filter(|(k, _)| k == s)
+                        .map(|(_, l)| l.clone())
+                        .collect();
+                    (s.to_string(), medians(&mine))
+                })
+                .collect();
+            results.push(ModelResult {
+                model: *model,
+                prompt_tokens,
+                medians,
+            });
         }
-        bar.finish_and_clear();
-        let medians = stacks
-            .iter()
-            .map(|s| {
-                let mine: Vec<Leg> = legs
-                    .iter()
-                    .filter(|(k, _)| k == s)
-                    .map(|(_, l)| l.clone())
-                    .collect();
-                (s.to_string(), medians(&mine))
-            })
-            .collect();
-        results.push(ModelResult {
-            model: *model,
-            medians,
-        });
     }
+    progress.finish();
     let after = preflight::check(&thresholds);
     Ok((results, before, after))
 }
@@ -317,6 +326,17 @@ pub fn table(results: &[ModelResult]) -> String {
         "{:<10} {:<22} {:>10} {:>12} {:>10} {:>11} {:>15}\n",
         "model", "metric", "engine", "engine-eager", "mlx-lm", "eng/mlx-lm", "compiled/eager"
     );
+    let sweep = results
+        .iter()
+        .any(|r| r.prompt_tokens != results[0].prompt_tokens);
+    // One prompt length: the model's name; a context sweep: name@length.
+    let label = |r: &ModelResult| {
+        if sweep {
+            format!("{}@{}", r.model.name, r.prompt_tokens)
+        } else {
+            r.model.name.to_owned()
+        }
+    };
     for r in results {
         let find = |name: &str| r.medians.iter().find(|(k, _)| k == name).map(|(_, m)| *m);
         let (engine, eager, peer) = (find("engine"), find("engine-eager"), find("mlx-lm"));
@@ -329,7 +349,7 @@ pub fn table(results: &[ModelResult]) -> String {
             let (name, unit) = e.or(p).map(|x| (x.0, x.2)).unwrap_or(("?", ""));
             s.push_str(&format!(
                 "{:<10} {:<22} {:>10} {:>12} {:>10} {:>11} {:>15}\n",
-                r.model.name,
+                label(r),
                 format!("{name} ({unit})"),
                 fmt(e),
                 fmt(g),
@@ -365,7 +385,7 @@ pub fn table(results: &[ModelResult]) -> String {
                 let (name, unit) = a.map(|x| (x.0, x.2)).unwrap_or(("?", ""));
                 s.push_str(&format!(
                     "{:<10} {:<22} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}\n",
-                    r.model.name,
+                    label(r),
                     format!("{name} ({unit})"),
                     fmt(a),
                     fmt(b),
@@ -417,7 +437,12 @@ pub fn record(
     before: &MachineState,
     after: &MachineState,
 ) -> Result<usize> {
-    let (tags, preflight, state) = run_labels(opts.rounds, "fresh-process-legs", before, after)?;
+    let (mut tags, preflight, state) =
+        run_labels(opts.rounds, "fresh-process-legs", before, after)?;
+    if opts.contexts.len() > 1 {
+        // The rows of one sweep share this tag (and their timestamp): promote plots them.
+        tags.push("context-sweep".into());
+    }
     let mut n = 0;
     for r in results {
         for (stack, metrics) in &r.medians {
@@ -444,7 +469,7 @@ pub fn record(
                         _ => None,
                     },
                     params: serde_json::json!({
-                        "prompt_tokens": opts.prompt_tokens,
+                        "prompt_tokens": r.prompt_tokens,
                         "max_tokens": opts.max_tokens,
                         "rounds": opts.rounds,
                         "params_m": (r.model.parameter_count() as f64 / 1e5).round() / 10.0,

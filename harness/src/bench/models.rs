@@ -43,7 +43,12 @@ pub struct BenchModel {
     pub intermediate: i32,
     pub vocab: i32,
     pub seed: u64,
+    /// config.json's max_position_embeddings (what `engine serve` admits).
+    pub max_positions: i32,
 }
+
+/// The context every built-in bench model's config.json states (`long_context` lifts it).
+pub const DEFAULT_POSITIONS: i32 = 4096;
 
 pub const TINY: BenchModel = BenchModel {
     name: "tiny",
@@ -55,6 +60,7 @@ pub const TINY: BenchModel = BenchModel {
     intermediate: 704,
     vocab: 4096,
     seed: 1234,
+    max_positions: DEFAULT_POSITIONS,
 };
 
 /// ~55 M parameters.
@@ -68,6 +74,7 @@ pub const SMALL: BenchModel = BenchModel {
     intermediate: 1728,
     vocab: 8192,
     seed: 5678,
+    max_positions: DEFAULT_POSITIONS,
 };
 
 /// ~7 M parameters, Gemma 3 layout: 12 layers, so 10 slide through a 128-token window.
@@ -81,6 +88,7 @@ pub const GEMMA_TINY: BenchModel = BenchModel {
     intermediate: 512,
     vocab: 4096,
     seed: 9012,
+    max_positions: DEFAULT_POSITIONS,
 };
 
 /// ~8 M parameters, Gemma 4 layout (see `Family::Gemma4`).
@@ -94,6 +102,7 @@ pub const GEMMA4_TINY: BenchModel = BenchModel {
     intermediate: 512,
     vocab: 4096,
     seed: 3456,
+    max_positions: DEFAULT_POSITIONS,
 };
 
 /// ~10 M parameters, Qwen3-MoE layout: 8 experts, top-2 (see `Family::Qwen3Moe`).
@@ -107,6 +116,7 @@ pub const MOE_TINY: BenchModel = BenchModel {
     intermediate: 352,
     vocab: 4096,
     seed: 7890,
+    max_positions: DEFAULT_POSITIONS,
 };
 
 /// Names of the built-in bench models, for messages.
@@ -116,6 +126,14 @@ pub fn by_name(name: &str) -> Option<BenchModel> {
     [TINY, SMALL, GEMMA_TINY, GEMMA4_TINY, MOE_TINY]
         .into_iter()
         .find(|m| m.name == name)
+}
+
+/// `ids` as the text `ensure_tokenizer`'s tokenizer encodes back to exactly them.
+pub fn prompt_text(ids: &[u32]) -> String {
+    ids.iter()
+        .map(|i| format!("t{i}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 impl BenchModel {
@@ -149,7 +167,7 @@ impl BenchModel {
                 "sliding_window": 128,
                 "sliding_window_pattern": 6,
                 "layer_types": types,
-                "max_position_embeddings": 4096,
+                "max_position_embeddings": self.max_positions,
                 "final_logit_softcapping": 30.0,
                 "tie_word_embeddings": true,
                 "bench_seed": self.seed,
@@ -170,7 +188,7 @@ impl BenchModel {
                 "vocab_size": self.vocab,
                 "sliding_window": 128,
                 "sliding_window_pattern": 6,
-                "max_position_embeddings": 4096,
+                "max_position_embeddings": self.max_positions,
                 "bench_seed": self.seed,
             });
         }
@@ -192,7 +210,7 @@ impl BenchModel {
                 "norm_topk_prob": true,
                 "rms_norm_eps": 1e-6,
                 "vocab_size": self.vocab,
-                "max_position_embeddings": 4096,
+                "max_position_embeddings": self.max_positions,
                 "rope_theta": 1000000.0,
                 "tie_word_embeddings": false,
                 "torch_dtype": "float32",
@@ -209,7 +227,7 @@ impl BenchModel {
             "num_key_value_heads": self.kv_heads,
             "rms_norm_eps": 1e-5,
             "vocab_size": self.vocab,
-            "max_position_embeddings": 4096,
+            "max_position_embeddings": self.max_positions,
             "rope_theta": 10000.0,
             "tie_word_embeddings": false,
             "torch_dtype": "bfloat16",
@@ -359,9 +377,60 @@ impl BenchModel {
     }
 
     pub fn dir(&self) -> PathBuf {
+        let ctx = if self.max_positions == DEFAULT_POSITIONS {
+            String::new()
+        } else {
+            format!("-ctx{}", self.max_positions)
+        };
         crate::cache_dir()
             .join("bench-models")
-            .join(format!("{}-seed{}", self.name, self.seed))
+            .join(format!("{}-seed{}{ctx}", self.name, self.seed))
+    }
+
+    /// The same model (same weights: same shapes and seed) with a config.json that admits
+    /// `positions` tokens (at least 8192), in a directory of its own: the built-in ones
+    /// state 4096, which `engine serve` enforces.
+    pub fn long_context(self, positions: usize) -> BenchModel {
+        // A power of two: prompts a little longer reuse the same directory.
+        let positions = positions
+            .max(DEFAULT_POSITIONS as usize + 1)
+            .next_power_of_two();
+        BenchModel {
+            max_positions: positions as i32,
+            ..self
+        }
+    }
+
+    /// A word-level tokenizer over the whole vocabulary for the model in `dir` (id i is the
+    /// word `t<i>`, words split on whitespace, no special tokens, no end-of-sequence), so a
+    /// server can be sent exactly the bench's prompt ids as text (`prompt_text`) and every
+    /// generated id streams as a text chunk. Written atomically, once.
+    pub fn ensure_tokenizer(&self, dir: &std::path::Path) -> anyhow::Result<()> {
+        let path = dir.join("tokenizer.json");
+        if path.is_file() {
+            return Ok(());
+        }
+        let vocab: serde_json::Map<String, serde_json::Value> = (0..self.vocab)
+            .map(|i| (format!("t{i}"), json!(i)))
+            .collect();
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+        });
+        for (name, value) in [
+            (
+                "tokenizer_config.json",
+                json!({"tokenizer_class": "PreTrainedTokenizerFast"}),
+            ),
+            ("tokenizer.json", tokenizer),
+        ] {
+            let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
+            std::fs::write(&tmp, serde_json::to_string(&value)?)?;
+            std::fs::rename(&tmp, dir.join(name))?;
+        }
+        Ok(())
     }
 
     /// The model dir, generated first if missing. Written to a temporary sibling and
@@ -416,5 +485,44 @@ impl BenchModel {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_long_context_variant_keeps_the_weights_and_admits_the_prompt() {
+        let long = TINY.long_context(16_384 + 128 + 16);
+        assert_eq!(long.max_positions, 32_768);
+        assert_eq!(long.config()["max_position_embeddings"], 32_768);
+        assert_eq!(
+            (long.seed, long.weight_shapes()),
+            (TINY.seed, TINY.weight_shapes())
+        );
+        assert_ne!(long.dir(), TINY.dir());
+        assert!(long.dir().ends_with("tiny-seed1234-ctx32768"));
+        // Never the built-in directory, even for a short prompt.
+        assert_eq!(TINY.long_context(100).max_positions, 8192);
+        assert_eq!(
+            TINY.dir(),
+            crate::cache_dir().join("bench-models/tiny-seed1234")
+        );
+    }
+
+    #[test]
+    fn the_word_level_tokenizer_round_trips_the_prompt_ids() {
+        let dir = tempfile::tempdir().unwrap();
+        TINY.ensure_tokenizer(dir.path()).unwrap();
+        let tok = engine::load::tokenizer::Tokenizer::load(dir.path()).unwrap();
+        let ids = crate::bench::prompt_ids(300, TINY.vocab, TINY.seed);
+        let text = prompt_text(&ids);
+        assert_eq!(tok.encode(&text, true).unwrap(), ids);
+        assert_eq!(tok.vocab_size(), TINY.vocab as usize);
+        assert_eq!(
+            tok.decode(&ids[..3]).unwrap(),
+            text.split(' ').take(3).collect::<Vec<_>>().join(" ")
+        );
     }
 }

@@ -6,7 +6,10 @@
 //! "restored": the store lookup, the file read and the restore included). The restored
 //! legs also report the restore's own time, the always-on tensor checksums' hashing time
 //! (on their own thread, overlapped with the copy into MLX) and what the restore waited
-//! for them: the wall time the check adds.
+//! for them: the wall time the check adds. `--restart-via server` runs the same legs through
+//! `engine serve` over HTTP instead (`restart_server`: a client's TTFT, a bench model variant
+//! that admits long prompts, optionally a kv_config). Every run is judged against the exit
+//! criteria (`criteria`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -134,28 +137,77 @@ pub struct RestartResult {
     pub restored: RestartLeg,
 }
 
-/// Runs `rounds` × (fresh, restored) legs after one store leg; medians.
-pub fn run(
-    model: super::models::BenchModel,
-    prompt_tokens: usize,
-    max_tokens: usize,
-    rounds: usize,
-) -> Result<RestartResult> {
+/// How the restart suite runs its legs.
+pub struct RestartOptions {
+    pub model: super::models::BenchModel,
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub rounds: usize,
+    /// Through `engine serve` over HTTP (else in-process sessions, `harness leg-restart`).
+    pub server: bool,
+    /// The servers' `--kv-config` (quantized KV caches, stored and restored quantized).
+    pub kv_config: Option<PathBuf>,
+}
+
+impl RestartOptions {
+    /// The model the legs load: through the server, the variant that admits the prompt.
+    pub fn served_model(&self) -> super::models::BenchModel {
+        if self.server {
+            // The prompt, the answer and the warm-up's margin.
+            self.model
+                .long_context(self.prompt_tokens + self.max_tokens + 16)
+        } else {
+            self.model
+        }
+    }
+}
+
+/// Runs the store leg, then `rounds` × (fresh, restored) legs ABBA; medians.
+pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
+    let model = opts.served_model();
+    let progress = super::Progress::new("restart", 1 + 2 * opts.rounds);
+    progress.start(format!("{} · preparing the bench model", model.name));
     let dir = model.ensure()?;
     let tmp = tempfile::tempdir()?;
-    let ids = super::prompt_ids(prompt_tokens, model.vocab, model.seed);
+    let ids = super::prompt_ids(opts.prompt_tokens, model.vocab, model.seed);
     let ids_file: PathBuf = tmp.path().join("ids.json");
     std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
     let ssd = tmp.path().join("ssd");
-    run_leg("store", &dir, &ids_file, max_tokens, &ssd)?;
-    let order = super::leg_order(rounds, &["fresh", "restored"]);
-    let bar = indicatif::ProgressBar::new(order.len() as u64);
-    let mut legs = Vec::new();
-    for mode in order {
-        legs.push(run_leg(mode, &dir, &ids_file, max_tokens, &ssd)?);
-        bar.inc(1);
+    let order = super::leg_order(opts.rounds, &["fresh", "restored"]);
+    let prompt = super::models::prompt_text(&ids);
+    // Warm-up ids start with another id than the prompt, so they never restore anything.
+    let warmup = super::models::prompt_text(&[(ids[0] + 1) % model.vocab as u32, 1, 2, 3]);
+    let server = crate::bench::restart_server::ServerLegs {
+        model: &dir,
+        kv_config: opts.kv_config.as_deref(),
+        prompt: &prompt,
+        warmup: &warmup,
+        max_tokens: opts.max_tokens,
+        ssd: &ssd,
+        logs: tmp.path(),
+    };
+    if opts.server {
+        model.ensure_tokenizer(&dir)?;
     }
-    bar.finish_and_clear();
+    let what = |mode: &str| format!("{} · prompt {} · {mode}", model.name, opts.prompt_tokens);
+    progress.start(what("store"));
+    if opts.server {
+        crate::bench::restart_server::store(&server)?;
+    } else {
+        run_leg("store", &dir, &ids_file, opts.max_tokens, &ssd)?;
+    }
+    progress.done();
+    let mut legs = Vec::new();
+    for (n, mode) in order.into_iter().enumerate() {
+        progress.start(what(mode));
+        legs.push(if opts.server {
+            crate::bench::restart_server::leg(&server, mode, n)?
+        } else {
+            run_leg(mode, &dir, &ids_file, opts.max_tokens, &ssd)?
+        });
+        progress.done();
+    }
+    progress.finish();
     let med = |mode: &str| {
         let mine: Vec<&RestartLeg> = legs.iter().filter(|l| l.mode == mode).collect();
         RestartLeg {
@@ -169,14 +221,54 @@ pub fn run(
     };
     Ok(RestartResult {
         model: model.name,
-        prompt_tokens,
+        prompt_tokens: opts.prompt_tokens,
         fresh: med("fresh"),
         restored: med("restored"),
     })
 }
 
+/// One exit criterion: (what, measured, limit, passed).
+pub type Criterion = (&'static str, String, &'static str, bool);
+
+/// The seed's exit criteria for the SSD tier (issue 23: restored TTFT < 2.5 s and at most
+/// 10 % of a full prefill; decode after a restore less than 2 % slower).
+pub fn criteria(r: &RestartResult) -> Vec<Criterion> {
+    let restored = r.restored.ttft_s;
+    let pct = 100.0 * restored / r.fresh.ttft_s;
+    let overhead = 100.0 * (1.0 - r.restored.decode_tps / r.fresh.decode_tps);
+    vec![
+        (
+            "restored TTFT",
+            format!("{:.0} ms", restored * 1e3),
+            "< 2500 ms",
+            restored < 2.5,
+        ),
+        (
+            "restored TTFT / full prefill",
+            format!("{pct:.1} %"),
+            "<= 10 %",
+            pct <= 10.0,
+        ),
+        (
+            "decode overhead after a restore",
+            format!("{overhead:.1} %"),
+            "< 2 %",
+            overhead < 2.0,
+        ),
+    ]
+}
+
 impl RestartResult {
     pub fn rows(&self) -> Vec<(&'static str, f64, &'static str)> {
+        let passed = criteria(self).iter().filter(|c| c.3).count() as f64;
+        let mut rows = self.measured();
+        rows.push(("exit_criteria_passed", passed, "/3"));
+        // Where a stack does not report a number (the server's checksum wait), no row.
+        rows.retain(|r| r.1.is_finite());
+        rows
+    }
+
+    fn measured(&self) -> Vec<(&'static str, f64, &'static str)> {
         let pct = 100.0 * self.restored.ttft_s / self.fresh.ttft_s;
         let overhead = 100.0 * (1.0 - self.restored.decode_tps / self.fresh.decode_tps);
         vec![

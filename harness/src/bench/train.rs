@@ -180,13 +180,14 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             vec!["engine"]
         };
         let order = super::leg_order(rounds, &stacks);
-        let bar = indicatif::ProgressBar::new(order.len() as u64);
+        let bar = super::Progress::new("train", order.len());
         let mut all = Vec::new();
         for stack in order {
+            bar.start(format!("{name} · {stack}"));
             all.push(run_leg(stack, &dir, &file, steps, layers)?);
-            bar.inc(1);
+            bar.done();
         }
-        bar.finish_and_clear();
+        bar.finish();
         let legs = stacks
             .iter()
             .map(|s| {

@@ -24,9 +24,20 @@ pub struct Args {
     /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model).
     #[arg(long, default_value = "decode")]
     suite: String,
-    /// The bench model the restart suite runs on (its prompt is at least 4096 tokens).
+    /// The bench model the restart suite runs on (its prompt is at least 4096 tokens:
+    /// --prompt-tokens).
     #[arg(long, default_value = "small")]
     restart_model: String,
+    /// Restart suite: `session` (in-process sessions and the kv-store directly) or `server`
+    /// (`engine serve --ssd-cache` over HTTP, restarted between legs, as a client sees it;
+    /// the bench model gets a variant whose config admits the prompt).
+    #[arg(long, default_value = "session", value_parser = ["session", "server"])]
+    restart_via: String,
+    /// Restart suite, through the server: quantized KV caches from this kv_config.json
+    /// (`engine serve --kv-quant config --kv-config`), stored and restored quantized;
+    /// `bench` is the bench model's own (8 bits on layer 0, 4 on the rest, group 64).
+    #[arg(long, value_name = "PATH|bench")]
+    restart_kv_config: Option<String>,
     /// The committed model the serve suite runs on.
     #[arg(long, default_value = "tiny-llama-trained")]
     serve_model: String,
@@ -56,6 +67,11 @@ pub struct Args {
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 256)]
     prompt_tokens: usize,
+    /// Decode suite: a context sweep instead of one --prompt-tokens, e.g. 256,1024,4096:
+    /// every model and stack at each prompt length (rows per length, tagged context-sweep;
+    /// `harness promote` plots decode tok/s against them).
+    #[arg(long, value_delimiter = ',', value_name = "TOKENS")]
+    contexts: Vec<usize>,
     /// Tokens generated per leg.
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
@@ -100,21 +116,66 @@ fn run_restart(args: &Args) -> Result<()> {
             models::NAMES
         )
     })?;
+    let server = args.restart_via == "server";
+    if args.restart_kv_config.is_some() && !server {
+        bail!("--restart-kv-config is for the server legs: add --restart-via server");
+    }
     let (thresholds, before) = preflight_gate(args, "restart")?;
-    let prompt_tokens = args.prompt_tokens.max(4096);
-    let r = restart::run(model, prompt_tokens, args.max_tokens, args.rounds)?;
+    // Shorter prompts only for smoke runs (--force: never promoted).
+    let prompt_tokens = if args.force {
+        args.prompt_tokens
+    } else {
+        args.prompt_tokens.max(4096)
+    };
+    let mut opts = restart::RestartOptions {
+        model,
+        prompt_tokens,
+        max_tokens: args.max_tokens,
+        rounds: args.rounds,
+        server,
+        kv_config: None,
+    };
+    opts.kv_config = match args.restart_kv_config.as_deref() {
+        None => None,
+        // The variant's directory holds its kv_config.json (ensure writes it).
+        Some("bench") => Some(opts.served_model().dir().join("kv_config.json")),
+        Some(path) => Some(
+            std::fs::canonicalize(path)
+                .with_context(|| format!("--restart-kv-config {path}: no such file"))?,
+        ),
+    };
+    let kv_config = opts.kv_config.clone();
+    let r = restart::run(&opts)?;
     let after = harness::preflight::check(&thresholds);
+    let via = if server { "server" } else { "session" };
+    let kv = kv_config.as_ref().map(|p| p.display().to_string());
+    let setting = match &kv {
+        Some(p) => format!("{via}, kv_config {p}"),
+        None => via.to_owned(),
+    };
     for (metric, value, unit) in r.rows() {
         println!(
-            "restart {} (prompt {prompt_tokens}): {metric} {value:.1} {unit}",
+            "restart {} (prompt {prompt_tokens}, {setting}): {metric} {value:.1} {unit}",
             r.model
+        );
+    }
+    for (what, measured, limit, passed) in restart::criteria(&r) {
+        println!(
+            "exit criterion {what}: {measured} (limit {limit}): {}",
+            if passed { "PASS" } else { "FAIL" }
         );
     }
     let db = Db::open_default()?;
     let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
     let rows = r.rows();
-    let params = serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds});
+    let mut params = serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds});
+    if server {
+        params["via"] = "server".into();
+        params["kv_config"] = kv.map_or(serde_json::Value::Null, |_| {
+            args.restart_kv_config.clone().unwrap_or_default().into()
+        });
+    }
     for m in &rows {
         db.insert(&ctx.row("restart", r.model, *m, "engine", None, params.clone()))?;
     }
@@ -368,10 +429,13 @@ pub struct LegServeArgs {
     port: u16,
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// More `engine serve` flags, after `--` (the restart suite's --ssd-cache, --kv-quant).
+    #[arg(last = true)]
+    serve_flags: Vec<String>,
 }
 
 pub fn leg_serve(args: LegServeArgs) -> Result<()> {
-    let mut serve = serve_args(&args.model, args.port)?;
+    let mut serve = serve_args_with(&args.model, args.port, &args.serve_flags)?;
     serve.batch = args.batch;
     engine::serve::run(serve)
 }
@@ -379,18 +443,29 @@ pub fn leg_serve(args: LegServeArgs) -> Result<()> {
 /// `engine serve`'s arguments for `model` on loopback `port`, every other flag at its
 /// default.
 pub fn serve_args(model: &std::path::Path, port: u16) -> Result<engine::serve::ServeArgs> {
+    serve_args_with(model, port, &[])
+}
+
+/// As `serve_args`, with `extra` flags of `engine serve` on top.
+fn serve_args_with(
+    model: &std::path::Path,
+    port: u16,
+    extra: &[String],
+) -> Result<engine::serve::ServeArgs> {
     #[derive(clap::Parser)]
     struct Cli {
         #[command(flatten)]
         serve: engine::serve::ServeArgs,
     }
-    let cli = <Cli as clap::Parser>::try_parse_from([
+    let mut argv = vec![
         "engine".to_owned(),
         "--model".into(),
         model.display().to_string(),
         "--port".into(),
         port.to_string(),
-    ])?;
+    ];
+    argv.extend(extra.iter().cloned());
+    let cli = <Cli as clap::Parser>::try_parse_from(argv)?;
     Ok(cli.serve)
 }
 
@@ -483,7 +558,11 @@ pub fn run(args: Args) -> Result<()> {
     let opts = bench::Options {
         models: chosen,
         rounds: args.rounds,
-        prompt_tokens: args.prompt_tokens,
+        contexts: if args.contexts.is_empty() {
+            vec![args.prompt_tokens]
+        } else {
+            args.contexts.clone()
+        },
         max_tokens: args.max_tokens,
         peer: !args.no_peer,
         eager: args.compare_compile,

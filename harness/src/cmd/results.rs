@@ -49,6 +49,17 @@ pub fn promote(out: Option<PathBuf>) -> Result<()> {
     let existing = std::fs::read_to_string(&out).ok();
     let machine = harness::machine::machine_key();
     let (md, used) = promote::merge(existing.as_deref(), &machine, &rows);
+    // The section's plots, next to RESULTS.md (each written atomically).
+    let plots_dir = out
+        .parent()
+        .unwrap_or(std::path::Path::new("."))
+        .join(promote::PLOTS_DIR);
+    std::fs::create_dir_all(&plots_dir)?;
+    for p in promote::plots(&machine, &rows) {
+        engine::train::write_atomic(&plots_dir.join(&p.file), p.svg.as_bytes())
+            .map_err(|e| anyhow::anyhow!("writing {}: {e}", p.file))?;
+        println!("wrote {}/{}", plots_dir.display(), p.file);
+    }
     let tmp = out.with_extension("md.tmp");
     std::fs::write(&tmp, &md)?;
     std::fs::rename(&tmp, &out)?;

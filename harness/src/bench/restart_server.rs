@@ -1,0 +1,293 @@
+//! `harness bench --suite restart --restart-via server`: the restart suite through
+//! `engine serve` over loopback HTTP, as a client sees it. The bench model gets a variant
+//! whose config admits the prompt (`BenchModel::long_context`) and a word-level tokenizer
+//! (`ensure_tokenizer`), so the prompt text is exactly the bench's prompt ids. Legs, each a
+//! fresh server process: "store" (SSD tier on: one request, then SIGTERM, which writes the
+//! conversation to the store); "fresh" (SSD tier off: the whole prompt is prefilled);
+//! "restored" (a copy of the stored directory: the server finds the prefix, restores it and
+//! prefills one token; /stats must count the restore). Each server answers a short warm-up
+//! request first. TTFT: request sent → first streamed text; decode: (chunks − 1) / (last −
+//! first chunk time), one chunk per token.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::restart::RestartLeg;
+
+/// What the server legs run with.
+pub struct ServerLegs<'a> {
+    pub model: &'a Path,
+    /// `--kv-quant config --kv-config PATH` on every server.
+    pub kv_config: Option<&'a Path>,
+    pub prompt: &'a str,
+    /// A short prompt sharing no first token with `prompt` (never restores anything).
+    pub warmup: &'a str,
+    pub max_tokens: usize,
+    /// The store leg's directory; restored legs run on copies of it.
+    pub ssd: &'a Path,
+    /// Where the servers' stderr goes (quoted when a leg fails).
+    pub logs: &'a Path,
+}
+
+/// A started server, killed (and reaped) when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+/// Server start and shutdown bounds.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+const STOP_TIMEOUT: Duration = Duration::from_secs(300);
+/// A client's read bound: a 16k-token prefill on `small` takes minutes.
+const READ_TIMEOUT: Duration = Duration::from_secs(1800);
+
+fn start(legs: &ServerLegs, ssd: Option<&Path>, name: &str) -> Result<Server> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let log = legs.logs.join(format!("{name}.log"));
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("leg-serve")
+        .arg("--model")
+        .arg(legs.model)
+        .arg("--port")
+        .arg(port.to_string())
+        .arg("--")
+        .args(["--max-tokens", &legs.max_tokens.to_string()]);
+    if let Some(dir) = ssd {
+        // Nothing is written while the leg runs: only at shutdown (the store leg).
+        cmd.arg("--ssd-cache")
+            .arg(dir)
+            .args(["--ssd-cache-debounce-ms", "86400000"]);
+    }
+    if let Some(kv) = legs.kv_config {
+        cmd.args(["--kv-quant", "config", "--kv-config"]).arg(kv);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log)?)
+        .spawn()
+        .context("starting the engine server")?;
+    let mut server = Server { child, port, log };
+    let t0 = Instant::now();
+    loop {
+        if let Ok((200, _)) = get(port, "/health") {
+            return Ok(server);
+        }
+        if let Some(status) = server.child.try_wait()? {
+            bail!(
+                "the {name} server exited ({status}) before answering /health:\n{}",
+                server.log_tail()
+            );
+        }
+        if t0.elapsed() > START_TIMEOUT {
+            bail!(
+                "the {name} server did not answer /health within {} s",
+                START_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn get(port: u16, path: &str) -> Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    s.read_to_string(&mut text)?;
+    let code = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((code, body))
+}
+
+/// One greedy streaming completion: (TTFT s, decode tok/s, chunks).
+fn stream(port: u16, prompt: &str, max_tokens: usize) -> Result<(f64, f64, usize)> {
+    let body = serde_json::json!({
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
+    })
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(READ_TIMEOUT))?;
+    let sent = Instant::now();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = [0u8; 8192];
+    let (mut pending, mut head) = (String::new(), String::new());
+    let (mut first, mut last, mut chunks) = (None, None, 0usize);
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        let now = Instant::now();
+        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+        while let Some(i) = pending.find('\n') {
+            let line: String = pending.drain(..=i).collect();
+            if head.len() < 4096 {
+                head.push_str(&line);
+            }
+            let Some(data) = line.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+            if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
+                chunks += 1;
+                first.get_or_insert(now);
+                last = Some(now);
+            }
+        }
+    }
+    let (Some(first), Some(last)) = (first, last) else {
+        bail!(
+            "the streamed request produced no text; the server answered:\n{}",
+            head.trim()
+        );
+    };
+    let span = last.duration_since(first).as_secs_f64();
+    let tps = if chunks > 1 && span > 0.0 {
+        (chunks - 1) as f64 / span
+    } else {
+        0.0
+    };
+    Ok((first.duration_since(sent).as_secs_f64(), tps, chunks))
+}
+
+/// The store leg: one request with the SSD tier on, then SIGTERM (the server writes the
+/// conversation while it stops). Fails unless an entry is on disk afterwards.
+pub fn store(legs: &ServerLegs) -> Result<()> {
+    let mut server = start(legs, Some(legs.ssd), "store")?;
+    stream(server.port, legs.prompt, legs.max_tokens).context("the store leg's request")?;
+    let pid = server.child.id().to_string();
+    let status = Command::new("kill").args(["-TERM", &pid]).status()?;
+    if !status.success() {
+        bail!("could not send SIGTERM to the store server ({pid})");
+    }
+    let t0 = Instant::now();
+    while server.child.try_wait()?.is_none() {
+        if t0.elapsed() > STOP_TIMEOUT {
+            bail!(
+                "the store server did not stop within {} s of SIGTERM",
+                STOP_TIMEOUT.as_secs()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    if entries(legs.ssd)? == 0 {
+        bail!(
+            "the store server wrote no kv-store entry to {}:\n{}",
+            legs.ssd.display(),
+            server.log_tail()
+        );
+    }
+    Ok(())
+}
+
+/// `*.mlxkv` files under `dir`.
+fn entries(dir: &Path) -> Result<usize> {
+    let mut n = 0;
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if p.is_dir() {
+            n += entries(&p)?;
+        } else if p.extension().is_some_and(|x| x == "mlxkv") {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let (src, dst) = (e.path(), to.join(e.file_name()));
+        if e.file_type()?.is_dir() {
+            copy_dir(&src, &dst)?;
+        } else {
+            std::fs::copy(&src, &dst)?;
+        }
+    }
+    Ok(())
+}
+
+/// A "fresh" (SSD tier off) or "restored" (on a copy of the store) leg; `n` numbers the
+/// leg's files.
+pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
+    let ssd = match mode {
+        "fresh" => None,
+        "restored" => {
+            let copy = legs.logs.join(format!("ssd-{n}"));
+            copy_dir(legs.ssd, &copy)?;
+            Some(copy)
+        }
+        other => bail!("unknown restart leg `{other}`"),
+    };
+    let server = start(legs, ssd.as_deref(), &format!("{mode}-{n}"))?;
+    stream(server.port, legs.warmup, 8).context("the warm-up request")?;
+    let (ttft, tps, _) = stream(server.port, legs.prompt, legs.max_tokens)
+        .with_context(|| format!("the {mode} leg's request:\n{}", server.log_tail()))?;
+    let mut out = RestartLeg {
+        mode: mode.into(),
+        ttft_s: ttft,
+        decode_tps: tps,
+        restore_ms: 0.0,
+        checksum_ms: 0.0,
+        checksum_wait_ms: 0.0,
+    };
+    if mode == "restored" {
+        let (_, body) = get(server.port, "/stats")?;
+        let stats: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("/stats is not JSON: {body}"))?;
+        let ssd = &stats["ssd_cache"];
+        if ssd["restores"].as_u64().unwrap_or(0) == 0 {
+            bail!("the restored leg's server restored nothing from the store (/stats: {ssd})");
+        }
+        out.restore_ms = ssd["restore_ms_last"].as_f64().unwrap_or(f64::NAN);
+        out.checksum_ms = ssd["checksum_ms_last"].as_f64().unwrap_or(f64::NAN);
+        out.checksum_wait_ms = f64::NAN;
+    }
+    drop(server);
+    if let Some(copy) = ssd {
+        let _ = std::fs::remove_dir_all(copy);
+    }
+    Ok(out)
+}
