@@ -123,6 +123,12 @@ pub enum Defect {
     /// Tensor parallel: the row-split linears skip their `all_sum`. Caught by the
     /// distributed L1 gate.
     DistReduceDropped,
+    /// The L3 one-token decode attention dequantizes the values without their affine
+    /// biases. Caught by the L3 KL gate (`tests/l3_kl.rs`).
+    PerfDequantValueBiasesDropped,
+    /// `harness eval`: the perplexity's mean loss is taken on the host in f64 instead of
+    /// MLX's f32 mean. Caught by the L1 perplexity golden (`tests/l3_kl.rs`).
+    EvalMeanOnHost,
     /// Prompt lookup: the drafts are copied from one position past the match, and the
     /// verify pass accepts every draft unchecked. Caught by the prompt-lookup trace gate
     /// (`engine/tests/lookup.rs`).

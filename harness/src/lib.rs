@@ -5,6 +5,7 @@
 pub mod bench;
 pub mod compare;
 pub mod db;
+pub mod eval;
 pub mod fixtures;
 pub mod goldens;
 pub mod machine;

@@ -47,6 +47,10 @@ enum Command {
         #[command(subcommand)]
         command: cmd::sweep::Command,
     },
+    /// Quality per tier on held-out text: teacher-forced KL(L1 ‖ L2/L3) per position (mean,
+    /// max nats), top-1 agreement, perplexity (mlx_lm.perplexity's computation; `--oracle`
+    /// runs it in the oracle venv too). Rows under suite `quality`.
+    Eval(cmd::eval::Args),
     /// Query the results DB.
     Results {
         /// Only rows of this suite (e.g. decode, parity-l1).
@@ -121,6 +125,7 @@ fn main() -> Result<()> {
         Command::Goldens { command } => cmd::goldens::run(command),
         Command::Preflight { json } => cmd::results::preflight(json),
         Command::Bench(args) => cmd::bench::run(args),
+        Command::Eval(args) => cmd::eval::run(args),
         Command::Probe { command } => cmd::probe::run(command),
         Command::Sweep { command } => cmd::sweep::run(command),
         Command::Results { suite, limit } => cmd::results::results(suite.as_deref(), limit),

@@ -347,28 +347,11 @@ fn perf_line(
     ))
 }
 
-/// One line per quality row.
+/// The Quality table of `harness eval`'s rows (harness::eval::render).
 fn quality_section(out: &mut String, rows: &[&Row]) {
-    let quality: Vec<&Row> = rows
-        .iter()
-        .copied()
-        .filter(|r| r.suite == "quality")
-        .collect();
-    if quality.is_empty() {
-        out.push_str("No quality runs recorded yet.\n");
-        return;
-    }
-    out.push_str("| model | metric | value | commit | date |\n|---|---|---|---|---|\n");
-    for r in quality {
-        out.push_str(&format!(
-            "| {} | {} | {} {} | {} | {} |\n",
-            r.model,
-            r.metric,
-            fmt_value(r.value),
-            r.unit,
-            r.commit,
-            date(&r.ts)
-        ));
+    match crate::eval::render::quality_table(rows) {
+        Some(table) => out.push_str(&table),
+        None => out.push_str("No quality runs recorded yet.\n"),
     }
 }
 

@@ -96,7 +96,18 @@ fn dequant_decode(
             quant.bits,
         )
     };
-    fast::scaled_dot_product_attention(q, dense(keys)?, dense(values)?, scale, None, None)
+    let values = match crate::plant::is(crate::plant::Defect::PerfDequantValueBiasesDropped) {
+        // Planted (tests/l3_kl.rs): the values dequantized without their affine biases.
+        true => mlx_rs::ops::dequantize(
+            &values.packed,
+            &values.scales,
+            Some(&mlx_rs::ops::zeros_like(&values.biases)?),
+            quant.group_size,
+            quant.bits,
+        )?,
+        false => dense(values)?,
+    };
+    fast::scaled_dot_product_attention(q, dense(keys)?, values, scale, None, None)
 }
 
 /// softmax(q·kᵀ)·v over 512-position tiles with a running max and rescaled sums (optiq's

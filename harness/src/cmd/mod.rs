@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod dist_rank;
 pub mod doctor;
+pub mod eval;
 pub mod goldens;
 pub mod parity;
 pub mod probe;
