@@ -262,8 +262,9 @@ fn propose_copies_after_the_latest_earlier_match() {
     // The last 2 ids [1, 2] occur at 0 and 3; the latest earlier one (3) is followed by 9 7.
     let h = [1, 2, 5, 1, 2, 9, 7, 1, 2];
     assert_eq!(propose(&h, 2, 2), vec![9, 7]);
-    // Capped by the history's end, and by the limit.
-    assert_eq!(propose(&h, 2, 10), vec![9, 7, 1, 2]);
+    // Past the history's end the copy goes on over its own drafts (a loop is drafted whole).
+    assert_eq!(propose(&h, 2, 10), vec![9, 7, 1, 2, 9, 7, 1, 2, 9, 7]);
+    assert_eq!(propose(&[3, 8, 8], 1, 4), vec![8, 8, 8, 8]);
     assert_eq!(propose(&h, 2, 0), Vec::<u32>::new());
     // No 3-gram match: falls back to the 2-gram.
     assert_eq!(propose(&[4, 1, 2, 5, 1, 2], 3, 1), vec![5]);

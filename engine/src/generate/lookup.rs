@@ -68,8 +68,10 @@ impl LookupParams {
 }
 
 /// Up to `limit` ids copied from `history`: what followed the most recent earlier occurrence
-/// of its last n ids, for the largest n ≤ `max_ngram` that occurs earlier (the copy stops at
-/// the end of `history`). Empty when not even the last id occurs earlier.
+/// of its last n ids, for the largest n ≤ `max_ngram` that occurs earlier. A copy that
+/// reaches the end of `history` goes on over the ids it has proposed (history and drafts
+/// read as one text), so a loop in the text is drafted γ ids at a time, not one period.
+/// Empty when not even the last id occurs earlier.
 pub fn propose(history: &[u32], max_ngram: usize, limit: usize) -> Vec<u32> {
     let len = history.len();
     if limit == 0 || len < 2 {
@@ -80,7 +82,19 @@ pub fn propose(history: &[u32], max_ngram: usize, limit: usize) -> Vec<u32> {
         // Starts s < len - n, latest first: the occurrence ends before the tail does.
         if let Some(s) = (0..len - n).rev().find(|&s| &history[s..s + n] == tail) {
             let from = s + n + usize::from(plant::is(Defect::LookupWrongOffsetUnverified));
-            return history[from.min(len)..(from + limit).min(len)].to_vec();
+            let mut drafts = Vec::with_capacity(limit);
+            for i in from..from + limit {
+                // i - len < drafts.len(): a draft already made when i is past the history.
+                let id = history
+                    .get(i)
+                    .copied()
+                    .or_else(|| drafts.get(i - len).copied());
+                match id {
+                    Some(id) => drafts.push(id),
+                    None => break,
+                }
+            }
+            return drafts;
         }
     }
     Vec::new()

@@ -6,6 +6,11 @@
 //! fresh process that runs every prompt greedily to --max-tokens (EOS does not stop it) at
 //! one γ; γ = 0 is the same model without a drafter — the only baseline a speedup is
 //! measured against. The peers run the same legs (`oracles/spec_leg.py`).
+//!
+//! Prompt lookup (no drafter; `LOOKUP_WORKLOADS`) runs the same legs with
+//! `--draft-model prompt-lookup:N` (n-grams up to N): an edit-style task whose answer
+//! repeats the prompt, and natural text beside it. Engine only: mlx-lm 0.32.2 has no
+//! prompt lookup.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,6 +19,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use engine::generate::decode::Decoder;
 use engine::generate::drafter::{Decode, Drafter};
+use engine::generate::lookup::LookupParams;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{Flow, Session, SessionOptions};
 use serde::{Deserialize, Serialize};
@@ -26,6 +32,84 @@ pub const PAIRS: [(&str, &str, &str); 2] = [
     ("tiny-gemma4", "tiny-gemma4-assistant", "mlx-optiq"),
 ];
 pub const GAMMAS: [usize; 5] = [0, 1, 2, 3, 4];
+
+/// What `leg-spec --draft-model` is given for a prompt-lookup leg: `prompt-lookup:N`, N
+/// the longest n-gram matched.
+pub const LOOKUP_DRAFTER: &str = "prompt-lookup";
+/// Prompt lookup's γ sweep (10 is transformers' default) and its n-gram (its default, 2).
+pub const LOOKUP_GAMMAS: [usize; 4] = [0, 2, 4, 10];
+pub const LOOKUP_NGRAM: usize = engine::generate::lookup::DEFAULT_MAX_NGRAM;
+
+/// Prompt lookup's workloads: the row label, and the prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// The edit-style task on the bench model `tiny` (random weights): a seed of 64 ids and
+    /// then the model's own greedy continuation of it (64 ids), so the answer continues a
+    /// text the prompt already holds. No committed model follows an edit instruction; this
+    /// one copies in the way its greedy decoding does, by going round the loop its text has
+    /// entered (tiny-llama-trained does not: it copies a few ids at a time at best).
+    Edit,
+    /// tiny-llama-trained's L1 prompts: natural text, where drafts are copied only where
+    /// the model repeats a phrase (a workload prompt lookup does not target).
+    Text,
+}
+
+pub const LOOKUP_WORKLOADS: [Workload; 2] = [Workload::Edit, Workload::Text];
+
+impl Workload {
+    /// The row's model label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Workload::Edit => "tiny/edit",
+            Workload::Text => "tiny-llama-trained/text",
+        }
+    }
+
+    /// The model directory and the prompts.
+    fn setup(self) -> Result<(PathBuf, Vec<Vec<u32>>)> {
+        match self {
+            Workload::Text => Ok((
+                crate::goldens::model_dir("tiny-llama-trained")?,
+                prompts("tiny-llama-trained")?,
+            )),
+            Workload::Edit => {
+                let bench = super::models::TINY;
+                let dir = bench.ensure()?;
+                let model = engine::model::load(&dir)?;
+                let prompts = (0..4)
+                    .map(|seed| {
+                        let mut ids = super::prompt_ids(64, bench.vocab, 100 + seed);
+                        let mut more = Vec::new();
+                        engine::generate::generate_greedy(
+                            model.as_ref(),
+                            &ids,
+                            64,
+                            &[],
+                            |id, _| {
+                                more.push(id);
+                                Ok(Flow::Continue)
+                            },
+                        )?;
+                        ids.extend(more);
+                        Ok(ids)
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Ok((dir, prompts))
+            }
+        }
+    }
+}
+
+/// `prompt-lookup:N` → Some(N); a directory → None.
+fn lookup_arg(draft: &Path) -> Result<Option<usize>> {
+    let Some(n) = draft.to_str().and_then(|s| s.strip_prefix(LOOKUP_DRAFTER)) else {
+        return Ok(None);
+    };
+    let n = n.strip_prefix(':').unwrap_or("2");
+    Ok(Some(n.parse().with_context(|| {
+        format!("--draft-model {LOOKUP_DRAFTER}:N: `{n}` is not an n-gram size")
+    })?))
+}
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SpecLeg {
@@ -47,8 +131,14 @@ pub fn leg(
     gamma: usize,
 ) -> Result<SpecLeg> {
     let t = engine::model::load(target)?;
-    let tokenizer = engine::load::tokenizer::Tokenizer::load(target)?;
-    let d = Drafter::load(draft, t.as_ref(), &tokenizer)?;
+    let lookup = lookup_arg(draft)?;
+    let d = match lookup {
+        Some(_) => None,
+        None => {
+            let tokenizer = engine::load::tokenizer::Tokenizer::load(target)?;
+            Some(Drafter::load(draft, t.as_ref(), &tokenizer)?)
+        }
+    };
     let one = |ids: &[u32]| -> Result<(f64, usize, f64, usize, usize)> {
         let mut sampler = Sampler::new(SamplingParams::default())?;
         let mut times = Vec::new();
@@ -58,11 +148,17 @@ pub fn leg(
             times = engine::generate::bench::token_times(&mut target, ids, 0, max_tokens)?;
             (0, 0)
         } else {
-            target.prefill_step = d.prefill_step();
             let opts = SessionOptions::default();
             let mut dec = Decoder::new(ids, max_tokens, &[], &mut sampler);
-            let draft = Some((&d, gamma, d.make_caches()));
-            let mut decode = Decode::start(target, draft, &opts, &mut dec, ids, 0)?;
+            let draft = d.as_ref().map(|d| {
+                target.prefill_step = d.prefill_step();
+                (d, gamma, d.make_caches())
+            });
+            let lookup = lookup
+                .map(|n| LookupParams::new(gamma, Some(n)))
+                .transpose()
+                .map_err(|e| anyhow::anyhow!("prompt lookup: {}", e.message))?;
+            let mut decode = Decode::start_with(target, draft, lookup, &opts, &mut dec, ids, 0)?;
             decode.run(&mut dec, &mut |_, _, _| -> Result<Flow> {
                 times.push(Instant::now());
                 Ok(Flow::Continue)
@@ -142,9 +238,9 @@ fn prompts(target: &str) -> Result<Vec<Vec<u32>>> {
         .collect()
 }
 
-/// Runs the sweep for every pair.
+/// Runs the sweep for every pair, then prompt lookup's on every workload.
 pub fn run(rounds: usize, max_tokens: usize, peer: bool) -> Result<Vec<SpecResult>> {
-    PAIRS
+    let mut results: Vec<SpecResult> = PAIRS
         .iter()
         .map(|&(target, draft, peer_stack)| {
             run_pair(
@@ -155,7 +251,64 @@ pub fn run(rounds: usize, max_tokens: usize, peer: bool) -> Result<Vec<SpecResul
                 max_tokens,
             )
         })
-        .collect()
+        .collect::<Result<_>>()?;
+    for w in LOOKUP_WORKLOADS {
+        results.push(run_lookup(w, rounds, max_tokens)?);
+    }
+    Ok(results)
+}
+
+/// Prompt lookup's γ sweep on one workload (engine legs only, γ = 0 plain decoding).
+pub fn run_lookup(w: Workload, rounds: usize, max_tokens: usize) -> Result<SpecResult> {
+    let (dir, prompts) = w.setup()?;
+    let tmp = tempfile::tempdir()?;
+    let file: PathBuf = tmp.path().join("prompts.json");
+    std::fs::write(&file, serde_json::to_string(&prompts)?)?;
+    let drafter = PathBuf::from(format!("{LOOKUP_DRAFTER}:{LOOKUP_NGRAM}"));
+    let bar = indicatif::ProgressBar::new((rounds * LOOKUP_GAMMAS.len()) as u64);
+    bar.set_message(format!("{} + {LOOKUP_DRAFTER}", w.label()));
+    let mut all = Vec::new();
+    for _ in 0..rounds {
+        for gamma in LOOKUP_GAMMAS {
+            all.push(run_leg(
+                "engine",
+                gamma,
+                (&dir, &drafter),
+                &file,
+                max_tokens,
+            )?);
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+    Ok(SpecResult {
+        target: w.label(),
+        draft: LOOKUP_DRAFTER,
+        legs: medians(&all, &["engine"], &LOOKUP_GAMMAS),
+        prompts: prompts.len(),
+    })
+}
+
+/// The median leg per (stack, γ).
+fn medians(all: &[SpecLeg], stacks: &[&str], gammas: &[usize]) -> Vec<SpecLeg> {
+    let mut legs = Vec::new();
+    for &stack in stacks {
+        for &gamma in gammas {
+            let mine: Vec<&SpecLeg> = all
+                .iter()
+                .filter(|l| l.stack == stack && l.gamma == gamma)
+                .collect();
+            legs.push(SpecLeg {
+                stack: stack.into(),
+                gamma,
+                ttft_s: median(mine.iter().map(|l| l.ttft_s).collect()),
+                decode_tps: median(mine.iter().map(|l| l.decode_tps).collect()),
+                drafted: mine[0].drafted,
+                accepted: mine[0].accepted,
+            });
+        }
+    }
+    legs
 }
 
 fn run_pair(
@@ -184,27 +337,10 @@ fn run_pair(
         }
     }
     bar.finish_and_clear();
-    let mut legs = Vec::new();
-    for stack in stacks {
-        for gamma in GAMMAS {
-            let mine: Vec<&SpecLeg> = all
-                .iter()
-                .filter(|l| l.stack == stack && l.gamma == gamma)
-                .collect();
-            legs.push(SpecLeg {
-                stack: stack.into(),
-                gamma,
-                ttft_s: median(mine.iter().map(|l| l.ttft_s).collect()),
-                decode_tps: median(mine.iter().map(|l| l.decode_tps).collect()),
-                drafted: mine[0].drafted,
-                accepted: mine[0].accepted,
-            });
-        }
-    }
     Ok(SpecResult {
         target: target_name,
         draft: draft_name,
-        legs,
+        legs: medians(&all, &stacks, &GAMMAS),
         prompts: prompts.len(),
     })
 }
