@@ -159,6 +159,55 @@ fn models_with_dynamic_rope_caches_are_refused_by_name() {
     );
 }
 
+/// `engine serve --batch N`'s eligibility (`generate::batch::refusal`, the lane's
+/// `not_batchable`): quantized KV is batched only as the gate checks it — mlx-lm's
+/// attention, quantized from the first chunk, full-attention caches.
+#[test]
+fn quantized_kv_takes_the_batch_lane_only_as_gated() {
+    use engine::cache::kv_quant::{KvLayers, KvQuantPlan};
+    use engine::cache::QuantSdpa;
+    use engine::generate::batch::refusal;
+    let plan = |start, sdpa| SessionOptions {
+        kv_quant: Some(KvQuantPlan {
+            layers: KvLayers::Uniform {
+                bits: 4,
+                group_size: 32,
+            },
+            start,
+            sdpa,
+        }),
+        ..SessionOptions::default()
+    };
+    let load = |name| engine::model::load(&harness::goldens::model_dir(name).unwrap()).unwrap();
+    let (llama, gemma) = (load("tiny-llama-trained"), load("tiny-gemma3-kv"));
+    assert_eq!(refusal(llama.as_ref(), &plan(0, QuantSdpa::MlxLm)), None);
+    assert_eq!(refusal(gemma.as_ref(), &SessionOptions::default()), None);
+    for (model, opts, says) in [
+        (
+            &llama,
+            plan(0, QuantSdpa::OptiqFused),
+            "optiq's fused attention",
+        ),
+        (
+            &llama,
+            plan(0, QuantSdpa::DequantDecode),
+            "optiq's fused attention",
+        ),
+        (&llama, plan(16, QuantSdpa::MlxLm), "--quantized-kv-start"),
+        (
+            &gemma,
+            plan(0, QuantSdpa::MlxLm),
+            "quantized sliding-window caches",
+        ),
+    ] {
+        let why = refusal(model.as_ref(), &opts).expect("refused");
+        assert!(why.contains(says), "{why}");
+    }
+    let dynamic = load("tiny-llama-dynamic");
+    let why = refusal(dynamic.as_ref(), &SessionOptions::default()).unwrap();
+    assert!(why.contains("dynamic RoPE"), "{why}");
+}
+
 #[test]
 fn sliding_window_models_join_the_batch() {
     // Gated above (BATCH.models) or their text model is (the multimodal and quantized-weight

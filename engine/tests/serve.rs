@@ -769,14 +769,17 @@ fn the_chat_page_is_served_at_the_root() {
     assert!(models.contains("tiny-llama-trained"));
 }
 
-/// `--batch N` on a model the batch lane does not take (Gemma 3's sliding-window rings):
-/// served on the serial lane, and /stats says why.
+/// `--batch N` on a model the batch lane does not take (dynamic RoPE's caches): served on
+/// the serial lane, and /stats says why. Gemma 3's sliding-window rings are batched.
 #[test]
 fn a_model_the_batch_lane_cannot_take_says_why() {
-    let server = serve_model("tiny-gemma3", &["--batch", "4"]);
+    let server = serve_model("tiny-llama-dynamic", &["--batch", "4"]);
     let st = stats(server.port);
     assert_eq!(st["lanes"]["batch_slots"], 0, "{st}");
     let why = st["lanes"]["serial_reason"].as_str().unwrap_or_default();
-    assert!(why.contains("sliding-window"), "{st}");
+    assert!(why.contains("dynamic RoPE"), "{st}");
     assert_eq!(post(server.port, "/v1/chat/completions", &ask("Hi")).0, 200);
+    let gemma = serve_model("tiny-gemma3", &["--batch", "4"]);
+    assert_eq!(stats(gemma.port)["lanes"]["batch_slots"], 4);
+    assert_eq!(post(gemma.port, "/v1/chat/completions", &ask("Hi")).0, 200);
 }

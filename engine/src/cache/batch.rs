@@ -246,6 +246,13 @@ impl Cache for BatchKvCache {
         self.quant
     }
 
+    /// mlx-lm's `to_quantized` on the whole batch buffers (padding included): quantization
+    /// is per position, so each row's parts are its single-sequence cache's.
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
+        Ok(true)
+    }
+
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let n = keys.shape()[2];
         let capacity = self.keys.as_ref().map_or(0, parts::len);

@@ -15,16 +15,20 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::Session;
+use super::{KvQuantPlan, Session, SessionOptions};
 use crate::cache::batch::BatchKvCache;
 use crate::cache::batch_rotating::BatchRotatingKvCache;
-use crate::cache::{Cache, KvCache, RotatingKvCache};
+use crate::cache::{Cache, KvCache, QuantSdpa, RotatingKvCache};
 use crate::model::LanguageModel;
 
 pub struct Batch<'m> {
     model: &'m dyn LanguageModel,
     /// One batch cache per layer; empty while no row is in the batch.
     caches: Vec<Box<dyn Cache>>,
+    /// The rows' KV quantization plan (theirs, taken when they join): applied after every
+    /// step as each row's session applies it (the batch lane takes plans that start at 0,
+    /// so every cache converts at once).
+    kv_quant: Option<KvQuantPlan>,
 }
 
 /// A layer's batch cache, whichever kind it is.
@@ -47,6 +51,31 @@ fn layer(c: &mut Box<dyn Cache>) -> Layer<'_> {
 
 const REFUSAL: &str =
     "the batch lane takes standard (dense, full-attention) and sliding-window caches only";
+
+/// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
+/// lacks), or None when it can.
+pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
+    let mut caches = model.make_caches();
+    let mut rings = false;
+    for c in caches.iter_mut() {
+        let any = c.as_any_mut();
+        rings |= any.is::<RotatingKvCache>();
+        if !any.is::<KvCache>() && !any.is::<RotatingKvCache>() {
+            return Some("this model's caches (dynamic RoPE)");
+        }
+    }
+    let plan = opts.kv_quant.as_ref()?;
+    if plan.sdpa != QuantSdpa::MlxLm {
+        return Some(
+            "quantized KV read through optiq's fused attention (--l2, --l3); the batch lane \
+             reads quantized KV with mlx-lm's attention (--fused-sdpa off --perf-decode off)",
+        );
+    }
+    if plan.start > 0 {
+        return Some("quantized KV from a later position (--quantized-kv-start > 0)");
+    }
+    rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
+}
 
 /// Merges layer `l` of every session into one batch cache.
 fn merge_layer(sessions: &mut [Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
@@ -79,7 +108,23 @@ impl<'m> Batch<'m> {
         Batch {
             model,
             caches: Vec::new(),
+            kv_quant: None,
         }
+    }
+
+    /// A batch of `sessions` merged as they stand, with their quantization plan.
+    fn merged(&self, mut sessions: Vec<Session>) -> Result<Batch<'m>, Exception> {
+        let kv_quant = sessions[0].kv_quant.clone();
+        if sessions.iter().any(|s| s.kv_quant != kv_quant) {
+            return Err(Exception::custom(
+                "rows with different KV quantization cannot share a batch",
+            ));
+        }
+        Ok(Batch {
+            model: self.model,
+            caches: merge_sessions(&mut sessions)?,
+            kv_quant,
+        })
     }
 
     pub fn rows(&mut self) -> usize {
@@ -93,7 +138,13 @@ impl<'m> Batch<'m> {
     fn extend(&mut self, mut other: Batch) -> Result<(), Exception> {
         if self.caches.is_empty() {
             self.caches = other.caches;
+            self.kv_quant = other.kv_quant;
             return Ok(());
+        }
+        if self.kv_quant != other.kv_quant {
+            return Err(Exception::custom(
+                "rows with different KV quantization cannot share a batch",
+            ));
         }
         for (mine, theirs) in self.caches.iter_mut().zip(other.caches.iter_mut()) {
             match (layer(mine), layer(theirs)) {
@@ -106,29 +157,23 @@ impl<'m> Batch<'m> {
     }
 
     /// Adds sessions as new rows (after the existing ones), their caches as they stand.
-    pub fn join(&mut self, mut sessions: Vec<Session>) -> Result<(), Exception> {
+    pub fn join(&mut self, sessions: Vec<Session>) -> Result<(), Exception> {
         if sessions.is_empty() {
             return Ok(());
         }
-        let caches = merge_sessions(&mut sessions)?;
-        self.extend(Batch {
-            model: self.model,
-            caches,
-        })
+        let group = self.merged(sessions)?;
+        self.extend(group)
     }
 
     /// BatchGenerator's admission of new prompts: `sessions` hold every prompt token but
     /// the last (`last`, one per session); they are merged into a batch of their own, which
     /// feeds `last` in one step, and then appended after the existing rows. Returns that
     /// step's logits [new rows, vocab] (each row's first).
-    pub fn admit(&mut self, mut sessions: Vec<Session>, last: &[u32]) -> Result<Array, Exception> {
+    pub fn admit(&mut self, sessions: Vec<Session>, last: &[u32]) -> Result<Array, Exception> {
         if sessions.len() != last.len() || sessions.is_empty() {
             return Err(Exception::custom("one last prompt token per admitted row"));
         }
-        let mut group = Batch {
-            model: self.model,
-            caches: merge_sessions(&mut sessions)?,
-        };
+        let mut group = self.merged(sessions)?;
         let logits = group.step(last)?;
         self.extend(group)?;
         Ok(logits)
@@ -180,6 +225,9 @@ impl<'m> Batch<'m> {
         let logits = self
             .model
             .forward(&ids.reshape(&[-1, 1])?, &mut self.caches)?;
+        if let Some(plan) = &self.kv_quant {
+            plan.apply(&mut self.caches)?;
+        }
         Ok(logits.index((.., -1, ..)))
     }
 }

@@ -24,7 +24,7 @@ use super::error::ApiError;
 use super::worker::{Job, Worker};
 
 mod admit;
-use crate::cache::{Cache, KvCache};
+use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Session};
@@ -73,18 +73,10 @@ impl Worker {
     /// Why this worker cannot take the batch lane (what it holds that the lane lacks), or
     /// None when it can.
     pub fn not_batchable(&self) -> Option<&'static str> {
-        if self.opts.kv_quant.is_some() {
-            return Some("quantized KV caches (--kv-bits)");
-        }
         if self.draft.is_some() {
             return Some("speculative decoding (--draft-model)");
         }
-        let dense = self
-            .model
-            .make_caches()
-            .iter_mut()
-            .all(|c| c.as_any_mut().downcast_mut::<KvCache>().is_some());
-        (!dense).then_some("this model's caches (sliding-window rings or dynamic RoPE)")
+        crate::generate::batch::refusal(self.model.as_ref(), &self.opts)
     }
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
