@@ -32,7 +32,7 @@ impl Progress {
             let b = ProgressBar::with_draw_target(Some(total as u64), ProgressDrawTarget::stderr());
             b.set_style(
                 ProgressStyle::with_template(
-                    "{prefix} [{bar:30}] {pos}/{len} legs · {msg} · {elapsed} elapsed, ETA {eta}",
+                    "{prefix} [{bar:20}] {pos}/{len} legs, {elapsed} elapsed, ETA {eta} · {wide_msg}",
                 )
                 .expect("a valid template")
                 .progress_chars("=> "),
@@ -194,5 +194,11 @@ mod tests {
         assert_eq!(p.done.get(), 1);
         assert_eq!(&*p.current.borrow(), "tiny · fresh");
         p.finish();
+        // The terminal bar's template parses (it is drawn only on a terminal).
+        let bar = Progress::with_terminal("restart", 2, true);
+        bar.start("tiny · restored");
+        bar.done();
+        assert_eq!(bar.bar.position(), 1);
+        bar.finish();
     }
 }

@@ -18,8 +18,9 @@ pub struct Args {
     #[arg(long, default_value_t = 300, value_name = "SECONDS")]
     settle_timeout: u64,
     /// Benchmark suite: decode (prefill, decode, TTFT, peak and KV memory), serve
-    /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16 streaming clients, on a committed
-    /// tiny model: --serve-model), restart (the SSD tier after a restart) or spec
+    /// (`engine serve` vs `mlx_lm.server` at 1/4/8/16/32 streaming clients, on a committed
+    /// tiny model: --serve-model), restart (the SSD tier after a restart, judged against
+    /// its exit criteria: --restart-via, --restart-kv-config) or spec
     /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter) or
     /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model).
     #[arg(long, default_value = "decode")]
