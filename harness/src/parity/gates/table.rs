@@ -141,7 +141,11 @@ pub static BATCH: Gate = Gate {
         "tiny-gpt-oss",
     ],
     cases: &["b2", "b4", "joinleave", "ring"],
-    plants: &["unmasked-padding", "moe-top-k-off-by-one", "ring-mask-unrolled"],
+    plants: &[
+        "unmasked-padding",
+        "moe-top-k-off-by-one",
+        "ring-mask-unrolled",
+    ],
     run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
     ..BASE
 };
@@ -154,7 +158,14 @@ pub static BATCH_KV4: Gate = Gate {
     suffix: "-kv4",
     generator: Some((
         "gen_batch.py",
-        &["{model}", "--kv-bits", "4", "--kv-group-size", "32", "--suffix=-kv4"],
+        &[
+            "{model}",
+            "--kv-bits",
+            "4",
+            "--kv-group-size",
+            "32",
+            "--suffix=-kv4",
+        ],
     )),
     models: &["tiny-llama-trained"],
     cases: &["b2", "b4", "joinleave", "ring"],
