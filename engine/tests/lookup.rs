@@ -397,3 +397,33 @@ fn server_prompt_lookup_per_request() {
         assert!(msg.contains(says), "{extra}: {msg}");
     }
 }
+
+/// Sliding-window models (tiny-gemma3, its window widened to 24): drafts go only where the
+/// rings can still give them back, then plain steps past the window; the ids stay plain
+/// greedy's (same tie rule), and nothing fails where a ring wraps.
+#[test]
+fn sliding_window_rings_draft_until_their_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = goldens().join("models/tiny-gemma3");
+    for f in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+    }
+    let cfg = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    config["sliding_window"] = 24.into();
+    std::fs::write(&cfg, config.to_string()).unwrap();
+    let target = engine::model::load(dir.path()).unwrap();
+    // 18 ids of a repeating pattern: the first passes draft from it while the rings near
+    // their window (the last drafts allowed at offset 21).
+    let prompt: Vec<u32> = [5, 6, 7].repeat(6);
+    let out = compare(target.as_ref(), "tiny-gemma3 window 24", &prompt);
+    check("tiny-gemma3 window 24", &out);
+    assert!(out.drafted > 0, "no drafts under the window");
+    // And on its real window of 8, wrapped from the prompt on: plain steps only.
+    let target = model("tiny-gemma3");
+    let prompt: Vec<u32> = (10..30).collect();
+    let out = compare(target.as_ref(), "tiny-gemma3", &prompt);
+    check("tiny-gemma3", &out);
+    assert_eq!(out.drafted, 0, "drafts on a wrapped ring");
+}

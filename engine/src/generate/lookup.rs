@@ -21,6 +21,7 @@ use super::decode::Decoder;
 use super::sampler::Sampler;
 use super::speculative::{self, SpecStats, Verified};
 use super::{Finish, Flow, Session};
+use crate::cache::{Cache, RotatingKvCache};
 use crate::plant::{self, Defect};
 
 /// transformers' defaults: 10 drafts per pass, n-grams of up to 2 ids.
@@ -100,6 +101,25 @@ pub fn propose(history: &[u32], max_ngram: usize, limit: usize) -> Vec<u32> {
     Vec::new()
 }
 
+/// How many drafts the caches can take and still give back: none where a cache cannot be
+/// trimmed, and on a sliding-window ring only as many as keep it from wrapping (a ring that
+/// wrapped over rejected drafts could not roll them back). Past its window a ring's model
+/// decodes without drafts, one plain step a pass, instead of failing.
+fn room(caches: &mut [Box<dyn Cache>]) -> usize {
+    let mut room = usize::MAX;
+    for c in caches.iter_mut() {
+        if !c.is_trimmable() {
+            return 0;
+        }
+        if let Some(ring) = c.as_any_mut().downcast_ref::<RotatingKvCache>() {
+            // After [y, drafts…] the ring must still hold fewer than its window.
+            let left = ring.max_size() - ring.offset() - 2;
+            room = room.min(left.max(0) as usize);
+        }
+    }
+    room
+}
+
 /// The refusal of logits processors (the verify pass samples all positions at once, without
 /// the processors' per-position history).
 pub const PROCESSORS_REFUSED: &str = "prompt-lookup decoding does not support logits \
@@ -155,7 +175,11 @@ impl LookupRound {
         }
         // The last id emitted (or of the prompt) ends the history; the target's own id after
         // the drafts is the one more each pass emits, so drafting `remaining` is never needed.
-        let limit = self.params.num_tokens.min(dec.remaining() - 1);
+        let limit = self
+            .params
+            .num_tokens
+            .min(dec.remaining() - 1)
+            .min(room(&mut target.caches));
         let drafts = propose(dec.history(), self.params.max_ngram, limit);
         let verdict = speculative::verify(
             target,
