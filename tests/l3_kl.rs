@@ -6,13 +6,14 @@
 //!   decode step dequantizes the values without their biases) must fail it. tiny-llama-trained is
 //!   measured (printed), not gated: today's L3 is past the bounds there (its sharp,
 //!   overfit distributions turn bf16 attention differences into nats).
-//! - the L1 perplexity golden: the engine's perplexity of tiny-llama-trained on the held-out
-//!   corpus is mlx_lm.perplexity's (goldens/eval/tiny-llama-trained, oracles/eval_ppl.py),
+//! - the L1 perplexity golden: the engine's perplexity of tiny-llama-trained and tiny-gemma4
+//!   on the held-out corpus is mlx_lm.perplexity's (goldens/eval/<model>, oracles/eval_ppl.py),
 //!   the same double bit for bit; planted `EvalMeanOnHost` (the mean loss in f64 on the host)
 //!   must fail it.
 
 use engine::plant::{self, Defect};
 use harness::eval::gate::{self, KlGateReport, PplGoldenReport};
+use harness::parity::gates::L3;
 use harness::parity::Report;
 
 /// The models the KL gate covers.
@@ -39,6 +40,10 @@ fn planted_value_bias_defect_fails_the_kl_gate() {
     let report = kl("tiny-gemma4");
     assert!(report.perf_path_steps > 0);
     assert!(!report.passed(), "{}", report.summary());
+    // For the record (not asserted): the argmax envelope lets this defect through on
+    // tiny-gemma4 (measured 60/64 and 59/64, ≥ 56 needed) — the KL gate is the finer one.
+    let envelope = L3.run("tiny-gemma4", None).unwrap();
+    harness::announce(&format!("with the same defect, {}", envelope.summary()));
 }
 
 /// Not gated (past the bounds today): its numbers are printed for the record.
@@ -56,9 +61,11 @@ fn ppl(name: &str) -> PplGoldenReport {
 
 #[test]
 fn l1_perplexity_is_mlx_lm_perplexity_bit_for_bit() {
-    let report = ppl("tiny-llama-trained");
-    assert!(report.same_rows, "{}", report.summary());
-    assert!(report.passed(), "{}", report.summary());
+    for name in ["tiny-llama-trained", "tiny-gemma4"] {
+        let report = ppl(name);
+        assert!(report.same_rows, "{}", report.summary());
+        assert!(report.passed(), "{}", report.summary());
+    }
 }
 
 #[test]

@@ -12,8 +12,8 @@ use harness::preflight::{self, Thresholds};
 
 #[derive(clap::Args)]
 pub struct Args {
-    /// A committed tiny model (goldens/models/<name>), a bench model (tiny, small, …) or a
-    /// model directory; repeat for several.
+    /// A committed tiny model (goldens/models/<name>) or a model directory; repeat for
+    /// several. (The bench models are refused: their tokenizers are synthetic.)
     #[arg(long, default_values_t = [super::DEFAULT_MODEL.to_owned()])]
     model: Vec<String>,
     /// The held-out text (documents separated by blank lines); default: the committed
@@ -67,18 +67,20 @@ impl Args {
 
 /// A model argument as a directory.
 fn model_dir(name: &str) -> Result<PathBuf> {
-    if let Some(bench) = harness::bench::models::by_name(name) {
-        return bench.ensure();
+    if harness::bench::models::by_name(name).is_some() {
+        bail!(
+            "bench model `{name}` has a synthetic word-level tokenizer (t0…tN, no eos_token): \
+             held-out text would be all unknown tokens, and mlx_lm.perplexity's TextDataset \
+             appends tokenizer.eos_token_id; evaluate a committed tiny model \
+             (e.g. tiny-llama-trained, tiny-gemma4) or a model directory with a real tokenizer"
+        );
     }
     let path = Path::new(name);
     if path.join("config.json").is_file() {
         return Ok(path.to_path_buf());
     }
     harness::goldens::model_dir(name).with_context(|| {
-        format!(
-            "`{name}` is neither a bench model ({}), a committed tiny model nor a model directory",
-            harness::bench::models::NAMES
-        )
+        format!("`{name}` is neither a committed tiny model (goldens/models) nor a model directory")
     })
 }
 

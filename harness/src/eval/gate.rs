@@ -129,7 +129,7 @@ impl Report for PplGoldenReport {
     fn summary(&self) -> String {
         format!(
             "L1 perplexity {}: engine {:?} ± {:?}, mlx_lm.perplexity {:?} ± {:?} over {} tokens, \
-             rows {} — {}",
+             ids {} — {}",
             self.model,
             self.ppl,
             self.se,
@@ -137,9 +137,9 @@ impl Report for PplGoldenReport {
             self.golden_se,
             self.tokens,
             if self.same_rows {
-                "identical"
+                "the golden's"
             } else {
-                "DIFFER"
+                "NOT the golden's"
             },
             if self.passed() {
                 "identical"

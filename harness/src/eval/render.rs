@@ -45,8 +45,8 @@ pub fn quality_table(rows: &[&Row]) -> Option<String> {
         return None;
     }
     let mut out = String::from(
-        "| model | held-out run | tier | KL(L1 ‖ tier) mean | KL max | top-1 = L1 | teacher-forced ppl | perplexity (mlx_lm.perplexity's computation) | commit | date |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| model | held-out run | tier | KL(L1 ‖ tier) mean | KL max | top-1 = L1 | KL(L2 ‖ L3) mean / max | teacher-forced ppl | perplexity (mlx_lm.perplexity's computation) | commit | date |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for ((model, run), stacks) in &groups {
         let engine = stacks.get("engine");
@@ -69,9 +69,13 @@ pub fn quality_table(rows: &[&Row]) -> Option<String> {
                 },
                 _ => "-".to_owned(),
             };
+            let vs_l2 = match (m.get("kl_mean_vs_l2"), m.get("kl_max_vs_l2")) {
+                (Some(a), Some(b)) => format!("{} / {} nats", num(a.value), num(b.value)),
+                _ => "-".to_owned(),
+            };
             let newest = m.values().max_by(|a, b| a.ts.cmp(&b.ts)).unwrap();
             out.push_str(&format!(
-                "| {model} | {run} | {} | {} | {} | {} | {} | {ppl} | {} | {} |\n",
+                "| {model} | {run} | {} | {} | {} | {} | {vs_l2} | {} | {ppl} | {} | {} |\n",
                 tier.to_uppercase(),
                 cell("kl_mean", " nats"),
                 cell("kl_max", " nats"),
@@ -85,8 +89,8 @@ pub fn quality_table(rows: &[&Row]) -> Option<String> {
     }
     out.push_str(
         "\n`harness eval`: every row of held-out ids prefilled for 16 ids, then teacher-forced one id \
-         per step (the decode path each tier runs); KL per position against L1's distribution, top-1 \
-         = argmax agrees with L1's. The perplexity is mlx_lm.perplexity's computation (no cache, \
+         per step (the decode path each tier runs); KL per position against L1's distribution (and, for \
+         L3, against L2's: the perf path alone), top-1 = argmax agrees with L1's. The perplexity is mlx_lm.perplexity's computation (no cache, \
          batches of 8) on the engine; `--oracle` runs mlx-lm's own and must give the same double.\n",
     );
     Some(out)
@@ -127,6 +131,8 @@ mod tests {
             row("kl_max", "engine-l3", 2.0e-2),
             row("top1_agree", "engine-l3", 99.5),
             row("tf_ppl", "engine-l3", 31.25),
+            row("kl_mean_vs_l2", "engine-l3", 1.8e-4),
+            row("kl_max_vs_l2", "engine-l3", 1.4e-3),
         ];
         let refs: Vec<&Row> = rows.iter().collect();
         let md = quality_table(&refs).unwrap();
@@ -138,7 +144,7 @@ mod tests {
         );
         assert!(md.contains("2.062e7 (mlx-lm: identical)"), "{md}");
         assert!(
-            md.contains("| L3 | 1.500e-3 nats | 0.0200 nats | 99.5 % | 31.2500 | - |"),
+            md.contains("| L3 | 1.500e-3 nats | 0.0200 nats | 99.5 % | 1.800e-4 / 1.400e-3 nats | 31.2500 | - |"),
             "{md}"
         );
         assert!(!md.contains("| L2 |"));
