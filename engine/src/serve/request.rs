@@ -475,11 +475,7 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
             format!("at most the vocabulary size, {}", d.vocab),
         ));
     }
-    let num_draft_tokens = match b.get("num_draft_tokens") {
-        None => None,
-        Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
-    };
-    let prompt_lookup = prompt_lookup(&b, &sampling, num_draft_tokens)?;
+    let (num_draft_tokens, prompt_lookup) = drafting(&b, &sampling)?;
     Ok(GenRequest {
         prompt,
         max_tokens,
@@ -492,6 +488,21 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         num_draft_tokens,
         prompt_lookup,
     })
+}
+
+/// A request's drafting fields: `num_draft_tokens`, and prompt lookup's (`prompt_lookup`).
+fn drafting(
+    b: &Body<'_>,
+    sampling: &SamplingParams,
+) -> Result<(Option<usize>, Option<crate::generate::lookup::LookupParams>), ApiError> {
+    let num_draft_tokens = match b.get("num_draft_tokens") {
+        None => None,
+        Some(_) => Some(b.int("num_draft_tokens", 0, 0, 64)? as usize),
+    };
+    Ok((
+        num_draft_tokens,
+        prompt_lookup(b, sampling, num_draft_tokens)?,
+    ))
 }
 
 /// `prompt_lookup_num_tokens` (0 or absent: off) and `max_matching_ngram_size`, checked:
