@@ -1,6 +1,6 @@
 """Perplexity as `mlx_lm.perplexity` 0.32.2 computes it, on a local held-out text file.
 
-    oracles/.venv/bin/python oracles/eval_ppl.py --model DIR [--data FILE]
+    oracles/.venv/bin/python oracles/eval_ppl.py [--model DIR] [--data FILE]
         [--sequence-length N] [--num-samples N] [--batch-size N] [--seed N]
         [--json OUT] [--golden NAME]
 
@@ -18,7 +18,7 @@ Seeds as mlx_lm.perplexity's main: np.random.seed(seed) and mx.random.seed(seed)
 The golden also carries each double's IEEE-754 bits (`ppl_bits`), compared exactly.
 --json writes the numbers (and the token matrix) to OUT; --golden NAME writes
 goldens/eval/NAME/index.json with provenance (the reference set with
-HARNESS_WRITE_REFERENCE=1).
+HARNESS_WRITE_REFERENCE=1) for the model goldens/models/NAME unless --model says otherwise.
 """
 
 import argparse
@@ -76,7 +76,7 @@ def run(model_dir: str, data_path: Path, seq_len: int, num_samples: int, batch_s
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--model", required=True)
+    p.add_argument("--model", help="model dir (default with --golden NAME: goldens/models/NAME)")
     p.add_argument("--data", type=Path, default=DEFAULT_DATA)
     p.add_argument("--sequence-length", type=int, default=64)
     p.add_argument("--num-samples", type=int, default=12)
@@ -85,6 +85,10 @@ def main() -> None:
     p.add_argument("--json", type=Path)
     p.add_argument("--golden")
     a = p.parse_args()
+    if a.model is None:
+        if not a.golden:
+            p.error("--model is required without --golden")
+        a.model = str(REPO / "goldens" / "models" / a.golden)
     out = run(a.model, a.data, a.sequence_length, a.num_samples, a.batch_size, a.seed)
     print(f"mlx_lm.perplexity: ppl {out['ppl']!r} ± {out['ppl_standard_error']!r} "
           f"({out['rows']} rows, {out['tokens_scored']} tokens scored)")

@@ -250,7 +250,7 @@ pub struct Registered {
 /// serve tests and `harness serve-diff` (engine/tests/serve_tools.rs), and the CLI gate's
 /// mlx_lm.generate transcripts (engine/tests/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
     (
         "models/tiny-qwen3-tools",
         "make_models.py",
@@ -261,6 +261,17 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     // the Hugging Face layout source it converts.
     ("convert", "gen_convert.py", &[]),
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
+    // harness eval's L1 perplexity goldens (tests/l3_kl.rs): mlx_lm.perplexity's numbers.
+    (
+        "eval/tiny-llama-trained",
+        "eval_ppl.py",
+        &["--golden", "tiny-llama-trained"],
+    ),
+    (
+        "eval/tiny-gemma4",
+        "eval_ppl.py",
+        &["--golden", "tiny-gemma4"],
+    ),
 ];
 
 /// The distributed L1 gate's goldens by mode (tp, pp): multi-process (two ring ranks per
@@ -372,7 +383,7 @@ pub fn registry() -> Vec<Registered> {
 /// The top-level dirs of goldens/ that are golden groups, not machine layers (`data` holds
 /// the training sets of oracles/make_train_data.py, not oracle output).
 pub fn groups() -> Vec<&'static str> {
-    let mut groups = vec!["models", "data", "cli", "convert", "l1-dist"];
+    let mut groups = vec!["models", "data", "cli", "convert", "l1-dist", "eval"];
     for gate in GATES {
         if !groups.contains(&gate.group) {
             groups.push(gate.group);
