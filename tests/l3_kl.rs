@@ -4,8 +4,9 @@
 //!   (goldens/eval/heldout.txt) ≤ 5e-3 nats mean and ≤ 5e-2 max per position, with the perf
 //!   path proven to have run, on tiny-gemma4; planted `PerfDequantValueBiasesDropped` (the L3
 //!   decode step dequantizes the values without their biases) must fail it. tiny-llama-trained is
-//!   measured (printed), not gated: today's L3 is past the bounds there (its sharp,
-//!   overfit distributions turn bf16 attention differences into nats).
+//!   not gated: today's L3 is past the bounds there (measured KL(L2 ‖ L3) mean 1.8e-2, max
+//!   0.99 nats; its sharp, overfit distributions turn bf16 attention differences into nats;
+//!   `harness eval --model tiny-llama-trained` prints them).
 //! - the L1 perplexity golden: the engine's perplexity of tiny-llama-trained and tiny-gemma4
 //!   on the held-out corpus is mlx_lm.perplexity's (goldens/eval/<model>, oracles/eval_ppl.py),
 //!   the same double bit for bit; planted `EvalMeanOnHost` (the mean loss in f64 on the host)
@@ -44,13 +45,6 @@ fn planted_value_bias_defect_fails_the_kl_gate() {
     // tiny-gemma4 (measured 60/64 and 59/64, ≥ 56 needed) — the KL gate is the finer one.
     let envelope = L3.run("tiny-gemma4", None).unwrap();
     harness::announce(&format!("with the same defect, {}", envelope.summary()));
-}
-
-/// Not gated (past the bounds today): its numbers are printed for the record.
-#[test]
-fn tiny_llama_trained_is_measured() {
-    let report = kl("tiny-llama-trained");
-    assert!(report.perf_path_steps > 0);
 }
 
 fn ppl(name: &str) -> PplGoldenReport {
