@@ -1,15 +1,13 @@
 //! The batch lane (`engine serve --batch N`): up to N requests decode together, one forward
-//! of [rows, 1] ids per step (`generate::batch`). Each scheduler tick admits every waiting
-//! request there is room for, up to `admit::PREFILL_BATCH` prompts in prefill at once (as
-//! mlx_lm.server's BatchGenerator, prompt concurrency 8), and gives them at most one
-//! prefill step's worth of prompt tokens in all (`--prefill-step-size`; a long prompt goes
-//! on over several ticks), so the rows already running get a decode step between any two
-//! chunks. A prompt whose tokens but the last are in its caches joins the batch: its last
-//! token is fed by the next batched step with every other row's, which samples its first
-//! id (as BatchGenerator's generation batch does). Rows that finish (EOS, max tokens, a
-//! stop string, an error, a client gone) leave the batch at once, alone. Models whose
-//! caches are not all standard full-attention caches, and quantized KV, are served by the
-//! serial lane instead.
+//! of [rows, 1] ids per step (`generate::batch`). Each scheduler tick starts every waiting
+//! request there is a free slot for and gives the prompts in prefill at most one prefill
+//! step's worth of tokens in all (`--prefill-step-size`; a long prompt goes on over several
+//! ticks: `admit`), so the rows already running get a decode step between any two chunks.
+//! Prompts whose tokens but the last are in their caches join the batch together as
+//! BatchGenerator admits them (`Batch::admit`: their last tokens in one step of their own,
+//! first ids sent at once). Rows that finish (EOS, max tokens, a
+//! stop string, an error, a client gone) leave the batch at once, alone. Models the batch
+//! does not take (`generate::batch::refusal`) are served by the serial lane instead.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -37,7 +35,7 @@ struct Row<'w> {
     dec: Decoder<'w>,
     prompt_tokens: usize,
     cached: usize,
-    /// The id to feed at the next step (a row that has just joined: its last prompt token).
+    /// The id to feed at the next step.
     next: u32,
     /// When the row last took its slot (joined or rejoined the batch).
     since: Instant,
@@ -248,9 +246,9 @@ impl Worker {
     ///
     /// Pipelined as generate_step is: a step's forward for every row is queued (async eval)
     /// before the ids it feeds are read back and emitted, so host work overlaps the model.
-    /// Rows that join feed their last prompt token to the next step beside the queued
-    /// samples; whenever a row's logits processors need its history, the queued samples
-    /// are emitted first.
+    /// Rows that join feed their first ids to the next step beside the queued samples;
+    /// whenever a row's logits processors need its history, the queued samples are
+    /// emitted first.
     pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
         self.counters.batch_slots.store(slots, Ordering::Relaxed);
         let mut lane = Lane {

@@ -1,22 +1,23 @@
 //! The batch lane's admissions: which waiting requests start, how much of their prompts is
 //! prefilled per tick, and how they join the batch.
 //!
-//! Up to `PREFILL_BATCH` requests are in prefill at once (mlx_lm.server's
-//! `--prompt-concurrency`, BatchGenerator's `prefill_batch_size`, both 8), as many as there
-//! are free slots. Each tick they get at most one prefill step of prompt tokens in all
-//! (`--prefill-step-size`), in arrival order, each prompt in its own chunks of up to that
-//! size (the chunks a request prefilled alone would get, so every row's caches hold the
-//! same numbers as on the serial lane); the first admission's chunk always runs, and a
-//! chunk that would overrun the budget waits for the next tick. So the rows already
-//! decoding wait for at most one prefill step's worth of prompt tokens between two of
-//! their steps, and short prompts — or prompts mostly in the prompt cache — are admitted
-//! many per tick.
+//! Every waiting request there is a free slot for starts at once (mlx_lm.server's
+//! BatchGenerator takes up to 8, its `--prompt-concurrency`, into one prompt batch; here
+//! the bound is on prompt tokens instead). Each tick the requests in prefill get at most
+//! one prefill step of prompt tokens in all (`--prefill-step-size`), in arrival order, each
+//! prompt in its own chunks of up to that size (the chunks a request prefilled alone would
+//! get, so every row's caches hold the same numbers as on the serial lane); the first
+//! admission's chunk always runs, and a chunk that would overrun the budget waits for the
+//! next tick. So the rows already decoding wait for at most one prefill step's worth of
+//! prompt tokens between two of their steps, and short prompts — or prompts mostly in the
+//! prompt cache — are admitted many per tick.
 //!
-//! An admission whose caches hold all its prompt but the last token joins the batch (all
-//! that are ready in a tick join at once), its last token fed by the next batched step,
-//! which samples its first id — as BatchGenerator's generation batch takes the last prompt
-//! tokens. A one-token prompt with nothing cached has no caches to join with: its token is
-//! stepped alone and its first id sampled there.
+//! Admissions whose caches hold all their prompts but the last token join the batch
+//! together, as BatchGenerator admits a prompt batch (`Batch::admit`): one step of the
+//! joining rows alone feeds their last prompt tokens, their first ids are sampled and sent
+//! at once, and the rows are appended after the running ones; the next batched step feeds
+//! those ids beside the running rows' queued samples. A one-token prompt with nothing
+//! cached has no caches to merge: its token is stepped alone and it joins as it stands.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -28,9 +29,6 @@ use crate::generate::{Finish, Session};
 use crate::serve::emit::{Emitter, Outbox};
 use crate::serve::error::ApiError;
 use crate::serve::worker::{Job, Worker};
-
-/// Requests in prefill at once at most (mlx_lm.server's default prompt concurrency).
-pub const PREFILL_BATCH: usize = 8;
 
 /// A request being admitted: its prompt is prefilled chunk by chunk.
 pub(super) struct Admission<'w> {
@@ -49,12 +47,9 @@ impl Admission<'_> {
 }
 
 impl Worker {
-    /// Starts admitting waiting requests while there are free slots, up to PREFILL_BATCH
-    /// in prefill at once.
+    /// Starts admitting waiting requests while there are free slots.
     pub(super) fn start_admissions<'w>(&'w self, lane: &mut Lane<'w>) {
-        while lane.admissions.len() < PREFILL_BATCH
-            && lane.rows.len() + lane.admissions.len() < lane.slots
-        {
+        while lane.rows.len() + lane.admissions.len() < lane.slots {
             let Some(job) = lane.waiting.pop_front() else {
                 break;
             };
@@ -128,7 +123,7 @@ impl Worker {
     pub(super) fn prefill_tick<'w>(&'w self, lane: &mut Lane<'w>) {
         let budget = self.prefill_step;
         let mut spent = 0;
-        let mut ready = Vec::new();
+        let (mut ready, mut alone) = (Vec::new(), Vec::new());
         for mut adm in std::mem::take(&mut lane.admissions) {
             // A long prompt's admission spans ticks: its client may leave or its time run out.
             if adm.row.emit.check() {
@@ -153,13 +148,86 @@ impl Worker {
             if adm.to_feed() > 0 {
                 lane.admissions.push(adm);
             } else if adm.fed == 0 {
-                ready.extend(self.first_alone(adm));
+                alone.extend(self.first_alone(adm));
             } else {
-                adm.row.next = adm.prompt[adm.fed];
-                ready.push((adm.row, adm.session));
+                ready.push(adm);
             }
         }
-        self.join_rows(lane, ready);
+        self.join_rows(lane, alone);
+        self.admit_rows(lane, ready);
+    }
+
+    /// Admissions whose prompts are in but the last token join (`Batch::admit`): their
+    /// first ids sampled, sent, and fed by the next step; rows that end there leave.
+    fn admit_rows<'w>(&'w self, lane: &mut Lane<'w>, ready: Vec<Admission<'w>>) {
+        if ready.is_empty() {
+            return;
+        }
+        let last: Vec<u32> = ready.iter().map(|a| a.prompt[a.fed]).collect();
+        let (mut rows, sessions): (Vec<Row<'w>>, Vec<Session<'w>>) =
+            ready.into_iter().map(|a| (a.row, a.session)).unzip();
+        let logits = match lane.batch.admit(sessions, &last) {
+            Ok(l) => l,
+            Err(e) => {
+                let e = format!("generation failed: {e}");
+                for row in rows {
+                    self.close(row, Outcome::Failed(ApiError::server(e.clone())));
+                }
+                return;
+            }
+        };
+        let outcomes = self.first_ids(&mut rows, &logits);
+        let now = Instant::now();
+        let mut all: Vec<Option<Outcome>> = lane.rows.iter().map(|_| None).collect();
+        all.extend(outcomes);
+        lane.rows.extend(rows.into_iter().map(|mut r| {
+            r.since = now;
+            r
+        }));
+        self.counters
+            .batch_peak
+            .fetch_max(lane.rows.len(), Ordering::Relaxed);
+        // Only joined rows can end here: the queued samples still match the rows before.
+        if !self.settle(&mut lane.rows, &mut lane.batch, all, None) {
+            lane.batch = crate::generate::batch::Batch::new(self.model.as_ref());
+            lane.inflight = None;
+        }
+    }
+
+    /// Samples, evaluates and sends each joining row's first id from its logits (row i of
+    /// `logits`); the outcome of each row.
+    fn first_ids(&self, rows: &mut [Row<'_>], logits: &mlx_rs::Array) -> Vec<Option<Outcome>> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let picked: Vec<Result<(mlx_rs::Array, mlx_rs::Array), ApiError>> = rows
+            .iter_mut()
+            .enumerate()
+            .map(|(i, row)| {
+                logits
+                    .index(i as i32)
+                    .reshape(&[1, -1])
+                    .map_err(|e| ApiError::server(e.to_string()))
+                    .and_then(|l| Self::sample(row, &l))
+            })
+            .collect();
+        let ys: Vec<&mlx_rs::Array> = picked.iter().flatten().map(|(y, _)| y).collect();
+        if let Err(e) = mlx_rs::transforms::eval(ys) {
+            let msg = format!("generation failed: {e}");
+            return rows
+                .iter()
+                .map(|_| Some(Outcome::Failed(ApiError::server(msg.clone()))))
+                .collect();
+        }
+        rows.iter_mut()
+            .zip(picked)
+            .map(|(row, p)| match p {
+                Err(e) => Some(Outcome::Failed(e)),
+                Ok((y, lp)) => match Self::emit_next(row, &y, &lp) {
+                    Outcome::Continue if !row.emit.gone => None,
+                    Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
+                    other => Some(other),
+                },
+            })
+            .collect()
     }
 
     /// A one-token prompt with nothing cached: its token stepped alone, its first id
@@ -183,7 +251,7 @@ impl Worker {
         }
     }
 
-    /// Rows whose caches hold all they were fed but `next` join the batch (after its rows).
+    /// Rows whose caches hold all they were fed but `next` join the batch as they stand.
     fn join_rows<'w>(&'w self, lane: &mut Lane<'w>, ready: Vec<(Row<'w>, Session<'w>)>) {
         if ready.is_empty() {
             return;
