@@ -17,6 +17,7 @@ use std::time::Instant;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
+use super::profile::{Phase, Profile};
 use super::sampler::Sampler;
 use super::{Finish, Flow, Session, Stats};
 
@@ -127,21 +128,26 @@ fn read(y: &Array) -> Result<u32, Exception> {
 
 /// The plain policy, mlx-lm's `generate_step`: one token per step. Without logits
 /// processors the next step needs no host-side token, so step n+1 is built and queued with
-/// async_eval before step n's id is read back; with processors each step waits for the last.
+/// async_eval before step n's id is read back, and step n+1's id is read only after step n+2
+/// is queued: the host builds each graph while the previous one still runs (as
+/// `generate_step` does). With processors each step waits for the last.
 pub struct Plain {
     pipelined: bool,
-    /// The current id, lazy and read back, and the log-probabilities it was drawn from.
+    /// The current id (lazy: possibly still computing) and the log-probabilities it is
+    /// drawn from.
     y: Array,
     y_logprobs: Array,
-    token: u32,
     /// A queued step the loop may leave unread (EOS, a stop); waited for in `end`, so no MLX
     /// work is in flight once the caller moves on (a process exiting under a running CPU
     /// task corrupted the heap, about 1 run in 40).
     in_flight: Option<Array>,
+    /// ENGINE_DECODE_PROFILE's totals (None when it is off).
+    profile: Option<Profile>,
 }
 
 impl Plain {
-    /// Prefills `rest` (the prompt past what `session` holds) and samples the first id.
+    /// Prefills `rest` (the prompt past what `session` holds) and samples the first id
+    /// (read back here, so the time to the first token ends with the prompt).
     pub fn start<S: BorrowMut<Sampler>>(
         session: &mut Session,
         dec: &mut Decoder<'_, S>,
@@ -150,19 +156,41 @@ impl Plain {
         let logits = session.prefill(rest)?;
         let (y, y_logprobs) = dec.pick(&logits)?;
         mlx_rs::transforms::async_eval([&y])?;
-        let token = read(&y)?;
+        read(&y)?;
         dec.prompt_done();
         Ok(Plain {
             pipelined: !dec.sampler().has_processors(),
             y,
             y_logprobs,
-            token,
             in_flight: None,
+            profile: Profile::start(),
         })
     }
 
-    /// One step: the next one queued (when pipelined), the current id emitted, the next id
-    /// read. Some(finish) when the request is over.
+    /// Builds and queues the step after the current id (fed as a lazy array).
+    fn queue(
+        &mut self,
+        session: &mut Session,
+        dec: &mut Decoder<'_, impl BorrowMut<Sampler>>,
+    ) -> Result<(Array, Array), Exception> {
+        let t = Instant::now();
+        let logits = session.step_array(&self.y)?;
+        let next = dec.pick(&logits)?;
+        if let Some(p) = self.profile.as_mut() {
+            p.add(Phase::Build, t);
+            p.step(&[&next.0, &next.1]);
+        }
+        let t = Instant::now();
+        mlx_rs::transforms::async_eval([&next.0])?;
+        if let Some(p) = self.profile.as_mut() {
+            p.add(Phase::AsyncEval, t);
+        }
+        self.in_flight = Some(next.0.clone());
+        Ok(next)
+    }
+
+    /// One step: the next one queued (when pipelined), the current id read and emitted.
+    /// Some(finish) when the request is over.
     pub fn advance<S: BorrowMut<Sampler>, E: From<Exception>>(
         &mut self,
         session: &mut Session,
@@ -174,33 +202,36 @@ impl Plain {
         }
         let n = dec.produced();
         let queued = if self.pipelined && dec.remaining() > 1 {
-            let logits = session.step_array(&self.y)?;
-            let next = dec.pick(&logits)?;
-            mlx_rs::transforms::async_eval([&next.0])?;
-            self.in_flight = Some(next.0.clone());
-            Some(next)
+            Some(self.queue(session, dec)?)
         } else {
             None
         };
-        if let Some(finish) = dec.emit(self.token, &self.y_logprobs, false, on_token)? {
+        let t = Instant::now();
+        let token = read(&self.y)?;
+        if let Some(p) = self.profile.as_mut() {
+            p.add(Phase::Wait, t);
+        }
+        if let Some(finish) = dec.emit(token, &self.y_logprobs, false, on_token)? {
             return Ok(Some(finish));
+        }
+        if n.is_multiple_of(256) {
+            mlx_rs::memory::clear_cache()?;
         }
         (self.y, self.y_logprobs) = match queued {
             Some(next) => next,
             None => {
-                let logits = session.step(&[self.token])?;
+                let logits = session.step(&[token])?;
                 dec.pick(&logits)?
             }
         };
-        self.token = read(&self.y)?;
-        if n.is_multiple_of(256) {
-            mlx_rs::memory::clear_cache()?;
-        }
         Ok(None)
     }
 
     /// Waits for a step the loop left unread.
     pub fn end(self) -> Result<(), Exception> {
+        if let Some(p) = &self.profile {
+            eprintln!("{}", p.report());
+        }
         match self.in_flight {
             Some(pending) => pending.eval(),
             None => Ok(()),

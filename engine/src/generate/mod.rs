@@ -10,6 +10,7 @@ pub mod compiled;
 pub mod decode;
 pub mod drafter;
 pub mod lookup;
+pub mod profile;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;
