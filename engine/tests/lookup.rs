@@ -403,17 +403,7 @@ fn server_prompt_lookup_per_request() {
 /// greedy's (same tie rule), and nothing fails where a ring wraps.
 #[test]
 fn sliding_window_rings_draft_until_their_window() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = goldens().join("models/tiny-gemma3");
-    for f in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
-    }
-    let cfg = dir.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    config["sliding_window"] = 24.into();
-    std::fs::write(&cfg, config.to_string()).unwrap();
-    let target = engine::model::load(dir.path()).unwrap();
+    let (_dir, target) = common::with_sliding_window("tiny-gemma3", 24);
     // 18 ids of a repeating pattern: the first passes draft from it while the rings near
     // their window (the last drafts allowed at offset 21).
     let prompt: Vec<u32> = [5, 6, 7].repeat(6);

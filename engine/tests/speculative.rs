@@ -159,17 +159,7 @@ fn planted_short_rollback_diverges_from_greedy() {
 /// trained drafter is almost never accepted, so nearly every round rolls back.)
 #[test]
 fn rollback_trims_rotating_caches() {
-    let dir = tempfile::tempdir().unwrap();
-    let src = goldens().join("models/tiny-gemma3");
-    for f in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
-    }
-    let cfg = dir.path().join("config.json");
-    let mut config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    config["sliding_window"] = 128.into();
-    std::fs::write(&cfg, config.to_string()).unwrap();
-    let target = engine::model::load(dir.path()).unwrap();
+    let (_dir, target) = common::with_sliding_window("tiny-gemma3", 128);
     let draft = model("tiny-llama-draft");
     assert!(target
         .make_caches()

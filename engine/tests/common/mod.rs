@@ -13,6 +13,28 @@ pub fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
 }
 
+/// A committed tiny model with its config's `sliding_window` set to `window` (same
+/// weights), loaded from a copy (the directory is returned: the model outlives no file).
+pub fn with_sliding_window(
+    name: &str,
+    window: usize,
+) -> (tempfile::TempDir, Box<dyn engine::model::LanguageModel>) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(goldens().join("models").join(name))
+        .unwrap()
+        .flatten()
+    {
+        std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+    }
+    let cfg = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    config["sliding_window"] = window.into();
+    std::fs::write(&cfg, config.to_string()).unwrap();
+    let model = engine::model::load(dir.path()).unwrap();
+    (dir, model)
+}
+
 /// A committed tiny model.
 pub fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
     engine::model::load(&goldens().join("models").join(name)).unwrap()

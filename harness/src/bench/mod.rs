@@ -409,11 +409,22 @@ pub fn run_labels(
     before: &MachineState,
     after: &MachineState,
 ) -> Result<(Vec<String>, &'static str, String)> {
-    let mut tags = vec![
+    let tags = vec![
         format!("median-of-{rounds}"),
         "abba".to_owned(),
         legs.to_owned(),
     ];
+    machine_labels(tags, before, after)
+}
+
+/// `tags` plus the machine's: dirty before (`forced-dirty`) or during (`went-dirty`) the
+/// run; the preflight verdict (clean only if clean before and after) and both states as
+/// JSON. Every measured row (benches, the quality suite) is labelled this way.
+pub fn machine_labels(
+    mut tags: Vec<String>,
+    before: &MachineState,
+    after: &MachineState,
+) -> Result<(Vec<String>, &'static str, String)> {
     if !before.clean {
         tags.push("forced-dirty".into());
     }

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::restart::RestartLeg;
+use super::serve::get;
 
 /// What the server legs run with.
 pub struct ServerLegs<'a> {
@@ -109,27 +110,6 @@ fn start(legs: &ServerLegs, ssd: Option<&Path>, name: &str) -> Result<Server> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-}
-
-fn get(port: u16, path: &str) -> Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let code = text
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned();
-    Ok((code, body))
 }
 
 /// One greedy streaming completion: (TTFT s, decode tok/s, chunks).

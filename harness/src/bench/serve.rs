@@ -87,8 +87,10 @@ pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
     }
 }
 
-fn get(port: u16, path: &str) -> Result<(u16, String)> {
+/// GET `path` on a local server: (status, body); bounded by a 30 s read timeout.
+pub(super) fn get(port: u16, path: &str) -> Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
@@ -100,7 +102,11 @@ fn get(port: u16, path: &str) -> Result<(u16, String)> {
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or(0);
-    Ok((code, text))
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((code, body))
 }
 
 /// One streaming completion, retried (up to 20 times) when the server resets the
@@ -276,24 +282,18 @@ pub fn run(
         stacks.push("mlx-lm");
     }
     let order = super::leg_order(opts.rounds, &stacks);
-    let bar = indicatif::ProgressBar::new(order.len() as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{msg:>12} [{bar:30}] {pos}/{len} servers ({elapsed})",
-        )
-        .unwrap(),
-    );
-    bar.set_message("serve");
+    let bar = super::Progress::new("serve", order.len());
     let mut runs: Vec<(&str, Vec<Level>)> = Vec::new();
     for stack in &order {
+        bar.start(format!("{} · {stack}", opts.model));
         let server = start(stack, &dir, opts.batch)?;
         let measured = levels(server.port, opts.per_client, opts.max_tokens)
             .with_context(|| format!("serving with {stack}"))?;
         runs.push((stack, measured));
         drop(server);
-        bar.inc(1);
+        bar.done();
     }
-    bar.finish_and_clear();
+    bar.finish();
     let stacks = stacks
         .iter()
         .map(|s| {

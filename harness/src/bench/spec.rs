@@ -265,11 +265,11 @@ pub fn run_lookup(w: Workload, rounds: usize, max_tokens: usize) -> Result<SpecR
     let file: PathBuf = tmp.path().join("prompts.json");
     std::fs::write(&file, serde_json::to_string(&prompts)?)?;
     let drafter = PathBuf::from(format!("{LOOKUP_DRAFTER}:{LOOKUP_NGRAM}"));
-    let bar = indicatif::ProgressBar::new((rounds * LOOKUP_GAMMAS.len()) as u64);
-    bar.set_message(format!("{} + {LOOKUP_DRAFTER}", w.label()));
+    let bar = super::Progress::new("spec", rounds * LOOKUP_GAMMAS.len());
     let mut all = Vec::new();
     for _ in 0..rounds {
         for gamma in LOOKUP_GAMMAS {
+            bar.start(format!("{} + {LOOKUP_DRAFTER} · γ={gamma}", w.label()));
             all.push(run_leg(
                 "engine",
                 gamma,
@@ -277,10 +277,10 @@ pub fn run_lookup(w: Workload, rounds: usize, max_tokens: usize) -> Result<SpecR
                 &file,
                 max_tokens,
             )?);
-            bar.inc(1);
+            bar.done();
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     Ok(SpecResult {
         target: w.label(),
         draft: LOOKUP_DRAFTER,
@@ -327,16 +327,18 @@ fn run_pair(
     let mut stacks: Vec<&'static str> = vec!["engine"];
     stacks.extend(peer);
     let order = super::leg_order(rounds, &stacks);
-    let bar = indicatif::ProgressBar::new((order.len() * GAMMAS.len()) as u64);
-    bar.set_message(format!("{target_name} + {draft_name}"));
+    let bar = super::Progress::new("spec", order.len() * GAMMAS.len());
     let mut all = Vec::new();
     for stack in order {
         for gamma in GAMMAS {
+            bar.start(format!(
+                "{target_name} + {draft_name} · {stack} · γ={gamma}"
+            ));
             all.push(run_leg(stack, gamma, (&target, &draft), &file, max_tokens)?);
-            bar.inc(1);
+            bar.done();
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     Ok(SpecResult {
         target: target_name,
         draft: draft_name,

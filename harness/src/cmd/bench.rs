@@ -42,8 +42,9 @@ pub struct Args {
     /// The committed model the serve suite runs on.
     #[arg(long, default_value = "tiny-llama-trained")]
     serve_model: String,
-    /// Serve suite: the engine server's batch lane rows (`engine serve --batch`).
-    #[arg(long, default_value_t = 16)]
+    /// Serve suite: the engine server's batch lane rows (`engine serve --batch`); 32 as
+    /// mlx_lm.server's --decode-concurrency, so both stacks decode as many at once.
+    #[arg(long, default_value_t = 32)]
     serve_batch: usize,
     /// Serve suite: requests per client per level.
     #[arg(long, default_value_t = 2)]

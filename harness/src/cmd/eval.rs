@@ -181,20 +181,9 @@ fn record(
     before: &preflight::MachineState,
     after: &preflight::MachineState,
 ) -> Result<()> {
-    let mut tags = vec!["teacher-forced".to_owned()];
-    if !before.clean {
-        tags.push("forced-dirty".into());
-    }
-    if before.clean && !after.clean {
-        tags.push("went-dirty".into());
-    }
-    let preflight = if before.clean && after.clean {
-        "clean"
-    } else {
-        "dirty"
-    };
-    let state = serde_json::json!({"before": before, "after": after}).to_string();
-    let ctx = RowContext::between(before, after, (tags, preflight, state));
+    let labels = harness::bench::machine_labels(vec!["teacher-forced".to_owned()], before, after)?;
+    let verdict = labels.1;
+    let ctx = RowContext::between(before, after, labels);
     let db = Db::open_default()?;
     let root = harness::oracle::repo_root();
     let corpus = corpus
@@ -252,7 +241,7 @@ fn record(
         }
     }
     println!(
-        "recorded quality rows (preflight {preflight}) in {}",
+        "recorded quality rows (preflight {verdict}) in {}",
         harness::db::default_path().display()
     );
     Ok(())
