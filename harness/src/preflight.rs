@@ -327,6 +327,21 @@ pub fn settle(
     }
 }
 
+/// The after-check of a suite that loads every core itself (N ranks, a server and its 32
+/// clients): waits (up to two minutes) for that load to decay, then judges. It is there to
+/// catch what else ran during the run, which a foreign load still shows after the wait.
+pub fn check_after_own_load(t: &Thresholds) -> MachineState {
+    let _ = settle(
+        t,
+        std::time::Duration::from_secs(120),
+        std::time::Duration::from_secs(2),
+        || read_machine(t),
+        &mut WallClock::start(),
+        |_, _| {},
+    );
+    check(t)
+}
+
 impl MachineState {
     pub fn verdict(&self) -> &'static str {
         if self.clean {

@@ -332,7 +332,8 @@ pub fn run(
             .map(|l| l.decode_tps)
         })
         .collect::<Result<_, _>>()?;
-    let after = preflight::check(&thresholds);
+    // The servers and their 32 clients load every core: let that decay before judging.
+    let after = preflight::check_after_own_load(&thresholds);
     Ok((
         ServeResult {
             stacks,

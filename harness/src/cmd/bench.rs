@@ -287,19 +287,8 @@ fn run_distributed(args: &Args) -> Result<()> {
         .iter()
         .map(|m| distributed::run(m, &opts))
         .collect::<Result<Vec<_>>>()?;
-    // The suite's own N ranks load every core (2 ranks on 2 cores: a load average near 2,
-    // over the limit of 0.75 per core), so the after-check waits (bounded) for that load to
-    // decay before it judges: it is there to catch what else ran during the run, which a
-    // foreign load still shows after the wait.
-    let _ = harness::preflight::settle(
-        &thresholds,
-        std::time::Duration::from_secs(120),
-        std::time::Duration::from_secs(2),
-        || harness::preflight::read_machine(&thresholds),
-        &mut harness::preflight::WallClock::start(),
-        |_, _| {},
-    );
-    let after = harness::preflight::check(&thresholds);
+    // The suite's own N ranks load every core (2 ranks on 2 cores: a load average near 2).
+    let after = harness::preflight::check_after_own_load(&thresholds);
     let db = Db::open_default()?;
     let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
