@@ -9,7 +9,6 @@ pub mod hostile;
 pub mod models;
 pub mod progress;
 pub mod restart;
-pub mod restart_server;
 pub mod serve;
 pub mod spec;
 pub mod train;

@@ -7,7 +7,7 @@
 //! legs also report the restore's own time, the always-on tensor checksums' hashing time
 //! (on their own thread, overlapped with the copy into MLX) and what the restore waited
 //! for them: the wall time the check adds. `--restart-via server` runs the same legs through
-//! `engine serve` over HTTP instead (`restart_server`: a client's TTFT, a bench model variant
+//! `engine serve` over HTTP instead (`restart/server.rs`: a client's TTFT, a bench model variant
 //! that admits long prompts, optionally a kv_config). Every run is judged against the exit
 //! criteria (`criteria`).
 
@@ -23,6 +23,8 @@ use engine::generate::{Session, SessionOptions};
 use serde::{Deserialize, Serialize};
 
 use super::median;
+
+mod server;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RestartLeg {
@@ -177,7 +179,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     let prompt = super::models::prompt_text(&ids);
     // Warm-up ids start with another id than the prompt, so they never restore anything.
     let warmup = super::models::prompt_text(&[(ids[0] + 1) % model.vocab as u32, 1, 2, 3]);
-    let server = crate::bench::restart_server::ServerLegs {
+    let server = server::ServerLegs {
         model: &dir,
         kv_config: opts.kv_config.as_deref(),
         prompt: &prompt,
@@ -192,7 +194,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     let what = |mode: &str| format!("{} · prompt {} · {mode}", model.name, opts.prompt_tokens);
     progress.start(what("store"));
     if opts.server {
-        crate::bench::restart_server::store(&server)?;
+        server::store(&server)?;
     } else {
         run_leg("store", &dir, &ids_file, opts.max_tokens, &ssd)?;
     }
@@ -201,7 +203,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     for (n, mode) in order.into_iter().enumerate() {
         progress.start(what(mode));
         legs.push(if opts.server {
-            crate::bench::restart_server::leg(&server, mode, n)?
+            server::leg(&server, mode, n)?
         } else {
             run_leg(mode, &dir, &ids_file, opts.max_tokens, &ssd)?
         });

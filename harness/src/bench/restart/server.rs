@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::restart::RestartLeg;
-use super::serve::get;
+use super::RestartLeg;
+use crate::bench::serve::get;
 
 /// What the server legs run with.
 pub struct ServerLegs<'a> {
