@@ -263,10 +263,10 @@ fn parity_section(out: &mut String, rows: &[&Row]) {
     }
 }
 
-/// (suite, model with its run parameters, metric) → stack → the newest row.
+/// (suite, model with its run parameters, metric) → stack → its row of the newest run.
 type PerfTable<'a> = BTreeMap<(String, String, String), BTreeMap<String, &'a Row>>;
 
-/// The performance rows (neither parity nor quality), newest per stack.
+/// The performance rows (neither parity nor quality), the newest run's per line.
 fn perf_table<'a>(rows: &[&'a Row]) -> PerfTable<'a> {
     let mut perf = PerfTable::new();
     for r in rows
@@ -279,11 +279,16 @@ fn perf_table<'a>(rows: &[&'a Row]) -> PerfTable<'a> {
             Some(label) => format!("{} ({label})", r.model),
             None => r.model.clone(),
         };
-        // Rows come newest first: the first one per stack is the one to show.
-        perf.entry((r.suite.clone(), model, r.metric.clone()))
-            .or_default()
-            .entry(r.stack.clone())
-            .or_insert(r);
+        // Rows come newest first: the newest run of each line is the one to show, all its
+        // stacks from that run (one recording shares one timestamp), so a ratio never
+        // divides one run's engine by another run's peer.
+        let stacks = perf
+            .entry((r.suite.clone(), model, r.metric.clone()))
+            .or_default();
+        let run = stacks.values().next().map(|first| first.ts.as_str());
+        if run.is_none_or(|ts| ts == r.ts) {
+            stacks.entry(r.stack.clone()).or_insert(r);
+        }
     }
     perf
 }
@@ -415,6 +420,30 @@ mod tests {
         assert_eq!(md, render(&rows), "deterministic");
         assert!(!md.contains("9999"), "dirty rows are never rendered");
         insta::assert_snapshot!(md);
+    }
+
+    /// A line's stacks all come from its newest run: an older run's peer never completes
+    /// a newer run's engine (nor its ratio).
+    #[test]
+    fn a_line_never_mixes_runs() {
+        let at = |ts: &str, stack: &str, value: f64| {
+            let mut r = row("decode", "tiny", "decode_tps", stack, value, "tok/s");
+            r.ts = ts.into();
+            r
+        };
+        // Newest first, as the DB returns them.
+        let rows = vec![
+            at("2026-11-30T10:00:00Z", "engine", 120.0),
+            at("2026-11-29T10:00:00Z", "engine", 100.0),
+            at("2026-11-29T10:00:00Z", "mlx-lm", 110.0),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let perf = perf_table(&refs);
+        let stacks = perf.values().next().expect("one line");
+        assert_eq!(stacks.len(), 1, "only the newest run's stacks");
+        assert_eq!(stacks["engine"].value, 120.0);
+        let md = render(&rows);
+        assert!(md.contains("| 120 tok/s | - | - | - |"), "{md}");
     }
 
     /// A RESULTS.md from before per-machine sections (one machine, `##` headings).
