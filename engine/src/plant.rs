@@ -65,6 +65,10 @@ pub enum Defect {
     /// The segmented backward drops the cotangent between segments (each segment's
     /// backward starts from zeros). Caught by `engine/tests/segmented.rs`.
     DropCotangent,
+    /// The segmented backward drops the cotangent of the donor K/V carried across segment
+    /// boundaries (Gemma 4's KV-shared layers' part never reaches the donor's segment).
+    /// Caught by `engine/tests/segmented.rs` on tiny-gemma4.
+    DropCarriedKvCotangent,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/tokenize.rs`).
     EncodeSkipsPostProcessor,

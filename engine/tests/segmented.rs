@@ -28,11 +28,18 @@ fn max_gap(a: &Array, b: &Array) -> f32 {
     d.as_slice::<f32>()[0]
 }
 
-/// Rank-4 adapters (scale 20) on every linear of the last 3 blocks, seed 3.
+/// Rank-4 adapters (scale 20) on every linear of the last 3 blocks, seed 3; on every block
+/// of the Gemma 4s, so the donor layers (1 and 2 of tiny-gemma4's 6) have adapters whose
+/// gradients depend on what the KV-shared layers 3-5 make of their K/V.
 fn attach(m: &dyn engine::model::LanguageModel) -> Adapters<'_> {
+    let num_layers = if m.model_type().starts_with("gemma4") {
+        usize::MAX
+    } else {
+        3
+    };
     let config = AdapterConfig {
         fine_tune_type: "lora".into(),
-        num_layers: 3,
+        num_layers,
         lora_parameters: LoraParams {
             rank: 4,
             scale: 20.0,
@@ -140,10 +147,57 @@ fn compare(name: &str, method: &str, segment_size: usize) -> (bool, f32) {
         .zip(&seg_grads)
         .map(|(a, b)| max_gap(a, b))
         .fold(0.0, f32::max);
+    let identical = full_grads
+        .iter()
+        .zip(&seg_grads)
+        .filter(|(a, b)| bytes(a) == bytes(b))
+        .count();
     println!(
-        "{name} {method} segment {segment_size}: loss identical {same_loss}, max gradient gap {gap:e}"
+        "{name} {method} segment {segment_size}: loss identical {same_loss}, \
+         {identical}/{} gradients bit-identical, max gradient gap {gap:e}",
+        full_grads.len()
     );
     (same_loss, gap)
+}
+
+/// Gemma 4 (tiny-gemma4: 6 blocks, layers 3-5 borrow the K/V of 1 (sliding) and 2 (full);
+/// per-layer inputs): segments of 1, 2 and 3 blocks put donors and sharers in different
+/// segments (at 2, layer 1's K/V pass through the segment of blocks 2-3 to reach 4), SFT
+/// and ORPO, the loss and every gradient identical to the whole step. The multimodal
+/// wrapper (tiny-gemma4-mm, the same text model) and K = V attention (tiny-gemma4-keqv, no
+/// sharing) at one block per segment.
+#[test]
+fn segmented_gemma4_matches_the_full_step() {
+    let cases = [
+        ("tiny-gemma4", "sft", 1..=3),
+        ("tiny-gemma4", "orpo", 1..=3),
+        ("tiny-gemma4-mm", "sft", 1..=1),
+        ("tiny-gemma4-keqv", "sft", 1..=1),
+    ];
+    for (name, method, sizes) in cases {
+        for size in sizes {
+            let (same, gap) = compare(name, method, size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} {method} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
+    }
+}
+
+/// Planted: the donor K/V's cotangent dropped at the segment boundaries (the sharers' part
+/// of the donors' gradients lost) fails at every segment size that splits donors from
+/// their sharers; the hidden state's dropped cotangent fails too.
+#[test]
+fn planted_dropped_donor_cotangent_fails_on_gemma4() {
+    let gaps = {
+        let _on = plant::on(Defect::DropCarriedKvCotangent).unwrap();
+        [1, 2, 3].map(|size| compare("tiny-gemma4", "sft", size).1)
+    };
+    assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
+    let _on = plant::on(Defect::DropCotangent).unwrap();
+    let gap = compare("tiny-gemma4", "sft", 1).1;
+    assert!(gap > GRAD_BOUND, "{gap:e}");
 }
 
 #[test]
@@ -186,14 +240,19 @@ fn planted_dropped_cotangent_fails() {
 /// equal adapters could not fail): three steps of `train` with segments of one block end
 /// with the whole-model adapters, and with different ones under the planted dropped
 /// cotangent.
+/// The same on tiny-gemma4, the donor K/V's dropped cotangent planted.
 #[test]
 fn the_training_loop_runs_the_segmented_backward() {
+    training_loop_matches("tiny-llama-trained", Defect::DropCotangent);
+    training_loop_matches("tiny-gemma4", Defect::DropCarriedKvCotangent);
+}
+
+fn training_loop_matches(name: &str, defect: Defect) {
     use engine::train::optim::{AdamW, Schedule};
     use engine::train::trainer::{train, Dataset, Method, Metrics, TrainConfig};
-    let m = model("tiny-llama-trained");
+    let m = model(name);
     let tok =
-        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
-            .unwrap();
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models").join(name)).unwrap();
     let data = Dataset::Sft(
         [
             "The robot took a spring from the jar and fixed the clock.",
@@ -230,7 +289,7 @@ fn the_training_loop_runs_the_segmented_backward() {
         let dir = tempfile::tempdir().unwrap();
         let mut metrics =
             Metrics::create(&dir.path().join("metrics.jsonl"), serde_json::json!({})).unwrap();
-        let planted = plant.then(|| plant::on(Defect::DropCotangent).unwrap());
+        let planted = plant.then(|| plant::on(defect).unwrap());
         let done = train(
             m.as_ref(),
             &adapters,
@@ -247,9 +306,12 @@ fn the_training_loop_runs_the_segmented_backward() {
         adapters.params().iter().map(bytes).collect()
     };
     let whole = run(None, false);
-    assert!(whole == run(Some(1), false), "segmented training differs");
+    assert!(
+        whole == run(Some(1), false),
+        "{name}: segmented training differs"
+    );
     assert!(
         whole != run(Some(1), true),
-        "the planted defect went unnoticed"
+        "{name}: the planted {defect:?} went unnoticed"
     );
 }

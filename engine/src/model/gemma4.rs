@@ -352,7 +352,14 @@ impl LanguageModel for Gemma4 {
     fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
         Some(self)
     }
+
+    fn as_layered(&self) -> Option<&dyn super::Layered> {
+        Some(self)
+    }
 }
+
+/// Segmented training's hooks (embed → blocks with the borrowed K/V carried → head).
+mod layered;
 
 impl Gemma4 {
     /// The scaled input embedding (`embed_tokens(ids) * embed_scale`).

@@ -93,6 +93,30 @@ pub trait Layered {
     fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> Result<Array, Exception>;
     /// Final norm and output head → logits.
     fn head_logits(&self, h: &Array) -> Result<Array, Exception>;
+    /// For blocks that read more than the hidden state before them (Gemma 4): what a
+    /// segment boundary carries besides it. None: the hidden state alone.
+    fn carried(&self) -> Option<&dyn Carried> {
+        None
+    }
+}
+
+/// A `Layered` model whose blocks also read K/V that earlier blocks computed (Gemma 4's
+/// KV-shared layers) and inputs made once from the ids (its per-layer inputs).
+pub trait Carried {
+    /// From the ids and the first hidden state: what every block may read and no adapter
+    /// gradient flows into (empty where there is none).
+    fn side_inputs(&self, ids: &Array, h0: &Array) -> Result<Vec<Array>, Exception>;
+    /// How many arrays cross the boundary before block `b` besides the hidden state.
+    fn carried_at(&self, b: usize) -> usize;
+    /// Blocks `range` from the hidden state and the arrays carried into `range.start` →
+    /// the hidden state and the arrays carried out of `range.end`.
+    fn run_carried(
+        &self,
+        h: &Array,
+        carried: &[Array],
+        side: &[Array],
+        range: std::ops::Range<usize>,
+    ) -> Result<(Array, Vec<Array>), Exception>;
 }
 
 /// The families this engine implements, by `model_type`.

@@ -6,6 +6,13 @@
 //! the segment after it → (dh at its own boundary, its adapters' gradients). The loss is
 //! the unsegmented one, bit for bit (the same ops on the same values); gradients too, up to
 //! how MLX sums cotangents (gated against the unsegmented step, see the tests).
+//!
+//! Models whose blocks read more than the hidden state before them (Gemma 4, through
+//! `Layered::carried`) carry it across each boundary: the K/V of earlier donor layers that
+//! KV-shared layers at or after it borrow ride along with the hidden state forward, and
+//! their cotangents come back with dh, so a donor's segment gets the sharers' part of its
+//! K/V's gradient. Inputs made once from the ids (the per-layer inputs) are read by every
+//! segment and take no gradient.
 
 use std::ops::Range;
 
@@ -13,11 +20,11 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use super::lora::Adapters;
-use crate::model::Layered;
+use crate::model::{Carried, Layered};
 
 /// The families whose models expose their blocks (`LanguageModel::as_layered`).
-pub const SEGMENTED_FAMILIES: &str =
-    "llama, mistral, qwen2, qwen3, gemma3_text, gemma3, qwen3_moe, mixtral, qwen2_moe";
+pub const SEGMENTED_FAMILIES: &str = "llama, mistral, qwen2, qwen3, gemma3_text, gemma3, \
+     gemma4_text, gemma4, qwen3_moe, mixtral, qwen2_moe";
 
 /// The block ranges of `segment_size` blocks each (the last may be shorter).
 pub fn segments(blocks: usize, segment_size: usize) -> Vec<Range<usize>> {
@@ -35,6 +42,36 @@ pub trait Phases {
 
 impl Phases for () {}
 
+/// The model's blocks as `Carried` ones: its own where it has them (Gemma 4), else blocks
+/// that carry nothing but the hidden state.
+struct Plain<'a>(&'a dyn Layered);
+
+impl Carried for Plain<'_> {
+    fn side_inputs(&self, _ids: &Array, _h0: &Array) -> Result<Vec<Array>, Exception> {
+        Ok(Vec::new())
+    }
+
+    fn carried_at(&self, _b: usize) -> usize {
+        0
+    }
+
+    fn run_carried(
+        &self,
+        h: &Array,
+        _carried: &[Array],
+        _side: &[Array],
+        range: Range<usize>,
+    ) -> Result<(Array, Vec<Array>), Exception> {
+        Ok((self.0.run_blocks(h, range)?, Vec::new()))
+    }
+}
+
+/// A segment boundary: the hidden state and what crosses with it (borrowed K/V).
+struct Boundary {
+    h: Array,
+    carried: Vec<Array>,
+}
+
 /// `loss_from_logits(head(blocks(embed(ids))))` and the gradient of its first output with
 /// respect to every adapter parameter, computed segment by segment.
 pub fn segmented_value_and_grad(
@@ -45,59 +82,73 @@ pub fn segmented_value_and_grad(
     mut loss_from_logits: impl FnMut(&Array) -> Result<Vec<Array>, Exception>,
     phases: &mut dyn Phases,
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    let plain = Plain(model);
+    let blocks: &dyn Carried = model.carried().unwrap_or(&plain);
     let params = adapters.params();
     let segs = segments(model.num_blocks(), segment_size);
     // Forward, keeping only the boundaries.
-    let mut boundaries = vec![model.embed_ids(ids)?];
+    let h0 = model.embed_ids(ids)?;
+    let side = blocks.side_inputs(ids, &h0)?;
+    mlx_rs::transforms::eval(&side)?;
+    let mut boundaries = vec![Boundary {
+        h: h0,
+        carried: Vec::new(),
+    }];
     for r in &segs {
-        let h = model.run_blocks(
-            &mlx_rs::stop_gradient(boundaries.last().expect("one"))?,
-            r.clone(),
-        )?;
-        h.eval()?;
-        boundaries.push(h);
+        let at = boundaries.last().expect("one");
+        let carried = at
+            .carried
+            .iter()
+            .map(mlx_rs::stop_gradient)
+            .collect::<Result<Vec<_>, _>>()?;
+        let (h, carried) =
+            blocks.run_carried(&mlx_rs::stop_gradient(&at.h)?, &carried, &side, r.clone())?;
+        mlx_rs::transforms::eval(std::iter::once(&h).chain(&carried))?;
+        boundaries.push(Boundary { h, carried });
     }
     phases.phase("forward");
     // The head: loss and dh at the last boundary.
-    let last = boundaries.last().expect("one").clone();
+    let last = boundaries.last().expect("one").h.clone();
     let head = |x: &[Array]| -> Result<Vec<Array>, Exception> {
         loss_from_logits(&model.head_logits(&x[0])?)
     };
-    let (outputs, mut dh) = {
+    let (outputs, dh) = {
         let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(head, &[0][..]);
         let (o, g) = vg(std::slice::from_ref(&last))?;
         (o, g.into_iter().next().expect("one gradient"))
     };
     mlx_rs::transforms::eval(outputs.iter().chain(std::iter::once(&dh)))?;
     phases.phase("head");
-    // Backward, segment by segment.
+    // Backward, segment by segment: the cotangents of the boundary after each (its hidden
+    // state's, then its carried arrays') give those of the boundary before it.
     let mut grads: Vec<Option<Array>> = vec![None; params.len()];
+    let mut cotangents = vec![dh];
     for (s, r) in segs.iter().enumerate().rev() {
         let at = adapters.params_in_layers(r);
-        let mut primals = vec![boundaries[s].clone()];
+        let before = &boundaries[s];
+        let mut primals = vec![before.h.clone()];
+        primals.extend(before.carried.iter().cloned());
+        let n_in = primals.len();
         primals.extend(at.iter().map(|&k| params[k].clone()));
         let replay = |p: &[Array]| -> Result<Vec<Array>, Exception> {
-            adapters.set_some(&at, &p[1..]);
-            Ok(vec![model.run_blocks(&p[0], r.clone())?])
+            adapters.set_some(&at, &p[n_in..]);
+            let (h, carried) = blocks.run_carried(&p[0], &p[1..n_in], &side, r.clone())?;
+            Ok(std::iter::once(h).chain(carried).collect())
         };
-        let cotangent =
-            if crate::plant::is(crate::plant::Defect::DropCotangent) && s + 1 < segs.len() {
-                mlx_rs::ops::zeros_like(&dh)?
-            } else {
-                dh.clone()
-            };
-        let result = mlx_rs::transforms::fallible_vjp(replay, &primals, &[cotangent]);
+        planted_drops(&mut cotangents, s + 1 < segs.len())?;
+        let result = mlx_rs::transforms::fallible_vjp(replay, &primals, &cotangents);
         adapters.set_some(
             &at,
             &at.iter().map(|&k| params[k].clone()).collect::<Vec<_>>(),
         );
-        let (_, vjps) = result?;
-        let mut vjps = vjps.into_iter();
-        dh = vjps.next().expect("the boundary's cotangent");
-        for (&k, g) in at.iter().zip(vjps) {
+        let (_, mut vjps) = result?;
+        let adapter_grads = vjps.split_off(n_in);
+        cotangents = vjps;
+        for (&k, g) in at.iter().zip(adapter_grads) {
             grads[k] = Some(g);
         }
-        let pending: Vec<&Array> = std::iter::once(&dh)
+        let pending: Vec<&Array> = cotangents
+            .iter()
             .chain(at.iter().filter_map(|&k| grads[k].as_ref()))
             .collect();
         mlx_rs::transforms::eval(pending)?;
@@ -108,4 +159,26 @@ pub fn segmented_value_and_grad(
         .map(|g| g.ok_or_else(|| Exception::custom("an adapter outside every segment")))
         .collect::<Result<_, _>>()?;
     Ok((outputs, grads))
+}
+
+/// The planted defects of the boundary after a segment (`inner`: one that another segment
+/// follows): the hidden state's cotangent dropped (`DropCotangent`), the carried K/V's
+/// dropped (`DropCarriedKvCotangent`: the donor's segment never learns what the sharers
+/// needed of its K/V).
+fn planted_drops(cotangents: &mut [Array], inner: bool) -> Result<(), Exception> {
+    use crate::plant::{is, Defect};
+    if !inner {
+        return Ok(());
+    }
+    for (i, c) in cotangents.iter_mut().enumerate() {
+        let drop = if i == 0 {
+            is(Defect::DropCotangent)
+        } else {
+            is(Defect::DropCarriedKvCotangent)
+        };
+        if drop {
+            *c = mlx_rs::ops::zeros_like(&*c)?;
+        }
+    }
+    Ok(())
 }
