@@ -3,6 +3,7 @@
 
 pub mod cache;
 pub mod clock;
+pub mod constrain;
 pub mod convert;
 pub mod dist;
 pub mod generate;

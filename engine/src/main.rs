@@ -142,6 +142,15 @@ struct GenerateArgs {
     /// Additive logit bias, e.g. `50:2.0,100:-5`.
     #[arg(long, value_delimiter = ',', value_parser = parse_bias)]
     logit_bias: Vec<(u32, f32)>,
+    /// Constrain the answer to the JSON schema in FILE (structured output).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["regex", "grammar"])]
+    json_schema: Option<PathBuf>,
+    /// Constrain the answer to match this regex.
+    #[arg(long, conflicts_with = "grammar")]
+    regex: Option<String>,
+    /// Constrain the answer to the Lark grammar in FILE (llguidance's dialect).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
     /// Print prompt and generation tok/s and peak memory after the text (as mlx_lm.generate:
     /// `--verbose False` prints only the response).
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
@@ -229,6 +238,28 @@ fn main() -> Result<()> {
     }
 }
 
+impl GenerateArgs {
+    /// The grammar of --json-schema, --regex or --grammar (checked: it compiles).
+    fn constraint(&self) -> Result<Option<engine::constrain::Grammar>> {
+        use engine::constrain::Grammar;
+        let read = |p: &PathBuf| {
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+        };
+        let grammar = if let Some(p) = &self.json_schema {
+            let schema = serde_json::from_str(&read(p)?)
+                .with_context(|| format!("--json-schema: {} is not JSON", p.display()))?;
+            Grammar::JsonSchema(schema)
+        } else if let Some(r) = &self.regex {
+            Grammar::Regex(r.clone())
+        } else if let Some(p) = &self.grammar {
+            Grammar::Lark(read(p)?)
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(grammar))
+    }
+}
+
 fn generate(args: GenerateArgs) -> Result<()> {
     #[cfg(feature = "plant")]
     engine::plant::on_from_env().map_err(anyhow::Error::msg)?;
@@ -260,7 +291,7 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     let dir = &args.model;
     let model = engine::model::load(dir)
         .with_context(|| format!("loading model from {}", dir.display()))?;
-    let tokenizer = Tokenizer::load(dir)?;
+    let tokenizer = std::sync::Arc::new(Tokenizer::load(dir)?);
     let _adapters = match &args.adapter_path {
         Some(path) => Some(
             engine::train::lora::Adapters::load(model.as_ref(), path)
@@ -282,6 +313,8 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
         anyhow::anyhow!("--{flag}: {}", e.message)
     })?;
     let sampler = Sampler::new(sampling)?;
+    let sampler = engine::constrain::constrain(sampler, &tokenizer, args.constraint()?.as_ref())
+        .map_err(|e| anyhow::anyhow!("--json-schema/--regex/--grammar: {e}"))?;
     let lookup = args.lookup()?;
     if lookup.is_some() && sampler.has_processors() {
         anyhow::bail!("--prompt-lookup: {}", gen::lookup::PROCESSORS_REFUSED);

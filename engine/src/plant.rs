@@ -137,6 +137,12 @@ pub enum Defect {
     /// verify pass accepts every draft unchecked. Caught by the prompt-lookup trace gate
     /// (`engine/tests/lookup.rs`).
     LookupWrongOffsetUnverified,
+    /// Constrained decoding: the grammar's token mask is never applied (the logits go to
+    /// the sampler as they are). Caught by the schema gate (`engine/tests/constrained.rs`).
+    ConstrainMaskNotApplied,
+    /// Constrained decoding: the mask is written one id too high (id i's verdict lands on
+    /// id i + 1). Caught by the exactness gate (`engine/tests/constrained.rs`).
+    ConstrainMaskOffByOne,
 }
 
 /// `plant::on` in a build without the `plant` feature.

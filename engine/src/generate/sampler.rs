@@ -17,6 +17,7 @@ use mlx_rs::ops::indexing::{argmax_axis, TryIndexUpdateOp, UpdateMode};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::{random, Array, Dtype};
 
+use crate::constrain::Constraint;
 use crate::model::layers::weak;
 
 type R<T> = Result<T, Exception>;
@@ -126,21 +127,34 @@ fn recent(history: &[u32], n: usize) -> Array {
     Array::from_slice(&tail, &[tail.len() as i32])
 }
 
-/// One sequence's sampler: settings plus its key sequence.
+/// One sequence's sampler: settings plus its key sequence, and the grammar its answer
+/// must match (a constraint: the last logits processor, the token mask).
 pub struct Sampler {
     pub params: SamplingParams,
     key: Array,
+    constraint: Option<Constraint>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> R<Self> {
         let key = random::key(params.seed)?;
-        Ok(Sampler { params, key })
+        Ok(Sampler {
+            params,
+            key,
+            constraint: None,
+        })
+    }
+
+    /// This sampler with `constraint` masking every step's logits.
+    pub fn constrained(mut self, constraint: Constraint) -> Self {
+        self.constraint = Some(constraint);
+        self
     }
 
     pub fn has_processors(&self) -> bool {
         let p = &self.params;
-        !p.logit_bias.is_empty()
+        self.constraint.is_some()
+            || !p.logit_bias.is_empty()
             || active(p.repetition_penalty).is_some()
             || active(p.presence_penalty).is_some()
             || active(p.frequency_penalty).is_some()
@@ -222,11 +236,14 @@ impl Sampler {
     /// over `history` (when there are any), log-probabilities, then the sampled id — both
     /// lazy: (id [1], log-probabilities).
     pub fn pick(&mut self, logits: &Array, history: &[u32]) -> R<(Array, Array)> {
-        let logits = if self.has_processors() {
+        let mut logits = if self.has_processors() {
             self.process(logits, history)?
         } else {
             logits.clone()
         };
+        if let Some(c) = self.constraint.as_mut() {
+            logits = c.apply(&logits, history)?;
+        }
         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
         Ok((self.sample(&logprobs)?, logprobs))
     }

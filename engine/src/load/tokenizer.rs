@@ -226,6 +226,11 @@ impl Tokenizer {
         self.inner.id_to_token(id)
     }
 
+    /// The `tokenizer.json` this tokenizer was read from.
+    pub fn json_path(&self) -> &Path {
+        &self.path
+    }
+
     pub fn detokenizer_kind(&self) -> detok::Kind {
         self.detok_kind
     }

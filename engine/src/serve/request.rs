@@ -64,6 +64,8 @@ pub struct GenRequest {
     /// `max_matching_ngram_size`, as transformers' generate takes them): drafts copied from
     /// the prompt and the text so far; None: plain decoding (or the server's drafter).
     pub prompt_lookup: Option<crate::generate::lookup::LookupParams>,
+    /// The grammar the answer must match (`response_format`; `engine::constrain`).
+    pub constraint: Option<crate::constrain::Grammar>,
 }
 
 const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
@@ -476,6 +478,14 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         ));
     }
     let (num_draft_tokens, prompt_lookup) = drafting(&b, &sampling)?;
+    let constraint = crate::constrain::openai::response_format(b.get("response_format"))
+        .map_err(|(f, m)| ApiError::field(f, m))?;
+    if constraint.is_some() && prompt_lookup.is_some() {
+        return Err(ApiError::field(
+            "response_format",
+            "a constrained answer cannot be drafted by prompt lookup (yet): drop one",
+        ));
+    }
     Ok(GenRequest {
         prompt,
         max_tokens,
@@ -487,6 +497,7 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
         top_logprobs,
         num_draft_tokens,
         prompt_lookup,
+        constraint,
     })
 }
 

@@ -262,7 +262,12 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let sampler = match Sampler::new(request.sampling.clone()) {
+        let sampler = Sampler::new(request.sampling.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|s| {
+                crate::constrain::constrain(s, &self.tokenizer, request.constraint.as_ref())
+            });
+        let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {
                 self.end_failed(emit, ApiError::server(e.to_string()));

@@ -85,7 +85,12 @@ impl Worker {
             emit.end_cut(&self.counters);
             return None;
         }
-        let sampler = match Sampler::new(request.sampling.clone()) {
+        let sampler = Sampler::new(request.sampling.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|s| {
+                crate::constrain::constrain(s, &self.tokenizer, request.constraint.as_ref())
+            });
+        let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {
                 self.counters.failed.fetch_add(1, Ordering::Relaxed);
