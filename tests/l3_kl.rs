@@ -1,4 +1,6 @@
-//! Quality gates of `harness eval` on the committed tiny models (seconds each):
+//! The quality gates of `harness eval`'s measures, rows `l3-kl` and `eval-ppl` of the gate
+//! table (`harness parity --tier l3` / `--tier l1` runs them too), on the committed tiny
+//! models (seconds each):
 //!
 //! - the L3 KL gate: teacher-forced KL(L2 ‖ L3) over the held-out corpus
 //!   (goldens/eval/heldout.txt) ≤ 5e-3 nats mean and ≤ 5e-2 max per position, with the perf
@@ -12,24 +14,24 @@
 //!   the same double bit for bit; planted `EvalMeanOnHost` (the mean loss in f64 on the host)
 //!   must fail it.
 
-use engine::plant::{self, Defect};
-use harness::eval::gate::{self, KlGateReport, PplGoldenReport};
-use harness::parity::gates::L3;
+use harness::parity::gates::{Plant, EVAL_PPL, L3, L3_KL};
+use harness::parity::quality::{KlGateReport, PplGoldenReport};
 use harness::parity::Report;
 
-/// The models the KL gate covers.
-const MODELS: &[&str] = &["tiny-gemma4"];
+fn plant(name: &str) -> Plant {
+    Plant::parse(name).unwrap()
+}
 
-fn kl(name: &str) -> KlGateReport {
-    let report = gate::l3_kl(name).unwrap();
+fn kl(name: &str, plant: Option<&Plant>) -> KlGateReport {
+    let report = L3_KL.run(name, plant).unwrap();
     harness::announce(&report.summary());
-    report
+    report.downcast().unwrap()
 }
 
 #[test]
 fn l3_kl_gate_passes_and_the_perf_path_ran() {
-    for name in MODELS {
-        let report = kl(name);
+    for name in L3_KL.models {
+        let report = kl(name, None);
         assert!(report.perf_path_steps > 0);
         assert!(report.passed(), "{}", report.summary());
     }
@@ -37,26 +39,27 @@ fn l3_kl_gate_passes_and_the_perf_path_ran() {
 
 #[test]
 fn planted_value_bias_defect_fails_the_kl_gate() {
-    let _on = plant::on(Defect::PerfDequantValueBiasesDropped).unwrap();
-    let report = kl("tiny-gemma4");
+    let planted = plant("value-biases-dropped");
+    let report = kl("tiny-gemma4", Some(&planted));
     assert!(report.perf_path_steps > 0);
     assert!(!report.passed(), "{}", report.summary());
     // For the record (not asserted): the argmax envelope lets this defect through on
     // tiny-gemma4 (measured 60/64 and 59/64, ≥ 56 needed) — the KL gate is the finer one.
+    let _on = engine::plant::on(engine::plant::Defect::PerfDequantValueBiasesDropped).unwrap();
     let envelope = L3.run("tiny-gemma4", None).unwrap();
     harness::announce(&format!("with the same defect, {}", envelope.summary()));
 }
 
-fn ppl(name: &str) -> PplGoldenReport {
-    let report = gate::ppl_golden(name).unwrap();
+fn ppl(name: &str, plant: Option<&Plant>) -> PplGoldenReport {
+    let report = EVAL_PPL.run(name, plant).unwrap();
     harness::announce(&report.summary());
-    report
+    report.downcast().unwrap()
 }
 
 #[test]
 fn l1_perplexity_is_mlx_lm_perplexity_bit_for_bit() {
-    for name in ["tiny-llama-trained", "tiny-gemma4"] {
-        let report = ppl(name);
+    for name in EVAL_PPL.models {
+        let report = ppl(name, None);
         assert!(report.same_rows, "{}", report.summary());
         assert!(report.passed(), "{}", report.summary());
     }
@@ -64,7 +67,7 @@ fn l1_perplexity_is_mlx_lm_perplexity_bit_for_bit() {
 
 #[test]
 fn planted_host_mean_fails_the_perplexity_golden() {
-    let _on = plant::on(Defect::EvalMeanOnHost).unwrap();
-    let report = ppl("tiny-llama-trained");
+    let planted = plant("eval-mean-on-host");
+    let report = ppl("tiny-llama-trained", Some(&planted));
     assert!(!report.passed(), "{}", report.summary());
 }

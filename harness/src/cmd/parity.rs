@@ -94,7 +94,7 @@ fn choose(
     args: &Args,
     plant: Option<&Plant>,
 ) -> Result<Vec<(&'static Gate, Vec<&'static str>)>> {
-    let mut gates: Vec<&Gate> = GATES.into_iter().filter(|g| g.tier == tier).collect();
+    let mut gates: Vec<&Gate> = GATES.iter().copied().filter(|g| g.tier == tier).collect();
     if let Some(p) = plant {
         gates.retain(|g| g.accepts(p));
         if gates.is_empty() {
@@ -132,7 +132,7 @@ fn choose(
 /// Every gate of `tier` with its plants, for an error message.
 fn plants_of(tier: Tier) -> String {
     let gates: Vec<String> = GATES
-        .into_iter()
+        .iter()
         .filter(|g| g.tier == tier)
         .map(|g| format!("{}: {}", g.name, g.plants.join(", ")))
         .collect();

@@ -2,11 +2,10 @@
 //! KL(L1 ‖ tier) per position (mean and max nats), top-1 agreement with L1 and the
 //! teacher-forced perplexity of the decode path (`kl.rs`); for the model itself, the
 //! perplexity exactly as `mlx_lm.perplexity` computes it (`ppl.rs`, over `data.rs`'s rows;
-//! L1 must give mlx-lm's number bit for bit). `gate.rs` holds the L3 KL gate and the L1
-//! perplexity golden check.
+//! L1 must give mlx-lm's number bit for bit). The L3 KL gate and the L1 perplexity golden
+//! check on these measures are gate-table rows (`parity/quality.rs`).
 
 pub mod data;
-pub mod gate;
 pub mod kl;
 pub mod ppl;
 pub mod render;

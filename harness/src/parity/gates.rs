@@ -124,7 +124,7 @@ pub use table::*;
 impl Gate {
     /// The gate by name (`l1`, `spec-l2`, …).
     pub fn named(name: &str) -> Option<&'static Gate> {
-        GATES.into_iter().find(|g| g.name == name)
+        GATES.iter().copied().find(|g| g.name == name)
     }
 
     /// Runs the committed golden of `model` (every case), with `plant` if given.
@@ -250,7 +250,7 @@ pub struct Registered {
 /// serve tests and `harness serve-diff` (engine/tests/serve_tools.rs), and the CLI gate's
 /// mlx_lm.generate transcripts (engine/tests/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     (
         "models/tiny-qwen3-tools",
         "make_models.py",
@@ -261,17 +261,6 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
     // the Hugging Face layout source it converts.
     ("convert", "gen_convert.py", &[]),
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
-    // harness eval's L1 perplexity goldens (tests/l3_kl.rs): mlx_lm.perplexity's numbers.
-    (
-        "eval/tiny-llama-trained",
-        "eval_ppl.py",
-        &["--golden", "tiny-llama-trained"],
-    ),
-    (
-        "eval/tiny-gemma4",
-        "eval_ppl.py",
-        &["--golden", "tiny-gemma4"],
-    ),
 ];
 
 /// The distributed L1 gate's goldens by mode (tp, pp): multi-process (two ring ranks per

@@ -13,6 +13,7 @@ pub mod l1;
 pub mod l2;
 pub mod l3;
 pub mod plant;
+pub mod quality;
 pub mod runtime;
 pub mod sampling;
 pub mod spec;
@@ -44,6 +45,8 @@ pub enum ParityError {
     Oracle(String),
     #[error(transparent)]
     NotCompiledIn(#[from] engine::plant::NotCompiledIn),
+    #[error("eval: {0}")]
+    Eval(#[from] crate::eval::EvalError),
 }
 
 /// One count for the results DB: `value` of `total` (e.g. logit vectors bit-exact).

@@ -41,7 +41,7 @@ pub enum Tweak {
 
 /// The plants with a name: (as `--plant` spells it, the plant, what it breaks).
 #[rustfmt::skip]
-const NAMED: [(&str, Plant, &str); 21] = [
+const NAMED: &[(&str, Plant, &str)] = &[
     ("first-input", Plant::Harness(Tweak::FirstInput), "each case's first input value + 1"),
     ("seed", Plant::Harness(Tweak::Seed), "the sampling seed + 1"),
     ("top-p-and-penalty", Plant::Harness(Tweak::TopPAndPenalty), "top_p 0.5, repetition penalty + 0.2"),
@@ -63,13 +63,15 @@ const NAMED: [(&str, Plant, &str); 21] = [
     ("spm-leading-space", Plant::Engine(Defect::SpmKeepsLeadingSpace), "the SentencePiece stream keeps its leading space"),
     ("tojson-html-escape", Plant::Engine(Defect::TemplateTojsonEscapesHtml), "the templates' tojson HTML-escapes <, >, & and '"),
     ("template-kwargs-dropped", Plant::Engine(Defect::TemplateKwargsDropped), "chat template kwargs never reach the template"),
+    ("value-biases-dropped", Plant::Engine(Defect::PerfDequantValueBiasesDropped), "the L3 decode attention dequantizes the values without their biases"),
+    ("eval-mean-on-host", Plant::Engine(Defect::EvalMeanOnHost), "the perplexity's mean loss is taken on the host in f64"),
 ];
 
 impl Plant {
     /// `--plant` as written: a name (`perf-path`), `sdpa=…`, `kv_start=N` or `KEY=VALUE`.
     pub fn parse(s: &str) -> Result<Plant> {
-        if let Some((_, plant, _)) = NAMED.into_iter().find(|(name, ..)| *name == s) {
-            return Ok(plant);
+        if let Some((_, plant, _)) = NAMED.iter().find(|(name, ..)| *name == s) {
+            return Ok(plant.clone());
         }
         let bad = |why: &str| ParityError::Usage(format!("--plant `{s}`: {why}"));
         match s.split_once('=') {
@@ -95,9 +97,9 @@ impl Plant {
             Plant::KvStart(_) => "kv_start=N".into(),
             Plant::Sdpa(_) => self.to_string(),
             named => NAMED
-                .into_iter()
+                .iter()
                 .find(|(_, p, _)| p == named)
-                .map_or_else(|| format!("{named:?}"), |(name, ..)| name.into()),
+                .map_or_else(|| format!("{named:?}"), |(name, ..)| (*name).into()),
         }
     }
 
@@ -130,7 +132,7 @@ impl fmt::Display for Plant {
             Plant::Sdpa(QuantSdpa::OptiqFused) => f.write_str("sdpa=optiq-fused"),
             Plant::Sdpa(QuantSdpa::DequantDecode) => f.write_str("sdpa=dequant-decode"),
             Plant::KvStart(start) => write!(f, "kv_start={start}"),
-            named => match NAMED.into_iter().find(|(_, p, _)| p == named) {
+            named => match NAMED.iter().find(|(_, p, _)| p == named) {
                 Some((_, _, what)) => f.write_str(what),
                 None => write!(f, "{named:?}"),
             },

@@ -1,4 +1,5 @@
-//! Two checks on the committed tiny models, each seconds long:
+//! The quality gates of `harness eval`'s measures (rows `l3-kl` and `eval-ppl` of the gate
+//! table), each seconds long on the committed tiny models:
 //!
 //! - the L3 KL gate: teacher-forced KL(L2 ‖ L3) over the held-out corpus — the perf path
 //!   against the tier whose numerics it replaces — mean ≤ 5e-3 and max ≤ 5e-2 nats per
@@ -10,9 +11,9 @@
 //!   oracles/eval_ppl.py from mlx_lm.perplexity's own functions; the engine's rows must be
 //!   the golden's ids and its perplexity the same double, bit for bit.
 
-use super::{data, kl, ppl, tier_name, EvalError, EvalSpec, TierStats};
+use super::Report;
+use crate::eval::{data, kl, ppl, tier_name, EvalError, EvalSpec, TierStats};
 use crate::goldens::TensorGolden;
-use crate::parity::Report;
 
 pub const KL_MEAN_BOUND: f64 = 5e-3;
 pub const KL_MAX_BOUND: f64 = 5e-2;
@@ -76,7 +77,7 @@ pub fn l3_kl(name: &str) -> Result<KlGateReport, EvalError> {
     let tokenizer = engine::load::tokenizer::Tokenizer::load(&dir)?;
     let rows = data::load_data(&tokenizer, &data::documents(&corpus())?, &spec.data)?;
     let model = engine::model::load(&dir)?;
-    let (options, skipped) = super::tier_options(&dir, None)?;
+    let (options, skipped) = crate::eval::tier_options(&dir, None)?;
     if let Some(why) = skipped {
         return Err(EvalError::Data(why));
     }

@@ -4,7 +4,7 @@
 use super::*;
 use crate::parity::runtime::Tamper;
 use crate::parity::{
-    batch, detok, l1, l2, l3, runtime, sampling, spec, spec_l2, tokenize, train, vocab,
+    batch, detok, l1, l2, l3, quality, runtime, sampling, spec, spec_l2, tokenize, train, vocab,
 };
 
 const BASE: Gate = Gate {
@@ -360,8 +360,32 @@ pub static L3: Gate = Gate {
     ..BASE
 };
 
+/// The L3 KL gate (`parity::quality`): teacher-forced KL(L2 ‖ L3) over the held-out corpus
+/// within the seed's bounds, the perf path proven to have run; no goldens (both tiers run
+/// live).
+pub static L3_KL: Gate = Gate {
+    name: "l3-kl",
+    tier: Tier::L3,
+    group: "eval",
+    models: &["tiny-gemma4"],
+    plants: &["value-biases-dropped"],
+    run: |_, t, _| boxed(quality::l3_kl(t.model).map_err(ParityError::from)),
+    ..BASE
+};
+
+/// The L1 perplexity: the engine's is mlx_lm.perplexity's, the same double.
+pub static EVAL_PPL: Gate = Gate {
+    name: "eval-ppl",
+    group: "eval",
+    generator: Some(("eval_ppl.py", &["--golden", "{model}"])),
+    models: &["tiny-llama-trained", "tiny-gemma4"],
+    plants: &["eval-mean-on-host"],
+    run: |_, t, _| boxed(quality::ppl_golden(t.model).map_err(ParityError::from)),
+    ..BASE
+};
+
 /// Every gate, in the order `harness parity` runs them.
-pub static GATES: [&Gate; 17] = [
+pub static GATES: &[&Gate] = &[
     &RUNTIME,
     &L1,
     &L1_VOCAB,
@@ -375,10 +399,12 @@ pub static GATES: [&Gate; 17] = [
     &TEMPLATES,
     &TRAIN,
     &SAMPLING,
+    &EVAL_PPL,
     &L2,
     &SPEC_L2,
     &SPEC_L2_HEADS,
     &L3,
+    &L3_KL,
 ];
 
 fn boxed<R: Report>(report: Result<R>) -> Result<Box<dyn Report>> {
