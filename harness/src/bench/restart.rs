@@ -31,6 +31,10 @@ pub struct RestartLeg {
     pub mode: String,
     pub ttft_s: f64,
     pub decode_tps: f64,
+    /// Through the server: its CPU time per decoded token (all threads), a measure that
+    /// other load inflates far less than `decode_tps`; None in-process.
+    #[serde(default)]
+    pub decode_cpu_ms_per_token: Option<f64>,
     /// "restored": the store's restore (read, checks, rebuild); the always-on tensor
     /// checksums' hashing time (on their own thread, overlapped with the copy) and the wall
     /// time the restore waited for them.
@@ -77,6 +81,7 @@ pub fn leg(
                 mode: mode.into(),
                 ttft_s: 0.0,
                 decode_tps: 0.0,
+                decode_cpu_ms_per_token: None,
                 restore_ms: 0.0,
                 checksum_ms: 0.0,
                 checksum_wait_ms: 0.0,
@@ -106,6 +111,7 @@ pub fn leg(
         mode: mode.into(),
         ttft_s: ttft,
         decode_tps: engine::generate::bench::decode_rate(after_first, span),
+        decode_cpu_ms_per_token: None,
         restore_ms: restore_ms.0,
         checksum_ms: restore_ms.1,
         checksum_wait_ms: restore_ms.2,
@@ -164,6 +170,17 @@ impl RestartOptions {
     }
 }
 
+/// The kv_config legs' `--quantized-kv-start`: each cache converts once it holds the
+/// prompt but its last token (after the last prefill chunk, as generate_step's hook does),
+/// so the prompt is prefilled dense and the last token, the decode and the stored entry are
+/// quantized. From the start (optiq's default 0) every prefill chunk would attend through
+/// MLX's CPU `quantized_matmul`, which accumulates in the activation dtype one element at a
+/// time: 16-19x the dense matmul's time at these shapes, so a 16k prefill takes most of
+/// an hour (in mlx-lm as in the engine: the same kernel).
+pub fn kv_start(prompt_tokens: usize) -> i32 {
+    prompt_tokens.saturating_sub(1) as i32
+}
+
 /// Runs the store leg, then `rounds` × (fresh, restored) legs ABBA; medians.
 pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     let model = opts.served_model();
@@ -182,6 +199,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     let server = server::ServerLegs {
         model: &dir,
         kv_config: opts.kv_config.as_deref(),
+        kv_start: kv_start(opts.prompt_tokens),
         prompt: &prompt,
         warmup: &warmup,
         max_tokens: opts.max_tokens,
@@ -216,6 +234,11 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
             mode: mode.into(),
             ttft_s: median(mine.iter().map(|l| l.ttft_s).collect()),
             decode_tps: median(mine.iter().map(|l| l.decode_tps).collect()),
+            decode_cpu_ms_per_token: mine
+                .iter()
+                .map(|l| l.decode_cpu_ms_per_token)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
             restore_ms: median(mine.iter().map(|l| l.restore_ms).collect()),
             checksum_ms: median(mine.iter().map(|l| l.checksum_ms).collect()),
             checksum_wait_ms: median(mine.iter().map(|l| l.checksum_wait_ms).collect()),
@@ -280,6 +303,24 @@ impl RestartResult {
             ("decode_tps_ssd_off", self.fresh.decode_tps, "tok/s"),
             ("decode_tps_ssd_on", self.restored.decode_tps, "tok/s"),
             ("decode_overhead_pct", overhead, "%"),
+            (
+                "decode_cpu_ms_per_token_ssd_off",
+                self.fresh.decode_cpu_ms_per_token.unwrap_or(f64::NAN),
+                "ms",
+            ),
+            (
+                "decode_cpu_ms_per_token_ssd_on",
+                self.restored.decode_cpu_ms_per_token.unwrap_or(f64::NAN),
+                "ms",
+            ),
+            (
+                "decode_cpu_overhead_pct",
+                100.0
+                    * (self.restored.decode_cpu_ms_per_token.unwrap_or(f64::NAN)
+                        / self.fresh.decode_cpu_ms_per_token.unwrap_or(f64::NAN)
+                        - 1.0),
+                "%",
+            ),
             ("restore_ms", self.restored.restore_ms, "ms"),
             ("restore_checksum_ms", self.restored.checksum_ms, "ms"),
             (
@@ -293,5 +334,54 @@ impl RestartResult {
                 "%",
             ),
         ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leg(mode: &str, tps: f64, cpu: Option<f64>) -> RestartLeg {
+        RestartLeg {
+            mode: mode.into(),
+            ttft_s: if mode == "fresh" { 100.0 } else { 0.3 },
+            decode_tps: tps,
+            decode_cpu_ms_per_token: cpu,
+            restore_ms: 10.0,
+            checksum_ms: 1.0,
+            checksum_wait_ms: 0.0,
+        }
+    }
+
+    fn result(cpu: (Option<f64>, Option<f64>)) -> RestartResult {
+        RestartResult {
+            model: "tiny",
+            prompt_tokens: 16384,
+            fresh: leg("fresh", 20.0, cpu.0),
+            restored: leg("restored", 19.8, cpu.1),
+        }
+    }
+
+    #[test]
+    fn cpu_rows_only_where_measured_and_kv_start_is_the_prompt_less_one() {
+        let names = |r: &RestartResult| -> Vec<&str> { r.rows().iter().map(|r| r.0).collect() };
+        let in_process = result((None, None));
+        assert!(!names(&in_process).contains(&"decode_cpu_overhead_pct"));
+        let server = result((Some(50.0), Some(51.0)));
+        let rows = server.rows();
+        let cpu = rows
+            .iter()
+            .find(|r| r.0 == "decode_cpu_overhead_pct")
+            .unwrap();
+        assert!((cpu.1 - 2.0).abs() < 1e-9, "{}", cpu.1);
+        assert_eq!(
+            rows.iter()
+                .find(|r| r.0 == "exit_criteria_passed")
+                .unwrap()
+                .1,
+            3.0
+        );
+        assert_eq!(kv_start(16384), 16383);
+        assert_eq!(kv_start(0), 0);
     }
 }

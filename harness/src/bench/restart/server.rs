@@ -7,7 +7,9 @@
 //! "restored" (a copy of the stored directory: the server finds the prefix, restores it and
 //! prefills one token; /stats must count the restore). Each server answers a short warm-up
 //! request first. TTFT: request sent → first streamed text; decode: (chunks − 1) / (last −
-//! first chunk time), one chunk per token.
+//! first chunk time), one chunk per token; and the server's CPU time per decoded token
+//! over the same span (/proc/PID/task/*/schedstat), which other load on the machine
+//! inflates far less than the wall-clock rate.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -25,6 +27,10 @@ pub struct ServerLegs<'a> {
     pub model: &'a Path,
     /// `--kv-quant config --kv-config PATH` on every server.
     pub kv_config: Option<&'a Path>,
+    /// `--quantized-kv-start` with `kv_config`: a cache converts once it holds this many
+    /// tokens (the bench passes the prompt's length less one: the prompt is prefilled
+    /// dense, decode and the stored entry are quantized; see `RestartOptions::kv_start`).
+    pub kv_start: i32,
     pub prompt: &'a str,
     /// A short prompt sharing no first token with `prompt` (never restores anything).
     pub warmup: &'a str,
@@ -84,6 +90,7 @@ fn start(legs: &ServerLegs, ssd: Option<&Path>, name: &str) -> Result<Server> {
     }
     if let Some(kv) = legs.kv_config {
         cmd.args(["--kv-quant", "config", "--kv-config"]).arg(kv);
+        cmd.args(["--quantized-kv-start", &legs.kv_start.to_string()]);
     }
     let child = cmd
         .stdout(Stdio::null())
@@ -112,8 +119,30 @@ fn start(legs: &ServerLegs, ssd: Option<&Path>, name: &str) -> Result<Server> {
     }
 }
 
-/// One greedy streaming completion: (TTFT s, decode tok/s, chunks).
-fn stream(port: u16, prompt: &str, max_tokens: usize) -> Result<(f64, f64, usize)> {
+/// CPU seconds that process `pid` has run so far, all its threads (`schedstat`'s first
+/// field, in ns); NaN where /proc cannot tell.
+fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return f64::NAN;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<f64>().ok())
+        .sum::<f64>()
+        * 1e-9
+}
+
+/// One streamed completion as a client sees it.
+struct Streamed {
+    ttft_s: f64,
+    decode_tps: f64,
+    /// The server's CPU time (all threads) between the first and the last chunk, per
+    /// token after the first: less sensitive to other load than the wall-clock rate.
+    decode_cpu_ms_per_token: f64,
+}
+
+/// One greedy streaming completion to the server `pid` listening on `port`.
+fn stream(port: u16, pid: u32, prompt: &str, max_tokens: usize) -> Result<Streamed> {
     let body = serde_json::json!({
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
     })
@@ -130,6 +159,7 @@ fn stream(port: u16, prompt: &str, max_tokens: usize) -> Result<(f64, f64, usize
     let mut buf = [0u8; 8192];
     let (mut pending, mut head) = (String::new(), String::new());
     let (mut first, mut last, mut chunks) = (None, None, 0usize);
+    let (mut cpu_first, mut cpu_last) = (f64::NAN, f64::NAN);
     loop {
         let n = s.read(&mut buf)?;
         if n == 0 {
@@ -151,8 +181,12 @@ fn stream(port: u16, prompt: &str, max_tokens: usize) -> Result<(f64, f64, usize
                 .is_some_and(|t| !t.is_empty())
             {
                 chunks += 1;
+                if first.is_none() {
+                    cpu_first = cpu_seconds(pid);
+                }
                 first.get_or_insert(now);
                 last = Some(now);
+                cpu_last = cpu_seconds(pid);
             }
         }
     }
@@ -168,15 +202,25 @@ fn stream(port: u16, prompt: &str, max_tokens: usize) -> Result<(f64, f64, usize
     } else {
         0.0
     };
-    Ok((first.duration_since(sent).as_secs_f64(), tps, chunks))
+    let cpu_ms = if chunks > 1 {
+        (cpu_last - cpu_first) * 1e3 / (chunks - 1) as f64
+    } else {
+        f64::NAN
+    };
+    Ok(Streamed {
+        ttft_s: first.duration_since(sent).as_secs_f64(),
+        decode_tps: tps,
+        decode_cpu_ms_per_token: cpu_ms,
+    })
 }
 
 /// The store leg: one request with the SSD tier on, then SIGTERM (the server writes the
 /// conversation while it stops). Fails unless an entry is on disk afterwards.
 pub fn store(legs: &ServerLegs) -> Result<()> {
     let mut server = start(legs, Some(legs.ssd), "store")?;
-    stream(server.port, legs.prompt, legs.max_tokens).context("the store leg's request")?;
-    let pid = server.child.id().to_string();
+    let pid = server.child.id();
+    stream(server.port, pid, legs.prompt, legs.max_tokens).context("the store leg's request")?;
+    let pid = pid.to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status()?;
     if !status.success() {
         bail!("could not send SIGTERM to the store server ({pid})");
@@ -242,13 +286,15 @@ pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
         other => bail!("unknown restart leg `{other}`"),
     };
     let server = start(legs, ssd.as_deref(), &format!("{mode}-{n}"))?;
-    stream(server.port, legs.warmup, 8).context("the warm-up request")?;
-    let (ttft, tps, _) = stream(server.port, legs.prompt, legs.max_tokens)
+    let pid = server.child.id();
+    stream(server.port, pid, legs.warmup, 8).context("the warm-up request")?;
+    let got = stream(server.port, pid, legs.prompt, legs.max_tokens)
         .with_context(|| format!("the {mode} leg's request:\n{}", server.log_tail()))?;
     let mut out = RestartLeg {
         mode: mode.into(),
-        ttft_s: ttft,
-        decode_tps: tps,
+        ttft_s: got.ttft_s,
+        decode_tps: got.decode_tps,
+        decode_cpu_ms_per_token: Some(got.decode_cpu_ms_per_token),
         restore_ms: 0.0,
         checksum_ms: 0.0,
         checksum_wait_ms: 0.0,
