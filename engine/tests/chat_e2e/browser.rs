@@ -25,6 +25,10 @@ use super::common::server::{http, serve_model, Server};
 /// How long a DOM condition may take to hold (the page reacts in milliseconds).
 pub const DOM_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long a state that the page's last redraw has already settled may take to read back
+/// (a planted page that never reaches it fails after this, not after DOM_TIMEOUT).
+pub const SETTLED_TIMEOUT: Duration = Duration::from_secs(2);
+
 pub fn chromium() -> PathBuf {
     let path = std::env::var_os("CHROMIUM")
         .map(PathBuf::from)
@@ -351,7 +355,12 @@ pub fn type_into(tab: &Tab, selector: &str, text: &str) -> Result<(), String> {
 
 /// Waits (up to DOM_TIMEOUT) until `cond` is true in the page.
 pub fn wait_js(tab: &Tab, cond: &str, what: &str) -> Result<(), String> {
-    let deadline = Instant::now() + DOM_TIMEOUT;
+    wait_js_within(tab, cond, what, DOM_TIMEOUT)
+}
+
+/// Waits up to `limit` until `cond` is true in the page (evaluated at least once).
+pub fn wait_js_within(tab: &Tab, cond: &str, what: &str, limit: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + limit;
     loop {
         let last = js(tab, cond);
         if last == Ok(Value::Bool(true)) {
@@ -360,7 +369,7 @@ pub fn wait_js(tab: &Tab, cond: &str, what: &str) -> Result<(), String> {
         if Instant::now() > deadline {
             let body = js(tab, "document.getElementById('log').outerHTML").unwrap_or_default();
             return Err(format!(
-                "waited {DOM_TIMEOUT:?} for {what} (`{cond}` is {last:?}); the log: {body}"
+                "waited {limit:?} for {what} (`{cond}` is {last:?}); the log: {body}"
             ));
         }
         std::thread::sleep(Duration::from_millis(20));

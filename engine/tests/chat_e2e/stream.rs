@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::browser::{js, wait_js, CannedPage, Plant};
+use super::browser::{js, wait_js, wait_js_within, CannedPage, Plant, SETTLED_TIMEOUT};
 
 const FEED_STUB: &str = r#"(() => {
   const realFetch = window.fetch;
@@ -60,11 +60,14 @@ pub fn run(plant: Option<&Plant>) -> Result<(), String> {
         ),
         "the first reasoning piece",
     )?;
+    // The page sets the section's state in the same redraw that shows the piece waited for
+    // just before, so the state is read back, not waited for (SETTLED_TIMEOUT).
     let open = |what: &str| {
-        wait_js(
+        wait_js_within(
             tab,
             &format!("{MSG}.querySelector('details.thinking').open === true"),
             what,
+            SETTLED_TIMEOUT,
         )
     };
     open("the Thinking section to be open while the model reasons")?;
@@ -87,10 +90,11 @@ pub fn run(plant: Option<&Plant>) -> Result<(), String> {
         "an unclosed code fence shown as a code block while it streams",
     )?;
     let closed = |what: &str| {
-        wait_js(
+        wait_js_within(
             tab,
             &format!("{MSG}.querySelector('details.thinking').open === false"),
             what,
+            SETTLED_TIMEOUT,
         )
     };
     closed("the Thinking section to close once the answer starts")?;
