@@ -5,9 +5,9 @@
 //! `RotatingQuantizedKVCache` mirror their dense counterparts with `tree_map`).
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{concatenate, quantize, zeros_dtype};
-use mlx_rs::{Array, Dtype};
+use mlx_rs::{Array, Dtype, Stream};
 
 use super::{Kv, KvQuant, QTensor};
 
@@ -78,11 +78,48 @@ pub(crate) fn cat(pieces: &[Parts]) -> Result<Parts, Exception> {
 
 /// Writes `new` into `buf` at positions `at..at + len(new)`.
 pub(crate) fn write(buf: &mut Parts, at: i32, new: &Parts) -> Result<(), Exception> {
-    let end = at + len(new);
     for (b, n) in buf.iter_mut().zip(new) {
-        b.try_index_mut((Ellipsis, at..end, ..), n)?;
+        *b = write_positions(b, n, at)?;
     }
     Ok(())
+}
+
+/// `buf` ([B, heads, positions, D]) with `update` written at positions `at..`: one
+/// `SliceUpdate`, as Python's `buf[..., at:end, :] = update` builds it (mlx-rs's indexed
+/// assignment adds two `Reshape`s of the update around it; same values, more primitives).
+fn write_positions(buf: &Array, update: &Array, at: i32) -> Result<Array, Exception> {
+    let (s, u) = (buf.shape(), update.shape());
+    if s.len() != 4 || u.len() != 4 {
+        return Err(Exception::custom(
+            "cache buffers and updates are [B, heads, L, D]",
+        ));
+    }
+    let start = [0, 0, at, 0];
+    let stop = [s[0], s[1], at + u[2], s[3]];
+    let strides = [1; 4];
+    let stream = Stream::thread_local_or_default();
+    // SAFETY: every handle and slice passed is live for the call; on success `res` owns a
+    // new array that `Array::from_ptr` takes over, on failure it is freed here.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let status = mlx_sys::mlx_slice_update(
+            &mut res,
+            buf.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            stream.as_ptr(),
+        );
+        if status != 0 {
+            mlx_sys::mlx_array_free(res);
+            return Err(Exception::custom("mlx_slice_update failed"));
+        }
+        Ok(Array::from_ptr(res))
+    }
 }
 
 /// What attention reads: dense arrays or quantized triples.

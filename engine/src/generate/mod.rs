@@ -120,7 +120,9 @@ impl<'m> Session<'m> {
         let on = on && !crate::dist::active();
         Session {
             // SAFETY: the compiled step lives in this session, which borrows `model` for 'm.
-            compiled: on.then(|| unsafe { compiled::CompiledDecode::new(model) }),
+            compiled: on.then(|| unsafe {
+                compiled::CompiledDecode::new(model, opts.compile == CompileDecode::Always)
+            }),
             model,
             caches,
             prefill_step: PREFILL_STEP,

@@ -24,7 +24,6 @@ mod moe;
 
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
-use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::layers::{
@@ -376,8 +375,20 @@ impl Gemma4 {
     /// Embedding and blocks: the hidden state before the final norm.
     fn run(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
         let mut h = self.embed_scaled(ids)?;
+        // One view per layer [B, L, width]: a Slice and a Squeeze each, as mlx-lm's
+        // `inputs[:, :, i, :]` builds it (an integer index in mlx-rs reshapes instead).
         let per_layer = match &self.per_layer {
-            Some(p) => Some(self.per_layer_inputs(p, ids, &h)?),
+            Some(p) => {
+                let all = self.per_layer_inputs(p, ids, &h)?;
+                let cuts: Vec<i32> = (1..self.args.num_hidden_layers).collect();
+                let views = all.split_at_indices(&cuts, 2)?;
+                Some(
+                    views
+                        .iter()
+                        .map(|v| v.squeeze_axes(&[2]))
+                        .collect::<R<Vec<_>>>()?,
+                )
+            }
             None => None,
         };
         let n = ids.shape()[1];
@@ -403,8 +414,8 @@ impl Gemma4 {
             let mask = masks[block.full as usize]
                 .as_ref()
                 .ok_or_else(|| Exception::custom("no mask for this attention kind"))?;
-            let input = per_layer.as_ref().map(|p| p.index((.., .., i as i32, ..)));
-            let (next, kv) = block.forward(&h, mask, cache, shared, input.as_ref())?;
+            let input = per_layer.as_ref().map(|p| &p[i]);
+            let (next, kv) = block.forward(&h, mask, cache, shared, input)?;
             h = next;
             produced[i] = Some(kv);
         }
