@@ -69,6 +69,10 @@ pub enum Defect {
     /// boundaries (Gemma 4's KV-shared layers' part never reaches the donor's segment).
     /// Caught by `engine/tests/segmented.rs` on tiny-gemma4.
     DropCarriedKvCotangent,
+    /// ORPO: the NLL term is each pair's token mean, then the mean over pairs (not TRL's
+    /// one cross-entropy over the chosen half of the batch). Caught by the B = 4
+    /// unequal-length ORPO gate (`engine/tests/train.rs`, both scopes).
+    OrpoNllPerPairMean,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/tokenize.rs`).
     EncodeSkipsPostProcessor,

@@ -1,5 +1,8 @@
-//! Training: ORPO's loss against an independent numpy reference (oracles/orpo_reference.py,
-//! both scopes, to 1e-6); the full-scope NLL with a one-token prompt against the SFT loss;
+//! Training: ORPO's loss against an independent TRL-semantics numpy reference
+//! (oracles/orpo_reference.py: B = 4 pairs of unequal lengths, both scopes, to 1e-6, a
+//! planted per-pair-mean NLL fails it); the full-scope NLL against the SFT loss (one-token
+//! prompt; B = 4 unequal lengths); the dynamic-λ controller's positive and negative
+//! controls and its refusal without validation data;
 //! the positive control ("prefer uppercase": ORPO learns a preference the base model does
 //! not have, and swapping chosen and rejected makes it learn the opposite); data errors
 //! named by line; seeded dropout masks reproducible.
@@ -23,7 +26,9 @@ fn value(a: &Array) -> f64 {
     a.as_slice::<f32>()[0] as f64
 }
 
-fn reference_gap(lambda_scale: f32) -> f64 {
+/// The largest |Δ| of each scope's terms (full, response) against the TRL-semantics
+/// reference: B = 4 pairs of unequal prompt and sequence lengths.
+fn reference_gaps(lambda_scale: f32) -> [f64; 2] {
     let r: Value = serde_json::from_str(
         &std::fs::read_to_string(goldens().join("train/orpo-reference.json")).unwrap(),
     )
@@ -33,30 +38,94 @@ fn reference_gap(lambda_scale: f32) -> f64 {
         matrix(&r["prompt_mask"]),
         matrix(&r["response_mask"]),
     );
+    assert_eq!(lp.shape()[0], 8, "B = 4 pairs");
     let lambda = r["lambda"].as_f64().unwrap() as f32 * lambda_scale;
-    let mut worst = 0.0f64;
-    for (scope, key) in [(SftScope::Full, "full"), (SftScope::Response, "response")] {
+    [(SftScope::Full, "full"), (SftScope::Response, "response")].map(|(scope, key)| {
         let t = orpo_terms(&lp, &pm, &rm, lambda, scope).unwrap();
         let ours = [&t.loss, &t.nll, &t.or, &t.accuracy, &t.margin, &t.lw, &t.lr];
+        let mut worst = 0.0f64;
         for (name, a) in engine::train::orpo::OrpoTerms::NAMES.iter().zip(ours) {
             let want = r["expected"][key][*name].as_f64().unwrap();
             let gap = (value(a) - want).abs();
-            println!("{key} {name}: ours {} numpy {want} |Δ| {gap:e}", value(a));
+            println!(
+                "{key} {name}: ours {} reference {want} |Δ| {gap:e}",
+                value(a)
+            );
             worst = worst.max(gap);
         }
-    }
-    worst
+        worst
+    })
 }
 
 #[test]
-fn orpo_loss_equals_the_numpy_reference() {
-    let worst = reference_gap(1.0);
-    assert!(worst <= 1e-6, "largest gap {worst:e}");
+fn orpo_loss_equals_the_trl_semantics_reference_at_b4() {
+    let [full, response] = reference_gaps(1.0);
+    assert!(
+        full <= 1e-6 && response <= 1e-6,
+        "largest gaps {full:e}, {response:e}"
+    );
 }
 
 #[test]
 fn planted_lambda_fails_the_reference() {
-    assert!(reference_gap(1.1) > 1e-6);
+    assert!(reference_gaps(1.1).iter().all(|&g| g > 1e-6));
+}
+
+/// A per-pair mean NLL (each pair's token mean, then the mean over pairs) fails the B = 4
+/// gate in both scopes.
+#[test]
+fn planted_per_pair_mean_nll_fails_the_reference() {
+    let _on = engine::plant::on(engine::plant::Defect::OrpoNllPerPairMean).unwrap();
+    let [full, response] = reference_gaps(1.0);
+    println!("planted per-pair mean: largest gaps {full:e}, {response:e}");
+    assert!(full > 1e-3 && response > 1e-3, "{full:e}, {response:e}");
+}
+
+/// On the model at B = 4 with unequal lengths, the full-scope NLL is one token-weighted
+/// cross-entropy over the chosen half: mlx-lm's SFT loss of the four chosen sequences with
+/// lengths [1, L − 1] (the same per-token cross-entropies, summed in another order).
+#[test]
+fn full_scope_nll_at_b4_is_the_sft_loss_of_the_chosen_rows() {
+    let m = model("tiny-llama-trained");
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    let enc = |t: &str| tok.encode(t, true).unwrap();
+    let texts = [
+        (
+            "The robot took a spring from the jar and fixed the clock.",
+            "The robot sold it.",
+        ),
+        ("A cat.", "A cat sat on the warm mat by the door all day."),
+        ("The old lamp", "The old lamp is broken"),
+        ("Rain fell on the quiet town all night long.", "Rain."),
+    ];
+    let pairs: Vec<engine::train::data::Pair> = texts
+        .iter()
+        .zip([3, 1, 2, 4])
+        .map(|(&(c, r), p)| engine::train::data::Pair {
+            prompt_len: p,
+            chosen: enc(c),
+            rejected: enc(r),
+        })
+        .collect();
+    let refs: Vec<&engine::train::data::Pair> = pairs.iter().collect();
+    let t = engine::train::orpo::orpo_loss(m.as_ref(), &refs, 0.1, SftScope::Full).unwrap();
+    let width = pairs.iter().map(|p| p.chosen.len()).max().unwrap();
+    let mut ids = vec![0i32; 4 * width];
+    let mut lengths = Vec::new();
+    for (j, p) in pairs.iter().enumerate() {
+        for (k, &x) in p.chosen.iter().enumerate() {
+            ids[j * width + k] = x as i32;
+        }
+        lengths.extend([1, p.chosen.len() as i32 - 1]);
+    }
+    let batch = Array::from_slice(&ids, &[4, width as i32]);
+    let lengths = Array::from_slice(&lengths, &[4, 2]);
+    let (sft, _) = engine::train::loss::default_loss(m.as_ref(), &batch, &lengths).unwrap();
+    let (a, b) = (value(&t.nll), value(&sft));
+    println!("B = 4 full NLL {a} vs SFT {b}: |Δ| {:e}", (a - b).abs());
+    assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
 }
 
 /// With a one-token prompt, the full-scope NLL covers every label-shifted position: it is
@@ -271,40 +340,68 @@ fn segmented_training_gives_the_same_adapters() {
     }
 }
 
-fn lambda_events(data: &Path, out: &Path) -> Vec<Value> {
-    let mut args = CONTROL.to_vec();
+/// An adaptive run on the positive control's settings (evals every 10 steps), `extra`'s
+/// flags replacing or adding to them,
+/// without --quiet: its λ events from metrics.jsonl and its console output.
+fn lambda_run(data: &Path, out: &Path, extra: &[&str]) -> (Vec<Value>, String) {
+    // CONTROL's flags that `extra` sets again are dropped (clap takes each flag once).
+    let mut args: Vec<&str> = CONTROL
+        .chunks(2)
+        .filter(|kv| !extra.contains(&kv[0]))
+        .flatten()
+        .copied()
+        .collect();
     args.extend([
         "--steps-per-eval",
         "10",
         "--orpo-lambda-schedule",
         "adaptive",
     ]);
-    assert!(engine_train(data, out, &args).status.success());
-    metrics_of(out, "lambda")
-}
-
-/// Under the positive control the adaptive controller leaves warm-up and ramps λ, and
-/// never backs off (no displacement, no hard stop); every change is logged with its cause.
-#[test]
-fn adaptive_lambda_ramps_under_the_positive_control() {
-    let dir = tempfile::tempdir().unwrap();
-    let events = lambda_events(&goldens().join("data/uppercase"), dir.path());
+    args.extend(extra);
+    let run = Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(["train", "--model"])
+        .arg(goldens().join("models/tiny-llama-trained"))
+        .arg("--data")
+        .arg(data)
+        .arg("--adapter-path")
+        .arg(out)
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let console = String::from_utf8_lossy(&run.stdout).into_owned();
+    let events = metrics_of(out, "lambda");
     for e in &events {
         println!(
             "step {}: {} → {} ({})",
             e["step"], e["from"], e["to"], e["cause"]
         );
     }
-    let causes: Vec<&str> = events
+    (events, console)
+}
+
+fn causes(events: &[Value]) -> Vec<&str> {
+    events
         .iter()
         .map(|e| e["cause"].as_str().unwrap())
-        .collect();
+        .collect()
+}
+
+/// Under the positive control the adaptive controller leaves warm-up and ramps λ, and
+/// never backs off (no displacement, no hard stop); every change is logged with its cause,
+/// in metrics.jsonl and on the console.
+#[test]
+fn adaptive_lambda_ramps_under_the_positive_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, console) = lambda_run(&goldens().join("data/uppercase"), dir.path(), &[]);
+    let causes = causes(&events);
+    assert!(causes.contains(&"SFT saturated, ramping"), "{causes:?}");
     assert!(
-        causes.iter().any(|c| c.starts_with("warm-up done")),
-        "{causes:?}"
-    );
-    assert!(
-        causes.iter().filter(|c| c.contains("ramp")).count() >= 2,
+        causes.iter().filter(|c| c.contains("ramping")).count() >= 2,
         "{causes:?}"
     );
     assert!(
@@ -315,6 +412,74 @@ fn adaptive_lambda_ramps_under_the_positive_control() {
     );
     let last = events.last().unwrap()["to"].as_f64().unwrap();
     assert!(last > 0.05 + 1e-9, "λ ended at {last}");
+    assert!(
+        console.contains("λ 0.050 → 0.100 (SFT saturated, ramping)"),
+        "{console}"
+    );
+}
+
+/// The negative control: the same data pushed hard (learning rate 5e-3, λ steps of 4 up to
+/// 40, K = 2) displaces — ℓw falls while ℓr collapses — and the controller backs off,
+/// holds K evals once chosen recovers, then ramps again.
+#[test]
+fn adaptive_lambda_backs_off_a_displacing_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = [
+        "--learning-rate",
+        "5e-3",
+        "--iters",
+        "90",
+        "--lambda-step",
+        "4",
+        "--lambda-max",
+        "40",
+        "--lambda-k",
+        "2",
+    ];
+    let (events, console) = lambda_run(&goldens().join("data/uppercase"), dir.path(), &extra);
+    let at = |prefix: &str| {
+        events
+            .iter()
+            .position(|e| e["cause"].as_str().unwrap().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` in {:?}", causes(&events)))
+    };
+    let (back, hold, again) = (
+        at("displacement"),
+        at("chosen recovered"),
+        at("held 2 evals"),
+    );
+    assert!(back < hold && hold < again, "{:?}", causes(&events));
+    let b = &events[back];
+    assert!(b["to"].as_f64().unwrap() < b["from"].as_f64().unwrap());
+    assert!(console.contains("backing off"), "{console}");
+}
+
+/// `adaptive` steers from validation evals: without valid.jsonl it is refused, naming the
+/// fix, before anything is written.
+#[test]
+fn adaptive_lambda_without_validation_data_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::copy(
+        goldens().join("data/uppercase/train.jsonl"),
+        data.join("train.jsonl"),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = engine_train(
+        &data,
+        &out,
+        &["--method", "orpo", "--orpo-lambda-schedule", "adaptive"],
+    );
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(!run.status.success());
+    assert!(
+        err.contains("has no valid.jsonl: add validation pairs there")
+            && err.contains("--orpo-lambda-schedule static"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
 }
 
 /// Gemma 3 and 4 train LoRA adapters from the CLI (their steps are gated against mlx-lm in

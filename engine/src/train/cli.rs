@@ -8,6 +8,7 @@ use anyhow::Context;
 use serde_json::json;
 
 use super::data::{read_jsonl, Encoder};
+use super::lambda::{ControllerConfig, Eps, Law};
 use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
@@ -118,9 +119,74 @@ pub struct TrainArgs {
     /// The adaptive schedule's control law.
     #[arg(long, value_enum, default_value = "aimd")]
     pub lambda_law: LambdaLawArg,
+    #[command(flatten)]
+    pub lambda_knobs: LambdaKnobs,
     /// No progress bar or messages (metrics.jsonl is still written).
     #[arg(long)]
     pub quiet: bool,
+}
+
+/// The dynamic-λ controller's knobs (`--orpo-lambda-schedule adaptive`; the design's
+/// defaults, docs/dynamic-lambda.md).
+#[derive(clap::Args, Debug, Clone)]
+pub struct LambdaKnobs {
+    /// λ's floor (and its value in warm-up and after a hard stop).
+    #[arg(long, default_value_t = 0.05)]
+    pub lambda_min: f64,
+    #[arg(long, default_value_t = 0.5)]
+    pub lambda_max: f64,
+    /// The ramp's additive step per eval.
+    #[arg(long, default_value_t = 0.05)]
+    pub lambda_step: f64,
+    /// The back-off's multiplier per eval.
+    #[arg(long, default_value_t = 0.5)]
+    pub lambda_backoff: f64,
+    /// Evals a condition must hold for a phase flip (warm-up's end, the hold after recovery).
+    #[arg(long, default_value_t = 3)]
+    pub lambda_k: usize,
+    /// SFT saturated below this |ΔLw|: a number, or a multiple of the measured noise
+    /// (standard error) of ΔLw between evals, e.g. 2sigma.
+    #[arg(long, default_value = "2sigma")]
+    pub lambda_eps_sft: Eps,
+    /// Displacement past this fall of ℓw: a number or a noise multiple, e.g. 2sigma.
+    #[arg(long, default_value = "2sigma")]
+    pub lambda_eps_disp: Eps,
+    /// "ΔLr ≪ 0": ℓr falling by more than this many ε_disp (with ℓw not rising).
+    #[arg(long, default_value_t = 3.0)]
+    pub lambda_lr_drop: f64,
+    /// Hard stop: ℓw this far below its value at the start of warm-up.
+    #[arg(long, default_value_t = 1.0)]
+    pub lambda_hard_drop: f64,
+    /// P/PD/PID gains and the slope window (evals).
+    #[arg(long, default_value_t = 0.5)]
+    pub lambda_kp: f64,
+    #[arg(long, default_value_t = 0.25)]
+    pub lambda_kd: f64,
+    #[arg(long, default_value_t = 0.1)]
+    pub lambda_ki: f64,
+    #[arg(long, default_value_t = 4)]
+    pub lambda_window: usize,
+}
+
+impl LambdaKnobs {
+    fn config(&self, law: Law) -> ControllerConfig {
+        ControllerConfig {
+            law,
+            min: self.lambda_min,
+            max: self.lambda_max,
+            step: self.lambda_step,
+            backoff: self.lambda_backoff,
+            k: self.lambda_k,
+            eps_sft: self.lambda_eps_sft,
+            eps_disp: self.lambda_eps_disp,
+            lr_drop: self.lambda_lr_drop,
+            hard_drop: self.lambda_hard_drop,
+            kp: self.lambda_kp,
+            kd: self.lambda_kd,
+            ki: self.lambda_ki,
+            window: self.lambda_window,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -155,6 +221,12 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         template: template.as_ref(),
     };
     let (train_set, valid_set) = args.datasets(&encoder)?;
+    let adaptive = args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive;
+    if adaptive && args.method == MethodArg::Orpo && valid_set.is_none() {
+        anyhow::bail!(super::lambda::needs_validation(
+            &args.data.display().to_string()
+        ));
+    }
     let adapter_config = args.adapter_config();
     let adapters = Adapters::attach(model.as_ref(), adapter_config.clone(), args.seed)?;
     let mut opt = AdamW::new(args.schedule(), args.weight_decay);
@@ -171,7 +243,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         &cfg,
         &mut metrics,
         &args.adapter_path,
-        |r, eval| show_progress(&bar, r, eval),
+        |r, eval| show_progress(&bar, args.quiet, r, eval),
     )?;
     bar.finish();
     if args.quiet {
@@ -267,8 +339,7 @@ impl TrainArgs {
             segment_size: self.segment_size,
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
-                    use super::lambda::{ControllerConfig, Law};
-                    ControllerConfig::new(match self.lambda_law {
+                    self.lambda_knobs.config(match self.lambda_law {
                         LambdaLawArg::Aimd => Law::Aimd,
                         LambdaLawArg::P => Law::P,
                         LambdaLawArg::Pd => Law::Pd,
@@ -313,9 +384,11 @@ fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
     bar
 }
 
-/// A step moves the bar and shows its loss, learning rate and speed; an eval prints a line.
+/// A step moves the bar and shows its loss, learning rate and speed; an eval prints a line,
+/// and a λ change its own line on stdout (not with --quiet).
 fn show_progress(
     bar: &indicatif::ProgressBar,
+    quiet: bool,
     r: &StepReport,
     eval: Option<&[(&'static str, f64)]>,
 ) {
@@ -323,6 +396,11 @@ fn show_progress(
         Some(m) => {
             let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
             bar.println(format!("step {}: eval {}", r.step, parts.join(", ")));
+            // λ changes reach the console whether or not it is a terminal (the bar's own
+            // lines do not when it is hidden).
+            if let (Some(note), false) = (&r.note, quiet) {
+                bar.suspend(|| println!("{note}"));
+            }
         }
         None => {
             bar.set_position(r.step as u64);
@@ -331,5 +409,53 @@ fn show_progress(
                 r.loss, r.lr, r.tokens_per_s
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TrainArgs,
+    }
+
+    #[test]
+    fn lambda_knobs_reach_the_controller() {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let base = [
+            "train",
+            "--model",
+            dir,
+            "--data",
+            dir,
+            "--orpo-lambda-schedule",
+        ];
+        let parse = |extra: &[&str]| {
+            let argv = base.iter().chain(extra).copied();
+            Cli::try_parse_from(argv).unwrap().args.train_config()
+        };
+        let c = parse(&["adaptive", "--lambda-max", "0.8", "--lambda-k", "5"])
+            .lambda_controller
+            .unwrap();
+        let d = ControllerConfig::new(Law::Aimd);
+        assert_eq!((c.max, c.k, c.min, c.step), (0.8, 5, d.min, d.step));
+        let c = parse(&[
+            "adaptive",
+            "--lambda-eps-disp",
+            "0.03",
+            "--lambda-eps-sft",
+            "3sigma",
+        ])
+        .lambda_controller
+        .unwrap();
+        assert_eq!(
+            (c.eps_disp, c.eps_sft),
+            (Eps::Fixed(0.03), Eps::Sigmas(3.0))
+        );
+        assert!(parse(&["static"]).lambda_controller.is_none());
     }
 }

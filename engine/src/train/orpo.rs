@@ -1,11 +1,16 @@
-//! ORPO's loss (Hong et al. 2024; TRL's ORPOTrainer): L = NLL + λ·L_OR, where
-//! L_OR = −log σ(log_odds), log_odds = (ℓw − ℓr) − (log1mexp(ℓw) − log1mexp(ℓr)), and ℓw,
-//! ℓr are the chosen and rejected responses' mean per-token log-probabilities (response
-//! positions only, length-normalized). The NLL term is on the chosen sequence: with
-//! `SftScope::Full` (default, as TRL and the paper) the token-mean cross-entropy over every
-//! supervised position — prompt and response, label-shifted — from the same forward, i.e.
-//! −((P−1)·pm + M·ℓw)/((P−1)+M); with `SftScope::Response`, −ℓw. Batch terms are means
-//! over pairs.
+//! ORPO's loss (Hong et al. 2024) with TRL's batch semantics (trl 0.19.1,
+//! `trl/trainer/orpo_trainer.py`): L = NLL + λ·mean(L_OR), where
+//! L_OR = −log σ(log_odds), log_odds = (ℓw − ℓr) − (log1mexp(ℓw) − log1mexp(ℓr))
+//! (`ORPOTrainer.odds_ratio_loss`), and ℓw, ℓr are each chosen and rejected response's mean
+//! per-token log-probability (response positions only, `get_batch_logps(average_log_prob=
+//! True)`). The NLL term is one cross-entropy over the whole chosen half of the batch
+//! (`concatenated_forward`'s `cross_entropy_loss`, `nn.CrossEntropyLoss` with mean
+//! reduction): a token-weighted mean across pairs, not a mean of per-pair means. With
+//! `SftScope::Full` (default, as TRL's decoder-only path and the paper) it covers every
+//! supervised position of the chosen rows, prompt and response, label-shifted; with
+//! `SftScope::Response` only the chosen responses' positions (TRL's NLL with the prompt
+//! labels masked, as its encoder-decoder path computes it): −Σ resp_sum / Σ resp_n. At
+//! B = 1 both are the per-pair values. The other terms are means over pairs.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -36,6 +41,8 @@ pub struct OrpoTerms {
     pub margin: Array,
     pub lw: Array,
     pub lr: Array,
+    /// Each pair's ℓw [B] (evals measure the noise of validation ℓw from it).
+    pub lw_rows: Array,
 }
 
 impl OrpoTerms {
@@ -50,6 +57,7 @@ impl OrpoTerms {
             self.margin,
             self.lw,
             self.lr,
+            self.lw_rows,
         ]
     }
 }
@@ -77,33 +85,49 @@ pub fn orpo_terms(
     let resp_n = response_mask.sum_axis(-1, false)?;
     let mean = resp_sum.divide(&resp_n)?;
     let (lw, lr) = (mean.index(..b), mean.index(b..));
-    let nll = match scope {
-        SftScope::Response => lw.negative()?,
-        SftScope::Full => {
-            let chosen = |x: &Array| x.index(..b);
-            let prompt_sum = token_logps.multiply(prompt_mask)?.sum_axis(-1, false)?;
-            let prompt_n = prompt_mask.sum_axis(-1, false)?;
-            let total = chosen(&prompt_sum).add(chosen(&resp_sum))?;
-            total
-                .divide(chosen(&prompt_n).add(chosen(&resp_n))?)?
-                .negative()?
-        }
-    };
+    let nll = chosen_nll(token_logps, prompt_mask, response_mask, b, scope)?;
     let log_odds = lw
         .subtract(&lr)?
         .subtract(log1mexp(&lw)?.subtract(log1mexp(&lr)?)?)?;
     let l_or = mlx_rs::nn::log_sigmoid(&log_odds)?.negative()?;
-    let per_pair = nll.add(l_or.multiply(Array::from_f32(lambda))?)?;
     let mean = |x: &Array| x.mean(None);
+    let or = mean(&l_or)?;
     Ok(OrpoTerms {
-        loss: mean(&per_pair)?,
-        nll: mean(&nll)?,
-        or: mean(&l_or)?,
+        loss: nll.add(or.multiply(Array::from_f32(lambda))?)?,
+        nll,
+        or,
         accuracy: mean(&lw.gt(&lr)?.as_dtype(Dtype::Float32)?)?,
         margin: mean(&lw.subtract(&lr)?)?,
         lw: mean(&lw)?,
         lr: mean(&lr)?,
+        lw_rows: lw,
     })
+}
+
+/// The NLL of the chosen half (rows ..b): −Σ supervised log-probs / their count over all
+/// chosen rows at once (TRL's `cross_entropy_loss`), positions by `scope`. The planted
+/// `OrpoNllPerPairMean` takes each pair's token mean, then the mean over pairs.
+fn chosen_nll(
+    token_logps: &Array,
+    prompt_mask: &Array,
+    response_mask: &Array,
+    b: i32,
+    scope: SftScope,
+) -> Result<Array, Exception> {
+    let mask = match scope {
+        SftScope::Full => prompt_mask.add(response_mask)?,
+        SftScope::Response => response_mask.clone(),
+    };
+    let mask = mask.index(..b);
+    let sum = token_logps
+        .index(..b)
+        .multiply(&mask)?
+        .sum_axis(-1, false)?;
+    let n = mask.sum_axis(-1, false)?;
+    if crate::plant::is(crate::plant::Defect::OrpoNllPerPairMean) {
+        return sum.divide(&n)?.mean(None)?.negative();
+    }
+    sum.sum(None)?.divide(n.sum(None)?)?.negative()
 }
 
 /// A batch of pairs as model inputs: ids [2B, T] (zero-padded; chosen rows, then

@@ -268,8 +268,14 @@ pub fn evaluate(
     };
     let mut sums = [0.0f64; 7];
     let mut weight = 0.0;
+    let mut lw_rows: Vec<f64> = Vec::new();
     for b in &all[..take] {
         let out = batch_outputs(model, data, b, cfg)?;
+        if let Some(rows) = out.get(OrpoTerms::NAMES.len()) {
+            let rows = rows.as_dtype(mlx_rs::Dtype::Float32)?;
+            rows.eval()?;
+            lw_rows.extend(rows.as_slice::<f32>().iter().map(|&x| x as f64));
+        }
         match data {
             Dataset::Sft(_) => {
                 let n = scalar(&out[1])?;
@@ -290,6 +296,7 @@ pub fn evaluate(
             .iter()
             .zip(sums)
             .map(|(&n, s)| (n, s / weight))
+            .chain([("lw_se", super::lambda::standard_error(&lw_rows))])
             .collect(),
     })
 }
@@ -301,6 +308,8 @@ pub struct StepReport {
     pub grad_norm: f64,
     pub lr: f64,
     pub tokens_per_s: f64,
+    /// At an eval: the dynamic-λ controller's change, as its console line.
+    pub note: Option<String>,
 }
 
 impl StepReport {
@@ -312,6 +321,7 @@ impl StepReport {
             grad_norm: f64::NAN,
             lr: f64::NAN,
             tokens_per_s: 0.0,
+            note: None,
         }
     }
 }
@@ -342,6 +352,11 @@ pub fn train(
         .clone()
         .filter(|_| cfg.method == Method::Orpo)
         .map(super::lambda::Controller::new);
+    if controller.is_some() && valid.is_none() {
+        return Err(TrainError::Config(super::lambda::needs_validation(
+            "the data directory",
+        )));
+    }
     // The configuration this run uses, λ updated as the controller moves it.
     let mut run_cfg = cfg.clone();
     if let Some(c) = &controller {
@@ -358,8 +373,10 @@ pub fn train(
     for step in 1..=cfg.iters {
         let eval_now = step == 1 || step % cfg.steps_per_eval.max(1) == 0 || step == cfg.iters;
         if let (Some(v), true) = (valid, eval_now) {
-            let m = evaluate_and_steer(model, v, cfg, controller.as_mut(), metrics, step)?;
-            on_step(&StepReport::at_eval(step), Some(&m));
+            let (m, note) = evaluate_and_steer(model, v, cfg, controller.as_mut(), metrics, step)?;
+            let mut report = StepReport::at_eval(step);
+            report.note = note;
+            on_step(&report, Some(&m));
             tic = Instant::now();
         }
         if order.is_empty() {
@@ -387,6 +404,7 @@ pub fn train(
             grad_norm: scalar(&norm)?,
             lr,
             tokens_per_s: tokens as f64 / elapsed.max(1e-9),
+            note: None,
         };
         metrics.write(train_line(&report, cfg, &outputs)?)?;
         on_step(&report, None);
@@ -397,8 +415,12 @@ pub fn train(
     adapters.save(out)
 }
 
+/// An eval's named results.
+type EvalMetrics = Vec<(&'static str, f64)>;
+
 /// Evaluates on `valid` and writes the eval line; with a λ controller, feeds it the eval's
-/// ℓw and ℓr and, where it moves λ, writes the change and sets `cfg.orpo_lambda`.
+/// ℓw and ℓr (the first eval calibrates it from ℓw's noise) and, where it moves λ or its
+/// phase, writes the change, sets `cfg.orpo_lambda` and returns the change's console line.
 fn evaluate_and_steer(
     model: &dyn LanguageModel,
     valid: &Dataset,
@@ -406,7 +428,7 @@ fn evaluate_and_steer(
     controller: Option<&mut super::lambda::Controller>,
     metrics: &mut Metrics,
     step: usize,
-) -> Result<Vec<(&'static str, f64)>, TrainError> {
+) -> Result<(EvalMetrics, Option<String>), TrainError> {
     let m = evaluate(model, valid, cfg)?;
     let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
     for (k, x) in &m {
@@ -414,16 +436,25 @@ fn evaluate_and_steer(
     }
     metrics.write(line)?;
     let get = |name: &str| m.iter().find(|(k, _)| *k == name).map(|(_, v)| *v);
-    if let (Some(c), Some(lw), Some(lr)) = (controller, get("lw"), get("lr")) {
-        if let Some(change) = c.update(lw, lr) {
-            metrics.write(json!({
-                "type": "lambda", "step": step, "from": change.from, "to": change.to,
-                "cause": change.cause, "phase": change.phase,
-            }))?;
-            cfg.orpo_lambda = c.lambda as f32;
-        }
-    }
-    Ok(m)
+    let (Some(c), Some(lw), Some(lr)) = (controller, get("lw"), get("lr")) else {
+        return Ok((m, None));
+    };
+    let change = if c.eps_sft.is_nan() {
+        let noise = get("lw_se").unwrap_or(f64::NAN);
+        Some(c.calibrate(lw, lr, noise).map_err(TrainError::Config)?)
+    } else {
+        c.update(lw, lr, get("lw_se").unwrap_or(f64::NAN))
+    };
+    let Some(change) = change else {
+        return Ok((m, None));
+    };
+    metrics.write(json!({
+        "type": "lambda", "step": step, "from": change.from, "to": change.to,
+        "cause": change.cause, "phase": change.phase,
+        "eps_sft": c.eps_sft, "eps_disp": c.eps_disp,
+    }))?;
+    cfg.orpo_lambda = c.lambda as f32;
+    Ok((m, Some(format!("step {step}: {}", change.line()))))
 }
 
 /// This batch's gradients added to those accumulated so far (if any).
