@@ -149,7 +149,12 @@ fn results(data: &Path, model: &Path, config: &str, seed: u64, metrics: &Path) -
         margin: f(last, "margin"),
         lw: f(last, "lw"),
         lw_drop: best_lw - f(last, "lw"),
-        lambda_changes: lines.iter().filter(|v| v["type"] == "lambda").count(),
+        // The controller also logs its noise calibration and the phase flips that keep λ
+        // (from = to): only a moved λ is a change.
+        lambda_changes: lines
+            .iter()
+            .filter(|v| v["type"] == "lambda" && v["from"] != v["to"])
+            .count(),
         trace: evals
             .iter()
             .map(|v| (f(v, "step"), f(v, "lambda"), f(v, "lw"), f(v, "lr")))
