@@ -313,8 +313,9 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
         anyhow::anyhow!("--{flag}: {}", e.message)
     })?;
     let sampler = Sampler::new(sampling)?;
-    let sampler = engine::constrain::constrain(sampler, &tokenizer, args.constraint()?.as_ref())
-        .map_err(|e| anyhow::anyhow!("--json-schema/--regex/--grammar: {e}"))?;
+    let sampler =
+        engine::generate::sampler::constrain(sampler, &tokenizer, args.constraint()?.as_ref())
+            .map_err(|e| anyhow::anyhow!("--json-schema/--regex/--grammar: {e}"))?;
     let lookup = args.lookup()?;
     if lookup.is_some() && sampler.has_processors() {
         anyhow::bail!("--prompt-lookup: {}", gen::lookup::PROCESSORS_REFUSED);

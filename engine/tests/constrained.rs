@@ -14,9 +14,10 @@ use std::sync::Arc;
 
 use common::server::{post, serve_model};
 use common::{goldens, model};
-use engine::constrain::{constrain, Grammar};
+use engine::constrain::Grammar;
 use engine::generate::decode::Decoder;
 use engine::generate::drafter::Decode;
+use engine::generate::sampler::constrain;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{Finish, Flow, Session, SessionOptions};
 use engine::load::tokenizer::Tokenizer;

@@ -19,10 +19,6 @@ use llguidance::Matcher;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use std::sync::Arc;
-
-use crate::generate::sampler::Sampler;
-use crate::load::tokenizer::Tokenizer;
 use crate::plant::{self, Defect};
 pub use env::{env_for, Env};
 
@@ -67,19 +63,6 @@ impl Grammar {
     pub fn check(&self) -> Result<(), String> {
         Constraint::new(env::byte_env(), self).map(|_| ())
     }
-}
-
-/// `sampler` constrained to `grammar` over `tokenizer` (as it is without a grammar).
-pub fn constrain(
-    sampler: Sampler,
-    tokenizer: &Arc<Tokenizer>,
-    grammar: Option<&Grammar>,
-) -> Result<Sampler, String> {
-    let Some(grammar) = grammar else {
-        return Ok(sampler);
-    };
-    let env = env_for(tokenizer)?;
-    Ok(sampler.constrained(Constraint::new(&env, grammar)?))
 }
 
 /// One request's constraint: the matcher and where in the history its answer begins.

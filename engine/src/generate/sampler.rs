@@ -17,7 +17,8 @@ use mlx_rs::ops::indexing::{argmax_axis, TryIndexUpdateOp, UpdateMode};
 use mlx_rs::ops::{argpartition_axis, cumsum, select, sort_axis};
 use mlx_rs::{random, Array, Dtype};
 
-use crate::constrain::Constraint;
+use crate::constrain::{env_for, Constraint, Grammar};
+use crate::load::tokenizer::Tokenizer;
 use crate::model::layers::weak;
 
 type R<T> = Result<T, Exception>;
@@ -125,6 +126,19 @@ fn recent(history: &[u32], n: usize) -> Array {
         .map(|&t| t as i32)
         .collect();
     Array::from_slice(&tail, &[tail.len() as i32])
+}
+
+/// `sampler` constrained to `grammar` over `tokenizer` (as it is without a grammar).
+pub fn constrain(
+    sampler: Sampler,
+    tokenizer: &std::sync::Arc<Tokenizer>,
+    grammar: Option<&Grammar>,
+) -> Result<Sampler, String> {
+    let Some(grammar) = grammar else {
+        return Ok(sampler);
+    };
+    let env = env_for(tokenizer)?;
+    Ok(sampler.constrained(Constraint::new(&env, grammar)?))
 }
 
 /// One sequence's sampler: settings plus its key sequence, and the grammar its answer

@@ -265,7 +265,7 @@ impl Worker {
         let sampler = Sampler::new(request.sampling.clone())
             .map_err(|e| e.to_string())
             .and_then(|s| {
-                crate::constrain::constrain(s, &self.tokenizer, request.constraint.as_ref())
+                crate::generate::sampler::constrain(s, &self.tokenizer, request.constraint.as_ref())
             });
         let sampler = match sampler {
             Ok(s) => s,
