@@ -106,6 +106,9 @@ enum Command {
     /// One engine rank of a distributed-suite leg (used by `harness bench --suite distributed`).
     #[command(hide = true)]
     LegDist(harness::bench::distributed::LegArgs),
+    /// One constrain-suite leg in this fresh process (used by `harness bench --suite constrain`).
+    #[command(hide = true)]
+    LegConstrain(harness::bench::constrain::LegArgs),
     /// One engine benchmark leg in this fresh process (used by `harness bench`).
     #[command(hide = true)]
     LegEngine(cmd::bench::LegArgs),
@@ -143,5 +146,6 @@ fn main() -> Result<()> {
         Command::LegSpec(args) => cmd::bench::leg_spec(args),
         Command::LegTrain(args) => cmd::bench::leg_train(args),
         Command::LegDist(args) => harness::bench::distributed::leg(args),
+        Command::LegConstrain(args) => harness::bench::constrain::leg(args),
     }
 }

@@ -269,11 +269,9 @@ type PerfTable<'a> = BTreeMap<(String, String, String), BTreeMap<String, &'a Row
 /// The performance rows (neither parity nor quality), the newest run's per line.
 fn perf_table<'a>(rows: &[&'a Row]) -> PerfTable<'a> {
     let mut perf = PerfTable::new();
-    for r in rows
-        .iter()
-        .copied()
-        .filter(|r| !r.suite.starts_with("parity") && r.suite != "quality")
-    {
+    for r in rows.iter().copied().filter(|r| {
+        !r.suite.starts_with("parity") && !["quality", "constrain"].contains(&r.suite.as_str())
+    }) {
         // Runs with other parameters (e.g. a longer prompt) are separate rows of the table.
         let model = match params_label(&r.params) {
             Some(label) => format!("{} ({label})", r.model),
@@ -310,6 +308,10 @@ fn performance_section(out: &mut String, rows: &[&Row]) {
         }
     }
     out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+    // The constrain suite's rows have a table of their own.
+    if let Some(table) = crate::bench::constrain::promote_table(rows) {
+        out.push_str(&table);
+    }
 }
 
 /// A performance line from the newest row of each stack (None without any).

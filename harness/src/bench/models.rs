@@ -21,6 +21,8 @@ pub enum Family {
     /// `intermediate` as each expert's width. f32: MLX's CPU `gather_mm` (dense experts)
     /// runs float32 only, in mlx-lm as in the engine.
     Qwen3Moe,
+    /// qwen3 (dense): q/k norms, tied embeddings; with `QWEN3_VOCAB_TINY`'s real vocabulary.
+    Qwen3,
 }
 
 /// MoE bench layout: experts per layer and experts per token.
@@ -119,13 +121,37 @@ pub const MOE_TINY: BenchModel = BenchModel {
     max_positions: DEFAULT_POSITIONS,
 };
 
+/// ~42 M parameters, almost all of them the tied embedding: a small qwen3 (dense) with the
+/// real Qwen3 vocabulary of 151 936 ids and the real Qwen3 tokenizer (the `qwen3` fixture,
+/// 151 669 ids; the model's ids past them are never produced by the tokenizer), so a
+/// constrained-decoding mask spans a real-size vocabulary (`harness bench --suite constrain`).
+pub const QWEN3_VOCAB_TINY: BenchModel = BenchModel {
+    name: "qwen3-vocab-tiny",
+    family: Family::Qwen3,
+    hidden: 256,
+    layers: 4,
+    heads: 4,
+    kv_heads: 2,
+    intermediate: 704,
+    vocab: 151_936,
+    seed: 2468,
+    max_positions: DEFAULT_POSITIONS,
+};
+
 /// Names of the built-in bench models, for messages.
-pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny";
+pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny, qwen3-vocab-tiny";
 
 pub fn by_name(name: &str) -> Option<BenchModel> {
-    [TINY, SMALL, GEMMA_TINY, GEMMA4_TINY, MOE_TINY]
-        .into_iter()
-        .find(|m| m.name == name)
+    [
+        TINY,
+        SMALL,
+        GEMMA_TINY,
+        GEMMA4_TINY,
+        MOE_TINY,
+        QWEN3_VOCAB_TINY,
+    ]
+    .into_iter()
+    .find(|m| m.name == name)
 }
 
 /// `ids` as the text `ensure_tokenizer`'s tokenizer encodes back to exactly them.
@@ -192,6 +218,25 @@ impl BenchModel {
                 "bench_seed": self.seed,
             });
         }
+        if self.family == Family::Qwen3 {
+            return json!({
+                "architectures": ["Qwen3ForCausalLM"],
+                "model_type": "qwen3",
+                "hidden_size": self.hidden,
+                "num_hidden_layers": self.layers,
+                "intermediate_size": self.intermediate,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.kv_heads,
+                "head_dim": self.hidden / self.heads,
+                "rms_norm_eps": 1e-6,
+                "vocab_size": self.vocab,
+                "max_position_embeddings": self.max_positions,
+                "rope_theta": 1000000.0,
+                "tie_word_embeddings": true,
+                "torch_dtype": "bfloat16",
+                "bench_seed": self.seed,
+            });
+        }
         if self.family == Family::Qwen3Moe {
             return json!({
                 "architectures": ["Qwen3MoeForCausalLM"],
@@ -252,7 +297,7 @@ impl BenchModel {
             let p = format!("model.layers.{l}");
             w.push((format!("{p}.input_layernorm.weight"), vec![h]));
             w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            if self.family == Family::Qwen3Moe {
+            if matches!(self.family, Family::Qwen3Moe | Family::Qwen3) {
                 w.push((format!("{p}.self_attn.q_norm.weight"), vec![head_dim]));
                 w.push((format!("{p}.self_attn.k_norm.weight"), vec![head_dim]));
             }
@@ -286,7 +331,7 @@ impl BenchModel {
         }
         w.push(("model.norm.weight".to_owned(), vec![h]));
         if matches!(self.family, Family::Llama | Family::Qwen3Moe) {
-            w.push(("lm_head.weight".to_owned(), vec![self.vocab, h])); // Gemma: tied
+            w.push(("lm_head.weight".to_owned(), vec![self.vocab, h])); // Gemma, Qwen3: tied
         }
         w
     }
@@ -405,10 +450,15 @@ impl BenchModel {
     /// word `t<i>`, words split on whitespace, no special tokens, no end-of-sequence), so a
     /// server can be sent exactly the bench's prompt ids as text (`prompt_text`) and every
     /// generated id streams as a text chunk. Written atomically, once.
+    ///
+    /// A model with a real tokenizer (`real_tokenizer`) gets that one instead.
     pub fn ensure_tokenizer(&self, dir: &std::path::Path) -> anyhow::Result<()> {
         let path = dir.join("tokenizer.json");
         if path.is_file() {
             return Ok(());
+        }
+        if let Some(name) = self.real_tokenizer() {
+            return copy_fixture_tokenizer(name, dir);
         }
         let vocab: serde_json::Map<String, serde_json::Value> = (0..self.vocab)
             .map(|i| (format!("t{i}"), json!(i)))
@@ -433,12 +483,22 @@ impl BenchModel {
         Ok(())
     }
 
+    /// The tokenizer fixture (`harness::fixtures`) a bench model ships with, if it has a
+    /// real tokenizer rather than `ensure_tokenizer`'s word-level one.
+    pub fn real_tokenizer(&self) -> Option<&'static str> {
+        (self.family == Family::Qwen3).then_some("qwen3")
+    }
+
     /// The model dir, generated first if missing. Written to a temporary sibling and
-    /// renamed, so an interrupted generation never leaves a half model behind.
+    /// renamed, so an interrupted generation never leaves a half model behind. A model with
+    /// a real tokenizer gets it copied in (from the fetched fixture).
     pub fn ensure(&self) -> anyhow::Result<PathBuf> {
         let dir = self.dir();
         if dir.join("model.safetensors").is_file() && dir.join("config.json").is_file() {
             self.ensure_kv_config(&dir)?;
+            if self.real_tokenizer().is_some() {
+                self.ensure_tokenizer(&dir)?;
+            }
             return Ok(dir);
         }
         let tmp = dir.with_extension(format!("partial-{}", std::process::id()));
@@ -477,6 +537,9 @@ impl BenchModel {
             std::fs::create_dir_all(parent)?;
         }
         self.ensure_kv_config(&tmp)?;
+        if self.real_tokenizer().is_some() {
+            self.ensure_tokenizer(&tmp)?;
+        }
         match std::fs::rename(&tmp, &dir) {
             Ok(()) => Ok(dir),
             Err(_) if dir.join("model.safetensors").is_file() => {
@@ -486,6 +549,19 @@ impl BenchModel {
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Copies the fetched tokenizer fixture `name` (tokenizer.json, tokenizer_config.json)
+/// into `dir`, each file written to a temporary name and renamed.
+fn copy_fixture_tokenizer(name: &str, dir: &std::path::Path) -> anyhow::Result<()> {
+    let src = crate::fixtures::tokenizer_dir(name)?;
+    // tokenizer.json last: its presence is what marks the copy done.
+    for file in ["tokenizer_config.json", "tokenizer.json"] {
+        let tmp = dir.join(format!("{file}.tmp-{}", std::process::id()));
+        std::fs::copy(src.join(file), &tmp)?;
+        std::fs::rename(&tmp, dir.join(file))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -509,6 +585,23 @@ mod tests {
             TINY.dir(),
             crate::cache_dir().join("bench-models/tiny-seed1234")
         );
+    }
+
+    #[test]
+    fn qwen3_vocab_tiny_has_the_real_vocabulary_and_tied_embeddings() {
+        let m = by_name("qwen3-vocab-tiny").unwrap();
+        assert_eq!(m.vocab, 151_936);
+        assert_eq!(m.config()["model_type"], "qwen3");
+        assert_eq!(m.config()["tie_word_embeddings"], true);
+        let shapes = m.weight_shapes();
+        assert!(shapes.iter().all(|(n, _)| n != "lm_head.weight"));
+        assert!(shapes
+            .iter()
+            .any(|(n, s)| n == "model.layers.0.self_attn.q_norm.weight" && s == &[64]));
+        assert_eq!(m.real_tokenizer(), Some("qwen3"));
+        assert_eq!(TINY.real_tokenizer(), None);
+        // ~42 M parameters, 39 M of them the embedding.
+        assert!((40_000_000..45_000_000).contains(&m.parameter_count()));
     }
 
     #[test]

@@ -22,7 +22,9 @@ pub struct Args {
     /// tiny model: --serve-model), restart (the SSD tier after a restart, judged against
     /// its exit criteria: --restart-via, --restart-kv-config) or spec
     /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter) or
-    /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model).
+    /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model) or
+    /// constrain (decode with and without a JSON-schema mask, on tiny-llama-trained and the
+    /// 151 936-id qwen3-vocab-tiny; engine only).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens:
@@ -256,6 +258,27 @@ fn run_train(args: &Args) -> Result<()> {
             }
         }
     }
+    println!(
+        "recorded {n} rows (preflight before: {}, after: {})",
+        before.verdict(),
+        after.verdict()
+    );
+    Ok(())
+}
+
+/// The constrain suite: plain vs JSON-schema-constrained decode (engine legs only).
+fn run_constrain(args: &Args) -> Result<()> {
+    use harness::bench::constrain;
+    let (thresholds, before) = preflight_gate(args, "constrain")?;
+    let results = constrain::run(args.rounds, args.max_tokens)?;
+    let after = harness::preflight::check(&thresholds);
+    let db = Db::open_default()?;
+    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
+    for r in &results {
+        print!("{}", r.table());
+    }
+    let n = constrain::record(&db, &ctx, &results, args.rounds, args.max_tokens)?;
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
         before.verdict(),
@@ -532,8 +555,9 @@ pub fn run(args: Args) -> Result<()> {
         "spec" => return run_spec(&args),
         "train" => return run_train(&args),
         "distributed" => return run_distributed(&args),
+        "constrain" => return run_constrain(&args),
         other => {
-            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed)")
+            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain)")
         }
     }
     if args.rounds < 3 {
