@@ -317,7 +317,7 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
         engine::generate::sampler::constrain(sampler, &tokenizer, args.constraint()?.as_ref())
             .map_err(|e| anyhow::anyhow!("--json-schema/--regex/--grammar: {e}"))?;
     let lookup = args.lookup()?;
-    if lookup.is_some() && sampler.has_processors() {
+    if lookup.is_some() && sampler.has_penalties() {
         anyhow::bail!("--prompt-lookup: {}", gen::lookup::PROCESSORS_REFUSED);
     }
     let opts = args.tier.resolve(&args.model)?;

@@ -147,6 +147,13 @@ pub enum Defect {
     /// Constrained decoding: the mask is written one id too high (id i's verdict lands on
     /// id i + 1). Caught by the exactness gate (`engine/tests/constrained.rs`).
     ConstrainMaskOffByOne,
+    /// Constrained speculation: the drafts are not checked against the grammar's mask and
+    /// the verify rows after the first go unmasked. Caught by the drafts-under-the-mask
+    /// gate (`engine/tests/constrained.rs`).
+    SpecDraftsUnmasked,
+    /// A distributed follower builds its sampler without the request's grammar. Caught by
+    /// the constrained answer across ranks (`engine/tests/dist/serve.rs`).
+    FollowerUnconstrained,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -262,6 +269,7 @@ pub fn on_from_env() -> Result<(), String> {
             "ReasoningInContent" => Defect::ReasoningInContent,
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
+            "FollowerUnconstrained" => Defect::FollowerUnconstrained,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

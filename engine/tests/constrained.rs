@@ -7,6 +7,12 @@
 //! - exactness: with a regex that is the literal of the model's own greedy text, the
 //!   constrained greedy ids are the unconstrained ones, id for id. The planted
 //!   `ConstrainMaskOffByOne` fails it.
+//! - drafts under the mask: greedy constrained decoding with a draft model and with prompt
+//!   lookup gives constrained plain greedy decoding's ids, id for id (drafts cut before the
+//!   first id the grammar refuses, each verify row masked). The planted
+//!   `SpecDraftsUnmasked` fails it.
+//! - hostile grammars (huge, deeply nested, explosive regexes, over the size cap) are
+//!   refused with a reason or compile under the limits; through the server, a 400.
 
 mod common;
 
@@ -16,7 +22,8 @@ use common::server::{post, serve_model};
 use common::{goldens, model};
 use engine::constrain::Grammar;
 use engine::generate::decode::Decoder;
-use engine::generate::drafter::Decode;
+use engine::generate::drafter::{Decode, Drafter};
+use engine::generate::lookup::LookupParams;
 use engine::generate::sampler::constrain;
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{Finish, Flow, Session, SessionOptions};
@@ -98,6 +105,14 @@ fn tokenizer() -> Arc<Tokenizer> {
     Arc::new(Tokenizer::load(&goldens().join("models").join(MODEL)).unwrap())
 }
 
+/// How a request finds its next ids.
+#[derive(Clone, Copy)]
+enum How<'d> {
+    Plain,
+    Draft(&'d Drafter, usize),
+    Lookup(LookupParams),
+}
+
 /// One request through the decode core: `grammar` over `sampling`, up to `max` ids.
 fn run(
     m: &dyn LanguageModel,
@@ -107,12 +122,30 @@ fn run(
     sampling: SamplingParams,
     max: usize,
 ) -> Result<Answer, String> {
+    run_how(m, tok, prompt, grammar, sampling, max, How::Plain).map(|(a, _)| a)
+}
+
+/// `run` drafted as `how` says: the answer and (accepted, drafted).
+fn run_how(
+    m: &dyn LanguageModel,
+    tok: &Arc<Tokenizer>,
+    prompt: &str,
+    grammar: Option<&Grammar>,
+    sampling: SamplingParams,
+    max: usize,
+    how: How<'_>,
+) -> Result<(Answer, (usize, usize)), String> {
     let prompt = tok.encode(prompt, true).unwrap();
     let sampler = constrain(Sampler::new(sampling).unwrap(), tok, grammar)?;
     let opts = SessionOptions::default();
     let session = Session::with_options(m, &opts);
     let mut dec = Decoder::new(&prompt, max, &tok.eos_token_ids, sampler);
-    let mut decode = Decode::start_with(session, None, None, &opts, &mut dec, &prompt, 0)
+    let (draft, lookup) = match how {
+        How::Plain => (None, None),
+        How::Draft(d, gamma) => (Some((d, gamma, d.make_caches())), None),
+        How::Lookup(p) => (None, Some(p)),
+    };
+    let mut decode = Decode::start_with(session, draft, lookup, &opts, &mut dec, &prompt, 0)
         .map_err(|e| e.to_string())?;
     let mut ids = Vec::new();
     let finish = decode
@@ -127,9 +160,12 @@ fn run(
             Ok(Flow::Continue)
         })
         .map_err(|e| e.to_string())?;
+    let spec = decode
+        .spec_stats()
+        .map_or((0, 0), |s| (s.accepted, s.drafted));
     decode.end().map_err(|e| e.to_string())?;
     let text = tok.decode(&ids).unwrap();
-    Ok(Answer { ids, text, finish })
+    Ok((Answer { ids, text, finish }, spec))
 }
 
 /// Whether `text` is a JSON document valid under `schema`, and why not.
@@ -297,4 +333,203 @@ fn the_server_constrains_both_lanes_and_refuses_an_invalid_schema() {
         println!("invalid schema: {}", r["error"]["message"]);
         assert_eq!(r["error"]["param"], "response_format", "{r}");
     }
+}
+
+/// The grammars of the drafting gate: the literal of each prompt's greedy text (drafts the
+/// grammar allows, often accepted) and schemas (drafts often cut), at temperature 0.
+fn drafting_cases(m: &dyn LanguageModel, tok: &Arc<Tokenizer>) -> Vec<(&'static str, Grammar)> {
+    let mut cases: Vec<(&'static str, Grammar)> = PROMPTS
+        .iter()
+        .map(|&p| {
+            let free = run(m, tok, p, None, SamplingParams::default(), 24).unwrap();
+            (p, Grammar::Regex(literal(&free.text)))
+        })
+        .collect();
+    for i in 0..4u64 {
+        cases.push((
+            PROMPTS[i as usize % PROMPTS.len()],
+            Grammar::JsonSchema(schema(i)),
+        ));
+    }
+    cases.push((
+        "The robot",
+        Grammar::Regex("(the robot (is|was) (red|blue)\\. )+".into()),
+    ));
+    cases
+}
+
+/// (runs whose drafted ids equal constrained plain greedy's, runs, accepted, drafted).
+fn drafting_gate(
+    m: &dyn LanguageModel,
+    tok: &Arc<Tokenizer>,
+    cases: &[(&'static str, Grammar)],
+    drafter: &Drafter,
+) -> (usize, usize, usize, usize) {
+    let (mut same, mut n, mut accepted, mut drafted) = (0, 0, 0, 0);
+    let greedy = SamplingParams::default;
+    for (prompt, g) in cases {
+        let want = run(m, tok, prompt, Some(g), greedy(), 48).unwrap();
+        let lookup = LookupParams::new(4, Some(2)).unwrap();
+        for how in [How::Draft(drafter, 3), How::Lookup(lookup)] {
+            n += 1;
+            match run_how(m, tok, prompt, Some(g), greedy(), 48, how) {
+                Ok((a, (acc, dr))) => {
+                    accepted += acc;
+                    drafted += dr;
+                    if a.ids == want.ids && a.finish == want.finish {
+                        same += 1;
+                    } else {
+                        println!("{prompt:?} {g:?}: {:?} vs {:?}", a.text, want.text);
+                    }
+                }
+                Err(e) => println!("{prompt:?} {g:?}: {e}"),
+            }
+        }
+    }
+    (same, n, accepted, drafted)
+}
+
+#[test]
+fn drafts_under_the_mask_keep_constrained_greedy_ids_and_the_unmasked_plant_fails() {
+    let m = model(MODEL);
+    let tok = tokenizer();
+    let drafter = Drafter::Model(model("tiny-llama-draft"));
+    let cases = drafting_cases(m.as_ref(), &tok);
+    let (same, n, accepted, drafted) = drafting_gate(m.as_ref(), &tok, &cases, &drafter);
+    println!("drafts under the mask: {same}/{n} runs id for id; accepted {accepted}/{drafted}");
+    assert_eq!(same, n);
+    assert!(
+        accepted > 0,
+        "no draft was ever accepted: the gate would not see masked rows"
+    );
+    let _on = plant::on(Defect::SpecDraftsUnmasked).unwrap();
+    let (same, n, _, _) = drafting_gate(m.as_ref(), &tok, &cases, &drafter);
+    println!("planted SpecDraftsUnmasked: {same}/{n} identical");
+    assert!(same < n, "the gate missed unmasked drafts");
+}
+
+/// Hostile grammars: each is refused with a reason, or compiles under the limits (and
+/// then masks a first step); the time each took is printed (not asserted: numbers come
+/// from `harness bench`).
+fn hostile() -> Vec<(&'static str, Grammar, bool)> {
+    let mut nested = json!({"type": "integer"});
+    for _ in 0..100 {
+        nested = json!({"type": "object", "properties": {"a": nested}, "required": ["a"]});
+    }
+    let huge_enum: Vec<Value> = (0..200_000).map(|i| json!(format!("value-{i}"))).collect();
+    let wide: serde_json::Map<String, Value> = (0..20_000)
+        .map(|i| (format!("p{i}"), json!({"type": "string"})))
+        .collect();
+    let rules: String = (0..30_000)
+        .map(|i| format!("r{i}: \"w{i}\" | r{}\n", i + 1))
+        .collect::<String>()
+        + "r30000: \"end\"\n";
+    vec![
+        (
+            "nested objects, depth 100",
+            Grammar::JsonSchema(nested),
+            false,
+        ),
+        (
+            "enum of 200k strings",
+            Grammar::JsonSchema(json!({"enum": huge_enum})),
+            false,
+        ),
+        (
+            "object of 20k properties",
+            Grammar::JsonSchema(json!({"type": "object", "properties": wide})),
+            false,
+        ),
+        (
+            "regex (a|b){1000}{1000}",
+            Grammar::Regex("(a|b){1000}{1000}".into()),
+            true,
+        ),
+        (
+            "regex [a-z]{0,50000}",
+            Grammar::Regex("[a-z]{0,50000}".into()),
+            false,
+        ),
+        (
+            "regex of nested counted groups",
+            Grammar::Regex("((((x{0,20}){0,20}){0,20}){0,20})".into()),
+            false,
+        ),
+        (
+            "lark, 30k chained rules",
+            Grammar::Lark(format!("start: r0\n{rules}")),
+            false,
+        ),
+        (
+            "regex over the size cap",
+            Grammar::Regex("a".repeat(5 << 20)),
+            true,
+        ),
+    ]
+}
+
+#[test]
+fn hostile_grammars_are_refused_with_a_reason_or_compile_under_the_limits() {
+    let tok = tokenizer();
+    let mut refused = 0;
+    for (name, g, must_refuse) in hostile() {
+        let t = std::time::Instant::now();
+        let checked = g.check();
+        let check_time = t.elapsed();
+        let t = std::time::Instant::now();
+        let real = constrain(
+            Sampler::new(SamplingParams::default()).unwrap(),
+            &tok,
+            Some(&g),
+        );
+        let first = real.map(|mut s| {
+            let logits = mlx_rs::Array::zeros::<f32>(&[1, tok.vocab_size() as i32]).unwrap();
+            s.pick(&logits, &[1])
+                .map(|(id, _)| id.eval())
+                .map_err(|e| e.to_string())
+        });
+        let model_time = t.elapsed();
+        println!(
+            "{name}: check {:?} in {check_time:?}; over the model's tokenizer with a first \
+             mask {:?} in {model_time:?}",
+            checked.as_ref().err(),
+            first
+                .as_ref()
+                .err()
+                .or(first.as_ref().ok().and_then(|r| r.as_ref().err()))
+        );
+        if let Err(e) = &checked {
+            refused += 1;
+            assert!(!e.is_empty());
+        } else {
+            assert!(!must_refuse, "{name}: compiled");
+            first
+                .unwrap_or_else(|e| panic!("{name}: checked, then refused over the model: {e}"))
+                .unwrap_or_else(|e| panic!("{name}: the first mask failed: {e}"))
+                .expect("the first mask evaluates");
+        }
+    }
+    assert!(refused >= 2, "{refused} refused");
+}
+
+#[test]
+fn the_server_refuses_a_hostile_grammar_with_a_400() {
+    let srv = serve_model(MODEL, &["--max-body-bytes", "16000000"]);
+    for regex in ["(a|b){1000}{1000}".to_owned(), "a".repeat(5 << 20)] {
+        let body = json!({"model": "m", "prompt": "The robot", "max_tokens": 8,
+            "response_format": {"type": "regex", "regex": regex}});
+        let (status, r) = post(srv.port, "/v1/completions", &body);
+        println!(
+            "hostile regex ({} bytes): {status} {}",
+            regex.len(),
+            r["error"]["message"]
+        );
+        assert_eq!(status, 400, "{r}");
+        assert_eq!(r["error"]["param"], "response_format", "{r}");
+    }
+    // The server still answers.
+    let body = json!({"model": "m", "prompt": "Two and two make", "max_tokens": 8,
+        "response_format": {"type": "regex", "regex": "(four|five)\\."}});
+    let (status, r) = post(srv.port, "/v1/completions", &body);
+    assert_eq!(status, 200, "{r}");
 }

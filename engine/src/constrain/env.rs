@@ -38,6 +38,7 @@ impl TokenizerEnv for Tok {
 fn factory(env: &TokEnv) -> Result<ParserFactory, String> {
     let mut f = ParserFactory::new_simple(env).map_err(|e| e.to_string())?;
     f.quiet();
+    *f.limits_mut() = super::LIMITS;
     Ok(f)
 }
 

@@ -120,11 +120,11 @@ fn room(caches: &mut [Box<dyn Cache>]) -> usize {
     room
 }
 
-/// The refusal of logits processors (the verify pass samples all positions at once, without
-/// the processors' per-position history).
-pub const PROCESSORS_REFUSED: &str = "prompt-lookup decoding does not support logits \
-     processors (repetition, presence or frequency penalties, logit bias); drop them or \
-     prompt lookup";
+/// The refusal of penalties and a logit bias (the verify pass samples all positions at
+/// once, without the processors' per-position history). A constraint is verified under its
+/// mask (`Sampler::pick_verify`).
+pub const PROCESSORS_REFUSED: &str = "prompt-lookup decoding does not support repetition, \
+     presence or frequency penalties or a logit bias; drop them or prompt lookup";
 
 /// The prompt-lookup policy: one round looks the drafts up in the history, verifies them
 /// in one target forward and emits the accepted ones plus the target's own next id.
@@ -138,7 +138,7 @@ pub struct LookupRound {
 
 impl LookupRound {
     /// Prefills `target` (holding `prompt[..cached]`) up to the last prompt id, which the
-    /// first verify pass feeds. Refuses logits processors.
+    /// first verify pass feeds. Refuses penalties and a logit bias.
     pub fn start<S: BorrowMut<Sampler>>(
         target: &mut Session,
         dec: &mut Decoder<'_, S>,
@@ -150,7 +150,7 @@ impl LookupRound {
             cached < prompt.len(),
             "at least one prompt token must be fed"
         );
-        if dec.sampler().has_processors() {
+        if dec.sampler().has_penalties() {
             return Err(Exception::custom(PROCESSORS_REFUSED));
         }
         let last = prompt.len() - 1;

@@ -165,13 +165,54 @@ impl Sampler {
         self
     }
 
+    /// Any logits processor: the penalties, a logit bias or a constraint.
     pub fn has_processors(&self) -> bool {
+        self.constraint.is_some() || self.has_penalties()
+    }
+
+    /// A logits processor other than the constraint (a penalty, a logit bias): these need
+    /// each position's own history, which a verify pass does not keep.
+    pub fn has_penalties(&self) -> bool {
         let p = &self.params;
-        self.constraint.is_some()
-            || !p.logit_bias.is_empty()
+        !p.logit_bias.is_empty()
             || active(p.repetition_penalty).is_some()
             || active(p.presence_penalty).is_some()
             || active(p.frequency_penalty).is_some()
+    }
+
+    /// Whether a grammar constrains this sampler's answer.
+    pub fn is_constrained(&self) -> bool {
+        self.constraint.is_some()
+    }
+
+    /// A verify pass's choices: `logits` [drafts + 1, vocab] of the positions after
+    /// `history`, `history + drafts[..1]`, …; without a constraint every row is sampled
+    /// (one log-softmax, one sampler call), with one the drafts are cut before the first id
+    /// the grammar refuses and each kept row is masked with the grammar's mask at its
+    /// position (the forward is started first, so it runs while the masks are computed).
+    /// (kept drafts, ids [kept + 1], log-probabilities [kept + 1, vocab]).
+    pub fn pick_verify(
+        &mut self,
+        logits: &Array,
+        history: &[u32],
+        drafts: &[u32],
+    ) -> R<(usize, Array, Array)> {
+        let (kept, logits) = match self.constraint.as_mut() {
+            None => (drafts.len(), logits.clone()),
+            Some(c) => {
+                mlx_rs::transforms::async_eval([logits])?;
+                let (kept, masks) = c.draft_masks(history, drafts)?;
+                if masks.is_empty() {
+                    (kept, logits.clone())
+                } else {
+                    use mlx_rs::ops::indexing::IndexOp;
+                    let rows = logits.index(..(kept as i32 + 1));
+                    (kept, c.mask_rows(&rows, &masks)?)
+                }
+            }
+        };
+        let logprobs = logits.subtract(logits.logsumexp_axis(-1, true)?)?;
+        Ok((kept, self.sample(&logprobs)?, logprobs))
     }
 
     /// mlx-lm's logits processors over `history` (every token so far, prompt included).

@@ -42,16 +42,40 @@ impl SpecStats {
     }
 }
 
-/// Speculative decoding runs without logits processors (mlx-lm's processor path feeds them
-/// a history this executor does not keep).
+/// The refusal of penalties and a logit bias under speculation (mlx-lm's processor path
+/// feeds them a history this executor does not keep). A constraint is no processor here:
+/// the verify pass checks the drafts against the grammar's mask and masks every row.
+pub const PENALTIES_REFUSED: &str = "speculative decoding does not support repetition, \
+     presence or frequency penalties or a logit bias; drop them or the draft model";
+
+/// Refuses a sampler with penalties or a logit bias (a draft model's rounds and prompt
+/// lookup verify under a constraint; see `Sampler::pick_verify`).
+pub fn refuse_penalties(sampler: &Sampler) -> Result<(), Exception> {
+    if sampler.has_penalties() {
+        return Err(Exception::custom(PENALTIES_REFUSED));
+    }
+    Ok(())
+}
+
+/// The assistant drafter's refusal: penalties as for a draft model, and a constraint too
+/// (its verify pass does not check drafts against a grammar).
 pub fn refuse_processors(sampler: &Sampler) -> Result<(), Exception> {
-    if sampler.has_processors() {
+    refuse_penalties(sampler)?;
+    if sampler.is_constrained() {
         return Err(Exception::custom(
-            "speculative decoding does not support logits processors (repetition, presence \
-             or frequency penalties, logit bias); drop them or the draft model",
+            "the Gemma 4 assistant drafter does not draft under a grammar (a JSON schema, \
+             regex or Lark grammar): drop the grammar or the assistant",
         ));
     }
     Ok(())
+}
+
+/// Whether a request with `sampler` can be drafted by `drafter` (else it decodes plainly).
+pub fn can_draft(sampler: &Sampler, drafter: &super::drafter::Drafter) -> bool {
+    match drafter {
+        super::drafter::Drafter::Model(_) => !sampler.has_penalties(),
+        super::drafter::Drafter::Assistant(_) => !sampler.has_processors(),
+    }
 }
 
 /// Feeds `ids` in prefill chunks (caches evaluated after each, no logits).
@@ -81,7 +105,10 @@ pub enum Verified {
 /// go through one log-softmax and one sampler call, the target's own choice at each; the
 /// longest prefix where the drafts equal those choices is accepted and emitted, then the
 /// target's choice at the first disagreement (or the bonus after a full accept); the
-/// target gives back the rejected drafts. Without drafts it is one plain step.
+/// target gives back the rejected drafts. Without drafts it is one plain step. Under a
+/// constraint the drafts are cut before the first id the grammar refuses (a cut draft is
+/// a rejected one) and each row is masked with the grammar's mask at its position, so the
+/// ids are constrained plain decoding's.
 #[allow(clippy::too_many_arguments)]
 pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
     target: &mut Session,
@@ -104,7 +131,12 @@ pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
             .index((.., -(n_draft as i32 + 1).., ..))
             .squeeze_axes(&[0])?
     };
-    let (tokens, logprobs) = dec.pick_rows(&logits)?;
+    // The grammar's view needs the history; copied only when there is a grammar.
+    let history = match dec.sampler().is_constrained() {
+        true => dec.history().to_vec(),
+        false => Vec::new(),
+    };
+    let (kept, tokens, logprobs) = dec.sampler().pick_verify(&logits, &history, drafts)?;
     let tokens = ids_of(&tokens)?;
     spec.target_calls += 1;
     spec.drafted += n_draft;
@@ -113,7 +145,7 @@ pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
     }
     let mut n = 0;
     let blind = plant::is(Defect::LookupWrongOffsetUnverified);
-    while n < n_draft && (blind || tokens[n] == drafts[n]) {
+    while n < kept && (blind || tokens[n] == drafts[n]) {
         n += 1;
     }
     spec.accepted += n;
@@ -146,7 +178,7 @@ pub struct SpecRound {
 
 impl SpecRound {
     /// Prefills both sessions (each holding `prompt[..cached]`) up to the last prompt
-    /// token, draft first (as mlx-lm). Refuses logits processors and γ = 0.
+    /// token, draft first (as mlx-lm). Refuses penalties, a logit bias and γ = 0.
     pub fn start<S: BorrowMut<Sampler>>(
         target: &mut Session,
         draft: &mut Session,
@@ -159,7 +191,7 @@ impl SpecRound {
             cached < prompt.len(),
             "at least one prompt token must be fed"
         );
-        refuse_processors(dec.sampler())?;
+        refuse_penalties(dec.sampler())?;
         if gamma == 0 {
             return Err(Exception::custom("--num-draft-tokens must be at least 1"));
         }
@@ -230,8 +262,9 @@ impl SpecRound {
 /// Speculative generation of up to `max_tokens` with `num_draft` drafts per round, both
 /// sessions holding `prompt[..cached]` already. `on_token` sees each id, its
 /// log-probabilities [1, vocab] and whether it was a draft the target accepted (the EOS id
-/// is not passed on). Logits processors are not supported (mlx-lm's processor path feeds
-/// them a history this executor does not keep): a sampler with processors is refused.
+/// is not passed on). Penalties and a logit bias are not supported (mlx-lm's processor
+/// path feeds them a history this executor does not keep): such a sampler is refused; a
+/// constrained one drafts under its grammar's mask.
 #[allow(clippy::too_many_arguments)]
 pub fn speculative_generate_in(
     target: &mut Session,

@@ -96,6 +96,9 @@ pub struct Admit {
     pub sampling: Sampling,
     /// Prompt tokens the prompt store gave rank 0 (the rest is prefilled).
     pub cached: usize,
+    /// The request's grammar: every rank masks with it (else their ids diverge).
+    #[serde(default)]
+    pub constraint: Option<crate::constrain::Grammar>,
 }
 
 /// One entry of a round plan, applied in order.

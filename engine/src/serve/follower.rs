@@ -57,8 +57,7 @@ impl Worker {
 
     /// An admission: the prompt store gives what it gave rank 0, then the prefill.
     fn follow_admit(&self, a: Admit) -> Result<Followed<'_>, Exception> {
-        let sampler = Sampler::new(SamplingParams::from(a.sampling))
-            .map_err(|e| Exception::custom(e.to_string()))?;
+        let sampler = follower_sampler(&a, &self.tokenizer)?;
         let (caches, cached) = match self.cache_take(&a.prompt) {
             Some(hit) if hit.reused == a.cached => (hit.caches, hit.reused),
             // Rank 0 found nothing (it had evicted what this rank kept): start afresh.
@@ -98,6 +97,22 @@ impl Worker {
         }
         Ok(())
     }
+}
+
+/// A follower's sampler for an admission: rank 0's settings and rank 0's grammar (the same
+/// mask every step, else the ranks' ids — and so their forwards — diverge).
+fn follower_sampler(
+    a: &Admit,
+    tokenizer: &std::sync::Arc<crate::load::tokenizer::Tokenizer>,
+) -> Result<Sampler, Exception> {
+    let sampler = Sampler::new(SamplingParams::from(a.sampling.clone()))
+        .map_err(|e| Exception::custom(e.to_string()))?;
+    let grammar = a
+        .constraint
+        .as_ref()
+        .filter(|_| !crate::plant::is(crate::plant::Defect::FollowerUnconstrained));
+    crate::generate::sampler::constrain(sampler, tokenizer, grammar)
+        .map_err(|e| Exception::custom(format!("constrained decoding: {e}")))
 }
 
 /// A follower rank: applies rank 0's plans until its shutdown (then exits 0); any failure

@@ -44,6 +44,7 @@ impl Worker {
             max_tokens,
             sampling: (&request.sampling).into(),
             cached,
+            constraint: request.constraint.clone(),
         };
         lead.send(Some(Op::Admit(admit)))
             .map_err(|e| lead.lose(&e))?;

@@ -480,12 +480,6 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
     let (num_draft_tokens, prompt_lookup) = drafting(&b, &sampling)?;
     let constraint = crate::constrain::openai::response_format(b.get("response_format"))
         .map_err(|(f, m)| ApiError::field(f, m))?;
-    if constraint.is_some() && prompt_lookup.is_some() {
-        return Err(ApiError::field(
-            "response_format",
-            "a constrained answer cannot be drafted by prompt lookup (yet): drop one",
-        ));
-    }
     Ok(GenRequest {
         prompt,
         max_tokens,

@@ -286,8 +286,10 @@ impl Worker {
             .draft
             .as_ref()
             .map(|(_, g)| request.num_draft_tokens.unwrap_or(*g));
-        let spec = self.draft.as_ref().zip(gamma).filter(|&(_, g)| {
-            g > 0 && !sampler.has_processors() && request.prompt_lookup.is_none()
+        let spec = self.draft.as_ref().zip(gamma).filter(|&((d, _), g)| {
+            g > 0
+                && crate::generate::speculative::can_draft(&sampler, d)
+                && request.prompt_lookup.is_none()
         });
         if self.draft.is_some() && spec.is_none() {
             self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);

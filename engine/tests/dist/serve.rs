@@ -347,3 +347,35 @@ fn draft_model_is_refused_across_ranks() {
     }
     let _ = std::fs::remove_file(&hostfile);
 }
+
+/// A constrained answer (a JSON schema, greedy) across ranks: the follower masks with the
+/// request's grammar too, so rank 0 answers as one process. The planted
+/// `FollowerUnconstrained` (rank 1 samples without the grammar, so its ids — the input of
+/// its half of every later forward — differ) changes the answer.
+#[test]
+fn a_constrained_answer_across_ranks_is_one_process_answer() {
+    let schema = json!({"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["name", "n"], "additionalProperties": false});
+    let body = json!({"prompt": "The robot", "max_tokens": 40,
+        "response_format": {"type": "json_schema",
+            "json_schema": {"name": "t", "schema": schema, "strict": true}}});
+    let one = |port: u16| {
+        let (code, text) = http(port, "POST", "/v1/completions", body.to_string().as_bytes());
+        (code, normalized(&text))
+    };
+    let single = one(serve_model(MODEL, &[]).port);
+    assert_eq!(single.0, 200, "{:?}", single.1);
+    let ranks = start_ranks(launch(&[]));
+    let dist = one(ranks.port);
+    assert_eq!(dist, single);
+    drop(ranks);
+    let ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "FollowerUnconstrained")],
+        ..launch(&[])
+    });
+    let planted = one(ranks.port);
+    println!("planted FollowerUnconstrained: {planted:?}");
+    assert_ne!(planted, single, "the planted defect left the answer unchanged");
+    drop(ranks);
+}

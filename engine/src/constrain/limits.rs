@@ -1,0 +1,67 @@
+//! The grammar engine's limits, set explicitly: a request's grammar must not hold a
+//! request thread for long nor take much memory, whatever a client sends. llguidance
+//! counts its work in "fuel" and items and refuses a grammar (or a step) over a limit;
+//! those refusals, and a grammar text over [`MAX_GRAMMAR_BYTES`], are a 400 with the
+//! reason (the CLI says the same).
+//!
+//! The values (llguidance 1.9.1's own defaults where they are already tight, its speed
+//! figures in brackets): a grammar of at most 500 000 symbols ("a few megabytes of JSON";
+//! the FHIR schema is ~200k), 1M fuel to build the lexer (~20 ms), 200k lexer fuel and
+//! 50k Earley items per token mask (~15 ms and ~3 ms: the worst step's time), 2 000 items
+//! per row; lexer states cut to 50 000 (from 250 000; each is 1–2 kB, so ~100 MB at
+//! worst); errors without the parser state and grammar (not echoed to a client).
+
+use llguidance::api::ParserLimits;
+
+use super::Grammar;
+
+/// The largest grammar text accepted, in bytes (a schema as compact JSON): the server's
+/// default body limit.
+pub const MAX_GRAMMAR_BYTES: usize = 4 << 20;
+
+/// The parser limits every grammar is compiled under.
+pub const LIMITS: ParserLimits = ParserLimits {
+    max_items_in_row: 2_000,
+    initial_lexer_fuel: 1_000_000,
+    step_lexer_fuel: 200_000,
+    step_max_items: 50_000,
+    max_lexer_states: 50_000,
+    max_grammar_size: 500_000,
+    precompute_large_lexemes: true,
+    verbose_errors: false,
+};
+
+/// Refuses a grammar text over [`MAX_GRAMMAR_BYTES`] before it is compiled.
+pub(super) fn check_size(grammar: &Grammar) -> Result<(), String> {
+    let size = grammar.size();
+    if size > MAX_GRAMMAR_BYTES {
+        return Err(format!(
+            "the grammar is {size} bytes; at most {MAX_GRAMMAR_BYTES} are accepted"
+        ));
+    }
+    Ok(())
+}
+
+/// The longest error text passed on (llguidance's can quote a grammar).
+const MAX_MESSAGE: usize = 600;
+
+/// llguidance's error `e`, said as a limit where it is one, and cut to a readable length.
+pub(super) fn explain(e: &str) -> String {
+    let limit = ["too big", "limit", "fuel", "max is", "max_items", "states"]
+        .iter()
+        .any(|k| e.contains(k));
+    let mut text = if limit {
+        format!("the grammar is over this engine's grammar limits ({e})")
+    } else {
+        e.to_owned()
+    };
+    if text.len() > MAX_MESSAGE {
+        let mut cut = MAX_MESSAGE;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
+}
