@@ -15,7 +15,7 @@
 //! The models: `tiny-llama-trained` (committed; a trained 1 024-id byte-level BPE) and the
 //! bench model `qwen3-vocab-tiny` (random weights, the real 151 936-id Qwen3 vocabulary and
 //! tokenizer). The `tiny` bench model cannot take part: its word-level vocabulary (`t0` …
-//! `t4095`) has no id that spells `{`, so no JSON answer exists over it (tested below).
+//! `t4095`, no decoder) has no llguidance view at all ("can't determine decoder type"; tested).
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -201,21 +201,17 @@ mod tests {
         assert!(check_answer(r#"{"name": "ab"#, true).is_err());
     }
 
-    /// Why `tiny` is not one of the suite's models: over its word-level vocabulary the
-    /// schema allows no id at the first step (llguidance builds the view; nothing spells `{`).
+    /// Why `tiny` is not one of the suite's models: llguidance cannot build a view of its
+    /// word-level tokenizer at all (no decoder in tokenizer.json, so it cannot tell how ids
+    /// map to bytes); and no id of it would spell `{` anyway.
     #[test]
-    fn the_tiny_word_level_vocabulary_cannot_spell_json() {
+    fn the_tiny_word_level_tokenizer_has_no_llguidance_view() {
         let bench = crate::bench::models::TINY;
         let dir = tempfile::tempdir().unwrap();
         bench.ensure_tokenizer(dir.path()).unwrap();
         let tokenizer = Arc::new(Tokenizer::load(dir.path()).unwrap());
-        let env =
-            env_for(&tokenizer).expect("llguidance builds a view of the word-level tokenizer");
-        let mut c = Constraint::new(&env, &Grammar::JsonSchema(schema())).unwrap();
-        let logits = mlx_rs::ops::zeros::<f32>(&[1, bench.vocab]).unwrap();
-        // No id of the 4 096 opens the object: the mask allows none, which `apply` refuses.
-        let err = c.apply(&logits, &[5, 6, 7]).map(|_| ()).unwrap_err();
-        assert!(err.to_string().contains("constrained decoding"), "{err}");
+        let err = env_for(&tokenizer).map(|_| ()).unwrap_err();
+        assert!(err.contains("decoder"), "{err}");
         assert!(super::super::model_dir("tiny").is_err());
     }
 }
