@@ -93,6 +93,22 @@ pub enum Defect {
     /// Serve: reasoning text goes to the content instead of `reasoning`. Caught by
     /// `engine/tests/serve_tools.rs`.
     ReasoningInContent,
+    /// Serve, /v1/responses: `usage.output_tokens` is written as `completion_tokens` (the
+    /// chat name). Caught by the shape gate against the openai client's schemas
+    /// (`engine/tests/responses.rs`).
+    ResponsesUsageMisnamed,
+    /// Serve, /v1/responses: `previous_response_id` is looked up but its conversation is
+    /// dropped from the prompt. Caught by the multi-turn gate (`engine/tests/responses.rs`).
+    ResponsesPreviousDropped,
+    /// Serve, /v1/responses: `function_call_output` input items are skipped. Caught by the
+    /// tool gate (`engine/tests/responses.rs`).
+    ResponsesToolOutputDropped,
+    /// Serve, /v1/responses: `text.format` never reaches the grammar (answers are not
+    /// constrained). Caught by the structured-output gate (`engine/tests/responses.rs`).
+    ResponsesFormatIgnored,
+    /// Serve, /v1/responses: `metadata` is echoed unchecked (no bounds, any value type).
+    /// Caught by the hostile-input gate (`engine/tests/responses.rs`).
+    ResponsesMetadataUnchecked,
     /// Mixture of experts: the router keeps the experts ranked 2..=k+1 instead of the top k
     /// (its top-k slice off by one). Caught by the L1 gate on tiny-qwen3-moe
     /// (`tests/l1_models.rs`).
@@ -267,6 +283,11 @@ pub fn on_from_env() -> Result<(), String> {
             "ToolCallTextInContent" => Defect::ToolCallTextInContent,
             "ToolCallFinishStaysStop" => Defect::ToolCallFinishStaysStop,
             "ReasoningInContent" => Defect::ReasoningInContent,
+            "ResponsesUsageMisnamed" => Defect::ResponsesUsageMisnamed,
+            "ResponsesPreviousDropped" => Defect::ResponsesPreviousDropped,
+            "ResponsesToolOutputDropped" => Defect::ResponsesToolOutputDropped,
+            "ResponsesFormatIgnored" => Defect::ResponsesFormatIgnored,
+            "ResponsesMetadataUnchecked" => Defect::ResponsesMetadataUnchecked,
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,

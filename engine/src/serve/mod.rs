@@ -12,6 +12,7 @@ mod follower;
 pub mod guard;
 mod lead;
 pub mod request;
+pub mod responses;
 mod routes;
 pub mod store;
 pub mod tools;
@@ -101,6 +102,8 @@ pub struct AppState {
     pub encoder: Arc<worker::Encoder>,
     /// Big prompts are encoded one at a time.
     pub big_prompts: tokio::sync::Semaphore,
+    /// The conversations of past `/v1/responses` answers (`previous_response_id`).
+    pub responses: responses::store::Store,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -438,6 +441,7 @@ fn app_state(
             vocab,
         }),
         big_prompts: tokio::sync::Semaphore::new(1),
+        responses: Default::default(),
     }
 }
 

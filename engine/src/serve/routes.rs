@@ -40,6 +40,8 @@ pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/responses", post(super::responses::create))
+        .route("/responses", post(super::responses::create))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/stats", get(stats))
@@ -99,7 +101,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
     }))
 }
 
-fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
+pub(super) fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
     let bytes = body.map_err(|e| {
         let status = e.status();
         let message = if status == StatusCode::PAYLOAD_TOO_LARGE {
@@ -207,8 +209,26 @@ async fn handle(
         })?;
     let meta = s.meta(chat, req.stream);
     let (stream, include_usage) = (req.stream, req.include_usage);
+    let events = match submit(&s, req).await {
+        Ok(events) => events,
+        Err(refused) => return Ok(refused),
+    };
+    if stream {
+        Ok(respond_streamed(events, meta, include_usage))
+    } else {
+        respond_whole(events, meta).await
+    }
+}
+
+/// Queues a validated request on the model thread: its events after `Started`, or the
+/// answer refusing it (draining, queue full, a prompt the model cannot take). Shared by
+/// the chat, completions and responses routes.
+pub(super) async fn submit(
+    s: &Arc<AppState>,
+    req: GenRequest,
+) -> Result<impl futures_util::Stream<Item = Event> + Send + Unpin + 'static, Response> {
     if s.limits.draining.load(Ordering::Relaxed) {
-        return Ok(refuse(
+        return Err(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down",
         ));
@@ -217,12 +237,12 @@ async fn handle(
     let deadline = s.limits.request_timeout.map(|d| Instant::now() + d);
     let Some(queued) = QueueSlot::take(&s.counters, s.max_queue) else {
         s.counters.throttled.fetch_add(1, Ordering::Relaxed);
-        return Ok(refuse(
+        return Err(refuse(
             StatusCode::TOO_MANY_REQUESTS,
             "the server's queue is full (--max-queue); retry later",
         ));
     };
-    let (req, prompt_ids) = encode(&s, req).await?;
+    let (req, prompt_ids) = encode(s, req).await.map_err(IntoResponse::into_response)?;
     let (tx, rx) = mpsc::channel(EVENT_SLOTS);
     let job = Job {
         request: req,
@@ -234,24 +254,20 @@ async fn handle(
     let sent = s
         .jobs
         .lock()
-        .map_err(|_| ApiError::server("the request queue is poisoned"))?
+        .map_err(|_| ApiError::server("the request queue is poisoned").into_response())?
         .as_ref()
         .map(|jobs| jobs.send(job).is_ok());
     if sent != Some(true) {
         return Err(ApiError::server("the model thread has stopped")
-            .with_status(StatusCode::SERVICE_UNAVAILABLE));
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            .into_response());
     }
     let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
     // The first event tells whether the request was accepted (prompt encoded, fits).
     match events.next().await {
-        Some(Event::Started { .. }) => {}
-        Some(Event::Failed(e)) => return Err(e),
-        _ => return Err(ApiError::server("the model thread dropped the request")),
-    }
-    if stream {
-        Ok(respond_streamed(events, meta, include_usage))
-    } else {
-        respond_whole(events, meta).await
+        Some(Event::Started { .. }) => Ok(events),
+        Some(Event::Failed(e)) => Err(e.into_response()),
+        _ => Err(ApiError::server("the model thread dropped the request").into_response()),
     }
 }
 

@@ -1,7 +1,8 @@
 //! `harness serve-check`: `engine serve` on the built-in model, in this process on a free
 //! loopback port, checked by the official `openai` Python client (oracles/openai_client.py
 //! in the oracle venv); then on models/tiny-qwen3-tools, an agent-style exchange with the
-//! same client (tool call, tool result, final answer; oracles/openai_agent.py).
+//! same client (tool call, tool result, final answer; oracles/openai_agent.py); and the
+//! client's Responses API on the first model (oracles/openai_responses.py).
 //! `harness serve-diff`: the same greedy requests to `engine serve` and `mlx_lm.server` on
 //! the same model, compared response by response and chunk by chunk (oracles/serve_diff.py;
 //! on tiny-qwen3-tools its tools suite: tool calls and reasoning), then once more with a
@@ -109,11 +110,39 @@ fn openai_client(port: u16, extra: &[&str], quiet: bool) -> Result<bool> {
         .success())
 }
 
+/// oracles/openai_responses.py (the client's `responses.create`) against our server on
+/// `port`; `plant`: its second turn without previous_response_id, which must fail.
+fn openai_responses(port: u16, plant: bool) -> Result<bool> {
+    let mut cmd = std::process::Command::new(harness::oracle::python());
+    cmd.arg(harness::oracle::repo_root().join("oracles/openai_responses.py"))
+        .arg("--base-url")
+        .arg(format!("http://127.0.0.1:{port}/v1"));
+    if plant {
+        cmd.arg("--plant")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    }
+    Ok(cmd
+        .status()
+        .context("running oracles/openai_responses.py")?
+        .success())
+}
+
 pub fn run() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
     println!("== {}: the openai client", super::DEFAULT_MODEL);
-    let basic = openai_client(serve_in_process(&model)?, &[], false)?;
+    let port = serve_in_process(&model)?;
+    let basic = openai_client(port, &[], false)?;
+    println!(
+        "== {}: the openai client's Responses API",
+        super::DEFAULT_MODEL
+    );
+    let responses = openai_responses(port, false)?;
+    if openai_responses(port, true)? {
+        bail!("the Responses check's planted difference (turn 2 without previous_response_id) was not caught");
+    }
+    println!("planted difference caught");
     // The first server stays up, idle, while the second one answers.
     let tools = harness::goldens::model_dir(TOOLS_MODEL)?;
     println!("== {TOOLS_MODEL}: an agent exchange with the openai client");
@@ -123,6 +152,9 @@ pub fn run() -> Result<()> {
         bail!("the agent exchange's planted difference (requests without tools) was not caught");
     }
     println!("planted difference caught");
+    if !responses {
+        bail!("the openai client's Responses API checks failed");
+    }
     match (basic, agent) {
         (true, true) => Ok(()),
         (false, true) => bail!("the openai client checks failed"),
