@@ -10,10 +10,25 @@
                    does not have and can learn).
 - brevity/         ORPO: "Tell me about <thing>." → one short sentence (chosen) vs the same
                    sentence padded with filler clauses (rejected); 12 train / 4 validation.
+
+Under goldens/train/study/, the dynamic-λ study's two preference sets, where the rejected
+response is the chosen one cut short (its first half): complete answers over truncated
+ones. ORPO's log-odds use the mean per-token log-probability, so lowering the shared
+prefix lowers the shorter rejected mean more than the chosen one — a lever that widens the
+margin by making the chosen response less likely (displacement), which a high λ pulls:
+- complete/        "Count from three to seven." / "List the days from Tuesday to Saturday." /
+                   "List the rainbow colours from red to blue." → the whole run of numbers,
+                   days or colours (at least four; the corpus has all three sequences) vs its
+                   first half; 36 train / 12 validation pairs.
+- shout/           "Shout: <4–6 corpus words>" → all the words in capitals vs the first half
+                   of them in capitals; 48 train / 12 validation pairs.
+
+    oracles/.venv/bin/python oracles/make_train_data.py [study]   (study: only those two)
 """
 
 import json
 import random
+import sys
 from pathlib import Path
 
 from provenance import golden_dir
@@ -39,7 +54,48 @@ def write(dest: Path, name: str, rows) -> None:
     (dest / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def study_sets() -> None:
+    rng = random.Random(7)
+    runs = [
+        ("Count from", "one two three four five six seven eight nine ten"),
+        ("List the days from", "Monday Tuesday Wednesday Thursday Friday Saturday Sunday"),
+        ("List the rainbow colours from", "red orange yellow green blue indigo violet"),
+    ]
+    rows = []
+    for ask, words in runs:
+        seq = words.split()
+        for a in range(len(seq)):
+            for b in range(a + 3, len(seq)):
+                full = seq[a:b + 1]
+                rows.append({"prompt": f"{ask} {seq[a]} to {seq[b]}.",
+                             "chosen": ", ".join(full) + ".",
+                             "rejected": ", ".join(full[:len(full) // 2]) + ","})
+    rng.shuffle(rows)
+    dest = golden_dir("train/study/complete", portable=True)
+    write(dest, "train.jsonl", rows[:-12])
+    write(dest, "valid.jsonl", rows[-12:])
+    words = ("the sky is blue grass green fix clock open window lamp warm count birds paint "
+             "fence sort bolts read book robot rests oil arms clean table sun yellow apple red "
+             "play song build something cat tree boat market bread water garden").split()
+    rows, seen = [], set()
+    while len(rows) < 60:
+        phrase = " ".join(rng.choice(words) for _ in range(rng.randint(4, 6)))
+        if phrase in seen:
+            continue
+        seen.add(phrase)
+        caps = phrase.upper().split()
+        rows.append({"prompt": f"Shout: {phrase}", "chosen": " ".join(caps),
+                     "rejected": " ".join(caps[:len(caps) // 2])})
+    dest = golden_dir("train/study/shout", portable=True)
+    write(dest, "train.jsonl", rows[:48])
+    write(dest, "valid.jsonl", rows[48:])
+    print("wrote goldens/train/study/{complete,shout}")
+
+
 def main() -> None:
+    study_sets()
+    if sys.argv[1:] == ["study"]:
+        return
     qa = list(qa_pairs())
     chat = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in qa]
     dest = golden_dir("data/sft-chat")
