@@ -479,7 +479,7 @@ async fn serve_http(
         open_browser(&local);
     }
     let limits = state.limits.clone();
-    let app = routes::router(state, args.max_body_bytes);
+    let app = routes::router(state, args.max_body_bytes, responses::routes());
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {

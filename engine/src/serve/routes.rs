@@ -33,18 +33,18 @@ async fn chat_page() -> axum::response::Html<&'static str> {
     axum::response::Html(CHAT_PAGE)
 }
 
-pub fn router(state: Arc<AppState>, max_body: usize) -> Router {
+/// The server's routes, with `more` (the Responses API's, which live in `responses`).
+pub fn router(state: Arc<AppState>, max_body: usize, more: Router<Arc<AppState>>) -> Router {
     Router::new()
         .route("/", get(chat_page))
         .route("/index.html", get(chat_page))
         .route("/v1/chat/completions", post(chat))
         .route("/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
-        .route("/v1/responses", post(super::responses::create))
-        .route("/responses", post(super::responses::create))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/stats", get(stats))
+        .merge(more)
         .fallback(|| async {
             ApiError::invalid("no such route").with_status(StatusCode::NOT_FOUND)
         })

@@ -28,6 +28,13 @@ use super::{request, routes, AppState};
 use events::{Head, Machine};
 use input::Refused;
 
+/// `/v1/responses` and `/responses`, for `routes::router`.
+pub fn routes() -> axum::Router<Arc<AppState>> {
+    axum::Router::new()
+        .route("/v1/responses", axum::routing::post(create))
+        .route("/responses", axum::routing::post(create))
+}
+
 /// The route's handler.
 pub async fn create(
     State(s): State<Arc<AppState>>,
