@@ -170,6 +170,10 @@ pub enum Defect {
     /// A distributed follower builds its sampler without the request's grammar. Caught by
     /// the constrained answer across ranks (`engine/tests/dist/serve.rs`).
     FollowerUnconstrained,
+    /// The compiled decode step's attention bound is the offset rounded up, not the
+    /// offset + 1 (the new token's own position is left out whenever the offset is a
+    /// multiple of the bound step). Caught by `engine/tests/compiled_decode.rs`.
+    CompiledBoundShort,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -1,13 +1,14 @@
 //! The compiled decode step against the eager one: identical logits, bit for bit, on every
-//! step where it is enabled; proof that it actually ran; and a planted defect (forcing it
-//! onto an f32 model, where CPU compilation changes SDPA rounding) that the same
-//! comparison catches.
+//! step where it is enabled; proof that it actually ran; and planted defects that the same
+//! comparison catches (forcing it onto an f32 model, where CPU compilation changes SDPA
+//! rounding; an attention bound one position short).
 
 mod common;
 
 use common::model;
 
 use engine::generate::{CompileDecode, Session};
+use engine::plant::{self, Defect};
 use mlx_rs::Array;
 
 fn bytes(a: &Array) -> Vec<u8> {
@@ -37,7 +38,9 @@ fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>,
 
 #[test]
 fn compiled_decode_is_bit_exact_with_eager_and_actually_runs() {
-    // Past 256 positions the KV buffers grow once: the step after is traced again.
+    // Prompt 6, 300 steps: the attention bound (offset + 1 rounded up to 128) is 128, then
+    // 256; past 256 positions the KV buffers grow once (to 512) and the bound is 384. Each
+    // bound is a graph of its own, every one compared with eager here.
     for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-llama"] {
         let (eager, none) = trajectory(name, CompileDecode::Off, 300);
         let (compiled, ran) = trajectory(name, CompileDecode::WhereExact, 300);
@@ -93,4 +96,19 @@ fn forcing_compile_runs_full_rings_in_the_graph() {
     assert!(ran >= 37, "only {ran} compiled steps");
     let first_diff = eager.iter().zip(&forced).position(|(a, b)| a != b);
     println!("tiny-gemma4 forced compile: first differing logit vector {first_diff:?}");
+}
+
+/// Planted defect: the attention bound rounds the offset up instead of the offset + 1, so
+/// the step at offset 128 (prompt 6: the 123rd step, logit vector 123) attends without its
+/// own token. The bit-exact comparison must fail there, and only from there.
+#[test]
+fn an_attention_bound_one_short_is_caught() {
+    let name = "tiny-llama-trained";
+    let (eager, _) = trajectory(name, CompileDecode::Off, 130);
+    let _on = plant::on(Defect::CompiledBoundShort).unwrap();
+    let (short, ran) = trajectory(name, CompileDecode::WhereExact, 130);
+    assert!(ran >= 129, "only {ran} compiled steps");
+    let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
+    println!("planted CompiledBoundShort: first differing logit vector {first_diff:?}");
+    assert_eq!(first_diff, Some(123), "the short bound went unnoticed");
 }

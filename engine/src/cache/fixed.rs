@@ -1,20 +1,41 @@
-//! The KV cache as a compiled decode step sees it: whole fixed-capacity buffers and the
-//! offset as an MLX array, so one traced graph serves every position until the buffers
-//! grow. New keys land with a dynamic slice update; attention runs over the whole buffer
-//! with a boolean mask of the live positions. On the CPU backend that masked attention
-//! equals, bit for bit, attention over the sliced keys (measured; the L1 gate re-checks it
-//! through every compiled step).
+//! The KV caches as a compiled decode step sees them: whole fixed-capacity buffers, with
+//! the write position and the RoPE offset as MLX arrays, so one traced graph serves every
+//! step of one layout. New keys land with a dynamic slice update into the whole buffer.
+//!
+//! A linear buffer (`KvCache`) is read over a static prefix of `bound` positions (the
+//! offset + 1 rounded up, see `generate::compiled`) with a boolean mask of the live ones,
+//! not over its whole capacity: on `small` the full 512-position buffer cost ~3 ms a step
+//! over the 257–384 live positions. On the CPU backend that masked attention equals, bit
+//! for bit, attention over the sliced keys (measured; the L1 gate and
+//! `tests/compiled_decode.rs` re-check it through every compiled step). A full ring
+//! (`RotatingKvCache`) is read whole, in ring order, with no mask, as mlx-lm's
+//! `RotatingKVCache` returns it once full.
 
 use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{Array, Stream};
 
 use super::{Cache, Kv, Mask, RopeOffset};
 
+/// What one compiled step's attention reads of a cache.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Attend {
+    /// A linear buffer: its first `bound` positions (bound > offset), those past the
+    /// offset masked out.
+    Prefix { bound: i32 },
+    /// A full ring: every slot, unmasked.
+    Ring,
+}
+
 pub struct FixedKv {
     pub keys: Array,
     pub values: Array,
-    /// int32 scalar: the position of the token being added.
+    /// int32 scalar: where the token's keys and values are written (the offset of a
+    /// linear buffer, the slot of a ring).
+    pub write_at: Array,
+    /// int32 scalar: the RoPE position of the token being added.
     pub offset: Array,
+    pub attend: Attend,
 }
 
 /// `src` with `update` written at `start` (an array) along `axis`.
@@ -58,9 +79,15 @@ impl Cache for FixedKv {
     }
 
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        self.keys = slice_update_dynamic(&self.keys, &keys, &self.offset, 2)?;
-        self.values = slice_update_dynamic(&self.values, &values, &self.offset, 2)?;
-        Ok(Kv::Dense(self.keys.clone(), self.values.clone()))
+        self.keys = slice_update_dynamic(&self.keys, &keys, &self.write_at, 2)?;
+        self.values = slice_update_dynamic(&self.values, &values, &self.write_at, 2)?;
+        Ok(match self.attend {
+            Attend::Prefix { bound } => Kv::Dense(
+                self.keys.index((Ellipsis, ..bound, ..)),
+                self.values.index((Ellipsis, ..bound, ..)),
+            ),
+            Attend::Ring => Kv::Dense(self.keys.clone(), self.values.clone()),
+        })
     }
 
     fn is_trimmable(&self) -> bool {
@@ -71,20 +98,30 @@ impl Cache for FixedKv {
         0
     }
 
+    /// The whole buffers (what the cache keeps after the step).
     fn state(&self) -> Vec<&Array> {
         vec![&self.keys, &self.values]
     }
 
-    /// Positions 0..=offset of the buffer are live.
-    fn make_mask(&self, n: i32, _window: Option<i32>) -> Result<Mask, Exception> {
+    /// A prefix: positions 0..=offset of it are live. A full ring no wider than the window
+    /// needs no mask (`RotatingKVCache.make_mask` for one token); a ring wider than its
+    /// window would need the rolled mask: not compiled.
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
         if n != 1 {
             return Err(Exception::custom(
                 "the fixed-capacity cache serves one-token decode steps only",
             ));
         }
-        let capacity = self.keys.shape()[2];
-        let positions = mlx_rs::ops::arange::<_, i32>(0, capacity, 1)?;
-        Ok(Mask::Array(positions.le(&self.offset)?))
+        match self.attend {
+            Attend::Prefix { bound } => {
+                let positions = mlx_rs::ops::arange::<_, i32>(0, bound, 1)?;
+                Ok(Mask::Array(positions.le(&self.offset)?))
+            }
+            Attend::Ring if window.is_some_and(|w| self.keys.shape()[2] > w) => Err(
+                Exception::custom("the compiled ring serves rings no wider than their window"),
+            ),
+            Attend::Ring => Ok(Mask::None),
+        }
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {

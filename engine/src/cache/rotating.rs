@@ -9,9 +9,8 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
-use super::fixed::slice_update_dynamic;
 use super::parts::{self, Parts};
-use super::{causal_mask, Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot, SnapshotKind};
+use super::{causal_mask, Cache, Kv, KvQuant, Mask, Snapshot, SnapshotKind};
 
 pub struct RotatingKvCache {
     keys: Option<Parts>,
@@ -363,62 +362,6 @@ impl Cache for RotatingKvCache {
             return Ok(Mask::Array(rolled));
         }
         Ok(Mask::None)
-    }
-}
-
-/// A full ring inside the compiled decode step: the token is written at `slot` (an array:
-/// one traced graph serves every step), attention reads the whole ring in ring order, as
-/// `RotatingKVCache` returns it once full.
-pub struct FixedRing {
-    pub keys: Array,
-    pub values: Array,
-    pub slot: Array,
-    /// The RoPE position of the token (int32 scalar).
-    pub offset: Array,
-    pub max_size: i32,
-}
-
-impl Cache for FixedRing {
-    fn offset(&self) -> i32 {
-        // Only meaningful as an array inside the compiled graph.
-        -1
-    }
-
-    fn rope_offset(&self) -> RopeOffset {
-        RopeOffset::Array(self.offset.clone())
-    }
-
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        self.keys = slice_update_dynamic(&self.keys, &keys, &self.slot, 2)?;
-        self.values = slice_update_dynamic(&self.values, &values, &self.slot, 2)?;
-        Ok(Kv::Dense(self.keys.clone(), self.values.clone()))
-    }
-
-    fn is_trimmable(&self) -> bool {
-        false
-    }
-
-    fn trim(&mut self, _n: i32) -> i32 {
-        0
-    }
-
-    fn state(&self) -> Vec<&Array> {
-        vec![&self.keys, &self.values]
-    }
-
-    /// A full ring no wider than the window needs no mask (`RotatingKVCache.make_mask` for
-    /// one token); a ring wider than its window would need the rolled mask: not compiled.
-    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
-        if n != 1 || window.is_some_and(|w| self.max_size > w) {
-            return Err(Exception::custom(
-                "the compiled ring serves one-token steps of rings no wider than their window",
-            ));
-        }
-        Ok(Mask::None)
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
     }
 }
 

@@ -1,41 +1,87 @@
 //! The compiled decode step: one MLX-compiled graph for "feed one token, get the logits"
 //! over fixed-capacity KV buffers, with the position passed as an array so the same graph
-//! serves every step until the buffers grow (then it is traced once more). It runs when
-//! every cache is a standard `KvCache` with room for the token; the L1 gate runs through it.
+//! serves every step of one layout. It runs when every cache is a standard `KvCache` with
+//! room for the token; the L1 gate runs through it.
+//!
+//! A linear buffer is attended over a static prefix: the offset + 1 rounded up to
+//! [`BOUND_STEP`] positions, clamped to the capacity (`cache::fixed::Attend::Prefix`). Each
+//! bound is its own traced graph, traced once when the position first needs it and reused
+//! for the next `BOUND_STEP` steps; the newest [`MAX_GRAPHS`] graphs are kept, older ones
+//! dropped (their MLX compile-cache entries with them). The token's keys and values are
+//! still written into the whole buffer. Before, attention read the whole capacity: on
+//! `small` (prompt 256, 128 new tokens: 257–384 live positions of 512) ~3 ms of a ~60 ms
+//! step, the compiled step then slower than the eager one.
+//!
 //! With `rings` (only `CompileDecode::Always`: measured, not exact) a full sliding-window
 //! ring (`RotatingKvCache`, written at its ring slot, passed as an array too) also enters
 //! the graph: 1262 instead of 2602 primitives per step on gemma4-tiny and about 1.4× the
 //! tokens per second, but the L1 goldens of tiny-gemma4 and tiny-gemma3 diverge late in one
 //! case each (greedy step 58 and 39 of 64), so the default keeps ring models eager.
 
+use std::sync::OnceLock;
+
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::fixed::FixedKv;
-use crate::cache::rotating::FixedRing;
+use crate::cache::fixed::{Attend, FixedKv};
 use crate::cache::{Cache, KvCache, RotatingKvCache};
 use crate::model::LanguageModel;
+use crate::plant::{self, Defect};
+
+/// A linear buffer's attention bound is the offset + 1 rounded up to this many positions.
+/// `ENGINE_COMPILED_BOUND_STEP` overrides it for measurement (0: the whole capacity, the
+/// behaviour before bounds).
+pub const BOUND_STEP: i32 = 128;
+/// How many traced graphs (layouts × bounds) are kept.
+pub const MAX_GRAPHS: usize = 3;
 
 type StepFn = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>, Exception>>;
 /// A step's cache layout, its arguments, and each cache's ring slot (None: linear).
 type StepArgs = (Vec<Slot>, Vec<Array>, Vec<Option<i32>>);
 
-/// How one cache enters the compiled graph: a linear buffer (keys, values) or a full ring
-/// of `max_size` (keys, values, slot).
+/// How one cache enters the compiled graph: a linear buffer (keys, values) read over its
+/// first `bound` positions, or a full ring (keys, values, slot).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Slot {
-    Linear,
-    Ring { max_size: i32 },
+    Linear { bound: i32 },
+    Ring,
+}
+
+fn bound_step() -> i32 {
+    static STEP: OnceLock<i32> = OnceLock::new();
+    *STEP.get_or_init(|| {
+        std::env::var("ENGINE_COMPILED_BOUND_STEP")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .filter(|&s: &i32| s >= 0)
+            .unwrap_or(BOUND_STEP)
+    })
+}
+
+/// The prefix of a `capacity`-position buffer that a one-token step at `offset` attends
+/// over: offset + 1 rounded up to `step` (0: the whole buffer), at most the capacity.
+pub fn attend_bound(offset: i32, capacity: i32, step: i32) -> i32 {
+    if step <= 0 {
+        return capacity;
+    }
+    // Planted: the bound leaves the new token's own position out whenever the offset is a
+    // multiple of the step.
+    let need = if plant::is(Defect::CompiledBoundShort) {
+        offset
+    } else {
+        offset + 1
+    };
+    ((need + step - 1) / step * step).min(capacity)
 }
 
 pub struct CompiledDecode {
     model: &'static dyn LanguageModel,
     /// Whether full rings enter the graph (see the module note).
     rings: bool,
-    /// The graph for one layout of caches (traced again when the layout changes).
-    step: Option<(Vec<Slot>, StepFn)>,
+    /// The traced graphs, one per layout of caches (bounds included), oldest first.
+    graphs: Vec<(Vec<Slot>, StepFn)>,
     /// Steps that ran through the compiled graph.
     pub steps: usize,
 }
@@ -49,20 +95,17 @@ fn step_fn(model: &'static dyn LanguageModel, layout: Vec<Slot>) -> StepFn {
         let mut caches: Vec<Box<dyn Cache>> = Vec::with_capacity(layout.len());
         for slot in &layout {
             let (keys, values) = (next(), next());
-            caches.push(match *slot {
-                Slot::Linear => Box::new(FixedKv {
-                    keys,
-                    values,
-                    offset: offset.clone(),
-                }),
-                Slot::Ring { max_size } => Box::new(FixedRing {
-                    keys,
-                    values,
-                    slot: next(),
-                    offset: offset.clone(),
-                    max_size,
-                }),
-            });
+            let (write_at, attend) = match *slot {
+                Slot::Linear { bound } => (offset.clone(), Attend::Prefix { bound }),
+                Slot::Ring => (next(), Attend::Ring),
+            };
+            caches.push(Box::new(FixedKv {
+                keys,
+                values,
+                write_at,
+                offset: offset.clone(),
+                attend,
+            }));
         }
         let logits = model.forward(&token.reshape(&[1, -1])?, &mut caches)?;
         let mut out = vec![logits.index((.., -1, ..))];
@@ -86,7 +129,7 @@ impl CompiledDecode {
         CompiledDecode {
             model,
             rings,
-            step: None,
+            graphs: Vec::new(),
             steps: 0,
         }
     }
@@ -101,10 +144,7 @@ impl CompiledDecode {
         let Some((layout, args, ring_slots)) = step_args(token, caches, self.rings) else {
             return Ok(None);
         };
-        if self.step.as_ref().is_none_or(|(l, _)| *l != layout) {
-            self.step = Some((layout.clone(), step_fn(self.model, layout)));
-        }
-        let (_, step) = self.step.as_mut().expect("set above");
+        let step = self.graph(layout);
         let mut out = step(&args)?.into_iter();
         let logits = out.next().expect("logits");
         for (cache, ring_slot) in caches.iter_mut().zip(ring_slots) {
@@ -124,6 +164,25 @@ impl CompiledDecode {
         self.steps += 1;
         Ok(Some(logits))
     }
+
+    /// The graph for `layout`, traced if it is new (the oldest dropped past [`MAX_GRAPHS`]).
+    fn graph(&mut self, layout: Vec<Slot>) -> &mut StepFn {
+        match self.graphs.iter().position(|(l, _)| *l == layout) {
+            Some(i) => {
+                let g = self.graphs.remove(i);
+                self.graphs.push(g);
+            }
+            None => {
+                if self.graphs.len() >= MAX_GRAPHS {
+                    // Dropping a compiled step erases its MLX compile-cache entries.
+                    drop(self.graphs.remove(0));
+                }
+                let step = step_fn(self.model, layout.clone());
+                self.graphs.push((layout, step));
+            }
+        }
+        &mut self.graphs.last_mut().expect("pushed above").1
+    }
 }
 
 /// The layout, the compiled step's arguments and each cache's ring slot (None: linear),
@@ -140,14 +199,14 @@ fn step_args(token: &Array, caches: &mut [Box<dyn Cache>], rings: bool) -> Optio
         let any = cache.as_any_mut();
         if let Some(kv) = any.downcast_mut::<KvCache>() {
             let (k, v) = kv.buffers_with_room(1)?;
+            let bound = attend_bound(o, k.shape()[2], bound_step());
             args.extend([k.clone(), v.clone()]);
-            layout.push(Slot::Linear);
+            layout.push(Slot::Linear { bound });
             ring_slots.push(None);
         } else if let Some(ring) = any.downcast_mut::<RotatingKvCache>().filter(|_| rings) {
-            let max_size = ring.max_size();
             let (k, v, slot) = ring.full_ring_slot()?;
             args.extend([k.clone(), v.clone(), Array::from_int(slot)]);
-            layout.push(Slot::Ring { max_size });
+            layout.push(Slot::Ring);
             ring_slots.push(Some(slot));
         } else {
             return None;
