@@ -73,6 +73,13 @@ pub enum Defect {
     /// one cross-entropy over the chosen half of the batch). Caught by the B = 4
     /// unequal-length ORPO gate (`engine/tests/train.rs`, both scopes).
     OrpoNllPerPairMean,
+    /// ORPO's prefix-shared forward: the continuation reads the shared prefix's K/V with
+    /// their gradient stopped (the prompt's forward learns nothing from the responses).
+    /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/orpo_prefix.rs`).
+    OrpoPrefixKvNoGrad,
+    /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
+    /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/orpo_prefix.rs`).
+    OrpoRejectedSkipsPrefix,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/tokenize.rs`).
     EncodeSkipsPostProcessor,

@@ -283,6 +283,7 @@ fn training_loop_matches(name: &str, defect: Defect) {
             orpo_lambda: 0.1,
             sft_scope: SftScope::Full,
             segment_size,
+            orpo_forward: Default::default(),
             lambda_controller: None,
         };
         let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);

@@ -113,6 +113,7 @@ pub fn memory(
                 orpo_lambda: 0.1,
                 sft_scope: SftScope::Full,
                 segment_size: segment,
+                orpo_forward: Default::default(),
                 lambda_controller: None,
             };
             let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);

@@ -108,6 +108,11 @@ pub struct TrainArgs {
     /// ORPO: what the NLL term covers (full: prompt and response, as TRL; response only).
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
+    /// ORPO: the forward over chosen and rejected (joint: one forward of 2B rows, TRL's;
+    /// prefix-shared, experimental: the prompt both share runs once per pair, its gradients
+    /// not yet gated). Segmented runs are joint.
+    #[arg(long, value_enum, default_value = "joint")]
+    pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// Segmented backward: run the backward this many blocks at a time (less memory; the
     /// same loss and gradients).
     #[arg(long)]
@@ -337,6 +342,7 @@ impl TrainArgs {
                 ScopeArg::Response => SftScope::Response,
             },
             segment_size: self.segment_size,
+            orpo_forward: self.orpo_forward,
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
                     self.lambda_knobs.config(match self.lambda_law {

@@ -9,6 +9,7 @@ pub mod lora;
 pub mod loss;
 pub mod optim;
 pub mod orpo;
+pub mod orpo_prefix;
 pub mod segmented;
 pub mod trainer;
 

@@ -44,6 +44,8 @@ pub struct TrainConfig {
     pub sft_scope: SftScope,
     /// Segmented backward: blocks per segment (None: one backward over the whole model).
     pub segment_size: Option<usize>,
+    /// ORPO: the forward over chosen and rejected (segmented runs take the joint one).
+    pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
     pub lambda_controller: Option<super::lambda::ControllerConfig>,
 }
@@ -156,8 +158,44 @@ fn batch_outputs(
     batch: &[usize],
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
+    if let Some(out) = prefix_shared_outputs(model, data, batch, cfg) {
+        return out;
+    }
     let (inputs, mut loss) = batch_loss(data, batch, cfg);
     loss(&forward_uncached(model, &inputs)?)
+}
+
+/// Whether `data`'s batches run the prefix-shared ORPO forward.
+fn takes_prefix_shared(data: &Dataset, cfg: &TrainConfig) -> bool {
+    matches!(data, Dataset::Orpo(_))
+        && cfg.orpo_forward == super::orpo_prefix::OrpoForward::PrefixShared
+        && cfg.segment_size.is_none()
+}
+
+/// An ORPO batch's loss outputs by the prefix-shared forward, where `cfg` asks for it and
+/// the run is not segmented (None: the batch goes through `batch_loss`).
+fn prefix_shared_outputs(
+    model: &dyn LanguageModel,
+    data: &Dataset,
+    batch: &[usize],
+    cfg: &TrainConfig,
+) -> Option<Result<Vec<Array>, Exception>> {
+    use super::orpo_prefix::{orpo_loss_by, OrpoForward};
+    let Dataset::Orpo(v) = data else {
+        return None;
+    };
+    if !takes_prefix_shared(data, cfg) {
+        return None;
+    }
+    let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
+    let terms = orpo_loss_by(
+        model,
+        &pairs,
+        cfg.orpo_lambda,
+        cfg.sft_scope,
+        OrpoForward::PrefixShared,
+    );
+    Some(terms.map(OrpoTerms::into_vec))
 }
 
 /// The forward training runs: every layer attends over the inputs alone, no cache.
@@ -178,6 +216,14 @@ pub fn batch_grads(
     cfg: &TrainConfig,
     phases: &mut dyn super::segmented::Phases,
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    if takes_prefix_shared(data, cfg) {
+        let (out, grads) = value_and_grad(adapters, || {
+            prefix_shared_outputs(model, data, batch, cfg).expect("an ORPO batch")
+        })?;
+        mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
+        phases.phase("forward+backward");
+        return Ok((out, grads));
+    }
     let (inputs, mut loss) = batch_loss(data, batch, cfg);
     match (cfg.segment_size, model.as_layered()) {
         (Some(size), Some(layered)) => super::segmented::segmented_value_and_grad(

@@ -3,8 +3,10 @@
 //! and for mlx-lm-lora's ORPO trainer step (`oracles/train_leg.py`), on the same models and
 //! the same token pairs (rank 8 on every linear of every block). mlx-lm-lora's ORPO is not
 //! canonical (response-only NLL; log-odds of its own kind), so only time and memory are
-//! compared. Fresh process per leg, ABBA over rounds, median of the steps in a leg and of
-//! the legs.
+//! compared. The engine runs its default forward (joint: one forward of 2B rows) as
+//! `engine`, and the experimental prefix-shared one (the prompt both rows of a pair share
+//! runs once) as `engine-prefix-shared`.
+//! Fresh process per leg, ABBA over rounds, median of the steps in a leg and of the legs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -14,7 +16,8 @@ use anyhow::{bail, Context, Result};
 use engine::train::data::Pair;
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
-use engine::train::orpo::{orpo_loss, SftScope};
+use engine::train::orpo::SftScope;
+use engine::train::orpo_prefix::{orpo_loss_by, OrpoForward};
 use serde::{Deserialize, Serialize};
 
 use super::median;
@@ -55,7 +58,13 @@ fn pairs(vocab: i32, seed: u64, prompt: usize, response: usize) -> Vec<PairIds> 
 }
 
 /// One engine leg in this process (`harness leg-train`).
-pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> Result<TrainLeg> {
+pub fn leg(
+    model: &Path,
+    pairs_file: &Path,
+    steps: usize,
+    num_layers: usize,
+    forward: OrpoForward,
+) -> Result<TrainLeg> {
     let m = engine::model::load(model)?;
     let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
     let pairs: Vec<Pair> = ids
@@ -87,7 +96,7 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
         }
         let t0 = Instant::now();
         let (out, grads) = engine::train::value_and_grad(&adapters, || {
-            Ok(orpo_loss(m.as_ref(), &refs, 0.1, SftScope::Full)?.into_vec())
+            Ok(orpo_loss_by(m.as_ref(), &refs, 0.1, SftScope::Full, forward)?.into_vec())
         })?;
         engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
         if i >= 2 {
@@ -95,10 +104,25 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
         }
     }
     Ok(TrainLeg {
-        stack: "engine".into(),
+        stack: stack_of(forward).into(),
         step_s: median(times),
         peak_memory_bytes: engine::runtime::memory()?.peak as f64,
     })
+}
+
+/// The bench's name for an engine leg by `forward`.
+pub fn stack_of(forward: OrpoForward) -> &'static str {
+    match forward {
+        OrpoForward::Joint => "engine",
+        OrpoForward::PrefixShared => "engine-prefix-shared",
+    }
+}
+
+/// The forward of an engine stack (None: the peer).
+pub fn forward_of(stack: &str) -> Option<OrpoForward> {
+    [OrpoForward::PrefixShared, OrpoForward::Joint]
+        .into_iter()
+        .find(|&f| stack_of(f) == stack)
 }
 
 fn run_leg(
@@ -108,11 +132,13 @@ fn run_leg(
     steps: usize,
     layers: usize,
 ) -> Result<TrainLeg> {
-    let mut cmd = if stack == "engine" {
+    let mut cmd = if let Some(forward) = forward_of(stack) {
         let mut c = Command::new(std::env::current_exe()?);
         c.arg("leg-train")
             .arg("--num-layers")
-            .arg(layers.to_string());
+            .arg(layers.to_string())
+            .arg("--forward")
+            .arg(forward.name());
         c
     } else {
         let mut c = Command::new(crate::oracle::python());
@@ -175,9 +201,9 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             serde_json::to_string(&pairs(vocab, 17, prompt, response))?,
         )?;
         let stacks: Vec<&'static str> = if peer {
-            vec!["engine", "mlx-lm-lora"]
+            vec!["engine", "engine-prefix-shared", "mlx-lm-lora"]
         } else {
-            vec!["engine"]
+            vec!["engine", "engine-prefix-shared"]
         };
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());

@@ -247,7 +247,10 @@ fn run_train(args: &Args) -> Result<()> {
     for r in &results {
         print!("{}", r.table());
         for l in &r.legs {
-            let params = serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
+            let mut params = serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
+            if let Some(f) = train::forward_of(&l.stack) {
+                params["forward"] = serde_json::json!(f.name());
+            }
             let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
             for m in [
                 ("step_ms", l.step_s * 1e3, "ms"),
@@ -348,10 +351,19 @@ pub struct LegTrainArgs {
     steps: usize,
     #[arg(long)]
     num_layers: usize,
+    /// The ORPO forward (prefix-shared or joint).
+    #[arg(long, value_enum, default_value = "joint")]
+    forward: engine::train::orpo_prefix::OrpoForward,
 }
 
 pub fn leg_train(args: LegTrainArgs) -> Result<()> {
-    let leg = harness::bench::train::leg(&args.model, &args.pairs, args.steps, args.num_layers)?;
+    let leg = harness::bench::train::leg(
+        &args.model,
+        &args.pairs,
+        args.steps,
+        args.num_layers,
+        args.forward,
+    )?;
     println!("{}", serde_json::to_string(&leg)?);
     Ok(())
 }

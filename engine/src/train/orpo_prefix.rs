@@ -1,0 +1,212 @@
+//! The prefix-shared ORPO forward: chosen and rejected share their prompt, so the tokens
+//! every pair's two rows have in common (the shared prefix, P of them, the same P for the
+//! whole batch) run once per pair (B rows), and the rest of both rows (2B rows) attends to
+//! that prefix's K/V, which each layer's `SharedPrefix` cache hands back twice over (chosen
+//! rows, then rejected rows). The K/V stay in the autodiff graph: the continuation rows'
+//! gradients flow back into the prefix's forward. The prefix's logits are shared too; each
+//! row's log-probabilities at those positions are read from them with its own targets (the
+//! last prefix position predicts the first token after the prefix, which differs).
+//!
+//! The per-token log-probabilities are those of the joint 2B-row forward (`OrpoForward::
+//! Joint`, TRL's `concatenated_forward`, the path the reference gate is defined on) up to
+//! floating-point reassociation: the same ops per row, on matmuls and reductions of other
+//! shapes. Gated against the joint path in `engine/tests/train.rs`.
+
+use mlx_rs::error::Exception;
+use mlx_rs::ops::concatenate_axis;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::{Array, Dtype};
+
+use super::data::Pair;
+use super::loss::cross_entropy;
+use super::orpo::{orpo_terms, pair_batch, OrpoTerms, SftScope};
+use crate::cache::{causal_mask, Cache, Kv, Mask};
+use crate::model::LanguageModel;
+
+/// How the ORPO step runs its forward over a batch's chosen and rejected rows.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum OrpoForward {
+    /// One forward of 2B rows (chosen, then rejected), as TRL's `concatenated_forward`.
+    /// The default: the prefix-shared forward's gradients do not pass its gate yet.
+    #[default]
+    Joint,
+    /// The shared prefix once per pair, then the 2B continuation rows on its K/V.
+    /// Experimental: its losses equal the joint ones bit for bit, its LoRA gradients do not
+    /// (engine/tests/orpo_prefix.rs, ignored until they do).
+    PrefixShared,
+}
+
+impl OrpoForward {
+    pub fn name(self) -> &'static str {
+        match self {
+            OrpoForward::Joint => "joint",
+            OrpoForward::PrefixShared => "prefix-shared",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "joint" => Some(OrpoForward::Joint),
+            "prefix-shared" => Some(OrpoForward::PrefixShared),
+            _ => None,
+        }
+    }
+}
+
+/// The prefix every pair's chosen and rejected rows share (the same length for all pairs),
+/// short enough that every row has a target past it and the continuation has an input:
+/// at most min(row length) − 1 and `width` − 2 (`width`: the padded batch's length).
+pub fn shared_prefix_len(pairs: &[&Pair], width: usize) -> usize {
+    pairs
+        .iter()
+        .map(|p| {
+            let common = p
+                .chosen
+                .iter()
+                .zip(&p.rejected)
+                .take_while(|(a, b)| a == b)
+                .count();
+            common.min(p.chosen.len().min(p.rejected.len()).saturating_sub(1))
+        })
+        .min()
+        .unwrap_or(0)
+        .min(width.saturating_sub(2))
+}
+
+/// A layer's cache for the two forwards: the first (the prefix, B rows) passes its K/V
+/// through and keeps them; the second (2B rows at offset P) gets them, twice over, in front
+/// of its own.
+#[derive(Default)]
+struct SharedPrefix {
+    prefix: Option<(Array, Array)>,
+}
+
+impl SharedPrefix {
+    /// The prefix's K/V for all 2B rows ahead of the continuation's `new` ones.
+    fn ahead(prefix: &Array, new: Array, values: bool) -> Result<Array, Exception> {
+        use crate::plant::{is, Defect};
+        let p = if is(Defect::OrpoPrefixKvNoGrad) {
+            mlx_rs::stop_gradient(prefix)?
+        } else {
+            prefix.clone()
+        };
+        let second = if values && is(Defect::OrpoRejectedSkipsPrefix) {
+            mlx_rs::ops::zeros_like(&p)?
+        } else {
+            p.clone()
+        };
+        concatenate_axis(&[concatenate_axis(&[&p, &second], 0)?, new], 2)
+    }
+}
+
+impl Cache for SharedPrefix {
+    fn offset(&self) -> i32 {
+        self.prefix.as_ref().map_or(0, |(k, _)| k.shape()[2])
+    }
+
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        match &self.prefix {
+            None => {
+                self.prefix = Some((keys.clone(), values.clone()));
+                Ok(Kv::Dense(keys, values))
+            }
+            Some((pk, pv)) => Ok(Kv::Dense(
+                Self::ahead(pk, keys, false)?,
+                Self::ahead(pv, values, true)?,
+            )),
+        }
+    }
+
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+
+    fn trim(&mut self, _n: i32) -> i32 {
+        0
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        self.prefix.iter().flat_map(|(k, v)| [k, v]).collect()
+    }
+
+    /// As a fresh cache, then as a standard one at offset P (mlx-lm's masks for both).
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
+        let offset = self.offset();
+        Ok(match window {
+            Some(w) if offset > 0 || n > w => Mask::Array(causal_mask(n, offset, Some(w))?),
+            _ if n == 1 => Mask::None,
+            _ => Mask::Causal,
+        })
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+/// Per-token log-probabilities [2B, T − 1] (f32) of a `pair_batch`'s `ids` [2B, T] with the
+/// first `p` tokens of every pair run once (0 < p ≤ T − 2).
+pub fn prefix_shared_logps(
+    model: &dyn LanguageModel,
+    ids: &Array,
+    p: i32,
+) -> Result<Array, Exception> {
+    let (rows, t) = (ids.shape()[0], ids.shape()[1]);
+    let b = rows / 2;
+    let mut caches: Vec<Box<dyn Cache>> = model
+        .make_caches()
+        .iter()
+        .map(|_| Box::new(SharedPrefix::default()) as Box<dyn Cache>)
+        .collect();
+    let prefix_logits = model.forward(&ids.index((..b, ..p)), &mut caches)?;
+    let rest_logits = model.forward(&ids.index((.., p..t - 1)), &mut caches)?;
+    let prefix = prefix_logps(&prefix_logits, &ids.index((.., 1..p + 1)), b)?;
+    let rest = cross_entropy(&rest_logits, &ids.index((.., p + 1..)))?;
+    concatenate_axis(&[prefix, rest], 1)?
+        .as_dtype(Dtype::Float32)?
+        .negative()
+}
+
+/// `cross_entropy` of the shared prefix logits [B, P, V] against both halves' targets
+/// [2B, P]: the same ops per row (shift by the stopped max, logsumexp − the target's
+/// score), the logsumexp taken once per pair. Rows: chosen, then rejected.
+fn prefix_logps(logits: &Array, targets: &Array, b: i32) -> Result<Array, Exception> {
+    let p = logits.shape()[1];
+    let max = mlx_rs::stop_gradient(logits.max_axis(-1, true)?)?;
+    let shifted = logits.subtract(&max)?;
+    let both = mlx_rs::ops::stack_axis(&[targets.index(..b), targets.index(b..)], -1)?;
+    let score = shifted.take_along_axis(&both, -1)?;
+    let lse = shifted.logsumexp_axis(-1, true)?;
+    lse.subtract(&score)?
+        .transpose_axes(&[2, 0, 1])?
+        .reshape(&[2 * b, p])
+}
+
+/// The ORPO terms of a batch of pairs under `model` by `forward` (the joint path where the
+/// pairs share no prefix).
+pub fn orpo_loss_by(
+    model: &dyn LanguageModel,
+    pairs: &[&Pair],
+    lambda: f32,
+    scope: SftScope,
+    forward: OrpoForward,
+) -> Result<OrpoTerms, Exception> {
+    let (ids, prompt_mask, response_mask) = pair_batch(pairs);
+    let p = shared_prefix_len(pairs, ids.shape()[1] as usize);
+    if forward == OrpoForward::Joint || p == 0 {
+        return super::orpo::orpo_loss(model, pairs, lambda, scope);
+    }
+    let logps = prefix_shared_logps(model, &ids, p as i32)?;
+    orpo_terms(&logps, &prompt_mask, &response_mask, lambda, scope)
+}
