@@ -170,6 +170,9 @@ pub enum Defect {
     /// Constrained decoding: the mask is written one id too high (id i's verdict lands on
     /// id i + 1). Caught by the exactness gate (`engine/tests/constrained.rs`).
     ConstrainMaskOffByOne,
+    /// Strict tools: the request's strict tool schemas are dropped (no grammar; the model's
+    /// tool calls go unconstrained). Caught by `engine/tests/constrained_tools.rs`.
+    StrictToolsUnconstrained,
     /// Constrained speculation: the drafts are not checked against the grammar's mask and
     /// the verify rows after the first go unmasked. Caught by the drafts-under-the-mask
     /// gate (`engine/tests/constrained.rs`).
@@ -301,6 +304,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesMetadataUnchecked" => Defect::ResponsesMetadataUnchecked,
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
+            "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
+            "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };

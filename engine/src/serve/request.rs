@@ -43,6 +43,9 @@ pub struct Chat {
     pub documents: Option<Value>,
     pub continue_final_message: bool,
     pub kwargs: Map<String, Value>,
+    /// `tool_choice` as sent (mlx_lm.server ignores it; strict tools read it:
+    /// `tools::strict`).
+    pub tool_choice: Option<Value>,
 }
 
 /// A validated generation request.
@@ -397,6 +400,7 @@ pub fn parse(body: &Value, chat: bool, d: &Defaults) -> Result<GenRequest, ApiEr
             ..Chat::default()
         };
         tool_choice(b.get("tool_choice"))?;
+        c.tool_choice = b.get("tool_choice").cloned();
         template_kwargs(&mut c, b.get("chat_template_kwargs"), &d.template_kwargs)?;
         Prompt::Chat(Box::new(c))
     } else {

@@ -311,10 +311,12 @@ async fn encode(s: &AppState, req: GenRequest) -> Result<(GenRequest, Vec<u32>),
     })
     .await
     .map_err(|_| ApiError::server("encoding the prompt failed"))?;
-    let ids = encoded.inspect_err(|_| {
-        s.counters.rejected.fetch_add(1, Ordering::Relaxed);
-    })?;
-    Ok((req, ids))
+    let req = encoded
+        .and_then(|ids| Ok((super::tools::strict::apply(req, &ids, &s.encoder.markers)?, ids)))
+        .inspect_err(|_| {
+            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        })?;
+    Ok(req)
 }
 
 /// The whole answer as one JSON body, once it is done.

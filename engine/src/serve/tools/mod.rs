@@ -8,6 +8,7 @@ pub mod literal;
 pub mod machine;
 pub mod parsers;
 pub mod split;
+pub mod strict;
 pub mod value;
 
 #[cfg(test)]
