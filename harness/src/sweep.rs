@@ -449,7 +449,7 @@ pub fn run(
     };
     std::thread::scope(|s| {
         for _ in 0..jobs.max(1) {
-            s.spawn(&work);
+            s.spawn(work);
         }
     });
     if let Some(e) = failed.into_inner().unwrap() {

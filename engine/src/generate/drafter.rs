@@ -248,3 +248,11 @@ impl<'m> Decode<'m> {
         }
     }
 }
+
+/// Whether a request with `sampler` can be drafted by `drafter` (else it decodes plainly).
+pub fn can_draft(sampler: &super::sampler::Sampler, drafter: &Drafter) -> bool {
+    match drafter {
+        Drafter::Model(_) => !sampler.has_penalties(),
+        Drafter::Assistant(_) => !sampler.has_processors(),
+    }
+}

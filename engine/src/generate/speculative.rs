@@ -70,14 +70,6 @@ pub fn refuse_processors(sampler: &Sampler) -> Result<(), Exception> {
     Ok(())
 }
 
-/// Whether a request with `sampler` can be drafted by `drafter` (else it decodes plainly).
-pub fn can_draft(sampler: &Sampler, drafter: &super::drafter::Drafter) -> bool {
-    match drafter {
-        super::drafter::Drafter::Model(_) => !sampler.has_penalties(),
-        super::drafter::Drafter::Assistant(_) => !sampler.has_processors(),
-    }
-}
-
 /// Feeds `ids` in prefill chunks (caches evaluated after each, no logits).
 pub(super) fn prefill_to(session: &mut Session, ids: &[u32]) -> Result<(), Exception> {
     for chunk in ids.chunks(session.prefill_step.max(1)) {

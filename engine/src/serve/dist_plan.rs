@@ -110,7 +110,7 @@ pub enum Op {
         id: u64,
         keep: Option<Vec<u32>>,
     },
-    Admit(Admit),
+    Admit(Box<Admit>),
     /// One decode step of a request.
     Step {
         id: u64,

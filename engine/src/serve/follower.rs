@@ -33,7 +33,7 @@ impl Worker {
                     Op::End { id, keep } => self.follow_end(requests.remove(&id), keep),
                     Op::Admit(a) => {
                         let id = a.id;
-                        self.follow_admit(a).map(|r| {
+                        self.follow_admit(*a).map(|r| {
                             requests.insert(id, r);
                         })
                     }

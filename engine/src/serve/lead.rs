@@ -46,7 +46,7 @@ impl Worker {
             cached,
             constraint: request.constraint.clone(),
         };
-        lead.send(Some(Op::Admit(admit)))
+        lead.send(Some(Op::Admit(Box::new(admit))))
             .map_err(|e| lead.lose(&e))?;
         Ok(id)
     }

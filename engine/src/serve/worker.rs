@@ -288,7 +288,7 @@ impl Worker {
             .map(|(_, g)| request.num_draft_tokens.unwrap_or(*g));
         let spec = self.draft.as_ref().zip(gamma).filter(|&((d, _), g)| {
             g > 0
-                && crate::generate::speculative::can_draft(&sampler, d)
+                && crate::generate::drafter::can_draft(&sampler, d)
                 && request.prompt_lookup.is_none()
         });
         if self.draft.is_some() && spec.is_none() {

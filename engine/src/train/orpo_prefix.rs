@@ -13,7 +13,7 @@
 //! shapes. Gated against the joint path in `engine/tests/train.rs`.
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::concatenate_axis;
+use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 
@@ -106,7 +106,7 @@ impl SharedPrefix {
         } else {
             p.clone()
         };
-        concatenate_axis(&[concatenate_axis(&[&p, &second], 0)?, new], 2)
+        concatenate(&[concatenate(&[&p, &second], 0)?, new], 2)
     }
 }
 
@@ -173,7 +173,7 @@ pub fn prefix_shared_logps(
     let rest_logits = model.forward(&ids.index((.., p..t - 1)), &mut caches)?;
     let prefix = prefix_logps(&prefix_logits, &ids.index((.., 1..p + 1)), b)?;
     let rest = cross_entropy(&rest_logits, &ids.index((.., p + 1..)))?;
-    concatenate_axis(&[prefix, rest], 1)?
+    concatenate(&[prefix, rest], 1)?
         .as_dtype(Dtype::Float32)?
         .negative()
 }
@@ -185,7 +185,7 @@ fn prefix_logps(logits: &Array, targets: &Array, b: i32) -> Result<Array, Except
     let p = logits.shape()[1];
     let max = mlx_rs::stop_gradient(logits.max_axis(-1, true)?)?;
     let shifted = logits.subtract(&max)?;
-    let both = mlx_rs::ops::stack_axis(&[targets.index(..b), targets.index(b..)], -1)?;
+    let both = mlx_rs::ops::stack(&[targets.index(..b), targets.index(b..)], -1)?;
     let score = shifted.take_along_axis(&both, -1)?;
     let lse = shifted.logsumexp_axis(-1, true)?;
     lse.subtract(&score)?

@@ -376,6 +376,9 @@ fn a_constrained_answer_across_ranks_is_one_process_answer() {
     });
     let planted = one(ranks.port);
     println!("planted FollowerUnconstrained: {planted:?}");
-    assert_ne!(planted, single, "the planted defect left the answer unchanged");
+    assert_ne!(
+        planted, single,
+        "the planted defect left the answer unchanged"
+    );
     drop(ranks);
 }

@@ -137,46 +137,12 @@ fn is_refused(e: &anyhow::Error) -> bool {
 
 fn stream_attempt(port: u16, max_tokens: usize, sent: Instant) -> Result<Sample> {
     // No "model" field: mlx_lm.server would try to fetch a model of that name.
-    let body = serde_json::json!({
-        "prompt": PROMPT, "max_tokens": max_tokens,
-        "temperature": 0.0, "stream": true,
-    })
-    .to_string();
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(300)))?;
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut buf = [0u8; 8192];
-    let mut pending = String::new();
     let (mut first, mut last, mut chunks) = (None, None, 0usize);
-    loop {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        let now = Instant::now();
-        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
-        while let Some(i) = pending.find("\n") {
-            let line: String = pending.drain(..=i).collect();
-            let Some(data) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            if data == "[DONE]" {
-                continue;
-            }
-            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-            let text = v["choices"][0]["text"].as_str().unwrap_or("");
-            if !text.is_empty() {
-                chunks += 1;
-                first.get_or_insert(now);
-                last = Some(now);
-            }
-        }
-    }
+    stream_completion(port, PROMPT, max_tokens, Duration::from_secs(300), |now| {
+        chunks += 1;
+        first.get_or_insert(now);
+        last = Some(now);
+    })?;
     let (Some(first), Some(last)) = (first, last) else {
         bail!("a streamed request produced no text");
     };
@@ -190,6 +156,57 @@ fn stream_attempt(port: u16, max_tokens: usize, sent: Instant) -> Result<Sample>
         },
         tokens: chunks,
     })
+}
+
+/// One greedy streaming `/v1/completions` request of `prompt` to the server on `port`
+/// (either stack): `on_text` runs at the arrival of every chunk that carries text. Returns
+/// the first 4 KiB of what the server sent (for an error message when no text came).
+pub(super) fn stream_completion(
+    port: u16,
+    prompt: &str,
+    max_tokens: usize,
+    read_timeout: Duration,
+    mut on_text: impl FnMut(Instant),
+) -> Result<String> {
+    let body = serde_json::json!({
+        "prompt": prompt, "max_tokens": max_tokens,
+        "temperature": 0.0, "stream": true,
+    })
+    .to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(read_timeout))?;
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut buf = [0u8; 8192];
+    let (mut pending, mut head) = (String::new(), String::new());
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            return Ok(head);
+        }
+        let now = Instant::now();
+        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
+        while let Some(i) = pending.find('\n') {
+            let line: String = pending.drain(..=i).collect();
+            if head.len() < 4096 {
+                head.push_str(&line);
+            }
+            let Some(data) = line.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
+            if v["choices"][0]["text"]
+                .as_str()
+                .is_some_and(|t| !t.is_empty())
+            {
+                on_text(now);
+            }
+        }
+    }
 }
 
 /// Runs every level against a started server: each client sends `per_client` requests.

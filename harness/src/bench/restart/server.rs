@@ -11,8 +11,6 @@
 //! over the same span (/proc/PID/task/*/schedstat), which other load on the machine
 //! inflates far less than the wall-clock rate.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -20,7 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use super::RestartLeg;
-use crate::bench::serve::get;
+use crate::bench::serve::{get, stream_completion};
 
 /// What the server legs run with.
 pub struct ServerLegs<'a> {
@@ -143,53 +141,18 @@ struct Streamed {
 
 /// One greedy streaming completion to the server `pid` listening on `port`.
 fn stream(port: u16, pid: u32, prompt: &str, max_tokens: usize) -> Result<Streamed> {
-    let body = serde_json::json!({
-        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
-    })
-    .to_string();
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(READ_TIMEOUT))?;
     let sent = Instant::now();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut buf = [0u8; 8192];
-    let (mut pending, mut head) = (String::new(), String::new());
     let (mut first, mut last, mut chunks) = (None, None, 0usize);
     let (mut cpu_first, mut cpu_last) = (f64::NAN, f64::NAN);
-    loop {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
+    let head = stream_completion(port, prompt, max_tokens, READ_TIMEOUT, |now| {
+        chunks += 1;
+        if first.is_none() {
+            cpu_first = cpu_seconds(pid);
         }
-        let now = Instant::now();
-        pending.push_str(&String::from_utf8_lossy(&buf[..n]));
-        while let Some(i) = pending.find('\n') {
-            let line: String = pending.drain(..=i).collect();
-            if head.len() < 4096 {
-                head.push_str(&line);
-            }
-            let Some(data) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-            if v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
-                chunks += 1;
-                if first.is_none() {
-                    cpu_first = cpu_seconds(pid);
-                }
-                first.get_or_insert(now);
-                last = Some(now);
-                cpu_last = cpu_seconds(pid);
-            }
-        }
-    }
+        first.get_or_insert(now);
+        last = Some(now);
+        cpu_last = cpu_seconds(pid);
+    })?;
     let (Some(first), Some(last)) = (first, last) else {
         bail!(
             "the streamed request produced no text; the server answered:\n{}",
