@@ -203,7 +203,7 @@ fn generate_with_a_draft_model() {
     assert!(log.contains("Speculative: γ 3, drafted "), "{log}");
     let bad = run(&["--draft-model", &draft, "--repetition-penalty", "1.2"]);
     assert!(!bad.status.success());
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("logits processors"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("penalties"));
     // The drafter's tokenizer with one more token.
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(&draft).unwrap().flatten() {
