@@ -11,7 +11,7 @@
 - brevity/         ORPO: "Tell me about <thing>." → one short sentence (chosen) vs the same
                    sentence padded with filler clauses (rejected); 12 train / 4 validation.
 
-Under goldens/train/study/, the dynamic-λ study's two preference sets, where the rejected
+Under goldens/data/study/, the dynamic-λ study's two preference sets, where the rejected
 response is the chosen one cut short (its first half): complete answers over truncated
 ones. ORPO's log-odds use the mean per-token log-probability, so lowering the shared
 prefix lowers the shorter rejected mean more than the chosen one — a lever that widens the
@@ -71,7 +71,7 @@ def study_sets() -> None:
                              "chosen": ", ".join(full) + ".",
                              "rejected": ", ".join(full[:len(full) // 2]) + ","})
     rng.shuffle(rows)
-    dest = golden_dir("train/study/complete", portable=True)
+    dest = golden_dir("data/study/complete", portable=True)
     write(dest, "train.jsonl", rows[:-12])
     write(dest, "valid.jsonl", rows[-12:])
     words = ("the sky is blue grass green fix clock open window lamp warm count birds paint "
@@ -86,10 +86,10 @@ def study_sets() -> None:
         caps = phrase.upper().split()
         rows.append({"prompt": f"Shout: {phrase}", "chosen": " ".join(caps),
                      "rejected": " ".join(caps[:len(caps) // 2])})
-    dest = golden_dir("train/study/shout", portable=True)
+    dest = golden_dir("data/study/shout", portable=True)
     write(dest, "train.jsonl", rows[:48])
     write(dest, "valid.jsonl", rows[48:])
-    print("wrote goldens/train/study/{complete,shout}")
+    print("wrote goldens/data/study/{complete,shout}")
 
 
 def main() -> None:

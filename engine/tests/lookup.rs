@@ -323,7 +323,7 @@ fn cli_prompt_lookup_prints_the_plain_text_and_refuses_bad_settings() {
         ),
         (
             &["--prompt-lookup", "--repetition-penalty", "1.2"][..],
-            "does not support logits processors",
+            "does not support repetition, presence or frequency penalties",
         ),
     ] {
         let out = engine_generate(flags);

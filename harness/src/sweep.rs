@@ -163,12 +163,12 @@ impl Study {
     }
 
     /// The displacement study: two preference sets whose rejected response is the chosen
-    /// one cut short (goldens/train/study/{complete,shout}), where a high λ can buy margin by
+    /// one cut short (goldens/data/study/{complete,shout}), where a high λ can buy margin by
     /// lowering the shared prefix; 240 iterations; λ up to 5; the controller with the
     /// design's defaults (λ_max 0.5) and with room to find the cliff itself (λ_max 5,
     /// step 0.25, so 24 evals can reach it).
     pub fn displace() -> Self {
-        let data = crate::goldens::goldens_root().join("train/study");
+        let data = crate::goldens::goldens_root().join("data/study");
         Study {
             name: "displace".into(),
             datasets: vec![data.join("complete"), data.join("shout")],

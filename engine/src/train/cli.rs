@@ -109,8 +109,8 @@ pub struct TrainArgs {
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
     /// ORPO: the forward over chosen and rejected (joint: one forward of 2B rows, TRL's;
-    /// prefix-shared, experimental: the prompt both share runs once per pair, its gradients
-    /// not yet gated). Segmented runs are joint.
+    /// prefix-shared: the prompt both share runs once per pair, the same losses and
+    /// gradients up to rounding, less memory and time). Segmented runs are joint.
     #[arg(long, value_enum, default_value = "joint")]
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// Segmented backward: run the backward this many blocks at a time (less memory; the

@@ -8,9 +8,12 @@
 //! last prefix position predicts the first token after the prefix, which differs).
 //!
 //! The per-token log-probabilities are those of the joint 2B-row forward (`OrpoForward::
-//! Joint`, TRL's `concatenated_forward`, the path the reference gate is defined on) up to
-//! floating-point reassociation: the same ops per row, on matmuls and reductions of other
-//! shapes. Gated against the joint path in `engine/tests/train.rs`.
+//! Joint`, TRL's `concatenated_forward`, the path the reference gate is defined on): the
+//! same ops per row, on matmuls and reductions of other shapes (measured bit-identical).
+//! The gradients differ by rounding only: the joint forward backpropagates chosen and
+//! rejected rows apart and sums their parameter gradients, this one sums their cotangents
+//! at the prefix first. Gated against the joint path in `engine/tests/orpo_prefix.rs`: in
+//! f32 within reassociation, in bf16 as close to the exact gradients as the joint path.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::concatenate;
@@ -38,12 +41,12 @@ use crate::model::LanguageModel;
 #[serde(rename_all = "kebab-case")]
 pub enum OrpoForward {
     /// One forward of 2B rows (chosen, then rejected), as TRL's `concatenated_forward`.
-    /// The default: the prefix-shared forward's gradients do not pass its gate yet.
+    /// The default: the path the TRL-semantics gate pins.
     #[default]
     Joint,
-    /// The shared prefix once per pair, then the 2B continuation rows on its K/V.
-    /// Experimental: its losses equal the joint ones bit for bit, its LoRA gradients do not
-    /// (engine/tests/orpo_prefix.rs, ignored until they do).
+    /// The shared prefix once per pair, then the 2B continuation rows on its K/V: the same
+    /// losses, gradients equal up to rounding (engine/tests/orpo_prefix.rs), less memory
+    /// and time.
     PrefixShared,
 }
 

@@ -7,7 +7,7 @@ pub enum Command {
     /// The static-λ sweep against the adaptive controller. `--study classic` (2026-11-30):
     /// λ ∈ {0.05, 0.1, 0.2, 0.5, 1.0} and aimd, p, pd, pid on the uppercase and brevity sets,
     /// 120 iterations. `--study displace`: λ ∈ {0.05, 0.1, 0.2, 0.5, 1, 2}, adaptive-aimd,
-    /// adaptive-pd and adaptive-aimd+max=2 on goldens/train/study/{contradict,swap}, 300
+    /// adaptive-pd and adaptive-aimd+max=2 on goldens/data/study/{contradict,swap}, 300
     /// iterations. Both × tiny-llama-trained and tiny-llama-draft × seeds; a results table,
     /// the verdict table, DB rows (suite lambda-sweep) and SVG plots. Finished runs (a
     /// result.json in their directory) are reused.
