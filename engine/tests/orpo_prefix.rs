@@ -278,7 +278,9 @@ fn prefix_shared_gradients_are_as_accurate_as_the_joint_ones_in_bf16() {
         for scope in [SftScope::Full, SftScope::Response] {
             let (loss, e_joint, e_shared) = bf16_errors(name, &exact_dir, scope);
             if loss > LOSS_BOUND || e_shared > BF16_ERROR_RATIO * e_joint {
-                failed.push(format!("{name} {scope:?}: {loss:e} / {e_shared:e} vs {e_joint:e}"));
+                failed.push(format!(
+                    "{name} {scope:?}: {loss:e} / {e_shared:e} vs {e_joint:e}"
+                ));
             }
         }
     }
@@ -307,7 +309,10 @@ fn planted_prefix_kv_without_gradient_fails_the_gradient_gate() {
     let _on = plant::on(Defect::OrpoPrefixKvNoGrad).unwrap();
     let (loss, grad, scale) = f32_gaps(GATED[0], SftScope::Full);
     assert!(loss <= LOSS_BOUND, "the loss should not see it: {loss:e}");
-    assert!(grad > F32_GRAD_REL * scale, "planted: gradient gap {grad:e}");
+    assert!(
+        grad > F32_GRAD_REL * scale,
+        "planted: gradient gap {grad:e}"
+    );
 }
 
 /// The rejected rows read zeros for the prefix's values: the loss gate fails.

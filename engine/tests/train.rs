@@ -324,10 +324,15 @@ fn segmented_training_gives_the_same_adapters() {
     };
     let dir = tempfile::tempdir().unwrap();
     for (data, method) in [("data/sft-chat", "sft"), ("data/uppercase", "orpo")] {
+        // Segmented runs take the joint forward; so does the whole run compared with it.
+        let whole_flags: &[&str] = match method {
+            "orpo" => &["--orpo-forward", "joint"],
+            _ => &[],
+        };
         let whole = run(
             data,
             method,
-            &[],
+            whole_flags,
             &dir.path().join(format!("{method}-whole")),
         );
         let seg = run(
@@ -424,7 +429,11 @@ fn adaptive_lambda_ramps_under_the_positive_control() {
 #[test]
 fn adaptive_lambda_backs_off_a_displacing_run() {
     let dir = tempfile::tempdir().unwrap();
+    // Found on the joint forward: on a bf16 model each forward's gradients carry their own
+    // rounding (docs/training.md), and this run's trajectory follows it.
     let extra = [
+        "--orpo-forward",
+        "joint",
         "--learning-rate",
         "5e-3",
         "--iters",

@@ -40,13 +40,13 @@ use crate::model::LanguageModel;
 )]
 #[serde(rename_all = "kebab-case")]
 pub enum OrpoForward {
-    /// One forward of 2B rows (chosen, then rejected), as TRL's `concatenated_forward`.
-    /// The default: the path the TRL-semantics gate pins.
-    #[default]
+    /// One forward of 2B rows (chosen, then rejected), as TRL's `concatenated_forward`
+    /// (what segmented runs and pairs without a shared prefix take).
     Joint,
-    /// The shared prefix once per pair, then the 2B continuation rows on its K/V: the same
-    /// losses, gradients equal up to rounding (engine/tests/orpo_prefix.rs), less memory
-    /// and time.
+    /// The default: the shared prefix once per pair, then the 2B continuation rows on its
+    /// K/V. The same losses, gradients equal up to rounding (engine/tests/orpo_prefix.rs),
+    /// less memory and time (docs/training.md).
+    #[default]
     PrefixShared,
 }
 

@@ -3,9 +3,9 @@
 //! and for mlx-lm-lora's ORPO trainer step (`oracles/train_leg.py`), on the same models and
 //! the same token pairs (rank 8 on every linear of every block). mlx-lm-lora's ORPO is not
 //! canonical (response-only NLL; log-odds of its own kind), so only time and memory are
-//! compared. The engine runs its default forward (joint: one forward of 2B rows) as
-//! `engine`, and the experimental prefix-shared one (the prompt both rows of a pair share
-//! runs once) as `engine-prefix-shared`.
+//! compared. The engine runs its default forward (prefix-shared: the prompt both rows of
+//! a pair share runs once) as `engine`, and the joint one (one forward of 2B rows, TRL's)
+//! as `engine-joint`.
 //! Fresh process per leg, ABBA over rounds, median of the steps in a leg and of the legs.
 
 use std::path::{Path, PathBuf};
@@ -113,8 +113,8 @@ pub fn leg(
 /// The bench's name for an engine leg by `forward`.
 pub fn stack_of(forward: OrpoForward) -> &'static str {
     match forward {
-        OrpoForward::Joint => "engine",
-        OrpoForward::PrefixShared => "engine-prefix-shared",
+        OrpoForward::PrefixShared => "engine",
+        OrpoForward::Joint => "engine-joint",
     }
 }
 
@@ -201,9 +201,9 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             serde_json::to_string(&pairs(vocab, 17, prompt, response))?,
         )?;
         let stacks: Vec<&'static str> = if peer {
-            vec!["engine", "engine-prefix-shared", "mlx-lm-lora"]
+            vec!["engine", "engine-joint", "mlx-lm-lora"]
         } else {
-            vec!["engine", "engine-prefix-shared"]
+            vec!["engine", "engine-joint"]
         };
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());

@@ -352,7 +352,7 @@ pub struct LegTrainArgs {
     #[arg(long)]
     num_layers: usize,
     /// The ORPO forward (prefix-shared or joint).
-    #[arg(long, value_enum, default_value = "joint")]
+    #[arg(long, value_enum, default_value = "prefix-shared")]
     forward: engine::train::orpo_prefix::OrpoForward,
 }
 
