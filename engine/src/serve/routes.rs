@@ -312,10 +312,12 @@ async fn encode(s: &AppState, req: GenRequest) -> Result<(GenRequest, Vec<u32>),
     .await
     .map_err(|_| ApiError::server("encoding the prompt failed"))?;
     let req = encoded
-        // Strict tools (`super::tools::strict::apply`) are not applied yet: under their lazy
-        // grammar the tiny tools model cannot emit its `<tool_call>` token, and the request
-        // after a strict one answered differently than on a fresh server (issue 25 note).
-        .map(|ids| (req, ids))
+        .and_then(|ids| {
+            Ok((
+                super::tools::strict::apply(req, &ids, &s.encoder.markers)?,
+                ids,
+            ))
+        })
         .inspect_err(|_| {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
         })?;
