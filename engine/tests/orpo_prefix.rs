@@ -207,12 +207,11 @@ fn step(dir: &Path, scope: SftScope, forward: OrpoForward) -> Step {
     Step { losses, grads, p }
 }
 
-/// f32 gaps of `name` in `scope`: (loss terms, gradients, largest |gradient|).
-fn f32_gaps(name: &str, scope: SftScope) -> (f32, f32, f32) {
-    let tmp = tempfile::tempdir().unwrap();
-    let dir = f32_copy(name, tmp.path());
-    let joint = step(&dir, scope, OrpoForward::Joint);
-    let shared = step(&dir, scope, OrpoForward::PrefixShared);
+/// f32 gaps of `name` (its f32 copy in `dir`) in `scope`: (loss terms, gradients, largest
+/// |gradient|).
+fn f32_gaps(name: &str, dir: &Path, scope: SftScope) -> (f32, f32, f32) {
+    let joint = step(dir, scope, OrpoForward::Joint);
+    let shared = step(dir, scope, OrpoForward::PrefixShared);
     let (loss, grad) = (
         list_gap(&joint.losses, &shared.losses),
         list_gap(&joint.grads, &shared.grads),
@@ -230,10 +229,12 @@ fn f32_gaps(name: &str, scope: SftScope) -> (f32, f32, f32) {
 
 #[test]
 fn prefix_shared_gradients_match_the_joint_ones_in_f32() {
+    let tmp = tempfile::tempdir().unwrap();
     let mut failed = Vec::new();
     for name in GATED {
+        let dir = f32_copy(name, tmp.path());
         for scope in [SftScope::Full, SftScope::Response] {
-            let (loss, grad, scale) = f32_gaps(name, scope);
+            let (loss, grad, scale) = f32_gaps(name, &dir, scope);
             assert!(scale > 0.0, "{name}: all-zero gradients");
             if loss > LOSS_BOUND || grad > F32_GRAD_REL * scale {
                 failed.push(format!("{name} {scope:?}: {loss:e} / {:e}", grad / scale));
@@ -306,8 +307,10 @@ fn planted_prefix_kv_without_gradient_fails_the_bf16_gate() {
 /// same, the gradients are not.
 #[test]
 fn planted_prefix_kv_without_gradient_fails_the_gradient_gate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = f32_copy(GATED[0], tmp.path());
     let _on = plant::on(Defect::OrpoPrefixKvNoGrad).unwrap();
-    let (loss, grad, scale) = f32_gaps(GATED[0], SftScope::Full);
+    let (loss, grad, scale) = f32_gaps(GATED[0], &dir, SftScope::Full);
     assert!(loss <= LOSS_BOUND, "the loss should not see it: {loss:e}");
     assert!(
         grad > F32_GRAD_REL * scale,
@@ -318,8 +321,10 @@ fn planted_prefix_kv_without_gradient_fails_the_gradient_gate() {
 /// The rejected rows read zeros for the prefix's values: the loss gate fails.
 #[test]
 fn planted_rejected_rows_without_the_prefix_fail_the_loss_gate() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = f32_copy(GATED[0], tmp.path());
     let _on = plant::on(Defect::OrpoRejectedSkipsPrefix).unwrap();
-    let (loss, _, _) = f32_gaps(GATED[0], SftScope::Full);
+    let (loss, _, _) = f32_gaps(GATED[0], &dir, SftScope::Full);
     assert!(loss > LOSS_BOUND, "planted: loss gap {loss:e}");
 }
 
