@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use crate::db::Row;
 
+mod carry;
+
 /// The machine/toolchain header line, from a row's stored machine state.
 fn header(rows: &[&Row]) -> String {
     let Some(row) = rows.iter().max_by(|a, b| a.ts.cmp(&b.ts)) else {
@@ -110,8 +112,9 @@ pub fn render(rows: &[Row]) -> String {
 }
 
 /// RESULTS.md as `harness promote` on `machine` writes it: that machine's section rendered
-/// from its rows of `rows`, every other machine's section of `existing` (the current
-/// RESULTS.md) kept byte for byte. Rows of other machines are not used (this DB holds only
+/// from its rows of `rows`, with the table rows, plot links and subsections of its committed
+/// section that the rendering lacks carried over (`carry`: a new machine's DB starts empty),
+/// every other machine's section of `existing` (the current RESULTS.md) kept byte for byte. Rows of other machines are not used (this DB holds only
 /// part of their history); with no promotable row of `machine`, its existing section stays
 /// too. Returns the text and how many rows it was rendered from.
 pub fn merge(existing: Option<&str>, machine: &str, rows: &[Row]) -> (String, usize) {
@@ -122,7 +125,12 @@ pub fn merge(existing: Option<&str>, machine: &str, rows: &[Row]) -> (String, us
         .cloned()
         .collect();
     if !mine.is_empty() || !sections.contains_key(machine) {
-        sections.insert(machine.to_owned(), machine_section(machine, &mine));
+        let fresh = machine_section(machine, &mine);
+        let section = match sections.get(machine) {
+            Some(committed) => carry::carry_over(committed, &fresh),
+            None => fresh,
+        };
+        sections.insert(machine.to_owned(), section);
     }
     (document(&sections), mine.len())
 }
