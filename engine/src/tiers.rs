@@ -69,7 +69,8 @@ pub struct TierArgs {
     /// Our dequantize-then-dense-SDPA decode step over quantized caches (L3 lever).
     #[arg(long, value_enum)]
     pub perf_decode: Option<OnOff>,
-    /// Decode eagerly (the compiled decode step is on by default where it is bit-exact).
+    /// Decode eagerly (by default the compiled decode step is tried where it is bit-exact
+    /// and kept where it measured faster over the first steps).
     #[arg(long)]
     pub no_compile: bool,
 }
@@ -145,7 +146,7 @@ impl TierArgs {
             compile: if self.no_compile {
                 CompileDecode::Off
             } else {
-                CompileDecode::WhereExact
+                CompileDecode::WherePays
             },
             kv_quant: layers.map(|layers| KvQuantPlan {
                 layers,

@@ -7,6 +7,7 @@ mod common;
 
 use common::model;
 
+use engine::generate::probe::{Path, PHASE};
 use engine::generate::{CompileDecode, Session};
 use engine::plant::{self, Defect};
 use mlx_rs::Array;
@@ -22,10 +23,21 @@ fn bytes(a: &Array) -> Vec<u8> {
 
 /// Runs prefill + `steps` greedy steps; returns every logit vector and the compiled count.
 fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>, usize) {
+    let prompt: Vec<u32> = vec![1, 346, 403, 276, 22, 207];
+    let (out, compiled, _) = trajectory_from(name, policy, &prompt, steps);
+    (out, compiled)
+}
+
+/// `trajectory` after `prompt`, also giving the compile probe's choice.
+fn trajectory_from(
+    name: &str,
+    policy: CompileDecode,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<Vec<u8>>, usize, Option<Path>) {
     let m = model(name);
     let mut s = Session::with_compile(m.as_ref(), policy);
-    let prompt: Vec<u32> = vec![1, 346, 403, 276, 22, 207];
-    let mut logits = s.prefill(&prompt).unwrap();
+    let mut logits = s.prefill(prompt).unwrap();
     let mut out = vec![bytes(&logits)];
     for _ in 0..steps {
         let id = engine::generate::greedy(&logits).unwrap();
@@ -33,7 +45,7 @@ fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>,
         out.push(bytes(&logits));
     }
     let compiled = s.compiled_steps();
-    (out, compiled)
+    (out, compiled, s.compile_choice())
 }
 
 #[test]
@@ -111,4 +123,42 @@ fn an_attention_bound_one_short_is_caught() {
     let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
     println!("planted CompiledBoundShort: first differing logit vector {first_diff:?}");
     assert_eq!(first_diff, Some(123), "the short bound went unnoticed");
+}
+
+/// A 120-token prompt: the default policy's compiled phase (the prefill's last token and the
+/// first steps, offsets 119–134) covers offset 128, where a bound can first fall short.
+fn long_prompt() -> Vec<u32> {
+    (0..120).map(|i| 1 + (i * 37 % 500) as u32).collect()
+}
+
+/// The default (`WherePays`): compiled steps, then eager ones, then whichever measured
+/// faster, every logit vector bit-equal to an all-eager run whatever the choice.
+#[test]
+fn the_timed_choice_between_paths_is_bit_exact_with_eager() {
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4"] {
+        let prompt = long_prompt();
+        let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 200);
+        let (timed, ran, choice) = trajectory_from(name, CompileDecode::WherePays, &prompt, 200);
+        assert!(
+            ran >= PHASE - 1,
+            "{name}: only {ran} compiled steps in the probe"
+        );
+        let choice = choice.unwrap_or_else(|| panic!("{name}: the probe never chose"));
+        println!("{name}: {ran} compiled steps, kept {choice:?}");
+        let first_diff = eager.iter().zip(&timed).position(|(a, b)| a != b);
+        assert_eq!(first_diff, None, "{name}: the timed policy's logits differ");
+    }
+}
+
+/// Planted defect: the bound one short, in the probe's compiled phase (offset 128 is the
+/// prompt's 10th one-token step, logit vector 9); the same comparison catches it.
+#[test]
+fn a_short_bound_in_the_probe_phase_is_caught() {
+    let name = "tiny-llama-trained";
+    let prompt = long_prompt();
+    let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 40);
+    let _on = plant::on(Defect::CompiledBoundShort).unwrap();
+    let (short, _, _) = trajectory_from(name, CompileDecode::WherePays, &prompt, 40);
+    let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
+    assert_eq!(first_diff, Some(9), "the short bound went unnoticed");
 }

@@ -10,6 +10,7 @@ pub mod compiled;
 pub mod decode;
 pub mod drafter;
 pub mod lookup;
+pub mod probe;
 pub mod profile;
 pub mod sampler;
 pub mod speculative;
@@ -35,7 +36,10 @@ pub const PREFILL_STEP: usize = 2048;
 pub enum CompileDecode {
     /// Always eager (`--no-compile`).
     Off,
-    /// Compiled where it is bit-exact with eager (see `compiled_decode_is_exact`); default.
+    /// Where it is bit-exact with eager, each path timed over the first one-token steps and
+    /// the faster one kept (`probe`); the default.
+    WherePays,
+    /// Compiled wherever it is bit-exact with eager (see `compiled_decode_is_exact`).
     WhereExact,
     /// Compiled regardless (for measurements and planted-defect checks).
     Always,
@@ -51,7 +55,7 @@ pub struct SessionOptions {
 impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
-            compile: CompileDecode::WhereExact,
+            compile: CompileDecode::WherePays,
             kv_quant: None,
         }
     }
@@ -70,6 +74,10 @@ impl From<CompileDecode> for SessionOptions {
 pub struct Session<'m> {
     // Declared first so it is dropped before anything else: it borrows `model`.
     compiled: Option<compiled::CompiledDecode>,
+    /// `WherePays`: timing both paths until it has chosen.
+    probe: Option<probe::CompileProbe>,
+    /// Compiled steps of a compiled step dropped after the probe chose eager.
+    compiled_before: usize,
     model: &'m dyn LanguageModel,
     pub caches: Vec<Box<dyn Cache>>,
     pub prefill_step: usize,
@@ -82,9 +90,9 @@ pub(crate) fn ids_array(ids: &[u32]) -> Array {
 }
 
 impl<'m> Session<'m> {
-    /// A session with the compiled decode step on where it is exact (the default).
+    /// A session with the default options (the compiled step where it is exact and pays).
     pub fn new(model: &'m dyn LanguageModel) -> Self {
-        Self::with_compile(model, CompileDecode::WhereExact)
+        Self::with_options(model, &SessionOptions::default())
     }
 
     /// Where the compiled step reproduces the eager (mlx-lm) step bit for bit. On the CPU
@@ -112,7 +120,9 @@ impl<'m> Session<'m> {
     ) -> Self {
         let on = match opts.compile {
             CompileDecode::Off => false,
-            CompileDecode::WhereExact => Self::compiled_decode_is_exact(model),
+            CompileDecode::WherePays | CompileDecode::WhereExact => {
+                Self::compiled_decode_is_exact(model)
+            }
             CompileDecode::Always => true,
         };
         // A rank of a group runs eagerly, as mlx-lm's sharded models do: a compiled step
@@ -123,6 +133,9 @@ impl<'m> Session<'m> {
             compiled: on.then(|| unsafe {
                 compiled::CompiledDecode::new(model, opts.compile == CompileDecode::Always)
             }),
+            probe: (on && opts.compile == CompileDecode::WherePays)
+                .then(probe::CompileProbe::default),
+            compiled_before: 0,
             model,
             caches,
             prefill_step: PREFILL_STEP,
@@ -145,7 +158,32 @@ impl<'m> Session<'m> {
 
     /// How many steps ran through the compiled graph (proof that the path ran).
     pub fn compiled_steps(&self) -> usize {
-        self.compiled.as_ref().map_or(0, |c| c.steps)
+        self.compiled_before + self.compiled.as_ref().map_or(0, |c| c.steps)
+    }
+
+    /// The path the `WherePays` probe chose (None while it is timing, or without a probe).
+    pub fn compile_choice(&self) -> Option<probe::Path> {
+        self.probe.as_ref().and_then(|p| p.decided())
+    }
+
+    /// The probe's median intervals (eager, compiled) once it has chosen.
+    pub fn compile_probe_medians(&self) -> Option<(Duration, Duration)> {
+        self.probe.as_ref().and_then(|p| p.medians())
+    }
+
+    /// Whether this one-token step may take the compiled graph; the probe's timing.
+    fn compiled_turn(&mut self) -> bool {
+        let Some(probe) = self.probe.as_mut() else {
+            return true;
+        };
+        let path = probe.next(std::time::Instant::now());
+        if probe.decided() == Some(probe::Path::Eager) {
+            if let Some(c) = self.compiled.take() {
+                // Dropping the compiled step frees its graphs; the probe stays as the record.
+                self.compiled_before += c.steps;
+            }
+        }
+        path == probe::Path::Compiled
     }
 
     fn eval_caches(&self) -> Result<(), Exception> {
@@ -167,7 +205,8 @@ impl<'m> Session<'m> {
     /// Feeds a token id that is still an MLX array (shape [1], e.g. a lazy sample) and
     /// returns the logits of its position, [1, vocab].
     pub fn step_array(&mut self, token: &Array) -> Result<Array, Exception> {
-        if let Some(compiled) = self.compiled.as_mut() {
+        let compiled_turn = self.compiled.is_some() && self.compiled_turn();
+        if let Some(compiled) = self.compiled.as_mut().filter(|_| compiled_turn) {
             if let Some(logits) = compiled.try_step(token, &mut self.caches)? {
                 self.quantize_due()?;
                 return Ok(logits);

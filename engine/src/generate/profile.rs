@@ -5,7 +5,9 @@
 //! waiting for the current id (`wait`); per thread, CPU time from
 //! `/proc/self/task/*/schedstat` (ns on a CPU, independent of what else the machine runs).
 //! One JSON line on stderr when the loop ends. `ENGINE_DECODE_DOT=FILE` also writes the
-//! graph of the 9th queued step (mlx-c's `mlx_export_to_dot`) and counts its primitives.
+//! graph of the 9th queued step (`ENGINE_DECODE_DOT_STEP=N`: the Nth; by default steps 1–16
+//! are compiled and 17–32 eager while the session times both, `probe.rs`) with mlx-c's
+//! `mlx_export_to_dot` and counts its primitives. The line also gives the probe's choice.
 //! Off (the default), each hook is one branch on a cached flag.
 
 use std::collections::HashMap;
@@ -82,6 +84,8 @@ pub struct Profile {
     /// percentiles what a step takes when nothing else on the machine interferes.
     marks: Vec<Instant>,
     mono0: i64,
+    /// The compile probe's choice and its median eager / compiled intervals (µs).
+    choice: Option<(&'static str, f64, f64)>,
 }
 
 impl Profile {
@@ -96,7 +100,18 @@ impl Profile {
             builds: Vec::new(),
             marks: Vec::new(),
             mono0: monotonic_ns(),
+            choice: None,
         })
+    }
+
+    /// Records the compile probe's choice (once it has one).
+    pub fn choice(&mut self, path: super::probe::Path, eager: Duration, compiled: Duration) {
+        let name = match path {
+            super::probe::Path::Eager => "eager",
+            super::probe::Path::Compiled => "compiled",
+        };
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        self.choice = Some((name, us(eager), us(compiled)));
     }
 
     pub fn add(&mut self, phase: Phase, since: Instant) {
@@ -111,7 +126,14 @@ impl Profile {
     pub fn step(&mut self, outputs: &[&Array]) {
         self.steps += 1;
         self.marks.push(Instant::now());
-        if self.steps == 9 {
+        static DOT_STEP: OnceLock<usize> = OnceLock::new();
+        let dot_step = *DOT_STEP.get_or_init(|| {
+            std::env::var("ENGINE_DECODE_DOT_STEP")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(9)
+        });
+        if self.steps == dot_step {
             if let Some(path) = std::env::var_os("ENGINE_DECODE_DOT") {
                 self.primitives = export_dot(std::path::Path::new(&path), outputs);
             }
@@ -160,6 +182,9 @@ impl Profile {
             "other_threads_cpu_us": others.iter().sum::<f64>(),
             "step_graph_primitives": self.primitives,
             "window_mono_ns": [self.mono0, monotonic_ns()],
+            "compile_choice": self.choice.map(|c| c.0),
+            "probe_median_eager_us": self.choice.map(|c| c.1),
+            "probe_median_compiled_us": self.choice.map(|c| c.2),
         })
     }
 }
