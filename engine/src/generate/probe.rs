@@ -7,8 +7,8 @@
 //! attends over a bounded prefix with masked positions and retraces at each new bound. On
 //! this CPU backend that wins where dispatch dominates (bench `tiny`: compiled 1.04–1.09× of
 //! eager) and loses where the step is one long stream of GEMMs with the host already hidden
-//! (`small`: 0.98×); on a GPU the host side dominates. No static rule fits every backend and
-//! model size; a few steps of each path do.
+//! (`small`: 0.98×); on a GPU the host side is expected to dominate (not measured here). No
+//! static rule fits every backend and model size; a few steps of each path do.
 //!
 //! The steps are timed from one one-token call to the next, which in the pipelined loop is
 //! one step of throughput. The first [`SKIP`] intervals of each phase are dropped: they
