@@ -58,7 +58,7 @@ pub struct Args {
     #[arg(long)]
     no_peer: bool,
     /// Also measure the engine with the compiled decode step off (stack "engine-eager"),
-    /// to show what compiling gains.
+    /// to show what the default (compiled where its first steps measured faster) gains.
     #[arg(long)]
     compare_compile: bool,
     /// Also measure the L2 and L3 presets ("engine-l2", "engine-l3": quantized KV from the
