@@ -114,9 +114,10 @@ pub fn render(rows: &[Row]) -> String {
 /// RESULTS.md as `harness promote` on `machine` writes it: that machine's section rendered
 /// from its rows of `rows`, with the table rows, plot links and subsections of its committed
 /// section that the rendering lacks carried over (`carry`: a new machine's DB starts empty),
-/// every other machine's section of `existing` (the current RESULTS.md) kept byte for byte. Rows of other machines are not used (this DB holds only
-/// part of their history); with no promotable row of `machine`, its existing section stays
-/// too. Returns the text and how many rows it was rendered from.
+/// every other machine's section of `existing` (the current RESULTS.md) kept byte for byte.
+/// Rows of other machines are not used (this DB holds only part of their history); with no
+/// promotable row of `machine`, its existing section stays too. Returns the text and how
+/// many rows it was rendered from.
 pub fn merge(existing: Option<&str>, machine: &str, rows: &[Row]) -> (String, usize) {
     let mut sections = existing.map(sections).unwrap_or_default();
     let mine: Vec<Row> = rows

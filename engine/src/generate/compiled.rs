@@ -185,6 +185,16 @@ impl CompiledDecode {
     }
 }
 
+/// Whether caches of these kinds can ever take the compiled step: linear `KvCache`s and,
+/// with `rings`, rotating ones (room, quantization and ring state are checked per step, in
+/// `step_args`).
+pub fn takes_kinds(caches: &mut [Box<dyn Cache>], rings: bool) -> bool {
+    caches.iter_mut().all(|c| {
+        let any = c.as_any_mut();
+        any.is::<KvCache>() || (rings && any.is::<RotatingKvCache>())
+    })
+}
+
 /// The layout, the compiled step's arguments and each cache's ring slot (None: linear),
 /// or None when some cache cannot take this step compiled (or the positions disagree).
 fn step_args(token: &Array, caches: &mut [Box<dyn Cache>], rings: bool) -> Option<StepArgs> {

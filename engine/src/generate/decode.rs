@@ -179,10 +179,12 @@ impl Plain {
         if let Some(p) = self.profile.as_mut() {
             p.add(Phase::Build, t);
             p.step(&[&next.0, &next.1]);
-            if let (Some(path), Some((eager, compiled))) =
-                (session.compile_choice(), session.compile_probe_medians())
-            {
-                p.choice(path, eager, compiled);
+            if !p.has_choice() {
+                if let (Some(path), Some((eager, compiled))) =
+                    (session.compile_choice(), session.compile_probe_medians())
+                {
+                    p.choice(path, eager, compiled);
+                }
             }
         }
         let t = Instant::now();

@@ -128,13 +128,11 @@ impl<'m> Session<'m> {
         // A rank of a group runs eagerly, as mlx-lm's sharded models do: a compiled step
         // would trace the collectives into the graph, which is untried (and not mlx-lm's path).
         let on = on && !crate::dist::active();
-        // Rotating caches take the compiled step only when forced (compiled.rs): otherwise
+        // Caches the compiled step never takes (rotating ones unless forced) build none:
         // every step would try it and fall back, and the probe would time eager against eager.
         let mut caches = caches;
-        let rings = caches
-            .iter_mut()
-            .any(|c| c.as_any_mut().is::<crate::cache::RotatingKvCache>());
-        let on = on && (opts.compile == CompileDecode::Always || !rings);
+        let forced = opts.compile == CompileDecode::Always;
+        let on = on && compiled::takes_kinds(&mut caches, forced);
         Session {
             // SAFETY: the compiled step lives in this session, which borrows `model` for 'm.
             compiled: on.then(|| unsafe {

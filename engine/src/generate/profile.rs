@@ -104,6 +104,11 @@ impl Profile {
         })
     }
 
+    /// Whether the compile probe's choice is recorded.
+    pub fn has_choice(&self) -> bool {
+        self.choice.is_some()
+    }
+
     /// Records the compile probe's choice (once it has one).
     pub fn choice(&mut self, path: super::probe::Path, eager: Duration, compiled: Duration) {
         let name = match path {
