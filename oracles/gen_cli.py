@@ -5,7 +5,7 @@
 Each case runs `python -m mlx_lm generate --model M ARGS...` (verbose, greedy) in a
 subprocess and records the response text (between the two `==========` lines) and the
 prompt token count from its footer. The models are goldens/models/tiny-llama-trained and
-two derived copies that engine/tests/cli.rs rebuilds the same way from the recipe stored
+two derived copies that engine/tests/it/cli.rs rebuilds the same way from the recipe stored
 in the golden ("derived"):
 
 - `kwargs`: the chat template moved to chat_template.jinja (chat_template dropped from

@@ -1,5 +1,5 @@
 """JSON Schemas of the Responses API's shapes, taken from the official `openai` Python
-client's pydantic models, as goldens for engine/tests/responses.rs (which validates our
+client's pydantic models, as goldens for engine/tests/it/responses.rs (which validates our
 `/v1/responses` answers and every streamed event with the `jsonschema` crate, no Python).
 
     oracles/.venv/bin/python oracles/gen_responses_schema.py [--out goldens/serve]

@@ -22,167 +22,167 @@
 pub enum Defect {
     /// Speculative decoding: the drafter keeps the drafts it fed beyond the accepted
     /// prefix (its cache is not rolled back; same ids, different trace). Caught by the
-    /// speculative gate against mlx-lm (`tests/spec_decode.rs`).
+    /// speculative gate against mlx-lm (`tests/it/spec_decode.rs`).
     SpecKeepDraftTail,
     /// Speculative decoding: the target gives back one token fewer than it rejected.
-    /// Caught by `tests/spec_decode.rs` and by the greedy comparison of
-    /// `engine/tests/speculative.rs`.
+    /// Caught by `tests/it/spec_decode.rs` and by the greedy comparison of
+    /// `engine/tests/it/speculative.rs`.
     SpecTargetTrimShort,
     /// Chat templates: `tojson` HTML-escapes `<`, `>`, `&` and `'` as Jinja's own filter
-    /// does (transformers' does not). Caught by the template gate (`tests/templates.rs`).
+    /// does (transformers' does not). Caught by the template gate (`tests/it/templates.rs`).
     TemplateTojsonEscapesHtml,
     /// Chat templates: the template kwargs (`enable_thinking`, …) never reach the template.
-    /// Caught by the template gate (`tests/templates.rs`).
+    /// Caught by the template gate (`tests/it/templates.rs`).
     TemplateKwargsDropped,
     /// Assistant drafting: rotating caches roll back as mlx-lm's `trim` does (the write
     /// index moves, the stale tail stays). Caught by the L2 speculative gate against optiq
-    /// (`tests/spec_l2.rs`).
+    /// (`tests/it/spec_l2.rs`).
     AssistantRingTrimLikeMlxLm,
     /// Assistant drafting: the drafter reads the first sliding cache instead of the last
-    /// one. Caught by `tests/spec_l2.rs`.
+    /// one. Caught by `tests/it/spec_l2.rs`.
     AssistantFirstSlidingDonor,
     /// Assistant drafting: the drafter's head is chosen by the config flags (as optiq 0.7.7
     /// does), not by the tensors. Caught by the head rows of the L2 speculative gate
-    /// (`tests/spec_l2.rs`, the drafters whose flags lie).
+    /// (`tests/it/spec_l2.rs`, the drafters whose flags lie).
     AssistantHeadFromFlags,
     /// Assistant drafting: the centroid head expands one centroid fewer than its top-k.
-    /// Caught by the centroid row of `tests/spec_l2.rs`.
+    /// Caught by the centroid row of `tests/it/spec_l2.rs`.
     AssistantCentroidTopKShort,
     /// The L3 one-token decode attention over quantized KV leaves the newest position out
-    /// of attention. Caught by the L3 envelope gate (`tests/l3_envelope.rs`,
+    /// of attention. Caught by the L3 envelope gate (`tests/it/l3_envelope.rs`,
     /// `harness parity --tier l3 --plant perf-path`).
     PerfDecodeDropsNewest,
     /// The batch cache's mask forgets the left padding (rows attend to pad positions).
-    /// Caught by the B=N batch gate (`tests/batch_decode.rs`).
+    /// Caught by the B=N batch gate (`tests/it/batch_decode.rs`).
     BatchUnmaskedPadding,
     /// The batched sliding-window cache's mask is not rolled with the ring once it has
     /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
-    /// sliding-window model (`tests/batch_decode.rs`).
+    /// sliding-window model (`tests/it/batch_decode.rs`).
     BatchRingMaskUnrolled,
     /// The quantized batch cache writes new positions' biases as zeros. Caught by the B=N
-    /// gate over quantized KV (`tests/batch_decode.rs`, gate `batch-kv4`).
+    /// gate over quantized KV (`tests/it/batch_decode.rs`, gate `batch-kv4`).
     BatchKvBiasesDropped,
     /// The segmented backward drops the cotangent between segments (each segment's
-    /// backward starts from zeros). Caught by `engine/tests/segmented.rs`.
+    /// backward starts from zeros). Caught by `engine/tests/it/segmented.rs`.
     DropCotangent,
     /// The segmented backward drops the cotangent of the donor K/V carried across segment
     /// boundaries (Gemma 4's KV-shared layers' part never reaches the donor's segment).
-    /// Caught by `engine/tests/segmented.rs` on tiny-gemma4.
+    /// Caught by `engine/tests/it/segmented.rs` on tiny-gemma4.
     DropCarriedKvCotangent,
     /// ORPO: the NLL term is each pair's token mean, then the mean over pairs (not TRL's
     /// one cross-entropy over the chosen half of the batch). Caught by the B = 4
-    /// unequal-length ORPO gate (`engine/tests/train.rs`, both scopes).
+    /// unequal-length ORPO gate (`engine/tests/it/train.rs`, both scopes).
     OrpoNllPerPairMean,
     /// ORPO's prefix-shared forward: the continuation reads the shared prefix's K/V with
     /// their gradient stopped (the prompt's forward learns nothing from the responses).
-    /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/orpo_prefix.rs`).
+    /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/it/orpo_prefix.rs`).
     OrpoPrefixKvNoGrad,
     /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
-    /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/orpo_prefix.rs`).
+    /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/it/orpo_prefix.rs`).
     OrpoRejectedSkipsPrefix,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
-    /// asked for special tokens). Caught by the tokenization gate (`tests/tokenize.rs`).
+    /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
     /// SentencePiece streaming detokenizer: the stream's leading space is kept where
     /// mlx-lm trims it. Caught by the detokenizer gate on the real tokenizers
-    /// (`tests/detok.rs`).
+    /// (`tests/it/detok.rs`).
     SpmKeepsLeadingSpace,
     /// Greedy decoding takes the argmax over the first 65 536 ids only (a u16 id, say):
     /// invisible at tiny vocabularies, caught by the L1 gate at real vocabulary sizes
-    /// (`tests/l1_vocab.rs`).
+    /// (`tests/it/l1_vocab.rs`).
     GreedyFirst64k,
     /// Serve: a tool call's start marker stays in the content beside the parsed call.
-    /// Caught by `engine/tests/serve_tools.rs`.
+    /// Caught by `engine/tests/it/serve_tools.rs`.
     ToolCallTextInContent,
     /// Serve: an answer that made a tool call ends with `finish_reason: "stop"`, not
-    /// `"tool_calls"`. Caught by `engine/tests/serve_tools.rs`.
+    /// `"tool_calls"`. Caught by `engine/tests/it/serve_tools.rs`.
     ToolCallFinishStaysStop,
     /// Serve: reasoning text goes to the content instead of `reasoning`. Caught by
-    /// `engine/tests/serve_tools.rs`.
+    /// `engine/tests/it/serve_tools.rs`.
     ReasoningInContent,
     /// Serve, /v1/responses: `usage.output_tokens` is written as `completion_tokens` (the
     /// chat name). Caught by the shape gate against the openai client's schemas
-    /// (`engine/tests/responses.rs`).
+    /// (`engine/tests/it/responses.rs`).
     ResponsesUsageMisnamed,
     /// Serve, /v1/responses: `previous_response_id` is looked up but its conversation is
-    /// dropped from the prompt. Caught by the multi-turn gate (`engine/tests/responses.rs`).
+    /// dropped from the prompt. Caught by the multi-turn gate (`engine/tests/it/responses.rs`).
     ResponsesPreviousDropped,
     /// Serve, /v1/responses: `function_call_output` input items are skipped. Caught by the
-    /// tool gate (`engine/tests/responses.rs`).
+    /// tool gate (`engine/tests/it/responses.rs`).
     ResponsesToolOutputDropped,
     /// Serve, /v1/responses: `text.format` never reaches the grammar (answers are not
-    /// constrained). Caught by the structured-output gate (`engine/tests/responses.rs`).
+    /// constrained). Caught by the structured-output gate (`engine/tests/it/responses.rs`).
     ResponsesFormatIgnored,
     /// Serve, /v1/responses: `metadata` is echoed unchecked (no bounds, any value type).
-    /// Caught by the hostile-input gate (`engine/tests/responses.rs`).
+    /// Caught by the hostile-input gate (`engine/tests/it/responses.rs`).
     ResponsesMetadataUnchecked,
     /// Mixture of experts: the router keeps the experts ranked 2..=k+1 instead of the top k
     /// (its top-k slice off by one). Caught by the L1 gate on tiny-qwen3-moe
-    /// (`tests/l1_models.rs`).
+    /// (`tests/it/l1_models.rs`).
     MoeTopKOffByOne,
     /// Multimodal wrappers (`gemma3`, `gemma4`): the language model's prefix is kept in the
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
-    /// by the L1 gate on the wrapper fixtures (`tests/l1_models.rs`).
+    /// by the L1 gate on the wrapper fixtures (`tests/it/l1_models.rs`).
     WrapperPrefixKept,
     /// `engine convert`: the norms keep the source dtype when the weights are cast. Caught
-    /// by the convert gate against mlx_lm.convert (`engine/tests/convert.rs`).
+    /// by the convert gate against mlx_lm.convert (`engine/tests/it/convert.rs`).
     ConvertNormsKeepDtype,
     /// Quantization modes: a floating-point mode's (mxfp4, nvfp4, mxfp8) quantized
     /// embedding dequantizes its rows to float32 instead of MLX's bfloat16 default, so the
     /// model runs in float32. Caught by the L1 gate on the mode fixtures
-    /// (`tests/l1_models.rs`).
+    /// (`tests/it/l1_models.rs`).
     QuantFpRowsFloat32,
     /// Quantization modes: a per-module `quantization` entry without a `mode` takes the
     /// global mode instead of affine (mlx-lm's `to_quantized` default). Caught by the L1
     /// gate on tiny-llama-mixed-modes and tiny-qwen3-moe-mxfp4, which then fail to load
-    /// (`tests/l1_models.rs`).
+    /// (`tests/it/l1_models.rs`).
     QuantEntryTakesGlobalMode,
     /// LoRA on stacked experts (`LoRASwitchLinear`): the update is scaled twice. Caught by
-    /// the LoRA training gate on the MoE fixtures (`tests/train_lora.rs`).
+    /// the LoRA training gate on the MoE fixtures (`tests/it/train_lora.rs`).
     SwitchLoraScaleTwice,
     /// gpt-oss: the attention sinks never reach the SDPA (every head's softmax loses its
-    /// sink column). Caught by the L1 gate on tiny-gpt-oss (`tests/l1_models.rs`).
+    /// sink column). Caught by the L1 gate on tiny-gpt-oss (`tests/it/l1_models.rs`).
     GptOssSinksDropped,
     /// Gemma 4's mixture of experts: the router's weights skip `per_expert_scale` (the
     /// softmax over the top k as it is). Caught by the L1 gate on tiny-gemma4-moe
-    /// (`tests/l1_models.rs`).
+    /// (`tests/it/l1_models.rs`).
     Gemma4PerExpertScaleDropped,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
-    /// (`harness/tests/l1_dist.rs`).
+    /// (`harness/tests/it/l1_dist.rs`).
     DistShardWrongRank,
     /// Tensor parallel: the row-split linears skip their `all_sum`. Caught by the
     /// distributed L1 gate.
     DistReduceDropped,
     /// The L3 one-token decode attention dequantizes the values without their affine
-    /// biases. Caught by the L3 KL gate (`tests/l3_kl.rs`).
+    /// biases. Caught by the L3 KL gate (`tests/it/l3_kl.rs`).
     PerfDequantValueBiasesDropped,
     /// `harness eval`: the perplexity's mean loss is taken on the host in f64 instead of
-    /// MLX's f32 mean. Caught by the L1 perplexity golden (`tests/l3_kl.rs`).
+    /// MLX's f32 mean. Caught by the L1 perplexity golden (`tests/it/l3_kl.rs`).
     EvalMeanOnHost,
     /// Prompt lookup: the drafts are copied from one position past the match, and the
     /// verify pass accepts every draft unchecked. Caught by the prompt-lookup trace gate
-    /// (`engine/tests/lookup.rs`).
+    /// (`engine/tests/it/lookup.rs`).
     LookupWrongOffsetUnverified,
     /// Constrained decoding: the grammar's token mask is never applied (the logits go to
-    /// the sampler as they are). Caught by the schema gate (`engine/tests/constrained.rs`).
+    /// the sampler as they are). Caught by the schema gate (`engine/tests/it/constrained.rs`).
     ConstrainMaskNotApplied,
     /// Constrained decoding: the mask is written one id too high (id i's verdict lands on
-    /// id i + 1). Caught by the exactness gate (`engine/tests/constrained.rs`).
+    /// id i + 1). Caught by the exactness gate (`engine/tests/it/constrained.rs`).
     ConstrainMaskOffByOne,
     /// Strict tools: the request's strict tool schemas are dropped (no grammar; the model's
-    /// tool calls go unconstrained). Caught by `engine/tests/constrained_tools.rs`.
+    /// tool calls go unconstrained). Caught by `engine/tests/it/constrained_tools.rs`.
     StrictToolsUnconstrained,
     /// Constrained speculation: the drafts are not checked against the grammar's mask and
     /// the verify rows after the first go unmasked. Caught by the drafts-under-the-mask
-    /// gate (`engine/tests/constrained.rs`).
+    /// gate (`engine/tests/it/constrained.rs`).
     SpecDraftsUnmasked,
     /// A distributed follower builds its sampler without the request's grammar. Caught by
-    /// the constrained answer across ranks (`engine/tests/dist/serve.rs`).
+    /// the constrained answer across ranks (`engine/tests/it/dist/serve.rs`).
     FollowerUnconstrained,
     /// The compiled decode step's attention bound is the offset rounded up, not the
     /// offset + 1 (the new token's own position is left out whenever the offset is a
-    /// multiple of the bound step). Caught by `engine/tests/compiled_decode.rs`.
+    /// multiple of the bound step). Caught by `engine/tests/it/compiled_decode.rs`.
     CompiledBoundShort,
 }
 
@@ -285,7 +285,7 @@ pub fn on(_defect: Defect) -> Result<Planted, NotCompiledIn> {
 
 /// Test builds only: switches on, for the life of the process, the defects named in
 /// `ENGINE_PLANT=Name[,Name…]`, so that a gate can show it fails against a server process
-/// that carries one (engine/tests/serve_tools.rs). Only the defects a process-level gate
+/// that carries one (engine/tests/it/serve_tools.rs). Only the defects a process-level gate
 /// needs have names here.
 #[cfg(feature = "plant")]
 pub fn on_from_env() -> Result<(), String> {

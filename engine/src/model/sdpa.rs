@@ -97,7 +97,7 @@ fn dequant_decode(
         )
     };
     let values = match crate::plant::is(crate::plant::Defect::PerfDequantValueBiasesDropped) {
-        // Planted (tests/l3_kl.rs): the values dequantized without their affine biases.
+        // Planted (tests/it/l3_kl.rs): the values dequantized without their affine biases.
         true => mlx_rs::ops::dequantize(
             &values.packed,
             &values.scales,

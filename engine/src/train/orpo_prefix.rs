@@ -12,7 +12,7 @@
 //! same ops per row, on matmuls and reductions of other shapes (measured bit-identical).
 //! The gradients differ by rounding only: the joint forward backpropagates chosen and
 //! rejected rows apart and sums their parameter gradients, this one sums their cotangents
-//! at the prefix first. Gated against the joint path in `engine/tests/orpo_prefix.rs`: in
+//! at the prefix first. Gated against the joint path in `engine/tests/it/orpo_prefix.rs`: in
 //! f32 within reassociation, in bf16 as close to the exact gradients as the joint path.
 
 use mlx_rs::error::Exception;
@@ -44,7 +44,7 @@ pub enum OrpoForward {
     /// (what segmented runs and pairs without a shared prefix take).
     Joint,
     /// The default: the shared prefix once per pair, then the 2B continuation rows on its
-    /// K/V. The same losses, gradients equal up to rounding (engine/tests/orpo_prefix.rs),
+    /// K/V. The same losses, gradients equal up to rounding (engine/tests/it/orpo_prefix.rs),
     /// less memory and time (docs/training.md).
     #[default]
     PrefixShared,

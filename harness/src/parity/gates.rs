@@ -247,8 +247,8 @@ pub struct Registered {
 /// and the drafters) first, then each gate's goldens. The l3 goldens are frozen from our
 /// own engine (`harness freeze-perf-oracle`), so they are not regenerated from here.
 /// Goldens an oracle script writes that no parity gate reads: the tool-calling model of the
-/// serve tests and `harness serve-diff` (engine/tests/serve_tools.rs), and the CLI gate's
-/// mlx_lm.generate transcripts (engine/tests/cli.rs).
+/// serve tests and `harness serve-diff` (engine/tests/it/serve_tools.rs), and the CLI gate's
+/// mlx_lm.generate transcripts (engine/tests/it/cli.rs).
 #[allow(clippy::type_complexity)]
 const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     (
@@ -257,14 +257,14 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
         &["tiny-qwen3-tools"],
     ),
     ("cli", "gen_cli.py", &[]),
-    // engine convert's gate (engine/tests/convert.rs): mlx_lm.convert's output hashes, and
+    // engine convert's gate (engine/tests/it/convert.rs): mlx_lm.convert's output hashes, and
     // the Hugging Face layout source it converts.
     ("convert", "gen_convert.py", &[]),
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
 ];
 
 /// The distributed L1 gate's goldens by mode (tp, pp): multi-process (two ring ranks per
-/// check, harness/tests/l1_dist.rs), so not a row of the in-process table. Made by
+/// check, harness/tests/it/l1_dist.rs), so not a row of the in-process table. Made by
 /// oracles/gen_l1_dist.py under mlx.launch on 2 ranks.
 pub const L1_DIST: [(&str, &[&str]); 2] = [
     (

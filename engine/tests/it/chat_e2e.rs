@@ -1,0 +1,320 @@
+//! The chat page end to end in headless Chromium (Debian's `chromium`, or $CHROMIUM;
+//! `scripts/test.sh` installs it), driven over the DevTools protocol (headless_chrome).
+//!
+//! Live: an `engine serve` on the trained tiny model, the page loaded with a first message
+//! in its link (#/chat?q=…); the page's own JavaScript sends it and streams the answer.
+//! The test waits for the page to mark the answer finished (a DOM condition, with a
+//! timeout), then for the server's counters to show one completed chat request with
+//! tokens, and saves a screenshot of the finished exchange (target/e2e/chat.png).
+//! Planted: a page that posts to a wrong path must fail the same checks.
+//!
+//! Canned (chat_e2e/canned.rs, chat_e2e/stream.rs): the page from the same server, its
+//! chat requests answered by the test with what real models stream (reasoning, markdown
+//! with code and HTML payloads, tool calls in pieces), the DOM checked: Thinking section,
+//! code blocks, HTML shown as text and never run, tool call blocks, the settings sent,
+//! copy, regenerate, the history, settings kept across a reload. Each check has a
+//! planted page (the served page with one edit) that must fail it.
+
+use headless_chrome::protocol::cdp::Page;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::common;
+use common::server::{serve_model, stats};
+
+mod browser;
+mod canned;
+mod markdown;
+mod stream;
+
+use browser::{e2e_dir, launch, Plant};
+
+/// How long the page may take to finish its answer (the tiny model needs well under 1 s).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// What a finished page shows: its answer text and the server's counters.
+struct Finished {
+    answer: String,
+    stats: serde_json::Value,
+}
+
+/// Loads the chat page with a first message, waits until the page marks its answer done,
+/// checks it, saves a screenshot at `shot`. `plant_wrong_path` makes the page post its chat
+/// request to a path the server does not serve (the planted defect).
+fn run_page(plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
+    let e = |e: &dyn std::fmt::Display| e.to_string();
+    let server = serve_model("tiny-llama-trained", &["--no-open"]);
+    let browser = launch((900, 500))?;
+    let tab = browser.new_tab().map_err(|x| e(&x))?;
+    if plant_wrong_path {
+        // Runs before the page's own script: every fetch of the chat endpoint goes astray.
+        tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
+            source: r#"const realFetch = window.fetch;
+window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/chat/complete" : url, init);"#
+                .into(),
+            world_name: None,
+            include_command_line_api: None,
+            run_immediately: None,
+        })
+        .map_err(|x| e(&x))?;
+    }
+    let url = format!(
+        "http://127.0.0.1:{}/#/chat?q=What%20color%20is%20the%20sky%3F",
+        server.port
+    );
+    tab.navigate_to(&url)
+        .and_then(|t| t.wait_until_navigated())
+        .map_err(|x| format!("loading {url}: {x}"))?;
+    // The page sets data-done on the assistant's message once its request has ended
+    // (answer complete, error or abort) and drops data-streaming.
+    let done = tab
+        .wait_for_element_with_custom_timeout(".msg.assistant[data-done]", ANSWER_TIMEOUT)
+        .map_err(|x| {
+            let html = tab.get_content().unwrap_or_default();
+            format!(
+                "the page did not finish its answer within {ANSWER_TIMEOUT:?} ({x}); page: {html}"
+            )
+        })?;
+    let answer = done.get_inner_text().map_err(|x| e(&x))?;
+    let class = done
+        .get_attribute_value("class")
+        .map_err(|x| e(&x))?
+        .unwrap_or_default();
+    let shot_png = tab
+        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
+        .map_err(|x| e(&x))?;
+    std::fs::write(shot, &shot_png).map_err(|x| e(&x))?;
+    if class.split(' ').any(|c| c == "error") {
+        return Err(format!("the page's answer is an error: {answer}"));
+    }
+    if answer.trim().is_empty() {
+        return Err("the page finished with an empty answer".into());
+    }
+    // The server counts a request completed just after its last token went out (it stores
+    // the prompt-cache entry first), so the page can finish before the counter moves.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let stats = loop {
+        let stats = stats(server.port);
+        if stats["completed"] == 1 {
+            break stats;
+        }
+        if Instant::now() > deadline {
+            return Err(format!("the page's chat request did not complete: {stats}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if stats["completion_tokens"].as_u64().unwrap_or(0) < 3 {
+        return Err(format!("too few tokens streamed: {stats}"));
+    }
+    Ok(Finished { answer, stats })
+}
+
+#[test]
+fn the_chat_page_streams_an_answer_in_chromium() {
+    let shot = e2e_dir().join("chat.png");
+    let _ = std::fs::remove_file(&shot);
+    let done = run_page(false, &shot).unwrap_or_else(|e| panic!("{e}"));
+    println!("the page's answer: {:?}", done.answer);
+    println!("server after the page's request: {}", done.stats);
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 5_000,
+        "screenshot missing or blank"
+    );
+    println!("screenshot: {}", shot.display());
+}
+
+#[test]
+fn a_page_posting_to_a_wrong_path_is_caught() {
+    let shot = e2e_dir().join("chat-planted.png");
+    let err = match run_page(true, &shot) {
+        Ok(done) => panic!("planted defect not caught: {:?}", done.answer),
+        Err(err) => err,
+    };
+    assert!(err.contains("is an error"), "{err}");
+    println!("caught: {err}");
+}
+
+/// Runs the canned exchange on `plant`'s page and returns its outcome; the screenshot of
+/// the first answer goes to target/e2e/`shot`.
+fn canned_outcome(plant: Option<&Plant>, shot: &str) -> canned::Outcome {
+    canned::run(plant, shot).unwrap_or_else(|e| panic!("the canned exchange did not run: {e}"))
+}
+
+#[test]
+fn the_chat_page_renders_what_real_models_stream() {
+    let out = canned_outcome(None, "chat-canned.png");
+    println!("{}", out.report());
+    assert!(out.failed.is_empty(), "{}", out.report());
+    assert_eq!(out.passed.len(), 9, "{}", out.report());
+    println!(
+        "screenshot: {}",
+        e2e_dir().join("chat-canned.png").display()
+    );
+}
+
+/// A planted page must fail `check` (others may fail too: printed); returns why it did.
+fn planted_fails(name: &str, check: &str, plant: Plant) -> String {
+    let out = canned_outcome(Some(&plant), &format!("chat-planted-{name}.png"));
+    println!("{}", out.report());
+    out.why(check).unwrap_or_else(|| {
+        panic!(
+            "planted defect ({name}) not caught by the {check} check:\n{}",
+            out.report()
+        )
+    })
+}
+
+#[test]
+fn a_page_rendering_model_html_is_caught() {
+    // What a renderer that trusts the model's markup does: text goes in as HTML.
+    let why = planted_fails(
+        "raw-html",
+        "xss",
+        Plant {
+            from: "parent.appendChild(document.createTextNode(s));",
+            to: "parent.insertAdjacentHTML(\"beforeend\", s);",
+        },
+    );
+    // The payload did run there (its image's error handler set the flag).
+    assert!(why.contains("window.__pwned is \"img\""), "{why}");
+}
+
+#[test]
+fn a_page_ignoring_reasoning_deltas_is_caught() {
+    let _ = planted_fails(
+        "no-reasoning",
+        "reasoning",
+        Plant {
+            from: "delta.reasoning != null ? delta.reasoning : delta.reasoning_content",
+            to: "delta.reasoning_content",
+        },
+    );
+}
+
+#[test]
+fn a_page_without_code_fences_is_caught() {
+    let _ = planted_fails(
+        "no-fences",
+        "markdown",
+        Plant {
+            from: "const FENCE = /^( {0,3})(`{3,}|~{3,})",
+            to: "const FENCE = /^( {0,3})(`{4,}|~{4,})",
+        },
+    );
+}
+
+#[test]
+fn a_page_keeping_only_the_last_argument_piece_is_caught() {
+    let _ = planted_fails(
+        "tool-arguments",
+        "tools",
+        Plant {
+            from: "call.arguments += f.arguments;",
+            to: "call.arguments = f.arguments;",
+        },
+    );
+}
+
+#[test]
+fn a_page_not_sending_its_settings_is_caught() {
+    let _ = planted_fails(
+        "settings-unsent",
+        "request",
+        Plant {
+            from: "{ model: modelId, messages: history, stream: true }, settings()",
+            to: "{ model: modelId, messages: history, stream: true }, {}",
+        },
+    );
+}
+
+#[test]
+fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
+    let _ = planted_fails(
+        "regenerate-keeps-answer",
+        "regenerate",
+        Plant {
+            from: "  messages.pop();\n  wrap.remove();",
+            to: "  wrap.remove();",
+        },
+    );
+}
+
+#[test]
+fn a_page_forgetting_its_settings_is_caught() {
+    let _ = planted_fails(
+        "settings-not-kept",
+        "persist",
+        Plant {
+            from: "localStorage.setItem(SETTINGS_KEY, JSON.stringify(s));",
+            to: "void s;",
+        },
+    );
+}
+
+#[test]
+fn the_thinking_section_is_open_while_streaming_and_closed_after() {
+    stream::run(None).unwrap_or_else(|e| panic!("{e}"));
+    println!(
+        "screenshot: {}",
+        e2e_dir().join("chat-stream.png").display()
+    );
+}
+
+#[test]
+fn a_thinking_section_that_never_closes_is_caught() {
+    let plant = Plant {
+        from: "view.thinking.open = false;",
+        to: "view.thinking.open = true;",
+    };
+    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    assert!(err.contains("to close once the answer starts"), "{err}");
+    println!("caught: {err}");
+}
+
+#[test]
+fn a_thinking_section_closed_while_streaming_is_caught() {
+    let plant = Plant {
+        from: "view.thinking.open = true;",
+        to: "view.thinking.open = false;",
+    };
+    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    assert!(err.contains("open while the model reasons"), "{err}");
+    println!("caught: {err}");
+}
+
+#[test]
+fn the_markdown_renderer_matches_its_table() {
+    let bad = markdown::mismatches(None).unwrap_or_else(|e| panic!("{e}"));
+    for (md, want, got) in &bad {
+        println!("{md:?}\n  want {want}\n  got  {got}");
+    }
+    assert!(
+        bad.is_empty(),
+        "{} of {} cases differ",
+        bad.len(),
+        markdown::CASES.len()
+    );
+    println!("{} cases rendered as expected", markdown::CASES.len());
+}
+
+#[test]
+fn a_renderer_linking_any_scheme_is_caught() {
+    let plant = Plant {
+        // A renderer that links whatever URL the model writes.
+        from: r#"if (!/^https?:\/\//i.test(raw)) return null;
+  try {
+    const u = new URL(raw);
+    return u.protocol === "http:" || u.protocol === "https:" ? u.href : null;"#,
+        to: r#"try {
+    const u = new URL(raw);
+    return u.href;"#,
+    };
+    let bad = markdown::mismatches(Some(&plant)).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        bad.iter()
+            .any(|(md, _, got)| md.contains("javascript:") && got.contains("href=\"javascript:")),
+        "planted defect not caught: {bad:?}"
+    );
+    println!("caught: {bad:?}");
+}

@@ -1,0 +1,164 @@
+//! The compiled decode step against the eager one: identical logits, bit for bit, on every
+//! step where it is enabled; proof that it actually ran; and planted defects that the same
+//! comparison catches (forcing it onto an f32 model, where CPU compilation changes SDPA
+//! rounding; an attention bound one position short).
+
+use crate::common;
+
+use common::model;
+
+use engine::generate::probe::{Path, PHASE};
+use engine::generate::{CompileDecode, Session};
+use engine::plant::{self, Defect};
+use mlx_rs::Array;
+
+fn bytes(a: &Array) -> Vec<u8> {
+    let a = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    a.eval().unwrap();
+    a.as_slice::<f32>()
+        .iter()
+        .flat_map(|x| x.to_le_bytes())
+        .collect()
+}
+
+/// Runs prefill + `steps` greedy steps; returns every logit vector and the compiled count.
+fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>, usize) {
+    let prompt: Vec<u32> = vec![1, 346, 403, 276, 22, 207];
+    let (out, compiled, _) = trajectory_from(name, policy, &prompt, steps);
+    (out, compiled)
+}
+
+/// `trajectory` after `prompt`, also giving the compile probe's choice.
+fn trajectory_from(
+    name: &str,
+    policy: CompileDecode,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<Vec<u8>>, usize, Option<Path>) {
+    let m = model(name);
+    let mut s = Session::with_compile(m.as_ref(), policy);
+    let mut logits = s.prefill(prompt).unwrap();
+    let mut out = vec![bytes(&logits)];
+    for _ in 0..steps {
+        let id = engine::generate::greedy(&logits).unwrap();
+        logits = s.step(&[id]).unwrap();
+        out.push(bytes(&logits));
+    }
+    let compiled = s.compiled_steps();
+    (out, compiled, s.compile_choice())
+}
+
+#[test]
+fn compiled_decode_is_bit_exact_with_eager_and_actually_runs() {
+    // Prompt 6, 300 steps: the attention bound (offset + 1 rounded up to 128) is 128, then
+    // 256; past 256 positions the KV buffers grow once (to 512) and the bound is 384. Each
+    // bound is a graph of its own, every one compared with eager here.
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4", "tiny-llama"] {
+        let (eager, none) = trajectory(name, CompileDecode::Off, 300);
+        let (compiled, ran) = trajectory(name, CompileDecode::WhereExact, 300);
+        assert_eq!(none, 0);
+        assert!(ran >= 299, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&compiled).position(|(a, b)| a != b);
+        assert_eq!(
+            first_diff, None,
+            "{name}: compiled logits differ from eager"
+        );
+    }
+}
+
+#[test]
+fn f32_and_f16_models_decode_eagerly_by_default() {
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (_, ran) = trajectory(name, CompileDecode::WhereExact, 5);
+        assert_eq!(ran, 0, "{name}");
+    }
+}
+
+/// Planted defect: forcing the compiled step onto an f32 or f16 model changes the numbers
+/// (measured), and the comparison above catches it.
+#[test]
+fn forcing_compile_on_f32_and_f16_models_is_caught() {
+    for (name, steps) in [("tiny-qwen3", 8), ("tiny-qwen2", 120)] {
+        let (eager, _) = trajectory(name, CompileDecode::Off, steps);
+        let (forced, ran) = trajectory(name, CompileDecode::Always, steps);
+        assert!(ran > 0);
+        assert!(
+            eager.iter().zip(&forced).any(|(a, b)| a != b),
+            "{name}: forced compile unexpectedly exact"
+        );
+    }
+}
+
+/// Sliding-window models stay eager by default: compiling their rings was measured not
+/// exact (the L1 goldens of tiny-gemma4 and tiny-gemma3 diverge late in one case each).
+#[test]
+fn ring_models_decode_eagerly_by_default() {
+    for name in ["tiny-gemma4", "tiny-gemma3"] {
+        let (_, ran) = trajectory(name, CompileDecode::WhereExact, 12);
+        assert_eq!(ran, 0, "{name}");
+    }
+}
+
+/// Forced, a full ring (window 8 here, prompt 6) is written at its slot inside the compiled
+/// graph: two eager steps while the rings grow to the window, then compiled.
+#[test]
+fn forcing_compile_runs_full_rings_in_the_graph() {
+    let (eager, _) = trajectory("tiny-gemma4", CompileDecode::Off, 40);
+    let (forced, ran) = trajectory("tiny-gemma4", CompileDecode::Always, 40);
+    assert!(ran >= 37, "only {ran} compiled steps");
+    let first_diff = eager.iter().zip(&forced).position(|(a, b)| a != b);
+    println!("tiny-gemma4 forced compile: first differing logit vector {first_diff:?}");
+}
+
+/// Planted defect: the attention bound rounds the offset up instead of the offset + 1, so
+/// the step at offset 128 (prompt 6: the 123rd step, logit vector 123) attends without its
+/// own token. The bit-exact comparison must fail there, and only from there.
+#[test]
+fn an_attention_bound_one_short_is_caught() {
+    let name = "tiny-llama-trained";
+    let (eager, _) = trajectory(name, CompileDecode::Off, 130);
+    let _on = plant::on(Defect::CompiledBoundShort).unwrap();
+    let (short, ran) = trajectory(name, CompileDecode::WhereExact, 130);
+    assert!(ran >= 129, "only {ran} compiled steps");
+    let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
+    println!("planted CompiledBoundShort: first differing logit vector {first_diff:?}");
+    assert_eq!(first_diff, Some(123), "the short bound went unnoticed");
+}
+
+/// A 120-token prompt: the default policy's compiled phase (the prefill's last token and the
+/// first steps, offsets 119–134) covers offset 128, where a bound can first fall short.
+fn long_prompt() -> Vec<u32> {
+    (0..120).map(|i| 1 + (i * 37 % 500) as u32).collect()
+}
+
+/// The default (`WherePays`): compiled steps, then eager ones, then whichever measured
+/// faster, every logit vector bit-equal to an all-eager run whatever the choice.
+#[test]
+fn the_timed_choice_between_paths_is_bit_exact_with_eager() {
+    for name in ["tiny-llama-trained", "tiny-llama-trained-q4"] {
+        let prompt = long_prompt();
+        let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 200);
+        let (timed, ran, choice) = trajectory_from(name, CompileDecode::WherePays, &prompt, 200);
+        assert!(
+            ran >= PHASE - 1,
+            "{name}: only {ran} compiled steps in the probe"
+        );
+        let choice = choice.unwrap_or_else(|| panic!("{name}: the probe never chose"));
+        println!("{name}: {ran} compiled steps, kept {choice:?}");
+        let first_diff = eager.iter().zip(&timed).position(|(a, b)| a != b);
+        assert_eq!(first_diff, None, "{name}: the timed policy's logits differ");
+    }
+}
+
+/// Planted defect: the bound one short, in the probe's compiled phase (offset 128 is the
+/// prompt's 10th one-token step, logit vector 9); the same comparison catches it.
+#[test]
+fn a_short_bound_in_the_probe_phase_is_caught() {
+    let name = "tiny-llama-trained";
+    let prompt = long_prompt();
+    let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 40);
+    let _on = plant::on(Defect::CompiledBoundShort).unwrap();
+    let (short, _, _) = trajectory_from(name, CompileDecode::WherePays, &prompt, 40);
+    let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
+    assert_eq!(first_diff, Some(9), "the short bound went unnoticed");
+}

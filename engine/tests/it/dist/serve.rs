@@ -1,0 +1,384 @@
+//! `engine serve` as two ranks of a tensor-parallel group (mlx.launch's environment:
+//! MLX_RANK, MLX_HOSTFILE on loopback): rank 0's HTTP answers exactly as a one-process
+//! server on the same model, streamed and not, with stops, seeds, cache reuse and
+//! interleaved requests; SIGTERM stops both ranks cleanly; a lost peer fails the request in
+//! flight and ends rank 0 with status 4; what mlx_lm.server refuses across ranks is refused.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::ranks::{self, free_ports};
+use crate::common;
+use crate::common::server::{engine_bin, http, serve_model, stats};
+
+const MODEL: &str = "tiny-llama-trained";
+
+/// Two `engine serve` ranks; both killed when dropped.
+struct Ranks {
+    children: Vec<Child>,
+    port: u16,
+    hostfile: PathBuf,
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_file(&self.hostfile);
+    }
+}
+
+/// A hostfile for two loopback ranks, as mlx.launch writes one.
+fn hostfile() -> PathBuf {
+    let ports = free_ports::<2>();
+    let name = format!("serve_dist-{}-{}.json", std::process::id(), ports[0]);
+    ranks::hostfile(&std::env::temp_dir(), &name, &ports)
+}
+
+/// How the ranks are started: the model, extra flags, extra environment.
+#[derive(Clone, Copy)]
+struct Launch<'a> {
+    model: &'a str,
+    extra: &'a [&'a str],
+    env: &'a [(&'a str, &'a str)],
+}
+
+fn launch<'a>(extra: &'a [&'a str]) -> Launch<'a> {
+    Launch {
+        model: MODEL,
+        extra,
+        env: &[],
+    }
+}
+
+fn rank_command(rank: usize, hostfile: &PathBuf, how: Launch) -> Command {
+    let model = common::goldens().join("models").join(how.model);
+    let mut cmd = Command::new(engine_bin());
+    cmd.args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+        .args(["--dist-connect-timeout", "30", "--dist-timeout", "30"])
+        .args(how.extra)
+        .env("MLX_RANK", rank.to_string())
+        .env("MLX_HOSTFILE", hostfile)
+        .envs(how.env.iter().copied());
+    cmd
+}
+
+/// Both ranks, once rank 0 has printed the address it serves on (it does once the group
+/// formed and the model loaded).
+fn start_ranks(how: Launch) -> Ranks {
+    let hostfile = hostfile();
+    let follower = rank_command(1, &hostfile, how)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut leader = rank_command(0, &hostfile, how)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(leader.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let mut ranks = Ranks {
+        children: vec![leader, follower],
+        port: 0,
+        hostfile,
+    };
+    ranks.port = line
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no address from rank 0 in `{line}`"));
+    ranks
+}
+
+/// Waits (up to `limit`) for a child to exit.
+fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "the rank did not exit in {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn chat(content: &str) -> Value {
+    json!({"messages": [{"role": "user", "content": content}], "max_tokens": 24})
+}
+
+/// The requests both servers answer, in order: (path, body).
+fn suite() -> Vec<(&'static str, Value)> {
+    let mut streamed = chat("What color is the sky?");
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let mut stopped = chat("What color is the sky?");
+    stopped["stop"] = json!(["blue"]);
+    // Greedy only: tensor parallel sums partial products, so log-probabilities differ from
+    // one process in the last bits (as mlx-lm's do); sampled answers are compared with
+    // mlx_lm.server under mlx.launch (harness serve-diff --ranks 2).
+    let long = json!({"prompt": "Once upon a time", "max_tokens": 40,
+        "logit_bias": {"2": -100, "6": -100}, "stream": true});
+    vec![
+        ("/v1/chat/completions", chat("What color is the sky?")),
+        ("/v1/chat/completions", streamed),
+        ("/v1/chat/completions", stopped),
+        ("/v1/chat/completions", chat("Tell me a story")),
+        ("/v1/completions", long),
+        // The same conversation again: the prompt cache's reuse (cached_tokens) agrees.
+        ("/v1/chat/completions", chat("What color is the sky?")),
+    ]
+}
+
+/// A response with what differs between servers run at different times taken out.
+fn normalized(text: &str) -> Vec<Value> {
+    let mut out: Vec<Value> = if text.starts_with("data: ") || text.contains("\ndata: ") {
+        text.lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.into())))
+            .collect()
+    } else {
+        vec![serde_json::from_str(text).unwrap_or(Value::String(text.into()))]
+    };
+    for v in &mut out {
+        if let Some(o) = v.as_object_mut() {
+            o.remove("created");
+        }
+    }
+    out
+}
+
+/// The suite's answers, then three interleaved streamed requests' answers (sorted: their
+/// arrival order is the scheduler's).
+fn answers(port: u16) -> Vec<Vec<Value>> {
+    let mut out: Vec<Vec<Value>> = suite()
+        .into_iter()
+        .map(|(path, body)| {
+            let (code, text) = http(port, "POST", path, body.to_string().as_bytes());
+            assert_eq!(code, 200, "{path}: {text}");
+            normalized(&text)
+        })
+        .collect();
+    let together: Vec<_> = (0..3)
+        .map(|i| {
+            std::thread::spawn(move || {
+                let mut b = chat(&format!("Tell me story number {i}"));
+                b["stream"] = json!(true);
+                let text = http(
+                    port,
+                    "POST",
+                    "/v1/chat/completions",
+                    b.to_string().as_bytes(),
+                )
+                .1;
+                let mut chunks = normalized(&text);
+                for c in &mut chunks {
+                    c.as_object_mut().map(|o| o.remove("id"));
+                }
+                chunks
+            })
+        })
+        .collect();
+    let mut together: Vec<_> = together.into_iter().map(|t| t.join().unwrap()).collect();
+    together.sort_by_key(|c| c.iter().map(|v| v.to_string()).collect::<String>());
+    out.extend(together);
+    out
+}
+
+#[test]
+fn two_ranks_answer_as_one_process() {
+    let single = answers(serve_model(MODEL, &[]).port);
+    let mut ranks = start_ranks(launch(&[]));
+    let dist = answers(ranks.port);
+    assert_eq!(dist.len(), single.len());
+    for (i, (d, s)) in dist.iter().zip(&single).enumerate() {
+        assert_eq!(d.len(), s.len(), "answer {i}: chunk counts");
+        assert_eq!(d, s, "answer {i}");
+    }
+    // The streamed answer is whole: text chunks, the finish, usage, [DONE].
+    assert_eq!(dist[1].len(), 8, "{:?}", dist[1]);
+    assert_eq!(
+        dist[5][0]["usage"]["prompt_tokens_details"]["cached_tokens"],
+        13
+    );
+    let st = stats(ranks.port);
+    assert_eq!(st["group"], json!({"rank": 0, "size": 2, "mode": "tensor"}));
+    assert_eq!(st["failed"], 0);
+
+    // SIGTERM to rank 0: it drains, tells rank 1 to stop, and both exit 0.
+    let pid = ranks.children[0].id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for (r, c) in ranks.children.iter_mut().enumerate() {
+        let status = wait_exit(c, Duration::from_secs(30));
+        assert!(status.success(), "rank {r} after SIGTERM: {status}");
+    }
+}
+
+/// Pipeline parallel (tiny-qwen2, one layer per rank; rank 0 holds the last): the same
+/// answers as one process, bit for bit (no product is split).
+#[test]
+fn pipeline_ranks_answer_as_one_process() {
+    let single = answers(serve_model("tiny-qwen2", &[]).port);
+    let ranks = start_ranks(Launch {
+        model: "tiny-qwen2",
+        ..launch(&["--pipeline"])
+    });
+    let dist = answers(ranks.port);
+    assert_eq!(dist, single);
+    let st = stats(ranks.port);
+    assert_eq!(
+        st["group"],
+        json!({"rank": 0, "size": 2, "mode": "pipeline"})
+    );
+}
+
+/// The comparison catches ranks that do not combine their shards: with the planted
+/// DistReduceDropped (the row-split linears skip their all_sum) the first answer differs
+/// from one process's. Each rank then computes logits of its own, so their decoding
+/// diverges: rank 1 exits naming that (status 2), and rank 0 fails what is in flight.
+#[test]
+fn a_dropped_reduce_changes_the_answer() {
+    let (path, body) = suite().remove(0);
+    let one = |port: u16| http(port, "POST", path, body.to_string().as_bytes());
+    let single = one(serve_model(MODEL, &[]).port);
+    assert_eq!(single.0, 200);
+    let mut ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "DistReduceDropped")],
+        ..launch(&[])
+    });
+    let planted = one(ranks.port);
+    assert_ne!(
+        planted, single,
+        "the planted defect left the answer unchanged"
+    );
+    let status = wait_exit(&mut ranks.children[1], Duration::from_secs(30));
+    assert_eq!(status.code(), Some(2), "rank 1: {status}");
+    let status = wait_exit(&mut ranks.children[0], Duration::from_secs(30));
+    assert_eq!(status.code(), Some(4), "rank 0: {status}");
+}
+
+/// `--batch 4` across ranks takes the serial lane and says why in /stats. Rank 1 killed
+/// mid-stream: the request in flight ends with an error event naming the
+/// lost peer, and rank 0 exits with status 4 (mlx_lm.server stays up, unhealthy; the
+/// issue asks for an exit).
+#[test]
+fn a_lost_peer_fails_the_request_and_ends_rank_0() {
+    let mut ranks = start_ranks(launch(&["--batch", "4"]));
+    // --batch N across ranks serves on the serial lane, and says why.
+    let reason = stats(ranks.port)["lanes"]["serial_reason"].clone();
+    assert!(
+        reason
+            .as_str()
+            .is_some_and(|r| r.contains("distributed ranks")),
+        "{reason}"
+    );
+    let body = json!({"prompt": "Once", "max_tokens": 3000, "stream": true,
+        "logit_bias": {"2": -100, "6": -100}});
+    let body = body.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", ranks.port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    // Ten tokens streamed: the request is decoding on both ranks.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while String::from_utf8_lossy(&seen).matches("data: ").count() < 10 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended early");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    ranks.children[1].kill().unwrap();
+    let _ = s.read_to_end(&mut seen);
+    let text = String::from_utf8_lossy(&seen);
+    assert!(text.contains("a peer rank was lost"), "{text}");
+    assert!(
+        !text.contains("\"finish_reason\":\"length\""),
+        "{}",
+        &text[text.len().saturating_sub(800)..]
+    );
+    let status = wait_exit(&mut ranks.children[0], Duration::from_secs(30));
+    assert_eq!(status.code(), Some(4), "rank 0: {status}");
+}
+
+/// --draft-model across ranks is refused by every rank, as mlx_lm.server refuses it.
+#[test]
+fn draft_model_is_refused_across_ranks() {
+    let hostfile = hostfile();
+    let draft = common::goldens().join("models/tiny-llama-draft");
+    let extra = ["--draft-model", draft.to_str().unwrap()];
+    let children: Vec<_> = (0..2)
+        .map(|r| {
+            rank_command(r, &hostfile, launch(&extra))
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for (r, c) in children.into_iter().enumerate() {
+        let out = c.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "rank {r}");
+        assert!(
+            err.contains("--draft-model is not supported across ranks"),
+            "rank {r}: {err}"
+        );
+    }
+    let _ = std::fs::remove_file(&hostfile);
+}
+
+/// A constrained answer (a JSON schema, greedy) across ranks: the follower masks with the
+/// request's grammar too, so rank 0 answers as one process. The planted
+/// `FollowerUnconstrained` (rank 1 samples without the grammar, so its ids — the input of
+/// its half of every later forward — differ) changes the answer.
+#[test]
+fn a_constrained_answer_across_ranks_is_one_process_answer() {
+    let schema = json!({"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "n": {"type": "integer"}},
+        "required": ["name", "n"], "additionalProperties": false});
+    let body = json!({"prompt": "The robot", "max_tokens": 40,
+        "response_format": {"type": "json_schema",
+            "json_schema": {"name": "t", "schema": schema, "strict": true}}});
+    let one = |port: u16| {
+        let (code, text) = http(port, "POST", "/v1/completions", body.to_string().as_bytes());
+        (code, normalized(&text))
+    };
+    let single = one(serve_model(MODEL, &[]).port);
+    assert_eq!(single.0, 200, "{:?}", single.1);
+    let ranks = start_ranks(launch(&[]));
+    let dist = one(ranks.port);
+    assert_eq!(dist, single);
+    drop(ranks);
+    let ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "FollowerUnconstrained")],
+        ..launch(&[])
+    });
+    let planted = one(ranks.port);
+    println!("planted FollowerUnconstrained: {planted:?}");
+    assert_ne!(
+        planted, single,
+        "the planted defect left the answer unchanged"
+    );
+    drop(ranks);
+}

@@ -1,0 +1,419 @@
+//! Prompt-lookup decoding's trace gate: on tiny-llama-trained, for several γ and n-gram
+//! sizes, the ids are plain greedy decoding's, and the trace adds up (every id flagged as an
+//! accepted draft is counted, drafts were accepted where the text repeats). The verify pass
+//! runs the target over up to γ+1 positions at once, whose rounding may differ from a
+//! one-token step: each emitted id's log-probabilities are compared with plain decoding's
+//! at the same position (counted, max |Δ| printed), and a divergence is allowed only where
+//! plain greedy's top-two gap is at most TIE (one bf16 step) on a prompt that has an exact
+//! tie somewhere; a tie-free prompt must not diverge at all. Also the CLI and the server.
+
+use crate::common;
+
+use common::{goldens, greedy_run, model};
+use engine::generate::decode::Decoder;
+use engine::generate::drafter::Decode;
+use engine::generate::lookup::{propose, LookupParams};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::speculative::SpecStats;
+use engine::generate::{Flow, Session, SessionOptions};
+use engine::model::LanguageModel;
+
+const TIE: f32 = 0.125;
+const STEPS: usize = 48;
+
+/// Texts whose continuation repeats them (the model memorized these lines of its corpus,
+/// whose sentences repeat one pattern), so drafts copied from the prompt get accepted.
+const COPY_TEXTS: [&str; 3] = [
+    "On Monday the robot cleans the table. On Tuesday the robot sorts the bolts. On",
+    "One, two, three, four, five, six, seven, eight, nine, ten. Two and two make four.",
+    "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and",
+];
+
+/// (γ, longest n-gram) settings the gate runs.
+const SETTINGS: [(usize, usize); 4] = [(1, 2), (4, 2), (10, 2), (6, 4)];
+
+struct Run {
+    ids: Vec<u32>,
+    lps: Vec<Vec<f32>>,
+    drafted_flags: usize,
+    spec: SpecStats,
+}
+
+fn f32s(lp: &mlx_rs::Array) -> Vec<f32> {
+    let lp = lp.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    lp.eval().unwrap();
+    lp.as_slice::<f32>().to_vec()
+}
+
+fn lookup_run(
+    target: &dyn LanguageModel,
+    prompt: &[u32],
+    params: LookupParams,
+    sampling: SamplingParams,
+) -> Run {
+    let opts = SessionOptions::default();
+    let session = Session::with_options(target, &opts);
+    let sampler = Sampler::new(sampling).unwrap();
+    let mut dec = Decoder::new(prompt, STEPS, &[], sampler);
+    let mut decode =
+        Decode::start_with(session, None, Some(params), &opts, &mut dec, prompt, 0).unwrap();
+    let (mut ids, mut lps, mut drafted_flags) = (Vec::new(), Vec::new(), 0);
+    decode
+        .run(&mut dec, &mut |id,
+                             lp,
+                             drafted|
+         -> Result<
+            Flow,
+            mlx_rs::error::Exception,
+        > {
+            ids.push(id);
+            lps.push(f32s(lp));
+            drafted_flags += usize::from(drafted);
+            Ok(Flow::Continue)
+        })
+        .unwrap();
+    let spec = decode
+        .spec_stats()
+        .cloned()
+        .expect("a lookup run has stats");
+    decode.end().unwrap();
+    Run {
+        ids,
+        lps,
+        drafted_flags,
+        spec,
+    }
+}
+
+/// The top-1 minus top-2 log-probability.
+fn margin(lp: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in lp {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+/// What one prompt showed over every setting.
+#[derive(Default, Debug)]
+struct Outcome {
+    tie_free: bool,
+    /// (γ, n-gram, token index, plain greedy's margin there).
+    divergences: Vec<(usize, usize, usize, f32)>,
+    drafted: usize,
+    accepted: usize,
+    /// Emitted ids (before any divergence) whose log-probabilities differ from plain
+    /// decoding's at all, out of how many, and the largest difference.
+    lp_differ: usize,
+    lp_compared: usize,
+    max_delta: f32,
+}
+
+fn compare(target: &dyn LanguageModel, name: &str, prompt: &[u32]) -> Outcome {
+    let mut plain = Session::new(target);
+    let (want, want_lps) = greedy_run(&mut plain, prompt, 0, STEPS);
+    let margins: Vec<f32> = want_lps.iter().map(|lp| margin(lp)).collect();
+    let mut out = Outcome {
+        tie_free: margins.iter().all(|&m| m > 0.0),
+        ..Outcome::default()
+    };
+    for (gamma, ngram) in SETTINGS {
+        let params = LookupParams::new(gamma, Some(ngram)).unwrap();
+        let run = lookup_run(target, prompt, params, SamplingParams::default());
+        assert_eq!(run.ids.len(), STEPS, "{name}: the run stopped early");
+        assert_eq!(
+            run.drafted_flags, run.spec.accepted,
+            "{name} γ={gamma}: ids flagged as accepted drafts vs the accepted count"
+        );
+        let agree = run
+            .ids
+            .iter()
+            .zip(&want)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if agree < STEPS {
+            out.divergences.push((gamma, ngram, agree, margins[agree]));
+        }
+        for (a, b) in run.lps[..agree].iter().zip(&want_lps) {
+            let d = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            out.lp_differ += usize::from(d > 0.0);
+            out.max_delta = out.max_delta.max(d);
+        }
+        out.lp_compared += agree;
+        out.drafted += run.spec.drafted;
+        out.accepted += run.spec.accepted;
+        println!(
+            "{name} γ={gamma} n≤{ngram}: accepted {}/{}, {} verify passes for {STEPS} ids",
+            run.spec.accepted, run.spec.drafted, run.spec.target_calls
+        );
+    }
+    out
+}
+
+/// Fails on a divergence that is not at a near-tie, or any divergence on a tie-free prompt.
+fn check(name: &str, out: &Outcome) {
+    for &(gamma, ngram, k, m) in &out.divergences {
+        assert!(
+            !out.tie_free && m <= TIE,
+            "{name} γ={gamma} n≤{ngram}: diverged from plain greedy at token {k}, where \
+             greedy's margin is {m}"
+        );
+        println!("{name} γ={gamma} n≤{ngram}: diverged at a near-tie (token {k}, margin {m})");
+    }
+}
+
+fn prompts() -> Vec<(String, Vec<u32>)> {
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(goldens().join("l1/tiny-llama-trained/index.json")).unwrap(),
+    )
+    .unwrap();
+    let mut all: Vec<(String, Vec<u32>)> = index["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            let ids = serde_json::from_value(c["prompt_ids"].clone()).unwrap();
+            (c["name"].as_str().unwrap().to_owned(), ids)
+        })
+        .collect();
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    for (i, text) in COPY_TEXTS.iter().enumerate() {
+        all.push((format!("copy{i}"), tok.encode(text, true).unwrap()));
+    }
+    all
+}
+
+#[test]
+fn lookup_equals_plain_greedy_and_counts_its_acceptance() {
+    let target = model("tiny-llama-trained");
+    let (mut tie_free, mut drafted, mut accepted) = (0, 0, 0);
+    let (mut differ, mut compared, mut max_delta, mut near_ties) = (0, 0, 0.0f32, 0);
+    for (name, prompt) in prompts() {
+        let out = compare(target.as_ref(), &name, &prompt);
+        check(&name, &out);
+        tie_free += usize::from(out.tie_free);
+        near_ties += out.divergences.len();
+        (drafted, accepted) = (drafted + out.drafted, accepted + out.accepted);
+        (differ, compared) = (differ + out.lp_differ, compared + out.lp_compared);
+        max_delta = max_delta.max(out.max_delta);
+        if name.starts_with("copy") {
+            assert!(
+                out.accepted > 0,
+                "{name}: no draft accepted on a repeating text"
+            );
+        }
+    }
+    println!(
+        "accepted {accepted}/{drafted}; tie-free prompts {tie_free}; divergences at near-ties \
+         {near_ties}; log-prob rows differing from plain decoding {differ}/{compared} (max |Δ| \
+         {max_delta})"
+    );
+    assert!(
+        tie_free >= 3,
+        "only {tie_free} tie-free prompts: the gate would not bite"
+    );
+}
+
+/// The gate bites: drafts copied from one position too far and accepted unchecked.
+#[test]
+fn planted_wrong_offset_unverified_diverges() {
+    use engine::plant::{self, Defect};
+    let target = model("tiny-llama-trained");
+    let (name, prompt) = prompts().pop().unwrap();
+    let planted = plant::on(Defect::LookupWrongOffsetUnverified).unwrap();
+    let out = compare(target.as_ref(), &name, &prompt);
+    drop(planted);
+    println!("planted: {:?}", out.divergences);
+    let caught = std::panic::catch_unwind(|| check(&name, &out));
+    assert!(caught.is_err(), "the gate passed a planted defect");
+}
+
+/// Sampled requests: every emitted id is the target's own sample at its position (an
+/// accepted draft equals it), so a run at a seed is reproducible and its acceptance counted.
+#[test]
+fn sampled_lookup_runs_and_counts() {
+    let target = model("tiny-llama-trained");
+    let (_, prompt) = prompts().remove(5);
+    let sampling = SamplingParams {
+        temp: 0.7,
+        seed: 3,
+        ..SamplingParams::default()
+    };
+    let params = LookupParams::new(4, None).unwrap();
+    let a = lookup_run(target.as_ref(), &prompt, params, sampling.clone());
+    let b = lookup_run(target.as_ref(), &prompt, params, sampling);
+    assert_eq!(a.ids, b.ids, "the same seed gave different ids");
+    assert_eq!(a.drafted_flags, a.spec.accepted);
+    println!("sampled: accepted {}/{}", a.spec.accepted, a.spec.drafted);
+}
+
+#[test]
+fn propose_copies_after_the_latest_earlier_match() {
+    // The last 2 ids [1, 2] occur at 0 and 3; the latest earlier one (3) is followed by 9 7.
+    let h = [1, 2, 5, 1, 2, 9, 7, 1, 2];
+    assert_eq!(propose(&h, 2, 2), vec![9, 7]);
+    // Past the history's end the copy goes on over its own drafts (a loop is drafted whole).
+    assert_eq!(propose(&h, 2, 10), vec![9, 7, 1, 2, 9, 7, 1, 2, 9, 7]);
+    assert_eq!(propose(&[3, 8, 8], 1, 4), vec![8, 8, 8, 8]);
+    assert_eq!(propose(&h, 2, 0), Vec::<u32>::new());
+    // No 3-gram match: falls back to the 2-gram.
+    assert_eq!(propose(&[4, 1, 2, 5, 1, 2], 3, 1), vec![5]);
+    // Nothing earlier: no drafts.
+    assert_eq!(propose(&[1, 2, 3], 2, 4), Vec::<u32>::new());
+    // Settings out of range are refused naming the setting.
+    assert_eq!(LookupParams::new(0, None).unwrap_err().field, "num_tokens");
+    assert_eq!(
+        LookupParams::new(3, Some(0)).unwrap_err().field,
+        "max_ngram"
+    );
+}
+
+fn engine_generate(extra: &[&str]) -> std::process::Output {
+    let dir = goldens().join("models/tiny-llama-trained");
+    std::process::Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args([
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--ignore-chat-template",
+        ])
+        .args(["-p", COPY_TEXTS[2], "-m", "40"])
+        .args(extra)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cli_prompt_lookup_prints_the_plain_text_and_refuses_bad_settings() {
+    let plain = engine_generate(&["--verbose", "false"]);
+    assert!(plain.status.success());
+    for flags in [
+        &["--prompt-lookup"][..],
+        &["--prompt-lookup=3", "--max-matching-ngram-size", "3"],
+    ] {
+        let out = engine_generate(&[flags, &["--verbose", "false"][..]].concat());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.stdout, plain.stdout, "{flags:?}");
+    }
+    let stats = engine_generate(&["--prompt-lookup"]);
+    let stderr = String::from_utf8_lossy(&stats.stderr);
+    assert!(stderr.contains("Speculative: γ 10, drafted"), "{stderr}");
+    for (flags, says) in [
+        (
+            &["--prompt-lookup=0"][..],
+            "--prompt-lookup-num-tokens: the drafts per pass must be between 1 and 64",
+        ),
+        (
+            &["--prompt-lookup", "--max-matching-ngram-size", "0"][..],
+            "--max-matching-ngram-size: the n-gram size must be between 1 and 16",
+        ),
+        (
+            &["--prompt-lookup", "--repetition-penalty", "1.2"][..],
+            "does not support repetition, presence or frequency penalties",
+        ),
+    ] {
+        let out = engine_generate(flags);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(says),
+            "{flags:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn server_prompt_lookup_per_request() {
+    use common::server::{post, serve_model, stats};
+    use serde_json::json;
+    let server = serve_model("tiny-llama-trained", &[]);
+    let body = |extra: serde_json::Value| {
+        let mut b = json!({"prompt": COPY_TEXTS[2], "max_tokens": 40, "temperature": 0});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (status, plain) = post(server.port, "/v1/completions", &body(json!({})));
+    assert_eq!(status, 200, "{plain}");
+    let (status, looked) = post(
+        server.port,
+        "/v1/completions",
+        &body(json!({"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 3})),
+    );
+    assert_eq!(status, 200, "{looked}");
+    assert_eq!(looked["choices"][0]["text"], plain["choices"][0]["text"]);
+    let spec = &stats(server.port)["speculative"];
+    assert!(spec["drafted"].as_u64().unwrap() > 0, "{spec}");
+    for (extra, param, says) in [
+        (
+            json!({"prompt_lookup_num_tokens": 65}),
+            "prompt_lookup_num_tokens",
+            "at most 64",
+        ),
+        (
+            json!({"prompt_lookup_num_tokens": "4"}),
+            "prompt_lookup_num_tokens",
+            "must be an integer",
+        ),
+        (
+            json!({"max_matching_ngram_size": 2}),
+            "max_matching_ngram_size",
+            "set prompt_lookup_num_tokens",
+        ),
+        (
+            json!({"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 17}),
+            "max_matching_ngram_size",
+            "at most 16",
+        ),
+        (
+            json!({"prompt_lookup_num_tokens": 4, "repetition_penalty": 1.2}),
+            "prompt_lookup_num_tokens",
+            "logits processors",
+        ),
+        (
+            json!({"prompt_lookup_num_tokens": 4, "num_draft_tokens": 2}),
+            "prompt_lookup_num_tokens",
+            "set one of them",
+        ),
+    ] {
+        let (status, err) = post(server.port, "/v1/completions", &body(extra.clone()));
+        assert_eq!(status, 400, "{extra}: {err}");
+        assert_eq!(err["error"]["param"], param, "{extra}: {err}");
+        let msg = err["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(says), "{extra}: {msg}");
+    }
+}
+
+/// Sliding-window models (tiny-gemma3, its window widened to 24): drafts go only where the
+/// rings can still give them back, then plain steps past the window; the ids stay plain
+/// greedy's (same tie rule), and nothing fails where a ring wraps.
+#[test]
+fn sliding_window_rings_draft_until_their_window() {
+    let (_dir, target) = common::with_sliding_window("tiny-gemma3", 24);
+    // 18 ids of a repeating pattern: the first passes draft from it while the rings near
+    // their window (the last drafts allowed at offset 21).
+    let prompt: Vec<u32> = [5, 6, 7].repeat(6);
+    let out = compare(target.as_ref(), "tiny-gemma3 window 24", &prompt);
+    check("tiny-gemma3 window 24", &out);
+    assert!(out.drafted > 0, "no drafts under the window");
+    // And on its real window of 8, wrapped from the prompt on: plain steps only.
+    let target = model("tiny-gemma3");
+    let prompt: Vec<u32> = (10..30).collect();
+    let out = compare(target.as_ref(), "tiny-gemma3", &prompt);
+    check("tiny-gemma3", &out);
+    assert_eq!(out.drafted, 0, "drafts on a wrapped ring");
+}

@@ -1,0 +1,31 @@
+//! The engine's integration tests, one module per subsystem, linked into one test binary
+//! (one link instead of one per file: the test build's time goes to linking on a small
+//! machine). Run one module with `cargo test -p engine --test it MODULE::`.
+
+mod chat_e2e;
+mod cli;
+mod common;
+mod compiled_decode;
+mod constrained;
+mod constrained_tools;
+mod convert;
+mod dist;
+mod hub;
+mod kvstore;
+mod loading;
+mod lookup;
+mod mlx_runtime;
+mod orpo_prefix;
+mod prompt_cache;
+mod prompt_store;
+mod responses;
+mod segmented;
+mod serve;
+mod serve_hardening;
+mod serve_limits;
+mod serve_tools;
+mod speculative;
+mod ssd_hardening;
+mod ssd_store;
+mod train;
+mod train_families;

@@ -1,0 +1,318 @@
+//! Segmented backward against the unsegmented step (both ours): on tiny-llama-trained with
+//! LoRA on every linear, for segment sizes 1, 2 and 3 (= unsegmented), SFT and ORPO — the
+//! loss bit-identical and every gradient within the stated bound (measured: identical).
+//! Planted: dropping the cotangent between segments fails.
+
+use crate::common;
+
+use common::{goldens, model};
+use engine::plant::{self, Defect};
+use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::orpo::{orpo_from_logits, pair_batch, SftScope};
+use engine::train::segmented::segmented_value_and_grad;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+type LossFn = Box<dyn FnMut(&Array) -> Result<Vec<Array>, mlx_rs::error::Exception>>;
+
+/// The largest gradient gap allowed (absolute). Measured on cpu-amd-epyc: 0.
+const GRAD_BOUND: f32 = 0.0;
+
+fn bytes(a: &Array) -> Vec<u8> {
+    common::bytes(a)
+}
+
+fn max_gap(a: &Array, b: &Array) -> f32 {
+    let d = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap();
+    d.eval().unwrap();
+    d.as_slice::<f32>()[0]
+}
+
+/// Rank-4 adapters (scale 20) on every linear of the last 3 blocks, seed 3; on every block
+/// of the Gemma 4s, so the donor layers (1 and 2 of tiny-gemma4's 6) have adapters whose
+/// gradients depend on what the KV-shared layers 3-5 make of their K/V.
+fn attach(m: &dyn engine::model::LanguageModel) -> Adapters<'_> {
+    let num_layers = if m.model_type().starts_with("gemma4") {
+        usize::MAX
+    } else {
+        3
+    };
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers,
+        lora_parameters: LoraParams {
+            rank: 4,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
+    };
+    Adapters::attach(m, config, 3).unwrap()
+}
+
+/// (loss gap bit-identical?, largest gradient gap) between segmented and unsegmented.
+fn compare(name: &str, method: &str, segment_size: usize) -> (bool, f32) {
+    let m = model(name);
+    let adapters = attach(m.as_ref());
+    // Nonzero B, so every adapter parameter gets a gradient.
+    let params: Vec<Array> = adapters
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let key = mlx_rs::random::key(100 + i as u64).unwrap();
+            mlx_rs::random::normal::<f32>(p.shape(), None, None, &key)
+                .unwrap()
+                .multiply(Array::from_f32(0.01))
+                .unwrap()
+        })
+        .collect();
+    adapters.set(&params);
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models").join(name)).unwrap();
+    let layered = m.as_layered().unwrap();
+    let (ids, loss_fn): (Array, LossFn) = match method {
+        "sft" => {
+            let a = tok
+                .encode(
+                    "The robot took a spring from the jar and fixed the clock.",
+                    true,
+                )
+                .unwrap();
+            let b = tok
+                .encode("Mira came back the next week with a music box.", true)
+                .unwrap();
+            let ex: Vec<engine::train::data::Example> = [a, b]
+                .into_iter()
+                .map(|tokens| engine::train::data::Example { tokens, offset: 3 })
+                .collect();
+            let refs: Vec<&_> = ex.iter().collect();
+            let (batch, lengths) = engine::train::trainer::sft_batch(&refs, 2048);
+            let b2 = batch.clone();
+            (
+                batch,
+                Box::new(move |logits: &Array| {
+                    let (l, n) = engine::train::loss::sft_loss(logits, &b2, &lengths)?;
+                    Ok(vec![l, n])
+                }),
+            )
+        }
+        _ => {
+            let enc = |s: &str| tok.encode(s, true).unwrap();
+            let prompt = enc("Question: What color is the sky?");
+            let mut chosen = prompt.clone();
+            chosen.extend(tok.encode(" Answer: The sky is blue.", false).unwrap());
+            let mut rejected = prompt.clone();
+            rejected.extend(tok.encode(" Answer: The sky is green.", false).unwrap());
+            let pair = engine::train::data::Pair {
+                prompt_len: prompt.len(),
+                chosen,
+                rejected,
+            };
+            let (ids, pm, rm) = pair_batch(&[&pair]);
+            let ids2 = ids.clone();
+            (
+                ids,
+                Box::new(move |logits: &Array| {
+                    Ok(orpo_from_logits(logits, &ids2, &pm, &rm, 0.1, SftScope::Full)?.into_vec())
+                }),
+            )
+        }
+    };
+    let t = ids.shape()[1];
+    let inputs = ids.index((.., ..t - 1));
+    let mut loss_fn = loss_fn;
+    // Unsegmented: one value-and-grad over the whole forward.
+    let (full_out, full_grads) = engine::train::value_and_grad(&adapters, || {
+        let logits = m.forward(
+            &inputs,
+            &mut engine::cache::none::none_for(&m.make_caches()),
+        )?;
+        loss_fn(&logits)
+    })
+    .unwrap();
+    let (seg_out, seg_grads) = segmented_value_and_grad(
+        layered,
+        &adapters,
+        &inputs,
+        segment_size,
+        &mut loss_fn,
+        &mut (),
+    )
+    .unwrap();
+    let same_loss = bytes(&full_out[0]) == bytes(&seg_out[0]);
+    let gap = full_grads
+        .iter()
+        .zip(&seg_grads)
+        .map(|(a, b)| max_gap(a, b))
+        .fold(0.0, f32::max);
+    let identical = full_grads
+        .iter()
+        .zip(&seg_grads)
+        .filter(|(a, b)| bytes(a) == bytes(b))
+        .count();
+    println!(
+        "{name} {method} segment {segment_size}: loss identical {same_loss}, \
+         {identical}/{} gradients bit-identical, max gradient gap {gap:e}",
+        full_grads.len()
+    );
+    (same_loss, gap)
+}
+
+/// Gemma 4 (tiny-gemma4: 6 blocks, layers 3-5 borrow the K/V of 1 (sliding) and 2 (full);
+/// per-layer inputs): segments of 1, 2 and 3 blocks put donors and sharers in different
+/// segments (at 2, layer 1's K/V pass through the segment of blocks 2-3 to reach 4), SFT
+/// and ORPO, the loss and every gradient identical to the whole step. The multimodal
+/// wrapper (tiny-gemma4-mm, the same text model) and K = V attention (tiny-gemma4-keqv, no
+/// sharing) at one block per segment.
+#[test]
+fn segmented_gemma4_matches_the_full_step() {
+    let cases = [
+        ("tiny-gemma4", "sft", 1..=3),
+        ("tiny-gemma4", "orpo", 1..=3),
+        ("tiny-gemma4-mm", "sft", 1..=1),
+        ("tiny-gemma4-keqv", "sft", 1..=1),
+    ];
+    for (name, method, sizes) in cases {
+        for size in sizes {
+            let (same, gap) = compare(name, method, size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} {method} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
+    }
+}
+
+/// Planted: the donor K/V's cotangent dropped at the segment boundaries (the sharers' part
+/// of the donors' gradients lost) fails at every segment size that splits donors from
+/// their sharers; the hidden state's dropped cotangent fails too.
+#[test]
+fn planted_dropped_donor_cotangent_fails_on_gemma4() {
+    let gaps = {
+        let _on = plant::on(Defect::DropCarriedKvCotangent).unwrap();
+        [1, 2, 3].map(|size| compare("tiny-gemma4", "sft", size).1)
+    };
+    assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
+    let _on = plant::on(Defect::DropCotangent).unwrap();
+    let gap = compare("tiny-gemma4", "sft", 1).1;
+    assert!(gap > GRAD_BOUND, "{gap:e}");
+}
+
+#[test]
+fn segmented_sft_matches_the_full_step() {
+    for (name, sizes) in [("tiny-llama-trained", 1..=3), ("tiny-gemma3", 1..=4)] {
+        for size in sizes {
+            let (same, gap) = compare(name, "sft", size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn segmented_orpo_matches_the_full_step() {
+    for (name, sizes) in [("tiny-llama-trained", 1..=2), ("tiny-gemma3", 1..=2)] {
+        for size in sizes {
+            let (same, gap) = compare(name, "orpo", size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn planted_dropped_cotangent_fails() {
+    let gaps = {
+        let _on = plant::on(Defect::DropCotangent).unwrap();
+        ["tiny-llama-trained", "tiny-gemma3"].map(|name| compare(name, "sft", 1).1)
+    };
+    assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
+}
+
+/// The training loop takes the segmented backward when `segment_size` is set (it once did
+/// not: `--segment-size` was accepted and the whole-model backward ran, so the CLI test of
+/// equal adapters could not fail): three steps of `train` with segments of one block end
+/// with the whole-model adapters, and with different ones under the planted dropped
+/// cotangent.
+/// The same on tiny-gemma4, the donor K/V's dropped cotangent planted.
+#[test]
+fn the_training_loop_runs_the_segmented_backward() {
+    training_loop_matches("tiny-llama-trained", Defect::DropCotangent);
+    training_loop_matches("tiny-gemma4", Defect::DropCarriedKvCotangent);
+}
+
+fn training_loop_matches(name: &str, defect: Defect) {
+    use engine::train::optim::{AdamW, Schedule};
+    use engine::train::trainer::{train, Dataset, Method, Metrics, TrainConfig};
+    let m = model(name);
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models").join(name)).unwrap();
+    let data = Dataset::Sft(
+        [
+            "The robot took a spring from the jar and fixed the clock.",
+            "Mira came back the next week with a music box.",
+            "The sky is blue and the grass is green.",
+            "A girl named Mira came to the workshop.",
+        ]
+        .iter()
+        .map(|s| engine::train::data::Example {
+            tokens: tok.encode(s, true).unwrap(),
+            offset: 3,
+        })
+        .collect(),
+    );
+    let run = |segment_size: Option<usize>, plant: bool| -> Vec<Vec<u8>> {
+        let adapters = attach(m.as_ref());
+        let cfg = TrainConfig {
+            method: Method::Sft,
+            iters: 3,
+            batch_size: 2,
+            grad_accumulation: 1,
+            max_grad_norm: None,
+            steps_per_eval: usize::MAX,
+            val_batches: 0,
+            save_every: 0,
+            max_seq_length: 2048,
+            seed: 0,
+            orpo_lambda: 0.1,
+            sft_scope: SftScope::Full,
+            segment_size,
+            orpo_forward: Default::default(),
+            lambda_controller: None,
+        };
+        let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);
+        let dir = tempfile::tempdir().unwrap();
+        let mut metrics =
+            Metrics::create(&dir.path().join("metrics.jsonl"), serde_json::json!({})).unwrap();
+        let planted = plant.then(|| plant::on(defect).unwrap());
+        let done = train(
+            m.as_ref(),
+            &adapters,
+            &mut opt,
+            &data,
+            None,
+            &cfg,
+            &mut metrics,
+            dir.path(),
+            |_, _| {},
+        );
+        drop(planted);
+        done.unwrap();
+        adapters.params().iter().map(bytes).collect()
+    };
+    let whole = run(None, false);
+    assert!(
+        whole == run(Some(1), false),
+        "{name}: segmented training differs"
+    );
+    assert!(
+        whole != run(Some(1), true),
+        "{name}: the planted {defect:?} went unnoticed"
+    );
+}

@@ -1,0 +1,224 @@
+//! Speculative decoding against our own non-speculative greedy decoding: the same ids for
+//! γ = 1..4 wherever the greedy choice is not a near-tie (the verify pass runs the target
+//! over γ+1 positions at once, whose rounding may differ from one-token steps, so a
+//! divergence is allowed only where the top two log-probabilities are within TIE of each
+//! other); rollback on rotating (sliding-window) caches; a wrapped ring refused clearly.
+
+use crate::common;
+
+use common::{goldens, greedy_run, model};
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::speculative::{speculative_generate_in, SpecStats};
+use engine::generate::{Flow, Session};
+use engine::model::LanguageModel;
+
+/// The widest top-1/top-2 log-probability gap at which spec and plain greedy may disagree:
+/// one bf16 step at the log-probabilities' magnitude here. A prompt is tie-free when no
+/// step's gap is 0 (bf16 log-probs tie exactly quite often on these tiny models), and then
+/// must not diverge at all. Measured (cpu-amd-epyc): no divergence on any prompt, γ = 1..4.
+const TIE: f32 = 0.125;
+const STEPS: usize = 40;
+
+fn spec_run(
+    target: &dyn LanguageModel,
+    draft: &dyn LanguageModel,
+    prompt: &[u32],
+    gamma: usize,
+) -> Result<(Vec<u32>, SpecStats), mlx_rs::error::Exception> {
+    let mut t = Session::new(target);
+    let mut d = Session::new(draft);
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let mut ids = Vec::new();
+    let (_, spec, _) = speculative_generate_in(
+        &mut t,
+        &mut d,
+        prompt,
+        0,
+        gamma,
+        STEPS,
+        &[],
+        &mut sampler,
+        |id, _, _| {
+            ids.push(id);
+            Ok(Flow::Continue)
+        },
+    )?;
+    Ok((ids, spec))
+}
+
+/// The top-1 minus top-2 log-probability.
+fn margin(lp: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &x in lp {
+        if x > a {
+            (a, b) = (x, a);
+        } else if x > b {
+            b = x;
+        }
+    }
+    a - b
+}
+
+/// Runs spec for γ = 1..4 and plain greedy on `prompt`: whether the prompt is tie-free, and
+/// every divergence as (γ, token index, greedy's margin there).
+fn compare_with_greedy(
+    target: &dyn LanguageModel,
+    draft: &dyn LanguageModel,
+    name: &str,
+    prompt: &[u32],
+) -> (bool, Vec<(usize, usize, f32)>) {
+    let mut plain = Session::new(target);
+    let (want, lps) = greedy_run(&mut plain, prompt, 0, STEPS);
+    let margins: Vec<f32> = lps.iter().map(|lp| margin(lp)).collect();
+    let tie_free = margins.iter().all(|&m| m > 0.0);
+    let mut divergences = Vec::new();
+    for gamma in 1..=4 {
+        let (ids, spec) = spec_run(target, draft, prompt, gamma).unwrap();
+        assert_eq!(ids.len(), STEPS);
+        if let Some(k) = ids.iter().zip(&want).position(|(a, b)| a != b) {
+            divergences.push((gamma, k, margins[k]));
+        }
+        println!(
+            "{name} γ={gamma}: accepted {}/{}, min margin {:.4}",
+            spec.accepted,
+            spec.drafted,
+            margins.iter().cloned().fold(f32::INFINITY, f32::min)
+        );
+    }
+    (tie_free, divergences)
+}
+
+/// Fails on a divergence that is not at a near-tie, or any divergence on a tie-free prompt.
+fn check(
+    target: &dyn LanguageModel,
+    draft: &dyn LanguageModel,
+    name: &str,
+    prompt: &[u32],
+) -> bool {
+    let (tie_free, divergences) = compare_with_greedy(target, draft, name, prompt);
+    for (gamma, k, m) in &divergences {
+        assert!(
+            !tie_free && *m <= TIE,
+            "{name} γ={gamma}: diverged at token {k} where greedy's margin is {m}"
+        );
+        println!("{name} γ={gamma}: diverged at a near-tie (token {k}, margin {m})");
+    }
+    tie_free
+}
+
+fn l1_prompts(model: &str) -> Vec<(String, Vec<u32>)> {
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(goldens().join(format!("l1/{model}/index.json"))).unwrap(),
+    )
+    .unwrap();
+    index["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                serde_json::from_value(c["prompt_ids"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn spec_equals_greedy_where_there_is_no_tie() {
+    let target = model("tiny-llama-trained");
+    let draft = model("tiny-llama-draft");
+    let mut tie_free = 0;
+    for (name, prompt) in l1_prompts("tiny-llama-trained") {
+        if check(target.as_ref(), draft.as_ref(), &name, &prompt) {
+            tie_free += 1;
+        }
+    }
+    assert!(
+        tie_free >= 3,
+        "only {tie_free} tie-free prompts: the gate would not bite"
+    );
+}
+
+/// The gate bites: a target rolled back one token short diverges where greedy is sure.
+#[test]
+fn planted_short_rollback_diverges_from_greedy() {
+    use engine::plant::{self, Defect};
+    let target = model("tiny-llama-trained");
+    let draft = model("tiny-llama-draft");
+    let (name, prompt) = l1_prompts("tiny-llama-trained").remove(4);
+    let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
+    let (_, divergences) = compare_with_greedy(target.as_ref(), draft.as_ref(), &name, &prompt);
+    drop(planted);
+    println!("planted: {divergences:?}");
+    assert!(divergences.iter().any(|&(_, _, m)| m > TIE));
+}
+
+/// tiny-gemma3 with its window widened to 128 (same weights): its sliding-window layers keep
+/// rotating caches that never wrap here, so every rollback trims a ring. (Random weights: the
+/// trained drafter is almost never accepted, so nearly every round rolls back.)
+#[test]
+fn rollback_trims_rotating_caches() {
+    let (_dir, target) = common::with_sliding_window("tiny-gemma3", 128);
+    let draft = model("tiny-llama-draft");
+    assert!(target
+        .make_caches()
+        .iter_mut()
+        .any(|c| c.as_any_mut().is::<engine::cache::RotatingKvCache>()));
+    for (name, prompt) in l1_prompts("tiny-gemma3").into_iter().take(3) {
+        check(target.as_ref(), draft.as_ref(), &name, &prompt);
+    }
+}
+
+/// With window 8 the rings wrap within the first rounds; rolling one back would need the
+/// positions it overwrote, so generation stops with an error that says so (mlx-lm skips
+/// the trim silently and decodes from a wrong cache).
+#[test]
+fn a_wrapped_ring_is_refused_clearly() {
+    let target = model("tiny-gemma3");
+    let draft = model("tiny-llama-draft");
+    let prompt: Vec<u32> = (10..30).collect();
+    let err = spec_run(target.as_ref(), draft.as_ref(), &prompt, 4)
+        .expect_err("a wrapped ring cannot be rolled back");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("sliding-window") && msg.contains("wrapped"),
+        "{msg}"
+    );
+}
+
+/// A drafter whose caches fell behind (a server turn decoded without drafting) catches up
+/// on exactly the tokens the model was fed: its next logits are bit-identical to a session
+/// that prefilled the same tokens in the same chunks. (Feeding the right count of wrong
+/// tokens keeps the cache offsets right, so only the logits can tell.)
+#[test]
+fn a_drafter_catches_up_as_a_fresh_prefill_would() {
+    use common::bytes;
+    use engine::generate::drafter::Drafter;
+    use engine::generate::{CompileDecode, SessionOptions};
+    let drafter = Drafter::Model(model("tiny-llama-draft"));
+    let reference = model("tiny-llama-draft");
+    let opts = SessionOptions::from(CompileDecode::WhereExact);
+    let (_, prompt) = l1_prompts("tiny-llama-trained").remove(4);
+    let held = prompt.len() / 2;
+    let step = 4;
+    let caches = drafter
+        .catch_up(drafter.make_caches(), &opts, &prompt[..held], step)
+        .unwrap();
+    let caches = drafter.catch_up(caches, &opts, &prompt, step).unwrap();
+    let mut caught_up = Session::with_caches(reference.as_ref(), &opts, caches);
+    let mut fresh = Session::with_options(reference.as_ref(), &opts);
+    for part in [&prompt[..held], &prompt[held..]] {
+        for chunk in part.chunks(step) {
+            fresh.prefill_chunk(chunk).unwrap();
+        }
+    }
+    let next = [prompt[0]];
+    let a = caught_up.step(&next).unwrap();
+    let b = fresh.step(&next).unwrap();
+    assert_eq!(caught_up.caches[0].offset(), prompt.len() as i32 + 1);
+    assert!(
+        bytes(&a) == bytes(&b),
+        "caught-up drafter differs from a fresh prefill"
+    );
+}

@@ -1,0 +1,278 @@
+//! `engine train` on the families LoRA gained for issue 21 (their steps are gated against
+//! mlx-lm's trainer in tests/train_lora.rs): phi3, the gemma3 / gemma4 wrappers and the MoE
+//! families train from the CLI with mlx-lm's default keys, save adapters under mlx-lm's
+//! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
+//! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
+//! gemma3 wrapper and the MoE families and is refused on phi3 and the gemma4 wrapper.
+
+use crate::common;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::goldens;
+
+fn engine(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_engine"))
+        .args(args)
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap()
+}
+
+/// `engine train` of `model` on the chat data, 2 iterations, adapters to `out`.
+fn train(model: &str, out: &Path, extra: &[&str]) -> Output {
+    let model_dir = goldens().join("models").join(model);
+    let data = goldens().join("data/sft-chat");
+    let mut args = vec![
+        "train",
+        "--quiet",
+        "--model",
+        model_dir.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--iters",
+        "2",
+        "--adapter-path",
+        out.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    engine(&args)
+}
+
+/// The saved adapters' names and shapes.
+fn saved(out: &Path) -> Vec<(String, Vec<i32>)> {
+    let tensors = mlx_rs::Array::load_safetensors(out.join("adapters.safetensors")).unwrap();
+    let mut all: Vec<_> = tensors
+        .iter()
+        .map(|(k, a)| (k.clone(), a.shape().to_vec()))
+        .collect();
+    all.sort();
+    all
+}
+
+#[test]
+fn new_families_train_save_mlx_lm_names_and_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    // (model, a name its adapters must have with its lora_a shape)
+    let cases: [(&str, &str, &[i32]); 6] = [
+        (
+            "tiny-phi3",
+            "model.layers.1.self_attn.qkv_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-gemma3-mm",
+            "language_model.model.layers.3.mlp.down_proj.lora_a",
+            &[128, 8],
+        ),
+        (
+            "tiny-gemma4-mm",
+            "language_model.model.layers.5.per_layer_projection.lora_a",
+            &[16, 8],
+        ),
+        (
+            "tiny-qwen3-moe",
+            "model.layers.3.mlp.switch_mlp.down_proj.lora_a",
+            &[8, 8, 32],
+        ),
+        (
+            "tiny-mixtral",
+            "model.layers.1.block_sparse_moe.switch_mlp.gate_proj.lora_a",
+            &[8, 8, 64],
+        ),
+        (
+            "tiny-qwen2-moe",
+            "model.layers.1.mlp.shared_expert_gate.lora_a",
+            &[64, 8],
+        ),
+    ];
+    for (model, name, shape) in cases {
+        let out = dir.path().join(model);
+        let trained = train(model, &out, &[]);
+        assert!(
+            trained.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&trained.stderr)
+        );
+        let names = saved(&out);
+        assert!(
+            names.iter().any(|(n, s)| n == name && s == shape),
+            "{model}: no {name} {shape:?} among {names:?}"
+        );
+        let generated = engine(&[
+            "generate",
+            "--model",
+            goldens().join("models").join(model).to_str().unwrap(),
+            "--adapter-path",
+            out.to_str().unwrap(),
+            "--ignore-chat-template",
+            "--prompt",
+            "The old clock",
+            "--max-tokens",
+            "4",
+        ]);
+        assert!(
+            generated.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+    }
+}
+
+/// Segmented backward (`--segment-size 1`) writes the adapters the whole-model backward
+/// writes, byte for byte, on the gemma3 wrapper and the MoE families.
+#[test]
+fn segmented_training_gives_the_same_adapters_on_the_new_families() {
+    let dir = tempfile::tempdir().unwrap();
+    for model in [
+        "tiny-gemma3-mm",
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+    ] {
+        let adapters = |name: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{model}-{name}"));
+            let trained = train(model, &out, extra);
+            assert!(
+                trained.status.success(),
+                "{model} {name}: {}",
+                String::from_utf8_lossy(&trained.stderr)
+            );
+            std::fs::read(out.join("adapters.safetensors")).unwrap()
+        };
+        let whole = adapters("whole", &[]);
+        let segmented = adapters("segmented", &["--segment-size", "1"]);
+        assert!(whole == segmented, "{model}: segmented adapters differ");
+    }
+}
+
+/// `--segment-size` where the model does not expose its blocks: refused before anything is
+/// written. (The gemma4 wrapper has them now: engine/tests/it/segmented.rs gates it.)
+#[test]
+fn segment_size_is_refused_on_phi3() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny-phi3");
+    let refused = train("tiny-phi3", &out, &["--segment-size", "1"]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("--segment-size is not available for model_type `phi3` yet"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+}
+
+/// The largest gap between the segmented (one block a segment) and the whole-model
+/// gradients of an SFT batch on `name`, with LoRA on every layer and nonzero B (so every
+/// adapter parameter gets a gradient).
+fn segmented_gap(name: &str) -> f32 {
+    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::Array;
+    let m = common::model(name);
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers: 16,
+        lora_parameters: LoraParams {
+            rank: 4,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
+    };
+    let adapters = Adapters::attach(m.as_ref(), config, 3).unwrap();
+    let params: Vec<Array> = (adapters.params().iter().enumerate())
+        .map(|(i, p)| {
+            let key = mlx_rs::random::key(100 + i as u64).unwrap();
+            let noise = mlx_rs::random::normal::<f32>(p.shape(), None, None, &key).unwrap();
+            noise.multiply(Array::from_f32(0.01)).unwrap()
+        })
+        .collect();
+    adapters.set(&params);
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models").join(name)).unwrap();
+    let examples: Vec<_> = [
+        "The robot took a spring from the jar and fixed the clock.",
+        "Mira came back the next week with a music box.",
+    ]
+    .map(|s| engine::train::data::Example {
+        tokens: tok.encode(s, true).unwrap(),
+        offset: 3,
+    })
+    .into();
+    let refs: Vec<&_> = examples.iter().collect();
+    let (batch, lengths) = engine::train::trainer::sft_batch(&refs, 2048);
+    let inputs = batch.index((.., ..batch.shape()[1] - 1));
+    let loss = |logits: &Array| {
+        let (l, n) = engine::train::loss::sft_loss(logits, &batch, &lengths)?;
+        Ok(vec![l, n])
+    };
+    let (_, whole) = engine::train::value_and_grad(&adapters, || {
+        let mut caches = engine::cache::none::none_for(&m.make_caches());
+        loss(&m.forward(&inputs, &mut caches)?)
+    })
+    .unwrap();
+    let layered = m.as_layered().unwrap();
+    let (_, seg) = engine::train::segmented::segmented_value_and_grad(
+        layered,
+        &adapters,
+        &inputs,
+        1,
+        loss,
+        &mut (),
+    )
+    .unwrap();
+    let gaps = whole.iter().zip(&seg).map(|(a, b)| {
+        let d = a.subtract(b).unwrap().abs().unwrap().max(None).unwrap();
+        d.as_slice::<f32>()[0]
+    });
+    gaps.fold(0.0, f32::max)
+}
+
+/// Library level: on the MoE families and the gemma3 wrapper the segmented gradients are
+/// the whole step's bit for bit; planted DropCotangent (each segment's backward from zeros)
+/// breaks them.
+#[test]
+fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
+    let models = [
+        "tiny-qwen3-moe",
+        "tiny-mixtral",
+        "tiny-qwen2-moe",
+        "tiny-gemma3-mm",
+    ];
+    for name in models {
+        let gap = segmented_gap(name);
+        println!("{name}: segmented vs whole max gradient gap {gap:e}");
+        assert_eq!(gap, 0.0, "{name}");
+    }
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    for name in models {
+        let gap = segmented_gap(name);
+        println!("{name}: planted DropCotangent, gap {gap:e}");
+        assert!(gap > 0.0, "{name}");
+    }
+}
+
+/// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
+/// and Gemma 4 with its mixture-of-experts block list no adaptable layers.
+#[test]
+fn lora_is_refused_where_no_layers_are_listed() {
+    let dir = tempfile::tempdir().unwrap();
+    for (model, model_type) in [
+        ("tiny-gemma4-moe", "gemma4_text"),
+        ("tiny-gpt-oss", "gpt_oss"),
+    ] {
+        let out = dir.path().join(model);
+        let refused = train(model, &out, &[]);
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(!refused.status.success(), "{model}");
+        let want = format!(
+            "LoRA is not available for this `{model_type}` model yet: it lists no layers LoRA \
+             attaches to"
+        );
+        assert!(err.contains(&want), "{model}: {err}");
+        assert!(!out.exists(), "a refused run wrote {}", out.display());
+    }
+}

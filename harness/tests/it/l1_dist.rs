@@ -1,0 +1,367 @@
+//! The distributed L1 gate: two ranks of `harness dist-rank l1` on loopback (MLX's ring
+//! backend, each with `MLX_RANK` and a hostfile as `mlx.launch` gives them), each holding its
+//! part of a tiny model (tensor parallel, or pipeline parallel for the `pp` goldens), must
+//! reproduce mlx-lm's sharded generation (`goldens/l1-dist/<tp|pp>/<model>`, from
+//! `oracles/gen_l1_dist.py`) bit for bit: every stored logit vector, every greedy id. Both
+//! exit statuses are checked; every run is bounded and both ranks are killed past it. The
+//! planted defects `DistShardWrongRank` and `DistReduceDropped` (ENGINE_PLANT in the ranks'
+//! environment) must make it fail.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Past this a run's ranks are killed and the test fails (two ranks share 2 cores).
+const DEADLINE: Duration = Duration::from_secs(300);
+
+fn goldens() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
+}
+
+/// Ports nobody listens on now: bound together (so they differ), then released.
+fn free_ports(n: usize) -> Vec<u16> {
+    let listeners: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    listeners
+        .iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+/// What each rank left: its exit status, stdout and stderr.
+struct Rank {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+/// The ranks of one run; those still running when it is dropped (a panic, a deadline) are
+/// killed, by their own pids.
+struct Ranks(Vec<Child>);
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            if child.try_wait().ok().flatten().is_none() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+        }
+    }
+}
+
+impl Ranks {
+    /// Waits for every rank, polling until `DEADLINE`; past it, kills them all.
+    fn wait(mut self, what: &str, logs: &Path) -> Vec<ExitStatus> {
+        let end = Instant::now() + DEADLINE;
+        loop {
+            let done: Vec<Option<ExitStatus>> = self
+                .0
+                .iter_mut()
+                .map(|c| c.try_wait().expect("polling a rank"))
+                .collect();
+            if done.iter().all(Option::is_some) {
+                return done.into_iter().flatten().collect();
+            }
+            if Instant::now() >= end {
+                drop(self);
+                let log = |r: usize| {
+                    std::fs::read_to_string(logs.join(format!("r{r}.err"))).unwrap_or_default()
+                };
+                panic!(
+                    "{what}: still running after {DEADLINE:?}, both ranks killed\n\
+                     rank 0 stderr:\n{}\nrank 1 stderr:\n{}",
+                    log(0),
+                    log(1)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Two ranks of `harness dist-rank l1 --golden GOLDEN ARGS…`, with `plant` (a defect's
+/// name) in their ENGINE_PLANT.
+fn run_ranks(golden: &str, args: &[&str], plant: Option<&str>) -> Vec<Rank> {
+    let tmp = tempfile::tempdir().unwrap();
+    let hosts: Vec<Vec<String>> = free_ports(2)
+        .into_iter()
+        .map(|p| vec![format!("127.0.0.1:{p}")])
+        .collect();
+    let hostfile = tmp.path().join("hosts.json");
+    std::fs::write(&hostfile, serde_json::to_string(&hosts).unwrap()).unwrap();
+    let mut children = Ranks(Vec::new());
+    for rank in 0..2 {
+        let file = |ext: &str| std::fs::File::create(tmp.path().join(format!("r{rank}.{ext}")));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_harness"));
+        cmd.args(["dist-rank", "l1", "--golden", golden])
+            .args(["--dist-connect-timeout", "60", "--dist-timeout", "120"])
+            .args(args)
+            .env("MLX_RANK", rank.to_string())
+            .env("MLX_HOSTFILE", &hostfile)
+            .env_remove("ENGINE_PLANT")
+            .stdin(Stdio::null())
+            .stdout(file("out").unwrap())
+            .stderr(file("err").unwrap());
+        if let Some(p) = plant {
+            cmd.env("ENGINE_PLANT", p);
+        }
+        children.0.push(cmd.spawn().expect("starting a rank"));
+    }
+    let statuses = children.wait(golden, tmp.path());
+    statuses
+        .into_iter()
+        .enumerate()
+        .map(|(r, status)| {
+            let read = |ext: &str| {
+                std::fs::read_to_string(tmp.path().join(format!("r{r}.{ext}"))).unwrap()
+            };
+            Rank {
+                status,
+                stdout: read("out"),
+                stderr: read("err"),
+            }
+        })
+        .collect()
+}
+
+/// Rank 0's verdict line, after checking both statuses: rank 1 exits 0 and prints nothing,
+/// rank 0 exits 0 when the gate passed and 1 when it failed.
+fn verdict(golden: &str, ranks: &[Rank]) -> Value {
+    let show = || {
+        ranks
+            .iter()
+            .enumerate()
+            .map(|(r, k)| format!("rank {r}: {}\n{}{}", k.status, k.stdout, k.stderr))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    assert!(
+        ranks[1].status.success() && ranks[1].stdout.is_empty(),
+        "{golden}: rank 1\n{}",
+        show()
+    );
+    let line = ranks[0].stdout.lines().last().unwrap_or_default();
+    let verdict: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("{golden}: rank 0 printed no verdict ({e})\n{}", show()));
+    let passed = verdict["passed"].as_bool().expect("passed");
+    let want = if passed { 0 } else { 1 };
+    assert_eq!(ranks[0].status.code(), Some(want), "{golden}\n{}", show());
+    verdict
+}
+
+/// The gate on `golden` passes: every logit vector bit-exact (max |Δ| 0), every greedy id.
+fn assert_bit_exact(golden: &str) {
+    let v = verdict(golden, &run_ranks(golden, &[], None));
+    println!("{}", v["summary"]);
+    let counts = &v["counts"];
+    assert!(
+        v["passed"] == true && v["max_abs_diff"] == 0.0,
+        "{golden}: {}\n{:#}",
+        v["summary"],
+        v["details"]
+    );
+    for metric in ["logit_vectors_bit_exact", "greedy_ids_identical"] {
+        assert_eq!(counts[metric][0], counts[metric][1], "{golden}: {metric}");
+        assert!(
+            counts[metric][1].as_u64() > Some(0),
+            "{golden}: no {metric}"
+        );
+    }
+}
+
+/// The gate on `golden` with the planted defect fails, from the first logit vector of a case.
+fn assert_plant_fails(golden: &str, plant: &str) {
+    let v = verdict(golden, &run_ranks(golden, &[], Some(plant)));
+    println!("{plant}: {}", v["summary"]);
+    assert_eq!(
+        v["passed"], false,
+        "{golden} with {plant}: {}",
+        v["summary"]
+    );
+    let cases = v["cases"].as_array().unwrap();
+    assert!(
+        cases.iter().any(|c| c["first_inexact_step"] == 0),
+        "{golden} with {plant}: no case differs at step 0: {:#}",
+        v["details"]
+    );
+}
+
+macro_rules! bit_exact {
+    ($($test:ident: $golden:literal,)*) => {
+        $(
+            #[test]
+            fn $test() {
+                assert_bit_exact($golden);
+            }
+        )*
+        /// The goldens the tests above cover.
+        const COVERED: &[&str] = &[$($golden),*];
+    };
+}
+
+bit_exact! {
+    tp_tiny_llama: "l1-dist/tp/tiny-llama",
+    tp_tiny_llama_trained: "l1-dist/tp/tiny-llama-trained",
+    tp_tiny_llama_dynamic: "l1-dist/tp/tiny-llama-dynamic",
+    tp_tiny_llama_mxfp4: "l1-dist/tp/tiny-llama-mxfp4",
+    tp_tiny_llama_nvfp4: "l1-dist/tp/tiny-llama-nvfp4",
+    tp_tiny_llama_mxfp8: "l1-dist/tp/tiny-llama-mxfp8",
+    tp_tiny_llama_mixed_modes: "l1-dist/tp/tiny-llama-mixed-modes",
+    tp_tiny_llama_rope_params: "l1-dist/tp/tiny-llama-rope-params",
+    tp_tiny_llama_yarn: "l1-dist/tp/tiny-llama-yarn",
+    tp_tiny_qwen2: "l1-dist/tp/tiny-qwen2",
+    tp_tiny_qwen3: "l1-dist/tp/tiny-qwen3",
+    tp_tiny_qwen3_moe: "l1-dist/tp/tiny-qwen3-moe",
+    tp_tiny_gpt_oss: "l1-dist/tp/tiny-gpt-oss",
+    pp_tiny_qwen2: "l1-dist/pp/tiny-qwen2",
+    pp_tiny_qwen3_moe: "l1-dist/pp/tiny-qwen3-moe",
+    pp_tiny_qwen3_moe_q4: "l1-dist/pp/tiny-qwen3-moe-q4",
+    pp_tiny_qwen3_moe_mxfp4: "l1-dist/pp/tiny-qwen3-moe-mxfp4",
+}
+
+/// Every committed golden of the distributed L1 has its test above, and the registry
+/// (`goldens regen` / `check`) lists exactly those.
+#[test]
+fn every_l1_dist_golden_is_gated() {
+    let mut registered = harness::parity::gates::l1_dist_goldens();
+    let mut covered: Vec<String> = COVERED.iter().map(|s| s.to_string()).collect();
+    registered.sort();
+    covered.sort();
+    assert_eq!(registered, covered, "gates::L1_DIST and the tests differ");
+    let mut missing = Vec::new();
+    for mode in ["tp", "pp"] {
+        for entry in std::fs::read_dir(goldens().join("l1-dist").join(mode))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let name = format!("l1-dist/{mode}/{}", entry.file_name().to_string_lossy());
+            if entry.path().is_dir() && !COVERED.contains(&name.as_str()) {
+                missing.push(name);
+            }
+        }
+    }
+    assert!(missing.is_empty(), "goldens without a test: {missing:?}");
+}
+
+#[test]
+fn planted_wrong_rank_slice_fails_tp() {
+    assert_plant_fails("l1-dist/tp/tiny-llama", "DistShardWrongRank");
+}
+
+#[test]
+fn planted_reversed_stages_fail_pp() {
+    assert_plant_fails("l1-dist/pp/tiny-qwen2", "DistShardWrongRank");
+}
+
+#[test]
+fn planted_dropped_all_sum_fails_tp() {
+    assert_plant_fails("l1-dist/tp/tiny-llama", "DistReduceDropped");
+}
+
+/// The sparse block's all_sum after the experts are combined is dropped too.
+#[test]
+fn planted_dropped_all_sum_fails_tp_moe() {
+    assert_plant_fails("l1-dist/tp/tiny-qwen3-moe", "DistReduceDropped");
+}
+
+/// Two ranks of tiny-llama against the single-process golden of another model
+/// (tiny-llama-trained: the same tokenizer and vocabulary, other sizes and weights) fail.
+#[test]
+fn another_models_golden_fails() {
+    let model = harness::goldens::model_dir("tiny-llama").unwrap();
+    let model = model.to_str().unwrap();
+    let golden = "l1/tiny-llama-trained";
+    let v = verdict(golden, &run_ranks(golden, &["--model", model], None));
+    assert_eq!(v["passed"], false, "{}", v["summary"]);
+    assert_eq!(v["mode"], "tensor");
+}
+
+/// The same gate with the ranks started by MLX's own launcher (`mlx.launch --backend ring
+/// -n 2`, from the oracle venv). Ignored by default: `cargo test` never needs Python. Run it
+/// with `cargo test -p harness --test it l1_dist:: -- --ignored`.
+#[test]
+#[ignore = "needs the oracle venv's mlx.launch (Python): run with --ignored"]
+fn mlx_launch_runs_the_gate() {
+    let launch = harness::oracle::venv_dir().join("bin/mlx.launch");
+    if !launch.is_file() {
+        eprintln!(
+            "SKIPPED mlx_launch_runs_the_gate: no {} (create the venv with `bash \
+             oracles/setup.sh`)",
+            launch.display()
+        );
+        return;
+    }
+    let port = consecutive_free_ports();
+    let golden = "l1-dist/tp/tiny-llama";
+    let mut cmd = Command::new(&launch);
+    cmd.args([
+        "--backend",
+        "ring",
+        "-n",
+        "2",
+        "-p",
+        &port.to_string(),
+        "--",
+    ])
+    .arg(env!("CARGO_BIN_EXE_harness"))
+    .args(["dist-rank", "l1", "--golden", golden])
+    .args(["--dist-connect-timeout", "60", "--dist-timeout", "120"])
+    .env_remove("ENGINE_PLANT")
+    .stdin(Stdio::null());
+    // Its own process group, so that a deadline ends the launcher and both ranks.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let out = output_within(cmd, DEADLINE);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    // mlx.launch exits 0 even when a rank fails; it says so on stderr.
+    assert!(
+        !stderr.contains("exited with code") && !stderr.contains("was killed"),
+        "a rank failed:\n{stdout}\n{stderr}"
+    );
+    let line = stdout.lines().last().unwrap_or_default();
+    let v: Value = serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("no verdict ({e}):\n{stdout}\n{stderr}"));
+    assert!(v["passed"] == true && v["ranks"] == 2, "{}", v["summary"]);
+    println!("mlx.launch: {}", v["summary"]);
+}
+
+/// A port P with P + 1 free as well (mlx.launch's ring listens on P, P + 1, …).
+fn consecutive_free_ports() -> u16 {
+    (0..100)
+        .find_map(|_| {
+            let a = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+            let p = a.local_addr().ok()?.port();
+            let _b = std::net::TcpListener::bind(("127.0.0.1", p.checked_add(1)?)).ok()?;
+            Some(p)
+        })
+        .expect("no two consecutive free ports")
+}
+
+/// Runs `cmd` (the leader of its own process group) to the end, or kills the group at
+/// `limit` and fails.
+fn output_within(mut cmd: Command, limit: Duration) -> std::process::Output {
+    let child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            let _ = Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pgid}")])
+                .status();
+            panic!("mlx.launch still running after {limit:?}: its process group was killed");
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! L1: the engine vs mlx-lm 0.32.2 on the tiny models (goldens/l1/<model>): Llama, Qwen3,
+//! their quantized variants, Gemma 3 and Gemma 4 (sliding window 8, so rotating caches wrap):
+//! tokenizer ids and chat-template strings equal transformers', every logit vector
+//! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
+//! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
+
+use harness::parity::gates::{Plant, KV_BITS, L1};
+use harness::parity::l1::ModelReport;
+use harness::parity::Report;
+
+/// The L1 gate of `name`, with `plant` (`KEY=VALUE` in its config.json) if given.
+fn l1(name: &str, plant: Option<&str>) -> ModelReport {
+    let plant = plant.map(|p| Plant::parse(p).unwrap());
+    L1.run(name, plant.as_ref()).unwrap().downcast().unwrap()
+}
+
+/// A planted defect's report: the gate fails, and every case already differs at its
+/// prefill (step 0) — the defect sits in the forward, not in some later step.
+fn assert_fails_at_prefill(report: &ModelReport, what: &str) {
+    assert!(
+        !report.passed(),
+        "{what}: the gate passed with the defect planted"
+    );
+    assert!(
+        report
+            .cases
+            .iter()
+            .all(|c| c.first_inexact_logits() == Some(0)),
+        "{what}: {}",
+        report.details().join(" | ")
+    );
+    println!("planted {what} caught: {}", report.summary());
+}
+
+fn assert_bit_exact(name: &str) {
+    let report = l1(name, None);
+    harness::announce(&report.summary());
+    for line in report.details() {
+        println!("{line}");
+    }
+    assert!(
+        report.passed(),
+        "L1 {name} failed:\n{}",
+        report.details().join("\n")
+    );
+}
+
+#[test]
+fn l1_tiny_llama() {
+    assert_bit_exact("tiny-llama");
+}
+
+#[test]
+fn l1_tiny_qwen3() {
+    assert_bit_exact("tiny-qwen3");
+}
+
+#[test]
+fn l1_tiny_llama_trained() {
+    assert_bit_exact("tiny-llama-trained");
+}
+
+/// Planted defect: rms_norm eps 1e-5 → 1e-6 must break the gate and name where.
+#[test]
+fn planted_rms_norm_eps_fails_l1() {
+    let report = l1("tiny-llama-trained", Some("rms_norm_eps=1e-6"));
+    assert!(!report.passed());
+    let first = &report.cases[0];
+    assert_eq!(
+        first.first_inexact_logits(),
+        Some(0),
+        "the prefill logits already differ"
+    );
+    println!(
+        "planted eps defect caught: {}",
+        report.details().join(" | ")
+    );
+}
+
+/// Planted defect: a different RoPE base must break the gate, and the report must name the
+/// first divergent greedy step somewhere.
+#[test]
+fn planted_rope_base_fails_l1() {
+    let report = l1("tiny-qwen3", Some("rope_theta=10000.0"));
+    assert_fails_at_prefill(&report, "rope_theta=10000.0");
+}
+
+#[test]
+fn l1_tiny_llama_trained_q4_mixed() {
+    assert_bit_exact("tiny-llama-trained-q4");
+}
+
+#[test]
+fn l1_tiny_qwen3_q8() {
+    assert_bit_exact("tiny-qwen3-q8");
+}
+
+/// Planted defect on the quantized path: the gate must fail there too.
+#[test]
+fn planted_defect_fails_l1_on_a_quantized_model() {
+    let report = l1("tiny-llama-trained-q4", Some("rms_norm_eps=1e-6"));
+    assert!(!report.passed());
+    assert_eq!(report.cases[0].first_inexact_logits(), Some(0));
+}
+
+/// Chunked prefill (mlx-lm's prefill_step_size) stays bit-exact for any chunk size, down to
+/// one token per step. (On this CPU backend mlx-lm's own logits do not depend on the chunk
+/// size either, so these runs are checked against the standard goldens.)
+#[test]
+fn chunked_prefill_is_bit_exact() {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    use harness::parity::l1::check_model_with;
+    // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
+    // (temporal reorder + trim) and windowed prefill masks.
+    // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
+    for name in [
+        "tiny-llama-trained",
+        "tiny-llama-trained-q4",
+        "tiny-gemma3",
+        "tiny-gemma4",
+    ] {
+        let dir = model_dir(name).unwrap();
+        let model = engine::model::load(&dir).unwrap();
+        let tokenizer = Tokenizer::load(&dir).unwrap();
+        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+        let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
+        for step in [1, 5, 16] {
+            let report =
+                check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
+                    .unwrap();
+            harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
+            assert!(report.passed(), "{}", report.details().join("\n"));
+        }
+    }
+}
+
+#[test]
+fn l1_tiny_gemma3_with_wrapping_rings() {
+    assert_bit_exact("tiny-gemma3");
+}
+
+/// Planted defect: a wider sliding window changes what the sliding layers see once the
+/// ring wraps; the gate must fail.
+#[test]
+fn planted_sliding_window_fails_l1() {
+    let report = l1("tiny-gemma3", Some("sliding_window=16"));
+    assert!(!report.passed());
+    println!(
+        "planted window defect caught: {}",
+        report.details().join(" | ")
+    );
+}
+
+#[test]
+fn l1_tiny_gemma3_q4() {
+    assert_bit_exact("tiny-gemma3-q4");
+}
+
+#[test]
+fn l1_tiny_qwen2_f16_with_qkv_biases() {
+    assert_bit_exact("tiny-qwen2");
+}
+
+/// Planted defect: a qwen2 checkpoint read as llama (no q/k/v biases) must not load
+/// silently; it is refused because the bias tensors are left over.
+#[test]
+fn qwen2_biases_are_not_ignored() {
+    let dir = harness::goldens::model_dir("tiny-qwen2").unwrap();
+    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
+    config.model_type = "llama".into();
+    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
+        .err()
+        .expect("extra bias tensors must be an error");
+    assert!(err.to_string().contains("does not use"), "{err}");
+}
+
+/// Gemma 4 as the small checkpoints build it: per-layer input embeddings, KV sharing,
+/// double-wide MLPs, proportional partial RoPE on a wider full-attention head, softcap.
+#[test]
+fn l1_tiny_gemma4_shared_kv_per_layer_inputs() {
+    assert_bit_exact("tiny-gemma4");
+}
+
+/// Gemma 4 as the large checkpoints build it: K = V on full-attention layers.
+#[test]
+fn l1_tiny_gemma4_k_eq_v() {
+    assert_bit_exact("tiny-gemma4-keqv");
+}
+
+#[test]
+fn l1_tiny_gemma4_q4() {
+    assert_bit_exact("tiny-gemma4-q4");
+}
+
+/// Planted defects on Gemma 4: the softcap, the proportional RoPE's rotated share and the
+/// sliding window each break the gate.
+#[test]
+fn planted_gemma4_defects_fail_l1() {
+    let softcap = l1("tiny-gemma4", Some("final_logit_softcapping=30.0"));
+    assert!(!softcap.passed());
+    assert_eq!(softcap.cases[0].first_inexact_logits(), Some(0));
+    let rope = l1(
+        "tiny-gemma4",
+        Some("rope_parameters.full_attention.partial_rotary_factor=0.5"),
+    );
+    assert!(!rope.passed());
+    let window = l1("tiny-gemma4-keqv", Some("sliding_window=16"));
+    assert!(!window.passed());
+    for report in [softcap, rope, window] {
+        println!("planted gemma4 defect caught: {}", report.summary());
+    }
+}
+
+/// mlx-lm's own KV quantization (`generate_step(kv_bits=4, kv_group_size=32,
+/// quantized_kv_start=0)`, prefill chunks of 16): QuantizedKVCache and mlx-lm's quantized
+/// SDPA — the L1 gate of `engine generate --kv-quant 4`. Planted defect: reading the same
+/// caches through optiq's fused kernel must break it.
+#[test]
+fn l1_mlx_lm_kv_bits_4() {
+    let report = KV_BITS.run("tiny-llama-trained", None).unwrap();
+    harness::announce(&report.summary());
+    assert!(report.passed(), "{}", report.summary());
+
+    let fused = Plant::parse("sdpa=optiq-fused").unwrap();
+    let planted = KV_BITS.run("tiny-llama-trained", Some(&fused)).unwrap();
+    assert!(
+        !planted.passed(),
+        "the fused kernel must not pass mlx-lm's golden"
+    );
+}
+
+/// The multimodal wrappers loaded for text as mlx-lm loads them (gemma3.Model /
+/// gemma4.Model): the language model from `text_config` with the wrapper's defaults (8 q /
+/// 4 kv heads, its vocab_size), its tensors under the language model's prefix, the vision
+/// and audio towers dropped. Gemma 3 as google/gemma-3-*-it and mlx-community name it.
+#[test]
+fn l1_tiny_gemma3_mm_wrapper() {
+    assert_bit_exact("tiny-gemma3-mm");
+}
+
+/// Gemma 4 in Hugging Face's layout (`model.language_model.…`, the KV-shared layers' K/V
+/// projections stored and dropped).
+#[test]
+fn l1_tiny_gemma4_mm_wrapper_hf_layout() {
+    assert_bit_exact("tiny-gemma4-mm");
+}
+
+/// Gemma 4 in mlx-community's layout (`language_model.model.…`, untied lm_head, K = V).
+#[test]
+fn l1_tiny_gemma4_mm_wrapper_mlx_layout() {
+    assert_bit_exact("tiny-gemma4-mm-mlx");
+}
+
+/// The gemma3 wrapper quantized as mlx_lm.convert writes it: 4-bit g32, the per-module
+/// `false` entry named `language_model.model.layers.0.mlp.down_proj` (the wrapper's module
+/// path) keeps that projection dense.
+#[test]
+fn l1_tiny_gemma3_mm_q4_wrapper() {
+    assert_bit_exact("tiny-gemma3-mm-q4");
+}
+
+/// Planted defects on the wrappers: a setting changed in `text_config` breaks the gate while
+/// the same key at the top level (which mlx-lm does not read) leaves it bit-exact, and the
+/// language model's prefix kept in the tensor names fails the load.
+#[test]
+fn planted_wrapper_defects_fail_l1() {
+    let inner = l1("tiny-gemma3-mm", Some("text_config.sliding_window=16"));
+    assert!(!inner.passed());
+    println!("planted text_config defect caught: {}", inner.summary());
+    let top = l1("tiny-gemma3-mm", Some("sliding_window=16"));
+    assert!(top.passed(), "{}", top.details().join("\n"));
+    for name in ["tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gemma4-mm-mlx"] {
+        let _on = engine::plant::on(engine::plant::Defect::WrapperPrefixKept).unwrap();
+        let err = L1.run(name, None).err().expect("the prefix kept must fail");
+        assert!(err.to_string().contains("missing tensor"), "{err}");
+        println!("planted prefix defect caught on {name}: {err}");
+    }
+}
+
+/// A wrapper config without `text_config`, or weights without the language model's prefix,
+/// is an error naming the problem and the file.
+#[test]
+fn wrapper_layout_errors_name_the_problem() {
+    use engine::load::config::ModelConfig;
+    use engine::load::weights::Weights;
+    let dir = harness::goldens::model_dir("tiny-gemma3-mm").unwrap();
+    let mut config = ModelConfig::read(&dir).unwrap();
+    config.raw.as_object_mut().unwrap().remove("text_config");
+    let err = engine::model::build(&config, Weights::load(&dir).unwrap())
+        .err()
+        .expect("no text_config must be an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("config.json") && text.contains("`text_config`"),
+        "{text}"
+    );
+    // transformers' `model.language_model.…` names under a gemma3 config.
+    let config = ModelConfig::read(&dir).unwrap();
+    let hf = harness::goldens::model_dir("tiny-gemma4-mm").unwrap();
+    let err = engine::model::build(&config, Weights::load(&hf).unwrap())
+        .err()
+        .expect("no language_model. prefix must be an error");
+    let text = err.to_string();
+    assert!(
+        text.contains("model*.safetensors") && text.contains("model.language_model."),
+        "{text}"
+    );
+    println!("{text}");
+}
+
+/// RoPE kinds (rope.rs, mlx-lm's initialize_rope): dynamic NTK (max_position_embeddings 32,
+/// so the base grows once prompt + continuation pass 32 positions) and yarn (ramped
+/// frequencies, mscale on the input).
+#[test]
+fn l1_tiny_llama_dynamic_and_yarn_rope() {
+    assert_bit_exact("tiny-llama-dynamic");
+    assert_bit_exact("tiny-llama-yarn");
+}
+
+/// phi3: fused qkv / gate_up, SuScaled (longrope) RoPE on 12 of 16 head dims.
+#[test]
+fn l1_tiny_phi3_longrope() {
+    assert_bit_exact("tiny-phi3");
+}
+
+/// transformers 5 configs with RoPE settings only in rope_parameters (flat for llama, per
+/// layer type for gemma3_text): read as transformers reads them; the golden is mlx-lm on the
+/// same config flattened to the top level (mlx-lm 0.32.2 itself ignores rope_parameters).
+#[test]
+fn l1_rope_parameters_only_configs() {
+    assert_bit_exact("tiny-llama-rope-params");
+    assert_bit_exact("tiny-gemma3-rope-params");
+}
+
+/// Planted defects on the RoPE kinds, each a config value the engine reads differently from
+/// the golden's: dynamic NTK's threshold (the base never grows: only positions past 32
+/// differ), yarn's mscale (0: no input scale), longrope's original context (the input scale
+/// becomes 1), and the rope_theta / scaling factor found only in rope_parameters.
+#[test]
+fn planted_rope_kind_defects_fail_l1() {
+    let dynamic = l1("tiny-llama-dynamic", Some("max_position_embeddings=4096"));
+    assert!(!dynamic.passed());
+    // Prompts past 32 tokens differ from the prefill on, shorter ones only later.
+    let firsts: Vec<_> = dynamic
+        .cases
+        .iter()
+        .map(|c| c.first_inexact_logits())
+        .collect();
+    assert!(firsts.contains(&Some(0)), "{firsts:?}");
+    assert!(firsts.iter().any(|f| *f != Some(0)), "{firsts:?}");
+    println!("planted dynamic threshold caught: first inexact logits {firsts:?}");
+    for (name, plant) in [
+        ("tiny-llama-yarn", "rope_scaling.mscale=0.0"),
+        ("tiny-phi3", "original_max_position_embeddings=256"),
+        (
+            "tiny-llama-rope-params",
+            "rope_parameters.rope_theta=10000.0",
+        ),
+        (
+            "tiny-gemma3-rope-params",
+            "rope_parameters.full_attention.factor=1.0",
+        ),
+    ] {
+        let report = l1(name, Some(plant));
+        assert!(!report.passed(), "{name} with {plant} passed");
+        println!("planted {plant} on {name} caught: {}", report.summary());
+    }
+}
+
+/// No silent default theta: a qwen3 config with rope_theta neither at the top level nor in
+/// rope_parameters is refused as mlx-lm refuses it; a llama config carrying it only in
+/// rope_parameters loads with that theta (tiny-llama-rope-params above).
+#[test]
+fn qwen3_without_rope_theta_is_refused() {
+    let dir = harness::goldens::model_dir("tiny-qwen3").unwrap();
+    let mut config = engine::load::config::ModelConfig::read(&dir).unwrap();
+    config.raw.as_object_mut().unwrap().remove("rope_theta");
+    let err = engine::model::build(&config, engine::load::weights::Weights::load(&dir).unwrap())
+        .err()
+        .expect("a missing rope_theta must be an error");
+    assert!(
+        err.to_string()
+            .contains("rope_theta is missing from the model config"),
+        "{err}"
+    );
+}
+
+/// The MoE families and the floating-point quantization modes.
+mod moe_quant;
