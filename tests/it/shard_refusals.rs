@@ -3,6 +3,7 @@
 //! are refused by name at load. The sharded families' bit-exactness against mlx-lm's own
 //! sharded run is the distributed L1 gate (`harness/tests/it/l1_dist.rs`, two ranks).
 
+use engine::dist::Mode;
 use engine::model::shard::Part;
 use harness::goldens::model_dir;
 
@@ -12,7 +13,7 @@ fn shard_error(model: &str) -> String {
     let config = engine::load::config::ModelConfig::read(&dir).unwrap();
     let weights = engine::load::weights::Weights::load(&dir).unwrap();
     let mut built = engine::model::build(&config, weights).unwrap();
-    match built.shard(Part { rank: 0, size: 2 }) {
+    match engine::model::parallelize(built.as_mut(), Mode::Tensor, Part { rank: 0, size: 2 }) {
         Ok(()) => panic!("{model} sharded"),
         Err(e) => e.to_string(),
     }

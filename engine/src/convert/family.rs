@@ -9,15 +9,7 @@ use std::collections::BTreeMap;
 use mlx_rs::Array;
 use serde_json::Value;
 
-/// The `model_type`s `engine convert` handles (mlx-lm's classes for them).
-pub const SUPPORTED: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma3_text",
-    "gemma4_text",
-];
+use crate::model::registry;
 
 /// The attribute names of the supported families' modules, each module's in its
 /// `__init__` order. A name's rank orders siblings; names of different modules never meet.
@@ -79,13 +71,13 @@ const LINEAR: &[&str] = &[
 /// `nn.Embedding` modules.
 const EMBEDDING: &[&str] = &["embed_tokens", "embed_tokens_per_layer"];
 
-/// The refusal for a `model_type` outside [`SUPPORTED`], or a variant of one that convert
+/// The refusal for a `model_type` the registry does not mark convertible, or a variant of one that convert
 /// does not lay out yet (the mixture-of-experts Gemma 4: expert stacks, router order).
 pub fn check_supported(model_type: &str, config: &Value) -> anyhow::Result<()> {
-    if !SUPPORTED.contains(&model_type) {
+    if !registry::has(model_type, |f| f.convert) {
         anyhow::bail!(
             "engine convert does not support model_type `{model_type}` (supported: {})",
-            SUPPORTED.join(", ")
+            registry::names(|f| f.convert)
         )
     }
     if flag(config, "enable_moe_block") {

@@ -27,7 +27,7 @@ use super::layers::{
     compiled_shapeless, layer_cache, weak, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
 };
 use super::moe::{SwitchGlu, SwitchLinear};
-use super::moe_decoder::check_top_k;
+use super::moe_family::check_top_k;
 use super::shard::{slice, Part, Split};
 use super::{rope, sdpa, LanguageModel};
 use crate::cache::{Cache, Mask};

@@ -6,18 +6,11 @@
 //!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
 //!   logits = head(rms_norm(h))      (head = embedding.T when tied)
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{
-    attn_mlp_linears, block_linears, Attention, Embedding, Glu, Linear, Mlp, OutputHead, RmsNorm,
-    Rope,
-};
-use super::pipeline::{self, Stage};
+use super::decoder::{Decoder, Dims, Mixer};
+use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::rope;
-use super::{LanguageModel, Layered};
-use crate::cache::{Cache, KvCache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -135,7 +128,7 @@ impl From<Qwen2Args> for Shape {
 }
 
 /// What the families reduce to.
-struct Shape {
+pub struct Shape {
     hidden: i32,
     intermediate: i32,
     layers: i32,
@@ -217,228 +210,94 @@ impl TryFrom<Qwen3Args> for Shape {
     }
 }
 
-struct Block {
-    attn: Attention,
-    mlp: Mlp,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
+/// The model: its config read as mlx-lm's `ModelArgs` of `llama`, `qwen2` or `qwen3`, then
+/// the decoder with Llama's layers (every layer rotates).
+pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
+    let shape: Shape = match config.model_type.as_str() {
+        "qwen3" => config.parse::<Qwen3Args>()?.try_into()?,
+        "qwen2" => config.parse::<Qwen2Args>()?.into(),
+        _ => llama_shape(config.parse()?)?,
+    };
+    build(config, w, &shape, |_| true)
 }
 
-pub struct Llama {
-    model_type: String,
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
-    /// Pipeline parallel: this rank's stage (`blocks` then holds only its layers).
-    stage: Option<Stage>,
-}
-
-impl Llama {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let shape: Shape = match config.model_type.as_str() {
-            "qwen3" => config.parse::<Qwen3Args>()?.try_into()?,
-            "qwen2" => config.parse::<Qwen2Args>()?.into(),
-            _ => {
-                let args: LlamaArgs = config.parse()?;
-                if let Some(types) = &args.layer_types {
-                    if types.iter().any(|t| t != "full_attention") {
-                        return Err(LoadError::Unsupported(
-                            "sliding-window layers need the rotating cache (not supported yet)"
-                                .into(),
-                        ));
-                    }
-                }
-                args.into()
-            }
-        };
-        // mlx-lm's sanitize: drop precomputed rotary tables, and the head when tied.
-        w.discard(|n| n.contains("self_attn.rotary_emb.inv_freq"));
-        if shape.tied {
-            w.discard(|n| n == "lm_head.weight");
+/// `llama.ModelArgs` reduced to the shape, for full-attention layers only.
+pub fn llama_shape(args: LlamaArgs) -> Result<Shape, LoadError> {
+    if let Some(types) = &args.layer_types {
+        if types.iter().any(|t| t != "full_attention") {
+            return Err(LoadError::Unsupported(
+                "sliding-window layers need the rotating cache (not supported yet)".into(),
+            ));
         }
-        w.set_quantization(config.quantization.clone());
-        let q_dims = shape.heads * shape.head_dim;
-        let mut blocks = Vec::new();
-        for i in 0..shape.layers {
-            let p = format!("model.layers.{i}");
-            let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-                let bias = if name == "o_proj" {
-                    shape.o_bias
-                } else {
-                    shape.attention_bias
-                };
-                Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+    }
+    Ok(args.into())
+}
+
+/// mlx-lm's sanitize (precomputed rotary tables dropped, the head too when tied), then the
+/// decoder with Llama's layers: attention (q/k/v biases for qwen2, q/k RMSNorm for qwen3;
+/// RoPE where `rotates(layer)`, none elsewhere) and a SwiGLU MLP.
+pub fn build(
+    config: &ModelConfig,
+    mut w: Weights,
+    shape: &Shape,
+    rotates: impl Fn(i32) -> bool,
+) -> Result<Decoder, LoadError> {
+    w.discard(|n| n.contains("self_attn.rotary_emb.inv_freq"));
+    if shape.tied {
+        w.discard(|n| n == "lm_head.weight");
+    }
+    let dims = Dims {
+        layers: shape.layers,
+        hidden: shape.hidden,
+        rms_norm_eps: shape.eps,
+        tie_word_embeddings: shape.tied,
+        ffn_module: "mlp",
+    };
+    let q_dims = shape.heads * shape.head_dim;
+    Decoder::load(config, w, dims, |w, p, i| {
+        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+            let bias = match name {
+                "o_proj" => shape.o_bias,
+                _ => shape.attention_bias,
             };
-            let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>, LoadError> {
-                if !shape.qk_norm {
-                    return Ok(None);
-                }
-                Ok(Some(RmsNorm::load(
-                    w,
-                    &format!("{p}.self_attn.{name}"),
-                    shape.eps,
-                )?))
-            };
-            let attn = Attention {
-                q_proj: proj(&mut w, "q_proj", shape.hidden)?,
-                k_proj: proj(&mut w, "k_proj", shape.hidden)?,
-                v_proj: proj(&mut w, "v_proj", shape.hidden)?,
-                o_proj: proj(&mut w, "o_proj", q_dims)?,
-                q_norm: norm(&mut w, "q_norm")?,
-                k_norm: norm(&mut w, "k_norm")?,
-                n_heads: shape.heads,
-                n_kv_heads: shape.kv_heads,
-                scale: (shape.head_dim as f32).powf(-0.5),
-                norm_after_transpose: false,
-                rope: Rope::init(
+            Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+        };
+        let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>, LoadError> {
+            shape
+                .qk_norm
+                .then(|| RmsNorm::load(w, &format!("{p}.self_attn.{name}"), shape.eps))
+                .transpose()
+        };
+        let attn = Attention {
+            q_proj: proj(w, "q_proj", shape.hidden)?,
+            k_proj: proj(w, "k_proj", shape.hidden)?,
+            v_proj: proj(w, "v_proj", shape.hidden)?,
+            o_proj: proj(w, "o_proj", q_dims)?,
+            q_norm: norm(w, "q_norm")?,
+            k_norm: norm(w, "k_norm")?,
+            n_heads: shape.heads,
+            n_kv_heads: shape.kv_heads,
+            scale: (shape.head_dim as f32).powf(-0.5),
+            norm_after_transpose: false,
+            rope: match rotates(i) {
+                true => Rope::init(
                     shape.head_dim,
                     shape.rope.0,
                     shape.rope_traditional,
                     shape.rope.1.as_ref(),
                     shape.max_positions,
                 )?,
-            };
-            let post = format!("{p}.post_attention_layernorm");
-            blocks.push(Block {
-                attn,
-                mlp: Mlp::load(
-                    &mut w,
-                    &format!("{p}.mlp"),
-                    shape.mlp_bias,
-                    shape.hidden,
-                    shape.intermediate,
-                    Glu::Swiglu,
-                )?,
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), shape.eps)?,
-                post_attn_norm: RmsNorm::load(&mut w, &post, shape.eps)?,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", shape.hidden)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", shape.eps)?;
-        let head = OutputHead::load(&mut w, norm, shape.tied, shape.hidden, None)?;
-        w.ensure_consumed(&config.model_type, |_| false)?;
-        Ok(Llama {
-            model_type: config.model_type.clone(),
-            embed,
-            blocks,
-            head,
-            stage: None,
-        })
-    }
-}
-
-impl LanguageModel for Llama {
-    fn model_type(&self) -> &str {
-        &self.model_type
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn linears(&self) -> Vec<(String, &Linear)> {
-        let named = block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp));
-        pipeline::checkpoint_names(self.stage.as_ref(), named)
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    /// One per local layer (a pipeline stage's in its stage wrapper).
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        let caches = self
-            .blocks
-            .iter()
-            .map(|b| match b.attn.rope.needs_int_offset() {
-                true => Box::new(rope::IntOffsetKv(KvCache::new())) as Box<dyn Cache>,
-                false => Box::new(KvCache::new()) as Box<dyn Cache>,
-            })
-            .collect();
-        pipeline::local_caches(self.stage.as_ref(), caches)
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let h = self.embed.forward(ids)?;
-        // One mask for every (full-attention) layer, from the first cache, as mlx-lm does.
-        let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        let h = pipeline::run(self.stage.as_ref(), h, caches, |h, caches| {
-            self.blocks_with(h, &mask, self.blocks.iter().zip(caches.iter_mut()))
-        })?;
-        self.head_logits(&h)
-    }
-
-    /// None on a pipeline stage: its blocks are only part of the model.
-    fn as_layered(&self) -> Option<&dyn Layered> {
-        match self.stage {
-            Some(_) => None,
-            None => Some(self),
-        }
-    }
-
-    fn shard(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
-        for (i, b) in self.blocks.iter_mut().enumerate() {
-            let p = format!("model.layers.{i}");
-            b.attn.shard(part, &p)?;
-            b.mlp.shard(part, &format!("{p}.mlp"))?;
-        }
-        Ok(())
-    }
-
-    /// `Qwen2Model.pipeline`: this rank keeps its stage's layers. mlx-lm 0.32.2 pipelines
-    /// only qwen2 of this family (llama, mistral and qwen3 have no `PipelineMixin`).
-    fn pipeline(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
-        let stage = pipeline::stage_for(&self.model_type, &["qwen2"], part, self.blocks.len())?;
-        self.blocks = stage.keep(std::mem::take(&mut self.blocks));
-        self.stage = Some(stage);
-        Ok(())
-    }
-}
-
-impl Llama {
-    fn blocks_with<'c>(
-        &self,
-        mut h: Array,
-        mask: &Mask,
-        blocks: impl Iterator<Item = (&'c Block, &'c mut Box<dyn Cache>)>,
-    ) -> Result<Array, Exception>
-    where
-        Self: 'c,
-    {
-        for (block, cache) in blocks {
-            let x = block.input_norm.forward(&h)?;
-            let r = block.attn.forward(&x, mask, cache.as_mut())?;
-            let hh = h.add(&r)?;
-            let r = block.mlp.forward(&block.post_attn_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-        }
-        Ok(h)
-    }
-}
-
-impl Layered for Llama {
-    fn num_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
-    fn embed_ids(&self, ids: &Array) -> Result<Array, Exception> {
-        self.embed.forward(ids)
-    }
-
-    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> Result<Array, Exception> {
-        let mut caches: Vec<Box<dyn Cache>> = range
-            .clone()
-            .map(|_| Box::new(crate::cache::none::PassThrough) as Box<dyn Cache>)
-            .collect();
-        let mask = caches[0].make_mask(h.shape()[1], None)?;
-        self.blocks_with(
-            h.clone(),
-            &mask,
-            self.blocks[range].iter().zip(caches.iter_mut()),
-        )
-    }
-
-    fn head_logits(&self, h: &Array) -> Result<Array, Exception> {
-        self.head.forward(&self.embed, h)
-    }
+                false => Rope::None,
+            },
+        };
+        let mlp = Mlp::load(
+            w,
+            &format!("{p}.mlp"),
+            shape.mlp_bias,
+            shape.hidden,
+            shape.intermediate,
+            Glu::Swiglu,
+        )?;
+        Ok((Box::new(attn) as Box<dyn Mixer>, Box::new(mlp) as _))
+    })
 }

@@ -9,9 +9,10 @@
 
 use serde::Deserialize;
 
+use super::decoder::{Decoder, Dims, Mixer};
 use super::layers::Linear;
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, MIXTRAL_EXPERT_NAMES};
-use super::moe_decoder::{check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape};
+use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -105,8 +106,8 @@ fn load_moe(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<SparseMoe, Load
     })
 }
 
-/// The model: mlx-lm's checks, then the shared MoE decoder with Mixtral's layers.
-pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+/// The model: mlx-lm's checks, then the decoder with Mixtral's layers.
+pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: MixtralArgs = config.parse()?;
     if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(LoadError::Unsupported(
@@ -121,17 +122,20 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         a.num_local_experts,
         "num_local_experts",
     )?;
-    let shape = Shape {
+    // mlx-lm's sanitize: a tied checkpoint's head is dropped.
+    if a.tie_word_embeddings {
+        w.discard(|n| n == "lm_head.weight");
+    }
+    let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
+        ffn_module: "block_sparse_moe",
     };
     let attn = attention_shape(&a);
-    MoeDecoder::load("mixtral", config, w, shape, |w, p, _| {
-        Ok((
-            load_attention(w, p, &attn)?,
-            Ffn::Sparse(load_moe(w, p, &a)?),
-        ))
+    Decoder::load(config, w, dims, |w, p, _| {
+        let mixer: Box<dyn Mixer> = Box::new(load_attention(w, p, &attn)?);
+        Ok((mixer, Box::new(Ffn::Sparse(load_moe(w, p, &a)?))))
     })
 }

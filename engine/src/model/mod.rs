@@ -1,5 +1,6 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
+pub mod decoder;
 pub mod gemma;
 pub mod gemma4;
 pub mod gpt_oss;
@@ -7,12 +8,13 @@ pub mod layers;
 pub mod llama;
 pub mod mixtral;
 pub mod moe;
-pub mod moe_decoder;
+pub mod moe_family;
 pub mod phi3;
 pub mod pipeline;
 pub mod quantized;
 pub mod qwen2_moe;
 pub mod qwen3_moe;
+pub mod registry;
 pub mod rope;
 pub mod sdpa;
 pub mod shard;
@@ -66,11 +68,14 @@ pub trait LanguageModel {
     }
     /// Tensor parallel: keep this rank's part of every layer, as mlx-lm's `Model.shard`.
     fn shard(&mut self, _part: shard::Part) -> Result<(), LoadError> {
-        Err(shard::unsupported(self.model_type(), Mode::Tensor))
+        Err(registry::parallel_refusal(self.model_type(), Mode::Tensor))
     }
     /// Pipeline parallel: keep this rank's layers, as mlx-lm's `PipelineMixin.pipeline`.
     fn pipeline(&mut self, _part: shard::Part) -> Result<(), LoadError> {
-        Err(shard::unsupported(self.model_type(), Mode::Pipeline))
+        Err(registry::parallel_refusal(
+            self.model_type(),
+            Mode::Pipeline,
+        ))
     }
 }
 
@@ -119,44 +124,10 @@ pub trait Carried {
     ) -> Result<(Array, Vec<Array>), Exception>;
 }
 
-/// The families this engine implements, by `model_type`.
-pub const SUPPORTED: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma3_text",
-    "gemma4_text",
-    "gemma3",
-    "gemma4",
-    "phi3",
-    "qwen3_moe",
-    "mixtral",
-    "qwen2_moe",
-    "gpt_oss",
-];
-
-/// Builds the model for a parsed config and its weights.
+/// Builds the model for a parsed config and its weights (the registry's row for its
+/// `model_type`).
 pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
-    match config.model_type.as_str() {
-        // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
-        "llama" | "mistral" | "qwen2" | "qwen3" => {
-            Ok(Box::new(llama::Llama::load(config, weights)?))
-        }
-        "gemma3_text" => Ok(Box::new(gemma::Gemma3::load(config, weights)?)),
-        "gemma4_text" => Ok(Box::new(gemma4::Gemma4::load(config, weights)?)),
-        // The multimodal wrappers, loaded for text as mlx-lm loads them.
-        "gemma3" | "gemma4" => wrapper::build(config, weights),
-        "phi3" => Ok(Box::new(phi3::Phi3::load(config, weights)?)),
-        "qwen3_moe" => Ok(Box::new(qwen3_moe::load(config, weights)?)),
-        "mixtral" => Ok(Box::new(mixtral::load(config, weights)?)),
-        "qwen2_moe" => Ok(Box::new(qwen2_moe::load(config, weights)?)),
-        "gpt_oss" => Ok(Box::new(gpt_oss::GptOss::load(config, weights)?)),
-        other => Err(LoadError::Unsupported(format!(
-            "model_type `{other}` is not supported yet (supported: {})",
-            SUPPORTED.join(", ")
-        ))),
-    }
+    (registry::family(&config.model_type)?.build)(config, weights)
 }
 
 /// Loads config and weights of a model directory and builds the model. A rank of a
@@ -175,10 +146,7 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
     let mut model = build(&config, weights)?;
     if let Some(g) = crate::dist::group() {
         let part = shard::Part::of_group();
-        match g.mode {
-            Mode::Tensor => model.shard(part)?,
-            Mode::Pipeline => model.pipeline(part)?,
-        }
+        parallelize(model.as_mut(), g.mode, part)?;
     }
     if crate::dist::active() {
         // The check is the ranks' first step together: bounded (a peer that stalls while it
@@ -191,6 +159,22 @@ pub fn load(dir: &Path) -> Result<Box<dyn LanguageModel>, LoadError> {
     }
     check_forward(model.as_ref())?;
     Ok(model)
+}
+
+/// Keeps this rank's part of `model` (tensor parallel) or its stage's layers (pipeline),
+/// where the registry says its family runs that way; mlx-lm's refusal otherwise.
+pub fn parallelize(
+    model: &mut dyn LanguageModel,
+    mode: Mode,
+    part: shard::Part,
+) -> Result<(), LoadError> {
+    if !registry::has(model.model_type(), |f| registry::parallel(f, mode)) {
+        return Err(registry::parallel_refusal(model.model_type(), mode));
+    }
+    match mode {
+        Mode::Tensor => model.shard(part),
+        Mode::Pipeline => model.pipeline(part),
+    }
 }
 
 /// One token through fresh caches: weights whose shapes disagree with config.json (a head

@@ -11,10 +11,11 @@ use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{block_linears, swiglu, Embedding, Linear, OutputHead, RmsNorm, Rope};
+use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer};
+use super::layers::{swiglu, Linear, Rope};
 use super::rope;
-use super::LanguageModel;
-use crate::cache::{Cache, KvCache, Mask};
+use super::shard::Part;
+use crate::cache::{Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -88,70 +89,20 @@ impl Phi3Args {
     }
 }
 
-struct Block {
+/// Phi-3's attention: one fused q/k/v projection, RoPE on a share of each head.
+struct Phi3Attention {
     qkv_proj: Linear,
     o_proj: Linear,
-    gate_up_proj: Linear,
-    down_proj: Linear,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
     rope: Rope,
-}
-
-pub struct Phi3 {
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
     heads: i32,
     kv_heads: i32,
     head_dim: i32,
 }
 
-impl Phi3 {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: Phi3Args = config.parse()?;
-        let heads = a.num_attention_heads;
-        let kv_heads = a.num_key_value_heads.unwrap_or(heads);
-        let head_dim = a.hidden_size / heads;
-        let (hidden, eps) = (a.hidden_size, a.rms_norm_eps);
-        w.set_quantization(config.quantization.clone());
-        let mut blocks = Vec::new();
-        for i in 0..a.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let lin = |w: &mut Weights, name: &str, in_dims: i32| {
-                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
-            };
-            blocks.push(Block {
-                qkv_proj: lin(&mut w, "self_attn.qkv_proj", hidden)?,
-                o_proj: lin(&mut w, "self_attn.o_proj", heads * head_dim)?,
-                gate_up_proj: lin(&mut w, "mlp.gate_up_proj", hidden)?,
-                down_proj: lin(&mut w, "mlp.down_proj", a.intermediate_size)?,
-                input_norm: RmsNorm::load(&mut w, &format!("{p}.input_layernorm"), eps)?,
-                post_attn_norm: RmsNorm::load(
-                    &mut w,
-                    &format!("{p}.post_attention_layernorm"),
-                    eps,
-                )?,
-                rope: a.rope(head_dim)?,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", eps)?;
-        let head = OutputHead::load(&mut w, norm, a.tie_word_embeddings, hidden, None)?;
-        w.ensure_consumed(&config.model_type, |_| false)?;
-        Ok(Phi3 {
-            embed,
-            blocks,
-            head,
-            heads,
-            kv_heads,
-            head_dim,
-        })
-    }
-
-    fn attention(&self, b: &Block, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+impl Mixer for Phi3Attention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
         let (n, l) = (x.shape()[0], x.shape()[1]);
-        let qkv = b.qkv_proj.forward(x)?;
+        let qkv = self.qkv_proj.forward(x)?;
         let q_end = self.heads * self.head_dim;
         let k_end = q_end + self.kv_heads * self.head_dim;
         let heads = |t: Array, h: i32| t.reshape(&[n, l, h, -1])?.transpose_axes(&[0, 2, 1, 3]);
@@ -159,64 +110,93 @@ impl Phi3 {
         let k = heads(qkv.index((Ellipsis, q_end..k_end)), self.kv_heads)?;
         let v = heads(qkv.index((Ellipsis, k_end..)), self.kv_heads)?;
         let offset = cache.rope_offset();
-        let q = b.rope.forward(&q, &offset)?;
-        let k = b.rope.forward(&k, &offset)?;
+        let q = self.rope.forward(&q, &offset)?;
+        let k = self.rope.forward(&k, &offset)?;
         let kv = cache.update_and_fetch(k, v)?;
         let scale = (self.head_dim as f32).powf(-0.5);
         let out = super::sdpa::attend(&q, &kv, scale, mask)?;
-        b.o_proj
+        self.o_proj
             .forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[n, l, -1])?)
     }
 
-    fn mlp(b: &Block, x: &Array) -> R<Array> {
-        let gu = b.gate_up_proj.forward(x)?;
-        let half = gu.shape()[gu.ndim() - 1] / 2;
-        let gate = gu.index((Ellipsis, ..half));
-        let up = gu.index((Ellipsis, half..));
-        b.down_proj.forward(&swiglu(&gate, &up)?)
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        vec![
+            ("self_attn.qkv_proj", &self.qkv_proj),
+            ("self_attn.o_proj", &self.o_proj),
+        ]
+    }
+
+    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
+        Err(unsharded(layer))
     }
 }
 
-impl LanguageModel for Phi3 {
-    fn model_type(&self) -> &str {
-        "phi3"
+/// Phi-3's MLP: one fused gate/up projection.
+struct Phi3Mlp {
+    gate_up_proj: Linear,
+    down_proj: Linear,
+}
+
+impl FeedForward for Phi3Mlp {
+    fn forward(&self, x: &Array) -> R<Array> {
+        let gu = self.gate_up_proj.forward(x)?;
+        let half = gu.shape()[gu.ndim() - 1] / 2;
+        let gate = gu.index((Ellipsis, ..half));
+        let up = gu.index((Ellipsis, half..));
+        self.down_proj.forward(&swiglu(&gate, &up)?)
     }
 
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
+        vec![
+            (format!("{module}.gate_up_proj"), &self.gate_up_proj),
+            (format!("{module}.down_proj"), &self.down_proj),
+        ]
     }
 
-    fn linears(&self) -> Vec<(String, &Linear)> {
-        block_linears(&self.blocks, |b| {
-            [
-                ("self_attn.qkv_proj", &b.qkv_proj),
-                ("self_attn.o_proj", &b.o_proj),
-                ("mlp.gate_up_proj", &b.gate_up_proj),
-                ("mlp.down_proj", &b.down_proj),
-            ]
-        })
+    fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {
+        Err(unsharded(prefix))
     }
+}
 
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
+/// mlx-lm 0.32.2's phi3 has no `shard` (the registry refuses it before any layer).
+fn unsharded(what: &str) -> LoadError {
+    LoadError::Unsupported(format!("{what}: phi3 cannot run tensor parallel"))
+}
 
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|_| Box::new(KvCache::new()) as Box<dyn Cache>)
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed.forward(ids)?;
-        let mask = caches[0].make_mask(ids.shape()[1], None)?;
-        for (b, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let r = self.attention(b, &b.input_norm.forward(&h)?, &mask, cache.as_mut())?;
-            let hh = h.add(&r)?;
-            let r = Self::mlp(b, &b.post_attn_norm.forward(&hh)?)?;
-            h = hh.add(&r)?;
-        }
-        self.head.forward(&self.embed, &h)
-    }
+/// The model: the decoder with Phi-3's layers.
+pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
+    let a: Phi3Args = config.parse()?;
+    let heads = a.num_attention_heads;
+    let kv_heads = a.num_key_value_heads.unwrap_or(heads);
+    let head_dim = a.hidden_size / heads;
+    let hidden = a.hidden_size;
+    let dims = Dims {
+        layers: a.num_hidden_layers,
+        hidden,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: a.tie_word_embeddings,
+        ffn_module: "mlp",
+    };
+    Decoder::load(config, w, dims, |w, p, _| {
+        let lin = |w: &mut Weights, name: &str, in_dims: i32| {
+            Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+        };
+        let mixer: Box<dyn Mixer> = Box::new(Phi3Attention {
+            qkv_proj: lin(w, "self_attn.qkv_proj", hidden)?,
+            o_proj: lin(w, "self_attn.o_proj", heads * head_dim)?,
+            rope: a.rope(head_dim)?,
+            heads,
+            kv_heads,
+            head_dim,
+        });
+        let ffn = Phi3Mlp {
+            gate_up_proj: lin(w, "mlp.gate_up_proj", hidden)?,
+            down_proj: lin(w, "mlp.down_proj", a.intermediate_size)?,
+        };
+        Ok((mixer, Box::new(ffn)))
+    })
 }

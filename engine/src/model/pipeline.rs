@@ -16,9 +16,8 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
-use super::shard::{self, Part};
+use super::shard::Part;
 use crate::cache::{Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot};
-use crate::dist::Mode;
 use crate::load::LoadError;
 
 /// This rank's stage: its place in the group and the checkpoint layers `[start, end)` it
@@ -135,20 +134,6 @@ pub fn checkpoint_names<T>(stage: Option<&Stage>, named: Vec<(String, T)>) -> Ve
         Some(stage) => stage.renumber(named),
         None => named,
     }
-}
-
-/// `model.model.pipeline(group)` for the families mlx-lm 0.32.2 pipelines (`families`):
-/// the stage of `part`, or mlx-lm's refusal for any other `model_type`.
-pub fn stage_for(
-    model_type: &str,
-    families: &[&str],
-    part: Part,
-    layers: usize,
-) -> Result<Stage, LoadError> {
-    if !families.contains(&model_type) {
-        return Err(shard::unsupported(model_type, Mode::Pipeline));
-    }
-    Stage::new(part, layers, model_type)
 }
 
 /// Makes the last cache's state carry the send, so that evaluating the caches sends
@@ -272,16 +257,12 @@ mod tests {
     }
 
     #[test]
-    fn too_few_layers_and_other_families_are_refused() {
+    fn too_few_layers_are_refused() {
         let part = Part { rank: 0, size: 2 };
         let e = Stage::new(part, 1, "qwen2").unwrap_err().to_string();
         assert!(
             e.contains("too few for pipeline parallel on 2 ranks"),
             "{e}"
         );
-        let e = stage_for("llama", &["qwen2"], part, 4)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("cannot run pipeline parallel"), "{e}");
     }
 }

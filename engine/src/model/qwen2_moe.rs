@@ -9,11 +9,10 @@
 
 use serde::Deserialize;
 
+use super::decoder::{Decoder, Dims, Mixer};
 use super::layers::{Glu, Linear, Mlp};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::moe_decoder::{
-    check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape, SharedMoe,
-};
+use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn, SharedMoe};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -96,8 +95,8 @@ fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, Loa
     })
 }
 
-/// The model: mlx-lm's checks, then the shared MoE decoder with qwen2_moe's layers.
-pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+/// The model: mlx-lm's checks, then the decoder with qwen2_moe's layers.
+pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: Qwen2MoeArgs = config.parse()?;
     if a.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(LoadError::Unsupported(
@@ -113,17 +112,20 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         a.num_experts,
         "num_experts",
     )?;
-    let shape = Shape {
+    // mlx-lm's sanitize: a tied checkpoint's head is dropped.
+    if a.tie_word_embeddings {
+        w.discard(|n| n == "lm_head.weight");
+    }
+    let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
+        ffn_module: "mlp",
     };
     let attn = attention_shape(&a);
-    MoeDecoder::load("qwen2_moe", config, w, shape, |w, p, _| {
-        Ok((
-            load_attention(w, p, &attn)?,
-            Ffn::Shared(Box::new(load_mlp(w, p, &a)?)),
-        ))
+    Decoder::load(config, w, dims, |w, p, _| {
+        let mixer: Box<dyn Mixer> = Box::new(load_attention(w, p, &attn)?);
+        Ok((mixer, Box::new(Ffn::Shared(Box::new(load_mlp(w, p, &a)?)))))
     })
 }

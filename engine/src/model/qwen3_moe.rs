@@ -10,9 +10,10 @@
 
 use serde::Deserialize;
 
+use super::decoder::{Decoder, Dims, Mixer};
 use super::layers::{Glu, Linear, Mlp};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
-use super::moe_decoder::{check_top_k, load_attention, AttnShape, Ffn, MoeDecoder, Shape};
+use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -135,8 +136,8 @@ fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, L
     }))
 }
 
-/// The model: mlx-lm's checks, then the shared MoE decoder with qwen3_moe's layers.
-pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
+/// The model: mlx-lm's checks, then the decoder with qwen3_moe's layers.
+pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: Qwen3MoeArgs = config.parse()?;
     let base = a.rope_base()?;
     if a.decoder_sparse_step <= 0 {
@@ -151,14 +152,20 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<MoeDecoder, LoadError> {
         a.num_experts,
         "num_experts",
     )?;
-    let shape = Shape {
+    // mlx-lm's sanitize: a tied checkpoint's head is dropped.
+    if a.tie_word_embeddings {
+        w.discard(|n| n == "lm_head.weight");
+    }
+    let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
+        ffn_module: "mlp",
     };
     let attn = attention_shape(&a, base);
-    MoeDecoder::load("qwen3_moe", config, w, shape, |w, p, i| {
-        Ok((load_attention(w, p, &attn)?, load_ffn(w, p, &a, i)?))
+    Decoder::load(config, w, dims, |w, p, i| {
+        let mixer: Box<dyn Mixer> = Box::new(load_attention(w, p, &attn)?);
+        Ok((mixer, Box::new(load_ffn(w, p, &a, i)?)))
     })
 }

@@ -53,6 +53,9 @@ pub enum Rope {
         factor: f64,
         max_positions: i32,
     },
+    /// No rotation: mlx-lm's `NoPE` (`x` as it is), for the layers of a family that attend
+    /// without positions (SmolLM 3's every fourth layer).
+    None,
 }
 
 fn need<T>(v: Option<T>, kind: &str, field: &str) -> Result<T, LoadError> {
@@ -158,6 +161,7 @@ impl Rope {
 
     pub fn forward(&self, x: &Array, offset: &RopeOffset) -> R<Array> {
         match self {
+            Rope::None => Ok(x.clone()),
             Rope::Standard {
                 dims,
                 traditional,

@@ -179,16 +179,3 @@ impl Mlp {
             .shard(Split::Rows, part, &format!("{prefix}.down_proj"))
     }
 }
-
-/// The refusal for a family mlx-lm 0.32.2 does not shard.
-pub fn unsupported(model_type: &str, mode: crate::dist::Mode) -> LoadError {
-    let families = match mode {
-        crate::dist::Mode::Tensor => "llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss",
-        crate::dist::Mode::Pipeline => "qwen2, qwen3_moe",
-    };
-    LoadError::Unsupported(format!(
-        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
-         either); families that can: {families}",
-        mode.name()
-    ))
-}

@@ -217,7 +217,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
             "--segment-size is not available for model_type `{}` yet ({} have it); train \
              this model without it",
             model.model_type(),
-            super::segmented::SEGMENTED_FAMILIES
+            super::segmented::segmented_families()
         );
     }
     let tokenizer = Tokenizer::load(&args.model)?;

@@ -147,25 +147,9 @@ fn refusal(model_type: &str) -> String {
         "LoRA is not available for this `{model_type}` model yet: it lists no layers LoRA \
          attaches to (LoRA is available for {}; not yet for Gemma 4's mixture-of-experts \
          block)",
-        LORA_FAMILIES.join(", ")
+        crate::model::registry::names(|f| f.lora)
     )
 }
-
-/// The families whose layers LoRA attaches to (each gated against mlx-lm's trainer).
-pub const LORA_FAMILIES: &[&str] = &[
-    "llama",
-    "mistral",
-    "qwen2",
-    "qwen3",
-    "gemma3_text",
-    "gemma4_text",
-    "gemma3",
-    "gemma4",
-    "phi3",
-    "qwen3_moe",
-    "mixtral",
-    "qwen2_moe",
-];
 
 impl<'m> Adapters<'m> {
     /// Attaches fresh adapters: A ~ U(±1/√in) drawn from `seed`'s key sequence (one split

@@ -22,9 +22,11 @@ use mlx_rs::Array;
 use super::lora::Adapters;
 use crate::model::{Carried, Layered};
 
-/// The families whose models expose their blocks (`LanguageModel::as_layered`).
-pub const SEGMENTED_FAMILIES: &str = "llama, mistral, qwen2, qwen3, gemma3_text, gemma3, \
-     gemma4_text, gemma4, qwen3_moe, mixtral, qwen2_moe";
+/// The families whose models expose their blocks (`LanguageModel::as_layered`), for
+/// refusals.
+pub fn segmented_families() -> String {
+    crate::model::registry::names(|f| f.segmented)
+}
 
 /// The block ranges of `segment_size` blocks each (the last may be shorter).
 pub fn segments(blocks: usize, segment_size: usize) -> Vec<Range<usize>> {

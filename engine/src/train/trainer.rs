@@ -232,7 +232,7 @@ pub fn batch_grads(
         (Some(_), None) => Err(Exception::custom(format!(
             "--segment-size is not available for model_type `{}` yet ({} have it)",
             model.model_type(),
-            super::segmented::SEGMENTED_FAMILIES
+            super::segmented::segmented_families()
         ))),
         (None, _) => {
             let (out, grads) =

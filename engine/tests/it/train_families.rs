@@ -1,5 +1,5 @@
 //! `engine train` on the families LoRA gained for issue 21 (their steps are gated against
-//! mlx-lm's trainer in tests/train_lora.rs): phi3, the gemma3 / gemma4 wrappers and the MoE
+//! mlx-lm's trainer in tests/it/train_lora.rs): phi3, the gemma3 / gemma4 wrappers and the MoE
 //! families train from the CLI with mlx-lm's default keys, save adapters under mlx-lm's
 //! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
 //! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
@@ -148,16 +148,17 @@ fn segmented_training_gives_the_same_adapters_on_the_new_families() {
 }
 
 /// `--segment-size` where the model does not expose its blocks: refused before anything is
-/// written. (The gemma4 wrapper has them now: engine/tests/it/segmented.rs gates it.)
+/// written. (gpt_oss is outside the shared decoder; the families on it, phi3 among them,
+/// have their blocks: the gradient test below gates them.)
 #[test]
-fn segment_size_is_refused_on_phi3() {
+fn segment_size_is_refused_on_gpt_oss() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny-phi3");
-    let refused = train("tiny-phi3", &out, &["--segment-size", "1"]);
+    let out = dir.path().join("tiny-gpt-oss");
+    let refused = train("tiny-gpt-oss", &out, &["--segment-size", "1"]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(
-        err.contains("--segment-size is not available for model_type `phi3` yet"),
+        err.contains("--segment-size is not available for model_type `gpt_oss` yet"),
         "{err}"
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
@@ -231,7 +232,7 @@ fn segmented_gap(name: &str) -> f32 {
     gaps.fold(0.0, f32::max)
 }
 
-/// Library level: on the MoE families and the gemma3 wrapper the segmented gradients are
+/// Library level: on the MoE families, phi3 and the gemma3 wrapper the segmented gradients are
 /// the whole step's bit for bit; planted DropCotangent (each segment's backward from zeros)
 /// breaks them.
 #[test]
@@ -240,6 +241,7 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-qwen3-moe",
         "tiny-mixtral",
         "tiny-qwen2-moe",
+        "tiny-phi3",
         "tiny-gemma3-mm",
     ];
     for name in models {

@@ -1,0 +1,179 @@
+//! What the mixture-of-experts families (`qwen3_moe`, `mixtral`, `qwen2_moe`) share on top
+//! of the decoder (`decoder.rs`): their attention (Llama's, plain RoPE), the feed-forward of
+//! a layer — a dense MLP, the sparse block, or the sparse block with a shared expert — and
+//! mlx-lm's check of `num_experts_per_tok`.
+
+use mlx_rs::error::Exception;
+use mlx_rs::Array;
+
+use super::decoder::FeedForward;
+use super::layers::{Attention, Linear, Mlp, RmsNorm, Rope};
+use super::moe::{SparseMoe, SwitchLinear};
+use super::shard::Part;
+use crate::dist::Mode;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+/// The sparse block plus a shared expert behind a sigmoid gate (`Qwen2MoeSparseMoeBlock`).
+pub struct SharedMoe {
+    pub moe: SparseMoe,
+    pub shared: Mlp,
+    pub shared_gate: Linear,
+}
+
+impl SharedMoe {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        let (inds, scores) = self.moe.router.route(x)?;
+        let y = self.moe.experts.forward(x, &inds)?;
+        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        let shared = self.shared.forward(x)?;
+        let shared = mlx_rs::ops::sigmoid(self.shared_gate.forward(x)?)?.multiply(&shared)?;
+        y.add(&shared)
+    }
+}
+
+/// A layer's feed-forward.
+pub enum Ffn {
+    Dense(Mlp),
+    Sparse(SparseMoe),
+    /// Boxed: it is twice the size of the others (one per layer, so the box costs nothing).
+    Shared(Box<SharedMoe>),
+}
+
+impl Ffn {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        match self {
+            Ffn::Dense(mlp) => mlp.forward(x),
+            Ffn::Sparse(moe) => moe.forward(x),
+            Ffn::Shared(moe) => moe.forward(x),
+        }
+    }
+}
+
+/// The attention of the MoE families: Llama's, plain `nn.RoPE` (no scaling: mlx-lm's MoE
+/// modules never apply it), q/k/v biases for qwen2_moe, per-head q/k RMSNorm for qwen3_moe.
+pub struct AttnShape {
+    pub hidden: i32,
+    pub heads: i32,
+    pub kv_heads: i32,
+    pub head_dim: i32,
+    pub qkv_bias: bool,
+    /// The q/k RMSNorms' eps, where the family has them.
+    pub qk_norm_eps: Option<f32>,
+    pub rope_traditional: bool,
+    pub rope_base: f32,
+}
+
+pub fn load_attention(w: &mut Weights, p: &str, a: &AttnShape) -> Result<Attention, LoadError> {
+    let proj = |w: &mut Weights, name: &str, bias: bool, in_dims: i32| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+    };
+    let norm = |w: &mut Weights, name: &str| {
+        a.qk_norm_eps
+            .map(|eps| RmsNorm::load(w, &format!("{p}.self_attn.{name}"), eps))
+            .transpose()
+    };
+    Ok(Attention {
+        q_proj: proj(w, "q_proj", a.qkv_bias, a.hidden)?,
+        k_proj: proj(w, "k_proj", a.qkv_bias, a.hidden)?,
+        v_proj: proj(w, "v_proj", a.qkv_bias, a.hidden)?,
+        o_proj: proj(w, "o_proj", false, a.heads * a.head_dim)?,
+        q_norm: norm(w, "q_norm")?,
+        k_norm: norm(w, "k_norm")?,
+        n_heads: a.heads,
+        n_kv_heads: a.kv_heads,
+        scale: (a.head_dim as f32).powf(-0.5),
+        norm_after_transpose: false,
+        rope: Rope::Standard {
+            dims: a.head_dim,
+            traditional: a.rope_traditional,
+            base: a.rope_base,
+            scale: 1.0,
+        },
+    })
+}
+
+/// `num_experts_per_tok` must pick at least one and at most every expert (`field` names
+/// the family's expert count).
+pub fn check_top_k(
+    model_type: &str,
+    top_k: i32,
+    experts: i32,
+    field: &str,
+) -> Result<(), LoadError> {
+    if top_k <= 0 || top_k > experts {
+        return Err(LoadError::Unsupported(format!(
+            "{model_type}: num_experts_per_tok {top_k} must be in 1..={experts} ({field})"
+        )));
+    }
+    Ok(())
+}
+
+impl Ffn {
+    /// Its linears under mlx-lm's names within the block (`ffn` is the module's name):
+    /// the dense MLP's three; the router `gate`; a shared expert's three and its gate.
+    fn named_linears(&self, ffn: &str) -> Vec<(String, &Linear)> {
+        fn mlp(prefix: String, m: &Mlp) -> [(String, &Linear); 3] {
+            [
+                ("gate_proj", &m.gate_proj),
+                ("up_proj", &m.up_proj),
+                ("down_proj", &m.down_proj),
+            ]
+            .map(|(n, l)| (format!("{prefix}.{n}"), l))
+        }
+        match self {
+            Ffn::Dense(m) => mlp(ffn.to_owned(), m).into(),
+            Ffn::Sparse(moe) => vec![(format!("{ffn}.gate"), &moe.router.gate)],
+            Ffn::Shared(s) => std::iter::once((format!("{ffn}.gate"), &s.moe.router.gate))
+                .chain(mlp(format!("{ffn}.shared_expert"), &s.shared))
+                .chain([(format!("{ffn}.shared_expert_gate"), &s.shared_gate)])
+                .collect(),
+        }
+    }
+
+    /// Its stacked experts (`<ffn>.switch_mlp.{gate,up,down}_proj`), none for a dense MLP.
+    fn named_switches(&self, ffn: &str) -> Vec<(String, &SwitchLinear)> {
+        let experts = match self {
+            Ffn::Dense(_) => return Vec::new(),
+            Ffn::Sparse(moe) => &moe.experts,
+            Ffn::Shared(s) => &s.moe.experts,
+        };
+        [
+            ("gate_proj", &experts.gate_proj),
+            ("up_proj", &experts.up_proj),
+            ("down_proj", &experts.down_proj),
+        ]
+        .map(|(n, l)| (format!("{ffn}.switch_mlp.{n}"), l))
+        .into()
+    }
+}
+
+/// A layer's feed-forward, named by the decoder (`mlp`, Mixtral's `block_sparse_moe`).
+impl FeedForward for Ffn {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        Ffn::forward(self, x)
+    }
+
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
+        self.named_linears(module)
+    }
+
+    fn switches(&self, module: &str) -> Vec<(String, &SwitchLinear)> {
+        self.named_switches(module)
+    }
+
+    /// As `qwen3_moe.Model.shard`: dense MLPs as Llama's; a sparse block keeps its router
+    /// whole and every expert narrowed (`moe/shard.rs`), and sums its combined output over
+    /// the ranks. mlx-lm shards no block with a shared expert.
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        match self {
+            Ffn::Dense(mlp) => mlp.shard(part, prefix),
+            Ffn::Sparse(moe) => moe.experts.shard(part, &format!("{prefix}.switch_mlp")),
+            Ffn::Shared(_) => Err(LoadError::Unsupported(format!(
+                "{prefix}: a mixture of experts with a shared expert cannot run {} parallel \
+                 (mlx-lm 0.32.2 does not shard it either)",
+                Mode::Tensor.name()
+            ))),
+        }
+    }
+}

@@ -1,0 +1,242 @@
+//! The one table of model families: for each `model_type` the engine loads, the function
+//! that builds it and what it can do beyond generating (LoRA, segmented backward, `engine
+//! convert`, tensor and pipeline parallel). Every list of family names the engine prints —
+//! the load refusal, LoRA's, segmented training's, convert's, the distributed refusals — is
+//! derived from this table; no other list of families is kept.
+//!
+//! The capabilities state what is gated: LoRA against mlx-lm's trainer, segmented backward
+//! against the whole-model backward, convert against `mlx_lm.convert`, tensor and pipeline
+//! parallel as mlx-lm 0.32.2 shards (`Model.shard`, `PipelineMixin.pipeline`) — a family
+//! mlx-lm does not shard is refused, as mlx-lm refuses it.
+
+use super::LanguageModel;
+use crate::dist::Mode;
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+
+/// Builds a family's model from its parsed config and weights.
+pub type Build = fn(&ModelConfig, Weights) -> Result<Box<dyn LanguageModel>, LoadError>;
+
+/// One `model_type` and what the engine does with it.
+pub struct Family {
+    pub model_type: &'static str,
+    pub build: Build,
+    /// LoRA adapters attach to its linears (`engine train`).
+    pub lora: bool,
+    /// Its blocks run a few at a time (`--segment-size`).
+    pub segmented: bool,
+    /// `engine convert` lays it out as `mlx_lm.convert` does.
+    pub convert: bool,
+    /// Tensor parallel (`Model.shard` in mlx-lm 0.32.2).
+    pub tensor: bool,
+    /// Pipeline parallel (`PipelineMixin` in mlx-lm 0.32.2).
+    pub pipeline: bool,
+}
+
+/// A family's row with every capability off; rows below switch theirs on.
+const fn row(model_type: &'static str, build: Build) -> Family {
+    Family {
+        model_type,
+        build,
+        lora: false,
+        segmented: false,
+        convert: false,
+        tensor: false,
+        pipeline: false,
+    }
+}
+
+fn llama(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::llama::load(c, w)?))
+}
+
+fn gemma3_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::gemma::Gemma3::load(c, w)?))
+}
+
+fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::gemma4::Gemma4::load(c, w)?))
+}
+
+fn phi3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::phi3::load(c, w)?))
+}
+
+fn qwen3_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen3_moe::load(c, w)?))
+}
+
+fn mixtral(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::mixtral::load(c, w)?))
+}
+
+fn qwen2_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen2_moe::load(c, w)?))
+}
+
+fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::gpt_oss::GptOss::load(c, w)?))
+}
+
+/// Every family, in the order the engine lists them.
+pub static FAMILIES: &[Family] = &[
+    // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        tensor: true,
+        ..row("llama", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        tensor: true,
+        ..row("mistral", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        tensor: true,
+        pipeline: true,
+        ..row("qwen2", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        tensor: true,
+        ..row("qwen3", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        ..row("gemma3_text", gemma3_text)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        ..row("gemma4_text", gemma4_text)
+    },
+    // The multimodal wrappers, loaded for text as mlx-lm loads them.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("gemma3", super::wrapper::build)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("gemma4", super::wrapper::build)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("phi3", phi3)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        tensor: true,
+        pipeline: true,
+        ..row("qwen3_moe", qwen3_moe)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("mixtral", mixtral)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("qwen2_moe", qwen2_moe)
+    },
+    Family {
+        tensor: true,
+        ..row("gpt_oss", gpt_oss)
+    },
+];
+
+/// The row of `model_type`, or the refusal that lists the supported ones.
+pub fn family(model_type: &str) -> Result<&'static Family, LoadError> {
+    FAMILIES
+        .iter()
+        .find(|f| f.model_type == model_type)
+        .ok_or_else(|| {
+            LoadError::Unsupported(format!(
+                "model_type `{model_type}` is not supported yet (supported: {})",
+                names(|_| true)
+            ))
+        })
+}
+
+/// The families with a capability, comma-separated, in table order.
+pub fn names(has: impl Fn(&Family) -> bool) -> String {
+    FAMILIES
+        .iter()
+        .filter(|f| has(f))
+        .map(|f| f.model_type)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Whether `model_type` has a capability (false for a type outside the table).
+pub fn has(model_type: &str, capability: impl Fn(&Family) -> bool) -> bool {
+    FAMILIES
+        .iter()
+        .any(|f| f.model_type == model_type && capability(f))
+}
+
+/// Whether a family runs under a parallel `mode`.
+pub fn parallel(f: &Family, mode: Mode) -> bool {
+    match mode {
+        Mode::Tensor => f.tensor,
+        Mode::Pipeline => f.pipeline,
+    }
+}
+
+/// The refusal for a family that does not run under `mode` (mlx-lm 0.32.2 does not shard
+/// it that way either).
+pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
+    LoadError::Unsupported(format!(
+        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
+         either); families that can: {}",
+        mode.name(),
+        names(|f| parallel(f, mode))
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_model_type_has_one_row() {
+        let mut seen = std::collections::BTreeSet::new();
+        for f in FAMILIES {
+            assert!(seen.insert(f.model_type), "{} twice", f.model_type);
+        }
+    }
+
+    #[test]
+    fn refusals_list_the_families_that_can() {
+        let e = family("nope").err().unwrap().to_string();
+        assert!(e.contains("`nope` is not supported yet"), "{e}");
+        assert!(
+            e.contains("llama, mistral, qwen2, qwen3, gemma3_text"),
+            "{e}"
+        );
+        let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
+        assert!(e.ends_with("families that can: qwen2, qwen3_moe"), "{e}");
+        let e = parallel_refusal("phi3", Mode::Tensor).to_string();
+        assert!(
+            e.ends_with("families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss"),
+            "{e}"
+        );
+    }
+}
