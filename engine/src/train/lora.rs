@@ -113,7 +113,8 @@ fn select<'m>(
                 .map(|(n, s)| (n, Slot::switch(s, rank))),
         )
         .collect();
-    if all.is_empty() {
+    let gated = crate::model::registry::has(model.model_type(), |f| f.lora);
+    if all.is_empty() || !gated {
         return Err(TrainError::Unsupported(refusal(model.model_type())));
     }
     // Stable: blocks in order, each block's linears before its experts.
@@ -141,12 +142,12 @@ fn select<'m>(
     Ok(chosen)
 }
 
-/// Why a model that lists no adaptable layers cannot be fine-tuned.
+/// Why a model cannot be fine-tuned: its family is not gated against mlx-lm's trainer (the
+/// registry's `lora`), or it lists no layers LoRA attaches to.
 fn refusal(model_type: &str) -> String {
     format!(
-        "LoRA is not available for this `{model_type}` model yet: it lists no layers LoRA \
-         attaches to (LoRA is available for {}; not yet for Gemma 4's mixture-of-experts \
-         block)",
+        "LoRA is not available for this `{model_type}` model yet (LoRA is available for {}; \
+         not yet for Gemma 4's mixture-of-experts block)",
         crate::model::registry::names(|f| f.lora)
     )
 }
