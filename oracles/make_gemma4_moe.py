@@ -2,7 +2,7 @@
 with mlx-lm 0.32.2's own gemma4_text / gemma4 classes.
 
     HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_models.py tiny-gemma4-moe
-    (make_models.py dispatches these names here)
+    (or oracles/make_gemma4_moe.py [NAME ...]: its rows of goldens/models/manifest.json)
 
 - tiny-gemma4-moe     gemma4_text like the 26B: every layer runs the dense GeGLU MLP and, beside
                       it, the router + 8 experts (top-3, SwitchGLU with the GeGLU activation),
@@ -22,33 +22,31 @@ with mlx-lm 0.32.2's own gemma4_text / gemma4 classes.
                       mlx-lm's layout (`language_model.model.…`). Its L1 golden needs
                       make_moe.patch_gather_qmm on MLX 0.32.2 (gen_l1.py applies it).
 
-The tokenizer and chat template are tiny-gemma4's (make_models.train_tokenizer, "llama" style).
+The tokenizer and chat template are tiny-gemma4's (tinymodels' shared tokenizer, "llama" style).
 Everything is seeded. SwitchGLU sorts by expert from 64 routing entries (22 tokens at top-3):
 the longer L1 prompts take that path.
 """
 
 import copy
-import shutil
+import sys
+from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm import load
 from mlx_lm.models import gemma4, gemma4_text
-from mlx_lm.utils import quantize_model, save_config, save_model
+from mlx_lm.utils import quantize_model
 
-from provenance import golden_dir, provenance, resolve, write_json
+import tinymodels
+from make_wrappers import gemma4_wrapper_config, text_of
+from tinymodels import (GEMMA4_KEQV, Job, gemma4_config, load_source, loads_back, random_model, randomize_scales,
+                        weights_of, write_model, write_quantized)
 
 
 def moe_config() -> dict:
-    import make_models as mm
-    return mm.gemma4_config(
-        num_hidden_layers=4, sliding_window_pattern=2, intermediate_size=64, num_key_value_heads=2,
-        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=0,
-        hidden_size_per_layer_input=0, use_double_wide_mlp=False, final_logit_softcapping=30.0,
-        enable_moe_block=True, num_experts=8, top_k_experts=3, moe_intermediate_size=32)
+    return gemma4_config(**dict(GEMMA4_KEQV, tie_word_embeddings=True, intermediate_size=64, enable_moe_block=True,
+                                num_experts=8, top_k_experts=3, moe_intermediate_size=32))
 
 
-# The MoE branch's norms, which make_models.randomize_scales (names ending `norm.weight`) misses.
+# The MoE branch's norms, which tinymodels.randomize_scales (names ending `norm.weight`) misses.
 MOE_NORMS = ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2", "pre_feedforward_layernorm_2")
 
 
@@ -90,57 +88,34 @@ def hf_layout(weights: dict) -> dict:
     return out
 
 
-def make_gemma4_moe(tok) -> None:
-    import make_models as mm
-    dest = golden_dir("models/tiny-gemma4-moe")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def make_gemma4_moe(job: Job) -> Path:
     cfg = moe_config()
-    model = mm.random_model(gemma4_text, cfg, 25, mx.float32)
-    mm.randomize_scales(model, 35)
+    model = random_model(gemma4_text, cfg, job.seed, mx.float32)
+    randomize_scales(model, 35)
     spread_router(model, 45)
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), hf_layout(weights), metadata={"format": "mlx"})
-    write_json(dest / "config.json", cfg)
-    mm.finish_dir(dest, cfg, mm.write_tokenizer(tok, dest, "llama"),
-                  "random weights (seed 25, norm/scalar noise seed 35, router noise seed 45), f32, routers' "
-                  "proj x8, tied, K = V on full layers, experts fused as Hugging Face stores them")
-    loaded, _ = load(str(dest))
-    for k, v in tree_flatten(loaded.parameters()):
-        assert mx.array_equal(v, weights[k]).item(), k
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    weights = weights_of(model)
+    return write_model(job, hf_layout(weights), cfg,
+                       f"random weights (seed {job.seed}, norm/scalar noise seed 35, router noise seed 45), f32, "
+                       "routers' proj x8, tied, K = V on full layers, experts fused as Hugging Face stores them",
+                       check=loads_back(weights))
 
 
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
-
-
-def make_gemma4_moe_q4(_tok=None) -> None:
-    from make_wrappers import gemma4_wrapper_config, text_of
-    src = resolve("models/tiny-gemma4-moe")
-    text_model, _ = load(str(src))
+def make_gemma4_moe_q4(job: Job) -> Path:
+    text_model, _ = load_source(job, "tiny-gemma4-moe")
     cfg = gemma4_wrapper_config(text_of(moe_config(), ("vocab_size",)))
     cfg["architectures"] = ["Gemma4ForConditionalGeneration"]
     model = gemma4.Model(gemma4.ModelArgs.from_dict(copy.deepcopy(cfg)))
-    model.load_weights([("language_model." + k, v) for k, v in tree_flatten(text_model.parameters())])
+    model.load_weights([("language_model." + k, v) for k, v in weights_of(text_model).items()])
     model.set_dtype(mx.bfloat16)
     mx.eval(model.parameters())
     model, qconfig = quantize_model(model, cfg, 32, 4)
     assert qconfig["quantization"]["language_model.model.layers.0.router.proj"]["bits"] == 8
-    dest = golden_dir("models/tiny-gemma4-moe-q4")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    save_model(dest, model)
-    save_config(qconfig, dest / "config.json")
-    for f in TOKENIZER_FILES:
-        shutil.copy(src / f, dest / f)
-    write_json(dest / "provenance.json", {
-        "provenance": provenance("mlx-lm", "mlx-lm"), "generator": "oracles/make_gemma4_moe.py",
-        "notes": "tiny-gemma4-moe's language model in the gemma4 wrapper (gemma4.Model), cast to bf16, affine "
-                 "4-bit g32 via mlx_lm.utils.quantize_model (routers' proj 8-bit g64 by gemma4's quant_predicate); "
-                 "its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2"})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    return write_quantized(
+        job, "tiny-gemma4-moe", model, qconfig,
+        "tiny-gemma4-moe's language model in the gemma4 wrapper (gemma4.Model), cast to bf16, affine "
+        "4-bit g32 via mlx_lm.utils.quantize_model (routers' proj 8-bit g64 by gemma4's quant_predicate); "
+        "its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2", "oracles/make_gemma4_moe.py")
 
 
-ONLY = {"tiny-gemma4-moe": make_gemma4_moe, "tiny-gemma4-moe-q4": make_gemma4_moe_q4}
+if __name__ == "__main__":
+    tinymodels.main({"make_gemma4_moe": sys.modules[__name__]})

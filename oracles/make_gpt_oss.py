@@ -1,6 +1,6 @@
 """Tiny gpt-oss models, made with mlx-lm's own gpt_oss class.
 
-    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_gpt_oss.py [NAME ...]
+    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_gpt_oss.py [NAME ...]   (its manifest rows)
     (or through make_models.py: `make_models.py tiny-gpt-oss`)
 
 - tiny-gpt-oss        gpt_oss: 4 layers (sliding, full, sliding, full from layer_types), sliding
@@ -18,20 +18,21 @@
                       mlx_lm.utils.quantize_model (per-module entries) — written by mlx-lm's
                       own save_model/save_config
 
-The tokenizer and chat template are tiny-qwen3's (make_models.train_tokenizer, "qwen" style).
+The tokenizer and chat template are tiny-qwen3's (tinymodels' shared tokenizer, "qwen" style).
 Everything is seeded. mlx-lm's SwitchGLU sorts the tokens by expert once the routing
 indices have >= 64 entries (16 tokens at top-4): the longer L1 prompts take that path.
 """
 
-import shutil
 import sys
+from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models import gpt_oss
+from mlx_lm.utils import quantize_model
 
-from provenance import golden_dir, provenance, resolve, write_json
-
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+import tinymodels
+from tinymodels import VOCAB, Job, load_source, random_model, randomize_scales, weights_of, write_model, write_quantized
 
 
 def gpt_oss_config(vocab: int) -> dict:
@@ -53,15 +54,9 @@ def draw(shape, seed: int, scale: float):
     return mx.random.normal(shape, key=mx.random.key(seed)) * scale
 
 
-def make_gpt_oss(tok) -> None:
-    # make_models imports this module for its name dispatch; import its helpers late.
-    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
-
-    dest = golden_dir("models/tiny-gpt-oss")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def make_gpt_oss(job: Job) -> Path:
     cfg = gpt_oss_config(VOCAB)
-    model = random_model(gpt_oss, cfg, 24, mx.float32)
+    model = random_model(gpt_oss, cfg, job.seed, mx.float32)
     randomize_scales(model, 34)
     for i, layer in enumerate(model.model.layers):
         attn, mlp = layer.self_attn, layer.mlp
@@ -73,60 +68,29 @@ def make_gpt_oss(tok) -> None:
         for j, proj in enumerate([experts.gate_proj, experts.up_proj, experts.down_proj]):
             proj.bias = draw(proj.bias.shape, 3500 + 10 * i + j, 0.3)
     mx.eval(model.parameters())
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"),
-               "random weights (seed 24, norm noise seed 34), f32, sinks and expert biases drawn (seeds "
-               "3400+/3500+), routers x8, expert gate/up x6, untied")
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm noise seed 34), f32, sinks and expert biases drawn "
+                       "(seeds 3400+/3500+), routers x8, expert gate/up x6, untied", style="qwen")
 
 
-def make_gpt_oss_mxfp4(_tok=None) -> None:
+def make_gpt_oss_mxfp4(job: Job) -> Path:
     """As mlx_lm.convert makes mlx-community's gpt-oss-*-MXFP4-Q8 from OpenAI's checkpoint:
     loading it leaves the experts mxfp4 (`quantization_config` mxfp4 → `quantization`
     {32, 4, mxfp4}); `-q --q-bits 8` then quantizes every other linear and the embedding
     affine 8-bit g64, each recorded per module (the checkpoint was partly quantized
     already), the routers by gpt_oss's quant_predicate."""
-    import mlx.nn as nn
-    from mlx_lm import load
-    from mlx_lm.utils import quantize_model, save_config, save_model
-
-    src = resolve("models/tiny-gpt-oss")
-    model, _, config = load(str(src), return_config=True)
+    model, config = load_source(job, "tiny-gpt-oss")
     model.set_dtype(mx.bfloat16)
     nn.quantize(model, 32, 4, mode="mxfp4", class_predicate=lambda p, m: p.endswith(
         (".experts.gate_proj", ".experts.up_proj", ".experts.down_proj")))
     config["quantization"] = {"group_size": 32, "bits": 4, "mode": "mxfp4"}
     model, qconfig = quantize_model(model, config, 64, 8)
-    dest = golden_dir("models/tiny-gpt-oss-mxfp4")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    save_model(dest, model)
-    save_config(qconfig, dest / "config.json")
-    for f in TOKENIZER_FILES:
-        shutil.copy(src / f, dest / f)
-    write_json(dest / "provenance.json", {
-        "provenance": provenance("mlx-lm", "mlx-lm"), "generator": "oracles/make_gpt_oss.py",
-        "notes": "tiny-gpt-oss cast to bf16, experts mxfp4 g32 (as loading OpenAI's mxfp4 checkpoint leaves "
-                 "them), then mlx_lm.utils.quantize_model 8-bit g64 affine for the rest (mlx-community's "
-                 "MXFP4-Q8 layout)"})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
-
-
-ONLY = {"tiny-gpt-oss": make_gpt_oss, "tiny-gpt-oss-mxfp4": make_gpt_oss_mxfp4}
-
-
-def main(only=None) -> None:
-    mx.set_default_device(mx.cpu)
-    names = only or list(ONLY)
-    tok = None
-    if "tiny-gpt-oss" in names:
-        from make_models import train_tokenizer
-        tok = train_tokenizer()
-    for name in names:
-        ONLY[name](tok)
+    return write_quantized(
+        job, "tiny-gpt-oss", model, qconfig,
+        "tiny-gpt-oss cast to bf16, experts mxfp4 g32 (as loading OpenAI's mxfp4 checkpoint leaves "
+        "them), then mlx_lm.utils.quantize_model 8-bit g64 affine for the rest (mlx-community's "
+        "MXFP4-Q8 layout)", "oracles/make_gpt_oss.py")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or None)
+    tinymodels.main({"make_gpt_oss": sys.modules[__name__]})

@@ -1,10 +1,17 @@
-"""Tiny deterministic model dirs in HF layout, for parity gates and tests.
+"""Tiny deterministic model dirs in HF layout, for parity gates and tests, and the one CLI that
+makes every tiny model goldens/models/manifest.json lists (oracles/tinymodels.py has the rest).
 
-    oracles/.venv/bin/python oracles/make_models.py
+    oracles/.venv/bin/python oracles/make_models.py                  # every row of the manifest
+    oracles/.venv/bin/python oracles/make_models.py tiny-gemma4 tiny-qwen2   # only those
+    oracles/.venv/bin/python oracles/make_models.py --only tiny-gemma3 --out /tmp/models
+    oracles/.venv/bin/python oracles/make_models.py --list           # the rows, in build order
 
 Writes goldens/models/<name>/ (or goldens/<machine-key>/models/<name>/ off the reference
-machine) with config.json, model.safetensors, tokenizer.json,
-tokenizer_config.json (with a chat template), generation_config.json and provenance.json:
+machine; or DIR/<name>/ with --out) — a model a row `needs` is made before it when both are
+asked for, else read from where it is. The models made here, from mlx-lm's own model classes
+(mlx_lm.models.llama / qwen3 / qwen2 / gemma3_text / gemma4_text), with config.json,
+model.safetensors, tokenizer.json, tokenizer_config.json (with a chat template),
+generation_config.json and provenance.json:
 
 - tiny-llama         llama, GQA (4 q / 2 kv heads), untied head, llama3 RoPE scaling, bf16
 - tiny-qwen3         qwen3, q/k RMSNorm, explicit head_dim, tied embeddings, f32;
@@ -30,6 +37,8 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      K/V, tied head, no centroid head; briefly distilled on tiny-gemma4's
                      greedy continuations of its L1 prompts so that some drafts are accepted,
                      bf16 (needs tiny-gemma4 and goldens/l1/tiny-gemma4)
+
+Made by the other makers (each also runnable by itself for its own rows):
 - tiny-llama-dynamic, tiny-llama-yarn, tiny-phi3, tiny-llama-rope-params, tiny-gemma3-rope-params
                      the RoPE kinds (dynamic, yarn, longrope), phi3, and transformers 5's
                      rope_parameters-only configs: oracles/make_rope.py
@@ -42,6 +51,10 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
                      oracles/make_moe.py
 - tiny-qwen2-moe     qwen2_moe, 8 experts top-4 and a gated shared expert, f32:
                      oracles/make_moe.py
+- tiny-qwen3-moe-q4  tiny-qwen3-moe in bf16, affine 4-bit: oracles/make_moe.py
+- tiny-gemma4-moe, tiny-gemma4-moe-q4
+                     gemma4_text with the 26B-A4B's expert block, and its 4-bit gemma4
+                     wrapper: oracles/make_gemma4_moe.py
 - tiny-gpt-oss, tiny-gpt-oss-mxfp4
                      gpt_oss (attention sinks, sliding/full layers with window 8, 8 experts
                      top-4 through the clamped SwiGLU, yarn RoPE), f32; and cast to bf16 with
@@ -50,16 +63,19 @@ tokenizer_config.json (with a chat template), generation_config.json and provena
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
+- tiny-gemma4-assistant-centroid, -lm-head, -no-lm-head
+                     the drafter's head variants: oracles/make_assistants.py
+- tiny-llama-trained-q4, tiny-qwen3-q8, tiny-gemma3-q4, tiny-gemma4-q4, tiny-gemma3-mm-q4
+                     mlx-lm's affine quantizer on the models above: oracles/make_quantized.py
+- tiny-llama-mxfp4, tiny-llama-nvfp4, tiny-llama-mxfp8, tiny-llama-mixed-modes, tiny-qwen3-moe-mxfp4
+                     MLX's floating-point quantization modes: oracles/make_quant_modes.py
 
-`make_models.py tiny-gemma4 tiny-qwen2` writes only those (the tokenizer is retrained
-deterministically; the other models are left as they are).
-
-Everything is seeded. The tokenizer is a byte-level BPE (vocab 1024) trained on
-oracles/corpus.txt with special tokens for bos/eos/padding and chat turns.
+Everything is seeded (a row's `seed` is the one its weights are drawn from). The tokenizer is a
+byte-level BPE (vocab 1024) trained on oracles/corpus.txt with special tokens for
+bos/eos/padding and chat turns, retrained deterministically each run.
 """
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -69,124 +85,21 @@ import mlx.optimizers as optim
 from mlx.utils import tree_flatten
 from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
 from mlx_lm.utils import save_config, save_model
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer
 
-from make_moe import make_mixtral, make_qwen2_moe, make_qwen3_moe
-from make_tools_model import make_qwen3_tools
-from provenance import golden_dir, provenance, write_json
-
-HERE = Path(__file__).resolve().parent
-CORPUS = (HERE / "corpus.txt").read_text()
-VOCAB = 1024
-SPECIAL = ["<|pad|>", "<|bos|>", "<|eos|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
-           "<|im_start|>", "<|im_end|>"]
-
-# Llama-style turns: bos, then <|role|>\ncontent<|end|>\n per message.
-LLAMA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] | trim }}<|end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
-# ChatML-style turns (Qwen): no bos; a default system line when none is given.
-QWEN_TEMPLATE = (
-    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful robot.<|im_end|>\n{% endif %}"
-    "{% for message in messages %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
-def qa_pairs():
-    for line in CORPUS.splitlines():
-        if line.startswith("Question:") and " Answer: " in line:
-            q, a = line.removeprefix("Question: ").split(" Answer: ")
-            yield q.strip(), a.strip()
-
-
-def train_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
-    return tok
-
-
-def write_tokenizer(tok: Tokenizer, dest: Path, style: str) -> dict:
-    tok = Tokenizer.from_str(tok.to_str())
-    if style == "llama":
-        bos = tok.token_to_id("<|bos|>")
-        tok.post_processor = processors.TemplateProcessing(
-            single="<|bos|> $A", pair="<|bos|> $A <|bos|> $B", special_tokens=[("<|bos|>", bos)]
-        )
-        cfg = {"bos_token": "<|bos|>", "eos_token": "<|end|>", "chat_template": LLAMA_TEMPLATE}
-        eos = ["<|end|>", "<|eos|>"]
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-        cfg = {"bos_token": None, "eos_token": "<|im_end|>", "chat_template": QWEN_TEMPLATE}
-        eos = ["<|im_end|>", "<|eos|>"]
-    tok.save(str(dest / "tokenizer.json"))
-    write_json(dest / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "pad_token": "<|pad|>",
-        "model_max_length": 4096,
-        "clean_up_tokenization_spaces": False,
-        **cfg,
-    })
-    return {"eos_token_id": [tok.token_to_id(t) for t in eos],
-            "bos_token_id": tok.token_to_id("<|bos|>") if style == "llama" else None}
-
-
-def llama_config(hidden, layers, heads, kv_heads, inter, rope_scaling, tie) -> dict:
-    return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": hidden, "num_hidden_layers": layers, "intermediate_size": inter,
-        "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-        "rms_norm_eps": 1e-5, "vocab_size": VOCAB, "max_position_embeddings": 4096,
-        "rope_theta": 500000.0 if rope_scaling else 10000.0, "rope_scaling": rope_scaling,
-        "tie_word_embeddings": tie, "attention_bias": False, "mlp_bias": False,
-    }
-
-
-def qwen3_config() -> dict:
-    return {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 160,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
-        "rope_theta": 1000000.0, "tie_word_embeddings": True,
-    }
-
-
-def finish_dir(dest: Path, config: dict, tok_info: dict, notes: str) -> None:
-    write_json(dest / "generation_config.json", {
-        "bos_token_id": tok_info["bos_token_id"], "eos_token_id": tok_info["eos_token_id"],
-        "do_sample": False,
-    })
-    write_json(dest / "provenance.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
-                                          "generator": "oracles/make_models.py", "notes": notes})
-
-
-def save_plain(dest: Path, model: nn.Module, config: dict) -> None:
-    weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    write_json(dest / "config.json", config)
-
-
-def random_model(module, config: dict, seed: int, dtype):
-    mx.random.seed(seed)
-    model = module.Model(module.ModelArgs.from_dict(config))
-    model.set_dtype(dtype)
-    mx.eval(model.parameters())
-    return model
+import make_assistants
+import make_gemma4_moe
+import make_gpt_oss
+import make_moe
+import make_quant_modes
+import make_quantized
+import make_rope
+import make_tools_model
+import make_wrappers
+import tinymodels
+from provenance import resolve, write_json
+from tinymodels import (CORPUS, GEMMA4_KEQV, Job, gemma3_config, gemma4_config, llama_config, qa_pairs,
+                        qwen3_config, random_model, randomize_scales, weights_of, write_model, write_provenance)
 
 
 def training_text(tok: Tokenizer) -> list[int]:
@@ -224,133 +137,99 @@ def train(model, ids: list[int], steps=600, seq=64, batch=16, seed=7):
     return loss.item()
 
 
-def gemma3_config() -> dict:
-    return {
-        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
-        "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
-        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "query_pre_attn_scalar": 16,
-        "sliding_window": 8, "sliding_window_pattern": 2,
-    }
+def make_llama(job: Job) -> Path:
+    """tiny-llama: random, bf16, GQA, untied, llama3 rope scaling."""
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64}
+    cfg = llama_config(64, 2, 4, 2, 192, rope, tie=False)
+    model = random_model(llama, cfg, job.seed, mx.bfloat16)
+    return write_model(job, weights_of(model), cfg, f"random weights (seed {job.seed}), bf16")
 
 
-def make_gemma3(tok) -> None:
+def make_qwen3(job: Job) -> Path:
+    """tiny-qwen3: random, f32, q/k norm, tied; saved by mlx-lm's own writers."""
+    cfg = qwen3_config()
+    model = random_model(qwen3, cfg, job.seed, mx.float32)
+
+    def save(dest: Path) -> None:
+        save_model(dest, model)
+        save_config(dict(cfg), dest / "config.json")
+
+    return write_model(job, None, cfg, f"random weights (seed {job.seed}), f32, mlx_lm.utils.save_model",
+                       style="qwen", save=save)
+
+
+def trained_llama(job: Job, cfg: dict, role: str = "") -> Path:
+    """A llama of `cfg` drawn from the row's seed, trained in f32 on the corpus (`train`,
+    batches seed 7), saved in bf16."""
+    model = random_model(llama, cfg, job.seed, mx.float32)
+    final = train(model, training_text(job.tok))
+    model.set_dtype(mx.bfloat16)
+    return write_model(job, weights_of(model), cfg,
+                       f"{role}trained 600 steps on oracles/corpus.txt (seed {job.seed}/7), final loss {final:.3f}, bf16")
+
+
+def make_llama_trained(job: Job) -> Path:
+    """tiny-llama-trained: f32 training on the corpus, saved in bf16."""
+    return trained_llama(job, llama_config(128, 3, 4, 2, 320, None, tie=False))
+
+
+def make_gemma3(job: Job) -> Path:
     """tiny-gemma3: gemma3_text with a sliding window of 8 (layers 0 and 2 slide through a
     rotating cache, layers 1 and 3 attend globally), tied head (no lm_head saved), bf16."""
-    dest = golden_dir("models/tiny-gemma3")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
     cfg = gemma3_config()
-    model = random_model(gemma3_text, cfg, 4, mx.bfloat16)
-    weights = {k: v for k, v in tree_flatten(model.parameters()) if k != "lm_head.weight"}
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    write_json(dest / "config.json", cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 4), bf16, tied (no lm_head)")
+    model = random_model(gemma3_text, cfg, job.seed, mx.bfloat16)
+    return write_model(job, weights_of(model, drop=("lm_head.weight",)), cfg,
+                       f"random weights (seed {job.seed}), bf16, tied (no lm_head)")
 
 
-def make_gemma3_kv(tok) -> None:
+def make_gemma3_kv(job: Job) -> Path:
     """tiny-gemma3-kv: as tiny-gemma3 but with head_dim 32, so that MLX can quantize its
     caches (group sizes start at 32) — the L2 model for quantized rotating caches."""
-    dest = golden_dir("models/tiny-gemma3-kv")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
     cfg = dict(gemma3_config(), head_dim=32, query_pre_attn_scalar=32)
-    model = random_model(gemma3_text, cfg, 9, mx.bfloat16)
-    weights = {k: v for k, v in tree_flatten(model.parameters()) if k != "lm_head.weight"}
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    write_json(dest / "config.json", cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 9), bf16, head_dim 32, tied")
+    model = random_model(gemma3_text, cfg, job.seed, mx.bfloat16)
+    return write_model(job, weights_of(model, drop=("lm_head.weight",)), cfg,
+                       f"random weights (seed {job.seed}), bf16, head_dim 32, tied")
 
 
-def make_qwen2(tok) -> None:
+def make_qwen2(job: Job) -> Path:
     """tiny-qwen2: qwen2 (q/k/v biases, no o bias), GQA, untied head, float16."""
-    dest = golden_dir("models/tiny-qwen2")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
     cfg = {
         "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
         "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,
-        "vocab_size": VOCAB, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
+        "vocab_size": tinymodels.VOCAB, "max_position_embeddings": 4096, "rope_theta": 1000000.0,
         "tie_word_embeddings": False,
     }
-    model = random_model(qwen2, cfg, 5, mx.float16)
+    model = random_model(qwen2, cfg, job.seed, mx.float16)
     # nn.Linear initialises biases near zero; give them weight so a dropped bias shows.
     for layer in model.model.layers:
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
             proj.bias = (mx.random.normal(proj.bias.shape, key=mx.random.key(11)) * 0.5).astype(mx.float16)
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 5), float16, q/k/v biases")
+    return write_model(job, weights_of(model), cfg, f"random weights (seed {job.seed}), float16, q/k/v biases",
+                       style="qwen")
 
 
-GEMMA4_ROPE = {
-    "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
-    "sliding_attention": {"partial_rotary_factor": 1.0, "rope_theta": 10000.0, "rope_type": "default"},
-}
-
-
-def gemma4_config(**over) -> dict:
-    cfg = {
-        "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text",
-        "hidden_size": 64, "num_hidden_layers": 6, "intermediate_size": 96,
-        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16, "global_head_dim": 32,
-        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "vocab_size_per_layer_input": VOCAB,
-        "hidden_size_per_layer_input": 16, "num_kv_shared_layers": 3, "use_double_wide_mlp": True,
-        "sliding_window": 8, "sliding_window_pattern": 3, "max_position_embeddings": 4096,
-        "rope_parameters": GEMMA4_ROPE, "final_logit_softcapping": 10.0,
-        "attention_k_eq_v": False, "enable_moe_block": False, "tie_word_embeddings": True,
-    }
-    cfg.update(over)
-    # Spelled out, so every reader of config.json (mlx-lm, transformers, us) agrees.
-    pattern = cfg["sliding_window_pattern"]
-    cfg["layer_types"] = ["full_attention" if i % pattern == pattern - 1 else "sliding_attention"
-                          for i in range(cfg["num_hidden_layers"])]
-    return cfg
-
-
-def randomize_scales(model, seed: int) -> None:
-    """Norm weights and layer scalars initialise to ones; make them differ from one so a
-    dropped or misplaced norm or scalar changes the logits."""
-    params = tree_flatten(model.parameters())
-    updates = []
-    for i, (name, v) in enumerate(params):
-        if name.endswith("norm.weight") or name.endswith("layer_scalar"):
-            noise = mx.random.normal(v.shape, key=mx.random.key(seed * 1000 + i)) * 0.3
-            updates.append((name, (1.0 + noise).astype(v.dtype)))
-    model.load_weights(updates, strict=False)
-    mx.eval(model.parameters())
-
-
-def make_gemma4(tok) -> None:
+def make_gemma4(job: Job) -> Path:
     """tiny-gemma4: layers s s f | s s f with layers 3-5 reusing the K/V of layers 1 (sliding)
     and 2 (full); sliding window 8 so the rotating caches wrap."""
-    dest = golden_dir("models/tiny-gemma4")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
     cfg = gemma4_config()
-    model = random_model(gemma4_text, cfg, 6, mx.bfloat16)
+    model = random_model(gemma4_text, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, 16)
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
-               "random weights (seed 6, norm/scalar noise seed 16), bf16, tied, KV sharing, per-layer inputs")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm/scalar noise seed 16), bf16, tied, KV sharing, "
+                       "per-layer inputs")
 
 
-def make_gemma4_keqv(tok) -> None:
+def make_gemma4_keqv(job: Job) -> Path:
     """tiny-gemma4-keqv: layers s f s f; full layers project one K that is also V (2 KV heads
     on sliding layers, 1 on full ones); untied head."""
-    dest = golden_dir("models/tiny-gemma4-keqv")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    cfg = gemma4_config(num_hidden_layers=4, sliding_window_pattern=2, num_key_value_heads=2,
-                        num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=0,
-                        hidden_size_per_layer_input=0, use_double_wide_mlp=False,
-                        final_logit_softcapping=30.0, tie_word_embeddings=False)
-    model = random_model(gemma4_text, cfg, 8, mx.bfloat16)
+    cfg = gemma4_config(**GEMMA4_KEQV)
+    model = random_model(gemma4_text, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, 18)
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
-               "random weights (seed 8, norm/scalar noise seed 18), bf16, untied, K=V on full attention")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm/scalar noise seed 18), bf16, untied, K=V on full "
+                       "attention")
 
 
 ASSISTANT_STEPS = 10           # distillation steps (one sequence each): few, so that drafts are
@@ -445,7 +324,7 @@ def assistant_chain(drafter, target, trace, depth: int):
     return steps
 
 
-def make_gemma4_assistant(tok) -> None:
+def make_gemma4_assistant(job: Job) -> Path:
     """tiny-gemma4-assistant: seeded weights (seed 22, norm/scalar noise seed 23) distilled in
     f32 (seed 24) on tiny-gemma4's greedy continuations of its L1 prompts, saved in bf16
     under the HF names optiq's GemmaAssistantDrafter.from_pretrained loads."""
@@ -454,16 +333,12 @@ def make_gemma4_assistant(tok) -> None:
     from optiq.runtime.spec import GemmaAssistantDrafter
     from optiq.runtime.spec.drafters.gemma_assistant import GemmaAssistantConfig
 
-    from provenance import resolve
-
-    target_dir = resolve("models/tiny-gemma4")
+    target_dir = job.source("tiny-gemma4")
     target, _ = load_model(target_dir)
     cfg = gemma4_assistant_config(json.loads((target_dir / "config.json").read_text()))
-    dest = golden_dir("models/tiny-gemma4-assistant")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    dest = job.dest()
 
-    mx.random.seed(22)
+    mx.random.seed(job.seed)
     drafter = GemmaAssistantDrafter(GemmaAssistantConfig.from_dict(cfg))
     drafter.set_dtype(mx.float32)
     randomize_scales(drafter, 23)
@@ -512,162 +387,29 @@ def make_gemma4_assistant(tok) -> None:
     mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_json(dest / "config.json", cfg)
     GemmaAssistantDrafter.from_pretrained(str(dest))      # loads, with nothing missing
-    write_json(dest / "provenance.json", {
-        "provenance": provenance("mlx-optiq", "mlx-optiq"), "generator": "oracles/make_models.py",
-        "notes": f"drafter for models/tiny-gemma4: seeded weights (seed 22, norm/scalar noise seed 23), "
-                 f"distilled {ASSISTANT_STEPS} Adam steps (3e-3, seed 24, f32, {ASSISTANT_CHAIN} chained "
-                 f"draft steps) on tiny-gemma4's {ASSISTANT_CONTINUATION}-token greedy continuations of "
-                 f"its L1 prompts (labels: the target's uncapped argmax), final loss {loss.item():.3f}, bf16"})
+    write_provenance(
+        dest, f"drafter for models/tiny-gemma4: seeded weights (seed {job.seed}, norm/scalar noise seed 23), "
+              f"distilled {ASSISTANT_STEPS} Adam steps (3e-3, seed 24, f32, {ASSISTANT_CHAIN} chained "
+              f"draft steps) on tiny-gemma4's {ASSISTANT_CONTINUATION}-token greedy continuations of "
+              f"its L1 prompts (labels: the target's uncapped argmax), final loss {loss.item():.3f}, bf16",
+        oracle="mlx-optiq")
+    return dest
 
 
-def make_llama_draft(tok) -> None:
+def make_llama_draft(job: Job) -> Path:
     """A smaller model trained on the same text: drafts that tiny-llama-trained often accepts."""
-    dest = golden_dir("models/tiny-llama-draft")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    cfg = llama_config(64, 2, 2, 1, 160, None, tie=True)
-    model = random_model(llama, cfg, 11, mx.float32)
-    final = train(model, training_text(tok))
-    model.set_dtype(mx.bfloat16)
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
-               f"drafter: trained 600 steps on oracles/corpus.txt (seed 11/7), final loss {final:.3f}, bf16")
+    return trained_llama(job, llama_config(64, 2, 2, 1, 160, None, tie=True), role="drafter: ")
 
 
-ONLY = {"tiny-llama-draft": make_llama_draft, "tiny-gemma3": make_gemma3, "tiny-qwen2": make_qwen2, "tiny-gemma3-kv": make_gemma3_kv, "tiny-gemma4": make_gemma4,
-        "tiny-gemma4-keqv": make_gemma4_keqv, "tiny-gemma4-assistant": make_gemma4_assistant,
-        "tiny-qwen3-tools": make_qwen3_tools, "tiny-qwen3-moe": make_qwen3_moe,
-        "tiny-mixtral": make_mixtral, "tiny-qwen2-moe": make_qwen2_moe}
+# The maker modules, by the name a manifest row's `maker` gives (this one included).
+MAKERS = {m.__name__: m for m in (make_assistants, make_gemma4_moe, make_gpt_oss, make_moe, make_quant_modes,
+                                  make_quantized, make_rope, make_tools_model, make_wrappers)}
+MAKERS["make_models"] = sys.modules[__name__]
 
 
-def make_wrapper(name):
-    """The multimodal wrappers (gemma3, gemma4) are made by oracles/make_wrappers.py, which
-    imports this module: loaded when asked for."""
-    def make(tok):
-        import make_wrappers
-        make_wrappers.ONLY[name](tok)
-    return make
-
-
-WRAPPERS = ("tiny-gemma3-mm", "tiny-gemma4-mm", "tiny-gemma4-mm-mlx")
-ONLY.update({n: make_wrapper(n) for n in WRAPPERS})
-
-
-def make_rope_model(name):
-    """The RoPE-kind models and tiny-phi3 are made by oracles/make_rope.py, which imports
-    this module: loaded when asked for."""
-    def make(tok):
-        import make_rope
-        make_rope.ONLY[name](tok)
-    return make
-
-
-ROPE_MODELS = ("tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3", "tiny-llama-rope-params",
-               "tiny-gemma3-rope-params")
-ONLY.update({n: make_rope_model(n) for n in ROPE_MODELS})
-
-
-def make_gemma4_moe_model(name):
-    """The Gemma 4 mixture-of-experts models are made by oracles/make_gemma4_moe.py, which
-    imports this module: loaded when asked for."""
-    def make(tok):
-        import make_gemma4_moe
-        make_gemma4_moe.ONLY[name](tok)
-    return make
-
-
-ONLY.update({n: make_gemma4_moe_model(n) for n in ("tiny-gemma4-moe", "tiny-gemma4-moe-q4")})
-
-
-def make_assistant_variant(name):
-    """The assistant drafter's head variants are made by oracles/make_assistants.py from
-    tiny-gemma4-assistant: loaded when asked for."""
-    def make(tok):
-        import make_assistants
-        make_assistants.ONLY[name](tok)
-    return make
-
-
-ONLY.update({n: make_assistant_variant(n) for n in ("tiny-gemma4-assistant-centroid",
-                                                    "tiny-gemma4-assistant-lm-head",
-                                                    "tiny-gemma4-assistant-no-lm-head")})
-
-
-def make_gpt_oss_model(name):
-    """The gpt-oss models are made by oracles/make_gpt_oss.py, which imports this module:
-    loaded when asked for."""
-    def make(tok):
-        import make_gpt_oss
-        make_gpt_oss.ONLY[name](tok)
-    return make
-
-
-ONLY.update({n: make_gpt_oss_model(n) for n in ("tiny-gpt-oss", "tiny-gpt-oss-mxfp4")})
-
-
-def main(only=None) -> None:
-    mx.set_default_device(mx.cpu)
-    tok = train_tokenizer()
-    if only:
-        for name in only:
-            ONLY[name](tok)
-        return
-
-    # tiny-llama: random, bf16, GQA, untied, llama3 rope scaling.
-    dest = golden_dir("models/tiny-llama")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64}
-    cfg = llama_config(64, 2, 4, 2, 192, rope, tie=False)
-    save_plain(dest, random_model(llama, cfg, 1, mx.bfloat16), cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"), "random weights (seed 1), bf16")
-
-    # tiny-qwen3: random, f32, q/k norm, tied; saved by mlx-lm's own writers.
-    dest = golden_dir("models/tiny-qwen3")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    cfg = qwen3_config()
-    save_model(dest, random_model(qwen3, cfg, 2, mx.float32))
-    save_config(dict(cfg), dest / "config.json")
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"), "random weights (seed 2), f32, mlx_lm.utils.save_model")
-
-    # tiny-llama-trained: f32 training on the corpus, saved in bf16.
-    dest = golden_dir("models/tiny-llama-trained")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    cfg = llama_config(128, 3, 4, 2, 320, None, tie=False)
-    model = random_model(llama, cfg, 3, mx.float32)
-    final = train(model, training_text(tok))
-    model.set_dtype(mx.bfloat16)
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
-               f"trained 600 steps on oracles/corpus.txt (seed 3/7), final loss {final:.3f}, bf16")
-    make_gemma3(tok)
-    make_qwen2(tok)
-    make_gemma4(tok)
-    make_gemma4_assistant(tok)
-    make_gemma4_keqv(tok)
-    make_gemma3_kv(tok)
-    make_llama_draft(tok)
-    make_qwen3_tools(tok)
-    make_qwen3_moe(tok)
-    make_mixtral(tok)
-    make_qwen2_moe(tok)
-    for name in WRAPPERS:
-        ONLY[name](tok)
-    for name in ROPE_MODELS:
-        ONLY[name](tok)
-    for name in ("tiny-gpt-oss", "tiny-gpt-oss-mxfp4"):
-        ONLY[name](tok)
-    for name in ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-gemma3", "tiny-qwen2",
-                 "tiny-gemma4", "tiny-gemma4-assistant", "tiny-gemma4-keqv", "tiny-gemma3-kv",
-                 "tiny-llama-draft", "tiny-qwen3-moe", "tiny-mixtral",
-                 "tiny-qwen2-moe"]:
-        d = golden_dir(f"models/{name}")
-        size = sum(f.stat().st_size for f in d.iterdir())
-        print(f"{d}: {size / 1e6:.2f} MB")
+def main(argv=None) -> None:
+    tinymodels.main(MAKERS, argv)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or None)
+    main()

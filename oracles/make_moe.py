@@ -1,6 +1,6 @@
 """Tiny mixture-of-experts models, made with mlx-lm's own classes.
 
-    oracles/.venv/bin/python oracles/make_moe.py [NAME ...]
+    oracles/.venv/bin/python oracles/make_moe.py [NAME ...]   (its rows of goldens/models/manifest.json)
     (or through make_models.py: `make_models.py tiny-qwen3-moe`)
 
 - tiny-qwen3-moe     qwen3_moe: 4 layers, 8 experts, top-2 (norm_topk_prob), layer 1 a dense
@@ -16,18 +16,20 @@
                      the experts become QuantizedSwitchLinear (gather_qmm), the routers
                      8-bit g64 (qwen3_moe's own quant_predicate)
 
-The tokenizer and chat template are tiny-qwen3's (make_models.train_tokenizer, "qwen" style).
+The tokenizer and chat template are tiny-qwen3's (tinymodels' shared tokenizer, "qwen" style;
+tiny-mixtral's the "llama" style).
 Everything is seeded. mlx-lm's SwitchGLU sorts the tokens by expert once the routing
 indices have >= 64 entries (32 tokens at top-2): the longer L1 prompts take that path.
 """
 
-import shutil
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.models import mixtral, qwen2_moe, qwen3_moe
 
-from provenance import golden_dir, provenance, resolve, write_json
+import tinymodels
+from tinymodels import VOCAB, Job, quantize, random_model, randomize_scales, weights_of, write_model
 
 
 def qwen3_moe_config(vocab: int) -> dict:
@@ -42,15 +44,9 @@ def qwen3_moe_config(vocab: int) -> dict:
     }
 
 
-def make_qwen3_moe(tok) -> None:
-    # make_models imports this module for its name dispatch; import its helpers late.
-    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
-
-    dest = golden_dir("models/tiny-qwen3-moe")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def make_qwen3_moe(job: Job) -> Path:
     cfg = qwen3_moe_config(VOCAB)
-    model = random_model(qwen3_moe, cfg, 21, mx.float32)
+    model = random_model(qwen3_moe, cfg, job.seed, mx.float32)
     randomize_scales(model, 31)
     # nn.Linear's init makes near-uniform router probabilities; widen them so that the
     # top-2 choice is clear (and a wrong choice shows in the logits).
@@ -58,11 +54,8 @@ def make_qwen3_moe(tok) -> None:
         if isinstance(layer.mlp, qwen3_moe.Qwen3MoeSparseMoeBlock):
             layer.mlp.gate.weight = layer.mlp.gate.weight * 8
     mx.eval(model.parameters())
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"),
-               "random weights (seed 21, norm noise seed 31), f32, routers x8, untied")
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm noise seed 31), f32, routers x8, untied", style="qwen")
 
 
 def patch_gather_qmm() -> None:
@@ -83,12 +76,7 @@ def patch_gather_qmm() -> None:
     mx.gather_qmm = gather_qmm
 
 
-def make_mixtral(tok) -> None:
-    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
-
-    dest = golden_dir("models/tiny-mixtral")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def make_mixtral(job: Job) -> Path:
     cfg = {
         "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
         "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 32,
@@ -96,24 +84,16 @@ def make_mixtral(tok) -> None:
         "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "vocab_size": VOCAB,
         "max_position_embeddings": 4096, "rope_theta": 1000000.0, "tie_word_embeddings": False,
     }
-    model = random_model(mixtral, cfg, 22, mx.float32)
+    model = random_model(mixtral, cfg, job.seed, mx.float32)
     randomize_scales(model, 32)
     for layer in model.model.layers:
         layer.block_sparse_moe.gate.weight = layer.block_sparse_moe.gate.weight * 8
     mx.eval(model.parameters())
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "llama"),
-               "random weights (seed 22, norm noise seed 32), f32, routers x8, untied")
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm noise seed 32), f32, routers x8, untied")
 
 
-def make_qwen2_moe(tok) -> None:
-    from make_models import VOCAB, finish_dir, random_model, randomize_scales, save_plain, write_tokenizer
-
-    dest = golden_dir("models/tiny-qwen2-moe")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+def make_qwen2_moe(job: Job) -> Path:
     cfg = {
         "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
         "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
@@ -122,60 +102,24 @@ def make_qwen2_moe(tok) -> None:
         "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
         "rope_theta": 1000000.0, "tie_word_embeddings": False,
     }
-    model = random_model(qwen2_moe, cfg, 23, mx.float32)
+    model = random_model(qwen2_moe, cfg, job.seed, mx.float32)
     randomize_scales(model, 33)
     for layer in model.model.layers:
         layer.mlp.gate.weight = layer.mlp.gate.weight * 8
         layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
     mx.eval(model.parameters())
-    save_plain(dest, model, cfg)
-    finish_dir(dest, cfg, write_tokenizer(tok, dest, "qwen"),
-               "random weights (seed 23, norm noise seed 33), f32, routers and shared gates x8, untied")
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}, norm noise seed 33), f32, routers and shared gates x8, "
+                       "untied", style="qwen")
 
 
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
-
-
-def make_qwen3_moe_q4(_tok=None) -> None:
-    from mlx_lm import load
-    from mlx_lm.utils import quantize_model, save_config, save_model
-
-    src = resolve("models/tiny-qwen3-moe")
-    model, _, config = load(str(src), return_config=True)
+def make_qwen3_moe_q4(job: Job) -> Path:
     # Real MoE checkpoints are bf16: their scales and activations are.
-    model.set_dtype(mx.bfloat16)
-    model, qconfig = quantize_model(model, config, 32, 4)
-    dest = golden_dir("models/tiny-qwen3-moe-q4")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    save_model(dest, model)
-    save_config(qconfig, dest / "config.json")
-    for f in TOKENIZER_FILES:
-        shutil.copy(src / f, dest / f)
-    write_json(dest / "provenance.json", {
-        "provenance": provenance("mlx-lm", "mlx-lm"), "generator": "oracles/make_moe.py",
-        "notes": "cast to bf16, affine 4-bit g32 via mlx_lm.utils.quantize_model (routers 8-bit g64 by qwen3_moe's "
-                 "quant_predicate); its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2"})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
-
-
-ONLY = {"tiny-qwen3-moe": make_qwen3_moe, "tiny-mixtral": make_mixtral, "tiny-qwen2-moe": make_qwen2_moe,
-        "tiny-qwen3-moe-q4": make_qwen3_moe_q4}
-
-
-def main(only=None) -> None:
-    mx.set_default_device(mx.cpu)
-    names = only or list(ONLY)
-    tok = None
-    if any(n != "tiny-qwen3-moe-q4" for n in names):
-        from make_models import train_tokenizer
-        tok = train_tokenizer()
-    for name in names:
-        ONLY[name](tok)
+    return quantize(job, "tiny-qwen3-moe",
+                    "cast to bf16, affine 4-bit g32 via mlx_lm.utils.quantize_model (routers 8-bit g64 by qwen3_moe's "
+                    "quant_predicate); its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2",
+                    "oracles/make_moe.py", 32, 4, dtype=mx.bfloat16)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or None)
+    tinymodels.main({"make_moe": sys.modules[__name__]})

@@ -1,6 +1,6 @@
 """The tiny models in MLX's floating-point quantization modes, made with mlx-lm's own quantizer.
 
-    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_quant_modes.py [NAME ...]
+    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_quant_modes.py [NAME ...]   (its manifest rows)
 
 - tiny-llama-mxfp4        tiny-llama-trained, mxfp4 everywhere (4-bit, group 32, uint8 scales,
                           no biases): the embedding, every linear, the untied head
@@ -19,16 +19,15 @@ Each is mlx_lm.utils.quantize_model(..., mode=...) on the committed model, saved
 mlx-lm's save_model/save_config next to copies of the tokenizer files.
 """
 
-import shutil
 import sys
+from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm import load
-from mlx_lm.utils import quantize_model, save_config, save_model
 
-from provenance import golden_dir, provenance, resolve, write_json
+import tinymodels
+from tinymodels import Job, quantize
 
-TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]
+GENERATOR = "oracles/make_quant_modes.py"
 
 
 def mixed_modes(path, module):
@@ -41,47 +40,35 @@ def mixed_modes(path, module):
     return True
 
 
-def make(src, dst, mode, notes, predicate=None, dtype=None):
-    mx.set_default_device(mx.cpu)
-    model, _, config = load(str(resolve(f"models/{src}")), return_config=True)
-    if dtype is not None:
-        model.set_dtype(dtype)
-    model, qconfig = quantize_model(model, config, None, None, mode=mode, quant_predicate=predicate)
-    dest = golden_dir(f"models/{dst}")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    save_model(dest, model)
-    save_config(qconfig, dest / "config.json")
-    for f in TOKENIZER_FILES:
-        shutil.copy(resolve(f"models/{src}") / f, dest / f)
-    write_json(dest / "provenance.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
-                                          "generator": "oracles/make_quant_modes.py", "notes": notes})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
+def make_llama_mxfp4(job: Job) -> Path:
+    return quantize(job, "tiny-llama-trained", "mxfp4 (4-bit g32) everywhere via mlx_lm.utils.quantize_model",
+                    GENERATOR, mode="mxfp4")
 
 
-JOBS = {
-    "tiny-llama-mxfp4": lambda: make("tiny-llama-trained", "tiny-llama-mxfp4", "mxfp4",
-                                     "mxfp4 (4-bit g32) everywhere via mlx_lm.utils.quantize_model"),
-    "tiny-llama-nvfp4": lambda: make("tiny-llama-trained", "tiny-llama-nvfp4", "nvfp4",
-                                     "nvfp4 (4-bit g16, no global scale) everywhere via mlx_lm.utils.quantize_model"),
-    "tiny-llama-mxfp8": lambda: make("tiny-llama-trained", "tiny-llama-mxfp8", "mxfp8",
-                                     "mxfp8 (8-bit g32) everywhere via mlx_lm.utils.quantize_model"),
-    "tiny-llama-mixed-modes": lambda: make(
-        "tiny-llama-trained", "tiny-llama-mixed-modes", "mxfp4",
-        "mxfp4 by default via mlx_lm.utils.quantize_model; attention affine 8-bit g64; lm_head mxfp8 with "
-        "null group_size/bits; embedding {group_size 32, bits 4} without a mode (affine)", mixed_modes),
-    "tiny-qwen3-moe-mxfp4": lambda: make(
-        "tiny-qwen3-moe", "tiny-qwen3-moe-mxfp4", "mxfp4",
-        "cast to bf16, mxfp4 via mlx_lm.utils.quantize_model (routers affine 8-bit g64 by qwen3_moe's "
-        "quant_predicate); its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2", dtype=mx.bfloat16),
-}
+def make_llama_nvfp4(job: Job) -> Path:
+    return quantize(job, "tiny-llama-trained",
+                    "nvfp4 (4-bit g16, no global scale) everywhere via mlx_lm.utils.quantize_model", GENERATOR,
+                    mode="nvfp4")
 
 
-def main(only=None):
-    for name in only or JOBS:
-        JOBS[name]()
+def make_llama_mxfp8(job: Job) -> Path:
+    return quantize(job, "tiny-llama-trained", "mxfp8 (8-bit g32) everywhere via mlx_lm.utils.quantize_model",
+                    GENERATOR, mode="mxfp8")
+
+
+def make_llama_mixed_modes(job: Job) -> Path:
+    return quantize(job, "tiny-llama-trained",
+                    "mxfp4 by default via mlx_lm.utils.quantize_model; attention affine 8-bit g64; lm_head mxfp8 "
+                    "with null group_size/bits; embedding {group_size 32, bits 4} without a mode (affine)",
+                    GENERATOR, mode="mxfp4", predicate=mixed_modes)
+
+
+def make_qwen3_moe_mxfp4(job: Job) -> Path:
+    return quantize(job, "tiny-qwen3-moe",
+                    "cast to bf16, mxfp4 via mlx_lm.utils.quantize_model (routers affine 8-bit g64 by qwen3_moe's "
+                    "quant_predicate); its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2", GENERATOR,
+                    mode="mxfp4", dtype=mx.bfloat16)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or None)
+    tinymodels.main({"make_quant_modes": sys.modules[__name__]})

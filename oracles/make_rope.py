@@ -1,11 +1,11 @@
 """Tiny models for every RoPE kind mlx-lm's rope_utils accepts, and phi3.
 
-    oracles/.venv/bin/python oracles/make_rope.py [NAME ...]
+    oracles/.venv/bin/python oracles/make_rope.py [NAME ...]   (its rows of goldens/models/manifest.json)
     (or oracles/.venv/bin/python oracles/make_models.py NAME: the same makers)
 
 Writes goldens/models/<name>/ (config.json, model.safetensors, the shared tokenizer of
-make_models.py, generation_config.json, provenance.json), random weights built by mlx-lm's
-own model classes, bf16:
+oracles/tinymodels.py, generation_config.json, provenance.json), random weights built by
+mlx-lm's own model classes (mlx_lm.models.llama / gemma3_text / phi3), bf16:
 
 - tiny-llama-dynamic   llama, rope_scaling {type: dynamic, factor 2}, max_position_embeddings 32:
                        the L1 prompts and their continuations run past 32 positions, where
@@ -31,7 +31,6 @@ of such a model is mlx-lm run on the same config with the settings flattened to 
 """
 
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -39,9 +38,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models import gemma3_text, llama, phi3
 
-import make_models as mm
-from mlx.utils import tree_flatten
-from provenance import golden_dir, write_json
+import tinymodels
+from tinymodels import VOCAB, Job, gemma3_config, llama_config, random_model, weights_of, write_model
 
 # The model types whose mlx-lm ModelArgs drop rope_parameters.
 IGNORES_ROPE_PARAMETERS = {"llama", "mistral", "qwen2", "gemma3_text", "phi3"}
@@ -86,94 +84,66 @@ def oracle_view(path: Path) -> Path:
     return view
 
 
-def fresh(name: str) -> Path:
-    dest = golden_dir(f"models/{name}")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    return dest
-
-
-def save(name: str, module, cfg: dict, seed: int, tok, notes: str) -> None:
-    dest = fresh(name)
-    model = mm.random_model(module, flattened(cfg), seed, mx.bfloat16)
-    mm.save_plain(dest, model, cfg)
-    mm.finish_dir(dest, cfg, mm.write_tokenizer(tok, dest, "llama"),
-                  f"oracles/make_rope.py: random weights (seed {seed}), bf16; {notes}")
+def save(job: Job, module, cfg: dict, notes: str, drop: tuple = ()) -> Path:
+    """Random weights from mlx-lm's `module` built on the flattened config, saved with `cfg`
+    as config.json."""
+    model = random_model(module, flattened(cfg), job.seed, mx.bfloat16)
+    return write_model(job, weights_of(model, drop), cfg,
+                       f"oracles/make_rope.py: random weights (seed {job.seed}), bf16{notes}")
 
 
 def small_llama(**over) -> dict:
-    cfg = mm.llama_config(64, 2, 4, 2, 192, None, tie=False)
+    cfg = llama_config(64, 2, 4, 2, 192, None, tie=False)
     cfg.update(over)
     return cfg
 
 
-def make_llama_dynamic(tok) -> None:
+def make_llama_dynamic(job: Job) -> Path:
     cfg = small_llama(max_position_embeddings=32, rope_scaling={"type": "dynamic", "factor": 2.0})
-    save("tiny-llama-dynamic", llama, cfg, 31, tok, "dynamic NTK RoPE past 32 positions")
+    return save(job, llama, cfg, "; dynamic NTK RoPE past 32 positions")
 
 
-def make_llama_yarn(tok) -> None:
+def make_llama_yarn(job: Job) -> Path:
     rope = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32,
             "beta_fast": 32, "beta_slow": 1, "mscale": 1, "mscale_all_dim": 0}
     cfg = small_llama(max_position_embeddings=128, rope_scaling=rope)
-    save("tiny-llama-yarn", llama, cfg, 32, tok, "yarn RoPE with mscale")
+    return save(job, llama, cfg, "; yarn RoPE with mscale")
 
 
-def make_llama_rope_params(tok) -> None:
+def make_llama_rope_params(job: Job) -> Path:
     cfg = small_llama(max_position_embeddings=128)
     del cfg["rope_theta"], cfg["rope_scaling"]
     cfg["rope_parameters"] = {"rope_type": "yarn", "factor": 4.0,
                               "original_max_position_embeddings": 32, "rope_theta": 50000.0}
-    save("tiny-llama-rope-params", llama, cfg, 33, tok,
-         "transformers 5 rope_parameters only (mlx-lm ran it flattened to the top level)")
+    return save(job, llama, cfg, "; transformers 5 rope_parameters only (mlx-lm ran it flattened to the top level)")
 
 
-def make_gemma3_rope_params(tok) -> None:
-    cfg = mm.gemma3_config()
+def make_gemma3_rope_params(job: Job) -> Path:
+    cfg = gemma3_config()
     del cfg["rope_theta"], cfg["rope_local_base_freq"]
     cfg["rope_parameters"] = {
         "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 100000.0},
         "sliding_attention": {"rope_type": "default", "rope_theta": 5000.0},
     }
-    dest = fresh("tiny-gemma3-rope-params")
-    model = mm.random_model(gemma3_text, flattened(cfg), 34, mx.bfloat16)
-    weights = {k: v for k, v in tree_flatten(model.parameters()) if k != "lm_head.weight"}
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    write_json(dest / "config.json", cfg)
-    mm.finish_dir(dest, cfg, mm.write_tokenizer(tok, dest, "llama"),
-                  "oracles/make_rope.py: random weights (seed 34), bf16, tied (no lm_head); transformers 5 "
-                  "rope_parameters per layer type only (mlx-lm ran it flattened to the top level)")
+    return save(job, gemma3_text, cfg, ", tied (no lm_head); transformers 5 rope_parameters per layer type only "
+                "(mlx-lm ran it flattened to the top level)", drop=("lm_head.weight",))
 
 
-def make_phi3(tok) -> None:
+def make_phi3(job: Job) -> Path:
     rotated = int(16 * 0.75)
     cfg = {
         "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
         "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 160,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
-        "vocab_size": mm.VOCAB, "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
+        "vocab_size": VOCAB, "rope_theta": 10000.0, "partial_rotary_factor": 0.75,
         "max_position_embeddings": 256, "original_max_position_embeddings": 32,
         "rope_scaling": {"type": "longrope",
                          "short_factor": [1.0 + 0.05 * i for i in range(rotated // 2)],
                          "long_factor": [1.0 + 0.75 * i for i in range(rotated // 2)]},
         "tie_word_embeddings": False,
     }
-    save("tiny-phi3", phi3, cfg, 35, tok, "longrope, partial rotary 0.75, fused qkv / gate_up")
-
-
-ONLY = {"tiny-llama-dynamic": make_llama_dynamic, "tiny-llama-yarn": make_llama_yarn,
-        "tiny-phi3": make_phi3, "tiny-llama-rope-params": make_llama_rope_params,
-        "tiny-gemma3-rope-params": make_gemma3_rope_params}
-
-
-def main(names) -> None:
-    mx.set_default_device(mx.cpu)
-    tok = mm.train_tokenizer()
-    for name in names or ONLY:
-        ONLY[name](tok)
-        d = golden_dir(f"models/{name}")
-        print(f"{d}: {sum(f.stat().st_size for f in d.iterdir()) / 1e6:.2f} MB")
+    return save(job, phi3, cfg, "; longrope, partial rotary 0.75, fused qkv / gate_up")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    tinymodels.main({"make_rope": sys.modules[__name__]})

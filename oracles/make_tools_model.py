@@ -3,6 +3,7 @@ saves (chat template in chat_template.jinja, weights in two shards with
 model.safetensors.index.json).
 
     oracles/.venv/bin/python oracles/make_models.py tiny-qwen3-tools
+    (or oracles/make_tools_model.py: its row of goldens/models/manifest.json)
 
 Its own byte-level BPE tokenizer (vocab at most 1024, trained on oracles/corpus.txt and the exchanges
 below) has the special tokens <|endoftext|> <|im_start|> <|im_end|> and, as plain added tokens
@@ -21,7 +22,6 @@ goldens/models/tiny-qwen3-tools (its provenance names the machine it was trained
 """
 
 import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -32,9 +32,10 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
-from provenance import GOLDENS, provenance, write_json
+import tinymodels
+from provenance import write_json
+from tinymodels import CORPUS, Job, write_provenance
 
-HERE = Path(__file__).resolve().parent
 NAME = "tiny-qwen3-tools"
 VOCAB = 1024           # at most; the model's vocab_size is the tokenizer's exact size
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -291,9 +292,9 @@ def verify(dest: Path, cases: list[dict]) -> int:
     return len(cases)
 
 
-def make_qwen3_tools(_shared_tok=None) -> None:
+def make_qwen3_tools(job: Job) -> Path:
     cases = exchanges()
-    corpus = (HERE / "corpus.txt").read_text()
+    corpus = CORPUS
     # A first tokenizer only to render the exchanges the real one is trained on (the
     # template's text does not depend on the vocabulary).
     draft = hf_tokenizer(train_tokenizer([corpus]))
@@ -301,9 +302,7 @@ def make_qwen3_tools(_shared_tok=None) -> None:
     tok = train_tokenizer([corpus] * 2 + texts * 4)
     hf = hf_tokenizer(tok)
 
-    dest = GOLDENS / "models" / NAME
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
+    dest = job.dest(reference=True)
     hf.save_pretrained(str(dest))
     cfg = config(tok)
     write_json(dest / "config.json", cfg)
@@ -319,7 +318,7 @@ def make_qwen3_tools(_shared_tok=None) -> None:
         samples.append((prompt + answer, len(prompt)))
     x, y, m = batch(samples, cfg["pad_token_id"])
 
-    mx.random.seed(30)
+    mx.random.seed(job.seed)
     model = qwen3.Model(qwen3.ModelArgs.from_dict(cfg))
     model.set_dtype(mx.float32)
     mx.eval(model.parameters())
@@ -327,18 +326,16 @@ def make_qwen3_tools(_shared_tok=None) -> None:
     model.set_dtype(mx.bfloat16)
     save_sharded(dest, model)
     n = verify(dest, cases)
-    write_json(dest / "provenance.json", {
-        "provenance": provenance("mlx-lm", "mlx-lm"), "generator": "oracles/make_tools_model.py",
-        "notes": f"trained full-parameter in f32 (init seed 30, AdamW 2e-3, seed 31) for {steps + 1} full-batch "
-                 f"steps on {len(cases)} exchanges rendered by its chat_template.jinja (loss on the answers "
-                 f"only; final loss {loss:.4f}) until every answer token is the bf16 argmax by {gap:.2f}; "
-                 f"saved in bf16 as two shards with an index; mlx_lm.generate (greedy) reproduces {n}/{n} "
-                 f"answers exactly: tool calls (thinking off and on), final answers after a tool result, "
-                 f"plain chats, a history with reasoning_content"})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB, {n}/{n} answers reproduced by mlx_lm.generate")
+    write_provenance(
+        dest, f"trained full-parameter in f32 (init seed {job.seed}, AdamW 2e-3, seed 31) for {steps + 1} full-batch "
+              f"steps on {len(cases)} exchanges rendered by its chat_template.jinja (loss on the answers "
+              f"only; final loss {loss:.4f}) until every answer token is the bf16 argmax by {gap:.2f}; "
+              f"saved in bf16 as two shards with an index; mlx_lm.generate (greedy) reproduces {n}/{n} "
+              f"answers exactly: tool calls (thinking off and on), final answers after a tool result, "
+              f"plain chats, a history with reasoning_content", "oracles/make_tools_model.py")
+    print(f"{dest}: {n}/{n} answers reproduced by mlx_lm.generate")
+    return dest
 
 
 if __name__ == "__main__":
-    mx.set_default_device(mx.cpu)
-    make_qwen3_tools()
+    tinymodels.main({"make_tools_model": sys.modules[__name__]})

@@ -1,11 +1,12 @@
 """Tiny multimodal-wrapper checkpoints (`gemma3`, `gemma4`) for the L1 gate of the wrappers.
 
     HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_models.py tiny-gemma3-mm
+    (or oracles/make_wrappers.py [NAME ...]: its rows of goldens/models/manifest.json)
 
-(make_models.py dispatches these names here.) Each model is built with mlx-lm's own wrapper
-class (mlx_lm.models.gemma3.Model / gemma4.Model) from a config whose language model lives
-in `text_config`, and saved as the real checkpoints are laid out, with small random tensors
-for the vision / audio towers that mlx-lm's sanitize drops:
+Each model is built with mlx-lm's own wrapper class (mlx_lm.models.gemma3.Model /
+gemma4.Model) from a config whose language model lives in `text_config`, and saved as the
+real checkpoints are laid out, with small random tensors for the vision / audio towers that
+mlx-lm's sanitize drops:
 
 - tiny-gemma3-mm      gemma3 as google/gemma-3-*-it and mlx-community's conversions name it:
                       `language_model.model.…`, `vision_tower.vision_model.…`,
@@ -23,25 +24,20 @@ for the vision / audio towers that mlx-lm's sanitize drops:
                       `language_model.lm_head.weight` (untied), `vision_tower.…`,
                       `embed_vision.…`, `audio_tower.…`, `embed_audio.…`; text_config is
                       tiny-gemma4-keqv's (K = V on full layers, like the 12B), bf16
-- tiny-gemma3-mm-q4   tiny-gemma3-mm as mlx_lm.convert -q writes it (make_quantized.py
-                      dispatches it here): affine 4-bit g32 by mlx-lm's quantize_model, layer
-                      0's down_proj kept dense by a per-module `false` entry named as mlx-lm
-                      names the module (`language_model.model.layers.0.mlp.down_proj`);
-                      save_model / save_config, so the towers are gone (mlx-lm's sanitize
-                      dropped them) and text_config carries the wrapper's filled-in defaults
+
+Their quantized form, tiny-gemma3-mm-q4, is oracles/make_quantized.py's.
 """
 
 import copy
-import shutil
+import sys
+from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from mlx_lm import load
 from mlx_lm.models import gemma3, gemma4
-from mlx_lm.utils import quantize_model, save_config, save_model
 
-import make_models as mm
-from provenance import golden_dir, provenance, resolve, write_json
+import tinymodels
+from tinymodels import (GEMMA4_KEQV, VOCAB, Job, gemma3_config, gemma4_config, random_model, randomize_scales,
+                        weights_of, write_model)
 
 
 def tower(prefix: str, names: dict, seed: int) -> dict:
@@ -90,63 +86,42 @@ def text_of(cfg: dict, drop: tuple) -> dict:
     return {k: v for k, v in cfg.items() if k not in drop and k != "architectures"}
 
 
-def save(dest, weights: dict, cfg: dict, tok, notes: str) -> None:
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
-    write_json(dest / "config.json", cfg)
-    mm.finish_dir(dest, cfg, mm.write_tokenizer(tok, dest, "llama"), notes)
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
-
-
-def fresh(name: str):
-    dest = golden_dir(f"models/{name}")
-    shutil.rmtree(dest, ignore_errors=True)
-    dest.mkdir(parents=True)
-    return dest
-
-
 # (Each model is built from a copy of its config: the wrappers' ModelArgs fill in the
 # text_config they are given, and config.json must stay as a real checkpoint writes it.)
-def lm_weights(model) -> dict:
-    return dict(tree_flatten(model.parameters()))
-
-
-def make_gemma3_mm(tok) -> None:
-    dest = fresh("tiny-gemma3-mm")
-    text = text_of(mm.gemma3_config(), ("num_attention_heads", "num_key_value_heads", "vocab_size"))
+def make_gemma3_mm(job: Job) -> Path:
+    text = text_of(gemma3_config(), ("num_attention_heads", "num_key_value_heads", "vocab_size"))
     text["rope_scaling"] = {"factor": 8.0, "rope_type": "linear"}
     cfg = {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
-           "vocab_size": mm.VOCAB, "text_config": text,
+           "vocab_size": VOCAB, "text_config": text,
            "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 8,
                              "intermediate_size": 16, "num_hidden_layers": 1,
                              "num_attention_heads": 2, "patch_size": 2, "image_size": 8},
            "mm_tokens_per_image": 4, "boi_token_index": 1, "eoi_token_index": 2,
            "image_token_index": 3}
-    model = mm.random_model(gemma3, copy.deepcopy(cfg), 21, mx.bfloat16)
-    mm.randomize_scales(model, 31)
-    weights = {k: v for k, v in lm_weights(model).items() if k != "language_model.lm_head.weight"}
+    model = random_model(gemma3, copy.deepcopy(cfg), job.seed, mx.bfloat16)
+    randomize_scales(model, 31)
+    weights = weights_of(model, drop=("language_model.lm_head.weight",))
     weights.update(tower("vision_tower.vision_model.", SIGLIP, 41))
     weights.update(tower("multi_modal_projector.", {"mm_input_projection_weight": (8, 64),
                                                     "mm_soft_emb_norm.weight": (8,)}, 42))
-    save(dest, weights, cfg, tok, "gemma3.Model, random weights (seed 21, norm noise 31), bf16, tied; "
-         "random vision tower and projector (seeds 41, 42)")
+    return write_model(job, weights, cfg, f"gemma3.Model, random weights (seed {job.seed}, norm noise 31), bf16, "
+                       "tied; random vision tower and projector (seeds 41, 42)")
 
 
 def gemma4_wrapper_config(text: dict) -> dict:
     return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
-            "vocab_size": mm.VOCAB, "text_config": text,
+            "vocab_size": VOCAB, "text_config": text,
             "vision_config": {"model_type": "gemma4_vision", "hidden_size": 8},
             "audio_config": {"model_type": "gemma4_audio", "hidden_size": 8}}
 
 
-def make_gemma4_mm(tok) -> None:
-    dest = fresh("tiny-gemma4-mm")
-    text = text_of(mm.gemma4_config(), ("num_attention_heads", "vocab_size"))
+def make_gemma4_mm(job: Job) -> Path:
+    text = text_of(gemma4_config(), ("num_attention_heads", "vocab_size"))
     cfg = gemma4_wrapper_config(text)
-    model = mm.random_model(gemma4, copy.deepcopy(cfg), 22, mx.bfloat16)
-    mm.randomize_scales(model, 32)
+    model = random_model(gemma4, copy.deepcopy(cfg), job.seed, mx.bfloat16)
+    randomize_scales(model, 32)
     weights = {}
-    for k, v in lm_weights(model).items():
+    for k, v in weights_of(model).items():
         assert k.startswith("language_model.model."), k
         weights["model.language_model." + k.removeprefix("language_model.model.")] = v
     # Hugging Face stores the KV-shared layers' K/V projections; mlx-lm's sanitize drops them.
@@ -160,50 +135,25 @@ def make_gemma4_mm(tok) -> None:
     weights.update(tower("model.embed_vision.", EMBEDDER, 44))
     weights.update(tower("model.audio_tower.", GEMMA4_AUDIO, 45))
     weights.update(tower("model.embed_audio.", EMBEDDER, 46))
-    save(dest, weights, cfg, tok, "gemma4.Model, random weights (seed 22, norm noise 32), bf16, tied, "
-         "Hugging Face names; random shared-layer K/V, vision and audio towers (seeds 43-46, 53-55)")
+    return write_model(job, weights, cfg, f"gemma4.Model, random weights (seed {job.seed}, norm noise 32), bf16, "
+                       "tied, Hugging Face names; random shared-layer K/V, vision and audio towers (seeds 43-46, "
+                       "53-55)")
 
 
-def make_gemma4_mm_mlx(tok) -> None:
-    dest = fresh("tiny-gemma4-mm-mlx")
-    text = text_of(mm.gemma4_config(num_hidden_layers=4, sliding_window_pattern=2, num_key_value_heads=2,
-                                    num_global_key_value_heads=1, attention_k_eq_v=True,
-                                    num_kv_shared_layers=0, hidden_size_per_layer_input=0,
-                                    use_double_wide_mlp=False, final_logit_softcapping=30.0,
-                                    tie_word_embeddings=False), ("vocab_size",))
+def make_gemma4_mm_mlx(job: Job) -> Path:
+    text = text_of(gemma4_config(**GEMMA4_KEQV), ("vocab_size",))
     cfg = gemma4_wrapper_config(text)
-    model = mm.random_model(gemma4, copy.deepcopy(cfg), 23, mx.bfloat16)
-    mm.randomize_scales(model, 33)
-    weights = lm_weights(model)
+    model = random_model(gemma4, copy.deepcopy(cfg), job.seed, mx.bfloat16)
+    randomize_scales(model, 33)
+    weights = weights_of(model)
     assert "language_model.lm_head.weight" in weights
     weights.update(tower("vision_tower.", GEMMA4_VISION, 47))
     weights.update(tower("embed_vision.", EMBEDDER, 48))
     weights.update(tower("audio_tower.", GEMMA4_AUDIO, 49))
     weights.update(tower("embed_audio.", EMBEDDER, 40))
-    save(dest, weights, cfg, tok, "gemma4.Model, random weights (seed 23, norm noise 33), bf16, untied, "
-         "K = V, mlx-community names; random vision and audio towers (seeds 47-49, 40)")
+    return write_model(job, weights, cfg, f"gemma4.Model, random weights (seed {job.seed}, norm noise 33), bf16, "
+                       "untied, K = V, mlx-community names; random vision and audio towers (seeds 47-49, 40)")
 
 
-def make_gemma3_mm_q4() -> None:
-    mx.set_default_device(mx.cpu)
-    src = resolve("models/tiny-gemma3-mm")
-    model, _, config = load(str(src), return_config=True)
-    dense = "language_model.model.layers.0.mlp.down_proj"
-    model, qconfig = quantize_model(model, config, 32, 4, quant_predicate=lambda path, _: path != dense)
-    qconfig["quantization"][dense] = False
-    qconfig["quantization_config"] = qconfig["quantization"]
-    dest = fresh("tiny-gemma3-mm-q4")
-    save_model(dest, model)
-    save_config(qconfig, dest / "config.json")
-    for f in ["tokenizer.json", "tokenizer_config.json", "generation_config.json"]:
-        shutil.copy(src / f, dest / f)
-    write_json(dest / "provenance.json", {"provenance": provenance("mlx-lm", "mlx-lm"),
-                                          "generator": "oracles/make_quantized.py",
-                                          "notes": "tiny-gemma3-mm, affine 4-bit g32 via mlx_lm.utils.quantize_model; "
-                                                   f"{dense} unquantized (explicit false)"})
-    size = sum(f.stat().st_size for f in dest.iterdir())
-    print(f"{dest}: {size / 1e6:.2f} MB")
-
-
-ONLY = {"tiny-gemma3-mm": make_gemma3_mm, "tiny-gemma4-mm": make_gemma4_mm,
-        "tiny-gemma4-mm-mlx": make_gemma4_mm_mlx}
+if __name__ == "__main__":
+    tinymodels.main({"make_wrappers": sys.modules[__name__]})

@@ -36,37 +36,44 @@ pub fn check(krate: &Crate) -> Report {
                 .insert(reference.site.clone());
         }
     }
-    let mut graph: BTreeMap<&ModPath, Vec<&ModPath>> =
-        krate.modules.keys().map(|k| (k, Vec::new())).collect();
-    for (from, to) in edges.keys() {
+    let cycles = cycles_in(krate.modules.keys(), edges.keys().map(|(a, b)| (a, b)));
+    Report { edges, cycles }
+}
+
+/// The cycles of a graph: its strongly connected components of more than one node, each
+/// sorted, in order.
+pub fn cycles_in<'a, T: Ord + Clone + 'a>(
+    nodes: impl IntoIterator<Item = &'a T>,
+    edges: impl IntoIterator<Item = (&'a T, &'a T)>,
+) -> Vec<Vec<T>> {
+    let mut graph: BTreeMap<&T, Vec<&T>> = nodes.into_iter().map(|k| (k, Vec::new())).collect();
+    for (from, to) in edges {
         graph.entry(from).or_default().push(to);
     }
-    let mut cycles: Vec<Vec<ModPath>> = strongly_connected(&graph)
+    let mut cycles: Vec<Vec<T>> = strongly_connected(&graph)
         .into_iter()
         .filter(|c| c.len() > 1)
         .map(|c| {
-            let mut c: Vec<ModPath> = c.into_iter().cloned().collect();
+            let mut c: Vec<T> = c.into_iter().cloned().collect();
             c.sort();
             c
         })
         .collect();
     cycles.sort();
-    Report { edges, cycles }
+    cycles
 }
 
-/// Tarjan's algorithm.
-fn strongly_connected<'a>(
-    graph: &BTreeMap<&'a ModPath, Vec<&'a ModPath>>,
-) -> Vec<Vec<&'a ModPath>> {
-    struct State<'a, 'g> {
-        graph: &'g BTreeMap<&'a ModPath, Vec<&'a ModPath>>,
-        index: BTreeMap<&'a ModPath, usize>,
-        low: BTreeMap<&'a ModPath, usize>,
-        stack: Vec<&'a ModPath>,
-        on_stack: BTreeSet<&'a ModPath>,
-        out: Vec<Vec<&'a ModPath>>,
+/// Tarjan's algorithm: the strongly connected components of `graph` (node -> successors).
+fn strongly_connected<'a, T: Ord>(graph: &BTreeMap<&'a T, Vec<&'a T>>) -> Vec<Vec<&'a T>> {
+    struct State<'a, 'g, T> {
+        graph: &'g BTreeMap<&'a T, Vec<&'a T>>,
+        index: BTreeMap<&'a T, usize>,
+        low: BTreeMap<&'a T, usize>,
+        stack: Vec<&'a T>,
+        on_stack: BTreeSet<&'a T>,
+        out: Vec<Vec<&'a T>>,
     }
-    fn visit<'a>(s: &mut State<'a, '_>, v: &'a ModPath) {
+    fn visit<'a, T: Ord>(s: &mut State<'a, '_, T>, v: &'a T) {
         let n = s.index.len();
         s.index.insert(v, n);
         s.low.insert(v, n);

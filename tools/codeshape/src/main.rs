@@ -4,12 +4,16 @@
 //!   (its `lib.rs` and its `main.rs`, each a crate of its own). Exits 1 when there is one.
 //! - `codeshape long-fns [--max-lines 100] [--allow 3] <path>...`: fns over the limit outside
 //!   tests. Exits 1 when there are more than `--allow`.
+//! - `codeshape py-cycles <dir>...`: import cycles between the Python modules of each flat
+//!   directory (oracles/). Exits 1 when there is one.
 //!
-//! Both read the source with `syn`; nothing is compiled, so they take well under a second.
+//! The Rust checks read the source with `syn`, the Python one with a small tokenizer;
+//! nothing is compiled or run, so they take well under a second.
 
 mod attrs;
 mod cycles;
 mod long_fns;
+mod py_cycles;
 mod tree;
 
 use std::path::PathBuf;
@@ -47,6 +51,15 @@ enum Command {
         #[arg(required = true)]
         paths: Vec<PathBuf>,
     },
+    /// Import cycles between the Python modules of a flat directory (each `*.py` directly in
+    /// it a module): `import X`, `from X import …`, `from . import X`, `__import__("X")` and
+    /// `importlib.import_module("X")`, at module level or inside functions (a lazy import is
+    /// an edge too); strings and comments are skipped.
+    PyCycles {
+        /// A directory of Python modules (its subdirectories are not read).
+        #[arg(required = true)]
+        dirs: Vec<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,6 +70,7 @@ fn main() -> ExitCode {
             allow,
             paths,
         } => run_long_fns(&paths, max_lines, allow),
+        Command::PyCycles { dirs } => run_py_cycles(&dirs),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,
@@ -111,6 +125,35 @@ fn run_cycles(src_dirs: &[PathBuf]) -> anyhow::Result<bool> {
                     }
                     if sites.len() > SHOWN {
                         println!("      ... and {} more", sites.len() - SHOWN);
+                    }
+                }
+            }
+        }
+    }
+    Ok(clean)
+}
+
+/// Whether no directory has a cycle between its Python modules.
+fn run_py_cycles(dirs: &[PathBuf]) -> anyhow::Result<bool> {
+    let mut clean = true;
+    for dir in dirs {
+        let report = py_cycles::check_dir(dir)?;
+        let imports: usize = report.edges.values().map(|s| s.len()).sum();
+        println!(
+            "py-cycles: {}: {} modules, {} edges between them ({imports} imports), {} cycle(s)",
+            dir.display(),
+            report.modules.len(),
+            report.edges.len(),
+            report.cycles.len()
+        );
+        for (n, cycle) in report.cycles.iter().enumerate() {
+            clean = false;
+            println!("  cycle {}: {{{}}}", n + 1, cycle.join(", "));
+            for ((from, to), sites) in &report.edges {
+                if cycle.contains(from) && cycle.contains(to) {
+                    println!("    {from} -> {to}:");
+                    for site in sites {
+                        println!("      {site}");
                     }
                 }
             }

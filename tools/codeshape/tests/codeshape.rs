@@ -1,6 +1,7 @@
 //! The checks can fail: planted cycles and a planted long fn are found, an acyclic crate
 //! passes (the cycle fixtures under tests/fixtures/; the long-fn crate is written by
-//! `long_fixture`, so no repeated lines are committed).
+//! `long_fixture`, so no repeated lines are committed, and the Python modules by
+//! `py_fixture`, so that the only Python committed stays in oracles/).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -117,4 +118,72 @@ fn planted_long_fns_are_found_outside_tests() {
     assert_eq!(code, 0);
     let (code, out) = codeshape(&["long-fns", "--max-lines", "120", "--allow", "0", dir]);
     assert_eq!(code, 0, "{out}");
+}
+
+/// A flat directory of Python modules with a planted cycle: `top` imports `mid` at module
+/// level, `mid` imports `low` inside a function (a lazy import), `low` imports `top` through
+/// importlib; `other` imports `top` and names `mid` only in its docstring and a comment.
+/// Without `lazy`, mid's import is gone and so is the cycle.
+fn py_fixture(name: &str, lazy: bool) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("sub")).expect("fixture dir");
+    let lazy = if lazy {
+        "    from low import helper\n"
+    } else {
+        ""
+    };
+    let files = [
+        ("top.py", "import os\nimport mid\n".to_owned()),
+        ("mid.py", format!("def f():\n{lazy}    return 1\n")),
+        (
+            "low.py",
+            "import importlib\nTOP = importlib.import_module('top')\n".to_owned(),
+        ),
+        (
+            "other.py",
+            "\"\"\"Not `import mid`.\"\"\"\nimport top  # from mid import x\n".to_owned(),
+        ),
+        // Not a module of the directory: subdirectories are not read.
+        ("sub/deep.py", "import top\n".to_owned()),
+    ];
+    for (file, text) in files {
+        std::fs::write(dir.join(file), text).expect("fixture");
+    }
+    dir
+}
+
+#[test]
+fn a_planted_python_cycle_is_found_with_its_edges() {
+    let dir = py_fixture("py-cyclic", true);
+    let shown = dir.display().to_string();
+    let (code, out) = codeshape(&["py-cycles", &shown]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("4 modules, 4 edges between them (4 imports), 1 cycle(s)"),
+        "{out}"
+    );
+    assert!(out.contains("  cycle 1: {low, mid, top}"), "{out}");
+    for edge in [
+        format!("    low -> top:\n      {shown}/low.py:2 (dynamic)"),
+        format!("    mid -> low:\n      {shown}/mid.py:2 (from, in a block)"),
+        format!("    top -> mid:\n      {shown}/top.py:2 (import)"),
+    ] {
+        assert!(out.contains(&edge), "missing {edge:?} in\n{out}");
+    }
+    assert!(!out.contains("other ->"), "other is in no cycle: {out}");
+}
+
+#[test]
+fn python_modules_without_a_cycle_pass() {
+    let dir = py_fixture("py-acyclic", false);
+    let (code, out) = codeshape(&["py-cycles", dir.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("4 modules, 3 edges between them (3 imports), 0 cycle(s)"),
+        "{out}"
+    );
+    let missing = dir.join("missing");
+    let (code, _) = codeshape(&["py-cycles", missing.to_str().expect("utf-8 path")]);
+    assert_eq!(code, 2);
 }
