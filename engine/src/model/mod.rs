@@ -18,6 +18,7 @@ pub mod registry;
 pub mod rope;
 pub mod sdpa;
 pub mod shard;
+pub mod smollm3;
 pub mod wrapper;
 
 use std::path::Path;
