@@ -39,7 +39,7 @@ MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-
           "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral",
           "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
           "tiny-llama-mxfp4", "tiny-llama-nvfp4", "tiny-llama-mxfp8", "tiny-llama-mixed-modes", "tiny-qwen3-moe-mxfp4",
-          "tiny-qwen2-moe", "tiny-gemma4-moe", "tiny-gemma4-moe-q4"]
+          "tiny-qwen2-moe", "tiny-gemma4-moe", "tiny-gemma4-moe-q4", "tiny-smollm3"]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",

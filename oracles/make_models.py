@@ -21,6 +21,7 @@ generation_config.json and provenance.json:
 - tiny-gemma3        gemma3_text, sliding window 8 (rotating caches wrap), tied head, bf16
 
 - tiny-qwen2         qwen2 (q/k/v biases), untied, float16
+- tiny-smollm3       smollm3: llama with layer 3 of 4 attending without RoPE (NoPE), tied, bf16
 - tiny-gemma4        gemma4_text like the small Gemma 4s: per-layer input embeddings, KV sharing
                      (the last 3 of 6 layers reuse earlier layers' K/V), double-wide MLPs on
                      the sharing layers, proportional partial RoPE and a wider head on full
@@ -83,7 +84,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten
-from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3
+from mlx_lm.models import gemma3_text, gemma4_text, llama, qwen2, qwen3, smollm3
 from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer
 
@@ -190,6 +191,18 @@ def make_gemma3_kv(job: Job) -> Path:
     model = random_model(gemma3_text, cfg, job.seed, mx.bfloat16)
     return write_model(job, weights_of(model, drop=("lm_head.weight",)), cfg,
                        f"random weights (seed {job.seed}), bf16, head_dim 32, tied")
+
+
+def make_smollm3(job: Job) -> Path:
+    """tiny-smollm3: smollm3 (SmolLM 3: Llama's layers, layer 3 of 4 without RoPE as its
+    explicit no_rope_layers says), GQA, tied head, norms drawn away from one, bf16."""
+    cfg = llama_config(64, 4, 4, 2, 192, None, tie=True)
+    cfg.update({"architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+                "no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0]})
+    model = random_model(smollm3, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}), bf16, NoPE on layer 3")
 
 
 def make_qwen2(job: Job) -> Path:

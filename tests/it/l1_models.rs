@@ -319,6 +319,15 @@ fn l1_tiny_llama_dynamic_and_yarn_rope() {
     assert_bit_exact("tiny-llama-yarn");
 }
 
+/// smollm3: Llama's layers, layer 3 of 4 without RoPE (NoPE). Planted: every layer
+/// rotates (`no_rope_layers` all ones) — the gate fails at the prefill of every case.
+#[test]
+fn l1_tiny_smollm3_nope_layers() {
+    assert_bit_exact("tiny-smollm3");
+    let report = l1("tiny-smollm3", Some("no_rope_layers=[1,1,1,1]"));
+    assert_fails_at_prefill(&report, "smollm3 rotating its NoPE layer");
+}
+
 /// phi3: fused qkv / gate_up, SuScaled (longrope) RoPE on 12 of 16 head dims.
 #[test]
 fn l1_tiny_phi3_longrope() {

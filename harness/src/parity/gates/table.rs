@@ -77,6 +77,7 @@ pub static L1: Gate = Gate {
         "tiny-qwen3-moe-mxfp4",
         "tiny-gpt-oss",
         "tiny-gpt-oss-mxfp4",
+        "tiny-smollm3",
     ],
     plants: &["KEY=VALUE"],
     run: |g, t, p| boxed(run_l1(g, t, p)),
