@@ -5,8 +5,9 @@
 goldens/models/manifest.json lists every tiny model under goldens/models/, one row each:
 `name` (its dir), `maker` (`module:function` in oracles/), `seed` (the seed its weights are
 drawn from, passed to the maker; null for a model derived from another one without drawing),
-`model_type` (its config.json's), `needs` (the models it is made from, made first) and
-`gates` (the gate families and integration tests that read it). The CLI makes the rows it is
+`model_type` (its config.json's), `needs` (the models it is made from, made first), `gates`
+(the parity gates whose models it is: the harness's gate table reads its model lists from
+here) and `fixture_of` (the gates that load it besides their models, e.g. a drafter). The CLI makes the rows it is
 asked for (all of them without names) in that order, each into a fresh dir: under goldens/
 as provenance.golden_dir places it, or under `--out DIR` (where the models it needs are read
 from too, when they are there).

@@ -9,6 +9,7 @@ pub mod eval;
 pub mod fixtures;
 pub mod goldens;
 pub mod machine;
+pub mod manifest;
 pub mod oracle;
 pub mod parity;
 pub mod plot;

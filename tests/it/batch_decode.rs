@@ -46,7 +46,7 @@ fn run(model: &str, scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
 
 fn gate(scenario: &str) {
     for g in [&BATCH, &BATCH_KV4] {
-        for model in g.models {
+        for model in g.models() {
             let r = run_gate(g, model, scenario, None);
             harness::announce(&format!("{}: {}", g.name, r.summary()));
             assert!(r.passed(), "{} {model}: {}", g.name, r.summary());
@@ -81,13 +81,13 @@ fn the_gate_covers_every_family_of_the_batch_lane() {
         .chain(&SLIDING)
         .chain(&["tiny-llama-trained", "tiny-phi3"])
     {
-        assert!(BATCH.models.contains(model), "{model} is not gated");
+        assert!(BATCH.models().contains(model), "{model} is not gated");
     }
 }
 
 #[test]
 fn planted_unmasked_padding_fails_the_gate() {
-    for model in BATCH.models {
+    for model in BATCH.models() {
         let r = run(
             model,
             "b4",
@@ -210,7 +210,7 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
 
 #[test]
 fn sliding_window_models_join_the_batch() {
-    // Gated above (BATCH.models) or their text model is (the multimodal and quantized-weight
+    // Gated above (BATCH.models()) or their text model is (the multimodal and quantized-weight
     // variants share gemma3's caches).
     for model in SLIDING.iter().chain(&["tiny-gemma3-mm", "tiny-gemma3-q4"]) {
         assert_eq!(join_refusal(model), None, "{model}");

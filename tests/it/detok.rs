@@ -7,7 +7,7 @@ use harness::parity::gates::{Plant, Tweak, DETOK, DETOK_REAL};
 
 #[test]
 fn streamed_text_matches_mlx_lm() {
-    for model in DETOK.models {
+    for model in DETOK.models() {
         let r = DETOK.run(model, None).unwrap();
         harness::announce(&r.summary());
         assert!(r.passed(), "{model}: {}", r.summary());
@@ -16,7 +16,7 @@ fn streamed_text_matches_mlx_lm() {
 
 #[test]
 fn streamed_text_matches_mlx_lm_on_real_tokenizers() {
-    for fixture in DETOK_REAL.models {
+    for fixture in DETOK_REAL.models() {
         let r = DETOK_REAL.run(fixture, None).unwrap();
         harness::announce(&r.summary());
         assert!(r.passed(), "{fixture}: {}", r.summary());
@@ -28,10 +28,10 @@ fn streamed_text_matches_mlx_lm_on_real_tokenizers() {
 #[test]
 fn planted_lost_character_fails() {
     let plant = Plant::Harness(Tweak::LostCharacter);
-    let r = DETOK.run(DETOK.models[0], Some(&plant)).unwrap();
+    let r = DETOK.run(DETOK.models()[0], Some(&plant)).unwrap();
     println!("planted: {}", r.summary());
     assert!(!r.passed());
-    for fixture in DETOK_REAL.models {
+    for fixture in DETOK_REAL.models() {
         let r = DETOK_REAL.run(fixture, Some(&plant)).unwrap();
         println!("planted: {}", r.summary());
         assert!(!r.passed(), "{fixture}: {}", r.summary());

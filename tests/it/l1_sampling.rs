@@ -15,7 +15,7 @@ fn planted(tweak: Tweak) -> SamplingReport {
 
 #[test]
 fn sampled_ids_equal_mlx_lm() {
-    for name in SAMPLING.models {
+    for name in SAMPLING.models() {
         let report = SAMPLING.run(name, None).unwrap();
         harness::announce(&report.summary());
         assert!(report.passed(), "{}", report.details().join("\n"));

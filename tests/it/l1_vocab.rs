@@ -8,7 +8,7 @@ use harness::parity::gates::{Plant, L1_VOCAB};
 
 #[test]
 fn real_vocabulary_models_match_mlx_lm() {
-    for model in L1_VOCAB.models {
+    for model in L1_VOCAB.models() {
         let r = L1_VOCAB.run(model, None).unwrap();
         harness::announce(&r.summary());
         assert!(r.passed(), "{model}: {}", r.summary());

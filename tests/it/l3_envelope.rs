@@ -16,7 +16,7 @@ fn l3(name: &str, plant: Option<&str>) -> L3Report {
 
 #[test]
 fn l3_envelope_passes_and_the_perf_path_ran() {
-    for name in L3.models {
+    for name in L3.models() {
         let report = l3(name, None);
         harness::announce(&report.summary());
         assert!(report.passed(), "{}", report.summary());

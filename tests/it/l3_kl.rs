@@ -30,7 +30,7 @@ fn kl(name: &str, plant: Option<&Plant>) -> KlGateReport {
 
 #[test]
 fn l3_kl_gate_passes_and_the_perf_path_ran() {
-    for name in L3_KL.models {
+    for name in L3_KL.models() {
         let report = kl(name, None);
         assert!(report.perf_path_steps > 0);
         assert!(report.passed(), "{}", report.summary());
@@ -58,7 +58,7 @@ fn ppl(name: &str, plant: Option<&Plant>) -> PplGoldenReport {
 
 #[test]
 fn l1_perplexity_is_mlx_lm_perplexity_bit_for_bit() {
-    for name in EVAL_PPL.models {
+    for name in EVAL_PPL.models() {
         let report = ppl(name, None);
         assert!(report.same_rows, "{}", report.summary());
         assert!(report.passed(), "{}", report.summary());

@@ -44,7 +44,7 @@ const LYING: [&str; 2] = [
 
 #[test]
 fn every_drafter_head_matches_optiq() {
-    for drafter in SPEC_L2_HEADS.models {
+    for drafter in SPEC_L2_HEADS.models() {
         let r: SpecReport = SPEC_L2_HEADS
             .run(drafter, None)
             .unwrap()
@@ -89,8 +89,12 @@ fn assisted_ids_are_the_targets_greedy_ids() {
         let case = cases.iter().find(|c| c["name"] == prompt).unwrap();
         serde_json::from_value(case["greedy_ids"].clone()).unwrap()
     };
-    let goldens = std::iter::once(SPEC_L2.golden(TARGET))
-        .chain(SPEC_L2_HEADS.models.iter().map(|m| SPEC_L2_HEADS.golden(m)));
+    let goldens = std::iter::once(SPEC_L2.golden(TARGET)).chain(
+        SPEC_L2_HEADS
+            .models()
+            .iter()
+            .map(|m| SPEC_L2_HEADS.golden(m)),
+    );
     for golden in goldens {
         let g = TensorGolden::open(&golden).unwrap();
         for case in g.index["cases"].as_array().unwrap() {

@@ -11,7 +11,7 @@ use harness::parity::templates::MIN_RENDERED;
 
 #[test]
 fn every_template_renders_as_transformers_does() {
-    for fixture in TEMPLATES.models {
+    for fixture in TEMPLATES.models() {
         let r = TEMPLATES.run(fixture, None).unwrap();
         harness::announce(&r.summary());
         assert!(

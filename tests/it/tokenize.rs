@@ -9,7 +9,7 @@ use harness::parity::tokenize::TokenizeReport;
 
 #[test]
 fn ids_and_text_match_transformers() {
-    for fixture in TOKENIZE.models {
+    for fixture in TOKENIZE.models() {
         let r = TOKENIZE.run(fixture, None).unwrap();
         harness::announce(&r.summary());
         assert!(r.passed(), "{fixture}: {}", r.summary());

@@ -106,7 +106,7 @@ fn planted_switch_lora_scale_twice_fails_the_moe_rows() {
 
 #[test]
 fn planted_weight_decay_fails_the_gate() {
-    for model in TRAIN.models {
+    for model in TRAIN.models() {
         let r = TRAIN
             .run(model, Some(&Plant::Harness(Tweak::WeightDecay)))
             .unwrap();

@@ -184,7 +184,7 @@ impl Recorder {
 pub fn freeze(model: Option<String>) -> Result<()> {
     let models: Vec<String> = match model {
         Some(m) => vec![m],
-        None => L3.models.iter().map(|m| m.to_string()).collect(),
+        None => L3.models().iter().map(|m| m.to_string()).collect(),
     };
     for name in models {
         let dir = harness::parity::l3::freeze(&name)?;

@@ -105,9 +105,12 @@ pub struct Gate {
     pub generator: Option<(&'static str, &'static [&'static str])>,
     /// `harness parity --live` runs the generator now: `oracles/<script> MODEL… --out DIR`.
     pub live: bool,
-    pub models: &'static [&'static str],
-    /// Models its runs load besides `models` (the drafters).
-    pub fixtures: &'static [&'static str],
+    /// Its models: the manifest's rows that name this gate (tiny models), or a list (real
+    /// tokenizers, `on_fixtures`).
+    pub models: Models,
+    /// Models its runs load besides its models (the drafters), from the manifest's
+    /// `fixture_of`.
+    pub fixtures: Models,
     /// Cases `harness parity` reports one by one (the batch scenarios).
     pub cases: &'static [&'static str],
     /// Its plants, as `--plant` spells them ([`Plant::form`]).
@@ -120,6 +123,15 @@ pub struct Gate {
 
 mod table;
 pub use table::*;
+
+/// Where a gate's models are listed.
+#[derive(Debug, Clone, Copy)]
+pub enum Models {
+    /// goldens/models/manifest.json (`crate::manifest`).
+    Manifest,
+    /// Here (the real-tokenizer fixtures, which are not tiny models).
+    Listed(&'static [&'static str]),
+}
 
 impl Gate {
     /// The gate by name (`l1`, `spec-l2`, …).
@@ -149,6 +161,22 @@ impl Gate {
         (self.run)(self, target, plant)
     }
 
+    /// Its models (see [`Models`]).
+    pub fn models(&self) -> &'static [&'static str] {
+        match self.models {
+            Models::Manifest => crate::manifest::gate_models(self.name),
+            Models::Listed(list) => list,
+        }
+    }
+
+    /// The models its runs load besides its own (the drafters).
+    pub fn fixtures(&self) -> &'static [&'static str] {
+        match self.fixtures {
+            Models::Manifest => crate::manifest::gate_fixtures(self.name),
+            Models::Listed(list) => list,
+        }
+    }
+
     pub fn accepts(&self, plant: &Plant) -> bool {
         self.plants.contains(&plant.form().as_str())
     }
@@ -156,7 +184,7 @@ impl Gate {
     /// Its models, or only `model` where it has that one; `[""]` for a gate without models
     /// (unless a model is asked for).
     pub fn models_for(&self, model: Option<&str>) -> Vec<&'static str> {
-        match (self.models, model) {
+        match (self.models(), model) {
             ([], None) => vec![""],
             (models, _) => models
                 .iter()
@@ -168,7 +196,7 @@ impl Gate {
 
     /// The golden of `model` under goldens/ (`l1/tiny-llama`, `runtime`).
     pub fn golden(&self, model: &str) -> String {
-        match self.models {
+        match self.models() {
             [] => self.group.to_owned(),
             _ => format!("{}/{}", self.group, self.golden_name(model)),
         }
@@ -184,7 +212,7 @@ impl Gate {
     /// (`tiny-qwen3` for l1/tiny-qwen3), else by the golden (`runtime`), and the case if one
     /// (`batch/tiny-llama-trained/b2`).
     pub fn label(&self, t: &Target) -> String {
-        let golden = match self.group == self.tier.name() && !self.models.is_empty() {
+        let golden = match self.group == self.tier.name() && !self.models().is_empty() {
             true => self.golden_name(t.model),
             false => self.golden(t.model),
         };
@@ -246,16 +274,10 @@ pub struct Registered {
 /// Every golden an oracle script writes, in regeneration order: the models (of every gate,
 /// and the drafters) first, then each gate's goldens. The l3 goldens are frozen from our
 /// own engine (`harness freeze-perf-oracle`), so they are not regenerated from here.
-/// Goldens an oracle script writes that no parity gate reads: the tool-calling model of the
-/// serve tests and `harness serve-diff` (engine/tests/it/serve_tools.rs), and the CLI gate's
-/// mlx_lm.generate transcripts (engine/tests/it/cli.rs).
+/// Goldens an oracle script writes that no parity gate reads (every tiny model is the
+/// manifest's): the CLI gate's mlx_lm.generate transcripts (engine/tests/it/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
-    (
-        "models/tiny-qwen3-tools",
-        "make_models.py",
-        &["tiny-qwen3-tools"],
-    ),
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 3] = [
     ("cli", "gen_cli.py", &[]),
     // engine convert's gate (engine/tests/it/convert.rs): mlx_lm.convert's output hashes, and
     // the Hugging Face layout source it converts.
@@ -306,27 +328,12 @@ pub fn l1_dist_goldens() -> Vec<String> {
 
 pub fn registry() -> Vec<Registered> {
     let mut out: Vec<Registered> = Vec::new();
-    let model_gates = GATES.iter().filter(|g| !g.on_fixtures);
-    for m in model_gates.flat_map(|g| g.models.iter().chain(g.fixtures)) {
-        let name = format!("models/{m}");
-        if out.iter().any(|r| r.name == name) {
-            continue;
-        }
-        // Without arguments make_models.py (make_quantized.py) writes all its models in one
-        // run; `goldens regen` runs that once. The models outside L1 are made by name.
-        let quantized = m.ends_with("-q4") || m.ends_with("-q8");
+    // Every tiny model is one row of the manifest; make_models.py makes any row by name.
+    for m in crate::manifest::tiny_models() {
         out.push(Registered {
-            name,
-            script: if quantized {
-                "make_quantized.py"
-            } else {
-                "make_models.py"
-            },
-            args: if L1.models.contains(m) {
-                vec![]
-            } else {
-                vec![m.to_string()]
-            },
+            name: format!("models/{}", m.name),
+            script: "make_models.py",
+            args: vec![m.name.clone()],
         });
     }
     let registered = |(name, script, args): &(&str, &'static str, &[&str])| Registered {
@@ -406,6 +413,48 @@ mod tests {
         assert!(names
             .iter()
             .all(|n| Gate::named(n).is_some_and(|g| g.name == *n)));
+    }
+
+    /// The manifest drives the gates' model lists, so a misspelt gate name in a row would
+    /// silently drop that model from its gate: every name a row gives must be a gate (or the
+    /// distributed gate), every tiny-model gate must have models, and every manifest row
+    /// must be a directory under goldens/models (and every directory a row).
+    #[test]
+    fn the_manifest_names_only_gates_that_exist_and_every_model_dir() {
+        let known = |g: &str| g == "l1-dist" || Gate::named(g).is_some();
+        for row in crate::manifest::tiny_models() {
+            for g in row.gates.iter().chain(&row.fixture_of) {
+                assert!(
+                    known(g),
+                    "{}: gate `{g}` is not in the gate table",
+                    row.name
+                );
+            }
+        }
+        for gate in GATES {
+            let per_model = gate
+                .generator
+                .is_some_and(|(_, args)| args.contains(&"{model}"));
+            if matches!(gate.models, Models::Manifest) && per_model {
+                assert!(
+                    !gate.models().is_empty(),
+                    "{}: no manifest row names it",
+                    gate.name
+                );
+            }
+        }
+        let dirs: std::collections::BTreeSet<String> =
+            std::fs::read_dir(repo().join("goldens/models"))
+                .unwrap()
+                .flatten()
+                .filter(|e| e.path().is_dir())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect();
+        let rows: std::collections::BTreeSet<String> = crate::manifest::tiny_models()
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        assert_eq!(dirs, rows, "goldens/models and its manifest disagree");
     }
 
     #[test]
