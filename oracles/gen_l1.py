@@ -31,15 +31,10 @@ from make_moe import patch_gather_qmm
 
 patch_gather_qmm()  # mlx-lm's QuantizedSwitchLinear on MLX 0.32.2 (see make_moe.py)
 from make_rope import oracle_view
+from tinymodels import load_manifest
 
-MODELS = ["tiny-llama", "tiny-qwen3", "tiny-llama-trained", "tiny-llama-trained-q4", "tiny-qwen3-q8", "tiny-gemma3", "tiny-gemma3-q4", "tiny-qwen2",
-          "tiny-gemma4", "tiny-gemma4-keqv", "tiny-gemma4-q4", "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-phi3",
-          "tiny-llama-rope-params", "tiny-gemma3-rope-params", "tiny-gemma3-mm", "tiny-gemma4-mm",
-          "tiny-gemma4-mm-mlx", "tiny-gemma3-mm-q4",
-          "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral",
-          "tiny-gpt-oss", "tiny-gpt-oss-mxfp4",
-          "tiny-llama-mxfp4", "tiny-llama-nvfp4", "tiny-llama-mxfp8", "tiny-llama-mixed-modes", "tiny-qwen3-moe-mxfp4",
-          "tiny-qwen2-moe", "tiny-gemma4-moe", "tiny-gemma4-moe-q4", "tiny-smollm3"]
+# The L1 gate's models: the manifest's rows that name it (the harness reads the same rows).
+MODELS = [row["name"] for row in load_manifest() if "l1" in row["gates"]]
 RAW_PROMPTS = [
     "The little robot",
     "Question: What color is the grass? Answer:",
