@@ -1,30 +1,25 @@
-//! Gemma 3 text (`gemma3_text`) as mlx-lm 0.32.2 implements it:
+//! Gemma 3 text (`gemma3_text`) as mlx-lm 0.32.2 implements it, on the shared decoder
+//! (`decoder.rs`):
 //!
 //!   h = embed(ids) · √hidden (the scale rounded through bf16)
 //!   each layer:  h = h + post_attn_norm(attn(input_norm(h)))
 //!                h = h + post_ffw_norm(mlp(pre_ffw_norm(h)))     mlp = down(gelu_tanh(gate) · up)
 //!   logits = head(norm(h))                                        (tied when no lm_head)
 //!
-//! RMSNorms scale by (1 + w). Every `sliding_window_pattern`-th layer attends globally
-//! (standard cache, rope_theta); the others attend within `sliding_window` through a
-//! rotating cache (rope_local_base_freq).
+//! RMSNorms scale by (1 + w); the residual sums are mlx-lm's `clip_residual` (clipped in
+//! float16). Every `sliding_window_pattern`-th layer attends globally (standard cache,
+//! rope_theta); the others attend within `sliding_window` through a rotating cache
+//! (rope_local_base_freq).
 
-use mlx_rs::error::Exception;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Dtype;
 use serde::Deserialize;
 
-use super::layers::{
-    attn_mlp_linears, block_linears, layer_cache, Attention, Embedding, Glu, Linear, Mlp,
-    OutputHead, RmsNorm, Rope,
-};
+use super::decoder::{Built, Decoder, Dims, EmbedScale, Mixer, Residual, Style, Windowed};
+use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::rope;
-use super::LanguageModel;
-use crate::cache::Cache;
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
-
-type R<T> = Result<T, Exception>;
 
 /// mlx-lm's `gemma3_text.ModelArgs`, defaults included.
 #[derive(Debug, Clone, Deserialize)]
@@ -73,234 +68,97 @@ impl Default for Gemma3Args {
     }
 }
 
-/// Gemma's RMSNorm scales by (1 + w); the sum is formed once, in w's dtype, as mlx-lm
-/// forms it on every call.
-fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadError> {
-    let mut norm = RmsNorm::load(w, prefix, eps)?;
-    let one = Array::from_f32(1.0).as_dtype(norm.weight.dtype())?;
-    norm.weight = one.add(&norm.weight)?;
-    Ok(norm)
+/// The model: the decoder with Gemma's style — (1 + w) norms, sandwich norms, clipped
+/// residuals, the embedding scale — and its layers.
+pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
+    let a: Gemma3Args = config.parse()?;
+    // mlx-lm's sanitize: no lm_head in the checkpoint means a tied head.
+    let tied = !w.contains("lm_head.weight");
+    let dims = Dims {
+        layers: a.num_hidden_layers,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: tied,
+        ffn_module: "mlp",
+    };
+    let style = Style {
+        norm: RmsNorm::load_one_plus,
+        sandwich: true,
+        residual: Residual::ClipF16,
+        // `mx.array(hidden_size**0.5, mx.bfloat16)`.
+        embed_scale: Some(EmbedScale {
+            scale: (a.hidden_size as f64).sqrt() as f32,
+            through: Dtype::Bfloat16,
+        }),
+    };
+    Decoder::load_styled(config, w, dims, style, |w, p, i| layer(&a, w, p, i))
 }
 
-/// mlx-lm's `clip_residual`: a plain sum except in float16, where it is clipped to range.
-fn clip_residual(x: &Array, y: &Array) -> R<Array> {
-    if x.dtype() != Dtype::Float16 {
-        return x.add(y);
-    }
-    let bound = Array::from_f32(65504.0);
-    let sum = x
-        .as_dtype(Dtype::Float32)?
-        .add(y.as_dtype(Dtype::Float32)?)?;
-    mlx_rs::ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
+/// Layer `i`: attention (global every `sliding_window_pattern`-th layer, windowed
+/// otherwise) and the gelu-tanh MLP.
+fn layer(a: &Gemma3Args, w: &mut Weights, p: &str, i: i32) -> Result<Built, LoadError> {
+    let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
+    let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), false, in_dims)
+    };
+    let norm = |w: &mut Weights, name: &str| {
+        RmsNorm::load_one_plus(w, &format!("{p}.self_attn.{name}"), a.rms_norm_eps)
+    };
+    let attn = Attention {
+        q_proj: proj(w, "q_proj", a.hidden_size)?,
+        k_proj: proj(w, "k_proj", a.hidden_size)?,
+        v_proj: proj(w, "v_proj", a.hidden_size)?,
+        o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
+        q_norm: Some(norm(w, "q_norm")?),
+        k_norm: Some(norm(w, "k_norm")?),
+        n_heads: a.num_attention_heads,
+        n_kv_heads: a.num_key_value_heads,
+        scale: (a.query_pre_attn_scalar as f64).powf(-0.5) as f32,
+        rope: a.rope(global)?,
+        norm_after_transpose: true,
+    };
+    let mlp = Mlp::load(
+        w,
+        &format!("{p}.mlp"),
+        false,
+        a.hidden_size,
+        a.intermediate_size,
+        Glu::GeluApprox,
+    )?;
+    let mixer: Box<dyn Mixer> = match global {
+        true => Box::new(attn),
+        false => Box::new(Windowed {
+            mixer: attn,
+            window: a.sliding_window,
+        }),
+    };
+    Ok((mixer, Box::new(mlp)))
 }
 
-struct Block {
-    attn: Attention,
-    /// `down(gelu_approx(gate) · up)`.
-    mlp: Mlp,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-    pre_ffw_norm: RmsNorm,
-    post_ffw_norm: RmsNorm,
-    global: bool,
-}
-
-impl Block {
-    fn forward(&self, h: &Array, mask: &crate::cache::Mask, cache: &mut dyn Cache) -> R<Array> {
-        let r = self
-            .attn
-            .forward(&self.input_norm.forward(h)?, mask, cache)?;
-        let h = clip_residual(h, &self.post_attn_norm.forward(&r)?)?;
-        let r = self.mlp.forward(&self.pre_ffw_norm.forward(&h)?)?;
-        clip_residual(&h, &self.post_ffw_norm.forward(&r)?)
-    }
-}
-
-pub struct Gemma3 {
-    args: Gemma3Args,
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
-}
-
-impl Gemma3 {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: Gemma3Args = config.parse()?;
-        w.set_quantization(config.quantization.clone());
-        let q_dims = a.num_attention_heads * a.head_dim;
-        let mut blocks = Vec::new();
-        for i in 0..a.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
-            let params = a.rope_parameters.as_ref();
-            let rope = if global {
-                let (theta, scaling) = rope::settings(
-                    a.rope_theta,
-                    a.rope_scaling.as_ref(),
-                    params,
-                    "full_attention",
-                    1_000_000.0,
-                );
-                let max = Some(a.max_position_embeddings);
-                Rope::init(a.head_dim, theta, false, scaling.as_ref(), max)?
-            } else {
-                let (theta, scaling) = rope::settings(
-                    a.rope_local_base_freq,
-                    None,
-                    params,
-                    "sliding_attention",
-                    1e4,
-                );
-                Rope::new(a.head_dim, theta, false, scaling.as_ref())?
-            };
-            let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
-            };
-            let attn = Attention {
-                q_proj: proj(&mut w, "self_attn.q_proj", a.hidden_size)?,
-                k_proj: proj(&mut w, "self_attn.k_proj", a.hidden_size)?,
-                v_proj: proj(&mut w, "self_attn.v_proj", a.hidden_size)?,
-                o_proj: proj(&mut w, "self_attn.o_proj", q_dims)?,
-                q_norm: Some(gemma_norm(
-                    &mut w,
-                    &format!("{p}.self_attn.q_norm"),
-                    a.rms_norm_eps,
-                )?),
-                k_norm: Some(gemma_norm(
-                    &mut w,
-                    &format!("{p}.self_attn.k_norm"),
-                    a.rms_norm_eps,
-                )?),
-                n_heads: a.num_attention_heads,
-                n_kv_heads: a.num_key_value_heads,
-                scale: (a.query_pre_attn_scalar as f64).powf(-0.5) as f32,
-                rope,
-                norm_after_transpose: true,
-            };
-            let norm =
-                |w: &mut Weights, name: &str| gemma_norm(w, &format!("{p}.{name}"), a.rms_norm_eps);
-            blocks.push(Block {
-                attn,
-                mlp: Mlp::load(
-                    &mut w,
-                    &format!("{p}.mlp"),
-                    false,
-                    a.hidden_size,
-                    a.intermediate_size,
-                    Glu::GeluApprox,
-                )?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-                pre_ffw_norm: norm(&mut w, "pre_feedforward_layernorm")?,
-                post_ffw_norm: norm(&mut w, "post_feedforward_layernorm")?,
-                global,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let norm = gemma_norm(&mut w, "model.norm", a.rms_norm_eps)?;
-        // mlx-lm's sanitize: no lm_head in the checkpoint means a tied head.
-        let tied = !w.contains("lm_head.weight");
-        let head = OutputHead::load(&mut w, norm, tied, a.hidden_size, None)?;
-        w.ensure_consumed("gemma3_text", |_| false)?;
-        Ok(Gemma3 {
-            args: a,
-            embed,
-            blocks,
-            head,
-        })
-    }
-}
-
-impl Gemma3 {
-    /// embed(ids) · √hidden, the scale rounded through bf16 as mlx-lm rounds it.
-    fn embed_scaled(&self, ids: &Array) -> R<Array> {
-        let h = self.embed.forward(ids)?;
-        let scale = Array::from_f32((self.args.hidden_size as f64).sqrt() as f32)
-            .as_dtype(Dtype::Bfloat16)?
-            .as_dtype(h.dtype())?;
-        h.multiply(&scale)
-    }
-}
-
-/// Segmented training: the cache-less forward in pieces (masks as `model(inputs)` makes
-/// them with no cache).
-impl super::Layered for Gemma3 {
-    fn num_blocks(&self) -> usize {
-        self.blocks.len()
-    }
-
-    fn embed_ids(&self, ids: &Array) -> R<Array> {
-        self.embed_scaled(ids)
-    }
-
-    fn run_blocks(&self, h: &Array, range: std::ops::Range<usize>) -> R<Array> {
-        use crate::cache::none::PassThrough;
-        let n = h.shape()[1];
-        let global_mask = PassThrough.make_mask(n, None)?;
-        let sliding_mask = PassThrough.make_mask(n, Some(self.args.sliding_window))?;
-        let mut h = h.clone();
-        for block in &self.blocks[range] {
-            let mask = if block.global {
-                &global_mask
-            } else {
-                &sliding_mask
-            };
-            h = block.forward(&h, mask, &mut PassThrough)?;
-        }
-        Ok(h)
-    }
-
-    fn head_logits(&self, h: &Array) -> R<Array> {
-        self.head.forward(&self.embed, h)
-    }
-}
-
-impl LanguageModel for Gemma3 {
-    fn model_type(&self) -> &str {
-        "gemma3_text"
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    fn linears(&self) -> Vec<(String, &Linear)> {
-        block_linears(&self.blocks, |b| attn_mlp_linears(&b.attn, &b.mlp))
-    }
-
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|b| layer_cache(b.global, self.args.sliding_window))
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
-        let mut h = self.embed_scaled(ids)?;
-        let n = ids.shape()[1];
-        let pattern = self.args.sliding_window_pattern as usize;
-        let global_mask = caches[pattern - 1].make_mask(n, None)?;
-        let sliding_mask = if pattern > 1 {
-            caches[0].make_mask(n, Some(self.args.sliding_window))?
+impl Gemma3Args {
+    /// A global layer's RoPE (rope_theta, the scaling, max positions) or a sliding one's
+    /// (rope_local_base_freq, unscaled but for rope_parameters).
+    fn rope(&self, global: bool) -> Result<Rope, LoadError> {
+        let params = self.rope_parameters.as_ref();
+        if global {
+            let (theta, scaling) = rope::settings(
+                self.rope_theta,
+                self.rope_scaling.as_ref(),
+                params,
+                "full_attention",
+                1_000_000.0,
+            );
+            let max = Some(self.max_position_embeddings);
+            Rope::init(self.head_dim, theta, false, scaling.as_ref(), max)
         } else {
-            crate::cache::Mask::None
-        };
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let mask = if block.global {
-                &global_mask
-            } else {
-                &sliding_mask
-            };
-            h = block.forward(&h, mask, cache.as_mut())?;
+            let (theta, scaling) = rope::settings(
+                self.rope_local_base_freq,
+                None,
+                params,
+                "sliding_attention",
+                1e4,
+            );
+            Rope::new(self.head_dim, theta, false, scaling.as_ref())
         }
-        self.head.forward(&self.embed, &h)
-    }
-
-    fn as_layered(&self) -> Option<&dyn super::Layered> {
-        Some(self)
     }
 }

@@ -1,4 +1,5 @@
-//! `gpt_oss` (OpenAI's gpt-oss) as mlx-lm 0.32.2 implements it:
+//! `gpt_oss` (OpenAI's gpt-oss) as mlx-lm 0.32.2 implements it, on the shared decoder
+//! (`decoder.rs`):
 //!
 //!   h = embed(ids)
 //!   for each layer:  h = h + attn(rms_norm(h));  h = h + experts(rms_norm(h))
@@ -23,13 +24,12 @@ use mlx_rs::ops::{argpartition_axis, clip, minimum, sigmoid, softmax_axis};
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::layers::{
-    compiled_shapeless, layer_cache, weak, CompiledFn, Embedding, Linear, OutputHead, RmsNorm, Rope,
-};
+use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer, Style, Windowed};
+use super::layers::{compiled_shapeless, weak, CompiledFn, Linear, Rope};
 use super::moe::{SwitchGlu, SwitchLinear};
 use super::moe_family::check_top_k;
 use super::shard::{slice, Part, Split};
-use super::{rope, sdpa, LanguageModel};
+use super::{rope, sdpa};
 use crate::cache::{Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
@@ -315,33 +315,56 @@ impl Experts {
     }
 }
 
-struct Block {
-    attn: SinkAttention,
-    mlp: Experts,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-    sliding: bool,
-}
+/// `TransformerBlock`'s attention as the decoder's mixer (a sliding layer's wrapped in
+/// `Windowed`).
+impl Mixer for SinkAttention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        SinkAttention::forward(self, x, mask, cache)
+    }
 
-impl Block {
-    fn forward(&self, h: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        let r = self
-            .attn
-            .forward(&self.input_norm.forward(h)?, mask, cache)?;
-        let h = h.add(&r)?;
-        let r = self.mlp.forward(&self.post_attn_norm.forward(&h)?)?;
-        h.add(&r)
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        vec![
+            ("self_attn.q_proj", &self.q_proj),
+            ("self_attn.k_proj", &self.k_proj),
+            ("self_attn.v_proj", &self.v_proj),
+            ("self_attn.o_proj", &self.o_proj),
+        ]
+    }
+
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        SinkAttention::shard(self, part, &format!("{layer}.self_attn"))
     }
 }
 
-pub struct GptOss {
-    embed: Embedding,
-    blocks: Vec<Block>,
-    head: OutputHead,
-    window: i32,
-    /// The first sliding and the first full layer: their caches make the two masks.
-    first_sliding: usize,
-    first_full: usize,
+/// `MLPBlock` as the decoder's feed-forward (`mlp`): the router, and the experts stacked
+/// under `mlp.experts`.
+impl FeedForward for Experts {
+    fn forward(&self, x: &Array) -> R<Array> {
+        Experts::forward(self, x)
+    }
+
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
+        vec![(format!("{module}.router"), &self.router)]
+    }
+
+    fn switches(&self, module: &str) -> Vec<(String, &SwitchLinear)> {
+        let e = &self.experts;
+        [
+            ("gate_proj", &e.gate_proj),
+            ("up_proj", &e.up_proj),
+            ("down_proj", &e.down_proj),
+        ]
+        .map(|(n, l)| (format!("{module}.experts.{n}"), l))
+        .into()
+    }
+
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        Experts::shard(self, part, prefix)
+    }
 }
 
 /// A Hugging Face gpt-oss checkpoint (fused, interleaved `gate_up_proj` experts, mxfp4
@@ -357,97 +380,40 @@ fn hf_layout(w: &Weights) -> Option<String> {
         .find(|n| n.contains("gate_up_proj") || n.ends_with("_blocks"))
 }
 
-impl GptOss {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: GptOssArgs = config.parse()?;
-        a.check()?;
-        if let Some(name) = hf_layout(&w) {
-            return Err(LoadError::Unsupported(format!(
-                "gpt_oss: `{name}` is Hugging Face's layout (fused, interleaved gate_up_proj \
-                 experts, mxfp4 as _blocks/_scales), which mlx-lm's sanitize rewrites at load; \
-                 the engine reads the converted layout. Convert it once with `mlx_lm.convert \
-                 --hf-path <dir or repo> --mlx-path <out>` (`engine convert` does not handle \
-                 gpt_oss yet), or use an MLX conversion such as mlx-community's gpt-oss models"
-            )));
-        }
-        let sliding = a.sliding_layers()?;
-        w.set_quantization(config.quantization.clone());
-        let mut blocks = Vec::new();
-        for (i, &sliding) in sliding.iter().enumerate() {
-            let p = format!("model.layers.{i}");
-            let norm =
-                |w: &mut Weights, n: &str| RmsNorm::load(w, &format!("{p}.{n}"), a.rms_norm_eps);
-            blocks.push(Block {
-                attn: SinkAttention::load(&mut w, &p, &a)?,
-                mlp: Experts::load(&mut w, &p, &a)?,
-                input_norm: norm(&mut w, "input_layernorm")?,
-                post_attn_norm: norm(&mut w, "post_attention_layernorm")?,
-                sliding,
-            });
-        }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let norm = RmsNorm::load(&mut w, "model.norm", a.rms_norm_eps)?;
-        // mlx-lm's gpt_oss always has its own lm_head (never tied).
-        let head = OutputHead::load(&mut w, norm, false, a.hidden_size, None)?;
-        w.ensure_consumed("gpt_oss", |_| false)?;
-        let first = |kind: bool| sliding.iter().position(|&s| s == kind).unwrap_or(0);
-        Ok(GptOss {
-            embed,
-            blocks,
-            head,
-            window: a.sliding_window,
-            first_sliding: first(true),
-            first_full: first(false),
-        })
+/// The model: mlx-lm's checks, then the decoder with gpt-oss's layers — sink attention
+/// (windowed on the `sliding_attention` layers: a rotating cache of `sliding_window`, the
+/// windowed mask) and the experts; its own lm_head (never tied).
+pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
+    let a: GptOssArgs = config.parse()?;
+    a.check()?;
+    if let Some(name) = hf_layout(&w) {
+        return Err(LoadError::Unsupported(format!(
+            "gpt_oss: `{name}` is Hugging Face's layout (fused, interleaved gate_up_proj \
+             experts, mxfp4 as _blocks/_scales), which mlx-lm's sanitize rewrites at load; \
+             the engine reads the converted layout. Convert it once with `mlx_lm.convert \
+             --hf-path <dir or repo> --mlx-path <out>` (`engine convert` does not handle \
+             gpt_oss yet), or use an MLX conversion such as mlx-community's gpt-oss models"
+        )));
     }
-}
-
-impl LanguageModel for GptOss {
-    fn model_type(&self) -> &str {
-        "gpt_oss"
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    /// mlx-lm's `make_cache`: a rotating cache of the window per sliding layer, a standard
-    /// one per full layer.
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .map(|b| layer_cache(!b.sliding, self.window))
-            .collect()
-    }
-
-    /// Tensor parallel as `gpt_oss.Model.shard`: the attention's heads and sinks, the
-    /// experts' features (`moe/shard.rs`), the expert down bias divided by the rank count.
-    fn shard(&mut self, part: Part) -> Result<(), LoadError> {
-        for (i, b) in self.blocks.iter_mut().enumerate() {
-            let p = format!("model.layers.{i}");
-            b.attn.shard(part, &format!("{p}.self_attn"))?;
-            b.mlp.shard(part, &format!("{p}.mlp"))?;
-        }
-        Ok(())
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        let mut h = self.embed.forward(ids)?;
-        let n = ids.shape()[1];
-        let full_mask = caches[self.first_full].make_mask(n, None)?;
-        let sliding_mask = caches[self.first_sliding].make_mask(n, Some(self.window))?;
-        for (block, cache) in self.blocks.iter().zip(caches.iter_mut()) {
-            let mask = if block.sliding {
-                &sliding_mask
-            } else {
-                &full_mask
-            };
-            h = block.forward(&h, mask, cache.as_mut())?;
-        }
-        self.head.forward(&self.embed, &h)
-    }
+    let sliding = a.sliding_layers()?;
+    let dims = Dims {
+        layers: a.num_hidden_layers,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: false,
+        ffn_module: "mlp",
+    };
+    // Segmented backward is not gated for gpt_oss (the registry's `segmented` is off).
+    let style = Style { ..Style::default() };
+    Decoder::load_styled(config, w, dims, style, |w, p, i| {
+        let attn = SinkAttention::load(w, p, &a)?;
+        let mixer: Box<dyn Mixer> = match sliding[i as usize] {
+            true => Box::new(Windowed {
+                mixer: attn,
+                window: a.sliding_window,
+            }),
+            false => Box::new(attn),
+        };
+        Ok((mixer, Box::new(Experts::load(w, p, &a)?)))
+    })
 }

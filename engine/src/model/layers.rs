@@ -148,6 +148,15 @@ impl RmsNorm {
         })
     }
 
+    /// Gemma's RMSNorm, which scales by (1 + w): the sum is formed once, in w's dtype, as
+    /// mlx-lm forms it on every call.
+    pub fn load_one_plus(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
+        let mut norm = Self::load(w, prefix, eps)?;
+        let one = Array::from_f32(1.0).as_dtype(norm.weight.dtype())?;
+        norm.weight = one.add(&norm.weight)?;
+        Ok(norm)
+    }
+
     /// The norm optiq's assistant drafter uses (`x.astype(f32)`, rms_norm, cast back).
     pub fn load_upcast(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
         Ok(RmsNorm {
@@ -462,14 +471,6 @@ impl OutputHead {
             .as_ref()
             .map_or(embed.rows(), |h| h.output_dims() as usize)
     }
-}
-
-/// The linears of a block with the shared attention and MLP: q, k, v, o, then gate, up, down.
-pub fn attn_mlp_linears<'m>(
-    attn: &'m Attention,
-    mlp: &'m Mlp,
-) -> impl Iterator<Item = (&'static str, &'m Linear)> {
-    attn.named_linears().into_iter().chain(mlp.named_linears())
 }
 
 /// `LanguageModel::linears` from each block's own list: every name prefixed with

@@ -52,7 +52,7 @@ fn llama(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadErro
 }
 
 fn gemma3_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
-    Ok(Box::new(super::gemma::Gemma3::load(c, w)?))
+    Ok(Box::new(super::gemma::load(c, w)?))
 }
 
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
@@ -80,7 +80,7 @@ fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
 }
 
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
-    Ok(Box::new(super::gpt_oss::GptOss::load(c, w)?))
+    Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
 
 /// Every family, in the order the engine lists them.

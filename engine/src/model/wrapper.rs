@@ -20,7 +20,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 use serde_json::Value;
 
-use super::gemma::Gemma3;
+use super::gemma;
 use super::gemma4::Gemma4;
 use super::{AssistantTarget, LanguageModel, Layered};
 use crate::cache::Cache;
@@ -226,7 +226,7 @@ pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Box<dyn LanguageMod
     let text = spec.text_config(config)?;
     spec.sanitize(config, &mut w)?;
     let inner: Box<dyn LanguageModel> = match spec.model_type {
-        "gemma3" => Box::new(Gemma3::load(&text, w)?),
+        "gemma3" => Box::new(gemma::load(&text, w)?),
         _ => Box::new(Gemma4::load(&text, w)?),
     };
     Ok(Box::new(Wrapped {

@@ -212,7 +212,7 @@ pub enum LambdaLawArg {
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let model = crate::model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
-    if args.segment_size.is_some() && model.as_layered().is_none() {
+    if args.segment_size.is_some() && super::segmented::layered(model.as_ref()).is_none() {
         anyhow::bail!(
             "--segment-size is not available for model_type `{}` yet ({} have it); train \
              this model without it",

@@ -28,6 +28,13 @@ pub fn segmented_families() -> String {
     crate::model::registry::names(|f| f.segmented)
 }
 
+/// The model's blocks for segmented training, where its family's segmented backward is
+/// gated (the registry's `segmented`) and the model exposes them (not a pipeline stage).
+pub fn layered(model: &dyn crate::model::LanguageModel) -> Option<&dyn Layered> {
+    let gated = crate::model::registry::has(model.model_type(), |f| f.segmented);
+    model.as_layered().filter(|_| gated)
+}
+
 /// The block ranges of `segment_size` blocks each (the last may be shorter).
 pub fn segments(blocks: usize, segment_size: usize) -> Vec<Range<usize>> {
     let size = segment_size.max(1);

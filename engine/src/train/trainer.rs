@@ -225,7 +225,7 @@ pub fn batch_grads(
         return Ok((out, grads));
     }
     let (inputs, mut loss) = batch_loss(data, batch, cfg);
-    match (cfg.segment_size, model.as_layered()) {
+    match (cfg.segment_size, super::segmented::layered(model)) {
         (Some(size), Some(layered)) => super::segmented::segmented_value_and_grad(
             layered, adapters, &inputs, size, &mut loss, phases,
         ),

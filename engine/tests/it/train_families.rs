@@ -3,7 +3,8 @@
 //! families train from the CLI with mlx-lm's default keys, save adapters under mlx-lm's
 //! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
 //! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
-//! gemma3 wrapper and the MoE families and is refused on phi3 and the gemma4 wrapper.
+//! gemma3 wrapper and the MoE families, its gradients equal the whole step's on phi3 too,
+//! and it is refused where the registry does not mark it (gpt_oss).
 
 use crate::common;
 
@@ -147,9 +148,9 @@ fn segmented_training_gives_the_same_adapters_on_the_new_families() {
     }
 }
 
-/// `--segment-size` where the model does not expose its blocks: refused before anything is
-/// written. (gpt_oss is outside the shared decoder; the families on it, phi3 among them,
-/// have their blocks: the gradient test below gates them.)
+/// `--segment-size` where the family's segmented backward is not gated (the registry's
+/// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
+/// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.
 #[test]
 fn segment_size_is_refused_on_gpt_oss() {
     let dir = tempfile::tempdir().unwrap();
@@ -258,9 +259,10 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
 }
 
 /// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
-/// and Gemma 4 with its mixture-of-experts block list no adaptable layers.
+/// (not gated against mlx-lm's trainer: the registry refuses it) and Gemma 4 with its
+/// mixture-of-experts block (no adaptable layers listed).
 #[test]
-fn lora_is_refused_where_no_layers_are_listed() {
+fn lora_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
     for (model, model_type) in [
         ("tiny-gemma4-moe", "gemma4_text"),
