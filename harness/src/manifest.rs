@@ -61,6 +61,27 @@ pub fn tiny_models() -> &'static [TinyModel] {
     &ROWS
 }
 
+/// Every row, each after the rows it `needs` (otherwise in manifest order): the order to
+/// make them in.
+pub fn build_order() -> Vec<&'static TinyModel> {
+    fn visit(row: &'static TinyModel, done: &mut Vec<&'static TinyModel>) {
+        if done.iter().any(|d| d.name == row.name) {
+            return;
+        }
+        for need in &row.needs {
+            if let Some(source) = ROWS.iter().find(|r| &r.name == need) {
+                visit(source, done);
+            }
+        }
+        done.push(row);
+    }
+    let mut done = Vec::new();
+    for row in ROWS.iter() {
+        visit(row, &mut done);
+    }
+    done
+}
+
 /// The models of gate `gate` (none: an empty list).
 pub fn gate_models(gate: &str) -> &'static [&'static str] {
     BY_GATE.0.get(gate).map_or(&[], |v| v.as_slice())
@@ -90,6 +111,20 @@ mod tests {
                 assert!(names.contains(&need.as_str()), "{}: needs {need}", row.name);
             }
         }
+    }
+
+    #[test]
+    fn every_model_is_made_after_its_sources() {
+        let order: Vec<&str> = build_order().iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(order.len(), tiny_models().len());
+        for (i, row) in build_order().iter().enumerate() {
+            for need in &row.needs {
+                let at = order.iter().position(|n| n == need).unwrap();
+                assert!(at < i, "{} is made before its source {need}", row.name);
+            }
+        }
+        let pos = |n: &str| order.iter().position(|o| *o == n).unwrap();
+        assert!(pos("tiny-llama-trained") < pos("tiny-llama-mxfp4"));
     }
 
     #[test]
