@@ -43,16 +43,18 @@ from transformers import AutoTokenizer
 from gen_l1 import CHATS, GREEDY_STEPS, LOGIT_STEPS, RAW_PROMPTS, prompt_cases, run  # patches gather_qmm
 from make_rope import oracle_view
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+from tinymodels import load_manifest
 
-# The L1 models (gen_l1.MODELS) whose family mlx-lm shards. Refused by sharded_load on 2 ranks (a
+# The models of each mode: the manifest's rows naming `l1-dist-tp` / `l1-dist-pp` (the harness
+# reads the same rows). L1 models left out because mlx-lm's sharded_load refuses them on 2 ranks (a
 # quantized row-parallel linear whose in/2 is no multiple of its group size): tiny-qwen3-q8,
 # tiny-llama-trained-q4, tiny-gpt-oss-mxfp4 (ValueError: [quantize] The last dimension ...), and in
 # TP tiny-qwen3-moe-q4, tiny-qwen3-moe-mxfp4 (ValueError: Array split does not result in sub
 # arrays with equal size ...). PP is in qwen2 and qwen3_moe only.
-TP_MODELS = ["tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-llama-mxfp4",
-             "tiny-llama-trained", "tiny-llama-nvfp4", "tiny-llama-mxfp8", "tiny-llama-mixed-modes",
-             "tiny-llama-dynamic", "tiny-llama-yarn", "tiny-llama-rope-params"]
-PP_MODELS = ["tiny-qwen2", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-qwen3-moe-mxfp4"]
+def mode_models(mode: str) -> list[str]:
+    return [row["name"] for row in load_manifest() if f"l1-dist-{mode}" in row["gates"]]
+
+
 RANKS = 2
 PREFILL_STEP = 2048  # mlx-lm's default, as gen_l1
 
@@ -227,7 +229,7 @@ if __name__ == "__main__":
     ap.add_argument("--status-dir", help=argparse.SUPPRESS)  # set by --launch: per-rank ok/err files
     ap.add_argument("--invoked-as", help=argparse.SUPPRESS)  # set by --launch: the command for provenance
     args = ap.parse_args()
-    args.models = args.models or (TP_MODELS if args.mode == "tp" else PP_MODELS)
+    args.models = args.models or mode_models(args.mode)
     if "MLX_RANK" in os.environ:
         rank_main(args)
     elif args.launch:

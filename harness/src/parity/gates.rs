@@ -285,44 +285,30 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 3] = [
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
 ];
 
-/// The distributed L1 gate's goldens by mode (tp, pp): multi-process (two ring ranks per
-/// check, harness/tests/it/l1_dist.rs), so not a row of the in-process table. Made by
-/// oracles/gen_l1_dist.py under mlx.launch on 2 ranks.
-pub const L1_DIST: [(&str, &[&str]); 2] = [
-    (
-        "tp",
-        &[
-            "tiny-llama",
-            "tiny-llama-trained",
-            "tiny-llama-dynamic",
-            "tiny-llama-mxfp4",
-            "tiny-llama-nvfp4",
-            "tiny-llama-mxfp8",
-            "tiny-llama-mixed-modes",
-            "tiny-llama-rope-params",
-            "tiny-llama-yarn",
-            "tiny-qwen2",
-            "tiny-qwen3",
-            "tiny-qwen3-moe",
-            "tiny-gpt-oss",
-        ],
-    ),
-    (
-        "pp",
-        &[
-            "tiny-qwen2",
-            "tiny-qwen3-moe",
-            "tiny-qwen3-moe-q4",
-            "tiny-qwen3-moe-mxfp4",
-        ],
-    ),
-];
+/// The distributed L1 gate's modes (tensor and pipeline parallel). Its goldens are
+/// multi-process (two ring ranks per check, harness/tests/it/l1_dist.rs), so not a row of the
+/// in-process table; made by oracles/gen_l1_dist.py under mlx.launch on 2 ranks.
+pub const L1_DIST_MODES: [&str; 2] = ["tp", "pp"];
+
+/// The manifest's gate name for the distributed L1 in `mode`.
+pub fn l1_dist_gate(mode: &str) -> String {
+    format!("l1-dist-{mode}")
+}
+
+/// The models of the distributed L1 in `mode`: the manifest's rows naming `l1-dist-<mode>`.
+pub fn l1_dist_models(mode: &str) -> &'static [&'static str] {
+    crate::manifest::gate_models(&l1_dist_gate(mode))
+}
 
 /// `l1-dist/<mode>/<model>` for every distributed L1 golden.
 pub fn l1_dist_goldens() -> Vec<String> {
-    L1_DIST
+    L1_DIST_MODES
         .iter()
-        .flat_map(|(mode, models)| models.iter().map(move |m| format!("l1-dist/{mode}/{m}")))
+        .flat_map(|mode| {
+            l1_dist_models(mode)
+                .iter()
+                .map(move |m| format!("l1-dist/{mode}/{m}"))
+        })
         .collect()
 }
 
@@ -356,8 +342,8 @@ pub fn registry() -> Vec<Registered> {
             });
         }
     }
-    for (mode, models) in L1_DIST {
-        for model in models {
+    for mode in L1_DIST_MODES {
+        for model in l1_dist_models(mode) {
             out.push(Registered {
                 name: format!("l1-dist/{mode}/{model}"),
                 script: "gen_l1_dist.py",
@@ -423,7 +409,8 @@ mod tests {
     /// directory under goldens/models (and every directory a row).
     #[test]
     fn the_manifest_names_only_gates_that_exist_and_every_model_dir() {
-        let known = |g: &str| g == "l1-dist" || Gate::named(g).is_some();
+        let dist: Vec<String> = L1_DIST_MODES.iter().map(|m| l1_dist_gate(m)).collect();
+        let known = |g: &str| dist.iter().any(|d| d == g) || Gate::named(g).is_some();
         for row in crate::manifest::tiny_models() {
             for g in row.gates.iter().chain(&row.fixture_of) {
                 assert!(
@@ -441,6 +428,13 @@ mod tests {
                     gate.name
                 );
             }
+        }
+        for mode in L1_DIST_MODES {
+            assert!(
+                !l1_dist_models(mode).is_empty(),
+                "{}: no manifest row names it",
+                l1_dist_gate(mode)
+            );
         }
         let dirs: std::collections::BTreeSet<String> =
             std::fs::read_dir(repo().join("goldens/models"))
