@@ -17,6 +17,8 @@ pub mod prompt;
 pub mod rotating;
 pub mod ssd;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 pub use kv::KvCache;
 pub use rotating::RotatingKvCache;
