@@ -4,6 +4,7 @@
 //! byte as the format wrote them before the protocol.
 
 mod arrays;
+mod batch;
 mod list;
 mod store;
 
