@@ -17,7 +17,11 @@ use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use super::parts::{self, Parts};
-use super::{Cache, Kv, KvCache, KvQuant, Mask, RopeOffset, Snapshot, SnapshotKind};
+use super::state::{ints, meta_i32s};
+use super::{AttentionCache, Cache, Kv, KvCache, KvQuant, Mask, Meta, RopeOffset, Snapshot};
+
+/// The kind tag of its snapshots.
+pub const KIND: &str = "batch-kv";
 
 pub struct BatchKvCache {
     /// None while every row is empty (one-token prompts before their first step).
@@ -83,13 +87,13 @@ pub(crate) fn take_rows(p: &Parts, keep: &[usize]) -> Result<Parts, Exception> {
 /// (None parts when it holds nothing).
 type Row = (Option<(Parts, Parts)>, Option<KvQuant>, i32);
 
-fn row_of(snapshot: Option<Snapshot>) -> Result<Row, Exception> {
-    let Some(s) = snapshot else {
-        return Ok((None, None, 0));
-    };
-    if s.kind != SnapshotKind::Kv {
+fn row_of(c: &dyn Cache) -> Result<Row, Exception> {
+    if c.kind() != Some(super::kv::KIND) {
         return Err(Exception::custom("a standard cache's snapshot expected"));
     }
+    let Some(s) = c.snapshot() else {
+        return Ok((None, None, 0));
+    };
     let mut keys = s.tensors;
     let values = keys.split_off(keys.len() / 2);
     Ok((Some((keys, values)), s.quant, s.offset))
@@ -117,11 +121,8 @@ fn common_quant(rows: &[Row]) -> Result<Option<KvQuant>, Exception> {
 impl BatchKvCache {
     /// Merges single-sequence caches (one per row, as they stand) into a batch, as mlx-lm's
     /// `BatchKVCache.merge`: rows right-aligned at the longest, padding on the left.
-    pub fn merge(rows: &[&KvCache]) -> Result<Self, Exception> {
-        let rows: Vec<Row> = rows
-            .iter()
-            .map(|c| row_of(c.snapshot()))
-            .collect::<Result<_, _>>()?;
+    pub fn merge(rows: &[&dyn Cache]) -> Result<Self, Exception> {
+        let rows: Vec<Row> = rows.iter().map(|c| row_of(*c)).collect::<Result<_, _>>()?;
         let quant = common_quant(&rows)?;
         let lengths: Vec<i32> = rows.iter().map(|r| r.2).collect();
         let idx = *lengths.iter().max().unwrap_or(&0);
@@ -147,6 +148,28 @@ impl BatchKvCache {
         })
     }
 
+    /// mlx-lm's `from_state` (what `extend` reads the other batch through).
+    pub fn from_state(s: Snapshot) -> Result<Self, Exception> {
+        if s.kind != KIND {
+            return Err(Exception::custom("a batch cache's snapshot expected"));
+        }
+        let (keys, values) = match s.tensors.is_empty() {
+            true => (None, None),
+            false => {
+                let (k, v) = super::state::kv_parts(s.tensors, s.quant)?;
+                (Some(k), Some(v))
+            }
+        };
+        Ok(BatchKvCache {
+            keys,
+            values,
+            quant: s.quant,
+            left_padding: meta_i32s(&s.meta, "leftPadding")?,
+            lengths: meta_i32s(&s.meta, "lengths")?,
+            idx: s.offset,
+        })
+    }
+
     pub fn rows(&self) -> usize {
         self.lengths.len()
     }
@@ -168,7 +191,7 @@ impl BatchKvCache {
     }
 
     /// Keeps only rows `keep` (in that order), trimming the padding they all share.
-    pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<(), Exception> {
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             self.keys = Some(take_rows(k, keep)?);
             self.values = Some(take_rows(v, keep)?);
@@ -187,7 +210,7 @@ impl BatchKvCache {
     }
 
     /// Appends the rows of `other` after this batch's rows.
-    pub fn extend(&mut self, other: &BatchKvCache) -> Result<(), Exception> {
+    pub fn extend_rows(&mut self, other: &BatchKvCache) -> Result<(), Exception> {
         let both_held = self.keys.is_some() && other.keys.is_some();
         if both_held && self.quant != other.quant {
             return Err(Exception::custom(
@@ -242,52 +265,6 @@ impl Cache for BatchKvCache {
         ))
     }
 
-    fn kv_quant(&self) -> Option<KvQuant> {
-        self.quant
-    }
-
-    /// mlx-lm's `to_quantized` on the whole batch buffers (padding included): quantization
-    /// is per position, so each row's parts are its single-sequence cache's.
-    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
-        Ok(true)
-    }
-
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        let n = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, parts::len);
-        if self.keys.is_none() || self.idx + n > capacity {
-            let grow = (STEP + n - 1) / STEP * STEP;
-            let new_k = parts::zeros(&keys, grow, self.quant)?;
-            let new_v = parts::zeros(&values, grow, self.quant)?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    self.keys = Some(parts::cat(&[parts::head(&k, self.idx), new_k])?);
-                    self.values = Some(parts::cat(&[parts::head(&v, self.idx), new_v])?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
-        }
-        let mut new_k = parts::encode(keys, self.quant)?;
-        let new_v = parts::encode(values, self.quant)?;
-        if self.quant.is_some() && crate::plant::is(crate::plant::Defect::BatchKvBiasesDropped) {
-            new_k[2] = mlx_rs::ops::zeros_like(&new_k[2])?;
-        }
-        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        parts::write(k_buf, self.idx, &new_k)?;
-        parts::write(v_buf, self.idx, &new_v)?;
-        self.idx += n;
-        self.lengths.iter_mut().for_each(|l| *l += n);
-        Ok(parts::fetch(
-            parts::head(k_buf, self.idx),
-            parts::head(v_buf, self.idx),
-            self.quant,
-        ))
-    }
-
     fn is_trimmable(&self) -> bool {
         false
     }
@@ -333,7 +310,102 @@ impl Cache for BatchKvCache {
         ))
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn kind(&self) -> Option<&'static str> {
+        Some(KIND)
+    }
+
+    /// The buffers up to the write position, with each row's padding and length.
+    fn snapshot(&self) -> Option<Snapshot> {
+        let mut tensors = Vec::new();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            tensors.extend(parts::head(k, self.idx));
+            tensors.extend(parts::head(v, self.idx));
+        }
+        Some(Snapshot {
+            kind: KIND.to_owned(),
+            offset: self.idx,
+            quant: self.quant,
+            meta: Meta::from_iter([
+                ("leftPadding".to_owned(), ints(&self.left_padding)),
+                ("lengths".to_owned(), ints(&self.lengths)),
+            ]),
+            tensors,
+        })
+    }
+
+    fn rows(&self) -> Option<usize> {
+        Some(BatchKvCache::rows(self))
+    }
+
+    fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+        self.keep_rows(keep)
+    }
+
+    fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
+        let other = other
+            .snapshot()
+            .filter(|_| other.kind() == Some(KIND))
+            .ok_or_else(|| Exception::custom("batch layers of different kinds"))?;
+        self.extend_rows(&Self::from_state(other)?)
+    }
+
+    fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
+        Ok(Box::new(self.row_cache(row, len)?))
+    }
+}
+
+impl AttentionCache for BatchKvCache {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        let n = keys.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, parts::len);
+        if self.keys.is_none() || self.idx + n > capacity {
+            let grow = (STEP + n - 1) / STEP * STEP;
+            let new_k = parts::zeros(&keys, grow, self.quant)?;
+            let new_v = parts::zeros(&values, grow, self.quant)?;
+            match (self.keys.take(), self.values.take()) {
+                (Some(k), Some(v)) => {
+                    self.keys = Some(parts::cat(&[parts::head(&k, self.idx), new_k])?);
+                    self.values = Some(parts::cat(&[parts::head(&v, self.idx), new_v])?);
+                }
+                _ => {
+                    self.keys = Some(new_k);
+                    self.values = Some(new_v);
+                }
+            }
+        }
+        let mut new_k = parts::encode(keys, self.quant)?;
+        let new_v = parts::encode(values, self.quant)?;
+        if self.quant.is_some() && crate::plant::is(crate::plant::Defect::BatchKvBiasesDropped) {
+            new_k[2] = mlx_rs::ops::zeros_like(&new_k[2])?;
+        }
+        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        parts::write(k_buf, self.idx, &new_k)?;
+        parts::write(v_buf, self.idx, &new_v)?;
+        self.idx += n;
+        self.lengths.iter_mut().for_each(|l| *l += n);
+        Ok(parts::fetch(
+            parts::head(k_buf, self.idx),
+            parts::head(v_buf, self.idx),
+            self.quant,
+        ))
+    }
+
+    /// mlx-lm's `to_quantized` on the whole batch buffers (padding included): quantization
+    /// is per position, so each row's parts are its single-sequence cache's.
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
+        Ok(true)
+    }
+
+    fn kv_quant(&self) -> Option<KvQuant> {
+        self.quant
     }
 }

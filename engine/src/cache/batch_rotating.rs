@@ -15,7 +15,11 @@ use mlx_rs::ops::{arange, concatenate, zeros_dtype};
 use mlx_rs::Array;
 
 use super::batch::{cat_rows, empty_like, pad_parts, take_rows};
-use super::{Cache, Kv, Mask, RopeOffset, RotatingKvCache, Snapshot, SnapshotKind};
+use super::state::{ints, meta_i32, meta_i32s};
+use super::{AttentionCache, Cache, Kv, Mask, Meta, RopeOffset, RotatingKvCache, Snapshot};
+
+/// The kind tag of its snapshots.
+pub const KIND: &str = "batch-rotating";
 
 pub struct BatchRotatingKvCache {
     keys: Option<Array>,
@@ -76,18 +80,18 @@ fn roll_last(x: &Array, shift: i32) -> Result<Array, Exception> {
 /// order, keys and values; its offset), or None when it holds nothing.
 type Ring = (Option<(Array, Array)>, i32);
 
-fn ring_of(snapshot: Option<Snapshot>, max_size: i32) -> Result<Ring, Exception> {
-    let Some(s) = snapshot else {
+fn ring_of(c: &dyn Cache, max_size: i32) -> Result<Ring, Exception> {
+    if c.kind() != Some(super::rotating::KIND) {
+        return Err(Exception::custom("a rotating cache's snapshot expected"));
+    }
+    let Some(s) = c.snapshot() else {
         return Ok((None, 0));
     };
-    let SnapshotKind::Rotating {
-        max_size: m,
-        keep,
-        idx,
-    } = s.kind
-    else {
-        return Err(Exception::custom("a rotating cache's snapshot expected"));
-    };
+    let (m, keep, idx) = (
+        meta_i32(&s.meta, "maxSize")?,
+        meta_i32(&s.meta, "keep")?,
+        meta_i32(&s.meta, "idx")?,
+    );
     if s.quant.is_some() {
         return Err(Exception::custom(
             "a quantized sliding-window cache cannot join a batch (mlx-lm's \
@@ -124,14 +128,14 @@ fn ring_of(snapshot: Option<Snapshot>, max_size: i32) -> Result<Ring, Exception>
 
 impl BatchRotatingKvCache {
     /// mlx-lm's `BatchRotatingKVCache.merge` of single-sequence rings (one per row).
-    pub fn merge(rows: &[&RotatingKvCache]) -> Result<Self, Exception> {
-        let max_size = rows
-            .first()
-            .map(|r| r.max_size())
-            .ok_or_else(|| Exception::custom("no rows to merge"))?;
+    /// `max_size` is the window of the ring it is reached through.
+    pub fn merge(max_size: i32, rows: &[&dyn Cache]) -> Result<Self, Exception> {
+        if rows.is_empty() {
+            return Err(Exception::custom("no rows to merge"));
+        }
         let rings: Vec<Ring> = rows
             .iter()
-            .map(|c| ring_of(c.snapshot(), max_size))
+            .map(|c| ring_of(*c, max_size))
             .collect::<Result<_, _>>()?;
         let lengths: Vec<i32> = rings
             .iter()
@@ -167,6 +171,25 @@ impl BatchRotatingKvCache {
         cache.keys = Some(cat_rows(&ks)?.remove(0));
         cache.values = Some(cat_rows(&vs)?.remove(0));
         Ok(cache)
+    }
+
+    /// mlx-lm's `from_state` (what `extend` reads the other batch through).
+    pub fn from_state(s: Snapshot) -> Result<Self, Exception> {
+        if s.kind != KIND {
+            return Err(Exception::custom("a batch ring's snapshot expected"));
+        }
+        let mut tensors = s.tensors.into_iter();
+        let (keys, values) = (tensors.next(), tensors.next());
+        Ok(BatchRotatingKvCache {
+            keys,
+            values,
+            left_padding: meta_i32s(&s.meta, "leftPadding")?,
+            offset: meta_i32s(&s.meta, "offsets")?,
+            max_size: meta_i32(&s.meta, "maxSize")?,
+            idx: meta_i32(&s.meta, "idx")?,
+            written: s.offset,
+            rotated: s.meta.get("rotated").and_then(|v| v.as_bool()) == Some(true),
+        })
     }
 
     pub fn rows(&self) -> usize {
@@ -225,7 +248,7 @@ impl BatchRotatingKvCache {
     }
 
     /// Keeps only rows `keep` (in that order).
-    pub fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+    pub fn keep_rows(&mut self, keep: &[usize]) -> Result<(), Exception> {
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             self.keys = Some(take_rows(&vec![k.clone()], keep)?.remove(0));
             self.values = Some(take_rows(&vec![v.clone()], keep)?.remove(0));
@@ -236,7 +259,7 @@ impl BatchRotatingKvCache {
     }
 
     /// mlx-lm's `extend`: appends the rows of `other` after this batch's rows.
-    pub fn extend(&mut self, other: &mut BatchRotatingKvCache) -> Result<(), Exception> {
+    pub fn extend_rows(&mut self, other: &mut BatchRotatingKvCache) -> Result<(), Exception> {
         if self.keys.is_none() && other.keys.is_none() {
             self.left_padding.extend(other.left_padding.iter().copied());
             self.offset.extend(other.offset.iter().copied());
@@ -393,14 +416,6 @@ impl Cache for BatchRotatingKvCache {
         RopeOffset::Array(Array::from_slice(&self.offset, &[self.offset.len() as i32]))
     }
 
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        if keys.shape()[2] == 1 {
-            self.update_in_place(keys, values)
-        } else {
-            self.update_concat(keys, values)
-        }
-    }
-
     fn is_trimmable(&self) -> bool {
         false
     }
@@ -452,7 +467,67 @@ impl Cache for BatchRotatingKvCache {
         Ok(Mask::Array(mask))
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn kind(&self) -> Option<&'static str> {
+        Some(KIND)
+    }
+
+    /// The whole ring buffers with every position the batch keeps.
+    fn snapshot(&self) -> Option<Snapshot> {
+        Some(Snapshot {
+            kind: KIND.to_owned(),
+            offset: self.written,
+            quant: None,
+            meta: Meta::from_iter([
+                ("maxSize".to_owned(), self.max_size.into()),
+                ("idx".to_owned(), self.idx.into()),
+                ("rotated".to_owned(), self.rotated.into()),
+                ("leftPadding".to_owned(), ints(&self.left_padding)),
+                ("offsets".to_owned(), ints(&self.offset)),
+            ]),
+            tensors: self
+                .keys
+                .iter()
+                .chain(self.values.iter())
+                .cloned()
+                .collect(),
+        })
+    }
+
+    fn rows(&self) -> Option<usize> {
+        Some(BatchRotatingKvCache::rows(self))
+    }
+
+    fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+        self.keep_rows(keep)
+    }
+
+    fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
+        let other = other
+            .snapshot()
+            .filter(|_| other.kind() == Some(KIND))
+            .ok_or_else(|| Exception::custom("batch layers of different kinds"))?;
+        self.extend_rows(&mut Self::from_state(other)?)
+    }
+
+    fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
+        Ok(Box::new(self.row_cache(row, len)?))
+    }
+}
+
+impl AttentionCache for BatchRotatingKvCache {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        if keys.shape()[2] == 1 {
+            self.update_in_place(keys, values)
+        } else {
+            self.update_concat(keys, values)
+        }
     }
 }

@@ -15,7 +15,21 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::{Array, Stream};
 
-use super::{Cache, Kv, Mask, RopeOffset};
+use super::{AttentionCache, Cache, Kv, Mask, RopeOffset};
+
+/// How a cache enters the compiled step: its whole buffers and their form.
+pub struct Compiled {
+    pub keys: Array,
+    pub values: Array,
+    pub form: Form,
+}
+
+/// A linear buffer (the token written at the offset), or a full ring (written at `slot`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Form {
+    Linear,
+    Ring { slot: i32 },
+}
 
 /// What one compiled step's attention reads of a cache.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -78,18 +92,6 @@ impl Cache for FixedKv {
         RopeOffset::Array(self.offset.clone())
     }
 
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        self.keys = slice_update_dynamic(&self.keys, &keys, &self.write_at, 2)?;
-        self.values = slice_update_dynamic(&self.values, &values, &self.write_at, 2)?;
-        Ok(match self.attend {
-            Attend::Prefix { bound } => Kv::Dense(
-                self.keys.index((Ellipsis, ..bound, ..)),
-                self.values.index((Ellipsis, ..bound, ..)),
-            ),
-            Attend::Ring => Kv::Dense(self.keys.clone(), self.values.clone()),
-        })
-    }
-
     fn is_trimmable(&self) -> bool {
         false
     }
@@ -124,7 +126,25 @@ impl Cache for FixedKv {
         }
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+}
+
+impl AttentionCache for FixedKv {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        self.keys = slice_update_dynamic(&self.keys, &keys, &self.write_at, 2)?;
+        self.values = slice_update_dynamic(&self.values, &values, &self.write_at, 2)?;
+        Ok(match self.attend {
+            Attend::Prefix { bound } => Kv::Dense(
+                self.keys.index((Ellipsis, ..bound, ..)),
+                self.values.index((Ellipsis, ..bound, ..)),
+            ),
+            Attend::Ring => Kv::Dense(self.keys.clone(), self.values.clone()),
+        })
     }
 }

@@ -6,8 +6,12 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
+use super::fixed::{Compiled, Form};
 use super::parts::{self, Parts};
-use super::{causal_mask, Cache, Kv, KvQuant, Mask, Snapshot, SnapshotKind};
+use super::{causal_mask, refused, AttentionCache, Cache, Kv, KvQuant, Mask, Meta, Snapshot};
+
+/// The kind tag of its snapshots (the kv-store's `kv`, `qkv` once quantized).
+pub const KIND: &str = "kv";
 
 #[derive(Default)]
 pub struct KvCache {
@@ -55,6 +59,15 @@ impl KvCache {
         ))
     }
 
+    /// mlx-lm's `from_state`: the live parts with the offset (and quantization).
+    pub fn from_state(s: Snapshot) -> Result<Self, Exception> {
+        if s.kind != KIND {
+            return Err(Exception::custom("a standard cache's snapshot expected"));
+        }
+        let (keys, values) = super::state::kv_parts(s.tensors, s.quant)?;
+        Ok(Self::from_parts(keys, values, s.offset, s.quant))
+    }
+
     /// Takes the buffers a compiled step produced after writing `n` tokens in place.
     pub fn advance_with(&mut self, keys: Array, values: Array, n: i32) {
         self.keys = Some(vec![keys]);
@@ -68,6 +81,70 @@ impl Cache for KvCache {
         self.offset
     }
 
+    fn kind(&self) -> Option<&'static str> {
+        Some(KIND)
+    }
+
+    /// The live positions only (the buffer's unused tail is not stored).
+    fn snapshot(&self) -> Option<Snapshot> {
+        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
+        let mut tensors = parts::live(k, self.offset);
+        tensors.extend(parts::live(v, self.offset));
+        Some(Snapshot {
+            kind: KIND.to_owned(),
+            offset: self.offset,
+            quant: self.quant,
+            meta: Meta::new(),
+            tensors,
+        })
+    }
+
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: i32) -> i32 {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        n
+    }
+
+    fn state(&self) -> Vec<&Array> {
+        self.keys
+            .iter()
+            .chain(self.values.iter())
+            .flatten()
+            .collect()
+    }
+
+    fn nbytes(&self) -> usize {
+        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
+    }
+
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    /// mlx-lm's `KVCache.merge`: the rows as one `BatchKVCache`.
+    fn merge(&self, rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
+        Ok(Box::new(super::batch::BatchKvCache::merge(rows)?))
+    }
+
+    /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
+        Ok(match window {
+            Some(w) => Mask::Array(causal_mask(n, self.offset, Some(w))?),
+            None if n == 1 => Mask::None,
+            None => Mask::Causal,
+        })
+    }
+}
+
+impl AttentionCache for KvCache {
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let prev = self.offset;
         let len = keys.shape()[2];
@@ -113,51 +190,37 @@ impl Cache for KvCache {
         self.quant
     }
 
-    /// The live positions only (the buffer's unused tail is not stored).
-    fn snapshot(&self) -> Option<Snapshot> {
-        let (k, v) = (self.keys.as_ref()?, self.values.as_ref()?);
-        let mut tensors = parts::live(k, self.offset);
-        tensors.extend(parts::live(v, self.offset));
-        Some(Snapshot {
-            kind: SnapshotKind::Kv,
-            offset: self.offset,
-            quant: self.quant,
-            tensors,
+    fn temporal_kv(&self) -> Result<(Array, Array), Exception> {
+        self.live()
+            .ok_or_else(|| Exception::custom("a donor cache is empty or quantized"))
+    }
+
+    /// The whole dense buffers, while the token fits without growing them.
+    fn compiled(&self, _rings: bool) -> Option<Compiled> {
+        let (keys, values) = self.buffers_with_room(1)?;
+        Some(Compiled {
+            keys: keys.clone(),
+            values: values.clone(),
+            form: Form::Linear,
         })
     }
 
-    fn is_trimmable(&self) -> bool {
+    fn compiles(&self, _rings: bool) -> bool {
         true
     }
 
-    fn trim(&mut self, n: i32) -> i32 {
-        let n = n.min(self.offset);
-        self.offset -= n;
-        n
-    }
-
-    fn state(&self) -> Vec<&Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .flatten()
-            .collect()
-    }
-
-    fn nbytes(&self) -> usize {
-        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
-    }
-
-    /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
-    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
-        Ok(match window {
-            Some(w) => Mask::Array(causal_mask(n, self.offset, Some(w))?),
-            None if n == 1 => Mask::None,
-            None => Mask::Causal,
-        })
+    fn advance_compiled(
+        &mut self,
+        form: Form,
+        keys: Array,
+        values: Array,
+    ) -> Result<(), Exception> {
+        match form {
+            Form::Linear => {
+                self.advance_with(keys, values, 1);
+                Ok(())
+            }
+            Form::Ring { .. } => Err(refused("advance_compiled", "is not a ring")),
+        }
     }
 }

@@ -110,6 +110,9 @@ impl KvQuantPlan {
             let Some((bits, group_size)) = self.layers.for_cache(i) else {
                 continue;
             };
+            let Some(cache) = cache.as_kv() else {
+                continue;
+            };
             if cache.kv_quant().is_some() || cache.offset() < self.start || cache.offset() == 0 {
                 continue;
             }

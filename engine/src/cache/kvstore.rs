@@ -9,8 +9,12 @@
 //!   D..           tensors, each at D + its `off` (a multiple of 16 KiB), raw row-major bytes
 //!
 //! Header: {formatVersion, createdAt, modelId, configFingerprint, ns, tokenizerHash, tokens,
-//! caches: [{kind: kv|rotating|qkv|rotating-qkv, offset, idx?, maxSize?, keep?, groupSize?,
-//! bits?, tensors: [{off, bytes, shape, dtype, xxh3, hash}]}]}. A write goes to a temp file
+//! caches: [{kind, offset, <meta>…, groupSize?, bits?, tensors: [{off, bytes, shape, dtype,
+//! xxh3, hash}]}]}. A cache is its snapshot (`Cache::snapshot`: kind tag, meta, arrays), so
+//! the file knows no kinds: `kind` is the snapshot's tag (`kv`, `rotating`, …), `qkv`/
+//! `<tag>-qkv` when quantized; the meta's entries (a ring's `idx`, `maxSize`, `keep`) sit
+//! beside it; reading rebuilds through `state::restore`'s table, which refuses a kind or
+//! meta it does not know. The K/V kinds' entries are byte-identical to before the protocol. A write goes to a temp file
 //! in the same directory, is fsynced and renamed into place, so a reader never sees half a
 //! file. A read maps the file, always checks the header hash and every tensor's xxh3-64
 //! checksum (fast enough to be always on), and each tensor's SHA-256 when asked to.
@@ -25,7 +29,7 @@ use mlx_rs::{Array, Dtype};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use super::{KvQuant, QuantSdpa, Snapshot, SnapshotKind};
+use super::{KvQuant, Meta, QuantSdpa, Snapshot};
 
 pub const MAGIC: &[u8; 8] = b"MLXKV\0v3";
 pub const FORMAT_VERSION: u32 = 3;
@@ -71,17 +75,24 @@ pub struct TensorEntry {
 pub struct CacheEntry {
     pub kind: String,
     pub offset: i32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub idx: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub max_size: Option<i32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub keep: Option<i32>,
+    /// The snapshot's meta, in its order (a ring's `idx`, `maxSize`, `keep`).
+    #[serde(flatten)]
+    pub meta: Meta,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub group_size: Option<i32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bits: Option<i32>,
     pub tensors: Vec<TensorEntry>,
+}
+
+impl CacheEntry {
+    /// The meta integer `key`, if there.
+    pub fn meta_i32(&self, key: &str) -> Option<i32> {
+        self.meta
+            .get(key)
+            .and_then(|v| v.as_i64())
+            .and_then(|v| i32::try_from(v).ok())
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -156,12 +167,24 @@ fn bytes_of(a: &Array) -> Result<Vec<u8>, mlx_rs::error::Exception> {
     Ok(flat.as_slice::<u8>().to_vec())
 }
 
-fn kind_name(kind: SnapshotKind, quantized: bool) -> &'static str {
+/// The file's name of a snapshot kind: `qkv` for a quantized `kv`, `<kind>-qkv` for
+/// another quantized kind, the tag itself otherwise.
+fn kind_name(kind: &str, quantized: bool) -> String {
     match (kind, quantized) {
-        (SnapshotKind::Kv, false) => "kv",
-        (SnapshotKind::Kv, true) => "qkv",
-        (SnapshotKind::Rotating { .. }, false) => "rotating",
-        (SnapshotKind::Rotating { .. }, true) => "rotating-qkv",
+        ("kv", true) => "qkv".to_owned(),
+        (k, true) => format!("{k}-qkv"),
+        (k, false) => k.to_owned(),
+    }
+}
+
+/// A file kind's snapshot tag and whether it is quantized (`kind_name` undone).
+pub fn split_kind(name: &str) -> (&str, bool) {
+    match name {
+        "qkv" => ("kv", true),
+        n => match n.strip_suffix("-qkv") {
+            Some(k) => (k, true),
+            None => (n, false),
+        },
     }
 }
 
@@ -246,20 +269,10 @@ fn layout(
 
 /// A snapshot's header entry: its kind, positions, quantization and `tensors`.
 fn cache_entry(s: &Snapshot, tensors: Vec<TensorEntry>) -> CacheEntry {
-    let (idx, max_size, keep) = match s.kind {
-        SnapshotKind::Kv => (None, None, None),
-        SnapshotKind::Rotating {
-            max_size,
-            keep,
-            idx,
-        } => (Some(idx), Some(max_size), Some(keep)),
-    };
     CacheEntry {
-        kind: kind_name(s.kind, s.quant.is_some()).to_owned(),
+        kind: kind_name(&s.kind, s.quant.is_some()),
         offset: s.offset,
-        idx,
-        max_size,
-        keep,
+        meta: s.meta.clone(),
         group_size: s.quant.map(|q| q.group_size),
         bits: s.quant.map(|q| q.bits),
         tensors,
@@ -481,25 +494,25 @@ fn build(
             }),
             _ => None,
         };
-        let kind = match c.kind.as_str() {
-            "kv" | "qkv" => SnapshotKind::Kv,
-            "rotating" | "rotating-qkv" => SnapshotKind::Rotating {
-                max_size: c
-                    .max_size
-                    .ok_or_else(|| corrupt("rotating cache without maxSize".into()))?,
-                keep: c.keep.unwrap_or(0),
-                idx: c
-                    .idx
-                    .ok_or_else(|| corrupt("rotating cache without idx".into()))?,
-            },
-            other => return Err(corrupt(format!("cache kind `{other}`"))),
-        };
-        snapshots.push(Snapshot {
-            kind,
+        let (kind, quantized) = split_kind(&c.kind);
+        if quantized != quant.is_some() {
+            return Err(corrupt(format!(
+                "cache kind `{}` without its quantization",
+                c.kind
+            )));
+        }
+        let s = Snapshot {
+            kind: kind.to_owned(),
             offset: c.offset,
             quant,
+            meta: c.meta.clone(),
             tensors,
-        });
+        };
+        // The registry rebuilds it (arrays shared, nothing copied): an unknown kind or a
+        // kind without its meta is refused here, not at restore.
+        super::state::restore(s.clone(), QuantSdpa::MlxLm)
+            .map_err(|e| corrupt(format!("cache {}: {e}", c.kind)))?;
+        snapshots.push(s);
     }
     Ok(snapshots)
 }

@@ -1,5 +1,8 @@
-//! KV caches. Each attention layer owns one; the model reads `offset` for RoPE and the mask.
+//! Caches: the protocol every kind implements (`Cache`, mlx-lm 0.32.2's `_BaseCache`), its
+//! K/V side for attention (`AttentionCache`), and the kinds. Each layer owns one; the model
+//! reads `offset` for RoPE and the mask.
 
+pub mod arrays;
 pub mod batch;
 pub mod batch_rotating;
 pub mod fingerprint;
@@ -7,11 +10,15 @@ pub mod fixed;
 pub mod kv;
 pub mod kv_quant;
 pub mod kvstore;
+pub mod list;
 pub mod none;
 pub(crate) mod parts;
 pub mod prompt;
 pub mod rotating;
 pub mod ssd;
+pub mod state;
+#[cfg(test)]
+mod tests;
 
 pub use kv::KvCache;
 pub use rotating::RotatingKvCache;
@@ -19,10 +26,127 @@ pub use rotating::RotatingKvCache;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-/// What attention needs from a cache, whatever its layout.
+/// A cache of any kind, in the shape of mlx-lm 0.32.2's `_BaseCache`: its position, its
+/// state for the kv-store (`snapshot` = `state` + meta + kind tag, rebuilt by
+/// [`state::restore`], mlx-lm's `from_state`), trimming, the mask, and the batch protocol
+/// (`merge`/`filter`/`extend`/`extract`/`prepare`/`finalize`) whose defaults refuse. K/V
+/// attention reaches its own side through [`Cache::as_kv`]; no caller needs the concrete type.
 pub trait Cache {
     /// Tokens stored so far (the position of the next token).
     fn offset(&self) -> i32;
+    /// The registry tag of this kind (`state::restore` rebuilds by it); None for kinds
+    /// that are neither stored nor batched (wrappers, the compiled step's, training's).
+    fn kind(&self) -> Option<&'static str> {
+        None
+    }
+    /// The cache's state for the kv-store and the batch protocol: arrays, meta and kind
+    /// (None while empty or for kinds that are not stored).
+    fn snapshot(&self) -> Option<Snapshot> {
+        None
+    }
+    /// Bytes the stored buffers hold.
+    fn nbytes(&self) -> usize {
+        self.state().iter().map(|a| a.nbytes()).sum()
+    }
+    /// Whether `trim` can drop tokens from the end.
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+    /// Drops up to `n` tokens from the end; returns how many were dropped.
+    fn trim(&mut self, _n: i32) -> i32 {
+        0
+    }
+    /// The arrays that hold the cache's state (for eval).
+    fn state(&self) -> Vec<&Array>;
+    /// The attention mask for `n` new tokens, as mlx-lm's cache of this kind makes it;
+    /// `window` is the attention window of the layer kind asking (None = full attention).
+    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception>;
+    /// The RoPE position of the next token (an array inside compiled steps).
+    fn rope_offset(&self) -> RopeOffset {
+        RopeOffset::Int(self.offset())
+    }
+    /// The K/V side, for attention (None: not a K/V cache, e.g. a recurrent state).
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        None
+    }
+    /// As `as_kv`, read-only.
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        None
+    }
+    /// A composite cache's sub-caches (mlx-lm's `CacheList.__getitem__`); None otherwise.
+    fn sub_caches(&self) -> Option<&[Box<dyn Cache>]> {
+        None
+    }
+    /// Makes `dep` part of this cache's state, evaluated with it (a pipeline stage's send);
+    /// false where this kind cannot carry one.
+    fn carry(&mut self, _dep: &Array) -> bool {
+        false
+    }
+
+    // Speculative decoding.
+
+    /// Gives back the newest `n` positions after rejected drafts: trimmable caches trim
+    /// (a ring overrides this with optiq's tail slice, so it rolls back past its window).
+    fn rollback(&mut self, n: i32) -> Result<(), Exception> {
+        if n > 0 && !self.is_trimmable() {
+            return Err(Exception::custom(
+                "speculative decoding needs caches that can give positions back",
+            ));
+        }
+        self.trim(n);
+        Ok(())
+    }
+    /// How many more positions this cache can take and still give back by `trim` (None:
+    /// no bound but trimmability).
+    fn rollback_room(&self) -> Option<i32> {
+        None
+    }
+    /// The state to come back to after a speculative pass (a recurrent state cannot be
+    /// trimmed); None where this kind has no checkpoint.
+    fn checkpoint(&self) -> Option<Snapshot> {
+        None
+    }
+    /// Returns to a `checkpoint` of this same cache.
+    fn restore_checkpoint(&mut self, _c: Snapshot) -> Result<(), Exception> {
+        Err(refused("restore_checkpoint", "has no checkpoint"))
+    }
+
+    // The batch protocol (mlx-lm's `merge`/`filter`/`extend`/`extract`/`prepare`/`finalize`).
+
+    /// Rows held, for a batch cache (None: a single-sequence cache).
+    fn rows(&self) -> Option<usize> {
+        None
+    }
+    /// mlx-lm's `merge` classmethod of this kind, reached through one of `rows`: the
+    /// single-sequence caches `rows` (this kind, this cache among them or not) as one batch.
+    fn merge(&self, _rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
+        Err(refused("merge", "cannot be merged into a batch"))
+    }
+    /// Keeps rows `keep` (in that order).
+    fn filter(&mut self, _keep: &[usize]) -> Result<(), Exception> {
+        Err(refused("filter", "is not a batch"))
+    }
+    /// Appends the rows of `other` (a batch of this kind) after this one's.
+    fn extend(&mut self, _other: &dyn Cache) -> Result<(), Exception> {
+        Err(refused("extend", "is not a batch"))
+    }
+    /// Row `row`'s first `len` tokens as a single-sequence cache.
+    fn extract(&self, _row: usize, _len: i32) -> Result<Box<dyn Cache>, Exception> {
+        Err(refused("extract", "is not a batch"))
+    }
+    /// Before a batched prefill: each row's real length.
+    fn prepare(&mut self, _lengths: &[i32]) -> Result<(), Exception> {
+        Err(refused("prepare", "has no batched prefill"))
+    }
+    /// After a batched prefill.
+    fn finalize(&mut self) -> Result<(), Exception> {
+        Err(refused("finalize", "has no batched prefill"))
+    }
+}
+
+/// What attention needs on top of [`Cache`]: K/V storage (mlx-lm's `update_and_fetch`),
+/// its quantization, and the views the assistant drafter and the compiled step take.
+pub trait AttentionCache: Cache {
     /// Appends this step's keys/values ([B, kv_heads, L, head_dim]) and returns all live
     /// ones, in the cache's layout (dense, or quantized once converted).
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception>;
@@ -36,30 +160,52 @@ pub trait Cache {
     fn kv_quant(&self) -> Option<KvQuant> {
         None
     }
-    /// The cache's state for the kv-store (None for kinds that are not stored, e.g. the
-    /// compiled step's or the batch lane's).
-    fn snapshot(&self) -> Option<Snapshot> {
+    /// The dense K/V in temporal order as optiq's `_read_cache_temporal` reads a donor
+    /// cache (a ring: its newest min(offset, window − 1) positions).
+    fn temporal_kv(&self) -> Result<(Array, Array), Exception> {
+        Err(refused(
+            "temporal_kv",
+            "is not a standard or rotating cache",
+        ))
+    }
+    /// How this cache enters the compiled one-token step now (see `fixed::Compiled`);
+    /// None where it cannot (no room, quantized, a ring still growing, another kind).
+    fn compiled(&self, _rings: bool) -> Option<fixed::Compiled> {
         None
     }
-    /// Bytes the stored K/V buffers hold.
-    fn nbytes(&self) -> usize {
-        self.state().iter().map(|a| a.nbytes()).sum()
+    /// Whether this kind can ever take the compiled step.
+    fn compiles(&self, _rings: bool) -> bool {
+        false
     }
-    /// Whether `trim` can drop tokens from the end.
-    fn is_trimmable(&self) -> bool;
-    /// Drops up to `n` tokens from the end; returns how many were dropped.
-    fn trim(&mut self, n: i32) -> i32;
-    /// The arrays that hold the cache's state (for eval).
-    fn state(&self) -> Vec<&Array>;
-    /// The attention mask for `n` new tokens, as mlx-lm's cache of this kind makes it;
-    /// `window` is the attention window of the layer kind asking (None = full attention).
-    fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception>;
-    /// The RoPE position of the next token (an array inside compiled steps).
-    fn rope_offset(&self) -> RopeOffset {
-        RopeOffset::Int(self.offset())
+    /// Takes the buffers the compiled step wrote its token into (`form` as `compiled` gave).
+    fn advance_compiled(
+        &mut self,
+        _form: fixed::Form,
+        _keys: Array,
+        _values: Array,
+    ) -> Result<(), Exception> {
+        Err(refused(
+            "advance_compiled",
+            "does not take the compiled step",
+        ))
     }
-    /// For callers that need the concrete cache (e.g. the compiled decode step).
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+
+/// The refusal of protocol method `op` by a kind that lacks it.
+pub(crate) fn refused(op: &str, why: &str) -> Exception {
+    Exception::custom(format!("cache protocol: `{op}`: this cache {why}"))
+}
+
+/// `cache`'s K/V side, or the refusal an attention layer gives without one.
+pub fn kv_of(cache: &mut dyn Cache) -> Result<&mut dyn AttentionCache, Exception> {
+    cache
+        .as_kv()
+        .ok_or_else(|| Exception::custom("an attention layer was given a cache without K/V"))
+}
+
+/// The KV quantization in force on `cache` (None for caches without K/V).
+pub fn kv_quant_of(cache: &dyn Cache) -> Option<KvQuant> {
+    cache.as_kv_ref().and_then(|kv| kv.kv_quant())
 }
 
 /// Affine quantization of a KV cache (MLX `quantize`: groups along the head dim).
@@ -123,49 +269,23 @@ pub enum Kv {
     },
 }
 
-/// A cache's state as the kv-store writes it: its kind, positions and arrays (keys' parts,
-/// then values' parts: one each when dense, packed/scales/biases each when quantized).
+/// A cache's state as the kv-store writes it and `state::restore` rebuilds it: mlx-lm's
+/// `state` (`tensors`: for K/V kinds keys' parts, then values' parts, one each when dense,
+/// packed/scales/biases each when quantized) and `meta_state` (`meta`: the kind's integers
+/// and lists, camelCase, in the order the kv-store writes them), with its kind tag.
 #[derive(Clone)]
 pub struct Snapshot {
-    pub kind: SnapshotKind,
+    pub kind: String,
     pub offset: i32,
     pub quant: Option<KvQuant>,
+    pub meta: Meta,
     pub tensors: Vec<Array>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SnapshotKind {
-    /// A standard cache, sliced to its live positions.
-    Kv,
-    /// A ring stored whole with its index.
-    Rotating { max_size: i32, keep: i32, idx: i32 },
-}
+/// A snapshot's meta state: JSON integers, booleans and lists by name.
+pub type Meta = serde_json::Map<String, serde_json::Value>;
 
-/// Rebuilds a cache from its snapshot; a quantized one is read through `sdpa` (the
-/// attention is the session's choice, not part of the stored state).
-pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Exception> {
-    if let Some(q) = s.quant.as_mut() {
-        q.sdpa = sdpa;
-    }
-    let per_side = if s.quant.is_some() { 3 } else { 1 };
-    if s.tensors.len() != 2 * per_side {
-        return Err(Exception::custom(
-            "a cache snapshot holds keys' and values' parts",
-        ));
-    }
-    let mut tensors = s.tensors;
-    let values = tensors.split_off(per_side);
-    Ok(match s.kind {
-        SnapshotKind::Kv => Box::new(KvCache::from_parts(tensors, values, s.offset, s.quant)),
-        SnapshotKind::Rotating {
-            max_size,
-            keep,
-            idx,
-        } => Box::new(RotatingKvCache::from_parts(
-            tensors, values, s.offset, max_size, keep, idx, s.quant,
-        )),
-    })
-}
+pub use state::restore;
 
 /// How many tokens every cache of `caches` holds (0 for none), at most `cap`.
 pub fn common_len(caches: &[Box<dyn Cache>], cap: usize) -> usize {
@@ -181,7 +301,7 @@ pub fn common_len(caches: &[Box<dyn Cache>], cap: usize) -> usize {
 /// copies a shared buffer before writing into it, so neither copy sees the other's writes).
 /// None for kinds without a snapshot.
 pub fn duplicate(c: &dyn Cache) -> Option<Box<dyn Cache>> {
-    let sdpa = c.kv_quant().map_or(QuantSdpa::MlxLm, |q| q.sdpa);
+    let sdpa = kv_quant_of(c).map_or(QuantSdpa::MlxLm, |q| q.sdpa);
     restore(c.snapshot()?, sdpa).ok()
 }
 

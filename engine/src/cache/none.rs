@@ -6,7 +6,7 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-use super::{causal_mask, Cache, Kv, Mask};
+use super::{causal_mask, AttentionCache, Cache, Kv, Mask};
 
 #[derive(Default)]
 pub struct PassThrough;
@@ -14,10 +14,6 @@ pub struct PassThrough;
 impl Cache for PassThrough {
     fn offset(&self) -> i32 {
         0
-    }
-
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        Ok(Kv::Dense(keys, values))
     }
 
     fn is_trimmable(&self) -> bool {
@@ -42,8 +38,18 @@ impl Cache for PassThrough {
         })
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+}
+
+impl AttentionCache for PassThrough {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        Ok(Kv::Dense(keys, values))
     }
 }
 

@@ -196,7 +196,7 @@ impl PromptCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::KvCache;
+    use crate::cache::{kv_of, AttentionCache, KvCache};
 
     fn caches_with(n: i32) -> Vec<Box<dyn Cache>> {
         let mut c = KvCache::new();
@@ -238,7 +238,10 @@ mod tests {
         let mut hit = pc.take("", &[1, 2, 3, 9, 9]).unwrap();
         assert_eq!(hit.reused, 3);
         let twos = mlx_rs::ops::full::<f32>(&[1, 1, 1, 4], mlx_rs::Array::from_f32(2.0)).unwrap();
-        let kv = hit.caches[0].update_and_fetch(twos.clone(), twos).unwrap();
+        let kv = kv_of(hit.caches[0].as_mut())
+            .unwrap()
+            .update_and_fetch(twos.clone(), twos)
+            .unwrap();
         let crate::cache::Kv::Dense(k, _) = kv else {
             panic!("dense")
         };

@@ -9,8 +9,13 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
+use super::fixed::{Compiled, Form};
 use super::parts::{self, Parts};
-use super::{causal_mask, Cache, Kv, KvQuant, Mask, Snapshot, SnapshotKind};
+use super::state::meta_i32;
+use super::{causal_mask, refused, AttentionCache, Cache, Kv, KvQuant, Mask, Meta, Snapshot};
+
+/// The kind tag of its snapshots (the kv-store's `rotating`, `rotating-qkv` quantized).
+pub const KIND: &str = "rotating";
 
 pub struct RotatingKvCache {
     keys: Option<Parts>,
@@ -62,6 +67,22 @@ impl RotatingKvCache {
             idx,
             quant,
         }
+    }
+
+    /// mlx-lm's `from_state`: the whole ring with its `idx`, `maxSize` and `keep`.
+    pub fn from_state(s: Snapshot) -> Result<Self, Exception> {
+        if s.kind != KIND {
+            return Err(Exception::custom("a rotating cache's snapshot expected"));
+        }
+        let (max_size, keep, idx) = (
+            meta_i32(&s.meta, "maxSize")?,
+            meta_i32(&s.meta, "keep").unwrap_or(0),
+            meta_i32(&s.meta, "idx")?,
+        );
+        let (keys, values) = super::state::kv_parts(s.tensors, s.quant)?;
+        Ok(Self::from_parts(
+            keys, values, s.offset, max_size, keep, idx, s.quant,
+        ))
     }
 
     pub fn max_size(&self) -> i32 {
@@ -263,22 +284,8 @@ impl Cache for RotatingKvCache {
         self.offset
     }
 
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        if keys.shape()[2] == 1 {
-            self.update_in_place(keys, values)
-        } else {
-            self.update_concat(keys, values)
-        }
-    }
-
-    /// optiq's conversion: the ring buffer quantized as it stands, ring index kept.
-    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
-        Ok(true)
-    }
-
-    fn kv_quant(&self) -> Option<KvQuant> {
-        self.quant
+    fn kind(&self) -> Option<&'static str> {
+        Some(KIND)
     }
 
     /// The whole ring with its index (its order is the ring's, not time's).
@@ -287,13 +294,14 @@ impl Cache for RotatingKvCache {
         let mut tensors = k.clone();
         tensors.extend(v.iter().cloned());
         Some(Snapshot {
-            kind: SnapshotKind::Rotating {
-                max_size: self.max_size,
-                keep: self.keep,
-                idx: self.idx,
-            },
+            kind: KIND.to_owned(),
             offset: self.offset,
             quant: self.quant,
+            meta: Meta::from_iter([
+                ("idx".to_owned(), self.idx.into()),
+                ("maxSize".to_owned(), self.max_size.into()),
+                ("keep".to_owned(), self.keep.into()),
+            ]),
             tensors,
         })
     }
@@ -321,8 +329,29 @@ impl Cache for RotatingKvCache {
         parts::nbytes(&self.keys) + parts::nbytes(&self.values)
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    /// optiq's `_trim_rotating` (see `trim_tail`): a ring past its window rolls back too.
+    fn rollback(&mut self, n: i32) -> Result<(), Exception> {
+        self.trim_tail(n)
+    }
+
+    /// Until it wraps: a ring that wrapped over positions could not give them back.
+    fn rollback_room(&self) -> Option<i32> {
+        Some(self.max_size - self.offset - 1)
+    }
+
+    /// mlx-lm's `RotatingKVCache.merge`: the rows as one `BatchRotatingKVCache`.
+    fn merge(&self, rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
+        Ok(Box::new(
+            super::batch_rotating::BatchRotatingKvCache::merge(self.max_size, rows)?,
+        ))
     }
 
     /// mlx-lm's `RotatingKVCache.make_mask`.
@@ -362,6 +391,59 @@ impl Cache for RotatingKvCache {
             return Ok(Mask::Array(rolled));
         }
         Ok(Mask::None)
+    }
+}
+
+impl AttentionCache for RotatingKvCache {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        if keys.shape()[2] == 1 {
+            self.update_in_place(keys, values)
+        } else {
+            self.update_concat(keys, values)
+        }
+    }
+
+    /// optiq's conversion: the ring buffer quantized as it stands, ring index kept.
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
+        Ok(true)
+    }
+
+    fn kv_quant(&self) -> Option<KvQuant> {
+        self.quant
+    }
+
+    fn temporal_kv(&self) -> Result<(Array, Array), Exception> {
+        self.newest_window()
+    }
+
+    /// With `rings`: a full, dense ring, written at its slot.
+    fn compiled(&self, rings: bool) -> Option<Compiled> {
+        let (keys, values, slot) = self.full_ring_slot().filter(|_| rings)?;
+        Some(Compiled {
+            keys: keys.clone(),
+            values: values.clone(),
+            form: Form::Ring { slot },
+        })
+    }
+
+    fn compiles(&self, rings: bool) -> bool {
+        rings
+    }
+
+    fn advance_compiled(
+        &mut self,
+        form: Form,
+        keys: Array,
+        values: Array,
+    ) -> Result<(), Exception> {
+        match form {
+            Form::Ring { slot } => {
+                self.advance_ring(keys, values, slot);
+                Ok(())
+            }
+            Form::Linear => Err(refused("advance_compiled", "is a ring")),
+        }
     }
 }
 

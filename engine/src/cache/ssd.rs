@@ -20,7 +20,7 @@ use sha2::{Digest, Sha256};
 
 use super::kv_quant::KvQuantPlan;
 use super::kvstore::{self, CacheEntry, Header, Identity, KvStoreError};
-use super::{restore, Cache, QuantSdpa, Snapshot, SnapshotKind};
+use super::{kv_quant_of, restore, Cache, QuantSdpa, Snapshot};
 
 struct Entry {
     path: PathBuf,
@@ -94,11 +94,9 @@ fn tensor_geoms(s: &Snapshot) -> Option<Vec<TensorGeom>> {
 /// One cache's geometry: its dense snapshot `d`, and `c` as the plan left it (None where a
 /// tensor's dtype cannot be stored).
 fn cache_geom(d: Snapshot, c: &dyn Cache) -> Option<CacheGeom> {
-    let ring = match d.kind {
-        SnapshotKind::Kv => None,
-        SnapshotKind::Rotating { max_size, keep, .. } => Some((max_size, keep)),
-    };
-    let quant = match (c.kv_quant(), c.snapshot()) {
+    let meta = |key: &str| super::state::meta_i32(&d.meta, key).ok();
+    let ring = meta("maxSize").map(|max| (max, meta("keep").unwrap_or(0)));
+    let quant = match (kv_quant_of(c), c.snapshot()) {
         (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
         _ => None,
     };
@@ -171,18 +169,14 @@ impl Geometry {
 }
 
 fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Result<(), String> {
-    let (ring, quantized) = match c.kind.as_str() {
-        "kv" => (None, false),
-        "qkv" => (None, true),
-        "rotating" | "rotating-qkv" => (
-            Some((
-                c.max_size.ok_or("a ring without maxSize")?,
-                c.keep.unwrap_or(0),
-            )),
-            c.kind == "rotating-qkv",
-        ),
-        other => return Err(format!("kind `{other}`")),
-    };
+    let (kind, quantized) = kvstore::split_kind(&c.kind);
+    if !super::state::KINDS.contains(&kind) {
+        return Err(format!("kind `{}`", c.kind));
+    }
+    // A ring is the kind whose meta has a window (the geometry compares it).
+    let ring = c
+        .meta_i32("maxSize")
+        .map(|max| (max, c.meta_i32("keep").unwrap_or(0)));
     if ring != g.ring {
         return Err(format!(
             "kind {} (ring {ring:?}), the model's is ring {:?}",
@@ -239,7 +233,7 @@ fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Resul
     match ring {
         None if len != c.offset => Err(format!("{len} positions stored for offset {}", c.offset)),
         Some((max, _)) => {
-            let idx = c.idx.ok_or("a ring without idx")?;
+            let idx = c.meta_i32("idx").ok_or("a ring without idx")?;
             if len < c.offset.min(max) || !(0..=len).contains(&idx) || len > c.offset + max {
                 Err(format!(
                     "a ring of {len} positions with offset {}, idx {idx}, maxSize {max}",
@@ -289,7 +283,7 @@ fn is_temp_name(name: &str) -> bool {
 fn trimmable(h: &Header) -> bool {
     h.caches
         .iter()
-        .all(|c| c.max_size.is_none_or(|max| c.offset < max))
+        .all(|c| c.meta_i32("maxSize").is_none_or(|max| c.offset < max))
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -18,7 +18,7 @@ use super::decode::Decoder;
 use super::sampler::Sampler;
 use super::speculative::SpecStats;
 use super::{ids_array, Finish, Flow, Session, Stats};
-use crate::cache::{Cache, KvCache, RotatingKvCache};
+use crate::cache::Cache;
 use crate::model::{AssistantDrafter, AssistantTarget, DonorKv};
 use crate::plant::{self, Defect};
 
@@ -31,22 +31,17 @@ pub struct AssistantTrace {
 }
 
 /// A donor cache's K/V in temporal order, as optiq's `_read_cache_temporal` reads it.
-fn read_temporal(cache: &mut Box<dyn Cache>) -> Result<(Array, Array), Exception> {
-    let any = cache.as_any_mut();
-    if let Some(ring) = any.downcast_mut::<RotatingKvCache>() {
-        return ring.newest_window();
-    }
-    if let Some(kv) = any.downcast_mut::<KvCache>() {
-        return kv
-            .live()
-            .ok_or_else(|| Exception::custom("a donor cache is empty or quantized"));
-    }
-    Err(Exception::custom(
-        "the assistant drafter reads standard or rotating caches only",
-    ))
+fn read_temporal(cache: &dyn Cache) -> Result<(Array, Array), Exception> {
+    cache
+        .as_kv_ref()
+        .ok_or_else(|| {
+            Exception::custom("the assistant drafter reads standard or rotating caches only")
+        })?
+        .temporal_kv()
 }
 
-/// optiq's `_trim_cache`: every target cache gives back `n` positions.
+/// optiq's `_trim_cache`: every target cache gives back `n` positions (`Cache::rollback`:
+/// a ring slices off its tail, others trim).
 fn trim_all(caches: &mut [Box<dyn Cache>], n: usize) -> Result<(), Exception> {
     if n == 0 {
         return Ok(());
@@ -54,14 +49,8 @@ fn trim_all(caches: &mut [Box<dyn Cache>], n: usize) -> Result<(), Exception> {
     for c in caches.iter_mut() {
         if plant::is(Defect::AssistantRingTrimLikeMlxLm) {
             c.trim(n as i32);
-        } else if let Some(ring) = c.as_any_mut().downcast_mut::<RotatingKvCache>() {
-            ring.trim_tail(n as i32)?;
-        } else if c.is_trimmable() {
-            c.trim(n as i32);
         } else {
-            return Err(Exception::custom(
-                "speculative decoding needs caches that can give positions back",
-            ));
+            c.rollback(n as i32)?;
         }
     }
     Ok(())
@@ -138,8 +127,8 @@ impl<'t> AssistPass<'t> {
         };
         let position = session.caches[0].offset();
         let kv = DonorKv {
-            sliding: read_temporal(&mut session.caches[self.sliding])?,
-            full: read_temporal(&mut session.caches[self.full])?,
+            sliding: read_temporal(session.caches[self.sliding].as_ref())?,
+            full: read_temporal(session.caches[self.full].as_ref())?,
         };
         let (mut tok_in, mut h_in) = (self.cur, h.clone());
         for k in 0..budget as i32 {

@@ -16,9 +16,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::{KvQuantPlan, Session, SessionOptions};
-use crate::cache::batch::BatchKvCache;
-use crate::cache::batch_rotating::BatchRotatingKvCache;
-use crate::cache::{Cache, KvCache, QuantSdpa, RotatingKvCache};
+use crate::cache::{kv, rotating, Cache, QuantSdpa};
 use crate::model::LanguageModel;
 
 pub struct Batch<'m> {
@@ -31,37 +29,18 @@ pub struct Batch<'m> {
     kv_quant: Option<KvQuantPlan>,
 }
 
-/// A layer's batch cache, whichever kind it is.
-enum Layer<'a> {
-    Full(&'a mut BatchKvCache),
-    Ring(&'a mut BatchRotatingKvCache),
-}
-
-fn layer(c: &mut Box<dyn Cache>) -> Layer<'_> {
-    let any = c.as_any_mut();
-    if any.is::<BatchKvCache>() {
-        Layer::Full(any.downcast_mut::<BatchKvCache>().unwrap())
-    } else {
-        Layer::Ring(
-            any.downcast_mut::<BatchRotatingKvCache>()
-                .expect("a batch holds batch caches only"),
-        )
-    }
-}
-
 const REFUSAL: &str =
     "the batch lane takes standard (dense, full-attention) and sliding-window caches only";
 
 /// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
 /// lacks), or None when it can.
 pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
-    let mut caches = model.make_caches();
     let mut rings = false;
-    for c in caches.iter_mut() {
-        let any = c.as_any_mut();
-        rings |= any.is::<RotatingKvCache>();
-        if !any.is::<KvCache>() && !any.is::<RotatingKvCache>() {
-            return Some("this model's caches (dynamic RoPE)");
+    for c in model.make_caches() {
+        match c.kind() {
+            Some(kv::KIND) => {}
+            Some(rotating::KIND) => rings = true,
+            _ => return Some("this model's caches (dynamic RoPE)"),
         }
     }
     let plan = opts.kv_quant.as_ref()?;
@@ -77,28 +56,18 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
     rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
 }
 
-/// Merges layer `l` of every session into one batch cache.
-fn merge_layer(sessions: &mut [Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
-    let mut full: Vec<&KvCache> = Vec::new();
-    let mut rings: Vec<&RotatingKvCache> = Vec::new();
-    for s in sessions.iter_mut() {
-        let any = s.caches[l].as_any_mut();
-        if any.is::<KvCache>() {
-            full.push(any.downcast_ref::<KvCache>().unwrap());
-        } else if let Some(r) = any.downcast_ref::<RotatingKvCache>() {
-            rings.push(r);
-        } else {
-            return Err(Exception::custom(REFUSAL));
-        }
+/// Merges layer `l` of every session into one batch cache (the kind's `merge`, reached
+/// through the first row; the rows must all be standard or all sliding-window caches).
+fn merge_layer(sessions: &[Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
+    let rows: Vec<&dyn Cache> = sessions.iter().map(|s| s.caches[l].as_ref()).collect();
+    let kind = rows[0].kind();
+    if !matches!(kind, Some(kv::KIND | rotating::KIND)) || rows.iter().any(|r| r.kind() != kind) {
+        return Err(Exception::custom(REFUSAL));
     }
-    match (full.is_empty(), rings.is_empty()) {
-        (false, true) => Ok(Box::new(BatchKvCache::merge(&full)?)),
-        (true, false) => Ok(Box::new(BatchRotatingKvCache::merge(&rings)?)),
-        _ => Err(Exception::custom(REFUSAL)),
-    }
+    rows[0].merge(&rows)
 }
 
-fn merge_sessions(sessions: &mut [Session]) -> Result<Vec<Box<dyn Cache>>, Exception> {
+fn merge_sessions(sessions: &[Session]) -> Result<Vec<Box<dyn Cache>>, Exception> {
     let layers = sessions.first().map_or(0, |s| s.caches.len());
     (0..layers).map(|l| merge_layer(sessions, l)).collect()
 }
@@ -113,7 +82,7 @@ impl<'m> Batch<'m> {
     }
 
     /// A batch of `sessions` merged as they stand, with their quantization plan.
-    fn merged(&self, mut sessions: Vec<Session>) -> Result<Batch<'m>, Exception> {
+    fn merged(&self, sessions: Vec<Session>) -> Result<Batch<'m>, Exception> {
         let kv_quant = sessions[0].kv_quant.clone();
         if sessions.iter().any(|s| s.kv_quant != kv_quant) {
             return Err(Exception::custom(
@@ -122,20 +91,17 @@ impl<'m> Batch<'m> {
         }
         Ok(Batch {
             model: self.model,
-            caches: merge_sessions(&mut sessions)?,
+            caches: merge_sessions(&sessions)?,
             kv_quant,
         })
     }
 
     pub fn rows(&mut self) -> usize {
-        self.caches.first_mut().map_or(0, |c| match layer(c) {
-            Layer::Full(c) => c.rows(),
-            Layer::Ring(c) => c.rows(),
-        })
+        self.caches.first().and_then(|c| c.rows()).unwrap_or(0)
     }
 
     /// Appends the rows of `other` after this batch's rows (mlx-lm's `extend`).
-    fn extend(&mut self, mut other: Batch) -> Result<(), Exception> {
+    fn extend(&mut self, other: Batch) -> Result<(), Exception> {
         if self.caches.is_empty() {
             self.caches = other.caches;
             self.kv_quant = other.kv_quant;
@@ -146,12 +112,8 @@ impl<'m> Batch<'m> {
                 "rows with different KV quantization cannot share a batch",
             ));
         }
-        for (mine, theirs) in self.caches.iter_mut().zip(other.caches.iter_mut()) {
-            match (layer(mine), layer(theirs)) {
-                (Layer::Full(a), Layer::Full(b)) => a.extend(b)?,
-                (Layer::Ring(a), Layer::Ring(b)) => a.extend(b)?,
-                _ => return Err(Exception::custom("batch layers of different kinds")),
-            }
+        for (mine, theirs) in self.caches.iter_mut().zip(&other.caches) {
+            mine.extend(theirs.as_ref())?;
         }
         Ok(())
     }
@@ -183,13 +145,8 @@ impl<'m> Batch<'m> {
     pub fn row_caches(&mut self, row: usize, len: i32) -> Result<Vec<Box<dyn Cache>>, Exception> {
         let caches: Vec<Box<dyn Cache>> = self
             .caches
-            .iter_mut()
-            .map(|c| {
-                Ok(match layer(c) {
-                    Layer::Full(c) => Box::new(c.row_cache(row, len)?) as Box<dyn Cache>,
-                    Layer::Ring(c) => Box::new(c.row_cache(row, len)?) as Box<dyn Cache>,
-                })
-            })
+            .iter()
+            .map(|c| c.extract(row, len))
             .collect::<Result<_, Exception>>()?;
         let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
         mlx_rs::transforms::eval(state)?;
@@ -203,10 +160,7 @@ impl<'m> Batch<'m> {
             return Ok(());
         }
         for c in self.caches.iter_mut() {
-            match layer(c) {
-                Layer::Full(c) => c.filter(keep)?,
-                Layer::Ring(c) => c.filter(keep)?,
-            }
+            c.filter(keep)?;
         }
         Ok(())
     }

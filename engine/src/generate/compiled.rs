@@ -25,8 +25,8 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::fixed::{Attend, FixedKv};
-use crate::cache::{Cache, KvCache, RotatingKvCache};
+use crate::cache::fixed::{Attend, FixedKv, Form};
+use crate::cache::Cache;
 use crate::model::LanguageModel;
 use crate::plant::{self, Defect};
 
@@ -38,8 +38,8 @@ pub const BOUND_STEP: i32 = 128;
 pub const MAX_GRAPHS: usize = 3;
 
 type StepFn = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>, Exception>>;
-/// A step's cache layout, its arguments, and each cache's ring slot (None: linear).
-type StepArgs = (Vec<Slot>, Vec<Array>, Vec<Option<i32>>);
+/// A step's cache layout, its arguments, and each cache's form (a ring's with its slot).
+type StepArgs = (Vec<Slot>, Vec<Array>, Vec<Form>);
 
 /// How one cache enters the compiled graph: a linear buffer (keys, values) read over its
 /// first `bound` positions, or a full ring (keys, values, slot).
@@ -141,25 +141,18 @@ impl CompiledDecode {
         token: &Array,
         caches: &mut [Box<dyn Cache>],
     ) -> Result<Option<Array>, Exception> {
-        let Some((layout, args, ring_slots)) = step_args(token, caches, self.rings) else {
+        let Some((layout, args, forms)) = step_args(token, caches, self.rings) else {
             return Ok(None);
         };
         let step = self.graph(layout);
         let mut out = step(&args)?.into_iter();
         let logits = out.next().expect("logits");
-        for (cache, ring_slot) in caches.iter_mut().zip(ring_slots) {
+        for (cache, form) in caches.iter_mut().zip(forms) {
             let (k, v) = (out.next().expect("keys"), out.next().expect("values"));
-            let any = cache.as_any_mut();
-            match ring_slot {
-                None => any
-                    .downcast_mut::<KvCache>()
-                    .expect("checked in step_args")
-                    .advance_with(k, v, 1),
-                Some(slot) => any
-                    .downcast_mut::<RotatingKvCache>()
-                    .expect("checked in step_args")
-                    .advance_ring(k, v, slot),
-            }
+            cache
+                .as_kv()
+                .expect("checked in step_args")
+                .advance_compiled(form, k, v)?;
         }
         self.steps += 1;
         Ok(Some(logits))
@@ -185,43 +178,40 @@ impl CompiledDecode {
     }
 }
 
-/// Whether caches of these kinds can ever take the compiled step: linear `KvCache`s and,
-/// with `rings`, rotating ones (room, quantization and ring state are checked per step, in
-/// `step_args`).
+/// Whether caches of these kinds can ever take the compiled step (`AttentionCache::compiles`:
+/// linear `KvCache`s and, with `rings`, rotating ones; room, quantization and ring state are
+/// checked per step, in `step_args`).
 pub fn takes_kinds(caches: &mut [Box<dyn Cache>], rings: bool) -> bool {
-    caches.iter_mut().all(|c| {
-        let any = c.as_any_mut();
-        any.is::<KvCache>() || (rings && any.is::<RotatingKvCache>())
-    })
+    caches
+        .iter()
+        .all(|c| c.as_kv_ref().is_some_and(|kv| kv.compiles(rings)))
 }
 
-/// The layout, the compiled step's arguments and each cache's ring slot (None: linear),
-/// or None when some cache cannot take this step compiled (or the positions disagree).
+/// The layout, the compiled step's arguments and each cache's form, or None when some
+/// cache cannot take this step compiled (or the positions disagree).
 fn step_args(token: &Array, caches: &mut [Box<dyn Cache>], rings: bool) -> Option<StepArgs> {
     let mut args = vec![token.clone(), Array::from_int(0)];
-    let (mut layout, mut ring_slots) = (Vec::new(), Vec::new());
+    let (mut layout, mut forms) = (Vec::new(), Vec::new());
     let mut offset = None;
     for cache in caches.iter_mut() {
         let o = cache.offset();
         if *offset.get_or_insert(o) != o {
             return None;
         }
-        let any = cache.as_any_mut();
-        if let Some(kv) = any.downcast_mut::<KvCache>() {
-            let (k, v) = kv.buffers_with_room(1)?;
-            let bound = attend_bound(o, k.shape()[2], bound_step());
-            args.extend([k.clone(), v.clone()]);
-            layout.push(Slot::Linear { bound });
-            ring_slots.push(None);
-        } else if let Some(ring) = any.downcast_mut::<RotatingKvCache>().filter(|_| rings) {
-            let (k, v, slot) = ring.full_ring_slot()?;
-            args.extend([k.clone(), v.clone(), Array::from_int(slot)]);
-            layout.push(Slot::Ring);
-            ring_slots.push(Some(slot));
-        } else {
-            return None;
+        let c = cache.as_kv_ref()?.compiled(rings)?;
+        match c.form {
+            Form::Linear => {
+                let bound = attend_bound(o, c.keys.shape()[2], bound_step());
+                args.extend([c.keys, c.values]);
+                layout.push(Slot::Linear { bound });
+            }
+            Form::Ring { slot } => {
+                args.extend([c.keys, c.values, Array::from_int(slot)]);
+                layout.push(Slot::Ring);
+            }
         }
+        forms.push(c.form);
     }
     args[1] = Array::from_int(offset?);
-    Some((layout, args, ring_slots))
+    Some((layout, args, forms))
 }

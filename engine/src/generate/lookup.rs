@@ -21,7 +21,7 @@ use super::decode::Decoder;
 use super::sampler::Sampler;
 use super::speculative::{self, SpecStats, Verified};
 use super::{Finish, Flow, Session};
-use crate::cache::{Cache, RotatingKvCache};
+use crate::cache::Cache;
 use crate::plant::{self, Defect};
 
 /// transformers' defaults: 10 drafts per pass, n-grams of up to 2 ids.
@@ -111,10 +111,9 @@ fn room(caches: &mut [Box<dyn Cache>]) -> usize {
         if !c.is_trimmable() {
             return 0;
         }
-        if let Some(ring) = c.as_any_mut().downcast_ref::<RotatingKvCache>() {
-            // After [y, drafts…] the ring must still hold fewer than its window.
-            let left = ring.max_size() - ring.offset() - 2;
-            room = room.min(left.max(0) as usize);
+        if let Some(r) = c.rollback_room() {
+            // After [y, drafts…] the cache must still be able to give them back.
+            room = room.min((r - 1).max(0) as usize);
         }
     }
     room

@@ -29,7 +29,7 @@ use super::pipeline::{self, Stage};
 use super::rope;
 use super::shard::Part;
 use super::{LanguageModel, Layered};
-use crate::cache::{Cache, KvCache, Mask, RotatingKvCache};
+use crate::cache::{kv_of, Cache, KvCache, Mask, RotatingKvCache};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -480,7 +480,7 @@ impl Layered for Decoder {
 /// Multi-head attention as a mixer (llama, qwen2/3, the MoE families).
 impl Mixer for Attention {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        Attention::forward(self, x, mask, cache)
+        Attention::forward(self, x, mask, kv_of(cache)?)
     }
 
     /// A standard KV cache; under dynamic NTK RoPE one whose offset stays an integer (the

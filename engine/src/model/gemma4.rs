@@ -31,7 +31,7 @@ use super::layers::{
     RmsNorm, Rope,
 };
 use super::LanguageModel;
-use crate::cache::{Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
+use crate::cache::{kv_of, Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -108,7 +108,7 @@ impl Attention {
         };
         let q = self.rope.forward(&q.transpose_axes(&heads)?, &offset)?;
         let kv = match (fresh, cache, shared) {
-            (Some((k, v)), Some(c), _) => c.update_and_fetch(k, v)?,
+            (Some((k, v)), Some(c), _) => kv_of(c.as_mut())?.update_and_fetch(k, v)?,
             (Some((k, v)), None, _) => Kv::Dense(k, v),
             // optiq attends borrowed quantized K/V through its unfused quantized SDPA.
             (None, _, Some(s)) => match &s.kv {

@@ -30,7 +30,7 @@ use super::moe::{SwitchGlu, SwitchLinear};
 use super::moe_family::check_top_k;
 use super::shard::{slice, Part, Split};
 use super::{rope, sdpa};
-use crate::cache::{Cache, Mask};
+use crate::cache::{kv_of, AttentionCache, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -213,7 +213,7 @@ impl SinkAttention {
         })
     }
 
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn AttentionCache) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array| t.reshape(&[b, l, -1, self.head_dim])?.swap_axes(1, 2);
         let q = heads(self.q_proj.forward(x)?)?;
@@ -319,7 +319,7 @@ impl Experts {
 /// `Windowed`).
 impl Mixer for SinkAttention {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        SinkAttention::forward(self, x, mask, cache)
+        SinkAttention::forward(self, x, mask, kv_of(cache)?)
     }
 
     fn make_cache(&self) -> Box<dyn Cache> {

@@ -9,7 +9,7 @@ use mlx_rs::ops::addmm;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::{Cache, KvCache, Mask, RotatingKvCache};
+use crate::cache::{AttentionCache, Cache, KvCache, Mask, RotatingKvCache};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -249,7 +249,7 @@ impl Attention {
         ]
     }
 
-    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+    pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn AttentionCache) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
             let t = t.reshape(&[b, l, n, -1])?;

@@ -15,7 +15,7 @@ use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer};
 use super::layers::{swiglu, Linear, Rope};
 use super::rope;
 use super::shard::Part;
-use crate::cache::{Cache, Mask};
+use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -101,6 +101,7 @@ struct Phi3Attention {
 
 impl Mixer for Phi3Attention {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let cache = kv_of(cache)?;
         let (n, l) = (x.shape()[0], x.shape()[1]);
         let qkv = self.qkv_proj.forward(x)?;
         let q_end = self.heads * self.head_dim;

@@ -17,7 +17,9 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::shard::Part;
-use crate::cache::{Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot};
+use crate::cache::{
+    kv_of, kv_quant_of, AttentionCache, Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot,
+};
 use crate::load::LoadError;
 
 /// This rank's stage: its place in the group and the checkpoint layers `[start, end)` it
@@ -145,8 +147,7 @@ fn tie_send(caches: &mut [Box<dyn Cache>], sent: &Array) -> Result<(), Exception
             "a pipeline stage ran with no caches: it needs one per local layer",
         ));
     };
-    if let Some(stage) = last.as_any_mut().downcast_mut::<StageCache>() {
-        stage.sent = Some(sent.clone());
+    if last.carry(sent) {
         return Ok(());
     }
     let inner = std::mem::replace(last, Box::new(crate::cache::none::PassThrough));
@@ -167,18 +168,6 @@ pub struct StageCache {
 impl Cache for StageCache {
     fn offset(&self) -> i32 {
         self.inner.offset()
-    }
-
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        self.inner.update_and_fetch(keys, values)
-    }
-
-    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        self.inner.quantize(quant)
-    }
-
-    fn kv_quant(&self) -> Option<KvQuant> {
-        self.inner.kv_quant()
     }
 
     fn snapshot(&self) -> Option<Snapshot> {
@@ -211,8 +200,36 @@ impl Cache for StageCache {
         self.inner.rope_offset()
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    /// Its own K/V side, not the inner cache's: a staged cache keeps the send in its state,
+    /// so it takes neither the compiled step nor the batch lane.
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn carry(&mut self, dep: &Array) -> bool {
+        self.sent = Some(dep.clone());
+        true
+    }
+}
+
+impl AttentionCache for StageCache {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        kv_of(self.inner.as_mut())?.update_and_fetch(keys, values)
+    }
+
+    fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
+        match self.inner.as_kv() {
+            Some(kv) => kv.quantize(quant),
+            None => Ok(false),
+        }
+    }
+
+    fn kv_quant(&self) -> Option<KvQuant> {
+        kv_quant_of(self.inner.as_ref())
     }
 }
 

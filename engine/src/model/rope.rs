@@ -17,7 +17,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, clip, concatenate, full, select};
 use mlx_rs::Array;
 
-use crate::cache::RopeOffset;
+use crate::cache::{AttentionCache, Cache, RopeOffset};
 use crate::load::config::{RopeParameters, RopeScaling};
 use crate::load::LoadError;
 use crate::scalar::weak;
@@ -395,18 +395,9 @@ pub fn settings(
 /// as they leave any cache that is not a plain `KvCache`.
 pub struct IntOffsetKv(pub crate::cache::KvCache);
 
-impl crate::cache::Cache for IntOffsetKv {
+impl Cache for IntOffsetKv {
     fn offset(&self) -> i32 {
         self.0.offset()
-    }
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> R<crate::cache::Kv> {
-        self.0.update_and_fetch(keys, values)
-    }
-    fn quantize(&mut self, quant: crate::cache::KvQuant) -> R<bool> {
-        self.0.quantize(quant)
-    }
-    fn kv_quant(&self) -> Option<crate::cache::KvQuant> {
-        self.0.kv_quant()
     }
     fn is_trimmable(&self) -> bool {
         self.0.is_trimmable()
@@ -420,8 +411,27 @@ impl crate::cache::Cache for IntOffsetKv {
     fn make_mask(&self, n: i32, window: Option<i32>) -> R<crate::cache::Mask> {
         self.0.make_mask(n, window)
     }
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+}
+
+impl AttentionCache for IntOffsetKv {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> R<crate::cache::Kv> {
+        self.0.update_and_fetch(keys, values)
+    }
+
+    fn quantize(&mut self, quant: crate::cache::KvQuant) -> R<bool> {
+        self.0.quantize(quant)
+    }
+
+    fn kv_quant(&self) -> Option<crate::cache::KvQuant> {
+        self.0.kv_quant()
     }
 }
 

@@ -23,7 +23,7 @@ use mlx_rs::{Array, Dtype};
 use super::data::Pair;
 use super::loss::cross_entropy;
 use super::orpo::{orpo_terms, pair_batch, OrpoTerms, SftScope};
-use crate::cache::{causal_mask, Cache, Kv, Mask};
+use crate::cache::{causal_mask, AttentionCache, Cache, Kv, Mask};
 use crate::model::LanguageModel;
 
 /// How the ORPO step runs its forward over a batch's chosen and rejected rows.
@@ -118,19 +118,6 @@ impl Cache for SharedPrefix {
         self.prefix.as_ref().map_or(0, |(k, _)| k.shape()[2])
     }
 
-    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
-        match &self.prefix {
-            None => {
-                self.prefix = Some((keys.clone(), values.clone()));
-                Ok(Kv::Dense(keys, values))
-            }
-            Some((pk, pv)) => Ok(Kv::Dense(
-                Self::ahead(pk, keys, false)?,
-                Self::ahead(pv, values, true)?,
-            )),
-        }
-    }
-
     fn is_trimmable(&self) -> bool {
         false
     }
@@ -153,8 +140,27 @@ impl Cache for SharedPrefix {
         })
     }
 
-    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
-        self
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        Some(self)
+    }
+}
+
+impl AttentionCache for SharedPrefix {
+    fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
+        match &self.prefix {
+            None => {
+                self.prefix = Some((keys.clone(), values.clone()));
+                Ok(Kv::Dense(keys, values))
+            }
+            Some((pk, pv)) => Ok(Kv::Dense(
+                Self::ahead(pk, keys, false)?,
+                Self::ahead(pv, values, true)?,
+            )),
+        }
     }
 }
 
