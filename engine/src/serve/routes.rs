@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::emit::{Event, TokenLogprob, EVENT_SLOTS};
 use super::error::ApiError;
-use super::request::{self, GenRequest};
+use super::request::GenRequest;
 use super::tools::split::Delta;
 use super::worker::{prompt_bytes, Job, QueueSlot};
 use super::AppState;
@@ -203,7 +203,7 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     s.counters.requests.fetch_add(1, Ordering::Relaxed);
     let req = body_json(body)
-        .and_then(|v| request::parse(&v, chat, &s.defaults))
+        .and_then(|v| super::api::parse(&v, chat, &s.defaults))
         .inspect_err(|_| {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
         })?;

@@ -1,5 +1,5 @@
 //! A `/v1/responses` body read field by field and translated into the chat route's body
-//! (`messages`, `tools`, `response_format`, `max_tokens`, …), which `request::parse` then
+//! (`messages`, `tools`, `response_format`, `max_tokens`, …), which `api::chat::parse` then
 //! validates and turns into the same `GenRequest` a chat completion gets.
 
 use serde_json::{json, Map, Value};
@@ -10,7 +10,7 @@ use crate::plant::{self, Defect};
 
 /// What a Responses request becomes.
 pub struct Translated {
-    /// The chat-completions body for `request::parse`.
+    /// The chat-completions body for `api::chat::parse`.
     pub chat: Value,
     /// The conversation without the instructions: the previous response's, then the new
     /// input, as chat messages (what is kept for the next turn, with the answer).
@@ -573,7 +573,7 @@ fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
     Ok(Value::Object(m.clone()))
 }
 
-/// An error of `request::parse` on the translated body, named by the Responses field.
+/// An error of `api::chat::parse` on the translated body, named by the Responses field.
 pub fn renamed(mut e: ApiError) -> ApiError {
     let Some(param) = e.param.take() else {
         return e;

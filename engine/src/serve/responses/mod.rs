@@ -1,6 +1,6 @@
 //! `POST /v1/responses` (and `/responses`): OpenAI's Responses API on the chat route's
 //! machinery. A request is translated into the chat body (`input`), validated by
-//! `request::parse` into the same `GenRequest`, run on the model thread as any chat
+//! `api::chat::parse` into the same `GenRequest`, run on the model thread as any chat
 //! completion, and its deltas become output items and stream events (`events`). Each
 //! response's conversation is kept (`store`) for `previous_response_id`; its rendered
 //! prompt extends the previous turn's, so the prompt cache reuses it.
@@ -24,7 +24,7 @@ use serde_json::{json, Value};
 
 use super::emit::{Event, Usage};
 use super::error::ApiError;
-use super::{request, routes, AppState};
+use super::{routes, AppState};
 use events::{Head, Machine};
 use input::Refused;
 
@@ -57,8 +57,8 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
     };
     let v = routes::body_json(body).map_err(|e| reject(e.into()))?;
     let t = input::translate(&v, &s.responses).map_err(reject)?;
-    let req =
-        request::parse(&t.chat, true, &s.defaults).map_err(|e| reject(input::renamed(e).into()))?;
+    let req = super::api::chat::parse(&t.chat, &s.defaults)
+        .map_err(|e| reject(input::renamed(e).into()))?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
