@@ -84,14 +84,10 @@ fn refusal(path: &str, serde: &str) -> ApiError {
         );
     }
     if let Some(rest) = serde.strip_prefix("unknown field `") {
-        // A body that refuses unknown fields (the Responses API's).
+        // A body that refuses unknown fields (the Responses API's); the path holds the key.
         let name = rest.split('`').next().unwrap_or_default();
-        let field = if path == "." {
-            name.to_owned()
-        } else {
-            format!("{path}.{name}")
-        };
-        return ApiError::field(&field, format!("unknown parameter `{field}`"));
+        let field = if path == "." { name } else { path };
+        return ApiError::field(field, format!("unknown parameter `{field}`"));
     }
     if let Some(rest) = serde.strip_prefix("unknown variant ") {
         return ApiError::field(path, format!("{path}: unknown value {rest}"));

@@ -146,3 +146,19 @@ fn completions_read_a_prompt_and_a_logprobs_count() {
     );
     assert!(parse(&json!([1]), false, &d).unwrap_err().param.is_none());
 }
+
+#[test]
+fn an_unknown_field_of_a_strict_body_is_named() {
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Strict {
+        a: Option<i64>,
+        inner: Option<Box<super::Obj<Strict>>>,
+    }
+    let e = super::read::<Strict>(&json!({"a": 1, "frob": 2})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("frob"), "{}", e.message);
+    assert_eq!(e.message, "unknown parameter `frob`");
+    let e = super::read::<Strict>(&json!({"inner": {"zap": 1}})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("inner.zap"), "{}", e.message);
+}

@@ -1,17 +1,23 @@
-//! A `/v1/responses` body read field by field and translated into the chat route's body
-//! (`messages`, `tools`, `response_format`, `max_tokens`, …), which `api::chat::parse` then
-//! validates and turns into the same `GenRequest` a chat completion gets.
+//! A `/v1/responses` body as a typed struct (`Body`; unknown fields refused, as OpenAI
+//! does) turned straight into the `GenRequest` a chat completion gets: the input items
+//! become the template's chat messages (`request::Chat`), `text.format` the grammar, and
+//! the generation fields the chat API's `Knobs`. Errors name the Responses field.
 
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::super::api::chat::template_kwargs;
+use super::super::api::knobs::{Knobs, Stop};
+use super::super::api::{read, Obj};
 use super::super::error::ApiError;
+use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::store::Store;
 use crate::plant::{self, Defect};
 
 /// What a Responses request becomes.
 pub struct Translated {
-    /// The chat-completions body for `api::chat::parse`.
-    pub chat: Value,
+    /// The request for the model thread.
+    pub request: GenRequest,
     /// The conversation without the instructions: the previous response's, then the new
     /// input, as chat messages (what is kept for the next turn, with the answer).
     pub conversation: Vec<Value>,
@@ -48,44 +54,67 @@ impl From<ApiError> for Refused {
     }
 }
 
-/// The fields a Responses body may hold. The engine's own sampling knobs pass through to
-/// the chat body as they are.
-const KNOWN: &[&str] = &[
-    "input",
-    "instructions",
-    "previous_response_id",
-    "tools",
-    "tool_choice",
-    "text",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stream",
-    "stream_options",
-    "metadata",
-    "model",
-    "reasoning",
-    "store",
-    "parallel_tool_calls",
-    "include",
-    "truncation",
-    "user",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "background",
-];
-const PASS_THROUGH: &[&str] = &[
-    "seed",
-    "top_k",
-    "min_p",
-    "stop",
-    "logit_bias",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "chat_template_kwargs",
-];
+/// A Responses body. The engine's own sampling knobs (seed … chat_template_kwargs) are
+/// taken as the chat route takes them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Body {
+    input: Option<Value>,
+    instructions: Option<String>,
+    previous_response_id: Option<String>,
+    tools: Option<Value>,
+    tool_choice: Option<Value>,
+    text: Option<Value>,
+    max_output_tokens: Option<i64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    stream: Option<bool>,
+    // Read for their type only: nothing in this server acts on them.
+    #[allow(dead_code)]
+    stream_options: Option<Map<String, Value>>,
+    metadata: Option<Map<String, Value>>,
+    model: Option<String>,
+    #[allow(dead_code)]
+    reasoning: Option<Obj<Reasoning>>,
+    store: Option<bool>,
+    parallel_tool_calls: Option<bool>,
+    #[allow(dead_code)]
+    include: Option<Vec<String>>,
+    #[allow(dead_code)]
+    truncation: Option<Truncation>,
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[allow(dead_code)]
+    service_tier: Option<String>,
+    #[allow(dead_code)]
+    prompt_cache_key: Option<String>,
+    #[allow(dead_code)]
+    safety_identifier: Option<String>,
+    background: Option<bool>,
+    seed: Option<i64>,
+    top_k: Option<i64>,
+    min_p: Option<f64>,
+    stop: Option<Stop>,
+    logit_bias: Option<Map<String, Value>>,
+    repetition_penalty: Option<f64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    chat_template_kwargs: Option<Map<String, Value>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)] // read for their type only
+struct Reasoning {
+    effort: Option<String>,
+    summary: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Truncation {
+    Auto,
+    Disabled,
+}
 
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::field(field, message)
@@ -100,141 +129,107 @@ fn string<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<Option<&
     }
 }
 
-fn boolean(o: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
-    match o.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad(key, format!("{key} must be true or false"))),
-    }
-}
-
 /// Translates a Responses body; `store` holds the conversations `previous_response_id`
-/// may name.
-pub fn translate(body: &Value, store: &Store) -> Result<Translated, Refused> {
-    let o = body
-        .as_object()
-        .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))?;
-    if let Some(k) = o
-        .keys()
-        .find(|k| !KNOWN.contains(&k.as_str()) && !PASS_THROUGH.contains(&k.as_str()))
-    {
-        return Err(bad(k, format!("unknown parameter `{k}`")).into());
+/// may name, `d` the server's defaults.
+pub fn translate(body: &Value, store: &Store, d: &Defaults) -> Result<Translated, Refused> {
+    let b: Body = read(body)?;
+    if b.background == Some(true) {
+        return Err(bad(
+            "background",
+            "background responses are not supported by this server: send background: false",
+        )
+        .into());
     }
-    tolerated(o)?;
-    let instructions = string(o, "instructions", "instructions")?;
-    let mut conversation = match string(o, "previous_response_id", "previous_response_id")? {
+    let mut conversation = match &b.previous_response_id {
         None => Vec::new(),
         Some(id) => previous(store, id)?,
     };
-    let input = o.get("input").filter(|v| !v.is_null()).ok_or_else(|| {
+    let input = b.input.as_ref().ok_or_else(|| {
         bad(
             "input",
             "input is required: a string or a list of input items",
         )
     })?;
     items(input, &mut conversation)?;
+    let (chat_tools, tools) = tools(b.tools.as_ref())?;
+    let tool_choice = tool_choice(b.tool_choice.as_ref())?;
+    let (response_format, text) = text_format(b.text.as_ref())?;
+    let echo = Echo {
+        instructions: b.instructions.as_ref().map_or(Value::Null, |s| json!(s)),
+        previous_response_id: raw(body, "previous_response_id", Value::Null),
+        tools,
+        tool_choice: b.tool_choice.clone().unwrap_or(json!("auto")),
+        text,
+        max_output_tokens: raw(body, "max_output_tokens", Value::Null),
+        metadata: metadata(b.metadata.as_ref())?,
+        parallel_tool_calls: b.parallel_tool_calls.unwrap_or(true),
+        store: b.store.unwrap_or(true),
+        reasoning: raw(body, "reasoning", Value::Null),
+        truncation: raw(body, "truncation", json!("disabled")),
+        user: raw(body, "user", Value::Null),
+    };
     let mut messages = Vec::with_capacity(conversation.len() + 1);
-    if let Some(text) = instructions {
+    if let Some(text) = &b.instructions {
         messages.push(json!({"role": "system", "content": text}));
     }
-    messages.extend(conversation.iter().cloned());
-    let (chat_tools, tools) = tools(o.get("tools"))?;
-    let mut chat = json!({"messages": messages, "stream": boolean(o, "stream", false)?});
-    if !chat_tools.is_empty() {
-        chat["tools"] = Value::Array(chat_tools);
+    for m in &conversation {
+        messages.push(for_template(m)?);
     }
-    if let Some(choice) = tool_choice(o.get("tool_choice"))? {
-        chat["tool_choice"] = choice;
-    }
-    let (response_format, text) = text_format(o.get("text"))?;
-    if let Some(f) = response_format {
-        chat["response_format"] = f;
-    }
-    for (from, to) in [
-        ("max_output_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("model", "model"),
-    ] {
-        if let Some(v) = o.get(from).filter(|v| !v.is_null()) {
-            chat[to] = v.clone();
-        }
-    }
-    for key in PASS_THROUGH {
-        if let Some(v) = o.get(*key) {
-            chat[*key] = v.clone();
-        }
-    }
-    let echo = Echo {
-        instructions: instructions.map_or(Value::Null, |s| json!(s)),
-        previous_response_id: o
-            .get("previous_response_id")
-            .cloned()
-            .unwrap_or(Value::Null),
-        tools,
-        tool_choice: o
-            .get("tool_choice")
-            .filter(|v| !v.is_null())
-            .cloned()
-            .unwrap_or(json!("auto")),
-        text,
-        max_output_tokens: o.get("max_output_tokens").cloned().unwrap_or(Value::Null),
-        metadata: metadata(o.get("metadata"))?,
-        parallel_tool_calls: boolean(o, "parallel_tool_calls", true)?,
-        store: boolean(o, "store", true)?,
-        reasoning: o.get("reasoning").cloned().unwrap_or(Value::Null),
-        truncation: o.get("truncation").cloned().unwrap_or(json!("disabled")),
-        user: o.get("user").cloned().unwrap_or(Value::Null),
+    let mut chat = Chat {
+        messages,
+        tools: (!chat_tools.is_empty()).then_some(Value::Array(chat_tools)),
+        tool_choice,
+        ..Chat::default()
     };
+    template_kwargs(&mut chat, b.chat_template_kwargs, &d.template_kwargs)?;
+    let knobs = Knobs {
+        max_tokens: b.max_output_tokens,
+        temperature: b.temperature,
+        top_p: b.top_p,
+        top_k: b.top_k,
+        min_p: b.min_p,
+        seed: b.seed,
+        logit_bias: b.logit_bias,
+        repetition_penalty: b.repetition_penalty,
+        presence_penalty: b.presence_penalty,
+        frequency_penalty: b.frequency_penalty,
+        stream: b.stream,
+        model: b.model,
+        response_format,
+        stop: b.stop,
+        ..Knobs::default()
+    };
+    let request = knobs
+        .into_request(Prompt::Chat(Box::new(chat)), None, d)
+        .map_err(renamed)?;
     Ok(Translated {
-        chat,
+        request,
         conversation,
         echo,
     })
 }
 
-/// The fields read for their type only (nothing in this server acts on them), and the
-/// ones it refuses.
-fn tolerated(o: &Map<String, Value>) -> Result<(), ApiError> {
-    for key in [
-        "user",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
-    ] {
-        string(o, key, key)?;
-    }
-    match o.get("truncation") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "disabled" => {}
-        Some(_) => {
-            return Err(bad(
-                "truncation",
-                "truncation must be \"auto\" or \"disabled\"",
-            ))
+/// A field of the body as sent (null kept), for the response to echo; `absent` if absent.
+fn raw(body: &Value, key: &str, absent: Value) -> Value {
+    body.get(key).cloned().unwrap_or(absent)
+}
+
+/// A kept chat message as the template reads it: tool-call arguments (JSON strings, as
+/// OpenAI shapes them) parsed, as the chat route parses a client's.
+fn for_template(m: &Value) -> Result<Value, ApiError> {
+    let mut m = m.clone();
+    let calls = m.get_mut("tool_calls").and_then(Value::as_array_mut);
+    for call in calls.into_iter().flatten() {
+        if let Some(Value::String(args)) = call.pointer("/function/arguments") {
+            if args.is_empty() {
+                continue;
+            }
+            let parsed: Value = serde_json::from_str(args)
+                .map_err(|e| bad("input", format!("arguments is not valid JSON: {e}")))?;
+            call["function"]["arguments"] = parsed;
         }
     }
-    if let Some(v) = o.get("include").filter(|v| !v.is_null()) {
-        if !v.as_array().is_some_and(|l| l.iter().all(Value::is_string)) {
-            return Err(bad("include", "include must be a list of strings"));
-        }
-    }
-    for key in ["reasoning", "stream_options"] {
-        if o.get(key).is_some_and(|v| !v.is_object() && !v.is_null()) {
-            return Err(bad(key, format!("{key} must be an object")));
-        }
-    }
-    if let Some(r) = o.get("reasoning").and_then(Value::as_object) {
-        string(r, "effort", "reasoning.effort")?;
-        string(r, "summary", "reasoning.summary")?;
-    }
-    if boolean(o, "background", false)? {
-        return Err(bad(
-            "background",
-            "background responses are not supported by this server: send background: false",
-        ));
-    }
-    Ok(())
+    Ok(m)
 }
 
 fn previous(store: &Store, id: &str) -> Result<Vec<Value>, Refused> {
@@ -540,11 +535,9 @@ fn text_format(v: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
 
 /// `metadata`: up to 16 string values under keys of at most 64 characters (values at most
 /// 512), as OpenAI bounds it; echoed as sent.
-fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
-    let m = match v {
-        None | Some(Value::Null) => return Ok(json!({})),
-        Some(Value::Object(m)) => m,
-        Some(_) => return Err(bad("metadata", "metadata must be an object of strings")),
+fn metadata(v: Option<&Map<String, Value>>) -> Result<Value, ApiError> {
+    let Some(m) = v else {
+        return Ok(json!({}));
     };
     if plant::is(Defect::ResponsesMetadataUnchecked) {
         return Ok(Value::Object(m.clone()));
@@ -573,8 +566,8 @@ fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
     Ok(Value::Object(m.clone()))
 }
 
-/// An error of `api::chat::parse` on the translated body, named by the Responses field.
-pub fn renamed(mut e: ApiError) -> ApiError {
+/// An error of the generation fields' checks (`Knobs`), named by the Responses field.
+fn renamed(mut e: ApiError) -> ApiError {
     let Some(param) = e.param.take() else {
         return e;
     };
@@ -584,7 +577,6 @@ pub fn renamed(mut e: ApiError) -> ApiError {
             e.message.replace("max_tokens", "max_output_tokens"),
         ),
         "response_format" => ("text.format".to_owned(), e.message.clone()),
-        p if p.starts_with("messages") => ("input".to_owned(), e.message.clone()),
         _ => (param.clone(), e.message.clone()),
     };
     e.param = Some(name);
