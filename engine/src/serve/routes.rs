@@ -166,15 +166,8 @@ impl Meta {
                 msg["reasoning"] = json!(delta.reasoning);
             }
             if !delta.tool_calls.is_empty() {
-                let mut calls = delta.tool_calls.clone();
-                if !stream {
-                    for c in &mut calls {
-                        if let Some(o) = c.as_object_mut() {
-                            o.remove("index");
-                        }
-                    }
-                }
-                msg["tool_calls"] = Value::Array(calls);
+                let calls = delta.tool_calls.iter().map(|c| c.chat_json(stream));
+                msg["tool_calls"] = Value::Array(calls.collect());
             }
             choice[key] = msg;
         } else {

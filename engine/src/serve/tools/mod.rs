@@ -4,6 +4,7 @@
 //! (`machine`), the per-family tool parsers (`parsers`), and one request's output side
 //! (`split`: what each streamed chunk carries, `finish_reason: "tool_calls"`).
 
+pub mod call;
 pub mod literal;
 pub mod machine;
 pub mod parsers;
