@@ -37,6 +37,19 @@ pub fn read<T: DeserializeOwned>(body: &Value) -> Result<T, ApiError> {
         .map_err(|e| refusal(&e.path().to_string(), &e.inner().to_string()))
 }
 
+/// `v`, a part of a body found at `at`, read as a `T`; a bad value is an ApiError naming
+/// its path from the body's root (`input[2].content[0]`).
+pub fn read_at<T: DeserializeOwned>(v: &Value, at: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = match e.path().to_string() {
+            p if p == "." => at.to_owned(),
+            p if p.starts_with('[') => format!("{at}{p}"),
+            p => format!("{at}.{p}"),
+        };
+        refusal(&path, &e.inner().to_string())
+    })
+}
+
 /// A field that must be a JSON object. Derived structs also accept a JSON array (their
 /// fields by position), which no API here allows: this reads only maps, and the fields'
 /// paths are still tracked (the map access is the tracking one).

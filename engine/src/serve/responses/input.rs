@@ -1,16 +1,16 @@
-//! A `/v1/responses` body as a typed struct (`Body`; unknown fields refused, as OpenAI
-//! does) turned straight into the `GenRequest` a chat completion gets: the input items
-//! become the template's chat messages (`request::Chat`), `text.format` the grammar, and
-//! the generation fields the chat API's `Knobs`. Errors name the Responses field.
+//! A `/v1/responses` body (`body::Body`, typed) turned straight into the `GenRequest` a
+//! chat completion gets: the input items become the template's chat messages
+//! (`request::Chat`), the flat tools the chat API's, `text.format` the grammar, and the
+//! generation fields the chat API's `Knobs`. Errors name the Responses field.
 
-use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
 use super::super::api::chat::template_kwargs;
-use super::super::api::knobs::{Knobs, Stop};
-use super::super::api::{read, Obj};
+use super::super::api::knobs::Knobs;
+use super::super::api::{read, read_at, Obj};
 use super::super::error::ApiError;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
+use super::body::{Body, Format, Input, Item, Parts, Text, Tool, ToolChoice};
 use super::store::Store;
 use crate::plant::{self, Defect};
 
@@ -54,79 +54,8 @@ impl From<ApiError> for Refused {
     }
 }
 
-/// A Responses body. The engine's own sampling knobs (seed … chat_template_kwargs) are
-/// taken as the chat route takes them.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Body {
-    input: Option<Value>,
-    instructions: Option<String>,
-    previous_response_id: Option<String>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    text: Option<Value>,
-    max_output_tokens: Option<i64>,
-    temperature: Option<f64>,
-    top_p: Option<f64>,
-    stream: Option<bool>,
-    // Read for their type only: nothing in this server acts on them.
-    #[allow(dead_code)]
-    stream_options: Option<Map<String, Value>>,
-    metadata: Option<Map<String, Value>>,
-    model: Option<String>,
-    #[allow(dead_code)]
-    reasoning: Option<Obj<Reasoning>>,
-    store: Option<bool>,
-    parallel_tool_calls: Option<bool>,
-    #[allow(dead_code)]
-    include: Option<Vec<String>>,
-    #[allow(dead_code)]
-    truncation: Option<Truncation>,
-    #[allow(dead_code)]
-    user: Option<String>,
-    #[allow(dead_code)]
-    service_tier: Option<String>,
-    #[allow(dead_code)]
-    prompt_cache_key: Option<String>,
-    #[allow(dead_code)]
-    safety_identifier: Option<String>,
-    background: Option<bool>,
-    seed: Option<i64>,
-    top_k: Option<i64>,
-    min_p: Option<f64>,
-    stop: Option<Stop>,
-    logit_bias: Option<Map<String, Value>>,
-    repetition_penalty: Option<f64>,
-    presence_penalty: Option<f64>,
-    frequency_penalty: Option<f64>,
-    chat_template_kwargs: Option<Map<String, Value>>,
-}
-
-#[derive(Debug, Deserialize)]
-#[allow(dead_code)] // read for their type only
-struct Reasoning {
-    effort: Option<String>,
-    summary: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "lowercase")]
-enum Truncation {
-    Auto,
-    Disabled,
-}
-
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::field(field, message)
-}
-
-/// A string field (absent or null: None).
-fn string<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<Option<&'a str>, ApiError> {
-    match o.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(_) => Err(bad(at, format!("{at} must be a string"))),
-    }
 }
 
 /// Translates a Responses body; `store` holds the conversations `previous_response_id`
@@ -144,21 +73,23 @@ pub fn translate(body: &Value, store: &Store, d: &Defaults) -> Result<Translated
         None => Vec::new(),
         Some(id) => previous(store, id)?,
     };
-    let input = b.input.as_ref().ok_or_else(|| {
+    let input = b.input.ok_or_else(|| {
         bad(
             "input",
             "input is required: a string or a list of input items",
         )
     })?;
     items(input, &mut conversation)?;
-    let (chat_tools, tools) = tools(b.tools.as_ref())?;
-    let tool_choice = tool_choice(b.tool_choice.as_ref())?;
-    let (response_format, text) = text_format(b.text.as_ref())?;
+    let (chat_tools, tools) = tools(b.tools.unwrap_or_default())?;
+    let tool_choice = b.tool_choice.map(tool_choice).transpose()?;
+    let (response_format, text) = text_format(b.text, body)?;
     let echo = Echo {
         instructions: b.instructions.as_ref().map_or(Value::Null, |s| json!(s)),
         previous_response_id: raw(body, "previous_response_id", Value::Null),
         tools,
-        tool_choice: b.tool_choice.clone().unwrap_or(json!("auto")),
+        tool_choice: Some(raw(body, "tool_choice", Value::Null))
+            .filter(|v| !v.is_null())
+            .unwrap_or(json!("auto")),
         text,
         max_output_tokens: raw(body, "max_output_tokens", Value::Null),
         metadata: metadata(b.metadata.as_ref())?,
@@ -254,28 +185,25 @@ fn previous(store: &Store, id: &str) -> Result<Vec<Value>, Refused> {
 }
 
 /// `input`: a string (one user message) or a list of items, appended as chat messages.
-fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn items(input: Input, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let list = match input {
-        Value::String(s) => {
+        Input::Text(s) => {
             out.push(json!({"role": "user", "content": s}));
             return Ok(());
         }
-        Value::Array(list) if !list.is_empty() => list,
-        _ => {
+        Input::Items(list) if !list.is_empty() => list,
+        Input::Items(_) => {
             return Err(bad(
                 "input",
                 "input must be a string or a non-empty list of input items",
             ))
         }
     };
-    for (i, item) in list.iter().enumerate() {
+    for (i, Obj(item)) in list.into_iter().enumerate() {
         let at = format!("input[{i}]");
-        let o = item
-            .as_object()
-            .ok_or_else(|| bad(&at, "an input item must be an object"))?;
-        let kind = match string(o, "type", &format!("{at}.type"))? {
+        let kind = match item.kind.as_deref() {
             Some(t) => t,
-            None if o.contains_key("role") => "message",
+            None if item.role.is_some() => "message",
             None => {
                 return Err(bad(
                     &format!("{at}.type"),
@@ -284,13 +212,13 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             }
         };
         match kind {
-            "message" => out.push(message(o, &at)?),
-            "function_call" => function_call(o, &at, out)?,
+            "message" => out.push(message(&item, &at)?),
+            "function_call" => function_call(&item, &at, out)?,
             "function_call_output" if plant::is(Defect::ResponsesToolOutputDropped) => {}
             "function_call_output" => out.push(json!({
                 "role": "tool",
-                "tool_call_id": required(o, "call_id", &at)?,
-                "content": parts(o.get("output"), &format!("{at}.output"))?,
+                "tool_call_id": required(item.call_id.as_deref(), "call_id", &at)?,
+                "content": parts(item.output.as_ref(), &format!("{at}.output"))?,
             })),
             // Past reasoning is not part of the prompt (chat templates drop it too).
             "reasoning" => {}
@@ -308,47 +236,29 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn required<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+/// A field an item's kind needs.
+fn required<'a>(v: Option<&'a str>, key: &str, at: &str) -> Result<&'a str, ApiError> {
     let field = format!("{at}.{key}");
-    string(o, key, &field)?.ok_or_else(|| bad(&field, format!("{field} is required (a string)")))
+    v.ok_or_else(|| bad(&field, format!("{field} is required (a string)")))
 }
 
-fn message(o: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
-    let role = required(o, "role", at)?;
+fn message(item: &Item, at: &str) -> Result<Value, ApiError> {
+    let role = required(item.role.as_deref(), "role", at)?;
     if !["user", "system", "developer", "assistant"].contains(&role) {
         return Err(bad(
             &format!("{at}.role"),
             format!("unknown role `{role}` (expected user, system, developer or assistant)"),
         ));
     }
-    let content = parts(o.get("content"), &format!("{at}.content"))?;
+    let content = parts(item.content.as_ref(), &format!("{at}.content"))?;
     Ok(json!({"role": role, "content": content}))
 }
 
-/// A content: a string, or a list of `input_text` / `output_text` parts, joined.
+/// A content (`body::Parts`) at `at`, joined into its text.
 fn parts(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     match v {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(list)) => {
-            let mut text = String::new();
-            for (j, part) in list.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text")) {
-                    (Some("input_text" | "output_text"), Some(Value::String(t))) => {
-                        text.push_str(t)
-                    }
-                    _ => {
-                        return Err(bad(
-                            &format!("{at}[{j}]"),
-                            "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} \
-                             parts are supported (no images or files)",
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(bad(
+        Some(v) => read_at::<Parts>(v, at).map(|p| p.0),
+        None => Err(bad(
             at,
             format!("{at} must be a string or a list of text parts"),
         )),
@@ -357,16 +267,18 @@ fn parts(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 
 /// A `function_call` item: a tool call of the assistant turn before it (a new assistant
 /// turn when the last message is not the assistant's).
-fn function_call(o: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
-    let call_id = required(o, "call_id", at)?;
-    let name = required(o, "name", at)?;
-    let arguments = required(o, "arguments", at)?;
+fn function_call(item: &Item, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let call_id = required(item.call_id.as_deref(), "call_id", at)?;
+    let name = required(item.name.as_deref(), "name", at)?;
+    let arguments = required(item.arguments.as_deref(), "arguments", at)?;
     if let Err(e) = serde_json::from_str::<Value>(arguments) {
         return Err(bad(
             &format!("{at}.arguments"),
             format!("arguments must be a JSON document in a string: {e}"),
         ));
     }
+    // Kept in the chat API's shape (arguments a JSON string): the conversation is stored
+    // so, and `for_template` parses the arguments for the template.
     let call = json!({"id": call_id, "type": "function",
         "function": {"name": name, "arguments": arguments}});
     match out.last_mut() {
@@ -383,73 +295,51 @@ fn function_call(o: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Resu
 
 /// `tools` in the Responses shape (flat function tools): the chat route's tools, and the
 /// tools as the response echoes them.
-fn tools(v: Option<&Value>) -> Result<(Vec<Value>, Vec<Value>), ApiError> {
-    let list = match v {
-        None | Some(Value::Null) => return Ok((Vec::new(), Vec::new())),
-        Some(Value::Array(l)) => l,
-        Some(_) => return Err(bad("tools", "tools must be a list of function tools")),
-    };
+fn tools(list: Vec<Obj<Tool>>) -> Result<(Vec<Value>, Vec<Value>), ApiError> {
     let (mut chat, mut echo) = (Vec::new(), Vec::new());
-    for (i, tool) in list.iter().enumerate() {
+    for (i, Obj(t)) in list.into_iter().enumerate() {
         let at = format!("tools[{i}]");
-        let t = tool
-            .as_object()
-            .ok_or_else(|| bad(&at, "a tool must be an object"))?;
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+        if t.kind.as_deref() != Some("function") {
             return Err(bad(
                 &format!("{at}.type"),
                 "only {\"type\": \"function\", \"name\": …} tools are supported",
             ));
         }
-        if t.contains_key("function") {
+        if t.function.is_some() {
             return Err(bad(
                 &format!("{at}.function"),
                 "Responses tools are flat: put name, description and parameters on the tool \
                  itself, not under `function` (that is the chat completions shape)",
             ));
         }
-        let name = required(t, "name", &at)?;
+        let name = required(t.name.as_deref(), "name", &at)?;
         if name.is_empty() {
             return Err(bad(
                 &format!("{at}.name"),
                 "the tool's name must not be empty",
             ));
         }
-        let description = string(t, "description", &format!("{at}.description"))?;
-        let parameters = t.get("parameters").filter(|p| !p.is_null());
-        if parameters.is_some_and(|p| !p.is_object()) {
-            return Err(bad(
-                &format!("{at}.parameters"),
-                "parameters must be a JSON Schema object",
-            ));
-        }
-        let strict = match t.get("strict") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => return Err(bad(&format!("{at}.strict"), "strict must be a boolean")),
-        };
         let mut function = json!({"name": name});
-        if let Some(d) = description {
+        if let Some(d) = &t.description {
             function["description"] = json!(d);
         }
-        if let Some(p) = parameters {
-            function["parameters"] = p.clone();
+        if let Some(p) = &t.parameters {
+            function["parameters"] = json!(p);
         }
-        if let Some(s) = strict {
+        if let Some(s) = t.strict {
             function["strict"] = json!(s);
         }
         chat.push(json!({"type": "function", "function": function}));
         echo.push(
-            json!({"type": "function", "name": name, "description": description,
-            "parameters": parameters, "strict": strict}),
+            json!({"type": "function", "name": name, "description": t.description,
+            "parameters": t.parameters, "strict": t.strict}),
         );
     }
     Ok((chat, echo))
 }
 
-/// `tool_choice`: "auto" | "none" | "required" | `{"type": "function", "name"}`, as the
-/// chat route's (which reads it and lets the model decide).
-fn tool_choice(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+/// `tool_choice` in the chat route's shape (which reads it and lets the model decide).
+fn tool_choice(c: ToolChoice) -> Result<Value, ApiError> {
     let wrong = || {
         bad(
             "tool_choice",
@@ -457,72 +347,34 @@ fn tool_choice(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
              \"name\": …}",
         )
     };
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if ["auto", "none", "required"].contains(&s.as_str()) => {
-            Ok(Some(json!(s)))
-        }
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("name")
-                .and_then(Value::as_str)
+    match c {
+        ToolChoice::Mode(s) if ["auto", "none", "required"].contains(&s.as_str()) => Ok(json!(s)),
+        ToolChoice::Function(f) if f.kind.as_deref() == Some("function") => {
+            let name = f
+                .name
                 .ok_or_else(|| bad("tool_choice.name", "tool_choice.name must be a string"))?;
-            Ok(Some(
-                json!({"type": "function", "function": {"name": name}}),
-            ))
+            Ok(json!({"type": "function", "function": {"name": name}}))
         }
-        Some(_) => Err(wrong()),
+        _ => Err(wrong()),
     }
 }
 
-/// `text.format`: the chat route's `response_format`, and `text` as the response echoes it.
-fn text_format(v: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
-    let plain = json!({"format": {"type": "text"}});
-    let text = match v {
-        None | Some(Value::Null) => return Ok((None, plain)),
-        Some(Value::Object(t)) => t,
-        Some(_) => return Err(bad("text", "text must be an object: {\"format\": {…}}")),
+/// `text.format`: the chat route's `response_format`, and `text` as the response echoes it
+/// (as sent, its format `{"type": "text"}` when it has none).
+fn text_format(text: Option<Obj<Text>>, body: &Value) -> Result<(Option<Value>, Value), ApiError> {
+    let Some(Obj(text)) = text else {
+        return Ok((None, json!({"format": {"type": "text"}})));
     };
-    if let Some(k) = text.keys().find(|k| *k != "format" && *k != "verbosity") {
-        return Err(bad(
-            &format!("text.{k}"),
-            format!("unknown parameter `text.{k}`"),
-        ));
-    }
-    string(text, "verbosity", "text.verbosity")?;
-    let mut echo = Value::Object(text.clone());
-    let format = match text.get("format") {
-        None | Some(Value::Null) => {
-            echo["format"] = json!({"type": "text"});
-            return Ok((None, echo));
-        }
-        Some(Value::Object(f)) => f,
-        Some(_) => return Err(bad("text.format", "text.format must be an object")),
+    let mut echo = body["text"].clone();
+    let Some(Obj(format)) = text.format else {
+        echo["format"] = json!({"type": "text"});
+        return Ok((None, echo));
     };
-    let chat = match string(format, "type", "text.format.type")? {
+    let chat = match format.kind.as_deref() {
         Some("text") => None,
         Some(_) if plant::is(Defect::ResponsesFormatIgnored) => None,
         Some("json_object") => Some(json!({"type": "json_object"})),
-        Some("json_schema") => {
-            let name = required(format, "name", "text.format")?;
-            string(format, "description", "text.format.description")?;
-            let schema = match format.get("schema") {
-                Some(s @ Value::Object(_)) => s.clone(),
-                _ => {
-                    return Err(bad(
-                        "text.format.schema",
-                        "text.format.schema must be a JSON Schema object",
-                    ))
-                }
-            };
-            let strict = match format.get("strict") {
-                None | Some(Value::Null) => Value::Null,
-                Some(b @ Value::Bool(_)) => b.clone(),
-                Some(_) => return Err(bad("text.format.strict", "strict must be a boolean")),
-            };
-            Some(json!({"type": "json_schema",
-                "json_schema": {"name": name, "schema": schema, "strict": strict}}))
-        }
+        Some("json_schema") => Some(json_schema(format)?),
         _ => {
             return Err(bad(
                 "text.format.type",
@@ -531,6 +383,19 @@ fn text_format(v: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
         }
     };
     Ok((chat, echo))
+}
+
+/// A `json_schema` format as the chat route's `response_format`.
+fn json_schema(format: Format) -> Result<Value, ApiError> {
+    let name = required(format.name.as_deref(), "name", "text.format")?;
+    let schema = format.schema.as_ref().ok_or_else(|| {
+        bad(
+            "text.format.schema",
+            "text.format.schema must be a JSON Schema object",
+        )
+    })?;
+    Ok(json!({"type": "json_schema",
+        "json_schema": {"name": name, "schema": schema, "strict": format.strict}}))
 }
 
 /// `metadata`: up to 16 string values under keys of at most 64 characters (values at most
@@ -583,3 +448,6 @@ fn renamed(mut e: ApiError) -> ApiError {
     e.message = message;
     e
 }
+
+#[cfg(test)]
+mod tests;

@@ -5,6 +5,7 @@
 //! conversation is kept (`store`) for `previous_response_id`; its rendered
 //! prompt extends the previous turn's, so the prompt cache reuses it.
 
+mod body;
 mod events;
 mod input;
 pub mod store;
