@@ -91,10 +91,12 @@ fn refusal(path: &str, serde: &str) -> ApiError {
         .strip_prefix("invalid type: ")
         .or_else(|| serde.strip_prefix("invalid value: "));
     if let Some((got, want)) = typed.and_then(|t| t.split_once(", expected ")) {
-        return ApiError::field(
-            path,
-            format!("{path} must be {}, not {got}", expected(want)),
-        );
+        // An integer past i64 is an integer of the wrong size, not of the wrong type.
+        let want = match expected(want) {
+            "an integer" if got.starts_with("integer") => "an integer within ±2^63",
+            w => w,
+        };
+        return ApiError::field(path, format!("{path} must be {want}, not {got}"));
     }
     if let Some(rest) = serde.strip_prefix("unknown field `") {
         // A body that refuses unknown fields (the Responses API's); the path holds the key.

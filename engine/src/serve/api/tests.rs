@@ -102,6 +102,9 @@ fn type_errors_say_what_the_field_must_be() {
         "{}",
         e.message
     );
+    let e = chat(json!({"seed": u64::MAX})).unwrap_err();
+    assert_eq!(e.param.as_deref(), Some("seed"));
+    assert!(e.message.contains("within ±2^63"), "{}", e.message);
 }
 
 #[test]
