@@ -2,6 +2,7 @@
 //! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
 //! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
 
+mod api;
 mod args;
 mod batch_lane;
 mod dist_plan;

@@ -21,7 +21,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::emit::{Event, TokenLogprob, EVENT_SLOTS};
 use super::error::ApiError;
-use super::request::{self, GenRequest};
+use super::request::GenRequest;
 use super::tools::split::Delta;
 use super::worker::{prompt_bytes, Job, QueueSlot};
 use super::AppState;
@@ -166,15 +166,8 @@ impl Meta {
                 msg["reasoning"] = json!(delta.reasoning);
             }
             if !delta.tool_calls.is_empty() {
-                let mut calls = delta.tool_calls.clone();
-                if !stream {
-                    for c in &mut calls {
-                        if let Some(o) = c.as_object_mut() {
-                            o.remove("index");
-                        }
-                    }
-                }
-                msg["tool_calls"] = Value::Array(calls);
+                let calls = delta.tool_calls.iter().map(|c| c.chat_json(stream));
+                msg["tool_calls"] = Value::Array(calls.collect());
             }
             choice[key] = msg;
         } else {
@@ -203,7 +196,7 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     s.counters.requests.fetch_add(1, Ordering::Relaxed);
     let req = body_json(body)
-        .and_then(|v| request::parse(&v, chat, &s.defaults))
+        .and_then(|v| super::api::parse(&v, chat, &s.defaults))
         .inspect_err(|_| {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
         })?;

@@ -6,6 +6,7 @@
 use serde_json::{json, Value};
 
 use super::super::emit::Usage;
+use super::super::tools::call::ToolCall;
 use super::super::tools::split::Delta;
 use super::input::Echo;
 use crate::plant::{self, Defect};
@@ -40,8 +41,8 @@ pub struct Machine {
     /// The whole answer as the chat route has it (what the next turn's prompt holds).
     pub text: String,
     pub reasoning: String,
-    /// The tool calls in the chat route's shape.
-    pub calls: Vec<Value>,
+    /// The tool calls made.
+    pub calls: Vec<ToolCall>,
 }
 
 /// `usage` in the Responses shape.
@@ -265,24 +266,11 @@ impl Machine {
         vec![self.event(kind, body)]
     }
 
-    /// A whole tool call (the chat machinery's `{"id", "function": {"name", "arguments"}}`)
-    /// as a function_call item.
-    fn call(&mut self, call: &Value) -> Vec<Value> {
+    /// A whole tool call as a function_call item.
+    fn call(&mut self, call: &ToolCall) -> Vec<Value> {
         let mut out = self.close(false);
-        let mut chat = call.clone();
-        if let Some(o) = chat.as_object_mut() {
-            o.remove("index");
-        }
-        let call_id = chat["id"].as_str().unwrap_or_default().to_owned();
-        let name = chat["function"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let arguments = match &chat["function"]["arguments"] {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        self.calls.push(chat);
+        let (call_id, name, arguments) = (&call.id, &call.name, &call.arguments);
+        self.calls.push(call.clone());
         let id = self.item_id("fc");
         let index = self.output.len();
         let item = |arguments: &str, status: &str| {
@@ -298,7 +286,7 @@ impl Machine {
             "response.function_call_arguments.done",
             json!({"item_id": id, "output_index": index, "arguments": arguments, "name": name}),
         ));
-        let done = item(&arguments, "completed");
+        let done = item(arguments, "completed");
         out.push(self.event(
             "response.output_item.done",
             json!({"output_index": index, "item": done}),
@@ -347,7 +335,9 @@ impl Machine {
     pub fn assistant_message(&self) -> Value {
         let mut m = json!({"role": "assistant", "content": self.text});
         if !self.calls.is_empty() {
-            m["tool_calls"] = Value::Array(self.calls.clone());
+            // Kept in the chat API's shape: the next turn's template reads it as a chat
+            // message.
+            m["tool_calls"] = self.calls.iter().map(|c| c.chat_json(false)).collect();
         }
         m
     }

@@ -1,17 +1,23 @@
-//! A `/v1/responses` body read field by field and translated into the chat route's body
-//! (`messages`, `tools`, `response_format`, `max_tokens`, …), which `request::parse` then
-//! validates and turns into the same `GenRequest` a chat completion gets.
+//! A `/v1/responses` body (`body::Body`, typed) turned straight into the `GenRequest` a
+//! chat completion gets: the input items become the template's chat messages
+//! (`request::Chat`), the flat tools the chat API's, `text.format` the grammar, and the
+//! generation fields the chat API's `Knobs`. Errors name the Responses field.
 
 use serde_json::{json, Map, Value};
 
+use super::super::api::chat::template_kwargs;
+use super::super::api::knobs::Knobs;
+use super::super::api::{read, read_at, Obj};
 use super::super::error::ApiError;
+use super::super::request::{Chat, Defaults, GenRequest, Prompt};
+use super::body::{Body, Format, Input, Item, Parts, Text, Tool, ToolChoice};
 use super::store::Store;
 use crate::plant::{self, Defect};
 
 /// What a Responses request becomes.
 pub struct Translated {
-    /// The chat-completions body for `request::parse`.
-    pub chat: Value,
+    /// The request for the model thread.
+    pub request: GenRequest,
     /// The conversation without the instructions: the previous response's, then the new
     /// input, as chat messages (what is kept for the next turn, with the answer).
     pub conversation: Vec<Value>,
@@ -48,193 +54,113 @@ impl From<ApiError> for Refused {
     }
 }
 
-/// The fields a Responses body may hold. The engine's own sampling knobs pass through to
-/// the chat body as they are.
-const KNOWN: &[&str] = &[
-    "input",
-    "instructions",
-    "previous_response_id",
-    "tools",
-    "tool_choice",
-    "text",
-    "max_output_tokens",
-    "temperature",
-    "top_p",
-    "stream",
-    "stream_options",
-    "metadata",
-    "model",
-    "reasoning",
-    "store",
-    "parallel_tool_calls",
-    "include",
-    "truncation",
-    "user",
-    "service_tier",
-    "prompt_cache_key",
-    "safety_identifier",
-    "background",
-];
-const PASS_THROUGH: &[&str] = &[
-    "seed",
-    "top_k",
-    "min_p",
-    "stop",
-    "logit_bias",
-    "repetition_penalty",
-    "presence_penalty",
-    "frequency_penalty",
-    "chat_template_kwargs",
-];
-
 fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::field(field, message)
 }
 
-/// A string field (absent or null: None).
-fn string<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<Option<&'a str>, ApiError> {
-    match o.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.as_str())),
-        Some(_) => Err(bad(at, format!("{at} must be a string"))),
-    }
-}
-
-fn boolean(o: &Map<String, Value>, key: &str, default: bool) -> Result<bool, ApiError> {
-    match o.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(bad(key, format!("{key} must be true or false"))),
-    }
-}
-
 /// Translates a Responses body; `store` holds the conversations `previous_response_id`
-/// may name.
-pub fn translate(body: &Value, store: &Store) -> Result<Translated, Refused> {
-    let o = body
-        .as_object()
-        .ok_or_else(|| ApiError::invalid("the request body must be a JSON object"))?;
-    if let Some(k) = o
-        .keys()
-        .find(|k| !KNOWN.contains(&k.as_str()) && !PASS_THROUGH.contains(&k.as_str()))
-    {
-        return Err(bad(k, format!("unknown parameter `{k}`")).into());
+/// may name, `d` the server's defaults.
+pub fn translate(body: &Value, store: &Store, d: &Defaults) -> Result<Translated, Refused> {
+    let b: Body = read(body)?;
+    if b.background == Some(true) {
+        return Err(bad(
+            "background",
+            "background responses are not supported by this server: send background: false",
+        )
+        .into());
     }
-    tolerated(o)?;
-    let instructions = string(o, "instructions", "instructions")?;
-    let mut conversation = match string(o, "previous_response_id", "previous_response_id")? {
+    let mut conversation = match &b.previous_response_id {
         None => Vec::new(),
         Some(id) => previous(store, id)?,
     };
-    let input = o.get("input").filter(|v| !v.is_null()).ok_or_else(|| {
+    let input = b.input.ok_or_else(|| {
         bad(
             "input",
             "input is required: a string or a list of input items",
         )
     })?;
     items(input, &mut conversation)?;
-    let mut messages = Vec::with_capacity(conversation.len() + 1);
-    if let Some(text) = instructions {
-        messages.push(json!({"role": "system", "content": text}));
-    }
-    messages.extend(conversation.iter().cloned());
-    let (chat_tools, tools) = tools(o.get("tools"))?;
-    let mut chat = json!({"messages": messages, "stream": boolean(o, "stream", false)?});
-    if !chat_tools.is_empty() {
-        chat["tools"] = Value::Array(chat_tools);
-    }
-    if let Some(choice) = tool_choice(o.get("tool_choice"))? {
-        chat["tool_choice"] = choice;
-    }
-    let (response_format, text) = text_format(o.get("text"))?;
-    if let Some(f) = response_format {
-        chat["response_format"] = f;
-    }
-    for (from, to) in [
-        ("max_output_tokens", "max_tokens"),
-        ("temperature", "temperature"),
-        ("top_p", "top_p"),
-        ("model", "model"),
-    ] {
-        if let Some(v) = o.get(from).filter(|v| !v.is_null()) {
-            chat[to] = v.clone();
-        }
-    }
-    for key in PASS_THROUGH {
-        if let Some(v) = o.get(*key) {
-            chat[*key] = v.clone();
-        }
-    }
+    let (chat_tools, tools) = tools(b.tools.unwrap_or_default())?;
+    let tool_choice = b.tool_choice.map(tool_choice).transpose()?;
+    let (response_format, text) = text_format(b.text, body)?;
     let echo = Echo {
-        instructions: instructions.map_or(Value::Null, |s| json!(s)),
-        previous_response_id: o
-            .get("previous_response_id")
-            .cloned()
-            .unwrap_or(Value::Null),
+        instructions: b.instructions.as_ref().map_or(Value::Null, |s| json!(s)),
+        previous_response_id: raw(body, "previous_response_id", Value::Null),
         tools,
-        tool_choice: o
-            .get("tool_choice")
+        tool_choice: Some(raw(body, "tool_choice", Value::Null))
             .filter(|v| !v.is_null())
-            .cloned()
             .unwrap_or(json!("auto")),
         text,
-        max_output_tokens: o.get("max_output_tokens").cloned().unwrap_or(Value::Null),
-        metadata: metadata(o.get("metadata"))?,
-        parallel_tool_calls: boolean(o, "parallel_tool_calls", true)?,
-        store: boolean(o, "store", true)?,
-        reasoning: o.get("reasoning").cloned().unwrap_or(Value::Null),
-        truncation: o.get("truncation").cloned().unwrap_or(json!("disabled")),
-        user: o.get("user").cloned().unwrap_or(Value::Null),
+        max_output_tokens: raw(body, "max_output_tokens", Value::Null),
+        metadata: metadata(b.metadata.as_ref())?,
+        parallel_tool_calls: b.parallel_tool_calls.unwrap_or(true),
+        store: b.store.unwrap_or(true),
+        reasoning: raw(body, "reasoning", Value::Null),
+        truncation: raw(body, "truncation", json!("disabled")),
+        user: raw(body, "user", Value::Null),
     };
+    let mut messages = Vec::with_capacity(conversation.len() + 1);
+    if let Some(text) = &b.instructions {
+        messages.push(json!({"role": "system", "content": text}));
+    }
+    for m in &conversation {
+        messages.push(for_template(m)?);
+    }
+    let mut chat = Chat {
+        messages,
+        tools: (!chat_tools.is_empty()).then_some(Value::Array(chat_tools)),
+        tool_choice,
+        ..Chat::default()
+    };
+    template_kwargs(&mut chat, b.chat_template_kwargs, &d.template_kwargs)?;
+    let knobs = Knobs {
+        max_tokens: b.max_output_tokens,
+        temperature: b.temperature,
+        top_p: b.top_p,
+        top_k: b.top_k,
+        min_p: b.min_p,
+        seed: b.seed,
+        logit_bias: b.logit_bias,
+        repetition_penalty: b.repetition_penalty,
+        presence_penalty: b.presence_penalty,
+        frequency_penalty: b.frequency_penalty,
+        stream: b.stream,
+        model: b.model,
+        response_format,
+        stop: b.stop,
+        ..Knobs::default()
+    };
+    let request = knobs
+        .into_request(Prompt::Chat(Box::new(chat)), None, d)
+        .map_err(renamed)?;
     Ok(Translated {
-        chat,
+        request,
         conversation,
         echo,
     })
 }
 
-/// The fields read for their type only (nothing in this server acts on them), and the
-/// ones it refuses.
-fn tolerated(o: &Map<String, Value>) -> Result<(), ApiError> {
-    for key in [
-        "user",
-        "service_tier",
-        "prompt_cache_key",
-        "safety_identifier",
-    ] {
-        string(o, key, key)?;
-    }
-    match o.get("truncation") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s == "auto" || s == "disabled" => {}
-        Some(_) => {
-            return Err(bad(
-                "truncation",
-                "truncation must be \"auto\" or \"disabled\"",
-            ))
+/// A field of the body as sent (null kept), for the response to echo; `absent` if absent.
+fn raw(body: &Value, key: &str, absent: Value) -> Value {
+    body.get(key).cloned().unwrap_or(absent)
+}
+
+/// A kept chat message as the template reads it: tool-call arguments (JSON strings, as
+/// OpenAI shapes them) parsed, as the chat route parses a client's.
+fn for_template(m: &Value) -> Result<Value, ApiError> {
+    let mut m = m.clone();
+    let calls = m.get_mut("tool_calls").and_then(Value::as_array_mut);
+    for call in calls.into_iter().flatten() {
+        if let Some(Value::String(args)) = call.pointer("/function/arguments") {
+            if args.is_empty() {
+                continue;
+            }
+            let parsed: Value = serde_json::from_str(args)
+                .map_err(|e| bad("input", format!("arguments is not valid JSON: {e}")))?;
+            call["function"]["arguments"] = parsed;
         }
     }
-    if let Some(v) = o.get("include").filter(|v| !v.is_null()) {
-        if !v.as_array().is_some_and(|l| l.iter().all(Value::is_string)) {
-            return Err(bad("include", "include must be a list of strings"));
-        }
-    }
-    for key in ["reasoning", "stream_options"] {
-        if o.get(key).is_some_and(|v| !v.is_object() && !v.is_null()) {
-            return Err(bad(key, format!("{key} must be an object")));
-        }
-    }
-    if let Some(r) = o.get("reasoning").and_then(Value::as_object) {
-        string(r, "effort", "reasoning.effort")?;
-        string(r, "summary", "reasoning.summary")?;
-    }
-    if boolean(o, "background", false)? {
-        return Err(bad(
-            "background",
-            "background responses are not supported by this server: send background: false",
-        ));
-    }
-    Ok(())
+    Ok(m)
 }
 
 fn previous(store: &Store, id: &str) -> Result<Vec<Value>, Refused> {
@@ -259,28 +185,25 @@ fn previous(store: &Store, id: &str) -> Result<Vec<Value>, Refused> {
 }
 
 /// `input`: a string (one user message) or a list of items, appended as chat messages.
-fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
+fn items(input: Input, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let list = match input {
-        Value::String(s) => {
+        Input::Text(s) => {
             out.push(json!({"role": "user", "content": s}));
             return Ok(());
         }
-        Value::Array(list) if !list.is_empty() => list,
-        _ => {
+        Input::Items(list) if !list.is_empty() => list,
+        Input::Items(_) => {
             return Err(bad(
                 "input",
                 "input must be a string or a non-empty list of input items",
             ))
         }
     };
-    for (i, item) in list.iter().enumerate() {
+    for (i, Obj(item)) in list.into_iter().enumerate() {
         let at = format!("input[{i}]");
-        let o = item
-            .as_object()
-            .ok_or_else(|| bad(&at, "an input item must be an object"))?;
-        let kind = match string(o, "type", &format!("{at}.type"))? {
+        let kind = match item.kind.as_deref() {
             Some(t) => t,
-            None if o.contains_key("role") => "message",
+            None if item.role.is_some() => "message",
             None => {
                 return Err(bad(
                     &format!("{at}.type"),
@@ -289,13 +212,13 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
             }
         };
         match kind {
-            "message" => out.push(message(o, &at)?),
-            "function_call" => function_call(o, &at, out)?,
+            "message" => out.push(message(&item, &at)?),
+            "function_call" => function_call(&item, &at, out)?,
             "function_call_output" if plant::is(Defect::ResponsesToolOutputDropped) => {}
             "function_call_output" => out.push(json!({
                 "role": "tool",
-                "tool_call_id": required(o, "call_id", &at)?,
-                "content": parts(o.get("output"), &format!("{at}.output"))?,
+                "tool_call_id": required(item.call_id.as_deref(), "call_id", &at)?,
+                "content": parts(item.output.as_ref(), &format!("{at}.output"))?,
             })),
             // Past reasoning is not part of the prompt (chat templates drop it too).
             "reasoning" => {}
@@ -313,47 +236,29 @@ fn items(input: &Value, out: &mut Vec<Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
-fn required<'a>(o: &'a Map<String, Value>, key: &str, at: &str) -> Result<&'a str, ApiError> {
+/// A field an item's kind needs.
+fn required<'a>(v: Option<&'a str>, key: &str, at: &str) -> Result<&'a str, ApiError> {
     let field = format!("{at}.{key}");
-    string(o, key, &field)?.ok_or_else(|| bad(&field, format!("{field} is required (a string)")))
+    v.ok_or_else(|| bad(&field, format!("{field} is required (a string)")))
 }
 
-fn message(o: &Map<String, Value>, at: &str) -> Result<Value, ApiError> {
-    let role = required(o, "role", at)?;
+fn message(item: &Item, at: &str) -> Result<Value, ApiError> {
+    let role = required(item.role.as_deref(), "role", at)?;
     if !["user", "system", "developer", "assistant"].contains(&role) {
         return Err(bad(
             &format!("{at}.role"),
             format!("unknown role `{role}` (expected user, system, developer or assistant)"),
         ));
     }
-    let content = parts(o.get("content"), &format!("{at}.content"))?;
+    let content = parts(item.content.as_ref(), &format!("{at}.content"))?;
     Ok(json!({"role": role, "content": content}))
 }
 
-/// A content: a string, or a list of `input_text` / `output_text` parts, joined.
+/// A content (`body::Parts`) at `at`, joined into its text.
 fn parts(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
     match v {
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(Value::Array(list)) => {
-            let mut text = String::new();
-            for (j, part) in list.iter().enumerate() {
-                let kind = part.get("type").and_then(Value::as_str);
-                match (kind, part.get("text")) {
-                    (Some("input_text" | "output_text"), Some(Value::String(t))) => {
-                        text.push_str(t)
-                    }
-                    _ => {
-                        return Err(bad(
-                            &format!("{at}[{j}]"),
-                            "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} \
-                             parts are supported (no images or files)",
-                        ))
-                    }
-                }
-            }
-            Ok(text)
-        }
-        _ => Err(bad(
+        Some(v) => read_at::<Parts>(v, at).map(|p| p.0),
+        None => Err(bad(
             at,
             format!("{at} must be a string or a list of text parts"),
         )),
@@ -362,16 +267,18 @@ fn parts(v: Option<&Value>, at: &str) -> Result<String, ApiError> {
 
 /// A `function_call` item: a tool call of the assistant turn before it (a new assistant
 /// turn when the last message is not the assistant's).
-fn function_call(o: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
-    let call_id = required(o, "call_id", at)?;
-    let name = required(o, "name", at)?;
-    let arguments = required(o, "arguments", at)?;
+fn function_call(item: &Item, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
+    let call_id = required(item.call_id.as_deref(), "call_id", at)?;
+    let name = required(item.name.as_deref(), "name", at)?;
+    let arguments = required(item.arguments.as_deref(), "arguments", at)?;
     if let Err(e) = serde_json::from_str::<Value>(arguments) {
         return Err(bad(
             &format!("{at}.arguments"),
             format!("arguments must be a JSON document in a string: {e}"),
         ));
     }
+    // Kept in the chat API's shape (arguments a JSON string): the conversation is stored
+    // so, and `for_template` parses the arguments for the template.
     let call = json!({"id": call_id, "type": "function",
         "function": {"name": name, "arguments": arguments}});
     match out.last_mut() {
@@ -388,73 +295,51 @@ fn function_call(o: &Map<String, Value>, at: &str, out: &mut Vec<Value>) -> Resu
 
 /// `tools` in the Responses shape (flat function tools): the chat route's tools, and the
 /// tools as the response echoes them.
-fn tools(v: Option<&Value>) -> Result<(Vec<Value>, Vec<Value>), ApiError> {
-    let list = match v {
-        None | Some(Value::Null) => return Ok((Vec::new(), Vec::new())),
-        Some(Value::Array(l)) => l,
-        Some(_) => return Err(bad("tools", "tools must be a list of function tools")),
-    };
+fn tools(list: Vec<Obj<Tool>>) -> Result<(Vec<Value>, Vec<Value>), ApiError> {
     let (mut chat, mut echo) = (Vec::new(), Vec::new());
-    for (i, tool) in list.iter().enumerate() {
+    for (i, Obj(t)) in list.into_iter().enumerate() {
         let at = format!("tools[{i}]");
-        let t = tool
-            .as_object()
-            .ok_or_else(|| bad(&at, "a tool must be an object"))?;
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+        if t.kind.as_deref() != Some("function") {
             return Err(bad(
                 &format!("{at}.type"),
                 "only {\"type\": \"function\", \"name\": …} tools are supported",
             ));
         }
-        if t.contains_key("function") {
+        if t.function.is_some() {
             return Err(bad(
                 &format!("{at}.function"),
                 "Responses tools are flat: put name, description and parameters on the tool \
                  itself, not under `function` (that is the chat completions shape)",
             ));
         }
-        let name = required(t, "name", &at)?;
+        let name = required(t.name.as_deref(), "name", &at)?;
         if name.is_empty() {
             return Err(bad(
                 &format!("{at}.name"),
                 "the tool's name must not be empty",
             ));
         }
-        let description = string(t, "description", &format!("{at}.description"))?;
-        let parameters = t.get("parameters").filter(|p| !p.is_null());
-        if parameters.is_some_and(|p| !p.is_object()) {
-            return Err(bad(
-                &format!("{at}.parameters"),
-                "parameters must be a JSON Schema object",
-            ));
-        }
-        let strict = match t.get("strict") {
-            None | Some(Value::Null) => None,
-            Some(Value::Bool(b)) => Some(*b),
-            Some(_) => return Err(bad(&format!("{at}.strict"), "strict must be a boolean")),
-        };
         let mut function = json!({"name": name});
-        if let Some(d) = description {
+        if let Some(d) = &t.description {
             function["description"] = json!(d);
         }
-        if let Some(p) = parameters {
-            function["parameters"] = p.clone();
+        if let Some(p) = &t.parameters {
+            function["parameters"] = json!(p);
         }
-        if let Some(s) = strict {
+        if let Some(s) = t.strict {
             function["strict"] = json!(s);
         }
         chat.push(json!({"type": "function", "function": function}));
         echo.push(
-            json!({"type": "function", "name": name, "description": description,
-            "parameters": parameters, "strict": strict}),
+            json!({"type": "function", "name": name, "description": t.description,
+            "parameters": t.parameters, "strict": t.strict}),
         );
     }
     Ok((chat, echo))
 }
 
-/// `tool_choice`: "auto" | "none" | "required" | `{"type": "function", "name"}`, as the
-/// chat route's (which reads it and lets the model decide).
-fn tool_choice(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
+/// `tool_choice` in the chat route's shape (which reads it and lets the model decide).
+fn tool_choice(c: ToolChoice) -> Result<Value, ApiError> {
     let wrong = || {
         bad(
             "tool_choice",
@@ -462,72 +347,34 @@ fn tool_choice(v: Option<&Value>) -> Result<Option<Value>, ApiError> {
              \"name\": …}",
         )
     };
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if ["auto", "none", "required"].contains(&s.as_str()) => {
-            Ok(Some(json!(s)))
-        }
-        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
-            let name = o
-                .get("name")
-                .and_then(Value::as_str)
+    match c {
+        ToolChoice::Mode(s) if ["auto", "none", "required"].contains(&s.as_str()) => Ok(json!(s)),
+        ToolChoice::Function(f) if f.kind.as_deref() == Some("function") => {
+            let name = f
+                .name
                 .ok_or_else(|| bad("tool_choice.name", "tool_choice.name must be a string"))?;
-            Ok(Some(
-                json!({"type": "function", "function": {"name": name}}),
-            ))
+            Ok(json!({"type": "function", "function": {"name": name}}))
         }
-        Some(_) => Err(wrong()),
+        _ => Err(wrong()),
     }
 }
 
-/// `text.format`: the chat route's `response_format`, and `text` as the response echoes it.
-fn text_format(v: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
-    let plain = json!({"format": {"type": "text"}});
-    let text = match v {
-        None | Some(Value::Null) => return Ok((None, plain)),
-        Some(Value::Object(t)) => t,
-        Some(_) => return Err(bad("text", "text must be an object: {\"format\": {…}}")),
+/// `text.format`: the chat route's `response_format`, and `text` as the response echoes it
+/// (as sent, its format `{"type": "text"}` when it has none).
+fn text_format(text: Option<Obj<Text>>, body: &Value) -> Result<(Option<Value>, Value), ApiError> {
+    let Some(Obj(text)) = text else {
+        return Ok((None, json!({"format": {"type": "text"}})));
     };
-    if let Some(k) = text.keys().find(|k| *k != "format" && *k != "verbosity") {
-        return Err(bad(
-            &format!("text.{k}"),
-            format!("unknown parameter `text.{k}`"),
-        ));
-    }
-    string(text, "verbosity", "text.verbosity")?;
-    let mut echo = Value::Object(text.clone());
-    let format = match text.get("format") {
-        None | Some(Value::Null) => {
-            echo["format"] = json!({"type": "text"});
-            return Ok((None, echo));
-        }
-        Some(Value::Object(f)) => f,
-        Some(_) => return Err(bad("text.format", "text.format must be an object")),
+    let mut echo = body["text"].clone();
+    let Some(Obj(format)) = text.format else {
+        echo["format"] = json!({"type": "text"});
+        return Ok((None, echo));
     };
-    let chat = match string(format, "type", "text.format.type")? {
+    let chat = match format.kind.as_deref() {
         Some("text") => None,
         Some(_) if plant::is(Defect::ResponsesFormatIgnored) => None,
         Some("json_object") => Some(json!({"type": "json_object"})),
-        Some("json_schema") => {
-            let name = required(format, "name", "text.format")?;
-            string(format, "description", "text.format.description")?;
-            let schema = match format.get("schema") {
-                Some(s @ Value::Object(_)) => s.clone(),
-                _ => {
-                    return Err(bad(
-                        "text.format.schema",
-                        "text.format.schema must be a JSON Schema object",
-                    ))
-                }
-            };
-            let strict = match format.get("strict") {
-                None | Some(Value::Null) => Value::Null,
-                Some(b @ Value::Bool(_)) => b.clone(),
-                Some(_) => return Err(bad("text.format.strict", "strict must be a boolean")),
-            };
-            Some(json!({"type": "json_schema",
-                "json_schema": {"name": name, "schema": schema, "strict": strict}}))
-        }
+        Some("json_schema") => Some(json_schema(format)?),
         _ => {
             return Err(bad(
                 "text.format.type",
@@ -538,13 +385,24 @@ fn text_format(v: Option<&Value>) -> Result<(Option<Value>, Value), ApiError> {
     Ok((chat, echo))
 }
 
+/// A `json_schema` format as the chat route's `response_format`.
+fn json_schema(format: Format) -> Result<Value, ApiError> {
+    let name = required(format.name.as_deref(), "name", "text.format")?;
+    let schema = format.schema.as_ref().ok_or_else(|| {
+        bad(
+            "text.format.schema",
+            "text.format.schema must be a JSON Schema object",
+        )
+    })?;
+    Ok(json!({"type": "json_schema",
+        "json_schema": {"name": name, "schema": schema, "strict": format.strict}}))
+}
+
 /// `metadata`: up to 16 string values under keys of at most 64 characters (values at most
 /// 512), as OpenAI bounds it; echoed as sent.
-fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
-    let m = match v {
-        None | Some(Value::Null) => return Ok(json!({})),
-        Some(Value::Object(m)) => m,
-        Some(_) => return Err(bad("metadata", "metadata must be an object of strings")),
+fn metadata(v: Option<&Map<String, Value>>) -> Result<Value, ApiError> {
+    let Some(m) = v else {
+        return Ok(json!({}));
     };
     if plant::is(Defect::ResponsesMetadataUnchecked) {
         return Ok(Value::Object(m.clone()));
@@ -573,8 +431,8 @@ fn metadata(v: Option<&Value>) -> Result<Value, ApiError> {
     Ok(Value::Object(m.clone()))
 }
 
-/// An error of `request::parse` on the translated body, named by the Responses field.
-pub fn renamed(mut e: ApiError) -> ApiError {
+/// An error of the generation fields' checks (`Knobs`), named by the Responses field.
+fn renamed(mut e: ApiError) -> ApiError {
     let Some(param) = e.param.take() else {
         return e;
     };
@@ -584,10 +442,12 @@ pub fn renamed(mut e: ApiError) -> ApiError {
             e.message.replace("max_tokens", "max_output_tokens"),
         ),
         "response_format" => ("text.format".to_owned(), e.message.clone()),
-        p if p.starts_with("messages") => ("input".to_owned(), e.message.clone()),
         _ => (param.clone(), e.message.clone()),
     };
     e.param = Some(name);
     e.message = message;
     e
 }
+
+#[cfg(test)]
+mod tests;

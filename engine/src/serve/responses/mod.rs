@@ -1,10 +1,11 @@
 //! `POST /v1/responses` (and `/responses`): OpenAI's Responses API on the chat route's
-//! machinery. A request is translated into the chat body (`input`), validated by
-//! `request::parse` into the same `GenRequest`, run on the model thread as any chat
-//! completion, and its deltas become output items and stream events (`events`). Each
-//! response's conversation is kept (`store`) for `previous_response_id`; its rendered
+//! machinery. A request is read as its typed body and turned into the same `GenRequest`
+//! a chat completion gets (`input`), run on the model thread as any chat completion, and
+//! its deltas become output items and stream events (`events`). Each response's
+//! conversation is kept (`store`) for `previous_response_id`; its rendered
 //! prompt extends the previous turn's, so the prompt cache reuses it.
 
+mod body;
 mod events;
 mod input;
 pub mod store;
@@ -24,7 +25,7 @@ use serde_json::{json, Value};
 
 use super::emit::{Event, Usage};
 use super::error::ApiError;
-use super::{request, routes, AppState};
+use super::{routes, AppState};
 use events::{Head, Machine};
 use input::Refused;
 
@@ -56,9 +57,8 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         refused(r)
     };
     let v = routes::body_json(body).map_err(|e| reject(e.into()))?;
-    let t = input::translate(&v, &s.responses).map_err(reject)?;
-    let req =
-        request::parse(&t.chat, true, &s.defaults).map_err(|e| reject(input::renamed(e).into()))?;
+    let t = input::translate(&v, &s.responses, &s.defaults).map_err(reject)?;
+    let req = t.request;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

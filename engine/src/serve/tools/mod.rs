@@ -1,12 +1,14 @@
 //! Tool calling and reasoning as mlx_lm.server 0.32.2 does them: which markers a model
 //! uses (`_infer_thinking`, `_infer_tool_parser` in mlx_lm/tokenizer_utils.py), the state
 //! machine that splits generated text into reasoning, tool-call text and content
-//! (`machine`), the per-family tool parsers (`parsers`), and one request's output side
-//! (`split`: what each streamed chunk carries, `finish_reason: "tool_calls"`).
+//! (`machine`), the tool-call formats and their parsers (`formats`: one table, one file
+//! per parsed format), the typed call (`call`), and one request's output side (`split`:
+//! what each streamed chunk carries, `finish_reason: "tool_calls"`).
 
+pub mod call;
+pub mod formats;
 pub mod literal;
 pub mod machine;
-pub mod parsers;
 pub mod split;
 pub mod strict;
 pub mod value;
@@ -20,7 +22,8 @@ use crate::load::tokenizer::Tokenizer;
 use machine::{Machine, State};
 use value::{PyValue, ValueError};
 
-/// The tool-call formats of mlx-lm 0.32.2 (`mlx_lm/tool_parsers/`).
+/// The tool-call formats of mlx-lm 0.32.2 (`mlx_lm/tool_parsers/`); each is a row of
+/// `formats::FORMATS`, in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
     JsonTools,
@@ -39,93 +42,42 @@ pub enum Family {
     MuseSpark,
 }
 
-const FAMILIES: [Family; 14] = [
-    Family::JsonTools,
-    Family::Qwen3Coder,
-    Family::Gemma4,
-    Family::FunctionGemma,
-    Family::Mistral,
-    Family::Pythonic,
-    Family::MinimaxM2,
-    Family::Longcat,
-    Family::Glm47,
-    Family::Laguna,
-    Family::KimiK2,
-    Family::KimiK3,
-    Family::Minicpm5,
-    Family::MuseSpark,
-];
-
 impl Family {
+    /// Its row in `formats::FORMATS`.
+    pub fn format(self) -> &'static formats::Format {
+        &formats::FORMATS[self as usize]
+    }
+
     /// Its module name in mlx_lm.tool_parsers (tokenizer_config.json's `tool_parser_type`).
     pub fn name(self) -> &'static str {
-        match self {
-            Family::JsonTools => "json_tools",
-            Family::Qwen3Coder => "qwen3_coder",
-            Family::Gemma4 => "gemma4",
-            Family::FunctionGemma => "function_gemma",
-            Family::Mistral => "mistral",
-            Family::Pythonic => "pythonic",
-            Family::MinimaxM2 => "minimax_m2",
-            Family::Longcat => "longcat",
-            Family::Glm47 => "glm47",
-            Family::Laguna => "laguna",
-            Family::KimiK2 => "kimi_k2",
-            Family::KimiK3 => "kimi_k3",
-            Family::Minicpm5 => "minicpm5",
-            Family::MuseSpark => "muse_spark",
-        }
+        self.format().name
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        FAMILIES.into_iter().find(|f| f.name() == name)
+        formats::FORMATS
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.family)
     }
 
     /// The markers around a tool call (`tool_call_start`, `tool_call_end`; "" for none).
     pub fn markers(self) -> (&'static str, &'static str) {
-        match self {
-            Family::JsonTools | Family::Qwen3Coder | Family::Glm47 | Family::Laguna => {
-                ("<tool_call>", "</tool_call>")
-            }
-            Family::Gemma4 => ("<|tool_call>", "<tool_call|>"),
-            Family::FunctionGemma => ("<start_function_call>", "<end_function_call>"),
-            Family::Mistral => ("[TOOL_CALLS]", ""),
-            Family::Pythonic => ("<|tool_call_start|>", "<|tool_call_end|>"),
-            Family::MinimaxM2 => ("<minimax:tool_call>", "</minimax:tool_call>"),
-            Family::Longcat => ("<longcat_tool_call>", "</longcat_tool_call>"),
-            Family::KimiK2 => ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
-            Family::KimiK3 => ("<|open|>tools<|sep|>", "<|close|>tools<|sep|>"),
-            Family::Minicpm5 => ("<function name=", "</function>"),
-            Family::MuseSpark => ("<atem:function_calls>", "</atem:function_calls>"),
-        }
+        self.format().markers
     }
 
     /// Whether this engine parses the format (the others are refused when a request
     /// brings tools).
     pub fn supported(self) -> bool {
-        matches!(
-            self,
-            Family::JsonTools
-                | Family::Qwen3Coder
-                | Family::Gemma4
-                | Family::FunctionGemma
-                | Family::Mistral
-                | Family::Pythonic
-        )
+        self.format().parser.is_some()
     }
 
     /// The family's `parse_tool_call(text, tools)`: the calls in one tool-call text.
     pub fn parse(self, text: &str, tools: Option<&Value>) -> Result<Vec<PyValue>, ValueError> {
-        match self {
-            Family::JsonTools => parsers::json_tools(text),
-            Family::Qwen3Coder => parsers::qwen3_coder(text, tools),
-            Family::Gemma4 => parsers::gemma4(text),
-            Family::FunctionGemma => parsers::function_gemma(text),
-            Family::Mistral => parsers::mistral(text),
-            Family::Pythonic => parsers::pythonic(text),
-            other => value::err(format!(
+        match self.format().parser {
+            Some(p) => p.parse(text, tools),
+            None => value::err(format!(
                 "the {} tool-call format is not supported by this engine",
-                other.name()
+                self.name()
             )),
         }
     }

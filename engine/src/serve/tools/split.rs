@@ -1,14 +1,15 @@
 //! One request's text, split as mlx_lm.server's `handle_completion` splits it: each
 //! generated token's text goes through the state machine; reasoning, tool-call text and
 //! content accumulate, and a delta goes out after a token when the machine is not inside
-//! a tool call and there is something to send. A finished tool call is parsed and
-//! formatted as `ToolCallFormatter` does (`id`, `type: "function"`, `function` with the
-//! arguments as a JSON string, `index` counting the calls).
+//! a tool call and there is something to send. A finished tool call is parsed and made a
+//! `ToolCall` as `ToolCallFormatter` formats it (an id, the arguments as a JSON string, an
+//! index counting the calls); each API shapes it at its edge.
 
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use super::call::ToolCall;
 use super::machine::{Cursor, Machine, State};
 use super::value::PyValue;
 use super::{Family, Markers};
@@ -18,8 +19,8 @@ use super::{Family, Markers};
 pub struct Delta {
     pub text: String,
     pub reasoning: String,
-    /// Formatted calls, each with its `index` (dropped from a whole answer).
-    pub tool_calls: Vec<Value>,
+    /// The calls finished in this chunk.
+    pub tool_calls: Vec<ToolCall>,
 }
 
 impl Delta {
@@ -73,7 +74,7 @@ impl Formatter {
 
     /// Each text's calls; a text that does not parse is left out (mlx-lm logs a warning
     /// and goes on: the text was likely cut off).
-    pub fn format(&mut self, texts: &[String]) -> Vec<Value> {
+    pub fn format(&mut self, texts: &[String]) -> Vec<ToolCall> {
         let mut out = Vec::new();
         let Some(family) = self.family else {
             return out;
@@ -97,7 +98,7 @@ impl Formatter {
         out
     }
 
-    fn format_one(&mut self, call: PyValue) -> Result<Value, String> {
+    fn format_one(&mut self, call: PyValue) -> Result<ToolCall, String> {
         let PyValue::Dict(mut items) = call else {
             return Err("a tool call is not an object".into());
         };
@@ -112,17 +113,29 @@ impl Formatter {
             .iter_mut()
             .find(|(k, _)| matches!(k, PyValue::Str(s) if s == "arguments"))
             .ok_or("a tool call has no arguments")?;
-        let args = slot.1.dumps().map_err(|e| e.to_string())?;
-        slot.1 = PyValue::Str(args);
-        let id = id.map_or_else(|| Value::String(uuid4()), |v| v.to_json());
+        let arguments = slot.1.dumps().map_err(|e| e.to_string())?;
+        let Value::Object(mut extra) = PyValue::Dict(items).to_json() else {
+            return Err("a tool call is not an object".into());
+        };
+        extra.remove("arguments");
+        let name = match extra.remove("name") {
+            Some(Value::String(name)) => name,
+            _ => return Err("a tool call has no name (a string)".into()),
+        };
+        let id = match id.map(|v| v.to_json()) {
+            None => uuid4(),
+            Some(Value::String(s)) => s,
+            Some(other) => other.to_string(),
+        };
         let index = self.next_index;
         self.next_index += 1;
-        Ok(json!({
-            "function": PyValue::Dict(items).to_json(),
-            "type": "function",
-            "id": id,
-            "index": index,
-        }))
+        Ok(ToolCall {
+            index,
+            id,
+            name,
+            arguments,
+            extra,
+        })
     }
 }
 
@@ -253,13 +266,7 @@ mod tests {
     fn names(d: &Delta) -> Vec<(String, u64)> {
         d.tool_calls
             .iter()
-            .map(|c| {
-                let name = c["function"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                (name, c["index"].as_u64().unwrap_or(99))
-            })
+            .map(|c| (c.name.clone(), c.index as u64))
             .collect()
     }
 
@@ -277,7 +284,7 @@ mod tests {
             .push("</tool_call><tool_call>{\"name\": \"b\", \"arguments\": {\"x\": 1}}</tool_call>")
             .unwrap();
         assert_eq!(names(&d), [("a".to_owned(), 0), ("b".to_owned(), 1)]);
-        assert_eq!(d.tool_calls[1]["function"]["arguments"], "{\"x\": 1}");
+        assert_eq!(d.tool_calls[1].arguments, "{\"x\": 1}");
         let (last, made) = s.finish(true);
         assert!(made && last.is_empty());
     }
@@ -327,10 +334,7 @@ mod tests {
         assert_eq!(s.push("\"Oslo\"}"), None);
         let (last, made) = s.finish(true);
         assert!(made);
-        assert_eq!(
-            last.tool_calls[0]["function"]["arguments"],
-            "{\"city\": \"Oslo\"}"
-        );
+        assert_eq!(last.tool_calls[0].arguments, "{\"city\": \"Oslo\"}");
     }
 
     #[test]

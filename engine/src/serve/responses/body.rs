@@ -1,0 +1,245 @@
+//! The `/v1/responses` body as typed structs, OpenAI's field names (unknown fields of the
+//! body and of `text` refused, as OpenAI refuses them; null reads as absent). `input`
+//! turns a `Body` into the one internal request.
+
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use super::super::api::knobs::Stop;
+use super::super::api::Obj;
+
+/// A Responses body. The engine's own sampling knobs (seed … chat_template_kwargs) are
+/// taken as the chat route takes them.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Body {
+    pub input: Option<Input>,
+    pub instructions: Option<String>,
+    pub previous_response_id: Option<String>,
+    pub tools: Option<Vec<Obj<Tool>>>,
+    pub tool_choice: Option<ToolChoice>,
+    pub text: Option<Obj<Text>>,
+    pub max_output_tokens: Option<i64>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub stream: Option<bool>,
+    pub metadata: Option<Map<String, Value>>,
+    pub model: Option<String>,
+    pub store: Option<bool>,
+    pub parallel_tool_calls: Option<bool>,
+    pub background: Option<bool>,
+    pub seed: Option<i64>,
+    pub top_k: Option<i64>,
+    pub min_p: Option<f64>,
+    pub stop: Option<Stop>,
+    pub logit_bias: Option<Map<String, Value>>,
+    pub repetition_penalty: Option<f64>,
+    pub presence_penalty: Option<f64>,
+    pub frequency_penalty: Option<f64>,
+    pub chat_template_kwargs: Option<Map<String, Value>>,
+    // Read for their type only (nothing in this server acts on them; the response echoes
+    // them as sent).
+    #[allow(dead_code)]
+    stream_options: Option<Map<String, Value>>,
+    #[allow(dead_code)]
+    reasoning: Option<Obj<Reasoning>>,
+    #[allow(dead_code)]
+    include: Option<Vec<String>>,
+    #[allow(dead_code)]
+    truncation: Option<Truncation>,
+    #[allow(dead_code)]
+    user: Option<String>,
+    #[allow(dead_code)]
+    service_tier: Option<String>,
+    #[allow(dead_code)]
+    prompt_cache_key: Option<String>,
+    #[allow(dead_code)]
+    safety_identifier: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[allow(dead_code)] // read for their type only
+struct Reasoning {
+    effort: Option<String>,
+    summary: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Truncation {
+    Auto,
+    Disabled,
+}
+
+/// `input`: a string (one user message) or a list of items.
+#[derive(Debug)]
+pub enum Input {
+    Text(String),
+    Items(Vec<Obj<Item>>),
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Input;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a non-empty list of input items")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Input, E> {
+                Ok(Input::Text(s.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element()? {
+                    items.push(item);
+                }
+                Ok(Input::Items(items))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// An input item: `message` (`type` may be left out when `role` is there),
+/// `function_call`, `function_call_output` or `reasoning`; the fields its kind reads.
+#[derive(Debug, Deserialize)]
+pub struct Item {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub role: Option<String>,
+    /// A message's text (`Parts`), read once the kind is known: a reasoning item's content
+    /// is no text parts, and is not read.
+    pub content: Option<Value>,
+    pub call_id: Option<String>,
+    pub name: Option<String>,
+    pub arguments: Option<String>,
+    /// A function_call_output's text (`Parts`).
+    pub output: Option<Value>,
+}
+
+/// A content: a string, or a list of `input_text` / `output_text` parts, joined.
+#[derive(Debug)]
+pub struct Parts(pub String);
+
+impl<'de> Deserialize<'de> for Parts {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Parts;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of text parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Parts, E> {
+                Ok(Parts(s.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parts, A::Error> {
+                let mut text = String::new();
+                while let Some(Obj(TextPart(t))) = seq.next_element::<Obj<TextPart>>()? {
+                    text.push_str(&t);
+                }
+                Ok(Parts(text))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// An `input_text` / `output_text` part (no images or files: the engine reads text).
+#[derive(Debug, Deserialize)]
+#[serde(try_from = "RawPart")]
+struct TextPart(String);
+
+#[derive(Deserialize)]
+struct RawPart {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    text: Option<String>,
+}
+
+impl TryFrom<RawPart> for TextPart {
+    type Error = &'static str;
+    fn try_from(p: RawPart) -> Result<Self, Self::Error> {
+        match (p.kind.as_deref(), p.text) {
+            (Some("input_text" | "output_text"), Some(t)) => Ok(TextPart(t)),
+            _ => Err(
+                "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} parts are \
+                 supported (no images or files)",
+            ),
+        }
+    }
+}
+
+/// A flat function tool, `{"type": "function", "name", "description", "parameters",
+/// "strict"}`.
+#[derive(Debug, Deserialize)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    /// The chat API's nesting: refused, with a hint.
+    pub function: Option<Value>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub parameters: Option<Map<String, Value>>,
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: a mode ("auto" | "none" | "required"), or `{"type": "function",
+/// "name"}`; checked when the request is made (`input::tool_choice`).
+#[derive(Debug, Clone)]
+pub enum ToolChoice {
+    Mode(String),
+    Function(FunctionChoice),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FunctionChoice {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: Option<String>,
+}
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ToolChoice;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"name\": …}",
+                )
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<ToolChoice, E> {
+                Ok(ToolChoice::Mode(s.to_owned()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<ToolChoice, A::Error> {
+                FunctionChoice::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ToolChoice::Function)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// `text`: the answer's format (and a verbosity hint, read for its type).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Text {
+    pub format: Option<Obj<Format>>,
+    #[allow(dead_code)]
+    verbosity: Option<String>,
+}
+
+/// `text.format`: `{"type": "text" | "json_object"}` or `{"type": "json_schema", "name",
+/// "schema", "description", "strict"}`.
+#[derive(Debug, Deserialize)]
+pub struct Format {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    #[allow(dead_code)]
+    description: Option<String>,
+    pub schema: Option<Map<String, Value>>,
+    pub strict: Option<bool>,
+}
