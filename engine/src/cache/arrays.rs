@@ -7,13 +7,13 @@
 //! `extend` concatenates (a side missing an array gets zeros of its batch), `extract`
 //! slices one row, `prepare`/`finalize` set and clear the lengths (and the padding).
 //! No model uses it yet (issue 37's hybrids will); its snapshot is the present arrays with
-//! which slots hold one, so the kv-store round-trips it through `state::restore`.
+//! which slots hold one, so the kv-store round-trips it through `restore`.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::state::{ints, meta_i32s};
+use super::{ints, meta_i32s, snapshot_of};
 use super::{Cache, Mask, Meta, Snapshot};
 
 /// The kind tag of its snapshots.
@@ -116,10 +116,7 @@ impl ArraysCache {
 
     /// The arrays cache behind `c` (through its snapshot), or the refusal.
     fn of(c: &dyn Cache) -> Result<Self, Exception> {
-        match (c.kind(), c.snapshot()) {
-            (Some(KIND), Some(s)) => Self::from_state(s),
-            _ => Err(Exception::custom("an arrays cache expected")),
-        }
+        Self::from_state(snapshot_of(c, KIND)?)
     }
 }
 

@@ -126,13 +126,7 @@ impl Cache for FixedKv {
         }
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 }
 
 impl AttentionCache for FixedKv {

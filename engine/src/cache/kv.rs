@@ -6,6 +6,9 @@
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
+pub mod batch;
+
+use self::batch::BatchKvCache;
 use super::fixed::{Compiled, Form};
 use super::parts::{self, Parts};
 use super::{causal_mask, refused, AttentionCache, Cache, Kv, KvQuant, Mask, Meta, Snapshot};
@@ -64,7 +67,7 @@ impl KvCache {
         if s.kind != KIND {
             return Err(Exception::custom("a standard cache's snapshot expected"));
         }
-        let (keys, values) = super::state::kv_parts(s.tensors, s.quant)?;
+        let (keys, values) = parts::split_kv(s.tensors, s.quant)?;
         Ok(Self::from_parts(keys, values, s.offset, s.quant))
     }
 
@@ -110,28 +113,14 @@ impl Cache for KvCache {
     }
 
     fn state(&self) -> Vec<&Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .flatten()
-            .collect()
+        parts::kv_state(&self.keys, &self.values)
     }
 
-    fn nbytes(&self) -> usize {
-        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
-    }
-
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 
     /// mlx-lm's `KVCache.merge`: the rows as one `BatchKVCache`.
     fn merge(&self, rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
-        Ok(Box::new(super::batch::BatchKvCache::merge(rows)?))
+        Ok(Box::new(BatchKvCache::merge(rows)?))
     }
 
     /// mlx-lm's `create_attention_mask(N, offset, return_array=False, window_size)`.
@@ -147,43 +136,32 @@ impl Cache for KvCache {
 impl AttentionCache for KvCache {
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let prev = self.offset;
-        let len = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, parts::len);
-        if self.keys.is_none() || prev + len > capacity {
-            let grow = (Self::STEP + len - 1) / Self::STEP * Self::STEP;
-            let new_k = parts::zeros(&keys, grow, self.quant)?;
-            let new_v = parts::zeros(&values, grow, self.quant)?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(mut old_k), Some(mut old_v)) => {
-                    if prev % Self::STEP != 0 {
-                        old_k = parts::head(&old_k, prev);
-                        old_v = parts::head(&old_v, prev);
-                    }
-                    self.keys = Some(parts::cat(&[old_k, new_k])?);
-                    self.values = Some(parts::cat(&[old_v, new_v])?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
-        }
-        self.offset += len;
+        let cut = prev % Self::STEP != 0;
+        let like = (&keys, &values);
+        parts::reserve_kv(
+            &mut self.keys,
+            &mut self.values,
+            like,
+            prev,
+            Self::STEP,
+            self.quant,
+            cut,
+        )?;
+        self.offset += keys.shape()[2];
         let new_k = parts::encode(keys, self.quant)?;
         let new_v = parts::encode(values, self.quant)?;
-        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        parts::write(k_buf, prev, &new_k)?;
-        parts::write(v_buf, prev, &new_v)?;
-        Ok(parts::fetch(
-            parts::live(k_buf, self.offset),
-            parts::live(v_buf, self.offset),
+        let end = self.offset;
+        parts::write_kv(
+            (&mut self.keys, &mut self.values),
+            prev,
+            (&new_k, &new_v),
+            |p| parts::live(p, end),
             self.quant,
-        ))
+        )
     }
 
     fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
-        Ok(true)
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)
     }
 
     fn kv_quant(&self) -> Option<KvQuant> {

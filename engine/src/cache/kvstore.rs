@@ -13,7 +13,7 @@
 //! xxh3, hash}]}]}. A cache is its snapshot (`Cache::snapshot`: kind tag, meta, arrays), so
 //! the file knows no kinds: `kind` is the snapshot's tag (`kv`, `rotating`, …), `qkv`/
 //! `<tag>-qkv` when quantized; the meta's entries (a ring's `idx`, `maxSize`, `keep`) sit
-//! beside it; reading rebuilds through `state::restore`'s table, which refuses a kind or
+//! beside it; reading rebuilds through `restore`'s table, which refuses a kind or
 //! meta it does not know. The K/V kinds' entries are byte-identical to before the protocol. A write goes to a temp file
 //! in the same directory, is fsynced and renamed into place, so a reader never sees half a
 //! file. A read maps the file, always checks the header hash and every tensor's xxh3-64
@@ -510,7 +510,7 @@ fn build(
         };
         // The registry rebuilds it (arrays shared, nothing copied): an unknown kind or a
         // kind without its meta is refused here, not at restore.
-        super::state::restore(s.clone(), QuantSdpa::MlxLm)
+        super::restore(s.clone(), QuantSdpa::MlxLm)
             .map_err(|e| corrupt(format!("cache {}: {e}", c.kind)))?;
         snapshots.push(s);
     }

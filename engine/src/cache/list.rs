@@ -4,7 +4,7 @@
 //! `size()`), and every batch op applies part by part (`merge` merges the i-th parts of all
 //! rows with the i-th part's own kind). Its snapshot nests the parts' (each part's kind,
 //! offset, meta, quantization and tensor count in `caches`, their tensors in order) and
-//! `state::restore` rebuilds each part through the same table. The mask and RoPE position
+//! `restore` rebuilds each part through the same table. The mask and RoPE position
 //! are the first part's (mlx-lm's models ask the part they attend with). No model uses it
 //! yet (issue 37's hybrids will).
 
@@ -34,7 +34,7 @@ impl CacheList {
         self.caches[i].as_mut()
     }
 
-    /// Rebuilds every part through `state::restore` (`sdpa` for quantized parts).
+    /// Rebuilds every part through `restore` (`sdpa` for quantized parts).
     pub fn from_state(s: Snapshot, sdpa: QuantSdpa) -> Result<Self, Exception> {
         if s.kind != KIND {
             return Err(Exception::custom("a cache list's snapshot expected"));
@@ -78,7 +78,7 @@ impl CacheList {
             if part.tensors.len() != count as usize {
                 return Err(bad());
             }
-            caches.push(super::state::restore(part, sdpa)?);
+            caches.push(super::restore(part, sdpa)?);
         }
         if tensors.next().is_some() {
             return Err(bad());

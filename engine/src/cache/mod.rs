@@ -2,9 +2,22 @@
 //! K/V side for attention (`AttentionCache`), and the kinds. Each layer owns one; the model
 //! reads `offset` for RoPE and the mask.
 
+/// The `Cache::as_kv`/`as_kv_ref` pair of a kind that is its own `AttentionCache` (inside
+/// its `impl Cache`).
+macro_rules! attention_views {
+    () => {
+        fn as_kv(&mut self) -> Option<&mut dyn $crate::cache::AttentionCache> {
+            Some(self)
+        }
+
+        fn as_kv_ref(&self) -> Option<&dyn $crate::cache::AttentionCache> {
+            Some(self)
+        }
+    };
+}
+pub(crate) use attention_views;
+
 pub mod arrays;
-pub mod batch;
-pub mod batch_rotating;
 pub mod fingerprint;
 pub mod fixed;
 pub mod kv;
@@ -16,11 +29,14 @@ pub(crate) mod parts;
 pub mod prompt;
 pub mod rotating;
 pub mod ssd;
-pub mod state;
 #[cfg(test)]
 mod tests;
 
+pub use arrays::ArraysCache;
+pub use kv::batch::BatchKvCache;
 pub use kv::KvCache;
+pub use list::CacheList;
+pub use rotating::batch::BatchRotatingKvCache;
 pub use rotating::RotatingKvCache;
 
 use mlx_rs::error::Exception;
@@ -28,13 +44,13 @@ use mlx_rs::Array;
 
 /// A cache of any kind, in the shape of mlx-lm 0.32.2's `_BaseCache`: its position, its
 /// state for the kv-store (`snapshot` = `state` + meta + kind tag, rebuilt by
-/// [`state::restore`], mlx-lm's `from_state`), trimming, the mask, and the batch protocol
+/// [`restore`], mlx-lm's `from_state`), trimming, the mask, and the batch protocol
 /// (`merge`/`filter`/`extend`/`extract`/`prepare`/`finalize`) whose defaults refuse. K/V
 /// attention reaches its own side through [`Cache::as_kv`]; no caller needs the concrete type.
 pub trait Cache {
     /// Tokens stored so far (the position of the next token).
     fn offset(&self) -> i32;
-    /// The registry tag of this kind (`state::restore` rebuilds by it); None for kinds
+    /// The registry tag of this kind (`restore` rebuilds by it); None for kinds
     /// that are neither stored nor batched (wrappers, the compiled step's, training's).
     fn kind(&self) -> Option<&'static str> {
         None
@@ -269,7 +285,7 @@ pub enum Kv {
     },
 }
 
-/// A cache's state as the kv-store writes it and `state::restore` rebuilds it: mlx-lm's
+/// A cache's state as the kv-store writes it and `restore` rebuilds it: mlx-lm's
 /// `state` (`tensors`: for K/V kinds keys' parts, then values' parts, one each when dense,
 /// packed/scales/biases each when quantized) and `meta_state` (`meta`: the kind's integers
 /// and lists, camelCase, in the order the kv-store writes them), with its kind tag.
@@ -285,7 +301,66 @@ pub struct Snapshot {
 /// A snapshot's meta state: JSON integers, booleans and lists by name.
 pub type Meta = serde_json::Map<String, serde_json::Value>;
 
-pub use state::restore;
+/// Every kind tag the registry rebuilds.
+pub const KINDS: [&str; 6] = [
+    kv::KIND,
+    rotating::KIND,
+    kv::batch::KIND,
+    rotating::batch::KIND,
+    arrays::KIND,
+    list::KIND,
+];
+
+/// Rebuilds a cache from its snapshot (mlx-lm's `from_state`, one table from the kind tag to
+/// the kind, so the kv-store, the SSD tier and the batch protocol handle any kind generically); a quantized one is read through `sdpa` (the
+/// attention is the session's choice, not part of the stored state).
+pub fn restore(mut s: Snapshot, sdpa: QuantSdpa) -> Result<Box<dyn Cache>, Exception> {
+    if let Some(q) = s.quant.as_mut() {
+        q.sdpa = sdpa;
+    }
+    Ok(match s.kind.as_str() {
+        kv::KIND => Box::new(KvCache::from_state(s)?),
+        rotating::KIND => Box::new(RotatingKvCache::from_state(s)?),
+        kv::batch::KIND => Box::new(BatchKvCache::from_state(s)?),
+        rotating::batch::KIND => Box::new(BatchRotatingKvCache::from_state(s)?),
+        arrays::KIND => Box::new(ArraysCache::from_state(s)?),
+        list::KIND => Box::new(CacheList::from_state(s, sdpa)?),
+        other => return Err(Exception::custom(format!("unknown cache kind `{other}`"))),
+    })
+}
+
+/// The snapshot of `c` when it is of kind `kind` (what a batch reads another batch by, as
+/// `extend` does), or the refusal naming what was expected.
+pub(crate) fn snapshot_of(c: &dyn Cache, kind: &str) -> Result<Snapshot, Exception> {
+    c.snapshot()
+        .filter(|_| c.kind() == Some(kind))
+        .ok_or_else(|| Exception::custom(format!("a `{kind}` cache expected")))
+}
+
+/// A snapshot's integer `key`.
+pub(crate) fn meta_i32(meta: &Meta, key: &str) -> Result<i32, Exception> {
+    meta.get(key)
+        .and_then(|v| v.as_i64())
+        .and_then(|v| i32::try_from(v).ok())
+        .ok_or_else(|| Exception::custom(format!("a cache snapshot without `{key}`")))
+}
+
+/// A snapshot's list of integers `key`.
+pub(crate) fn meta_i32s(meta: &Meta, key: &str) -> Result<Vec<i32>, Exception> {
+    meta.get(key)
+        .and_then(|v| v.as_array())
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_i64().and_then(|v| i32::try_from(v).ok()))
+                .collect()
+        })
+        .ok_or_else(|| Exception::custom(format!("a cache snapshot without `{key}`")))
+}
+
+/// `key` → the integers `v` (a meta entry).
+pub(crate) fn ints(v: &[i32]) -> serde_json::Value {
+    serde_json::Value::from(v.to_vec())
+}
 
 /// How many tokens every cache of `caches` holds (0 for none), at most `cap`.
 pub fn common_len(caches: &[Box<dyn Cache>], cap: usize) -> usize {

@@ -38,13 +38,7 @@ impl Cache for PassThrough {
         })
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 }
 
 impl AttentionCache for PassThrough {

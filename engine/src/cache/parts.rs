@@ -68,10 +68,14 @@ pub(crate) fn live(p: &Parts, offset: i32) -> Parts {
 
 /// Part-wise concatenation along positions.
 pub(crate) fn cat(pieces: &[Parts]) -> Result<Parts, Exception> {
+    cat_on(pieces, 2)
+}
+
+fn cat_on(pieces: &[Parts], axis: i32) -> Result<Parts, Exception> {
     (0..pieces[0].len())
         .map(|i| {
             let column: Vec<&Array> = pieces.iter().map(|p| &p[i]).collect();
-            concatenate(&column, 2)
+            concatenate(&column, axis)
         })
         .collect()
 }
@@ -139,15 +143,16 @@ pub(crate) fn fetch(keys: Parts, values: Parts, quant: Option<KvQuant>) -> Kv {
 
 /// Quantizes dense K and V buffers in place of themselves (whole buffers, padding included,
 /// as mlx-lm's `to_quantized` and optiq's `quantize_cache_layer` do); later writes are
-/// quantized on the way in. A cache already quantized stays as it is.
+/// quantized on the way in. A cache already quantized stays as it is. Both ways the cache
+/// is quantized after it (`AttentionCache::quantize`'s true).
 pub(crate) fn quantize_kv(
     keys: &mut Option<Parts>,
     values: &mut Option<Parts>,
     current: &mut Option<KvQuant>,
     q: KvQuant,
-) -> Result<(), Exception> {
+) -> Result<bool, Exception> {
     if current.is_some() {
-        return Ok(());
+        return Ok(true);
     }
     for p in [keys, values] {
         if let Some(parts) = p.take() {
@@ -159,10 +164,124 @@ pub(crate) fn quantize_kv(
         }
     }
     *current = Some(q);
+    Ok(true)
+}
+
+/// The arrays of a K/V pair of buffers, keys' first (a cache's `state`).
+pub(crate) fn kv_state<'a>(keys: &'a Option<Parts>, values: &'a Option<Parts>) -> Vec<&'a Array> {
+    keys.iter().chain(values.iter()).flatten().collect()
+}
+
+/// Makes room in K/V buffers for `n` more positions written at `at`, as mlx-lm's
+/// `KVCache.update_and_fetch` grows them: by whole steps of `step` positions appended after
+/// the old buffers, which are first cut to `at` when `cut` says so (the single-sequence
+/// cache cuts only off a step boundary; the batch always). `like_k`/`like_v` are the new
+/// keys and values, whose shapes the new positions take.
+pub(crate) fn reserve_kv(
+    keys: &mut Option<Parts>,
+    values: &mut Option<Parts>,
+    (like_k, like_v): (&Array, &Array),
+    at: i32,
+    step: i32,
+    quant: Option<KvQuant>,
+    cut: bool,
+) -> Result<(), Exception> {
+    let n = like_k.shape()[2];
+    let capacity = keys.as_ref().map_or(0, len);
+    if keys.is_some() && at + n <= capacity {
+        return Ok(());
+    }
+    let grow = (step + n - 1) / step * step;
+    let new_k = zeros(like_k, grow, quant)?;
+    let new_v = zeros(like_v, grow, quant)?;
+    match (keys.take(), values.take()) {
+        (Some(mut old_k), Some(mut old_v)) => {
+            if cut {
+                old_k = head(&old_k, at);
+                old_v = head(&old_v, at);
+            }
+            *keys = Some(cat(&[old_k, new_k])?);
+            *values = Some(cat(&[old_v, new_v])?);
+        }
+        _ => {
+            *keys = Some(new_k);
+            *values = Some(new_v);
+        }
+    }
     Ok(())
 }
 
-/// Bytes held by the parts.
-pub(crate) fn nbytes(p: &Option<Parts>) -> usize {
-    p.iter().flatten().map(|a| a.nbytes()).sum()
+/// Writes encoded new keys and values into K/V buffers (already `reserve_kv`d) at `at`,
+/// then what attention reads: each buffer through `read` (its live positions).
+pub(crate) fn write_kv(
+    (keys, values): (&mut Option<Parts>, &mut Option<Parts>),
+    at: i32,
+    (new_k, new_v): (&Parts, &Parts),
+    read: impl Fn(&Parts) -> Parts,
+    quant: Option<KvQuant>,
+) -> Result<Kv, Exception> {
+    let (Some(k_buf), Some(v_buf)) = (keys.as_mut(), values.as_mut()) else {
+        return Err(Exception::custom("K/V buffers are reserved before a write"));
+    };
+    write(k_buf, at, new_k)?;
+    write(v_buf, at, new_v)?;
+    Ok(fetch(read(k_buf), read(v_buf), quant))
+}
+
+/// A K/V snapshot's tensors split into keys' and values' parts (three each when quantized,
+/// one each when dense).
+pub(crate) fn split_kv(
+    tensors: Vec<Array>,
+    quant: Option<KvQuant>,
+) -> Result<(Parts, Parts), Exception> {
+    let per_side = if quant.is_some() { 3 } else { 1 };
+    if tensors.len() != 2 * per_side {
+        return Err(Exception::custom(
+            "a cache snapshot holds keys' and values' parts",
+        ));
+    }
+    let mut keys = tensors;
+    let values = keys.split_off(per_side);
+    Ok((keys, values))
+}
+
+/// `pad` zero positions before (or, with `after`, after) every part of `p`.
+pub(crate) fn pad(p: &Parts, pad: i32, after: bool) -> Result<Parts, Exception> {
+    if pad == 0 {
+        return Ok(p.clone());
+    }
+    p.iter()
+        .map(|x| {
+            let s = x.shape();
+            let zeros = zeros_dtype(&[s[0], s[1], pad, s[3]], x.dtype())?;
+            match after {
+                false => concatenate(&[&zeros, x], 2),
+                true => concatenate(&[x, &zeros], 2),
+            }
+        })
+        .collect()
+}
+
+/// `rows` zero rows of no positions shaped like `like` (an empty side of a merge).
+pub(crate) fn empty_rows(like: &Parts, rows: i32) -> Result<Parts, Exception> {
+    like.iter()
+        .map(|x| {
+            let s = x.shape();
+            zeros_dtype(&[rows, s[1], 0, s[3]], x.dtype())
+        })
+        .collect()
+}
+
+/// Concatenates parts along the batch axis.
+pub(crate) fn cat_rows(pieces: &[Parts]) -> Result<Parts, Exception> {
+    cat_on(pieces, 0)
+}
+
+/// Each part's rows `keep`, in that order.
+pub(crate) fn take_rows(p: &Parts, keep: &[usize]) -> Result<Parts, Exception> {
+    let index = Array::from_slice(
+        &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
+        &[keep.len() as i32],
+    );
+    p.iter().map(|x| x.take_axis(&index, 0)).collect()
 }

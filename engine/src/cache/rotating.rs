@@ -9,9 +9,12 @@ use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::Array;
 
+pub mod batch;
+
+use self::batch::BatchRotatingKvCache;
 use super::fixed::{Compiled, Form};
+use super::meta_i32;
 use super::parts::{self, Parts};
-use super::state::meta_i32;
 use super::{causal_mask, refused, AttentionCache, Cache, Kv, KvQuant, Mask, Meta, Snapshot};
 
 /// The kind tag of its snapshots (the kv-store's `rotating`, `rotating-qkv` quantized).
@@ -79,7 +82,7 @@ impl RotatingKvCache {
             meta_i32(&s.meta, "keep").unwrap_or(0),
             meta_i32(&s.meta, "idx")?,
         );
-        let (keys, values) = super::state::kv_parts(s.tensors, s.quant)?;
+        let (keys, values) = parts::split_kv(s.tensors, s.quant)?;
         Ok(Self::from_parts(
             keys, values, s.offset, max_size, keep, idx, s.quant,
         ))
@@ -318,24 +321,10 @@ impl Cache for RotatingKvCache {
     }
 
     fn state(&self) -> Vec<&Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .flatten()
-            .collect()
+        parts::kv_state(&self.keys, &self.values)
     }
 
-    fn nbytes(&self) -> usize {
-        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
-    }
-
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 
     /// optiq's `_trim_rotating` (see `trim_tail`): a ring past its window rolls back too.
     fn rollback(&mut self, n: i32) -> Result<(), Exception> {
@@ -349,9 +338,7 @@ impl Cache for RotatingKvCache {
 
     /// mlx-lm's `RotatingKVCache.merge`: the rows as one `BatchRotatingKVCache`.
     fn merge(&self, rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
-        Ok(Box::new(
-            super::batch_rotating::BatchRotatingKvCache::merge(self.max_size, rows)?,
-        ))
+        Ok(Box::new(BatchRotatingKvCache::merge(self.max_size, rows)?))
     }
 
     /// mlx-lm's `RotatingKVCache.make_mask`.
@@ -405,8 +392,7 @@ impl AttentionCache for RotatingKvCache {
 
     /// optiq's conversion: the ring buffer quantized as it stands, ring index kept.
     fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
-        Ok(true)
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)
     }
 
     fn kv_quant(&self) -> Option<KvQuant> {

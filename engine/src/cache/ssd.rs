@@ -94,7 +94,7 @@ fn tensor_geoms(s: &Snapshot) -> Option<Vec<TensorGeom>> {
 /// One cache's geometry: its dense snapshot `d`, and `c` as the plan left it (None where a
 /// tensor's dtype cannot be stored).
 fn cache_geom(d: Snapshot, c: &dyn Cache) -> Option<CacheGeom> {
-    let meta = |key: &str| super::state::meta_i32(&d.meta, key).ok();
+    let meta = |key: &str| super::meta_i32(&d.meta, key).ok();
     let ring = meta("maxSize").map(|max| (max, meta("keep").unwrap_or(0)));
     let quant = match (kv_quant_of(c), c.snapshot()) {
         (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
@@ -170,7 +170,7 @@ impl Geometry {
 
 fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Result<(), String> {
     let (kind, quantized) = kvstore::split_kind(&c.kind);
-    if !super::state::KINDS.contains(&kind) {
+    if !super::KINDS.contains(&kind) {
         return Err(format!("kind `{}`", c.kind));
     }
     // A ring is the kind whose meta has a window (the geometry compares it).

@@ -12,6 +12,7 @@
 //! The send is tied to the last cache's state so that evaluating the caches alone (the
 //! chunked prefill does) still sends, as mlx-lm's `mx.depends(cache[-1].keys, h)` does.
 
+use crate::cache::attention_views;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -200,15 +201,9 @@ impl Cache for StageCache {
         self.inner.rope_offset()
     }
 
-    /// Its own K/V side, not the inner cache's: a staged cache keeps the send in its state,
-    /// so it takes neither the compiled step nor the batch lane.
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    // Its own K/V side, not the inner cache's: a staged cache keeps the send in its state,
+    // so it takes neither the compiled step nor the batch lane.
+    attention_views!();
 
     fn carry(&mut self, dep: &Array) -> bool {
         self.sent = Some(dep.clone());

@@ -11,6 +11,7 @@
 //! Python floats are kept in f64 where mlx-lm keeps them in Python, and become f32 (or the
 //! activation's dtype) only where they meet an array, as MLX's scalars do.
 
+use crate::cache::attention_views;
 use mlx_rs::error::Exception;
 use mlx_rs::fast;
 use mlx_rs::ops::indexing::IndexOp;
@@ -412,13 +413,7 @@ impl Cache for IntOffsetKv {
         self.0.make_mask(n, window)
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 }
 
 impl AttentionCache for IntOffsetKv {

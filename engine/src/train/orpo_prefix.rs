@@ -15,6 +15,7 @@
 //! at the prefix first. Gated against the joint path in `engine/tests/it/orpo_prefix.rs`: in
 //! f32 within reassociation, in bf16 as close to the exact gradients as the joint path.
 
+use crate::cache::attention_views;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
@@ -140,13 +141,7 @@ impl Cache for SharedPrefix {
         })
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 }
 
 impl AttentionCache for SharedPrefix {

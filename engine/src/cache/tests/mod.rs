@@ -1,6 +1,6 @@
 //! The cache protocol's unit tests: `ArraysCache` and `CacheList` against mlx-lm 0.32.2's
 //! `cache.py` semantics (expected values reasoned from its code), their snapshots through
-//! the kv-store and `state::restore`, and the kv-store entries of the K/V kinds byte for
+//! the kv-store and `restore`, and the kv-store entries of the K/V kinds byte for
 //! byte as the format wrote them before the protocol.
 
 mod arrays;

@@ -1,4 +1,4 @@
-//! Snapshots through the kv-store and `state::restore`: any kind generically, and the K/V
+//! Snapshots through the kv-store and `restore`: any kind generically, and the K/V
 //! kinds' header entries exactly as before the protocol.
 
 use super::*;

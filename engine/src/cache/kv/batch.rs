@@ -13,12 +13,12 @@
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::parts::{self, Parts};
-use super::state::{ints, meta_i32s};
-use super::{AttentionCache, Cache, Kv, KvCache, KvQuant, Mask, Meta, RopeOffset, Snapshot};
+use super::{KvCache, KIND as KV_KIND};
+use crate::cache::parts::{self, cat_rows, empty_rows, pad, take_rows, Parts};
+use crate::cache::{ints, meta_i32s, snapshot_of};
+use crate::cache::{AttentionCache, Cache, Kv, KvQuant, Mask, Meta, RopeOffset, Snapshot};
 
 /// The kind tag of its snapshots.
 pub const KIND: &str = "batch-kv";
@@ -37,58 +37,12 @@ pub struct BatchKvCache {
 
 const STEP: i32 = 256;
 
-/// `pad` zero positions before (or, with `after`, after) every part of `p`.
-pub(crate) fn pad_parts(p: &Parts, pad: i32, after: bool) -> Result<Parts, Exception> {
-    if pad == 0 {
-        return Ok(p.clone());
-    }
-    p.iter()
-        .map(|x| {
-            let s = x.shape();
-            let zeros = zeros_dtype(&[s[0], s[1], pad, s[3]], x.dtype())?;
-            match after {
-                false => concatenate(&[&zeros, x], 2),
-                true => concatenate(&[x, &zeros], 2),
-            }
-        })
-        .collect()
-}
-
-/// `rows` zero rows of no positions shaped like `like` (an empty side of a merge).
-pub(crate) fn empty_like(like: &Parts, rows: i32) -> Result<Parts, Exception> {
-    like.iter()
-        .map(|x| {
-            let s = x.shape();
-            zeros_dtype(&[rows, s[1], 0, s[3]], x.dtype())
-        })
-        .collect()
-}
-
-/// Concatenates parts along the batch axis.
-pub(crate) fn cat_rows(pieces: &[Parts]) -> Result<Parts, Exception> {
-    (0..pieces[0].len())
-        .map(|i| {
-            let column: Vec<&Array> = pieces.iter().map(|p| &p[i]).collect();
-            concatenate(&column, 0)
-        })
-        .collect()
-}
-
-/// Each part's rows `keep`, in that order.
-pub(crate) fn take_rows(p: &Parts, keep: &[usize]) -> Result<Parts, Exception> {
-    let index = Array::from_slice(
-        &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
-        &[keep.len() as i32],
-    );
-    p.iter().map(|x| x.take_axis(&index, 0)).collect()
-}
-
 /// A standard cache's live keys' and values' parts, its quantization and its length
 /// (None parts when it holds nothing).
 type Row = (Option<(Parts, Parts)>, Option<KvQuant>, i32);
 
 fn row_of(c: &dyn Cache) -> Result<Row, Exception> {
-    if c.kind() != Some(super::kv::KIND) {
+    if c.kind() != Some(KV_KIND) {
         return Err(Exception::custom("a standard cache's snapshot expected"));
     }
     let Some(s) = c.snapshot() else {
@@ -108,7 +62,7 @@ fn common_quant(rows: &[Row]) -> Result<Option<KvQuant>, Exception> {
             "rows whose caches are quantized differently cannot share a batch",
         ));
     }
-    if quant.is_some_and(|q| q.sdpa != super::QuantSdpa::MlxLm) {
+    if quant.is_some_and(|q| q.sdpa != crate::cache::QuantSdpa::MlxLm) {
         return Err(Exception::custom(
             "the batch lane reads quantized KV through mlx-lm's attention only \
              (--kv-quant 4|8 --fused-sdpa off --perf-decode off); optiq's fused attention \
@@ -132,10 +86,10 @@ impl BatchKvCache {
             for (held, _, len) in &rows {
                 let (k, v) = match held {
                     Some((k, v)) => (k.clone(), v.clone()),
-                    None => (empty_like(lk, 1)?, empty_like(lv, 1)?),
+                    None => (empty_rows(lk, 1)?, empty_rows(lv, 1)?),
                 };
-                ks.push(pad_parts(&k, idx - len, false)?);
-                vs.push(pad_parts(&v, idx - len, false)?);
+                ks.push(pad(&k, idx - len, false)?);
+                vs.push(pad(&v, idx - len, false)?);
             }
         }
         Ok(BatchKvCache {
@@ -156,7 +110,7 @@ impl BatchKvCache {
         let (keys, values) = match s.tensors.is_empty() {
             true => (None, None),
             false => {
-                let (k, v) = super::state::kv_parts(s.tensors, s.quant)?;
+                let (k, v) = parts::split_kv(s.tensors, s.quant)?;
                 (Some(k), Some(v))
             }
         };
@@ -225,9 +179,9 @@ impl BatchKvCache {
                 |c: &BatchKvCache, p: &Option<Parts>, like: &Parts| -> Result<Parts, Exception> {
                     let held = match p {
                         Some(p) => parts::head(p, c.idx),
-                        None => empty_like(like, c.rows() as i32)?,
+                        None => empty_rows(like, c.rows() as i32)?,
                     };
-                    pad_parts(&held, idx - c.idx, false)
+                    pad(&held, idx - c.idx, false)
                 };
             let k = cat_rows(&[fit(self, &self.keys, &lk)?, fit(other, &other.keys, &lk)?])?;
             let v = cat_rows(&[
@@ -265,24 +219,8 @@ impl Cache for BatchKvCache {
         ))
     }
 
-    fn is_trimmable(&self) -> bool {
-        false
-    }
-
-    fn trim(&mut self, _n: i32) -> i32 {
-        0
-    }
-
     fn state(&self) -> Vec<&Array> {
-        self.keys
-            .iter()
-            .chain(self.values.iter())
-            .flatten()
-            .collect()
-    }
-
-    fn nbytes(&self) -> usize {
-        parts::nbytes(&self.keys) + parts::nbytes(&self.values)
+        parts::kv_state(&self.keys, &self.values)
     }
 
     /// mlx-lm's `create_causal_mask(N, offset=idx, left_padding)`: causal, and each row's
@@ -310,13 +248,7 @@ impl Cache for BatchKvCache {
         ))
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 
     fn kind(&self) -> Option<&'static str> {
         Some(KIND)
@@ -350,10 +282,7 @@ impl Cache for BatchKvCache {
     }
 
     fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
-        let other = other
-            .snapshot()
-            .filter(|_| other.kind() == Some(KIND))
-            .ok_or_else(|| Exception::custom("batch layers of different kinds"))?;
+        let other = snapshot_of(other, KIND)?;
         self.extend_rows(&Self::from_state(other)?)
     }
 
@@ -365,44 +294,37 @@ impl Cache for BatchKvCache {
 impl AttentionCache for BatchKvCache {
     fn update_and_fetch(&mut self, keys: Array, values: Array) -> Result<Kv, Exception> {
         let n = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, parts::len);
-        if self.keys.is_none() || self.idx + n > capacity {
-            let grow = (STEP + n - 1) / STEP * STEP;
-            let new_k = parts::zeros(&keys, grow, self.quant)?;
-            let new_v = parts::zeros(&values, grow, self.quant)?;
-            match (self.keys.take(), self.values.take()) {
-                (Some(k), Some(v)) => {
-                    self.keys = Some(parts::cat(&[parts::head(&k, self.idx), new_k])?);
-                    self.values = Some(parts::cat(&[parts::head(&v, self.idx), new_v])?);
-                }
-                _ => {
-                    self.keys = Some(new_k);
-                    self.values = Some(new_v);
-                }
-            }
-        }
+        let like = (&keys, &values);
+        parts::reserve_kv(
+            &mut self.keys,
+            &mut self.values,
+            like,
+            self.idx,
+            STEP,
+            self.quant,
+            true,
+        )?;
         let mut new_k = parts::encode(keys, self.quant)?;
         let new_v = parts::encode(values, self.quant)?;
         if self.quant.is_some() && crate::plant::is(crate::plant::Defect::BatchKvBiasesDropped) {
             new_k[2] = mlx_rs::ops::zeros_like(&new_k[2])?;
         }
-        let (k_buf, v_buf) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        parts::write(k_buf, self.idx, &new_k)?;
-        parts::write(v_buf, self.idx, &new_v)?;
-        self.idx += n;
+        let (at, end) = (self.idx, self.idx + n);
+        self.idx = end;
         self.lengths.iter_mut().for_each(|l| *l += n);
-        Ok(parts::fetch(
-            parts::head(k_buf, self.idx),
-            parts::head(v_buf, self.idx),
+        parts::write_kv(
+            (&mut self.keys, &mut self.values),
+            at,
+            (&new_k, &new_v),
+            |p| parts::head(p, end),
             self.quant,
-        ))
+        )
     }
 
     /// mlx-lm's `to_quantized` on the whole batch buffers (padding included): quantization
     /// is per position, so each row's parts are its single-sequence cache's.
     fn quantize(&mut self, quant: KvQuant) -> Result<bool, Exception> {
-        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)?;
-        Ok(true)
+        parts::quantize_kv(&mut self.keys, &mut self.values, &mut self.quant, quant)
     }
 
     fn kv_quant(&self) -> Option<KvQuant> {

@@ -14,9 +14,10 @@ use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis, TryIndexMutOp};
 use mlx_rs::ops::{arange, concatenate, zeros_dtype};
 use mlx_rs::Array;
 
-use super::batch::{cat_rows, empty_like, pad_parts, take_rows};
-use super::state::{ints, meta_i32, meta_i32s};
-use super::{AttentionCache, Cache, Kv, Mask, Meta, RopeOffset, RotatingKvCache, Snapshot};
+use super::{RotatingKvCache, KIND as ROTATING_KIND};
+use crate::cache::parts::{cat_rows, empty_rows, pad, take_rows};
+use crate::cache::{ints, meta_i32, meta_i32s, snapshot_of};
+use crate::cache::{AttentionCache, Cache, Kv, Mask, Meta, RopeOffset, Snapshot};
 
 /// The kind tag of its snapshots.
 pub const KIND: &str = "batch-rotating";
@@ -81,7 +82,7 @@ fn roll_last(x: &Array, shift: i32) -> Result<Array, Exception> {
 type Ring = (Option<(Array, Array)>, i32);
 
 fn ring_of(c: &dyn Cache, max_size: i32) -> Result<Ring, Exception> {
-    if c.kind() != Some(super::rotating::KIND) {
+    if c.kind() != Some(ROTATING_KIND) {
         return Err(Exception::custom("a rotating cache's snapshot expected"));
     }
     let Some(s) = c.snapshot() else {
@@ -161,12 +162,12 @@ impl BatchRotatingKvCache {
             let (k, v) = match kv {
                 Some((k, v)) => (vec![k.clone()], vec![v.clone()]),
                 None => (
-                    empty_like(&vec![lk.clone()], 1)?,
-                    empty_like(&vec![lv.clone()], 1)?,
+                    empty_rows(&vec![lk.clone()], 1)?,
+                    empty_rows(&vec![lv.clone()], 1)?,
                 ),
             };
-            ks.push(pad_parts(&k, longest - len, false)?);
-            vs.push(pad_parts(&v, longest - len, false)?);
+            ks.push(pad(&k, longest - len, false)?);
+            vs.push(pad(&v, longest - len, false)?);
         }
         cache.keys = Some(cat_rows(&ks)?.remove(0));
         cache.values = Some(cat_rows(&vs)?.remove(0));
@@ -282,15 +283,15 @@ impl BatchRotatingKvCache {
             let left = max_idx - c.idx;
             let mut x = match x {
                 Some(x) => x.clone(),
-                None => empty_like(&vec![like.clone()], c.rows() as i32)?.remove(0),
+                None => empty_rows(&vec![like.clone()], c.rows() as i32)?.remove(0),
             };
             let mut right = widest - x.shape()[2] - left;
             if right < 0 {
                 x = x.index((Ellipsis, ..(x.shape()[2] + right), ..));
                 right = 0;
             }
-            let x = pad_parts(&vec![x], left, false)?;
-            Ok::<_, Exception>(pad_parts(&x, right, true)?.remove(0))
+            let x = pad(&vec![x], left, false)?;
+            Ok::<_, Exception>(pad(&x, right, true)?.remove(0))
         };
         let k = cat_rows(&[
             vec![pad(self, &self.keys, &like_k)?],
@@ -416,14 +417,6 @@ impl Cache for BatchRotatingKvCache {
         RopeOffset::Array(Array::from_slice(&self.offset, &[self.offset.len() as i32]))
     }
 
-    fn is_trimmable(&self) -> bool {
-        false
-    }
-
-    fn trim(&mut self, _n: i32) -> i32 {
-        0
-    }
-
     fn state(&self) -> Vec<&Array> {
         self.keys.iter().chain(self.values.iter()).collect()
     }
@@ -467,13 +460,7 @@ impl Cache for BatchRotatingKvCache {
         Ok(Mask::Array(mask))
     }
 
-    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        Some(self)
-    }
-
-    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
-        Some(self)
-    }
+    attention_views!();
 
     fn kind(&self) -> Option<&'static str> {
         Some(KIND)
@@ -510,10 +497,7 @@ impl Cache for BatchRotatingKvCache {
     }
 
     fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
-        let other = other
-            .snapshot()
-            .filter(|_| other.kind() == Some(KIND))
-            .ok_or_else(|| Exception::custom("batch layers of different kinds"))?;
+        let other = snapshot_of(other, KIND)?;
         self.extend_rows(&mut Self::from_state(other)?)
     }
 
