@@ -1,16 +1,20 @@
 //! The decoder the pre-norm families share, as mlx-lm 0.32.2's `LlamaModel`,
-//! `Qwen3MoeModel`, `MixtralModel`, `Qwen2MoeModel`, `Phi3Model`, `Gemma3Model` and
-//! `GptOssMoeModel` compute it:
+//! `Qwen3MoeModel`, `MixtralModel`, `Qwen2MoeModel`, `Phi3Model`, `Gemma3Model`,
+//! `GptOssMoeModel` and `Gemma4TextModel` compute it:
 //!
 //!   h = embed(ids)                          (or input embeddings: `forward_embeddings`)
 //!   h = h · scale                           (where the family scales it: Gemma's √hidden)
+//!   side = side_inputs(ids, h)              (Gemma 4's per-layer inputs; most have none)
 //!   for each layer:  h = h + post_mixer(mixer(norm_in(h)))
 //!                    h = h + post_ffn(ffn(norm_post(h)))
-//!   logits = head(norm(h))                  (head = embedding.T when tied)
+//!                    h = tail(h, side[layer])   (Gemma 4: per-layer input gate, scalar)
+//!   logits = softcap(head(norm(h)))         (head = embedding.T when tied)
 //!
 //! `post_mixer` / `post_ffn` are Gemma's sandwich norms (the identity elsewhere), the sums
 //! are plain adds or Gemma's float16-clipped ones, and a layer attends fully or within a
-//! window (one mask per window, from the first cache of a layer with it). A family file
+//! window (one mask per window, from the first cache of a layer with it). A layer may keep
+//! no cache and borrow the K/V an earlier layer attended over (KV sharing: Gemma 4's last
+//! layers; the lender lends them within the forward). A family file
 //! reads its config and builds each layer's mixer (an attention variant; open to the
 //! recurrent mixers) and feed-forward (a gated MLP, a mixture of experts, experts with a
 //! shared one); everything else — the loop, the masks, the caches, LoRA's targets,
@@ -23,162 +27,26 @@ use std::ops::Range;
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use super::layers::{Attention, Embedding, Linear, Mlp, OutputHead, RmsNorm};
+use super::layers::{Embedding, Linear, OutputHead, RmsNorm};
 use super::moe::SwitchLinear;
 use super::pipeline::{self, Stage};
-use super::rope;
 use super::shard::Part;
-use super::{LanguageModel, Layered};
-use crate::cache::{kv_of, Cache, KvCache, Mask, RotatingKvCache};
+use super::{AssistantTarget, LanguageModel, Layered};
+use crate::cache::Cache;
+
+mod layer;
+/// Segmented training's view.
+mod segmented;
+
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use layer::Io;
+pub use layer::{
+    kv_cache, FeedForward, Layer, Lent, Masks, Mixer, Residual, SideInputs, Tail, Windowed,
+};
 
 type R<T> = Result<T, Exception>;
-
-/// A layer's token mixer: reads the normed hidden state, keeps its state in its cache.
-pub trait Mixer {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array>;
-    /// A fresh cache of the kind this mixer keeps.
-    fn make_cache(&self) -> Box<dyn Cache>;
-    /// The attention window it reads within (its mask's); None: every position before.
-    fn window(&self) -> Option<i32> {
-        None
-    }
-    /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
-    /// order LoRA attaches to them.
-    fn linears(&self) -> Vec<(&'static str, &Linear)>;
-    /// Keeps this rank's part (tensor parallel); `layer` is the layer's checkpoint prefix.
-    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError>;
-}
-
-/// A layer's feed-forward; `module` is its name within the layer (`mlp`, Mixtral's
-/// `block_sparse_moe`).
-pub trait FeedForward {
-    fn forward(&self, x: &Array) -> R<Array>;
-    /// Its linears named `<module>.…`, in the order LoRA attaches to them.
-    fn linears(&self, module: &str) -> Vec<(String, &Linear)>;
-    /// Its stacks of experts named `<module>.switch_mlp.…` (gpt-oss: `<module>.experts.…`;
-    /// none for a dense MLP).
-    fn switches(&self, _module: &str) -> Vec<(String, &SwitchLinear)> {
-        Vec::new()
-    }
-    /// Keeps this rank's part; `prefix` is the module's checkpoint path.
-    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError>;
-}
-
-/// A mixer of a sliding-window layer (Gemma 3's local layers, gpt-oss's
-/// `sliding_attention`): it reads the windowed mask, and keeps a rotating cache of `window`
-/// entries, as mlx-lm's `make_cache` gives such a layer.
-pub struct Windowed<M> {
-    pub mixer: M,
-    pub window: i32,
-}
-
-impl<M: Mixer> Mixer for Windowed<M> {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        self.mixer.forward(x, mask, cache)
-    }
-
-    fn make_cache(&self) -> Box<dyn Cache> {
-        Box::new(RotatingKvCache::new(self.window))
-    }
-
-    fn window(&self) -> Option<i32> {
-        Some(self.window)
-    }
-
-    fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        self.mixer.linears()
-    }
-
-    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
-        self.mixer.shard(part, layer)
-    }
-}
-
-/// How a layer adds a branch back into the residual stream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Residual {
-    /// `h + r`.
-    #[default]
-    Add,
-    /// mlx-lm's gemma3 `clip_residual`: `h + r`, except in float16, where the sum is formed
-    /// in float32, clipped to ±65504 and cast back.
-    ClipF16,
-}
-
-impl Residual {
-    fn add(self, h: &Array, r: &Array) -> R<Array> {
-        if self == Residual::Add || h.dtype() != Dtype::Float16 {
-            return h.add(r);
-        }
-        let bound = Array::from_f32(65504.0);
-        let sum = h
-            .as_dtype(Dtype::Float32)?
-            .add(r.as_dtype(Dtype::Float32)?)?;
-        mlx_rs::ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
-    }
-}
-
-/// One block: `h + post_mixer(mixer(norm_in(h)))`, then `+ post_ffn(ffn(norm_post(·)))`;
-/// the post norms are Gemma's sandwich norms (absent elsewhere).
-pub struct Layer {
-    pub norm_in: RmsNorm,
-    pub mixer: Box<dyn Mixer>,
-    pub post_mixer_norm: Option<RmsNorm>,
-    pub norm_post: RmsNorm,
-    pub ffn: Box<dyn FeedForward>,
-    pub post_ffn_norm: Option<RmsNorm>,
-}
-
-impl Layer {
-    fn forward(&self, h: Array, mask: &Mask, cache: &mut dyn Cache, sum: Residual) -> R<Array> {
-        let post = |norm: &Option<RmsNorm>, r: Array| match norm {
-            Some(norm) => norm.forward(&r),
-            None => Ok(r),
-        };
-        let r = self
-            .mixer
-            .forward(&self.norm_in.forward(&h)?, mask, cache)?;
-        let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
-        let r = self.ffn.forward(&self.norm_post.forward(&h)?)?;
-        sum.add(&h, &post(&self.post_ffn_norm, r)?)
-    }
-}
-
-/// The masks of one forward: one per attention window among the layers run (None = full
-/// attention), full attention's first, each made by the cache of the first layer with that
-/// window — as mlx-lm's gemma3 and gpt_oss make theirs, and as the other families make
-/// their one mask from the first cache.
-pub struct Masks(Vec<(Option<i32>, Mask)>);
-
-impl Masks {
-    /// For `n` new tokens through `layers`, `caches[k]` the k-th layer's.
-    pub fn make(layers: &[Layer], caches: &[Box<dyn Cache>], n: i32) -> R<Self> {
-        let windows: Vec<Option<i32>> = layers.iter().map(|l| l.mixer.window()).collect();
-        let mut kinds: Vec<Option<i32>> = Vec::new();
-        if windows.contains(&None) {
-            kinds.push(None);
-        }
-        for w in windows.iter().filter(|w| w.is_some()) {
-            if !kinds.contains(w) {
-                kinds.push(*w);
-            }
-        }
-        let masks = kinds.into_iter().map(|kind| {
-            let first = windows.iter().position(|w| *w == kind).unwrap_or(0);
-            Ok((kind, caches[first].make_mask(n, kind)?))
-        });
-        Ok(Masks(masks.collect::<R<_>>()?))
-    }
-
-    /// The mask of a layer attending within `window`.
-    fn of(&self, window: Option<i32>) -> &Mask {
-        let found = self.0.iter().find(|(w, _)| *w == window);
-        found.map_or(&Mask::None, |(_, m)| m)
-    }
-}
 
 /// What every family's config gives the skeleton.
 pub struct Dims {
@@ -193,19 +61,20 @@ pub struct Dims {
 /// Reads an RMSNorm (`prefix`, eps) from the checkpoint.
 pub type NormLoader = fn(&mut Weights, &str, f32) -> Result<RmsNorm, LoadError>;
 
-/// The input embeddings scaled by a constant, as Gemma's
-/// `h *= mx.array(scale, dtype).astype(h.dtype)`: the scale (an f32) rounded through
-/// `through`, then cast to the embeddings' dtype.
+/// The input embeddings scaled by a constant: Gemma 3's
+/// `h *= mx.array(scale, dtype).astype(h.dtype)` (the scale, an f32, rounded through
+/// `through`, then cast to the embeddings' dtype), or with `through` None Gemma 4's
+/// `h * scale` (a Python float: weak, the embeddings' dtype).
 #[derive(Debug, Clone, Copy)]
 pub struct EmbedScale {
     pub scale: f32,
-    pub through: Dtype,
+    pub through: Option<Dtype>,
 }
 
 impl EmbedScale {
     fn apply(&self, h: &Array) -> R<Array> {
         let scale = Array::from_f32(self.scale)
-            .as_dtype(self.through)?
+            .as_dtype(self.through.unwrap_or(h.dtype()))?
             .as_dtype(h.dtype())?;
         h.multiply(&scale)
     }
@@ -223,6 +92,14 @@ pub struct Style {
     pub sandwich: bool,
     pub residual: Residual,
     pub embed_scale: Option<EmbedScale>,
+    /// Gemma 4's per-layer inputs (loaded by the family).
+    pub side: Option<Box<dyn SideInputs>>,
+    /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
+    /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
+    pub lora: bool,
+    /// Whether optiq's assistant drafter may draft for it (Gemma 4).
+    pub assistant_target: bool,
 }
 
 impl Default for Style {
@@ -232,32 +109,62 @@ impl Default for Style {
             sandwich: false,
             residual: Residual::Add,
             embed_scale: None,
+            side: None,
+            logit_softcap: None,
+            lora: true,
+            assistant_target: false,
         }
     }
 }
 
-/// The mixer and feed-forward a family builds for one layer.
-pub type Built = (Box<dyn Mixer>, Box<dyn FeedForward>);
+/// What a family builds for one layer: its mixer and feed-forward, and where it has them a
+/// tail and the layer it borrows K/V from (a pair converts: the plain layer).
+pub struct Built {
+    pub mixer: Box<dyn Mixer>,
+    pub ffn: Box<dyn FeedForward>,
+    pub tail: Option<Box<dyn Tail>>,
+    pub borrows: Option<usize>,
+}
+
+impl<F: FeedForward + 'static> From<(Box<dyn Mixer>, Box<F>)> for Built {
+    fn from((mixer, ffn): (Box<dyn Mixer>, Box<F>)) -> Self {
+        Built {
+            mixer,
+            ffn,
+            tail: None,
+            borrows: None,
+        }
+    }
+}
 
 pub struct Decoder {
     model_type: String,
     ffn_module: &'static str,
     embed: Embedding,
     embed_scale: Option<EmbedScale>,
+    side: Option<Box<dyn SideInputs>>,
     layers: Vec<Layer>,
     residual: Residual,
     head: OutputHead,
+    lora: bool,
+    assistant_target: bool,
     /// Pipeline parallel: this rank's stage (`layers` then holds only its layers).
     stage: Option<Stage>,
 }
 
+/// One forward's K/V loans and side inputs, by layer.
+struct Step {
+    lent: Vec<Option<Lent>>,
+    side: Option<Vec<Array>>,
+}
+
 impl Decoder {
     /// Loads the plain pre-norm decoder ([`Style::default`]); see [`Decoder::load_styled`].
-    pub fn load(
+    pub fn load<B: Into<Built>>(
         config: &ModelConfig,
         w: Weights,
         dims: Dims,
-        layer: impl FnMut(&mut Weights, &str, i32) -> Result<Built, LoadError>,
+        layer: impl FnMut(&mut Weights, &str, i32) -> Result<B, LoadError>,
     ) -> Result<Self, LoadError> {
         Self::load_styled(config, w, dims, Style::default(), layer)
     }
@@ -266,38 +173,46 @@ impl Decoder {
     /// `layer` builds, then its norms (as `style` names them); then the embedding, the final
     /// norm and the head. The family has sanitized `w` (mlx-lm's `sanitize`); every tensor
     /// left must be used.
-    pub fn load_styled(
+    pub fn load_styled<B: Into<Built>>(
         config: &ModelConfig,
         mut w: Weights,
         dims: Dims,
         style: Style,
-        mut layer: impl FnMut(&mut Weights, &str, i32) -> Result<Built, LoadError>,
+        mut layer: impl FnMut(&mut Weights, &str, i32) -> Result<B, LoadError>,
     ) -> Result<Self, LoadError> {
         w.set_quantization(config.quantization.clone());
         let eps = dims.rms_norm_eps;
         let norm = |w: &mut Weights, name: &str| (style.norm)(w, name, eps);
-        let mut layers = Vec::new();
+        let mut layers: Vec<Layer> = Vec::new();
         for i in 0..dims.layers {
             let p = format!("model.layers.{i}");
-            let (mixer, ffn) = layer(&mut w, &p, i)?;
+            let built: Built = layer(&mut w, &p, i)?.into();
+            if let Some(j) = built.borrows {
+                if j >= i as usize || layers[j].borrows.is_some() {
+                    return Err(LoadError::Unsupported(format!(
+                        "layer {i} borrows the K/V of layer {j}, which is not an earlier layer \
+                         with K/V of its own"
+                    )));
+                }
+            }
             let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
-            layers.push(match style.sandwich {
-                false => Layer {
-                    norm_in: named("input_layernorm")?,
-                    mixer,
-                    post_mixer_norm: None,
-                    norm_post: named("post_attention_layernorm")?,
-                    ffn,
-                    post_ffn_norm: None,
-                },
-                true => Layer {
-                    norm_in: named("input_layernorm")?,
-                    mixer,
-                    post_mixer_norm: Some(named("post_attention_layernorm")?),
-                    norm_post: named("pre_feedforward_layernorm")?,
-                    ffn,
-                    post_ffn_norm: Some(named("post_feedforward_layernorm")?),
-                },
+            let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
+                false => (None, named("post_attention_layernorm")?, None),
+                true => (
+                    Some(named("post_attention_layernorm")?),
+                    named("pre_feedforward_layernorm")?,
+                    Some(named("post_feedforward_layernorm")?),
+                ),
+            };
+            layers.push(Layer {
+                norm_in: named("input_layernorm")?,
+                mixer: built.mixer,
+                post_mixer_norm,
+                norm_post,
+                ffn: built.ffn,
+                post_ffn_norm,
+                tail: built.tail,
+                borrows: built.borrows,
             });
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", dims.hidden)?;
@@ -307,7 +222,7 @@ impl Decoder {
             final_norm,
             dims.tie_word_embeddings,
             dims.hidden,
-            None,
+            style.logit_softcap,
         )?;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Decoder {
@@ -315,9 +230,12 @@ impl Decoder {
             ffn_module: dims.ffn_module,
             embed,
             embed_scale: style.embed_scale,
+            side: style.side,
             layers,
             residual: style.residual,
             head,
+            lora: style.lora,
+            assistant_target: style.assistant_target,
             stage: None,
         })
     }
@@ -335,25 +253,73 @@ impl Decoder {
         }
     }
 
-    /// The masks for `n` new tokens through the local layers (`caches`, one each).
+    /// The side inputs of `ids` (None for a model without them).
+    fn side_inputs(&self, ids: &Array, h0: &Array) -> R<Option<Vec<Array>>> {
+        self.side.as_ref().map(|s| s.make(ids, h0)).transpose()
+    }
+
+    /// The masks for `n` new tokens through the local layers (`caches`: the layers' that
+    /// keep one, in order).
     pub fn masks(&self, caches: &[Box<dyn Cache>], n: i32) -> R<Masks> {
         Masks::make(&self.layers, caches, n)
     }
 
-    /// The local layers `range` over `h`, each with its cache (`caches[k]` for the k-th)
-    /// and the mask of its window.
+    /// The local layers `range` over `h`, `caches` those of the layers in it that keep one,
+    /// each layer with the mask of its window.
     pub fn blocks(
+        &self,
+        h: Array,
+        masks: &Masks,
+        range: Range<usize>,
+        caches: &mut [Box<dyn Cache>],
+    ) -> R<Array> {
+        let mut step = Step {
+            lent: vec![None; self.layers.len()],
+            side: None,
+        };
+        self.run(h, masks, range, caches, &mut step)
+    }
+
+    /// As `blocks`, with the forward's loans and side inputs.
+    fn run(
         &self,
         mut h: Array,
         masks: &Masks,
         range: Range<usize>,
         caches: &mut [Box<dyn Cache>],
+        step: &mut Step,
     ) -> R<Array> {
-        for (layer, cache) in self.layers[range].iter().zip(caches.iter_mut()) {
+        let mut caches = caches.iter_mut();
+        for i in range {
+            let layer = &self.layers[i];
             let mask = masks.of(layer.mixer.window());
-            h = layer.forward(h, mask, cache.as_mut(), self.residual)?;
+            let io = match layer.borrows {
+                Some(j) => Io::Borrow(step.lent[j].as_ref().ok_or_else(|| {
+                    Exception::custom(format!("layer {i} borrows layer {j}'s K/V, not lent"))
+                })?),
+                None => {
+                    let cache = caches
+                        .next()
+                        .ok_or_else(|| Exception::custom(format!("no cache for layer {i}")))?;
+                    match self.lends(i) {
+                        true => Io::Lend(cache.as_mut()),
+                        false => Io::Own(cache.as_mut()),
+                    }
+                }
+            };
+            let side = step.side.as_ref().map(|s| &s[i]);
+            let (next, lent) = layer.forward(h, mask, io, self.residual, side)?;
+            h = next;
+            if lent.is_some() {
+                step.lent[i] = lent;
+            }
         }
         Ok(h)
+    }
+
+    /// Whether a later layer borrows layer `i`'s K/V.
+    fn lends(&self, i: usize) -> bool {
+        self.layers.iter().any(|l| l.borrows == Some(i))
     }
 
     /// Final norm and output head → logits.
@@ -363,15 +329,44 @@ impl Decoder {
 
     /// The forward from input embeddings [B, L, H]: the family's scale, the masks from the
     /// caches (as mlx-lm makes them), the local layers (through this rank's stage when
-    /// pipelined), then the head.
+    /// pipelined), then the head. A model with side inputs makes them from the ids: it
+    /// takes `forward` only.
     pub fn forward_embeddings(&self, h: Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        let h = self.scaled(h)?;
+        if self.side.is_some() {
+            return Err(Exception::custom(format!(
+                "{} makes per-layer inputs from the token ids: it runs from ids, not \
+                 input embeddings",
+                self.model_type
+            )));
+        }
+        let h = self.hidden_states(self.scaled(h)?, None, caches)?;
+        self.head(&h)
+    }
+
+    /// The first hidden state and side inputs through the local layers (this rank's stage
+    /// when pipelined): the hidden state before the final norm.
+    fn hidden_states(
+        &self,
+        h: Array,
+        side: Option<Vec<Array>>,
+        caches: &mut [Box<dyn Cache>],
+    ) -> R<Array> {
         let masks = self.masks(caches, h.shape()[1])?;
         let all = 0..self.layers.len();
-        let h = pipeline::run(self.stage.as_ref(), h, caches, |h, caches| {
-            self.blocks(h, &masks, all, caches)
-        })?;
-        self.head(&h)
+        let mut step = Step {
+            lent: vec![None; self.layers.len()],
+            side,
+        };
+        pipeline::run(self.stage.as_ref(), h, caches, |h, caches| {
+            self.run(h, &masks, all, caches, &mut step)
+        })
+    }
+
+    /// ids → the hidden state before the final norm.
+    fn run_ids(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        let h = self.scaled(self.embed(ids)?)?;
+        let side = self.side_inputs(ids, &h)?;
+        self.hidden_states(h, side, caches)
     }
 }
 
@@ -388,25 +383,28 @@ impl LanguageModel for Decoder {
         self.head.width(&self.embed)
     }
 
-    /// One per local layer (a pipeline stage's in its stage wrapper).
+    /// One per local layer that keeps one (a pipeline stage's in its stage wrapper).
     fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        let caches = self.layers.iter().map(|l| l.mixer.make_cache()).collect();
+        let keepers = self.layers.iter().filter(|l| l.keeps_cache());
+        let caches = keepers.map(|l| l.mixer.make_cache()).collect();
         pipeline::local_caches(self.stage.as_ref(), caches)
     }
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        self.forward_embeddings(self.embed(ids)?, caches)
+        self.head(&self.run_ids(ids, caches)?)
     }
 
     fn linears(&self) -> Vec<(String, &Linear)> {
+        if !self.lora {
+            return Vec::new();
+        }
         let mut all = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            let mixer = l
-                .mixer
-                .linears()
-                .into_iter()
-                .map(|(n, l)| (n.to_owned(), l));
-            for (n, lin) in mixer.chain(l.ffn.linears(self.ffn_module)) {
+            let mixer = l.mixer.linears().into_iter();
+            let tail = l.tail.iter().flat_map(|t| t.linears());
+            let mixer = mixer.map(|(n, l)| (n.to_owned(), l));
+            let tail = tail.map(|(n, l)| (n.to_owned(), l));
+            for (n, lin) in mixer.chain(l.ffn.linears(self.ffn_module)).chain(tail) {
                 all.push((format!("model.layers.{i}.{n}"), lin));
             }
         }
@@ -432,6 +430,13 @@ impl LanguageModel for Decoder {
         }
     }
 
+    fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
+        match self.assistant_target && self.stage.is_none() {
+            true => Some(self),
+            false => None,
+        }
+    }
+
     /// Tensor parallel as mlx-lm's `Model.shard`: each layer's mixer and feed-forward keep
     /// this rank's part.
     fn shard(&mut self, part: Part) -> Result<(), LoadError> {
@@ -443,8 +448,15 @@ impl LanguageModel for Decoder {
         Ok(())
     }
 
-    /// `PipelineMixin.pipeline`: this rank keeps its stage's layers.
+    /// `PipelineMixin.pipeline`: this rank keeps its stage's layers. Refused where a layer
+    /// borrows K/V or reads side inputs: a stage would lack what the earlier one made.
     fn pipeline(&mut self, part: Part) -> Result<(), LoadError> {
+        if self.side.is_some() || self.layers.iter().any(|l| l.borrows.is_some()) {
+            return Err(LoadError::Unsupported(format!(
+                "{}: pipeline stages cannot split layers that share K/V or per-layer inputs",
+                self.model_type
+            )));
+        }
         let stage = Stage::new(part, self.layers.len(), &self.model_type)?;
         self.layers = stage.keep(std::mem::take(&mut self.layers));
         self.stage = Some(stage);
@@ -452,77 +464,36 @@ impl LanguageModel for Decoder {
     }
 }
 
-/// Segmented training: the blocks a few at a time, without caches (the masks as
-/// `model(inputs)` makes them with no cache, windowed ones included).
-impl Layered for Decoder {
-    fn num_blocks(&self) -> usize {
-        self.layers.len()
+/// optiq's assistant drafter reads its target through these.
+impl AssistantTarget for Decoder {
+    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        self.head.norm.forward(&self.run_ids(ids, caches)?)
     }
 
-    fn embed_ids(&self, ids: &Array) -> R<Array> {
+    fn head_uncapped(&self, hidden: &Array) -> R<Array> {
+        self.head.project(&self.embed, hidden)
+    }
+
+    fn embed_scaled(&self, ids: &Array) -> R<Array> {
         self.scaled(self.embed(ids)?)
     }
 
-    fn run_blocks(&self, h: &Array, range: Range<usize>) -> R<Array> {
-        let mut caches: Vec<Box<dyn Cache>> = range
-            .clone()
-            .map(|_| Box::new(crate::cache::none::PassThrough) as Box<dyn Cache>)
-            .collect();
-        let masks = Masks::make(&self.layers[range.clone()], &caches, h.shape()[1])?;
-        self.blocks(h.clone(), &masks, range, &mut caches)
-    }
-
-    fn head_logits(&self, h: &Array) -> R<Array> {
-        self.head(h)
-    }
-}
-
-/// Multi-head attention as a mixer (llama, qwen2/3, the MoE families).
-impl Mixer for Attention {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        Attention::forward(self, x, mask, kv_of(cache)?)
-    }
-
-    /// A standard KV cache; under dynamic NTK RoPE one whose offset stays an integer (the
-    /// scaled base is computed from it).
-    fn make_cache(&self) -> Box<dyn Cache> {
-        kv_cache(&self.rope)
-    }
-
-    fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        self.named_linears().into()
-    }
-
-    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
-        Attention::shard(self, part, layer)
-    }
-}
-
-/// The KV cache an attention with `rope` keeps.
-pub fn kv_cache(rope: &rope::Rope) -> Box<dyn Cache> {
-    match rope.needs_int_offset() {
-        true => Box::new(rope::IntOffsetKv(KvCache::new())),
-        false => Box::new(KvCache::new()),
-    }
-}
-
-/// The gated MLP as a feed-forward.
-impl FeedForward for Mlp {
-    fn forward(&self, x: &Array) -> R<Array> {
-        Mlp::forward(self, x)
-    }
-
-    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
-        [
-            ("gate_proj", &self.gate_proj),
-            ("up_proj", &self.up_proj),
-            ("down_proj", &self.down_proj),
-        ]
-        .map(|(n, l)| (format!("{module}.{n}"), l))
-        .into()
-    }
-
-    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
-        Mlp::shard(self, part, prefix)
+    /// The caches of the last sliding-window and the last full-attention layer that keep
+    /// their own K/V.
+    fn donor_caches(&self) -> R<(usize, usize)> {
+        let (mut sliding, mut full) = (None, None);
+        let keepers = self.layers.iter().filter(|l| l.keeps_cache());
+        for (cache, layer) in keepers.enumerate() {
+            match layer.mixer.window() {
+                None => full = Some(cache),
+                Some(_) => sliding = Some(cache),
+            }
+        }
+        sliding.zip(full).ok_or_else(|| {
+            Exception::custom(
+                "the assistant drafter needs a target with both sliding-window and \
+                 full-attention layers",
+            )
+        })
     }
 }

@@ -88,8 +88,9 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
         // `mx.array(hidden_size**0.5, mx.bfloat16)`.
         embed_scale: Some(EmbedScale {
             scale: (a.hidden_size as f64).sqrt() as f32,
-            through: Dtype::Bfloat16,
+            through: Some(Dtype::Bfloat16),
         }),
+        ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, p, i| layer(&a, w, p, i))
 }
@@ -132,7 +133,7 @@ fn layer(a: &Gemma3Args, w: &mut Weights, p: &str, i: i32) -> Result<Built, Load
             window: a.sliding_window,
         }),
     };
-    Ok((mixer, Box::new(mlp)))
+    Ok((mixer, Box::new(mlp)).into())
 }
 
 impl Gemma3Args {

@@ -1,4 +1,6 @@
-//! Gemma 4 text (`gemma4_text`) as mlx-lm 0.32.2 implements it:
+//! Gemma 4 text (`gemma4_text`) as mlx-lm 0.32.2 implements it, on the shared decoder
+//! (`decoder.rs`: the per-layer inputs are its side inputs, the gate and scalar its tail,
+//! the KV-shared layers borrowers):
 //!
 //!   h = embed(ids) · √hidden
 //!   per-layer inputs (small Gemma 4s): p = (norm(proj(h) / √hidden) + embed_pl(ids) · √d_pl) / √2,
@@ -26,28 +28,19 @@ use mlx_rs::error::Exception;
 use mlx_rs::fast;
 use mlx_rs::Array;
 
-use super::layers::{
-    block_linears, gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, OutputHead,
-    RmsNorm, Rope,
+use super::decoder::{
+    Built, Decoder, Dims, EmbedScale, FeedForward, Lent, Mixer, Residual, SideInputs, Style, Tail,
 };
-use super::LanguageModel;
+use super::layers::{gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::shard::Part;
 use crate::cache::{kv_of, Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 pub use args::Gemma4Args;
-use assistant::AssistantTarget;
 use moe::MoeBlock;
 
 type R<T> = Result<T, Exception>;
-
-/// K/V of one layer as later layers may borrow them: the cache's full contents after this
-/// step, and the RoPE position the step used.
-#[derive(Clone)]
-struct SharedKv {
-    kv: Kv,
-    offset: RopeOffset,
-}
 
 /// The K/V half of an attention layer that computes its own.
 struct KvProj {
@@ -61,101 +54,197 @@ struct KvProj {
 struct Attention {
     q_proj: Linear,
     q_norm: RmsNorm,
+    /// None on a KV-shared layer: it borrows its lender's.
     kv: Option<KvProj>,
     o_proj: Linear,
     n_heads: i32,
     eps: f32,
     rope: Rope,
+    /// Sliding layers' window (None: full attention).
+    window: Option<i32>,
 }
 
 impl Attention {
-    fn forward(
+    /// Attention over this layer's own K/V (`cache`) or a lender's (`lent`); gives the K/V
+    /// it attended over and the RoPE position it used.
+    fn attend(
         &self,
         x: &Array,
         mask: &Mask,
-        cache: Option<&mut Box<dyn Cache>>,
-        shared: Option<&SharedKv>,
-    ) -> R<(Array, SharedKv)> {
+        cache: Option<&mut dyn Cache>,
+        lent: Option<&Lent>,
+    ) -> R<(Array, Lent)> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = [0, 2, 1, 3];
         let q =
             self.q_norm
                 .forward(&self.q_proj.forward(x)?.reshape(&[b, l, self.n_heads, -1])?)?;
-        let (fresh, offset) = match (shared, &self.kv) {
-            (Some(s), _) => (None, s.offset.clone()),
-            (None, Some(kv)) => {
+        let (kv, offset) = match (cache, lent, &self.kv) {
+            (Some(cache), None, Some(kv)) => {
+                let offset = self.lent_offset(cache);
                 let k = kv.k_proj.forward(x)?.reshape(&[b, l, kv.n_kv_heads, -1])?;
                 let v = match &kv.v_proj {
                     Some(v_proj) => v_proj.forward(x)?.reshape(&[b, l, kv.n_kv_heads, -1])?,
                     None => k.clone(),
                 };
-                // mlx-lm passes `mx.array(cache.offset)`: the array form of the position.
-                let offset = match cache.as_ref().map(|c| c.rope_offset()) {
-                    Some(RopeOffset::Int(o)) => RopeOffset::Array(Array::from_int(o)),
-                    Some(o) => o,
-                    None => RopeOffset::Int(0),
-                };
                 let k = kv.k_norm.forward(&k)?.transpose_axes(&heads)?;
                 let k = self.rope.forward(&k, &offset)?;
                 let v = fast::rms_norm(&v, None, self.eps)?.transpose_axes(&heads)?;
-                (Some((k, v)), offset)
+                (kv_of(cache)?.update_and_fetch(k, v)?, offset)
             }
-            (None, None) => {
+            // optiq attends borrowed quantized K/V through its unfused quantized SDPA.
+            (None, Some(lent), None) => (borrowed(&lent.kv), lent.offset.clone()),
+            _ => {
                 return Err(Exception::custom(
-                    "a KV-shared gemma4 layer ran without the K/V it borrows",
+                    "a gemma4 layer attends over its own K/V (with a cache) or, KV-shared, \
+                     over its lender's",
                 ))
             }
         };
         let q = self.rope.forward(&q.transpose_axes(&heads)?, &offset)?;
-        let kv = match (fresh, cache, shared) {
-            (Some((k, v)), Some(c), _) => kv_of(c.as_mut())?.update_and_fetch(k, v)?,
-            (Some((k, v)), None, _) => Kv::Dense(k, v),
-            // optiq attends borrowed quantized K/V through its unfused quantized SDPA.
-            (None, _, Some(s)) => match &s.kv {
-                Kv::Quantized {
-                    keys,
-                    values,
-                    quant,
-                } => Kv::Quantized {
-                    keys: keys.clone(),
-                    values: values.clone(),
-                    quant: KvQuant {
-                        sdpa: QuantSdpa::MlxLm,
-                        ..*quant
-                    },
-                },
-                dense => dense.clone(),
-            },
-            (None, _, None) => unreachable!("a layer without K/V of its own always borrows"),
-        };
         let out = super::sdpa::attend(&q, &kv, 1.0, mask)?;
         let out = out.transpose_axes(&heads)?.reshape(&[b, l, -1])?;
-        Ok((self.o_proj.forward(&out)?, SharedKv { kv, offset }))
+        Ok((self.o_proj.forward(&out)?, Lent { kv, offset }))
     }
 }
 
-/// The per-layer input branch of the small Gemma 4s.
+/// A lender's K/V as a borrower attends over them (quantized ones through mlx-lm's SDPA).
+fn borrowed(kv: &Kv) -> Kv {
+    match kv {
+        Kv::Quantized {
+            keys,
+            values,
+            quant,
+        } => Kv::Quantized {
+            keys: keys.clone(),
+            values: values.clone(),
+            quant: KvQuant {
+                sdpa: QuantSdpa::MlxLm,
+                ..*quant
+            },
+        },
+        dense => dense.clone(),
+    }
+}
+
+impl Mixer for Attention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        Ok(self.attend(x, mask, Some(cache), None)?.0)
+    }
+
+    fn forward_lending(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<(Array, Lent)> {
+        self.attend(x, mask, Some(cache), None)
+    }
+
+    fn forward_borrowing(&self, x: &Array, mask: &Mask, lent: &Lent) -> R<Array> {
+        Ok(self.attend(x, mask, None, Some(lent))?.0)
+    }
+
+    /// mlx-lm passes `mx.array(cache.offset)`: the array form of the position.
+    fn lent_offset(&self, cache: &dyn Cache) -> RopeOffset {
+        match cache.rope_offset() {
+            RopeOffset::Int(o) => RopeOffset::Array(Array::from_int(o)),
+            o => o,
+        }
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        layer_cache(self.window.is_none(), self.window.unwrap_or(0))
+    }
+
+    fn window(&self) -> Option<i32> {
+        self.window
+    }
+
+    /// KV-shared layers have no k/v projections, K = V layers no v_proj.
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let mut named = vec![("self_attn.q_proj", &self.q_proj)];
+        if let Some(kv) = &self.kv {
+            named.push(("self_attn.k_proj", &kv.k_proj));
+            if let Some(v) = &kv.v_proj {
+                named.push(("self_attn.v_proj", v));
+            }
+        }
+        named.push(("self_attn.o_proj", &self.o_proj));
+        named
+    }
+
+    fn shard(&mut self, _part: Part, _layer: &str) -> Result<(), LoadError> {
+        Err(not_sharded())
+    }
+}
+
+fn not_sharded() -> LoadError {
+    LoadError::Unsupported("gemma4_text is not split across ranks (mlx-lm has no shard)".into())
+}
+
+/// `down(geglu(gate, up))` (double-wide on the KV-sharing layers), with the experts beside
+/// it (`enable_moe_block`), which read the residual stream through their own norm.
+struct Ffn {
+    mlp: Mlp,
+    moe: Option<MoeBlock>,
+}
+
+impl FeedForward for Ffn {
+    fn forward(&self, x: &Array) -> R<Array> {
+        match &self.moe {
+            None => self.mlp.forward(x),
+            Some(_) => Err(Exception::custom(
+                "gemma4's experts read the residual stream: forward_with_residual",
+            )),
+        }
+    }
+
+    fn forward_with_residual(&self, x: &Array, h: &Array) -> R<Array> {
+        let r = self.mlp.forward(x)?;
+        match &self.moe {
+            Some(moe) => moe.forward(h, &r),
+            None => Ok(r),
+        }
+    }
+
+    fn linears(&self, _module: &str) -> Vec<(String, &Linear)> {
+        let named = self.mlp.named_linears().map(|(n, l)| (n.to_owned(), l));
+        named.into()
+    }
+
+    fn shard(&mut self, _part: Part, _prefix: &str) -> Result<(), LoadError> {
+        Err(not_sharded())
+    }
+}
+
+/// After the feed-forward: the small Gemma 4s' per-layer input gate
+/// (`h + norm(proj(gelu_tanh(gate(h)) · p_layer))`), then `h · layer_scalar`.
+struct LayerTail {
+    per_layer: Option<PerLayerGate>,
+    layer_scalar: Array,
+}
+
 struct PerLayerGate {
     gate: Linear,
     projection: Linear,
     norm: RmsNorm,
 }
 
-struct Block {
-    attn: Attention,
-    /// `down(geglu(gate, up))`, double-wide on the KV-sharing layers.
-    mlp: Mlp,
-    /// The experts beside the MLP (`enable_moe_block`).
-    moe: Option<MoeBlock>,
-    input_norm: RmsNorm,
-    post_attn_norm: RmsNorm,
-    pre_ffw_norm: RmsNorm,
-    post_ffw_norm: RmsNorm,
-    per_layer: Option<PerLayerGate>,
-    layer_scalar: Array,
-    full: bool,
-    /// The layer whose K/V this one borrows (itself when it computes its own).
-    kv_source: usize,
+impl Tail for LayerTail {
+    fn forward(&self, mut h: Array, side: Option<&Array>) -> R<Array> {
+        if let (Some(g), Some(input)) = (&self.per_layer, side) {
+            let gate = gelu_approx(&g.gate.forward(&h)?)?.multiply(input)?;
+            let gate = g.norm.forward(&g.projection.forward(&gate)?)?;
+            h = h.add(&gate)?;
+        }
+        h.multiply(&self.layer_scalar)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        match &self.per_layer {
+            Some(pl) => vec![
+                ("per_layer_input_gate", &pl.gate),
+                ("per_layer_projection", &pl.projection),
+            ],
+            None => Vec::new(),
+        }
+    }
 }
 
 /// The model-level half of the per-layer inputs.
@@ -164,15 +253,39 @@ struct PerLayerInputs {
     model_projection: Linear,
     projection_norm: RmsNorm,
     width: i32,
+    layers: i32,
+    hidden: i32,
 }
 
-pub struct Gemma4 {
-    args: Gemma4Args,
-    embed: Embedding,
-    per_layer: Option<PerLayerInputs>,
-    blocks: Vec<Block>,
-    /// `model.norm`, the head and the final logit softcap.
-    head: OutputHead,
+impl SideInputs for PerLayerInputs {
+    /// One view per layer [B, L, width]: a Slice and a Squeeze each, as mlx-lm's
+    /// `inputs[:, :, i, :]` builds it (an integer index in mlx-rs reshapes instead).
+    fn make(&self, ids: &Array, h0: &Array) -> R<Vec<Array>> {
+        let all = self.all(ids, h0)?;
+        let cuts: Vec<i32> = (1..self.layers).collect();
+        let views = all.split_at_indices(&cuts, 2)?;
+        views.iter().map(|v| v.squeeze_axes(&[2])).collect()
+    }
+}
+
+impl PerLayerInputs {
+    /// Per-layer inputs [B, L, layers, width] from the ids and the scaled embeddings.
+    fn all(&self, ids: &Array, h: &Array) -> R<Array> {
+        let p = self;
+        let (b, l) = (ids.shape()[0], ids.shape()[1]);
+        let shape = [b, l, self.layers, p.width];
+        let from_ids = p.embed.forward(ids)?;
+        let from_ids = from_ids
+            .multiply(weak((p.width as f64).sqrt(), &from_ids)?)?
+            .reshape(&shape)?;
+        let projected = p.model_projection.forward(h)?;
+        let projected = projected
+            .multiply(weak((self.hidden as f64).powf(-0.5), &projected)?)?
+            .reshape(&shape)?;
+        let projected = p.projection_norm.forward(&projected)?;
+        let sum = projected.add(&from_ids)?;
+        sum.multiply(weak(2f64.powf(-0.5), &sum)?)
+    }
 }
 
 /// Checkpoint tensors mlx-lm's `sanitize` drops for this family.
@@ -203,235 +316,72 @@ fn sanitized_away(name: &str, first_shared: i32) -> bool {
     false
 }
 
-impl Gemma4 {
-    pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Self, LoadError> {
-        let a: Gemma4Args = config.parse()?;
-        w.set_quantization(config.quantization.clone());
-        let full = a.full_attention()?;
-        let n = a.num_hidden_layers;
-        let first_shared = n - a.num_kv_shared_layers;
-        let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
-        let eps = a.rms_norm_eps;
-        let blocks = (0..n)
-            .map(|i| load_block(&mut w, &a, &full, i, first_shared))
-            .collect::<Result<Vec<_>, _>>()?;
-        let embed = Embedding::load(&mut w, "model.embed_tokens", a.hidden_size)?;
-        let per_layer = if pl_width > 0 {
-            Some(PerLayerInputs {
-                embed: Embedding::load(&mut w, "model.embed_tokens_per_layer", n * pl_width)?,
-                model_projection: Linear::load(
-                    &mut w,
-                    "model.per_layer_model_projection",
-                    false,
-                    a.hidden_size,
-                )?,
-                projection_norm: RmsNorm::load(&mut w, "model.per_layer_projection_norm", eps)?,
-                width: pl_width,
-            })
-        } else {
-            None
-        };
-        let norm = RmsNorm::load(&mut w, "model.norm", eps)?;
-        let head = OutputHead::load(
-            &mut w,
-            norm,
-            a.tie_word_embeddings,
-            a.hidden_size,
-            a.final_logit_softcapping,
-        )?;
-        w.ensure_consumed("gemma4_text", |name| sanitized_away(name, first_shared))?;
-        Ok(Gemma4 {
-            args: a,
-            embed,
-            per_layer,
-            blocks,
-            head,
-        })
-    }
-
-    /// Per-layer inputs [B, L, layers, width] from the ids and the scaled embeddings.
-    fn per_layer_inputs(&self, p: &PerLayerInputs, ids: &Array, h: &Array) -> R<Array> {
-        let (b, l) = (ids.shape()[0], ids.shape()[1]);
-        let shape = [b, l, self.args.num_hidden_layers, p.width];
-        let from_ids = p.embed.forward(ids)?;
-        let from_ids = from_ids
-            .multiply(weak((p.width as f64).sqrt(), &from_ids)?)?
-            .reshape(&shape)?;
-        let projected = p.model_projection.forward(h)?;
-        let projected = projected
-            .multiply(weak((self.args.hidden_size as f64).powf(-0.5), &projected)?)?
-            .reshape(&shape)?;
-        let projected = p.projection_norm.forward(&projected)?;
-        let sum = projected.add(&from_ids)?;
-        sum.multiply(weak(2f64.powf(-0.5), &sum)?)
-    }
+/// The model: the decoder with Gemma 4's style — four norms per layer, the embedding
+/// scale, per-layer inputs, the logit softcap — and its layers.
+pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
+    let a: Gemma4Args = config.parse()?;
+    w.set_quantization(config.quantization.clone());
+    let full = a.full_attention()?;
+    let n = a.num_hidden_layers;
+    let first_shared = n - a.num_kv_shared_layers;
+    w.discard(|name| sanitized_away(name, first_shared));
+    let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
+    let side: Option<Box<dyn SideInputs>> = match pl_width > 0 {
+        true => Some(Box::new(PerLayerInputs {
+            embed: Embedding::load(&mut w, "model.embed_tokens_per_layer", n * pl_width)?,
+            model_projection: Linear::load(
+                &mut w,
+                "model.per_layer_model_projection",
+                false,
+                a.hidden_size,
+            )?,
+            projection_norm: RmsNorm::load(
+                &mut w,
+                "model.per_layer_projection_norm",
+                a.rms_norm_eps,
+            )?,
+            width: pl_width,
+            layers: n,
+            hidden: a.hidden_size,
+        })),
+        false => None,
+    };
+    let dims = Dims {
+        layers: n,
+        hidden: a.hidden_size,
+        rms_norm_eps: a.rms_norm_eps,
+        tie_word_embeddings: a.tie_word_embeddings,
+        ffn_module: "mlp",
+    };
+    let style = Style {
+        norm: RmsNorm::load,
+        sandwich: true,
+        residual: Residual::Add,
+        embed_scale: Some(EmbedScale {
+            scale: (a.hidden_size as f64).sqrt() as f32,
+            through: None,
+        }),
+        side,
+        logit_softcap: a.final_logit_softcapping,
+        // LoRA is not available on the mixture-of-experts Gemma 4.
+        lora: !a.enable_moe_block,
+        assistant_target: true,
+    };
+    Decoder::load_styled(config, w, dims, style, |w, _p, i| {
+        layer(w, &a, &full, i, first_shared)
+    })
 }
 
-impl Block {
-    fn forward(
-        &self,
-        h: &Array,
-        mask: &Mask,
-        cache: Option<&mut Box<dyn Cache>>,
-        shared: Option<&SharedKv>,
-        per_layer_input: Option<&Array>,
-    ) -> R<(Array, SharedKv)> {
-        let (r, kv) = self
-            .attn
-            .forward(&self.input_norm.forward(h)?, mask, cache, shared)?;
-        let h = h.add(&self.post_attn_norm.forward(&r)?)?;
-        let r = self.mlp.forward(&self.pre_ffw_norm.forward(&h)?)?;
-        let r = match &self.moe {
-            Some(moe) => moe.forward(&h, &r)?,
-            None => r,
-        };
-        let mut h = h.add(&self.post_ffw_norm.forward(&r)?)?;
-        if let (Some(g), Some(input)) = (&self.per_layer, per_layer_input) {
-            let gate = gelu_approx(&g.gate.forward(&h)?)?.multiply(input)?;
-            let gate = g.norm.forward(&g.projection.forward(&gate)?)?;
-            h = h.add(&gate)?;
-        }
-        Ok((h.multiply(&self.layer_scalar)?, kv))
-    }
-}
-
-impl LanguageModel for Gemma4 {
-    fn model_type(&self) -> &str {
-        "gemma4_text"
-    }
-
-    fn vocab_size(&self) -> usize {
-        self.head.width(&self.embed)
-    }
-
-    fn activation_dtype(&self) -> mlx_rs::Dtype {
-        self.embed.output_dtype()
-    }
-
-    /// mlx-lm's module names; KV-shared layers have no k/v projections, K = V layers no
-    /// v_proj, and the small models add the per-layer input gate and projection. None with
-    /// the experts: LoRA is not available on the mixture-of-experts Gemma 4.
-    fn linears(&self) -> Vec<(String, &Linear)> {
-        if self.args.enable_moe_block {
-            return Vec::new();
-        }
-        block_linears(&self.blocks, |b| {
-            let a = &b.attn;
-            let mut named = vec![("self_attn.q_proj", &a.q_proj)];
-            if let Some(kv) = &a.kv {
-                named.push(("self_attn.k_proj", &kv.k_proj));
-                if let Some(v) = &kv.v_proj {
-                    named.push(("self_attn.v_proj", v));
-                }
-            }
-            named.push(("self_attn.o_proj", &a.o_proj));
-            named.extend(b.mlp.named_linears());
-            if let Some(pl) = &b.per_layer {
-                named.push(("per_layer_input_gate", &pl.gate));
-                named.push(("per_layer_projection", &pl.projection));
-            }
-            named
-        })
-    }
-
-    /// Caches only for the layers that compute K/V (as mlx-lm's `make_cache`).
-    fn make_caches(&self) -> Vec<Box<dyn Cache>> {
-        self.blocks
-            .iter()
-            .enumerate()
-            .filter(|(i, b)| b.kv_source == *i)
-            .map(|(_, b)| layer_cache(b.full, self.args.sliding_window))
-            .collect()
-    }
-
-    fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        self.head.forward(&self.embed, &self.run(ids, caches)?)
-    }
-
-    fn as_assistant_target(&self) -> Option<&dyn AssistantTarget> {
-        Some(self)
-    }
-
-    fn as_layered(&self) -> Option<&dyn super::Layered> {
-        Some(self)
-    }
-}
-
-/// Segmented training's hooks (embed → blocks with the borrowed K/V carried → head).
-mod layered;
-
-impl Gemma4 {
-    /// The scaled input embedding (`embed_tokens(ids) * embed_scale`).
-    fn embed_scaled(&self, ids: &Array) -> R<Array> {
-        let h = self.embed.forward(ids)?;
-        h.multiply(weak((self.args.hidden_size as f64).sqrt(), &h)?)
-    }
-
-    /// mlx-lm's inner `Gemma4TextModel`: the hidden state after the final norm.
-    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        self.head.norm.forward(&self.run(ids, caches)?)
-    }
-
-    /// Embedding and blocks: the hidden state before the final norm.
-    fn run(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        let mut h = self.embed_scaled(ids)?;
-        // One view per layer [B, L, width]: a Slice and a Squeeze each, as mlx-lm's
-        // `inputs[:, :, i, :]` builds it (an integer index in mlx-rs reshapes instead).
-        let per_layer = match &self.per_layer {
-            Some(p) => {
-                let all = self.per_layer_inputs(p, ids, &h)?;
-                let cuts: Vec<i32> = (1..self.args.num_hidden_layers).collect();
-                let views = all.split_at_indices(&cuts, 2)?;
-                Some(
-                    views
-                        .iter()
-                        .map(|v| v.squeeze_axes(&[2]))
-                        .collect::<R<Vec<_>>>()?,
-                )
-            }
-            None => None,
-        };
-        let n = ids.shape()[1];
-        // One mask per attention kind, from the first cache of that kind.
-        let mut masks: [Option<Mask>; 2] = [None, None];
-        for (block, cache) in self.blocks.iter().zip(caches.iter()) {
-            let slot = &mut masks[block.full as usize];
-            if slot.is_none() {
-                let window = (!block.full).then_some(self.args.sliding_window);
-                *slot = Some(cache.make_mask(n, window)?);
-            }
-        }
-        let mut produced: Vec<Option<SharedKv>> = vec![None; self.blocks.len()];
-        let mut caches = caches.iter_mut();
-        for (i, block) in self.blocks.iter().enumerate() {
-            let own = block.kv_source == i;
-            let cache = if own { caches.next() } else { None };
-            let shared = if own {
-                None
-            } else {
-                produced[block.kv_source].as_ref()
-            };
-            let mask = masks[block.full as usize]
-                .as_ref()
-                .ok_or_else(|| Exception::custom("no mask for this attention kind"))?;
-            let input = per_layer.as_ref().map(|p| &p[i]);
-            let (next, kv) = block.forward(&h, mask, cache, shared, input)?;
-            h = next;
-            produced[i] = Some(kv);
-        }
-        Ok(h)
-    }
-}
-
-/// Layer `i` of a Gemma 4 model: its attention (K/V projections unless it shares an earlier
-/// layer's), GeGLU MLP, norms, per-layer input gate and the layer that lends it K/V.
-fn load_block(
+/// Layer `i` of a Gemma 4 model: its attention (K/V projections unless it borrows an
+/// earlier layer's), GeGLU MLP (and experts), per-layer input gate and scalar, and the
+/// layer that lends it K/V.
+fn layer(
     w: &mut Weights,
     a: &Gemma4Args,
     full: &[bool],
     i: i32,
     first_shared: i32,
-) -> Result<Block, LoadError> {
+) -> Result<Built, LoadError> {
     let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
     let eps = a.rms_norm_eps;
     let p = format!("model.layers.{i}");
@@ -477,6 +427,7 @@ fn load_block(
         n_heads: a.num_attention_heads,
         eps,
         rope,
+        window: (!is_full).then_some(a.sliding_window),
     };
     let double_wide = a.use_double_wide_mlp && i >= first_shared && first_shared > 0;
     let inter = a.intermediate_size * if double_wide { 2 } else { 1 };
@@ -502,8 +453,7 @@ fn load_block(
                 ))
             })?
     };
-    Ok(Block {
-        attn,
+    let ffn = Ffn {
         mlp: Mlp::load(
             w,
             &format!("{p}.mlp"),
@@ -513,13 +463,15 @@ fn load_block(
             Glu::Geglu,
         )?,
         moe: MoeBlock::load(w, &p, a)?,
-        input_norm: norm(w, "input_layernorm")?,
-        post_attn_norm: norm(w, "post_attention_layernorm")?,
-        pre_ffw_norm: norm(w, "pre_feedforward_layernorm")?,
-        post_ffw_norm: norm(w, "post_feedforward_layernorm")?,
+    };
+    let tail = LayerTail {
         per_layer,
         layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
-        full: is_full,
-        kv_source,
+    };
+    Ok(Built {
+        mixer: Box::new(attn),
+        ffn: Box::new(ffn),
+        tail: Some(Box::new(tail)),
+        borrows: (kv_source != i as usize).then_some(kv_source),
     })
 }

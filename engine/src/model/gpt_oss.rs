@@ -404,7 +404,7 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
         ffn_module: "mlp",
     };
     // Segmented backward is not gated for gpt_oss (the registry's `segmented` is off).
-    let style = Style { ..Style::default() };
+    let style = Style::default();
     Decoder::load_styled(config, w, dims, style, |w, p, i| {
         let attn = SinkAttention::load(w, p, &a)?;
         let mixer: Box<dyn Mixer> = match sliding[i as usize] {

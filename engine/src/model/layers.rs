@@ -472,23 +472,3 @@ impl OutputHead {
             .map_or(embed.rows(), |h| h.output_dims() as usize)
     }
 }
-
-/// `LanguageModel::linears` from each block's own list: every name prefixed with
-/// `model.layers.{i}.`, blocks in order and each block's linears in the order it lists them.
-pub fn block_linears<'m, B, I>(
-    blocks: &'m [B],
-    named: impl Fn(&'m B) -> I,
-) -> Vec<(String, &'m Linear)>
-where
-    I: IntoIterator<Item = (&'static str, &'m Linear)>,
-{
-    blocks
-        .iter()
-        .enumerate()
-        .flat_map(|(i, b)| {
-            named(b)
-                .into_iter()
-                .map(move |(name, l)| (format!("model.layers.{i}.{name}"), l))
-        })
-        .collect()
-}

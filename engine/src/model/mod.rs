@@ -26,7 +26,7 @@ use std::path::Path;
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
-pub use gemma4::assistant::{AssistantDrafter, AssistantTarget, DonorKv};
+pub use gemma4::assistant::{AssistantDrafter, DonorKv};
 
 use crate::cache::Cache;
 use crate::dist::Mode;
@@ -123,6 +123,19 @@ pub trait Carried {
         side: &[Array],
         range: std::ops::Range<usize>,
     ) -> Result<(Array, Vec<Array>), Exception>;
+}
+
+/// What an assistant drafter needs from its target model.
+pub trait AssistantTarget {
+    /// The hidden state after the final norm, [1, L, H]; appends the ids to the caches.
+    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception>;
+    /// Logits of a hidden state without the final softcap (optiq verifies with these).
+    fn head_uncapped(&self, hidden: &Array) -> Result<Array, Exception>;
+    /// The scaled input embedding of ids [1, L] → [1, L, H].
+    fn embed_scaled(&self, ids: &Array) -> Result<Array, Exception>;
+    /// Cache indices of the last sliding-window and the last full-attention layer that keep
+    /// their own K/V (the drafter's donors).
+    fn donor_caches(&self) -> Result<(usize, usize), Exception>;
 }
 
 /// Builds the model for a parsed config and its weights (the registry's row for its

@@ -56,7 +56,7 @@ fn gemma3_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Lo
 }
 
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
-    Ok(Box::new(super::gemma4::Gemma4::load(c, w)?))
+    Ok(Box::new(super::gemma4::load(c, w)?))
 }
 
 fn phi3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {

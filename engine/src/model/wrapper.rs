@@ -21,7 +21,7 @@ use mlx_rs::Array;
 use serde_json::Value;
 
 use super::gemma;
-use super::gemma4::Gemma4;
+use super::gemma4;
 use super::{AssistantTarget, LanguageModel, Layered};
 use crate::cache::Cache;
 use crate::load::config::{ModelConfig, QuantConfig};
@@ -227,7 +227,7 @@ pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Box<dyn LanguageMod
     spec.sanitize(config, &mut w)?;
     let inner: Box<dyn LanguageModel> = match spec.model_type {
         "gemma3" => Box::new(gemma::load(&text, w)?),
-        _ => Box::new(Gemma4::load(&text, w)?),
+        _ => Box::new(gemma4::load(&text, w)?),
     };
     Ok(Box::new(Wrapped {
         model_type: spec.model_type,

@@ -20,60 +20,13 @@ use serde_json::Value;
 pub mod head;
 
 use self::head::{DrafterHead, HeadFlags};
-use super::Gemma4;
-use crate::cache::{Cache, RopeOffset};
+use crate::cache::RopeOffset;
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 use crate::model::layers::{Embedding, Glu, Linear, Mlp, RmsNorm, Rope};
 
 type R<T> = Result<T, Exception>;
-
-/// What an assistant drafter needs from its target model.
-pub trait AssistantTarget {
-    /// The hidden state after the final norm, [1, L, H]; appends the ids to the caches.
-    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array>;
-    /// Logits of a hidden state without the final softcap (optiq verifies with these).
-    fn head_uncapped(&self, hidden: &Array) -> R<Array>;
-    /// The scaled input embedding of ids [1, L] → [1, L, H].
-    fn embed_scaled(&self, ids: &Array) -> R<Array>;
-    /// Cache indices of the last sliding-window and the last full-attention layer that keep
-    /// their own K/V (the drafter's donors).
-    fn donor_caches(&self) -> R<(usize, usize)>;
-}
-
-impl AssistantTarget for Gemma4 {
-    fn hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
-        Gemma4::hidden(self, ids, caches)
-    }
-
-    fn head_uncapped(&self, hidden: &Array) -> R<Array> {
-        self.head.project(&self.embed, hidden)
-    }
-
-    fn embed_scaled(&self, ids: &Array) -> R<Array> {
-        Gemma4::embed_scaled(self, ids)
-    }
-
-    fn donor_caches(&self) -> R<(usize, usize)> {
-        let (mut sliding, mut full) = (None, None);
-        let own = self
-            .blocks
-            .iter()
-            .enumerate()
-            .filter(|(i, b)| b.kv_source == *i);
-        for (cache, (_, block)) in own.enumerate() {
-            if block.full {
-                full = Some(cache);
-            } else {
-                sliding = Some(cache);
-            }
-        }
-        sliding.zip(full).ok_or_else(|| {
-            Exception::custom("the assistant drafter needs a target with both sliding-window and full-attention layers")
-        })
-    }
-}
 
 /// The donors' K/V in temporal order (what one draft pass reads).
 pub struct DonorKv {

@@ -1,0 +1,317 @@
+//! The decoder's building blocks: a layer `{norm_in, mixer, norm_post, ffn, tail}`, the
+//! traits a family implements for its parts (`Mixer`, `FeedForward`, `Tail`, `SideInputs`),
+//! the residual sums, KV sharing's loans, and the masks of one forward. The plain
+//! attention and gated MLP are mixer and feed-forward here.
+
+use mlx_rs::error::Exception;
+use mlx_rs::{Array, Dtype};
+
+use crate::cache::none::PassThrough;
+use crate::cache::{kv_of, Cache, Kv, KvCache, Mask, RopeOffset, RotatingKvCache};
+use crate::load::LoadError;
+use crate::model::layers::{Attention, Linear, Mlp, RmsNorm};
+use crate::model::moe::SwitchLinear;
+use crate::model::rope;
+use crate::model::shard::Part;
+
+type R<T> = Result<T, Exception>;
+
+/// A layer's token mixer: reads the normed hidden state, keeps its state in its cache.
+pub trait Mixer {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array>;
+    /// A fresh cache of the kind this mixer keeps.
+    fn make_cache(&self) -> Box<dyn Cache>;
+    /// The attention window it reads within (its mask's); None: every position before.
+    fn window(&self) -> Option<i32> {
+        None
+    }
+    /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
+    /// order LoRA attaches to them.
+    fn linears(&self) -> Vec<(&'static str, &Linear)>;
+    /// Keeps this rank's part (tensor parallel); `layer` is the layer's checkpoint prefix.
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError>;
+    /// KV sharing, the lender's side: the forward, and the K/V it attended over with the
+    /// RoPE position it used (for the later layers that borrow them).
+    fn forward_lending(
+        &self,
+        _x: &Array,
+        _mask: &Mask,
+        _cache: &mut dyn Cache,
+    ) -> R<(Array, Lent)> {
+        Err(Exception::custom("this layer's mixer lends no K/V"))
+    }
+    /// KV sharing, the borrower's side: the forward over the lender's K/V (no cache).
+    fn forward_borrowing(&self, _x: &Array, _mask: &Mask, _lent: &Lent) -> R<Array> {
+        Err(Exception::custom("this layer's mixer borrows no K/V"))
+    }
+    /// The RoPE position a lender lends after a step over `cache` (a segment boundary
+    /// rebuilds a cache-less lender's loan with it).
+    fn lent_offset(&self, cache: &dyn Cache) -> RopeOffset {
+        cache.rope_offset()
+    }
+}
+
+/// K/V one layer attended over, as a later layer borrows them, with the RoPE position the
+/// step used.
+#[derive(Clone)]
+pub struct Lent {
+    pub kv: Kv,
+    pub offset: RopeOffset,
+}
+
+/// A layer's feed-forward; `module` is its name within the layer (`mlp`, Mixtral's
+/// `block_sparse_moe`).
+pub trait FeedForward {
+    fn forward(&self, x: &Array) -> R<Array>;
+    /// The forward given also the residual stream `h` that `x` was normed from (Gemma 4's
+    /// experts beside its MLP read it through their own norm).
+    fn forward_with_residual(&self, x: &Array, _h: &Array) -> R<Array> {
+        self.forward(x)
+    }
+    /// Its linears named `<module>.…`, in the order LoRA attaches to them.
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)>;
+    /// Its stacks of experts named `<module>.switch_mlp.…` (gpt-oss: `<module>.experts.…`;
+    /// none for a dense MLP).
+    fn switches(&self, _module: &str) -> Vec<(String, &SwitchLinear)> {
+        Vec::new()
+    }
+    /// Keeps this rank's part; `prefix` is the module's checkpoint path.
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError>;
+}
+
+/// A mixer of a sliding-window layer (Gemma 3's local layers, gpt-oss's
+/// `sliding_attention`): it reads the windowed mask, and keeps a rotating cache of `window`
+/// entries, as mlx-lm's `make_cache` gives such a layer.
+pub struct Windowed<M> {
+    pub mixer: M,
+    pub window: i32,
+}
+
+impl<M: Mixer> Mixer for Windowed<M> {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        self.mixer.forward(x, mask, cache)
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        Box::new(RotatingKvCache::new(self.window))
+    }
+
+    fn window(&self) -> Option<i32> {
+        Some(self.window)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        self.mixer.linears()
+    }
+
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        self.mixer.shard(part, layer)
+    }
+}
+
+/// How a layer adds a branch back into the residual stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Residual {
+    /// `h + r`.
+    #[default]
+    Add,
+    /// mlx-lm's gemma3 `clip_residual`: `h + r`, except in float16, where the sum is formed
+    /// in float32, clipped to ±65504 and cast back.
+    ClipF16,
+}
+
+impl Residual {
+    pub(super) fn add(self, h: &Array, r: &Array) -> R<Array> {
+        if self == Residual::Add || h.dtype() != Dtype::Float16 {
+            return h.add(r);
+        }
+        let bound = Array::from_f32(65504.0);
+        let sum = h
+            .as_dtype(Dtype::Float32)?
+            .add(r.as_dtype(Dtype::Float32)?)?;
+        mlx_rs::ops::clip(&sum, (&bound.negative()?, &bound))?.as_dtype(Dtype::Float16)
+    }
+}
+
+/// What a layer adds after its feed-forward (Gemma 4: the per-layer input gate, then the
+/// layer scalar); `side` is the layer's side input, if the model makes them.
+pub trait Tail {
+    fn forward(&self, h: Array, side: Option<&Array>) -> R<Array>;
+    /// Its linears under mlx-lm's names within the layer, in the order LoRA attaches to them.
+    fn linears(&self) -> Vec<(&'static str, &Linear)>;
+}
+
+/// Inputs every layer reads besides the hidden state, made once per forward from the ids
+/// and the first hidden state (Gemma 4's per-layer inputs): one array per layer.
+pub trait SideInputs {
+    fn make(&self, ids: &Array, h0: &Array) -> R<Vec<Array>>;
+}
+
+/// One block: `h + post_mixer(mixer(norm_in(h)))`, then `+ post_ffn(ffn(norm_post(·)))`,
+/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere).
+pub struct Layer {
+    pub norm_in: RmsNorm,
+    pub mixer: Box<dyn Mixer>,
+    pub post_mixer_norm: Option<RmsNorm>,
+    pub norm_post: RmsNorm,
+    pub ffn: Box<dyn FeedForward>,
+    pub post_ffn_norm: Option<RmsNorm>,
+    pub tail: Option<Box<dyn Tail>>,
+    /// KV sharing: the earlier layer whose K/V this one reads (it keeps no cache).
+    pub borrows: Option<usize>,
+}
+
+/// How a layer's mixer meets its state in one forward.
+pub(super) enum Io<'a> {
+    /// Its own cache.
+    Own(&'a mut dyn Cache),
+    /// Its own cache, and a later layer borrows what it attends over.
+    Lend(&'a mut dyn Cache),
+    /// No cache: an earlier layer's K/V.
+    Borrow(&'a Lent),
+}
+
+impl Layer {
+    pub(super) fn forward(
+        &self,
+        h: Array,
+        mask: &Mask,
+        io: Io<'_>,
+        sum: Residual,
+        side: Option<&Array>,
+    ) -> R<(Array, Option<Lent>)> {
+        let post = |norm: &Option<RmsNorm>, r: Array| match norm {
+            Some(norm) => norm.forward(&r),
+            None => Ok(r),
+        };
+        let x = self.norm_in.forward(&h)?;
+        let (r, lent) = match io {
+            Io::Own(cache) => (self.mixer.forward(&x, mask, cache)?, None),
+            Io::Lend(cache) => {
+                let (r, lent) = self.mixer.forward_lending(&x, mask, cache)?;
+                (r, Some(lent))
+            }
+            Io::Borrow(lent) => (self.mixer.forward_borrowing(&x, mask, lent)?, None),
+        };
+        let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
+        let r = self
+            .ffn
+            .forward_with_residual(&self.norm_post.forward(&h)?, &h)?;
+        let h = sum.add(&h, &post(&self.post_ffn_norm, r)?)?;
+        let h = match &self.tail {
+            Some(tail) => tail.forward(h, side)?,
+            None => h,
+        };
+        Ok((h, lent))
+    }
+
+    /// Whether it keeps a cache of its own (a borrower does not).
+    pub(super) fn keeps_cache(&self) -> bool {
+        self.borrows.is_none()
+    }
+}
+
+/// The masks of one forward: one per attention window among the layers run (None = full
+/// attention), full attention's first, each made by the cache of the first layer with that
+/// window — as mlx-lm's gemma3 and gpt_oss make theirs, and as the other families make
+/// their one mask from the first cache.
+pub struct Masks(Vec<(Option<i32>, Mask)>);
+
+impl Masks {
+    /// For `n` new tokens through `layers`, `caches[k]` the k-th of the layers that keep one
+    /// (a borrower's window is its lender's: a kind only borrowers read has no cache to ask).
+    pub fn make(layers: &[Layer], caches: &[Box<dyn Cache>], n: i32) -> R<Self> {
+        let keepers: Vec<Option<i32>> = layers
+            .iter()
+            .filter(|l| l.keeps_cache())
+            .map(|l| l.mixer.window())
+            .collect();
+        let masks = Self::kinds(layers).into_iter().map(|kind| {
+            let first = keepers.iter().position(|w| *w == kind);
+            let cache = first.and_then(|k| caches.get(k)).ok_or_else(|| {
+                Exception::custom(format!("no layer with a cache attends within {kind:?}"))
+            })?;
+            Ok((kind, cache.make_mask(n, kind)?))
+        });
+        Ok(Masks(masks.collect::<R<_>>()?))
+    }
+
+    /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them).
+    pub fn cacheless(layers: &[Layer], n: i32) -> R<Self> {
+        let masks = Self::kinds(layers)
+            .into_iter()
+            .map(|kind| Ok((kind, PassThrough.make_mask(n, kind)?)));
+        Ok(Masks(masks.collect::<R<_>>()?))
+    }
+
+    /// The windows `layers` attend within, full attention's first.
+    fn kinds(layers: &[Layer]) -> Vec<Option<i32>> {
+        let windows: Vec<Option<i32>> = layers.iter().map(|l| l.mixer.window()).collect();
+        let mut kinds: Vec<Option<i32>> = Vec::new();
+        if windows.contains(&None) {
+            kinds.push(None);
+        }
+        for w in windows.iter().filter(|w| w.is_some()) {
+            if !kinds.contains(w) {
+                kinds.push(*w);
+            }
+        }
+        kinds
+    }
+
+    /// The mask of a layer attending within `window`.
+    pub(super) fn of(&self, window: Option<i32>) -> &Mask {
+        let found = self.0.iter().find(|(w, _)| *w == window);
+        found.map_or(&Mask::None, |(_, m)| m)
+    }
+}
+
+/// Multi-head attention as a mixer (llama, qwen2/3, the MoE families).
+impl Mixer for Attention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        Attention::forward(self, x, mask, kv_of(cache)?)
+    }
+
+    /// A standard KV cache; under dynamic NTK RoPE one whose offset stays an integer (the
+    /// scaled base is computed from it).
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        self.named_linears().into()
+    }
+
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        Attention::shard(self, part, layer)
+    }
+}
+
+/// The KV cache an attention with `rope` keeps.
+pub fn kv_cache(rope: &rope::Rope) -> Box<dyn Cache> {
+    match rope.needs_int_offset() {
+        true => Box::new(rope::IntOffsetKv(KvCache::new())),
+        false => Box::new(KvCache::new()),
+    }
+}
+
+/// The gated MLP as a feed-forward.
+impl FeedForward for Mlp {
+    fn forward(&self, x: &Array) -> R<Array> {
+        Mlp::forward(self, x)
+    }
+
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
+        [
+            ("gate_proj", &self.gate_proj),
+            ("up_proj", &self.up_proj),
+            ("down_proj", &self.down_proj),
+        ]
+        .map(|(n, l)| (format!("{module}.{n}"), l))
+        .into()
+    }
+
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        Mlp::shard(self, part, prefix)
+    }
+}
