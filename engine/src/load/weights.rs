@@ -1,10 +1,17 @@
 //! Weights from `*.safetensors` via memmap2: headers are parsed in place and each tensor is
 //! copied once, straight from the mapped file into an MLX array of the same dtype. A rank of
 //! a distributed group loads lazily instead (MLX reads a tensor when it is evaluated).
+//!
+//! The loader states the shape of every tensor it takes (`take_shaped`), computed from
+//! config.json as mlx-lm's modules are built from it; a tensor of another shape is refused
+//! at load, naming it, as MLX's strict `load_weights` refuses it in mlx-lm. A probe
+//! (`Weights::probe`) holds no tensors and records what the loader asks for instead: the
+//! names and shapes a checkpoint of a config must have (`model::expected_weights`).
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use memmap2::Mmap;
 use mlx_rs::{Array, Dtype};
@@ -18,6 +25,61 @@ use super::LoadError;
 pub struct Weights {
     tensors: HashMap<String, Array>,
     quantization: Option<QuantConfig>,
+    /// Set for a probe: no tensors; every `take_shaped` is recorded.
+    probe: Option<Probe>,
+}
+
+/// Tensors by name and shape, in the order they were taken.
+pub type Shapes = Vec<(String, Vec<i32>)>;
+
+/// What a probe was asked for: each tensor's name (under the probe's prefix) and stated
+/// shape, in the order the loader took them. Shared with whoever made the probe, since a
+/// family's build consumes the `Weights`.
+#[derive(Clone, Default)]
+pub struct Probe {
+    taken: Arc<Mutex<Shapes>>,
+    /// Put before every recorded name (a wrapper's language-model prefix).
+    prefix: String,
+}
+
+impl Probe {
+    /// The (name, shape) pairs taken so far, in load order.
+    pub fn tensors(&self) -> Shapes {
+        self.taken.lock().map(|t| t.clone()).unwrap_or_default()
+    }
+
+    /// Records `name` and returns lazy zeros of `shape` (never evaluated by a build).
+    fn take(&self, name: &str, shape: &[i32]) -> Result<Array, LoadError> {
+        let name = format!("{}{name}", self.prefix);
+        let mut taken = self
+            .taken
+            .lock()
+            .map_err(|_| LoadError::Weights("the probe's record is poisoned".into()))?;
+        if taken.iter().any(|(n, _)| *n == name) {
+            return Err(LoadError::Weights(format!(
+                "probe: `{name}` is taken twice (each tensor has one owner)"
+            )));
+        }
+        taken.push((name, shape.to_vec()));
+        Ok(mlx_rs::ops::zeros::<f32>(shape)?)
+    }
+}
+
+/// The refusal of a tensor whose shape is not the one config.json gives it; `how` says how
+/// the expected shape was derived (a quantized weight's packing), or is empty.
+pub(crate) fn check_shape(
+    name: &str,
+    found: &[i32],
+    expected: &[i32],
+    how: &str,
+) -> Result<(), LoadError> {
+    if found == expected {
+        return Ok(());
+    }
+    Err(LoadError::Weights(format!(
+        "`{name}` has shape {found:?}, but config.json makes it {expected:?}{how}: the \
+         checkpoint does not fit its config.json"
+    )))
 }
 
 fn mlx_dtype(dtype: StDtype) -> Option<Dtype> {
@@ -90,7 +152,41 @@ impl Weights {
         Ok(Weights {
             tensors,
             quantization: None,
+            probe: None,
         })
+    }
+
+    /// A probe: no files, no tensors. `take_shaped` records each name and stated shape (see
+    /// `probe_record`) and gives lazy zeros of that shape; a plain `take` is an error (a
+    /// probe lists only tensors whose shape the loader states). The probe holds nothing, so
+    /// `contains` is false for every name: a loader that branches on the checkpoint's layout
+    /// takes the MLX layout (stacked experts under `switch_mlp`/`switch_glu`, not Hugging
+    /// Face's per-expert or fused tensors), and a family that ties its head when `lm_head`
+    /// is absent (gemma3_text) ties it. Nothing is quantized (`quant_params` is None): a
+    /// probe lists the dense, logical shapes, also for a quantized config.
+    pub fn probe() -> Self {
+        Weights {
+            tensors: HashMap::new(),
+            quantization: None,
+            probe: Some(Probe::default()),
+        }
+    }
+
+    /// The record of a probe (None for weights read from files).
+    pub fn probe_record(&self) -> Option<Probe> {
+        self.probe.clone()
+    }
+
+    pub fn is_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// A probe records the names under `prefix` from here on (a wrapper's checkpoint keeps
+    /// its language model there); no effect on weights read from files.
+    pub fn set_probe_prefix(&mut self, prefix: &str) {
+        if let Some(p) = &mut self.probe {
+            p.prefix = prefix.to_owned();
+        }
     }
 
     /// The quantization map the checkpoint's config declares.
@@ -104,7 +200,7 @@ impl Weights {
     /// from the stored shapes and the mode from the scales (`infer_quant_config`): float
     /// scales are affine, uint8 ones the one floating-point mode with that (bits, group).
     pub fn quant_params(&self, path: &str, in_dims: i32) -> Result<Option<QuantParams>, LoadError> {
-        let Some(q) = &self.quantization else {
+        let Some(q) = self.quantization.as_ref().filter(|_| self.probe.is_none()) else {
             return Ok(None);
         };
         if self.tensors.contains_key(&format!("{path}.global_scale")) {
@@ -162,11 +258,47 @@ impl Weights {
         self.tensors.contains_key(name)
     }
 
-    /// Takes tensor `name` out of the set (each weight has one owner: its layer).
+    /// The stored shape of tensor `name`, if present (for a loader that reads a width from
+    /// the checkpoint rather than config.json: the assistant drafter's).
+    pub fn stored_shape(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(|a| a.shape().to_vec())
+    }
+
+    /// Takes tensor `name` out of the set (each weight has one owner: its layer), whatever
+    /// its shape. The model loaders state shapes (`take_shaped`); a probe refuses this.
     pub fn take(&mut self, name: &str) -> Result<Array, LoadError> {
+        if self.probe.is_some() {
+            return Err(LoadError::Weights(format!(
+                "probe: `{name}` is taken without a stated shape (a probe lists only tensors \
+                 whose shape the loader states: take_shaped)"
+            )));
+        }
         self.tensors
             .remove(name)
             .ok_or_else(|| LoadError::Weights(format!("missing tensor `{name}`")))
+    }
+
+    /// Takes tensor `name`, which config.json makes `shape`: a tensor of another shape is
+    /// refused, naming it and both shapes (MLX's strict `load_weights` refuses it in mlx-lm
+    /// too). A probe records it instead and gives lazy zeros of `shape`.
+    pub fn take_shaped(&mut self, name: &str, shape: &[i32]) -> Result<Array, LoadError> {
+        self.take_stored(name, shape, "")
+    }
+
+    /// As `take_shaped` for a tensor stored as `shape`, which `how` derives from the
+    /// config's (a quantized weight's packing, named in the refusal).
+    pub(crate) fn take_stored(
+        &mut self,
+        name: &str,
+        shape: &[i32],
+        how: &str,
+    ) -> Result<Array, LoadError> {
+        if let Some(probe) = &self.probe {
+            return probe.take(name, shape);
+        }
+        let a = self.take(name)?;
+        check_shape(name, a.shape(), shape, how)?;
+        Ok(a)
     }
 
     /// Renames every tensor by `f`, dropping those it maps to None (a wrapper's sanitize:

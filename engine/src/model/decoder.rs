@@ -52,14 +52,20 @@ type R<T> = Result<T, Exception>;
 pub struct Dims {
     pub layers: i32,
     pub hidden: i32,
+    /// The embedding's rows (and the untied head's outputs): config.json's vocab_size.
+    pub vocab: i32,
     pub rms_norm_eps: f32,
     pub tie_word_embeddings: bool,
     /// The feed-forward's module name within a layer (`mlp`; Mixtral's `block_sparse_moe`).
     pub ffn_module: &'static str,
 }
 
-/// Reads an RMSNorm (`prefix`, eps) from the checkpoint.
-pub type NormLoader = fn(&mut Weights, &str, f32) -> Result<RmsNorm, LoadError>;
+/// Reads an RMSNorm (`prefix`, width, eps) from the checkpoint.
+pub type NormLoader = fn(&mut Weights, &str, i32, f32) -> Result<RmsNorm, LoadError>;
+
+/// Reads a family's side inputs (Gemma 4's per-layer inputs) from the checkpoint, right
+/// after the embedding.
+pub type SideLoader = Box<dyn FnOnce(&mut Weights) -> Result<Box<dyn SideInputs>, LoadError>>;
 
 /// The input embeddings scaled by a constant: Gemma 3's
 /// `h *= mx.array(scale, dtype).astype(h.dtype)` (the scale, an f32, rounded through
@@ -92,8 +98,8 @@ pub struct Style {
     pub sandwich: bool,
     pub residual: Residual,
     pub embed_scale: Option<EmbedScale>,
-    /// Gemma 4's per-layer inputs (loaded by the family).
-    pub side: Option<Box<dyn SideInputs>>,
+    /// Gemma 4's per-layer inputs (the family's loader for them).
+    pub side: Option<SideLoader>,
     /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
@@ -169,10 +175,12 @@ impl Decoder {
         Self::load_styled(config, w, dims, Style::default(), layer)
     }
 
-    /// Loads the decoder: layer `i` (prefix `model.layers.{i}`) gets the mixer and ffn that
-    /// `layer` builds, then its norms (as `style` names them); then the embedding, the final
-    /// norm and the head. The family has sanitized `w` (mlx-lm's `sanitize`); every tensor
-    /// left must be used.
+    /// Loads the decoder: the embedding (and the family's side inputs), then layer `i`
+    /// (prefix `model.layers.{i}`): its norms (as `style` names them), then the mixer and
+    /// ffn that `layer` builds; then the final norm and the head. The family has sanitized
+    /// `w` (mlx-lm's `sanitize`); every tensor left must be used. This is the order a probe
+    /// lists the tensors in (`model::expected_weights`), which seeds the benchmark models'
+    /// weights: changing it changes theirs.
     pub fn load_styled<B: Into<Built>>(
         config: &ModelConfig,
         mut w: Weights,
@@ -181,11 +189,23 @@ impl Decoder {
         mut layer: impl FnMut(&mut Weights, &str, i32) -> Result<B, LoadError>,
     ) -> Result<Self, LoadError> {
         w.set_quantization(config.quantization.clone());
-        let eps = dims.rms_norm_eps;
-        let norm = |w: &mut Weights, name: &str| (style.norm)(w, name, eps);
+        let (eps, hidden) = (dims.rms_norm_eps, dims.hidden);
+        let norm = |w: &mut Weights, name: &str| (style.norm)(w, name, hidden, eps);
+        let embed = Embedding::load(&mut w, "model.embed_tokens", [dims.vocab, hidden])?;
+        let side = style.side.map(|load| load(&mut w)).transpose()?;
         let mut layers: Vec<Layer> = Vec::new();
         for i in 0..dims.layers {
             let p = format!("model.layers.{i}");
+            let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
+            let norm_in = named("input_layernorm")?;
+            let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
+                false => (None, named("post_attention_layernorm")?, None),
+                true => (
+                    Some(named("post_attention_layernorm")?),
+                    named("pre_feedforward_layernorm")?,
+                    Some(named("post_feedforward_layernorm")?),
+                ),
+            };
             let built: Built = layer(&mut w, &p, i)?.into();
             if let Some(j) = built.borrows {
                 if j >= i as usize || layers[j].borrows.is_some() {
@@ -195,17 +215,8 @@ impl Decoder {
                     )));
                 }
             }
-            let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
-            let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
-                false => (None, named("post_attention_layernorm")?, None),
-                true => (
-                    Some(named("post_attention_layernorm")?),
-                    named("pre_feedforward_layernorm")?,
-                    Some(named("post_feedforward_layernorm")?),
-                ),
-            };
             layers.push(Layer {
-                norm_in: named("input_layernorm")?,
+                norm_in,
                 mixer: built.mixer,
                 post_mixer_norm,
                 norm_post,
@@ -215,13 +226,12 @@ impl Decoder {
                 borrows: built.borrows,
             });
         }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", dims.hidden)?;
         let final_norm = norm(&mut w, "model.norm")?;
         let head = OutputHead::load(
             &mut w,
             final_norm,
             dims.tie_word_embeddings,
-            dims.hidden,
+            [dims.vocab, hidden],
             style.logit_softcap,
         )?;
         w.ensure_consumed(&config.model_type, |_| false)?;
@@ -230,7 +240,7 @@ impl Decoder {
             ffn_module: dims.ffn_module,
             embed,
             embed_scale: style.embed_scale,
-            side: style.side,
+            side,
             layers,
             residual: style.residual,
             head,

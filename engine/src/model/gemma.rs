@@ -77,6 +77,7 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: tied,
         ffn_module: "mlp",
@@ -99,19 +100,26 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
 /// otherwise) and the gelu-tanh MLP.
 fn layer(a: &Gemma3Args, w: &mut Weights, p: &str, i: i32) -> Result<Built, LoadError> {
     let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
-    let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, in_dims)
+    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
     };
     let norm = |w: &mut Weights, name: &str| {
-        RmsNorm::load_one_plus(w, &format!("{p}.self_attn.{name}"), a.rms_norm_eps)
+        let prefix = format!("{p}.self_attn.{name}");
+        RmsNorm::load_one_plus(w, &prefix, a.head_dim, a.rms_norm_eps)
     };
+    let (q_norm, k_norm) = (norm(w, "q_norm")?, norm(w, "k_norm")?);
+    let h = a.hidden_size;
+    let (q_dims, kv_dims) = (
+        a.num_attention_heads * a.head_dim,
+        a.num_key_value_heads * a.head_dim,
+    );
     let attn = Attention {
-        q_proj: proj(w, "q_proj", a.hidden_size)?,
-        k_proj: proj(w, "k_proj", a.hidden_size)?,
-        v_proj: proj(w, "v_proj", a.hidden_size)?,
-        o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
-        q_norm: Some(norm(w, "q_norm")?),
-        k_norm: Some(norm(w, "k_norm")?),
+        q_proj: proj(w, "q_proj", [q_dims, h])?,
+        k_proj: proj(w, "k_proj", [kv_dims, h])?,
+        v_proj: proj(w, "v_proj", [kv_dims, h])?,
+        o_proj: proj(w, "o_proj", [h, q_dims])?,
+        q_norm: Some(q_norm),
+        k_norm: Some(k_norm),
         n_heads: a.num_attention_heads,
         n_kv_heads: a.num_key_value_heads,
         scale: (a.query_pre_attn_scalar as f64).powf(-0.5) as f32,

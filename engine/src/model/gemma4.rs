@@ -29,7 +29,8 @@ use mlx_rs::fast;
 use mlx_rs::Array;
 
 use super::decoder::{
-    Built, Decoder, Dims, EmbedScale, FeedForward, Lent, Mixer, Residual, SideInputs, Style, Tail,
+    Built, Decoder, Dims, EmbedScale, FeedForward, Lent, Mixer, Residual, SideInputs, SideLoader,
+    Style, Tail,
 };
 use super::layers::{gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::shard::Part;
@@ -325,30 +326,10 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let n = a.num_hidden_layers;
     let first_shared = n - a.num_kv_shared_layers;
     w.discard(|name| sanitized_away(name, first_shared));
-    let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
-    let side: Option<Box<dyn SideInputs>> = match pl_width > 0 {
-        true => Some(Box::new(PerLayerInputs {
-            embed: Embedding::load(&mut w, "model.embed_tokens_per_layer", n * pl_width)?,
-            model_projection: Linear::load(
-                &mut w,
-                "model.per_layer_model_projection",
-                false,
-                a.hidden_size,
-            )?,
-            projection_norm: RmsNorm::load(
-                &mut w,
-                "model.per_layer_projection_norm",
-                a.rms_norm_eps,
-            )?,
-            width: pl_width,
-            layers: n,
-            hidden: a.hidden_size,
-        })),
-        false => None,
-    };
     let dims = Dims {
         layers: n,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
         ffn_module: "mlp",
@@ -361,7 +342,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
             scale: (a.hidden_size as f64).sqrt() as f32,
             through: None,
         }),
-        side,
+        side: per_layer_inputs(&a),
         logit_softcap: a.final_logit_softcapping,
         // LoRA is not available on the mixture-of-experts Gemma 4.
         lora: !a.enable_moe_block,
@@ -372,20 +353,43 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     })
 }
 
-/// Layer `i` of a Gemma 4 model: its attention (K/V projections unless it borrows an
-/// earlier layer's), GeGLU MLP (and experts), per-layer input gate and scalar, and the
-/// layer that lends it K/V.
-fn layer(
+/// The loader of the per-layer inputs' model-level half (small Gemma 4s), None without
+/// them: the per-layer embedding [vocab_size_per_layer_input, layers · width], the
+/// projection [layers · width, hidden] and its norm [width].
+fn per_layer_inputs(a: &Gemma4Args) -> Option<SideLoader> {
+    let width = a.hidden_size_per_layer_input.filter(|&w| w > 0)?;
+    let (layers, hidden, eps) = (a.num_hidden_layers, a.hidden_size, a.rms_norm_eps);
+    let rows = a.vocab_size_per_layer_input;
+    Some(Box::new(move |w: &mut Weights| {
+        let all = layers * width;
+        let side: Box<dyn SideInputs> = Box::new(PerLayerInputs {
+            embed: Embedding::load(w, "model.embed_tokens_per_layer", [rows, all])?,
+            model_projection: Linear::load(
+                w,
+                "model.per_layer_model_projection",
+                false,
+                [all, hidden],
+            )?,
+            projection_norm: RmsNorm::load(w, "model.per_layer_projection_norm", width, eps)?,
+            width,
+            layers,
+            hidden,
+        });
+        Ok(side)
+    }))
+}
+
+/// Layer `i`'s attention: q (and, unless it borrows an earlier layer's, its K/V
+/// projections), o, the q/k norms, its RoPE and window.
+fn attention(
     w: &mut Weights,
     a: &Gemma4Args,
-    full: &[bool],
     i: i32,
-    first_shared: i32,
-) -> Result<Built, LoadError> {
-    let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
-    let eps = a.rms_norm_eps;
+    is_full: bool,
+    has_kv: bool,
+) -> Result<Attention, LoadError> {
     let p = format!("model.layers.{i}");
-    let is_full = full[i as usize];
+    let (h, eps) = (a.hidden_size, a.rms_norm_eps);
     let head_dim = match a.global_head_dim {
         Some(g) if is_full && g > 0 => g,
         _ => a.head_dim,
@@ -399,46 +403,83 @@ fn layer(
     let base = rope_params.rope_theta.unwrap_or(10_000.0);
     let max = Some(a.max_position_embeddings);
     let rope = Rope::init(head_dim, base, a.rope_traditional, Some(&rope_params), max)?;
-    let linear = |w: &mut Weights, name: &str, in_dims: i32| {
-        Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+    let linear = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
     };
-    let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
-    let has_kv = i < first_shared;
+    let norm = |w: &mut Weights, name: &str| {
+        RmsNorm::load(w, &format!("{p}.self_attn.{name}"), head_dim, eps)
+    };
+    let (q_dims, kv_dims) = (a.num_attention_heads * head_dim, n_kv_heads * head_dim);
+    let q_proj = linear(w, "q_proj", [q_dims, h])?;
+    let q_norm = norm(w, "q_norm")?;
+    let o_proj = linear(w, "o_proj", [h, q_dims])?;
     let kv = if has_kv {
         Some(KvProj {
-            k_proj: linear(w, "self_attn.k_proj", a.hidden_size)?,
-            v_proj: if k_eq_v {
-                None
-            } else {
-                Some(linear(w, "self_attn.v_proj", a.hidden_size)?)
+            k_proj: linear(w, "k_proj", [kv_dims, h])?,
+            v_proj: match k_eq_v {
+                true => None,
+                false => Some(linear(w, "v_proj", [kv_dims, h])?),
             },
-            k_norm: norm(w, "self_attn.k_norm")?,
+            k_norm: norm(w, "k_norm")?,
             n_kv_heads,
         })
     } else {
         None
     };
-    let q_dims = a.num_attention_heads * head_dim;
-    let attn = Attention {
-        q_proj: linear(w, "self_attn.q_proj", a.hidden_size)?,
-        q_norm: norm(w, "self_attn.q_norm")?,
+    Ok(Attention {
+        q_proj,
+        q_norm,
         kv,
-        o_proj: linear(w, "self_attn.o_proj", q_dims)?,
+        o_proj,
         n_heads: a.num_attention_heads,
         eps,
         rope,
         window: (!is_full).then_some(a.sliding_window),
-    };
+    })
+}
+
+/// Layer `i` of a Gemma 4 model: its per-layer input norm and scalar, attention, GeGLU MLP
+/// (and experts), per-layer input gate, and the layer that lends it K/V.
+fn layer(
+    w: &mut Weights,
+    a: &Gemma4Args,
+    full: &[bool],
+    i: i32,
+    first_shared: i32,
+) -> Result<Built, LoadError> {
+    let pl_width = a.hidden_size_per_layer_input.unwrap_or(0);
+    let (h, eps) = (a.hidden_size, a.rms_norm_eps);
+    let p = format!("model.layers.{i}");
+    let is_full = full[i as usize];
+    let pl_norm = (pl_width > 0)
+        .then(|| RmsNorm::load(w, &format!("{p}.post_per_layer_input_norm"), h, eps))
+        .transpose()?;
+    let layer_scalar = w.take_shaped(&format!("{p}.layer_scalar"), &[1])?;
+    let has_kv = i < first_shared;
+    let attn = attention(w, a, i, is_full, has_kv)?;
     let double_wide = a.use_double_wide_mlp && i >= first_shared && first_shared > 0;
     let inter = a.intermediate_size * if double_wide { 2 } else { 1 };
-    let per_layer = if pl_width > 0 {
-        Some(PerLayerGate {
-            gate: linear(w, "per_layer_input_gate", a.hidden_size)?,
-            projection: linear(w, "per_layer_projection", pl_width)?,
-            norm: norm(w, "post_per_layer_input_norm")?,
-        })
-    } else {
-        None
+    let ffn = Ffn {
+        mlp: Mlp::load(w, &format!("{p}.mlp"), false, h, inter, Glu::Geglu)?,
+        moe: MoeBlock::load(w, &p, a)?,
+    };
+    let per_layer = match pl_norm {
+        Some(norm) => Some(PerLayerGate {
+            gate: Linear::load(
+                w,
+                &format!("{p}.per_layer_input_gate"),
+                false,
+                [pl_width, h],
+            )?,
+            projection: Linear::load(
+                w,
+                &format!("{p}.per_layer_projection"),
+                false,
+                [h, pl_width],
+            )?,
+            norm,
+        }),
+        None => None,
     };
     // The last earlier layer of the same kind lends a shared layer its K/V.
     let kv_source = if has_kv {
@@ -453,20 +494,9 @@ fn layer(
                 ))
             })?
     };
-    let ffn = Ffn {
-        mlp: Mlp::load(
-            w,
-            &format!("{p}.mlp"),
-            false,
-            a.hidden_size,
-            inter,
-            Glu::Geglu,
-        )?,
-        moe: MoeBlock::load(w, &p, a)?,
-    };
     let tail = LayerTail {
         per_layer,
-        layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
+        layer_scalar,
     };
     Ok(Built {
         mixer: Box::new(attn),

@@ -197,15 +197,18 @@ struct SinkAttention {
 
 impl SinkAttention {
     fn load(w: &mut Weights, p: &str, a: &GptOssArgs) -> Result<Self, LoadError> {
-        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-            Linear::load(w, &format!("{p}.self_attn.{name}"), true, in_dims)
+        let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+            Linear::load(w, &format!("{p}.self_attn.{name}"), true, out_in)
         };
+        let h = a.hidden_size;
+        let q_dims = a.num_attention_heads * a.head_dim;
+        let kv_dims = a.num_key_value_heads * a.head_dim;
         Ok(SinkAttention {
-            q_proj: proj(w, "q_proj", a.hidden_size)?,
-            k_proj: proj(w, "k_proj", a.hidden_size)?,
-            v_proj: proj(w, "v_proj", a.hidden_size)?,
-            o_proj: proj(w, "o_proj", a.num_attention_heads * a.head_dim)?,
-            sinks: w.take(&format!("{p}.self_attn.sinks"))?,
+            q_proj: proj(w, "q_proj", [q_dims, h])?,
+            k_proj: proj(w, "k_proj", [kv_dims, h])?,
+            v_proj: proj(w, "v_proj", [kv_dims, h])?,
+            o_proj: proj(w, "o_proj", [h, q_dims])?,
+            sinks: w.take_shaped(&format!("{p}.self_attn.sinks"), &[a.num_attention_heads])?,
             head_dim: a.head_dim,
             // `1 / math.sqrt(head_dim)` in Python floats.
             scale: (1.0 / (a.head_dim as f64).sqrt()) as f32,
@@ -266,14 +269,18 @@ struct Experts {
 impl Experts {
     fn load(w: &mut Weights, p: &str, a: &GptOssArgs) -> Result<Self, LoadError> {
         let mlp = format!("{p}.mlp");
-        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
-            SwitchLinear::load(w, &format!("{mlp}.experts.{name}"), true, in_dims)
+        let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+            let [out, inp] = out_in;
+            let shape = [a.num_local_experts, out, inp];
+            SwitchLinear::load(w, &format!("{mlp}.experts.{name}"), true, shape)
         };
-        let up_proj = proj(w, "up_proj", a.hidden_size)?;
-        let down_proj = proj(w, "down_proj", a.intermediate_size)?;
-        let gate_proj = proj(w, "gate_proj", a.hidden_size)?;
+        let (h, inter) = (a.hidden_size, a.intermediate_size);
+        let up_proj = proj(w, "up_proj", [inter, h])?;
+        let down_proj = proj(w, "down_proj", [h, inter])?;
+        let gate_proj = proj(w, "gate_proj", [inter, h])?;
+        let router_shape = [a.num_local_experts, h];
         Ok(Experts {
-            router: Linear::load(w, &format!("{mlp}.router"), true, a.hidden_size)?,
+            router: Linear::load(w, &format!("{mlp}.router"), true, router_shape)?,
             experts: SwitchGlu {
                 gate_proj,
                 up_proj,
@@ -399,6 +406,7 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: false,
         ffn_module: "mlp",

@@ -45,17 +45,19 @@ pub struct Linear {
 }
 
 impl Linear {
+    /// `<prefix>.weight` (and `.bias`), which config.json makes `[out, in]` (`[out]`): dense,
+    /// or quantized with that dense shape.
     pub fn load(
         w: &mut Weights,
         prefix: &str,
         bias: bool,
-        in_dims: i32,
+        [out_dims, in_dims]: [i32; 2],
     ) -> Result<Self, LoadError> {
-        let (weight, quantized) = Quantized::load_weight(w, prefix, in_dims, "its input")?;
+        let (weight, quantized) = Quantized::load_weight(w, prefix, &[out_dims, in_dims])?;
         Ok(Linear {
             weight,
             bias: if bias {
-                Some(w.take(&format!("{prefix}.bias"))?)
+                Some(w.take_shaped(&format!("{prefix}.bias"), &[out_dims])?)
             } else {
                 None
             },
@@ -140,9 +142,10 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    pub fn load(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
+    /// `<prefix>.weight`, `dims` wide.
+    pub fn load(w: &mut Weights, prefix: &str, dims: i32, eps: f32) -> Result<Self, LoadError> {
         Ok(RmsNorm {
-            weight: w.take(&format!("{prefix}.weight"))?,
+            weight: w.take_shaped(&format!("{prefix}.weight"), &[dims])?,
             eps,
             upcast: false,
         })
@@ -150,18 +153,28 @@ impl RmsNorm {
 
     /// Gemma's RMSNorm, which scales by (1 + w): the sum is formed once, in w's dtype, as
     /// mlx-lm forms it on every call.
-    pub fn load_one_plus(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
-        let mut norm = Self::load(w, prefix, eps)?;
+    pub fn load_one_plus(
+        w: &mut Weights,
+        prefix: &str,
+        dims: i32,
+        eps: f32,
+    ) -> Result<Self, LoadError> {
+        let mut norm = Self::load(w, prefix, dims, eps)?;
         let one = Array::from_f32(1.0).as_dtype(norm.weight.dtype())?;
         norm.weight = one.add(&norm.weight)?;
         Ok(norm)
     }
 
     /// The norm optiq's assistant drafter uses (`x.astype(f32)`, rms_norm, cast back).
-    pub fn load_upcast(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self, LoadError> {
+    pub fn load_upcast(
+        w: &mut Weights,
+        prefix: &str,
+        dims: i32,
+        eps: f32,
+    ) -> Result<Self, LoadError> {
         Ok(RmsNorm {
             upcast: true,
-            ..Self::load(w, prefix, eps)?
+            ..Self::load(w, prefix, dims, eps)?
         })
     }
 
@@ -186,8 +199,9 @@ pub struct Embedding {
 }
 
 impl Embedding {
-    pub fn load(w: &mut Weights, prefix: &str, dims: i32) -> Result<Self, LoadError> {
-        let (weight, quantized) = Quantized::load_weight(w, prefix, dims, "its rows")?;
+    /// `<prefix>.weight`: `rows` ids of `dims` each (dense, or quantized with that shape).
+    pub fn load(w: &mut Weights, prefix: &str, [rows, dims]: [i32; 2]) -> Result<Self, LoadError> {
+        let (weight, quantized) = Quantized::load_weight(w, prefix, &[rows, dims])?;
         Ok(Embedding { weight, quantized })
     }
 
@@ -386,10 +400,11 @@ impl Mlp {
         intermediate: i32,
         glu: Glu,
     ) -> Result<Self, LoadError> {
+        let (up, down) = ([intermediate, hidden], [hidden, intermediate]);
         Ok(Mlp {
-            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias, hidden)?,
-            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias, hidden)?,
-            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias, intermediate)?,
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"), bias, up)?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias, up)?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias, down)?,
             glu,
         })
     }
@@ -426,19 +441,19 @@ pub struct OutputHead {
 }
 
 impl OutputHead {
-    /// The head over an already loaded final `norm`: `lm_head` (`hidden` wide) is loaded
+    /// The head over an already loaded final `norm`: `lm_head` ([vocab, hidden]) is loaded
     /// unless the head is `tied`.
     pub fn load(
         w: &mut Weights,
         norm: RmsNorm,
         tied: bool,
-        hidden: i32,
+        [vocab, hidden]: [i32; 2],
         softcap: Option<f32>,
     ) -> Result<Self, LoadError> {
         let lm_head = if tied {
             None
         } else {
-            Some(Linear::load(w, "lm_head", false, hidden)?)
+            Some(Linear::load(w, "lm_head", false, [vocab, hidden])?)
         };
         Ok(OutputHead {
             norm,

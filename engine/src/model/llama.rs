@@ -103,6 +103,7 @@ impl From<Qwen2Args> for Shape {
     fn from(a: Qwen2Args) -> Self {
         Shape {
             hidden: a.hidden_size,
+            vocab: a.vocab_size,
             intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
             heads: a.num_attention_heads,
@@ -130,6 +131,7 @@ impl From<Qwen2Args> for Shape {
 /// What the families reduce to.
 pub struct Shape {
     hidden: i32,
+    vocab: i32,
     intermediate: i32,
     layers: i32,
     heads: i32,
@@ -153,6 +155,7 @@ impl From<LlamaArgs> for Shape {
     fn from(a: LlamaArgs) -> Self {
         Shape {
             hidden: a.hidden_size,
+            vocab: a.vocab_size,
             intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
             heads: a.num_attention_heads,
@@ -192,6 +195,7 @@ impl TryFrom<Qwen3Args> for Shape {
             })?;
         Ok(Shape {
             hidden: a.hidden_size,
+            vocab: a.vocab_size,
             intermediate: a.intermediate_size,
             layers: a.num_hidden_layers,
             heads: a.num_attention_heads,
@@ -249,32 +253,36 @@ pub fn build(
     let dims = Dims {
         layers: shape.layers,
         hidden: shape.hidden,
+        vocab: shape.vocab,
         rms_norm_eps: shape.eps,
         tie_word_embeddings: shape.tied,
         ffn_module: "mlp",
     };
     let q_dims = shape.heads * shape.head_dim;
+    let kv_dims = shape.kv_heads * shape.head_dim;
     Decoder::load(config, w, dims, |w, p, i| {
-        let proj = |w: &mut Weights, name: &str, in_dims: i32| {
+        let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
             let bias = match name {
                 "o_proj" => shape.o_bias,
                 _ => shape.attention_bias,
             };
-            Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+            Linear::load(w, &format!("{p}.self_attn.{name}"), bias, out_in)
         };
         let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>, LoadError> {
-            shape
-                .qk_norm
-                .then(|| RmsNorm::load(w, &format!("{p}.self_attn.{name}"), shape.eps))
+            let prefix = format!("{p}.self_attn.{name}");
+            (shape.qk_norm)
+                .then(|| RmsNorm::load(w, &prefix, shape.head_dim, shape.eps))
                 .transpose()
         };
+        let (q_norm, k_norm) = (norm(w, "q_norm")?, norm(w, "k_norm")?);
+        let h = shape.hidden;
         let attn = Attention {
-            q_proj: proj(w, "q_proj", shape.hidden)?,
-            k_proj: proj(w, "k_proj", shape.hidden)?,
-            v_proj: proj(w, "v_proj", shape.hidden)?,
-            o_proj: proj(w, "o_proj", q_dims)?,
-            q_norm: norm(w, "q_norm")?,
-            k_norm: norm(w, "k_norm")?,
+            q_proj: proj(w, "q_proj", [q_dims, h])?,
+            k_proj: proj(w, "k_proj", [kv_dims, h])?,
+            v_proj: proj(w, "v_proj", [kv_dims, h])?,
+            o_proj: proj(w, "o_proj", [h, q_dims])?,
+            q_norm,
+            k_norm,
             n_heads: shape.heads,
             n_kv_heads: shape.kv_heads,
             scale: (shape.head_dim as f32).powf(-0.5),

@@ -92,7 +92,12 @@ fn load_moe(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<SparseMoe, Load
     let mlp = format!("{p}.block_sparse_moe");
     Ok(SparseMoe {
         router: Gate {
-            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
+            gate: Linear::load(
+                w,
+                &format!("{mlp}.gate"),
+                false,
+                [a.num_local_experts, a.hidden_size],
+            )?,
             top_k: a.num_experts_per_tok,
             kind: Router::TopKSoftmax,
         },
@@ -129,6 +134,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
         ffn_module: "block_sparse_moe",

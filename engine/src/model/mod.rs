@@ -144,6 +144,19 @@ pub fn build(config: &ModelConfig, weights: Weights) -> Result<Box<dyn LanguageM
     (registry::family(&config.model_type)?.build)(config, weights)
 }
 
+/// The tensors a checkpoint of `config` must hold, as (name, shape) in the order the loader
+/// takes them: the family is built over a probe (`Weights::probe`), which records what each
+/// layer asks for and the shape it states, and gives lazy zeros (nothing is evaluated, no
+/// forward runs). The probe holds no tensors, so layout branches take the MLX layout and a
+/// gemma3_text head is tied; the shapes are the dense ones, also for a quantized config
+/// (`Weights::probe`). A wrapper's (gemma3, gemma4) are under `language_model.`.
+pub fn expected_weights(config: &ModelConfig) -> Result<Vec<(String, Vec<i32>)>, LoadError> {
+    let probe = Weights::probe();
+    let record = probe.probe_record();
+    drop(build(config, probe)?);
+    Ok(record.map(|r| r.tensors()).unwrap_or_default())
+}
+
 /// Loads config and weights of a model directory and builds the model. A rank of a
 /// distributed group (`dist::init`) first checks that every rank loads the same model, then
 /// keeps its part of it (tensor or pipeline parallel, as the group's mode says).
@@ -191,9 +204,10 @@ pub fn parallelize(
     }
 }
 
-/// One token through fresh caches: weights whose shapes disagree with config.json (a head
-/// count, a norm width) fail here, at load, instead of on every request after a healthy
-/// start. The logits must be [1, 1, vocab_size].
+/// One token through fresh caches: a model that cannot run fails here, at load, instead of
+/// on every request after a healthy start (a tensor whose shape disagrees with config.json
+/// is refused earlier, as its layer takes it: `Weights::take_shaped`). The logits must be
+/// [1, 1, vocab_size].
 fn check_forward(model: &dyn LanguageModel) -> Result<(), LoadError> {
     let mismatch = |e: String| {
         LoadError::Weights(format!(
@@ -213,4 +227,190 @@ fn check_forward(model: &dyn LanguageModel) -> Result<(), LoadError> {
         )));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+    use crate::load::config::QuantMode;
+
+    fn golden(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../goldens/models")
+            .join(name)
+    }
+
+    /// A copy of golden `name` whose tensor `tensor` keeps only its first `rows` rows.
+    fn with_cut_tensor(name: &str, tensor: &str, rows: i32) -> tempfile::TempDir {
+        use mlx_rs::ops::indexing::IndexOp;
+        let src = golden(name);
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), dir.path().join("config.json")).unwrap();
+        let mut tensors = Array::load_safetensors(src.join("model.safetensors")).unwrap();
+        let cut = tensors[tensor].index(..rows);
+        tensors.insert(tensor.to_owned(), cut);
+        Array::save_safetensors(tensors.iter(), None, dir.path().join("model.safetensors"))
+            .unwrap();
+        dir
+    }
+
+    fn build_error(dir: &Path) -> String {
+        let config = ModelConfig::read(dir).unwrap();
+        match build(&config, Weights::load(dir).unwrap()) {
+            Ok(_) => panic!("{} built", dir.display()),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// A tensor whose shape is not the one config.json makes it is refused as its layer
+    /// takes it, naming it, the expected and the found shape; a quantized weight is checked
+    /// as the packing of its dense shape.
+    #[test]
+    fn a_tensor_of_another_shape_is_refused_naming_it() {
+        let k = "model.layers.1.self_attn.k_proj.weight";
+        let e = build_error(with_cut_tensor("tiny-llama", k, 16).path());
+        assert!(
+            e.contains(&format!("`{k}` has shape [16, 64]"))
+                && e.contains("config.json makes it [32, 64]")
+                && e.contains("does not fit its config.json"),
+            "{e}"
+        );
+        let norm = "model.layers.0.input_layernorm.weight";
+        let e = build_error(with_cut_tensor("tiny-qwen3", norm, 8).path());
+        assert!(e.contains(&format!("`{norm}` has shape [8]")), "{e}");
+        // Quantized: 4-bit affine in groups of 64, the packed weight and its scales.
+        let q = "model.layers.0.mlp.up_proj.weight";
+        let e = build_error(with_cut_tensor("tiny-llama-trained-q4", q, 100).path());
+        assert!(
+            e.contains(&format!("`{q}` has shape [100, 16]"))
+                && e.contains("makes it [320, 16] (dense [320, 128], quantized affine with 4")
+                && e.contains("group size 64)"),
+            "{e}"
+        );
+        let s = "model.layers.0.mlp.up_proj.scales";
+        let e = build_error(with_cut_tensor("tiny-llama-trained-q4", s, 100).path());
+        assert!(e.contains(&format!("`{s}` has shape [100, 2]")), "{e}");
+    }
+
+    /// Names and shapes of the tensors a model directory stores, sorted.
+    fn stored(dir: &Path) -> Vec<(String, Vec<i32>)> {
+        let mut out = Vec::new();
+        for file in crate::load::weights::weight_files(dir).unwrap() {
+            let bytes = std::fs::read(&file).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            for (name, view) in st.tensors() {
+                out.push((name, view.shape().iter().map(|&d| d as i32).collect()));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// What `expected` (dense shapes) is stored as in a checkpoint of `config`: a weight with
+    /// `.scales` in `stored` is packed as its config entry (per module, else the default)
+    /// says, with scales (and affine's biases) beside it.
+    fn as_stored(
+        config: &ModelConfig,
+        expected: &[(String, Vec<i32>)],
+        stored: &[(String, Vec<i32>)],
+    ) -> Vec<(String, Vec<i32>)> {
+        let has = |n: &str| stored.iter().any(|(s, _)| s == n);
+        let mut out = Vec::new();
+        for (name, shape) in expected {
+            let prefix = name.strip_suffix(".weight").unwrap_or(name);
+            if !has(&format!("{prefix}.scales")) {
+                out.push((name.clone(), shape.clone()));
+                continue;
+            }
+            let q = config.quantization.as_ref().unwrap();
+            let p = match q.per_path.get(prefix) {
+                Some(entry) => entry.unwrap(),
+                None => q.default.unwrap(),
+            };
+            let with_last = |last: i32| {
+                let mut s = shape.clone();
+                *s.last_mut().unwrap() = last;
+                s
+            };
+            let in_dims = *shape.last().unwrap();
+            out.push((name.clone(), with_last(in_dims * p.bits / 32)));
+            let groups = with_last(in_dims / p.group_size);
+            out.push((format!("{prefix}.scales"), groups.clone()));
+            if p.mode == QuantMode::Affine {
+                out.push((format!("{prefix}.biases"), groups));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// The loader's list of a committed tiny model's tensors (`expected_weights`, from its
+    /// config.json alone) is exactly what its safetensors hold, name for name and shape for
+    /// shape — quantized ones as the packing of the dense shapes the probe lists. Left out:
+    /// checkpoints in Hugging Face's layout, which the loader rewrites as it takes them (the
+    /// probe lists MLX's layout), and the assistant drafters (no family of the registry).
+    #[test]
+    fn expected_weights_are_what_the_tiny_checkpoints_hold() {
+        let skipped = [
+            (
+                "tiny-gemma4-mm",
+                "Hugging Face's `model.language_model.` layout",
+            ),
+            (
+                "tiny-gemma4-moe",
+                "Hugging Face's fused `experts.gate_up_proj`",
+            ),
+        ];
+        let mut compared = 0;
+        for entry in std::fs::read_dir(golden("")).unwrap() {
+            let dir = entry.unwrap().path();
+            let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+            if !dir.is_dir() || skipped.iter().any(|(s, _)| *s == name) {
+                continue;
+            }
+            let config = ModelConfig::read(&dir).unwrap();
+            if config.model_type == "gemma4_assistant" {
+                continue;
+            }
+            let expected = expected_weights(&config).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let wrapper = wrapper::WRAPPERS.contains(&config.model_type.as_str());
+            // A wrapper's towers are dropped as it loads; its language model is what counts.
+            let stored: Vec<_> = stored(&dir)
+                .into_iter()
+                .filter(|(n, _)| !wrapper || n.starts_with("language_model."))
+                .collect();
+            assert_eq!(as_stored(&config, &expected, &stored), stored, "{name}");
+            compared += 1;
+        }
+        assert!(compared >= 30, "{compared} checkpoints compared");
+    }
+
+    /// A probe evaluates nothing and runs no forward: a config of a large model lists its
+    /// tensors at once (mlx-lm's gemma4_text defaults: Gemma 4 E2B's shapes, 35 layers, a
+    /// 262 144-row embedding, tied). A plain `take` is refused, `contains` is false.
+    #[test]
+    fn a_probe_lists_the_tensors_of_a_config_without_weights() {
+        let raw = serde_json::json!({"model_type": "gemma4_text"});
+        let config = ModelConfig::from_value(PathBuf::from("config.json"), raw).unwrap();
+        let expected = expected_weights(&config).unwrap();
+        assert_eq!(
+            expected[0],
+            ("model.embed_tokens.weight".to_owned(), vec![262_144, 1536])
+        );
+        let names: Vec<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(names.contains(&"model.layers.34.layer_scalar"));
+        assert!(!names.iter().any(|n| n.contains("lm_head")));
+        let mut w = Weights::probe();
+        assert!(w.take("model.norm.weight").is_err(), "an unstated shape");
+        assert!(!w.contains("lm_head.weight"));
+        let z = w.take_shaped("x", &[2, 3]).unwrap();
+        assert_eq!(z.shape(), &[2, 3]);
+        assert!(w.take_shaped("x", &[2, 3]).is_err(), "taken twice");
+        assert_eq!(
+            w.probe_record().unwrap().tensors(),
+            vec![("x".to_owned(), vec![2, 3])]
+        );
+    }
 }

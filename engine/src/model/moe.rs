@@ -48,31 +48,20 @@ pub struct SwitchLinear {
 }
 
 impl SwitchLinear {
-    /// `<prefix>.weight` (and its scales/biases when quantized); `in_dims` is the input
-    /// width config.json gives.
+    /// `<prefix>.weight` (and its scales/biases when quantized), which config.json makes
+    /// `[experts, out, in]`; its bias `[experts, out]`.
     pub fn load(
         w: &mut Weights,
         prefix: &str,
         bias: bool,
-        in_dims: i32,
+        shape: [i32; 3],
     ) -> Result<Self, LoadError> {
-        let quantized = match w.quant_params(prefix, in_dims)? {
-            Some(params) => Some(Quantized::load(w, prefix, params)?),
-            None => None,
-        };
-        let weight = w.take(&format!("{prefix}.weight"))?;
-        if quantized.is_none() && (weight.ndim() != 3 || weight.shape()[2] != in_dims) {
-            return Err(LoadError::Weights(format!(
-                "`{prefix}.weight` has shape {:?}, but config.json makes the experts \
-                 [num_experts, out, {in_dims}]: the weights do not belong to this config",
-                weight.shape()
-            )));
-        }
+        let (weight, quantized) = Quantized::load_weight(w, prefix, &shape)?;
         if quantized.is_none() {
             check_dense_dtype(&format!("{prefix}.weight"), &weight)?;
         }
         let bias = if bias {
-            Some(w.take(&format!("{prefix}.bias"))?)
+            Some(w.take_shaped(&format!("{prefix}.bias"), &shape[..2])?)
         } else {
             None
         };
@@ -131,18 +120,25 @@ impl SwitchGlu {
         hf_names: [&str; 3],
     ) -> Result<Self, LoadError> {
         let (hidden, intermediate) = dims;
-        let mut proj = |n: &str, hf: &str, in_dims: i32| -> Result<SwitchLinear, LoadError> {
-            match stacked_experts(w, mlp, hf, experts)? {
-                Some(l) => Ok(l),
-                None => SwitchLinear::load(w, &format!("{mlp}.switch_mlp.{n}"), false, in_dims),
-            }
+        let mut proj = |n: &str, hf: &str, [out, inp]: [i32; 2]| match stacked_experts(
+            w,
+            mlp,
+            hf,
+            [experts, out, inp],
+        )? {
+            Some(l) => Ok::<_, LoadError>(l),
+            None => SwitchLinear::load(
+                w,
+                &format!("{mlp}.switch_mlp.{n}"),
+                false,
+                [experts, out, inp],
+            ),
         };
         let [gate, up, down] = hf_names;
-        let up_proj = proj("up_proj", up, hidden)?;
         Ok(SwitchGlu {
-            up_proj,
-            down_proj: proj("down_proj", down, intermediate)?,
-            gate_proj: proj("gate_proj", gate, hidden)?,
+            gate_proj: proj("gate_proj", gate, [intermediate, hidden])?,
+            up_proj: proj("up_proj", up, [intermediate, hidden])?,
+            down_proj: proj("down_proj", down, [hidden, intermediate])?,
         })
     }
 
@@ -192,20 +188,20 @@ fn gather_sort(x: &Array, indices: &Array) -> R<(Array, Array, Array)> {
     Ok((x, flat.take_axis(&order, 0)?, inv_order))
 }
 
-/// `<mlp>.experts.{e}.<hf>.weight` (a Hugging Face checkpoint) stacked into one dense
-/// `SwitchLinear`, as mlx-lm's `sanitize` stacks them; None when the checkpoint has them
-/// stacked already (`<mlp>.switch_mlp.<name>`).
+/// `<mlp>.experts.{e}.<hf>.weight` (a Hugging Face checkpoint, each `[out, in]` of
+/// `[experts, out, in]`) stacked into one dense `SwitchLinear`, as mlx-lm's `sanitize`
+/// stacks them; None when the checkpoint has them stacked already (`<mlp>.switch_mlp.<name>`).
 fn stacked_experts(
     w: &mut Weights,
     mlp: &str,
     hf: &str,
-    experts: i32,
+    [experts, out, inp]: [i32; 3],
 ) -> Result<Option<SwitchLinear>, LoadError> {
     if !w.contains(&format!("{mlp}.experts.0.{hf}.weight")) {
         return Ok(None);
     }
     let parts = (0..experts)
-        .map(|e| w.take(&format!("{mlp}.experts.{e}.{hf}.weight")))
+        .map(|e| w.take_shaped(&format!("{mlp}.experts.{e}.{hf}.weight"), &[out, inp]))
         .collect::<Result<Vec<_>, _>>()?;
     let weight = stack(&parts, 0).map_err(|e| LoadError::Weights(e.what().to_owned()))?;
     Ok(Some(SwitchLinear {

@@ -64,22 +64,26 @@ pub struct AttnShape {
     pub rope_base: f32,
 }
 
+/// Layer `p`'s attention: its q/k norms (where the family has them), then q, k, v and o.
 pub fn load_attention(w: &mut Weights, p: &str, a: &AttnShape) -> Result<Attention, LoadError> {
-    let proj = |w: &mut Weights, name: &str, bias: bool, in_dims: i32| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), bias, in_dims)
+    let proj = |w: &mut Weights, name: &str, bias: bool, out_in: [i32; 2]| {
+        Linear::load(w, &format!("{p}.self_attn.{name}"), bias, out_in)
     };
     let norm = |w: &mut Weights, name: &str| {
-        a.qk_norm_eps
-            .map(|eps| RmsNorm::load(w, &format!("{p}.self_attn.{name}"), eps))
+        let prefix = format!("{p}.self_attn.{name}");
+        (a.qk_norm_eps)
+            .map(|eps| RmsNorm::load(w, &prefix, a.head_dim, eps))
             .transpose()
     };
+    let (q_norm, k_norm) = (norm(w, "q_norm")?, norm(w, "k_norm")?);
+    let (h, q_dims, kv_dims) = (a.hidden, a.heads * a.head_dim, a.kv_heads * a.head_dim);
     Ok(Attention {
-        q_proj: proj(w, "q_proj", a.qkv_bias, a.hidden)?,
-        k_proj: proj(w, "k_proj", a.qkv_bias, a.hidden)?,
-        v_proj: proj(w, "v_proj", a.qkv_bias, a.hidden)?,
-        o_proj: proj(w, "o_proj", false, a.heads * a.head_dim)?,
-        q_norm: norm(w, "q_norm")?,
-        k_norm: norm(w, "k_norm")?,
+        q_proj: proj(w, "q_proj", a.qkv_bias, [q_dims, h])?,
+        k_proj: proj(w, "k_proj", a.qkv_bias, [kv_dims, h])?,
+        v_proj: proj(w, "v_proj", a.qkv_bias, [kv_dims, h])?,
+        o_proj: proj(w, "o_proj", false, [h, q_dims])?,
+        q_norm,
+        k_norm,
         n_heads: a.heads,
         n_kv_heads: a.kv_heads,
         scale: (a.head_dim as f32).powf(-0.5),

@@ -178,25 +178,29 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
         ffn_module: "mlp",
     };
+    // The fused projections: q, k and v stacked; gate and up stacked.
+    let qkv_dims = (heads + 2 * kv_heads) * head_dim;
+    let inter = a.intermediate_size;
     Decoder::load(config, w, dims, |w, p, _| {
-        let lin = |w: &mut Weights, name: &str, in_dims: i32| {
-            Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+        let lin = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+            Linear::load(w, &format!("{p}.{name}"), false, out_in)
         };
         let mixer: Box<dyn Mixer> = Box::new(Phi3Attention {
-            qkv_proj: lin(w, "self_attn.qkv_proj", hidden)?,
-            o_proj: lin(w, "self_attn.o_proj", heads * head_dim)?,
+            qkv_proj: lin(w, "self_attn.qkv_proj", [qkv_dims, hidden])?,
+            o_proj: lin(w, "self_attn.o_proj", [hidden, heads * head_dim])?,
             rope: a.rope(head_dim)?,
             heads,
             kv_heads,
             head_dim,
         });
         let ffn = Phi3Mlp {
-            gate_up_proj: lin(w, "mlp.gate_up_proj", hidden)?,
-            down_proj: lin(w, "mlp.down_proj", a.intermediate_size)?,
+            gate_up_proj: lin(w, "mlp.gate_up_proj", [2 * inter, hidden])?,
+            down_proj: lin(w, "mlp.down_proj", [hidden, inter])?,
         };
         Ok((mixer, Box::new(ffn)))
     })

@@ -15,6 +15,35 @@ use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
 
+/// Which tensor of a quantized weight.
+#[derive(Clone, Copy)]
+enum PackedPart {
+    /// The packed values: `in · bits / 32` uint32 columns.
+    Weight,
+    /// The scales, and affine's biases: one column per group of `group_size` inputs.
+    Scales,
+}
+
+/// The stored shape of one part of a quantized weight whose dense shape is `shape`
+/// ([..., out, in]), and how it follows from it (for the refusal's message).
+fn packed(shape: &[i32], params: QuantParams, part: PackedPart) -> (Vec<i32>, String) {
+    let mut stored = shape.to_vec();
+    let in_dims = *shape.last().unwrap_or(&0);
+    let (bits, group) = (params.bits, params.group_size);
+    let last = match part {
+        PackedPart::Weight => in_dims * bits / 32,
+        PackedPart::Scales => in_dims / group.max(1),
+    };
+    if let Some(l) = stored.last_mut() {
+        *l = last;
+    }
+    let how = format!(
+        " (dense {shape:?}, quantized {} with {bits} bits, group size {group})",
+        params.mode.name()
+    );
+    (stored, how)
+}
+
 /// Packed quantized weights (the scales, affine's biases, and how they were packed).
 pub struct Quantized {
     pub scales: Array,
@@ -23,15 +52,18 @@ pub struct Quantized {
 }
 
 impl Quantized {
-    /// `<prefix>.scales` (and `<prefix>.biases`, which only affine has).
+    /// `<prefix>.scales` (and `<prefix>.biases`, which only affine has), each
+    /// [..., out, in / group_size] for a weight whose dense shape is `shape` ([..., out, in]).
     pub(crate) fn load(
         w: &mut Weights,
         prefix: &str,
         params: QuantParams,
+        shape: &[i32],
     ) -> Result<Self, LoadError> {
+        let (stored, how) = packed(shape, params, PackedPart::Scales);
         let biases = format!("{prefix}.biases");
         let biases = match (w.contains(&biases), params.mode) {
-            (true, QuantMode::Affine) => Some(w.take(&biases)?),
+            (true, QuantMode::Affine) => Some(w.take_stored(&biases, &stored, &how)?),
             (false, QuantMode::Affine) => None,
             (true, mode) => {
                 return Err(LoadError::Weights(format!(
@@ -42,36 +74,30 @@ impl Quantized {
             (false, _) => None,
         };
         Ok(Quantized {
-            scales: w.take(&format!("{prefix}.scales"))?,
+            scales: w.take_stored(&format!("{prefix}.scales"), &stored, &how)?,
             biases,
             params,
         })
     }
 
-    /// `<prefix>.weight`, and its quantization when the checkpoint stores it quantized. A
-    /// dense weight whose width (`what`: its input, its rows) disagrees with config.json
-    /// would load, then fail every forward; say so at load instead, naming the tensor.
+    /// `<prefix>.weight`, whose dense shape config.json makes `shape` ([..., out, in]), and
+    /// its quantization when the checkpoint stores it quantized: then the packed weight is
+    /// [..., out, in · bits / 32] and its scales (and affine's biases) [..., out, in /
+    /// group_size]. A tensor of another shape is refused at load, naming it.
     pub(crate) fn load_weight(
         w: &mut Weights,
         prefix: &str,
-        dims: i32,
-        what: &str,
+        shape: &[i32],
     ) -> Result<(Array, Option<Self>), LoadError> {
-        let quantized = match w.quant_params(prefix, dims)? {
-            Some(params) => Some(Quantized::load(w, prefix, params)?),
-            None => None,
+        let name = format!("{prefix}.weight");
+        let in_dims = *shape.last().unwrap_or(&0);
+        let Some(params) = w.quant_params(prefix, in_dims)? else {
+            return Ok((w.take_shaped(&name, shape)?, None));
         };
-        let weight = w.take(&format!("{prefix}.weight"))?;
-        if quantized.is_none() && (weight.ndim() != 2 || weight.shape()[1] != dims) {
-            return Err(LoadError::Weights(format!(
-                "`{prefix}.weight` has shape {:?}, but config.json makes {what} {dims} wide: \
-                 the weights do not belong to this config",
-                weight.shape()
-            )));
-        }
-        Ok((weight, quantized))
+        let quantized = Quantized::load(w, prefix, params, shape)?;
+        let (stored, how) = packed(shape, params, PackedPart::Weight);
+        Ok((w.take_stored(&name, &stored, &how)?, Some(quantized)))
     }
-
     /// `x @ dequantize(W).T` through the fused quantized matmul.
     pub fn matmul_t(&self, x: &Array, weight: &Array) -> R<Array> {
         ops::quantized_matmul(

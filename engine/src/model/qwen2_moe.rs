@@ -62,7 +62,12 @@ fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, Loa
     let mlp = format!("{p}.mlp");
     let moe = SparseMoe {
         router: Gate {
-            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
+            gate: Linear::load(
+                w,
+                &format!("{mlp}.gate"),
+                false,
+                [a.num_experts, a.hidden_size],
+            )?,
             top_k: a.num_experts_per_tok,
             kind: Router::SoftmaxLowTopK,
         },
@@ -86,7 +91,7 @@ fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, Loa
         w,
         &format!("{mlp}.shared_expert_gate"),
         false,
-        a.hidden_size,
+        [1, a.hidden_size],
     )?;
     Ok(SharedMoe {
         moe,
@@ -119,6 +124,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
         ffn_module: "mlp",

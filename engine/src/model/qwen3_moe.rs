@@ -120,7 +120,12 @@ fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, L
     }
     Ok(Ffn::Sparse(SparseMoe {
         router: Gate {
-            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
+            gate: Linear::load(
+                w,
+                &format!("{mlp}.gate"),
+                false,
+                [a.num_experts, a.hidden_size],
+            )?,
             top_k: a.num_experts_per_tok,
             kind: Router::SoftmaxTopK {
                 norm_topk_prob: a.norm_topk_prob,
@@ -159,6 +164,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
+        vocab: a.vocab_size,
         rms_norm_eps: a.rms_norm_eps,
         tie_word_embeddings: a.tie_word_embeddings,
         ffn_module: "mlp",

@@ -224,7 +224,12 @@ pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Box<dyn LanguageMod
         ))
     })?;
     let text = spec.text_config(config)?;
-    spec.sanitize(config, &mut w)?;
+    match w.is_probe() {
+        // A probe lists the text model's tensors as an MLX checkpoint of the wrapper names
+        // them: under the language model's prefix.
+        true => w.set_probe_prefix(LM),
+        false => spec.sanitize(config, &mut w)?,
+    }
     let inner: Box<dyn LanguageModel> = match spec.model_type {
         "gemma3" => Box::new(gemma::load(&text, w)?),
         _ => Box::new(gemma4::load(&text, w)?),

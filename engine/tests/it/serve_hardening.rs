@@ -309,7 +309,8 @@ fn a_non_loopback_host_is_warned_about() {
 }
 
 /// Weights that do not fit config.json: the server used to start, say healthy, and answer
-/// 500 to every request. Now loading fails, naming the tensor or the forward that broke.
+/// 500 to every request. Now loading fails, naming the tensor whose shape config.json
+/// contradicts (the loader states every tensor's shape).
 #[test]
 fn weights_that_do_not_fit_the_config_fail_at_load() {
     let src = common::goldens().join("models").join(MODEL);
@@ -317,9 +318,13 @@ fn weights_that_do_not_fit_the_config_fail_at_load() {
         (
             "intermediate_size",
             json!(256),
-            "do not belong to this config",
+            "mlp.gate_proj.weight` has shape",
         ),
-        ("num_key_value_heads", json!(4), "do not fit config.json"),
+        (
+            "num_key_value_heads",
+            json!(4),
+            "self_attn.k_proj.weight` has shape",
+        ),
     ] {
         let dir = tempfile::tempdir().unwrap();
         for f in std::fs::read_dir(&src).unwrap().flatten() {
@@ -357,7 +362,10 @@ fn weights_that_do_not_fit_the_config_fail_at_load() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(line.is_empty(), "{key}: started anyway: {line}");
         assert!(!out.status.success(), "{key}: started anyway");
-        assert!(err.contains(needle), "{key}: {err}");
+        assert!(
+            err.contains(needle) && err.contains("does not fit its config.json"),
+            "{key}: {err}"
+        );
     }
     // The unchanged copy serves (the check does not refuse good models).
     let dir = tempfile::tempdir().unwrap();

@@ -194,10 +194,9 @@ impl AssistantDrafter {
                 Rope::new(d, theta("sliding_attention", 1e4), false, None)?
             };
             let lin = |w: &mut Weights, name: &str, in_dims: i32| {
-                Linear::load(w, &format!("{p}.{name}"), false, in_dims)
+                linear_in(w, &format!("{p}.{name}"), in_dims)
             };
-            let norm =
-                |w: &mut Weights, name: &str| RmsNorm::load_upcast(w, &format!("{p}.{name}"), eps);
+            let norm = |w: &mut Weights, name: &str| norm_upcast(w, &format!("{p}.{name}"), eps);
             layers.push(Layer {
                 full,
                 q_proj: lin(&mut w, "self_attn.q_proj", hidden)?,
@@ -219,16 +218,17 @@ impl AssistantDrafter {
                 layer_scalar: w.take(&format!("{p}.layer_scalar"))?,
             });
         }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", hidden)?;
-        let norm = RmsNorm::load_upcast(&mut w, "model.norm", eps)?;
+        let rows = stored_rows(&w, "model.embed_tokens");
+        let embed = Embedding::load(&mut w, "model.embed_tokens", [rows, hidden])?;
+        let norm = norm_upcast(&mut w, "model.norm", eps)?;
         // optiq defaults a missing backbone_hidden_size to 2560; here the tensors give it:
         // post_projection writes the target's width, pre_projection reads it twice over.
-        let post_projection = Linear::load(&mut w, "post_projection", false, hidden)?;
+        let post_projection = linear_in(&mut w, "post_projection", hidden)?;
         let backbone = args
             .backbone_hidden_size
             .or(text.backbone_hidden_size)
             .unwrap_or(post_projection.output_dims());
-        let pre_projection = Linear::load(&mut w, "pre_projection", false, 2 * backbone)?;
+        let pre_projection = linear_in(&mut w, "pre_projection", 2 * backbone)?;
         let head = DrafterHead::load(&mut w, &flags, hidden, embed.rows() as i32)?;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(AssistantDrafter {
@@ -293,6 +293,26 @@ impl AssistantDrafter {
         let next = self.post_projection.forward(&h)?;
         Ok((logits.index((0, 0)), next))
     }
+}
+
+/// The rows (outputs) `<prefix>.weight` is stored with, 0 when it is missing (its loader
+/// then names it). The drafter reads its widths from its tensors, as optiq does; only the
+/// inputs are checked against config.json.
+pub(crate) fn stored_rows(w: &Weights, prefix: &str) -> i32 {
+    let shape = w.stored_shape(&format!("{prefix}.weight"));
+    shape.and_then(|s| s.first().copied()).unwrap_or(0)
+}
+
+/// A bias-free linear `in_dims` wide, as many outputs as its tensor holds.
+pub(crate) fn linear_in(w: &mut Weights, prefix: &str, in_dims: i32) -> Result<Linear, LoadError> {
+    let rows = stored_rows(w, prefix);
+    Linear::load(w, prefix, false, [rows, in_dims])
+}
+
+/// optiq's upcast RMSNorm, as wide as its tensor.
+fn norm_upcast(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsNorm, LoadError> {
+    let dims = stored_rows(w, prefix);
+    RmsNorm::load_upcast(w, prefix, dims, eps)
 }
 
 #[cfg(test)]

@@ -88,12 +88,12 @@ impl MoeBlock {
             return Ok(None);
         }
         let (experts, top_k, inter) = moe_shape(a)?;
-        let eps = a.rms_norm_eps;
-        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), eps);
+        let (eps, h) = (a.rms_norm_eps, a.hidden_size);
+        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{p}.{name}"), h, eps);
         let router = Router {
-            proj: Linear::load(w, &format!("{p}.router.proj"), false, a.hidden_size)?,
-            scale: w.take(&format!("{p}.router.scale"))?,
-            per_expert_scale: w.take(&format!("{p}.router.per_expert_scale"))?,
+            proj: Linear::load(w, &format!("{p}.router.proj"), false, [experts, h])?,
+            scale: w.take_shaped(&format!("{p}.router.scale"), &[h])?,
+            per_expert_scale: w.take_shaped(&format!("{p}.router.per_expert_scale"), &[experts])?,
             top_k,
             hidden: a.hidden_size,
             eps,
@@ -137,30 +137,18 @@ fn load_experts(
 ) -> Result<SwitchGlu, LoadError> {
     let fused = format!("{prefix}.gate_up_proj");
     if !w.contains(&fused) {
-        let mut proj = |name: &str, in_dims: i32| {
-            SwitchLinear::load(w, &format!("{prefix}.switch_glu.{name}"), false, in_dims)
+        let mut proj = |name: &str, shape: [i32; 3]| {
+            SwitchLinear::load(w, &format!("{prefix}.switch_glu.{name}"), false, shape)
         };
         return Ok(SwitchGlu {
-            gate_proj: proj("gate_proj", hidden)?,
-            up_proj: proj("up_proj", hidden)?,
-            down_proj: proj("down_proj", inter)?,
+            gate_proj: proj("gate_proj", [experts, inter, hidden])?,
+            up_proj: proj("up_proj", [experts, inter, hidden])?,
+            down_proj: proj("down_proj", [experts, hidden, inter])?,
         });
     }
     let down_name = format!("{prefix}.down_proj");
-    let gate_up = w.take(&fused)?;
-    let down = w.take(&down_name)?;
-    let want = |name: &str, a: &Array, shape: [i32; 3]| {
-        if a.shape() == shape {
-            return Ok(());
-        }
-        Err(LoadError::Weights(format!(
-            "`{name}` has shape {:?}, but config.json makes it {shape:?} \
-             (num_experts, out, in): the weights do not belong to this config",
-            a.shape()
-        )))
-    };
-    want(&fused, &gate_up, [experts, 2 * inter, hidden])?;
-    want(&down_name, &down, [experts, hidden, inter])?;
+    let gate_up = w.take_shaped(&fused, &[experts, 2 * inter, hidden])?;
+    let down = w.take_shaped(&down_name, &[experts, hidden, inter])?;
     let halves = gate_up
         .split_equal(2, -2)
         .and_then(|h| h.iter().map(|a| a.contiguous()).collect::<R<Vec<_>>>())

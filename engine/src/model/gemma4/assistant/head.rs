@@ -119,7 +119,7 @@ impl DrafterHead {
             return Ok(DrafterHead::Centroid(head));
         }
         if w.contains(LM_HEAD) {
-            return Ok(DrafterHead::Own(Linear::load(w, "lm_head", false, hidden)?));
+            return Ok(DrafterHead::Own(super::linear_in(w, "lm_head", hidden)?));
         }
         Ok(DrafterHead::Tied)
     }
@@ -141,7 +141,7 @@ impl DrafterHead {
             w.discard(|n| n == LM_HEAD);
             return Ok(DrafterHead::Tied);
         }
-        Ok(DrafterHead::Own(Linear::load(w, "lm_head", false, hidden)?))
+        Ok(DrafterHead::Own(super::linear_in(w, "lm_head", hidden)?))
     }
 
     /// Which head, in words (for errors and reports).
