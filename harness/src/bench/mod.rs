@@ -273,7 +273,7 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
         progress.start(format!(
             "preparing bench model {} ({:.1} M params)",
             model.name,
-            model.parameter_count() as f64 / 1e6
+            model.parameter_count()? as f64 / 1e6
         ));
         let dir = model.ensure()?;
         for &prompt_tokens in &opts.contexts {
@@ -483,7 +483,7 @@ pub fn record(
                         "prompt_tokens": r.prompt_tokens,
                         "max_tokens": opts.max_tokens,
                         "rounds": opts.rounds,
-                        "params_m": (r.model.parameter_count() as f64 / 1e5).round() / 10.0,
+                        "params_m": (r.model.parameter_count()? as f64 / 1e5).round() / 10.0,
                     })
                     .to_string(),
                     tags: tags.join(" "),

@@ -1,6 +1,9 @@
 //! The built-in benchmark models: Llama-, Gemma 3-, Gemma 4- and Qwen3-MoE-layout checkpoints
-//! with seeded random weights (bf16; the MoE model f32, see `Family::Qwen3Moe`), generated on first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed).
-//! Both stacks load the very same directory, so they run the same weights.
+//! with seeded random weights (bf16; the MoE model f32, see `Family::Qwen3Moe`), generated on
+//! first use into `<cache>/mlx-engine/bench-models/<name>/` (never committed). A model is its
+//! config.json; which tensors it holds, and their shapes, is the engine loader's to say
+//! (`engine::model::expected_weights`). Both stacks load the very same directory, so they
+//! run the same weights.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -280,122 +283,13 @@ impl BenchModel {
         })
     }
 
-    /// (name, shape) of every weight, in a fixed order (the seed of weight i is seed + i).
-    fn weight_shapes(&self) -> Vec<(String, Vec<i32>)> {
-        if self.family == Family::Gemma4 {
-            return self.gemma4_shapes();
-        }
-        let head_dim = self.hidden / self.heads;
-        let (h, q, kv, i) = (
-            self.hidden,
-            self.heads * head_dim,
-            self.kv_heads * head_dim,
-            self.intermediate,
-        );
-        let mut w = vec![("model.embed_tokens.weight".to_owned(), vec![self.vocab, h])];
-        for l in 0..self.layers {
-            let p = format!("model.layers.{l}");
-            w.push((format!("{p}.input_layernorm.weight"), vec![h]));
-            w.push((format!("{p}.post_attention_layernorm.weight"), vec![h]));
-            if matches!(self.family, Family::Qwen3Moe | Family::Qwen3) {
-                w.push((format!("{p}.self_attn.q_norm.weight"), vec![head_dim]));
-                w.push((format!("{p}.self_attn.k_norm.weight"), vec![head_dim]));
-            }
-            if self.family == Family::Gemma3 {
-                w.push((format!("{p}.pre_feedforward_layernorm.weight"), vec![h]));
-                w.push((format!("{p}.post_feedforward_layernorm.weight"), vec![h]));
-                w.push((format!("{p}.self_attn.q_norm.weight"), vec![head_dim]));
-                w.push((format!("{p}.self_attn.k_norm.weight"), vec![head_dim]));
-            }
-            w.push((format!("{p}.self_attn.q_proj.weight"), vec![q, h]));
-            w.push((format!("{p}.self_attn.k_proj.weight"), vec![kv, h]));
-            w.push((format!("{p}.self_attn.v_proj.weight"), vec![kv, h]));
-            w.push((format!("{p}.self_attn.o_proj.weight"), vec![h, q]));
-            if self.family == Family::Qwen3Moe {
-                let e = MOE_EXPERTS;
-                w.push((format!("{p}.mlp.gate.weight"), vec![e, h]));
-                w.push((
-                    format!("{p}.mlp.switch_mlp.gate_proj.weight"),
-                    vec![e, i, h],
-                ));
-                w.push((format!("{p}.mlp.switch_mlp.up_proj.weight"), vec![e, i, h]));
-                w.push((
-                    format!("{p}.mlp.switch_mlp.down_proj.weight"),
-                    vec![e, h, i],
-                ));
-                continue;
-            }
-            w.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h]));
-            w.push((format!("{p}.mlp.up_proj.weight"), vec![i, h]));
-            w.push((format!("{p}.mlp.down_proj.weight"), vec![h, i]));
-        }
-        w.push(("model.norm.weight".to_owned(), vec![h]));
-        if matches!(self.family, Family::Llama | Family::Qwen3Moe) {
-            w.push(("lm_head.weight".to_owned(), vec![self.vocab, h])); // Gemma, Qwen3: tied
-        }
-        w
-    }
-
-    fn gemma4_shapes(&self) -> Vec<(String, Vec<i32>)> {
-        let (h, v, n, pl) = (self.hidden, self.vocab, self.layers, GEMMA4_PER_LAYER);
-        let mut w = vec![
-            ("model.embed_tokens.weight".to_owned(), vec![v, h]),
-            (
-                "model.embed_tokens_per_layer.weight".to_owned(),
-                vec![v, n * pl],
-            ),
-            (
-                "model.per_layer_model_projection.weight".to_owned(),
-                vec![n * pl, h],
-            ),
-            (
-                "model.per_layer_projection_norm.weight".to_owned(),
-                vec![pl],
-            ),
-        ];
-        for l in 0..n {
-            let p = format!("model.layers.{l}");
-            let full = l % 6 == 5;
-            let d = if full { 2 } else { 1 } * h / self.heads;
-            let inter = if l >= n - GEMMA4_SHARED { 2 } else { 1 } * self.intermediate;
-            for norm in [
-                "input_layernorm",
-                "post_attention_layernorm",
-                "pre_feedforward_layernorm",
-                "post_feedforward_layernorm",
-                "post_per_layer_input_norm",
-            ] {
-                w.push((format!("{p}.{norm}.weight"), vec![h]));
-            }
-            w.push((format!("{p}.layer_scalar"), vec![1]));
-            w.push((
-                format!("{p}.self_attn.q_proj.weight"),
-                vec![self.heads * d, h],
-            ));
-            w.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
-            w.push((
-                format!("{p}.self_attn.o_proj.weight"),
-                vec![h, self.heads * d],
-            ));
-            if l < n - GEMMA4_SHARED {
-                w.push((
-                    format!("{p}.self_attn.k_proj.weight"),
-                    vec![self.kv_heads * d, h],
-                ));
-                w.push((
-                    format!("{p}.self_attn.v_proj.weight"),
-                    vec![self.kv_heads * d, h],
-                ));
-                w.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
-            }
-            w.push((format!("{p}.mlp.gate_proj.weight"), vec![inter, h]));
-            w.push((format!("{p}.mlp.up_proj.weight"), vec![inter, h]));
-            w.push((format!("{p}.mlp.down_proj.weight"), vec![h, inter]));
-            w.push((format!("{p}.per_layer_input_gate.weight"), vec![pl, h]));
-            w.push((format!("{p}.per_layer_projection.weight"), vec![h, pl]));
-        }
-        w.push(("model.norm.weight".to_owned(), vec![h]));
-        w
+    /// (name, shape) of every weight, as the engine's loader takes them from a checkpoint
+    /// of `config()` (`engine::model::expected_weights`), in its load order: the seed of
+    /// weight i is seed + i.
+    fn weight_shapes(&self) -> anyhow::Result<Vec<(String, Vec<i32>)>> {
+        let path = self.dir().join("config.json");
+        let config = engine::load::config::ModelConfig::from_value(path, self.config())?;
+        Ok(engine::model::expected_weights(&config)?)
     }
 
     /// The mixed KV scheme the L2/L3 legs use (optiq's kv_config.json shape): the first
@@ -414,11 +308,12 @@ impl BenchModel {
         Ok(())
     }
 
-    pub fn parameter_count(&self) -> i64 {
-        self.weight_shapes()
+    pub fn parameter_count(&self) -> anyhow::Result<i64> {
+        let shapes = self.weight_shapes()?;
+        Ok(shapes
             .iter()
             .map(|(_, s)| s.iter().map(|&d| d as i64).product::<i64>())
-            .sum()
+            .sum())
     }
 
     pub fn dir(&self) -> PathBuf {
@@ -505,7 +400,7 @@ impl BenchModel {
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp)?;
         let mut weights: HashMap<String, Array> = HashMap::new();
-        for (i, (name, shape)) in self.weight_shapes().into_iter().enumerate() {
+        for (i, (name, shape)) in self.weight_shapes()?.into_iter().enumerate() {
             let w = if name.ends_with("layer_scalar") {
                 mlx_rs::ops::ones::<f32>(&shape)?
             } else if name.ends_with("norm.weight") {
@@ -574,8 +469,8 @@ mod tests {
         assert_eq!(long.max_positions, 32_768);
         assert_eq!(long.config()["max_position_embeddings"], 32_768);
         assert_eq!(
-            (long.seed, long.weight_shapes()),
-            (TINY.seed, TINY.weight_shapes())
+            (long.seed, long.weight_shapes().unwrap()),
+            (TINY.seed, TINY.weight_shapes().unwrap())
         );
         assert_ne!(long.dir(), TINY.dir());
         assert!(long.dir().ends_with("tiny-seed1234-ctx32768"));
@@ -593,7 +488,7 @@ mod tests {
         assert_eq!(m.vocab, 151_936);
         assert_eq!(m.config()["model_type"], "qwen3");
         assert_eq!(m.config()["tie_word_embeddings"], true);
-        let shapes = m.weight_shapes();
+        let shapes = m.weight_shapes().unwrap();
         assert!(shapes.iter().all(|(n, _)| n != "lm_head.weight"));
         assert!(shapes
             .iter()
@@ -601,7 +496,34 @@ mod tests {
         assert_eq!(m.real_tokenizer(), Some("qwen3"));
         assert_eq!(TINY.real_tokenizer(), None);
         // ~42 M parameters, 39 M of them the embedding.
-        assert!((40_000_000..45_000_000).contains(&m.parameter_count()));
+        assert!((40_000_000..45_000_000).contains(&m.parameter_count().unwrap()));
+    }
+
+    /// The loader's order seeds the bench weights (weight i gets seed + i), so a change of
+    /// the order a family takes its tensors in, or of their names or shapes, changes every
+    /// bench model of it. Pinned here (FNV-1a of each `name:shape;` in order) to the lists
+    /// the models were generated from when they were written by hand: if this fails on
+    /// purpose, say in the commit that the bench weights change, and update the pin.
+    #[test]
+    fn bench_weights_keep_their_order() {
+        fn fnv(list: &[(String, Vec<i32>)]) -> u64 {
+            let text: String = list.iter().map(|(n, s)| format!("{n}:{s:?};")).collect();
+            text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+                (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+            })
+        }
+        let pinned = [
+            (TINY, 39, 0x9041_04c8_6584_a7cf),
+            (SMALL, 93, 0xb094_7ff4_0c5f_0c15),
+            (GEMMA_TINY, 158, 0x09f0_5c1f_9e14_eadc),
+            (GEMMA4_TINY, 197, 0xf4f3_678c_72a3_3356),
+            (MOE_TINY, 51, 0x1137_fd20_c9fc_5d23),
+            (QWEN3_VOCAB_TINY, 46, 0x054d_0dc3_fefe_aa34),
+        ];
+        for (m, count, hash) in pinned {
+            let shapes = m.weight_shapes().unwrap();
+            assert_eq!((shapes.len(), fnv(&shapes)), (count, hash), "{}", m.name);
+        }
     }
 
     #[test]

@@ -321,7 +321,7 @@ fn run_distributed(args: &Args) -> Result<()> {
     let mut n = 0;
     for (r, m) in results.iter().zip(&chosen) {
         print!("{}", r.table(&opts));
-        let params_m = (m.parameter_count() as f64 / 1e5).round() / 10.0;
+        let params_m = (m.parameter_count()? as f64 / 1e5).round() / 10.0;
         n += r.record(&db, &ctx, &opts, params_m)?;
     }
     println!(
