@@ -147,6 +147,10 @@ pub enum Defect {
     /// softmax over the top k as it is). Caught by the L1 gate on tiny-gemma4-moe
     /// (`tests/it/l1_models.rs`).
     Gemma4PerExpertScaleDropped,
+    /// The short convolution (LFM2) keeps as its state the K − 1 inputs one position early
+    /// (shifted by one): every later step reads the wrong inputs. Caught by the L1 gate on
+    /// tiny-lfm2 (`tests/it/l1_models.rs`).
+    ShortConvStateShifted,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

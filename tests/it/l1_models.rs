@@ -231,6 +231,16 @@ fn wrapper_layout_errors_name_the_problem() {
     println!("{text}");
 }
 
+/// lfm2 (short convolutions with an ArraysCache state beside full attention): planted, the
+/// conv state kept one position early. The prompt's last token already reads the state its
+/// body left (the prefill runs the prompt less its last token first, as mlx-lm's
+/// generate_step does), so every case fails at its first logits.
+#[test]
+fn planted_shifted_conv_state_fails_l1_on_lfm2() {
+    let _on = engine::plant::on(engine::plant::Defect::ShortConvStateShifted).unwrap();
+    assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
+}
+
 /// smollm3 (layer 3 of 4 without RoPE): planted, every layer rotates (`no_rope_layers` all
 /// ones) — the gate fails at the prefill of every case.
 #[test]

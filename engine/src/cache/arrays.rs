@@ -157,6 +157,10 @@ fn cat_ints(
 }
 
 impl Cache for ArraysCache {
+    fn as_arrays(&mut self) -> Option<&mut ArraysCache> {
+        Some(self)
+    }
+
     /// No positions (mlx-lm's `size()` is 0 for this kind).
     fn offset(&self) -> i32 {
         0

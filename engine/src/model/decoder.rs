@@ -43,7 +43,8 @@ use crate::load::weights::Weights;
 use crate::load::LoadError;
 use layer::Io;
 pub use layer::{
-    kv_cache, FeedForward, Layer, Lent, Masks, Mixer, Residual, SideInputs, Tail, Windowed,
+    kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, Residual, SideInputs, Tail,
+    Windowed,
 };
 
 type R<T> = Result<T, Exception>;
@@ -91,6 +92,9 @@ pub struct Style {
     /// `input_layernorm` and `post_attention_layernorm` (before the feed-forward).
     pub sandwich: bool,
     pub residual: Residual,
+    /// The two norms of a plain layer and the final one, by checkpoint name (LFM2's
+    /// `operator_norm`, `ffn_norm`, `model.embedding_norm`).
+    pub norm_names: NormNames,
     pub embed_scale: Option<EmbedScale>,
     /// Gemma 4's per-layer inputs (loaded by the family).
     pub side: Option<Box<dyn SideInputs>>,
@@ -108,11 +112,31 @@ impl Default for Style {
             norm: RmsNorm::load,
             sandwich: false,
             residual: Residual::Add,
+            norm_names: NormNames::default(),
             embed_scale: None,
             side: None,
             logit_softcap: None,
             lora: true,
             assistant_target: false,
+        }
+    }
+}
+
+/// The checkpoint names of a plain layer's two norms (within the layer) and of the final
+/// norm.
+#[derive(Debug, Clone, Copy)]
+pub struct NormNames {
+    pub input: &'static str,
+    pub post: &'static str,
+    pub last: &'static str,
+}
+
+impl Default for NormNames {
+    fn default() -> Self {
+        NormNames {
+            input: "input_layernorm",
+            post: "post_attention_layernorm",
+            last: "model.norm",
         }
     }
 }
@@ -196,8 +220,9 @@ impl Decoder {
                 }
             }
             let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
+            let names = style.norm_names;
             let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
-                false => (None, named("post_attention_layernorm")?, None),
+                false => (None, named(names.post)?, None),
                 true => (
                     Some(named("post_attention_layernorm")?),
                     named("pre_feedforward_layernorm")?,
@@ -205,7 +230,7 @@ impl Decoder {
                 ),
             };
             layers.push(Layer {
-                norm_in: named("input_layernorm")?,
+                norm_in: named(names.input)?,
                 mixer: built.mixer,
                 post_mixer_norm,
                 norm_post,
@@ -216,7 +241,7 @@ impl Decoder {
             });
         }
         let embed = Embedding::load(&mut w, "model.embed_tokens", dims.hidden)?;
-        let final_norm = norm(&mut w, "model.norm")?;
+        let final_norm = norm(&mut w, style.norm_names.last)?;
         let head = OutputHead::load(
             &mut w,
             final_norm,
@@ -292,7 +317,7 @@ impl Decoder {
         let mut caches = caches.iter_mut();
         for i in range {
             let layer = &self.layers[i];
-            let mask = masks.of(layer.mixer.window());
+            let mask = masks.of(layer.mixer.as_ref());
             let io = match layer.borrows {
                 Some(j) => Io::Borrow(step.lent[j].as_ref().ok_or_else(|| {
                     Exception::custom(format!("layer {i} borrows layer {j}'s K/V, not lent"))
@@ -484,6 +509,9 @@ impl AssistantTarget for Decoder {
         let (mut sliding, mut full) = (None, None);
         let keepers = self.layers.iter().filter(|l| l.keeps_cache());
         for (cache, layer) in keepers.enumerate() {
+            if layer.mixer.recurrent() {
+                continue;
+            }
             match layer.mixer.window() {
                 None => full = Some(cache),
                 Some(_) => sliding = Some(cache),

@@ -366,6 +366,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         // LoRA is not available on the mixture-of-experts Gemma 4.
         lora: !a.enable_moe_block,
         assistant_target: true,
+        ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, _p, i| {
         layer(w, &a, &full, i, first_shared)

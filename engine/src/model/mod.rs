@@ -5,6 +5,7 @@ pub mod gemma;
 pub mod gemma4;
 pub mod gpt_oss;
 pub mod layers;
+pub mod lfm2;
 pub mod llama;
 pub mod mixtral;
 pub mod moe;
@@ -18,6 +19,7 @@ pub mod registry;
 pub mod rope;
 pub mod sdpa;
 pub mod shard;
+pub mod short_conv;
 pub mod smollm3;
 pub mod wrapper;
 

@@ -75,6 +75,10 @@ fn qwen2_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Load
     Ok(Box::new(super::qwen2_moe::load(c, w)?))
 }
 
+fn lfm2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::lfm2::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -166,6 +170,7 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
+    row("lfm2", lfm2),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

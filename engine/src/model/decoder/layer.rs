@@ -25,6 +25,11 @@ pub trait Mixer {
     fn window(&self) -> Option<i32> {
         None
     }
+    /// A recurrent mixer (a state, not K/V) reads mlx-lm's `create_ssm_mask` (the batch's
+    /// padding, or none) instead of an attention mask.
+    fn recurrent(&self) -> bool {
+        false
+    }
     /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
     /// order LoRA attaches to them.
     fn linears(&self) -> Vec<(&'static str, &Linear)>;
@@ -211,57 +216,89 @@ impl Layer {
     }
 }
 
-/// The masks of one forward: one per attention window among the layers run (None = full
-/// attention), full attention's first, each made by the cache of the first layer with that
-/// window — as mlx-lm's gemma3 and gpt_oss make theirs, and as the other families make
-/// their one mask from the first cache.
-pub struct Masks(Vec<(Option<i32>, Mask)>);
+/// The masks of one forward: one per kind among the layers run — attention within each
+/// window (None = full attention, full attention's first), and the recurrent mixers' — each
+/// made by the cache of the first layer of that kind, as mlx-lm's gemma3, gpt_oss and the
+/// hybrids make theirs, and as the other families make their one mask from the first cache.
+pub struct Masks(Vec<(MaskKind, Mask)>);
+
+/// Which mask a layer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskKind {
+    /// Attention within a window (None: full attention).
+    Attention(Option<i32>),
+    /// A recurrent state's (`create_ssm_mask`).
+    Recurrent,
+}
+
+impl MaskKind {
+    fn of(mixer: &dyn Mixer) -> Self {
+        match mixer.recurrent() {
+            true => MaskKind::Recurrent,
+            false => MaskKind::Attention(mixer.window()),
+        }
+    }
+}
 
 impl Masks {
     /// For `n` new tokens through `layers`, `caches[k]` the k-th of the layers that keep one
     /// (a borrower's window is its lender's: a kind only borrowers read has no cache to ask).
     pub fn make(layers: &[Layer], caches: &[Box<dyn Cache>], n: i32) -> R<Self> {
-        let keepers: Vec<Option<i32>> = layers
+        let keepers: Vec<MaskKind> = layers
             .iter()
             .filter(|l| l.keeps_cache())
-            .map(|l| l.mixer.window())
+            .map(|l| MaskKind::of(l.mixer.as_ref()))
             .collect();
         let masks = Self::kinds(layers).into_iter().map(|kind| {
-            let first = keepers.iter().position(|w| *w == kind);
+            let first = keepers.iter().position(|k| *k == kind);
             let cache = first.and_then(|k| caches.get(k)).ok_or_else(|| {
-                Exception::custom(format!("no layer with a cache attends within {kind:?}"))
+                Exception::custom(format!("no layer with a cache reads the {kind:?} mask"))
             })?;
-            Ok((kind, cache.make_mask(n, kind)?))
+            let mask = match kind {
+                MaskKind::Attention(window) => cache.make_mask(n, window)?,
+                MaskKind::Recurrent => cache.make_mask(n, None)?,
+            };
+            Ok((kind, mask))
         });
         Ok(Masks(masks.collect::<R<_>>()?))
     }
 
-    /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them).
+    /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them:
+    /// a recurrent mixer reads none).
     pub fn cacheless(layers: &[Layer], n: i32) -> R<Self> {
-        let masks = Self::kinds(layers)
-            .into_iter()
-            .map(|kind| Ok((kind, PassThrough.make_mask(n, kind)?)));
+        let masks = Self::kinds(layers).into_iter().map(|kind| {
+            let mask = match kind {
+                MaskKind::Attention(window) => PassThrough.make_mask(n, window)?,
+                MaskKind::Recurrent => Mask::None,
+            };
+            Ok((kind, mask))
+        });
         Ok(Masks(masks.collect::<R<_>>()?))
     }
 
-    /// The windows `layers` attend within, full attention's first.
-    fn kinds(layers: &[Layer]) -> Vec<Option<i32>> {
-        let windows: Vec<Option<i32>> = layers.iter().map(|l| l.mixer.window()).collect();
-        let mut kinds: Vec<Option<i32>> = Vec::new();
-        if windows.contains(&None) {
-            kinds.push(None);
+    /// The kinds `layers` read, full attention's first, then windows and the recurrent
+    /// kind in the order they first appear.
+    fn kinds(layers: &[Layer]) -> Vec<MaskKind> {
+        let all: Vec<MaskKind> = layers
+            .iter()
+            .map(|l| MaskKind::of(l.mixer.as_ref()))
+            .collect();
+        let mut kinds: Vec<MaskKind> = Vec::new();
+        if all.contains(&MaskKind::Attention(None)) {
+            kinds.push(MaskKind::Attention(None));
         }
-        for w in windows.iter().filter(|w| w.is_some()) {
-            if !kinds.contains(w) {
-                kinds.push(*w);
+        for k in all {
+            if !kinds.contains(&k) {
+                kinds.push(k);
             }
         }
         kinds
     }
 
-    /// The mask of a layer attending within `window`.
-    pub(super) fn of(&self, window: Option<i32>) -> &Mask {
-        let found = self.0.iter().find(|(w, _)| *w == window);
+    /// The mask `mixer` reads.
+    pub(super) fn of(&self, mixer: &dyn Mixer) -> &Mask {
+        let kind = MaskKind::of(mixer);
+        let found = self.0.iter().find(|(k, _)| *k == kind);
         found.map_or(&Mask::None, |(_, m)| m)
     }
 }
