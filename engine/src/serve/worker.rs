@@ -280,6 +280,9 @@ impl Worker {
             None => (self.make_caches(), 0),
         };
         let mut draft_caches = Some(caches.split_off(self.model_layers()));
+        // A recurrent state cannot give drafted tokens back: such a model decodes plainly
+        // (the draft model is refused at start; a request's prompt lookup falls back).
+        let rolls_back = crate::generate::rollback_refusal(&self.make_caches()).is_none();
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
         let gamma = self
@@ -306,7 +309,12 @@ impl Worker {
             }
         };
         // Prompt lookup on one process only (a group's followers decode plainly).
-        let lookup = request.prompt_lookup.filter(|_| self.dist.is_none());
+        let lookup = request
+            .prompt_lookup
+            .filter(|_| self.dist.is_none() && rolls_back);
+        if request.prompt_lookup.is_some() && !rolls_back {
+            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
         match Decode::start_with(
             session,
             draft,
