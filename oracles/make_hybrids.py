@@ -9,14 +9,23 @@
                      Hugging Face's [hidden, 1, kernel] layout (mlx-lm's sanitize transposes them);
                      tied head, norms drawn away from one, bf16
 
-The tokenizer and chat template are tinymodels' shared ones ("llama" style). Everything is seeded.
+- tiny-qwen3-5        qwen3_5 (flat config): 4 layers, gated delta nets on layers 0-2 (2 key heads
+                     repeated to 4 value heads, head dims 16, conv kernel 4, A_log kept in f32 as
+                     real checkpoints keep it), gated full attention on layer 3 (GQA 4/2, q/k
+                     norms, RoPE on a quarter of the head); saved in Hugging Face's layout
+                     (`model.language_model.` names, [C, 1, K] conv kernels, (1 + w) norms stored
+                     as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
+                     untied head, bf16
+
+The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
+Everything is seeded.
 """
 
 import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2
+from mlx_lm.models import lfm2, qwen3_5
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -47,6 +56,49 @@ def make_lfm2(job: Job) -> Path:
             weights[name] = weights[name].transpose(0, 2, 1)
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16, conv weights in HF layout, tied")
+
+
+def qwen3_5_config() -> dict:
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [11, 11, 10],
+                            "rope_theta": 100000, "partial_rotary_factor": 0.25},
+    }
+
+
+# The (1 + w) norms Hugging Face's Qwen 3.5 checkpoints store as w (mlx-lm's sanitize adds the 1).
+QWEN3_5_OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                        ".q_norm.weight", ".k_norm.weight")
+
+
+def make_qwen3_5(job: Job) -> Path:
+    cfg = qwen3_5_config()
+    model = random_model(qwen3_5, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        if layer.is_linear:
+            layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
+    mx.eval(model.parameters())
+    weights = {}
+    for name, v in weights_of(model).items():
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model."):]
+        elif name.startswith("language_model."):
+            name = name[len("language_model."):]
+        if name.endswith("conv1d.weight"):
+            v = v.transpose(0, 2, 1)
+        hf_name = name.replace("model.language_model.", "model.")
+        if any(hf_name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        weights[name] = v
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
+                       style="qwen")
 
 
 if __name__ == "__main__":

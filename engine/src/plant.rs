@@ -151,6 +151,9 @@ pub enum Defect {
     /// (shifted by one): every later step reads the wrong inputs. Caught by the L1 gate on
     /// tiny-lfm2 (`tests/it/l1_models.rs`).
     ShortConvStateShifted,
+    /// The gated delta net decays its state by the previous token's gate (off by one step).
+    /// Caught by the L1 gate on tiny-qwen3-5 (`tests/it/l1_models.rs`).
+    GdnDecayOneStepLate,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

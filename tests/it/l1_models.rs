@@ -241,6 +241,15 @@ fn planted_shifted_conv_state_fails_l1_on_lfm2() {
     assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
 }
 
+/// qwen3_5 (gated delta nets beside gated attention, Hugging Face's checkpoint layout):
+/// planted, each token decayed by the previous token's gate — every case fails at its
+/// first logits.
+#[test]
+fn planted_late_decay_fails_l1_on_qwen3_5() {
+    let _on = engine::plant::on(engine::plant::Defect::GdnDecayOneStepLate).unwrap();
+    assert_fails_at_prefill(&l1("tiny-qwen3-5", None), "qwen3_5's decay one step late");
+}
+
 /// smollm3 (layer 3 of 4 without RoPE): planted, every layer rotates (`no_rope_layers` all
 /// ones) — the gate fails at the prefill of every case.
 #[test]

@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod gated_delta;
 pub mod gemma;
 pub mod gemma4;
 pub mod gpt_oss;
@@ -14,6 +15,7 @@ pub mod phi3;
 pub mod pipeline;
 pub mod quantized;
 pub mod qwen2_moe;
+pub mod qwen3_5;
 pub mod qwen3_moe;
 pub mod registry;
 pub mod rope;

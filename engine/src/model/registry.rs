@@ -79,6 +79,10 @@ fn lfm2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError
     Ok(Box::new(super::lfm2::load(c, w)?))
 }
 
+fn qwen3_5(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen3_5::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -171,6 +175,7 @@ pub static FAMILIES: &[Family] = &[
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
     row("lfm2", lfm2),
+    row("qwen3_5", qwen3_5),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
