@@ -17,6 +17,11 @@
                      as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
                      untied head, bf16
 
+- tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
+                     (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
+                     time_step_limit [0, Infinity] (written as Python's json writes it), HF
+                     [C, 1, K] conv kernels, untied head, norms drawn away from one, bf16
+
 The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
 Everything is seeded.
 """
@@ -25,7 +30,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, qwen3_5
+from mlx_lm.models import lfm2, mamba2, qwen3_5
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -99,6 +104,37 @@ def make_qwen3_5(job: Job) -> Path:
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
                        style="qwen")
+
+
+def mamba2_config() -> dict:
+    return {
+        "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
+        "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 3, "num_heads": 8, "head_dim": 16,
+        "state_size": 16, "n_groups": 2, "conv_kernel": 4, "expand": 2, "intermediate_size": 128,
+        "layer_norm_epsilon": 1e-6, "use_bias": False, "use_conv_bias": True, "tie_word_embeddings": False,
+        "time_step_limit": [0.0, float("inf")], "time_step_rank": "auto", "max_position_embeddings": 4096,
+    }
+
+
+def make_mamba2(job: Job) -> Path:
+    cfg = mamba2_config()
+    model = random_model(mamba2, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    # mlx-lm initializes A_log, dt_bias and D to fixed values; draw them so that a head or
+    # a term mixed up shows in the logits.
+    for i, layer in enumerate(model.layers):
+        k1, k2, k3 = mx.random.split(mx.random.key(job.seed * 100 + i), 3)
+        m = layer.mixer
+        m.A_log = mx.log(mx.random.uniform(1, 16, m.A_log.shape, key=k1)).astype(mx.float32)
+        m.dt_bias = (mx.random.normal(m.dt_bias.shape, key=k2) * 0.5 - 1.0).astype(mx.bfloat16)
+        m.D = (1.0 + mx.random.normal(m.D.shape, key=k3) * 0.3).astype(mx.bfloat16)
+    mx.eval(model.parameters())
+    weights = weights_of(model)
+    for name in list(weights):
+        if name.endswith("conv1d.weight"):
+            weights[name] = weights[name].transpose(0, 2, 1)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, untied")
 
 
 if __name__ == "__main__":

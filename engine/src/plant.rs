@@ -154,6 +154,9 @@ pub enum Defect {
     /// The gated delta net decays its state by the previous token's gate (off by one step).
     /// Caught by the L1 gate on tiny-qwen3-5 (`tests/it/l1_models.rs`).
     GdnDecayOneStepLate,
+    /// The Mamba-2 scan carries the previous state into a chunk without its decay. Caught by
+    /// the L1 gate on tiny-mamba2 (`tests/it/l1_models.rs`).
+    SsmStateUndecayed,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

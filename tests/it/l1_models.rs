@@ -250,6 +250,27 @@ fn planted_late_decay_fails_l1_on_qwen3_5() {
     assert_fails_at_prefill(&l1("tiny-qwen3-5", None), "qwen3_5's decay one step late");
 }
 
+/// mamba2 (Mamba-2 mixers only, a config with Python's `Infinity`): planted, the previous
+/// state carried into the scan without its decay. The prompt is scanned from no state, so
+/// the defect shows once decoding reads the state: every case fails, within its first
+/// steps.
+#[test]
+fn planted_undecayed_state_fails_l1_on_mamba2() {
+    let _on = engine::plant::on(engine::plant::Defect::SsmStateUndecayed).unwrap();
+    let report = l1("tiny-mamba2", None);
+    assert!(!report.passed(), "the undecayed state passed L1");
+    let firsts: Vec<Option<usize>> = report
+        .cases
+        .iter()
+        .map(|c| c.first_inexact_logits())
+        .collect();
+    assert!(
+        firsts.iter().all(|f| f.is_some_and(|s| s < 8)),
+        "{firsts:?}"
+    );
+    println!("planted undecayed state caught: {}", report.summary());
+}
+
 /// smollm3 (layer 3 of 4 without RoPE): planted, every layer rotates (`no_rope_layers` all
 /// ones) — the gate fails at the prefill of every case.
 #[test]

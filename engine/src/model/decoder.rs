@@ -92,9 +92,13 @@ pub struct Style {
     /// `input_layernorm` and `post_attention_layernorm` (before the feed-forward).
     pub sandwich: bool,
     pub residual: Residual,
-    /// The two norms of a plain layer and the final one, by checkpoint name (LFM2's
-    /// `operator_norm`, `ffn_norm`, `model.embedding_norm`).
-    pub norm_names: NormNames,
+    /// The checkpoint names of the embedding, the layers, a plain layer's two norms and
+    /// the final norm (LFM2's `operator_norm`, `ffn_norm`, `model.embedding_norm`; Mamba-2's
+    /// `backbone.…`).
+    pub names: Names,
+    /// The layers' norms' eps when it is not the final norm's (Mamba-2's blocks keep
+    /// `nn.RMSNorm`'s default 1e-5).
+    pub layer_norm_eps: Option<f32>,
     pub embed_scale: Option<EmbedScale>,
     /// Gemma 4's per-layer inputs (loaded by the family).
     pub side: Option<Box<dyn SideInputs>>,
@@ -112,7 +116,8 @@ impl Default for Style {
             norm: RmsNorm::load,
             sandwich: false,
             residual: Residual::Add,
-            norm_names: NormNames::default(),
+            names: Names::default(),
+            layer_norm_eps: None,
             embed_scale: None,
             side: None,
             logit_softcap: None,
@@ -122,18 +127,22 @@ impl Default for Style {
     }
 }
 
-/// The checkpoint names of a plain layer's two norms (within the layer) and of the final
-/// norm.
+/// Checkpoint names: the input embedding, the layers' prefix (`{layers}.{i}`), a plain
+/// layer's two norms (within the layer) and the final norm.
 #[derive(Debug, Clone, Copy)]
-pub struct NormNames {
+pub struct Names {
+    pub embed: &'static str,
+    pub layers: &'static str,
     pub input: &'static str,
     pub post: &'static str,
     pub last: &'static str,
 }
 
-impl Default for NormNames {
+impl Default for Names {
     fn default() -> Self {
-        NormNames {
+        Names {
+            embed: "model.embed_tokens",
+            layers: "model.layers",
             input: "input_layernorm",
             post: "post_attention_layernorm",
             last: "model.norm",
@@ -141,11 +150,12 @@ impl Default for NormNames {
     }
 }
 
-/// What a family builds for one layer: its mixer and feed-forward, and where it has them a
-/// tail and the layer it borrows K/V from (a pair converts: the plain layer).
+/// What a family builds for one layer: its mixer and feed-forward (none: Mamba-2's block),
+/// and where it has them a tail and the layer it borrows K/V from (a pair converts: the
+/// plain layer).
 pub struct Built {
     pub mixer: Box<dyn Mixer>,
-    pub ffn: Box<dyn FeedForward>,
+    pub ffn: Option<Box<dyn FeedForward>>,
     pub tail: Option<Box<dyn Tail>>,
     pub borrows: Option<usize>,
 }
@@ -154,7 +164,19 @@ impl<F: FeedForward + 'static> From<(Box<dyn Mixer>, Box<F>)> for Built {
     fn from((mixer, ffn): (Box<dyn Mixer>, Box<F>)) -> Self {
         Built {
             mixer,
-            ffn,
+            ffn: Some(ffn),
+            tail: None,
+            borrows: None,
+        }
+    }
+}
+
+impl Built {
+    /// A layer that is its mixer's residual branch alone.
+    pub fn mixer_only(mixer: Box<dyn Mixer>) -> Self {
+        Built {
+            mixer,
+            ffn: None,
             tail: None,
             borrows: None,
         }
@@ -164,6 +186,8 @@ impl<F: FeedForward + 'static> From<(Box<dyn Mixer>, Box<F>)> for Built {
 pub struct Decoder {
     model_type: String,
     ffn_module: &'static str,
+    /// `model.layers` (Mamba-2: `backbone.layers`): LoRA's and sharding's names.
+    layers_prefix: &'static str,
     embed: Embedding,
     embed_scale: Option<EmbedScale>,
     side: Option<Box<dyn SideInputs>>,
@@ -206,10 +230,11 @@ impl Decoder {
     ) -> Result<Self, LoadError> {
         w.set_quantization(config.quantization.clone());
         let eps = dims.rms_norm_eps;
-        let norm = |w: &mut Weights, name: &str| (style.norm)(w, name, eps);
+        let names = style.names;
+        let layer_eps = style.layer_norm_eps.unwrap_or(eps);
         let mut layers: Vec<Layer> = Vec::new();
         for i in 0..dims.layers {
-            let p = format!("model.layers.{i}");
+            let p = format!("{}.{i}", names.layers);
             let built: Built = layer(&mut w, &p, i)?.into();
             if let Some(j) = built.borrows {
                 if j >= i as usize || layers[j].borrows.is_some() {
@@ -219,13 +244,14 @@ impl Decoder {
                     )));
                 }
             }
-            let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
-            let names = style.norm_names;
+            let mut named = |n: &str| (style.norm)(&mut w, &format!("{p}.{n}"), layer_eps);
+            let has_ffn = built.ffn.is_some();
             let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
-                false => (None, named(names.post)?, None),
+                false if has_ffn => (None, Some(named(names.post)?), None),
+                false => (None, None, None),
                 true => (
                     Some(named("post_attention_layernorm")?),
-                    named("pre_feedforward_layernorm")?,
+                    Some(named("pre_feedforward_layernorm")?),
                     Some(named("post_feedforward_layernorm")?),
                 ),
             };
@@ -240,8 +266,8 @@ impl Decoder {
                 borrows: built.borrows,
             });
         }
-        let embed = Embedding::load(&mut w, "model.embed_tokens", dims.hidden)?;
-        let final_norm = norm(&mut w, style.norm_names.last)?;
+        let embed = Embedding::load(&mut w, names.embed, dims.hidden)?;
+        let final_norm = (style.norm)(&mut w, names.last, eps)?;
         let head = OutputHead::load(
             &mut w,
             final_norm,
@@ -253,6 +279,7 @@ impl Decoder {
         Ok(Decoder {
             model_type: config.model_type.clone(),
             ffn_module: dims.ffn_module,
+            layers_prefix: names.layers,
             embed,
             embed_scale: style.embed_scale,
             side: style.side,
@@ -429,8 +456,9 @@ impl LanguageModel for Decoder {
             let tail = l.tail.iter().flat_map(|t| t.linears());
             let mixer = mixer.map(|(n, l)| (n.to_owned(), l));
             let tail = tail.map(|(n, l)| (n.to_owned(), l));
-            for (n, lin) in mixer.chain(l.ffn.linears(self.ffn_module)).chain(tail) {
-                all.push((format!("model.layers.{i}.{n}"), lin));
+            let ffn = l.ffn.iter().flat_map(|f| f.linears(self.ffn_module));
+            for (n, lin) in mixer.chain(ffn).chain(tail) {
+                all.push((format!("{}.{i}.{n}", self.layers_prefix), lin));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)
@@ -439,8 +467,8 @@ impl LanguageModel for Decoder {
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
         let mut all = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            for (n, s) in l.ffn.switches(self.ffn_module) {
-                all.push((format!("model.layers.{i}.{n}"), s));
+            for (n, s) in l.ffn.iter().flat_map(|f| f.switches(self.ffn_module)) {
+                all.push((format!("{}.{i}.{n}", self.layers_prefix), s));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)
@@ -466,9 +494,11 @@ impl LanguageModel for Decoder {
     /// this rank's part.
     fn shard(&mut self, part: Part) -> Result<(), LoadError> {
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let p = format!("model.layers.{i}");
+            let p = format!("{}.{i}", self.layers_prefix);
             l.mixer.shard(part, &p)?;
-            l.ffn.shard(part, &format!("{p}.{}", self.ffn_module))?;
+            if let Some(ffn) = l.ffn.as_mut() {
+                ffn.shard(part, &format!("{p}.{}", self.ffn_module))?;
+            }
         }
         Ok(())
     }

@@ -471,7 +471,7 @@ fn layer(
     };
     Ok(Built {
         mixer: Box::new(attn),
-        ffn: Box::new(ffn),
+        ffn: Some(Box::new(ffn)),
         tail: Some(Box::new(tail)),
         borrows: (kv_source != i as usize).then_some(kv_source),
     })

@@ -14,7 +14,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer, NormNames, Style};
+use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer, Names, Style};
 use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::shard::Part;
 use super::short_conv::ShortConv;
@@ -184,10 +184,11 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
         ffn_module: "feed_forward",
     };
     let style = Style {
-        norm_names: NormNames {
+        names: Names {
             input: "operator_norm",
             post: "ffn_norm",
             last: "model.embedding_norm",
+            ..Names::default()
         },
         ..Style::default()
     };

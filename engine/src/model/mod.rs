@@ -8,6 +8,7 @@ pub mod gpt_oss;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
+pub mod mamba2;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_family;
@@ -23,6 +24,7 @@ pub mod sdpa;
 pub mod shard;
 pub mod short_conv;
 pub mod smollm3;
+pub mod ssm;
 pub mod wrapper;
 
 use std::path::Path;

@@ -83,6 +83,10 @@ fn qwen3_5(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::qwen3_5::load(c, w)?))
 }
 
+fn mamba2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::mamba2::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -176,6 +180,7 @@ pub static FAMILIES: &[Family] = &[
     row("smollm3", smollm3),
     row("lfm2", lfm2),
     row("qwen3_5", qwen3_5),
+    row("mamba2", mamba2),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

@@ -153,13 +153,14 @@ pub trait SideInputs {
 }
 
 /// One block: `h + post_mixer(mixer(norm_in(h)))`, then `+ post_ffn(ffn(norm_post(·)))`,
-/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere).
+/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere). A layer
+/// without a feed-forward (Mamba-2's) is its mixer's residual branch alone.
 pub struct Layer {
     pub norm_in: RmsNorm,
     pub mixer: Box<dyn Mixer>,
     pub post_mixer_norm: Option<RmsNorm>,
-    pub norm_post: RmsNorm,
-    pub ffn: Box<dyn FeedForward>,
+    pub norm_post: Option<RmsNorm>,
+    pub ffn: Option<Box<dyn FeedForward>>,
     pub post_ffn_norm: Option<RmsNorm>,
     pub tail: Option<Box<dyn Tail>>,
     /// KV sharing: the earlier layer whose K/V this one reads (it keeps no cache).
@@ -199,10 +200,13 @@ impl Layer {
             Io::Borrow(lent) => (self.mixer.forward_borrowing(&x, mask, lent)?, None),
         };
         let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
-        let r = self
-            .ffn
-            .forward_with_residual(&self.norm_post.forward(&h)?, &h)?;
-        let h = sum.add(&h, &post(&self.post_ffn_norm, r)?)?;
+        let h = match (&self.norm_post, &self.ffn) {
+            (Some(norm), Some(ffn)) => {
+                let r = ffn.forward_with_residual(&norm.forward(&h)?, &h)?;
+                sum.add(&h, &post(&self.post_ffn_norm, r)?)?
+            }
+            _ => h,
+        };
         let h = match &self.tail {
             Some(tail) => tail.forward(h, side)?,
             None => h,
