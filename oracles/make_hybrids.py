@@ -17,6 +17,11 @@
                      as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
                      untied head, bf16
 
+- tiny-qwen3-5-moe    qwen3_5_moe: tiny-qwen3-5's layout with every MLP a Qwen3-Next sparse block (8
+                     experts, top 2 renormalized, a shared expert behind a sigmoid gate; routers
+                     and shared gates x8 so that choices are decisive), experts saved fused as
+                     Hugging Face does (`experts.gate_up_proj`, `experts.down_proj`), f32 (MLX's
+                     CPU gather_mm runs float32 only)
 - tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
                      (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
@@ -30,7 +35,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, mamba2, qwen3_5
+from mlx_lm.models import lfm2, mamba2, qwen3_5, qwen3_5_moe
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -89,6 +94,15 @@ def make_qwen3_5(job: Job) -> Path:
         if layer.is_linear:
             layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
     mx.eval(model.parameters())
+    weights = hf_qwen3_5_weights(model)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
+                       style="qwen")
+
+
+def hf_qwen3_5_weights(model) -> dict:
+    """tiny-qwen3-5's Hugging Face layout (see make_qwen3_5) of a qwen3_5 model's weights;
+    SwitchGLU experts fused as `experts.gate_up_proj` (gate first) and `experts.down_proj`."""
     weights = {}
     for name, v in weights_of(model).items():
         if name.startswith("language_model.model."):
@@ -101,9 +115,28 @@ def make_qwen3_5(job: Job) -> Path:
         if any(hf_name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
             v = v - 1.0
         weights[name] = v
-    return write_model(job, weights, cfg,
-                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
-                       style="qwen")
+    for name in [n for n in weights if n.endswith("switch_mlp.gate_proj.weight")]:
+        prefix = name[: -len("switch_mlp.gate_proj.weight")]
+        gate = weights.pop(name)
+        up = weights.pop(prefix + "switch_mlp.up_proj.weight")
+        weights[prefix + "experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[prefix + "experts.down_proj"] = weights.pop(prefix + "switch_mlp.down_proj.weight")
+    return weights
+
+
+def make_qwen3_5_moe(job: Job) -> Path:
+    cfg = dict(qwen3_5_config(), architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=64, norm_topk_prob=True)
+    model = random_model(qwen3_5_moe, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        layer.mlp.gate.weight = layer.mlp.gate.weight * 8
+        layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
+    mx.eval(model.parameters())
+    return write_model(job, hf_qwen3_5_weights(model), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face layout "
+                       "with fused experts, untied", style="qwen")
 
 
 def mamba2_config() -> dict:

@@ -250,6 +250,17 @@ fn planted_late_decay_fails_l1_on_qwen3_5() {
     assert_fails_at_prefill(&l1("tiny-qwen3-5", None), "qwen3_5's decay one step late");
 }
 
+/// qwen3_5_moe (Qwen3-Next's sparse block with a gated shared expert, HF's fused experts):
+/// planted, one expert more per token, and the top k left unnormalized — each breaks every
+/// case's first logits.
+#[test]
+fn planted_expert_defects_fail_l1_on_qwen3_5_moe() {
+    for plant in ["num_experts_per_tok=3", "norm_topk_prob=false"] {
+        let report = l1("tiny-qwen3-5-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("qwen3_5_moe with {plant}"));
+    }
+}
+
 /// mamba2 (Mamba-2 mixers only, a config with Python's `Infinity`): planted, the previous
 /// state carried into the scan without its decay. The prompt is scanned from no state, so
 /// the defect shows once decoding reads the state: every case fails, within its first

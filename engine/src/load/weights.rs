@@ -179,6 +179,11 @@ impl Weights {
             .collect();
     }
 
+    /// Adds tensor `name` (a sanitize's split of a fused tensor).
+    pub fn insert(&mut self, name: String, a: Array) {
+        self.tensors.insert(name, a);
+    }
+
     /// The shape of tensor `name`, if the set holds it.
     pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
         self.tensors.get(name).map(|a| a.shape().to_vec())

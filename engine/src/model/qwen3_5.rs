@@ -22,9 +22,11 @@ use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decoder::{kv_cache, Decoder, Dims, Mixer};
+use super::decoder::{kv_cache, Built, Decoder, Dims, Mixer};
 use super::gated_delta::{GatedDeltaNet, GdnShape};
 use super::layers::{Glu, Linear, Mlp, RmsNorm, Rope};
+use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
+use super::moe_family::{check_top_k, Ffn, SharedMoe};
 use super::shard::Part;
 use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
@@ -55,6 +57,10 @@ pub struct Qwen35Args {
     pub head_dim: Option<i32>,
     pub full_attention_interval: i32,
     pub num_experts: i32,
+    pub num_experts_per_tok: i32,
+    pub moe_intermediate_size: i32,
+    pub shared_expert_intermediate_size: i32,
+    pub norm_topk_prob: bool,
     pub rope_parameters: Option<Value>,
     pub partial_rotary_factor: f64,
     pub rope_theta: f32,
@@ -82,6 +88,10 @@ impl Default for Qwen35Args {
             head_dim: None,
             full_attention_interval: 4,
             num_experts: 0,
+            num_experts_per_tok: 0,
+            moe_intermediate_size: 0,
+            shared_expert_intermediate_size: 0,
+            norm_topk_prob: true,
             rope_parameters: Some(serde_json::json!({
                 "type": "default",
                 "mrope_section": [11, 11, 10],
@@ -212,6 +222,32 @@ fn text_config(config: &ModelConfig) -> Result<ModelConfig, LoadError> {
     }
 }
 
+/// `qwen3_5_moe`'s `Model.sanitize`: Hugging Face's fused experts (`experts.gate_up_proj`
+/// [E, 2·I, D], gate first along axis −2, and `experts.down_proj`) as the SwitchGLU's
+/// `switch_mlp.{gate,up,down}_proj`.
+fn split_fused_experts(w: &mut Weights, layers: i32) -> Result<(), LoadError> {
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.mlp");
+        let fused = format!("{p}.experts.gate_up_proj");
+        if !w.contains(&fused) {
+            continue;
+        }
+        let gate_up = w.take(&fused)?;
+        let mid = gate_up.shape()[gate_up.ndim() - 2] / 2;
+        let halves = gate_up
+            .split_at_indices(&[mid], -2)
+            .map_err(|e| LoadError::Weights(format!("`{fused}`: {e}")))?;
+        w.insert(
+            format!("{p}.switch_mlp.gate_proj.weight"),
+            halves[0].clone(),
+        );
+        w.insert(format!("{p}.switch_mlp.up_proj.weight"), halves[1].clone());
+        let down = w.take(&format!("{p}.experts.down_proj"))?;
+        w.insert(format!("{p}.switch_mlp.down_proj.weight"), down);
+    }
+    Ok(())
+}
+
 /// mlx-lm's `Model.sanitize` and `TextModel.sanitize` (see the module header).
 fn sanitize(w: &mut Weights, tied: bool) -> Result<(), LoadError> {
     w.rename(|n| {
@@ -255,11 +291,17 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let text = text_config(config)?;
     let a: Qwen35Args = text.parse()?;
     if a.num_experts > 0 {
-        return Err(LoadError::Unsupported(
-            "qwen3_5 with experts (qwen3_5_moe) is not supported yet".into(),
-        ));
+        check_top_k(
+            &config.model_type,
+            a.num_experts_per_tok,
+            a.num_experts,
+            "num_experts",
+        )?;
     }
     sanitize(&mut w, a.tie_word_embeddings)?;
+    if config.model_type == "qwen3_5_moe" {
+        split_fused_experts(&mut w, a.num_hidden_layers)?;
+    }
     let head_dim = a.head_dim();
     let (share, theta, scaling) = a.rope()?;
     let gdn = GdnShape {
@@ -309,14 +351,58 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
                 })
             }
         };
-        let mlp = Mlp::load(
+        Ok(Built::from((mixer, Box::new(feed_forward(w, p, &a)?))))
+    })
+}
+
+/// A layer's feed-forward: the SwiGLU MLP, or with experts Qwen3-Next's sparse block (softmax
+/// over the experts, the top k renormalized when `norm_topk_prob`) beside a shared expert
+/// behind a sigmoid gate.
+fn feed_forward(w: &mut Weights, p: &str, a: &Qwen35Args) -> Result<Ffn, LoadError> {
+    let mlp = format!("{p}.mlp");
+    if a.num_experts <= 0 {
+        return Ok(Ffn::Dense(Mlp::load(
             w,
-            &format!("{p}.mlp"),
+            &mlp,
             false,
             a.hidden_size,
             a.intermediate_size,
             Glu::Swiglu,
-        )?;
-        Ok((mixer, Box::new(mlp)))
-    })
+        )?));
+    }
+    let moe = SparseMoe {
+        router: Gate {
+            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
+            top_k: a.num_experts_per_tok,
+            kind: Router::SoftmaxTopK {
+                norm_topk_prob: a.norm_topk_prob,
+            },
+        },
+        experts: SwitchGlu::load(
+            w,
+            &mlp,
+            (a.hidden_size, a.moe_intermediate_size),
+            a.num_experts,
+            EXPERT_NAMES,
+        )?,
+    };
+    let shared = Mlp::load(
+        w,
+        &format!("{mlp}.shared_expert"),
+        false,
+        a.hidden_size,
+        a.shared_expert_intermediate_size,
+        Glu::Swiglu,
+    )?;
+    let shared_gate = Linear::load(
+        w,
+        &format!("{mlp}.shared_expert_gate"),
+        false,
+        a.hidden_size,
+    )?;
+    Ok(Ffn::Shared(Box::new(SharedMoe {
+        moe,
+        shared,
+        shared_gate,
+    })))
 }

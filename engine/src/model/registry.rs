@@ -180,6 +180,7 @@ pub static FAMILIES: &[Family] = &[
     row("smollm3", smollm3),
     row("lfm2", lfm2),
     row("qwen3_5", qwen3_5),
+    row("qwen3_5_moe", qwen3_5),
     row("mamba2", mamba2),
 ];
 
