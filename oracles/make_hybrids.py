@@ -27,6 +27,11 @@
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
                      [C, 1, K] conv kernels, untied head, norms drawn away from one, bf16
 
+- tiny-nemotron-h     nemotron_h: the pattern M*-M- (Mamba-2 mixers with Nemotron-H's grouped gated norm,
+                     attention without positions, ReLU² MLPs), mamba 8 heads of 16 in 2 groups,
+                     state 16, conv bias, no time_step_limit (mlx-lm's default (0, inf)), HF
+                     [C, 1, K] conv kernels, A_log/dt_bias/D drawn, bf16
+
 The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
 Everything is seeded.
 """
@@ -35,7 +40,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, mamba2, qwen3_5, qwen3_5_moe
+from mlx_lm.models import lfm2, mamba2, nemotron_h, qwen3_5, qwen3_5_moe
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -153,21 +158,42 @@ def make_mamba2(job: Job) -> Path:
     cfg = mamba2_config()
     model = random_model(mamba2, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
-    # mlx-lm initializes A_log, dt_bias and D to fixed values; draw them so that a head or
-    # a term mixed up shows in the logits.
-    for i, layer in enumerate(model.layers):
-        k1, k2, k3 = mx.random.split(mx.random.key(job.seed * 100 + i), 3)
-        m = layer.mixer
+    draw_ssm_parameters([layer.mixer for layer in model.layers], job.seed)
+    mx.eval(model.parameters())
+    return write_model(job, hf_conv_layout(weights_of(model)), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, untied")
+
+
+def draw_ssm_parameters(mixers, seed: int) -> None:
+    """mlx-lm initializes A_log, dt_bias and D to fixed values; draw them so that a head or
+    a term mixed up shows in the logits (A_log kept in f32, as real checkpoints keep it)."""
+    for i, m in enumerate(mixers):
+        k1, k2, k3 = mx.random.split(mx.random.key(seed * 100 + i), 3)
         m.A_log = mx.log(mx.random.uniform(1, 16, m.A_log.shape, key=k1)).astype(mx.float32)
         m.dt_bias = (mx.random.normal(m.dt_bias.shape, key=k2) * 0.5 - 1.0).astype(mx.bfloat16)
         m.D = (1.0 + mx.random.normal(m.D.shape, key=k3) * 0.3).astype(mx.bfloat16)
+
+
+def hf_conv_layout(weights: dict) -> dict:
+    """Depthwise conv kernels in Hugging Face's [C, 1, K] layout."""
+    return {k: (v.transpose(0, 2, 1) if k.endswith("conv1d.weight") else v) for k, v in weights.items()}
+
+
+def make_nemotron_h(job: Job) -> Path:
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 4096,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+        "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_proj_bias": False, "ssm_state_size": 16,
+        "conv_kernel": 4, "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5, "use_bias": False,
+        "use_conv_bias": True, "hybrid_override_pattern": "M*-M-", "tie_word_embeddings": False,
+    }
+    model = random_model(nemotron_h, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], job.seed)
     mx.eval(model.parameters())
-    weights = weights_of(model)
-    for name in list(weights):
-        if name.endswith("conv1d.weight"):
-            weights[name] = weights[name].transpose(0, 2, 1)
-    return write_model(job, weights, cfg,
-                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, untied")
+    return write_model(job, hf_conv_layout(weights_of(model)), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout")
 
 
 if __name__ == "__main__":

@@ -157,6 +157,9 @@ pub enum Defect {
     /// The Mamba-2 scan carries the previous state into a chunk without its decay. Caught by
     /// the L1 gate on tiny-mamba2 (`tests/it/l1_models.rs`).
     SsmStateUndecayed,
+    /// Nemotron-H's gated norm normalizes over all channels at once (Mamba-2's), not per
+    /// group. Caught by the L1 gate on tiny-nemotron-h (`tests/it/l1_models.rs`).
+    SsmNormUngrouped,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

@@ -282,6 +282,15 @@ fn planted_undecayed_state_fails_l1_on_mamba2() {
     println!("planted undecayed state caught: {}", report.summary());
 }
 
+/// nemotron_h (Mamba-2 mixers, attention without positions and ReLU² MLPs by pattern):
+/// planted, the gated norm over all channels instead of per group — every case fails at its
+/// first logits.
+#[test]
+fn planted_ungrouped_norm_fails_l1_on_nemotron_h() {
+    let _on = engine::plant::on(engine::plant::Defect::SsmNormUngrouped).unwrap();
+    assert_fails_at_prefill(&l1("tiny-nemotron-h", None), "nemotron_h's norm ungrouped");
+}
+
 /// smollm3 (layer 3 of 4 without RoPE): planted, every layer rotates (`no_rope_layers` all
 /// ones) — the gate fails at the prefill of every case.
 #[test]

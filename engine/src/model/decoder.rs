@@ -349,6 +349,7 @@ impl Decoder {
                 Some(j) => Io::Borrow(step.lent[j].as_ref().ok_or_else(|| {
                     Exception::custom(format!("layer {i} borrows layer {j}'s K/V, not lent"))
                 })?),
+                None if layer.mixer.stateless() => Io::Stateless,
                 None => {
                     let cache = caches
                         .next()

@@ -59,6 +59,9 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         use_conv_bias: a.use_conv_bias,
         eps: a.layer_norm_epsilon,
         limits: (a.time_step_limit.0 as f32, a.time_step_limit.1 as f32),
+        norm_groups: None,
+        cast_d: false,
+        scan_lengths: true,
     };
     let dims = Dims {
         layers: a.num_hidden_layers,

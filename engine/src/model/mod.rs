@@ -12,6 +12,7 @@ pub mod mamba2;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_family;
+pub mod nemotron_h;
 pub mod phi3;
 pub mod pipeline;
 pub mod quantized;

@@ -87,6 +87,10 @@ fn mamba2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadErr
     Ok(Box::new(super::mamba2::load(c, w)?))
 }
 
+fn nemotron_h(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::nemotron_h::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -182,6 +186,7 @@ pub static FAMILIES: &[Family] = &[
     row("qwen3_5", qwen3_5),
     row("qwen3_5_moe", qwen3_5),
     row("mamba2", mamba2),
+    row("nemotron_h", nemotron_h),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

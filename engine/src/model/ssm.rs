@@ -49,6 +49,14 @@ pub struct SsmShape {
     pub eps: f32,
     /// dt's clip bounds (`time_step_limit`).
     pub limits: (f32, f32),
+    /// Nemotron-H's gated norm: normalized per group of `inner / norm_groups` channels (no
+    /// weight inside), then scaled by the weight; None: Mamba-2's, over all channels.
+    pub norm_groups: Option<i32>,
+    /// Nemotron-H casts D to x's dtype before the skip term (`D.astype(x.dtype)`).
+    pub cast_d: bool,
+    /// Whether the scan reads a batched prefill's lengths (Mamba-2's does; Nemotron-H's
+    /// passes only the mask).
+    pub scan_lengths: bool,
 }
 
 impl SsmShape {
@@ -185,12 +193,19 @@ impl Mixer for Mamba2Mixer {
         let bm = parts[1].reshape(&[b, l, sh.groups, sh.state])?;
         let cm = parts[2].reshape(&[b, l, sh.groups, sh.state])?;
         let (prev, lengths) = match state.as_ref() {
-            Some(c) => (c.get(1).cloned(), c.lengths().map(<[i32]>::to_vec)),
+            Some(c) => (
+                c.get(1).cloned(),
+                c.lengths().filter(|_| sh.scan_lengths).map(<[i32]>::to_vec),
+            ),
             None => (None, None),
+        };
+        let d = match sh.cast_d {
+            true => self.d.as_dtype(hs.dtype())?,
+            false => self.d.clone(),
         };
         let scan = Scan {
             a_log: &self.a_log,
-            d: &self.d,
+            d: &d,
             dt_bias: &self.dt_bias,
             limits: sh.limits,
         };
@@ -200,7 +215,18 @@ impl Mixer for Mamba2Mixer {
             c.advance(l);
         }
         let y = y.reshape(&[b, l, inner])?;
-        let y = fast::rms_norm(swiglu(gate, &y)?, Some(&self.norm), sh.eps)?;
+        let gated = swiglu(gate, &y)?;
+        let groups = sh
+            .norm_groups
+            .filter(|_| !crate::plant::is(crate::plant::Defect::SsmNormUngrouped));
+        let y = match groups {
+            None => fast::rms_norm(&gated, Some(&self.norm), sh.eps)?,
+            Some(groups) => {
+                let grouped = gated.reshape(&[b, l, groups, inner / groups])?;
+                let normed = fast::rms_norm(&grouped, None, sh.eps)?;
+                self.norm.multiply(normed.reshape(&[b, l, inner])?)?
+            }
+        };
         self.out_proj.forward(&y)
     }
 

@@ -30,6 +30,11 @@ pub trait Mixer {
     fn recurrent(&self) -> bool {
         false
     }
+    /// A position-wise block in the mixer's place (Nemotron-H's MLP layers): no state, no
+    /// cache, no mask.
+    fn stateless(&self) -> bool {
+        false
+    }
     /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
     /// order LoRA attaches to them.
     fn linears(&self) -> Vec<(&'static str, &Linear)>;
@@ -175,6 +180,8 @@ pub(super) enum Io<'a> {
     Lend(&'a mut dyn Cache),
     /// No cache: an earlier layer's K/V.
     Borrow(&'a Lent),
+    /// No cache at all (a stateless block).
+    Stateless,
 }
 
 impl Layer {
@@ -198,6 +205,7 @@ impl Layer {
                 (r, Some(lent))
             }
             Io::Borrow(lent) => (self.mixer.forward_borrowing(&x, mask, lent)?, None),
+            Io::Stateless => (self.mixer.forward(&x, mask, &mut PassThrough)?, None),
         };
         let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
         let h = match (&self.norm_post, &self.ffn) {
@@ -214,9 +222,9 @@ impl Layer {
         Ok((h, lent))
     }
 
-    /// Whether it keeps a cache of its own (a borrower does not).
+    /// Whether it keeps a cache of its own (a borrower and a stateless block do not).
     pub(super) fn keeps_cache(&self) -> bool {
-        self.borrows.is_none()
+        self.borrows.is_none() && !self.mixer.stateless()
     }
 }
 
