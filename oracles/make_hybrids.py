@@ -22,6 +22,11 @@
                      and shared gates x8 so that choices are decisive), experts saved fused as
                      Hugging Face does (`experts.gate_up_proj`, `experts.down_proj`), f32 (MLX's
                      CPU gather_mm runs float32 only)
+- tiny-qwen3-next     qwen3_next: 4 layers (delta nets 0-2 with the fused in_proj_qkvz / in_proj_ba, gated
+                     attention on 3), Qwen3-Next's sparse block on layers 0, 2, 3 (8 experts, top 2,
+                     shared expert) and a dense MLP on layer 1 (mlp_only_layers), saved in Hugging
+                     Face's per-expert layout with (1 + w) norms stored as w and [C, 1, K] conv
+                     kernels, f32, routers and shared gates x8
 - tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
                      (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
@@ -40,7 +45,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, mamba2, nemotron_h, qwen3_5, qwen3_5_moe
+from mlx_lm.models import lfm2, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -142,6 +147,41 @@ def make_qwen3_5_moe(job: Job) -> Path:
     return write_model(job, hf_qwen3_5_weights(model), cfg,
                        f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face layout "
                        "with fused experts, untied", style="qwen")
+
+
+def make_qwen3_next(job: Job) -> Path:
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "norm_topk_prob": True,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+        "tie_word_embeddings": False, "attention_bias": False,
+    }
+    model = random_model(qwen3_next, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        if isinstance(layer.mlp, qwen3_next.Qwen3NextSparseMoeBlock):
+            layer.mlp.gate.weight = layer.mlp.gate.weight * 8
+            layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
+    mx.eval(model.parameters())
+    weights = {}
+    for name, v in weights_of(model).items():
+        if any(name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            proj = proj[: -len(".weight")]
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.experts.{e}.{proj}.weight"] = v[e]
+            continue
+        weights[name] = v
+    return write_model(job, hf_conv_layout(weights), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face "
+                       "per-expert layout, untied", style="qwen")
 
 
 def mamba2_config() -> dict:

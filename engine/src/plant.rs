@@ -154,6 +154,10 @@ pub enum Defect {
     /// The gated delta net decays its state by the previous token's gate (off by one step).
     /// Caught by the L1 gate on tiny-qwen3-5 (`tests/it/l1_models.rs`).
     GdnDecayOneStepLate,
+    /// Qwen3-Next's fused projections split as one flat [q | k | v | z] instead of per key
+    /// head (`fix_query_key_value_ordering` skipped). Caught by the L1 gate on
+    /// tiny-qwen3-next (`tests/it/l1_models.rs`).
+    GdnFusedOrderFlat,
     /// The Mamba-2 scan carries the previous state into a chunk without its decay. Caught by
     /// the L1 gate on tiny-mamba2 (`tests/it/l1_models.rs`).
     SsmStateUndecayed,

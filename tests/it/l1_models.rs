@@ -261,6 +261,18 @@ fn planted_expert_defects_fail_l1_on_qwen3_5_moe() {
     }
 }
 
+/// qwen3_next (fused delta-net projections grouped per key head, the sparse block beside a
+/// dense layer, Hugging Face's per-expert layout): planted, the fused projections split flat
+/// — every case fails at its first logits.
+#[test]
+fn planted_flat_projection_order_fails_l1_on_qwen3_next() {
+    let _on = engine::plant::on(engine::plant::Defect::GdnFusedOrderFlat).unwrap();
+    assert_fails_at_prefill(
+        &l1("tiny-qwen3-next", None),
+        "qwen3_next's projections split flat",
+    );
+}
+
 /// mamba2 (Mamba-2 mixers only, a config with Python's `Infinity`): planted, the previous
 /// state carried into the scan without its decay. The prompt is scanned from no state, so
 /// the defect shows once decoding reads the state: every case fails, within its first

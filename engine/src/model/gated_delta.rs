@@ -57,12 +57,31 @@ impl GdnShape {
     }
 }
 
-/// Qwen 3.5's layout: separate `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+/// How a layer projects its input into q, k, v, z, b and a.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GdnLayout {
+    /// Qwen 3.5's: `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split,
+    /// Qwen3-Next's: `in_proj_qkvz` and `in_proj_ba`, grouped per key head
+    /// (`fix_query_key_value_ordering`).
+    Fused,
+}
+
+enum Projections {
+    Split {
+        qkv: Linear,
+        z: Linear,
+        b: Linear,
+        a: Linear,
+    },
+    Fused {
+        qkvz: Linear,
+        ba: Linear,
+    },
+}
+
 pub struct GatedDeltaNet {
-    in_proj_qkv: Linear,
-    in_proj_z: Linear,
-    in_proj_b: Linear,
-    in_proj_a: Linear,
+    proj: Projections,
     /// [conv_dim, K, 1] (MLX's depthwise layout).
     conv: Array,
     dt_bias: Array,
@@ -75,7 +94,12 @@ pub struct GatedDeltaNet {
 impl GatedDeltaNet {
     /// `prefix` is the mixer's (`model.layers.{i}.linear_attn`); the checkpoint has been
     /// sanitized (the conv kernel in MLX's layout).
-    pub fn load(w: &mut Weights, prefix: &str, shape: GdnShape) -> Result<Self, LoadError> {
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        shape: GdnShape,
+        layout: GdnLayout,
+    ) -> Result<Self, LoadError> {
         if shape.k_heads <= 0 || shape.v_heads % shape.k_heads != 0 {
             return Err(LoadError::Unsupported(format!(
                 "gated delta net: linear_num_value_heads ({}) must be a multiple of \
@@ -86,11 +110,20 @@ impl GatedDeltaNet {
         let lin = |w: &mut Weights, n: &str, in_dims: i32| {
             Linear::load(w, &format!("{prefix}.{n}"), false, in_dims)
         };
+        let proj = match layout {
+            GdnLayout::Split => Projections::Split {
+                qkv: lin(w, "in_proj_qkv", shape.hidden)?,
+                z: lin(w, "in_proj_z", shape.hidden)?,
+                b: lin(w, "in_proj_b", shape.hidden)?,
+                a: lin(w, "in_proj_a", shape.hidden)?,
+            },
+            GdnLayout::Fused => Projections::Fused {
+                qkvz: lin(w, "in_proj_qkvz", shape.hidden)?,
+                ba: lin(w, "in_proj_ba", shape.hidden)?,
+            },
+        };
         Ok(GatedDeltaNet {
-            in_proj_qkv: lin(w, "in_proj_qkv", shape.hidden)?,
-            in_proj_z: lin(w, "in_proj_z", shape.hidden)?,
-            in_proj_b: lin(w, "in_proj_b", shape.hidden)?,
-            in_proj_a: lin(w, "in_proj_a", shape.hidden)?,
+            proj,
             conv: w.take(&format!("{prefix}.conv1d.weight"))?,
             dt_bias: w.take(&format!("{prefix}.dt_bias"))?,
             a_log: w.take(&format!("{prefix}.A_log"))?,
@@ -98,6 +131,41 @@ impl GatedDeltaNet {
             out_proj: lin(w, "out_proj", shape.value_dim())?,
             shape,
         })
+    }
+
+    /// The input as (qkv [B, S, conv_dim], z [B, S, Hv, Dv], b and a [B, S, Hv]).
+    fn project(&self, x: &Array) -> R<(Array, Array, Array, Array)> {
+        let sh = self.shape;
+        let (b, s) = (x.shape()[0], x.shape()[1]);
+        match &self.proj {
+            Projections::Split { qkv, z, b: bp, a } => Ok((
+                qkv.forward(x)?,
+                z.forward(x)?.reshape(&[b, s, sh.v_heads, sh.v_dim])?,
+                bp.forward(x)?,
+                a.forward(x)?,
+            )),
+            Projections::Fused { qkvz, ba } => {
+                let (nk, dn, nv, dv) = (sh.k_heads, sh.k_dim, sh.v_heads, sh.v_dim);
+                let per = nv / nk;
+                let flat_order = crate::plant::is(crate::plant::Defect::GdnFusedOrderFlat);
+                let heads = if flat_order { 1 } else { nk };
+                let (dn, per) = if flat_order { (nk * dn, nv) } else { (dn, per) };
+                let mixed = qkvz.forward(x)?.reshape(&[b, s, heads, -1])?;
+                let mixed_ba = ba.forward(x)?.reshape(&[b, s, heads, -1])?;
+                let p = mixed.split_at_indices(&[dn, 2 * dn, 2 * dn + per * dv], -1)?;
+                let pb = mixed_ba.split_at_indices(&[per], -1)?;
+                let v = p[2].reshape(&[b, s, -1, dv])?;
+                let z = p[3].reshape(&[b, s, -1, dv])?;
+                let flat = |t: &Array| t.reshape(&[b, s, -1]);
+                let qkv = concatenate(&[flat(&p[0])?, flat(&p[1])?, flat(&v)?], -1)?;
+                Ok((
+                    qkv,
+                    z,
+                    pb[0].reshape(&[b, s, nv])?,
+                    pb[1].reshape(&[b, s, nv])?,
+                ))
+            }
+        }
     }
 
     /// The conv's input with the state (or zeros) before it; with a cache, its state
@@ -133,13 +201,7 @@ impl Mixer for GatedDeltaNet {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
         let sh = self.shape;
         let (b, s) = (x.shape()[0], x.shape()[1]);
-        let mut qkv = self.in_proj_qkv.forward(x)?;
-        let z = self
-            .in_proj_z
-            .forward(x)?
-            .reshape(&[b, s, sh.v_heads, sh.v_dim])?;
-        let beta_in = self.in_proj_b.forward(x)?;
-        let a = self.in_proj_a.forward(x)?;
+        let (mut qkv, z, beta_in, a) = self.project(x)?;
         let mask = match mask {
             Mask::Array(m) => Some(m),
             _ => None,
@@ -180,13 +242,20 @@ impl Mixer for GatedDeltaNet {
     }
 
     fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        vec![
-            ("linear_attn.in_proj_qkv", &self.in_proj_qkv),
-            ("linear_attn.in_proj_z", &self.in_proj_z),
-            ("linear_attn.in_proj_b", &self.in_proj_b),
-            ("linear_attn.in_proj_a", &self.in_proj_a),
-            ("linear_attn.out_proj", &self.out_proj),
-        ]
+        let mut named = match &self.proj {
+            Projections::Split { qkv, z, b, a } => vec![
+                ("linear_attn.in_proj_qkv", qkv),
+                ("linear_attn.in_proj_z", z),
+                ("linear_attn.in_proj_b", b),
+                ("linear_attn.in_proj_a", a),
+            ],
+            Projections::Fused { qkvz, ba } => vec![
+                ("linear_attn.in_proj_qkvz", qkvz),
+                ("linear_attn.in_proj_ba", ba),
+            ],
+        };
+        named.push(("linear_attn.out_proj", &self.out_proj));
+        named
     }
 
     fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {

@@ -19,6 +19,7 @@ pub mod quantized;
 pub mod qwen2_moe;
 pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod registry;
 pub mod rope;
 pub mod sdpa;

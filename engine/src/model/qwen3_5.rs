@@ -23,7 +23,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::decoder::{kv_cache, Built, Decoder, Dims, Mixer};
-use super::gated_delta::{GatedDeltaNet, GdnShape};
+use super::gated_delta::{GatedDeltaNet, GdnLayout, GdnShape};
 use super::layers::{Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
 use super::moe_family::{check_top_k, Ffn, SharedMoe};
@@ -266,18 +266,26 @@ fn sanitize(w: &mut Weights, tied: bool) -> Result<(), LoadError> {
     let hf_layout = w.remaining().iter().any(|n| {
         n.contains("conv1d.weight") && w.shape_of(n).is_some_and(|s| s.last() != Some(&1))
     });
-    const NORMS: [&str; 5] = [
-        ".input_layernorm.weight",
-        ".post_attention_layernorm.weight",
-        "model.norm.weight",
-        ".q_norm.weight",
-        ".k_norm.weight",
-    ];
+    hf_conv_and_norms(w, hf_layout)
+}
+
+/// The (1 + w) RMSNorms Hugging Face's Qwen 3.5 / Qwen3-Next checkpoints store as w.
+const OFFSET_NORMS: [&str; 5] = [
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+];
+
+/// Conv kernels in Hugging Face's [C, 1, K] layout moved to MLX's [C, K, 1]; with
+/// `add_one`, the offset norms given their 1.
+pub(crate) fn hf_conv_and_norms(w: &mut Weights, add_one: bool) -> Result<(), LoadError> {
     w.transform(|n, a| {
         if n.contains("conv1d.weight") && a.shape().last() != Some(&1) {
             return Ok(Some(mlx_rs::ops::move_axis(a, 2, 1)?));
         }
-        if hf_layout && NORMS.iter().any(|s| n.ends_with(s)) && a.ndim() == 1 {
+        if add_one && OFFSET_NORMS.iter().any(|s| n.ends_with(s)) && a.ndim() == 1 {
             let one = Array::from_f32(1.0).as_dtype(a.dtype())?;
             return Ok(Some(a.add(&one)?));
         }
@@ -286,10 +294,27 @@ fn sanitize(w: &mut Weights, tied: bool) -> Result<(), LoadError> {
 }
 
 /// The model: the plain decoder, gated delta nets and gated attention by
-/// `full_attention_interval`, the SwiGLU MLP.
+/// `full_attention_interval`, the SwiGLU MLP or (every layer, with experts) the sparse block.
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let text = text_config(config)?;
     let a: Qwen35Args = text.parse()?;
+    sanitize(&mut w, a.tie_word_embeddings)?;
+    if config.model_type == "qwen3_5_moe" {
+        split_fused_experts(&mut w, a.num_hidden_layers)?;
+    }
+    build(&text, w, &a, GdnLayout::Split, |_| a.num_experts > 0)
+}
+
+/// The decoder of Qwen 3.5 and Qwen3-Next (`qwen3_next.rs`) from their (sanitized) weights:
+/// `layout` is the delta nets' projections, `sparse(i)` whether layer i's MLP is the
+/// sparse block.
+pub(crate) fn build(
+    config: &ModelConfig,
+    w: Weights,
+    a: &Qwen35Args,
+    layout: GdnLayout,
+    sparse: impl Fn(i32) -> bool,
+) -> Result<Decoder, LoadError> {
     if a.num_experts > 0 {
         check_top_k(
             &config.model_type,
@@ -297,10 +322,6 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
             a.num_experts,
             "num_experts",
         )?;
-    }
-    sanitize(&mut w, a.tie_word_embeddings)?;
-    if config.model_type == "qwen3_5_moe" {
-        split_fused_experts(&mut w, a.num_hidden_layers)?;
     }
     let head_dim = a.head_dim();
     let (share, theta, scaling) = a.rope()?;
@@ -321,9 +342,14 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         ffn_module: "mlp",
     };
     let interval = a.full_attention_interval.max(1);
-    Decoder::load(&text, w, dims, |w, p, i| {
+    Decoder::load(config, w, dims, |w, p, i| {
         let mixer: Box<dyn Mixer> = match (i + 1) % interval != 0 {
-            true => Box::new(GatedDeltaNet::load(w, &format!("{p}.linear_attn"), gdn)?),
+            true => Box::new(GatedDeltaNet::load(
+                w,
+                &format!("{p}.linear_attn"),
+                gdn,
+                layout,
+            )?),
             false => {
                 let lin = |w: &mut Weights, n: &str, in_dims: i32| {
                     Linear::load(w, &format!("{p}.self_attn.{n}"), a.attention_bias, in_dims)
@@ -351,16 +377,17 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
                 })
             }
         };
-        Ok(Built::from((mixer, Box::new(feed_forward(w, p, &a)?))))
+        let ffn = feed_forward(w, p, a, sparse(i))?;
+        Ok(Built::from((mixer, Box::new(ffn))))
     })
 }
 
 /// A layer's feed-forward: the SwiGLU MLP, or with experts Qwen3-Next's sparse block (softmax
 /// over the experts, the top k renormalized when `norm_topk_prob`) beside a shared expert
 /// behind a sigmoid gate.
-fn feed_forward(w: &mut Weights, p: &str, a: &Qwen35Args) -> Result<Ffn, LoadError> {
+fn feed_forward(w: &mut Weights, p: &str, a: &Qwen35Args, sparse: bool) -> Result<Ffn, LoadError> {
     let mlp = format!("{p}.mlp");
-    if a.num_experts <= 0 {
+    if !sparse {
         return Ok(Ffn::Dense(Mlp::load(
             w,
             &mlp,

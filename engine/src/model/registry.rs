@@ -91,6 +91,10 @@ fn nemotron_h(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Loa
     Ok(Box::new(super::nemotron_h::load(c, w)?))
 }
 
+fn qwen3_next(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen3_next::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -185,6 +189,7 @@ pub static FAMILIES: &[Family] = &[
     row("lfm2", lfm2),
     row("qwen3_5", qwen3_5),
     row("qwen3_5_moe", qwen3_5),
+    row("qwen3_next", qwen3_next),
     row("mamba2", mamba2),
     row("nemotron_h", nemotron_h),
 ];
