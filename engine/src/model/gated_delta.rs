@@ -67,17 +67,17 @@ pub enum GdnLayout {
     Fused,
 }
 
+/// Boxed: a layer's linears are large values, and one box per layer costs nothing.
 enum Projections {
-    Split {
-        qkv: Linear,
-        z: Linear,
-        b: Linear,
-        a: Linear,
-    },
-    Fused {
-        qkvz: Linear,
-        ba: Linear,
-    },
+    Split(Box<SplitProjections>),
+    Fused(Box<(Linear, Linear)>),
+}
+
+struct SplitProjections {
+    qkv: Linear,
+    z: Linear,
+    b: Linear,
+    a: Linear,
 }
 
 pub struct GatedDeltaNet {
@@ -111,16 +111,16 @@ impl GatedDeltaNet {
             Linear::load(w, &format!("{prefix}.{n}"), false, in_dims)
         };
         let proj = match layout {
-            GdnLayout::Split => Projections::Split {
+            GdnLayout::Split => Projections::Split(Box::new(SplitProjections {
                 qkv: lin(w, "in_proj_qkv", shape.hidden)?,
                 z: lin(w, "in_proj_z", shape.hidden)?,
                 b: lin(w, "in_proj_b", shape.hidden)?,
                 a: lin(w, "in_proj_a", shape.hidden)?,
-            },
-            GdnLayout::Fused => Projections::Fused {
-                qkvz: lin(w, "in_proj_qkvz", shape.hidden)?,
-                ba: lin(w, "in_proj_ba", shape.hidden)?,
-            },
+            })),
+            GdnLayout::Fused => Projections::Fused(Box::new((
+                lin(w, "in_proj_qkvz", shape.hidden)?,
+                lin(w, "in_proj_ba", shape.hidden)?,
+            ))),
         };
         Ok(GatedDeltaNet {
             proj,
@@ -138,13 +138,14 @@ impl GatedDeltaNet {
         let sh = self.shape;
         let (b, s) = (x.shape()[0], x.shape()[1]);
         match &self.proj {
-            Projections::Split { qkv, z, b: bp, a } => Ok((
-                qkv.forward(x)?,
-                z.forward(x)?.reshape(&[b, s, sh.v_heads, sh.v_dim])?,
-                bp.forward(x)?,
-                a.forward(x)?,
+            Projections::Split(p) => Ok((
+                p.qkv.forward(x)?,
+                p.z.forward(x)?.reshape(&[b, s, sh.v_heads, sh.v_dim])?,
+                p.b.forward(x)?,
+                p.a.forward(x)?,
             )),
-            Projections::Fused { qkvz, ba } => {
+            Projections::Fused(p) => {
+                let (qkvz, ba) = (&p.0, &p.1);
                 let (nk, dn, nv, dv) = (sh.k_heads, sh.k_dim, sh.v_heads, sh.v_dim);
                 let per = nv / nk;
                 let flat_order = crate::plant::is(crate::plant::Defect::GdnFusedOrderFlat);
@@ -243,15 +244,15 @@ impl Mixer for GatedDeltaNet {
 
     fn linears(&self) -> Vec<(&'static str, &Linear)> {
         let mut named = match &self.proj {
-            Projections::Split { qkv, z, b, a } => vec![
-                ("linear_attn.in_proj_qkv", qkv),
-                ("linear_attn.in_proj_z", z),
-                ("linear_attn.in_proj_b", b),
-                ("linear_attn.in_proj_a", a),
+            Projections::Split(p) => vec![
+                ("linear_attn.in_proj_qkv", &p.qkv),
+                ("linear_attn.in_proj_z", &p.z),
+                ("linear_attn.in_proj_b", &p.b),
+                ("linear_attn.in_proj_a", &p.a),
             ],
-            Projections::Fused { qkvz, ba } => vec![
-                ("linear_attn.in_proj_qkvz", qkvz),
-                ("linear_attn.in_proj_ba", ba),
+            Projections::Fused(p) => vec![
+                ("linear_attn.in_proj_qkvz", &p.0),
+                ("linear_attn.in_proj_ba", &p.1),
             ],
         };
         named.push(("linear_attn.out_proj", &self.out_proj));
