@@ -99,11 +99,17 @@ fn chunked_prefill_is_bit_exact() {
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
     // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
+    // The hybrids: recurrent states (conv, delta-net, SSM) carried from chunk to chunk.
     for name in [
         "tiny-llama-trained",
         "tiny-llama-trained-q4",
         "tiny-gemma3",
         "tiny-gemma4",
+        "tiny-lfm2",
+        "tiny-qwen3-5",
+        "tiny-qwen3-next",
+        "tiny-mamba2",
+        "tiny-nemotron-h",
     ] {
         let dir = model_dir(name).unwrap();
         let model = engine::model::load(&dir).unwrap();
