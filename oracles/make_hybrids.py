@@ -9,6 +9,10 @@
                      Hugging Face's [hidden, 1, kernel] layout (mlx-lm's sanitize transposes them);
                      tied head, norms drawn away from one, bf16
 
+- tiny-lfm2-moe       lfm2_moe: tiny-lfm2's layers, layer 0's feed-forward dense (num_dense_layers 1), the
+                     others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
+                     renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
+                     (w1/w3/w2, per-expert tensors, [C, 1, K] conv kernels), f32, gates x8
 - tiny-qwen3-5        qwen3_5 (flat config): 4 layers, gated delta nets on layers 0-2 (2 key heads
                      repeated to 4 value heads, head dims 16, conv kernel 4, A_log kept in f32 as
                      real checkpoints keep it), gated full attention on layer 3 (GQA 4/2, q/k
@@ -45,7 +49,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
+from mlx_lm.models import lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -76,6 +80,38 @@ def make_lfm2(job: Job) -> Path:
             weights[name] = weights[name].transpose(0, 2, 1)
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16, conv weights in HF layout, tied")
+
+
+def make_lfm2_moe(job: Job) -> Path:
+    cfg = {k: v for k, v in lfm2_config().items() if not k.startswith("block_")}
+    cfg.update({"architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "intermediate_size": 96,
+                "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                "use_expert_bias": True, "num_dense_layers": 1, "routed_scaling_factor": 1.5})
+    model = random_model(lfm2_moe, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for i, layer in enumerate(model.layers):
+        ff = layer.feed_forward
+        if isinstance(ff, lfm2_moe.Lfm2MoeSparseMoeBlock):
+            ff.gate.weight = ff.gate.weight * 8
+            ff.expert_bias = mx.random.normal(ff.expert_bias.shape, key=mx.random.key(job.seed * 100 + i)) * 0.5
+    mx.eval(model.parameters())
+    hf = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    weights = {}
+    for name, v in weights_of(model).items():
+        if name.endswith("conv.conv.weight"):
+            v = v.transpose(0, 2, 1)
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            proj = proj[: -len(".weight")]
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
+            continue
+        for ours, theirs in hf.items():
+            if name.endswith(f"feed_forward.{ours}.weight"):
+                name = name.replace(f"feed_forward.{ours}.weight", f"feed_forward.{theirs}.weight")
+        weights[name] = v
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; expert_bias drawn), f32, gates x8, Hugging Face layout, tied")
 
 
 def qwen3_5_config() -> dict:

@@ -247,6 +247,17 @@ fn planted_shifted_conv_state_fails_l1_on_lfm2() {
     assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
 }
 
+/// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block, HF's layout): planted, the
+/// routed scaling left at 1, and the top k left unnormalized — each breaks every case's
+/// first logits.
+#[test]
+fn planted_router_defects_fail_l1_on_lfm2_moe() {
+    for plant in ["routed_scaling_factor=1.0", "norm_topk_prob=false"] {
+        let report = l1("tiny-lfm2-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("lfm2_moe with {plant}"));
+    }
+}
+
 /// qwen3_5 (gated delta nets beside gated attention, Hugging Face's checkpoint layout):
 /// planted, each token decayed by the previous token's gate — every case fails at its
 /// first logits.

@@ -6,7 +6,11 @@
 //!   logits = embed.T · embedding_norm(h)                  (always tied)
 //!
 //! Attention normalizes q and k per head (`q_layernorm`, `k_layernorm`) before RoPE, scale
-//! head_dim^-½. The feed-forward width is `block_ff_dim`, auto-adjusted as mlx-lm does
+//! head_dim^-½. `lfm2_moe` keeps the first `num_dense_layers` feed-forwards a SwiGLU of
+//! `intermediate_size` (`gate_proj`/`up_proj`/`down_proj`, HF's w1/w3/w2 renamed as mlx-lm's
+//! sanitize does) and makes the others a sparse block: σ(gate(x)) scores, the top k picked
+//! with `expert_bias` added (when `use_expert_bias`), their unbiased scores renormalized
+//! (+1e-6) when `norm_topk_prob`, times `routed_scaling_factor`, in x's dtype. The feed-forward width is `block_ff_dim`, auto-adjusted as mlx-lm does
 //! (⅔, times the multiplier, rounded up to `block_multiple_of`). Which layers attend:
 //! `full_attn_idxs`, else `layer_types`' `full_attention` entries.
 
@@ -14,8 +18,10 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::decoder::{kv_cache, Decoder, Dims, FeedForward, Mixer, Names, Style};
+use super::decoder::{kv_cache, Built, Decoder, Dims, FeedForward, Mixer, Names, Style};
 use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::moe::{SwitchGlu, SwitchLinear, EXPERT_NAMES};
+use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::short_conv::ShortConv;
 use crate::cache::{kv_of, Cache, Mask};
@@ -27,6 +33,10 @@ type R<T> = Result<T, Exception>;
 
 fn default_theta() -> f32 {
     1_000_000.0
+}
+
+fn one() -> f32 {
+    1.0
 }
 
 /// mlx-lm's `lfm2.ModelArgs` (the fields this engine reads).
@@ -41,10 +51,24 @@ pub struct Lfm2Args {
     pub conv_bias: bool,
     #[serde(rename = "conv_L_cache")]
     pub conv_l_cache: i32,
-    pub block_dim: i32,
-    pub block_multiple_of: i32,
+    /// lfm2's feed-forward (lfm2_moe has none of these).
+    pub block_dim: Option<i32>,
+    pub block_multiple_of: Option<i32>,
     pub block_ffn_dim_multiplier: Option<f32>,
+    #[serde(default)]
     pub block_auto_adjust_ff_dim: bool,
+    /// lfm2_moe's.
+    pub moe_intermediate_size: Option<i32>,
+    pub num_experts: Option<i32>,
+    pub num_experts_per_tok: Option<i32>,
+    #[serde(default)]
+    pub norm_topk_prob: bool,
+    #[serde(default)]
+    pub use_expert_bias: bool,
+    #[serde(default)]
+    pub num_dense_layers: i32,
+    #[serde(default = "one")]
+    pub routed_scaling_factor: f32,
     pub block_ff_dim: Option<i32>,
     pub intermediate_size: Option<i32>,
     #[serde(default = "default_theta")]
@@ -97,7 +121,7 @@ impl Lfm2Args {
             if let Some(m) = self.block_ffn_dim_multiplier {
                 ff = (m * ff as f32) as i32;
             }
-            let k = self.block_multiple_of;
+            let k = self.block_multiple_of.unwrap_or(1).max(1);
             ff = k * ((ff + k - 1) / k);
         }
         Ok(ff)
@@ -169,10 +193,20 @@ fn not_sharded(at: &str) -> LoadError {
 
 /// The model: the plain decoder under LFM2's norm names, each layer attention or a short
 /// convolution, the head tied.
-pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
+pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: Lfm2Args = config.parse()?;
     let attends = a.attends()?;
-    let ff = a.ff_dim()?;
+    let moe = match config.model_type.as_str() {
+        "lfm2_moe" => Some(MoeShape::of(&a)?),
+        _ => None,
+    };
+    let ff = match moe {
+        Some(_) => 0,
+        None => a.ff_dim()?,
+    };
+    if let Some(m) = moe {
+        sanitize_moe(&mut w, a.num_hidden_layers, m.experts)?;
+    }
     let heads = a.num_attention_heads;
     let kv_heads = a.num_key_value_heads.unwrap_or(heads);
     let head_dim = a.hidden_size / heads;
@@ -223,15 +257,162 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
                 a.conv_bias,
             )?),
         };
-        let mut ffn = |n: &str, in_dims: i32| {
-            Linear::load(w, &format!("{p}.feed_forward.{n}"), false, in_dims)
+        let ffn: Box<dyn FeedForward> = match moe {
+            Some(m) if i >= a.num_dense_layers => Box::new(Lfm2Moe::load(w, p, &a, m)?),
+            Some(_) => Box::new(Mlp::load(
+                w,
+                &format!("{p}.feed_forward"),
+                false,
+                a.hidden_size,
+                a.intermediate_size.unwrap_or(0),
+                Glu::Swiglu,
+            )?),
+            None => {
+                let mut lin = |n: &str, in_dims: i32| {
+                    Linear::load(w, &format!("{p}.feed_forward.{n}"), false, in_dims)
+                };
+                let dim = a.block_dim.unwrap_or(a.hidden_size);
+                Box::new(Lfm2Mlp(Mlp {
+                    gate_proj: lin("w1", dim)?,
+                    up_proj: lin("w3", dim)?,
+                    down_proj: lin("w2", ff)?,
+                    glu: Glu::Swiglu,
+                }))
+            }
         };
-        let mlp = Mlp {
-            gate_proj: ffn("w1", a.block_dim)?,
-            up_proj: ffn("w3", a.block_dim)?,
-            down_proj: ffn("w2", ff)?,
-            glu: Glu::Swiglu,
-        };
-        Ok((mixer, Box::new(Lfm2Mlp(mlp))))
+        Ok(Built {
+            mixer,
+            ffn: Some(ffn),
+            tail: None,
+            borrows: None,
+        })
     })
+}
+
+/// lfm2_moe's sparse block sizes.
+#[derive(Debug, Clone, Copy)]
+struct MoeShape {
+    experts: i32,
+    top_k: i32,
+    intermediate: i32,
+}
+
+impl MoeShape {
+    fn of(a: &Lfm2Args) -> Result<Self, LoadError> {
+        let need = |v: Option<i32>, f: &str| {
+            v.ok_or_else(|| LoadError::Unsupported(format!("lfm2_moe: the config needs `{f}`")))
+        };
+        let shape = MoeShape {
+            experts: need(a.num_experts, "num_experts")?,
+            top_k: need(a.num_experts_per_tok, "num_experts_per_tok")?,
+            intermediate: need(a.moe_intermediate_size, "moe_intermediate_size")?,
+        };
+        check_top_k("lfm2_moe", shape.top_k, shape.experts, "num_experts")?;
+        Ok(shape)
+    }
+}
+
+/// mlx-lm's lfm2_moe `sanitize`: HF's w1/w2/w3 as gate/down/up_proj, per-expert tensors
+/// stacked into the SwitchGLU's.
+fn sanitize_moe(w: &mut Weights, layers: i32, experts: i32) -> Result<(), LoadError> {
+    w.rename(|n| {
+        Some(
+            n.replace("w1.weight", "gate_proj.weight")
+                .replace("w2.weight", "down_proj.weight")
+                .replace("w3.weight", "up_proj.weight"),
+        )
+    });
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.feed_forward");
+        for n in ["gate_proj", "down_proj", "up_proj"] {
+            if !w.contains(&format!("{p}.experts.0.{n}.weight")) {
+                continue;
+            }
+            let per_expert = (0..experts)
+                .map(|e| w.take(&format!("{p}.experts.{e}.{n}.weight")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let stacked = mlx_rs::ops::stack(&per_expert, 0)
+                .map_err(|e| LoadError::Weights(format!("{p}.experts.*.{n}: {e}")))?;
+            w.insert(format!("{p}.switch_mlp.{n}.weight"), stacked);
+        }
+    }
+    Ok(())
+}
+
+/// lfm2_moe's sparse block (see the module header).
+struct Lfm2Moe {
+    gate: Linear,
+    expert_bias: Option<Array>,
+    experts: SwitchGlu,
+    top_k: i32,
+    norm_topk_prob: bool,
+    scaling: f32,
+}
+
+impl Lfm2Moe {
+    fn load(w: &mut Weights, p: &str, a: &Lfm2Args, m: MoeShape) -> Result<Self, LoadError> {
+        let f = format!("{p}.feed_forward");
+        Ok(Lfm2Moe {
+            gate: Linear::load(w, &format!("{f}.gate"), false, a.hidden_size)?,
+            expert_bias: match a.use_expert_bias {
+                true => Some(w.take(&format!("{f}.expert_bias"))?),
+                false => None,
+            },
+            experts: SwitchGlu::load(
+                w,
+                &f,
+                (a.hidden_size, m.intermediate),
+                m.experts,
+                EXPERT_NAMES,
+            )?,
+            top_k: m.top_k,
+            norm_topk_prob: a.norm_topk_prob,
+            scaling: a.routed_scaling_factor,
+        })
+    }
+}
+
+impl FeedForward for Lfm2Moe {
+    fn forward(&self, x: &Array) -> R<Array> {
+        use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+        let k = self.top_k;
+        let weights = mlx_rs::ops::sigmoid(&self.gate.forward(x)?)?;
+        let for_routing = match &self.expert_bias {
+            Some(bias) => weights.as_dtype(mlx_rs::Dtype::Float32)?.add(bias)?,
+            None => weights.clone(),
+        };
+        let n = *for_routing.shape().last().unwrap_or(&0);
+        let part = mlx_rs::ops::argpartition_axis(&for_routing, -k, -1)?;
+        let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k)..n)))?;
+        let mut scores = weights.take_along_axis(&inds, -1)?;
+        if self.norm_topk_prob {
+            let sum = scores.sum_axis(-1, true)?;
+            let sum = sum.add(crate::scalar::weak(1e-6, &sum)?)?;
+            scores = scores.divide(&sum)?;
+        }
+        let scores = scores
+            .multiply(crate::scalar::weak(self.scaling as f64, &scores)?)?
+            .as_dtype(x.dtype())?;
+        let y = self.experts.forward(x, &inds)?;
+        y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)
+    }
+
+    fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
+        vec![(format!("{module}.gate"), &self.gate)]
+    }
+
+    fn switches(&self, module: &str) -> Vec<(String, &SwitchLinear)> {
+        let e = &self.experts;
+        [
+            ("gate_proj", &e.gate_proj),
+            ("up_proj", &e.up_proj),
+            ("down_proj", &e.down_proj),
+        ]
+        .map(|(n, l)| (format!("{module}.switch_mlp.{n}"), l))
+        .into()
+    }
+
+    fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {
+        Err(not_sharded(prefix))
+    }
 }

@@ -187,6 +187,7 @@ pub static FAMILIES: &[Family] = &[
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
     row("lfm2", lfm2),
+    row("lfm2_moe", lfm2),
     row("qwen3_5", qwen3_5),
     row("qwen3_5_moe", qwen3_5),
     row("qwen3_next", qwen3_next),
