@@ -9,6 +9,12 @@
                      Hugging Face's [hidden, 1, kernel] layout (mlx-lm's sanitize transposes them);
                      tied head, norms drawn away from one, bf16
 
+- tiny-granite-h      granitemoehybrid (Granite 4.0-H): layers mamba, attention, mamba, mamba (NoPE
+                     attention, scale attention_multiplier), every feed-forward the sparse block (8
+                     experts, top 2, softmax over the top logits) plus the shared MLP; Granite's
+                     embedding / residual multipliers and logits scaling; experts saved fused as
+                     Hugging Face does (`input_linear` [E, 2I, D], `output_linear`), [C, 1, K]
+                     conv kernels, tied, f32, routers x8
 - tiny-lfm2-moe       lfm2_moe: tiny-lfm2's layers, layer 0's feed-forward dense (num_dense_layers 1), the
                      others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
                      renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
@@ -49,7 +55,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
+from mlx_lm.models import granitemoehybrid, lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -80,6 +86,40 @@ def make_lfm2(job: Job) -> Path:
             weights[name] = weights[name].transpose(0, 2, 1)
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16, conv weights in HF layout, tied")
+
+
+def make_granite_h(job: Job) -> Path:
+    cfg = {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
+        "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "attention_bias": False, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+        "logits_scaling": 8.0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-5,
+        "layer_types": ["mamba", "attention", "mamba", "mamba"], "num_local_experts": 8,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 64, "mamba_n_heads": 8, "mamba_d_head": 16,
+        "mamba_proj_bias": False, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_n_groups": 1,
+        "mamba_conv_bias": True, "position_embedding_type": "nope", "tie_word_embeddings": True,
+    }
+    model = random_model(granitemoehybrid, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        layer.block_sparse_moe.router.layer.weight = layer.block_sparse_moe.router.layer.weight * 8
+    draw_ssm_parameters([l.mamba for l in model.layers if l.layer_type == "mamba"], job.seed)
+    for l in model.layers:
+        if l.layer_type == "mamba":
+            l.mamba.dt_bias = l.mamba.dt_bias.astype(mx.float32)
+            l.mamba.D = l.mamba.D.astype(mx.float32)
+    mx.eval(model.parameters())
+    weights = hf_conv_layout(weights_of(model))
+    for name in [n for n in weights if n.endswith("switch_mlp.gate_proj.weight")]:
+        prefix = name[: -len("switch_mlp.gate_proj.weight")]
+        gate = weights.pop(name)
+        up = weights.pop(prefix + "switch_mlp.up_proj.weight")
+        weights[prefix + "input_linear.weight"] = mx.concatenate([gate, up], axis=1)
+        weights[prefix + "output_linear.weight"] = weights.pop(prefix + "switch_mlp.down_proj.weight")
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; A_log/dt_bias/D drawn), f32, routers x8, Hugging Face "
+                       "fused experts, tied")
 
 
 def make_lfm2_moe(job: Job) -> Path:

@@ -247,6 +247,17 @@ fn planted_shifted_conv_state_fails_l1_on_lfm2() {
     assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
 }
 
+/// granitemoehybrid (Granite 4.0-H: Mamba-2 and NoPE attention, the sparse block beside the
+/// shared MLP, Granite's multipliers, HF's fused experts): planted, the residual multiplier
+/// and the logits scaling each left at 1 — each breaks every case's first logits.
+#[test]
+fn planted_multiplier_defects_fail_l1_on_granite_h() {
+    for plant in ["residual_multiplier=1.0", "logits_scaling=1.0"] {
+        let report = l1("tiny-granite-h", Some(plant));
+        assert_fails_at_prefill(&report, &format!("granitemoehybrid with {plant}"));
+    }
+}
+
 /// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block, HF's layout): planted, the
 /// routed scaling left at 1, and the top k left unnormalized — each breaks every case's
 /// first logits.

@@ -104,6 +104,8 @@ pub struct Style {
     pub side: Option<Box<dyn SideInputs>>,
     /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
+    pub logits_scaling: Option<f32>,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
     pub lora: bool,
     /// Whether optiq's assistant drafter may draft for it (Gemma 4).
@@ -121,6 +123,7 @@ impl Default for Style {
             embed_scale: None,
             side: None,
             logit_softcap: None,
+            logits_scaling: None,
             lora: true,
             assistant_target: false,
         }
@@ -194,6 +197,7 @@ pub struct Decoder {
     layers: Vec<Layer>,
     residual: Residual,
     head: OutputHead,
+    logits_scaling: Option<f32>,
     lora: bool,
     assistant_target: bool,
     /// Pipeline parallel: this rank's stage (`layers` then holds only its layers).
@@ -286,6 +290,7 @@ impl Decoder {
             layers,
             residual: style.residual,
             head,
+            logits_scaling: style.logits_scaling,
             lora: style.lora,
             assistant_target: style.assistant_target,
             stage: None,
@@ -377,7 +382,11 @@ impl Decoder {
 
     /// Final norm and output head → logits.
     pub fn head(&self, h: &Array) -> R<Array> {
-        self.head.forward(&self.embed, h)
+        let logits = self.head.forward(&self.embed, h)?;
+        match self.logits_scaling {
+            Some(s) => logits.divide(crate::scalar::weak(s as f64, &logits)?),
+            None => Ok(logits),
+        }
     }
 
     /// The forward from input embeddings [B, L, H]: the family's scale, the masks from the

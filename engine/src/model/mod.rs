@@ -5,6 +5,7 @@ pub mod gated_delta;
 pub mod gemma;
 pub mod gemma4;
 pub mod gpt_oss;
+pub mod granitemoehybrid;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;

@@ -263,6 +263,9 @@ pub enum Router {
     /// Mixtral: the top k logits by `argpartition(-g, k-1)[..., :k]`, then `softmax` over
     /// those k.
     TopKSoftmax,
+    /// Granite 4: the top k logits by `argpartition(g, -k)[..., -k:]`, then `softmax` over
+    /// those k.
+    HighTopKSoftmax,
 }
 
 /// A router: the `gate` linear scores every expert, `kind` picks `top_k` of them.
@@ -298,6 +301,13 @@ impl Gate {
                 let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
                 let scores = gates.take_along_axis(&inds, -1)?;
                 Ok((inds, scores))
+            }
+            Router::HighTopKSoftmax => {
+                let n = *logits.shape().last().unwrap_or(&0);
+                let part = argpartition_axis(&logits, -k, -1)?;
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
+                let scores = logits.take_along_axis(&inds, -1)?;
+                Ok((inds, softmax_axis(&scores, -1, true)?))
             }
             Router::TopKSoftmax => {
                 let part = argpartition_axis(logits.negative()?, k - 1, -1)?;

@@ -95,6 +95,10 @@ fn qwen3_next(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Loa
     Ok(Box::new(super::qwen3_next::load(c, w)?))
 }
 
+fn granitemoehybrid(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::granitemoehybrid::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -193,6 +197,7 @@ pub static FAMILIES: &[Family] = &[
     row("qwen3_next", qwen3_next),
     row("mamba2", mamba2),
     row("nemotron_h", nemotron_h),
+    row("granitemoehybrid", granitemoehybrid),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

@@ -120,7 +120,7 @@ impl<M: Mixer> Mixer for Windowed<M> {
 }
 
 /// How a layer adds a branch back into the residual stream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum Residual {
     /// `h + r`.
     #[default]
@@ -128,10 +128,15 @@ pub enum Residual {
     /// mlx-lm's gemma3 `clip_residual`: `h + r`, except in float16, where the sum is formed
     /// in float32, clipped to ±65504 and cast back.
     ClipF16,
+    /// Granite's `h + r · residual_multiplier` (a Python float: weak).
+    Scaled(f32),
 }
 
 impl Residual {
     pub(super) fn add(self, h: &Array, r: &Array) -> R<Array> {
+        if let Residual::Scaled(m) = self {
+            return h.add(r.multiply(crate::scalar::weak(m as f64, r)?)?);
+        }
         if self == Residual::Add || h.dtype() != Dtype::Float16 {
             return h.add(r);
         }
