@@ -269,7 +269,6 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         )?;
     }
     sanitize(&mut w, &a)?;
-    let head_dim = a.hidden_size / a.num_attention_heads;
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: a.hidden_size,
@@ -287,91 +286,94 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, p, i| {
-        let mixer: Box<dyn Mixer> = match (a.layer_types[i as usize].as_str(), ssm) {
-            ("mamba", Some(ssm)) => {
-                Box::new(Mamba2Mixer::load(w, &format!("{p}.mamba"), "mamba", ssm)?)
-            }
-            _ => {
-                let lin = |w: &mut Weights, n: &str, in_dims: i32| {
-                    Linear::load(w, &format!("{p}.self_attn.{n}"), a.attention_bias, in_dims)
-                };
-                let rope = match a.position_embedding_type.as_str() {
-                    "nope" => Rope::None,
-                    _ => Rope::init(
-                        head_dim,
-                        a.theta(),
-                        false,
-                        None,
-                        Some(a.max_position_embeddings),
-                    )?,
-                };
-                Box::new(GraniteAttention(Attention {
-                    q_proj: lin(w, "q_proj", a.hidden_size)?,
-                    k_proj: lin(w, "k_proj", a.hidden_size)?,
-                    v_proj: lin(w, "v_proj", a.hidden_size)?,
-                    o_proj: lin(w, "o_proj", a.num_attention_heads * head_dim)?,
-                    q_norm: None,
-                    k_norm: None,
-                    n_heads: a.num_attention_heads,
-                    n_kv_heads: a.num_key_value_heads,
-                    scale: a.attention_multiplier,
-                    norm_after_transpose: false,
-                    rope,
-                }))
-            }
-        };
-        let ffn: Box<dyn FeedForward> = match a.use_moe() {
-            false => Box::new(Mlp::load(
-                w,
-                &format!("{p}.mlp"),
-                a.mlp_bias,
-                a.hidden_size,
-                a.intermediate_size,
-                Glu::Swiglu,
-            )?),
-            true => {
-                let moe = format!("{p}.block_sparse_moe");
-                let shared = format!("{p}.shared_mlp");
-                Box::new(GraniteMoe {
-                    moe: SparseMoe {
-                        router: Gate {
-                            gate: Linear::load(
-                                w,
-                                &format!("{moe}.router.layer"),
-                                false,
-                                a.hidden_size,
-                            )?,
-                            top_k: a.num_experts_per_tok.unwrap_or(0),
-                            kind: Router::HighTopKSoftmax,
-                        },
-                        experts: SwitchGlu::load(
-                            w,
-                            &moe,
-                            (a.hidden_size, a.intermediate_size),
-                            a.num_local_experts.unwrap_or(0),
-                            EXPERT_NAMES,
-                        )?,
-                    },
-                    shared_in: Linear::load(
-                        w,
-                        &format!("{shared}.input_linear"),
-                        false,
-                        a.hidden_size,
-                    )?,
-                    shared_out: Linear::load(
-                        w,
-                        &format!("{shared}.output_linear"),
-                        false,
-                        a.shared_intermediate_size.unwrap_or(0),
-                    )?,
-                })
-            }
-        };
         Ok(super::decoder::Built {
-            mixer,
-            ffn: Some(ffn),
+            mixer: mixer(w, p, &a, a.layer_types[i as usize] == "mamba", ssm)?,
+            ffn: Some(feed_forward(w, p, &a)?),
             tail: None,
             borrows: None,
         })
     })
+}
+
+/// Layer `p`'s mixer: the Mamba-2 mixer, or attention.
+fn mixer(
+    w: &mut Weights,
+    p: &str,
+    a: &GraniteArgs,
+    mamba: bool,
+    ssm: Option<SsmShape>,
+) -> Result<Box<dyn Mixer>, LoadError> {
+    if let (true, Some(ssm)) = (mamba, ssm) {
+        return Ok(Box::new(Mamba2Mixer::load(
+            w,
+            &format!("{p}.mamba"),
+            "mamba",
+            ssm,
+        )?));
+    }
+    let head_dim = a.hidden_size / a.num_attention_heads;
+    let lin = |w: &mut Weights, n: &str, in_dims: i32| {
+        Linear::load(w, &format!("{p}.self_attn.{n}"), a.attention_bias, in_dims)
+    };
+    let rope = match a.position_embedding_type.as_str() {
+        "nope" => Rope::None,
+        _ => Rope::init(
+            head_dim,
+            a.theta(),
+            false,
+            None,
+            Some(a.max_position_embeddings),
+        )?,
+    };
+    Ok(Box::new(GraniteAttention(Attention {
+        q_proj: lin(w, "q_proj", a.hidden_size)?,
+        k_proj: lin(w, "k_proj", a.hidden_size)?,
+        v_proj: lin(w, "v_proj", a.hidden_size)?,
+        o_proj: lin(w, "o_proj", a.num_attention_heads * head_dim)?,
+        q_norm: None,
+        k_norm: None,
+        n_heads: a.num_attention_heads,
+        n_kv_heads: a.num_key_value_heads,
+        scale: a.attention_multiplier,
+        norm_after_transpose: false,
+        rope,
+    })))
+}
+
+/// Layer `p`'s feed-forward: the SwiGLU MLP, or the sparse block beside the shared MLP.
+fn feed_forward(
+    w: &mut Weights,
+    p: &str,
+    a: &GraniteArgs,
+) -> Result<Box<dyn FeedForward>, LoadError> {
+    if !a.use_moe() {
+        return Ok(Box::new(Mlp::load(
+            w,
+            &format!("{p}.mlp"),
+            a.mlp_bias,
+            a.hidden_size,
+            a.intermediate_size,
+            Glu::Swiglu,
+        )?));
+    }
+    let moe = format!("{p}.block_sparse_moe");
+    let shared = format!("{p}.shared_mlp");
+    let router = Gate {
+        gate: Linear::load(w, &format!("{moe}.router.layer"), false, a.hidden_size)?,
+        top_k: a.num_experts_per_tok.unwrap_or(0),
+        kind: Router::HighTopKSoftmax,
+    };
+    let experts = SwitchGlu::load(
+        w,
+        &moe,
+        (a.hidden_size, a.intermediate_size),
+        a.num_local_experts.unwrap_or(0),
+        EXPERT_NAMES,
+    )?;
+    let shared_width = a.shared_intermediate_size.unwrap_or(0);
+    Ok(Box::new(GraniteMoe {
+        moe: SparseMoe { router, experts },
+        shared_in: Linear::load(w, &format!("{shared}.input_linear"), false, a.hidden_size)?,
+        shared_out: Linear::load(w, &format!("{shared}.output_linear"), false, shared_width)?,
+    }))
 }
