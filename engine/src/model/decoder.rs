@@ -43,8 +43,8 @@ use crate::load::weights::Weights;
 use crate::load::LoadError;
 use layer::Io;
 pub use layer::{
-    kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, Residual, SideInputs, Tail,
-    Windowed,
+    kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, NamedAttention, Residual,
+    SideInputs, Tail, Windowed,
 };
 
 type R<T> = Result<T, Exception>;
@@ -139,6 +139,18 @@ pub struct Names {
     pub input: &'static str,
     pub post: &'static str,
     pub last: &'static str,
+}
+
+impl Names {
+    /// Mamba-2's and Nemotron-H's: `backbone.embeddings`, `backbone.layers.{i}.norm`,
+    /// `backbone.norm_f` (their blocks have one norm).
+    pub const BACKBONE: Names = Names {
+        embed: "backbone.embeddings",
+        layers: "backbone.layers",
+        input: "norm",
+        post: "",
+        last: "backbone.norm_f",
+    };
 }
 
 impl Default for Names {

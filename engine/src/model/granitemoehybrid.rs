@@ -20,14 +20,15 @@ use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decoder::{kv_cache, Decoder, Dims, EmbedScale, FeedForward, Mixer, Residual, Style};
+use super::decoder::{
+    Decoder, Dims, EmbedScale, FeedForward, Mixer, NamedAttention, Residual, Style,
+};
 use super::layers::{swiglu, Attention, Glu, Linear, Mlp, Rope};
 use super::mamba2::sanitize_conv;
-use super::moe::{Gate, Router, SparseMoe, SwitchGlu, SwitchLinear, EXPERT_NAMES};
+use super::moe::{unfuse_experts, MoeDims, Router, SparseMoe, SwitchLinear, EXPERT_NAMES};
 use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::ssm::{Mamba2Mixer, SsmShape};
-use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -128,27 +129,6 @@ impl GraniteArgs {
     }
 }
 
-/// Attention as Granite computes it: its own scale, RoPE or none.
-struct GraniteAttention(Attention);
-
-impl Mixer for GraniteAttention {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        self.0.forward(x, mask, kv_of(cache)?)
-    }
-
-    fn make_cache(&self) -> Box<dyn Cache> {
-        kv_cache(&self.0.rope)
-    }
-
-    fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        self.0.named_linears().into()
-    }
-
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(not_sharded(layer))
-    }
-}
-
 fn not_sharded(at: &str) -> LoadError {
     LoadError::Unsupported(format!("{at}: granitemoehybrid is not split across ranks"))
 }
@@ -182,14 +162,7 @@ impl FeedForward for GraniteMoe {
     }
 
     fn switches(&self, _module: &str) -> Vec<(String, &SwitchLinear)> {
-        let e = &self.moe.experts;
-        [
-            ("gate_proj", &e.gate_proj),
-            ("up_proj", &e.up_proj),
-            ("down_proj", &e.down_proj),
-        ]
-        .map(|(n, l)| (format!("block_sparse_moe.switch_mlp.{n}"), l))
-        .into()
+        self.moe.experts.named("block_sparse_moe.switch_mlp")
     }
 
     fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {
@@ -204,18 +177,11 @@ fn sanitize(w: &mut Weights, a: &GraniteArgs) -> Result<(), LoadError> {
     if a.use_moe() && w.contains("model.layers.0.block_sparse_moe.input_linear.weight") {
         for l in 0..layers {
             let p = format!("model.layers.{l}.block_sparse_moe");
-            let fused = w.take(&format!("{p}.input_linear.weight"))?;
-            let half = fused.shape()[1] / 2;
-            let halves = fused
-                .split_at_indices(&[half], 1)
-                .map_err(|e| LoadError::Weights(format!("{p}.input_linear: {e}")))?;
-            w.insert(
-                format!("{p}.switch_mlp.gate_proj.weight"),
-                halves[0].clone(),
+            let (fused, down) = (
+                format!("{p}.input_linear.weight"),
+                format!("{p}.output_linear.weight"),
             );
-            w.insert(format!("{p}.switch_mlp.up_proj.weight"), halves[1].clone());
-            let down = w.take(&format!("{p}.output_linear.weight"))?;
-            w.insert(format!("{p}.switch_mlp.down_proj.weight"), down);
+            unfuse_experts(w, &p, &fused, &down)?;
         }
     } else if !a.use_moe() && w.contains("model.layers.0.shared_mlp.input_linear.weight") {
         for l in 0..layers {
@@ -325,7 +291,7 @@ fn mixer(
             Some(a.max_position_embeddings),
         )?,
     };
-    Ok(Box::new(GraniteAttention(Attention {
+    let attn = Attention {
         q_proj: lin(w, "q_proj", a.hidden_size)?,
         k_proj: lin(w, "k_proj", a.hidden_size)?,
         v_proj: lin(w, "v_proj", a.hidden_size)?,
@@ -337,7 +303,13 @@ fn mixer(
         scale: a.attention_multiplier,
         norm_after_transpose: false,
         rope,
-    })))
+    };
+    let names = attn.named_linears().map(|(n, _)| n);
+    Ok(Box::new(NamedAttention {
+        attn,
+        names,
+        family: "granitemoehybrid",
+    }))
 }
 
 /// Layer `p`'s feed-forward: the SwiGLU MLP, or the sparse block beside the shared MLP.
@@ -358,21 +330,17 @@ fn feed_forward(
     }
     let moe = format!("{p}.block_sparse_moe");
     let shared = format!("{p}.shared_mlp");
-    let router = Gate {
-        gate: Linear::load(w, &format!("{moe}.router.layer"), false, a.hidden_size)?,
+    let d = MoeDims {
+        hidden: a.hidden_size,
+        intermediate: a.intermediate_size,
+        experts: a.num_local_experts.unwrap_or(0),
         top_k: a.num_experts_per_tok.unwrap_or(0),
-        kind: Router::HighTopKSoftmax,
     };
-    let experts = SwitchGlu::load(
-        w,
-        &moe,
-        (a.hidden_size, a.intermediate_size),
-        a.num_local_experts.unwrap_or(0),
-        EXPERT_NAMES,
-    )?;
+    let gate = format!("{moe}.router.layer");
+    let sparse = SparseMoe::load(w, &moe, &gate, d, Router::HighTopKSoftmax, EXPERT_NAMES)?;
     let shared_width = a.shared_intermediate_size.unwrap_or(0);
     Ok(Box::new(GraniteMoe {
-        moe: SparseMoe { router, experts },
+        moe: sparse,
         shared_in: Linear::load(w, &format!("{shared}.input_linear"), false, a.hidden_size)?,
         shared_out: Linear::load(w, &format!("{shared}.output_linear"), false, shared_width)?,
     }))

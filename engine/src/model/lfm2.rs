@@ -18,13 +18,12 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 use serde::Deserialize;
 
-use super::decoder::{kv_cache, Built, Decoder, Dims, FeedForward, Mixer, Names, Style};
+use super::decoder::{Built, Decoder, Dims, FeedForward, Mixer, NamedAttention, Names, Style};
 use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{SwitchGlu, SwitchLinear, EXPERT_NAMES};
 use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::short_conv::ShortConv;
-use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeParameters};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -136,33 +135,6 @@ impl Lfm2Args {
     }
 }
 
-/// Attention under LFM2's names (`out_proj`, `q_layernorm`, `k_layernorm`).
-struct Lfm2Attention(Attention);
-
-impl Mixer for Lfm2Attention {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        self.0.forward(x, mask, kv_of(cache)?)
-    }
-
-    fn make_cache(&self) -> Box<dyn Cache> {
-        kv_cache(&self.0.rope)
-    }
-
-    fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        let a = &self.0;
-        vec![
-            ("self_attn.q_proj", &a.q_proj),
-            ("self_attn.k_proj", &a.k_proj),
-            ("self_attn.v_proj", &a.v_proj),
-            ("self_attn.out_proj", &a.o_proj),
-        ]
-    }
-
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(not_sharded(layer))
-    }
-}
-
 /// The SwiGLU under LFM2's names (`w1` gate, `w3` up, `w2` down).
 struct Lfm2Mlp(Mlp);
 
@@ -204,8 +176,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         Some(_) => 0,
         None => a.ff_dim()?,
     };
-    if let Some(m) = moe {
-        sanitize_moe(&mut w, a.num_hidden_layers, m.experts)?;
+    if moe.is_some() {
+        sanitize_moe(&mut w);
     }
     let heads = a.num_attention_heads;
     let kv_heads = a.num_key_value_heads.unwrap_or(heads);
@@ -235,19 +207,28 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
                 let norm = |w: &mut Weights, n: &str| {
                     RmsNorm::load(w, &format!("{p}.self_attn.{n}"), a.norm_eps)
                 };
-                Box::new(Lfm2Attention(Attention {
-                    q_proj: lin(w, "q_proj", a.hidden_size)?,
-                    k_proj: lin(w, "k_proj", a.hidden_size)?,
-                    v_proj: lin(w, "v_proj", a.hidden_size)?,
-                    o_proj: lin(w, "out_proj", heads * head_dim)?,
-                    q_norm: Some(norm(w, "q_layernorm")?),
-                    k_norm: Some(norm(w, "k_layernorm")?),
-                    n_heads: heads,
-                    n_kv_heads: kv_heads,
-                    scale: (head_dim as f32).powf(-0.5),
-                    norm_after_transpose: false,
-                    rope: Rope::init(head_dim, a.theta(), false, None, None)?,
-                }))
+                Box::new(NamedAttention {
+                    attn: Attention {
+                        q_proj: lin(w, "q_proj", a.hidden_size)?,
+                        k_proj: lin(w, "k_proj", a.hidden_size)?,
+                        v_proj: lin(w, "v_proj", a.hidden_size)?,
+                        o_proj: lin(w, "out_proj", heads * head_dim)?,
+                        q_norm: Some(norm(w, "q_layernorm")?),
+                        k_norm: Some(norm(w, "k_layernorm")?),
+                        n_heads: heads,
+                        n_kv_heads: kv_heads,
+                        scale: (head_dim as f32).powf(-0.5),
+                        norm_after_transpose: false,
+                        rope: Rope::init(head_dim, a.theta(), false, None, None)?,
+                    },
+                    names: [
+                        "self_attn.q_proj",
+                        "self_attn.k_proj",
+                        "self_attn.v_proj",
+                        "self_attn.out_proj",
+                    ],
+                    family: "lfm2",
+                })
             }
             false => Box::new(ShortConv::load(
                 w,
@@ -312,9 +293,9 @@ impl MoeShape {
     }
 }
 
-/// mlx-lm's lfm2_moe `sanitize`: HF's w1/w2/w3 as gate/down/up_proj, per-expert tensors
-/// stacked into the SwitchGLU's.
-fn sanitize_moe(w: &mut Weights, layers: i32, experts: i32) -> Result<(), LoadError> {
+/// mlx-lm's lfm2_moe `sanitize`: HF's w1/w2/w3 as gate/down/up_proj (its per-expert
+/// tensors are stacked by `SwitchGlu::load`, as its sanitize stacks them).
+fn sanitize_moe(w: &mut Weights) {
     w.rename(|n| {
         Some(
             n.replace("w1.weight", "gate_proj.weight")
@@ -322,21 +303,6 @@ fn sanitize_moe(w: &mut Weights, layers: i32, experts: i32) -> Result<(), LoadEr
                 .replace("w3.weight", "up_proj.weight"),
         )
     });
-    for l in 0..layers {
-        let p = format!("model.layers.{l}.feed_forward");
-        for n in ["gate_proj", "down_proj", "up_proj"] {
-            if !w.contains(&format!("{p}.experts.0.{n}.weight")) {
-                continue;
-            }
-            let per_expert = (0..experts)
-                .map(|e| w.take(&format!("{p}.experts.{e}.{n}.weight")))
-                .collect::<Result<Vec<_>, _>>()?;
-            let stacked = mlx_rs::ops::stack(&per_expert, 0)
-                .map_err(|e| LoadError::Weights(format!("{p}.experts.*.{n}: {e}")))?;
-            w.insert(format!("{p}.switch_mlp.{n}.weight"), stacked);
-        }
-    }
-    Ok(())
 }
 
 /// lfm2_moe's sparse block (see the module header).
@@ -402,14 +368,7 @@ impl FeedForward for Lfm2Moe {
     }
 
     fn switches(&self, module: &str) -> Vec<(String, &SwitchLinear)> {
-        let e = &self.experts;
-        [
-            ("gate_proj", &e.gate_proj),
-            ("up_proj", &e.up_proj),
-            ("down_proj", &e.down_proj),
-        ]
-        .map(|(n, l)| (format!("{module}.switch_mlp.{n}"), l))
-        .into()
+        self.experts.named(&format!("{module}.switch_mlp"))
     }
 
     fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {

@@ -71,13 +71,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         ffn_module: "mlp",
     };
     let style = Style {
-        names: Names {
-            embed: "backbone.embeddings",
-            layers: "backbone.layers",
-            input: "norm",
-            post: "",
-            last: "backbone.norm_f",
-        },
+        names: Names::BACKBONE,
         // `nn.RMSNorm(hidden_size)`: the default eps.
         layer_norm_eps: Some(1e-5),
         ..Style::default()

@@ -19,13 +19,13 @@ use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decoder::{kv_cache, Built, Decoder, Dims, Mixer, Names, Style};
+use super::decoder::{Built, Decoder, Dims, Mixer, NamedAttention, Names, Style};
 use super::layers::{compiled_shapeless, Attention, CompiledFn, Linear, Rope};
 use super::mamba2::sanitize_conv;
 use super::shard::Part;
 use super::ssm::{Mamba2Mixer, SsmShape};
 use crate::cache::none::PassThrough;
-use crate::cache::{kv_of, Cache, Mask};
+use crate::cache::{Cache, Mask};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -104,33 +104,6 @@ impl NemotronHArgs {
             )));
         }
         Ok(chars)
-    }
-}
-
-/// Attention as a Nemotron-H block: no positions.
-struct PlainAttention(Attention);
-
-impl Mixer for PlainAttention {
-    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
-        self.0.forward(x, mask, kv_of(cache)?)
-    }
-
-    fn make_cache(&self) -> Box<dyn Cache> {
-        kv_cache(&self.0.rope)
-    }
-
-    fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        let a = &self.0;
-        vec![
-            ("mixer.q_proj", &a.q_proj),
-            ("mixer.k_proj", &a.k_proj),
-            ("mixer.v_proj", &a.v_proj),
-            ("mixer.o_proj", &a.o_proj),
-        ]
-    }
-
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(not_sharded(layer))
     }
 }
 
@@ -220,13 +193,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         ffn_module: "mlp",
     };
     let style = Style {
-        names: Names {
-            embed: "backbone.embeddings",
-            layers: "backbone.layers",
-            input: "norm",
-            post: "",
-            last: "backbone.norm_f",
-        },
+        names: Names::BACKBONE,
         ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, p, i| {
@@ -236,24 +203,33 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         };
         let mixer: Box<dyn Mixer> = match pattern[i as usize] {
             'M' => Box::new(Mamba2Mixer::load(w, &m, "mixer", ssm)?),
-            '*' => Box::new(PlainAttention(Attention {
-                q_proj: lin(w, "q_proj", a.attention_bias, a.hidden_size)?,
-                k_proj: lin(w, "k_proj", a.attention_bias, a.hidden_size)?,
-                v_proj: lin(w, "v_proj", a.attention_bias, a.hidden_size)?,
-                o_proj: lin(
-                    w,
-                    "o_proj",
-                    a.attention_bias,
-                    a.num_attention_heads * head_dim,
-                )?,
-                q_norm: None,
-                k_norm: None,
-                n_heads: a.num_attention_heads,
-                n_kv_heads: a.num_key_value_heads,
-                scale: (head_dim as f32).powf(-0.5),
-                norm_after_transpose: false,
-                rope: Rope::None,
-            })),
+            '*' => Box::new(NamedAttention {
+                attn: Attention {
+                    q_proj: lin(w, "q_proj", a.attention_bias, a.hidden_size)?,
+                    k_proj: lin(w, "k_proj", a.attention_bias, a.hidden_size)?,
+                    v_proj: lin(w, "v_proj", a.attention_bias, a.hidden_size)?,
+                    o_proj: lin(
+                        w,
+                        "o_proj",
+                        a.attention_bias,
+                        a.num_attention_heads * head_dim,
+                    )?,
+                    q_norm: None,
+                    k_norm: None,
+                    n_heads: a.num_attention_heads,
+                    n_kv_heads: a.num_key_value_heads,
+                    scale: (head_dim as f32).powf(-0.5),
+                    norm_after_transpose: false,
+                    rope: Rope::None,
+                },
+                names: [
+                    "mixer.q_proj",
+                    "mixer.k_proj",
+                    "mixer.v_proj",
+                    "mixer.o_proj",
+                ],
+                family: "nemotron_h",
+            }),
             _ => Box::new(Relu2Mlp {
                 up_proj: lin(w, "up_proj", a.mlp_bias, a.hidden_size)?,
                 down_proj: lin(w, "down_proj", a.mlp_bias, a.intermediate_size)?,

@@ -25,7 +25,7 @@ use serde_json::Value;
 use super::decoder::{kv_cache, Built, Decoder, Dims, Mixer};
 use super::gated_delta::{GatedDeltaNet, GdnLayout, GdnShape};
 use super::layers::{Glu, Linear, Mlp, RmsNorm, Rope};
-use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
+use super::moe::{unfuse_experts, MoeDims, Router};
 use super::moe_family::{check_top_k, Ffn, SharedMoe};
 use super::shard::Part;
 use crate::cache::{kv_of, Cache, Mask};
@@ -229,21 +229,9 @@ fn split_fused_experts(w: &mut Weights, layers: i32) -> Result<(), LoadError> {
     for l in 0..layers {
         let p = format!("model.layers.{l}.mlp");
         let fused = format!("{p}.experts.gate_up_proj");
-        if !w.contains(&fused) {
-            continue;
+        if w.contains(&fused) {
+            unfuse_experts(w, &p, &fused, &format!("{p}.experts.down_proj"))?;
         }
-        let gate_up = w.take(&fused)?;
-        let mid = gate_up.shape()[gate_up.ndim() - 2] / 2;
-        let halves = gate_up
-            .split_at_indices(&[mid], -2)
-            .map_err(|e| LoadError::Weights(format!("`{fused}`: {e}")))?;
-        w.insert(
-            format!("{p}.switch_mlp.gate_proj.weight"),
-            halves[0].clone(),
-        );
-        w.insert(format!("{p}.switch_mlp.up_proj.weight"), halves[1].clone());
-        let down = w.take(&format!("{p}.experts.down_proj"))?;
-        w.insert(format!("{p}.switch_mlp.down_proj.weight"), down);
     }
     Ok(())
 }
@@ -397,39 +385,17 @@ fn feed_forward(w: &mut Weights, p: &str, a: &Qwen35Args, sparse: bool) -> Resul
             Glu::Swiglu,
         )?));
     }
-    let moe = SparseMoe {
-        router: Gate {
-            gate: Linear::load(w, &format!("{mlp}.gate"), false, a.hidden_size)?,
-            top_k: a.num_experts_per_tok,
-            kind: Router::SoftmaxTopK {
-                norm_topk_prob: a.norm_topk_prob,
-            },
-        },
-        experts: SwitchGlu::load(
-            w,
-            &mlp,
-            (a.hidden_size, a.moe_intermediate_size),
-            a.num_experts,
-            EXPERT_NAMES,
-        )?,
+    let d = MoeDims {
+        hidden: a.hidden_size,
+        intermediate: a.moe_intermediate_size,
+        experts: a.num_experts,
+        top_k: a.num_experts_per_tok,
     };
-    let shared = Mlp::load(
-        w,
-        &format!("{mlp}.shared_expert"),
-        false,
-        a.hidden_size,
-        a.shared_expert_intermediate_size,
-        Glu::Swiglu,
-    )?;
-    let shared_gate = Linear::load(
-        w,
-        &format!("{mlp}.shared_expert_gate"),
-        false,
-        a.hidden_size,
-    )?;
-    Ok(Ffn::Shared(Box::new(SharedMoe {
-        moe,
-        shared,
-        shared_gate,
-    })))
+    let router = Router::SoftmaxTopK {
+        norm_topk_prob: a.norm_topk_prob,
+    };
+    let shared = a.shared_expert_intermediate_size;
+    Ok(Ffn::Shared(Box::new(SharedMoe::load(
+        w, &mlp, d, shared, router,
+    )?)))
 }

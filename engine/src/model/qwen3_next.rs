@@ -6,8 +6,9 @@
 //! `rope_scaling` (mlx-lm's qwen3_next has no `rope_parameters`).
 //!
 //! mlx-lm's sanitize acts only on Hugging Face's per-expert layout (`experts.{e}.…`): it
-//! then drops `mtp.` heads and a tied `lm_head`, stacks the experts, moves the conv kernels
-//! and gives the (1 + w) norms their 1; a checkpoint already in MLX's layout is read as is.
+//! then drops `mtp.` heads and a tied `lm_head`, stacks the experts (`SwitchGlu::load`
+//! stacks them here), moves the conv kernels and gives the (1 + w) norms their 1; a
+//! checkpoint already in MLX's layout is read as is.
 
 use serde::Deserialize;
 
@@ -106,23 +107,13 @@ fn sanitize(w: &mut Weights, a: &Qwen3NextArgs) -> Result<(), LoadError> {
         .filter(|n| n.starts_with("model.layers.") && n.ends_with(".mlp.experts.0.up_proj.weight"))
         .filter_map(|n| n.split('.').nth(2)?.parse().ok())
         .collect();
+    // Stacked by `SwitchGlu::load`.
     if moe_layers.is_empty() {
         return Ok(());
     }
     w.discard(|n| n.contains("mtp."));
     if a.tie_word_embeddings {
         w.discard(|n| n == "lm_head.weight");
-    }
-    for l in moe_layers {
-        let p = format!("model.layers.{l}.mlp");
-        for n in ["up_proj", "down_proj", "gate_proj"] {
-            let per_expert = (0..a.num_experts)
-                .map(|e| w.take(&format!("{p}.experts.{e}.{n}.weight")))
-                .collect::<Result<Vec<_>, _>>()?;
-            let stacked = mlx_rs::ops::stack(&per_expert, 0)
-                .map_err(|e| LoadError::Weights(format!("{p}.experts.*.{n}: {e}")))?;
-            w.insert(format!("{p}.switch_mlp.{n}.weight"), stacked);
-        }
     }
     qwen3_5::hf_conv_and_norms(w, true)
 }

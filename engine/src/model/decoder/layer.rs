@@ -341,6 +341,43 @@ impl Mixer for Attention {
     }
 }
 
+/// Multi-head attention whose linears a family names its own way (LFM2's `out_proj`,
+/// Nemotron-H's `mixer.*`): the same computation, other LoRA names, no tensor parallel.
+pub struct NamedAttention {
+    pub attn: Attention,
+    /// q, k, v, o within the layer.
+    pub names: [&'static str; 4],
+    pub family: &'static str,
+}
+
+impl Mixer for NamedAttention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        self.attn.forward(x, mask, kv_of(cache)?)
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.attn.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let a = &self.attn;
+        let n = self.names;
+        vec![
+            (n[0], &a.q_proj),
+            (n[1], &a.k_proj),
+            (n[2], &a.v_proj),
+            (n[3], &a.o_proj),
+        ]
+    }
+
+    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
+        Err(LoadError::Unsupported(format!(
+            "{layer}: {} is not split across ranks",
+            self.family
+        )))
+    }
+}
+
 /// The KV cache an attention with `rope` keeps.
 pub fn kv_cache(rope: &rope::Rope) -> Box<dyn Cache> {
     match rope.needs_int_offset() {
