@@ -27,6 +27,9 @@
                      as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
                      untied head, bf16
 
+- tiny-qwen3-5-mm     tiny-qwen3-5 as the multimodal checkpoint ships it: the text model's fields under
+                     `text_config` (model_type qwen3_5_text) beside a `vision_config`, and a vision
+                     tower tensor (`model.visual.…`) that both mlx-lm's sanitize and ours drop
 - tiny-qwen3-5-moe    qwen3_5_moe: tiny-qwen3-5's layout with every MLP a Qwen3-Next sparse block (8
                      experts, top 2 renormalized, a shared expert behind a sigmoid gate; routers
                      and shared gates x8 so that choices are decisive), experts saved fused as
@@ -184,6 +187,24 @@ def make_qwen3_5(job: Job) -> Path:
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
                        style="qwen")
+
+
+def make_qwen3_5_mm(job: Job) -> Path:
+    text = dict(qwen3_5_config(), model_type="qwen3_5_text")
+    text.pop("architectures")
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+           "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32}, "tie_word_embeddings": False}
+    model = random_model(qwen3_5, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        if layer.is_linear:
+            layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
+    mx.eval(model.parameters())
+    weights = hf_qwen3_5_weights(model)
+    weights["model.visual.blocks.0.attn.qkv.weight"] = mx.zeros((96, 32), dtype=mx.bfloat16)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face multimodal layout "
+                       "(text_config, a vision tensor to drop), untied", style="qwen")
 
 
 def hf_qwen3_5_weights(model) -> dict:
