@@ -175,15 +175,21 @@ QWEN3_5_OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.we
                         ".q_norm.weight", ".k_norm.weight")
 
 
-def make_qwen3_5(job: Job) -> Path:
-    cfg = qwen3_5_config()
-    model = random_model(qwen3_5, cfg, job.seed, mx.bfloat16)
-    randomize_scales(model, job.seed)
+def random_qwen3_5(cfg: dict, seed: int):
+    """A bf16 qwen3_5 of `cfg` drawn from `seed`, norms away from one, A_log kept in f32 as
+    real checkpoints keep it."""
+    model = random_model(qwen3_5, cfg, seed, mx.bfloat16)
+    randomize_scales(model, seed)
     for layer in model.layers:
         if layer.is_linear:
             layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
     mx.eval(model.parameters())
-    weights = hf_qwen3_5_weights(model)
+    return model
+
+
+def make_qwen3_5(job: Job) -> Path:
+    cfg = qwen3_5_config()
+    weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
                        style="qwen")
@@ -194,13 +200,7 @@ def make_qwen3_5_mm(job: Job) -> Path:
     text.pop("architectures")
     cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
            "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32}, "tie_word_embeddings": False}
-    model = random_model(qwen3_5, cfg, job.seed, mx.bfloat16)
-    randomize_scales(model, job.seed)
-    for layer in model.layers:
-        if layer.is_linear:
-            layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
-    mx.eval(model.parameters())
-    weights = hf_qwen3_5_weights(model)
+    weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
     weights["model.visual.blocks.0.attn.qkv.weight"] = mx.zeros((96, 32), dtype=mx.bfloat16)
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face multimodal layout "
