@@ -61,6 +61,7 @@ Made by the other makers (each also runnable by itself for its own rows):
                      top-4 through the clamped SwiGLU, yarn RoPE), f32; and cast to bf16 with
                      mxfp4 experts and the rest affine 8-bit (mlx-community's MXFP4-Q8
                      layout): oracles/make_gpt_oss.py
+- tiny-lfm2          lfm2 (short convolutions beside full attention): oracles/make_hybrids.py
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
@@ -91,6 +92,7 @@ from tokenizers import Tokenizer
 import make_assistants
 import make_gemma4_moe
 import make_gpt_oss
+import make_hybrids
 import make_moe
 import make_quant_modes
 import make_quantized
@@ -415,7 +417,7 @@ def make_llama_draft(job: Job) -> Path:
 
 
 # The maker modules, by the name a manifest row's `maker` gives (this one included).
-MAKERS = {m.__name__: m for m in (make_assistants, make_gemma4_moe, make_gpt_oss, make_moe, make_quant_modes,
+MAKERS = {m.__name__: m for m in (make_assistants, make_gemma4_moe, make_gpt_oss, make_hybrids, make_moe, make_quant_modes,
                                   make_quantized, make_rope, make_tools_model, make_wrappers)}
 MAKERS["make_models"] = sys.modules[__name__]
 

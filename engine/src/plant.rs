@@ -147,6 +147,23 @@ pub enum Defect {
     /// softmax over the top k as it is). Caught by the L1 gate on tiny-gemma4-moe
     /// (`tests/it/l1_models.rs`).
     Gemma4PerExpertScaleDropped,
+    /// The short convolution (LFM2) keeps as its state the K − 1 inputs one position early
+    /// (shifted by one): every later step reads the wrong inputs. Caught by the L1 gate on
+    /// tiny-lfm2 (`tests/it/l1_models.rs`).
+    ShortConvStateShifted,
+    /// The gated delta net decays its state by the previous token's gate (off by one step).
+    /// Caught by the L1 gate on tiny-qwen3-5 (`tests/it/l1_models.rs`).
+    GdnDecayOneStepLate,
+    /// Qwen3-Next's fused projections split as one flat [q | k | v | z] instead of per key
+    /// head (`fix_query_key_value_ordering` skipped). Caught by the L1 gate on
+    /// tiny-qwen3-next (`tests/it/l1_models.rs`).
+    GdnFusedOrderFlat,
+    /// The Mamba-2 scan carries the previous state into a chunk without its decay. Caught by
+    /// the L1 gate on tiny-mamba2 (`tests/it/l1_models.rs`).
+    SsmStateUndecayed,
+    /// Nemotron-H's gated norm normalizes over all channels at once (Mamba-2's), not per
+    /// group. Caught by the L1 gate on tiny-nemotron-h (`tests/it/l1_models.rs`).
+    SsmNormUngrouped,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

@@ -99,11 +99,17 @@ fn chunked_prefill_is_bit_exact() {
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
     // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
+    // The hybrids: recurrent states (conv, delta-net, SSM) carried from chunk to chunk.
     for name in [
         "tiny-llama-trained",
         "tiny-llama-trained-q4",
         "tiny-gemma3",
         "tiny-gemma4",
+        "tiny-lfm2",
+        "tiny-qwen3-5",
+        "tiny-qwen3-next",
+        "tiny-mamba2",
+        "tiny-nemotron-h",
     ] {
         let dir = model_dir(name).unwrap();
         let model = engine::model::load(&dir).unwrap();
@@ -229,6 +235,100 @@ fn wrapper_layout_errors_name_the_problem() {
         "{text}"
     );
     println!("{text}");
+}
+
+/// lfm2 (short convolutions with an ArraysCache state beside full attention): planted, the
+/// conv state kept one position early. The prompt's last token already reads the state its
+/// body left (the prefill runs the prompt less its last token first, as mlx-lm's
+/// generate_step does), so every case fails at its first logits.
+#[test]
+fn planted_shifted_conv_state_fails_l1_on_lfm2() {
+    let _on = engine::plant::on(engine::plant::Defect::ShortConvStateShifted).unwrap();
+    assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
+}
+
+/// granitemoehybrid (Granite 4.0-H: Mamba-2 and NoPE attention, the sparse block beside the
+/// shared MLP, Granite's multipliers, HF's fused experts): planted, the residual multiplier
+/// and the logits scaling each left at 1 — each breaks every case's first logits.
+#[test]
+fn planted_multiplier_defects_fail_l1_on_granite_h() {
+    for plant in ["residual_multiplier=1.0", "logits_scaling=1.0"] {
+        let report = l1("tiny-granite-h", Some(plant));
+        assert_fails_at_prefill(&report, &format!("granitemoehybrid with {plant}"));
+    }
+}
+
+/// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block, HF's layout): planted, the
+/// routed scaling left at 1, and the top k left unnormalized — each breaks every case's
+/// first logits.
+#[test]
+fn planted_router_defects_fail_l1_on_lfm2_moe() {
+    for plant in ["routed_scaling_factor=1.0", "norm_topk_prob=false"] {
+        let report = l1("tiny-lfm2-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("lfm2_moe with {plant}"));
+    }
+}
+
+/// qwen3_5 (gated delta nets beside gated attention, Hugging Face's checkpoint layout):
+/// planted, each token decayed by the previous token's gate — every case fails at its
+/// first logits.
+#[test]
+fn planted_late_decay_fails_l1_on_qwen3_5() {
+    let _on = engine::plant::on(engine::plant::Defect::GdnDecayOneStepLate).unwrap();
+    assert_fails_at_prefill(&l1("tiny-qwen3-5", None), "qwen3_5's decay one step late");
+}
+
+/// qwen3_5_moe (Qwen3-Next's sparse block with a gated shared expert, HF's fused experts):
+/// planted, one expert more per token, and the top k left unnormalized — each breaks every
+/// case's first logits.
+#[test]
+fn planted_expert_defects_fail_l1_on_qwen3_5_moe() {
+    for plant in ["num_experts_per_tok=3", "norm_topk_prob=false"] {
+        let report = l1("tiny-qwen3-5-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("qwen3_5_moe with {plant}"));
+    }
+}
+
+/// qwen3_next (fused delta-net projections grouped per key head, the sparse block beside a
+/// dense layer, Hugging Face's per-expert layout): planted, the fused projections split flat
+/// — every case fails at its first logits.
+#[test]
+fn planted_flat_projection_order_fails_l1_on_qwen3_next() {
+    let _on = engine::plant::on(engine::plant::Defect::GdnFusedOrderFlat).unwrap();
+    assert_fails_at_prefill(
+        &l1("tiny-qwen3-next", None),
+        "qwen3_next's projections split flat",
+    );
+}
+
+/// mamba2 (Mamba-2 mixers only, a config with Python's `Infinity`): planted, the previous
+/// state carried into the scan without its decay. The prompt is scanned from no state, so
+/// the defect shows once decoding reads the state: every case fails, within its first
+/// steps.
+#[test]
+fn planted_undecayed_state_fails_l1_on_mamba2() {
+    let _on = engine::plant::on(engine::plant::Defect::SsmStateUndecayed).unwrap();
+    let report = l1("tiny-mamba2", None);
+    assert!(!report.passed(), "the undecayed state passed L1");
+    let firsts: Vec<Option<usize>> = report
+        .cases
+        .iter()
+        .map(|c| c.first_inexact_logits())
+        .collect();
+    assert!(
+        firsts.iter().all(|f| f.is_some_and(|s| s < 8)),
+        "{firsts:?}"
+    );
+    println!("planted undecayed state caught: {}", report.summary());
+}
+
+/// nemotron_h (Mamba-2 mixers, attention without positions and ReLU² MLPs by pattern):
+/// planted, the gated norm over all channels instead of per group — every case fails at its
+/// first logits.
+#[test]
+fn planted_ungrouped_norm_fails_l1_on_nemotron_h() {
+    let _on = engine::plant::on(engine::plant::Defect::SsmNormUngrouped).unwrap();
+    assert_fails_at_prefill(&l1("tiny-nemotron-h", None), "nemotron_h's norm ungrouped");
 }
 
 /// smollm3 (layer 3 of 4 without RoPE): planted, every layer rotates (`no_rope_layers` all

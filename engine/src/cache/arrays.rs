@@ -1,13 +1,16 @@
 //! mlx-lm 0.32.2's `ArraysCache`: a fixed number of optional arrays (a recurrent layer's
 //! state, e.g. a gated delta net's conv and SSM state), batch axis first, with an optional
-//! left padding and per-row lengths for a batched prefill. No positions: not trimmable,
-//! offset 0 (mlx-lm's `size()`); its mask is per row over the `n` new tokens only:
+//! left padding and per-row lengths for a batched prefill. Not trimmable. Its offset is the
+//! tokens it has consumed (`advance`: mlx-lm's `size()` is 0, but the engine's bookkeeping
+//! — which prefix a prompt-cache entry holds — counts by it; no mixer reads it); its mask
+//! is per row over the `n` new tokens only:
 //! `pos >= left_padding[:, None]` and `pos < lengths[:, None]` where set (`make_mask`).
 //! Batch ops as mlx-lm: `merge` stacks rows (a missing array zero), `filter` takes rows,
 //! `extend` concatenates (a side missing an array gets zeros of its batch), `extract`
 //! slices one row, `prepare`/`finalize` set and clear the lengths (and the padding).
-//! No model uses it yet (issue 37's hybrids will); its snapshot is the present arrays with
-//! which slots hold one, so the kv-store round-trips it through `restore`.
+//! The hybrids' recurrent mixers (short conv, gated delta net, Mamba-2) keep their state in
+//! it; its snapshot is the present arrays with which slots hold one (and the offset), so
+//! the kv-store round-trips it through `restore`.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{concatenate, zeros_dtype};
@@ -24,6 +27,8 @@ pub struct ArraysCache {
     slots: Vec<Option<Array>>,
     left_padding: Option<Vec<i32>>,
     lengths: Option<Vec<i32>>,
+    /// Tokens consumed (the longest row's, batched).
+    seen: i32,
 }
 
 /// `v` as an int32 column [B, 1].
@@ -81,8 +86,10 @@ impl ArraysCache {
             .map_or(1, |v| v.len())
     }
 
-    /// mlx-lm's `advance(N)`: `n` tokens consumed from the lengths and the padding.
+    /// mlx-lm's `advance(N)`: `n` tokens consumed from the lengths and the padding (and
+    /// counted).
     pub fn advance(&mut self, n: i32) {
+        self.seen += n;
         for v in [&mut self.lengths, &mut self.left_padding]
             .into_iter()
             .flatten()
@@ -111,6 +118,7 @@ impl ArraysCache {
                 .collect(),
             left_padding: optional("leftPadding").transpose()?,
             lengths: optional("lengths").transpose()?,
+            seen: s.offset,
         })
     }
 
@@ -157,9 +165,13 @@ fn cat_ints(
 }
 
 impl Cache for ArraysCache {
-    /// No positions (mlx-lm's `size()` is 0 for this kind).
+    fn as_arrays(&mut self) -> Option<&mut ArraysCache> {
+        Some(self)
+    }
+
+    /// The tokens consumed (see the module header).
     fn offset(&self) -> i32 {
-        0
+        self.seen
     }
 
     fn kind(&self) -> Option<&'static str> {
@@ -177,7 +189,7 @@ impl Cache for ArraysCache {
         }
         Some(Snapshot {
             kind: KIND.to_owned(),
-            offset: 0,
+            offset: self.seen,
             quant: None,
             meta,
             tensors: self.slots.iter().flatten().cloned().collect(),
@@ -228,6 +240,7 @@ impl Cache for ArraysCache {
             .collect::<Result<_, _>>()?;
         let size = rows.first().map_or(0, |r| r.slots.len());
         let mut out = ArraysCache::new(size);
+        out.seen = rows.iter().map(|r| r.seen).max().unwrap_or(0);
         if rows.iter().all(|r| r.is_empty()) {
             out.left_padding = Some(vec![0; rows.len()]);
             return Ok(Box::new(out));
@@ -275,11 +288,12 @@ impl Cache for ArraysCache {
         }
         self.left_padding = cat_ints(&self.left_padding, &other.left_padding, a_rows, b_rows);
         self.lengths = cat_ints(&self.lengths, &other.lengths, a_rows, b_rows);
+        self.seen = self.seen.max(other.seen);
         Ok(())
     }
 
     /// Row `row`'s arrays (a state has no positions: `len` is not used).
-    fn extract(&self, row: usize, _len: i32) -> Result<Box<dyn Cache>, Exception> {
+    fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
         use mlx_rs::ops::indexing::IndexOp;
         let r = row as i32;
         Ok(Box::new(ArraysCache {
@@ -288,6 +302,7 @@ impl Cache for ArraysCache {
                 .iter()
                 .map(|s| s.as_ref().map(|a| a.index(r..r + 1)))
                 .collect(),
+            seen: len,
             ..Default::default()
         }))
     }

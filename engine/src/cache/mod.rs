@@ -89,6 +89,11 @@ pub trait Cache {
     fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
         None
     }
+    /// The recurrent side, for a state mixer (short conv, SSM, gated delta net): mlx-lm's
+    /// `ArraysCache` (None: not a state cache, e.g. a pass-through in a cache-less run).
+    fn as_arrays(&mut self) -> Option<&mut ArraysCache> {
+        None
+    }
     /// A composite cache's sub-caches (mlx-lm's `CacheList.__getitem__`); None otherwise.
     fn sub_caches(&self) -> Option<&[Box<dyn Cache>]> {
         None

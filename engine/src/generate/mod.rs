@@ -233,17 +233,23 @@ impl<'m> Session<'m> {
 
     /// Drops the last `n` tokens from every cache (a speculative rollback); fails, naming
     /// the cache, where one cannot give them back (a sliding-window ring that has wrapped
-    /// has overwritten what it would need).
+    /// has overwritten what it would need; a recurrent state never can).
     pub fn trim(&mut self, n: usize) -> Result<(), Exception> {
         if n == 0 {
             return Ok(());
         }
         if let Some(i) = self.caches.iter().position(|c| !c.is_trimmable()) {
+            let c = &self.caches[i];
+            let why = match c.kind() {
+                Some(crate::cache::rotating::KIND) => {
+                    "a sliding-window cache that has wrapped cannot give tokens back; use a \
+                     model without sliding windows, or keep prompt + output under its window"
+                }
+                _ => "this kind of cache cannot give tokens back",
+            };
             return Err(Exception::custom(format!(
-                "speculative decoding cannot roll back layer {i}'s cache at position {}: a \
-                 sliding-window cache that has wrapped cannot give tokens back; use a model \
-                 without sliding windows, or keep prompt + output under its window",
-                self.caches[i].offset()
+                "speculative decoding cannot roll back layer {i}'s cache at position {}: {why}",
+                c.offset()
             )));
         }
         for c in self.caches.iter_mut() {
@@ -411,4 +417,18 @@ pub fn generate_greedy(
 ) -> Result<(Stats, Finish), Exception> {
     let mut sampler = Sampler::new(SamplingParams::default())?;
     generate(model, prompt, max_tokens, eos_ids, &mut sampler, on_token)
+}
+
+/// Why speculative decoding and prompt lookup cannot run over `caches` (a model's fresh
+/// ones), if they cannot: a layer keeps a recurrent state, which cannot give drafted tokens
+/// back (mlx-lm's speculative decoding refuses such models too). None: every cache can
+/// trim.
+pub fn rollback_refusal(caches: &[Box<dyn Cache>]) -> Option<String> {
+    let i = caches.iter().position(|c| !c.is_trimmable())?;
+    let kind = caches[i].kind().unwrap_or("unnamed");
+    Some(format!(
+        "layer {i} keeps a recurrent state (a `{kind}` cache), which cannot give drafted tokens \
+         back; speculative decoding and prompt lookup need every cache to trim: decode this \
+         model without them"
+    ))
 }

@@ -44,8 +44,66 @@ pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {
         path: path.to_owned(),
         source,
     })?;
-    serde_json::from_str(&text).map_err(|e| LoadError::Json {
+    serde_json::from_str(&finite_json(&text)).map_err(|e| LoadError::Json {
         path: path.to_owned(),
         message: e.to_string(),
     })
+}
+
+/// The JSON text with Python's non-finite literals (`Infinity`, `-Infinity`, `NaN`, which
+/// `json.dump` writes and mlx-lm's `json.load` reads: Mamba-2 configs carry
+/// `"time_step_limit": [0.0, Infinity]`) outside strings replaced by the largest finite
+/// doubles (±f64::MAX, which round to ±inf as float32, the width MLX computes in) and
+/// null.
+fn finite_json(text: &str) -> std::borrow::Cow<'_, str> {
+    if !(text.contains("Infinity") || text.contains("NaN")) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let (mut out, mut in_string, mut escaped) = (String::with_capacity(text.len()), false, false);
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else {
+            let words = [
+                ("-Infinity", "-1.7976931348623157e308"),
+                ("Infinity", "1.7976931348623157e308"),
+                ("NaN", "null"),
+            ];
+            if let Some((word, with)) = words.iter().find(|(w, _)| rest.starts_with(w)) {
+                out.push_str(with);
+                rest = &rest[word.len()..];
+                continue;
+            }
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::finite_json;
+
+    #[test]
+    fn python_non_finite_literals_read_outside_strings_only() {
+        let text = r#"{"time_step_limit": [0.0, Infinity], "low": -Infinity, "x": NaN, "s": "NaN Infinity"}"#;
+        let v: serde_json::Value = serde_json::from_str(&finite_json(text)).unwrap();
+        assert_eq!(v["time_step_limit"][1].as_f64(), Some(f64::MAX));
+        assert_eq!(
+            v["time_step_limit"][1].as_f64().map(|x| x as f32),
+            Some(f32::INFINITY)
+        );
+        assert_eq!(v["low"].as_f64(), Some(-f64::MAX));
+        assert!(v["x"].is_null());
+        assert_eq!(v["s"], "NaN Infinity");
+    }
 }

@@ -311,6 +311,32 @@ impl Weights {
             .collect();
     }
 
+    /// Adds tensor `name` (a sanitize's split of a fused tensor).
+    pub fn insert(&mut self, name: String, a: Array) {
+        self.tensors.insert(name, a);
+    }
+
+    /// The shape of tensor `name`, if the set holds it.
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i32>> {
+        self.tensors.get(name).map(|a| a.shape().to_vec())
+    }
+
+    /// Replaces each tensor `f` gives a new value for (a family's sanitize: a kernel moved
+    /// to MLX's layout, a norm's stored offset given its 1).
+    pub fn transform(
+        &mut self,
+        f: impl Fn(&str, &Array) -> Result<Option<Array>, mlx_rs::error::Exception>,
+    ) -> Result<(), LoadError> {
+        for (name, a) in self.tensors.iter_mut() {
+            if let Some(new) =
+                f(name, a).map_err(|e| LoadError::Weights(format!("`{name}`: {e}")))?
+            {
+                *a = new;
+            }
+        }
+        Ok(())
+    }
+
     /// Drops tensors a family ignores (e.g. precomputed rotary frequencies).
     pub fn discard(&mut self, pred: impl Fn(&str) -> bool) {
         self.tensors.retain(|name, _| !pred(name));

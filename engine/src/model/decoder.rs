@@ -43,7 +43,8 @@ use crate::load::weights::Weights;
 use crate::load::LoadError;
 use layer::Io;
 pub use layer::{
-    kv_cache, FeedForward, Layer, Lent, Masks, Mixer, Residual, SideInputs, Tail, Windowed,
+    kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, NamedAttention, Residual,
+    SideInputs, Tail, Windowed,
 };
 
 type R<T> = Result<T, Exception>;
@@ -97,11 +98,20 @@ pub struct Style {
     /// `input_layernorm` and `post_attention_layernorm` (before the feed-forward).
     pub sandwich: bool,
     pub residual: Residual,
+    /// The checkpoint names of the embedding, the layers, a plain layer's two norms and
+    /// the final norm (LFM2's `operator_norm`, `ffn_norm`, `model.embedding_norm`; Mamba-2's
+    /// `backbone.…`).
+    pub names: Names,
+    /// The layers' norms' eps when it is not the final norm's (Mamba-2's blocks keep
+    /// `nn.RMSNorm`'s default 1e-5).
+    pub layer_norm_eps: Option<f32>,
     pub embed_scale: Option<EmbedScale>,
     /// Gemma 4's per-layer inputs (the family's loader for them).
     pub side: Option<SideLoader>,
     /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
+    pub logits_scaling: Option<f32>,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
     pub lora: bool,
     /// Whether optiq's assistant drafter may draft for it (Gemma 4).
@@ -114,20 +124,59 @@ impl Default for Style {
             norm: RmsNorm::load,
             sandwich: false,
             residual: Residual::Add,
+            names: Names::default(),
+            layer_norm_eps: None,
             embed_scale: None,
             side: None,
             logit_softcap: None,
+            logits_scaling: None,
             lora: true,
             assistant_target: false,
         }
     }
 }
 
-/// What a family builds for one layer: its mixer and feed-forward, and where it has them a
-/// tail and the layer it borrows K/V from (a pair converts: the plain layer).
+/// Checkpoint names: the input embedding, the layers' prefix (`{layers}.{i}`), a plain
+/// layer's two norms (within the layer) and the final norm.
+#[derive(Debug, Clone, Copy)]
+pub struct Names {
+    pub embed: &'static str,
+    pub layers: &'static str,
+    pub input: &'static str,
+    pub post: &'static str,
+    pub last: &'static str,
+}
+
+impl Names {
+    /// Mamba-2's and Nemotron-H's: `backbone.embeddings`, `backbone.layers.{i}.norm`,
+    /// `backbone.norm_f` (their blocks have one norm).
+    pub const BACKBONE: Names = Names {
+        embed: "backbone.embeddings",
+        layers: "backbone.layers",
+        input: "norm",
+        post: "",
+        last: "backbone.norm_f",
+    };
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Names {
+            embed: "model.embed_tokens",
+            layers: "model.layers",
+            input: "input_layernorm",
+            post: "post_attention_layernorm",
+            last: "model.norm",
+        }
+    }
+}
+
+/// What a family builds for one layer: its mixer and feed-forward (none: Mamba-2's block),
+/// and where it has them a tail and the layer it borrows K/V from (a pair converts: the
+/// plain layer).
 pub struct Built {
     pub mixer: Box<dyn Mixer>,
-    pub ffn: Box<dyn FeedForward>,
+    pub ffn: Option<Box<dyn FeedForward>>,
     pub tail: Option<Box<dyn Tail>>,
     pub borrows: Option<usize>,
 }
@@ -136,7 +185,19 @@ impl<F: FeedForward + 'static> From<(Box<dyn Mixer>, Box<F>)> for Built {
     fn from((mixer, ffn): (Box<dyn Mixer>, Box<F>)) -> Self {
         Built {
             mixer,
-            ffn,
+            ffn: Some(ffn),
+            tail: None,
+            borrows: None,
+        }
+    }
+}
+
+impl Built {
+    /// A layer that is its mixer's residual branch alone.
+    pub fn mixer_only(mixer: Box<dyn Mixer>) -> Self {
+        Built {
+            mixer,
+            ffn: None,
             tail: None,
             borrows: None,
         }
@@ -146,12 +207,15 @@ impl<F: FeedForward + 'static> From<(Box<dyn Mixer>, Box<F>)> for Built {
 pub struct Decoder {
     model_type: String,
     ffn_module: &'static str,
+    /// `model.layers` (Mamba-2: `backbone.layers`): LoRA's and sharding's names.
+    layers_prefix: &'static str,
     embed: Embedding,
     embed_scale: Option<EmbedScale>,
     side: Option<Box<dyn SideInputs>>,
     layers: Vec<Layer>,
     residual: Residual,
     head: OutputHead,
+    logits_scaling: Option<f32>,
     lora: bool,
     assistant_target: bool,
     /// Pipeline parallel: this rank's stage (`layers` then holds only its layers).
@@ -190,19 +254,23 @@ impl Decoder {
     ) -> Result<Self, LoadError> {
         w.set_quantization(config.quantization.clone());
         let (eps, hidden) = (dims.rms_norm_eps, dims.hidden);
-        let norm = |w: &mut Weights, name: &str| (style.norm)(w, name, hidden, eps);
-        let embed = Embedding::load(&mut w, "model.embed_tokens", [dims.vocab, hidden])?;
+        let names = style.names;
+        let layer_eps = style.layer_norm_eps.unwrap_or(eps);
+        let embed = Embedding::load(&mut w, names.embed, [dims.vocab, hidden])?;
         let side = style.side.map(|load| load(&mut w)).transpose()?;
+        // Blocks with one norm (Mamba-2's, Nemotron-H's) name no post norm and build no ffn.
+        let one_norm = names.post.is_empty();
         let mut layers: Vec<Layer> = Vec::new();
         for i in 0..dims.layers {
-            let p = format!("model.layers.{i}");
-            let mut named = |n: &str| norm(&mut w, &format!("{p}.{n}"));
-            let norm_in = named("input_layernorm")?;
+            let p = format!("{}.{i}", names.layers);
+            let mut named = |n: &str| (style.norm)(&mut w, &format!("{p}.{n}"), hidden, layer_eps);
+            let norm_in = named(names.input)?;
             let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
-                false => (None, named("post_attention_layernorm")?, None),
+                false if one_norm => (None, None, None),
+                false => (None, Some(named(names.post)?), None),
                 true => (
                     Some(named("post_attention_layernorm")?),
-                    named("pre_feedforward_layernorm")?,
+                    Some(named("pre_feedforward_layernorm")?),
                     Some(named("post_feedforward_layernorm")?),
                 ),
             };
@@ -215,6 +283,13 @@ impl Decoder {
                     )));
                 }
             }
+            if built.ffn.is_some() == one_norm {
+                return Err(LoadError::Unsupported(format!(
+                    "layer {i}: a block with {} must {} a feed-forward",
+                    if one_norm { "one norm" } else { "a post norm" },
+                    if one_norm { "not build" } else { "build" },
+                )));
+            }
             layers.push(Layer {
                 norm_in,
                 mixer: built.mixer,
@@ -226,7 +301,7 @@ impl Decoder {
                 borrows: built.borrows,
             });
         }
-        let final_norm = norm(&mut w, "model.norm")?;
+        let final_norm = (style.norm)(&mut w, names.last, hidden, eps)?;
         let head = OutputHead::load(
             &mut w,
             final_norm,
@@ -238,12 +313,14 @@ impl Decoder {
         Ok(Decoder {
             model_type: config.model_type.clone(),
             ffn_module: dims.ffn_module,
+            layers_prefix: names.layers,
             embed,
             embed_scale: style.embed_scale,
             side,
             layers,
             residual: style.residual,
             head,
+            logits_scaling: style.logits_scaling,
             lora: style.lora,
             assistant_target: style.assistant_target,
             stage: None,
@@ -302,11 +379,12 @@ impl Decoder {
         let mut caches = caches.iter_mut();
         for i in range {
             let layer = &self.layers[i];
-            let mask = masks.of(layer.mixer.window());
+            let mask = masks.of(layer.mixer.as_ref());
             let io = match layer.borrows {
                 Some(j) => Io::Borrow(step.lent[j].as_ref().ok_or_else(|| {
                     Exception::custom(format!("layer {i} borrows layer {j}'s K/V, not lent"))
                 })?),
+                None if layer.mixer.stateless() => Io::Stateless,
                 None => {
                     let cache = caches
                         .next()
@@ -334,7 +412,11 @@ impl Decoder {
 
     /// Final norm and output head → logits.
     pub fn head(&self, h: &Array) -> R<Array> {
-        self.head.forward(&self.embed, h)
+        let logits = self.head.forward(&self.embed, h)?;
+        match self.logits_scaling {
+            Some(s) => logits.divide(crate::scalar::weak(s as f64, &logits)?),
+            None => Ok(logits),
+        }
     }
 
     /// The forward from input embeddings [B, L, H]: the family's scale, the masks from the
@@ -414,8 +496,9 @@ impl LanguageModel for Decoder {
             let tail = l.tail.iter().flat_map(|t| t.linears());
             let mixer = mixer.map(|(n, l)| (n.to_owned(), l));
             let tail = tail.map(|(n, l)| (n.to_owned(), l));
-            for (n, lin) in mixer.chain(l.ffn.linears(self.ffn_module)).chain(tail) {
-                all.push((format!("model.layers.{i}.{n}"), lin));
+            let ffn = l.ffn.iter().flat_map(|f| f.linears(self.ffn_module));
+            for (n, lin) in mixer.chain(ffn).chain(tail) {
+                all.push((format!("{}.{i}.{n}", self.layers_prefix), lin));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)
@@ -424,8 +507,8 @@ impl LanguageModel for Decoder {
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
         let mut all = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
-            for (n, s) in l.ffn.switches(self.ffn_module) {
-                all.push((format!("model.layers.{i}.{n}"), s));
+            for (n, s) in l.ffn.iter().flat_map(|f| f.switches(self.ffn_module)) {
+                all.push((format!("{}.{i}.{n}", self.layers_prefix), s));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)
@@ -451,9 +534,11 @@ impl LanguageModel for Decoder {
     /// this rank's part.
     fn shard(&mut self, part: Part) -> Result<(), LoadError> {
         for (i, l) in self.layers.iter_mut().enumerate() {
-            let p = format!("model.layers.{i}");
+            let p = format!("{}.{i}", self.layers_prefix);
             l.mixer.shard(part, &p)?;
-            l.ffn.shard(part, &format!("{p}.{}", self.ffn_module))?;
+            if let Some(ffn) = l.ffn.as_mut() {
+                ffn.shard(part, &format!("{p}.{}", self.ffn_module))?;
+            }
         }
         Ok(())
     }
@@ -494,6 +579,9 @@ impl AssistantTarget for Decoder {
         let (mut sliding, mut full) = (None, None);
         let keepers = self.layers.iter().filter(|l| l.keeps_cache());
         for (cache, layer) in keepers.enumerate() {
+            if layer.mixer.recurrent() {
+                continue;
+            }
             match layer.mixer.window() {
                 None => full = Some(cache),
                 Some(_) => sliding = Some(cache),

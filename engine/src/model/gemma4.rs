@@ -347,6 +347,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         // LoRA is not available on the mixture-of-experts Gemma 4.
         lora: !a.enable_moe_block,
         assistant_target: true,
+        ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, _p, i| {
         layer(w, &a, &full, i, first_shared)
@@ -500,7 +501,7 @@ fn layer(
     };
     Ok(Built {
         mixer: Box::new(attn),
-        ffn: Box::new(ffn),
+        ffn: Some(Box::new(ffn)),
         tail: Some(Box::new(tail)),
         borrows: (kv_source != i as usize).then_some(kv_source),
     })

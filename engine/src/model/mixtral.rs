@@ -10,8 +10,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, Mixer};
-use super::layers::Linear;
-use super::moe::{Gate, Router, SparseMoe, SwitchGlu, MIXTRAL_EXPERT_NAMES};
+use super::moe::{MoeDims, Router, SparseMoe, MIXTRAL_EXPERT_NAMES};
 use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -90,25 +89,14 @@ fn attention_shape(a: &MixtralArgs) -> AttnShape {
 
 fn load_moe(w: &mut Weights, p: &str, a: &MixtralArgs) -> Result<SparseMoe, LoadError> {
     let mlp = format!("{p}.block_sparse_moe");
-    Ok(SparseMoe {
-        router: Gate {
-            gate: Linear::load(
-                w,
-                &format!("{mlp}.gate"),
-                false,
-                [a.num_local_experts, a.hidden_size],
-            )?,
-            top_k: a.num_experts_per_tok,
-            kind: Router::TopKSoftmax,
-        },
-        experts: SwitchGlu::load(
-            w,
-            &mlp,
-            (a.hidden_size, a.intermediate_size),
-            a.num_local_experts,
-            MIXTRAL_EXPERT_NAMES,
-        )?,
-    })
+    let d = MoeDims {
+        hidden: a.hidden_size,
+        intermediate: a.intermediate_size,
+        experts: a.num_local_experts,
+        top_k: a.num_experts_per_tok,
+    };
+    let gate = format!("{mlp}.gate");
+    SparseMoe::load(w, &mlp, &gate, d, Router::TopKSoftmax, MIXTRAL_EXPERT_NAMES)
 }
 
 /// The model: mlx-lm's checks, then the decoder with Mixtral's layers.

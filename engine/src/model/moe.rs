@@ -142,6 +142,18 @@ impl SwitchGlu {
         })
     }
 
+    /// Its three stacks under `<prefix>.{gate,up,down}_proj`, as LoRA and quantization name
+    /// them.
+    pub fn named(&self, prefix: &str) -> Vec<(String, &SwitchLinear)> {
+        [
+            ("gate_proj", &self.gate_proj),
+            ("up_proj", &self.up_proj),
+            ("down_proj", &self.down_proj),
+        ]
+        .map(|(n, l)| (format!("{prefix}.{n}"), l))
+        .into()
+    }
+
     /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
     pub fn forward(&self, x: &Array, indices: &Array) -> R<Array> {
         self.forward_with(x, indices, swiglu)
@@ -213,6 +225,38 @@ fn stacked_experts(
     }))
 }
 
+/// A checkpoint's fused expert stacks as the SwitchGLU's: `fused` [E, 2·I, D] split along
+/// its middle axis (gate first) into `<mlp>.switch_mlp.{gate,up}_proj.weight`, and `down`
+/// as `<mlp>.switch_mlp.down_proj.weight` (the sanitizes of qwen3_5_moe and
+/// granitemoehybrid).
+pub fn unfuse_experts(
+    w: &mut Weights,
+    mlp: &str,
+    fused: &str,
+    down: &str,
+) -> Result<(), LoadError> {
+    let gate_up = w.take(fused)?;
+    let mid = gate_up.shape()[1] / 2;
+    let halves = gate_up
+        .split_at_indices(&[mid], 1)
+        .map_err(|e| LoadError::Weights(format!("`{fused}`: {e}")))?;
+    let out = |n: &str| format!("{mlp}.switch_mlp.{n}.weight");
+    w.insert(out("gate_proj"), halves[0].clone());
+    w.insert(out("up_proj"), halves[1].clone());
+    let down = w.take(down)?;
+    w.insert(out("down_proj"), down);
+    Ok(())
+}
+
+/// A sparse block's sizes: `experts` of width `intermediate` over `hidden`, `top_k` a token.
+#[derive(Debug, Clone, Copy)]
+pub struct MoeDims {
+    pub hidden: i32,
+    pub intermediate: i32,
+    pub experts: i32,
+    pub top_k: i32,
+}
+
 /// A dense, bias-free stack of experts [experts, out, in] that a family's sanitize made from
 /// the checkpoint's `name` (Gemma 4 splits its fused `experts.gate_up_proj`), refused on the
 /// CPU unless float32 as [`SwitchLinear::load`] refuses it.
@@ -259,6 +303,9 @@ pub enum Router {
     /// Mixtral: the top k logits by `argpartition(-g, k-1)[..., :k]`, then `softmax` over
     /// those k.
     TopKSoftmax,
+    /// Granite 4: the top k logits by `argpartition(g, -k)[..., -k:]`, then `softmax` over
+    /// those k.
+    HighTopKSoftmax,
 }
 
 /// A router: the `gate` linear scores every expert, `kind` picks `top_k` of them.
@@ -295,6 +342,13 @@ impl Gate {
                 let scores = gates.take_along_axis(&inds, -1)?;
                 Ok((inds, scores))
             }
+            Router::HighTopKSoftmax => {
+                let n = *logits.shape().last().unwrap_or(&0);
+                let part = argpartition_axis(&logits, -k, -1)?;
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, (n - k - off)..(n - off))))?;
+                let scores = logits.take_along_axis(&inds, -1)?;
+                Ok((inds, softmax_axis(&scores, -1, true)?))
+            }
             Router::TopKSoftmax => {
                 let part = argpartition_axis(logits.negative()?, k - 1, -1)?;
                 let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
@@ -320,6 +374,26 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
+    /// The router `gate` (its linear's full name) picking by `kind`, and the experts under
+    /// `mlp` (`hf_names` for a per-expert checkpoint, see [`SwitchGlu::load`]).
+    pub fn load(
+        w: &mut Weights,
+        mlp: &str,
+        gate: &str,
+        d: MoeDims,
+        kind: Router,
+        hf_names: [&str; 3],
+    ) -> Result<Self, LoadError> {
+        Ok(SparseMoe {
+            router: Gate {
+                gate: Linear::load(w, gate, false, [d.experts, d.hidden])?,
+                top_k: d.top_k,
+                kind,
+            },
+            experts: SwitchGlu::load(w, mlp, (d.hidden, d.intermediate), d.experts, hf_names)?,
+        })
+    }
+
     pub fn forward(&self, x: &Array) -> R<Array> {
         let (inds, scores) = self.router.route(x)?;
         let y = self.experts.forward(x, &inds)?;

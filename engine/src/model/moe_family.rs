@@ -7,8 +7,9 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use super::decoder::FeedForward;
+use super::layers::Glu;
 use super::layers::{Attention, Linear, Mlp, RmsNorm, Rope};
-use super::moe::{SparseMoe, SwitchLinear};
+use super::moe::{MoeDims, Router, SparseMoe, SwitchLinear, EXPERT_NAMES};
 use super::shard::Part;
 use crate::dist::Mode;
 use crate::load::weights::Weights;
@@ -22,6 +23,29 @@ pub struct SharedMoe {
 }
 
 impl SharedMoe {
+    /// The sparse block under `mlp` (router `<mlp>.gate`), the shared expert
+    /// (`<mlp>.shared_expert`, width `shared`) and its gate (`<mlp>.shared_expert_gate`).
+    pub fn load(
+        w: &mut Weights,
+        mlp: &str,
+        d: MoeDims,
+        shared: i32,
+        kind: Router,
+    ) -> Result<Self, LoadError> {
+        let moe = SparseMoe::load(w, mlp, &format!("{mlp}.gate"), d, kind, EXPERT_NAMES)?;
+        let shared_mlp = format!("{mlp}.shared_expert");
+        Ok(SharedMoe {
+            moe,
+            shared: Mlp::load(w, &shared_mlp, false, d.hidden, shared, Glu::Swiglu)?,
+            shared_gate: Linear::load(
+                w,
+                &format!("{mlp}.shared_expert_gate"),
+                false,
+                [1, d.hidden],
+            )?,
+        })
+    }
+
     fn forward(&self, x: &Array) -> Result<Array, Exception> {
         let (inds, scores) = self.moe.router.route(x)?;
         let y = self.moe.experts.forward(x, &inds)?;
@@ -137,18 +161,11 @@ impl Ffn {
 
     /// Its stacked experts (`<ffn>.switch_mlp.{gate,up,down}_proj`), none for a dense MLP.
     fn named_switches(&self, ffn: &str) -> Vec<(String, &SwitchLinear)> {
-        let experts = match self {
-            Ffn::Dense(_) => return Vec::new(),
-            Ffn::Sparse(moe) => &moe.experts,
-            Ffn::Shared(s) => &s.moe.experts,
-        };
-        [
-            ("gate_proj", &experts.gate_proj),
-            ("up_proj", &experts.up_proj),
-            ("down_proj", &experts.down_proj),
-        ]
-        .map(|(n, l)| (format!("{ffn}.switch_mlp.{n}"), l))
-        .into()
+        match self {
+            Ffn::Dense(_) => Vec::new(),
+            Ffn::Sparse(moe) => moe.experts.named(&format!("{ffn}.switch_mlp")),
+            Ffn::Shared(s) => s.moe.experts.named(&format!("{ffn}.switch_mlp")),
+        }
     }
 }
 

@@ -10,8 +10,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, Mixer};
-use super::layers::{Glu, Linear, Mlp};
-use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
+use super::moe::{MoeDims, Router};
 use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn, SharedMoe};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -59,45 +58,14 @@ fn attention_shape(a: &Qwen2MoeArgs) -> AttnShape {
 }
 
 fn load_mlp(w: &mut Weights, p: &str, a: &Qwen2MoeArgs) -> Result<SharedMoe, LoadError> {
-    let mlp = format!("{p}.mlp");
-    let moe = SparseMoe {
-        router: Gate {
-            gate: Linear::load(
-                w,
-                &format!("{mlp}.gate"),
-                false,
-                [a.num_experts, a.hidden_size],
-            )?,
-            top_k: a.num_experts_per_tok,
-            kind: Router::SoftmaxLowTopK,
-        },
-        experts: SwitchGlu::load(
-            w,
-            &mlp,
-            (a.hidden_size, a.moe_intermediate_size),
-            a.num_experts,
-            EXPERT_NAMES,
-        )?,
+    let d = MoeDims {
+        hidden: a.hidden_size,
+        intermediate: a.moe_intermediate_size,
+        experts: a.num_experts,
+        top_k: a.num_experts_per_tok,
     };
-    let shared = Mlp::load(
-        w,
-        &format!("{mlp}.shared_expert"),
-        false,
-        a.hidden_size,
-        a.shared_expert_intermediate_size,
-        Glu::Swiglu,
-    )?;
-    let shared_gate = Linear::load(
-        w,
-        &format!("{mlp}.shared_expert_gate"),
-        false,
-        [1, a.hidden_size],
-    )?;
-    Ok(SharedMoe {
-        moe,
-        shared,
-        shared_gate,
-    })
+    let shared = a.shared_expert_intermediate_size;
+    SharedMoe::load(w, &format!("{p}.mlp"), d, shared, Router::SoftmaxLowTopK)
 }
 
 /// The model: mlx-lm's checks, then the decoder with qwen2_moe's layers.

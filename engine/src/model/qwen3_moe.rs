@@ -11,8 +11,8 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, Mixer};
-use super::layers::{Glu, Linear, Mlp};
-use super::moe::{Gate, Router, SparseMoe, SwitchGlu, EXPERT_NAMES};
+use super::layers::{Glu, Mlp};
+use super::moe::{MoeDims, Router, SparseMoe, EXPERT_NAMES};
 use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -118,27 +118,24 @@ fn load_ffn(w: &mut Weights, p: &str, a: &Qwen3MoeArgs, i: i32) -> Result<Ffn, L
         )?;
         return Ok(Ffn::Dense(dense));
     }
-    Ok(Ffn::Sparse(SparseMoe {
-        router: Gate {
-            gate: Linear::load(
-                w,
-                &format!("{mlp}.gate"),
-                false,
-                [a.num_experts, a.hidden_size],
-            )?,
-            top_k: a.num_experts_per_tok,
-            kind: Router::SoftmaxTopK {
-                norm_topk_prob: a.norm_topk_prob,
-            },
-        },
-        experts: SwitchGlu::load(
-            w,
-            &mlp,
-            (a.hidden_size, a.moe_intermediate_size),
-            a.num_experts,
-            EXPERT_NAMES,
-        )?,
-    }))
+    let d = MoeDims {
+        hidden: a.hidden_size,
+        intermediate: a.moe_intermediate_size,
+        experts: a.num_experts,
+        top_k: a.num_experts_per_tok,
+    };
+    let router = Router::SoftmaxTopK {
+        norm_topk_prob: a.norm_topk_prob,
+    };
+    let gate = format!("{mlp}.gate");
+    Ok(Ffn::Sparse(SparseMoe::load(
+        w,
+        &mlp,
+        &gate,
+        d,
+        router,
+        EXPERT_NAMES,
+    )?))
 }
 
 /// The model: mlx-lm's checks, then the decoder with qwen3_moe's layers.

@@ -75,6 +75,30 @@ fn qwen2_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Load
     Ok(Box::new(super::qwen2_moe::load(c, w)?))
 }
 
+fn lfm2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::lfm2::load(c, w)?))
+}
+
+fn qwen3_5(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen3_5::load(c, w)?))
+}
+
+fn mamba2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::mamba2::load(c, w)?))
+}
+
+fn nemotron_h(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::nemotron_h::load(c, w)?))
+}
+
+fn qwen3_next(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::qwen3_next::load(c, w)?))
+}
+
+fn granitemoehybrid(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::granitemoehybrid::load(c, w)?))
+}
+
 fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
@@ -166,6 +190,14 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
+    row("lfm2", lfm2),
+    row("lfm2_moe", lfm2),
+    row("qwen3_5", qwen3_5),
+    row("qwen3_5_moe", qwen3_5),
+    row("qwen3_next", qwen3_next),
+    row("mamba2", mamba2),
+    row("nemotron_h", nemotron_h),
+    row("granitemoehybrid", granitemoehybrid),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

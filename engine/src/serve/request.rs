@@ -23,6 +23,24 @@ pub struct Defaults {
     pub template_kwargs: Map<String, Value>,
 }
 
+#[cfg(test)]
+impl Defaults {
+    /// The defaults the request parsers' unit tests run under: 512 tokens, greedy, a 2048
+    /// context and a 1000-token vocabulary.
+    pub(crate) fn for_tests() -> Self {
+        Defaults {
+            max_tokens: 512,
+            temp: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            context: 2048,
+            vocab: 1000,
+            template_kwargs: Map::new(),
+        }
+    }
+}
+
 /// What the prompt is: chat turns (rendered with the chat template) or raw text.
 #[derive(Debug, Clone)]
 pub enum Prompt {

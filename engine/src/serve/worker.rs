@@ -229,6 +229,19 @@ impl Worker {
         }
     }
 
+    /// The request's prompt lookup, where this worker can run it: on one process only (a
+    /// group's followers decode plainly), and not over a recurrent state, which cannot give
+    /// drafted tokens back (decoded plainly, counted as a fallback; a draft model over one is
+    /// refused at start).
+    fn lookup_for(&self, request: &GenRequest) -> Option<crate::generate::lookup::LookupParams> {
+        let lookup = request.prompt_lookup.filter(|_| self.dist.is_none())?;
+        if crate::generate::rollback_refusal(&self.make_caches()).is_some() {
+            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(lookup)
+    }
+
     /// Admits a job: its limits checked, the prompt cache consulted, the prompt prefilled
     /// (and, decoding plainly, its first id sampled). With `--draft-model` it drafts unless
     /// it turns that off (`num_draft_tokens` 0) or has logits processors, which the
@@ -305,8 +318,7 @@ impl Worker {
                 return None;
             }
         };
-        // Prompt lookup on one process only (a group's followers decode plainly).
-        let lookup = request.prompt_lookup.filter(|_| self.dist.is_none());
+        let lookup = self.lookup_for(&request);
         match Decode::start_with(
             session,
             draft,

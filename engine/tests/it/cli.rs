@@ -123,6 +123,60 @@ fn a_bad_model_dir_is_a_clear_error() {
     );
 }
 
+/// A model with a recurrent state (lfm2's short convolutions) cannot give drafted tokens
+/// back: a draft model, being a draft model, and prompt lookup are each refused before
+/// anything is generated, naming the layer, the cache kind and what to do; plain decoding
+/// runs.
+#[test]
+fn speculation_over_a_recurrent_state_is_refused_up_front() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--prompt",
+            "The little robot",
+            "--max-tokens",
+            "4",
+        ];
+        args.extend_from_slice(extra);
+        let out = engine().args(&args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (lfm2, draft) = (model("tiny-lfm2"), model("tiny-llama-draft"));
+    let (llama, lookup) = (
+        model("tiny-llama-trained"),
+        ["--prompt-lookup-num-tokens", "3"],
+    );
+    let cases: [(Vec<&str>, &str); 3] = [
+        (
+            vec!["--model", &lfm2, "--draft-model", &draft],
+            "cannot draft for this lfm2 model",
+        ),
+        (
+            vec!["--model", &llama, "--draft-model", &lfm2],
+            "cannot be a draft model (lfm2)",
+        ),
+        (
+            [&["--model", lfm2.as_str()][..], &lookup[..]].concat(),
+            "--prompt-lookup-num-tokens",
+        ),
+    ];
+    for (extra, names) in cases {
+        let (ok, err) = run(&extra);
+        assert!(!ok, "{extra:?} ran");
+        assert!(
+            err.contains(names)
+                && err.contains("layer 0 keeps a recurrent state (a `arrays` cache)")
+                && err.contains("decode this model without them"),
+            "{extra:?}: {err}"
+        );
+    }
+    let (ok, err) = run(&["--model", &lfm2]);
+    assert!(ok, "plain decoding failed: {err}");
+}
+
 /// The tier presets from the command line: L2 and L3 with optiq's kv_config answer like L1
 /// on the trained model; L2 without a kv_config is refused with what to do.
 #[test]

@@ -80,6 +80,25 @@ fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
     }
 }
 
+/// The hybrids (recurrent states in ArraysCaches beside K/V caches): a recurrent state
+/// cannot be trimmed, so an entry is reused only where the next prompt extends exactly the
+/// tokens it holds (as mlx_lm.server does), and then continues bit-identically.
+#[test]
+fn a_cache_hit_continues_bit_identically_on_the_hybrids() {
+    for name in [
+        "tiny-lfm2",
+        "tiny-qwen3-5",
+        "tiny-qwen3-5-moe",
+        "tiny-qwen3-next",
+        "tiny-mamba2",
+        "tiny-nemotron-h",
+    ] {
+        assert!(continuation_matches_fresh(name, false), "{name}");
+    }
+    // Planted: one token more claimed than the states consumed.
+    assert!(!continuation_matches_fresh("tiny-qwen3-5", true));
+}
+
 #[test]
 fn planted_off_by_one_reuse_is_caught() {
     assert!(!continuation_matches_fresh("tiny-llama-trained", true));

@@ -25,6 +25,16 @@ pub trait Mixer {
     fn window(&self) -> Option<i32> {
         None
     }
+    /// A recurrent mixer (a state, not K/V) reads mlx-lm's `create_ssm_mask` (the batch's
+    /// padding, or none) instead of an attention mask.
+    fn recurrent(&self) -> bool {
+        false
+    }
+    /// A position-wise block in the mixer's place (Nemotron-H's MLP layers): no state, no
+    /// cache, no mask.
+    fn stateless(&self) -> bool {
+        false
+    }
     /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
     /// order LoRA attaches to them.
     fn linears(&self) -> Vec<(&'static str, &Linear)>;
@@ -110,7 +120,7 @@ impl<M: Mixer> Mixer for Windowed<M> {
 }
 
 /// How a layer adds a branch back into the residual stream.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub enum Residual {
     /// `h + r`.
     #[default]
@@ -118,10 +128,15 @@ pub enum Residual {
     /// mlx-lm's gemma3 `clip_residual`: `h + r`, except in float16, where the sum is formed
     /// in float32, clipped to ±65504 and cast back.
     ClipF16,
+    /// Granite's `h + r · residual_multiplier` (a Python float: weak).
+    Scaled(f32),
 }
 
 impl Residual {
     pub(super) fn add(self, h: &Array, r: &Array) -> R<Array> {
+        if let Residual::Scaled(m) = self {
+            return h.add(r.multiply(crate::scalar::weak(m as f64, r)?)?);
+        }
         if self == Residual::Add || h.dtype() != Dtype::Float16 {
             return h.add(r);
         }
@@ -148,13 +163,14 @@ pub trait SideInputs {
 }
 
 /// One block: `h + post_mixer(mixer(norm_in(h)))`, then `+ post_ffn(ffn(norm_post(·)))`,
-/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere).
+/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere). A layer
+/// without a feed-forward (Mamba-2's) is its mixer's residual branch alone.
 pub struct Layer {
     pub norm_in: RmsNorm,
     pub mixer: Box<dyn Mixer>,
     pub post_mixer_norm: Option<RmsNorm>,
-    pub norm_post: RmsNorm,
-    pub ffn: Box<dyn FeedForward>,
+    pub norm_post: Option<RmsNorm>,
+    pub ffn: Option<Box<dyn FeedForward>>,
     pub post_ffn_norm: Option<RmsNorm>,
     pub tail: Option<Box<dyn Tail>>,
     /// KV sharing: the earlier layer whose K/V this one reads (it keeps no cache).
@@ -169,6 +185,8 @@ pub(super) enum Io<'a> {
     Lend(&'a mut dyn Cache),
     /// No cache: an earlier layer's K/V.
     Borrow(&'a Lent),
+    /// No cache at all (a stateless block).
+    Stateless,
 }
 
 impl Layer {
@@ -192,12 +210,16 @@ impl Layer {
                 (r, Some(lent))
             }
             Io::Borrow(lent) => (self.mixer.forward_borrowing(&x, mask, lent)?, None),
+            Io::Stateless => (self.mixer.forward(&x, mask, &mut PassThrough)?, None),
         };
         let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
-        let r = self
-            .ffn
-            .forward_with_residual(&self.norm_post.forward(&h)?, &h)?;
-        let h = sum.add(&h, &post(&self.post_ffn_norm, r)?)?;
+        let h = match (&self.norm_post, &self.ffn) {
+            (Some(norm), Some(ffn)) => {
+                let r = ffn.forward_with_residual(&norm.forward(&h)?, &h)?;
+                sum.add(&h, &post(&self.post_ffn_norm, r)?)?
+            }
+            _ => h,
+        };
         let h = match &self.tail {
             Some(tail) => tail.forward(h, side)?,
             None => h,
@@ -205,63 +227,95 @@ impl Layer {
         Ok((h, lent))
     }
 
-    /// Whether it keeps a cache of its own (a borrower does not).
+    /// Whether it keeps a cache of its own (a borrower and a stateless block do not).
     pub(super) fn keeps_cache(&self) -> bool {
-        self.borrows.is_none()
+        self.borrows.is_none() && !self.mixer.stateless()
     }
 }
 
-/// The masks of one forward: one per attention window among the layers run (None = full
-/// attention), full attention's first, each made by the cache of the first layer with that
-/// window — as mlx-lm's gemma3 and gpt_oss make theirs, and as the other families make
-/// their one mask from the first cache.
-pub struct Masks(Vec<(Option<i32>, Mask)>);
+/// The masks of one forward: one per kind among the layers run — attention within each
+/// window (None = full attention, full attention's first), and the recurrent mixers' — each
+/// made by the cache of the first layer of that kind, as mlx-lm's gemma3, gpt_oss and the
+/// hybrids make theirs, and as the other families make their one mask from the first cache.
+pub struct Masks(Vec<(MaskKind, Mask)>);
+
+/// Which mask a layer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MaskKind {
+    /// Attention within a window (None: full attention).
+    Attention(Option<i32>),
+    /// A recurrent state's (`create_ssm_mask`).
+    Recurrent,
+}
+
+impl MaskKind {
+    fn of(mixer: &dyn Mixer) -> Self {
+        match mixer.recurrent() {
+            true => MaskKind::Recurrent,
+            false => MaskKind::Attention(mixer.window()),
+        }
+    }
+}
 
 impl Masks {
     /// For `n` new tokens through `layers`, `caches[k]` the k-th of the layers that keep one
     /// (a borrower's window is its lender's: a kind only borrowers read has no cache to ask).
     pub fn make(layers: &[Layer], caches: &[Box<dyn Cache>], n: i32) -> R<Self> {
-        let keepers: Vec<Option<i32>> = layers
+        let keepers: Vec<MaskKind> = layers
             .iter()
             .filter(|l| l.keeps_cache())
-            .map(|l| l.mixer.window())
+            .map(|l| MaskKind::of(l.mixer.as_ref()))
             .collect();
         let masks = Self::kinds(layers).into_iter().map(|kind| {
-            let first = keepers.iter().position(|w| *w == kind);
+            let first = keepers.iter().position(|k| *k == kind);
             let cache = first.and_then(|k| caches.get(k)).ok_or_else(|| {
-                Exception::custom(format!("no layer with a cache attends within {kind:?}"))
+                Exception::custom(format!("no layer with a cache reads the {kind:?} mask"))
             })?;
-            Ok((kind, cache.make_mask(n, kind)?))
+            let mask = match kind {
+                MaskKind::Attention(window) => cache.make_mask(n, window)?,
+                MaskKind::Recurrent => cache.make_mask(n, None)?,
+            };
+            Ok((kind, mask))
         });
         Ok(Masks(masks.collect::<R<_>>()?))
     }
 
-    /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them).
+    /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them:
+    /// a recurrent mixer reads none).
     pub fn cacheless(layers: &[Layer], n: i32) -> R<Self> {
-        let masks = Self::kinds(layers)
-            .into_iter()
-            .map(|kind| Ok((kind, PassThrough.make_mask(n, kind)?)));
+        let masks = Self::kinds(layers).into_iter().map(|kind| {
+            let mask = match kind {
+                MaskKind::Attention(window) => PassThrough.make_mask(n, window)?,
+                MaskKind::Recurrent => Mask::None,
+            };
+            Ok((kind, mask))
+        });
         Ok(Masks(masks.collect::<R<_>>()?))
     }
 
-    /// The windows `layers` attend within, full attention's first.
-    fn kinds(layers: &[Layer]) -> Vec<Option<i32>> {
-        let windows: Vec<Option<i32>> = layers.iter().map(|l| l.mixer.window()).collect();
-        let mut kinds: Vec<Option<i32>> = Vec::new();
-        if windows.contains(&None) {
-            kinds.push(None);
+    /// The kinds `layers` read, full attention's first, then windows and the recurrent
+    /// kind in the order they first appear.
+    fn kinds(layers: &[Layer]) -> Vec<MaskKind> {
+        let all: Vec<MaskKind> = layers
+            .iter()
+            .map(|l| MaskKind::of(l.mixer.as_ref()))
+            .collect();
+        let mut kinds: Vec<MaskKind> = Vec::new();
+        if all.contains(&MaskKind::Attention(None)) {
+            kinds.push(MaskKind::Attention(None));
         }
-        for w in windows.iter().filter(|w| w.is_some()) {
-            if !kinds.contains(w) {
-                kinds.push(*w);
+        for k in all {
+            if !kinds.contains(&k) {
+                kinds.push(k);
             }
         }
         kinds
     }
 
-    /// The mask of a layer attending within `window`.
-    pub(super) fn of(&self, window: Option<i32>) -> &Mask {
-        let found = self.0.iter().find(|(w, _)| *w == window);
+    /// The mask `mixer` reads.
+    pub(super) fn of(&self, mixer: &dyn Mixer) -> &Mask {
+        let kind = MaskKind::of(mixer);
+        let found = self.0.iter().find(|(k, _)| *k == kind);
         found.map_or(&Mask::None, |(_, m)| m)
     }
 }
@@ -284,6 +338,43 @@ impl Mixer for Attention {
 
     fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
         Attention::shard(self, part, layer)
+    }
+}
+
+/// Multi-head attention whose linears a family names its own way (LFM2's `out_proj`,
+/// Nemotron-H's `mixer.*`): the same computation, other LoRA names, no tensor parallel.
+pub struct NamedAttention {
+    pub attn: Attention,
+    /// q, k, v, o within the layer.
+    pub names: [&'static str; 4],
+    pub family: &'static str,
+}
+
+impl Mixer for NamedAttention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        self.attn.forward(x, mask, kv_of(cache)?)
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.attn.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let a = &self.attn;
+        let n = self.names;
+        vec![
+            (n[0], &a.q_proj),
+            (n[1], &a.k_proj),
+            (n[2], &a.v_proj),
+            (n[3], &a.o_proj),
+        ]
+    }
+
+    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
+        Err(LoadError::Unsupported(format!(
+            "{layer}: {} is not split across ranks",
+            self.family
+        )))
     }
 }
 

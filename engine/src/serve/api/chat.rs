@@ -5,11 +5,12 @@
 //! `Message` checks them and gives the two edits made in place, the content as text and
 //! JSON-string tool-call arguments parsed.
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::knobs::{Knobs, Logprobs};
+use super::parts::{Kinds, Parts};
 use super::{read, Obj};
 use crate::serve::error::ApiError;
 use crate::serve::request::{Chat, Defaults, GenRequest, Prompt};
@@ -52,52 +53,17 @@ struct Message {
 }
 
 /// `process_message_content`: a string, or a list of `{type: "text", text}` parts joined.
-#[derive(Debug, Default)]
-struct Content(String);
+type Content = Parts<ChatParts>;
 
-impl<'de> Deserialize<'de> for Content {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Content;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or a list of text parts")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Content, E> {
-                Ok(Content(s.to_owned()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
-                let mut text = String::new();
-                while let Some(Obj(TextPart(t))) = seq.next_element::<Obj<TextPart>>()? {
-                    text.push_str(&t);
-                }
-                Ok(Content(text))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+/// The chat API's parts: `{"type": "text", "text": …}` (no images: the engine reads text
+/// only).
+#[derive(Debug)]
+enum ChatParts {}
 
-/// A `{"type": "text", "text": …}` part (no images: the engine reads text only).
-#[derive(Debug, Deserialize)]
-#[serde(try_from = "RawPart")]
-struct TextPart(String);
-
-#[derive(Deserialize)]
-struct RawPart {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    text: Option<String>,
-}
-
-impl TryFrom<RawPart> for TextPart {
-    type Error = &'static str;
-    fn try_from(p: RawPart) -> Result<Self, Self::Error> {
-        match (p.kind.as_deref(), p.text) {
-            (Some("text"), Some(t)) => Ok(TextPart(t)),
-            _ => Err("only {\"type\": \"text\", \"text\": …} content parts are supported"),
-        }
-    }
+impl Kinds for ChatParts {
+    const TYPES: &'static [&'static str] = &["text"];
+    const REFUSAL: &'static str =
+        "only {\"type\": \"text\", \"text\": …} content parts are supported";
 }
 
 /// An assistant message's tool call; only `function.arguments` is read (the template

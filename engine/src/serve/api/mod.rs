@@ -2,12 +2,14 @@
 //! Responses API's is `responses::input`), each turned into the one internal
 //! `request::GenRequest`. Bodies are deserialized with `serde_path_to_error`, so a bad
 //! value is refused with a 400 whose `param` is the field's path (`messages[0].role`);
-//! the generation fields the APIs share are `knobs::Knobs`. Null reads as absent (every
-//! optional field is an `Option`), and unknown fields are ignored, as mlx_lm.server does.
+//! the generation fields the APIs share are `knobs::Knobs`, a message content's text
+//! `parts::Parts`. Null reads as absent (every optional field is an `Option`), and unknown
+//! fields are ignored, as mlx_lm.server does.
 
 pub mod chat;
 pub mod completions;
 pub mod knobs;
+pub mod parts;
 
 use std::marker::PhantomData;
 

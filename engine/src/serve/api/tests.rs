@@ -1,31 +1,18 @@
 //! The typed bodies' contract: what is accepted, what is refused and which field the
 //! refusal names (the HTTP gates in engine/tests/it cover the same through the server).
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::parse;
 use crate::serve::error::ApiError;
 use crate::serve::request::{Defaults, GenRequest, Prompt};
-
-fn defaults() -> Defaults {
-    Defaults {
-        max_tokens: 512,
-        temp: 0.0,
-        top_p: 1.0,
-        top_k: 0,
-        min_p: 0.0,
-        context: 2048,
-        vocab: 1000,
-        template_kwargs: Map::new(),
-    }
-}
 
 fn chat(extra: Value) -> Result<GenRequest, ApiError> {
     let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
     body.as_object_mut()
         .unwrap()
         .extend(extra.as_object().unwrap().clone());
-    parse(&body, true, &defaults())
+    parse(&body, true, &Defaults::for_tests())
 }
 
 fn refused_at(r: Result<GenRequest, ApiError>) -> String {
@@ -134,7 +121,7 @@ fn messages_keep_their_keys_with_content_as_text_and_arguments_parsed() {
 
 #[test]
 fn completions_read_a_prompt_and_a_logprobs_count() {
-    let d = defaults();
+    let d = Defaults::for_tests();
     let r = parse(&json!({"prompt": "p", "logprobs": 3}), false, &d).unwrap();
     assert!(r.logprobs && r.top_logprobs == 3);
     assert!(matches!(r.prompt, Prompt::Text(ref t) if t == "p"));

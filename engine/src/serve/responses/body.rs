@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::super::api::knobs::Stop;
+use super::super::api::parts::{self, Kinds};
 use super::super::api::Obj;
 
 /// A Responses body. The engine's own sampling knobs (seed … chat_template_kwargs) are
@@ -120,55 +121,18 @@ pub struct Item {
 }
 
 /// A content: a string, or a list of `input_text` / `output_text` parts, joined.
+pub type Parts = parts::Parts<ResponsesParts>;
+
+/// The Responses API's parts: `input_text` / `output_text` (no images or files: the engine
+/// reads text).
 #[derive(Debug)]
-pub struct Parts(pub String);
+pub enum ResponsesParts {}
 
-impl<'de> Deserialize<'de> for Parts {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Parts;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or a list of text parts")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Parts, E> {
-                Ok(Parts(s.to_owned()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Parts, A::Error> {
-                let mut text = String::new();
-                while let Some(Obj(TextPart(t))) = seq.next_element::<Obj<TextPart>>()? {
-                    text.push_str(&t);
-                }
-                Ok(Parts(text))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-/// An `input_text` / `output_text` part (no images or files: the engine reads text).
-#[derive(Debug, Deserialize)]
-#[serde(try_from = "RawPart")]
-struct TextPart(String);
-
-#[derive(Deserialize)]
-struct RawPart {
-    #[serde(rename = "type")]
-    kind: Option<String>,
-    text: Option<String>,
-}
-
-impl TryFrom<RawPart> for TextPart {
-    type Error = &'static str;
-    fn try_from(p: RawPart) -> Result<Self, Self::Error> {
-        match (p.kind.as_deref(), p.text) {
-            (Some("input_text" | "output_text"), Some(t)) => Ok(TextPart(t)),
-            _ => Err(
-                "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} parts are \
-                 supported (no images or files)",
-            ),
-        }
-    }
+impl Kinds for ResponsesParts {
+    const TYPES: &'static [&'static str] = &["input_text", "output_text"];
+    const REFUSAL: &'static str =
+        "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} parts are \
+         supported (no images or files)";
 }
 
 /// A flat function tool, `{"type": "function", "name", "description", "parameters",

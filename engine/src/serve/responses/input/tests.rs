@@ -2,27 +2,14 @@
 //! fields refusals name (the HTTP gate `responses::hostile_bodies_are_refused_by_field`
 //! covers the rest through the server).
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use super::translate;
 use crate::serve::request::{Defaults, Prompt};
 use crate::serve::responses::store::Store;
 
-fn defaults() -> Defaults {
-    Defaults {
-        max_tokens: 512,
-        temp: 0.0,
-        top_p: 1.0,
-        top_k: 0,
-        min_p: 0.0,
-        context: 2048,
-        vocab: 1000,
-        template_kwargs: Map::new(),
-    }
-}
-
 fn messages(body: Value) -> Vec<Value> {
-    let t = translate(&body, &Store::default(), &defaults()).unwrap_or_else(|r| {
+    let t = translate(&body, &Store::default(), &Defaults::for_tests()).unwrap_or_else(|r| {
         panic!("{body}: refused: {}", r.error.message);
     });
     match t.request.prompt {
@@ -80,7 +67,7 @@ fn refusals_name_the_responses_field() {
             "tools[0].name",
         ),
     ] {
-        let e = match translate(&body, &Store::default(), &defaults()) {
+        let e = match translate(&body, &Store::default(), &Defaults::for_tests()) {
             Ok(_) => panic!("{body}: accepted"),
             Err(r) => r.error,
         };

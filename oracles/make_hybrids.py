@@ -1,0 +1,337 @@
+"""Tiny hybrid models (attention beside recurrent layers), made with mlx-lm's own classes.
+
+    oracles/.venv/bin/python oracles/make_hybrids.py [NAME ...]   (its rows of goldens/models/manifest.json)
+    (or through make_models.py: `make_models.py tiny-lfm2`)
+
+- tiny-lfm2          lfm2: 4 layers, short convolutions (kernel 3, an ArraysCache state of the last
+                     2 inputs) on layers 0, 1 and 3, full attention with q/k layernorms (GQA 4/2) on
+                     layer 2; the SwiGLU width auto-adjusted (128 -> 96); conv weights saved in
+                     Hugging Face's [hidden, 1, kernel] layout (mlx-lm's sanitize transposes them);
+                     tied head, norms drawn away from one, bf16
+
+- tiny-granite-h      granitemoehybrid (Granite 4.0-H): layers mamba, attention, mamba, mamba (NoPE
+                     attention, scale attention_multiplier), every feed-forward the sparse block (8
+                     experts, top 2, softmax over the top logits) plus the shared MLP; Granite's
+                     embedding / residual multipliers and logits scaling; experts saved fused as
+                     Hugging Face does (`input_linear` [E, 2I, D], `output_linear`), [C, 1, K]
+                     conv kernels, tied, f32, routers x8
+- tiny-lfm2-moe       lfm2_moe: tiny-lfm2's layers, layer 0's feed-forward dense (num_dense_layers 1), the
+                     others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
+                     renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
+                     (w1/w3/w2, per-expert tensors, [C, 1, K] conv kernels), f32, gates x8
+- tiny-qwen3-5        qwen3_5 (flat config): 4 layers, gated delta nets on layers 0-2 (2 key heads
+                     repeated to 4 value heads, head dims 16, conv kernel 4, A_log kept in f32 as
+                     real checkpoints keep it), gated full attention on layer 3 (GQA 4/2, q/k
+                     norms, RoPE on a quarter of the head); saved in Hugging Face's layout
+                     (`model.language_model.` names, [C, 1, K] conv kernels, (1 + w) norms stored
+                     as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
+                     untied head, bf16
+
+- tiny-qwen3-5-mm     tiny-qwen3-5 as the multimodal checkpoint ships it: the text model's fields under
+                     `text_config` (model_type qwen3_5_text) beside a `vision_config`, and a vision
+                     tower tensor (`model.visual.…`) that both mlx-lm's sanitize and ours drop
+- tiny-qwen3-5-moe    qwen3_5_moe: tiny-qwen3-5's layout with every MLP a Qwen3-Next sparse block (8
+                     experts, top 2 renormalized, a shared expert behind a sigmoid gate; routers
+                     and shared gates x8 so that choices are decisive), experts saved fused as
+                     Hugging Face does (`experts.gate_up_proj`, `experts.down_proj`), f32 (MLX's
+                     CPU gather_mm runs float32 only)
+- tiny-qwen3-next     qwen3_next: 4 layers (delta nets 0-2 with the fused in_proj_qkvz / in_proj_ba, gated
+                     attention on 3), Qwen3-Next's sparse block on layers 0, 2, 3 (8 experts, top 2,
+                     shared expert) and a dense MLP on layer 1 (mlp_only_layers), saved in Hugging
+                     Face's per-expert layout with (1 + w) norms stored as w and [C, 1, K] conv
+                     kernels, f32, routers and shared gates x8
+- tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
+                     (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
+                     time_step_limit [0, Infinity] (written as Python's json writes it), HF
+                     [C, 1, K] conv kernels, untied head, norms drawn away from one, bf16
+
+- tiny-nemotron-h     nemotron_h: the pattern M*-M- (Mamba-2 mixers with Nemotron-H's grouped gated norm,
+                     attention without positions, ReLU² MLPs), mamba 8 heads of 16 in 2 groups,
+                     state 16, conv bias, no time_step_limit (mlx-lm's default (0, inf)), HF
+                     [C, 1, K] conv kernels, A_log/dt_bias/D drawn, bf16
+
+The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
+Everything is seeded.
+"""
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models import granitemoehybrid, lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
+
+import tinymodels
+from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
+
+
+def lfm2_config() -> dict:
+    return {
+        "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2",
+        "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 4096,
+        "norm_eps": 1e-5, "conv_bias": False, "conv_L_cache": 3,
+        "block_dim": 64, "block_ff_dim": 128, "block_multiple_of": 32,
+        "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": True,
+        "rope_theta": 1000000.0,
+        "layer_types": ["conv", "conv", "full_attention", "conv"],
+        "tie_word_embeddings": True,
+    }
+
+
+def make_lfm2(job: Job) -> Path:
+    cfg = lfm2_config()
+    model = random_model(lfm2, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    weights = weights_of(model)
+    # Hugging Face's layout of a depthwise conv: [channels, 1, kernel].
+    for name in list(weights):
+        if name.endswith("conv.conv.weight"):
+            weights[name] = weights[name].transpose(0, 2, 1)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16, conv weights in HF layout, tied")
+
+
+def make_granite_h(job: Job) -> Path:
+    cfg = {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
+        "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "attention_bias": False, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+        "logits_scaling": 8.0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-5,
+        "layer_types": ["mamba", "attention", "mamba", "mamba"], "num_local_experts": 8,
+        "num_experts_per_tok": 2, "shared_intermediate_size": 64, "mamba_n_heads": 8, "mamba_d_head": 16,
+        "mamba_proj_bias": False, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_n_groups": 1,
+        "mamba_conv_bias": True, "position_embedding_type": "nope", "tie_word_embeddings": True,
+    }
+    model = random_model(granitemoehybrid, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        layer.block_sparse_moe.router.layer.weight = layer.block_sparse_moe.router.layer.weight * 8
+    draw_ssm_parameters([l.mamba for l in model.layers if l.layer_type == "mamba"], job.seed)
+    for l in model.layers:
+        if l.layer_type == "mamba":
+            l.mamba.dt_bias = l.mamba.dt_bias.astype(mx.float32)
+            l.mamba.D = l.mamba.D.astype(mx.float32)
+    mx.eval(model.parameters())
+    weights = hf_conv_layout(weights_of(model))
+    for name in [n for n in weights if n.endswith("switch_mlp.gate_proj.weight")]:
+        prefix = name[: -len("switch_mlp.gate_proj.weight")]
+        gate = weights.pop(name)
+        up = weights.pop(prefix + "switch_mlp.up_proj.weight")
+        weights[prefix + "input_linear.weight"] = mx.concatenate([gate, up], axis=1)
+        weights[prefix + "output_linear.weight"] = weights.pop(prefix + "switch_mlp.down_proj.weight")
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; A_log/dt_bias/D drawn), f32, routers x8, Hugging Face "
+                       "fused experts, tied")
+
+
+def make_lfm2_moe(job: Job) -> Path:
+    cfg = {k: v for k, v in lfm2_config().items() if not k.startswith("block_")}
+    cfg.update({"architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "intermediate_size": 96,
+                "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
+                "use_expert_bias": True, "num_dense_layers": 1, "routed_scaling_factor": 1.5})
+    model = random_model(lfm2_moe, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for i, layer in enumerate(model.layers):
+        ff = layer.feed_forward
+        if isinstance(ff, lfm2_moe.Lfm2MoeSparseMoeBlock):
+            ff.gate.weight = ff.gate.weight * 8
+            ff.expert_bias = mx.random.normal(ff.expert_bias.shape, key=mx.random.key(job.seed * 100 + i)) * 0.5
+    mx.eval(model.parameters())
+    hf = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+    weights = {}
+    for name, v in weights_of(model).items():
+        if name.endswith("conv.conv.weight"):
+            v = v.transpose(0, 2, 1)
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            proj = proj[: -len(".weight")]
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
+            continue
+        for ours, theirs in hf.items():
+            if name.endswith(f"feed_forward.{ours}.weight"):
+                name = name.replace(f"feed_forward.{ours}.weight", f"feed_forward.{theirs}.weight")
+        weights[name] = v
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; expert_bias drawn), f32, gates x8, Hugging Face layout, tied")
+
+
+def qwen3_5_config() -> dict:
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "full_attention_interval": 4, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [11, 11, 10],
+                            "rope_theta": 100000, "partial_rotary_factor": 0.25},
+    }
+
+
+# The (1 + w) norms Hugging Face's Qwen 3.5 checkpoints store as w (mlx-lm's sanitize adds the 1).
+QWEN3_5_OFFSET_NORMS = (".input_layernorm.weight", ".post_attention_layernorm.weight", "model.norm.weight",
+                        ".q_norm.weight", ".k_norm.weight")
+
+
+def random_qwen3_5(cfg: dict, seed: int):
+    """A bf16 qwen3_5 of `cfg` drawn from `seed`, norms away from one, A_log kept in f32 as
+    real checkpoints keep it."""
+    model = random_model(qwen3_5, cfg, seed, mx.bfloat16)
+    randomize_scales(model, seed)
+    for layer in model.layers:
+        if layer.is_linear:
+            layer.linear_attn.A_log = layer.linear_attn.A_log.astype(mx.float32)
+    mx.eval(model.parameters())
+    return model
+
+
+def make_qwen3_5(job: Job) -> Path:
+    cfg = qwen3_5_config()
+    weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
+                       style="qwen")
+
+
+def make_qwen3_5_mm(job: Job) -> Path:
+    text = dict(qwen3_5_config(), model_type="qwen3_5_text")
+    text.pop("architectures")
+    cfg = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+           "text_config": text, "vision_config": {"depth": 1, "hidden_size": 32}, "tie_word_embeddings": False}
+    weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
+    weights["model.visual.blocks.0.attn.qkv.weight"] = mx.zeros((96, 32), dtype=mx.bfloat16)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face multimodal layout "
+                       "(text_config, a vision tensor to drop), untied", style="qwen")
+
+
+def hf_qwen3_5_weights(model) -> dict:
+    """tiny-qwen3-5's Hugging Face layout (see make_qwen3_5) of a qwen3_5 model's weights;
+    SwitchGLU experts fused as `experts.gate_up_proj` (gate first) and `experts.down_proj`."""
+    weights = {}
+    for name, v in weights_of(model).items():
+        if name.startswith("language_model.model."):
+            name = "model.language_model." + name[len("language_model.model."):]
+        elif name.startswith("language_model."):
+            name = name[len("language_model."):]
+        if name.endswith("conv1d.weight"):
+            v = v.transpose(0, 2, 1)
+        hf_name = name.replace("model.language_model.", "model.")
+        if any(hf_name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        weights[name] = v
+    for name in [n for n in weights if n.endswith("switch_mlp.gate_proj.weight")]:
+        prefix = name[: -len("switch_mlp.gate_proj.weight")]
+        gate = weights.pop(name)
+        up = weights.pop(prefix + "switch_mlp.up_proj.weight")
+        weights[prefix + "experts.gate_up_proj"] = mx.concatenate([gate, up], axis=-2)
+        weights[prefix + "experts.down_proj"] = weights.pop(prefix + "switch_mlp.down_proj.weight")
+    return weights
+
+
+def make_qwen3_5_moe(job: Job) -> Path:
+    cfg = dict(qwen3_5_config(), architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+               shared_expert_intermediate_size=64, norm_topk_prob=True)
+    model = random_model(qwen3_5_moe, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        layer.mlp.gate.weight = layer.mlp.gate.weight * 8
+        layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
+    mx.eval(model.parameters())
+    return write_model(job, hf_qwen3_5_weights(model), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face layout "
+                       "with fused experts, untied", style="qwen")
+
+
+def make_qwen3_next(job: Job) -> Path:
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096, "linear_num_value_heads": 4, "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16, "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4,
+        "num_experts": 8, "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 64, "norm_topk_prob": True,
+        "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "full_attention_interval": 4,
+        "tie_word_embeddings": False, "attention_bias": False,
+    }
+    model = random_model(qwen3_next, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.layers:
+        if isinstance(layer.mlp, qwen3_next.Qwen3NextSparseMoeBlock):
+            layer.mlp.gate.weight = layer.mlp.gate.weight * 8
+            layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
+    mx.eval(model.parameters())
+    weights = {}
+    for name, v in weights_of(model).items():
+        if any(name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
+            v = v - 1.0
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            proj = proj[: -len(".weight")]
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.experts.{e}.{proj}.weight"] = v[e]
+            continue
+        weights[name] = v
+    return write_model(job, hf_conv_layout(weights), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face "
+                       "per-expert layout, untied", style="qwen")
+
+
+def mamba2_config() -> dict:
+    return {
+        "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2",
+        "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 3, "num_heads": 8, "head_dim": 16,
+        "state_size": 16, "n_groups": 2, "conv_kernel": 4, "expand": 2, "intermediate_size": 128,
+        "layer_norm_epsilon": 1e-6, "use_bias": False, "use_conv_bias": True, "tie_word_embeddings": False,
+        "time_step_limit": [0.0, float("inf")], "time_step_rank": "auto", "max_position_embeddings": 4096,
+    }
+
+
+def make_mamba2(job: Job) -> Path:
+    cfg = mamba2_config()
+    model = random_model(mamba2, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([layer.mixer for layer in model.layers], job.seed)
+    mx.eval(model.parameters())
+    return write_model(job, hf_conv_layout(weights_of(model)), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, untied")
+
+
+def draw_ssm_parameters(mixers, seed: int) -> None:
+    """mlx-lm initializes A_log, dt_bias and D to fixed values; draw them so that a head or
+    a term mixed up shows in the logits (A_log kept in f32, as real checkpoints keep it)."""
+    for i, m in enumerate(mixers):
+        k1, k2, k3 = mx.random.split(mx.random.key(seed * 100 + i), 3)
+        m.A_log = mx.log(mx.random.uniform(1, 16, m.A_log.shape, key=k1)).astype(mx.float32)
+        m.dt_bias = (mx.random.normal(m.dt_bias.shape, key=k2) * 0.5 - 1.0).astype(mx.bfloat16)
+        m.D = (1.0 + mx.random.normal(m.D.shape, key=k3) * 0.3).astype(mx.bfloat16)
+
+
+def hf_conv_layout(weights: dict) -> dict:
+    """Depthwise conv kernels in Hugging Face's [C, 1, K] layout."""
+    return {k: (v.transpose(0, 2, 1) if k.endswith("conv1d.weight") else v) for k, v in weights.items()}
+
+
+def make_nemotron_h(job: Job) -> Path:
+    cfg = {
+        "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 4096,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+        "mamba_num_heads": 8, "mamba_head_dim": 16, "mamba_proj_bias": False, "ssm_state_size": 16,
+        "conv_kernel": 4, "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5, "use_bias": False,
+        "use_conv_bias": True, "hybrid_override_pattern": "M*-M-", "tie_word_embeddings": False,
+    }
+    model = random_model(nemotron_h, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], job.seed)
+    mx.eval(model.parameters())
+    return write_model(job, hf_conv_layout(weights_of(model)), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout")
+
+
+if __name__ == "__main__":
+    tinymodels.main({"make_hybrids": sys.modules[__name__]})
