@@ -250,7 +250,6 @@ impl Worker {
     /// whenever a row's logits processors need its history, the queued samples are
     /// emitted first.
     pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
-        self.counters.batch_slots.store(slots, Ordering::Relaxed);
         let mut lane = Lane {
             slots,
             waiting: VecDeque::new(),

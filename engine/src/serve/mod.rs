@@ -282,12 +282,17 @@ fn spawn_model_thread(
                         Some(_) => Some(dist_plan::SERIAL_REASON),
                         None => worker.not_batchable(),
                     });
-                    if let Some(Some(why)) = lane {
-                        let _ = worker.counters.serial_reason.set(why);
-                        eprintln!(
-                            "engine serve: --batch {slots}: the batch lane does not take \
-                             {why}; requests are served one at a time"
-                        );
+                    match lane {
+                        Some(Some(why)) => {
+                            let _ = worker.counters.serial_reason.set(why);
+                            eprintln!(
+                                "engine serve: --batch {slots}: the batch lane does not take \
+                                 {why}; requests are served one at a time"
+                            );
+                        }
+                        // /stats shows the lane from the first request on.
+                        Some(None) => worker.counters.batch_slots.store(slots, Ordering::Relaxed),
+                        None => {}
                     }
                     let _ = ready_tx.send(Ok(worker.model.vocab_size()));
                     match lane {
