@@ -2,7 +2,8 @@
 //! files are the database — a start-up scan reads headers only and rebuilds the index.
 //! Nothing read from disk is used unchecked: an entry must carry this store's identity
 //! (fingerprint, model id, tokenizer hash) and match the model's cache geometry (number,
-//! kinds, shapes and dtypes of the caches a session of this model makes), at the scan and
+//! kinds, shapes and dtypes of the caches a session of this model makes: K/V of any length
+//! on the positions axis, a recurrent state exactly), at the scan and
 //! again at restore, where every tensor's checksum is checked too; an entry that fails is
 //! removed (quarantined) and the request prefills instead. The scan never follows symlinks
 //! and deletes only regular files named as the store names them (its entries and temp
@@ -206,6 +207,9 @@ fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Resul
             want.len()
         ));
     }
+    if kind == super::arrays::KIND {
+        return check_state(c, want);
+    }
     let mut positions = None;
     for (ti, (t, w)) in c.tensors.iter().zip(want).enumerate() {
         let same_but_positions = t.shape.len() == w.shape.len()
@@ -247,6 +251,23 @@ fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Resul
     }
 }
 
+/// A recurrent state (`arrays`: a conv window and a scan state) has no positions axis:
+/// every tensor is exactly the shape and dtype of the model's, whatever the tokens.
+fn check_state(c: &CacheEntry, want: &[TensorGeom]) -> Result<(), String> {
+    for (ti, (t, w)) in c.tensors.iter().zip(want).enumerate() {
+        if t.shape != w.shape || t.dtype != w.dtype {
+            return Err(format!(
+                "tensor {ti}: {:?} {}, the model's state is {:?} {}",
+                t.shape, t.dtype, w.shape, w.dtype
+            ));
+        }
+        if kvstore::tensor_bytes(&t.shape, &t.dtype) != Some(t.bytes) {
+            return Err(format!("tensor {ti}: {} bytes for {:?}", t.bytes, t.shape));
+        }
+    }
+    Ok(())
+}
+
 fn ns_dir(ns: &str) -> String {
     if ns.is_empty() {
         "_base".into()
@@ -280,10 +301,15 @@ fn is_temp_name(name: &str) -> bool {
         })
 }
 
+/// Whether an entry's caches can be trimmed to a shorter prefix, from its header as
+/// `Cache::is_trimmable` decides it: a ring until it wraps, never a recurrent state (nor a
+/// list that may hold one).
 fn trimmable(h: &Header) -> bool {
-    h.caches
-        .iter()
-        .all(|c| c.meta_i32("maxSize").is_none_or(|max| c.offset < max))
+    h.caches.iter().all(|c| {
+        let (kind, _) = kvstore::split_kind(&c.kind);
+        ![super::arrays::KIND, super::list::KIND].contains(&kind)
+            && c.meta_i32("maxSize").is_none_or(|max| c.offset < max)
+    })
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -142,6 +142,70 @@ fn shapes_that_disagree_with_the_model_are_quarantined() {
     assert_eq!(store.stats().removed_corrupt, 1);
 }
 
+/// A hybrid's recurrent state (issue 37; tiny-mamba2: every layer an `arrays` cache of a
+/// conv window [1, 3, 192] and a scan state [1, 8, 16, 16]) is stored whole: an entry
+/// serves its exact prefix only (a state cannot be trimmed back), a flipped byte of the
+/// scan state (the file's last tensor) is caught by the checksum, and a state of another
+/// shape (heads and head width swapped: the bytes add up) is quarantined by the geometry.
+#[test]
+fn a_hybrid_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined() {
+    let m = common::model("tiny-mamba2");
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let open = |dir: &Path| SsdStore::open(dir, id("fp"), g.clone(), 1 << 30, false).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
+    let write = |dir: &Path| {
+        let caches = prefilled(m.as_ref(), &prompt);
+        assert!(open(dir).store("", &prompt, &caches, "t"));
+        let files = entries(&dir.join("fp"));
+        assert_eq!(files.len(), 1);
+        files[0].clone()
+    };
+    let mut next = prompt.clone();
+    next.push(3);
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let store = open(dir.path());
+    assert_eq!(store.find("", &next).map(|f| f.1), Some(prompt.len()));
+    let mut diverging = prompt[..20].to_vec();
+    diverging.extend([1, 2, 3]);
+    assert_eq!(
+        store.find("", &diverging),
+        None,
+        "a state is not trimmed to 20"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path());
+    let mut bytes = std::fs::read(&file).unwrap();
+    *bytes.last_mut().unwrap() ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let mut store = open(dir.path());
+    let (i, n) = store.find("", &next).unwrap();
+    assert!(
+        store.restore(i, n, QuantSdpa::MlxLm).is_none(),
+        "a flipped state byte"
+    );
+    assert!(!file.exists(), "the corrupt entry is quarantined");
+    assert_eq!(store.stats().removed_corrupt, 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path());
+    rewrite_header(&file, |h| {
+        let t = &mut h["caches"][2]["tensors"][1];
+        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
+        t["shape"] = json!([1, 16, 8, 16]);
+    });
+    let store = open(dir.path());
+    assert_eq!(
+        store.stats().entries,
+        0,
+        "the scan refuses a state of another shape"
+    );
+    assert_eq!(store.stats().removed_corrupt, 1);
+    assert!(!file.exists(), "the inconsistent entry is quarantined");
+}
+
 /// Item 4: caches claiming more positions than they store (offset past the data, tokens to
 /// match) are removed, not restored (they used to give silent garbage).
 #[test]

@@ -2,7 +2,7 @@
 //! and continues bit-identically to a fresh prefill; the start-up scan removes temp files
 //! and corrupt entries and never touches another fingerprint's directory; eviction goes by
 //! oldest mtime (a restore counts as use); oversize entries are refused; a longer entry
-//! supersedes its prefixes.
+//! supersedes its prefixes. The hybrids' recurrent states go through the same restart.
 
 use crate::common;
 
@@ -347,6 +347,39 @@ fn a_restart_continues_like_a_fresh_prefill_on_the_newer_families() {
 #[test]
 fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
     for name in FAMILIES {
+        let c = restart_continuation(name, true);
+        assert!(!c.like_memory && !c.like_fresh, "{name}");
+    }
+}
+
+/// The hybrid families (issue 37): gated delta net (qwen3_5, its MoE and multimodal
+/// layouts, qwen3_next), short conv (lfm2, lfm2_moe), Mamba-2 (mamba2, nemotron_h,
+/// granitemoehybrid). Their layers' `arrays` caches (conv window + scan state) are stored
+/// and restored beside the attention layers' K/V; an entry serves its exact prefix only
+/// (a recurrent state cannot be trimmed).
+const HYBRIDS: [&str; 9] = [
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-5-mm",
+    "tiny-qwen3-next",
+    "tiny-lfm2",
+    "tiny-lfm2-moe",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-granite-h",
+];
+
+#[test]
+fn a_restart_continues_like_a_fresh_prefill_on_the_hybrids() {
+    for name in HYBRIDS {
+        let c = restart_continuation(name, false);
+        assert!(c.like_memory && c.like_fresh, "{name}");
+    }
+}
+
+#[test]
+fn planted_one_token_too_many_restored_is_caught_on_the_hybrids() {
+    for name in HYBRIDS {
         let c = restart_continuation(name, true);
         assert!(!c.like_memory && !c.like_fresh, "{name}");
     }
