@@ -1,7 +1,7 @@
 """L1 goldens: mlx-lm 0.32.2 greedy generation on the tiny models, logits included.
 
     oracles/.venv/bin/python oracles/gen_l1.py [MODEL ...] [--out DIR] [--prefill-step N --suffix S]
-        [--kv-bits B --kv-group-size G --quantized-kv-start S]
+        [--kv-bits B --kv-group-size G --quantized-kv-start S] [--long N]
 
 With --kv-bits, mlx-lm's own KV quantization runs (QuantizedKVCache, converted by
 generate_step's hook, read through mlx-lm's quantized SDPA): the L1 gate of
@@ -14,6 +14,10 @@ the rendered template without, as mlx_lm.generate does), the rendered chat strin
 position and at each of the first 16 decode steps (as f32), and 64 greedy ids. Generation
 runs through mlx_lm.generate.generate_step itself with its standard KV cache; a pass-through
 logits processor captures the logits it computes.
+
+With --long N the golden has one case instead, `long0`: N ids (oracles/corpus.txt encoded
+with special tokens, repeated until N), prefilled in chunks of --prefill-step: the `l1-long`
+gate, where recurrent states cross prefill chunks and the scans' own chunks.
 
 Output: goldens/l1/<model>/index.json + logits.bin (raw little-endian f32).
 """
@@ -83,14 +87,22 @@ def run(model, prompt_ids, prefill_step, kv=None):
     return ids, logits
 
 
-def main(names, out_root, prefill_step, suffix, kv=None) -> None:
+def long_case(hf, n):
+    """One case of `n` ids: the corpus, encoded as a raw prompt, repeated to length."""
+    text = (Path(__file__).resolve().parent / "corpus.txt").read_text()
+    once = hf.encode(text, add_special_tokens=True)
+    ids = (once * (n // len(once) + 1))[:n]
+    return {"name": "long0", "kind": "ids", "prompt_ids": ids}
+
+
+def main(names, out_root, prefill_step, suffix, kv=None, long=None) -> None:
     mx.set_default_device(mx.cpu)
     for name in names:
         path = resolve(f"models/{name}")
         model, _ = load(str(oracle_view(path)))   # rope_parameters flattened where mlx-lm ignores them
         hf = AutoTokenizer.from_pretrained(str(path))
         out = TensorFile()
-        cases = prompt_cases(hf, RAW_PROMPTS, CHATS)
+        cases = [long_case(hf, long)] if long else prompt_cases(hf, RAW_PROMPTS, CHATS)
         for case in cases:
             greedy, logits = run(model, case["prompt_ids"], prefill_step, kv)
             case["greedy_ids"] = greedy
@@ -121,9 +133,10 @@ if __name__ == "__main__":
     ap.add_argument("--kv-bits", type=int, help="mlx-lm's KV cache quantization (generate_step kv_bits)")
     ap.add_argument("--kv-group-size", type=int, default=64)
     ap.add_argument("--quantized-kv-start", type=int, default=0)
+    ap.add_argument("--long", type=int, help="one case of this many ids instead (the l1-long gate)")
     args = ap.parse_args()
     kv = None
     if args.kv_bits:
         kv = {"kv_bits": args.kv_bits, "kv_group_size": args.kv_group_size,
               "quantized_kv_start": args.quantized_kv_start}
-    main(args.models, args.out, args.prefill_step, args.suffix, kv)
+    main(args.models, args.out, args.prefill_step, args.suffix, kv, args.long)

@@ -164,6 +164,11 @@ pub enum Defect {
     /// Nemotron-H's gated norm normalizes over all channels at once (Mamba-2's), not per
     /// group. Caught by the L1 gate on tiny-nemotron-h (`tests/it/l1_models.rs`).
     SsmNormUngrouped,
+    /// The Mamba-2 scan starts each of its 256-token chunks from a zero state (the state of
+    /// the chunks before dropped). Only prompts past 256 tokens see it: caught by the
+    /// 4,096-token L1 gate on tiny-nemotron-h, whose attention reads the positions it
+    /// changed (`tests/it/l1_models.rs`).
+    SsmChunkStateDropped,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

@@ -4,7 +4,7 @@
 //! bit-identical, greedy ids identical. Planted defects prove the gate can fail.
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
 
-use harness::parity::gates::{Plant, KV_BITS, L1};
+use harness::parity::gates::{Plant, KV_BITS, L1, L1_LONG};
 use harness::parity::l1::ModelReport;
 use harness::parity::Report;
 
@@ -124,6 +124,83 @@ fn chunked_prefill_is_bit_exact() {
             assert!(report.passed(), "{}", report.details().join("\n"));
         }
     }
+}
+
+/// Long sequences (the `l1-long` gate: a 4,096-token prompt on each mixer kind — the gated
+/// delta net split and fused, the short conv, Mamba-2 alone and beside attention): logits
+/// and greedy ids equal mlx-lm's, prefilled in its chunks of 2048 (the golden's), and in
+/// chunks of 1000 and in one chunk of 4096 — recurrent states agree at any prefill chunk
+/// boundary, and across the Mamba-2 scan's own chunks of 256.
+#[test]
+fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    use harness::parity::l1::check_model_with;
+    let models = L1_LONG.models();
+    for kind in [
+        "tiny-qwen3-5",
+        "tiny-qwen3-next",
+        "tiny-lfm2",
+        "tiny-mamba2",
+        "tiny-nemotron-h",
+    ] {
+        assert!(models.contains(&kind), "{kind} is not in the l1-long gate");
+    }
+    for name in models {
+        let dir = model_dir(name).unwrap();
+        let model = engine::model::load(&dir).unwrap();
+        let tokenizer = Tokenizer::load(&dir).unwrap();
+        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+        let golden = TensorGolden::open(&format!("l1/{name}-long")).unwrap();
+        assert_eq!(
+            golden.index["cases"][0]["prompt_ids"]
+                .as_array()
+                .unwrap()
+                .len(),
+            4096
+        );
+        for step in [2048, 1000, 4096] {
+            let report =
+                check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
+                    .unwrap();
+            harness::announce(&format!(
+                "{name}, 4096 tokens in chunks of {step}: {}",
+                report.summary()
+            ));
+            assert!(
+                report.passed(),
+                "{name} ({step}): {}",
+                report.details().join("\n")
+            );
+        }
+    }
+}
+
+/// Planted: the Mamba-2 scan drops its state at each of its 256-token chunks. The short L1
+/// prompts never reach a second chunk and pass; the 4,096-token gate fails on Nemotron-H,
+/// whose attention layer reads the positions after each chunk boundary. (tiny-mamba2 alone
+/// cannot show it: its drawn decays, e^(−exp(A_log)·dt) per token, reach float32's zero
+/// well within 256 tokens, so the last position's state and logits never depend on an
+/// earlier chunk's — with or without the defect.)
+#[test]
+fn planted_dropped_scan_chunk_state_fails_only_the_long_gate() {
+    let _on = engine::plant::on(engine::plant::Defect::SsmChunkStateDropped).unwrap();
+    let name = "tiny-nemotron-h";
+    assert!(
+        l1(name, None).passed(),
+        "{name}: short prompts never cross a scan chunk"
+    );
+    let report: ModelReport = L1_LONG.run(name, None).unwrap().downcast().unwrap();
+    assert!(
+        !report.passed(),
+        "{name}: the long gate passed with the state dropped: {}",
+        report.summary()
+    );
+    println!(
+        "planted dropped scan-chunk state caught on {name}: {}",
+        report.summary()
+    );
 }
 
 /// Planted defect: a wider sliding window changes what the sliding layers see once the

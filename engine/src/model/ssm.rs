@@ -293,6 +293,9 @@ impl Scan<'_> {
             let end = (i + STEP).min(l);
             let cut = |t: &Array| t.index((.., i..end));
             let m = mask.map(|m| m.index((Ellipsis, i..end)));
+            if i > 0 && crate::plant::is(crate::plant::Defect::SsmChunkStateDropped) {
+                state = None;
+            }
             let (y, next) = self.chunk(
                 (&cut(&dtx), &cut(&dta)),
                 (&cut(bm), &cut(cm)),

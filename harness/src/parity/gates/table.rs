@@ -66,6 +66,23 @@ pub static L1_VOCAB: Gate = Gate {
     ..BASE
 };
 
+/// L1 on one 4,096-token prompt (`gen_l1.py --long 4096`, prefilled in mlx-lm's chunks of
+/// 2048): recurrent states carried across prefill chunks and across the scans' own chunks
+/// (the hybrids' mixer kinds).
+pub static L1_LONG: Gate = Gate {
+    name: "l1-long",
+    group: "l1",
+    suffix: "-long",
+    generator: Some((
+        "gen_l1.py",
+        &["{model}", "--long", "4096", "--suffix=-long"],
+    )),
+    live: true,
+    plants: &["KEY=VALUE"],
+    run: |g, t, p| boxed(run_l1(g, t, p)),
+    ..BASE
+};
+
 /// mlx-lm's own KV quantization (`generate_step(kv_bits=4, …)`), on the L1 gate's run.
 pub static KV_BITS: Gate = Gate {
     name: "kv-bits",
@@ -313,6 +330,7 @@ pub static GATES: &[&Gate] = &[
     &RUNTIME,
     &L1,
     &L1_VOCAB,
+    &L1_LONG,
     &KV_BITS,
     &BATCH,
     &BATCH_KV4,
