@@ -26,6 +26,9 @@ pub enum Family {
     Qwen3Moe,
     /// qwen3 (dense): q/k norms, tied embeddings; with `QWEN3_VOCAB_TINY`'s real vocabulary.
     Qwen3,
+    /// qwen3_5 (dense), the hybrid: three of every four layers a gated delta net (a
+    /// recurrent state, no KV cache), the fourth gated full attention with partial RoPE.
+    Qwen35,
 }
 
 /// MoE bench layout: experts per layer and experts per token.
@@ -141,8 +144,24 @@ pub const QWEN3_VOCAB_TINY: BenchModel = BenchModel {
     max_positions: DEFAULT_POSITIONS,
 };
 
+/// ~33 M parameters, Qwen 3.5 layout (see `Family::Qwen35`): 8 layers, 6 of them gated
+/// delta nets (4 key heads, 8 value heads of 64).
+pub const QWEN3_5_TINY: BenchModel = BenchModel {
+    name: "qwen3-5-tiny",
+    family: Family::Qwen35,
+    hidden: 512,
+    layers: 8,
+    heads: 8,
+    kv_heads: 2,
+    intermediate: 1408,
+    vocab: 8192,
+    seed: 3579,
+    max_positions: DEFAULT_POSITIONS,
+};
+
 /// Names of the built-in bench models, for messages.
-pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny, qwen3-vocab-tiny";
+pub const NAMES: &str =
+    "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny, qwen3-vocab-tiny, qwen3-5-tiny";
 
 pub fn by_name(name: &str) -> Option<BenchModel> {
     [
@@ -152,6 +171,7 @@ pub fn by_name(name: &str) -> Option<BenchModel> {
         GEMMA4_TINY,
         MOE_TINY,
         QWEN3_VOCAB_TINY,
+        QWEN3_5_TINY,
     ]
     .into_iter()
     .find(|m| m.name == name)
@@ -167,104 +187,18 @@ pub fn prompt_text(ids: &[u32]) -> String {
 
 impl BenchModel {
     pub fn config(&self) -> serde_json::Value {
-        if self.family == Family::Gemma4 {
-            let types: Vec<&str> = (0..self.layers)
-                .map(|i| {
-                    if i % 6 == 5 {
-                        "full_attention"
-                    } else {
-                        "sliding_attention"
-                    }
-                })
-                .collect();
-            return json!({
-                "architectures": ["Gemma4ForCausalLM"],
-                "model_type": "gemma4_text",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.layers,
-                "intermediate_size": self.intermediate,
-                "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads,
-                "head_dim": self.hidden / self.heads,
-                "global_head_dim": 2 * self.hidden / self.heads,
-                "rms_norm_eps": 1e-6,
-                "vocab_size": self.vocab,
-                "vocab_size_per_layer_input": self.vocab,
-                "hidden_size_per_layer_input": GEMMA4_PER_LAYER,
-                "num_kv_shared_layers": GEMMA4_SHARED,
-                "use_double_wide_mlp": true,
-                "sliding_window": 128,
-                "sliding_window_pattern": 6,
-                "layer_types": types,
-                "max_position_embeddings": self.max_positions,
-                "final_logit_softcapping": 30.0,
-                "tie_word_embeddings": true,
-                "bench_seed": self.seed,
-            });
+        match self.family {
+            Family::Llama => self.llama_config(),
+            Family::Gemma3 => self.gemma3_config(),
+            Family::Gemma4 => self.gemma4_config(),
+            Family::Qwen3Moe => self.qwen3_moe_config(),
+            Family::Qwen3 => self.qwen3_config(),
+            Family::Qwen35 => self.qwen3_5_config(),
         }
-        if self.family == Family::Gemma3 {
-            return json!({
-                "architectures": ["Gemma3ForCausalLM"],
-                "model_type": "gemma3_text",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.layers,
-                "intermediate_size": self.intermediate,
-                "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads,
-                "head_dim": self.hidden / self.heads,
-                "query_pre_attn_scalar": self.hidden / self.heads,
-                "rms_norm_eps": 1e-6,
-                "vocab_size": self.vocab,
-                "sliding_window": 128,
-                "sliding_window_pattern": 6,
-                "max_position_embeddings": self.max_positions,
-                "bench_seed": self.seed,
-            });
-        }
-        if self.family == Family::Qwen3 {
-            return json!({
-                "architectures": ["Qwen3ForCausalLM"],
-                "model_type": "qwen3",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.layers,
-                "intermediate_size": self.intermediate,
-                "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads,
-                "head_dim": self.hidden / self.heads,
-                "rms_norm_eps": 1e-6,
-                "vocab_size": self.vocab,
-                "max_position_embeddings": self.max_positions,
-                "rope_theta": 1000000.0,
-                "tie_word_embeddings": true,
-                "torch_dtype": "bfloat16",
-                "bench_seed": self.seed,
-            });
-        }
-        if self.family == Family::Qwen3Moe {
-            return json!({
-                "architectures": ["Qwen3MoeForCausalLM"],
-                "model_type": "qwen3_moe",
-                "hidden_size": self.hidden,
-                "num_hidden_layers": self.layers,
-                "intermediate_size": self.intermediate,
-                "num_attention_heads": self.heads,
-                "num_key_value_heads": self.kv_heads,
-                "head_dim": self.hidden / self.heads,
-                "num_experts": MOE_EXPERTS,
-                "num_experts_per_tok": MOE_TOP_K,
-                "moe_intermediate_size": self.intermediate,
-                "decoder_sparse_step": 1,
-                "mlp_only_layers": [],
-                "norm_topk_prob": true,
-                "rms_norm_eps": 1e-6,
-                "vocab_size": self.vocab,
-                "max_position_embeddings": self.max_positions,
-                "rope_theta": 1000000.0,
-                "tie_word_embeddings": false,
-                "torch_dtype": "float32",
-                "bench_seed": self.seed,
-            });
-        }
+    }
+
+    /// llama: untied, bf16.
+    fn llama_config(&self) -> serde_json::Value {
         json!({
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -277,6 +211,142 @@ impl BenchModel {
             "vocab_size": self.vocab,
             "max_position_embeddings": self.max_positions,
             "rope_theta": 10000.0,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// gemma3_text: sliding window 128 on 5 of every 6 layers.
+    fn gemma3_config(&self) -> serde_json::Value {
+        json!({
+            "architectures": ["Gemma3ForCausalLM"],
+            "model_type": "gemma3_text",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden / self.heads,
+            "query_pre_attn_scalar": self.hidden / self.heads,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "sliding_window": 128,
+            "sliding_window_pattern": 6,
+            "max_position_embeddings": self.max_positions,
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// gemma4_text, small-checkpoint layout (see `Family::Gemma4`).
+    fn gemma4_config(&self) -> serde_json::Value {
+        let types: Vec<&str> = (0..self.layers)
+            .map(|i| match i % 6 {
+                5 => "full_attention",
+                _ => "sliding_attention",
+            })
+            .collect();
+        json!({
+            "architectures": ["Gemma4ForCausalLM"],
+            "model_type": "gemma4_text",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden / self.heads,
+            "global_head_dim": 2 * self.hidden / self.heads,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "vocab_size_per_layer_input": self.vocab,
+            "hidden_size_per_layer_input": GEMMA4_PER_LAYER,
+            "num_kv_shared_layers": GEMMA4_SHARED,
+            "use_double_wide_mlp": true,
+            "sliding_window": 128,
+            "sliding_window_pattern": 6,
+            "layer_types": types,
+            "max_position_embeddings": self.max_positions,
+            "final_logit_softcapping": 30.0,
+            "tie_word_embeddings": true,
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// qwen3_moe: every layer sparse, f32.
+    fn qwen3_moe_config(&self) -> serde_json::Value {
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden / self.heads,
+            "num_experts": MOE_EXPERTS,
+            "num_experts_per_tok": MOE_TOP_K,
+            "moe_intermediate_size": self.intermediate,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+            "norm_topk_prob": true,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.max_positions,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": false,
+            "torch_dtype": "float32",
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// qwen3 (dense): tied, bf16.
+    fn qwen3_config(&self) -> serde_json::Value {
+        json!({
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": self.hidden / self.heads,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.max_positions,
+            "rope_theta": 1000000.0,
+            "tie_word_embeddings": true,
+            "torch_dtype": "bfloat16",
+            "bench_seed": self.seed,
+        })
+    }
+
+    /// qwen3_5 (see `Family::Qwen35`): three gated delta nets, then one gated full
+    /// attention, in every four layers.
+    fn qwen3_5_config(&self) -> serde_json::Value {
+        let head_dim = self.hidden / self.heads;
+        json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "hidden_size": self.hidden,
+            "num_hidden_layers": self.layers,
+            "intermediate_size": self.intermediate,
+            "num_attention_heads": self.heads,
+            "num_key_value_heads": self.kv_heads,
+            "head_dim": head_dim,
+            "linear_num_key_heads": self.kv_heads * 2,
+            "linear_num_value_heads": self.heads,
+            "linear_key_head_dim": head_dim,
+            "linear_value_head_dim": head_dim,
+            "linear_conv_kernel_dim": 4,
+            "full_attention_interval": 4,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": self.vocab,
+            "max_position_embeddings": self.max_positions,
+            "rope_parameters": {
+                "rope_theta": 10000000.0,
+                "partial_rotary_factor": 0.25,
+                "type": "default",
+            },
             "tie_word_embeddings": false,
             "torch_dtype": "bfloat16",
             "bench_seed": self.seed,
@@ -519,6 +589,7 @@ mod tests {
             (GEMMA4_TINY, 197, 0xf4f3_678c_72a3_3356),
             (MOE_TINY, 51, 0x1137_fd20_c9fc_5d23),
             (QWEN3_VOCAB_TINY, 46, 0x054d_0dc3_fefe_aa34),
+            (QWEN3_5_TINY, 109, 0x0365_bb1b_f4ce_a37c),
         ];
         for (m, count, hash) in pinned {
             let shapes = m.weight_shapes().unwrap();

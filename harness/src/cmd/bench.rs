@@ -51,7 +51,8 @@ pub struct Args {
     /// Serve suite: requests per client per level.
     #[arg(long, default_value_t = 2)]
     per_client: usize,
-    /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny, moe-tiny).
+    /// Built-in benchmark models to run (tiny, small, gemma-tiny, gemma4-tiny, moe-tiny,
+    /// qwen3-vocab-tiny, qwen3-5-tiny).
     #[arg(long, value_delimiter = ',', default_value = "tiny")]
     model: Vec<String>,
     /// Measure the engine alone (no mlx-lm legs, no oracle venv needed).
