@@ -62,6 +62,10 @@ pub enum Defect {
     /// The quantized batch cache writes new positions' biases as zeros. Caught by the B=N
     /// gate over quantized KV (`tests/it/batch_decode.rs`, gate `batch-kv4`).
     BatchKvBiasesDropped,
+    /// The batch's recurrent states (`ArraysCache`) keep their first rows when rows leave,
+    /// not the rows kept (a row that stays decodes on the state of one that left). Caught
+    /// by the B=N gate's hybrid models (`tests/it/batch_decode.rs`, `joinleave`).
+    BatchStateRowsUnfiltered,
     /// The segmented backward drops the cotangent between segments (each segment's
     /// backward starts from zeros). Caught by `engine/tests/it/segmented.rs`.
     DropCotangent,

@@ -2,7 +2,10 @@
 //! sequences (mlx-lm's batched prefill gives each row the same numbers on this backend, so
 //! only scheduling differs), then decode together — one forward of [B, 1] ids per step over
 //! one batch cache per layer: `BatchKvCache` for full attention (dense or quantized KV),
-//! `BatchRotatingKvCache` for sliding windows. Rows join and leave between steps.
+//! `BatchRotatingKvCache` for sliding windows, `ArraysCache` with one row per sequence for
+//! the hybrids' recurrent layers (short conv, gated delta net, Mamba-2: mlx-lm's
+//! `ArraysCache.merge` stacks the rows' states, `filter`/`extend` take and append rows).
+//! Rows join and leave between steps.
 //!
 //! `join` merges the rows' caches as they stand into the running batch. `admit` is
 //! mlx-lm's `BatchGenerator` path for new prompts: rows whose caches hold all their prompt
@@ -16,7 +19,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::{KvQuantPlan, Session, SessionOptions};
-use crate::cache::{kv, rotating, Cache, QuantSdpa};
+use crate::cache::{arrays, kv, rotating, Cache, QuantSdpa};
 use crate::model::LanguageModel;
 
 pub struct Batch<'m> {
@@ -29,21 +32,28 @@ pub struct Batch<'m> {
     kv_quant: Option<KvQuantPlan>,
 }
 
-const REFUSAL: &str =
-    "the batch lane takes standard (dense, full-attention) and sliding-window caches only";
+const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sliding-window \
+     and recurrent-state (ArraysCache) caches only";
 
 /// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
 /// lacks), or None when it can.
 pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
-    let mut rings = false;
+    let (mut rings, mut states) = (false, false);
     for c in model.make_caches() {
         match c.kind() {
             Some(kv::KIND) => {}
             Some(rotating::KIND) => rings = true,
+            Some(arrays::KIND) => states = true,
             _ => return Some("this model's caches (dynamic RoPE)"),
         }
     }
     let plan = opts.kv_quant.as_ref()?;
+    if states {
+        return Some(
+            "quantized KV on a hybrid model (layers with a recurrent state, ArraysCache): the \
+             batch-kv4 gate checks quantized batches on full-attention models only",
+        );
+    }
     if plan.sdpa != QuantSdpa::MlxLm {
         return Some(
             "quantized KV read through optiq's fused attention (--l2, --l3); the batch lane \
@@ -57,11 +67,14 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
 }
 
 /// Merges layer `l` of every session into one batch cache (the kind's `merge`, reached
-/// through the first row; the rows must all be standard or all sliding-window caches).
+/// through the first row; the rows must all be standard, all sliding-window or all
+/// recurrent-state caches).
 fn merge_layer(sessions: &[Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
     let rows: Vec<&dyn Cache> = sessions.iter().map(|s| s.caches[l].as_ref()).collect();
     let kind = rows[0].kind();
-    if !matches!(kind, Some(kv::KIND | rotating::KIND)) || rows.iter().any(|r| r.kind() != kind) {
+    if !matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND))
+        || rows.iter().any(|r| r.kind() != kind)
+    {
         return Err(Exception::custom(REFUSAL));
     }
     rows[0].merge(&rows)
