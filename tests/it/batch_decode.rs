@@ -258,6 +258,53 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     assert!(why.contains("dynamic RoPE"), "{why}");
 }
 
+/// BatchGenerator's prompt batch op for op (`Batch::admit_prompts`, harness
+/// `run_prompt_batches`) on `model`'s batch golden.
+fn prompt_batches(model: &str, scenario: &str) -> harness::parity::batch::BatchReport {
+    let golden = harness::goldens::TensorGolden::open(&BATCH.golden(model)).unwrap();
+    harness::parity::batch::run_prompt_batches(model, &golden, Some(scenario)).unwrap()
+}
+
+/// The models whose every cache takes a batched prefill (no sliding window): the hybrids,
+/// dense attention and the MoE families.
+fn prompt_batch_models() -> impl Iterator<Item = &'static str> {
+    HYBRID
+        .into_iter()
+        .chain(["tiny-llama-trained", "tiny-phi3"])
+        .chain(MOE)
+}
+
+/// The rows that join together admitted as BatchGenerator admits them, op for op: fresh
+/// caches merged (the recurrent states' zero left padding), one right-padded forward with
+/// each row's length (the mixers' mask and their states taken at each row's own end; the
+/// K/V rows' padding rolled to the front), then the last tokens — the recurrent mixers'
+/// batched prefill against the same goldens, every scenario bit-exact.
+#[test]
+fn batchgenerator_prompt_batches_are_bit_exact() {
+    for model in prompt_batch_models() {
+        for scenario in BATCH.cases {
+            let r = prompt_batches(model, scenario);
+            harness::announce(&format!("prompt batches: {}", r.summary()));
+            assert!(r.passed(), "{model}: {}", r.summary());
+        }
+    }
+}
+
+/// Recurrent states that take no lengths: a shorter row's state runs on over its right
+/// padding, which the prompt batches catch on every hybrid.
+#[test]
+fn planted_ignored_state_lengths_fail_the_prompt_batches() {
+    let _on = engine::plant::on(engine::plant::Defect::BatchStateLengthsIgnored).unwrap();
+    for model in HYBRID {
+        let r = prompt_batches(model, "b4");
+        println!(
+            "planted state-lengths defect caught on {model}: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
+}
+
 /// A row taken out of a hybrid batch (`row_caches`: its prompt-cache entry when it leaves,
 /// a parked row's caches) holds the tokens it has consumed, in every layer alike: the
 /// recurrent states count per row, as the K/V rows do; a state cannot be cut back.

@@ -13,6 +13,15 @@
 //! in one step (their first logits), and is then appended to the running batch. For
 //! full-attention layers both give the same numbers; a sliding-window ring that wraps in
 //! that first step is laid out as BatchGenerator lays it out only by `admit`.
+//!
+//! `admit_prompts` is BatchGenerator's prompt batch op for op (`PromptProcessingBatch`):
+//! fresh caches merged (an `ArraysCache` of empty rows gets a zero left padding), the
+//! prompts but their last tokens right-padded into one forward per prefill step with each
+//! row's length given to the caches (`prepare`: the recurrent mixers' mask and their
+//! states taken at each row's own end; the K/V rows' padding rolled to the front by
+//! `finalize`), then the last tokens stepped. The lane does not use it (it prefills rows
+//! alone, which gives the same numbers); it is how the gate checks the mixers' batched
+//! prefill against mlx-lm. Sliding-window and quantized caches have no batched prefill.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -66,11 +75,11 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
     rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
 }
 
-/// Merges layer `l` of every session into one batch cache (the kind's `merge`, reached
+/// Merges layer `l` of every row's caches into one batch cache (the kind's `merge`, reached
 /// through the first row; the rows must all be standard, all sliding-window or all
 /// recurrent-state caches).
-fn merge_layer(sessions: &[Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
-    let rows: Vec<&dyn Cache> = sessions.iter().map(|s| s.caches[l].as_ref()).collect();
+fn merge_layer(caches: &[&[Box<dyn Cache>]], l: usize) -> Result<Box<dyn Cache>, Exception> {
+    let rows: Vec<&dyn Cache> = caches.iter().map(|c| c[l].as_ref()).collect();
     let kind = rows[0].kind();
     if !matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND))
         || rows.iter().any(|r| r.kind() != kind)
@@ -80,9 +89,14 @@ fn merge_layer(sessions: &[Session], l: usize) -> Result<Box<dyn Cache>, Excepti
     rows[0].merge(&rows)
 }
 
+fn merge_rows(caches: &[&[Box<dyn Cache>]]) -> Result<Vec<Box<dyn Cache>>, Exception> {
+    let layers = caches.first().map_or(0, |c| c.len());
+    (0..layers).map(|l| merge_layer(caches, l)).collect()
+}
+
 fn merge_sessions(sessions: &[Session]) -> Result<Vec<Box<dyn Cache>>, Exception> {
-    let layers = sessions.first().map_or(0, |s| s.caches.len());
-    (0..layers).map(|l| merge_layer(sessions, l)).collect()
+    let caches: Vec<&[Box<dyn Cache>]> = sessions.iter().map(|s| &s.caches[..]).collect();
+    merge_rows(&caches)
 }
 
 impl<'m> Batch<'m> {
@@ -152,6 +166,74 @@ impl<'m> Batch<'m> {
         let logits = group.step(last)?;
         self.extend(group)?;
         Ok(logits)
+    }
+
+    /// BatchGenerator's prompt batch for new `prompts` (see the module header): fresh caches
+    /// merged, every prompt token but the last prefilled in one right-padded forward per
+    /// `prefill_step` tokens (each row's length given to the caches when they differ), the
+    /// last tokens in one step; the rows appended after the existing ones. Returns that
+    /// step's logits [new rows, vocab].
+    pub fn admit_prompts(
+        &mut self,
+        prompts: &[&[u32]],
+        prefill_step: usize,
+    ) -> Result<Array, Exception> {
+        if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+            return Err(Exception::custom("a prompt batch of non-empty prompts"));
+        }
+        let fresh: Vec<Vec<Box<dyn Cache>>> =
+            prompts.iter().map(|_| self.model.make_caches()).collect();
+        let rows: Vec<&[Box<dyn Cache>]> = fresh.iter().map(|c| &c[..]).collect();
+        let mut group = Batch {
+            model: self.model,
+            caches: merge_rows(&rows)?,
+            kv_quant: None,
+        };
+        if prompts.iter().any(|p| p.len() > 1) {
+            let bodies: Vec<&[u32]> = prompts.iter().map(|p| &p[..p.len() - 1]).collect();
+            group.prompt(&bodies, prefill_step.max(1))?;
+        }
+        let last: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+        let logits = group.step(&last)?;
+        self.extend(group)?;
+        Ok(logits)
+    }
+
+    /// mlx-lm's `PromptProcessingBatch.prompt`: `bodies` right-padded with id 0 to the
+    /// longest, the caches told each row's length when they differ (`prepare`), fed
+    /// `step` columns at a time, then `finalize`d.
+    fn prompt(&mut self, bodies: &[&[u32]], step: usize) -> Result<(), Exception> {
+        let lengths: Vec<i32> = bodies.iter().map(|b| b.len() as i32).collect();
+        let longest = bodies.iter().map(|b| b.len()).max().unwrap_or(0);
+        let padded = lengths.iter().any(|&l| l as usize != longest);
+        if padded {
+            for c in self.caches.iter_mut() {
+                c.prepare(&lengths)?;
+            }
+        }
+        let ids: Vec<i32> = bodies
+            .iter()
+            .flat_map(|b| (0..longest).map(|j| b.get(j).map_or(0, |&t| t as i32)))
+            .collect();
+        let ids = Array::from_slice(&ids, &[bodies.len() as i32, longest as i32]);
+        let eval = |caches: &[Box<dyn Cache>]| {
+            let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+            mlx_rs::transforms::eval(state)?;
+            mlx_rs::memory::clear_cache()
+        };
+        for at in (0..longest).step_by(step) {
+            let end = (at + step).min(longest) as i32;
+            let chunk = ids.index((.., at as i32..end));
+            self.model.forward(&chunk, &mut self.caches)?;
+            eval(&self.caches)?;
+        }
+        if padded {
+            for c in self.caches.iter_mut() {
+                c.finalize()?;
+            }
+            eval(&self.caches)?;
+        }
+        Ok(())
     }
 
     /// Row `row`'s caches holding its first `len` tokens, one single-sequence cache per layer.

@@ -282,6 +282,11 @@ fn spawn_model_thread(
                         Some(_) => Some(dist_plan::SERIAL_REASON),
                         None => worker.not_batchable(),
                     });
+                    // The lane is known before the server says it is ready: /stats reads
+                    // it from the first request on (not only once `run_batched` starts).
+                    if let Some(None) = lane {
+                        worker.counters.batch_slots.store(slots, Ordering::Relaxed);
+                    }
                     if let Some(Some(why)) = lane {
                         let _ = worker.counters.serial_reason.set(why);
                         eprintln!(
