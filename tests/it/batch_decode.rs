@@ -105,6 +105,10 @@ fn the_gate_covers_every_family_of_the_batch_lane() {
     {
         assert!(BATCH.models().contains(model), "{model} is not gated");
     }
+    // Quantized KV on a hybrid is refused by the lane (`refusal`), so not gated either.
+    for model in HYBRID {
+        assert!(!BATCH_KV4.models().contains(&model), "{model} in batch-kv4");
+    }
 }
 
 #[test]
