@@ -62,6 +62,15 @@ pub enum Defect {
     /// The quantized batch cache writes new positions' biases as zeros. Caught by the B=N
     /// gate over quantized KV (`tests/it/batch_decode.rs`, gate `batch-kv4`).
     BatchKvBiasesDropped,
+    /// The batch's recurrent states (`ArraysCache`) keep their first rows when rows leave,
+    /// not the rows kept (a row that stays decodes on the state of one that left). Caught
+    /// by the B=N gate's hybrid models (`tests/it/batch_decode.rs`, `joinleave`).
+    BatchStateRowsUnfiltered,
+    /// A recurrent state (`ArraysCache`) takes no lengths for a batched prefill (`prepare`
+    /// records none): the mixers mask nothing and take their states at the padded end, so
+    /// a shorter row's state runs on over its right padding. Caught by BatchGenerator's
+    /// prompt batches on the hybrids (`tests/it/batch_decode.rs`).
+    BatchStateLengthsIgnored,
     /// The segmented backward drops the cotangent between segments (each segment's
     /// backward starts from zeros). Caught by `engine/tests/it/segmented.rs`.
     DropCotangent,

@@ -5,13 +5,16 @@
 //! every row's logits bit-exact, ids identical, on a dense model, on the three
 //! mixture-of-experts families (whose rows route to different experts in the same forward),
 //! on phi3 (fused projections, longrope: per-row positions through RoPE with its own
-//! frequencies) and on gemma3 (sliding window 8 < every row's length: `BatchRotatingKvCache`
-//! beside `BatchKvCache`). `gates::BATCH_KV4`: the same scenarios over 4-bit quantized KV
-//! against each row's single-sequence `generate_step(kv_bits=4)` run. Planted defects: a
-//! mask that forgets the left padding fails every model; a router that keeps the wrong
-//! experts fails every MoE family; a sliding-window mask not rolled with the ring fails
-//! gemma3; zeroed biases of new quantized positions fail the quantized gate. Models with
-//! other caches (dynamic RoPE, …) are refused by the batch lane by name.
+//! frequencies), on gemma3 (sliding window 8 < every row's length: `BatchRotatingKvCache`
+//! beside `BatchKvCache`) and on the hybrids (recurrent states in `ArraysCache`, one row per
+//! sequence, alone in mamba2 or beside attention layers). `gates::BATCH_KV4`: the same
+//! scenarios over 4-bit quantized KV against each row's single-sequence
+//! `generate_step(kv_bits=4)` run. Planted defects: a mask that forgets the left padding
+//! fails every model with attention layers; a router that keeps the wrong experts fails every
+//! MoE family; a sliding-window mask not rolled with the ring fails gemma3; recurrent states
+//! that keep their first rows when a row leaves fail every hybrid; zeroed biases of new
+//! quantized positions fail the quantized gate. Models with other caches (dynamic RoPE, …),
+//! and quantized KV on a hybrid, are refused by the batch lane by name.
 
 use engine::generate::batch::Batch;
 use engine::generate::{Session, SessionOptions};
@@ -31,6 +34,24 @@ const SLIDING: [&str; 4] = [
     "tiny-gemma4-moe",
     "tiny-gpt-oss",
 ];
+
+/// The hybrids of the gate: their recurrent layers' states (`ArraysCache`) are batched
+/// beside attention layers — gated delta nets (qwen3_5, its MoE, qwen3_next), short
+/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid) — or alone
+/// (mamba2, which has no attention layer and so no padding to mask).
+const HYBRID: [&str; 8] = [
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-lfm2",
+    "tiny-lfm2-moe",
+    "tiny-nemotron-h",
+    "tiny-granite-h",
+    "tiny-mamba2",
+];
+
+/// The gate's models without an attention layer (no K/V, so no left padding to mask).
+const ATTENTION_FREE: [&str; 1] = ["tiny-mamba2"];
 
 fn run_gate(gate: &Gate, model: &str, scenario: &str, plant: Option<&Plant>) -> Box<dyn Report> {
     let target = Target {
@@ -79,15 +100,24 @@ fn the_gate_covers_every_family_of_the_batch_lane() {
     for model in MOE
         .iter()
         .chain(&SLIDING)
+        .chain(&HYBRID)
         .chain(&["tiny-llama-trained", "tiny-phi3"])
     {
         assert!(BATCH.models().contains(model), "{model} is not gated");
+    }
+    // Quantized KV on a hybrid is refused by the lane (`refusal`), so not gated either.
+    for model in HYBRID {
+        assert!(!BATCH_KV4.models().contains(&model), "{model} in batch-kv4");
     }
 }
 
 #[test]
 fn planted_unmasked_padding_fails_the_gate() {
-    for model in BATCH.models() {
+    for model in BATCH
+        .models()
+        .iter()
+        .filter(|m| !ATTENTION_FREE.contains(m))
+    {
         let r = run(
             model,
             "b4",
@@ -105,6 +135,22 @@ fn planted_unrolled_ring_mask_fails_the_sliding_window_gate() {
         let r = run(model, "ring", Some(&plant));
         println!(
             "planted ring-mask defect caught on {model}: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
+}
+
+/// A row that stays must decode on its own state when another leaves: the plant keeps the
+/// batch's first state rows instead (in `joinleave` the first row leaves after 3 ids while
+/// the second decodes on).
+#[test]
+fn planted_unfiltered_state_rows_fail_the_hybrid_gate() {
+    let plant = Plant::parse("state-rows-unfiltered").unwrap();
+    for model in HYBRID {
+        let r = run(model, "joinleave", Some(&plant));
+        println!(
+            "planted state-rows defect caught on {model}: {}",
             r.summary()
         );
         assert!(!r.passed(), "{model}");
@@ -153,7 +199,8 @@ fn models_with_dynamic_rope_caches_are_refused_by_name() {
     println!("tiny-llama-dynamic: {why}");
     assert!(
         why.contains(
-            "the batch lane takes standard (dense, full-attention) and sliding-window caches only"
+            "the batch lane takes standard (dense, full-attention), sliding-window and \
+             recurrent-state (ArraysCache) caches only"
         ),
         "{why}"
     );
@@ -161,7 +208,7 @@ fn models_with_dynamic_rope_caches_are_refused_by_name() {
 
 /// `engine serve --batch N`'s eligibility (`generate::batch::refusal`, the lane's
 /// `not_batchable`): quantized KV is batched only as the gate checks it — mlx-lm's
-/// attention, quantized from the first chunk, full-attention caches.
+/// attention, quantized from the first chunk, full-attention caches, no recurrent layer.
 #[test]
 fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     use engine::cache::kv_quant::{KvLayers, KvQuantPlan};
@@ -180,8 +227,10 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     };
     let load = |name| engine::model::load(&harness::goldens::model_dir(name).unwrap()).unwrap();
     let (llama, gemma) = (load("tiny-llama-trained"), load("tiny-gemma3-kv"));
+    let hybrid = load("tiny-qwen3-5");
     assert_eq!(refusal(llama.as_ref(), &plan(0, QuantSdpa::MlxLm)), None);
     assert_eq!(refusal(gemma.as_ref(), &SessionOptions::default()), None);
+    assert_eq!(refusal(hybrid.as_ref(), &SessionOptions::default()), None);
     for (model, opts, says) in [
         (
             &llama,
@@ -199,6 +248,11 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
             plan(0, QuantSdpa::MlxLm),
             "quantized sliding-window caches",
         ),
+        (
+            &hybrid,
+            plan(0, QuantSdpa::MlxLm),
+            "quantized KV on a hybrid model",
+        ),
     ] {
         let why = refusal(model.as_ref(), &opts).expect("refused");
         assert!(why.contains(says), "{why}");
@@ -206,6 +260,86 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     let dynamic = load("tiny-llama-dynamic");
     let why = refusal(dynamic.as_ref(), &SessionOptions::default()).unwrap();
     assert!(why.contains("dynamic RoPE"), "{why}");
+}
+
+/// BatchGenerator's prompt batch op for op (`Batch::admit_prompts`, harness
+/// `run_prompt_batches`) on `model`'s batch golden.
+fn prompt_batches(model: &str, scenario: &str) -> harness::parity::batch::BatchReport {
+    let golden = harness::goldens::TensorGolden::open(&BATCH.golden(model)).unwrap();
+    harness::parity::batch::run_prompt_batches(model, &golden, Some(scenario)).unwrap()
+}
+
+/// The models whose every cache takes a batched prefill (no sliding window): the hybrids,
+/// dense attention and the MoE families.
+fn prompt_batch_models() -> impl Iterator<Item = &'static str> {
+    HYBRID
+        .into_iter()
+        .chain(["tiny-llama-trained", "tiny-phi3"])
+        .chain(MOE)
+}
+
+/// The rows that join together admitted as BatchGenerator admits them, op for op: fresh
+/// caches merged (the recurrent states' zero left padding), one right-padded forward with
+/// each row's length (the mixers' mask and their states taken at each row's own end; the
+/// K/V rows' padding rolled to the front), then the last tokens — the recurrent mixers'
+/// batched prefill against the same goldens, every scenario bit-exact.
+#[test]
+fn batchgenerator_prompt_batches_are_bit_exact() {
+    for model in prompt_batch_models() {
+        for scenario in BATCH.cases {
+            let r = prompt_batches(model, scenario);
+            harness::announce(&format!("prompt batches: {}", r.summary()));
+            assert!(r.passed(), "{model}: {}", r.summary());
+        }
+    }
+}
+
+/// Recurrent states that take no lengths: a shorter row's state runs on over its right
+/// padding, which the prompt batches catch on every hybrid.
+#[test]
+fn planted_ignored_state_lengths_fail_the_prompt_batches() {
+    let _on = engine::plant::on(engine::plant::Defect::BatchStateLengthsIgnored).unwrap();
+    for model in HYBRID {
+        let r = prompt_batches(model, "b4");
+        println!(
+            "planted state-lengths defect caught on {model}: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
+}
+
+/// A row taken out of a hybrid batch (`row_caches`: its prompt-cache entry when it leaves,
+/// a parked row's caches) holds the tokens it has consumed, in every layer alike: the
+/// recurrent states count per row, as the K/V rows do; a state cannot be cut back.
+#[test]
+fn a_row_out_of_a_hybrid_batch_holds_its_own_tokens() {
+    let m = engine::model::load(&harness::goldens::model_dir("tiny-qwen3-5").unwrap()).unwrap();
+    let sessions = [4, 7]
+        .map(|n| {
+            let mut s = Session::with_options(m.as_ref(), &SessionOptions::default());
+            s.prefill(&[1, 2, 3, 4, 5, 6, 7][..n]).unwrap();
+            s
+        })
+        .into();
+    let mut batch = Batch::new(m.as_ref());
+    batch.join(sessions).unwrap();
+    batch.step(&[8, 9]).unwrap();
+    for (row, held) in [(0, 5), (1, 8)] {
+        let caches = batch.row_caches(row, 100).unwrap();
+        let offsets: Vec<i32> = caches.iter().map(|c| c.offset()).collect();
+        assert!(offsets.iter().all(|&o| o == held), "row {row}: {offsets:?}");
+    }
+    let why = batch.row_caches(0, 4).err().expect("a state cut back");
+    assert!(why.what().contains("cannot be cut back"), "{}", why.what());
+}
+
+#[test]
+fn hybrid_models_join_the_batch() {
+    // Gated above, or (the multimodal checkpoint) its text model is.
+    for model in HYBRID.iter().chain(&["tiny-qwen3-5-mm"]) {
+        assert_eq!(join_refusal(model), None, "{model}");
+    }
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! state, e.g. a gated delta net's conv and SSM state), batch axis first, with an optional
 //! left padding and per-row lengths for a batched prefill. Not trimmable. Its offset is the
 //! tokens it has consumed (`advance`: mlx-lm's `size()` is 0, but the engine's bookkeeping
-//! — which prefix a prompt-cache entry holds — counts by it; no mixer reads it); its mask
-//! is per row over the `n` new tokens only:
+//! — which prefix a prompt-cache entry holds — counts by it; no mixer reads it), kept per
+//! row so that a row taken out of a batch (`extract`) says how many tokens its state holds
+//! (the longest row's count is the offset); its mask is per row over the `n` new tokens only:
 //! `pos >= left_padding[:, None]` and `pos < lengths[:, None]` where set (`make_mask`).
 //! Batch ops as mlx-lm: `merge` stacks rows (a missing array zero), `filter` takes rows,
 //! `extend` concatenates (a side missing an array gets zeros of its batch), `extract`
@@ -27,8 +28,9 @@ pub struct ArraysCache {
     slots: Vec<Option<Array>>,
     left_padding: Option<Vec<i32>>,
     lengths: Option<Vec<i32>>,
-    /// Tokens consumed (the longest row's, batched).
-    seen: i32,
+    /// Tokens each row has consumed (the padding and lengths not counted); empty is
+    /// one row with none.
+    seen: Vec<i32>,
 }
 
 /// `v` as an int32 column [B, 1].
@@ -87,14 +89,34 @@ impl ArraysCache {
     }
 
     /// mlx-lm's `advance(N)`: `n` tokens consumed from the lengths and the padding (and
-    /// counted).
+    /// counted: each row its real ones, those past its padding and within its length).
     pub fn advance(&mut self, n: i32) {
-        self.seen += n;
+        let mut seen = self.row_seen();
+        for (i, s) in seen.iter_mut().enumerate() {
+            let within = |v: &Option<Vec<i32>>, or: i32| {
+                v.as_ref()
+                    .and_then(|v| v.get(i))
+                    .map_or(or, |&x| x.clamp(0, n))
+            };
+            let (from, to) = (within(&self.left_padding, 0), within(&self.lengths, n));
+            *s += (to - from).max(0);
+        }
+        self.seen = seen;
         for v in [&mut self.lengths, &mut self.left_padding]
             .into_iter()
             .flatten()
         {
             v.iter_mut().for_each(|x| *x -= n);
+        }
+    }
+
+    /// The tokens each of the `batch_size` rows has consumed.
+    fn row_seen(&self) -> Vec<i32> {
+        let rows = self.batch_size();
+        match self.seen.len() {
+            n if n == rows => self.seen.clone(),
+            0 => vec![0; rows],
+            _ => vec![self.seen.iter().copied().max().unwrap_or(0); rows],
         }
     }
 
@@ -111,6 +133,9 @@ impl ArraysCache {
         }
         let mut tensors = s.tensors.into_iter();
         let optional = |key: &str| s.meta.contains_key(key).then(|| meta_i32s(&s.meta, key));
+        let seen = optional("seen")
+            .transpose()?
+            .unwrap_or_else(|| vec![s.offset]);
         Ok(ArraysCache {
             slots: held
                 .iter()
@@ -118,7 +143,7 @@ impl ArraysCache {
                 .collect(),
             left_padding: optional("leftPadding").transpose()?,
             lengths: optional("lengths").transpose()?,
-            seen: s.offset,
+            seen,
         })
     }
 
@@ -171,7 +196,7 @@ impl Cache for ArraysCache {
 
     /// The tokens consumed (see the module header).
     fn offset(&self) -> i32 {
-        self.seen
+        self.seen.iter().copied().max().unwrap_or(0)
     }
 
     fn kind(&self) -> Option<&'static str> {
@@ -187,9 +212,12 @@ impl Cache for ArraysCache {
         if let Some(l) = &self.lengths {
             meta.insert("lengths".to_owned(), ints(l));
         }
+        if self.seen.len() > 1 {
+            meta.insert("seen".to_owned(), ints(&self.seen));
+        }
         Some(Snapshot {
             kind: KIND.to_owned(),
-            offset: self.seen,
+            offset: self.offset(),
             quant: None,
             meta,
             tensors: self.slots.iter().flatten().cloned().collect(),
@@ -240,7 +268,7 @@ impl Cache for ArraysCache {
             .collect::<Result<_, _>>()?;
         let size = rows.first().map_or(0, |r| r.slots.len());
         let mut out = ArraysCache::new(size);
-        out.seen = rows.iter().map(|r| r.seen).max().unwrap_or(0);
+        out.seen = rows.iter().map(|r| r.offset()).collect();
         if rows.iter().all(|r| r.is_empty()) {
             out.left_padding = Some(vec![0; rows.len()]);
             return Ok(Box::new(out));
@@ -264,10 +292,14 @@ impl Cache for ArraysCache {
     }
 
     fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
-        let index = Array::from_slice(
-            &keep.iter().map(|&i| i as i32).collect::<Vec<_>>(),
-            &[keep.len() as i32],
-        );
+        let seen = self.row_seen();
+        self.seen = keep.iter().map(|&i| seen[i]).collect();
+        let rows: Vec<i32> = match crate::plant::is(crate::plant::Defect::BatchStateRowsUnfiltered)
+        {
+            true => (0..keep.len() as i32).collect(),
+            false => keep.iter().map(|&i| i as i32).collect(),
+        };
+        let index = Array::from_slice(&rows, &[rows.len() as i32]);
         for s in self.slots.iter_mut().flatten() {
             *s = s.take_axis(&index, 0)?;
         }
@@ -283,18 +315,26 @@ impl Cache for ArraysCache {
     fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
         let other = Self::of(other)?;
         let (a_rows, b_rows) = (self.batch_size(), other.batch_size());
+        self.seen = [self.row_seen(), other.row_seen()].concat();
         for (mine, theirs) in self.slots.iter_mut().zip(&other.slots) {
             *mine = cat(mine.as_ref(), theirs.as_ref(), a_rows, b_rows)?;
         }
         self.left_padding = cat_ints(&self.left_padding, &other.left_padding, a_rows, b_rows);
         self.lengths = cat_ints(&self.lengths, &other.lengths, a_rows, b_rows);
-        self.seen = self.seen.max(other.seen);
         Ok(())
     }
 
-    /// Row `row`'s arrays (a state has no positions: `len` is not used).
+    /// Row `row`'s arrays, which hold every token the row has consumed: asked for fewer
+    /// (`len`), it refuses (a state cannot be cut back); more, it holds what it has (as a
+    /// K/V row gives at most its own length).
     fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
         use mlx_rs::ops::indexing::IndexOp;
+        let have = self.row_seen().get(row).copied().unwrap_or(0);
+        if len < have {
+            return Err(Exception::custom(format!(
+                "row {row}'s recurrent state holds {have} tokens; it cannot be cut back to {len}"
+            )));
+        }
         let r = row as i32;
         Ok(Box::new(ArraysCache {
             slots: self
@@ -302,12 +342,15 @@ impl Cache for ArraysCache {
                 .iter()
                 .map(|s| s.as_ref().map(|a| a.index(r..r + 1)))
                 .collect(),
-            seen: len,
+            seen: vec![have],
             ..Default::default()
         }))
     }
 
     fn prepare(&mut self, lengths: &[i32]) -> Result<(), Exception> {
+        if crate::plant::is(crate::plant::Defect::BatchStateLengthsIgnored) {
+            return Ok(());
+        }
         self.lengths = Some(lengths.to_vec());
         Ok(())
     }

@@ -2,7 +2,10 @@
 //! sequences (mlx-lm's batched prefill gives each row the same numbers on this backend, so
 //! only scheduling differs), then decode together — one forward of [B, 1] ids per step over
 //! one batch cache per layer: `BatchKvCache` for full attention (dense or quantized KV),
-//! `BatchRotatingKvCache` for sliding windows. Rows join and leave between steps.
+//! `BatchRotatingKvCache` for sliding windows, `ArraysCache` with one row per sequence for
+//! the hybrids' recurrent layers (short conv, gated delta net, Mamba-2: mlx-lm's
+//! `ArraysCache.merge` stacks the rows' states, `filter`/`extend` take and append rows).
+//! Rows join and leave between steps.
 //!
 //! `join` merges the rows' caches as they stand into the running batch. `admit` is
 //! mlx-lm's `BatchGenerator` path for new prompts: rows whose caches hold all their prompt
@@ -10,13 +13,22 @@
 //! in one step (their first logits), and is then appended to the running batch. For
 //! full-attention layers both give the same numbers; a sliding-window ring that wraps in
 //! that first step is laid out as BatchGenerator lays it out only by `admit`.
+//!
+//! `admit_prompts` is BatchGenerator's prompt batch op for op (`PromptProcessingBatch`):
+//! fresh caches merged (an `ArraysCache` of empty rows gets a zero left padding), the
+//! prompts but their last tokens right-padded into one forward per prefill step with each
+//! row's length given to the caches (`prepare`: the recurrent mixers' mask and their
+//! states taken at each row's own end; the K/V rows' padding rolled to the front by
+//! `finalize`), then the last tokens stepped. The lane does not use it (it prefills rows
+//! alone, which gives the same numbers); it is how the gate checks the mixers' batched
+//! prefill against mlx-lm. Sliding-window and quantized caches have no batched prefill.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::{KvQuantPlan, Session, SessionOptions};
-use crate::cache::{kv, rotating, Cache, QuantSdpa};
+use crate::cache::{arrays, kv, rotating, Cache, QuantSdpa};
 use crate::model::LanguageModel;
 
 pub struct Batch<'m> {
@@ -29,21 +41,28 @@ pub struct Batch<'m> {
     kv_quant: Option<KvQuantPlan>,
 }
 
-const REFUSAL: &str =
-    "the batch lane takes standard (dense, full-attention) and sliding-window caches only";
+const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sliding-window \
+     and recurrent-state (ArraysCache) caches only";
 
 /// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
 /// lacks), or None when it can.
 pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
-    let mut rings = false;
+    let (mut rings, mut states) = (false, false);
     for c in model.make_caches() {
         match c.kind() {
             Some(kv::KIND) => {}
             Some(rotating::KIND) => rings = true,
+            Some(arrays::KIND) => states = true,
             _ => return Some("this model's caches (dynamic RoPE)"),
         }
     }
     let plan = opts.kv_quant.as_ref()?;
+    if states {
+        return Some(
+            "quantized KV on a hybrid model (layers with a recurrent state, ArraysCache): the \
+             batch-kv4 gate checks quantized batches on full-attention models only",
+        );
+    }
     if plan.sdpa != QuantSdpa::MlxLm {
         return Some(
             "quantized KV read through optiq's fused attention (--l2, --l3); the batch lane \
@@ -56,20 +75,28 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
     rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
 }
 
-/// Merges layer `l` of every session into one batch cache (the kind's `merge`, reached
-/// through the first row; the rows must all be standard or all sliding-window caches).
-fn merge_layer(sessions: &[Session], l: usize) -> Result<Box<dyn Cache>, Exception> {
-    let rows: Vec<&dyn Cache> = sessions.iter().map(|s| s.caches[l].as_ref()).collect();
+/// Merges layer `l` of every row's caches into one batch cache (the kind's `merge`, reached
+/// through the first row; the rows must all be standard, all sliding-window or all
+/// recurrent-state caches).
+fn merge_layer(caches: &[&[Box<dyn Cache>]], l: usize) -> Result<Box<dyn Cache>, Exception> {
+    let rows: Vec<&dyn Cache> = caches.iter().map(|c| c[l].as_ref()).collect();
     let kind = rows[0].kind();
-    if !matches!(kind, Some(kv::KIND | rotating::KIND)) || rows.iter().any(|r| r.kind() != kind) {
+    if !matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND))
+        || rows.iter().any(|r| r.kind() != kind)
+    {
         return Err(Exception::custom(REFUSAL));
     }
     rows[0].merge(&rows)
 }
 
+fn merge_rows(caches: &[&[Box<dyn Cache>]]) -> Result<Vec<Box<dyn Cache>>, Exception> {
+    let layers = caches.first().map_or(0, |c| c.len());
+    (0..layers).map(|l| merge_layer(caches, l)).collect()
+}
+
 fn merge_sessions(sessions: &[Session]) -> Result<Vec<Box<dyn Cache>>, Exception> {
-    let layers = sessions.first().map_or(0, |s| s.caches.len());
-    (0..layers).map(|l| merge_layer(sessions, l)).collect()
+    let caches: Vec<&[Box<dyn Cache>]> = sessions.iter().map(|s| &s.caches[..]).collect();
+    merge_rows(&caches)
 }
 
 impl<'m> Batch<'m> {
@@ -139,6 +166,74 @@ impl<'m> Batch<'m> {
         let logits = group.step(last)?;
         self.extend(group)?;
         Ok(logits)
+    }
+
+    /// BatchGenerator's prompt batch for new `prompts` (see the module header): fresh caches
+    /// merged, every prompt token but the last prefilled in one right-padded forward per
+    /// `prefill_step` tokens (each row's length given to the caches when they differ), the
+    /// last tokens in one step; the rows appended after the existing ones. Returns that
+    /// step's logits [new rows, vocab].
+    pub fn admit_prompts(
+        &mut self,
+        prompts: &[&[u32]],
+        prefill_step: usize,
+    ) -> Result<Array, Exception> {
+        if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
+            return Err(Exception::custom("a prompt batch of non-empty prompts"));
+        }
+        let fresh: Vec<Vec<Box<dyn Cache>>> =
+            prompts.iter().map(|_| self.model.make_caches()).collect();
+        let rows: Vec<&[Box<dyn Cache>]> = fresh.iter().map(|c| &c[..]).collect();
+        let mut group = Batch {
+            model: self.model,
+            caches: merge_rows(&rows)?,
+            kv_quant: None,
+        };
+        if prompts.iter().any(|p| p.len() > 1) {
+            let bodies: Vec<&[u32]> = prompts.iter().map(|p| &p[..p.len() - 1]).collect();
+            group.prompt(&bodies, prefill_step.max(1))?;
+        }
+        let last: Vec<u32> = prompts.iter().map(|p| p[p.len() - 1]).collect();
+        let logits = group.step(&last)?;
+        self.extend(group)?;
+        Ok(logits)
+    }
+
+    /// mlx-lm's `PromptProcessingBatch.prompt`: `bodies` right-padded with id 0 to the
+    /// longest, the caches told each row's length when they differ (`prepare`), fed
+    /// `step` columns at a time, then `finalize`d.
+    fn prompt(&mut self, bodies: &[&[u32]], step: usize) -> Result<(), Exception> {
+        let lengths: Vec<i32> = bodies.iter().map(|b| b.len() as i32).collect();
+        let longest = bodies.iter().map(|b| b.len()).max().unwrap_or(0);
+        let padded = lengths.iter().any(|&l| l as usize != longest);
+        if padded {
+            for c in self.caches.iter_mut() {
+                c.prepare(&lengths)?;
+            }
+        }
+        let ids: Vec<i32> = bodies
+            .iter()
+            .flat_map(|b| (0..longest).map(|j| b.get(j).map_or(0, |&t| t as i32)))
+            .collect();
+        let ids = Array::from_slice(&ids, &[bodies.len() as i32, longest as i32]);
+        let eval = |caches: &[Box<dyn Cache>]| {
+            let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
+            mlx_rs::transforms::eval(state)?;
+            mlx_rs::memory::clear_cache()
+        };
+        for at in (0..longest).step_by(step) {
+            let end = (at + step).min(longest) as i32;
+            let chunk = ids.index((.., at as i32..end));
+            self.model.forward(&chunk, &mut self.caches)?;
+            eval(&self.caches)?;
+        }
+        if padded {
+            for c in self.caches.iter_mut() {
+                c.finalize()?;
+            }
+            eval(&self.caches)?;
+        }
+        Ok(())
     }
 
     /// Row `row`'s caches holding its first `len` tokens, one single-sequence cache per layer.

@@ -783,3 +783,71 @@ fn a_model_the_batch_lane_cannot_take_says_why() {
     assert_eq!(stats(gemma.port)["lanes"]["batch_slots"], 4);
     assert_eq!(post(gemma.port, "/v1/chat/completions", &ask("Hi")).0, 200);
 }
+
+/// `--batch N` on a hybrid (gated delta nets' recurrent states beside attention layers):
+/// the batch lane takes it (no serial reason), and concurrent requests joining a running
+/// batch — prompts admitted over several 4-token prefill chunks, rows of different lengths
+/// leaving at their limits — answer exactly as the serial lane does.
+#[test]
+fn a_hybrid_model_takes_the_batch_lane() {
+    let bodies: Vec<Value> = [
+        ("The little robot", 12),
+        ("On Friday the robot went to the market.", 7),
+        ("The", 16),
+        ("Question: What color is the grass? Answer:", 9),
+    ]
+    .iter()
+    .map(|(p, n)| json!({"prompt": p, "max_tokens": n}))
+    .collect();
+    let text = |r: &Value| r["choices"][0]["text"].as_str().unwrap_or("").to_owned();
+    let serial = serve_model("tiny-qwen3-5", &[]);
+    let expected: Vec<String> = bodies
+        .iter()
+        .map(|b| text(&post(serial.port, "/v1/completions", b).1))
+        .collect();
+    drop(serial);
+    let batched = serve_model(
+        "tiny-qwen3-5",
+        &["--batch", "5", "--prefill-step-size", "4"],
+    );
+    let port = batched.port;
+    // A stream that runs until its client leaves (EOS ids 8 and 2 biased away): the
+    // requests below join a running batch for certain.
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+                      "logit_bias": {"8": -100, "2": -100}})
+    .to_string();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 512];
+    let _ = conn.read(&mut first).unwrap();
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|b| std::thread::spawn(move || post(port, "/v1/completions", &b)))
+        .collect();
+    for (h, want) in handles.into_iter().zip(&expected) {
+        let (code, r) = h.join().unwrap();
+        assert_eq!(code, 200, "{r}");
+        assert_eq!(&text(&r), want, "batch lane vs serial lane");
+    }
+    drop(conn);
+    let st = wait_for(
+        port,
+        "the leaving stream cancelled",
+        Duration::from_secs(60),
+        |st| st["cancelled"] == 1 && st["running"] == 0,
+    );
+    assert_eq!(st["lanes"]["batch_slots"], 5, "{st}");
+    assert!(st["lanes"]["serial_reason"].is_null(), "{st}");
+    assert_eq!(st["failed"], 0, "{st}");
+    assert!(
+        st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 2,
+        "rows never shared a step: {st}"
+    );
+}

@@ -4,7 +4,10 @@
 //! prompt lengths (left padding) and for rows joining a running batch and leaving it when
 //! they reach their token limit. Rows are admitted as BatchGenerator admits them: every
 //! prompt token but the last prefilled (alone), the last fed by one step of the rows that
-//! join together (`Batch::admit`), which gives their first logits.
+//! join together (`Batch::admit`), which gives their first logits. `run_prompt_batches`
+//! admits them as BatchGenerator's prompt batch instead, op for op (`Batch::admit_prompts`:
+//! one right-padded forward with each row's length): the check of the recurrent mixers'
+//! batched prefill (mask, lengths) against the same goldens.
 //!
 //! A golden with `settings.kv_bits` (gate `batch-kv4`) holds each row's single-sequence
 //! `generate_step(kv_bits=…)` run instead (mlx-lm has no quantized batch cache): the rows'
@@ -94,6 +97,34 @@ pub fn run(
     golden: &TensorGolden,
     scenario: Option<&str>,
 ) -> Result<BatchReport, ParityError> {
+    run_admitting(model, golden, scenario, Admission::Rows)
+}
+
+/// As `run`, each group of joining rows admitted as BatchGenerator's prompt batch
+/// (`Batch::admit_prompts`) instead of prefilled row by row.
+pub fn run_prompt_batches(
+    model: &str,
+    golden: &TensorGolden,
+    scenario: Option<&str>,
+) -> Result<BatchReport, ParityError> {
+    run_admitting(model, golden, scenario, Admission::PromptBatch)
+}
+
+/// How joining rows are prefilled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Admission {
+    /// Each alone, as the batch lane does (`Batch::admit`).
+    Rows,
+    /// Together in one right-padded forward (`Batch::admit_prompts`).
+    PromptBatch,
+}
+
+fn run_admitting(
+    model: &str,
+    golden: &TensorGolden,
+    scenario: Option<&str>,
+    admission: Admission,
+) -> Result<BatchReport, ParityError> {
     let m = engine::model::load(&crate::goldens::model_dir(model)?)?;
     let mut report = BatchReport {
         model: model.to_owned(),
@@ -113,7 +144,14 @@ pub fn run(
     }
     let opts = session_options(&golden.index["settings"]);
     for s in chosen {
-        run_scenario(golden, m.as_ref(), &opts, s, &mut report)?;
+        let run = Run {
+            golden,
+            model: m.as_ref(),
+            opts: &opts,
+            scenario: s,
+            admission,
+        };
+        run_scenario(&run, &mut report)?;
     }
     Ok(report)
 }
@@ -192,6 +230,7 @@ struct Run<'a, 'g> {
     model: &'a dyn engine::model::LanguageModel,
     opts: &'a SessionOptions,
     scenario: &'g Scenario,
+    admission: Admission,
 }
 
 /// Admits the rows that join at step `t`: prompts but the last token prefilled alone, then
@@ -205,6 +244,14 @@ fn admit<'g>(
 ) -> Result<(), ParityError> {
     let (mut sessions, mut last, mut joining) = (Vec::new(), Vec::new(), Vec::new());
     for g in run.scenario.rows.iter().filter(|g| g.join_at == t) {
+        joining.push(Row {
+            golden: g,
+            step: 0,
+            token: 0,
+        });
+        if run.admission == Admission::PromptBatch {
+            continue;
+        }
         let mut session = Session::with_options(run.model, run.opts);
         let (body, tail) = g.prompt_ids.split_at(g.prompt_ids.len() - 1);
         for chunk in body.chunks(session.prefill_step) {
@@ -212,16 +259,17 @@ fn admit<'g>(
         }
         sessions.push(session);
         last.push(tail[0]);
-        joining.push(Row {
-            golden: g,
-            step: 0,
-            token: 0,
-        });
     }
-    if sessions.is_empty() {
+    if joining.is_empty() {
         return Ok(());
     }
-    let logits = batch.admit(sessions, &last)?;
+    let logits = match run.admission {
+        Admission::Rows => batch.admit(sessions, &last)?,
+        Admission::PromptBatch => {
+            let prompts: Vec<&[u32]> = joining.iter().map(|r| &r.golden.prompt_ids[..]).collect();
+            batch.admit_prompts(&prompts, engine::generate::PREFILL_STEP)?
+        }
+    };
     for (i, row) in joining.iter_mut().enumerate() {
         check_row(
             run.golden,
@@ -235,25 +283,14 @@ fn admit<'g>(
     leave(batch, rows)
 }
 
-fn run_scenario(
-    golden: &TensorGolden,
-    m: &dyn engine::model::LanguageModel,
-    opts: &SessionOptions,
-    scenario: &Scenario,
-    report: &mut BatchReport,
-) -> Result<(), ParityError> {
-    let mut batch = Batch::new(m);
+fn run_scenario(run: &Run<'_, '_>, report: &mut BatchReport) -> Result<(), ParityError> {
+    let (golden, scenario) = (run.golden, run.scenario);
+    let mut batch = Batch::new(run.model);
     let mut rows: Vec<Row> = Vec::new();
-    let run = Run {
-        golden,
-        model: m,
-        opts,
-        scenario,
-    };
     let last_join = scenario.rows.iter().map(|r| r.join_at).max().unwrap_or(0);
     let mut t = 0;
     while t <= last_join || !rows.is_empty() {
-        admit(&run, t, &mut batch, &mut rows, report)?;
+        admit(run, t, &mut batch, &mut rows, report)?;
         t += 1;
         if rows.is_empty() {
             continue;

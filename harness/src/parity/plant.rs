@@ -50,6 +50,7 @@ const NAMED: &[(&str, Plant, &str)] = &[
     ("unmasked-padding", Plant::Engine(Defect::BatchUnmaskedPadding), "the batch mask forgets the left padding"),
     ("ring-mask-unrolled", Plant::Engine(Defect::BatchRingMaskUnrolled), "the batched sliding-window mask is not rolled with the ring"),
     ("batch-kv-biases-dropped", Plant::Engine(Defect::BatchKvBiasesDropped), "the quantized batch cache writes new biases as zeros"),
+    ("state-rows-unfiltered", Plant::Engine(Defect::BatchStateRowsUnfiltered), "the batch's recurrent states keep their first rows when rows leave"),
     ("keep-draft-tail", Plant::Engine(Defect::SpecKeepDraftTail), "the drafter's cache is not rolled back"),
     ("target-trim-short", Plant::Engine(Defect::SpecTargetTrimShort), "the target gives back one token fewer than it rejected"),
     ("ring-trim", Plant::Engine(Defect::AssistantRingTrimLikeMlxLm), "rotating caches roll back as mlx-lm's trim does"),

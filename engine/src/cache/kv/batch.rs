@@ -3,7 +3,9 @@
 //! position; shorter rows are padded on the left, and the mask hides each row's padding.
 //! Rows join (`extend`: the shorter side is left-padded so both end at the same position)
 //! and leave (`filter`: the padding every remaining row shares is trimmed). RoPE gets each
-//! row's own position.
+//! row's own position. A batched prefill of prompts of different lengths (mlx-lm's prompt
+//! batch, `Batch::admit_prompts`) writes them right-padded (`prepare`: each row's length)
+//! and then rolls each row's padding to its front (`finalize`, mlx-lm's `dynamic_roll`).
 //!
 //! Quantized KV (mlx-lm's `QuantizedKVCache`, which `BatchGenerator` 0.32.2 cannot batch)
 //! is the same layout applied to the packed words, scales and biases alike: quantization
@@ -33,6 +35,9 @@ pub struct BatchKvCache {
     lengths: Vec<i32>,
     /// The shared write position (every row occupies [0, idx)).
     idx: i32,
+    /// Per row: pad positions at the back during a batched prefill (`prepare` to
+    /// `finalize`); None otherwise.
+    right_padding: Option<Vec<i32>>,
 }
 
 const STEP: i32 = 256;
@@ -99,6 +104,7 @@ impl BatchKvCache {
             left_padding: lengths.iter().map(|l| idx - l).collect(),
             lengths,
             idx,
+            right_padding: None,
         })
     }
 
@@ -121,6 +127,7 @@ impl BatchKvCache {
             left_padding: meta_i32s(&s.meta, "leftPadding")?,
             lengths: meta_i32s(&s.meta, "lengths")?,
             idx: s.offset,
+            right_padding: None,
         })
     }
 
@@ -288,6 +295,53 @@ impl Cache for BatchKvCache {
 
     fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
         Ok(Box::new(self.row_cache(row, len)?))
+    }
+
+    /// mlx-lm's `prepare(lengths=…, right_padding=…)` for right-padded prompts: each row's
+    /// padding is the longest length less its own (kept only when some row has any).
+    fn prepare(&mut self, lengths: &[i32]) -> Result<(), Exception> {
+        if self.quant.is_some() {
+            return Err(Exception::custom(
+                "a quantized batch cache has no batched prefill (mlx-lm has none)",
+            ));
+        }
+        if lengths.len() != self.rows() {
+            return Err(Exception::custom("one prefill length per batch row"));
+        }
+        let longest = lengths.iter().copied().max().unwrap_or(0);
+        let padding: Vec<i32> = lengths.iter().map(|l| longest - l).collect();
+        self.right_padding = padding.iter().any(|&p| p > 0).then_some(padding);
+        Ok(())
+    }
+
+    /// mlx-lm's `finalize`: each row's right padding rolled to its front (`dynamic_roll`
+    /// over the whole buffer, as mlx-lm rolls it), so the row ends at the write position
+    /// like a merged row; its padding joins the left padding, its length loses it.
+    fn finalize(&mut self) -> Result<(), Exception> {
+        let Some(padding) = self.right_padding.take() else {
+            return Ok(());
+        };
+        let roll = |p: &Parts| -> Result<Parts, Exception> {
+            p.iter()
+                .map(|x| {
+                    let n = x.shape()[2];
+                    let shifts = Array::from_slice(&padding, &[padding.len() as i32, 1]);
+                    // (j − shift) mod n, kept non-negative (shift ≤ n).
+                    let from = mlx_rs::ops::arange::<_, i32>(0, n, 1)?
+                        .subtract(&shifts)?
+                        .add(Array::from_int(n))?
+                        .remainder(Array::from_int(n))?;
+                    x.take_along_axis(&from.reshape(&[padding.len() as i32, 1, n, 1])?, 2)
+                })
+                .collect()
+        };
+        self.keys = self.keys.as_ref().map(roll).transpose()?;
+        self.values = self.values.as_ref().map(roll).transpose()?;
+        for (i, p) in padding.iter().enumerate() {
+            self.lengths[i] -= p;
+            self.left_padding[i] += p;
+        }
+        Ok(())
     }
 }
 

@@ -124,3 +124,39 @@ fn a_state_is_not_trimmed_but_checkpointed() {
     assert_eq!(floats(c.get(0).unwrap()), [1., 2.]);
     assert_eq!(c.offset(), 0);
 }
+
+#[test]
+fn each_row_keeps_its_own_token_count_through_the_batch_ops() {
+    let (mut r0, _, mut r2) = three_rows();
+    r0.advance(3);
+    r2.advance(5);
+    let mut m = r0.merge(&[&r0, &r2]).unwrap();
+    assert_eq!(m.offset(), 5);
+    // One decode step: every row takes a token.
+    m.as_arrays().unwrap().advance(1);
+    let mut joining = ArraysCache::new(2);
+    joining.set(0, mat(1, 2, &[3., 4.]));
+    joining.advance(2);
+    m.extend(&joining).unwrap();
+    m.filter(&[2, 0]).unwrap();
+    // Through a snapshot (the kv-store's and the batch ops' own path) as well.
+    let m = held(m.as_ref());
+    assert_eq!(m.offset(), 4);
+    assert_eq!(m.extract(0, 10).unwrap().offset(), 2);
+    assert_eq!(m.extract(1, 4).unwrap().offset(), 4);
+    // A state cannot be cut back to fewer tokens than it has consumed.
+    let e = m.extract(1, 3).err().unwrap();
+    assert!(e.what().contains("cannot be cut back"), "{}", e.what());
+}
+
+#[test]
+fn a_batched_prefill_counts_each_row_its_real_tokens() {
+    // Row 0: one pad on the left, then 2 tokens; row 1: 3 tokens then one pad on the right.
+    let mut c = ArraysCache::with_left_padding(1, vec![1, 0]);
+    c.prepare(&[3, 3]).unwrap();
+    c.set(0, mat(2, 1, &[0., 0.]));
+    c.advance(4);
+    c.finalize().unwrap();
+    assert_eq!(c.extract(0, 2).unwrap().offset(), 2);
+    assert_eq!(c.extract(1, 3).unwrap().offset(), 3);
+}

@@ -62,3 +62,31 @@ fn kinds_do_not_mix() {
     // Single-sequence caches are not batches.
     assert!(kv_with(1).filter(&[0]).is_err());
 }
+
+/// mlx-lm's prompt batch on the standard kind: fresh rows merged, prompts of 2 and 5
+/// positions written right-padded (`prepare` with their lengths), and `finalize` rolls each
+/// row's padding to its front, so every row comes back as its own cache would hold it.
+#[test]
+fn a_right_padded_prefill_rolls_each_rows_padding_to_its_front() {
+    let fresh = KvCache::new();
+    let mut batch = fresh.merge(&[&fresh, &fresh]).unwrap();
+    batch.prepare(&[2, 5]).unwrap();
+    let (a, b) = (kv_with(2), kv_with(5));
+    // Row 0's two positions, then three of padding (its prompt padded with id 0).
+    let pad: Vec<f32> = vec![-1.; 6];
+    let row0 = [floats(&a.snapshot().unwrap().tensors[0]), pad].concat();
+    let row1 = floats(&b.snapshot().unwrap().tensors[0]);
+    let k = Array::from_slice(&[row0, row1].concat(), &[2, 1, 5, 2]);
+    batch
+        .as_kv()
+        .unwrap()
+        .update_and_fetch(k.clone(), k)
+        .unwrap();
+    batch.finalize().unwrap();
+    rows_come_back(batch.as_ref(), &[&a, &b]);
+    // Row 0 now has three positions of left padding: the mask hides them.
+    assert_eq!(
+        bools(&batch.make_mask(1, None).unwrap()).unwrap().1,
+        [false, false, false, true, true, true, true, true, true, true, true, true]
+    );
+}

@@ -49,8 +49,11 @@ fn batch_ops_apply_part_by_part() {
     assert_eq!(m.rows(), Some(3));
     m.filter(&[1]).unwrap();
     assert_eq!(m.rows(), Some(1));
-    // A standard cache has no `prepare` (mlx-lm: an AttributeError): refused.
-    assert!(m.prepare(&[1]).is_err());
+    // `prepare`/`finalize` reach every part (mlx-lm's BatchKVCache and ArraysCache both
+    // take a batched prefill); one length per row.
+    m.prepare(&[1]).unwrap();
+    m.finalize().unwrap();
+    assert!(m.prepare(&[1, 2]).is_err());
     // A list of another shape is refused.
     let one = CacheList::new(vec![Box::new(kv_with(2))]);
     assert!(a.merge(&[&a, &one]).is_err());

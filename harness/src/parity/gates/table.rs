@@ -115,6 +115,7 @@ pub static BATCH: Gate = Gate {
         "unmasked-padding",
         "moe-top-k-off-by-one",
         "ring-mask-unrolled",
+        "state-rows-unfiltered",
     ],
     run: |g, t, _| boxed(batch::run(t.model, &g.open(t)?, t.case)),
     ..BASE
