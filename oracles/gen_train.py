@@ -4,11 +4,17 @@ step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4; the gemma3 / gemma4 w
 (tiny-gemma3-mm, tiny-gemma4-mm: adapter names under `language_model.`); and with mlx-lm's
 default keys (every linear of a block) tiny-phi3 and the MoE families tiny-qwen3-moe,
 tiny-mixtral, tiny-qwen2-moe and the 4-bit tiny-qwen3-moe-q4 (`LoRASwitchLinear` on the
-stacked experts, `LoRALinear` on the router gate).
+stacked experts, `LoRALinear` on the router gate); and the hybrid families, also with the
+default keys: tiny-qwen3-5 (gated delta net + gated attention), tiny-qwen3-5-moe,
+tiny-qwen3-next (fused delta-net projections), tiny-lfm2 / tiny-lfm2-moe (short convolution +
+attention), tiny-mamba2 (Mamba-2 only), tiny-nemotron-h (Mamba-2, attention and MLP blocks),
+tiny-granite-h (Mamba-2 / attention + experts + shared MLP). Their recurrent mixers' linears
+get adapters (the delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj
+and out_proj); their conv1d is not a Linear and gets none.
 
     oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
 
-Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3 (tiny-gemma4: 4),
+Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3 (NUM_LAYERS: tiny-gemma4 4, tiny-nemotron-h 5, …),
 {rank 4, scale 20.0, dropout 0.0, keys: every linear of a block})` (the lora_a draws come from the
 seeded global RNG, lora_b is zero); AdamW(learning_rate 1e-3, weight_decay 0.01, mlx's
 default betas/eps). One batch of 2 chat sequences built as `iterate_batches` builds it
@@ -50,10 +56,14 @@ GEMMA4_EXTRA = ["per_layer_input_gate", "per_layer_projection"]
 EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
 # tiny-qwen3-moe: all 4, so the dense layer (mlp_only_layers [1]) is adapted too.
-NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4}
+# tiny-nemotron-h (M*-M-): all 5, so its one attention block is adapted too.
+NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4,
+              "tiny-nemotron-h": 5}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
-DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe"}
+DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
+                "tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-lfm2", "tiny-lfm2-moe",
+                "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

@@ -149,6 +149,11 @@ pub enum Defect {
     /// LoRA on stacked experts (`LoRASwitchLinear`): the update is scaled twice. Caught by
     /// the LoRA training gate on the MoE fixtures (`tests/it/train_lora.rs`).
     SwitchLoraScaleTwice,
+    /// LoRA on the hybrids: the recurrent mixers' input projections (the gated delta net's
+    /// `in_proj_*`, Mamba-2's and the short convolution's `in_proj`) are left out of the
+    /// linears LoRA attaches to. Caught by the LoRA training gate on the hybrid fixtures
+    /// (`tests/it/train_lora.rs`).
+    RecurrentInProjLoraDropped,
     /// gpt-oss: the attention sinks never reach the SDPA (every head's softmax loses its
     /// sink column). Caught by the L1 gate on tiny-gpt-oss (`tests/it/l1_models.rs`).
     GptOssSinksDropped,

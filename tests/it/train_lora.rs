@@ -2,8 +2,11 @@
 //! gradients and AdamW against mlx-lm (oracles/gen_train.py) bit for bit, and mlx-lm's saved
 //! adapters loaded by us, on tiny-llama-trained, tiny-gemma3, tiny-gemma4, tiny-phi3, the
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
-//! qwen2_moe). Planted: a weight decay off by 10 % fails from the second step on, on each;
-//! the stacked experts' LoRA update scaled twice fails the MoE rows.
+//! qwen2_moe) and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
+//! nemotron_h, granitemoehybrid: adapters on their recurrent mixers' projections too).
+//! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
+//! experts' LoRA update scaled twice fails the MoE rows; the recurrent mixers' input
+//! projections left without adapters fail the hybrid rows.
 
 use harness::parity::gates::{Plant, Tweak, TRAIN};
 
@@ -85,6 +88,87 @@ fn lora_sft_steps_match_mlx_lm_on_qwen2_moe() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_quantized_qwen3_moe() {
     assert_passes(MOE[3]);
+}
+
+/// The hybrids, with mlx-lm's default keys (every Linear and SwitchLinear of the last 3
+/// blocks; all 5 of tiny-nemotron-h's): LoRA on the recurrent mixers' projections — the
+/// gated delta net's `linear_attn.in_proj_{qkv,z,b,a}` / `out_proj` (Qwen3-Next's fused
+/// `in_proj_qkvz` / `in_proj_ba`), Mamba-2's `mixer.in_proj` / `out_proj` (Granite's
+/// `mamba.`), the short convolution's `conv.in_proj` / `out_proj`; never their conv1d (not a
+/// Linear). Gradients flow through the recurrences (the delta rule, the SSM scan, the
+/// causal convolution) over the 33-token batch, from a zero state.
+const HYBRIDS: [&str; 8] = [
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-lfm2",
+    "tiny-lfm2-moe",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-granite-h",
+];
+
+/// Gated delta nets and gated attention; adapters under `language_model.` as mlx-lm's
+/// qwen3_5 `Model` holds its text model.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_qwen3_5() {
+    assert_passes(HYBRIDS[0]);
+}
+
+/// With the sparse block: the router gate, the stacked experts, the shared expert and its
+/// gate.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_qwen3_5_moe() {
+    assert_passes(HYBRIDS[1]);
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_qwen3_next() {
+    assert_passes(HYBRIDS[2]);
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_lfm2() {
+    assert_passes(HYBRIDS[3]);
+}
+
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_lfm2_moe() {
+    assert_passes(HYBRIDS[4]);
+}
+
+/// Mamba-2 alone (`backbone.layers.{i}.mixer.…`).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_mamba2() {
+    assert_passes(HYBRIDS[5]);
+}
+
+/// Mamba-2, attention and MLP blocks, each its `mixer`.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_nemotron_h() {
+    assert_passes(HYBRIDS[6]);
+}
+
+/// Mamba-2 / attention, the experts with their router's `layer` and the shared MLP.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_granitemoehybrid() {
+    assert_passes(HYBRIDS[7]);
+}
+
+/// Planted: the recurrent mixers' input projections get no adapter. Their B starts at
+/// zero, so step 0 still matches; from step 1 mlx-lm's updated in_proj adapters change the
+/// loss.
+#[test]
+fn planted_recurrent_in_proj_lora_dropped_fails_the_hybrid_rows() {
+    let plant = Plant::Engine(engine::plant::Defect::RecurrentInProjLoraDropped);
+    for model in HYBRIDS {
+        let r = TRAIN.run(model, Some(&plant)).unwrap();
+        println!(
+            "{model}: planted in_proj LoRA dropped caught: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
 }
 
 /// Planted: the experts' LoRA update scaled twice. B starts at zero, so step 0's loss

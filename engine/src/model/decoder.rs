@@ -209,6 +209,9 @@ pub struct Decoder {
     ffn_module: &'static str,
     /// `model.layers` (Mamba-2: `backbone.layers`): LoRA's and sharding's names.
     layers_prefix: &'static str,
+    /// Where mlx-lm's module tree puts this decoder, before `layers_prefix` in the paths
+    /// LoRA reports: empty, or `language_model.` (Qwen 3.5's `Model` wraps its text model).
+    module_root: &'static str,
     embed: Embedding,
     embed_scale: Option<EmbedScale>,
     side: Option<Box<dyn SideInputs>>,
@@ -314,6 +317,7 @@ impl Decoder {
             model_type: config.model_type.clone(),
             ffn_module: dims.ffn_module,
             layers_prefix: names.layers,
+            module_root: "",
             embed,
             embed_scale: style.embed_scale,
             side,
@@ -325,6 +329,20 @@ impl Decoder {
             assistant_target: style.assistant_target,
             stage: None,
         })
+    }
+
+    /// The decoder as mlx-lm's module tree holds it under `language_model` (Qwen 3.5's
+    /// `Model`): LoRA's layer paths (adapter names) carry that prefix; loading, the forward
+    /// and sharding's names are unchanged.
+    pub fn under_language_model(mut self) -> Self {
+        self.module_root = "language_model.";
+        self
+    }
+
+    /// The module path of layer `i`'s `name` as mlx-lm's module tree spells it (an adapter's
+    /// name without `.lora_a` / `.lora_b`).
+    fn lora_path(&self, i: usize, name: &str) -> String {
+        format!("{}{}.{i}.{name}", self.module_root, self.layers_prefix)
     }
 
     /// ids [B, L] → their embeddings (what `forward_embeddings` takes: not yet scaled).
@@ -491,14 +509,17 @@ impl LanguageModel for Decoder {
             return Vec::new();
         }
         let mut all = Vec::new();
+        // Planted: a recurrent mixer's input projections are no LoRA target.
+        let planted = crate::plant::is(crate::plant::Defect::RecurrentInProjLoraDropped);
         for (i, l) in self.layers.iter().enumerate() {
-            let mixer = l.mixer.linears().into_iter();
+            let dropped = |n: &str| planted && l.mixer.recurrent() && n.contains(".in_proj");
+            let mixer = l.mixer.linears().into_iter().filter(|(n, _)| !dropped(n));
             let tail = l.tail.iter().flat_map(|t| t.linears());
             let mixer = mixer.map(|(n, l)| (n.to_owned(), l));
             let tail = tail.map(|(n, l)| (n.to_owned(), l));
             let ffn = l.ffn.iter().flat_map(|f| f.linears(self.ffn_module));
             for (n, lin) in mixer.chain(ffn).chain(tail) {
-                all.push((format!("{}.{i}.{n}", self.layers_prefix), lin));
+                all.push((self.lora_path(i, &n), lin));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)
@@ -508,7 +529,7 @@ impl LanguageModel for Decoder {
         let mut all = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
             for (n, s) in l.ffn.iter().flat_map(|f| f.switches(self.ffn_module)) {
-                all.push((format!("{}.{i}.{n}", self.layers_prefix), s));
+                all.push((self.lora_path(i, &n), s));
             }
         }
         pipeline::checkpoint_names(self.stage.as_ref(), all)

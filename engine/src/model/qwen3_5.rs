@@ -282,7 +282,9 @@ pub(crate) fn hf_conv_and_norms(w: &mut Weights, add_one: bool) -> Result<(), Lo
 }
 
 /// The model: the plain decoder, gated delta nets and gated attention by
-/// `full_attention_interval`, the SwiGLU MLP or (every layer, with experts) the sparse block.
+/// `full_attention_interval`, the SwiGLU MLP or (every layer, with experts) the sparse block;
+/// its layers under `language_model.` where LoRA names them, as mlx-lm's `Model` (dense and
+/// MoE, flat config or not) always holds its `TextModel` there.
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let text = text_config(config)?;
     let a: Qwen35Args = text.parse()?;
@@ -290,7 +292,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     if config.model_type == "qwen3_5_moe" {
         split_fused_experts(&mut w, a.num_hidden_layers)?;
     }
-    build(&text, w, &a, GdnLayout::Split, |_| a.num_experts > 0)
+    let decoder = build(&text, w, &a, GdnLayout::Split, |_| a.num_experts > 0)?;
+    Ok(decoder.under_language_model())
 }
 
 /// The decoder of Qwen 3.5 and Qwen3-Next (`qwen3_next.rs`) from their (sanitized) weights:

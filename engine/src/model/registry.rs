@@ -190,14 +190,51 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
-    row("lfm2", lfm2),
-    row("lfm2_moe", lfm2),
-    row("qwen3_5", qwen3_5),
-    row("qwen3_5_moe", qwen3_5),
-    row("qwen3_next", qwen3_next),
-    row("mamba2", mamba2),
-    row("nemotron_h", nemotron_h),
-    row("granitemoehybrid", granitemoehybrid),
+    // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
+    // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
+    // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
+    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert and
+    // sharding are not gated for them.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("lfm2", lfm2)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("lfm2_moe", lfm2)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("qwen3_5", qwen3_5)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("qwen3_5_moe", qwen3_5)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("qwen3_next", qwen3_next)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("mamba2", mamba2)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("nemotron_h", nemotron_h)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("granitemoehybrid", granitemoehybrid)
+    },
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

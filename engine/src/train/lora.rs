@@ -83,12 +83,13 @@ pub struct Adapters<'m> {
     slots: Vec<(String, Slot<'m>)>,
 }
 
-/// The block a layer path belongs to: `model.layers.{i}.…`, under a wrapper
-/// `language_model.model.layers.{i}.…`.
+/// The block a layer path belongs to: `model.layers.{i}.…` (Mamba-2's and Nemotron-H's
+/// `backbone.layers.{i}.…`), under a wrapper `language_model.model.layers.{i}.…`.
 fn layer_index(name: &str) -> Option<usize> {
-    name.strip_prefix("language_model.")
-        .unwrap_or(name)
-        .strip_prefix("model.layers.")?
+    let name = name.strip_prefix("language_model.").unwrap_or(name);
+    ["model.layers.", "backbone.layers."]
+        .iter()
+        .find_map(|p| name.strip_prefix(p))?
         .split('.')
         .next()?
         .parse()
@@ -372,6 +373,7 @@ mod tests {
         assert_eq!(layer_index("model.layers.3.self_attn.q_proj"), Some(3));
         let wrapped = "language_model.model.layers.12.mlp.switch_mlp.up_proj";
         assert_eq!(layer_index(wrapped), Some(12));
+        assert_eq!(layer_index("backbone.layers.4.mixer.in_proj"), Some(4));
         assert_eq!(layer_index("lm_head"), None);
         assert_eq!(layer_index("vision_tower.model.layers.0.fc"), None);
     }

@@ -1,6 +1,7 @@
 //! Segmented backward against the unsegmented step (both ours): on tiny-llama-trained with
 //! LoRA on every linear, for segment sizes 1, 2 and 3 (= unsegmented), SFT and ORPO — the
-//! loss bit-identical and every gradient within the stated bound (measured: identical).
+//! loss bit-identical and every gradient within the stated bound (measured: identical); the
+//! same on Gemma 4 (carried K/V) and on the hybrids (recurrent mixers).
 //! Planted: dropping the cotangent between segments fails.
 
 use crate::common;
@@ -224,6 +225,47 @@ fn segmented_orpo_matches_the_full_step() {
             );
         }
     }
+}
+
+/// The hybrids (recurrent mixers: gated delta nets, Mamba-2, short convolutions, beside
+/// attention and experts): each segment's blocks run from a zero recurrent state over the
+/// whole sequence, as the whole-model forward does, and the cotangent of the hidden state
+/// is all that crosses a boundary (no recurrent state crosses: every block's recurrence
+/// starts and ends within it). SFT at one and two blocks a segment, ORPO at one; the loss
+/// and every gradient identical to the whole step.
+#[test]
+fn segmented_hybrids_match_the_full_step() {
+    for name in HYBRIDS {
+        for (method, size) in [("sft", 1), ("sft", 2), ("orpo", 1)] {
+            let (same, gap) = compare(name, method, size);
+            assert!(
+                same && gap <= GRAD_BOUND,
+                "{name} {method} segment {size}: loss identical {same}, gap {gap:e}"
+            );
+        }
+    }
+}
+
+/// The hybrid fixtures, one per family.
+const HYBRIDS: [&str; 8] = [
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-lfm2",
+    "tiny-lfm2-moe",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-granite-h",
+];
+
+/// Planted: the hidden state's cotangent dropped between segments fails on every hybrid.
+#[test]
+fn planted_dropped_cotangent_fails_on_the_hybrids() {
+    let gaps = {
+        let _on = plant::on(Defect::DropCotangent).unwrap();
+        HYBRIDS.map(|name| compare(name, "sft", 1).1)
+    };
+    assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
 }
 
 #[test]

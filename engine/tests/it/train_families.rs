@@ -4,7 +4,9 @@
 //! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
 //! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
 //! gemma3 wrapper and the MoE families, its gradients equal the whole step's on phi3 too,
-//! and it is refused where the registry does not mark it (gpt_oss).
+//! and it is refused where the registry does not mark it (gpt_oss). The hybrids (LoRA and
+//! segmented backward since their train-gate rows) likewise: their CLI runs save mlx-lm's
+//! names, segmented or not, and their segmented gradients equal the whole step's.
 
 use crate::common;
 
@@ -148,6 +150,99 @@ fn segmented_training_gives_the_same_adapters_on_the_new_families() {
     }
 }
 
+/// The hybrids from the CLI: `engine train` with mlx-lm's default keys puts adapters on
+/// the recurrent mixers' projections under mlx-lm's names (qwen3_5's under
+/// `language_model.`, Mamba-2's and Nemotron-H's under `backbone.`), `--segment-size 1`
+/// writes the same adapters byte for byte, and `generate --adapter-path` loads them.
+#[test]
+fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
+    let dir = tempfile::tempdir().unwrap();
+    // (model, a name its adapters must have with its lora_a shape)
+    let cases: [(&str, &str, &[i32]); 8] = [
+        (
+            "tiny-qwen3-5",
+            "language_model.model.layers.0.linear_attn.in_proj_qkv.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-qwen3-5-moe",
+            "language_model.model.layers.1.mlp.shared_expert_gate.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-qwen3-next",
+            "model.layers.2.linear_attn.in_proj_qkvz.lora_a",
+            &[64, 8],
+        ),
+        ("tiny-lfm2", "model.layers.0.conv.in_proj.lora_a", &[64, 8]),
+        (
+            "tiny-lfm2-moe",
+            "model.layers.3.feed_forward.switch_mlp.up_proj.lora_a",
+            &[8, 8, 64],
+        ),
+        (
+            "tiny-mamba2",
+            "backbone.layers.2.mixer.out_proj.lora_a",
+            &[128, 8],
+        ),
+        (
+            "tiny-nemotron-h",
+            "backbone.layers.1.mixer.q_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-granite-h",
+            "model.layers.0.mamba.in_proj.lora_a",
+            &[64, 8],
+        ),
+    ];
+    for (model, name, shape) in cases {
+        let adapters = |run: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{model}-{run}"));
+            let trained = train(model, &out, extra);
+            assert!(
+                trained.status.success(),
+                "{model} {run}: {}",
+                String::from_utf8_lossy(&trained.stderr)
+            );
+            out
+        };
+        let whole = adapters("whole", &[]);
+        let names = saved(&whole);
+        assert!(
+            names.iter().any(|(n, s)| n == name && s == shape),
+            "{model}: no {name} {shape:?} among {names:?}"
+        );
+        assert!(
+            !names.iter().any(|(n, _)| n.contains("conv1d")),
+            "{model}: an adapter on a conv1d: {names:?}"
+        );
+        let segmented = adapters("segmented", &["--segment-size", "1"]);
+        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+        assert!(
+            file(&whole) == file(&segmented),
+            "{model}: segmented adapters differ"
+        );
+        let generated = engine(&[
+            "generate",
+            "--model",
+            goldens().join("models").join(model).to_str().unwrap(),
+            "--adapter-path",
+            whole.to_str().unwrap(),
+            "--ignore-chat-template",
+            "--prompt",
+            "The old clock",
+            "--max-tokens",
+            "4",
+        ]);
+        assert!(
+            generated.status.success(),
+            "{model}: {}",
+            String::from_utf8_lossy(&generated.stderr)
+        );
+    }
+}
+
 /// `--segment-size` where the family's segmented backward is not gated (the registry's
 /// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
 /// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.
@@ -233,9 +328,9 @@ fn segmented_gap(name: &str) -> f32 {
     gaps.fold(0.0, f32::max)
 }
 
-/// Library level: on the MoE families, phi3 and the gemma3 wrapper the segmented gradients are
-/// the whole step's bit for bit; planted DropCotangent (each segment's backward from zeros)
-/// breaks them.
+/// Library level: on the MoE families, phi3, the gemma3 wrapper and the hybrids (every block
+/// adapted, recurrent mixers included) the segmented gradients are the whole step's bit for
+/// bit; planted DropCotangent (each segment's backward from zeros) breaks them.
 #[test]
 fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
     let models = [
@@ -244,6 +339,14 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-qwen2-moe",
         "tiny-phi3",
         "tiny-gemma3-mm",
+        "tiny-qwen3-5",
+        "tiny-qwen3-5-moe",
+        "tiny-qwen3-next",
+        "tiny-lfm2",
+        "tiny-lfm2-moe",
+        "tiny-mamba2",
+        "tiny-nemotron-h",
+        "tiny-granite-h",
     ];
     for name in models {
         let gap = segmented_gap(name);

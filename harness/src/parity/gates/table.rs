@@ -220,7 +220,7 @@ pub static TRAIN: Gate = Gate {
     name: "train",
     group: "train",
     generator: Some(("gen_train.py", &["{model}"])),
-    plants: &["weight-decay"],
+    plants: &["weight-decay", "recurrent-in-proj-lora-dropped"],
     run: |g, t, p| {
         let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
         boxed(train::run(t.model, &g.open(t)?, |opt| {
