@@ -85,14 +85,7 @@ fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
 /// tokens it holds (as mlx_lm.server does), and then continues bit-identically.
 #[test]
 fn a_cache_hit_continues_bit_identically_on_the_hybrids() {
-    for name in [
-        "tiny-lfm2",
-        "tiny-qwen3-5",
-        "tiny-qwen3-5-moe",
-        "tiny-qwen3-next",
-        "tiny-mamba2",
-        "tiny-nemotron-h",
-    ] {
+    for name in common::HYBRIDS {
         assert!(continuation_matches_fresh(name, false), "{name}");
     }
     // Planted: one token more claimed than the states consumed.

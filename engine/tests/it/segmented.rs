@@ -235,7 +235,7 @@ fn segmented_orpo_matches_the_full_step() {
 /// and every gradient identical to the whole step.
 #[test]
 fn segmented_hybrids_match_the_full_step() {
-    for name in HYBRIDS {
+    for name in common::HYBRIDS {
         for (method, size) in [("sft", 1), ("sft", 2), ("orpo", 1)] {
             let (same, gap) = compare(name, method, size);
             assert!(
@@ -246,24 +246,12 @@ fn segmented_hybrids_match_the_full_step() {
     }
 }
 
-/// The hybrid fixtures, one per family.
-const HYBRIDS: [&str; 8] = [
-    "tiny-qwen3-5",
-    "tiny-qwen3-5-moe",
-    "tiny-qwen3-next",
-    "tiny-lfm2",
-    "tiny-lfm2-moe",
-    "tiny-mamba2",
-    "tiny-nemotron-h",
-    "tiny-granite-h",
-];
-
 /// Planted: the hidden state's cotangent dropped between segments fails on every hybrid.
 #[test]
 fn planted_dropped_cotangent_fails_on_the_hybrids() {
     let gaps = {
         let _on = plant::on(Defect::DropCotangent).unwrap();
-        HYBRIDS.map(|name| compare(name, "sft", 1).1)
+        common::HYBRIDS.map(|name| compare(name, "sft", 1).1)
     };
     assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
 }

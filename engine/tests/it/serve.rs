@@ -468,20 +468,12 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     let ok: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(ok, 64, "{}", stats(port));
     // A client that leaves mid-stream frees its row.
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     // EOS ids (6, 2) biased away: the stream runs until the client leaves.
-    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
-                      "temperature": 1.0, "logit_bias": {"6": -100, "2": -100}})
-    .to_string();
-    write!(
-        conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut first = [0u8; 512];
-    let _ = conn.read(&mut first).unwrap();
+    let conn = open_stream(
+        port,
+        json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+               "temperature": 1.0, "logit_bias": {"6": -100, "2": -100}}),
+    );
     // While that stream decodes, another request joins it: two rows share a step for
     // certain (not only when the threads above happened to overlap).
     assert_eq!(post(port, "/v1/chat/completions", &ask("hi")).0, 200);
@@ -813,19 +805,11 @@ fn a_hybrid_model_takes_the_batch_lane() {
     let port = batched.port;
     // A stream that runs until its client leaves (EOS ids 8 and 2 biased away): the
     // requests below join a running batch for certain.
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
-                      "logit_bias": {"8": -100, "2": -100}})
-    .to_string();
-    write!(
-        conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut first = [0u8; 512];
-    let _ = conn.read(&mut first).unwrap();
+    let conn = open_stream(
+        port,
+        json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+               "logit_bias": {"8": -100, "2": -100}}),
+    );
     let handles: Vec<_> = bodies
         .iter()
         .cloned()
@@ -850,4 +834,22 @@ fn a_hybrid_model_takes_the_batch_lane() {
         st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 2,
         "rows never shared a step: {st}"
     );
+}
+
+/// Sends `body` as a streamed /v1/completions request on a raw connection and returns the
+/// connection once the first bytes of the stream arrived: the stream is decoding then, and
+/// ends when the connection is dropped.
+fn open_stream(port: u16, body: Value) -> TcpStream {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 512];
+    let _ = conn.read(&mut first).unwrap();
+    conn
 }

@@ -356,22 +356,15 @@ fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
 /// layouts, qwen3_next), short conv (lfm2, lfm2_moe), Mamba-2 (mamba2, nemotron_h,
 /// granitemoehybrid). Their layers' `arrays` caches (conv window + scan state) are stored
 /// and restored beside the attention layers' K/V; an entry serves its exact prefix only
-/// (a recurrent state cannot be trimmed).
-const HYBRIDS: [&str; 9] = [
-    "tiny-qwen3-5",
-    "tiny-qwen3-5-moe",
-    "tiny-qwen3-5-mm",
-    "tiny-qwen3-next",
-    "tiny-lfm2",
-    "tiny-lfm2-moe",
-    "tiny-mamba2",
-    "tiny-nemotron-h",
-    "tiny-granite-h",
-];
+/// (a recurrent state cannot be trimmed). These are the hybrids of `common::HYBRIDS` and
+/// Qwen 3.5's multimodal layout.
+fn hybrids() -> impl Iterator<Item = &'static str> {
+    common::HYBRIDS.into_iter().chain(["tiny-qwen3-5-mm"])
+}
 
 #[test]
 fn a_restart_continues_like_a_fresh_prefill_on_the_hybrids() {
-    for name in HYBRIDS {
+    for name in hybrids() {
         let c = restart_continuation(name, false);
         assert!(c.like_memory && c.like_fresh, "{name}");
     }
@@ -379,7 +372,7 @@ fn a_restart_continues_like_a_fresh_prefill_on_the_hybrids() {
 
 #[test]
 fn planted_one_token_too_many_restored_is_caught_on_the_hybrids() {
-    for name in HYBRIDS {
+    for name in hybrids() {
         let c = restart_continuation(name, true);
         assert!(!c.like_memory && !c.like_fresh, "{name}");
     }

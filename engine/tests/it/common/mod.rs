@@ -8,6 +8,20 @@ use std::path::{Path, PathBuf};
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::{generate_in, Flow, Session};
 
+/// One tiny model per hybrid family (recurrent states beside or instead of attention):
+/// qwen3_5 and its MoE, qwen3_next (gated delta nets), lfm2 and its MoE (short conv),
+/// mamba2, nemotron_h, granitemoehybrid (Mamba-2).
+pub const HYBRIDS: [&str; 8] = [
+    "tiny-qwen3-5",
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-lfm2",
+    "tiny-lfm2-moe",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-granite-h",
+];
+
 /// The committed goldens directory.
 pub fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
