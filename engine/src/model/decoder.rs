@@ -61,6 +61,26 @@ pub struct Dims {
     pub ffn_module: &'static str,
 }
 
+/// `Dims` from a family's args with config.json's usual names (`num_hidden_layers`,
+/// `hidden_size`, `vocab_size`, `rms_norm_eps`, `tie_word_embeddings`); the feed-forward
+/// under `mlp` unless named.
+macro_rules! dims_of {
+    ($a:expr) => {
+        $crate::model::decoder::dims_of!($a, "mlp")
+    };
+    ($a:expr, $ffn:expr) => {
+        $crate::model::decoder::Dims {
+            layers: $a.num_hidden_layers,
+            hidden: $a.hidden_size,
+            vocab: $a.vocab_size,
+            rms_norm_eps: $a.rms_norm_eps,
+            tie_word_embeddings: $a.tie_word_embeddings,
+            ffn_module: $ffn,
+        }
+    };
+}
+pub(crate) use dims_of;
+
 /// Reads an RMSNorm (`prefix`, width, eps) from the checkpoint.
 pub type NormLoader = fn(&mut Weights, &str, i32, f32) -> Result<RmsNorm, LoadError>;
 

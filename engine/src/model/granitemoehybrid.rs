@@ -21,7 +21,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::decoder::{
-    Decoder, Dims, EmbedScale, FeedForward, Mixer, NamedAttention, Residual, Style,
+    dims_of, Decoder, EmbedScale, FeedForward, Mixer, NamedAttention, Residual, Style,
 };
 use super::layers::{swiglu, Attention, Glu, Linear, Mlp, Rope};
 use super::mamba2::sanitize_conv;
@@ -236,14 +236,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         )?;
     }
     sanitize(&mut w, &a)?;
-    let dims = Dims {
-        layers: a.num_hidden_layers,
-        hidden: a.hidden_size,
-        vocab: a.vocab_size,
-        rms_norm_eps: a.rms_norm_eps,
-        tie_word_embeddings: a.tie_word_embeddings,
-        ffn_module: "mlp",
-    };
+    let dims = dims_of!(a);
     let style = Style {
         residual: Residual::Scaled(a.residual_multiplier),
         embed_scale: Some(EmbedScale {

@@ -9,7 +9,7 @@
 
 use serde::Deserialize;
 
-use super::decoder::{Decoder, Dims, Mixer};
+use super::decoder::{dims_of, Decoder, Mixer};
 use super::moe::{MoeDims, Router};
 use super::moe_family::{check_top_k, load_attention, AttnShape, Ffn, SharedMoe};
 use crate::load::config::ModelConfig;
@@ -89,14 +89,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     if a.tie_word_embeddings {
         w.discard(|n| n == "lm_head.weight");
     }
-    let dims = Dims {
-        layers: a.num_hidden_layers,
-        hidden: a.hidden_size,
-        vocab: a.vocab_size,
-        rms_norm_eps: a.rms_norm_eps,
-        tie_word_embeddings: a.tie_word_embeddings,
-        ffn_module: "mlp",
-    };
+    let dims = dims_of!(a);
     let attn = attention_shape(&a);
     Decoder::load(config, w, dims, |w, p, _| {
         let mixer: Box<dyn Mixer> = Box::new(load_attention(w, p, &attn)?);

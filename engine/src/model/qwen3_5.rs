@@ -22,7 +22,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::decoder::{kv_cache, Built, Decoder, Dims, Mixer};
+use super::decoder::{dims_of, kv_cache, Built, Decoder, Mixer};
 use super::gated_delta::{GatedDeltaNet, GdnLayout, GdnShape};
 use super::layers::{Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{unfuse_experts, MoeDims, Router};
@@ -325,14 +325,7 @@ pub(crate) fn build(
         conv_kernel: a.linear_conv_kernel_dim,
         eps: a.rms_norm_eps,
     };
-    let dims = Dims {
-        layers: a.num_hidden_layers,
-        hidden: a.hidden_size,
-        vocab: a.vocab_size,
-        rms_norm_eps: a.rms_norm_eps,
-        tie_word_embeddings: a.tie_word_embeddings,
-        ffn_module: "mlp",
-    };
+    let dims = dims_of!(a);
     let interval = a.full_attention_interval.max(1);
     Decoder::load(config, w, dims, |w, p, i| {
         let mixer: Box<dyn Mixer> = match (i + 1) % interval != 0 {
