@@ -3,8 +3,8 @@ embedding (and unembedding) is resized to a real tokenizer's vocabulary.
 
     oracles/.venv/bin/python oracles/gen_l1_vocab.py [NAME ...] [--out DIR]
 
-NAME is one of the harness's pairings (`vocab-qwen3`, `vocab-gemma3`, `vocab-llama3.1`,
-`vocab-mistral-v3`, see harness/src/parity/vocab.rs). The model dirs are not committed: the
+NAME is one of the harness's pairings (`vocab-qwen3`, `vocab-qwen3-5`, `vocab-qwen3-next`,
+`vocab-gemma3`, `vocab-llama3.1`, `vocab-mistral-v3`, see harness/src/parity/vocab.rs). The model dirs are not committed: the
 harness writes them into the cache dir (`harness goldens vocab-model NAME`, a seeded
 generator over a tiny model of goldens/models plus a fetched tokenizer fixture), and this
 script reads those bytes; the golden pins the weights file's sha256.
@@ -34,7 +34,8 @@ from transformers import AutoTokenizer
 from gen_l1 import prompt_cases
 from provenance import REPO, golden_dir, provenance, write_json
 
-NAMES = ["vocab-qwen3", "vocab-gemma3", "vocab-llama3.1", "vocab-mistral-v3"]
+NAMES = ["vocab-qwen3", "vocab-qwen3-5", "vocab-qwen3-next", "vocab-gemma3", "vocab-llama3.1",
+         "vocab-mistral-v3"]
 RAW_PROMPTS = [
     "The little robot",
     "Ünïcödé façade — naïve café. 日本語のテキスト، العربية, русский 🙂🚀",
@@ -60,6 +61,14 @@ def digest(logits):
     top = np.argsort(-values, kind="stable")[:TOP]
     return {"sha256": hashlib.sha256(values.astype("<f4").tobytes()).hexdigest(),
             "top": [[int(i), float(values[i])] for i in top]}
+
+
+def vocab_size(model):
+    """The model's vocab_size: its args', or its text model's (qwen3_5 keeps a text_config)."""
+    for m in (model, getattr(model, "language_model", None)):
+        if hasattr(getattr(m, "args", None), "vocab_size"):
+            return int(m.args.vocab_size)
+    return None
 
 
 def run(model, prompt_ids):
@@ -90,7 +99,7 @@ def main(names, out_root) -> None:
             "provenance": provenance("mlx-lm", "mlx-lm"),
             "generator": "oracles/gen_l1_vocab.py",
             "model": name,
-            "vocab_size": int(model.args.vocab_size) if hasattr(model, "args") else None,
+            "vocab_size": vocab_size(model),
             "tokenizer_length": len(hf),
             "source": (path / "SOURCE").read_text().strip() if (path / "SOURCE").is_file() else None,
             "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest(),

@@ -40,6 +40,20 @@ pub const PAIRINGS: &[Pairing] = &[
         base: "tiny-qwen3",
         vocab_size: 151_936,
     },
+    // The hybrids of the Qwen family on Qwen3's tokenizer (Qwen3-Next ships it; the npm
+    // package serves the family): gated delta nets at a real vocabulary.
+    Pairing {
+        name: "vocab-qwen3-5",
+        fixture: "qwen3",
+        base: "tiny-qwen3-5",
+        vocab_size: 151_936,
+    },
+    Pairing {
+        name: "vocab-qwen3-next",
+        fixture: "qwen3",
+        base: "tiny-qwen3-next",
+        vocab_size: 151_936,
+    },
     Pairing {
         name: "vocab-gemma3",
         fixture: "gemma3",

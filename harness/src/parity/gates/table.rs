@@ -56,6 +56,8 @@ pub static L1_VOCAB: Gate = Gate {
     generator: Some(("gen_l1_vocab.py", &["{model}"])),
     models: Models::Listed(&[
         "vocab-qwen3",
+        "vocab-qwen3-5",
+        "vocab-qwen3-next",
         "vocab-gemma3",
         "vocab-llama3.1",
         "vocab-mistral-v3",
