@@ -32,6 +32,9 @@ pub struct Family {
     pub tensor: bool,
     /// Pipeline parallel (`PipelineMixin` in mlx-lm 0.32.2).
     pub pipeline: bool,
+    /// The parallel modes mlx-lm 0.32.2 has for the family that the engine does not run
+    /// yet (not built and gated here): their refusal says so, not that mlx-lm lacks them.
+    pub mlx_lm_only: &'static [Mode],
 }
 
 /// A family's row with every capability off; rows below switch theirs on.
@@ -44,6 +47,7 @@ const fn row(model_type: &'static str, build: Build) -> Family {
         convert: false,
         tensor: false,
         pipeline: false,
+        mlx_lm_only: &[],
     }
 }
 
@@ -208,16 +212,19 @@ pub static FAMILIES: &[Family] = &[
     Family {
         lora: true,
         segmented: true,
+        mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
         ..row("qwen3_5", qwen3_5)
     },
     Family {
         lora: true,
         segmented: true,
+        mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
         ..row("qwen3_5_moe", qwen3_5)
     },
     Family {
         lora: true,
         segmented: true,
+        mlx_lm_only: &[Mode::Pipeline],
         ..row("qwen3_next", qwen3_next)
     },
     Family {
@@ -275,12 +282,21 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
     }
 }
 
-/// The refusal for a family that does not run under `mode` (mlx-lm 0.32.2 does not shard
-/// it that way either).
+/// The refusal for a family that does not run under `mode`: mlx-lm 0.32.2 does not shard
+/// it that way either, or does and the engine's split is not built and gated yet.
 pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
+    let mlx_lm_has = FAMILIES
+        .iter()
+        .any(|f| f.model_type == model_type && f.mlx_lm_only.contains(&mode));
+    let why = match mlx_lm_has {
+        true => {
+            "mlx-lm 0.32.2 shards it so, but this engine's split of it is not built and \
+                 gated yet"
+        }
+        false => "mlx-lm 0.32.2 does not shard it that way either",
+    };
     LoadError::Unsupported(format!(
-        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
-         either); families that can: {}",
+        "`{model_type}` cannot run {} parallel ({why}); families that can: {}",
         mode.name(),
         names(|f| parallel(f, mode))
     ))
@@ -289,6 +305,27 @@ pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A refusal says whether mlx-lm has the mode (qwen3_5 shards in mlx-lm, llama has no
+    /// pipeline there).
+    #[test]
+    fn parallel_refusals_say_whether_mlx_lm_has_the_mode() {
+        let says = |t: &str, m: Mode| parallel_refusal(t, m).to_string();
+        assert!(says("qwen3_5", Mode::Tensor).contains("mlx-lm 0.32.2 shards it so"));
+        assert!(says("qwen3_next", Mode::Pipeline).contains("mlx-lm 0.32.2 shards it so"));
+        assert!(says("qwen3_next", Mode::Tensor).contains("does not shard it that way either"));
+        assert!(says("llama", Mode::Pipeline).contains("does not shard it that way either"));
+        for f in FAMILIES {
+            for m in f.mlx_lm_only {
+                assert!(
+                    !parallel(f, *m),
+                    "{}: runs {} and lists it",
+                    f.model_type,
+                    m.name()
+                );
+            }
+        }
+    }
 
     #[test]
     fn every_model_type_has_one_row() {
