@@ -49,6 +49,14 @@
                      attention without positions, ReLU² MLPs), mamba 8 heads of 16 in 2 groups,
                      state 16, conv bias, no time_step_limit (mlx-lm's default (0, inf)), HF
                      [C, 1, K] conv kernels, A_log/dt_bias/D drawn, bf16
+- tiny-falcon-h1      falcon_h1 (Falcon-H1): 4 layers, each attention (GQA 4/2, head 16, RoPE 10000)
+                     and a Mamba-2 mixer (8 heads of 16 in 2 groups, state 16, conv kernel 4 with
+                     bias, no gated norm: mamba_rms_norm false) run side by side on one normed
+                     input, then a SwiGLU feed-forward; every µP multiplier away from one
+                     (attention_in_multiplier 1.125, the rest mlx-lm's defaults), saved unfolded
+                     in Hugging Face's layout ([C, 1, K] conv kernels) so that mlx-lm's sanitize
+                     folds the multipliers into the weights; tied head, A_log/dt_bias/D drawn,
+                     bf16
 
 The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
 Everything is seeded.
@@ -58,7 +66,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import granitemoehybrid, lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
+from mlx_lm.models import falcon_h1, granitemoehybrid, lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -331,6 +339,31 @@ def make_nemotron_h(job: Job) -> Path:
     mx.eval(model.parameters())
     return write_model(job, hf_conv_layout(weights_of(model)), cfg,
                        f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout")
+
+
+def make_falcon_h1(job: Job) -> Path:
+    cfg = {
+        "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1",
+        "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
+        "mamba_d_ssm": 128, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 128, "mamba_conv_bias": True,
+        "mamba_proj_bias": False, "mamba_rms_norm": False, "mamba_norm_before_gate": False,
+        "mlp_bias": False, "projectors_bias": False, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+        "rope_traditional": False, "max_position_embeddings": 4096, "tie_word_embeddings": True,
+        "attention_in_multiplier": 1.125, "attention_out_multiplier": 0.9375, "key_multiplier": 0.390625,
+        "embedding_multiplier": 5.656854249492381, "lm_head_multiplier": 0.0390625,
+        "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.23570226039551587,
+        "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+        "mlp_multipliers": [0.8838834764831844, 0.5859375],
+    }
+    model = random_model(falcon_h1, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([layer.mamba for layer in model.layers], job.seed)
+    mx.eval(model.parameters())
+    return write_model(job, hf_conv_layout(weights_of(model)), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, unfolded "
+                       f"multipliers and HF conv layout (mlx-lm's sanitize folds them), tied")
 
 
 if __name__ == "__main__":

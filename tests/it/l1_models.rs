@@ -110,6 +110,7 @@ fn chunked_prefill_is_bit_exact() {
         "tiny-qwen3-next",
         "tiny-mamba2",
         "tiny-nemotron-h",
+        "tiny-falcon-h1",
     ] {
         let dir = model_dir(name).unwrap();
         let model = engine::model::load(&dir).unwrap();
@@ -332,6 +333,17 @@ fn planted_multiplier_defects_fail_l1_on_granite_h() {
     for plant in ["residual_multiplier=1.0", "logits_scaling=1.0"] {
         let report = l1("tiny-granite-h", Some(plant));
         assert_fails_at_prefill(&report, &format!("granitemoehybrid with {plant}"));
+    }
+}
+
+/// falcon_h1 (attention beside a Mamba-2 mixer in every layer, µP multipliers folded into
+/// the weights by the sanitize): planted, the SSM branch's or attention's output multiplier
+/// left at 1 (so not folded into out_proj / o_proj) — each breaks every case's first logits.
+#[test]
+fn planted_multiplier_defects_fail_l1_on_falcon_h1() {
+    for plant in ["ssm_out_multiplier=1.0", "attention_out_multiplier=1.0"] {
+        let report = l1("tiny-falcon-h1", Some(plant));
+        assert_fails_at_prefill(&report, &format!("falcon_h1 with {plant}"));
     }
 }
 

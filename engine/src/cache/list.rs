@@ -5,8 +5,9 @@
 //! rows with the i-th part's own kind). Its snapshot nests the parts' (each part's kind,
 //! offset, meta, quantization and tensor count in `caches`, their tensors in order) and
 //! `restore` rebuilds each part through the same table. The mask and RoPE position
-//! are the first part's (mlx-lm's models ask the part they attend with). No model uses it
-//! yet (issue 37's hybrids will).
+//! are those of the first part with K/V (mlx-lm's models ask the part they attend with:
+//! falcon_h1's `create_attention_mask(h, cache[1])`), or the first part's if none has K/V.
+//! Falcon-H1's layers keep one: [ArraysCache, KvCache].
 
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
@@ -86,6 +87,12 @@ impl CacheList {
         Ok(CacheList { caches })
     }
 
+    /// The part attention reads: the first with K/V, else the first.
+    fn attended(&self) -> Option<&dyn Cache> {
+        let kv = self.caches.iter().find(|c| c.as_kv_ref().is_some());
+        kv.or(self.caches.first()).map(|c| c.as_ref())
+    }
+
     /// The attention reading quantized parts (mlx-lm's, unless a part says otherwise).
     fn sdpa(&self) -> QuantSdpa {
         self.caches
@@ -156,20 +163,23 @@ impl Cache for CacheList {
     }
 
     fn make_mask(&self, n: i32, window: Option<i32>) -> Result<Mask, Exception> {
-        match self.caches.first() {
+        match self.attended() {
             Some(c) => c.make_mask(n, window),
             None => Ok(Mask::None),
         }
     }
 
     fn rope_offset(&self) -> RopeOffset {
-        self.caches
-            .first()
+        self.attended()
             .map_or(RopeOffset::Int(0), |c| c.rope_offset())
     }
 
     fn sub_caches(&self) -> Option<&[Box<dyn Cache>]> {
         Some(&self.caches)
+    }
+
+    fn sub_caches_mut(&mut self) -> Option<&mut [Box<dyn Cache>]> {
+        Some(&mut self.caches)
     }
 
     fn checkpoint(&self) -> Option<Snapshot> {

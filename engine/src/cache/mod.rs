@@ -98,6 +98,10 @@ pub trait Cache {
     fn sub_caches(&self) -> Option<&[Box<dyn Cache>]> {
         None
     }
+    /// As `sub_caches`, to update them (a parallel mixer hands each branch its part).
+    fn sub_caches_mut(&mut self) -> Option<&mut [Box<dyn Cache>]> {
+        None
+    }
     /// Makes `dep` part of this cache's state, evaluated with it (a pipeline stage's send);
     /// false where this kind cannot carry one.
     fn carry(&mut self, _dep: &Array) -> bool {

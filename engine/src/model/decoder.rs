@@ -132,6 +132,9 @@ pub struct Style {
     pub logit_softcap: Option<f32>,
     /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
     pub logits_scaling: Option<f32>,
+    /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a
+    /// Python float formed in double precision, then weak).
+    pub logits_multiplier: Option<f64>,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
     pub lora: bool,
     /// Whether optiq's assistant drafter may draft for it (Gemma 4).
@@ -150,6 +153,7 @@ impl Default for Style {
             side: None,
             logit_softcap: None,
             logits_scaling: None,
+            logits_multiplier: None,
             lora: true,
             assistant_target: false,
         }
@@ -239,6 +243,7 @@ pub struct Decoder {
     residual: Residual,
     head: OutputHead,
     logits_scaling: Option<f32>,
+    logits_multiplier: Option<f64>,
     lora: bool,
     assistant_target: bool,
     /// Pipeline parallel: this rank's stage (`layers` then holds only its layers).
@@ -345,6 +350,7 @@ impl Decoder {
             residual: style.residual,
             head,
             logits_scaling: style.logits_scaling,
+            logits_multiplier: style.logits_multiplier,
             lora: style.lora,
             assistant_target: style.assistant_target,
             stage: None,
@@ -451,8 +457,12 @@ impl Decoder {
     /// Final norm and output head → logits.
     pub fn head(&self, h: &Array) -> R<Array> {
         let logits = self.head.forward(&self.embed, h)?;
-        match self.logits_scaling {
-            Some(s) => logits.divide(crate::scalar::weak(s as f64, &logits)?),
+        let logits = match self.logits_scaling {
+            Some(s) => logits.divide(crate::scalar::weak(s as f64, &logits)?)?,
+            None => logits,
+        };
+        match self.logits_multiplier {
+            Some(m) => logits.multiply(crate::scalar::weak(m, &logits)?),
             None => Ok(logits),
         }
     }

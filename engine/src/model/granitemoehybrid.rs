@@ -28,7 +28,7 @@ use super::mamba2::sanitize_conv;
 use super::moe::{unfuse_experts, MoeDims, Router, SparseMoe, SwitchLinear, EXPERT_NAMES};
 use super::moe_family::check_top_k;
 use super::shard::Part;
-use super::ssm::{Mamba2Mixer, SsmShape};
+use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -123,7 +123,8 @@ impl GraniteArgs {
             use_conv_bias: self.mamba_conv_bias.unwrap_or(false),
             eps: self.rms_norm_eps,
             limits: (self.time_step_limit.0 as f32, self.time_step_limit.1 as f32),
-            norm_groups: None,
+            out_bias: self.mamba_proj_bias.unwrap_or(false),
+            norm: GatedNorm::AfterGate,
             cast_d: true,
             scan_lengths: true,
         })

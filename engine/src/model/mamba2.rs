@@ -11,7 +11,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Built, Decoder, Dims, Names, Style};
-use super::ssm::{Mamba2Mixer, SsmShape};
+use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -60,7 +60,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         use_conv_bias: a.use_conv_bias,
         eps: a.layer_norm_epsilon,
         limits: (a.time_step_limit.0 as f32, a.time_step_limit.1 as f32),
-        norm_groups: None,
+        out_bias: a.use_bias,
+        norm: GatedNorm::AfterGate,
         cast_d: false,
         scan_lengths: true,
     };

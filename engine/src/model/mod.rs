@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
 pub mod gemma4;

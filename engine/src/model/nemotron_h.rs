@@ -23,7 +23,7 @@ use super::decoder::{Built, Decoder, Dims, Mixer, NamedAttention, Names, Style};
 use super::layers::{compiled_shapeless, Attention, CompiledFn, Linear, Rope};
 use super::mamba2::sanitize_conv;
 use super::shard::Part;
-use super::ssm::{Mamba2Mixer, SsmShape};
+use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
 use crate::cache::none::PassThrough;
 use crate::cache::{Cache, Mask};
 use crate::load::config::ModelConfig;
@@ -175,7 +175,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         use_conv_bias: a.use_conv_bias,
         eps: a.layer_norm_epsilon,
         limits: (a.time_step_limit.0 as f32, a.time_step_limit.1 as f32),
-        norm_groups: Some(a.n_groups),
+        out_bias: a.mamba_proj_bias,
+        norm: GatedNorm::Grouped(a.n_groups),
         cast_d: true,
         scan_lengths: false,
     };

@@ -107,6 +107,10 @@ fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
 
+fn falcon_h1(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::falcon_h1::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -242,6 +246,9 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("granitemoehybrid", granitemoehybrid)
     },
+    // L1 only so far: LoRA (so segmented training) is not gated against mlx-lm's trainer for
+    // its parallel attention + SSM layers, nor convert; mlx-lm does not shard it.
+    row("falcon_h1", falcon_h1),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

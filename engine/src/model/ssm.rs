@@ -9,6 +9,9 @@
 //!     S = (dt·x ⊙ decay_last)ᵀ · B + exp(Σ dt·A) ⊙ S
 //!   y = y + x·D;  out = out_proj(rms_norm(silu(gate) · y))
 //!
+//! The gated norm is the family's (`GatedNorm`): Mamba-2's over all channels, Nemotron-H's
+//! per group, Falcon-H1's before the gate or none at all.
+//!
 //! B and C have `n_groups` groups shared by the heads (each repeated to heads / groups).
 //! The layer's `ArraysCache` holds [conv_state, S].
 
@@ -44,19 +47,36 @@ pub struct SsmShape {
     /// N, the state's width per group.
     pub state: i32,
     pub conv_kernel: i32,
+    /// in_proj's bias (and out_proj's unless `out_bias` says otherwise).
     pub use_bias: bool,
+    /// out_proj's bias (Falcon-H1's `projectors_bias`; the others: `use_bias`).
+    pub out_bias: bool,
     pub use_conv_bias: bool,
     pub eps: f32,
     /// dt's clip bounds (`time_step_limit`).
     pub limits: (f32, f32),
-    /// Nemotron-H's gated norm: normalized per group of `inner / norm_groups` channels (no
-    /// weight inside), then scaled by the weight; None: Mamba-2's, over all channels.
-    pub norm_groups: Option<i32>,
+    /// How silu(gate) and y meet the norm.
+    pub norm: GatedNorm,
     /// Nemotron-H casts D to x's dtype before the skip term (`D.astype(x.dtype)`).
     pub cast_d: bool,
     /// Whether the scan reads a batched prefill's lengths (Mamba-2's does; Nemotron-H's
     /// passes only the mask).
     pub scan_lengths: bool,
+}
+
+/// The mixer's gated norm, by family.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GatedNorm {
+    /// Mamba-2's (and Falcon-H1's with `mamba_rms_norm`): rms_norm(silu(gate) · y) over all
+    /// channels, weighted.
+    AfterGate,
+    /// Nemotron-H's: silu(gate) · y normalized per group of `inner / groups` channels (no
+    /// weight inside), then scaled by the weight.
+    Grouped(i32),
+    /// Falcon-H1's `mamba_norm_before_gate`: silu(gate) · rms_norm(y), weighted.
+    BeforeGate,
+    /// Falcon-H1 without `mamba_rms_norm`: silu(gate) · y, no norm (and no weight).
+    Absent,
 }
 
 impl SsmShape {
@@ -77,7 +97,8 @@ pub struct Mamba2Mixer {
     dt_bias: Array,
     a_log: Array,
     d: Array,
-    norm: Array,
+    /// The gated norm's weight (none when the norm is `Absent`).
+    norm: Option<Array>,
     out_proj: Linear,
     shape: SsmShape,
     /// The mixer's name within a layer (`mixer`), for LoRA's names.
@@ -99,15 +120,20 @@ impl Mamba2Mixer {
                 shape.heads, shape.groups
             )));
         }
-        let lin = |w: &mut Weights, n: &str, out_in: [i32; 2]| {
-            Linear::load(w, &format!("{prefix}.{n}"), shape.use_bias, out_in)
+        let lin = |w: &mut Weights, n: &str, bias: bool, out_in: [i32; 2]| {
+            Linear::load(w, &format!("{prefix}.{n}"), bias, out_in)
         };
         let take =
             |w: &mut Weights, n: &str, dims: &[i32]| w.take_shaped(&format!("{prefix}.{n}"), dims);
         let (hidden, inner, heads, conv_dim) =
             (shape.hidden, shape.inner(), shape.heads, shape.conv_dim());
         Ok(Mamba2Mixer {
-            in_proj: lin(w, "in_proj", [inner + conv_dim + heads, hidden])?,
+            in_proj: lin(
+                w,
+                "in_proj",
+                shape.use_bias,
+                [inner + conv_dim + heads, hidden],
+            )?,
             conv: take(w, "conv1d.weight", &[conv_dim, shape.conv_kernel, 1])?,
             conv_bias: match shape.use_conv_bias {
                 true => Some(take(w, "conv1d.bias", &[conv_dim])?),
@@ -116,8 +142,11 @@ impl Mamba2Mixer {
             dt_bias: take(w, "dt_bias", &[heads])?,
             a_log: take(w, "A_log", &[heads])?,
             d: take(w, "D", &[heads])?,
-            norm: take(w, "norm.weight", &[inner])?,
-            out_proj: lin(w, "out_proj", [hidden, inner])?,
+            norm: match shape.norm {
+                GatedNorm::Absent => None,
+                _ => Some(take(w, "norm.weight", &[inner])?),
+            },
+            out_proj: lin(w, "out_proj", shape.out_bias, [hidden, inner])?,
             shape,
             name,
         })
@@ -218,17 +247,24 @@ impl Mixer for Mamba2Mixer {
             c.advance(l);
         }
         let y = y.reshape(&[b, l, inner])?;
-        let gated = swiglu(gate, &y)?;
-        let groups = sh
-            .norm_groups
-            .filter(|_| !crate::plant::is(crate::plant::Defect::SsmNormUngrouped));
-        let y = match groups {
-            None => fast::rms_norm(&gated, Some(&self.norm), sh.eps)?,
-            Some(groups) => {
+        let norm = match sh.norm {
+            GatedNorm::Grouped(_) if crate::plant::is(crate::plant::Defect::SsmNormUngrouped) => {
+                GatedNorm::AfterGate
+            }
+            n => n,
+        };
+        let weight = self.norm.as_ref();
+        let y = match norm {
+            GatedNorm::AfterGate => fast::rms_norm(&swiglu(gate, &y)?, weight, sh.eps)?,
+            GatedNorm::Grouped(groups) => {
+                let gated = swiglu(gate, &y)?;
                 let grouped = gated.reshape(&[b, l, groups, inner / groups])?;
                 let normed = fast::rms_norm(&grouped, None, sh.eps)?;
-                self.norm.multiply(normed.reshape(&[b, l, inner])?)?
+                let weight = weight.ok_or_else(|| Exception::custom("no gated norm weight"))?;
+                weight.multiply(normed.reshape(&[b, l, inner])?)?
             }
+            GatedNorm::BeforeGate => swiglu(gate, &fast::rms_norm(&y, weight, sh.eps)?)?,
+            GatedNorm::Absent => swiglu(gate, &y)?,
         };
         self.out_proj.forward(&y)
     }

@@ -19,6 +19,12 @@ type R<T> = Result<T, Exception>;
 /// A layer's token mixer: reads the normed hidden state, keeps its state in its cache.
 pub trait Mixer {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array>;
+    /// The branches the layer adds to the residual stream one after the other
+    /// (`(h + r₀) + r₁ …`): the one output (the default), or a parallel mixer's (Falcon-H1's
+    /// SSM branch, then its attention, as `residual + mamba_h + attn_h` sums them).
+    fn forward_branches(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Vec<Array>> {
+        Ok(vec![self.forward(x, mask, cache)?])
+    }
     /// A fresh cache of the kind this mixer keeps.
     fn make_cache(&self) -> Box<dyn Cache>;
     /// The attention window it reads within (its mask's); None: every position before.
@@ -203,16 +209,22 @@ impl Layer {
             None => Ok(r),
         };
         let x = self.norm_in.forward(&h)?;
-        let (r, lent) = match io {
-            Io::Own(cache) => (self.mixer.forward(&x, mask, cache)?, None),
+        let (branches, lent) = match io {
+            Io::Own(cache) => (self.mixer.forward_branches(&x, mask, cache)?, None),
             Io::Lend(cache) => {
                 let (r, lent) = self.mixer.forward_lending(&x, mask, cache)?;
-                (r, Some(lent))
+                (vec![r], Some(lent))
             }
-            Io::Borrow(lent) => (self.mixer.forward_borrowing(&x, mask, lent)?, None),
-            Io::Stateless => (self.mixer.forward(&x, mask, &mut PassThrough)?, None),
+            Io::Borrow(lent) => (vec![self.mixer.forward_borrowing(&x, mask, lent)?], None),
+            Io::Stateless => (
+                self.mixer.forward_branches(&x, mask, &mut PassThrough)?,
+                None,
+            ),
         };
-        let h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
+        let mut h = h;
+        for r in branches {
+            h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
+        }
         let h = match (&self.norm_post, &self.ffn) {
             (Some(norm), Some(ffn)) => {
                 let r = ffn.forward_with_residual(&norm.forward(&h)?, &h)?;
