@@ -231,19 +231,11 @@ fn hostile_inputs_are_4xx_and_harmless() {
 #[test]
 fn a_client_leaving_mid_stream_is_cancelled() {
     let s = serve(&[]);
-    let body = json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
-                      "temperature": 1.0, "seed": 3});
-    let mut conn = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
-    let text = body.to_string();
-    write!(
-        conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{text}",
-        text.len()
-    )
-    .unwrap();
-    let mut first = [0u8; 512];
-    let _ = conn.read(&mut first).unwrap();
+    let conn = open_stream(
+        s.port,
+        json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+               "temperature": 1.0, "seed": 3}),
+    );
     drop(conn);
     let start = Instant::now();
     loop {
