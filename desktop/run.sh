@@ -6,6 +6,7 @@
 #   bash desktop/run.sh build [ARGS]  cargo build of the shell (ARGS: e.g. --release)
 #   bash desktop/run.sh start [ARGS]  build engine + shell and open the window
 #                                     (ARGS go to engine-desktop; default model: the trained tiny one)
+#   bash desktop/run.sh build-tests   compile the smoke tests only
 #   bash desktop/run.sh test          smoke tests under Xvfb (target/e2e/desktop*.png)
 #   bash desktop/run.sh lint          rustfmt --check and clippy -D warnings
 #
@@ -63,8 +64,12 @@ can_apt() {
 
 apt_install() {
   echo "installing with apt: $*" >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 \
-    || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
+  # One apt at a time (.ci/run lints the shell while scripts/test.sh may install chromium).
+  (
+    flock 9
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null 2>&1 \
+      || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null; }
+  ) 9>"${TMPDIR:-/tmp}/mlx-engine-apt.lock"
 }
 
 # Makes sure the libraries (and with "test", the test tools) are there: installs them as
@@ -118,6 +123,12 @@ case "$cmd" in
     fi
     exec "$here/target/release/engine-desktop" --engine "$repo/target/release/engine" "${args[@]}"
     ;;
+  build-tests)
+    # What `test` compiles, without running it (scripts/test.sh builds it at low priority
+    # while the workspace's tests run).
+    ensure tools
+    cargo test --manifest-path "$manifest" --no-run "$@"
+    ;;
   test)
     ensure tools
     # The engine binary as the workspace's tests build it (a no-op after scripts/test.sh's
@@ -132,7 +143,7 @@ case "$cmd" in
     cargo clippy --manifest-path "$manifest" --all-targets -- -D warnings
     ;;
   *)
-    sed -n '2,12p' "${BASH_SOURCE[0]}" >&2
+    sed -n '2,13p' "${BASH_SOURCE[0]}" >&2
     exit 2
     ;;
 esac

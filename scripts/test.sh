@@ -11,16 +11,103 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian's chromium for the chat page's end-to-end test" >&2
-    apt-get install -y -qq chromium >/dev/null 2>&1 \
-      || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+    (
+      flock 9 # one apt at a time (desktop/run.sh may install the webview's libraries)
+      apt-get install -y -qq chromium >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+    ) 9>"${TMPDIR:-/tmp}/mlx-engine-apt.lock"
   else
     echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) or set CHROMIUM" >&2
   fi
 fi
 # The real tokenizers the tokenization and detokenizer gates run on (cache dir, pinned sha256).
 bash scripts/fetch_fixtures.sh
-cargo test --workspace "$@" -- --test-threads=1
+# The desktop shell's smoke tests compile in the background at the lowest priority: the
+# workspace's build and tests come first, and the shell's build takes what CPU they leave
+# (the test lanes below wait on sockets and browsers much of the time). Its own cargo
+# target dir (desktop/target) keeps it off the workspace's lock.
+desktop_log="$(mktemp)"
+nice -n 19 bash desktop/run.sh build-tests >"$desktop_log" 2>&1 &
+desktop_build=$!
+# Build every test binary once, then run them in two lanes side by side: MLX work stays on
+# one thread inside each binary (--test-threads=1), and separate processes share nothing
+# but the disk. The engine's integration tests are one lane (the longest binary, and the
+# only one besides harness/tests/it that opens loopback ports for distributed ranks, which
+# are taken free-then-bound: the two stay apart), less its training tests; every other
+# binary runs in the other lane, in cargo's order. Each line of output is prefixed with its lane; each lane runs all its
+# binaries and the script fails if any test failed. `cargo test` alone still runs them all
+# one after another.
+artifacts="$(mktemp)"
+trap 'rm -f "$artifacts" "$artifacts".* "$desktop_log"' EXIT
+cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"$artifacts"
+# One line per test binary (the profile's "test": true; the plain binaries the tests run
+# are artifacts too): its executable, the package directory cargo runs it in (with
+# CARGO_MANIFEST_DIR set), and its source as a label.
+field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
+engine_it=() other=()
+split_off="train::"
+while IFS= read -r line; do
+  exe="$(field executable "$line")"
+  [ -n "$exe" ] || continue
+  dir="$(dirname "$(field manifest_path "$line")")"
+  src="$(field src_path "$line")"
+  entry="$exe|$dir|${src#"$PWD"/}"
+  if [ "$src" = "$PWD/engine/tests/it/main.rs" ]; then
+    # Its training tests (in-process MLX, temp dirs only) go to the other lane, which is
+    # shorter by about their length; libtest's filter and --skip match the same names.
+    engine_it+=("$entry|--skip $split_off")
+    other+=("$entry|$split_off")
+  else
+    other+=("$entry|")
+  fi
+done < <(grep -E '"profile":\{[^}]*"test":true\}' "$artifacts")
+if [ "${#engine_it[@]}" -eq 0 ] && [ "${#other[@]}" -eq 0 ]; then
+  echo "cargo built no test binaries" >&2
+  exit 1
+fi
+run_lane() { # LANE ENTRY...: runs each binary, prints `LANE: failed …` per failure
+  local lane="$1"
+  shift
+  (
+    failed=0
+    for entry in "$@"; do
+      IFS='|' read -r exe dir label filter <<<"$entry"
+      echo "     Running $label${filter:+ ($filter)} (${exe#"$PWD"/})"
+      # shellcheck disable=SC2086 # the filter is words: a name, or --skip and a name
+      if ! (cd "$dir" && CARGO_MANIFEST_DIR="$dir" "$exe" --test-threads=1 $filter); then
+        echo "FAILED: $label"
+        failed=1
+      fi
+    done
+    exit "$failed"
+  ) 2>&1 | sed -u "s/^/[$lane] /"
+  return "${PIPESTATUS[0]}"
+}
+run_lane_status() { # the lane's exit status goes to a file: `wait` on a pipeline is murky
+  local lane="$1"
+  shift
+  local rc=0
+  run_lane "$lane" "$@" || rc=$?
+  echo "$rc" >"$artifacts.$lane"
+}
+run_lane_status engine-it "${engine_it[@]}" &
+lane_a=$!
+run_lane_status rest "${other[@]}" &
+lane_b=$!
+wait "$lane_a" "$lane_b"
 status=0
+for lane in engine-it rest; do
+  if [ "$(cat "$artifacts.$lane" 2>/dev/null)" != 0 ]; then
+    echo "tests failed in lane $lane (its FAILED lines above name the binaries)" >&2
+    status=1
+  fi
+done
+desktop_built=0
+wait "$desktop_build" || desktop_built=$?
+echo "desktop shell smoke tests, built in the background (exit $desktop_built):"
+cat "$desktop_log"
+rm -f "$desktop_log"
+[ "$status" = 0 ] || exit 1
 bash desktop/run.sh test || status=$?
 if [ "$status" = 3 ]; then
   echo "desktop shell smoke tests: NOT RUN (system libraries missing, see above)" >&2

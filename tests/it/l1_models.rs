@@ -129,9 +129,9 @@ fn chunked_prefill_is_bit_exact() {
 
 /// Long sequences (the `l1-long` gate: a 4,096-token prompt on each mixer kind — the gated
 /// delta net split and fused, the short conv, Mamba-2 alone and beside attention): logits
-/// and greedy ids equal mlx-lm's, prefilled in its chunks of 2048 (the golden's), and in
-/// chunks of 1000 and in one chunk of 4096 — recurrent states agree at any prefill chunk
-/// boundary, and across the Mamba-2 scan's own chunks of 256.
+/// and greedy ids equal mlx-lm's, prefilled in its chunks of 2048 (the golden's) and in
+/// chunks of 1000 — recurrent states agree at a prefill chunk boundary that is not the
+/// golden's, and across the Mamba-2 scan's own chunks of 256.
 #[test]
 fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
     use engine::load::template::ChatTemplate;
@@ -161,7 +161,7 @@ fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
                 .len(),
             4096
         );
-        for step in [2048, 1000, 4096] {
+        for step in [2048, 1000] {
             let report =
                 check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
                     .unwrap();
