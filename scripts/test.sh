@@ -31,10 +31,11 @@ nice -n 19 bash desktop/run.sh build-tests >"$desktop_log" 2>&1 &
 desktop_build=$!
 # Build every test binary once, then run them in two lanes side by side: MLX work stays on
 # one thread inside each binary (--test-threads=1), and separate processes share nothing
-# but the disk. The engine's integration tests are one lane (the longest binary, and the
-# only one besides harness/tests/it that opens loopback ports for distributed ranks, which
-# are taken free-then-bound: the two stay apart), less its training tests; every other
-# binary runs in the other lane, in cargo's order. Each line of output is prefixed with its lane; each lane runs all its
+# but the disk. One lane: the engine's integration tests less its training tests, then the
+# harness's binaries — every test that takes a loopback port free-then-bound (distributed
+# ranks: engine/tests/it/dist, harness/tests/it/l1_dist, the harness's launch tests) is
+# in it, so no two of them run at once; servers bind port 0 themselves. The other lane:
+# every other binary, and the engine's training tests. Each line of output is prefixed with its lane; each lane runs all its
 # binaries and the script fails if any test failed. `cargo test` alone still runs them all
 # one after another.
 artifacts="$(mktemp)"
@@ -45,7 +46,7 @@ cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"
 # CARGO_MANIFEST_DIR set), and its source as a label.
 field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
 engine_it=() other=()
-split_off="train::"
+split_off=(train:: train_families:: orpo_prefix:: segmented::)
 while IFS= read -r line; do
   exe="$(field executable "$line")"
   [ -n "$exe" ] || continue
@@ -54,9 +55,11 @@ while IFS= read -r line; do
   entry="$exe|$dir|${src#"$PWD"/}"
   if [ "$src" = "$PWD/engine/tests/it/main.rs" ]; then
     # Its training tests (in-process MLX, temp dirs only) go to the other lane, which is
-    # shorter by about their length; libtest's filter and --skip match the same names.
-    engine_it+=("$entry|--skip $split_off")
-    other+=("$entry|$split_off")
+    # shorter by about their length; libtest's filters and --skips match the same names.
+    engine_it+=("$entry|${split_off[*]/#/--skip }")
+    other+=("$entry|${split_off[*]}")
+  elif [[ "$src" == "$PWD/harness/"* ]]; then
+    engine_it+=("$entry|")
   else
     other+=("$entry|")
   fi
