@@ -50,7 +50,11 @@ from tinymodels import load_manifest
 # quantized row-parallel linear whose in/2 is no multiple of its group size): tiny-qwen3-q8,
 # tiny-llama-trained-q4, tiny-gpt-oss-mxfp4 (ValueError: [quantize] The last dimension ...), and in
 # TP tiny-qwen3-moe-q4, tiny-qwen3-moe-mxfp4 (ValueError: Array split does not result in sub
-# arrays with equal size ...). PP is in qwen2 and qwen3_moe only.
+# arrays with equal size ...). PP is in qwen2, qwen3_moe and the gated-delta-net hybrids qwen3_5,
+# qwen3_5_moe, qwen3_next; TP in the hybrids is qwen3_5's Model.shard (qwen3_5 and qwen3_5_moe, the
+# multimodal tiny-qwen3-5-mm too): sharded_load takes every hybrid tiny model it is asked for on 2
+# ranks (2 key / 4 value heads, 4 query / 2 KV heads, vocab 1024 all divide). qwen3_next has no
+# Model.shard in mlx-lm 0.32.2, so it is a PP row only.
 def mode_models(mode: str) -> list[str]:
     return [row["name"] for row in load_manifest() if f"l1-dist-{mode}" in row["gates"]]
 

@@ -190,6 +190,11 @@ pub enum Defect {
     /// Tensor parallel: the row-split linears skip their `all_sum`. Caught by the
     /// distributed L1 gate.
     DistReduceDropped,
+    /// Tensor parallel: the gated delta net's conv kernel is cut as one block instead of per
+    /// [q | k | v] segment (mlx-lm's `conv_sharding`), so its channels no longer meet
+    /// `in_proj_qkv`'s. Caught by the distributed L1 gate on tiny-qwen3-5
+    /// (`harness/tests/it/l1_dist.rs`).
+    GdnConvShardUnsegmented,
     /// The L3 one-token decode attention dequantizes the values without their affine
     /// biases. Caught by the L3 KL gate (`tests/it/l3_kl.rs`).
     PerfDequantValueBiasesDropped,
@@ -340,6 +345,7 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesMetadataUnchecked" => Defect::ResponsesMetadataUnchecked,
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
+            "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,

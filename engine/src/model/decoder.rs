@@ -248,6 +248,9 @@ pub struct Decoder {
     assistant_target: bool,
     /// Pipeline parallel: this rank's stage (`layers` then holds only its layers).
     stage: Option<Stage>,
+    /// Tensor parallel splits an untied `lm_head` by the vocabulary (qwen3_5's `Model.shard`;
+    /// the other families keep the head whole on every rank).
+    vocab_sharded_head: bool,
 }
 
 /// One forward's K/V loans and side inputs, by layer.
@@ -354,6 +357,7 @@ impl Decoder {
             lora: style.lora,
             assistant_target: style.assistant_target,
             stage: None,
+            vocab_sharded_head: false,
         })
     }
 
@@ -362,6 +366,13 @@ impl Decoder {
     /// and sharding's names are unchanged.
     pub fn under_language_model(mut self) -> Self {
         self.module_root = "language_model.";
+        self
+    }
+
+    /// Tensor parallel splits this decoder's untied `lm_head` by the vocabulary and gathers
+    /// the logits after it (qwen3_5's `Model.shard`).
+    pub fn with_vocab_sharded_head(mut self) -> Self {
+        self.vocab_sharded_head = true;
         self
     }
 
@@ -582,8 +593,12 @@ impl LanguageModel for Decoder {
     }
 
     /// Tensor parallel as mlx-lm's `Model.shard`: each layer's mixer and feed-forward keep
-    /// this rank's part.
+    /// this rank's part (and the untied head its part of the vocabulary, where the family
+    /// splits it).
     fn shard(&mut self, part: Part) -> Result<(), LoadError> {
+        if self.vocab_sharded_head {
+            self.head.shard_vocab(part)?;
+        }
         for (i, l) in self.layers.iter_mut().enumerate() {
             let p = format!("{}.{i}", self.layers_prefix);
             l.mixer.shard(part, &p)?;

@@ -22,7 +22,7 @@ use mlx_rs::{fast, Array, Dtype};
 
 use super::decoder::Mixer;
 use super::layers::{compiled_shapeless, CompiledFn, Linear};
-use super::shard::Part;
+use super::shard::{slice, slice_segments, Part, Split};
 use crate::cache::{ArraysCache, Cache, Mask};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -269,10 +269,57 @@ impl Mixer for GatedDeltaNet {
         named
     }
 
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(LoadError::Unsupported(format!(
-            "{layer}: the gated delta net is not split across ranks yet"
-        )))
+    /// `qwen3_5.Model.shard` on a delta net: by heads. The conv kernel and `in_proj_qkv` are
+    /// cut per segment ([q | k | v]: each rank keeps its q heads, its k heads and its v heads),
+    /// z, b, a, `dt_bias` and `A_log` by value heads, `out_proj` by its inputs with one
+    /// `all_sum` after it (mlx-lm's `shard_inplace` then an explicit `all_sum`: the same ops
+    /// as a row-split linear without a bias). Qwen3-Next's fused projections are not split:
+    /// mlx-lm 0.32.2 does not shard `qwen3_next` (the registry refuses it first).
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        let p = format!("{layer}.linear_attn");
+        let n = part.size as i32;
+        let sh = self.shape;
+        if sh.k_heads % n != 0 || sh.v_heads % n != 0 {
+            return Err(LoadError::Unsupported(format!(
+                "{p}: {} key and {} value heads do not split over {n} ranks (tensor parallel \
+                 needs both to divide by the rank count; try --pipeline)",
+                sh.k_heads, sh.v_heads
+            )));
+        }
+        let Projections::Split(proj) = &mut self.proj else {
+            return Err(LoadError::Unsupported(format!(
+                "{p}: the fused projections (in_proj_qkvz, in_proj_ba) are not split across \
+                 ranks (mlx-lm 0.32.2 does not shard them either)"
+            )));
+        };
+        let kd = sh.key_dim();
+        let qkv = [kd, 2 * kd];
+        // Planted: the conv kernel cut as one block, not per segment, so its channels no
+        // longer line up with in_proj_qkv's.
+        let unsegmented = crate::plant::is(crate::plant::Defect::GdnConvShardUnsegmented);
+        let conv_segments: &[i32] = if unsegmented { &[] } else { &qkv };
+        self.conv = slice_segments(
+            &self.conv,
+            0,
+            conv_segments,
+            part,
+            &format!("{p}.conv1d.weight"),
+        )?;
+        proj.qkv
+            .shard_segments(Split::Columns, &qkv, part, &format!("{p}.in_proj_qkv"))?;
+        proj.z
+            .shard_inplace(Split::Columns, part, &format!("{p}.in_proj_z"))?;
+        proj.b
+            .shard_inplace(Split::Columns, part, &format!("{p}.in_proj_b"))?;
+        proj.a
+            .shard_inplace(Split::Columns, part, &format!("{p}.in_proj_a"))?;
+        self.dt_bias = slice(&self.dt_bias, 0, part, &format!("{p}.dt_bias"))?;
+        self.a_log = slice(&self.a_log, 0, part, &format!("{p}.A_log"))?;
+        self.out_proj
+            .shard(Split::Rows, part, &format!("{p}.out_proj"))?;
+        self.shape.k_heads /= n;
+        self.shape.v_heads /= n;
+        Ok(())
     }
 }
 

@@ -438,6 +438,9 @@ pub struct OutputHead {
     /// None: tied to the input embedding.
     pub lm_head: Option<Linear>,
     pub softcap: Option<f32>,
+    /// Tensor parallel with a vocabulary-split `lm_head` (qwen3_5's `Model.shard`): the
+    /// ranks' logit columns are gathered after it (`gather_last_axis`); 1 otherwise.
+    pub vocab_parts: usize,
 }
 
 impl OutputHead {
@@ -459,7 +462,27 @@ impl OutputHead {
             norm,
             lm_head,
             softcap,
+            vocab_parts: 1,
         })
+    }
+
+    /// Keeps this rank's part of an untied `lm_head`'s vocabulary (`shard_linear(lm_head,
+    /// "all-to-sharded")`); the logits are gathered after it. A tied head stays whole.
+    pub fn shard_vocab(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
+        let Some(head) = self.lm_head.as_mut() else {
+            return Ok(());
+        };
+        let vocab = head.output_dims();
+        if vocab % part.size as i32 != 0 {
+            return Err(LoadError::Unsupported(format!(
+                "lm_head: a vocabulary of {vocab} does not split over {} ranks (tensor \
+                 parallel splits the untied head by the vocabulary; try --pipeline)",
+                part.size
+            )));
+        }
+        head.shard(super::shard::Split::Columns, part, "lm_head")?;
+        self.vocab_parts = part.size;
+        Ok(())
     }
 
     /// Logits of the last hidden state: softcap(head(norm(h))).
@@ -475,6 +498,9 @@ impl OutputHead {
     /// no softcap.
     pub fn project(&self, embed: &Embedding, normed: &Array) -> R<Array> {
         match &self.lm_head {
+            Some(head) if self.vocab_parts > 1 => {
+                gather_last_axis(&head.forward(normed)?, self.vocab_parts as i32)
+            }
             Some(head) => head.forward(normed),
             None => embed.as_linear(normed),
         }
@@ -482,8 +508,21 @@ impl OutputHead {
 
     /// The width of the logits: the head's outputs, or the tied table's rows.
     pub fn width(&self, embed: &Embedding) -> usize {
-        self.lm_head
-            .as_ref()
-            .map_or(embed.rows(), |h| h.output_dims() as usize)
+        self.lm_head.as_ref().map_or(embed.rows(), |h| {
+            h.output_dims() as usize * self.vocab_parts
+        })
     }
+}
+
+/// mlx-lm's `gather_last_axis(x, group)`: `x`'s last axis, split over the `n` ranks, whole
+/// again on every rank (all_gather of the rows, then the ranks' columns side by side in rank
+/// order).
+fn gather_last_axis(x: &Array, n: i32) -> R<Array> {
+    let shape = x.shape().to_vec();
+    let size = shape[shape.len() - 1];
+    let parts = crate::dist::all_gather(&x.reshape(&[-1, size])?)?;
+    let parts = parts.reshape(&[n, -1, size])?.transpose_axes(&[1, 0, 2])?;
+    let mut whole = shape[..shape.len() - 1].to_vec();
+    whole.push(n * size);
+    parts.reshape(&whole)
 }

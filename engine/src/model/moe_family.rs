@@ -10,8 +10,7 @@ use super::decoder::FeedForward;
 use super::layers::Glu;
 use super::layers::{Attention, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{MoeDims, Router, SparseMoe, SwitchLinear, EXPERT_NAMES};
-use super::shard::Part;
-use crate::dist::Mode;
+use super::shard::{Part, Split};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -52,7 +51,30 @@ impl SharedMoe {
         let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
         let shared = self.shared.forward(x)?;
         let shared = mlx_rs::ops::sigmoid(self.shared_gate.forward(x)?)?.multiply(&shared)?;
-        y.add(&shared)
+        // Tensor parallel: both terms are this rank's partial sums, summed once here.
+        self.moe.experts.sum_partials(y.add(&shared)?)
+    }
+
+    /// `qwen3_5.Model.shard` on the block: the shared expert and every routed expert
+    /// narrowed in place (`shard_inplace`: gate and up by columns, down by rows, no `all_sum`
+    /// of their own), the router and the shared expert's gate whole; the block's output
+    /// (routed + gated shared) is summed over the ranks once (`sharding_group`).
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        let shared = format!("{prefix}.shared_expert");
+        self.shared.gate_proj.shard_inplace(
+            Split::Columns,
+            part,
+            &format!("{shared}.gate_proj"),
+        )?;
+        self.shared
+            .down_proj
+            .shard_inplace(Split::Rows, part, &format!("{shared}.down_proj"))?;
+        self.shared
+            .up_proj
+            .shard_inplace(Split::Columns, part, &format!("{shared}.up_proj"))?;
+        self.moe
+            .experts
+            .shard(part, &format!("{prefix}.switch_mlp"))
     }
 }
 
@@ -185,16 +207,13 @@ impl FeedForward for Ffn {
 
     /// As `qwen3_moe.Model.shard`: dense MLPs as Llama's; a sparse block keeps its router
     /// whole and every expert narrowed (`moe/shard.rs`), and sums its combined output over
-    /// the ranks. mlx-lm shards no block with a shared expert.
+    /// the ranks. A block with a shared expert as `qwen3_5.Model.shard` splits it (the one
+    /// family mlx-lm 0.32.2 shards with one: the registry refuses qwen2_moe and qwen3_next).
     fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
         match self {
             Ffn::Dense(mlp) => mlp.shard(part, prefix),
             Ffn::Sparse(moe) => moe.experts.shard(part, &format!("{prefix}.switch_mlp")),
-            Ffn::Shared(_) => Err(LoadError::Unsupported(format!(
-                "{prefix}: a mixture of experts with a shared expert cannot run {} parallel \
-                 (mlx-lm 0.32.2 does not shard it either)",
-                Mode::Tensor.name()
-            ))),
+            Ffn::Shared(moe) => moe.shard(part, prefix),
         }
     }
 }

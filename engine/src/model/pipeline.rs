@@ -10,16 +10,18 @@
 //!   logits = head(norm(h))                  every rank
 //!
 //! The send is tied to the last cache's state so that evaluating the caches alone (the
-//! chunked prefill does) still sends, as mlx-lm's `mx.depends(cache[-1].keys, h)` does.
+//! chunked prefill does) still sends, as mlx-lm's `mx.depends(cache[-1].keys, h)` does (a
+//! recurrent layer's: `cache[-1][0]`, the hybrids' `ArraysCache`). The hybrids (qwen3_5,
+//! qwen3_5_moe, qwen3_next) make the attention and the recurrent mask from the first local
+//! layer of each kind, as their `pipeline` override picks `fa_idx` / `ssm_idx`.
 
-use crate::cache::attention_views;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::shard::Part;
 use crate::cache::{
-    kv_of, kv_quant_of, AttentionCache, Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot,
+    kv_of, kv_quant_of, ArraysCache, AttentionCache, Cache, Kv, KvQuant, Mask, RopeOffset, Snapshot,
 };
 use crate::load::LoadError;
 
@@ -202,8 +204,23 @@ impl Cache for StageCache {
     }
 
     // Its own K/V side, not the inner cache's: a staged cache keeps the send in its state,
-    // so it takes neither the compiled step nor the batch lane.
-    attention_views!();
+    // so it takes neither the compiled step nor the batch lane. A recurrent layer's cache
+    // (the hybrids') has no K/V side: its state is the inner `ArraysCache`.
+    fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
+        if self.inner.as_kv_ref().is_none() {
+            return None;
+        }
+        Some(self)
+    }
+
+    fn as_kv_ref(&self) -> Option<&dyn AttentionCache> {
+        self.inner.as_kv_ref()?;
+        Some(self)
+    }
+
+    fn as_arrays(&mut self) -> Option<&mut ArraysCache> {
+        self.inner.as_arrays()
+    }
 
     fn carry(&mut self, dep: &Array) -> bool {
         self.sent = Some(dep.clone());

@@ -15,6 +15,12 @@
 //! Face's layout, recognized by its [C, 1, K] conv kernels — the kernels moved to MLX's
 //! [C, K, 1] and the (1 + w) RMSNorm weights of the layers, q/k norms and final norm given
 //! their 1.
+//!
+//! Tensor parallel as mlx-lm's `Model.shard`: the delta nets by heads (`gated_delta.rs`), the
+//! attention by heads (its K/V heads repeated first when the ranks outnumber them), the dense
+//! MLP as Llama's, the sparse block with its shared expert narrowed in place and summed once
+//! (`moe_family.rs`), and an untied `lm_head` by the vocabulary, its logits gathered on every
+//! rank. Pipeline parallel is the decoder's (`PipelineMixin`; also qwen3_next's).
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::sigmoid;
@@ -27,7 +33,7 @@ use super::gated_delta::{GatedDeltaNet, GdnLayout, GdnShape};
 use super::layers::{Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{unfuse_experts, MoeDims, Router};
 use super::moe_family::{check_top_k, Ffn, SharedMoe};
-use super::shard::Part;
+use super::shard::{Part, Split};
 use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
@@ -197,21 +203,52 @@ impl Mixer for GatedAttention {
         ]
     }
 
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(LoadError::Unsupported(format!(
-            "{layer}: qwen3_5 is not split across ranks yet"
-        )))
+    /// `qwen3_5.Model.shard` on an attention layer: q (with its per-head output gate) and k,
+    /// v by columns, o by rows (one `all_sum`); with more ranks than KV heads, k and v first
+    /// repeat their heads (`repeat_kv_layer_inplace`) so that every rank keeps one.
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        let attn = format!("{layer}.self_attn");
+        let n = part.size as i32;
+        let kv = self.n_kv_heads;
+        let kv_fits = if n > kv { n % kv == 0 } else { kv % n == 0 };
+        if self.n_heads % n != 0 || !kv_fits {
+            return Err(LoadError::Unsupported(format!(
+                "{attn}: {} query and {kv} KV heads do not split over {n} ranks (tensor \
+                 parallel needs the query heads, and the KV heads or the rank count, to \
+                 divide by the other; try --pipeline)",
+                self.n_heads
+            )));
+        }
+        self.o_proj
+            .shard(Split::Rows, part, &format!("{attn}.o_proj"))?;
+        self.q_proj
+            .shard(Split::Columns, part, &format!("{attn}.q_proj"))?;
+        if n > kv {
+            self.k_proj
+                .repeat_heads(kv, n / kv, &format!("{attn}.k_proj"))?;
+            self.v_proj
+                .repeat_heads(kv, n / kv, &format!("{attn}.v_proj"))?;
+        }
+        self.k_proj
+            .shard(Split::Columns, part, &format!("{attn}.k_proj"))?;
+        self.v_proj
+            .shard(Split::Columns, part, &format!("{attn}.v_proj"))?;
+        self.n_heads /= n;
+        self.n_kv_heads = (kv / n).max(1);
+        Ok(())
     }
 }
 
 /// The text model's config: `text_config` when the checkpoint is multimodal, else the
-/// config itself.
+/// config itself. Its `model_type` stays the checkpoint's (mlx-lm's `Model.model_type`, the
+/// registry's row): `text_config`'s own (`qwen3_5_text`) names no family.
 fn text_config(config: &ModelConfig) -> Result<ModelConfig, LoadError> {
     match config.raw.get("text_config") {
         Some(Value::Object(text)) => {
             let mut text =
                 ModelConfig::from_value(config.path.clone(), Value::Object(text.clone()))?;
             text.quantization = config.quantization.clone();
+            text.model_type = config.model_type.clone();
             Ok(text)
         }
         Some(_) => Err(LoadError::Unsupported(format!(
@@ -293,7 +330,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         split_fused_experts(&mut w, a.num_hidden_layers)?;
     }
     let decoder = build(&text, w, &a, GdnLayout::Split, |_| a.num_experts > 0)?;
-    Ok(decoder.under_language_model())
+    // Tensor parallel splits an untied lm_head by the vocabulary (`Model.shard`).
+    Ok(decoder.under_language_model().with_vocab_sharded_head())
 }
 
 /// The decoder of Qwen 3.5 and Qwen3-Next (`qwen3_next.rs`) from their (sanitized) weights:

@@ -201,8 +201,10 @@ pub static FAMILIES: &[Family] = &[
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
     // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
-    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert and
-    // sharding are not gated for them.
+    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert is not
+    // gated for them. Tensor and pipeline parallel where mlx-lm 0.32.2 has them (qwen3_5 and
+    // qwen3_5_moe both, qwen3_next pipeline only), gated against mlx-lm's sharded runs
+    // (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
     Family {
         lora: true,
         segmented: true,
@@ -216,19 +218,21 @@ pub static FAMILIES: &[Family] = &[
     Family {
         lora: true,
         segmented: true,
-        mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
+        tensor: true,
+        pipeline: true,
         ..row("qwen3_5", qwen3_5)
     },
     Family {
         lora: true,
         segmented: true,
-        mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
+        tensor: true,
+        pipeline: true,
         ..row("qwen3_5_moe", qwen3_5)
     },
     Family {
         lora: true,
         segmented: true,
-        mlx_lm_only: &[Mode::Pipeline],
+        pipeline: true,
         ..row("qwen3_next", qwen3_next)
     },
     Family {
@@ -313,15 +317,23 @@ pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
 mod tests {
     use super::*;
 
-    /// A refusal says whether mlx-lm has the mode (qwen3_5 shards in mlx-lm, llama has no
-    /// pipeline there).
+    /// A refusal says whether mlx-lm has the mode (llama has no pipeline there, qwen3_next
+    /// no tensor parallel); the hybrids mlx-lm shards run so here too.
     #[test]
     fn parallel_refusals_say_whether_mlx_lm_has_the_mode() {
         let says = |t: &str, m: Mode| parallel_refusal(t, m).to_string();
-        assert!(says("qwen3_5", Mode::Tensor).contains("mlx-lm 0.32.2 shards it so"));
-        assert!(says("qwen3_next", Mode::Pipeline).contains("mlx-lm 0.32.2 shards it so"));
         assert!(says("qwen3_next", Mode::Tensor).contains("does not shard it that way either"));
         assert!(says("llama", Mode::Pipeline).contains("does not shard it that way either"));
+        assert!(says("lfm2", Mode::Tensor).contains("does not shard it that way either"));
+        for (t, m) in [
+            ("qwen3_5", Mode::Tensor),
+            ("qwen3_5", Mode::Pipeline),
+            ("qwen3_5_moe", Mode::Tensor),
+            ("qwen3_5_moe", Mode::Pipeline),
+            ("qwen3_next", Mode::Pipeline),
+        ] {
+            assert!(has(t, |f| parallel(f, m)), "{t} does not run {}", m.name());
+        }
         for f in FAMILIES {
             for m in f.mlx_lm_only {
                 assert!(
@@ -351,10 +363,16 @@ mod tests {
             "{e}"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
-        assert!(e.ends_with("families that can: qwen2, qwen3_moe"), "{e}");
+        assert!(
+            e.ends_with("families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next"),
+            "{e}"
+        );
         let e = parallel_refusal("phi3", Mode::Tensor).to_string();
         assert!(
-            e.ends_with("families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss"),
+            e.ends_with(
+                "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, \
+                 qwen3_5_moe"
+            ),
             "{e}"
         );
     }

@@ -65,23 +65,52 @@ pub enum Split {
 /// Part `part.rank` of `a` cut into `part.size` equal parts along `axis` (mlx's `_shard`:
 /// `split`, keep one, `contiguous`). `what` names the tensor in the error.
 pub fn slice(a: &Array, axis: i32, part: Part, what: &str) -> Result<Array, LoadError> {
+    slice_segments(a, axis, &[], part, what)
+}
+
+/// mlx's `_shard` with `segments` (a fused tensor's parts, e.g. the gated delta net's
+/// [q | k | v] rows): `a` cut at `bounds` along `axis`, each piece cut into `part.size` equal
+/// parts, this rank's part of every piece kept, the parts concatenated in order and made
+/// contiguous. No bounds: one piece, as [`slice`].
+pub fn slice_segments(
+    a: &Array,
+    axis: i32,
+    bounds: &[i32],
+    part: Part,
+    what: &str,
+) -> Result<Array, LoadError> {
     let ax = if axis < 0 {
         a.ndim() as i32 + axis
     } else {
         axis
     };
-    let len = a.shape()[ax as usize];
-    if len % part.size as i32 != 0 {
-        return Err(LoadError::Unsupported(format!(
-            "`{what}` has {len} along axis {ax}, which does not split into {} equal parts \
-             (tensor parallel on {} ranks needs it to; try --pipeline or another rank count)",
-            part.size, part.size
-        )));
-    }
     let mlx = |e: Exception| LoadError::Weights(format!("sharding `{what}`: {e}"));
-    let parts = a.split_equal(part.size as i32, ax).map_err(mlx)?;
-    let kept = &parts[part.rank];
-    let kept = mlx_rs::ops::concatenate(&[kept], ax).map_err(mlx)?;
+    let pieces = match bounds {
+        [] => vec![a.clone()],
+        _ => a.split_at_indices(bounds, ax).map_err(mlx)?,
+    };
+    let mut kept = Vec::with_capacity(pieces.len());
+    for piece in &pieces {
+        let len = piece.shape()[ax as usize];
+        if len % part.size as i32 != 0 {
+            let of = match bounds {
+                [] => String::new(),
+                _ => format!(
+                    " (a segment of {} cut at {bounds:?})",
+                    a.shape()[ax as usize]
+                ),
+            };
+            return Err(LoadError::Unsupported(format!(
+                "`{what}` has {len} along axis {ax}{of}, which does not split into {} equal \
+                 parts (tensor parallel on {} ranks needs it to; try --pipeline or another \
+                 rank count)",
+                part.size, part.size
+            )));
+        }
+        let parts = piece.split_equal(part.size as i32, ax).map_err(mlx)?;
+        kept.push(parts[part.rank].clone());
+    }
+    let kept = mlx_rs::ops::concatenate(&kept[..], ax).map_err(mlx)?;
     let kept = kept.contiguous().map_err(mlx)?;
     kept.eval().map_err(mlx)?;
     Ok(kept)
@@ -100,6 +129,59 @@ impl Linear {
         self.reduce = split == Split::Rows;
         Ok(())
     }
+
+    /// mlx-lm's `repeat_kv_layer_inplace` (qwen3_5's shard, when the ranks outnumber the KV
+    /// heads): every parameter's `heads` blocks of rows repeated `times` times each in place
+    /// (`[h0, h0, h1, h1]` for 2), so that each rank then keeps one whole head.
+    pub fn repeat_heads(&mut self, heads: i32, times: i32, what: &str) -> Result<(), LoadError> {
+        let mlx = |e: Exception| LoadError::Weights(format!("repeating `{what}`: {e}"));
+        let rep = |p: &Array| -> Result<Array, Exception> {
+            let s = p.shape();
+            let mut blocks = vec![heads, s[0] / heads];
+            blocks.extend_from_slice(&s[1..]);
+            let r = mlx_rs::ops::repeat_axis::<f32>(p.reshape(&blocks)?, times, 0)?;
+            let mut back = vec![-1];
+            back.extend_from_slice(&s[1..]);
+            r.reshape(&back)
+        };
+        self.weight = rep(&self.weight).map_err(mlx)?;
+        if let Some(q) = &mut self.quantized {
+            q.scales = rep(&q.scales).map_err(mlx)?;
+            if let Some(b) = &q.biases {
+                q.biases = Some(rep(b).map_err(mlx)?);
+            }
+        }
+        if let Some(b) = &self.bias {
+            self.bias = Some(rep(b).map_err(mlx)?);
+        }
+        Ok(())
+    }
+
+    /// mlx's `shard_inplace`: this rank's part of the parameters, the layer otherwise as it
+    /// was (a row split sums nothing: the module that owns it sums its output, as the gated
+    /// delta net after `out_proj` and the sparse block after its experts do).
+    pub fn shard_inplace(&mut self, split: Split, part: Part, what: &str) -> Result<(), LoadError> {
+        self.shard_segments(split, &[], part, what)
+    }
+
+    /// `shard_inplace(.., segments=bounds)`: a fused projection whose outputs are pieces cut
+    /// at `bounds` (Qwen 3.5's `in_proj_qkv`, [q | k | v]); each piece is split on its own.
+    pub fn shard_segments(
+        &mut self,
+        split: Split,
+        bounds: &[i32],
+        part: Part,
+        what: &str,
+    ) -> Result<(), LoadError> {
+        shard_params_segmented(
+            &mut self.weight,
+            &mut self.quantized,
+            &mut self.bias,
+            (split, part),
+            bounds,
+            what,
+        )
+    }
 }
 
 /// Cuts a linear's parameters, of one layer (`[out, in]`) or a stack of experts
@@ -112,20 +194,36 @@ pub(crate) fn shard_params(
     (split, part): (Split, Part),
     what: &str,
 ) -> Result<(), LoadError> {
+    shard_params_segmented(weight, quantized, bias, (split, part), &[], what)
+}
+
+/// As [`shard_params`], each of the pieces cut at `bounds` (mlx's `segments`, along the
+/// split axis) split on its own.
+fn shard_params_segmented(
+    weight: &mut Array,
+    quantized: &mut Option<super::layers::Quantized>,
+    bias: &mut Option<Array>,
+    (split, part): (Split, Part),
+    bounds: &[i32],
+    what: &str,
+) -> Result<(), LoadError> {
     let axis = match split {
         Split::Columns => (weight.ndim() as i32 - 2).max(0),
         Split::Rows => -1,
     };
-    *weight = slice(weight, axis, part, &format!("{what}.weight"))?;
+    let cut = |a: &Array, axis: i32, name: &str| {
+        slice_segments(a, axis, bounds, part, &format!("{what}.{name}"))
+    };
+    *weight = cut(weight, axis, "weight")?;
     if let Some(q) = quantized {
-        q.scales = slice(&q.scales, axis, part, &format!("{what}.scales"))?;
+        q.scales = cut(&q.scales, axis, "scales")?;
         if let Some(b) = &q.biases {
-            q.biases = Some(slice(b, axis, part, &format!("{what}.biases"))?);
+            q.biases = Some(cut(b, axis, "biases")?);
         }
     }
     if split == Split::Columns {
         if let Some(b) = bias {
-            *b = slice(b, -1, part, &format!("{what}.bias"))?;
+            *b = cut(b, -1, "bias")?;
         }
     }
     Ok(())

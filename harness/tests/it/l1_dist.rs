@@ -4,8 +4,8 @@
 //! reproduce mlx-lm's sharded generation (`goldens/l1-dist/<tp|pp>/<model>`, from
 //! `oracles/gen_l1_dist.py`) bit for bit: every stored logit vector, every greedy id. Both
 //! exit statuses are checked; every run is bounded and both ranks are killed past it. The
-//! planted defects `DistShardWrongRank` and `DistReduceDropped` (ENGINE_PLANT in the ranks'
-//! environment) must make it fail.
+//! planted defects `DistShardWrongRank`, `DistReduceDropped` and `GdnConvShardUnsegmented`
+//! (ENGINE_PLANT in the ranks' environment) must make it fail.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -200,7 +200,7 @@ fn every_l1_dist_golden_is_bit_exact() {
         failed.join("\n")
     );
     assert!(
-        goldens.len() >= 17,
+        goldens.len() >= 23,
         "the distributed L1 lost goldens: {goldens:?}"
     );
 }
@@ -259,6 +259,20 @@ fn planted_dropped_all_sum_fails_tp() {
 #[test]
 fn planted_dropped_all_sum_fails_tp_moe() {
     assert_plant_fails("l1-dist/tp/tiny-qwen3-moe", "DistReduceDropped");
+}
+
+/// The gated delta net's conv kernel cut as one block, not per [q | k | v] segment: its
+/// channels no longer meet in_proj_qkv's.
+#[test]
+fn planted_unsegmented_conv_shard_fails_tp_gated_delta_net() {
+    assert_plant_fails("l1-dist/tp/tiny-qwen3-5", "GdnConvShardUnsegmented");
+}
+
+/// qwen3_5_moe with every tensor-parallel all_sum dropped (the delta nets' after out_proj, the
+/// attention's, and the shared-expert block's after routed + shared) fails.
+#[test]
+fn planted_dropped_all_sum_fails_tp_shared_expert_moe() {
+    assert_plant_fails("l1-dist/tp/tiny-qwen3-5-moe", "DistReduceDropped");
 }
 
 /// Two ranks of tiny-llama against the single-process golden of another model
