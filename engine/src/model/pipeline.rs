@@ -207,9 +207,7 @@ impl Cache for StageCache {
     // so it takes neither the compiled step nor the batch lane. A recurrent layer's cache
     // (the hybrids') has no K/V side: its state is the inner `ArraysCache`.
     fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
-        if self.inner.as_kv_ref().is_none() {
-            return None;
-        }
+        self.inner.as_kv_ref()?;
         Some(self)
     }
 
