@@ -201,10 +201,12 @@ pub static FAMILIES: &[Family] = &[
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
     // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
-    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert and
-    // sharding are not gated for them.
+    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert gated
+    // against mlx_lm.convert (engine/tests/it/convert.rs) for lfm2, qwen3_5, qwen3_5_moe,
+    // qwen3_next, mamba2 and nemotron_h; sharding not gated.
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("lfm2", lfm2)
     },
@@ -215,29 +217,34 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
         ..row("qwen3_5", qwen3_5)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         mlx_lm_only: &[Mode::Tensor, Mode::Pipeline],
         ..row("qwen3_5_moe", qwen3_5)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         mlx_lm_only: &[Mode::Pipeline],
         ..row("qwen3_next", qwen3_next)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("mamba2", mamba2)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("nemotron_h", nemotron_h)
     },
@@ -349,6 +356,11 @@ mod tests {
         assert!(
             e.contains("llama, mistral, qwen2, qwen3, gemma3_text"),
             "{e}"
+        );
+        assert_eq!(
+            names(|f| f.convert),
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, qwen3_5, \
+             qwen3_5_moe, qwen3_next, mamba2, nemotron_h"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(e.ends_with("families that can: qwen2, qwen3_moe"), "{e}");
