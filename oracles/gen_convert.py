@@ -1,13 +1,22 @@
 """Convert golden: what `mlx_lm convert` 0.32.2 writes, as sha256 per file and per tensor.
 
-    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/gen_convert.py [--out DIR]
+    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/gen_convert.py [--out DIR] [--only NAME,...]
+
+`--only` reruns the named cases and keeps the others' records from the index as it is.
 
 Sources (Hugging Face layout):
 - `tiny-llama-hf` (committed under goldens/convert/): goldens/models/tiny-llama's weights
   in float32 with `torch_dtype: float32`, plus the `self_attn.rotary_emb.inv_freq` tables
   transformers checkpoints carry (llama's sanitize drops them);
 - goldens/models/tiny-qwen3 and tiny-gemma4 as they are (mlx_lm.convert accepts them;
-  gemma4_text's sanitize drops the KV-shared layers' k/v projections, absent already).
+  gemma4_text's sanitize drops the KV-shared layers' k/v projections, absent already);
+- the hybrids' tiny models as they are, each in Hugging Face's layout
+  (oracles/make_hybrids.py): tiny-qwen3-5, -qwen3-5-mm (the multimodal layout) and
+  -qwen3-5-moe (conv kernels [C, 1, K], (1 + w) norms stored as w, the MoE's fused
+  experts), tiny-qwen3-next (per-expert tensors), tiny-lfm2 (short-conv kernels [C, 1, K]),
+  tiny-nemotron-h and tiny-mamba2 (conv kernels [C, 1, K]; mamba2's config has
+  `Infinity`): their sanitizes, `cast_predicate`s (A_log kept) and `quant_predicate`s
+  (8-bit routers) all act.
 
 Each case runs `python -m mlx_lm convert --hf-path SRC --mlx-path OUT ARGS...` in a
 subprocess and records every output file's sha256 and size, the config.json object, and
@@ -50,6 +59,25 @@ CASES = [
     ("qwen3-q4-g32", "models/tiny-qwen3", ["-q", "--q-group-size", "32"]),
     ("qwen3-f16", "models/tiny-qwen3", ["--dtype", "float16"]),
     ("gemma4-q8", "models/tiny-gemma4", ["-q", "--q-bits", "8"]),
+    # The hybrids (no torch_dtype in their configs: no cast without --dtype).
+    ("qwen3-5-bf16", "models/tiny-qwen3-5", []),
+    ("qwen3-5-f16", "models/tiny-qwen3-5", ["--dtype", "float16"]),
+    ("qwen3-5-q4", "models/tiny-qwen3-5", ["-q"]),
+    ("qwen3-5-mixed-3-6", "models/tiny-qwen3-5", ["-q", "--quant-predicate", "mixed_3_6"]),
+    # The multimodal checkpoint: `text_config`, a vision tensor dropped, `vision_config` too.
+    ("qwen3-5-mm-q4", "models/tiny-qwen3-5-mm", ["-q"]),
+    ("qwen3-5-moe-q4", "models/tiny-qwen3-5-moe", ["-q"]),
+    ("qwen3-5-moe-f32", "models/tiny-qwen3-5-moe", []),
+    ("qwen3-next-q4", "models/tiny-qwen3-next", ["-q"]),
+    ("qwen3-next-bf16", "models/tiny-qwen3-next", ["--dtype", "bfloat16"]),
+    ("qwen3-next-f32", "models/tiny-qwen3-next", []),
+    ("lfm2-q4", "models/tiny-lfm2", ["-q"]),
+    ("lfm2-f32", "models/tiny-lfm2", ["--dtype", "float32"]),
+    ("nemotron-h-q4", "models/tiny-nemotron-h", ["-q"]),
+    ("nemotron-h-f16", "models/tiny-nemotron-h", ["--dtype", "float16"]),
+    # tiny-mamba2's config carries `"time_step_limit": [0.0, Infinity]`.
+    ("mamba2-q4", "models/tiny-mamba2", ["-q"]),
+    ("mamba2-f16", "models/tiny-mamba2", ["--dtype", "float16"]),
 ]
 
 
@@ -129,7 +157,12 @@ def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
 
 
 GENERATE_ARGS = ["--ignore-chat-template", "--prompt", "The little robot", "-m", "12"]
-GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixed-2-6-g32", "llama-mxfp4", "llama-bf16", "mistral-tied-q4"]
+GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixed-2-6-g32", "llama-mxfp4", "llama-bf16", "mistral-tied-q4",
+                  # The MoEs in float32 only: mlx-lm 0.32.2's QuantizedSwitchLinear passes
+                  # `global_scale` to this MLX's gather_qmm, which refuses it (TypeError), and
+                  # a bf16 expert stack does not run on the CPU.
+                  "qwen3-5-bf16", "qwen3-5-q4", "qwen3-5-mm-q4", "qwen3-5-moe-f32", "qwen3-next-f32", "lfm2-f32", "lfm2-q4",
+                  "nemotron-h-q4", "nemotron-h-f16", "mamba2-q4", "mamba2-f16"]
 
 
 def generate(model_dir: Path) -> str:
@@ -142,13 +175,25 @@ def generate(model_dir: Path) -> str:
     return "\n".join(lines[first + 1:second])
 
 
-def main(out_root: Path | None) -> None:
+def main(out_root: Path | None, only: list[str] | None) -> None:
     out = out_root or golden_dir("convert")
     hf = out / HF_NAME
-    make_hf(hf)
+    kept = {}
+    if only:
+        unknown = set(only) - {c[0] for c in CASES}
+        if unknown:
+            raise SystemExit(f"unknown cases: {sorted(unknown)}")
+        kept = {c["name"]: c for c in json.loads((out / "index.json").read_text())["cases"]}
+    else:
+        make_hf(hf)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, source, args in CASES:
+            if only and name not in only:
+                if name not in kept:
+                    raise SystemExit(f"{name} is not in the index yet: run it too")
+                results.append(kept[name])
+                continue
             src = hf if source == HF_NAME else resolve(source)
             overrides = CONFIG_OVERRIDES.get(name)
             if overrides:
@@ -170,4 +215,6 @@ def main(out_root: Path | None) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path)
-    main(parser.parse_args().out)
+    parser.add_argument("--only", type=lambda s: s.split(","))
+    a = parser.parse_args()
+    main(a.out, a.only)

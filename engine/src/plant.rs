@@ -136,6 +136,10 @@ pub enum Defect {
     /// `engine convert`: the norms keep the source dtype when the weights are cast. Caught
     /// by the convert gate against mlx_lm.convert (`engine/tests/it/convert.rs`).
     ConvertNormsKeepDtype,
+    /// Qwen 3.5 / Qwen3-Next sanitize (load and `engine convert`): Hugging Face's (1 + w)
+    /// RMSNorm weights are not given their 1. Caught by the convert gate against
+    /// mlx_lm.convert on tiny-qwen3-5 (`engine/tests/it/convert.rs`).
+    HybridNormOffsetSkipped,
     /// Quantization modes: a floating-point mode's (mxfp4, nvfp4, mxfp8) quantized
     /// embedding dequantizes its rows to float32 instead of MLX's bfloat16 default, so the
     /// model runs in float32. Caught by the L1 gate on the mode fixtures

@@ -5,11 +5,16 @@
 //! (the ones `nn.quantize` quantizes).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use mlx_rs::Array;
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::model::registry;
+use super::quant::Params;
+use crate::load::config::ModelConfig;
+use crate::load::weights::Weights;
+use crate::load::LoadError;
+use crate::model::{lfm2, mamba2, nemotron_h, qwen3_5, qwen3_next, registry};
 
 /// The attribute names of the supported families' modules, each module's in its
 /// `__init__` order. A name's rank orders siblings; names of different modules never meet.
@@ -69,7 +74,155 @@ const LINEAR: &[&str] = &[
 ];
 
 /// `nn.Embedding` modules.
-const EMBEDDING: &[&str] = &["embed_tokens", "embed_tokens_per_layer"];
+const EMBEDDING: &[&str] = &["embed_tokens", "embed_tokens_per_layer", "embeddings"];
+
+/// A module's attribute names in its `__init__` order, for a parent whose children the
+/// common [`ORDER`] does not rank (the hybrids' modules), by the parent's attribute name.
+/// Modules of one name in one family merge into one list (their children never meet).
+type Children = &'static [(&'static str, &'static [&'static str])];
+
+/// Qwen 3.5 (dense and MoE, under `language_model.`) and Qwen3-Next: decoder layers, gated
+/// delta nets (split or fused projections), the sparse block and its SwitchGLU.
+const QWEN3_5_CHILDREN: Children = &[
+    ("", &["language_model", "model", "lm_head"]),
+    (
+        "layers",
+        &[
+            "linear_attn",
+            "self_attn",
+            "input_layernorm",
+            "post_attention_layernorm",
+            "mlp",
+        ],
+    ),
+    (
+        "linear_attn",
+        &[
+            "conv1d",
+            "in_proj_qkvz",
+            "in_proj_ba",
+            "in_proj_qkv",
+            "in_proj_z",
+            "in_proj_b",
+            "in_proj_a",
+            "dt_bias",
+            "A_log",
+            "norm",
+            "out_proj",
+        ],
+    ),
+    (
+        "mlp",
+        &[
+            "gate",
+            "switch_mlp",
+            "shared_expert",
+            "shared_expert_gate",
+            "gate_proj",
+            "down_proj",
+            "up_proj",
+        ],
+    ),
+    ("switch_mlp", &["gate_proj", "up_proj", "down_proj"]),
+];
+
+/// LFM2: layers of attention (`out_proj`, q/k layernorms first) or a short convolution
+/// (`conv.conv` is the Conv1d: its weight and bias share the `conv` list).
+const LFM2_CHILDREN: Children = &[
+    ("", &["model"]),
+    ("model", &["embed_tokens", "layers", "embedding_norm"]),
+    (
+        "layers",
+        &[
+            "self_attn",
+            "conv",
+            "feed_forward",
+            "operator_norm",
+            "ffn_norm",
+        ],
+    ),
+    (
+        "self_attn",
+        &[
+            "q_layernorm",
+            "k_layernorm",
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "out_proj",
+        ],
+    ),
+    ("conv", &["conv", "in_proj", "out_proj", "weight", "bias"]),
+    ("feed_forward", &["w1", "w3", "w2"]),
+];
+
+/// Mamba-2: `backbone.`, residual blocks of a mixer and then its norm.
+const MAMBA2_CHILDREN: Children = &[
+    ("", &["backbone", "lm_head"]),
+    ("backbone", &["embeddings", "layers", "norm_f"]),
+    ("layers", &["mixer", "norm"]),
+    (
+        "mixer",
+        &[
+            "conv1d", "in_proj", "dt_bias", "A_log", "D", "norm", "out_proj",
+        ],
+    ),
+];
+
+/// Nemotron-H: `backbone.`, blocks of a norm and a mixer (Mamba-2, attention or MLP).
+const NEMOTRON_H_CHILDREN: Children = &[
+    ("", &["backbone", "lm_head"]),
+    ("backbone", &["embeddings", "layers", "norm_f"]),
+    ("layers", &["norm", "mixer"]),
+    (
+        "mixer",
+        &[
+            "conv1d",
+            "in_proj",
+            "dt_bias",
+            "A_log",
+            "D",
+            "norm",
+            "out_proj",
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "up_proj",
+            "down_proj",
+        ],
+    ),
+];
+
+fn children(model_type: &str) -> Children {
+    match model_type {
+        "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => QWEN3_5_CHILDREN,
+        "lfm2" => LFM2_CHILDREN,
+        "nemotron_h" => NEMOTRON_H_CHILDREN,
+        "mamba2" => MAMBA2_CHILDREN,
+        _ => &[],
+    }
+}
+
+/// The family's `nn.Linear` / `SwitchLinear` modules beyond [`LINEAR`].
+fn extra_linears(model_type: &str) -> &'static [&'static str] {
+    match model_type {
+        "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => &[
+            "in_proj_qkvz",
+            "in_proj_ba",
+            "in_proj_qkv",
+            "in_proj_z",
+            "in_proj_b",
+            "in_proj_a",
+            "out_proj",
+            "gate",
+            "shared_expert_gate",
+        ],
+        "lfm2" => &["in_proj", "out_proj", "w1", "w2", "w3"],
+        "nemotron_h" | "mamba2" => &["in_proj", "out_proj"],
+        _ => &[],
+    }
+}
 
 /// The refusal for a `model_type` the registry does not mark convertible, or a variant of one that convert
 /// does not lay out yet (the mixture-of-experts Gemma 4: expert stacks, router order).
@@ -94,8 +247,38 @@ fn flag(config: &Value, key: &str) -> bool {
     config.get(key).and_then(Value::as_bool).unwrap_or(false)
 }
 
-/// The model class's `sanitize`: the tensors mlx-lm drops before loading.
-pub fn sanitize(model_type: &str, config: &Value, weights: &mut BTreeMap<String, Array>) {
+/// A loader's sanitize, over a checkpoint's tensors.
+type Sanitize = fn(&ModelConfig, &mut Weights) -> Result<(), LoadError>;
+
+/// The model class's `sanitize`: the tensors mlx-lm drops before loading; for the hybrids
+/// the engine loader's own sanitize (kernels moved, norms offset, experts stacked, names
+/// as mlx-lm's model holds them).
+pub fn sanitize(
+    model_type: &str,
+    config: &Value,
+    weights: &mut BTreeMap<String, Array>,
+) -> anyhow::Result<()> {
+    let hybrid: Option<Sanitize> = match model_type {
+        "qwen3_5" | "qwen3_5_moe" => Some(qwen3_5::convert_sanitize),
+        "qwen3_next" => Some(qwen3_next::convert_sanitize),
+        "lfm2" => Some(|_, w| lfm2::sanitize(w, false)),
+        "nemotron_h" => Some(|_, w| nemotron_h::sanitize(w)),
+        "mamba2" => Some(|_, w| mamba2::sanitize_conv(w)),
+        _ => None,
+    };
+    if let Some(f) = hybrid {
+        let cfg = ModelConfig::from_value(PathBuf::from("config.json"), config.clone())?;
+        let mut w = Weights::from_tensors(std::mem::take(weights));
+        f(&cfg, &mut w)?;
+        weights.extend(w.into_tensors());
+        return Ok(());
+    }
+    sanitize_plain(model_type, config, weights);
+    Ok(())
+}
+
+/// The other families' sanitize: what they drop.
+fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<String, Array>) {
     match model_type {
         "llama" | "mistral" | "qwen2" => {
             weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq"));
@@ -147,25 +330,93 @@ fn sanitize_gemma4(config: &Value, weights: &mut BTreeMap<String, Array>) {
 }
 
 /// A parameter path's sort key in `tree_flatten(model.parameters())` order: list indices
-/// by number, attribute names by their `__init__` rank. Unknown names are an error.
-pub fn order_key(path: &str) -> anyhow::Result<Vec<usize>> {
+/// by number, attribute names by their `__init__` rank (among the family's children of
+/// their parent, else in [`ORDER`]). Unknown names are an error.
+pub fn order_key(model_type: &str, path: &str) -> anyhow::Result<Vec<usize>> {
+    let table = children(model_type);
+    let mut parent = "";
     path.split('.')
-        .map(|seg| match seg.parse::<usize>() {
-            Ok(i) => Ok(i),
-            Err(_) => ORDER.iter().position(|n| *n == seg).ok_or_else(|| {
+        .map(|seg| {
+            if let Ok(i) = seg.parse::<usize>() {
+                return Ok(i);
+            }
+            let rank = match table.iter().find(|(p, _)| *p == parent) {
+                Some((_, names)) => names.iter().position(|n| *n == seg),
+                None => ORDER.iter().position(|n| *n == seg),
+            };
+            parent = seg;
+            rank.ok_or_else(|| {
                 anyhow::anyhow!(
                     "engine convert: tensor `{path}` is not a parameter of the model (unknown name `{seg}`)"
                 )
-            }),
+            })
         })
         .collect()
 }
 
-/// Whether the module at `module_path` is an `nn.Linear` or `nn.Embedding` (what
-/// `nn.quantize` turns into a quantized layer).
-pub fn quantizable(module_path: &str) -> bool {
+/// Whether the module at `module_path` is an `nn.Linear`, `SwitchLinear` or `nn.Embedding`
+/// (what `nn.quantize` turns into a quantized layer: it has `to_quantized`; a Conv1d has not).
+pub fn quantizable(model_type: &str, module_path: &str) -> bool {
     let name = module_path.rsplit('.').next().unwrap_or(module_path);
-    LINEAR.contains(&name) || EMBEDDING.contains(&name)
+    LINEAR.contains(&name) || EMBEDDING.contains(&name) || extra_linears(model_type).contains(&name)
+}
+
+/// The model class's `cast_predicate`: parameters `--dtype` leaves in their dtype
+/// (qwen3_5's and nemotron_h's `A_log`; Qwen3-Next has no predicate and casts it).
+pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
+    match model_type {
+        "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
+        "nemotron_h" => path.contains("A_log") || path.contains("e_score_correction_bias"),
+        _ => false,
+    }
+}
+
+/// The model class's `quant_predicate` (used when no mixed recipe is given) for the module
+/// at `path`: its own parameters and their config entry, where they are not the top-level
+/// ones. The sparse Qwens keep their routers (`mlp.gate`, `shared_expert_gate`) at 8 bits
+/// in groups of 64 — affine, `to_quantized`'s default, as the entry names no mode.
+pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Option<(Params, Value)> {
+    let text = config.get("text_config").unwrap_or(config);
+    let experts = text.get("num_experts").and_then(Value::as_i64).unwrap_or(0);
+    let sparse = match model_type {
+        "qwen3_5" | "qwen3_5_moe" => experts > 0,
+        "qwen3_next" => true,
+        _ => false,
+    };
+    if !(sparse && (path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"))) {
+        return None;
+    }
+    let params = Params {
+        group_size: Some(64),
+        bits: 8,
+        mode: "affine".into(),
+    };
+    Some((params, json!({"group_size": 64, "bits": 8})))
+}
+
+/// What building mlx-lm's model args does to the config it saves: qwen3_5's
+/// `__post_init__` renames its `rope_parameters`' `rope_type` to `type` in place (the args
+/// hold the config's own dict).
+pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>) {
+    if !matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
+        return;
+    }
+    let nested = matches!(config.get("text_config"), Some(Value::Object(_)));
+    let text = if nested {
+        match config.get_mut("text_config") {
+            Some(Value::Object(t)) => t,
+            _ => return,
+        }
+    } else {
+        config
+    };
+    if let Some(Value::Object(rope)) = text.get_mut("rope_parameters") {
+        if !rope.contains_key("type") {
+            if let Some(t) = rope.shift_remove("rope_type") {
+                rope.insert("type".into(), t);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -182,7 +433,7 @@ mod tests {
             "model.layers.2.self_attn.q_proj.weight",
             "model.embed_tokens.weight",
         ];
-        names.sort_by_key(|n| order_key(n).unwrap());
+        names.sort_by_key(|n| order_key("llama", n).unwrap());
         assert_eq!(
             names,
             [
@@ -194,8 +445,86 @@ mod tests {
                 "lm_head.weight",
             ]
         );
-        assert!(order_key("model.vision_tower.weight").is_err());
+        assert!(order_key("llama", "model.vision_tower.weight").is_err());
         assert!(check_supported("phi3", &Value::Null).is_err());
+    }
+
+    #[test]
+    fn hybrids_order_cast_and_quantize_as_their_classes() {
+        let mut names = vec![
+            "language_model.lm_head.weight",
+            "language_model.model.layers.0.mlp.down_proj.weight",
+            "language_model.model.layers.0.input_layernorm.weight",
+            "language_model.model.layers.0.linear_attn.out_proj.weight",
+            "language_model.model.layers.0.linear_attn.A_log",
+            "language_model.model.layers.0.linear_attn.conv1d.weight",
+            "language_model.model.embed_tokens.weight",
+        ];
+        names.sort_by_key(|n| order_key("qwen3_5", n).unwrap());
+        assert_eq!(
+            names,
+            [
+                "language_model.model.embed_tokens.weight",
+                "language_model.model.layers.0.linear_attn.conv1d.weight",
+                "language_model.model.layers.0.linear_attn.A_log",
+                "language_model.model.layers.0.linear_attn.out_proj.weight",
+                "language_model.model.layers.0.input_layernorm.weight",
+                "language_model.model.layers.0.mlp.down_proj.weight",
+                "language_model.lm_head.weight",
+            ]
+        );
+        let mut lfm2 = vec![
+            "model.layers.0.conv.conv.weight",
+            "model.layers.0.operator_norm.weight",
+            "model.layers.0.feed_forward.w2.weight",
+            "model.layers.0.feed_forward.w3.weight",
+            "model.layers.0.conv.in_proj.weight",
+        ];
+        lfm2.sort_by_key(|n| order_key("lfm2", n).unwrap());
+        assert_eq!(
+            lfm2,
+            [
+                "model.layers.0.conv.conv.weight",
+                "model.layers.0.conv.in_proj.weight",
+                "model.layers.0.feed_forward.w3.weight",
+                "model.layers.0.feed_forward.w2.weight",
+                "model.layers.0.operator_norm.weight",
+            ]
+        );
+        assert!(order_key(
+            "nemotron_h",
+            "backbone.layers.0.mixer.experts.0.up_proj.weight"
+        )
+        .is_err());
+        assert!(quantizable("qwen3_next", "model.layers.0.mlp.gate"));
+        assert!(!quantizable(
+            "qwen3_next",
+            "model.layers.0.linear_attn.conv1d"
+        ));
+        assert!(!quantizable(
+            "llama",
+            "model.layers.0.linear_attn.in_proj_qkv"
+        ));
+        assert!(keeps_dtype(
+            "qwen3_5",
+            "language_model.model.layers.0.linear_attn.A_log"
+        ));
+        assert!(!keeps_dtype(
+            "qwen3_next",
+            "model.layers.0.linear_attn.A_log"
+        ));
+        let moe = serde_json::json!({"text_config": {"num_experts": 8}});
+        let gate = model_quant_params(
+            "qwen3_5_moe",
+            &moe,
+            "language_model.model.layers.0.mlp.gate",
+        );
+        assert_eq!(
+            gate.unwrap().1,
+            serde_json::json!({"group_size": 64, "bits": 8})
+        );
+        let dense = serde_json::json!({"num_experts": 0});
+        assert!(model_quant_params("qwen3_5", &dense, "model.layers.0.mlp.gate").is_none());
     }
 
     #[test]
@@ -215,11 +544,11 @@ mod tests {
         .collect();
         let tied = serde_json::json!({"tie_word_embeddings": true});
         let mut llama = w.clone();
-        sanitize("llama", &tied, &mut llama);
+        sanitize("llama", &tied, &mut llama).unwrap();
         assert_eq!(names(&llama).len(), 4);
         assert!(!llama.contains_key("lm_head.weight"));
         let gemma4 = serde_json::json!({"num_hidden_layers": 2, "num_kv_shared_layers": 1});
-        sanitize("gemma4_text", &gemma4, &mut w);
+        sanitize("gemma4_text", &gemma4, &mut w).unwrap();
         assert_eq!(
             names(&w),
             [

@@ -104,6 +104,7 @@ pub fn convert(args: &ConvertArgs) -> Result<()> {
 
 /// The model: its config and parameters in `tree_flatten(model.parameters())` order.
 struct Model {
+    model_type: String,
     config: Map<String, Value>,
     params: Vec<(String, Array)>,
     /// Bits of each quantized module (for `total_parameters`).
@@ -158,10 +159,11 @@ fn progress_bar(quiet: bool, len: usize) -> indicatif::ProgressBar {
 /// weights, sanitized and in parameter order.
 fn load(src: &Path) -> Result<Model> {
     let cfg_path = src.join("config.json");
-    let text =
-        fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-    let mut config: Map<String, Value> =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", cfg_path.display()))?;
+    // Python's `Infinity` (bare or tagged) read as f64::MAX, tagged again by `save_config`.
+    let mut config: Map<String, Value> = match crate::load::read_json(&cfg_path)? {
+        Value::Object(m) => m,
+        _ => anyhow::bail!("{}: not a JSON object", cfg_path.display()),
+    };
     if let Ok(gen) = fs::read_to_string(src.join("generation_config.json")) {
         if let Ok(Value::Object(gen)) = serde_json::from_str::<Value>(&gen) {
             if let Some(eos) = gen.get("eos_token_id").filter(|v| truthy(v)) {
@@ -175,6 +177,7 @@ fn load(src: &Path) -> Result<Model> {
         .unwrap_or("")
         .to_string();
     family::check_supported(&model_type, &Value::Object(config.clone()))?;
+    family::fix_config(&model_type, &mut config);
     for key in ["quantization", "quantization_config"] {
         if config.contains_key(key) {
             anyhow::bail!(
@@ -184,14 +187,15 @@ fn load(src: &Path) -> Result<Model> {
         }
     }
     let mut weights = load_weights(src)?;
-    family::sanitize(&model_type, &Value::Object(config.clone()), &mut weights);
+    family::sanitize(&model_type, &Value::Object(config.clone()), &mut weights)?;
     let mut keyed = Vec::with_capacity(weights.len());
     for (k, v) in weights {
-        keyed.push((family::order_key(&k)?, k, v));
+        keyed.push((family::order_key(&model_type, &k)?, k, v));
     }
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
     let params = keyed.into_iter().map(|(_, k, v)| (k, v)).collect();
     Ok(Model {
+        model_type,
         config,
         params,
         quantized_bits: BTreeMap::new(),
@@ -258,11 +262,14 @@ fn dtype_name(dtype: Dtype) -> &'static str {
     }
 }
 
-/// Every floating-point parameter to `dtype`.
+/// Every floating-point parameter to `dtype`, but those the model's `cast_predicate` keeps.
 fn cast(model: &mut Model, dtype: Dtype) -> Result<()> {
     for (name, v) in model.params.iter_mut() {
         let norm = name.ends_with("norm.weight");
         if plant::is(Defect::ConvertNormsKeepDtype) && norm {
+            continue;
+        }
+        if family::keeps_dtype(&model.model_type, name) {
             continue;
         }
         if v.dtype().is_float() {
@@ -272,8 +279,9 @@ fn cast(model: &mut Model, dtype: Dtype) -> Result<()> {
     Ok(())
 }
 
-/// `quantize_model`: each `nn.Linear` / `nn.Embedding` whose input size the group size
-/// divides, with the recipe's per-module parameters recorded in the config.
+/// `quantize_model`: each `nn.Linear` / `SwitchLinear` / `nn.Embedding` whose input size
+/// the group size divides, with the recipe's per-module parameters — or, without a recipe,
+/// the model's `quant_predicate`'s — recorded in the config.
 fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
     let (dg, db) = quant::mode_defaults(&args.q_mode);
     let group_size = args.q_group_size.unwrap_or(dg);
@@ -290,11 +298,7 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
         .collect();
     let recipe = match &args.quant_predicate {
         Some(name) => {
-            let layers = model
-                .config
-                .get("num_hidden_layers")
-                .and_then(Value::as_u64)
-                .unwrap_or(0) as usize;
+            let layers = layer_count(&model.params);
             Some(quant::Recipe::new(
                 name,
                 args.q_group_size,
@@ -308,6 +312,7 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
         Value::Object(m) => m,
         _ => unreachable!("params are an object"),
     };
+    let config = Value::Object(model.config.clone());
     let bar = progress_bar(args.quiet, modules.len());
     bar.set_message("quantizing");
     let mut params = Vec::with_capacity(model.params.len());
@@ -319,7 +324,7 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
         let module = module.as_str();
         bar.inc(1);
         let in_dims = v.shape().last().copied().unwrap_or(0);
-        if !family::quantizable(module) || in_dims % group_size != 0 {
+        if !family::quantizable(&model.model_type, module) || in_dims % group_size != 0 {
             params.push((name, v));
             continue;
         }
@@ -329,7 +334,13 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
                 quantization.insert(module.to_string(), p.to_json());
                 p
             }
-            None => top.clone(),
+            None => match family::model_quant_params(&model.model_type, &config, module) {
+                Some((p, entry)) => {
+                    quantization.insert(module.to_string(), entry);
+                    p
+                }
+                None => top.clone(),
+            },
         };
         let (w, scales, biases) = quant::quantize(&v, p.group_size, p.bits, &p.mode)
             .with_context(|| format!("quantizing {module}"))?;
@@ -341,7 +352,7 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
         model.quantized_bits.insert(module.to_string(), p.bits);
     }
     bar.finish_and_clear();
-    params.sort_by_cached_key(|(k, _)| family::order_key(k).unwrap_or_default());
+    params.sort_by_cached_key(|(k, _)| family::order_key(&model.model_type, k).unwrap_or_default());
     model.params = params;
     model
         .config
@@ -350,6 +361,19 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
         .config
         .insert("quantization_config".into(), Value::Object(quantization));
     Ok(())
+}
+
+/// `len(model.layers)`: one past the largest index after a `layers` segment.
+fn layer_count(params: &[(String, Array)]) -> usize {
+    params
+        .iter()
+        .filter_map(|(k, _)| {
+            let segs: Vec<&str> = k.split('.').collect();
+            let at = segs.iter().position(|s| *s == "layers")?;
+            segs.get(at + 1)?.parse::<usize>().ok()
+        })
+        .max()
+        .map_or(0, |i| i + 1)
 }
 
 /// `get_total_parameters`: over the leaf modules (modules without submodules), a

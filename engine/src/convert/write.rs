@@ -91,7 +91,10 @@ pub fn save_config(dir: &Path, config: &Map<String, Value>) -> Result<()> {
     if let Some(q) = config.get("quantization").cloned() {
         config.insert("quantization_config".into(), q);
     }
-    let mut entries: Vec<(String, Value)> = config.into_iter().collect();
+    let mut entries: Vec<(String, Value)> = config
+        .into_iter()
+        .map(|(k, v)| (k, encode_tagged_floats(v)))
+        .collect();
     entries.sort_by(|a, b| a.0.cmp(&b.0));
     let sorted: Map<String, Value> = entries.into_iter().collect();
     fs::write(
@@ -99,6 +102,30 @@ pub fn save_config(dir: &Path, config: &Map<String, Value>) -> Result<()> {
         dumps(&Value::Object(sorted), 4, true, false),
     )?;
     Ok(())
+}
+
+/// mlx-lm's `_encode_tagged_floats`: a non-finite float — held as ±f64::MAX since the
+/// config was read (`load::read_json`) — written as `{"__float__": "Infinity"}`.
+fn encode_tagged_floats(v: Value) -> Value {
+    match v {
+        Value::Number(n) if n.as_f64().is_some_and(|x| x.abs() == f64::MAX) => {
+            let tag = if n.as_f64().unwrap_or(0.0) > 0.0 {
+                "Infinity"
+            } else {
+                "-Infinity"
+            };
+            let mut m = Map::new();
+            m.insert(crate::load::FLOAT_TAG.into(), Value::String(tag.into()));
+            Value::Object(m)
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(encode_tagged_floats).collect()),
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .map(|(k, v)| (k, encode_tagged_floats(v)))
+                .collect(),
+        ),
+        v => v,
+    }
 }
 
 /// transformers 5's `save_pretrained` of the fast tokenizer the source dir holds:

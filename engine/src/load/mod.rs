@@ -44,10 +44,40 @@ pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value, LoadError> {
         path: path.to_owned(),
         source,
     })?;
-    serde_json::from_str(&finite_json(&text)).map_err(|e| LoadError::Json {
+    let mut value = serde_json::from_str(&finite_json(&text)).map_err(|e| LoadError::Json {
         path: path.to_owned(),
         message: e.to_string(),
-    })
+    })?;
+    decode_tagged_floats(&mut value);
+    Ok(value)
+}
+
+/// The key of mlx-lm 0.32.2's tagged non-finite floats: its `save_config` writes `inf` as
+/// `{"__float__": "Infinity"}` (so that the file stays JSON) and `load_config` reads it back.
+pub(crate) const FLOAT_TAG: &str = "__float__";
+
+/// mlx-lm's `_decode_tagged_floats`: each `{"__float__": "Infinity" | "-Infinity" | "NaN"}`
+/// read as the bare literal is (±f64::MAX, null: `finite_json`).
+fn decode_tagged_floats(v: &mut serde_json::Value) {
+    use serde_json::Value;
+    let tagged = match v {
+        Value::Object(m) if m.len() == 1 => match m.get(FLOAT_TAG).and_then(Value::as_str) {
+            Some("Infinity") => Some(serde_json::json!(f64::MAX)),
+            Some("-Infinity") => Some(serde_json::json!(-f64::MAX)),
+            Some("NaN") => Some(Value::Null),
+            _ => None,
+        },
+        _ => None,
+    };
+    if let Some(x) = tagged {
+        *v = x;
+        return;
+    }
+    match v {
+        Value::Object(m) => m.values_mut().for_each(decode_tagged_floats),
+        Value::Array(a) => a.iter_mut().for_each(decode_tagged_floats),
+        _ => {}
+    }
 }
 
 /// The JSON text with Python's non-finite literals (`Infinity`, `-Infinity`, `NaN`, which
@@ -91,7 +121,16 @@ fn finite_json(text: &str) -> std::borrow::Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::finite_json;
+    use super::{decode_tagged_floats, finite_json};
+
+    #[test]
+    fn mlx_lm_tagged_floats_read_as_the_literals() {
+        let mut v = serde_json::json!({"t": [0.0, {"__float__": "Infinity"}], "n": {"__float__": "NaN"}, "o": {"__float__": "x"}});
+        decode_tagged_floats(&mut v);
+        assert_eq!(v["t"][1].as_f64(), Some(f64::MAX));
+        assert!(v["n"].is_null());
+        assert_eq!(v["o"]["__float__"], "x");
+    }
 
     #[test]
     fn python_non_finite_literals_read_outside_strings_only() {

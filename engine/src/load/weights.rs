@@ -189,6 +189,21 @@ impl Weights {
         }
     }
 
+    /// Weights over tensors already in memory: `engine convert` runs a family's sanitize
+    /// (the loader's own) on the checkpoint's tensors through this.
+    pub fn from_tensors(tensors: impl IntoIterator<Item = (String, Array)>) -> Self {
+        Weights {
+            tensors: tensors.into_iter().collect(),
+            quantization: None,
+            probe: None,
+        }
+    }
+
+    /// The tensors left, by name (what a sanitize made of them, for `engine convert`).
+    pub fn into_tensors(self) -> HashMap<String, Array> {
+        self.tensors
+    }
+
     /// The quantization map the checkpoint's config declares.
     pub fn set_quantization(&mut self, quantization: Option<QuantConfig>) {
         self.quantization = quantization;

@@ -23,7 +23,7 @@ use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
 use super::moe::{SwitchGlu, SwitchLinear, EXPERT_NAMES};
 use super::moe_family::check_top_k;
 use super::shard::Part;
-use super::short_conv::ShortConv;
+use super::short_conv::{self, ShortConv};
 use crate::load::config::{ModelConfig, RopeParameters};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -177,9 +177,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         Some(_) => 0,
         None => a.ff_dim()?,
     };
-    if moe.is_some() {
-        sanitize_moe(&mut w);
-    }
+    sanitize(&mut w, moe.is_some())?;
     let heads = a.num_attention_heads;
     let kv_heads = a.num_key_value_heads.unwrap_or(heads);
     let head_dim = a.hidden_size / heads;
@@ -295,6 +293,16 @@ impl MoeShape {
         check_top_k("lfm2_moe", shape.top_k, shape.experts, "num_experts")?;
         Ok(shape)
     }
+}
+
+/// mlx-lm's `sanitize` of lfm2 (the conv kernels in MLX's layout) and, with `moe`, of
+/// lfm2_moe (also its expert names): at load and in `engine convert`.
+pub(crate) fn sanitize(w: &mut Weights, moe: bool) -> Result<(), LoadError> {
+    short_conv::sanitize_kernels(w)?;
+    if moe {
+        sanitize_moe(w);
+    }
+    Ok(())
 }
 
 /// mlx-lm's lfm2_moe `sanitize`: HF's w1/w2/w3 as gate/down/up_proj (its per-expert

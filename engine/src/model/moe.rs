@@ -209,13 +209,9 @@ fn stacked_experts(
     hf: &str,
     [experts, out, inp]: [i32; 3],
 ) -> Result<Option<SwitchLinear>, LoadError> {
-    if !w.contains(&format!("{mlp}.experts.0.{hf}.weight")) {
+    let Some(weight) = stack_experts(w, mlp, hf, experts, Some([out, inp]))? else {
         return Ok(None);
-    }
-    let parts = (0..experts)
-        .map(|e| w.take_shaped(&format!("{mlp}.experts.{e}.{hf}.weight"), &[out, inp]))
-        .collect::<Result<Vec<_>, _>>()?;
-    let weight = stack(&parts, 0).map_err(|e| LoadError::Weights(e.what().to_owned()))?;
+    };
     Ok(Some(SwitchLinear {
         weight,
         bias: None,
@@ -223,6 +219,32 @@ fn stacked_experts(
         lora: Default::default(),
         partial_sums: false,
     }))
+}
+
+/// mlx-lm's sanitize of Hugging Face's per-expert tensors: `<mlp>.experts.{e}.<hf>.weight`
+/// for e in 0..experts taken (each of `shape` when given) and stacked into
+/// `[experts, out, in]`; None when the checkpoint has no `<mlp>.experts.0.<hf>.weight`.
+pub(crate) fn stack_experts(
+    w: &mut Weights,
+    mlp: &str,
+    hf: &str,
+    experts: i32,
+    shape: Option<[i32; 2]>,
+) -> Result<Option<Array>, LoadError> {
+    if !w.contains(&format!("{mlp}.experts.0.{hf}.weight")) {
+        return Ok(None);
+    }
+    let parts = (0..experts)
+        .map(|e| {
+            let name = format!("{mlp}.experts.{e}.{hf}.weight");
+            match shape {
+                Some(shape) => w.take_shaped(&name, &shape),
+                None => w.take(&name),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let weight = stack(&parts, 0).map_err(|e| LoadError::Weights(e.what().to_owned()))?;
+    Ok(Some(weight))
 }
 
 /// A checkpoint's fused expert stacks as the SwitchGLU's: `fused` [E, 2·I, D] split along

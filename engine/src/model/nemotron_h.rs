@@ -158,11 +158,17 @@ fn relu2(x: &Array) -> R<Array> {
     RELU2.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
 }
 
+/// mlx-lm's `sanitize` (at load and in `engine convert`): `mtp.` heads dropped, the conv
+/// kernels in MLX's layout. (Its expert stacking is for the `E` blocks, refused here.)
+pub(crate) fn sanitize(w: &mut Weights) -> Result<(), LoadError> {
+    w.discard(|n| n.starts_with("mtp."));
+    sanitize_conv(w)
+}
+
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: NemotronHArgs = config.parse()?;
     let pattern = a.pattern()?;
-    w.discard(|n| n.starts_with("mtp."));
-    sanitize_conv(&mut w)?;
+    sanitize(&mut w)?;
     let inner = a.mamba_num_heads * a.mamba_head_dim;
     let ssm = SsmShape {
         hidden: a.hidden_size,

@@ -38,6 +38,7 @@ use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
 
@@ -310,12 +311,27 @@ pub(crate) fn hf_conv_and_norms(w: &mut Weights, add_one: bool) -> Result<(), Lo
         if n.contains("conv1d.weight") && a.shape().last() != Some(&1) {
             return Ok(Some(mlx_rs::ops::move_axis(a, 2, 1)?));
         }
-        if add_one && OFFSET_NORMS.iter().any(|s| n.ends_with(s)) && a.ndim() == 1 {
+        let offset = add_one && !plant::is(Defect::HybridNormOffsetSkipped);
+        if offset && OFFSET_NORMS.iter().any(|s| n.ends_with(s)) && a.ndim() == 1 {
             let one = Array::from_f32(1.0).as_dtype(a.dtype())?;
             return Ok(Some(a.add(&one)?));
         }
         Ok(None)
     })
+}
+
+/// What `engine convert` does to a qwen3_5 / qwen3_5_moe checkpoint's tensors: the
+/// loader's sanitize (and qwen3_5_moe's expert split) as above, then every name under
+/// `language_model.`, where mlx-lm's `Model` holds its text model.
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    let text = text_config(config)?;
+    let a: Qwen35Args = text.parse()?;
+    sanitize(w, a.tie_word_embeddings)?;
+    if config.model_type == "qwen3_5_moe" {
+        split_fused_experts(w, a.num_hidden_layers)?;
+    }
+    w.rename(|n| Some(format!("language_model.{n}")));
+    Ok(())
 }
 
 /// The model: the plain decoder, gated delta nets and gated attention by

@@ -13,6 +13,7 @@
 use serde::Deserialize;
 
 use super::gated_delta::GdnLayout;
+use super::moe::stack_experts;
 use super::qwen3_5::{self, Qwen35Args};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
@@ -116,6 +117,23 @@ fn sanitize(w: &mut Weights, a: &Qwen3NextArgs) -> Result<(), LoadError> {
         w.discard(|n| n == "lm_head.weight");
     }
     qwen3_5::hf_conv_and_norms(w, true)
+}
+
+/// What `engine convert` does to a qwen3_next checkpoint's tensors: the loader's sanitize,
+/// and — on Hugging Face's per-expert layout, as mlx-lm's sanitize does — each sparse
+/// block's experts stacked under `switch_mlp` (the loader stacks them as it builds).
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    let a: Qwen3NextArgs = config.parse()?;
+    sanitize(w, &a)?;
+    for l in 0..a.num_hidden_layers {
+        let mlp = format!("model.layers.{l}.mlp");
+        for n in ["up_proj", "down_proj", "gate_proj"] {
+            if let Some(stacked) = stack_experts(w, &mlp, n, a.num_experts, None)? {
+                w.insert(format!("{mlp}.switch_mlp.{n}.weight"), stacked);
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<super::decoder::Decoder, LoadError> {

@@ -201,12 +201,14 @@ pub static FAMILIES: &[Family] = &[
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
     // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
-    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert is not
-    // gated for them. Tensor and pipeline parallel where mlx-lm 0.32.2 has them (qwen3_5 and
-    // qwen3_5_moe both, qwen3_next pipeline only), gated against mlx-lm's sharded runs
-    // (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
+    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert gated
+    // against mlx_lm.convert (engine/tests/it/convert.rs) for lfm2, qwen3_5, qwen3_5_moe,
+    // qwen3_next, mamba2 and nemotron_h. Tensor and pipeline parallel where mlx-lm 0.32.2
+    // has them (qwen3_5 and qwen3_5_moe both, qwen3_next pipeline only), gated against
+    // mlx-lm's sharded runs (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("lfm2", lfm2)
     },
@@ -217,6 +219,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         tensor: true,
         pipeline: true,
@@ -224,6 +227,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         tensor: true,
         pipeline: true,
@@ -231,17 +235,20 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         pipeline: true,
         ..row("qwen3_next", qwen3_next)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("mamba2", mamba2)
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("nemotron_h", nemotron_h)
     },
@@ -361,6 +368,11 @@ mod tests {
         assert!(
             e.contains("llama, mistral, qwen2, qwen3, gemma3_text"),
             "{e}"
+        );
+        assert_eq!(
+            names(|f| f.convert),
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, qwen3_5, \
+             qwen3_5_moe, qwen3_next, mamba2, nemotron_h"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

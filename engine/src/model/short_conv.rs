@@ -8,7 +8,8 @@
 //! The state lives in slot 0 of an `ArraysCache` (batched rows keep the K − 1 inputs after
 //! their own last real token: `lengths`, as mlx-lm's `take_along_axis` picks them). Hugging
 //! Face checkpoints store the depthwise kernel as [channels, 1, K]; mlx-lm's sanitize
-//! transposes it to MLX's [channels, K, 1], and so does `load`.
+//! transposes it to MLX's [channels, K, 1], and so does `sanitize_kernels` (the loader's and
+//! `engine convert`'s).
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis};
@@ -23,6 +24,19 @@ use crate::load::weights::Weights;
 use crate::load::LoadError;
 
 type R<T> = Result<T, Exception>;
+
+/// mlx-lm's lfm2 `sanitize` (at load and in `engine convert`): a `conv.weight` whose last
+/// axis is longer than its second — Hugging Face's [channels, 1, K] — transposed to MLX's
+/// [channels, K, 1].
+pub(crate) fn sanitize_kernels(w: &mut Weights) -> Result<(), LoadError> {
+    w.transform(|n, a| {
+        let s = a.shape();
+        match n.contains("conv.weight") && s.len() == 3 && s[2] > s[1] {
+            true => Ok(Some(a.transpose_axes(&[0, 2, 1])?)),
+            false => Ok(None),
+        }
+    })
+}
 
 pub struct ShortConv {
     in_proj: Linear,
@@ -45,14 +59,8 @@ impl ShortConv {
         width: i32,
         bias: bool,
     ) -> Result<Self, LoadError> {
-        let name = format!("{prefix}.conv.weight");
-        // mlx-lm's sanitize: Hugging Face's [channels, 1, K] has its last axis longer.
-        let kernel = match w.shape_of(&name).as_deref() {
-            Some([_, 1, k]) if *k > 1 => w
-                .take_shaped(&name, &[hidden, 1, width])?
-                .transpose_axes(&[0, 2, 1])?,
-            _ => w.take_shaped(&name, &[hidden, width, 1])?,
-        };
+        // Sanitized (`sanitize_kernels`): MLX's layout.
+        let kernel = w.take_shaped(&format!("{prefix}.conv.weight"), &[hidden, width, 1])?;
         Ok(ShortConv {
             in_proj: Linear::load(w, &format!("{prefix}.in_proj"), bias, [3 * hidden, hidden])?,
             out_proj: Linear::load(w, &format!("{prefix}.out_proj"), bias, [hidden, hidden])?,

@@ -229,6 +229,22 @@ fn planted_norms_left_uncast_fail_the_gate() {
     );
 }
 
+/// A hybrid's sanitize step skipped (Qwen 3.5's (1 + w) norms left as Hugging Face stores
+/// them) fails the qwen3_5 case, naming the first norm.
+#[test]
+fn planted_hybrid_norms_without_their_offset_fail_the_gate() {
+    let _on = plant::on(Defect::HybridNormOffsetSkipped).unwrap();
+    let problems = run_cases(Some("qwen3-5-bf16"));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains(
+            "first differing tensor language_model.model.layers.0.input_layernorm.weight"
+        ),
+        "{}",
+        problems[0]
+    );
+}
+
 fn engine() -> Command {
     Command::new(env!("CARGO_BIN_EXE_engine"))
 }
@@ -304,6 +320,20 @@ const GENERATES: &[&str] = &[
     // mxfp4 everywhere (uint8 scales, no biases), bf16 elsewhere.
     "llama-mxfp4",
     "mistral-tied-q4",
+    // The hybrids, from Hugging Face's layout; the MoEs in float32 only (mlx_lm.generate
+    // fails on their quantized stacks here, its QuantizedSwitchLinear handing MLX's
+    // gather_qmm a `global_scale` it does not take, and bf16 stacks do not run on the CPU).
+    "qwen3-5-bf16",
+    "qwen3-5-q4",
+    "qwen3-5-mm-q4",
+    "qwen3-5-moe-f32",
+    "qwen3-next-f32",
+    "lfm2-f32",
+    "lfm2-q4",
+    "nemotron-h-q4",
+    "nemotron-h-f16",
+    "mamba2-q4",
+    "mamba2-f16",
 ];
 
 #[test]
@@ -338,7 +368,7 @@ fn refusals_say_what_is_wrong() {
         .to_string();
     assert_eq!(
         err,
-        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text)"
+        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h)"
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();
