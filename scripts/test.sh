@@ -31,12 +31,12 @@ nice -n 19 bash desktop/run.sh build-tests >"$desktop_log" 2>&1 &
 desktop_build=$!
 # Build every test binary once, then run them in two lanes side by side: MLX work stays on
 # one thread inside each binary (--test-threads=1), and separate processes share nothing
-# but the disk. One lane: the engine's integration tests less its training tests, then the
-# harness's binaries — every test that takes a loopback port free-then-bound (distributed
+# but the disk. One lane: the engine's integration tests less some in-process modules, then
+# the harness's binaries — every test that takes a loopback port free-then-bound (distributed
 # ranks: engine/tests/it/dist, harness/tests/it/l1_dist, the harness's launch tests) is
 # in it, so no two of them run at once; servers bind port 0 themselves. The other lane:
-# every other binary, and the engine's training tests. Each line of output is prefixed with its lane; each lane runs all its
-# binaries and the script fails if any test failed. `cargo test` alone still runs them all
+# every other binary, and those engine modules. Each line of output is prefixed with its
+# lane; each lane runs all its binaries and the script fails if any test failed. `cargo test` alone still runs them all
 # one after another.
 artifacts="$(mktemp)"
 trap 'rm -f "$artifacts" "$artifacts".* "$desktop_log"' EXIT
@@ -46,7 +46,8 @@ cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"
 # CARGO_MANIFEST_DIR set), and its source as a label.
 field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
 engine_it=() other=()
-split_off=(train:: train_families:: orpo_prefix:: segmented::)
+split_off=(train:: train_families:: orpo_prefix:: segmented:: constrained:: compiled_decode:: ssd_store::)
+harness=()
 while IFS= read -r line; do
   exe="$(field executable "$line")"
   [ -n "$exe" ] || continue
@@ -54,16 +55,20 @@ while IFS= read -r line; do
   src="$(field src_path "$line")"
   entry="$exe|$dir|${src#"$PWD"/}"
   if [ "$src" = "$PWD/engine/tests/it/main.rs" ]; then
-    # Its training tests (in-process MLX, temp dirs only) go to the other lane, which is
-    # shorter by about their length; libtest's filters and --skips match the same names.
+    # Its in-process modules (MLX, temp dirs only: training, constrained decoding, the
+    # compiled step, the SSD store) go to the other lane, to balance the two; libtest's
+    # filters and --skips match the same names.
     engine_it+=("$entry|${split_off[*]/#/--skip }")
     other+=("$entry|${split_off[*]}")
   elif [[ "$src" == "$PWD/harness/"* ]]; then
-    engine_it+=("$entry|")
+    harness+=("$entry|")
   else
     other+=("$entry|")
   fi
 done < <(grep -E '"profile":\{[^}]*"test":true\}' "$artifacts")
+# The harness's binaries go last in their lane: l1_dist's two rank processes then have the
+# machine to themselves once the other lane is done.
+engine_it+=(${harness[@]+"${harness[@]}"})
 if [ "${#engine_it[@]}" -eq 0 ] && [ "${#other[@]}" -eq 0 ]; then
   echo "cargo built no test binaries" >&2
   exit 1
