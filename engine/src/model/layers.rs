@@ -466,25 +466,6 @@ impl OutputHead {
         })
     }
 
-    /// Keeps this rank's part of an untied `lm_head`'s vocabulary (`shard_linear(lm_head,
-    /// "all-to-sharded")`); the logits are gathered after it. A tied head stays whole.
-    pub fn shard_vocab(&mut self, part: super::shard::Part) -> Result<(), LoadError> {
-        let Some(head) = self.lm_head.as_mut() else {
-            return Ok(());
-        };
-        let vocab = head.output_dims();
-        if vocab % part.size as i32 != 0 {
-            return Err(LoadError::Unsupported(format!(
-                "lm_head: a vocabulary of {vocab} does not split over {} ranks (tensor \
-                 parallel splits the untied head by the vocabulary; try --pipeline)",
-                part.size
-            )));
-        }
-        head.shard(super::shard::Split::Columns, part, "lm_head")?;
-        self.vocab_parts = part.size;
-        Ok(())
-    }
-
     /// Logits of the last hidden state: softcap(head(norm(h))).
     pub fn forward(&self, embed: &Embedding, h: &Array) -> R<Array> {
         let logits = self.project(embed, &self.norm.forward(h)?)?;

@@ -277,3 +277,26 @@ impl Mlp {
             .shard(Split::Rows, part, &format!("{prefix}.down_proj"))
     }
 }
+
+// The output head's split lives here, not in layers.rs: layers.rs must not reach back into
+// this module (which builds on it).
+impl super::layers::OutputHead {
+    /// Keeps this rank's part of an untied `lm_head`'s vocabulary (`shard_linear(lm_head,
+    /// "all-to-sharded")`); the logits are gathered after it. A tied head stays whole.
+    pub fn shard_vocab(&mut self, part: Part) -> Result<(), LoadError> {
+        let Some(head) = self.lm_head.as_mut() else {
+            return Ok(());
+        };
+        let vocab = head.output_dims();
+        if vocab % part.size as i32 != 0 {
+            return Err(LoadError::Unsupported(format!(
+                "lm_head: a vocabulary of {vocab} does not split over {} ranks (tensor \
+                 parallel splits the untied head by the vocabulary; try --pipeline)",
+                part.size
+            )));
+        }
+        head.shard(Split::Columns, part, "lm_head")?;
+        self.vocab_parts = part.size;
+        Ok(())
+    }
+}
