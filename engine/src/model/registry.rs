@@ -32,9 +32,6 @@ pub struct Family {
     pub tensor: bool,
     /// Pipeline parallel (`PipelineMixin` in mlx-lm 0.32.2).
     pub pipeline: bool,
-    /// The parallel modes mlx-lm 0.32.2 has for the family that the engine does not run
-    /// yet (not built and gated here): their refusal says so, not that mlx-lm lacks them.
-    pub mlx_lm_only: &'static [Mode],
 }
 
 /// A family's row with every capability off; rows below switch theirs on.
@@ -47,7 +44,6 @@ const fn row(model_type: &'static str, build: Build) -> Family {
         convert: false,
         tensor: false,
         pipeline: false,
-        mlx_lm_only: &[],
     }
 }
 
@@ -301,20 +297,12 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
 }
 
 /// The refusal for a family that does not run under `mode`: mlx-lm 0.32.2 does not shard
-/// it that way either, or does and the engine's split is not built and gated yet.
+/// it that way either (the engine runs every split mlx-lm has for its families; the test
+/// `parallel_modes_are_mlx_lm_s` holds the table to mlx-lm's).
 pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
-    let mlx_lm_has = FAMILIES
-        .iter()
-        .any(|f| f.model_type == model_type && f.mlx_lm_only.contains(&mode));
-    let why = match mlx_lm_has {
-        true => {
-            "mlx-lm 0.32.2 shards it so, but this engine's split of it is not built and \
-                 gated yet"
-        }
-        false => "mlx-lm 0.32.2 does not shard it that way either",
-    };
     LoadError::Unsupported(format!(
-        "`{model_type}` cannot run {} parallel ({why}); families that can: {}",
+        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
+         either); families that can: {}",
         mode.name(),
         names(|f| parallel(f, mode))
     ))
@@ -324,33 +312,45 @@ pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
 mod tests {
     use super::*;
 
-    /// A refusal says whether mlx-lm has the mode (llama has no pipeline there, qwen3_next
-    /// no tensor parallel); the hybrids mlx-lm shards run so here too.
+    /// The families mlx-lm 0.32.2 shards, by `model_type` after its `MODEL_REMAPPING`
+    /// (mistral → llama): `Model.shard` in models/{llama, qwen2, qwen3, qwen3_moe, gpt_oss,
+    /// qwen3_5}.py (qwen3_5_moe's `Model` subclasses qwen3_5's), `PipelineMixin` in
+    /// models/{qwen2, qwen3_moe, qwen3_5, qwen3_next}.py. Of the other files that shard,
+    /// none is a family of this table.
+    const MLX_LM_SHARDS: [(&str, Mode); 13] = [
+        ("llama", Mode::Tensor),
+        ("mistral", Mode::Tensor),
+        ("qwen2", Mode::Tensor),
+        ("qwen3", Mode::Tensor),
+        ("qwen3_moe", Mode::Tensor),
+        ("gpt_oss", Mode::Tensor),
+        ("qwen3_5", Mode::Tensor),
+        ("qwen3_5_moe", Mode::Tensor),
+        ("qwen2", Mode::Pipeline),
+        ("qwen3_moe", Mode::Pipeline),
+        ("qwen3_5", Mode::Pipeline),
+        ("qwen3_5_moe", Mode::Pipeline),
+        ("qwen3_next", Mode::Pipeline),
+    ];
+
+    /// Every family runs exactly the parallel modes mlx-lm 0.32.2 has for it: so the
+    /// refusal's "does not shard it that way either" is true of every family it names.
     #[test]
-    fn parallel_refusals_say_whether_mlx_lm_has_the_mode() {
-        let says = |t: &str, m: Mode| parallel_refusal(t, m).to_string();
-        assert!(says("qwen3_next", Mode::Tensor).contains("does not shard it that way either"));
-        assert!(says("llama", Mode::Pipeline).contains("does not shard it that way either"));
-        assert!(says("lfm2", Mode::Tensor).contains("does not shard it that way either"));
-        for (t, m) in [
-            ("qwen3_5", Mode::Tensor),
-            ("qwen3_5", Mode::Pipeline),
-            ("qwen3_5_moe", Mode::Tensor),
-            ("qwen3_5_moe", Mode::Pipeline),
-            ("qwen3_next", Mode::Pipeline),
-        ] {
-            assert!(has(t, |f| parallel(f, m)), "{t} does not run {}", m.name());
-        }
+    fn parallel_modes_are_mlx_lm_s() {
+        let mlx_lm = |t: &str, m: Mode| MLX_LM_SHARDS.contains(&(t, m));
         for f in FAMILIES {
-            for m in f.mlx_lm_only {
-                assert!(
-                    !parallel(f, *m),
-                    "{}: runs {} and lists it",
+            for m in [Mode::Tensor, Mode::Pipeline] {
+                assert_eq!(
+                    parallel(f, m),
+                    mlx_lm(f.model_type, m),
+                    "{}: {} parallel here and in mlx-lm 0.32.2 differ",
                     f.model_type,
                     m.name()
                 );
             }
         }
+        let says = parallel_refusal("lfm2", Mode::Tensor).to_string();
+        assert!(says.contains("does not shard it that way either"), "{says}");
     }
 
     #[test]
