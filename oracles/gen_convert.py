@@ -15,8 +15,11 @@ Sources (Hugging Face layout):
   -qwen3-5-moe (conv kernels [C, 1, K], (1 + w) norms stored as w, the MoE's fused
   experts), tiny-qwen3-next (per-expert tensors), tiny-lfm2 (short-conv kernels [C, 1, K]),
   tiny-nemotron-h and tiny-mamba2 (conv kernels [C, 1, K]; mamba2's config has
-  `Infinity`): their sanitizes, `cast_predicate`s (A_log kept) and `quant_predicate`s
-  (8-bit routers) all act.
+  `Infinity`), tiny-lfm2-moe (w1/w3/w2 and per-expert tensors), tiny-granite-h (fused
+  `input_linear` experts), tiny-falcon-h1 (unfolded µP multipliers) and tiny-nemotron-h-moe
+  (Nemotron 3's `E` blocks, per-expert tensors; a convert source only): their sanitizes,
+  `cast_predicate`s (A_log, expert_bias, e_score_correction_bias kept) and
+  `quant_predicate`s (8-bit routers) all act.
 
 Each case runs `python -m mlx_lm convert --hf-path SRC --mlx-path OUT ARGS...` in a
 subprocess and records every output file's sha256 and size, the config.json object, and
@@ -78,6 +81,22 @@ CASES = [
     # tiny-mamba2's config carries `"time_step_limit": [0.0, Infinity]`.
     ("mamba2-q4", "models/tiny-mamba2", ["-q"]),
     ("mamba2-f16", "models/tiny-mamba2", ["--dtype", "float16"]),
+    # lfm2_moe: expert_bias stays float32 under --dtype (its cast_predicate), the routers
+    # `feed_forward.gate` at 8 bits (its quant_predicate).
+    ("lfm2-moe-q4", "models/tiny-lfm2-moe", ["-q"]),
+    ("lfm2-moe-f32", "models/tiny-lfm2-moe", []),
+    ("lfm2-moe-bf16", "models/tiny-lfm2-moe", ["--dtype", "bfloat16"]),
+    # granitemoehybrid: fused experts split, the routers `router.layer` at 8 bits.
+    ("granite-h-q4", "models/tiny-granite-h", ["-q"]),
+    ("granite-h-f32", "models/tiny-granite-h", []),
+    # falcon_h1: the µP multipliers folded into the weights in bf16 (as stored), then cast.
+    ("falcon-h1-bf16", "models/tiny-falcon-h1", []),
+    ("falcon-h1-f16", "models/tiny-falcon-h1", ["--dtype", "float16"]),
+    ("falcon-h1-q4", "models/tiny-falcon-h1", ["-q"]),
+    # nemotron_h with `E` blocks: experts stacked into switch_mlp.fc1 / fc2, the router a
+    # plain module (not quantized), e_score_correction_bias kept float32.
+    ("nemotron-h-moe-q4", "models/tiny-nemotron-h-moe", ["-q"]),
+    ("nemotron-h-moe-f16", "models/tiny-nemotron-h-moe", ["--dtype", "float16"]),
 ]
 
 
@@ -162,7 +181,8 @@ GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixe
                   # `global_scale` to this MLX's gather_qmm, which refuses it (TypeError), and
                   # a bf16 expert stack does not run on the CPU.
                   "qwen3-5-bf16", "qwen3-5-q4", "qwen3-5-mm-q4", "qwen3-5-moe-f32", "qwen3-next-f32", "lfm2-f32", "lfm2-q4",
-                  "nemotron-h-q4", "nemotron-h-f16", "mamba2-q4", "mamba2-f16"]
+                  "nemotron-h-q4", "nemotron-h-f16", "mamba2-q4", "mamba2-f16", "lfm2-moe-f32", "granite-h-f32",
+                  "falcon-h1-bf16", "falcon-h1-q4"]
 
 
 def generate(model_dir: Path) -> str:

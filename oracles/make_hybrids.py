@@ -49,6 +49,13 @@
                      attention without positions, ReLU² MLPs), mamba 8 heads of 16 in 2 groups,
                      state 16, conv bias, no time_step_limit (mlx-lm's default (0, inf)), HF
                      [C, 1, K] conv kernels, A_log/dt_bias/D drawn, bf16
+- tiny-nemotron-h-moe nemotron_h with Nemotron 3's mixture-of-experts blocks: the pattern ME*E- (tiny-nemotron-h's
+                     blocks and `E`: a sigmoid router `gate` with `e_score_correction_bias`, 8 ReLU² experts
+                     of 64, top 2 renormalized, routed_scaling_factor 2.5, one shared expert of 64); saved
+                     in Hugging Face's layout (per-expert `experts.{e}.up_proj` / `down_proj`, [C, 1, K] conv
+                     kernels), A_log and e_score_correction_bias in f32 as real checkpoints keep them,
+                     the rest bf16. The engine refuses `E` blocks at load: a source for `engine
+                     convert`'s gate only (no parity gate)
 - tiny-falcon-h1      falcon_h1 (Falcon-H1): 4 layers, each attention (GQA 4/2, head 16, RoPE 10000)
                      and a Mamba-2 mixer (8 heads of 16 in 2 groups, state 16, conv kernel 4 with
                      bias, no gated norm: mamba_rms_norm false) run side by side on one normed
@@ -324,8 +331,8 @@ def hf_conv_layout(weights: dict) -> dict:
     return {k: (v.transpose(0, 2, 1) if k.endswith("conv1d.weight") else v) for k, v in weights.items()}
 
 
-def make_nemotron_h(job: Job) -> Path:
-    cfg = {
+def nemotron_h_config() -> dict:
+    return {
         "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h",
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "max_position_embeddings": 4096,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
@@ -333,12 +340,47 @@ def make_nemotron_h(job: Job) -> Path:
         "conv_kernel": 4, "n_groups": 2, "mlp_bias": False, "layer_norm_epsilon": 1e-5, "use_bias": False,
         "use_conv_bias": True, "hybrid_override_pattern": "M*-M-", "tie_word_embeddings": False,
     }
+
+
+def make_nemotron_h(job: Job) -> Path:
+    cfg = nemotron_h_config()
     model = random_model(nemotron_h, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
     draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], job.seed)
     mx.eval(model.parameters())
     return write_model(job, hf_conv_layout(weights_of(model)), cfg,
                        f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout")
+
+
+def make_nemotron_h_moe(job: Job) -> Path:
+    cfg = dict(nemotron_h_config(), hybrid_override_pattern="ME*E-", n_routed_experts=8, num_experts_per_tok=2,
+               moe_intermediate_size=64, moe_shared_expert_intermediate_size=64, n_shared_experts=1, n_group=1,
+               topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
+    model = random_model(nemotron_h, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], job.seed)
+    for i, layer in enumerate(model.layers):
+        if layer.block_type == "E":
+            # MoEGate starts at zeros: draw the router and its bias (the bias f32, as Nemotron 3 keeps it).
+            k1, k2 = mx.random.split(mx.random.key(job.seed * 100 + 50 + i))
+            gate = layer.mixer.gate
+            gate.weight = (mx.random.normal(gate.weight.shape, key=k1) * 0.5).astype(mx.bfloat16)
+            gate.e_score_correction_bias = mx.random.normal(gate.e_score_correction_bias.shape, key=k2) * 0.1
+    mx.eval(model.parameters())
+    weights = {}
+    hf = {"fc1": "up_proj", "fc2": "down_proj"}
+    for name, v in weights_of(model).items():
+        if ".switch_mlp." in name:
+            prefix, proj = name.split(".switch_mlp.")
+            proj = proj[: -len(".weight")]
+            for e in range(v.shape[0]):
+                weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
+            continue
+        weights[name] = v
+    return write_model(job, hf_conv_layout(weights), cfg,
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn; router and "
+                       "e_score_correction_bias drawn, the bias f32), bf16, Hugging Face per-expert and conv layout; "
+                       "a convert source (the engine refuses E blocks at load)")
 
 
 def make_falcon_h1(job: Job) -> Path:

@@ -140,6 +140,11 @@ pub enum Defect {
     /// RMSNorm weights are not given their 1. Caught by the convert gate against
     /// mlx_lm.convert on tiny-qwen3-5 (`engine/tests/it/convert.rs`).
     HybridNormOffsetSkipped,
+    /// Falcon-H1's sanitize (load and `engine convert`): in_proj is scaled by
+    /// `ssm_in_multiplier` alone, its rows' µP vector (`ssm_multipliers`) left out of the
+    /// fold. Caught by the convert gate against mlx_lm.convert on tiny-falcon-h1
+    /// (`engine/tests/it/convert.rs`).
+    FalconInProjMupSkipped,
     /// Quantization modes: a floating-point mode's (mxfp4, nvfp4, mxfp8) quantized
     /// embedding dequantizes its rows to float32 instead of MLX's bfloat16 default, so the
     /// model runs in float32. Caught by the L1 gate on the mode fixtures

@@ -14,7 +14,9 @@ use super::quant::Params;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
-use crate::model::{lfm2, mamba2, nemotron_h, qwen3_5, qwen3_next, registry};
+use crate::model::{
+    falcon_h1, granitemoehybrid, lfm2, mamba2, nemotron_h, qwen3_5, qwen3_next, registry,
+};
 
 /// The attribute names of the supported families' modules, each module's in its
 /// `__init__` order. A name's rank orders siblings; names of different modules never meet.
@@ -126,8 +128,10 @@ const QWEN3_5_CHILDREN: Children = &[
     ("switch_mlp", &["gate_proj", "up_proj", "down_proj"]),
 ];
 
-/// LFM2: layers of attention (`out_proj`, q/k layernorms first) or a short convolution
-/// (`conv.conv` is the Conv1d: its weight and bias share the `conv` list).
+/// LFM2 and LFM2-MoE: layers of attention (`out_proj`, q/k layernorms first) or a short
+/// convolution (`conv.conv` is the Conv1d: its weight and bias share the `conv` list); the
+/// feed-forward lfm2's w1/w3/w2, lfm2_moe's dense MLP or its sparse block (router `gate`,
+/// SwitchGLU, `expert_bias`).
 const LFM2_CHILDREN: Children = &[
     ("", &["model"]),
     ("model", &["embed_tokens", "layers", "embedding_norm"]),
@@ -153,7 +157,21 @@ const LFM2_CHILDREN: Children = &[
         ],
     ),
     ("conv", &["conv", "in_proj", "out_proj", "weight", "bias"]),
-    ("feed_forward", &["w1", "w3", "w2"]),
+    (
+        "feed_forward",
+        &[
+            "w1",
+            "w3",
+            "w2",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+            "gate",
+            "switch_mlp",
+            "expert_bias",
+        ],
+    ),
+    ("switch_mlp", &["gate_proj", "up_proj", "down_proj"]),
 ];
 
 /// Mamba-2: `backbone.`, residual blocks of a mixer and then its norm.
@@ -169,7 +187,9 @@ const MAMBA2_CHILDREN: Children = &[
     ),
 ];
 
-/// Nemotron-H: `backbone.`, blocks of a norm and a mixer (Mamba-2, attention or MLP).
+/// Nemotron-H: `backbone.`, blocks of a norm and a mixer (Mamba-2, attention, MLP, or
+/// Nemotron 3's mixture of experts: SwitchMLP, the router `gate` — a plain module with its
+/// `weight` and `e_score_correction_bias` — the shared expert, the latent projections).
 const NEMOTRON_H_CHILDREN: Children = &[
     ("", &["backbone", "lm_head"]),
     ("backbone", &["embeddings", "layers", "norm_f"]),
@@ -190,6 +210,67 @@ const NEMOTRON_H_CHILDREN: Children = &[
             "o_proj",
             "up_proj",
             "down_proj",
+            "switch_mlp",
+            "gate",
+            "shared_experts",
+            "fc1_latent_proj",
+            "fc2_latent_proj",
+        ],
+    ),
+    ("switch_mlp", &["fc1", "fc2"]),
+    ("gate", &["weight", "e_score_correction_bias"]),
+    ("shared_experts", &["up_proj", "down_proj"]),
+];
+
+/// Granite 4.0-H: layers of a Mamba-2 mixer or attention, then the shared MLP and the sparse
+/// block (SwitchGLU, then the router's `layer`), or a dense `mlp`.
+const GRANITE_H_CHILDREN: Children = &[
+    ("", &["model", "lm_head"]),
+    ("model", &["embed_tokens", "layers", "norm"]),
+    (
+        "layers",
+        &[
+            "input_layernorm",
+            "mamba",
+            "self_attn",
+            "shared_mlp",
+            "block_sparse_moe",
+            "mlp",
+            "post_attention_layernorm",
+        ],
+    ),
+    (
+        "mamba",
+        &[
+            "conv1d", "in_proj", "dt_bias", "A_log", "D", "norm", "out_proj",
+        ],
+    ),
+    ("shared_mlp", &["input_linear", "output_linear"]),
+    ("block_sparse_moe", &["switch_mlp", "router"]),
+    ("switch_mlp", &["gate_proj", "up_proj", "down_proj"]),
+    ("router", &["layer"]),
+];
+
+/// Falcon-H1: layers of the SwiGLU feed-forward (gate, up, down), the Mamba-2 mixer (its
+/// optional gated `norm` before `D`), attention and the two norms.
+const FALCON_H1_CHILDREN: Children = &[
+    ("", &["model", "lm_head"]),
+    ("model", &["embed_tokens", "layers", "final_layernorm"]),
+    (
+        "layers",
+        &[
+            "feed_forward",
+            "mamba",
+            "self_attn",
+            "input_layernorm",
+            "pre_ff_layernorm",
+        ],
+    ),
+    ("feed_forward", &["gate_proj", "up_proj", "down_proj"]),
+    (
+        "mamba",
+        &[
+            "conv1d", "in_proj", "dt_bias", "A_log", "norm", "D", "out_proj",
         ],
     ),
 ];
@@ -197,8 +278,10 @@ const NEMOTRON_H_CHILDREN: Children = &[
 fn children(model_type: &str) -> Children {
     match model_type {
         "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => QWEN3_5_CHILDREN,
-        "lfm2" => LFM2_CHILDREN,
+        "lfm2" | "lfm2_moe" => LFM2_CHILDREN,
         "nemotron_h" => NEMOTRON_H_CHILDREN,
+        "granitemoehybrid" => GRANITE_H_CHILDREN,
+        "falcon_h1" => FALCON_H1_CHILDREN,
         "mamba2" => MAMBA2_CHILDREN,
         _ => &[],
     }
@@ -219,7 +302,23 @@ fn extra_linears(model_type: &str) -> &'static [&'static str] {
             "shared_expert_gate",
         ],
         "lfm2" => &["in_proj", "out_proj", "w1", "w2", "w3"],
-        "nemotron_h" | "mamba2" => &["in_proj", "out_proj"],
+        "lfm2_moe" => &["in_proj", "out_proj", "gate"],
+        "granitemoehybrid" => &[
+            "in_proj",
+            "out_proj",
+            "input_linear",
+            "output_linear",
+            "layer",
+        ],
+        "nemotron_h" => &[
+            "in_proj",
+            "out_proj",
+            "fc1",
+            "fc2",
+            "fc1_latent_proj",
+            "fc2_latent_proj",
+        ],
+        "falcon_h1" | "mamba2" => &["in_proj", "out_proj"],
         _ => &[],
     }
 }
@@ -261,8 +360,10 @@ pub fn sanitize(
     let hybrid: Option<Sanitize> = match model_type {
         "qwen3_5" | "qwen3_5_moe" => Some(qwen3_5::convert_sanitize),
         "qwen3_next" => Some(qwen3_next::convert_sanitize),
-        "lfm2" => Some(|_, w| lfm2::sanitize(w, false)),
-        "nemotron_h" => Some(|_, w| nemotron_h::sanitize(w)),
+        "lfm2" | "lfm2_moe" => Some(lfm2::convert_sanitize),
+        "nemotron_h" => Some(nemotron_h::convert_sanitize),
+        "granitemoehybrid" => Some(granitemoehybrid::convert_sanitize),
+        "falcon_h1" => Some(falcon_h1::convert_sanitize),
         "mamba2" => Some(|_, w| mamba2::sanitize_conv(w)),
         _ => None,
     };
@@ -362,10 +463,12 @@ pub fn quantizable(model_type: &str, module_path: &str) -> bool {
 }
 
 /// The model class's `cast_predicate`: parameters `--dtype` leaves in their dtype
-/// (qwen3_5's and nemotron_h's `A_log`; Qwen3-Next has no predicate and casts it).
+/// (qwen3_5's and nemotron_h's `A_log`, nemotron_h's `e_score_correction_bias`, lfm2_moe's
+/// `expert_bias`; Qwen3-Next, granitemoehybrid and falcon_h1 have no predicate and cast all).
 pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
     match model_type {
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
+        "lfm2_moe" => path.contains("expert_bias"),
         "nemotron_h" => path.contains("A_log") || path.contains("e_score_correction_bias"),
         _ => false,
     }
@@ -374,16 +477,25 @@ pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
 /// The model class's `quant_predicate` (used when no mixed recipe is given) for the module
 /// at `path`: its own parameters and their config entry, where they are not the top-level
 /// ones. The sparse Qwens keep their routers (`mlp.gate`, `shared_expert_gate`) at 8 bits
-/// in groups of 64 — affine, `to_quantized`'s default, as the entry names no mode.
+/// in groups of 64 — affine, `to_quantized`'s default, as the entry names no mode — and so
+/// do lfm2_moe (`feed_forward.gate`) and a granitemoehybrid with experts (`router.layer`).
 pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Option<(Params, Value)> {
     let text = config.get("text_config").unwrap_or(config);
     let experts = text.get("num_experts").and_then(Value::as_i64).unwrap_or(0);
-    let sparse = match model_type {
-        "qwen3_5" | "qwen3_5_moe" => experts > 0,
-        "qwen3_next" => true,
+    let router = match model_type {
+        "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => {
+            let sparse = model_type == "qwen3_next" || experts > 0;
+            sparse && (path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"))
+        }
+        "lfm2_moe" => path.ends_with("feed_forward.gate"),
+        // `use_moe`: `bool(num_local_experts)`.
+        "granitemoehybrid" => {
+            let local = text.get("num_local_experts").and_then(Value::as_i64);
+            local.unwrap_or(0) != 0 && path.ends_with("router.layer")
+        }
         _ => false,
     };
-    if !(sparse && (path.ends_with("mlp.gate") || path.ends_with("shared_expert_gate"))) {
+    if !router {
         return None;
     }
     let params = Params {
@@ -525,6 +637,79 @@ mod tests {
         );
         let dense = serde_json::json!({"num_experts": 0});
         assert!(model_quant_params("qwen3_5", &dense, "model.layers.0.mlp.gate").is_none());
+    }
+
+    #[test]
+    fn moe_hybrids_order_cast_and_quantize_as_their_classes() {
+        let mut nemotron = vec![
+            "backbone.layers.1.mixer.shared_experts.down_proj.weight",
+            "backbone.layers.1.mixer.gate.e_score_correction_bias",
+            "backbone.layers.1.mixer.shared_experts.up_proj.weight",
+            "backbone.layers.1.mixer.gate.weight",
+            "backbone.layers.1.mixer.switch_mlp.fc2.weight",
+            "backbone.layers.1.mixer.switch_mlp.fc1.scales",
+            "backbone.layers.1.mixer.switch_mlp.fc1.weight",
+        ];
+        nemotron.sort_by_key(|n| order_key("nemotron_h", n).unwrap());
+        assert_eq!(
+            nemotron,
+            [
+                "backbone.layers.1.mixer.switch_mlp.fc1.weight",
+                "backbone.layers.1.mixer.switch_mlp.fc1.scales",
+                "backbone.layers.1.mixer.switch_mlp.fc2.weight",
+                "backbone.layers.1.mixer.gate.weight",
+                "backbone.layers.1.mixer.gate.e_score_correction_bias",
+                "backbone.layers.1.mixer.shared_experts.up_proj.weight",
+                "backbone.layers.1.mixer.shared_experts.down_proj.weight",
+            ]
+        );
+        // The router is a plain module (no `to_quantized`), the expert stacks SwitchLinears.
+        assert!(!quantizable("nemotron_h", "backbone.layers.1.mixer.gate"));
+        assert!(quantizable(
+            "nemotron_h",
+            "backbone.layers.1.mixer.switch_mlp.fc1"
+        ));
+        assert!(keeps_dtype(
+            "nemotron_h",
+            "backbone.layers.1.mixer.gate.e_score_correction_bias"
+        ));
+        // Falcon-H1's mixer sets its gated norm before D.
+        let mut falcon = vec![
+            "model.layers.0.mamba.D",
+            "model.layers.0.mamba.norm.weight",
+            "model.layers.0.self_attn.q_proj.weight",
+            "model.layers.0.feed_forward.down_proj.weight",
+            "model.layers.0.feed_forward.up_proj.weight",
+        ];
+        falcon.sort_by_key(|n| order_key("falcon_h1", n).unwrap());
+        assert_eq!(
+            falcon,
+            [
+                "model.layers.0.feed_forward.up_proj.weight",
+                "model.layers.0.feed_forward.down_proj.weight",
+                "model.layers.0.mamba.norm.weight",
+                "model.layers.0.mamba.D",
+                "model.layers.0.self_attn.q_proj.weight",
+            ]
+        );
+        assert!(keeps_dtype(
+            "lfm2_moe",
+            "model.layers.1.feed_forward.expert_bias"
+        ));
+        let eight = serde_json::json!({"group_size": 64, "bits": 8});
+        let lfm2_moe =
+            model_quant_params("lfm2_moe", &Value::Null, "model.layers.1.feed_forward.gate");
+        assert_eq!(lfm2_moe.unwrap().1, eight);
+        let router = "model.layers.0.block_sparse_moe.router.layer";
+        let moe = serde_json::json!({"num_local_experts": 8});
+        assert_eq!(
+            model_quant_params("granitemoehybrid", &moe, router)
+                .unwrap()
+                .1,
+            eight
+        );
+        let dense = serde_json::json!({"num_local_experts": null});
+        assert!(model_quant_params("granitemoehybrid", &dense, router).is_none());
     }
 
     #[test]

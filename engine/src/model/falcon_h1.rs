@@ -37,6 +37,7 @@ use crate::cache::{Cache, CacheList, Mask};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use crate::plant::{self, Defect};
 use crate::scalar::weak;
 
 type R<T> = Result<T, Exception>;
@@ -222,6 +223,12 @@ impl FalconH1Args {
     }
 }
 
+/// mlx-lm's `sanitize`, for `engine convert` (the multipliers folded as the loader folds
+/// them).
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    sanitize(w, &config.parse()?)
+}
+
 /// mlx-lm's `sanitize`: on Hugging Face's layout only (layer 0's conv kernel longer than
 /// it is wide), every multiplier folded into its weight and the conv kernels moved.
 fn sanitize(w: &mut Weights, a: &FalconH1Args) -> Result<(), LoadError> {
@@ -251,6 +258,9 @@ fn sanitize(w: &mut Weights, a: &FalconH1Args) -> Result<(), LoadError> {
         } else if n.ends_with("down_proj.weight") {
             by(a.mlp_multipliers[1])
         } else if n.ends_with("in_proj.weight") {
+            if plant::is(Defect::FalconInProjMupSkipped) {
+                return by(a.ssm_in_multiplier);
+            }
             let rows = mup.as_dtype(p.dtype())?.index((.., NewAxis));
             let scale = rows.multiply(weak(a.ssm_in_multiplier, &rows)?)?;
             p.multiply(&scale).map(Some)

@@ -205,6 +205,12 @@ fn sanitize(w: &mut Weights, a: &GraniteArgs) -> Result<(), LoadError> {
     Ok(())
 }
 
+/// mlx-lm's `sanitize`, for `engine convert` (the expert stacks split as the loader reads
+/// them).
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    sanitize(w, &config.parse()?)
+}
+
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: GraniteArgs = config.parse()?;
     if a.layer_types.len() != a.num_hidden_layers as usize {

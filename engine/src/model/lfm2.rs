@@ -20,7 +20,7 @@ use serde::Deserialize;
 
 use super::decoder::{Built, Decoder, Dims, FeedForward, Mixer, NamedAttention, Names, Style};
 use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
-use super::moe::{SwitchGlu, SwitchLinear, EXPERT_NAMES};
+use super::moe::{stack_experts, SwitchGlu, SwitchLinear, EXPERT_NAMES};
 use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::short_conv::{self, ShortConv};
@@ -301,6 +301,28 @@ pub(crate) fn sanitize(w: &mut Weights, moe: bool) -> Result<(), LoadError> {
     short_conv::sanitize_kernels(w)?;
     if moe {
         sanitize_moe(w);
+    }
+    Ok(())
+}
+
+/// What `engine convert` does to an lfm2 / lfm2_moe checkpoint's tensors: the loader's
+/// sanitize and, for lfm2_moe on Hugging Face's per-expert layout, as mlx-lm's sanitize
+/// does, each sparse block's experts stacked under `switch_mlp` (the loader stacks them as
+/// it builds).
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    let moe = config.model_type == "lfm2_moe";
+    sanitize(w, moe)?;
+    if !moe {
+        return Ok(());
+    }
+    let a: Lfm2Args = config.parse()?;
+    for l in 0..a.num_hidden_layers {
+        let ff = format!("model.layers.{l}.feed_forward");
+        for n in ["gate_proj", "down_proj", "up_proj"] {
+            if let Some(stacked) = stack_experts(w, &ff, n, a.num_experts.unwrap_or(0), None)? {
+                w.insert(format!("{ff}.switch_mlp.{n}.weight"), stacked);
+            }
+        }
     }
     Ok(())
 }

@@ -22,6 +22,7 @@ use serde_json::Value;
 use super::decoder::{Built, Decoder, Dims, Mixer, NamedAttention, Names, Style};
 use super::layers::{compiled_shapeless, Attention, CompiledFn, Linear, Rope};
 use super::mamba2::sanitize_conv;
+use super::moe::stack_experts;
 use super::shard::Part;
 use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
 use crate::cache::none::PassThrough;
@@ -60,12 +61,26 @@ pub struct NemotronHArgs {
     pub head_dim: Option<i32>,
     #[serde(default = "no_limit")]
     pub time_step_limit: (f64, f64),
+    /// The `E` blocks' expert count (read by `engine convert`'s sanitize only).
+    pub n_routed_experts: Option<i32>,
 }
 
 impl NemotronHArgs {
-    /// `__post_init__`'s pattern: one character per layer.
+    /// `__post_init__`'s pattern, the blocks this engine runs: one character per layer.
     fn pattern(&self) -> Result<Vec<char>, LoadError> {
-        let chars: Vec<char> = match &self.hybrid_override_pattern {
+        let chars = self.blocks()?;
+        if let Some(c) = chars.iter().find(|c| !matches!(c, 'M' | '*' | '-')) {
+            return Err(LoadError::Unsupported(format!(
+                "nemotron_h: block `{c}` is not supported (M, * and - are; the \
+                 mixture-of-experts blocks `E` of Nemotron 3 are not yet)"
+            )));
+        }
+        Ok(chars)
+    }
+
+    /// `__post_init__`'s pattern as the config gives it (`E` blocks included).
+    fn blocks(&self) -> Result<Vec<char>, LoadError> {
+        Ok(match &self.hybrid_override_pattern {
             Some(Value::String(s)) => s.chars().collect(),
             Some(Value::Array(a)) => a
                 .iter()
@@ -97,14 +112,7 @@ impl NemotronHArgs {
                     })
                     .collect::<Result<_, _>>()?
             }
-        };
-        if let Some(c) = chars.iter().find(|c| !matches!(c, 'M' | '*' | '-')) {
-            return Err(LoadError::Unsupported(format!(
-                "nemotron_h: block `{c}` is not supported (M, * and - are; the \
-                 mixture-of-experts blocks `E` of Nemotron 3 are not yet)"
-            )));
-        }
-        Ok(chars)
+        })
     }
 }
 
@@ -158,11 +166,32 @@ fn relu2(x: &Array) -> R<Array> {
     RELU2.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
 }
 
-/// mlx-lm's `sanitize` (at load and in `engine convert`): `mtp.` heads dropped, the conv
-/// kernels in MLX's layout. (Its expert stacking is for the `E` blocks, refused here.)
-pub(crate) fn sanitize(w: &mut Weights) -> Result<(), LoadError> {
+/// mlx-lm's `sanitize` at load: `mtp.` heads dropped, the conv kernels in MLX's layout.
+/// (Its expert stacking is for the `E` blocks, refused at load; `engine convert` does it:
+/// [`convert_sanitize`].)
+fn sanitize(w: &mut Weights) -> Result<(), LoadError> {
     w.discard(|n| n.starts_with("mtp."));
     sanitize_conv(w)
+}
+
+/// mlx-lm's whole `sanitize`, for `engine convert`: the loader's, then each `E` block's
+/// per-expert `experts.{e}.up_proj` / `down_proj` stacked into `switch_mlp.fc1` / `fc2`
+/// (Nemotron 3's mixture of experts, which `engine convert` lays out although the engine
+/// does not run it).
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    let a: NemotronHArgs = config.parse()?;
+    let layers = a.blocks()?.len();
+    sanitize(w)?;
+    let experts = a.n_routed_experts.unwrap_or(0);
+    for l in 0..layers {
+        let mixer = format!("backbone.layers.{l}.mixer");
+        for (hf, fc) in [("down_proj", "fc2"), ("up_proj", "fc1")] {
+            if let Some(stacked) = stack_experts(w, &mixer, hf, experts, None)? {
+                w.insert(format!("{mixer}.switch_mlp.{fc}.weight"), stacked);
+            }
+        }
+    }
+    Ok(())
 }
 
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {

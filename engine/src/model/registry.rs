@@ -198,8 +198,8 @@ pub static FAMILIES: &[Family] = &[
     // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
     // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
     // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert gated
-    // against mlx_lm.convert (engine/tests/it/convert.rs) for lfm2, qwen3_5, qwen3_5_moe,
-    // qwen3_next, mamba2 and nemotron_h. Tensor and pipeline parallel where mlx-lm 0.32.2
+    // against mlx_lm.convert (engine/tests/it/convert.rs) for every one of them (nemotron_h
+    // with its `E` blocks too, which the engine does not run). Tensor and pipeline parallel where mlx-lm 0.32.2
     // has them (qwen3_5 and qwen3_5_moe both, qwen3_next pipeline only), gated against
     // mlx-lm's sharded runs (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
     Family {
@@ -210,6 +210,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("lfm2_moe", lfm2)
     },
@@ -250,12 +251,17 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         lora: true,
+        convert: true,
         segmented: true,
         ..row("granitemoehybrid", granitemoehybrid)
     },
-    // L1 only so far: LoRA (so segmented training) is not gated against mlx-lm's trainer for
-    // its parallel attention + SSM layers, nor convert; mlx-lm does not shard it.
-    row("falcon_h1", falcon_h1),
+    // LoRA (so segmented training) is not gated against mlx-lm's trainer for its parallel
+    // attention + SSM layers; convert is (its µP multipliers folded as mlx-lm's sanitize
+    // folds them); mlx-lm does not shard it.
+    Family {
+        convert: true,
+        ..row("falcon_h1", falcon_h1)
+    },
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
@@ -371,8 +377,8 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, qwen3_5, \
-             qwen3_5_moe, qwen3_next, mamba2, nemotron_h"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, lfm2_moe, qwen3_5, \
+             qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

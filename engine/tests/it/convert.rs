@@ -245,6 +245,21 @@ fn planted_hybrid_norms_without_their_offset_fail_the_gate() {
     );
 }
 
+/// Falcon-H1's µP fold with in_proj's per-row multipliers left out (scaled by
+/// `ssm_in_multiplier` alone) fails the falcon_h1 case, naming layer 0's in_proj: the
+/// tensors before it (embedding, feed-forward, conv kernel) still match.
+#[test]
+fn planted_falcon_in_proj_without_its_mup_rows_fails_the_gate() {
+    let _on = plant::on(Defect::FalconInProjMupSkipped).unwrap();
+    let problems = run_cases(Some("falcon-h1-bf16"));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("first differing tensor model.layers.0.mamba.in_proj.weight"),
+        "{}",
+        problems[0]
+    );
+}
+
 fn engine() -> Command {
     Command::new(env!("CARGO_BIN_EXE_engine"))
 }
@@ -334,6 +349,10 @@ const GENERATES: &[&str] = &[
     "nemotron-h-f16",
     "mamba2-q4",
     "mamba2-f16",
+    "lfm2-moe-f32",
+    "granite-h-f32",
+    "falcon-h1-bf16",
+    "falcon-h1-q4",
 ];
 
 #[test]
@@ -368,7 +387,7 @@ fn refusals_say_what_is_wrong() {
         .to_string();
     assert_eq!(
         err,
-        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h)"
+        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1)"
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();

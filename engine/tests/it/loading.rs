@@ -139,6 +139,17 @@ fn an_unknown_architecture_is_refused_clearly() {
     );
 }
 
+/// Nemotron 3's mixture-of-experts blocks (`E`; tiny-nemotron-h-moe, which `engine
+/// convert` converts) are refused at load, naming them.
+#[test]
+fn nemotron_h_moe_blocks_are_refused_naming_them() {
+    let err = load_err(&model_dir("tiny-nemotron-h-moe"));
+    assert!(
+        err.contains("nemotron_h: block `E` is not supported") && err.contains("Nemotron 3"),
+        "{err}"
+    );
+}
+
 #[test]
 fn streaming_detokenizer_never_emits_half_a_character() {
     let tokenizer = Tokenizer::load(&model_dir("tiny-llama")).unwrap();
