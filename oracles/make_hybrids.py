@@ -27,6 +27,9 @@
                      as w), so that mlx-lm's sanitize (and ours) takes the conversion path;
                      untied head, bf16
 
+- tiny-qwen3-5-kv1    tiny-qwen3-5 with one K/V head in its attention layer (GQA 4/1), another seed:
+                     two tensor-parallel ranks outnumber its K/V heads, so mlx-lm's qwen3_5 shard
+                     repeats k_proj / v_proj's rows first (`repeat_kv_layer_inplace`)
 - tiny-qwen3-5-mm     tiny-qwen3-5 as the multimodal checkpoint ships it: the text model's fields under
                      `text_config` (model_type qwen3_5_text) beside a `vision_config`, and a vision
                      tower tensor (`model.visual.…`) that both mlx-lm's sanitize and ours drop
@@ -207,6 +210,14 @@ def make_qwen3_5(job: Job) -> Path:
     weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}), bf16 (A_log f32), Hugging Face layout, untied",
+                       style="qwen")
+
+
+def make_qwen3_5_kv1(job: Job) -> Path:
+    cfg = dict(qwen3_5_config(), num_key_value_heads=1)
+    weights = hf_qwen3_5_weights(random_qwen3_5(cfg, job.seed))
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}), bf16 (A_log f32), one K/V head, Hugging Face layout, untied",
                        style="qwen")
 
 

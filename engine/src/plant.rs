@@ -204,6 +204,11 @@ pub enum Defect {
     /// `in_proj_qkv`'s. Caught by the distributed L1 gate on tiny-qwen3-5
     /// (`harness/tests/it/l1_dist.rs`).
     GdnConvShardUnsegmented,
+    /// Tensor parallel with more ranks than K/V heads: qwen3_5's attention splits k_proj /
+    /// v_proj first and repeats each rank's slice after, where mlx-lm's
+    /// `repeat_kv_layer_inplace` repeats the whole heads before the split. Caught by the
+    /// distributed L1 gate on tiny-qwen3-5-kv1 (`harness/tests/it/l1_dist.rs`).
+    KvRepeatAfterShard,
     /// The L3 one-token decode attention dequantizes the values without their affine
     /// biases. Caught by the L3 KL gate (`tests/it/l3_kl.rs`).
     PerfDequantValueBiasesDropped,
@@ -355,6 +360,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
             "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,
+            "KvRepeatAfterShard" => Defect::KvRepeatAfterShard,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,

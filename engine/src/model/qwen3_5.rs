@@ -224,16 +224,17 @@ impl Mixer for GatedAttention {
             .shard(Split::Rows, part, &format!("{attn}.o_proj"))?;
         self.q_proj
             .shard(Split::Columns, part, &format!("{attn}.q_proj"))?;
-        if n > kv {
-            self.k_proj
-                .repeat_heads(kv, n / kv, &format!("{attn}.k_proj"))?;
-            self.v_proj
-                .repeat_heads(kv, n / kv, &format!("{attn}.v_proj"))?;
+        let repeat_after = crate::plant::is(crate::plant::Defect::KvRepeatAfterShard);
+        for (proj, name) in [(&mut self.k_proj, "k_proj"), (&mut self.v_proj, "v_proj")] {
+            let what = format!("{attn}.{name}");
+            if n > kv && !repeat_after {
+                proj.repeat_heads(kv, n / kv, &what)?;
+            }
+            proj.shard(Split::Columns, part, &what)?;
+            if n > kv && repeat_after {
+                proj.repeat_heads(1, n / kv, &what)?;
+            }
         }
-        self.k_proj
-            .shard(Split::Columns, part, &format!("{attn}.k_proj"))?;
-        self.v_proj
-            .shard(Split::Columns, part, &format!("{attn}.v_proj"))?;
         self.n_heads /= n;
         self.n_kv_heads = (kv / n).max(1);
         Ok(())

@@ -200,7 +200,7 @@ fn every_l1_dist_golden_is_bit_exact() {
         failed.join("\n")
     );
     assert!(
-        goldens.len() >= 23,
+        goldens.len() >= 24,
         "the distributed L1 lost goldens: {goldens:?}"
     );
 }
@@ -266,6 +266,13 @@ fn planted_dropped_all_sum_fails_tp_moe() {
 #[test]
 fn planted_unsegmented_conv_shard_fails_tp_gated_delta_net() {
     assert_plant_fails("l1-dist/tp/tiny-qwen3-5", "GdnConvShardUnsegmented");
+}
+
+/// One K/V head over two ranks: each rank's half of the head, repeated after the split,
+/// instead of the whole head repeated before it (mlx-lm's `repeat_kv_layer_inplace`).
+#[test]
+fn planted_kv_repeat_after_the_split_fails_tp_with_more_ranks_than_kv_heads() {
+    assert_plant_fails("l1-dist/tp/tiny-qwen3-5-kv1", "KvRepeatAfterShard");
 }
 
 /// qwen3_5_moe with every tensor-parallel all_sum dropped (the delta nets' after out_proj, the
