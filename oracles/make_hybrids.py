@@ -67,6 +67,10 @@
                      in Hugging Face's layout ([C, 1, K] conv kernels) so that mlx-lm's sanitize
                      folds the multipliers into the weights; tied head, A_log/dt_bias/D drawn,
                      bf16
+- tiny-falcon-h1-norm-after   tiny-falcon-h1 (another seed) with the mixer's gated RMSNorm over
+                     all channels after the gate (mamba_rms_norm true, mamba_norm_before_gate
+                     false) and an untied lm_head (its multiplier folded into it)
+- tiny-falcon-h1-norm-before  the same norm before the gate (mamba_norm_before_gate true), tied
 
 The tokenizer and chat template are tinymodels' shared ones ("llama" style; tiny-qwen3-5 "qwen").
 Everything is seeded.
@@ -394,8 +398,8 @@ def make_nemotron_h_moe(job: Job) -> Path:
                        "a convert source (the engine refuses E blocks at load)")
 
 
-def make_falcon_h1(job: Job) -> Path:
-    cfg = {
+def falcon_h1_config() -> dict:
+    return {
         "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1",
         "vocab_size": VOCAB, "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "attention_bias": False,
@@ -410,13 +414,30 @@ def make_falcon_h1(job: Job) -> Path:
         "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
         "mlp_multipliers": [0.8838834764831844, 0.5859375],
     }
+
+
+def write_falcon_h1(job: Job, cfg: dict, what: str) -> Path:
     model = random_model(falcon_h1, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
     draw_ssm_parameters([layer.mamba for layer in model.layers], job.seed)
     mx.eval(model.parameters())
     return write_model(job, hf_conv_layout(weights_of(model)), cfg,
                        f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, unfolded "
-                       f"multipliers and HF conv layout (mlx-lm's sanitize folds them), tied")
+                       f"multipliers and HF conv layout (mlx-lm's sanitize folds them), {what}")
+
+
+def make_falcon_h1(job: Job) -> Path:
+    return write_falcon_h1(job, falcon_h1_config(), "tied")
+
+
+def make_falcon_h1_norm_after(job: Job) -> Path:
+    cfg = dict(falcon_h1_config(), mamba_rms_norm=True, mamba_norm_before_gate=False, tie_word_embeddings=False)
+    return write_falcon_h1(job, cfg, "the mixer's gated RMSNorm after the gate, untied head")
+
+
+def make_falcon_h1_norm_before(job: Job) -> Path:
+    cfg = dict(falcon_h1_config(), mamba_rms_norm=True, mamba_norm_before_gate=True)
+    return write_falcon_h1(job, cfg, "the mixer's gated RMSNorm before the gate, tied")
 
 
 if __name__ == "__main__":

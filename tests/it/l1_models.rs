@@ -347,6 +347,21 @@ fn planted_multiplier_defects_fail_l1_on_falcon_h1() {
     }
 }
 
+/// falcon_h1 with the mixer's gated RMSNorm (`mamba_rms_norm`), after the gate on an untied
+/// head and before it on a tied one: planted, the other order — and the untied head's
+/// multiplier left at 1 (not folded into lm_head) — each breaks every case's first logits.
+#[test]
+fn planted_gated_norm_order_and_untied_head_fail_l1_on_falcon_h1() {
+    for (model, plant) in [
+        ("tiny-falcon-h1-norm-after", "mamba_norm_before_gate=true"),
+        ("tiny-falcon-h1-norm-before", "mamba_norm_before_gate=false"),
+        ("tiny-falcon-h1-norm-after", "lm_head_multiplier=1.0"),
+    ] {
+        let report = l1(model, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{model} with {plant}"));
+    }
+}
+
 /// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block, HF's layout): planted, the
 /// routed scaling left at 1, and the top k left unnormalized — each breaks every case's
 /// first logits.
