@@ -15,6 +15,11 @@
                      embedding / residual multipliers and logits scaling; experts saved fused as
                      Hugging Face does (`input_linear` [E, 2I, D], `output_linear`), [C, 1, K]
                      conv kernels, tied, f32, routers x8
+- tiny-granite-h-dense  granitemoehybrid without experts (Granite 4.0-H-Micro's layout): the
+                     `shared_mlp` (one `input_linear` [2I, D] whose halves are gate and up) is
+                     the feed-forward, mlx-lm's sanitize reads it as `mlp`; RoPE attention
+                     (theta nested in rope_parameters) on layer 2, Mamba-2 in 2 groups
+                     elsewhere; untied, bf16
 - tiny-lfm2-moe       lfm2_moe: tiny-lfm2's layers, layer 0's feed-forward dense (num_dense_layers 1), the
                      others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
                      renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
@@ -145,6 +150,36 @@ def make_granite_h(job: Job) -> Path:
     return write_model(job, weights, cfg,
                        f"random weights (seed {job.seed}; A_log/dt_bias/D drawn), f32, routers x8, Hugging Face "
                        "fused experts, tied")
+
+
+def make_granite_h_dense(job: Job) -> Path:
+    """Granite 4.0-H's dense layout (no experts: `shared_mlp` is the feed-forward), RoPE
+    positions with the theta nested in rope_parameters, bf16, untied."""
+    cfg = {
+        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
+        "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "attention_bias": False, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
+        "logits_scaling": 8.0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-5,
+        "layer_types": ["mamba", "mamba", "attention", "mamba"], "num_local_experts": 0,
+        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_proj_bias": False, "mamba_d_state": 16,
+        "mamba_d_conv": 4, "mamba_n_groups": 2, "mamba_conv_bias": True,
+        "position_embedding_type": "rope", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+        "tie_word_embeddings": False,
+    }
+    model = random_model(granitemoehybrid, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_ssm_parameters([l.mamba for l in model.layers if l.layer_type == "mamba"], job.seed)
+    mx.eval(model.parameters())
+    weights = hf_conv_layout(weights_of(model))
+    for name in [n for n in weights if n.endswith(".mlp.gate_proj.weight")]:
+        prefix = name[: -len("mlp.gate_proj.weight")]
+        up = weights.pop(prefix + "mlp.up_proj.weight")
+        weights[prefix + "shared_mlp.input_linear.weight"] = mx.concatenate([weights.pop(name), up], axis=0)
+        weights[prefix + "shared_mlp.output_linear.weight"] = weights.pop(prefix + "mlp.down_proj.weight")
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; A_log/dt_bias/D drawn), bf16, no experts (Hugging Face's "
+                       "`shared_mlp` layout), RoPE, untied")
 
 
 def make_lfm2_moe(job: Job) -> Path:

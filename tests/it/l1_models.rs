@@ -336,6 +336,17 @@ fn planted_multiplier_defects_fail_l1_on_granite_h() {
     }
 }
 
+/// granitemoehybrid without experts (Granite 4.0-H-Micro's layout: `shared_mlp` read as
+/// the feed-forward) and with RoPE: planted, the attention without positions (`nope`), and
+/// the residual multiplier left at 1 — each breaks every case's first logits.
+#[test]
+fn planted_rope_and_residual_defects_fail_l1_on_dense_granite_h() {
+    for plant in ["position_embedding_type=nope", "residual_multiplier=1.0"] {
+        let report = l1("tiny-granite-h-dense", Some(plant));
+        assert_fails_at_prefill(&report, &format!("dense granitemoehybrid with {plant}"));
+    }
+}
+
 /// falcon_h1 (attention beside a Mamba-2 mixer in every layer, µP multipliers folded into
 /// the weights by the sanitize): planted, the SSM branch's or attention's output multiplier
 /// left at 1 (so not folded into out_proj / o_proj) — each breaks every case's first logits.
