@@ -17,7 +17,8 @@ Sources (Hugging Face layout):
   tiny-nemotron-h and tiny-mamba2 (conv kernels [C, 1, K]; mamba2's config has
   `Infinity`), tiny-lfm2-moe (w1/w3/w2 and per-expert tensors), tiny-granite-h (fused
   `input_linear` experts), tiny-falcon-h1 (unfolded µP multipliers) and tiny-nemotron-h-moe
-  (Nemotron 3's `E` blocks, per-expert tensors; a convert source only): their sanitizes,
+  (Nemotron 3's `E` blocks, per-expert tensors; its bf16 stacks do not run on the CPU, so its
+  q4 case's weights are committed as tiny-nemotron-h-moe-q4 for the L1 gate): their sanitizes,
   `cast_predicate`s (A_log, expert_bias, e_score_correction_bias kept) and
   `quant_predicate`s (8-bit routers) all act.
 

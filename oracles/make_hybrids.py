@@ -62,8 +62,17 @@
                      of 64, top 2 renormalized, routed_scaling_factor 2.5, one shared expert of 64); saved
                      in Hugging Face's layout (per-expert `experts.{e}.up_proj` / `down_proj`, [C, 1, K] conv
                      kernels), A_log and e_score_correction_bias in f32 as real checkpoints keep them,
-                     the rest bf16. The engine refuses `E` blocks at load: a source for `engine
-                     convert`'s gate only (no parity gate)
+                     the rest bf16. A source for `engine convert`'s gate; its bf16 expert stacks do not
+                     run on MLX's CPU (gather_mm is float32 only, in mlx-lm as in the engine), so the
+                     L1 gate runs the two below
+- tiny-nemotron-h-moe-q4 tiny-nemotron-h-moe as mlx_lm.convert -q writes it (affine 4-bit g64, the experts
+                     stacked into switch_mlp.fc1 / fc2 as mlx-community's checkpoints have them, the
+                     routers and their bias unquantized): Nemotron 3 Nano's routing (n_group 1) in bf16
+- tiny-nemotron-h-moe-grouped nemotron_h with `E` blocks as tiny-nemotron-h-moe, but f32 (dense experts
+                     through gather_mm), the 8 experts in n_group 2 groups with topk_group 1 (the
+                     lower-ranked group zeroed before the top 2: DeepSeek-V3's grouped selection) and
+                     moe_latent_size 32 (fc1_latent_proj / fc2_latent_proj around the experts, as
+                     Nemotron 3 Super); Hugging Face's per-expert layout
 - tiny-falcon-h1      falcon_h1 (Falcon-H1): 4 layers, each attention (GQA 4/2, head 16, RoPE 10000)
                      and a Mamba-2 mixer (8 heads of 16 in 2 groups, state 16, conv kernel 4 with
                      bias, no gated norm: mamba_rms_norm false) run side by side on one normed
@@ -88,7 +97,7 @@ import mlx.core as mx
 from mlx_lm.models import falcon_h1, granitemoehybrid, lfm2, lfm2_moe, mamba2, nemotron_h, qwen3_5, qwen3_5_moe, qwen3_next
 
 import tinymodels
-from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
+from tinymodels import VOCAB, Job, quantize, random_model, randomize_scales, weights_of, write_model
 
 
 def lfm2_config() -> dict:
@@ -402,21 +411,33 @@ def make_nemotron_h(job: Job) -> Path:
                        f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout")
 
 
-def make_nemotron_h_moe(job: Job) -> Path:
+def nemotron_h_moe_config(**over) -> dict:
     cfg = dict(nemotron_h_config(), hybrid_override_pattern="ME*E-", n_routed_experts=8, num_experts_per_tok=2,
                moe_intermediate_size=64, moe_shared_expert_intermediate_size=64, n_shared_experts=1, n_group=1,
                topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5)
-    model = random_model(nemotron_h, cfg, job.seed, mx.bfloat16)
-    randomize_scales(model, job.seed)
-    draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], job.seed)
+    return dict(cfg, **over)
+
+
+def random_nemotron_h_moe(cfg: dict, seed: int, dtype):
+    """A nemotron_h with `E` blocks of `cfg` drawn from `seed` in `dtype`: SSM parameters drawn, the
+    routers (MoEGate starts at zeros) and their e_score_correction_bias drawn, the bias f32 as
+    Nemotron 3 keeps it."""
+    model = random_model(nemotron_h, cfg, seed, dtype)
+    randomize_scales(model, seed)
+    draw_ssm_parameters([l.mixer for l in model.layers if l.block_type == "M"], seed)
     for i, layer in enumerate(model.layers):
         if layer.block_type == "E":
-            # MoEGate starts at zeros: draw the router and its bias (the bias f32, as Nemotron 3 keeps it).
-            k1, k2 = mx.random.split(mx.random.key(job.seed * 100 + 50 + i))
+            k1, k2 = mx.random.split(mx.random.key(seed * 100 + 50 + i))
             gate = layer.mixer.gate
-            gate.weight = (mx.random.normal(gate.weight.shape, key=k1) * 0.5).astype(mx.bfloat16)
+            gate.weight = (mx.random.normal(gate.weight.shape, key=k1) * 0.5).astype(dtype)
             gate.e_score_correction_bias = mx.random.normal(gate.e_score_correction_bias.shape, key=k2) * 0.1
     mx.eval(model.parameters())
+    return model
+
+
+def hf_nemotron_h_moe_weights(model) -> dict:
+    """The weights in Hugging Face's layout: per-expert `experts.{e}.up_proj` / `down_proj`
+    (mlx-lm's sanitize stacks them into switch_mlp.fc1 / fc2), [C, 1, K] conv kernels."""
     weights = {}
     hf = {"fc1": "up_proj", "fc2": "down_proj"}
     for name, v in weights_of(model).items():
@@ -427,10 +448,37 @@ def make_nemotron_h_moe(job: Job) -> Path:
                 weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
             continue
         weights[name] = v
-    return write_model(job, hf_conv_layout(weights), cfg,
+    return hf_conv_layout(weights)
+
+
+def make_nemotron_h_moe(job: Job) -> Path:
+    cfg = nemotron_h_moe_config()
+    model = random_nemotron_h_moe(cfg, job.seed, mx.bfloat16)
+    return write_model(job, hf_nemotron_h_moe_weights(model), cfg,
                        f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn; router and "
                        "e_score_correction_bias drawn, the bias f32), bf16, Hugging Face per-expert and conv layout; "
-                       "a convert source (the engine refuses E blocks at load)")
+                       "a convert source (its bf16 expert stacks do not run on MLX's CPU, in mlx-lm as in the "
+                       "engine: the L1 gate runs tiny-nemotron-h-moe-q4, made from it)")
+
+
+def make_nemotron_h_moe_q4(job: Job) -> Path:
+    # mlx_lm.convert -q's defaults (affine 4-bit g64; nemotron_h has no quant_predicate, and its
+    # MoEGate is no nn.Linear, so the routers stay bf16), no cast: what `engine convert -q` writes.
+    return quantize(job, "tiny-nemotron-h-moe",
+                    "tiny-nemotron-h-moe through mlx_lm.utils.quantize_model, affine 4-bit g64 as mlx_lm.convert -q "
+                    "(experts stacked by mlx-lm's sanitize: mlx-community's layout; routers and "
+                    "e_score_correction_bias unquantized); its L1 golden needs make_moe.patch_gather_qmm on MLX 0.32.2",
+                    tinymodels.GENERATOR, 64, 4)
+
+
+def make_nemotron_h_moe_grouped(job: Job) -> Path:
+    cfg = nemotron_h_moe_config(n_group=2, topk_group=1, moe_latent_size=32)
+    model = random_nemotron_h_moe(cfg, job.seed, mx.float32)
+    return write_model(job, hf_nemotron_h_moe_weights(model), cfg,
+                       f"random weights (seed {job.seed}; A_log, dt_bias and D drawn; router and "
+                       "e_score_correction_bias drawn), f32, 8 experts in 2 groups (topk_group 1: the lower group "
+                       "zeroed before the top 2), moe_latent_size 32 (fc1/fc2_latent_proj around the experts), "
+                       "Hugging Face per-expert and conv layout")
 
 
 def falcon_h1_config() -> dict:

@@ -129,6 +129,11 @@ pub enum Defect {
     /// (its top-k slice off by one). Caught by the L1 gate on tiny-qwen3-moe
     /// (`tests/it/l1_models.rs`).
     MoeTopKOffByOne,
+    /// Nemotron 3's router (`group_expert_select`): the experts' weights are read from the
+    /// scores with `e_score_correction_bias` added, not from the unbiased scores (the bias
+    /// meant for the choice only). Caught by the L1 gate on the tiny-nemotron-h-moe
+    /// fixtures (`tests/it/l1_models.rs`).
+    MoeCorrectionBiasWeighted,
     /// Multimodal wrappers (`gemma3`, `gemma4`): the language model's prefix is kept in the
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
     /// by the L1 gate on the wrapper fixtures (`tests/it/l1_models.rs`).

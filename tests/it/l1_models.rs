@@ -509,3 +509,5 @@ fn qwen3_without_rope_theta_is_refused() {
 
 /// The MoE families and the floating-point quantization modes.
 mod moe_quant;
+/// nemotron_h with Nemotron 3's mixture-of-experts blocks.
+mod nemotron_moe;

@@ -390,6 +390,14 @@ mod tests {
                 "tiny-granite-h",
                 "fused `input_linear`/`output_linear` experts",
             ),
+            (
+                "tiny-nemotron-h-moe",
+                "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
+            ),
+            (
+                "tiny-nemotron-h-moe-grouped",
+                "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
+            ),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

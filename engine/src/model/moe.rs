@@ -6,6 +6,10 @@
 //!   w     = probs[inds]  (/ their sum with norm_topk_prob)
 //!   y     = Σ_k w_k · down_e(swiglu(gate_e(x), up_e(x)))   e = inds_k, via gather_mm
 //!
+//! The other routers (`Router`) differ in where the softmax sits and which end of the
+//! partition they keep; DeepSeek-V3's and Nemotron 3's `group_expert_select` scores by
+//! sigmoid, picks with a correction bias (in groups) and scales (`GroupedTopK`). `SwitchMLP`
+//! (`SwitchMlp`: fc2(act(fc1(x))), Nemotron 3's relu² experts) shares SwitchGLU's dispatch.
 //! The experts' weights are stacked, [experts, out, in] (`SwitchLinear`), dense through
 //! `gather_mm` or quantized in any of MLX's modes through `gather_qmm`
 //! (`QuantizedSwitchLinear`). With 64 or more routing entries (B·L·k) the tokens are sorted
@@ -15,8 +19,10 @@ pub mod lora;
 mod shard;
 
 use mlx_rs::error::Exception;
-use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
-use mlx_rs::ops::{argpartition_axis, argsort_axis, gather_mm, softmax_axis, stack, unflatten};
+use mlx_rs::ops::indexing::{topk_axis, Ellipsis, IndexOp};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, gather_mm, sigmoid, softmax_axis, stack, unflatten,
+};
 use mlx_rs::Array;
 
 use super::layers::{swiglu, Linear, Quantized};
@@ -167,25 +173,79 @@ impl SwitchGlu {
         indices: &Array,
         act: impl Fn(&Array, &Array) -> R<Array>,
     ) -> R<Array> {
-        let x = x.expand_dims_axes(&[-2, -3])?;
-        // mlx-lm's SwitchGLU stops the indices' gradient (they are integers).
-        let indices = &mlx_rs::stop_gradient(indices)?;
-        let do_sort = indices.size() >= SORT_THRESHOLD;
-        let (x, idx, inv_order) = if do_sort {
-            let (x, idx, inv) = gather_sort(&x, indices)?;
-            (x, idx, Some(inv))
-        } else {
-            (x, indices.clone(), None)
-        };
-        let up = self.up_proj.forward(&x, &idx, do_sort)?;
-        let gate = self.gate_proj.forward(&x, &idx, do_sort)?;
-        let x = self.down_proj.forward(&act(&gate, &up)?, &idx, do_sort)?;
-        let x = match inv_order {
-            Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
-            None => x,
-        };
-        x.squeeze_axes(&[-2])
+        dispatch(x, indices, |x, idx, sorted| {
+            let up = self.up_proj.forward(x, idx, sorted)?;
+            let gate = self.gate_proj.forward(x, idx, sorted)?;
+            self.down_proj.forward(&act(&gate, &up)?, idx, sorted)
+        })
     }
+}
+
+/// `SwitchMLP`: fc2(act(fc1(x))) with each token's k experts, no gate projection (Nemotron
+/// 3's experts, `act` relu²).
+pub struct SwitchMlp {
+    pub fc1: SwitchLinear,
+    pub fc2: SwitchLinear,
+}
+
+impl SwitchMlp {
+    /// `<mlp>.switch_mlp.fc1` [experts, hidden, input] and `fc2` [experts, input, hidden]
+    /// (a family's sanitize stacks a per-expert checkpoint into them first, as mlx-lm's
+    /// does).
+    pub fn load(
+        w: &mut Weights,
+        mlp: &str,
+        (input, hidden): (i32, i32),
+        experts: i32,
+    ) -> Result<Self, LoadError> {
+        let fc = |w: &mut Weights, n: &str, out_in: [i32; 2]| {
+            let shape = [experts, out_in[0], out_in[1]];
+            SwitchLinear::load(w, &format!("{mlp}.switch_mlp.{n}"), false, shape)
+        };
+        Ok(SwitchMlp {
+            fc1: fc(w, "fc1", [hidden, input])?,
+            fc2: fc(w, "fc2", [input, hidden])?,
+        })
+    }
+
+    /// x [B, L, D], indices [B, L, k] → [B, L, k, D].
+    pub fn forward_with(
+        &self,
+        x: &Array,
+        indices: &Array,
+        act: impl Fn(&Array) -> R<Array>,
+    ) -> R<Array> {
+        dispatch(x, indices, |x, idx, sorted| {
+            let h = self.fc1.forward(x, idx, sorted)?;
+            self.fc2.forward(&act(&h)?, idx, sorted)
+        })
+    }
+}
+
+/// What `SwitchGLU` and `SwitchMLP` do around their experts: x [B, L, D] given its two unit
+/// axes, the indices' gradient stopped (they are integers), the (token, slot) rows sorted by
+/// expert from [`SORT_THRESHOLD`] routing entries on (`_gather_sort`) and unsorted after
+/// (`_scatter_unsort`); `experts(x, indices, sorted)` runs the stacks in between.
+fn dispatch(
+    x: &Array,
+    indices: &Array,
+    experts: impl FnOnce(&Array, &Array, bool) -> R<Array>,
+) -> R<Array> {
+    let x = x.expand_dims_axes(&[-2, -3])?;
+    let indices = &mlx_rs::stop_gradient(indices)?;
+    let do_sort = indices.size() >= SORT_THRESHOLD;
+    let (x, idx, inv_order) = if do_sort {
+        let (x, idx, inv) = gather_sort(&x, indices)?;
+        (x, idx, Some(inv))
+    } else {
+        (x, indices.clone(), None)
+    };
+    let x = experts(&x, &idx, do_sort)?;
+    let x = match inv_order {
+        Some(inv) => unflatten(x.take_axis(&inv, 0)?, 0, indices.shape())?,
+        None => x,
+    };
+    x.squeeze_axes(&[-2])
 }
 
 /// mlx-lm's `_gather_sort`: the (token, slot) rows ordered by expert, the sorted experts
@@ -328,6 +388,110 @@ pub enum Router {
     /// Granite 4: the top k logits by `argpartition(g, -k)[..., -k:]`, then `softmax` over
     /// those k.
     HighTopKSoftmax,
+    /// DeepSeek-V3's and Nemotron 3's `group_expert_select` (see [`GroupedTopK`]).
+    SigmoidGroupedTopK(GroupedTopK),
+}
+
+/// `group_expert_select`, compiled as mlx-lm compiles it (`@mx.compile`, its Python scalars
+/// constants of the trace):
+///
+///   s     = σ(logits in float32)
+///   pick  = s + bias                         (`e_score_correction_bias`: the choice only)
+///   n_group > 1: pick split into n_group groups, each ranked by the sum of its top two;
+///                the n_group − topk_group lowest (`argpartition(g, k−1, axis=−2)[..., :k, :]`)
+///                zeroed (`put_along_axis`)
+///   inds  = argpartition(−pick, k−1)[..., :k]
+///   w     = s[inds]  (/ (their sum + 1e-20) when norm_topk_prob and k > 1)
+///   w     = w · routed_scaling_factor
+pub struct GroupedTopK {
+    /// `e_score_correction_bias` [experts] (float32, as checkpoints keep it).
+    pub bias: Array,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub norm_topk_prob: bool,
+    /// A Python float: weak against the float32 scores.
+    pub routed_scaling_factor: f64,
+}
+
+/// What a `group_expert_select` trace is specialized on (mlx-lm's compile constants), and
+/// whether the planted defect was on when it was traced.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct SelectKey {
+    top_k: i32,
+    n_group: i32,
+    topk_group: i32,
+    norm_topk_prob: bool,
+    scaling_bits: u64,
+    planted: bool,
+}
+
+thread_local! {
+    /// One compiled `group_expert_select` per set of constants, kept for the thread's life
+    /// (MLX work stays on one thread), as `mx.compile` keeps one trace per constant set.
+    static GROUP_SELECT: std::cell::RefCell<
+        std::collections::HashMap<SelectKey, super::layers::CompiledFn>,
+    > = Default::default();
+}
+
+impl GroupedTopK {
+    /// logits [B, L, experts] → (indices [B, L, k] uint32, weights [B, L, k] float32).
+    fn select(&self, logits: &Array, top_k: i32) -> R<(Array, Array)> {
+        let key = SelectKey {
+            top_k,
+            n_group: self.n_group,
+            topk_group: self.topk_group,
+            norm_topk_prob: self.norm_topk_prob,
+            scaling_bits: self.routed_scaling_factor.to_bits(),
+            planted: plant::is(Defect::MoeCorrectionBiasWeighted),
+        };
+        let mut out = GROUP_SELECT.with_borrow_mut(|traces| {
+            let f = traces.entry(key).or_insert_with(|| {
+                let f = move |args: &[Array]| group_expert_select(args, key);
+                let mut compiled = mlx_rs::transforms::compile::compile(f, false);
+                let f: super::layers::CompiledFn = Box::new(move |args: &[Array]| compiled(args));
+                f
+            });
+            f(&[logits.clone(), self.bias.clone()])
+        })?;
+        let scores = out
+            .pop()
+            .ok_or_else(|| Exception::custom("no routing weights"))?;
+        let inds = out
+            .pop()
+            .ok_or_else(|| Exception::custom("no routing indices"))?;
+        Ok((inds, scores))
+    }
+}
+
+/// The traced body of `group_expert_select` (see [`GroupedTopK`]): args [gates, bias].
+fn group_expert_select(args: &[Array], c: SelectKey) -> R<Vec<Array>> {
+    let (gates, bias) = (&args[0], &args[1]);
+    let orig_scores = sigmoid(gates.as_dtype(mlx_rs::Dtype::Float32)?)?;
+    let mut scores = orig_scores.add(bias)?;
+    if c.n_group > 1 {
+        scores = unflatten(&scores, -1, &[c.n_group, -1])?;
+        let group_scores = topk_axis(&scores, 2, -1)?.sum_axis(-1, true)?;
+        let k = c.n_group - c.topk_group;
+        let group_idx = argpartition_axis(&group_scores, k - 1, -2)?;
+        let group_idx = group_idx.index((Ellipsis, ..k, ..));
+        let zero = Array::from_f32(0.0);
+        scores = scores.put_along_axis(mlx_rs::stop_gradient(&group_idx)?, &zero, -2)?;
+        scores = scores.flatten(-2, -1)?;
+    }
+    let k = c.top_k;
+    let inds = argpartition_axis(scores.negative()?, k - 1, -1)?.index((Ellipsis, ..k));
+    let inds = mlx_rs::stop_gradient(&inds)?;
+    // Planted: the weights read from the biased scores the experts were picked by.
+    let weighed = if c.planted { &scores } else { &orig_scores };
+    let mut scores = weighed.take_along_axis(&inds, -1)?;
+    if k > 1 && c.norm_topk_prob {
+        let denominator = scores.sum_axis(-1, true)?;
+        let eps = crate::scalar::weak(1e-20, &denominator)?;
+        scores = scores.divide(denominator.add(eps)?)?;
+    }
+    let scaling = f64::from_bits(c.scaling_bits);
+    let scores = scores.multiply(crate::scalar::weak(scaling, &scores)?)?;
+    Ok(vec![inds, scores])
 }
 
 /// A router: the `gate` linear scores every expert, `kind` picks `top_k` of them.
@@ -343,8 +507,9 @@ impl Gate {
         let k = self.top_k;
         let off = plant::is(Defect::MoeTopKOffByOne) as i32;
         let logits = self.gate.forward(x)?;
-        match self.kind {
-            Router::SoftmaxTopK { norm_topk_prob } => {
+        match &self.kind {
+            Router::SigmoidGroupedTopK(g) => g.select(&logits, k),
+            &Router::SoftmaxTopK { norm_topk_prob } => {
                 let gates = softmax_axis(&logits, -1, true)?;
                 let n = *gates.shape().last().unwrap_or(&0);
                 let part = argpartition_axis(&gates, -k, -1)?;

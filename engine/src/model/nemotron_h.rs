@@ -1,16 +1,28 @@
 //! `nemotron_h` (Nemotron-H) as mlx-lm 0.32.2 implements it: a stack of residual blocks,
 //! each `h + block(norm(h))` with one kind per layer from `hybrid_override_pattern`
-//! (`M` a Mamba-2 mixer, `*` attention without positions, `-` a ReLU² MLP):
+//! (`M` a Mamba-2 mixer, `*` attention without positions, `-` a ReLU² MLP, `E` Nemotron 3's
+//! mixture of experts):
 //!
 //!   M: ssm.rs's mixer with Nemotron-H's gated norm (per group of channels) and D cast to x
 //!   *: softmax attention, GQA, no RoPE, scale head_dim^-½, a standard KV cache
 //!   -: down(relu(up(x))²)                     (position-wise: no cache, no mask)
+//!   E: `NemotronHMoE`, position-wise like `-`:
+//!        inds, w = group_expert_select(x @ gate.T)   (moe.rs's `GroupedTopK`: σ scores in
+//!                                                     float32, `e_score_correction_bias` for
+//!                                                     the choice only, top k renormalized,
+//!                                                     × routed_scaling_factor)
+//!        y = Σ_k w_k · fc2_e(relu2(fc1_e(x')))       (SwitchMLP; x' = fc1_latent_proj(x)
+//!                                                     with `moe_latent_size`, else x)
+//!        y = fc2_latent_proj(y) (with the latent) + shared_experts(x) (with n_shared_experts)
 //!   logits = lm_head(norm_f(h))               (never tied)
 //!
+//! A model with `E` blocks takes no LoRA (not gated on them: refused by name).
+//!
 //! The pattern may come as `layers_block_type` / `layer_types` names instead (mapped as
-//! mlx-lm maps them). Names are the `backbone.` ones; Hugging Face's [C, 1, K] conv kernels
-//! move to MLX's layout and `mtp.` heads are dropped, as mlx-lm's sanitize does. The
-//! mixture-of-experts blocks (`E`, Nemotron 3) are refused.
+//! mlx-lm maps them). Names are the `backbone.` ones; mlx-lm's sanitize runs at load as in
+//! `engine convert`: Hugging Face's [C, 1, K] conv kernels move to MLX's layout, `mtp.` heads
+//! are dropped and per-expert `experts.{e}.up_proj` / `down_proj` are stacked into
+//! `switch_mlp.fc1` / `fc2` (mlx-community's checkpoints have them stacked already).
 
 use std::cell::RefCell;
 
@@ -22,7 +34,8 @@ use serde_json::Value;
 use super::decoder::{Built, Decoder, Dims, Mixer, NamedAttention, Names, Style};
 use super::layers::{compiled_shapeless, Attention, CompiledFn, Linear, Rope};
 use super::mamba2::sanitize_conv;
-use super::moe::stack_experts;
+use super::moe::{combine, stack_experts, Gate, GroupedTopK, Router, SwitchMlp};
+use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
 use crate::cache::none::PassThrough;
@@ -61,24 +74,96 @@ pub struct NemotronHArgs {
     pub head_dim: Option<i32>,
     #[serde(default = "no_limit")]
     pub time_step_limit: (f64, f64),
-    /// The `E` blocks' expert count (read by `engine convert`'s sanitize only).
+    /// The `E` blocks' fields (mlx-lm's `ModelArgs` leaves them optional; the blocks need
+    /// them, [`MoeArgs::of`]).
     pub n_routed_experts: Option<i32>,
+    pub num_experts_per_tok: Option<i32>,
+    pub moe_intermediate_size: Option<i32>,
+    pub moe_shared_expert_intermediate_size: Option<i32>,
+    pub moe_latent_size: Option<i32>,
+    pub n_shared_experts: Option<i32>,
+    pub n_group: Option<i32>,
+    pub topk_group: Option<i32>,
+    pub norm_topk_prob: Option<bool>,
+    pub routed_scaling_factor: Option<f64>,
+}
+
+/// What the `E` blocks read of the config, each field checked present and in range.
+#[derive(Debug, Clone, Copy)]
+struct MoeArgs {
+    experts: i32,
+    top_k: i32,
+    intermediate: i32,
+    /// The shared expert's width (`NemotronHMLP`'s `intermediate_size or
+    /// args.intermediate_size`), when `n_shared_experts` is set.
+    shared: Option<i32>,
+    latent: Option<i32>,
+    n_group: i32,
+    topk_group: i32,
+    norm_topk_prob: bool,
+    routed_scaling_factor: f64,
+}
+
+impl MoeArgs {
+    fn of(a: &NemotronHArgs) -> Result<Self, LoadError> {
+        fn need<T: Copy>(v: Option<T>, field: &str) -> Result<T, LoadError> {
+            v.ok_or_else(|| {
+                LoadError::Unsupported(format!(
+                    "nemotron_h: the mixture-of-experts blocks `E` need `{field}` in config.json \
+                     (Nemotron 3's configs set it); add it or drop the `E` blocks"
+                ))
+            })
+        }
+        let m = MoeArgs {
+            experts: need(a.n_routed_experts, "n_routed_experts")?,
+            top_k: need(a.num_experts_per_tok, "num_experts_per_tok")?,
+            intermediate: need(a.moe_intermediate_size, "moe_intermediate_size")?,
+            shared: a.n_shared_experts.map(|_| {
+                a.moe_shared_expert_intermediate_size
+                    .filter(|&n| n != 0)
+                    .unwrap_or(a.intermediate_size)
+            }),
+            latent: a.moe_latent_size,
+            n_group: need(a.n_group, "n_group")?,
+            topk_group: need(a.topk_group, "topk_group")?,
+            norm_topk_prob: a.norm_topk_prob.unwrap_or(false),
+            routed_scaling_factor: need(a.routed_scaling_factor, "routed_scaling_factor")?,
+        };
+        check_top_k("nemotron_h", m.top_k, m.experts, "n_routed_experts")?;
+        if m.n_group > 1 {
+            let per_group = m.experts / m.n_group;
+            if m.experts % m.n_group != 0 || per_group < 2 {
+                return Err(LoadError::Unsupported(format!(
+                    "nemotron_h: n_routed_experts ({}) must split into n_group ({}) groups of \
+                     at least 2 (each group is ranked by its top two scores)",
+                    m.experts, m.n_group
+                )));
+            }
+            if m.topk_group < 1 || m.topk_group > m.n_group {
+                return Err(LoadError::Unsupported(format!(
+                    "nemotron_h: topk_group {} must be in 1..={} (n_group)",
+                    m.topk_group, m.n_group
+                )));
+            }
+        }
+        Ok(m)
+    }
 }
 
 impl NemotronHArgs {
-    /// `__post_init__`'s pattern, the blocks this engine runs: one character per layer.
+    /// `__post_init__`'s pattern, one character per layer (`M`, `*`, `-` or `E`).
     fn pattern(&self) -> Result<Vec<char>, LoadError> {
         let chars = self.blocks()?;
-        if let Some(c) = chars.iter().find(|c| !matches!(c, 'M' | '*' | '-')) {
+        if let Some(c) = chars.iter().find(|c| !matches!(c, 'M' | '*' | '-' | 'E')) {
             return Err(LoadError::Unsupported(format!(
-                "nemotron_h: block `{c}` is not supported (M, * and - are; the \
-                 mixture-of-experts blocks `E` of Nemotron 3 are not yet)"
+                "nemotron_h: block `{c}` in hybrid_override_pattern is not one of mlx-lm's \
+                 (M, *, - and E)"
             )));
         }
         Ok(chars)
     }
 
-    /// `__post_init__`'s pattern as the config gives it (`E` blocks included).
+    /// `__post_init__`'s pattern as the config gives it.
     fn blocks(&self) -> Result<Vec<char>, LoadError> {
         Ok(match &self.hybrid_override_pattern {
             Some(Value::String(s)) => s.chars().collect(),
@@ -122,9 +207,22 @@ struct Relu2Mlp {
     down_proj: Linear,
 }
 
+impl Relu2Mlp {
+    fn load(w: &mut Weights, prefix: &str, bias: bool, h: i32, ff: i32) -> Result<Self, LoadError> {
+        Ok(Relu2Mlp {
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"), bias, [ff, h])?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"), bias, [h, ff])?,
+        })
+    }
+
+    fn apply(&self, x: &Array) -> R<Array> {
+        self.down_proj.forward(&relu2(&self.up_proj.forward(x)?)?)
+    }
+}
+
 impl Mixer for Relu2Mlp {
     fn forward(&self, x: &Array, _mask: &Mask, _cache: &mut dyn Cache) -> R<Array> {
-        self.down_proj.forward(&relu2(&self.up_proj.forward(x)?)?)
+        self.apply(x)
     }
 
     fn make_cache(&self) -> Box<dyn Cache> {
@@ -140,6 +238,101 @@ impl Mixer for Relu2Mlp {
             ("mixer.up_proj", &self.up_proj),
             ("mixer.down_proj", &self.down_proj),
         ]
+    }
+
+    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
+        Err(not_sharded(layer))
+    }
+}
+
+/// An `E` block (`NemotronHMoE`; see the module header), position-wise.
+struct MoeBlock {
+    router: Gate,
+    experts: SwitchMlp,
+    /// `fc1_latent_proj` / `fc2_latent_proj` (`moe_latent_size`).
+    latent: Option<(Linear, Linear)>,
+    shared_experts: Option<Relu2Mlp>,
+}
+
+impl MoeBlock {
+    fn load(w: &mut Weights, m: &str, a: &NemotronHArgs, moe: MoeArgs) -> Result<Self, LoadError> {
+        let h = a.hidden_size;
+        // MoEGate is a plain module (its `weight` and `e_score_correction_bias`), never
+        // quantized by mlx-lm: a dense `x @ weight.T`.
+        let router = Gate {
+            gate: Linear {
+                weight: w.take_shaped(&format!("{m}.gate.weight"), &[moe.experts, h])?,
+                bias: None,
+                quantized: None,
+                lora: Default::default(),
+                reduce: false,
+            },
+            top_k: moe.top_k,
+            kind: Router::SigmoidGroupedTopK(GroupedTopK {
+                bias: w
+                    .take_shaped(&format!("{m}.gate.e_score_correction_bias"), &[moe.experts])?,
+                n_group: moe.n_group,
+                topk_group: moe.topk_group,
+                norm_topk_prob: moe.norm_topk_prob,
+                routed_scaling_factor: moe.routed_scaling_factor,
+            }),
+        };
+        let latent = match moe.latent {
+            Some(l) => Some((
+                Linear::load(w, &format!("{m}.fc1_latent_proj"), a.mlp_bias, [l, h])?,
+                Linear::load(w, &format!("{m}.fc2_latent_proj"), a.mlp_bias, [h, l])?,
+            )),
+            None => None,
+        };
+        let input = moe.latent.unwrap_or(h);
+        Ok(MoeBlock {
+            router,
+            experts: SwitchMlp::load(w, m, (input, moe.intermediate), moe.experts)?,
+            latent,
+            shared_experts: match moe.shared {
+                Some(ff) => Some(Relu2Mlp::load(
+                    w,
+                    &format!("{m}.shared_experts"),
+                    a.mlp_bias,
+                    h,
+                    ff,
+                )?),
+                None => None,
+            },
+        })
+    }
+}
+
+impl Mixer for MoeBlock {
+    fn forward(&self, x: &Array, _mask: &Mask, _cache: &mut dyn Cache) -> R<Array> {
+        let (inds, scores) = self.router.route(x)?;
+        let y = match &self.latent {
+            Some((fc1, _)) => self.experts.forward_with(&fc1.forward(x)?, &inds, relu2)?,
+            None => self.experts.forward_with(x, &inds, relu2)?,
+        };
+        let y = combine(&y, &scores)?;
+        let y = match &self.latent {
+            Some((_, fc2)) => fc2.forward(&y)?,
+            None => y,
+        };
+        match &self.shared_experts {
+            Some(shared) => y.add(shared.apply(x)?),
+            None => Ok(y),
+        }
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        Box::new(PassThrough)
+    }
+
+    fn stateless(&self) -> bool {
+        true
+    }
+
+    /// None: a model with `E` blocks takes no LoRA (the decoder's `Style::lora` is off), so
+    /// its linears are never listed.
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        Vec::new()
     }
 
     fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
@@ -166,24 +359,15 @@ fn relu2(x: &Array) -> R<Array> {
     RELU2.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
 }
 
-/// mlx-lm's `sanitize` at load: `mtp.` heads dropped, the conv kernels in MLX's layout.
-/// (Its expert stacking is for the `E` blocks, refused at load; `engine convert` does it:
-/// [`convert_sanitize`].)
-fn sanitize(w: &mut Weights) -> Result<(), LoadError> {
+/// mlx-lm's `sanitize`, at load and for `engine convert`: `mtp.` heads dropped, the conv
+/// kernels in MLX's layout, and each `E` block's per-expert `experts.{e}.up_proj` /
+/// `down_proj` stacked into `switch_mlp.fc1` / `fc2` (Hugging Face's layout; mlx-community's
+/// has them stacked already).
+fn sanitize(a: &NemotronHArgs, w: &mut Weights) -> Result<(), LoadError> {
     w.discard(|n| n.starts_with("mtp."));
-    sanitize_conv(w)
-}
-
-/// mlx-lm's whole `sanitize`, for `engine convert`: the loader's, then each `E` block's
-/// per-expert `experts.{e}.up_proj` / `down_proj` stacked into `switch_mlp.fc1` / `fc2`
-/// (Nemotron 3's mixture of experts, which `engine convert` lays out although the engine
-/// does not run it).
-pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
-    let a: NemotronHArgs = config.parse()?;
-    let layers = a.blocks()?.len();
-    sanitize(w)?;
+    sanitize_conv(w)?;
     let experts = a.n_routed_experts.unwrap_or(0);
-    for l in 0..layers {
+    for l in 0..a.blocks()?.len() {
         let mixer = format!("backbone.layers.{l}.mixer");
         for (hf, fc) in [("down_proj", "fc2"), ("up_proj", "fc1")] {
             if let Some(stacked) = stack_experts(w, &mixer, hf, experts, None)? {
@@ -194,10 +378,20 @@ pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<
     Ok(())
 }
 
+/// [`sanitize`] for `engine convert`.
+pub(crate) fn convert_sanitize(config: &ModelConfig, w: &mut Weights) -> Result<(), LoadError> {
+    sanitize(&config.parse()?, w)
+}
+
 pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> {
     let a: NemotronHArgs = config.parse()?;
     let pattern = a.pattern()?;
-    sanitize(&mut w)?;
+    let has_moe = pattern.contains(&'E');
+    if has_moe {
+        // The `E` blocks' fields refused before any weight is read (each block reads them).
+        MoeArgs::of(&a)?;
+    }
+    sanitize(&a, &mut w)?;
     let inner = a.mamba_num_heads * a.mamba_head_dim;
     let ssm = SsmShape {
         hidden: a.hidden_size,
@@ -232,6 +426,9 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     };
     let style = Style {
         names: Names::BACKBONE,
+        // LoRA on the `E` blocks (their expert stacks and shared experts, as mlx-lm's
+        // trainer would attach it) is not gated: a model with them takes none.
+        lora: !has_moe,
         ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, p, i| {
@@ -268,10 +465,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
                 ],
                 family: "nemotron_h",
             }),
-            _ => Box::new(Relu2Mlp {
-                up_proj: lin(w, "up_proj", a.mlp_bias, [ff, h])?,
-                down_proj: lin(w, "down_proj", a.mlp_bias, [h, ff])?,
-            }),
+            'E' => Box::new(MoeBlock::load(w, &m, &a, MoeArgs::of(&a)?)?),
+            _ => Box::new(Relu2Mlp::load(w, &m, a.mlp_bias, h, ff)?),
         };
         Ok(Built::mixer_only(mixer))
     })

@@ -139,15 +139,54 @@ fn an_unknown_architecture_is_refused_clearly() {
     );
 }
 
-/// Nemotron 3's mixture-of-experts blocks (`E`; tiny-nemotron-h-moe, which `engine
-/// convert` converts) are refused at load, naming them.
+/// Nemotron 3's mixture-of-experts blocks (`E`) load from Hugging Face's per-expert layout
+/// (tiny-nemotron-h-moe-grouped: stacked by the sanitize at load) and from mlx-community's
+/// stacked, quantized one (tiny-nemotron-h-moe-q4, what `mlx_lm.convert -q` writes): both
+/// keep a cache only for their M and * blocks, and take no LoRA (not gated on `E` blocks).
 #[test]
-fn nemotron_h_moe_blocks_are_refused_naming_them() {
+fn nemotron_h_moe_blocks_load_from_both_expert_layouts() {
+    for name in ["tiny-nemotron-h-moe-grouped", "tiny-nemotron-h-moe-q4"] {
+        let model = engine::model::load(&model_dir(name)).unwrap();
+        assert_eq!(model.model_type(), "nemotron_h");
+        // ME*E-: the Mamba-2 mixer and the attention keep caches, the E and - blocks none.
+        assert_eq!(model.make_caches().len(), 2, "{name}");
+        assert!(model.linears().is_empty(), "{name}: LoRA targets listed");
+    }
+}
+
+/// tiny-nemotron-h-moe's dense bf16 expert stacks cannot run on MLX's CPU (gather_mm is
+/// float32 only, in mlx-lm as here): refused at load naming the stack, the cause and the way
+/// out, not at the first forward.
+#[test]
+fn nemotron_h_moe_bf16_experts_are_refused_on_the_cpu_naming_gather_mm() {
+    if !engine::runtime::default_device().starts_with("cpu") {
+        return;
+    }
     let err = load_err(&model_dir("tiny-nemotron-h-moe"));
     assert!(
-        err.contains("nemotron_h: block `E` is not supported") && err.contains("Nemotron 3"),
+        err.contains("backbone.layers.1.mixer.switch_mlp.fc1.weight")
+            && err.contains("gather_mm")
+            && err.contains("use float32 or quantized experts"),
         "{err}"
     );
+}
+
+/// An `E` block without a field its router needs is refused naming the field (mlx-lm
+/// would fail inside its first forward).
+#[test]
+fn nemotron_h_moe_without_its_router_fields_is_refused_naming_them() {
+    for field in ["routed_scaling_factor", "n_group", "num_experts_per_tok"] {
+        let tmp = copy_of("tiny-nemotron-h-moe-grouped");
+        let path = tmp.path().join("config.json");
+        let mut config = read_json(&path);
+        config.as_object_mut().unwrap().remove(field);
+        std::fs::write(&path, config.to_string()).unwrap();
+        let err = load_err(tmp.path());
+        assert!(
+            err.contains(&format!("the mixture-of-experts blocks `E` need `{field}`")),
+            "{field}: {err}"
+        );
+    }
 }
 
 #[test]

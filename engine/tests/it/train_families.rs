@@ -323,14 +323,16 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
 }
 
 /// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
-/// (not gated against mlx-lm's trainer: the registry refuses it) and Gemma 4 with its
-/// mixture-of-experts block (no adaptable layers listed).
+/// (not gated against mlx-lm's trainer: the registry refuses it), Gemma 4 with its
+/// mixture-of-experts block and nemotron_h with Nemotron 3's `E` blocks (no adaptable layers
+/// listed).
 #[test]
 fn lora_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
     for (model, model_type) in [
         ("tiny-gemma4-moe", "gemma4_text"),
         ("tiny-gpt-oss", "gpt_oss"),
+        ("tiny-nemotron-h-moe-grouped", "nemotron_h"),
     ] {
         let out = dir.path().join(model);
         let refused = train(model, &out, &[]);
