@@ -391,6 +391,10 @@ mod tests {
                 "fused `input_linear`/`output_linear` experts",
             ),
             (
+                "tiny-granite-h-dense",
+                "the dense `shared_mlp.input_linear` (gate and up fused)",
+            ),
+            (
                 "tiny-nemotron-h-moe",
                 "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
             ),
