@@ -320,12 +320,6 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     if lookup.is_some() && sampler.has_penalties() {
         anyhow::bail!("--prompt-lookup: {}", gen::lookup::PROCESSORS_REFUSED);
     }
-    if let Some(why) = lookup
-        .as_ref()
-        .and_then(|_| gen::rollback_refusal(&model.make_caches()))
-    {
-        anyhow::bail!("--prompt-lookup-num-tokens: {why}");
-    }
     let opts = args.tier.resolve(&args.model)?;
     let draft = match &args.draft_model {
         None => None,

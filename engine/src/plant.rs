@@ -28,6 +28,16 @@ pub enum Defect {
     /// Caught by `tests/it/spec_decode.rs` and by the greedy comparison of
     /// `engine/tests/it/speculative.rs`.
     SpecTargetTrimShort,
+    /// Speculative decoding over a recurrent state: after a rejection the states are not
+    /// returned to their checkpoint (they keep the rejected drafts, then take the accepted
+    /// ones again). Caught by the greedy comparison on the hybrids and by the hybrid
+    /// drafter's state check (`engine/tests/it/spec_hybrid.rs`).
+    SpecStateNotRestored,
+    /// Speculative decoding over a recurrent state: the re-feed after a rejection starts one
+    /// position late (the accepted drafts and the first rejected one, not y and the accepted
+    /// drafts: the right count, so every offset is right). Caught by the greedy comparison
+    /// and by the hybrid drafter's state check (`engine/tests/it/spec_hybrid.rs`).
+    SpecRefeedOneLate,
     /// Chat templates: `tojson` HTML-escapes `<`, `>`, `&` and `'` as Jinja's own filter
     /// does (transformers' does not). Caught by the template gate (`tests/it/templates.rs`).
     TemplateTojsonEscapesHtml,

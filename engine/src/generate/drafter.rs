@@ -35,13 +35,6 @@ impl Drafter {
         target: &dyn LanguageModel,
         tokenizer: &Tokenizer,
     ) -> Result<Self, LoadError> {
-        if let Some(why) = super::rollback_refusal(&target.make_caches()) {
-            return Err(LoadError::Unsupported(format!(
-                "{} cannot draft for this {} model: {why}",
-                dir.display(),
-                target.model_type()
-            )));
-        }
         if AssistantDrafter::is_assistant(dir) {
             if target.as_assistant_target().is_none() {
                 return Err(LoadError::Unsupported(format!(
@@ -54,13 +47,6 @@ impl Drafter {
             return Ok(Drafter::Assistant(Box::new(AssistantDrafter::load(dir)?)));
         }
         let model = crate::model::load(dir)?;
-        if let Some(why) = super::rollback_refusal(&model.make_caches()) {
-            return Err(LoadError::Unsupported(format!(
-                "{} cannot be a draft model ({}): {why}",
-                dir.display(),
-                model.model_type()
-            )));
-        }
         let vocab = Tokenizer::load(dir)?.vocab_size();
         if vocab != tokenizer.vocab_size() {
             return Err(LoadError::Unsupported(format!(

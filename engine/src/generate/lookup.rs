@@ -18,10 +18,10 @@ use mlx_rs::error::Exception;
 use mlx_rs::Array;
 
 use super::decode::Decoder;
+use super::rollback;
 use super::sampler::Sampler;
 use super::speculative::{self, SpecStats, Verified};
 use super::{Finish, Flow, Session};
-use crate::cache::Cache;
 use crate::plant::{self, Defect};
 
 /// transformers' defaults: 10 drafts per pass, n-grams of up to 2 ids.
@@ -101,24 +101,6 @@ pub fn propose(history: &[u32], max_ngram: usize, limit: usize) -> Vec<u32> {
     Vec::new()
 }
 
-/// How many drafts the caches can take and still give back: none where a cache cannot be
-/// trimmed, and on a sliding-window ring only as many as keep it from wrapping (a ring that
-/// wrapped over rejected drafts could not roll them back). Past its window a ring's model
-/// decodes without drafts, one plain step a pass, instead of failing.
-fn room(caches: &mut [Box<dyn Cache>]) -> usize {
-    let mut room = usize::MAX;
-    for c in caches.iter_mut() {
-        if !c.is_trimmable() {
-            return 0;
-        }
-        if let Some(r) = c.rollback_room() {
-            // After [y, drafts…] the cache must still be able to give them back.
-            room = room.min((r - 1).max(0) as usize);
-        }
-    }
-    room
-}
-
 /// The refusal of penalties and a logit bias (the verify pass samples all positions at
 /// once, without the processors' per-position history). A constraint is verified under its
 /// mask (`Sampler::pick_verify`).
@@ -178,7 +160,7 @@ impl LookupRound {
             .params
             .num_tokens
             .min(dec.remaining() - 1)
-            .min(room(&mut target.caches));
+            .min(rollback::room(&mut target.caches));
         let drafts = propose(dec.history(), self.params.max_ngram, limit);
         let verdict = speculative::verify(
             target,
@@ -190,7 +172,7 @@ impl LookupRound {
             on_token,
         )?;
         match verdict {
-            Verified::Finished(finish) => Ok(Some(finish)),
+            Verified::Finished { finish, .. } => Ok(Some(finish)),
             Verified::Next { token, .. } => {
                 self.y = token;
                 Ok(None)

@@ -12,6 +12,7 @@ pub mod drafter;
 pub mod lookup;
 pub mod probe;
 pub mod profile;
+pub mod rollback;
 pub mod sampler;
 pub mod speculative;
 pub mod stop;
@@ -231,9 +232,10 @@ impl<'m> Session<'m> {
         Ok(logits)
     }
 
-    /// Drops the last `n` tokens from every cache (a speculative rollback); fails, naming
-    /// the cache, where one cannot give them back (a sliding-window ring that has wrapped
-    /// has overwritten what it would need; a recurrent state never can).
+    /// Drops the last `n` tokens from every cache (a speculative rollback when every cache
+    /// can trim; `rollback::Checkpoint` handles recurrent states); fails, naming the cache,
+    /// where one cannot give them back (a sliding-window ring that has wrapped has
+    /// overwritten what it would need; a recurrent state never can).
     pub fn trim(&mut self, n: usize) -> Result<(), Exception> {
         if n == 0 {
             return Ok(());
@@ -417,18 +419,4 @@ pub fn generate_greedy(
 ) -> Result<(Stats, Finish), Exception> {
     let mut sampler = Sampler::new(SamplingParams::default())?;
     generate(model, prompt, max_tokens, eos_ids, &mut sampler, on_token)
-}
-
-/// Why speculative decoding and prompt lookup cannot run over `caches` (a model's fresh
-/// ones), if they cannot: a layer keeps a recurrent state, which cannot give drafted tokens
-/// back (mlx-lm's speculative decoding refuses such models too). None: every cache can
-/// trim.
-pub fn rollback_refusal(caches: &[Box<dyn Cache>]) -> Option<String> {
-    let i = caches.iter().position(|c| !c.is_trimmable())?;
-    let kind = caches[i].kind().unwrap_or("unnamed");
-    Some(format!(
-        "layer {i} keeps a recurrent state (a `{kind}` cache), which cannot give drafted tokens \
-         back; speculative decoding and prompt lookup need every cache to trim: decode this \
-         model without them"
-    ))
 }

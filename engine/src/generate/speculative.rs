@@ -3,8 +3,10 @@
 //! in one forward; one batched log-softmax + sample over those γ+1 positions gives the
 //! target's own choice at each; the longest prefix where draft and target agree is
 //! accepted, then the target's token at the first disagreement (or the bonus token after a
-//! full accept) is emitted too. Rollback is a trim: the target drops the rejected drafts,
-//! the draft model drops the ones it fed beyond the accepted prefix.
+//! full accept) is emitted too. The target gives back the rejected drafts, the draft model
+//! the ones it fed beyond the accepted prefix (`rollback`: a trim, as in mlx-lm, where every
+//! cache can trim; a recurrent state returns to its checkpoint and the kept positions are fed
+//! again, which mlx-lm does not do — it refuses such models).
 //!
 //! Both prompts are prefilled up to their last token in chunks; the last prompt token is
 //! the first draft step's input and the first verify's first position, as in mlx-lm. After
@@ -18,6 +20,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::decode::Decoder;
+use super::rollback::Checkpoint;
 use super::sampler::Sampler;
 use super::{Finish, Flow, Session, Stats};
 use crate::plant::{self, Defect};
@@ -34,6 +37,10 @@ pub struct SpecStats {
     /// Verify forwards of the target (one per round) and draft-model forwards.
     pub target_calls: usize,
     pub draft_calls: usize,
+    /// Verify passes that gave rejected drafts back, and of those the ones that had
+    /// accepted some drafts first (over a recurrent state those are fed again).
+    pub rolled_back: usize,
+    pub partly_accepted: usize,
 }
 
 impl SpecStats {
@@ -83,12 +90,13 @@ fn ids_of(a: &Array) -> Result<Vec<u32>, Exception> {
     Ok(a.as_slice::<u32>().to_vec())
 }
 
-/// How a verify pass ended.
+/// How a verify pass ended. Either way the target holds everything up to the `accepted`
+/// drafts.
 pub enum Verified {
     /// The request is over (EOS, a stop, the limit) while emitting.
-    Finished(Finish),
-    /// `accepted` drafts and then the target's own `token` were emitted; the target holds
-    /// everything up to the accepted drafts (`token` is to be fed next).
+    Finished { finish: Finish, accepted: usize },
+    /// `accepted` drafts and then the target's own `token` were emitted (`token` is to be
+    /// fed next).
     Next { accepted: usize, token: u32 },
 }
 
@@ -96,8 +104,9 @@ pub enum Verified {
 /// lookup): the target runs `[y…, drafts…]` in one forward; the last drafts + 1 positions
 /// go through one log-softmax and one sampler call, the target's own choice at each; the
 /// longest prefix where the drafts equal those choices is accepted and emitted, then the
-/// target's choice at the first disagreement (or the bonus after a full accept); the
-/// target gives back the rejected drafts. Without drafts it is one plain step. Under a
+/// target's choice at the first disagreement (or the bonus after a full accept); before
+/// emitting, the target gives back the rejected drafts (`rollback::Checkpoint`, taken
+/// before the forward). Without drafts it is one plain step. Under a
 /// constraint the drafts are cut before the first id the grammar refuses (a cut draft is
 /// a rejected one) and each row is masked with the grammar's mask at its position, so the
 /// ids are constrained plain decoding's.
@@ -112,12 +121,14 @@ pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
     on_token: &mut impl FnMut(u32, &Array, bool) -> Result<Flow, E>,
 ) -> Result<Verified, E> {
     let n_draft = drafts.len();
+    let mut fed = y.to_vec();
+    fed.extend(drafts);
+    // Only a pass with drafts can have something to give back.
+    let point = (n_draft > 0).then(|| Checkpoint::take(target));
     let logits = if n_draft == 0 && y.len() == 1 {
         // One position: the one-token step (compiled where that is exact).
         target.step(y)?
     } else {
-        let mut fed = y.to_vec();
-        fed.extend(drafts);
         target
             .forward(&fed)?
             .index((.., -(n_draft as i32 + 1).., ..))
@@ -141,16 +152,26 @@ pub fn verify<S: BorrowMut<Sampler>, E: From<Exception>>(
         n += 1;
     }
     spec.accepted += n;
+    if n < n_draft {
+        spec.rolled_back += 1;
+        spec.partly_accepted += usize::from(n > 0);
+    }
+    // The target keeps y and the accepted drafts; the emitted id at n is fed next round.
+    if let Some(point) = point {
+        let short = usize::from(plant::is(Defect::SpecTargetTrimShort) && n < n_draft);
+        point.roll_back(target, &fed, y.len() + n + short)?;
+    }
     // Emit the accepted drafts (the target's picks there), then the target's own id at n.
     let out: Vec<u32> = drafts[..n].iter().copied().chain([tokens[n]]).collect();
     for (i, &id) in out.iter().enumerate() {
         let lp = logprobs.index(i as i32).reshape(&[1, -1])?;
         if let Some(finish) = dec.emit(id, &lp, i < n, on_token)? {
-            return Ok(Verified::Finished(finish));
+            return Ok(Verified::Finished {
+                finish,
+                accepted: n,
+            });
         }
     }
-    let rejected = n_draft - n;
-    target.trim(rejected - usize::from(plant::is(Defect::SpecTargetTrimShort) && rejected > 0))?;
     Ok(Verified::Next {
         accepted: n,
         token: tokens[n],
@@ -211,6 +232,8 @@ impl SpecRound {
             return Ok(Some(Finish::Length));
         }
         let n_draft = self.gamma.min(dec.remaining());
+        // The draft model's recurrent states, to come back to after a rejection.
+        let point = Checkpoint::take(draft);
         // Draft n_draft tokens, each fed back as a lazy array (mlx-lm's async drafting).
         let mut drafts: Vec<Array> = Vec::with_capacity(n_draft);
         let mut logits = draft.step(&self.draft_y)?;
@@ -233,9 +256,22 @@ impl SpecRound {
             &mut self.first,
             on_token,
         )?;
-        let (n, token) = match verdict {
-            Verified::Finished(finish) => return Ok(Some(finish)),
-            Verified::Next { accepted, token } => (accepted, token),
+        let (n, next) = match verdict {
+            Verified::Finished { finish, accepted } => (accepted, Err(finish)),
+            Verified::Next { accepted, token } => (accepted, Ok(token)),
+        };
+        // The draft model fed draft_y and every draft but the last; it keeps draft_y and the
+        // accepted ones (after a full accept all it fed, and dγ comes next with the bonus).
+        // Also when the request ended here, so that its caches hold no rejected draft (a
+        // prompt-cache entry keeps them).
+        if !plant::is(Defect::SpecKeepDraftTail) {
+            let mut fed = self.draft_y.clone();
+            fed.extend(&draft_ids[..n_draft - 1]);
+            point.roll_back(draft, &fed, self.draft_y.len() + n)?;
+        }
+        let token = match next {
+            Ok(token) => token,
+            Err(finish) => return Ok(Some(finish)),
         };
         self.y = vec![token];
         self.draft_y = if n == n_draft {
@@ -243,10 +279,6 @@ impl SpecRound {
         } else {
             self.y.clone()
         };
-        let rejected = n_draft - n;
-        if !plant::is(Defect::SpecKeepDraftTail) {
-            draft.trim(rejected.saturating_sub(1))?;
-        }
         Ok(None)
     }
 }

@@ -230,16 +230,10 @@ impl Worker {
     }
 
     /// The request's prompt lookup, where this worker can run it: on one process only (a
-    /// group's followers decode plainly), and not over a recurrent state, which cannot give
-    /// drafted tokens back (decoded plainly, counted as a fallback; a draft model over one is
-    /// refused at start).
+    /// group's followers decode plainly). Recurrent states are rolled back by checkpoint
+    /// (`generate::rollback`), so every model can.
     fn lookup_for(&self, request: &GenRequest) -> Option<crate::generate::lookup::LookupParams> {
-        let lookup = request.prompt_lookup.filter(|_| self.dist.is_none())?;
-        if crate::generate::rollback_refusal(&self.make_caches()).is_some() {
-            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
-            return None;
-        }
-        Some(lookup)
+        request.prompt_lookup.filter(|_| self.dist.is_none())
     }
 
     /// Admits a job: its limits checked, the prompt cache consulted, the prompt prefilled

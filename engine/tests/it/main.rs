@@ -24,6 +24,7 @@ mod serve;
 mod serve_hardening;
 mod serve_limits;
 mod serve_tools;
+mod spec_hybrid;
 mod speculative;
 mod ssd_hardening;
 mod ssd_store;
