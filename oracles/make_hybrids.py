@@ -127,8 +127,8 @@ def make_lfm2(job: Job) -> Path:
                        f"random weights (seed {job.seed}), bf16, conv weights in HF layout, tied")
 
 
-def make_granite_h(job: Job) -> Path:
-    cfg = {
+def granite_h_config() -> dict:
+    return {
         "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 4,
         "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2,
@@ -139,6 +139,10 @@ def make_granite_h(job: Job) -> Path:
         "mamba_proj_bias": False, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_n_groups": 1,
         "mamba_conv_bias": True, "position_embedding_type": "nope", "tie_word_embeddings": True,
     }
+
+
+def make_granite_h(job: Job) -> Path:
+    cfg = granite_h_config()
     model = random_model(granitemoehybrid, cfg, job.seed, mx.float32)
     randomize_scales(model, job.seed)
     for layer in model.layers:
@@ -164,18 +168,11 @@ def make_granite_h(job: Job) -> Path:
 def make_granite_h_dense(job: Job) -> Path:
     """Granite 4.0-H's dense layout (no experts: `shared_mlp` is the feed-forward), RoPE
     positions with the theta nested in rope_parameters, bf16, untied."""
-    cfg = {
-        "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
-        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
-        "max_position_embeddings": 4096, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "attention_bias": False, "embedding_multiplier": 12.0, "attention_multiplier": 0.0078125,
-        "logits_scaling": 8.0, "residual_multiplier": 0.22, "rms_norm_eps": 1e-5,
-        "layer_types": ["mamba", "mamba", "attention", "mamba"], "num_local_experts": 0,
-        "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_proj_bias": False, "mamba_d_state": 16,
-        "mamba_d_conv": 4, "mamba_n_groups": 2, "mamba_conv_bias": True,
-        "position_embedding_type": "rope", "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-        "tie_word_embeddings": False,
-    }
+    cfg = dict(granite_h_config(), intermediate_size=96, layer_types=["mamba", "mamba", "attention", "mamba"],
+               num_local_experts=0, mamba_n_groups=2, position_embedding_type="rope",
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False)
+    for moe_only in ("num_experts_per_tok", "shared_intermediate_size"):
+        cfg.pop(moe_only)
     model = random_model(granitemoehybrid, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
     draw_ssm_parameters([l.mamba for l in model.layers if l.layer_type == "mamba"], job.seed)

@@ -61,25 +61,7 @@ fn spec_run(
     prompt: &[u32],
     gamma: usize,
 ) -> (Vec<u32>, SpecStats) {
-    let (mut t, mut d) = (Session::new(target), Session::new(draft));
-    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
-    let mut ids = Vec::new();
-    let (_, spec, _) = speculative_generate_in(
-        &mut t,
-        &mut d,
-        prompt,
-        0,
-        gamma,
-        STEPS,
-        &[],
-        &mut sampler,
-        |id, _, _| {
-            ids.push(id);
-            Ok(Flow::Continue)
-        },
-    )
-    .unwrap();
-    (ids, spec)
+    crate::speculative::spec_run_steps(target, draft, prompt, gamma, STEPS).unwrap()
 }
 
 fn lookup_run(target: &dyn LanguageModel, prompt: &[u32], gamma: usize) -> (Vec<u32>, SpecStats) {

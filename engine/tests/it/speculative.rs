@@ -25,6 +25,17 @@ fn spec_run(
     prompt: &[u32],
     gamma: usize,
 ) -> Result<(Vec<u32>, SpecStats), mlx_rs::error::Exception> {
+    spec_run_steps(target, draft, prompt, gamma, STEPS)
+}
+
+/// Greedy speculative decoding of `steps` tokens from fresh sessions: the ids and stats.
+pub(crate) fn spec_run_steps(
+    target: &dyn LanguageModel,
+    draft: &dyn LanguageModel,
+    prompt: &[u32],
+    gamma: usize,
+    steps: usize,
+) -> Result<(Vec<u32>, SpecStats), mlx_rs::error::Exception> {
     let mut t = Session::new(target);
     let mut d = Session::new(draft);
     let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
@@ -35,7 +46,7 @@ fn spec_run(
         prompt,
         0,
         gamma,
-        STEPS,
+        steps,
         &[],
         &mut sampler,
         |id, _, _| {
