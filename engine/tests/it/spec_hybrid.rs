@@ -20,7 +20,7 @@ use engine::generate::decode::Decoder;
 use engine::generate::drafter::Decode;
 use engine::generate::lookup::LookupParams;
 use engine::generate::sampler::{Sampler, SamplingParams};
-use engine::generate::speculative::{speculative_generate_in, SpecRound, SpecStats};
+use engine::generate::speculative::{SpecRound, SpecStats};
 use engine::generate::{generate_greedy, Flow, Session, SessionOptions};
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
