@@ -231,9 +231,12 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     let load = |name| engine::model::load(&harness::goldens::model_dir(name).unwrap()).unwrap();
     let (llama, gemma) = (load("tiny-llama-trained"), load("tiny-gemma3-kv"));
     let hybrid = load("tiny-qwen3-5");
+    // falcon_h1's recurrent states sit in each layer's `CacheList`, beside its K/V.
+    let listed = load("tiny-falcon-h1");
     assert_eq!(refusal(llama.as_ref(), &plan(0, QuantSdpa::MlxLm)), None);
     assert_eq!(refusal(gemma.as_ref(), &SessionOptions::default()), None);
     assert_eq!(refusal(hybrid.as_ref(), &SessionOptions::default()), None);
+    assert_eq!(refusal(listed.as_ref(), &SessionOptions::default()), None);
     for (model, opts, says) in [
         (
             &llama,
@@ -253,6 +256,11 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
         ),
         (
             &hybrid,
+            plan(0, QuantSdpa::MlxLm),
+            "quantized KV on a hybrid model",
+        ),
+        (
+            &listed,
             plan(0, QuantSdpa::MlxLm),
             "quantized KV on a hybrid model",
         ),
