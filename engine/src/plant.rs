@@ -254,6 +254,10 @@ pub enum Defect {
     /// offset + 1 (the new token's own position is left out whenever the offset is a
     /// multiple of the bound step). Caught by `engine/tests/it/compiled_decode.rs`.
     CompiledBoundShort,
+    /// The SSD store checks a stored `CacheList` (falcon_h1's layers) as a whole only, not
+    /// part by part against the model's parts: a recurrent state of another shape whose
+    /// bytes add up passes the scan. Caught by `engine/tests/it/ssd_hardening.rs`.
+    SsdListPartsUnchecked,
 }
 
 /// `plant::on` in a build without the `plant` feature.

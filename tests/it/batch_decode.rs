@@ -7,7 +7,8 @@
 //! on phi3 (fused projections, longrope: per-row positions through RoPE with its own
 //! frequencies), on gemma3 (sliding window 8 < every row's length: `BatchRotatingKvCache`
 //! beside `BatchKvCache`) and on the hybrids (recurrent states in `ArraysCache`, one row per
-//! sequence, alone in mamba2 or beside attention layers). `gates::BATCH_KV4`: the same
+//! sequence, alone in mamba2, beside attention layers, or beside K/V in one layer's
+//! `CacheList` in falcon_h1). `gates::BATCH_KV4`: the same
 //! scenarios over 4-bit quantized KV against each row's single-sequence
 //! `generate_step(kv_bits=4)` run. Planted defects: a mask that forgets the left padding
 //! fails every model with attention layers; a router that keeps the wrong experts fails every
@@ -37,9 +38,10 @@ const SLIDING: [&str; 4] = [
 
 /// The hybrids of the gate: their recurrent layers' states (`ArraysCache`) are batched
 /// beside attention layers — gated delta nets (qwen3_5, its MoE, qwen3_next), short
-/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid) — or alone
-/// (mamba2, which has no attention layer and so no padding to mask).
-const HYBRID: [&str; 8] = [
+/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid), a Mamba-2
+/// mixer beside attention in every layer (falcon_h1: one `CacheList` per layer, batched part
+/// by part) — or alone (mamba2, which has no attention layer and so no padding to mask).
+const HYBRID: [&str; 9] = [
     "tiny-qwen3-5",
     "tiny-qwen3-5-moe",
     "tiny-qwen3-next",
@@ -47,6 +49,7 @@ const HYBRID: [&str; 8] = [
     "tiny-lfm2-moe",
     "tiny-nemotron-h",
     "tiny-granite-h",
+    "tiny-falcon-h1",
     "tiny-mamba2",
 ];
 
@@ -228,9 +231,12 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
     let load = |name| engine::model::load(&harness::goldens::model_dir(name).unwrap()).unwrap();
     let (llama, gemma) = (load("tiny-llama-trained"), load("tiny-gemma3-kv"));
     let hybrid = load("tiny-qwen3-5");
+    // falcon_h1's recurrent states sit in each layer's `CacheList`, beside its K/V.
+    let listed = load("tiny-falcon-h1");
     assert_eq!(refusal(llama.as_ref(), &plan(0, QuantSdpa::MlxLm)), None);
     assert_eq!(refusal(gemma.as_ref(), &SessionOptions::default()), None);
     assert_eq!(refusal(hybrid.as_ref(), &SessionOptions::default()), None);
+    assert_eq!(refusal(listed.as_ref(), &SessionOptions::default()), None);
     for (model, opts, says) in [
         (
             &llama,
@@ -250,6 +256,11 @@ fn quantized_kv_takes_the_batch_lane_only_as_gated() {
         ),
         (
             &hybrid,
+            plan(0, QuantSdpa::MlxLm),
+            "quantized KV on a hybrid model",
+        ),
+        (
+            &listed,
             plan(0, QuantSdpa::MlxLm),
             "quantized KV on a hybrid model",
         ),

@@ -68,6 +68,8 @@ struct CacheGeom {
     dense: Vec<TensorGeom>,
     /// The session's quantization of this cache ((bits, group size)) and its tensors then.
     quant: Option<((i32, i32), Vec<TensorGeom>)>,
+    /// A `CacheList`'s parts (kind, geometry), in order; None for any other cache.
+    parts: Option<Vec<(String, CacheGeom)>>,
 }
 
 /// The caches a session of this model (and its drafter) makes, as the store checks entries
@@ -101,11 +103,105 @@ fn cache_geom(d: Snapshot, c: &dyn Cache) -> Option<CacheGeom> {
         (Some(q), Some(s)) => Some(((q.bits, q.group_size), tensor_geoms(&s)?)),
         _ => None,
     };
+    let parts = match d.kind.as_str() {
+        super::list::KIND => Some(part_geoms(&d, c)?),
+        _ => None,
+    };
     Some(CacheGeom {
         ring,
         dense: tensor_geoms(&d)?,
         quant,
+        parts,
     })
+}
+
+/// A `CacheList`'s parts as its dense snapshot `d` nests them (each part's kind, offset,
+/// meta and tensor count in `caches`, the tensors in order), with `c`'s parts as the plan
+/// left them.
+fn part_geoms(d: &Snapshot, c: &dyn Cache) -> Option<Vec<(String, CacheGeom)>> {
+    let subs = c.sub_caches()?;
+    let metas = d.meta.get("caches")?.as_array()?;
+    if metas.len() != subs.len() {
+        return None;
+    }
+    let mut tensors = d.tensors.iter();
+    metas
+        .iter()
+        .zip(subs)
+        .map(|(m, sub)| {
+            let meta = m.as_object()?.clone();
+            let kind = meta.get("kind")?.as_str()?.to_owned();
+            let count = usize::try_from(meta.get("tensors")?.as_u64()?).ok()?;
+            let part = Snapshot {
+                kind: kind.clone(),
+                offset: i32::try_from(meta.get("offset")?.as_i64()?).ok()?,
+                quant: None,
+                meta,
+                tensors: tensors.by_ref().take(count).cloned().collect(),
+            };
+            Some((kind, cache_geom(part, sub.as_ref())?))
+        })
+        .collect()
+}
+
+/// A stored `CacheList` (`c`): its tensors split into the parts its meta lists, and each
+/// part checked against the model's part of the same place and kind.
+fn check_parts(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Result<(), String> {
+    let want = g
+        .parts
+        .as_ref()
+        .ok_or("a cache list, the model's cache is not")?;
+    if crate::plant::is(crate::plant::Defect::SsdListPartsUnchecked) {
+        return Ok(());
+    }
+    let metas = c
+        .meta
+        .get("caches")
+        .and_then(|v| v.as_array())
+        .ok_or("a cache list without its parts")?;
+    if metas.len() != want.len() {
+        return Err(format!(
+            "a cache list of {} parts, the model's has {}",
+            metas.len(),
+            want.len()
+        ));
+    }
+    let mut tensors = c.tensors.iter();
+    for (pi, (m, (kind, geom))) in metas.iter().zip(want).enumerate() {
+        let mut meta = m.as_object().cloned().ok_or("a cache list's part")?;
+        let mut take = |key: &str| meta.remove(key);
+        let int = |v: Option<serde_json::Value>| v.and_then(|v| v.as_i64());
+        let part_kind = take("kind").and_then(|v| v.as_str().map(str::to_owned));
+        let (offset, count) = (int(take("offset")), int(take("tensors")));
+        let (bits, group_size) = (int(take("bits")), int(take("groupSize")));
+        let (Some(part_kind), Some(offset), Some(count)) = (part_kind, offset, count) else {
+            return Err(format!(
+                "part {pi}: its kind, offset or tensor count missing"
+            ));
+        };
+        if kvstore::split_kind(&part_kind).0 != kind.as_str() {
+            return Err(format!(
+                "part {pi}: kind `{part_kind}`, the model's is `{kind}`"
+            ));
+        }
+        let count = usize::try_from(count).map_err(|_| format!("part {pi}: {count} tensors"))?;
+        let part = CacheEntry {
+            kind: part_kind,
+            offset: i32::try_from(offset).map_err(|_| format!("part {pi}: offset {offset}"))?,
+            meta,
+            group_size: group_size.and_then(|v| i32::try_from(v).ok()),
+            bits: bits.and_then(|v| i32::try_from(v).ok()),
+            tensors: tensors.by_ref().take(count).cloned().collect(),
+        };
+        if part.tensors.len() != count {
+            return Err(format!("part {pi}: {count} tensors, the list holds fewer"));
+        }
+        check_cache(&part, geom, n, quant_start).map_err(|why| format!("part {pi}: {why}"))?;
+    }
+    if tensors.next().is_some() {
+        return Err("a cache list with tensors past its parts'".into());
+    }
+    Ok(())
 }
 
 /// What the probe needs of a model: its fresh caches after one token went through them.
@@ -209,6 +305,9 @@ fn check_cache(c: &CacheEntry, g: &CacheGeom, n: i32, quant_start: i32) -> Resul
     }
     if kind == super::arrays::KIND {
         return check_state(c, want);
+    }
+    if kind == super::list::KIND {
+        return check_parts(c, g, n, quant_start);
     }
     let mut positions = None;
     for (ti, (t, w)) in c.tensors.iter().zip(want).enumerate() {

@@ -28,7 +28,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::{KvQuantPlan, Session, SessionOptions};
-use crate::cache::{arrays, kv, rotating, Cache, QuantSdpa};
+use crate::cache::{arrays, kv, list, rotating, Cache, QuantSdpa};
 use crate::model::LanguageModel;
 
 pub struct Batch<'m> {
@@ -49,11 +49,18 @@ const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sl
 pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
     let (mut rings, mut states) = (false, false);
     for c in model.make_caches() {
-        match c.kind() {
-            Some(kv::KIND) => {}
-            Some(rotating::KIND) => rings = true,
-            Some(arrays::KIND) => states = true,
-            _ => return Some("this model's caches (dynamic RoPE)"),
+        // A `CacheList` (falcon_h1's [ArraysCache, KvCache]) batches part by part.
+        let parts: Vec<&dyn Cache> = match (c.kind(), c.sub_caches()) {
+            (Some(list::KIND), Some(parts)) => parts.iter().map(|p| p.as_ref()).collect(),
+            _ => vec![c.as_ref()],
+        };
+        for p in parts {
+            match p.kind() {
+                Some(kv::KIND) => {}
+                Some(rotating::KIND) => rings = true,
+                Some(arrays::KIND) => states = true,
+                _ => return Some("this model's caches (dynamic RoPE)"),
+            }
         }
     }
     let plan = opts.kv_quant.as_ref()?;
@@ -75,15 +82,21 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
     rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
 }
 
+/// Whether `c` is a cache the lane batches: standard, sliding-window or recurrent-state,
+/// or a `CacheList` of such parts (mlx-lm's `CacheList.merge` merges part by part).
+fn batchable(c: &dyn Cache) -> bool {
+    match (c.kind(), c.sub_caches()) {
+        (Some(list::KIND), Some(parts)) => parts.iter().all(|p| batchable(p.as_ref())),
+        (kind, _) => matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND)),
+    }
+}
+
 /// Merges layer `l` of every row's caches into one batch cache (the kind's `merge`, reached
-/// through the first row; the rows must all be standard, all sliding-window or all
-/// recurrent-state caches).
+/// through the first row; the rows must all be of one batchable kind).
 fn merge_layer(caches: &[&[Box<dyn Cache>]], l: usize) -> Result<Box<dyn Cache>, Exception> {
     let rows: Vec<&dyn Cache> = caches.iter().map(|c| c[l].as_ref()).collect();
     let kind = rows[0].kind();
-    if !matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND))
-        || rows.iter().any(|r| r.kind() != kind)
-    {
+    if !batchable(rows[0]) || rows.iter().any(|r| r.kind() != kind) {
         return Err(Exception::custom(REFUSAL));
     }
     rows[0].merge(&rows)

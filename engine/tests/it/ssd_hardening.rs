@@ -206,6 +206,107 @@ fn a_hybrid_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined() {
     assert!(!file.exists(), "the inconsistent entry is quarantined");
 }
 
+/// A tiny-falcon-h1 store in a fresh directory holding one 24-token entry whose layer-2
+/// scan state is rewritten as [1, 16, 8, 16] (heads and head width swapped: the bytes add
+/// up): whether the start-up scan refuses and quarantines it.
+fn falcon_misshaped_state_is_refused() -> bool {
+    let m = common::model("tiny-falcon-h1");
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
+    let caches = prefilled(m.as_ref(), &prompt);
+    let open = || SsdStore::open(dir.path(), id("fp"), g.clone(), 1 << 30, false).unwrap();
+    assert!(open().store("", &prompt, &caches, "t"));
+    let file = entries(&dir.path().join("fp"))[0].clone();
+    rewrite_header(&file, |h| {
+        let t = &mut h["caches"][2]["tensors"][1];
+        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
+        t["shape"] = json!([1, 16, 8, 16]);
+    });
+    let store = open();
+    store.stats().entries == 0 && store.stats().removed_corrupt == 1 && !file.exists()
+}
+
+/// falcon_h1's layers keep one `CacheList` each (a Mamba-2 state beside K/V: mlx-lm's
+/// `CacheList(ArraysCache(2), KVCache())`), stored as one entry per layer with its parts'
+/// tensors in order (conv window [1, 3, 192], scan state [1, 8, 16, 16], then K and V
+/// [1, 2, positions, 16]). As for the other hybrids: an entry serves its exact prefix only,
+/// a flipped byte of a scan state is caught by the checksum, and a scan state of another
+/// shape (heads and head width swapped) is quarantined by the geometry.
+#[test]
+fn a_cache_list_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined() {
+    let m = common::model("tiny-falcon-h1");
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let open = |dir: &Path| SsdStore::open(dir, id("fp"), g.clone(), 1 << 30, false).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
+    let write = |dir: &Path| {
+        let caches = prefilled(m.as_ref(), &prompt);
+        assert!(open(dir).store("", &prompt, &caches, "t"));
+        let files = entries(&dir.join("fp"));
+        assert_eq!(files.len(), 1);
+        files[0].clone()
+    };
+    let mut next = prompt.clone();
+    next.push(3);
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let mut store = open(dir.path());
+    assert_eq!(store.stats().entries, 1, "the scan takes the list entry");
+    assert_eq!(store.find("", &next).map(|f| f.1), Some(prompt.len()));
+    let mut diverging = prompt[..20].to_vec();
+    diverging.extend([1, 2, 3]);
+    assert_eq!(
+        store.find("", &diverging),
+        None,
+        "a state is not trimmed to 20"
+    );
+    let (i, n) = store.find("", &next).unwrap();
+    assert!(store.restore(i, n, QuantSdpa::MlxLm).is_some(), "restores");
+
+    // The header's entry for layer 2's list, and where its scan state (tensor 1) lies.
+    let scan_state = |file: &Path| {
+        let bytes = std::fs::read(file).unwrap();
+        let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+        let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
+        let header: Value = serde_json::from_slice(&bytes[56..56 + len]).unwrap();
+        let c = &header["caches"][2];
+        assert_eq!(c["kind"], "list");
+        assert_eq!(c["caches"][0]["kind"], "arrays");
+        let t = &c["tensors"][1];
+        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
+        data_start + t["off"].as_u64().unwrap() as usize
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path());
+    let at = scan_state(&file);
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[at + 5] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let mut store = open(dir.path());
+    let (i, n) = store.find("", &next).unwrap();
+    assert!(
+        store.restore(i, n, QuantSdpa::MlxLm).is_none(),
+        "a flipped state byte"
+    );
+    assert!(!file.exists(), "the corrupt entry is quarantined");
+    assert_eq!(store.stats().removed_corrupt, 1);
+
+    assert!(
+        falcon_misshaped_state_is_refused(),
+        "the scan quarantines a state of another shape"
+    );
+}
+
+/// Planted: a stored list checked as a whole only (its parts not against the model's)
+/// lets the mis-shaped scan state through.
+#[test]
+fn planted_unchecked_list_parts_let_a_misshaped_state_through() {
+    let _on = engine::plant::on(engine::plant::Defect::SsdListPartsUnchecked).unwrap();
+    assert!(!falcon_misshaped_state_is_refused());
+}
+
 /// Item 4: caches claiming more positions than they store (offset past the data, tokens to
 /// match) are removed, not restored (they used to give silent garbage).
 #[test]

@@ -354,12 +354,16 @@ fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
 
 /// The hybrid families (issue 37): gated delta net (qwen3_5, its MoE and multimodal
 /// layouts, qwen3_next), short conv (lfm2, lfm2_moe), Mamba-2 (mamba2, nemotron_h,
-/// granitemoehybrid). Their layers' `arrays` caches (conv window + scan state) are stored
-/// and restored beside the attention layers' K/V; an entry serves its exact prefix only
-/// (a recurrent state cannot be trimmed). These are the hybrids of `common::HYBRIDS` and
-/// Qwen 3.5's multimodal layout.
+/// granitemoehybrid, and falcon_h1 beside K/V in one layer's `CacheList`). Their layers'
+/// `arrays` caches (conv window + scan state) are stored and restored beside the attention
+/// layers' K/V (falcon_h1's nested in the list's entry); an entry serves its exact prefix
+/// only (a recurrent state cannot be trimmed). These are the hybrids of `common::HYBRIDS`
+/// and `common::LIST_HYBRIDS`, and Qwen 3.5's multimodal layout.
 fn hybrids() -> impl Iterator<Item = &'static str> {
-    common::HYBRIDS.into_iter().chain(["tiny-qwen3-5-mm"])
+    common::HYBRIDS
+        .into_iter()
+        .chain(common::LIST_HYBRIDS)
+        .chain(["tiny-qwen3-5-mm"])
 }
 
 #[test]

@@ -22,6 +22,11 @@ pub const HYBRIDS: [&str; 8] = [
     "tiny-granite-h",
 ];
 
+/// The hybrids whose layers keep a `CacheList` (falcon_h1: a Mamba-2 state beside K/V in
+/// every layer, mlx-lm's `CacheList(ArraysCache(2), KVCache())`). Apart from `HYBRIDS`
+/// because only the caches' gates take them (LoRA and segments refuse falcon_h1).
+pub const LIST_HYBRIDS: [&str; 1] = ["tiny-falcon-h1"];
+
 /// The committed goldens directory.
 pub fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
