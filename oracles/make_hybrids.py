@@ -8,6 +8,8 @@
                      layer 2; the SwiGLU width auto-adjusted (128 -> 96); conv weights saved in
                      Hugging Face's [hidden, 1, kernel] layout (mlx-lm's sanitize transposes them);
                      tied head, norms drawn away from one, bf16
+- tiny-lfm2-conv-bias  tiny-lfm2 (another seed) with attention on layers 0 and 3, a conv bias,
+                     kernel 4 and the SwiGLU width as given (no auto-adjust)
 
 - tiny-granite-h      granitemoehybrid (Granite 4.0-H): layers mamba, attention, mamba, mamba (NoPE
                      attention, scale attention_multiplier), every feed-forward the sparse block (8
@@ -52,6 +54,8 @@
                      (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
                      [C, 1, K] conv kernels, untied head, norms drawn away from one, bf16
+- tiny-mamba2-tied    tiny-mamba2 (another seed) in one group, with in_proj/out_proj biases, no
+                     conv bias, time_step_limit [0.001, 0.5] (dt clipped) and a tied head
 
 - tiny-nemotron-h     nemotron_h: the pattern M*-M- (Mamba-2 mixers with Nemotron-H's grouped gated norm,
                      attention without positions, ReLU² MLPs), mamba 8 heads of 16 in 2 groups,
@@ -115,7 +119,16 @@ def lfm2_config() -> dict:
 
 
 def make_lfm2(job: Job) -> Path:
-    cfg = lfm2_config()
+    return write_lfm2(job, lfm2_config())
+
+
+def make_lfm2_conv_bias(job: Job) -> Path:
+    cfg = dict(lfm2_config(), conv_bias=True, conv_L_cache=4, block_auto_adjust_ff_dim=False,
+               layer_types=["full_attention", "conv", "conv", "full_attention"])
+    return write_lfm2(job, cfg)
+
+
+def write_lfm2(job: Job, cfg: dict) -> Path:
     model = random_model(lfm2, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
     weights = weights_of(model)
@@ -363,13 +376,22 @@ def mamba2_config() -> dict:
 
 
 def make_mamba2(job: Job) -> Path:
-    cfg = mamba2_config()
+    return write_mamba2(job, mamba2_config(), "untied")
+
+
+def make_mamba2_tied(job: Job) -> Path:
+    cfg = dict(mamba2_config(), n_groups=1, use_bias=True, use_conv_bias=False, tie_word_embeddings=True,
+               time_step_limit=[0.001, 0.5])
+    return write_mamba2(job, cfg, "one group, projection biases, no conv bias, dt clipped to [0.001, 0.5], tied")
+
+
+def write_mamba2(job: Job, cfg: dict, what: str) -> Path:
     model = random_model(mamba2, cfg, job.seed, mx.bfloat16)
     randomize_scales(model, job.seed)
     draw_ssm_parameters([layer.mixer for layer in model.layers], job.seed)
     mx.eval(model.parameters())
     return write_model(job, hf_conv_layout(weights_of(model)), cfg,
-                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, untied")
+                       f"random weights (seed {job.seed}; A_log f32, dt_bias and D drawn), bf16, HF conv layout, {what}")
 
 
 def draw_ssm_parameters(mixers, seed: int) -> None:

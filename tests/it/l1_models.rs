@@ -322,7 +322,10 @@ fn wrapper_layout_errors_name_the_problem() {
 #[test]
 fn planted_shifted_conv_state_fails_l1_on_lfm2() {
     let _on = engine::plant::on(engine::plant::Defect::ShortConvStateShifted).unwrap();
-    assert_fails_at_prefill(&l1("tiny-lfm2", None), "lfm2's conv state shifted by one");
+    // tiny-lfm2-conv-bias: attention first and last, a conv bias, kernel 4, no FF adjust.
+    for model in ["tiny-lfm2", "tiny-lfm2-conv-bias"] {
+        assert_fails_at_prefill(&l1(model, None), &format!("{model}'s conv state shifted"));
+    }
 }
 
 /// granitemoehybrid (Granite 4.0-H: Mamba-2 and NoPE attention, the sparse block beside the
@@ -423,18 +426,33 @@ fn planted_flat_projection_order_fails_l1_on_qwen3_next() {
 #[test]
 fn planted_undecayed_state_fails_l1_on_mamba2() {
     let _on = engine::plant::on(engine::plant::Defect::SsmStateUndecayed).unwrap();
-    let report = l1("tiny-mamba2", None);
-    assert!(!report.passed(), "the undecayed state passed L1");
-    let firsts: Vec<Option<usize>> = report
-        .cases
-        .iter()
-        .map(|c| c.first_inexact_logits())
-        .collect();
-    assert!(
-        firsts.iter().all(|f| f.is_some_and(|s| s < 8)),
-        "{firsts:?}"
-    );
-    println!("planted undecayed state caught: {}", report.summary());
+    // tiny-mamba2-tied: one group, projection biases, no conv bias, dt clipped, tied.
+    for model in ["tiny-mamba2", "tiny-mamba2-tied"] {
+        let report = l1(model, None);
+        assert!(!report.passed(), "{model}: the undecayed state passed L1");
+        let firsts: Vec<Option<usize>> = report
+            .cases
+            .iter()
+            .map(|c| c.first_inexact_logits())
+            .collect();
+        assert!(
+            firsts.iter().all(|f| f.is_some_and(|s| s < 8)),
+            "{model}: {firsts:?}"
+        );
+        println!(
+            "{model}: planted undecayed state caught: {}",
+            report.summary()
+        );
+    }
+}
+
+/// mamba2 with a finite `time_step_limit` ([0.001, 0.5]): planted, the limit lifted (dt
+/// no longer clipped) fails L1.
+#[test]
+fn planted_unclipped_time_step_fails_l1_on_mamba2() {
+    let report = l1("tiny-mamba2-tied", Some("time_step_limit=[0.0,1000000.0]"));
+    assert!(!report.passed(), "the unclipped dt passed L1");
+    println!("planted unclipped dt caught: {}", report.summary());
 }
 
 /// nemotron_h (Mamba-2 mixers, attention without positions and ReLU² MLPs by pattern):
