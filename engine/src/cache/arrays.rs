@@ -245,6 +245,10 @@ impl Cache for ArraysCache {
         Ok(mask.map_or(Mask::None, Mask::Array))
     }
 
+    fn can_checkpoint(&self) -> bool {
+        true
+    }
+
     /// A recurrent state is rolled back by returning to a checkpoint, not by trimming.
     fn checkpoint(&self) -> Option<Snapshot> {
         self.snapshot()

@@ -182,6 +182,10 @@ impl Cache for CacheList {
         Some(&mut self.caches)
     }
 
+    fn can_checkpoint(&self) -> bool {
+        true
+    }
+
     fn checkpoint(&self) -> Option<Snapshot> {
         self.snapshot()
     }

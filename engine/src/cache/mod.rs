@@ -126,6 +126,11 @@ pub trait Cache {
     fn rollback_room(&self) -> Option<i32> {
         None
     }
+    /// Whether `checkpoint` gives a state to come back to (asked on every speculative pass,
+    /// so it builds nothing).
+    fn can_checkpoint(&self) -> bool {
+        false
+    }
     /// The state to come back to after a speculative pass (a recurrent state cannot be
     /// trimmed); None where this kind has no checkpoint.
     fn checkpoint(&self) -> Option<Snapshot> {

@@ -57,7 +57,7 @@ pub fn room(caches: &mut [Box<dyn Cache>]) -> usize {
     let mut room = usize::MAX;
     for (_, c) in leaves(caches) {
         if !c.is_trimmable() {
-            if c.checkpoint().is_none() {
+            if !c.can_checkpoint() {
                 return 0;
             }
             continue;

@@ -42,6 +42,19 @@ const LOOKUP_MODELS: [&str; 5] = [
     "tiny-lfm2",
     "tiny-falcon-h1",
 ];
+/// The families with the same kinds of state as those above (a gated delta net beside
+/// attention and MoE feed-forwards, short convs beside MoE, Mamba-2 beside NoPE attention
+/// and MoE), f32 and eager: prompt lookup on each, the q4 drafter over two L1 prompts on
+/// the first three. Not on tiny-granite-h: its greedy text is one id repeated and its q4
+/// (and q2) drafters agree with every draft (475 of 475 accepted over its five prompts), so
+/// no rollback would run; lookup's echoes with one wrong id give it rejections instead.
+const MORE_HYBRIDS: [&str; 4] = [
+    "tiny-qwen3-5-moe",
+    "tiny-qwen3-next",
+    "tiny-lfm2-moe",
+    "tiny-granite-h",
+];
+const MORE_SPEC: usize = 3;
 const SPEC_GAMMAS: [usize; 2] = [2, 4];
 const LOOKUP_GAMMAS: [usize; 2] = [4, 10];
 
@@ -221,6 +234,16 @@ fn speculative_decoding_over_recurrent_states_emits_plain_greedy_ids() {
 #[test]
 fn prompt_lookup_over_recurrent_states_emits_plain_greedy_ids() {
     for name in LOOKUP_MODELS {
+        lookup_tally(name, None).check(&format!("{name} prompt lookup"));
+    }
+}
+
+#[test]
+fn speculation_and_lookup_over_the_other_hybrid_families_emit_plain_greedy_ids() {
+    for name in &MORE_HYBRIDS[..MORE_SPEC] {
+        spec_tally(name, 2).check(&format!("{name} + its q4 drafter"));
+    }
+    for name in MORE_HYBRIDS {
         lookup_tally(name, None).check(&format!("{name} prompt lookup"));
     }
 }

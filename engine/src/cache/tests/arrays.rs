@@ -118,6 +118,7 @@ fn a_state_is_not_trimmed_but_checkpointed() {
     assert!(!c.is_trimmable());
     assert_eq!(c.trim(3), 0);
     assert!(c.rollback(1).is_err());
+    assert!(c.can_checkpoint());
     let point = c.checkpoint().unwrap();
     c.set(0, mat(1, 2, &[9., 9.]));
     c.restore_checkpoint(point).unwrap();
