@@ -254,14 +254,20 @@ fn speculation_and_lookup_over_the_other_hybrid_families_emit_plain_greedy_ids()
 const PLANTS: [Defect; 2] = [Defect::SpecStateNotRestored, Defect::SpecRefeedOneLate];
 
 /// The gate bites: with either rollback defect both policies diverge from plain greedy
-/// decoding (speculation on tiny-qwen3-5, two prompts; lookup on tiny-mamba2, the echoes of two prompts).
+/// decoding (speculation on tiny-qwen3-5, two prompts, and on tiny-qwen3-next, one; lookup
+/// on tiny-mamba2, the echoes of two prompts).
 #[test]
 fn planted_rollback_defects_fail_the_greedy_gate() {
     for defect in PLANTS {
         let planted = plant::on(defect).unwrap();
         let spec = spec_tally("tiny-qwen3-5", 2);
         let lookup = lookup_tally("tiny-mamba2", Some(&[7, 9]));
+        let next = spec_tally("tiny-qwen3-next", 1);
         drop(planted);
+        assert!(
+            !next.diverged.is_empty(),
+            "planted {defect:?}: tiny-qwen3-next's q4 speculation still gave greedy's ids"
+        );
         for (what, tally) in [("spec", spec), ("lookup", lookup)] {
             let what = format!("planted {defect:?}, {what}");
             let caught = std::panic::catch_unwind(|| tally.check(&what));
