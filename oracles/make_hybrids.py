@@ -26,6 +26,11 @@
                      others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
                      renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
                      (w1/w3/w2, per-expert tensors, [C, 1, K] conv kernels), f32, gates x8
+- tiny-lfm2-moe-mlx   lfm2_moe in MLX's layout (stacked switch_mlp, gate/up/down_proj names, [C, K, 1]
+                     conv kernels): attention on layers 0 and 2, two dense layers (num_dense_layers
+                     2), no expert_bias, the top k unnormalized, routed_scaling_factor absent
+                     (mlx-lm's default 1), conv bias (drawn) and kernel 4, theta only in
+                     rope_parameters; f32, gates x8
 - tiny-qwen3-5        qwen3_5 (flat config): 4 layers, gated delta nets on layers 0-2 (2 key heads
                      repeated to 4 value heads, head dims 16, conv kernel 4, A_log kept in f32 as
                      real checkpoints keep it), gated full attention on layer 3 (GQA 4/2, q/k
@@ -45,11 +50,22 @@
                      and shared gates x8 so that choices are decisive), experts saved fused as
                      Hugging Face does (`experts.gate_up_proj`, `experts.down_proj`), f32 (MLX's
                      CPU gather_mm runs float32 only)
+- tiny-qwen3-5-moe-mlx  qwen3_5_moe as mlx-community's checkpoints ship it: the text model under
+                     `text_config`, its tensors under `language_model.` with the experts stacked
+                     (switch_mlp), [C, K, 1] conv kernels and the norms holding their 1 (no
+                     sanitize left to do); full_attention_interval 2 (delta net, attention, ...),
+                     the top k unnormalized, half the head rotated, a shared expert of 16, tied, f32
 - tiny-qwen3-next     qwen3_next: 4 layers (delta nets 0-2 with the fused in_proj_qkvz / in_proj_ba, gated
                      attention on 3), Qwen3-Next's sparse block on layers 0, 2, 3 (8 experts, top 2,
                      shared expert) and a dense MLP on layer 1 (mlp_only_layers), saved in Hugging
                      Face's per-expert layout with (1 + w) norms stored as w and [C, 1, K] conv
                      kernels, f32, routers and shared gates x8
+- tiny-qwen3-next-mlx qwen3_next in MLX's layout (stacked experts, norms with their 1, [C, K, 1] conv
+                     kernels: mlx-lm's sanitize leaves it as it is): the sparse block on layers 1
+                     and 3 (decoder_sparse_step 2, no mlp_only_layers), attention on the same
+                     layers (full_attention_interval 2) with q/k/v/o biases and half the head
+                     rotated, 4 key heads and 4 value heads of 8 (key heads of 16), the top k
+                     unnormalized, a shared expert of 16, tied, f32
 - tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
                      (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
