@@ -26,6 +26,11 @@
                      others LFM2's sparse block (8 experts, top 2 by sigmoid scores + expert_bias,
                      renormalized, routed_scaling_factor 1.5); saved in Hugging Face's layout
                      (w1/w3/w2, per-expert tensors, [C, 1, K] conv kernels), f32, gates x8
+- tiny-lfm2-moe-mlx   lfm2_moe in MLX's layout (stacked switch_mlp, gate/up/down_proj names, [C, K, 1]
+                     conv kernels): attention on layers 0 and 2, two dense layers (num_dense_layers
+                     2), no expert_bias, the top k unnormalized, routed_scaling_factor absent
+                     (mlx-lm's default 1), conv bias (drawn) and kernel 4, theta only in
+                     rope_parameters; f32, gates x8
 - tiny-qwen3-5        qwen3_5 (flat config): 4 layers, gated delta nets on layers 0-2 (2 key heads
                      repeated to 4 value heads, head dims 16, conv kernel 4, A_log kept in f32 as
                      real checkpoints keep it), gated full attention on layer 3 (GQA 4/2, q/k
@@ -45,11 +50,22 @@
                      and shared gates x8 so that choices are decisive), experts saved fused as
                      Hugging Face does (`experts.gate_up_proj`, `experts.down_proj`), f32 (MLX's
                      CPU gather_mm runs float32 only)
+- tiny-qwen3-5-moe-mlx  qwen3_5_moe as mlx-community's checkpoints ship it: the text model under
+                     `text_config`, its tensors under `language_model.` with the experts stacked
+                     (switch_mlp), [C, K, 1] conv kernels and the norms holding their 1 (no
+                     sanitize left to do); full_attention_interval 2 (delta net, attention, ...),
+                     the top k unnormalized, half the head rotated, a shared expert of 16, tied, f32
 - tiny-qwen3-next     qwen3_next: 4 layers (delta nets 0-2 with the fused in_proj_qkvz / in_proj_ba, gated
                      attention on 3), Qwen3-Next's sparse block on layers 0, 2, 3 (8 experts, top 2,
                      shared expert) and a dense MLP on layer 1 (mlp_only_layers), saved in Hugging
                      Face's per-expert layout with (1 + w) norms stored as w and [C, 1, K] conv
                      kernels, f32, routers and shared gates x8
+- tiny-qwen3-next-mlx qwen3_next in MLX's layout (stacked experts, norms with their 1, [C, K, 1] conv
+                     kernels: mlx-lm's sanitize leaves it as it is): the sparse block on layers 1
+                     and 3 (decoder_sparse_step 2, no mlp_only_layers), attention on the same
+                     layers (full_attention_interval 2) with q/k/v/o biases and half the head
+                     rotated, 4 key heads and 4 value heads of 8 (key heads of 16), the top k
+                     unnormalized, a shared expert of 16, tied, f32
 - tiny-mamba2         mamba2 (pure SSM): 3 layers of Mamba-2 mixers, 8 heads of 16 in 2 groups
                      (B and C repeated to 4 heads each), state 16, conv kernel 4 with bias,
                      time_step_limit [0, Infinity] (written as Python's json writes it), HF
@@ -201,36 +217,75 @@ def make_granite_h_dense(job: Job) -> Path:
                        "`shared_mlp` layout), RoPE, untied")
 
 
-def make_lfm2_moe(job: Job) -> Path:
+def lfm2_moe_config() -> dict:
     cfg = {k: v for k, v in lfm2_config().items() if not k.startswith("block_")}
     cfg.update({"architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "intermediate_size": 96,
                 "moe_intermediate_size": 32, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
                 "use_expert_bias": True, "num_dense_layers": 1, "routed_scaling_factor": 1.5})
-    model = random_model(lfm2_moe, cfg, job.seed, mx.float32)
-    randomize_scales(model, job.seed)
+    return cfg
+
+
+def random_lfm2_moe(cfg: dict, seed: int):
+    """An f32 lfm2_moe of `cfg` drawn from `seed`, norms away from one, the routers x8 and
+    (with use_expert_bias) the expert_bias drawn; a conv bias (nn.Conv1d starts it at zeros)
+    drawn too."""
+    model = random_model(lfm2_moe, cfg, seed, mx.float32)
+    randomize_scales(model, seed)
     for i, layer in enumerate(model.layers):
+        if cfg["conv_bias"] and not layer.is_attention_layer:
+            conv = layer.conv.conv
+            conv.bias = mx.random.normal(conv.bias.shape, key=mx.random.key(seed * 100 + 50 + i)) * 0.3
         ff = layer.feed_forward
         if isinstance(ff, lfm2_moe.Lfm2MoeSparseMoeBlock):
             ff.gate.weight = ff.gate.weight * 8
-            ff.expert_bias = mx.random.normal(ff.expert_bias.shape, key=mx.random.key(job.seed * 100 + i)) * 0.5
+            if cfg["use_expert_bias"]:
+                ff.expert_bias = mx.random.normal(ff.expert_bias.shape, key=mx.random.key(seed * 100 + i)) * 0.5
     mx.eval(model.parameters())
+    return model
+
+
+def make_lfm2_moe(job: Job) -> Path:
+    cfg = lfm2_moe_config()
     hf = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
     weights = {}
-    for name, v in weights_of(model).items():
+    for name, v in weights_of(random_lfm2_moe(cfg, job.seed)).items():
         if name.endswith("conv.conv.weight"):
             v = v.transpose(0, 2, 1)
-        if ".switch_mlp." in name:
-            prefix, proj = name.split(".switch_mlp.")
-            proj = proj[: -len(".weight")]
-            for e in range(v.shape[0]):
-                weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
-            continue
-        for ours, theirs in hf.items():
-            if name.endswith(f"feed_forward.{ours}.weight"):
-                name = name.replace(f"feed_forward.{ours}.weight", f"feed_forward.{theirs}.weight")
+        if ".switch_mlp." not in name:
+            for ours, theirs in hf.items():
+                if name.endswith(f"feed_forward.{ours}.weight"):
+                    name = name.replace(f"feed_forward.{ours}.weight", f"feed_forward.{theirs}.weight")
         weights[name] = v
-    return write_model(job, weights, cfg,
+    return write_model(job, per_expert_layout(weights, hf), cfg,
                        f"random weights (seed {job.seed}; expert_bias drawn), f32, gates x8, Hugging Face layout, tied")
+
+
+def make_lfm2_moe_mlx(job: Job) -> Path:
+    cfg = dict(lfm2_moe_config(), norm_topk_prob=False, use_expert_bias=False, num_dense_layers=2,
+               conv_bias=True, conv_L_cache=4, layer_types=["full_attention", "conv", "full_attention", "conv"],
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    for default in ("routed_scaling_factor", "rope_theta"):
+        cfg.pop(default)
+    return write_model(job, weights_of(random_lfm2_moe(cfg, job.seed)), cfg,
+                       f"random weights (seed {job.seed}), f32, gates x8, no expert_bias, MLX's layout (stacked "
+                       "switch_mlp, gate/up/down_proj names, [C, K, 1] conv kernels), tied")
+
+
+def per_expert_layout(weights: dict, names: dict | None = None) -> dict:
+    """Hugging Face's per-expert layout of stacked experts (what mlx-lm's sanitizes stack):
+    each `<prefix>.switch_mlp.<proj>.weight` [E, ...] becomes E tensors
+    `<prefix>.experts.<e>.<names[proj]>.weight` where it stood, the other tensors as they are."""
+    out = {}
+    for name, v in weights.items():
+        if ".switch_mlp." not in name:
+            out[name] = v
+            continue
+        prefix, proj = name.split(".switch_mlp.")
+        proj = proj[: -len(".weight")]
+        proj = (names or {}).get(proj, proj)
+        for e in range(v.shape[0]):
+            out[f"{prefix}.experts.{e}.{proj}.weight"] = v[e]
+    return out
 
 
 def qwen3_5_config() -> dict:
@@ -315,23 +370,47 @@ def hf_qwen3_5_weights(model) -> dict:
     return weights
 
 
-def make_qwen3_5_moe(job: Job) -> Path:
-    cfg = dict(qwen3_5_config(), architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
-               num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
-               shared_expert_intermediate_size=64, norm_topk_prob=True)
-    model = random_model(qwen3_5_moe, cfg, job.seed, mx.float32)
-    randomize_scales(model, job.seed)
+def qwen3_5_moe_config() -> dict:
+    return dict(qwen3_5_config(), architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+                num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                shared_expert_intermediate_size=64, norm_topk_prob=True)
+
+
+def random_qwen3_5_moe(cfg: dict, seed: int):
+    """An f32 qwen3_5_moe of `cfg` drawn from `seed`, norms away from one, routers and shared
+    gates x8 so that choices are decisive."""
+    model = random_model(qwen3_5_moe, cfg, seed, mx.float32)
+    randomize_scales(model, seed)
     for layer in model.layers:
         layer.mlp.gate.weight = layer.mlp.gate.weight * 8
         layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
     mx.eval(model.parameters())
-    return write_model(job, hf_qwen3_5_weights(model), cfg,
+    return model
+
+
+def make_qwen3_5_moe(job: Job) -> Path:
+    cfg = qwen3_5_moe_config()
+    return write_model(job, hf_qwen3_5_weights(random_qwen3_5_moe(cfg, job.seed)), cfg,
                        f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face layout "
                        "with fused experts, untied", style="qwen")
 
 
-def make_qwen3_next(job: Job) -> Path:
-    cfg = {
+def make_qwen3_5_moe_mlx(job: Job) -> Path:
+    text = dict(qwen3_5_moe_config(), model_type="qwen3_5_moe_text", full_attention_interval=2,
+                norm_topk_prob=False, shared_expert_intermediate_size=16, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "mrope_section": [11, 11, 10], "rope_theta": 10000,
+                                 "partial_rotary_factor": 0.5})
+    text.pop("architectures")
+    cfg = {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+           "text_config": text, "tie_word_embeddings": True}
+    return write_model(job, weights_of(random_qwen3_5_moe(cfg, job.seed)), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, mlx-community's "
+                       "layout (language_model. names, stacked switch_mlp, norms with their 1, [C, K, 1] conv "
+                       "kernels), text_config, tied", style="qwen")
+
+
+def qwen3_next_config() -> dict:
+    return {
         "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
         "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-6,
@@ -342,27 +421,40 @@ def make_qwen3_next(job: Job) -> Path:
         "rope_theta": 10000.0, "partial_rotary_factor": 0.25, "full_attention_interval": 4,
         "tie_word_embeddings": False, "attention_bias": False,
     }
-    model = random_model(qwen3_next, cfg, job.seed, mx.float32)
-    randomize_scales(model, job.seed)
+
+
+def random_qwen3_next(cfg: dict, seed: int):
+    """An f32 qwen3_next of `cfg` drawn from `seed`, norms away from one, routers and shared
+    gates x8."""
+    model = random_model(qwen3_next, cfg, seed, mx.float32)
+    randomize_scales(model, seed)
     for layer in model.layers:
         if isinstance(layer.mlp, qwen3_next.Qwen3NextSparseMoeBlock):
             layer.mlp.gate.weight = layer.mlp.gate.weight * 8
             layer.mlp.shared_expert_gate.weight = layer.mlp.shared_expert_gate.weight * 8
     mx.eval(model.parameters())
+    return model
+
+
+def make_qwen3_next(job: Job) -> Path:
+    cfg = qwen3_next_config()
     weights = {}
-    for name, v in weights_of(model).items():
+    for name, v in weights_of(random_qwen3_next(cfg, job.seed)).items():
         if any(name.endswith(sfx) for sfx in QWEN3_5_OFFSET_NORMS) and v.ndim == 1:
             v = v - 1.0
-        if ".switch_mlp." in name:
-            prefix, proj = name.split(".switch_mlp.")
-            proj = proj[: -len(".weight")]
-            for e in range(v.shape[0]):
-                weights[f"{prefix}.experts.{e}.{proj}.weight"] = v[e]
-            continue
         weights[name] = v
-    return write_model(job, hf_conv_layout(weights), cfg,
+    return write_model(job, hf_conv_layout(per_expert_layout(weights)), cfg,
                        f"random weights (seed {job.seed}), f32, routers and shared gates x8, Hugging Face "
                        "per-expert layout, untied", style="qwen")
+
+
+def make_qwen3_next_mlx(job: Job) -> Path:
+    cfg = dict(qwen3_next_config(), linear_num_key_heads=4, linear_value_head_dim=8, decoder_sparse_step=2,
+               mlp_only_layers=[], norm_topk_prob=False, partial_rotary_factor=0.5, full_attention_interval=2,
+               tie_word_embeddings=True, attention_bias=True, shared_expert_intermediate_size=16)
+    return write_model(job, weights_of(random_qwen3_next(cfg, job.seed)), cfg,
+                       f"random weights (seed {job.seed}), f32, routers and shared gates x8, MLX's layout "
+                       "(stacked switch_mlp, norms with their 1, [C, K, 1] conv kernels), tied", style="qwen")
 
 
 def mamba2_config() -> dict:
@@ -457,17 +549,7 @@ def random_nemotron_h_moe(cfg: dict, seed: int, dtype):
 def hf_nemotron_h_moe_weights(model) -> dict:
     """The weights in Hugging Face's layout: per-expert `experts.{e}.up_proj` / `down_proj`
     (mlx-lm's sanitize stacks them into switch_mlp.fc1 / fc2), [C, 1, K] conv kernels."""
-    weights = {}
-    hf = {"fc1": "up_proj", "fc2": "down_proj"}
-    for name, v in weights_of(model).items():
-        if ".switch_mlp." in name:
-            prefix, proj = name.split(".switch_mlp.")
-            proj = proj[: -len(".weight")]
-            for e in range(v.shape[0]):
-                weights[f"{prefix}.experts.{e}.{hf[proj]}.weight"] = v[e]
-            continue
-        weights[name] = v
-    return hf_conv_layout(weights)
+    return hf_conv_layout(per_expert_layout(weights_of(model), {"fc1": "up_proj", "fc2": "down_proj"}))
 
 
 def make_nemotron_h_moe(job: Job) -> Path:

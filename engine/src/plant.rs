@@ -155,6 +155,11 @@ pub enum Defect {
     /// RMSNorm weights are not given their 1. Caught by the convert gate against
     /// mlx_lm.convert on tiny-qwen3-5 (`engine/tests/it/convert.rs`).
     HybridNormOffsetSkipped,
+    /// Qwen 3.5 / Qwen3-Next sanitize: the (1 + w) RMSNorm weights are given their 1 also in
+    /// a checkpoint already in MLX's layout (mlx-community's: [C, K, 1] conv kernels, stacked
+    /// experts), where mlx-lm leaves them as they are. Caught by the L1 gate on
+    /// tiny-qwen3-5-moe-mlx and tiny-qwen3-next-mlx (`tests/it/l1_models.rs`).
+    HybridNormOffsetOnMlxLayout,
     /// Falcon-H1's sanitize (load and `engine convert`): in_proj is scaled by
     /// `ssm_in_multiplier` alone, its rows' µP vector (`ssm_multipliers`) left out of the
     /// fold. Caught by the convert gate against mlx_lm.convert on tiny-falcon-h1
@@ -286,23 +291,31 @@ mod switch {
 
     use super::Defect;
 
-    /// The switch, one bit per defect, next to the marker: every query reads through a
-    /// pointer to the whole struct, so a binary that can plant a defect carries the marker.
+    /// The switch, one bit per defect (in as many words as the defects need), next to the
+    /// marker: every query reads through a pointer to the whole struct, so a binary that can
+    /// plant a defect carries the marker.
     #[repr(C)]
     pub(super) struct Switch {
-        on: AtomicU64,
+        on: [AtomicU64; WORDS],
         marker: [u8; 34],
     }
 
+    const WORDS: usize = 2;
+
     #[used]
     pub(super) static SWITCH: Switch = Switch {
-        on: AtomicU64::new(0),
+        on: [const { AtomicU64::new(0) }; WORDS],
         marker: *b"ENGINE-PLANTED-DEFECTS-COMPILED-IN",
     };
 
-    fn bit(d: Defect) -> u64 {
-        1u64.checked_shl(d as u32)
-            .expect("more planted defects than the switch has bits: widen it")
+    /// `d`'s word of the switch and its bit there.
+    fn bit(d: Defect) -> (&'static AtomicU64, u64) {
+        let i = d as usize;
+        let word = switch()
+            .on
+            .get(i / 64)
+            .expect("more planted defects than the switch has bits: widen it (WORDS)");
+        (word, 1u64 << (i % 64))
     }
 
     fn switch() -> &'static Switch {
@@ -310,16 +323,19 @@ mod switch {
     }
 
     pub(super) fn is(d: Defect) -> bool {
-        switch().on.load(Ordering::SeqCst) & bit(d) != 0
+        let (word, bit) = bit(d);
+        word.load(Ordering::SeqCst) & bit != 0
     }
 
     /// Turns `d` on; whether it was on already.
     pub(super) fn set(d: Defect) -> bool {
-        switch().on.fetch_or(bit(d), Ordering::SeqCst) & bit(d) != 0
+        let (word, bit) = bit(d);
+        word.fetch_or(bit, Ordering::SeqCst) & bit != 0
     }
 
     pub(super) fn clear(d: Defect) {
-        switch().on.fetch_and(!bit(d), Ordering::SeqCst);
+        let (word, bit) = bit(d);
+        word.fetch_and(!bit, Ordering::SeqCst);
     }
 
     #[allow(dead_code)]
@@ -425,5 +441,19 @@ mod tests {
         assert!(caught.is_err());
         assert!(!is(Defect::BatchUnmaskedPadding), "a panic left it on");
         assert_eq!(switch::marker(), b"ENGINE-PLANTED-DEFECTS-COMPILED-IN");
+    }
+
+    /// A defect past the first 64 sits in the switch's second word, apart from the one
+    /// 64 places before it.
+    #[test]
+    fn defects_past_64_have_their_own_bit() {
+        let (low, high) = (Defect::SpecKeepDraftTail, Defect::SsdListPartsUnchecked);
+        assert_eq!(
+            (low as usize, high as usize % 64),
+            (0, 0),
+            "pick another pair"
+        );
+        let _on = on(high).unwrap();
+        assert!(is(high) && !is(low));
     }
 }

@@ -322,8 +322,9 @@ fn wrapper_layout_errors_name_the_problem() {
 #[test]
 fn planted_shifted_conv_state_fails_l1_on_lfm2() {
     let _on = engine::plant::on(engine::plant::Defect::ShortConvStateShifted).unwrap();
-    // tiny-lfm2-conv-bias: attention first and last, a conv bias, kernel 4, no FF adjust.
-    for model in ["tiny-lfm2", "tiny-lfm2-conv-bias"] {
+    // tiny-lfm2-conv-bias: attention first and last, a conv bias, kernel 4, no FF adjust;
+    // tiny-lfm2-moe-mlx: lfm2_moe's conv layers with a drawn conv bias, kernel 4.
+    for model in ["tiny-lfm2", "tiny-lfm2-conv-bias", "tiny-lfm2-moe-mlx"] {
         assert_fails_at_prefill(&l1(model, None), &format!("{model}'s conv state shifted"));
     }
 }
@@ -376,14 +377,23 @@ fn planted_gated_norm_order_and_untied_head_fail_l1_on_falcon_h1() {
     }
 }
 
-/// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block, HF's layout): planted, the
-/// routed scaling left at 1, and the top k left unnormalized — each breaks every case's
-/// first logits.
+/// lfm2_moe (LFM2's layers with its sigmoid-routed sparse block): planted on tiny-lfm2-moe
+/// (HF's layout, expert_bias, renormalized, scaling 1.5), the routed scaling left at 1 and
+/// the top k left unnormalized; on tiny-lfm2-moe-mlx (MLX's layout, no expert_bias, two
+/// dense layers, scaling and top k as mlx-lm's defaults leave them, theta in
+/// `rope_parameters`), the top k renormalized, a scaling of 1.5 and the theta of the
+/// top-level default — each breaks every case's first logits.
 #[test]
 fn planted_router_defects_fail_l1_on_lfm2_moe() {
-    for plant in ["routed_scaling_factor=1.0", "norm_topk_prob=false"] {
-        let report = l1("tiny-lfm2-moe", Some(plant));
-        assert_fails_at_prefill(&report, &format!("lfm2_moe with {plant}"));
+    for (model, plant) in [
+        ("tiny-lfm2-moe", "routed_scaling_factor=1.0"),
+        ("tiny-lfm2-moe", "norm_topk_prob=false"),
+        ("tiny-lfm2-moe-mlx", "norm_topk_prob=true"),
+        ("tiny-lfm2-moe-mlx", "routed_scaling_factor=1.5"),
+        ("tiny-lfm2-moe-mlx", "rope_parameters.rope_theta=1000000.0"),
+    ] {
+        let report = l1(model, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{model} with {plant}"));
     }
 }
 
@@ -396,14 +406,39 @@ fn planted_late_decay_fails_l1_on_qwen3_5() {
     assert_fails_at_prefill(&l1("tiny-qwen3-5", None), "qwen3_5's decay one step late");
 }
 
-/// qwen3_5_moe (Qwen3-Next's sparse block with a gated shared expert, HF's fused experts):
-/// planted, one expert more per token, and the top k left unnormalized — each breaks every
-/// case's first logits.
+/// qwen3_5_moe (Qwen3-Next's sparse block with a gated shared expert): planted on
+/// tiny-qwen3-5-moe (HF's fused experts, flat config), one expert more per token and the top
+/// k left unnormalized; on tiny-qwen3-5-moe-mlx (mlx-community's layout under
+/// `text_config`, attention every second layer, the top k unnormalized, half the head
+/// rotated), the same extra expert, the top k renormalized and a quarter of the head
+/// rotated — each breaks every case's first logits.
 #[test]
 fn planted_expert_defects_fail_l1_on_qwen3_5_moe() {
-    for plant in ["num_experts_per_tok=3", "norm_topk_prob=false"] {
-        let report = l1("tiny-qwen3-5-moe", Some(plant));
-        assert_fails_at_prefill(&report, &format!("qwen3_5_moe with {plant}"));
+    for (model, plant) in [
+        ("tiny-qwen3-5-moe", "num_experts_per_tok=3"),
+        ("tiny-qwen3-5-moe", "norm_topk_prob=false"),
+        ("tiny-qwen3-5-moe-mlx", "text_config.num_experts_per_tok=3"),
+        ("tiny-qwen3-5-moe-mlx", "text_config.norm_topk_prob=true"),
+        (
+            "tiny-qwen3-5-moe-mlx",
+            "text_config.rope_parameters.partial_rotary_factor=0.25",
+        ),
+    ] {
+        let report = l1(model, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{model} with {plant}"));
+    }
+}
+
+/// Qwen 3.5 / Qwen3-Next checkpoints already in MLX's layout (mlx-community's: [C, K, 1]
+/// conv kernels, stacked experts, the (1 + w) norms stored with their 1): planted, the
+/// norms given their 1 again as if the checkpoint were Hugging Face's — every case fails at
+/// its first logits.
+#[test]
+fn planted_norm_offset_on_mlx_layout_fails_l1() {
+    let _on = engine::plant::on(engine::plant::Defect::HybridNormOffsetOnMlxLayout).unwrap();
+    for model in ["tiny-qwen3-5-moe-mlx", "tiny-qwen3-next-mlx"] {
+        let what = format!("{model}'s norms offset twice");
+        assert_fails_at_prefill(&l1(model, None), &what);
     }
 }
 
@@ -413,10 +448,23 @@ fn planted_expert_defects_fail_l1_on_qwen3_5_moe() {
 #[test]
 fn planted_flat_projection_order_fails_l1_on_qwen3_next() {
     let _on = engine::plant::on(engine::plant::Defect::GdnFusedOrderFlat).unwrap();
-    assert_fails_at_prefill(
-        &l1("tiny-qwen3-next", None),
-        "qwen3_next's projections split flat",
-    );
+    // tiny-qwen3-next-mlx: as many key heads as value heads (4), value heads of 8.
+    for model in ["tiny-qwen3-next", "tiny-qwen3-next-mlx"] {
+        let what = format!("{model}'s projections split flat");
+        assert_fails_at_prefill(&l1(model, None), &what);
+    }
+}
+
+/// qwen3_next's second config (tiny-qwen3-next-mlx: the sparse block on every second layer
+/// by `decoder_sparse_step`, attention every second layer with biases, half the head
+/// rotated, the top k unnormalized, tied): planted, the top k renormalized and a quarter of
+/// the head rotated — each breaks every case's first logits.
+#[test]
+fn planted_router_and_rope_defects_fail_l1_on_qwen3_next() {
+    for plant in ["norm_topk_prob=true", "partial_rotary_factor=0.25"] {
+        let report = l1("tiny-qwen3-next-mlx", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-qwen3-next-mlx with {plant}"));
+    }
 }
 
 /// mamba2 (Mamba-2 mixers only, a config with Python's `Infinity`): planted, the previous

@@ -422,12 +422,18 @@ mod tests {
             let wrapper = wrapper::WRAPPERS.contains(&config.model_type.as_str());
             // A wrapper's towers are dropped as it loads; its language model is what counts.
             // Qwen 3.5's checkpoints keep the text model under `model.language_model.` beside
-            // a vision tower its sanitize drops.
+            // a vision tower its sanitize drops, mlx-community's under `language_model.`.
             let stored: Vec<_> = stored(&dir)
                 .into_iter()
                 .filter(|(n, _)| !wrapper || n.starts_with("language_model."))
                 .filter(|(n, _)| !n.starts_with("model.visual."))
-                .map(|(n, s)| (n.replace("model.language_model.", "model."), s))
+                .map(|(n, s)| {
+                    let n = n.replace("model.language_model.", "model.");
+                    match n.strip_prefix("language_model.") {
+                        Some(text) if !wrapper => (text.to_owned(), s),
+                        _ => (n, s),
+                    }
+                })
                 .collect();
             assert_eq!(as_stored(&config, &expected, &stored), stored, "{name}");
             compared += 1;

@@ -293,7 +293,10 @@ fn sanitize(w: &mut Weights, tied: bool) -> Result<(), LoadError> {
     let hf_layout = w.remaining().iter().any(|n| {
         n.contains("conv1d.weight") && w.shape_of(n).is_some_and(|s| s.last() != Some(&1))
     });
-    hf_conv_and_norms(w, hf_layout)
+    hf_conv_and_norms(
+        w,
+        hf_layout || plant::is(Defect::HybridNormOffsetOnMlxLayout),
+    )
 }
 
 /// The (1 + w) RMSNorms Hugging Face's Qwen 3.5 / Qwen3-Next checkpoints store as w.

@@ -18,6 +18,7 @@ use super::qwen3_5::{self, Qwen35Args};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use crate::plant::{self, Defect};
 
 /// mlx-lm's `qwen3_next.ModelArgs`.
 #[derive(Debug, Clone, Deserialize)]
@@ -109,7 +110,7 @@ fn sanitize(w: &mut Weights, a: &Qwen3NextArgs) -> Result<(), LoadError> {
         .filter_map(|n| n.split('.').nth(2)?.parse().ok())
         .collect();
     // Stacked by `SwitchGlu::load`.
-    if moe_layers.is_empty() {
+    if moe_layers.is_empty() && !plant::is(Defect::HybridNormOffsetOnMlxLayout) {
         return Ok(());
     }
     w.discard(|n| n.contains("mtp."));
