@@ -8,13 +8,18 @@ stacked experts, `LoRALinear` on the router gate); and the hybrid families, also
 default keys: tiny-qwen3-5 (gated delta net + gated attention), tiny-qwen3-5-moe,
 tiny-qwen3-next (fused delta-net projections), tiny-lfm2 / tiny-lfm2-moe (short convolution +
 attention), tiny-mamba2 (Mamba-2 only), tiny-nemotron-h (Mamba-2, attention and MLP blocks),
-tiny-granite-h (Mamba-2 / attention + experts + shared MLP). Their recurrent mixers' linears
-get adapters (the delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj
-and out_proj); their conv1d is not a Linear and gets none.
+tiny-granite-h (Mamba-2 / attention + experts + shared MLP), tiny-nemotron-h-moe-grouped and
+the 4-bit tiny-nemotron-h-moe-q4 (Nemotron 3's `E` blocks: `LoRASwitchLinear` on
+switch_mlp.fc1 / fc2, `LoRALinear` on the latent projections and the shared expert; the
+router `gate` is mlx-lm's `MoEGate`, no Linear, so it gets none), tiny-falcon-h1 (Mamba-2 and
+attention side by side in every layer, SwiGLU `feed_forward`; the µP multipliers folded into
+the frozen weights by mlx-lm's sanitize). Their recurrent mixers' linears get adapters (the
+delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj and out_proj);
+their conv1d is not a Linear and gets none.
 
     oracles/.venv/bin/python oracles/gen_train.py [MODEL] [--out DIR]
 
-Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3 (NUM_LAYERS: tiny-gemma4 4, tiny-nemotron-h 5, …),
+Setup: `mx.random.seed(7)`; `model.freeze()`; `linear_to_lora_layers(model, 3 (NUM_LAYERS: tiny-gemma4 4, the nemotron_h ones 5, …),
 {rank 4, scale 20.0, dropout 0.0, keys: every linear of a block})` (the lora_a draws come from the
 seeded global RNG, lora_b is zero); AdamW(learning_rate 1e-3, weight_decay 0.01, mlx's
 default betas/eps). One batch of 2 chat sequences built as `iterate_batches` builds it
@@ -56,14 +61,16 @@ GEMMA4_EXTRA = ["per_layer_input_gate", "per_layer_projection"]
 EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
 # tiny-qwen3-moe: all 4, so the dense layer (mlp_only_layers [1]) is adapted too.
-# tiny-nemotron-h (M*-M-): all 5, so its one attention block is adapted too.
+# tiny-nemotron-h (M*-M-): all 5, so its one attention block is adapted too; the Nemotron 3
+# ones (ME*E-): all 5, so both `E` blocks and the Mamba-2 block are adapted.
 NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4,
-              "tiny-nemotron-h": 5}
+              "tiny-nemotron-h": 5, "tiny-nemotron-h-moe-grouped": 5, "tiny-nemotron-h-moe-q4": 5}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
 DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
                 "tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-lfm2", "tiny-lfm2-moe",
-                "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h"}
+                "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h", "tiny-nemotron-h-moe-grouped",
+                "tiny-nemotron-h-moe-q4", "tiny-falcon-h1"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

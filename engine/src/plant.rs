@@ -179,7 +179,8 @@ pub enum Defect {
     /// the LoRA training gate on the MoE fixtures (`tests/it/train_lora.rs`).
     SwitchLoraScaleTwice,
     /// LoRA on the hybrids: the recurrent mixers' input projections (the gated delta net's
-    /// `in_proj_*`, Mamba-2's and the short convolution's `in_proj`) are left out of the
+    /// `in_proj_*`, Mamba-2's — Falcon-H1's `mamba.in_proj` too — and the short
+    /// convolution's `in_proj`) are left out of the
     /// linears LoRA attaches to. Caught by the LoRA training gate on the hybrid fixtures
     /// (`tests/it/train_lora.rs`).
     RecurrentInProjLoraDropped,

@@ -3,19 +3,60 @@
 //! adapters loaded by us, on tiny-llama-trained, tiny-gemma3, tiny-gemma4, tiny-phi3, the
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
 //! qwen2_moe) and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
-//! nemotron_h, granitemoehybrid: adapters on their recurrent mixers' projections too).
+//! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
+//! adapters on their recurrent mixers' projections too).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
-//! experts' LoRA update scaled twice fails the MoE rows; the recurrent mixers' input
-//! projections left without adapters fail the hybrid rows.
+//! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
+//! input projections left without adapters fail every model with a recurrent state.
+//!
+//! The gate's models are its rows in goldens/models/manifest.json (`TRAIN.models()`); the
+//! plants' model sets are read from the same rows, by what each model is (its caches, its
+//! expert stacks), not kept here.
 
+use engine::cache::Cache;
+use engine::model::LanguageModel;
 use harness::parity::gates::{Plant, Tweak, TRAIN};
 
 const MODEL: &str = "tiny-llama-trained";
 
 fn assert_passes(model: &str) {
+    assert!(
+        TRAIN.models().contains(&model),
+        "{model}: not a model of the train gate (its manifest row lacks \"train\")"
+    );
     let r = TRAIN.run(model, None).unwrap();
     harness::announce(&r.summary());
     assert!(r.passed(), "{}", r.summary());
+}
+
+/// The gate's models (its manifest rows) of which `is` holds, each loaded to ask.
+fn trained_models_that(is: impl Fn(&dyn LanguageModel) -> bool) -> Vec<&'static str> {
+    let models: Vec<&'static str> = TRAIN
+        .models()
+        .iter()
+        .copied()
+        .filter(|m| {
+            let dir = harness::goldens::model_dir(m).unwrap();
+            is(engine::model::load(&dir).unwrap().as_ref())
+        })
+        .collect();
+    assert!(!models.is_empty(), "no model of the train gate qualifies");
+    models
+}
+
+/// A recurrent state among its caches (an `ArraysCache`, alone or in a layer's list).
+fn keeps_a_recurrent_state(m: &dyn LanguageModel) -> bool {
+    fn recurrent(c: &mut dyn Cache) -> bool {
+        c.as_arrays().is_some()
+            || c.sub_caches_mut()
+                .is_some_and(|parts| parts.iter_mut().any(|p| recurrent(p.as_mut())))
+    }
+    m.make_caches().iter_mut().any(|c| recurrent(c.as_mut()))
+}
+
+/// Stacked experts among its layers (`SwitchLinear`).
+fn has_experts(m: &dyn LanguageModel) -> bool {
+    !m.switch_linears().is_empty()
 }
 
 #[test]
@@ -61,107 +102,117 @@ fn lora_sft_steps_match_mlx_lm_on_the_gemma4_wrapper() {
 /// on the stacked experts (`LoRASwitchLinear`, one A/B pair per expert, gathered per routing
 /// entry; the 65-token batch takes the sorted path); qwen3_moe's dense layer, qwen2_moe's
 /// shared expert and its gate.
-const MOE: [&str; 4] = [
-    "tiny-qwen3-moe",
-    "tiny-mixtral",
-    "tiny-qwen2-moe",
-    "tiny-qwen3-moe-q4",
-];
-
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_moe() {
-    assert_passes(MOE[0]);
+    assert_passes("tiny-qwen3-moe");
 }
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_mixtral() {
-    assert_passes(MOE[1]);
+    assert_passes("tiny-mixtral");
 }
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen2_moe() {
-    assert_passes(MOE[2]);
+    assert_passes("tiny-qwen2-moe");
 }
 
 /// Affine 4-bit experts (`QuantizedSwitchLinear` under `LoRASwitchLinear`: gather_qmm, its
 /// gradient with respect to the input) and quantized attention.
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_quantized_qwen3_moe() {
-    assert_passes(MOE[3]);
+    assert_passes("tiny-qwen3-moe-q4");
 }
 
-/// The hybrids, with mlx-lm's default keys (every Linear and SwitchLinear of the last 3
-/// blocks; all 5 of tiny-nemotron-h's): LoRA on the recurrent mixers' projections — the
-/// gated delta net's `linear_attn.in_proj_{qkv,z,b,a}` / `out_proj` (Qwen3-Next's fused
-/// `in_proj_qkvz` / `in_proj_ba`), Mamba-2's `mixer.in_proj` / `out_proj` (Granite's
-/// `mamba.`), the short convolution's `conv.in_proj` / `out_proj`; never their conv1d (not a
-/// Linear). Gradients flow through the recurrences (the delta rule, the SSM scan, the
-/// causal convolution) over the 33-token batch, from a zero state.
-const HYBRIDS: [&str; 8] = [
-    "tiny-qwen3-5",
-    "tiny-qwen3-5-moe",
-    "tiny-qwen3-next",
-    "tiny-lfm2",
-    "tiny-lfm2-moe",
-    "tiny-mamba2",
-    "tiny-nemotron-h",
-    "tiny-granite-h",
-];
+// The hybrids, with mlx-lm's default keys (every Linear and SwitchLinear of the last 3
+// blocks; all 5 of the nemotron_h ones): LoRA on the recurrent mixers' projections — the
+// gated delta net's `linear_attn.in_proj_{qkv,z,b,a}` / `out_proj` (Qwen3-Next's fused
+// `in_proj_qkvz` / `in_proj_ba`), Mamba-2's `mixer.in_proj` / `out_proj` (Granite's and
+// Falcon-H1's `mamba.`), the short convolution's `conv.in_proj` / `out_proj`; never their
+// conv1d (not a Linear). Gradients flow through the recurrences (the delta rule, the SSM
+// scan, the causal convolution) over the 33-token batch, from a zero state.
 
 /// Gated delta nets and gated attention; adapters under `language_model.` as mlx-lm's
 /// qwen3_5 `Model` holds its text model.
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_5() {
-    assert_passes(HYBRIDS[0]);
+    assert_passes("tiny-qwen3-5");
 }
 
 /// With the sparse block: the router gate, the stacked experts, the shared expert and its
 /// gate.
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_5_moe() {
-    assert_passes(HYBRIDS[1]);
+    assert_passes("tiny-qwen3-5-moe");
 }
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_next() {
-    assert_passes(HYBRIDS[2]);
+    assert_passes("tiny-qwen3-next");
 }
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_lfm2() {
-    assert_passes(HYBRIDS[3]);
+    assert_passes("tiny-lfm2");
 }
 
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_lfm2_moe() {
-    assert_passes(HYBRIDS[4]);
+    assert_passes("tiny-lfm2-moe");
 }
 
 /// Mamba-2 alone (`backbone.layers.{i}.mixer.…`).
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_mamba2() {
-    assert_passes(HYBRIDS[5]);
+    assert_passes("tiny-mamba2");
 }
 
 /// Mamba-2, attention and MLP blocks, each its `mixer`.
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_nemotron_h() {
-    assert_passes(HYBRIDS[6]);
+    assert_passes("tiny-nemotron-h");
 }
 
 /// Mamba-2 / attention, the experts with their router's `layer` and the shared MLP.
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_granitemoehybrid() {
-    assert_passes(HYBRIDS[7]);
+    assert_passes("tiny-granite-h");
+}
+
+/// Nemotron 3's `E` blocks (pattern ME*E-, every block adapted): `LoRASwitchLinear` on the
+/// expert stacks `switch_mlp.fc1` / `fc2` (ReLU², 8 experts top 2, two groups of which one
+/// is kept: the routing's gradient flows through the σ scores of the chosen experts), LoRA on
+/// the latent projections (`moe_latent_size` 32) and the shared expert; the router's `gate`
+/// (mlx-lm's `MoEGate`, no Linear) gets none. float32: MLX's CPU gather_mm takes no bf16.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_nemotron_h_moe_blocks() {
+    assert_passes("tiny-nemotron-h-moe-grouped");
+}
+
+/// QLoRA on the `E` blocks: affine 4-bit expert stacks (`QuantizedSwitchLinear` under
+/// `LoRASwitchLinear`: gather_qmm), no latent projection, and the quantized Mamba-2,
+/// attention and MLP blocks.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_quantized_nemotron_h_moe() {
+    assert_passes("tiny-nemotron-h-moe-q4");
+}
+
+/// Falcon-H1: every layer's Mamba-2 (`mamba.in_proj` / `out_proj`) and attention
+/// (`self_attn.*`) side by side on one normed input, then the SwiGLU `feed_forward`; the µP
+/// multipliers folded into the frozen weights at load (bf16), the tied head's logit
+/// multiplier after the adapters' outputs.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_falcon_h1() {
+    assert_passes("tiny-falcon-h1");
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at
 /// zero, so step 0 still matches; from step 1 mlx-lm's updated in_proj adapters change the
-/// loss.
+/// loss. Every model of the gate with a recurrent state fails.
 #[test]
 fn planted_recurrent_in_proj_lora_dropped_fails_the_hybrid_rows() {
     let plant = Plant::Engine(engine::plant::Defect::RecurrentInProjLoraDropped);
-    for model in HYBRIDS {
+    for model in trained_models_that(keeps_a_recurrent_state) {
         let r = TRAIN.run(model, Some(&plant)).unwrap();
         println!(
             "{model}: planted in_proj LoRA dropped caught: {}",
@@ -172,11 +223,14 @@ fn planted_recurrent_in_proj_lora_dropped_fails_the_hybrid_rows() {
 }
 
 /// Planted: the experts' LoRA update scaled twice. B starts at zero, so step 0's loss
-/// still matches; its gradients (of B, through scale²) already do not.
+/// still matches; its gradients (of B, through scale²) already do not. Every model of the
+/// gate with expert stacks fails (the hybrids' too: qwen3_5_moe, lfm2_moe, granitemoehybrid,
+/// nemotron_h's `E` blocks).
 #[test]
 fn planted_switch_lora_scale_twice_fails_the_moe_rows() {
+    let models = trained_models_that(has_experts);
     let _on = engine::plant::on(engine::plant::Defect::SwitchLoraScaleTwice).unwrap();
-    for model in MOE {
+    for model in models {
         let r = TRAIN.run(model, None).unwrap();
         println!("{model}: planted switch-LoRA scale caught: {}", r.summary());
         assert!(!r.passed(), "{model}");

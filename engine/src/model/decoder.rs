@@ -568,8 +568,17 @@ impl LanguageModel for Decoder {
 
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
         let mut all = Vec::new();
+        if !self.lora {
+            return Vec::new();
+        }
         for (i, l) in self.layers.iter().enumerate() {
-            for (n, s) in l.ffn.iter().flat_map(|f| f.switches(self.ffn_module)) {
+            let mixer = l
+                .mixer
+                .switches()
+                .into_iter()
+                .map(|(n, s)| (n.to_owned(), s));
+            let ffn = l.ffn.iter().flat_map(|f| f.switches(self.ffn_module));
+            for (n, s) in mixer.chain(ffn) {
                 all.push((self.lora_path(i, &n), s));
             }
         }

@@ -315,8 +315,14 @@ impl Mixer for Parallel {
         ]))
     }
 
+    /// LoRA's targets, as mlx-lm's default keys take them: the SSM branch's `mamba.in_proj`
+    /// and `mamba.out_proj` (not its conv1d), then attention's four projections. (Not
+    /// `recurrent()`: the layer reads the attention mask; so the decoder's planted
+    /// `RecurrentInProjLoraDropped` is applied here, to the SSM branch's in_proj.)
     fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let planted = plant::is(Defect::RecurrentInProjLoraDropped);
         let mut all = self.ssm.linears();
+        all.retain(|(n, _)| !(planted && n.contains(".in_proj")));
         all.extend(self.attn.linears());
         all
     }

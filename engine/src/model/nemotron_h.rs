@@ -16,7 +16,10 @@
 //!        y = fc2_latent_proj(y) (with the latent) + shared_experts(x) (with n_shared_experts)
 //!   logits = lm_head(norm_f(h))               (never tied)
 //!
-//! A model with `E` blocks takes no LoRA (not gated on them: refused by name).
+//! LoRA takes mlx-lm's default keys in every kind of block, `E` included: the expert
+//! stacks `mixer.switch_mlp.fc1` / `fc2` (`LoRASwitchLinear`: one pair per expert), the
+//! latent projections and the shared expert's linears; never the router's `gate` (mlx-lm's
+//! `MoEGate` is no Linear) nor the Mamba-2 mixer's conv1d.
 //!
 //! The pattern may come as `layers_block_type` / `layer_types` names instead (mapped as
 //! mlx-lm maps them). Names are the `backbone.` ones; mlx-lm's sanitize runs at load as in
@@ -34,7 +37,7 @@ use serde_json::Value;
 use super::decoder::{Built, Decoder, Dims, Mixer, NamedAttention, Names, Style};
 use super::layers::{compiled_shapeless, Attention, CompiledFn, Linear, Rope};
 use super::mamba2::sanitize_conv;
-use super::moe::{combine, stack_experts, Gate, GroupedTopK, Router, SwitchMlp};
+use super::moe::{combine, stack_experts, Gate, GroupedTopK, Router, SwitchLinear, SwitchMlp};
 use super::moe_family::check_top_k;
 use super::shard::Part;
 use super::ssm::{GatedNorm, Mamba2Mixer, SsmShape};
@@ -329,10 +332,28 @@ impl Mixer for MoeBlock {
         true
     }
 
-    /// None: a model with `E` blocks takes no LoRA (the decoder's `Style::lora` is off), so
-    /// its linears are never listed.
+    /// mlx-lm's default LoRA keys in an `E` block: the latent projections and the shared
+    /// expert's two linears. The router's `gate` is a plain module (`MoEGate`), not a
+    /// Linear, so `linear_to_lora_layers` leaves it alone, and so do we.
     fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        Vec::new()
+        let mut all = Vec::new();
+        if let Some((fc1, fc2)) = &self.latent {
+            all.push(("mixer.fc1_latent_proj", fc1));
+            all.push(("mixer.fc2_latent_proj", fc2));
+        }
+        if let Some(shared) = &self.shared_experts {
+            all.push(("mixer.shared_experts.up_proj", &shared.up_proj));
+            all.push(("mixer.shared_experts.down_proj", &shared.down_proj));
+        }
+        all
+    }
+
+    /// The experts' stacks (`SwitchLinear`, so `LoRASwitchLinear` in mlx-lm's trainer).
+    fn switches(&self) -> Vec<(&'static str, &SwitchLinear)> {
+        vec![
+            ("mixer.switch_mlp.fc1", &self.experts.fc1),
+            ("mixer.switch_mlp.fc2", &self.experts.fc2),
+        ]
     }
 
     fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
@@ -426,9 +447,6 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     };
     let style = Style {
         names: Names::BACKBONE,
-        // LoRA on the `E` blocks (their expert stacks and shared experts, as mlx-lm's
-        // trainer would attach it) is not gated: a model with them takes none.
-        lora: !has_moe,
         ..Style::default()
     };
     Decoder::load_styled(config, w, dims, style, |w, p, i| {

@@ -195,11 +195,12 @@ pub static FAMILIES: &[Family] = &[
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
-    // the recurrent mixers' projections, never their conv1d) gated against mlx-lm's trainer
-    // (tests/it/train_lora.rs, bit-exact on every one), segmented backward against the
-    // whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert gated
+    // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
+    // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
+    // trainer (tests/it/train_lora.rs, bit-exact on every one), segmented backward against
+    // the whole-model one (engine/tests/it/segmented.rs, train_families.rs). Convert gated
     // against mlx_lm.convert (engine/tests/it/convert.rs) for every one of them (nemotron_h
-    // with its `E` blocks too, which the engine does not run). Tensor and pipeline parallel where mlx-lm 0.32.2
+    // with its `E` blocks too). Tensor and pipeline parallel where mlx-lm 0.32.2
     // has them (qwen3_5 and qwen3_5_moe both, qwen3_next pipeline only), gated against
     // mlx-lm's sharded runs (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
     Family {
@@ -255,11 +256,13 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("granitemoehybrid", granitemoehybrid)
     },
-    // LoRA (so segmented training) is not gated against mlx-lm's trainer for its parallel
-    // attention + SSM layers; convert is (its µP multipliers folded as mlx-lm's sanitize
-    // folds them); mlx-lm does not shard it.
+    // Its parallel Mamba-2 + attention layers take LoRA on both branches' projections and
+    // the SwiGLU's (the µP multipliers already folded into the frozen weights, as mlx-lm's
+    // sanitize folds them), gated like the hybrids above; mlx-lm does not shard it.
     Family {
+        lora: true,
         convert: true,
+        segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
 ];

@@ -148,8 +148,7 @@ fn select<'m>(
 fn refusal(model_type: &str) -> String {
     format!(
         "LoRA is not available for this `{model_type}` model yet (LoRA is available for {}; \
-         not yet for the mixture-of-experts blocks of Gemma 4 and of Nemotron 3, nemotron_h's \
-         `E`)",
+         not yet for Gemma 4's mixture-of-experts block)",
         crate::model::registry::names(|f| f.lora)
     )
 }

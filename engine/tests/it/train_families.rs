@@ -136,13 +136,15 @@ fn segmented_training_gives_the_same_adapters_on_the_new_families() {
 
 /// The hybrids from the CLI: `engine train` with mlx-lm's default keys puts adapters on
 /// the recurrent mixers' projections under mlx-lm's names (qwen3_5's under
-/// `language_model.`, Mamba-2's and Nemotron-H's under `backbone.`), `--segment-size 1`
-/// writes the same adapters byte for byte, and `generate --adapter-path` loads them.
+/// `language_model.`, Mamba-2's and Nemotron-H's under `backbone.`, Nemotron 3's expert
+/// stacks one pair per expert, Falcon-H1's under `mamba.` beside `self_attn.`),
+/// `--segment-size 1` writes the same adapters byte for byte, and `generate --adapter-path`
+/// loads them.
 #[test]
 fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
     let dir = tempfile::tempdir().unwrap();
     // (model, a name its adapters must have with its lora_a shape)
-    let cases: [(&str, &str, &[i32]); 8] = [
+    let cases: [(&str, &str, &[i32]); 10] = [
         (
             "tiny-qwen3-5",
             "language_model.model.layers.0.linear_attn.in_proj_qkv.lora_a",
@@ -176,6 +178,17 @@ fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
         ),
         (
             "tiny-granite-h",
+            "model.layers.0.mamba.in_proj.lora_a",
+            &[64, 8],
+        ),
+        // Nemotron 3's `E` block: one A per expert over the latent width (32).
+        (
+            "tiny-nemotron-h-moe-grouped",
+            "backbone.layers.1.mixer.switch_mlp.fc1.lora_a",
+            &[8, 8, 32],
+        ),
+        (
+            "tiny-falcon-h1",
             "model.layers.0.mamba.in_proj.lora_a",
             &[64, 8],
         ),
@@ -308,7 +321,9 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-phi3",
         "tiny-gemma3-mm",
     ];
-    let models: Vec<&str> = others.into_iter().chain(common::HYBRIDS).collect();
+    let hybrids = crate::segmented::trained_hybrids();
+    let hybrids = hybrids.iter().map(String::as_str);
+    let models: Vec<&str> = others.into_iter().chain(hybrids).collect();
     for &name in &models {
         let gap = segmented_gap(name);
         println!("{name}: segmented vs whole max gradient gap {gap:e}");
@@ -323,16 +338,14 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
 }
 
 /// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
-/// (not gated against mlx-lm's trainer: the registry refuses it), Gemma 4 with its
-/// mixture-of-experts block and nemotron_h with Nemotron 3's `E` blocks (no adaptable layers
-/// listed).
+/// (not gated against mlx-lm's trainer: the registry refuses it) and Gemma 4 with its
+/// mixture-of-experts block (no adaptable layers listed).
 #[test]
 fn lora_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
     for (model, model_type) in [
         ("tiny-gemma4-moe", "gemma4_text"),
         ("tiny-gpt-oss", "gpt_oss"),
-        ("tiny-nemotron-h-moe-grouped", "nemotron_h"),
     ] {
         let out = dir.path().join(model);
         let refused = train(model, &out, &[]);

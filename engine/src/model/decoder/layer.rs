@@ -44,6 +44,12 @@ pub trait Mixer {
     /// Its linears under mlx-lm's names within the layer (`self_attn.q_proj`), in the
     /// order LoRA attaches to them.
     fn linears(&self) -> Vec<(&'static str, &Linear)>;
+    /// Its stacks of experts under mlx-lm's names within the layer, after its linears in
+    /// LoRA's order (Nemotron 3's `E` blocks, a mixture of experts in the mixer's place:
+    /// `mixer.switch_mlp.fc1`); none for a mixer without experts.
+    fn switches(&self) -> Vec<(&'static str, &SwitchLinear)> {
+        Vec::new()
+    }
     /// Keeps this rank's part (tensor parallel); `layer` is the layer's checkpoint prefix.
     fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError>;
     /// KV sharing, the lender's side: the forward, and the K/V it attended over with the

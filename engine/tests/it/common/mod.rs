@@ -24,7 +24,8 @@ pub const HYBRIDS: [&str; 8] = [
 
 /// The hybrids whose layers keep a `CacheList` (falcon_h1: a Mamba-2 state beside K/V in
 /// every layer, mlx-lm's `CacheList(ArraysCache(2), KVCache())`). Apart from `HYBRIDS`
-/// because only the caches' gates take them (LoRA and segments refuse falcon_h1).
+/// because the caches' gates treat a list apart (LoRA and segmented backward take falcon_h1
+/// through the train gate's manifest rows, engine/tests/it/segmented.rs).
 pub const LIST_HYBRIDS: [&str; 1] = ["tiny-falcon-h1"];
 
 /// The committed goldens directory.
