@@ -38,16 +38,19 @@ const SLIDING: [&str; 4] = [
 
 /// The hybrids of the gate: their recurrent layers' states (`ArraysCache`) are batched
 /// beside attention layers — gated delta nets (qwen3_5, its MoE, qwen3_next), short
-/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid), a Mamba-2
-/// mixer beside attention in every layer (falcon_h1: one `CacheList` per layer, batched part
-/// by part) — or alone (mamba2, which has no attention layer and so no padding to mask).
-const HYBRID: [&str; 9] = [
+/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid; Nemotron 3's
+/// mixture-of-experts `E` blocks in tiny-nemotron-h-moe-q4, which keep no cache and route
+/// each row's tokens on their own, through 4-bit experts), a Mamba-2 mixer beside attention
+/// in every layer (falcon_h1: one `CacheList` per layer, batched part by part) — or alone
+/// (mamba2, which has no attention layer and so no padding to mask).
+const HYBRID: [&str; 10] = [
     "tiny-qwen3-5",
     "tiny-qwen3-5-moe",
     "tiny-qwen3-next",
     "tiny-lfm2",
     "tiny-lfm2-moe",
     "tiny-nemotron-h",
+    "tiny-nemotron-h-moe-q4",
     "tiny-granite-h",
     "tiny-falcon-h1",
     "tiny-mamba2",
