@@ -63,7 +63,9 @@ pub enum Defect {
     /// `harness parity --tier l3 --plant perf-path`).
     PerfDecodeDropsNewest,
     /// The batch cache's mask forgets the left padding (rows attend to pad positions).
-    /// Caught by the B=N batch gate (`tests/it/batch_decode.rs`).
+    /// Caught by the B=N batch gate (`tests/it/batch_decode.rs`) and, in a server process
+    /// (`ENGINE_PLANT`), by falcon_h1's batch lane through `engine serve`
+    /// (`engine/tests/it/serve.rs`).
     BatchUnmaskedPadding,
     /// The batched sliding-window cache's mask is not rolled with the ring once it has
     /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
@@ -383,6 +385,7 @@ pub fn on_from_env() -> Result<(), String> {
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,
+            "BatchUnmaskedPadding" => Defect::BatchUnmaskedPadding,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.
