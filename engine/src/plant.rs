@@ -144,7 +144,8 @@ pub enum Defect {
     /// Nemotron 3's router (`group_expert_select`): the experts' weights are read from the
     /// scores with `e_score_correction_bias` added, not from the unbiased scores (the bias
     /// meant for the choice only). Caught by the L1 gate on the tiny-nemotron-h-moe
-    /// fixtures (`tests/it/l1_models.rs`).
+    /// fixtures (`tests/it/l1_models.rs`) and by the B=N gate on tiny-nemotron-h-moe-q4
+    /// (`tests/it/batch_decode.rs`).
     MoeCorrectionBiasWeighted,
     /// Multimodal wrappers (`gemma3`, `gemma4`): the language model's prefix is kept in the
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
