@@ -35,6 +35,11 @@ from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, generate_step
 
 from provenance import TensorFile, golden_dir, provenance, resolve, write_json
+from make_moe import patch_gather_qmm
+
+# Quantized experts (tiny-nemotron-h-moe-q4's QuantizedSwitchLinear) on MLX 0.32.2: mlx-lm
+# passes gather_qmm a `global_scale` keyword this MLX lacks (see make_moe.py).
+patch_gather_qmm()
 
 SCENARIOS = {
     "b2": [(0, "raw1", 16), (0, "chat1", 16)],

@@ -63,7 +63,9 @@ pub enum Defect {
     /// `harness parity --tier l3 --plant perf-path`).
     PerfDecodeDropsNewest,
     /// The batch cache's mask forgets the left padding (rows attend to pad positions).
-    /// Caught by the B=N batch gate (`tests/it/batch_decode.rs`).
+    /// Caught by the B=N batch gate (`tests/it/batch_decode.rs`) and, in a server process
+    /// (`ENGINE_PLANT`), by falcon_h1's batch lane through `engine serve`
+    /// (`engine/tests/it/serve.rs`).
     BatchUnmaskedPadding,
     /// The batched sliding-window cache's mask is not rolled with the ring once it has
     /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
@@ -142,7 +144,8 @@ pub enum Defect {
     /// Nemotron 3's router (`group_expert_select`): the experts' weights are read from the
     /// scores with `e_score_correction_bias` added, not from the unbiased scores (the bias
     /// meant for the choice only). Caught by the L1 gate on the tiny-nemotron-h-moe
-    /// fixtures (`tests/it/l1_models.rs`).
+    /// fixtures (`tests/it/l1_models.rs`) and by the B=N gate on tiny-nemotron-h-moe-q4
+    /// (`tests/it/batch_decode.rs`).
     MoeCorrectionBiasWeighted,
     /// Multimodal wrappers (`gemma3`, `gemma4`): the language model's prefix is kept in the
     /// tensor names (`language_model.model.…` read as the text family's `model.…`). Caught
@@ -400,6 +403,7 @@ pub fn on_from_env() -> Result<(), String> {
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,
+            "BatchUnmaskedPadding" => Defect::BatchUnmaskedPadding,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

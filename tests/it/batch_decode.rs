@@ -12,7 +12,8 @@
 //! scenarios over 4-bit quantized KV against each row's single-sequence
 //! `generate_step(kv_bits=4)` run. Planted defects: a mask that forgets the left padding
 //! fails every model with attention layers; a router that keeps the wrong experts fails every
-//! MoE family; a sliding-window mask not rolled with the ring fails gemma3; recurrent states
+//! MoE family, one that weighs Nemotron 3's experts by their biased scores fails its `E`
+//! blocks (tiny-nemotron-h-moe-q4); a sliding-window mask not rolled with the ring fails gemma3; recurrent states
 //! that keep their first rows when a row leaves fail every hybrid; zeroed biases of new
 //! quantized positions fail the quantized gate. Models with other caches (dynamic RoPE, …),
 //! and quantized KV on a hybrid, are refused by the batch lane by name.
@@ -38,16 +39,19 @@ const SLIDING: [&str; 4] = [
 
 /// The hybrids of the gate: their recurrent layers' states (`ArraysCache`) are batched
 /// beside attention layers — gated delta nets (qwen3_5, its MoE, qwen3_next), short
-/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid), a Mamba-2
-/// mixer beside attention in every layer (falcon_h1: one `CacheList` per layer, batched part
-/// by part) — or alone (mamba2, which has no attention layer and so no padding to mask).
-const HYBRID: [&str; 9] = [
+/// convolutions (lfm2, its MoE), Mamba-2 mixers (nemotron_h, granitemoehybrid; Nemotron 3's
+/// mixture-of-experts `E` blocks in tiny-nemotron-h-moe-q4, which keep no cache and route
+/// each row's tokens on their own, through 4-bit experts), a Mamba-2 mixer beside attention
+/// in every layer (falcon_h1: one `CacheList` per layer, batched part by part) — or alone
+/// (mamba2, which has no attention layer and so no padding to mask).
+const HYBRID: [&str; 10] = [
     "tiny-qwen3-5",
     "tiny-qwen3-5-moe",
     "tiny-qwen3-next",
     "tiny-lfm2",
     "tiny-lfm2-moe",
     "tiny-nemotron-h",
+    "tiny-nemotron-h-moe-q4",
     "tiny-granite-h",
     "tiny-falcon-h1",
     "tiny-mamba2",
@@ -184,6 +188,20 @@ fn planted_moe_top_k_off_by_one_fails_the_batched_gate() {
         );
         assert!(!r.passed(), "{model}");
     }
+}
+
+/// Nemotron 3's router (sigmoid scores, a correction bias for the choice only, grouped
+/// top-k) batched: the rows' tokens route on their own, and a router that weighs the experts
+/// by the biased scores fails the batched gate too.
+#[test]
+fn planted_biased_expert_weights_fail_the_batched_gate() {
+    let _on = engine::plant::on(engine::plant::Defect::MoeCorrectionBiasWeighted).unwrap();
+    let r = run("tiny-nemotron-h-moe-q4", "b4", None);
+    println!(
+        "planted correction-bias defect caught on tiny-nemotron-h-moe-q4: {}",
+        r.summary()
+    );
+    assert!(!r.passed());
 }
 
 /// The batch lane's refusal, as `Batch::join` gives it (`engine serve --batch N` sends

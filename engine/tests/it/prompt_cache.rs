@@ -81,17 +81,23 @@ fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
 }
 
 /// The hybrids (recurrent states in ArraysCaches beside K/V caches, or with them in one
-/// layer's CacheList in falcon_h1): a recurrent state cannot be trimmed, so an entry is
-/// reused only where the next prompt extends exactly the tokens it holds (as
-/// mlx_lm.server does), and then continues bit-identically.
+/// layer's CacheList in falcon_h1, or beside Nemotron 3's cacheless mixture-of-experts
+/// blocks): a recurrent state cannot be trimmed, so an entry is reused only where the next
+/// prompt extends exactly the tokens it holds (as mlx_lm.server does), and then continues
+/// bit-identically.
 #[test]
 fn a_cache_hit_continues_bit_identically_on_the_hybrids() {
-    for name in common::HYBRIDS.into_iter().chain(common::LIST_HYBRIDS) {
+    for name in common::HYBRIDS
+        .into_iter()
+        .chain(common::LIST_HYBRIDS)
+        .chain(common::MOE_BLOCK_HYBRIDS)
+    {
         assert!(continuation_matches_fresh(name, false), "{name}");
     }
     // Planted: one token more claimed than the states consumed.
-    assert!(!continuation_matches_fresh("tiny-qwen3-5", true));
-    assert!(!continuation_matches_fresh("tiny-falcon-h1", true));
+    for name in ["tiny-qwen3-5", "tiny-falcon-h1", "tiny-nemotron-h-moe-q4"] {
+        assert!(!continuation_matches_fresh(name, true), "{name}");
+    }
 }
 
 #[test]

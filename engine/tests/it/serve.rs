@@ -7,6 +7,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -774,6 +775,77 @@ fn a_model_the_batch_lane_cannot_take_says_why() {
 /// leaving at their limits — answer exactly as the serial lane does.
 #[test]
 fn a_hybrid_model_takes_the_batch_lane() {
+    let run = hybrid_batch_lane("tiny-qwen3-5", &[8, 2], &[]);
+    assert_eq!(run.batched, run.alone, "batch lane vs serial lane");
+    assert_eq!(run.stayer_batched, run.stayer_alone, "the row left behind");
+}
+
+/// falcon_h1 (a Mamba-2 state beside K/V in every layer's `CacheList`, batched part by
+/// part) through `engine serve --batch`: concurrent requests with different prompts, joining
+/// a running batch and leaving it at different steps, each answer (text and per-token
+/// log-probabilities) equal to the same request answered alone (greedy); a row that stays
+/// when the row before it leaves decodes on as it does alone. Planted: a batch mask that
+/// forgets the left padding (`BatchUnmaskedPadding`, in the server process).
+#[test]
+fn falcon_h1_takes_the_batch_lane_through_the_server() {
+    let run = hybrid_batch_lane("tiny-falcon-h1", &[6, 2], &[]);
+    assert_eq!(run.batched, run.alone, "batch lane vs serial lane");
+    assert_eq!(run.stayer_batched, run.stayer_alone, "the row left behind");
+    for (answer, n) in run.alone.iter().zip([12, 7, 16, 9]) {
+        assert_eq!(
+            answer["logprobs"].as_array().map(Vec::len),
+            Some(n),
+            "{answer}"
+        );
+    }
+    // The state-rows plant (the row left behind decoding on the leaver's state) moves this
+    // model's logits by 2e-3 at most (the in-process gate: 20/35 vectors, ids all equal),
+    // below the bf16 log-probabilities' resolution; a mask that forgets the left padding
+    // (5.9e-2) shows.
+    let planted = hybrid_batch_lane(
+        "tiny-falcon-h1",
+        &[6, 2],
+        &[("ENGINE_PLANT", "BatchUnmaskedPadding")],
+    );
+    assert_eq!(planted.alone, run.alone);
+    let differ = (planted.batched.iter().zip(&planted.alone))
+        .filter(|(b, a)| b != a)
+        .count();
+    let same = (planted.stayer_batched.iter())
+        .zip(&planted.stayer_alone)
+        .take_while(|(b, a)| b == a)
+        .count();
+    println!(
+        "planted unmasked padding: {differ} of 4 concurrent answers differ; the row left \
+         behind follows its lone run for {same} of {} tokens",
+        planted.stayer_alone.len()
+    );
+    assert!(
+        differ > 0 || same < planted.stayer_alone.len(),
+        "the planted defect went unseen"
+    );
+}
+
+/// The answers of one hybrid-lane run: each request's text and per-token log-probabilities
+/// (the sampled id's, as f32) answered alone (the serial lane), and the same requests sent
+/// at once to a batch lane; and the per-token log-probabilities of a row left behind
+/// ([`a_row_left_behind`]) on the batch lane, and of its request answered alone.
+struct LaneRun {
+    alone: Vec<Value>,
+    batched: Vec<Value>,
+    stayer_alone: Vec<Value>,
+    stayer_batched: Vec<Value>,
+}
+
+/// Four /v1/completions requests (different prompts and limits, `logprobs: 1`: the random
+/// tiny models' greedy texts often repeat one token whatever the state, their
+/// log-probabilities never do) on `model`, first one at a
+/// time on a serial server, then all at once on a `--batch 5 --prefill-step-size 4` server
+/// (its environment `env`) while a stream decodes there (`eos`: the model's EOS ids, biased
+/// away so that the stream runs until its client leaves): the requests join a running batch
+/// for certain. Checks the batch lane's /stats (it took the model, rows shared a step, none
+/// failed, the leaving stream was cancelled). Then [`a_row_left_behind`] on the same servers.
+fn hybrid_batch_lane(model: &str, eos: &[u32], env: &[(&str, &str)]) -> LaneRun {
     let bodies: Vec<Value> = [
         ("The little robot", 12),
         ("On Friday the robot went to the market.", 7),
@@ -781,37 +853,43 @@ fn a_hybrid_model_takes_the_batch_lane() {
         ("Question: What color is the grass? Answer:", 9),
     ]
     .iter()
-    .map(|(p, n)| json!({"prompt": p, "max_tokens": n}))
+    .map(|(p, n)| json!({"prompt": p, "max_tokens": n, "logprobs": 1}))
     .collect();
-    let text = |r: &Value| r["choices"][0]["text"].as_str().unwrap_or("").to_owned();
-    let serial = serve_model("tiny-qwen3-5", &[]);
-    let expected: Vec<String> = bodies
+    let text = |r: &Value| {
+        let c = &r["choices"][0];
+        json!({"text": c["text"], "logprobs": c["logprobs"]["content"]})
+    };
+    let serial = serve_model(model, &[]);
+    let alone: Vec<Value> = bodies
         .iter()
         .map(|b| text(&post(serial.port, "/v1/completions", b).1))
         .collect();
-    drop(serial);
-    let batched = serve_model(
-        "tiny-qwen3-5",
+    let batched = common::server::serve_dir_with_env(
+        &common::goldens().join("models").join(model),
         &["--batch", "5", "--prefill-step-size", "4"],
+        env,
     );
     let port = batched.port;
-    // A stream that runs until its client leaves (EOS ids 8 and 2 biased away): the
-    // requests below join a running batch for certain.
+    let bias: serde_json::Map<String, Value> =
+        eos.iter().map(|id| (id.to_string(), json!(-100))).collect();
     let conn = open_stream(
         port,
         json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
-               "logit_bias": {"8": -100, "2": -100}}),
+               "logit_bias": bias}),
     );
     let handles: Vec<_> = bodies
         .iter()
         .cloned()
         .map(|b| std::thread::spawn(move || post(port, "/v1/completions", &b)))
         .collect();
-    for (h, want) in handles.into_iter().zip(&expected) {
-        let (code, r) = h.join().unwrap();
-        assert_eq!(code, 200, "{r}");
-        assert_eq!(&text(&r), want, "batch lane vs serial lane");
-    }
+    let batched_answers = handles
+        .into_iter()
+        .map(|h| {
+            let (code, r) = h.join().unwrap();
+            assert_eq!(code, 200, "{model}: {r}");
+            text(&r)
+        })
+        .collect();
     drop(conn);
     let st = wait_for(
         port,
@@ -819,19 +897,118 @@ fn a_hybrid_model_takes_the_batch_lane() {
         Duration::from_secs(60),
         |st| st["cancelled"] == 1 && st["running"] == 0,
     );
-    assert_eq!(st["lanes"]["batch_slots"], 5, "{st}");
-    assert!(st["lanes"]["serial_reason"].is_null(), "{st}");
-    assert_eq!(st["failed"], 0, "{st}");
+    assert_eq!(st["lanes"]["batch_slots"], 5, "{model}: {st}");
+    assert!(st["lanes"]["serial_reason"].is_null(), "{model}: {st}");
+    assert_eq!(st["failed"], 0, "{model}: {st}");
     assert!(
         st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 2,
-        "rows never shared a step: {st}"
+        "{model}: rows never shared a step: {st}"
     );
+    let (stayer_batched, stayer_alone) = a_row_left_behind(port, serial.port, &bias);
+    LaneRun {
+        alone,
+        batched: batched_answers,
+        stayer_alone,
+        stayer_batched,
+    }
+}
+
+/// A stream that runs until its client leaves (`bias`: EOS ids biased away), and one that
+/// joins the batch after it (its row after the first): once the second decodes, the first
+/// client leaves; when /stats counts it cancelled, the second is read for 8 tokens more. Its
+/// per-token log-probabilities, and those of the same request answered alone by the serial
+/// server on `serial`.
+fn a_row_left_behind(
+    port: u16,
+    serial: u16,
+    bias: &serde_json::Map<String, Value>,
+) -> (Vec<Value>, Vec<Value>) {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use std::sync::Arc;
+    let cancelled = stats(port)["cancelled"].as_u64().unwrap();
+    let leaver = open_stream(
+        port,
+        json!({"prompt": "The little robot", "max_tokens": 4000, "stream": true,
+               "logit_bias": bias}),
+    );
+    let mut body = json!({"prompt": "On Friday the robot went to the market.",
+                          "max_tokens": 4000, "stream": true, "logprobs": 10, "logit_bias": bias});
+    let conn = send_stream(port, &body);
+    let (got, want) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(usize::MAX)),
+    );
+    let reader = {
+        let (got, want) = (got.clone(), want.clone());
+        std::thread::spawn(move || read_logprobs(conn, &got, &want))
+    };
+    let limit = Duration::from_secs(60);
+    wait_for(port, "the second stream decoding", limit, |_| {
+        got.load(SeqCst) >= 1
+    });
+    drop(leaver);
+    wait_for(port, "the first stream cancelled", limit, |st| {
+        st["cancelled"] == cancelled + 1
+    });
+    let n = got.load(SeqCst) + 8;
+    want.store(n, SeqCst);
+    let batched = reader.join().unwrap();
+    assert_eq!(batched.len(), n);
+    wait_for(port, "the second stream cancelled", limit, |st| {
+        st["cancelled"] == cancelled + 2 && st["running"] == 0
+    });
+    body["stream"] = json!(false);
+    body["max_tokens"] = json!(n);
+    let (code, r) = post(serial, "/v1/completions", &body);
+    assert_eq!(code, 200, "{r}");
+    let alone = r["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    (batched, alone.clone())
+}
+
+/// The per-token log-probability entries of a streamed completion on `conn`, read until
+/// there are `want` of them (`got`: how many so far) or the stream ends.
+fn read_logprobs(mut conn: TcpStream, got: &AtomicUsize, want: &AtomicUsize) -> Vec<Value> {
+    use std::sync::atomic::Ordering::SeqCst;
+    conn.set_read_timeout(Some(Duration::from_secs(120)))
+        .unwrap();
+    let (mut raw, mut out, mut buf) = (Vec::new(), Vec::new(), [0u8; 4096]);
+    while out.len() < want.load(SeqCst) {
+        let n = conn.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        while let Some(end) = raw.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = raw.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            let Some(data) = line.trim_end().strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(event) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            if let Some(tokens) = event["choices"][0]["logprobs"]["content"].as_array() {
+                out.extend(tokens.iter().cloned());
+                got.store(out.len(), SeqCst);
+            }
+        }
+    }
+    out.truncate(want.load(SeqCst));
+    out
 }
 
 /// Sends `body` as a streamed /v1/completions request on a raw connection and returns the
 /// connection once the first bytes of the stream arrived: the stream is decoding then, and
 /// ends when the connection is dropped.
 fn open_stream(port: u16, body: Value) -> TcpStream {
+    let mut conn = send_stream(port, &body);
+    let mut first = [0u8; 512];
+    let _ = conn.read(&mut first).unwrap();
+    conn
+}
+
+/// Sends `body` as a streamed /v1/completions request on a raw connection (nothing read).
+fn send_stream(port: u16, body: &Value) -> TcpStream {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     let body = body.to_string();
     write!(
@@ -841,7 +1018,5 @@ fn open_stream(port: u16, body: Value) -> TcpStream {
         body.len()
     )
     .unwrap();
-    let mut first = [0u8; 512];
-    let _ = conn.read(&mut first).unwrap();
     conn
 }

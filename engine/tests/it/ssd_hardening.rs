@@ -142,161 +142,164 @@ fn shapes_that_disagree_with_the_model_are_quarantined() {
     assert_eq!(store.stats().removed_corrupt, 1);
 }
 
-/// A hybrid's recurrent state (issue 37; tiny-mamba2: every layer an `arrays` cache of a
-/// conv window [1, 3, 192] and a scan state [1, 8, 16, 16]) is stored whole: an entry
-/// serves its exact prefix only (a state cannot be trimmed back), a flipped byte of the
-/// scan state (the file's last tensor) is caught by the checksum, and a state of another
-/// shape (heads and head width swapped: the bytes add up) is quarantined by the geometry.
+/// Where a hybrid's scan state lies in its SSD entry: the model, the cache (one per layer)
+/// that holds it, and that cache's kind in the header — `arrays`, or `list` for falcon_h1's
+/// `CacheList` (mlx-lm's `CacheList(ArraysCache(2), KVCache())`), whose parts' tensors
+/// follow one another in the list's entry, the state's first. The scan state is the cache's
+/// tensor 1, after the conv window: [1, 8, 16, 16] in every model here.
+struct StateAt {
+    model: &'static str,
+    cache: usize,
+    kind: &'static str,
+}
+
+/// tiny-mamba2: every layer an `arrays` cache (conv window [1, 3, 192], scan state).
+const MAMBA2: StateAt = StateAt {
+    model: "tiny-mamba2",
+    cache: 2,
+    kind: "arrays",
+};
+
+/// tiny-falcon-h1: every layer a `CacheList` (conv window [1, 3, 192], scan state, then K
+/// and V [1, 2, positions, 16]).
+const FALCON_H1: StateAt = StateAt {
+    model: "tiny-falcon-h1",
+    cache: 2,
+    kind: "list",
+};
+
+/// tiny-nemotron-h-moe-q4 (pattern ME*E-): the Mamba-2 block's `arrays` cache first, beside
+/// the attention block's K/V and the mixture-of-experts blocks, which keep nothing.
+const NEMOTRON_MOE: StateAt = StateAt {
+    model: "tiny-nemotron-h-moe-q4",
+    cache: 0,
+    kind: "arrays",
+};
+
+/// What the SSD tier did with a hybrid's 24-token entry (each check on a fresh store).
+#[derive(Debug, PartialEq)]
+struct StateChecks {
+    /// Found for the prompt and one token more, with its whole length.
+    serves_its_prefix: bool,
+    /// Not found for a prompt that leaves it after 20 tokens (a state is not trimmed back).
+    not_trimmed: bool,
+    restores: bool,
+    /// A flipped byte of the scan state: caught by the checksum at restore, the entry
+    /// removed and counted.
+    flipped_byte_quarantined: bool,
+    /// The scan state's shape rewritten with heads and head width swapped (the bytes add
+    /// up, the header hash is valid): refused by the start-up scan, removed and counted.
+    other_shape_quarantined: bool,
+}
+
+const ALL_HELD: StateChecks = StateChecks {
+    serves_its_prefix: true,
+    not_trimmed: true,
+    restores: true,
+    flipped_byte_quarantined: true,
+    other_shape_quarantined: true,
+};
+
+/// The scan state's tensor entry in a header (checking the cache's kind on the way).
+fn scan_state_tensor<'h>(header: &'h mut Value, at: &StateAt) -> &'h mut Value {
+    let c = &mut header["caches"][at.cache];
+    assert_eq!(c["kind"], at.kind, "{}: cache {}", at.model, at.cache);
+    if at.kind == "list" {
+        assert_eq!(c["caches"][0]["kind"], "arrays", "the list's state part");
+    }
+    let t = &mut c["tensors"][1];
+    assert_eq!(
+        t["shape"],
+        json!([1, 8, 16, 16]),
+        "{}: the scan state",
+        at.model
+    );
+    t
+}
+
+/// Writes one entry for a 24-token prompt of `at.model`, then serves, trims, restores,
+/// flips a byte of the scan state and reshapes it, each on a fresh store.
+fn damaged_state_checks(at: &StateAt) -> StateChecks {
+    let m = common::model(at.model);
+    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
+    let open = |dir: &Path| SsdStore::open(dir, id("fp"), g.clone(), 1 << 30, false).unwrap();
+    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
+    let write = |dir: &Path| {
+        let caches = prefilled(m.as_ref(), &prompt);
+        assert!(open(dir).store("", &prompt, &caches, "t"));
+        let files = entries(&dir.join("fp"));
+        assert_eq!(files.len(), 1);
+        files[0].clone()
+    };
+    let mut next = prompt.clone();
+    next.push(3);
+    let removed = |store: &SsdStore, file: &Path| {
+        store.stats().removed_corrupt == 1 && !file.exists() && store.stats().entries == 0
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path());
+    let mut store = open(dir.path());
+    let serves_its_prefix =
+        store.stats().entries == 1 && store.find("", &next).map(|f| f.1) == Some(prompt.len());
+    let mut diverging = prompt[..20].to_vec();
+    diverging.extend([1, 2, 3]);
+    let not_trimmed = store.find("", &diverging).is_none();
+    let restores = store
+        .find("", &next)
+        .and_then(|(i, n)| store.restore(i, n, QuantSdpa::MlxLm))
+        .is_some();
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path());
+    let mut bytes = std::fs::read(&file).unwrap();
+    let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
+    let mut header: Value = serde_json::from_slice(&bytes[56..56 + len]).unwrap();
+    let off = scan_state_tensor(&mut header, at)["off"].as_u64().unwrap() as usize;
+    bytes[data_start + off + 5] ^= 0x01;
+    std::fs::write(&file, &bytes).unwrap();
+    let mut store = open(dir.path());
+    let refused = store
+        .find("", &next)
+        .is_some_and(|(i, n)| store.restore(i, n, QuantSdpa::MlxLm).is_none());
+    let flipped_byte_quarantined = refused && removed(&store, &file);
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(dir.path());
+    rewrite_header(&file, |h| {
+        let t = scan_state_tensor(h, at);
+        t["shape"] = json!([1, 16, 8, 16]);
+    });
+    let other_shape_quarantined = removed(&open(dir.path()), &file);
+    StateChecks {
+        serves_its_prefix,
+        not_trimmed,
+        restores,
+        flipped_byte_quarantined,
+        other_shape_quarantined,
+    }
+}
+
+/// A hybrid's recurrent state (issue 37; tiny-mamba2, every layer a state, and Nemotron 3's
+/// tiny-nemotron-h-moe-q4, a state beside K/V and cacheless expert blocks) is stored whole
+/// in `arrays` caches: an entry serves its exact prefix only (a state cannot be trimmed
+/// back), a flipped byte of the scan state is caught by the checksum, and a state of another
+/// shape is quarantined by the geometry.
 #[test]
 fn a_hybrid_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined() {
-    let m = common::model("tiny-mamba2");
-    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
-    let open = |dir: &Path| SsdStore::open(dir, id("fp"), g.clone(), 1 << 30, false).unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
-    let write = |dir: &Path| {
-        let caches = prefilled(m.as_ref(), &prompt);
-        assert!(open(dir).store("", &prompt, &caches, "t"));
-        let files = entries(&dir.join("fp"));
-        assert_eq!(files.len(), 1);
-        files[0].clone()
-    };
-    let mut next = prompt.clone();
-    next.push(3);
-
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path());
-    let store = open(dir.path());
-    assert_eq!(store.find("", &next).map(|f| f.1), Some(prompt.len()));
-    let mut diverging = prompt[..20].to_vec();
-    diverging.extend([1, 2, 3]);
-    assert_eq!(
-        store.find("", &diverging),
-        None,
-        "a state is not trimmed to 20"
-    );
-
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path());
-    let mut bytes = std::fs::read(&file).unwrap();
-    *bytes.last_mut().unwrap() ^= 0x01;
-    std::fs::write(&file, &bytes).unwrap();
-    let mut store = open(dir.path());
-    let (i, n) = store.find("", &next).unwrap();
-    assert!(
-        store.restore(i, n, QuantSdpa::MlxLm).is_none(),
-        "a flipped state byte"
-    );
-    assert!(!file.exists(), "the corrupt entry is quarantined");
-    assert_eq!(store.stats().removed_corrupt, 1);
-
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path());
-    rewrite_header(&file, |h| {
-        let t = &mut h["caches"][2]["tensors"][1];
-        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
-        t["shape"] = json!([1, 16, 8, 16]);
-    });
-    let store = open(dir.path());
-    assert_eq!(
-        store.stats().entries,
-        0,
-        "the scan refuses a state of another shape"
-    );
-    assert_eq!(store.stats().removed_corrupt, 1);
-    assert!(!file.exists(), "the inconsistent entry is quarantined");
+    for at in [MAMBA2, NEMOTRON_MOE] {
+        assert_eq!(damaged_state_checks(&at), ALL_HELD, "{}", at.model);
+    }
 }
 
-/// A tiny-falcon-h1 store in a fresh directory holding one 24-token entry whose layer-2
-/// scan state is rewritten as [1, 16, 8, 16] (heads and head width swapped: the bytes add
-/// up): whether the start-up scan refuses and quarantines it.
-fn falcon_misshaped_state_is_refused() -> bool {
-    let m = common::model("tiny-falcon-h1");
-    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
-    let caches = prefilled(m.as_ref(), &prompt);
-    let open = || SsdStore::open(dir.path(), id("fp"), g.clone(), 1 << 30, false).unwrap();
-    assert!(open().store("", &prompt, &caches, "t"));
-    let file = entries(&dir.path().join("fp"))[0].clone();
-    rewrite_header(&file, |h| {
-        let t = &mut h["caches"][2]["tensors"][1];
-        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
-        t["shape"] = json!([1, 16, 8, 16]);
-    });
-    let store = open();
-    store.stats().entries == 0 && store.stats().removed_corrupt == 1 && !file.exists()
-}
-
-/// falcon_h1's layers keep one `CacheList` each (a Mamba-2 state beside K/V: mlx-lm's
-/// `CacheList(ArraysCache(2), KVCache())`), stored as one entry per layer with its parts'
-/// tensors in order (conv window [1, 3, 192], scan state [1, 8, 16, 16], then K and V
-/// [1, 2, positions, 16]). As for the other hybrids: an entry serves its exact prefix only,
-/// a flipped byte of a scan state is caught by the checksum, and a scan state of another
-/// shape (heads and head width swapped) is quarantined by the geometry.
+/// falcon_h1's layers keep one `CacheList` each (a Mamba-2 state beside K/V), stored as one
+/// entry per layer with its parts' tensors in order. As for the other hybrids: an entry
+/// serves its exact prefix only, a flipped byte of a scan state is caught by the checksum,
+/// and a scan state of another shape is quarantined by the geometry.
 #[test]
 fn a_cache_list_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined() {
-    let m = common::model("tiny-falcon-h1");
-    let g = Geometry::probe(&[m.as_ref()], None).unwrap();
-    let open = |dir: &Path| SsdStore::open(dir, id("fp"), g.clone(), 1 << 30, false).unwrap();
-    let prompt: Vec<u32> = (0..24).map(|i| (i * 7 % 500) as u32 + 30).collect();
-    let write = |dir: &Path| {
-        let caches = prefilled(m.as_ref(), &prompt);
-        assert!(open(dir).store("", &prompt, &caches, "t"));
-        let files = entries(&dir.join("fp"));
-        assert_eq!(files.len(), 1);
-        files[0].clone()
-    };
-    let mut next = prompt.clone();
-    next.push(3);
-
-    let dir = tempfile::tempdir().unwrap();
-    write(dir.path());
-    let mut store = open(dir.path());
-    assert_eq!(store.stats().entries, 1, "the scan takes the list entry");
-    assert_eq!(store.find("", &next).map(|f| f.1), Some(prompt.len()));
-    let mut diverging = prompt[..20].to_vec();
-    diverging.extend([1, 2, 3]);
-    assert_eq!(
-        store.find("", &diverging),
-        None,
-        "a state is not trimmed to 20"
-    );
-    let (i, n) = store.find("", &next).unwrap();
-    assert!(store.restore(i, n, QuantSdpa::MlxLm).is_some(), "restores");
-
-    // The header's entry for layer 2's list, and where its scan state (tensor 1) lies.
-    let scan_state = |file: &Path| {
-        let bytes = std::fs::read(file).unwrap();
-        let len = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-        let data_start = u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize;
-        let header: Value = serde_json::from_slice(&bytes[56..56 + len]).unwrap();
-        let c = &header["caches"][2];
-        assert_eq!(c["kind"], "list");
-        assert_eq!(c["caches"][0]["kind"], "arrays");
-        let t = &c["tensors"][1];
-        assert_eq!(t["shape"], json!([1, 8, 16, 16]), "the scan state");
-        data_start + t["off"].as_u64().unwrap() as usize
-    };
-
-    let dir = tempfile::tempdir().unwrap();
-    let file = write(dir.path());
-    let at = scan_state(&file);
-    let mut bytes = std::fs::read(&file).unwrap();
-    bytes[at + 5] ^= 0x01;
-    std::fs::write(&file, &bytes).unwrap();
-    let mut store = open(dir.path());
-    let (i, n) = store.find("", &next).unwrap();
-    assert!(
-        store.restore(i, n, QuantSdpa::MlxLm).is_none(),
-        "a flipped state byte"
-    );
-    assert!(!file.exists(), "the corrupt entry is quarantined");
-    assert_eq!(store.stats().removed_corrupt, 1);
-
-    assert!(
-        falcon_misshaped_state_is_refused(),
-        "the scan quarantines a state of another shape"
-    );
+    assert_eq!(damaged_state_checks(&FALCON_H1), ALL_HELD);
 }
 
 /// Planted: a stored list checked as a whole only (its parts not against the model's)
@@ -304,7 +307,7 @@ fn a_cache_list_entry_serves_its_exact_prefix_and_a_damaged_state_is_quarantined
 #[test]
 fn planted_unchecked_list_parts_let_a_misshaped_state_through() {
     let _on = engine::plant::on(engine::plant::Defect::SsdListPartsUnchecked).unwrap();
-    assert!(!falcon_misshaped_state_is_refused());
+    assert!(!damaged_state_checks(&FALCON_H1).other_shape_quarantined);
 }
 
 /// Item 4: caches claiming more positions than they store (offset past the data, tokens to

@@ -354,15 +354,17 @@ fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
 
 /// The hybrid families (issue 37): gated delta net (qwen3_5, its MoE and multimodal
 /// layouts, qwen3_next), short conv (lfm2, lfm2_moe), Mamba-2 (mamba2, nemotron_h,
-/// granitemoehybrid, and falcon_h1 beside K/V in one layer's `CacheList`). Their layers'
-/// `arrays` caches (conv window + scan state) are stored and restored beside the attention
-/// layers' K/V (falcon_h1's nested in the list's entry); an entry serves its exact prefix
-/// only (a recurrent state cannot be trimmed). These are the hybrids of `common::HYBRIDS`
-/// and `common::LIST_HYBRIDS`, and Qwen 3.5's multimodal layout.
+/// granitemoehybrid, nemotron_h with Nemotron 3's mixture-of-experts blocks, and falcon_h1
+/// beside K/V in one layer's `CacheList`). Their layers' `arrays` caches (conv window + scan
+/// state) are stored and restored beside the attention layers' K/V (falcon_h1's nested in
+/// the list's entry); an entry serves its exact prefix only (a recurrent state cannot be
+/// trimmed). These are the hybrids of `common::HYBRIDS`, `common::LIST_HYBRIDS` and
+/// `common::MOE_BLOCK_HYBRIDS`, and Qwen 3.5's multimodal layout.
 fn hybrids() -> impl Iterator<Item = &'static str> {
     common::HYBRIDS
         .into_iter()
         .chain(common::LIST_HYBRIDS)
+        .chain(common::MOE_BLOCK_HYBRIDS)
         .chain(["tiny-qwen3-5-mm"])
 }
 

@@ -28,6 +28,11 @@ pub const HYBRIDS: [&str; 8] = [
 /// through the train gate's manifest rows, engine/tests/it/segmented.rs).
 pub const LIST_HYBRIDS: [&str; 1] = ["tiny-falcon-h1"];
 
+/// The hybrids with mixture-of-experts blocks (nemotron_h's `E` blocks, Nemotron 3: no cache
+/// of their own, beside Mamba-2 states and K/V). Apart from `HYBRIDS` because only the
+/// caches' gates take them (LoRA and segments refuse `E` blocks).
+pub const MOE_BLOCK_HYBRIDS: [&str; 1] = ["tiny-nemotron-h-moe-q4"];
+
 /// The committed goldens directory.
 pub fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
