@@ -87,11 +87,7 @@ fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
 /// bit-identically.
 #[test]
 fn a_cache_hit_continues_bit_identically_on_the_hybrids() {
-    for name in common::HYBRIDS
-        .into_iter()
-        .chain(common::LIST_HYBRIDS)
-        .chain(common::MOE_BLOCK_HYBRIDS)
-    {
+    for name in common::HYBRIDS.into_iter().chain(common::LIST_HYBRIDS) {
         assert!(continuation_matches_fresh(name, false), "{name}");
     }
     // Planted: one token more claimed than the states consumed.

@@ -358,13 +358,12 @@ fn planted_one_token_too_many_restored_is_caught_on_the_newer_families() {
 /// beside K/V in one layer's `CacheList`). Their layers' `arrays` caches (conv window + scan
 /// state) are stored and restored beside the attention layers' K/V (falcon_h1's nested in
 /// the list's entry); an entry serves its exact prefix only (a recurrent state cannot be
-/// trimmed). These are the hybrids of `common::HYBRIDS`, `common::LIST_HYBRIDS` and
-/// `common::MOE_BLOCK_HYBRIDS`, and Qwen 3.5's multimodal layout.
+/// trimmed). These are the hybrids of `common::HYBRIDS` and `common::LIST_HYBRIDS`, and
+/// Qwen 3.5's multimodal layout.
 fn hybrids() -> impl Iterator<Item = &'static str> {
     common::HYBRIDS
         .into_iter()
         .chain(common::LIST_HYBRIDS)
-        .chain(common::MOE_BLOCK_HYBRIDS)
         .chain(["tiny-qwen3-5-mm"])
 }
 

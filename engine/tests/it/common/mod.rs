@@ -10,8 +10,9 @@ use engine::generate::{generate_in, Flow, Session};
 
 /// One tiny model per hybrid family (recurrent states beside or instead of attention):
 /// qwen3_5 and its MoE, qwen3_next (gated delta nets), lfm2 and its MoE (short conv),
-/// mamba2, nemotron_h, granitemoehybrid (Mamba-2).
-pub const HYBRIDS: [&str; 8] = [
+/// mamba2, nemotron_h, granitemoehybrid (Mamba-2); and nemotron_h with Nemotron 3's `E`
+/// blocks (mixtures of experts with no cache of their own, beside Mamba-2 states and K/V).
+pub const HYBRIDS: [&str; 9] = [
     "tiny-qwen3-5",
     "tiny-qwen3-5-moe",
     "tiny-qwen3-next",
@@ -20,6 +21,7 @@ pub const HYBRIDS: [&str; 8] = [
     "tiny-mamba2",
     "tiny-nemotron-h",
     "tiny-granite-h",
+    "tiny-nemotron-h-moe-q4",
 ];
 
 /// The hybrids whose layers keep a `CacheList` (falcon_h1: a Mamba-2 state beside K/V in
@@ -27,11 +29,6 @@ pub const HYBRIDS: [&str; 8] = [
 /// because the caches' gates treat a list apart (LoRA and segmented backward take falcon_h1
 /// through the train gate's manifest rows, engine/tests/it/segmented.rs).
 pub const LIST_HYBRIDS: [&str; 1] = ["tiny-falcon-h1"];
-
-/// The hybrids with mixture-of-experts blocks (nemotron_h's `E` blocks, Nemotron 3: no cache
-/// of their own, beside Mamba-2 states and K/V). Apart from `HYBRIDS` because only the
-/// caches' gates take them (LoRA and segments refuse `E` blocks).
-pub const MOE_BLOCK_HYBRIDS: [&str; 1] = ["tiny-nemotron-h-moe-q4"];
 
 /// The committed goldens directory.
 pub fn goldens() -> PathBuf {
