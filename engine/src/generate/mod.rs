@@ -100,9 +100,12 @@ impl<'m> Session<'m> {
     /// backend, compiling fuses the SDPA fallback's elementwise ops and changes their
     /// rounding in f32 (38/39 single-query cases differ) and in f16 (tiny-qwen2 diverged at
     /// step 97 of 300); bf16 stayed exact on every step measured (3 models × 300 steps plus
-    /// the L1 gate). So only bf16 models decode compiled by default.
+    /// the L1 gate). So only bf16 models decode compiled by default, and only in the families
+    /// whose tiny models were measured exact over 300 steps (`registry::Family::compiled_decode`:
+    /// smollm3's and quantized qwen3_moe's were not).
     pub fn compiled_decode_is_exact(model: &dyn LanguageModel) -> bool {
         model.activation_dtype() == mlx_rs::Dtype::Bfloat16
+            && crate::model::registry::has(model.model_type(), |f| f.compiled_decode)
     }
 
     pub fn with_compile(model: &'m dyn LanguageModel, policy: CompileDecode) -> Self {

@@ -32,6 +32,11 @@ pub struct Family {
     pub tensor: bool,
     /// Pipeline parallel (`PipelineMixin` in mlx-lm 0.32.2).
     pub pipeline: bool,
+    /// Its bf16 models may decode through the compiled step (`generate::compiled`): measured
+    /// bit-exact with eager over 300 steps on its tiny models (engine/tests/it/compiled_decode.rs).
+    /// Off elsewhere: smollm3's and quantized qwen3_moe's compiled steps were measured to
+    /// diverge (steps 71 and 240 of 300).
+    pub compiled_decode: bool,
 }
 
 /// A family's row with every capability off; rows below switch theirs on.
@@ -44,6 +49,7 @@ const fn row(model_type: &'static str, build: Build) -> Family {
         convert: false,
         tensor: false,
         pipeline: false,
+        compiled_decode: false,
     }
 }
 
@@ -115,6 +121,7 @@ fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
 pub static FAMILIES: &[Family] = &[
     // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
     Family {
+        compiled_decode: true,
         lora: true,
         segmented: true,
         convert: true,
@@ -122,6 +129,7 @@ pub static FAMILIES: &[Family] = &[
         ..row("llama", llama)
     },
     Family {
+        compiled_decode: true,
         lora: true,
         segmented: true,
         convert: true,
@@ -137,6 +145,7 @@ pub static FAMILIES: &[Family] = &[
         ..row("qwen2", llama)
     },
     Family {
+        compiled_decode: true,
         lora: true,
         segmented: true,
         convert: true,
@@ -167,6 +176,7 @@ pub static FAMILIES: &[Family] = &[
         ..row("gemma4", super::wrapper::build)
     },
     Family {
+        compiled_decode: true,
         lora: true,
         segmented: true,
         ..row("phi3", phi3)

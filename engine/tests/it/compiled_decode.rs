@@ -162,3 +162,70 @@ fn a_short_bound_in_the_probe_phase_is_caught() {
     let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
     assert_eq!(first_diff, Some(9), "the short bound went unnoticed");
 }
+
+/// The manifest's tiny models, those that load (assistant drafters load through their
+/// target; bf16 dense expert stacks are refused on the CPU).
+fn loadable_tiny_models() -> Vec<String> {
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(common::goldens().join("models/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    manifest
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|row| row["name"].as_str().unwrap().to_owned())
+        .filter(|name| engine::model::load(&common::goldens().join("models").join(name)).is_ok())
+        .collect()
+}
+
+/// Every tiny model that decodes through the compiled step by default (bf16, a family
+/// measured exact: `registry::Family::compiled_decode`): every logit vector of 300 steps
+/// equals the eager run's. The models it does not take decode eagerly, with nothing to
+/// compare.
+#[test]
+fn every_model_that_decodes_compiled_by_default_is_bit_exact_over_300_steps() {
+    let mut compiled = Vec::new();
+    for name in loadable_tiny_models() {
+        if trajectory(&name, CompileDecode::WhereExact, 1).1 == 0 {
+            continue;
+        }
+        let (eager, _) = trajectory(&name, CompileDecode::Off, 300);
+        let (fast, ran) = trajectory(&name, CompileDecode::WhereExact, 300);
+        assert!(ran >= 299, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&fast).position(|(a, b)| a != b);
+        assert_eq!(
+            first_diff, None,
+            "{name}: compiled logits differ from eager"
+        );
+        compiled.push(name);
+    }
+    println!("compiled by default and bit-exact over 300 steps: {compiled:?}");
+    assert!(
+        compiled.len() >= 10,
+        "too few models took the compiled step: {compiled:?}"
+    );
+}
+
+/// Planted defect: the compiled step forced onto the families left out of it (smollm3's
+/// NoPE model, quantized qwen3_moe) diverges from eager within 300 steps (measured: step 71
+/// and step 240), and the comparison above catches it; by default they decode eagerly.
+#[test]
+fn forcing_compile_on_families_measured_inexact_is_caught() {
+    for name in ["tiny-smollm3", "tiny-qwen3-moe-q4"] {
+        assert_eq!(
+            trajectory(name, CompileDecode::WhereExact, 1).1,
+            0,
+            "{name}"
+        );
+        let (eager, _) = trajectory(name, CompileDecode::Off, 300);
+        let (forced, ran) = trajectory(name, CompileDecode::Always, 300);
+        assert!(ran >= 299, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&forced).position(|(a, b)| a != b);
+        println!("{name} forced compile: first differing logit vector {first_diff:?}");
+        assert!(
+            first_diff.is_some(),
+            "{name}: forced compile unexpectedly exact"
+        );
+    }
+}
