@@ -229,3 +229,52 @@ fn forcing_compile_on_families_measured_inexact_is_caught() {
         );
     }
 }
+
+/// The bf16 hybrids: a gated delta net beside gated attention (tiny-qwen3-5), short convs
+/// beside attention (tiny-lfm2), Mamba-2 alone (tiny-mamba2) and beside attention
+/// (tiny-nemotron-h, tiny-granite-h-dense). Their recurrent mixers' steps run compiled,
+/// attention eagerly.
+const COMPILED_HYBRIDS: [&str; 5] = [
+    "tiny-qwen3-5",
+    "tiny-lfm2",
+    "tiny-mamba2",
+    "tiny-nemotron-h",
+    "tiny-granite-h-dense",
+];
+
+/// After a 4,096-token prompt (where attention compiled over a fixed buffer was measured to
+/// drift on tiny-lfm2 and tiny-qwen3-5): 40 steps with the recurrent steps compiled equal
+/// the eager ones, bit for bit. (The 300-step test above covers the short prompt.)
+#[test]
+fn compiled_recurrent_steps_stay_exact_after_a_4096_token_prompt() {
+    let prompt: Vec<u32> = (0..4096).map(|i| 1 + (i * 37 % 500) as u32).collect();
+    for name in COMPILED_HYBRIDS {
+        let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 40);
+        let (fast, ran, _) = trajectory_from(name, CompileDecode::WhereExact, &prompt, 40);
+        assert!(ran >= 40, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&fast).position(|(a, b)| a != b);
+        assert_eq!(
+            first_diff, None,
+            "{name}: compiled logits differ from eager"
+        );
+    }
+}
+
+/// Planted defect: the compiled recurrent step hands back each state's conv window (slot 0)
+/// unchanged. The comparison fails on every hybrid at logit vector 1: the prompt's last
+/// token is the first compiled step (vector 0), the next one reads the stale window.
+#[test]
+fn a_stale_conv_window_in_the_compiled_recurrent_step_is_caught() {
+    for name in COMPILED_HYBRIDS {
+        let (eager, _) = trajectory(name, CompileDecode::Off, 6);
+        let _on = plant::on(Defect::CompiledConvStateStale).unwrap();
+        let (stale, ran) = trajectory(name, CompileDecode::WhereExact, 6);
+        assert!(ran >= 5, "{name}: only {ran} compiled steps");
+        let first_diff = eager.iter().zip(&stale).position(|(a, b)| a != b);
+        assert_eq!(
+            first_diff,
+            Some(1),
+            "{name}: the stale conv window went unnoticed"
+        );
+    }
+}
