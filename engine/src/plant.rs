@@ -263,10 +263,6 @@ pub enum Defect {
     /// offset + 1 (the new token's own position is left out whenever the offset is a
     /// multiple of the bound step). Caught by `engine/tests/it/compiled_decode.rs`.
     CompiledBoundShort,
-    /// A recurrent mixer's compiled one-token step hands back its conv window (state slot
-    /// 0) as it was before the step: the short conv or the gated delta net's conv then reads
-    /// a window one token stale. Caught by `engine/tests/it/compiled_decode.rs`.
-    CompiledConvStateStale,
     /// The SSD store checks a stored `CacheList` (falcon_h1's layers) as a whole only, not
     /// part by part against the model's parts: a recurrent state of another shape whose
     /// bytes add up passes the scan. Caught by `engine/tests/it/ssd_hardening.rs`.
@@ -456,7 +452,7 @@ mod tests {
     /// 64 places before it.
     #[test]
     fn defects_past_64_have_their_own_bit() {
-        let (low, high) = (Defect::SpecKeepDraftTail, Defect::CompiledConvStateStale);
+        let (low, high) = (Defect::SpecKeepDraftTail, Defect::SsdListPartsUnchecked);
         assert_eq!(
             (low as usize, high as usize % 64),
             (0, 0),

@@ -71,16 +71,6 @@ impl ArraysCache {
         self.lengths.as_deref()
     }
 
-    /// The arrays a compiled one-token step takes (`model::decoder::state_steps`): every
-    /// slot's, for a single sequence without padding or lengths whose slots are all held;
-    /// None otherwise (a fresh state, a batch: eager).
-    pub fn compiled(&self) -> Option<Vec<Array>> {
-        if self.left_padding.is_some() || self.lengths.is_some() || self.batch_size() != 1 {
-            return None;
-        }
-        self.slots.iter().cloned().collect()
-    }
-
     /// mlx-lm's `empty()`: the first slot holds nothing.
     pub fn is_empty(&self) -> bool {
         self.slots.first().is_none_or(|s| s.is_none())

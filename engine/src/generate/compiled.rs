@@ -1,10 +1,7 @@
 //! The compiled decode step: one MLX-compiled graph for "feed one token, get the logits"
 //! over fixed-capacity KV buffers, with the position passed as an array so the same graph
 //! serves every step of one layout. It runs when every cache is a standard `KvCache` with
-//! room for the token; the L1 gate runs through it. A hybrid (recurrent states beside or
-//! instead of K/V) takes another form of it: the model's forward runs eagerly, each
-//! recurrent mixer's step through its own compiled graph (`model::decoder::state_steps`),
-//! attention on the real caches.
+//! room for the token; the L1 gate runs through it.
 //!
 //! A linear buffer is attended over a static prefix: the offset + 1 rounded up to
 //! [`BOUND_STEP`] positions, clamped to the capacity (`cache::fixed::Attend::Prefix`). Each
@@ -30,7 +27,6 @@ use mlx_rs::Array;
 
 use crate::cache::fixed::{Attend, FixedKv, Form};
 use crate::cache::Cache;
-use crate::model::decoder::state_steps::{self, StateSteps};
 use crate::model::LanguageModel;
 use crate::plant::{self, Defect};
 
@@ -86,8 +82,6 @@ pub struct CompiledDecode {
     rings: bool,
     /// The traced graphs, one per layout of caches (bounds included), oldest first.
     graphs: Vec<(Vec<Slot>, StepFn)>,
-    /// A hybrid's recurrent mixer steps.
-    states: StateSteps,
     /// Steps that ran through the compiled graph.
     pub steps: usize,
 }
@@ -136,7 +130,6 @@ impl CompiledDecode {
             model,
             rings,
             graphs: Vec::new(),
-            states: StateSteps::default(),
             steps: 0,
         }
     }
@@ -148,9 +141,6 @@ impl CompiledDecode {
         token: &Array,
         caches: &mut [Box<dyn Cache>],
     ) -> Result<Option<Array>, Exception> {
-        if has_states(caches) {
-            return self.hybrid_step(token, caches);
-        }
         let Some((layout, args, forms)) = step_args(token, caches, self.rings) else {
             return Ok(None);
         };
@@ -166,23 +156,6 @@ impl CompiledDecode {
         }
         self.steps += 1;
         Ok(Some(logits))
-    }
-
-    /// A hybrid's step: the forward eager, its recurrent mixers compiled where their state
-    /// can take it (None when none could: the caller's eager step is the same).
-    fn hybrid_step(
-        &mut self,
-        token: &Array,
-        caches: &mut [Box<dyn Cache>],
-    ) -> Result<Option<Array>, Exception> {
-        let before = self.states.ran;
-        let model = self.model;
-        let ids = token.reshape(&[1, -1])?;
-        let logits = state_steps::with_steps(&mut self.states, || model.forward(&ids, caches))?;
-        if self.states.ran > before {
-            self.steps += 1;
-        }
-        Ok(Some(logits.index((.., -1, ..))))
     }
 
     /// The graph for `layout`, traced if it is new (the oldest dropped past [`MAX_GRAPHS`]).
@@ -212,21 +185,6 @@ pub fn takes_kinds(caches: &mut [Box<dyn Cache>], rings: bool) -> bool {
     caches
         .iter()
         .all(|c| c.as_kv_ref().is_some_and(|kv| kv.compiles(rings)))
-        || has_states(caches)
-}
-
-/// Whether these caches are a hybrid's whose recurrent steps can compile: some recurrent
-/// states (`ArraysCache`), every other cache one that attention runs on eagerly.
-fn has_states(caches: &mut [Box<dyn Cache>]) -> bool {
-    let mut states = 0;
-    for c in caches.iter_mut() {
-        if c.as_arrays().is_some() {
-            states += 1;
-        } else if c.as_kv_ref().is_none() {
-            return false;
-        }
-    }
-    states > 0
 }
 
 /// The layout, the compiled step's arguments and each cache's form, or None when some

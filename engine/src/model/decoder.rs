@@ -37,8 +37,6 @@ use crate::cache::Cache;
 mod layer;
 /// Segmented training's view.
 mod segmented;
-/// The recurrent mixers' compiled one-token steps (the compiled decode of a hybrid).
-pub mod state_steps;
 
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;

@@ -32,11 +32,10 @@ pub struct Family {
     pub tensor: bool,
     /// Pipeline parallel (`PipelineMixin` in mlx-lm 0.32.2).
     pub pipeline: bool,
-    /// Its bf16 models may decode through the compiled step (`generate::compiled`; a
-    /// hybrid's recurrent mixers only): measured bit-exact with eager over 300 steps on its
-    /// bf16 tiny models (engine/tests/it/compiled_decode.rs). Off elsewhere: smollm3's and
-    /// quantized qwen3_moe's compiled steps were measured to diverge (steps 71 and 240 of
-    /// 300), and the families without a bf16 tiny model are unmeasured.
+    /// Its bf16 models may decode through the compiled step (`generate::compiled`): measured
+    /// bit-exact with eager over 300 steps on its tiny models (engine/tests/it/compiled_decode.rs).
+    /// Off elsewhere: smollm3's and quantized qwen3_moe's compiled steps were measured to
+    /// diverge (steps 71 and 240 of 300).
     pub compiled_decode: bool,
 }
 
@@ -215,7 +214,6 @@ pub static FAMILIES: &[Family] = &[
     // has them (qwen3_5 and qwen3_5_moe both, qwen3_next pipeline only), gated against
     // mlx-lm's sharded runs (harness/tests/it/l1_dist.rs); mlx-lm shards none of the others.
     Family {
-        compiled_decode: true,
         lora: true,
         convert: true,
         segmented: true,
@@ -228,7 +226,6 @@ pub static FAMILIES: &[Family] = &[
         ..row("lfm2_moe", lfm2)
     },
     Family {
-        compiled_decode: true,
         lora: true,
         convert: true,
         segmented: true,
@@ -252,21 +249,18 @@ pub static FAMILIES: &[Family] = &[
         ..row("qwen3_next", qwen3_next)
     },
     Family {
-        compiled_decode: true,
         lora: true,
         convert: true,
         segmented: true,
         ..row("mamba2", mamba2)
     },
     Family {
-        compiled_decode: true,
         lora: true,
         convert: true,
         segmented: true,
         ..row("nemotron_h", nemotron_h)
     },
     Family {
-        compiled_decode: true,
         lora: true,
         convert: true,
         segmented: true,

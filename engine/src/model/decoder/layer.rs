@@ -216,10 +216,7 @@ impl Layer {
         };
         let x = self.norm_in.forward(&h)?;
         let (branches, lent) = match io {
-            Io::Own(cache) => match super::state_steps::try_step(&*self.mixer, &x, mask, cache) {
-                Some(branches) => (branches?, None),
-                None => (self.mixer.forward_branches(&x, mask, cache)?, None),
-            },
+            Io::Own(cache) => (self.mixer.forward_branches(&x, mask, cache)?, None),
             Io::Lend(cache) => {
                 let (r, lent) = self.mixer.forward_lending(&x, mask, cache)?;
                 (vec![r], Some(lent))
