@@ -142,7 +142,8 @@ fn an_unknown_architecture_is_refused_clearly() {
 /// Nemotron 3's mixture-of-experts blocks (`E`) load from Hugging Face's per-expert layout
 /// (tiny-nemotron-h-moe-grouped: stacked by the sanitize at load) and from mlx-community's
 /// stacked, quantized one (tiny-nemotron-h-moe-q4, what `mlx_lm.convert -q` writes): both
-/// keep a cache only for their M and * blocks, and take no LoRA (not gated on `E` blocks).
+/// keep a cache only for their M and * blocks, and list LoRA's targets as mlx-lm's default
+/// keys have them: never the router `gate` (mlx-lm's `MoEGate`, not a Linear).
 #[test]
 fn nemotron_h_moe_blocks_load_from_both_expert_layouts() {
     for name in ["tiny-nemotron-h-moe-grouped", "tiny-nemotron-h-moe-q4"] {
@@ -150,7 +151,12 @@ fn nemotron_h_moe_blocks_load_from_both_expert_layouts() {
         assert_eq!(model.model_type(), "nemotron_h");
         // ME*E-: the Mamba-2 mixer and the attention keep caches, the E and - blocks none.
         assert_eq!(model.make_caches().len(), 2, "{name}");
-        assert!(model.linears().is_empty(), "{name}: LoRA targets listed");
+        let linears = model.linears();
+        assert!(!linears.is_empty(), "{name}: no LoRA targets listed");
+        assert!(
+            linears.iter().all(|(n, _)| !n.ends_with("mixer.gate")),
+            "{name}: the router listed as a LoRA target"
+        );
     }
 }
 
