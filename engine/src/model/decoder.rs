@@ -567,10 +567,10 @@ impl LanguageModel for Decoder {
     }
 
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
-        let mut all = Vec::new();
         if !self.lora {
             return Vec::new();
         }
+        let mut all = Vec::new();
         for (i, l) in self.layers.iter().enumerate() {
             let mixer = l
                 .mixer

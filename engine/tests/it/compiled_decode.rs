@@ -166,13 +166,7 @@ fn a_short_bound_in_the_probe_phase_is_caught() {
 /// The manifest's tiny models, those that load (assistant drafters load through their
 /// target; bf16 dense expert stacks are refused on the CPU).
 fn loadable_tiny_models() -> Vec<String> {
-    let manifest: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(common::goldens().join("models/manifest.json")).unwrap(),
-    )
-    .unwrap();
-    manifest
-        .as_array()
-        .unwrap()
+    common::manifest()
         .iter()
         .map(|row| row["name"].as_str().unwrap().to_owned())
         .filter(|name| engine::model::load(&common::goldens().join("models").join(name)).is_ok())

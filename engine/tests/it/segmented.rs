@@ -238,9 +238,7 @@ pub(crate) fn trained_hybrids() -> Vec<String> {
             || c.sub_caches_mut()
                 .is_some_and(|parts| parts.iter_mut().any(|p| recurrent(p.as_mut())))
     }
-    let path = goldens().join("models").join("manifest.json");
-    let rows: Vec<serde_json::Value> =
-        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let rows = common::manifest();
     let trained = rows.iter().filter(|r| {
         let gates = r["gates"].as_array();
         gates.is_some_and(|g| g.iter().any(|g| g == "train"))

@@ -15,7 +15,7 @@
 //! not copy text, but over a state whose memory fades they tend to continue a repeated
 //! prompt as before, so drafts copied from the first continuation get accepted.
 
-use crate::common::{goldens, model};
+use crate::common::{self, goldens, model};
 use engine::generate::decode::Decoder;
 use engine::generate::drafter::Decode;
 use engine::generate::lookup::LookupParams;
@@ -97,17 +97,9 @@ fn lookup_run(target: &dyn LanguageModel, prompt: &[u32], gamma: usize) -> (Vec<
     (ids, spec)
 }
 
+/// The prompts of `name`'s L1 cases.
 fn l1_prompts(name: &str) -> Vec<Vec<u32>> {
-    let index: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(goldens().join(format!("l1/{name}/index.json"))).unwrap(),
-    )
-    .unwrap();
-    index["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| serde_json::from_value(c["prompt_ids"].clone()).unwrap())
-        .collect()
+    common::l1_cases(name).into_iter().map(|(_, p)| p).collect()
 }
 
 /// `name` converted to 4-bit affine weights (`engine convert -q`), kept in a temporary dir.

@@ -6,7 +6,7 @@
 
 use crate::common;
 
-use common::{goldens, greedy_run, model};
+use common::{greedy_run, model};
 use engine::generate::sampler::{Sampler, SamplingParams};
 use engine::generate::speculative::{speculative_generate_in, SpecStats};
 use engine::generate::{Flow, Session};
@@ -117,30 +117,12 @@ fn check(
     tie_free
 }
 
-fn l1_prompts(model: &str) -> Vec<(String, Vec<u32>)> {
-    let index: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(goldens().join(format!("l1/{model}/index.json"))).unwrap(),
-    )
-    .unwrap();
-    index["cases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap().to_owned(),
-                serde_json::from_value(c["prompt_ids"].clone()).unwrap(),
-            )
-        })
-        .collect()
-}
-
 #[test]
 fn spec_equals_greedy_where_there_is_no_tie() {
     let target = model("tiny-llama-trained");
     let draft = model("tiny-llama-draft");
     let mut tie_free = 0;
-    for (name, prompt) in l1_prompts("tiny-llama-trained") {
+    for (name, prompt) in common::l1_cases("tiny-llama-trained") {
         if check(target.as_ref(), draft.as_ref(), &name, &prompt) {
             tie_free += 1;
         }
@@ -157,7 +139,7 @@ fn planted_short_rollback_diverges_from_greedy() {
     use engine::plant::{self, Defect};
     let target = model("tiny-llama-trained");
     let draft = model("tiny-llama-draft");
-    let (name, prompt) = l1_prompts("tiny-llama-trained").remove(4);
+    let (name, prompt) = common::l1_cases("tiny-llama-trained").remove(4);
     let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
     let (_, divergences) = compare_with_greedy(target.as_ref(), draft.as_ref(), &name, &prompt);
     drop(planted);
@@ -176,7 +158,7 @@ fn rollback_trims_rotating_caches() {
         .make_caches()
         .iter()
         .any(|c| c.kind() == Some(engine::cache::rotating::KIND)));
-    for (name, prompt) in l1_prompts("tiny-gemma3").into_iter().take(3) {
+    for (name, prompt) in common::l1_cases("tiny-gemma3").into_iter().take(3) {
         check(target.as_ref(), draft.as_ref(), &name, &prompt);
     }
 }
@@ -210,7 +192,7 @@ fn a_drafter_catches_up_as_a_fresh_prefill_would() {
     let drafter = Drafter::Model(model("tiny-llama-draft"));
     let reference = model("tiny-llama-draft");
     let opts = SessionOptions::from(CompileDecode::WhereExact);
-    let (_, prompt) = l1_prompts("tiny-llama-trained").remove(4);
+    let (_, prompt) = common::l1_cases("tiny-llama-trained").remove(4);
     let held = prompt.len() / 2;
     let step = 4;
     let caches = drafter

@@ -35,6 +35,31 @@ pub fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
 }
 
+/// The rows of the tiny models' manifest (goldens/models/manifest.json).
+pub fn manifest() -> Vec<serde_json::Value> {
+    let path = goldens().join("models").join("manifest.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// The cases of `model`'s L1 golden: each case's name and prompt ids.
+pub fn l1_cases(model: &str) -> Vec<(String, Vec<u32>)> {
+    let index: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(goldens().join(format!("l1/{model}/index.json"))).unwrap(),
+    )
+    .unwrap();
+    index["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                serde_json::from_value(c["prompt_ids"].clone()).unwrap(),
+            )
+        })
+        .collect()
+}
+
 /// A committed tiny model with its config's `sliding_window` set to `window` (same
 /// weights), loaded from a copy (the directory is returned: the model outlives no file).
 pub fn with_sliding_window(
