@@ -328,8 +328,8 @@ fn extra_linears(model_type: &str) -> &'static [&'static str] {
 pub fn check_supported(model_type: &str, config: &Value) -> anyhow::Result<()> {
     if !registry::has(model_type, |f| f.convert) {
         anyhow::bail!(
-            "engine convert does not support model_type `{model_type}` (supported: {})",
-            registry::names(|f| f.convert)
+            "{}",
+            registry::refusal(model_type, registry::Capability::Convert)
         )
     }
     if flag(config, "enable_moe_block") {

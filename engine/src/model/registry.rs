@@ -315,54 +315,214 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
     }
 }
 
-/// The refusal for a family that does not run under `mode`: mlx-lm 0.32.2 does not shard
-/// it that way either (the engine runs every split mlx-lm has for its families; the test
-/// `parallel_modes_are_mlx_lm_s` holds the table to mlx-lm's).
+/// The `model_type`s mlx-lm 0.32.2 splits by tensor parallel (`Model.shard` in its
+/// models/<type>.py, the type taken before `MODEL_REMAPPING` so that aliases count too) and
+/// by pipeline parallel (`PipelineMixin`), restricted to the families it has and the engine
+/// lists. A family runs a split here only where mlx-lm has it (the test
+/// `parallel_modes_are_mlx_lm_s`); where mlx-lm has one the engine has not gated, the refusal
+/// says so instead of blaming mlx-lm.
+const MLX_LM_TENSOR: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gpt_oss",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "deepseek_v3",
+    "kimi_k2",
+    "deepseek_v32",
+    "kimi_k25",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "minimax",
+    "minimax_m2",
+    "ministral3",
+];
+const MLX_LM_PIPELINE: &[&str] = &[
+    "qwen2",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "deepseek_v3",
+    "kimi_k2",
+    "deepseek_v32",
+    "glm4_moe",
+    "glm4_moe_lite",
+    "ministral3",
+];
+
+/// Whether mlx-lm 0.32.2 runs `model_type` under a parallel `mode`.
+pub fn mlx_lm_splits(model_type: &str, mode: Mode) -> bool {
+    match mode {
+        Mode::Tensor => MLX_LM_TENSOR.contains(&model_type),
+        Mode::Pipeline => MLX_LM_PIPELINE.contains(&model_type),
+    }
+}
+
+/// The refusal for a family that does not run under `mode`: either mlx-lm 0.32.2 does not
+/// shard it that way either, or it does and the engine's split is not gated yet.
 pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
-    LoadError::Unsupported(format!(
-        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
-         either); families that can: {}",
-        mode.name(),
-        names(|f| parallel(f, mode))
-    ))
+    LoadError::Unsupported(refusal(model_type, parallel_capability(mode)))
+}
+
+fn parallel_capability(mode: Mode) -> Capability {
+    match mode {
+        Mode::Tensor => Capability::Tensor,
+        Mode::Pipeline => Capability::Pipeline,
+    }
+}
+
+/// What a family can do beyond generating, each a column of the registry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    Lora,
+    Segmented,
+    Convert,
+    Tensor,
+    Pipeline,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 5] = [
+        Capability::Lora,
+        Capability::Segmented,
+        Capability::Convert,
+        Capability::Tensor,
+        Capability::Pipeline,
+    ];
+
+    /// Whether family `f` has it.
+    pub fn of(self, f: &Family) -> bool {
+        match self {
+            Capability::Lora => f.lora,
+            Capability::Segmented => f.segmented,
+            Capability::Convert => f.convert,
+            Capability::Tensor => f.tensor,
+            Capability::Pipeline => f.pipeline,
+        }
+    }
+
+    /// Its column heading in docs/models.md.
+    pub fn heading(self) -> &'static str {
+        match self {
+            Capability::Lora => "LoRA (`engine train`)",
+            Capability::Segmented => "`--segment-size`",
+            Capability::Convert => "`engine convert`",
+            Capability::Tensor => "tensor parallel",
+            Capability::Pipeline => "pipeline parallel",
+        }
+    }
+}
+
+/// The one text that refuses `capability` to a `model_type` lacking it: what is missing,
+/// why, and which families have it.
+pub fn refusal(model_type: &str, capability: Capability) -> String {
+    let can = names(|f| capability.of(f));
+    match capability {
+        Capability::Lora => format!(
+            "LoRA is not available for this `{model_type}` model yet (LoRA is available for \
+             {can}; not yet for Gemma 4's mixture-of-experts block)"
+        ),
+        Capability::Segmented => {
+            format!(
+                "--segment-size is not available for model_type `{model_type}` yet ({can} have it)"
+            )
+        }
+        Capability::Convert => {
+            format!("engine convert does not support model_type `{model_type}` (supported: {can})")
+        }
+        Capability::Tensor | Capability::Pipeline => {
+            let mode = if capability == Capability::Tensor {
+                Mode::Tensor
+            } else {
+                Mode::Pipeline
+            };
+            parallel_text(model_type, mode, mlx_lm_splits(model_type, mode), &can)
+        }
+    }
+}
+
+fn parallel_text(model_type: &str, mode: Mode, mlx_lm_has: bool, can: &str) -> String {
+    let why = if mlx_lm_has {
+        "mlx-lm 0.32.2 shards it; the engine's split is not gated against it yet"
+    } else {
+        "mlx-lm 0.32.2 does not shard it that way either"
+    };
+    format!(
+        "`{model_type}` cannot run {} parallel ({why}); families that can: {can}",
+        mode.name()
+    )
+}
+
+/// docs/models.md's model_type × capability table, rendered from the rows: "gated" where
+/// the family has the capability, else "refused" (with "mlx-lm lacks it" for the parallel
+/// splits mlx-lm 0.32.2 does not have). The refusals' texts follow the table in the docs.
+pub fn capability_table() -> String {
+    let mut out = String::from("| `model_type` |");
+    for c in Capability::ALL {
+        out.push_str(&format!(" {} |", c.heading()));
+    }
+    out.push_str("\n|---|");
+    out.push_str(&"---|".repeat(Capability::ALL.len()));
+    out.push('\n');
+    for f in FAMILIES {
+        out.push_str(&format!("| `{}` |", f.model_type));
+        for c in Capability::ALL {
+            let lacks = match c {
+                Capability::Tensor => !mlx_lm_splits(f.model_type, Mode::Tensor),
+                Capability::Pipeline => !mlx_lm_splits(f.model_type, Mode::Pipeline),
+                _ => false,
+            };
+            let cell = match (c.of(f), lacks) {
+                (true, _) => "gated",
+                (false, true) => "refused (mlx-lm lacks it)",
+                (false, false) => "refused (not gated yet)",
+            };
+            out.push_str(&format!(" {cell} |"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// The refusals' texts as docs/models.md quotes them, for a placeholder type (the parallel
+/// ones in their two forms: mlx-lm lacks the split, or has it and the engine has not gated it).
+pub fn refusal_texts() -> String {
+    let t = "<model_type>";
+    let load = family(t).err().map(|e| e.to_string()).unwrap_or_default();
+    let mut lines = vec![format!("- loading: {load}")];
+    for c in [Capability::Lora, Capability::Segmented, Capability::Convert] {
+        lines.push(format!("- {}: {}", c.heading(), refusal(t, c)));
+    }
+    for (c, mode) in [
+        (Capability::Tensor, Mode::Tensor),
+        (Capability::Pipeline, Mode::Pipeline),
+    ] {
+        let can = names(|f| c.of(f));
+        for mlx_lm_has in [false, true] {
+            let text = parallel_text(t, mode, mlx_lm_has, &can);
+            lines.push(format!("- {}: {text}", c.heading()));
+        }
+    }
+    lines.join("\n") + "\n"
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The families mlx-lm 0.32.2 shards, by `model_type` after its `MODEL_REMAPPING`
-    /// (mistral → llama): `Model.shard` in models/{llama, qwen2, qwen3, qwen3_moe, gpt_oss,
-    /// qwen3_5}.py (qwen3_5_moe's `Model` subclasses qwen3_5's), `PipelineMixin` in
-    /// models/{qwen2, qwen3_moe, qwen3_5, qwen3_next}.py. Of the other files that shard,
-    /// none is a family of this table.
-    const MLX_LM_SHARDS: [(&str, Mode); 13] = [
-        ("llama", Mode::Tensor),
-        ("mistral", Mode::Tensor),
-        ("qwen2", Mode::Tensor),
-        ("qwen3", Mode::Tensor),
-        ("qwen3_moe", Mode::Tensor),
-        ("gpt_oss", Mode::Tensor),
-        ("qwen3_5", Mode::Tensor),
-        ("qwen3_5_moe", Mode::Tensor),
-        ("qwen2", Mode::Pipeline),
-        ("qwen3_moe", Mode::Pipeline),
-        ("qwen3_5", Mode::Pipeline),
-        ("qwen3_5_moe", Mode::Pipeline),
-        ("qwen3_next", Mode::Pipeline),
-    ];
-
-    /// Every family runs exactly the parallel modes mlx-lm 0.32.2 has for it: so the
-    /// refusal's "does not shard it that way either" is true of every family it names.
+    /// Every split the engine runs is one mlx-lm 0.32.2 has (so no family claims a split
+    /// the reference cannot check), and the families it refuses get the true reason.
     #[test]
     fn parallel_modes_are_mlx_lm_s() {
-        let mlx_lm = |t: &str, m: Mode| MLX_LM_SHARDS.contains(&(t, m));
         for f in FAMILIES {
             for m in [Mode::Tensor, Mode::Pipeline] {
-                assert_eq!(
-                    parallel(f, m),
-                    mlx_lm(f.model_type, m),
-                    "{}: {} parallel here and in mlx-lm 0.32.2 differ",
+                assert!(
+                    !parallel(f, m) || mlx_lm_splits(f.model_type, m),
+                    "{} runs {} parallel, which mlx-lm 0.32.2 does not have",
                     f.model_type,
                     m.name()
                 );
@@ -370,7 +530,55 @@ mod tests {
         }
         let says = parallel_refusal("lfm2", Mode::Tensor).to_string();
         assert!(says.contains("does not shard it that way either"), "{says}");
+        let says = parallel_refusal("deepseek_v3", Mode::Pipeline).to_string();
+        assert!(
+            says.contains("mlx-lm 0.32.2 shards it; the engine's split is not gated"),
+            "{says}"
+        );
     }
+
+    /// The table names every family once with a cell per capability, and a flipped flag
+    /// shows in it (the docs test compares this rendering with docs/models.md).
+    #[test]
+    fn the_capability_table_follows_the_rows() {
+        let table = capability_table();
+        assert_eq!(table.lines().count(), FAMILIES.len() + 2);
+        assert!(
+            table.contains(
+                "| `llama` | gated | gated | gated | gated | refused (mlx-lm lacks it) |"
+            ),
+            "{table}"
+        );
+        assert!(table.contains("| `gpt_oss` | refused (not gated yet) | refused (not gated yet) | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
+    }
+
+    /// docs/models.md carries the table and the refusals as the rows render them
+    /// (`ENGINE_WRITE_DOCS=1` rewrites that part of the page). It fails on any drift: a page
+    /// with one cell changed is refused below.
+    #[test]
+    fn docs_models_md_carries_the_capability_table() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/models.md");
+        let page = std::fs::read_to_string(&path).unwrap();
+        let rendered = format!("{BEGIN}\n{}\n{}{END}", capability_table(), refusal_texts());
+        let (Some(a), Some(b)) = (page.find(BEGIN), page.find(END)) else {
+            panic!("docs/models.md lacks the markers {BEGIN} … {END}");
+        };
+        let current = &page[a..b + END.len()];
+        if std::env::var_os("ENGINE_WRITE_DOCS").is_some() && current != rendered {
+            std::fs::write(&path, page.replace(current, &rendered)).unwrap();
+            return;
+        }
+        assert_eq!(
+            current, rendered,
+            "docs/models.md's capability table is stale: rerun with ENGINE_WRITE_DOCS=1"
+        );
+        let planted = current.replacen("| gated |", "| refused (not gated yet) |", 1);
+        assert_ne!(planted, rendered, "a changed cell must show");
+    }
+
+    const BEGIN: &str = "<!-- capability table: rendered by engine::model::registry -->";
+    const END: &str = "<!-- end of capability table -->";
 
     #[test]
     fn every_model_type_has_one_row() {

@@ -214,10 +214,8 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         .with_context(|| format!("loading model from {}", args.model.display()))?;
     if args.segment_size.is_some() && super::segmented::layered(model.as_ref()).is_none() {
         anyhow::bail!(
-            "--segment-size is not available for model_type `{}` yet ({} have it); train \
-             this model without it",
-            model.model_type(),
-            super::segmented::segmented_families()
+            "{}; train this model without it",
+            super::segmented::refusal(model.model_type())
         );
     }
     let tokenizer = Tokenizer::load(&args.model)?;

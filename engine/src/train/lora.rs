@@ -146,11 +146,7 @@ fn select<'m>(
 /// Why a model cannot be fine-tuned: its family is not gated against mlx-lm's trainer (the
 /// registry's `lora`), or it lists no layers LoRA attaches to.
 fn refusal(model_type: &str) -> String {
-    format!(
-        "LoRA is not available for this `{model_type}` model yet (LoRA is available for {}; \
-         not yet for Gemma 4's mixture-of-experts block)",
-        crate::model::registry::names(|f| f.lora)
-    )
+    crate::model::registry::refusal(model_type, crate::model::registry::Capability::Lora)
 }
 
 impl<'m> Adapters<'m> {

@@ -22,10 +22,10 @@ use mlx_rs::Array;
 use super::lora::Adapters;
 use crate::model::{Carried, Layered};
 
-/// The families whose models expose their blocks (`LanguageModel::as_layered`), for
-/// refusals.
-pub fn segmented_families() -> String {
-    crate::model::registry::names(|f| f.segmented)
+/// The refusal of `--segment-size` to a model whose family's segmented backward is not
+/// gated (or that does not expose its blocks).
+pub fn refusal(model_type: &str) -> String {
+    crate::model::registry::refusal(model_type, crate::model::registry::Capability::Segmented)
 }
 
 /// The model's blocks for segmented training, where its family's segmented backward is

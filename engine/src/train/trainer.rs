@@ -229,10 +229,8 @@ pub fn batch_grads(
         (Some(size), Some(layered)) => super::segmented::segmented_value_and_grad(
             layered, adapters, &inputs, size, &mut loss, phases,
         ),
-        (Some(_), None) => Err(Exception::custom(format!(
-            "--segment-size is not available for model_type `{}` yet ({} have it)",
+        (Some(_), None) => Err(Exception::custom(super::segmented::refusal(
             model.model_type(),
-            super::segmented::segmented_families()
         ))),
         (None, _) => {
             let (out, grads) =

@@ -511,3 +511,39 @@ fn generation_tags_and_absent_tools_render_as_in_transformers() {
         "{% if tools is not none %}TOOLS{% endif %}{% if documents is none %}none{% endif %}";
     assert_eq!(render(tools), "none");
 }
+
+/// mlx-lm's `MODEL_REMAPPING` entries the registry lists as rows of their own: they build
+/// the target's model, so the target's L1 goldens gate them.
+const ALIASES: [(&str, &str); 1] = [("mistral", "llama")];
+
+/// Every model_type the registry loads has an L1-gated tiny model in the manifest (or is an
+/// alias of one that has): "loads" and "matches mlx-lm" are the same list. Prints the count
+/// (issue 38's before/after figure).
+#[test]
+fn every_registered_family_has_an_l1_gated_tiny_model() {
+    let manifest = crate::common::manifest();
+    let l1_types: std::collections::BTreeSet<&str> = manifest
+        .iter()
+        .filter(|r| r["gates"].as_array().unwrap().iter().any(|g| g == "l1"))
+        .map(|r| r["model_type"].as_str().unwrap())
+        .collect();
+    let gated = |t: &str| {
+        let target = ALIASES.iter().find(|(a, _)| *a == t).map_or(t, |(_, b)| b);
+        l1_types.contains(target)
+    };
+    let missing: Vec<_> = engine::model::registry::FAMILIES
+        .iter()
+        .map(|f| f.model_type)
+        .filter(|t| !gated(t))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "families without an L1 model: {missing:?}"
+    );
+    assert!(!gated("no_such_family"), "the check must be able to fail");
+    println!(
+        "{} model types load and match mlx-lm 0.32.2 at L1 ({} with tiny models of their own)",
+        engine::model::registry::FAMILIES.len(),
+        l1_types.len()
+    );
+}
