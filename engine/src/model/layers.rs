@@ -9,7 +9,7 @@ use mlx_rs::ops::addmm;
 use mlx_rs::transforms::compile::compile;
 use mlx_rs::Array;
 
-use crate::cache::{AttentionCache, Cache, KvCache, Mask, RotatingKvCache};
+use crate::cache::{AttentionCache, Cache, KvCache, Mask, RopeOffset, RotatingKvCache};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
 
@@ -264,6 +264,18 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn AttentionCache) -> R<Array> {
+        self.forward_with(x, mask, cache, |q, _| Ok(q))
+    }
+
+    /// The forward with `queries` applied to the rotated queries before SDPA (Ministral 3's
+    /// position-dependent query scale reads the step's RoPE offset).
+    pub fn forward_with(
+        &self,
+        x: &Array,
+        mask: &Mask,
+        cache: &mut dyn AttentionCache,
+        queries: impl FnOnce(Array, &RopeOffset) -> R<Array>,
+    ) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
             let t = t.reshape(&[b, l, n, -1])?;
@@ -286,6 +298,7 @@ impl Attention {
         let q = self.rope.forward(&q, &offset)?;
         let k = self.rope.forward(&k, &offset)?;
         let kv = cache.update_and_fetch(k, v)?;
+        let q = queries(q, &offset)?;
         let out = super::sdpa::attend(&q, &kv, self.scale, mask)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)

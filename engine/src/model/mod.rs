@@ -11,6 +11,7 @@ pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod ministral3;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_family;

@@ -109,6 +109,10 @@ fn smollm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::smollm3::load(c, w)?))
 }
 
+fn ministral3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::ministral3::load(c, w)?))
+}
+
 fn falcon_h1(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::falcon_h1::load(c, w)?))
 }
@@ -204,6 +208,9 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
+    // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
+    // (so the parallel refusal's "does not shard it either" is not true of ministral3).
+    row("ministral3", ministral3),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
