@@ -29,8 +29,10 @@ const MOE: [&str; 3] = ["tiny-qwen3-moe", "tiny-mixtral", "tiny-qwen2-moe"];
 
 /// The sliding-window models of the gate (window 8, below every row's length): gemma3
 /// (1 global layer in 2), gemma4 (KV shared across layers, per-layer-kind masks), its MoE,
-/// and gpt-oss (attention sinks beside the window).
-const SLIDING: [&str; 4] = [
+/// gpt-oss (attention sinks beside the window), and ministral3 (Llama 4's position-scaled
+/// queries: each row's own positions).
+const SLIDING: [&str; 5] = [
+    "tiny-ministral3",
     "tiny-gemma3",
     "tiny-gemma4",
     "tiny-gemma4-moe",

@@ -321,7 +321,8 @@ fn restart_continuation(name: &str, claim_extra: bool) -> Continuation {
 /// yarn RoPE, the multimodal wrappers gemma3 / gemma4 with their text families, and
 /// gpt-oss (sinks, mxfp4 experts) and Gemma 4's MoE block on their bf16 fixtures (rotating caches: the window of 8 has
 /// wrapped by 40 tokens, so the rings are stored and restored as rings).
-const FAMILIES: [&str; 12] = [
+const FAMILIES: [&str; 13] = [
+    "tiny-ministral3",
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen2-moe",
