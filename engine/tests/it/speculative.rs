@@ -215,3 +215,56 @@ fn a_drafter_catches_up_as_a_fresh_prefill_would() {
         "caught-up drafter differs from a fresh prefill"
     );
 }
+
+/// The families of issue 38 as speculative targets (each model's window, where it has one,
+/// widened past every prompt + output so that its rings never wrap: every rollback trims).
+/// Two drafters: tiny-llama-draft (the same vocabulary; these random targets reject nearly
+/// all its drafts, so nearly every round rolls the target's caches back) and the target
+/// itself (every draft accepted: the bonus-token path).
+const NEWER_TARGETS: [&str; 1] = ["tiny-ministral3"];
+
+fn newer_target(name: &str) -> (tempfile::TempDir, Box<dyn LanguageModel>) {
+    common::with_sliding_window(name, 4096)
+}
+
+#[test]
+fn spec_equals_greedy_on_the_newer_families() {
+    let llama_draft = model("tiny-llama-draft");
+    for name in NEWER_TARGETS {
+        let (_dir, target) = newer_target(name);
+        let (_dir2, itself) = newer_target(name);
+        for (case, prompt) in common::l1_cases(name).into_iter().take(3) {
+            for draft in [&llama_draft, &itself] {
+                check(
+                    target.as_ref(),
+                    draft.as_ref(),
+                    &format!("{name} {case}"),
+                    &prompt,
+                );
+            }
+        }
+    }
+}
+
+/// The gate bites on each of them: rolled back one token short, the target diverges from
+/// greedy where greedy is sure.
+#[test]
+fn planted_short_rollback_diverges_on_the_newer_families() {
+    use engine::plant::{self, Defect};
+    let draft = model("tiny-llama-draft");
+    for name in NEWER_TARGETS {
+        let (_dir, target) = newer_target(name);
+        let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
+        let divergences: Vec<_> = common::l1_cases(name)
+            .into_iter()
+            .flat_map(|(case, prompt)| {
+                compare_with_greedy(target.as_ref(), draft.as_ref(), &case, &prompt).1
+            })
+            .collect();
+        drop(planted);
+        assert!(
+            divergences.iter().any(|&(_, _, m)| m > TIE),
+            "{name}: {divergences:?}"
+        );
+    }
+}
