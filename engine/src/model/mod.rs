@@ -30,6 +30,7 @@ pub mod shard;
 pub mod short_conv;
 pub mod smollm3;
 pub mod ssm;
+pub mod vl_text;
 pub mod wrapper;
 
 use std::path::Path;
@@ -428,6 +429,11 @@ mod tests {
                 .into_iter()
                 .filter(|(n, _)| !wrapper || n.starts_with("language_model."))
                 .filter(|(n, _)| !n.starts_with("model.visual."))
+                // mistral3's Hugging Face layout keeps its tower and projector under `model.`.
+                .filter(|(n, _)| {
+                    !n.starts_with("model.vision_tower.")
+                        && !n.starts_with("model.multi_modal_projector.")
+                })
                 .map(|(n, s)| {
                     let n = n.replace("model.language_model.", "model.");
                     match n.strip_prefix("language_model.") {

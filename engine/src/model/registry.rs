@@ -211,6 +211,9 @@ pub static FAMILIES: &[Family] = &[
     // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
     // (so the parallel refusal's "does not shard it either" is not true of ministral3).
     row("ministral3", ministral3),
+    // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
+    row("mistral3", super::vl_text::build_mistral3),
+    row("qwen3_vl", super::vl_text::build_qwen3_vl),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's

@@ -155,14 +155,7 @@ impl Spec {
             .or_insert(self.kv_heads.into());
         text.insert("model_type".into(), self.text_family.into());
         let mut inner = ModelConfig::from_value(config.path.clone(), Value::Object(text))?;
-        inner.quantization = config.quantization.as_ref().map(|q| QuantConfig {
-            default: q.default,
-            per_path: q
-                .per_path
-                .iter()
-                .filter_map(|(k, v)| Some((k.strip_prefix(LM)?.to_owned(), *v)))
-                .collect(),
-        });
+        inner.quantization = text_quantization(config.quantization.as_ref());
         Ok(inner)
     }
 
@@ -204,6 +197,27 @@ impl Spec {
         });
         Ok(())
     }
+}
+
+/// A wrapper's quantization map on its text model's module paths (the `language_model.`
+/// prefix dropped, the paths outside it left out).
+pub(super) fn text_quantization(q: Option<&QuantConfig>) -> Option<QuantConfig> {
+    q.map(|q| QuantConfig {
+        default: q.default,
+        per_path: q
+            .per_path
+            .iter()
+            .filter_map(|(k, v)| Some((k.strip_prefix(LM)?.to_owned(), *v)))
+            .collect(),
+    })
+}
+
+/// A text model behind a wrapper's `language_model.` prefix (mistral3, qwen3_vl).
+pub(super) fn wrapped(
+    model_type: &'static str,
+    inner: Box<dyn LanguageModel>,
+) -> Box<dyn LanguageModel> {
+    Box::new(Wrapped { model_type, inner })
 }
 
 /// The text model behind a wrapper: everything is the text family's, except the name and

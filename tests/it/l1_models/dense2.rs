@@ -1,6 +1,7 @@
 //! L1 plants on the dense families of Mistral 3 / Ministral 3 and Qwen3-VL's text model:
 //! tiny-ministral3 (Llama 4's position-dependent query scale, yarn RoPE, sliding and full
-//! layers); part of the `l1_models` binary.
+//! layers), tiny-mistral3 (the mistral3 wrapper over a ministral3, Hugging Face's layout) and
+//! tiny-qwen3-vl (the qwen3_vl wrapper over qwen3); part of the `l1_models` binary.
 
 use super::*;
 
@@ -12,4 +13,27 @@ fn planted_query_scale_off_fails_l1_on_ministral3() {
     let plant = "rope_parameters.llama_4_scaling_beta=0.0";
     let report = l1("tiny-ministral3", Some(plant));
     assert_fails_at_prefill(&report, &format!("tiny-ministral3 with {plant}"));
+}
+
+/// Planted through the wrapper's `text_config`: the head tied (the wrapper's default is
+/// untied, and mlx-lm's ministral3 then drops the stored `lm_head`), or the text model read
+/// as llama (no query scale) — every case of tiny-mistral3 fails at its prefill.
+#[test]
+fn planted_text_config_defects_fail_l1_on_mistral3() {
+    for plant in [
+        "text_config.tie_word_embeddings=true",
+        "text_config.model_type=mistral",
+    ] {
+        let report = l1("tiny-mistral3", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-mistral3 with {plant}"));
+    }
+}
+
+/// Planted through `text_config`: another RoPE theta (Qwen3-VL's text positions are plain
+/// RoPE from it in mlx-lm, its mrope settings unused) — every case fails at its prefill.
+#[test]
+fn planted_rope_theta_fails_l1_on_qwen3_vl() {
+    let plant = "text_config.rope_theta=1000000.0";
+    let report = l1("tiny-qwen3-vl", Some(plant));
+    assert_fails_at_prefill(&report, &format!("tiny-qwen3-vl with {plant}"));
 }
