@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod deepseek_v3;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
@@ -12,6 +13,7 @@ pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
 pub mod mixtral;
+pub mod mla;
 pub mod moe;
 pub mod moe_family;
 pub mod nemotron_h;
@@ -401,6 +403,10 @@ mod tests {
             (
                 "tiny-nemotron-h-moe-grouped",
                 "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
+            ),
+            (
+                "tiny-deepseek-v3",
+                "`kv_b_proj` (split into embed_q / unembed_out) and per-expert tensors",
             ),
         ];
         let mut compared = 0;

@@ -113,6 +113,11 @@ fn falcon_h1(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Load
     Ok(Box::new(super::falcon_h1::load(c, w)?))
 }
 
+fn deepseek_v3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::DeepseekV3;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -275,7 +280,18 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
+    // Multi-head latent attention (model/mla.rs): L1 only. mlx-lm 0.32.2 shards deepseek_v3
+    // (and the files built on it) both ways; those splits are refused here until gated
+    // (`UNGATED_SHARDS`), as are LoRA, segmented training and convert.
+    row("deepseek_v3", deepseek_v3),
+    // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
+    row("kimi_k2", deepseek_v3),
+    row("joyai_llm_flash", deepseek_v3),
 ];
+
+/// Families mlx-lm 0.32.2 shards (`Model.shard`, `PipelineMixin`) whose splits the engine
+/// has not gated yet: refused, and the refusal says so rather than that mlx-lm lacks them.
+pub const UNGATED_SHARDS: [&str; 3] = ["deepseek_v3", "kimi_k2", "joyai_llm_flash"];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
 pub fn family(model_type: &str) -> Result<&'static Family, LoadError> {
@@ -319,6 +335,14 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
 /// it that way either (the engine runs every split mlx-lm has for its families; the test
 /// `parallel_modes_are_mlx_lm_s` holds the table to mlx-lm's).
 pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
+    if UNGATED_SHARDS.contains(&model_type) {
+        return LoadError::Unsupported(format!(
+            "`{model_type}` cannot run {} parallel yet (mlx-lm 0.32.2 shards it, but the \
+             engine's split is not gated against it); families that can: {}",
+            mode.name(),
+            names(|f| parallel(f, mode))
+        ));
+    }
     LoadError::Unsupported(format!(
         "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
          either); families that can: {}",
@@ -335,7 +359,8 @@ mod tests {
     /// (mistral → llama): `Model.shard` in models/{llama, qwen2, qwen3, qwen3_moe, gpt_oss,
     /// qwen3_5}.py (qwen3_5_moe's `Model` subclasses qwen3_5's), `PipelineMixin` in
     /// models/{qwen2, qwen3_moe, qwen3_5, qwen3_next}.py. Of the other files that shard,
-    /// none is a family of this table.
+    /// the MLA families' (deepseek_v3 and its aliases) are refused until gated
+    /// (`UNGATED_SHARDS`, with their own refusal); none other is a family of this table.
     const MLX_LM_SHARDS: [(&str, Mode); 13] = [
         ("llama", Mode::Tensor),
         ("mistral", Mode::Tensor),
@@ -370,6 +395,11 @@ mod tests {
         }
         let says = parallel_refusal("lfm2", Mode::Tensor).to_string();
         assert!(says.contains("does not shard it that way either"), "{says}");
+        for t in UNGATED_SHARDS {
+            assert!(FAMILIES.iter().any(|f| f.model_type == t), "{t} has no row");
+            let says = parallel_refusal(t, Mode::Pipeline).to_string();
+            assert!(says.contains("mlx-lm 0.32.2 shards it"), "{says}");
+        }
     }
 
     #[test]
