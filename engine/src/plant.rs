@@ -267,6 +267,10 @@ pub enum Defect {
     /// part by part against the model's parts: a recurrent state of another shape whose
     /// bytes add up passes the scan. Caught by `engine/tests/it/ssd_hardening.rs`.
     SsdListPartsUnchecked,
+    /// Multi-head latent attention (`model/mla.rs`): the query's rotated half taken from the
+    /// front of each head and the unrotated half from its end (RoPE applied to the wrong
+    /// part). Caught by the L1 gate on the MLA fixtures (`tests/it/l1_models/mla.rs`).
+    MlaRopeOnWrongHalf,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -575,6 +575,8 @@ fn qwen3_without_rope_theta_is_refused() {
 
 /// Mistral 3 / Ministral 3 and Qwen3-VL's text model.
 mod dense2;
+/// The multi-head latent attention families (deepseek_v3 and those built on it).
+mod mla;
 /// The MoE families and the floating-point quantization modes.
 mod moe_quant;
 /// nemotron_h with Nemotron 3's mixture-of-experts blocks.

@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod deepseek_v3;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
@@ -13,6 +14,7 @@ pub mod llama;
 pub mod mamba2;
 pub mod ministral3;
 pub mod mixtral;
+pub mod mla;
 pub mod moe;
 pub mod moe_family;
 pub mod nemotron_h;
@@ -403,6 +405,10 @@ mod tests {
             (
                 "tiny-nemotron-h-moe-grouped",
                 "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
+            ),
+            (
+                "tiny-deepseek-v3",
+                "`kv_b_proj` (split into embed_q / unembed_out) and per-expert tensors",
             ),
         ];
         let mut compared = 0;

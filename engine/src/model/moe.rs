@@ -401,7 +401,7 @@ pub enum Router {
 ///                the n_group − topk_group lowest (`argpartition(g, k−1, axis=−2)[..., :k, :]`)
 ///                zeroed (`put_along_axis`)
 ///   inds  = argpartition(−pick, k−1)[..., :k]
-///   w     = s[inds]  (/ (their sum + 1e-20) when norm_topk_prob and k > 1)
+///   w     = s[inds]  (/ their sum (+ 1e-20 where the family adds it) when norm_topk_prob and k > 1)
 ///   w     = w · routed_scaling_factor
 pub struct GroupedTopK {
     /// `e_score_correction_bias` [experts] (float32, as checkpoints keep it).
@@ -409,6 +409,9 @@ pub struct GroupedTopK {
     pub n_group: i32,
     pub topk_group: i32,
     pub norm_topk_prob: bool,
+    /// The renormalization's denominator gets + 1e-20 (Nemotron 3's and GLM-4.7-Flash's
+    /// copies of the function; DeepSeek-V3's divides by the plain sum).
+    pub denominator_eps: bool,
     /// A Python float: weak against the float32 scores.
     pub routed_scaling_factor: f64,
 }
@@ -421,6 +424,7 @@ struct SelectKey {
     n_group: i32,
     topk_group: i32,
     norm_topk_prob: bool,
+    denominator_eps: bool,
     scaling_bits: u64,
     planted: bool,
 }
@@ -441,6 +445,7 @@ impl GroupedTopK {
             n_group: self.n_group,
             topk_group: self.topk_group,
             norm_topk_prob: self.norm_topk_prob,
+            denominator_eps: self.denominator_eps,
             scaling_bits: self.routed_scaling_factor.to_bits(),
             planted: plant::is(Defect::MoeCorrectionBiasWeighted),
         };
@@ -485,9 +490,11 @@ fn group_expert_select(args: &[Array], c: SelectKey) -> R<Vec<Array>> {
     let weighed = if c.planted { &scores } else { &orig_scores };
     let mut scores = weighed.take_along_axis(&inds, -1)?;
     if k > 1 && c.norm_topk_prob {
-        let denominator = scores.sum_axis(-1, true)?;
-        let eps = crate::scalar::weak(1e-20, &denominator)?;
-        scores = scores.divide(denominator.add(eps)?)?;
+        let mut denominator = scores.sum_axis(-1, true)?;
+        if c.denominator_eps {
+            denominator = denominator.add(crate::scalar::weak(1e-20, &denominator)?)?;
+        }
+        scores = scores.divide(denominator)?;
     }
     let scaling = f64::from_bits(c.scaling_bits);
     let scores = scores.multiply(crate::scalar::weak(scaling, &scores)?)?;

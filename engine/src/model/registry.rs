@@ -117,6 +117,11 @@ fn falcon_h1(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Load
     Ok(Box::new(super::falcon_h1::load(c, w)?))
 }
 
+fn deepseek_v3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::DeepseekV3;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -285,6 +290,13 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
+    // Multi-head latent attention (model/mla.rs): L1 only. mlx-lm 0.32.2 shards deepseek_v3
+    // (and the files built on it) both ways; those splits are refused here until gated (the
+    // refusal says mlx-lm has them), as are LoRA, segmented training and convert.
+    row("deepseek_v3", deepseek_v3),
+    // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
+    row("kimi_k2", deepseek_v3),
+    row("joyai_llm_flash", deepseek_v3),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
@@ -342,6 +354,7 @@ const MLX_LM_TENSOR: &[&str] = &[
     "qwen3_5_moe",
     "deepseek_v3",
     "kimi_k2",
+    "joyai_llm_flash",
     "deepseek_v32",
     "kimi_k25",
     "glm4_moe",
@@ -358,6 +371,7 @@ const MLX_LM_PIPELINE: &[&str] = &[
     "qwen3_next",
     "deepseek_v3",
     "kimi_k2",
+    "joyai_llm_flash",
     "deepseek_v32",
     "glm4_moe",
     "glm4_moe_lite",

@@ -166,7 +166,7 @@ fn fused_applies(q: &Array, quant: &KvQuant, mask: &Mask) -> bool {
 }
 
 /// `mx.finfo(dtype).min` as a Python float meets an array of `dtype`.
-fn lowest(like: &Array) -> R<Array> {
+pub(crate) fn lowest(like: &Array) -> R<Array> {
     let v = match like.dtype() {
         Dtype::Float16 => -65504.0,
         Dtype::Bfloat16 => f32::from_bits(0xFF7F_0000),

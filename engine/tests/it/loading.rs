@@ -514,7 +514,11 @@ fn generation_tags_and_absent_tools_render_as_in_transformers() {
 
 /// mlx-lm's `MODEL_REMAPPING` entries the registry lists as rows of their own: they build
 /// the target's model, so the target's L1 goldens gate them.
-const ALIASES: [(&str, &str); 1] = [("mistral", "llama")];
+const ALIASES: [(&str, &str); 3] = [
+    ("mistral", "llama"),
+    ("kimi_k2", "deepseek_v3"),
+    ("joyai_llm_flash", "deepseek_v3"),
+];
 
 /// Every model_type the registry loads has an L1-gated tiny model in the manifest (or is an
 /// alias of one that has): "loads" and "matches mlx-lm" are the same list. Prints the count

@@ -1,0 +1,101 @@
+"""Tiny multi-head latent attention (MLA) models, made with mlx-lm's own classes.
+
+    HARNESS_WRITE_REFERENCE=1 oracles/.venv/bin/python oracles/make_models.py --only NAME
+    (or oracles/make_mla.py [NAME ...]: its rows of goldens/models/manifest.json)
+
+Each is saved as the Hugging Face checkpoints ship it, so that mlx-lm's sanitize (and ours) does
+its work: `kv_b_proj` [heads·(nope + v), kv_lora_rank] in place of the absorbed `embed_q` /
+`unembed_out`, per-expert `experts.{e}.{gate,up,down}_proj` in place of the stacked switch_mlp.
+
+- tiny-deepseek-v3    deepseek_v3: 3 layers, layer 0 a dense SwiGLU (first_k_dense_replace 1), layers
+                      1-2 the sparse block (8 experts in n_group 2 groups, topk_group 1, top 2 by
+                      sigmoid + e_score_correction_bias, renormalized, routed_scaling_factor 2.5, one
+                      shared expert); MLA with q_lora_rank 48, kv_lora_rank 32, 4 heads of nope 16 +
+                      rope 8, v 16; yarn RoPE (factor 4, mscale_all_dim 1: the softmax scale grows);
+                      a `rotary_emb.inv_freq` tensor sanitize drops; routers and bias drawn, f32
+"""
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models import deepseek_v3
+
+import tinymodels
+from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
+
+# Imported for its helper only (no maker of make_hybrids runs from here).
+from make_hybrids import per_expert_layout
+
+
+def deepseek_v3_config() -> dict:
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 4,
+        "n_shared_experts": 1, "n_routed_experts": 8, "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 8, "v_head_dim": 16,
+        "qk_nope_head_dim": 16, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "norm_topk_prob": True, "n_group": 2, "topk_group": 1, "num_experts_per_tok": 2,
+        "moe_layer_freq": 1, "first_k_dense_replace": 1, "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "attention_bias": False,
+        "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024,
+                         "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "tie_word_embeddings": False,
+    }
+
+
+def draw_routers(model, seed: int, dtype) -> None:
+    """MoEGate starts at zeros: draw its weight (in `dtype`) and its e_score_correction_bias
+    (float32, as DeepSeek keeps it), so that routing and the grouped choice are decisive."""
+    for i, layer in enumerate(model.layers):
+        gate = getattr(layer.mlp, "gate", None)
+        if gate is None:
+            continue
+        k1, k2 = mx.random.split(mx.random.key(seed * 100 + 50 + i))
+        gate.weight = (mx.random.normal(gate.weight.shape, key=k1) * 0.5).astype(dtype)
+        gate.e_score_correction_bias = mx.random.normal(gate.e_score_correction_bias.shape, key=k2) * 0.1
+    mx.eval(model.parameters())
+
+
+def hf_kv_b_proj(weights: dict) -> dict:
+    """`embed_q` [H, kv_lora, nope] and `unembed_out` [H, v, kv_lora] folded back into Hugging
+    Face's `kv_b_proj` [H·(nope + v), kv_lora] (the inverse of mlx-lm's sanitize split)."""
+    out = {}
+    for name, v in weights.items():
+        if name.endswith(".embed_q.weight"):
+            prefix = name[: -len(".embed_q.weight")]
+            wk = v.swapaxes(-1, -2)
+            wv = weights[f"{prefix}.unembed_out.weight"]
+            heads, _, rank = wk.shape
+            out[f"{prefix}.kv_b_proj.weight"] = mx.concatenate([wk, wv], axis=1).reshape(-1, rank)
+        elif not name.endswith(".unembed_out.weight"):
+            out[name] = v
+    return out
+
+
+def hf_mla_weights(model) -> dict:
+    return per_expert_layout(hf_kv_b_proj(weights_of(model)))
+
+
+def random_mla(module, cfg: dict, seed: int, dtype):
+    model = random_model(module, cfg, seed, dtype)
+    randomize_scales(model, seed)
+    draw_routers(model.model, seed, dtype)
+    return model
+
+
+def make_deepseek_v3(job: Job) -> Path:
+    cfg = deepseek_v3_config()
+    model = random_mla(deepseek_v3, cfg, job.seed, mx.float32)
+    weights = hf_mla_weights(model)
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = mx.arange(4, dtype=mx.float32)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; norms, routers and e_score_correction_bias drawn), "
+                       "f32, Hugging Face layout (kv_b_proj, per-expert tensors, a rotary_emb.inv_freq "
+                       "sanitize drops); layer 0 dense, layers 1-2 8 experts in 2 groups (topk_group 1), "
+                       "top 2, a shared expert; yarn RoPE with mscale_all_dim")
+
+
+if __name__ == "__main__":
+    tinymodels.main({"make_mla": sys.modules[__name__]})

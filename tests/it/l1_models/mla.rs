@@ -1,0 +1,40 @@
+//! L1 on the multi-head latent attention families (`engine/src/model/mla.rs`): DeepSeek-V3
+//! and the models built on it. Each fixture's clean run is part of `every_l1_model_is_bit_exact`;
+//! here the planted defects, each of which must break every case at its prefill.
+
+use super::*;
+
+/// The MLA fixtures whose query has a rope half (all of them).
+const FIXTURES: [&str; 1] = ["tiny-deepseek-v3"];
+
+/// Planted: RoPE rotates the front of each query head (part of its nope half) and the rope
+/// half is read unrotated. Each fixture passes before and after the guard.
+#[test]
+fn planted_rope_on_the_wrong_half_fails_l1_on_mla() {
+    for name in FIXTURES {
+        let clean = l1(name, None);
+        harness::announce(&clean.summary());
+        assert!(clean.passed(), "{name}: {}", clean.details().join("\n"));
+        {
+            let _on = engine::plant::on(engine::plant::Defect::MlaRopeOnWrongHalf).unwrap();
+            assert_fails_at_prefill(
+                &l1(name, None),
+                &format!("rope on the wrong half on {name}"),
+            );
+        }
+        assert!(
+            l1(name, None).passed(),
+            "{name}: the plant outlived its guard"
+        );
+    }
+}
+
+/// Planted through the config: the group-limited routing off by a group count — no grouping
+/// (n_group 1) or four groups of two (n_group 4) where the checkpoint has two of four.
+#[test]
+fn planted_group_routing_defects_fail_l1_on_deepseek_v3() {
+    for plant in ["n_group=1", "n_group=4"] {
+        let report = l1("tiny-deepseek-v3", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-deepseek-v3 with {plant}"));
+    }
+}
