@@ -573,6 +573,8 @@ fn qwen3_without_rope_theta_is_refused() {
     );
 }
 
+/// The dense families of batch one (gemma2, …).
+mod dense;
 /// The MoE families and the floating-point quantization modes.
 mod moe_quant;
 /// nemotron_h with Nemotron 3's mixture-of-experts blocks.

@@ -27,7 +27,7 @@ use std::ops::Range;
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use super::layers::{Embedding, Linear, OutputHead, RmsNorm};
+use super::layers::{Embedding, Linear, OutputHead, RmsNorm, Softcap};
 use super::moe::SwitchLinear;
 use super::pipeline::{self, Stage};
 use super::shard::Part;
@@ -44,7 +44,7 @@ use crate::load::LoadError;
 use layer::Io;
 pub use layer::{
     kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, NamedAttention, Residual,
-    SideInputs, Tail, Windowed,
+    SideInputs, SoftcappedAttention, Tail, Windowed,
 };
 
 type R<T> = Result<T, Exception>;
@@ -128,8 +128,9 @@ pub struct Style {
     pub embed_scale: Option<EmbedScale>,
     /// Gemma 4's per-layer inputs (the family's loader for them).
     pub side: Option<SideLoader>,
-    /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
-    pub logit_softcap: Option<f32>,
+    /// `c · tanh(logits / c)` (Gemma 4's compiled `final_logit_softcapping`, Gemma 2's eager
+    /// one).
+    pub logit_softcap: Option<Softcap>,
     /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
     pub logits_scaling: Option<f32>,
     /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a

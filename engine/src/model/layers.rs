@@ -264,6 +264,19 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn AttentionCache) -> R<Array> {
+        self.forward_with(x, cache, |q, kv| {
+            super::sdpa::attend(q, kv, self.scale, mask)
+        })
+    }
+
+    /// The forward with `attend(q, kv)` in place of the fused SDPA (gemma2's softcapped
+    /// scores): projections, norms, RoPE and the cache as [`Attention::forward`].
+    pub fn forward_with(
+        &self,
+        x: &Array,
+        cache: &mut dyn AttentionCache,
+        attend: impl FnOnce(&Array, &crate::cache::Kv) -> R<Array>,
+    ) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
             let t = t.reshape(&[b, l, n, -1])?;
@@ -286,7 +299,7 @@ impl Attention {
         let q = self.rope.forward(&q, &offset)?;
         let k = self.rope.forward(&k, &offset)?;
         let kv = cache.update_and_fetch(k, v)?;
-        let out = super::sdpa::attend(&q, &kv, self.scale, mask)?;
+        let out = attend(&q, &kv)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }
@@ -371,6 +384,14 @@ pub fn softcap(x: &Array, cap: f32) -> R<Array> {
     SOFTCAP.with_borrow_mut(|f| Ok(f(&[x.clone(), cap])?.remove(0)))
 }
 
+/// A final logit softcap `c · tanh(logits / c)`, as mlx-lm writes it for the family:
+/// through its compiled `logit_softcap` (Gemma 4) or as eager ops (Gemma 2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Softcap {
+    Compiled(f32),
+    Eager(f32),
+}
+
 /// How a gated MLP combines `gate(x)` and `up(x)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Glu {
@@ -437,7 +458,7 @@ pub struct OutputHead {
     pub norm: RmsNorm,
     /// None: tied to the input embedding.
     pub lm_head: Option<Linear>,
-    pub softcap: Option<f32>,
+    pub softcap: Option<Softcap>,
     /// Tensor parallel with a vocabulary-split `lm_head` (qwen3_5's `Model.shard`): the
     /// ranks' logit columns are gathered after it (`gather_last_axis`); 1 otherwise.
     pub vocab_parts: usize,
@@ -451,7 +472,7 @@ impl OutputHead {
         norm: RmsNorm,
         tied: bool,
         [vocab, hidden]: [i32; 2],
-        softcap: Option<f32>,
+        softcap: Option<Softcap>,
     ) -> Result<Self, LoadError> {
         let lm_head = if tied {
             None
@@ -470,7 +491,11 @@ impl OutputHead {
     pub fn forward(&self, embed: &Embedding, h: &Array) -> R<Array> {
         let logits = self.project(embed, &self.norm.forward(h)?)?;
         match self.softcap {
-            Some(cap) => softcap(&logits, cap),
+            Some(Softcap::Compiled(cap)) => softcap(&logits, cap),
+            Some(Softcap::Eager(cap)) => {
+                let cap = weak(cap as f64, &logits)?;
+                mlx_rs::ops::tanh(&logits.divide(&cap)?)?.multiply(&cap)
+            }
             None => Ok(logits),
         }
     }

@@ -4,6 +4,7 @@ pub mod decoder;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
+pub mod gemma2;
 pub mod gemma4;
 pub mod gpt_oss;
 pub mod granitemoehybrid;

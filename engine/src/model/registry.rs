@@ -61,6 +61,10 @@ fn gemma3_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Lo
     Ok(Box::new(super::gemma::load(c, w)?))
 }
 
+fn gemma2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::gemma2::load(c, w)?))
+}
+
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gemma4::load(c, w)?))
 }
@@ -204,6 +208,7 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
+    row("gemma2", gemma2),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's

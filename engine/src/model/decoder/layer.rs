@@ -396,6 +396,35 @@ impl Mixer for NamedAttention {
     }
 }
 
+/// Attention whose scores are capped, `cap · tanh(s / cap)`, before the mask and softmax
+/// (mlx-lm's gemma2): the projections, norms, RoPE and cache of [`Attention`], the scores
+/// formed eagerly by `sdpa::attend_softcapped` instead of the fused kernel.
+pub struct SoftcappedAttention {
+    pub attn: Attention,
+    pub cap: f32,
+}
+
+impl Mixer for SoftcappedAttention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let a = &self.attn;
+        a.forward_with(x, kv_of(cache)?, |q, kv| {
+            crate::model::sdpa::attend_softcapped(q, kv, a.scale, self.cap, mask)
+        })
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.attn.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        self.attn.named_linears().into()
+    }
+
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        self.attn.shard(part, layer)
+    }
+}
+
 /// The KV cache an attention with `rope` keeps.
 pub fn kv_cache(rope: &rope::Rope) -> Box<dyn Cache> {
     match rope.needs_int_offset() {

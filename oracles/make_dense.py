@@ -1,0 +1,45 @@
+"""Tiny dense decoders of the families added in batch one, made with mlx-lm's own classes.
+
+    oracles/.venv/bin/python oracles/make_dense.py [NAME ...]   (its rows of goldens/models/manifest.json)
+    (or through make_models.py: `make_models.py --only tiny-gemma2`)
+
+- tiny-gemma2   gemma2: 4 layers, GQA 4/2, head 16, query_pre_attn_scalar 24 (not the head
+                width), attention logits capped at 4 and final logits at 6 (tight enough that
+                tanh bends them), (1 + w) sandwich norms drawn away from zero, tied, bf16
+
+The tokenizer and chat template are tinymodels' shared ones ("llama" style). Everything is seeded.
+"""
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.models import gemma2
+
+import tinymodels
+from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
+
+
+def gemma2_config() -> dict:
+    return {
+        "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "query_pre_attn_scalar": 24,
+        "attn_logit_softcapping": 4.0, "final_logit_softcapping": 6.0,
+        # Read by transformers, ignored by mlx-lm 0.32.2's gemma2 (and so by the engine).
+        "sliding_window": 8, "cache_implementation": "hybrid",
+    }
+
+
+def make_gemma2(job: Job) -> Path:
+    cfg = gemma2_config()
+    model = random_model(gemma2, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}), bf16, softcaps 4 / 6, tied")
+
+
+if __name__ == "__main__":
+    tinymodels.main({"make_dense": sys.modules[__name__]})
