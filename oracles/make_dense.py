@@ -6,6 +6,10 @@
 - tiny-gemma2   gemma2: 4 layers, GQA 4/2, head 16, query_pre_attn_scalar 24 (not the head
                 width), attention logits capped at 4 and final logits at 6 (tight enough that
                 tanh bends them), (1 + w) sandwich norms drawn away from zero, tied, bf16
+- tiny-olmo2    olmo2: 4 layers, post-norms only (post_attention / post_feedforward), q/k RMSNorms
+                over the whole projection (GQA 4/2, head 16), q/k/v/o biases drawn, untied, bf16
+- tiny-olmo3    olmo3: 4 layers by layer_types sliding, sliding, full, sliding (window 8: the
+                rings wrap), linear RoPE scaling on the full layer only, tied, bf16
 
 The tokenizer and chat template are tinymodels' shared ones ("llama" style). Everything is seeded.
 """
@@ -14,7 +18,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import gemma2
+from mlx_lm.models import gemma2, olmo2, olmo3
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -39,6 +43,43 @@ def make_gemma2(job: Job) -> Path:
     randomize_scales(model, job.seed)
     return write_model(job, weights_of(model), cfg,
                        f"random weights (seed {job.seed}), bf16, softcaps 4 / 6, tied")
+
+
+def olmo_config(model_type: str) -> dict:
+    return {
+        "architectures": ["Olmo2ForCausalLM" if model_type == "olmo2" else "Olmo3ForCausalLM"],
+        "model_type": model_type, "hidden_size": 64, "num_hidden_layers": 4, "intermediate_size": 128,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": VOCAB,
+        "max_position_embeddings": 4096, "rope_theta": 500000.0,
+    }
+
+
+def draw_biases(model, seed: int) -> None:
+    """nn.Linear's biases start near zero: draw them so a dropped bias shows."""
+    for i, layer in enumerate(model.layers):
+        a = layer.self_attn
+        for j, proj in enumerate((a.q_proj, a.k_proj, a.v_proj, a.o_proj)):
+            key = mx.random.key(seed * 100 + i * 10 + j)
+            proj.bias = (mx.random.normal(proj.bias.shape, key=key) * 0.5).astype(proj.bias.dtype)
+    mx.eval(model.parameters())
+
+
+def make_olmo2(job: Job) -> Path:
+    cfg = dict(olmo_config("olmo2"), attention_bias=True, tie_word_embeddings=False)
+    model = random_model(olmo2, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    draw_biases(model, job.seed)
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}), bf16, q/k/v/o biases, untied")
+
+
+def make_olmo3(job: Job) -> Path:
+    cfg = dict(olmo_config("olmo3"), sliding_window=8, tie_word_embeddings=True,
+               layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+               rope_scaling={"rope_type": "linear", "factor": 2.0})
+    model = random_model(olmo3, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg, f"random weights (seed {job.seed}), bf16, window 8, tied")
 
 
 if __name__ == "__main__":

@@ -267,6 +267,10 @@ pub enum Defect {
     /// part by part against the model's parts: a recurrent state of another shape whose
     /// bytes add up passes the scan. Caught by `engine/tests/it/ssd_hardening.rs`.
     SsdListPartsUnchecked,
+    /// OLMo's q/k RMSNorms, meant over the whole projection, taken per head (each head
+    /// normalized on its own, then scaled by its slice of the weight). Caught by the L1
+    /// gate on tiny-olmo2 and tiny-olmo3 (`tests/it/l1_models/dense.rs`).
+    QkNormPerHead,
 }
 
 /// `plant::on` in a build without the `plant` feature.

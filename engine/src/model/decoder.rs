@@ -10,7 +10,8 @@
 //!                    h = tail(h, side[layer])   (Gemma 4: per-layer input gate, scalar)
 //!   logits = softcap(head(norm(h)))         (head = embedding.T when tied)
 //!
-//! `post_mixer` / `post_ffn` are Gemma's sandwich norms (the identity elsewhere), the sums
+//! `post_mixer` / `post_ffn` are Gemma's sandwich norms (the identity elsewhere; OLMo 2's
+//! post-norm layers have them and no `norm_in` / `norm_post`), the sums
 //! are plain adds or Gemma's float16-clipped ones, and a layer attends fully or within a
 //! window (one mask per window, from the first cache of a layer with it). A layer may keep
 //! no cache and borrow the K/V an earlier layer attended over (KV sharing: Gemma 4's last
@@ -117,6 +118,10 @@ pub struct Style {
     /// feed-forward, `post_feedforward_layernorm` on its output. Otherwise two:
     /// `input_layernorm` and `post_attention_layernorm` (before the feed-forward).
     pub sandwich: bool,
+    /// OLMo 2's post-norm layers: no norm before the mixer or the feed-forward, only
+    /// `post_attention_layernorm` and `post_feedforward_layernorm` on their outputs
+    /// (`h + post_attn(mixer(h))`, `h + post_ffw(ffn(h))`).
+    pub post_norms: bool,
     pub residual: Residual,
     /// The checkpoint names of the embedding, the layers, a plain layer's two norms and
     /// the final norm (LFM2's `operator_norm`, `ffn_norm`, `model.embedding_norm`; Mamba-2's
@@ -147,6 +152,7 @@ impl Default for Style {
         Style {
             norm: RmsNorm::load,
             sandwich: false,
+            post_norms: false,
             residual: Residual::Add,
             names: Names::default(),
             layer_norm_eps: None,
@@ -296,8 +302,16 @@ impl Decoder {
         for i in 0..dims.layers {
             let p = format!("{}.{i}", names.layers);
             let mut named = |n: &str| (style.norm)(&mut w, &format!("{p}.{n}"), hidden, layer_eps);
-            let norm_in = named(names.input)?;
+            let norm_in = match style.post_norms {
+                true => None,
+                false => Some(named(names.input)?),
+            };
             let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
+                _ if style.post_norms => (
+                    Some(named("post_attention_layernorm")?),
+                    None,
+                    Some(named("post_feedforward_layernorm")?),
+                ),
                 false if one_norm => (None, None, None),
                 false => (None, Some(named(names.post)?), None),
                 true => (

@@ -241,6 +241,8 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Per head (`head_dim` wide: Qwen3's, Gemma's), or over the whole projection (as wide
+    /// as it: OLMo 2's), which runs before the heads are split.
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
     pub n_heads: i32,
@@ -279,6 +281,12 @@ impl Attention {
     ) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
+            let (t, norm) = match norm {
+                Some(norm) if n > 1 && norm.weight.shape()[0] == t.shape()[2] => {
+                    (whole_projection_norm(norm, &t, n)?, None)
+                }
+                _ => (t, norm),
+            };
             let t = t.reshape(&[b, l, n, -1])?;
             match norm {
                 None => t.transpose_axes(&[0, 2, 1, 3]),
@@ -303,6 +311,18 @@ impl Attention {
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }
+}
+
+/// An RMSNorm over a whole [B, L, n · head_dim] projection (OLMo 2's q/k norms).
+fn whole_projection_norm(norm: &RmsNorm, t: &Array, n: i32) -> R<Array> {
+    if crate::plant::is(crate::plant::Defect::QkNormPerHead) {
+        let s = t.shape();
+        let heads = t.reshape(&[s[0], s[1], n, -1])?;
+        let w = norm.weight.reshape(&[n, -1])?;
+        let normed = fast::rms_norm(&heads, None, norm.eps)?.multiply(&w)?;
+        return normed.reshape(&[s[0], s[1], -1]);
+    }
+    norm.forward(t)
 }
 
 /// One layer's cache in a family that mixes global and sliding-window layers, as mlx-lm's

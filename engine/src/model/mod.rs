@@ -16,6 +16,7 @@ pub mod mixtral;
 pub mod moe;
 pub mod moe_family;
 pub mod nemotron_h;
+pub mod olmo;
 pub mod phi3;
 pub mod pipeline;
 pub mod quantized;

@@ -65,6 +65,10 @@ fn gemma2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadErr
     Ok(Box::new(super::gemma2::load(c, w)?))
 }
 
+fn olmo(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::olmo::load(c, w)?))
+}
+
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gemma4::load(c, w)?))
 }
@@ -209,6 +213,8 @@ pub static FAMILIES: &[Family] = &[
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
     row("gemma2", gemma2),
+    row("olmo2", olmo),
+    row("olmo3", olmo),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
