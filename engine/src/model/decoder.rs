@@ -136,6 +136,8 @@ pub struct Style {
     /// `c · tanh(logits / c)` (Gemma 4's compiled `final_logit_softcapping`, Gemma 2's eager
     /// one).
     pub logit_softcap: Option<Softcap>,
+    /// `lm_head(normed / d)` (MiniCPM's untied head, a Python float: weak).
+    pub head_input_divisor: Option<f64>,
     /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
     pub logits_scaling: Option<f32>,
     /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a
@@ -159,6 +161,7 @@ impl Default for Style {
             embed_scale: None,
             side: None,
             logit_softcap: None,
+            head_input_divisor: None,
             logits_scaling: None,
             logits_multiplier: None,
             lora: true,
@@ -348,13 +351,14 @@ impl Decoder {
             });
         }
         let final_norm = (style.norm)(&mut w, names.last, hidden, eps)?;
-        let head = OutputHead::load(
+        let mut head = OutputHead::load(
             &mut w,
             final_norm,
             dims.tie_word_embeddings,
             [dims.vocab, hidden],
             style.logit_softcap,
         )?;
+        head.input_divisor = style.head_input_divisor;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Decoder {
             model_type: config.model_type.clone(),

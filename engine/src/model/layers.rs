@@ -479,6 +479,9 @@ pub struct OutputHead {
     /// None: tied to the input embedding.
     pub lm_head: Option<Linear>,
     pub softcap: Option<Softcap>,
+    /// `normed / d` before `lm_head` (MiniCPM's `hidden_size / dim_model_base`, a Python
+    /// float: weak).
+    pub input_divisor: Option<f64>,
     /// Tensor parallel with a vocabulary-split `lm_head` (qwen3_5's `Model.shard`): the
     /// ranks' logit columns are gathered after it (`gather_last_axis`); 1 otherwise.
     pub vocab_parts: usize,
@@ -503,13 +506,19 @@ impl OutputHead {
             norm,
             lm_head,
             softcap,
+            input_divisor: None,
             vocab_parts: 1,
         })
     }
 
     /// Logits of the last hidden state: softcap(head(norm(h))).
     pub fn forward(&self, embed: &Embedding, h: &Array) -> R<Array> {
-        let logits = self.project(embed, &self.norm.forward(h)?)?;
+        let normed = self.norm.forward(h)?;
+        let normed = match self.input_divisor {
+            Some(d) => normed.divide(weak(d, &normed)?)?,
+            None => normed,
+        };
+        let logits = self.project(embed, &normed)?;
         match self.softcap {
             Some(Softcap::Compiled(cap)) => softcap(&logits, cap),
             Some(Softcap::Eager(cap)) => {

@@ -1,6 +1,7 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod exaone4;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
@@ -8,10 +9,12 @@ pub mod gemma2;
 pub mod gemma4;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
+pub mod hunyuan;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod minicpm;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_family;

@@ -1,5 +1,5 @@
-//! L1 plants on the dense families of batch one (gemma2, olmo2, olmo3, …); part of the `l1_models`
-//! binary. Each model's clean L1 run is `every_l1_model_is_bit_exact`'s (its manifest row).
+//! L1 plants on the dense families of batch one (gemma2, olmo2, olmo3, seed_oss, exaone4,
+//! hunyuan_v1_dense, minicpm); part of the `l1_models` binary. Each model's clean L1 run is `every_l1_model_is_bit_exact`'s (its manifest row).
 
 use super::*;
 
@@ -34,4 +34,24 @@ fn planted_per_head_qk_norm_fails_l1_on_olmo() {
 fn planted_window_fails_l1_on_olmo3() {
     let report = l1("tiny-olmo3", Some("sliding_window=2"));
     assert_fails_at_prefill(&report, "tiny-olmo3 with sliding_window=2");
+}
+
+/// Planted through the config, each breaking every case at its prefill: seed_oss's RoPE
+/// base (1e6 → 1e4); exaone4's pattern (LLG → LGG: layer 1 global and without positions)
+/// and window (8 → 2); hunyuan_v1_dense's NTK alpha (1000 → 10); minicpm's logit divisor
+/// (`dim_model_base` 16 → 32), depth scale (1.4 → 1) and embedding scale (12 → 1).
+#[test]
+fn planted_config_defects_fail_l1_on_seed_oss_exaone4_hunyuan_minicpm() {
+    for (name, plant) in [
+        ("tiny-seed-oss", "rope_theta=10000.0"),
+        ("tiny-exaone4", "sliding_window_pattern=LGG"),
+        ("tiny-exaone4", "sliding_window=2"),
+        ("tiny-hunyuan", "rope_scaling.alpha=10.0"),
+        ("tiny-minicpm", "dim_model_base=32"),
+        ("tiny-minicpm", "scale_depth=1.0"),
+        ("tiny-minicpm", "scale_emb=1.0"),
+    ] {
+        let report = l1(name, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{name} with {plant}"));
+    }
 }
