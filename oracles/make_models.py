@@ -90,6 +90,7 @@ from mlx_lm.utils import save_config, save_model
 from tokenizers import Tokenizer
 
 import make_assistants
+import make_dense
 import make_dense2
 import make_gemma4_moe
 import make_gpt_oss
@@ -419,8 +420,8 @@ def make_llama_draft(job: Job) -> Path:
 
 
 # The maker modules, by the name a manifest row's `maker` gives (this one included).
-MAKERS = {m.__name__: m for m in (make_assistants, make_dense2, make_gemma4_moe, make_gpt_oss, make_hybrids, make_mla,
-                                  make_moe, make_quant_modes, make_quantized, make_rope, make_tools_model,
+MAKERS = {m.__name__: m for m in (make_assistants, make_dense, make_dense2, make_gemma4_moe, make_gpt_oss, make_hybrids,
+                                  make_mla, make_moe, make_quant_modes, make_quantized, make_rope, make_tools_model,
                                   make_wrappers)}
 MAKERS["make_models"] = sys.modules[__name__]
 

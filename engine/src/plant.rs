@@ -271,6 +271,10 @@ pub enum Defect {
     /// front of each head and the unrotated half from its end (RoPE applied to the wrong
     /// part). Caught by the L1 gate on the MLA fixtures (`tests/it/l1_models/mla.rs`).
     MlaRopeOnWrongHalf,
+    /// OLMo's q/k RMSNorms, meant over the whole projection, taken per head (each head
+    /// normalized on its own, then scaled by its slice of the weight). Caught by the L1
+    /// gate on tiny-olmo2 and tiny-olmo3 (`tests/it/l1_models/dense.rs`).
+    QkNormPerHead,
 }
 
 /// `plant::on` in a build without the `plant` feature.

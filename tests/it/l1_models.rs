@@ -573,6 +573,8 @@ fn qwen3_without_rope_theta_is_refused() {
     );
 }
 
+/// The dense families of batch one (gemma2, …).
+mod dense;
 /// Mistral 3 / Ministral 3 and Qwen3-VL's text model.
 mod dense2;
 /// The multi-head latent attention families (deepseek_v3 and those built on it).

@@ -10,7 +10,8 @@
 //!                    h = tail(h, side[layer])   (Gemma 4: per-layer input gate, scalar)
 //!   logits = softcap(head(norm(h)))         (head = embedding.T when tied)
 //!
-//! `post_mixer` / `post_ffn` are Gemma's sandwich norms (the identity elsewhere), the sums
+//! `post_mixer` / `post_ffn` are Gemma's sandwich norms (the identity elsewhere; OLMo 2's
+//! post-norm layers have them and no `norm_in` / `norm_post`), the sums
 //! are plain adds or Gemma's float16-clipped ones, and a layer attends fully or within a
 //! window (one mask per window, from the first cache of a layer with it). A layer may keep
 //! no cache and borrow the K/V an earlier layer attended over (KV sharing: Gemma 4's last
@@ -27,7 +28,7 @@ use std::ops::Range;
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
-use super::layers::{Embedding, Linear, OutputHead, RmsNorm};
+use super::layers::{Embedding, Linear, OutputHead, RmsNorm, Softcap};
 use super::moe::SwitchLinear;
 use super::pipeline::{self, Stage};
 use super::shard::Part;
@@ -44,7 +45,7 @@ use crate::load::LoadError;
 use layer::Io;
 pub use layer::{
     kv_cache, FeedForward, Layer, Lent, MaskKind, Masks, Mixer, NamedAttention, Residual,
-    SideInputs, Tail, Windowed,
+    SideInputs, SoftcappedAttention, Tail, Windowed,
 };
 
 type R<T> = Result<T, Exception>;
@@ -117,6 +118,10 @@ pub struct Style {
     /// feed-forward, `post_feedforward_layernorm` on its output. Otherwise two:
     /// `input_layernorm` and `post_attention_layernorm` (before the feed-forward).
     pub sandwich: bool,
+    /// OLMo 2's post-norm layers: no norm before the mixer or the feed-forward, only
+    /// `post_attention_layernorm` and `post_feedforward_layernorm` on their outputs
+    /// (`h + post_attn(mixer(h))`, `h + post_ffw(ffn(h))`).
+    pub post_norms: bool,
     pub residual: Residual,
     /// The checkpoint names of the embedding, the layers, a plain layer's two norms and
     /// the final norm (LFM2's `operator_norm`, `ffn_norm`, `model.embedding_norm`; Mamba-2's
@@ -128,8 +133,11 @@ pub struct Style {
     pub embed_scale: Option<EmbedScale>,
     /// Gemma 4's per-layer inputs (the family's loader for them).
     pub side: Option<SideLoader>,
-    /// `c · tanh(logits / c)` (Gemma 4's `final_logit_softcapping`).
-    pub logit_softcap: Option<f32>,
+    /// `c · tanh(logits / c)` (Gemma 4's compiled `final_logit_softcapping`, Gemma 2's eager
+    /// one).
+    pub logit_softcap: Option<Softcap>,
+    /// `lm_head(normed / d)` (MiniCPM's untied head, a Python float: weak).
+    pub head_input_divisor: Option<f64>,
     /// `logits / s` (Granite's `logits_scaling`, a Python float: weak).
     pub logits_scaling: Option<f32>,
     /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a
@@ -146,12 +154,14 @@ impl Default for Style {
         Style {
             norm: RmsNorm::load,
             sandwich: false,
+            post_norms: false,
             residual: Residual::Add,
             names: Names::default(),
             layer_norm_eps: None,
             embed_scale: None,
             side: None,
             logit_softcap: None,
+            head_input_divisor: None,
             logits_scaling: None,
             logits_multiplier: None,
             lora: true,
@@ -295,8 +305,16 @@ impl Decoder {
         for i in 0..dims.layers {
             let p = format!("{}.{i}", names.layers);
             let mut named = |n: &str| (style.norm)(&mut w, &format!("{p}.{n}"), hidden, layer_eps);
-            let norm_in = named(names.input)?;
+            let norm_in = match style.post_norms {
+                true => None,
+                false => Some(named(names.input)?),
+            };
             let (post_mixer_norm, norm_post, post_ffn_norm) = match style.sandwich {
+                _ if style.post_norms => (
+                    Some(named("post_attention_layernorm")?),
+                    None,
+                    Some(named("post_feedforward_layernorm")?),
+                ),
                 false if one_norm => (None, None, None),
                 false => (None, Some(named(names.post)?), None),
                 true => (
@@ -333,13 +351,14 @@ impl Decoder {
             });
         }
         let final_norm = (style.norm)(&mut w, names.last, hidden, eps)?;
-        let head = OutputHead::load(
+        let mut head = OutputHead::load(
             &mut w,
             final_norm,
             dims.tie_word_embeddings,
             [dims.vocab, hidden],
             style.logit_softcap,
         )?;
+        head.input_divisor = style.head_input_divisor;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Decoder {
             model_type: config.model_type.clone(),

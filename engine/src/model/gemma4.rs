@@ -32,7 +32,9 @@ use super::decoder::{
     Built, Decoder, Dims, EmbedScale, FeedForward, Lent, Mixer, Residual, SideInputs, SideLoader,
     Style, Tail,
 };
-use super::layers::{gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{
+    gelu_approx, layer_cache, weak, Embedding, Glu, Linear, Mlp, RmsNorm, Rope, Softcap,
+};
 use super::shard::Part;
 use crate::cache::{kv_of, Cache, Kv, KvQuant, Mask, QuantSdpa, RopeOffset};
 use crate::load::config::ModelConfig;
@@ -343,7 +345,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
             through: None,
         }),
         side: per_layer_inputs(&a),
-        logit_softcap: a.final_logit_softcapping,
+        logit_softcap: a.final_logit_softcapping.map(Softcap::Compiled),
         // LoRA is not available on the mixture-of-experts Gemma 4.
         lora: !a.enable_moe_block,
         assistant_target: true,

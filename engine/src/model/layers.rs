@@ -241,6 +241,8 @@ pub struct Attention {
     pub k_proj: Linear,
     pub v_proj: Linear,
     pub o_proj: Linear,
+    /// Per head (`head_dim` wide: Qwen3's, Gemma's), or over the whole projection (as wide
+    /// as it: OLMo 2's), which runs before the heads are split.
     pub q_norm: Option<RmsNorm>,
     pub k_norm: Option<RmsNorm>,
     pub n_heads: i32,
@@ -264,20 +266,29 @@ impl Attention {
     }
 
     pub fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn AttentionCache) -> R<Array> {
-        self.forward_with(x, mask, cache, |q, _| Ok(q))
+        self.forward_with(x, cache, |q, _, kv| {
+            super::sdpa::attend(&q, kv, self.scale, mask)
+        })
     }
 
-    /// The forward with `queries` applied to the rotated queries before SDPA (Ministral 3's
-    /// position-dependent query scale reads the step's RoPE offset).
+    /// The forward with `attend(q, offset, kv)` in place of the fused SDPA over the rotated
+    /// queries: projections, norms, RoPE and the cache as [`Attention::forward`]. Gemma 2
+    /// forms softcapped scores eagerly; Ministral 3 scales the queries by position (the
+    /// step's RoPE offset) first.
     pub fn forward_with(
         &self,
         x: &Array,
-        mask: &Mask,
         cache: &mut dyn AttentionCache,
-        queries: impl FnOnce(Array, &RopeOffset) -> R<Array>,
+        attend: impl FnOnce(Array, &RopeOffset, &crate::cache::Kv) -> R<Array>,
     ) -> R<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |t: Array, n: i32, norm: Option<&RmsNorm>| -> R<Array> {
+            let (t, norm) = match norm {
+                Some(norm) if n > 1 && norm.weight.shape()[0] == t.shape()[2] => {
+                    (whole_projection_norm(norm, &t, n)?, None)
+                }
+                _ => (t, norm),
+            };
             let t = t.reshape(&[b, l, n, -1])?;
             match norm {
                 None => t.transpose_axes(&[0, 2, 1, 3]),
@@ -298,11 +309,22 @@ impl Attention {
         let q = self.rope.forward(&q, &offset)?;
         let k = self.rope.forward(&k, &offset)?;
         let kv = cache.update_and_fetch(k, v)?;
-        let q = queries(q, &offset)?;
-        let out = super::sdpa::attend(&q, &kv, self.scale, mask)?;
+        let out = attend(q, &offset, &kv)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }
+}
+
+/// An RMSNorm over a whole [B, L, n · head_dim] projection (OLMo 2's q/k norms).
+fn whole_projection_norm(norm: &RmsNorm, t: &Array, n: i32) -> R<Array> {
+    if crate::plant::is(crate::plant::Defect::QkNormPerHead) {
+        let s = t.shape();
+        let heads = t.reshape(&[s[0], s[1], n, -1])?;
+        let w = norm.weight.reshape(&[n, -1])?;
+        let normed = fast::rms_norm(&heads, None, norm.eps)?.multiply(&w)?;
+        return normed.reshape(&[s[0], s[1], -1]);
+    }
+    norm.forward(t)
 }
 
 /// One layer's cache in a family that mixes global and sliding-window layers, as mlx-lm's
@@ -384,6 +406,14 @@ pub fn softcap(x: &Array, cap: f32) -> R<Array> {
     SOFTCAP.with_borrow_mut(|f| Ok(f(&[x.clone(), cap])?.remove(0)))
 }
 
+/// A final logit softcap `c · tanh(logits / c)`, as mlx-lm writes it for the family:
+/// through its compiled `logit_softcap` (Gemma 4) or as eager ops (Gemma 2).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Softcap {
+    Compiled(f32),
+    Eager(f32),
+}
+
 /// How a gated MLP combines `gate(x)` and `up(x)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Glu {
@@ -450,7 +480,10 @@ pub struct OutputHead {
     pub norm: RmsNorm,
     /// None: tied to the input embedding.
     pub lm_head: Option<Linear>,
-    pub softcap: Option<f32>,
+    pub softcap: Option<Softcap>,
+    /// `normed / d` before `lm_head` (MiniCPM's `hidden_size / dim_model_base`, a Python
+    /// float: weak).
+    pub input_divisor: Option<f64>,
     /// Tensor parallel with a vocabulary-split `lm_head` (qwen3_5's `Model.shard`): the
     /// ranks' logit columns are gathered after it (`gather_last_axis`); 1 otherwise.
     pub vocab_parts: usize,
@@ -464,7 +497,7 @@ impl OutputHead {
         norm: RmsNorm,
         tied: bool,
         [vocab, hidden]: [i32; 2],
-        softcap: Option<f32>,
+        softcap: Option<Softcap>,
     ) -> Result<Self, LoadError> {
         let lm_head = if tied {
             None
@@ -475,15 +508,25 @@ impl OutputHead {
             norm,
             lm_head,
             softcap,
+            input_divisor: None,
             vocab_parts: 1,
         })
     }
 
     /// Logits of the last hidden state: softcap(head(norm(h))).
     pub fn forward(&self, embed: &Embedding, h: &Array) -> R<Array> {
-        let logits = self.project(embed, &self.norm.forward(h)?)?;
+        let normed = self.norm.forward(h)?;
+        let normed = match self.input_divisor {
+            Some(d) => normed.divide(weak(d, &normed)?)?,
+            None => normed,
+        };
+        let logits = self.project(embed, &normed)?;
         match self.softcap {
-            Some(cap) => softcap(&logits, cap),
+            Some(Softcap::Compiled(cap)) => softcap(&logits, cap),
+            Some(Softcap::Eager(cap)) => {
+                let cap = weak(cap as f64, &logits)?;
+                mlx_rs::ops::tanh(&logits.divide(&cap)?)?.multiply(&cap)
+            }
             None => Ok(logits),
         }
     }

@@ -1,6 +1,6 @@
 //! The Llama family as mlx-lm 0.32.2 implements it: `llama` (and `mistral`, which mlx-lm
-//! maps onto it), `qwen2` (q/k/v biases) and `qwen3` (per-head q/k RMSNorm, explicit
-//! head_dim).
+//! maps onto it), `qwen2` (q/k/v biases), `qwen3` (per-head q/k RMSNorm, explicit
+//! head_dim) and `seed_oss` (explicit head_dim, q/k/v and o biases switched apart).
 //!
 //!   h = embed(ids)
 //!   for each layer:  h = h + attn(rms_norm(h));  h = h + mlp(rms_norm(h))
@@ -91,6 +91,57 @@ pub struct Qwen2Args {
     pub max_position_embeddings: i32,
     #[serde(default = "yes")]
     pub tie_word_embeddings: bool,
+}
+
+/// mlx-lm's `seed_oss.ModelArgs` (Seed-OSS): Llama's layers with an explicit `head_dim`,
+/// the q/k/v bias (`attention_bias`) apart from the o bias (`attention_out_bias`).
+#[derive(Debug, Clone, Deserialize)]
+pub struct SeedOssArgs {
+    pub hidden_size: i32,
+    pub num_hidden_layers: i32,
+    pub intermediate_size: i32,
+    pub num_attention_heads: i32,
+    pub rms_norm_eps: f32,
+    pub vocab_size: i32,
+    pub num_key_value_heads: i32,
+    pub head_dim: i32,
+    pub max_position_embeddings: Option<i32>,
+    #[serde(default)]
+    pub attention_bias: bool,
+    #[serde(default)]
+    pub attention_out_bias: bool,
+    #[serde(default)]
+    pub mlp_bias: bool,
+    #[serde(default = "default_rope_theta")]
+    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_traditional: bool,
+    pub rope_scaling: Option<RopeScaling>,
+    #[serde(default = "yes")]
+    pub tie_word_embeddings: bool,
+}
+
+impl From<SeedOssArgs> for Shape {
+    fn from(a: SeedOssArgs) -> Self {
+        Shape {
+            hidden: a.hidden_size,
+            vocab: a.vocab_size,
+            intermediate: a.intermediate_size,
+            layers: a.num_hidden_layers,
+            heads: a.num_attention_heads,
+            kv_heads: a.num_key_value_heads,
+            head_dim: a.head_dim,
+            eps: a.rms_norm_eps,
+            attention_bias: a.attention_bias,
+            o_bias: a.attention_out_bias,
+            mlp_bias: a.mlp_bias,
+            qk_norm: false,
+            tied: a.tie_word_embeddings,
+            rope: (a.rope_theta, a.rope_scaling),
+            rope_traditional: a.rope_traditional,
+            max_positions: a.max_position_embeddings,
+        }
+    }
 }
 
 fn qwen2_max_positions() -> i32 {
@@ -220,6 +271,7 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
     let shape: Shape = match config.model_type.as_str() {
         "qwen3" => config.parse::<Qwen3Args>()?.try_into()?,
         "qwen2" => config.parse::<Qwen2Args>()?.into(),
+        "seed_oss" => config.parse::<SeedOssArgs>()?.into(),
         _ => llama_shape(config.parse()?)?,
     };
     build(config, w, &shape, |_| true)

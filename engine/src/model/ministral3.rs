@@ -97,8 +97,10 @@ pub struct ScaledAttention {
 impl Mixer for ScaledAttention {
     fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
         let (len, dtype) = (x.shape()[1], x.dtype());
-        self.attn.forward_with(x, mask, kv_of(cache)?, |q, offset| {
-            q.multiply(self.scaling.scale(len, offset, dtype)?)
+        let a = &self.attn;
+        a.forward_with(x, kv_of(cache)?, |q, offset, kv| {
+            let q = q.multiply(self.scaling.scale(len, offset, dtype)?)?;
+            crate::model::sdpa::attend(&q, kv, a.scale, mask)
         })
     }
 

@@ -2,22 +2,27 @@
 
 pub mod decoder;
 pub mod deepseek_v3;
+pub mod exaone4;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
+pub mod gemma2;
 pub mod gemma4;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
+pub mod hunyuan;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod minicpm;
 pub mod ministral3;
 pub mod mixtral;
 pub mod mla;
 pub mod moe;
 pub mod moe_family;
 pub mod nemotron_h;
+pub mod olmo;
 pub mod phi3;
 pub mod pipeline;
 pub mod quantized;

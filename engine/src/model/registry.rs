@@ -61,6 +61,26 @@ fn gemma3_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Lo
     Ok(Box::new(super::gemma::load(c, w)?))
 }
 
+fn gemma2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::gemma2::load(c, w)?))
+}
+
+fn olmo(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::olmo::load(c, w)?))
+}
+
+fn exaone4(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::exaone4::load(c, w)?))
+}
+
+fn hunyuan(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::hunyuan::load(c, w)?))
+}
+
+fn minicpm(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::minicpm::load(c, w)?))
+}
+
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gemma4::load(c, w)?))
 }
@@ -219,6 +239,13 @@ pub static FAMILIES: &[Family] = &[
     // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
     row("mistral3", super::vl_text::build_mistral3),
     row("qwen3_vl", super::vl_text::build_qwen3_vl),
+    row("gemma2", gemma2),
+    row("olmo2", olmo),
+    row("olmo3", olmo),
+    row("seed_oss", llama),
+    row("exaone4", exaone4),
+    row("hunyuan_v1_dense", hunyuan),
+    row("minicpm", minicpm),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's

@@ -74,6 +74,48 @@ pub fn attend_with_sinks(
     }
 }
 
+/// mlx-lm's gemma2 attention, which caps the logits and so cannot use the fused kernel: q
+/// scaled (weak scalar), grouped per KV head, `s = q·kᵀ`, `s = tanh(s / cap) · cap`, the
+/// mask (a boolean one as `where(mask, s, finfo.min)`; mlx-lm asks for an array, so the
+/// causal mode is made explicit), a precise softmax, `s·v`, the heads ungrouped. Dense K/V
+/// only: mlx-lm's gemma2 has no quantized path.
+pub fn attend_softcapped(q: &Array, kv: &Kv, scale: f32, cap: f32, mask: &Mask) -> R<Array> {
+    let Kv::Dense(keys, values) = kv else {
+        return Err(Exception::custom(
+            "attention with a logit softcap runs over dense K/V only (as mlx-lm's gemma2)",
+        ));
+    };
+    let shape = q.shape().to_vec();
+    let (b, hq, l, d) = (shape[0], shape[1], shape[2], shape[3]);
+    let hkv = keys.shape()[1];
+    let rep = hq / hkv;
+    let mut q = q.multiply(crate::scalar::weak(scale as f64, q)?)?;
+    let (mut k, mut v) = (keys.clone(), values.clone());
+    if rep > 1 {
+        q = q.reshape(&[b, hkv, rep, l, d])?;
+        (k, v) = (k.expand_dims(2)?, v.expand_dims(2)?);
+    }
+    let scores = q.matmul(k.swap_axes(-1, -2)?)?;
+    let cap = crate::scalar::weak(cap as f64, &scores)?;
+    let mut scores = mlx_rs::ops::tanh(&scores.divide(&cap)?)?.multiply(&cap)?;
+    let mask = match mask {
+        Mask::None => None,
+        Mask::Causal => Some(causal(l, k.shape()[k.ndim() - 2])?),
+        Mask::Array(m) => Some(m.clone()),
+    };
+    if let Some(m) = mask {
+        scores = match m.dtype() {
+            Dtype::Bool => select(&m, &scores, lowest(&scores)?)?,
+            _ => scores.add(&m)?,
+        };
+    }
+    let out = softmax_axis(&scores, -1, true)?.matmul(&v)?;
+    match rep > 1 {
+        true => out.reshape(&[b, hq, l, d]),
+        false => Ok(out),
+    }
+}
+
 /// L3 (ours, no oracle): a one-token decode step over quantized K/V that dequantizes the
 /// cache and runs MLX's dense SDPA kernel. On the CPU backend `quantized_matmul` with one
 /// query row is slow: at 2048 cached positions (4-bit, head dim 64, 4 q / 2 kv heads) one

@@ -175,10 +175,12 @@ pub trait SideInputs {
 }
 
 /// One block: `h + post_mixer(mixer(norm_in(h)))`, then `+ post_ffn(ffn(norm_post(·)))`,
-/// then the tail; the post norms are Gemma's sandwich norms (absent elsewhere). A layer
+/// then the tail; the post norms are Gemma's sandwich norms or OLMo 2's post-norms (which
+/// come without `norm_in` / `norm_post`), absent elsewhere. A layer
 /// without a feed-forward (Mamba-2's) is its mixer's residual branch alone.
 pub struct Layer {
-    pub norm_in: RmsNorm,
+    /// None: a post-norm layer (OLMo 2's), whose mixer reads the residual stream itself.
+    pub norm_in: Option<RmsNorm>,
     pub mixer: Box<dyn Mixer>,
     pub post_mixer_norm: Option<RmsNorm>,
     pub norm_post: Option<RmsNorm>,
@@ -214,7 +216,10 @@ impl Layer {
             Some(norm) => norm.forward(&r),
             None => Ok(r),
         };
-        let x = self.norm_in.forward(&h)?;
+        let x = match &self.norm_in {
+            Some(norm) => norm.forward(&h)?,
+            None => h.clone(),
+        };
         let (branches, lent) = match io {
             Io::Own(cache) => (self.mixer.forward_branches(&x, mask, cache)?, None),
             Io::Lend(cache) => {
@@ -232,11 +237,15 @@ impl Layer {
             h = sum.add(&h, &post(&self.post_mixer_norm, r)?)?;
         }
         let h = match (&self.norm_post, &self.ffn) {
-            (Some(norm), Some(ffn)) => {
-                let r = ffn.forward_with_residual(&norm.forward(&h)?, &h)?;
+            (norm, Some(ffn)) => {
+                let x = match norm {
+                    Some(norm) => norm.forward(&h)?,
+                    None => h.clone(),
+                };
+                let r = ffn.forward_with_residual(&x, &h)?;
                 sum.add(&h, &post(&self.post_ffn_norm, r)?)?
             }
-            _ => h,
+            (_, None) => h,
         };
         let h = match &self.tail {
             Some(tail) => tail.forward(h, side)?,
@@ -393,6 +402,35 @@ impl Mixer for NamedAttention {
             "{layer}: {} is not split across ranks",
             self.family
         )))
+    }
+}
+
+/// Attention whose scores are capped, `cap · tanh(s / cap)`, before the mask and softmax
+/// (mlx-lm's gemma2): the projections, norms, RoPE and cache of [`Attention`], the scores
+/// formed eagerly by `sdpa::attend_softcapped` instead of the fused kernel.
+pub struct SoftcappedAttention {
+    pub attn: Attention,
+    pub cap: f32,
+}
+
+impl Mixer for SoftcappedAttention {
+    fn forward(&self, x: &Array, mask: &Mask, cache: &mut dyn Cache) -> R<Array> {
+        let a = &self.attn;
+        a.forward_with(x, kv_of(cache)?, |q, _, kv| {
+            crate::model::sdpa::attend_softcapped(&q, kv, a.scale, self.cap, mask)
+        })
+    }
+
+    fn make_cache(&self) -> Box<dyn Cache> {
+        kv_cache(&self.attn.rope)
+    }
+
+    fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        self.attn.named_linears().into()
+    }
+
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        self.attn.shard(part, layer)
     }
 }
 
