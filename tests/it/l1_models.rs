@@ -573,6 +573,8 @@ fn qwen3_without_rope_theta_is_refused() {
     );
 }
 
+/// The MoE families of oracles/make_moe2.py (glm4_moe, …).
+mod moe2;
 /// The MoE families and the floating-point quantization modes.
 mod moe_quant;
 /// nemotron_h with Nemotron 3's mixture-of-experts blocks.

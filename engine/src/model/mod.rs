@@ -1,16 +1,19 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
 pub mod decoder;
+pub mod ernie4_5_moe;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
 pub mod gemma4;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod minimax;
 pub mod mixtral;
 pub mod moe;
 pub mod moe_family;

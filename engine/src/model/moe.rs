@@ -390,6 +390,9 @@ pub enum Router {
     HighTopKSoftmax,
     /// DeepSeek-V3's and Nemotron 3's `group_expert_select` (see [`GroupedTopK`]).
     SigmoidGroupedTopK(GroupedTopK),
+    /// ERNIE 4.5: softmax (or sigmoid) over the float32 logits, the top k by
+    /// `argpartition(-p, k-1)[..., :k]`, renormalized by `maximum(their sum, 1e-12)`.
+    ActTopKRenormalized { sigmoid: bool },
 }
 
 /// `group_expert_select`, compiled as mlx-lm compiles it (`@mx.compile`, its Python scalars
@@ -401,7 +404,8 @@ pub enum Router {
 ///                the n_group − topk_group lowest (`argpartition(g, k−1, axis=−2)[..., :k, :]`)
 ///                zeroed (`put_along_axis`)
 ///   inds  = argpartition(−pick, k−1)[..., :k]
-///   w     = s[inds]  (/ (their sum + 1e-20) when norm_topk_prob and k > 1)
+///   w     = s[inds]  (/ (their sum + 1e-20) when norm_topk_prob and k > 1; GLM-4.5's and
+///                     DeepSeek-V3's divide by the bare sum: `norm_eps` false)
 ///   w     = w · routed_scaling_factor
 pub struct GroupedTopK {
     /// `e_score_correction_bias` [experts] (float32, as checkpoints keep it).
@@ -409,6 +413,8 @@ pub struct GroupedTopK {
     pub n_group: i32,
     pub topk_group: i32,
     pub norm_topk_prob: bool,
+    /// Nemotron 3 adds 1e-20 to the sum it renormalizes by; glm4_moe does not.
+    pub norm_eps: bool,
     /// A Python float: weak against the float32 scores.
     pub routed_scaling_factor: f64,
 }
@@ -421,6 +427,7 @@ struct SelectKey {
     n_group: i32,
     topk_group: i32,
     norm_topk_prob: bool,
+    norm_eps: bool,
     scaling_bits: u64,
     planted: bool,
 }
@@ -441,6 +448,7 @@ impl GroupedTopK {
             n_group: self.n_group,
             topk_group: self.topk_group,
             norm_topk_prob: self.norm_topk_prob,
+            norm_eps: self.norm_eps,
             scaling_bits: self.routed_scaling_factor.to_bits(),
             planted: plant::is(Defect::MoeCorrectionBiasWeighted),
         };
@@ -485,9 +493,11 @@ fn group_expert_select(args: &[Array], c: SelectKey) -> R<Vec<Array>> {
     let weighed = if c.planted { &scores } else { &orig_scores };
     let mut scores = weighed.take_along_axis(&inds, -1)?;
     if k > 1 && c.norm_topk_prob {
-        let denominator = scores.sum_axis(-1, true)?;
-        let eps = crate::scalar::weak(1e-20, &denominator)?;
-        scores = scores.divide(denominator.add(eps)?)?;
+        let mut denominator = scores.sum_axis(-1, true)?;
+        if c.norm_eps {
+            denominator = denominator.add(crate::scalar::weak(1e-20, &denominator)?)?;
+        }
+        scores = scores.divide(denominator)?;
     }
     let scaling = f64::from_bits(c.scaling_bits);
     let scores = scores.multiply(crate::scalar::weak(scaling, &scores)?)?;
@@ -509,6 +519,21 @@ impl Gate {
         let logits = self.gate.forward(x)?;
         match &self.kind {
             Router::SigmoidGroupedTopK(g) => g.select(&logits, k),
+            &Router::ActTopKRenormalized {
+                sigmoid: act_sigmoid,
+            } => {
+                let logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+                let gates = match act_sigmoid {
+                    true => sigmoid(&logits)?,
+                    false => softmax_axis(&logits, -1, false)?,
+                };
+                let part = argpartition_axis(gates.negative()?, k - 1, -1)?;
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
+                let scores = gates.take_along_axis(&inds, -1)?;
+                let total = scores.sum_axis(-1, true)?;
+                let floor = crate::scalar::weak(1e-12, &total)?;
+                Ok((inds, scores.divide(mlx_rs::ops::maximum(&total, &floor)?)?))
+            }
             &Router::SoftmaxTopK { norm_topk_prob } => {
                 let gates = softmax_axis(&logits, -1, true)?;
                 let n = *gates.shape().last().unwrap_or(&0);

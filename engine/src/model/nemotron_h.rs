@@ -277,6 +277,7 @@ impl MoeBlock {
                 n_group: moe.n_group,
                 topk_group: moe.topk_group,
                 norm_topk_prob: moe.norm_topk_prob,
+                norm_eps: true,
                 routed_scaling_factor: moe.routed_scaling_factor,
             }),
         };

@@ -113,6 +113,18 @@ fn falcon_h1(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Load
     Ok(Box::new(super::falcon_h1::load(c, w)?))
 }
 
+fn glm4_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::glm4_moe::load(c, w)?))
+}
+
+fn ernie4_5_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::ernie4_5_moe::load(c, w)?))
+}
+
+fn minimax(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::minimax::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -275,6 +287,13 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
+    // The MoE families added since: L1 only so far (LoRA, convert and sharding refused until
+    // gated).
+    row("glm4_moe", glm4_moe),
+    row("ernie4_5_moe", ernie4_5_moe),
+    // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
+    row("minimax", minimax),
+    row("minimax_m2", minimax),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
