@@ -16,6 +16,12 @@
 - tiny-minimax    minimax_m2 (mlx-lm's alias of minimax): 3 layers, 8 experts top 2, σ routing
                   with a drawn e_score_correction_bias, q/k RMSNorm over all heads at once,
                   rotary_dim 8 of head_dim 16, untied, f32; Hugging Face's per-expert w1/w2/w3
+- tiny-llama4-text  llama4_text (mlx-lm's dense Llama 4 text stack): 4 layers, layer 3 NoPE
+                  (no_rope_layers [1, 1, 1, 0]), weightless q/k RMSNorm, traditional RoPE, the
+                  untied head named `output`, bf16
+- tiny-phimoe     phimoe: 3 layers, LayerNorms (biases drawn), q/k/v/o and lm_head biases,
+                  8 experts top 2 by sparsemixer (router_jitter_noise 0.1), SuScaledRoPE from
+                  a longrope rope_scaling with long_mscale, f32; Hugging Face's per-expert w1/w2/w3
 
 Everything is seeded; the tokenizer is the shared one ("qwen" style).
 """
@@ -23,7 +29,7 @@ Everything is seeded; the tokenizer is the shared one ("qwen" style).
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import ernie4_5_moe, glm4_moe, minimax
+from mlx_lm.models import ernie4_5_moe, glm4_moe, llama4_text, minimax, phimoe
 
 from make_hybrids import per_expert_layout
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -138,3 +144,56 @@ def make_minimax(job: Job) -> Path:
                        f"random weights (seed {job.seed}; routers x8, e_score_correction_bias drawn), f32, "
                        "minimax_m2 alias, q/k norms over all heads, rotary_dim 8 of 16; Hugging Face "
                        "per-expert w1/w2/w3 layout", style="qwen")
+
+
+def llama4_text_config() -> dict:
+    return {
+        "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text",
+        "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 4, "vocab_size": VOCAB,
+        "intermediate_size": 96, "intermediate_size_mlp": 128, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "head_dim": 16, "tie_word_embeddings": False, "no_rope_layers": [1, 1, 1, 0],
+        "use_qk_norm": True, "max_position_embeddings": 4096,
+    }
+
+
+def make_llama4_text(job: Job) -> Path:
+    cfg = llama4_text_config()
+    model = random_model(llama4_text, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}), bf16, layer 3 NoPE, weightless q/k norms, "
+                       "untied `output` head", style="qwen")
+
+
+def phimoe_config() -> dict:
+    return {
+        "architectures": ["PhiMoEForCausalLM"], "model_type": "phimoe",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 131072,
+        "original_max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "num_local_experts": 8,
+        "num_experts_per_tok": 2, "rope_theta": 10000.0, "router_jitter_noise": 0.1,
+        "rope_scaling": {
+            "type": "longrope", "short_mscale": 1.243163121016122, "long_mscale": 1.243163121016122,
+            "short_factor": [1.0, 1.05, 1.1, 1.2, 1.4, 1.7, 2.1, 2.6],
+            "long_factor": [1.0, 1.1, 1.3, 1.7, 2.5, 4.0, 6.5, 10.0],
+        },
+        "tie_word_embeddings": False,
+    }
+
+
+def make_phimoe(job: Job) -> Path:
+    cfg = phimoe_config()
+    model = random_model(phimoe, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    # LayerNorm biases start at zeros: draw them so a dropped bias shows.
+    norms = [l.input_layernorm for l in model.model.layers] + [l.post_attention_layernorm for l in model.model.layers]
+    for i, norm in enumerate(norms + [model.model.norm]):
+        norm.bias = mx.random.normal(norm.bias.shape, key=mx.random.key(job.seed * 100 + i)) * 0.1
+    for layer in model.model.layers:
+        layer.block_sparse_moe.gate.weight = layer.block_sparse_moe.gate.weight * 8
+    mx.eval(model.parameters())
+    weights = per_expert_layout(weights_of(model), {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"})
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; LayerNorm biases drawn, routers x8), f32, "
+                       "sparsemixer with jitter 0.1, longrope with long_mscale; Hugging Face per-expert "
+                       "w1/w2/w3 layout", style="qwen")

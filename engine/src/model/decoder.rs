@@ -135,6 +135,8 @@ pub struct Style {
     /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a
     /// Python float formed in double precision, then weak).
     pub logits_multiplier: Option<f64>,
+    /// An untied `lm_head` with a bias (phimoe's).
+    pub head_bias: bool,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
     pub lora: bool,
     /// Whether optiq's assistant drafter may draft for it (Gemma 4).
@@ -154,6 +156,7 @@ impl Default for Style {
             logit_softcap: None,
             logits_scaling: None,
             logits_multiplier: None,
+            head_bias: false,
             lora: true,
             assistant_target: false,
         }
@@ -339,6 +342,7 @@ impl Decoder {
             dims.tie_word_embeddings,
             [dims.vocab, hidden],
             style.logit_softcap,
+            style.head_bias,
         )?;
         w.ensure_consumed(&config.model_type, |_| false)?;
         Ok(Decoder {

@@ -12,6 +12,7 @@ pub mod granitemoehybrid;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4_text;
 pub mod mamba2;
 pub mod minimax;
 pub mod mixtral;
@@ -19,6 +20,7 @@ pub mod moe;
 pub mod moe_family;
 pub mod nemotron_h;
 pub mod phi3;
+pub mod phimoe;
 pub mod pipeline;
 pub mod quantized;
 pub mod qwen2_moe;
@@ -405,6 +407,17 @@ mod tests {
                 "tiny-nemotron-h-moe-grouped",
                 "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
             ),
+            (
+                "tiny-glm4-moe",
+                "per-expert tensors and an MTP layer its sanitize drops",
+            ),
+            (
+                "tiny-ernie4-5-moe",
+                "per-expert tensors and MTP / correction-bias tensors its sanitize drops",
+            ),
+            ("tiny-minimax", "per-expert `w1`/`w2`/`w3` tensors"),
+            ("tiny-phimoe", "per-expert `w1`/`w2`/`w3` tensors"),
+            ("tiny-llama4-text", "the head stored as `output`"),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

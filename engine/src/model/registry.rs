@@ -125,6 +125,14 @@ fn minimax(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::minimax::load(c, w)?))
 }
 
+fn llama4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::llama4_text::load(c, w)?))
+}
+
+fn phimoe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::phimoe::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -287,13 +295,15 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
-    // The MoE families added since: L1 only so far (LoRA, convert and sharding refused until
-    // gated).
+    // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
+    // convert and sharding refused until gated).
     row("glm4_moe", glm4_moe),
     row("ernie4_5_moe", ernie4_5_moe),
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
     row("minimax", minimax),
     row("minimax_m2", minimax),
+    row("llama4_text", llama4_text),
+    row("phimoe", phimoe),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

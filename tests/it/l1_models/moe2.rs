@@ -1,7 +1,7 @@
-//! L1 plants on the MoE families of oracles/make_moe2.py (glm4_moe, ernie4_5_moe, minimax): each
-//! fixture's clean run is gated by `every_l1_model_is_bit_exact` (its manifest row); these
-//! tests show the gate fails, at every case's prefill, when the family's distinctive math
-//! is planted wrong. Part of the `l1_models` binary.
+//! L1 plants on the families of oracles/make_moe2.py (glm4_moe, ernie4_5_moe, minimax,
+//! llama4_text, phimoe): each fixture's clean run is gated by `every_l1_model_is_bit_exact`
+//! (its manifest row); these tests show the gate fails, at every case's prefill, when the
+//! family's distinctive math is planted wrong. Part of the `l1_models` binary.
 
 use super::*;
 
@@ -52,4 +52,28 @@ fn planted_bias_and_rotary_defects_fail_l1_on_minimax() {
         &l1(name, Some("rotary_dim=16")),
         "minimax with rotary_dim=16",
     );
+}
+
+/// llama4_text: every layer rotated where layer 3 is NoPE, or the weightless q/k norms
+/// dropped — each breaks every case at its prefill.
+#[test]
+fn planted_nope_and_qk_norm_defects_fail_l1_on_llama4_text() {
+    for plant in ["no_rope_layers=[1,1,1,1]", "use_qk_norm=false"] {
+        let report = l1("tiny-llama4-text", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-llama4-text with {plant}"));
+    }
+}
+
+/// phimoe: sparsemixer's band widened (`router_jitter_noise`), SuScaledRoPE's input scale
+/// reset (`long_mscale` 1), one expert per token — each breaks every case at its prefill.
+#[test]
+fn planted_sparsemixer_and_rope_defects_fail_l1_on_phimoe() {
+    for plant in [
+        "router_jitter_noise=0.5",
+        "rope_scaling.long_mscale=1.0",
+        "num_experts_per_tok=1",
+    ] {
+        let report = l1("tiny-phimoe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-phimoe with {plant}"));
+    }
 }
