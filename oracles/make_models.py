@@ -97,6 +97,7 @@ import make_gpt_oss
 import make_hybrids
 import make_mla
 import make_moe
+import make_moe2
 import make_quant_modes
 import make_quantized
 import make_rope
@@ -421,8 +422,8 @@ def make_llama_draft(job: Job) -> Path:
 
 # The maker modules, by the name a manifest row's `maker` gives (this one included).
 MAKERS = {m.__name__: m for m in (make_assistants, make_dense, make_dense2, make_gemma4_moe, make_gpt_oss, make_hybrids,
-                                  make_mla, make_moe, make_quant_modes, make_quantized, make_rope, make_tools_model,
-                                  make_wrappers)}
+                                  make_mla, make_moe, make_moe2, make_quant_modes, make_quantized, make_rope,
+                                  make_tools_model, make_wrappers)}
 MAKERS["make_models"] = sys.modules[__name__]
 
 

@@ -579,6 +579,8 @@ mod dense;
 mod dense2;
 /// The multi-head latent attention families (deepseek_v3 and those built on it).
 mod mla;
+/// The MoE families of oracles/make_moe2.py (glm4_moe, …).
+mod moe2;
 /// The MoE families and the floating-point quantization modes.
 mod moe_quant;
 /// nemotron_h with Nemotron 3's mixture-of-experts blocks.

@@ -143,6 +143,8 @@ pub struct Style {
     /// `logits · m` (Falcon-H1's tied head: `lm_head_multiplier / embedding_multiplier`, a
     /// Python float formed in double precision, then weak).
     pub logits_multiplier: Option<f64>,
+    /// An untied `lm_head` with a bias (phimoe's).
+    pub head_bias: bool,
     /// False: no LoRA targets (`linears` is empty; the mixture-of-experts Gemma 4).
     pub lora: bool,
     /// Whether optiq's assistant drafter may draft for it (Gemma 4).
@@ -164,6 +166,7 @@ impl Default for Style {
             head_input_divisor: None,
             logits_scaling: None,
             logits_multiplier: None,
+            head_bias: false,
             lora: true,
             assistant_target: false,
         }
@@ -357,6 +360,7 @@ impl Decoder {
             dims.tie_word_embeddings,
             [dims.vocab, hidden],
             style.logit_softcap,
+            style.head_bias,
         )?;
         head.input_divisor = style.head_input_divisor;
         w.ensure_consumed(&config.model_type, |_| false)?;

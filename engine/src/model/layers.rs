@@ -139,6 +139,9 @@ pub struct RmsNorm {
     pub eps: f32,
     /// optiq's drafter norm: computed in f32, cast back to the input's dtype.
     pub upcast: bool,
+    /// Some: `nn.LayerNorm` (`fast.layer_norm(x, weight, bias, eps)`: mean-centred, then
+    /// w·x̂ + b) in an RMSNorm's place — phimoe's norms.
+    pub bias: Option<Array>,
 }
 
 impl RmsNorm {
@@ -148,6 +151,20 @@ impl RmsNorm {
             weight: w.take_shaped(&format!("{prefix}.weight"), &[dims])?,
             eps,
             upcast: false,
+            bias: None,
+        })
+    }
+
+    /// `nn.LayerNorm(dims, eps)` with its affine weight and bias, `<prefix>.{weight,bias}`.
+    pub fn load_layer_norm(
+        w: &mut Weights,
+        prefix: &str,
+        dims: i32,
+        eps: f32,
+    ) -> Result<Self, LoadError> {
+        Ok(RmsNorm {
+            bias: Some(w.take_shaped(&format!("{prefix}.bias"), &[dims])?),
+            ..Self::load(w, prefix, dims, eps)?
         })
     }
 
@@ -179,6 +196,9 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
+        if let Some(bias) = &self.bias {
+            return fast::layer_norm(x, Some(&self.weight), Some(bias), self.eps);
+        }
         if self.upcast {
             return fast::rms_norm(
                 x.as_dtype(mlx_rs::Dtype::Float32)?,
@@ -490,19 +510,20 @@ pub struct OutputHead {
 }
 
 impl OutputHead {
-    /// The head over an already loaded final `norm`: `lm_head` ([vocab, hidden]) is loaded
-    /// unless the head is `tied`.
+    /// The head over an already loaded final `norm`: `lm_head` ([vocab, hidden], with its
+    /// bias where `bias`) is loaded unless the head is `tied`.
     pub fn load(
         w: &mut Weights,
         norm: RmsNorm,
         tied: bool,
         [vocab, hidden]: [i32; 2],
         softcap: Option<Softcap>,
+        bias: bool,
     ) -> Result<Self, LoadError> {
         let lm_head = if tied {
             None
         } else {
-            Some(Linear::load(w, "lm_head", false, [vocab, hidden])?)
+            Some(Linear::load(w, "lm_head", bias, [vocab, hidden])?)
         };
         Ok(OutputHead {
             norm,

@@ -2,20 +2,24 @@
 
 pub mod decoder;
 pub mod deepseek_v3;
+pub mod ernie4_5_moe;
 pub mod exaone4;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
 pub mod gemma2;
 pub mod gemma4;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granitemoehybrid;
 pub mod hunyuan;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4_text;
 pub mod mamba2;
 pub mod minicpm;
+pub mod minimax;
 pub mod ministral3;
 pub mod mixtral;
 pub mod mla;
@@ -24,6 +28,7 @@ pub mod moe_family;
 pub mod nemotron_h;
 pub mod olmo;
 pub mod phi3;
+pub mod phimoe;
 pub mod pipeline;
 pub mod quantized;
 pub mod qwen2_moe;
@@ -415,6 +420,17 @@ mod tests {
                 "tiny-deepseek-v3",
                 "`kv_b_proj` (split into embed_q / unembed_out) and per-expert tensors",
             ),
+            (
+                "tiny-glm4-moe",
+                "per-expert tensors and an MTP layer its sanitize drops",
+            ),
+            (
+                "tiny-ernie4-5-moe",
+                "per-expert tensors and MTP / correction-bias tensors its sanitize drops",
+            ),
+            ("tiny-minimax", "per-expert `w1`/`w2`/`w3` tensors"),
+            ("tiny-phimoe", "per-expert `w1`/`w2`/`w3` tensors"),
+            ("tiny-llama4-text", "the head stored as `output`"),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

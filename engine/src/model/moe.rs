@@ -390,6 +390,9 @@ pub enum Router {
     HighTopKSoftmax,
     /// DeepSeek-V3's and Nemotron 3's `group_expert_select` (see [`GroupedTopK`]).
     SigmoidGroupedTopK(GroupedTopK),
+    /// ERNIE 4.5: softmax (or sigmoid) over the float32 logits, the top k by
+    /// `argpartition(-p, k-1)[..., :k]`, renormalized by `maximum(their sum, 1e-12)`.
+    ActTopKRenormalized { sigmoid: bool },
 }
 
 /// `group_expert_select`, compiled as mlx-lm compiles it (`@mx.compile`, its Python scalars
@@ -516,6 +519,21 @@ impl Gate {
         let logits = self.gate.forward(x)?;
         match &self.kind {
             Router::SigmoidGroupedTopK(g) => g.select(&logits, k),
+            &Router::ActTopKRenormalized {
+                sigmoid: act_sigmoid,
+            } => {
+                let logits = logits.as_dtype(mlx_rs::Dtype::Float32)?;
+                let gates = match act_sigmoid {
+                    true => sigmoid(&logits)?,
+                    false => softmax_axis(&logits, -1, false)?,
+                };
+                let part = argpartition_axis(gates.negative()?, k - 1, -1)?;
+                let inds = mlx_rs::stop_gradient(part.index((Ellipsis, off..(k + off))))?;
+                let scores = gates.take_along_axis(&inds, -1)?;
+                let total = scores.sum_axis(-1, true)?;
+                let floor = crate::scalar::weak(1e-12, &total)?;
+                Ok((inds, scores.divide(mlx_rs::ops::maximum(&total, &floor)?)?))
+            }
             &Router::SoftmaxTopK { norm_topk_prob } => {
                 let gates = softmax_axis(&logits, -1, true)?;
                 let n = *gates.shape().last().unwrap_or(&0);

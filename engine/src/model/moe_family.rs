@@ -1,4 +1,4 @@
-//! What the mixture-of-experts families (`qwen3_moe`, `mixtral`, `qwen2_moe`) share on top
+//! What the mixture-of-experts families (`qwen3_moe`, `mixtral`, `qwen2_moe`, `glm4_moe`) share on top
 //! of the decoder (`decoder.rs`): their attention (Llama's, plain RoPE), the feed-forward of
 //! a layer — a dense MLP, the sparse block, or the sparse block with a shared expert — and
 //! mlx-lm's check of `num_experts_per_tok`.
@@ -9,7 +9,9 @@ use mlx_rs::Array;
 use super::decoder::FeedForward;
 use super::layers::Glu;
 use super::layers::{Attention, Linear, Mlp, RmsNorm, Rope};
-use super::moe::{MoeDims, Router, SparseMoe, SwitchLinear, EXPERT_NAMES};
+use super::moe::{
+    combine, Gate, MoeDims, Router, SparseMoe, SwitchGlu, SwitchLinear, EXPERT_NAMES,
+};
 use super::shard::{Part, Split};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -78,12 +80,57 @@ impl SharedMoe {
     }
 }
 
+/// A router that is no `nn.Linear` (DeepSeek-V3-style `MoEGate`), SwitchGLU experts, and an
+/// ungated shared expert added to their weighed sum (`glm4_moe.MoE`):
+/// `combine(experts(x), w) + shared_experts(x)`.
+pub struct PlusShared {
+    pub router: Gate,
+    pub experts: SwitchGlu,
+    /// `shared_experts`, where `n_shared_experts` is set.
+    pub shared: Option<Mlp>,
+    /// The router is an `nn.Linear` (ERNIE 4.5's `gate`: LoRA's and quantization's), not
+    /// a plain module holding a weight (glm4_moe's `MoEGate`).
+    pub linear_router: bool,
+}
+
+impl PlusShared {
+    fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        let (inds, scores) = self.router.route(x)?;
+        let y = combine(&self.experts.forward(x, &inds)?, &scores)?;
+        let y = match &self.shared {
+            Some(shared) => y.add(shared.forward(x)?)?,
+            None => y,
+        };
+        // Tensor parallel: both terms are this rank's partial sums, summed once here.
+        self.experts.sum_partials(y)
+    }
+
+    /// `glm4_moe.Model.shard` on the block: the shared expert and every routed expert
+    /// narrowed in place, the router whole, the block's output summed once.
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        if let Some(shared) = &mut self.shared {
+            let s = format!("{prefix}.shared_experts");
+            shared
+                .gate_proj
+                .shard_inplace(Split::Columns, part, &format!("{s}.gate_proj"))?;
+            shared
+                .down_proj
+                .shard_inplace(Split::Rows, part, &format!("{s}.down_proj"))?;
+            shared
+                .up_proj
+                .shard_inplace(Split::Columns, part, &format!("{s}.up_proj"))?;
+        }
+        self.experts.shard(part, &format!("{prefix}.switch_mlp"))
+    }
+}
+
 /// A layer's feed-forward.
 pub enum Ffn {
     Dense(Mlp),
     Sparse(SparseMoe),
     /// Boxed: it is twice the size of the others (one per layer, so the box costs nothing).
     Shared(Box<SharedMoe>),
+    PlusShared(Box<PlusShared>),
 }
 
 impl Ffn {
@@ -92,6 +139,7 @@ impl Ffn {
             Ffn::Dense(mlp) => mlp.forward(x),
             Ffn::Sparse(moe) => moe.forward(x),
             Ffn::Shared(moe) => moe.forward(x),
+            Ffn::PlusShared(moe) => moe.forward(x),
         }
     }
 }
@@ -178,6 +226,16 @@ impl Ffn {
                 .chain(mlp(format!("{ffn}.shared_expert"), &s.shared))
                 .chain([(format!("{ffn}.shared_expert_gate"), &s.shared_gate)])
                 .collect(),
+            Ffn::PlusShared(p) => p
+                .linear_router
+                .then(|| (format!("{ffn}.gate"), &p.router.gate))
+                .into_iter()
+                .chain(
+                    p.shared
+                        .iter()
+                        .flat_map(|m| mlp(format!("{ffn}.shared_experts"), m)),
+                )
+                .collect(),
         }
     }
 
@@ -187,6 +245,7 @@ impl Ffn {
             Ffn::Dense(_) => Vec::new(),
             Ffn::Sparse(moe) => moe.experts.named(&format!("{ffn}.switch_mlp")),
             Ffn::Shared(s) => s.moe.experts.named(&format!("{ffn}.switch_mlp")),
+            Ffn::PlusShared(p) => p.experts.named(&format!("{ffn}.switch_mlp")),
         }
     }
 }
@@ -214,6 +273,7 @@ impl FeedForward for Ffn {
             Ffn::Dense(mlp) => mlp.shard(part, prefix),
             Ffn::Sparse(moe) => moe.experts.shard(part, &format!("{prefix}.switch_mlp")),
             Ffn::Shared(moe) => moe.shard(part, prefix),
+            Ffn::PlusShared(moe) => moe.shard(part, prefix),
         }
     }
 }

@@ -142,6 +142,26 @@ fn deepseek_v3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Lo
     Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
 }
 
+fn glm4_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::glm4_moe::load(c, w)?))
+}
+
+fn ernie4_5_moe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::ernie4_5_moe::load(c, w)?))
+}
+
+fn minimax(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::minimax::load(c, w)?))
+}
+
+fn llama4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::llama4_text::load(c, w)?))
+}
+
+fn phimoe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::phimoe::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -324,6 +344,15 @@ pub static FAMILIES: &[Family] = &[
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
     row("kimi_k2", deepseek_v3),
     row("joyai_llm_flash", deepseek_v3),
+    // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
+    // convert and sharding refused until gated).
+    row("glm4_moe", glm4_moe),
+    row("ernie4_5_moe", ernie4_5_moe),
+    // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
+    row("minimax", minimax),
+    row("minimax_m2", minimax),
+    row("llama4_text", llama4_text),
+    row("phimoe", phimoe),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

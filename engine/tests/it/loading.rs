@@ -514,8 +514,9 @@ fn generation_tags_and_absent_tools_render_as_in_transformers() {
 
 /// mlx-lm's `MODEL_REMAPPING` entries the registry lists as rows of their own: they build
 /// the target's model, so the target's L1 goldens gate them.
-const ALIASES: [(&str, &str); 3] = [
+const ALIASES: [(&str, &str); 4] = [
     ("mistral", "llama"),
+    ("minimax_m2", "minimax"),
     ("kimi_k2", "deepseek_v3"),
     ("joyai_llm_flash", "deepseek_v3"),
 ];

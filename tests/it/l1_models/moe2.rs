@@ -1,0 +1,79 @@
+//! L1 plants on the families of oracles/make_moe2.py (glm4_moe, ernie4_5_moe, minimax,
+//! llama4_text, phimoe): each fixture's clean run is gated by `every_l1_model_is_bit_exact`
+//! (its manifest row); these tests show the gate fails, at every case's prefill, when the
+//! family's distinctive math is planted wrong. Part of the `l1_models` binary.
+
+use super::*;
+
+/// glm4_moe's group-limited routing off by one group (`topk_group` 3 of 4 kept where the
+/// model keeps 2, or the grouping dropped), the routed weights left unscaled, and the
+/// whole head rotated where half is: each breaks every case at its prefill.
+#[test]
+fn planted_routing_and_rotary_defects_fail_l1_on_glm4_moe() {
+    for plant in [
+        "topk_group=3",
+        "n_group=1",
+        "routed_scaling_factor=1.0",
+        "partial_rotary_factor=1.0",
+    ] {
+        let report = l1("tiny-glm4-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-glm4-moe with {plant}"));
+    }
+}
+
+/// ernie4_5_moe's router: sigmoid in place of its softmax (the same experts, other
+/// weights after the renormalization), or a third expert per token: each breaks every case
+/// at its prefill.
+#[test]
+fn planted_router_defects_fail_l1_on_ernie4_5_moe() {
+    for plant in ["moe_gate_act=sigmoid", "moe_k=3"] {
+        let report = l1("tiny-ernie4-5-moe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-ernie4-5-moe with {plant}"));
+    }
+}
+
+/// minimax: the routing weights read from the scores with `e_score_correction_bias` added
+/// (the bias meant for the choice only; the engine plant Nemotron 3 shares), and the whole
+/// head rotated where `rotary_dim` is half of it — each breaks every case at its prefill.
+/// The clean run passes before the plant and after its guard.
+#[test]
+fn planted_bias_and_rotary_defects_fail_l1_on_minimax() {
+    let name = "tiny-minimax";
+    assert!(l1(name, None).passed(), "{name} before the plant");
+    {
+        let _on = engine::plant::on(engine::plant::Defect::MoeCorrectionBiasWeighted).unwrap();
+        assert_fails_at_prefill(&l1(name, None), "minimax: bias in the weights");
+    }
+    assert!(
+        l1(name, None).passed(),
+        "{name}: the plant outlived its guard"
+    );
+    assert_fails_at_prefill(
+        &l1(name, Some("rotary_dim=16")),
+        "minimax with rotary_dim=16",
+    );
+}
+
+/// llama4_text: every layer rotated where layer 3 is NoPE, or the weightless q/k norms
+/// dropped — each breaks every case at its prefill.
+#[test]
+fn planted_nope_and_qk_norm_defects_fail_l1_on_llama4_text() {
+    for plant in ["no_rope_layers=[1,1,1,1]", "use_qk_norm=false"] {
+        let report = l1("tiny-llama4-text", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-llama4-text with {plant}"));
+    }
+}
+
+/// phimoe: sparsemixer's band widened (`router_jitter_noise`), SuScaledRoPE's input scale
+/// reset (`long_mscale` 1), one expert per token — each breaks every case at its prefill.
+#[test]
+fn planted_sparsemixer_and_rope_defects_fail_l1_on_phimoe() {
+    for plant in [
+        "router_jitter_noise=0.5",
+        "rope_scaling.long_mscale=1.0",
+        "num_experts_per_tok=1",
+    ] {
+        let report = l1("tiny-phimoe", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-phimoe with {plant}"));
+    }
+}
