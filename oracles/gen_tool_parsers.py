@@ -71,6 +71,12 @@ GLM = [
     ("empty", "   "),
     ("name with text around (reasoning-like prose before it)",
      "I will call it.\nget_weather<arg_key>city</arg_key><arg_value>Oslo</arg_value>"),
+    ("a key with no close before the value", "f<arg_key>a<arg_value>1</arg_value>"),
+    ("a JSON list of numbers", "[1, 2]"),
+    ("key=value with an empty key", 'search query="a\\"b\\\\c\\d" =5'),
+    ("information separators around a bare name", "\x1cping\x1f"),
+    ("JSON arguments null", '{"name": "ping", "arguments": null}'),
+    ("JSON arguments a list", '{"name": "ping", "arguments": [1]}'),
 ]
 
 KIMI = [
@@ -93,6 +99,8 @@ KIMI = [
     ("unclosed call (cut off)", '<|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{"a": 1'),
     ("text before the name", 'I call functions.f:0<|tool_call_argument_begin|>{}'),
     ("empty", ""),
+    ("whitespace is the name", " \t:0<|tool_call_argument_begin|>{}"),
+    ("whitespace around the index", 'functions.f:12  \n<|tool_call_argument_begin|>  \n{"a": "x"}  '),
 ]
 
 MINIMAX = [
@@ -120,6 +128,8 @@ MINIMAX = [
     ("invoke with no name", '<invoke name=></invoke><invoke name=">x</invoke>'),
     ("text around the invoke", 'Sure.\n<invoke name="ping">\n</invoke>\nDone.'),
     ("parameter without a closing >", '<invoke name="search"><parameter name="query</parameter></invoke>'),
+    ("big whole numbers", '<invoke name="get_weather"><parameter name="temp">1e30</parameter><parameter name="days">-0_7</parameter></invoke>'),
+    ("nan, and a boolean with spaces", '<invoke name="get_weather"><parameter name="temp">nan</parameter><parameter name="metric"> On </parameter></invoke>'),
 ]
 
 LONGCAT = [
@@ -143,6 +153,7 @@ LONGCAT = [
     ("an unclosed value", "search<longcat_arg_key>query</longcat_arg_key><longcat_arg_value>cut"),
     ("a key that runs on",
      "search<longcat_arg_key>a</longcat_arg_key>x<longcat_arg_key>b</longcat_arg_key><longcat_arg_value>[1]</longcat_arg_value>"),
+    ("a JSON list payload", '[{"name": "a"}]'),
 ]
 
 # (parser, think markers, pieces of one answer, whether it ended at EOS (else at the length limit)).
