@@ -18,7 +18,7 @@ the parser's tool_call_start / tool_call_end) and collected as mlx_lm.server's
 handle_completion collects it: the reasoning, the content, and the calls the finished tool
 texts parse to (unparsable ones dropped).
 
-Output: goldens/tool_parsers/cases.json (text only, no machine layer).
+Output: goldens/tool_parsers/index.json (text only, no machine layer).
 """
 
 import importlib
@@ -264,8 +264,8 @@ def main():
     cases = parser_cases()
     streams = [{"parser": name, "think": list(think), "pieces": pieces, "eos": eos,
                 "expect": run_stream(name, think, pieces, eos)} for name, think, pieces, eos in STREAMS]
-    dest = GOLDENS / "tool_parsers" / "cases.json"
-    write_json(dest, {"provenance": provenance("mlx-lm", "mlx-lm"), "tools": TOOLS, "cases": cases,
+    dest = GOLDENS / "tool_parsers" / "index.json"
+    write_json(dest, {"provenance": provenance("mlx-lm", "mlx-lm"), "generator": "oracles/gen_tool_parsers.py", "tools": TOOLS, "cases": cases,
                       "streams": streams})
     counts = {}
     for c in cases:

@@ -1,5 +1,5 @@
 //! The glm47, kimi_k2, minimax_m2 and longcat tool parsers against mlx-lm 0.32.2's own
-//! (goldens/tool_parsers/cases.json, from oracles/gen_tool_parsers.py): every tool-call
+//! (goldens/tool_parsers/index.json, from oracles/gen_tool_parsers.py): every tool-call
 //! text parses to the calls mlx-lm's parser returned (arguments as its `json.dumps` wrote
 //! them, the model's ids, any other keys), or fails where it raised; every whole answer
 //! splits into the reasoning, content and calls mlx_lm.server's state machine gave. Each
@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use crate::common::goldens;
 
 fn golden() -> Value {
-    let path = goldens().join("tool_parsers").join("cases.json");
+    let path = goldens().join("tool_parsers").join("index.json");
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
     serde_json::from_str(&text).unwrap()
 }
