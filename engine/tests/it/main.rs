@@ -28,5 +28,6 @@ mod spec_hybrid;
 mod speculative;
 mod ssd_hardening;
 mod ssd_store;
+mod tool_parsers;
 mod train;
 mod train_families;

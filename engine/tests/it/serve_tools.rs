@@ -294,25 +294,37 @@ fn malformed_tool_requests_are_400s_naming_the_field() {
 
 #[test]
 fn tools_for_a_format_we_cannot_parse_are_refused() {
-    // A template naming <arg_key> makes mlx-lm pick its glm47 parser, which we do not have.
-    let template = "{% for m in messages %}{{ m.content }}{% endfor %}<arg_key>";
+    // A template naming <atem:function_calls> makes mlx-lm pick its muse_spark parser,
+    // which we do not have.
+    let template = "{% for m in messages %}{{ m.content }}{% endfor %}<atem:function_calls>";
     let s = serve_model(MODEL, &["--chat-template", template]);
     let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let user = json!([{"role": "user", "content": "hi"}]);
     let (status, v) = post(
         s.port,
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "hi"}], "tools": tools}),
+        &json!({"messages": user, "tools": tools}),
     );
     assert_eq!(status, 400, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
     assert!(
-        msg.contains("glm47") && msg.contains("not supported"),
+        msg.contains("muse_spark") && msg.contains("not supported"),
         "{msg}"
     );
     let (status, _) = post(
         s.port,
         "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        &json!({"messages": user, "max_tokens": 2}),
     );
     assert_eq!(status, 200);
+    drop(s);
+    // <arg_key> picks glm47 (GLM-4.5 … 4.7), which we parse: the same tools are taken.
+    let template = "{% for m in messages %}{{ m.content }}{% endfor %}<arg_key>";
+    let s = serve_model(MODEL, &["--chat-template", template]);
+    let (status, v) = post(
+        s.port,
+        "/v1/chat/completions",
+        &json!({"messages": user, "tools": tools, "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
 }

@@ -474,7 +474,7 @@ pub fn serve_args(model: &std::path::Path, port: u16) -> Result<engine::serve::S
 }
 
 /// As `serve_args`, with `extra` flags of `engine serve` on top.
-fn serve_args_with(
+pub(super) fn serve_args_with(
     model: &std::path::Path,
     port: u16,
     extra: &[String],

@@ -64,11 +64,11 @@ fn wait_ready(
     }
 }
 
-/// `engine serve` for `model` on a thread of this process; returns its port. (It stays up,
-/// idle, until the process ends.)
-fn serve_in_process(model: &std::path::Path) -> Result<u16> {
+/// `engine serve` for `model` (with `extra` flags) on a thread of this process; returns its
+/// port. (It stays up, idle, until the process ends.)
+fn serve_in_process(model: &std::path::Path, extra: &[String]) -> Result<u16> {
     let port = free_port()?;
-    let serve_args = super::bench::serve_args(model, port)?;
+    let serve_args = super::bench::serve_args_with(model, port, extra)?;
     let (failed_tx, failed) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         let end = engine::serve::run(serve_args)
@@ -132,7 +132,7 @@ pub fn run() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
     println!("== {}: the openai client", super::DEFAULT_MODEL);
-    let port = serve_in_process(&model)?;
+    let port = serve_in_process(&model, &[])?;
     let basic = openai_client(port, &[], false)?;
     println!(
         "== {}: the openai client's Responses API",
@@ -146,7 +146,7 @@ pub fn run() -> Result<()> {
     // The first server stays up, idle, while the second one answers.
     let tools = harness::goldens::model_dir(TOOLS_MODEL)?;
     println!("== {TOOLS_MODEL}: an agent exchange with the openai client");
-    let port = serve_in_process(&tools)?;
+    let port = serve_in_process(&tools, &[])?;
     let agent = openai_client(port, &["--agent"], false)?;
     if openai_client(port, &["--agent", "--plant"], true)? {
         bail!("the agent exchange's planted difference (requests without tools) was not caught");
@@ -163,14 +163,32 @@ pub fn run() -> Result<()> {
     }
 }
 
-/// The models `serve-diff` compares on, with serve_diff.py's suite for each: the trained
-/// one (real answers, EOS stops), an untrained Gemma 3 (special tokens and padding ids in
-/// its output), and the tool-calling one (tool calls, tool results, reasoning).
-const DIFF_MODELS: [(&str, &str); 3] = [
-    ("tiny-llama-trained", "basic"),
-    ("tiny-gemma3", "basic"),
-    (TOOLS_MODEL, "tools"),
+/// The models `serve-diff` compares on, with serve_diff.py's suite for each and a Jinja
+/// comment both servers get appended to the model's own template (`--chat-template`): the
+/// trained one (real answers, EOS stops), an untrained Gemma 3 (special tokens and padding
+/// ids in its output), and the tool-calling one (tool calls, tool results, reasoning) —
+/// once as it is (json_tools) and once with `<arg_key>` in its template text, which makes
+/// both servers parse its calls with glm47 (its JSON-object fallback; a call cut by
+/// max_tokens goes to its plain-text fallback). The rendered prompts are the same.
+const DIFF_MODELS: [(&str, &str, Option<&str>); 4] = [
+    ("tiny-llama-trained", "basic", None),
+    ("tiny-gemma3", "basic", None),
+    (TOOLS_MODEL, "tools", None),
+    (TOOLS_MODEL, "tools", Some("{# glm47 marker: <arg_key> #}")),
 ];
+
+/// The `--chat-template` flags for a diff row's template comment (none without one).
+fn template_flags(model: &std::path::Path, comment: Option<&str>) -> Result<Vec<String>> {
+    let Some(comment) = comment else {
+        return Ok(Vec::new());
+    };
+    let path = model.join("chat_template.jinja");
+    let template = std::fs::read_to_string(&path).with_context(|| format!("{path:?}"))?;
+    Ok(vec![
+        "--chat-template".into(),
+        format!("{template}{comment}"),
+    ])
+}
 
 /// Kills the peer server when the diff ends, however it ends.
 struct Peer(std::process::Child);
@@ -212,15 +230,17 @@ pub fn diff(args: DiffArgs) -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
     let mut failed = Vec::new();
-    for (name, suite) in DIFF_MODELS {
+    for (name, suite, comment) in DIFF_MODELS {
         let model = harness::goldens::model_dir(name)?;
-        let ours = serve_in_process(&model)?;
+        let flags = template_flags(&model, comment)?;
+        let ours = serve_in_process(&model, &flags)?;
         let peer_port = free_port()?;
         let mut peer = Peer(
             std::process::Command::new(harness::oracle::python())
                 .args(["-m", "mlx_lm", "server", "--port", &peer_port.to_string()])
                 .arg("--model")
                 .arg(&model)
+                .args(&flags)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -248,7 +268,8 @@ pub fn diff(args: DiffArgs) -> Result<()> {
                 .context("running oracles/serve_diff.py")?
                 .success())
         };
-        println!("== {name}: engine serve vs mlx_lm.server");
+        let with = comment.map_or(String::new(), |c| format!(" (template + {c})"));
+        println!("== {name}{with}: engine serve vs mlx_lm.server");
         if !compare(false)? {
             failed.push(name);
         }

@@ -277,8 +277,10 @@ pub struct Registered {
 /// Goldens an oracle script writes that no parity gate reads (every tiny model is the
 /// manifest's): the CLI gate's mlx_lm.generate transcripts (engine/tests/it/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 3] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
     ("cli", "gen_cli.py", &[]),
+    // The tool parsers' gate (engine/tests/it/tool_parsers.rs): mlx-lm's parsers' output.
+    ("tool_parsers", "gen_tool_parsers.py", &[]),
     // engine convert's gate (engine/tests/it/convert.rs): mlx_lm.convert's output hashes, and
     // the Hugging Face layout source it converts.
     ("convert", "gen_convert.py", &[]),
@@ -366,7 +368,15 @@ pub fn registry() -> Vec<Registered> {
 /// The top-level dirs of goldens/ that are golden groups, not machine layers (`data` holds
 /// the training sets of oracles/make_train_data.py, not oracle output).
 pub fn groups() -> Vec<&'static str> {
-    let mut groups = vec!["models", "data", "cli", "convert", "l1-dist", "eval"];
+    let mut groups = vec![
+        "models",
+        "data",
+        "cli",
+        "convert",
+        "l1-dist",
+        "eval",
+        "tool_parsers",
+    ];
     for gate in GATES {
         if !groups.contains(&gate.group) {
             groups.push(gate.group);

@@ -7,8 +7,13 @@
 
 mod function_gemma;
 mod gemma4;
+mod glm47;
 mod json_tools;
+mod kimi_k2;
+mod longcat;
+mod minimax_m2;
 mod mistral;
+mod pyish;
 mod pythonic;
 mod qwen3_coder;
 
@@ -94,21 +99,22 @@ pub static FORMATS: [Format; 14] = [
         Family::MinimaxM2,
         "minimax_m2",
         ("<minimax:tool_call>", "</minimax:tool_call>"),
-        None,
+        Some(&minimax_m2::MinimaxM2),
     ),
     row(
         Family::Longcat,
         "longcat",
         ("<longcat_tool_call>", "</longcat_tool_call>"),
-        None,
+        Some(&longcat::Longcat),
     ),
-    row(Family::Glm47, "glm47", TOOL_CALL, None),
-    row(Family::Laguna, "laguna", TOOL_CALL, None),
+    row(Family::Glm47, "glm47", TOOL_CALL, Some(&glm47::Glm47)),
+    // mlx-lm's laguna module is glm47's parser under another name.
+    row(Family::Laguna, "laguna", TOOL_CALL, Some(&glm47::Glm47)),
     row(
         Family::KimiK2,
         "kimi_k2",
         ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
-        None,
+        Some(&kimi_k2::KimiK2),
     ),
     row(
         Family::KimiK3,
@@ -145,6 +151,39 @@ fn is_word(c: char) -> bool {
 /// Length in bytes of the run of chars at the start of `s` that satisfy `f`.
 fn run(s: &str, f: impl Fn(char) -> bool) -> usize {
     s.find(|c: char| !f(c)).unwrap_or(s.len())
+}
+
+/// Python truthiness of a JSON value.
+pub(super) fn py_truthy(v: &Value) -> bool {
+    match v {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64() != Some(0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(a) => !a.is_empty(),
+        Value::Object(o) => !o.is_empty(),
+    }
+}
+
+/// Python's `float(s)` for the texts a parameter holds.
+pub(super) fn py_float(s: &str) -> Result<f64, ValueError> {
+    let t = s.trim();
+    let lower = t.to_ascii_lowercase();
+    let unsigned = lower.trim_start_matches(['+', '-']);
+    let special = matches!(unsigned, "inf" | "infinity" | "nan");
+    let ok = special
+        || (!t.is_empty()
+            && !t.contains("__")
+            && !t.starts_with('_')
+            && !t.ends_with('_')
+            && t.chars()
+                .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-' | '_')));
+    let parsed = if ok {
+        t.replace('_', "").parse::<f64>().ok()
+    } else {
+        None
+    };
+    parsed.ok_or_else(|| ValueError(format!("could not convert string to float: {s:?}")))
 }
 
 #[cfg(test)]

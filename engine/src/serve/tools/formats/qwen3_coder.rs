@@ -4,7 +4,7 @@ use serde_json::Value;
 
 use super::super::literal::literal_eval;
 use super::super::value::{err, loads, PyValue, ValueError};
-use super::{call, run, Parser};
+use super::{call, py_float, py_truthy, run, Parser};
 
 /// The `qwen3_coder` format.
 pub struct Qwen3Coder;
@@ -91,17 +91,6 @@ fn qwen_arguments_config<'t>(
     Ok(None)
 }
 
-fn py_truthy(v: &Value) -> bool {
-    match v {
-        Value::Null => false,
-        Value::Bool(b) => *b,
-        Value::Number(n) => n.as_f64() != Some(0.0),
-        Value::String(s) => !s.is_empty(),
-        Value::Array(a) => !a.is_empty(),
-        Value::Object(o) => !o.is_empty(),
-    }
-}
-
 /// Python's `str(x)` for a schema's `type` (a list or such never matches a type name).
 fn type_name(v: &Value) -> String {
     match v {
@@ -110,27 +99,6 @@ fn type_name(v: &Value) -> String {
         Value::Null => "None".to_owned(),
         other => other.to_string(),
     }
-}
-
-/// Python's `float(s)` for the texts a parameter holds.
-fn py_float(s: &str) -> Result<f64, ValueError> {
-    let t = s.trim();
-    let lower = t.to_ascii_lowercase();
-    let unsigned = lower.trim_start_matches(['+', '-']);
-    let special = matches!(unsigned, "inf" | "infinity" | "nan");
-    let ok = special
-        || (!t.is_empty()
-            && !t.contains("__")
-            && !t.starts_with('_')
-            && !t.ends_with('_')
-            && t.chars()
-                .all(|c| c.is_ascii_digit() || matches!(c, '.' | 'e' | 'E' | '+' | '-' | '_')));
-    let parsed = if ok {
-        t.replace('_', "").parse::<f64>().ok()
-    } else {
-        None
-    };
-    parsed.ok_or_else(|| ValueError(format!("could not convert string to float: {s:?}")))
 }
 
 fn qwen_convert(
