@@ -8,12 +8,17 @@
 //! frequencies), on gemma3 (sliding window 8 < every row's length: `BatchRotatingKvCache`
 //! beside `BatchKvCache`) and on the hybrids (recurrent states in `ArraysCache`, one row per
 //! sequence, alone in mamba2, beside attention layers, or beside K/V in one layer's
-//! `CacheList` in falcon_h1). `gates::BATCH_KV4`: the same
+//! `CacheList` in falcon_h1), and on issue 38's kinds: multi-head latent attention (tiny-deepseek-v3),
+//! GLM-4.5's grouped router (tiny-glm4-moe), OLMo 2's post-norm layers (tiny-olmo2) and
+//! Ministral 3's position-scaled queries beside sliding windows (tiny-ministral3). Gemma 2
+//! is not on it: mlx-lm 0.32.2's `BatchGenerator` fails on it (its softcapped attention's
+//! mask does not broadcast against the grouped scores), so the lane refuses it by name.
+//! `gates::BATCH_KV4`: the same
 //! scenarios over 4-bit quantized KV against each row's single-sequence
 //! `generate_step(kv_bits=4)` run. Planted defects: a mask that forgets the left padding
 //! fails every model with attention layers; a router that keeps the wrong experts fails every
-//! MoE family, one that weighs Nemotron 3's experts by their biased scores fails its `E`
-//! blocks (tiny-nemotron-h-moe-q4); a sliding-window mask not rolled with the ring fails gemma3; recurrent states
+//! MoE family, one that weighs the experts by their biased scores fails the grouped routers
+//! (Nemotron 3's `E` blocks, GLM-4.5's, DeepSeek-V3's); a sliding-window mask not rolled with the ring fails gemma3; recurrent states
 //! that keep their first rows when a row leaves fail every hybrid; zeroed biases of new
 //! quantized positions fail the quantized gate. Models with other caches (dynamic RoPE, …),
 //! and quantized KV on a hybrid, are refused by the batch lane by name.
@@ -110,7 +115,8 @@ fn the_gate_covers_every_family_of_the_batch_lane() {
         .iter()
         .chain(&SLIDING)
         .chain(&HYBRID)
-        .chain(&["tiny-llama-trained", "tiny-phi3"])
+        .chain(&GROUPED_ROUTERS)
+        .chain(&["tiny-llama-trained", "tiny-phi3", "tiny-olmo2"])
     {
         assert!(BATCH.models().contains(model), "{model} is not gated");
     }
@@ -198,13 +204,25 @@ fn planted_moe_top_k_off_by_one_fails_the_batched_gate() {
 #[test]
 fn planted_biased_expert_weights_fail_the_batched_gate() {
     let _on = engine::plant::on(engine::plant::Defect::MoeCorrectionBiasWeighted).unwrap();
-    let r = run("tiny-nemotron-h-moe-q4", "b4", None);
-    println!(
-        "planted correction-bias defect caught on tiny-nemotron-h-moe-q4: {}",
-        r.summary()
-    );
-    assert!(!r.passed());
+    for model in GROUPED_ROUTERS {
+        let r = run(model, "b4", None);
+        println!(
+            "planted correction-bias defect caught on {model}: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
 }
+
+/// The models whose routers are `group_expert_select` (sigmoid scores, a correction bias for
+/// the choice only, grouped top-k): Nemotron 3's `E` blocks, GLM-4.5's sparse block and
+/// DeepSeek-V3's (beside its multi-head latent attention, whose cache holds the compressed
+/// latent and the rope key: K and V of different widths, batched as any K/V).
+const GROUPED_ROUTERS: [&str; 3] = [
+    "tiny-nemotron-h-moe-q4",
+    "tiny-glm4-moe",
+    "tiny-deepseek-v3",
+];
 
 /// The batch lane's refusal, as `Batch::join` gives it (`engine serve --batch N` sends
 /// such models to the serial lane instead: /stats shows `lanes.batch_slots` 0).
@@ -380,4 +398,20 @@ fn sliding_window_models_join_the_batch() {
     for model in SLIDING.iter().chain(&["tiny-gemma3-mm", "tiny-gemma3-q4"]) {
         assert_eq!(join_refusal(model), None, "{model}");
     }
+}
+
+/// Gemma 2 has no batch reference (mlx-lm 0.32.2's `BatchGenerator` raises on it), so
+/// `engine serve --batch` serves it one request at a time and says why; a family the gate
+/// covers is not refused (the check can tell them apart).
+#[test]
+fn gemma2_is_refused_by_the_batch_lane_as_mlx_lm_cannot_batch_it() {
+    use engine::generate::batch::refusal;
+    let load = |name| engine::model::load(&harness::goldens::model_dir(name).unwrap()).unwrap();
+    let opts = SessionOptions::default();
+    let why = refusal(load("tiny-gemma2").as_ref(), &opts).expect("gemma2 took the batch lane");
+    assert!(
+        why.contains("mlx-lm 0.32.2's BatchGenerator cannot batch it"),
+        "{why}"
+    );
+    assert_eq!(refusal(load("tiny-olmo2").as_ref(), &opts), None);
 }

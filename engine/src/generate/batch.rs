@@ -44,9 +44,16 @@ pub struct Batch<'m> {
 const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sliding-window \
      and recurrent-state (ArraysCache) caches only";
 
+const UNREFERENCED: &str = "this family: mlx-lm 0.32.2's BatchGenerator cannot batch it (gemma2's \
+     softcapped attention), so the batch lane has no reference for it; it is served one request \
+     at a time";
+
 /// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
 /// lacks), or None when it can.
 pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'static str> {
+    if !crate::model::registry::has(model.model_type(), |f| f.batch) {
+        return Some(UNREFERENCED);
+    }
     let (mut rings, mut states) = (false, false);
     for c in model.make_caches() {
         // A `CacheList` (falcon_h1's [ArraysCache, KvCache]) batches part by part.

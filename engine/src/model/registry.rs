@@ -37,6 +37,10 @@ pub struct Family {
     /// Off elsewhere: smollm3's and quantized qwen3_moe's compiled steps were measured to
     /// diverge (steps 71 and 240 of 300).
     pub compiled_decode: bool,
+    /// `engine serve --batch` may batch it: mlx-lm 0.32.2's `BatchGenerator`, the batch
+    /// gate's reference, runs it. Off for gemma2 (mlx-lm's batched mask does not broadcast
+    /// against its softcapped grouped scores): served one request at a time.
+    pub batch: bool,
 }
 
 /// A family's row with every capability off; rows below switch theirs on.
@@ -50,6 +54,7 @@ const fn row(model_type: &'static str, build: Build) -> Family {
         tensor: false,
         pipeline: false,
         compiled_decode: false,
+        batch: true,
     }
 }
 
@@ -259,7 +264,10 @@ pub static FAMILIES: &[Family] = &[
     // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
     row("mistral3", super::vl_text::build_mistral3),
     row("qwen3_vl", super::vl_text::build_qwen3_vl),
-    row("gemma2", gemma2),
+    Family {
+        batch: false,
+        ..row("gemma2", gemma2)
+    },
     row("olmo2", olmo),
     row("olmo3", olmo),
     row("seed_oss", llama),

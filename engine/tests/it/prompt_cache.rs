@@ -65,6 +65,8 @@ fn a_cache_hit_continues_bit_identically_to_a_fresh_prefill() {
 fn a_cache_hit_continues_bit_identically_on_the_newer_families() {
     for name in [
         "tiny-ministral3",
+        "tiny-glm4-moe",
+        "tiny-olmo2",
         "tiny-qwen3-moe",
         "tiny-mixtral",
         "tiny-qwen2-moe",

