@@ -13,13 +13,22 @@ its work: `kv_b_proj` [heads·(nope + v), kv_lora_rank] in place of the absorbed
                       shared expert); MLA with q_lora_rank 48, kv_lora_rank 32, 4 heads of nope 16 +
                       rope 8, v 16; yarn RoPE (factor 4, mscale_all_dim 1: the softmax scale grows);
                       a `rotary_emb.inv_freq` tensor sanitize drops; routers and bias drawn, f32
+- tiny-glm4-moe-lite  glm4_moe_lite (GLM-4.7-Flash): deepseek_v3's model with GLM's defaults and its
+                      differences (the latent norms at rms_norm_eps 1e-5, + 1e-20 in the
+                      renormalization, every layer at or past num_hidden_layers dropped): 3 layers,
+                      layer 0 dense, 8 experts top 4 in one group, routed_scaling_factor 1.8, plain
+                      RoPE (theta 1e6), plus an MTP layer (`model.layers.3.…`) sanitize drops, f32
+- tiny-kimi-k25       kimi_k25 (Kimi K2.5) for text: the wrapper's `text_config` is a deepseek_v3 config
+                      (here without q_lora_rank: the plain `q_proj` query), its tensors under
+                      `language_model.` beside vision / projector tensors sanitize drops; 8 experts in
+                      4 groups (topk_group 2), top 3, yarn, f32
 """
 
 import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import deepseek_v3
+from mlx_lm.models import deepseek_v3, glm4_moe_lite, kimi_k25
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -43,6 +52,20 @@ def deepseek_v3_config() -> dict:
                          "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
         "tie_word_embeddings": False,
     }
+
+
+def glm4_moe_lite_config() -> dict:
+    cfg = deepseek_v3_config()
+    for k in ("rope_scaling", "topk_method", "scoring_func"):
+        del cfg[k]
+    return dict(cfg, architectures=["Glm4MoeLiteForCausalLM"], model_type="glm4_moe_lite", n_group=1,
+                topk_group=1, num_experts_per_tok=4, routed_scaling_factor=1.8, rms_norm_eps=1e-5,
+                rope_theta=1000000.0, partial_rotary_factor=1.0, num_nextn_predict_layers=1)
+
+
+def kimi_k25_text_config() -> dict:
+    return dict(deepseek_v3_config(), q_lora_rank=None, n_group=4, topk_group=2, num_experts_per_tok=3,
+                routed_scaling_factor=2.827)
 
 
 def draw_routers(model, seed: int, dtype) -> None:
@@ -95,6 +118,38 @@ def make_deepseek_v3(job: Job) -> Path:
                        "f32, Hugging Face layout (kv_b_proj, per-expert tensors, a rotary_emb.inv_freq "
                        "sanitize drops); layer 0 dense, layers 1-2 8 experts in 2 groups (topk_group 1), "
                        "top 2, a shared expert; yarn RoPE with mscale_all_dim")
+
+
+def make_glm4_moe_lite(job: Job) -> Path:
+    cfg = glm4_moe_lite_config()
+    model = random_mla(glm4_moe_lite, cfg, job.seed, mx.float32)
+    weights = hf_mla_weights(model)
+    # The multi-token-prediction layer (index num_hidden_layers) that GLM checkpoints carry.
+    weights["model.layers.3.eh_proj.weight"] = mx.zeros((64, 128), dtype=mx.float32)
+    weights["model.layers.3.enorm.weight"] = mx.ones((64,), dtype=mx.float32)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; norms, routers and e_score_correction_bias drawn), "
+                       "f32, Hugging Face layout (kv_b_proj, per-expert tensors, an MTP layer sanitize drops); "
+                       "layer 0 dense, layers 1-2 8 experts top 4 (one group), a shared expert")
+
+
+def make_kimi_k25(job: Job) -> Path:
+    text = kimi_k25_text_config()
+    cfg = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
+           "text_config": text, "vision_config": {"hidden_size": 8}}
+    mx.random.seed(job.seed)
+    model = kimi_k25.Model(kimi_k25.ModelArgs.from_dict(cfg))
+    mx.eval(model.parameters())
+    randomize_scales(model, job.seed)
+    draw_routers(model.language_model.model, job.seed, mx.float32)
+    weights = hf_mla_weights(model)
+    weights["vision_tower.patch_embed.proj.weight"] = mx.zeros((8, 3, 2, 2), dtype=mx.float32)
+    weights["mm_projector.proj.0.weight"] = mx.zeros((64, 8), dtype=mx.float32)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; norms, routers and e_score_correction_bias drawn), "
+                       "f32, the text model under language_model. in Hugging Face layout (kv_b_proj, "
+                       "per-expert tensors), vision / projector tensors sanitize drops; plain q_proj, "
+                       "8 experts in 4 groups (topk_group 2), top 3, yarn")
 
 
 if __name__ == "__main__":

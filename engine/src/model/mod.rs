@@ -408,6 +408,14 @@ mod tests {
                 "tiny-deepseek-v3",
                 "`kv_b_proj` (split into embed_q / unembed_out) and per-expert tensors",
             ),
+            (
+                "tiny-glm4-moe-lite",
+                "`kv_b_proj`, per-expert tensors and an MTP layer sanitize drops",
+            ),
+            (
+                "tiny-kimi-k25",
+                "`kv_b_proj`, per-expert tensors and the vision tensors sanitize drops",
+            ),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

@@ -118,6 +118,11 @@ fn deepseek_v3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, Lo
     Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
 }
 
+fn glm4_moe_lite(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::Glm4MoeLite;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -287,11 +292,20 @@ pub static FAMILIES: &[Family] = &[
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
     row("kimi_k2", deepseek_v3),
     row("joyai_llm_flash", deepseek_v3),
+    row("glm4_moe_lite", glm4_moe_lite),
+    // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
+    row("kimi_k25", super::deepseek_v3::load_kimi_k25),
 ];
 
 /// Families mlx-lm 0.32.2 shards (`Model.shard`, `PipelineMixin`) whose splits the engine
 /// has not gated yet: refused, and the refusal says so rather than that mlx-lm lacks them.
-pub const UNGATED_SHARDS: [&str; 3] = ["deepseek_v3", "kimi_k2", "joyai_llm_flash"];
+pub const UNGATED_SHARDS: [&str; 5] = [
+    "deepseek_v3",
+    "kimi_k2",
+    "joyai_llm_flash",
+    "glm4_moe_lite",
+    "kimi_k25",
+];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
 pub fn family(model_type: &str) -> Result<&'static Family, LoadError> {

@@ -5,7 +5,7 @@
 use super::*;
 
 /// The MLA fixtures whose query has a rope half (all of them).
-const FIXTURES: [&str; 1] = ["tiny-deepseek-v3"];
+const FIXTURES: [&str; 3] = ["tiny-deepseek-v3", "tiny-glm4-moe-lite", "tiny-kimi-k25"];
 
 /// Planted: RoPE rotates the front of each query head (part of its nope half) and the rope
 /// half is read unrotated. Each fixture passes before and after the guard.
@@ -36,5 +36,19 @@ fn planted_group_routing_defects_fail_l1_on_deepseek_v3() {
     for plant in ["n_group=1", "n_group=4"] {
         let report = l1("tiny-deepseek-v3", Some(plant));
         assert_fails_at_prefill(&report, &format!("tiny-deepseek-v3 with {plant}"));
+    }
+}
+
+/// Planted through the config: GLM-4.7-Flash's routed_scaling_factor dropped to DeepSeek's
+/// default (1.0); Kimi K2.5's text model keeping one group of its four where it keeps two
+/// (topk_group 2: group routing off by one group).
+#[test]
+fn planted_router_config_defects_fail_l1_on_glm4_moe_lite_and_kimi_k25() {
+    for (name, plant) in [
+        ("tiny-glm4-moe-lite", "routed_scaling_factor=1.0"),
+        ("tiny-kimi-k25", "text_config.topk_group=1"),
+    ] {
+        let report = l1(name, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{name} with {plant}"));
     }
 }
