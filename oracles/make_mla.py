@@ -22,13 +22,17 @@ its work: `kv_b_proj` [heads·(nope + v), kv_lora_rank] in place of the absorbed
                       (here without q_lora_rank: the plain `q_proj` query), its tensors under
                       `language_model.` beside vision / projector tensors sanitize drops; 8 experts in
                       4 groups (topk_group 2), top 3, yarn, f32
+- tiny-minicpm3       minicpm3 (MiniCPM 3): 3 dense layers of MLA projections without absorption
+                      (kv_b_proj expands the latent; a standard cache of per-head keys and values),
+                      4 heads of nope 16 + rope 8, v 16, longrope factors (type `su`; a 4x context: the
+                      input scale applies), scale_emb 12, scale_depth 1.4, dim_model_base 256, untied, bf16
 """
 
 import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import deepseek_v3, glm4_moe_lite, kimi_k25
+from mlx_lm.models import deepseek_v3, glm4_moe_lite, kimi_k25, minicpm3
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -150,6 +154,31 @@ def make_kimi_k25(job: Job) -> Path:
                        "f32, the text model under language_model. in Hugging Face layout (kv_b_proj, "
                        "per-expert tensors), vision / projector tensors sanitize drops; plain q_proj, "
                        "8 experts in 4 groups (topk_group 2), top 3, yarn")
+
+
+def minicpm3_config() -> dict:
+    return {
+        "architectures": ["MiniCPM3ForCausalLM"], "model_type": "minicpm3",
+        "vocab_size": VOCAB, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
+        "q_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "kv_lora_rank": 32,
+        "scale_depth": 1.4, "scale_emb": 12, "dim_model_base": 256, "max_position_embeddings": 4096,
+        "rope_theta": 10000.0, "attention_bias": False, "tie_word_embeddings": False,
+        # minicpm3 reads rope_scaling's factors whatever its type; "su" (longrope's older name), since
+        # transformers' generic config (which mlx-lm's tokenizer load builds for a model type it does
+        # not know) fails on a "longrope" dict.
+        "rope_scaling": {"type": "su", "long_factor": [1.0, 1.5, 2.25, 3.5],
+                         "short_factor": [1.0, 1.1, 1.2, 1.3], "original_max_position_embeddings": 1024},
+    }
+
+
+def make_minicpm3(job: Job) -> Path:
+    cfg = minicpm3_config()
+    model = random_model(minicpm3, cfg, job.seed, mx.bfloat16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg,
+                       f"random weights (seed {job.seed}; norms drawn), bf16, untied; longrope with a 4x "
+                       "context (the input scale applies)")
 
 
 if __name__ == "__main__":

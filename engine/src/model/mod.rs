@@ -12,6 +12,7 @@ pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod mamba2;
+pub mod minicpm3;
 pub mod mixtral;
 pub mod mla;
 pub mod moe;

@@ -123,6 +123,10 @@ fn glm4_moe_lite(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, 
     Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
 }
 
+fn minicpm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::minicpm3::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -295,6 +299,9 @@ pub static FAMILIES: &[Family] = &[
     row("glm4_moe_lite", glm4_moe_lite),
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
     row("kimi_k25", super::deepseek_v3::load_kimi_k25),
+    // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
+    // shard it.
+    row("minicpm3", minicpm3),
 ];
 
 /// Families mlx-lm 0.32.2 shards (`Model.shard`, `PipelineMixin`) whose splits the engine

@@ -5,7 +5,12 @@
 use super::*;
 
 /// The MLA fixtures whose query has a rope half (all of them).
-const FIXTURES: [&str; 3] = ["tiny-deepseek-v3", "tiny-glm4-moe-lite", "tiny-kimi-k25"];
+const FIXTURES: [&str; 4] = [
+    "tiny-deepseek-v3",
+    "tiny-glm4-moe-lite",
+    "tiny-kimi-k25",
+    "tiny-minicpm3",
+];
 
 /// Planted: RoPE rotates the front of each query head (part of its nope half) and the rope
 /// half is read unrotated. Each fixture passes before and after the guard.
@@ -50,5 +55,15 @@ fn planted_router_config_defects_fail_l1_on_glm4_moe_lite_and_kimi_k25() {
     ] {
         let report = l1(name, Some(plant));
         assert_fails_at_prefill(&report, &format!("{name} with {plant}"));
+    }
+}
+
+/// Planted through the config: MiniCPM 3's scalings — the residual branches' scale_depth
+/// (1.0 for 1.4) and the head's input divisor hidden / dim_model_base (64 for 256).
+#[test]
+fn planted_scaling_defects_fail_l1_on_minicpm3() {
+    for plant in ["scale_depth=1.0", "dim_model_base=64"] {
+        let report = l1("tiny-minicpm3", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-minicpm3 with {plant}"));
     }
 }
