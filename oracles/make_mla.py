@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import deepseek_v3, glm4_moe_lite, kimi_k25, minicpm3
+from mlx_lm.models import deepseek_v3, deepseek_v32, glm4_moe_lite, kimi_k25, minicpm3
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -179,6 +179,35 @@ def make_minicpm3(job: Job) -> Path:
     return write_model(job, weights_of(model), cfg,
                        f"random weights (seed {job.seed}; norms drawn), bf16, untied; longrope with a 4x "
                        "context (the input scale applies)")
+
+
+def deepseek_v32_config() -> dict:
+    cfg = dict(deepseek_v3_config(), architectures=["DeepseekV32ForCausalLM"], model_type="deepseek_v32",
+               index_head_dim=16, index_n_heads=2, index_topk=3)
+    del cfg["rope_scaling"]
+    return cfg
+
+
+def draw_indexer_norms(model, seed: int) -> None:
+    """The indexers' k_norm (a LayerNorm, weight 1 and bias 0 at init) drawn away from its init."""
+    for i, layer in enumerate(model.model.layers):
+        norm = layer.self_attn.indexer.k_norm
+        k1, k2 = mx.random.split(mx.random.key(seed * 100 + 80 + i))
+        norm.weight = 1.0 + mx.random.normal(norm.weight.shape, key=k1) * 0.3
+        norm.bias = mx.random.normal(norm.bias.shape, key=k2) * 0.1
+    mx.eval(model.parameters())
+
+
+def make_deepseek_v32(job: Job) -> Path:
+    cfg = deepseek_v32_config()
+    model = random_mla(deepseek_v32, cfg, job.seed, mx.float32)
+    draw_indexer_norms(model, job.seed)
+    weights = hf_mla_weights(model)
+    weights["model.layers.3.eh_proj.weight"] = mx.zeros((64, 128), dtype=mx.float32)
+    return write_model(job, weights, cfg,
+                       f"random weights (seed {job.seed}; norms, indexer k_norms, routers and "
+                       "e_score_correction_bias drawn), f32, Hugging Face layout (kv_b_proj, per-expert "
+                       "tensors, an MTP layer sanitize drops); the indexer keeps 3 positions per query")
 
 
 if __name__ == "__main__":

@@ -271,6 +271,10 @@ pub enum Defect {
     /// front of each head and the unrotated half from its end (RoPE applied to the wrong
     /// part). Caught by the L1 gate on the MLA fixtures (`tests/it/l1_models/mla.rs`).
     MlaRopeOnWrongHalf,
+    /// DeepSeek-V3.2's indexer (`model/deepseek_v32.rs`): its scores not clamped at zero
+    /// (the ReLU dropped), so other positions are kept. Caught by the L1 gate on
+    /// tiny-deepseek-v32 (`tests/it/l1_models/mla.rs`).
+    IndexerReluDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -2,6 +2,7 @@
 
 pub mod decoder;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
@@ -408,6 +409,10 @@ mod tests {
             (
                 "tiny-deepseek-v3",
                 "`kv_b_proj` (split into embed_q / unembed_out) and per-expert tensors",
+            ),
+            (
+                "tiny-deepseek-v32",
+                "`kv_b_proj`, per-expert tensors and an MTP layer sanitize drops",
             ),
             (
                 "tiny-glm4-moe-lite",

@@ -127,6 +127,11 @@ fn minicpm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadE
     Ok(Box::new(super::minicpm3::load(c, w)?))
 }
 
+fn deepseek_v32(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::DeepseekV32;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -297,6 +302,7 @@ pub static FAMILIES: &[Family] = &[
     row("kimi_k2", deepseek_v3),
     row("joyai_llm_flash", deepseek_v3),
     row("glm4_moe_lite", glm4_moe_lite),
+    row("deepseek_v32", deepseek_v32),
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
     row("kimi_k25", super::deepseek_v3::load_kimi_k25),
     // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
@@ -306,11 +312,12 @@ pub static FAMILIES: &[Family] = &[
 
 /// Families mlx-lm 0.32.2 shards (`Model.shard`, `PipelineMixin`) whose splits the engine
 /// has not gated yet: refused, and the refusal says so rather than that mlx-lm lacks them.
-pub const UNGATED_SHARDS: [&str; 5] = [
+pub const UNGATED_SHARDS: [&str; 6] = [
     "deepseek_v3",
     "kimi_k2",
     "joyai_llm_flash",
     "glm4_moe_lite",
+    "deepseek_v32",
     "kimi_k25",
 ];
 

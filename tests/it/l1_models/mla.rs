@@ -5,8 +5,9 @@
 use super::*;
 
 /// The MLA fixtures whose query has a rope half (all of them).
-const FIXTURES: [&str; 4] = [
+const FIXTURES: [&str; 5] = [
     "tiny-deepseek-v3",
+    "tiny-deepseek-v32",
     "tiny-glm4-moe-lite",
     "tiny-kimi-k25",
     "tiny-minicpm3",
@@ -65,5 +66,29 @@ fn planted_scaling_defects_fail_l1_on_minicpm3() {
     for plant in ["scale_depth=1.0", "dim_model_base=64"] {
         let report = l1("tiny-minicpm3", Some(plant));
         assert_fails_at_prefill(&report, &format!("tiny-minicpm3 with {plant}"));
+    }
+}
+
+/// DeepSeek-V3.2's indexer, planted: its scores not clamped at zero (`IndexerReluDropped`),
+/// and by config one position more per query (index_topk 4 for 3) or none dropped at all
+/// (index_topk 4096: the indexer never selects). Each breaks every case at its prefill, so
+/// the fixture's prompts are attended sparsely from the first step.
+#[test]
+fn planted_indexer_defects_fail_l1_on_deepseek_v32() {
+    let name = "tiny-deepseek-v32";
+    {
+        let _on = engine::plant::on(engine::plant::Defect::IndexerReluDropped).unwrap();
+        assert_fails_at_prefill(
+            &l1(name, None),
+            &format!("the indexer's ReLU dropped on {name}"),
+        );
+    }
+    assert!(
+        l1(name, None).passed(),
+        "{name}: the plant outlived its guard"
+    );
+    for plant in ["index_topk=4", "index_topk=4096"] {
+        let report = l1(name, Some(plant));
+        assert_fails_at_prefill(&report, &format!("{name} with {plant}"));
     }
 }
