@@ -26,6 +26,11 @@ its work: `kv_b_proj` [heads·(nope + v), kv_lora_rank] in place of the absorbed
                       (kv_b_proj expands the latent; a standard cache of per-head keys and values),
                       4 heads of nope 16 + rope 8, v 16, longrope factors (type `su`; a 4x context: the
                       input scale applies), scale_emb 12, scale_depth 1.4, dim_model_base 256, untied, bf16
+
+tiny-deepseek-v3 and tiny-deepseek-v32 also have goldens of mlx-lm prefilling one token at a time
+(MLA's absorbed path, whose rounding differs from the prefill's), checked by
+tests/it/l1_models/mla.rs:
+    oracles/.venv/bin/python oracles/gen_l1.py tiny-deepseek-v3 --prefill-step 1 --suffix=-prefill1
 """
 
 import sys
