@@ -26,6 +26,10 @@ its work: `kv_b_proj` [heads·(nope + v), kv_lora_rank] in place of the absorbed
                       (kv_b_proj expands the latent; a standard cache of per-head keys and values),
                       4 heads of nope 16 + rope 8, v 16, longrope factors (type `su`; a 4x context: the
                       input scale applies), scale_emb 12, scale_depth 1.4, dim_model_base 256, untied, bf16
+- tiny-deepseek-v3-q4  tiny-deepseek-v3 cast to bf16 and through mlx_lm.utils.quantize_model, affine 4-bit
+                      g32 (mlx-community's layout: embed_q / unembed_out already split, the experts
+                      stacked; unembed_out (in 32) a QuantizedMultiLinear, embed_q (in 16, not a
+                      multiple of 32) left dense; the routers, plain modules, unquantized)
 
 tiny-deepseek-v3 and tiny-deepseek-v32 also have goldens of mlx-lm prefilling one token at a time
 (MLA's absorbed path, whose rounding differs from the prefill's), checked by
@@ -40,7 +44,7 @@ import mlx.core as mx
 from mlx_lm.models import deepseek_v3, deepseek_v32, glm4_moe_lite, kimi_k25, minicpm3
 
 import tinymodels
-from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
+from tinymodels import VOCAB, Job, quantize, random_model, randomize_scales, weights_of, write_model
 
 # Imported for its helper only (no maker of make_hybrids runs from here).
 from make_hybrids import per_expert_layout
@@ -213,6 +217,14 @@ def make_deepseek_v32(job: Job) -> Path:
                        f"random weights (seed {job.seed}; norms, indexer k_norms, routers and "
                        "e_score_correction_bias drawn), f32, Hugging Face layout (kv_b_proj, per-expert "
                        "tensors, an MTP layer sanitize drops); the indexer keeps 3 positions per query")
+
+
+def make_deepseek_v3_q4(job: Job) -> Path:
+    return quantize(job, "tiny-deepseek-v3",
+                    "cast to bf16, affine 4-bit g32 via mlx_lm.utils.quantize_model (unembed_out a "
+                    "QuantizedMultiLinear; embed_q, 16 inputs wide, left dense); its L1 golden needs "
+                    "make_moe.patch_gather_qmm on MLX 0.32.2",
+                    "oracles/make_mla.py", 32, 4, dtype=mx.bfloat16)
 
 
 if __name__ == "__main__":

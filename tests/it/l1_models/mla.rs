@@ -5,8 +5,9 @@
 use super::*;
 
 /// The MLA fixtures whose query has a rope half (all of them).
-const FIXTURES: [&str; 5] = [
+const FIXTURES: [&str; 6] = [
     "tiny-deepseek-v3",
+    "tiny-deepseek-v3-q4",
     "tiny-deepseek-v32",
     "tiny-glm4-moe-lite",
     "tiny-kimi-k25",
