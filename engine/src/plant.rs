@@ -287,6 +287,10 @@ pub enum Defect {
     /// Tool parsers: longcat does not take a JSON object text whole. Caught by
     /// `tests/it/tool_parsers.rs`.
     LongcatJsonIgnored,
+    /// DeepSeek-V3.2's indexer (`model/deepseek_v32.rs`): its scores not clamped at zero
+    /// (the ReLU dropped), so other positions are kept. Caught by the L1 gate on
+    /// tiny-deepseek-v32 (`tests/it/l1_models/mla.rs`).
+    IndexerReluDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -392,6 +392,12 @@ impl Decoder {
         self
     }
 
+    /// An untied `lm_head` reads the normed state divided by `d` (MiniCPM 3).
+    pub fn with_untied_head_input_divisor(mut self, d: f64) -> Self {
+        self.head.untied_input_divisor = Some(d);
+        self
+    }
+
     /// Tensor parallel splits this decoder's untied `lm_head` by the vocabulary and gathers
     /// the logits after it (qwen3_5's `Model.shard`).
     pub fn with_vocab_sharded_head(mut self) -> Self {

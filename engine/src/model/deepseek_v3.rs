@@ -1,6 +1,7 @@
 //! `deepseek_v3` (and mlx-lm's aliases `kimi_k2`, `joyai_llm_flash`), `glm4_moe_lite`
-//! (GLM-4.7-Flash: the same model, other defaults) and `kimi_k25` (Kimi K2.5's wrapper, read
-//! for text) as mlx-lm 0.32.2's deepseek_v3.py / glm4_moe_lite.py / kimi_k25.py build them:
+//! (GLM-4.7-Flash: the same model, other defaults), `deepseek_v32` (its attention with an
+//! indexer, `deepseek_v32.rs`) and `kimi_k25` (Kimi K2.5's wrapper, read for text) as mlx-lm
+//! 0.32.2's deepseek_v3.py / glm4_moe_lite.py / deepseek_v32.py / kimi_k25.py build them:
 //!
 //!   h = embed(ids)
 //!   for each layer i:  h = h + mla(rms_norm(h))                       (`mla.rs`)
@@ -14,8 +15,8 @@
 //!
 //! mlx-lm's sanitize: per-expert tensors stacked, `kv_b_proj` split into `embed_q` /
 //! `unembed_out`, and the multi-token-prediction layer dropped — deepseek_v3 drops names
-//! starting `model.layers.61` (and any `rotary_emb.inv_freq`), glm4_moe_lite every layer at
-//! or past `num_hidden_layers`.
+//! starting `model.layers.61` (and any `rotary_emb.inv_freq`), glm4_moe_lite and deepseek_v32
+//! every layer at or past `num_hidden_layers`.
 
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
@@ -23,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::decoder::{Decoder, Dims, FeedForward, Mixer};
+use super::deepseek_v32::{IndexArgs, SparseMla};
 use super::layers::{Glu, Linear, Mlp};
 use super::mla::{split_kv_b_proj, Mla, MlaShape};
 use super::moe::{combine, Gate, GroupedTopK, Router, SwitchGlu, SwitchLinear, EXPERT_NAMES};
@@ -38,6 +40,8 @@ use crate::load::LoadError;
 pub enum Variant {
     DeepseekV3,
     Glm4MoeLite,
+    /// deepseek_v32: DeepSeek-V3's defaults, attention with an indexer (`deepseek_v32.rs`).
+    DeepseekV32,
 }
 
 /// The union of `deepseek_v3.ModelArgs` and `glm4_moe_lite.ModelArgs`; a missing field takes
@@ -194,7 +198,7 @@ impl Args {
             v: self.v_head_dim,
             attention_bias: self.attention_bias,
             latent_norm_eps: match self.variant {
-                Variant::DeepseekV3 => 1e-6,
+                Variant::DeepseekV3 | Variant::DeepseekV32 => 1e-6,
                 Variant::Glm4MoeLite => self.rms_norm_eps,
             },
             rope_theta: self.rope_theta,
@@ -358,7 +362,7 @@ fn sanitize(w: &mut Weights, a: &Args, model_type: &str) -> Result<(), LoadError
         Variant::DeepseekV3 => {
             w.discard(|n| n.starts_with("model.layers.61") || n.contains("rotary_emb.inv_freq"))
         }
-        Variant::Glm4MoeLite => {
+        Variant::Glm4MoeLite | Variant::DeepseekV32 => {
             let layers = a.num_hidden_layers;
             w.discard(|n| {
                 let parts: Vec<&str> = n.split('.').collect();
@@ -397,8 +401,15 @@ pub fn load(config: &ModelConfig, mut w: Weights, variant: Variant) -> Result<De
         ffn_module: "mlp",
     };
     let shape = a.mla_shape();
+    let index = match variant {
+        Variant::DeepseekV32 => Some(IndexArgs::parse(config)?),
+        _ => None,
+    };
     Decoder::load(config, w, dims, |w, p, i| {
-        let mixer: Box<dyn Mixer> = Box::new(Mla::load(w, p, &shape)?);
+        let mixer: Box<dyn Mixer> = match &index {
+            Some(index) => Box::new(SparseMla::load(w, p, &shape, index)?),
+            None => Box::new(Mla::load(w, p, &shape)?),
+        };
         Ok((mixer, Box::new(Ffn::load(w, p, &a, i)?)))
     })
 }

@@ -507,6 +507,9 @@ pub struct OutputHead {
     /// Tensor parallel with a vocabulary-split `lm_head` (qwen3_5's `Model.shard`): the
     /// ranks' logit columns are gathered after it (`gather_last_axis`); 1 otherwise.
     pub vocab_parts: usize,
+    /// The normed state divided by this (a Python float: weak) before an untied `lm_head`
+    /// (MiniCPM 3's `hidden_size / dim_model_base`); the tied head reads it undivided.
+    pub untied_input_divisor: Option<f64>,
 }
 
 impl OutputHead {
@@ -531,6 +534,7 @@ impl OutputHead {
             softcap,
             input_divisor: None,
             vocab_parts: 1,
+            untied_input_divisor: None,
         })
     }
 
@@ -555,6 +559,9 @@ impl OutputHead {
     /// `lm_head`, or the tied embedding, on a hidden state already through the final norm;
     /// no softcap.
     pub fn project(&self, embed: &Embedding, normed: &Array) -> R<Array> {
+        if let (Some(d), Some(head)) = (self.untied_input_divisor, &self.lm_head) {
+            return head.forward(&normed.divide(weak(d, normed)?)?);
+        }
         match &self.lm_head {
             Some(head) if self.vocab_parts > 1 => {
                 gather_last_axis(&head.forward(normed)?, self.vocab_parts as i32)

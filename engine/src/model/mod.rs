@@ -2,6 +2,7 @@
 
 pub mod decoder;
 pub mod deepseek_v3;
+pub mod deepseek_v32;
 pub mod ernie4_5_moe;
 pub mod exaone4;
 pub mod falcon_h1;
@@ -19,6 +20,7 @@ pub mod llama;
 pub mod llama4_text;
 pub mod mamba2;
 pub mod minicpm;
+pub mod minicpm3;
 pub mod minimax;
 pub mod ministral3;
 pub mod mixtral;
@@ -431,6 +433,18 @@ mod tests {
             ("tiny-minimax", "per-expert `w1`/`w2`/`w3` tensors"),
             ("tiny-phimoe", "per-expert `w1`/`w2`/`w3` tensors"),
             ("tiny-llama4-text", "the head stored as `output`"),
+            (
+                "tiny-deepseek-v32",
+                "`kv_b_proj`, per-expert tensors and an MTP layer sanitize drops",
+            ),
+            (
+                "tiny-glm4-moe-lite",
+                "`kv_b_proj`, per-expert tensors and an MTP layer sanitize drops",
+            ),
+            (
+                "tiny-kimi-k25",
+                "`kv_b_proj`, per-expert tensors and the vision tensors sanitize drops",
+            ),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

@@ -167,6 +167,20 @@ fn phimoe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadErr
     Ok(Box::new(super::phimoe::load(c, w)?))
 }
 
+fn glm4_moe_lite(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::Glm4MoeLite;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
+fn minicpm3(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::minicpm3::load(c, w)?))
+}
+
+fn deepseek_v32(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    let variant = super::deepseek_v3::Variant::DeepseekV32;
+    Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -361,6 +375,13 @@ pub static FAMILIES: &[Family] = &[
     row("minimax_m2", minimax),
     row("llama4_text", llama4_text),
     row("phimoe", phimoe),
+    row("glm4_moe_lite", glm4_moe_lite),
+    row("deepseek_v32", deepseek_v32),
+    // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
+    row("kimi_k25", super::deepseek_v3::load_kimi_k25),
+    // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
+    // shard it.
+    row("minicpm3", minicpm3),
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
