@@ -44,9 +44,6 @@ pub enum Defect {
     /// Chat templates: the template kwargs (`enable_thinking`, …) never reach the template.
     /// Caught by the template gate (`tests/it/templates.rs`).
     TemplateKwargsDropped,
-    /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
-    /// template. Caught by the template gate (`tests/it/templates.rs`).
-    TemplateSpecialTokensDropped,
     /// Assistant drafting: rotating caches roll back as mlx-lm's `trim` does (the write
     /// index moves, the stale tail stays). Caught by the L2 speculative gate against optiq
     /// (`tests/it/spec_l2.rs`).
@@ -107,13 +104,6 @@ pub enum Defect {
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
-    /// Tokenizer loading: tokenizer.json is read as written where transformers rebuilds it
-    /// from `tokenizer_class` (Llama 2's and DeepSeek V3's LlamaTokenizer). Caught by the
-    /// tokenization gate (`tests/it/tokenize.rs`).
-    TokenizerClassIgnored,
-    /// Tokenizer loading: every tokenizer is rebuilt as LlamaTokenizer, whatever its class
-    /// (gpt-oss's PreTrainedTokenizerFast too). Caught by the tokenization gate.
-    TokenizerEveryClassLlama,
     /// SentencePiece streaming detokenizer: the stream's leading space is kept where
     /// mlx-lm trims it. Caught by the detokenizer gate on the real tokenizers
     /// (`tests/it/detok.rs`).
@@ -277,6 +267,16 @@ pub enum Defect {
     /// part by part against the model's parts: a recurrent state of another shape whose
     /// bytes add up passes the scan. Caught by `engine/tests/it/ssd_hardening.rs`.
     SsdListPartsUnchecked,
+    /// Tokenizer loading: tokenizer.json is read as written where transformers rebuilds it
+    /// from `tokenizer_class` (Llama 2's and DeepSeek V3's LlamaTokenizer). Caught by the
+    /// tokenization gate (`tests/it/tokenize.rs`).
+    TokenizerClassIgnored,
+    /// Tokenizer loading: every tokenizer is rebuilt as LlamaTokenizer, whatever its class
+    /// (gpt-oss's PreTrainedTokenizerFast too). Caught by the tokenization gate.
+    TokenizerEveryClassLlama,
+    /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
+    /// template. Caught by the template gate (`tests/it/templates.rs`).
+    TemplateSpecialTokensDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
