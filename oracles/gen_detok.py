@@ -8,9 +8,10 @@ and the converted Mistral ones).
     oracles/.venv/bin/python oracles/gen_detok.py FIXTURE --fixture [--out DIR]
 
 With --fixture, FIXTURE is a real tokenizer fetched by scripts/fetch_fixtures.sh (qwen3,
-gemma3, llama3.1, llama3.2, mistral-v1, mistral-v3) and the cases are: gen_tokenize.py's
+gemma3, llama3.1, llama3.2, mistral-v1, mistral-v3, deepseek-v3, llama2, gpt-oss, …) and the cases are: gen_tokenize.py's
 hand-written texts (scripts, code, emoji that SentencePiece spells in byte tokens, whitespace
-runs), encoded without special tokens; the same with a leading space; special tokens in
+runs, leading spaces, digit runs, tabs) and its 240 seeded generated texts, encoded without
+special tokens; the same with a leading space; special tokens in
 mid-stream; and 20 seeded random walks of 60 ids over the tokenizer's ids.
 
 Cases: the greedy continuations of the L1 golden's prompts; text with multi-byte characters
@@ -30,7 +31,7 @@ from pathlib import Path
 
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-from gen_tokenize import HAND, fixture_dir, sha256
+from gen_tokenize import HAND, SEED, fixture_dir, generated, sha256
 from provenance import GOLDENS, golden_dir, provenance, resolve, write_json
 
 TEXTS = {
@@ -82,6 +83,8 @@ def fixture_cases(tokenizer, src):
     cases = []
     for k, text in enumerate(t for t in HAND if t.strip()):
         cases.append((f"text/{k}", tokenizer.encode(text, add_special_tokens=False)))
+    for k, text in enumerate(t for t in generated(random.Random(SEED), 240) if t.strip()):
+        cases.append((f"generated/{k}", tokenizer.encode(text, add_special_tokens=False)))
     for key, text in TEXTS.items():
         cases.append((key, tokenizer.encode(text, add_special_tokens=False)))
     plain = tokenizer.encode(" The robot fixed the clock.", add_special_tokens=False)

@@ -6,8 +6,9 @@ rendered with the gemma3 fixture's special tokens).
 
     oracles/.venv/bin/python oracles/gen_templates.py [FIXTURE…] [--out DIR]
 
-Fixtures with a template: qwen3, gemma3, llama3.1, llama3.2 (and pyisms). mistral-v1 and
-mistral-v3 (SentencePiece models converted by transformers) have none and are not rendered.
+Fixtures with a template: qwen3, gemma3, llama3.1, llama3.2, deepseek-v3 (and pyisms).
+mistral-v1 and mistral-v3 (SentencePiece models converted by transformers), llama2 and gpt-oss
+(npm packages without a template) have none and are not rendered.
 
 Conversations (the same list for every template): one user turn; a system prompt; several
 turns; add_generation_prompt off; tools (with `<`, `&` and `'` in their descriptions, which
@@ -39,9 +40,10 @@ from transformers import AutoTokenizer
 from gen_tokenize import fixture_dir, fixture_main, sha256
 from provenance import GOLDENS, provenance, write_json
 
-FIXTURES = ["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"]
-# Not rendered: no chat template (transformers' converted SentencePiece tokenizers).
-NO_TEMPLATE = ["mistral-v1", "mistral-v3"]
+FIXTURES = ["qwen3", "gemma3", "llama3.1", "llama3.2", "deepseek-v3", "pyisms"]
+# Not rendered: no chat template (transformers' converted SentencePiece tokenizers; the npm
+# packages of Llama 2 and gpt-oss ship none).
+NO_TEMPLATE = ["mistral-v1", "mistral-v3", "llama2", "gpt-oss"]
 NOW = dt.datetime(2025, 3, 9, 14, 7, 5)
 PYISMS = GOLDENS / "templates" / "pyisms" / "template.jinja"
 

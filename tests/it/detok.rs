@@ -1,6 +1,6 @@
 //! The streaming detokenizer vs mlx-lm's (`gates::DETOK` on the tiny model, `DETOK_REAL` on
-//! the real tokenizers — byte-level BPE for Qwen3 and Llama 3.x, SentencePiece for Gemma 3
-//! and Mistral; harness::parity::detok): every piece of text, as `mlx_lm.generate` prints it
+//! the real tokenizers — byte-level BPE for Qwen3, Llama 3.x, DeepSeek V3 and gpt-oss,
+//! SentencePiece for Gemma 3, Mistral and Llama 2; harness::parity::detok): every piece of text, as `mlx_lm.generate` prints it
 //! and `mlx_lm.server` streams it.
 
 use harness::parity::gates::{Plant, Tweak, DETOK, DETOK_REAL};
@@ -38,12 +38,12 @@ fn planted_lost_character_fails() {
     }
 }
 
-/// Planted: the SentencePiece stream keeps the leading space mlx-lm trims (Mistral's
-/// decoder strips it; Gemma 3's keeps it, so there it changes nothing).
+/// Planted: the SentencePiece stream keeps the leading space mlx-lm trims (Mistral's and
+/// Llama 2's decoders strip it; Gemma 3's keeps it, so there it changes nothing).
 #[test]
 fn planted_spm_leading_space_fails() {
     let plant = Plant::parse("spm-leading-space").unwrap();
-    for fixture in ["mistral-v1", "mistral-v3"] {
+    for fixture in ["mistral-v1", "mistral-v3", "llama2"] {
         let r = DETOK_REAL.run(fixture, Some(&plant)).unwrap();
         println!("planted: {}", r.summary());
         assert!(!r.passed(), "{fixture}: {}", r.summary());

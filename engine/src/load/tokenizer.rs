@@ -3,6 +3,7 @@
 //! templates are read where transformers reads them, and the EOS ids as mlx-lm's `load`
 //! gathers them.
 
+pub mod class;
 pub mod detok;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,8 @@ use super::{read_json, LoadError};
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,
+    /// The class transformers builds it as (`class::resolve`).
+    class: class::Class,
     /// `tokenizer_config.json` (chat template, special token strings), if present.
     pub config: Value,
     pub bos_token: Option<String>,
@@ -138,21 +141,93 @@ fn chat_templates(dir: &Path, config: &Value) -> Result<BTreeMap<String, String>
     Ok(templates)
 }
 
+/// The class transformers 5.12.1 picks (`class::resolve`, from tokenizer_config.json and
+/// the model's config.json).
+fn tokenizer_class(dir: &Path, config: &Value) -> Result<class::Class, LoadError> {
+    let model_config = dir.join("config.json");
+    let model_config = if model_config.is_file() {
+        read_json(&model_config)?
+    } else {
+        Value::Null
+    };
+    let class = class::resolve(config, &model_config);
+    // Planted: the file is read as written whatever the class (no rebuild).
+    if crate::plant::is(crate::plant::Defect::TokenizerClassIgnored) {
+        return Ok(class::Class::AsIs {
+            name: class.name().to_owned(),
+        });
+    }
+    // Planted: every tokenizer is rebuilt as LlamaTokenizer, whatever its class.
+    if crate::plant::is(crate::plant::Defect::TokenizerEveryClassLlama) {
+        return Ok(class::Class::Llama {
+            legacy: true,
+            add_prefix_space: true,
+        });
+    }
+    Ok(class)
+}
+
+/// Why a model dir without tokenizer.json cannot be loaded. A tokenizer that only
+/// transformers' remote code builds (Kimi K2's tiktoken.model and tokenization_kimi.py,
+/// which mlx-lm loads with `trust_remote_code`) is refused by name: the engine runs no code
+/// from a model and reads tokenizers only from tokenizer.json.
+fn no_tokenizer_json(dir: &Path, config: &Value) -> LoadError {
+    let path = dir.join("tokenizer.json");
+    let remote = class::auto_map(config).map(|m| match m {
+        Value::Array(list) => list
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
+        other => other.to_string(),
+    });
+    let tiktoken = ["tiktoken.model", "tekken.json", "tokenizer.model"]
+        .into_iter()
+        .find(|f| dir.join(f).is_file());
+    let message = match (remote, tiktoken) {
+        (Some(code), file) => format!(
+            "no tokenizer.json: this model's tokenizer is built by its own Python code \
+             ({code}{}), which mlx-lm runs with --trust-remote-code; this engine runs no \
+             code from a model and reads tokenizers only from tokenizer.json. Save the \
+             tokenizer as tokenizer.json (transformers' save_pretrained of a fast \
+             tokenizer) to use it here",
+            file.map_or(String::new(), |f| format!(" over {f}"))
+        ),
+        (None, Some(file)) => format!(
+            "no tokenizer.json, only {file}: this engine reads tokenizers only from \
+             tokenizer.json (convert it with transformers' save_pretrained)"
+        ),
+        (None, None) => "no tokenizer.json in the model dir".to_owned(),
+    };
+    LoadError::Tokenizer { path, message }
+}
+
 impl Tokenizer {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| LoadError::Tokenizer {
-            path: path.clone(),
-            message: e.to_string(),
-        })?;
-        // mlx-lm picks its detokenizer by matching the decoder as written in the file.
-        let detok_kind = detok::Kind::of_decoder(&read_json(&path)?["decoder"]);
         let config_path = dir.join("tokenizer_config.json");
         let config = if config_path.is_file() {
             read_json(&config_path)?
         } else {
             Value::Null
         };
+        if !path.is_file() {
+            return Err(no_tokenizer_json(dir, &config));
+        }
+        let mut file = read_json(&path)?;
+        // mlx-lm picks its detokenizer by matching the decoder as written in the file.
+        let detok_kind = detok::Kind::of_decoder(&file["decoder"]);
+        let class = tokenizer_class(dir, &config)?;
+        let inner = if class.rebuilds() {
+            class.rebuild(&mut file);
+            file.to_string().parse::<tokenizers::Tokenizer>()
+        } else {
+            tokenizers::Tokenizer::from_file(&path)
+        }
+        .map_err(|e| LoadError::Tokenizer {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
         let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
         // transformers 5 skips the clean-up for a BPE model unless told to anyway.
         let bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));
@@ -174,6 +249,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner,
             path,
+            class,
             config,
             bos_token,
             eos_token,
@@ -224,6 +300,11 @@ impl Tokenizer {
     /// The token string of `id` (HF's `convert_ids_to_tokens`).
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
+    }
+
+    /// The class transformers 5.12.1 builds this tokenizer as, and so do we.
+    pub fn class(&self) -> &class::Class {
+        &self.class
     }
 
     /// The `tokenizer.json` this tokenizer was read from.
@@ -290,4 +371,48 @@ fn clean_up_tokenization(text: &str) -> String {
     ]
     .iter()
     .fold(text.to_owned(), |t, (from, to)| t.replace(from, to))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load_error(files: &[(&str, &str)]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        match Tokenizer::load(dir.path()) {
+            Ok(_) => panic!("loaded a dir without tokenizer.json"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    /// Kimi K2's tokenizer (tiktoken.model read by its tokenization_kimi.py, which mlx-lm
+    /// runs with --trust-remote-code) is refused, naming why and what works.
+    #[test]
+    fn a_remote_code_tokenizer_is_refused_by_name() {
+        let config = r#"{"tokenizer_class": "TikTokenTokenizer",
+            "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", null]}}"#;
+        let text = load_error(&[
+            ("tokenizer_config.json", config),
+            ("tiktoken.model", "IQ== 0\n"),
+            ("tokenization_kimi.py", "# remote code\n"),
+        ]);
+        for part in [
+            "no tokenizer.json",
+            "(tokenization_kimi.TikTokenTokenizer over tiktoken.model)",
+            "mlx-lm runs with --trust-remote-code",
+            "this engine runs no code from a model",
+            "Save the tokenizer as tokenizer.json",
+        ] {
+            assert!(text.contains(part), "{part:?} not in {text}");
+        }
+        let text = load_error(&[("tokenizer.model", "")]);
+        assert!(
+            text.contains("no tokenizer.json, only tokenizer.model"),
+            "{text}"
+        );
+        assert!(load_error(&[]).contains("no tokenizer.json in the model dir"));
+    }
 }

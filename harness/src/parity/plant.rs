@@ -62,9 +62,12 @@ const NAMED: &[(&str, Plant, &str)] = &[
     ("recurrent-in-proj-lora-dropped", Plant::Engine(Defect::RecurrentInProjLoraDropped), "the recurrent mixers' input projections get no LoRA adapter"),
     ("moe-top-k-off-by-one", Plant::Engine(Defect::MoeTopKOffByOne), "the router keeps the experts ranked 2..k+1"),
     ("no-post-processor", Plant::Engine(Defect::EncodeSkipsPostProcessor), "encode forgets the post-processor (no bos)"),
+    ("tokenizer-class-ignored", Plant::Engine(Defect::TokenizerClassIgnored), "tokenizer.json is read as written where transformers rebuilds it"),
+    ("every-class-llama", Plant::Engine(Defect::TokenizerEveryClassLlama), "every tokenizer is rebuilt as LlamaTokenizer"),
     ("spm-leading-space", Plant::Engine(Defect::SpmKeepsLeadingSpace), "the SentencePiece stream keeps its leading space"),
     ("tojson-html-escape", Plant::Engine(Defect::TemplateTojsonEscapesHtml), "the templates' tojson HTML-escapes <, >, & and '"),
     ("template-kwargs-dropped", Plant::Engine(Defect::TemplateKwargsDropped), "chat template kwargs never reach the template"),
+    ("template-special-tokens-dropped", Plant::Engine(Defect::TemplateSpecialTokensDropped), "the special tokens (bos_token, …) never reach the template"),
     ("value-biases-dropped", Plant::Engine(Defect::PerfDequantValueBiasesDropped), "the L3 decode attention dequantizes the values without their biases"),
     ("eval-mean-on-host", Plant::Engine(Defect::EvalMeanOnHost), "the perplexity's mean loss is taken on the host in f64"),
 ];

@@ -2,7 +2,8 @@
 //! (`crate::fixtures`, fetched by scripts/fetch_fixtures.sh): for each text, our
 //! `Tokenizer::encode` with and without special tokens against transformers'
 //! `tokenizer(text, add_special_tokens=…)` ids, and our `decode_with_special` of both against
-//! transformers' `decode(ids)`. Identical ids and strings, or the first mismatch with its text.
+//! transformers' `decode(ids)`. Identical ids and strings, or the first mismatch with its text;
+//! and the tokenizer class we build (`Tokenizer::class`) is the one transformers built.
 
 use engine::load::tokenizer::Tokenizer;
 use serde::Deserialize;
@@ -18,18 +19,29 @@ pub struct TokenizeReport {
     pub ids_exact: usize,
     /// Texts whose decoded strings (of both id lists) both matched.
     pub text_exact: usize,
+    /// The class we build the tokenizer as, and the one transformers built it as.
+    pub class: (String, String),
     pub first_failure: Option<String>,
 }
 
 impl Report for TokenizeReport {
     fn passed(&self) -> bool {
-        self.cases > 0 && self.ids_exact == self.cases && self.text_exact == self.cases
+        self.cases > 0
+            && self.ids_exact == self.cases
+            && self.text_exact == self.cases
+            && self.class.0 == self.class.1
     }
 
     fn summary(&self) -> String {
         format!(
-            "L1 tokenize {}: {}/{} id lists and {}/{} decoded texts identical to transformers'{}",
+            "L1 tokenize {} ({}{}): {}/{} id lists and {}/{} decoded texts identical to transformers'{}",
             self.fixture,
+            self.class.0,
+            if self.class.0 == self.class.1 {
+                String::new()
+            } else {
+                format!(", transformers: {}", self.class.1)
+            },
             self.ids_exact,
             self.cases,
             self.text_exact,
@@ -100,8 +112,10 @@ pub fn run(fixture: &str, golden: &TensorGolden) -> Result<TokenizeReport, Parit
     let tokenizer = Tokenizer::load(&dir)?;
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| ParityError::Index(format!("cases: {e}")))?;
+    let theirs = settings["tokenizer_class"].as_str().unwrap_or_default();
     let mut report = TokenizeReport {
         fixture: fixture.to_owned(),
+        class: (tokenizer.class().name().to_owned(), theirs.to_owned()),
         ..Default::default()
     };
     for case in &cases {

@@ -365,6 +365,8 @@ impl ChatTemplate {
         let mut vars: Vec<(String, Value)> = self
             .special_tokens
             .iter()
+            // Planted: the special tokens never reach the template.
+            .filter(|_| !crate::plant::is(crate::plant::Defect::TemplateSpecialTokensDropped))
             .map(|(n, t)| (n.clone(), Value::from(t.as_str())))
             .collect();
         for (name, value) in &args.kwargs {

@@ -191,7 +191,7 @@ pub static DETOK_REAL: Gate = Gate {
 };
 
 /// The real tokenizers the tokenizer gates run on (`crate::fixtures::TOKENIZERS`).
-const REAL_TOKENIZERS: [&str; 6] = crate::fixtures::TOKENIZERS;
+const REAL_TOKENIZERS: [&str; 11] = crate::fixtures::TOKENIZERS;
 
 /// Tokenization vs transformers on the real tokenizers: ids and decoded text.
 pub static TOKENIZE: Gate = Gate {
@@ -199,7 +199,11 @@ pub static TOKENIZE: Gate = Gate {
     group: "tokenize",
     generator: Some(("gen_tokenize.py", &["{model}"])),
     models: Models::Listed(&REAL_TOKENIZERS),
-    plants: &["no-post-processor"],
+    plants: &[
+        "no-post-processor",
+        "tokenizer-class-ignored",
+        "every-class-llama",
+    ],
     on_fixtures: true,
     run: |g, t, _| boxed(tokenize::run(t.model, &g.open_index(t)?)),
     ..BASE
@@ -211,8 +215,19 @@ pub static TEMPLATES: Gate = Gate {
     name: "templates",
     group: "templates",
     generator: Some(("gen_templates.py", &["{model}"])),
-    models: Models::Listed(&["qwen3", "gemma3", "llama3.1", "llama3.2", "pyisms"]),
-    plants: &["tojson-html-escape", "template-kwargs-dropped"],
+    models: Models::Listed(&[
+        "qwen3",
+        "gemma3",
+        "llama3.1",
+        "llama3.2",
+        "deepseek-v3",
+        "pyisms",
+    ]),
+    plants: &[
+        "tojson-html-escape",
+        "template-kwargs-dropped",
+        "template-special-tokens-dropped",
+    ],
     on_fixtures: true,
     run: |g, t, _| boxed(crate::parity::templates::run(t.model, &g.open_index(t)?)),
     ..BASE
