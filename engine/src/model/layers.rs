@@ -133,12 +133,16 @@ impl Linear {
     }
 }
 
-/// `nn.RMSNorm`: the fused `fast::rms_norm` kernel.
+/// `nn.RMSNorm`: the fused `fast::rms_norm` kernel; or, loaded by `load_layer_norm`,
+/// `nn.LayerNorm` (`fast::layer_norm`: mean-centered, with its bias where it has one), so
+/// that a family with LayerNorms (Cohere 2) runs on the decoder's one norm type.
 pub struct RmsNorm {
     pub weight: Array,
     pub eps: f32,
     /// optiq's drafter norm: computed in f32, cast back to the input's dtype.
     pub upcast: bool,
+    /// Some: a LayerNorm, with its bias (None: `bias=False`).
+    pub layer_norm: Option<Option<Array>>,
 }
 
 impl RmsNorm {
@@ -148,6 +152,26 @@ impl RmsNorm {
             weight: w.take_shaped(&format!("{prefix}.weight"), &[dims])?,
             eps,
             upcast: false,
+            layer_norm: None,
+        })
+    }
+
+    /// `nn.LayerNorm(dims, eps, bias=…)`: `<prefix>.weight`, and `<prefix>.bias` where the
+    /// checkpoint has one.
+    pub fn load_layer_norm(
+        w: &mut Weights,
+        prefix: &str,
+        dims: i32,
+        eps: f32,
+    ) -> Result<Self, LoadError> {
+        let bias_name = format!("{prefix}.bias");
+        let bias = match w.contains(&bias_name) {
+            true => Some(w.take_shaped(&bias_name, &[dims])?),
+            false => None,
+        };
+        Ok(RmsNorm {
+            layer_norm: Some(bias),
+            ..Self::load(w, prefix, dims, eps)?
         })
     }
 
@@ -179,6 +203,9 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> R<Array> {
+        if let Some(bias) = &self.layer_norm {
+            return fast::layer_norm(x, &self.weight, bias.as_ref(), self.eps);
+        }
         if self.upcast {
             return fast::rms_norm(
                 x.as_dtype(mlx_rs::Dtype::Float32)?,

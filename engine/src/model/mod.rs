@@ -1,5 +1,6 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
+pub mod cohere2;
 pub mod decoder;
 pub mod exaone4;
 pub mod falcon_h1;
@@ -406,6 +407,10 @@ mod tests {
             (
                 "tiny-nemotron-h-moe-grouped",
                 "per-expert `experts.{e}.up_proj`/`down_proj` tensors",
+            ),
+            (
+                "tiny-minicpm",
+                "no `lm_head` (its sanitize makes the embedding the head)",
             ),
         ];
         let mut compared = 0;

@@ -81,6 +81,10 @@ fn minicpm(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::minicpm::load(c, w)?))
 }
 
+fn cohere2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::cohere2::load(c, w)?))
+}
+
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gemma4::load(c, w)?))
 }
@@ -231,6 +235,7 @@ pub static FAMILIES: &[Family] = &[
     row("exaone4", exaone4),
     row("hunyuan_v1_dense", hunyuan),
     row("minicpm", minicpm),
+    row("cohere2", cohere2),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
