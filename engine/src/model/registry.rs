@@ -228,8 +228,18 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
-    row("gemma2", gemma2),
-    row("olmo2", olmo),
+    // LoRA with mlx-lm's default keys and segmented backward gated (tests/it/train_lora.rs,
+    // engine/tests/it/train_families.rs); the rest of batch one L1 only.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("gemma2", gemma2)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("olmo2", olmo)
+    },
     row("olmo3", olmo),
     row("seed_oss", llama),
     row("exaone4", exaone4),
