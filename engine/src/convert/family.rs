@@ -387,6 +387,7 @@ fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<Strin
                 weights.remove("lm_head.weight");
             }
         }
+        "olmo2" => weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq")),
         "qwen3" if flag(config, "tie_word_embeddings") => {
             weights.remove("lm_head.weight");
         }
