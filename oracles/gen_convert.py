@@ -101,6 +101,9 @@ CASES = [
     # olmo2: post-norm layers and whole-projection q/k norms (kept in the norms' cast).
     ("olmo2-q4", "models/tiny-olmo2", ["-q"]),
     ("olmo2-f16", "models/tiny-olmo2", ["--dtype", "float16"]),
+    # gemma2: (1 + w) sandwich norms (declared input, pre-ff, post-ff, post-attention), tied.
+    ("gemma2-q4", "models/tiny-gemma2", ["-q"]),
+    ("gemma2-f32", "models/tiny-gemma2", ["--dtype", "float32"]),
 ]
 
 

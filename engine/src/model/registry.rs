@@ -233,6 +233,7 @@ pub static FAMILIES: &[Family] = &[
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("gemma2", gemma2)
     },
     Family {
@@ -433,8 +434,9 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, olmo2, lfm2, lfm2_moe, \
-             qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma2, olmo2, lfm2, \
+             lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, \
+             falcon_h1"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
