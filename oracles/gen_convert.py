@@ -98,6 +98,12 @@ CASES = [
     # plain module (not quantized), e_score_correction_bias kept float32.
     ("nemotron-h-moe-q4", "models/tiny-nemotron-h-moe", ["-q"]),
     ("nemotron-h-moe-f16", "models/tiny-nemotron-h-moe", ["--dtype", "float16"]),
+    # olmo2: post-norm layers and whole-projection q/k norms (kept in the norms' cast).
+    ("olmo2-q4", "models/tiny-olmo2", ["-q"]),
+    ("olmo2-f16", "models/tiny-olmo2", ["--dtype", "float16"]),
+    # gemma2: (1 + w) sandwich norms (declared input, pre-ff, post-ff, post-attention), tied.
+    ("gemma2-q4", "models/tiny-gemma2", ["-q"]),
+    ("gemma2-f32", "models/tiny-gemma2", ["--dtype", "float32"]),
 ]
 
 

@@ -19,6 +19,9 @@
 - tiny-minicpm  minicpm: scale_emb 12, scale_depth 1.4 over 4 layers, dim_model_base 16 (logits
                 divided by 4), saved without lm_head (mlx-lm's sanitize copies the embedding),
                 bf16
+- tiny-cohere2  cohere2: 4 layers, one LayerNorm per layer feeding attention and MLP side by side,
+                sliding_window_pattern 2 (sliding with traditional RoPE, window 8 / global without
+                positions), logit_scale 0.25, tied, float16 (mlx-lm's float32 attention cast)
 
 The tokenizer and chat template are tinymodels' shared ones ("llama" style). Everything is seeded.
 """
@@ -27,7 +30,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import exaone4, gemma2, hunyuan_v1_dense, minicpm, olmo2, olmo3, seed_oss
+from mlx_lm.models import cohere2, exaone4, gemma2, hunyuan_v1_dense, minicpm, olmo2, olmo3, seed_oss
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -144,6 +147,16 @@ def make_minicpm(job: Job) -> Path:
     randomize_scales(model, job.seed)
     return write_model(job, weights_of(model, drop=("lm_head.weight",)), cfg,
                        f"random weights (seed {job.seed}), bf16, no lm_head saved (the embedding is the head)")
+
+
+def make_cohere2(job: Job) -> Path:
+    cfg = dense_config("Cohere2ForCausalLM", "cohere2", head_dim=16, layer_norm_eps=1e-5, logit_scale=0.25,
+                       attention_bias=False, layer_norm_bias=False, sliding_window=8, sliding_window_pattern=2,
+                       layer_types=["sliding_attention", "full_attention"] * 2, tie_word_embeddings=True)
+    del cfg["rms_norm_eps"]
+    model = random_model(cohere2, cfg, job.seed, mx.float16)
+    randomize_scales(model, job.seed)
+    return write_model(job, weights_of(model), cfg, f"random weights (seed {job.seed}), float16, window 8, tied")
 
 
 if __name__ == "__main__":

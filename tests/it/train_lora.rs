@@ -4,7 +4,7 @@
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
 //! qwen2_moe) and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
-//! adapters on their recurrent mixers' projections too).
+//! adapters on their recurrent mixers' projections too), gemma2 and olmo2.
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
 //! input projections left without adapters fail every model with a recurrent state.
@@ -204,6 +204,20 @@ fn lora_sft_steps_match_mlx_lm_on_quantized_nemotron_h_moe() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_falcon_h1() {
     assert_passes("tiny-falcon-h1");
+}
+
+/// Gemma 2 with mlx-lm's default keys: the gradients run back through its softcapped
+/// attention (eager tanh cap, `where` mask, precise softmax) and the eager final softcap.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_gemma2() {
+    assert_passes("tiny-gemma2");
+}
+
+/// OLMo 2 with mlx-lm's default keys: post-norm layers, q/k norms over the whole
+/// projection, q/k/v/o biases.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_olmo2() {
+    assert_passes("tiny-olmo2");
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at

@@ -275,8 +275,22 @@ const FALCON_H1_CHILDREN: Children = &[
     ),
 ];
 
+/// Gemma 2: a block declares its post-attention norm last.
+const GEMMA2_CHILDREN: Children = &[(
+    "layers",
+    &[
+        "self_attn",
+        "mlp",
+        "input_layernorm",
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "post_attention_layernorm",
+    ],
+)];
+
 fn children(model_type: &str) -> Children {
     match model_type {
+        "gemma2" => GEMMA2_CHILDREN,
         "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => QWEN3_5_CHILDREN,
         "lfm2" | "lfm2_moe" => LFM2_CHILDREN,
         "nemotron_h" => NEMOTRON_H_CHILDREN,
@@ -387,6 +401,7 @@ fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<Strin
                 weights.remove("lm_head.weight");
             }
         }
+        "olmo2" => weights.retain(|k, _| !k.contains("self_attn.rotary_emb.inv_freq")),
         "qwen3" if flag(config, "tie_word_embeddings") => {
             weights.remove("lm_head.weight");
         }

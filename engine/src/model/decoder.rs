@@ -174,7 +174,7 @@ impl Default for Style {
 }
 
 /// Checkpoint names: the input embedding, the layers' prefix (`{layers}.{i}`), a plain
-/// layer's two norms (within the layer) and the final norm.
+/// layer's two norms (within the layer; an empty name: no such norm) and the final norm.
 #[derive(Debug, Clone, Copy)]
 pub struct Names {
     pub embed: &'static str,
@@ -308,7 +308,9 @@ impl Decoder {
         for i in 0..dims.layers {
             let p = format!("{}.{i}", names.layers);
             let mut named = |n: &str| (style.norm)(&mut w, &format!("{p}.{n}"), hidden, layer_eps);
-            let norm_in = match style.post_norms {
+            // Post-norm layers (OLMo 2's) and blocks that norm themselves (Cohere 2's, no
+            // input name) have none.
+            let norm_in = match style.post_norms || names.input.is_empty() {
                 true => None,
                 false => Some(named(names.input)?),
             };

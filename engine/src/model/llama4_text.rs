@@ -47,7 +47,7 @@ fn weightless_norm(head_dim: i32, eps: f32, dtype: mlx_rs::Dtype) -> Result<RmsN
         weight: ones,
         eps,
         upcast: false,
-        bias: None,
+        layer_norm: None,
     })
 }
 

@@ -1,5 +1,6 @@
 //! Model architectures behind one trait, chosen by `config.model_type`.
 
+pub mod cohere2;
 pub mod decoder;
 pub mod deepseek_v3;
 pub mod deepseek_v32;
@@ -444,6 +445,10 @@ mod tests {
             (
                 "tiny-kimi-k25",
                 "`kv_b_proj`, per-expert tensors and the vision tensors sanitize drops",
+            ),
+            (
+                "tiny-minicpm",
+                "no `lm_head` (its sanitize makes the embedding the head)",
             ),
         ];
         let mut compared = 0;

@@ -86,6 +86,10 @@ fn minicpm(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::minicpm::load(c, w)?))
 }
 
+fn cohere2(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::cohere2::load(c, w)?))
+}
+
 fn gemma4_text(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gemma4::load(c, w)?))
 }
@@ -273,21 +277,33 @@ pub static FAMILIES: &[Family] = &[
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
     // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
-    // (so the parallel refusal's "does not shard it either" is not true of ministral3).
+    // (the parallel refusal says mlx-lm has them).
     row("ministral3", ministral3),
     // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
     row("mistral3", super::vl_text::build_mistral3),
     row("qwen3_vl", super::vl_text::build_qwen3_vl),
+    // LoRA with mlx-lm's default keys and segmented backward gated (tests/it/train_lora.rs,
+    // engine/tests/it/train_families.rs), convert byte-identical; the rest of batch one L1
+    // only. gemma2 is off the batch lane: mlx-lm's BatchGenerator raises on it.
     Family {
+        lora: true,
+        segmented: true,
+        convert: true,
         batch: false,
         ..row("gemma2", gemma2)
     },
-    row("olmo2", olmo),
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        ..row("olmo2", olmo)
+    },
     row("olmo3", olmo),
     row("seed_oss", llama),
     row("exaone4", exaone4),
     row("hunyuan_v1_dense", hunyuan),
     row("minicpm", minicpm),
+    row("cohere2", cohere2),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
@@ -707,8 +723,9 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, lfm2_moe, qwen3_5, \
-             qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma2, olmo2, lfm2, \
+             lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, \
+             falcon_h1"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

@@ -229,6 +229,34 @@ fn planted_norms_left_uncast_fail_the_gate() {
     );
 }
 
+/// The same plant on olmo2 (post-norm layers, no input norm): layer 0's post-attention
+/// norm, its first norm in the file, is the first differing tensor.
+#[test]
+fn planted_norms_left_uncast_fail_the_olmo2_case() {
+    let _on = plant::on(Defect::ConvertNormsKeepDtype).unwrap();
+    let problems = run_cases(Some("olmo2-f16"));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0]
+            .contains("first differing tensor model.layers.0.post_attention_layernorm.weight"),
+        "{}",
+        problems[0]
+    );
+}
+
+/// And on gemma2 (bf16 → float32): its first norm in the file is the first differing tensor.
+#[test]
+fn planted_norms_left_uncast_fail_the_gemma2_case() {
+    let _on = plant::on(Defect::ConvertNormsKeepDtype).unwrap();
+    let problems = run_cases(Some("gemma2-f32"));
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].contains("first differing tensor model.layers.0.input_layernorm.weight"),
+        "{}",
+        problems[0]
+    );
+}
+
 /// A hybrid's sanitize step skipped (Qwen 3.5's (1 + w) norms left as Hugging Face stores
 /// them) fails the qwen3_5 case, naming the first norm.
 #[test]
@@ -387,7 +415,7 @@ fn refusals_say_what_is_wrong() {
         .to_string();
     assert_eq!(
         err,
-        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1)"
+        "engine convert does not support model_type `phi3` (supported: llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma2, olmo2, lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1)"
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();

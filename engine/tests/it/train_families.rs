@@ -224,6 +224,52 @@ fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
     }
 }
 
+/// Dense families of batch one (gemma2's softcapped attention, olmo2's post-norm layers):
+/// `engine train` saves mlx-lm's names (its default keys: every linear of a block),
+/// `--segment-size 1` writes the same adapters byte for byte, and `generate --adapter-path`
+/// loads them.
+#[test]
+fn dense_batch_one_trains_segmented_or_not_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &[i32]); 2] = [
+        (
+            "tiny-gemma2",
+            "model.layers.3.self_attn.o_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-olmo2",
+            "model.layers.2.mlp.down_proj.lora_a",
+            &[128, 8],
+        ),
+    ];
+    for (model, name, shape) in cases {
+        let adapters = |run: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{model}-{run}"));
+            let trained = train(model, &out, extra);
+            assert!(
+                trained.status.success(),
+                "{model} {run}: {}",
+                String::from_utf8_lossy(&trained.stderr)
+            );
+            out
+        };
+        let whole = adapters("whole", &[]);
+        let names = saved(&whole);
+        assert!(
+            names.iter().any(|(n, s)| n == name && s == shape),
+            "{model}: no {name} {shape:?} among {names:?}"
+        );
+        let segmented = adapters("segmented", &["--segment-size", "1"]);
+        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+        assert!(
+            file(&whole) == file(&segmented),
+            "{model}: segmented adapters differ"
+        );
+        generates_with_adapter(model, &whole);
+    }
+}
+
 /// `--segment-size` where the family's segmented backward is not gated (the registry's
 /// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
 /// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.
@@ -309,7 +355,7 @@ fn segmented_gap(name: &str) -> f32 {
     gaps.fold(0.0, f32::max)
 }
 
-/// Library level: on the MoE families, phi3, the gemma3 wrapper and the hybrids (every block
+/// Library level: on the MoE families, phi3, the gemma3 wrapper, gemma2, olmo2 and the hybrids (every block
 /// adapted, recurrent mixers included) the segmented gradients are the whole step's bit for
 /// bit; planted DropCotangent (each segment's backward from zeros) breaks them.
 #[test]
@@ -320,6 +366,8 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-qwen2-moe",
         "tiny-phi3",
         "tiny-gemma3-mm",
+        "tiny-gemma2",
+        "tiny-olmo2",
     ];
     let hybrids = crate::segmented::trained_hybrids();
     let hybrids = hybrids.iter().map(String::as_str);

@@ -1,5 +1,6 @@
 //! L1 plants on the dense families of batch one (gemma2, olmo2, olmo3, seed_oss, exaone4,
-//! hunyuan_v1_dense, minicpm); part of the `l1_models` binary. Each model's clean L1 run is `every_l1_model_is_bit_exact`'s (its manifest row).
+//! hunyuan_v1_dense, minicpm, cohere2); part of the `l1_models` binary. Each model's clean
+//! L1 run is `every_l1_model_is_bit_exact`'s (its manifest row).
 
 use super::*;
 
@@ -53,5 +54,16 @@ fn planted_config_defects_fail_l1_on_seed_oss_exaone4_hunyuan_minicpm() {
     ] {
         let report = l1(name, Some(plant));
         assert_fails_at_prefill(&report, &format!("{name} with {plant}"));
+    }
+}
+
+/// Planted through the config: cohere2's logit scale (0.25 → 0.5) and its layer pattern
+/// (every 2nd layer global → every 4th: layer 1 slides and rotates) — each breaks every
+/// case of tiny-cohere2 at its prefill.
+#[test]
+fn planted_config_defects_fail_l1_on_cohere2() {
+    for plant in ["logit_scale=0.5", "sliding_window_pattern=4"] {
+        let report = l1("tiny-cohere2", Some(plant));
+        assert_fails_at_prefill(&report, &format!("tiny-cohere2 with {plant}"));
     }
 }
