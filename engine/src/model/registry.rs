@@ -206,8 +206,15 @@ pub static FAMILIES: &[Family] = &[
         tensor: true,
         ..row("gpt_oss", gpt_oss)
     },
-    // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
-    row("smollm3", smollm3),
+    // LoRA gated against mlx-lm's trainer (its NoPE layer among the adapted ones), segmented
+    // backward against the whole step, convert against mlx_lm.convert; mlx-lm 0.32.2's
+    // smollm3 has no shard().
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        ..row("smollm3", smollm3)
+    },
     // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
     // (so the parallel refusal's "does not shard it either" is not true of ministral3).
     row("ministral3", ministral3),
@@ -400,8 +407,8 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, lfm2, lfm2_moe, qwen3_5, \
-             qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, smollm3, lfm2, lfm2_moe, \
+             qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
