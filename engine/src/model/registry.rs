@@ -221,6 +221,8 @@ pub static FAMILIES: &[Family] = &[
     // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
     row("mistral3", super::vl_text::build_mistral3),
     row("qwen3_vl", super::vl_text::build_qwen3_vl),
+    // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
+    row("gemma3n", super::gemma3n::load),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
