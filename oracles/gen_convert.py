@@ -104,6 +104,9 @@ CASES = [
     # gemma2: (1 + w) sandwich norms (declared input, pre-ff, post-ff, post-attention), tied.
     ("gemma2-q4", "models/tiny-gemma2", ["-q"]),
     ("gemma2-f32", "models/tiny-gemma2", ["--dtype", "float32"]),
+    # smollm3: llama's sanitize (tied head dropped), its NoPE flags kept in the config.
+    ("smollm3-q4", "models/tiny-smollm3", ["-q"]),
+    ("smollm3-f16", "models/tiny-smollm3", ["--dtype", "float16"]),
 ]
 
 
@@ -189,7 +192,7 @@ GENERATE_CASES = ["llama-q4-g64", "llama-q8-g32", "llama-mixed-3-6", "llama-mixe
                   # a bf16 expert stack does not run on the CPU.
                   "qwen3-5-bf16", "qwen3-5-q4", "qwen3-5-mm-q4", "qwen3-5-moe-f32", "qwen3-next-f32", "lfm2-f32", "lfm2-q4",
                   "nemotron-h-q4", "nemotron-h-f16", "mamba2-q4", "mamba2-f16", "lfm2-moe-f32", "granite-h-f32",
-                  "falcon-h1-bf16", "falcon-h1-q4"]
+                  "falcon-h1-bf16", "falcon-h1-q4", "smollm3-q4"]
 
 
 def generate(model_dir: Path) -> str:

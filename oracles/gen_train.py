@@ -1,6 +1,7 @@
 """LoRA training goldens: mlx-lm 0.32.2's LoRA layers and loss, differentiated and stepped
 eagerly (the math of `mlx_lm.tuner.trainer.train`, without its `mx.compile` around the
-step), on tiny-llama-trained, tiny-gemma3 and tiny-gemma4; the gemma3 / gemma4 wrappers
+step), on tiny-llama-trained, tiny-smollm3 (its NoPE layer among the 3 adapted), tiny-gemma3
+and tiny-gemma4; the gemma3 / gemma4 wrappers
 (tiny-gemma3-mm, tiny-gemma4-mm: adapter names under `language_model.`); and with mlx-lm's
 default keys (every linear of a block) tiny-phi3 and the MoE families tiny-qwen3-moe,
 tiny-mixtral, tiny-qwen2-moe and the 4-bit tiny-qwen3-moe-q4 (`LoRASwitchLinear` on the

@@ -17,6 +17,13 @@
                       `lm_head.weight`; text_config a qwen3 with Qwen3-VL's rope_scaling
                       (mrope_section, mrope_interleaved; mlx-lm rotates text as plain RoPE),
                       untied, f32
+- tiny-gemma3n        gemma3n's text model (Hugging Face's `model.language_model.` names, a vision and
+                      an audio tensor dropped): 4 layers sliding (window 8), full, sliding, full, the
+                      last 2 sharing the K/V of layers 0 and 1; AltUp over 4 streams (coefficients
+                      clipped at 0.3 (drawn within ±0.5, so the clip fires)), Laurel rank 8, per-layer inputs of 16 from
+                      a per-layer vocabulary of 512 (ids above it read row 0), activation sparsity
+                      0.95 on layer 0, per-layer MLP widths, softcap 30, f32; AltUp's
+                      correct_output_scale drawn (it initialises to zeros)
 """
 
 import copy
@@ -24,7 +31,7 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import ministral3, mistral3, qwen3_vl
+from mlx_lm.models import gemma3n, ministral3, mistral3, qwen3_vl
 
 import tinymodels
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -104,6 +111,33 @@ def make_qwen3_vl(job: Job) -> Path:
         "model.visual.", {"patch_embed.proj.weight": (8, 3, 2, 2, 2), "blocks.0.attn.qkv.weight": (24, 8)}, 75).items()})
     return write_model(job, weights, cfg, f"qwen3_vl.Model, random weights (seed {job.seed}), f32, untied, "
                        "Hugging Face names; random vision tower (seed 75)", style="qwen")
+
+
+def make_gemma3n(job: Job) -> Path:
+    text = {"model_type": "gemma3n_text", "hidden_size": 64, "num_hidden_layers": 4,
+            "intermediate_size": [128, 128, 96, 96], "num_attention_heads": 4, "head_dim": 16,
+            "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "num_key_value_heads": 2, "num_kv_shared_layers": 2,
+            "vocab_size_per_layer_input": 512, "sliding_window": 8, "max_position_embeddings": 4096,
+            "rope_local_base_freq": 10000.0, "rope_theta": 1000000.0, "final_logit_softcapping": 30.0,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "activation_sparsity_pattern": [0.95, 0.0, 0.0, 0.0], "hidden_size_per_layer_input": 16,
+            "altup_num_inputs": 4, "altup_coef_clip": 0.3, "altup_correct_scale": True, "altup_active_idx": 0,
+            "laurel_rank": 8}
+    cfg = {"architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n", "text_config": text,
+           "vision_config": {"model_type": "gemma3n_vision"}, "audio_config": {"model_type": "gemma3n_audio"}}
+    model = random_model(gemma3n, copy.deepcopy(cfg), job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    updates = []
+    for i, layer in enumerate(model.model.language_model.layers):
+        scale = layer.altup.correct_output_scale
+        updates.append((f"model.language_model.layers.{i}.altup.correct_output_scale",
+                        1.0 + 0.3 * mx.random.normal(scale.shape, key=mx.random.key(job.seed * 10 + i))))
+    model.load_weights(updates, strict=False)
+    weights = weights_of(model)
+    weights.update({k: v.astype(mx.float32) for k, v in tower("model.vision_tower.", {"timm_model.stem.weight": (8, 3)}, 76).items()})
+    weights.update({k: v.astype(mx.float32) for k, v in tower("model.audio_tower.", {"conformer.0.weight": (8, 8)}, 77).items()})
+    return write_model(job, weights, cfg, f"gemma3n.Model, random weights (seed {job.seed}), f32, tied; "
+                       "correct_output_scale drawn; random vision and audio tensors (seeds 76, 77)")
 
 
 if __name__ == "__main__":

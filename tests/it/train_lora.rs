@@ -1,6 +1,6 @@
 //! The LoRA training gate (`gates::TRAIN`, harness::parity::train): adapters, SFT loss,
 //! gradients and AdamW against mlx-lm (oracles/gen_train.py) bit for bit, and mlx-lm's saved
-//! adapters loaded by us, on tiny-llama-trained, tiny-gemma3, tiny-gemma4, tiny-phi3, the
+//! adapters loaded by us, on tiny-llama-trained, tiny-smollm3, tiny-gemma3, tiny-gemma4, tiny-phi3, the
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
 //! qwen2_moe) and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
@@ -77,6 +77,12 @@ fn lora_sft_steps_match_mlx_lm_on_gemma3() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_gemma4() {
     assert_passes("tiny-gemma4");
+}
+
+/// SmolLM 3: Llama's layers, the NoPE one (3 of 4) among the 3 adapted.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_smollm3() {
+    assert_passes("tiny-smollm3");
 }
 
 /// Phi-3: fused qkv_proj and gate_up_proj, mlx-lm's default keys (every linear of a

@@ -10,6 +10,7 @@ pub mod falcon_h1;
 pub mod gated_delta;
 pub mod gemma;
 pub mod gemma2;
+pub mod gemma3n;
 pub mod gemma4;
 pub mod glm4_moe;
 pub mod gpt_oss;
@@ -395,6 +396,11 @@ mod tests {
             (
                 "tiny-gemma4-mm",
                 "Hugging Face's `model.language_model.` layout",
+            ),
+            (
+                "tiny-gemma3n",
+                "its text model keeps `model.language_model.` (folded to `model.` below) beside \
+                 towers under `model.`",
             ),
             (
                 "tiny-gemma4-moe",

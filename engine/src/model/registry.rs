@@ -274,8 +274,15 @@ pub static FAMILIES: &[Family] = &[
         tensor: true,
         ..row("gpt_oss", gpt_oss)
     },
-    // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
-    row("smollm3", smollm3),
+    // LoRA gated against mlx-lm's trainer (its NoPE layer among the adapted ones), segmented
+    // backward against the whole step, convert against mlx_lm.convert; mlx-lm 0.32.2's
+    // smollm3 has no shard().
+    Family {
+        lora: true,
+        segmented: true,
+        convert: true,
+        ..row("smollm3", smollm3)
+    },
     // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
     // (the parallel refusal says mlx-lm has them).
     row("ministral3", ministral3),
@@ -304,6 +311,8 @@ pub static FAMILIES: &[Family] = &[
     row("hunyuan_v1_dense", hunyuan),
     row("minicpm", minicpm),
     row("cohere2", cohere2),
+    // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
+    row("gemma3n", super::gemma3n::load),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
@@ -723,9 +732,9 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma2, olmo2, lfm2, \
-             lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, \
-             falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, smollm3, gemma2, olmo2, \
+             lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, \
+             granitemoehybrid, falcon_h1"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

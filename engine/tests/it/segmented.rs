@@ -1,7 +1,7 @@
 //! Segmented backward against the unsegmented step (both ours): on tiny-llama-trained with
 //! LoRA on every linear, for segment sizes 1, 2 and 3 (= unsegmented), SFT and ORPO — the
 //! loss bit-identical and every gradient within the stated bound (measured: identical); the
-//! same on Gemma 4 (carried K/V) and on the hybrids (recurrent mixers: every model of the
+//! same on tiny-smollm3 (SFT), on Gemma 4 (carried K/V) and on the hybrids (recurrent mixers: every model of the
 //! LoRA training gate with a recurrent state, read from goldens/models/manifest.json —
 //! falcon_h1's parallel layers and nemotron_h's `E` blocks among them).
 //! Planted: dropping the cotangent between segments fails.
@@ -205,7 +205,12 @@ fn planted_dropped_donor_cotangent_fails_on_gemma4() {
 
 #[test]
 fn segmented_sft_matches_the_full_step() {
-    for (name, sizes) in [("tiny-llama-trained", 1..=3), ("tiny-gemma3", 1..=4)] {
+    for (name, sizes) in [
+        ("tiny-llama-trained", 1..=3),
+        ("tiny-gemma3", 1..=4),
+        // SmolLM 3: its NoPE layer (3 of 4) in a segment of its own, and with the others.
+        ("tiny-smollm3", 1..=4),
+    ] {
         for size in sizes {
             let (same, gap) = compare(name, "sft", size);
             assert!(
@@ -295,7 +300,7 @@ fn planted_dropped_cotangent_fails_on_the_hybrids() {
 fn planted_dropped_cotangent_fails() {
     let gaps = {
         let _on = plant::on(Defect::DropCotangent).unwrap();
-        ["tiny-llama-trained", "tiny-gemma3"].map(|name| compare(name, "sft", 1).1)
+        ["tiny-llama-trained", "tiny-gemma3", "tiny-smollm3"].map(|name| compare(name, "sft", 1).1)
     };
     assert!(gaps.iter().all(|&gap| gap > GRAD_BOUND), "{gaps:?}");
 }
