@@ -59,7 +59,7 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
                 Some(kv::KIND) => {}
                 Some(rotating::KIND) => rings = true,
                 Some(arrays::KIND) => states = true,
-                _ => return Some("this model's caches (dynamic RoPE)"),
+                _ => return Some("this model's caches (dynamic RoPE's; Llama 4's chunked attention, ChunkedKvCache)"),
             }
         }
     }

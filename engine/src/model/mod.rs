@@ -12,6 +12,7 @@ pub mod granitemoehybrid;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4;
 pub mod llama4_text;
 pub mod mamba2;
 pub mod minimax;
@@ -418,6 +419,10 @@ mod tests {
             ("tiny-minimax", "per-expert `w1`/`w2`/`w3` tensors"),
             ("tiny-phimoe", "per-expert `w1`/`w2`/`w3` tensors"),
             ("tiny-llama4-text", "the head stored as `output`"),
+            (
+                "tiny-llama4",
+                "Hugging Face's `language_model.` names and fused experts",
+            ),
         ];
         let mut compared = 0;
         for entry in std::fs::read_dir(golden("")).unwrap() {

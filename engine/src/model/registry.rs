@@ -133,6 +133,10 @@ fn phimoe(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadErr
     Ok(Box::new(super::phimoe::load(c, w)?))
 }
 
+fn llama4(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::llama4::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -303,6 +307,7 @@ pub static FAMILIES: &[Family] = &[
     row("minimax", minimax),
     row("minimax_m2", minimax),
     row("llama4_text", llama4_text),
+    row("llama4", llama4),
     row("phimoe", phimoe),
 ];
 
