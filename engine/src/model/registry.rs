@@ -301,7 +301,11 @@ pub static FAMILIES: &[Family] = &[
     },
     // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
     // convert and sharding refused until gated).
-    row("glm4_moe", glm4_moe),
+    // Tensor parallel as glm4_moe.Model.shard (harness/tests/it/l1_dist.rs, l1-dist/tp).
+    Family {
+        tensor: true,
+        ..row("glm4_moe", glm4_moe)
+    },
     row("ernie4_5_moe", ernie4_5_moe),
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
     row("minimax", minimax),
