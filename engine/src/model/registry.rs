@@ -301,9 +301,11 @@ pub static FAMILIES: &[Family] = &[
     },
     // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
     // convert and sharding refused until gated).
-    // Tensor parallel as glm4_moe.Model.shard (harness/tests/it/l1_dist.rs, l1-dist/tp).
+    // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
+    // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
     Family {
         tensor: true,
+        pipeline: true,
         ..row("glm4_moe", glm4_moe)
     },
     row("ernie4_5_moe", ernie4_5_moe),
@@ -353,13 +355,22 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
     }
 }
 
+/// The splits mlx-lm 0.32.2 has that the engine has not gated yet: minimax's `Model.shard`
+/// (its q/k norms over all heads become `ShardedRMSNorm`s, an all_sum inside the norm).
+pub const SHARDS_NOT_GATED: [(&str, Mode); 2] =
+    [("minimax", Mode::Tensor), ("minimax_m2", Mode::Tensor)];
+
 /// The refusal for a family that does not run under `mode`: mlx-lm 0.32.2 does not shard
-/// it that way either (the engine runs every split mlx-lm has for its families; the test
-/// `parallel_modes_are_mlx_lm_s` holds the table to mlx-lm's).
+/// it that way either (the engine runs every split mlx-lm has for its families but those of
+/// [`SHARDS_NOT_GATED`], whose refusal says so; the test `parallel_modes_are_mlx_lm_s` holds
+/// the table to mlx-lm's).
 pub fn parallel_refusal(model_type: &str, mode: Mode) -> LoadError {
+    let why = match SHARDS_NOT_GATED.contains(&(model_type, mode)) {
+        true => "mlx-lm 0.32.2 shards it so, but the engine's split is not gated yet",
+        false => "mlx-lm 0.32.2 does not shard it that way either",
+    };
     LoadError::Unsupported(format!(
-        "`{model_type}` cannot run {} parallel (mlx-lm 0.32.2 does not shard it that way \
-         either); families that can: {}",
+        "`{model_type}` cannot run {} parallel ({why}); families that can: {}",
         mode.name(),
         names(|f| parallel(f, mode))
     ))
@@ -370,11 +381,15 @@ mod tests {
     use super::*;
 
     /// The families mlx-lm 0.32.2 shards, by `model_type` after its `MODEL_REMAPPING`
-    /// (mistral → llama): `Model.shard` in models/{llama, qwen2, qwen3, qwen3_moe, gpt_oss,
-    /// qwen3_5}.py (qwen3_5_moe's `Model` subclasses qwen3_5's), `PipelineMixin` in
-    /// models/{qwen2, qwen3_moe, qwen3_5, qwen3_next}.py. Of the other files that shard,
-    /// none is a family of this table.
-    const MLX_LM_SHARDS: [(&str, Mode); 13] = [
+    /// (mistral → llama, minimax_m2 → minimax): `Model.shard` in models/{llama, qwen2, qwen3,
+    /// qwen3_moe, gpt_oss, qwen3_5, glm4_moe, minimax}.py (qwen3_5_moe's `Model` subclasses
+    /// qwen3_5's), `PipelineMixin` in models/{qwen2, qwen3_moe, qwen3_5, qwen3_next,
+    /// glm4_moe}.py. Of the other files that shard, none is a family of this table.
+    const MLX_LM_SHARDS: [(&str, Mode); 17] = [
+        ("glm4_moe", Mode::Tensor),
+        ("glm4_moe", Mode::Pipeline),
+        ("minimax", Mode::Tensor),
+        ("minimax_m2", Mode::Tensor),
         ("llama", Mode::Tensor),
         ("mistral", Mode::Tensor),
         ("qwen2", Mode::Tensor),
@@ -394,7 +409,9 @@ mod tests {
     /// refusal's "does not shard it that way either" is true of every family it names.
     #[test]
     fn parallel_modes_are_mlx_lm_s() {
-        let mlx_lm = |t: &str, m: Mode| MLX_LM_SHARDS.contains(&(t, m));
+        let mlx_lm = |t: &str, m: Mode| {
+            MLX_LM_SHARDS.contains(&(t, m)) && !SHARDS_NOT_GATED.contains(&(t, m))
+        };
         for f in FAMILIES {
             for m in [Mode::Tensor, Mode::Pipeline] {
                 assert_eq!(
@@ -408,6 +425,14 @@ mod tests {
         }
         let says = parallel_refusal("lfm2", Mode::Tensor).to_string();
         assert!(says.contains("does not shard it that way either"), "{says}");
+        for (t, m) in SHARDS_NOT_GATED {
+            assert!(
+                MLX_LM_SHARDS.contains(&(t, m)),
+                "{t}: mlx-lm does not shard it"
+            );
+            let says = parallel_refusal(t, m).to_string();
+            assert!(says.contains("not gated yet"), "{says}");
+        }
     }
 
     #[test]
@@ -433,14 +458,16 @@ mod tests {
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
-            e.ends_with("families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next"),
+            e.ends_with(
+                "families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, glm4_moe"
+            ),
             "{e}"
         );
         let e = parallel_refusal("phi3", Mode::Tensor).to_string();
         assert!(
             e.ends_with(
                 "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, \
-                 qwen3_5_moe"
+                 qwen3_5_moe, glm4_moe"
             ),
             "{e}"
         );
