@@ -304,6 +304,7 @@ pub static FAMILIES: &[Family] = &[
     // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
     // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
     Family {
+        lora: true,
         tensor: true,
         pipeline: true,
         ..row("glm4_moe", glm4_moe)
