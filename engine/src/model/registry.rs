@@ -299,8 +299,9 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
-    // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
-    // convert and sharding refused until gated).
+    // Added since (oracles/make_moe2.py): LoRA gated against mlx-lm's trainer on the
+    // families flagged (tests/it/train_lora.rs); segmented backward, convert and the
+    // splits not flagged refused until gated.
     // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
     // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
     Family {
@@ -309,13 +310,28 @@ pub static FAMILIES: &[Family] = &[
         pipeline: true,
         ..row("glm4_moe", glm4_moe)
     },
-    row("ernie4_5_moe", ernie4_5_moe),
+    Family {
+        lora: true,
+        ..row("ernie4_5_moe", ernie4_5_moe)
+    },
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
-    row("minimax", minimax),
-    row("minimax_m2", minimax),
-    row("llama4_text", llama4_text),
+    Family {
+        lora: true,
+        ..row("minimax", minimax)
+    },
+    Family {
+        lora: true,
+        ..row("minimax_m2", minimax)
+    },
+    Family {
+        lora: true,
+        ..row("llama4_text", llama4_text)
+    },
     row("llama4", llama4),
-    row("phimoe", phimoe),
+    Family {
+        lora: true,
+        ..row("phimoe", phimoe)
+    },
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
