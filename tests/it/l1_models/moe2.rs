@@ -105,3 +105,17 @@ fn planted_chunk_and_temperature_defects_fail_l1_on_llama4() {
         );
     }
 }
+
+/// llama4's chunked layers keep a `ChunkedKvCache`, which the batch lane does not merge: the
+/// lane refuses the model (naming chunked attention), so the server serves it serially.
+#[test]
+fn the_batch_lane_refuses_llama4_s_chunked_caches() {
+    let dir = harness::goldens::model_dir("tiny-llama4").unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let opts = engine::generate::SessionOptions::default();
+    let why = engine::generate::batch::refusal(model.as_ref(), &opts);
+    assert!(
+        why.is_some_and(|w| w.contains("chunked attention")),
+        "{why:?}"
+    );
+}
