@@ -300,36 +300,42 @@ pub static FAMILIES: &[Family] = &[
         ..row("falcon_h1", falcon_h1)
     },
     // Added since (oracles/make_moe2.py): LoRA gated against mlx-lm's trainer on the
-    // families flagged (tests/it/train_lora.rs); segmented backward, convert and the
-    // splits not flagged refused until gated.
+    // families flagged (tests/it/train_lora.rs), segmented backward against the whole step
+    // (engine/tests/it/train_moe2.rs); convert and the splits not flagged refused until gated.
     // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
     // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
     Family {
         lora: true,
+        segmented: true,
         tensor: true,
         pipeline: true,
         ..row("glm4_moe", glm4_moe)
     },
     Family {
         lora: true,
+        segmented: true,
         ..row("ernie4_5_moe", ernie4_5_moe)
     },
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
     Family {
         lora: true,
+        segmented: true,
         ..row("minimax", minimax)
     },
     Family {
         lora: true,
+        segmented: true,
         ..row("minimax_m2", minimax)
     },
     Family {
         lora: true,
+        segmented: true,
         ..row("llama4_text", llama4_text)
     },
     row("llama4", llama4),
     Family {
         lora: true,
+        segmented: true,
         ..row("phimoe", phimoe)
     },
 ];

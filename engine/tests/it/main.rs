@@ -30,3 +30,4 @@ mod ssd_hardening;
 mod ssd_store;
 mod train;
 mod train_families;
+mod train_moe2;
