@@ -7,9 +7,11 @@
 //!
 //! What it does not do, and says so: it is never stored (no snapshot: the prompt cache keeps
 //! it only as the live object, the kv-store and the SSD tier skip it), never batched (the
-//! batch lane refuses the model), never quantized, and gives positions back (`trim`) only
-//! while nothing has been cut from its front — past that, a trimmed cache would lack keys
-//! its chunk needs, so speculative decoding and prompt-cache branching refuse it.
+//! batch lane refuses the model), never quantized (`--kv-bits` leaves it dense, as mlx-lm's
+//! `maybe_quantize_kv_cache` does: it has no `to_quantized`), and gives positions back
+//! (`trim`) only while nothing has been cut from its front — past that, a trimmed cache
+//! would lack keys its chunk needs, so speculative decoding and prompt-cache branching
+//! refuse it.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp, NewAxis};
