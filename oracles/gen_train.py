@@ -5,7 +5,8 @@ and tiny-gemma4; the gemma3 / gemma4 wrappers
 (tiny-gemma3-mm, tiny-gemma4-mm: adapter names under `language_model.`); and with mlx-lm's
 default keys (every linear of a block) tiny-phi3 and the MoE families tiny-qwen3-moe,
 tiny-mixtral, tiny-qwen2-moe and the 4-bit tiny-qwen3-moe-q4 (`LoRASwitchLinear` on the
-stacked experts, `LoRALinear` on the router gate); and the hybrid families, also with the
+stacked experts, `LoRALinear` on the router gate), tiny-glm4-moe (its router is a `MoEGate`,
+no Linear: none there), tiny-ernie4-5-moe, tiny-minimax, tiny-phimoe and tiny-llama4-text; and the hybrid families, also with the
 default keys: tiny-qwen3-5 (gated delta net + gated attention), tiny-qwen3-5-moe,
 tiny-qwen3-next (fused delta-net projections), tiny-lfm2 / tiny-lfm2-moe (short convolution +
 attention), tiny-mamba2 (Mamba-2 only), tiny-nemotron-h (Mamba-2, attention and MLP blocks),
@@ -66,13 +67,15 @@ EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # tiny-nemotron-h (M*-M-): all 5, so its one attention block is adapted too; the Nemotron 3
 # ones (ME*E-): all 5, so both `E` blocks and the Mamba-2 block are adapted.
 NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4,
-              "tiny-nemotron-h": 5, "tiny-nemotron-h-moe-grouped": 5, "tiny-nemotron-h-moe-q4": 5}
+              "tiny-nemotron-h": 5, "tiny-nemotron-h-moe-grouped": 5, "tiny-nemotron-h-moe-q4": 5,
+              "tiny-glm4-moe": 4, "tiny-ernie4-5-moe": 4, "tiny-llama4-text": 4}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
 DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
                 "tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-lfm2", "tiny-lfm2-moe",
                 "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h", "tiny-nemotron-h-moe-grouped",
-                "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2"}
+                "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2", "tiny-glm4-moe",
+                "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

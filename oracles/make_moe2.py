@@ -22,6 +22,12 @@
 - tiny-phimoe     phimoe: 3 layers, LayerNorms (biases drawn), q/k/v/o and lm_head biases,
                   8 experts top 2 by sparsemixer (router_jitter_noise 0.1), SuScaledRoPE from
                   a longrope rope_scaling with long_mscale, f32; Hugging Face's per-expert w1/w2/w3
+- tiny-llama4     llama4 (the multimodal wrapper, for text): 4 layers, chunked attention
+                  (attention_chunk_size 8: the L1 prompts cross chunk boundaries; ChunkedKVCache
+                  trims its front) on layers 0-2, layer 3 global NoPE with temperature tuning
+                  (floor_scale 4 so the scale moves at these lengths), llama3 RoPE, q/k norms,
+                  top-1 MoE with a shared expert on layers 1 and 3, f32; Hugging Face's layout
+                  (`language_model.` names, fused experts.gate_up_proj, a vision tensor)
 
 Everything is seeded; the tokenizer is the shared one ("qwen" style).
 """
@@ -29,7 +35,7 @@ Everything is seeded; the tokenizer is the shared one ("qwen" style).
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.models import ernie4_5_moe, glm4_moe, llama4_text, minimax, phimoe
+from mlx_lm.models import ernie4_5_moe, glm4_moe, llama4, llama4_text, minimax, phimoe
 
 from make_hybrids import per_expert_layout
 from tinymodels import VOCAB, Job, random_model, randomize_scales, weights_of, write_model
@@ -197,3 +203,52 @@ def make_phimoe(job: Job) -> Path:
                        f"random weights (seed {job.seed}; LayerNorm biases drawn, routers x8), f32, "
                        "sparsemixer with jitter 0.1, longrope with long_mscale; Hugging Face per-expert "
                        "w1/w2/w3 layout", style="qwen")
+
+
+def llama4_config() -> dict:
+    return {
+        "architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+        "text_config": {
+            "model_type": "llama4_text", "attention_bias": False, "attention_chunk_size": 8, "head_dim": 16,
+            "hidden_size": 64, "interleave_moe_layer_step": 2, "intermediate_size": 32,
+            "intermediate_size_mlp": 128, "max_position_embeddings": 4096, "num_attention_heads": 4,
+            "num_experts_per_tok": 1, "num_hidden_layers": 4, "num_key_value_heads": 2,
+            "num_local_experts": 4, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "use_qk_norm": True,
+            "vocab_size": VOCAB, "attn_temperature_tuning": True, "floor_scale": 4, "attn_scale": 0.1,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+        },
+        "tie_word_embeddings": False,
+    }
+
+
+def hf_llama4_weights(model) -> dict:
+    """Hugging Face's Llama 4 layout of the stacked experts mlx-lm's sanitize makes: one
+    `experts.gate_up_proj` [E, D, 2I] (gate then up, transposed) and `experts.down_proj`
+    [E, I, D]; plus a vision tensor the sanitize drops."""
+    out = {}
+    for name, v in weights_of(model).items():
+        if ".experts.gate_proj." in name:
+            up = weights_of(model)[name.replace("gate_proj", "up_proj")]
+            fused = mx.concatenate([v.swapaxes(1, 2), up.swapaxes(1, 2)], axis=-1)
+            out[name.replace("gate_proj.weight", "gate_up_proj")] = fused
+        elif ".experts.down_proj." in name:
+            out[name.replace("down_proj.weight", "down_proj")] = v.swapaxes(1, 2)
+        elif ".experts.up_proj." not in name:
+            out[name] = v
+    out["vision_model.patch_embedding.linear.weight"] = mx.zeros((8, 12))
+    return out
+
+
+def make_llama4(job: Job) -> Path:
+    cfg = llama4_config()
+    model = random_model(llama4, cfg, job.seed, mx.float32)
+    randomize_scales(model, job.seed)
+    for layer in model.language_model.model.layers:
+        if layer.is_moe_layer:
+            layer.feed_forward.router.weight = layer.feed_forward.router.weight * 8
+    mx.eval(model.parameters())
+    return write_model(job, hf_llama4_weights(model), cfg,
+                       f"random weights (seed {job.seed}; routers x8), f32, chunk 8, floor_scale 4, llama3 "
+                       "RoPE, top-1 MoE on layers 1 and 3; Hugging Face layout (fused experts, "
+                       "language_model. names, a vision tensor)", style="qwen")

@@ -2,7 +2,7 @@
 //! gradients and AdamW against mlx-lm (oracles/gen_train.py) bit for bit, and mlx-lm's saved
 //! adapters loaded by us, on tiny-llama-trained, tiny-smollm3, tiny-gemma3, tiny-gemma4, tiny-phi3, the
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
-//! qwen2_moe) and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
+//! qwen2_moe, glm4_moe, ernie4_5_moe, minimax, phimoe), llama4_text and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
 //! adapters on their recurrent mixers' projections too), gemma2 and olmo2.
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
@@ -111,6 +111,29 @@ fn lora_sft_steps_match_mlx_lm_on_the_gemma4_wrapper() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_qwen3_moe() {
     assert_passes("tiny-qwen3-moe");
+}
+
+/// glm4_moe (mlx-lm's default keys over all 4 layers: the dense layer's MLP, then the
+/// sparse layers' shared experts and `LoRASwitchLinear` on the stacked experts; the router is
+/// mlx-lm's `MoEGate`, no Linear, so it gets none).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_glm4_moe() {
+    assert_passes("tiny-glm4-moe");
+}
+
+/// ernie4_5_moe (its router `gate` an nn.Linear: adapted), minimax (`block_sparse_moe`),
+/// phimoe (LayerNorms, biased projections, sparsemixer routing) and llama4_text (NoPE layer,
+/// `feed_forward`), each with mlx-lm's default keys.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_the_moe2_families() {
+    for model in [
+        "tiny-ernie4-5-moe",
+        "tiny-minimax",
+        "tiny-phimoe",
+        "tiny-llama4-text",
+    ] {
+        assert_passes(model);
+    }
 }
 
 #[test]

@@ -18,6 +18,7 @@ macro_rules! attention_views {
 pub(crate) use attention_views;
 
 pub mod arrays;
+pub mod chunked;
 pub mod fingerprint;
 pub mod fixed;
 pub mod kv;

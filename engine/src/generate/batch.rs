@@ -41,6 +41,11 @@ pub struct Batch<'m> {
     kv_quant: Option<KvQuantPlan>,
 }
 
+/// The kinds the lane does not batch: dynamic RoPE's integer-offset cache and Llama 4's
+/// chunked one (mlx-lm's `ChunkedKVCache` has no `merge`).
+const OTHER_CACHES: &str =
+    "this model's caches (dynamic RoPE's; Llama 4's chunked attention, ChunkedKvCache)";
+
 const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sliding-window \
      and recurrent-state (ArraysCache) caches only";
 
@@ -66,7 +71,7 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
                 Some(kv::KIND) => {}
                 Some(rotating::KIND) => rings = true,
                 Some(arrays::KIND) => states = true,
-                _ => return Some("this model's caches (dynamic RoPE)"),
+                _ => return Some(OTHER_CACHES),
             }
         }
     }

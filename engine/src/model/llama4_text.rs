@@ -1,6 +1,6 @@
 //! `llama4_text` as mlx-lm 0.32.2 implements it (`llama4_text.py`): a dense Llama 4 text
 //! stack — no experts, no chunked attention (those are in mlx-lm's `llama4.py`, the
-//! multimodal wrapper, which the engine does not load):
+//! multimodal wrapper: `llama4.rs`):
 //!
 //!   attn  = GQA without biases; with `use_qk_norm` q and k through a weightless
 //!           `fast.rms_norm(·, None, rms_norm_eps)` per head, before the head transpose;

@@ -19,6 +19,7 @@ pub mod hunyuan;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
+pub mod llama4;
 pub mod llama4_text;
 pub mod mamba2;
 pub mod minicpm;
@@ -455,6 +456,10 @@ mod tests {
             (
                 "tiny-minicpm",
                 "no `lm_head` (its sanitize makes the embedding the head)",
+            ),
+            (
+                "tiny-llama4",
+                "Hugging Face's `language_model.` names and fused experts",
             ),
         ];
         let mut compared = 0;

@@ -185,6 +185,10 @@ fn deepseek_v32(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, L
     Ok(Box::new(super::deepseek_v3::load(c, w, variant)?))
 }
 
+fn llama4(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
+    Ok(Box::new(super::llama4::load(c, w)?))
+}
+
 fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadError> {
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
@@ -391,15 +395,45 @@ pub static FAMILIES: &[Family] = &[
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
     row("kimi_k2", deepseek_v3),
     row("joyai_llm_flash", deepseek_v3),
-    // Added since (the MoE families and Llama 4's dense text stack): L1 only so far (LoRA,
-    // convert and sharding refused until gated).
-    row("glm4_moe", glm4_moe),
-    row("ernie4_5_moe", ernie4_5_moe),
+    // Added since (oracles/make_moe2.py): LoRA gated against mlx-lm's trainer on the
+    // families flagged (tests/it/train_lora.rs), segmented backward against the whole step
+    // (engine/tests/it/train_moe2.rs); convert and the splits not flagged refused until gated.
+    // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
+    // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
+    Family {
+        lora: true,
+        segmented: true,
+        tensor: true,
+        pipeline: true,
+        ..row("glm4_moe", glm4_moe)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("ernie4_5_moe", ernie4_5_moe)
+    },
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
-    row("minimax", minimax),
-    row("minimax_m2", minimax),
-    row("llama4_text", llama4_text),
-    row("phimoe", phimoe),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("minimax", minimax)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("minimax_m2", minimax)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("llama4_text", llama4_text)
+    },
+    row("llama4", llama4),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("phimoe", phimoe)
+    },
     row("glm4_moe_lite", glm4_moe_lite),
     row("deepseek_v32", deepseek_v32),
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
@@ -738,14 +772,16 @@ mod tests {
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
-            e.ends_with("families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next"),
+            e.ends_with(
+                "families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, glm4_moe"
+            ),
             "{e}"
         );
         let e = parallel_refusal("phi3", Mode::Tensor).to_string();
         assert!(
             e.ends_with(
                 "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, \
-                 qwen3_5_moe"
+                 qwen3_5_moe, glm4_moe"
             ),
             "{e}"
         );

@@ -31,3 +31,4 @@ mod ssd_store;
 mod tool_parsers;
 mod train;
 mod train_families;
+mod train_moe2;

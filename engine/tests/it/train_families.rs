@@ -290,7 +290,7 @@ fn segment_size_is_refused_on_gpt_oss() {
 /// The largest gap between the segmented (one block a segment) and the whole-model
 /// gradients of an SFT batch on `name`, with LoRA on every layer and nonzero B (so every
 /// adapter parameter gets a gradient).
-fn segmented_gap(name: &str) -> f32 {
+pub(crate) fn segmented_gap(name: &str) -> f32 {
     use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
     use mlx_rs::ops::indexing::IndexOp;
     use mlx_rs::Array;

@@ -261,6 +261,19 @@ fn planted_dropped_all_sum_fails_tp_moe() {
     assert_plant_fails("l1-dist/tp/tiny-qwen3-moe", "DistReduceDropped");
 }
 
+/// glm4_moe with the all_sums dropped (the attention's and the block's after routed +
+/// shared experts) fails.
+#[test]
+fn planted_dropped_all_sum_fails_tp_glm4_moe() {
+    assert_plant_fails("l1-dist/tp/tiny-glm4-moe", "DistReduceDropped");
+}
+
+/// glm4_moe's pipeline with its stages reversed fails.
+#[test]
+fn planted_reversed_stages_fail_pp_glm4_moe() {
+    assert_plant_fails("l1-dist/pp/tiny-glm4-moe", "DistShardWrongRank");
+}
+
 /// The gated delta net's conv kernel cut as one block, not per [q | k | v] segment: its
 /// channels no longer meet in_proj_qkv's.
 #[test]

@@ -1,6 +1,7 @@
 //! L1 plants on the families of oracles/make_moe2.py (glm4_moe, ernie4_5_moe, minimax,
-//! llama4_text, phimoe): each fixture's clean run is gated by `every_l1_model_is_bit_exact`
-//! (its manifest row); these tests show the gate fails, at every case's prefill, when the
+//! llama4_text, phimoe, llama4): each fixture's clean run is gated by
+//! `every_l1_model_is_bit_exact` (its manifest row); these tests show the gate fails (at
+//! every case's prefill, or for llama4's chunking by the first chunk boundary) when the
 //! family's distinctive math is planted wrong. Part of the `l1_models` binary.
 
 use super::*;
@@ -75,5 +76,68 @@ fn planted_sparsemixer_and_rope_defects_fail_l1_on_phimoe() {
     ] {
         let report = l1("tiny-phimoe", Some(plant));
         assert_fails_at_prefill(&report, &format!("tiny-phimoe with {plant}"));
+    }
+}
+
+/// llama4 (the wrapper, for text): the weightless q/k norms of the chunked layers dropped
+/// breaks every case at its prefill; the chunks made twice or half as long, or the global
+/// layers' temperature tuning made a no-op (floor_scale 8192), break every case by the
+/// step its positions cross a chunk boundary (the shortest prompt is under 8 tokens, so
+/// its prefill may still be right).
+#[test]
+fn planted_chunk_and_temperature_defects_fail_l1_on_llama4() {
+    let report = l1("tiny-llama4", Some("text_config.use_qk_norm=false"));
+    assert_fails_at_prefill(&report, "tiny-llama4 with use_qk_norm=false");
+    for plant in [
+        "text_config.attention_chunk_size=16",
+        "text_config.attention_chunk_size=4",
+        "text_config.floor_scale=8192",
+    ] {
+        let report = l1("tiny-llama4", Some(plant));
+        assert!(!report.passed(), "tiny-llama4 with {plant} passed");
+        assert!(
+            report
+                .cases
+                .iter()
+                .all(|c| c.first_inexact_logits().is_some_and(|s| s <= 8)),
+            "tiny-llama4 with {plant}: {}",
+            report.details().join(" | ")
+        );
+    }
+}
+
+/// llama4's chunked layers keep a `ChunkedKvCache`, which the batch lane does not merge: the
+/// lane refuses the model (naming chunked attention), so the server serves it serially.
+#[test]
+fn the_batch_lane_refuses_llama4_s_chunked_caches() {
+    let dir = harness::goldens::model_dir("tiny-llama4").unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let opts = engine::generate::SessionOptions::default();
+    let why = engine::generate::batch::refusal(model.as_ref(), &opts);
+    assert!(
+        why.is_some_and(|w| w.contains("chunked attention")),
+        "{why:?}"
+    );
+}
+
+/// llama4 prefilled in steps of 1, 5 and 16 tokens (mlx-lm's prefill_step_size): the chunked
+/// caches cut their front between steps and take multi-token writes across chunk boundaries,
+/// and the logits still equal the whole-prompt golden's.
+#[test]
+fn chunked_prefill_is_bit_exact_on_llama4() {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    use harness::parity::l1::check_model_with;
+    let dir = model_dir("tiny-llama4").unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+    let golden = TensorGolden::open("l1/tiny-llama4").unwrap();
+    for step in [1, 5, 16] {
+        let report =
+            check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step).unwrap();
+        harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
+        assert!(report.passed(), "{}", report.details().join("\n"));
     }
 }

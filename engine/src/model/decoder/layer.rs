@@ -6,6 +6,7 @@
 use mlx_rs::error::Exception;
 use mlx_rs::{Array, Dtype};
 
+use crate::cache::chunked::chunked_mask;
 use crate::cache::none::PassThrough;
 use crate::cache::{kv_of, Cache, Kv, KvCache, Mask, RopeOffset, RotatingKvCache};
 use crate::load::LoadError;
@@ -29,6 +30,11 @@ pub trait Mixer {
     fn make_cache(&self) -> Box<dyn Cache>;
     /// The attention window it reads within (its mask's); None: every position before.
     fn window(&self) -> Option<i32> {
+        None
+    }
+    /// The chunk it attends within (Llama 4's chunked layers: keys of the query's own chunk
+    /// of positions only), read through its cache's mask (`ChunkedKvCache`); None: none.
+    fn chunk(&self) -> Option<i32> {
         None
     }
     /// A recurrent mixer (a state, not K/V) reads mlx-lm's `create_ssm_mask` (the batch's
@@ -271,15 +277,18 @@ pub struct Masks(Vec<(MaskKind, Mask)>);
 pub enum MaskKind {
     /// Attention within a window (None: full attention).
     Attention(Option<i32>),
+    /// Attention within chunks of positions (`chunked_mask`).
+    Chunked(i32),
     /// A recurrent state's (`create_ssm_mask`).
     Recurrent,
 }
 
 impl MaskKind {
     fn of(mixer: &dyn Mixer) -> Self {
-        match mixer.recurrent() {
-            true => MaskKind::Recurrent,
-            false => MaskKind::Attention(mixer.window()),
+        match (mixer.recurrent(), mixer.chunk()) {
+            (true, _) => MaskKind::Recurrent,
+            (false, Some(chunk)) => MaskKind::Chunked(chunk),
+            (false, None) => MaskKind::Attention(mixer.window()),
         }
     }
 }
@@ -300,7 +309,7 @@ impl Masks {
             })?;
             let mask = match kind {
                 MaskKind::Attention(window) => cache.make_mask(n, window)?,
-                MaskKind::Recurrent => cache.make_mask(n, None)?,
+                MaskKind::Chunked(_) | MaskKind::Recurrent => cache.make_mask(n, None)?,
             };
             Ok((kind, mask))
         });
@@ -313,6 +322,7 @@ impl Masks {
         let masks = Self::kinds(layers).into_iter().map(|kind| {
             let mask = match kind {
                 MaskKind::Attention(window) => PassThrough.make_mask(n, window)?,
+                MaskKind::Chunked(chunk) => Mask::Array(chunked_mask(0, 0, n, chunk)?),
                 MaskKind::Recurrent => Mask::None,
             };
             Ok((kind, mask))

@@ -1,0 +1,30 @@
+//! Segmented backward on the families of oracles/make_moe2.py whose LoRA is gated against
+//! mlx-lm's trainer (tests/it/train_lora.rs): glm4_moe (grouped sigmoid routing, shared
+//! experts), ernie4_5_moe, minimax, phimoe (sparsemixer, LayerNorms) and llama4_text (a NoPE
+//! layer). With one block a segment their gradients are the whole step's bit for bit; the
+//! planted DropCotangent (each segment's backward from zeros) breaks them.
+
+use crate::train_families::segmented_gap;
+
+const MODELS: [&str; 5] = [
+    "tiny-glm4-moe",
+    "tiny-ernie4-5-moe",
+    "tiny-minimax",
+    "tiny-phimoe",
+    "tiny-llama4-text",
+];
+
+#[test]
+fn segmented_gradients_match_the_whole_step_on_the_moe2_families() {
+    for name in MODELS {
+        let gap = segmented_gap(name);
+        println!("{name}: segmented vs whole max gradient gap {gap:e}");
+        assert_eq!(gap, 0.0, "{name}");
+    }
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    for name in MODELS {
+        let gap = segmented_gap(name);
+        println!("{name}: planted DropCotangent, gap {gap:e}");
+        assert!(gap > 0.0, "{name}");
+    }
+}
