@@ -228,8 +228,9 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only so far: LoRA (and so segmented training) is not gated against mlx-lm's trainer.
     row("smollm3", smollm3),
-    // LoRA with mlx-lm's default keys and segmented backward gated (tests/it/train_lora.rs,
-    // engine/tests/it/train_families.rs); the rest of batch one L1 only.
+    // Batch one's dense families: LoRA with mlx-lm's default keys and segmented backward
+    // gated (tests/it/train_lora.rs, engine/tests/it/train_families.rs); convert on gemma2
+    // and olmo2 (engine/tests/it/convert.rs).
     Family {
         lora: true,
         segmented: true,
@@ -242,12 +243,36 @@ pub static FAMILIES: &[Family] = &[
         convert: true,
         ..row("olmo2", olmo)
     },
-    row("olmo3", olmo),
-    row("seed_oss", llama),
-    row("exaone4", exaone4),
-    row("hunyuan_v1_dense", hunyuan),
-    row("minicpm", minicpm),
-    row("cohere2", cohere2),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("olmo3", olmo)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("seed_oss", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("exaone4", exaone4)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("hunyuan_v1_dense", hunyuan)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("minicpm", minicpm)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("cohere2", cohere2)
+    },
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
