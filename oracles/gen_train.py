@@ -15,8 +15,10 @@ the 4-bit tiny-nemotron-h-moe-q4 (Nemotron 3's `E` blocks: `LoRASwitchLinear` on
 switch_mlp.fc1 / fc2, `LoRALinear` on the latent projections and the shared expert; the
 router `gate` is mlx-lm's `MoEGate`, no Linear, so it gets none), tiny-falcon-h1 (Mamba-2 and
 attention side by side in every layer, SwiGLU `feed_forward`; the µP multipliers folded into
-the frozen weights by mlx-lm's sanitize), and with the default keys tiny-gemma2 (softcapped
-attention) and tiny-olmo2 (post-norm layers, whole-projection q/k norms). Their recurrent
+the frozen weights by mlx-lm's sanitize), and with the default keys batch one's dense
+families: tiny-gemma2 (softcapped attention), tiny-olmo2 / tiny-olmo3 (post-norm layers,
+whole-projection q/k norms), tiny-seed-oss, tiny-exaone4, tiny-hunyuan, tiny-minicpm and
+tiny-cohere2 (parallel block, float16). Their recurrent
 mixers' linears get adapters (the delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj and out_proj);
 their conv1d is not a Linear and gets none.
 
@@ -75,7 +77,8 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-lfm2", "tiny-lfm2-moe",
                 "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h", "tiny-nemotron-h-moe-grouped",
                 "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2", "tiny-glm4-moe",
-                "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text"}
+                "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text", "tiny-olmo3",
+                "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

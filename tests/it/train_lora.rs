@@ -4,7 +4,8 @@
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
 //! qwen2_moe, glm4_moe, ernie4_5_moe, minimax, phimoe), llama4_text and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
-//! adapters on their recurrent mixers' projections too), gemma2 and olmo2.
+//! adapters on their recurrent mixers' projections too) and batch one's dense families
+//! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
 //! input projections left without adapters fail every model with a recurrent state.
@@ -247,6 +248,24 @@ fn lora_sft_steps_match_mlx_lm_on_gemma2() {
 #[test]
 fn lora_sft_steps_match_mlx_lm_on_olmo2() {
     assert_passes("tiny-olmo2");
+}
+
+/// The rest of batch one with mlx-lm's default keys: olmo3 (sliding layers, window 8 under
+/// the 33-token batch), seed_oss (q/k/v biases, no o bias), exaone4 (post-norms, NoPE
+/// global layers), hunyuan_v1_dense (q/k norms after RoPE), minicpm (scaled branches, the
+/// divided head), cohere2 (parallel block, LayerNorms, float16).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_the_rest_of_dense_batch_one() {
+    for model in [
+        "tiny-olmo3",
+        "tiny-seed-oss",
+        "tiny-exaone4",
+        "tiny-hunyuan",
+        "tiny-minicpm",
+        "tiny-cohere2",
+    ] {
+        assert_passes(model);
+    }
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at

@@ -309,12 +309,36 @@ pub static FAMILIES: &[Family] = &[
         convert: true,
         ..row("olmo2", olmo)
     },
-    row("olmo3", olmo),
-    row("seed_oss", llama),
-    row("exaone4", exaone4),
-    row("hunyuan_v1_dense", hunyuan),
-    row("minicpm", minicpm),
-    row("cohere2", cohere2),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("olmo3", olmo)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("seed_oss", llama)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("exaone4", exaone4)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("hunyuan_v1_dense", hunyuan)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("minicpm", minicpm)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("cohere2", cohere2)
+    },
     // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
     row("gemma3n", super::gemma3n::load),
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:

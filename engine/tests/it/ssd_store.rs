@@ -320,11 +320,12 @@ fn restart_continuation(name: &str, claim_extra: bool) -> Continuation {
 /// experts (qwen3_moe, also with affine experts, mixtral, qwen2_moe), phi3 (longrope),
 /// yarn RoPE, the multimodal wrappers gemma3 / gemma4 with their text families, and
 /// gpt-oss (sinks, mxfp4 experts) and Gemma 4's MoE block on their bf16 fixtures (rotating caches: the window of 8 has
-/// wrapped by 40 tokens, so the rings are stored and restored as rings).
-const FAMILIES: [&str; 15] = [
+/// wrapped by 40 tokens, so the rings are stored and restored as rings), and batch one's
+/// dense families (gemma2's softcapped attention, olmo2 / olmo3 / exaone4 / cohere2 with
+/// their windows, seed_oss, hunyuan_v1_dense, minicpm).
+const FAMILIES: [&str; 22] = [
     "tiny-ministral3",
     "tiny-glm4-moe",
-    "tiny-olmo2",
     "tiny-qwen3-moe",
     "tiny-mixtral",
     "tiny-qwen2-moe",
@@ -337,6 +338,14 @@ const FAMILIES: [&str; 15] = [
     "tiny-qwen3-moe-q4",
     "tiny-gpt-oss-mxfp4",
     "tiny-gemma4-moe-q4",
+    "tiny-gemma2",
+    "tiny-olmo2",
+    "tiny-olmo3",
+    "tiny-seed-oss",
+    "tiny-exaone4",
+    "tiny-hunyuan",
+    "tiny-minicpm",
+    "tiny-cohere2",
 ];
 
 #[test]

@@ -224,14 +224,16 @@ fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
     }
 }
 
-/// Dense families of batch one (gemma2's softcapped attention, olmo2's post-norm layers):
+/// Dense families of batch one (gemma2's softcapped attention, the post-norm layers of
+/// olmo2 / olmo3 / exaone4, hunyuan's q/k norms after RoPE, minicpm's scaled branches,
+/// cohere2's parallel block):
 /// `engine train` saves mlx-lm's names (its default keys: every linear of a block),
 /// `--segment-size 1` writes the same adapters byte for byte, and `generate --adapter-path`
 /// loads them.
 #[test]
 fn dense_batch_one_trains_segmented_or_not_and_generates() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, &str, &[i32]); 2] = [
+    let cases: [(&str, &str, &[i32]); 8] = [
         (
             "tiny-gemma2",
             "model.layers.3.self_attn.o_proj.lora_a",
@@ -241,6 +243,36 @@ fn dense_batch_one_trains_segmented_or_not_and_generates() {
             "tiny-olmo2",
             "model.layers.2.mlp.down_proj.lora_a",
             &[128, 8],
+        ),
+        (
+            "tiny-olmo3",
+            "model.layers.3.self_attn.q_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-seed-oss",
+            "model.layers.1.self_attn.o_proj.lora_a",
+            &[128, 8],
+        ),
+        (
+            "tiny-exaone4",
+            "model.layers.2.mlp.up_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-hunyuan",
+            "model.layers.1.self_attn.k_proj.lora_a",
+            &[64, 8],
+        ),
+        (
+            "tiny-minicpm",
+            "model.layers.3.mlp.down_proj.lora_a",
+            &[128, 8],
+        ),
+        (
+            "tiny-cohere2",
+            "model.layers.2.mlp.gate_proj.lora_a",
+            &[64, 8],
         ),
     ];
     for (model, name, shape) in cases {
@@ -355,7 +387,8 @@ pub(crate) fn segmented_gap(name: &str) -> f32 {
     gaps.fold(0.0, f32::max)
 }
 
-/// Library level: on the MoE families, phi3, the gemma3 wrapper, gemma2, olmo2 and the hybrids (every block
+/// Library level: on the MoE families, phi3, the gemma3 wrapper, batch one's dense families
+/// and the hybrids (every block
 /// adapted, recurrent mixers included) the segmented gradients are the whole step's bit for
 /// bit; planted DropCotangent (each segment's backward from zeros) breaks them.
 #[test]
@@ -368,6 +401,12 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-gemma3-mm",
         "tiny-gemma2",
         "tiny-olmo2",
+        "tiny-olmo3",
+        "tiny-seed-oss",
+        "tiny-exaone4",
+        "tiny-hunyuan",
+        "tiny-minicpm",
+        "tiny-cohere2",
     ];
     let hybrids = crate::segmented::trained_hybrids();
     let hybrids = hybrids.iter().map(String::as_str);
