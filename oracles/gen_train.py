@@ -70,7 +70,7 @@ NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-
 DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
                 "tiny-qwen3-5", "tiny-qwen3-5-moe", "tiny-qwen3-next", "tiny-lfm2", "tiny-lfm2-moe",
                 "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h", "tiny-nemotron-h-moe-grouped",
-                "tiny-nemotron-h-moe-q4", "tiny-falcon-h1"}
+                "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-deepseek-v3"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
