@@ -341,11 +341,13 @@ pub static FAMILIES: &[Family] = &[
     // keys (every nn.Linear of a block: the query and latent projections, o_proj, the MLPs,
     // the stacked experts and the shared expert; never the `MultiLinear` embed_q /
     // unembed_out nor the `MoEGate` router) gated against mlx-lm's trainer
-    // (tests/it/train_lora.rs). mlx-lm 0.32.2 shards deepseek_v3 (and the files built on it)
-    // both ways; those splits are refused here until gated (the refusal says mlx-lm has
-    // them), as are convert and the aliases' LoRA.
+    // (tests/it/train_lora.rs); segmented backward against the whole-model one
+    // (engine/tests/it/train_families.rs). mlx-lm 0.32.2 shards deepseek_v3 (and the files
+    // built on it) both ways; those splits are refused here until gated (the refusal says
+    // mlx-lm has them), as are convert and the aliases' LoRA.
     Family {
         lora: true,
+        segmented: true,
         ..row("deepseek_v3", deepseek_v3)
     },
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
