@@ -78,7 +78,8 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-mamba2", "tiny-nemotron-h", "tiny-granite-h", "tiny-nemotron-h-moe-grouped",
                 "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2", "tiny-glm4-moe",
                 "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text", "tiny-olmo3",
-                "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2"}
+                "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2",
+                "tiny-deepseek-v3"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

@@ -271,6 +271,10 @@ pub enum Defect {
     /// front of each head and the unrotated half from its end (RoPE applied to the wrong
     /// part). Caught by the L1 gate on the MLA fixtures (`tests/it/l1_models/mla.rs`).
     MlaRopeOnWrongHalf,
+    /// LoRA on multi-head latent attention: `kv_a_proj_with_mqa` (the latent's and the rope
+    /// keys' projection) is left out of the linears LoRA attaches to. Caught by the LoRA
+    /// training gate on tiny-deepseek-v3 (`tests/it/train_lora.rs`).
+    MlaLatentProjLoraDropped,
     /// OLMo's q/k RMSNorms, meant over the whole projection, taken per head (each head
     /// normalized on its own, then scaled by its slice of the weight). Caught by the L1
     /// gate on tiny-olmo2 and tiny-olmo3 (`tests/it/l1_models/dense.rs`).

@@ -4,8 +4,9 @@
 //! gemma3 / gemma4 wrappers and the MoE families (qwen3_moe, its 4-bit fixture, mixtral,
 //! qwen2_moe, glm4_moe, ernie4_5_moe, minimax, phimoe), llama4_text and the hybrids (qwen3_5, qwen3_5_moe, qwen3_next, lfm2, lfm2_moe, mamba2,
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
-//! adapters on their recurrent mixers' projections too) and batch one's dense families
-//! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2).
+//! adapters on their recurrent mixers' projections too), batch one's dense families
+//! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2) and
+//! deepseek_v3 (multi-head latent attention).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
 //! input projections left without adapters fail every model with a recurrent state.
@@ -266,6 +267,28 @@ fn lora_sft_steps_match_mlx_lm_on_the_rest_of_dense_batch_one() {
     ] {
         assert_passes(model);
     }
+}
+
+/// DeepSeek-V3's multi-head latent attention with mlx-lm's default keys: LoRA on q_a_proj,
+/// q_b_proj, kv_a_proj_with_mqa and o_proj (the absorbed `MultiLinear` embed_q /
+/// unembed_out get none), the dense first layer's MLP, then the σ-routed grouped top-k
+/// experts (`LoRASwitchLinear`) and the shared expert; the `MoEGate` router gets none.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_deepseek_v3() {
+    assert_passes("tiny-deepseek-v3");
+}
+
+/// Planted: MLA's latent projection (`kv_a_proj_with_mqa`) gets no adapter. Its B starts at
+/// zero, so step 0's loss matches; mlx-lm has a gradient for it that we lack.
+#[test]
+fn planted_mla_latent_proj_lora_dropped_fails_deepseek_v3() {
+    let plant = Plant::Engine(engine::plant::Defect::MlaLatentProjLoraDropped);
+    let r = TRAIN.run("tiny-deepseek-v3", Some(&plant)).unwrap();
+    println!(
+        "tiny-deepseek-v3: planted latent-proj LoRA dropped caught: {}",
+        r.summary()
+    );
+    assert!(!r.passed());
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at

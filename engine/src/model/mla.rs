@@ -312,7 +312,11 @@ impl Mixer for Mla {
                 vec![("self_attn.q_a_proj", a), ("self_attn.q_b_proj", b)]
             }
         };
-        named.push(("self_attn.kv_a_proj_with_mqa", &self.kv_a_proj_with_mqa));
+        // mlx-lm's default keys: every nn.Linear of the block. `embed_q` / `unembed_out`
+        // are `MultiLinear`s (no `to_lora`, not a Linear), so they get no adapter.
+        if !plant::is(Defect::MlaLatentProjLoraDropped) {
+            named.push(("self_attn.kv_a_proj_with_mqa", &self.kv_a_proj_with_mqa));
+        }
         named.push(("self_attn.o_proj", &self.o_proj));
         named
     }

@@ -412,10 +412,19 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
-    // Multi-head latent attention (model/mla.rs): L1 only. mlx-lm 0.32.2 shards deepseek_v3
-    // (and the files built on it) both ways; those splits are refused here until gated (the
-    // refusal says mlx-lm has them), as are LoRA, segmented training and convert.
-    row("deepseek_v3", deepseek_v3),
+    // Multi-head latent attention (model/mla.rs). deepseek_v3: LoRA with mlx-lm's default
+    // keys (every nn.Linear of a block: the query and latent projections, o_proj, the MLPs,
+    // the stacked experts and the shared expert; never the `MultiLinear` embed_q /
+    // unembed_out nor the `MoEGate` router) gated against mlx-lm's trainer
+    // (tests/it/train_lora.rs); segmented backward against the whole-model one
+    // (engine/tests/it/train_families.rs). mlx-lm 0.32.2 shards deepseek_v3 (and the files
+    // built on it) both ways; those splits are refused here until gated (the refusal says
+    // mlx-lm has them), as are convert and the aliases' LoRA.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("deepseek_v3", deepseek_v3)
+    },
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
     row("kimi_k2", deepseek_v3),
     row("joyai_llm_flash", deepseek_v3),

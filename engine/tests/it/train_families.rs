@@ -108,7 +108,8 @@ fn new_families_train_save_mlx_lm_names_and_generate() {
 }
 
 /// Segmented backward (`--segment-size 1`) writes the adapters the whole-model backward
-/// writes, byte for byte, on the gemma3 wrapper and the MoE families.
+/// writes, byte for byte, on the gemma3 wrapper and the MoE families (deepseek_v3's
+/// multi-head latent attention too).
 #[test]
 fn segmented_training_gives_the_same_adapters_on_the_new_families() {
     let dir = tempfile::tempdir().unwrap();
@@ -117,6 +118,7 @@ fn segmented_training_gives_the_same_adapters_on_the_new_families() {
         "tiny-qwen3-moe",
         "tiny-mixtral",
         "tiny-qwen2-moe",
+        "tiny-deepseek-v3",
     ] {
         let adapters = |name: &str, extra: &[&str]| {
             let out = dir.path().join(format!("{model}-{name}"));
@@ -387,8 +389,8 @@ pub(crate) fn segmented_gap(name: &str) -> f32 {
     gaps.fold(0.0, f32::max)
 }
 
-/// Library level: on the MoE families, phi3, the gemma3 wrapper, batch one's dense families
-/// and the hybrids (every block
+/// Library level: on the MoE families (deepseek_v3's MLA + grouped experts among them),
+/// phi3, the gemma3 wrapper, batch one's dense families and the hybrids (every block
 /// adapted, recurrent mixers included) the segmented gradients are the whole step's bit for
 /// bit; planted DropCotangent (each segment's backward from zeros) breaks them.
 #[test]
@@ -407,6 +409,7 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
         "tiny-hunyuan",
         "tiny-minicpm",
         "tiny-cohere2",
+        "tiny-deepseek-v3",
     ];
     let hybrids = crate::segmented::trained_hybrids();
     let hybrids = hybrids.iter().map(String::as_str);

@@ -237,7 +237,11 @@ pub static TRAIN: Gate = Gate {
     name: "train",
     group: "train",
     generator: Some(("gen_train.py", &["{model}"])),
-    plants: &["weight-decay", "recurrent-in-proj-lora-dropped"],
+    plants: &[
+        "weight-decay",
+        "recurrent-in-proj-lora-dropped",
+        "mla-latent-proj-lora-dropped",
+    ],
     run: |g, t, p| {
         let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
         boxed(train::run(t.model, &g.open(t)?, |opt| {
