@@ -512,13 +512,14 @@ fn generation_tags_and_absent_tools_render_as_in_transformers() {
     assert_eq!(render(tools), "none");
 }
 
-/// mlx-lm's `MODEL_REMAPPING` entries the registry lists as rows of their own: they build
-/// the target's model, so the target's L1 goldens gate them.
+/// Rows gated through another row's tiny model (the same builder): mlx-lm's
+/// `MODEL_REMAPPING` sends mistral to llama, kimi_k2 and joyai_llm_flash to deepseek_v3, and
+/// minimax_m2 to minimax, whose tiny model is written as a `minimax_m2` config.
 const ALIASES: [(&str, &str); 4] = [
     ("mistral", "llama"),
-    ("minimax_m2", "minimax"),
     ("kimi_k2", "deepseek_v3"),
     ("joyai_llm_flash", "deepseek_v3"),
+    ("minimax", "minimax_m2"),
 ];
 
 /// Every model_type the registry loads has an L1-gated tiny model in the manifest (or is an
