@@ -55,6 +55,8 @@ from tinymodels import load_manifest
 # multimodal tiny-qwen3-5-mm too): sharded_load takes every hybrid tiny model it is asked for on 2
 # ranks (2 key / 4 value heads, 4 query / 2 KV heads, vocab 1024 all divide). qwen3_next has no
 # Model.shard in mlx-lm 0.32.2, so it is a PP row only.
+# deepseek_v3 (tiny-deepseek-v3: multi-head latent attention, 4 heads, grouped experts + a shared
+# expert) is a row of both: its Model.shard and PipelineMixin take it on 2 ranks.
 def mode_models(mode: str) -> list[str]:
     return [row["name"] for row in load_manifest() if f"l1-dist-{mode}" in row["gates"]]
 

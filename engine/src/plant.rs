@@ -275,6 +275,10 @@ pub enum Defect {
     /// keys' projection) is left out of the linears LoRA attaches to. Caught by the LoRA
     /// training gate on tiny-deepseek-v3 (`tests/it/train_lora.rs`).
     MlaLatentProjLoraDropped,
+    /// Tensor parallel on multi-head latent attention: `embed_q` / `unembed_out` keep the
+    /// next rank's heads, not this rank's (the query and o_proj keep theirs). Caught by the
+    /// distributed L1 gate on tiny-deepseek-v3 (`harness/tests/it/l1_dist.rs`).
+    MlaHeadsOfOtherRank,
     /// OLMo's q/k RMSNorms, meant over the whole projection, taken per head (each head
     /// normalized on its own, then scaled by its slice of the weight). Caught by the L1
     /// gate on tiny-olmo2 and tiny-olmo3 (`tests/it/l1_models/dense.rs`).
@@ -438,6 +442,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DistReduceDropped" => Defect::DistReduceDropped,
             "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,
             "KvRepeatAfterShard" => Defect::KvRepeatAfterShard,
+            "MlaHeadsOfOtherRank" => Defect::MlaHeadsOfOtherRank,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,

@@ -28,7 +28,7 @@ use super::deepseek_v32::{IndexArgs, SparseMla};
 use super::layers::{Glu, Linear, Mlp};
 use super::mla::{split_kv_b_proj, Mla, MlaShape};
 use super::moe::{combine, Gate, GroupedTopK, Router, SwitchGlu, SwitchLinear, EXPERT_NAMES};
-use super::shard::Part;
+use super::shard::{Part, Split};
 use super::LanguageModel;
 use crate::load::config::{ModelConfig, QuantConfig, RopeScaling};
 use crate::load::weights::Weights;
@@ -304,10 +304,12 @@ impl FeedForward for Ffn {
             Ffn::Moe(m) => {
                 let (inds, scores) = m.router.route(x)?;
                 let y = combine(&m.experts.forward(x, &inds)?, &scores)?;
-                match &m.shared {
-                    Some(s) => y.add(s.forward(x)?),
-                    None => Ok(y),
-                }
+                let y = match &m.shared {
+                    Some(s) => y.add(s.forward(x)?)?,
+                    None => y,
+                };
+                // Tensor parallel: both terms are this rank's partial sums, summed once.
+                m.experts.sum_partials(y)
             }
         }
     }
@@ -338,10 +340,26 @@ impl FeedForward for Ffn {
         }
     }
 
-    fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {
-        Err(LoadError::Unsupported(format!(
-            "{prefix}: the MLA families are not split across ranks yet"
-        )))
+    /// `deepseek_v3.Model.shard` on the feed-forward: a dense MLP as Llama's (gate and up by
+    /// columns, down by rows, its own `all_sum`); the sparse block's shared expert and every
+    /// routed expert narrowed in place (`shard_inplace`), the `MoEGate` whole, the block's
+    /// output summed over the ranks once (`sharding_group`).
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        let m = match self {
+            Ffn::Dense(mlp) => return mlp.shard(part, prefix),
+            Ffn::Moe(m) => m,
+        };
+        if let Some(shared) = &mut m.shared {
+            let s = format!("{prefix}.shared_experts");
+            for (proj, name, split) in [
+                (&mut shared.gate_proj, "gate_proj", Split::Columns),
+                (&mut shared.down_proj, "down_proj", Split::Rows),
+                (&mut shared.up_proj, "up_proj", Split::Columns),
+            ] {
+                proj.shard_inplace(split, part, &format!("{s}.{name}"))?;
+            }
+        }
+        m.experts.shard(part, &format!("{prefix}.switch_mlp"))
     }
 }
 

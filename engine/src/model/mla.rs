@@ -24,7 +24,7 @@ use mlx_rs::{fast, Array};
 use super::decoder::{kv_cache, Mixer};
 use super::layers::{Linear, Quantized, RmsNorm, Rope};
 use super::quantized::ops::quantized_matmul;
-use super::shard::Part;
+use super::shard::{slice, Part, Split};
 use crate::cache::{causal_mask, kv_of, Cache, Kv, Mask};
 use crate::load::config::RopeScaling;
 use crate::load::weights::Weights;
@@ -45,6 +45,19 @@ impl MultiLinear {
     fn load(w: &mut Weights, prefix: &str, shape: [i32; 3]) -> Result<Self, LoadError> {
         let (weight, quantized) = Quantized::load_weight(w, prefix, &shape)?;
         Ok(MultiLinear { weight, quantized })
+    }
+
+    /// mlx-lm's `shard_heads`: this rank's heads (`w[sh:eh]`) of every parameter.
+    fn shard_heads(&mut self, part: Part, what: &str) -> Result<(), LoadError> {
+        let cut = |a: &Array, name: &str| slice(a, 0, part, &format!("{what}.{name}"));
+        self.weight = cut(&self.weight, "weight")?;
+        if let Some(q) = &mut self.quantized {
+            q.scales = cut(&q.scales, "scales")?;
+            if let Some(b) = &q.biases {
+                q.biases = Some(cut(b, "biases")?);
+            }
+        }
+        Ok(())
     }
 
     /// `x @ W.swap_axes(-1, -2)` (`transpose`) or `x @ W`, per head.
@@ -321,10 +334,42 @@ impl Mixer for Mla {
         named
     }
 
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(LoadError::Unsupported(format!(
-            "{layer}: multi-head latent attention is not split across ranks yet"
-        )))
+    /// `deepseek_v3.Model.shard` on the attention: the query's last projection (`q_b_proj`,
+    /// or `q_proj`) by columns (whole heads), `embed_q` / `unembed_out` cut to this rank's
+    /// heads, `o_proj` by rows (one `all_sum`); the latent path (`q_a_proj`,
+    /// `kv_a_proj_with_mqa`, their norms) stays whole on every rank.
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        let attn = format!("{layer}.self_attn");
+        let n = part.size as i32;
+        if self.heads % n != 0 {
+            return Err(LoadError::Unsupported(format!(
+                "{attn}: {} heads do not split over {n} ranks (tensor parallel needs them to \
+                 divide by the rank count; try --pipeline)",
+                self.heads
+            )));
+        }
+        match &mut self.q {
+            QueryProj::Plain(p) => p.shard(Split::Columns, part, &format!("{attn}.q_proj"))?,
+            QueryProj::LowRank { b, .. } => {
+                b.shard(Split::Columns, part, &format!("{attn}.q_b_proj"))?
+            }
+        }
+        // Planted: the absorbed projections keep the next rank's heads.
+        let heads_part = match plant::is(Defect::MlaHeadsOfOtherRank) {
+            true => Part {
+                rank: (part.rank + 1) % part.size,
+                ..part
+            },
+            false => part,
+        };
+        self.embed_q
+            .shard_heads(heads_part, &format!("{attn}.embed_q"))?;
+        self.unembed_out
+            .shard_heads(heads_part, &format!("{attn}.unembed_out"))?;
+        self.o_proj
+            .shard(Split::Rows, part, &format!("{attn}.o_proj"))?;
+        self.heads /= n;
+        Ok(())
     }
 }
 

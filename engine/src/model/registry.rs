@@ -417,12 +417,17 @@ pub static FAMILIES: &[Family] = &[
     // the stacked experts and the shared expert; never the `MultiLinear` embed_q /
     // unembed_out nor the `MoEGate` router) gated against mlx-lm's trainer
     // (tests/it/train_lora.rs); segmented backward against the whole-model one
-    // (engine/tests/it/train_families.rs). mlx-lm 0.32.2 shards deepseek_v3 (and the files
-    // built on it) both ways; those splits are refused here until gated (the refusal says
-    // mlx-lm has them), as are convert and the aliases' LoRA.
+    // (engine/tests/it/train_families.rs); tensor parallel as mlx-lm 0.32.2's `Model.shard`
+    // (the query's last projection and o_proj split, embed_q / unembed_out cut by heads, the
+    // experts and shared expert narrowed in place, one sum per block) and pipeline parallel
+    // gated on 2 ranks against mlx-lm's sharded runs (harness/tests/it/l1_dist.rs). The
+    // aliases (kimi_k2, joyai_llm_flash) stay refused until gated on their own rows, as does
+    // convert.
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
+        pipeline: true,
         ..row("deepseek_v3", deepseek_v3)
     },
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
@@ -806,7 +811,8 @@ mod tests {
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
             e.ends_with(
-                "families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, glm4_moe"
+                "families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, \
+                 deepseek_v3, glm4_moe"
             ),
             "{e}"
         );
@@ -814,7 +820,7 @@ mod tests {
         assert!(
             e.ends_with(
                 "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, \
-                 qwen3_5_moe, glm4_moe"
+                 qwen3_5_moe, deepseek_v3, glm4_moe"
             ),
             "{e}"
         );

@@ -295,6 +295,26 @@ fn planted_dropped_all_sum_fails_tp_shared_expert_moe() {
     assert_plant_fails("l1-dist/tp/tiny-qwen3-5-moe", "DistReduceDropped");
 }
 
+/// Multi-head latent attention: `embed_q` / `unembed_out` keeping the next rank's heads
+/// (their latent expansion meets the other heads' queries) fails.
+#[test]
+fn planted_mla_heads_of_the_other_rank_fail_tp() {
+    assert_plant_fails("l1-dist/tp/tiny-deepseek-v3", "MlaHeadsOfOtherRank");
+}
+
+/// deepseek_v3's stages reversed (3 layers: rank 0 runs layer 0 last) fails.
+#[test]
+fn planted_reversed_stages_fail_pp_mla() {
+    assert_plant_fails("l1-dist/pp/tiny-deepseek-v3", "DistShardWrongRank");
+}
+
+/// deepseek_v3 with every tensor-parallel all_sum dropped (o_proj's, the dense MLP's, and
+/// the sparse block's after routed + shared) fails.
+#[test]
+fn planted_dropped_all_sum_fails_tp_mla() {
+    assert_plant_fails("l1-dist/tp/tiny-deepseek-v3", "DistReduceDropped");
+}
+
 /// Two ranks of tiny-llama against the single-process golden of another model
 /// (tiny-llama-trained: the same tokenizer and vocabulary, other sizes and weights) fail.
 #[test]
