@@ -49,9 +49,10 @@ const OTHER_CACHES: &str =
 const REFUSAL: &str = "the batch lane takes standard (dense, full-attention), sliding-window \
      and recurrent-state (ArraysCache) caches only";
 
-const UNREFERENCED: &str = "this family: mlx-lm 0.32.2's BatchGenerator cannot batch it (gemma2's \
-     softcapped attention), so the batch lane has no reference for it; it is served one request \
-     at a time";
+const UNREFERENCED: &str = "this family: the batch lane is not gated against mlx-lm 0.32.2's \
+     BatchGenerator for it (gemma2: BatchGenerator raises on its softcapped attention; \
+     deepseek_v32: a row joining a running batch differs from it in the last bits), so it is \
+     served one request at a time";
 
 /// Why `model` run with `opts` cannot take the batch lane (what it needs that the lane
 /// lacks), or None when it can.
