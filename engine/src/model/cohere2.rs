@@ -171,30 +171,21 @@ fn attention(
     p: &str,
     global: bool,
 ) -> Result<Attention, LoadError> {
-    let (h, hd) = (a.hidden_size, a.head_dim);
-    let (q_dims, kv_dims) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(
-            w,
-            &format!("{p}.self_attn.{name}"),
-            a.attention_bias,
-            out_in,
-        )
+    let hd = a.head_dim;
+    let rope = match global {
+        true => Rope::None,
+        false => Rope::new(hd, a.rope_theta, true, None)?,
     };
     Ok(Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
-        scale: (hd as f64).powf(-0.5) as f32,
-        rope: match global {
-            true => Rope::None,
-            false => Rope::new(hd, a.rope_theta, true, None)?,
-        },
-        norm_after_transpose: false,
+        rope,
+        ..Attention::load_projections(
+            w,
+            &format!("{p}.self_attn"),
+            a.attention_bias,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            hd,
+        )?
     })
 }

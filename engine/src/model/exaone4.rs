@@ -13,7 +13,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, Mixer, Style, Windowed};
-use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{Attention, Glu, Mlp, RmsNorm, Rope};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -101,11 +101,7 @@ fn attention(
     p: &str,
     local: Option<bool>,
 ) -> Result<Attention, LoadError> {
-    let (h, hd) = (a.hidden_size, a.head_dim);
-    let (q_dims, kv_dims) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
-    };
+    let hd = a.head_dim;
     let norm = |w: &mut Weights, name: &str| {
         RmsNorm::load(w, &format!("{p}.self_attn.{name}"), hd, a.rms_norm_eps)
     };
@@ -119,17 +115,19 @@ fn attention(
             Some(a.max_position_embeddings),
         )?,
     };
+    let attn = Attention::load_projections(
+        w,
+        &format!("{p}.self_attn"),
+        false,
+        a.hidden_size,
+        a.num_attention_heads,
+        a.num_key_value_heads,
+        hd,
+    )?;
     Ok(Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
         q_norm: Some(norm(w, "q_norm")?),
         k_norm: Some(norm(w, "k_norm")?),
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
-        scale: (hd as f64).powf(-0.5) as f32,
         rope,
-        norm_after_transpose: false,
+        ..attn
     })
 }

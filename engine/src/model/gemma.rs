@@ -15,7 +15,7 @@ use mlx_rs::Dtype;
 use serde::Deserialize;
 
 use super::decoder::{Built, Decoder, Dims, EmbedScale, Mixer, Residual, Style, Windowed};
-use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{Attention, Glu, Mlp, RmsNorm, Rope};
 use super::rope;
 use crate::load::config::{ModelConfig, RopeParameters, RopeScaling};
 use crate::load::weights::Weights;
@@ -100,31 +100,26 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
 /// otherwise) and the gelu-tanh MLP.
 fn layer(a: &Gemma3Args, w: &mut Weights, p: &str, i: i32) -> Result<Built, LoadError> {
     let global = i % a.sliding_window_pattern == a.sliding_window_pattern - 1;
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
-    };
     let norm = |w: &mut Weights, name: &str| {
         let prefix = format!("{p}.self_attn.{name}");
         RmsNorm::load_one_plus(w, &prefix, a.head_dim, a.rms_norm_eps)
     };
     let (q_norm, k_norm) = (norm(w, "q_norm")?, norm(w, "k_norm")?);
-    let h = a.hidden_size;
-    let (q_dims, kv_dims) = (
-        a.num_attention_heads * a.head_dim,
-        a.num_key_value_heads * a.head_dim,
-    );
     let attn = Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
         q_norm: Some(q_norm),
         k_norm: Some(k_norm),
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
         scale: (a.query_pre_attn_scalar as f64).powf(-0.5) as f32,
         rope: a.rope(global)?,
         norm_after_transpose: true,
+        ..Attention::load_projections(
+            w,
+            &format!("{p}.self_attn"),
+            false,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            a.head_dim,
+        )?
     };
     let mlp = Mlp::load(
         w,

@@ -15,7 +15,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, EmbedScale, Mixer, SoftcappedAttention, Style};
-use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope, Softcap};
+use super::layers::{Attention, Glu, Mlp, RmsNorm, Rope, Softcap};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -99,23 +99,17 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
 /// A layer's projections (no biases, no q/k norms) and RoPE; scale
 /// `1 / √query_pre_attn_scalar` formed in double precision as Python does.
 fn attention(a: &Gemma2Args, w: &mut Weights, p: &str) -> Result<Attention, LoadError> {
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
-    };
-    let h = a.hidden_size;
-    let q_dims = a.num_attention_heads * a.head_dim;
-    let kv_dims = a.num_key_value_heads * a.head_dim;
     Ok(Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
         scale: (1.0 / (a.query_pre_attn_scalar as f64).sqrt()) as f32,
         rope: Rope::new(a.head_dim, a.rope_theta, a.rope_traditional, None)?,
-        norm_after_transpose: false,
+        ..Attention::load_projections(
+            w,
+            &format!("{p}.self_attn"),
+            false,
+            a.hidden_size,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            a.head_dim,
+        )?
     })
 }

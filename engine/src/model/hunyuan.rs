@@ -151,15 +151,6 @@ fn attention(
 ) -> Result<HunyuanAttention, LoadError> {
     let h = a.hidden_size;
     let hd = a.head_dim.unwrap_or(h / a.num_attention_heads);
-    let (q_dims, kv_dims) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(
-            w,
-            &format!("{p}.self_attn.{name}"),
-            a.attention_bias,
-            out_in,
-        )
-    };
     let norm = |w: &mut Weights, name: &str| {
         let prefix = format!("{p}.self_attn.{name}");
         (a.use_qk_norm)
@@ -167,19 +158,19 @@ fn attention(
             .transpose()
     };
     let attn = Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
-        scale: (hd as f64).powf(-0.5) as f32,
         rope: alpha_rope(hd, a.rope_theta, alpha).map_err(|e| {
             LoadError::Unsupported(format!("hunyuan_v1_dense RoPE frequencies: {e}"))
         })?,
         norm_after_transpose: true,
+        ..Attention::load_projections(
+            w,
+            &format!("{p}.self_attn"),
+            a.attention_bias,
+            h,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            hd,
+        )?
     };
     Ok(HunyuanAttention {
         query_layernorm: norm(w, "query_layernorm")?,

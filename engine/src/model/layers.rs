@@ -282,6 +282,39 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// The four projections `{prefix}.{q,k,v,o}_proj` (with biases when `bias`) for
+    /// `heads` query and `kv_heads` key/value heads of `head_dim` over `hidden`, and the
+    /// defaults a family overrides with struct update syntax: no q/k norms, scale
+    /// `head_dim ** -0.5` formed in double precision as Python does, no RoPE, norms
+    /// before the heads move forward.
+    pub fn load_projections(
+        w: &mut Weights,
+        prefix: &str,
+        bias: bool,
+        hidden: i32,
+        heads: i32,
+        kv_heads: i32,
+        head_dim: i32,
+    ) -> Result<Self, LoadError> {
+        let (q_dims, kv_dims) = (heads * head_dim, kv_heads * head_dim);
+        let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
+            Linear::load(w, &format!("{prefix}.{name}"), bias, out_in)
+        };
+        Ok(Attention {
+            q_proj: proj(w, "q_proj", [q_dims, hidden])?,
+            k_proj: proj(w, "k_proj", [kv_dims, hidden])?,
+            v_proj: proj(w, "v_proj", [kv_dims, hidden])?,
+            o_proj: proj(w, "o_proj", [hidden, q_dims])?,
+            q_norm: None,
+            k_norm: None,
+            n_heads: heads,
+            n_kv_heads: kv_heads,
+            scale: (head_dim as f64).powf(-0.5) as f32,
+            rope: Rope::None,
+            norm_after_transpose: false,
+        })
+    }
+
     /// The four projections under mlx-lm's names within a block, where LoRA attaches.
     pub fn named_linears(&self) -> [(&'static str, &Linear); 4] {
         [

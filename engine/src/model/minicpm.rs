@@ -14,7 +14,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, EmbedScale, Mixer, Residual, Style};
-use super::layers::{Attention, Glu, Linear, Mlp, Rope};
+use super::layers::{Attention, Glu, Mlp, Rope};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -92,20 +92,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
 fn attention(a: &MiniCpmArgs, w: &mut Weights, p: &str) -> Result<Attention, LoadError> {
     let h = a.hidden_size;
     let hd = h / a.num_attention_heads;
-    let (q_dims, kv_dims) = (a.num_attention_heads * hd, a.num_key_value_heads * hd);
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
-    };
     Ok(Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
-        q_norm: None,
-        k_norm: None,
-        n_heads: a.num_attention_heads,
-        n_kv_heads: a.num_key_value_heads,
-        scale: (hd as f64).powf(-0.5) as f32,
         rope: Rope::init(
             hd,
             a.rope_theta,
@@ -113,6 +100,14 @@ fn attention(a: &MiniCpmArgs, w: &mut Weights, p: &str) -> Result<Attention, Loa
             a.rope_scaling.as_ref(),
             a.max_position_embeddings,
         )?,
-        norm_after_transpose: false,
+        ..Attention::load_projections(
+            w,
+            &format!("{p}.self_attn"),
+            false,
+            h,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            hd,
+        )?
     })
 }

@@ -172,9 +172,6 @@ fn load_attention(
         a.num_attention_heads * head_dim,
         a.num_key_value_heads * head_dim,
     );
-    let proj = |w: &mut Weights, n: &str, out_in: [i32; 2]| {
-        Linear::load(w, &format!("{p}.self_attn.{n}"), false, out_in)
-    };
     let norm = |w: &mut Weights, n: &str, dims: i32| {
         RmsNorm::load(w, &format!("{p}.self_attn.{n}"), dims, a.rms_norm_eps)
     };
@@ -184,22 +181,22 @@ fn load_attention(
     };
     Ok(FlatNormAttention {
         attn: Attention {
-            q_proj: proj(w, "q_proj", [q_dims, h])?,
-            k_proj: proj(w, "k_proj", [kv_dims, h])?,
-            v_proj: proj(w, "v_proj", [kv_dims, h])?,
-            o_proj: proj(w, "o_proj", [h, q_dims])?,
-            q_norm: None,
-            k_norm: None,
-            n_heads: a.num_attention_heads,
-            n_kv_heads: a.num_key_value_heads,
             scale: (head_dim as f32).powf(-0.5),
-            norm_after_transpose: false,
             rope: Rope::Standard {
                 dims: a.rotary_dim,
                 traditional: false,
                 base: a.rope_theta,
                 scale: 1.0,
             },
+            ..Attention::load_projections(
+                w,
+                &format!("{p}.self_attn"),
+                false,
+                h,
+                a.num_attention_heads,
+                a.num_key_value_heads,
+                head_dim,
+            )?
         },
         norms,
     })

@@ -168,7 +168,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
     let heads = a.num_attention_heads;
     let kv_heads = a.num_key_value_heads.unwrap_or(heads);
     let head_dim = a.head_dim.unwrap_or(a.hidden_size / heads);
-    let (h, q_dims, kv_dims) = (a.hidden_size, heads * head_dim, kv_heads * head_dim);
+    let h = a.hidden_size;
     let dims = Dims {
         layers: a.num_hidden_layers,
         hidden: h,
@@ -178,20 +178,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         ffn_module: "mlp",
     };
     Decoder::load(config, w, dims, |w, p, i| {
-        let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-            Linear::load(w, &format!("{p}.self_attn.{name}"), false, out_in)
-        };
         let attn = Attention {
-            q_proj: proj(w, "q_proj", [q_dims, h])?,
-            k_proj: proj(w, "k_proj", [kv_dims, h])?,
-            v_proj: proj(w, "v_proj", [kv_dims, h])?,
-            o_proj: proj(w, "o_proj", [h, q_dims])?,
-            q_norm: None,
-            k_norm: None,
-            n_heads: heads,
-            n_kv_heads: kv_heads,
             scale: (head_dim as f32).powf(-0.5),
-            norm_after_transpose: false,
             rope: Rope::init(
                 head_dim,
                 theta,
@@ -199,6 +187,15 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
                 Some(&a.rope_parameters),
                 a.max_position_embeddings,
             )?,
+            ..Attention::load_projections(
+                w,
+                &format!("{p}.self_attn"),
+                false,
+                h,
+                heads,
+                kv_heads,
+                head_dim,
+            )?
         };
         let mixer = ScaledAttention { attn, scaling };
         let mixer: Box<dyn Mixer> = match (sliding[i as usize], a.sliding_window) {

@@ -16,7 +16,7 @@
 use serde::Deserialize;
 
 use super::decoder::{Decoder, Dims, Mixer, Style, Windowed};
-use super::layers::{Attention, Glu, Linear, Mlp, RmsNorm, Rope};
+use super::layers::{Attention, Glu, Mlp, RmsNorm, Rope};
 use crate::load::config::{ModelConfig, RopeScaling};
 use crate::load::weights::Weights;
 use crate::load::LoadError;
@@ -154,16 +154,8 @@ fn attention(
     p: &str,
     i: i32,
 ) -> Result<Attention, LoadError> {
-    let (h, hd) = (a.hidden_size, k.head_dim);
+    let hd = k.head_dim;
     let (q_dims, kv_dims) = (a.num_attention_heads * hd, k.kv_heads * hd);
-    let proj = |w: &mut Weights, name: &str, out_in: [i32; 2]| {
-        Linear::load(
-            w,
-            &format!("{p}.self_attn.{name}"),
-            a.attention_bias,
-            out_in,
-        )
-    };
     let norm = |w: &mut Weights, name: &str, dims: i32| {
         RmsNorm::load(w, &format!("{p}.self_attn.{name}"), dims, a.rms_norm_eps)
     };
@@ -180,17 +172,19 @@ fn attention(
             a.max_position_embeddings,
         )?,
     };
+    let attn = Attention::load_projections(
+        w,
+        &format!("{p}.self_attn"),
+        a.attention_bias,
+        a.hidden_size,
+        a.num_attention_heads,
+        k.kv_heads,
+        hd,
+    )?;
     Ok(Attention {
-        q_proj: proj(w, "q_proj", [q_dims, h])?,
-        k_proj: proj(w, "k_proj", [kv_dims, h])?,
-        v_proj: proj(w, "v_proj", [kv_dims, h])?,
-        o_proj: proj(w, "o_proj", [h, q_dims])?,
         q_norm: Some(norm(w, "q_norm", q_dims)?),
         k_norm: Some(norm(w, "k_norm", kv_dims)?),
-        n_heads: a.num_attention_heads,
-        n_kv_heads: k.kv_heads,
-        scale: (hd as f64).powf(-0.5) as f32,
         rope,
-        norm_after_transpose: false,
+        ..attn
     })
 }
