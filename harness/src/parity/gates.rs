@@ -277,8 +277,30 @@ pub struct Registered {
 /// Goldens an oracle script writes that no parity gate reads (every tiny model is the
 /// manifest's): the CLI gate's mlx_lm.generate transcripts (engine/tests/it/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 4] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
     ("cli", "gen_cli.py", &[]),
+    // MLA prefilled one token at a time (tests/it/l1_models/mla.rs): mlx-lm's absorbed path
+    // from the first token, whose logits differ from the chunked prefill's in the last bits.
+    (
+        "l1/tiny-deepseek-v3-prefill1",
+        "gen_l1.py",
+        &[
+            "tiny-deepseek-v3",
+            "--prefill-step",
+            "1",
+            "--suffix=-prefill1",
+        ],
+    ),
+    (
+        "l1/tiny-deepseek-v32-prefill1",
+        "gen_l1.py",
+        &[
+            "tiny-deepseek-v32",
+            "--prefill-step",
+            "1",
+            "--suffix=-prefill1",
+        ],
+    ),
     // The tool parsers' gate (engine/tests/it/tool_parsers.rs): mlx-lm's parsers' output.
     ("tool_parsers", "gen_tool_parsers.py", &[]),
     // engine convert's gate (engine/tests/it/convert.rs): mlx_lm.convert's output hashes, and
