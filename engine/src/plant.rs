@@ -379,6 +379,10 @@ mod switch {
         word.fetch_or(bit, Ordering::SeqCst) & bit != 0
     }
 
+    pub(super) fn any() -> bool {
+        switch().on.iter().any(|w| w.load(Ordering::SeqCst) != 0)
+    }
+
     pub(super) fn clear(d: Defect) {
         let (word, bit) = bit(d);
         word.fetch_and(!bit, Ordering::SeqCst);
@@ -401,6 +405,19 @@ pub fn is(defect: Defect) -> bool {
 #[cfg(not(feature = "plant"))]
 #[inline(always)]
 pub const fn is(_defect: Defect) -> bool {
+    false
+}
+
+/// Whether any defect is planted now (a gate run to show a plant fails it may stop at the
+/// first difference).
+#[cfg(feature = "plant")]
+pub fn any() -> bool {
+    switch::any()
+}
+
+/// Whether any defect is planted now: never, in a build without the `plant` feature.
+#[cfg(not(feature = "plant"))]
+pub const fn any() -> bool {
     false
 }
 

@@ -83,6 +83,33 @@ fn model_eos_ids(dir: &Path) -> Result<Vec<u32>, LoadError> {
     Ok(eos_ids_of(read_json(&config)?.get("eos_token_id")))
 }
 
+/// tokenizer_config.json's JSON, or null where the model has none.
+fn read_config(dir: &Path) -> Result<Value, LoadError> {
+    let path = dir.join("tokenizer_config.json");
+    match path.is_file() {
+        true => read_json(&path),
+        false => Ok(Value::Null),
+    }
+}
+
+/// What a chat template needs of a model's tokenizer files — tokenizer_config.json (its
+/// special tokens) and the chat templates — read as [`Tokenizer::load`] reads them, without
+/// building the tokenizer from tokenizer.json.
+pub struct TemplateFiles {
+    /// tokenizer_config.json's JSON, or null.
+    pub config: Value,
+    /// The chat templates by name ("default" is the one `apply_chat_template` uses).
+    pub templates: BTreeMap<String, String>,
+}
+
+impl TemplateFiles {
+    pub fn read(dir: &Path) -> Result<Self, LoadError> {
+        let config = read_config(dir)?;
+        let templates = chat_templates(dir, &config)?;
+        Ok(TemplateFiles { config, templates })
+    }
+}
+
 /// The chat templates by name, read as transformers 5 reads them: `chat_template.jinja`
 /// (the default) and `additional_chat_templates/*.jinja` (by file name) take priority over
 /// tokenizer_config.json's `chat_template`, which is one template or a list of
@@ -205,12 +232,7 @@ fn no_tokenizer_json(dir: &Path, config: &Value) -> LoadError {
 impl Tokenizer {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("tokenizer.json");
-        let config_path = dir.join("tokenizer_config.json");
-        let config = if config_path.is_file() {
-            read_json(&config_path)?
-        } else {
-            Value::Null
-        };
+        let config = read_config(dir)?;
         if !path.is_file() {
             return Err(no_tokenizer_json(dir, &config));
         }

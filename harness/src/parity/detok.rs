@@ -84,7 +84,7 @@ fn run_dir(
     golden: &TensorGolden,
     perturb: impl Fn(&mut Vec<String>),
 ) -> Result<DetokReport, ParityError> {
-    let tokenizer = engine::load::tokenizer::Tokenizer::load(dir)?;
+    let tokenizer = super::fixture::tokenizer(dir)?;
     let settings = &golden.index["settings"];
     if let Some(theirs) = settings["detokenizer"].as_str() {
         let ours = tokenizer.detokenizer_kind();

@@ -1,8 +1,13 @@
 //! The tokenizer fixtures as the gates on them use them (`crate::fixtures`): a fixture's
-//! dir, or the error naming the command that fetches it; and the check that one of its
-//! files is, byte for byte, the one the golden was made from (the golden pins its sha256).
+//! dir, or the error naming the command that fetches it; its tokenizer, built once per
+//! process; and the check that one of its files is, byte for byte, the one the golden was
+//! made from (the golden pins its sha256).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use engine::load::tokenizer::Tokenizer;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -12,6 +17,27 @@ use super::ParityError;
 /// The dir of tokenizer fixture `name`, or the error that says how to fetch it.
 pub fn dir(name: &str) -> Result<PathBuf, ParityError> {
     crate::fixtures::tokenizer_dir(name).map_err(|m| ParityError::Usage(m.to_string()))
+}
+
+/// The tokenizer of the fixture at `dir`. Building one from a real tokenizer.json takes
+/// seconds in a test build and the tokenization and detokenizer gates read the same
+/// fixtures, so it is built once per process — while no defect is planted: a planted
+/// defect may act while loading, so a planted run always builds its own.
+pub fn tokenizer(dir: &Path) -> Result<Arc<Tokenizer>, ParityError> {
+    static BUILT: OnceLock<Mutex<HashMap<PathBuf, Arc<Tokenizer>>>> = OnceLock::new();
+    if engine::plant::any() {
+        return Ok(Arc::new(Tokenizer::load(dir)?));
+    }
+    let built = BUILT.get_or_init(Default::default);
+    if let Some(t) = built.lock().unwrap_or_else(|e| e.into_inner()).get(dir) {
+        return Ok(t.clone());
+    }
+    let t = Arc::new(Tokenizer::load(dir)?);
+    built
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(dir.to_owned(), t.clone());
+    Ok(t)
 }
 
 /// sha256 of `bytes`, lowercase hex.

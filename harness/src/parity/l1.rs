@@ -92,6 +92,21 @@ pub struct CaseReport {
     /// most `TIE_EPS`, so either id is a correct argmax. Reported, never hidden; steps after
     /// it are not compared (the trajectories legitimately differ from there on).
     pub tie_at: Option<usize>,
+    /// Where a run told to stop at the first difference ([`Stop::AtFirstDifference`]) left
+    /// this case: the step whose logits or greedy id already failed it. None: every step ran.
+    pub stopped_at: Option<usize>,
+}
+
+/// How far a case runs. A gate run to show that a planted defect fails it needs only the
+/// first difference of each case (the step it names, and the verdict): the steps after it
+/// cannot make the case pass again, so they are not run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// Every step of every case (the gate's verdict and its counts).
+    AtEnd,
+    /// A case stops at its first inexact logit vector, or at its first greedy id past the
+    /// compared logits that differs from the oracle's.
+    AtFirstDifference,
 }
 
 /// Top-2 logit gap (f32 logits) under which a greedy step counts as a tie.
@@ -152,9 +167,14 @@ impl Report for ModelReport {
             Some((d, case, step)) if d > 0.0 => format!("max |Δ| {d:e} ({case} step {step})"),
             _ => "max |Δ| 0".to_owned(),
         };
+        let stopped = self.cases.iter().filter(|c| c.stopped_at.is_some()).count();
+        let stopped = match stopped {
+            0 => String::new(),
+            k => format!(" ({k} cases stopped at their first difference)"),
+        };
         format!(
             "{} {}: {exact}/{total} logit vectors bit-exact ({max_delta}), {ids}/{steps} greedy ids, \
-             tokenizer {tok}/{n}, template {}/{}, ties {ties}",
+             tokenizer {tok}/{n}, template {}/{}, ties {ties}{stopped}",
             self.tier,
             self.model,
             tpl.iter().filter(|&&m| m).count(),
@@ -195,6 +215,9 @@ impl Report for ModelReport {
                     line.push_str(&format!(
                         " (a tie: oracle top-2 gap ≤ {TIE_EPS:e} at step {step})"
                     ));
+                }
+                if let Some(step) = c.stopped_at {
+                    line.push_str(&format!(", stopped there (step {step})"));
                 }
                 line
             })
@@ -280,6 +303,7 @@ pub fn run(
     golden: &TensorGolden,
     tweak_config: impl FnOnce(&mut serde_json::Value),
     tweak_options: impl FnOnce(&mut SessionOptions),
+    stop: Stop,
 ) -> Result<ModelReport, ParityError> {
     let dir = crate::goldens::model_dir(model)?;
     let mut config = ModelConfig::read(&dir)?;
@@ -287,7 +311,7 @@ pub fn run(
     let built = engine::model::build(&config, Weights::load(&dir)?)?;
     let mut opts = options(golden);
     tweak_options(&mut opts);
-    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts)?;
+    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts, stop)?;
     if let Some(name) = golden.dir.file_name() {
         report.model = name.to_string_lossy().into_owned();
     }
@@ -296,17 +320,25 @@ pub fn run(
 
 /// Runs every case of `golden` through `model` with `opts`, with the tokenizer and chat
 /// template of the model's directory `dir`, prefilling in chunks of the golden's
-/// `prefill_step_size`.
+/// `prefill_step_size`, each case until `stop`.
 pub(super) fn check_in_dir(
     golden: &TensorGolden,
     dir: &std::path::Path,
     model: &dyn engine::model::LanguageModel,
     opts: &SessionOptions,
+    stop: Stop,
 ) -> Result<ModelReport, ParityError> {
     let tokenizer = Tokenizer::load(dir)?;
     let template = ChatTemplate::from_tokenizer(&tokenizer)?;
     let step = prefill_step(golden);
-    check_model_opts(golden, model, &tokenizer, template.as_ref(), step, opts)
+    let cases = Cases {
+        tokenizer: &tokenizer,
+        template: template.as_ref(),
+        prefill_step: step,
+        opts,
+        stop,
+    };
+    cases.check(golden, model)
 }
 
 /// Runs every case of `golden` through `model` with the default session options, prefilling
@@ -337,91 +369,118 @@ pub fn check_model_opts(
     prefill_step: usize,
     opts: &SessionOptions,
 ) -> Result<ModelReport, ParityError> {
-    let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
-        .map_err(|e| ParityError::Index(e.to_string()))?;
-    let name = golden.index["model"]
-        .as_str()
-        .unwrap_or("?")
-        .trim_start_matches("models/")
-        .to_owned();
-    let mut reports = Vec::new();
-    for case in &cases {
-        reports.push(check_case(
-            golden,
-            case,
-            model,
-            tokenizer,
-            template,
-            prefill_step,
-            opts,
-        )?);
-    }
-    Ok(ModelReport {
-        tier: "L1",
-        model: name,
-        cases: reports,
-    })
+    let cases = Cases {
+        tokenizer,
+        template,
+        prefill_step,
+        opts,
+        stop: Stop::AtEnd,
+    };
+    cases.check(golden, model)
 }
 
-fn check_case(
-    golden: &TensorGolden,
-    case: &Case,
-    model: &dyn LanguageModel,
-    tokenizer: &Tokenizer,
-    template: Option<&ChatTemplate>,
+/// How every case of a golden runs: the model's tokenizer and template, the prefill chunk,
+/// the session options and how far each case goes.
+struct Cases<'a> {
+    tokenizer: &'a Tokenizer,
+    template: Option<&'a ChatTemplate>,
     prefill_step: usize,
-    opts: &SessionOptions,
-) -> Result<CaseReport, ParityError> {
-    let (ids, template_match) = case.prompt.ids(&case.name, tokenizer, template)?;
-    let ids_match = ids == case.prompt.prompt_ids;
+    opts: &'a SessionOptions,
+    stop: Stop,
+}
 
-    // Generation always starts from the oracle's ids, so the model is judged on its own.
-    let mut session = Session::with_options(model, opts);
-    session.prefill_step = prefill_step;
-    let mut logits = session.prefill(&case.prompt.prompt_ids)?;
-    let mut comparisons = Vec::new();
-    let mut greedy_ids = Vec::new();
-    for step in 0..case.greedy_ids.len() {
-        if let Some(entry) = case.logits.get(step) {
-            let (entry, bytes) = golden.tensor_at(entry)?;
-            let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
-            comparisons.push(compare(&flat, &entry, bytes)?);
+impl Cases<'_> {
+    fn check(
+        &self,
+        golden: &TensorGolden,
+        model: &dyn LanguageModel,
+    ) -> Result<ModelReport, ParityError> {
+        let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
+            .map_err(|e| ParityError::Index(e.to_string()))?;
+        let name = golden.index["model"]
+            .as_str()
+            .unwrap_or("?")
+            .trim_start_matches("models/")
+            .to_owned();
+        let mut reports = Vec::new();
+        for case in &cases {
+            reports.push(self.case(golden, case, model)?);
         }
-        let id = greedy(&logits)?;
-        greedy_ids.push(id);
-        if step + 1 < case.greedy_ids.len() {
-            logits = session.step(&[id])?;
-        }
+        Ok(ModelReport {
+            tier: "L1",
+            model: name,
+            cases: reports,
+        })
     }
-    let first_divergent_step = greedy_ids
-        .iter()
-        .zip(&case.greedy_ids)
-        .position(|(a, b)| a != b);
-    let tie_at = match first_divergent_step {
-        Some(step) if step < case.logits.len() => {
-            let (_, bytes) = golden.tensor_at(&case.logits[step])?;
-            (top2_gap(bytes) <= TIE_EPS).then_some(step)
+
+    fn case(
+        &self,
+        golden: &TensorGolden,
+        case: &Case,
+        model: &dyn LanguageModel,
+    ) -> Result<CaseReport, ParityError> {
+        let (ids, template_match) = case.prompt.ids(&case.name, self.tokenizer, self.template)?;
+        let ids_match = ids == case.prompt.prompt_ids;
+
+        // Generation always starts from the oracle's ids, so the model is judged on its own.
+        let mut session = Session::with_options(model, self.opts);
+        session.prefill_step = self.prefill_step;
+        let mut logits = session.prefill(&case.prompt.prompt_ids)?;
+        let mut comparisons = Vec::new();
+        let mut greedy_ids = Vec::new();
+        let mut stopped_at = None;
+        for step in 0..case.greedy_ids.len() {
+            let mut differs = false;
+            if let Some(entry) = case.logits.get(step) {
+                let (entry, bytes) = golden.tensor_at(entry)?;
+                let flat = logits.as_dtype(mlx_rs::Dtype::Float32)?.reshape(&[-1])?;
+                let comparison = compare(&flat, &entry, bytes)?;
+                differs = !comparison.bit_exact;
+                comparisons.push(comparison);
+            }
+            let id = greedy(&logits)?;
+            greedy_ids.push(id);
+            // Past the compared logits a different id cannot be a tie: the case failed.
+            differs |= step >= case.logits.len() && id != case.greedy_ids[step];
+            if differs && self.stop == Stop::AtFirstDifference {
+                stopped_at = Some(step);
+                break;
+            }
+            if step + 1 < case.greedy_ids.len() {
+                logits = session.step(&[id])?;
+            }
         }
-        _ => None,
-    };
-    if let Some(step) = tie_at {
-        comparisons.truncate(step + 1);
+        let first_divergent_step = greedy_ids
+            .iter()
+            .zip(&case.greedy_ids)
+            .position(|(a, b)| a != b);
+        let tie_at = match first_divergent_step {
+            Some(step) if step < case.logits.len() => {
+                let (_, bytes) = golden.tensor_at(&case.logits[step])?;
+                (top2_gap(bytes) <= TIE_EPS).then_some(step)
+            }
+            _ => None,
+        };
+        if let Some(step) = tie_at {
+            comparisons.truncate(step + 1);
+        }
+        let greedy_matching = greedy_ids
+            .iter()
+            .zip(&case.greedy_ids)
+            .filter(|(a, b)| a == b)
+            .count();
+        Ok(CaseReport {
+            name: case.name.clone(),
+            ids_match,
+            template_match,
+            logits: comparisons,
+            greedy_matching,
+            greedy_total: case.greedy_ids.len(),
+            first_divergent_step,
+            tie_at,
+            stopped_at,
+        })
     }
-    let greedy_matching = greedy_ids
-        .iter()
-        .zip(&case.greedy_ids)
-        .filter(|(a, b)| a == b)
-        .count();
-    Ok(CaseReport {
-        name: case.name.clone(),
-        ids_match,
-        template_match,
-        logits: comparisons,
-        greedy_matching,
-        greedy_total: case.greedy_ids.len(),
-        first_divergent_step,
-        tie_at,
-    })
 }
 
 /// The gap between the largest and second-largest of little-endian f32 logits.

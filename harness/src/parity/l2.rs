@@ -6,7 +6,7 @@
 use engine::cache::QuantSdpa;
 use engine::generate::{CompileDecode, KvLayers, KvQuantPlan, SessionOptions};
 
-use super::l1::{check_in_dir, ModelReport};
+use super::l1::{check_in_dir, ModelReport, Stop};
 use super::ParityError;
 use crate::goldens::TensorGolden;
 
@@ -28,17 +28,18 @@ pub fn options(golden: &TensorGolden) -> Result<SessionOptions, ParityError> {
 }
 
 /// Runs the L2 gate of `model` on `golden`, with `tweak` applied to the session options
-/// first (planted defects).
+/// first (planted defects), each case until `stop`.
 pub fn run(
     model: &str,
     golden: &TensorGolden,
     tweak: impl FnOnce(&mut SessionOptions),
+    stop: Stop,
 ) -> Result<ModelReport, ParityError> {
     let dir = crate::goldens::model_dir(model)?;
     let built = engine::model::load(&dir)?;
     let mut opts = options(golden)?;
     tweak(&mut opts);
-    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts)?;
+    let mut report = check_in_dir(golden, &dir, built.as_ref(), &opts, stop)?;
     report.tier = "L2";
     Ok(report)
 }

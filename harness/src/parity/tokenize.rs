@@ -109,7 +109,7 @@ pub fn run(fixture: &str, golden: &TensorGolden) -> Result<TokenizeReport, Parit
     let dir = super::fixture::dir(fixture)?;
     let settings = &golden.index["settings"];
     super::fixture::check_sha(&dir, "tokenizer.json", settings, "tokenizer_json_sha256")?;
-    let tokenizer = Tokenizer::load(&dir)?;
+    let tokenizer = super::fixture::tokenizer(&dir)?;
     let cases: Vec<Case> = serde_json::from_value(golden.index["cases"].clone())
         .map_err(|e| ParityError::Index(format!("cases: {e}")))?;
     let theirs = settings["tokenizer_class"].as_str().unwrap_or_default();

@@ -467,6 +467,11 @@ fn check_case(
                 report.tie_at = Some(step);
             }
         }
+        // Past the first divergence nothing is compared (the trajectories differ, a tie or
+        // not): the remaining steps are not run.
+        if diverged {
+            break;
+        }
         if step + 1 < case.greedy_ids.len() {
             logits = session.step(&[id])?;
         }

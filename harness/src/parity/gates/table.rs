@@ -284,7 +284,14 @@ pub static L2: Gate = Gate {
     generator: Some(("gen_l2.py", &["{model}"])),
     live: true,
     plants: &["sdpa=mlx-lm", "kv_start=N"],
-    run: |g, t, p| boxed(l2::run(t.model, &g.open(t)?, |o| Plant::options(p, o))),
+    run: |g, t, p| {
+        boxed(l2::run(
+            t.model,
+            &g.open(t)?,
+            |o| Plant::options(p, o),
+            stop(p),
+        ))
+    },
     ..BASE
 };
 
@@ -375,6 +382,16 @@ fn boxed<R: Report>(report: Result<R>) -> Result<Box<dyn Report>> {
     Ok(Box::new(report?))
 }
 
+/// How far a run goes: a run with a planted defect (given here, or switched on around the
+/// run) only has to show where each case first differs, so its cases stop there
+/// ([`l1::Stop`]); an honest run runs every step.
+fn stop(plant: Option<&Plant>) -> l1::Stop {
+    match plant.is_some() || engine::plant::any() {
+        true => l1::Stop::AtFirstDifference,
+        false => l1::Stop::AtEnd,
+    }
+}
+
 fn run_l1(gate: &Gate, t: &Target, plant: Option<&Plant>) -> Result<l1::ModelReport> {
     let golden = gate.open(t)?;
     l1::run(
@@ -382,5 +399,6 @@ fn run_l1(gate: &Gate, t: &Target, plant: Option<&Plant>) -> Result<l1::ModelRep
         &golden,
         |c| Plant::config(plant, c),
         |o| Plant::options(plant, o),
+        stop(plant),
     )
 }
