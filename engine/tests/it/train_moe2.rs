@@ -28,3 +28,29 @@ fn segmented_gradients_match_the_whole_step_on_the_moe2_families() {
         assert!(gap > 0.0, "{name}");
     }
 }
+
+/// The MLA families beside deepseek_v3 (glm4_moe_lite, deepseek_v32 with its indexer,
+/// kimi_k25's wrapper, minicpm3) and llama4's wrapper (chunked attention: the segments'
+/// cache-less masks against the whole step's): one block a segment gives the whole step's
+/// gradients bit for bit; planted DropCotangent breaks each.
+#[test]
+fn segmented_gradients_match_the_whole_step_on_the_mla_families_and_llama4() {
+    let models = [
+        "tiny-glm4-moe-lite",
+        "tiny-deepseek-v32",
+        "tiny-kimi-k25",
+        "tiny-minicpm3",
+        "tiny-llama4",
+    ];
+    for name in models {
+        let gap = segmented_gap(name);
+        println!("{name}: segmented vs whole max gradient gap {gap:e}");
+        assert_eq!(gap, 0.0, "{name}");
+    }
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    for name in models {
+        let gap = segmented_gap(name);
+        println!("{name}: planted DropCotangent, gap {gap:e}");
+        assert!(gap > 0.0, "{name}");
+    }
+}
