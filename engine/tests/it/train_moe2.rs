@@ -1,8 +1,10 @@
 //! Segmented backward on the families of oracles/make_moe2.py whose LoRA is gated against
 //! mlx-lm's trainer (tests/it/train_lora.rs): glm4_moe (grouped sigmoid routing, shared
 //! experts), ernie4_5_moe, minimax, phimoe (sparsemixer, LayerNorms) and llama4_text (a NoPE
-//! layer). With one block a segment their gradients are the whole step's bit for bit; the
-//! planted DropCotangent (each segment's backward from zeros) breaks them.
+//! layer); and, since their train-gate rows, the MLA families of oracles/make_mla.py beside
+//! deepseek_v3 (glm4_moe_lite, deepseek_v32, kimi_k25, minicpm3) and llama4's wrapper
+//! (chunked attention). With one block a segment their gradients are the whole step's bit
+//! for bit; the planted DropCotangent (each segment's backward from zeros) breaks them.
 
 use crate::train_families::segmented_gap;
 
