@@ -18,7 +18,12 @@ attention side by side in every layer, SwiGLU `feed_forward`; the µP multiplier
 the frozen weights by mlx-lm's sanitize), and with the default keys batch one's dense
 families: tiny-gemma2 (softcapped attention), tiny-olmo2 / tiny-olmo3 (post-norm layers,
 whole-projection q/k norms), tiny-seed-oss, tiny-exaone4, tiny-hunyuan, tiny-minicpm and
-tiny-cohere2 (parallel block, float16). Their recurrent
+tiny-cohere2 (parallel block, float16); and the MLA families beside tiny-deepseek-v3, with the
+default keys over all their blocks: tiny-glm4-moe-lite, tiny-deepseek-v32 (its indexer's
+wq_b / wk are Linears: adapted too), tiny-kimi-k25 (the multimodal wrapper: names under
+`language_model.`) and tiny-minicpm3 (MLA's projections without absorption: kv_b_proj a
+Linear), and tiny-llama4 (the llama4 wrapper: `language_model.`, top-1 experts with a shared
+expert, chunked attention). Their recurrent
 mixers' linears get adapters (the delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj and out_proj);
 their conv1d is not a Linear and gets none.
 
@@ -70,7 +75,7 @@ EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
 # ones (ME*E-): all 5, so both `E` blocks and the Mamba-2 block are adapted.
 NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4,
               "tiny-nemotron-h": 5, "tiny-nemotron-h-moe-grouped": 5, "tiny-nemotron-h-moe-q4": 5,
-              "tiny-glm4-moe": 4, "tiny-ernie4-5-moe": 4, "tiny-llama4-text": 4}
+              "tiny-glm4-moe": 4, "tiny-ernie4-5-moe": 4, "tiny-llama4-text": 4, "tiny-llama4": 4}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
 DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
@@ -79,7 +84,8 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2", "tiny-glm4-moe",
                 "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text", "tiny-olmo3",
                 "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2",
-                "tiny-deepseek-v3"}
+                "tiny-deepseek-v3", "tiny-glm4-moe-lite", "tiny-deepseek-v32", "tiny-kimi-k25",
+                "tiny-minicpm3", "tiny-llama4"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]

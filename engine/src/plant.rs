@@ -309,6 +309,11 @@ pub enum Defect {
     /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
     /// template. Caught by the template gate (`tests/it/templates.rs`).
     TemplateSpecialTokensDropped,
+    /// Chunked attention (llama4) in a cache-less forward (training's pass-through caches):
+    /// the chunked layers read the plain causal mask, so every key before the query's own
+    /// chunk is attended. Caught by the LoRA training gate on tiny-llama4
+    /// (`tests/it/train_lora.rs`) from step 0's loss.
+    ChunkedMaskCausalWithoutCache,
 }
 
 /// `plant::on` in a build without the `plant` feature.

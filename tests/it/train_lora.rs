@@ -6,10 +6,14 @@
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
 //! adapters on their recurrent mixers' projections too), batch one's dense families
 //! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2) and
-//! deepseek_v3 (multi-head latent attention).
+//! deepseek_v3 (multi-head latent attention), and the other MLA families (glm4_moe_lite,
+//! deepseek_v32 with its indexer, kimi_k25's wrapper, minicpm3) and llama4's wrapper (chunked
+//! attention, top-1 experts).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
-//! input projections left without adapters fail every model with a recurrent state.
+//! input projections left without adapters fail every model with a recurrent state; MLA's
+//! latent projection left without an adapter fails every MLA family; the causal mask on
+//! llama4's chunked layers fails llama4.
 //!
 //! The gate's models are its rows in goldens/models/manifest.json (`TRAIN.models()`); the
 //! plants' model sets are read from the same rows, by what each model is (its caches, its
@@ -278,6 +282,42 @@ fn lora_sft_steps_match_mlx_lm_on_deepseek_v3() {
     assert_passes("tiny-deepseek-v3");
 }
 
+/// GLM-4.7-Flash (glm4_moe_lite, mlx-lm's deepseek_v3 classes under its own name): MLA with
+/// mlx-lm's default keys over all 3 blocks, as on deepseek_v3.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_glm4_moe_lite() {
+    assert_passes("tiny-glm4-moe-lite");
+}
+
+/// deepseek_v32: MLA plus its sparse-attention indexer, whose `wq_b`, `wk` and
+/// `weights_proj` are nn.Linears that mlx-lm's default keys adapt too.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_deepseek_v32() {
+    assert_passes("tiny-deepseek-v32");
+}
+
+/// Kimi K2.5's multimodal wrapper (text path): adapters under `language_model.` as mlx-lm's
+/// `Model` holds its deepseek_v3 language model (no q_lora_rank: a plain `q_proj`).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_kimi_k25() {
+    assert_passes("tiny-kimi-k25");
+}
+
+/// MiniCPM3: MLA's projections without absorption, so its `kv_b_proj` is an nn.Linear and
+/// takes an adapter beside q_a / q_b / kv_a_proj_with_mqa / o_proj and the MLP.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_minicpm3() {
+    assert_passes("tiny-minicpm3");
+}
+
+/// Llama 4 (the `llama4` wrapper's text path, adapters under `language_model.`): chunked
+/// attention (chunk 8 under the 33-token batch), the NoPE layer, the top-1 MoE's router
+/// (an nn.Linear: adapted), stacked experts and shared expert, over all 4 blocks.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_llama4() {
+    assert_passes("tiny-llama4");
+}
+
 /// Planted: MLA's latent projection (`kv_a_proj_with_mqa`) gets no adapter. Its B starts at
 /// zero, so step 0's loss matches; mlx-lm has a gradient for it that we lack.
 #[test]
@@ -289,6 +329,47 @@ fn planted_mla_latent_proj_lora_dropped_fails_deepseek_v3() {
         r.summary()
     );
     assert!(!r.passed());
+}
+
+/// Planted: the latent projection without adapter on the other MLA families — the
+/// deepseek_v3 classes as glm4_moe_lite, deepseek_v32 (beside its indexer's adapters) and
+/// kimi_k25's wrapper, and minicpm3's unabsorbed MLA: each fails (step 0's loss still
+/// matches, B being zero; mlx-lm's gradient for it is missing here).
+#[test]
+fn planted_mla_latent_proj_lora_dropped_fails_the_other_mla_families() {
+    let plant = Plant::Engine(engine::plant::Defect::MlaLatentProjLoraDropped);
+    for model in [
+        "tiny-glm4-moe-lite",
+        "tiny-deepseek-v32",
+        "tiny-kimi-k25",
+        "tiny-minicpm3",
+    ] {
+        let r = TRAIN.run(model, Some(&plant)).unwrap();
+        println!(
+            "{model}: planted latent-proj LoRA dropped caught: {}",
+            r.summary()
+        );
+        assert!(!r.passed(), "{model}");
+    }
+}
+
+/// Planted: llama4's chunked layers read the plain causal mask in the cache-less training
+/// forward (mlx-lm's `model(inputs)` masks chunks of 8 from position 0): step 0's loss
+/// already differs.
+#[test]
+fn planted_chunked_mask_causal_without_cache_fails_llama4() {
+    let _on = engine::plant::on(engine::plant::Defect::ChunkedMaskCausalWithoutCache).unwrap();
+    let r = TRAIN.run("tiny-llama4", None).unwrap();
+    println!(
+        "tiny-llama4: planted causal mask on chunked layers caught: {}",
+        r.summary()
+    );
+    assert!(!r.passed());
+    assert!(
+        r.summary().contains("first failure: step 0 loss"),
+        "{}",
+        r.summary()
+    );
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at

@@ -346,7 +346,7 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
         tie_word_embeddings: false,
         ffn_module: "feed_forward",
     };
-    Decoder::load(config, w, dims, |w, p, i| {
+    let decoder = Decoder::load(config, w, dims, |w, p, i| {
         let mixer: Box<dyn Mixer> = Box::new(load_attention(w, p, &a, i)?);
         Ok(super::decoder::Built {
             mixer,
@@ -354,5 +354,8 @@ pub fn load(config: &ModelConfig, mut w: Weights) -> Result<Decoder, LoadError> 
             tail: None,
             borrows: None,
         })
-    })
+    })?;
+    // mlx-lm's llama4 `Model` holds the text model as `language_model`: adapters are named
+    // under it.
+    Ok(decoder.under_language_model())
 }

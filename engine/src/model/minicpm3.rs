@@ -153,14 +153,19 @@ impl Mixer for Attention {
         kv_cache(&self.rope)
     }
 
+    /// mlx-lm's default keys: every nn.Linear of the block, `kv_b_proj` included (not
+    /// absorbed here, so not a `MultiLinear` as in deepseek_v3).
     fn linears(&self) -> Vec<(&'static str, &Linear)> {
-        vec![
+        let mut named = vec![
             ("self_attn.q_a_proj", &self.q_a_proj),
             ("self_attn.q_b_proj", &self.q_b_proj),
-            ("self_attn.kv_a_proj_with_mqa", &self.kv_a_proj_with_mqa),
-            ("self_attn.kv_b_proj", &self.kv_b_proj),
-            ("self_attn.o_proj", &self.o_proj),
-        ]
+        ];
+        if !crate::plant::is(crate::plant::Defect::MlaLatentProjLoraDropped) {
+            named.push(("self_attn.kv_a_proj_with_mqa", &self.kv_a_proj_with_mqa));
+        }
+        named.push(("self_attn.kv_b_proj", &self.kv_b_proj));
+        named.push(("self_attn.o_proj", &self.o_proj));
+        named
     }
 
     fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {

@@ -468,22 +468,40 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("llama4_text", llama4_text)
     },
-    row("llama4", llama4),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("llama4", llama4)
+    },
     Family {
         lora: true,
         segmented: true,
         ..row("phimoe", phimoe)
     },
-    row("glm4_moe_lite", glm4_moe_lite),
     Family {
+        lora: true,
+        segmented: true,
+        ..row("glm4_moe_lite", glm4_moe_lite)
+    },
+    Family {
+        lora: true,
+        segmented: true,
         batch: false,
         ..row("deepseek_v32", deepseek_v32)
     },
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
-    row("kimi_k25", super::deepseek_v3::load_kimi_k25),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("kimi_k25", super::deepseek_v3::load_kimi_k25)
+    },
     // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
     // shard it.
-    row("minicpm3", minicpm3),
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("minicpm3", minicpm3)
+    },
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.

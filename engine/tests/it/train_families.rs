@@ -304,6 +304,46 @@ fn dense_batch_one_trains_segmented_or_not_and_generates() {
     }
 }
 
+/// Kimi K2.5's wrapper (MLA, gated since issue 38) from the CLI: `engine train` saves
+/// mlx-lm's names under `language_model.`, `--segment-size 1` writes the same adapters byte
+/// for byte, and `generate --adapter-path` loads them. (llama4's wrapper takes the same path;
+/// its saved names are gated against mlx-lm's files in tests/it/train_lora.rs, its segments in
+/// train_moe2.rs.)
+#[test]
+fn the_kimi_k25_wrapper_trains_segmented_or_not_and_generates() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &[i32]); 1] = [(
+        "tiny-kimi-k25",
+        "language_model.model.layers.2.self_attn.kv_a_proj_with_mqa.lora_a",
+        &[64, 8],
+    )];
+    for (model, name, shape) in cases {
+        let adapters = |run: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{model}-{run}"));
+            let trained = train(model, &out, extra);
+            assert!(
+                trained.status.success(),
+                "{model} {run}: {}",
+                String::from_utf8_lossy(&trained.stderr)
+            );
+            out
+        };
+        let whole = adapters("whole", &[]);
+        let names = saved(&whole);
+        assert!(
+            names.iter().any(|(n, s)| n == name && s == shape),
+            "{model}: no {name} {shape:?} among {names:?}"
+        );
+        let segmented = adapters("segmented", &["--segment-size", "1"]);
+        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+        assert!(
+            file(&whole) == file(&segmented),
+            "{model}: segmented adapters differ"
+        );
+        generates_with_adapter(model, &whole);
+    }
+}
+
 /// `--segment-size` where the family's segmented backward is not gated (the registry's
 /// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
 /// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.

@@ -309,7 +309,20 @@ impl Masks {
             })?;
             let mask = match kind {
                 MaskKind::Attention(window) => cache.make_mask(n, window)?,
-                MaskKind::Chunked(_) | MaskKind::Recurrent => cache.make_mask(n, None)?,
+                MaskKind::Chunked(chunk) => match cache.make_mask(n, None)? {
+                    chunked @ Mask::Array(_) => chunked,
+                    other
+                        if crate::plant::is(
+                            crate::plant::Defect::ChunkedMaskCausalWithoutCache,
+                        ) =>
+                    {
+                        other
+                    }
+                    // A cache that knows no chunks (training's pass-through, mlx-lm's
+                    // `model(inputs)` with cache None): chunks from position 0, nothing cut.
+                    _ => Mask::Array(chunked_mask(0, cache.offset(), n, chunk)?),
+                },
+                MaskKind::Recurrent => cache.make_mask(n, None)?,
             };
             Ok((kind, mask))
         });
