@@ -27,9 +27,10 @@ extra_conversations() — varied roles and system prompts, tool calls and result
 their template reads, TEXTS' CJK / emoji / whitespace / digit / special-token-string content —
 each under SETTINGS (a generation prompt, none, continue_final_message): ≥ 300 renderings.
 
-Each rendering's token ids (`ids`, beside `cases`, null where transformers raised; none for
-pyisms) are what mlx-lm's TokenizerWrapper asks transformers for: `apply_chat_template(...,
-tokenize=True, return_dict=False)`, the rendering encoded without special tokens.
+Their golden also records each rendering's token ids (`ids`, beside `cases`, null where
+transformers raised): what mlx-lm's TokenizerWrapper asks transformers for,
+`apply_chat_template(..., tokenize=True, return_dict=False)`, the rendering encoded without
+special tokens.
 
 strftime_now reads a pinned clock (NOW below), as the gate pins ours
 (`ChatTemplate::with_now`). Each golden records the special tokens transformers passes the
@@ -285,8 +286,7 @@ def main(fixture, out_root) -> None:
         record = {"name": name, "messages": messages}
         record.update({k: v for k, v in options.items()})
         result = render(tokenizer, template, messages, options)
-        ids.append(None if fixture == "pyisms" else result.pop("ids", None))
-        result.pop("ids", None)
+        ids.append(result.pop("ids", None))
         record.update(result)
         records.append(record)
         shown = record.get("rendered", record.get("error"))
@@ -304,10 +304,9 @@ def main(fixture, out_root) -> None:
                      "tokenizer_class": type(tokenizer).__name__},
         "special_tokens": [[k, v] for k, v in tokenizer.special_tokens_map.items()],
         "cases": records,
-        # Beside the cases (whose other keys are template kwargs): each case's token ids,
-        # null where transformers raised; none for pyisms (our template, gemma3's tokenizer:
-        # the tokenize gate's ground).
-        **({} if fixture == "pyisms" else {"ids": ids}),
+        # ADDED fixtures: beside the cases (whose other keys are template kwargs), each
+        # case's token ids, null where transformers raised.
+        **({"ids": ids} if fixture in ADDED else {}),
     })
     print(f"templates/{fixture} -> {dest}")
 
