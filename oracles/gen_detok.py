@@ -11,7 +11,8 @@ With --fixture, FIXTURE is a real tokenizer fetched by scripts/fetch_fixtures.sh
 gemma3, llama3.1, llama3.2, mistral-v1, mistral-v3, deepseek-v3, llama2, gpt-oss, …) and the cases are: gen_tokenize.py's
 hand-written texts (scripts, code, emoji that SentencePiece spells in byte tokens, whitespace
 runs, leading spaces, digit runs, tabs) and its 240 seeded generated texts, encoded without
-special tokens; the same with a leading space; special tokens in
+special tokens; for deepseek-v3 (AS_WRITTEN), the hand-written texts its transformers encoding
+loses, as the ids of its tokenizer.json as written; the same with a leading space; special tokens in
 mid-stream; and 20 seeded random walks of 60 ids over the tokenizer's ids.
 
 Cases: the greedy continuations of the L1 golden's prompts; text with multi-byte characters
@@ -78,11 +79,31 @@ def model_cases(name, tokenizer):
     return cases, settings
 
 
-def fixture_cases(tokenizer, src):
+# Fixtures whose transformers encoding loses text (DeepSeek V3's byte-level tokenizer.json
+# rebuilt as LlamaTokenizer drops spaces, tabs and emoji), while a model trained on the file
+# emits its byte-level ids: their golden adds, for each hand-written text so lost, the ids of
+# the file as written (tokenizers' own encoding), streamed through mlx-lm's detokenizer.
+AS_WRITTEN = ["deepseek-v3"]
+
+
+def as_written_cases(tokenizer, src):
+    from tokenizers import Tokenizer
+
+    raw = Tokenizer.from_file(str(src / "tokenizer.json"))
+    cases = []
+    for k, text in enumerate(t for t in HAND if t.strip()):
+        if tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) != text:
+            cases.append((f"as-written/{k}", raw.encode(text, add_special_tokens=False).ids))
+    return cases
+
+
+def fixture_cases(tokenizer, src, name):
     vocab = len(tokenizer._tokenizer)
     cases = []
     for k, text in enumerate(t for t in HAND if t.strip()):
         cases.append((f"text/{k}", tokenizer.encode(text, add_special_tokens=False)))
+    if name in AS_WRITTEN:
+        cases += as_written_cases(tokenizer, src)
     for k, text in enumerate(t for t in generated(random.Random(SEED), 240) if t.strip()):
         cases.append((f"generated/{k}", tokenizer.encode(text, add_special_tokens=False)))
     for key, text in TEXTS.items():
@@ -103,7 +124,7 @@ def main(name, out_root, fixture=False) -> None:
     src = fixture_dir(name) if fixture else resolve(f"models/{name}")
     tokenizer = load_tokenizer(src)
     if fixture:
-        cases, settings = fixture_cases(tokenizer, src)
+        cases, settings = fixture_cases(tokenizer, src, name)
     else:
         cases, settings = model_cases(name, tokenizer)
     records = []

@@ -1,7 +1,9 @@
 //! The streaming detokenizer vs mlx-lm's (`gates::DETOK` on the tiny model, `DETOK_REAL` on
 //! the real tokenizers — byte-level BPE for Qwen3, Llama 3.x, DeepSeek V3 and gpt-oss,
 //! SentencePiece for Gemma 3, Mistral and Llama 2; harness::parity::detok): every piece of text, as `mlx_lm.generate` prints it
-//! and `mlx_lm.server` streams it.
+//! and `mlx_lm.server` streams it. deepseek-v3's golden adds the byte-level ids of its
+//! tokenizer.json as written for the texts its transformers encoding loses (spaces, tabs,
+//! emoji): what a DeepSeek V3 model emits.
 
 use harness::parity::gates::{Plant, Tweak, DETOK, DETOK_REAL};
 
