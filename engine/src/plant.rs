@@ -309,6 +309,11 @@ pub enum Defect {
     /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
     /// template. Caught by the template gate (`tests/it/templates.rs`).
     TemplateSpecialTokensDropped,
+    /// Gemma 3n's cache-less forward (training's, mlx-lm's `model(inputs)`): the KV-shared
+    /// layers still read their owners' K/V, as the cached forward does, instead of
+    /// projecting their own (mlx-lm shares only through a cache). Caught by the LoRA
+    /// training gate on tiny-gemma3n (`tests/it/train_lora.rs`).
+    Gemma3nSharedKvWithoutCache,
 }
 
 /// `plant::on` in a build without the `plant` feature.
