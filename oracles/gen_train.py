@@ -23,7 +23,9 @@ the mistral3 / qwen3_vl wrappers (tiny-mistral3, tiny-qwen3-vl: adapter names un
 `language_model.`) with the default keys; tiny-gemma3n over all 4 layers (its 2 KV-shared
 ones project their own K/V without a cache) with every linear of a block but AltUp's
 prediction / correction coefficients (mlx-lm reads their weights, so its default keys fail
-on it). Their recurrent
+on it); tiny-gpt-oss and its mxfp4 twin tiny-gpt-oss-mxfp4 with the default keys (sink
+attention, the router and the biased expert stacks: `LoRASwitchLinear` over mxfp4
+`QuantizedSwitchLinear` in the latter). Their recurrent
 mixers' linears get adapters (the delta net's in_proj_* and out_proj, Mamba-2's and the short conv's in_proj and out_proj);
 their conv1d is not a Linear and gets none.
 
@@ -91,7 +93,8 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-nemotron-h-moe-q4", "tiny-falcon-h1", "tiny-olmo2", "tiny-gemma2", "tiny-glm4-moe",
                 "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text", "tiny-olmo3",
                 "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2",
-                "tiny-deepseek-v3", "tiny-ministral3", "tiny-mistral3", "tiny-qwen3-vl"}
+                "tiny-deepseek-v3", "tiny-ministral3", "tiny-mistral3", "tiny-qwen3-vl",
+                "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"}
 CACHED_LOGITS = {"tiny-gemma3n"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),

@@ -6,8 +6,9 @@
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
 //! adapters on their recurrent mixers' projections too), batch one's dense families
 //! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2) and
-//! deepseek_v3 (multi-head latent attention), ministral3, the mistral3 / qwen3_vl wrappers
-//! and gemma3n (its AltUp coefficients left out, as mlx-lm cannot adapt them).
+//! deepseek_v3 (multi-head latent attention), ministral3, the mistral3 / qwen3_vl wrappers,
+//! gemma3n (its AltUp coefficients left out, as mlx-lm cannot adapt them) and gpt_oss (its
+//! mxfp4 fixture too).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
 //! input projections left without adapters fail every model with a recurrent state; Gemma
@@ -315,6 +316,21 @@ fn planted_gemma3n_shared_kv_without_cache_fails_gemma3n() {
         "{}",
         r.summary()
     );
+}
+
+/// gpt-oss with mlx-lm's default keys: its sink attention's q/k/v/o (biased), the router
+/// (`LoRALinear`) and the biased expert stacks (`LoRASwitchLinear` under the clamped
+/// swiglu), sliding layers under the 33-token batch.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_gpt_oss() {
+    assert_passes("tiny-gpt-oss");
+}
+
+/// QLoRA on gpt-oss's mxfp4 experts (`QuantizedSwitchLinear` in mode mxfp4 under
+/// `LoRASwitchLinear`: gather_qmm and its gradient with respect to the input).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_mxfp4_gpt_oss() {
+    assert_passes("tiny-gpt-oss-mxfp4");
 }
 
 /// DeepSeek-V3's multi-head latent attention with mlx-lm's default keys: LoRA on q_a_proj,

@@ -276,7 +276,11 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("qwen2_moe", qwen2_moe)
     },
+    // LoRA with mlx-lm's default keys (sink attention, router, biased expert stacks) gated
+    // against mlx-lm's trainer, segmented backward against the whole step.
     Family {
+        lora: true,
+        segmented: true,
         tensor: true,
         ..row("gpt_oss", gpt_oss)
     },
@@ -783,7 +787,7 @@ mod tests {
             ),
             "{table}"
         );
-        assert!(table.contains("| `gpt_oss` | refused (not gated yet) | refused (not gated yet) | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(table.contains("| `gpt_oss` | gated | gated | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
         assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
     }
 

@@ -4,7 +4,7 @@
 //! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
 //! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
 //! gemma3 wrapper and the MoE families, its gradients equal the whole step's on phi3 too,
-//! and it is refused where the registry does not mark it (gpt_oss). The hybrids (LoRA and
+//! and it is refused where the registry does not mark it (minicpm3). The hybrids (LoRA and
 //! segmented backward since their train-gate rows) likewise: their CLI runs save mlx-lm's
 //! names, segmented or not, and their segmented gradients equal the whole step's; so do
 //! ministral3, the mistral3 / qwen3_vl wrappers and gemma3n (named keys: mlx-lm's default
@@ -307,17 +307,17 @@ fn dense_batch_one_trains_segmented_or_not_and_generates() {
 }
 
 /// `--segment-size` where the family's segmented backward is not gated (the registry's
-/// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
+/// `segmented`: minicpm3 has no LoRA yet): refused before anything is written. The families
 /// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.
 #[test]
-fn segment_size_is_refused_on_gpt_oss() {
+fn segment_size_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny-gpt-oss");
-    let refused = train("tiny-gpt-oss", &out, &["--segment-size", "1"]);
+    let out = dir.path().join("tiny-minicpm3");
+    let refused = train("tiny-minicpm3", &out, &["--segment-size", "1"]);
     let err = String::from_utf8_lossy(&refused.stderr);
     assert!(!refused.status.success());
     assert!(
-        err.contains("--segment-size is not available for model_type `gpt_oss` yet"),
+        err.contains("--segment-size is not available for model_type `minicpm3` yet"),
         "{err}"
     );
     assert!(!out.exists(), "a refused run wrote {}", out.display());
@@ -526,7 +526,46 @@ fn ministral3_wrappers_and_gemma3n_train_segmented_or_not() {
     }
 }
 
-/// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
+/// gpt-oss with mlx-lm's default keys (sink attention, router, the biased expert stacks):
+/// `engine train` saves mlx-lm's names (`mlp.experts.*` as [experts, …] stacks),
+/// `--segment-size 1` writes the same adapters byte for byte, `generate --adapter-path`
+/// loads them; the segmented gradients are the whole step's bit for bit and planted
+/// DropCotangent breaks them.
+#[test]
+fn gpt_oss_trains_segmented_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "tiny-gpt-oss";
+    let adapters = |run: &str, extra: &[&str]| {
+        let out = dir.path().join(run);
+        let trained = train(model, &out, extra);
+        let err = String::from_utf8_lossy(&trained.stderr);
+        assert!(trained.status.success(), "{run}: {err}");
+        out
+    };
+    let whole = adapters("whole", &[]);
+    let names = saved(&whole);
+    let name = "model.layers.3.mlp.experts.down_proj.lora_a";
+    assert!(
+        names.iter().any(|(n, s)| n == name && s == &[8, 8, 32]),
+        "no {name} among {names:?}"
+    );
+    let segmented = adapters("segmented", &["--segment-size", "1"]);
+    let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+    assert!(
+        file(&whole) == file(&segmented),
+        "segmented adapters differ"
+    );
+    generates_with_adapter(model, &whole);
+    let gap = segmented_gap(model);
+    println!("{model}: segmented vs whole max gradient gap {gap:e}");
+    assert_eq!(gap, 0.0);
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    let gap = segmented_gap(model);
+    println!("{model}: planted DropCotangent, gap {gap:e}");
+    assert!(gap > 0.0);
+}
+
+/// What LoRA does not cover yet is refused by name before anything is written: minicpm3
 /// (not gated against mlx-lm's trainer: the registry refuses it) and Gemma 4 with its
 /// mixture-of-experts block (no adaptable layers listed).
 #[test]
@@ -534,7 +573,7 @@ fn lora_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
     for (model, model_type) in [
         ("tiny-gemma4-moe", "gemma4_text"),
-        ("tiny-gpt-oss", "gpt_oss"),
+        ("tiny-minicpm3", "minicpm3"),
     ] {
         let out = dir.path().join(model);
         let refused = train(model, &out, &[]);
