@@ -18,7 +18,14 @@ attention side by side in every layer, SwiGLU `feed_forward`; the µP multiplier
 the frozen weights by mlx-lm's sanitize), and with the default keys batch one's dense
 families: tiny-gemma2 (softcapped attention), tiny-olmo2 / tiny-olmo3 (post-norm layers,
 whole-projection q/k norms), tiny-seed-oss, tiny-exaone4, tiny-hunyuan, tiny-minicpm and
-tiny-cohere2 (parallel block, float16); and the MLA families beside tiny-deepseek-v3, with the
+tiny-cohere2 (parallel block, float16); ministral3's tiny-ministral3 and the text paths of
+the mistral3 / qwen3_vl wrappers (tiny-mistral3, tiny-qwen3-vl: adapter names under
+`language_model.`) with the default keys; tiny-gemma3n over all 4 layers (its 2 KV-shared
+ones project their own K/V without a cache) with every linear of a block but AltUp's
+prediction / correction coefficients (mlx-lm reads their weights, so its default keys fail
+on it); tiny-gpt-oss and its mxfp4 twin tiny-gpt-oss-mxfp4 with the default keys (sink
+attention, the router and the biased expert stacks: `LoRASwitchLinear` over mxfp4
+`QuantizedSwitchLinear` in the latter); and the MLA families beside tiny-deepseek-v3, with the
 default keys over all their blocks: tiny-glm4-moe-lite, tiny-deepseek-v32 (its indexer's
 wq_b / wk are Linears: adapted too), tiny-kimi-k25 (the multimodal wrapper: names under
 `language_model.`) and tiny-minicpm3 (MLA's projections without absorption: kv_b_proj a
@@ -41,7 +48,8 @@ ntoks and every gradient (f32), and the parameters after the last update; the ad
 after the last step as mlx-lm writes them (`adapters.safetensors` + `adapter_config.json`),
 and one forward's logits with those adapters loaded by `mlx_lm.utils.load_adapters` — of the
 batch, and of its first row's first 8 tokens (fewer than 64 routing entries: the MoE
-experts' unsorted path).
+experts' unsorted path); without a cache, but tiny-gemma3n's with a fresh prompt cache
+(with one its KV-shared layers borrow, without they do not).
 
 Output: goldens/train/<model>/{index.json, data.bin, adapters/}.
 """
@@ -56,6 +64,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm import load
+from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tuner.trainer import default_loss
 from mlx_lm.tuner.utils import linear_to_lora_layers, load_adapters
 
@@ -68,14 +77,20 @@ KEYS = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 # Gemma 4's small models add a per-layer input branch with two more linears.
 GEMMA4_EXTRA = ["per_layer_input_gate", "per_layer_projection"]
-EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA}
+# Gemma 3n: every Linear of a block but AltUp's prediction_coefs / correction_coefs, whose
+# weights mlx-lm's Gemma3nAltUp reads directly (with them as LoRA layers its default keys
+# fail on the first forward: 'LoRALinear' object has no attribute 'weight').
+GEMMA3N_EXTRA = ["altup.modality_router", "laurel.linear_left", "laurel.linear_right",
+                 "per_layer_input_gate", "per_layer_projection"]
+EXTRA_KEYS = {"tiny-gemma4": GEMMA4_EXTRA, "tiny-gemma4-mm": GEMMA4_EXTRA, "tiny-gemma3n": GEMMA3N_EXTRA}
 # Its last 3 layers borrow K/V (no k/v projections): 4 layers reach one that has them.
 # tiny-qwen3-moe: all 4, so the dense layer (mlp_only_layers [1]) is adapted too.
 # tiny-nemotron-h (M*-M-): all 5, so its one attention block is adapted too; the Nemotron 3
 # ones (ME*E-): all 5, so both `E` blocks and the Mamba-2 block are adapted.
 NUM_LAYERS = {"tiny-gemma4": 4, "tiny-gemma4-mm": 4, "tiny-qwen3-moe": 4, "tiny-qwen3-moe-q4": 4,
               "tiny-nemotron-h": 5, "tiny-nemotron-h-moe-grouped": 5, "tiny-nemotron-h-moe-q4": 5,
-              "tiny-glm4-moe": 4, "tiny-ernie4-5-moe": 4, "tiny-llama4-text": 4, "tiny-llama4": 4}
+              "tiny-glm4-moe": 4, "tiny-ernie4-5-moe": 4, "tiny-llama4-text": 4, "tiny-llama4": 4,
+              "tiny-gemma3n": 4}
 # No `keys`: mlx-lm's default, every Linear / SwitchLinear of a block (phi3's fused
 # qkv_proj and gate_up_proj; the MoE families' router gate, stacked experts and shared expert).
 DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtral", "tiny-qwen2-moe",
@@ -85,7 +100,9 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-ernie4-5-moe", "tiny-minimax", "tiny-phimoe", "tiny-llama4-text", "tiny-olmo3",
                 "tiny-seed-oss", "tiny-exaone4", "tiny-hunyuan", "tiny-minicpm", "tiny-cohere2",
                 "tiny-deepseek-v3", "tiny-glm4-moe-lite", "tiny-deepseek-v32", "tiny-kimi-k25",
-                "tiny-minicpm3", "tiny-llama4"}
+                "tiny-minicpm3", "tiny-llama4", "tiny-ministral3", "tiny-mistral3", "tiny-qwen3-vl",
+                "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"}
+CACHED_LOGITS = {"tiny-gemma3n"}
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
@@ -148,10 +165,14 @@ def main(name, out_root) -> None:
     # The adapters loaded the way mlx_lm.generate --adapter-path loads them: one forward.
     fresh, _ = load(str(model_dir))
     load_adapters(fresh, str(adapters))
-    logits = fresh(batch[:, :-1])
+    # Gemma 3n's forward differs with and without a cache (its KV-shared layers borrow only
+    # through one): its logits are the cached forward's, as generation runs it and as the
+    # engine's check computes them (with fresh caches).
+    cache = (lambda: make_prompt_cache(fresh)) if name in CACHED_LOGITS else (lambda: None)
+    logits = fresh(batch[:, :-1], cache=cache())
     adapted = data.add("adapted_logits", logits.astype(mx.float32))
     # A short input too: with under 64 routing entries the experts take the unsorted path.
-    short = fresh(batch[:1, :SHORT]).astype(mx.float32)
+    short = fresh(batch[:1, :SHORT], cache=cache()).astype(mx.float32)
     adapted_short = data.add("adapted_logits_short", short)
     data.write(dest / "data.bin")
     write_json(dest / "index.json", {

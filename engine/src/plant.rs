@@ -314,6 +314,11 @@ pub enum Defect {
     /// chunk is attended. Caught by the LoRA training gate on tiny-llama4
     /// (`tests/it/train_lora.rs`) from step 0's loss.
     ChunkedMaskCausalWithoutCache,
+    /// Gemma 3n's cache-less forward (training's, mlx-lm's `model(inputs)`): the KV-shared
+    /// layers still read their owners' K/V, as the cached forward does, instead of
+    /// projecting their own (mlx-lm shares only through a cache). Caught by the LoRA
+    /// training gate on tiny-gemma3n (`tests/it/train_lora.rs`).
+    Gemma3nSharedKvWithoutCache,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -6,14 +6,16 @@
 //! nemotron_h with and without Nemotron 3's `E` blocks, granitemoehybrid, falcon_h1:
 //! adapters on their recurrent mixers' projections too), batch one's dense families
 //! (gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2) and
-//! deepseek_v3 (multi-head latent attention), and the other MLA families (glm4_moe_lite,
-//! deepseek_v32 with its indexer, kimi_k25's wrapper, minicpm3) and llama4's wrapper (chunked
-//! attention, top-1 experts).
+//! deepseek_v3 (multi-head latent attention), the other MLA families (glm4_moe_lite,
+//! deepseek_v32 with its indexer, kimi_k25's wrapper, minicpm3), llama4's wrapper (chunked
+//! attention, top-1 experts), ministral3, the mistral3 / qwen3_vl wrappers, gemma3n (its AltUp
+//! coefficients left out, as mlx-lm cannot adapt them) and gpt_oss (its mxfp4 fixture too).
 //! Planted: a weight decay off by 10 % fails from the second step on, on each; the stacked
 //! experts' LoRA update scaled twice fails every model with experts; the recurrent mixers'
 //! input projections left without adapters fail every model with a recurrent state; MLA's
 //! latent projection left without an adapter fails every MLA family; the causal mask on
-//! llama4's chunked layers fails llama4.
+//! llama4's chunked layers fails llama4; Gemma 3n's cache-less forward sharing K/V as its
+//! cached one does fails tiny-gemma3n at step 0.
 //!
 //! The gate's models are its rows in goldens/models/manifest.json (`TRAIN.models()`); the
 //! plants' model sets are read from the same rows, by what each model is (its caches, its
@@ -271,6 +273,67 @@ fn lora_sft_steps_match_mlx_lm_on_the_rest_of_dense_batch_one() {
     ] {
         assert_passes(model);
     }
+}
+
+/// ministral3 with mlx-lm's default keys (every linear of a block): the gradients run back
+/// through Llama 4's position-dependent query scale and the sliding layers (window under
+/// the 33-token batch).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_ministral3() {
+    assert_passes("tiny-ministral3");
+}
+
+/// The text paths of the mistral3 (ministral3 inside) and qwen3_vl (qwen3 inside) wrappers,
+/// mlx-lm's default keys: adapters at `language_model.model.layers.…`, as mlx-lm's wrapper
+/// `Model` holds its language model.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_the_mistral3_and_qwen3_vl_wrappers() {
+    for model in ["tiny-mistral3", "tiny-qwen3-vl"] {
+        assert_passes(model);
+    }
+}
+
+/// Gemma 3n's text path over all 4 layers, every linear of a block but AltUp's
+/// coefficients (mlx-lm's default keys fail on those): adapters at
+/// `model.language_model.layers.…`; the gradients run back through AltUp's predict /
+/// correct, Laurel, the per-layer inputs and the sparse gelu_topk, and the 2 KV-shared layers
+/// project their own K/V (mlx-lm shares only through a cache).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_gemma3n() {
+    assert_passes("tiny-gemma3n");
+}
+
+/// Planted: Gemma 3n's cache-less forward shares K/V as the cached one does. The loss
+/// differs from step 0 on.
+#[test]
+fn planted_gemma3n_shared_kv_without_cache_fails_gemma3n() {
+    let _on = engine::plant::on(engine::plant::Defect::Gemma3nSharedKvWithoutCache).unwrap();
+    let r = TRAIN.run("tiny-gemma3n", None).unwrap();
+    println!(
+        "tiny-gemma3n: planted shared K/V without cache caught: {}",
+        r.summary()
+    );
+    assert!(!r.passed());
+    assert!(
+        r.summary().contains("first failure: step 0 loss"),
+        "{}",
+        r.summary()
+    );
+}
+
+/// gpt-oss with mlx-lm's default keys: its sink attention's q/k/v/o (biased), the router
+/// (`LoRALinear`) and the biased expert stacks (`LoRASwitchLinear` under the clamped
+/// swiglu), sliding layers under the 33-token batch.
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_gpt_oss() {
+    assert_passes("tiny-gpt-oss");
+}
+
+/// QLoRA on gpt-oss's mxfp4 experts (`QuantizedSwitchLinear` in mode mxfp4 under
+/// `LoRASwitchLinear`: gather_qmm and its gradient with respect to the input).
+#[test]
+fn lora_sft_steps_match_mlx_lm_on_mxfp4_gpt_oss() {
+    assert_passes("tiny-gpt-oss-mxfp4");
 }
 
 /// DeepSeek-V3's multi-head latent attention with mlx-lm's default keys: LoRA on q_a_proj,

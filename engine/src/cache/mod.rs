@@ -56,6 +56,12 @@ pub trait Cache {
     fn kind(&self) -> Option<&'static str> {
         None
     }
+    /// Whether this stands for no cache at all (training's pass-through: mlx-lm's cache
+    /// None), where a forward may differ from any cached one (Gemma 3n shares K/V only
+    /// through a cache).
+    fn is_pass_through(&self) -> bool {
+        false
+    }
     /// The cache's state for the kv-store and the batch protocol: arrays, meta and kind
     /// (None while empty or for kinds that are not stored).
     fn snapshot(&self) -> Option<Snapshot> {

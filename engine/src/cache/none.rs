@@ -16,6 +16,10 @@ impl Cache for PassThrough {
         0
     }
 
+    fn is_pass_through(&self) -> bool {
+        true
+    }
+
     fn is_trimmable(&self) -> bool {
         false
     }

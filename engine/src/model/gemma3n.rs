@@ -11,6 +11,11 @@
 //! Sliding layers attend within `sliding_window` (a rotating cache), full ones fully; the
 //! last `num_kv_shared_layers` keep no cache and read the K/V of the last earlier layer of
 //! their kind. All layers rotate from the offset of the first cache before the step.
+//! Without a cache (training's pass-through caches: mlx-lm's `model(inputs)`, cache None)
+//! nothing is shared: every layer projects its own K/V, as mlx-lm's attention does there.
+//! LoRA attaches to every linear of a block but AltUp's coefficients (plain arrays here; mlx-lm
+//! reads their weights); segmented training carries the streams and reads the per-layer
+//! inputs made once from the ids.
 
 mod layer;
 
@@ -22,11 +27,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::layers::{softcap, Embedding, Linear, RmsNorm};
-use super::LanguageModel;
+use super::{Carried, LanguageModel, Layered};
+use crate::cache::none::PassThrough;
 use crate::cache::{kv_of, Cache, Kv};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
 use crate::load::LoadError;
+use crate::plant::{self, Defect};
 use crate::scalar::weak;
 
 type R<T> = Result<T, Exception>;
@@ -124,11 +131,75 @@ impl Gemma3n {
         sum.multiply(weak(2f64.powf(-0.5), &sum)?)
     }
 
+    /// The scaled embedding h0 = embed(ids) · √H.
+    fn embed_scaled(&self, ids: &Array) -> R<Array> {
+        let h0 = self.embed.forward(ids)?;
+        h0.multiply(weak((self.a.hidden_size as f64).sqrt(), &h0)?)
+    }
+
+    /// The AltUp streams [K, B, L, H] from h0 (stream 0 is h0 itself).
+    fn streams(&self, h0: &Array) -> R<Array> {
+        let target = rms(h0)?;
+        let mut streams = vec![h0.clone()];
+        for p in &self.altup_projections {
+            streams.push(p.forward(h0)?);
+        }
+        rescale(&stack(&streams, 0)?, &target, h0.dtype())
+    }
+
+    /// The streams unembedded, averaged, normed → logits (softcapped).
+    fn head(&self, x: &Array) -> R<Array> {
+        let target = rms(&x.index(0))?;
+        let mut streams = vec![x.index(0)];
+        for (k, p) in self.altup_unembed_projections.iter().enumerate() {
+            streams.push(p.forward(&x.index(k as i32 + 1))?);
+        }
+        let x = rescale(&stack(&streams, 0)?, &target, x.dtype())?;
+        let h = x.mean_axis(0, None)?;
+        let out = self.embed.as_linear(&self.norm.forward(&h)?)?;
+        match self.a.final_logit_softcapping {
+            Some(cap) => softcap(&out, cap),
+            None => Ok(out),
+        }
+    }
+
+    /// Blocks `range` of the cache-less forward (mlx-lm's `model(inputs)`: no layer shares,
+    /// each projects its own K/V), over the streams `x` and the per-layer inputs `pli`.
+    fn run_cacheless(&self, x: &Array, pli: &Array, range: std::ops::Range<usize>) -> R<Array> {
+        let none = PassThrough;
+        let l = x.shape()[2];
+        let (global, local) = (
+            none.make_mask(l, None)?,
+            none.make_mask(l, Some(self.a.sliding_window))?,
+        );
+        let offset = none.rope_offset();
+        let mut x = x.clone();
+        for i in range {
+            let layer = &self.layers[i];
+            let step = layer::Step {
+                mask: if layer.sliding { &local } else { &global },
+                cache: None,
+                shared: None,
+                per_layer_input: &pli.index((.., .., i as i32, ..)),
+                offset: &offset,
+            };
+            x = layer.forward(&x, step)?.0;
+        }
+        Ok(x)
+    }
+
     fn run(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
         let a = &self.a;
-        let h0 = self.embed.forward(ids)?;
-        let h0 = h0.multiply(weak((a.hidden_size as f64).sqrt(), &h0)?)?;
+        let h0 = self.embed_scaled(ids)?;
         let pli = self.per_layer_inputs(ids, &h0)?;
+        let x = self.streams(&h0)?;
+        // Training's pass-through caches: mlx-lm's cache None, where the KV-shared layers
+        // project their own K/V.
+        let cacheless = caches.iter().all(|c| c.is_pass_through());
+        if cacheless && !plant::is(Defect::Gemma3nSharedKvWithoutCache) {
+            let x = self.run_cacheless(&x, &pli, 0..self.layers.len())?;
+            return self.head(&x);
+        }
         let l = ids.shape()[1];
         let first_of = |sliding: bool| self.layers.iter().position(|x| x.sliding == sliding);
         let mask_of = |caches: &[Box<dyn Cache>], sliding: bool| -> R<crate::cache::Mask> {
@@ -137,12 +208,7 @@ impl Gemma3n {
             caches[self.cache_of[i]].make_mask(l, window)
         };
         let (global, local) = (mask_of(caches, false)?, mask_of(caches, true)?);
-        let target = rms(&h0)?;
-        let mut streams = vec![h0.clone()];
-        for p in &self.altup_projections {
-            streams.push(p.forward(&h0)?);
-        }
-        let mut x = rescale(&stack(&streams, 0)?, &target, h0.dtype())?;
+        let mut x = x;
         let offset = caches[0].rope_offset();
         let mut lent: Vec<Option<Kv>> = vec![None; self.layers.len()];
         for (i, layer) in self.layers.iter().enumerate() {
@@ -167,18 +233,57 @@ impl Gemma3n {
                 lent[i] = Some(kv);
             }
         }
-        let target = rms(&x.index(0))?;
-        let mut streams = vec![x.index(0)];
-        for (k, p) in self.altup_unembed_projections.iter().enumerate() {
-            streams.push(p.forward(&x.index(k as i32 + 1))?);
-        }
-        let x = rescale(&stack(&streams, 0)?, &target, h0.dtype())?;
-        let h = x.mean_axis(0, None)?;
-        let out = self.embed.as_linear(&self.norm.forward(&h)?)?;
-        match a.final_logit_softcapping {
-            Some(cap) => softcap(&out, cap),
-            None => Ok(out),
-        }
+        self.head(&x)
+    }
+}
+
+/// Segmented training: the streams [K, B, L, H] cross each boundary; the per-layer inputs
+/// are made once from the ids and h0 (stream 0 of the first boundary) and read by every
+/// segment; the blocks run cache-less, as the whole step's forward does.
+impl Layered for Gemma3n {
+    fn num_blocks(&self) -> usize {
+        self.layers.len()
+    }
+
+    fn embed_ids(&self, ids: &Array) -> R<Array> {
+        self.streams(&self.embed_scaled(ids)?)
+    }
+
+    fn run_blocks(&self, _h: &Array, _range: std::ops::Range<usize>) -> R<Array> {
+        Err(Exception::custom(
+            "gemma3n blocks read per-layer inputs: run them with run_carried",
+        ))
+    }
+
+    fn head_logits(&self, h: &Array) -> R<Array> {
+        self.head(h)
+    }
+
+    fn carried(&self) -> Option<&dyn Carried> {
+        Some(self)
+    }
+}
+
+impl Carried for Gemma3n {
+    fn side_inputs(&self, ids: &Array, h0: &Array) -> R<Vec<Array>> {
+        Ok(vec![self.per_layer_inputs(ids, &h0.index(0))?])
+    }
+
+    fn carried_at(&self, _b: usize) -> usize {
+        0
+    }
+
+    fn run_carried(
+        &self,
+        h: &Array,
+        _carried: &[Array],
+        side: &[Array],
+        range: std::ops::Range<usize>,
+    ) -> R<(Array, Vec<Array>)> {
+        let pli = side
+            .first()
+            .ok_or_else(|| Exception::custom("gemma3n blocks need the per-layer inputs"))?;
+        Ok((self.run_cacheless(h, pli, range)?, Vec::new()))
     }
 }
 
@@ -205,6 +310,19 @@ impl LanguageModel for Gemma3n {
 
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
         self.run(ids, caches)
+    }
+
+    /// Every block's linears under mlx-lm's names (`model.language_model.layers.{i}.…`).
+    fn linears(&self) -> Vec<(String, &Linear)> {
+        let per_layer = self.layers.iter().enumerate().map(|(i, l)| {
+            let named = l.linears().into_iter();
+            named.map(move |(n, lin)| (format!("model.language_model.layers.{i}.{n}"), lin))
+        });
+        per_layer.flatten().collect()
+    }
+
+    fn as_layered(&self) -> Option<&dyn Layered> {
+        Some(self)
     }
 }
 

@@ -411,7 +411,6 @@ pub fn load(config: &ModelConfig, w: Weights) -> Result<Decoder, LoadError> {
         tie_word_embeddings: false,
         ffn_module: "mlp",
     };
-    // Segmented backward is not gated for gpt_oss (the registry's `segmented` is off).
     let style = Style::default();
     Decoder::load_styled(config, w, dims, style, |w, p, i| {
         let attn = SinkAttention::load(w, p, &a)?;

@@ -276,7 +276,11 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("qwen2_moe", qwen2_moe)
     },
+    // LoRA with mlx-lm's default keys (sink attention, router, biased expert stacks) gated
+    // against mlx-lm's trainer, segmented backward against the whole step.
     Family {
+        lora: true,
+        segmented: true,
         tensor: true,
         ..row("gpt_oss", gpt_oss)
     },
@@ -289,12 +293,28 @@ pub static FAMILIES: &[Family] = &[
         convert: true,
         ..row("smollm3", smollm3)
     },
-    // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
-    // (the parallel refusal says mlx-lm has them).
-    row("ministral3", ministral3),
-    // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
-    row("mistral3", super::vl_text::build_mistral3),
-    row("qwen3_vl", super::vl_text::build_qwen3_vl),
+    // LoRA with mlx-lm's default keys gated against mlx-lm's trainer (tests/it/train_lora.rs),
+    // segmented backward against the whole step (engine/tests/it/train_families.rs); convert
+    // and mlx-lm's shard() / PipelineMixin for it are not gated here (the parallel refusal
+    // says mlx-lm has them).
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("ministral3", ministral3)
+    },
+    // Multimodal checkpoints read for text (model/vl_text.rs): LoRA (adapters under
+    // `language_model.`, as mlx-lm's wrapper names them) and segmented backward gated as
+    // ministral3's.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("mistral3", super::vl_text::build_mistral3)
+    },
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("qwen3_vl", super::vl_text::build_qwen3_vl)
+    },
     // LoRA with mlx-lm's default keys and segmented backward gated (tests/it/train_lora.rs,
     // engine/tests/it/train_families.rs), convert byte-identical; the rest of batch one L1
     // only. gemma2 is off the batch lane: mlx-lm's BatchGenerator raises on it.
@@ -341,8 +361,15 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("cohere2", cohere2)
     },
-    // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
-    row("gemma3n", super::gemma3n::load),
+    // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): LoRA gated against
+    // mlx-lm's trainer with every linear of a block but AltUp's coefficients (mlx-lm reads
+    // their weights, so its default keys fail there; ours refuse them by name), segmented
+    // backward against the whole step.
+    Family {
+        lora: true,
+        segmented: true,
+        ..row("gemma3n", super::gemma3n::load)
+    },
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
@@ -778,7 +805,7 @@ mod tests {
             ),
             "{table}"
         );
-        assert!(table.contains("| `gpt_oss` | refused (not gated yet) | refused (not gated yet) | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(table.contains("| `gpt_oss` | gated | gated | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
         assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
     }
 

@@ -84,16 +84,21 @@ pub struct Adapters<'m> {
 }
 
 /// The block a layer path belongs to: `model.layers.{i}.…` (Mamba-2's and Nemotron-H's
-/// `backbone.layers.{i}.…`), under a wrapper `language_model.model.layers.{i}.…`.
+/// `backbone.layers.{i}.…`), under a wrapper `language_model.model.layers.{i}.…` (Gemma
+/// 3n's `model.language_model.layers.{i}.…`).
 fn layer_index(name: &str) -> Option<usize> {
     let name = name.strip_prefix("language_model.").unwrap_or(name);
-    ["model.layers.", "backbone.layers."]
-        .iter()
-        .find_map(|p| name.strip_prefix(p))?
-        .split('.')
-        .next()?
-        .parse()
-        .ok()
+    [
+        "model.layers.",
+        "backbone.layers.",
+        "model.language_model.layers.",
+    ]
+    .iter()
+    .find_map(|p| name.strip_prefix(p))?
+    .split('.')
+    .next()?
+    .parse()
+    .ok()
 }
 
 /// Which layers a config selects: the linears and stacked experts of the last `num_layers`
@@ -118,6 +123,9 @@ fn select<'m>(
     if all.is_empty() || !gated {
         return Err(TrainError::Unsupported(refusal(model.model_type())));
     }
+    if let Some(why) = read_as_weights(model.model_type(), keys_of(config)) {
+        return Err(TrainError::Unsupported(why));
+    }
     // Stable: blocks in order, each block's linears before its experts.
     all.sort_by_key(|(n, _)| layer_index(n));
     let blocks = all
@@ -141,6 +149,40 @@ fn select<'m>(
         )));
     }
     Ok(chosen)
+}
+
+/// Linears of a block that mlx-lm 0.32.2's LoRA cannot wrap, per family: its gemma3n AltUp
+/// reads `prediction_coefs.weight` / `correction_coefs.weight` instead of calling the layers,
+/// so once its default keys (every Linear of a block) make them LoRA layers its trainer
+/// fails on the first forward. They are not listed as linears here either.
+const READ_AS_WEIGHTS: &[(&str, &[&str])] = &[(
+    "gemma3n",
+    &["altup.prediction_coefs", "altup.correction_coefs"],
+)];
+
+fn keys_of(config: &AdapterConfig) -> Option<&[String]> {
+    config.lora_parameters.keys.as_deref()
+}
+
+/// The refusal of a key set that would adapt a linear mlx-lm cannot wrap (no keys: its
+/// default, every Linear of a block): the cause and the keys that work.
+fn read_as_weights(model_type: &str, keys: Option<&[String]>) -> Option<String> {
+    let (_, unwrappable) = READ_AS_WEIGHTS.iter().find(|(t, _)| *t == model_type)?;
+    let hit = match keys {
+        None => true,
+        Some(ks) => ks.iter().any(|k| unwrappable.contains(&k.as_str())),
+    };
+    hit.then(|| {
+        format!(
+            "LoRA on {} of `{model_type}` is not available: mlx-lm 0.32.2 reads those layers' \
+             weights directly, so its trainer fails when they are adapted (which its default \
+             keys, every linear of a block, do); name the layers to adapt without them, e.g. \
+             --lora-keys self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,self_attn.o_proj,\
+             mlp.gate_proj,mlp.up_proj,mlp.down_proj,altup.modality_router,laurel.linear_left,\
+             laurel.linear_right,per_layer_input_gate,per_layer_projection",
+            unwrappable.join(" / ")
+        )
+    })
 }
 
 /// Why a model cannot be fine-tuned: its family is not gated against mlx-lm's trainer (the
@@ -365,11 +407,28 @@ mod tests {
     }
 
     #[test]
+    fn gemma3n_altup_coefficients_are_refused_as_mlx_lm_fails_on_them() {
+        let why = super::read_as_weights("gemma3n", None).unwrap();
+        assert!(
+            why.contains("altup.prediction_coefs / altup.correction_coefs"),
+            "{why}"
+        );
+        assert!(why.contains("--lora-keys self_attn.q_proj"), "{why}");
+        let named = ["altup.correction_coefs".to_owned()];
+        assert!(super::read_as_weights("gemma3n", Some(&named)).is_some());
+        let fine = ["laurel.linear_left".to_owned()];
+        assert_eq!(super::read_as_weights("gemma3n", Some(&fine)), None);
+        assert_eq!(super::read_as_weights("llama", None), None);
+    }
+
+    #[test]
     fn layer_paths_with_and_without_the_wrapper_prefix() {
         assert_eq!(layer_index("model.layers.3.self_attn.q_proj"), Some(3));
         let wrapped = "language_model.model.layers.12.mlp.switch_mlp.up_proj";
         assert_eq!(layer_index(wrapped), Some(12));
         assert_eq!(layer_index("backbone.layers.4.mixer.in_proj"), Some(4));
+        let gemma3n = "model.language_model.layers.2.laurel.linear_left";
+        assert_eq!(layer_index(gemma3n), Some(2));
         assert_eq!(layer_index("lm_head"), None);
         assert_eq!(layer_index("vision_tower.model.layers.0.fc"), None);
     }

@@ -4,9 +4,11 @@
 //! names (the wrappers' under `language_model.`, the experts' as [experts, …] stacks), and
 //! `generate --adapter-path` loads them; segmented backward writes the same adapters on the
 //! gemma3 wrapper and the MoE families, its gradients equal the whole step's on phi3 too,
-//! and it is refused where the registry does not mark it (gpt_oss). The hybrids (LoRA and
+//! and its refusal is the registry's (no family lacks it now). The hybrids (LoRA and
 //! segmented backward since their train-gate rows) likewise: their CLI runs save mlx-lm's
-//! names, segmented or not, and their segmented gradients equal the whole step's.
+//! names, segmented or not, and their segmented gradients equal the whole step's; so do
+//! ministral3, the mistral3 / qwen3_vl wrappers and gemma3n (named keys: mlx-lm's default
+//! ones are refused there by name).
 
 use crate::common;
 
@@ -344,27 +346,15 @@ fn the_kimi_k25_wrapper_trains_segmented_or_not_and_generates() {
     }
 }
 
-/// `--segment-size` where the family's segmented backward is not gated (the registry's
-/// `segmented`: gpt_oss has no LoRA yet): refused before anything is written. The families
-/// that have it are gated by the gradient test below and engine/tests/it/segmented.rs.
-#[test]
-fn segment_size_is_refused_on_gpt_oss() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("tiny-gpt-oss");
-    let refused = train("tiny-gpt-oss", &out, &["--segment-size", "1"]);
-    let err = String::from_utf8_lossy(&refused.stderr);
-    assert!(!refused.status.success());
-    assert!(
-        err.contains("--segment-size is not available for model_type `gpt_oss` yet"),
-        "{err}"
-    );
-    assert!(!out.exists(), "a refused run wrote {}", out.display());
-}
-
 /// The largest gap between the segmented (one block a segment) and the whole-model
 /// gradients of an SFT batch on `name`, with LoRA on every layer and nonzero B (so every
 /// adapter parameter gets a gradient).
 pub(crate) fn segmented_gap(name: &str) -> f32 {
+    segmented_gap_keyed(name, None)
+}
+
+/// `segmented_gap` with LoRA on the linears `keys` names (None: every linear of a block).
+fn segmented_gap_keyed(name: &str, keys: Option<Vec<String>>) -> f32 {
     use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
     use mlx_rs::ops::indexing::IndexOp;
     use mlx_rs::Array;
@@ -376,7 +366,7 @@ pub(crate) fn segmented_gap(name: &str) -> f32 {
             rank: 4,
             scale: 20.0,
             dropout: 0.0,
-            keys: None,
+            keys,
         },
         extra: Default::default(),
     };
@@ -467,16 +457,145 @@ fn segmented_gradients_match_the_whole_step_and_the_planted_defect_fails() {
     }
 }
 
-/// What LoRA does not cover yet is refused by name before anything is written: gpt_oss
-/// (not gated against mlx-lm's trainer: the registry refuses it) and Gemma 4 with its
-/// mixture-of-experts block (no adaptable layers listed).
+/// Gemma 3n's linears that take LoRA: every linear of a block but AltUp's coefficients.
+const GEMMA3N_KEYS: &str = "self_attn.q_proj,self_attn.k_proj,self_attn.v_proj,\
+    self_attn.o_proj,mlp.gate_proj,mlp.up_proj,mlp.down_proj,altup.modality_router,\
+    laurel.linear_left,laurel.linear_right,per_layer_input_gate,per_layer_projection";
+
+/// ministral3, the text paths of the mistral3 / qwen3_vl wrappers (adapters under
+/// `language_model.`) and gemma3n (under `model.language_model.`, named keys): `engine
+/// train` saves mlx-lm's names, `--segment-size 1` writes the same adapters byte for byte,
+/// `generate --adapter-path` loads them; on gemma3n mlx-lm's default keys are refused by
+/// name (mlx-lm fails on its AltUp coefficients). Library level: the segmented gradients
+/// (every block adapted; gemma3n's per-layer inputs read by every segment) are the whole
+/// step's bit for bit, and planted DropCotangent breaks them.
+#[test]
+fn ministral3_wrappers_and_gemma3n_train_segmented_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &str, &[i32], &[&str]); 4] = [
+        (
+            "tiny-ministral3",
+            "model.layers.3.self_attn.q_proj.lora_a",
+            &[64, 8],
+            &[],
+        ),
+        (
+            "tiny-mistral3",
+            "language_model.model.layers.1.mlp.down_proj.lora_a",
+            &[128, 8],
+            &[],
+        ),
+        (
+            "tiny-qwen3-vl",
+            "language_model.model.layers.0.self_attn.o_proj.lora_a",
+            &[64, 8],
+            &[],
+        ),
+        (
+            "tiny-gemma3n",
+            "model.language_model.layers.3.laurel.linear_left.lora_a",
+            &[64, 8],
+            &["--lora-keys", GEMMA3N_KEYS],
+        ),
+    ];
+    for (model, name, shape, keys) in cases {
+        let adapters = |run: &str, extra: &[&str]| {
+            let out = dir.path().join(format!("{model}-{run}"));
+            let trained = train(model, &out, &[keys, extra].concat());
+            assert!(
+                trained.status.success(),
+                "{model} {run}: {}",
+                String::from_utf8_lossy(&trained.stderr)
+            );
+            out
+        };
+        let whole = adapters("whole", &[]);
+        let names = saved(&whole);
+        assert!(
+            names.iter().any(|(n, s)| n == name && s == shape),
+            "{model}: no {name} {shape:?} among {names:?}"
+        );
+        let segmented = adapters("segmented", &["--segment-size", "1"]);
+        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+        assert!(
+            file(&whole) == file(&segmented),
+            "{model}: segmented adapters differ"
+        );
+        generates_with_adapter(model, &whole);
+    }
+    let out = dir.path().join("tiny-gemma3n-default-keys");
+    let refused = train("tiny-gemma3n", &out, &[]);
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success());
+    assert!(
+        err.contains("altup.prediction_coefs / altup.correction_coefs of `gemma3n`"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused run wrote {}", out.display());
+    let keyed = |m: &str| {
+        let gemma3n = GEMMA3N_KEYS.split(',').map(str::to_owned).collect();
+        (m == "tiny-gemma3n").then_some(gemma3n)
+    };
+    for (model, ..) in cases {
+        let gap = segmented_gap_keyed(model, keyed(model));
+        println!("{model}: segmented vs whole max gradient gap {gap:e}");
+        assert_eq!(gap, 0.0, "{model}");
+    }
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    for (model, ..) in cases {
+        let gap = segmented_gap_keyed(model, keyed(model));
+        println!("{model}: planted DropCotangent, gap {gap:e}");
+        assert!(gap > 0.0, "{model}");
+    }
+}
+
+/// gpt-oss with mlx-lm's default keys (sink attention, router, the biased expert stacks):
+/// `engine train` saves mlx-lm's names (`mlp.experts.*` as [experts, …] stacks),
+/// `--segment-size 1` writes the same adapters byte for byte, `generate --adapter-path`
+/// loads them; the segmented gradients are the whole step's bit for bit and planted
+/// DropCotangent breaks them.
+#[test]
+fn gpt_oss_trains_segmented_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = "tiny-gpt-oss";
+    let adapters = |run: &str, extra: &[&str]| {
+        let out = dir.path().join(run);
+        let trained = train(model, &out, extra);
+        let err = String::from_utf8_lossy(&trained.stderr);
+        assert!(trained.status.success(), "{run}: {err}");
+        out
+    };
+    let whole = adapters("whole", &[]);
+    let names = saved(&whole);
+    let name = "model.layers.3.mlp.experts.down_proj.lora_a";
+    assert!(
+        names.iter().any(|(n, s)| n == name && s == &[8, 8, 32]),
+        "no {name} among {names:?}"
+    );
+    let segmented = adapters("segmented", &["--segment-size", "1"]);
+    let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+    assert!(
+        file(&whole) == file(&segmented),
+        "segmented adapters differ"
+    );
+    generates_with_adapter(model, &whole);
+    let gap = segmented_gap(model);
+    println!("{model}: segmented vs whole max gradient gap {gap:e}");
+    assert_eq!(gap, 0.0);
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    let gap = segmented_gap(model);
+    println!("{model}: planted DropCotangent, gap {gap:e}");
+    assert!(gap > 0.0);
+}
+
+/// What LoRA does not cover yet is refused by name before anything is written: Gemma 4 with
+/// its mixture-of-experts block (no adaptable layers listed). Every family of the registry
+/// has LoRA and segmented backward gated, so no model_type is refused as such (the
+/// registry's refusal texts are rendered into docs/models.md by its own tests).
 #[test]
 fn lora_is_refused_where_it_is_not_gated() {
     let dir = tempfile::tempdir().unwrap();
-    for (model, model_type) in [
-        ("tiny-gemma4-moe", "gemma4_text"),
-        ("tiny-gpt-oss", "gpt_oss"),
-    ] {
+    for (model, model_type) in [("tiny-gemma4-moe", "gemma4_text")] {
         let out = dir.path().join(model);
         let refused = train(model, &out, &[]);
         let err = String::from_utf8_lossy(&refused.stderr);

@@ -211,6 +211,27 @@ pub(super) struct Step<'a> {
 }
 
 impl Layer {
+    /// Its linears as mlx-lm's block names them (where LoRA attaches). AltUp's prediction
+    /// and correction coefficients are not among them: mlx-lm reads their weights instead of
+    /// calling them (so its LoRA cannot wrap them), and here they are plain arrays.
+    pub(super) fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let a = &self.attn;
+        vec![
+            ("self_attn.q_proj", &a.q_proj),
+            ("self_attn.k_proj", &a.k_proj),
+            ("self_attn.v_proj", &a.v_proj),
+            ("self_attn.o_proj", &a.o_proj),
+            ("mlp.gate_proj", &self.mlp.gate_proj),
+            ("mlp.up_proj", &self.mlp.up_proj),
+            ("mlp.down_proj", &self.mlp.down_proj),
+            ("altup.modality_router", &self.altup.modality_router),
+            ("laurel.linear_left", &self.laurel_left),
+            ("laurel.linear_right", &self.laurel_right),
+            ("per_layer_input_gate", &self.pli_gate),
+            ("per_layer_projection", &self.pli_projection),
+        ]
+    }
+
     pub(super) fn forward(&self, x: &Array, step: Step) -> R<(Array, Kv)> {
         let p = self.altup.predict(x)?;
         let a = p.index(self.altup.active);
