@@ -309,6 +309,10 @@ pub enum Defect {
     /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
     /// template. Caught by the template gate (`tests/it/templates.rs`).
     TemplateSpecialTokensDropped,
+    /// Tensor parallel on minimax: its sharded q/k RMSNorms (mlx-lm's `ShardedRMSNorm`) each
+    /// normalize this rank's features only, without the sum of squares over the ranks.
+    /// Caught by the distributed L1 gate on tiny-minimax (`harness/tests/it/l1_dist.rs`).
+    ShardedNormPerRank,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -442,6 +446,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DistReduceDropped" => Defect::DistReduceDropped,
             "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,
             "KvRepeatAfterShard" => Defect::KvRepeatAfterShard,
+            "ShardedNormPerRank" => Defect::ShardedNormPerRank,
             "MlaHeadsOfOtherRank" => Defect::MlaHeadsOfOtherRank,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
