@@ -334,19 +334,20 @@ impl ShardedRmsNorm {
         })
     }
 
+    /// `ShardedRMSNorm.__call__` over this rank's features of `x`.
     pub fn forward(&self, x: &Array) -> Result<Array, Exception> {
         if plant::is(Defect::ShardedNormPerRank) {
             // Planted: each rank normalizes its own features only (no cross-rank sum).
             return mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps);
         }
-        let norm2 = CAST_SQUARE_SUM.with_borrow_mut(|f| f(std::slice::from_ref(x)))?;
-        let norm2 = norm2.into_iter().next().expect("one output");
+        let norm2 = CAST_SQUARE_SUM
+            .with_borrow_mut(|f| f(std::slice::from_ref(x)))?
+            .remove(0);
         let features = x.shape()[x.ndim() - 1];
         let count = weak(f64::from(features * self.ranks), &norm2)?;
         let eps = weak(f64::from(self.eps), &norm2)?;
         let args = [x.clone(), norm2, self.weight.clone(), count, eps];
-        let y = SHARDED_NORMALIZE.with_borrow_mut(|f| f(&args))?;
-        Ok(y.into_iter().next().expect("one output"))
+        Ok(SHARDED_NORMALIZE.with_borrow_mut(|f| f(&args))?.remove(0))
     }
 }
 
