@@ -319,6 +319,10 @@ pub enum Defect {
     /// projecting their own (mlx-lm shares only through a cache). Caught by the LoRA
     /// training gate on tiny-gemma3n (`tests/it/train_lora.rs`).
     Gemma3nSharedKvWithoutCache,
+    /// Tensor parallel on minimax: its sharded q/k RMSNorms (mlx-lm's `ShardedRMSNorm`) each
+    /// normalize this rank's features only, without the sum of squares over the ranks.
+    /// Caught by the distributed L1 gate on tiny-minimax (`harness/tests/it/l1_dist.rs`).
+    ShardedNormPerRank,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -469,6 +473,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DistReduceDropped" => Defect::DistReduceDropped,
             "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,
             "KvRepeatAfterShard" => Defect::KvRepeatAfterShard,
+            "ShardedNormPerRank" => Defect::ShardedNormPerRank,
             "MlaHeadsOfOtherRank" => Defect::MlaHeadsOfOtherRank,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,

@@ -12,6 +12,12 @@
 //!
 //! mlx-lm's `sanitize`: per-expert `w1` / `w3` / `w2` stacked into `switch_mlp`'s gate / up /
 //! down. Its FP8 dequantization (`weight_scale_inv`) is refused here, not run.
+//!
+//! Tensor parallel as its `Model.shard`: q/k/v by columns and o by rows (Llama's attention
+//! split), the q/k norms over all heads become `ShardedRMSNorm`s (this rank's part of the
+//! weight, the sum of squares added over the ranks: `shard::ShardedRmsNorm`), every expert
+//! narrowed in place (`shard_inplace`) with the router whole, and the block's weighed sum
+//! added over the ranks once (`sharding_group`). mlx-lm 0.32.2 has no `PipelineMixin` here.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
@@ -23,7 +29,7 @@ use super::decoder::{dims_of, kv_cache, Decoder, FeedForward, Mixer};
 use super::layers::{Attention, Linear, RmsNorm, Rope};
 use super::moe::{SwitchGlu, SwitchLinear, MIXTRAL_EXPERT_NAMES};
 use super::moe_family::check_top_k;
-use super::shard::Part;
+use super::shard::{Part, ShardedRmsNorm};
 use crate::cache::{kv_of, Cache, Mask};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -57,12 +63,35 @@ fn yes() -> bool {
     true
 }
 
+/// A q/k norm over every head of the projection: whole, or split over the ranks.
+enum FlatNorm {
+    Whole(RmsNorm),
+    Sharded(ShardedRmsNorm),
+}
+
+impl FlatNorm {
+    fn forward(&self, x: &Array) -> R<Array> {
+        match self {
+            FlatNorm::Whole(n) => n.forward(x),
+            FlatNorm::Sharded(n) => n.forward(x),
+        }
+    }
+
+    /// `ShardedRMSNorm.from_rms_norm`.
+    fn shard(&mut self, part: Part, what: &str) -> Result<(), LoadError> {
+        if let FlatNorm::Whole(n) = self {
+            *self = FlatNorm::Sharded(ShardedRmsNorm::from_rms_norm(n, part, what)?);
+        }
+        Ok(())
+    }
+}
+
 /// `MiniMaxAttention`: the shared attention with its q/k norms taken out and applied to
 /// the flat projections (one norm over every head) before the split into heads.
 struct FlatNormAttention {
     attn: Attention,
     /// `q_norm` / `k_norm` over heads · head_dim, with `use_qk_norm`.
-    norms: Option<(RmsNorm, RmsNorm)>,
+    norms: Option<(FlatNorm, FlatNorm)>,
 }
 
 impl FlatNormAttention {
@@ -102,15 +131,16 @@ impl Mixer for FlatNormAttention {
         self.attn.named_linears().into()
     }
 
-    fn shard(&mut self, _part: Part, layer: &str) -> Result<(), LoadError> {
-        Err(not_sharded(layer))
+    /// `Model.shard` on the attention: Llama's split (which also divides the head counts),
+    /// then the q/k norms sharded over the same features.
+    fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        self.attn.shard(part, layer)?;
+        if let Some((q_norm, k_norm)) = &mut self.norms {
+            q_norm.shard(part, &format!("{layer}.self_attn.q_norm"))?;
+            k_norm.shard(part, &format!("{layer}.self_attn.k_norm"))?;
+        }
+        Ok(())
     }
-}
-
-fn not_sharded(layer: &str) -> LoadError {
-    LoadError::Unsupported(format!(
-        "minimax ({layer}): tensor parallel is not gated for this family yet"
-    ))
 }
 
 /// `MiniMaxSparseMoeBlock` (see the module header).
@@ -145,7 +175,9 @@ impl FeedForward for SigmoidMoe {
     fn forward(&self, x: &Array) -> R<Array> {
         let (inds, scores) = self.route(x)?;
         let y = self.experts.forward(x, &inds)?;
-        y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)
+        let y = y.multiply(scores.expand_dims(-1)?)?.sum_axis(-2, false)?;
+        // Tensor parallel: this rank's partial sums, added over the ranks once.
+        self.experts.sum_partials(y)
     }
 
     fn linears(&self, module: &str) -> Vec<(String, &Linear)> {
@@ -156,8 +188,9 @@ impl FeedForward for SigmoidMoe {
         self.experts.named(&format!("{module}.switch_mlp"))
     }
 
-    fn shard(&mut self, _part: Part, prefix: &str) -> Result<(), LoadError> {
-        Err(not_sharded(prefix))
+    /// `Model.shard` on the block: every expert narrowed in place, the router whole.
+    fn shard(&mut self, part: Part, prefix: &str) -> Result<(), LoadError> {
+        self.experts.shard(part, &format!("{prefix}.switch_mlp"))
     }
 }
 
@@ -173,7 +206,7 @@ fn load_attention(
         a.num_key_value_heads * head_dim,
     );
     let norm = |w: &mut Weights, n: &str, dims: i32| {
-        RmsNorm::load(w, &format!("{p}.self_attn.{n}"), dims, a.rms_norm_eps)
+        RmsNorm::load(w, &format!("{p}.self_attn.{n}"), dims, a.rms_norm_eps).map(FlatNorm::Whole)
     };
     let norms = match a.use_qk_norm {
         true => Some((norm(w, "q_norm", q_dims)?, norm(w, "k_norm", kv_dims)?)),

@@ -294,12 +294,14 @@ pub static FAMILIES: &[Family] = &[
         ..row("smollm3", smollm3)
     },
     // LoRA with mlx-lm's default keys gated against mlx-lm's trainer (tests/it/train_lora.rs),
-    // segmented backward against the whole step (engine/tests/it/train_families.rs); convert
-    // and mlx-lm's shard() / PipelineMixin for it are not gated here (the parallel refusal
-    // says mlx-lm has them).
+    // segmented backward against the whole step (engine/tests/it/train_families.rs); tensor
+    // and pipeline parallel as its Model.shard / PipelineMixin (harness/tests/it/l1_dist.rs,
+    // l1-dist/tp and l1-dist/pp); convert not gated here.
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
+        pipeline: true,
         ..row("ministral3", ministral3)
     },
     // Multimodal checkpoints read for text (model/vl_text.rs): LoRA (adapters under
@@ -479,15 +481,19 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("ernie4_5_moe", ernie4_5_moe)
     },
-    // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
+    // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we. Tensor
+    // parallel as its Model.shard (one builder, gated on tiny-minimax: l1-dist/tp); mlx-lm
+    // 0.32.2 has no PipelineMixin for it.
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
         ..row("minimax", minimax)
     },
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
         ..row("minimax_m2", minimax)
     },
     Family {
@@ -861,16 +867,16 @@ mod tests {
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
             e.ends_with(
-                "families that can: qwen2, qwen3_moe, qwen3_5, qwen3_5_moe, qwen3_next, \
-                 deepseek_v3, glm4_moe"
+                "families that can: qwen2, qwen3_moe, ministral3, qwen3_5, qwen3_5_moe, \
+                 qwen3_next, deepseek_v3, glm4_moe"
             ),
             "{e}"
         );
         let e = parallel_refusal("phi3", Mode::Tensor).to_string();
         assert!(
             e.ends_with(
-                "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, qwen3_5, \
-                 qwen3_5_moe, deepseek_v3, glm4_moe"
+                "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, ministral3, \
+                 qwen3_5, qwen3_5_moe, deepseek_v3, glm4_moe, minimax, minimax_m2"
             ),
             "{e}"
         );

@@ -5,10 +5,13 @@
 //! (sharded-to-all) computes a partial product over this rank's slice of the inputs, sums it
 //! over the ranks, then adds its bias once.
 
-use mlx_rs::error::Exception;
-use mlx_rs::Array;
+use std::cell::RefCell;
 
-use super::layers::{Attention, Linear, Mlp};
+use mlx_rs::error::Exception;
+use mlx_rs::transforms::compile::compile;
+use mlx_rs::{Array, Dtype};
+
+use super::layers::{weak, Attention, CompiledFn, Linear, Mlp, RmsNorm};
 use crate::load::LoadError;
 use crate::plant::{self, Defect};
 
@@ -275,6 +278,76 @@ impl Mlp {
             .shard(Split::Columns, part, &format!("{prefix}.up_proj"))?;
         self.down_proj
             .shard(Split::Rows, part, &format!("{prefix}.down_proj"))
+    }
+}
+
+/// mlx-lm's `ShardedRMSNorm` (minimax.py): an RMSNorm over features that tensor parallel
+/// spread over the ranks (minimax's q/k norms, over every head at once, whose heads the
+/// ranks split). Each rank keeps its part of the weight and squares its part of the
+/// features; the sums of squares are added over the ranks, so that every rank normalizes by
+/// the whole row's mean square:
+///
+///   norm2 = Σ_f float32(x)²                            compiled, this rank's features
+///   y = float32(x) · rsqrt(all_sum(norm2) / (F · N) + eps) · w, cast to x's dtype
+///                                                       compiled, all_sum inside
+///
+/// (F this rank's feature count, N the ranks), as mlx-lm's two compiled functions do.
+pub struct ShardedRmsNorm {
+    weight: Array,
+    eps: f32,
+    ranks: i32,
+}
+
+fn cast_square_sum_graph(args: &[Array]) -> Result<Vec<Array>, Exception> {
+    let x = args[0].as_dtype(Dtype::Float32)?;
+    Ok(vec![x.square()?.sum_axis(-1, true)?])
+}
+
+/// `_normalize(x, norm2, w, eps)` with the divisor `F · N` and `eps` passed in as float32
+/// scalars (mlx-lm's Python numbers, weak, take norm2's float32).
+fn sharded_normalize_graph(args: &[Array]) -> Result<Vec<Array>, Exception> {
+    let (x, norm2, w, count, eps) = (&args[0], &args[1], &args[2], &args[3], &args[4]);
+    let norm2 = crate::dist::all_sum(norm2)?;
+    let norm = mlx_rs::ops::rsqrt(norm2.divide(count)?.add(eps)?)?;
+    let y = x.as_dtype(Dtype::Float32)?.multiply(&norm)?.multiply(w)?;
+    Ok(vec![y.as_dtype(x.dtype())?])
+}
+
+/// Compiled as mlx-lm's `@mx.compile` (not shapeless: one trace per shape).
+fn compiled(f: fn(&[Array]) -> Result<Vec<Array>, Exception>) -> CompiledFn {
+    let mut c = compile(f, false);
+    Box::new(move |args: &[Array]| c(args))
+}
+
+thread_local! {
+    static CAST_SQUARE_SUM: RefCell<CompiledFn> = RefCell::new(compiled(cast_square_sum_graph));
+    static SHARDED_NORMALIZE: RefCell<CompiledFn> = RefCell::new(compiled(sharded_normalize_graph));
+}
+
+impl ShardedRmsNorm {
+    /// `ShardedRMSNorm.from_rms_norm`: this rank's part of `norm`'s weight (`what` names it).
+    pub fn from_rms_norm(norm: &RmsNorm, part: Part, what: &str) -> Result<Self, LoadError> {
+        Ok(ShardedRmsNorm {
+            weight: slice(&norm.weight, -1, part, &format!("{what}.weight"))?,
+            eps: norm.eps,
+            ranks: part.size as i32,
+        })
+    }
+
+    /// `ShardedRMSNorm.__call__` over this rank's features of `x`.
+    pub fn forward(&self, x: &Array) -> Result<Array, Exception> {
+        if plant::is(Defect::ShardedNormPerRank) {
+            // Planted: each rank normalizes its own features only (no cross-rank sum).
+            return mlx_rs::fast::rms_norm(x, Some(&self.weight), self.eps);
+        }
+        let norm2 = CAST_SQUARE_SUM
+            .with_borrow_mut(|f| f(std::slice::from_ref(x)))?
+            .remove(0);
+        let features = x.shape()[x.ndim() - 1];
+        let count = weak(f64::from(features * self.ranks), &norm2)?;
+        let eps = weak(f64::from(self.eps), &norm2)?;
+        let args = [x.clone(), norm2, self.weight.clone(), count, eps];
+        Ok(SHARDED_NORMALIZE.with_borrow_mut(|f| f(&args))?.remove(0))
     }
 }
 

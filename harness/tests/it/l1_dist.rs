@@ -315,6 +315,33 @@ fn planted_dropped_all_sum_fails_tp_mla() {
     assert_plant_fails("l1-dist/tp/tiny-deepseek-v3", "DistReduceDropped");
 }
 
+/// minimax's q/k norms over all heads, each rank normalizing only its own features (no sum
+/// of squares over the ranks, as mlx-lm's `ShardedRMSNorm` takes), fail.
+#[test]
+fn planted_per_rank_sharded_norm_fails_tp_minimax() {
+    assert_plant_fails("l1-dist/tp/tiny-minimax", "ShardedNormPerRank");
+}
+
+/// minimax with its all_sums dropped (o_proj's, and the sparse block's after the experts are
+/// weighed) fails.
+#[test]
+fn planted_dropped_all_sum_fails_tp_minimax() {
+    assert_plant_fails("l1-dist/tp/tiny-minimax", "DistReduceDropped");
+}
+
+/// ministral3 (Llama's split under the scaled, partly sliding attention) with o_proj keeping
+/// the other rank's slice fails.
+#[test]
+fn planted_wrong_rank_slice_fails_tp_ministral3() {
+    assert_plant_fails("l1-dist/tp/tiny-ministral3", "DistShardWrongRank");
+}
+
+/// ministral3's pipeline with its stages reversed (sliding and full layers on each) fails.
+#[test]
+fn planted_reversed_stages_fail_pp_ministral3() {
+    assert_plant_fails("l1-dist/pp/tiny-ministral3", "DistShardWrongRank");
+}
+
 /// Two ranks of tiny-llama against the single-process golden of another model
 /// (tiny-llama-trained: the same tokenizer and vocabulary, other sizes and weights) fail.
 #[test]
