@@ -57,6 +57,10 @@ from tinymodels import load_manifest
 # Model.shard in mlx-lm 0.32.2, so it is a PP row only.
 # deepseek_v3 (tiny-deepseek-v3: multi-head latent attention, 4 heads, grouped experts + a shared
 # expert) is a row of both: its Model.shard and PipelineMixin take it on 2 ranks.
+# So are mlx-lm's other MLA models, each its own copy of deepseek_v3's split: glm4_moe_lite
+# (tiny-glm4-moe-lite), deepseek_v32 (tiny-deepseek-v32: its shard leaves the indexer whole) and
+# kimi_k25 (tiny-kimi-k25: the wrapper's shard is deepseek_v3's on its language_model, and
+# sharded_load pipelines it through the wrapper's `model` property, the text model).
 def mode_models(mode: str) -> list[str]:
     return [row["name"] for row in load_manifest() if f"l1-dist-{mode}" in row["gates"]]
 

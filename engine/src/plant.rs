@@ -299,6 +299,11 @@ pub enum Defect {
     /// (the ReLU dropped), so other positions are kept. Caught by the L1 gate on
     /// tiny-deepseek-v32 (`tests/it/l1_models/mla.rs`).
     IndexerReluDropped,
+    /// Tensor parallel on DeepSeek-V3.2: the indexer split by its heads as the attention is
+    /// (`wq_b` and `weights_proj` cut by columns, each rank scoring with its half of the
+    /// heads), where mlx-lm's shard leaves it whole. Caught by the distributed L1 gate on
+    /// tiny-deepseek-v32 (`harness/tests/it/l1_dist.rs`).
+    IndexerShardedByHeads,
     /// Tokenizer loading: tokenizer.json is read as written where transformers rebuilds it
     /// from `tokenizer_class` (Llama 2's and DeepSeek V3's LlamaTokenizer). Caught by the
     /// tokenization gate (`tests/it/tokenize.rs`).
@@ -475,6 +480,7 @@ pub fn on_from_env() -> Result<(), String> {
             "KvRepeatAfterShard" => Defect::KvRepeatAfterShard,
             "ShardedNormPerRank" => Defect::ShardedNormPerRank,
             "MlaHeadsOfOtherRank" => Defect::MlaHeadsOfOtherRank,
+            "IndexerShardedByHeads" => Defect::IndexerShardedByHeads,
             "StrictToolsUnconstrained" => Defect::StrictToolsUnconstrained,
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use super::decoder::Mixer;
 use super::layers::{Linear, Rope};
 use super::mla::{mask_array, update, Mla, MlaShape};
-use super::shard::Part;
+use super::shard::{Part, Split};
 use crate::cache::{kv_of, Cache, CacheList, KvCache, Mask};
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -261,7 +261,18 @@ impl Mixer for SparseMla {
         named
     }
 
+    /// mlx-lm's `deepseek_v32.Model.shard`: the MLA half as deepseek_v3's; the indexer
+    /// (`wq_b`, `wk`, `k_norm`, `weights_proj`) stays whole on every rank, so each rank picks
+    /// the same positions for its heads.
     fn shard(&mut self, part: Part, layer: &str) -> Result<(), LoadError> {
+        if plant::is(Defect::IndexerShardedByHeads) {
+            let ix = &mut self.indexer;
+            let what = |n: &str| format!("{layer}.self_attn.indexer.{n}");
+            ix.wq_b.shard(Split::Columns, part, &what("wq_b"))?;
+            ix.weights_proj
+                .shard(Split::Columns, part, &what("weights_proj"))?;
+            ix.heads /= part.size as i32;
+        }
         self.mla.shard(part, layer)
     }
 }

@@ -220,6 +220,16 @@ impl Cache for StageCache {
         self.inner.as_arrays()
     }
 
+    // A layer whose cache is a list (deepseek_v32's [MLA latent, indexer keys]) reads its
+    // parts through the stage's wrapper; the send stays in the wrapper's state.
+    fn sub_caches(&self) -> Option<&[Box<dyn Cache>]> {
+        self.inner.sub_caches()
+    }
+
+    fn sub_caches_mut(&mut self) -> Option<&mut [Box<dyn Cache>]> {
+        self.inner.sub_caches_mut()
+    }
+
     fn carry(&mut self, dep: &Array) -> bool {
         self.sent = Some(dep.clone());
         true

@@ -511,21 +511,36 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("phimoe", phimoe)
     },
+    // The MLA variants below split as deepseek_v3 does (the same code, as mlx-lm's copies
+    // of its `Model.shard` and `PipelineMixin`), each gated on 2 ranks against mlx-lm's
+    // sharded runs of its tiny model (harness/tests/it/l1_dist.rs, l1-dist/tp and
+    // l1-dist/pp); LoRA and segmented backward gated as deepseek_v3's. glm4_moe_lite: its
+    // shared expert optional, as mlx-lm's shard checks.
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
+        pipeline: true,
         ..row("glm4_moe_lite", glm4_moe_lite)
     },
+    // deepseek_v32: the indexer (wq_b, wk, weights_proj, its norm) whole on every rank, as
+    // mlx-lm's shard leaves it; only the MLA half splits.
     Family {
         lora: true,
         segmented: true,
         batch: false,
+        tensor: true,
+        pipeline: true,
         ..row("deepseek_v32", deepseek_v32)
     },
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
+    // mlx-lm's wrapper delegates `shard` to deepseek_v3's and exposes the text model's
+    // `model` (a `PipelineMixin`), so both splits are deepseek_v3's.
     Family {
         lora: true,
         segmented: true,
+        tensor: true,
+        pipeline: true,
         ..row("kimi_k25", super::deepseek_v3::load_kimi_k25)
     },
     // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
@@ -577,8 +592,9 @@ pub fn parallel(f: &Family, mode: Mode) -> bool {
 
 /// The `model_type`s mlx-lm 0.32.2 splits by tensor parallel (`Model.shard` in its
 /// models/<type>.py, the type taken before `MODEL_REMAPPING` so that aliases count too) and
-/// by pipeline parallel (`PipelineMixin`), restricted to the families it has and the engine
-/// lists. A family runs a split here only where mlx-lm has it (the test
+/// by pipeline parallel (`PipelineMixin`, which `sharded_load` looks for at `model.model`:
+/// kimi_k25 too, its wrapper's `model` being the text model), restricted to the families it
+/// has and the engine lists. A family runs a split here only where mlx-lm has it (the test
 /// `parallel_modes_are_mlx_lm_s`); where mlx-lm has one the engine has not gated, the refusal
 /// says so instead of blaming mlx-lm.
 const MLX_LM_TENSOR: &[&str] = &[
@@ -611,6 +627,7 @@ const MLX_LM_PIPELINE: &[&str] = &[
     "kimi_k2",
     "joyai_llm_flash",
     "deepseek_v32",
+    "kimi_k25",
     "glm4_moe",
     "glm4_moe_lite",
     "ministral3",
@@ -868,7 +885,7 @@ mod tests {
         assert!(
             e.ends_with(
                 "families that can: qwen2, qwen3_moe, ministral3, qwen3_5, qwen3_5_moe, \
-                 qwen3_next, deepseek_v3, glm4_moe"
+                 qwen3_next, deepseek_v3, glm4_moe, glm4_moe_lite, deepseek_v32, kimi_k25"
             ),
             "{e}"
         );
@@ -876,7 +893,8 @@ mod tests {
         assert!(
             e.ends_with(
                 "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, ministral3, \
-                 qwen3_5, qwen3_5_moe, deepseek_v3, glm4_moe, minimax, minimax_m2"
+                 qwen3_5, qwen3_5_moe, deepseek_v3, glm4_moe, minimax, minimax_m2, glm4_moe_lite, \
+                 deepseek_v32, kimi_k25"
             ),
             "{e}"
         );

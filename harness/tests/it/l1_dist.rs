@@ -5,7 +5,8 @@
 //! `oracles/gen_l1_dist.py`) bit for bit: every stored logit vector, every greedy id. Both
 //! exit statuses are checked; every run is bounded and both ranks are killed past it. The
 //! planted defects `DistShardWrongRank`, `DistReduceDropped` and `GdnConvShardUnsegmented`
-//! (ENGINE_PLANT in the ranks' environment) must make it fail.
+//! (ENGINE_PLANT in the ranks' environment) must make it fail, as must the MLA ones
+//! (`MlaHeadsOfOtherRank`, deepseek_v32's `IndexerShardedByHeads`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -340,6 +341,45 @@ fn planted_wrong_rank_slice_fails_tp_ministral3() {
 #[test]
 fn planted_reversed_stages_fail_pp_ministral3() {
     assert_plant_fails("l1-dist/pp/tiny-ministral3", "DistShardWrongRank");
+}
+
+/// glm4_moe_lite (deepseek_v3's split, its shared expert optional) with its all_sums dropped
+/// fails.
+#[test]
+fn planted_dropped_all_sum_fails_tp_glm4_moe_lite() {
+    assert_plant_fails("l1-dist/tp/tiny-glm4-moe-lite", "DistReduceDropped");
+}
+
+/// glm4_moe_lite's stages reversed fails.
+#[test]
+fn planted_reversed_stages_fail_pp_glm4_moe_lite() {
+    assert_plant_fails("l1-dist/pp/tiny-glm4-moe-lite", "DistShardWrongRank");
+}
+
+/// deepseek_v32 with its indexer split by heads like the attention (mlx-lm keeps it whole:
+/// each rank then picks other positions) fails.
+#[test]
+fn planted_indexer_sharded_by_heads_fails_tp_deepseek_v32() {
+    assert_plant_fails("l1-dist/tp/tiny-deepseek-v32", "IndexerShardedByHeads");
+}
+
+/// deepseek_v32's stages reversed (each layer's cache a [latent, indexer keys] list) fails.
+#[test]
+fn planted_reversed_stages_fail_pp_deepseek_v32() {
+    assert_plant_fails("l1-dist/pp/tiny-deepseek-v32", "DistShardWrongRank");
+}
+
+/// kimi_k25 (the plain `q_proj` split by columns) with `embed_q` / `unembed_out` keeping the
+/// other rank's heads fails.
+#[test]
+fn planted_mla_heads_of_the_other_rank_fail_tp_kimi_k25() {
+    assert_plant_fails("l1-dist/tp/tiny-kimi-k25", "MlaHeadsOfOtherRank");
+}
+
+/// kimi_k25's stages reversed (the text model under `language_model`) fails.
+#[test]
+fn planted_reversed_stages_fail_pp_kimi_k25() {
+    assert_plant_fails("l1-dist/pp/tiny-kimi-k25", "DistShardWrongRank");
 }
 
 /// Two ranks of tiny-llama against the single-process golden of another model
