@@ -309,6 +309,19 @@ pub enum Defect {
     /// Chat templates: the tokenizer's special tokens (`bos_token`, …) never reach the
     /// template. Caught by the template gate (`tests/it/templates.rs`).
     TemplateSpecialTokensDropped,
+    /// `engine convert`: the tensors are saved in name order, not the model's parameter
+    /// order (`tree_flatten(model.parameters())`, each module's `__init__` order). Caught by
+    /// the convert gate against mlx_lm.convert on every family's case
+    /// (`engine/tests/it/convert.rs`).
+    ConvertParamsSortedByName,
+    /// `engine convert`: the MoE sanitizes stack the experts' gate projections from their
+    /// up projections and the reverse. Caught by the convert gate on the per-expert
+    /// checkpoints (deepseek_v3, glm4_moe, ernie4_5_moe, minimax, phimoe).
+    ConvertExpertsGateUpSwapped,
+    /// `engine convert`: the model's `quant_predicate` is ignored, so the routers it keeps
+    /// at 8 bits take the top-level bits. Caught by the convert gate on qwen3_moe and
+    /// minimax (and the MoE hybrids).
+    ConvertRouterAtTopBits,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
+use super::families;
 use super::quant::Params;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -17,6 +18,7 @@ use crate::load::LoadError;
 use crate::model::{
     falcon_h1, granitemoehybrid, lfm2, mamba2, nemotron_h, qwen3_5, qwen3_next, registry,
 };
+use crate::plant::{self, Defect};
 
 /// The attribute names of the supported families' modules, each module's in its
 /// `__init__` order. A name's rank orders siblings; names of different modules never meet.
@@ -289,6 +291,9 @@ const GEMMA2_CHILDREN: Children = &[(
 )];
 
 fn children(model_type: &str) -> Children {
+    if let Some(table) = families::children(model_type) {
+        return table;
+    }
     match model_type {
         "gemma2" => GEMMA2_CHILDREN,
         "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => QWEN3_5_CHILDREN,
@@ -333,7 +338,7 @@ fn extra_linears(model_type: &str) -> &'static [&'static str] {
             "fc2_latent_proj",
         ],
         "falcon_h1" | "mamba2" => &["in_proj", "out_proj"],
-        _ => &[],
+        _ => families::extra_linears(model_type),
     }
 }
 
@@ -381,6 +386,9 @@ pub fn sanitize(
         "mamba2" => Some(|_, w| mamba2::sanitize_conv(w)),
         _ => None,
     };
+    if families::sanitize(model_type, config, weights)? {
+        return Ok(());
+    }
     if let Some(f) = hybrid {
         let cfg = ModelConfig::from_value(PathBuf::from("config.json"), config.clone())?;
         let mut w = Weights::from_tensors(std::mem::take(weights));
@@ -485,7 +493,7 @@ pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "lfm2_moe" => path.contains("expert_bias"),
         "nemotron_h" => path.contains("A_log") || path.contains("e_score_correction_bias"),
-        _ => false,
+        _ => families::keeps_dtype(model_type, path),
     }
 }
 
@@ -508,9 +516,10 @@ pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Optio
             let local = text.get("num_local_experts").and_then(Value::as_i64);
             local.unwrap_or(0) != 0 && path.ends_with("router.layer")
         }
-        _ => false,
+        _ => families::router_at_8_bits(model_type, path),
     };
-    if !router {
+    // The plant quantizes the routers with the top-level parameters.
+    if !router || plant::is(Defect::ConvertRouterAtTopBits) {
         return None;
     }
     let params = Params {
@@ -525,6 +534,7 @@ pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Optio
 /// `__post_init__` renames its `rope_parameters`' `rope_type` to `type` in place (the args
 /// hold the config's own dict).
 pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>) {
+    families::fix_config(model_type, config);
     if !matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
         return;
     }
@@ -573,7 +583,7 @@ mod tests {
             ]
         );
         assert!(order_key("llama", "model.vision_tower.weight").is_err());
-        assert!(check_supported("phi3", &Value::Null).is_err());
+        assert!(check_supported("gpt_oss", &Value::Null).is_err());
     }
 
     #[test]
@@ -757,7 +767,7 @@ mod tests {
                 "model.layers.1.self_attn.q_proj.weight"
             ]
         );
-        assert!(check_supported("phi3", &Value::Null)
+        assert!(check_supported("gpt_oss", &Value::Null)
             .unwrap_err()
             .to_string()
             .contains("llama, mistral"));

@@ -257,6 +257,7 @@ pub static FAMILIES: &[Family] = &[
         compiled_decode: true,
         lora: true,
         segmented: true,
+        convert: true,
         ..row("phi3", phi3)
     },
     Family {
@@ -264,16 +265,19 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         tensor: true,
         pipeline: true,
+        convert: true,
         ..row("qwen3_moe", qwen3_moe)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("mixtral", mixtral)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("qwen2_moe", qwen2_moe)
     },
     Family {
@@ -291,10 +295,19 @@ pub static FAMILIES: &[Family] = &[
     },
     // L1 only: LoRA, convert and mlx-lm's shard() / PipelineMixin for it are not gated here
     // (the parallel refusal says mlx-lm has them).
-    row("ministral3", ministral3),
+    Family {
+        convert: true,
+        ..row("ministral3", ministral3)
+    },
     // Multimodal checkpoints read for text (model/vl_text.rs): L1 only.
-    row("mistral3", super::vl_text::build_mistral3),
-    row("qwen3_vl", super::vl_text::build_qwen3_vl),
+    Family {
+        convert: true,
+        ..row("mistral3", super::vl_text::build_mistral3)
+    },
+    Family {
+        convert: true,
+        ..row("qwen3_vl", super::vl_text::build_qwen3_vl)
+    },
     // LoRA with mlx-lm's default keys and segmented backward gated (tests/it/train_lora.rs,
     // engine/tests/it/train_families.rs), convert byte-identical; the rest of batch one L1
     // only. gemma2 is off the batch lane: mlx-lm's BatchGenerator raises on it.
@@ -314,31 +327,37 @@ pub static FAMILIES: &[Family] = &[
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("olmo3", olmo)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("seed_oss", llama)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("exaone4", exaone4)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("hunyuan_v1_dense", hunyuan)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("minicpm", minicpm)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("cohere2", cohere2)
     },
     // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
@@ -430,6 +449,7 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         tensor: true,
         pipeline: true,
+        convert: true,
         ..row("deepseek_v3", deepseek_v3)
     },
     // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
@@ -445,33 +465,39 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         tensor: true,
         pipeline: true,
+        convert: true,
         ..row("glm4_moe", glm4_moe)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("ernie4_5_moe", ernie4_5_moe)
     },
     // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we.
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("minimax", minimax)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("minimax_m2", minimax)
     },
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("llama4_text", llama4_text)
     },
     row("llama4", llama4),
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("phimoe", phimoe)
     },
     row("glm4_moe_lite", glm4_moe_lite),
@@ -809,9 +835,11 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, smollm3, gemma2, olmo2, \
-             lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, \
-             granitemoehybrid, falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, phi3, qwen3_moe, mixtral, \
+             qwen2_moe, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
+             seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
+             qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \
+             deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, phimoe"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(
