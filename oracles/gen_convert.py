@@ -141,6 +141,14 @@ CASES = [
     ("mixtral-q4-g32", "models/tiny-mixtral", ["-q", "--q-group-size", "32"]),
     ("qwen2-moe-q4-g32", "models/tiny-qwen2-moe", ["-q", "--q-group-size", "32"]),
     ("phi3-q4", "models/tiny-phi3", ["-q"]),
+    # The latent-attention successors: experts stacked, kv_b_proj split, every layer past
+    # num_hidden_layers dropped; deepseek_v32's indexer (wq_b, wk, weights_proj quantized).
+    ("glm4-moe-lite-q4-g32", "models/tiny-glm4-moe-lite", ["-q", "--q-group-size", "32"]),
+    ("deepseek-v32-q4-g32", "models/tiny-deepseek-v32", ["-q", "--q-group-size", "32"]),
+    # kimi_k25: deepseek_v3's sanitize under language_model., the towers dropped.
+    ("kimi-k25-q4-g32", "models/tiny-kimi-k25", ["-q", "--q-group-size", "32"]),
+    # minicpm3: latent attention without absorption (kv_b_proj kept and quantized).
+    ("minicpm3-q4-g32", "models/tiny-minicpm3", ["-q", "--q-group-size", "32"]),
     # `minimax`, the model_type mlx-lm's MODEL_REMAPPING sends minimax_m2 to: tiny-minimax
     # with it as its model_type (the case's "config_overrides"). deepseek_v3's aliases
     # (kimi_k2, joyai_llm_flash) have no case: mlx_lm.convert fails on such a tiny model

@@ -43,6 +43,58 @@ const DEEPSEEK_V3: Children = &[
     GLM4_MOE[3],
 ];
 
+/// DeepSeek V3.2: V3's, its attention ending with the sparse-attention indexer.
+const DEEPSEEK_V32: Children = &[
+    (
+        "self_attn",
+        &[
+            "q_proj",
+            "q_a_proj",
+            "q_a_layernorm",
+            "q_b_proj",
+            "kv_a_proj_with_mqa",
+            "kv_a_layernorm",
+            "embed_q",
+            "unembed_out",
+            "o_proj",
+            "indexer",
+        ],
+    ),
+    ("indexer", &["wq_b", "wk", "k_norm", "weights_proj"]),
+    GLM4_MOE[0],
+    GLM4_MOE[1],
+    GLM4_MOE[2],
+    GLM4_MOE[3],
+];
+
+/// Kimi K2.5: DeepSeek V3's text model under `language_model.`.
+const KIMI_K25: Children = &[
+    ("", &["language_model"]),
+    ("language_model", &["model", "lm_head"]),
+    DEEPSEEK_V3[0],
+    GLM4_MOE[0],
+    GLM4_MOE[1],
+    GLM4_MOE[2],
+    GLM4_MOE[3],
+];
+
+/// MiniCPM 3: latent attention without absorption (`kv_b_proj` kept), MLP gate, up, down.
+const MINICPM3: Children = &[
+    (
+        "self_attn",
+        &[
+            "q_a_proj",
+            "q_a_layernorm",
+            "q_b_proj",
+            "kv_a_proj_with_mqa",
+            "kv_a_layernorm",
+            "kv_b_proj",
+            "o_proj",
+        ],
+    ),
+    ("mlp", &["gate_proj", "up_proj", "down_proj"]),
+];
+
 /// GLM-4-MoE (its attention llama's with q/k norms): the dense MLP and the sparse block
 /// (SwitchGLU, the MoEGate router, shared experts), each MLP gate, up, down.
 const GLM4_MOE: Children = &[
@@ -179,7 +231,10 @@ const WRAPPER: Children = &[
 /// The family's children table (None: not one of these families).
 pub fn children(model_type: &str) -> Option<Children> {
     Some(match model_type {
-        "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" => DEEPSEEK_V3,
+        "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" | "glm4_moe_lite" => DEEPSEEK_V3,
+        "deepseek_v32" => DEEPSEEK_V32,
+        "kimi_k25" => KIMI_K25,
+        "minicpm3" => MINICPM3,
         "glm4_moe" => GLM4_MOE,
         "ernie4_5_moe" => ERNIE4_5_MOE,
         "mixtral" | "phimoe" | "minimax" | "minimax_m2" => BLOCK_SPARSE,
@@ -200,13 +255,24 @@ pub fn children(model_type: &str) -> Option<Children> {
 /// ones (DeepSeek's and GLM's MoEGate is a plain module, not among them).
 pub fn extra_linears(model_type: &str) -> &'static [&'static str] {
     match model_type {
-        "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" => &[
+        "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" | "glm4_moe_lite" | "kimi_k25" => &[
             "q_a_proj",
             "q_b_proj",
             "kv_a_proj_with_mqa",
             "embed_q",
             "unembed_out",
         ],
+        "deepseek_v32" => &[
+            "q_a_proj",
+            "q_b_proj",
+            "kv_a_proj_with_mqa",
+            "embed_q",
+            "unembed_out",
+            "wq_b",
+            "wk",
+            "weights_proj",
+        ],
+        "minicpm3" => &["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"],
         "ernie4_5_moe" | "mixtral" | "phimoe" | "minimax" | "minimax_m2" | "qwen3_moe" => &["gate"],
         "qwen2_moe" => &["gate", "shared_expert_gate"],
         "llama4_text" => &["output"],
@@ -220,7 +286,15 @@ pub fn extra_linears(model_type: &str) -> &'static [&'static str] {
 pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
     matches!(
         model_type,
-        "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" | "glm4_moe" | "minimax" | "minimax_m2"
+        "deepseek_v3"
+            | "kimi_k2"
+            | "joyai_llm_flash"
+            | "glm4_moe"
+            | "glm4_moe_lite"
+            | "deepseek_v32"
+            | "kimi_k25"
+            | "minimax"
+            | "minimax_m2"
     ) && path.contains("e_score_correction_bias")
 }
 
@@ -337,7 +411,7 @@ pub fn sanitize(
         }
         "mistral3" => sanitize_mistral3(config, weights)?,
         "qwen3_vl" => sanitize_qwen3_vl(weights),
-        "olmo3" | "exaone4" | "cohere2" | "llama4_text" | "phi3" => {}
+        "olmo3" | "exaone4" | "cohere2" | "llama4_text" | "phi3" | "minicpm3" => {}
         _ => return sanitize_moe(model_type, config, weights),
     }
     Ok(true)
@@ -371,6 +445,19 @@ fn sanitize_moe(
     let layers = int(config, "num_hidden_layers");
     match model_type {
         "deepseek_v3" | "kimi_k2" | "joyai_llm_flash" => sanitize_deepseek_v3(config, weights)?,
+        "glm4_moe_lite" | "deepseek_v32" => {
+            // Every layer past the decoder's (the MTP layers) first.
+            weights.retain(|k, _| {
+                let parts: Vec<&str> = k.split('.').collect();
+                let index = parts.get(2).and_then(|i| i.parse::<i64>().ok());
+                !(parts.len() >= 3 && parts[1] == "layers" && index.is_some_and(|i| i >= layers))
+            });
+            if model_type == "deepseek_v32" {
+                refuse_fp8(model_type, weights)?;
+            }
+            stack_and_split(config, weights)?;
+        }
+        "kimi_k25" => sanitize_kimi_k25(config, weights)?,
         "glm4_moe" => {
             let experts = int(config, "n_routed_experts");
             stack_layers(weights, 0..layers, "mlp", GATE_DOWN_UP, experts)?;
@@ -433,6 +520,39 @@ fn sanitize_moe(
 /// tables dropped.
 fn sanitize_deepseek_v3(config: &Value, weights: &mut BTreeMap<String, Array>) -> Result<()> {
     refuse_fp8("deepseek_v3", weights)?;
+    stack_and_split(config, weights)?;
+    weights.retain(|k, _| !k.starts_with("model.layers.61") && !k.contains("rotary_emb.inv_freq"));
+    Ok(())
+}
+
+/// Kimi K2.5: the towers and projectors dropped, the text model's weights sanitized as
+/// DeepSeek V3's (by `text_config`) under `language_model.`.
+fn sanitize_kimi_k25(config: &Value, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    const TOWERS: [&str; 4] = [
+        "vision_tower",
+        "vision_model",
+        "multi_modal_projector",
+        "mm_projector",
+    ];
+    weights.retain(|k, _| !TOWERS.contains(&k.split('.').next().unwrap_or("")));
+    let mut lm = BTreeMap::new();
+    for k in weights.keys().cloned().collect::<Vec<_>>() {
+        if let Some(rest) = k.strip_prefix("language_model.") {
+            let v = weights.remove(&k).expect("a listed key");
+            lm.insert(rest.to_string(), v);
+        }
+    }
+    let text = config.get("text_config").unwrap_or(config);
+    sanitize_deepseek_v3(text, &mut lm)?;
+    weights.extend(
+        lm.into_iter()
+            .map(|(k, v)| (format!("language_model.{k}"), v)),
+    );
+    Ok(())
+}
+
+/// DeepSeek V3's and its successors' experts stacked and `kv_b_proj` split, layer by layer.
+fn stack_and_split(config: &Value, weights: &mut BTreeMap<String, Array>) -> Result<()> {
     let layers = int(config, "num_hidden_layers");
     let experts = int(config, "n_routed_experts");
     let heads = int(config, "num_attention_heads") as i32;
@@ -450,7 +570,6 @@ fn sanitize_deepseek_v3(config: &Value, weights: &mut BTreeMap<String, Array>) -
         )?;
     }
     weights.extend(w.into_tensors());
-    weights.retain(|k, _| !k.starts_with("model.layers.61") && !k.contains("rotary_emb.inv_freq"));
     Ok(())
 }
 

@@ -500,16 +500,26 @@ pub static FAMILIES: &[Family] = &[
         convert: true,
         ..row("phimoe", phimoe)
     },
-    row("glm4_moe_lite", glm4_moe_lite),
+    Family {
+        convert: true,
+        ..row("glm4_moe_lite", glm4_moe_lite)
+    },
     Family {
         batch: false,
+        convert: true,
         ..row("deepseek_v32", deepseek_v32)
     },
     // Kimi K2.5's multimodal wrapper, loaded for text (its `text_config` is deepseek_v3's).
-    row("kimi_k25", super::deepseek_v3::load_kimi_k25),
+    Family {
+        convert: true,
+        ..row("kimi_k25", super::deepseek_v3::load_kimi_k25)
+    },
     // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
     // shard it.
-    row("minicpm3", minicpm3),
+    Family {
+        convert: true,
+        ..row("minicpm3", minicpm3)
+    },
 ];
 
 /// The row of `model_type`, or the refusal that lists the supported ones.
@@ -839,7 +849,8 @@ mod tests {
              qwen2_moe, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
              seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
              qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \
-             deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, phimoe"
+             deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, phimoe, \
+             glm4_moe_lite, deepseek_v32, kimi_k25, minicpm3"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

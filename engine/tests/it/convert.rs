@@ -319,6 +319,10 @@ const ISSUE_38_CASES: &[&str] = &[
     "qwen2-moe-q4-g32",
     "phi3-q4",
     "minimax-alias-q4-g32",
+    "glm4-moe-lite-q4-g32",
+    "deepseek-v32-q4-g32",
+    "kimi-k25-q4-g32",
+    "minicpm3-q4-g32",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
@@ -352,6 +356,8 @@ fn planted_gate_up_swap_fails_the_per_expert_moes() {
     let cases = [
         "deepseek-v3-q4-g32",
         "glm4-moe-q4-g32",
+        "glm4-moe-lite-q4-g32",
+        "deepseek-v32-q4-g32",
         "ernie4-5-moe-q4-g32",
         "minimax-q4-g32",
         "phimoe-q4-g32",
