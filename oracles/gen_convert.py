@@ -149,6 +149,8 @@ CASES = [
     ("kimi-k25-q4-g32", "models/tiny-kimi-k25", ["-q", "--q-group-size", "32"]),
     # minicpm3: latent attention without absorption (kv_b_proj kept and quantized).
     ("minicpm3-q4-g32", "models/tiny-minicpm3", ["-q", "--q-group-size", "32"]),
+    # gemma3: the towers dropped; its args write text_config's vocab_size and head counts.
+    ("gemma3-mm-q4", "models/tiny-gemma3-mm", ["-q"]),
     # `minimax`, the model_type mlx-lm's MODEL_REMAPPING sends minimax_m2 to: tiny-minimax
     # with it as its model_type (the case's "config_overrides"). deepseek_v3's aliases
     # (kimi_k2, joyai_llm_flash) have no case: mlx_lm.convert fails on such a tiny model

@@ -245,7 +245,7 @@ pub fn children(model_type: &str) -> Option<Children> {
         "hunyuan_v1_dense" => HUNYUAN,
         "llama4_text" => LLAMA4_TEXT,
         "phi3" => PHI3,
-        "mistral3" | "qwen3_vl" => WRAPPER,
+        "mistral3" | "qwen3_vl" | "gemma3" => WRAPPER,
         "ministral3" | "olmo3" | "seed_oss" | "exaone4" => &[],
         _ => return None,
     })
@@ -411,6 +411,21 @@ pub fn sanitize(
         }
         "mistral3" => sanitize_mistral3(config, weights)?,
         "qwen3_vl" => sanitize_qwen3_vl(weights),
+        "gemma3" => {
+            // The towers dropped; gemma3_text's sanitize drops nothing.
+            weights.retain(|k, _| {
+                !matches!(
+                    k.split('.').next(),
+                    Some("vision_tower" | "multi_modal_projector")
+                )
+            });
+            if !weights.keys().any(|k| k.starts_with("language_model.")) {
+                bail!(
+                    "engine convert: gemma3: no `language_model.` tensors (mlx-lm 0.32.2's gemma3 \
+                     reads its text model from there only)"
+                );
+            }
+        }
         "olmo3" | "exaone4" | "cohere2" | "llama4_text" | "phi3" | "minicpm3" => {}
         _ => return sanitize_moe(model_type, config, weights),
     }
@@ -656,11 +671,25 @@ fn sanitize_qwen3_vl(weights: &mut BTreeMap<String, Array>) {
 }
 
 /// What building mlx-lm's model args does to the config it saves: mistral3's sets a
-/// missing `text_config.tie_word_embeddings` to false.
+/// missing `text_config.tie_word_embeddings` to false; gemma3's sets `text_config.vocab_size`
+/// to the top-level one (default 262208) and missing head counts to 8 and 4 (K/V).
 pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>) {
-    if model_type == "mistral3" {
-        if let Some(Value::Object(t)) = config.get_mut("text_config") {
+    let vocab = config
+        .get("vocab_size")
+        .cloned()
+        .unwrap_or(Value::from(262208));
+    let Some(Value::Object(t)) = config.get_mut("text_config") else {
+        return;
+    };
+    match model_type {
+        "mistral3" => {
             t.entry("tie_word_embeddings").or_insert(Value::Bool(false));
         }
+        "gemma3" => {
+            t.insert("vocab_size".into(), vocab);
+            t.entry("num_attention_heads").or_insert(Value::from(8));
+            t.entry("num_key_value_heads").or_insert(Value::from(4));
+        }
+        _ => {}
     }
 }

@@ -323,6 +323,7 @@ const ISSUE_38_CASES: &[&str] = &[
     "deepseek-v32-q4-g32",
     "kimi-k25-q4-g32",
     "minicpm3-q4-g32",
+    "gemma3-mm-q4",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
