@@ -245,7 +245,7 @@ pub fn children(model_type: &str) -> Option<Children> {
         "hunyuan_v1_dense" => HUNYUAN,
         "llama4_text" => LLAMA4_TEXT,
         "phi3" => PHI3,
-        "mistral3" | "qwen3_vl" | "gemma3" => WRAPPER,
+        "mistral3" | "qwen3_vl" | "gemma3" | "gemma4" => WRAPPER,
         "ministral3" | "olmo3" | "seed_oss" | "exaone4" => &[],
         _ => return None,
     })
@@ -671,13 +671,19 @@ fn sanitize_qwen3_vl(weights: &mut BTreeMap<String, Array>) {
 }
 
 /// What building mlx-lm's model args does to the config it saves: mistral3's sets a
-/// missing `text_config.tie_word_embeddings` to false; gemma3's sets `text_config.vocab_size`
-/// to the top-level one (default 262208) and missing head counts to 8 and 4 (K/V).
+/// missing `text_config.tie_word_embeddings` to false; gemma3's and gemma4's set
+/// `text_config.vocab_size` to the top-level one (default 262208 / 262144) and missing head
+/// counts to 8 and 4 / 1 (K/V).
 pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>) {
+    let default_vocab = if model_type == "gemma4" {
+        262144
+    } else {
+        262208
+    };
     let vocab = config
         .get("vocab_size")
         .cloned()
-        .unwrap_or(Value::from(262208));
+        .unwrap_or(Value::from(default_vocab));
     let Some(Value::Object(t)) = config.get_mut("text_config") else {
         return;
     };
@@ -685,10 +691,11 @@ pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>)
         "mistral3" => {
             t.entry("tie_word_embeddings").or_insert(Value::Bool(false));
         }
-        "gemma3" => {
+        "gemma3" | "gemma4" => {
             t.insert("vocab_size".into(), vocab);
             t.entry("num_attention_heads").or_insert(Value::from(8));
-            t.entry("num_key_value_heads").or_insert(Value::from(4));
+            let kv = if model_type == "gemma4" { 1 } else { 4 };
+            t.entry("num_key_value_heads").or_insert(Value::from(kv));
         }
         _ => {}
     }

@@ -351,7 +351,8 @@ pub fn check_supported(model_type: &str, config: &Value) -> anyhow::Result<()> {
             registry::refusal(model_type, registry::Capability::Convert)
         )
     }
-    if flag(config, "enable_moe_block") {
+    let text = config.get("text_config").unwrap_or(&Value::Null);
+    if flag(config, "enable_moe_block") || flag(text, "enable_moe_block") {
         anyhow::bail!(
             "engine convert does not support {model_type} with `enable_moe_block` (the \
              mixture-of-experts Gemma 4) yet; convert it with `mlx_lm.convert` — the engine \
@@ -414,6 +415,39 @@ fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<Strin
             weights.remove("lm_head.weight");
         }
         "gemma4_text" => sanitize_gemma4(config, weights),
+        "gemma4" => {
+            // The wrapper: `model.` dropped, the towers and embedders dropped,
+            // `model.language_model.X` → `language_model.model.X`, then gemma4_text's
+            // sanitize by `text_config`.
+            const TOWERS: [&str; 6] = [
+                "vision_tower",
+                "multi_modal_projector",
+                "audio_tower",
+                "embed_audio",
+                "embed_vision",
+                "vision_embedder",
+            ];
+            let mut renamed = BTreeMap::new();
+            for (k, v) in std::mem::take(weights) {
+                let Some(rest) = k.strip_prefix("model.") else {
+                    if !TOWERS.iter().any(|t| k.starts_with(t)) {
+                        renamed.insert(k, v);
+                    }
+                    continue;
+                };
+                if TOWERS.iter().any(|t| rest.starts_with(t)) {
+                    continue;
+                }
+                let k = if rest.starts_with("language_model") {
+                    rest.replace("language_model.", "language_model.model.")
+                } else {
+                    rest.to_string()
+                };
+                renamed.insert(k, v);
+            }
+            *weights = renamed;
+            sanitize_gemma4(config.get("text_config").unwrap_or(&Value::Null), weights);
+        }
         // gemma3_text: a missing lm_head ties it (nothing dropped).
         _ => {}
     }

@@ -252,6 +252,7 @@ pub static FAMILIES: &[Family] = &[
     Family {
         lora: true,
         segmented: true,
+        convert: true,
         ..row("gemma4", super::wrapper::build)
     },
     Family {
@@ -846,8 +847,8 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma3, phi3, qwen3_moe, \
-             mixtral, \
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma3, gemma4, phi3, \
+             qwen3_moe, mixtral, \
              qwen2_moe, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
              seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
              qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \

@@ -324,6 +324,7 @@ const ISSUE_38_CASES: &[&str] = &[
     "kimi-k25-q4-g32",
     "minicpm3-q4-g32",
     "gemma3-mm-q4",
+    "gemma4-mm-q4",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
