@@ -315,8 +315,9 @@ pub enum Defect {
     /// (`engine/tests/it/convert.rs`).
     ConvertParamsSortedByName,
     /// `engine convert`: the MoE sanitizes stack the experts' gate projections from their
-    /// up projections and the reverse. Caught by the convert gate on the per-expert
-    /// checkpoints (deepseek_v3, glm4_moe, ernie4_5_moe, minimax, phimoe).
+    /// up projections and the reverse (llama4's fused experts split the other way round).
+    /// Caught by the convert gate on the per-expert checkpoints (deepseek_v3, glm4_moe,
+    /// glm4_moe_lite, deepseek_v32, ernie4_5_moe, minimax, phimoe) and on llama4.
     ConvertExpertsGateUpSwapped,
     /// `engine convert`: the model's `quant_predicate` is ignored, so the routers it keeps
     /// at 8 bits take the top-level bits. Caught by the convert gate on qwen3_moe and

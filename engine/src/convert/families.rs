@@ -215,6 +215,34 @@ const LLAMA4_TEXT: Children = &[
     ("feed_forward", &["gate_proj", "up_proj", "down_proj"]),
 ];
 
+/// Llama 4 (the multimodal wrapper): its text model under `language_model.`, the
+/// feed-forward a SwiGLU or the sparse block (experts, router, shared expert).
+const LLAMA4: Children = &[
+    ("", &["language_model"]),
+    ("language_model", &["model", "lm_head"]),
+    (
+        "layers",
+        &[
+            "self_attn",
+            "feed_forward",
+            "input_layernorm",
+            "post_attention_layernorm",
+        ],
+    ),
+    (
+        "feed_forward",
+        &[
+            "gate_proj",
+            "down_proj",
+            "up_proj",
+            "experts",
+            "router",
+            "shared_expert",
+        ],
+    ),
+    ("experts", &["gate_proj", "up_proj", "down_proj"]),
+];
+
 /// Phi-3: fused projections.
 const PHI3: Children = &[
     ("self_attn", &["qkv_proj", "o_proj"]),
@@ -244,6 +272,7 @@ pub fn children(model_type: &str) -> Option<Children> {
         "cohere2" => COHERE2,
         "hunyuan_v1_dense" => HUNYUAN,
         "llama4_text" => LLAMA4_TEXT,
+        "llama4" => LLAMA4,
         "phi3" => PHI3,
         "mistral3" | "qwen3_vl" | "gemma3" | "gemma4" => WRAPPER,
         "ministral3" | "olmo3" | "seed_oss" | "exaone4" => &[],
@@ -276,6 +305,7 @@ pub fn extra_linears(model_type: &str) -> &'static [&'static str] {
         "ernie4_5_moe" | "mixtral" | "phimoe" | "minimax" | "minimax_m2" | "qwen3_moe" => &["gate"],
         "qwen2_moe" => &["gate", "shared_expert_gate"],
         "llama4_text" => &["output"],
+        "llama4" => &["router"],
         "phi3" => &["qkv_proj", "gate_up_proj"],
         _ => &[],
     }
@@ -473,6 +503,7 @@ fn sanitize_moe(
             stack_and_split(config, weights)?;
         }
         "kimi_k25" => sanitize_kimi_k25(config, weights)?,
+        "llama4" => sanitize_llama4(config, weights)?,
         "glm4_moe" => {
             let experts = int(config, "n_routed_experts");
             stack_layers(weights, 0..layers, "mlp", GATE_DOWN_UP, experts)?;
@@ -528,6 +559,35 @@ fn sanitize_moe(
         _ => return Ok(false),
     }
     Ok(true)
+}
+
+/// Llama 4: the vision model and projector dropped; each layer's fused experts
+/// (`gate_up_proj` [E, D, 2·I] split on its last axis, `down_proj` [E, I, D]) moved to
+/// SwitchGLU's layout, each transposed to [E, out, in].
+fn sanitize_llama4(config: &Value, weights: &mut BTreeMap<String, Array>) -> Result<()> {
+    weights.retain(|k, _| !k.contains("vision_model") && !k.contains("multi_modal_projector"));
+    let text = config.get("text_config").unwrap_or(&Value::Null);
+    for l in 0..int(text, "num_hidden_layers") {
+        let prefix = format!("language_model.model.layers.{l}.feed_forward.experts");
+        if let Some(v) = weights.remove(&format!("{prefix}.gate_up_proj")) {
+            let mut halves = mlx_rs::ops::split_equal(&v, 2, -1)?;
+            if plant::is(Defect::ConvertExpertsGateUpSwapped) {
+                halves.swap(0, 1);
+            }
+            weights.insert(
+                format!("{prefix}.gate_proj.weight"),
+                halves[0].swap_axes(1, 2)?,
+            );
+            weights.insert(
+                format!("{prefix}.up_proj.weight"),
+                halves[1].swap_axes(1, 2)?,
+            );
+        }
+        if let Some(v) = weights.remove(&format!("{prefix}.down_proj")) {
+            weights.insert(format!("{prefix}.down_proj.weight"), v.swap_axes(1, 2)?);
+        }
+    }
+    Ok(())
 }
 
 /// DeepSeek V3: fp8 / int4 refused, experts stacked, `kv_b_proj` split into `embed_q` /

@@ -495,7 +495,10 @@ pub static FAMILIES: &[Family] = &[
         convert: true,
         ..row("llama4_text", llama4_text)
     },
-    row("llama4", llama4),
+    Family {
+        convert: true,
+        ..row("llama4", llama4)
+    },
     Family {
         lora: true,
         segmented: true,
@@ -852,7 +855,8 @@ mod tests {
              qwen2_moe, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
              seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
              qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \
-             deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, phimoe, \
+             deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, llama4, \
+             phimoe, \
              glm4_moe_lite, deepseek_v32, kimi_k25, minicpm3"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();

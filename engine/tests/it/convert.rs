@@ -325,6 +325,7 @@ const ISSUE_38_CASES: &[&str] = &[
     "minicpm3-q4-g32",
     "gemma3-mm-q4",
     "gemma4-mm-q4",
+    "llama4-q4-g32",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
@@ -370,6 +371,10 @@ fn planted_gate_up_swap_fails_the_per_expert_moes() {
                 && p.contains("switch_mlp.gate_proj."),
             "{name}: {p}"
         );
+    }
+    // Llama 4's fused experts, split into gate and up the other way round.
+    for (name, p) in planted_problems(&["llama4-q4-g32"]) {
+        assert!(p.contains("feed_forward.experts.gate_proj."), "{name}: {p}");
     }
 }
 
