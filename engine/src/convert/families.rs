@@ -243,6 +243,18 @@ const LLAMA4: Children = &[
     ("experts", &["gate_proj", "up_proj", "down_proj"]),
 ];
 
+/// gpt-oss: the model sets its norm before its layers, attention its sinks first, the MLP
+/// its experts before the router.
+const GPT_OSS: Children = &[
+    ("model", &["embed_tokens", "norm", "layers"]),
+    (
+        "self_attn",
+        &["sinks", "q_proj", "k_proj", "v_proj", "o_proj"],
+    ),
+    ("mlp", &["experts", "router"]),
+    ("experts", &["gate_proj", "up_proj", "down_proj"]),
+];
+
 /// Phi-3: fused projections.
 const PHI3: Children = &[
     ("self_attn", &["qkv_proj", "o_proj"]),
@@ -273,6 +285,7 @@ pub fn children(model_type: &str) -> Option<Children> {
         "hunyuan_v1_dense" => HUNYUAN,
         "llama4_text" => LLAMA4_TEXT,
         "llama4" => LLAMA4,
+        "gpt_oss" => GPT_OSS,
         "phi3" => PHI3,
         "mistral3" | "qwen3_vl" | "gemma3" | "gemma4" => WRAPPER,
         "ministral3" | "olmo3" | "seed_oss" | "exaone4" => &[],
@@ -305,7 +318,7 @@ pub fn extra_linears(model_type: &str) -> &'static [&'static str] {
         "ernie4_5_moe" | "mixtral" | "phimoe" | "minimax" | "minimax_m2" | "qwen3_moe" => &["gate"],
         "qwen2_moe" => &["gate", "shared_expert_gate"],
         "llama4_text" => &["output"],
-        "llama4" => &["router"],
+        "llama4" | "gpt_oss" => &["router"],
         "phi3" => &["qkv_proj", "gate_up_proj"],
         _ => &[],
     }
@@ -329,11 +342,12 @@ pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
 }
 
 /// The `quant_predicate`s: the router at 8 bits (MiniMax's `block_sparse_moe.gate`,
-/// Qwen3-MoE's `mlp.gate`).
+/// Qwen3-MoE's `mlp.gate`, gpt-oss's `mlp.router`).
 pub fn router_at_8_bits(model_type: &str, path: &str) -> bool {
     match model_type {
         "minimax" | "minimax_m2" => path.ends_with("block_sparse_moe.gate"),
         "qwen3_moe" => path.ends_with("mlp.gate"),
+        "gpt_oss" => path.ends_with("router"),
         _ => false,
     }
 }
@@ -504,6 +518,18 @@ fn sanitize_moe(
         }
         "kimi_k25" => sanitize_kimi_k25(config, weights)?,
         "llama4" => sanitize_llama4(config, weights)?,
+        "gpt_oss" => {
+            // mlx-lm leaves a checkpoint with `gate_proj.weight` names as it is; Hugging
+            // Face's fused, interleaved `gate_up_proj` layout is not converted here yet.
+            if !weights.keys().any(|k| k.contains("gate_proj.weight")) {
+                bail!(
+                    "engine convert: gpt_oss: Hugging Face's fused `gate_up_proj` expert layout \
+                     is not converted here yet (only checkpoints already in SwitchGLU's \
+                     `gate_proj` / `up_proj` / `down_proj` layout); convert this one with \
+                     `mlx_lm.convert`"
+                );
+            }
+        }
         "glm4_moe" => {
             let experts = int(config, "n_routed_experts");
             stack_layers(weights, 0..layers, "mlp", GATE_DOWN_UP, experts)?;

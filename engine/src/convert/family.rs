@@ -617,7 +617,7 @@ mod tests {
             ]
         );
         assert!(order_key("llama", "model.vision_tower.weight").is_err());
-        assert!(check_supported("gpt_oss", &Value::Null).is_err());
+        assert!(check_supported("gemma3n", &Value::Null).is_err());
     }
 
     #[test]
@@ -801,7 +801,7 @@ mod tests {
                 "model.layers.1.self_attn.q_proj.weight"
             ]
         );
-        assert!(check_supported("gpt_oss", &Value::Null)
+        assert!(check_supported("gemma3n", &Value::Null)
             .unwrap_err()
             .to_string()
             .contains("llama, mistral"));

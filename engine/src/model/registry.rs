@@ -284,6 +284,7 @@ pub static FAMILIES: &[Family] = &[
     },
     Family {
         tensor: true,
+        convert: true,
         ..row("gpt_oss", gpt_oss)
     },
     // LoRA gated against mlx-lm's trainer (its NoPE layer among the adapted ones), segmented
@@ -801,7 +802,7 @@ mod tests {
             ),
             "{table}"
         );
-        assert!(table.contains("| `gpt_oss` | refused (not gated yet) | refused (not gated yet) | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(table.contains("| `gpt_oss` | refused (not gated yet) | refused (not gated yet) | gated | gated | refused (mlx-lm lacks it) |"), "{table}");
         assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
     }
 
@@ -852,7 +853,7 @@ mod tests {
             names(|f| f.convert),
             "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma3, gemma4, phi3, \
              qwen3_moe, mixtral, \
-             qwen2_moe, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
+             qwen2_moe, gpt_oss, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
              seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
              qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \
              deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, llama4, \

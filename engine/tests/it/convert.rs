@@ -326,6 +326,7 @@ const ISSUE_38_CASES: &[&str] = &[
     "gemma3-mm-q4",
     "gemma4-mm-q4",
     "llama4-q4-g32",
+    "gpt-oss-q4-g32",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
@@ -379,11 +380,11 @@ fn planted_gate_up_swap_fails_the_per_expert_moes() {
 }
 
 /// The routers quantized with the top-level bits (the model's `quant_predicate` ignored)
-/// fail qwen3_moe and minimax: their config no longer names the routers' 8 bits.
+/// fail qwen3_moe, minimax and gpt_oss: their config no longer names the routers' 8 bits.
 #[test]
-fn planted_routers_at_top_bits_fail_qwen3_moe_and_minimax() {
+fn planted_routers_at_top_bits_fail_qwen3_moe_minimax_and_gpt_oss() {
     let _on = plant::on(Defect::ConvertRouterAtTopBits).unwrap();
-    for (name, p) in planted_problems(&["qwen3-moe-q4-g32", "minimax-q4-g32"]) {
+    for (name, p) in planted_problems(&["qwen3-moe-q4-g32", "minimax-q4-g32", "gpt-oss-q4-g32"]) {
         assert!(p.contains("config.json differs"), "{name}: {p}");
     }
 }
@@ -508,16 +509,16 @@ fn refusals_say_what_is_wrong() {
     let err = convert(&args).unwrap_err().to_string();
     assert_eq!(err, "Quant predicates only support 'affine' quantization.");
 
-    let gpt_oss = tmp.path().join("gpt_oss");
-    std::fs::create_dir(&gpt_oss).unwrap();
-    std::fs::write(gpt_oss.join("config.json"), r#"{"model_type": "gpt_oss"}"#).unwrap();
+    let gemma3n = tmp.path().join("gemma3n");
+    std::fs::create_dir(&gemma3n).unwrap();
+    std::fs::write(gemma3n.join("config.json"), r#"{"model_type": "gemma3n"}"#).unwrap();
     let out = tmp.path().join("b");
-    let err = convert(&ConvertArgs::new(&gpt_oss, &out))
+    let err = convert(&ConvertArgs::new(&gemma3n, &out))
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
-        engine::model::registry::refusal("gpt_oss", engine::model::registry::Capability::Convert)
+        engine::model::registry::refusal("gemma3n", engine::model::registry::Capability::Convert)
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();
