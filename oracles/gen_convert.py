@@ -159,6 +159,9 @@ CASES = [
     ("llama4-q4-g32", "models/tiny-llama4", ["-q", "--q-group-size", "32"]),
     # gpt_oss in SwitchGLU's layout (its sanitize a no-op): sinks first, the router at 8 bits.
     ("gpt-oss-q4-g32", "models/tiny-gpt-oss", ["-q", "--q-group-size", "32"]),
+    # gemma3n: the towers and embedders dropped; AltUp's and Laurel's linears (the lists
+    # altup_projections / altup_unembed_projections too) quantized where g32 divides them.
+    ("gemma3n-q4-g32", "models/tiny-gemma3n", ["-q", "--q-group-size", "32"]),
     # `minimax`, the model_type mlx-lm's MODEL_REMAPPING sends minimax_m2 to: tiny-minimax
     # with it as its model_type (the case's "config_overrides"). deepseek_v3's aliases
     # (kimi_k2, joyai_llm_flash) have no case: mlx_lm.convert fails on such a tiny model

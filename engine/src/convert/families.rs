@@ -255,6 +255,55 @@ const GPT_OSS: Children = &[
     ("experts", &["gate_proj", "up_proj", "down_proj"]),
 ];
 
+/// Gemma 3n: the text model under `model.language_model.`, AltUp and Laurel in each layer.
+const GEMMA3N: Children = &[
+    ("model", &["language_model"]),
+    (
+        "language_model",
+        &[
+            "embed_tokens",
+            "layers",
+            "embed_tokens_per_layer",
+            "per_layer_model_projection",
+            "per_layer_projection_norm",
+            "altup_projections",
+            "altup_unembed_projections",
+            "norm",
+        ],
+    ),
+    (
+        "layers",
+        &[
+            "self_attn",
+            "mlp",
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+            "altup",
+            "laurel",
+            "per_layer_input_gate",
+            "per_layer_projection",
+            "post_per_layer_input_norm",
+        ],
+    ),
+    ("mlp", &["gate_proj", "up_proj", "down_proj"]),
+    (
+        "altup",
+        &[
+            "correct_output_scale",
+            "correction_coefs",
+            "prediction_coefs",
+            "modality_router",
+            "router_norm",
+        ],
+    ),
+    (
+        "laurel",
+        &["linear_left", "linear_right", "post_laurel_norm"],
+    ),
+];
+
 /// Phi-3: fused projections.
 const PHI3: Children = &[
     ("self_attn", &["qkv_proj", "o_proj"]),
@@ -286,6 +335,7 @@ pub fn children(model_type: &str) -> Option<Children> {
         "llama4_text" => LLAMA4_TEXT,
         "llama4" => LLAMA4,
         "gpt_oss" => GPT_OSS,
+        "gemma3n" => GEMMA3N,
         "phi3" => PHI3,
         "mistral3" | "qwen3_vl" | "gemma3" | "gemma4" => WRAPPER,
         "ministral3" | "olmo3" | "seed_oss" | "exaone4" => &[],
@@ -319,6 +369,15 @@ pub fn extra_linears(model_type: &str) -> &'static [&'static str] {
         "qwen2_moe" => &["gate", "shared_expert_gate"],
         "llama4_text" => &["output"],
         "llama4" | "gpt_oss" => &["router"],
+        "gemma3n" => &[
+            "correction_coefs",
+            "prediction_coefs",
+            "modality_router",
+            "linear_left",
+            "linear_right",
+            "altup_projections",
+            "altup_unembed_projections",
+        ],
         "phi3" => &["qkv_proj", "gate_up_proj"],
         _ => &[],
     }
@@ -455,6 +514,14 @@ pub fn sanitize(
         }
         "mistral3" => sanitize_mistral3(config, weights)?,
         "qwen3_vl" => sanitize_qwen3_vl(weights),
+        "gemma3n" => {
+            const TOWERS: [&str; 4] =
+                ["vision_tower", "audio_tower", "embed_audio", "embed_vision"];
+            weights.retain(|k, _| {
+                let mut segs = k.split('.');
+                !(segs.next() == Some("model") && segs.next().is_some_and(|s| TOWERS.contains(&s)))
+            });
+        }
         "gemma3" => {
             // The towers dropped; gemma3_text's sanitize drops nothing.
             weights.retain(|k, _| {

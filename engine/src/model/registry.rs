@@ -364,7 +364,10 @@ pub static FAMILIES: &[Family] = &[
         ..row("cohere2", cohere2)
     },
     // Gemma 3n's text model (AltUp, Laurel, per-layer inputs, KV sharing): L1 only.
-    row("gemma3n", super::gemma3n::load),
+    Family {
+        convert: true,
+        ..row("gemma3n", super::gemma3n::load)
+    },
     // The hybrids: LoRA with mlx-lm's default keys (every Linear and SwitchLinear of a block:
     // the recurrent mixers' projections, never their conv1d; nemotron_h's `E` blocks' expert
     // stacks, latent projections and shared expert, not their router) gated against mlx-lm's
@@ -854,7 +857,7 @@ mod tests {
             "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma3, gemma4, phi3, \
              qwen3_moe, mixtral, \
              qwen2_moe, gpt_oss, smollm3, ministral3, mistral3, qwen3_vl, gemma2, olmo2, olmo3, \
-             seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, lfm2, lfm2_moe, qwen3_5, \
+             seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, gemma3n, lfm2, lfm2_moe, qwen3_5, \
              qwen3_5_moe, qwen3_next, mamba2, nemotron_h, granitemoehybrid, falcon_h1, \
              deepseek_v3, glm4_moe, ernie4_5_moe, minimax, minimax_m2, llama4_text, llama4, \
              phimoe, \

@@ -327,6 +327,7 @@ const ISSUE_38_CASES: &[&str] = &[
     "gemma4-mm-q4",
     "llama4-q4-g32",
     "gpt-oss-q4-g32",
+    "gemma3n-q4-g32",
 ];
 
 /// The plant's problem on each of `names`, which must all fail.
@@ -509,16 +510,16 @@ fn refusals_say_what_is_wrong() {
     let err = convert(&args).unwrap_err().to_string();
     assert_eq!(err, "Quant predicates only support 'affine' quantization.");
 
-    let gemma3n = tmp.path().join("gemma3n");
-    std::fs::create_dir(&gemma3n).unwrap();
-    std::fs::write(gemma3n.join("config.json"), r#"{"model_type": "gemma3n"}"#).unwrap();
+    let kimi_k2 = tmp.path().join("kimi_k2");
+    std::fs::create_dir(&kimi_k2).unwrap();
+    std::fs::write(kimi_k2.join("config.json"), r#"{"model_type": "kimi_k2"}"#).unwrap();
     let out = tmp.path().join("b");
-    let err = convert(&ConvertArgs::new(&gemma3n, &out))
+    let err = convert(&ConvertArgs::new(&kimi_k2, &out))
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
-        engine::model::registry::refusal("gemma3n", engine::model::registry::Capability::Convert)
+        engine::model::registry::refusal("kimi_k2", engine::model::registry::Capability::Convert)
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();
