@@ -107,10 +107,73 @@ CASES = [
     # smollm3: llama's sanitize (tied head dropped), its NoPE flags kept in the config.
     ("smollm3-q4", "models/tiny-smollm3", ["-q"]),
     ("smollm3-f16", "models/tiny-smollm3", ["--dtype", "float16"]),
+    # Issue 38's families, each from its tiny model as it is (the MoEs in Hugging Face's
+    # per-expert layout where their makers write one), in groups of 32 so that the expert
+    # and latent projections narrower than 64 are quantized too.
+    # deepseek_v3: experts stacked, kv_b_proj split into embed_q / unembed_out (MultiLinears,
+    # quantized), the MoEGate router left as it is, e_score_correction_bias kept float32.
+    ("deepseek-v3-q4-g32", "models/tiny-deepseek-v3", ["-q", "--q-group-size", "32"]),
+    ("deepseek-v3-bf16", "models/tiny-deepseek-v3", ["--dtype", "bfloat16"]),
+    # glm4_moe: experts stacked, the MTP layer (model.layers.{num_hidden_layers}) dropped.
+    ("glm4-moe-q4-g32", "models/tiny-glm4-moe", ["-q", "--q-group-size", "32"]),
+    ("glm4-moe-bf16", "models/tiny-glm4-moe", ["--dtype", "bfloat16"]),
+    ("ministral3-q4", "models/tiny-ministral3", ["-q"]),
+    # The multimodal wrappers: text weights under language_model., the towers dropped.
+    ("mistral3-q4", "models/tiny-mistral3", ["-q"]),
+    ("qwen3-vl-q4", "models/tiny-qwen3-vl", ["-q"]),
+    ("olmo3-q4", "models/tiny-olmo3", ["-q"]),
+    ("seed-oss-q4", "models/tiny-seed-oss", ["-q"]),
+    ("exaone4-q4", "models/tiny-exaone4", ["-q"]),
+    ("hunyuan-q4", "models/tiny-hunyuan", ["-q"]),
+    # minicpm: an untied checkpoint without lm_head gets the embedding as its head.
+    ("minicpm-q4", "models/tiny-minicpm", ["-q"]),
+    ("cohere2-q4", "models/tiny-cohere2", ["-q"]),
+    # ernie4_5_moe: MTP tensors and e_score_correction_bias dropped, experts stacked.
+    ("ernie4-5-moe-q4-g32", "models/tiny-ernie4-5-moe", ["-q", "--q-group-size", "32"]),
+    # minimax_m2: w1/w2/w3 stacked, the router block_sparse_moe.gate at 8 bits (its
+    # quant_predicate), e_score_correction_bias kept float32 (its cast_predicate).
+    ("minimax-q4-g32", "models/tiny-minimax", ["-q", "--q-group-size", "32"]),
+    ("minimax-bf16", "models/tiny-minimax", ["--dtype", "bfloat16"]),
+    ("phimoe-q4-g32", "models/tiny-phimoe", ["-q", "--q-group-size", "32"]),
+    ("llama4-text-q4", "models/tiny-llama4-text", ["-q"]),
+    # qwen3_moe: the router mlp.gate at 8 bits (its quant_predicate).
+    ("qwen3-moe-q4-g32", "models/tiny-qwen3-moe", ["-q", "--q-group-size", "32"]),
+    ("mixtral-q4-g32", "models/tiny-mixtral", ["-q", "--q-group-size", "32"]),
+    ("qwen2-moe-q4-g32", "models/tiny-qwen2-moe", ["-q", "--q-group-size", "32"]),
+    ("phi3-q4", "models/tiny-phi3", ["-q"]),
+    # The latent-attention successors: experts stacked, kv_b_proj split, every layer past
+    # num_hidden_layers dropped; deepseek_v32's indexer (wq_b, wk, weights_proj quantized).
+    ("glm4-moe-lite-q4-g32", "models/tiny-glm4-moe-lite", ["-q", "--q-group-size", "32"]),
+    ("deepseek-v32-q4-g32", "models/tiny-deepseek-v32", ["-q", "--q-group-size", "32"]),
+    # kimi_k25: deepseek_v3's sanitize under language_model., the towers dropped.
+    ("kimi-k25-q4-g32", "models/tiny-kimi-k25", ["-q", "--q-group-size", "32"]),
+    # minicpm3: latent attention without absorption (kv_b_proj kept and quantized).
+    ("minicpm3-q4-g32", "models/tiny-minicpm3", ["-q", "--q-group-size", "32"]),
+    # gemma3: the towers dropped; its args write text_config's vocab_size and head counts.
+    ("gemma3-mm-q4", "models/tiny-gemma3-mm", ["-q"]),
+    # gemma4: Hugging Face's layout (model.language_model.), towers and embedders dropped,
+    # gemma4_text's sanitize (KV-shared layers' k/v dropped); audio_config kept.
+    ("gemma4-mm-q4", "models/tiny-gemma4-mm", ["-q"]),
+    # llama4: the vision model dropped, the fused experts split and transposed into
+    # SwitchGLU's layout; the router an nn.Linear.
+    ("llama4-q4-g32", "models/tiny-llama4", ["-q", "--q-group-size", "32"]),
+    # gpt_oss in SwitchGLU's layout (its sanitize a no-op): sinks first, the router at 8 bits.
+    ("gpt-oss-q4-g32", "models/tiny-gpt-oss", ["-q", "--q-group-size", "32"]),
+    # gemma3n: the towers and embedders dropped; AltUp's and Laurel's linears (the lists
+    # altup_projections / altup_unembed_projections too) quantized where g32 divides them.
+    ("gemma3n-q4-g32", "models/tiny-gemma3n", ["-q", "--q-group-size", "32"]),
+    # `minimax`, the model_type mlx-lm's MODEL_REMAPPING sends minimax_m2 to: tiny-minimax
+    # with it as its model_type (the case's "config_overrides"). deepseek_v3's aliases
+    # (kimi_k2, joyai_llm_flash) have no case: mlx_lm.convert fails on such a tiny model
+    # (transformers 5.12.1 has no config class for them, so the tokenizer does not load).
+    ("minimax-alias-q4-g32", "models/tiny-minimax", ["-q", "--q-group-size", "32"]),
 ]
 
 
-CONFIG_OVERRIDES = {"mistral-tied-q4": {"model_type": "mistral", "tie_word_embeddings": True}}
+CONFIG_OVERRIDES = {
+    "mistral-tied-q4": {"model_type": "mistral", "tie_word_embeddings": True},
+    "minimax-alias-q4-g32": {"model_type": "minimax"},
+}
 
 
 def with_overrides(src: Path, overrides: dict, out: Path) -> Path:

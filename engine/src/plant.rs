@@ -328,6 +328,20 @@ pub enum Defect {
     /// normalize this rank's features only, without the sum of squares over the ranks.
     /// Caught by the distributed L1 gate on tiny-minimax (`harness/tests/it/l1_dist.rs`).
     ShardedNormPerRank,
+    /// `engine convert`: the tensors are saved in name order, not the model's parameter
+    /// order (`tree_flatten(model.parameters())`, each module's `__init__` order). Caught by
+    /// the convert gate against mlx_lm.convert on every family's case
+    /// (`engine/tests/it/convert.rs`).
+    ConvertParamsSortedByName,
+    /// `engine convert`: the MoE sanitizes stack the experts' gate projections from their
+    /// up projections and the reverse (llama4's fused experts split the other way round).
+    /// Caught by the convert gate on the per-expert checkpoints (deepseek_v3, glm4_moe,
+    /// glm4_moe_lite, deepseek_v32, ernie4_5_moe, minimax, phimoe) and on llama4.
+    ConvertExpertsGateUpSwapped,
+    /// `engine convert`: the model's `quant_predicate` is ignored, so the routers it keeps
+    /// at 8 bits take the top-level bits. Caught by the convert gate on qwen3_moe and
+    /// minimax (and the MoE hybrids).
+    ConvertRouterAtTopBits,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
+use super::families;
 use super::quant::Params;
 use crate::load::config::ModelConfig;
 use crate::load::weights::Weights;
@@ -17,6 +18,7 @@ use crate::load::LoadError;
 use crate::model::{
     falcon_h1, granitemoehybrid, lfm2, mamba2, nemotron_h, qwen3_5, qwen3_next, registry,
 };
+use crate::plant::{self, Defect};
 
 /// The attribute names of the supported families' modules, each module's in its
 /// `__init__` order. A name's rank orders siblings; names of different modules never meet.
@@ -289,6 +291,9 @@ const GEMMA2_CHILDREN: Children = &[(
 )];
 
 fn children(model_type: &str) -> Children {
+    if let Some(table) = families::children(model_type) {
+        return table;
+    }
     match model_type {
         "gemma2" => GEMMA2_CHILDREN,
         "qwen3_5" | "qwen3_5_moe" | "qwen3_next" => QWEN3_5_CHILDREN,
@@ -333,7 +338,7 @@ fn extra_linears(model_type: &str) -> &'static [&'static str] {
             "fc2_latent_proj",
         ],
         "falcon_h1" | "mamba2" => &["in_proj", "out_proj"],
-        _ => &[],
+        _ => families::extra_linears(model_type),
     }
 }
 
@@ -346,7 +351,8 @@ pub fn check_supported(model_type: &str, config: &Value) -> anyhow::Result<()> {
             registry::refusal(model_type, registry::Capability::Convert)
         )
     }
-    if flag(config, "enable_moe_block") {
+    let text = config.get("text_config").unwrap_or(&Value::Null);
+    if flag(config, "enable_moe_block") || flag(text, "enable_moe_block") {
         anyhow::bail!(
             "engine convert does not support {model_type} with `enable_moe_block` (the \
              mixture-of-experts Gemma 4) yet; convert it with `mlx_lm.convert` — the engine \
@@ -381,6 +387,9 @@ pub fn sanitize(
         "mamba2" => Some(|_, w| mamba2::sanitize_conv(w)),
         _ => None,
     };
+    if families::sanitize(model_type, config, weights)? {
+        return Ok(());
+    }
     if let Some(f) = hybrid {
         let cfg = ModelConfig::from_value(PathBuf::from("config.json"), config.clone())?;
         let mut w = Weights::from_tensors(std::mem::take(weights));
@@ -406,6 +415,39 @@ fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<Strin
             weights.remove("lm_head.weight");
         }
         "gemma4_text" => sanitize_gemma4(config, weights),
+        "gemma4" => {
+            // The wrapper: `model.` dropped, the towers and embedders dropped,
+            // `model.language_model.X` → `language_model.model.X`, then gemma4_text's
+            // sanitize by `text_config`.
+            const TOWERS: [&str; 6] = [
+                "vision_tower",
+                "multi_modal_projector",
+                "audio_tower",
+                "embed_audio",
+                "embed_vision",
+                "vision_embedder",
+            ];
+            let mut renamed = BTreeMap::new();
+            for (k, v) in std::mem::take(weights) {
+                let Some(rest) = k.strip_prefix("model.") else {
+                    if !TOWERS.iter().any(|t| k.starts_with(t)) {
+                        renamed.insert(k, v);
+                    }
+                    continue;
+                };
+                if TOWERS.iter().any(|t| rest.starts_with(t)) {
+                    continue;
+                }
+                let k = if rest.starts_with("language_model") {
+                    rest.replace("language_model.", "language_model.model.")
+                } else {
+                    rest.to_string()
+                };
+                renamed.insert(k, v);
+            }
+            *weights = renamed;
+            sanitize_gemma4(config.get("text_config").unwrap_or(&Value::Null), weights);
+        }
         // gemma3_text: a missing lm_head ties it (nothing dropped).
         _ => {}
     }
@@ -473,7 +515,11 @@ pub fn order_key(model_type: &str, path: &str) -> anyhow::Result<Vec<usize>> {
 /// Whether the module at `module_path` is an `nn.Linear`, `SwitchLinear` or `nn.Embedding`
 /// (what `nn.quantize` turns into a quantized layer: it has `to_quantized`; a Conv1d has not).
 pub fn quantizable(model_type: &str, module_path: &str) -> bool {
-    let name = module_path.rsplit('.').next().unwrap_or(module_path);
+    // A list's item (gemma3n's `altup_projections.0`) by the list's name.
+    let name = module_path
+        .rsplit('.')
+        .find(|s| s.parse::<usize>().is_err())
+        .unwrap_or(module_path);
     LINEAR.contains(&name) || EMBEDDING.contains(&name) || extra_linears(model_type).contains(&name)
 }
 
@@ -485,7 +531,7 @@ pub fn keeps_dtype(model_type: &str, path: &str) -> bool {
         "qwen3_5" | "qwen3_5_moe" => path.ends_with("A_log"),
         "lfm2_moe" => path.contains("expert_bias"),
         "nemotron_h" => path.contains("A_log") || path.contains("e_score_correction_bias"),
-        _ => false,
+        _ => families::keeps_dtype(model_type, path),
     }
 }
 
@@ -508,9 +554,10 @@ pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Optio
             let local = text.get("num_local_experts").and_then(Value::as_i64);
             local.unwrap_or(0) != 0 && path.ends_with("router.layer")
         }
-        _ => false,
+        _ => families::router_at_8_bits(model_type, path),
     };
-    if !router {
+    // The plant quantizes the routers with the top-level parameters.
+    if !router || plant::is(Defect::ConvertRouterAtTopBits) {
         return None;
     }
     let params = Params {
@@ -525,6 +572,7 @@ pub fn model_quant_params(model_type: &str, config: &Value, path: &str) -> Optio
 /// `__post_init__` renames its `rope_parameters`' `rope_type` to `type` in place (the args
 /// hold the config's own dict).
 pub fn fix_config(model_type: &str, config: &mut serde_json::Map<String, Value>) {
+    families::fix_config(model_type, config);
     if !matches!(model_type, "qwen3_5" | "qwen3_5_moe") {
         return;
     }
@@ -573,7 +621,7 @@ mod tests {
             ]
         );
         assert!(order_key("llama", "model.vision_tower.weight").is_err());
-        assert!(check_supported("phi3", &Value::Null).is_err());
+        assert!(check_supported("kimi_k2", &Value::Null).is_err());
     }
 
     #[test]
@@ -757,7 +805,7 @@ mod tests {
                 "model.layers.1.self_attn.q_proj.weight"
             ]
         );
-        assert!(check_supported("phi3", &Value::Null)
+        assert!(check_supported("kimi_k2", &Value::Null)
             .unwrap_err()
             .to_string()
             .contains("llama, mistral"));

@@ -4,6 +4,7 @@
 //! mxfp4 / nvfp4 / mxfp8) through MLX's own `quantize`, and mlx-lm's `save`.
 //! The output is written to `OUT.partial` and renamed when complete.
 
+pub mod families;
 pub mod family;
 pub mod pyjson;
 pub mod quant;
@@ -193,6 +194,9 @@ fn load(src: &Path) -> Result<Model> {
         keyed.push((family::order_key(&model_type, &k)?, k, v));
     }
     keyed.sort_by(|a, b| a.0.cmp(&b.0));
+    if plant::is(Defect::ConvertParamsSortedByName) {
+        keyed.sort_by(|a, b| a.1.cmp(&b.1));
+    }
     let params = keyed.into_iter().map(|(_, k, v)| (k, v)).collect();
     Ok(Model {
         model_type,
@@ -353,6 +357,9 @@ fn quantize_model(model: &mut Model, args: &ConvertArgs) -> Result<()> {
     }
     bar.finish_and_clear();
     params.sort_by_cached_key(|(k, _)| family::order_key(&model.model_type, k).unwrap_or_default());
+    if plant::is(Defect::ConvertParamsSortedByName) {
+        params.sort_by(|a, b| a.0.cmp(&b.0));
+    }
     model.params = params;
     model
         .config

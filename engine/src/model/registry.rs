@@ -244,22 +244,26 @@ pub static FAMILIES: &[Family] = &[
     },
     // The multimodal wrappers, loaded for text as mlx-lm loads them.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("gemma3", super::wrapper::build)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("gemma4", super::wrapper::build)
     },
     Family {
+        convert: true,
         compiled_decode: true,
         lora: true,
         segmented: true,
         ..row("phi3", phi3)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -267,11 +271,13 @@ pub static FAMILIES: &[Family] = &[
         ..row("qwen3_moe", qwen3_moe)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("mixtral", mixtral)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("qwen2_moe", qwen2_moe)
@@ -279,6 +285,7 @@ pub static FAMILIES: &[Family] = &[
     // LoRA with mlx-lm's default keys (sink attention, router, biased expert stacks) gated
     // against mlx-lm's trainer, segmented backward against the whole step.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -298,6 +305,7 @@ pub static FAMILIES: &[Family] = &[
     // and pipeline parallel as its Model.shard / PipelineMixin (harness/tests/it/l1_dist.rs,
     // l1-dist/tp and l1-dist/pp); convert not gated here.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -308,11 +316,13 @@ pub static FAMILIES: &[Family] = &[
     // `language_model.`, as mlx-lm's wrapper names them) and segmented backward gated as
     // ministral3's.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("mistral3", super::vl_text::build_mistral3)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("qwen3_vl", super::vl_text::build_qwen3_vl)
@@ -334,31 +344,37 @@ pub static FAMILIES: &[Family] = &[
         ..row("olmo2", olmo)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("olmo3", olmo)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("seed_oss", llama)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("exaone4", exaone4)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("hunyuan_v1_dense", hunyuan)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("minicpm", minicpm)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("cohere2", cohere2)
@@ -368,6 +384,7 @@ pub static FAMILIES: &[Family] = &[
     // their weights, so its default keys fail there; ours refuse them by name), segmented
     // backward against the whole step.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("gemma3n", super::gemma3n::load)
@@ -455,6 +472,7 @@ pub static FAMILIES: &[Family] = &[
     // aliases (kimi_k2, joyai_llm_flash) stay refused until gated on their own rows, as does
     // convert.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -470,6 +488,7 @@ pub static FAMILIES: &[Family] = &[
     // Tensor and pipeline parallel as glm4_moe's Model.shard / PipelineMixin
     // (harness/tests/it/l1_dist.rs, l1-dist/tp and l1-dist/pp).
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -477,6 +496,7 @@ pub static FAMILIES: &[Family] = &[
         ..row("glm4_moe", glm4_moe)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("ernie4_5_moe", ernie4_5_moe)
@@ -485,28 +505,33 @@ pub static FAMILIES: &[Family] = &[
     // parallel as its Model.shard (one builder, gated on tiny-minimax: l1-dist/tp); mlx-lm
     // 0.32.2 has no PipelineMixin for it.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
         ..row("minimax", minimax)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
         ..row("minimax_m2", minimax)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("llama4_text", llama4_text)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("llama4", llama4)
     },
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("phimoe", phimoe)
@@ -517,6 +542,7 @@ pub static FAMILIES: &[Family] = &[
     // l1-dist/pp); LoRA and segmented backward gated as deepseek_v3's. glm4_moe_lite: its
     // shared expert optional, as mlx-lm's shard checks.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -526,6 +552,7 @@ pub static FAMILIES: &[Family] = &[
     // deepseek_v32: the indexer (wq_b, wk, weights_proj, its norm) whole on every rank, as
     // mlx-lm's shard leaves it; only the MLA half splits.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         batch: false,
@@ -537,6 +564,7 @@ pub static FAMILIES: &[Family] = &[
     // mlx-lm's wrapper delegates `shard` to deepseek_v3's and exposes the text model's
     // `model` (a `PipelineMixin`), so both splits are deepseek_v3's.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         tensor: true,
@@ -546,6 +574,7 @@ pub static FAMILIES: &[Family] = &[
     // MLA's projections without absorption (a standard per-head cache); mlx-lm does not
     // shard it.
     Family {
+        convert: true,
         lora: true,
         segmented: true,
         ..row("minicpm3", minicpm3)
@@ -828,7 +857,7 @@ mod tests {
             ),
             "{table}"
         );
-        assert!(table.contains("| `gpt_oss` | gated | gated | refused (not gated yet) | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(table.contains("| `gpt_oss` | gated | gated | gated | gated | refused (mlx-lm lacks it) |"), "{table}");
         assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
     }
 
@@ -877,9 +906,13 @@ mod tests {
         );
         assert_eq!(
             names(|f| f.convert),
-            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, smollm3, gemma2, olmo2, \
-             lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, \
-             granitemoehybrid, falcon_h1"
+            "llama, mistral, qwen2, qwen3, gemma3_text, gemma4_text, gemma3, gemma4, phi3, \
+             qwen3_moe, mixtral, qwen2_moe, gpt_oss, smollm3, ministral3, mistral3, qwen3_vl, \
+             gemma2, olmo2, olmo3, seed_oss, exaone4, hunyuan_v1_dense, minicpm, cohere2, \
+             gemma3n, lfm2, lfm2_moe, qwen3_5, qwen3_5_moe, qwen3_next, mamba2, nemotron_h, \
+             granitemoehybrid, falcon_h1, deepseek_v3, glm4_moe, ernie4_5_moe, minimax, \
+             minimax_m2, llama4_text, llama4, phimoe, glm4_moe_lite, deepseek_v32, kimi_k25, \
+             minicpm3"
         );
         let e = parallel_refusal("phi3", Mode::Pipeline).to_string();
         assert!(

@@ -187,21 +187,30 @@ fn tensor_difference(
 
 /// Converts every golden case; the differences found (none when all match).
 fn run_cases(only: Option<&str>) -> Vec<String> {
+    run_named(only.map(|o| vec![o]).as_deref())
+        .into_iter()
+        .flat_map(|(_, p)| p)
+        .collect()
+}
+
+/// Converts the golden cases named (every one for None), reading the index once; each
+/// case's differences.
+fn run_named(names: Option<&[&str]>) -> Vec<(String, Vec<String>)> {
     let tmp = tempfile::tempdir().unwrap();
-    let mut problems = Vec::new();
+    let mut found = Vec::new();
     for case in cases() {
         let name = case["name"].as_str().unwrap();
-        if only.is_some_and(|o| o != name) {
+        if names.is_some_and(|n| !n.contains(&name)) {
             continue;
         }
         let out = tmp.path().join(name);
-        if let Err(e) = convert(&args_of(&case, &out)) {
-            problems.push(format!("{name}: engine convert failed: {e:#}"));
-            continue;
-        }
-        problems.extend(first_difference(&case, &out));
+        let problems = match convert(&args_of(&case, &out)) {
+            Err(e) => vec![format!("{name}: engine convert failed: {e:#}")],
+            Ok(()) => first_difference(&case, &out).into_iter().collect(),
+        };
+        found.push((name.to_string(), problems));
     }
-    problems
+    found
 }
 
 #[test]
@@ -286,6 +295,99 @@ fn planted_falcon_in_proj_without_its_mup_rows_fails_the_gate() {
         "{}",
         problems[0]
     );
+}
+
+/// Issue 38's families, one quantized case each (oracles/gen_convert.py).
+const ISSUE_38_CASES: &[&str] = &[
+    "deepseek-v3-q4-g32",
+    "glm4-moe-q4-g32",
+    "ministral3-q4",
+    "mistral3-q4",
+    "qwen3-vl-q4",
+    "olmo3-q4",
+    "seed-oss-q4",
+    "exaone4-q4",
+    "hunyuan-q4",
+    "minicpm-q4",
+    "cohere2-q4",
+    "ernie4-5-moe-q4-g32",
+    "minimax-q4-g32",
+    "phimoe-q4-g32",
+    "llama4-text-q4",
+    "qwen3-moe-q4-g32",
+    "mixtral-q4-g32",
+    "qwen2-moe-q4-g32",
+    "phi3-q4",
+    "minimax-alias-q4-g32",
+    "glm4-moe-lite-q4-g32",
+    "deepseek-v32-q4-g32",
+    "kimi-k25-q4-g32",
+    "minicpm3-q4-g32",
+    "gemma3-mm-q4",
+    "gemma4-mm-q4",
+    "llama4-q4-g32",
+    "gpt-oss-q4-g32",
+    "gemma3n-q4-g32",
+];
+
+/// The plant's problem on each of `names`, which must all fail.
+fn planted_problems(names: &[&str]) -> Vec<(String, String)> {
+    let found = run_named(Some(names));
+    assert_eq!(found.len(), names.len(), "{found:?}");
+    found
+        .into_iter()
+        .map(|(name, problems)| {
+            assert_eq!(problems.len(), 1, "{name}: {problems:?}");
+            (name, problems[0].clone())
+        })
+        .collect()
+}
+
+/// The tensors saved in name order, not the model's parameter order, fail every issue-38
+/// family's case: the layer's modules' `__init__` order is what each family's table holds.
+#[test]
+fn planted_name_order_fails_every_family_case() {
+    let _on = plant::on(Defect::ConvertParamsSortedByName).unwrap();
+    for (name, p) in planted_problems(ISSUE_38_CASES) {
+        assert!(p.contains("different layout"), "{name}: {p}");
+    }
+}
+
+/// The gate projections stacked from the up projections' experts (and the reverse) fail
+/// the per-expert checkpoints, naming a tensor of the first MoE layer's stacked gate projection.
+#[test]
+fn planted_gate_up_swap_fails_the_per_expert_moes() {
+    let _on = plant::on(Defect::ConvertExpertsGateUpSwapped).unwrap();
+    let cases = [
+        "deepseek-v3-q4-g32",
+        "glm4-moe-q4-g32",
+        "glm4-moe-lite-q4-g32",
+        "deepseek-v32-q4-g32",
+        "ernie4-5-moe-q4-g32",
+        "minimax-q4-g32",
+        "phimoe-q4-g32",
+    ];
+    for (name, p) in planted_problems(&cases) {
+        assert!(
+            p.contains("first differing tensor model.layers.")
+                && p.contains("switch_mlp.gate_proj."),
+            "{name}: {p}"
+        );
+    }
+    // Llama 4's fused experts, split into gate and up the other way round.
+    for (name, p) in planted_problems(&["llama4-q4-g32"]) {
+        assert!(p.contains("feed_forward.experts.gate_proj."), "{name}: {p}");
+    }
+}
+
+/// The routers quantized with the top-level bits (the model's `quant_predicate` ignored)
+/// fail qwen3_moe, minimax and gpt_oss: their config no longer names the routers' 8 bits.
+#[test]
+fn planted_routers_at_top_bits_fail_qwen3_moe_minimax_and_gpt_oss() {
+    let _on = plant::on(Defect::ConvertRouterAtTopBits).unwrap();
+    for (name, p) in planted_problems(&["qwen3-moe-q4-g32", "minimax-q4-g32", "gpt-oss-q4-g32"]) {
+        assert!(p.contains("config.json differs"), "{name}: {p}");
+    }
 }
 
 fn engine() -> Command {
@@ -408,16 +510,16 @@ fn refusals_say_what_is_wrong() {
     let err = convert(&args).unwrap_err().to_string();
     assert_eq!(err, "Quant predicates only support 'affine' quantization.");
 
-    let phi = tmp.path().join("phi");
-    std::fs::create_dir(&phi).unwrap();
-    std::fs::write(phi.join("config.json"), r#"{"model_type": "phi3"}"#).unwrap();
+    let kimi_k2 = tmp.path().join("kimi_k2");
+    std::fs::create_dir(&kimi_k2).unwrap();
+    std::fs::write(kimi_k2.join("config.json"), r#"{"model_type": "kimi_k2"}"#).unwrap();
     let out = tmp.path().join("b");
-    let err = convert(&ConvertArgs::new(&phi, &out))
+    let err = convert(&ConvertArgs::new(&kimi_k2, &out))
         .unwrap_err()
         .to_string();
     assert_eq!(
         err,
-        engine::model::registry::refusal("phi3", engine::model::registry::Capability::Convert)
+        engine::model::registry::refusal("kimi_k2", engine::model::registry::Capability::Convert)
     );
     assert!(!out.exists(), "a failed convert leaves nothing behind");
     let mut partial = out.into_os_string();
