@@ -195,25 +195,67 @@ fn gpt_oss(c: &ModelConfig, w: Weights) -> Result<Box<dyn LanguageModel>, LoadEr
     Ok(Box::new(super::gpt_oss::load(c, w)?))
 }
 
+/// `model_type` as mlx-lm's MODEL_REMAPPING sends it to `target`'s module: the same
+/// builder and, since the same code runs, what is gated on `target`'s tiny models holds for
+/// it (`REMAPPED` lists them; a test keeps each row equal to its target's).
+const fn remapped(model_type: &'static str, target: Family) -> Family {
+    Family {
+        model_type,
+        ..target
+    }
+}
+
+/// The model_types mlx-lm 0.32.2 remaps onto another's module, with that module's
+/// model_type (its MODEL_REMAPPING, for the families the engine loads).
+pub const REMAPPED: [(&str, &str); 4] = [
+    ("mistral", "llama"),
+    ("kimi_k2", "deepseek_v3"),
+    ("joyai_llm_flash", "deepseek_v3"),
+    ("minimax_m2", "minimax"),
+];
+
+const LLAMA: Family = Family {
+    compiled_decode: true,
+    lora: true,
+    segmented: true,
+    convert: true,
+    tensor: true,
+    ..row("llama", llama)
+};
+
+// Multi-head latent attention (model/mla.rs). deepseek_v3: LoRA with mlx-lm's default keys
+// (every nn.Linear of a block: the query and latent projections, o_proj, the MLPs, the
+// stacked experts and the shared expert; never the `MultiLinear` embed_q / unembed_out nor
+// the `MoEGate` router) gated against mlx-lm's trainer (tests/it/train_lora.rs); segmented
+// backward against the whole-model one (engine/tests/it/train_families.rs); convert
+// byte-identical to mlx_lm.convert (engine/tests/it/convert.rs); tensor parallel as mlx-lm
+// 0.32.2's `Model.shard` (the query's last projection and o_proj split, embed_q /
+// unembed_out cut by heads, the experts and shared expert narrowed in place, one sum per
+// block) and pipeline parallel gated on 2 ranks against mlx-lm's sharded runs
+// (harness/tests/it/l1_dist.rs).
+const DEEPSEEK_V3: Family = Family {
+    convert: true,
+    lora: true,
+    segmented: true,
+    tensor: true,
+    pipeline: true,
+    ..row("deepseek_v3", deepseek_v3)
+};
+
+// Tensor parallel as its Model.shard (gated on tiny-minimax, a `minimax_m2` config:
+// l1-dist/tp); mlx-lm 0.32.2 has no PipelineMixin for it.
+const MINIMAX: Family = Family {
+    convert: true,
+    lora: true,
+    segmented: true,
+    tensor: true,
+    ..row("minimax", minimax)
+};
+
 /// Every family, in the order the engine lists them.
 pub static FAMILIES: &[Family] = &[
-    // mlx-lm maps `mistral` onto its llama module (MODEL_REMAPPING); so do we.
-    Family {
-        compiled_decode: true,
-        lora: true,
-        segmented: true,
-        convert: true,
-        tensor: true,
-        ..row("llama", llama)
-    },
-    Family {
-        compiled_decode: true,
-        lora: true,
-        segmented: true,
-        convert: true,
-        tensor: true,
-        ..row("mistral", llama)
-    },
+    LLAMA,
+    remapped("mistral", LLAMA),
     Family {
         lora: true,
         segmented: true,
@@ -460,28 +502,18 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("falcon_h1", falcon_h1)
     },
-    // Multi-head latent attention (model/mla.rs). deepseek_v3: LoRA with mlx-lm's default
-    // keys (every nn.Linear of a block: the query and latent projections, o_proj, the MLPs,
-    // the stacked experts and the shared expert; never the `MultiLinear` embed_q /
-    // unembed_out nor the `MoEGate` router) gated against mlx-lm's trainer
-    // (tests/it/train_lora.rs); segmented backward against the whole-model one
-    // (engine/tests/it/train_families.rs); tensor parallel as mlx-lm 0.32.2's `Model.shard`
-    // (the query's last projection and o_proj split, embed_q / unembed_out cut by heads, the
-    // experts and shared expert narrowed in place, one sum per block) and pipeline parallel
-    // gated on 2 ranks against mlx-lm's sharded runs (harness/tests/it/l1_dist.rs). The
-    // aliases (kimi_k2, joyai_llm_flash) stay refused until gated on their own rows, as does
-    // convert.
+    DEEPSEEK_V3,
+    // Converting them is refused: mlx_lm.convert cannot load their tokenizers without the
+    // checkpoint's remote code (transformers 5.12.1 has no config class for these
+    // model_types), so there is no reference to gate against.
     Family {
-        convert: true,
-        lora: true,
-        segmented: true,
-        tensor: true,
-        pipeline: true,
-        ..row("deepseek_v3", deepseek_v3)
+        convert: false,
+        ..remapped("kimi_k2", DEEPSEEK_V3)
     },
-    // mlx-lm's MODEL_REMAPPING sends both to its deepseek_v3 module.
-    row("kimi_k2", deepseek_v3),
-    row("joyai_llm_flash", deepseek_v3),
+    Family {
+        convert: false,
+        ..remapped("joyai_llm_flash", DEEPSEEK_V3)
+    },
     // Added since (oracles/make_moe2.py): LoRA gated against mlx-lm's trainer on the
     // families flagged (tests/it/train_lora.rs), segmented backward against the whole step
     // (engine/tests/it/train_moe2.rs); convert and the splits not flagged refused until gated.
@@ -501,23 +533,8 @@ pub static FAMILIES: &[Family] = &[
         segmented: true,
         ..row("ernie4_5_moe", ernie4_5_moe)
     },
-    // mlx-lm maps `minimax_m2` onto its minimax module (MODEL_REMAPPING); so do we. Tensor
-    // parallel as its Model.shard (one builder, gated on tiny-minimax: l1-dist/tp); mlx-lm
-    // 0.32.2 has no PipelineMixin for it.
-    Family {
-        convert: true,
-        lora: true,
-        segmented: true,
-        tensor: true,
-        ..row("minimax", minimax)
-    },
-    Family {
-        convert: true,
-        lora: true,
-        segmented: true,
-        tensor: true,
-        ..row("minimax_m2", minimax)
-    },
+    MINIMAX,
+    remapped("minimax_m2", MINIMAX),
     Family {
         convert: true,
         lora: true,
@@ -824,6 +841,36 @@ mod tests {
 
     /// Every split the engine runs is one mlx-lm 0.32.2 has (so no family claims a split
     /// the reference cannot check), and the families it refuses get the true reason.
+    /// A remapped model_type runs its target's code (the same builder), so its row claims
+    /// what the target's does — convert aside where mlx_lm.convert has no reference.
+    #[test]
+    fn remapped_model_types_claim_what_their_targets_do() {
+        let caps = |f: &Family| {
+            (
+                f.lora,
+                f.segmented,
+                f.tensor,
+                f.pipeline,
+                f.compiled_decode,
+                f.batch,
+            )
+        };
+        for (alias, target) in REMAPPED {
+            let (a, t) = (family(alias).unwrap(), family(target).unwrap());
+            assert_eq!(caps(a), caps(t), "{alias} vs {target}");
+            assert_eq!(
+                a.build as usize, t.build as usize,
+                "{alias} builds as {target}"
+            );
+            let convert_refused = ["kimi_k2", "joyai_llm_flash"].contains(&alias);
+            assert_eq!(a.convert, t.convert && !convert_refused, "{alias}: convert");
+        }
+        assert_ne!(
+            caps(family("llama").unwrap()),
+            caps(family("minimax").unwrap())
+        );
+    }
+
     #[test]
     fn parallel_modes_are_mlx_lm_s() {
         for f in FAMILIES {
@@ -857,7 +904,12 @@ mod tests {
             ),
             "{table}"
         );
-        assert!(table.contains("| `gpt_oss` | gated | gated | gated | gated | refused (mlx-lm lacks it) |"), "{table}");
+        assert!(
+            table.contains(
+                "| `gpt_oss` | gated | gated | gated | gated | refused (mlx-lm lacks it) |"
+            ),
+            "{table}"
+        );
         assert!(table.contains("| `lfm2` | gated | gated | gated | refused (mlx-lm lacks it) | refused (mlx-lm lacks it) |"), "{table}");
     }
 
@@ -918,7 +970,8 @@ mod tests {
         assert!(
             e.ends_with(
                 "families that can: qwen2, qwen3_moe, ministral3, qwen3_5, qwen3_5_moe, \
-                 qwen3_next, deepseek_v3, glm4_moe, glm4_moe_lite, deepseek_v32, kimi_k25"
+                 qwen3_next, deepseek_v3, kimi_k2, joyai_llm_flash, glm4_moe, glm4_moe_lite, \
+                 deepseek_v32, kimi_k25"
             ),
             "{e}"
         );
@@ -926,8 +979,8 @@ mod tests {
         assert!(
             e.ends_with(
                 "families that can: llama, mistral, qwen2, qwen3, qwen3_moe, gpt_oss, ministral3, \
-                 qwen3_5, qwen3_5_moe, deepseek_v3, glm4_moe, minimax, minimax_m2, glm4_moe_lite, \
-                 deepseek_v32, kimi_k25"
+                 qwen3_5, qwen3_5_moe, deepseek_v3, kimi_k2, joyai_llm_flash, glm4_moe, minimax, \
+                 minimax_m2, glm4_moe_lite, deepseek_v32, kimi_k25"
             ),
             "{e}"
         );
