@@ -307,12 +307,15 @@ fn lora_sft_steps_match_mlx_lm_on_gemma3n() {
 /// differs from step 0 on.
 #[test]
 fn planted_gemma3n_shared_kv_without_cache_fails_gemma3n() {
-    let _on = engine::plant::on(engine::plant::Defect::Gemma3nSharedKvWithoutCache).unwrap();
-    let r = TRAIN.run("tiny-gemma3n", None).unwrap();
-    println!(
-        "tiny-gemma3n: planted shared K/V without cache caught: {}",
-        r.summary()
-    );
+    let defect = engine::plant::Defect::Gemma3nSharedKvWithoutCache;
+    assert_fails_at_step_0_loss("tiny-gemma3n", defect, "shared K/V without cache");
+}
+
+/// The gate on `model` with `defect` planted fails, first at step 0's loss.
+fn assert_fails_at_step_0_loss(model: &str, defect: engine::plant::Defect, what: &str) {
+    let _on = engine::plant::on(defect).unwrap();
+    let r = TRAIN.run(model, None).unwrap();
+    println!("{model}: planted {what} caught: {}", r.summary());
     assert!(!r.passed());
     assert!(
         r.summary().contains("first failure: step 0 loss"),
@@ -421,18 +424,8 @@ fn planted_mla_latent_proj_lora_dropped_fails_the_other_mla_families() {
 /// already differs.
 #[test]
 fn planted_chunked_mask_causal_without_cache_fails_llama4() {
-    let _on = engine::plant::on(engine::plant::Defect::ChunkedMaskCausalWithoutCache).unwrap();
-    let r = TRAIN.run("tiny-llama4", None).unwrap();
-    println!(
-        "tiny-llama4: planted causal mask on chunked layers caught: {}",
-        r.summary()
-    );
-    assert!(!r.passed());
-    assert!(
-        r.summary().contains("first failure: step 0 loss"),
-        "{}",
-        r.summary()
-    );
+    let defect = engine::plant::Defect::ChunkedMaskCausalWithoutCache;
+    assert_fails_at_step_0_loss("tiny-llama4", defect, "causal mask on chunked layers");
 }
 
 /// Planted: the recurrent mixers' input projections get no adapter. Their B starts at

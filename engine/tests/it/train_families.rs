@@ -198,33 +198,11 @@ fn hybrids_train_save_mlx_lm_names_segmented_or_not_and_generate() {
         ),
     ];
     for (model, name, shape) in cases {
-        let adapters = |run: &str, extra: &[&str]| {
-            let out = dir.path().join(format!("{model}-{run}"));
-            let trained = train(model, &out, extra);
-            assert!(
-                trained.status.success(),
-                "{model} {run}: {}",
-                String::from_utf8_lossy(&trained.stderr)
-            );
-            out
-        };
-        let whole = adapters("whole", &[]);
-        let names = saved(&whole);
-        assert!(
-            names.iter().any(|(n, s)| n == name && s == shape),
-            "{model}: no {name} {shape:?} among {names:?}"
-        );
+        let names = trains_segmented_or_not(dir.path(), model, &[], name, shape);
         assert!(
             !names.iter().any(|(n, _)| n.contains("conv1d")),
             "{model}: an adapter on a conv1d: {names:?}"
         );
-        let segmented = adapters("segmented", &["--segment-size", "1"]);
-        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
-        assert!(
-            file(&whole) == file(&segmented),
-            "{model}: segmented adapters differ"
-        );
-        generates_with_adapter(model, &whole);
     }
 }
 
@@ -280,29 +258,7 @@ fn dense_batch_one_trains_segmented_or_not_and_generates() {
         ),
     ];
     for (model, name, shape) in cases {
-        let adapters = |run: &str, extra: &[&str]| {
-            let out = dir.path().join(format!("{model}-{run}"));
-            let trained = train(model, &out, extra);
-            assert!(
-                trained.status.success(),
-                "{model} {run}: {}",
-                String::from_utf8_lossy(&trained.stderr)
-            );
-            out
-        };
-        let whole = adapters("whole", &[]);
-        let names = saved(&whole);
-        assert!(
-            names.iter().any(|(n, s)| n == name && s == shape),
-            "{model}: no {name} {shape:?} among {names:?}"
-        );
-        let segmented = adapters("segmented", &["--segment-size", "1"]);
-        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
-        assert!(
-            file(&whole) == file(&segmented),
-            "{model}: segmented adapters differ"
-        );
-        generates_with_adapter(model, &whole);
+        trains_segmented_or_not(dir.path(), model, &[], name, shape);
     }
 }
 
@@ -320,30 +276,44 @@ fn the_kimi_k25_wrapper_trains_segmented_or_not_and_generates() {
         &[64, 8],
     )];
     for (model, name, shape) in cases {
-        let adapters = |run: &str, extra: &[&str]| {
-            let out = dir.path().join(format!("{model}-{run}"));
-            let trained = train(model, &out, extra);
-            assert!(
-                trained.status.success(),
-                "{model} {run}: {}",
-                String::from_utf8_lossy(&trained.stderr)
-            );
-            out
-        };
-        let whole = adapters("whole", &[]);
-        let names = saved(&whole);
-        assert!(
-            names.iter().any(|(n, s)| n == name && s == shape),
-            "{model}: no {name} {shape:?} among {names:?}"
-        );
-        let segmented = adapters("segmented", &["--segment-size", "1"]);
-        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
-        assert!(
-            file(&whole) == file(&segmented),
-            "{model}: segmented adapters differ"
-        );
-        generates_with_adapter(model, &whole);
+        trains_segmented_or_not(dir.path(), model, &[], name, shape);
     }
+}
+
+/// `engine train` on `model` (`keys` before each run's own flags) saves `name` with `shape`
+/// among mlx-lm's names, `--segment-size 1` writes the same adapters byte for byte, and
+/// `generate --adapter-path` loads them; the saved names.
+fn trains_segmented_or_not(
+    dir: &Path,
+    model: &str,
+    keys: &[&str],
+    name: &str,
+    shape: &[i32],
+) -> Vec<(String, Vec<i32>)> {
+    let adapters = |run: &str, extra: &[&str]| {
+        let out = dir.join(format!("{model}-{run}"));
+        let trained = train(model, &out, &[keys, extra].concat());
+        assert!(
+            trained.status.success(),
+            "{model} {run}: {}",
+            String::from_utf8_lossy(&trained.stderr)
+        );
+        out
+    };
+    let whole = adapters("whole", &[]);
+    let names = saved(&whole);
+    assert!(
+        names.iter().any(|(n, s)| n == name && s == shape),
+        "{model}: no {name} {shape:?} among {names:?}"
+    );
+    let segmented = adapters("segmented", &["--segment-size", "1"]);
+    let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
+    assert!(
+        file(&whole) == file(&segmented),
+        "{model}: segmented adapters differ"
+    );
+    generates_with_adapter(model, &whole);
+    names
 }
 
 /// The largest gap between the segmented (one block a segment) and the whole-model
@@ -499,29 +469,7 @@ fn ministral3_wrappers_and_gemma3n_train_segmented_or_not() {
         ),
     ];
     for (model, name, shape, keys) in cases {
-        let adapters = |run: &str, extra: &[&str]| {
-            let out = dir.path().join(format!("{model}-{run}"));
-            let trained = train(model, &out, &[keys, extra].concat());
-            assert!(
-                trained.status.success(),
-                "{model} {run}: {}",
-                String::from_utf8_lossy(&trained.stderr)
-            );
-            out
-        };
-        let whole = adapters("whole", &[]);
-        let names = saved(&whole);
-        assert!(
-            names.iter().any(|(n, s)| n == name && s == shape),
-            "{model}: no {name} {shape:?} among {names:?}"
-        );
-        let segmented = adapters("segmented", &["--segment-size", "1"]);
-        let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
-        assert!(
-            file(&whole) == file(&segmented),
-            "{model}: segmented adapters differ"
-        );
-        generates_with_adapter(model, &whole);
+        trains_segmented_or_not(dir.path(), model, keys, name, shape);
     }
     let out = dir.path().join("tiny-gemma3n-default-keys");
     let refused = train("tiny-gemma3n", &out, &[]);
@@ -558,27 +506,8 @@ fn ministral3_wrappers_and_gemma3n_train_segmented_or_not() {
 fn gpt_oss_trains_segmented_or_not() {
     let dir = tempfile::tempdir().unwrap();
     let model = "tiny-gpt-oss";
-    let adapters = |run: &str, extra: &[&str]| {
-        let out = dir.path().join(run);
-        let trained = train(model, &out, extra);
-        let err = String::from_utf8_lossy(&trained.stderr);
-        assert!(trained.status.success(), "{run}: {err}");
-        out
-    };
-    let whole = adapters("whole", &[]);
-    let names = saved(&whole);
     let name = "model.layers.3.mlp.experts.down_proj.lora_a";
-    assert!(
-        names.iter().any(|(n, s)| n == name && s == &[8, 8, 32]),
-        "no {name} among {names:?}"
-    );
-    let segmented = adapters("segmented", &["--segment-size", "1"]);
-    let file = |d: &Path| std::fs::read(d.join("adapters.safetensors")).unwrap();
-    assert!(
-        file(&whole) == file(&segmented),
-        "segmented adapters differ"
-    );
-    generates_with_adapter(model, &whole);
+    trains_segmented_or_not(dir.path(), model, &[], name, &[8, 8, 32]);
     let gap = segmented_gap(model);
     println!("{model}: segmented vs whole max gradient gap {gap:e}");
     assert_eq!(gap, 0.0);
