@@ -605,13 +605,7 @@ fn sanitize_moe(
             weights.retain(|k, _| !k.starts_with(&mtp));
         }
         "ernie4_5_moe" => {
-            const DROPPED: [&str; 5] = [
-                "mtp_block.",
-                "mtp_linear_proj.",
-                "mtp_hidden_norm.",
-                "mtp_emb_norm.",
-                "e_score_correction_bias",
-            ];
+            use crate::model::ernie4_5_moe::DROPPED;
             weights.retain(|k, _| !DROPPED.iter().any(|p| k.contains(p)));
             // mlx-lm stacks the weights only: a source with expert scales is quantized
             // already, refused before this.

@@ -419,23 +419,21 @@ fn sanitize_plain(model_type: &str, config: &Value, weights: &mut BTreeMap<Strin
             // The wrapper: `model.` dropped, the towers and embedders dropped,
             // `model.language_model.X` → `language_model.model.X`, then gemma4_text's
             // sanitize by `text_config`.
-            const TOWERS: [&str; 6] = [
-                "vision_tower",
-                "multi_modal_projector",
-                "audio_tower",
-                "embed_audio",
-                "embed_vision",
-                "vision_embedder",
-            ];
             let mut renamed = BTreeMap::new();
             for (k, v) in std::mem::take(weights) {
                 let Some(rest) = k.strip_prefix("model.") else {
-                    if !TOWERS.iter().any(|t| k.starts_with(t)) {
+                    if !crate::model::wrapper::GEMMA4_TOWERS
+                        .iter()
+                        .any(|t| k.starts_with(t))
+                    {
                         renamed.insert(k, v);
                     }
                     continue;
                 };
-                if TOWERS.iter().any(|t| rest.starts_with(t)) {
+                if crate::model::wrapper::GEMMA4_TOWERS
+                    .iter()
+                    .any(|t| rest.starts_with(t))
+                {
                     continue;
                 }
                 let k = if rest.starts_with("language_model") {

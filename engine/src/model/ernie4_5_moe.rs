@@ -129,15 +129,18 @@ impl Ernie45MoeArgs {
     }
 }
 
+/// What mlx-lm's sanitize drops (at load, and in convert): the MTP tensors and the unused
+/// correction bias.
+pub(crate) const DROPPED: [&str; 5] = [
+    "mtp_block.",
+    "mtp_linear_proj.",
+    "mtp_hidden_norm.",
+    "mtp_emb_norm.",
+    "e_score_correction_bias",
+];
+
 /// mlx-lm's sanitize, less the stacking (each block stacks its experts as it loads).
 fn sanitize(w: &mut Weights) {
-    const DROPPED: [&str; 5] = [
-        "mtp_block.",
-        "mtp_linear_proj.",
-        "mtp_hidden_norm.",
-        "mtp_emb_norm.",
-        "e_score_correction_bias",
-    ];
     w.discard(|n| DROPPED.iter().any(|p| n.contains(p)));
 }
 

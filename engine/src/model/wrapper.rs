@@ -77,19 +77,21 @@ fn gemma3_fate(name: &str) -> Fate {
     under_lm(name)
 }
 
+/// The towers and embedders gemma4.Model.sanitize drops (at load, and in convert).
+pub(crate) const GEMMA4_TOWERS: [&str; 6] = [
+    "vision_tower",
+    "multi_modal_projector",
+    "audio_tower",
+    "embed_audio",
+    "embed_vision",
+    "vision_embedder",
+];
+
 /// gemma4.Model.sanitize, name by name.
 fn gemma4_fate(name: &str) -> Fate {
-    const TOWERS: [&str; 6] = [
-        "vision_tower",
-        "multi_modal_projector",
-        "audio_tower",
-        "embed_audio",
-        "embed_vision",
-        "vision_embedder",
-    ];
     let stripped = name.strip_prefix("model.");
     let rest = stripped.unwrap_or(name);
-    if TOWERS.iter().any(|t| rest.starts_with(t)) {
+    if GEMMA4_TOWERS.iter().any(|t| rest.starts_with(t)) {
         return Fate::Dropped;
     }
     match stripped {
