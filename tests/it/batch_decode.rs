@@ -114,7 +114,7 @@ fn a_row_joins_a_wrapped_sliding_window_batch() {
 
 /// Every family the batch lane serves (the registry's `batch`) has a tiny model in the batch
 /// gate: by its model_type, or the one mlx-lm remaps it to or from. Not llama4: the lane
-/// refuses its chunked attention by name (`models_with_dynamic_rope_caches_are_refused_by_name`).
+/// refuses its chunked attention by name (`l1_models::moe2::the_batch_lane_refuses_llama4_s_chunked_caches`).
 #[test]
 fn the_gate_covers_every_family_of_the_batch_lane() {
     let gated: Vec<&str> = harness::manifest::tiny_models()
