@@ -217,15 +217,25 @@ fn a_drafter_catches_up_as_a_fresh_prefill_would() {
 }
 
 /// The families of issue 38 as speculative targets (each model's window, where it has one,
-/// widened past every prompt + output so that its rings never wrap: every rollback trims).
+/// widened past every prompt + output so that its rings never wrap: every rollback trims),
+/// one of each cache or attention kind: a standard cache (olmo2), sliding layers
+/// (ministral3), MLA's latent cache absorbed (deepseek_v3, kimi_k25's wrapper) or not
+/// (minicpm3), deepseek_v32's [latent, indexer keys] list, grouped-router MoE (glm4_moe,
+/// minimax), gemma3n's shared K/V and AltUp streams, gemma2's softcaps.
 /// Two drafters: tiny-llama-draft (the same vocabulary; these random targets reject nearly
 /// all its drafts, so nearly every round rolls the target's caches back) and the target
 /// itself (every draft accepted: the bonus-token path).
-const NEWER_TARGETS: [&str; 4] = [
+const NEWER_TARGETS: [&str; 10] = [
     "tiny-ministral3",
     "tiny-deepseek-v3",
     "tiny-glm4-moe",
     "tiny-olmo2",
+    "tiny-kimi-k25",
+    "tiny-minicpm3",
+    "tiny-deepseek-v32",
+    "tiny-minimax",
+    "tiny-gemma3n",
+    "tiny-gemma2",
 ];
 
 fn newer_target(name: &str) -> (tempfile::TempDir, Box<dyn LanguageModel>) {

@@ -77,6 +77,13 @@ pub fn with_sliding_window(
     let mut config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
     config["sliding_window"] = window.into();
+    // A wrapper's text model reads its own (gemma3n's `text_config`).
+    if let Some(text) = config
+        .get_mut("text_config")
+        .and_then(|t| t.as_object_mut())
+    {
+        text.insert("sliding_window".into(), window.into());
+    }
     std::fs::write(&cfg, config.to_string()).unwrap();
     let model = engine::model::load(dir.path()).unwrap();
     (dir, model)
