@@ -122,13 +122,8 @@ fn the_gate_covers_every_family_of_the_batch_lane() {
         .filter(|m| BATCH.models().contains(&m.name.as_str()))
         .map(|m| m.model_type.as_str())
         .collect();
-    let remapped = engine::model::registry::REMAPPED;
-    let covered = |t: &str| {
-        gated.contains(&t)
-            || remapped
-                .iter()
-                .any(|&(a, b)| (a == t && gated.contains(&b)) || (b == t && gated.contains(&a)))
-    };
+    let same_module = engine::model::registry::same_module;
+    let covered = |t: &str| gated.iter().any(|g| same_module(t, g));
     let missing: Vec<&str> = engine::model::registry::FAMILIES
         .iter()
         .filter(|f| f.batch && f.model_type != "llama4")

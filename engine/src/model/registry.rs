@@ -214,6 +214,12 @@ pub const REMAPPED: [(&str, &str); 4] = [
     ("minimax_m2", "minimax"),
 ];
 
+/// Whether model_types `a` and `b` run the same module: equal, or one remapped onto the
+/// other (`REMAPPED`).
+pub fn same_module(a: &str, b: &str) -> bool {
+    a == b || REMAPPED.contains(&(a, b)) || REMAPPED.contains(&(b, a))
+}
+
 const LLAMA: Family = Family {
     compiled_decode: true,
     lora: true,

@@ -524,13 +524,8 @@ fn every_registered_family_has_an_l1_gated_tiny_model() {
         .filter(|r| r["gates"].as_array().unwrap().iter().any(|g| g == "l1"))
         .map(|r| r["model_type"].as_str().unwrap())
         .collect();
-    let remapped = engine::model::registry::REMAPPED;
-    let gated = |t: &str| {
-        l1_types.contains(t)
-            || remapped
-                .iter()
-                .any(|&(a, b)| (a == t && l1_types.contains(b)) || (b == t && l1_types.contains(a)))
-    };
+    let same_module = engine::model::registry::same_module;
+    let gated = |t: &str| l1_types.iter().any(|g| same_module(t, g));
     let missing: Vec<_> = engine::model::registry::FAMILIES
         .iter()
         .map(|f| f.model_type)
