@@ -2,7 +2,10 @@
 //! loopback port, checked by the official `openai` Python client (oracles/openai_client.py
 //! in the oracle venv); then on models/tiny-qwen3-tools, an agent-style exchange with the
 //! same client (tool call, tool result, final answer; oracles/openai_agent.py); and the
-//! client's Responses API on the first model (oracles/openai_responses.py).
+//! client's Responses API on the first model (oracles/openai_responses.py); the official
+//! `anthropic` client's Messages API on each (oracles/anthropic_client.py: the basic group on
+//! the first, a streamed agent exchange with thinking on the second). Each group runs once
+//! more with its planted client-side difference, which must fail.
 //! `harness serve-diff`: the same greedy requests to `engine serve` and `mlx_lm.server` on
 //! the same model, compared response by response and chunk by chunk (oracles/serve_diff.py;
 //! on tiny-qwen3-tools its tools suite: tool calls and reasoning), then once more with a
@@ -128,6 +131,28 @@ fn openai_responses(port: u16, plant: bool) -> Result<bool> {
         .success())
 }
 
+/// oracles/anthropic_client.py (the official `anthropic` client's Messages API) against our
+/// server on `port`: the basic group, or with `agent` the agent exchange on the tools model;
+/// `plant`: its planted client-side difference, which must fail.
+fn anthropic_client(port: u16, agent: bool, plant: bool) -> Result<bool> {
+    let mut cmd = std::process::Command::new(harness::oracle::python());
+    cmd.arg(harness::oracle::repo_root().join("oracles/anthropic_client.py"))
+        .arg("--base-url")
+        .arg(format!("http://127.0.0.1:{port}"));
+    if agent {
+        cmd.arg("--agent");
+    }
+    if plant {
+        cmd.arg("--plant")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+    }
+    Ok(cmd
+        .status()
+        .context("running oracles/anthropic_client.py")?
+        .success())
+}
+
 pub fn run() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
@@ -143,6 +168,15 @@ pub fn run() -> Result<()> {
         bail!("the Responses check's planted difference (turn 2 without previous_response_id) was not caught");
     }
     println!("planted difference caught");
+    println!(
+        "== {}: the anthropic client's Messages API",
+        super::DEFAULT_MODEL
+    );
+    let messages = anthropic_client(port, false, false)?;
+    if anthropic_client(port, false, true)? {
+        bail!("the Messages check's planted difference (count_tokens without the system prompt) was not caught");
+    }
+    println!("planted difference caught");
     // The first server stays up, idle, while the second one answers.
     let tools = harness::goldens::model_dir(TOOLS_MODEL)?;
     println!("== {TOOLS_MODEL}: an agent exchange with the openai client");
@@ -152,6 +186,18 @@ pub fn run() -> Result<()> {
         bail!("the agent exchange's planted difference (requests without tools) was not caught");
     }
     println!("planted difference caught");
+    println!("== {TOOLS_MODEL}: an agent exchange with the anthropic client (thinking, streamed)");
+    let anthropic_agent = anthropic_client(port, true, false)?;
+    if anthropic_client(port, true, true)? {
+        bail!("the anthropic agent exchange's planted difference (requests without tools) was not caught");
+    }
+    println!("planted difference caught");
+    if !messages {
+        bail!("the anthropic client's Messages API checks failed");
+    }
+    if !anthropic_agent {
+        bail!("the anthropic client's agent exchange failed");
+    }
     if !responses {
         bail!("the openai client's Responses API checks failed");
     }
