@@ -171,16 +171,46 @@ def agent(client, args, model):
     check("agent: tool_use input is an object", use is not None and use.name == "get_weather"
           and use.input == {"city": city} and use.id.startswith("toolu_"), use)
 
-    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id if use else "x",
-                                               "content": tool_result(city)}]}]
-    with client.messages.stream(model=model, max_tokens=200, messages=messages, tools=tools,
+    # Turn 2 as Claude Code sends it: the assistant turn as the client returned it (thinking
+    # block and signature included), then the tool's result. The tiny model was trained
+    # without past reasoning in its prompts, so its answer is checked against the chat
+    # route's answer to the same conversation (reasoning_content, tool_calls, a tool message).
+    call_id = use.id if use else "toolu_missing"
+    result = [{"type": "tool_result", "tool_use_id": call_id, "content": tool_result(city)}]
+    sent_back = messages + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {"role": "user", "content": result}]
+    with client.messages.stream(model=model, max_tokens=200, messages=sent_back, tools=tools,
                                 thinking=thinking) as s:
         streamed = "".join(s.text_stream)
         second = s.get_final_message()
-    check("agent: final answer after the tool result", text_of(second) == final_answer(city)
-          and streamed == final_answer(city), repr(text_of(second)))
+    chat = httpx.post(f"{args.base_url}/v1/chat/completions", timeout=60, json={
+        "model": model, "max_tokens": 200, "tools": [WEATHER_TOOL],
+        "chat_template_kwargs": {"enable_thinking": True},
+        "messages": messages + [
+            {"role": "assistant", "content": "", "reasoning_content": thought.thinking if thought else "",
+             "tool_calls": [{"id": call_id, "type": "function", "function": {
+                 "name": "get_weather", "arguments": json.dumps({"city": city})}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": tool_result(city)}]}).json()
+    said = chat["choices"][0]["message"]
+    thought2 = "".join(b.thinking for b in second.content if b.type == "thinking")
+    check("agent: the answer after the tool result is the chat route's",
+          text_of(second).strip() == (said.get("content") or "").strip()
+          and thought2.strip() == (said.get("reasoning") or "").strip() and streamed == text_of(second),
+          (second.content, said))
     check("agent: final stop_reason end_turn", second.stop_reason == "end_turn", second.stop_reason)
+
+    # A client that leaves past thinking out gets the answer the model was trained on.
+    without = messages + [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content
+                                          if b.type != "thinking"]},
+        {"role": "user", "content": result}]
+    with client.messages.stream(model=model, max_tokens=200, messages=without, tools=tools,
+                                thinking=thinking) as s:
+        streamed = "".join(s.text_stream)
+        third = s.get_final_message()
+    check("agent: final answer after the tool result", text_of(third).strip() == final_answer(city)
+          and streamed == text_of(third) and third.stop_reason == "end_turn", repr(text_of(third)))
 
     strict = {**tool, "strict": True}
     r = create_validated(client, model=model, max_tokens=64,
