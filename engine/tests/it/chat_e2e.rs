@@ -15,14 +15,18 @@
 //! copy, regenerate, the history, settings kept across a reload. Each check has a
 //! planted page (the served page with one edit) that must fail it.
 //!
-//! Every case runs in one #[test] on one server and one Chromium (`browser::Fixture`),
-//! each case in a browser context of its own: starting a server and a browser per case
-//! was most of the module's time. Each case is a claim (named as a test would be), run
-//! whatever the others did; the test fails naming every claim that did not hold.
+//! Every case runs in one #[test] on one server, each case in a browser context of its
+//! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
+//! ~0.1 s (its socket reader holds the connection for reads of up to 100 ms), so the cases
+//! run side by side on WORKERS Chromiums (one case at a time each).
+//! Each case is a claim (named as a test would be), run whatever the others did; the test
+//! fails naming every claim that did not hold.
 
 use headless_chrome::protocol::cdp::Page;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common;
@@ -50,7 +54,7 @@ struct Finished {
 /// shared: its counters are read before, and the page's request must move them by one.
 fn run_page(fx: &Fixture, plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let server = &fx.server;
+    let server = fx.server;
     let before = stats(server.port);
     let count = |st: &serde_json::Value, key: &str| st[key].as_u64().unwrap_or(0);
     let case_tab = fx.tab((900, 500))?;
@@ -112,7 +116,8 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let tokens = count(&stats, "completion_tokens").saturating_sub(count(&before, "completion_tokens"));
+    let tokens =
+        count(&stats, "completion_tokens").saturating_sub(count(&before, "completion_tokens"));
     if tokens < 3 {
         return Err(format!(
             "too few tokens streamed: {tokens} (before the page: {before}; after: {stats})"
@@ -323,9 +328,14 @@ fn a_renderer_linking_any_scheme_is_caught(fx: &Fixture) {
     println!("caught: {bad:?}");
 }
 
-/// A claim, and the case that shows it (panics when it does not hold). The live model's
-/// case comes first: nothing else has used the shared server yet.
-const CASES: &[(&str, fn(&Fixture))] = &[
+/// A claim, and the case that shows it (panics when it does not hold).
+type Case = (&'static str, fn(&Fixture));
+
+/// Every case, longest first after the live model's so that the workers finish together.
+/// Only the first case's page reaches the server's chat endpoint (the planted one posts
+/// to a path the server does not serve, the others' chat requests are answered by the
+/// test in the browser), so its request alone moves the server's counters.
+const CASES: &[Case] = &[
     (
         "the_chat_page_streams_an_answer_in_chromium",
         the_chat_page_streams_an_answer_in_chromium,
@@ -398,21 +408,38 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
     }
 }
 
+/// How many Chromiums run the cases at once (each case waits on DevTools round trips far
+/// more than it computes).
+const WORKERS: usize = 4;
+
+/// Runs `case`, returning what its panic said if it did not hold.
+fn run_case(fx: &Fixture, (claim, case): &Case) -> Result<(), String> {
+    let t = Instant::now();
+    let outcome = catch_unwind(AssertUnwindSafe(|| case(fx)));
+    let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+    println!("{claim}: {verdict} in {:.2?}", t.elapsed());
+    outcome.map_err(|payload| format!("{claim}: {}", panic_text(payload)))
+}
+
 #[test]
 fn the_chat_page_holds_every_claim_and_each_planted_page_is_caught() {
     let start = Instant::now();
-    let fx = Fixture::start().unwrap_or_else(|e| panic!("{e}"));
-    println!("server and Chromium up in {:.2?}", start.elapsed());
-    let mut failed = Vec::new();
-    for (claim, case) in CASES {
-        let t = Instant::now();
-        let outcome = catch_unwind(AssertUnwindSafe(|| case(&fx)));
-        let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
-        println!("{claim}: {verdict} in {:.2?}", t.elapsed());
-        if let Err(payload) = outcome {
-            failed.push(format!("{claim}: {}", panic_text(payload)));
+    let server = browser::server();
+    let (next, failed) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS {
+            let (server, next, failed) = (&server, &next, &failed);
+            scope.spawn(move || {
+                let fx = Fixture::start(server).unwrap_or_else(|e| panic!("{e}"));
+                while let Some(case) = CASES.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    if let Err(why) = run_case(&fx, case) {
+                        failed.lock().unwrap().push(why);
+                    }
+                }
+            });
         }
-    }
+    });
+    let failed = failed.into_inner().unwrap();
     println!("{} cases in {:.2?}", CASES.len(), start.elapsed());
     assert!(
         failed.is_empty(),

@@ -4,10 +4,11 @@
 //! over the DevTools protocol (Fetch.enable + Fetch.fulfillRequest) and answered with the
 //! next canned body, and the request bodies the page sent are kept for the test to read.
 //!
-//! One server and one Chromium serve every case (`Fixture`): starting them is most of a
-//! case's cost. Each case gets a browser context of its own (Target.createBrowserContext,
-//! an incognito profile: its own localStorage, cache and cookies, so one case's saved
-//! settings cannot make another's pass) with one tab, sized as the case asks.
+//! One server serves every case, and a few Chromiums run the cases side by side
+//! (`Fixture`: the server and one Chromium). Each case gets a browser context of its own
+//! (Target.createBrowserContext, an incognito profile: its own localStorage, cache and
+//! cookies, so one case's saved settings cannot make another's pass) with one tab, sized
+//! as the case asks.
 
 use headless_chrome::browser::tab::point::Point;
 use headless_chrome::browser::tab::RequestPausedDecision;
@@ -68,15 +69,20 @@ pub fn launch(window: (u32, u32)) -> Result<Browser, String> {
     .map_err(|x| format!("starting chromium: {x}"))
 }
 
-/// The server and the browser every case shares; dropped (both killed) at the test's end.
-pub struct Fixture {
-    pub server: Server,
+/// The server every case shares (the page and /v1/models come from it).
+pub fn server() -> Server {
+    serve_model("tiny-llama-trained", &["--no-open"])
+}
+
+/// The shared server and a Chromium of this fixture's own (killed when dropped), which
+/// runs one case at a time.
+pub struct Fixture<'s> {
+    pub server: &'s Server,
     browser: Browser,
 }
 
-impl Fixture {
-    pub fn start() -> Result<Fixture, String> {
-        let server = serve_model("tiny-llama-trained", &["--no-open"]);
+impl<'s> Fixture<'s> {
+    pub fn start(server: &'s Server) -> Result<Fixture<'s>, String> {
         let browser = launch((1200, 1000))?;
         Ok(Fixture { server, browser })
     }
@@ -181,12 +187,12 @@ impl<'f> CannedPage<'f> {
     /// Opens a tab on `fx`'s browser with the interception; `replies` answer the chat
     /// requests in order. The page is not loaded yet (see `open`).
     pub fn start(
-        fx: &'f Fixture,
+        fx: &'f Fixture<'_>,
         plant: Option<&Plant>,
         replies: Vec<String>,
         window: (u32, u32),
     ) -> Result<CannedPage<'f>, String> {
-        let server = &fx.server;
+        let server = fx.server;
         let page = plant.map(|p| planted_page(server.port, p));
         let shared = Arc::new(Mutex::new(Shared {
             page,

@@ -6,9 +6,7 @@
 
 use serde_json::json;
 
-use super::browser::{
-    js, wait_js, wait_js_within, CannedPage, Fixture, Plant, SETTLED_TIMEOUT,
-};
+use super::browser::{js, wait_js, wait_js_within, CannedPage, Fixture, Plant, SETTLED_TIMEOUT};
 
 const FEED_STUB: &str = r#"(() => {
   const realFetch = window.fetch;
