@@ -14,20 +14,30 @@
 //! code blocks, HTML shown as text and never run, tool call blocks, the settings sent,
 //! copy, regenerate, the history, settings kept across a reload. Each check has a
 //! planted page (the served page with one edit) that must fail it.
+//!
+//! Every case runs in one #[test] on one server, each case in a browser context of its
+//! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
+//! ~0.1 s (its socket reader holds the connection for reads of up to 100 ms), so the cases
+//! run side by side on WORKERS Chromiums (one case at a time each).
+//! Each case is a claim (named as a test would be), run whatever the others did; the test
+//! fails naming every claim that did not hold.
 
 use headless_chrome::protocol::cdp::Page;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::common;
-use common::server::{serve_model, stats};
+use common::server::stats;
 
 mod browser;
 mod canned;
 mod markdown;
 mod stream;
 
-use browser::{e2e_dir, launch, Plant};
+use browser::{e2e_dir, Fixture, Plant};
 
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -40,12 +50,15 @@ struct Finished {
 
 /// Loads the chat page with a first message, waits until the page marks its answer done,
 /// checks it, saves a screenshot at `shot`. `plant_wrong_path` makes the page post its chat
-/// request to a path the server does not serve (the planted defect).
-fn run_page(plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
+/// request to a path the server does not serve (the planted defect). The server is
+/// shared: its counters are read before, and the page's request must move them by one.
+fn run_page(fx: &Fixture, plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
     let e = |e: &dyn std::fmt::Display| e.to_string();
-    let server = serve_model("tiny-llama-trained", &["--no-open"]);
-    let browser = launch((900, 500))?;
-    let tab = browser.new_tab().map_err(|x| e(&x))?;
+    let server = fx.server;
+    let before = stats(server.port);
+    let count = |st: &serde_json::Value, key: &str| st[key].as_u64().unwrap_or(0);
+    let case_tab = fx.tab((900, 500))?;
+    let tab = &case_tab.0;
     if plant_wrong_path {
         // Runs before the page's own script: every fetch of the chat endpoint goes astray.
         tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
@@ -95,7 +108,7 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
     let deadline = Instant::now() + Duration::from_secs(10);
     let stats = loop {
         let stats = stats(server.port);
-        if stats["completed"] == 1 {
+        if count(&stats, "completed") == count(&before, "completed") + 1 {
             break stats;
         }
         if Instant::now() > deadline {
@@ -103,17 +116,20 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    if stats["completion_tokens"].as_u64().unwrap_or(0) < 3 {
-        return Err(format!("too few tokens streamed: {stats}"));
+    let tokens =
+        count(&stats, "completion_tokens").saturating_sub(count(&before, "completion_tokens"));
+    if tokens < 3 {
+        return Err(format!(
+            "too few tokens streamed: {tokens} (before the page: {before}; after: {stats})"
+        ));
     }
     Ok(Finished { answer, stats })
 }
 
-#[test]
-fn the_chat_page_streams_an_answer_in_chromium() {
+fn the_chat_page_streams_an_answer_in_chromium(fx: &Fixture) {
     let shot = e2e_dir().join("chat.png");
     let _ = std::fs::remove_file(&shot);
-    let done = run_page(false, &shot).unwrap_or_else(|e| panic!("{e}"));
+    let done = run_page(fx, false, &shot).unwrap_or_else(|e| panic!("{e}"));
     println!("the page's answer: {:?}", done.answer);
     println!("server after the page's request: {}", done.stats);
     let png = std::fs::read(&shot).unwrap();
@@ -124,10 +140,9 @@ fn the_chat_page_streams_an_answer_in_chromium() {
     println!("screenshot: {}", shot.display());
 }
 
-#[test]
-fn a_page_posting_to_a_wrong_path_is_caught() {
+fn a_page_posting_to_a_wrong_path_is_caught(fx: &Fixture) {
     let shot = e2e_dir().join("chat-planted.png");
-    let err = match run_page(true, &shot) {
+    let err = match run_page(fx, true, &shot) {
         Ok(done) => panic!("planted defect not caught: {:?}", done.answer),
         Err(err) => err,
     };
@@ -137,13 +152,12 @@ fn a_page_posting_to_a_wrong_path_is_caught() {
 
 /// Runs the canned exchange on `plant`'s page and returns its outcome; the screenshot of
 /// the first answer goes to target/e2e/`shot`.
-fn canned_outcome(plant: Option<&Plant>, shot: &str) -> canned::Outcome {
-    canned::run(plant, shot).unwrap_or_else(|e| panic!("the canned exchange did not run: {e}"))
+fn canned_outcome(fx: &Fixture, plant: Option<&Plant>, shot: &str) -> canned::Outcome {
+    canned::run(fx, plant, shot).unwrap_or_else(|e| panic!("the canned exchange did not run: {e}"))
 }
 
-#[test]
-fn the_chat_page_renders_what_real_models_stream() {
-    let out = canned_outcome(None, "chat-canned.png");
+fn the_chat_page_renders_what_real_models_stream(fx: &Fixture) {
+    let out = canned_outcome(fx, None, "chat-canned.png");
     println!("{}", out.report());
     assert!(out.failed.is_empty(), "{}", out.report());
     assert_eq!(out.passed.len(), 9, "{}", out.report());
@@ -154,8 +168,8 @@ fn the_chat_page_renders_what_real_models_stream() {
 }
 
 /// A planted page must fail `check` (others may fail too: printed); returns why it did.
-fn planted_fails(name: &str, check: &str, plant: Plant) -> String {
-    let out = canned_outcome(Some(&plant), &format!("chat-planted-{name}.png"));
+fn planted_fails(fx: &Fixture, name: &str, check: &str, plant: Plant) -> String {
+    let out = canned_outcome(fx, Some(&plant), &format!("chat-planted-{name}.png"));
     println!("{}", out.report());
     out.why(check).unwrap_or_else(|| {
         panic!(
@@ -165,10 +179,10 @@ fn planted_fails(name: &str, check: &str, plant: Plant) -> String {
     })
 }
 
-#[test]
-fn a_page_rendering_model_html_is_caught() {
+fn a_page_rendering_model_html_is_caught(fx: &Fixture) {
     // What a renderer that trusts the model's markup does: text goes in as HTML.
     let why = planted_fails(
+        fx,
         "raw-html",
         "xss",
         Plant {
@@ -180,9 +194,9 @@ fn a_page_rendering_model_html_is_caught() {
     assert!(why.contains("window.__pwned is \"img\""), "{why}");
 }
 
-#[test]
-fn a_page_ignoring_reasoning_deltas_is_caught() {
+fn a_page_ignoring_reasoning_deltas_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "no-reasoning",
         "reasoning",
         Plant {
@@ -192,9 +206,9 @@ fn a_page_ignoring_reasoning_deltas_is_caught() {
     );
 }
 
-#[test]
-fn a_page_without_code_fences_is_caught() {
+fn a_page_without_code_fences_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "no-fences",
         "markdown",
         Plant {
@@ -204,9 +218,9 @@ fn a_page_without_code_fences_is_caught() {
     );
 }
 
-#[test]
-fn a_page_keeping_only_the_last_argument_piece_is_caught() {
+fn a_page_keeping_only_the_last_argument_piece_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "tool-arguments",
         "tools",
         Plant {
@@ -216,9 +230,9 @@ fn a_page_keeping_only_the_last_argument_piece_is_caught() {
     );
 }
 
-#[test]
-fn a_page_not_sending_its_settings_is_caught() {
+fn a_page_not_sending_its_settings_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "settings-unsent",
         "request",
         Plant {
@@ -228,9 +242,9 @@ fn a_page_not_sending_its_settings_is_caught() {
     );
 }
 
-#[test]
-fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
+fn a_page_regenerating_with_the_old_answer_in_history_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "regenerate-keeps-answer",
         "regenerate",
         Plant {
@@ -240,9 +254,9 @@ fn a_page_regenerating_with_the_old_answer_in_history_is_caught() {
     );
 }
 
-#[test]
-fn a_page_forgetting_its_settings_is_caught() {
+fn a_page_forgetting_its_settings_is_caught(fx: &Fixture) {
     let _ = planted_fails(
+        fx,
         "settings-not-kept",
         "persist",
         Plant {
@@ -252,40 +266,36 @@ fn a_page_forgetting_its_settings_is_caught() {
     );
 }
 
-#[test]
-fn the_thinking_section_is_open_while_streaming_and_closed_after() {
-    stream::run(None).unwrap_or_else(|e| panic!("{e}"));
+fn the_thinking_section_is_open_while_streaming_and_closed_after(fx: &Fixture) {
+    stream::run(fx, None).unwrap_or_else(|e| panic!("{e}"));
     println!(
         "screenshot: {}",
         e2e_dir().join("chat-stream.png").display()
     );
 }
 
-#[test]
-fn a_thinking_section_that_never_closes_is_caught() {
+fn a_thinking_section_that_never_closes_is_caught(fx: &Fixture) {
     let plant = Plant {
         from: "view.thinking.open = false;",
         to: "view.thinking.open = true;",
     };
-    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    let err = stream::run(fx, Some(&plant)).expect_err("planted defect not caught");
     assert!(err.contains("to close once the answer starts"), "{err}");
     println!("caught: {err}");
 }
 
-#[test]
-fn a_thinking_section_closed_while_streaming_is_caught() {
+fn a_thinking_section_closed_while_streaming_is_caught(fx: &Fixture) {
     let plant = Plant {
         from: "view.thinking.open = true;",
         to: "view.thinking.open = false;",
     };
-    let err = stream::run(Some(&plant)).expect_err("planted defect not caught");
+    let err = stream::run(fx, Some(&plant)).expect_err("planted defect not caught");
     assert!(err.contains("open while the model reasons"), "{err}");
     println!("caught: {err}");
 }
 
-#[test]
-fn the_markdown_renderer_matches_its_table() {
-    let bad = markdown::mismatches(None).unwrap_or_else(|e| panic!("{e}"));
+fn the_markdown_renderer_matches_its_table(fx: &Fixture) {
+    let bad = markdown::mismatches(fx, None).unwrap_or_else(|e| panic!("{e}"));
     for (md, want, got) in &bad {
         println!("{md:?}\n  want {want}\n  got  {got}");
     }
@@ -298,8 +308,7 @@ fn the_markdown_renderer_matches_its_table() {
     println!("{} cases rendered as expected", markdown::CASES.len());
 }
 
-#[test]
-fn a_renderer_linking_any_scheme_is_caught() {
+fn a_renderer_linking_any_scheme_is_caught(fx: &Fixture) {
     let plant = Plant {
         // A renderer that links whatever URL the model writes.
         from: r#"if (!/^https?:\/\//i.test(raw)) return null;
@@ -310,11 +319,133 @@ fn a_renderer_linking_any_scheme_is_caught() {
     const u = new URL(raw);
     return u.href;"#,
     };
-    let bad = markdown::mismatches(Some(&plant)).unwrap_or_else(|e| panic!("{e}"));
+    let bad = markdown::mismatches(fx, Some(&plant)).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         bad.iter()
             .any(|(md, _, got)| md.contains("javascript:") && got.contains("href=\"javascript:")),
         "planted defect not caught: {bad:?}"
     );
     println!("caught: {bad:?}");
+}
+
+/// A claim, and the case that shows it (panics when it does not hold).
+type Case = (&'static str, fn(&Fixture));
+
+/// Every case, longest first after the live model's so that the workers finish together.
+/// Only the first case's page reaches the server's chat endpoint (the planted one posts
+/// to a path the server does not serve, the others' chat requests are answered by the
+/// test in the browser), so its request alone moves the server's counters.
+const CASES: &[Case] = &[
+    (
+        "the_chat_page_streams_an_answer_in_chromium",
+        the_chat_page_streams_an_answer_in_chromium,
+    ),
+    (
+        "a_page_posting_to_a_wrong_path_is_caught",
+        a_page_posting_to_a_wrong_path_is_caught,
+    ),
+    (
+        "the_chat_page_renders_what_real_models_stream",
+        the_chat_page_renders_what_real_models_stream,
+    ),
+    (
+        "a_page_rendering_model_html_is_caught",
+        a_page_rendering_model_html_is_caught,
+    ),
+    (
+        "a_page_ignoring_reasoning_deltas_is_caught",
+        a_page_ignoring_reasoning_deltas_is_caught,
+    ),
+    (
+        "a_page_without_code_fences_is_caught",
+        a_page_without_code_fences_is_caught,
+    ),
+    (
+        "a_page_keeping_only_the_last_argument_piece_is_caught",
+        a_page_keeping_only_the_last_argument_piece_is_caught,
+    ),
+    (
+        "a_page_not_sending_its_settings_is_caught",
+        a_page_not_sending_its_settings_is_caught,
+    ),
+    (
+        "a_page_regenerating_with_the_old_answer_in_history_is_caught",
+        a_page_regenerating_with_the_old_answer_in_history_is_caught,
+    ),
+    (
+        "a_page_forgetting_its_settings_is_caught",
+        a_page_forgetting_its_settings_is_caught,
+    ),
+    (
+        "the_thinking_section_is_open_while_streaming_and_closed_after",
+        the_thinking_section_is_open_while_streaming_and_closed_after,
+    ),
+    (
+        "a_thinking_section_that_never_closes_is_caught",
+        a_thinking_section_that_never_closes_is_caught,
+    ),
+    (
+        "a_thinking_section_closed_while_streaming_is_caught",
+        a_thinking_section_closed_while_streaming_is_caught,
+    ),
+    (
+        "the_markdown_renderer_matches_its_table",
+        the_markdown_renderer_matches_its_table,
+    ),
+    (
+        "a_renderer_linking_any_scheme_is_caught",
+        a_renderer_linking_any_scheme_is_caught,
+    ),
+];
+
+/// What a case's panic said.
+fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
+    match payload.downcast::<String>() {
+        Ok(s) => *s,
+        Err(payload) => payload
+            .downcast_ref::<&str>()
+            .map_or_else(|| "a panic without a message".into(), |s| s.to_string()),
+    }
+}
+
+/// How many Chromiums run the cases at once (each case waits on DevTools round trips far
+/// more than it computes).
+const WORKERS: usize = 4;
+
+/// Runs `case`, returning what its panic said if it did not hold.
+fn run_case(fx: &Fixture, (claim, case): &Case) -> Result<(), String> {
+    let t = Instant::now();
+    let outcome = catch_unwind(AssertUnwindSafe(|| case(fx)));
+    let verdict = if outcome.is_ok() { "ok" } else { "FAILED" };
+    println!("{claim}: {verdict} in {:.2?}", t.elapsed());
+    outcome.map_err(|payload| format!("{claim}: {}", panic_text(payload)))
+}
+
+#[test]
+fn the_chat_page_holds_every_claim_and_each_planted_page_is_caught() {
+    let start = Instant::now();
+    let server = browser::server();
+    let (next, failed) = (AtomicUsize::new(0), Mutex::new(Vec::new()));
+    std::thread::scope(|scope| {
+        for _ in 0..WORKERS {
+            let (server, next, failed) = (&server, &next, &failed);
+            scope.spawn(move || {
+                let fx = Fixture::start(server).unwrap_or_else(|e| panic!("{e}"));
+                while let Some(case) = CASES.get(next.fetch_add(1, Ordering::SeqCst)) {
+                    if let Err(why) = run_case(&fx, case) {
+                        failed.lock().unwrap().push(why);
+                    }
+                }
+            });
+        }
+    });
+    let failed = failed.into_inner().unwrap();
+    println!("{} cases in {:.2?}", CASES.len(), start.elapsed());
+    assert!(
+        failed.is_empty(),
+        "{} of {} claims failed:\n{}",
+        failed.len(),
+        CASES.len(),
+        failed.join("\n")
+    );
 }

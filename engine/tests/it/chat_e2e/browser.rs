@@ -3,6 +3,12 @@
 //! it, or a planted variant of it), every POST to /v1/chat/completions is intercepted
 //! over the DevTools protocol (Fetch.enable + Fetch.fulfillRequest) and answered with the
 //! next canned body, and the request bodies the page sent are kept for the test to read.
+//!
+//! One server serves every case, and a few Chromiums run the cases side by side
+//! (`Fixture`: the server and one Chromium). Each case gets a browser context of its own
+//! (Target.createBrowserContext, an incognito profile: its own localStorage, cache and
+//! cookies, so one case's saved settings cannot make another's pass) with one tab, sized
+//! as the case asks.
 
 use headless_chrome::browser::tab::point::Point;
 use headless_chrome::browser::tab::RequestPausedDecision;
@@ -11,7 +17,8 @@ use headless_chrome::protocol::cdp::Fetch::{
     FulfillRequest, HeaderEntry, RequestPattern, RequestStage,
 };
 use headless_chrome::protocol::cdp::Network::ResourceType;
-use headless_chrome::protocol::cdp::{Input, Page};
+use headless_chrome::protocol::cdp::Target::CreateTarget;
+use headless_chrome::protocol::cdp::{Emulation, Input, Page};
 use headless_chrome::{Browser, LaunchOptions, Tab};
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -55,9 +62,87 @@ pub fn launch(window: (u32, u32)) -> Result<Browser, String> {
         sandbox: false,
         window_size: Some(window),
         args: vec![OsStr::new("--disable-quic")],
+        // The connection outlives every case; a quiet spell between them must not end it.
+        idle_browser_timeout: Duration::from_secs(300),
         ..LaunchOptions::default()
     })
     .map_err(|x| format!("starting chromium: {x}"))
+}
+
+/// The server every case shares (the page and /v1/models come from it).
+pub fn server() -> Server {
+    serve_model("tiny-llama-trained", &["--no-open"])
+}
+
+/// The shared server and a Chromium of this fixture's own (killed when dropped), which
+/// runs one case at a time.
+pub struct Fixture<'s> {
+    pub server: &'s Server,
+    browser: Browser,
+}
+
+impl<'s> Fixture<'s> {
+    pub fn start(server: &'s Server) -> Result<Fixture<'s>, String> {
+        let browser = launch((1200, 1000))?;
+        Ok(Fixture { server, browser })
+    }
+
+    /// A tab in a new browser context (nothing shared with earlier cases' pages), its
+    /// viewport `window` (width, height) in CSS pixels; closed when dropped.
+    pub fn tab(&self, window: (u32, u32)) -> Result<CaseTab, String> {
+        let context = self
+            .browser
+            .new_context()
+            .map_err(|x| format!("Target.createBrowserContext: {x}"))?;
+        let tab = self
+            .browser
+            .new_tab_with_options(CreateTarget {
+                url: "about:blank".into(),
+                left: None,
+                top: None,
+                width: Some(window.0),
+                height: Some(window.1),
+                window_state: None,
+                browser_context_id: Some(context.get_id().to_owned()),
+                enable_begin_frame_control: None,
+                new_window: None,
+                background: None,
+                for_tab: None,
+                hidden: None,
+            })
+            .map_err(|x| format!("Target.createTarget: {x}"))?;
+        let tab = CaseTab(tab);
+        // The viewport the case was written for, whatever size the window came out.
+        tab.0
+            .call_method(Emulation::SetDeviceMetricsOverride {
+                width: window.0,
+                height: window.1,
+                device_scale_factor: 1.0,
+                mobile: false,
+                scale: None,
+                screen_width: None,
+                screen_height: None,
+                position_x: None,
+                position_y: None,
+                dont_set_visible_size: None,
+                screen_orientation: None,
+                viewport: None,
+                display_feature: None,
+                device_posture: None,
+            })
+            .map_err(|x| format!("Emulation.setDeviceMetricsOverride: {x}"))?;
+        Ok(tab)
+    }
+}
+
+/// A case's tab; closing it when dropped leaves the browser with no page of the case's
+/// running (a page still streaming or polling would otherwise go on beside later cases).
+pub struct CaseTab(pub Arc<Tab>);
+
+impl Drop for CaseTab {
+    fn drop(&mut self) {
+        let _ = self.0.close_target();
+    }
 }
 
 pub fn e2e_dir() -> PathBuf {
@@ -85,10 +170,10 @@ struct Shared {
     errors: Vec<String>,
 }
 
-pub struct CannedPage {
-    pub server: Server,
-    /// Held for the tab's lifetime (dropping it closes Chromium).
-    _browser: Browser,
+pub struct CannedPage<'f> {
+    pub server: &'f Server,
+    /// Held for the page's lifetime (dropping it closes the tab).
+    _tab: CaseTab,
     pub tab: Arc<Tab>,
     shared: Arc<Mutex<Shared>>,
 }
@@ -98,23 +183,24 @@ pub struct CannedPage {
 const CLIPBOARD_STUB: &str = r#"Object.defineProperty(navigator, "clipboard", { configurable: true,
   value: { writeText: async t => { window.__copied = t; } } });"#;
 
-impl CannedPage {
-    /// Starts a server, Chromium and the interception; `replies` answer the chat requests
-    /// in order. The page is not loaded yet (see `open`).
+impl<'f> CannedPage<'f> {
+    /// Opens a tab on `fx`'s browser with the interception; `replies` answer the chat
+    /// requests in order. The page is not loaded yet (see `open`).
     pub fn start(
+        fx: &'f Fixture<'_>,
         plant: Option<&Plant>,
         replies: Vec<String>,
         window: (u32, u32),
-    ) -> Result<CannedPage, String> {
-        let server = serve_model("tiny-llama-trained", &["--no-open"]);
+    ) -> Result<CannedPage<'f>, String> {
+        let server = fx.server;
         let page = plant.map(|p| planted_page(server.port, p));
         let shared = Arc::new(Mutex::new(Shared {
             page,
             replies: replies.into(),
             ..Shared::default()
         }));
-        let browser = launch(window)?;
-        let tab = browser.new_tab().map_err(|x| x.to_string())?;
+        let case_tab = fx.tab(window)?;
+        let tab = case_tab.0.clone();
         let patterns = [
             RequestPattern {
                 url_pattern: Some("*/v1/chat/completions".into()),
@@ -137,7 +223,7 @@ impl CannedPage {
         add_script(&tab, CLIPBOARD_STUB)?;
         Ok(CannedPage {
             server,
-            _browser: browser,
+            _tab: case_tab,
             tab,
             shared,
         })

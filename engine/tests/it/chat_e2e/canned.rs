@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::browser::{js, sse, wait_js, CannedPage, Plant};
+use super::browser::{js, sse, wait_js, CannedPage, Fixture, Plant};
 
 /// The reasoning the first answer streams, in pieces.
 const REASONING: [&str; 3] = [
@@ -137,10 +137,16 @@ fn ask_first(page: &CannedPage) -> Result<(), String> {
     )
 }
 
-/// Every check of the canned exchange, on `plant`'s page (None: the served page).
-/// Saves a screenshot of the first answer as `shot` (under target/e2e).
-pub fn run(plant: Option<&Plant>, shot: &str) -> Result<Outcome, String> {
-    let page = CannedPage::start(plant, vec![first_answer(), second_answer()], (1200, 1000))?;
+/// Every check of the canned exchange, on `plant`'s page (None: the served page), in a
+/// tab of `fx`'s browser. Saves a screenshot of the first answer as `shot` (under
+/// target/e2e).
+pub fn run(fx: &Fixture, plant: Option<&Plant>, shot: &str) -> Result<Outcome, String> {
+    let page = CannedPage::start(
+        fx,
+        plant,
+        vec![first_answer(), second_answer()],
+        (1200, 1000),
+    )?;
     page.open("")?;
     let mut out = Outcome::default();
     ask_first(&page)?;

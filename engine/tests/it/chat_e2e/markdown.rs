@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::browser::{js, CannedPage, Plant};
+use super::browser::{js, CannedPage, Fixture, Plant};
 
 /// (markdown, the rendered nodes' HTML). Code blocks carry their bar (language, Copy).
 pub const CASES: &[(&str, &str)] = &[
@@ -32,8 +32,11 @@ pub const CASES: &[(&str, &str)] = &[
 ];
 
 /// Each case's rendering, in one evaluation: [markdown, got] for those that differ.
-pub fn mismatches(plant: Option<&Plant>) -> Result<Vec<(String, String, String)>, String> {
-    let page = CannedPage::start(plant, vec![], (900, 500))?;
+pub fn mismatches(
+    fx: &Fixture,
+    plant: Option<&Plant>,
+) -> Result<Vec<(String, String, String)>, String> {
+    let page = CannedPage::start(fx, plant, vec![], (900, 500))?;
     page.open("")?;
     let inputs: Vec<&str> = CASES.iter().map(|c| c.0).collect();
     let got = js(

@@ -6,7 +6,7 @@
 
 use serde_json::json;
 
-use super::browser::{js, wait_js, wait_js_within, CannedPage, Plant, SETTLED_TIMEOUT};
+use super::browser::{js, wait_js, wait_js_within, CannedPage, Fixture, Plant, SETTLED_TIMEOUT};
 
 const FEED_STUB: &str = r#"(() => {
   const realFetch = window.fetch;
@@ -33,9 +33,10 @@ fn feed(page: &CannedPage, delta: serde_json::Value) -> Result<(), String> {
 
 const MSG: &str = "document.querySelector('.msg.assistant')";
 
-/// The streamed exchange, from the page's first-message link; `plant`'s page if given.
-pub fn run(plant: Option<&Plant>) -> Result<(), String> {
-    let page = CannedPage::start(plant, vec![], (900, 700))?;
+/// The streamed exchange, from the page's first-message link; `plant`'s page if given,
+/// in a tab of `fx`'s browser.
+pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<(), String> {
+    let page = CannedPage::start(fx, plant, vec![], (900, 700))?;
     super::browser::add_script(&page.tab, FEED_STUB)?;
     page.open("?q=Why%3F")?;
     let tab = &page.tab;
