@@ -48,6 +48,8 @@ struct Launch<'a> {
     model: &'a str,
     extra: &'a [&'a str],
     env: &'a [(&'a str, &'a str)],
+    /// `--dist-timeout` (seconds): how long a rank waits on a stalled step.
+    dist_timeout: &'a str,
 }
 
 fn launch<'a>(extra: &'a [&'a str]) -> Launch<'a> {
@@ -55,6 +57,7 @@ fn launch<'a>(extra: &'a [&'a str]) -> Launch<'a> {
         model: MODEL,
         extra,
         env: &[],
+        dist_timeout: "30",
     }
 }
 
@@ -62,7 +65,7 @@ fn rank_command(rank: usize, hostfile: &PathBuf, how: Launch) -> Command {
     let model = common::goldens().join("models").join(how.model);
     let mut cmd = Command::new(engine_bin());
     cmd.args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .args(["--dist-connect-timeout", "30", "--dist-timeout", "30"])
+        .args(["--dist-connect-timeout", "30", "--dist-timeout", how.dist_timeout])
         .args(how.extra)
         .env("MLX_RANK", rank.to_string())
         .env("MLX_HOSTFILE", hostfile)
@@ -372,6 +375,8 @@ fn a_constrained_answer_across_ranks_is_one_process_answer() {
     drop(ranks);
     let ranks = start_ranks(Launch {
         env: &[("ENGINE_PLANT", "FollowerUnconstrained")],
+        // The ranks' diverged steps stall until rank 0 gives up: 5 s, not 30, is enough.
+        dist_timeout: "5",
         ..launch(&[])
     });
     let planted = one(ranks.port);
