@@ -175,7 +175,9 @@ impl<S: Stream<Item = Event> + Unpin> Stream for Observed<S> {
                         Some(t) => t,
                         // An answer whose one output came with Done (or none at all).
                         None => {
-                            self.metrics.ttft.observe((now - self.arrival).as_secs_f64());
+                            self.metrics
+                                .ttft
+                                .observe((now - self.arrival).as_secs_f64());
                             now
                         }
                     };
@@ -184,9 +186,7 @@ impl<S: Stream<Item = Event> + Unpin> Stream for Observed<S> {
                         let per = (now - first).as_secs_f64() / (n - 1) as f64;
                         self.metrics.tpot.observe(per);
                     }
-                    self.metrics
-                        .e2e
-                        .observe((now - self.arrival).as_secs_f64());
+                    self.metrics.e2e.observe((now - self.arrival).as_secs_f64());
                 }
                 _ => {}
             }
@@ -317,7 +317,13 @@ impl Collector for Shared {
         )?;
         let ram = {
             let stats = self.prompt_cache.lock().unwrap_or_else(|p| p.into_inner());
-            (stats.hits, stats.misses, stats.reused_tokens, stats.entries, stats.bytes)
+            (
+                stats.hits,
+                stats.misses,
+                stats.reused_tokens,
+                stats.entries,
+                stats.bytes,
+            )
         };
         let (hits, misses, reused_tokens, entries, bytes) = ram;
         one(

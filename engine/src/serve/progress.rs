@@ -34,7 +34,8 @@ where
     S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
 {
     // Planted: no keep-alive comments (caught by engine/tests/it/serve_metrics.rs).
-    let keep_alive = keep_alive.filter(|_| !crate::plant::is(crate::plant::Defect::SseKeepAliveOff));
+    let keep_alive =
+        keep_alive.filter(|_| !crate::plant::is(crate::plant::Defect::SseKeepAliveOff));
     match keep_alive {
         Some(every) => Sse::new(events)
             .keep_alive(KeepAlive::new().interval(every).text(KEEP_ALIVE_TEXT))
@@ -97,8 +98,7 @@ pub fn prefill_hook(
     cached: usize,
     report: bool,
 ) -> Option<Box<dyn FnMut(usize) + Send>> {
-    let report =
-        report && !crate::plant::is(crate::plant::Defect::PromptProgressDropped);
+    let report = report && !crate::plant::is(crate::plant::Defect::PromptProgressDropped);
     let delay = chunk_delay();
     if !report && delay.is_none() {
         return None;

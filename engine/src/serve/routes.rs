@@ -212,7 +212,12 @@ async fn handle(
         Err(refused) => return Ok(refused),
     };
     if stream {
-        Ok(respond_streamed(events, meta, include_usage, s.sse_keep_alive))
+        Ok(respond_streamed(
+            events,
+            meta,
+            include_usage,
+            s.sse_keep_alive,
+        ))
     } else {
         respond_whole(events, meta).await
     }

@@ -144,7 +144,11 @@ fn text_of(s: &AppState, body: &Value) -> Result<Value, ApiError> {
         .ok_or_else(|| ApiError::field("tokens", "tokens (a list of token ids) is required"))?;
     let tokenizer = &s.encoder.tokenizer;
     let vocab = tokenizer.vocab_size();
-    if let Some((i, id)) = tokens.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+    if let Some((i, id)) = tokens
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| id as usize >= vocab)
+    {
         return Err(ApiError::field(
             &format!("tokens[{i}]"),
             format!("token id {id} is outside this tokenizer's vocabulary of {vocab}"),

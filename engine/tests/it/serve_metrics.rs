@@ -13,7 +13,7 @@
 //!    `ENGINE_TEST_PREFILL_DELAY_MS`) streams `: keep-alive` comments (chat, completions,
 //!    responses) and, with `return_progress`, prompt_progress chunks before the first token.
 //!
-//! One clean server runs every check; one server carrying the planted defects each check
+//! One clean server runs every check (and a `--batch 2` one the stream checks); one server carrying the planted defects each check
 //! must catch (keep-alive off, progress dropped, generated tokens uncounted, a chat
 //! tokenized with extra special tokens) and one with a malformed exposition line show them
 //! failing.
@@ -29,19 +29,27 @@ use crate::common;
 use crate::common::server::{http_with, post, serve_dir_with_env, Server};
 
 const MODEL: &str = "tiny-llama-trained";
-/// Keep-alive interval (s) and per-chunk prefill delay (ms): a prompt of ~200 tokens in
-/// chunks of 4 prefills for about a second, twenty keep-alive intervals.
+/// Keep-alive interval (s) and per-chunk prefill delay (ms): a prompt of ~100 tokens in
+/// chunks of 4 prefills for about half a second, ten keep-alive intervals.
 const KEEP_ALIVE: &str = "0.05";
 const DELAY_MS: &str = "20";
 
 fn server(plant: &str) -> Server {
+    server_with(plant, &[])
+}
+
+fn server_with(plant: &str, extra: &[&str]) -> Server {
     let mut env = vec![("ENGINE_TEST_PREFILL_DELAY_MS", DELAY_MS)];
     if !plant.is_empty() {
         env.push(("ENGINE_PLANT", plant));
     }
     serve_dir_with_env(
         &common::goldens().join("models").join(MODEL),
-        &["--prefill-step-size", "4", "--sse-keep-alive", KEEP_ALIVE],
+        &[
+            &["--prefill-step-size", "4", "--sse-keep-alive", KEEP_ALIVE],
+            extra,
+        ]
+        .concat(),
         &env,
     )
 }
@@ -139,30 +147,51 @@ fn metrics_move(port: u16) -> Result<(), String> {
         value(&after, name, labels) - value(&before, name, labels)
     };
     let usages = [&whole["usage"], &streamed];
-    let sum = |k: &str| usages.iter().map(|u| u[k].as_f64().unwrap_or(-1.0)).sum::<f64>();
+    let sum = |k: &str| {
+        usages
+            .iter()
+            .map(|u| u[k].as_f64().unwrap_or(-1.0))
+            .sum::<f64>()
+    };
     let chat = [("method", "POST"), ("route", "/v1/chat/completions")];
     let expect = [
         (
             "chat 200s",
-            delta("engine_http_requests_total", &[chat[0], chat[1], ("code", "200")]),
+            delta(
+                "engine_http_requests_total",
+                &[chat[0], chat[1], ("code", "200")],
+            ),
             2.0,
         ),
         (
             "chat 400s",
-            delta("engine_http_requests_total", &[chat[0], chat[1], ("code", "400")]),
+            delta(
+                "engine_http_requests_total",
+                &[chat[0], chat[1], ("code", "400")],
+            ),
             1.0,
         ),
         (
             "unmatched 404s",
-            delta("engine_http_requests_total", &[("route", "unmatched"), ("code", "404")]),
+            delta(
+                "engine_http_requests_total",
+                &[("route", "unmatched"), ("code", "404")],
+            ),
             1.0,
         ),
         (
             "scrapes (the first counted after it answered)",
-            delta("engine_http_requests_total", &[("route", "/metrics"), ("code", "200")]),
+            delta(
+                "engine_http_requests_total",
+                &[("route", "/metrics"), ("code", "200")],
+            ),
             1.0,
         ),
-        ("prompt tokens", delta("engine_prompt_tokens_total", &[]), sum("prompt_tokens")),
+        (
+            "prompt tokens",
+            delta("engine_prompt_tokens_total", &[]),
+            sum("prompt_tokens"),
+        ),
         (
             "generated tokens",
             delta("engine_generation_tokens_total", &[]),
@@ -181,16 +210,22 @@ fn metrics_move(port: u16) -> Result<(), String> {
                 .filter(|u| u["completion_tokens"].as_u64().unwrap_or(0) >= 2)
                 .count() as f64,
         ),
-        ("durations", delta("engine_request_duration_seconds_count", &[]), 2.0),
+        (
+            "durations",
+            delta("engine_request_duration_seconds_count", &[]),
+            2.0,
+        ),
         (
             "completed",
             delta("engine_requests_outcome_total", &[("outcome", "completed")]),
             2.0,
         ),
+        // Admitted requests have left the queue (a request still counts as running until
+        // just after its last event, so `running` is not checked here).
         ("queue depth", value(&after, "engine_queue_depth", &[]), 0.0),
         (
-            "running (serial lane)",
-            value(&after, "engine_running_requests", &[("lane", "serial")]),
+            "batch-lane rows (a serial server)",
+            value(&after, "engine_running_requests", &[("lane", "batch")]),
             0.0,
         ),
     ];
@@ -202,8 +237,18 @@ fn metrics_move(port: u16) -> Result<(), String> {
     if sum("completion_tokens") <= 0.0 {
         return Err(format!("no usage in the answers: {usages:?}"));
     }
+    for lane in ["serial", "batch"] {
+        let labelled = after
+            .samples
+            .iter()
+            .any(|x| x.metric == "engine_running_requests" && x.labels.get("lane") == Some(lane));
+        if !labelled {
+            return Err(format!(
+                "/metrics has no engine_running_requests{{lane=\"{lane}\"}}"
+            ));
+        }
+    }
     for name in [
-        "engine_queue_depth",
         "engine_running_requests",
         "engine_batch_slots",
         "engine_prompt_cache_hits_total",
@@ -241,9 +286,14 @@ fn tokenize_checks(port: u16) -> Result<(), String> {
             .into_iter()
             .map(u64::from)
             .collect();
-        let got = ids_of(&call("/tokenize", json!({"content": text, "add_special": add}))?);
+        let got = ids_of(&call(
+            "/tokenize",
+            json!({"content": text, "add_special": add}),
+        )?);
         if got != want {
-            return Err(format!("tokenize add_special={add}: {got:?}, tokenizer {want:?}"));
+            return Err(format!(
+                "tokenize add_special={add}: {got:?}, tokenizer {want:?}"
+            ));
         }
     }
     let pieces = call("/tokenize", json!({"content": text, "with_pieces": true}))?;
@@ -270,28 +320,44 @@ fn tokenize_checks(port: u16) -> Result<(), String> {
         ));
     }
     let rendered = call("/detokenize", json!({"tokens": chat_ids}))?["content"].clone();
-    let plain = call("/detokenize", json!({"tokens": chat_ids, "skip_special": true}))?;
+    let plain = call(
+        "/detokenize",
+        json!({"tokens": chat_ids, "skip_special": true}),
+    )?;
     let rendered = rendered.as_str().unwrap_or("");
     let plain = plain["content"].as_str().unwrap_or("");
     if !rendered.starts_with("<|bos|><|user|>") || plain.contains("<|") || !plain.contains("grass")
     {
         return Err(format!("detokenize kept {rendered:?}, skipped {plain:?}"));
     }
-    let round = call("/detokenize", json!({"tokens": ids_of(&call("/tokenize", json!({"content": text}))?)}))?;
+    let round = call(
+        "/detokenize",
+        json!({"tokens": ids_of(&call("/tokenize", json!({"content": text}))?)}),
+    )?;
     if round["content"] != text {
         return Err(format!("detokenize(tokenize(text)) = {round}"));
     }
     let refusals = [
-        ("/detokenize", json!({"tokens": [1, 1_000_000]}), "tokens[1]"),
+        (
+            "/detokenize",
+            json!({"tokens": [1, 1_000_000]}),
+            "tokens[1]",
+        ),
         ("/detokenize", json!({"tokens": [-1]}), "tokens[0]"),
         ("/detokenize", json!({}), "tokens"),
-        ("/tokenize", json!({"content": "a", "messages": []}), "messages"),
+        (
+            "/tokenize",
+            json!({"content": "a", "messages": []}),
+            "messages",
+        ),
         ("/tokenize", json!({"add_special": true}), "content"),
     ];
     for (path, body, param) in refusals {
         let (status, v) = post(port, path, &body);
         if status != 400 || v["error"]["param"] != param {
-            return Err(format!("{path} {body}: {status} {v}, expected 400 naming {param}"));
+            return Err(format!(
+                "{path} {body}: {status} {v}, expected 400 naming {param}"
+            ));
         }
     }
     Ok(())
@@ -348,9 +414,10 @@ fn stream(port: u16, path: &str, body: &Value) -> Result<Vec<Line>, String> {
     Ok(lines)
 }
 
-/// A prompt of about 200 tokens.
-fn long_prompt() -> String {
-    "the sky is blue and the grass is green; ".repeat(20)
+/// A prompt of about 100 tokens (25 chunks of 4, half a second at 20 ms each), its own
+/// words for each `n`, so that no stream's prompt is in the prompt cache from another.
+fn long_prompt(n: usize) -> String {
+    format!("{n}: ") + &"the sky is blue and the grass is green; ".repeat(10)
 }
 
 /// Check 3: comments (and progress chunks) before the first token, on chat, completions
@@ -371,23 +438,22 @@ fn prefill_stream(port: u16) -> Result<(), String> {
             .filter(|l| l.comment && l.raw == ": keep-alive")
             .count();
         match n {
-            0 => Err(format!("{what}: no keep-alive comment before the first token")),
+            0 => Err(format!(
+                "{what}: no keep-alive comment before the first token"
+            )),
             n => Ok(n),
         }
     };
-    let prompt = long_prompt();
-    // Chat with progress.
-    let mut body = chat_body(&prompt, true);
+    // Each planted defect must be seen on its own: every failure is said.
+    let mut failed = Vec::new();
+    // Chat with progress: progress chunks before the first token (they are events, so no
+    // keep-alive comment is due between them).
+    let mut body = chat_body(&long_prompt(1), true);
     body["return_progress"] = json!(true);
     let lines = stream(port, "/v1/chat/completions", &body)?;
-    let chat_token = |d: &Value| d["choices"][0]["delta"]["content"].is_string();
-    let first = first_token(&lines, &chat_token)?;
-    // Both failures are said (each planted defect must be seen on its own).
-    let mut failed = Vec::new();
-    let comments = comments_before(&lines, first, "chat").unwrap_or_else(|e| {
-        failed.push(e);
-        0
-    });
+    let first = first_token(&lines, &|d: &Value| {
+        d["choices"][0]["delta"]["content"].is_string()
+    })?;
     let progress: Vec<&Value> = lines[..first]
         .iter()
         .filter_map(|l| l.data.as_ref())
@@ -407,6 +473,9 @@ fn prefill_stream(port: u16) -> Result<(), String> {
         .collect();
     if progress.len() < 2
         || progress.iter().any(|p| p["total"].as_u64() != Some(total))
+        || progress
+            .iter()
+            .any(|p| p["cache"] != usage["prompt_tokens_details"]["cached_tokens"])
         || processed.windows(2).any(|w| w[0] >= w[1])
         || processed.last() != Some(&(total - 1))
     {
@@ -414,43 +483,50 @@ fn prefill_stream(port: u16) -> Result<(), String> {
             "chat: progress before the first token {progress:?} (prompt {total} tokens)"
         ));
     }
-    if !failed.is_empty() {
-        return Err(failed.join("; "));
-    }
-    let late = lines[first..]
-        .iter()
-        .any(|l| l.data.as_ref().is_some_and(|d| d["prompt_progress"].is_object()));
+    let late = lines[first..].iter().any(|l| {
+        l.data
+            .as_ref()
+            .is_some_and(|d| d["prompt_progress"].is_object())
+    });
     if late {
-        return Err("chat: a progress chunk after the first token".into());
+        failed.push("chat: a progress chunk after the first token".into());
     }
-    // The comments came while the prompt prefilled: spread over its time, not in a burst.
-    let span = lines[first].at - lines[0].at;
     eprintln!(
-        "serve_metrics: chat prefill of {total} tokens: {comments} keep-alive comments and {} \
-         progress chunks over {span:?} before the first token",
-        progress.len()
+        "serve_metrics: chat prefill of {total} tokens: {} progress chunks over {:?} before \
+         the first token",
+        progress.len(),
+        lines[first].at - lines[0].at
     );
-    // Completions with progress.
-    let body = json!({"model": "m", "prompt": prompt, "max_tokens": 4, "stream": true,
-                      "return_progress": true});
+    // Completions without progress: keep-alive comments while the prompt prefills.
+    let body = json!({"model": "m", "prompt": long_prompt(2), "max_tokens": 4, "stream": true});
     let lines = stream(port, "/v1/completions", &body)?;
     let first = first_token(&lines, &|d: &Value| {
-        d["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty())
+        d["choices"][0]["text"]
+            .as_str()
+            .is_some_and(|t| !t.is_empty())
     })?;
-    comments_before(&lines, first, "completions")?;
-    let progress = lines[..first]
-        .iter()
-        .filter(|l| l.data.as_ref().is_some_and(|d| d["prompt_progress"].is_object()))
-        .count();
-    if progress == 0 {
-        return Err("completions: no progress chunk before the first token".into());
+    match comments_before(&lines, first, "completions") {
+        Ok(n) => eprintln!(
+            "serve_metrics: completions: {n} keep-alive comments over {:?} before the first \
+             token",
+            lines[first].at - lines[0].at
+        ),
+        Err(e) => failed.push(e),
     }
-    // Responses: keep-alive only.
-    let body = json!({"model": "m", "input": prompt, "max_output_tokens": 4, "stream": true});
+    // Responses: keep-alive comments too (its stream opens with response.created).
+    let body =
+        json!({"model": "m", "input": long_prompt(3), "max_output_tokens": 4, "stream": true});
     let lines = stream(port, "/v1/responses", &body)?;
-    let first = first_token(&lines, &|d: &Value| d["type"] == "response.output_text.delta")?;
-    comments_before(&lines, first, "responses")?;
-    Ok(())
+    let first = first_token(&lines, &|d: &Value| {
+        d["type"] == "response.output_text.delta"
+    })?;
+    if let Err(e) = comments_before(&lines, first, "responses") {
+        failed.push(e);
+    }
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("; ")),
+    }
 }
 
 fn all_checks(port: u16) -> [(&'static str, Result<(), String>); 3] {
@@ -470,6 +546,14 @@ fn metrics_tokenize_and_prefill_streams_hold_and_their_planted_defects_are_caugh
         }
     }
     drop(clean);
+    // The batch lane admits and prefills on its own path: the same stream checks there.
+    let batch = server_with("", &["--batch", "2"]);
+    let lanes = common::server::stats(batch.port)["lanes"].clone();
+    assert_eq!(lanes["batch_slots"], 2, "not on the batch lane: {lanes}");
+    if let Err(e) = prefill_stream(batch.port) {
+        panic!("prefill stream, batch lane: {e}");
+    }
+    drop(batch);
     // Every check fails where its defect is planted.
     let planted = server(
         "SseKeepAliveOff,PromptProgressDropped,MetricsTokensOutUncounted,TokenizeChatAddsSpecial",

@@ -148,7 +148,10 @@ fn prometheus_check(port: u16) -> Result<()> {
             .context("running oracles/prometheus_check.py")?
             .success())
     };
-    println!("== {}: /metrics through the Prometheus parser", super::DEFAULT_MODEL);
+    println!(
+        "== {}: /metrics through the Prometheus parser",
+        super::DEFAULT_MODEL
+    );
     if !run(false)? {
         bail!("the /metrics checks failed");
     }
