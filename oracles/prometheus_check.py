@@ -68,7 +68,11 @@ def main() -> None:
     args = ap.parse_args()
     base = args.base_url.rstrip("/")
 
-    before, ctype = scrape(base, args.api_key)
+    try:
+        before, ctype = scrape(base, args.api_key)
+    except ValueError as e:
+        check("the exposition parses", False, e)
+        sys.exit(1)
     check("content type", ctype.startswith("text/plain; version=0.0.4"), ctype)
     ask = {"messages": [{"role": "user", "content": "What color is the sky?"}], "max_tokens": 8}
     with request(base, "/v1/chat/completions", args.api_key, ask) as r:

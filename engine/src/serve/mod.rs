@@ -1,6 +1,7 @@
 //! `engine serve`: an OpenAI-compatible HTTP server, a drop-in for `mlx_lm.server`:
 //! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
-//! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
+//! `/stats`; also `/metrics` (Prometheus), `/tokenize`, `/detokenize` (llama.cpp's). HTTP
+//! runs on tokio + axum; the model runs on its own thread (`worker`).
 
 mod api;
 mod args;
