@@ -342,6 +342,23 @@ pub enum Defect {
     /// at 8 bits take the top-level bits. Caught by the convert gate on qwen3_moe and
     /// minimax (and the MoE hybrids).
     ConvertRouterAtTopBits,
+    /// Serve, /metrics: a sample line loses its value (a malformed exposition). Caught by
+    /// the exposition parsers: `engine/tests/it/serve_metrics.rs` (prometheus-parse) and
+    /// `oracles/prometheus_check.py` (prometheus_client's parser).
+    MetricsMalformedLine,
+    /// Serve, /metrics: generated tokens are never counted. Caught by the same two gates
+    /// (engine_generation_tokens_total must equal the answers' usage).
+    MetricsTokensOutUncounted,
+    /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
+    /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
+    /// of messages must equal the chat route's prompt ids).
+    TokenizeChatAddsSpecial,
+    /// Serve: SSE streams get no keep-alive comments while a prompt prefills. Caught by
+    /// `serve_metrics.rs` (comments must arrive before the first token).
+    SseKeepAliveOff,
+    /// Serve: `return_progress` sends no prompt_progress chunks. Caught by
+    /// `serve_metrics.rs` (progress chunks must arrive before the first token).
+    PromptProgressDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -486,6 +503,11 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesUsageMisnamed" => Defect::ResponsesUsageMisnamed,
             "ResponsesPreviousDropped" => Defect::ResponsesPreviousDropped,
             "ResponsesToolOutputDropped" => Defect::ResponsesToolOutputDropped,
+            "MetricsMalformedLine" => Defect::MetricsMalformedLine,
+            "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
+            "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
+            "SseKeepAliveOff" => Defect::SseKeepAliveOff,
+            "PromptProgressDropped" => Defect::PromptProgressDropped,
             "ResponsesFormatIgnored" => Defect::ResponsesFormatIgnored,
             "ResponsesMetadataUnchecked" => Defect::ResponsesMetadataUnchecked,
             "DistShardWrongRank" => Defect::DistShardWrongRank,

@@ -83,6 +83,9 @@ pub struct Session<'m> {
     pub caches: Vec<Box<dyn Cache>>,
     pub prefill_step: usize,
     kv_quant: Option<KvQuantPlan>,
+    /// Called with each prefill chunk's length once its caches are evaluated (the server's
+    /// prompt progress and keep-alive test hook: `serve::progress`).
+    pub on_prefill: Option<Box<dyn FnMut(usize) + Send>>,
 }
 
 pub(crate) fn ids_array(ids: &[u32]) -> Array {
@@ -149,6 +152,7 @@ impl<'m> Session<'m> {
             caches,
             prefill_step: PREFILL_STEP,
             kv_quant: opts.kv_quant.clone(),
+            on_prefill: None,
         }
     }
 
@@ -281,6 +285,9 @@ impl<'m> Session<'m> {
         self.model.forward(&ids_array(ids), &mut self.caches)?;
         self.quantize_due()?;
         self.eval_caches()?;
+        if let Some(hook) = self.on_prefill.as_mut() {
+            hook(ids.len());
+        }
         mlx_rs::memory::clear_cache()
     }
 }

@@ -106,6 +106,11 @@ pub struct ServeArgs {
     /// in arrival order).
     #[arg(long, default_value_t = 8)]
     pub interleave: usize,
+    /// SSE streams: send a `: keep-alive` comment line after this many seconds without an
+    /// event (0 = never), so that clients with idle timeouts stay connected while a long
+    /// prompt prefills.
+    #[arg(long, default_value_t = 5.0)]
+    pub sse_keep_alive: f64,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
     /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).

@@ -54,6 +54,8 @@ pub enum Event {
         last: Delta,
     },
     Failed(ApiError),
+    /// The prompt's prefill progress, after a chunk (`return_progress`; `progress`).
+    Progress(super::progress::Progress),
     /// Several events at once, in order (what a slow client had not taken yet, then the
     /// last event).
     Batch(Vec<Event>),
@@ -308,6 +310,11 @@ impl<'t> Emitter<'t> {
         if let Some(out) = self.out.as_mut() {
             out.push(event);
         }
+    }
+
+    /// The request's channel, not kept open by the holder (the prefill hook's: `progress`).
+    pub fn weak_events(&self) -> Option<tokio::sync::mpsc::WeakSender<Event>> {
+        self.out.as_ref().map(|o| o.events.downgrade())
     }
 
     /// The request was admitted: its prompt length goes first.

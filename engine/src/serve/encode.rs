@@ -55,7 +55,7 @@ impl Encoder {
     /// The chat prompt as mlx_lm.server renders it: apply_chat_template with the tools,
     /// add_generation_prompt, the kwargs, and `enable_thinking` defaulting to whether the
     /// model has thinking markers.
-    fn render(&self, chat: &Chat) -> Result<String, ApiError> {
+    pub(super) fn render(&self, chat: &Chat) -> Result<String, ApiError> {
         if let (Some(_), Some(family)) = (&chat.tools, self.markers.tools) {
             if !family.supported() {
                 return Err(ApiError::field(

@@ -1,6 +1,7 @@
 //! `engine serve`: an OpenAI-compatible HTTP server, a drop-in for `mlx_lm.server`:
 //! `/v1/chat/completions`, `/chat/completions`, `/v1/completions`, `/v1/models`, `/health`,
-//! `/stats`. HTTP runs on tokio + axum; the model runs on its own thread (`worker`).
+//! `/stats`; also `/metrics` (Prometheus), `/tokenize`, `/detokenize` (llama.cpp's). HTTP
+//! runs on tokio + axum; the model runs on its own thread (`worker`).
 
 mod api;
 mod args;
@@ -12,10 +13,13 @@ pub mod error;
 mod follower;
 pub mod guard;
 mod lead;
+pub mod metrics;
+pub mod progress;
 pub mod request;
 pub mod responses;
 mod routes;
 pub mod store;
+mod tokenize;
 pub mod tools;
 pub mod worker;
 
@@ -105,6 +109,10 @@ pub struct AppState {
     pub big_prompts: tokio::sync::Semaphore,
     /// The conversations of past `/v1/responses` answers (`previous_response_id`).
     pub responses: responses::store::Store,
+    /// `/metrics` (`metrics`).
+    pub metrics: Arc<metrics::Metrics>,
+    /// SSE keep-alive comments' interval (`--sse-keep-alive`; None: off): `progress::sse`.
+    pub sse_keep_alive: Option<Duration>,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -131,6 +139,8 @@ struct Config {
     markers: Arc<tools::Markers>,
     /// `--chat-template-args`.
     template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// `--sse-keep-alive`.
+    sse_keep_alive: Option<Duration>,
 }
 
 /// `--chat-template-args`: a JSON object.
@@ -200,6 +210,7 @@ impl Config {
             tool_template,
             markers,
             template_kwargs,
+            sse_keep_alive: seconds("sse-keep-alive", args.sse_keep_alive)?,
         })
     }
 }
@@ -410,6 +421,11 @@ fn app_state(
     vocab: usize,
 ) -> AppState {
     let context = config.context;
+    let metrics = Arc::new(metrics::Metrics::new(
+        counters.clone(),
+        mirror.ram.clone(),
+        mirror.ssd.clone(),
+    ));
     AppState {
         model_id: config.model_id,
         created: std::time::SystemTime::now()
@@ -448,6 +464,8 @@ fn app_state(
         }),
         big_prompts: tokio::sync::Semaphore::new(1),
         responses: Default::default(),
+        metrics,
+        sse_keep_alive: config.sse_keep_alive,
     }
 }
 
@@ -485,7 +503,10 @@ async fn serve_http(
         open_browser(&local);
     }
     let limits = state.limits.clone();
-    let app = routes::router(state, args.max_body_bytes, responses::routes());
+    let more = responses::routes()
+        .merge(metrics::routes())
+        .merge(tokenize::routes());
+    let app = routes::router(state, args.max_body_bytes, more);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {

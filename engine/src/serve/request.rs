@@ -87,6 +87,9 @@ pub struct GenRequest {
     pub prompt_lookup: Option<crate::generate::lookup::LookupParams>,
     /// The grammar the answer must match (`response_format`; `engine::constrain`).
     pub constraint: Option<crate::constrain::Grammar>,
+    /// Stream prompt_progress chunks while the prompt prefills (llama.cpp's
+    /// `return_progress`; chat and completions streams).
+    pub return_progress: bool,
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

@@ -9,7 +9,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -52,6 +52,11 @@ pub fn router(state: Arc<AppState>, max_body: usize, more: Router<Arc<AppState>>
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             super::guard::check,
+        ))
+        // Outermost: every response is counted, the guard's refusals included.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            super::metrics::count,
         ))
         .with_state(state)
 }
@@ -207,7 +212,12 @@ async fn handle(
         Err(refused) => return Ok(refused),
     };
     if stream {
-        Ok(respond_streamed(events, meta, include_usage))
+        Ok(respond_streamed(
+            events,
+            meta,
+            include_usage,
+            s.sse_keep_alive,
+        ))
     } else {
         respond_whole(events, meta).await
     }
@@ -227,7 +237,8 @@ pub(super) async fn submit(
         ));
     }
     // The deadline counts from arrival: time spent queued or encoding is part of it.
-    let deadline = s.limits.request_timeout.map(|d| Instant::now() + d);
+    let arrival = Instant::now();
+    let deadline = s.limits.request_timeout.map(|d| arrival + d);
     let Some(queued) = QueueSlot::take(&s.counters, s.max_queue) else {
         s.counters.throttled.fetch_add(1, Ordering::Relaxed);
         return Err(refuse(
@@ -258,7 +269,7 @@ pub(super) async fn submit(
     let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
     // The first event tells whether the request was accepted (prompt encoded, fits).
     match events.next().await {
-        Some(Event::Started { .. }) => Ok(events),
+        Some(Event::Started { .. }) => Ok(s.metrics.observe(events, arrival)),
         Some(Event::Failed(e)) => Err(e.into_response()),
         _ => Err(ApiError::server("the model thread dropped the request").into_response()),
     }
@@ -346,7 +357,7 @@ async fn respond_whole(
                 return Ok(Json(body).into_response());
             }
             Event::Failed(e) => return Err(e),
-            Event::Started { .. } | Event::Batch(_) => {}
+            Event::Started { .. } | Event::Progress(_) | Event::Batch(_) => {}
         }
     }
     Err(ApiError::server("the model thread dropped the request"))
@@ -359,6 +370,7 @@ fn respond_streamed(
     events: impl futures_util::Stream<Item = Event> + Send + 'static,
     meta: Meta,
     include_usage: bool,
+    keep_alive: Option<std::time::Duration>,
 ) -> Response {
     let events = events.flat_map(move |ev| {
         let data: Vec<Value> = match ev {
@@ -378,6 +390,12 @@ fn respond_streamed(
                 out
             }
             Event::Failed(e) => vec![e.body()],
+            Event::Progress(p) => {
+                let mut chunk = meta.chunk(&Delta::default(), None, &[], true);
+                chunk["choices"] = json!([]);
+                chunk["prompt_progress"] = p.json();
+                vec![chunk]
+            }
             Event::Started { .. } | Event::Batch(_) => vec![],
         };
         stream::iter(
@@ -387,9 +405,7 @@ fn respond_streamed(
         )
     });
     let done = stream::iter([Ok::<_, Infallible>(SseEvent::default().data("[DONE]"))]);
-    Sse::new(events.chain(done))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    super::progress::sse(keep_alive, events.chain(done))
 }
 
 /// Prompts longer than this (bytes of text) are encoded one at a time.

@@ -289,6 +289,12 @@ impl Worker {
         let mut draft_caches = Some(caches.split_off(self.model_layers()));
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
+        session.on_prefill = super::progress::prefill_hook(
+            emit.weak_events(),
+            prompt_ids.len(),
+            cached,
+            request.return_progress,
+        );
         let gamma = self
             .draft
             .as_ref()

@@ -23,6 +23,7 @@ mod segmented;
 mod serve;
 mod serve_hardening;
 mod serve_limits;
+mod serve_metrics;
 mod serve_tools;
 mod spec_hybrid;
 mod speculative;

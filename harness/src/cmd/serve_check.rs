@@ -153,6 +153,40 @@ fn anthropic_client(port: u16, agent: bool, plant: bool) -> Result<bool> {
         .success())
 }
 
+/// oracles/prometheus_check.py: our server's /metrics on `port` scraped and parsed by the
+/// Prometheus org's Python parser around two known requests; then once more with a line of
+/// the exposition broken (`--plant`), which the parser must refuse. Fails if either goes
+/// the wrong way.
+fn prometheus_check(port: u16) -> Result<()> {
+    let run = |plant: bool| -> Result<bool> {
+        let mut cmd = std::process::Command::new(harness::oracle::python());
+        cmd.arg(harness::oracle::repo_root().join("oracles/prometheus_check.py"))
+            .arg("--base-url")
+            .arg(format!("http://127.0.0.1:{port}"));
+        if plant {
+            cmd.arg("--plant")
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+        }
+        Ok(cmd
+            .status()
+            .context("running oracles/prometheus_check.py")?
+            .success())
+    };
+    println!(
+        "== {}: /metrics through the Prometheus parser",
+        super::DEFAULT_MODEL
+    );
+    if !run(false)? {
+        bail!("the /metrics checks failed");
+    }
+    if run(true)? {
+        bail!("the /metrics check's planted malformed line was not caught");
+    }
+    println!("planted difference caught");
+    Ok(())
+}
+
 pub fn run() -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
@@ -164,6 +198,7 @@ pub fn run() -> Result<()> {
         super::DEFAULT_MODEL
     );
     let responses = openai_responses(port, false)?;
+    prometheus_check(port)?;
     if openai_responses(port, true)? {
         bail!("the Responses check's planted difference (turn 2 without previous_response_id) was not caught");
     }

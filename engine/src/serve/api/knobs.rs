@@ -45,6 +45,9 @@ pub struct Knobs {
     /// Read by `constrain::openai::response_format`, which names its own fields.
     pub response_format: Option<Value>,
     pub stop: Option<Stop>,
+    /// llama.cpp's `return_progress`: streamed prompt_progress chunks while the prompt
+    /// prefills (`serve::progress`).
+    pub return_progress: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -147,6 +150,7 @@ impl Knobs {
             num_draft_tokens,
             prompt_lookup,
             constraint,
+            return_progress: self.return_progress.unwrap_or(false),
         })
     }
 

@@ -106,6 +106,12 @@ impl Worker {
         };
         let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
         session.prefill_step = self.prefill_step;
+        session.on_prefill = crate::serve::progress::prefill_hook(
+            emit.weak_events(),
+            prompt.len(),
+            cached,
+            request.return_progress,
+        );
         let row = Row {
             emit,
             dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),

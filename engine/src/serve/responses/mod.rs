@@ -17,7 +17,7 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -140,7 +140,7 @@ async fn whole(
                 return Ok(Json(response).into_response());
             }
             Event::Failed(e) => return Err(e.into_response()),
-            Event::Started { .. } | Event::Batch(_) => {}
+            Event::Started { .. } | Event::Progress(_) | Event::Batch(_) => {}
         }
     }
     Err(ApiError::server("the model thread dropped the request").into_response())
@@ -159,6 +159,7 @@ fn streamed(
     mut keep: Keep,
 ) -> Response {
     let start: Vec<_> = m.start().into_iter().map(sse).collect();
+    let keep_alive = keep.state.sse_keep_alive;
     let mut ended = false;
     let body = events.flat_map(move |ev| {
         let out = match ev {
@@ -180,11 +181,9 @@ fn streamed(
                 ended = true;
                 vec![m.error(&e)]
             }
-            Event::Started { .. } | Event::Batch(_) => Vec::new(),
+            Event::Started { .. } | Event::Progress(_) | Event::Batch(_) => Vec::new(),
         };
         stream::iter(out.into_iter().map(sse).collect::<Vec<_>>())
     });
-    Sse::new(stream::iter(start).chain(body))
-        .keep_alive(KeepAlive::default())
-        .into_response()
+    super::progress::sse(keep_alive, stream::iter(start).chain(body))
 }
