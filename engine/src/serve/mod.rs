@@ -12,6 +12,7 @@ pub mod error;
 mod follower;
 pub mod guard;
 mod lead;
+pub mod messages;
 pub mod request;
 pub mod responses;
 mod routes;
@@ -485,7 +486,11 @@ async fn serve_http(
         open_browser(&local);
     }
     let limits = state.limits.clone();
-    let app = routes::router(state, args.max_body_bytes, responses::routes());
+    let app = routes::router(
+        state,
+        args.max_body_bytes,
+        responses::routes().merge(messages::routes()),
+    );
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -220,6 +220,20 @@ pub(super) async fn submit(
     s: &Arc<AppState>,
     req: GenRequest,
 ) -> Result<impl futures_util::Stream<Item = Event> + Send + Unpin + 'static, Response> {
+    submit_started(s, req).await.map(|(_, events)| events)
+}
+
+/// `submit`, with the prompt's length in tokens (the Messages API's message_start tells it).
+pub(super) async fn submit_started(
+    s: &Arc<AppState>,
+    req: GenRequest,
+) -> Result<
+    (
+        usize,
+        impl futures_util::Stream<Item = Event> + Send + Unpin + 'static,
+    ),
+    Response,
+> {
     if s.limits.draining.load(Ordering::Relaxed) {
         return Err(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -258,7 +272,7 @@ pub(super) async fn submit(
     let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
     // The first event tells whether the request was accepted (prompt encoded, fits).
     match events.next().await {
-        Some(Event::Started { .. }) => Ok(events),
+        Some(Event::Started { prompt_tokens }) => Ok((prompt_tokens, events)),
         Some(Event::Failed(e)) => Err(e.into_response()),
         _ => Err(ApiError::server("the model thread dropped the request").into_response()),
     }
@@ -339,6 +353,7 @@ async fn respond_whole(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 add(last);
                 let mut body = meta.chunk(&whole, Some(finish_reason), &logprobs, false);
@@ -367,6 +382,7 @@ fn respond_streamed(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 let mut out = vec![meta.chunk(&last, Some(finish_reason), &[], true)];
                 if include_usage {

@@ -147,6 +147,7 @@ impl Knobs {
             num_draft_tokens,
             prompt_lookup,
             constraint,
+            think_budget: None,
         })
     }
 

@@ -132,6 +132,7 @@ async fn whole(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 m.delta(&last);
                 let usage = keep.usage(&usage, &m);
@@ -168,6 +169,7 @@ fn streamed(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 let mut out = m.delta(&last);
                 let usage = keep.usage(&usage, &m);
