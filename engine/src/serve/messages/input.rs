@@ -322,10 +322,12 @@ fn tools(
                 ))
             }
         };
-        let mut function = json!({"name": name, "parameters": schema});
+        // In the chat API's order (a template may render the tools' JSON as it is).
+        let mut function = json!({"name": name});
         if let Some(d) = t.description {
             function["description"] = json!(d);
         }
+        function["parameters"] = schema;
         if forced || t.strict == Some(true) {
             function["strict"] = json!(true);
         }

@@ -35,6 +35,15 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
     axum::Router::new()
         .route("/v1/messages", axum::routing::post(create))
         .route("/v1/messages/count_tokens", axum::routing::post(count_tokens))
+        .route("/v1/messages/{*rest}", axum::routing::any(not_found))
+}
+
+/// Any other path under /v1/messages (the batches API, …): Anthropic's not_found_error.
+async fn not_found() -> Response {
+    let e = ApiError::invalid("no such route: this server's Messages API has /v1/messages and \
+         /v1/messages/count_tokens")
+    .with_status(StatusCode::NOT_FOUND);
+    anthropic(&e)
 }
 
 /// Whether `path` is one of this API's (its refusals take Anthropic's shape).
