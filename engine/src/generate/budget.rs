@@ -53,8 +53,9 @@ impl ThinkBudget {
         }
     }
 
-    /// `logits` [1, vocab] with every id but the forced one at -inf (unchanged when none
-    /// is forced, or when the forced id lies outside the logits).
+    /// `logits` [1, vocab] with every id but the forced one at -inf (unchanged when none is
+    /// forced, when the forced id lies outside the logits, or when an earlier processor, a
+    /// grammar, has masked it: the grammar wins, and sampling stays defined).
     pub fn apply(&self, logits: &Array, history: &[u32]) -> Result<Array, Exception> {
         let Some(id) = self.forced(history) else {
             return Ok(logits.clone());
@@ -66,7 +67,9 @@ impl ThinkBudget {
         let ids = Array::from_iter(0..vocab, &[1, vocab]);
         let keep = ids.eq(Array::from_int(id as i32))?;
         let floor = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
-        select(&keep, logits, &floor)
+        let forced = select(&keep, logits, &floor)?;
+        let allowed = logits.take_axis(&Array::from_int(id as i32), -1)?.gt(&floor)?;
+        select(&allowed, &forced, logits)
     }
 }
 
@@ -101,6 +104,9 @@ mod tests {
         let out = b.apply(&logits, &[7, 4]).unwrap();
         let best = mlx_rs::ops::indexing::argmax_axis(&out, -1, None).unwrap();
         assert_eq!(best.as_slice::<u32>(), &[8]);
+        let masked = logits.multiply(Array::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, f32::INFINITY, 1.0], &[1, 10])).unwrap().negative().unwrap();
+        let kept = b.apply(&masked, &[7, 4]).unwrap();
+        assert_eq!(kept.as_slice::<f32>(), masked.as_slice::<f32>(), "a masked id is not forced");
         let free = b.apply(&logits, &[1]).unwrap();
         assert_eq!(free.as_slice::<f32>(), logits.as_slice::<f32>());
     }
