@@ -68,7 +68,9 @@ impl ThinkBudget {
         let keep = ids.eq(Array::from_int(id as i32))?;
         let floor = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
         let forced = select(&keep, logits, &floor)?;
-        let allowed = logits.take_axis(&Array::from_int(id as i32), -1)?.gt(&floor)?;
+        let allowed = logits
+            .take_axis(Array::from_int(id as i32), -1)?
+            .gt(&floor)?;
         select(&allowed, &forced, logits)
     }
 }
@@ -91,7 +93,11 @@ mod tests {
         assert_eq!(b.forced(&[1, 2, 3]), None, "no block open");
         assert_eq!(b.forced(&[1, 7, 4, 4]), None, "two of three");
         assert_eq!(b.forced(&[1, 7, 4, 4, 4]), Some(8), "the budget is spent");
-        assert_eq!(b.forced(&[1, 7, 4, 4, 4, 8]), Some(9), "the marker's next id");
+        assert_eq!(
+            b.forced(&[1, 7, 4, 4, 4, 8]),
+            Some(9),
+            "the marker's next id"
+        );
         assert_eq!(b.forced(&[1, 7, 4, 4, 4, 8, 9, 5, 5, 5]), None, "closed");
         assert_eq!(b.forced(&[7, 8, 9, 1, 7]), None, "a new block, empty");
         assert_eq!(b.forced(&[7, 4, 8]), Some(9), "a marker begun by the model");
@@ -100,13 +106,38 @@ mod tests {
     #[test]
     fn the_mask_keeps_only_the_forced_id() {
         let b = budget(1);
-        let logits = Array::from_slice(&[0.5f32, 2.0, 1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2, 0.3], &[1, 10]);
+        let logits = Array::from_slice(
+            &[0.5f32, 2.0, 1.0, 0.1, 0.0, 0.0, 0.0, 0.0, 0.2, 0.3],
+            &[1, 10],
+        );
         let out = b.apply(&logits, &[7, 4]).unwrap();
         let best = mlx_rs::ops::indexing::argmax_axis(&out, -1, None).unwrap();
         assert_eq!(best.as_slice::<u32>(), &[8]);
-        let masked = logits.multiply(Array::from_slice(&[1.0f32, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, f32::INFINITY, 1.0], &[1, 10])).unwrap().negative().unwrap();
+        let masked = logits
+            .multiply(Array::from_slice(
+                &[
+                    1.0f32,
+                    1.0,
+                    1.0,
+                    1.0,
+                    1.0,
+                    1.0,
+                    1.0,
+                    1.0,
+                    f32::INFINITY,
+                    1.0,
+                ],
+                &[1, 10],
+            ))
+            .unwrap()
+            .negative()
+            .unwrap();
         let kept = b.apply(&masked, &[7, 4]).unwrap();
-        assert_eq!(kept.as_slice::<f32>(), masked.as_slice::<f32>(), "a masked id is not forced");
+        assert_eq!(
+            kept.as_slice::<f32>(),
+            masked.as_slice::<f32>(),
+            "a masked id is not forced"
+        );
         let free = b.apply(&logits, &[1]).unwrap();
         assert_eq!(free.as_slice::<f32>(), logits.as_slice::<f32>());
     }

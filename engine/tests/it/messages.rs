@@ -79,7 +79,13 @@ impl Api {
             "anthropic-version: 2023-06-01",
         ];
         headers.extend(key.as_deref());
-        let (code, _, text) = http_with(self.port, "POST", path, &headers, body.to_string().as_bytes());
+        let (code, _, text) = http_with(
+            self.port,
+            "POST",
+            path,
+            &headers,
+            body.to_string().as_bytes(),
+        );
         (code, text)
     }
 
@@ -137,13 +143,20 @@ fn weather_tool() -> Value {
 /// Gate 2: the stream's order, as Anthropic sends it; returns the message the events tell
 /// (its content rebuilt from the deltas).
 fn replay(events: &[Value]) -> Result<Value, String> {
-    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap_or("?")).collect();
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["type"].as_str().unwrap_or("?"))
+        .collect();
     let n = kinds.len();
     if n < 4 || kinds[0] != "message_start" || kinds[1] != "ping" {
-        return Err(format!("the stream does not open with message_start, ping: {kinds:?}"));
+        return Err(format!(
+            "the stream does not open with message_start, ping: {kinds:?}"
+        ));
     }
     if kinds[n - 2] != "message_delta" || kinds[n - 1] != "message_stop" {
-        return Err(format!("the stream does not end with message_delta, message_stop: {kinds:?}"));
+        return Err(format!(
+            "the stream does not end with message_delta, message_stop: {kinds:?}"
+        ));
     }
     let mut message = events[0]["message"].clone();
     let mut content: Vec<Value> = Vec::new();
@@ -161,13 +174,23 @@ fn replay(events: &[Value]) -> Result<Value, String> {
                 let d = &e["delta"];
                 match d["type"].as_str() {
                     Some("text_delta") => {
-                        b["text"] = json!(format!("{}{}", b["text"].as_str().unwrap_or(""), d["text"].as_str().unwrap_or("")))
+                        b["text"] = json!(format!(
+                            "{}{}",
+                            b["text"].as_str().unwrap_or(""),
+                            d["text"].as_str().unwrap_or("")
+                        ))
                     }
                     Some("thinking_delta") => {
-                        b["thinking"] = json!(format!("{}{}", b["thinking"].as_str().unwrap_or(""), d["thinking"].as_str().unwrap_or("")))
+                        b["thinking"] = json!(format!(
+                            "{}{}",
+                            b["thinking"].as_str().unwrap_or(""),
+                            d["thinking"].as_str().unwrap_or("")
+                        ))
                     }
                     Some("signature_delta") => b["signature"] = d["signature"].clone(),
-                    Some("input_json_delta") => partial.push_str(d["partial_json"].as_str().unwrap_or("")),
+                    Some("input_json_delta") => {
+                        partial.push_str(d["partial_json"].as_str().unwrap_or(""))
+                    }
                     _ => return Err(format!("unknown delta {e}")),
                 }
             }
@@ -223,7 +246,9 @@ fn shape_gate(api: &Api, bodies: &[Value], s: &Schemas) -> Result<usize, String>
         n += 1 + events.len();
         let told = replay(&events)?;
         if digest(&told) != digest(&whole) {
-            return Err(format!("the stream tells another message:\n{told}\nwhole: {whole}"));
+            return Err(format!(
+                "the stream tells another message:\n{told}\nwhole: {whole}"
+            ));
         }
         if !whole["id"].as_str().is_some_and(|i| i.starts_with("msg_")) {
             return Err(format!("id: {whole}"));
@@ -247,17 +272,39 @@ fn refusals(api: &Api, s: &Schemas) -> Result<usize, String> {
     let sky = user("What color is the sky?");
     let cases = [
         (json!({"model": "m", "messages": sky}), 400, "max_tokens"),
-        (json!({"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}), 400, "role"),
-        (json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image",
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "robot", "content": "x"}]}),
+            400,
+            "role",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image",
             "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}]}),
-            400, "image"),
-        (json!({"max_tokens": 5, "messages": sky, "tool_choice": {"type": "always"}}), 400,
-            "tool_choice"),
-        (json!({"max_tokens": 5, "messages": sky, "tools": [weather_tool()],
-            "tool_choice": {"type": "tool", "name": "nope"}}), 400, "nope"),
-        (json!({"max_tokens": 5, "messages": sky, "frobnicate": true}), 400, "frobnicate"),
-        (json!({"max_tokens": 5, "messages": sky,
-            "thinking": {"type": "enabled", "budget_tokens": 9}}), 400, "budget_tokens"),
+            400,
+            "image",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": sky, "tool_choice": {"type": "always"}}),
+            400,
+            "tool_choice",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": sky, "tools": [weather_tool()],
+            "tool_choice": {"type": "tool", "name": "nope"}}),
+            400,
+            "nope",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": sky, "frobnicate": true}),
+            400,
+            "frobnicate",
+        ),
+        (
+            json!({"max_tokens": 5, "messages": sky,
+            "thinking": {"type": "enabled", "budget_tokens": 9}}),
+            400,
+            "budget_tokens",
+        ),
     ];
     for (body, status, names) in &cases {
         let (code, text) = api.raw("/v1/messages", body);
@@ -265,12 +312,17 @@ fn refusals(api: &Api, s: &Schemas) -> Result<usize, String> {
         valid(&s.error, &v, "an error")?;
         if code != *status
             || v["error"]["type"] != "invalid_request_error"
-            || !v["error"]["message"].as_str().is_some_and(|m| m.contains(names))
+            || !v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(names))
         {
             return Err(format!("{body}: {code} {v}"));
         }
     }
-    let wrong = Api { port: api.port, key: Some("wrong") };
+    let wrong = Api {
+        port: api.port,
+        key: Some("wrong"),
+    };
     for path in ["/v1/messages", "/v1/messages/count_tokens"] {
         let (code, text) = wrong.raw(path, &llama_bodies()[0]);
         let v: Value = serde_json::from_str(&text).map_err(|e| format!("{e}: {text}"))?;
@@ -291,46 +343,89 @@ fn refusals(api: &Api, s: &Schemas) -> Result<usize, String> {
 fn messages_and_stream_events_match_the_anthropic_client_schemas() {
     let s = Schemas::load();
     let llama = server(LLAMA, &["--api-key", KEY], None);
-    let api = Api { port: llama.port, key: Some(KEY) };
+    let api = Api {
+        port: llama.port,
+        key: Some(KEY),
+    };
     let n = shape_gate(&api, &llama_bodies(), &s).unwrap();
     let m = api.create(&llama_bodies()[0]).unwrap();
-    assert_eq!(m["content"], json!([{"type": "text", "text": "The sky is blue."}]), "{m}");
-    assert_eq!((m["stop_reason"].as_str(), m["model"].as_str()), (Some("end_turn"), Some("claude-sonnet-4-5")));
+    assert_eq!(
+        m["content"],
+        json!([{"type": "text", "text": "The sky is blue."}]),
+        "{m}"
+    );
+    assert_eq!(
+        (m["stop_reason"].as_str(), m["model"].as_str()),
+        (Some("end_turn"), Some("claude-sonnet-4-5"))
+    );
     let cut = api.create(&llama_bodies()[1]).unwrap();
     assert_eq!(cut["stop_reason"], "max_tokens", "{cut}");
     assert_eq!(cut["usage"]["output_tokens"], 3, "{cut}");
     let stop = api.create(&llama_bodies()[2]).unwrap();
     assert_eq!(
-        (&stop["stop_reason"], &stop["stop_sequence"], &stop["content"][0]["text"]),
-        (&json!("stop_sequence"), &json!("blue"), &json!("The sky is ")),
+        (
+            &stop["stop_reason"],
+            &stop["stop_sequence"],
+            &stop["content"][0]["text"]
+        ),
+        (
+            &json!("stop_sequence"),
+            &json!("blue"),
+            &json!("The sky is ")
+        ),
         "{stop}"
     );
     // count_tokens is the prompt a request renders; a repeated prompt reads the cache.
-    let counted = api.count(&json!({"model": "m", "messages": user("What color is the sky?")})).unwrap();
+    let counted = api
+        .count(&json!({"model": "m", "messages": user("What color is the sky?")}))
+        .unwrap();
     valid(&s.count, &counted, "count_tokens").unwrap();
-    assert_eq!(counted["input_tokens"], m["usage"]["input_tokens"], "{counted} vs {m}");
-    assert!(m["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(
+        counted["input_tokens"], m["usage"]["input_tokens"],
+        "{counted} vs {m}"
+    );
+    assert!(
+        m["usage"]["cache_read_input_tokens"].as_u64().unwrap() > 0,
+        "{m}"
+    );
     // Claude Code's way in: Authorization: Bearer works as well as x-api-key.
     let (code, _, _) = http_with(
         llama.port,
         "POST",
         "/v1/messages",
-        &["Host: localhost", "Content-Type: application/json", "Authorization: Bearer k3y"],
+        &[
+            "Host: localhost",
+            "Content-Type: application/json",
+            "Authorization: Bearer k3y",
+        ],
         llama_bodies()[0].to_string().as_bytes(),
     );
     assert_eq!(code, 200);
     let e = refusals(&api, &s).unwrap();
     println!("shape gate: {n} documents, {e} refusals valid against anthropic's schemas");
     drop(llama);
-    let planted = server(LLAMA, &[], Some("MessagesStopReasonMisnamed,MessagesEventsOutOfOrder"));
-    let api = Api { port: planted.port, key: None };
+    let planted = server(
+        LLAMA,
+        &[],
+        Some("MessagesStopReasonMisnamed,MessagesEventsOutOfOrder"),
+    );
+    let api = Api {
+        port: planted.port,
+        key: None,
+    };
     let caught = shape_gate(&api, &llama_bodies()[..1], &s);
     println!("planted MessagesStopReasonMisnamed: {caught:?}");
-    assert!(caught.as_ref().is_err_and(|e| e.contains("stop_reason")), "the shape gate missed the misnamed stop_reason");
+    assert!(
+        caught.as_ref().is_err_and(|e| e.contains("stop_reason")),
+        "the shape gate missed the misnamed stop_reason"
+    );
     let events = api.stream(&llama_bodies()[0]).unwrap();
     let caught = replay(&events);
     println!("planted MessagesEventsOutOfOrder: {caught:?}");
-    assert!(caught.is_err(), "the order check missed message_delta before content_block_stop");
+    assert!(
+        caught.is_err(),
+        "the order check missed message_delta before content_block_stop"
+    );
 }
 
 /// Gate 3: a tool_use block, its tool_result sent back, answered as the chat route answers
@@ -338,14 +433,18 @@ fn messages_and_stream_events_match_the_anthropic_client_schemas() {
 fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
     let tools = json!([weather_tool()]);
     let ask = "What is the weather in Paris?";
-    let r1 = api.create(&json!({"model": "m", "max_tokens": 80, "messages": user(ask), "tools": tools}))?;
+    let r1 = api
+        .create(&json!({"model": "m", "max_tokens": 80, "messages": user(ask), "tools": tools}))?;
     valid(&s.message, &r1, "a message")?;
     let call = r1["content"]
         .as_array()
         .and_then(|c| c.iter().find(|b| b["type"] == "tool_use"))
         .ok_or_else(|| format!("no tool_use block: {r1}"))?
         .clone();
-    if call["name"] != "get_weather" || call["input"] != json!({"city": "Paris"}) || r1["stop_reason"] != "tool_use" {
+    if call["name"] != "get_weather"
+        || call["input"] != json!({"city": "Paris"})
+        || r1["stop_reason"] != "tool_use"
+    {
         return Err(format!("unexpected call {r1}"));
     }
     if !call["id"].as_str().is_some_and(|i| i.starts_with("toolu_")) {
@@ -354,19 +453,26 @@ fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
     let result = "{\"city\": \"Paris\", \"sky\": \"sunny\", \"celsius\": 21}";
     // Sent back as Claude Code sends it (thinking included), and without the thinking (as
     // the chat route, which reads no reasoning_content, is given it).
-    let exchange = |assistant: Value| json!({"model": "m", "max_tokens": 80, "tools": tools,
+    let exchange = |assistant: Value| {
+        json!({"model": "m", "max_tokens": 80, "tools": tools,
         "messages": [{"role": "user", "content": ask}, {"role": "assistant", "content": assistant},
             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call["id"],
-                "content": [{"type": "text", "text": result}]}]}]});
+                "content": [{"type": "text", "text": result}]}]}]})
+    };
     let with_thinking = api.count(&exchange(r1["content"].clone()))?;
     let bare = exchange(json!([call.clone()]));
     let without = api.count(&bare)?;
     if with_thinking["input_tokens"].as_u64() <= without["input_tokens"].as_u64() {
-        return Err(format!("the thinking block sent back did not reach the template: {with_thinking} vs {without}"));
+        return Err(format!(
+            "the thinking block sent back did not reach the template: {with_thinking} vs {without}"
+        ));
     }
     let r2 = api.create(&bare)?;
     valid(&s.message, &r2, "a message")?;
-    let (code, c) = common::server::post(api.port, "/v1/chat/completions", &json!({
+    let (code, c) = common::server::post(
+        api.port,
+        "/v1/chat/completions",
+        &json!({
         "max_tokens": 80,
         "tools": [{"type": "function", "function": {"name": "get_weather",
             "description": "The weather in a city now.", "parameters": weather_tool()["input_schema"]}}],
@@ -374,12 +480,23 @@ fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
             {"role": "user", "content": ask},
             {"role": "assistant", "content": "", "tool_calls": [{"id": call["id"],
                 "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
-            {"role": "tool", "tool_call_id": call["id"], "content": result}]}));
+            {"role": "tool", "tool_call_id": call["id"], "content": result}]}),
+    );
     let msg = &c["choices"][0]["message"];
-    let text: String = r2["content"].as_array().into_iter().flatten()
-        .filter(|b| b["type"] == "text").map(|b| b["text"].as_str().unwrap_or("")).collect();
-    let reasoning: String = r2["content"].as_array().into_iter().flatten()
-        .filter(|b| b["type"] == "thinking").map(|b| b["thinking"].as_str().unwrap_or("")).collect();
+    let text: String = r2["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "text")
+        .map(|b| b["text"].as_str().unwrap_or(""))
+        .collect();
+    let reasoning: String = r2["content"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|b| b["type"] == "thinking")
+        .map(|b| b["thinking"].as_str().unwrap_or(""))
+        .collect();
     if code != 200
         || text.trim() != msg["content"].as_str().unwrap_or("").trim()
         || reasoning != msg["reasoning"].as_str().unwrap_or("")
@@ -391,7 +508,9 @@ fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
     let off = json!({"type": "disabled"});
     let named = api.create(&json!({"model": "m", "max_tokens": 60, "tools": tools, "thinking": off,
         "tool_choice": {"type": "tool", "name": "get_weather"}, "messages": user("What is the weather in Oslo?")}))?;
-    if named["content"][0]["type"] != "tool_use" || named["content"][0]["input"] != json!({"city": "Oslo"}) {
+    if named["content"][0]["type"] != "tool_use"
+        || named["content"][0]["input"] != json!({"city": "Oslo"})
+    {
         return Err(format!("tool_choice tool: {named}"));
     }
     let any = api.create(&json!({"model": "m", "max_tokens": 80, "tools": tools,
@@ -401,7 +520,11 @@ fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
     }
     let none = api.create(&json!({"model": "m", "max_tokens": 60, "tools": tools,
         "tool_choice": {"type": "none"}, "messages": user(ask)}))?;
-    if none["stop_reason"] == "tool_use" || none["content"].as_array().is_none_or(|c| c.iter().any(|b| b["type"] == "tool_use")) {
+    if none["stop_reason"] == "tool_use"
+        || none["content"]
+            .as_array()
+            .is_none_or(|c| c.iter().any(|b| b["type"] == "tool_use"))
+    {
         return Err(format!("tool_choice none: {none}"));
     }
     Ok(r2)
@@ -413,24 +536,35 @@ fn tool_gate(api: &Api, s: &Schemas) -> Result<Value, String> {
 fn budget_gate(api: &Api, budget: u64) -> Result<(String, String), String> {
     let ask = user("Who are you?");
     let thinking = |m: &Value| -> String {
-        m["content"].as_array().into_iter().flatten().filter(|b| b["type"] == "thinking")
-            .map(|b| b["thinking"].as_str().unwrap_or("").to_owned()).collect()
+        m["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|b| b["type"] == "thinking")
+            .map(|b| b["thinking"].as_str().unwrap_or("").to_owned())
+            .collect()
     };
     let free = api.create(&json!({"model": "m", "max_tokens": 80, "messages": ask,
         "thinking": {"type": "adaptive"}}))?;
-    let cut = api.create(&json!({"model": "m", "max_tokens": budget + 1, "messages": ask,
-        "thinking": {"type": "adaptive"}}))?;
+    let cut = api.create(
+        &json!({"model": "m", "max_tokens": budget + 1, "messages": ask,
+        "thinking": {"type": "adaptive"}}),
+    )?;
     let held = api.create(&json!({"model": "m", "max_tokens": 80, "messages": ask,
         "thinking": {"type": "enabled", "budget_tokens": budget}}))?;
     let (f, c, h) = (thinking(&free), thinking(&cut), thinking(&held));
     if f.len() <= c.len() {
-        return Err(format!("the free thinking is no longer than the budget: {free}"));
+        return Err(format!(
+            "the free thinking is no longer than the budget: {free}"
+        ));
     }
     if h != c {
         return Err(format!("the budget did not hold: thinking {h:?}, the first {budget} tokens are {c:?} (free: {f:?})"));
     }
     if held["stop_reason"] != "end_turn" || held["content"].as_array().is_none_or(|c| c.len() < 2) {
-        return Err(format!("the answer did not go on after the thinking: {held}"));
+        return Err(format!(
+            "the answer did not go on after the thinking: {held}"
+        ));
     }
     Ok((h, f))
 }
@@ -439,20 +573,43 @@ fn budget_gate(api: &Api, budget: u64) -> Result<(String, String), String> {
 fn tool_exchanges_and_thinking_budgets_hold_on_the_batch_lane() {
     let s = Schemas::load();
     let tools = server(TOOLS_MODEL, &["--batch", "2"], None);
-    let api = Api { port: tools.port, key: None };
+    let api = Api {
+        port: tools.port,
+        key: None,
+    };
     let r2 = tool_gate(&api, &s).unwrap();
     println!("tool gate: after the tool result {r2}");
-    let n = shape_gate(&api, &[json!({"model": "m", "max_tokens": 60, "tools": [weather_tool()],
-        "messages": user("What is the weather in Paris?")})], &s).unwrap();
+    let n = shape_gate(
+        &api,
+        &[
+            json!({"model": "m", "max_tokens": 60, "tools": [weather_tool()],
+        "messages": user("What is the weather in Paris?")}),
+        ],
+        &s,
+    )
+    .unwrap();
     let (held, free) = budget_gate(&api, 3).unwrap();
     println!("budget gate: thinking {held:?} under a budget of 3 (free: {free:?}); {n} streamed documents valid");
     drop(tools);
-    let planted = server(TOOLS_MODEL, &[], Some("MessagesToolInputString,MessagesBudgetIgnored"));
-    let api = Api { port: planted.port, key: None };
+    let planted = server(
+        TOOLS_MODEL,
+        &[],
+        Some("MessagesToolInputString,MessagesBudgetIgnored"),
+    );
+    let api = Api {
+        port: planted.port,
+        key: None,
+    };
     let caught = tool_gate(&api, &s);
     println!("planted MessagesToolInputString: {caught:?}");
-    assert!(caught.is_err(), "the tool gate missed the input sent as a string");
+    assert!(
+        caught.is_err(),
+        "the tool gate missed the input sent as a string"
+    );
     let caught = budget_gate(&api, 3);
     println!("planted MessagesBudgetIgnored: {caught:?}");
-    assert!(caught.as_ref().is_err_and(|e| e.contains("did not hold")), "the budget gate missed the ignored budget");
+    assert!(
+        caught.as_ref().is_err_and(|e| e.contains("did not hold")),
+        "the budget gate missed the ignored budget"
+    );
 }

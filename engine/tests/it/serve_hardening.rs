@@ -649,7 +649,14 @@ fn arb_embeddings_body() -> impl Strategy<Value = Vec<u8>> {
         1 => arb_value(),
     ];
     let format = prop::sample::select(vec!["float", "base64", "binary"]);
-    (input, "[ -~]{0,8}", format, prop::option::of(-2i64..2000), prop::option::of("[ -~]{0,6}"), any::<bool>())
+    (
+        input,
+        "[ -~]{0,8}",
+        format,
+        prop::option::of(-2i64..2000),
+        prop::option::of("[ -~]{0,6}"),
+        any::<bool>(),
+    )
         .prop_map(|(input, model, format, dimensions, user, with_format)| {
             let mut m = serde_json::Map::new();
             m.insert("input".into(), input);

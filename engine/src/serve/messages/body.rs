@@ -56,6 +56,24 @@ pub struct Body {
     user_profile_id: Option<String>,
     #[allow(dead_code)]
     workspace_id: Option<String>,
+    // The beta API's fields (what `client.beta.messages` and Claude Code send), read for
+    // their type only.
+    #[allow(dead_code)]
+    billing_policy: Option<Value>,
+    #[allow(dead_code)]
+    compaction: Option<Value>,
+    #[allow(dead_code)]
+    context_management: Option<Value>,
+    #[allow(dead_code)]
+    fallback_credit_token: Option<Value>,
+    #[allow(dead_code)]
+    fallbacks: Option<Value>,
+    #[allow(dead_code)]
+    mcp_servers: Option<Vec<Value>>,
+    #[allow(dead_code)]
+    thread: Option<Value>,
+    #[allow(dead_code)]
+    betas: Option<Vec<String>>,
 }
 
 /// `metadata`: `{user_id}`, read for its type.

@@ -194,7 +194,8 @@ impl Machine {
             out.push(json!({"type": "content_block_delta", "index": index,
                 "delta": {"type": "input_json_delta", "partial_json": partial}}));
             out.push(json!({"type": "content_block_stop", "index": index}));
-            self.content.push(json!({"type": "tool_use", "id": id, "name": call.name,
+            self.content
+                .push(json!({"type": "tool_use", "id": id, "name": call.name,
                 "input": input}));
             self.calls += 1;
         }

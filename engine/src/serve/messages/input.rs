@@ -13,6 +13,8 @@
 //!   whose arguments are the input object;
 //! - `image` and `document` blocks are refused (this server reads text).
 //!
+//! Server tools (a `type` other than "custom") are left out: this server runs none.
+//!
 //! A last assistant message is a prefill: the answer continues it.
 
 use serde_json::{json, Map, Value};
@@ -70,7 +72,10 @@ pub fn translate(
         .messages
         .ok_or_else(|| bad("messages", "messages: Field required"))?;
     if list.is_empty() {
-        return Err(bad("messages", "messages: at least one message is required"));
+        return Err(bad(
+            "messages",
+            "messages: at least one message is required",
+        ));
     }
     let last_assistant = list.last().is_some_and(|m| m.0.role == "assistant");
     for (i, Obj(m)) in list.into_iter().enumerate() {
@@ -249,7 +254,12 @@ fn assistant(blocks: Vec<Obj<Block>>, at: &str, out: &mut Vec<Value>) -> Result<
     for (j, Obj(b)) in blocks.into_iter().enumerate() {
         let bat = format!("{at}.content[{j}]");
         let need = |v: Option<String>, key: &str| {
-            v.ok_or_else(|| bad(&format!("{bat}.{key}"), format!("{bat}.{key}: Field required")))
+            v.ok_or_else(|| {
+                bad(
+                    &format!("{bat}.{key}"),
+                    format!("{bat}.{key}: Field required"),
+                )
+            })
         };
         match b.kind.as_str() {
             "text" => text.push_str(&text_block(b, &bat)?),
@@ -297,17 +307,11 @@ fn tools(
     let mut out = Vec::new();
     for (i, Obj(t)) in list.into_iter().enumerate() {
         let at = format!("tools[{i}]");
-        match t.kind.as_deref() {
-            None | Some("custom") => {}
-            Some(other) => {
-                return Err(bad(
-                    &format!("{at}.type"),
-                    format!(
-                        "server tools (`{other}`) are not supported: this server runs only \
-                         client tools ({{\"name\", \"description\", \"input_schema\"}})"
-                    ),
-                ))
-            }
+        // Server tools (web search, code execution, …: a versioned `type`) run on
+        // Anthropic's side; this server has none, so they are left out of the prompt and
+        // the model is offered the client tools only (as Claude Code sends both).
+        if t.kind.as_deref().is_some_and(|k| k != "custom") {
+            continue;
         }
         let name = t
             .name
@@ -348,7 +352,10 @@ fn tool_choice(c: ToolChoice, tools: &[Value]) -> Result<Value, ApiError> {
         "any" => Ok(json!("required")),
         "tool" => {
             let name = c.name.ok_or_else(|| {
-                bad("tool_choice.name", "tool_choice.name: Field required for type \"tool\"")
+                bad(
+                    "tool_choice.name",
+                    "tool_choice.name: Field required for type \"tool\"",
+                )
             })?;
             if !tools.iter().any(|t| t["function"]["name"] == name.as_str()) {
                 return Err(bad(

@@ -34,14 +34,19 @@ use input::Purpose;
 pub fn routes() -> axum::Router<Arc<AppState>> {
     axum::Router::new()
         .route("/v1/messages", axum::routing::post(create))
-        .route("/v1/messages/count_tokens", axum::routing::post(count_tokens))
+        .route(
+            "/v1/messages/count_tokens",
+            axum::routing::post(count_tokens),
+        )
         .route("/v1/messages/{*rest}", axum::routing::any(not_found))
 }
 
 /// Any other path under /v1/messages (the batches API, …): Anthropic's not_found_error.
 async fn not_found() -> Response {
-    let e = ApiError::invalid("no such route: this server's Messages API has /v1/messages and \
-         /v1/messages/count_tokens")
+    let e = ApiError::invalid(
+        "no such route: this server's Messages API has /v1/messages and \
+         /v1/messages/count_tokens",
+    )
     .with_status(StatusCode::NOT_FOUND);
     anthropic(&e)
 }
@@ -95,8 +100,7 @@ pub async fn reshape(r: Response) -> Response {
     let (k, status) = kind(parts.status);
     let mut out = (status, Json(events::error(k, &message))).into_response();
     for (name, value) in parts.headers.iter() {
-        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH
-        {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
             out.headers_mut().insert(name.clone(), value.clone());
         }
     }
@@ -111,7 +115,10 @@ async fn count_tokens(
 }
 
 /// `{"input_tokens": N}`: the rendered prompt's length, as a generation's usage counts it.
-async fn count(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+async fn count(
+    s: &Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     let v = routes::body_json(body)?;
     let t = input::translate(&v, &s.defaults, &s.encoder.markers, Purpose::Count)?;
     let encoder = s.encoder.clone();
@@ -144,8 +151,8 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         Refusal::Api(e)
     };
     let v = routes::body_json(body).map_err(reject)?;
-    let t = input::translate(&v, &s.defaults, &s.encoder.markers, Purpose::Create)
-        .map_err(reject)?;
+    let t =
+        input::translate(&v, &s.defaults, &s.encoder.markers, Purpose::Create).map_err(reject)?;
     let stream = t.request.stream;
     let (prompt_tokens, events) = routes::submit_started(s, t.request)
         .await
@@ -229,7 +236,9 @@ fn streamed(events: impl Stream<Item = Event> + Send + 'static, mut m: Machine) 
         };
         stream::iter(out.into_iter().map(sse).collect::<Vec<_>>())
     });
-    let ping = SseEvent::default().event("ping").data("{\"type\": \"ping\"}");
+    let ping = SseEvent::default()
+        .event("ping")
+        .data("{\"type\": \"ping\"}");
     Sse::new(stream::iter(start).chain(body))
         .keep_alive(KeepAlive::default().event(ping))
         .into_response()
