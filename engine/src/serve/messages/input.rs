@@ -99,8 +99,11 @@ pub fn translate(
         None => None,
         Some(Obj(t)) => thinking(t, max_tokens, &mut chat.kwargs)?,
     };
+    // A max_tokens past the model's context is taken as the context (Claude Code asks for
+    // 32000 whatever the model): the answer stops at the context's end.
+    let context = d.context as i64;
     let knobs = Knobs {
-        max_tokens: max_tokens.or(Some(1)),
+        max_tokens: max_tokens.map(|n| n.min(context)).or(Some(1)),
         temperature: b.temperature,
         top_p: b.top_p,
         top_k: b.top_k,

@@ -10,7 +10,6 @@ mod body;
 mod events;
 mod input;
 
-use std::convert::Infallible;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use serde_json::{json, Value};
 
 use super::emit::Event;
 use super::error::ApiError;
+use super::responses::sse;
 use super::{routes, AppState};
 use events::{Head, Machine};
 use input::Purpose;
@@ -200,11 +200,6 @@ async fn whole(
     Err(Refusal::Api(ApiError::server(
         "the model thread dropped the request",
     )))
-}
-
-fn sse(v: Value) -> Result<SseEvent, Infallible> {
-    let kind = v["type"].as_str().unwrap_or("message").to_owned();
-    Ok(SseEvent::default().event(kind).data(v.to_string()))
 }
 
 /// The answer as Anthropic's stream events (`event: <type>` and `data: <json>`), from

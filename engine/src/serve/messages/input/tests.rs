@@ -146,4 +146,14 @@ fn count_tokens_needs_no_max_tokens_and_a_last_assistant_message_is_continued() 
         panic!()
     };
     assert!(c.continue_final_message);
+    // A max_tokens past the context is the context (the test defaults: 2048).
+    let big = json!({"max_tokens": 32000, "messages": [{"role": "user", "content": "hi"}]});
+    let t = translate(
+        &big,
+        &Defaults::for_tests(),
+        &Markers::default(),
+        Purpose::Create,
+    )
+    .unwrap_or_else(|e| panic!("{}", e.message));
+    assert_eq!(t.request.max_tokens, 2048);
 }
