@@ -1,7 +1,7 @@
 //! `POST /v1/messages` (Anthropic's Messages API) end to end over HTTP, one server per
-//! model (tiny-llama-trained on the serial lane behind `--api-key`, tiny-qwen3-tools on
-//! the batch lane), each gate shown to fail with a planted defect (switched on in a server
-//! process through ENGINE_PLANT):
+//! model and lane (tiny-llama-trained on the serial lane behind `--api-key`,
+//! tiny-qwen3-tools on the batch lane, then on the serial lane), each gate shown to fail
+//! with a planted defect (switched on in a server process through ENGINE_PLANT):
 //!
 //! 1. shapes: every message, every stream event, the count_tokens answer and every error
 //!    validate against the JSON Schemas of the official `anthropic` client's models
@@ -570,7 +570,7 @@ fn budget_gate(api: &Api, budget: u64) -> Result<(String, String), String> {
 }
 
 #[test]
-fn tool_exchanges_and_thinking_budgets_hold_on_the_batch_lane() {
+fn tool_exchanges_and_thinking_budgets_hold_on_both_lanes() {
     let s = Schemas::load();
     let tools = server(TOOLS_MODEL, &["--batch", "2"], None);
     let api = Api {
@@ -589,13 +589,10 @@ fn tool_exchanges_and_thinking_budgets_hold_on_the_batch_lane() {
     )
     .unwrap();
     let (held, free) = budget_gate(&api, 3).unwrap();
-    println!("budget gate: thinking {held:?} under a budget of 3 (free: {free:?}); {n} streamed documents valid");
+    println!("budget gate, batch lane: thinking {held:?} under a budget of 3 (free: {free:?}); {n} streamed documents valid");
     drop(tools);
-    let planted = server(
-        TOOLS_MODEL,
-        &[],
-        Some("MessagesToolInputString,MessagesBudgetIgnored"),
-    );
+    // The serial lane, with the tool input planted: the budget holds there too.
+    let planted = server(TOOLS_MODEL, &[], Some("MessagesToolInputString"));
     let api = Api {
         port: planted.port,
         key: None,
@@ -606,6 +603,14 @@ fn tool_exchanges_and_thinking_budgets_hold_on_the_batch_lane() {
         caught.is_err(),
         "the tool gate missed the input sent as a string"
     );
+    let (held, _) = budget_gate(&api, 5).unwrap();
+    println!("budget gate, serial lane: thinking {held:?} under a budget of 5");
+    drop(planted);
+    let planted = server(TOOLS_MODEL, &[], Some("MessagesBudgetIgnored"));
+    let api = Api {
+        port: planted.port,
+        key: None,
+    };
     let caught = budget_gate(&api, 3);
     println!("planted MessagesBudgetIgnored: {caught:?}");
     assert!(
