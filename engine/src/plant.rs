@@ -359,6 +359,18 @@ pub enum Defect {
     /// Serve: `return_progress` sends no prompt_progress chunks. Caught by
     /// `serve_metrics.rs` (progress chunks must arrive before the first token).
     PromptProgressDropped,
+    /// Serve, /v1/messages: `stop_reason` "end_turn" is written as OpenAI's "stop". Caught
+    /// by the shape gate against the anthropic client's schemas (`tests/it/messages.rs`).
+    MessagesStopReasonMisnamed,
+    /// Serve, /v1/messages: a `tool_use` block's `input` is sent as the arguments' JSON
+    /// string, not an object. Caught by the tool gate (`tests/it/messages.rs`).
+    MessagesToolInputString,
+    /// Serve: a request's thinking budget (`thinking.budget_tokens`) is not enforced, the
+    /// thinking end never forced. Caught by the budget gate (`tests/it/messages.rs`).
+    MessagesBudgetIgnored,
+    /// Serve, /v1/messages: a stream's `message_delta` comes before the last
+    /// `content_block_stop`. Caught by the stream-order check (`tests/it/messages.rs`).
+    MessagesEventsOutOfOrder,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -510,6 +522,10 @@ pub fn on_from_env() -> Result<(), String> {
             "PromptProgressDropped" => Defect::PromptProgressDropped,
             "ResponsesFormatIgnored" => Defect::ResponsesFormatIgnored,
             "ResponsesMetadataUnchecked" => Defect::ResponsesMetadataUnchecked,
+            "MessagesStopReasonMisnamed" => Defect::MessagesStopReasonMisnamed,
+            "MessagesToolInputString" => Defect::MessagesToolInputString,
+            "MessagesBudgetIgnored" => Defect::MessagesBudgetIgnored,
+            "MessagesEventsOutOfOrder" => Defect::MessagesEventsOutOfOrder,
             "DistShardWrongRank" => Defect::DistShardWrongRank,
             "DistReduceDropped" => Defect::DistReduceDropped,
             "GdnConvShardUnsegmented" => Defect::GdnConvShardUnsegmented,

@@ -6,6 +6,7 @@
 pub mod assistant;
 pub mod batch;
 pub mod bench;
+pub mod budget;
 pub mod compiled;
 pub mod decode;
 pub mod drafter;

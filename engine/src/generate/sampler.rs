@@ -147,6 +147,8 @@ pub struct Sampler {
     pub params: SamplingParams,
     key: Array,
     constraint: Option<Constraint>,
+    /// A thinking budget (`generate::budget`): forces the thinking end once it is spent.
+    budget: Option<super::budget::ThinkBudget>,
 }
 
 impl Sampler {
@@ -156,7 +158,14 @@ impl Sampler {
             params,
             key,
             constraint: None,
+            budget: None,
         })
+    }
+
+    /// This sampler with a thinking budget (the last processor, after any constraint).
+    pub fn with_budget(mut self, budget: Option<super::budget::ThinkBudget>) -> Self {
+        self.budget = budget;
+        self
     }
 
     /// This sampler with `constraint` masking every step's logits.
@@ -165,16 +174,18 @@ impl Sampler {
         self
     }
 
-    /// Any logits processor: the penalties, a logit bias or a constraint.
+    /// Any logits processor: the penalties, a logit bias, a thinking budget or a
+    /// constraint.
     pub fn has_processors(&self) -> bool {
         self.constraint.is_some() || self.has_penalties()
     }
 
-    /// A logits processor other than the constraint (a penalty, a logit bias): these need
-    /// each position's own history, which a verify pass does not keep.
+    /// A logits processor other than the constraint (a penalty, a logit bias, a thinking
+    /// budget): these need each position's own history, which a verify pass does not keep.
     pub fn has_penalties(&self) -> bool {
         let p = &self.params;
-        !p.logit_bias.is_empty()
+        self.budget.is_some()
+            || !p.logit_bias.is_empty()
             || active(p.repetition_penalty).is_some()
             || active(p.presence_penalty).is_some()
             || active(p.frequency_penalty).is_some()
@@ -298,6 +309,9 @@ impl Sampler {
         };
         if let Some(c) = self.constraint.as_mut() {
             logits = c.apply(&logits, history)?;
+        }
+        if let Some(b) = &self.budget {
+            logits = b.apply(&logits, history)?;
         }
         let logprobs = logits.subtract(logits.logsumexp(true)?)?;
         Ok((self.sample(&logprobs)?, logprobs))

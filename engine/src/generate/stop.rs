@@ -20,6 +20,8 @@ pub enum StopStep {
 pub struct StopMatcher {
     stops: Vec<String>,
     pending: String,
+    /// The stop string that completed (the earliest in the text; the first listed on a tie).
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -28,6 +30,7 @@ impl StopMatcher {
         StopMatcher {
             stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
             pending: String::new(),
+            matched: None,
         }
     }
 
@@ -37,12 +40,14 @@ impl StopMatcher {
 
     pub fn push(&mut self, piece: &str) -> StopStep {
         self.pending.push_str(piece);
-        if let Some(at) = self
+        if let Some((at, i)) = self
             .stops
             .iter()
-            .filter_map(|s| self.pending.find(s.as_str()))
+            .enumerate()
+            .filter_map(|(i, s)| self.pending.find(s.as_str()).map(|at| (at, i)))
             .min()
         {
+            self.matched = Some(self.stops[i].clone());
             let out = self.pending[..at].to_owned();
             self.pending.clear();
             return StopStep::Stop(out);
@@ -58,6 +63,11 @@ impl StopMatcher {
         let out = self.pending[..cut].to_owned();
         self.pending.drain(..cut);
         StopStep::Continue(out)
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Releases what was held back (generation ended for another reason).
@@ -88,6 +98,11 @@ impl<'t> TextStream<'t> {
             StopStep::Continue(text) => (text, Flow::Continue),
             StopStep::Stop(text) => (text, Flow::Stop),
         })
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.stops.matched()
     }
 
     /// The text still held back once generation ended (none after a stop string).

@@ -52,6 +52,8 @@ pub enum Event {
         usage: Usage,
         /// What the last chunk carries besides the finish reason.
         last: Delta,
+        /// The stop string that ended the answer (finish_reason "stop" by a stop string).
+        stop_sequence: Option<String>,
     },
     Failed(ApiError),
     /// The prompt's prefill progress, after a chunk (`return_progress`; `progress`).
@@ -427,7 +429,13 @@ impl<'t> Emitter<'t> {
         let (last, made_tool_call) = self.split.finish(stopped);
         // mlx_lm.server counts the EOS token that ended the answer as generated.
         let completion_tokens = self.produced.len() + usize::from(finish == Finish::Eos);
+        let stop_sequence = self
+            .text
+            .matched()
+            .filter(|_| finish == Finish::Stop)
+            .map(str::to_owned);
         let done = Event::Done {
+            stop_sequence,
             finish_reason: match finish {
                 Finish::Length => "length",
                 _ if made_tool_call => "tool_calls",

@@ -1,8 +1,9 @@
 //! What every request passes before a route sees it: the posture of a local server that a
 //! browser on the same machine can reach.
 //!
-//! - `--api-key`: `Authorization: Bearer KEY` (what OpenAI clients send), compared in
-//!   constant time, on every route but the chat page and `/health`.
+//! - `--api-key`: `Authorization: Bearer KEY` (what OpenAI clients send) or `x-api-key:
+//!   KEY` (what Anthropic clients send), compared in constant time, on every route but the
+//!   chat page and `/health`. The Messages API's routes refuse in Anthropic's shape.
 //! - Bound to loopback, the `Host` header must name loopback (`localhost`, `127.x.y.z`,
 //!   `[::1]`): a page on another site that rebinds its DNS name to 127.0.0.1 reaches the
 //!   server under its own name, and is refused.
@@ -73,6 +74,9 @@ pub async fn check(State(s): State<Arc<AppState>>, request: Request, next: Next)
             s.counters
                 .rejected
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if super::messages::owns(request.uri().path()) {
+                return super::messages::reshape(e).await;
+            }
             e.into_response()
         }
     }
@@ -99,15 +103,19 @@ fn refusal(guard: &Guard, request: &Request) -> Option<Response> {
     }
     if let Some(key) = &guard.api_key {
         if !open_route(request.uri().path()) {
-            let given = headers
+            let bearer = headers
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.strip_prefix("Bearer "))
-                .unwrap_or("");
-            if !bool::from(given.as_bytes().ct_eq(key.as_bytes())) {
+                .and_then(|v| v.strip_prefix("Bearer "));
+            let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+            let matches = |given: Option<&str>| {
+                given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())))
+            };
+            if !(matches(bearer) || matches(x_api_key)) {
                 let mut response = ApiError::invalid(
-                    "missing or wrong API key: send `Authorization: Bearer <key>` with the \
-                     key this server was started with (--api-key)",
+                    "missing or wrong API key: send `Authorization: Bearer <key>` (or \
+                     `x-api-key: <key>`) with the key this server was started with \
+                     (--api-key)",
                 )
                 .with_status(StatusCode::UNAUTHORIZED)
                 .into_response();

@@ -13,6 +13,7 @@ pub mod error;
 mod follower;
 pub mod guard;
 mod lead;
+pub mod messages;
 pub mod metrics;
 pub mod progress;
 pub mod request;
@@ -504,6 +505,7 @@ async fn serve_http(
     }
     let limits = state.limits.clone();
     let more = responses::routes()
+        .merge(messages::routes())
         .merge(metrics::routes())
         .merge(tokenize::routes());
     let app = routes::router(state, args.max_body_bytes, more);

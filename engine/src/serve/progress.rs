@@ -33,12 +33,27 @@ pub fn sse<S>(keep_alive: Option<Duration>, events: S) -> Response
 where
     S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
 {
-    // Planted: no keep-alive comments (caught by engine/tests/it/serve_metrics.rs).
+    sse_with(keep_alive, events, KeepAlive::new().text(KEEP_ALIVE_TEXT))
+}
+
+/// `sse` whose keep-alive is an event of the API's own (the Messages API's `ping`).
+pub fn sse_pinging<S>(keep_alive: Option<Duration>, events: S, ping: SseEvent) -> Response
+where
+    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+{
+    sse_with(keep_alive, events, KeepAlive::new().event(ping))
+}
+
+fn sse_with<S>(keep_alive: Option<Duration>, events: S, how: KeepAlive) -> Response
+where
+    S: Stream<Item = Result<SseEvent, Infallible>> + Send + 'static,
+{
+    // Planted: no keep-alive (caught by engine/tests/it/serve_metrics.rs).
     let keep_alive =
         keep_alive.filter(|_| !crate::plant::is(crate::plant::Defect::SseKeepAliveOff));
     match keep_alive {
         Some(every) => Sse::new(events)
-            .keep_alive(KeepAlive::new().interval(every).text(KEEP_ALIVE_TEXT))
+            .keep_alive(how.interval(every))
             .into_response(),
         None => Sse::new(events).into_response(),
     }

@@ -90,6 +90,31 @@ pub struct GenRequest {
     /// Stream prompt_progress chunks while the prompt prefills (llama.cpp's
     /// `return_progress`; chat and completions streams).
     pub return_progress: bool,
+    /// Tokens a thinking block may hold before the model thread forces its end (the
+    /// Messages API's `thinking.budget_tokens`; `generate::budget`).
+    pub think_budget: Option<usize>,
+}
+
+impl GenRequest {
+    /// The request's sampler on the model thread (either lane): its settings, its
+    /// grammar, and its thinking budget over the model's thinking markers (none when the
+    /// model has none: then it writes no thinking block to close).
+    pub fn sampler(
+        &self,
+        tokenizer: &std::sync::Arc<crate::load::tokenizer::Tokenizer>,
+        markers: &super::tools::Markers,
+    ) -> Result<crate::generate::sampler::Sampler, String> {
+        use crate::generate::budget::ThinkBudget;
+        let s = crate::generate::sampler::Sampler::new(self.sampling.clone())
+            .map_err(|e| e.to_string())?;
+        let s = crate::generate::sampler::constrain(s, tokenizer, self.constraint.as_ref())?;
+        let budget = self.think_budget.zip(markers.thinking.as_ref());
+        Ok(s.with_budget(budget.map(|(budget, t)| ThinkBudget {
+            start_ids: t.start_ids.clone(),
+            end_ids: t.end_ids.clone(),
+            budget: budget.max(1),
+        })))
+    }
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

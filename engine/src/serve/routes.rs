@@ -230,6 +230,20 @@ pub(super) async fn submit(
     s: &Arc<AppState>,
     req: GenRequest,
 ) -> Result<impl futures_util::Stream<Item = Event> + Send + Unpin + 'static, Response> {
+    submit_started(s, req).await.map(|(_, events)| events)
+}
+
+/// `submit`, with the prompt's length in tokens (the Messages API's message_start tells it).
+pub(super) async fn submit_started(
+    s: &Arc<AppState>,
+    req: GenRequest,
+) -> Result<
+    (
+        usize,
+        impl futures_util::Stream<Item = Event> + Send + Unpin + 'static,
+    ),
+    Response,
+> {
     if s.limits.draining.load(Ordering::Relaxed) {
         return Err(refuse(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -269,7 +283,9 @@ pub(super) async fn submit(
     let mut events = ReceiverStream::new(rx).flat_map(|ev| stream::iter(flatten(ev)));
     // The first event tells whether the request was accepted (prompt encoded, fits).
     match events.next().await {
-        Some(Event::Started { .. }) => Ok(s.metrics.observe(events, arrival)),
+        Some(Event::Started { prompt_tokens }) => {
+            Ok((prompt_tokens, s.metrics.observe(events, arrival)))
+        }
         Some(Event::Failed(e)) => Err(e.into_response()),
         _ => Err(ApiError::server("the model thread dropped the request").into_response()),
     }
@@ -350,6 +366,7 @@ async fn respond_whole(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 add(last);
                 let mut body = meta.chunk(&whole, Some(finish_reason), &logprobs, false);
@@ -379,6 +396,7 @@ fn respond_streamed(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 let mut out = vec![meta.chunk(&last, Some(finish_reason), &[], true)];
                 if include_usage {

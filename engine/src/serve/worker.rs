@@ -25,7 +25,6 @@ use super::tools::Markers;
 use super::{Counters, Limits};
 use crate::generate::decode::Decoder;
 use crate::generate::drafter::Decode;
-use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Session, SessionOptions};
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
@@ -269,11 +268,7 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let sampler = Sampler::new(request.sampling.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|s| {
-                crate::generate::sampler::constrain(s, &self.tokenizer, request.constraint.as_ref())
-            });
+        let sampler = request.sampler(&self.tokenizer, &self.markers);
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {

@@ -14,6 +14,7 @@ mod hub;
 mod kvstore;
 mod loading;
 mod lookup;
+mod messages;
 mod mlx_runtime;
 mod orpo_prefix;
 mod prompt_cache;

@@ -151,6 +151,7 @@ impl Knobs {
             prompt_lookup,
             constraint,
             return_progress: self.return_progress.unwrap_or(false),
+            think_budget: None,
         })
     }
 

@@ -24,7 +24,6 @@ use std::time::Instant;
 
 use super::{Lane, Outcome, Row};
 use crate::generate::decode::Decoder;
-use crate::generate::sampler::Sampler;
 use crate::generate::{Finish, Session};
 use crate::serve::emit::{Emitter, Outbox};
 use crate::serve::error::ApiError;
@@ -85,11 +84,7 @@ impl Worker {
             emit.end_cut(&self.counters);
             return None;
         }
-        let sampler = Sampler::new(request.sampling.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|s| {
-                crate::generate::sampler::constrain(s, &self.tokenizer, request.constraint.as_ref())
-            });
+        let sampler = request.sampler(&self.tokenizer, &self.markers);
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {

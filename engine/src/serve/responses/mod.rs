@@ -132,6 +132,7 @@ async fn whole(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 m.delta(&last);
                 let usage = keep.usage(&usage, &m);
@@ -146,7 +147,9 @@ async fn whole(
     Err(ApiError::server("the model thread dropped the request").into_response())
 }
 
-fn sse(v: Value) -> Result<SseEvent, Infallible> {
+/// A stream event as its SSE frame (`event: <type>`, `data: <json>`); the Messages API
+/// frames its events alike.
+pub(super) fn sse(v: Value) -> Result<SseEvent, Infallible> {
     let kind = v["type"].as_str().unwrap_or("message").to_owned();
     Ok(SseEvent::default().event(kind).data(v.to_string()))
 }
@@ -169,6 +172,7 @@ fn streamed(
                 finish_reason,
                 usage,
                 last,
+                ..
             } => {
                 let mut out = m.delta(&last);
                 let usage = keep.usage(&usage, &m);
