@@ -67,6 +67,14 @@ pub enum Defect {
     /// (`ENGINE_PLANT`), by falcon_h1's batch lane through `engine serve`
     /// (`engine/tests/it/serve.rs`).
     BatchUnmaskedPadding,
+    /// `/v1/embeddings`' last-token pooling takes the token before the last (an off-by-one
+    /// over the appended end-of-text token). Caught by the bit-exact gate against mlx-lm
+    /// and the cosine gate against sentence-transformers (`tests/it/embeddings.rs`).
+    EmbedPoolsBeforeLast,
+    /// The model thread embeds every input of an embeddings request in one turn (a long
+    /// request holds the running generations up). Caught by the interleaving check
+    /// (`tests/it/embeddings.rs`: a stream started first no longer ends first).
+    EmbedHoldsTheLane,
     /// The batched sliding-window cache's mask is not rolled with the ring once it has
     /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
     /// sliding-window model (`tests/it/batch_decode.rs`).
@@ -499,6 +507,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,
             "BatchUnmaskedPadding" => Defect::BatchUnmaskedPadding,
+            "EmbedPoolsBeforeLast" => Defect::EmbedPoolsBeforeLast,
+            "EmbedHoldsTheLane" => Defect::EmbedHoldsTheLane,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -6,6 +6,7 @@ mod api;
 mod args;
 mod batch_lane;
 mod dist_plan;
+mod embeddings;
 mod emit;
 mod encode;
 pub mod error;
@@ -88,7 +89,7 @@ pub struct AppState {
     pub started: Instant,
     pub defaults: request::Defaults,
     /// The model thread's queue; taken (closed) when the server stops.
-    pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Job>>>,
+    pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Work>>>,
     pub counters: Arc<Counters>,
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
@@ -105,6 +106,8 @@ pub struct AppState {
     pub big_prompts: tokio::sync::Semaphore,
     /// The conversations of past `/v1/responses` answers (`previous_response_id`).
     pub responses: responses::store::Store,
+    /// `--embedding-pooling`.
+    pub embedding_pooling: crate::embed::Pooling,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -237,7 +240,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         return follower::follow(worker);
     }
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
-    let (tx, rx) = mpsc::channel::<worker::Job>();
+    let (tx, rx) = mpsc::channel::<worker::Work>();
     let (model_thread, vocab) =
         spawn_model_thread(&args, config.opts.clone(), config.context, shared, rx)?;
     let drain_timeout = config.drain_timeout;
@@ -266,7 +269,7 @@ fn spawn_model_thread(
     opts: SessionOptions,
     context: usize,
     shared: Shared,
-    jobs: mpsc::Receiver<worker::Job>,
+    jobs: mpsc::Receiver<worker::Work>,
 ) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
     let args = args.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
@@ -352,6 +355,7 @@ fn load_worker(
         counters: shared.counters,
         limits: shared.limits,
         dist: None,
+        embeds: Default::default(),
     })
 }
 
@@ -406,7 +410,7 @@ fn app_state(
     config: Config,
     counters: Arc<Counters>,
     mirror: store::StatsMirror,
-    jobs: mpsc::Sender<worker::Job>,
+    jobs: mpsc::Sender<worker::Work>,
     vocab: usize,
 ) -> AppState {
     let context = config.context;
@@ -448,6 +452,7 @@ fn app_state(
         }),
         big_prompts: tokio::sync::Semaphore::new(1),
         responses: Default::default(),
+        embedding_pooling: args.embedding_pooling,
     }
 }
 
@@ -485,7 +490,8 @@ async fn serve_http(
         open_browser(&local);
     }
     let limits = state.limits.clone();
-    let app = routes::router(state, args.max_body_bytes, responses::routes());
+    let more = responses::routes().merge(embeddings::routes());
+    let app = routes::router(state, args.max_body_bytes, more);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
