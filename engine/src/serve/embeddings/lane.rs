@@ -161,25 +161,27 @@ impl Worker {
             self.answer(job, Err(e));
             return true;
         }
-        let ids = &job.inputs[job.done.len()];
         let model = self.model.as_ref();
-        match catch_unwind(AssertUnwindSafe(|| {
-            embed::embed(model, ids, job.pooling, job.dimensions)
-        })) {
-            Ok(Ok(v)) => job.done.push(v),
-            Ok(Err(e)) => {
-                self.answer(job, Err(refusal(e)));
-                return true;
+        loop {
+            let ids = &job.inputs[job.done.len()];
+            match catch_unwind(AssertUnwindSafe(|| {
+                embed::embed(model, ids, job.pooling, job.dimensions)
+            })) {
+                Ok(Ok(v)) => job.done.push(v),
+                Ok(Err(e)) => {
+                    self.answer(job, Err(refusal(e)));
+                    return true;
+                }
+                Err(panic) => {
+                    self.answer(job, Err(panic_error(panic)));
+                    return true;
+                }
             }
-            Err(panic) => {
-                self.answer(job, Err(panic_error(panic)));
-                return true;
-            }
-        }
-        if job.done.len() < job.inputs.len() && plant::is(Defect::EmbedHoldsTheLane) {
             // Planted: the whole request in this turn.
-            self.embeds.jobs.borrow_mut().push_front(job);
-            return self.embed_tick();
+            let planted = plant::is(Defect::EmbedHoldsTheLane);
+            if !planted || job.done.len() == job.inputs.len() {
+                break;
+            }
         }
         if job.done.len() == job.inputs.len() {
             let vectors = std::mem::take(&mut job.done);
