@@ -67,14 +67,6 @@ pub enum Defect {
     /// (`ENGINE_PLANT`), by falcon_h1's batch lane through `engine serve`
     /// (`engine/tests/it/serve.rs`).
     BatchUnmaskedPadding,
-    /// `/v1/embeddings`' last-token pooling takes the token before the last (an off-by-one
-    /// over the appended end-of-text token). Caught by the bit-exact gate against mlx-lm
-    /// and the cosine gate against sentence-transformers (`tests/it/embeddings.rs`).
-    EmbedPoolsBeforeLast,
-    /// The model thread embeds every input of an embeddings request in one turn (a long
-    /// request holds the running generations up). Caught by the interleaving check
-    /// (`tests/it/embeddings.rs`: a stream started first no longer ends first).
-    EmbedHoldsTheLane,
     /// The batched sliding-window cache's mask is not rolled with the ring once it has
     /// wrapped (rows attend to the wrong window slots). Caught by the B=N gate's
     /// sliding-window model (`tests/it/batch_decode.rs`).
@@ -350,6 +342,15 @@ pub enum Defect {
     /// at 8 bits take the top-level bits. Caught by the convert gate on qwen3_moe and
     /// minimax (and the MoE hybrids).
     ConvertRouterAtTopBits,
+    /// `/v1/embeddings`' last-token pooling takes the token before the last (an off-by-one
+    /// over the appended end-of-text token). Caught by the bit-exact gate against mlx-lm
+    /// and the cosine gate against sentence-transformers (`tests/it/embeddings.rs`).
+    EmbedPoolsBeforeLast,
+    /// The model thread embeds every input of an embeddings request in one turn (a long
+    /// request holds the running generations up). Caught by the interleaving check
+    /// (`tests/it/embeddings.rs`: a stream sent while a long request is being embedded no
+    /// longer ends first).
+    EmbedHoldsTheLane,
 }
 
 /// `plant::on` in a build without the `plant` feature.
