@@ -35,6 +35,8 @@ use crate::model::LanguageModel;
 pub const PAUSED_PER_SLOT: usize = 4;
 
 /// What the model thread is sent: a generation, or an embeddings request (`embeddings`).
+/// Unboxed: a generation was sent by value before, and the queue holds few.
+#[allow(clippy::large_enum_variant)]
 pub enum Work {
     Generate(Job),
     Embed(super::embeddings::EmbedJob),
