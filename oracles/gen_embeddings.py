@@ -7,8 +7,8 @@
 mlx (the bit-exact gate): mlx_lm.load of the model; each input alone through
 `model.model(ids[None])` (mlx-lm's Qwen3Model: the hidden states after the final norm, before
 the head), cast to float32, pooled (last token: h[-1]; mean: the mean over the tokens),
-L2-normalized (v / sqrt(sum(v*v))); with `dimensions` d the normalized vector's first d values
-normalized again. Texts are tokenized by the model's tokenizer with its special tokens (the
+L2-normalized (v / sqrt(sum(v*v))); with `dimensions` d below the hidden size the normalized
+vector's first d values normalized again. Texts are tokenized by the model's tokenizer with its special tokens (the
 post-processor appends the end-of-text token, as sentence-transformers feeds the model); token
 ids are fed as given. Each embedding is stored as base64 of its little-endian f32 bytes, as the
 server answers with `encoding_format: "base64"`.
@@ -85,7 +85,7 @@ def mlx_oracle(model_dir: Path) -> dict:
         h = model.model(mx.array(ids)[None])[0].astype(mx.float32)
         v = h[-1] if pooling == "last" else mx.mean(h, axis=0)
         v = normalize(v)
-        if dims is not None:
+        if dims is not None and dims < v.shape[-1]:
             v = normalize(v[:dims])
         mx.eval(v)
         return np.array(v)
