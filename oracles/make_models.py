@@ -65,6 +65,9 @@ Made by the other makers (each also runnable by itself for its own rows):
 - tiny-qwen3-tools   qwen3 trained to call a tool and to reason, in transformers 5's layout
                      (chat_template.jinja, two shards + index), its own tokenizer and chat
                      template: oracles/make_tools_model.py
+- tiny-qwen3-embedding  qwen3 laid out as Qwen3-Embedding (its tokenizer appends end-of-text;
+                     sentence-transformers' modules, last-token pooling, normalize), norm
+                     scales off one, f32: oracles/make_embedding.py
 - tiny-gemma4-assistant-centroid, -lm-head, -no-lm-head
                      the drafter's head variants: oracles/make_assistants.py
 - tiny-llama-trained-q4, tiny-qwen3-q8, tiny-gemma3-q4, tiny-gemma4-q4, tiny-gemma3-mm-q4
@@ -91,6 +94,7 @@ from tokenizers import Tokenizer
 
 import make_assistants
 import make_dense
+import make_embedding
 import make_dense2
 import make_gemma4_moe
 import make_gpt_oss
@@ -421,7 +425,7 @@ def make_llama_draft(job: Job) -> Path:
 
 
 # The maker modules, by the name a manifest row's `maker` gives (this one included).
-MAKERS = {m.__name__: m for m in (make_assistants, make_dense, make_dense2, make_gemma4_moe, make_gpt_oss, make_hybrids,
+MAKERS = {m.__name__: m for m in (make_assistants, make_dense, make_dense2, make_embedding, make_gemma4_moe, make_gpt_oss, make_hybrids,
                                   make_mla, make_moe, make_moe2, make_quant_modes, make_quantized, make_rope,
                                   make_tools_model, make_wrappers)}
 MAKERS["make_models"] = sys.modules[__name__]

@@ -2,6 +2,8 @@
 # Creates the oracle venv in oracles/.venv (git-ignored) from requirements.txt.
 #   bash oracles/setup.sh           # Linux CPU (mlx-cpu), or macOS (mlx-metal)
 #   bash oracles/setup.sh --cuda    # Linux + NVIDIA (mlx-cuda-13)
+# The sentence-transformers oracle of /v1/embeddings needs torch, kept out of this venv:
+# see oracles/requirements-embeddings.txt for its own venv.
 # Re-running is cheap: pip only installs what is missing. ORACLE_VENV overrides the path.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

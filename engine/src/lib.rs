@@ -6,6 +6,7 @@ pub mod clock;
 pub mod constrain;
 pub mod convert;
 pub mod dist;
+pub mod embed;
 pub mod generate;
 pub mod load;
 pub mod model;

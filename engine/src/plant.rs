@@ -371,6 +371,15 @@ pub enum Defect {
     /// Serve, /v1/messages: a stream's `message_delta` comes before the last
     /// `content_block_stop`. Caught by the stream-order check (`tests/it/messages.rs`).
     MessagesEventsOutOfOrder,
+    /// `/v1/embeddings`' last-token pooling takes the token before the last (an off-by-one
+    /// over the appended end-of-text token). Caught by the bit-exact gate against mlx-lm
+    /// and the cosine gate against sentence-transformers (`tests/it/embeddings.rs`).
+    EmbedPoolsBeforeLast,
+    /// The model thread embeds every input of an embeddings request in one turn (a long
+    /// request holds the running generations up). Caught by the interleaving check
+    /// (`tests/it/embeddings.rs`: a stream sent while a long request is being embedded no
+    /// longer ends first).
+    EmbedHoldsTheLane,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -537,6 +546,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ConstrainMaskOffByOne" => Defect::ConstrainMaskOffByOne,
             "FollowerUnconstrained" => Defect::FollowerUnconstrained,
             "BatchUnmaskedPadding" => Defect::BatchUnmaskedPadding,
+            "EmbedPoolsBeforeLast" => Defect::EmbedPoolsBeforeLast,
+            "EmbedHoldsTheLane" => Defect::EmbedHoldsTheLane,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -576,6 +576,18 @@ impl LanguageModel for Decoder {
         self.head(&self.run_ids(ids, caches)?)
     }
 
+    /// Refused on a pipeline stage: its layers are only part of the model.
+    fn final_hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> R<Array> {
+        if self.stage.is_some() {
+            return Err(Exception::custom(format!(
+                "{}: a pipeline stage holds only some layers; its final hidden states are \
+                 another rank's",
+                self.model_type
+            )));
+        }
+        self.head.norm.forward(&self.run_ids(ids, caches)?)
+    }
+
     fn linears(&self) -> Vec<(String, &Linear)> {
         if !self.lora {
             return Vec::new();

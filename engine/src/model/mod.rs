@@ -75,6 +75,21 @@ pub trait LanguageModel {
     fn make_caches(&self) -> Vec<Box<dyn Cache>>;
     /// ids [B, L] (int32) → logits [B, L, vocab]; appends this step to the caches.
     fn forward(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception>;
+    /// ids [B, L] → the final hidden states [B, L, H]: after the model's final norm, before
+    /// its output head (what an embedding model pools, `crate::embed`); appends this step to
+    /// the caches. Families that do not expose them refuse, naming themselves.
+    fn final_hidden(
+        &self,
+        _ids: &Array,
+        _caches: &mut [Box<dyn Cache>],
+    ) -> Result<Array, Exception> {
+        Err(Exception::custom(format!(
+            "{}: this family does not expose its final hidden states, so it cannot compute \
+             embeddings; serve a model of a family that does (qwen3, llama and the other \
+             decoder families)",
+            self.model_type()
+        )))
+    }
     /// Every linear layer of the blocks, named by its checkpoint path without `.weight`
     /// (e.g. `model.layers.0.self_attn.q_proj`), in layer order — where LoRA attaches.
     /// Empty for families that do not list theirs yet (they cannot be fine-tuned).

@@ -288,6 +288,10 @@ impl LanguageModel for Wrapped {
     }
 
     /// The text model's (gemma3_text has it; its adapter names carry the prefix here too).
+    fn final_hidden(&self, ids: &Array, caches: &mut [Box<dyn Cache>]) -> Result<Array, Exception> {
+        self.inner.final_hidden(ids, caches)
+    }
+
     fn as_layered(&self) -> Option<&dyn Layered> {
         self.inner.as_layered()
     }

@@ -111,6 +111,11 @@ pub struct ServeArgs {
     /// prompt prefills.
     #[arg(long, default_value_t = 5.0)]
     pub sse_keep_alive: f64,
+    /// `/v1/embeddings`: how an input's final hidden states become one vector: `last`
+    /// (the last token's, as Qwen3-Embedding and sentence-transformers' "lasttoken") or
+    /// `mean` (the mean over its tokens).
+    #[arg(long, value_enum, default_value = "last")]
+    pub embedding_pooling: crate::embed::Pooling,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
     /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).

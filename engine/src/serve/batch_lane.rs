@@ -19,7 +19,7 @@ use mlx_rs::Array;
 
 use super::emit::Emitter;
 use super::error::ApiError;
-use super::worker::{Job, Worker};
+use super::worker::{Job, Work, Worker};
 
 mod admit;
 use crate::cache::Cache;
@@ -249,7 +249,7 @@ impl Worker {
     /// Rows that join feed their first ids to the next step beside the queued samples;
     /// whenever a row's logits processors need its history, the queued samples are
     /// emitted first.
-    pub fn run_batched(&self, jobs: mpsc::Receiver<Job>, slots: usize) {
+    pub fn run_batched(&self, jobs: mpsc::Receiver<Work>, slots: usize) {
         let mut lane = Lane {
             slots,
             waiting: VecDeque::new(),
@@ -264,6 +264,8 @@ impl Worker {
             if !self.receive(&mut lane, &jobs) {
                 return;
             }
+            // One embeddings input per tick, between decode steps.
+            self.embed_tick();
             // Parked rows are cut as any other (stalled, gone, out of time).
             for (mut row, caches) in std::mem::take(&mut lane.parked) {
                 if row.emit.check() {
@@ -293,18 +295,18 @@ impl Worker {
 
     /// Takes new jobs (waiting for one when the lane is idle). False once every sender is
     /// gone and nothing is left to do.
-    fn receive<'w>(&'w self, lane: &mut Lane<'w>, jobs: &mpsc::Receiver<Job>) -> bool {
+    fn receive<'w>(&'w self, lane: &mut Lane<'w>, jobs: &mpsc::Receiver<Work>) -> bool {
         if lane.rows.is_empty() && lane.waiting.is_empty() && lane.admissions.is_empty() {
             if lane.parked.is_empty() {
                 match self.next_job(jobs) {
                     Some(job) => lane.waiting.push_back(job),
                     None => return false,
                 }
-            } else if let Ok(job) = jobs.recv_timeout(Duration::from_millis(5)) {
+            } else if let Ok(job) = self.job_within(jobs, Duration::from_millis(5)) {
                 lane.waiting.push_back(job);
             }
         }
-        while let Ok(job) = jobs.try_recv() {
+        while let Some(job) = self.try_job(jobs) {
             lane.waiting.push_back(job);
         }
         true

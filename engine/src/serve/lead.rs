@@ -56,12 +56,15 @@ impl Worker {
     pub(super) fn lead_idle(
         &self,
         lead: &Leader,
-        jobs: &std::sync::mpsc::Receiver<Job>,
+        jobs: &std::sync::mpsc::Receiver<super::worker::Work>,
     ) -> Option<Job> {
         use std::sync::mpsc::RecvTimeoutError;
         loop {
             let sent = match jobs.recv_timeout(HEARTBEAT) {
-                Ok(job) => return Some(job),
+                Ok(work) => match self.divert(work) {
+                    Some(job) => return Some(job),
+                    None => continue,
+                },
                 Err(RecvTimeoutError::Timeout) => lead.heartbeat(),
                 Err(RecvTimeoutError::Disconnected) => {
                     if let Err(e) = lead.send(Some(Op::Shutdown)) {

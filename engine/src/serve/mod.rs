@@ -7,6 +7,7 @@ mod api;
 mod args;
 mod batch_lane;
 mod dist_plan;
+mod embeddings;
 mod emit;
 mod encode;
 pub mod error;
@@ -93,7 +94,7 @@ pub struct AppState {
     pub started: Instant,
     pub defaults: request::Defaults,
     /// The model thread's queue; taken (closed) when the server stops.
-    pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Job>>>,
+    pub jobs: std::sync::Mutex<Option<mpsc::Sender<worker::Work>>>,
     pub counters: Arc<Counters>,
     pub prompt_cache: Arc<std::sync::Mutex<crate::cache::prompt::PromptCacheStats>>,
     pub ssd_cache: Arc<std::sync::Mutex<Option<crate::cache::ssd::SsdStats>>>,
@@ -114,6 +115,8 @@ pub struct AppState {
     pub metrics: Arc<metrics::Metrics>,
     /// SSE keep-alive comments' interval (`--sse-keep-alive`; None: off): `progress::sse`.
     pub sse_keep_alive: Option<Duration>,
+    /// `--embedding-pooling`.
+    pub embedding_pooling: crate::embed::Pooling,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -249,7 +252,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         return follower::follow(worker);
     }
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
-    let (tx, rx) = mpsc::channel::<worker::Job>();
+    let (tx, rx) = mpsc::channel::<worker::Work>();
     let (model_thread, vocab) =
         spawn_model_thread(&args, config.opts.clone(), config.context, shared, rx)?;
     let drain_timeout = config.drain_timeout;
@@ -278,7 +281,7 @@ fn spawn_model_thread(
     opts: SessionOptions,
     context: usize,
     shared: Shared,
-    jobs: mpsc::Receiver<worker::Job>,
+    jobs: mpsc::Receiver<worker::Work>,
 ) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
     let args = args.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
@@ -364,6 +367,7 @@ fn load_worker(
         counters: shared.counters,
         limits: shared.limits,
         dist: None,
+        embeds: Default::default(),
     })
 }
 
@@ -418,7 +422,7 @@ fn app_state(
     config: Config,
     counters: Arc<Counters>,
     mirror: store::StatsMirror,
-    jobs: mpsc::Sender<worker::Job>,
+    jobs: mpsc::Sender<worker::Work>,
     vocab: usize,
 ) -> AppState {
     let context = config.context;
@@ -467,6 +471,7 @@ fn app_state(
         responses: Default::default(),
         metrics,
         sse_keep_alive: config.sse_keep_alive,
+        embedding_pooling: args.embedding_pooling,
     }
 }
 
@@ -507,7 +512,8 @@ async fn serve_http(
     let more = responses::routes()
         .merge(messages::routes())
         .merge(metrics::routes())
-        .merge(tokenize::routes());
+        .merge(tokenize::routes())
+        .merge(embeddings::routes());
     let app = routes::router(state, args.max_body_bytes, more);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());

@@ -23,7 +23,7 @@ use super::emit::{Event, TokenLogprob, EVENT_SLOTS};
 use super::error::ApiError;
 use super::request::GenRequest;
 use super::tools::split::Delta;
-use super::worker::{prompt_bytes, Job, QueueSlot};
+use super::worker::{prompt_bytes, Job, QueueSlot, Work};
 use super::AppState;
 
 /// The chat page (plain HTML/CSS/JS, embedded in the binary).
@@ -274,7 +274,7 @@ pub(super) async fn submit_started(
         .lock()
         .map_err(|_| ApiError::server("the request queue is poisoned").into_response())?
         .as_ref()
-        .map(|jobs| jobs.send(job).is_ok());
+        .map(|jobs| jobs.send(Work::Generate(job)).is_ok());
     if sent != Some(true) {
         return Err(ApiError::server("the model thread has stopped")
             .with_status(StatusCode::SERVICE_UNAVAILABLE)

@@ -33,6 +33,14 @@ use crate::model::LanguageModel;
 /// their clients (paused or parked; each holds its KV caches until its stall timeout).
 pub const PAUSED_PER_SLOT: usize = 4;
 
+/// What the model thread is sent: a generation, or an embeddings request (`embeddings`).
+/// Unboxed: a generation was sent by value before, and the queue holds few.
+#[allow(clippy::large_enum_variant)]
+pub enum Work {
+    Generate(Job),
+    Embed(super::embeddings::EmbedJob),
+}
+
 pub struct Job {
     pub request: GenRequest,
     /// The prompt, encoded on the HTTP side.
@@ -87,6 +95,8 @@ pub struct Worker {
     pub limits: Arc<Limits>,
     /// Rank 0 of a distributed group: what it shares with the followers (`dist_plan`).
     pub dist: Option<super::dist_plan::Leader>,
+    /// Embeddings requests being answered, one input per round (`embeddings`).
+    pub embeds: super::embeddings::Pending,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -122,7 +132,7 @@ impl Worker {
     /// whose client has not taken its events yet gets no tokens until it does (its stall
     /// clock runs) and does not count against `--interleave`, so clients that stop reading
     /// never keep others from being admitted.
-    pub fn run(self, jobs: mpsc::Receiver<Job>) {
+    pub fn run(self, jobs: mpsc::Receiver<Work>) {
         let slots = self.limits.interleave.max(1);
         let mut turns: VecDeque<Turn<'_>> = VecDeque::new();
         let mut held: Option<Job> = None;
@@ -138,7 +148,7 @@ impl Worker {
                 }
             }
             if held.is_none() {
-                held = jobs.try_recv().ok();
+                held = self.try_job(&jobs);
             }
             if held.is_some() {
                 let mut active = 0;
@@ -176,6 +186,8 @@ impl Worker {
                 };
                 self.guarded_end(turn, result);
             }
+            // One embeddings input per round, between the generations' steps.
+            let ticked = self.embed_tick() || ticked;
             if let (false, Some(lead)) = (ticked, &self.dist) {
                 if let Err(e) = lead.heartbeat() {
                     lead.lose(&e);
@@ -187,7 +199,7 @@ impl Worker {
                 if held.is_some() {
                     std::thread::sleep(pause);
                 } else {
-                    match jobs.recv_timeout(pause) {
+                    match self.job_within(&jobs, pause) {
                         Ok(job) => held = Some(job),
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(pause),
@@ -493,10 +505,10 @@ impl Worker {
 
     /// Waits for the next job. Pending write-behind snapshots are written once the lane has
     /// been idle for the debounce time, and before returning None (every sender gone).
-    pub(super) fn next_job(&self, jobs: &mpsc::Receiver<Job>) -> Option<Job> {
+    pub(super) fn next_job(&self, jobs: &mpsc::Receiver<Work>) -> Option<Job> {
         match &self.dist {
             Some(lead) => self.lead_idle(lead, jobs),
-            None => self.store.borrow_mut().recv(jobs),
+            None => self.wait_job(jobs),
         }
     }
 
@@ -507,7 +519,7 @@ impl Worker {
         &self,
         turns: &mut VecDeque<Turn<'_>>,
         held: Option<Job>,
-        jobs: &mpsc::Receiver<Job>,
+        jobs: &mpsc::Receiver<Work>,
         why: &str,
     ) -> ! {
         let error = || ApiError::server(super::dist_plan::lost_message(why));
@@ -515,7 +527,8 @@ impl Worker {
             t.emit.fail(error());
             self.counters.failed.fetch_add(1, Ordering::Relaxed);
         }
-        for job in held.into_iter().chain(jobs.try_iter()) {
+        let queued = jobs.try_iter().filter_map(|w| self.divert(w));
+        for job in held.into_iter().chain(queued) {
             let _ = job.events.try_send(Event::Failed(error()));
         }
         std::thread::sleep(Duration::from_millis(500));

@@ -10,6 +10,7 @@ mod constrained;
 mod constrained_tools;
 mod convert;
 mod dist;
+mod embeddings;
 mod hub;
 mod kvstore;
 mod loading;
