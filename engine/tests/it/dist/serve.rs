@@ -65,7 +65,12 @@ fn rank_command(rank: usize, hostfile: &PathBuf, how: Launch) -> Command {
     let model = common::goldens().join("models").join(how.model);
     let mut cmd = Command::new(engine_bin());
     cmd.args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .args(["--dist-connect-timeout", "30", "--dist-timeout", how.dist_timeout])
+        .args([
+            "--dist-connect-timeout",
+            "30",
+            "--dist-timeout",
+            how.dist_timeout,
+        ])
         .args(how.extra)
         .env("MLX_RANK", rank.to_string())
         .env("MLX_HOSTFILE", hostfile)
