@@ -674,8 +674,7 @@ fn arb_embeddings_body() -> impl Strategy<Value = Vec<u8>> {
         })
 }
 
-/// The routes the fuzz spreads its bodies over (/v1/embeddings answers 404 where that
-/// route is not built in).
+/// The routes the fuzz spreads its bodies over.
 const ROUTES: [&str; 4] = [
     "/v1/chat/completions",
     "/v1/completions",
@@ -795,18 +794,13 @@ fn fuzz_model(model: &str, extra: &[&str], seed: u8, clients: usize) {
          0 crashes, 0 5xx; stats {st}",
         bodies.len()
     );
-    // Every body of a generating route was counted (embeddings may count too, once built).
-    let generating: usize = counts[..3].iter().map(|c| c[0] + c[1]).sum();
-    let requests = st["requests"].as_u64().unwrap() as usize;
+    // Every body was counted, on every route.
+    assert_eq!(st["requests"], FUZZ_CASES, "every body was answered: {st}");
     assert!(
-        (generating..=FUZZ_CASES as usize).contains(&requests),
-        "every body was answered: {generating} bodies to the generating routes: {st}"
-    );
-    assert!(
-        ok >= generating / 8,
+        ok >= bodies.len() / 8,
         "the fuzz should reach the model, not only the parser"
     );
-    for (route, [fine, refused]) in ROUTES.iter().zip(counts).take(3) {
+    for (route, [fine, refused]) in ROUTES.iter().zip(counts) {
         assert!(
             fine * 20 >= fine + refused,
             "{route}: the fuzz should reach the model, not only the parser"
