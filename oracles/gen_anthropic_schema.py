@@ -15,28 +15,17 @@ Pydantic leaves extra keys open; these schemas keep that (the client ignores unk
 """
 
 import argparse
-import json
-import os
+import functools
 from typing import Union
 
 import anthropic
-import pydantic
 from anthropic.types import (ErrorResponse, Message, MessageTokensCount,
                              RawMessageStreamEvent)
 
+import gen_responses_schema
 
-def dump(kind, name, out_dir, path):
-    schema = pydantic.TypeAdapter(kind).json_schema(mode="validation")
-    schema["x-provenance"] = {
-        "generator": "oracles/gen_anthropic_schema.py",
-        "anthropic": anthropic.__version__,
-        "pydantic": pydantic.__version__,
-        "model": name,
-    }
-    with open(os.path.join(out_dir, path), "w") as f:
-        json.dump(schema, f, indent=1, sort_keys=True)
-        f.write("\n")
-    print(f"{path}: {name}, {len(schema.get('$defs', {}))} definitions")
+dump = functools.partial(gen_responses_schema.dump, client=anthropic,
+                         generator="oracles/gen_anthropic_schema.py")
 
 
 def main():

@@ -19,11 +19,13 @@ import pydantic
 from openai.types.responses import Response, ResponseStreamEvent
 
 
-def dump(kind, name, out_dir, path):
+def dump(kind, name, out_dir, path, client=openai, generator="oracles/gen_responses_schema.py"):
+    """`kind`'s JSON Schema (named `name`) written to out_dir/path, with its provenance: the
+    generator, the `client` package's version, pydantic's. Shared by gen_anthropic_schema.py."""
     schema = pydantic.TypeAdapter(kind).json_schema(mode="validation")
     schema["x-provenance"] = {
-        "generator": "oracles/gen_responses_schema.py",
-        "openai": openai.__version__,
+        "generator": generator,
+        client.__name__: client.__version__,
         "pydantic": pydantic.__version__,
         "model": name,
     }

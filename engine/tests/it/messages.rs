@@ -27,13 +27,7 @@ const TOOLS_MODEL: &str = "tiny-qwen3-tools";
 const KEY: &str = "k3y";
 
 fn schema(name: &str) -> jsonschema::Validator {
-    let path = common::goldens().join("serve").join(name);
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert!(
-        s["x-provenance"]["anthropic"].is_string(),
-        "{name}: no provenance"
-    );
-    jsonschema::validator_for(&s).unwrap()
+    common::client_schema(name, "anthropic")
 }
 
 struct Schemas {
@@ -55,8 +49,7 @@ impl Schemas {
 }
 
 fn valid(v: &jsonschema::Validator, doc: &Value, what: &str) -> Result<(), String> {
-    v.validate(doc)
-        .map_err(|e| format!("{what} does not validate against the anthropic schema: {e}\n{doc}"))
+    common::client_valid(v, doc, what, "anthropic")
 }
 
 fn server(model: &str, extra: &[&str], plant: Option<&str>) -> Server {

@@ -27,13 +27,7 @@ const TOOLS_MODEL: &str = "tiny-qwen3-tools";
 const SKY: &str = "What color is the sky?";
 
 fn schema(name: &str) -> jsonschema::Validator {
-    let path = common::goldens().join("serve").join(name);
-    let s: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    assert!(
-        s["x-provenance"]["openai"].is_string(),
-        "{name}: no provenance"
-    );
-    jsonschema::validator_for(&s).unwrap()
+    common::client_schema(name, "openai")
 }
 
 struct Schemas {
@@ -51,8 +45,7 @@ impl Schemas {
 }
 
 fn valid(v: &jsonschema::Validator, doc: &Value, what: &str) -> Result<(), String> {
-    v.validate(doc)
-        .map_err(|e| format!("{what} does not validate against the openai schema: {e}\n{doc}"))
+    common::client_valid(v, doc, what, "openai")
 }
 
 fn server(model: &str, plant: Option<&str>) -> Server {

@@ -95,62 +95,63 @@ fn serve_in_process(model: &std::path::Path, extra: &[String]) -> Result<u16> {
 /// The model the agent exchange of `serve-check` runs on (trained to call a tool).
 const TOOLS_MODEL: &str = "tiny-qwen3-tools";
 
-/// oracles/openai_client.py (with `extra` arguments) against our server on `port`; a
-/// `quiet` run prints nothing of its own.
-fn openai_client(port: u16, extra: &[&str], quiet: bool) -> Result<bool> {
+/// An oracle client script (`oracles/SCRIPT`) against `base_url` with `args`; with
+/// `--plant` among them the run prints nothing of its own (it is expected to fail).
+fn oracle_client(script: &str, base_url: String, args: &[&str]) -> Result<bool> {
     let mut cmd = std::process::Command::new(harness::oracle::python());
-    cmd.arg(harness::oracle::repo_root().join("oracles/openai_client.py"))
+    cmd.arg(harness::oracle::repo_root().join("oracles").join(script))
         .arg("--base-url")
-        .arg(format!("http://127.0.0.1:{port}/v1"))
-        .args(extra);
-    if quiet {
+        .arg(base_url)
+        .args(args);
+    if args.contains(&"--plant") {
         cmd.stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null());
     }
     Ok(cmd
         .status()
-        .context("running oracles/openai_client.py")?
+        .with_context(|| format!("running oracles/{script}"))?
         .success())
+}
+
+/// `--plant` when `plant`.
+fn planted(plant: bool) -> &'static [&'static str] {
+    if plant {
+        &["--plant"]
+    } else {
+        &[]
+    }
+}
+
+/// oracles/openai_client.py (with `extra` arguments) against our server on `port`.
+fn openai_client(port: u16, extra: &[&str]) -> Result<bool> {
+    oracle_client(
+        "openai_client.py",
+        format!("http://127.0.0.1:{port}/v1"),
+        extra,
+    )
 }
 
 /// oracles/openai_responses.py (the client's `responses.create`) against our server on
 /// `port`; `plant`: its second turn without previous_response_id, which must fail.
 fn openai_responses(port: u16, plant: bool) -> Result<bool> {
-    let mut cmd = std::process::Command::new(harness::oracle::python());
-    cmd.arg(harness::oracle::repo_root().join("oracles/openai_responses.py"))
-        .arg("--base-url")
-        .arg(format!("http://127.0.0.1:{port}/v1"));
-    if plant {
-        cmd.arg("--plant")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-    }
-    Ok(cmd
-        .status()
-        .context("running oracles/openai_responses.py")?
-        .success())
+    oracle_client(
+        "openai_responses.py",
+        format!("http://127.0.0.1:{port}/v1"),
+        planted(plant),
+    )
 }
 
 /// oracles/anthropic_client.py (the official `anthropic` client's Messages API) against our
 /// server on `port`: the basic group, or with `agent` the agent exchange on the tools model;
 /// `plant`: its planted client-side difference, which must fail.
 fn anthropic_client(port: u16, agent: bool, plant: bool) -> Result<bool> {
-    let mut cmd = std::process::Command::new(harness::oracle::python());
-    cmd.arg(harness::oracle::repo_root().join("oracles/anthropic_client.py"))
-        .arg("--base-url")
-        .arg(format!("http://127.0.0.1:{port}"));
-    if agent {
-        cmd.arg("--agent");
-    }
-    if plant {
-        cmd.arg("--plant")
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null());
-    }
-    Ok(cmd
-        .status()
-        .context("running oracles/anthropic_client.py")?
-        .success())
+    let mut args = if agent { vec!["--agent"] } else { vec![] };
+    args.extend(planted(plant));
+    oracle_client(
+        "anthropic_client.py",
+        format!("http://127.0.0.1:{port}"),
+        &args,
+    )
 }
 
 /// oracles/prometheus_check.py: our server's /metrics on `port` scraped and parsed by the
@@ -158,20 +159,12 @@ fn anthropic_client(port: u16, agent: bool, plant: bool) -> Result<bool> {
 /// the exposition broken (`--plant`), which the parser must refuse. Fails if either goes
 /// the wrong way.
 fn prometheus_check(port: u16) -> Result<()> {
-    let run = |plant: bool| -> Result<bool> {
-        let mut cmd = std::process::Command::new(harness::oracle::python());
-        cmd.arg(harness::oracle::repo_root().join("oracles/prometheus_check.py"))
-            .arg("--base-url")
-            .arg(format!("http://127.0.0.1:{port}"));
-        if plant {
-            cmd.arg("--plant")
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null());
-        }
-        Ok(cmd
-            .status()
-            .context("running oracles/prometheus_check.py")?
-            .success())
+    let run = |plant: bool| {
+        oracle_client(
+            "prometheus_check.py",
+            format!("http://127.0.0.1:{port}"),
+            planted(plant),
+        )
     };
     println!(
         "== {}: /metrics through the Prometheus parser",
@@ -192,7 +185,7 @@ pub fn run() -> Result<()> {
     let model = harness::goldens::model_dir(super::DEFAULT_MODEL)?;
     println!("== {}: the openai client", super::DEFAULT_MODEL);
     let port = serve_in_process(&model, &[])?;
-    let basic = openai_client(port, &[], false)?;
+    let basic = openai_client(port, &[])?;
     println!(
         "== {}: the openai client's Responses API",
         super::DEFAULT_MODEL
@@ -216,8 +209,8 @@ pub fn run() -> Result<()> {
     let tools = harness::goldens::model_dir(TOOLS_MODEL)?;
     println!("== {TOOLS_MODEL}: an agent exchange with the openai client");
     let port = serve_in_process(&tools, &[])?;
-    let agent = openai_client(port, &["--agent"], false)?;
-    if openai_client(port, &["--agent", "--plant"], true)? {
+    let agent = openai_client(port, &["--agent"])?;
+    if openai_client(port, &["--agent", "--plant"])? {
         bail!("the agent exchange's planted difference (requests without tools) was not caught");
     }
     println!("planted difference caught");

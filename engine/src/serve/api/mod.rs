@@ -13,7 +13,7 @@ pub mod parts;
 
 use std::marker::PhantomData;
 
-use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, MapAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeOwned, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 use super::error::ApiError;
@@ -71,6 +71,37 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
             }
         }
         d.deserialize_map(ObjVisitor(PhantomData)).map(Obj)
+    }
+}
+
+/// A field that is a string or a list of `T` (a Messages content, a Responses input): one
+/// visitor, so a bad element keeps its path (`messages[0].content[1].type`).
+#[derive(Debug)]
+pub enum TextOr<T> {
+    Text(String),
+    List(Vec<T>),
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for TextOr<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = TextOr<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<TextOr<T>, E> {
+                Ok(TextOr::Text(s.to_owned()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextOr<T>, A::Error> {
+                let mut list = Vec::new();
+                while let Some(x) = seq.next_element()? {
+                    list.push(x);
+                }
+                Ok(TextOr::List(list))
+            }
+        }
+        d.deserialize_any(V(PhantomData))
     }
 }
 

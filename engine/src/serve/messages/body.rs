@@ -4,11 +4,10 @@
 //! taken as the Responses body takes them. Null reads as absent. Content blocks are read
 //! loosely here (every block kind's fields in one struct) and checked by kind in `input`.
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::super::api::Obj;
+use super::super::api::{Obj, TextOr};
 
 /// A Messages body. `max_tokens` is required for a generation, not for count_tokens
 /// (checked in `input`).
@@ -93,34 +92,7 @@ pub struct MessageParam {
 }
 
 /// A content: a string, or a list of content blocks.
-#[derive(Debug)]
-pub enum Content {
-    Text(String),
-    Blocks(Vec<Obj<Block>>),
-}
-
-impl<'de> Deserialize<'de> for Content {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Content;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or a list of content blocks")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Content, E> {
-                Ok(Content::Text(s.to_owned()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
-                let mut blocks = Vec::new();
-                while let Some(b) = seq.next_element()? {
-                    blocks.push(b);
-                }
-                Ok(Content::Blocks(blocks))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+pub type Content = TextOr<Obj<Block>>;
 
 /// A content block of any kind: `type` says which of the fields it reads.
 #[derive(Debug, Deserialize)]

@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 
 use super::super::api::chat::template_kwargs;
 use super::super::api::knobs::{Knobs, Stop};
-use super::super::api::{read, read_at, Obj};
+use super::super::api::{read, read_at, Obj, TextOr};
 use super::super::error::ApiError;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::super::tools::{Family, Markers};
@@ -130,8 +130,8 @@ pub fn translate(
 /// `system`: a string, or text blocks joined with a blank line between them.
 fn system_text(c: Content) -> Result<String, ApiError> {
     match c {
-        Content::Text(s) => Ok(s),
-        Content::Blocks(blocks) => {
+        TextOr::Text(s) => Ok(s),
+        TextOr::List(blocks) => {
             let mut parts = Vec::new();
             for (j, Obj(b)) in blocks.into_iter().enumerate() {
                 parts.push(text_block(b, &format!("system[{j}]"))?);
@@ -176,14 +176,14 @@ fn unsupported(kind: &str, at: &str) -> ApiError {
 /// One message, appended as the template's chat messages.
 fn message(m: MessageParam, at: &str, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let blocks = match m.content {
-        Content::Text(s) => {
+        TextOr::Text(s) => {
             match m.role.as_str() {
                 "user" | "assistant" => out.push(json!({"role": m.role, "content": s})),
                 _ => return Err(bad_role(&m.role, at)),
             }
             return Ok(());
         }
-        Content::Blocks(b) => b,
+        TextOr::List(b) => b,
     };
     match m.role.as_str() {
         "user" => user(blocks, at, out),
@@ -223,8 +223,8 @@ fn user(blocks: Vec<Obj<Block>>, at: &str, out: &mut Vec<Value>) -> Result<(), A
                 let mut content = match &b.content {
                     None => String::new(),
                     Some(v) => match read_at::<Content>(v, &format!("{bat}.content"))? {
-                        Content::Text(s) => s,
-                        Content::Blocks(inner) => {
+                        TextOr::Text(s) => s,
+                        TextOr::List(inner) => {
                             let mut parts = Vec::new();
                             for (k, Obj(ib)) in inner.into_iter().enumerate() {
                                 parts.push(text_block(ib, &format!("{bat}.content[{k}]"))?);

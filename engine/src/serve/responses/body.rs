@@ -2,13 +2,13 @@
 //! body and of `text` refused, as OpenAI refuses them; null reads as absent). `input`
 //! turns a `Body` into the one internal request.
 
-use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use super::super::api::knobs::Stop;
 use super::super::api::parts::{self, Kinds};
-use super::super::api::Obj;
+use super::super::api::{Obj, TextOr};
 
 /// A Responses body. The engine's own sampling knobs (seed … chat_template_kwargs) are
 /// taken as the chat route takes them.
@@ -74,34 +74,7 @@ enum Truncation {
 }
 
 /// `input`: a string (one user message) or a list of items.
-#[derive(Debug)]
-pub enum Input {
-    Text(String),
-    Items(Vec<Obj<Item>>),
-}
-
-impl<'de> Deserialize<'de> for Input {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Input;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string or a non-empty list of input items")
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<Input, E> {
-                Ok(Input::Text(s.to_owned()))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Input, A::Error> {
-                let mut items = Vec::new();
-                while let Some(item) = seq.next_element()? {
-                    items.push(item);
-                }
-                Ok(Input::Items(items))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
+pub type Input = TextOr<Obj<Item>>;
 
 /// An input item: `message` (`type` may be left out when `role` is there),
 /// `function_call`, `function_call_output` or `reasoning`; the fields its kind reads.

@@ -7,7 +7,7 @@ use serde_json::{json, Map, Value};
 
 use super::super::api::chat::template_kwargs;
 use super::super::api::knobs::Knobs;
-use super::super::api::{read, read_at, Obj};
+use super::super::api::{read, read_at, Obj, TextOr};
 use super::super::error::ApiError;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::body::{Body, Format, Input, Item, Parts, Text, Tool, ToolChoice};
@@ -187,12 +187,12 @@ fn previous(store: &Store, id: &str) -> Result<Vec<Value>, Refused> {
 /// `input`: a string (one user message) or a list of items, appended as chat messages.
 fn items(input: Input, out: &mut Vec<Value>) -> Result<(), ApiError> {
     let list = match input {
-        Input::Text(s) => {
+        TextOr::Text(s) => {
             out.push(json!({"role": "user", "content": s}));
             return Ok(());
         }
-        Input::Items(list) if !list.is_empty() => list,
-        Input::Items(_) => {
+        TextOr::List(list) if !list.is_empty() => list,
+        TextOr::List(_) => {
             return Err(bad(
                 "input",
                 "input must be a string or a non-empty list of input items",

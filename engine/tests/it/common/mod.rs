@@ -131,3 +131,27 @@ pub fn bytes(a: &mlx_rs::Array) -> Vec<u8> {
     v.eval().unwrap();
     v.as_slice::<u8>().to_vec()
 }
+
+/// A JSON Schema dumped from an official client's types (goldens/serve/NAME, whose
+/// provenance names the `client` package it came from), as a validator.
+pub fn client_schema(name: &str, client: &str) -> jsonschema::Validator {
+    let path = goldens().join("serve").join(name);
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    assert!(
+        s["x-provenance"][client].is_string(),
+        "{name}: no provenance"
+    );
+    jsonschema::validator_for(&s).unwrap()
+}
+
+/// `doc` against a client schema: Err says which document (`what`) and why.
+pub fn client_valid(
+    v: &jsonschema::Validator,
+    doc: &serde_json::Value,
+    what: &str,
+    client: &str,
+) -> Result<(), String> {
+    v.validate(doc)
+        .map_err(|e| format!("{what} does not validate against the {client} schema: {e}\n{doc}"))
+}
