@@ -7,9 +7,10 @@ Without `--agent` (goldens/models/tiny-llama-trained, which answers "What color 
 with "The sky is blue.": five tokens and the EOS, output_tokens 6 as the chat route counts
 them): messages.create plain and streamed (the client's typed events), the messages.stream
 helper, count_tokens equal to a real request's input_tokens, a system prompt, stop_sequences,
-max_tokens, the prompt cache (cache_read_input_tokens on a repeat), and an error case. Every
-whole answer is also validated strictly against the client's own pydantic model
-(`Message.model_validate_json`), every raw stream event against `RawMessageStreamEvent`.
+max_tokens, structured outputs (output_config.format), the prompt cache
+(cache_read_input_tokens on a repeat), and an error case. Every whole answer is also
+validated strictly against the client's own pydantic model (`Message.model_validate_json`),
+every raw stream event against `RawMessageStreamEvent`.
 With `--plant` count_tokens is asked without the system prompt (the check must fail).
 
 With `--agent` (goldens/models/tiny-qwen3-tools, trained on these exchanges by
@@ -135,6 +136,17 @@ def basic(client, args, model):
     r = create_validated(client, model=model, max_tokens=2, messages=SKY)
     check("max_tokens", r.stop_reason == "max_tokens" and r.usage.output_tokens == 2,
           (text_of(r), r.stop_reason))
+
+    schema = {"type": "object", "properties": {"sky": {"enum": ["blue", "grey"]}},
+              "required": ["sky"], "additionalProperties": False}
+    r = create_validated(client, model=model, max_tokens=64, messages=SKY,
+                         output_config={"format": {"type": "json_schema", "schema": schema}})
+    try:
+        doc = json.loads(text_of(r))
+        ok = isinstance(doc, dict) and set(doc) == {"sky"} and doc["sky"] in ("blue", "grey")
+    except ValueError:
+        ok = False
+    check("output_config.format json_schema", ok, repr(text_of(r)))
 
     try:
         client.messages.create(model=model, max_tokens=0, messages=SKY)

@@ -380,6 +380,9 @@ pub enum Defect {
     /// (`tests/it/embeddings.rs`: a stream sent while a long request is being embedded no
     /// longer ends first).
     EmbedHoldsTheLane,
+    /// Serve, /v1/messages: `output_config.format` (structured outputs) never reaches the
+    /// constrained sampler. Caught by the format gate (`tests/it/messages.rs`).
+    MessagesOutputFormatIgnored,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -548,6 +551,7 @@ pub fn on_from_env() -> Result<(), String> {
             "BatchUnmaskedPadding" => Defect::BatchUnmaskedPadding,
             "EmbedPoolsBeforeLast" => Defect::EmbedPoolsBeforeLast,
             "EmbedHoldsTheLane" => Defect::EmbedHoldsTheLane,
+            "MessagesOutputFormatIgnored" => Defect::MessagesOutputFormatIgnored,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

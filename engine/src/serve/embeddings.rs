@@ -11,12 +11,10 @@
 //! Texts are tokenized on the HTTP side with the tokenizer's special tokens, as
 //! sentence-transformers feeds the model (Qwen3-Embedding's post-processor appends its
 //! end-of-text token); token ids are taken as given, each checked against the vocabulary.
-//! The inputs then go to the model thread as one job (`lane`), which embeds one input per
+//! The inputs then go to the model thread as one job (`worker::embed`), which embeds one input per
 //! turn between generation steps, so embeddings never hold a running generation up for long.
 //! Every malformed body is a 400 naming the field; nothing a client sends reaches MLX
 //! unchecked.
-
-mod lane;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -32,10 +30,8 @@ use base64::Engine as _;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-pub use lane::{EmbedJob, Pending};
-
 use super::error::ApiError;
-use super::worker::{QueueSlot, Work};
+use super::worker::{EmbedJob, QueueSlot, Work};
 use super::AppState;
 
 /// At most this many inputs in one request (OpenAI's limit).

@@ -57,10 +57,34 @@ pub enum Event {
     },
     Failed(ApiError),
     /// The prompt's prefill progress, after a chunk (`return_progress`; `progress`).
-    Progress(super::progress::Progress),
+    Progress(Progress),
     /// Several events at once, in order (what a slow client had not taken yet, then the
     /// last event).
     Batch(Vec<Event>),
+}
+
+/// A prompt's prefill progress (llama.cpp's `prompt_progress`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Progress {
+    /// Prompt tokens.
+    pub total: usize,
+    /// Prompt tokens served from the prompt cache.
+    pub cache: usize,
+    /// Prompt tokens in the caches so far, the cached ones included.
+    pub processed: usize,
+    /// Milliseconds since the prefill began.
+    pub time_ms: f64,
+}
+
+impl Progress {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "total": self.total,
+            "cache": self.cache,
+            "processed": self.processed,
+            "time_ms": self.time_ms,
+        })
+    }
 }
 
 /// A finished request's token counts, as `usage` reports them.

@@ -1,4 +1,7 @@
-//! OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx.
+//! OpenAI-style errors: `{"error": {"message", "type", "param", "code"}}` with a 4xx/5xx
+//! (Anthropic's shape for the Messages API: `anthropic`).
+
+pub mod anthropic;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};

@@ -74,8 +74,8 @@ pub async fn check(State(s): State<Arc<AppState>>, request: Request, next: Next)
             s.counters
                 .rejected
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if super::messages::owns(request.uri().path()) {
-                return super::messages::reshape(e).await;
+            if super::error::anthropic::owns(request.uri().path()) {
+                return super::error::anthropic::reshape(e).await;
             }
             e.into_response()
         }

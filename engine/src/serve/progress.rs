@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use futures_util::Stream;
 use tokio::sync::mpsc::WeakSender;
 
-use super::emit::Event;
+use super::emit::{Event, Progress};
 
 /// The keep-alive comment's text (`: keep-alive`).
 pub const KEEP_ALIVE_TEXT: &str = "keep-alive";
@@ -56,30 +56,6 @@ where
             .keep_alive(how.interval(every))
             .into_response(),
         None => Sse::new(events).into_response(),
-    }
-}
-
-/// A prompt's prefill progress (llama.cpp's `prompt_progress`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Progress {
-    /// Prompt tokens.
-    pub total: usize,
-    /// Prompt tokens served from the prompt cache.
-    pub cache: usize,
-    /// Prompt tokens in the caches so far, the cached ones included.
-    pub processed: usize,
-    /// Milliseconds since the prefill began.
-    pub time_ms: f64,
-}
-
-impl Progress {
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "total": self.total,
-            "cache": self.cache,
-            "processed": self.processed,
-            "time_ms": self.time_ms,
-        })
     }
 }
 

@@ -95,28 +95,6 @@ pub struct GenRequest {
     pub think_budget: Option<usize>,
 }
 
-impl GenRequest {
-    /// The request's sampler on the model thread (either lane): its settings, its
-    /// grammar, and its thinking budget over the model's thinking markers (none when the
-    /// model has none: then it writes no thinking block to close).
-    pub fn sampler(
-        &self,
-        tokenizer: &std::sync::Arc<crate::load::tokenizer::Tokenizer>,
-        markers: &super::tools::Markers,
-    ) -> Result<crate::generate::sampler::Sampler, String> {
-        use crate::generate::budget::ThinkBudget;
-        let s = crate::generate::sampler::Sampler::new(self.sampling.clone())
-            .map_err(|e| e.to_string())?;
-        let s = crate::generate::sampler::constrain(s, tokenizer, self.constraint.as_ref())?;
-        let budget = self.think_budget.zip(markers.thinking.as_ref());
-        Ok(s.with_budget(budget.map(|(budget, t)| ThinkBudget {
-            start_ids: t.start_ids.clone(),
-            end_ids: t.end_ids.clone(),
-            budget: budget.max(1),
-        })))
-    }
-}
-
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie
 /// past the model's embedding): MLX's gather does not check its indices.
 pub fn check_ids(ids: &[u32], vocab: usize, field: &str) -> Result<(), ApiError> {

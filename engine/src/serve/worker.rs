@@ -7,6 +7,8 @@
 //! noticed at the next token and its generation stops there. A request that fails — an
 //! MLX error, even a panic — fails alone; the thread goes on.
 
+mod embed;
+
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering;
@@ -28,17 +30,18 @@ use crate::generate::drafter::Decode;
 use crate::generate::{Finish, Session, SessionOptions};
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
+pub use embed::{EmbedJob, Pending};
 
 /// Requests held per `--interleave` / `--batch` slot at most, counting those waiting on
 /// their clients (paused or parked; each holds its KV caches until its stall timeout).
 pub const PAUSED_PER_SLOT: usize = 4;
 
-/// What the model thread is sent: a generation, or an embeddings request (`embeddings`).
+/// What the model thread is sent: a generation, or an embeddings request (`embed`).
 /// Unboxed: a generation was sent by value before, and the queue holds few.
 #[allow(clippy::large_enum_variant)]
 pub enum Work {
     Generate(Job),
-    Embed(super::embeddings::EmbedJob),
+    Embed(EmbedJob),
 }
 
 pub struct Job {
@@ -96,7 +99,7 @@ pub struct Worker {
     /// Rank 0 of a distributed group: what it shares with the followers (`dist_plan`).
     pub dist: Option<super::dist_plan::Leader>,
     /// Embeddings requests being answered, one input per round (`embeddings`).
-    pub embeds: super::embeddings::Pending,
+    pub embeds: Pending,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -280,7 +283,7 @@ impl Worker {
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         }
-        let sampler = request.sampler(&self.tokenizer, &self.markers);
+        let sampler = self.markers.sampler(&request, &self.tokenizer);
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {

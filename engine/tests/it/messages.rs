@@ -332,6 +332,29 @@ fn refusals(api: &Api, s: &Schemas) -> Result<usize, String> {
     Ok(cases.len() + 3)
 }
 
+/// Structured outputs: an `output_config.format` answer is JSON valid under its schema
+/// (the untrained answer, "The sky is blue.", is not); a format of another type is a 400
+/// naming `output_config.format.type`.
+fn format_gate(api: &Api) -> Result<(), String> {
+    let schema = json!({"type": "object", "properties": {"sky": {"enum": ["blue", "grey"]}},
+        "required": ["sky"], "additionalProperties": false});
+    let body = json!({"model": "m", "max_tokens": 64, "messages": user("What color is the sky?"),
+        "output_config": {"format": {"type": "json_schema", "schema": schema}}});
+    let m = api.create(&body)?;
+    let text = m["content"][0]["text"].as_str().unwrap_or_default();
+    let doc: Value = serde_json::from_str(text).map_err(|e| format!("not JSON ({e}): {m}"))?;
+    if !jsonschema::is_valid(&schema, &doc) {
+        return Err(format!("the answer does not match its schema: {text}"));
+    }
+    let mut bad = body.clone();
+    bad["output_config"]["format"]["type"] = json!("regex");
+    let (code, text) = api.raw("/v1/messages", &bad);
+    if code != 400 || !text.contains("output_config.format.type") {
+        return Err(format!("a regex format: status {code}: {text}"));
+    }
+    Ok(())
+}
+
 #[test]
 fn messages_and_stream_events_match_the_anthropic_client_schemas() {
     let s = Schemas::load();
@@ -396,11 +419,12 @@ fn messages_and_stream_events_match_the_anthropic_client_schemas() {
     assert_eq!(code, 200);
     let e = refusals(&api, &s).unwrap();
     println!("shape gate: {n} documents, {e} refusals valid against anthropic's schemas");
+    format_gate(&api).unwrap();
     drop(llama);
     let planted = server(
         LLAMA,
         &[],
-        Some("MessagesStopReasonMisnamed,MessagesEventsOutOfOrder"),
+        Some("MessagesStopReasonMisnamed,MessagesEventsOutOfOrder,MessagesOutputFormatIgnored"),
     );
     let api = Api {
         port: planted.port,
@@ -418,6 +442,12 @@ fn messages_and_stream_events_match_the_anthropic_client_schemas() {
     assert!(
         caught.is_err(),
         "the order check missed message_delta before content_block_stop"
+    );
+    let caught = format_gate(&api);
+    println!("planted MessagesOutputFormatIgnored: {caught:?}");
+    assert!(
+        caught.is_err(),
+        "the format gate missed an output_config.format that never reached the sampler"
     );
 }
 

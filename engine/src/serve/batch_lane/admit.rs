@@ -84,7 +84,7 @@ impl Worker {
             emit.end_cut(&self.counters);
             return None;
         }
-        let sampler = request.sampler(&self.tokenizer, &self.markers);
+        let sampler = self.markers.sampler(&request, &self.tokenizer);
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {

@@ -47,8 +47,8 @@ pub struct Body {
     diagnostics: Option<Map<String, Value>>,
     #[allow(dead_code)]
     inference_geo: Option<String>,
-    #[allow(dead_code)]
-    output_config: Option<Map<String, Value>>,
+    /// `format` read (structured outputs); the rest for its type.
+    pub output_config: Option<Obj<OutputConfig>>,
     #[allow(dead_code)]
     speed: Option<String>,
     #[allow(dead_code)]
@@ -73,6 +73,24 @@ pub struct Body {
     thread: Option<Value>,
     #[allow(dead_code)]
     betas: Option<Vec<String>>,
+}
+
+/// `output_config`: `format` is Anthropic's structured outputs; `effort` is read for its
+/// type (later fields pass, as the client may add them).
+#[derive(Debug, Deserialize)]
+pub struct OutputConfig {
+    #[allow(dead_code)]
+    effort: Option<String>,
+    pub format: Option<Obj<OutputFormat>>,
+}
+
+/// `output_config.format`: `{"type": "json_schema", "schema": {…}}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub schema: Map<String, Value>,
 }
 
 /// `metadata`: `{user_id}`, read for its type.

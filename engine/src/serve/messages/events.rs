@@ -232,8 +232,3 @@ impl Machine {
         (out, message)
     }
 }
-
-/// An error in Anthropic's shape, as a stream's `error` event or a body.
-pub fn error(kind: &str, message: &str) -> Value {
-    json!({"type": "error", "error": {"type": kind, "message": message}})
-}

@@ -25,7 +25,8 @@ use super::super::api::{read, read_at, Obj, TextOr};
 use super::super::error::ApiError;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::super::tools::{Family, Markers};
-use super::body::{Block, Body, Content, MessageParam, Thinking, Tool, ToolChoice};
+use super::body::{Block, Body, Content, MessageParam, OutputConfig, Thinking, Tool, ToolChoice};
+use crate::plant::{self, Defect};
 
 /// What a Messages request becomes.
 pub struct Translated {
@@ -115,6 +116,7 @@ pub fn translate(
         frequency_penalty: b.frequency_penalty,
         stream: b.stream,
         stop: b.stop_sequences.map(Stop),
+        response_format: output_format(b.output_config)?,
         ..Knobs::default()
     };
     let mut request = knobs
@@ -433,10 +435,34 @@ fn thinking(
 
 /// An error of the generation fields' checks (`Knobs`), named by the Messages field.
 fn renamed(mut e: ApiError) -> ApiError {
-    if e.param.as_deref() == Some("stop") {
-        e.param = Some("stop_sequences".into());
+    match e.param.as_deref() {
+        Some("stop") => e.param = Some("stop_sequences".into()),
+        Some("response_format") => e.param = Some("output_config.format".into()),
+        _ => {}
     }
     e
+}
+
+/// `output_config.format` (Anthropic's structured outputs) as the chat route's
+/// `response_format`: the answer's text is constrained to the schema (`engine::constrain`).
+fn output_format(config: Option<Obj<OutputConfig>>) -> Result<Option<Value>, ApiError> {
+    let Some(Obj(format)) = config.and_then(|Obj(c)| c.format) else {
+        return Ok(None);
+    };
+    if format.kind != "json_schema" {
+        return Err(ApiError::field(
+            "output_config.format.type",
+            format!(
+                "output_config.format.type must be \"json_schema\", not \"{}\"",
+                format.kind
+            ),
+        ));
+    }
+    if plant::is(Defect::MessagesOutputFormatIgnored) {
+        return Ok(None);
+    }
+    Ok(Some(json!({"type": "json_schema",
+        "json_schema": {"name": "output", "schema": format.schema, "strict": true}})))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! completion gets (`input`), run on the model thread as any chat completion, on either
 //! lane, and its deltas become content blocks and stream events (`events`). Errors, the
 //! guard's included, are Anthropic's `{"type": "error", "error": {"type", "message"}}`
-//! with its statuses (`reshape`).
+//! with its statuses (`error::anthropic`).
 
 mod body;
 mod events;
@@ -21,9 +21,10 @@ use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::emit::Event;
+use super::error::anthropic::{kind, reshape, response as anthropic};
 use super::error::ApiError;
 use super::responses::sse;
 use super::{routes, AppState};
@@ -49,62 +50,6 @@ async fn not_found() -> Response {
     )
     .with_status(StatusCode::NOT_FOUND);
     anthropic(&e)
-}
-
-/// Whether `path` is one of this API's (its refusals take Anthropic's shape).
-pub fn owns(path: &str) -> bool {
-    path == "/v1/messages" || path.starts_with("/v1/messages/")
-}
-
-/// Anthropic's error `type` and status for a refusal of `status`.
-fn kind(status: StatusCode) -> (&'static str, StatusCode) {
-    match status.as_u16() {
-        400 | 415 | 422 => ("invalid_request_error", status),
-        401 => ("authentication_error", status),
-        403 => ("permission_error", status),
-        404 => ("not_found_error", status),
-        413 => ("request_too_large", status),
-        429 => ("rate_limit_error", status),
-        408 | 504 => ("timeout_error", status),
-        // Draining or a stopped model thread: Anthropic's "overloaded" (clients retry it).
-        503 | 529 => (
-            "overloaded_error",
-            StatusCode::from_u16(529).unwrap_or(status),
-        ),
-        _ => ("api_error", status),
-    }
-}
-
-/// An ApiError in Anthropic's shape.
-pub fn anthropic(e: &ApiError) -> Response {
-    let (k, status) = kind(e.status);
-    let message = match &e.param {
-        Some(p) if !e.message.contains(p.as_str()) => format!("{p}: {}", e.message),
-        _ => e.message.clone(),
-    };
-    (status, Json(events::error(k, &message))).into_response()
-}
-
-/// A refusal made in OpenAI's shape (the guard's, the queue's) in Anthropic's; its
-/// headers (Retry-After, WWW-Authenticate) kept.
-pub async fn reshape(r: Response) -> Response {
-    let (parts, body) = r.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20)
-        .await
-        .unwrap_or_default();
-    let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    let message = v["error"]["message"]
-        .as_str()
-        .unwrap_or("the request was refused")
-        .to_owned();
-    let (k, status) = kind(parts.status);
-    let mut out = (status, Json(events::error(k, &message))).into_response();
-    for (name, value) in parts.headers.iter() {
-        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
-            out.headers_mut().insert(name.clone(), value.clone());
-        }
-    }
-    out
 }
 
 async fn count_tokens(
@@ -229,7 +174,7 @@ fn streamed(
             Event::Failed(e) => {
                 ended = true;
                 let (k, _) = kind(e.status);
-                vec![events::error(k, &e.message)]
+                vec![super::error::anthropic::body(k, &e.message)]
             }
             Event::Started { .. } | Event::Progress(_) | Event::Batch(_) => Vec::new(),
         };

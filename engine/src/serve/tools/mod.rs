@@ -198,6 +198,26 @@ pub struct Markers {
 }
 
 impl Markers {
+    /// A request's sampler on the model thread (either lane): its settings, its grammar,
+    /// and its thinking budget over these thinking markers (none when the model has none:
+    /// then it writes no thinking block to close).
+    pub fn sampler(
+        &self,
+        request: &super::request::GenRequest,
+        tokenizer: &std::sync::Arc<crate::load::tokenizer::Tokenizer>,
+    ) -> Result<crate::generate::sampler::Sampler, String> {
+        use crate::generate::budget::ThinkBudget;
+        let s = crate::generate::sampler::Sampler::new(request.sampling.clone())
+            .map_err(|e| e.to_string())?;
+        let s = crate::generate::sampler::constrain(s, tokenizer, request.constraint.as_ref())?;
+        let budget = request.think_budget.zip(self.thinking.as_ref());
+        Ok(s.with_budget(budget.map(|(budget, t)| ThinkBudget {
+            start_ids: t.start_ids.clone(),
+            end_ids: t.end_ids.clone(),
+            budget: budget.max(1),
+        })))
+    }
+
     /// As mlx-lm's tokenizer `load` works them out: `tool_parser_type` from
     /// tokenizer_config.json, else inferred from `template` (the one chat template
     /// transformers exposes as a string: `--chat-template`, or the model's only one).

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use tokio::sync::oneshot;
 
+use super::{panic_error, Job, QueueSlot, Work, Worker};
 use crate::embed::{self, EmbedError, Pooling};
 use crate::plant::{self, Defect};
 use crate::serve::error::ApiError;
-use crate::serve::worker::{panic_error, Job, QueueSlot, Work, Worker};
 
 type Reply = oneshot::Sender<Result<Vec<Vec<f32>>, ApiError>>;
 
