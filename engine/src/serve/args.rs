@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// directory or a hub repo id from the local cache, as --model.
     #[arg(long, value_parser = crate::load::hub::model_arg)]
     pub draft_model: Option<PathBuf>,
+    /// A LoRA adapter to serve beside the model, as NAME=DIR (repeatable; DIR an mlx-lm
+    /// adapter directory or a hub-cache id): requests pick it with `"model": "NAME"`.
+    #[arg(long = "adapter", value_parser = super::adapters::flag)]
+    pub adapter: Vec<super::adapters::Flag>,
     /// Tokens drafted per verify pass (γ).
     #[arg(long, default_value_t = 3)]
     pub num_draft_tokens: usize,

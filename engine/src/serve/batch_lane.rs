@@ -39,6 +39,9 @@ struct Row<'w> {
     next: u32,
     /// When the row last took its slot (joined or rejoined the batch).
     since: Instant,
+    /// The request's adapter: the lane's group's (`Lane::group`).
+    #[allow(dead_code)]
+    adapter: Option<super::adapters::Use>,
 }
 
 /// Under contention (every slot busy, requests waiting), how long a row keeps its slot
@@ -65,6 +68,27 @@ struct Lane<'w> {
     /// Rows out of the batch, with their caches, while their clients catch up.
     parked: Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
     steps: usize,
+    /// The adapter every row, admission and parked row of the lane runs under (None: the
+    /// base model): rows of one adapter decode together; a request of another waits until
+    /// they are done, then the oldest waiting request's adapter runs.
+    group: Option<String>,
+}
+
+impl Lane<'_> {
+    /// No row running, being admitted or parked: the next request may switch the group.
+    fn idle(&self) -> bool {
+        self.rows.is_empty() && self.admissions.is_empty() && self.parked.is_empty()
+    }
+
+    /// Whether the oldest waiting request may start now: it runs under the group's adapter
+    /// (or the lane is idle).
+    fn admissible(&self) -> bool {
+        self.waiting.front().is_some_and(|job| {
+            self.idle()
+                || crate::plant::is(crate::plant::Defect::AdapterBatchMixed)
+                || job.adapter.as_ref().map(|u| u.name()) == self.group.as_deref()
+        })
+    }
 }
 
 impl Worker {
@@ -259,6 +283,7 @@ impl Worker {
             admissions: Vec::new(),
             parked: Vec::new(),
             steps: 0,
+            group: None,
         };
         loop {
             if !self.receive(&mut lane, &jobs) {
@@ -266,6 +291,18 @@ impl Worker {
             }
             // One embeddings input per tick, between decode steps.
             self.embed_tick();
+            // The rows' MLX work from here on runs under their group's adapter.
+            if let Err(e) = self.use_named(lane.group.as_deref()) {
+                for row in lane.rows.drain(..) {
+                    self.close(row, Outcome::Failed(e.clone()));
+                }
+                lane.batch = Batch::new(self.model.as_ref());
+                lane.inflight = None;
+            }
+            if lane.rows.is_empty() && lane.admissions.is_empty() && !lane.admissible() {
+                // Waiting for parked rows of the group to catch up or be cut.
+                std::thread::sleep(Duration::from_millis(5));
+            }
             // Parked rows are cut as any other (stalled, gone, out of time).
             for (mut row, caches) in std::mem::take(&mut lane.parked) {
                 if row.emit.check() {
@@ -336,10 +373,10 @@ impl Worker {
         let park = lane.admissions.is_empty()
             && lane.rows.len() >= slots
             && lane.parked.len() < (super::worker::PAUSED_PER_SLOT - 1) * slots
-            && (!lane.waiting.is_empty() || ready(&mut lane.parked).is_some())
+            && (lane.admissible() || ready(&mut lane.parked).is_some())
             && Self::victim(&mut lane.rows).is_some();
         let rejoin = lane.admissions.is_empty()
-            && lane.waiting.is_empty()
+            && !lane.admissible()
             && lane.rows.len() < slots
             && ready(&mut lane.parked).is_some();
         if park || rejoin {

@@ -90,6 +90,7 @@ async fn create(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejecti
 
 async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body: Body = super::api::read(&super::routes::body_json(body)?)?;
+    let adapter = s.adapters.resolve(body.model.as_deref())?;
     let inputs = inputs(body.input.as_ref(), s.defaults.vocab)?;
     let dimensions = match body.dimensions {
         Some(0) => {
@@ -129,7 +130,7 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         ));
     }
     let (reply, answer) = tokio::sync::oneshot::channel();
-    let job = EmbedJob::new(
+    let mut job = EmbedJob::new(
         ids,
         s.embedding_pooling,
         dimensions,
@@ -137,6 +138,7 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         deadline,
         queued,
     );
+    job.adapter = adapter;
     let sent = s
         .jobs
         .lock()

@@ -13,6 +13,8 @@ pub struct ApiError {
     pub message: String,
     pub param: Option<String>,
     pub kind: &'static str,
+    /// OpenAI's `code` (`model_not_found`, …); null when None.
+    pub code: Option<&'static str>,
 }
 
 /// An MLX failure while a request was being generated.
@@ -30,6 +32,7 @@ impl ApiError {
             message: message.into(),
             param: Some(param.to_owned()),
             kind: "invalid_request_error",
+            code: None,
         }
     }
 
@@ -40,11 +43,17 @@ impl ApiError {
             message: message.into(),
             param: None,
             kind: "invalid_request_error",
+            code: None,
         }
     }
 
     pub fn with_status(mut self, status: StatusCode) -> Self {
         self.status = status;
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
         self
     }
 
@@ -59,6 +68,7 @@ impl ApiError {
             message: scrub_locations(&message),
             param: None,
             kind: "server_error",
+            code: None,
         }
     }
 
@@ -67,7 +77,7 @@ impl ApiError {
             "message": self.message,
             "type": self.kind,
             "param": self.param,
-            "code": null,
+            "code": self.code,
         }})
     }
 }

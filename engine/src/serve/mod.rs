@@ -3,6 +3,7 @@
 //! `/stats`; also `/metrics` (Prometheus), `/tokenize`, `/detokenize` (llama.cpp's). HTTP
 //! runs on tokio + axum; the model runs on its own thread (`worker`).
 
+pub mod adapters;
 mod api;
 mod args;
 mod batch_lane;
@@ -117,6 +118,8 @@ pub struct AppState {
     pub sse_keep_alive: Option<Duration>,
     /// `--embedding-pooling`.
     pub embedding_pooling: crate::embed::Pooling,
+    /// The LoRA adapters mounted: names and use counts (`adapters`).
+    pub adapters: adapters::Registry,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -234,6 +237,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "plant")]
     crate::plant::on_from_env().map_err(anyhow::Error::msg)?;
     let group = dist_plan::join(&args)?;
+    anyhow::ensure!(
+        group.is_none() || args.adapter.is_empty(),
+        "--adapter is not served by a distributed group (mlx.launch): serve adapters from \
+         one process"
+    );
     let config = Config::from_args(&args)?;
     let shared = Shared {
         tokenizer: config.tokenizer.clone(),
@@ -334,6 +342,7 @@ fn load_worker(
     shared: Shared,
 ) -> anyhow::Result<worker::Worker> {
     let model = crate::model::load(&args.model)?;
+    let adapters = adapters::lane::Loaded::load(model.as_ref(), &args.adapter)?;
     let draft = match &args.draft_model {
         None => None,
         Some(d) => Some((
@@ -368,6 +377,7 @@ fn load_worker(
         limits: shared.limits,
         dist: None,
         embeds: Default::default(),
+        adapters,
     })
 }
 
@@ -382,10 +392,13 @@ fn open_ssd(
     let Some(dir) = &args.ssd_cache else {
         return Ok(None);
     };
+    // Entries are kept per adapter (their namespaces); the startup adapters are part of
+    // the store's identity too.
+    let adapter_dirs: Vec<std::path::PathBuf> = args.adapter.iter().map(|f| f.dir.clone()).collect();
     let sources = crate::cache::fingerprint::Sources {
         model: &args.model,
         draft: args.draft_model.as_deref(),
-        adapters: &[],
+        adapters: &adapter_dirs,
         chat_template: args.chat_template.as_deref(),
         kv_plan: opts.kv_quant.as_ref(),
     };
@@ -432,6 +445,7 @@ fn app_state(
         mirror.ssd.clone(),
     ));
     AppState {
+        adapters: adapters::Registry::new(&config.model_id, &args.adapter),
         model_id: config.model_id,
         created: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -513,7 +527,8 @@ async fn serve_http(
         .merge(messages::routes())
         .merge(metrics::routes())
         .merge(tokenize::routes())
-        .merge(embeddings::routes());
+        .merge(embeddings::routes())
+        .merge(adapters::routes());
     let app = routes::router(state, args.max_body_bytes, more);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());

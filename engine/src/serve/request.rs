@@ -93,6 +93,8 @@ pub struct GenRequest {
     /// Tokens a thinking block may hold before the model thread forces its end (the
     /// Messages API's `thinking.budget_tokens`; `generate::budget`).
     pub think_budget: Option<usize>,
+    /// The `model` the client named: the base model or an adapter (`adapters::Registry`).
+    pub model: Option<String>,
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

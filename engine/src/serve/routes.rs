@@ -62,9 +62,11 @@ pub fn router(state: Arc<AppState>, max_body: usize, more: Router<Arc<AppState>>
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [{
+    let mut data = vec![json!({
         "id": s.model_id, "object": "model", "created": s.created, "owned_by": "engine"
-    }]}))
+    })];
+    data.extend(super::adapters::model_entries(&s));
+    Json(json!({"object": "list", "data": data}))
 }
 
 async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
@@ -91,6 +93,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
             "serial_reason": c.serial_reason.get(),
             "batch_peak_rows": c.batch_peak.load(Ordering::Relaxed),
             "batch_parks": n(&c.batch_parks),
+            "batch_adapters": "grouped",
         },
         "speculative": {
             "drafted": n(&c.spec_drafted),
@@ -250,6 +253,10 @@ pub(super) async fn submit_started(
             "the server is shutting down",
         ));
     }
+    let adapter = s.adapters.resolve(req.model.as_deref()).map_err(|e| {
+        s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        e.into_response()
+    })?;
     // The deadline counts from arrival: time spent queued or encoding is part of it.
     let arrival = Instant::now();
     let deadline = s.limits.request_timeout.map(|d| arrival + d);
@@ -268,6 +275,7 @@ pub(super) async fn submit_started(
         events: tx,
         deadline,
         queued,
+        adapter,
     };
     let sent = s
         .jobs

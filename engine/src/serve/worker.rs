@@ -42,6 +42,8 @@ pub const PAUSED_PER_SLOT: usize = 4;
 pub enum Work {
     Generate(Job),
     Embed(EmbedJob),
+    /// Mount or unmount an adapter, between two steps (`adapters::lane`).
+    Adapter(super::adapters::lane::Op),
 }
 
 pub struct Job {
@@ -54,6 +56,8 @@ pub struct Job {
     pub deadline: Option<Instant>,
     /// Counts the job as queued until the model thread admits it (or it is dropped).
     pub queued: QueueSlot,
+    /// The adapter the request's `model` picked (None: the base model).
+    pub adapter: Option<super::adapters::Use>,
 }
 
 /// One place in the queue (`/stats` `queued`, `--max-queue`): taken by the HTTP side when a
@@ -100,6 +104,8 @@ pub struct Worker {
     pub dist: Option<super::dist_plan::Leader>,
     /// Embeddings requests being answered, one input per round (`embeddings`).
     pub embeds: Pending,
+    /// The LoRA adapters mounted (`--adapter`, `/v1/adapters`) and the one on the model.
+    pub adapters: super::adapters::lane::Loaded,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -116,6 +122,8 @@ struct Turn<'w> {
     cached: usize,
     /// The drafter's caches, behind (this request runs without drafting).
     draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    /// The request's adapter, put on the model before each of its steps.
+    adapter: Option<super::adapters::Use>,
 }
 
 pub(super) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
@@ -261,6 +269,7 @@ impl Worker {
             events,
             deadline,
             queued,
+            adapter,
         } = job;
         drop(queued);
         self.counters.running.fetch_add(1, Ordering::Relaxed);
@@ -291,13 +300,18 @@ impl Worker {
                 return None;
             }
         };
+        if let Err(e) = self.use_adapter(adapter.as_ref()) {
+            self.end_failed(emit, e);
+            return None;
+        }
+        let opts = self.opts_for(adapter.as_ref());
         emit.started(prompt_ids.len());
         let (mut caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
         };
         let mut draft_caches = Some(caches.split_off(self.model_layers()));
-        let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+        let mut session = Session::with_caches(self.model.as_ref(), &opts, caches);
         session.prefill_step = self.prefill_step;
         session.on_prefill = super::progress::prefill_hook(
             emit.weak_events(),
@@ -333,7 +347,7 @@ impl Worker {
             session,
             draft,
             lookup,
-            &self.opts,
+            &opts,
             &mut dec,
             &prompt_ids,
             cached,
@@ -350,12 +364,16 @@ impl Worker {
                 prompt_ids,
                 cached,
                 draft_caches,
+                adapter,
             }),
         }
     }
 
     /// One step (or speculative round) of one request. Some(finish) when it is over.
     fn turn(&self, t: &mut Turn<'_>) -> Result<Option<Finish>, ApiError> {
+        if !crate::plant::is(crate::plant::Defect::AdapterSetOnceAtAdmission) {
+            self.use_adapter(t.adapter.as_ref())?;
+        }
         let emit = &mut t.emit;
         let Some(lead) = &self.dist else {
             return t
@@ -378,6 +396,8 @@ impl Worker {
 
     /// Ends a request that left the turns: no MLX work left in flight, then its answer.
     fn end_turn(&self, t: Turn<'_>, result: Result<Finish, ApiError>) {
+        // Its caches are kept under its adapter's namespace.
+        let result = self.use_adapter(t.adapter.as_ref()).and(result);
         let Turn {
             emit,
             decode,
@@ -549,23 +569,24 @@ impl Worker {
         self.keep_fed(caches, tokens);
     }
 
-    // No adapters yet: every request is in the base model's namespace ("").
+    // Entries are kept and found under the namespace of the adapter on the model
+    // (`adapters::lane`), which every caller has put on for its request.
 
     /// Keeps caches holding (at least) the first tokens of `tokens` (`PromptStore::keep_fed`).
     pub(super) fn keep_fed(&self, caches: Vec<Box<dyn crate::cache::Cache>>, tokens: Vec<u32>) {
         if let Some(lead) = &self.dist {
             *lead.kept.borrow_mut() = Some(tokens.clone());
         }
-        self.store.borrow_mut().keep_fed("", caches, tokens);
+        self.store.borrow_mut().keep_fed(&self.namespace(), caches, tokens);
     }
 
     /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).
     pub(super) fn keep(&self, tokens: Vec<u32>, caches: Vec<Box<dyn crate::cache::Cache>>) {
-        self.store.borrow_mut().keep("", tokens, caches);
+        self.store.borrow_mut().keep(&self.namespace(), tokens, caches);
     }
 
     /// The longest usable cached prefix of `prompt` (`PromptStore::take`).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
-        self.store.borrow_mut().take("", prompt)
+        self.store.borrow_mut().take(&self.namespace(), prompt)
     }
 }

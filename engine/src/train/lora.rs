@@ -18,6 +18,9 @@ use crate::model::layers::{Linear, Lora};
 use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
+mod owned;
+pub use owned::{apply, OwnedAdapter};
+
 /// mlx-lm's `lora_parameters` (its `scale` is the multiplier itself, not an alpha).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoraParams {
@@ -191,6 +194,67 @@ fn refusal(model_type: &str) -> String {
     crate::model::registry::refusal(model_type, crate::model::registry::Capability::Lora)
 }
 
+/// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
+/// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
+/// model has, every tensor present with the shape its layer takes. Each selected layer with
+/// its adapter, not yet attached. Shared by `Adapters::load` and `OwnedAdapter::load`.
+fn read<'m>(
+    model: &'m dyn LanguageModel,
+    dir: &Path,
+) -> Result<(AdapterConfig, Vec<(String, Slot<'m>, Lora)>), TrainError> {
+    let path = dir.join("adapter_config.json");
+    if !path.is_file() {
+        return Err(TrainError::Config(format!(
+            "{} is not an adapter directory: it has no adapter_config.json (an adapter \
+             directory, as mlx_lm.lora or `engine train` writes it, holds adapter_config.json \
+             and adapters.safetensors)",
+            dir.display()
+        )));
+    }
+    let text = std::fs::read_to_string(&path).map_err(|e| TrainError::Io(path.clone(), e))?;
+    let config: AdapterConfig = serde_json::from_str(&text)
+        .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))?;
+    if config.fine_tune_type != "lora" {
+        return Err(TrainError::Unsupported(format!(
+            "fine_tune_type `{}` (only lora adapters load)",
+            config.fine_tune_type
+        )));
+    }
+    let file = dir.join("adapters.safetensors");
+    let tensors = Array::load_safetensors(&file)
+        .map_err(|e| TrainError::Config(format!("{}: {e}", file.display())))?;
+    let scale = config.lora_parameters.scale;
+    let mut layers = Vec::new();
+    for (name, slot) in select(model, &config)? {
+        let get = |part: &str, shape: &[i32]| {
+            let key = format!("{name}.{part}");
+            let t = tensors.get(&key).cloned().ok_or_else(|| {
+                TrainError::Config(format!(
+                    "{} has no tensor `{key}`: the adapter was not trained for this model",
+                    file.display()
+                ))
+            })?;
+            if t.shape() != shape {
+                return Err(TrainError::Config(format!(
+                    "{}: `{key}` has shape {:?}, the model's layer takes {shape:?}: the adapter \
+                     was trained for another model",
+                    file.display(),
+                    t.shape()
+                )));
+            }
+            Ok(t)
+        };
+        let lora = Lora {
+            a: get("lora_a", &slot.a_shape)?,
+            b: get("lora_b", &slot.b_shape)?,
+            scale,
+            dropout: None,
+        };
+        layers.push((name, slot, lora));
+    }
+    Ok((config, layers))
+}
+
 impl<'m> Adapters<'m> {
     /// Attaches fresh adapters: A ~ U(±1/√in) drawn from `seed`'s key sequence (one split
     /// per layer, in layer order), B zero.
@@ -217,49 +281,17 @@ impl<'m> Adapters<'m> {
         Ok(Adapters { config, slots })
     }
 
-    /// Loads adapters from a directory mlx-lm (or we) wrote.
+    /// Loads adapters from a directory mlx-lm (or we) wrote (`read`) and attaches them.
     pub fn load(model: &'m dyn LanguageModel, dir: &Path) -> Result<Self, TrainError> {
-        let path = dir.join("adapter_config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| TrainError::Io(path.clone(), e))?;
-        let config: AdapterConfig = serde_json::from_str(&text)
-            .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))?;
-        if config.fine_tune_type != "lora" {
-            return Err(TrainError::Unsupported(format!(
-                "fine_tune_type `{}` (only lora adapters load)",
-                config.fine_tune_type
-            )));
-        }
-        let file = dir.join("adapters.safetensors");
-        let tensors = Array::load_safetensors(&file)
-            .map_err(|e| TrainError::Config(format!("{}: {e}", file.display())))?;
-        let adapters = Adapters {
-            slots: select(model, &config)?,
-            config,
-        };
-        let scale = adapters.config.lora_parameters.scale;
-        for (name, slot) in &adapters.slots {
-            let get = |part: &str, shape: &[i32]| {
-                let key = format!("{name}.{part}");
-                let t = tensors.get(&key).cloned().ok_or_else(|| {
-                    TrainError::Config(format!("{} has no tensor `{key}`", file.display()))
-                })?;
-                if t.shape() != shape {
-                    return Err(TrainError::Config(format!(
-                        "{}: `{key}` has shape {:?}, the model's layer takes {shape:?}",
-                        file.display(),
-                        t.shape()
-                    )));
-                }
-                Ok(t)
-            };
-            *slot.lora.borrow_mut() = Some(Lora {
-                a: get("lora_a", &slot.a_shape)?,
-                b: get("lora_b", &slot.b_shape)?,
-                scale,
-                dropout: None,
-            });
-        }
-        Ok(adapters)
+        let (config, layers) = read(model, dir)?;
+        let slots = layers
+            .into_iter()
+            .map(|(name, slot, lora)| {
+                *slot.lora.borrow_mut() = Some(lora);
+                (name, slot)
+            })
+            .collect();
+        Ok(Adapters { config, slots })
     }
 
     /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` per layer.

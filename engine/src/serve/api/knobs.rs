@@ -35,8 +35,8 @@ pub struct Knobs {
     pub n: Option<i64>,
     pub stream: Option<bool>,
     pub stream_options: Option<Obj<StreamOptions>>,
-    /// Checked only: the server runs one model, whatever a request names.
-    #[allow(dead_code)]
+    /// The base model or an adapter (`adapters::Registry::resolve`); with no adapter
+    /// mounted, any name goes to the model.
     pub model: Option<String>,
     pub top_logprobs: Option<i64>,
     pub num_draft_tokens: Option<i64>,
@@ -152,6 +152,7 @@ impl Knobs {
             constraint,
             return_progress: self.return_progress.unwrap_or(false),
             think_budget: None,
+            model: self.model.clone(),
         })
     }
 

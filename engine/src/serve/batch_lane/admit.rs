@@ -48,10 +48,18 @@ impl Admission<'_> {
 impl Worker {
     /// Starts admitting waiting requests while there are free slots.
     pub(super) fn start_admissions<'w>(&'w self, lane: &mut Lane<'w>) {
-        while lane.rows.len() + lane.admissions.len() < lane.slots {
+        while lane.rows.len() + lane.admissions.len() < lane.slots && lane.admissible() {
             let Some(job) = lane.waiting.pop_front() else {
                 break;
             };
+            if lane.idle() {
+                lane.group = job.adapter.as_ref().map(|u| u.name().to_owned());
+            }
+            if let Err(e) = self.use_named(lane.group.as_deref()) {
+                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                let _ = job.events.try_send(crate::serve::emit::Event::Failed(e));
+                continue;
+            }
             if let Some(adm) = self.start(job) {
                 lane.admissions.push(adm);
             }
@@ -66,6 +74,7 @@ impl Worker {
             events,
             deadline,
             queued,
+            adapter,
         } = job;
         drop(queued);
         let Some(out) = Outbox::new(events, deadline) else {
@@ -99,7 +108,8 @@ impl Worker {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
         };
-        let mut session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
+        let opts = self.opts_for(adapter.as_ref());
+        let mut session = Session::with_caches(self.model.as_ref(), &opts, caches);
         session.prefill_step = self.prefill_step;
         session.on_prefill = crate::serve::progress::prefill_hook(
             emit.weak_events(),
@@ -114,6 +124,7 @@ impl Worker {
             cached,
             next: 0,
             since: Instant::now(),
+            adapter,
         };
         Some(Admission {
             row,

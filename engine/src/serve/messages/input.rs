@@ -117,6 +117,7 @@ pub fn translate(
         stream: b.stream,
         stop: b.stop_sequences.map(Stop),
         response_format: output_format(b.output_config)?,
+        model: b.model.clone(),
         ..Knobs::default()
     };
     let mut request = knobs

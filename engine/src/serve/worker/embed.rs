@@ -33,6 +33,8 @@ pub struct EmbedJob {
     deadline: Option<Instant>,
     /// Held until the model thread starts the job (`/stats` queued, `--max-queue`).
     queued: Option<QueueSlot>,
+    /// The adapter the request's `model` picked (None: the base model).
+    pub adapter: Option<crate::serve::adapters::Use>,
 }
 
 impl EmbedJob {
@@ -52,6 +54,7 @@ impl EmbedJob {
             reply,
             deadline,
             queued: Some(queued),
+            adapter: None,
         }
     }
 }
@@ -84,6 +87,10 @@ impl Worker {
             }
             Work::Embed(job) => {
                 self.embeds.jobs.borrow_mut().push_back(job);
+                None
+            }
+            Work::Adapter(op) => {
+                self.adapter_op(op);
                 None
             }
         }
@@ -158,6 +165,10 @@ impl Worker {
             return true;
         }
         if let Err(e) = self.check_dimensions(job.dimensions) {
+            self.answer(job, Err(e));
+            return true;
+        }
+        if let Err(e) = self.use_adapter(job.adapter.as_ref()) {
             self.answer(job, Err(e));
             return true;
         }

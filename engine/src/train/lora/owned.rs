@@ -1,0 +1,68 @@
+//! A loaded adapter that does not borrow its model, so that a server can hold several and
+//! switch between them step by step: its config, its (layer path, `Lora`) list as
+//! `lora::read` checked it against the model, and its identity (a SHA-256 of the two files
+//! mlx-lm's adapter directory holds). `apply` puts one (or none: the base model) on every
+//! adaptable layer, as `mlx_lm.generate --adapter-path` would have loaded it.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::{read, AdapterConfig};
+use crate::model::layers::Lora;
+use crate::model::LanguageModel;
+use crate::train::TrainError;
+
+/// One adapter, loaded and checked against a model, detached from it.
+pub struct OwnedAdapter {
+    pub config: AdapterConfig,
+    /// Each adapted layer's path and adapter, in layer order.
+    pub layers: Vec<(String, Lora)>,
+    /// SHA-256 (hex) of `adapter_config.json`'s bytes then `adapters.safetensors`'.
+    pub fingerprint: String,
+}
+
+impl OwnedAdapter {
+    /// Reads `dir` and checks it against `model` (`lora::read`: a directory that is not an
+    /// adapter, or another model's adapter, is refused saying so); the model is left as it
+    /// was.
+    pub fn load(model: &dyn LanguageModel, dir: &Path) -> Result<Self, TrainError> {
+        let (config, layers) = read(model, dir)?;
+        let mut sha = Sha256::new();
+        for file in ["adapter_config.json", "adapters.safetensors"] {
+            let path = dir.join(file);
+            let bytes = std::fs::read(&path).map_err(|e| TrainError::Io(path, e))?;
+            sha.update(&bytes);
+        }
+        let fingerprint = sha
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Ok(OwnedAdapter {
+            config,
+            layers: layers
+                .into_iter()
+                .map(|(name, _, lora)| (name, lora))
+                .collect(),
+            fingerprint,
+        })
+    }
+}
+
+/// Sets every adaptable layer of `model` (its linears and stacked experts) to `adapter`'s
+/// LoRA, or to none where the adapter has none for it (`None`: the base model throughout).
+/// The arrays are shared, not copied.
+pub fn apply(model: &dyn LanguageModel, adapter: Option<&OwnedAdapter>) {
+    let by_name: HashMap<&str, &Lora> = adapter
+        .map(|a| a.layers.iter().map(|(n, l)| (n.as_str(), l)).collect())
+        .unwrap_or_default();
+    let lora_of = |name: &str| by_name.get(name).map(|l| (*l).clone());
+    for (name, l) in model.linears() {
+        *l.lora.borrow_mut() = lora_of(&name);
+    }
+    for (name, s) in model.switch_linears() {
+        *s.lora.borrow_mut() = lora_of(&name);
+    }
+}
