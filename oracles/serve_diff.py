@@ -115,6 +115,11 @@ def main() -> int:
     ap.add_argument("--model", required=True, help="the model directory both servers serve")
     ap.add_argument("--suite", choices=["basic", "tools", "dist"], default="basic")
     ap.add_argument("--plant", action="store_true")
+    ap.add_argument("--ours-model", help="the `model` our requests name (an adapter's name, as "
+                    "`engine serve --adapter NAME=DIR` serves it); default: --model")
+    ap.add_argument("--peer-adapters", help="the adapter directory the peer's requests name "
+                    "(mlx_lm.server's per-request `adapters`: its --adapter-path applies only "
+                    "to the model named `default_model`)")
     args = ap.parse_args()
     if args.suite == "tools":
         import serve_diff_tools
@@ -147,8 +152,11 @@ def main() -> int:
         if ban:
             body["logit_bias"] = ban
         ours_body = dict(body, max_tokens=4) if args.plant else body
+        if args.ours_model:
+            ours_body = dict(ours_body, model=args.ours_model)
+        peer_body = dict(body, adapters=args.peer_adapters) if args.peer_adapters else body
         ours = summary(kind, post(args.ours, path, ours_body), False)
-        peer = summary(kind, post(args.peer, path, body), True)
+        peer = summary(kind, post(args.peer, path, peer_body), True)
         same = ours == peer
         failed += not same
         chunks += len(ours.get("chunks", []))

@@ -176,7 +176,7 @@ impl Registry {
     /// OpenAI's 404 `model_not_found`, listing the names served.
     pub fn resolve(&self, model: Option<&str>) -> Result<Option<Use>, ApiError> {
         let mounted = self.lock();
-        let Some(model) = model else {
+        let Some(model) = model.filter(|m| !m.is_empty()) else {
             return Ok(None);
         };
         if mounted.is_empty() || self.base.iter().any(|b| b == model) {

@@ -251,6 +251,10 @@ const DIFF_MODELS: [(&str, &str, Option<&str>); 4] = [
     (TOOLS_MODEL, "tools", Some("{# glm47 marker: <arg_key> #}")),
 ];
 
+/// The adapter row of the diff: ours serves `--adapter trained=DIR` and is asked for
+/// "trained"; mlx_lm.server runs with `--adapter-path DIR` (its requests name the adapter).
+const DIFF_ADAPTER: (&str, &str) = ("tiny-llama-trained", "train/tiny-llama-trained/adapters");
+
 /// The `--chat-template` flags for a diff row's template comment (none without one).
 fn template_flags(model: &std::path::Path, comment: Option<&str>) -> Result<Vec<String>> {
     let Some(comment) = comment else {
@@ -304,9 +308,16 @@ pub fn diff(args: DiffArgs) -> Result<()> {
     harness::bench::ensure_oracle_venv()?;
     let repo = harness::oracle::repo_root();
     let mut failed = Vec::new();
-    for (name, suite, comment) in DIFF_MODELS {
+    let adapter_row = (DIFF_ADAPTER.0, "basic", None);
+    for (row, (name, suite, comment)) in DIFF_MODELS.into_iter().chain([adapter_row]).enumerate() {
         let model = harness::goldens::model_dir(name)?;
-        let flags = template_flags(&model, comment)?;
+        let mut flags = template_flags(&model, comment)?;
+        let mut peer_flags = flags.clone();
+        let adapter = (row == DIFF_MODELS.len()).then(|| repo.join("goldens").join(DIFF_ADAPTER.1));
+        if let Some(dir) = &adapter {
+            flags.extend(["--adapter".to_owned(), format!("trained={}", dir.display())]);
+            peer_flags.extend(["--adapter-path".to_owned(), dir.display().to_string()]);
+        }
         let ours = serve_in_process(&model, &flags)?;
         let peer_port = free_port()?;
         let mut peer = Peer(
@@ -314,7 +325,7 @@ pub fn diff(args: DiffArgs) -> Result<()> {
                 .args(["-m", "mlx_lm", "server", "--port", &peer_port.to_string()])
                 .arg("--model")
                 .arg(&model)
-                .args(&flags)
+                .args(&peer_flags)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null())
                 .spawn()
@@ -334,6 +345,9 @@ pub fn diff(args: DiffArgs) -> Result<()> {
                 .arg("--model")
                 .arg(&model)
                 .args(["--suite", suite]);
+            if let Some(dir) = &adapter {
+                cmd.args(["--ours-model", "trained", "--peer-adapters"]).arg(dir);
+            }
             if plant {
                 cmd.arg("--plant").stdout(std::process::Stdio::null());
             }
@@ -342,7 +356,10 @@ pub fn diff(args: DiffArgs) -> Result<()> {
                 .context("running oracles/serve_diff.py")?
                 .success())
         };
-        let with = comment.map_or(String::new(), |c| format!(" (template + {c})"));
+        let with = match (&adapter, comment) {
+            (Some(_), _) => " (adapter `trained`)".to_owned(),
+            (None, c) => c.map_or(String::new(), |c| format!(" (template + {c})")),
+        };
         println!("== {name}{with}: engine serve vs mlx_lm.server");
         if !compare(false)? {
             failed.push(name);

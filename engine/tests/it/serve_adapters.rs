@@ -1,0 +1,236 @@
+//! `engine serve --adapter NAME=DIR`: a request's `model` picks a LoRA adapter, its answer
+//! is `engine generate --adapter-path`'s, requests of different adapters taking turns (the
+//! serial lane) or batched (`--batch`, grouped by adapter) each get their own answer, the
+//! prompt cache keeps adapters apart, and adapters mount and unmount at run time. Each
+//! check runs on a clean server and, where a planted defect breaks it, on a server with
+//! the defect, which it must catch.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+use crate::common::goldens;
+use crate::common::server::{engine_bin, http, post, serve_dir_with_env, stats, Server};
+
+const STORY: &str = "Tell me a story.";
+
+fn model() -> PathBuf {
+    goldens().join("models/tiny-llama-trained")
+}
+
+fn adapter() -> PathBuf {
+    goldens().join("train/tiny-llama-trained/adapters")
+}
+
+fn server(extra: &[&str], plant: &str) -> Server {
+    let flag = format!("trained={}", adapter().display());
+    let mut args = vec!["--adapter", &flag];
+    args.extend(extra);
+    serve_dir_with_env(&model(), &args, &[("ENGINE_PLANT", plant)])
+}
+
+/// `engine generate --chat` on `prompt`, greedy, 16 tokens, with the adapter or without.
+fn cli(prompt: &str, adapted: bool) -> String {
+    let mut cmd = Command::new(engine_bin());
+    cmd.args(["generate", "--model", model().to_str().unwrap(), "--chat"])
+        .args(["--prompt", prompt, "-m", "16", "--verbose", "False"]);
+    if adapted {
+        cmd.args(["--adapter-path", adapter().to_str().unwrap()]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim_end_matches('\n').to_owned()
+}
+
+/// A chat answer of `model` (None: no `model` field), greedy, 16 tokens.
+fn chat(port: u16, model: Option<&str>, prompt: &str) -> Result<String, String> {
+    let mut body = json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 16});
+    if let Some(m) = model {
+        body["model"] = json!(m);
+    }
+    let (status, v) = post(port, "/v1/chat/completions", &body);
+    match v["choices"][0]["message"]["content"].as_str() {
+        Some(text) if status == 200 => Ok(text.to_owned()),
+        _ => Err(format!("{status} {v}")),
+    }
+}
+
+/// A raw completion of 48 tokens that never ends early (the EOS ids banned), so that
+/// concurrent requests overlap.
+fn long(port: u16, model: &str, prompt: &str) -> String {
+    let body = json!({
+        "model": model, "prompt": prompt, "max_tokens": 48,
+        "logit_bias": {"2": -100, "6": -100},
+    });
+    let (status, v) = post(port, "/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_owned()
+}
+
+/// Base and adapted requests sent together each get their solo answer.
+fn interleaved_equal_solo(port: u16) -> Result<(), String> {
+    let cases: Vec<(&str, &str)> = vec![
+        ("tiny-llama-trained", "Once upon a time"),
+        ("trained", "Once upon a time"),
+        ("tiny-llama-trained", "The robot"),
+        ("trained", "The robot"),
+    ];
+    let solo: Vec<String> = cases.iter().map(|(m, p)| long(port, m, p)).collect();
+    let together: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .iter()
+            .map(|&(m, p)| s.spawn(move || long(port, m, p)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    if solo[0] == solo[1] {
+        return Err("the adapter changes nothing on this prompt".into());
+    }
+    match solo == together {
+        true => Ok(()),
+        false => Err(format!("solo {solo:?}\ntogether {together:?}")),
+    }
+}
+
+/// An adapted answer, then the same prompt on the base: the base's answer is a fresh
+/// base answer (`fresh`), not one continuing the adapter's cached KV.
+fn cache_keeps_adapters_apart(port: u16, fresh: &str) -> Result<(), String> {
+    let prompt = "Tell me a story!";
+    chat(port, Some("trained"), prompt)?;
+    let base = chat(port, Some("tiny-llama-trained"), prompt)?;
+    match base == fresh {
+        true => Ok(()),
+        false => Err(format!("after the adapter: {base:?}, fresh: {fresh:?}")),
+    }
+}
+
+/// 4xx with `code` / `type` as given.
+fn refused(status: u16, v: &Value, want: u16) {
+    assert_eq!(status, want, "{v}");
+}
+
+#[test]
+fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
+    let (with, without) = (cli(STORY, true), cli(STORY, false));
+    assert_ne!(with, without, "the adapter must change the answer");
+    let fresh = cli("Tell me a story!", false);
+    let s = server(&[], "");
+    let p = s.port;
+    assert_eq!(chat(p, Some("trained"), STORY).unwrap(), with);
+    assert_eq!(chat(p, Some("tiny-llama-trained:trained"), STORY).unwrap(), with);
+    assert_eq!(chat(p, None, STORY).unwrap(), without);
+    assert_eq!(chat(p, Some("tiny-llama-trained"), STORY).unwrap(), without);
+    cache_keeps_adapters_apart(p, &fresh).unwrap();
+    interleaved_equal_solo(p).unwrap();
+
+    // /v1/models lists the adapter after the base.
+    let models: Value = serde_json::from_str(&http(p, "GET", "/v1/models", b"").1).unwrap();
+    let data = models["data"].as_array().unwrap();
+    let base = data[0]["id"].as_str().unwrap().to_owned();
+    assert_eq!(data[1]["id"], format!("{base}:trained"));
+    assert_eq!(data[1]["parent"], base);
+
+    // Unknown names: OpenAI's model_not_found on every API, Anthropic's not_found_error.
+    let ask = json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]});
+    let (st, v) = post(p, "/v1/chat/completions", &ask);
+    refused(st, &v, 404);
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(":trained"), "{v}");
+    let (st, v) = post(p, "/v1/completions", &json!({"model": format!("{base}:nope"), "prompt": "x"}));
+    refused(st, &v, 404);
+    let (st, v) = post(p, "/v1/embeddings", &json!({"model": "nope", "input": "x"}));
+    refused(st, &v, 404);
+    let (st, v) = post(p, "/v1/responses", &json!({"model": "nope", "input": "x"}));
+    refused(st, &v, 404);
+    let msg = json!({"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let (st, v) = post(p, "/v1/messages", &msg);
+    refused(st, &v, 404);
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+    // The adapter's embeddings are its own.
+    let emb = |m: &str| post(p, "/v1/embeddings", &json!({"model": m, "input": "sky"})).1;
+    assert_ne!(emb("trained")["data"], emb("tiny-llama-trained")["data"]);
+
+    // Mount at run time, answer, unmount; the hostile values refused.
+    let dir = adapter().display().to_string();
+    let (st, v) = post(p, "/v1/adapters", &json!({"name": "again", "path": dir}));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(chat(p, Some("again"), STORY).unwrap(), with);
+    let (st, v) = post(p, "/v1/adapters", &json!({"name": "again", "path": dir}));
+    refused(st, &v, 409);
+    for (name, path) in [
+        ("a:b", dir.clone()),
+        ("../x", dir.clone()),
+        ("phi", goldens().join("train/tiny-phi3/adapters").display().to_string()),
+        ("notone", goldens().join("models").display().to_string()),
+    ] {
+        let (st, v) = post(p, "/v1/adapters", &json!({"name": name, "path": path}));
+        refused(st, &v, 400);
+    }
+    let (st, v) = post(p, "/v1/adapters", &json!({"name": 7}));
+    refused(st, &v, 400);
+    let (st, body) = http(p, "DELETE", "/v1/adapters/again", b"");
+    assert_eq!(st, 200, "{body}");
+    let (st, body) = http(p, "DELETE", "/v1/adapters/again", b"");
+    assert_eq!(st, 404, "{body}");
+    assert!(chat(p, Some("again"), STORY).unwrap_err().starts_with("404"));
+    assert_eq!(chat(p, Some("trained"), STORY).unwrap(), with);
+    assert_eq!(stats(p)["failed"], 0);
+
+    // Each planted defect is caught by its check.
+    let planted = server(&[], "AdapterCacheSharedWithBase");
+    assert!(cache_keeps_adapters_apart(planted.port, &fresh).is_err());
+    drop(planted);
+    let planted = server(&[], "AdapterSetOnceAtAdmission");
+    assert!(interleaved_equal_solo(planted.port).is_err());
+}
+
+#[test]
+fn the_batch_lane_groups_rows_by_adapter() {
+    let s = server(&["--batch", "4"], "");
+    interleaved_equal_solo(s.port).unwrap();
+    let st = stats(s.port);
+    assert_eq!(st["lanes"]["batch_adapters"], "grouped", "{st}");
+    assert_eq!(st["lanes"]["batch_slots"], 4, "{st}");
+    drop(s);
+    let planted = server(&["--batch", "4"], "AdapterBatchMixed");
+    assert!(interleaved_equal_solo(planted.port).is_err());
+}
+
+/// An adapter in use is not unmounted (409 naming the requests), then is once they end.
+#[test]
+fn an_adapter_in_use_is_not_unmounted() {
+    use std::io::{Read, Write};
+    let s = server(&["--stall-timeout", "30"], "");
+    let p = s.port;
+    let body = json!({
+        "model": "trained", "prompt": "Once upon a time", "max_tokens": 3000, "stream": true,
+        "logit_bias": {"2": -100, "6": -100},
+    })
+    .to_string();
+    let mut conn = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    let _ = conn.read(&mut first).unwrap();
+    let (st, text) = http(p, "DELETE", "/v1/adapters/trained", b"");
+    assert_eq!(st, 409, "{text}");
+    assert!(text.contains("in use by 1 request"), "{text}");
+    drop(conn);
+    let start = std::time::Instant::now();
+    loop {
+        let (st, text) = http(p, "DELETE", "/v1/adapters/trained", b"");
+        if st == 200 {
+            break;
+        }
+        assert_eq!(st, 409, "{text}");
+        assert!(start.elapsed().as_secs() < 20, "still in use: {text}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(chat(p, None, STORY).is_ok());
+}
