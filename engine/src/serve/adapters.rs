@@ -225,7 +225,10 @@ mod tests {
     #[test]
     fn the_base_answers_to_its_path_dir_and_repo_id() {
         let names = base_names("/h/models--org--tiny/snapshots/abc");
-        assert_eq!(names, ["/h/models--org--tiny/snapshots/abc", "org/tiny", "abc"]);
+        assert_eq!(
+            names,
+            ["/h/models--org--tiny/snapshots/abc", "org/tiny", "abc"]
+        );
     }
 
     #[test]

@@ -394,7 +394,8 @@ fn open_ssd(
     };
     // Entries are kept per adapter (their namespaces); the startup adapters are part of
     // the store's identity too.
-    let adapter_dirs: Vec<std::path::PathBuf> = args.adapter.iter().map(|f| f.dir.clone()).collect();
+    let adapter_dirs: Vec<std::path::PathBuf> =
+        args.adapter.iter().map(|f| f.dir.clone()).collect();
     let sources = crate::cache::fingerprint::Sources {
         model: &args.model,
         draft: args.draft_model.as_deref(),

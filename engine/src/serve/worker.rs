@@ -343,15 +343,7 @@ impl Worker {
             }
         };
         let lookup = self.lookup_for(&request);
-        match Decode::start_with(
-            session,
-            draft,
-            lookup,
-            &opts,
-            &mut dec,
-            &prompt_ids,
-            cached,
-        ) {
+        match Decode::start_with(session, draft, lookup, &opts, &mut dec, &prompt_ids, cached) {
             Err(e) => {
                 self.end_failed(emit, self.model_error(e));
                 None
@@ -577,12 +569,16 @@ impl Worker {
         if let Some(lead) = &self.dist {
             *lead.kept.borrow_mut() = Some(tokens.clone());
         }
-        self.store.borrow_mut().keep_fed(&self.namespace(), caches, tokens);
+        self.store
+            .borrow_mut()
+            .keep_fed(&self.namespace(), caches, tokens);
     }
 
     /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).
     pub(super) fn keep(&self, tokens: Vec<u32>, caches: Vec<Box<dyn crate::cache::Cache>>) {
-        self.store.borrow_mut().keep(&self.namespace(), tokens, caches);
+        self.store
+            .borrow_mut()
+            .keep(&self.namespace(), tokens, caches);
     }
 
     /// The longest usable cached prefix of `prompt` (`PromptStore::take`).

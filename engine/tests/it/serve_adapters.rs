@@ -39,8 +39,15 @@ fn cli(prompt: &str, adapted: bool) -> String {
         cmd.args(["--adapter-path", adapter().to_str().unwrap()]);
     }
     let out = cmd.output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim_end_matches('\n').to_owned()
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .trim_end_matches('\n')
+        .to_owned()
 }
 
 /// A chat answer of `model` (None: no `model` field), greedy, 16 tokens.
@@ -93,12 +100,14 @@ fn interleaved_equal_solo(port: u16) -> Result<(), String> {
     }
 }
 
+/// A prompt long enough that the KV it leaves in the cache steers what follows.
+const CACHED: &str = "On Friday the robot found a little box of rags in the workshop and";
+
 /// An adapted answer, then the same prompt on the base: the base's answer is a fresh
 /// base answer (`fresh`), not one continuing the adapter's cached KV.
 fn cache_keeps_adapters_apart(port: u16, fresh: &str) -> Result<(), String> {
-    let prompt = "Tell me a story!";
-    chat(port, Some("trained"), prompt)?;
-    let base = chat(port, Some("tiny-llama-trained"), prompt)?;
+    long(port, "trained", CACHED);
+    let base = long(port, "tiny-llama-trained", CACHED);
     match base == fresh {
         true => Ok(()),
         false => Err(format!("after the adapter: {base:?}, fresh: {fresh:?}")),
@@ -114,11 +123,15 @@ fn refused(status: u16, v: &Value, want: u16) {
 fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     let (with, without) = (cli(STORY, true), cli(STORY, false));
     assert_ne!(with, without, "the adapter must change the answer");
-    let fresh = cli("Tell me a story!", false);
     let s = server(&[], "");
     let p = s.port;
+    // Before any adapted request of that prompt.
+    let fresh = long(p, "tiny-llama-trained", CACHED);
     assert_eq!(chat(p, Some("trained"), STORY).unwrap(), with);
-    assert_eq!(chat(p, Some("tiny-llama-trained:trained"), STORY).unwrap(), with);
+    assert_eq!(
+        chat(p, Some("tiny-llama-trained:trained"), STORY).unwrap(),
+        with
+    );
     assert_eq!(chat(p, None, STORY).unwrap(), without);
     assert_eq!(chat(p, Some("tiny-llama-trained"), STORY).unwrap(), without);
     cache_keeps_adapters_apart(p, &fresh).unwrap();
@@ -136,14 +149,22 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     let (st, v) = post(p, "/v1/chat/completions", &ask);
     refused(st, &v, 404);
     assert_eq!(v["error"]["code"], "model_not_found", "{v}");
-    assert!(v["error"]["message"].as_str().unwrap().contains(":trained"), "{v}");
-    let (st, v) = post(p, "/v1/completions", &json!({"model": format!("{base}:nope"), "prompt": "x"}));
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains(":trained"),
+        "{v}"
+    );
+    let (st, v) = post(
+        p,
+        "/v1/completions",
+        &json!({"model": format!("{base}:nope"), "prompt": "x"}),
+    );
     refused(st, &v, 404);
     let (st, v) = post(p, "/v1/embeddings", &json!({"model": "nope", "input": "x"}));
     refused(st, &v, 404);
     let (st, v) = post(p, "/v1/responses", &json!({"model": "nope", "input": "x"}));
     refused(st, &v, 404);
-    let msg = json!({"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
+    let msg =
+        json!({"model": "nope", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]});
     let (st, v) = post(p, "/v1/messages", &msg);
     refused(st, &v, 404);
     assert_eq!(v["error"]["type"], "not_found_error", "{v}");
@@ -161,7 +182,13 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     for (name, path) in [
         ("a:b", dir.clone()),
         ("../x", dir.clone()),
-        ("phi", goldens().join("train/tiny-phi3/adapters").display().to_string()),
+        (
+            "phi",
+            goldens()
+                .join("train/tiny-phi3/adapters")
+                .display()
+                .to_string(),
+        ),
         ("notone", goldens().join("models").display().to_string()),
     ] {
         let (st, v) = post(p, "/v1/adapters", &json!({"name": name, "path": path}));
@@ -173,7 +200,9 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     assert_eq!(st, 200, "{body}");
     let (st, body) = http(p, "DELETE", "/v1/adapters/again", b"");
     assert_eq!(st, 404, "{body}");
-    assert!(chat(p, Some("again"), STORY).unwrap_err().starts_with("404"));
+    assert!(chat(p, Some("again"), STORY)
+        .unwrap_err()
+        .starts_with("404"));
     assert_eq!(chat(p, Some("trained"), STORY).unwrap(), with);
     assert_eq!(stats(p)["failed"], 0);
 

@@ -346,7 +346,8 @@ pub fn diff(args: DiffArgs) -> Result<()> {
                 .arg(&model)
                 .args(["--suite", suite]);
             if let Some(dir) = &adapter {
-                cmd.args(["--ours-model", "trained", "--peer-adapters"]).arg(dir);
+                cmd.args(["--ours-model", "trained", "--peer-adapters"])
+                    .arg(dir);
             }
             if plant {
                 cmd.arg("--plant").stdout(std::process::Stdio::null());

@@ -57,11 +57,14 @@ impl Loaded {
     ) -> anyhow::Result<Self> {
         let loaded = Loaded::default();
         for f in flags {
-            let a = OwnedAdapter::load(model, &f.dir).map_err(|e| {
-                anyhow::anyhow!("--adapter {}={}: {e}", f.name, f.dir.display())
-            })?;
+            let a = OwnedAdapter::load(model, &f.dir)
+                .map_err(|e| anyhow::anyhow!("--adapter {}={}: {e}", f.name, f.dir.display()))?;
             anyhow::ensure!(
-                loaded.by_name.borrow_mut().insert(f.name.clone(), a).is_none(),
+                loaded
+                    .by_name
+                    .borrow_mut()
+                    .insert(f.name.clone(), a)
+                    .is_none(),
                 "--adapter {}: the name is given twice; give each adapter its own name",
                 f.name
             );

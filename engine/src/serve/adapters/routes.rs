@@ -49,7 +49,11 @@ struct MountBody {
 }
 
 /// Sends `op` to the model thread and waits for its answer.
-async fn ask<T>(s: &AppState, op: Op, answer: oneshot::Receiver<Result<T, ApiError>>) -> Result<T, ApiError> {
+async fn ask<T>(
+    s: &AppState,
+    op: Op,
+    answer: oneshot::Receiver<Result<T, ApiError>>,
+) -> Result<T, ApiError> {
     let sent = s
         .jobs
         .lock()
@@ -66,7 +70,9 @@ async fn ask<T>(s: &AppState, op: Op, answer: oneshot::Receiver<Result<T, ApiErr
 }
 
 async fn mount(State(s): State<Arc<AppState>>, body: Result<Bytes, BytesRejection>) -> Response {
-    mounted(&s, body).await.unwrap_or_else(|e| e.into_response())
+    mounted(&s, body)
+        .await
+        .unwrap_or_else(|e| e.into_response())
 }
 
 async fn mounted(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
@@ -107,7 +113,9 @@ async fn mounted(s: &AppState, body: Result<Bytes, BytesRejection>) -> Result<Re
 }
 
 async fn unmount(State(s): State<Arc<AppState>>, Path(name): Path<String>) -> Response {
-    unmounted(&s, name).await.unwrap_or_else(|e| e.into_response())
+    unmounted(&s, name)
+        .await
+        .unwrap_or_else(|e| e.into_response())
 }
 
 async fn unmounted(s: &AppState, name: String) -> Result<Response, ApiError> {
@@ -118,7 +126,11 @@ async fn unmounted(s: &AppState, name: String) -> Result<Response, ApiError> {
             let names: Vec<String> = mounted.keys().cloned().collect();
             return Err(ApiError::invalid(format!(
                 "no adapter named `{name}` is mounted (mounted: {})",
-                if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+                if names.is_empty() {
+                    "none".to_owned()
+                } else {
+                    names.join(", ")
+                }
             ))
             .with_status(StatusCode::NOT_FOUND));
         };

@@ -35,11 +35,7 @@ impl OwnedAdapter {
             let bytes = std::fs::read(&path).map_err(|e| TrainError::Io(path, e))?;
             sha.update(&bytes);
         }
-        let fingerprint = sha
-            .finalize()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let fingerprint = sha.finalize().iter().map(|b| format!("{b:02x}")).collect();
         Ok(OwnedAdapter {
             config,
             layers: layers
@@ -64,5 +60,56 @@ pub fn apply(model: &dyn LanguageModel, adapter: Option<&OwnedAdapter>) {
     }
     for (name, s) in model.switch_linears() {
         *s.lora.borrow_mut() = lora_of(&name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use mlx_rs::Array;
+
+    use super::{apply, OwnedAdapter};
+    use crate::model::LanguageModel;
+    use crate::train::lora::Adapters;
+
+    fn logits(model: &dyn LanguageModel) -> Vec<f32> {
+        let ids = Array::from_slice(&[1u32, 40, 41, 42], &[1, 4]);
+        let out = model.forward(&ids, &mut model.make_caches()).unwrap();
+        out.as_slice::<f32>().to_vec()
+    }
+
+    #[test]
+    fn an_owned_adapter_switches_on_and_off_as_the_borrowed_one_loads() {
+        let goldens = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens");
+        let model = crate::model::load(&goldens.join("models/tiny-llama-trained")).unwrap();
+        let dir = goldens.join("train/tiny-llama-trained/adapters");
+        let base = logits(model.as_ref());
+        let owned = OwnedAdapter::load(model.as_ref(), &dir).unwrap();
+        assert_eq!(
+            logits(model.as_ref()),
+            base,
+            "loading leaves the model as it was"
+        );
+        assert_eq!(owned.fingerprint.len(), 64);
+        apply(model.as_ref(), Some(&owned));
+        let adapted = logits(model.as_ref());
+        assert_ne!(adapted, base);
+        apply(model.as_ref(), None);
+        assert_eq!(logits(model.as_ref()), base);
+        let borrowed = Adapters::load(model.as_ref(), &dir).unwrap();
+        assert_eq!(logits(model.as_ref()), adapted);
+        borrowed.detach();
+        let other = goldens.join("train/tiny-phi3/adapters");
+        let err = OwnedAdapter::load(model.as_ref(), &other)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("not trained for this model"), "{err}");
+        let err = OwnedAdapter::load(model.as_ref(), &goldens)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("is not an adapter directory"), "{err}");
     }
 }
