@@ -228,18 +228,6 @@ pub enum Defect {
     /// `in_proj_qkv`'s. Caught by the distributed L1 gate on tiny-qwen3-5
     /// (`harness/tests/it/l1_dist.rs`).
     GdnConvShardUnsegmented,
-    /// `engine serve --adapter`: every adapter's prompt-cache entries in the base model's
-    /// namespace (""), so a base request reuses an adapter's KV caches. Caught by
-    /// `serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone`.
-    AdapterCacheSharedWithBase,
-    /// `engine serve --adapter`, serial lane: a request's adapter is put on the model at its
-    /// admission only, not before each of its steps, so interleaved requests of different
-    /// adapters step under each other's. Caught by the same test.
-    AdapterSetOnceAtAdmission,
-    /// `engine serve --adapter --batch N`: the batch lane admits rows of any adapter into
-    /// the running group (stepped under the group's adapter). Caught by
-    /// `serve_adapters::the_batch_lane_groups_rows_by_adapter`.
-    AdapterBatchMixed,
     /// Tensor parallel with more ranks than K/V heads: qwen3_5's attention splits k_proj /
     /// v_proj first and repeats each rank's slice after, where mlx-lm's
     /// `repeat_kv_layer_inplace` repeats the whole heads before the split. Caught by the
@@ -395,6 +383,18 @@ pub enum Defect {
     /// Serve, /v1/messages: `output_config.format` (structured outputs) never reaches the
     /// constrained sampler. Caught by the format gate (`tests/it/messages.rs`).
     MessagesOutputFormatIgnored,
+    /// `engine serve --adapter`: every adapter's prompt-cache entries in the base model's
+    /// namespace (""), so a base request reuses an adapter's KV caches. Caught by
+    /// `serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone`.
+    AdapterCacheSharedWithBase,
+    /// `engine serve --adapter`, serial lane: a request's adapter is put on the model at its
+    /// admission only, not before each of its steps, so interleaved requests of different
+    /// adapters step under each other's. Caught by the same test.
+    AdapterSetOnceAtAdmission,
+    /// `engine serve --adapter --batch N`: the batch lane admits rows of any adapter into
+    /// the running group (stepped under the group's adapter). Caught by
+    /// `serve_adapters::the_batch_lane_groups_rows_by_adapter`.
+    AdapterBatchMixed,
 }
 
 /// `plant::on` in a build without the `plant` feature.

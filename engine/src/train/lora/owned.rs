@@ -76,6 +76,7 @@ mod tests {
     fn logits(model: &dyn LanguageModel) -> Vec<f32> {
         let ids = Array::from_slice(&[1u32, 40, 41, 42], &[1, 4]);
         let out = model.forward(&ids, &mut model.make_caches()).unwrap();
+        let out = out.as_dtype(mlx_rs::Dtype::Float32).unwrap();
         out.as_slice::<f32>().to_vec()
     }
 
