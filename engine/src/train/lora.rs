@@ -194,6 +194,10 @@ fn refusal(model_type: &str) -> String {
     crate::model::registry::refusal(model_type, crate::model::registry::Capability::Lora)
 }
 
+/// One layer of an adapter directory as `read` checked it: its path, where it sits in the
+/// model, its adapter (not yet attached).
+type Read<'m> = (String, Slot<'m>, Lora);
+
 /// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
 /// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
 /// model has, every tensor present with the shape its layer takes. Each selected layer with
@@ -201,7 +205,7 @@ fn refusal(model_type: &str) -> String {
 fn read<'m>(
     model: &'m dyn LanguageModel,
     dir: &Path,
-) -> Result<(AdapterConfig, Vec<(String, Slot<'m>, Lora)>), TrainError> {
+) -> Result<(AdapterConfig, Vec<Read<'m>>), TrainError> {
     let path = dir.join("adapter_config.json");
     if !path.is_file() {
         return Err(TrainError::Config(format!(
