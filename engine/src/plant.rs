@@ -385,7 +385,8 @@ pub enum Defect {
     MessagesOutputFormatIgnored,
     /// `engine serve --adapter`: every adapter's prompt-cache entries in the base model's
     /// namespace (""), so a base request reuses an adapter's KV caches. Caught by
-    /// `serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone`.
+    /// `serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone` (RAM tier)
+    /// and `serve_adapters::the_ssd_tier_keeps_adapters_apart`.
     AdapterCacheSharedWithBase,
     /// `engine serve --adapter`, serial lane: a request's adapter is put on the model at its
     /// admission only, not before each of its steps, so interleaved requests of different

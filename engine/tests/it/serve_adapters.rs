@@ -263,3 +263,37 @@ fn an_adapter_in_use_is_not_unmounted() {
     }
     assert!(chat(p, None, STORY).is_ok());
 }
+
+/// An adapted answer's caches written to the SSD tier (`dir`), then a restarted server's
+/// base answer of that prompt: a fresh base answer, not one restored from the adapter's
+/// entry.
+fn ssd_keeps_adapters_apart(dir: &str, plant: &str, fresh: &str) -> Result<(), String> {
+    let opts = ["--ssd-cache", dir, "--ssd-cache-debounce-ms", "0"];
+    let first = server(&opts, plant);
+    long(first.port, "trained", CACHED);
+    let start = std::time::Instant::now();
+    while stats(first.port)["ssd_cache"]["spills"] != 1 {
+        assert!(start.elapsed().as_secs() < 30, "{}", stats(first.port));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop(first);
+    let second = server(&opts, plant);
+    let base = long(second.port, "tiny-llama-trained", CACHED);
+    match base == fresh {
+        true => Ok(()),
+        false => Err(format!("after a restart: {base:?}, fresh: {fresh:?}")),
+    }
+}
+
+#[test]
+fn the_ssd_tier_keeps_adapters_apart() {
+    let fresh = {
+        let s = server(&[], "");
+        long(s.port, "tiny-llama-trained", CACHED)
+    };
+    let (clean, planted) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let path = |d: &tempfile::TempDir| d.path().to_str().unwrap().to_owned();
+    ssd_keeps_adapters_apart(&path(&clean), "", &fresh).unwrap();
+    let caught = ssd_keeps_adapters_apart(&path(&planted), "AdapterCacheSharedWithBase", &fresh);
+    assert!(caught.is_err());
+}
