@@ -284,13 +284,13 @@ fn a_page_forgetting_its_settings_is_caught(fx: &Fixture) {
     );
 }
 
-/// Runs the picker's checks on `plant`'s page (None: the served page).
-fn picker_outcome(fx: &Fixture, plant: Option<&Plant>) -> canned::Outcome {
-    picker::run(fx, plant).unwrap_or_else(|e| panic!("the picker case did not run: {e}"))
+/// Runs the picker's checks on `plant`'s page (None: the served page), up to `last`.
+fn picker_outcome(fx: &Fixture, plant: Option<&Plant>, last: Option<&str>) -> canned::Outcome {
+    picker::run(fx, plant, last).unwrap_or_else(|e| panic!("the picker case did not run: {e}"))
 }
 
 fn the_picker_lists_every_model_and_sends_the_choice(fx: &Fixture) {
-    let out = picker_outcome(fx, None);
+    let out = picker_outcome(fx, None, None);
     println!("{}", out.report());
     assert!(out.failed.is_empty(), "{}", out.report());
     assert_eq!(out.passed.len(), 4, "{}", out.report());
@@ -298,7 +298,7 @@ fn the_picker_lists_every_model_and_sends_the_choice(fx: &Fixture) {
 
 /// A planted page must fail the picker's `check`; returns why it did.
 fn picker_plant_fails(fx: &Fixture, check: &str, plant: Plant) -> String {
-    let out = picker_outcome(fx, Some(&plant));
+    let out = picker_outcome(fx, Some(&plant), Some(check));
     println!("{}", out.report());
     out.why(check).unwrap_or_else(|| {
         panic!(

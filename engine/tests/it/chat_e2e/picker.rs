@@ -51,7 +51,9 @@ fn sent(page: &CannedPage, k: usize, want: &str) -> Result<(), String> {
     if got == Some(json!(want)) {
         Ok(())
     } else {
-        Err(format!("chat request {k} named the model {got:?}, want {want:?}"))
+        Err(format!(
+            "chat request {k} named the model {got:?}, want {want:?}"
+        ))
     }
 }
 
@@ -67,8 +69,10 @@ fn picker_facts(page: &CannedPage) -> Result<Value, String> {
     )
 }
 
-/// Every picker check on `plant`'s page (None: the served page).
-pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<Outcome, String> {
+/// Every picker check on `plant`'s page (None: the served page), in order, up to and
+/// including `last` when given (a planted page needs only the check it must fail).
+/// The served page's last state (the fallback notice) is saved as target/e2e/chat-picker.png.
+pub fn run(fx: &Fixture, plant: Option<&Plant>, last: Option<&str>) -> Result<Outcome, String> {
     let base = http_models(fx.server.port)
         .into_iter()
         .next()
@@ -77,7 +81,10 @@ pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<Outcome, String> {
     let page = CannedPage::start_with_models(
         fx,
         plant,
-        vec![sse(&[json!({"role": "assistant", "content": "Ahoy."})], "stop")],
+        vec![sse(
+            &[json!({"role": "assistant", "content": "Ahoy."})],
+            "stop",
+        )],
         Some(listing(&base, true)),
         (1000, 700),
     )?;
@@ -114,6 +121,9 @@ pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<Outcome, String> {
     )?;
     ask(&page, "Hello", 1)?;
     out.check("sent", sent(&page, 0, &adapter));
+    if last == Some("sent") {
+        return Ok(out);
+    }
 
     // Kept over a reload, and sent again.
     page.reload()?;
@@ -124,12 +134,20 @@ pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<Outcome, String> {
         if shown == json!(adapter) {
             sent(&page, 1, &adapter)
         } else {
-            Err(format!("after a reload the picker shows {shown}, want {adapter:?}"))
+            Err(format!(
+                "after a reload the picker shows {shown}, want {adapter:?}"
+            ))
         },
     );
+    if last == Some("kept") {
+        return Ok(out);
+    }
 
     // The adapter goes away; ↻ lists again: the first entry, a notice naming the lost one.
-    let before = js(&page.tab, "Number(document.getElementById('model').dataset.refreshed)")?;
+    let before = js(
+        &page.tab,
+        "Number(document.getElementById('model').dataset.refreshed)",
+    )?;
     page.set_models(&listing(&base, false));
     click(&page.tab, "#models-refresh")?;
     wait_js(
@@ -145,14 +163,23 @@ pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<Outcome, String> {
         let got = picker_facts(&page)?;
         let notice = got["notice"].as_str().unwrap_or_default();
         if got["value"] != json!(base) {
-            Err(format!("after the adapter went the picker shows {}, want {base:?}", got["value"]))
+            Err(format!(
+                "after the adapter went the picker shows {}, want {base:?}",
+                got["value"]
+            ))
         } else if !notice.contains(&adapter) {
-            Err(format!("no visible notice naming {adapter:?}: {}", got["notice"]))
+            Err(format!(
+                "no visible notice naming {adapter:?}: {}",
+                got["notice"]
+            ))
         } else {
             ask(&page, "Third", 2).and_then(|()| sent(&page, 2, &base))
         }
     });
 
+    if plant.is_none() {
+        page.screenshot("chat-picker.png")?;
+    }
     let errors = page.intercept_errors();
     if !errors.is_empty() {
         return Err(format!("the interception failed: {errors:?}"));
