@@ -57,14 +57,15 @@ fn sent(page: &CannedPage, k: usize, want: &str) -> Result<(), String> {
     }
 }
 
-/// What the picker shows: its value, its options as [value, label, group], the notice.
+/// What the picker shows: its value, its options as [value, label, group], the notice's
+/// text when it is on screen (laid out, not hidden).
 fn picker_facts(page: &CannedPage) -> Result<Value, String> {
     js(
         &page.tab,
         "(p => ({ value: p.value, \
             options: Array.from(p.options).map(o => [o.value, o.textContent, \
               o.parentElement.tagName === 'OPTGROUP' ? o.parentElement.label : null]), \
-            notice: document.getElementById('model-notice').hidden ? null : document.getElementById('model-notice').textContent \
+            notice: (n => n.hidden || n.offsetHeight === 0 ? null : n.textContent)(document.getElementById('model-notice')) \
           }))(document.getElementById('model'))",
     )
 }
