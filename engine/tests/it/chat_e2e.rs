@@ -15,6 +15,12 @@
 //! copy, regenerate, the history, settings kept across a reload. Each check has a
 //! planted page (the served page with one edit) that must fail it.
 //!
+//! Picker (chat_e2e/picker.rs): the model picker against a /v1/models list of the test's
+//! own (a model, its adapter, an unloaded model): listed, grouped and marked, the choice
+//! sent as `model`, kept over a reload, and a choice the server drops falling back to the
+//! first entry with a notice; the live case checks the picker lists the real server's
+//! entries and has the first chosen.
+//!
 //! Every case runs in one #[test] on one server, each case in a browser context of its
 //! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
 //! ~0.1 s (its socket reader holds the connection for reads of up to 100 ms), so the cases
@@ -35,9 +41,10 @@ use common::server::stats;
 mod browser;
 mod canned;
 mod markdown;
+mod picker;
 mod stream;
 
-use browser::{e2e_dir, Fixture, Plant};
+use browser::{e2e_dir, http_models, js, Fixture, Plant};
 
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -121,6 +128,17 @@ window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/ch
     if tokens < 3 {
         return Err(format!(
             "too few tokens streamed: {tokens} (before the page: {before}; after: {stats})"
+        ));
+    }
+    // The picker lists what the server lists, and sent the first entry (nothing was kept).
+    let ids = http_models(server.port);
+    let picker = js(
+        tab,
+        "[document.getElementById('model').value, Array.from(document.getElementById('model').options).map(o => o.value)]",
+    )?;
+    if picker != serde_json::json!([ids.first(), ids]) {
+        return Err(format!(
+            "the picker shows {picker}, want the server's /v1/models ids {ids:?}, the first chosen"
         ));
     }
     Ok(Finished { answer, stats })
@@ -266,6 +284,66 @@ fn a_page_forgetting_its_settings_is_caught(fx: &Fixture) {
     );
 }
 
+/// Runs the picker's checks on `plant`'s page (None: the served page), up to `last`.
+fn picker_outcome(fx: &Fixture, plant: Option<&Plant>, last: Option<&str>) -> canned::Outcome {
+    picker::run(fx, plant, last).unwrap_or_else(|e| panic!("the picker case did not run: {e}"))
+}
+
+fn the_picker_lists_every_model_and_sends_the_choice(fx: &Fixture) {
+    let out = picker_outcome(fx, None, None);
+    println!("{}", out.report());
+    assert!(out.failed.is_empty(), "{}", out.report());
+    assert_eq!(out.passed.len(), 4, "{}", out.report());
+}
+
+/// A planted page must fail the picker's `check`; returns why it did.
+fn picker_plant_fails(fx: &Fixture, check: &str, plant: Plant) -> String {
+    let out = picker_outcome(fx, Some(&plant), Some(check));
+    println!("{}", out.report());
+    out.why(check).unwrap_or_else(|| {
+        panic!(
+            "planted picker defect not caught by the {check} check:\n{}",
+            out.report()
+        )
+    })
+}
+
+fn a_page_ignoring_its_picker_is_caught(fx: &Fixture) {
+    // The choice is shown but never taken: requests keep naming the first entry.
+    let why = picker_plant_fails(
+        fx,
+        "sent",
+        Plant {
+            from: "  choose(picker.value);\n",
+            to: "  void 0;\n",
+        },
+    );
+    assert!(why.contains("named the model"), "{why}");
+}
+
+fn a_page_forgetting_its_model_is_caught(fx: &Fixture) {
+    let _ = picker_plant_fails(
+        fx,
+        "kept",
+        Plant {
+            from: "localStorage.setItem(MODEL_KEY, id);",
+            to: "void id;",
+        },
+    );
+}
+
+fn a_silent_model_fallback_is_caught(fx: &Fixture) {
+    let why = picker_plant_fails(
+        fx,
+        "fallback",
+        Plant {
+            from: "notice.hidden = false;",
+            to: "notice.hidden = true;",
+        },
+    );
+    assert!(why.contains("no visible notice"), "{why}");
+}
+
 fn the_thinking_section_is_open_while_streaming_and_closed_after(fx: &Fixture) {
     stream::run(fx, None).unwrap_or_else(|e| panic!("{e}"));
     println!(
@@ -375,6 +453,22 @@ const CASES: &[Case] = &[
     (
         "a_page_forgetting_its_settings_is_caught",
         a_page_forgetting_its_settings_is_caught,
+    ),
+    (
+        "the_picker_lists_every_model_and_sends_the_choice",
+        the_picker_lists_every_model_and_sends_the_choice,
+    ),
+    (
+        "a_page_ignoring_its_picker_is_caught",
+        a_page_ignoring_its_picker_is_caught,
+    ),
+    (
+        "a_page_forgetting_its_model_is_caught",
+        a_page_forgetting_its_model_is_caught,
+    ),
+    (
+        "a_silent_model_fallback_is_caught",
+        a_silent_model_fallback_is_caught,
     ),
     (
         "the_thinking_section_is_open_while_streaming_and_closed_after",

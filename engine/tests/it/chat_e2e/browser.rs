@@ -3,6 +3,8 @@
 //! it, or a planted variant of it), every POST to /v1/chat/completions is intercepted
 //! over the DevTools protocol (Fetch.enable + Fetch.fulfillRequest) and answered with the
 //! next canned body, and the request bodies the page sent are kept for the test to read.
+//! A case may also answer GET /v1/models with a list of its own (`CannedPage::models`:
+//! adapters and unloaded models, which the tiny model's server does not list).
 //!
 //! One server serves every case, and a few Chromiums run the cases side by side
 //! (`Fixture`: the server and one Chromium). Each case gets a browser context of its own
@@ -166,6 +168,8 @@ struct Shared {
     replies: VecDeque<String>,
     /// The JSON bodies the page posted to /v1/chat/completions.
     requests: Vec<String>,
+    /// The body for GET /v1/models, when the case lists models of its own.
+    models: Option<String>,
     /// Events the interceptor could not handle.
     errors: Vec<String>,
 }
@@ -192,16 +196,29 @@ impl<'f> CannedPage<'f> {
         replies: Vec<String>,
         window: (u32, u32),
     ) -> Result<CannedPage<'f>, String> {
+        Self::start_with_models(fx, plant, replies, None, window)
+    }
+
+    /// As `start`, with GET /v1/models answered by `models` (a JSON body) when given.
+    pub fn start_with_models(
+        fx: &'f Fixture<'_>,
+        plant: Option<&Plant>,
+        replies: Vec<String>,
+        models: Option<Value>,
+        window: (u32, u32),
+    ) -> Result<CannedPage<'f>, String> {
         let server = fx.server;
         let page = plant.map(|p| planted_page(server.port, p));
+        let stub_models = models.is_some();
         let shared = Arc::new(Mutex::new(Shared {
             page,
             replies: replies.into(),
+            models: models.map(|m| m.to_string()),
             ..Shared::default()
         }));
         let case_tab = fx.tab(window)?;
         let tab = case_tab.0.clone();
-        let patterns = [
+        let mut patterns = vec![
             RequestPattern {
                 url_pattern: Some("*/v1/chat/completions".into()),
                 resource_Type: None,
@@ -213,6 +230,13 @@ impl<'f> CannedPage<'f> {
                 request_stage: Some(RequestStage::Request),
             },
         ];
+        if stub_models {
+            patterns.push(RequestPattern {
+                url_pattern: Some("*/v1/models".into()),
+                resource_Type: None,
+                request_stage: Some(RequestStage::Request),
+            });
+        }
         tab.enable_fetch(Some(&patterns), None)
             .map_err(|x| format!("Fetch.enable: {x}"))?;
         let for_events = shared.clone();
@@ -238,9 +262,14 @@ impl<'f> CannedPage<'f> {
             .map_err(|x| format!("loading {url}: {x}"))?;
         wait_js(
             &self.tab,
-            "document.getElementById('model').textContent.endsWith('/tiny-llama-trained')",
-            "the page to show the model's id",
+            "document.getElementById('model').dataset.refreshed >= 1 && document.getElementById('model').value.endsWith('/tiny-llama-trained')",
+            "the page to list the models and pick the server's",
         )
+    }
+
+    /// From now on GET /v1/models answers `models` (a case that lists its own).
+    pub fn set_models(&self, models: &Value) {
+        self.shared.lock().unwrap().models = Some(models.to_string());
     }
 
     /// Reloads the page (a new document: the old one's marker is gone) and waits until it
@@ -252,8 +281,8 @@ impl<'f> CannedPage<'f> {
             .map_err(|x| format!("reloading: {x}"))?;
         wait_js(
             &self.tab,
-            "window.__old_document === undefined && document.getElementById('model').textContent.endsWith('/tiny-llama-trained')",
-            "the reloaded page to show the model's id",
+            "window.__old_document === undefined && document.getElementById('model').dataset.refreshed >= 1",
+            "the reloaded page to list the models",
         )
     }
 
@@ -279,6 +308,19 @@ impl<'f> CannedPage<'f> {
         std::fs::write(&path, png).map_err(|x| x.to_string())?;
         Ok(path)
     }
+}
+
+/// The ids the server lists at GET /v1/models, in its order.
+pub fn http_models(port: u16) -> Vec<String> {
+    let (status, body) = http(port, "GET", "/v1/models", b"");
+    assert_eq!(status, 200, "GET /v1/models answered {status}: {body}");
+    let list: Value = serde_json::from_str(&body).unwrap();
+    list["data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["id"].as_str().map(str::to_owned))
+        .collect()
 }
 
 /// The server's page with the plant applied; panics when the plant no longer applies
@@ -311,6 +353,8 @@ fn intercept(shared: &Mutex<Shared>, event: RequestPausedEvent) -> RequestPaused
                 ("text/event-stream", String::new())
             }
         }
+    } else if let (true, Some(models)) = (p.request.url.ends_with("/v1/models"), &s.models) {
+        ("application/json", models.clone())
     } else if let Some(page) = &s.page {
         ("text/html; charset=utf-8", page.clone())
     } else {

@@ -77,7 +77,7 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn check(&mut self, name: &str, r: Result<(), String>) {
+    pub fn check(&mut self, name: &str, r: Result<(), String>) {
         match r {
             Ok(()) => self.passed.push(name.into()),
             Err(e) => self.failed.push((name.into(), e)),
@@ -172,7 +172,7 @@ fn check_request(page: &CannedPage) -> Result<(), String> {
     let body = requests
         .first()
         .ok_or("no chat request reached the server")?;
-    let model = js(&page.tab, "document.getElementById('model').textContent")?;
+    let model = js(&page.tab, "document.getElementById('model').value")?;
     let want = json!({
         "model": model,
         "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": FIRST}],
