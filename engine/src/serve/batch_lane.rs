@@ -261,6 +261,8 @@ impl Worker {
             steps: 0,
         };
         loop {
+            // Another model's thread may have a step to run (`turn`).
+            super::turn::pass();
             if !self.receive(&mut lane, &jobs) {
                 return;
             }
