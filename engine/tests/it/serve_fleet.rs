@@ -33,7 +33,8 @@ fn fleet(extra: &[&str], env: &[(&str, &str)]) -> Server {
 /// Starts several servers at once (each loads while the others do).
 fn start_all(n: usize, start: impl Fn(usize) -> Server + Sync) -> Vec<Server> {
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..n).map(|i| s.spawn(|| start(i))).collect();
+        let start = &start;
+        let handles: Vec<_> = (0..n).map(|i| s.spawn(move || start(i))).collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     })
 }

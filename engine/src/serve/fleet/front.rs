@@ -42,13 +42,23 @@ pub fn router(fleet: Arc<Fleet>, guard: Guard) -> Router {
         .with_state(Arc::new(Front { fleet, guard }))
 }
 
-/// A refusal in the shape the route's clients read.
-async fn refuse(path: &str, e: ApiError) -> Response {
-    if anthropic::owns(path) {
-        anthropic::response(&e)
-    } else {
-        e.into_response()
+/// A refusal, with OpenAI's error `code` where it has one.
+struct Refusal(ApiError, Option<&'static str>);
+
+impl From<ApiError> for Refusal {
+    fn from(e: ApiError) -> Self {
+        Refusal(e, None)
     }
+}
+
+/// A refusal in the shape the route's clients read.
+fn refuse(path: &str, Refusal(e, code): Refusal) -> Response {
+    if anthropic::owns(path) {
+        return anthropic::response(&e);
+    }
+    let mut body = e.body();
+    body["error"]["code"] = json!(code);
+    (e.status, Json(body)).into_response()
 }
 
 async fn front(State(f): State<Arc<Front>>, request: Request) -> Response {
@@ -75,7 +85,7 @@ async fn front(State(f): State<Arc<Front>>, request: Request) -> Response {
     }
     match forward(&f.fleet, request).await {
         Ok(response) => response,
-        Err(e) => refuse(&path, e).await,
+        Err(e) => refuse(&path, e),
     }
 }
 
@@ -101,23 +111,24 @@ fn requested(body: &[u8]) -> Result<Option<String>, ApiError> {
     }
 }
 
-/// The 404 for a name that is no model's; a long name is cut in the message.
-fn not_found(name: &str, catalog: &Catalog) -> ApiError {
+/// OpenAI's 404 for a name that is no model's; a long name is cut in the message.
+fn not_found(name: &str, catalog: &Catalog) -> Refusal {
     let shown: String = name.chars().take(80).collect();
     let cut = if shown.len() < name.len() { "…" } else { "" };
-    ApiError {
+    let e = ApiError {
         status: StatusCode::NOT_FOUND,
         message: format!(
             "The model `{shown}{cut}` does not exist on this server; its models are {} \
              (GET /v1/models lists them)",
             catalog.names().join(", ")
         ),
-        param: Some("model".into()),
+        param: None,
         kind: "invalid_request_error",
-    }
+    };
+    Refusal(e, Some("model_not_found"))
 }
 
-async fn forward(fleet: &Arc<Fleet>, request: Request) -> Result<Response, ApiError> {
+async fn forward(fleet: &Arc<Fleet>, request: Request) -> Result<Response, Refusal> {
     let (parts, body) = request.into_parts();
     let bytes = axum::body::to_bytes(body, fleet.args.max_body_bytes)
         .await
