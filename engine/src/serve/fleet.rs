@@ -99,6 +99,8 @@ pub struct Fleet {
     loader: tokio::sync::Mutex<()>,
     metrics: front::FleetMetrics,
     started: Instant,
+    /// Unix seconds at startup (`/v1/models`' `created`).
+    created: u64,
 }
 
 /// A request's hold on its model (see the module doc).
@@ -193,6 +195,7 @@ impl Fleet {
             changed: tokio::sync::watch::channel(0).0,
             loader: Default::default(),
             started: Instant::now(),
+            created: unix_now(),
         })
     }
 

@@ -174,6 +174,22 @@ fn models_take_turns_under_max_models_1_and_answer_as_their_own_servers() {
     assert_eq!(st["completed"], a["completed"]);
     assert_eq!(b["completed"], 4, "{st}");
     eprintln!("fleet load_ms: {A} {}, {B} {}", a["load_ms"], b["load_ms"]);
+    // /metrics: every model's loads (the default's own series only while it is loaded:
+    // it is not now).
+    let (status, text) = http(port, "GET", "/metrics", b"");
+    assert_eq!(status, 200);
+    for line in [
+        format!("engine_model_load_seconds_count{{model=\"{A}\"}} 4"),
+        format!("engine_model_loads_total{{model=\"{B}\"}} 4"),
+        format!("engine_model_unloads_total{{model=\"{B}\"}} 3"),
+        format!("engine_model_loaded{{model=\"{A}\"}} 0"),
+        format!("engine_model_loaded{{model=\"{B}\"}} 1"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no `{line}` in /metrics:\n{text}"
+        );
+    }
 
     // Planted: the front router sends every request to the default model.
     let caught = alternate(planted, own)

@@ -184,7 +184,7 @@ fn models(fleet: &Fleet) -> Response {
             json!({
                 "id": e.spec.name,
                 "object": "model",
-                "created": 0,
+                "created": fleet.created,
                 "owned_by": "engine",
                 "path": e.spec.canonical,
                 "loaded": matches!(e.life().phase, Phase::Loaded(_)),
