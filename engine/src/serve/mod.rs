@@ -352,11 +352,8 @@ fn spawn_model_thread(
     let thread = std::thread::Builder::new()
         .name("model".into())
         // The MLX turn is this thread's while it works (`turn`): from the load on.
-        .spawn(move || {
-            match {
-                turn::enter();
-                load_worker(&args, opts, context, shared)
-            } {
+        .spawn(
+            move || match turn::keep(|| load_worker(&args, opts, context, shared)) {
                 Ok(mut worker) => {
                     let slots = args.batch.max(1);
                     worker.dist = crate::dist::active().then(dist_plan::Leader::default);
@@ -394,8 +391,8 @@ fn spawn_model_thread(
                     turn::leave();
                     let _ = ready_tx.send(Err(e));
                 }
-            }
-        })?;
+            },
+        )?;
     let vocab = ready_rx
         .recv()
         .context("the model thread exited while loading")??;

@@ -28,6 +28,12 @@ pub fn enter() {
     });
 }
 
+/// Takes the turn, then runs `work`, keeping the turn after (a model thread's start).
+pub fn keep<T>(work: impl FnOnce() -> T) -> T {
+    enter();
+    work()
+}
+
 /// Gives the turn up (fairly: the longest waiter gets it next); a no-op where this thread
 /// does not hold it.
 pub fn leave() {
@@ -100,7 +106,7 @@ mod tests {
                         inside.fetch_sub(1, Ordering::SeqCst);
                         pass();
                     }
-                    outside(|| std::thread::yield_now());
+                    outside(std::thread::yield_now);
                     assert!(holds());
                     leave();
                     assert!(!holds());

@@ -274,6 +274,17 @@ fn models_take_turns_under_max_models_1_and_answer_as_their_own_servers() {
 
 #[test]
 fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
+    // A model that cannot load: a config and an empty weights file.
+    let models = tempfile::tempdir().unwrap();
+    let broken = models.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::copy(
+        common::goldens().join("models").join(B).join("config.json"),
+        broken.join("config.json"),
+    )
+    .unwrap();
+    std::fs::write(broken.join("model.safetensors"), b"").unwrap();
+    let models_dir = models.path().display().to_string();
     let servers = start_all(2, |i| match i {
         0 => fleet(
             &[
@@ -285,6 +296,8 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
                 "0.3",
                 "--api-key",
                 "k",
+                "--models-dir",
+                &models_dir,
             ],
             &[],
         ),
@@ -341,6 +354,21 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
     assert_eq!(st["models"][A]["loaded"], true, "{st}");
     assert_eq!(st["models"][A]["unloads"], 0, "{st}");
     assert_eq!(st["models"][A]["loads"], 1, "{st}");
+
+    // A model that fails to load: a 500 naming why, each time (the next request tries
+    // again); the server goes on serving.
+    let body = json!({"model": "broken", "prompt": "x", "max_tokens": 2});
+    for _ in 0..2 {
+        let (status, text) = keyed("/v1/completions", &body);
+        assert_eq!(status, 500, "{text}");
+        assert!(text.contains("broken could not be loaded"), "{text}");
+    }
+    let st = get_stats();
+    assert!(st["models"]["broken"]["last_error"].is_string(), "{st}");
+    assert_eq!(st["models"]["broken"]["loads"], 0, "{st}");
+    assert_eq!(st["models"][A]["loaded"], true, "{st}");
+    let body = json!({"model": A, "prompt": "x", "max_tokens": 2});
+    assert_eq!(keyed("/v1/completions", &body).0, 200);
 
     // Planted: a request arriving during a load starts another one.
     let body = bodies(B)[2].1.clone();
