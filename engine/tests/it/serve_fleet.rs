@@ -274,15 +274,14 @@ fn models_take_turns_under_max_models_1_and_answer_as_their_own_servers() {
 
 #[test]
 fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
-    // A model that cannot load: a config and an empty weights file.
+    // A model that cannot load: its tokenizer loads, its weights (an empty file) do not.
     let models = tempfile::tempdir().unwrap();
     let broken = models.path().join("broken");
     std::fs::create_dir(&broken).unwrap();
-    std::fs::copy(
-        common::goldens().join("models").join(B).join("config.json"),
-        broken.join("config.json"),
-    )
-    .unwrap();
+    for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        let from = common::goldens().join("models").join(B).join(file);
+        std::fs::copy(from, broken.join(file)).unwrap();
+    }
     std::fs::write(broken.join("model.safetensors"), b"").unwrap();
     let models_dir = models.path().display().to_string();
     let servers = start_all(2, |i| match i {
