@@ -396,6 +396,17 @@ pub enum Defect {
     /// the running group (stepped under the group's adapter). Caught by
     /// `serve_adapters::the_batch_lane_groups_rows_by_adapter`.
     AdapterBatchMixed,
+    /// Serve, many models: the front router ignores a request's `model` and sends every
+    /// request to the default model. Caught by the alternation gate
+    /// (`tests/it/serve_fleet.rs`: the second model's answers differ from its own server's).
+    FleetRoutesToDefault,
+    /// Serve, many models: a request arriving while its model loads starts another load
+    /// instead of waiting for that one. Caught by the concurrent-load gate
+    /// (`tests/it/serve_fleet.rs`: /stats counts more than one load).
+    FleetLoadsTwice,
+    /// Serve, many models: `--model-ttl` never unloads an idle model. Caught by the TTL
+    /// gate (`tests/it/serve_fleet.rs`: the model stays loaded past the wait).
+    FleetTtlIgnored,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -568,6 +579,9 @@ pub fn on_from_env() -> Result<(), String> {
             "EmbedPoolsBeforeLast" => Defect::EmbedPoolsBeforeLast,
             "EmbedHoldsTheLane" => Defect::EmbedHoldsTheLane,
             "MessagesOutputFormatIgnored" => Defect::MessagesOutputFormatIgnored,
+            "FleetRoutesToDefault" => Defect::FleetRoutesToDefault,
+            "FleetLoadsTwice" => Defect::FleetLoadsTwice,
+            "FleetTtlIgnored" => Defect::FleetTtlIgnored,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

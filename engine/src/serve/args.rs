@@ -6,9 +6,33 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
     /// Model directory in Hugging Face layout, or a hub repo id (`org/name[@revision]`)
-    /// from the local Hugging Face cache (never downloaded).
-    #[arg(long, value_parser = crate::load::hub::model_arg)]
+    /// from the local Hugging Face cache (never downloaded). Repeatable: the first serves
+    /// requests that name no model (docs/serve.md, "Many models").
+    #[arg(long = "model", id = "models", value_parser = crate::load::hub::model_arg,
+          required_unless_present = "models_dir")]
+    pub models: Vec<PathBuf>,
+    /// The model this process serves (the first `--model`; set by `run`).
+    #[arg(skip)]
     pub model: PathBuf,
+    /// Many models: every model directory (config.json + *.safetensors) or hub-cache repo
+    /// (`models--org--name`) directly under this directory may be asked for by name.
+    #[arg(long)]
+    pub models_dir: Option<PathBuf>,
+    /// Many models: how many may be loaded at once (least recently used unloads first).
+    /// Default: the number of --pin models, at least 1.
+    #[arg(long)]
+    pub max_models: Option<usize>,
+    /// Many models: unload a model after this many seconds without requests (0 = never).
+    #[arg(long, default_value_t = 0.0)]
+    pub model_ttl: f64,
+    /// Many models: keep this model (a name, as in /v1/models) loaded from startup on.
+    /// Repeatable.
+    #[arg(long)]
+    pub pin: Vec<String>,
+    /// Many models: how long a request waits for its model to load (or for room to load
+    /// it) before a 503.
+    #[arg(long, default_value_t = 300.0)]
+    pub load_timeout: f64,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     /// Port (0 picks a free one; the address is printed).

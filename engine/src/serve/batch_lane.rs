@@ -286,6 +286,8 @@ impl Worker {
             group: None,
         };
         loop {
+            // Another model's thread may have a step to run (`turn`).
+            super::turn::pass();
             if !self.receive(&mut lane, &jobs) {
                 return;
             }

@@ -83,7 +83,7 @@ pub async fn check(State(s): State<Arc<AppState>>, request: Request, next: Next)
 }
 
 /// Why `request` is refused, if it is.
-fn refusal(guard: &Guard, request: &Request) -> Option<Response> {
+pub(super) fn refusal(guard: &Guard, request: &Request) -> Option<Response> {
     let headers = request.headers();
     if guard.loopback_only {
         let host = headers

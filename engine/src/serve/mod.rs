@@ -12,6 +12,7 @@ mod embeddings;
 mod emit;
 mod encode;
 pub mod error;
+mod fleet;
 mod follower;
 pub mod guard;
 mod lead;
@@ -24,6 +25,7 @@ mod routes;
 pub mod store;
 mod tokenize;
 pub mod tools;
+pub mod turn;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -53,6 +55,18 @@ pub struct Limits {
     pub draining: AtomicBool,
     /// Set when the drain deadline passes: every request still running is cut.
     pub cut_all: AtomicBool,
+}
+
+impl Limits {
+    fn from_args(args: &ServeArgs) -> anyhow::Result<Arc<Self>> {
+        Ok(Arc::new(Limits {
+            stall: seconds("stall-timeout", args.stall_timeout)?.unwrap_or(Duration::MAX),
+            request_timeout: seconds("request-timeout", args.request_timeout)?,
+            interleave: args.interleave.max(1),
+            draining: Default::default(),
+            cut_all: Default::default(),
+        }))
+    }
 }
 
 /// Counters for `/stats`.
@@ -173,13 +187,7 @@ impl Config {
             .unwrap_or_else(|_| args.model.clone())
             .display()
             .to_string();
-        let limits = Arc::new(Limits {
-            stall: seconds("stall-timeout", args.stall_timeout)?.unwrap_or(Duration::MAX),
-            request_timeout: seconds("request-timeout", args.request_timeout)?,
-            interleave: args.interleave.max(1),
-            draining: Default::default(),
-            cut_all: Default::default(),
-        });
+        let limits = Limits::from_args(args)?;
         let drain_timeout = seconds("drain-timeout", args.drain_timeout)?.unwrap_or_default();
         // The tokenizer and template hold no MLX state: loaded here, shared by the HTTP side
         // (which encodes prompts) and the model thread (which decodes).
@@ -233,44 +241,42 @@ struct Shared {
 }
 
 /// Loads the model, starts the model thread and serves until interrupted.
-pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "plant")]
     crate::plant::on_from_env().map_err(anyhow::Error::msg)?;
+    if fleet::wanted(&args) {
+        return fleet::run(args);
+    }
+    args.model = args.models[0].clone();
     let group = dist_plan::join(&args)?;
     anyhow::ensure!(
         group.is_none() || args.adapter.is_empty(),
         "--adapter is not served by a distributed group (mlx.launch): serve adapters from \
          one process"
     );
-    let config = Config::from_args(&args)?;
-    let shared = Shared {
-        tokenizer: config.tokenizer.clone(),
-        markers: config.markers.clone(),
-        counters: Arc::new(Counters::default()),
-        limits: config.limits.clone(),
-        mirror: store::StatsMirror {
-            ram: Arc::new(Mutex::new(
-                PromptCache::new(args.prompt_cache_size, args.prompt_cache_bytes).stats(),
-            )),
-            ssd: Default::default(),
-        },
-    };
     if group.is_some_and(|g| g.rank != 0) {
+        let config = Config::from_args(&args)?;
+        let shared = shared(&args, &config, Arc::new(Counters::default()));
         let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
         return follower::follow(worker);
     }
-    let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
-    let (tx, rx) = mpsc::channel::<worker::Work>();
-    let (model_thread, vocab) =
-        spawn_model_thread(&args, config.opts.clone(), config.context, shared, rx)?;
-    let drain_timeout = config.drain_timeout;
-    let state = Arc::new(app_state(&args, config, counters, mirror, tx, vocab));
+    let started = start_model(&args, Arc::new(Counters::default()), None)?;
+    let (state, model_thread) = (started.state, started.thread);
+    let drain_timeout = started.drain_timeout;
     warn_if_reachable(&args.host, &state.guard);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    runtime.block_on(serve_http(&args, state.clone(), drain_timeout))?;
+    let app = routes::router(state.clone(), args.max_body_bytes, extra_routes());
+    let limits = state.limits.clone();
+    runtime.block_on(serve_http(
+        &args,
+        app,
+        &state.model_id,
+        limits,
+        drain_timeout,
+    ))?;
     // Close the queue; the model thread finishes (writing pending SSD snapshots) and ends.
     if let Ok(mut jobs) = state.jobs.lock() {
         jobs.take();
@@ -279,6 +285,65 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Encodings still running on the blocking pool are not waited for.
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
+}
+
+/// What the model thread shares with the HTTP side, for `args.model`.
+fn shared(args: &ServeArgs, config: &Config, counters: Arc<Counters>) -> Shared {
+    Shared {
+        tokenizer: config.tokenizer.clone(),
+        markers: config.markers.clone(),
+        counters,
+        limits: config.limits.clone(),
+        mirror: store::StatsMirror {
+            ram: Arc::new(Mutex::new(
+                PromptCache::new(args.prompt_cache_size, args.prompt_cache_bytes).stats(),
+            )),
+            ssd: Default::default(),
+        },
+    }
+}
+
+/// One model being served: its HTTP side's state and its model thread.
+struct Started {
+    state: Arc<AppState>,
+    thread: std::thread::JoinHandle<()>,
+    drain_timeout: Duration,
+}
+
+/// Loads `args.model` on a new model thread (returning once it has loaded) and builds its
+/// HTTP side's state. `counters` and `limits` may be shared across loads and models
+/// (`fleet`); None: the model's own limits from the flags.
+fn start_model(
+    args: &ServeArgs,
+    counters: Arc<Counters>,
+    limits: Option<Arc<Limits>>,
+) -> anyhow::Result<Started> {
+    let mut config = Config::from_args(args)?;
+    if let Some(limits) = limits {
+        config.limits = limits;
+    }
+    let shared = shared(args, &config, counters);
+    let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
+    let (tx, rx) = mpsc::channel::<worker::Work>();
+    let (thread, vocab) =
+        spawn_model_thread(args, config.opts.clone(), config.context, shared, rx)?;
+    let drain_timeout = config.drain_timeout;
+    let state = Arc::new(app_state(args, config, counters, mirror, tx, vocab));
+    Ok(Started {
+        state,
+        thread,
+        drain_timeout,
+    })
+}
+
+/// The routes every model's router has beyond `routes::router`'s own.
+fn extra_routes() -> axum::Router<Arc<AppState>> {
+    responses::routes()
+        .merge(messages::routes())
+        .merge(metrics::routes())
+        .merge(tokenize::routes())
+        .merge(embeddings::routes())
+        .merge(adapters::routes())
 }
 
 /// Starts the model thread, which loads everything MLX touches itself (so MLX work stays
@@ -293,10 +358,11 @@ fn spawn_model_thread(
 ) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
     let args = args.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
-    let thread =
-        std::thread::Builder::new()
-            .name("model".into())
-            .spawn(move || match load_worker(&args, opts, context, shared) {
+    let thread = std::thread::Builder::new()
+        .name("model".into())
+        // The MLX turn is this thread's while it works (`turn`): from the load on.
+        .spawn(
+            move || match turn::keep(|| load_worker(&args, opts, context, shared)) {
                 Ok(mut worker) => {
                     let slots = args.batch.max(1);
                     worker.dist = crate::dist::active().then(dist_plan::Leader::default);
@@ -319,14 +385,23 @@ fn spawn_model_thread(
                     }
                     let _ = ready_tx.send(Ok(worker.model.vocab_size()));
                     match lane {
-                        Some(None) => worker.run_batched(jobs, slots),
+                        Some(None) => {
+                            worker.run_batched(jobs, slots);
+                            drop(worker);
+                        }
                         _ => worker.run(jobs),
                     }
+                    // The model and its caches are dropped: MLX's buffer cache would keep
+                    // their memory from the next model (`fleet` unloads so).
+                    let _ = mlx_rs::memory::clear_cache();
+                    turn::leave();
                 }
                 Err(e) => {
+                    turn::leave();
                     let _ = ready_tx.send(Err(e));
                 }
-            })?;
+            },
+        )?;
     let vocab = ready_rx
         .recv()
         .context("the model thread exited while loading")??;
@@ -509,7 +584,9 @@ fn warn_if_reachable(host: &str, guard: &guard::Guard) {
 /// ones go on until they end or `drain_timeout` cuts them.
 async fn serve_http(
     args: &ServeArgs,
-    state: Arc<AppState>,
+    app: axum::Router,
+    name: &str,
+    limits: Arc<Limits>,
     drain_timeout: Duration,
 ) -> anyhow::Result<()> {
     let addr: SocketAddr = format!("{}:{}", args.host, args.port)
@@ -519,18 +596,10 @@ async fn serve_http(
         format!("cannot listen on {addr} (is another server using that port? try --port)")
     })?;
     let local = listener.local_addr()?;
-    println!("engine serve: {} on http://{local}", state.model_id);
+    println!("engine serve: {name} on http://{local}");
     if !args.no_open && std::io::IsTerminal::is_terminal(&std::io::stdout()) {
         open_browser(&local);
     }
-    let limits = state.limits.clone();
-    let more = responses::routes()
-        .merge(messages::routes())
-        .merge(metrics::routes())
-        .merge(tokenize::routes())
-        .merge(embeddings::routes())
-        .merge(adapters::routes());
-    let app = routes::router(state, args.max_body_bytes, more);
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {

@@ -29,7 +29,7 @@ use super::AppState;
 /// The chat page (plain HTML/CSS/JS, embedded in the binary).
 const CHAT_PAGE: &str = include_str!("page/chat.html");
 
-async fn chat_page() -> axum::response::Html<&'static str> {
+pub(super) async fn chat_page() -> axum::response::Html<&'static str> {
     axum::response::Html(CHAT_PAGE)
 }
 
@@ -70,9 +70,14 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 }
 
 async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(stats_json(&s))
+}
+
+/// `/stats`' body for one model (`fleet` shows one per model).
+pub(super) fn stats_json(s: &AppState) -> Value {
     let c = &s.counters;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    Json(json!({
+    json!({
         "model": s.model_id,
         "uptime_s": s.started.elapsed().as_secs_f64(),
         "requests": n(&c.requests),
@@ -106,7 +111,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         })),
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
-    }))
+    })
 }
 
 pub(super) fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {

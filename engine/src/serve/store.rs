@@ -149,7 +149,7 @@ impl PromptStore {
     /// gone).
     pub fn recv<T>(&mut self, rx: &mpsc::Receiver<T>) -> Option<T> {
         if !self.pending.is_empty() {
-            match rx.recv_timeout(self.debounce) {
+            match super::turn::outside(|| rx.recv_timeout(self.debounce)) {
                 Ok(item) => return Some(item),
                 Err(mpsc::RecvTimeoutError::Timeout) => self.flush(),
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
@@ -158,7 +158,7 @@ impl PromptStore {
                 }
             }
         }
-        let item = rx.recv().ok();
+        let item = super::turn::outside(|| rx.recv().ok());
         if item.is_none() {
             self.flush();
         }

@@ -149,6 +149,8 @@ impl Worker {
         let mut held: Option<Job> = None;
         crate::dist::arm("the first round plan");
         loop {
+            // Another model's thread may have a step to run (`turn`).
+            super::turn::pass();
             if let Some(why) = self.dist.as_ref().and_then(|l| l.lost()) {
                 self.peer_lost(&mut turns, held.take(), &jobs, &why);
             }
@@ -207,13 +209,14 @@ impl Worker {
             if !ticked && !turns.is_empty() {
                 // Every request waits on its client: wait a moment (or for a new job).
                 let pause = Duration::from_millis(5);
+                let sleep = || super::turn::outside(|| std::thread::sleep(pause));
                 if held.is_some() {
-                    std::thread::sleep(pause);
+                    sleep();
                 } else {
                     match self.job_within(&jobs, pause) {
                         Ok(job) => held = Some(job),
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
-                        Err(mpsc::RecvTimeoutError::Disconnected) => std::thread::sleep(pause),
+                        Err(mpsc::RecvTimeoutError::Disconnected) => sleep(),
                     }
                 }
             }

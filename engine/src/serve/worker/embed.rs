@@ -113,7 +113,7 @@ impl Worker {
         jobs: &Receiver<Work>,
         timeout: Duration,
     ) -> Result<Job, RecvTimeoutError> {
-        let work = jobs.recv_timeout(timeout)?;
+        let work = crate::serve::turn::outside(|| jobs.recv_timeout(timeout))?;
         self.divert(work).ok_or(RecvTimeoutError::Timeout)
     }
 

@@ -1,0 +1,533 @@
+//! Many models in one server, loaded on demand (docs/serve.md, "Many models"): several
+//! `--model`s or a `--models-dir`. Each loaded model is what a single-model server is (its
+//! `AppState`, its model thread, its router); a front router (`front`) reads a request's
+//! `model`, loads that model when it is not loaded and forwards the request, unchanged, to
+//! its router. What Ollama and LM Studio's servers do for a local machine: a request names
+//! a model, the least recently used model is unloaded to make room (`--max-models`), idle
+//! ones after `--model-ttl`, never a `--pin`ned one.
+//!
+//! - A load runs off the tokio threads (its model thread takes the MLX turn, `turn`), one
+//!   at a time; requests for a model being loaded wait for that load (up to
+//!   `--load-timeout`), so a model never loads twice at once. A failed load fails the
+//!   requests that waited for it, naming why; the next request tries again.
+//! - A request holds a `Lease` on its model until its response's body ends (a stream's
+//!   last event): a model with leases is never unloaded; room waits for one to go idle.
+//! - Unloading closes the model's job queue and joins its model thread, which drops the
+//!   model and its caches and clears MLX's buffer cache.
+//! - A model's counters outlive its loads: /stats counts its requests across reloads.
+
+mod catalog;
+mod front;
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+
+use super::error::ApiError;
+use super::{AppState, Counters, Limits, ServeArgs};
+use crate::plant::{self, Defect};
+use catalog::Catalog;
+
+/// Whether the flags ask for more than one model (one plain `--model` serves as before).
+pub fn wanted(args: &ServeArgs) -> bool {
+    args.models.len() > 1
+        || args.models_dir.is_some()
+        || args.max_models.is_some()
+        || !args.pin.is_empty()
+        || args.model_ttl != 0.0
+}
+
+/// A loaded model: its HTTP state, its router and its model thread.
+struct Loaded {
+    state: Arc<AppState>,
+    router: axum::Router,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+enum Phase {
+    Unloaded,
+    Loading,
+    Loaded(Arc<Loaded>),
+    Unloading,
+}
+
+/// One model's life so far (under the entry's lock).
+struct Life {
+    phase: Phase,
+    /// Requests holding the model (arrived, until their response ends).
+    leases: usize,
+    last_used: Instant,
+    /// Seconds since the epoch of the last request's end or start (None: never used).
+    last_used_unix: Option<u64>,
+    /// Loads started, and the last failed one's number and reason.
+    attempts: u64,
+    failed: Option<(u64, String)>,
+    loads: u64,
+    unloads: u64,
+    load_ms: Option<f64>,
+}
+
+/// A configured model.
+struct Entry {
+    spec: catalog::Spec,
+    pinned: bool,
+    counters: Arc<Counters>,
+    life: Mutex<Life>,
+}
+
+impl Entry {
+    fn life(&self) -> std::sync::MutexGuard<'_, Life> {
+        self.life.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The models and what decides which are loaded.
+pub struct Fleet {
+    args: ServeArgs,
+    catalog: Catalog,
+    entries: Vec<Entry>,
+    max_models: usize,
+    ttl: Option<Duration>,
+    load_timeout: Duration,
+    /// Shared by every model's state (drain, timeouts).
+    limits: Arc<Limits>,
+    /// Bumped on every change of a phase or a lease count; waiters watch it.
+    changed: tokio::sync::watch::Sender<u64>,
+    /// One load, or unload to make room, at a time.
+    loader: tokio::sync::Mutex<()>,
+    metrics: front::FleetMetrics,
+    started: Instant,
+    /// Unix seconds at startup (`/v1/models`' `created`).
+    created: u64,
+}
+
+/// A request's hold on its model (see the module doc).
+pub struct Lease {
+    fleet: Arc<Fleet>,
+    index: usize,
+    loaded: Arc<Loaded>,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let entry = &self.fleet.entries[self.index];
+        {
+            let mut life = entry.life();
+            life.leases -= 1;
+            life.last_used = Instant::now();
+            life.last_used_unix = Some(unix_now());
+        }
+        self.fleet.bump();
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn seconds(flag: &str, secs: f64) -> anyhow::Result<Option<Duration>> {
+    super::seconds(flag, secs)
+}
+
+impl Fleet {
+    fn new(args: ServeArgs) -> anyhow::Result<Self> {
+        anyhow::ensure!(
+            args.draft_model.is_none() && args.chat_template.is_none() && args.ssd_cache.is_none(),
+            "--draft-model, --chat-template and --ssd-cache are one model's: serve that model \
+             alone (one --model) to use them"
+        );
+        let catalog = Catalog::new(&args.models, args.models_dir.as_deref())?;
+        let mut pinned = vec![false; catalog.specs.len()];
+        for name in &args.pin {
+            let i = catalog.exact(name).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--pin {name:?}: no such model; the models are {:?}",
+                    catalog.names()
+                )
+            })?;
+            pinned[i] = true;
+        }
+        let pins = pinned.iter().filter(|p| **p).count();
+        // One model at a time unless pins need more: loading a second model must never run
+        // a machine out of memory unasked; --max-models raises it.
+        let max_models = args.max_models.unwrap_or(pins.max(1));
+        anyhow::ensure!(max_models >= 1, "--max-models must be at least 1");
+        anyhow::ensure!(
+            pins <= max_models,
+            "--pin names {pins} models but --max-models is {max_models}: pinned models are \
+             never unloaded, so raise --max-models to at least {pins}"
+        );
+        let limits = Limits::from_args(&args)?;
+        let entries = catalog
+            .specs
+            .iter()
+            .zip(pinned)
+            .map(|(spec, pinned)| Entry {
+                spec: spec.clone(),
+                pinned,
+                counters: Default::default(),
+                life: Mutex::new(Life {
+                    phase: Phase::Unloaded,
+                    leases: 0,
+                    last_used: Instant::now(),
+                    last_used_unix: None,
+                    attempts: 0,
+                    failed: None,
+                    loads: 0,
+                    unloads: 0,
+                    load_ms: None,
+                }),
+            })
+            .collect();
+        Ok(Fleet {
+            ttl: seconds("model-ttl", args.model_ttl)?,
+            load_timeout: seconds("load-timeout", args.load_timeout)?.unwrap_or(Duration::MAX),
+            metrics: front::FleetMetrics::new(&catalog),
+            args,
+            catalog,
+            entries,
+            max_models,
+            limits,
+            changed: tokio::sync::watch::channel(0).0,
+            loader: Default::default(),
+            started: Instant::now(),
+            created: unix_now(),
+        })
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// A lease on model `i`, loading it (or waiting for its load) as needed.
+    pub async fn acquire(self: &Arc<Self>, i: usize) -> Result<Lease, ApiError> {
+        let entry = &self.entries[i];
+        let deadline = tokio::time::Instant::now()
+            .checked_add(self.load_timeout)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365));
+        let mut waited_on = None;
+        loop {
+            let mut changed = self.changed.subscribe();
+            {
+                let mut life = entry.life();
+                match &life.phase {
+                    Phase::Loaded(loaded) => {
+                        let loaded = loaded.clone();
+                        life.leases += 1;
+                        life.last_used = Instant::now();
+                        life.last_used_unix = Some(unix_now());
+                        return Ok(Lease {
+                            fleet: self.clone(),
+                            index: i,
+                            loaded,
+                        });
+                    }
+                    Phase::Loading if plant::is(Defect::FleetLoadsTwice) && waited_on.is_none() => {
+                        life.attempts += 1;
+                        waited_on = Some(life.attempts);
+                        tokio::spawn(self.clone().load(i));
+                    }
+                    Phase::Loading => {
+                        waited_on.get_or_insert(life.attempts);
+                    }
+                    Phase::Unloading => {}
+                    Phase::Unloaded => {
+                        if let (Some(k), Some((failed, why))) = (waited_on, &life.failed) {
+                            if *failed == k {
+                                return Err(ApiError::server(format!(
+                                    "model {} could not be loaded: {why}",
+                                    entry.spec.name
+                                )));
+                            }
+                        }
+                        life.phase = Phase::Loading;
+                        life.attempts += 1;
+                        waited_on = Some(life.attempts);
+                        tokio::spawn(self.clone().load(i));
+                    }
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                return Err(ApiError::server(format!(
+                    "model {} is not loaded yet after {:.0} s (--load-timeout); it goes on \
+                     loading: retry later",
+                    entry.spec.name,
+                    self.load_timeout.as_secs_f64()
+                ))
+                .with_status(StatusCode::SERVICE_UNAVAILABLE));
+            }
+        }
+    }
+
+    /// Loads model `i` (its phase is Loading), making room first.
+    async fn load(self: Arc<Self>, i: usize) {
+        let _one = self.loader.lock().await;
+        let entry = &self.entries[i];
+        let result = match self.make_room(i, None).await {
+            Err(why) => Err(why),
+            Ok(()) => {
+                let mut args = self.args.clone();
+                args.model = entry.spec.path.clone();
+                // `--adapter`s are the default model's; other models mount theirs at run
+                // time (`POST /v1/adapters` with the model named).
+                if i != 0 {
+                    args.adapter.clear();
+                }
+                let (counters, limits) = (entry.counters.clone(), self.limits.clone());
+                let started = Instant::now();
+                tokio::task::spawn_blocking(move || {
+                    super::start_model(&args, counters, Some(limits))
+                        .map(|s| (s, started.elapsed()))
+                })
+                .await
+                .map_err(|e| format!("the load stopped: {e}"))
+                .and_then(|r| r.map_err(|e| format!("{e:#}")))
+            }
+        };
+        {
+            let mut life = entry.life();
+            match result {
+                Ok((started, took)) => {
+                    let router = super::routes::router(
+                        started.state.clone(),
+                        self.args.max_body_bytes,
+                        super::extra_routes(),
+                    );
+                    life.phase = Phase::Loaded(Arc::new(Loaded {
+                        state: started.state,
+                        router,
+                        thread: Mutex::new(Some(started.thread)),
+                    }));
+                    life.loads += 1;
+                    life.load_ms = Some(took.as_secs_f64() * 1e3);
+                    life.last_used = Instant::now();
+                    self.metrics.loaded(i, took);
+                    eprintln!(
+                        "engine serve: loaded {} in {:.0} ms",
+                        entry.spec.name,
+                        took.as_secs_f64() * 1e3
+                    );
+                }
+                Err(why) => {
+                    eprintln!("engine serve: cannot load {}: {why}", entry.spec.name);
+                    life.phase = Phase::Unloaded;
+                    life.failed = Some((life.attempts, why));
+                }
+            }
+        }
+        self.bump();
+    }
+
+    /// Unloads least recently used models until model `keep` fits in `--max-models`
+    /// (never a pinned one, never one with leases: those are waited for, up to
+    /// `--load-timeout`). `bytes`: the memory budget's request, when it asks for room too
+    /// (None: slots only).
+    async fn make_room(&self, keep: usize, bytes: Option<u64>) -> Result<(), String> {
+        let _ = bytes;
+        let deadline = tokio::time::Instant::now()
+            .checked_add(self.load_timeout)
+            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365));
+        loop {
+            let mut changed = self.changed.subscribe();
+            let mut held = 0;
+            let mut victim: Option<(usize, Instant)> = None;
+            let mut busy = 0;
+            for (j, e) in self.entries.iter().enumerate() {
+                if j == keep {
+                    continue;
+                }
+                let life = e.life();
+                if matches!(life.phase, Phase::Unloaded) {
+                    continue;
+                }
+                held += 1;
+                if !matches!(life.phase, Phase::Loaded(_)) || e.pinned {
+                    continue;
+                }
+                if life.leases > 0 {
+                    busy += 1;
+                } else if victim.is_none_or(|(_, t)| life.last_used < t) {
+                    victim = Some((j, life.last_used));
+                }
+            }
+            if held < self.max_models {
+                return Ok(());
+            }
+            if let Some((j, _)) = victim {
+                self.unload(j).await;
+                continue;
+            }
+            if busy == 0 {
+                return Err(format!(
+                    "every one of the {} model slots holds a pinned model; raise --max-models",
+                    self.max_models
+                ));
+            }
+            if tokio::time::timeout_at(deadline, changed.changed())
+                .await
+                .is_err()
+            {
+                return Err(format!(
+                    "the {} loaded models stayed busy for {:.0} s (--load-timeout); raise \
+                     --max-models or retry later",
+                    self.max_models,
+                    self.load_timeout.as_secs_f64()
+                ));
+            }
+        }
+    }
+
+    /// Unloads model `j` if it is loaded and idle: closes its queue, joins its model thread
+    /// (off the tokio threads). The caller holds `loader`.
+    async fn unload(&self, j: usize) {
+        let entry = &self.entries[j];
+        let loaded = {
+            let mut life = entry.life();
+            match &life.phase {
+                Phase::Loaded(l) if life.leases == 0 => {
+                    let l = l.clone();
+                    life.phase = Phase::Unloading;
+                    l
+                }
+                _ => return,
+            }
+        };
+        self.bump();
+        let _ = tokio::task::spawn_blocking(move || stop(&loaded)).await;
+        {
+            let mut life = entry.life();
+            life.phase = Phase::Unloaded;
+            life.unloads += 1;
+        }
+        self.metrics.unloaded(j);
+        eprintln!("engine serve: unloaded {}", entry.spec.name);
+        self.bump();
+    }
+
+    /// Unloads the idle models past `--model-ttl` (not pinned ones).
+    async fn expire(&self) {
+        let Some(ttl) = self.ttl else { return };
+        if plant::is(Defect::FleetTtlIgnored) {
+            return;
+        }
+        for (j, e) in self.entries.iter().enumerate() {
+            let idle = {
+                let life = e.life();
+                !e.pinned
+                    && matches!(life.phase, Phase::Loaded(_))
+                    && life.leases == 0
+                    && life.last_used.elapsed() >= ttl
+            };
+            if idle {
+                let _one = self.loader.lock().await;
+                let still = {
+                    let life = e.life();
+                    life.leases == 0 && life.last_used.elapsed() >= ttl
+                };
+                if still {
+                    self.unload(j).await;
+                }
+            }
+        }
+    }
+
+    /// Every loaded model's state (for shutdown).
+    fn all_loaded(&self) -> Vec<Arc<Loaded>> {
+        self.entries
+            .iter()
+            .filter_map(|e| match &e.life().phase {
+                Phase::Loaded(l) => Some(l.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// Closes a model's queue and waits for its model thread to end (it finishes what it
+/// holds, drops the model and clears MLX's buffer cache).
+fn stop(loaded: &Loaded) {
+    if let Ok(mut jobs) = loaded.state.jobs.lock() {
+        jobs.take();
+    }
+    let thread = loaded.thread.lock().ok().and_then(|mut t| t.take());
+    if let Some(thread) = thread {
+        let _ = thread.join();
+    }
+}
+
+/// Serves the configured models until interrupted.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        std::env::var_os("MLX_RANK").is_none(),
+        "several models are not served under mlx.launch; serve one --model there"
+    );
+    let fleet = Arc::new(Fleet::new(args)?);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let guard = super::guard::Guard::new(&fleet.args.host, fleet.args.api_key.clone());
+    super::warn_if_reachable(&fleet.args.host, &guard);
+    runtime.block_on(async {
+        // The pinned models, then the default where there is room: loaded before the
+        // server reports its address, so that a ready server answers at once.
+        let mut first: Vec<usize> = (0..fleet.entries.len())
+            .filter(|&i| fleet.entries[i].pinned)
+            .collect();
+        if !fleet.entries[0].pinned && first.len() < fleet.max_models {
+            first.push(0);
+        }
+        for i in first {
+            fleet.entries[i].life().phase = Phase::Loading;
+            fleet.entries[i].life().attempts += 1;
+            fleet.clone().load(i).await;
+            if let Some((_, why)) = &fleet.entries[i].life().failed {
+                anyhow::bail!("{}: {why}", fleet.entries[i].spec.name);
+            }
+        }
+        if let Some(ttl) = fleet.ttl {
+            let tick = (ttl / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            let f = fleet.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(tick).await;
+                    f.expire().await;
+                }
+            });
+        }
+        let app = front::router(fleet.clone(), guard);
+        let name = fleet.catalog.names().join(", ");
+        let drain = seconds("drain-timeout", fleet.args.drain_timeout)?.unwrap_or_default();
+        super::serve_http(&fleet.args, app, &name, fleet.limits.clone(), drain).await
+    })?;
+    for loaded in fleet.all_loaded() {
+        stop(&loaded);
+    }
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The number of requests a model's counters have seen, for /stats of an unloaded model.
+fn counted(c: &Counters) -> serde_json::Value {
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    serde_json::json!({
+        "requests": n(&c.requests),
+        "completed": n(&c.completed),
+        "failed": n(&c.failed),
+        "rejected": n(&c.rejected),
+        "cancelled": n(&c.cancelled),
+        "timed_out": n(&c.timed_out),
+        "throttled": n(&c.throttled),
+        "queued": c.queued.load(Ordering::Relaxed),
+        "running": c.running.load(Ordering::Relaxed),
+        "prompt_tokens": n(&c.prompt_tokens),
+        "completion_tokens": n(&c.completion_tokens),
+    })
+}

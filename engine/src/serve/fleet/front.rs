@@ -1,0 +1,347 @@
+//! The many-model server's front router: the guard, then the routes about every model
+//! (`/v1/models`, `/stats`, `/metrics`, `/health`, the chat page); any other request is
+//! read (up to `--max-body-bytes`), routed by its JSON `model` field (`Catalog::route`;
+//! GET requests and bodies without one go to the default model) and forwarded, unchanged,
+//! to that model's own router, which answers it as a single-model server would.
+//!
+//! An unknown model is OpenAI's 404 (`"code": "model_not_found"`, the names listed; on
+//! `/v1/messages` Anthropic's `not_found_error`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+use super::{catalog::Catalog, counted, Fleet, Phase};
+use crate::plant::{self, Defect};
+use crate::serve::error::{anthropic, ApiError};
+use crate::serve::guard::{self, Guard};
+
+struct Front {
+    fleet: Arc<Fleet>,
+    guard: Guard,
+}
+
+/// The front router (see the module doc).
+pub fn router(fleet: Arc<Fleet>, guard: Guard) -> Router {
+    Router::new()
+        .fallback(front)
+        .with_state(Arc::new(Front { fleet, guard }))
+}
+
+/// A refusal in the shape the route's clients read.
+fn refuse(path: &str, e: ApiError) -> Response {
+    if anthropic::owns(path) {
+        return anthropic::response(&e);
+    }
+    e.into_response()
+}
+
+async fn front(State(f): State<Arc<Front>>, request: Request) -> Response {
+    let path = request.uri().path().to_owned();
+    if let Some(refused) = guard::refusal(&f.guard, &request) {
+        f.fleet.entries[0]
+            .counters
+            .rejected
+            .fetch_add(1, Ordering::Relaxed);
+        if anthropic::owns(&path) {
+            return anthropic::reshape(refused).await;
+        }
+        return refused;
+    }
+    if request.method() == Method::GET {
+        match path.as_str() {
+            "/v1/models" => return models(&f.fleet),
+            "/stats" => return stats(&f.fleet),
+            "/metrics" => return metrics(&f.fleet),
+            "/health" => return Json(json!({"status": "ok"})).into_response(),
+            "/" | "/index.html" => return crate::serve::routes::chat_page().await.into_response(),
+            _ => {}
+        }
+    }
+    match forward(&f.fleet, request).await {
+        Ok(response) => response,
+        Err(e) => refuse(&path, e),
+    }
+}
+
+/// A request body's `model` (other fields are skipped unread).
+#[derive(serde::Deserialize)]
+struct Probe {
+    model: Option<Value>,
+}
+
+/// The model a body names: None when it names none (or is not a JSON object: the model's
+/// router refuses that, as it does today).
+fn requested(body: &[u8]) -> Result<Option<String>, ApiError> {
+    let Ok(probe) = serde_json::from_slice::<Probe>(body) else {
+        return Ok(None);
+    };
+    match probe.model {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(ApiError::field(
+            "model",
+            "model must be a string naming a model (GET /v1/models lists them)",
+        )),
+    }
+}
+
+/// OpenAI's 404 for a name that is no model's; a long name is cut in the message.
+fn not_found(name: &str, catalog: &Catalog) -> ApiError {
+    let shown: String = name.chars().take(80).collect();
+    let cut = if shown.len() < name.len() { "…" } else { "" };
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        message: format!(
+            "The model `{shown}{cut}` does not exist on this server; its models are {} \
+             (GET /v1/models lists them)",
+            catalog.names().join(", ")
+        ),
+        param: None,
+        kind: "invalid_request_error",
+        code: Some("model_not_found"),
+    }
+}
+
+async fn forward(fleet: &Arc<Fleet>, request: Request) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, fleet.args.max_body_bytes)
+        .await
+        .map_err(|e| {
+            // to_bytes' failures: the limit (http-body-util's LengthLimitError, whose text
+            // this reads), or a body that broke off.
+            let mut too_large = false;
+            let mut cause: Option<&dyn std::error::Error> = Some(&e);
+            while let Some(c) = cause {
+                too_large |= c.to_string().contains("length limit exceeded");
+                cause = c.source();
+            }
+            if too_large {
+                ApiError::invalid(
+                    "the request body is larger than this server accepts (--max-body-bytes)",
+                )
+                .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+            } else {
+                ApiError::invalid(format!("cannot read the request body: {e}"))
+            }
+        })?;
+    let name = requested(&bytes)?;
+    let index = match fleet.catalog.route(name.as_deref()) {
+        Ok(_) if plant::is(Defect::FleetRoutesToDefault) => 0,
+        Ok(i) => i,
+        Err(_) => return Err(not_found(name.as_deref().unwrap_or(""), &fleet.catalog)),
+    };
+    let lease = fleet.acquire(index).await?;
+    let request = Request::from_parts(parts, Body::from(bytes));
+    let router = lease.loaded.router.clone();
+    let response = match router.oneshot(request).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    // A whole body (a JSON answer) is done with the model; a stream holds it to its end.
+    if response.body().size_hint().exact().is_some() {
+        return Ok(response);
+    }
+    let (parts, body) = response.into_parts();
+    let held = body.into_data_stream().map(move |chunk| {
+        let _ = &lease;
+        chunk
+    });
+    Ok(Response::from_parts(parts, Body::from_stream(held)))
+}
+
+/// `/v1/models`: every configured model, loaded or not.
+fn models(fleet: &Fleet) -> Response {
+    let data: Vec<Value> = fleet
+        .entries
+        .iter()
+        .flat_map(|e| {
+            let phase = &e.life().phase;
+            let mut listed = vec![json!({
+                "id": e.spec.name,
+                "object": "model",
+                "created": fleet.created,
+                "owned_by": "engine",
+                "path": e.spec.canonical,
+                "loaded": matches!(phase, Phase::Loaded(_)),
+            })];
+            // A loaded model's adapters, named `MODEL:ADAPTER` (the front routes by MODEL).
+            if let Phase::Loaded(l) = phase {
+                listed.extend(l.state.adapters.listed().into_iter().map(|(name, _)| {
+                    json!({
+                        "id": format!("{}:{name}", e.spec.name), "object": "model",
+                        "created": fleet.created, "owned_by": "engine",
+                        "parent": e.spec.name, "loaded": true,
+                    })
+                }));
+            }
+            listed
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// One model's `/stats` numbers: a loaded model's as a single-model server's, with its
+/// loads; an unloaded one's counters.
+fn model_stats(fleet: &Fleet, i: usize) -> Value {
+    let e = &fleet.entries[i];
+    let life = e.life();
+    let (loaded, mut v) = match &life.phase {
+        Phase::Loaded(l) => (true, crate::serve::routes::stats_json(&l.state)),
+        _ => {
+            let mut v = counted(&e.counters);
+            v["model"] = json!(e.spec.canonical);
+            (false, v)
+        }
+    };
+    v["name"] = json!(e.spec.name);
+    v["loaded"] = json!(loaded);
+    v["loading"] = json!(matches!(life.phase, Phase::Loading));
+    v["pinned"] = json!(e.pinned);
+    v["loads"] = json!(life.loads);
+    v["unloads"] = json!(life.unloads);
+    v["load_ms"] = json!(life.load_ms);
+    v["last_used"] = json!(life.last_used_unix);
+    v["leases"] = json!(life.leases);
+    v["last_error"] = json!(life.failed.as_ref().map(|(_, why)| why));
+    v
+}
+
+/// `/stats`: the default model's numbers at the top level (as a single-model server's),
+/// and `models`: every model's.
+fn stats(fleet: &Fleet) -> Response {
+    let mut top = model_stats(fleet, 0);
+    let models: serde_json::Map<String, Value> = (0..fleet.entries.len())
+        .map(|i| (fleet.entries[i].spec.name.clone(), model_stats(fleet, i)))
+        .collect();
+    top["uptime_s"] = json!(fleet.started.elapsed().as_secs_f64());
+    top["max_models"] = json!(fleet.max_models);
+    top["model_ttl_s"] = json!(fleet.ttl.map(|t| t.as_secs_f64()));
+    top["models"] = Value::Object(models);
+    Json(top).into_response()
+}
+
+/// `/metrics`: the default model's series (when it is loaded), then every model's load
+/// state (`FleetMetrics`).
+fn metrics(fleet: &Fleet) -> Response {
+    let mut text = String::new();
+    if let Phase::Loaded(l) = &fleet.entries[0].life().phase {
+        match l.state.metrics.render() {
+            Ok(t) => text = t,
+            Err(_) => return ApiError::server("the metrics could not be written").into_response(),
+        }
+    }
+    if prometheus_client::encoding::prometheus_text::encode(&mut text, &fleet.metrics.registry)
+        .is_err()
+    {
+        return ApiError::server("the metrics could not be written").into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// A model's label.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+/// Seconds a load took.
+const LOAD_BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+];
+
+fn load_histogram() -> Histogram {
+    Histogram::new(LOAD_BUCKETS)
+}
+
+/// Per-model series: `engine_model_loaded` (1 or 0), `engine_model_loads_total`,
+/// `engine_model_unloads_total`, `engine_model_load_seconds` (a histogram), each labelled
+/// `model="NAME"`.
+pub struct FleetMetrics {
+    registry: Registry,
+    names: Vec<ModelLabel>,
+    loaded: Family<ModelLabel, Gauge>,
+    loads: Family<ModelLabel, Counter>,
+    unloads: Family<ModelLabel, Counter>,
+    load_seconds: Family<ModelLabel, Histogram, fn() -> Histogram>,
+}
+
+impl FleetMetrics {
+    pub fn new(catalog: &Catalog) -> Self {
+        let mut registry = Registry::with_prefix("engine");
+        let loaded = Family::<ModelLabel, Gauge>::default();
+        registry.register(
+            "model_loaded",
+            "Whether the model is loaded (1) or not (0)",
+            loaded.clone(),
+        );
+        let loads = Family::<ModelLabel, Counter>::default();
+        registry.register("model_loads", "Loads of the model", loads.clone());
+        let unloads = Family::<ModelLabel, Counter>::default();
+        registry.register("model_unloads", "Unloads of the model", unloads.clone());
+        let load_seconds = Family::<ModelLabel, Histogram, fn() -> Histogram>::new_with_constructor(
+            load_histogram,
+        );
+        registry.register(
+            "model_load_seconds",
+            "Seconds a load of the model took",
+            load_seconds.clone(),
+        );
+        let names: Vec<ModelLabel> = catalog
+            .names()
+            .into_iter()
+            .map(|n| ModelLabel { model: n.into() })
+            .collect();
+        // Every model has its series from the start (0 until it loads).
+        for name in &names {
+            loaded.get_or_create(name).set(0);
+            let _ = loads.get_or_create(name);
+            let _ = unloads.get_or_create(name);
+            let _ = load_seconds.get_or_create(name);
+        }
+        FleetMetrics {
+            registry,
+            names,
+            loaded,
+            loads,
+            unloads,
+            load_seconds,
+        }
+    }
+
+    pub fn loaded(&self, i: usize, took: Duration) {
+        let name = &self.names[i];
+        self.loaded.get_or_create(name).set(1);
+        self.loads.get_or_create(name).inc();
+        self.load_seconds
+            .get_or_create(name)
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn unloaded(&self, i: usize) {
+        let name = &self.names[i];
+        self.loaded.get_or_create(name).set(0);
+        self.unloads.get_or_create(name).inc();
+    }
+}

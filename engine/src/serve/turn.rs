@@ -1,0 +1,125 @@
+//! The process-wide MLX turn: MLX is not thread-safe, so when several model threads share
+//! a process (`fleet`), one at a time does MLX work. A model thread takes the turn when it
+//! starts (its load is MLX work), gives it up around every wait (for a job, for a client:
+//! `outside`) and offers it at each step (`pass`: a fair handoff, so two busy models
+//! alternate step by step instead of one starving the other). With one model nobody waits
+//! for it and each call is an uncontended atomic.
+//!
+//! The lock is parking_lot's (its fair unlock hands the lock to the longest waiter); the
+//! guard lives in a thread-local so that the waits deep in the lanes need no plumbing.
+
+use std::cell::RefCell;
+
+use parking_lot::{Mutex, MutexGuard};
+
+static TURN: Mutex<()> = parking_lot::const_mutex(());
+
+thread_local! {
+    static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+/// Takes the turn for this thread (waiting for it); a no-op where it holds it already.
+pub fn enter() {
+    HELD.with(|h| {
+        let mut h = h.borrow_mut();
+        if h.is_none() {
+            *h = Some(TURN.lock());
+        }
+    });
+}
+
+/// Takes the turn, then runs `work`, keeping the turn after (a model thread's start).
+pub fn keep<T>(work: impl FnOnce() -> T) -> T {
+    enter();
+    work()
+}
+
+/// Gives the turn up (fairly: the longest waiter gets it next); a no-op where this thread
+/// does not hold it.
+pub fn leave() {
+    if let Some(guard) = HELD.with(|h| h.borrow_mut().take()) {
+        MutexGuard::unlock_fair(guard);
+    }
+}
+
+/// Whether this thread holds the turn.
+pub fn holds() -> bool {
+    HELD.with(|h| h.borrow().is_some())
+}
+
+/// Runs `wait` (which must do no MLX work) without the turn, taking it back after, where
+/// this thread held it.
+pub fn outside<T>(wait: impl FnOnce() -> T) -> T {
+    if !holds() {
+        return wait();
+    }
+    leave();
+    let out = wait();
+    enter();
+    out
+}
+
+/// Hands the turn to a waiting thread, if one waits, and takes it back after that thread's
+/// step (a no-op when nobody waits or this thread does not hold it).
+pub fn pass() {
+    HELD.with(|h| {
+        if let Some(guard) = h.borrow_mut().as_mut() {
+            MutexGuard::bump(guard);
+        }
+    });
+}
+
+/// Runs `work` (MLX work off a model thread) with the turn.
+pub fn with<T>(work: impl FnOnce() -> T) -> T {
+    let held = holds();
+    enter();
+    let out = work();
+    if !held {
+        leave();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    /// Two threads that each hold the turn across 2,000 "steps" and pass it at each one never
+    /// overlap, and both make progress while the other is busy (the handoff is fair).
+    #[test]
+    fn busy_threads_alternate_and_never_overlap() {
+        let inside = Arc::new(AtomicUsize::new(0));
+        let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let start = Arc::new(std::sync::Barrier::new(2));
+        let threads: Vec<_> = (0..2)
+            .map(|who| {
+                let (inside, log, start) = (inside.clone(), log.clone(), start.clone());
+                std::thread::spawn(move || {
+                    start.wait();
+                    enter();
+                    for _ in 0..2000 {
+                        assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
+                        log.lock().push(who);
+                        std::thread::yield_now();
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                        pass();
+                    }
+                    outside(std::thread::yield_now);
+                    assert!(holds());
+                    leave();
+                    assert!(!holds());
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let log = log.lock();
+        assert_eq!(log.len(), 4000);
+        // Both threads ran while the other still had steps left: the switches are many.
+        let switches = log.windows(2).filter(|w| w[0] != w[1]).count();
+        assert!(switches > 10, "only {switches} handoffs");
+    }
+}

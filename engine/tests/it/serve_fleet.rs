@@ -1,0 +1,389 @@
+//! Many models in one server (docs/serve.md, "Many models"): requests route by `model`,
+//! models load on demand and unload by LRU (`--max-models`) and TTL (`--model-ttl`), pinned
+//! ones stay; each model answers as its own single-model server does. Planted defects:
+//! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common;
+use crate::common::server::{http, http_with, post, stats, wait_for, Server};
+
+const A: &str = "tiny-llama-trained";
+const B: &str = "tiny-qwen3";
+
+fn dir(name: &str) -> String {
+    common::goldens()
+        .join("models")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// `engine serve --model A --model B <extra>` with `env`, once it prints its address.
+fn fleet(extra: &[&str], env: &[(&str, &str)]) -> Server {
+    let (a, b) = (dir(A), dir(B));
+    let mut args = vec!["--model", &a, "--model", &b];
+    args.extend_from_slice(extra);
+    // serve_dir_with_env adds the first --model itself.
+    common::server::serve_dir_with_env(std::path::Path::new(&a), &args[2..], env)
+}
+
+/// Starts several servers at once (each loads while the others do).
+fn start_all(n: usize, start: impl Fn(usize) -> Server + Sync) -> Vec<Server> {
+    std::thread::scope(|s| {
+        let start = &start;
+        let handles: Vec<_> = (0..n).map(|i| s.spawn(move || start(i))).collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// The four requests each model answers: chat and completions, whole and streamed
+/// (greedy; each body names `model`).
+fn bodies(model: &str) -> Vec<(&'static str, Value)> {
+    let chat = json!({"model": model, "max_tokens": 12,
+        "messages": [{"role": "user", "content": "Tell me about the sea"}]});
+    let text = json!({"model": model, "max_tokens": 12, "prompt": "Once upon a time"});
+    let stream = |mut v: Value| {
+        v["stream"] = json!(true);
+        v
+    };
+    vec![
+        ("/v1/chat/completions", chat.clone()),
+        ("/v1/chat/completions", stream(chat)),
+        ("/v1/completions", text.clone()),
+        ("/v1/completions", stream(text)),
+    ]
+}
+
+/// A request's answer text and finish reason (streamed: its deltas joined).
+fn answer(port: u16, path: &str, body: &Value) -> String {
+    let (status, text) = http(port, "POST", path, body.to_string().as_bytes());
+    assert_eq!(status, 200, "{path} {body}: {text}");
+    let piece = |c: &Value| {
+        let t = c["message"]["content"]
+            .as_str()
+            .or(c["delta"]["content"].as_str())
+            .or(c["text"].as_str())
+            .unwrap_or("");
+        let f = c["finish_reason"].as_str().unwrap_or("");
+        (t.to_owned(), f.to_owned())
+    };
+    if body["stream"] != json!(true) {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let (t, f) = piece(&v["choices"][0]);
+        return format!("{t}|{f}");
+    }
+    let (mut all, mut finish) = (String::new(), String::new());
+    for line in text.lines() {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        if let Some(c) = v["choices"].get(0) {
+            let (t, f) = piece(c);
+            all.push_str(&t);
+            if !f.is_empty() {
+                finish = f;
+            }
+        }
+    }
+    format!("{all}|{finish}")
+}
+
+fn model_stats(port: u16, name: &str) -> Value {
+    stats(port)["models"][name].clone()
+}
+
+/// The answers of `model` from its own server, and from the fleet taking turns with the
+/// other model (each request of one model follows one of the other's under
+/// --max-models 1, so every one of them needs a load).
+fn alternate(fleet: u16, own: [u16; 2]) -> Vec<(String, String, String)> {
+    let mut seen = Vec::new();
+    for k in 0..4 {
+        for (m, name) in [A, B].iter().enumerate() {
+            let (path, body) = &bodies(name)[k];
+            let want = answer(own[m], path, body);
+            let got = answer(fleet, path, body);
+            seen.push((
+                format!("{name} {path} stream={}", body["stream"]),
+                want,
+                got,
+            ));
+        }
+    }
+    seen
+}
+
+#[test]
+fn models_take_turns_under_max_models_1_and_answer_as_their_own_servers() {
+    let servers = start_all(4, |i| match i {
+        0 => common::server::serve_model(A, &[]),
+        1 => common::server::serve_model(B, &[]),
+        2 => fleet(&["--max-models", "1"], &[]),
+        _ => fleet(
+            &["--max-models", "1"],
+            &[("ENGINE_PLANT", "FleetRoutesToDefault")],
+        ),
+    });
+    let (own, port, planted) = (
+        [servers[0].port, servers[1].port],
+        servers[2].port,
+        servers[3].port,
+    );
+
+    // /v1/models lists both, loaded or not.
+    let (status, text) = http(port, "GET", "/v1/models", b"");
+    assert_eq!(status, 200);
+    let listed: Value = serde_json::from_str(&text).unwrap();
+    let ids: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [A, B]);
+    assert_eq!(listed["data"][0]["loaded"], true, "{listed}");
+    assert_eq!(listed["data"][1]["loaded"], false, "{listed}");
+
+    for (what, want, got) in alternate(port, own) {
+        assert_eq!(
+            got, want,
+            "{what}: the fleet's answer differs from the model's own server"
+        );
+    }
+    let st = stats(port);
+    let (a, b) = (&st["models"][A], &st["models"][B]);
+    // A loaded at start and again after each of B's turns; B once per turn.
+    assert_eq!(
+        (a["loads"].as_u64(), b["loads"].as_u64()),
+        (Some(4), Some(4)),
+        "{st}"
+    );
+    assert_eq!(
+        (a["unloads"].as_u64(), b["unloads"].as_u64()),
+        (Some(4), Some(3)),
+        "{st}"
+    );
+    assert!(a["load_ms"].as_f64().unwrap() > 0.0 && b["load_ms"].as_f64().unwrap() > 0.0);
+    // The top level is the default model's, as a single-model server's.
+    assert_eq!(st["completed"], a["completed"]);
+    assert_eq!(b["completed"], 4, "{st}");
+    eprintln!("fleet load_ms: {A} {}, {B} {}", a["load_ms"], b["load_ms"]);
+    // /metrics: every model's loads (the default's own series only while it is loaded:
+    // it is not now).
+    let (status, text) = http(port, "GET", "/metrics", b"");
+    assert_eq!(status, 200);
+    for line in [
+        format!("engine_model_load_seconds_count{{model=\"{A}\"}} 4"),
+        format!("engine_model_loads_total{{model=\"{B}\"}} 4"),
+        format!("engine_model_unloads_total{{model=\"{B}\"}} 3"),
+        format!("engine_model_loaded{{model=\"{A}\"}} 0"),
+        format!("engine_model_loaded{{model=\"{B}\"}} 1"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "no `{line}` in /metrics:\n{text}"
+        );
+    }
+
+    // Planted: the front router sends every request to the default model.
+    let caught = alternate(planted, own)
+        .into_iter()
+        .any(|(what, want, got)| what.starts_with(B) && want != got);
+    assert!(caught, "FleetRoutesToDefault was not caught");
+
+    // Concurrent requests for the unloaded model share one load (B is loaded now).
+    let before = model_stats(port, A)["loads"].as_u64().unwrap();
+    let body = bodies(A)[2].1.clone();
+    let want = answer(own[0], "/v1/completions", &body);
+    let answers: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| answer(port, "/v1/completions", &body)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(answers.iter().all(|a| *a == want), "{answers:?} vs {want}");
+    assert_eq!(model_stats(port, A)["loads"].as_u64(), Some(before + 1));
+
+    // Hostile names: a 404 listing the models (no filesystem lookup can reach a model
+    // that is not configured), a 400 for a name that is not a string; served after each.
+    let others = [
+        "gpt-4o".to_owned(),
+        String::new(),
+        format!("../{B}"),
+        format!("{B}/../{A}"),
+        "tiny-qwen3-q8".into(),
+        dir("tiny-qwen3-q8"),
+        "/etc/passwd".into(),
+        "..".into(),
+        "x".repeat(100_000),
+    ];
+    for name in &others {
+        let (status, v) = post(
+            port,
+            "/v1/chat/completions",
+            &json!({"model": name,
+            "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(status, 404, "{name:.40}: {v}");
+        assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(A) && message.contains(B), "{message}");
+        assert!(
+            message.len() < 1000,
+            "the name is echoed whole: {}",
+            message.len()
+        );
+        assert_eq!(http(port, "GET", "/health", b"").0, 200);
+    }
+    let (status, v) = post(
+        port,
+        "/v1/messages",
+        &json!({"model": "claude-x",
+        "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 404, "{v}");
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+    let (status, v) = post(port, "/v1/completions", &json!({"model": 5, "prompt": "x"}));
+    assert_eq!(
+        (status, v["error"]["param"].as_str()),
+        (400, Some("model")),
+        "{v}"
+    );
+    // No configured model was loaded or failed by any of those.
+    let st = stats(port);
+    for name in [A, B] {
+        assert!(st["models"][name]["last_error"].is_null(), "{st}");
+    }
+    // BASE:ADAPTER routes by BASE (the adapter is the model's to resolve): B loads.
+    assert_eq!(model_stats(port, B)["loaded"], false);
+    post(
+        port,
+        "/v1/completions",
+        &json!({"model": format!("{B}:x"), "prompt": "x",
+        "max_tokens": 1}),
+    );
+    assert_eq!(model_stats(port, B)["loaded"], true);
+    assert_eq!(answer(port, "/v1/completions", &body), want);
+}
+
+#[test]
+fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
+    // A model that cannot load: its tokenizer loads, its weights (an empty file) do not.
+    let models = tempfile::tempdir().unwrap();
+    let broken = models.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        let from = common::goldens().join("models").join(B).join(file);
+        std::fs::copy(from, broken.join(file)).unwrap();
+    }
+    std::fs::write(broken.join("model.safetensors"), b"").unwrap();
+    let models_dir = models.path().display().to_string();
+    let servers = start_all(2, |i| match i {
+        0 => fleet(
+            &[
+                "--pin",
+                A,
+                "--max-models",
+                "2",
+                "--model-ttl",
+                "0.3",
+                "--api-key",
+                "k",
+                "--models-dir",
+                &models_dir,
+            ],
+            &[],
+        ),
+        _ => fleet(
+            &["--max-models", "2", "--model-ttl", "0.3"],
+            &[("ENGINE_PLANT", "FleetLoadsTwice,FleetTtlIgnored")],
+        ),
+    });
+    let (port, planted) = (servers[0].port, servers[1].port);
+    let keyed = |path: &str, body: &Value| {
+        let (status, _, text) = http_with(
+            port,
+            "POST",
+            path,
+            &[
+                "Host: localhost",
+                "Content-Type: application/json",
+                "Authorization: Bearer k",
+            ],
+            body.to_string().as_bytes(),
+        );
+        (status, text)
+    };
+    let get_stats = || {
+        let (_, _, text) = http_with(
+            port,
+            "GET",
+            "/stats",
+            &["Host: localhost", "Authorization: Bearer k"],
+            b"",
+        );
+        serde_json::from_str::<Value>(&text).unwrap()
+    };
+    // The guard runs before any load: no key, no load.
+    let body = json!({"model": B, "prompt": "x", "max_tokens": 2});
+    assert_eq!(post(port, "/v1/completions", &body).0, 401);
+    assert_eq!(get_stats()["models"][B]["loads"], 0);
+    assert_eq!(keyed("/v1/completions", &body).0, 200);
+    let wait = |what: &str, done: &dyn Fn(&Value) -> bool| {
+        let start = std::time::Instant::now();
+        loop {
+            let st = get_stats();
+            if done(&st) {
+                return st;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "{what}: {st}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let st = wait("B unloaded after its TTL", &|st| {
+        st["models"][B]["unloads"] == 1 && st["models"][B]["loaded"] == false
+    });
+    // A (pinned) was idle as long, and stays.
+    assert_eq!(st["models"][A]["loaded"], true, "{st}");
+    assert_eq!(st["models"][A]["unloads"], 0, "{st}");
+    assert_eq!(st["models"][A]["loads"], 1, "{st}");
+
+    // A model that fails to load: a 500 naming why, each time (the next request tries
+    // again); the server goes on serving.
+    let body = json!({"model": "broken", "prompt": "x", "max_tokens": 2});
+    for _ in 0..2 {
+        let (status, text) = keyed("/v1/completions", &body);
+        assert_eq!(status, 500, "{text}");
+        assert!(text.contains("broken could not be loaded"), "{text}");
+    }
+    let st = get_stats();
+    assert!(st["models"]["broken"]["last_error"].is_string(), "{st}");
+    assert_eq!(st["models"]["broken"]["loads"], 0, "{st}");
+    assert_eq!(st["models"][A]["loaded"], true, "{st}");
+    let body = json!({"model": A, "prompt": "x", "max_tokens": 2});
+    assert_eq!(keyed("/v1/completions", &body).0, 200);
+
+    // Planted: a request arriving during a load starts another one.
+    let body = bodies(B)[2].1.clone();
+    std::thread::scope(|s| {
+        for _ in 0..6 {
+            s.spawn(|| assert_eq!(post(planted, "/v1/completions", &body).0, 200));
+        }
+    });
+    let loads = model_stats(planted, B)["loads"].as_u64().unwrap();
+    assert!(loads > 1, "FleetLoadsTwice was not caught: {loads} loads");
+    // Planted: the TTL never unloads B (it would within a few of its 0.3 s ticks).
+    let ttl_caught = std::panic::catch_unwind(|| {
+        wait_for(planted, "B unloaded", Duration::from_secs(2), |st| {
+            st["models"][B]["loaded"] == false
+        })
+    })
+    .is_err();
+    assert!(ttl_caught, "FleetTtlIgnored was not caught");
+}
