@@ -383,6 +383,10 @@ pub enum Defect {
     /// Serve, /v1/messages: `output_config.format` (structured outputs) never reaches the
     /// constrained sampler. Caught by the format gate (`tests/it/messages.rs`).
     MessagesOutputFormatIgnored,
+    /// Serve, `--memory-budget`: admission and prompt-cache trimming are off (every request
+    /// is reserved however full the budget, the prompt cache is never trimmed). Caught by
+    /// the flood gate (`tests/it/serve_budget.rs`): MLX's peak passes the budget.
+    BudgetIgnored,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -552,6 +556,7 @@ pub fn on_from_env() -> Result<(), String> {
             "EmbedPoolsBeforeLast" => Defect::EmbedPoolsBeforeLast,
             "EmbedHoldsTheLane" => Defect::EmbedHoldsTheLane,
             "MessagesOutputFormatIgnored" => Defect::MessagesOutputFormatIgnored,
+            "BudgetIgnored" => Defect::BudgetIgnored,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -39,6 +39,9 @@ struct Row<'w> {
     next: u32,
     /// When the row last took its slot (joined or rejoined the batch).
     since: Instant,
+    /// Its `--memory-budget` reservation, released when the row is dropped.
+    #[allow(dead_code)]
+    budget: Option<crate::serve::budget::Reservation>,
 }
 
 /// Under contention (every slot busy, requests waiting), how long a row keeps its slot

@@ -6,6 +6,7 @@
 mod api;
 mod args;
 mod batch_lane;
+pub mod budget;
 mod dist_plan;
 mod embeddings;
 mod emit;
@@ -117,6 +118,8 @@ pub struct AppState {
     pub sse_keep_alive: Option<Duration>,
     /// `--embedding-pooling`.
     pub embedding_pooling: crate::embed::Pooling,
+    /// `--memory-budget` (None: off).
+    pub budget: Option<Arc<budget::Budget>>,
 }
 
 /// Seconds from a flag (0 = none); refuses what is not a finite, non-negative number.
@@ -145,6 +148,8 @@ struct Config {
     template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// `--sse-keep-alive`.
     sse_keep_alive: Option<Duration>,
+    /// `--memory-budget`.
+    budget: Option<Arc<budget::Budget>>,
 }
 
 /// `--chat-template-args`: a JSON object.
@@ -203,6 +208,14 @@ impl Config {
             args.draft_model.is_none() || args.num_draft_tokens >= 1,
             "--num-draft-tokens must be at least 1"
         );
+        anyhow::ensure!(
+            args.ssd_cache.is_none() || args.prompt_cache_size > 0,
+            "--ssd-cache needs the RAM prompt cache (the SSD tier writes RAM entries behind): \
+             drop --prompt-cache-size 0, or drop --ssd-cache"
+        );
+        let budget = budget::from_flag(args.memory_budget.as_deref())?;
+        let budget_wait = seconds("budget-wait", args.budget_wait)?.unwrap_or_default();
+        let budget = budget.map(|b| budget::Budget::new(b, budget_wait));
         Ok(Config {
             context,
             opts,
@@ -215,6 +228,7 @@ impl Config {
             markers,
             template_kwargs,
             sse_keep_alive: seconds("sse-keep-alive", args.sse_keep_alive)?,
+            budget,
         })
     }
 }
@@ -227,6 +241,8 @@ struct Shared {
     limits: Arc<Limits>,
     /// The prompt store's numbers, for /stats.
     mirror: store::StatsMirror,
+    /// `--memory-budget`: measured and charged on the model thread at load.
+    budget: Option<Arc<budget::Budget>>,
 }
 
 /// Loads the model, starts the model thread and serves until interrupted.
@@ -246,6 +262,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             )),
             ssd: Default::default(),
         },
+        budget: config.budget.clone(),
     };
     if group.is_some_and(|g| g.rank != 0) {
         let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
@@ -368,6 +385,14 @@ fn load_worker(
         limits: shared.limits,
         dist: None,
         embeds: Default::default(),
+        budget: None,
+    })
+    .and_then(|mut worker| {
+        if let Some(b) = shared.budget {
+            budget::charge(&worker, &b, &args.model.display().to_string())?;
+            worker.budget = Some(b);
+        }
+        Ok(worker)
     })
 }
 
@@ -426,11 +451,11 @@ fn app_state(
     vocab: usize,
 ) -> AppState {
     let context = config.context;
-    let metrics = Arc::new(metrics::Metrics::new(
-        counters.clone(),
-        mirror.ram.clone(),
-        mirror.ssd.clone(),
-    ));
+    let mut metrics = metrics::Metrics::new(counters.clone(), mirror.ram.clone(), mirror.ssd.clone());
+    if let Some(b) = &config.budget {
+        metrics.add_collector(Box::new(budget::Gauges(b.clone())));
+    }
+    let metrics = Arc::new(metrics);
     AppState {
         model_id: config.model_id,
         created: std::time::SystemTime::now()
@@ -472,6 +497,7 @@ fn app_state(
         metrics,
         sse_keep_alive: config.sse_keep_alive,
         embedding_pooling: args.embedding_pooling,
+        budget: config.budget,
     }
 }
 

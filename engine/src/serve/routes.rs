@@ -103,6 +103,7 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
         })),
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
+        "memory": super::budget::stats(&s),
     }))
 }
 
@@ -261,6 +262,7 @@ pub(super) async fn submit_started(
         ));
     };
     let (req, prompt_ids) = encode(s, req).await.map_err(IntoResponse::into_response)?;
+    let budget = super::budget::admit(s, prompt_ids.len(), req.max_tokens, deadline).await?;
     let (tx, rx) = mpsc::channel(EVENT_SLOTS);
     let job = Job {
         request: req,
@@ -268,6 +270,7 @@ pub(super) async fn submit_started(
         events: tx,
         deadline,
         queued,
+        budget,
     };
     let sent = s
         .jobs

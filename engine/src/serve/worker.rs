@@ -54,6 +54,8 @@ pub struct Job {
     pub deadline: Option<Instant>,
     /// Counts the job as queued until the model thread admits it (or it is dropped).
     pub queued: QueueSlot,
+    /// Its share of `--memory-budget`, held until the request ends (`budget`).
+    pub budget: Option<super::budget::Reservation>,
 }
 
 /// One place in the queue (`/stats` `queued`, `--max-queue`): taken by the HTTP side when a
@@ -100,6 +102,8 @@ pub struct Worker {
     pub dist: Option<super::dist_plan::Leader>,
     /// Embeddings requests being answered, one input per round (`embeddings`).
     pub embeds: Pending,
+    /// `--memory-budget`: the prompt cache is trimmed to what it leaves.
+    pub budget: Option<Arc<super::budget::Budget>>,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -116,6 +120,8 @@ struct Turn<'w> {
     cached: usize,
     /// The drafter's caches, behind (this request runs without drafting).
     draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    /// Its `--memory-budget` reservation, released when it ends.
+    budget: Option<super::budget::Reservation>,
 }
 
 pub(super) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
@@ -261,6 +267,7 @@ impl Worker {
             events,
             deadline,
             queued,
+            budget,
         } = job;
         drop(queued);
         self.counters.running.fetch_add(1, Ordering::Relaxed);
@@ -350,6 +357,7 @@ impl Worker {
                 prompt_ids,
                 cached,
                 draft_caches,
+                budget,
             }),
         }
     }
@@ -384,8 +392,11 @@ impl Worker {
             prompt_ids,
             cached,
             draft_caches,
+            budget,
             ..
         } = t;
+        // Its bytes are free again before its caches join the prompt cache (trimmed then).
+        drop(budget);
         if let (Some(spec), Ok(_)) = (decode.spec_stats(), &result) {
             let c = &self.counters;
             c.spec_drafted
@@ -557,15 +568,27 @@ impl Worker {
             *lead.kept.borrow_mut() = Some(tokens.clone());
         }
         self.store.borrow_mut().keep_fed("", caches, tokens);
+        self.trim_to_budget();
     }
 
     /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).
     pub(super) fn keep(&self, tokens: Vec<u32>, caches: Vec<Box<dyn crate::cache::Cache>>) {
         self.store.borrow_mut().keep("", tokens, caches);
+        self.trim_to_budget();
     }
 
     /// The longest usable cached prefix of `prompt` (`PromptStore::take`).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
+        // Before a prefill: the prompt cache gives way to the reservations.
+        self.trim_to_budget();
         self.store.borrow_mut().take("", prompt)
+    }
+
+    /// `--memory-budget`: the RAM prompt cache trimmed to what the budget leaves it.
+    fn trim_to_budget(&self) {
+        if let Some(b) = &self.budget {
+            let (room, slack) = (b.prompt_cache_room(), b.entry_slack());
+            self.store.borrow_mut().trim_ram(room, slack);
+        }
     }
 }

@@ -23,6 +23,7 @@ mod prompt_store;
 mod responses;
 mod segmented;
 mod serve;
+mod serve_budget;
 mod serve_hardening;
 mod serve_limits;
 mod serve_metrics;

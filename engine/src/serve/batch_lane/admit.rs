@@ -66,6 +66,7 @@ impl Worker {
             events,
             deadline,
             queued,
+            budget,
         } = job;
         drop(queued);
         let Some(out) = Outbox::new(events, deadline) else {
@@ -114,6 +115,7 @@ impl Worker {
             cached,
             next: 0,
             since: Instant::now(),
+            budget,
         };
         Some(Admission {
             row,
