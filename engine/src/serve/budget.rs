@@ -107,7 +107,7 @@ pub fn parse(text: &str) -> Result<Spec, SpecError> {
         "t" | "tib" => 1 << 40,
         _ => return Err(syntax()),
     };
-    if number.is_empty() || number.starts_with('.') && number.len() == 1 {
+    if number.is_empty() || number == "." {
         return Err(syntax());
     }
     let bytes = if number.contains('.') {
@@ -200,7 +200,10 @@ impl ActBound {
     pub fn bytes(&self, prompt: u64, total: u64) -> u64 {
         let decode = self.per_token.div_ceil(self.chunk.max(1));
         self.at_chunk
-            .saturating_add(self.per_token.saturating_mul(prompt.saturating_sub(self.chunk)))
+            .saturating_add(
+                self.per_token
+                    .saturating_mul(prompt.saturating_sub(self.chunk)),
+            )
             .saturating_add(decode.saturating_mul(total))
     }
 }
@@ -571,7 +574,13 @@ pub fn check_alone(
     max_tokens: usize,
 ) -> anyhow::Result<()> {
     let limit = parse(flag)?.resolve(flag, physical_memory())?;
-    let p = probe(model, make_caches, opts, prefill_step, prompt_tokens + max_tokens)?;
+    let p = probe(
+        model,
+        make_caches,
+        opts,
+        prefill_step,
+        prompt_tokens + max_tokens,
+    )?;
     let budget = Budget::new(limit, Duration::ZERO);
     budget.reserve_weights("model", p.weights);
     budget.set_measured(p.kv, p.act);
@@ -582,7 +591,11 @@ pub fn check_alone(
 
 /// Charges a loaded worker to `budget` under `name`: measures it (`probe`), counts its
 /// weights, caps MLX's buffer cache. Refuses a budget the model alone already fills.
-pub(super) fn charge(worker: &super::worker::Worker, budget: &Budget, name: &str) -> anyhow::Result<()> {
+pub(super) fn charge(
+    worker: &super::worker::Worker,
+    budget: &Budget,
+    name: &str,
+) -> anyhow::Result<()> {
     let make = || worker.make_caches();
     let p = probe(
         worker.model.as_ref(),
@@ -661,11 +674,7 @@ pub(super) async fn admit(
 /// MLX's allocator counters and the process's peak RSS.
 pub(super) fn stats(s: &super::AppState) -> serde_json::Value {
     let mlx = crate::runtime::memory().ok();
-    let prompt_cache = s
-        .prompt_cache
-        .lock()
-        .map(|p| p.bytes)
-        .unwrap_or_default();
+    let prompt_cache = s.prompt_cache.lock().map(|p| p.bytes).unwrap_or_default();
     serde_json::json!({
         "budget": s.budget.as_ref().map(|b| b.snapshot()),
         "prompt_cache_bytes": prompt_cache,
@@ -690,7 +699,11 @@ impl prometheus_client::collector::Collector for Gauges {
         let snap = self.0.snapshot();
         let active = crate::runtime::memory().map_or(0, |m| m.active);
         let gauges = [
-            ("memory_budget_bytes", "The server's --memory-budget", snap.budget),
+            (
+                "memory_budget_bytes",
+                "The server's --memory-budget",
+                snap.budget,
+            ),
             (
                 "memory_reserved_bytes",
                 "Bytes of the memory budget reserved by admitted requests",
@@ -701,7 +714,11 @@ impl prometheus_client::collector::Collector for Gauges {
                 "Bytes of the memory budget the loaded models' weights hold",
                 snap.weights,
             ),
-            ("mlx_active_memory_bytes", "MLX's active (allocated) bytes", active as u64),
+            (
+                "mlx_active_memory_bytes",
+                "MLX's active (allocated) bytes",
+                active as u64,
+            ),
         ];
         for (name, help, v) in gauges {
             let g = ConstGauge::new(v as i64);
@@ -732,7 +749,16 @@ mod tests {
 
     #[test]
     fn bad_sizes_are_refused_naming_the_accepted_forms() {
-        for bad in ["", "GB", "6XB", "-5", "1e9", "six", ".", "99999999999999999999"] {
+        for bad in [
+            "",
+            "GB",
+            "6XB",
+            "-5",
+            "1e9",
+            "six",
+            ".",
+            "99999999999999999999",
+        ] {
             let e = parse(bad).unwrap_err();
             assert!(matches!(e, SpecError::Syntax(_)), "{bad}: {e:?}");
             assert!(e.to_string().contains("70%"), "{e}");
@@ -758,7 +784,13 @@ mod tests {
     fn the_kv_bound_covers_a_partly_filled_step() {
         // 10 fixed bytes, 4 per token: 1 token allocates a step, 257 two.
         let kv = KvBound::from_probe(10 + 4 * 256, 10 + 4 * 512);
-        assert_eq!(kv, KvBound { fixed: 10, per_token: 4 });
+        assert_eq!(
+            kv,
+            KvBound {
+                fixed: 10,
+                per_token: 4
+            }
+        );
         assert_eq!(kv.bytes(0), 10 + 4 * 256);
         assert!(kv.bytes(300) >= 10 + 4 * 512);
     }
@@ -783,7 +815,13 @@ mod tests {
             chunk: 16,
         };
         // kv(T) = T + 256, act = 50.
-        b.set_measured(KvBound { fixed: 0, per_token: 1 }, act);
+        b.set_measured(
+            KvBound {
+                fixed: 0,
+                per_token: 1,
+            },
+            act,
+        );
         b
     }
 
@@ -794,7 +832,13 @@ mod tests {
         let big = b.need(400, 100); // 756 + 50
         assert!(matches!(b.check(big), Err(Refusal::TooBig { .. })));
         let msg = b.check(big).unwrap_err().to_string();
-        for part in ["400 prompt tokens", "max_tokens 100", "806 bytes", "1000", "300"] {
+        for part in [
+            "400 prompt tokens",
+            "max_tokens 100",
+            "806 bytes",
+            "1000",
+            "300",
+        ] {
             assert!(msg.contains(part), "{part} not in {msg}");
         }
         let small = b.need(10, 10); // 276 + 50 = 326

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::server::{engine_bin, http_with, serve_dir_with_env, stats, Server};
+use crate::common::server::{engine_bin, http_with, serve_dir_with_env, stats, wait_for, Server};
 
 const MODEL: &str = "tiny-llama-trained";
 /// Small enough that 16 requests of ~670 prompt tokens cannot all run at once (each
@@ -110,7 +110,10 @@ fn whole(a: &Answer) -> Result<(), String> {
             .map(|d| serde_json::from_str(d).map_err(|e| format!("{e}: {d}")))
             .collect::<Result<_, _>>()?;
         if !a.body.trim_end().ends_with("data: [DONE]") {
-            return Err(format!("client {}: the stream did not end with [DONE]", a.i));
+            return Err(format!(
+                "client {}: the stream did not end with [DONE]",
+                a.i
+            ));
         }
         let finish = events
             .iter()
@@ -151,9 +154,27 @@ fn gate(extra: &[&str]) -> Vec<u16> {
             200 => whole(&a).unwrap_or_else(|e| panic!("{extra:?}: {e}")),
             400 => {
                 assert_eq!(a.i % 8, 7, "{extra:?}: client {} refused: {}", a.i, a.body);
-                for part in ["prompt tokens", "max_tokens 3000", "bytes", "--memory-budget"] {
+                for part in [
+                    "budget of 8000000 bytes",
+                    "model weights",
+                    "--memory-budget",
+                ] {
                     assert!(a.body.contains(part), "{part:?} not in {}", a.body);
                 }
+                // max_tokens as charged: limited to the context (4096), as the model
+                // thread does.
+                let number = |after: &str| -> u64 {
+                    let rest = &a.body[a.body.find(after).expect(after) + after.len()..];
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().unwrap()
+                };
+                let prompt = number("memory budget: ");
+                assert_eq!(
+                    prompt + number("prompt tokens + max_tokens "),
+                    4096,
+                    "{}",
+                    a.body
+                );
             }
             _ => assert!(
                 a.headers.contains("retry-after:"),
@@ -163,14 +184,19 @@ fn gate(extra: &[&str]) -> Vec<u16> {
         }
         statuses.push(a.status);
     }
-    let st = stats(srv.port);
+    // A row's reservation goes with the row, just after its last event was sent.
+    let st = wait_for(
+        srv.port,
+        "every reservation given back",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["reserved"] == 0 && st["memory"]["budget"]["reservations"] == 0,
+    );
     let m = &st["memory"];
     let peak = m["mlx_peak"].as_u64().expect("mlx_peak in /stats");
     assert!(
         peak <= BUDGET + SLACK,
         "{extra:?}: MLX's peak {peak} passed the budget {BUDGET} + slack {SLACK}: {m}"
     );
-    assert_eq!(m["budget"]["reserved"], 0, "{extra:?}: reservations left: {m}");
     assert!(
         m["budget"]["peak_reserved"].as_u64() > Some(0) && m["peak_rss"].as_u64() > Some(0),
         "{m}"
@@ -228,16 +254,35 @@ fn engine(args: &[&str]) -> std::process::Output {
 fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_refuses_up_front() {
     let model = common::goldens().join("models").join(MODEL);
     let model = model.to_str().unwrap();
-    for bad in ["6XB", "0", "150%", "lots"] {
-        let out = engine(&["serve", "--model", model, "--port", "0", "--memory-budget", bad]);
+    for bad in ["6XB", "150%"] {
+        let out = engine(&[
+            "serve",
+            "--model",
+            model,
+            "--port",
+            "0",
+            "--memory-budget",
+            bad,
+        ]);
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{bad}: started");
         assert!(err.contains("--memory-budget"), "{bad}: {err}");
     }
-    let out = engine(&["serve", "--model", model, "--port", "0", "--memory-budget", "6XB"]);
+    let out = engine(&[
+        "serve",
+        "--model",
+        model,
+        "--port",
+        "0",
+        "--memory-budget",
+        "6XB",
+    ]);
     let err = String::from_utf8_lossy(&out.stderr);
     for form in ["6GB", "512MiB", "70%", "auto"] {
-        assert!(err.contains(form), "the accepted form {form} is not named: {err}");
+        assert!(
+            err.contains(form),
+            "the accepted form {form} is not named: {err}"
+        );
     }
     let dir = std::env::temp_dir().join(format!("engine-budget-ssd-{}", std::process::id()));
     let out = engine(&[
@@ -252,12 +297,16 @@ fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_r
         dir.to_str().unwrap(),
     ]);
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("--prompt-cache-size 0"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("--prompt-cache-size 0"),
+        "{err}"
+    );
     // generate: a prompt + max_tokens past the budget is refused before the prefill (no
     // text, the numbers named); one that fits runs.
     let long: String = (0..500).map(|j| format!("w{j} the cat sat ")).collect();
     let args = |budget: &'static str, max: &'static str| {
         let mut a = vec!["generate", "--model", model, "--ignore-chat-template"];
+        a.extend(["--prefill-step-size", "128"]);
         a.extend(["--max-tokens", max, "--memory-budget", budget, "-p"]);
         a
     };
@@ -267,7 +316,12 @@ fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_r
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(out.stdout.is_empty(), "generated despite the budget");
-    for part in ["prompt tokens", "max_tokens 3000", "6000000", "--memory-budget"] {
+    for part in [
+        "prompt tokens",
+        "max_tokens 3000",
+        "6000000",
+        "--memory-budget",
+    ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
     let mut fits = args("64MB", "8");
