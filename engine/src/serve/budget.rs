@@ -880,15 +880,4 @@ mod tests {
         assert_eq!(got.unwrap().bytes(), 326);
         assert_eq!(b.snapshot().reservations, 0);
     }
-
-    #[cfg(feature = "plant")]
-    #[test]
-    fn planted_budget_ignored_lets_everything_in() {
-        let b = ledger();
-        let _on = plant::on(Defect::BudgetIgnored).unwrap();
-        let big = b.need(4000, 100);
-        assert!(b.check(big).is_ok());
-        let _r = b.try_reserve(big).unwrap();
-        assert_eq!(b.prompt_cache_room(), u64::MAX);
-    }
 }

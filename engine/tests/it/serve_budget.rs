@@ -58,7 +58,7 @@ fn body(i: usize) -> Value {
     json!({
         "prompt": format!("client {i} says: {}", words.join(" ")),
         "max_tokens": if big { 3000 } else { MAX_TOKENS },
-        "stream": i % 2 == 0,
+        "stream": i.is_multiple_of(2),
     })
 }
 
@@ -100,7 +100,7 @@ fn flood(port: u16) -> Vec<thread::Result<Answer>> {
 /// A 200's answer is whole: streamed ones end with [DONE], and a "length" finish has
 /// exactly max_tokens tokens.
 fn whole(a: &Answer) -> Result<(), String> {
-    let stream = a.i % 2 == 0;
+    let stream = a.i.is_multiple_of(2);
     let (finish, usage) = if stream {
         let events: Vec<Value> = a
             .body
