@@ -155,6 +155,11 @@ struct GenerateArgs {
     /// `--verbose False` prints only the response).
     #[arg(long, default_value = "true", value_parser = parse_bool, action = clap::ArgAction::Set)]
     verbose: bool,
+    /// Refuse up front (before the prefill) a prompt + --max-tokens that cannot fit in this
+    /// much memory: bytes (6GB, 512MiB), a share of physical memory (70%) or auto, as
+    /// `engine serve --memory-budget` (docs/serve.md "Memory budget").
+    #[arg(long)]
+    memory_budget: Option<String>,
     /// As a rank under mlx.launch (tensor parallel, or --pipeline).
     #[command(flatten)]
     dist: engine::dist::DistArgs,
@@ -328,6 +333,29 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
                 .with_context(|| format!("loading the draft model from {}", d.display()))?,
         ),
     };
+    if let Some(flag) = &args.memory_budget {
+        let make = || {
+            let mut caches = model.make_caches();
+            if let Some(d) = &draft {
+                caches.extend(d.make_caches());
+            }
+            caches
+        };
+        let step = match (&draft, args.prefill_step_size) {
+            (_, Some(step)) => step,
+            (Some(d), None) => d.prefill_step(),
+            (None, None) => gen::Session::new(model.as_ref()).prefill_step,
+        };
+        engine::serve::budget::check_alone(
+            flag,
+            model.as_ref(),
+            &make,
+            &opts,
+            step,
+            prompt_ids.len(),
+            args.max_tokens,
+        )?;
+    }
     let mut session = gen::Session::with_options(model.as_ref(), &opts);
     let draft = draft.as_ref().map(|d| {
         session.prefill_step = d.prefill_step();

@@ -407,6 +407,10 @@ pub enum Defect {
     /// Serve, many models: `--model-ttl` never unloads an idle model. Caught by the TTL
     /// gate (`tests/it/serve_fleet.rs`: the model stays loaded past the wait).
     FleetTtlIgnored,
+    /// Serve, `--memory-budget`: admission and prompt-cache trimming are off (every request
+    /// is reserved however full the budget, the prompt cache is never trimmed). Caught by
+    /// the flood gate (`tests/it/serve_budget.rs`): MLX's peak passes the budget.
+    BudgetIgnored,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -582,6 +586,7 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetRoutesToDefault" => Defect::FleetRoutesToDefault,
             "FleetLoadsTwice" => Defect::FleetLoadsTwice,
             "FleetTtlIgnored" => Defect::FleetTtlIgnored,
+            "BudgetIgnored" => Defect::BudgetIgnored,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -176,6 +176,27 @@ impl PromptCache {
         evicted
     }
 
+    /// Evicts the least recently used entries until the entries' bytes, each counted with
+    /// `slack` more (its buffers' unfilled tail), are at most `max` (a memory budget's
+    /// room). Returns what was pushed out, for a colder tier.
+    #[must_use = "evicted entries are dropped unless spilled"]
+    pub fn evict_to(&mut self, max: u64, slack: u64) -> Vec<Evicted> {
+        let mut evicted = Vec::new();
+        let held = |c: &Self| c.total_bytes() as u64 + slack * c.entries.len() as u64;
+        while !self.entries.is_empty() && held(self) > max {
+            let oldest = (0..self.entries.len())
+                .min_by_key(|&i| self.entries[i].used)
+                .expect("non-empty");
+            let e = self.entries.swap_remove(oldest);
+            evicted.push(Evicted {
+                ns: e.ns,
+                tokens: e.tokens,
+                caches: e.caches,
+            });
+        }
+        evicted
+    }
+
     fn total_bytes(&self) -> usize {
         self.entries.iter().map(|e| e.bytes).sum()
     }

@@ -144,6 +144,16 @@ pub struct ServeArgs {
     /// `mean` (the mean over its tokens).
     #[arg(long, value_enum, default_value = "last")]
     pub embedding_pooling: crate::embed::Pooling,
+    /// A bound on the memory the model's work holds (weights, KV caches, prompt cache,
+    /// activations): bytes (`123456`, `6GB`, `512MiB`), a share of physical memory
+    /// (`70%`) or `auto` (75%); requests that cannot fit get 400, requests that must
+    /// wait for room get 429 after --budget-wait (docs/serve.md "Memory budget"). Off
+    /// without it.
+    #[arg(long)]
+    pub memory_budget: Option<String>,
+    /// With --memory-budget: seconds a request may wait for room before 429.
+    #[arg(long, default_value_t = 5.0)]
+    pub budget_wait: f64,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
     /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).

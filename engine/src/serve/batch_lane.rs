@@ -42,6 +42,9 @@ struct Row<'w> {
     /// The request's adapter: the lane's group's (`Lane::group`).
     #[allow(dead_code)]
     adapter: Option<super::adapters::Use>,
+    /// Its `--memory-budget` reservation, released when the row is dropped.
+    #[allow(dead_code)]
+    budget: Option<crate::serve::budget::Reservation>,
 }
 
 /// Under contention (every slot busy, requests waiting), how long a row keeps its slot

@@ -122,6 +122,11 @@ impl Metrics {
         }
     }
 
+    /// Adds a collector read at each scrape (another module's numbers).
+    pub fn add_collector(&mut self, collector: Box<dyn Collector>) {
+        self.registry.register_collector(collector);
+    }
+
     /// The exposition text.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let mut text = String::new();

@@ -111,6 +111,7 @@ pub(super) fn stats_json(s: &AppState) -> Value {
         })),
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
+        "memory": super::budget::stats(s),
     })
 }
 
@@ -273,6 +274,7 @@ pub(super) async fn submit_started(
         ));
     };
     let (req, prompt_ids) = encode(s, req).await.map_err(IntoResponse::into_response)?;
+    let budget = super::budget::admit(s, prompt_ids.len(), req.max_tokens, deadline).await?;
     let (tx, rx) = mpsc::channel(EVENT_SLOTS);
     let job = Job {
         request: req,
@@ -281,6 +283,7 @@ pub(super) async fn submit_started(
         deadline,
         queued,
         adapter,
+        budget,
     };
     let sent = s
         .jobs

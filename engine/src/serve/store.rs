@@ -114,6 +114,23 @@ impl PromptStore {
         self.sync_stats();
     }
 
+    /// Trims the RAM tier to `max` bytes (each entry counted with `slack` more: a memory
+    /// budget's room); what it evicts goes to the SSD tier as any RAM eviction does.
+    pub fn trim_ram(&mut self, max: u64, slack: u64) {
+        let evicted = self.ram.evict_to(max, slack);
+        if evicted.is_empty() {
+            return;
+        }
+        if let Some(store) = self.ssd.as_mut() {
+            for e in evicted {
+                write_ssd(store, &e.ns, &e.tokens, &e.caches);
+                self.pending
+                    .retain(|(n, t)| !(*n == e.ns && *t == e.tokens));
+            }
+        }
+        self.sync_stats();
+    }
+
     /// Keeps `caches` under the first tokens of `tokens` that every cache holds: caches
     /// holding more (an EOS fed, drafts past the last verify) are trimmed to that count;
     /// if one cannot be, nothing is kept.

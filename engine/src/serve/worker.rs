@@ -58,6 +58,8 @@ pub struct Job {
     pub queued: QueueSlot,
     /// The adapter the request's `model` picked (None: the base model).
     pub adapter: Option<super::adapters::Use>,
+    /// Its share of `--memory-budget`, held until the request ends (`budget`).
+    pub budget: Option<super::budget::Reservation>,
 }
 
 /// One place in the queue (`/stats` `queued`, `--max-queue`): taken by the HTTP side when a
@@ -106,6 +108,8 @@ pub struct Worker {
     pub embeds: Pending,
     /// The LoRA adapters mounted (`--adapter`, `/v1/adapters`) and the one on the model.
     pub adapters: super::adapters::lane::Loaded,
+    /// `--memory-budget`: the prompt cache is trimmed to what it leaves.
+    pub budget: Option<Arc<super::budget::Budget>>,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -124,6 +128,8 @@ struct Turn<'w> {
     draft_caches: Option<Vec<Box<dyn crate::cache::Cache>>>,
     /// The request's adapter, put on the model before each of its steps.
     adapter: Option<super::adapters::Use>,
+    /// Its `--memory-budget` reservation, released when it ends.
+    budget: Option<super::budget::Reservation>,
 }
 
 pub(super) fn panic_error(panic: Box<dyn std::any::Any + Send>) -> ApiError {
@@ -273,6 +279,7 @@ impl Worker {
             deadline,
             queued,
             adapter,
+            budget,
         } = job;
         drop(queued);
         self.counters.running.fetch_add(1, Ordering::Relaxed);
@@ -360,6 +367,7 @@ impl Worker {
                 cached,
                 draft_caches,
                 adapter,
+                budget,
             }),
         }
     }
@@ -399,8 +407,11 @@ impl Worker {
             prompt_ids,
             cached,
             draft_caches,
+            budget,
             ..
         } = t;
+        // Its bytes are free again before its caches join the prompt cache (trimmed then).
+        drop(budget);
         if let (Some(spec), Ok(_)) = (decode.spec_stats(), &result) {
             let c = &self.counters;
             c.spec_drafted
@@ -575,6 +586,7 @@ impl Worker {
         self.store
             .borrow_mut()
             .keep_fed(&self.namespace(), caches, tokens);
+        self.trim_to_budget();
     }
 
     /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).
@@ -582,10 +594,21 @@ impl Worker {
         self.store
             .borrow_mut()
             .keep(&self.namespace(), tokens, caches);
+        self.trim_to_budget();
     }
 
     /// The longest usable cached prefix of `prompt` (`PromptStore::take`).
     pub(super) fn cache_take(&self, prompt: &[u32]) -> Option<crate::cache::prompt::Hit> {
+        // Before a prefill: the prompt cache gives way to the reservations.
+        self.trim_to_budget();
         self.store.borrow_mut().take(&self.namespace(), prompt)
+    }
+
+    /// `--memory-budget`: the RAM prompt cache trimmed to what the budget leaves it.
+    fn trim_to_budget(&self) {
+        if let Some(b) = &self.budget {
+            let (room, slack) = (b.prompt_cache_room(), b.entry_slack());
+            self.store.borrow_mut().trim_ram(room, slack);
+        }
     }
 }

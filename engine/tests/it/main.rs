@@ -24,6 +24,7 @@ mod responses;
 mod segmented;
 mod serve;
 mod serve_adapters;
+mod serve_budget;
 mod serve_fleet;
 mod serve_hardening;
 mod serve_limits;

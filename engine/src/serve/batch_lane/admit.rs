@@ -75,6 +75,7 @@ impl Worker {
             deadline,
             queued,
             adapter,
+            budget,
         } = job;
         drop(queued);
         let Some(out) = Outbox::new(events, deadline) else {
@@ -125,6 +126,7 @@ impl Worker {
             next: 0,
             since: Instant::now(),
             adapter,
+            budget,
         };
         Some(Admission {
             row,

@@ -1,0 +1,478 @@
+//! `--memory-budget`: a bound on the memory a server's MLX work holds, never exceeded by
+//! design (mlx-lm's server has none; a flood of long prompts grows its KV caches and prompt
+//! cache until Metal aborts). The ledger, per server (one `Arc<Budget>`, shared by every
+//! model a server loads):
+//!
+//! ```text
+//! budget ≥ weights + mlx_cache + Σ reservations + prompt cache
+//! reservation(request) = kv(T) + act(P, T),  P = prompt, T = prompt + max_tokens
+//! kv(T)     = kv_fixed + kv_per_token × (T + 256)
+//! act(P, T) = act_chunk + act_per_token × max(0, P − prefill_step)
+//!             + ⌈act_per_token / prefill_step⌉ × T
+//! mlx_cache = act_chunk
+//! ```
+//!
+//! - `weights`: each loaded model's resident bytes (`reserve_weights`), measured on the model
+//!   thread (MLX active memory with nothing else alive).
+//! - `kv`: measured at startup (`probe`): fresh caches after 1 and after 257 prompt tokens;
+//!   K/V buffers grow in steps of 256 (mlx-lm's `KVCache.step`), so a cache holding T
+//!   tokens has at most T + 256 slots; constant-size states (recurrent layers, full sliding
+//!   windows) land in `kv_fixed`, and a window that stops growing is over-counted (an upper
+//!   bound). The caches' real dtype and quantization (`--kv-bits`) are what is measured.
+//! - `act`: MLX's peak over one prefill chunk of `--prefill-step-size` tokens beyond what
+//!   was held before it, measured at startup on fresh caches (`act_chunk`) and after
+//!   `ACT_PROBE_OFFSET` tokens: a chunk's attention scores and its caches' growth (the old
+//!   buffers live until the new ones are written) grow with the tokens it attends to,
+//!   linearly for a fixed chunk (`act_per_token`); a decode step is a chunk of one token
+//!   attending to at most T.
+//! - `mlx_cache`: MLX's buffer cache (freed buffers it keeps for reuse) is capped to
+//!   `act_chunk` (`mlx_rs::memory::set_cache_limit`).
+//!
+//! Admission (`admit`, on the HTTP side, before a request is queued): a request whose need
+//! cannot fit even alone is refused (400, naming the numbers and the fix); otherwise it
+//! waits for its reservation (up to `--budget-wait` or its request timeout), then gets 429
+//! with Retry-After. The reservation travels with the job and is released when the request
+//! ends, however it ends. The model thread trims the RAM prompt cache to
+//! `budget − weights − mlx_cache − reserved` before each prompt lookup and after keeping an
+//! entry (`Budget::prompt_cache_room`).
+
+mod http;
+mod probe;
+mod size;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub(crate) use http::{admit, stats, Gauges};
+pub(crate) use probe::charge;
+pub use probe::{check_alone, probe, Probe};
+pub use size::{from_flag, parse, peak_rss, physical_memory, Spec, SpecError, AUTO_PERCENT};
+
+use crate::plant::{self, Defect};
+
+/// K/V buffers grow by this many tokens (mlx-lm's `KVCache.step`).
+pub const KV_STEP: u64 = 256;
+
+/// Tokens already in the caches when the second activation probe's chunk runs.
+pub const ACT_PROBE_OFFSET: u64 = 512;
+
+/// Activation bytes of a request of P prompt tokens and T in all: prefill chunks attend to
+/// at most P tokens, decode steps (one token each) to at most T:
+/// `at_chunk + per_token × max(0, P − chunk) + ⌈per_token / chunk⌉ × T`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ActBound {
+    pub at_chunk: u64,
+    pub per_token: u64,
+    pub chunk: u64,
+}
+
+impl ActBound {
+    /// From a chunk's peaks on fresh caches and after `ACT_PROBE_OFFSET` tokens.
+    pub fn from_probe(chunk: u64, fresh: u64, deeper: u64) -> Self {
+        ActBound {
+            at_chunk: fresh,
+            per_token: deeper.saturating_sub(fresh).div_ceil(ACT_PROBE_OFFSET),
+            chunk,
+        }
+    }
+
+    pub fn bytes(&self, prompt: u64, total: u64) -> u64 {
+        let decode = self.per_token.div_ceil(self.chunk.max(1));
+        self.at_chunk
+            .saturating_add(
+                self.per_token
+                    .saturating_mul(prompt.saturating_sub(self.chunk)),
+            )
+            .saturating_add(decode.saturating_mul(total))
+    }
+}
+
+/// KV bytes as a function of tokens held: `fixed + per_token × (T + KV_STEP)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct KvBound {
+    pub fixed: u64,
+    pub per_token: u64,
+}
+
+impl KvBound {
+    /// From caches' bytes measured after 1 token (one step of slots) and after
+    /// `KV_STEP + 1` tokens (two steps).
+    pub fn from_probe(after_one: u64, after_step_plus_one: u64) -> Self {
+        let per_token = after_step_plus_one
+            .saturating_sub(after_one)
+            .div_ceil(KV_STEP);
+        KvBound {
+            fixed: after_one.saturating_sub(per_token * KV_STEP),
+            per_token,
+        }
+    }
+
+    pub fn bytes(&self, tokens: u64) -> u64 {
+        self.fixed
+            .saturating_add(self.per_token.saturating_mul(tokens + KV_STEP))
+    }
+}
+
+/// What a request needs reserved.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Need {
+    pub prompt_tokens: usize,
+    pub max_tokens: usize,
+    pub kv: u64,
+    pub activations: u64,
+}
+
+impl Need {
+    pub fn bytes(&self) -> u64 {
+        self.kv + self.activations
+    }
+}
+
+/// Why a request got no reservation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "this request cannot fit in the server's memory budget: {} prompt tokens + max_tokens \
+         {} need {} bytes (KV cache {} + activations {}), and the budget of {} bytes holds \
+         {} bytes of model weights and {} of MLX buffer cache, leaving {} bytes; send a \
+         smaller max_tokens or a shorter prompt, or start the server with a bigger \
+         --memory-budget",
+        need.prompt_tokens, need.max_tokens, need.bytes(), need.kv, need.activations,
+        budget, weights, mlx_cache, budget.saturating_sub(weights + mlx_cache)
+    )]
+    TooBig {
+        need: Need,
+        budget: u64,
+        weights: u64,
+        mlx_cache: u64,
+    },
+    #[error(
+        "the server's memory budget is taken by running requests ({need} bytes needed, {free} \
+         free of {budget}); retry later"
+    )]
+    Busy { need: u64, free: u64, budget: u64 },
+}
+
+#[derive(Debug, Default)]
+struct Ledger {
+    weights: BTreeMap<String, u64>,
+    reserved: u64,
+    reservations: usize,
+    peak_reserved: u64,
+    kv: KvBound,
+    act: ActBound,
+    mlx_cache: u64,
+}
+
+impl Ledger {
+    fn fixed(&self) -> u64 {
+        self.weights.values().sum::<u64>() + self.mlx_cache
+    }
+}
+
+/// The server's memory budget and what holds it.
+#[derive(Debug)]
+pub struct Budget {
+    pub limit: u64,
+    /// How long a request waits for room before 429 (`--budget-wait`).
+    pub wait: Duration,
+    ledger: Mutex<Ledger>,
+    freed: tokio::sync::Notify,
+}
+
+/// `/stats` `memory`'s budget part.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Snapshot {
+    pub budget: u64,
+    pub weights: u64,
+    pub reserved: u64,
+    pub reservations: usize,
+    pub peak_reserved: u64,
+    pub kv_fixed: u64,
+    pub kv_per_token: u64,
+    pub act_chunk: u64,
+    pub act_per_token: u64,
+    pub mlx_cache_limit: u64,
+}
+
+impl Budget {
+    pub fn new(limit: u64, wait: Duration) -> Arc<Self> {
+        Arc::new(Budget {
+            limit,
+            wait,
+            ledger: Default::default(),
+            freed: Default::default(),
+        })
+    }
+
+    fn ledger(&self) -> std::sync::MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a loaded model's resident bytes (a name loaded again replaces its count).
+    pub fn reserve_weights(&self, name: &str, bytes: u64) {
+        self.ledger().weights.insert(name.to_owned(), bytes);
+    }
+
+    /// Forgets an unloaded model's bytes.
+    pub fn release_weights(&self, name: &str) {
+        self.ledger().weights.remove(name);
+        self.freed.notify_waiters();
+    }
+
+    /// Sets what the startup probe measured; the MLX buffer cache is capped to the
+    /// activation bound.
+    pub fn set_measured(&self, kv: KvBound, act: ActBound) {
+        let mut l = self.ledger();
+        l.kv = kv;
+        l.act = act;
+        l.mlx_cache = act.at_chunk;
+    }
+
+    pub fn weights(&self) -> u64 {
+        self.ledger().weights.values().sum()
+    }
+
+    pub fn mlx_cache_limit(&self) -> u64 {
+        self.ledger().mlx_cache
+    }
+
+    /// What a request of `prompt_tokens` + `max_tokens` needs.
+    pub fn need(&self, prompt_tokens: usize, max_tokens: usize) -> Need {
+        let l = self.ledger();
+        Need {
+            prompt_tokens,
+            max_tokens,
+            kv: l.kv.bytes((prompt_tokens + max_tokens) as u64),
+            activations: l
+                .act
+                .bytes(prompt_tokens as u64, (prompt_tokens + max_tokens) as u64),
+        }
+    }
+
+    /// Refuses a need that cannot fit even with nothing else running.
+    pub fn check(&self, need: Need) -> Result<(), Refusal> {
+        let l = self.ledger();
+        if plant::is(Defect::BudgetIgnored) || l.fixed() + need.bytes() <= self.limit {
+            return Ok(());
+        }
+        Err(Refusal::TooBig {
+            need,
+            budget: self.limit,
+            weights: l.weights.values().sum(),
+            mlx_cache: l.mlx_cache,
+        })
+    }
+
+    /// A reservation of `need`, if it fits now.
+    pub fn try_reserve(self: &Arc<Self>, need: Need) -> Result<Reservation, Refusal> {
+        let bytes = need.bytes();
+        let mut l = self.ledger();
+        let free = self.limit.saturating_sub(l.fixed() + l.reserved);
+        if bytes > free && !plant::is(Defect::BudgetIgnored) {
+            return Err(Refusal::Busy {
+                need: bytes,
+                free,
+                budget: self.limit,
+            });
+        }
+        l.reserved += bytes;
+        l.reservations += 1;
+        l.peak_reserved = l.peak_reserved.max(l.reserved);
+        Ok(Reservation {
+            budget: self.clone(),
+            bytes,
+        })
+    }
+
+    /// A reservation of `need`: at once, or once running requests free enough, waiting
+    /// until `wait` or `deadline` passes (then `Refusal::Busy`). A need that can never fit
+    /// is refused at once (`check`).
+    pub async fn reserve(
+        self: &Arc<Self>,
+        need: Need,
+        deadline: Option<Instant>,
+    ) -> Result<Reservation, Refusal> {
+        self.check(need)?;
+        let mut until = Instant::now() + self.wait;
+        if let Some(d) = deadline {
+            until = until.min(d);
+        }
+        loop {
+            let freed = self.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            let refused = match self.try_reserve(need) {
+                Ok(r) => return Ok(r),
+                Err(e) => e,
+            };
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
+                return Err(refused);
+            }
+        }
+    }
+
+    /// What the RAM prompt cache may hold now: the budget less weights, MLX's buffer cache
+    /// and every reservation.
+    pub fn prompt_cache_room(&self) -> u64 {
+        if plant::is(Defect::BudgetIgnored) {
+            return u64::MAX;
+        }
+        let l = self.ledger();
+        self.limit.saturating_sub(l.fixed() + l.reserved)
+    }
+
+    /// Extra bytes an entry of the prompt cache may hold beyond its tokens' (its buffers'
+    /// last partly filled step).
+    pub fn entry_slack(&self) -> u64 {
+        self.ledger().kv.per_token * KV_STEP
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let l = self.ledger();
+        Snapshot {
+            budget: self.limit,
+            weights: l.weights.values().sum(),
+            reserved: l.reserved,
+            reservations: l.reservations,
+            peak_reserved: l.peak_reserved,
+            kv_fixed: l.kv.fixed,
+            kv_per_token: l.kv.per_token,
+            act_chunk: l.act.at_chunk,
+            act_per_token: l.act.per_token,
+            mlx_cache_limit: l.mlx_cache,
+        }
+    }
+}
+
+/// Bytes of the budget held for one request's whole life; given back when dropped.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<Budget>,
+    bytes: u64,
+}
+
+impl Reservation {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        {
+            let mut l = self.budget.ledger();
+            l.reserved -= self.bytes;
+            l.reservations -= 1;
+        }
+        self.budget.freed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kv_bound_covers_a_partly_filled_step() {
+        // 10 fixed bytes, 4 per token: 1 token allocates a step, 257 two.
+        let kv = KvBound::from_probe(10 + 4 * 256, 10 + 4 * 512);
+        assert_eq!(
+            kv,
+            KvBound {
+                fixed: 10,
+                per_token: 4
+            }
+        );
+        assert_eq!(kv.bytes(0), 10 + 4 * 256);
+        assert!(kv.bytes(300) >= 10 + 4 * 512);
+    }
+
+    #[test]
+    fn the_activation_bound_grows_past_the_chunk() {
+        let act = ActBound::from_probe(256, 1000, 1000 + 512 * 3);
+        assert_eq!(act.per_token, 3);
+        // Decode steps: 3 bytes per token per 256-token chunk, rounded up: 1 per token.
+        assert_eq!(act.bytes(100, 100), 1000 + 100);
+        assert_eq!(act.bytes(256 + 10, 300), 1000 + 30 + 300);
+        // Past the probed depth, as measured there and beyond.
+        assert_eq!(act.bytes(256 + 512, 256 + 512), 1000 + 1536 + 768);
+    }
+
+    fn ledger() -> Arc<Budget> {
+        let b = Budget::new(1000, Duration::from_millis(50));
+        b.reserve_weights("m", 300);
+        let act = ActBound {
+            at_chunk: 50,
+            per_token: 0,
+            chunk: 16,
+        };
+        // kv(T) = T + 256, act = 50.
+        b.set_measured(
+            KvBound {
+                fixed: 0,
+                per_token: 1,
+            },
+            act,
+        );
+        b
+    }
+
+    #[test]
+    fn the_ledger_refuses_what_never_fits_and_reserves_what_does() {
+        let b = ledger();
+        // 300 weights + 50 cache = 350 fixed; 650 left.
+        let big = b.need(400, 100); // 756 + 50
+        assert!(matches!(b.check(big), Err(Refusal::TooBig { .. })));
+        let msg = b.check(big).unwrap_err().to_string();
+        for part in [
+            "400 prompt tokens",
+            "max_tokens 100",
+            "806 bytes",
+            "1000",
+            "300",
+        ] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
+        let small = b.need(10, 10); // 276 + 50 = 326
+        let r1 = b.try_reserve(small).unwrap();
+        assert_eq!(b.prompt_cache_room(), 1000 - 350 - 326);
+        let r2 = b.try_reserve(small).unwrap_err();
+        assert!(matches!(r2, Refusal::Busy { need: 326, .. }));
+        drop(r1);
+        assert_eq!(b.snapshot().reserved, 0);
+        assert_eq!(b.snapshot().peak_reserved, 326);
+        assert_eq!(b.prompt_cache_room(), 650);
+        b.release_weights("m");
+        assert_eq!(b.prompt_cache_room(), 950);
+    }
+
+    #[test]
+    fn a_waiting_reservation_gets_the_bytes_a_finished_one_frees() {
+        let b = ledger();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let need = b.need(10, 10);
+        let held = b.try_reserve(need).unwrap();
+        // Nothing frees: refused once the wait is over.
+        let busy = rt.block_on(b.reserve(need, None));
+        assert!(matches!(busy, Err(Refusal::Busy { .. })));
+        // Freed while waiting: granted.
+        let b2 = b.clone();
+        let got = rt.block_on(async move {
+            let waiter = b2.reserve(need, None);
+            let freer = async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                drop(held);
+            };
+            let (got, ()) = tokio::join!(waiter, freer);
+            got
+        });
+        assert_eq!(got.unwrap().bytes(), 326);
+        assert_eq!(b.snapshot().reservations, 0);
+    }
+}
