@@ -179,13 +179,16 @@ impl Registry {
         let Some(model) = model.filter(|m| !m.is_empty()) else {
             return Ok(None);
         };
-        if mounted.is_empty() || self.base.iter().any(|b| b == model) {
+        // "BASE:NAME" asks for an adapter even while none is mounted; other names do
+        // only while some are (clients send fixed names such as "gpt-4o").
+        let asked = match model.rsplit_once(':') {
+            Some((base, name)) if self.base.iter().any(|b| b == base) => Some(name),
+            _ => None,
+        };
+        if asked.is_none() && (mounted.is_empty() || self.base.iter().any(|b| b == model)) {
             return Ok(None);
         }
-        let name = match model.rsplit_once(':') {
-            Some((base, name)) if self.base.iter().any(|b| b == base) => name,
-            _ => model,
-        };
+        let name = asked.unwrap_or(model);
         match mounted.get(name).filter(|e| !e.closing) {
             Some(e) => Ok(Some(Use::new(name, &e.uses))),
             None => {
@@ -197,10 +200,14 @@ impl Registry {
                 Err(ApiError::field(
                     "model",
                     format!(
-                        "the model `{model}` does not exist: this server serves `{}` and its \
-                         adapters {}; name one of them (an adapter also by its name alone)",
+                        "the model `{model}` does not exist: this server serves `{}` and {}; \
+                         name one of them (an adapter also by its name alone)",
                         self.base(),
-                        served.join(", ")
+                        if served.is_empty() {
+                            "no adapters (mount one: POST /v1/adapters)".to_owned()
+                        } else {
+                            format!("its adapters {}", served.join(", "))
+                        }
                     ),
                 )
                 .with_status(StatusCode::NOT_FOUND)
@@ -235,6 +242,10 @@ mod tests {
     fn a_request_picks_an_adapter_by_name_or_base_colon_name() {
         let none = Registry::new("/m/tiny", &[]);
         assert!(none.resolve(Some("gpt-4o")).unwrap().is_none());
+        // An adapter asked for by BASE:NAME is refused even while none is mounted.
+        let e = none.resolve(Some("tiny:t")).unwrap_err();
+        assert_eq!(e.status.as_u16(), 404);
+        assert!(e.message.contains("no adapters"), "{}", e.message);
         let flag = Flag {
             name: "t".into(),
             dir: "/a".into(),

@@ -8,7 +8,7 @@ pub struct ServeArgs {
     /// Model directory in Hugging Face layout, or a hub repo id (`org/name[@revision]`)
     /// from the local Hugging Face cache (never downloaded). Repeatable: the first serves
     /// requests that name no model (docs/serve.md, "Many models").
-    #[arg(long = "model", id = "models", value_parser = crate::load::hub::model_arg,
+    #[arg(long = "model", id = "models", value_name = "MODEL", value_parser = crate::load::hub::model_arg,
           required_unless_present = "models_dir")]
     pub models: Vec<PathBuf>,
     /// The model this process serves (the first `--model`; set by `run`).

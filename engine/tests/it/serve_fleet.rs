@@ -387,3 +387,49 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
     .is_err();
     assert!(ttl_caught, "FleetTtlIgnored was not caught");
 }
+
+/// `--adapter` in many-model mode mounts on the default model: `A:trained` answers as a
+/// single-model server with that adapter does, across an unload and a reload of A (the
+/// adapter comes back with it); `B:trained` names an adapter B does not have: a 404.
+#[test]
+fn the_default_models_adapters_follow_it_through_unloads() {
+    let adapter = format!(
+        "trained={}",
+        common::goldens()
+            .join("train/tiny-llama-trained/adapters")
+            .display()
+    );
+    let servers = start_all(2, |i| match i {
+        0 => common::server::serve_model(A, &["--adapter", &adapter]),
+        _ => fleet(&["--max-models", "1", "--adapter", &adapter], &[]),
+    });
+    let (own, port) = (servers[0].port, servers[1].port);
+    let path = "/v1/chat/completions";
+    let named = |m: &str| {
+        json!({"model": m, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Tell me a story."}]})
+    };
+    let want = answer(own, path, &named("trained"));
+    let base = answer(own, path, &named(A));
+    assert_ne!(
+        want, base,
+        "the adapter changes nothing: the check could not fail"
+    );
+    let adapted = format!("{A}:trained");
+    assert_eq!(answer(port, path, &named(&adapted)), want);
+    let (_, text) = http(port, "GET", "/v1/models", b"");
+    let listed: Value = serde_json::from_str(&text).unwrap();
+    let entry = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["id"] == json!(adapted))
+        .unwrap_or_else(|| panic!("{adapted} is not listed: {listed}"));
+    assert_eq!(entry["parent"], A, "{entry}");
+    // B's turn unloads A; A comes back with its adapter.
+    let (status, v) = post(port, path, &named(&format!("{B}:trained")));
+    assert_eq!(status, 404, "{v}");
+    answer(port, path, &bodies(B)[0].1);
+    assert_eq!(answer(port, path, &named(&adapted)), want);
+    assert_eq!(model_stats(port, A)["loads"].as_u64(), Some(2));
+}
