@@ -7,9 +7,6 @@
 //! MLX steps and keys the prompt cache by it. With no adapter mounted any name goes to the
 //! model, as before (clients send fixed names like "gpt-4o").
 
-pub mod lane;
-mod routes;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -17,8 +14,10 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
 
+use serde_json::{json, Value};
+
 use super::error::ApiError;
-pub use routes::{model_entries, routes};
+use super::AppState;
 
 /// Longest adapter name accepted.
 pub const MAX_NAME: usize = 64;
@@ -83,12 +82,12 @@ pub fn base_names(model_id: &str) -> Vec<String> {
 }
 
 /// One mounted adapter, as the HTTP side knows it.
-struct Entry {
-    dir: PathBuf,
+pub(super) struct Entry {
+    pub(super) dir: PathBuf,
     /// Requests holding it (`Use`), from resolution until the model thread drops them.
-    uses: Arc<AtomicUsize>,
+    pub(super) uses: Arc<AtomicUsize>,
     /// Being unmounted: new requests no longer find it.
-    closing: bool,
+    pub(super) closing: bool,
 }
 
 /// A request's hold on its adapter: counted while it exists (queued, running), so that
@@ -130,7 +129,7 @@ pub struct Registry {
     base: Vec<String>,
     mounted: Mutex<BTreeMap<String, Entry>>,
     /// Mounts and unmounts, one at a time.
-    admin: tokio::sync::Mutex<()>,
+    pub(super) admin: tokio::sync::Mutex<()>,
 }
 
 impl Registry {
@@ -153,7 +152,7 @@ impl Registry {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Entry>> {
         self.mounted.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -215,6 +214,21 @@ impl Registry {
             }
         }
     }
+}
+
+/// The `/v1/models` entries of the mounted adapters: "BASE:NAME", parent BASE.
+pub fn model_entries(s: &AppState) -> Vec<Value> {
+    let base = s.adapters.base();
+    s.adapters
+        .listed()
+        .into_iter()
+        .map(|(name, _)| {
+            json!({
+                "id": format!("{base}:{name}"), "object": "model", "created": s.created,
+                "owned_by": "engine", "parent": base,
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -45,7 +45,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub(crate) use http::{admit, stats, Gauges};
-pub(crate) use probe::charge;
+pub(crate) use probe::{charge, Loaded};
 pub use probe::{check_alone, probe, Probe};
 pub use size::{from_flag, parse, peak_rss, physical_memory, Spec, SpecError, AUTO_PERCENT};
 

@@ -3,6 +3,7 @@
 //! `/stats`; also `/metrics` (Prometheus), `/tokenize`, `/detokenize` (llama.cpp's). HTTP
 //! runs on tokio + axum; the model runs on its own thread (`worker`).
 
+mod adapter_routes;
 pub mod adapters;
 mod api;
 mod args;
@@ -365,7 +366,7 @@ fn extra_routes() -> axum::Router<Arc<AppState>> {
         .merge(metrics::routes())
         .merge(tokenize::routes())
         .merge(embeddings::routes())
-        .merge(adapters::routes())
+        .merge(adapter_routes::routes())
 }
 
 /// Starts the model thread, which loads everything MLX touches itself (so MLX work stays
@@ -439,7 +440,7 @@ fn load_worker(
     shared: Shared,
 ) -> anyhow::Result<worker::Worker> {
     let model = crate::model::load(&args.model)?;
-    let adapters = adapters::lane::Loaded::load(model.as_ref(), &args.adapter)?;
+    let adapters = worker::adapters::Loaded::load(model.as_ref(), &args.adapter)?;
     let draft = match &args.draft_model {
         None => None,
         Some(d) => Some((
@@ -479,7 +480,14 @@ fn load_worker(
     })
     .and_then(|mut worker| {
         if let Some(b) = shared.budget {
-            budget::charge(&worker, &b, &args.model.display().to_string())?;
+            let loaded = budget::Loaded {
+                model: worker.model.as_ref(),
+                make_caches: &|| worker.make_caches(),
+                opts: &worker.opts,
+                prefill_step: worker.prefill_step,
+                context: worker.context,
+            };
+            budget::charge(loaded, &b, &args.model.display().to_string())?;
             worker.budget = Some(b);
         }
         Ok(worker)

@@ -7,6 +7,7 @@
 //! noticed at the next token and its generation stops there. A request that fails — an
 //! MLX error, even a panic — fails alone; the thread goes on.
 
+pub mod adapters;
 mod embed;
 
 use std::collections::VecDeque;
@@ -43,7 +44,7 @@ pub enum Work {
     Generate(Job),
     Embed(EmbedJob),
     /// Mount or unmount an adapter, between two steps (`adapters::lane`).
-    Adapter(super::adapters::lane::Op),
+    Adapter(adapters::Op),
 }
 
 pub struct Job {
@@ -107,7 +108,7 @@ pub struct Worker {
     /// Embeddings requests being answered, one input per round (`embeddings`).
     pub embeds: Pending,
     /// The LoRA adapters mounted (`--adapter`, `/v1/adapters`) and the one on the model.
-    pub adapters: super::adapters::lane::Loaded,
+    pub adapters: adapters::Loaded,
     /// `--memory-budget`: the prompt cache is trimmed to what it leaves.
     pub budget: Option<Arc<super::budget::Budget>>,
 }

@@ -104,20 +104,25 @@ pub fn check_alone(
     Ok(())
 }
 
-/// Charges a loaded worker to `budget` under `name`: measures it (`probe`), counts its
+/// What `charge` measures: a loaded model (with the drafter's caches in `make_caches`, as
+/// a prompt-cache entry holds them) and how it prefills.
+pub(crate) struct Loaded<'a> {
+    pub model: &'a dyn crate::model::LanguageModel,
+    pub make_caches: &'a dyn Fn() -> Vec<Box<dyn crate::cache::Cache>>,
+    pub opts: &'a crate::generate::SessionOptions,
+    pub prefill_step: usize,
+    pub context: usize,
+}
+
+/// Charges a loaded model to `budget` under `name`: measures it (`probe`), counts its
 /// weights, caps MLX's buffer cache. Refuses a budget the model alone already fills.
-pub(crate) fn charge(
-    worker: &crate::serve::worker::Worker,
-    budget: &Budget,
-    name: &str,
-) -> anyhow::Result<()> {
-    let make = || worker.make_caches();
+pub(crate) fn charge(loaded: Loaded<'_>, budget: &Budget, name: &str) -> anyhow::Result<()> {
     let p = probe(
-        worker.model.as_ref(),
-        &make,
-        &worker.opts,
-        worker.prefill_step,
-        worker.context,
+        loaded.model,
+        loaded.make_caches,
+        loaded.opts,
+        loaded.prefill_step,
+        loaded.context,
     )?;
     budget.reserve_weights(name, p.weights);
     budget.set_measured(p.kv, p.act);

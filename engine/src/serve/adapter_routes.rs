@@ -12,12 +12,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::oneshot;
 
-use super::lane::Op;
-use super::{check_name, Entry};
+use crate::serve::adapters::{check_name, Entry};
 use crate::serve::error::ApiError;
+use crate::serve::worker::adapters::Op;
 use crate::serve::worker::Work;
 use crate::serve::AppState;
 
@@ -25,21 +25,6 @@ pub fn routes() -> axum::Router<Arc<AppState>> {
     axum::Router::new()
         .route("/v1/adapters", axum::routing::post(mount))
         .route("/v1/adapters/{name}", axum::routing::delete(unmount))
-}
-
-/// The `/v1/models` entries of the mounted adapters: "BASE:NAME", parent BASE.
-pub fn model_entries(s: &AppState) -> Vec<Value> {
-    let base = s.adapters.base();
-    s.adapters
-        .listed()
-        .into_iter()
-        .map(|(name, _)| {
-            json!({
-                "id": format!("{base}:{name}"), "object": "model", "created": s.created,
-                "owned_by": "engine", "parent": base,
-            })
-        })
-        .collect()
 }
 
 #[derive(Deserialize)]

@@ -15,11 +15,11 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use tokio::sync::oneshot;
 
-use super::Use;
+use super::Worker;
 use crate::generate::{CompileDecode, SessionOptions};
 use crate::plant::{self, Defect};
+use crate::serve::adapters::Use;
 use crate::serve::error::ApiError;
-use crate::serve::worker::Worker;
 use crate::train::lora::{apply, OwnedAdapter};
 
 /// Mount or unmount work for the model thread.
@@ -53,7 +53,7 @@ impl Loaded {
     /// Loads the `--adapter` flags' adapters, each checked against `model`.
     pub fn load(
         model: &dyn crate::model::LanguageModel,
-        flags: &[super::Flag],
+        flags: &[crate::serve::adapters::Flag],
     ) -> anyhow::Result<Self> {
         let loaded = Loaded::default();
         for f in flags {
