@@ -257,6 +257,14 @@ impl Budget {
         l.mlx_cache = l.mlx_cache.max(act.at_chunk);
     }
 
+    /// Model `name`'s measured least request need (one token) and MLX buffer cache
+    /// (`act_chunk`), while it is charged.
+    pub fn least(&self, name: &str) -> Option<(u64, u64)> {
+        let l = self.ledger();
+        let (kv, act) = l.bounds.get(name)?;
+        Some((kv.bytes(1) + act.bytes(1, 1), act.at_chunk))
+    }
+
     /// The least any request of any loaded model needs (one token, none generated): what a
     /// model about to load must leave room for, before its own bounds are measured.
     pub fn min_request(&self) -> u64 {

@@ -73,6 +73,9 @@ struct Life {
     attempts: u64,
     failed: Option<(u64, String)>,
     failed_status: StatusCode,
+    /// With a budget: its least request need and MLX buffer cache as its last load
+    /// measured them (what the next load makes room for beside its weights).
+    least: Option<(u64, u64)>,
     loads: u64,
     unloads: u64,
     load_ms: Option<f64>,
@@ -192,6 +195,7 @@ impl Fleet {
                     attempts: 0,
                     failed: None,
                     failed_status: StatusCode::INTERNAL_SERVER_ERROR,
+                    least: None,
                     loads: 0,
                     unloads: 0,
                     load_ms: None,
@@ -320,11 +324,15 @@ impl Fleet {
                 .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))
             }
         };
+        let least = self.budget.as_ref().and_then(|b| b.least(&key));
         if let (Err(_), Some(b)) = (&result, &self.budget) {
             b.release_weights(&key);
         }
         {
             let mut life = entry.life();
+            // Measured even when the load's own check refused it: the next try makes room
+            // for what it really needs.
+            life.least = least.or(life.least);
             match result {
                 Ok((started, took)) => {
                     let router = super::routes::router(
@@ -447,7 +455,10 @@ impl Fleet {
         if plant::is(Defect::FleetBudgetIgnored) {
             return None;
         }
-        let (weights, cache, one) = (b.weights(), b.mlx_cache_limit(), b.min_request());
+        let (own_one, own_cache) = self.entries[keep].life().least.unwrap_or_default();
+        let weights = b.weights();
+        let cache = b.mlx_cache_limit().max(own_cache);
+        let one = b.min_request().max(own_one);
         if weights + cache + bytes + one <= b.limit {
             return None;
         }
