@@ -519,6 +519,33 @@ mod tests {
     }
 
     #[test]
+    fn models_sharing_a_budget_reserve_by_their_own_bounds() {
+        let b = ledger();
+        b.reserve_weights("n", 200);
+        let big = KvBound {
+            fixed: 0,
+            per_token: 2,
+        };
+        let act = ActBound {
+            at_chunk: 80,
+            per_token: 0,
+            chunk: 16,
+        };
+        b.set_measured("n", big, act);
+        // Each model's need is its own; the buffer cache is the largest model's.
+        assert_eq!(b.need("m", 10, 10).bytes(), 276 + 50);
+        assert_eq!(b.need("n", 10, 10).bytes(), 2 * 276 + 80);
+        assert_eq!(b.mlx_cache_limit(), 80);
+        assert_eq!(b.min_request(), 2 * 257 + 80);
+        assert_eq!(b.snapshot().models.len(), 2);
+        // Unloaded: its weights and bounds leave; the cache limit stays as MLX has it.
+        b.release_weights("n");
+        assert_eq!((b.weights(), b.min_request()), (300, 257 + 50));
+        assert_eq!(b.need("n", 10, 10).bytes(), 0);
+        assert_eq!(b.mlx_cache_limit(), 80);
+    }
+
+    #[test]
     fn a_waiting_reservation_gets_the_bytes_a_finished_one_frees() {
         let b = ledger();
         let rt = tokio::runtime::Builder::new_current_thread()

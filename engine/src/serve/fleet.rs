@@ -25,6 +25,7 @@
 
 mod catalog;
 mod front;
+mod room;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -295,7 +296,7 @@ impl Fleet {
         let estimate = self
             .budget
             .as_ref()
-            .map(|_| weights_estimate(&entry.spec.path));
+            .map(|_| room::weights_estimate(&entry.spec.path));
         let key = super::budget::key(&entry.spec.path);
         let result = match self.make_room(i, estimate).await {
             Err(why) => Err(why),
@@ -446,33 +447,6 @@ impl Fleet {
         }
     }
 
-    /// Why model `keep` (its weights estimated at `bytes`) does not fit in the memory
-    /// budget beside the loaded models now; None: it fits (or no budget).
-    fn memory_short(&self, keep: usize, bytes: Option<u64>) -> Option<String> {
-        let (Some(b), Some(bytes)) = (&self.budget, bytes) else {
-            return None;
-        };
-        if plant::is(Defect::FleetBudgetIgnored) {
-            return None;
-        }
-        let (own_one, own_cache) = self.entries[keep].life().least.unwrap_or_default();
-        let weights = b.weights();
-        let cache = b.mlx_cache_limit().max(own_cache);
-        let one = b.min_request().max(own_one);
-        if weights + cache + bytes + one <= b.limit {
-            return None;
-        }
-        Some(format!(
-            "model {} does not fit in the memory budget: its weights (~{bytes} bytes, its \
-             *.safetensors files) + the loaded models' weights ({weights}) + MLX's buffer \
-             cache ({cache}) + one request's least need ({one}) = {} bytes, more than \
-             --memory-budget {} bytes",
-            self.entries[keep].spec.name,
-            weights + cache + bytes + one,
-            b.limit
-        ))
-    }
-
     /// Unloads model `j` if it is loaded and idle: closes its queue, joins its model thread
     /// (off the tokio threads). The caller holds `loader`.
     async fn unload(&self, j: usize) {
@@ -542,21 +516,6 @@ impl Fleet {
             })
             .collect()
     }
-}
-
-/// Model weights' bytes as stored: the sum of the *.safetensors files' sizes in `dir` (an
-/// upper bound of what MLX holds once loaded; 0 when none can be read).
-fn weights_estimate(dir: &std::path::Path) -> u64 {
-    let Ok(files) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    files
-        .flatten()
-        .filter(|f| f.file_name().to_string_lossy().ends_with(".safetensors"))
-        // A hub cache's files are links to its blobs.
-        .filter_map(|f| std::fs::metadata(f.path()).ok())
-        .map(|m| m.len())
-        .sum()
 }
 
 /// Closes a model's queue and waits for its model thread to end (it finishes what it
