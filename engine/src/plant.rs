@@ -407,6 +407,10 @@ pub enum Defect {
     /// Serve, many models: `--model-ttl` never unloads an idle model. Caught by the TTL
     /// gate (`tests/it/serve_fleet.rs`: the model stays loaded past the wait).
     FleetTtlIgnored,
+    /// The fleet loads a model without making room in the memory budget (`make_room`
+    /// ignores bytes): two models stay loaded past it. Caught by serve_fleet.rs
+    /// `a_shared_memory_budget_holds_one_model_at_a_time_and_both_answer`.
+    FleetBudgetIgnored,
     /// Serve, `--memory-budget`: admission and prompt-cache trimming are off (every request
     /// is reserved however full the budget, the prompt cache is never trimmed). Caught by
     /// the flood gate (`tests/it/serve_budget.rs`): MLX's peak passes the budget.
@@ -586,6 +590,7 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetRoutesToDefault" => Defect::FleetRoutesToDefault,
             "FleetLoadsTwice" => Defect::FleetLoadsTwice,
             "FleetTtlIgnored" => Defect::FleetTtlIgnored,
+            "FleetBudgetIgnored" => Defect::FleetBudgetIgnored,
             "BudgetIgnored" => Defect::BudgetIgnored,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };

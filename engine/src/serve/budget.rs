@@ -27,6 +27,10 @@
 //!   attending to at most T.
 //! - `mlx_cache`: MLX's buffer cache (freed buffers it keeps for reuse) is capped to
 //!   `act_chunk` (`mlx_rs::memory::set_cache_limit`).
+//! - Many models (`fleet`): one ledger for all of them. Weights and the measured bounds
+//!   are per model (keyed by the model's name, `key`); a request's need is its model's
+//!   bounds; the buffer cache limit is process-wide, so it is the largest model's
+//!   `act_chunk` (never lowered while the process lives: lowering it is an MLX call).
 //!
 //! Admission (`admit`, on the HTTP side, before a request is queued): a request whose need
 //! cannot fit even alone is refused (400, naming the numbers and the fix); otherwise it
@@ -44,8 +48,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub(crate) use http::{admit, stats, Gauges};
-pub(crate) use probe::{charge, Loaded};
+pub(crate) use http::{admit, memory, stats, Gauges};
+pub(crate) use probe::{active, charge, Loaded};
 pub use probe::{check_alone, probe, Probe};
 pub use size::{from_flag, parse, peak_rss, physical_memory, Spec, SpecError, AUTO_PERCENT};
 
@@ -160,9 +164,17 @@ struct Ledger {
     reserved: u64,
     reservations: usize,
     peak_reserved: u64,
-    kv: KvBound,
-    act: ActBound,
+    /// Each loaded model's measured bounds, by name (as `weights`).
+    bounds: BTreeMap<String, (KvBound, ActBound)>,
     mlx_cache: u64,
+}
+
+/// A model's name in the ledger: its canonical path (the server's `model_id`).
+pub fn key(path: &std::path::Path) -> String {
+    path.canonicalize()
+        .unwrap_or_else(|_| path.to_path_buf())
+        .display()
+        .to_string()
 }
 
 impl Ledger {
@@ -194,6 +206,18 @@ pub struct Snapshot {
     pub act_chunk: u64,
     pub act_per_token: u64,
     pub mlx_cache_limit: u64,
+    /// Per model (the fields above are the largest over them).
+    pub models: BTreeMap<String, ModelSnapshot>,
+}
+
+/// `/stats` `memory.budget.models`' entry.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ModelSnapshot {
+    pub weights: Option<u64>,
+    pub kv_fixed: u64,
+    pub kv_per_token: u64,
+    pub act_chunk: u64,
+    pub act_per_token: u64,
 }
 
 impl Budget {
@@ -215,19 +239,41 @@ impl Budget {
         self.ledger().weights.insert(name.to_owned(), bytes);
     }
 
-    /// Forgets an unloaded model's bytes.
+    /// Forgets an unloaded model's bytes and bounds.
     pub fn release_weights(&self, name: &str) {
-        self.ledger().weights.remove(name);
+        {
+            let mut l = self.ledger();
+            l.weights.remove(name);
+            l.bounds.remove(name);
+        }
         self.freed.notify_waiters();
     }
 
-    /// Sets what the startup probe measured; the MLX buffer cache is capped to the
-    /// activation bound.
-    pub fn set_measured(&self, kv: KvBound, act: ActBound) {
+    /// Sets what model `name`'s startup probe measured; the MLX buffer cache is capped to
+    /// the largest activation bound (process-wide).
+    pub fn set_measured(&self, name: &str, kv: KvBound, act: ActBound) {
         let mut l = self.ledger();
-        l.kv = kv;
-        l.act = act;
-        l.mlx_cache = act.at_chunk;
+        l.bounds.insert(name.to_owned(), (kv, act));
+        l.mlx_cache = l.mlx_cache.max(act.at_chunk);
+    }
+
+    /// Model `name`'s measured least request need (one token) and MLX buffer cache
+    /// (`act_chunk`), while it is charged.
+    pub fn least(&self, name: &str) -> Option<(u64, u64)> {
+        let l = self.ledger();
+        let (kv, act) = l.bounds.get(name)?;
+        Some((kv.bytes(1) + act.bytes(1, 1), act.at_chunk))
+    }
+
+    /// The least any request of any loaded model needs (one token, none generated): what a
+    /// model about to load must leave room for, before its own bounds are measured.
+    pub fn min_request(&self) -> u64 {
+        let l = self.ledger();
+        l.bounds
+            .values()
+            .map(|(kv, act)| kv.bytes(1) + act.bytes(1, 1))
+            .max()
+            .unwrap_or(0)
     }
 
     pub fn weights(&self) -> u64 {
@@ -238,16 +284,16 @@ impl Budget {
         self.ledger().mlx_cache
     }
 
-    /// What a request of `prompt_tokens` + `max_tokens` needs.
-    pub fn need(&self, prompt_tokens: usize, max_tokens: usize) -> Need {
+    /// What a request of `prompt_tokens` + `max_tokens` to model `name` needs (by its
+    /// measured bounds; zero before they are measured).
+    pub fn need(&self, name: &str, prompt_tokens: usize, max_tokens: usize) -> Need {
         let l = self.ledger();
+        let (kv, act) = l.bounds.get(name).copied().unwrap_or_default();
         Need {
             prompt_tokens,
             max_tokens,
-            kv: l.kv.bytes((prompt_tokens + max_tokens) as u64),
-            activations: l
-                .act
-                .bytes(prompt_tokens as u64, (prompt_tokens + max_tokens) as u64),
+            kv: kv.bytes((prompt_tokens + max_tokens) as u64),
+            activations: act.bytes(prompt_tokens as u64, (prompt_tokens + max_tokens) as u64),
         }
     }
 
@@ -325,24 +371,46 @@ impl Budget {
     }
 
     /// Extra bytes an entry of the prompt cache may hold beyond its tokens' (its buffers'
-    /// last partly filled step).
+    /// last partly filled step; the largest model's).
     pub fn entry_slack(&self) -> u64 {
-        self.ledger().kv.per_token * KV_STEP
+        let l = self.ledger();
+        l.bounds
+            .values()
+            .map(|(kv, _)| kv.per_token)
+            .max()
+            .unwrap_or(0)
+            * KV_STEP
     }
 
     pub fn snapshot(&self) -> Snapshot {
         let l = self.ledger();
+        let models: BTreeMap<String, ModelSnapshot> = l
+            .bounds
+            .iter()
+            .map(|(name, (kv, act))| {
+                let m = ModelSnapshot {
+                    weights: l.weights.get(name).copied(),
+                    kv_fixed: kv.fixed,
+                    kv_per_token: kv.per_token,
+                    act_chunk: act.at_chunk,
+                    act_per_token: act.per_token,
+                };
+                (name.clone(), m)
+            })
+            .collect();
+        let most = |f: fn(&ModelSnapshot) -> u64| models.values().map(f).max().unwrap_or(0);
         Snapshot {
             budget: self.limit,
             weights: l.weights.values().sum(),
             reserved: l.reserved,
             reservations: l.reservations,
             peak_reserved: l.peak_reserved,
-            kv_fixed: l.kv.fixed,
-            kv_per_token: l.kv.per_token,
-            act_chunk: l.act.at_chunk,
-            act_per_token: l.act.per_token,
+            kv_fixed: most(|m| m.kv_fixed),
+            kv_per_token: most(|m| m.kv_per_token),
+            act_chunk: most(|m| m.act_chunk),
+            act_per_token: most(|m| m.act_per_token),
             mlx_cache_limit: l.mlx_cache,
+            models,
         }
     }
 }
@@ -411,6 +479,7 @@ mod tests {
         };
         // kv(T) = T + 256, act = 50.
         b.set_measured(
+            "m",
             KvBound {
                 fixed: 0,
                 per_token: 1,
@@ -424,7 +493,7 @@ mod tests {
     fn the_ledger_refuses_what_never_fits_and_reserves_what_does() {
         let b = ledger();
         // 300 weights + 50 cache = 350 fixed; 650 left.
-        let big = b.need(400, 100); // 756 + 50
+        let big = b.need("m", 400, 100); // 756 + 50
         assert!(matches!(b.check(big), Err(Refusal::TooBig { .. })));
         let msg = b.check(big).unwrap_err().to_string();
         for part in [
@@ -436,7 +505,7 @@ mod tests {
         ] {
             assert!(msg.contains(part), "{part} not in {msg}");
         }
-        let small = b.need(10, 10); // 276 + 50 = 326
+        let small = b.need("m", 10, 10); // 276 + 50 = 326
         let r1 = b.try_reserve(small).unwrap();
         assert_eq!(b.prompt_cache_room(), 1000 - 350 - 326);
         let r2 = b.try_reserve(small).unwrap_err();
@@ -450,13 +519,40 @@ mod tests {
     }
 
     #[test]
+    fn models_sharing_a_budget_reserve_by_their_own_bounds() {
+        let b = ledger();
+        b.reserve_weights("n", 200);
+        let big = KvBound {
+            fixed: 0,
+            per_token: 2,
+        };
+        let act = ActBound {
+            at_chunk: 80,
+            per_token: 0,
+            chunk: 16,
+        };
+        b.set_measured("n", big, act);
+        // Each model's need is its own; the buffer cache is the largest model's.
+        assert_eq!(b.need("m", 10, 10).bytes(), 276 + 50);
+        assert_eq!(b.need("n", 10, 10).bytes(), 2 * 276 + 80);
+        assert_eq!(b.mlx_cache_limit(), 80);
+        assert_eq!(b.min_request(), 2 * 257 + 80);
+        assert_eq!(b.snapshot().models.len(), 2);
+        // Unloaded: its weights and bounds leave; the cache limit stays as MLX has it.
+        b.release_weights("n");
+        assert_eq!((b.weights(), b.min_request()), (300, 257 + 50));
+        assert_eq!(b.need("n", 10, 10).bytes(), 0);
+        assert_eq!(b.mlx_cache_limit(), 80);
+    }
+
+    #[test]
     fn a_waiting_reservation_gets_the_bytes_a_finished_one_frees() {
         let b = ledger();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .build()
             .unwrap();
-        let need = b.need(10, 10);
+        let need = b.need("m", 10, 10);
         let held = b.try_reserve(need).unwrap();
         // Nothing frees: refused once the wait is over.
         let busy = rt.block_on(b.reserve(need, None));

@@ -15,9 +15,17 @@
 //! - Unloading closes the model's job queue and joins its model thread, which drops the
 //!   model and its caches and clears MLX's buffer cache.
 //! - A model's counters outlive its loads: /stats counts its requests across reloads.
+//! - `--memory-budget`: one budget for every model (`budget`). Before a load, idle models
+//!   are unloaded by LRU until the loaded weights, MLX's buffer cache, the new model's
+//!   weights (its *.safetensors' sizes, an upper bound, until its load measures them) and
+//!   one request's least need fit; a model that cannot fit is refused with the numbers:
+//!   503 + Retry-After while busy models hold the room (they will free it), 400 when only
+//!   pinned models hold it or the model alone is too big (no retry can help: the
+//!   server's flags must change, as for a request too big for the budget).
 
 mod catalog;
 mod front;
+mod room;
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -61,9 +69,14 @@ struct Life {
     last_used: Instant,
     /// Seconds since the epoch of the last request's end or start (None: never used).
     last_used_unix: Option<u64>,
-    /// Loads started, and the last failed one's number and reason.
+    /// Loads started, and the last failed one's number and reason (and the status its
+    /// waiting requests get).
     attempts: u64,
     failed: Option<(u64, String)>,
+    failed_status: StatusCode,
+    /// With a budget: its least request need and MLX buffer cache as its last load
+    /// measured them (what the next load makes room for beside its weights).
+    least: Option<(u64, u64)>,
     loads: u64,
     unloads: u64,
     load_ms: Option<f64>,
@@ -93,6 +106,8 @@ pub struct Fleet {
     load_timeout: Duration,
     /// Shared by every model's state (drain, timeouts).
     limits: Arc<Limits>,
+    /// `--memory-budget`, shared by every model (None: off).
+    budget: Option<Arc<super::budget::Budget>>,
     /// Bumped on every change of a phase or a lease count; waiters watch it.
     changed: tokio::sync::watch::Sender<u64>,
     /// One load, or unload to make room, at a time.
@@ -162,6 +177,9 @@ impl Fleet {
              never unloaded, so raise --max-models to at least {pins}"
         );
         let limits = Limits::from_args(&args)?;
+        let budget_wait = seconds("budget-wait", args.budget_wait)?.unwrap_or_default();
+        let budget = super::budget::from_flag(args.memory_budget.as_deref())?
+            .map(|b| super::budget::Budget::new(b, budget_wait));
         let entries = catalog
             .specs
             .iter()
@@ -177,6 +195,8 @@ impl Fleet {
                     last_used_unix: None,
                     attempts: 0,
                     failed: None,
+                    failed_status: StatusCode::INTERNAL_SERVER_ERROR,
+                    least: None,
                     loads: 0,
                     unloads: 0,
                     load_ms: None,
@@ -192,6 +212,7 @@ impl Fleet {
             entries,
             max_models,
             limits,
+            budget,
             changed: tokio::sync::watch::channel(0).0,
             loader: Default::default(),
             started: Instant::now(),
@@ -238,10 +259,12 @@ impl Fleet {
                     Phase::Unloaded => {
                         if let (Some(k), Some((failed, why))) = (waited_on, &life.failed) {
                             if *failed == k {
-                                return Err(ApiError::server(format!(
-                                    "model {} could not be loaded: {why}",
-                                    entry.spec.name
-                                )));
+                                let e =
+                                    format!("model {} could not be loaded: {why}", entry.spec.name);
+                                return Err(match life.failed_status {
+                                    StatusCode::BAD_REQUEST => ApiError::invalid(e),
+                                    status => ApiError::server(e).with_status(status),
+                                });
                             }
                         }
                         life.phase = Phase::Loading;
@@ -270,9 +293,18 @@ impl Fleet {
     async fn load(self: Arc<Self>, i: usize) {
         let _one = self.loader.lock().await;
         let entry = &self.entries[i];
-        let result = match self.make_room(i, None).await {
+        let estimate = self
+            .budget
+            .as_ref()
+            .map(|_| room::weights_estimate(&entry.spec.path));
+        let key = super::budget::key(&entry.spec.path);
+        let result = match self.make_room(i, estimate).await {
             Err(why) => Err(why),
             Ok(()) => {
+                // Held until the load measures the weights (`budget::charge` replaces it).
+                if let (Some(b), Some(bytes)) = (&self.budget, estimate) {
+                    b.reserve_weights(&key, bytes);
+                }
                 let mut args = self.args.clone();
                 args.model = entry.spec.path.clone();
                 // `--adapter`s are the default model's; other models mount theirs at run
@@ -281,18 +313,27 @@ impl Fleet {
                     args.adapter.clear();
                 }
                 let (counters, limits) = (entry.counters.clone(), self.limits.clone());
+                let budget = self.budget.clone();
                 let started = Instant::now();
                 tokio::task::spawn_blocking(move || {
-                    super::start_model(&args, counters, Some(limits))
+                    super::start_model(&args, counters, Some(limits), budget)
                         .map(|s| (s, started.elapsed()))
                 })
                 .await
                 .map_err(|e| format!("the load stopped: {e}"))
                 .and_then(|r| r.map_err(|e| format!("{e:#}")))
+                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e))
             }
         };
+        let least = self.budget.as_ref().and_then(|b| b.least(&key));
+        if let (Err(_), Some(b)) = (&result, &self.budget) {
+            b.release_weights(&key);
+        }
         {
             let mut life = entry.life();
+            // Measured even when the load's own check refused it: the next try makes room
+            // for what it really needs.
+            life.least = least.or(life.least);
             match result {
                 Ok((started, took)) => {
                     let router = super::routes::router(
@@ -315,10 +356,11 @@ impl Fleet {
                         took.as_secs_f64() * 1e3
                     );
                 }
-                Err(why) => {
+                Err((status, why)) => {
                     eprintln!("engine serve: cannot load {}: {why}", entry.spec.name);
                     life.phase = Phase::Unloaded;
                     life.failed = Some((life.attempts, why));
+                    life.failed_status = status;
                 }
             }
         }
@@ -327,10 +369,9 @@ impl Fleet {
 
     /// Unloads least recently used models until model `keep` fits in `--max-models`
     /// (never a pinned one, never one with leases: those are waited for, up to
-    /// `--load-timeout`). `bytes`: the memory budget's request, when it asks for room too
-    /// (None: slots only).
-    async fn make_room(&self, keep: usize, bytes: Option<u64>) -> Result<(), String> {
-        let _ = bytes;
+    /// `--load-timeout`) and, with a memory budget, until `bytes` (model `keep`'s weights'
+    /// estimate) fit beside the loaded models (see the module doc).
+    async fn make_room(&self, keep: usize, bytes: Option<u64>) -> Result<(), (StatusCode, String)> {
         let deadline = tokio::time::Instant::now()
             .checked_add(self.load_timeout)
             .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(86_400 * 365));
@@ -357,7 +398,8 @@ impl Fleet {
                     victim = Some((j, life.last_used));
                 }
             }
-            if held < self.max_models {
+            let short = self.memory_short(keep, bytes);
+            if held < self.max_models && short.is_none() {
                 return Ok(());
             }
             if let Some((j, _)) = victim {
@@ -365,21 +407,42 @@ impl Fleet {
                 continue;
             }
             if busy == 0 {
-                return Err(format!(
-                    "every one of the {} model slots holds a pinned model; raise --max-models",
-                    self.max_models
-                ));
+                return Err(match short {
+                    Some(why) => (
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "{why}; start the server with a bigger --memory-budget or fewer --pin"
+                        ),
+                    ),
+                    None => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        format!(
+                            "every one of the {} model slots holds a pinned model; raise \
+                             --max-models",
+                            self.max_models
+                        ),
+                    ),
+                });
             }
             if tokio::time::timeout_at(deadline, changed.changed())
                 .await
                 .is_err()
             {
-                return Err(format!(
-                    "the {} loaded models stayed busy for {:.0} s (--load-timeout); raise \
-                     --max-models or retry later",
-                    self.max_models,
-                    self.load_timeout.as_secs_f64()
-                ));
+                let why = match short {
+                    Some(why) => format!(
+                        "{why}, and the models holding it stayed busy for {:.0} s \
+                         (--load-timeout); retry later, or start the server with a bigger \
+                         --memory-budget",
+                        self.load_timeout.as_secs_f64()
+                    ),
+                    None => format!(
+                        "the {} loaded models stayed busy for {:.0} s (--load-timeout); raise \
+                         --max-models or retry later",
+                        self.max_models,
+                        self.load_timeout.as_secs_f64()
+                    ),
+                };
+                return Err((StatusCode::SERVICE_UNAVAILABLE, why));
             }
         }
     }
@@ -400,7 +463,12 @@ impl Fleet {
             }
         };
         self.bump();
+        let name = loaded.state.model_id.clone();
         let _ = tokio::task::spawn_blocking(move || stop(&loaded)).await;
+        // Its model thread has ended: its weights and bounds leave the ledger.
+        if let Some(b) = &self.budget {
+            b.release_weights(&name);
+        }
         {
             let mut life = entry.life();
             life.phase = Phase::Unloaded;

@@ -282,7 +282,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
         return follower::follow(worker);
     }
-    let started = start_model(&args, Arc::new(Counters::default()), None)?;
+    let started = start_model(&args, Arc::new(Counters::default()), None, None)?;
     let (state, model_thread) = (started.state, started.thread);
     let drain_timeout = started.drain_timeout;
     warn_if_reachable(&args.host, &state.guard);
@@ -334,16 +334,20 @@ struct Started {
 }
 
 /// Loads `args.model` on a new model thread (returning once it has loaded) and builds its
-/// HTTP side's state. `counters` and `limits` may be shared across loads and models
-/// (`fleet`); None: the model's own limits from the flags.
+/// HTTP side's state. `counters`, `limits` and `budget` may be shared across loads and
+/// models (`fleet`); None: the model's own from the flags.
 fn start_model(
     args: &ServeArgs,
     counters: Arc<Counters>,
     limits: Option<Arc<Limits>>,
+    budget: Option<Arc<budget::Budget>>,
 ) -> anyhow::Result<Started> {
     let mut config = Config::from_args(args)?;
     if let Some(limits) = limits {
         config.limits = limits;
+    }
+    if budget.is_some() {
+        config.budget = budget;
     }
     let shared = shared(args, &config, counters);
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
@@ -439,6 +443,11 @@ fn load_worker(
     context: usize,
     shared: Shared,
 ) -> anyhow::Result<worker::Worker> {
+    // What the other models (fleet) hold before this one loads: not this one's weights.
+    let before = match shared.budget {
+        Some(_) => budget::active()?,
+        None => 0,
+    };
     let model = crate::model::load(&args.model)?;
     let adapters = worker::adapters::Loaded::load(model.as_ref(), &args.adapter)?;
     let draft = match &args.draft_model {
@@ -487,7 +496,7 @@ fn load_worker(
                 prefill_step: worker.prefill_step,
                 context: worker.context,
             };
-            budget::charge(loaded, &b, &args.model.display().to_string())?;
+            budget::charge(loaded, &b, &budget::key(&args.model), before)?;
             worker.budget = Some(b);
         }
         Ok(worker)

@@ -1,7 +1,8 @@
 //! Many models in one server (docs/serve.md, "Many models"): requests route by `model`,
 //! models load on demand and unload by LRU (`--max-models`) and TTL (`--model-ttl`), pinned
-//! ones stay; each model answers as its own single-model server does. Planted defects:
-//! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`.
+//! ones stay; each model answers as its own single-model server does; one
+//! `--memory-budget` for all of them unloads to make room. Planted defects:
+//! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`.
 
 use std::time::Duration;
 
@@ -432,4 +433,114 @@ fn the_default_models_adapters_follow_it_through_unloads() {
     answer(port, path, &bodies(B)[0].1);
     assert_eq!(answer(port, path, &named(&adapted)), want);
     assert_eq!(model_stats(port, A)["loads"].as_u64(), Some(2));
+}
+
+/// Holds either tiny model with its requests (llama: ~1.56 MB of weights + ~0.36 MB of
+/// MLX buffer cache at --prefill-step-size 32 + ~0.65 MB per request here), not both
+/// (~3.25 MB with one request's least need).
+const ONE_MODEL_BUDGET: &str = "2900000";
+
+/// The largest of the two models' *.safetensors sizes: what one loaded model may charge.
+fn largest_model_file() -> u64 {
+    [A, B]
+        .iter()
+        .map(|m| {
+            std::fs::metadata(std::path::Path::new(&dir(m)).join("model.safetensors"))
+                .unwrap()
+                .len()
+        })
+        .max()
+        .unwrap()
+}
+
+#[test]
+fn a_shared_memory_budget_holds_one_model_at_a_time_and_both_answer() {
+    let args = [
+        "--max-models",
+        "2",
+        "--memory-budget",
+        ONE_MODEL_BUDGET,
+        "--prefill-step-size",
+        "32",
+    ];
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&args, &[]),
+        _ => fleet(&args, &[("ENGINE_PLANT", "FleetBudgetIgnored")]),
+    });
+    let (port, planted) = (servers[0].port, servers[1].port);
+    let one = largest_model_file();
+
+    // Alternating models: each request's model unloads the other (the budget, not
+    // --max-models 2, makes it); the same request answers the same every time.
+    let mut first = std::collections::HashMap::new();
+    for round in 0..2 {
+        for k in 0..4 {
+            for name in [A, B] {
+                let (path, body) = &bodies(name)[k];
+                let got = answer(port, path, body);
+                let what = format!("{name} {path} stream={}", body["stream"]);
+                let want = first.entry(what.clone()).or_insert_with(|| got.clone());
+                assert_eq!(&got, want, "{what}: round {round} answered otherwise");
+                let st = stats(port);
+                let budget = &st["memory"]["budget"];
+                assert_eq!(budget["budget"].as_u64(), Some(2_900_000), "{st}");
+                let weights = budget["weights"].as_u64().unwrap();
+                assert!(
+                    weights > 0 && weights <= one,
+                    "{what}: the budget charges {weights} bytes of weights, more than one \
+                     model's ({one}): {budget}"
+                );
+                let other = if name == A { B } else { A };
+                assert_eq!(st["models"][other]["loaded"], false, "{what}: {st}");
+            }
+        }
+    }
+    let st = stats(port);
+    let unloads = |n: &str| st["models"][n]["unloads"].as_u64().unwrap();
+    // A loaded at start; each of the 16 requests switched models.
+    assert_eq!((unloads(A), unloads(B)), (8, 7), "{st}");
+    assert_eq!(
+        st["memory"]["budget"]["models"]
+            .as_object()
+            .map(|m| m.len()),
+        Some(1),
+        "{st}"
+    );
+
+    // Planted: the fleet loads without making room: A stays loaded, and B either fails
+    // its load (the load's own check: the two do not fit) or is charged beside A.
+    answer(planted, bodies(A)[2].0, &bodies(A)[2].1);
+    let (status, text) = http(
+        planted,
+        "POST",
+        bodies(B)[2].0,
+        bodies(B)[2].1.to_string().as_bytes(),
+    );
+    let st = stats(planted);
+    let weights = st["memory"]["budget"]["weights"].as_u64().unwrap();
+    assert_eq!(st["models"][A]["loaded"], true, "{st}");
+    assert!(
+        status != 200 || weights > one,
+        "FleetBudgetIgnored was not caught: {status} {text} {st}"
+    );
+
+    // Two pinned models that cannot both fit: refused at startup, naming the fix.
+    let (a, b) = (dir(A), dir(B));
+    let out = std::process::Command::new(common::server::engine_bin())
+        .args([
+            "serve", "--model", &a, "--model", &b, "--pin", A, "--pin", B,
+        ])
+        .args(args)
+        .args(["--port", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    for part in [
+        "does not fit in the memory budget",
+        "--memory-budget 2900000",
+        "--pin",
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
 }

@@ -21,7 +21,7 @@ pub(crate) async fn admit(
     };
     // As the model thread limits it: never past the context.
     let max_tokens = max_tokens.min(s.defaults.context.saturating_sub(prompt_tokens));
-    let need = b.need(prompt_tokens, max_tokens);
+    let need = b.need(&s.model_id, prompt_tokens, max_tokens);
     match b.reserve(need, deadline).await {
         Ok(r) => Ok(Some(r)),
         Err(e @ Refusal::TooBig { .. }) => {
@@ -47,10 +47,16 @@ pub(crate) async fn admit(
 /// `/stats` `memory`: the budget's ledger (null without one), the prompt cache's bytes,
 /// MLX's allocator counters and the process's peak RSS.
 pub(crate) fn stats(s: &AppState) -> serde_json::Value {
-    let mlx = crate::runtime::memory().ok();
     let prompt_cache = s.prompt_cache.lock().map(|p| p.bytes).unwrap_or_default();
+    memory(s.budget.as_deref(), prompt_cache as u64)
+}
+
+/// `/stats` `memory` for `budget` (a many-model server's: shared by its models) and
+/// `prompt_cache` bytes (summed over the loaded models).
+pub(crate) fn memory(budget: Option<&Budget>, prompt_cache: u64) -> serde_json::Value {
+    let mlx = crate::runtime::memory().ok();
     serde_json::json!({
-        "budget": s.budget.as_ref().map(|b| b.snapshot()),
+        "budget": budget.map(|b| b.snapshot()),
         "prompt_cache_bytes": prompt_cache,
         "mlx_active": mlx.map(|m| m.active),
         "mlx_peak": mlx.map(|m| m.peak),

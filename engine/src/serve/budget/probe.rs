@@ -14,8 +14,9 @@ pub struct Probe {
     pub act: ActBound,
 }
 
-/// MLX's active bytes once its buffer cache is emptied.
-fn active() -> anyhow::Result<u64> {
+/// MLX's active bytes once its buffer cache is emptied (on a model thread holding the MLX
+/// turn: before a load, what the other loaded models hold).
+pub(crate) fn active() -> anyhow::Result<u64> {
     mlx_rs::memory::clear_cache()?;
     Ok(mlx_rs::memory::active_memory()? as u64)
 }
@@ -98,9 +99,9 @@ pub fn check_alone(
     )?;
     let budget = Budget::new(limit, Duration::ZERO);
     budget.reserve_weights("model", p.weights);
-    budget.set_measured(p.kv, p.act);
+    budget.set_measured("model", p.kv, p.act);
     mlx_rs::memory::set_cache_limit(budget.mlx_cache_limit() as usize)?;
-    budget.check(budget.need(prompt_tokens, max_tokens))?;
+    budget.check(budget.need("model", prompt_tokens, max_tokens))?;
     Ok(())
 }
 
@@ -115,8 +116,14 @@ pub(crate) struct Loaded<'a> {
 }
 
 /// Charges a loaded model to `budget` under `name`: measures it (`probe`), counts its
-/// weights, caps MLX's buffer cache. Refuses a budget the model alone already fills.
-pub(crate) fn charge(loaded: Loaded<'_>, budget: &Budget, name: &str) -> anyhow::Result<()> {
+/// weights (beyond `before`: MLX's active bytes before it loaded, the other models'),
+/// caps MLX's buffer cache. Refuses a budget the loaded models already fill.
+pub(crate) fn charge(
+    loaded: Loaded<'_>,
+    budget: &Budget,
+    name: &str,
+    before: u64,
+) -> anyhow::Result<()> {
     let p = probe(
         loaded.model,
         loaded.make_caches,
@@ -124,15 +131,16 @@ pub(crate) fn charge(loaded: Loaded<'_>, budget: &Budget, name: &str) -> anyhow:
         loaded.prefill_step,
         loaded.context,
     )?;
-    budget.reserve_weights(name, p.weights);
-    budget.set_measured(p.kv, p.act);
+    let weights = p.weights.saturating_sub(before);
+    budget.reserve_weights(name, weights);
+    budget.set_measured(name, p.kv, p.act);
     mlx_rs::memory::set_cache_limit(budget.mlx_cache_limit() as usize)?;
     let fixed = budget.weights() + budget.mlx_cache_limit();
-    let one = budget.need(1, 0).bytes();
+    let one = budget.need(name, 1, 0).bytes();
     anyhow::ensure!(
         fixed + one <= budget.limit,
-        "--memory-budget {} bytes: the model's weights ({} bytes), MLX's buffer cache ({}) and \
-         one token's request ({}) do not fit; give a bigger --memory-budget",
+        "--memory-budget {} bytes: the loaded models' weights ({} bytes), MLX's buffer cache \
+         ({}) and one token's request ({}) do not fit; give a bigger --memory-budget",
         budget.limit,
         budget.weights(),
         budget.mlx_cache_limit(),
@@ -142,7 +150,7 @@ pub(crate) fn charge(loaded: Loaded<'_>, budget: &Budget, name: &str) -> anyhow:
         "engine serve: --memory-budget {} bytes: weights {}, KV {} + {} per token, \
          activations {} + {} per token past {} (docs/serve.md \"Memory budget\")",
         budget.limit,
-        p.weights,
+        weights,
         p.kv.fixed,
         p.kv.per_token,
         p.act.at_chunk,

@@ -44,10 +44,18 @@ pub fn router(fleet: Arc<Fleet>, guard: Guard) -> Router {
 
 /// A refusal in the shape the route's clients read.
 fn refuse(path: &str, e: ApiError) -> Response {
-    if anthropic::owns(path) {
-        return anthropic::response(&e);
+    let busy = e.status == StatusCode::SERVICE_UNAVAILABLE;
+    let mut response = match anthropic::owns(path) {
+        true => anthropic::response(&e),
+        false => e.into_response(),
+    };
+    // A load waiting on busy models (slots or the memory budget): they free room.
+    if busy {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, header::HeaderValue::from_static("5"));
     }
-    e.into_response()
+    response
 }
 
 async fn front(State(f): State<Arc<Front>>, request: Request) -> Response {
@@ -231,6 +239,13 @@ fn stats(fleet: &Fleet) -> Response {
     top["uptime_s"] = json!(fleet.started.elapsed().as_secs_f64());
     top["max_models"] = json!(fleet.max_models);
     top["model_ttl_s"] = json!(fleet.ttl.map(|t| t.as_secs_f64()));
+    // The one budget every model shares, and every loaded model's prompt cache.
+    let prompt_cache: u64 = fleet
+        .all_loaded()
+        .iter()
+        .map(|l| l.state.prompt_cache.lock().map_or(0, |p| p.bytes as u64))
+        .sum();
+    top["memory"] = crate::serve::budget::memory(fleet.budget.as_deref(), prompt_cache);
     top["models"] = Value::Object(models);
     Json(top).into_response()
 }
