@@ -159,19 +159,7 @@ impl PromptCache {
         while self.entries.len() > self.max_entries
             || self.max_bytes.is_some_and(|m| self.total_bytes() > m)
         {
-            let oldest = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.used)
-                .map(|(i, _)| i)
-                .expect("non-empty while over a cap");
-            let e = self.entries.swap_remove(oldest);
-            evicted.push(Evicted {
-                ns: e.ns,
-                tokens: e.tokens,
-                caches: e.caches,
-            });
+            evicted.push(self.evict_oldest());
         }
         evicted
     }
@@ -184,17 +172,22 @@ impl PromptCache {
         let mut evicted = Vec::new();
         let held = |c: &Self| c.total_bytes() as u64 + slack * c.entries.len() as u64;
         while !self.entries.is_empty() && held(self) > max {
-            let oldest = (0..self.entries.len())
-                .min_by_key(|&i| self.entries[i].used)
-                .expect("non-empty");
-            let e = self.entries.swap_remove(oldest);
-            evicted.push(Evicted {
-                ns: e.ns,
-                tokens: e.tokens,
-                caches: e.caches,
-            });
+            evicted.push(self.evict_oldest());
         }
         evicted
+    }
+
+    /// Takes out the least recently used entry (there is one).
+    fn evict_oldest(&mut self) -> Evicted {
+        let oldest = (0..self.entries.len())
+            .min_by_key(|&i| self.entries[i].used)
+            .expect("non-empty while over a cap");
+        let e = self.entries.swap_remove(oldest);
+        Evicted {
+            ns: e.ns,
+            tokens: e.tokens,
+            caches: e.caches,
+        }
     }
 
     fn total_bytes(&self) -> usize {

@@ -27,7 +27,6 @@ mod catalog;
 mod front;
 mod room;
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -580,22 +579,4 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     runtime.shutdown_timeout(Duration::from_secs(1));
     Ok(())
-}
-
-/// The number of requests a model's counters have seen, for /stats of an unloaded model.
-fn counted(c: &Counters) -> serde_json::Value {
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    serde_json::json!({
-        "requests": n(&c.requests),
-        "completed": n(&c.completed),
-        "failed": n(&c.failed),
-        "rejected": n(&c.rejected),
-        "cancelled": n(&c.cancelled),
-        "timed_out": n(&c.timed_out),
-        "throttled": n(&c.throttled),
-        "queued": c.queued.load(Ordering::Relaxed),
-        "running": c.running.load(Ordering::Relaxed),
-        "prompt_tokens": n(&c.prompt_tokens),
-        "completion_tokens": n(&c.completion_tokens),
-    })
 }

@@ -77,21 +77,10 @@ async fn stats(State(s): State<Arc<AppState>>) -> Json<Value> {
 pub(super) fn stats_json(s: &AppState) -> Value {
     let c = &s.counters;
     let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    json!({
+    let mut v = counted(c);
+    let more = json!({
         "model": s.model_id,
         "uptime_s": s.started.elapsed().as_secs_f64(),
-        "requests": n(&c.requests),
-        "completed": n(&c.completed),
-        "failed": n(&c.failed),
-        "rejected": n(&c.rejected),
-        "cancelled": n(&c.cancelled),
-        "stalled": n(&c.stalled),
-        "timed_out": n(&c.timed_out),
-        "throttled": n(&c.throttled),
-        "queued": c.queued.load(Ordering::Relaxed),
-        "running": c.running.load(Ordering::Relaxed),
-        "prompt_tokens": n(&c.prompt_tokens),
-        "completion_tokens": n(&c.completion_tokens),
         "lanes": {
             "serial": 1,
             "batch_slots": c.batch_slots.load(Ordering::Relaxed),
@@ -112,6 +101,29 @@ pub(super) fn stats_json(s: &AppState) -> Value {
         "prompt_cache": *s.prompt_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "ssd_cache": *s.ssd_cache.lock().unwrap_or_else(|e| e.into_inner()),
         "memory": super::budget::stats(s),
+    });
+    if let (Some(v), Value::Object(more)) = (v.as_object_mut(), more) {
+        v.extend(more);
+    }
+    v
+}
+
+/// A model's request counters (`/stats`; the fleet's for a model not loaded now).
+pub(super) fn counted(c: &super::Counters) -> Value {
+    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+    json!({
+        "requests": n(&c.requests),
+        "completed": n(&c.completed),
+        "failed": n(&c.failed),
+        "rejected": n(&c.rejected),
+        "cancelled": n(&c.cancelled),
+        "stalled": n(&c.stalled),
+        "timed_out": n(&c.timed_out),
+        "throttled": n(&c.throttled),
+        "queued": c.queued.load(Ordering::Relaxed),
+        "running": c.running.load(Ordering::Relaxed),
+        "prompt_tokens": n(&c.prompt_tokens),
+        "completion_tokens": n(&c.completion_tokens),
     })
 }
 

@@ -104,6 +104,12 @@ impl PromptStore {
             self.pending.push((ns.to_owned(), tokens.clone()));
         }
         let evicted = self.ram.put(ns, tokens, caches);
+        self.spill(evicted);
+        self.sync_stats();
+    }
+
+    /// RAM evictions go to the SSD tier (if on), no longer pending there.
+    fn spill(&mut self, evicted: Vec<crate::cache::prompt::Evicted>) {
         if let Some(store) = self.ssd.as_mut() {
             for e in evicted {
                 write_ssd(store, &e.ns, &e.tokens, &e.caches);
@@ -111,7 +117,6 @@ impl PromptStore {
                     .retain(|(n, t)| !(*n == e.ns && *t == e.tokens));
             }
         }
-        self.sync_stats();
     }
 
     /// Trims the RAM tier to `max` bytes (each entry counted with `slack` more: a memory
@@ -121,13 +126,7 @@ impl PromptStore {
         if evicted.is_empty() {
             return;
         }
-        if let Some(store) = self.ssd.as_mut() {
-            for e in evicted {
-                write_ssd(store, &e.ns, &e.tokens, &e.caches);
-                self.pending
-                    .retain(|(n, t)| !(*n == e.ns && *t == e.tokens));
-            }
-        }
+        self.spill(evicted);
         self.sync_stats();
     }
 

@@ -3,7 +3,7 @@
 //! client leaving mid-stream, 32 concurrent clients (the fuzz and the security checks are
 //! in serve_hardening.rs).
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::path::Path;
 use std::process::Command;
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common;
-use common::server::{ask, http, post, serve_model, stats, wait_for, Server};
+use common::server::{ask, http, post, send_stream, serve_model, stats, wait_for, Server};
 
 fn serve(extra: &[&str]) -> Server {
     serve_model("tiny-llama-trained", extra)
@@ -1004,19 +1004,5 @@ fn open_stream(port: u16, body: Value) -> TcpStream {
     let mut conn = send_stream(port, &body);
     let mut first = [0u8; 512];
     let _ = conn.read(&mut first).unwrap();
-    conn
-}
-
-/// Sends `body` as a streamed /v1/completions request on a raw connection (nothing read).
-fn send_stream(port: u16, body: &Value) -> TcpStream {
-    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    let body = body.to_string();
-    write!(
-        conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
     conn
 }

@@ -229,22 +229,14 @@ fn the_batch_lane_groups_rows_by_adapter() {
 /// An adapter in use is not unmounted (409 naming the requests), then is once they end.
 #[test]
 fn an_adapter_in_use_is_not_unmounted() {
-    use std::io::{Read, Write};
+    use std::io::Read;
     let s = server(&["--stall-timeout", "30"], "");
     let p = s.port;
     let body = json!({
         "model": "trained", "prompt": "Once upon a time", "max_tokens": 3000, "stream": true,
         "logit_bias": {"2": -100, "6": -100},
-    })
-    .to_string();
-    let mut conn = std::net::TcpStream::connect(("127.0.0.1", p)).unwrap();
-    write!(
-        conn,
-        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
+    });
+    let mut conn = crate::common::server::send_stream(p, &body);
     let mut first = [0u8; 64];
     let _ = conn.read(&mut first).unwrap();
     let (st, text) = http(p, "DELETE", "/v1/adapters/trained", b"");

@@ -25,7 +25,7 @@ use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
-use super::{catalog::Catalog, counted, Fleet, Phase};
+use super::{catalog::Catalog, Fleet, Phase};
 use crate::plant::{self, Defect};
 use crate::serve::error::{anthropic, ApiError};
 use crate::serve::guard::{self, Guard};
@@ -211,7 +211,7 @@ fn model_stats(fleet: &Fleet, i: usize) -> Value {
     let (loaded, mut v) = match &life.phase {
         Phase::Loaded(l) => (true, crate::serve::routes::stats_json(&l.state)),
         _ => {
-            let mut v = counted(&e.counters);
+            let mut v = crate::serve::routes::counted(&e.counters);
             v["model"] = json!(e.spec.canonical);
             (false, v)
         }

@@ -163,3 +163,17 @@ pub fn wait_for(port: u16, what: &str, limit: Duration, done: impl Fn(&Value) ->
 pub fn ask(content: &str) -> Value {
     serde_json::json!({"model": "m", "messages": [{"role": "user", "content": content}]})
 }
+
+/// Sends `body` as a streamed /v1/completions request on a raw connection (nothing read).
+pub fn send_stream(port: u16, body: &Value) -> TcpStream {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = body.to_string();
+    write!(
+        conn,
+        "POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    conn
+}
