@@ -188,6 +188,11 @@ fn the_chat_page_renders_what_real_models_stream(fx: &Fixture) {
 /// A planted page must fail `check` (others may fail too: printed); returns why it did.
 fn planted_fails(fx: &Fixture, name: &str, check: &str, plant: Plant) -> String {
     let out = canned_outcome(fx, Some(&plant), &format!("chat-planted-{name}.png"));
+    caught(&out, name, check)
+}
+
+/// Why a planted page's outcome failed `check` (its report printed); panics if it passed.
+fn caught(out: &canned::Outcome, name: &str, check: &str) -> String {
     println!("{}", out.report());
     out.why(check).unwrap_or_else(|| {
         panic!(
@@ -298,14 +303,11 @@ fn the_picker_lists_every_model_and_sends_the_choice(fx: &Fixture) {
 
 /// A planted page must fail the picker's `check`; returns why it did.
 fn picker_plant_fails(fx: &Fixture, check: &str, plant: Plant) -> String {
-    let out = picker_outcome(fx, Some(&plant), Some(check));
-    println!("{}", out.report());
-    out.why(check).unwrap_or_else(|| {
-        panic!(
-            "planted picker defect not caught by the {check} check:\n{}",
-            out.report()
-        )
-    })
+    caught(
+        &picker_outcome(fx, Some(&plant), Some(check)),
+        "picker",
+        check,
+    )
 }
 
 fn a_page_ignoring_its_picker_is_caught(fx: &Fixture) {

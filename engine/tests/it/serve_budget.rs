@@ -254,30 +254,17 @@ fn engine(args: &[&str]) -> std::process::Output {
 fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_refuses_up_front() {
     let model = common::goldens().join("models").join(MODEL);
     let model = model.to_str().unwrap();
-    for bad in ["6XB", "150%"] {
-        let out = engine(&[
-            "serve",
-            "--model",
-            model,
-            "--port",
-            "0",
-            "--memory-budget",
-            bad,
-        ]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{bad}: started");
-        assert!(err.contains("--memory-budget"), "{bad}: {err}");
-    }
-    let out = engine(&[
-        "serve",
-        "--model",
-        model,
-        "--port",
-        "0",
-        "--memory-budget",
-        "6XB",
-    ]);
-    let err = String::from_utf8_lossy(&out.stderr);
+    let serve = |extra: &[&str]| {
+        let mut args = vec!["serve", "--model", model, "--port", "0"];
+        args.extend_from_slice(extra);
+        let out = engine(&args);
+        assert!(!out.status.success(), "{extra:?}: started");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = serve(&["--memory-budget", "150%"]);
+    assert!(err.contains("--memory-budget"), "150%: {err}");
+    let err = serve(&["--memory-budget", "6XB"]);
+    assert!(err.contains("--memory-budget"), "6XB: {err}");
     for form in ["6GB", "512MiB", "70%", "auto"] {
         assert!(
             err.contains(form),
@@ -285,22 +272,13 @@ fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_r
         );
     }
     let dir = std::env::temp_dir().join(format!("engine-budget-ssd-{}", std::process::id()));
-    let out = engine(&[
-        "serve",
-        "--model",
-        model,
-        "--port",
-        "0",
+    let err = serve(&[
         "--prompt-cache-size",
         "0",
         "--ssd-cache",
         dir.to_str().unwrap(),
     ]);
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success() && err.contains("--prompt-cache-size 0"),
-        "{err}"
-    );
+    assert!(err.contains("--prompt-cache-size 0"), "{err}");
     // generate: a prompt + max_tokens past the budget is refused before the prefill (no
     // text, the numbers named); one that fits runs.
     let long: String = (0..500).map(|j| format!("w{j} the cat sat ")).collect();
