@@ -415,6 +415,10 @@ pub enum Defect {
     /// is reserved however full the budget, the prompt cache is never trimmed). Caught by
     /// the flood gate (`tests/it/serve_budget.rs`): MLX's peak passes the budget.
     BudgetIgnored,
+    /// Serve, many models: `--adapter` flags mount on every model, not just the default, so
+    /// another model's load fails on an adapter that is not its own. Caught by serve_fleet.rs
+    /// `the_default_models_adapters_follow_it_through_unloads`.
+    FleetAdaptersOnEveryModel,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -592,6 +596,7 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetTtlIgnored" => Defect::FleetTtlIgnored,
             "FleetBudgetIgnored" => Defect::FleetBudgetIgnored,
             "BudgetIgnored" => Defect::BudgetIgnored,
+            "FleetAdaptersOnEveryModel" => Defect::FleetAdaptersOnEveryModel,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -308,7 +308,7 @@ impl Fleet {
                 args.model = entry.spec.path.clone();
                 // `--adapter`s are the default model's; other models mount theirs at run
                 // time (`POST /v1/adapters` with the model named).
-                if i != 0 {
+                if i != 0 && !plant::is(Defect::FleetAdaptersOnEveryModel) {
                     args.adapter.clear();
                 }
                 let (counters, limits) = (entry.counters.clone(), self.limits.clone());

@@ -400,11 +400,15 @@ fn the_default_models_adapters_follow_it_through_unloads() {
             .join("train/tiny-llama-trained/adapters")
             .display()
     );
-    let servers = start_all(2, |i| match i {
+    let servers = start_all(3, |i| match i {
         0 => common::server::serve_model(A, &["--adapter", &adapter]),
-        _ => fleet(&["--max-models", "1", "--adapter", &adapter], &[]),
+        1 => fleet(&["--max-models", "1", "--adapter", &adapter], &[]),
+        _ => fleet(
+            &["--max-models", "1", "--adapter", &adapter],
+            &[("ENGINE_PLANT", "FleetAdaptersOnEveryModel")],
+        ),
     });
-    let (own, port) = (servers[0].port, servers[1].port);
+    let (own, port, planted) = (servers[0].port, servers[1].port, servers[2].port);
     let path = "/v1/chat/completions";
     let named = |m: &str| {
         json!({"model": m, "max_tokens": 16,
@@ -433,6 +437,9 @@ fn the_default_models_adapters_follow_it_through_unloads() {
     answer(port, path, &bodies(B)[0].1);
     assert_eq!(answer(port, path, &named(&adapted)), want);
     assert_eq!(model_stats(port, A)["loads"].as_u64(), Some(2));
+    // Planted: B loads with A's adapter, which is not B's: its requests fail.
+    let (status, v) = post(planted, path, &bodies(B)[0].1);
+    assert_ne!(status, 200, "FleetAdaptersOnEveryModel was not caught: {v}");
 }
 
 /// Holds either tiny model with its requests (llama: ~1.56 MB of weights + ~0.36 MB of
