@@ -87,18 +87,29 @@ mod tests {
     use std::sync::Arc;
 
     /// Two threads that each hold the turn across 2,000 "steps" and pass it at each one never
-    /// overlap, and both make progress while the other is busy (the handoff is fair).
+    /// overlap, and both make progress while the other is busy (the handoff is fair). Each
+    /// first passes the turn until the other has had it once (bounded), so the check does
+    /// not depend on when the OS starts the second thread.
     #[test]
     fn busy_threads_alternate_and_never_overlap() {
         let inside = Arc::new(AtomicUsize::new(0));
         let log = Arc::new(parking_lot::Mutex::new(Vec::new()));
-        let start = Arc::new(std::sync::Barrier::new(2));
+        let started = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..2)
             .map(|who| {
-                let (inside, log, start) = (inside.clone(), log.clone(), start.clone());
+                let (inside, log, started) = (inside.clone(), log.clone(), started.clone());
                 std::thread::spawn(move || {
-                    start.wait();
                     enter();
+                    started.fetch_add(1, Ordering::SeqCst);
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                    while started.load(Ordering::SeqCst) < 2 {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "the other thread never got the turn"
+                        );
+                        pass();
+                        std::thread::yield_now();
+                    }
                     for _ in 0..2000 {
                         assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "overlap");
                         log.lock().push(who);
