@@ -349,6 +349,9 @@ pub enum Defect {
     /// Serve, /metrics: generated tokens are never counted. Caught by the same two gates
     /// (engine_generation_tokens_total must equal the answers' usage).
     MetricsTokensOutUncounted,
+    /// `/metrics` of a many-model server exports only the default model's request series
+    /// (caught by engine/tests/it/serve_fleet.rs: the other models' counts are missing).
+    MetricsDefaultModelOnly,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -565,6 +568,7 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesToolOutputDropped" => Defect::ResponsesToolOutputDropped,
             "MetricsMalformedLine" => Defect::MetricsMalformedLine,
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
+            "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

@@ -111,7 +111,8 @@ pub struct Fleet {
     changed: tokio::sync::watch::Sender<u64>,
     /// One load, or unload to make room, at a time.
     loader: tokio::sync::Mutex<()>,
-    metrics: front::FleetMetrics,
+    /// Every model's series, labelled by its name (`metrics`).
+    metrics: Arc<super::metrics::Metrics>,
     started: Instant,
     /// Unix seconds at startup (`/v1/models`' `created`).
     created: u64,
@@ -179,7 +180,7 @@ impl Fleet {
         let budget_wait = seconds("budget-wait", args.budget_wait)?.unwrap_or_default();
         let budget = super::budget::from_flag(args.memory_budget.as_deref())?
             .map(|b| super::budget::Budget::new(b, budget_wait));
-        let entries = catalog
+        let entries: Vec<Entry> = catalog
             .specs
             .iter()
             .zip(pinned)
@@ -202,10 +203,14 @@ impl Fleet {
                 }),
             })
             .collect();
+        let models = entries
+            .iter()
+            .map(|e| (e.spec.name.clone(), e.counters.clone()))
+            .collect();
         Ok(Fleet {
+            metrics: super::metrics::Metrics::new(models, budget.clone()),
             ttl: seconds("model-ttl", args.model_ttl)?,
             load_timeout: seconds("load-timeout", args.load_timeout)?.unwrap_or(Duration::MAX),
-            metrics: front::FleetMetrics::new(&catalog),
             args,
             catalog,
             entries,
@@ -311,12 +316,15 @@ impl Fleet {
                 if i != 0 && !plant::is(Defect::FleetAdaptersOnEveryModel) {
                     args.adapter.clear();
                 }
-                let (counters, limits) = (entry.counters.clone(), self.limits.clone());
-                let budget = self.budget.clone();
+                let host = super::Host {
+                    counters: entry.counters.clone(),
+                    limits: Some(self.limits.clone()),
+                    budget: self.budget.clone(),
+                    metrics: Some((self.metrics.clone(), i)),
+                };
                 let started = Instant::now();
                 tokio::task::spawn_blocking(move || {
-                    super::start_model(&args, counters, Some(limits), budget)
-                        .map(|s| (s, started.elapsed()))
+                    super::start_model(&args, host).map(|s| (s, started.elapsed()))
                 })
                 .await
                 .map_err(|e| format!("the load stopped: {e}"))
@@ -348,7 +356,6 @@ impl Fleet {
                     life.loads += 1;
                     life.load_ms = Some(took.as_secs_f64() * 1e3);
                     life.last_used = Instant::now();
-                    self.metrics.loaded(i, took);
                     eprintln!(
                         "engine serve: loaded {} in {:.0} ms",
                         entry.spec.name,

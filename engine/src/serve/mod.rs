@@ -128,8 +128,8 @@ pub struct AppState {
     pub big_prompts: tokio::sync::Semaphore,
     /// The conversations of past `/v1/responses` answers (`previous_response_id`).
     pub responses: responses::store::Store,
-    /// `/metrics` (`metrics`).
-    pub metrics: Arc<metrics::Metrics>,
+    /// `/metrics` (`metrics`): this model's series in its server's registry.
+    pub metrics: metrics::ModelMetrics,
     /// SSE keep-alive comments' interval (`--sse-keep-alive`; None: off): `progress::sse`.
     pub sse_keep_alive: Option<Duration>,
     /// `--embedding-pooling`.
@@ -282,7 +282,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
         return follower::follow(worker);
     }
-    let started = start_model(&args, Arc::new(Counters::default()), None, None)?;
+    let started = start_model(&args, Host::default())?;
     let (state, model_thread) = (started.state, started.thread);
     let drain_timeout = started.drain_timeout;
     warn_if_reachable(&args.host, &state.guard);
@@ -333,29 +333,45 @@ struct Started {
     drain_timeout: Duration,
 }
 
-/// Loads `args.model` on a new model thread (returning once it has loaded) and builds its
-/// HTTP side's state. `counters`, `limits` and `budget` may be shared across loads and
-/// models (`fleet`); None: the model's own from the flags.
-fn start_model(
-    args: &ServeArgs,
+/// What a model shares with the other models of its server (`fleet`); each None (the
+/// default): its own, from the flags.
+#[derive(Default)]
+struct Host {
     counters: Arc<Counters>,
     limits: Option<Arc<Limits>>,
     budget: Option<Arc<budget::Budget>>,
-) -> anyhow::Result<Started> {
+    /// The server's metrics and this model's place in them.
+    metrics: Option<(Arc<metrics::Metrics>, usize)>,
+}
+
+/// Loads `args.model` on a new model thread (returning once it has loaded) and builds its
+/// HTTP side's state, sharing what `host` gives.
+fn start_model(args: &ServeArgs, host: Host) -> anyhow::Result<Started> {
+    let began = Instant::now();
     let mut config = Config::from_args(args)?;
-    if let Some(limits) = limits {
+    if let Some(limits) = host.limits {
         config.limits = limits;
     }
-    if budget.is_some() {
-        config.budget = budget;
+    if host.budget.is_some() {
+        config.budget = host.budget;
     }
-    let shared = shared(args, &config, counters);
+    let shared = shared(args, &config, host.counters);
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
     let (tx, rx) = mpsc::channel::<worker::Work>();
     let (thread, vocab) =
         spawn_model_thread(args, config.opts.clone(), config.context, shared, rx)?;
+    let took = began.elapsed();
+    let metrics = match host.metrics {
+        Some((all, i)) => all.loaded(i, mirror.clone(), took),
+        None => {
+            let (name, budget) = (&config.model_id, config.budget.clone());
+            metrics::ModelMetrics::single(name, counters.clone(), mirror.clone(), budget, took)
+        }
+    };
     let drain_timeout = config.drain_timeout;
-    let state = Arc::new(app_state(args, config, counters, mirror, tx, vocab));
+    let state = Arc::new(app_state(
+        args, config, counters, mirror, tx, vocab, metrics,
+    ));
     Ok(Started {
         state,
         thread,
@@ -560,14 +576,9 @@ fn app_state(
     mirror: store::StatsMirror,
     jobs: mpsc::Sender<worker::Work>,
     vocab: usize,
+    metrics: metrics::ModelMetrics,
 ) -> AppState {
     let context = config.context;
-    let mut metrics =
-        metrics::Metrics::new(counters.clone(), mirror.ram.clone(), mirror.ssd.clone());
-    if let Some(b) = &config.budget {
-        metrics.add_collector(Box::new(budget::Gauges(b.clone())));
-    }
-    let metrics = Arc::new(metrics);
     AppState {
         adapters: adapters::Registry::new(&config.model_id, &args.adapter),
         model_id: config.model_id,

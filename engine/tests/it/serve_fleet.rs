@@ -2,7 +2,8 @@
 //! models load on demand and unload by LRU (`--max-models`) and TTL (`--model-ttl`), pinned
 //! ones stay; each model answers as its own single-model server does; one
 //! `--memory-budget` for all of them unloads to make room. Planted defects:
-//! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`.
+//! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`,
+//! `MetricsDefaultModelOnly` (`/metrics` must give each model the numbers `/stats` does).
 
 use std::time::Duration;
 
@@ -100,6 +101,48 @@ fn model_stats(port: u16, name: &str) -> Value {
     stats(port)["models"][name].clone()
 }
 
+/// Whether `/metrics` gives model `name` the numbers `/stats` gives it (requests completed,
+/// tokens in and out, its chat and completions 200s): the first that differs.
+fn metrics_agree_with_stats(port: u16, name: &str) -> Result<(), String> {
+    use crate::serve_metrics::{scrape, value};
+    let scraped = scrape(port)?;
+    let st = model_stats(port, name);
+    let model = ("model", name);
+    let ok_200s: f64 = ["/v1/chat/completions", "/v1/completions"]
+        .iter()
+        .map(|route| {
+            let labels = [model, ("route", route), ("code", "200")];
+            value(&scraped, "engine_http_requests_total", &labels)
+        })
+        .sum();
+    let pairs = [
+        (
+            "completed",
+            value(
+                &scraped,
+                "engine_requests_outcome_total",
+                &[model, ("outcome", "completed")],
+            ),
+        ),
+        (
+            "prompt_tokens",
+            value(&scraped, "engine_prompt_tokens_total", &[model]),
+        ),
+        (
+            "completion_tokens",
+            value(&scraped, "engine_generation_tokens_total", &[model]),
+        ),
+        ("completed", ok_200s),
+    ];
+    for (field, got) in pairs {
+        let want = st[field].as_f64().unwrap_or(-1.0);
+        if got != want || want <= 0.0 {
+            return Err(format!("{name}: /metrics {field} {got}, /stats {want}"));
+        }
+    }
+    Ok(())
+}
+
 /// The answers of `model` from its own server, and from the fleet taking turns with the
 /// other model (each request of one model follows one of the other's under
 /// --max-models 1, so every one of them needs a load).
@@ -175,10 +218,12 @@ fn models_take_turns_under_max_models_1_and_answer_as_their_own_servers() {
     assert_eq!(st["completed"], a["completed"]);
     assert_eq!(b["completed"], 4, "{st}");
     eprintln!("fleet load_ms: {A} {}, {B} {}", a["load_ms"], b["load_ms"]);
-    // /metrics: every model's loads (the default's own series only while it is loaded:
-    // it is not now).
+    // /metrics: every model's own series (loaded or not: A is not now) and its loads.
     let (status, text) = http(port, "GET", "/metrics", b"");
     assert_eq!(status, 200);
+    for name in [A, B] {
+        metrics_agree_with_stats(port, name).unwrap();
+    }
     for line in [
         format!("engine_model_load_seconds_count{{model=\"{A}\"}} 4"),
         format!("engine_model_loads_total{{model=\"{B}\"}} 4"),
@@ -303,7 +348,10 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
         ),
         _ => fleet(
             &["--max-models", "2", "--model-ttl", "0.3"],
-            &[("ENGINE_PLANT", "FleetLoadsTwice,FleetTtlIgnored")],
+            &[(
+                "ENGINE_PLANT",
+                "FleetLoadsTwice,FleetTtlIgnored,MetricsDefaultModelOnly",
+            )],
         ),
     });
     let (port, planted) = (servers[0].port, servers[1].port);
@@ -379,6 +427,9 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
     });
     let loads = model_stats(planted, B)["loads"].as_u64().unwrap();
     assert!(loads > 1, "FleetLoadsTwice was not caught: {loads} loads");
+    // Planted: /metrics exports only the default model's series.
+    let missing = metrics_agree_with_stats(planted, B);
+    assert!(missing.is_err(), "MetricsDefaultModelOnly was not caught");
     // Planted: the TTL never unloads B (it would within a few of its 0.3 s ticks).
     let ttl_caught = std::panic::catch_unwind(|| {
         wait_for(planted, "B unloaded", Duration::from_secs(2), |st| {

@@ -89,7 +89,7 @@ fn parse(text: &str) -> Result<Scrape, String> {
     Scrape::parse(text.lines().map(|l| Ok(l.to_owned()))).map_err(|e| e.to_string())
 }
 
-fn scrape(port: u16) -> Result<Scrape, String> {
+pub(crate) fn scrape(port: u16) -> Result<Scrape, String> {
     let (ctype, text) = scrape_text(port)?;
     if !ctype.starts_with("text/plain; version=0.0.4") {
         return Err(format!("/metrics content type is {ctype:?}"));
@@ -99,7 +99,7 @@ fn scrape(port: u16) -> Result<Scrape, String> {
 
 /// The value of the sample `name` whose labels include `labels` (0 when there is none,
 /// as a counter not yet incremented is absent).
-fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
+pub(crate) fn value(s: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     s.samples
         .iter()
         .filter(|x| x.metric == name)
@@ -247,6 +247,20 @@ fn metrics_move(port: u16) -> Result<(), String> {
                 "/metrics has no engine_running_requests{{lane=\"{lane}\"}}"
             ));
         }
+    }
+    // Every series is the model's, labelled with the id /v1/models lists.
+    let (_, _, models) = http_with(port, "GET", "/v1/models", &["Host: localhost"], b"");
+    let models: Value = serde_json::from_str(&models).map_err(|e| e.to_string())?;
+    let id = models["data"][0]["id"].as_str().unwrap_or("?");
+    if let Some(x) = after
+        .samples
+        .iter()
+        .find(|x| x.labels.get("model") != Some(id))
+    {
+        return Err(format!(
+            "/metrics {} is not labelled model={id:?}: {:?}",
+            x.metric, x.labels
+        ));
     }
     for name in [
         "engine_running_requests",

@@ -6,10 +6,12 @@
 //!
 //! An unknown model is OpenAI's 404 (`"code": "model_not_found"`, the names listed; on
 //! `/v1/messages` Anthropic's `not_found_error`).
+//!
+//! `/metrics` is the one registry every model writes to (`serve::metrics`: each series
+//! labelled `model`); what the front answers itself is counted under `model=""`.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, HttpBody};
 use axum::extract::{Request, State};
@@ -17,11 +19,6 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use futures_util::StreamExt;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
-use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -59,30 +56,55 @@ fn refuse(path: &str, e: ApiError) -> Response {
 }
 
 async fn front(State(f): State<Arc<Front>>, request: Request) -> Response {
+    let method = request.method().as_str().to_owned();
+    let (route, response) = answer(&f, request).await;
+    // What the front answered itself; a model's router counts its own answers.
+    if let Some(route) = route {
+        let code = response.status().as_u16();
+        f.fleet.metrics.count_front(&method, route, code);
+    }
+    response
+}
+
+/// The routes the front answers itself (GET).
+const OWN: [&str; 6] = [
+    "/v1/models",
+    "/stats",
+    "/metrics",
+    "/health",
+    "/",
+    "/index.html",
+];
+
+/// The answer, and the route it is counted under when the front gave it (`unrouted`: a
+/// refusal before any model's router ran).
+async fn answer(f: &Front, request: Request) -> (Option<&'static str>, Response) {
     let path = request.uri().path().to_owned();
+    let own = OWN.into_iter().find(|r| *r == path);
     if let Some(refused) = guard::refusal(&f.guard, &request) {
         f.fleet.entries[0]
             .counters
             .rejected
             .fetch_add(1, Ordering::Relaxed);
+        let route = Some(own.unwrap_or("unrouted"));
         if anthropic::owns(&path) {
-            return anthropic::reshape(refused).await;
+            return (route, anthropic::reshape(refused).await);
         }
-        return refused;
+        return (route, refused);
     }
-    if request.method() == Method::GET {
-        match path.as_str() {
-            "/v1/models" => return models(&f.fleet),
-            "/stats" => return stats(&f.fleet),
-            "/metrics" => return metrics(&f.fleet),
-            "/health" => return Json(json!({"status": "ok"})).into_response(),
-            "/" | "/index.html" => return crate::serve::routes::chat_page().await.into_response(),
-            _ => {}
-        }
+    if let (Some(route), &Method::GET) = (own, request.method()) {
+        let response = match route {
+            "/v1/models" => models(&f.fleet),
+            "/stats" => stats(&f.fleet),
+            "/metrics" => f.fleet.metrics.response(),
+            "/health" => Json(json!({"status": "ok"})).into_response(),
+            _ => crate::serve::routes::chat_page().await.into_response(),
+        };
+        return (Some(route), response);
     }
     match forward(&f.fleet, request).await {
-        Ok(response) => response,
-        Err(e) => refuse(&path, e),
+        Ok(response) => (None, response),
+        Err(e) => (Some("unrouted"), refuse(&path, e)),
     }
 }
 
@@ -248,115 +270,4 @@ fn stats(fleet: &Fleet) -> Response {
     top["memory"] = crate::serve::budget::memory(fleet.budget.as_deref(), prompt_cache);
     top["models"] = Value::Object(models);
     Json(top).into_response()
-}
-
-/// `/metrics`: the default model's series (when it is loaded), then every model's load
-/// state (`FleetMetrics`).
-fn metrics(fleet: &Fleet) -> Response {
-    let mut text = String::new();
-    if let Phase::Loaded(l) = &fleet.entries[0].life().phase {
-        match l.state.metrics.render() {
-            Ok(t) => text = t,
-            Err(_) => return ApiError::server("the metrics could not be written").into_response(),
-        }
-    }
-    if prometheus_client::encoding::prometheus_text::encode(&mut text, &fleet.metrics.registry)
-        .is_err()
-    {
-        return ApiError::server("the metrics could not be written").into_response();
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
-        )],
-        text,
-    )
-        .into_response()
-}
-
-/// A model's label.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
-struct ModelLabel {
-    model: String,
-}
-
-/// Seconds a load took.
-const LOAD_BUCKETS: [f64; 12] = [
-    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
-];
-
-fn load_histogram() -> Histogram {
-    Histogram::new(LOAD_BUCKETS)
-}
-
-/// Per-model series: `engine_model_loaded` (1 or 0), `engine_model_loads_total`,
-/// `engine_model_unloads_total`, `engine_model_load_seconds` (a histogram), each labelled
-/// `model="NAME"`.
-pub struct FleetMetrics {
-    registry: Registry,
-    names: Vec<ModelLabel>,
-    loaded: Family<ModelLabel, Gauge>,
-    loads: Family<ModelLabel, Counter>,
-    unloads: Family<ModelLabel, Counter>,
-    load_seconds: Family<ModelLabel, Histogram, fn() -> Histogram>,
-}
-
-impl FleetMetrics {
-    pub fn new(catalog: &Catalog) -> Self {
-        let mut registry = Registry::with_prefix("engine");
-        let loaded = Family::<ModelLabel, Gauge>::default();
-        registry.register(
-            "model_loaded",
-            "Whether the model is loaded (1) or not (0)",
-            loaded.clone(),
-        );
-        let loads = Family::<ModelLabel, Counter>::default();
-        registry.register("model_loads", "Loads of the model", loads.clone());
-        let unloads = Family::<ModelLabel, Counter>::default();
-        registry.register("model_unloads", "Unloads of the model", unloads.clone());
-        let load_seconds = Family::<ModelLabel, Histogram, fn() -> Histogram>::new_with_constructor(
-            load_histogram,
-        );
-        registry.register(
-            "model_load_seconds",
-            "Seconds a load of the model took",
-            load_seconds.clone(),
-        );
-        let names: Vec<ModelLabel> = catalog
-            .names()
-            .into_iter()
-            .map(|n| ModelLabel { model: n.into() })
-            .collect();
-        // Every model has its series from the start (0 until it loads).
-        for name in &names {
-            loaded.get_or_create(name).set(0);
-            let _ = loads.get_or_create(name);
-            let _ = unloads.get_or_create(name);
-            let _ = load_seconds.get_or_create(name);
-        }
-        FleetMetrics {
-            registry,
-            names,
-            loaded,
-            loads,
-            unloads,
-            load_seconds,
-        }
-    }
-
-    pub fn loaded(&self, i: usize, took: Duration) {
-        let name = &self.names[i];
-        self.loaded.get_or_create(name).set(1);
-        self.loads.get_or_create(name).inc();
-        self.load_seconds
-            .get_or_create(name)
-            .observe(took.as_secs_f64());
-    }
-
-    pub fn unloaded(&self, i: usize) {
-        let name = &self.names[i];
-        self.loaded.get_or_create(name).set(0);
-        self.unloads.get_or_create(name).inc();
-    }
 }
