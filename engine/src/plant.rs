@@ -352,6 +352,9 @@ pub enum Defect {
     /// `/metrics` of a many-model server exports only the default model's request series
     /// (caught by engine/tests/it/serve_fleet.rs: the other models' counts are missing).
     MetricsDefaultModelOnly,
+    /// Serve, many models: `--load-timeout` is ignored, so a load kept waiting by busy
+    /// models waits on (caught by engine/tests/it/serve_fleet.rs: no 503).
+    FleetLoadTimeoutIgnored,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -569,6 +572,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MetricsMalformedLine" => Defect::MetricsMalformedLine,
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
+            "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

@@ -61,6 +61,13 @@ pub fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// A request's `model` as "BASE:NAME": split at its last `:` (an adapter's name has none;
+/// a model's may). Whether BASE names a model is the caller's to check (`Registry::resolve`
+/// on one model, `fleet::Catalog::route` across them).
+pub fn split(model: &str) -> Option<(&str, &str)> {
+    model.rsplit_once(':')
+}
+
 /// The names the base model answers to: its canonical path (`AppState.model_id`), its
 /// directory's name, and for a hub-cache snapshot (`models--org--name/snapshots/<rev>`)
 /// the repo id `org/name`.
@@ -180,7 +187,7 @@ impl Registry {
         };
         // "BASE:NAME" asks for an adapter even while none is mounted; other names do
         // only while some are (clients send fixed names such as "gpt-4o").
-        let asked = match model.rsplit_once(':') {
+        let asked = match split(model) {
             Some((base, name)) if self.base.iter().any(|b| b == base) => Some(name),
             _ => None,
         };

@@ -3,7 +3,8 @@
 //! ones stay; each model answers as its own single-model server does; one
 //! `--memory-budget` for all of them unloads to make room. Planted defects:
 //! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`,
-//! `MetricsDefaultModelOnly` (`/metrics` must give each model the numbers `/stats` does).
+//! `MetricsDefaultModelOnly` (`/metrics` must give each model the numbers `/stats` does),
+//! `FleetLoadTimeoutIgnored` (a load kept waiting by busy models must end in a 503).
 
 use std::time::Duration;
 
@@ -438,6 +439,69 @@ fn idle_models_unload_after_the_ttl_and_pinned_ones_stay() {
     })
     .is_err();
     assert!(ttl_caught, "FleetTtlIgnored was not caught");
+}
+
+/// A request for B sent while A (`--max-models 1`) is mid-request: its answer (status,
+/// headers, body), and A's request's status.
+fn b_while_a_is_busy(port: u16) -> ((u16, String, String), u16) {
+    let long = json!({"model": A, "prompt": "word ".repeat(120), "max_tokens": 2});
+    let other = json!({"model": B, "prompt": "Once upon a time", "max_tokens": 2});
+    std::thread::scope(|s| {
+        let busy = s.spawn(|| post(port, "/v1/completions", &long).0);
+        wait_for(port, "A's request holds A", Duration::from_secs(20), |st| {
+            st["models"][A]["leases"] == 1
+        });
+        let answer = http_with(
+            port,
+            "POST",
+            "/v1/completions",
+            &["Host: localhost", "Content-Type: application/json"],
+            other.to_string().as_bytes(),
+        );
+        (answer, busy.join().unwrap())
+    })
+}
+
+/// `--max-models 1` with A mid-request: a request for B waits for A past `--load-timeout`
+/// and gets 503 with Retry-After and the reason; A's request still ends whole, and B loads
+/// on the next try. (A's prefill is slowed by the test builds' per-chunk delay: 30 chunks
+/// of 50 ms, five times the timeout.) Planted: the timeout is ignored → B waits, no 503.
+#[test]
+fn a_load_kept_waiting_by_a_busy_model_is_a_503_with_retry_after_and_the_next_try_loads() {
+    let flags = [
+        "--max-models",
+        "1",
+        "--load-timeout",
+        "0.3",
+        "--prefill-step-size",
+        "4",
+    ];
+    let delay = ("ENGINE_TEST_PREFILL_DELAY_MS", "50");
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&flags, &[delay]),
+        _ => fleet(
+            &flags,
+            &[delay, ("ENGINE_PLANT", "FleetLoadTimeoutIgnored")],
+        ),
+    });
+    let (port, planted) = (servers[0].port, servers[1].port);
+    // The planted server runs the same scene at the same time.
+    let planted = std::thread::spawn(move || b_while_a_is_busy(planted));
+    let ((status, headers, text), a_status) = b_while_a_is_busy(port);
+    assert_eq!((status, a_status), (503, 200), "{text}");
+    assert!(headers.lines().any(|l| l == "retry-after: 5"), "{headers}");
+    assert!(text.contains("--load-timeout"), "{text}");
+    let other = json!({"model": B, "prompt": "Once upon a time", "max_tokens": 2});
+    assert_eq!(post(port, "/v1/completions", &other).0, 200);
+    let st = stats(port);
+    assert_eq!(st["models"][B]["loaded"], true, "{st}");
+    assert_eq!(st["models"][A]["completed"], 1, "{st}");
+
+    let ((status, _, text), _) = planted.join().unwrap();
+    assert_ne!(
+        status, 503,
+        "FleetLoadTimeoutIgnored was not caught: {text}"
+    );
 }
 
 /// `--adapter` in many-model mode mounts on the default model: `A:trained` answers as a

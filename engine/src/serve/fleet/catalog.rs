@@ -163,7 +163,8 @@ impl Catalog {
         if let Some(i) = self.exact(name) {
             return Ok(i);
         }
-        if let Some(i) = name.split_once(':').and_then(|(base, _)| self.exact(base)) {
+        if let Some(i) = crate::serve::adapters::split(name).and_then(|(base, _)| self.exact(base))
+        {
             return Ok(i);
         }
         if self.specs.len() == 1 {
