@@ -355,6 +355,9 @@ pub enum Defect {
     /// Serve, many models: `--load-timeout` is ignored, so a load kept waiting by busy
     /// models waits on (caught by engine/tests/it/serve_fleet.rs: no 503).
     FleetLoadTimeoutIgnored,
+    /// Serve, many models: a model thread never offers the MLX turn between steps (caught
+    /// by engine/tests/it/serve_fleet.rs: two busy models' streams do not overlap).
+    TurnNeverPassed,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -573,6 +576,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,
+            "TurnNeverPassed" => Defect::TurnNeverPassed,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

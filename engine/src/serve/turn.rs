@@ -62,6 +62,11 @@ pub fn outside<T>(wait: impl FnOnce() -> T) -> T {
 /// Hands the turn to a waiting thread, if one waits, and takes it back after that thread's
 /// step (a no-op when nobody waits or this thread does not hold it).
 pub fn pass() {
+    // Planted: the turn is never offered, so a busy model keeps it to its request's end
+    // (caught by engine/tests/it/serve_fleet.rs: two busy models' streams do not overlap).
+    if crate::plant::is(crate::plant::Defect::TurnNeverPassed) {
+        return;
+    }
     HELD.with(|h| {
         if let Some(guard) = h.borrow_mut().as_mut() {
             MutexGuard::bump(guard);

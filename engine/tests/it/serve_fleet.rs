@@ -4,9 +4,10 @@
 //! `--memory-budget` for all of them unloads to make room. Planted defects:
 //! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`,
 //! `MetricsDefaultModelOnly` (`/metrics` must give each model the numbers `/stats` does),
-//! `FleetLoadTimeoutIgnored` (a load kept waiting by busy models must end in a 503).
+//! `FleetLoadTimeoutIgnored` (a load kept waiting by busy models must end in a 503),
+//! `TurnNeverPassed` (two busy models must stream at once).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
@@ -501,6 +502,89 @@ fn a_load_kept_waiting_by_a_busy_model_is_a_503_with_retry_after_and_the_next_tr
     assert_ne!(
         status, 503,
         "FleetLoadTimeoutIgnored was not caught: {text}"
+    );
+}
+
+/// A streamed completion's text and when each of its text chunks arrived.
+fn timed_stream(port: u16, body: &Value) -> (String, Vec<Instant>) {
+    use std::io::BufRead;
+    let conn = common::server::send_stream(port, body);
+    let (mut text, mut times) = (String::new(), Vec::new());
+    for line in std::io::BufReader::new(conn).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        if let Some(piece) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
+            text.push_str(piece);
+            times.push(Instant::now());
+        }
+    }
+    assert!(!times.is_empty(), "no text streamed");
+    (text, times)
+}
+
+/// The share of `these` chunks that arrived while the `other` stream was streaming.
+fn share_during(these: &[Instant], other: &[Instant]) -> f64 {
+    let (from, to) = (other[0], other[other.len() - 1]);
+    let inside = these.iter().filter(|t| (from..=to).contains(t)).count();
+    inside as f64 / these.len() as f64
+}
+
+/// `--max-models 2`, both models busy at once: each answers exactly what it answers alone
+/// (their model threads share the process's MLX, one step at a time), and the two streams
+/// run together: at least a quarter of each one's chunks arrive while the other streams
+/// (the MLX turn is handed over at every step; alone, one stream would end before the
+/// other began). 400 tokens each, EOS banned by `logit_bias`. Planted: the turn is never
+/// offered → the streams run one after the other.
+#[test]
+fn two_busy_models_stream_at_once_and_each_answers_as_alone() {
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&["--max-models", "2"], &[]),
+        _ => fleet(
+            &["--max-models", "2"],
+            &[("ENGINE_PLANT", "TurnNeverPassed")],
+        ),
+    });
+    // Both models' EOS ids (their generation_config.json: 6 and 2; 8 and 2).
+    let body = |model: &str| {
+        json!({"model": model, "prompt": "Once upon a time", "max_tokens": 400,
+               "stream": true, "logit_bias": {"2": -100, "6": -100, "8": -100}})
+    };
+    // The smaller share of either stream's chunks that arrived during the other.
+    let together = |port: u16| {
+        let alone: Vec<String> = [A, B]
+            .iter()
+            .map(|m| timed_stream(port, &body(m)).0)
+            .collect();
+        let (a, b) = std::thread::scope(|s| {
+            let a = s.spawn(|| timed_stream(port, &body(A)));
+            let b = s.spawn(|| timed_stream(port, &body(B)));
+            (a.join().unwrap(), b.join().unwrap())
+        });
+        assert_eq!(
+            [&a.0, &b.0],
+            [&alone[0], &alone[1]],
+            "answers differ when both run"
+        );
+        share_during(&a.1, &b.1).min(share_during(&b.1, &a.1))
+    };
+    let (clean, planted) = std::thread::scope(|s| {
+        let planted = s.spawn(|| together(servers[1].port));
+        (together(servers[0].port), planted.join().unwrap())
+    });
+    eprintln!("chunks streamed during the other model's: {clean:.2} (planted {planted:.2})");
+    assert!(
+        clean >= 0.25,
+        "the two models did not stream together: {clean:.2}"
+    );
+    assert!(
+        planted < 0.25,
+        "TurnNeverPassed was not caught: {planted:.2}"
     );
 }
 
