@@ -46,7 +46,7 @@ cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"
 # CARGO_MANIFEST_DIR set), and its source as a label.
 field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
 engine_it=() other=()
-split_off=(train_families:: orpo_prefix:: segmented:: constrained:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget::)
+split_off=(train_families:: orpo_prefix:: segmented:: constrained:: constrained_fuzz:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget::)
 harness=()
 while IFS= read -r line; do
   exe="$(field executable "$line")"

@@ -358,6 +358,9 @@ pub enum Defect {
     /// Serve, many models: a model thread never offers the MLX turn between steps (caught
     /// by engine/tests/it/serve_fleet.rs: two busy models' streams do not overlap).
     TurnNeverPassed,
+    /// Serve: the `--grammar-*` work limits are ignored (caught by
+    /// engine/tests/it/constrained_fuzz.rs: a tiny step fuel still answers 200).
+    GrammarLimitsIgnored,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -577,6 +580,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,
             "TurnNeverPassed" => Defect::TurnNeverPassed,
+            "GrammarLimitsIgnored" => Defect::GrammarLimitsIgnored,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

@@ -25,9 +25,20 @@ impl TokenizerEnv for Tok {
         &self.trie
     }
 
+    /// `s` tokenized: its valid UTF-8 by the tokenizer, the bytes after that (a character
+    /// cut short, as llguidance's forced bytes can end) by the trie's own byte tokens.
+    /// A lossy conversion would turn them into U+FFFD, whose ids the grammar then refuses.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        let text = String::from_utf8_lossy(s);
-        self.tokenizer.encode(&text, false).unwrap_or_default()
+        let valid = match std::str::from_utf8(s) {
+            Ok(text) => text,
+            Err(e) => std::str::from_utf8(&s[..e.valid_up_to()]).unwrap_or_default(),
+        };
+        let mut ids = match valid.is_empty() {
+            true => Vec::new(),
+            false => self.tokenizer.encode(valid, false).unwrap_or_default(),
+        };
+        ids.extend(self.trie.greedy_tokenize(&s[valid.len()..]));
+        ids
     }
 
     fn tokenize_is_canonical(&self) -> bool {
@@ -38,7 +49,7 @@ impl TokenizerEnv for Tok {
 fn factory(env: &TokEnv) -> Result<ParserFactory, String> {
     let mut f = ParserFactory::new_simple(env).map_err(|e| e.to_string())?;
     f.quiet();
-    *f.limits_mut() = super::LIMITS;
+    *f.limits_mut() = super::limits::current();
     Ok(f)
 }
 

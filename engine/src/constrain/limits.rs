@@ -31,6 +31,51 @@ pub const LIMITS: ParserLimits = ParserLimits {
     verbose_errors: false,
 };
 
+/// The limits a server sets (`engine serve --grammar-*`); the others stay [`LIMITS`]'.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Work {
+    /// Lexer fuel to compile a grammar (`initial_lexer_fuel`): its compile time.
+    pub compile_fuel: u64,
+    /// Lexer fuel per token mask (`step_lexer_fuel`).
+    pub step_fuel: u64,
+    /// Earley items per token mask (`step_max_items`): with the fuel, a step's time.
+    pub step_items: usize,
+}
+
+impl Default for Work {
+    fn default() -> Self {
+        Work {
+            compile_fuel: LIMITS.initial_lexer_fuel,
+            step_fuel: LIMITS.step_lexer_fuel,
+            step_items: LIMITS.step_max_items,
+        }
+    }
+}
+
+static WORK: std::sync::OnceLock<Work> = std::sync::OnceLock::new();
+
+/// Sets the process's grammar work limits, before any grammar is compiled (a server's
+/// startup); false when they were set (or used) already with other values.
+pub fn set_work(work: Work) -> bool {
+    *WORK.get_or_init(|| work) == work
+}
+
+/// The limits grammars are compiled under: [`LIMITS`] with the process's `Work`.
+pub(super) fn current() -> ParserLimits {
+    let mut w = *WORK.get_or_init(Work::default);
+    // Planted: the server's --grammar-* flags are ignored (caught by
+    // engine/tests/it/constrained_fuzz.rs).
+    if crate::plant::is(crate::plant::Defect::GrammarLimitsIgnored) {
+        w = Work::default();
+    }
+    ParserLimits {
+        initial_lexer_fuel: w.compile_fuel,
+        step_lexer_fuel: w.step_fuel,
+        step_max_items: w.step_items,
+        ..LIMITS
+    }
+}
+
 /// Refuses a grammar text over [`MAX_GRAMMAR_BYTES`] before it is compiled.
 pub(super) fn check_size(grammar: &Grammar) -> Result<(), String> {
     let size = grammar.size();
@@ -78,12 +123,24 @@ fn defines_rule(line: &str) -> bool {
 /// The longest error text passed on (llguidance's can quote a grammar).
 const MAX_MESSAGE: usize = 600;
 
+/// Whether llguidance's error `e` is one of its limits.
+pub(super) fn is_limit(e: &str) -> bool {
+    let e = e.to_lowercase();
+    let marks = [
+        "too big",
+        "limit",
+        "fuel",
+        "max is",
+        "max_items",
+        "states",
+        "too many",
+    ];
+    marks.iter().any(|k| e.contains(k))
+}
+
 /// llguidance's error `e`, said as a limit where it is one, and cut to a readable length.
 pub(super) fn explain(e: &str) -> String {
-    let limit = ["too big", "limit", "fuel", "max is", "max_items", "states"]
-        .iter()
-        .any(|k| e.contains(k));
-    let mut text = if limit {
+    let mut text = if is_limit(e) {
         format!("the grammar is over this engine's grammar limits ({e})")
     } else {
         e.to_owned()

@@ -31,7 +31,20 @@ use mlx_rs::Array;
 
 use crate::plant::{self, Defect};
 pub use env::{env_for, Env};
-pub use limits::{LIMITS, MAX_GRAMMAR_BYTES};
+pub use limits::{set_work, Work, LIMITS, MAX_GRAMMAR_BYTES};
+
+/// What begins every error the grammar engine raises for a request on the model thread:
+/// its grammar compiled over the model's tokenizer, or a step over the limits while the
+/// answer is generated. Those are the request's fault (`grammar_fault`), never the server's.
+pub const RUNTIME_ERROR: &str = "constrained decoding: ";
+
+/// The grammar engine's reason, when `message` (an error raised while a request was
+/// generated) is one of its (`RUNTIME_ERROR`).
+pub fn grammar_fault(message: &str) -> Option<&str> {
+    let why = message.strip_prefix(RUNTIME_ERROR)?;
+    // llguidance ends some errors with a marker of its non-verbose mode.
+    Some(why.trim_end().trim_end_matches("<non-verbose/>").trim_end())
+}
 
 /// `schema` answered as compact JSON (no whitespace between tokens: a small model would
 /// otherwise fill its answer with newlines), unless it says otherwise in `x-guidance`.
@@ -127,23 +140,28 @@ impl Constraint {
         if plant::is(Defect::ConstrainMaskNotApplied) {
             return Ok(());
         }
-        self.matcher
-            .consume_tokens(new)
-            .map_err(|e| Exception::custom(format!("constrained decoding: {e}")))
+        self.matcher.consume_tokens(new).map_err(|e| {
+            // A limit reached while advancing is the grammar's; any other refusal of an id
+            // is ours: the mask let through an id the grammar does not allow.
+            let e = e.to_string();
+            match limits::is_limit(&e) {
+                true => Self::grammar_error(limits::explain(&e)),
+                false => Exception::custom(format!(
+                    "the token mask let through an id the grammar refuses: {e}"
+                )),
+            }
+        })
     }
 
     /// The allowed ids now (after `sync`).
     fn allowed(&mut self) -> Result<SimpleVob, Exception> {
-        self.matcher.compute_mask_or_eos().map_err(|e| {
-            Exception::custom(format!(
-                "constrained decoding: {}",
-                limits::explain(&e.to_string())
-            ))
-        })
+        self.matcher
+            .compute_mask_or_eos()
+            .map_err(|e| Self::grammar_error(limits::explain(&e.to_string())))
     }
 
     fn grammar_error(e: impl std::fmt::Display) -> Exception {
-        Exception::custom(format!("constrained decoding: {e}"))
+        Exception::custom(format!("{RUNTIME_ERROR}{e}"))
     }
 
     /// `logits` [1, vocab] with every id the grammar does not allow after `history` set
@@ -217,9 +235,9 @@ impl Constraint {
                 mask
             };
             if !pack(mask, vocab, out) {
-                return Err(Exception::custom(
-                    "constrained decoding: the grammar allows no token of this model here \
-                     (complete, and the model has no EOS id)",
+                return Err(Self::grammar_error(
+                    "the grammar allows no token of this model here (complete, and the \
+                     model has no EOS id)",
                 ));
             }
         }

@@ -138,7 +138,10 @@ pub fn constrain(
         return Ok(sampler);
     };
     let env = env_for(tokenizer)?;
-    Ok(sampler.constrained(Constraint::new(&env, grammar)?))
+    // Refused over this model's tokenizer: the request's grammar, not the server.
+    let constraint = Constraint::new(&env, grammar)
+        .map_err(|e| format!("{}{e}", crate::constrain::RUNTIME_ERROR))?;
+    Ok(sampler.constrained(constraint))
 }
 
 /// One sequence's sampler: settings plus its key sequence, and the grammar its answer

@@ -114,6 +114,17 @@ pub struct ServeArgs {
     /// Largest request body accepted, in bytes.
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Structured outputs: lexer fuel to compile one request's grammar (JSON schema,
+    /// regex, Lark, strict tools); bounds its compile time (1M: ~20 ms). Over it: a 400.
+    #[arg(long, default_value_t = crate::constrain::LIMITS.initial_lexer_fuel)]
+    pub grammar_compile_fuel: u64,
+    /// Structured outputs: lexer fuel per generated token's mask (200k: ~15 ms at worst).
+    /// Over it, or over --grammar-step-items: the request ends with a 400 `grammar_error`.
+    #[arg(long, default_value_t = crate::constrain::LIMITS.step_lexer_fuel)]
+    pub grammar_step_fuel: u64,
+    /// Structured outputs: Earley items per generated token's mask (50k: ~3 ms at worst).
+    #[arg(long, default_value_t = crate::constrain::LIMITS.step_max_items)]
+    pub grammar_step_items: usize,
     /// Cut a request whose client has read nothing for this many seconds while its answer
     /// waits (0 = never).
     #[arg(long, default_value_t = 5.0)]

@@ -106,9 +106,7 @@ impl Worker {
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
     fn sample(row: &mut Row<'_>, logits: &Array) -> Result<(Array, Array), ApiError> {
-        row.dec
-            .pick(logits)
-            .map_err(|e| ApiError::server(e.to_string()))
+        row.dec.pick(logits).map_err(ApiError::from)
     }
 
     /// Emits `row`'s evaluated next id and says whether the row goes on.
@@ -129,7 +127,7 @@ impl Worker {
     /// Samples and emits the next id of one row (admission: right after its prefill).
     fn advance(&self, row: &mut Row<'_>, logits: &Array) -> Outcome {
         match Self::sample(row, logits).and_then(|(y, lp)| {
-            y.eval().map_err(|e| ApiError::server(e.to_string()))?;
+            y.eval().map_err(ApiError::from)?;
             Ok((y, lp))
         }) {
             Ok((y, lp)) => Self::emit_next(row, &y, &lp),
@@ -154,7 +152,7 @@ impl Worker {
                 }
             }
             Outcome::Failed(e) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.counters.count_error(&e);
                 row.emit.fail(e);
             }
         }

@@ -17,10 +17,14 @@ pub struct ApiError {
     pub code: Option<&'static str>,
 }
 
-/// An MLX failure while a request was being generated.
+/// An MLX failure (or the grammar engine's: `ApiError::generation`) while a request was
+/// being generated.
 impl From<mlx_rs::error::Exception> for ApiError {
     fn from(e: mlx_rs::error::Exception) -> Self {
-        ApiError::server(format!("generation failed: {e}"))
+        match crate::constrain::grammar_fault(e.what()) {
+            Some(why) => ApiError::grammar(why),
+            None => ApiError::server(format!("generation failed: {e}")),
+        }
     }
 }
 
@@ -45,6 +49,29 @@ impl ApiError {
             kind: "invalid_request_error",
             code: None,
         }
+    }
+
+    /// A failure while a request was being generated: the grammar engine's (its grammar
+    /// over this model's tokenizer refused, or a step over the grammar limits:
+    /// `constrain::grammar_fault`) is the request's, a 400 (`grammar`); any other is the
+    /// server's, a 500.
+    pub fn generation(e: impl std::fmt::Display) -> Self {
+        let text = e.to_string();
+        match crate::constrain::grammar_fault(&text) {
+            Some(why) => ApiError::grammar(why),
+            None => ApiError::server(format!("generation failed: {text}")),
+        }
+    }
+
+    /// The request's grammar cannot be followed (`why`): a 400 `grammar_error` saying what
+    /// to change.
+    pub fn grammar(why: &str) -> Self {
+        ApiError::invalid(format!(
+            "the answer cannot follow the request's grammar (response_format, a strict tool, \
+             regex or grammar): {why}; simplify it (fewer nested or recursive parts, no \
+             required self-reference) or drop it"
+        ))
+        .with_code("grammar_error")
     }
 
     pub fn with_status(mut self, status: StatusCode) -> Self {

@@ -111,8 +111,7 @@ fn follower_sampler(
         .constraint
         .as_ref()
         .filter(|_| !crate::plant::is(crate::plant::Defect::FollowerUnconstrained));
-    crate::generate::sampler::constrain(sampler, tokenizer, grammar)
-        .map_err(|e| Exception::custom(format!("constrained decoding: {e}")))
+    crate::generate::sampler::constrain(sampler, tokenizer, grammar).map_err(Exception::custom)
 }
 
 /// A follower rank: applies rank 0's plans until its shutdown (then exits 0); any failure

@@ -104,6 +104,18 @@ pub struct Counters {
     pub spec_fallbacks: AtomicU64,
 }
 
+impl Counters {
+    /// A request that ended in `e`: rejected when it is the request's fault (4xx), failed
+    /// when it is the server's.
+    pub fn count_error(&self, e: &error::ApiError) {
+        let counter = match e.status.is_client_error() {
+            true => &self.rejected,
+            false => &self.failed,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// What the HTTP side shares.
 pub struct AppState {
     pub model_id: String,
@@ -261,6 +273,19 @@ struct Shared {
 pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     #[cfg(feature = "plant")]
     crate::plant::on_from_env().map_err(anyhow::Error::msg)?;
+    let work = crate::constrain::Work {
+        compile_fuel: args.grammar_compile_fuel,
+        step_fuel: args.grammar_step_fuel,
+        step_items: args.grammar_step_items,
+    };
+    anyhow::ensure!(
+        work.compile_fuel > 0 && work.step_fuel > 0 && work.step_items > 0,
+        "--grammar-compile-fuel, --grammar-step-fuel and --grammar-step-items must be above 0"
+    );
+    anyhow::ensure!(
+        crate::constrain::set_work(work),
+        "the grammar limits were set already in this process"
+    );
     if fleet::wanted(&args) {
         return fleet::run(args);
     }

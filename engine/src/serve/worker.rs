@@ -307,7 +307,7 @@ impl Worker {
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {
-                self.end_failed(emit, ApiError::server(e.to_string()));
+                self.end_failed(emit, ApiError::generation(e));
                 return None;
             }
         };
@@ -434,11 +434,7 @@ impl Worker {
 
     /// A failed request: its error sent, counted.
     fn end_failed(&self, mut emit: Emitter<'_>, e: ApiError) {
-        if e.status.is_client_error() {
-            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
-        }
+        self.counters.count_error(&e);
         emit.fail(e);
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
     }

@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod compiled_decode;
 mod constrained;
+mod constrained_fuzz;
 mod constrained_tools;
 mod convert;
 mod dist;

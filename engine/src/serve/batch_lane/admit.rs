@@ -98,8 +98,9 @@ impl Worker {
         let sampler = match sampler {
             Ok(s) => s,
             Err(e) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
-                emit.fail(ApiError::server(e.to_string()));
+                let e = ApiError::generation(e);
+                self.counters.count_error(&e);
+                emit.fail(e);
                 return None;
             }
         };
