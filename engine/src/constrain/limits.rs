@@ -140,6 +140,8 @@ pub(super) fn is_limit(e: &str) -> bool {
 
 /// llguidance's error `e`, said as a limit where it is one, and cut to a readable length.
 pub(super) fn explain(e: &str) -> String {
+    // llguidance ends some errors with a marker of its non-verbose mode.
+    let e = e.trim_end().trim_end_matches("<non-verbose/>").trim_end();
     let mut text = if is_limit(e) {
         format!("the grammar is over this engine's grammar limits ({e})")
     } else {
