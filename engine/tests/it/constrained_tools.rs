@@ -342,10 +342,11 @@ fn strict_tools_are_refused_where_they_cannot_be_constrained() {
             json!({"messages": user, "tools": strict, "response_format": {"type": "json_object"}}),
             "response_format",
         ),
+        // The second tool's schema is refused: named by its index.
         (
-            json!({"messages": user, "tools": tools(&json!({"type": "object",
-                "properties": {"a": {"type": "nonsense"}}}), true)}),
-            "tools",
+            json!({"messages": user, "tools": [strict[0].clone(), tools(&json!({"type": "object",
+                "properties": {"a": {"type": "nonsense"}}}), true)[0].clone()]}),
+            "tools[1].function.parameters",
         ),
     ];
     for (b, field) in cases {

@@ -80,9 +80,16 @@ pub fn grammar(
     let opened = markers.initial_state(prompt) == State::Reasoning;
     let text = lark(&tools, &choice, markers, opened);
     let grammar = Grammar::Lark(text);
-    grammar
-        .check()
-        .map_err(|e| ApiError::field("tools", format!("a strict tool's schema: {e}")))?;
+    grammar.check().map_err(|e| {
+        // Named by the first strict tool whose schema alone is refused, where one is.
+        let alone = tools.iter().enumerate().find_map(|(i, t)| {
+            let schema = t.schema.as_ref()?;
+            let why = Grammar::JsonSchema(schema.clone()).check().err()?;
+            Some((format!("tools[{i}].function.parameters"), why))
+        });
+        let (param, why) = alone.unwrap_or_else(|| ("tools".to_owned(), e));
+        ApiError::field(&param, format!("a strict tool's schema: {why}"))
+    })?;
     Ok(Some(grammar))
 }
 
