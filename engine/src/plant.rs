@@ -361,6 +361,9 @@ pub enum Defect {
     /// Serve: the `--grammar-*` work limits are ignored (caught by
     /// engine/tests/it/constrained_fuzz.rs: a tiny step fuel still answers 200).
     GrammarLimitsIgnored,
+    /// Serve under a group: a grammar's fault on a step is taken for a lost group (caught
+    /// by engine/tests/it/dist/serve.rs: the server exits instead of answering on).
+    GrammarFaultLosesGroup,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -581,6 +584,7 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,
             "TurnNeverPassed" => Defect::TurnNeverPassed,
             "GrammarLimitsIgnored" => Defect::GrammarLimitsIgnored,
+            "GrammarFaultLosesGroup" => Defect::GrammarFaultLosesGroup,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

@@ -33,15 +33,19 @@ impl Worker {
                     Op::End { id, keep } => self.follow_end(requests.remove(&id), keep),
                     Op::Admit(a) => {
                         let id = a.id;
-                        self.follow_admit(*a).map(|r| {
-                            requests.insert(id, r);
-                        })
+                        self.follow_admit(*a)
+                            .map(|r| {
+                                requests.insert(id, r);
+                            })
+                            .or_else(failed_alone)
                     }
+                    // A request that failed alone (as on rank 0) waits for rank 0's End.
                     Op::Step { id } => match requests.get_mut(&id) {
                         Some(r) => r
                             .decode
                             .advance(&mut r.dec, &mut |id, _, _| dist_plan::follow_flow(id))
-                            .map(|_| ()),
+                            .map(|_| ())
+                            .or_else(failed_alone),
                         None => Err(Exception::custom(format!(
                             "the round plan steps request {id}, which this rank does not hold"
                         ))),
@@ -96,6 +100,15 @@ impl Worker {
             self.keep_fed(caches, tokens);
         }
         Ok(())
+    }
+}
+
+/// A request's failure that rank 0 had too, at the same point (its grammar's: `lead`): the
+/// request fails alone, the group goes on; any other is fatal.
+fn failed_alone(e: Exception) -> Result<(), Exception> {
+    match super::lead::same_on_every_rank(e.what()) {
+        true => Ok(()),
+        false => Err(e),
     }
 }
 

@@ -393,7 +393,9 @@ impl Worker {
         });
         match result {
             // A model error on one rank is a step the others did not finish the same way.
-            Err(e) if !lead.emit_failed.get() => Err(lead.lose(&e.message)),
+            Err(e) if !lead.emit_failed.get() && !super::lead::fails_alone(&e) => {
+                Err(lead.lose(&e.message))
+            }
             other => other,
         }
     }

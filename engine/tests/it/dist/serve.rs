@@ -356,10 +356,23 @@ fn draft_model_is_refused_across_ranks() {
     let _ = std::fs::remove_file(&hostfile);
 }
 
+/// The status of a request whose schema (a required self-reference) reaches the grammar
+/// limits on its first step.
+fn over_the_limits(port: u16) -> u16 {
+    let schema = json!({"$defs": {"n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}},
+        "required": ["c"]}}, "$ref": "#/$defs/n"});
+    let body = json!({"prompt": "The robot", "max_tokens": 8,
+        "response_format": {"type": "json_schema",
+            "json_schema": {"name": "t", "schema": schema, "strict": true}}});
+    http(port, "POST", "/v1/completions", body.to_string().as_bytes()).0
+}
+
 /// A constrained answer (a JSON schema, greedy) across ranks: the follower masks with the
 /// request's grammar too, so rank 0 answers as one process. The planted
 /// `FollowerUnconstrained` (rank 1 samples without the grammar, so its ids — the input of
-/// its half of every later forward — differ) changes the answer.
+/// its half of every later forward — differ) changes the answer. A grammar's fault fails
+/// its request alone on every rank and the group answers on (planted
+/// `GrammarFaultLosesGroup`: the server goes down instead).
 #[test]
 fn a_constrained_answer_across_ranks_is_one_process_answer() {
     let schema = json!({"type": "object",
@@ -377,6 +390,24 @@ fn a_constrained_answer_across_ranks_is_one_process_answer() {
     let ranks = start_ranks(launch(&[]));
     let dist = one(ranks.port);
     assert_eq!(dist, single);
+    // A grammar over the limits fails its request alone on every rank (a 400); the group
+    // goes on and answers as before.
+    assert_eq!(over_the_limits(ranks.port), 400);
+    // The same text (its id and cached prompt tokens differ: a later request).
+    let text = |answer: &(u16, Vec<Value>)| (answer.0, answer.1[0]["choices"].clone());
+    assert_eq!(
+        text(&one(ranks.port)),
+        text(&single),
+        "the group did not go on after a grammar's fault"
+    );
+    drop(ranks);
+    // Planted: a grammar's fault taken for a lost group (rank 0 fails it and exits).
+    let ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "GrammarFaultLosesGroup")],
+        ..launch(&[])
+    });
+    let code = over_the_limits(ranks.port);
+    assert_ne!(code, 400, "GrammarFaultLosesGroup was not caught");
     drop(ranks);
     let ranks = start_ranks(Launch {
         env: &[("ENGINE_PLANT", "FollowerUnconstrained")],
