@@ -40,6 +40,7 @@
 //! `budget − weights − mlx_cache − reserved` before each prompt lookup and after keeping an
 //! entry (`Budget::prompt_cache_room`).
 
+mod caches;
 mod http;
 mod probe;
 mod size;
@@ -48,7 +49,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub(crate) use http::{admit, memory, stats, Gauges};
+pub(crate) use caches::{register_pressure, Share};
+pub(crate) use http::{admit, admit_need, memory, stats, Gauges};
 pub(crate) use probe::{active, charge, Loaded};
 pub use probe::{check_alone, probe, Probe};
 pub use size::{from_flag, parse, peak_rss, physical_memory, Spec, SpecError, AUTO_PERCENT};
@@ -90,6 +92,21 @@ impl ActBound {
             )
             .saturating_add(decode.saturating_mul(total))
     }
+
+    /// Activation bytes of one forward of `n` tokens at once (not in chunks: an
+    /// embeddings input). Up to a chunk it is within the chunk's bound; past it, a forward
+    /// holds what ⌈n / chunk⌉ chunks attending to n tokens each hold (the per-token
+    /// intermediates and the attention scores grow linearly with the tokens run at once).
+    pub fn one_forward(&self, n: u64) -> u64 {
+        let chunk = self.chunk.max(1);
+        if n <= chunk {
+            return self.at_chunk;
+        }
+        n.div_ceil(chunk).saturating_mul(
+            self.at_chunk
+                .saturating_add(self.per_token.saturating_mul(n - chunk)),
+        )
+    }
 }
 
 /// KV bytes as a function of tokens held: `fixed + per_token × (T + KV_STEP)`.
@@ -121,10 +138,13 @@ impl KvBound {
 /// What a request needs reserved.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Need {
+    /// The prompt's tokens; an embeddings request's longest input.
     pub prompt_tokens: usize,
     pub max_tokens: usize,
     pub kv: u64,
     pub activations: u64,
+    /// An embeddings request's (`embed_need`): its refusal names inputs, not max_tokens.
+    pub embedding: bool,
 }
 
 impl Need {
@@ -136,15 +156,7 @@ impl Need {
 /// Why a request got no reservation.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refusal {
-    #[error(
-        "this request cannot fit in the server's memory budget: {} prompt tokens + max_tokens \
-         {} need {} bytes (KV cache {} + activations {}), and the budget of {} bytes holds \
-         {} bytes of model weights and {} of MLX buffer cache, leaving {} bytes; send a \
-         smaller max_tokens or a shorter prompt, or start the server with a bigger \
-         --memory-budget",
-        need.prompt_tokens, need.max_tokens, need.bytes(), need.kv, need.activations,
-        budget, weights, mlx_cache, budget.saturating_sub(weights + mlx_cache)
-    )]
+    #[error("{}", too_big(need, *budget, *weights, *mlx_cache))]
     TooBig {
         need: Need,
         budget: u64,
@@ -152,10 +164,44 @@ pub enum Refusal {
         mlx_cache: u64,
     },
     #[error(
-        "the server's memory budget is taken by running requests ({need} bytes needed, {free} \
-         free of {budget}); retry later"
+        "the server's memory budget is taken by running requests and prompt caches ({need} \
+         bytes needed, {free} free of {budget}); retry later"
     )]
     Busy { need: u64, free: u64, budget: u64 },
+}
+
+/// `Refusal::TooBig`'s words: the need, what the budget holds, the fix.
+fn too_big(need: &Need, budget: u64, weights: u64, mlx_cache: u64) -> String {
+    let (what, fix) = match need.embedding {
+        true => (
+            format!(
+                "its longest input, {} tokens, needs {} bytes (KV cache {} + activations {} \
+                 of one forward)",
+                need.prompt_tokens,
+                need.bytes(),
+                need.kv,
+                need.activations
+            ),
+            "send shorter inputs",
+        ),
+        false => (
+            format!(
+                "{} prompt tokens + max_tokens {} need {} bytes (KV cache {} + activations {})",
+                need.prompt_tokens,
+                need.max_tokens,
+                need.bytes(),
+                need.kv,
+                need.activations
+            ),
+            "send a smaller max_tokens or a shorter prompt",
+        ),
+    };
+    format!(
+        "this request cannot fit in the server's memory budget: {what}, and the budget of \
+         {budget} bytes holds {weights} bytes of model weights and {mlx_cache} of MLX buffer \
+         cache, leaving {} bytes; {fix}, or start the server with a bigger --memory-budget",
+        budget.saturating_sub(weights + mlx_cache)
+    )
 }
 
 #[derive(Debug, Default)]
@@ -167,6 +213,16 @@ struct Ledger {
     /// Each loaded model's measured bounds, by name (as `weights`).
     bounds: BTreeMap<String, (KvBound, ActBound)>,
     mlx_cache: u64,
+    /// Each model's RAM prompt cache, as its thread last trimmed it (`caches`).
+    caches: BTreeMap<String, u64>,
+    /// Bytes that requests waiting for room need, by model: other models' prompt caches
+    /// give them way (`caches`).
+    waiting: BTreeMap<String, u64>,
+    /// Per model: asks its thread to trim its prompt cache to its room (`caches`).
+    pressure: BTreeMap<String, caches::Hook>,
+    /// The most that weights, MLX's buffer cache, reservations and prompt caches held at
+    /// once, as the ledger counts them.
+    peak_held: u64,
 }
 
 /// A model's name in the ledger: its canonical path (the server's `model_id`).
@@ -180,6 +236,15 @@ pub fn key(path: &std::path::Path) -> String {
 impl Ledger {
     fn fixed(&self) -> u64 {
         self.weights.values().sum::<u64>() + self.mlx_cache
+    }
+
+    /// Everything the ledger counts as held now.
+    fn held(&self) -> u64 {
+        self.fixed() + self.reserved + self.caches.values().sum::<u64>()
+    }
+
+    fn note_peak(&mut self) {
+        self.peak_held = self.peak_held.max(self.held());
     }
 }
 
@@ -206,6 +271,13 @@ pub struct Snapshot {
     pub act_chunk: u64,
     pub act_per_token: u64,
     pub mlx_cache_limit: u64,
+    /// The models' RAM prompt caches, summed (each model's in `models`).
+    pub prompt_caches: u64,
+    /// The most that weights + MLX's buffer cache + reservations + prompt caches held at
+    /// once (never more than `budget`: the ledger's invariant).
+    pub peak_held: u64,
+    /// What the requests waiting for room need, summed.
+    pub waiting: u64,
     /// Per model (the fields above are the largest over them).
     pub models: BTreeMap<String, ModelSnapshot>,
 }
@@ -214,6 +286,8 @@ pub struct Snapshot {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelSnapshot {
     pub weights: Option<u64>,
+    /// Its RAM prompt cache's bytes (each entry with its buffers' unfilled tail).
+    pub prompt_cache: u64,
     pub kv_fixed: u64,
     pub kv_per_token: u64,
     pub act_chunk: u64,
@@ -235,8 +309,14 @@ impl Budget {
     }
 
     /// Counts a loaded model's resident bytes (a name loaded again replaces its count).
+    /// The other models' prompt caches are asked to give it way (`press`).
     pub fn reserve_weights(&self, name: &str, bytes: u64) {
-        self.ledger().weights.insert(name.to_owned(), bytes);
+        {
+            let mut l = self.ledger();
+            l.weights.insert(name.to_owned(), bytes);
+            l.note_peak();
+        }
+        self.press(name);
     }
 
     /// Forgets an unloaded model's bytes and bounds.
@@ -245,6 +325,8 @@ impl Budget {
             let mut l = self.ledger();
             l.weights.remove(name);
             l.bounds.remove(name);
+            l.caches.remove(name);
+            l.pressure.remove(name);
         }
         self.freed.notify_waiters();
     }
@@ -294,6 +376,24 @@ impl Budget {
             max_tokens,
             kv: kv.bytes((prompt_tokens + max_tokens) as u64),
             activations: act.bytes(prompt_tokens as u64, (prompt_tokens + max_tokens) as u64),
+            embedding: false,
+        }
+    }
+
+    /// What an embeddings request to model `name` needs, its longest input `longest`
+    /// tokens: the model thread embeds one input at a time (`worker::embed`), each as one
+    /// forward of all its tokens through fresh caches that are dropped before the next
+    /// input starts, so the need is the longest input's, not the sum over inputs:
+    /// `kv(n) + ActBound::one_forward(n)`.
+    pub fn embed_need(&self, name: &str, longest: usize) -> Need {
+        let l = self.ledger();
+        let (kv, act) = l.bounds.get(name).copied().unwrap_or_default();
+        Need {
+            prompt_tokens: longest,
+            max_tokens: 0,
+            kv: kv.bytes(longest as u64),
+            activations: act.one_forward(longest as u64),
+            embedding: true,
         }
     }
 
@@ -311,11 +411,14 @@ impl Budget {
         })
     }
 
-    /// A reservation of `need`, if it fits now.
-    pub fn try_reserve(self: &Arc<Self>, need: Need) -> Result<Reservation, Refusal> {
+    /// A reservation of `need` for model `name`, if it fits now beside the other models'
+    /// prompt caches. Its own prompt cache gives way: its thread trims it before the
+    /// request's prompt lookup (or embedding), so it is counted at what it may keep then.
+    pub fn try_reserve(self: &Arc<Self>, name: &str, need: Need) -> Result<Reservation, Refusal> {
         let bytes = need.bytes();
         let mut l = self.ledger();
-        let free = self.limit.saturating_sub(l.fixed() + l.reserved);
+        let others = l.others(name);
+        let free = self.limit.saturating_sub(l.fixed() + l.reserved + others);
         if bytes > free && !plant::is(Defect::BudgetIgnored) {
             return Err(Refusal::Busy {
                 need: bytes,
@@ -326,6 +429,11 @@ impl Budget {
         l.reserved += bytes;
         l.reservations += 1;
         l.peak_reserved = l.peak_reserved.max(l.reserved);
+        let room = self.limit.saturating_sub(l.fixed() + l.reserved + others);
+        if let Some(own) = l.caches.get_mut(name) {
+            *own = (*own).min(room);
+        }
+        l.note_peak();
         Ok(Reservation {
             budget: self.clone(),
             bytes,
@@ -335,8 +443,11 @@ impl Budget {
     /// A reservation of `need`: at once, or once running requests free enough, waiting
     /// until `wait` or `deadline` passes (then `Refusal::Busy`). A need that can never fit
     /// is refused at once (`check`).
+    /// While it waits, other models' prompt caches are asked to give it room
+    /// (`caches::Waiting`, `press`).
     pub async fn reserve(
         self: &Arc<Self>,
+        name: &str,
         need: Need,
         deadline: Option<Instant>,
     ) -> Result<Reservation, Refusal> {
@@ -345,14 +456,19 @@ impl Budget {
         if let Some(d) = deadline {
             until = until.min(d);
         }
+        let mut waiting = None;
         loop {
             let freed = self.freed.notified();
             let mut freed = std::pin::pin!(freed);
             freed.as_mut().enable();
-            let refused = match self.try_reserve(need) {
+            let refused = match self.try_reserve(name, need) {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
+            if waiting.is_none() {
+                waiting = Some(caches::Waiting::new(self, name, need.bytes()));
+            }
+            self.press(name);
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
                 return Err(refused);
@@ -360,14 +476,16 @@ impl Budget {
         }
     }
 
-    /// What the RAM prompt cache may hold now: the budget less weights, MLX's buffer cache
-    /// and every reservation.
-    pub fn prompt_cache_room(&self) -> u64 {
+    /// What model `name`'s RAM prompt cache may hold now: the budget less weights, MLX's
+    /// buffer cache, every reservation, the other models' prompt caches and what requests
+    /// to the other models wait for.
+    pub fn prompt_cache_room(&self, name: &str) -> u64 {
         if plant::is(Defect::BudgetIgnored) {
             return u64::MAX;
         }
         let l = self.ledger();
-        self.limit.saturating_sub(l.fixed() + l.reserved)
+        self.limit
+            .saturating_sub(l.fixed() + l.reserved + l.others(name) + l.others_waiting(name))
     }
 
     /// Extra bytes an entry of the prompt cache may hold beyond its tokens' (its buffers'
@@ -390,6 +508,7 @@ impl Budget {
             .map(|(name, (kv, act))| {
                 let m = ModelSnapshot {
                     weights: l.weights.get(name).copied(),
+                    prompt_cache: l.caches.get(name).copied().unwrap_or(0),
                     kv_fixed: kv.fixed,
                     kv_per_token: kv.per_token,
                     act_chunk: act.at_chunk,
@@ -410,6 +529,9 @@ impl Budget {
             act_chunk: most(|m| m.act_chunk),
             act_per_token: most(|m| m.act_per_token),
             mlx_cache_limit: l.mlx_cache,
+            prompt_caches: l.caches.values().sum(),
+            peak_held: l.peak_held,
+            waiting: l.waiting.values().sum(),
             models,
         }
     }
@@ -506,16 +628,16 @@ mod tests {
             assert!(msg.contains(part), "{part} not in {msg}");
         }
         let small = b.need("m", 10, 10); // 276 + 50 = 326
-        let r1 = b.try_reserve(small).unwrap();
-        assert_eq!(b.prompt_cache_room(), 1000 - 350 - 326);
-        let r2 = b.try_reserve(small).unwrap_err();
+        let r1 = b.try_reserve("m", small).unwrap();
+        assert_eq!(b.prompt_cache_room("m"), 1000 - 350 - 326);
+        let r2 = b.try_reserve("m", small).unwrap_err();
         assert!(matches!(r2, Refusal::Busy { need: 326, .. }));
         drop(r1);
         assert_eq!(b.snapshot().reserved, 0);
         assert_eq!(b.snapshot().peak_reserved, 326);
-        assert_eq!(b.prompt_cache_room(), 650);
+        assert_eq!(b.prompt_cache_room("m"), 650);
         b.release_weights("m");
-        assert_eq!(b.prompt_cache_room(), 950);
+        assert_eq!(b.prompt_cache_room("m"), 950);
     }
 
     #[test]
@@ -553,14 +675,14 @@ mod tests {
             .build()
             .unwrap();
         let need = b.need("m", 10, 10);
-        let held = b.try_reserve(need).unwrap();
+        let held = b.try_reserve("m", need).unwrap();
         // Nothing frees: refused once the wait is over.
-        let busy = rt.block_on(b.reserve(need, None));
+        let busy = rt.block_on(b.reserve("m", need, None));
         assert!(matches!(busy, Err(Refusal::Busy { .. })));
         // Freed while waiting: granted.
         let b2 = b.clone();
         let got = rt.block_on(async move {
-            let waiter = b2.reserve(need, None);
+            let waiter = b2.reserve("m", need, None);
             let freer = async move {
                 tokio::time::sleep(Duration::from_millis(5)).await;
                 drop(held);
@@ -570,5 +692,107 @@ mod tests {
         });
         assert_eq!(got.unwrap().bytes(), 326);
         assert_eq!(b.snapshot().reservations, 0);
+    }
+
+    #[test]
+    fn an_embedding_needs_its_longest_inputs_forward_at_once() {
+        let act = ActBound {
+            at_chunk: 100,
+            per_token: 2,
+            chunk: 16,
+        };
+        assert_eq!(act.one_forward(1), 100);
+        assert_eq!(act.one_forward(16), 100);
+        // 40 tokens at once: three chunks' worth, each attending to 40.
+        assert_eq!(act.one_forward(40), 3 * (100 + 2 * 24));
+        assert!(act.one_forward(40) >= act.bytes(40, 40));
+        let b = ledger();
+        let need = b.embed_need("m", 10);
+        assert_eq!((need.kv, need.activations, need.embedding), (266, 50, true));
+        let msg = b.check(b.embed_need("m", 700)).unwrap_err().to_string();
+        for part in ["longest input, 700 tokens", "3156 bytes", "shorter inputs"] {
+            assert!(msg.contains(part), "{part} not in {msg}");
+        }
+        assert!(!msg.contains("max_tokens"), "{msg}");
+    }
+
+    /// Two models, `m` (weights 300) and `n` (weights 100), cache 50: 550 left for
+    /// reservations and prompt caches.
+    fn two() -> Arc<Budget> {
+        let b = ledger();
+        b.reserve_weights("n", 100);
+        let (kv, act) = b.ledger().bounds["m"];
+        b.set_measured("n", kv, act);
+        b
+    }
+
+    #[test]
+    fn one_models_prompt_cache_counts_against_the_others_room_and_requests() {
+        let b = two();
+        // m's cache claims 400 of the 550: n's cache may keep the other 150.
+        assert_eq!(b.claim_prompt_cache("m", 400), 550);
+        assert_eq!(b.prompt_cache_room("n"), 150);
+        assert_eq!(b.prompt_cache_room("m"), 550);
+        // n's request of 326 does not fit beside m's cache; m's own does (its thread trims
+        // its cache first), and its cache is counted at what it may keep then.
+        let need = b.need("m", 10, 10);
+        assert!(matches!(
+            b.try_reserve("n", need),
+            Err(Refusal::Busy { free: 150, .. })
+        ));
+        let r = b.try_reserve("m", need).unwrap();
+        assert_eq!(b.snapshot().models["m"].prompt_cache, 550 - 326);
+        assert_eq!(b.snapshot().peak_held, 1000);
+        drop(r);
+        // A trim lowers the count; a claim never passes the room.
+        b.set_prompt_cache("m", 100);
+        assert_eq!(b.claim_prompt_cache("n", 900), 450);
+        let s = b.snapshot();
+        assert_eq!((s.models["n"].prompt_cache, s.prompt_caches), (450, 550));
+        assert_eq!(s.peak_held, 1000);
+        b.release_weights("n");
+        assert_eq!(b.snapshot().prompt_caches, 100);
+    }
+
+    #[test]
+    fn a_waiting_request_presses_the_other_models_cache_to_give_way() {
+        let b = two();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        b.claim_prompt_cache("m", 600);
+        // m's "thread": on pressure it trims to its room, which the waiter's need lowers.
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let tx = std::sync::Mutex::new(tx);
+        b.on_pressure("m", move || {
+            let _ = tx.lock().unwrap().send(());
+        });
+        let b2 = b.clone();
+        let thread = std::thread::spawn(move || {
+            if rx.recv_timeout(Duration::from_secs(5)).is_ok() {
+                let room = b2.prompt_cache_room("m");
+                b2.set_prompt_cache("m", room);
+            }
+        });
+        let need = b.need("m", 10, 10);
+        let got = rt.block_on(b.reserve("n", need, None));
+        thread.join().unwrap();
+        assert_eq!(got.unwrap().bytes(), 326);
+        let s = b.snapshot();
+        assert_eq!(s.models["m"].prompt_cache, 550 - 326);
+        assert!(s.peak_held <= 1000, "{s:?}");
+        assert!(b.ledger().waiting.is_empty());
+    }
+
+    #[test]
+    fn planted_uncounted_caches_let_the_ledger_pass_the_budget() {
+        let _on = crate::plant::on(Defect::BudgetOtherModelsCacheUncounted);
+        let b = two();
+        b.claim_prompt_cache("m", 600);
+        let granted = b.try_reserve("n", b.need("m", 10, 10));
+        if crate::plant::COMPILED_IN {
+            assert!(granted.is_ok() && b.snapshot().peak_held > 1000);
+        }
     }
 }

@@ -356,6 +356,7 @@ fn start_model(
         spawn_model_thread(args, config.opts.clone(), config.context, shared, rx)?;
     let drain_timeout = config.drain_timeout;
     let state = Arc::new(app_state(args, config, counters, mirror, tx, vocab));
+    budget::register_pressure(&state);
     Ok(Started {
         state,
         thread,
@@ -496,8 +497,9 @@ fn load_worker(
                 prefill_step: worker.prefill_step,
                 context: worker.context,
             };
-            budget::charge(loaded, &b, &budget::key(&args.model), before)?;
-            worker.budget = Some(b);
+            let key = budget::key(&args.model);
+            budget::charge(loaded, &b, &key, before)?;
+            worker.budget = Some(budget::Share { budget: b, key });
         }
         Ok(worker)
     })
