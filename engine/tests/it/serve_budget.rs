@@ -390,7 +390,7 @@ fn embeddings_reserve_their_forwards_against_the_memory_budget() {
     // request that does not fit beside it waits (its need counted in `waiting` while the
     // generation's reservation is held), then is answered once that is given back, or gets
     // 429 with Retry-After after --budget-wait.
-    let gen = json!({"prompt": "hello", "max_tokens": 2000, "stream": true,
+    let gen = json!({"prompt": "hello", "max_tokens": 1000, "stream": true,
         "logit_bias": {"5": 100}});
     let long = thread::spawn(move || {
         http_with(

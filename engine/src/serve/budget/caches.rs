@@ -61,8 +61,9 @@ impl Budget {
     /// Model `name`'s prompt cache holds `held` bytes before a trim: counted at most at its
     /// room, which it returns (the thread then trims to it and calls `set_prompt_cache`).
     pub fn claim_prompt_cache(&self, name: &str, held: u64) -> u64 {
-        let room = self.prompt_cache_room(name);
         let mut l = self.ledger();
+        // Under the one lock: no reservation is granted between the room and the claim.
+        let room = self.room(&l, name);
         l.caches.insert(name.to_owned(), held.min(room));
         l.note_peak();
         room

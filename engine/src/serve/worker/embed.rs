@@ -131,7 +131,9 @@ impl Worker {
     pub(in crate::serve) fn wait_job(&self, jobs: &Receiver<Work>) -> Option<Job> {
         loop {
             if self.embeds.is_empty() {
-                if let Some(job) = self.divert(self.store.borrow_mut().recv(jobs)?) {
+                // The store's borrow ends before `divert` (a `Work::Trim` trims the store).
+                let work = self.store.borrow_mut().recv(jobs)?;
+                if let Some(job) = self.divert(work) {
                     return Some(job);
                 }
                 continue;
