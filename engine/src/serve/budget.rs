@@ -4,11 +4,13 @@
 //! model a server loads):
 //!
 //! ```text
-//! budget ≥ weights + mlx_cache + Σ reservations + prompt cache
+//! budget ≥ weights + mlx_cache + Σ reservations + Σ prompt caches (every model's)
 //! reservation(request) = kv(T) + act(P, T),  P = prompt, T = prompt + max_tokens
+//! reservation(embeddings) = kv(n) + act₁(n), n = the longest input (one forward each)
 //! kv(T)     = kv_fixed + kv_per_token × (T + 256)
 //! act(P, T) = act_chunk + act_per_token × max(0, P − prefill_step)
 //!             + ⌈act_per_token / prefill_step⌉ × T
+//! act₁(n)   = act_chunk, or past a chunk ⌈n / chunk⌉ × (act_chunk + act_per_token × (n − chunk))
 //! mlx_cache = act_chunk
 //! ```
 //!
@@ -37,8 +39,10 @@
 //! waits for its reservation (up to `--budget-wait` or its request timeout), then gets 429
 //! with Retry-After. The reservation travels with the job and is released when the request
 //! ends, however it ends. The model thread trims the RAM prompt cache to
-//! `budget − weights − mlx_cache − reserved` before each prompt lookup and after keeping an
-//! entry (`Budget::prompt_cache_room`).
+//! `budget − weights − mlx_cache − reserved − other models' caches − other models' waiting
+//! needs` before each prompt lookup and after keeping an entry (`Budget::prompt_cache_room`)
+//! and writes what it keeps into the ledger; other models' caches are pressed to give way
+//! to a waiting request (`caches`).
 
 mod caches;
 mod http;

@@ -318,7 +318,11 @@ fn embed_body(lens: &[usize]) -> Value {
     let inputs: Vec<Vec<u32>> = lens
         .iter()
         .enumerate()
-        .map(|(k, &n)| (0..n).map(|j| ((j * 7 + k * 13 + 3) % 1000) as u32).collect())
+        .map(|(k, &n)| {
+            (0..n)
+                .map(|j| ((j * 7 + k * 13 + 3) % 1000) as u32)
+                .collect()
+        })
         .collect();
     json!({"input": inputs, "encoding_format": "base64"})
 }
@@ -401,9 +405,12 @@ fn embeddings_reserve_their_forwards_against_the_memory_budget() {
             gen.to_string().as_bytes(),
         )
     });
-    let st = wait_for(port, "the generation admitted", Duration::from_secs(10), |st| {
-        st["memory"]["budget"]["reservations"] == 1
-    });
+    let st = wait_for(
+        port,
+        "the generation admitted",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["reservations"] == 1,
+    );
     let b = &st["memory"]["budget"];
     let u = |k: &str| b[k].as_u64().unwrap();
     let fixed = u("weights") + u("mlx_cache_limit");
@@ -417,9 +424,12 @@ fn embeddings_reserve_their_forwards_against_the_memory_budget() {
     );
     let body = embed_body(&[n as usize]);
     let waiter = thread::spawn(move || embed(port, &body));
-    let seen = wait_for(port, "the embeddings request waiting", Duration::from_secs(10), |st| {
-        st["memory"]["budget"]["waiting"].as_u64() > Some(0) || waiter.is_finished()
-    });
+    let seen = wait_for(
+        port,
+        "the embeddings request waiting",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["waiting"].as_u64() > Some(0) || waiter.is_finished(),
+    );
     assert!(
         seen["memory"]["budget"]["waiting"].as_u64() >= Some(embed_need(b, n))
             && seen["memory"]["budget"]["reservations"] == 1,
@@ -434,9 +444,12 @@ fn embeddings_reserve_their_forwards_against_the_memory_budget() {
     }
     let (status, _, text) = long.join().unwrap();
     assert_eq!(status, 200, "{text}");
-    wait_for(port, "every reservation given back", Duration::from_secs(10), |st| {
-        st["memory"]["budget"]["reserved"] == 0 && st["memory"]["budget"]["waiting"] == 0
-    });
+    wait_for(
+        port,
+        "every reservation given back",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["reserved"] == 0 && st["memory"]["budget"]["waiting"] == 0,
+    );
 
     // Planted: no reservation: the input too big for the budget runs anyway.
     let (status, _, body) = embed(planted, &too_big);
