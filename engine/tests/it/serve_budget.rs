@@ -439,7 +439,10 @@ fn embeddings_reserve_their_forwards_against_the_memory_budget() {
     let (status, headers, text) = waiter.join().unwrap();
     match status {
         200 => assert_eq!(data(&text).as_array().map(Vec::len), Some(1)),
-        429 => assert!(headers.contains("retry-after:"), "{headers}"),
+        429 => {
+            assert!(headers.contains("retry-after:"), "{headers}");
+            assert_eq!(stats(port)["throttled"], 1, "{}", stats(port));
+        }
         _ => panic!("embeddings beside a generation: {status} {text}"),
     }
     let (status, _, text) = long.join().unwrap();
