@@ -434,6 +434,16 @@ pub enum Defect {
     /// another model's load fails on an adapter that is not its own. Caught by serve_fleet.rs
     /// `the_default_models_adapters_follow_it_through_unloads`.
     FleetAdaptersOnEveryModel,
+    /// Serve, `--memory-budget`: `/v1/embeddings` queues without a reservation, so its
+    /// forwards run past what the budget leaves. Caught by serve_budget.rs
+    /// `embeddings_reserve_their_forwards_against_the_memory_budget` (the too-big input
+    /// answers 200, not 400).
+    BudgetEmbeddingsUnreserved,
+    /// Serve, many models under one `--memory-budget`: a model's prompt cache is trimmed,
+    /// and requests reserved, as if the other models' prompt caches held nothing. Caught by
+    /// serve_fleet.rs `one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget`
+    /// (the ledger's peak passes the budget).
+    BudgetOtherModelsCacheUncounted,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -617,6 +627,8 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetBudgetIgnored" => Defect::FleetBudgetIgnored,
             "BudgetIgnored" => Defect::BudgetIgnored,
             "FleetAdaptersOnEveryModel" => Defect::FleetAdaptersOnEveryModel,
+            "BudgetEmbeddingsUnreserved" => Defect::BudgetEmbeddingsUnreserved,
+            "BudgetOtherModelsCacheUncounted" => Defect::BudgetOtherModelsCacheUncounted,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

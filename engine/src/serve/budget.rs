@@ -4,11 +4,13 @@
 //! model a server loads):
 //!
 //! ```text
-//! budget ≥ weights + mlx_cache + Σ reservations + prompt cache
+//! budget ≥ weights + mlx_cache + Σ reservations + Σ prompt caches (every model's)
 //! reservation(request) = kv(T) + act(P, T),  P = prompt, T = prompt + max_tokens
+//! reservation(embeddings) = kv(n) + act₁(n), n = the longest input (one forward each)
 //! kv(T)     = kv_fixed + kv_per_token × (T + 256)
 //! act(P, T) = act_chunk + act_per_token × max(0, P − prefill_step)
 //!             + ⌈act_per_token / prefill_step⌉ × T
+//! act₁(n)   = act_chunk, or past a chunk ⌈n / chunk⌉ × (act_chunk + act_per_token × (n − chunk))
 //! mlx_cache = act_chunk
 //! ```
 //!
@@ -37,9 +39,12 @@
 //! waits for its reservation (up to `--budget-wait` or its request timeout), then gets 429
 //! with Retry-After. The reservation travels with the job and is released when the request
 //! ends, however it ends. The model thread trims the RAM prompt cache to
-//! `budget − weights − mlx_cache − reserved` before each prompt lookup and after keeping an
-//! entry (`Budget::prompt_cache_room`).
+//! `budget − weights − mlx_cache − reserved − other models' caches − other models' waiting
+//! needs` before each prompt lookup and after keeping an entry (`Budget::prompt_cache_room`)
+//! and writes what it keeps into the ledger; other models' caches are pressed to give way
+//! to a waiting request (`caches`).
 
+mod caches;
 mod http;
 mod probe;
 mod size;
@@ -48,7 +53,8 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub(crate) use http::{admit, memory, stats, Gauges};
+pub(crate) use caches::Share;
+pub(crate) use http::{admit, admit_need, memory, stats, Gauges};
 pub(crate) use probe::{active, charge, Loaded};
 pub use probe::{check_alone, probe, Probe};
 pub use size::{from_flag, parse, peak_rss, physical_memory, Spec, SpecError, AUTO_PERCENT};
@@ -90,6 +96,21 @@ impl ActBound {
             )
             .saturating_add(decode.saturating_mul(total))
     }
+
+    /// Activation bytes of one forward of `n` tokens at once (not in chunks: an
+    /// embeddings input). Up to a chunk it is within the chunk's bound; past it, a forward
+    /// holds what ⌈n / chunk⌉ chunks attending to n tokens each hold (the per-token
+    /// intermediates and the attention scores grow linearly with the tokens run at once).
+    pub fn one_forward(&self, n: u64) -> u64 {
+        let chunk = self.chunk.max(1);
+        if n <= chunk {
+            return self.at_chunk;
+        }
+        n.div_ceil(chunk).saturating_mul(
+            self.at_chunk
+                .saturating_add(self.per_token.saturating_mul(n - chunk)),
+        )
+    }
 }
 
 /// KV bytes as a function of tokens held: `fixed + per_token × (T + KV_STEP)`.
@@ -121,10 +142,13 @@ impl KvBound {
 /// What a request needs reserved.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Need {
+    /// The prompt's tokens; an embeddings request's longest input.
     pub prompt_tokens: usize,
     pub max_tokens: usize,
     pub kv: u64,
     pub activations: u64,
+    /// An embeddings request's (`embed_need`): its refusal names inputs, not max_tokens.
+    pub embedding: bool,
 }
 
 impl Need {
@@ -136,15 +160,7 @@ impl Need {
 /// Why a request got no reservation.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Refusal {
-    #[error(
-        "this request cannot fit in the server's memory budget: {} prompt tokens + max_tokens \
-         {} need {} bytes (KV cache {} + activations {}), and the budget of {} bytes holds \
-         {} bytes of model weights and {} of MLX buffer cache, leaving {} bytes; send a \
-         smaller max_tokens or a shorter prompt, or start the server with a bigger \
-         --memory-budget",
-        need.prompt_tokens, need.max_tokens, need.bytes(), need.kv, need.activations,
-        budget, weights, mlx_cache, budget.saturating_sub(weights + mlx_cache)
-    )]
+    #[error("{}", too_big(need, *budget, *weights, *mlx_cache))]
     TooBig {
         need: Need,
         budget: u64,
@@ -152,10 +168,44 @@ pub enum Refusal {
         mlx_cache: u64,
     },
     #[error(
-        "the server's memory budget is taken by running requests ({need} bytes needed, {free} \
-         free of {budget}); retry later"
+        "the server's memory budget is taken by running requests and prompt caches ({need} \
+         bytes needed, {free} free of {budget}); retry later"
     )]
     Busy { need: u64, free: u64, budget: u64 },
+}
+
+/// `Refusal::TooBig`'s words: the need, what the budget holds, the fix.
+fn too_big(need: &Need, budget: u64, weights: u64, mlx_cache: u64) -> String {
+    let (what, fix) = match need.embedding {
+        true => (
+            format!(
+                "its longest input, {} tokens, needs {} bytes (KV cache {} + activations {} \
+                 of one forward)",
+                need.prompt_tokens,
+                need.bytes(),
+                need.kv,
+                need.activations
+            ),
+            "send shorter inputs",
+        ),
+        false => (
+            format!(
+                "{} prompt tokens + max_tokens {} need {} bytes (KV cache {} + activations {})",
+                need.prompt_tokens,
+                need.max_tokens,
+                need.bytes(),
+                need.kv,
+                need.activations
+            ),
+            "send a smaller max_tokens or a shorter prompt",
+        ),
+    };
+    format!(
+        "this request cannot fit in the server's memory budget: {what}, and the budget of \
+         {budget} bytes holds {weights} bytes of model weights and {mlx_cache} of MLX buffer \
+         cache, leaving {} bytes; {fix}, or start the server with a bigger --memory-budget",
+        budget.saturating_sub(weights + mlx_cache)
+    )
 }
 
 #[derive(Debug, Default)]
@@ -167,6 +217,16 @@ struct Ledger {
     /// Each loaded model's measured bounds, by name (as `weights`).
     bounds: BTreeMap<String, (KvBound, ActBound)>,
     mlx_cache: u64,
+    /// Each model's RAM prompt cache, as its thread last trimmed it (`caches`).
+    caches: BTreeMap<String, u64>,
+    /// Bytes that requests waiting for room need, by model: other models' prompt caches
+    /// give them way (`caches`).
+    waiting: BTreeMap<String, u64>,
+    /// Per model: asks its thread to trim its prompt cache to its room (`caches`).
+    pressure: BTreeMap<String, caches::Hook>,
+    /// The most that weights, MLX's buffer cache, reservations and prompt caches held at
+    /// once, as the ledger counts them.
+    peak_held: u64,
 }
 
 /// A model's name in the ledger: its canonical path (the server's `model_id`).
@@ -180,6 +240,15 @@ pub fn key(path: &std::path::Path) -> String {
 impl Ledger {
     fn fixed(&self) -> u64 {
         self.weights.values().sum::<u64>() + self.mlx_cache
+    }
+
+    /// Everything the ledger counts as held now.
+    fn held(&self) -> u64 {
+        self.fixed() + self.reserved + self.caches.values().sum::<u64>()
+    }
+
+    fn note_peak(&mut self) {
+        self.peak_held = self.peak_held.max(self.held());
     }
 }
 
@@ -206,6 +275,13 @@ pub struct Snapshot {
     pub act_chunk: u64,
     pub act_per_token: u64,
     pub mlx_cache_limit: u64,
+    /// The models' RAM prompt caches, summed (each model's in `models`).
+    pub prompt_caches: u64,
+    /// The most that weights + MLX's buffer cache + reservations + prompt caches held at
+    /// once (never more than `budget`: the ledger's invariant).
+    pub peak_held: u64,
+    /// What the requests waiting for room need, summed.
+    pub waiting: u64,
     /// Per model (the fields above are the largest over them).
     pub models: BTreeMap<String, ModelSnapshot>,
 }
@@ -214,6 +290,8 @@ pub struct Snapshot {
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ModelSnapshot {
     pub weights: Option<u64>,
+    /// Its RAM prompt cache's bytes (each entry with its buffers' unfilled tail).
+    pub prompt_cache: u64,
     pub kv_fixed: u64,
     pub kv_per_token: u64,
     pub act_chunk: u64,
@@ -235,8 +313,14 @@ impl Budget {
     }
 
     /// Counts a loaded model's resident bytes (a name loaded again replaces its count).
+    /// The other models' prompt caches are asked to give it way (`press`).
     pub fn reserve_weights(&self, name: &str, bytes: u64) {
-        self.ledger().weights.insert(name.to_owned(), bytes);
+        {
+            let mut l = self.ledger();
+            l.weights.insert(name.to_owned(), bytes);
+            l.note_peak();
+        }
+        self.press(name);
     }
 
     /// Forgets an unloaded model's bytes and bounds.
@@ -245,6 +329,8 @@ impl Budget {
             let mut l = self.ledger();
             l.weights.remove(name);
             l.bounds.remove(name);
+            l.caches.remove(name);
+            l.pressure.remove(name);
         }
         self.freed.notify_waiters();
     }
@@ -294,6 +380,24 @@ impl Budget {
             max_tokens,
             kv: kv.bytes((prompt_tokens + max_tokens) as u64),
             activations: act.bytes(prompt_tokens as u64, (prompt_tokens + max_tokens) as u64),
+            embedding: false,
+        }
+    }
+
+    /// What an embeddings request to model `name` needs, its longest input `longest`
+    /// tokens: the model thread embeds one input at a time (`worker::embed`), each as one
+    /// forward of all its tokens through fresh caches that are dropped before the next
+    /// input starts, so the need is the longest input's, not the sum over inputs:
+    /// `kv(n) + ActBound::one_forward(n)`.
+    pub fn embed_need(&self, name: &str, longest: usize) -> Need {
+        let l = self.ledger();
+        let (kv, act) = l.bounds.get(name).copied().unwrap_or_default();
+        Need {
+            prompt_tokens: longest,
+            max_tokens: 0,
+            kv: kv.bytes(longest as u64),
+            activations: act.one_forward(longest as u64),
+            embedding: true,
         }
     }
 
@@ -311,11 +415,14 @@ impl Budget {
         })
     }
 
-    /// A reservation of `need`, if it fits now.
-    pub fn try_reserve(self: &Arc<Self>, need: Need) -> Result<Reservation, Refusal> {
+    /// A reservation of `need` for model `name`, if it fits now beside the other models'
+    /// prompt caches. Its own prompt cache gives way: its thread trims it before the
+    /// request's prompt lookup (or embedding), so it is counted at what it may keep then.
+    pub fn try_reserve(self: &Arc<Self>, name: &str, need: Need) -> Result<Reservation, Refusal> {
         let bytes = need.bytes();
         let mut l = self.ledger();
-        let free = self.limit.saturating_sub(l.fixed() + l.reserved);
+        let others = l.others(name);
+        let free = self.limit.saturating_sub(l.fixed() + l.reserved + others);
         if bytes > free && !plant::is(Defect::BudgetIgnored) {
             return Err(Refusal::Busy {
                 need: bytes,
@@ -326,6 +433,11 @@ impl Budget {
         l.reserved += bytes;
         l.reservations += 1;
         l.peak_reserved = l.peak_reserved.max(l.reserved);
+        let room = self.limit.saturating_sub(l.fixed() + l.reserved + others);
+        if let Some(own) = l.caches.get_mut(name) {
+            *own = (*own).min(room);
+        }
+        l.note_peak();
         Ok(Reservation {
             budget: self.clone(),
             bytes,
@@ -335,8 +447,11 @@ impl Budget {
     /// A reservation of `need`: at once, or once running requests free enough, waiting
     /// until `wait` or `deadline` passes (then `Refusal::Busy`). A need that can never fit
     /// is refused at once (`check`).
+    /// While it waits, other models' prompt caches are asked to give it room
+    /// (`caches::Waiting`, `press`).
     pub async fn reserve(
         self: &Arc<Self>,
+        name: &str,
         need: Need,
         deadline: Option<Instant>,
     ) -> Result<Reservation, Refusal> {
@@ -345,14 +460,19 @@ impl Budget {
         if let Some(d) = deadline {
             until = until.min(d);
         }
+        let mut waiting = None;
         loop {
             let freed = self.freed.notified();
             let mut freed = std::pin::pin!(freed);
             freed.as_mut().enable();
-            let refused = match self.try_reserve(need) {
+            let refused = match self.try_reserve(name, need) {
                 Ok(r) => return Ok(r),
                 Err(e) => e,
             };
+            if waiting.is_none() {
+                waiting = Some(caches::Waiting::new(self, name, need.bytes()));
+            }
+            self.press(name);
             let left = until.saturating_duration_since(Instant::now());
             if left.is_zero() || tokio::time::timeout(left, freed).await.is_err() {
                 return Err(refused);
@@ -360,14 +480,19 @@ impl Budget {
         }
     }
 
-    /// What the RAM prompt cache may hold now: the budget less weights, MLX's buffer cache
-    /// and every reservation.
-    pub fn prompt_cache_room(&self) -> u64 {
+    /// What model `name`'s RAM prompt cache may hold now: the budget less weights, MLX's
+    /// buffer cache, every reservation, the other models' prompt caches and what requests
+    /// to the other models wait for.
+    pub fn prompt_cache_room(&self, name: &str) -> u64 {
+        self.room(&self.ledger(), name)
+    }
+
+    fn room(&self, l: &Ledger, name: &str) -> u64 {
         if plant::is(Defect::BudgetIgnored) {
             return u64::MAX;
         }
-        let l = self.ledger();
-        self.limit.saturating_sub(l.fixed() + l.reserved)
+        self.limit
+            .saturating_sub(l.fixed() + l.reserved + l.others(name) + l.others_waiting(name))
     }
 
     /// Extra bytes an entry of the prompt cache may hold beyond its tokens' (its buffers'
@@ -390,6 +515,7 @@ impl Budget {
             .map(|(name, (kv, act))| {
                 let m = ModelSnapshot {
                     weights: l.weights.get(name).copied(),
+                    prompt_cache: l.caches.get(name).copied().unwrap_or(0),
                     kv_fixed: kv.fixed,
                     kv_per_token: kv.per_token,
                     act_chunk: act.at_chunk,
@@ -410,6 +536,9 @@ impl Budget {
             act_chunk: most(|m| m.act_chunk),
             act_per_token: most(|m| m.act_per_token),
             mlx_cache_limit: l.mlx_cache,
+            prompt_caches: l.caches.values().sum(),
+            peak_held: l.peak_held,
+            waiting: l.waiting.values().sum(),
             models,
         }
     }
@@ -440,135 +569,4 @@ impl Drop for Reservation {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_kv_bound_covers_a_partly_filled_step() {
-        // 10 fixed bytes, 4 per token: 1 token allocates a step, 257 two.
-        let kv = KvBound::from_probe(10 + 4 * 256, 10 + 4 * 512);
-        assert_eq!(
-            kv,
-            KvBound {
-                fixed: 10,
-                per_token: 4
-            }
-        );
-        assert_eq!(kv.bytes(0), 10 + 4 * 256);
-        assert!(kv.bytes(300) >= 10 + 4 * 512);
-    }
-
-    #[test]
-    fn the_activation_bound_grows_past_the_chunk() {
-        let act = ActBound::from_probe(256, 1000, 1000 + 512 * 3);
-        assert_eq!(act.per_token, 3);
-        // Decode steps: 3 bytes per token per 256-token chunk, rounded up: 1 per token.
-        assert_eq!(act.bytes(100, 100), 1000 + 100);
-        assert_eq!(act.bytes(256 + 10, 300), 1000 + 30 + 300);
-        // Past the probed depth, as measured there and beyond.
-        assert_eq!(act.bytes(256 + 512, 256 + 512), 1000 + 1536 + 768);
-    }
-
-    fn ledger() -> Arc<Budget> {
-        let b = Budget::new(1000, Duration::from_millis(50));
-        b.reserve_weights("m", 300);
-        let act = ActBound {
-            at_chunk: 50,
-            per_token: 0,
-            chunk: 16,
-        };
-        // kv(T) = T + 256, act = 50.
-        b.set_measured(
-            "m",
-            KvBound {
-                fixed: 0,
-                per_token: 1,
-            },
-            act,
-        );
-        b
-    }
-
-    #[test]
-    fn the_ledger_refuses_what_never_fits_and_reserves_what_does() {
-        let b = ledger();
-        // 300 weights + 50 cache = 350 fixed; 650 left.
-        let big = b.need("m", 400, 100); // 756 + 50
-        assert!(matches!(b.check(big), Err(Refusal::TooBig { .. })));
-        let msg = b.check(big).unwrap_err().to_string();
-        for part in [
-            "400 prompt tokens",
-            "max_tokens 100",
-            "806 bytes",
-            "1000",
-            "300",
-        ] {
-            assert!(msg.contains(part), "{part} not in {msg}");
-        }
-        let small = b.need("m", 10, 10); // 276 + 50 = 326
-        let r1 = b.try_reserve(small).unwrap();
-        assert_eq!(b.prompt_cache_room(), 1000 - 350 - 326);
-        let r2 = b.try_reserve(small).unwrap_err();
-        assert!(matches!(r2, Refusal::Busy { need: 326, .. }));
-        drop(r1);
-        assert_eq!(b.snapshot().reserved, 0);
-        assert_eq!(b.snapshot().peak_reserved, 326);
-        assert_eq!(b.prompt_cache_room(), 650);
-        b.release_weights("m");
-        assert_eq!(b.prompt_cache_room(), 950);
-    }
-
-    #[test]
-    fn models_sharing_a_budget_reserve_by_their_own_bounds() {
-        let b = ledger();
-        b.reserve_weights("n", 200);
-        let big = KvBound {
-            fixed: 0,
-            per_token: 2,
-        };
-        let act = ActBound {
-            at_chunk: 80,
-            per_token: 0,
-            chunk: 16,
-        };
-        b.set_measured("n", big, act);
-        // Each model's need is its own; the buffer cache is the largest model's.
-        assert_eq!(b.need("m", 10, 10).bytes(), 276 + 50);
-        assert_eq!(b.need("n", 10, 10).bytes(), 2 * 276 + 80);
-        assert_eq!(b.mlx_cache_limit(), 80);
-        assert_eq!(b.min_request(), 2 * 257 + 80);
-        assert_eq!(b.snapshot().models.len(), 2);
-        // Unloaded: its weights and bounds leave; the cache limit stays as MLX has it.
-        b.release_weights("n");
-        assert_eq!((b.weights(), b.min_request()), (300, 257 + 50));
-        assert_eq!(b.need("n", 10, 10).bytes(), 0);
-        assert_eq!(b.mlx_cache_limit(), 80);
-    }
-
-    #[test]
-    fn a_waiting_reservation_gets_the_bytes_a_finished_one_frees() {
-        let b = ledger();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .build()
-            .unwrap();
-        let need = b.need("m", 10, 10);
-        let held = b.try_reserve(need).unwrap();
-        // Nothing frees: refused once the wait is over.
-        let busy = rt.block_on(b.reserve(need, None));
-        assert!(matches!(busy, Err(Refusal::Busy { .. })));
-        // Freed while waiting: granted.
-        let b2 = b.clone();
-        let got = rt.block_on(async move {
-            let waiter = b2.reserve(need, None);
-            let freer = async move {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                drop(held);
-            };
-            let (got, ()) = tokio::join!(waiter, freer);
-            got
-        });
-        assert_eq!(got.unwrap().bytes(), 326);
-        assert_eq!(b.snapshot().reservations, 0);
-    }
-}
+mod tests;

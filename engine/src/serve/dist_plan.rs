@@ -208,6 +208,25 @@ impl Leader {
     }
 }
 
+/// Whether a failed step failed the same way on every rank, so the request fails alone and
+/// the group goes on: a grammar's fault (`constrain::grammar_fault`) is, since every rank
+/// masks with the same grammar over the same ids after the same forward (the followers then
+/// wait for rank 0's end of it; `follower`).
+pub(super) fn same_on_every_rank(message: &str) -> bool {
+    crate::constrain::grammar_fault(message).is_some() && !grammar_fault_loses_group()
+}
+
+/// `same_on_every_rank` for a step's error as the request's (`ApiError::generation`).
+pub(super) fn fails_alone(e: &ApiError) -> bool {
+    e.code == Some("grammar_error") && !grammar_fault_loses_group()
+}
+
+/// Planted: a grammar's fault is taken for a lost group (caught by
+/// engine/tests/it/dist/serve.rs).
+fn grammar_fault_loses_group() -> bool {
+    crate::plant::is(crate::plant::Defect::GrammarFaultLosesGroup)
+}
+
 /// The error of every request in flight when the group is lost.
 pub fn lost_message(why: &str) -> String {
     format!(

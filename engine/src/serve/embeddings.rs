@@ -13,6 +13,8 @@
 //! end-of-text token); token ids are taken as given, each checked against the vocabulary.
 //! The inputs then go to the model thread as one job (`worker::embed`), which embeds one input per
 //! turn between generation steps, so embeddings never hold a running generation up for long.
+//! Under `--memory-budget` the job is reserved before it is queued, by its longest input's
+//! forward (`budget::Budget::embed_need`; refused as a generation is: 400 or 429).
 //! Every malformed body is a 400 naming the field; nothing a client sends reaches MLX
 //! unchecked.
 
@@ -33,6 +35,7 @@ use serde_json::{json, Value};
 use super::error::ApiError;
 use super::worker::{EmbedJob, QueueSlot, Work};
 use super::AppState;
+use crate::plant::{self, Defect};
 
 /// At most this many inputs in one request (OpenAI's limit).
 pub const MAX_INPUTS: usize = 2048;
@@ -129,6 +132,20 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
             ),
         ));
     }
+    // `--memory-budget`: reserved before queueing, as a generation is (400 when it can
+    // never fit, 429 after --budget-wait); the longest input's forward is the need.
+    let budget = match &s.budget {
+        Some(b) if !plant::is(Defect::BudgetEmbeddingsUnreserved) => {
+            let longest = ids.iter().map(Vec::len).max().unwrap_or(0);
+            let need = b.embed_need(&s.model_id, longest);
+            match super::budget::admit_need(s, need, deadline).await {
+                Ok(r) => r,
+                // Counted (rejected, throttled) by `admit_need`.
+                Err(refused) => return Ok(refused),
+            }
+        }
+        _ => None,
+    };
     let (reply, answer) = tokio::sync::oneshot::channel();
     let mut job = EmbedJob::new(
         ids,
@@ -139,6 +156,7 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         queued,
     );
     job.adapter = adapter;
+    job.budget = budget;
     let sent = s
         .jobs
         .lock()

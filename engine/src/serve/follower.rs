@@ -106,7 +106,7 @@ impl Worker {
 /// A request's failure that rank 0 had too, at the same point (its grammar's: `lead`): the
 /// request fails alone, the group goes on; any other is fatal.
 fn failed_alone(e: Exception) -> Result<(), Exception> {
-    match super::lead::same_on_every_rank(e.what()) {
+    match dist_plan::same_on_every_rank(e.what()) {
         true => Ok(()),
         false => Err(e),
     }

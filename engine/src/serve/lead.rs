@@ -8,31 +8,12 @@ use super::dist_plan::{Admit, Leader, Op, HEARTBEAT};
 use super::error::ApiError;
 use super::worker::{Job, Worker};
 
-/// Whether a failed step failed the same way on every rank, so the request fails alone and
-/// the group goes on: a grammar's fault (`constrain::grammar_fault`) is, since every rank
-/// masks with the same grammar over the same ids after the same forward (the followers then
-/// wait for rank 0's end of it; `follower`).
-pub(super) fn same_on_every_rank(message: &str) -> bool {
-    crate::constrain::grammar_fault(message).is_some() && !grammar_fault_loses_group()
-}
-
-/// `same_on_every_rank` for a step's error as the request's (`ApiError::generation`).
-pub(super) fn fails_alone(e: &ApiError) -> bool {
-    e.code == Some("grammar_error") && !grammar_fault_loses_group()
-}
-
-/// Planted: a grammar's fault is taken for a lost group (caught by
-/// engine/tests/it/dist/serve.rs).
-fn grammar_fault_loses_group() -> bool {
-    crate::plant::is(crate::plant::Defect::GrammarFaultLosesGroup)
-}
-
 impl Worker {
     /// An MLX error of a model step as the request's error; under a group it also marks
     /// the group lost (the step held collectives: the ranks no longer agree).
     pub(super) fn model_error(&self, e: Exception) -> ApiError {
         match &self.dist {
-            Some(lead) if !same_on_every_rank(e.what()) => lead.lose(&e),
+            Some(lead) if !super::dist_plan::same_on_every_rank(e.what()) => lead.lose(&e),
             _ => e.into(),
         }
     }

@@ -397,11 +397,31 @@ fn start_model(args: &ServeArgs, host: Host) -> anyhow::Result<Started> {
     let state = Arc::new(app_state(
         args, config, counters, mirror, tx, vocab, metrics,
     ));
+    register_pressure(&state);
     Ok(Started {
         state,
         thread,
         drain_timeout,
     })
+}
+
+/// Registers model `state`'s memory-budget pressure hook: a `Work::Trim` sent to its
+/// thread while its queue is open (a weak reference: the hook never keeps an unloaded
+/// model's state).
+fn register_pressure(state: &Arc<AppState>) {
+    let Some(b) = &state.budget else {
+        return;
+    };
+    let weak: std::sync::Weak<AppState> = Arc::downgrade(state);
+    b.on_pressure(&state.model_id, move || {
+        let Some(s) = weak.upgrade() else {
+            return;
+        };
+        let jobs = s.jobs.lock();
+        if let Ok(Some(tx)) = jobs.as_deref() {
+            let _ = tx.send(worker::Work::Trim);
+        }
+    });
 }
 
 /// The routes every model's router has beyond `routes::router`'s own.
@@ -537,8 +557,9 @@ fn load_worker(
                 prefill_step: worker.prefill_step,
                 context: worker.context,
             };
-            budget::charge(loaded, &b, &budget::key(&args.model), before)?;
-            worker.budget = Some(b);
+            let key = budget::key(&args.model);
+            budget::charge(loaded, &b, &key, before)?;
+            worker.budget = Some(budget::Share { budget: b, key });
         }
         Ok(worker)
     })

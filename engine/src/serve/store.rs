@@ -119,6 +119,12 @@ impl PromptStore {
         }
     }
 
+    /// The RAM tier's bytes, each entry counted with `slack` more (as `trim_ram` counts).
+    pub fn ram_held(&self, slack: u64) -> u64 {
+        let stats = self.ram.stats();
+        stats.bytes as u64 + slack * stats.entries as u64
+    }
+
     /// Trims the RAM tier to `max` bytes (each entry counted with `slack` more: a memory
     /// budget's room); what it evicts goes to the SSD tier as any RAM eviction does.
     pub fn trim_ram(&mut self, max: u64, slack: u64) {

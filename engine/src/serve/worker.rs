@@ -45,6 +45,9 @@ pub enum Work {
     Embed(EmbedJob),
     /// Mount or unmount an adapter, between two steps (`adapters::lane`).
     Adapter(adapters::Op),
+    /// `--memory-budget`: trim the prompt cache to its room (another model's request
+    /// waits for it: `budget::caches`).
+    Trim,
 }
 
 pub struct Job {
@@ -110,7 +113,7 @@ pub struct Worker {
     /// The LoRA adapters mounted (`--adapter`, `/v1/adapters`) and the one on the model.
     pub adapters: adapters::Loaded,
     /// `--memory-budget`: the prompt cache is trimmed to what it leaves.
-    pub budget: Option<Arc<super::budget::Budget>>,
+    pub budget: Option<super::budget::Share>,
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -393,7 +396,7 @@ impl Worker {
         });
         match result {
             // A model error on one rank is a step the others did not finish the same way.
-            Err(e) if !lead.emit_failed.get() && !super::lead::fails_alone(&e) => {
+            Err(e) if !lead.emit_failed.get() && !super::dist_plan::fails_alone(&e) => {
                 Err(lead.lose(&e.message))
             }
             other => other,
@@ -606,8 +609,10 @@ impl Worker {
     /// `--memory-budget`: the RAM prompt cache trimmed to what the budget leaves it.
     fn trim_to_budget(&self) {
         if let Some(b) = &self.budget {
-            let (room, slack) = (b.prompt_cache_room(), b.entry_slack());
-            self.store.borrow_mut().trim_ram(room, slack);
+            b.trim(
+                |slack| self.store.borrow().ram_held(slack),
+                |room, slack| self.store.borrow_mut().trim_ram(room, slack),
+            );
         }
     }
 }

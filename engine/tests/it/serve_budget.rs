@@ -311,3 +311,153 @@ fn bad_budgets_and_an_ssd_tier_without_ram_are_refused_at_startup_and_generate_r
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// An embeddings body of token-id inputs of these lengths (distinct ids, below the
+/// vocabulary), answered in base64 (the f32 bytes, compared exactly).
+fn embed_body(lens: &[usize]) -> Value {
+    let inputs: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| {
+            (0..n)
+                .map(|j| ((j * 7 + k * 13 + 3) % 1000) as u32)
+                .collect()
+        })
+        .collect();
+    json!({"input": inputs, "encoding_format": "base64"})
+}
+
+fn embed(port: u16, body: &Value) -> (u16, String, String) {
+    http_with(
+        port,
+        "POST",
+        "/v1/embeddings",
+        &["Host: localhost", "Content-Type: application/json"],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The budget's bound for one embeddings input of `n` tokens, from /stats' measured
+/// bounds (`Budget::embed_need`: KV of n tokens + one forward of n at once, chunks of 128).
+fn embed_need(b: &Value, n: u64) -> u64 {
+    let u = |k: &str| b[k].as_u64().unwrap();
+    let kv = u("kv_fixed") + u("kv_per_token") * (n + 256);
+    let act = match n <= 128 {
+        true => u("act_chunk"),
+        false => n.div_ceil(128) * (u("act_chunk") + u("act_per_token") * (n - 128)),
+    };
+    kv + act
+}
+
+#[test]
+fn embeddings_reserve_their_forwards_against_the_memory_budget() {
+    let servers: Vec<Server> = thread::scope(|s| {
+        let own = s.spawn(|| server(&[], None));
+        let planted = s.spawn(|| server(&[], Some("BudgetEmbeddingsUnreserved")));
+        vec![own.join().unwrap(), planted.join().unwrap()]
+    });
+    let (port, planted) = (servers[0].port, servers[1].port);
+
+    // An input too big for the budget even alone (the shortest such): 400 naming the
+    // numbers and the fix.
+    let st = stats(port);
+    let b = &st["memory"]["budget"];
+    let fixed = b["weights"].as_u64().unwrap() + b["mlx_cache_limit"].as_u64().unwrap();
+    let big = (1..=4096u64)
+        .find(|&n| fixed + embed_need(b, n) > BUDGET)
+        .expect("an input too big for the budget");
+    let too_big = embed_body(&[8, big as usize]);
+    let (status, _, body) = embed(port, &too_big);
+    assert_eq!(status, 400, "{body}");
+    let longest = format!("longest input, {big} tokens");
+    for part in [
+        longest.as_str(),
+        "budget of 8000000 bytes",
+        "model weights",
+        "--memory-budget",
+    ] {
+        assert!(body.contains(part), "{part:?} not in {body}");
+    }
+    assert_eq!(stats(port)["rejected"], 1, "{}", stats(port));
+
+    // Under the budget: answered, the same vectors as the server that reserves nothing.
+    let small = embed_body(&[5, 40, 200]);
+    let (status, _, got) = embed(port, &small);
+    assert_eq!(status, 200, "{got}");
+    let (status, _, want) = embed(planted, &small);
+    assert_eq!(status, 200, "{want}");
+    let data = |t: &str| serde_json::from_str::<Value>(t).unwrap()["data"].clone();
+    assert_eq!(data(&got), data(&want));
+    assert_eq!(data(&got).as_array().map(Vec::len), Some(3));
+
+    // A long generation (one token forced, no EOS) holds most of the room: an embeddings
+    // request that does not fit beside it waits (its need counted in `waiting` while the
+    // generation's reservation is held), then is answered once that is given back, or gets
+    // 429 with Retry-After after --budget-wait.
+    let gen = json!({"prompt": "hello", "max_tokens": 1000, "stream": true,
+        "logit_bias": {"5": 100}});
+    let long = thread::spawn(move || {
+        http_with(
+            port,
+            "POST",
+            "/v1/completions",
+            &["Host: localhost", "Content-Type: application/json"],
+            gen.to_string().as_bytes(),
+        )
+    });
+    let st = wait_for(
+        port,
+        "the generation admitted",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["reservations"] == 1,
+    );
+    let b = &st["memory"]["budget"];
+    let u = |k: &str| b[k].as_u64().unwrap();
+    let fixed = u("weights") + u("mlx_cache_limit");
+    let free = BUDGET - fixed - u("reserved");
+    let n = (1..=4096u64)
+        .find(|&n| embed_need(b, n) > free)
+        .expect("an input that does not fit beside the generation");
+    assert!(
+        fixed + embed_need(b, n) <= BUDGET,
+        "an input of {n} tokens would not fit even alone: {b}"
+    );
+    let body = embed_body(&[n as usize]);
+    let waiter = thread::spawn(move || embed(port, &body));
+    let seen = wait_for(
+        port,
+        "the embeddings request waiting",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["waiting"].as_u64() > Some(0) || waiter.is_finished(),
+    );
+    assert!(
+        seen["memory"]["budget"]["waiting"].as_u64() >= Some(embed_need(b, n))
+            && seen["memory"]["budget"]["reservations"] == 1,
+        "the embeddings request ran beside the generation: {}",
+        seen["memory"]
+    );
+    let (status, headers, text) = waiter.join().unwrap();
+    match status {
+        200 => assert_eq!(data(&text).as_array().map(Vec::len), Some(1)),
+        429 => {
+            assert!(headers.contains("retry-after:"), "{headers}");
+            assert_eq!(stats(port)["throttled"], 1, "{}", stats(port));
+        }
+        _ => panic!("embeddings beside a generation: {status} {text}"),
+    }
+    let (status, _, text) = long.join().unwrap();
+    assert_eq!(status, 200, "{text}");
+    wait_for(
+        port,
+        "every reservation given back",
+        Duration::from_secs(10),
+        |st| st["memory"]["budget"]["reserved"] == 0 && st["memory"]["budget"]["waiting"] == 0,
+    );
+
+    // Planted: no reservation: the input too big for the budget runs anyway.
+    let (status, _, body) = embed(planted, &too_big);
+    assert_eq!(
+        status, 200,
+        "the planted BudgetEmbeddingsUnreserved was refused: the gate cannot tell: {body}"
+    );
+}

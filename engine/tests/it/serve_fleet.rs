@@ -750,3 +750,101 @@ fn a_shared_memory_budget_holds_one_model_at_a_time_and_both_answer() {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
 }
+
+/// ~3.2 MB beside both models' weights and MLX's buffer cache (~2.6 MB): room for one of
+/// A's ~600-token requests (~1.4 MB) and two of its prompt-cache entries (~0.9 MB each),
+/// or for one of B's 850-token requests (~2.65 MB), not beside even one of A's entries.
+const CACHES_BUDGET: u64 = 5_800_000;
+
+/// A distinct prompt of `groups` × 4 words (90: ~600 tokens for A, 120: 850 for B).
+fn long_prompt(i: usize, groups: usize) -> String {
+    let words: Vec<String> = (0..groups)
+        .map(|j| format!("w{} the cat sat", i * 7 + j))
+        .collect();
+    format!("client {i} says: {}", words.join(" "))
+}
+
+/// A's prompt cache fills the room the budget leaves; then B's requests need it. Returns
+/// /stats' budget after B's requests, and A's prompt-cache bytes before and after them.
+fn caches_then_other_model(port: u16) -> (Value, u64, u64) {
+    let a = std::fs::canonicalize(dir(A)).unwrap().display().to_string();
+    let cache = |st: &Value| st["memory"]["budget"]["models"][&a]["prompt_cache"].as_u64();
+    // B loaded first (a load beside A's full cache is not what this shows).
+    answer(port, bodies(B)[2].0, &bodies(B)[2].1);
+    for i in 0..6 {
+        let body = json!({"model": A, "prompt": long_prompt(i, 90), "max_tokens": 1});
+        answer(port, "/v1/completions", &body);
+    }
+    // A's last request has ended (its entry kept, the cache trimmed).
+    let st = wait_for(port, "A's requests done", Duration::from_secs(10), |st| {
+        st["memory"]["budget"]["reservations"] == 0
+    });
+    let before = cache(&st).expect("A's prompt cache in /stats");
+    for i in 0..3 {
+        let body = json!({"model": B, "prompt": long_prompt(100 + i, 120), "max_tokens": 8});
+        answer(port, "/v1/completions", &body);
+    }
+    let st = stats(port);
+    let after = cache(&st).unwrap();
+    // A's thread trimmed and goes on serving.
+    let body = json!({"model": A, "prompt": long_prompt(0, 90), "max_tokens": 1});
+    answer(port, "/v1/completions", &body);
+    (st["memory"]["budget"].clone(), before, after)
+}
+
+#[test]
+fn one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget() {
+    let budget = CACHES_BUDGET.to_string();
+    let args = [
+        "--max-models",
+        "2",
+        "--memory-budget",
+        &budget,
+        "--prefill-step-size",
+        "32",
+        "--budget-wait",
+        "5",
+    ];
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&args, &[]),
+        _ => fleet(
+            &args,
+            &[("ENGINE_PLANT", "BudgetOtherModelsCacheUncounted")],
+        ),
+    });
+    let u = |b: &Value, k: &str| b[k].as_u64().unwrap();
+
+    // B's requests answer (`answer` asserts 200): A's cache gave them room, and what the
+    // ledger held (weights, MLX's buffer cache, reservations, both caches) never passed
+    // the budget.
+    let (b, before, after) = caches_then_other_model(servers[0].port);
+    let room = CACHES_BUDGET - u(&b, "weights") - u(&b, "mlx_cache_limit");
+    assert!(
+        before > 0 && before <= room,
+        "A's prompt cache ({before} bytes) is not in the room ({room}): {b}"
+    );
+    assert!(
+        after < before,
+        "A's cache was not trimmed for B: {before} → {after}: {b}"
+    );
+    assert!(u(&b, "peak_held") <= CACHES_BUDGET, "{b}");
+    let now =
+        u(&b, "weights") + u(&b, "mlx_cache_limit") + u(&b, "reserved") + u(&b, "prompt_caches");
+    assert!(now <= CACHES_BUDGET, "{b}");
+    eprintln!(
+        "A's cache {before} → {after} bytes; peak held {} of {CACHES_BUDGET}",
+        u(&b, "peak_held")
+    );
+
+    // Planted: A's cache is not counted against B: B's requests run beside it, past the
+    // budget.
+    let (b, _, _) = caches_then_other_model(servers[1].port);
+    eprintln!(
+        "planted: peak held {} of {CACHES_BUDGET}",
+        u(&b, "peak_held")
+    );
+    assert!(
+        u(&b, "peak_held") > CACHES_BUDGET,
+        "the planted BudgetOtherModelsCacheUncounted stayed within the budget: {b}"
+    );
+}

@@ -14,15 +14,27 @@ pub(crate) async fn admit(
     max_tokens: usize,
     deadline: Option<Instant>,
 ) -> Result<Option<Reservation>, axum::response::Response> {
-    use axum::response::IntoResponse;
-    use std::sync::atomic::Ordering;
     let Some(b) = &s.budget else {
         return Ok(None);
     };
     // As the model thread limits it: never past the context.
     let max_tokens = max_tokens.min(s.defaults.context.saturating_sub(prompt_tokens));
     let need = b.need(&s.model_id, prompt_tokens, max_tokens);
-    match b.reserve(need, deadline).await {
+    admit_need(s, need, deadline).await
+}
+
+/// `admit` for a need worked out otherwise (an embeddings request's, `Budget::embed_need`).
+pub(crate) async fn admit_need(
+    s: &AppState,
+    need: super::Need,
+    deadline: Option<Instant>,
+) -> Result<Option<Reservation>, axum::response::Response> {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::Ordering;
+    let Some(b) = &s.budget else {
+        return Ok(None);
+    };
+    match b.reserve(&s.model_id, need, deadline).await {
         Ok(r) => Ok(Some(r)),
         Err(e @ Refusal::TooBig { .. }) => {
             s.counters.rejected.fetch_add(1, Ordering::Relaxed);
@@ -44,7 +56,8 @@ pub(crate) async fn admit(
     }
 }
 
-/// `/stats` `memory`: the budget's ledger (null without one), the prompt cache's bytes,
+/// `/stats` `memory`: the budget's ledger (null without one; each model's prompt cache in
+/// `budget.models`), the prompt cache's bytes,
 /// MLX's allocator counters and the process's peak RSS.
 pub(crate) fn stats(s: &AppState) -> serde_json::Value {
     let prompt_cache = s.prompt_cache.lock().map(|p| p.bytes).unwrap_or_default();

@@ -35,6 +35,9 @@ pub struct EmbedJob {
     queued: Option<QueueSlot>,
     /// The adapter the request's `model` picked (None: the base model).
     pub adapter: Option<crate::serve::adapters::Use>,
+    /// Its `--memory-budget` reservation (`budget::Budget::embed_need`): dropped with the
+    /// job, however it ends (answered, refused, its client gone, the thread stopping).
+    pub budget: Option<crate::serve::budget::Reservation>,
 }
 
 impl EmbedJob {
@@ -55,6 +58,7 @@ impl EmbedJob {
             deadline,
             queued: Some(queued),
             adapter: None,
+            budget: None,
         }
     }
 }
@@ -93,6 +97,10 @@ impl Worker {
                 self.adapter_op(op);
                 None
             }
+            Work::Trim => {
+                self.trim_to_budget();
+                None
+            }
         }
     }
 
@@ -123,7 +131,9 @@ impl Worker {
     pub(in crate::serve) fn wait_job(&self, jobs: &Receiver<Work>) -> Option<Job> {
         loop {
             if self.embeds.is_empty() {
-                if let Some(job) = self.divert(self.store.borrow_mut().recv(jobs)?) {
+                // The store's borrow ends before `divert` (a `Work::Trim` trims the store).
+                let work = self.store.borrow_mut().recv(jobs)?;
+                if let Some(job) = self.divert(work) {
                     return Some(job);
                 }
                 continue;
@@ -171,6 +181,11 @@ impl Worker {
         if let Err(e) = self.use_adapter(job.adapter.as_ref()) {
             self.answer(job, Err(e));
             return true;
+        }
+        // Under a budget the request's reservation excludes this model's own prompt cache,
+        // which gives way here, as before a generation's prompt lookup.
+        if job.budget.is_some() {
+            self.trim_to_budget();
         }
         let model = self.model.as_ref();
         loop {
@@ -222,7 +237,9 @@ impl Worker {
     }
 
     /// The job's answer sent and counted; it leaves the model thread.
-    fn answer(&self, job: EmbedJob, result: Result<Vec<Vec<f32>>, ApiError>) {
+    fn answer(&self, mut job: EmbedJob, result: Result<Vec<Vec<f32>>, ApiError>) {
+        // Its forwards are over: the room is free before the client hears.
+        drop(job.budget.take());
         let c = &self.counters;
         // A refusal or failure is counted by the HTTP side, which answers it.
         if result.is_ok() {
