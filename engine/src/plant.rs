@@ -364,6 +364,10 @@ pub enum Defect {
     /// Serve under a group: a grammar's fault on a step is taken for a lost group (caught
     /// by engine/tests/it/dist/serve.rs: the server exits instead of answering on).
     GrammarFaultLosesGroup,
+    /// Serve, many models under a budget: a load counts its weights at once, beside what
+    /// the other models' prompt caches hold (caught by engine/tests/it/serve_fleet.rs: the
+    /// ledger's peak passes the budget).
+    FleetLoadBesideCaches,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -595,6 +599,7 @@ pub fn on_from_env() -> Result<(), String> {
             "TurnNeverPassed" => Defect::TurnNeverPassed,
             "GrammarLimitsIgnored" => Defect::GrammarLimitsIgnored,
             "GrammarFaultLosesGroup" => Defect::GrammarFaultLosesGroup,
+            "FleetLoadBesideCaches" => Defect::FleetLoadBesideCaches,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

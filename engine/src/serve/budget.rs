@@ -441,6 +441,7 @@ impl Budget {
         Ok(Reservation {
             budget: self.clone(),
             bytes,
+            counted: true,
         })
     }
 
@@ -549,17 +550,30 @@ impl Budget {
 pub struct Reservation {
     budget: Arc<Budget>,
     bytes: u64,
+    /// Still in the ledger's `reserved` (false once it became weights: `into_weights`).
+    counted: bool,
 }
 
 impl Reservation {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// This reservation's bytes held from now on as model `name`'s weights, in one step
+    /// of the ledger (no other request can take them in between).
+    pub fn into_weights(mut self, name: &str) {
+        let mut l = self.budget.ledger();
+        l.reserved -= self.bytes;
+        l.reservations -= 1;
+        l.weights.insert(name.to_owned(), self.bytes);
+        l.note_peak();
+        self.counted = false;
+    }
 }
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        {
+        if self.counted {
             let mut l = self.budget.ledger();
             l.reserved -= self.bytes;
             l.reservations -= 1;

@@ -305,13 +305,14 @@ impl Fleet {
             .as_ref()
             .map(|_| room::weights_estimate(&entry.spec.path));
         let key = super::budget::key(&entry.spec.path);
-        let result = match self.make_room(i, estimate).await {
+        let made = match self.make_room(i, estimate).await {
+            // Held until the load measures the weights (`budget::charge` replaces it).
+            Ok(()) => self.hold_weights(&key, estimate).await,
+            Err(why) => Err(why),
+        };
+        let result = match made {
             Err(why) => Err(why),
             Ok(()) => {
-                // Held until the load measures the weights (`budget::charge` replaces it).
-                if let (Some(b), Some(bytes)) = (&self.budget, estimate) {
-                    b.reserve_weights(&key, bytes);
-                }
                 let mut args = self.args.clone();
                 args.model = entry.spec.path.clone();
                 // `--adapter`s are the default model's; other models mount theirs at run

@@ -848,3 +848,55 @@ fn one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget() {
         "the planted BudgetOtherModelsCacheUncounted stayed within the budget: {b}"
     );
 }
+
+/// The ledger's peak over the budget (0: within it) when B loads beside A's prompt cache
+/// filled by ten short requests, and the cache's bytes just before B's load.
+fn load_beside_a_full_cache(port: u16) -> (u64, i64) {
+    for i in 0..10 {
+        let words: Vec<String> = (0..10).map(|j| format!("w{}", i * 7 + j)).collect();
+        let body = json!({"model": A, "prompt": format!("client {i} {}", words.join(" ")),
+                          "max_tokens": 1});
+        answer(port, "/v1/completions", &body);
+    }
+    // A's last entry is kept (its `running` drops after the keep).
+    let st = wait_for(port, "A's requests kept", Duration::from_secs(10), |st| {
+        st["models"][A]["running"] == 0
+    });
+    let cache = st["memory"]["budget"]["prompt_caches"].as_u64().unwrap();
+    answer(
+        port,
+        "/v1/completions",
+        &json!({"model": B, "prompt": "hi", "max_tokens": 2}),
+    );
+    let b = stats(port)["memory"]["budget"].clone();
+    let over = b["peak_held"].as_i64().unwrap() - b["budget"].as_i64().unwrap();
+    (cache, over)
+}
+
+/// A load beside another model's full prompt cache (3.91 MB: A's weights and MLX's buffer
+/// cache leave ~2 MB, which A's ten entries fill): B's weights wait for A's cache to give
+/// way (a reservation that presses it, then held as weights in one step), so the ledger
+/// never holds more than the budget. Planted `FleetLoadBesideCaches` (B's weights counted
+/// at once): the ledger's peak passes the budget.
+#[test]
+fn a_load_waits_for_another_models_prompt_cache_to_give_way() {
+    let args = [
+        "--max-models",
+        "2",
+        "--memory-budget",
+        "3910000",
+        "--prefill-step-size",
+        "32",
+    ];
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&args, &[]),
+        _ => fleet(&args, &[("ENGINE_PLANT", "FleetLoadBesideCaches")]),
+    });
+    let (cache, over) = load_beside_a_full_cache(servers[0].port);
+    eprintln!("A's cache {cache} bytes before B's load; peak over the budget: {over}");
+    assert!(cache > 1_000_000, "A's cache did not fill: {cache}");
+    assert!(over <= 0, "the ledger passed the budget by {over} bytes");
+    let (_, over) = load_beside_a_full_cache(servers[1].port);
+    eprintln!("planted FleetLoadBesideCaches: peak over the budget: {over}");
+    assert!(over > 0, "FleetLoadBesideCaches was not caught");
+}

@@ -2,8 +2,11 @@
 //! budget"): whether a model about to load fits beside the loaded ones, and its weights'
 //! estimate before it loads.
 
+use axum::http::StatusCode;
+
 use super::Fleet;
 use crate::plant::{self, Defect};
+use crate::serve::budget::Need;
 
 impl Fleet {
     /// Why model `keep` (its weights estimated at `bytes`) does not fit in the memory
@@ -31,6 +34,50 @@ impl Fleet {
             weights + cache + bytes + one,
             b.limit
         ))
+    }
+}
+
+impl Fleet {
+    /// Holds model `key`'s weights (`bytes`, estimated) in the ledger once they fit beside
+    /// what running requests reserve and the other models' prompt caches hold: waited for
+    /// as a reservation (which presses those caches to give way, `budget::caches`), up to
+    /// `--budget-wait` and `--load-timeout`, then turned into the weights in one step.
+    pub(super) async fn hold_weights(
+        &self,
+        key: &str,
+        bytes: Option<u64>,
+    ) -> Result<(), (StatusCode, String)> {
+        let (Some(b), Some(bytes)) = (&self.budget, bytes) else {
+            return Ok(());
+        };
+        // Planted: the weights are counted at once, beside whatever the caches hold
+        // (caught by engine/tests/it/serve_fleet.rs: the ledger's peak passes the budget).
+        if plant::is(Defect::FleetLoadBesideCaches) {
+            b.reserve_weights(key, bytes);
+            return Ok(());
+        }
+        let need = Need {
+            prompt_tokens: 0,
+            max_tokens: 0,
+            kv: bytes,
+            activations: 0,
+            embedding: false,
+        };
+        let deadline = std::time::Instant::now().checked_add(self.load_timeout);
+        match b.reserve(key, need, deadline).await {
+            Ok(held) => {
+                held.into_weights(key);
+                Ok(())
+            }
+            Err(e) => Err((
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the model's weights (~{bytes} bytes) found no room in the memory budget \
+                     beside the running requests and the other models' prompt caches ({e}); \
+                     retry later"
+                ),
+            )),
+        }
     }
 }
 
