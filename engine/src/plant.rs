@@ -428,6 +428,16 @@ pub enum Defect {
     /// another model's load fails on an adapter that is not its own. Caught by serve_fleet.rs
     /// `the_default_models_adapters_follow_it_through_unloads`.
     FleetAdaptersOnEveryModel,
+    /// Vision preprocessing: the resize samples the nearest pixel instead of the
+    /// processor's filter (bilinear for gemma3). Caught by the preprocessing gate
+    /// (`tests/it/vision_preprocess.rs`): the pixel tensors differ from mlx-vlm's.
+    VisionResizeNearest,
+    /// Vision preprocessing: the normalization mean is off by 1/255. Caught by the
+    /// preprocessing gate (`tests/it/vision_preprocess.rs`).
+    VisionMeanOff,
+    /// Vision preprocessing: the prompt expansion writes one image token too many. Caught
+    /// by the preprocessing gate (`tests/it/vision_preprocess.rs`).
+    VisionTokenCountOffByOne,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -609,6 +619,9 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetBudgetIgnored" => Defect::FleetBudgetIgnored,
             "BudgetIgnored" => Defect::BudgetIgnored,
             "FleetAdaptersOnEveryModel" => Defect::FleetAdaptersOnEveryModel,
+            "VisionResizeNearest" => Defect::VisionResizeNearest,
+            "VisionMeanOff" => Defect::VisionMeanOff,
+            "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -1,0 +1,228 @@
+//! The image preprocessing gate: `engine::vision` against mlx-vlm (goldens/vision, made by
+//! oracles/gen_vision_preprocess.py with the venv of oracles/requirements-vision.txt).
+//!
+//! Every committed test image goes through decode → gemma3 preprocess under three processor
+//! configs. The real checkpoint's config (896×896) is checked by the SHA-256 of the tensor's
+//! exact little-endian f32 bytes (9.6 MB a tensor: too big to commit 40 of); the two small
+//! configs (32×32 bilinear, 40×24 bicubic) by every value against the committed tensors, so a
+//! mismatch there says where and by how much; for the 896 one the stored channel sums and
+//! samples say which channel and roughly where. The prompt expansion is compared as text.
+//! Planted defects (a swapped filter, a shifted mean, one token too many) must fail it, and
+//! hostile files must each get a clean refusal.
+
+use std::path::PathBuf;
+
+use engine::plant::{self, Defect};
+use engine::vision::gemma3::Gemma3Processor;
+use engine::vision::{decode, Limits, VisionError};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::common::goldens;
+
+fn dir() -> PathBuf {
+    goldens().join("vision")
+}
+
+struct Golden {
+    json: Value,
+    bin: Vec<u8>,
+}
+
+fn golden() -> Golden {
+    let json: Value =
+        serde_json::from_slice(&std::fs::read(dir().join("gemma3.json")).unwrap()).unwrap();
+    let bin = std::fs::read(dir().join(json["tensors_bin"].as_str().unwrap())).unwrap();
+    Golden { json, bin }
+}
+
+fn processor(g: &Golden, config: &str) -> Gemma3Processor {
+    Gemma3Processor::from_json(&g.json["configs"][config].to_string()).unwrap()
+}
+
+/// Every difference between the engine's tensors and the goldens, as readable lines;
+/// `only` limits the images (by file name part) for the quick planted runs.
+fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
+    let mut out = Vec::new();
+    let configs: Vec<(String, Gemma3Processor)> = ["real", "small", "bicubic"]
+        .iter()
+        .map(|c| (c.to_string(), processor(g, c)))
+        .collect();
+    for case in g.json["images"].as_array().unwrap() {
+        let file = case["file"].as_str().unwrap();
+        if only.is_some_and(|o| !o.iter().any(|s| file.contains(s))) {
+            continue;
+        }
+        let bytes = std::fs::read(dir().join(file)).unwrap();
+        let img = match decode(&bytes, &Limits::default()) {
+            Ok(img) => img,
+            Err(e) => {
+                out.push(format!("{file}: refused: {e}"));
+                continue;
+            }
+        };
+        let want_size = [case["decoded_size"][0].as_u64(), case["decoded_size"][1].as_u64()];
+        if want_size != [Some(img.width.into()), Some(img.height.into())] {
+            out.push(format!("{file}: decoded {}x{}, reference {want_size:?}", img.width, img.height));
+            continue;
+        }
+        for (name, proc) in &configs {
+            let want = &case["configs"][name.as_str()];
+            let t = proc.preprocess(&img);
+            let shape: Vec<usize> = want["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as usize)
+                .collect();
+            if t.shape != shape {
+                out.push(format!("{file} [{name}]: shape {:?}, reference {shape:?}", t.shape));
+                continue;
+            }
+            let bytes = t.le_bytes();
+            let hash = format!("{:x}", Sha256::digest(&bytes));
+            if hash == want["sha256"].as_str().unwrap() {
+                continue;
+            }
+            out.push(match want.get("bin_offset").and_then(Value::as_u64) {
+                Some(off) => {
+                    let off = off as usize;
+                    let reference = &g.bin[off..off + bytes.len()];
+                    let (mut first, mut count, mut max) = (None, 0usize, 0f32);
+                    for (i, (a, b)) in bytes.chunks(4).zip(reference.chunks(4)).enumerate() {
+                        let a = f32::from_le_bytes(a.try_into().unwrap());
+                        let b = f32::from_le_bytes(b.try_into().unwrap());
+                        if a.to_bits() != b.to_bits() {
+                            first.get_or_insert((i, a, b));
+                            count += 1;
+                            max = max.max((a - b).abs());
+                        }
+                    }
+                    let (i, a, b) = first.unwrap_or_default();
+                    let hw = shape[2] * shape[3];
+                    format!(
+                        "{file} [{name}]: {count} of {} values differ, max |Δ| {max}; first at \
+                         c={} y={} x={}: {a} vs reference {b}",
+                        t.data.len(),
+                        i / hw,
+                        i % hw / shape[3],
+                        i % shape[3]
+                    )
+                }
+                None => {
+                    let sums: Vec<f64> = (0..3)
+                        .map(|c| {
+                            let n = t.data.len() / 3;
+                            t.data[c * n..(c + 1) * n].iter().map(|&v| f64::from(v)).sum()
+                        })
+                        .collect();
+                    format!(
+                        "{file} [{name}]: hash differs; channel sums {sums:?}, reference {}",
+                        want["channel_sums"]
+                    )
+                }
+            });
+        }
+    }
+    out
+}
+
+fn prompt_mismatches(g: &Golden) -> Vec<String> {
+    let proc = processor(g, "real");
+    let mut out = Vec::new();
+    for case in g.json["prompt_expansion"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let n = prompt.matches(engine::vision::gemma3::BOI_TOKEN).count();
+        let got = proc.expand_prompt(prompt, n).unwrap();
+        let want = case["expanded"].as_str().unwrap();
+        if got != want {
+            let count = |s: &str| s.matches(engine::vision::gemma3::IMAGE_TOKEN).count();
+            out.push(format!(
+                "{prompt:?}: {} image tokens, reference {}",
+                count(&got),
+                count(want)
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_test_image_preprocesses_bit_identical_to_mlx_vlm() {
+    let g = golden();
+    let n = g.json["images"].as_array().unwrap().len();
+    assert!(n >= 30, "the gate needs at least 30 images, the goldens have {n}");
+    let bad = mismatches(&g, None);
+    assert!(bad.is_empty(), "{} mismatches:\n{}", bad.len(), bad.join("\n"));
+    let bad = prompt_mismatches(&g);
+    assert!(bad.is_empty(), "prompt expansion differs:\n{}", bad.join("\n"));
+    // The markers and the images must agree in number, as the reference checks.
+    let err = processor(&g, "real")
+        .expand_prompt("<start_of_image> and <start_of_image>", 1)
+        .unwrap_err();
+    assert!(matches!(err, VisionError::MarkerCount { markers: 2, images: 1, .. }), "{err}");
+}
+
+#[test]
+fn planted_preprocessing_defects_are_caught() {
+    let g = golden();
+    // A few images of different kinds are enough to show each defect fails the gate.
+    let some: &[&str] = &["rgb_17x11", "jpeg_orient6", "p_palette"];
+    for defect in [Defect::VisionResizeNearest, Defect::VisionMeanOff] {
+        let _on = plant::on(defect).unwrap();
+        let bad = mismatches(&g, Some(some));
+        assert!(!bad.is_empty(), "{defect:?} planted, the preprocessing gate still passes");
+    }
+    let _on = plant::on(Defect::VisionTokenCountOffByOne).unwrap();
+    assert!(
+        !prompt_mismatches(&g).is_empty(),
+        "VisionTokenCountOffByOne planted, the prompt expansion still matches"
+    );
+}
+
+#[test]
+fn hostile_images_are_refused_with_a_clear_error() {
+    let limits = Limits::default();
+    let read = |f: &str| std::fs::read(dir().join("hostile").join(f)).unwrap();
+    let cases: [(&str, fn(&VisionError) -> bool, &str); 8] = [
+        ("truncated.png", |e| matches!(e, VisionError::Decode { format: "PNG", .. }), "truncated"),
+        ("truncated.jpg", |e| matches!(e, VisionError::Decode { format: "JPEG", .. }), "truncated"),
+        (
+            "strip_1x100000.png",
+            |e| matches!(e, VisionError::SideTooLong { side: 100000, .. }),
+            "over the limit",
+        ),
+        (
+            "header_30000x30000.png",
+            |e| matches!(e, VisionError::SideTooLong { side: 30000, .. }),
+            "over the limit",
+        ),
+        (
+            "zipbomb_20000x20000.png",
+            |e| matches!(e, VisionError::SideTooLong { side: 20000, .. }),
+            "over the limit",
+        ),
+        ("not_an_image.html", |e| matches!(e, VisionError::UnsupportedFormat { .. }), "PNG, JPEG"),
+        ("empty.bin", |e| matches!(e, VisionError::Empty), "empty"),
+        ("bmp_4x4.bmp", |e| matches!(e, VisionError::UnsupportedFormat { .. }), "Bmp"),
+    ];
+    for (file, is_expected, says) in cases {
+        let Err(err) = decode(&read(file), &limits) else {
+            panic!("{file}: decoded, not refused");
+        };
+        let msg = err.to_string();
+        assert!(is_expected(&err), "{file}: unexpected refusal {err:?}");
+        assert!(msg.contains(says), "{file}: the message {msg:?} does not say {says:?}");
+    }
+    // Under a side limit that lets it through, the bomb is still refused on its area, before
+    // its 400 M pixels are decoded.
+    let wide = Limits { max_side: 1 << 20, ..limits };
+    let err = decode(&read("zipbomb_20000x20000.png"), &wide).unwrap_err();
+    assert!(
+        matches!(err, VisionError::TooManyPixels { pixels: 400_000_000, .. }),
+        "{err:?}"
+    );
+    let err = decode(&read("header_30000x30000.png"), &wide).unwrap_err();
+    assert!(matches!(err, VisionError::TooManyPixels { .. }), "{err:?}");
+}
+
