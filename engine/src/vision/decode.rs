@@ -77,6 +77,9 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<RgbImage, VisionError> {
         }
     };
     let name = format_name(format);
+    if format == ImageFormat::Jpeg {
+        return decode_jpeg(bytes, limits);
+    }
     let header = |e: image::ImageError| VisionError::Header {
         format: name,
         detail: e.to_string(),
@@ -107,6 +110,88 @@ pub fn decode(bytes: &[u8], limits: &Limits) -> Result<RgbImage, VisionError> {
         format: name,
         detail: e.to_string(),
     })?;
+    img.apply_orientation(orientation);
+    Ok(to_rgb(img))
+}
+
+/// JPEG through libjpeg-turbo's decoder (mozjpeg's build), as Pillow decodes it: the
+/// accurate integer IDCT, fancy (triangle) chroma upsampling, the library's YCbCr → RGB.
+/// libjpeg reports a fatal error by unwinding (mozjpeg-sys `unwinding`): caught here.
+fn decode_jpeg(bytes: &[u8], limits: &Limits) -> Result<RgbImage, VisionError> {
+    // Pillow refuses a JPEG whose data ends before the image does ("image file is
+    // truncated"); libjpeg would pad it with gray. The end-of-image marker must follow the
+    // last start-of-scan (inside scan data 0xFF is always stuffed, so 0xFFD9 is a marker).
+    let last_sos = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
+    let complete = last_sos.is_some_and(|i| bytes[i..].windows(2).any(|w| w == [0xFF, 0xD9]));
+    let fail = |detail: String| VisionError::Decode {
+        format: "JPEG",
+        detail,
+    };
+    let unwound = |p: Box<dyn std::any::Any + Send>| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "libjpeg error".into())
+    };
+    // Header (and the EXIF orientation) first: nothing the size of the image is allocated
+    // before its size passes the limits.
+    let (width, height, gray, orientation) = std::panic::catch_unwind(|| {
+        let d = mozjpeg::Decompress::with_markers(&[mozjpeg::Marker::APP(1)])
+            .from_mem(bytes)
+            .map_err(|e| e.to_string())?;
+        let (w, h) = d.size();
+        let orientation = d
+            .markers()
+            .filter(|m| m.marker == mozjpeg::Marker::APP(1))
+            .find_map(|m| m.data.strip_prefix(b"Exif\0\0"))
+            .and_then(image::metadata::Orientation::from_exif_chunk)
+            .unwrap_or(image::metadata::Orientation::NoTransforms);
+        let cs = d.color_space();
+        Ok::<_, String>((w, h, cs, orientation))
+    })
+    .map_err(|p| VisionError::Header {
+        format: "JPEG",
+        detail: unwound(p),
+    })?
+    .map_err(|detail| VisionError::Header {
+        format: "JPEG",
+        detail,
+    })?;
+    let (width, height) = (
+        u32::try_from(width).unwrap_or(u32::MAX),
+        u32::try_from(height).unwrap_or(u32::MAX),
+    );
+    check_size(width, height, limits)?;
+    use mozjpeg_sys::J_COLOR_SPACE::{JCS_YCbCr, JCS_GRAYSCALE, JCS_RGB};
+    let gray = match gray {
+        JCS_GRAYSCALE => true,
+        JCS_YCbCr | JCS_RGB => false,
+        other => {
+            return Err(fail(format!(
+                "color space {other:?} (CMYK/YCCK JPEGs are not supported yet); re-encode it as RGB"
+            )))
+        }
+    };
+    if !complete {
+        return Err(fail(
+            "the data ends before the image does (truncated)".into(),
+        ));
+    }
+    let pixels = std::panic::catch_unwind(|| {
+        let d = mozjpeg::Decompress::new_mem(bytes).map_err(|e| e.to_string())?;
+        let mut started = if gray { d.grayscale() } else { d.rgb() }.map_err(|e| e.to_string())?;
+        let px: Vec<u8> = started.read_scanlines().map_err(|e| e.to_string())?;
+        started.finish().map_err(|e| e.to_string())?;
+        Ok::<_, String>(px)
+    })
+    .map_err(|p| fail(unwound(p)))?
+    .map_err(fail)?;
+    let img = if gray {
+        image::GrayImage::from_raw(width, height, pixels).map(DynamicImage::ImageLuma8)
+    } else {
+        image::RgbImage::from_raw(width, height, pixels).map(DynamicImage::ImageRgb8)
+    };
+    let mut img = img.ok_or_else(|| fail("fewer pixels than the header states".into()))?;
     img.apply_orientation(orientation);
     Ok(to_rgb(img))
 }

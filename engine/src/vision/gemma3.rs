@@ -163,25 +163,34 @@ impl Gemma3Processor {
             img
         };
         let (w, h) = (img.width as usize, img.height as usize);
-        let mut data = vec![0f32; 3 * h * w];
-        let norm = self.normalize.map(|(mean, std)| {
-            let mut m = mean.map(|v| v as f32);
-            if plant::is(Defect::VisionMeanOff) {
-                m = m.map(|v| v + 1.0 / 255.0);
-            }
-            (m, std.map(|v| v as f32))
-        });
-        for (i, px) in img.data.chunks_exact(3).enumerate() {
-            for c in 0..3 {
+        let mean_off = if plant::is(Defect::VisionMeanOff) {
+            1.0 / 255.0
+        } else {
+            0.0
+        };
+        // Every output is a function of (channel, byte): a 3×256 table, each entry computed
+        // exactly as the reference computes that value.
+        let mut lut = [[0f32; 256]; 3];
+        for (c, table) in lut.iter_mut().enumerate() {
+            for (p, out) in table.iter_mut().enumerate() {
                 let mut v = match self.rescale {
-                    Some(s) => (f64::from(px[c]) * s) as f32,
-                    None => f32::from(px[c]),
+                    Some(s) => (p as f64 * s) as f32,
+                    None => p as f32,
                 };
-                if let Some((mean, std)) = norm {
-                    v = (v - mean[c]) / std[c];
+                if let Some((mean, std)) = self.normalize {
+                    v = (v - (mean[c] as f32 + mean_off)) / std[c] as f32;
                 }
-                data[c * h * w + i] = v;
+                *out = v;
             }
+        }
+        let n = h * w;
+        let mut data = vec![0f32; 3 * n];
+        let (r, rest) = data.split_at_mut(n);
+        let (g, b) = rest.split_at_mut(n);
+        for i in 0..n {
+            r[i] = lut[0][usize::from(img.data[i * 3])];
+            g[i] = lut[1][usize::from(img.data[i * 3 + 1])];
+            b[i] = lut[2][usize::from(img.data[i * 3 + 2])];
         }
         PixelTensor {
             shape: vec![1, 3, h, w],

@@ -34,32 +34,54 @@ pub enum VisionError {
          (convert other formats first)"
     )]
     UnsupportedFormat { found: String },
-    #[error("the {format} header is unreadable ({detail}): the file is truncated or not a {format}")]
-    Header { format: &'static str, detail: String },
+    #[error(
+        "the {format} header is unreadable ({detail}): the file is truncated or not a {format}"
+    )]
+    Header {
+        format: &'static str,
+        detail: String,
+    },
     #[error(
         "the image is {width}x{height}: a side of {side} pixels is over the limit of {limit}; \
          crop or downscale it before sending"
     )]
-    SideTooLong { width: u32, height: u32, side: u32, limit: u32 },
+    SideTooLong {
+        width: u32,
+        height: u32,
+        side: u32,
+        limit: u32,
+    },
     #[error(
         "the image is {width}x{height} = {pixels} pixels, over the limit of {limit}; \
          downscale it before sending"
     )]
-    TooManyPixels { width: u32, height: u32, pixels: u64, limit: u64 },
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        pixels: u64,
+        limit: u64,
+    },
     #[error("the image has a zero side ({width}x{height}): send an image with pixels in it")]
     ZeroSize { width: u32, height: u32 },
     #[error(
         "the {format} image data is unreadable ({detail}): the file is truncated or corrupt; \
          re-encode it"
     )]
-    Decode { format: &'static str, detail: String },
+    Decode {
+        format: &'static str,
+        detail: String,
+    },
     #[error("image processor config: {0}")]
     Config(String),
     #[error(
         "the prompt has {markers} image marker(s) `{marker}` for {images} image(s): put one \
          marker where each image goes"
     )]
-    MarkerCount { markers: usize, images: usize, marker: String },
+    MarkerCount {
+        markers: usize,
+        images: usize,
+        marker: String,
+    },
 }
 
 /// A pixel tensor as the vision tower takes it: row-major `data` of `shape` (for gemma3
@@ -73,6 +95,10 @@ pub struct PixelTensor {
 impl PixelTensor {
     /// The exact little-endian bytes of `data` (what the goldens hash).
     pub fn le_bytes(&self) -> Vec<u8> {
-        self.data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(&self.data).to_vec()
+        } else {
+            self.data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
     }
 }

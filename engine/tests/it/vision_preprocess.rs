@@ -61,9 +61,15 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                 continue;
             }
         };
-        let want_size = [case["decoded_size"][0].as_u64(), case["decoded_size"][1].as_u64()];
+        let want_size = [
+            case["decoded_size"][0].as_u64(),
+            case["decoded_size"][1].as_u64(),
+        ];
         if want_size != [Some(img.width.into()), Some(img.height.into())] {
-            out.push(format!("{file}: decoded {}x{}, reference {want_size:?}", img.width, img.height));
+            out.push(format!(
+                "{file}: decoded {}x{}, reference {want_size:?}",
+                img.width, img.height
+            ));
             continue;
         }
         for (name, proc) in &configs {
@@ -76,7 +82,10 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                 .map(|v| v.as_u64().unwrap() as usize)
                 .collect();
             if t.shape != shape {
-                out.push(format!("{file} [{name}]: shape {:?}, reference {shape:?}", t.shape));
+                out.push(format!(
+                    "{file} [{name}]: shape {:?}, reference {shape:?}",
+                    t.shape
+                ));
                 continue;
             }
             let bytes = t.le_bytes();
@@ -113,7 +122,10 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                     let sums: Vec<f64> = (0..3)
                         .map(|c| {
                             let n = t.data.len() / 3;
-                            t.data[c * n..(c + 1) * n].iter().map(|&v| f64::from(v)).sum()
+                            t.data[c * n..(c + 1) * n]
+                                .iter()
+                                .map(|&v| f64::from(v))
+                                .sum()
                         })
                         .collect();
                     format!(
@@ -151,16 +163,38 @@ fn prompt_mismatches(g: &Golden) -> Vec<String> {
 fn every_test_image_preprocesses_bit_identical_to_mlx_vlm() {
     let g = golden();
     let n = g.json["images"].as_array().unwrap().len();
-    assert!(n >= 30, "the gate needs at least 30 images, the goldens have {n}");
+    assert!(
+        n >= 30,
+        "the gate needs at least 30 images, the goldens have {n}"
+    );
     let bad = mismatches(&g, None);
-    assert!(bad.is_empty(), "{} mismatches:\n{}", bad.len(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} mismatches:\n{}",
+        bad.len(),
+        bad.join("\n")
+    );
     let bad = prompt_mismatches(&g);
-    assert!(bad.is_empty(), "prompt expansion differs:\n{}", bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "prompt expansion differs:\n{}",
+        bad.join("\n")
+    );
     // The markers and the images must agree in number, as the reference checks.
     let err = processor(&g, "real")
         .expand_prompt("<start_of_image> and <start_of_image>", 1)
         .unwrap_err();
-    assert!(matches!(err, VisionError::MarkerCount { markers: 2, images: 1, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            VisionError::MarkerCount {
+                markers: 2,
+                images: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -171,7 +205,10 @@ fn planted_preprocessing_defects_are_caught() {
     for defect in [Defect::VisionResizeNearest, Defect::VisionMeanOff] {
         let _on = plant::on(defect).unwrap();
         let bad = mismatches(&g, Some(some));
-        assert!(!bad.is_empty(), "{defect:?} planted, the preprocessing gate still passes");
+        assert!(
+            !bad.is_empty(),
+            "{defect:?} planted, the preprocessing gate still passes"
+        );
     }
     let _on = plant::on(Defect::VisionTokenCountOffByOne).unwrap();
     assert!(
@@ -185,8 +222,16 @@ fn hostile_images_are_refused_with_a_clear_error() {
     let limits = Limits::default();
     let read = |f: &str| std::fs::read(dir().join("hostile").join(f)).unwrap();
     let cases: [(&str, fn(&VisionError) -> bool, &str); 8] = [
-        ("truncated.png", |e| matches!(e, VisionError::Decode { format: "PNG", .. }), "truncated"),
-        ("truncated.jpg", |e| matches!(e, VisionError::Decode { format: "JPEG", .. }), "truncated"),
+        (
+            "truncated.png",
+            |e| matches!(e, VisionError::Decode { format: "PNG", .. }),
+            "truncated",
+        ),
+        (
+            "truncated.jpg",
+            |e| matches!(e, VisionError::Decode { format: "JPEG", .. }),
+            "truncated",
+        ),
         (
             "strip_1x100000.png",
             |e| matches!(e, VisionError::SideTooLong { side: 100000, .. }),
@@ -202,9 +247,17 @@ fn hostile_images_are_refused_with_a_clear_error() {
             |e| matches!(e, VisionError::SideTooLong { side: 20000, .. }),
             "over the limit",
         ),
-        ("not_an_image.html", |e| matches!(e, VisionError::UnsupportedFormat { .. }), "PNG, JPEG"),
+        (
+            "not_an_image.html",
+            |e| matches!(e, VisionError::UnsupportedFormat { .. }),
+            "PNG, JPEG",
+        ),
         ("empty.bin", |e| matches!(e, VisionError::Empty), "empty"),
-        ("bmp_4x4.bmp", |e| matches!(e, VisionError::UnsupportedFormat { .. }), "Bmp"),
+        (
+            "bmp_4x4.bmp",
+            |e| matches!(e, VisionError::UnsupportedFormat { .. }),
+            "Bmp",
+        ),
     ];
     for (file, is_expected, says) in cases {
         let Err(err) = decode(&read(file), &limits) else {
@@ -212,17 +265,28 @@ fn hostile_images_are_refused_with_a_clear_error() {
         };
         let msg = err.to_string();
         assert!(is_expected(&err), "{file}: unexpected refusal {err:?}");
-        assert!(msg.contains(says), "{file}: the message {msg:?} does not say {says:?}");
+        assert!(
+            msg.contains(says),
+            "{file}: the message {msg:?} does not say {says:?}"
+        );
     }
     // Under a side limit that lets it through, the bomb is still refused on its area, before
     // its 400 M pixels are decoded.
-    let wide = Limits { max_side: 1 << 20, ..limits };
+    let wide = Limits {
+        max_side: 1 << 20,
+        ..limits
+    };
     let err = decode(&read("zipbomb_20000x20000.png"), &wide).unwrap_err();
     assert!(
-        matches!(err, VisionError::TooManyPixels { pixels: 400_000_000, .. }),
+        matches!(
+            err,
+            VisionError::TooManyPixels {
+                pixels: 400_000_000,
+                ..
+            }
+        ),
         "{err:?}"
     );
     let err = decode(&read("header_30000x30000.png"), &wide).unwrap_err();
     assert!(matches!(err, VisionError::TooManyPixels { .. }), "{err:?}");
 }
-
