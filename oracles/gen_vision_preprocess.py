@@ -290,6 +290,9 @@ def main() -> None:
     sys.path.insert(0, str(HERE))
     from provenance import provenance
 
+    for pkg, want in (("mlx-vlm", "0.7.10"), ("mlx", "0.32.2"), ("pillow", "13.0.0")):
+        if md.version(pkg) != want:
+            sys.exit(f"{pkg} {md.version(pkg)} here, the goldens pin {want}: see oracles/requirements-vision.txt")
     make_images()
     make_hostile()
     procs = {k: reference_processor(v) for k, v in CONFIGS.items()}
