@@ -7,10 +7,11 @@ Writes goldens/vision/:
   images/*            the test images, made here deterministically (numpy RNG seed 41, Pillow's
                       encoders), small: varied sizes, aspect ratios, modes and formats
   hostile/*           inputs that must be refused (truncated, huge header, zip bomb, not an image)
-  gemma3.json         per image and per processor config: the pixel tensor's shape, the SHA-256
-                      of its exact little-endian f32 bytes, and stats for a diagnosis
-  gemma3-small.bin    the full f32 tensors of the small config (every value compared)
-  provenance          inside gemma3.json
+  preprocess.json     per image and per processor config: the pixel tensor's shape, the SHA-256
+                      of its exact little-endian f32 bytes, and stats for a diagnosis; the same
+                      (with image_grid_thw and the token count) for Qwen3-VL's processor
+  small-tensors.bin   the full f32 tensors of the small configs (every value compared)
+  provenance          inside preprocess.json
 
 The reference path, step by step, is mlx-vlm 0.7.10's:
   mlx_vlm.utils.load_image(path)     Image.open -> ImageOps.exif_transpose -> .convert("RGB")
@@ -25,6 +26,14 @@ preprocessor_config.json values (896x896, resample 2 = bilinear, mean = std = 0.
 pan-and-scan off; image_seq_length 256); "small" is the same with size 32x32 so that every value
 of every image's tensor can be committed; "bicubic" is the small one with resample 3 (the filter
 Qwen's processors use), so both of Pillow's convolution filters are pinned.
+
+Qwen3-VL / Qwen3.5 (mlx-vlm's own numpy port, `Qwen3VLImageProcessor`, made as
+`Qwen3VLProcessor.from_pretrained` makes it from the config): smart_resize to multiples of
+patch_size * merge_size within [min_pixels, max_pixels] (size.shortest_edge / longest_edge),
+PIL bicubic resize, f32 rescale and normalize, the frame repeated temporal_patch_size times,
+patches flattened to [grid_h * grid_w, C * T * P * P]; image_grid_thw; tokens per image =
+grid_h * grid_w / merge_size^2. An image smart_resize refuses (aspect ratio over 200) is
+stored as its error.
 """
 
 from __future__ import annotations
@@ -64,6 +73,26 @@ REAL = {
     "resample": 2,
     "rescale_factor": 0.00392156862745098,
     "size": {"height": 896, "width": 896},
+}
+# Qwen3-VL's preprocessor_config.json values (Qwen/Qwen3-VL-*-Instruct; Qwen3.5 has the same
+# image settings), and a small one (patch 4, at most 256 pixels) whose tensors are committed whole.
+QWEN_REAL = {
+    "image_processor_type": "Qwen2VLImageProcessorFast",
+    "processor_class": "Qwen3VLProcessor",
+    "do_convert_rgb": True,
+    "do_normalize": True,
+    "do_rescale": True,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+    "merge_size": 2,
+    "patch_size": 16,
+    "rescale_factor": 0.00392156862745098,
+    "size": {"longest_edge": 16777216, "shortest_edge": 65536},
+    "temporal_patch_size": 2,
+}
+QWEN_CONFIGS = {
+    "real": QWEN_REAL,
+    "small": {**QWEN_REAL, "patch_size": 4, "size": {"longest_edge": 256, "shortest_edge": 64}},
 }
 CONFIGS = {
     "real": REAL,
@@ -270,6 +299,16 @@ def expanded_prompt(prompt: str, image_seq_length: int, n_images: int) -> str:
     return captured["text"][0]
 
 
+def qwen_processor(cfg: dict):
+    """mlx-vlm's own Qwen3VLImageProcessor, built as Qwen3VLProcessor.from_pretrained builds it."""
+    from mlx_vlm.models.qwen3_vl.processing_qwen3_vl import Qwen3VLImageProcessor, _qwen_vl_image_kwargs
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "preprocessor_config.json").write_text(json.dumps(cfg))
+        (Path(tmp) / "processor_config.json").write_text("{}")
+        return Qwen3VLImageProcessor(**_qwen_vl_image_kwargs(tmp, default_patch_size=16))
+
+
 def stats(t: np.ndarray) -> dict:
     flat = t.reshape(-1)
     step = max(1, flat.size // 32)
@@ -296,6 +335,7 @@ def main() -> None:
     make_images()
     make_hostile()
     procs = {k: reference_processor(v) for k, v in CONFIGS.items()}
+    qprocs = {k: qwen_processor(v) for k, v in QWEN_CONFIGS.items()}
     bin_chunks, offset = [], 0
     cases = []
     for path in sorted((OUT / "images").iterdir()):
@@ -316,6 +356,27 @@ def main() -> None:
                 bin_chunks.append(raw_bytes)
                 offset += len(raw_bytes)
             case["configs"][name] = entry
+        case["qwen3_vl"] = {}
+        for name, proc in qprocs.items():
+            try:
+                out = proc(images=[img])
+            except ValueError as e:
+                case["qwen3_vl"][name] = {"error": str(e)}
+                continue
+            t = np.asarray(out["pixel_values"], dtype=np.float32)
+            raw_bytes = t.astype("<f4").tobytes()
+            entry = {
+                "shape": list(t.shape),
+                "grid_thw": [int(v) for v in out["image_grid_thw"][0]],
+                "tokens": int(proc.num_image_tokens(img.height, img.width)),
+                "sha256": hashlib.sha256(raw_bytes).hexdigest(),
+            }
+            if name != "real":
+                entry["bin_offset"] = offset
+                entry["bin_len"] = len(raw_bytes)
+                bin_chunks.append(raw_bytes)
+                offset += len(raw_bytes)
+            case["qwen3_vl"][name] = entry
         cases.append(case)
     prompts = {
         p: expanded_prompt(p, 256, p.count("<start_of_image>"))
@@ -329,12 +390,13 @@ def main() -> None:
     golden = {
         "provenance": prov,
         "configs": CONFIGS,
-        "tensors_bin": "gemma3-small.bin",
+        "qwen3_vl_configs": QWEN_CONFIGS,
+        "tensors_bin": "small-tensors.bin",
         "prompt_expansion": [{"prompt": k, "expanded": v} for k, v in prompts.items()],
         "images": cases,
     }
-    (OUT / "gemma3-small.bin").write_bytes(b"".join(bin_chunks))
-    (OUT / "gemma3.json").write_text(json.dumps(golden, indent=1) + "\n")
+    (OUT / "small-tensors.bin").write_bytes(b"".join(bin_chunks))
+    (OUT / "preprocess.json").write_text(json.dumps(golden, indent=1) + "\n")
     total = sum(p.stat().st_size for p in (OUT / "images").iterdir())
     print(f"{len(cases)} images ({total} bytes), bin {offset} bytes")
 

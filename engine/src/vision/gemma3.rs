@@ -150,14 +150,9 @@ impl Gemma3Processor {
 
     /// The pixel tensor `[1, 3, H, W]` of one decoded image.
     pub fn preprocess(&self, img: &RgbImage) -> PixelTensor {
-        let filter = if plant::is(Defect::VisionResizeNearest) {
-            Filter::Nearest
-        } else {
-            self.filter
-        };
         let resized;
         let img = if self.do_resize {
-            resized = resize(img, self.size.width, self.size.height, filter);
+            resized = resize(img, self.size.width, self.size.height, self.filter);
             &resized
         } else {
             img

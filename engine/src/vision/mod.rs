@@ -16,10 +16,15 @@
 //!   with `use_fast=False`): resize to the config's size, rescale, normalize → [1, 3, H, W]
 //!   f32; and `Gemma3Processor`'s prompt expansion (one soft token per image position).
 //!
-//! Not here yet: the vision towers, the Qwen processors, serving images (docs/vision.md).
+//! - [`qwen_vl`]: mlx-vlm's own `Qwen3VLImageProcessor` (Qwen3-VL, Qwen3.5): smart_resize,
+//!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`.
+//!
+//! Not here yet: the vision towers, gemma4's processor, the Qwen prompt expansion, serving
+//! images (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
+pub mod qwen_vl;
 pub mod resize;
 
 pub use decode::{decode, Limits, RgbImage};
@@ -71,6 +76,11 @@ pub enum VisionError {
         format: &'static str,
         detail: String,
     },
+    #[error(
+        "the image is {width}x{height}: its aspect ratio is over {limit}, which this model's \
+         processor refuses; crop or pad it closer to square"
+    )]
+    AspectRatio { width: u32, height: u32, limit: u32 },
     #[error("image processor config: {0}")]
     Config(String),
     #[error(

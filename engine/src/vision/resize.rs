@@ -17,6 +17,7 @@
 //! `BILINEAR = 2` and `BICUBIC = 3`. `Nearest` exists for the planted defect only.
 
 use super::RgbImage;
+use crate::plant::{self, Defect};
 
 /// A resampling filter (Pillow's numbering in [`Filter::from_pil`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -197,6 +198,11 @@ fn vertical(src: &[u8], w: usize, row0: usize, t: &Taps) -> Vec<u8> {
 
 /// `img` resized to `width` × `height` with `filter`, as Pillow's `Image.resize`.
 pub fn resize(img: &RgbImage, width: u32, height: u32, filter: Filter) -> RgbImage {
+    let filter = if plant::is(Defect::VisionResizeNearest) {
+        Filter::Nearest
+    } else {
+        filter
+    };
     let (iw, ih) = (img.width as usize, img.height as usize);
     let (ow, oh) = (width as usize, height as usize);
     let (need_h, need_v) = (ow != iw, oh != ih);

@@ -2,7 +2,7 @@
 //! oracles/gen_vision_preprocess.py with the venv of oracles/requirements-vision.txt).
 //!
 //! Every committed test image goes through decode → gemma3 preprocess under three processor
-//! configs. The real checkpoint's config (896×896) is checked by the SHA-256 of the tensor's
+//! configs, and Qwen3-VL's under two (pixels, image_grid_thw, tokens per image). The real checkpoint's config (896×896) is checked by the SHA-256 of the tensor's
 //! exact little-endian f32 bytes (9.6 MB a tensor: too big to commit 40 of); the two small
 //! configs (32×32 bilinear, 40×24 bicubic) by every value against the committed tensors, so a
 //! mismatch there says where and by how much; for the 896 one the stored channel sums and
@@ -14,7 +14,8 @@ use std::path::PathBuf;
 
 use engine::plant::{self, Defect};
 use engine::vision::gemma3::Gemma3Processor;
-use engine::vision::{decode, Limits, VisionError};
+use engine::vision::qwen_vl::QwenVlProcessor;
+use engine::vision::{decode, Limits, PixelTensor, VisionError};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -31,7 +32,7 @@ struct Golden {
 
 fn golden() -> Golden {
     let json: Value =
-        serde_json::from_slice(&std::fs::read(dir().join("gemma3.json")).unwrap()).unwrap();
+        serde_json::from_slice(&std::fs::read(dir().join("preprocess.json")).unwrap()).unwrap();
     let bin = std::fs::read(dir().join(json["tensors_bin"].as_str().unwrap())).unwrap();
     Golden { json, bin }
 }
@@ -40,13 +41,72 @@ fn processor(g: &Golden, config: &str) -> Gemma3Processor {
     Gemma3Processor::from_json(&g.json["configs"][config].to_string()).unwrap()
 }
 
+/// The difference between `got` and the golden `want` (shape, SHA-256, and where the small
+/// configs' committed values differ), if any.
+fn compare(g: &Golden, what: &str, got: &PixelTensor, want: &Value) -> Option<String> {
+    let shape: Vec<usize> = want["shape"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as usize)
+        .collect();
+    if got.shape != shape {
+        return Some(format!(
+            "{what}: shape {:?}, reference {shape:?}",
+            got.shape
+        ));
+    }
+    let bytes = got.le_bytes();
+    if format!("{:x}", Sha256::digest(&bytes)) == want["sha256"].as_str().unwrap() {
+        return None;
+    }
+    let Some(off) = want.get("bin_offset").and_then(Value::as_u64) else {
+        // gemma3's [1, 3, H, W]: per-channel sums against the stored ones say where.
+        let parts = if shape.len() == 4 { shape[1] } else { 1 };
+        let sums: Vec<f64> = got
+            .data
+            .chunks(got.data.len() / parts)
+            .map(|c| c.iter().map(|&v| f64::from(v)).sum())
+            .collect();
+        return Some(format!(
+            "{what}: hash differs; sums {sums:?}, reference channel sums {}",
+            want.get("channel_sums").unwrap_or(&Value::Null)
+        ));
+    };
+    let off = off as usize;
+    let reference = &g.bin[off..off + bytes.len()];
+    let (mut first, mut count, mut max) = (None, 0usize, 0f32);
+    for (i, (a, b)) in bytes.chunks(4).zip(reference.chunks(4)).enumerate() {
+        let a = f32::from_le_bytes(a.try_into().unwrap());
+        let b = f32::from_le_bytes(b.try_into().unwrap());
+        if a.to_bits() != b.to_bits() {
+            first.get_or_insert((i, a, b));
+            count += 1;
+            max = max.max((a - b).abs());
+        }
+    }
+    let (i, a, b) = first.unwrap_or_default();
+    Some(format!(
+        "{what}: {count} of {} values differ, max |Δ| {max}; first at flat index {i} \
+         (shape {shape:?}): {a} vs reference {b}",
+        got.data.len()
+    ))
+}
+
 /// Every difference between the engine's tensors and the goldens, as readable lines;
 /// `only` limits the images (by file name part) for the quick planted runs.
 fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
     let mut out = Vec::new();
-    let configs: Vec<(String, Gemma3Processor)> = ["real", "small", "bicubic"]
-        .iter()
-        .map(|c| (c.to_string(), processor(g, c)))
+    let gemma: Vec<(&str, Gemma3Processor)> = ["real", "small", "bicubic"]
+        .into_iter()
+        .map(|c| (c, processor(g, c)))
+        .collect();
+    let qwen: Vec<(&str, QwenVlProcessor)> = ["real", "small"]
+        .into_iter()
+        .map(|c| {
+            let cfg = g.json["qwen3_vl_configs"][c].to_string();
+            (c, QwenVlProcessor::from_json(&cfg).unwrap())
+        })
         .collect();
     for case in g.json["images"].as_array().unwrap() {
         let file = case["file"].as_str().unwrap();
@@ -72,68 +132,45 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
             ));
             continue;
         }
-        for (name, proc) in &configs {
-            let want = &case["configs"][name.as_str()];
+        for (name, proc) in &gemma {
             let t = proc.preprocess(&img);
-            let shape: Vec<usize> = want["shape"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_u64().unwrap() as usize)
-                .collect();
-            if t.shape != shape {
-                out.push(format!(
-                    "{file} [{name}]: shape {:?}, reference {shape:?}",
-                    t.shape
-                ));
-                continue;
-            }
-            let bytes = t.le_bytes();
-            let hash = format!("{:x}", Sha256::digest(&bytes));
-            if hash == want["sha256"].as_str().unwrap() {
-                continue;
-            }
-            out.push(match want.get("bin_offset").and_then(Value::as_u64) {
-                Some(off) => {
-                    let off = off as usize;
-                    let reference = &g.bin[off..off + bytes.len()];
-                    let (mut first, mut count, mut max) = (None, 0usize, 0f32);
-                    for (i, (a, b)) in bytes.chunks(4).zip(reference.chunks(4)).enumerate() {
-                        let a = f32::from_le_bytes(a.try_into().unwrap());
-                        let b = f32::from_le_bytes(b.try_into().unwrap());
-                        if a.to_bits() != b.to_bits() {
-                            first.get_or_insert((i, a, b));
-                            count += 1;
-                            max = max.max((a - b).abs());
-                        }
-                    }
-                    let (i, a, b) = first.unwrap_or_default();
-                    let hw = shape[2] * shape[3];
-                    format!(
-                        "{file} [{name}]: {count} of {} values differ, max |Δ| {max}; first at \
-                         c={} y={} x={}: {a} vs reference {b}",
-                        t.data.len(),
-                        i / hw,
-                        i % hw / shape[3],
-                        i % shape[3]
-                    )
+            out.extend(compare(
+                g,
+                &format!("{file} gemma3 [{name}]"),
+                &t,
+                &case["configs"][*name],
+            ));
+        }
+        for (name, proc) in &qwen {
+            let want = &case["qwen3_vl"][*name];
+            let what = format!("{file} qwen3_vl [{name}]");
+            match (proc.preprocess(&img), want.get("error")) {
+                (Err(e), Some(_)) => {
+                    assert!(matches!(e, VisionError::AspectRatio { .. }), "{what}: {e}");
                 }
-                None => {
-                    let sums: Vec<f64> = (0..3)
-                        .map(|c| {
-                            let n = t.data.len() / 3;
-                            t.data[c * n..(c + 1) * n]
-                                .iter()
-                                .map(|&v| f64::from(v))
-                                .sum()
-                        })
+                (Err(e), None) => {
+                    out.push(format!("{what}: refused ({e}), the reference takes it"))
+                }
+                (Ok(_), Some(err)) => {
+                    out.push(format!("{what}: taken, the reference refuses: {err}"))
+                }
+                (Ok(q), None) => {
+                    out.extend(compare(g, &what, &q.pixels, want));
+                    let thw: Vec<usize> = q.grid_thw.to_vec();
+                    let want_thw: Vec<usize> = want["grid_thw"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.as_u64().unwrap() as usize)
                         .collect();
-                    format!(
-                        "{file} [{name}]: hash differs; channel sums {sums:?}, reference {}",
-                        want["channel_sums"]
-                    )
+                    if thw != want_thw || Some(q.tokens as u64) != want["tokens"].as_u64() {
+                        out.push(format!(
+                            "{what}: grid {thw:?} / {} tokens, reference {want_thw:?} / {}",
+                            q.tokens, want["tokens"]
+                        ));
+                    }
                 }
-            });
+            }
         }
     }
     out
@@ -213,7 +250,13 @@ fn planted_preprocessing_defects_are_caught() {
     let _on = plant::on(Defect::VisionTokenCountOffByOne).unwrap();
     assert!(
         !prompt_mismatches(&g).is_empty(),
-        "VisionTokenCountOffByOne planted, the prompt expansion still matches"
+        "VisionTokenCountOffByOne planted, gemma3's prompt expansion still matches"
+    );
+    let bad = mismatches(&g, Some(some));
+    assert!(
+        bad.iter()
+            .any(|m| m.contains("qwen3_vl") && m.contains("tokens")),
+        "VisionTokenCountOffByOne planted, Qwen's token counts still match: {bad:?}"
     );
 }
 
