@@ -186,13 +186,13 @@ impl QwenVlProcessor {
                     for mw in 0..ms {
                         let out = &mut data[row * cols..(row + 1) * cols];
                         let (y0, x0) = ((bh * ms + mh) * ps, (bw * ms + mw) * ps);
-                        for c in 0..3 {
+                        for (c, table) in lut.iter().enumerate() {
                             for t in 0..tps {
                                 for py in 0..ps {
                                     let src = ((y0 + py) * w + x0) * 3 + c;
                                     let dst = ((c * tps + t) * ps + py) * ps;
                                     for px in 0..ps {
-                                        out[dst + px] = lut[c][usize::from(img.data[src + px * 3])];
+                                        out[dst + px] = table[usize::from(img.data[src + px * 3])];
                                     }
                                 }
                             }

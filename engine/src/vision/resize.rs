@@ -180,10 +180,10 @@ fn vertical(src: &[u8], w: usize, row0: usize, t: &Taps) -> Vec<u8> {
         let (ymin, n) = t.bounds[y];
         let k = &t.weights[y * t.ksize..y * t.ksize + n];
         acc.fill(HALF);
-        for j in 0..n {
+        for (j, &kj) in k.iter().enumerate() {
             let r = ymin - row0 + j;
             let row = &src[r * stride..(r + 1) * stride];
-            let kj = i64::from(k[j]);
+            let kj = i64::from(kj);
             for i in 0..stride {
                 acc[i] += i64::from(row[i]) * kj;
             }

@@ -260,11 +260,14 @@ fn planted_preprocessing_defects_are_caught() {
     );
 }
 
+/// Whether a refusal is the one a hostile file must get.
+type IsExpected = fn(&VisionError) -> bool;
+
 #[test]
 fn hostile_images_are_refused_with_a_clear_error() {
     let limits = Limits::default();
     let read = |f: &str| std::fs::read(dir().join("hostile").join(f)).unwrap();
-    let cases: [(&str, fn(&VisionError) -> bool, &str); 8] = [
+    let cases: [(&str, IsExpected, &str); 8] = [
         (
             "truncated.png",
             |e| matches!(e, VisionError::Decode { format: "PNG", .. }),
