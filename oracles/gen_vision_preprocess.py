@@ -34,6 +34,10 @@ PIL bicubic resize, f32 rescale and normalize, the frame repeated temporal_patch
 patches flattened to [grid_h * grid_w, C * T * P * P]; image_grid_thw; tokens per image =
 grid_h * grid_w / merge_size^2. An image smart_resize refuses (aspect ratio over 200) is
 stored as its error.
+
+Gemma 4 (mlx-vlm's own `Gemma4ImageProcessor`): the aspect-ratio-preserving size within
+max_soft_tokens * pooling^2 patches, sides multiples of pooling * patch; PIL bicubic; f32
+rescale; [1, 3, H, W]; tokens = (H/P)(W/P)/pooling^2.
 """
 
 from __future__ import annotations
@@ -93,6 +97,13 @@ QWEN_REAL = {
 QWEN_CONFIGS = {
     "real": QWEN_REAL,
     "small": {**QWEN_REAL, "patch_size": 4, "size": {"longest_edge": 256, "shortest_edge": 64}},
+}
+# Gemma 4: mlx-vlm's own Gemma4ImageProcessor with its defaults (patch 16, 280 soft tokens,
+# pooling 3, bicubic, rescale 1/255, no normalize), and a small budget (patch 4, 4 soft
+# tokens, pooling 2) whose tensors are committed whole.
+GEMMA4_CONFIGS = {
+    "real": {},
+    "small": {"patch_size": 4, "max_soft_tokens": 4, "pooling_kernel_size": 2},
 }
 CONFIGS = {
     "real": REAL,
@@ -336,6 +347,10 @@ def main() -> None:
     make_hostile()
     procs = {k: reference_processor(v) for k, v in CONFIGS.items()}
     qprocs = {k: qwen_processor(v) for k, v in QWEN_CONFIGS.items()}
+    from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor
+
+    # As Gemma4Processor.from_pretrained makes it: Gemma4ImageProcessor(**image_processor config).
+    g4procs = {k: Gemma4ImageProcessor(**v) for k, v in GEMMA4_CONFIGS.items()}
     bin_chunks, offset = [], 0
     cases = []
     for path in sorted((OUT / "images").iterdir()):
@@ -356,6 +371,24 @@ def main() -> None:
                 bin_chunks.append(raw_bytes)
                 offset += len(raw_bytes)
             case["configs"][name] = entry
+        case["gemma4"] = {}
+        for name, proc in g4procs.items():
+            try:
+                data, tokens = proc(images=[img])
+            except ValueError as e:
+                case["gemma4"][name] = {"error": str(e)}
+                continue
+            pv = data["pixel_values"]
+            t = (np.stack(pv) if isinstance(pv, list) else np.asarray(pv)).astype(np.float32)
+            raw_bytes = t.astype("<f4").tobytes()
+            entry = {"shape": list(t.shape), "tokens": int(tokens[0]),
+                     "sha256": hashlib.sha256(raw_bytes).hexdigest()}
+            if name != "real":
+                entry["bin_offset"] = offset
+                entry["bin_len"] = len(raw_bytes)
+                bin_chunks.append(raw_bytes)
+                offset += len(raw_bytes)
+            case["gemma4"][name] = entry
         case["qwen3_vl"] = {}
         for name, proc in qprocs.items():
             try:
@@ -391,6 +424,7 @@ def main() -> None:
         "provenance": prov,
         "configs": CONFIGS,
         "qwen3_vl_configs": QWEN_CONFIGS,
+        "gemma4_configs": GEMMA4_CONFIGS,
         "tensors_bin": "small-tensors.bin",
         "prompt_expansion": [{"prompt": k, "expanded": v} for k, v in prompts.items()],
         "images": cases,

@@ -16,14 +16,17 @@
 //!   with `use_fast=False`): resize to the config's size, rescale, normalize → [1, 3, H, W]
 //!   f32; and `Gemma3Processor`'s prompt expansion (one soft token per image position).
 //!
+//! - [`gemma4`]: mlx-vlm's own `Gemma4ImageProcessor`: the aspect-ratio-preserving size
+//!   within the soft-token budget, bicubic resize, rescale → [1, 3, H, W]; soft tokens.
 //! - [`qwen_vl`]: mlx-vlm's own `Qwen3VLImageProcessor` (Qwen3-VL, Qwen3.5): smart_resize,
 //!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`.
 //!
-//! Not here yet: the vision towers, gemma4's processor, the Qwen prompt expansion, serving
-//! images (docs/vision.md).
+//! Not here yet: the vision towers, the gemma4 and Qwen prompt expansions, serving images
+//! (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
+pub mod gemma4;
 pub mod qwen_vl;
 pub mod resize;
 

@@ -2,7 +2,8 @@
 //! oracles/gen_vision_preprocess.py with the venv of oracles/requirements-vision.txt).
 //!
 //! Every committed test image goes through decode → gemma3 preprocess under three processor
-//! configs, and Qwen3-VL's under two (pixels, image_grid_thw, tokens per image). The real checkpoint's config (896×896) is checked by the SHA-256 of the tensor's
+//! configs, gemma4's under two (pixels, soft tokens) and Qwen3-VL's under two (pixels,
+//! image_grid_thw, tokens per image). The real checkpoint's config (896×896) is checked by the SHA-256 of the tensor's
 //! exact little-endian f32 bytes (9.6 MB a tensor: too big to commit 40 of); the two small
 //! configs (32×32 bilinear, 40×24 bicubic) by every value against the committed tensors, so a
 //! mismatch there says where and by how much; for the 896 one the stored channel sums and
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use engine::plant::{self, Defect};
 use engine::vision::gemma3::Gemma3Processor;
+use engine::vision::gemma4::Gemma4Processor;
 use engine::vision::qwen_vl::QwenVlProcessor;
 use engine::vision::{decode, Limits, PixelTensor, VisionError};
 use serde_json::Value;
@@ -40,6 +42,24 @@ fn golden() -> Golden {
 fn processor(g: &Golden, config: &str) -> Gemma3Processor {
     Gemma3Processor::from_json(&g.json["configs"][config].to_string()).unwrap()
 }
+
+/// The images gemma4's and Qwen's real (full-size) configs are checked on: one of each
+/// shape and kind (their small configs check every image, value by value; gemma3's real
+/// config checks every image too). All 42 at full size would double the gate's time.
+const FULL_SIZE_SUBSET: &[&str] = &[
+    "rgb_1x1",
+    "rgb_strip_1000x1",
+    "rgb_tall_5x240",
+    "rgb_wide_300x7",
+    "rgb_896x896",
+    "rgb_1203x947",
+    "jpeg_1100x700",
+    "jpeg_orient6",
+    "p_transparent",
+    "i16_37x29",
+    "webp_lossy",
+    "gif_2frames",
+];
 
 /// The difference between `got` and the golden `want` (shape, SHA-256, and where the small
 /// configs' committed values differ), if any.
@@ -96,7 +116,6 @@ fn compare(g: &Golden, what: &str, got: &PixelTensor, want: &Value) -> Option<St
 /// Every difference between the engine's tensors and the goldens, as readable lines;
 /// `only` limits the images (by file name part) for the quick planted runs.
 fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
-    let mut out = Vec::new();
     let gemma: Vec<(&str, Gemma3Processor)> = ["real", "small", "bicubic"]
         .into_iter()
         .map(|c| (c, processor(g, c)))
@@ -108,17 +127,31 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
             (c, QwenVlProcessor::from_json(&cfg).unwrap())
         })
         .collect();
-    for case in g.json["images"].as_array().unwrap() {
+    let gemma4: Vec<(&str, Gemma4Processor)> = ["real", "small"]
+        .into_iter()
+        .map(|c| {
+            let cfg = g.json["gemma4_configs"][c].to_string();
+            (c, Gemma4Processor::from_json(&cfg).unwrap())
+        })
+        .collect();
+    let cases: Vec<&Value> = g.json["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| {
+            let file = c["file"].as_str().unwrap();
+            only.is_none_or(|o| o.iter().any(|s| file.contains(s)))
+        })
+        .collect();
+    let check = |case: &Value| -> Vec<String> {
+        let mut out = Vec::new();
         let file = case["file"].as_str().unwrap();
-        if only.is_some_and(|o| !o.iter().any(|s| file.contains(s))) {
-            continue;
-        }
         let bytes = std::fs::read(dir().join(file)).unwrap();
         let img = match decode(&bytes, &Limits::default()) {
             Ok(img) => img,
             Err(e) => {
                 out.push(format!("{file}: refused: {e}"));
-                continue;
+                return out;
             }
         };
         let want_size = [
@@ -130,7 +163,7 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                 "{file}: decoded {}x{}, reference {want_size:?}",
                 img.width, img.height
             ));
-            continue;
+            return out;
         }
         for (name, proc) in &gemma {
             let t = proc.preprocess(&img);
@@ -141,7 +174,29 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                 &case["configs"][*name],
             ));
         }
+        for (name, proc) in &gemma4 {
+            if *name == "real" && !FULL_SIZE_SUBSET.iter().any(|s| file.contains(s)) {
+                continue;
+            }
+            let want = &case["gemma4"][*name];
+            let what = format!("{file} gemma4 [{name}]");
+            match proc.preprocess(&img) {
+                Err(e) => out.push(format!("{what}: refused ({e})")),
+                Ok(p) => {
+                    out.extend(compare(g, &what, &p.pixels, want));
+                    if Some(p.tokens as u64) != want["tokens"].as_u64() {
+                        out.push(format!(
+                            "{what}: {} tokens, reference {}",
+                            p.tokens, want["tokens"]
+                        ));
+                    }
+                }
+            }
+        }
         for (name, proc) in &qwen {
+            if *name == "real" && !FULL_SIZE_SUBSET.iter().any(|s| file.contains(s)) {
+                continue;
+            }
             let want = &case["qwen3_vl"][*name];
             let what = format!("{file} qwen3_vl [{name}]");
             match (proc.preprocess(&img), want.get("error")) {
@@ -172,8 +227,22 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
                 }
             }
         }
-    }
-    out
+        out
+    };
+    // Pure CPU work, no MLX: the images are checked on a few threads (the 896-pixel and
+    // 280-soft-token tensors dominate the debug-build time).
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+    let per = cases.len().div_ceil(workers).max(1);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = cases
+            .chunks(per)
+            .map(|chunk| s.spawn(|| chunk.iter().flat_map(|c| check(c)).collect::<Vec<_>>()))
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    })
 }
 
 fn prompt_mismatches(g: &Golden) -> Vec<String> {
