@@ -228,6 +228,9 @@ def make_hostile() -> None:
     (d / "truncated.png").write_bytes(good[: len(good) // 2])
     jpg = (OUT / "images" / "jpeg_1100x700.jpg").read_bytes()
     (d / "truncated.jpg").write_bytes(jpg[: len(jpg) // 3])
+    for name in ("webp_lossless_45x38.webp", "webp_lossy_52x36.webp"):
+        webp = (OUT / "images" / name).read_bytes()
+        (d / f"truncated_{name.split('_')[1]}.webp").write_bytes(webp[: len(webp) * 2 // 3])
     # 1 x 100000: a valid PNG, tiny file, an aspect ratio no vision tower takes.
     (d / "strip_1x100000.png").write_bytes(png_raw(1, 100000, 8, 0, b"\x00\x80" * 100000))
     # A header that claims 30000 x 30000 and then ends (the size must be refused before any

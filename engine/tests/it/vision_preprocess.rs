@@ -336,7 +336,7 @@ type IsExpected = fn(&VisionError) -> bool;
 fn hostile_images_are_refused_with_a_clear_error() {
     let limits = Limits::default();
     let read = |f: &str| std::fs::read(dir().join("hostile").join(f)).unwrap();
-    let cases: [(&str, IsExpected, &str); 8] = [
+    let cases: [(&str, IsExpected, &str); 10] = [
         (
             "truncated.png",
             |e| matches!(e, VisionError::Decode { format: "PNG", .. }),
@@ -346,6 +346,28 @@ fn hostile_images_are_refused_with_a_clear_error() {
             "truncated.jpg",
             |e| matches!(e, VisionError::Decode { format: "JPEG", .. }),
             "truncated",
+        ),
+        (
+            "truncated_lossless.webp",
+            |e| {
+                matches!(
+                    e,
+                    VisionError::Header { format: "WebP", .. }
+                        | VisionError::Decode { format: "WebP", .. }
+                )
+            },
+            "WebP",
+        ),
+        (
+            "truncated_lossy.webp",
+            |e| {
+                matches!(
+                    e,
+                    VisionError::Header { format: "WebP", .. }
+                        | VisionError::Decode { format: "WebP", .. }
+                )
+            },
+            "WebP",
         ),
         (
             "strip_1x100000.png",
