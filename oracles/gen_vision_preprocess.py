@@ -323,6 +323,37 @@ def qwen_processor(cfg: dict):
         return Qwen3VLImageProcessor(**_qwen_vl_image_kwargs(tmp, default_patch_size=16))
 
 
+def qwen_expanded(prompt: str, grids: list[list[int]], merge_size: int = 2) -> str:
+    """Qwen3VLProcessor.__call__'s prompt expansion, run on the real class with stand-ins for
+    the tokenizer (hands the text back) and the image processor (hands back the grids)."""
+    import mlx_vlm.models.qwen3_vl.processing_qwen3_vl as mod
+
+    class Ip:
+        def __init__(self):
+            self.merge_size = merge_size
+
+        def __call__(self, images, **kw):
+            return {"image_grid_thw": np.array(grids, dtype=np.int64)}
+
+    p = mod.Qwen3VLProcessor.__new__(mod.Qwen3VLProcessor)
+    p.image_processor = Ip()
+    p.video_processor = None
+    p.image_token = "<|image_pad|>"
+    p.video_token = "<|video_pad|>"
+    p.vision_start_token = "<|vision_start|>"
+    p.vision_end_token = "<|vision_end|>"
+    p.tokenizer = lambda text, **kw: {"text": text}
+    captured = {}
+    real_bf, real_to_mlx = mod.BatchFeature, mod.to_mlx
+    mod.BatchFeature = lambda data=None, **kw: captured.update(data or {})
+    mod.to_mlx = lambda x: x
+    try:
+        p(images=[Image.new("RGB", (2, 2))] * len(grids), text=prompt)
+    finally:
+        mod.BatchFeature, mod.to_mlx = real_bf, real_to_mlx
+    return captured["text"][0]
+
+
 def stats(t: np.ndarray) -> dict:
     flat = t.reshape(-1)
     step = max(1, flat.size // 32)
@@ -418,6 +449,16 @@ def main() -> None:
         p: expanded_prompt(p, 256, p.count("<start_of_image>"))
         for p in ["Describe <start_of_image> please.", "<start_of_image><start_of_image>Compare."]
     }
+    wrapped = "<|vision_start|><|image_pad|><|vision_end|>"
+    qwen_prompts = [
+        (f"Look: {wrapped} What is it?", [[1, 14, 20]]),
+        (f"{wrapped}{wrapped}Compare them.", [[1, 16, 16], [1, 4, 106]]),
+        # More markers than images: the surplus ones (the first) are dropped.
+        (f"{wrapped} and <|image_pad|> then {wrapped}", [[1, 20, 14]]),
+    ]
+    qwen_expansion = [
+        {"prompt": t, "grid_thw": gr, "expanded": qwen_expanded(t, gr)} for t, gr in qwen_prompts
+    ]
     prov = provenance("mlx-vlm", "mlx-vlm")
     prov["generator"] = GENERATOR
     prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
@@ -430,6 +471,7 @@ def main() -> None:
         "gemma4_configs": GEMMA4_CONFIGS,
         "tensors_bin": "small-tensors.bin",
         "prompt_expansion": [{"prompt": k, "expanded": v} for k, v in prompts.items()],
+        "qwen3_vl_prompt_expansion": qwen_expansion,
         "images": cases,
     }
     (OUT / "small-tensors.bin").write_bytes(b"".join(bin_chunks))

@@ -19,9 +19,10 @@
 //! - [`gemma4`]: mlx-vlm's own `Gemma4ImageProcessor`: the aspect-ratio-preserving size
 //!   within the soft-token budget, bicubic resize, rescale → [1, 3, H, W]; soft tokens.
 //! - [`qwen_vl`]: mlx-vlm's own `Qwen3VLImageProcessor` (Qwen3-VL, Qwen3.5): smart_resize,
-//!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`.
+//!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`;
+//!   `Qwen3VLProcessor`'s prompt expansion.
 //!
-//! Not here yet: the vision towers, the gemma4 and Qwen prompt expansions, serving images
+//! Not here yet: the vision towers, gemma4's prompt expansion, serving images
 //! (docs/vision.md).
 
 pub mod decode;

@@ -17,6 +17,12 @@
 //!   pixel row `(bh * ms + mh) * P + py`, column `(bw * ms + mw) * P + px`; shape
 //!   `[gh * gw, C * T * P * P]`, `image_grid_thw = [1, gh, gw]` (`gh = h / P`);
 //! - image tokens in the prompt: `gh * gw / ms²`.
+//!
+//! Text ([`expand_prompt`], `Qwen3VLProcessor.__call__`): with more `<|image_pad|>` markers
+//! than images the surplus ones, first first, are dropped (with their
+//! `<|vision_start|>…<|vision_end|>` wrapper when they have one); then the k-th remaining
+//! marker becomes k-th image's token count of `<|image_pad|>`. Fewer markers than images is
+//! refused.
 
 use serde::Deserialize;
 
@@ -211,4 +217,41 @@ impl QwenVlProcessor {
             tokens: gh * gw / (ms * ms) + usize::from(plant::is(Defect::VisionTokenCountOffByOne)),
         })
     }
+}
+
+pub const IMAGE_PAD: &str = "<|image_pad|>";
+pub const VISION_START: &str = "<|vision_start|>";
+pub const VISION_END: &str = "<|vision_end|>";
+
+/// `prompt` with its image markers expanded for images taking `tokens[i]` tokens each.
+pub fn expand_prompt(prompt: &str, tokens: &[usize]) -> Result<String, VisionError> {
+    let markers = prompt.matches(IMAGE_PAD).count();
+    if markers < tokens.len() {
+        return Err(VisionError::MarkerCount {
+            markers,
+            images: tokens.len(),
+            marker: IMAGE_PAD.into(),
+        });
+    }
+    let mut text = prompt.to_string();
+    for _ in 0..markers - tokens.len() {
+        let Some(at) = text.find(IMAGE_PAD) else {
+            break;
+        };
+        let end = at + IMAGE_PAD.len();
+        let wrapped = text[..at].ends_with(VISION_START) && text[end..].starts_with(VISION_END);
+        let range = if wrapped {
+            at - VISION_START.len()..end + VISION_END.len()
+        } else {
+            at..end
+        };
+        text.replace_range(range, "");
+    }
+    // Each marker in turn takes its image's run (a stand-in keeps the runs already written
+    // from being taken as markers), as the reference does.
+    const HOLD: &str = "<|placeholder|>";
+    for &n in tokens {
+        text = text.replacen(IMAGE_PAD, &HOLD.repeat(n), 1);
+    }
+    Ok(text.replace(HOLD, IMAGE_PAD))
 }

@@ -248,6 +248,37 @@ fn mismatches(g: &Golden, only: Option<&[&str]>) -> Vec<String> {
 fn prompt_mismatches(g: &Golden) -> Vec<String> {
     let proc = processor(g, "real");
     let mut out = Vec::new();
+    for case in g.json["qwen3_vl_prompt_expansion"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let proc =
+            QwenVlProcessor::from_json(&g.json["qwen3_vl_configs"]["real"].to_string()).unwrap();
+        // The token count of each grid as the processor computes it (planted defects show).
+        let tokens: Vec<usize> = case["grid_thw"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let (h, w) = (t[1].as_u64().unwrap() as u32, t[2].as_u64().unwrap() as u32);
+                let p = proc.patch_size as u32;
+                let img = engine::vision::RgbImage {
+                    width: w * p,
+                    height: h * p,
+                    data: vec![0; (w * p * h * p * 3) as usize],
+                };
+                let q = proc.preprocess(&img).unwrap();
+                assert_eq!(
+                    q.grid_thw,
+                    [1, h as usize, w as usize],
+                    "the grid's own size"
+                );
+                q.tokens
+            })
+            .collect();
+        let got = engine::vision::qwen_vl::expand_prompt(prompt, &tokens).unwrap();
+        if got != case["expanded"].as_str().unwrap() {
+            out.push(format!("qwen3_vl {prompt:?}: expands to {got:?}"));
+        }
+    }
     for case in g.json["prompt_expansion"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
         let n = prompt.matches(engine::vision::gemma3::BOI_TOKEN).count();
@@ -319,7 +350,7 @@ fn planted_preprocessing_defects_are_caught() {
     let _on = plant::on(Defect::VisionTokenCountOffByOne).unwrap();
     assert!(
         !prompt_mismatches(&g).is_empty(),
-        "VisionTokenCountOffByOne planted, gemma3's prompt expansion still matches"
+        "VisionTokenCountOffByOne planted, the prompt expansions still match"
     );
     let bad = mismatches(&g, Some(some));
     assert!(
