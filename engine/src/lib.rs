@@ -17,6 +17,7 @@ pub mod scalar;
 pub mod serve;
 pub mod tiers;
 pub mod train;
+pub mod vision;
 
 /// The engine crate's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -448,6 +448,16 @@ pub enum Defect {
     /// serve_fleet.rs `one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget`
     /// (the ledger's peak passes the budget).
     BudgetOtherModelsCacheUncounted,
+    /// Vision preprocessing: the resize samples the nearest pixel instead of the
+    /// processor's filter (bilinear for gemma3). Caught by the preprocessing gate
+    /// (`tests/it/vision_preprocess.rs`): the pixel tensors differ from mlx-vlm's.
+    VisionResizeNearest,
+    /// Vision preprocessing: the normalization mean is off by 1/255. Caught by the
+    /// preprocessing gate (`tests/it/vision_preprocess.rs`).
+    VisionMeanOff,
+    /// Vision preprocessing: the prompt expansion writes one image token too many. Caught
+    /// by the preprocessing gate (`tests/it/vision_preprocess.rs`).
+    VisionTokenCountOffByOne,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -634,6 +644,9 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetAdaptersOnEveryModel" => Defect::FleetAdaptersOnEveryModel,
             "BudgetEmbeddingsUnreserved" => Defect::BudgetEmbeddingsUnreserved,
             "BudgetOtherModelsCacheUncounted" => Defect::BudgetOtherModelsCacheUncounted,
+            "VisionResizeNearest" => Defect::VisionResizeNearest,
+            "VisionMeanOff" => Defect::VisionMeanOff,
+            "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

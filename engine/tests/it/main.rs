@@ -39,3 +39,4 @@ mod tool_parsers;
 mod train;
 mod train_families;
 mod train_moe2;
+mod vision_preprocess;

@@ -1,0 +1,118 @@
+//! Image input: bytes → the pixel tensor a vision tower takes, computed exactly as mlx-vlm
+//! (pinned in oracles/requirements-vision.txt) computes it, bit for bit.
+//!
+//! The reference path, for every family, starts in `mlx_vlm.utils.load_image`:
+//! `PIL.Image.open` → `ImageOps.exif_transpose` → `.convert("RGB")`; then the checkpoint's
+//! image processor. The steps here:
+//!
+//! - [`decode`]: PNG, JPEG, WebP or GIF (first frame) bytes → 8-bit RGB, with the size
+//!   checked from the header BEFORE any pixel is decoded ([`Limits`]: no decompression
+//!   bombs), the EXIF orientation applied as `exif_transpose` does, and every mode converted
+//!   to RGB as Pillow's `convert("RGB")` does (alpha dropped, gray replicated, palette looked
+//!   up, 16-bit gray clamped to 255, 16-bit color cut to its high byte).
+//! - [`resize`]: Pillow's `Image.resize` (libImaging/Resample.c: separable convolution,
+//!   support scaled on downscale, 22-bit fixed-point coefficients), bilinear and bicubic.
+//! - [`gemma3`]: transformers' `Gemma3ImageProcessorPil` (the PIL backend mlx-vlm asks for
+//!   with `use_fast=False`): resize to the config's size, rescale, normalize → [1, 3, H, W]
+//!   f32; and `Gemma3Processor`'s prompt expansion (one soft token per image position).
+//!
+//! - [`gemma4`]: mlx-vlm's own `Gemma4ImageProcessor`: the aspect-ratio-preserving size
+//!   within the soft-token budget, bicubic resize, rescale → [1, 3, H, W]; soft tokens.
+//! - [`qwen_vl`]: mlx-vlm's own `Qwen3VLImageProcessor` (Qwen3-VL, Qwen3.5): smart_resize,
+//!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`;
+//!   `Qwen3VLProcessor`'s prompt expansion.
+//!
+//! Not here yet: the vision towers, gemma4's prompt expansion, serving images
+//! (docs/vision.md).
+
+pub mod decode;
+pub mod gemma3;
+pub mod gemma4;
+pub mod qwen_vl;
+pub mod resize;
+
+pub use decode::{decode, Limits, RgbImage};
+
+/// Why an image or a processor config was refused. Each message names the cause and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum VisionError {
+    #[error("the image is empty (0 bytes): send the bytes of a PNG, JPEG, WebP or GIF image")]
+    Empty,
+    #[error(
+        "not an image this engine reads ({found}): send PNG, JPEG, WebP or GIF bytes \
+         (convert other formats first)"
+    )]
+    UnsupportedFormat { found: String },
+    #[error(
+        "the {format} header is unreadable ({detail}): the file is truncated or not a {format}"
+    )]
+    Header {
+        format: &'static str,
+        detail: String,
+    },
+    #[error(
+        "the image is {width}x{height}: a side of {side} pixels is over the limit of {limit}; \
+         crop or downscale it before sending"
+    )]
+    SideTooLong {
+        width: u32,
+        height: u32,
+        side: u32,
+        limit: u32,
+    },
+    #[error(
+        "the image is {width}x{height} = {pixels} pixels, over the limit of {limit}; \
+         downscale it before sending"
+    )]
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        pixels: u64,
+        limit: u64,
+    },
+    #[error("the image has a zero side ({width}x{height}): send an image with pixels in it")]
+    ZeroSize { width: u32, height: u32 },
+    #[error(
+        "the {format} image data is unreadable ({detail}): the file is truncated or corrupt; \
+         re-encode it"
+    )]
+    Decode {
+        format: &'static str,
+        detail: String,
+    },
+    #[error(
+        "the image is {width}x{height}: its aspect ratio is over {limit}, which this model's \
+         processor refuses; crop or pad it closer to square"
+    )]
+    AspectRatio { width: u32, height: u32, limit: u32 },
+    #[error("image processor config: {0}")]
+    Config(String),
+    #[error(
+        "the prompt has {markers} image marker(s) `{marker}` for {images} image(s): put one \
+         marker where each image goes"
+    )]
+    MarkerCount {
+        markers: usize,
+        images: usize,
+        marker: String,
+    },
+}
+
+/// A pixel tensor as the vision tower takes it: row-major `data` of `shape` (for gemma3
+/// `[1, 3, H, W]`, channels first).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl PixelTensor {
+    /// The exact little-endian bytes of `data` (what the goldens hash).
+    pub fn le_bytes(&self) -> Vec<u8> {
+        if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(&self.data).to_vec()
+        } else {
+            self.data.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+    }
+}
