@@ -385,7 +385,14 @@ def main() -> None:
 
     # As Gemma4Processor.from_pretrained makes it: Gemma4ImageProcessor(**image_processor config).
     g4procs = {k: Gemma4ImageProcessor(**v) for k, v in GEMMA4_CONFIGS.items()}
-    bin_chunks, offset = [], 0
+    bin_chunks = []
+
+    def keep(entry, raw_bytes, name):
+        """Every config's tensor but the real one's goes whole into small-tensors.bin."""
+        if name != "real":
+            entry["bin_offset"] = sum(map(len, bin_chunks))
+            entry["bin_len"] = len(raw_bytes)
+            bin_chunks.append(raw_bytes)
     cases = []
     for path in sorted((OUT / "images").iterdir()):
         with Image.open(path) as raw:
@@ -399,11 +406,7 @@ def main() -> None:
             t = t.reshape(1, *t.shape[-3:]).astype(np.float32)
             raw_bytes = t.astype("<f4").tobytes()
             entry = {"shape": list(t.shape), "sha256": hashlib.sha256(raw_bytes).hexdigest(), **stats(t)}
-            if name != "real":
-                entry["bin_offset"] = offset
-                entry["bin_len"] = len(raw_bytes)
-                bin_chunks.append(raw_bytes)
-                offset += len(raw_bytes)
+            keep(entry, raw_bytes, name)
             case["configs"][name] = entry
         case["gemma4"] = {}
         for name, proc in g4procs.items():
@@ -417,11 +420,7 @@ def main() -> None:
             raw_bytes = t.astype("<f4").tobytes()
             entry = {"shape": list(t.shape), "tokens": int(tokens[0]),
                      "sha256": hashlib.sha256(raw_bytes).hexdigest()}
-            if name != "real":
-                entry["bin_offset"] = offset
-                entry["bin_len"] = len(raw_bytes)
-                bin_chunks.append(raw_bytes)
-                offset += len(raw_bytes)
+            keep(entry, raw_bytes, name)
             case["gemma4"][name] = entry
         case["qwen3_vl"] = {}
         for name, proc in qprocs.items():
@@ -438,11 +437,7 @@ def main() -> None:
                 "tokens": int(proc.num_image_tokens(img.height, img.width)),
                 "sha256": hashlib.sha256(raw_bytes).hexdigest(),
             }
-            if name != "real":
-                entry["bin_offset"] = offset
-                entry["bin_len"] = len(raw_bytes)
-                bin_chunks.append(raw_bytes)
-                offset += len(raw_bytes)
+            keep(entry, raw_bytes, name)
             case["qwen3_vl"][name] = entry
         cases.append(case)
     prompts = {
@@ -477,7 +472,7 @@ def main() -> None:
     (OUT / "small-tensors.bin").write_bytes(b"".join(bin_chunks))
     (OUT / "preprocess.json").write_text(json.dumps(golden, indent=1) + "\n")
     total = sum(p.stat().st_size for p in (OUT / "images").iterdir())
-    print(f"{len(cases)} images ({total} bytes), bin {offset} bytes")
+    print(f"{len(cases)} images ({total} bytes), bin {sum(map(len, bin_chunks))} bytes")
 
 
 if __name__ == "__main__":

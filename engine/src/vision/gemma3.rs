@@ -16,7 +16,7 @@
 use serde::Deserialize;
 
 use super::resize::{resize, Filter};
-use super::{PixelTensor, RgbImage, VisionError};
+use super::{PixelTensor, RescaleIn, RgbImage, Scaling, VisionError};
 use crate::plant::{self, Defect};
 
 pub const BOI_TOKEN: &str = "<start_of_image>";
@@ -86,8 +86,7 @@ pub struct Gemma3Processor {
     pub size: Size,
     pub filter: Filter,
     pub do_resize: bool,
-    pub rescale: Option<f64>,
-    pub normalize: Option<([f64; 3], [f64; 3])>,
+    pub scaling: Scaling,
     pub image_seq_length: usize,
 }
 
@@ -139,11 +138,13 @@ impl Gemma3Processor {
             size: cfg.size,
             filter,
             do_resize: cfg.do_resize.unwrap_or(true),
-            rescale: cfg
-                .do_rescale
-                .unwrap_or(true)
-                .then(|| cfg.rescale_factor.unwrap_or(1.0 / 255.0)),
-            normalize: cfg.do_normalize.unwrap_or(true).then_some((mean, std)),
+            scaling: Scaling::from_config(
+                cfg.do_rescale,
+                cfg.rescale_factor,
+                (cfg.do_normalize, true),
+                (mean, std),
+                RescaleIn::F64,
+            ),
             image_seq_length,
         })
     }
@@ -158,26 +159,7 @@ impl Gemma3Processor {
             img
         };
         let (w, h) = (img.width as usize, img.height as usize);
-        let mean_off = if plant::is(Defect::VisionMeanOff) {
-            1.0 / 255.0
-        } else {
-            0.0
-        };
-        // Every output is a function of (channel, byte): a 3×256 table, each entry computed
-        // exactly as the reference computes that value.
-        let mut lut = [[0f32; 256]; 3];
-        for (c, table) in lut.iter_mut().enumerate() {
-            for (p, out) in table.iter_mut().enumerate() {
-                let mut v = match self.rescale {
-                    Some(s) => (p as f64 * s) as f32,
-                    None => p as f32,
-                };
-                if let Some((mean, std)) = self.normalize {
-                    v = (v - (mean[c] as f32 + mean_off)) / std[c] as f32;
-                }
-                *out = v;
-            }
-        }
+        let lut = self.scaling.table();
         let n = h * w;
         let mut data = vec![0f32; 3 * n];
         let (r, rest) = data.split_at_mut(n);

@@ -15,7 +15,7 @@
 use serde::Deserialize;
 
 use super::resize::{resize, Filter};
-use super::{PixelTensor, RgbImage, VisionError};
+use super::{PixelTensor, RescaleIn, RgbImage, Scaling, VisionError};
 use crate::plant::{self, Defect};
 
 /// The image processor's fields (processor_config.json's `image_processor`), with
@@ -40,8 +40,7 @@ pub struct Gemma4Processor {
     pub max_soft_tokens: usize,
     pub pooling_kernel_size: usize,
     pub do_resize: bool,
-    pub rescale: Option<f64>,
-    pub normalize: Option<([f64; 3], [f64; 3])>,
+    pub scaling: Scaling,
 }
 
 /// One image's tensor and the soft tokens it takes in the prompt.
@@ -64,16 +63,16 @@ impl Gemma4Processor {
             max_soft_tokens: cfg.max_soft_tokens.unwrap_or(280),
             pooling_kernel_size: cfg.pooling_kernel_size.unwrap_or(3),
             do_resize: cfg.do_resize.unwrap_or(true),
-            rescale: cfg
-                .do_rescale
-                .unwrap_or(true)
-                .then(|| cfg.rescale_factor.unwrap_or(1.0 / 255.0)),
-            normalize: cfg.do_normalize.unwrap_or(false).then(|| {
+            scaling: Scaling::from_config(
+                cfg.do_rescale,
+                cfg.rescale_factor,
+                (cfg.do_normalize, false),
                 (
                     cfg.image_mean.unwrap_or([0.5; 3]),
                     cfg.image_std.unwrap_or([0.5; 3]),
-                )
-            }),
+                ),
+                RescaleIn::F32,
+            ),
         };
         let ok = |v: usize, max: usize| (1..=max).contains(&v);
         if !ok(p.patch_size, 64) || !ok(p.max_soft_tokens, 16384) || !ok(p.pooling_kernel_size, 8) {
@@ -122,26 +121,7 @@ impl Gemma4Processor {
         } else {
             img
         };
-        let mean_off = if plant::is(Defect::VisionMeanOff) {
-            1.0 / 255.0
-        } else {
-            0.0
-        };
-        let mut lut = [[0f32; 256]; 3];
-        for (c, table) in lut.iter_mut().enumerate() {
-            for (p, out) in table.iter_mut().enumerate() {
-                let mut v = p as f32;
-                if let Some(s) = self.rescale {
-                    v *= s as f32;
-                }
-                match self.normalize {
-                    Some((mean, std)) => v = (v - (mean[c] as f32 + mean_off)) / std[c] as f32,
-                    // No normalization in the reference: the planted defect shifts the values.
-                    None => v -= mean_off,
-                }
-                *out = v;
-            }
-        }
+        let lut = self.scaling.table();
         let (h, w) = (img.height as usize, img.width as usize);
         let n = h * w;
         let mut data = vec![0f32; 3 * n];

@@ -116,3 +116,69 @@ impl PixelTensor {
         }
     }
 }
+
+/// Where a processor multiplies a byte by its rescale factor: transformers' PIL processors
+/// in f64 (numpy upcasts, then the result is cast to f32), mlx-vlm's numpy ports in f32
+/// (the Python float is weak, so the product stays f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescaleIn {
+    F64,
+    F32,
+}
+
+/// A processor's rescale (`do_rescale`, `rescale_factor`) and normalize (`do_normalize`,
+/// `image_mean`, `image_std`), resolved from its config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scaling {
+    pub rescale: Option<f64>,
+    pub normalize: Option<([f64; 3], [f64; 3])>,
+    pub rescale_in: RescaleIn,
+}
+
+impl Scaling {
+    /// From a config's fields; `normalize_by_default` is the family's `do_normalize`
+    /// default, the rescale factor's is 1/255.
+    pub fn from_config(
+        do_rescale: Option<bool>,
+        rescale_factor: Option<f64>,
+        (do_normalize, normalize_by_default): (Option<bool>, bool),
+        (mean, std): ([f64; 3], [f64; 3]),
+        rescale_in: RescaleIn,
+    ) -> Self {
+        Scaling {
+            rescale: do_rescale
+                .unwrap_or(true)
+                .then(|| rescale_factor.unwrap_or(1.0 / 255.0)),
+            normalize: do_normalize
+                .unwrap_or(normalize_by_default)
+                .then_some((mean, std)),
+            rescale_in,
+        }
+    }
+
+    /// Every output value as a function of (channel, byte): a 3×256 table, each entry
+    /// computed as the reference computes it: rescale, then `(x − f32(mean[c])) /
+    /// f32(std[c])` in f32.
+    pub fn table(&self) -> [[f32; 256]; 3] {
+        // Planted: the mean is off by 1/255 (without normalization, the values shift).
+        let mean_off = match crate::plant::is(crate::plant::Defect::VisionMeanOff) {
+            true => 1.0 / 255.0,
+            false => 0.0,
+        };
+        let mut lut = [[0f32; 256]; 3];
+        for (c, table) in lut.iter_mut().enumerate() {
+            for (p, out) in table.iter_mut().enumerate() {
+                let v = match (self.rescale, self.rescale_in) {
+                    (Some(s), RescaleIn::F64) => (p as f64 * s) as f32,
+                    (Some(s), RescaleIn::F32) => p as f32 * s as f32,
+                    (None, _) => p as f32,
+                };
+                *out = match self.normalize {
+                    Some((mean, std)) => (v - (mean[c] as f32 + mean_off)) / std[c] as f32,
+                    None => v - mean_off,
+                };
+            }
+        }
+        lut
+    }
+}

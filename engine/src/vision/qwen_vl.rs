@@ -27,7 +27,7 @@
 use serde::Deserialize;
 
 use super::resize::{resize, Filter};
-use super::{PixelTensor, RgbImage, VisionError};
+use super::{PixelTensor, RescaleIn, RgbImage, Scaling, VisionError};
 use crate::plant::{self, Defect};
 
 /// The fields of preprocessor_config.json this processor reads (mlx-vlm's defaults for the
@@ -61,8 +61,7 @@ pub struct QwenVlProcessor {
     pub merge_size: usize,
     pub min_pixels: u64,
     pub max_pixels: u64,
-    pub rescale: Option<f64>,
-    pub normalize: Option<([f64; 3], [f64; 3])>,
+    pub scaling: Scaling,
 }
 
 /// One image's patches.
@@ -94,16 +93,16 @@ impl QwenVlProcessor {
                 .max_pixels
                 .or(size.longest_edge)
                 .unwrap_or(14 * 14 * 4 * 1280),
-            rescale: cfg
-                .do_rescale
-                .unwrap_or(true)
-                .then(|| cfg.rescale_factor.unwrap_or(1.0 / 255.0)),
-            normalize: cfg.do_normalize.unwrap_or(true).then(|| {
+            scaling: Scaling::from_config(
+                cfg.do_rescale,
+                cfg.rescale_factor,
+                (cfg.do_normalize, true),
                 (
                     cfg.image_mean.unwrap_or([0.5; 3]),
                     cfg.image_std.unwrap_or([0.5; 3]),
-                )
-            }),
+                ),
+                RescaleIn::F32,
+            ),
         };
         let ok = |v: usize, max: usize| (1..=max).contains(&v);
         if !ok(p.patch_size, 64) || !ok(p.temporal_patch_size, 8) || !ok(p.merge_size, 8) {
@@ -118,7 +117,7 @@ impl QwenVlProcessor {
                 p.min_pixels, p.max_pixels
             )));
         }
-        if let Some((_, std)) = p.normalize {
+        if let Some((_, std)) = p.scaling.normalize {
             if std.iter().any(|s| !s.is_finite() || *s == 0.0) {
                 return Err(VisionError::Config(format!(
                     "image_std {std:?}: need finite nonzero values"
@@ -165,24 +164,7 @@ impl QwenVlProcessor {
         let (ps, tps, ms) = (self.patch_size, self.temporal_patch_size, self.merge_size);
         let (h, w) = (h as usize, w as usize);
         let (gh, gw) = (h / ps, w / ps);
-        let mut lut = [[0f32; 256]; 3];
-        for (c, table) in lut.iter_mut().enumerate() {
-            for (p, out) in table.iter_mut().enumerate() {
-                let mut v = p as f32;
-                if let Some(s) = self.rescale {
-                    v *= s as f32;
-                }
-                if let Some((mean, std)) = self.normalize {
-                    let off = if plant::is(Defect::VisionMeanOff) {
-                        1.0 / 255.0
-                    } else {
-                        0.0
-                    };
-                    v = (v - (mean[c] as f32 + off)) / std[c] as f32;
-                }
-                *out = v;
-            }
-        }
+        let lut = self.scaling.table();
         let cols = 3 * tps * ps * ps;
         let mut data = vec![0f32; gh * gw * cols];
         let mut row = 0;
