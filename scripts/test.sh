@@ -46,7 +46,7 @@ cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"
 # CARGO_MANIFEST_DIR set), and its source as a label.
 field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
 engine_it=() other=()
-split_off=(train_families:: orpo_prefix:: segmented:: constrained:: constrained_fuzz:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget::)
+split_off=(train_families:: orpo_prefix:: segmented:: constrained:: constrained_fuzz:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget:: serve_adapters:: vision_preprocess::)
 harness=()
 while IFS= read -r line; do
   exe="$(field executable "$line")"
@@ -56,10 +56,11 @@ while IFS= read -r line; do
   entry="$exe|$dir|${src#"$PWD"/}"
   if [ "$src" = "$PWD/engine/tests/it/main.rs" ]; then
     # Some of its in-process modules (MLX, temp dirs only: the training families,
-    # constrained decoding, the compiled step, the SSD store), the chat page's browser
-    # tests and the embeddings, /metrics and memory-budget servers (their servers bind port 0 themselves)
-    # go to the other lane, to balance the two (measured in a fresh-clone CI run: ~690 s
-    # each before the last moves); libtest's filters and --skips match the same names.
+    # constrained decoding and its fuzz, the compiled step, the SSD store, image
+    # preprocessing), the chat page's browser tests and the embeddings, /metrics,
+    # memory-budget and adapter servers (their servers bind port 0 themselves) go to the
+    # other lane, to balance the two (measured in a fresh-clone CI run of b5de748: 650 s and
+    # 618 s before the last two moves); libtest's filters and --skips match the same names.
     engine_it+=("$entry|${split_off[*]/#/--skip }")
     other+=("$entry|${split_off[*]}")
   elif [[ "$src" == "$PWD/harness/"* ]]; then
