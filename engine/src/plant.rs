@@ -368,6 +368,9 @@ pub enum Defect {
     /// the other models' prompt caches hold (caught by engine/tests/it/serve_fleet.rs: the
     /// ledger's peak passes the budget).
     FleetLoadBesideCaches,
+    /// Serve: a grammar's fault while generating is taken for the server's (a 500). Caught
+    /// by engine/tests/it/constrained_fuzz.rs (the recursive schema must be a 400).
+    GrammarFaultIsTheServers,
     /// Serve, /tokenize: chat messages are tokenized with the tokenizer's special tokens
     /// added (a second BOS before the template's). Caught by `serve_metrics.rs` (tokenize
     /// of messages must equal the chat route's prompt ids).
@@ -610,6 +613,7 @@ pub fn on_from_env() -> Result<(), String> {
             "GrammarLimitsIgnored" => Defect::GrammarLimitsIgnored,
             "GrammarFaultLosesGroup" => Defect::GrammarFaultLosesGroup,
             "FleetLoadBesideCaches" => Defect::FleetLoadBesideCaches,
+            "GrammarFaultIsTheServers" => Defect::GrammarFaultIsTheServers,
             "TokenizeChatAddsSpecial" => Defect::TokenizeChatAddsSpecial,
             "SseKeepAliveOff" => Defect::SseKeepAliveOff,
             "PromptProgressDropped" => Defect::PromptProgressDropped,

@@ -21,11 +21,20 @@ pub struct ApiError {
 /// being generated.
 impl From<mlx_rs::error::Exception> for ApiError {
     fn from(e: mlx_rs::error::Exception) -> Self {
-        match crate::constrain::grammar_fault(e.what()) {
+        match grammar_fault(e.what()) {
             Some(why) => ApiError::grammar(why),
             None => ApiError::server(format!("generation failed: {e}")),
         }
     }
+}
+
+/// `constrain::grammar_fault`, unless planted away: every grammar fault then taken for the
+/// server's (caught by engine/tests/it/constrained_fuzz.rs: a 500).
+fn grammar_fault(message: &str) -> Option<&str> {
+    if crate::plant::is(crate::plant::Defect::GrammarFaultIsTheServers) {
+        return None;
+    }
+    crate::constrain::grammar_fault(message)
 }
 
 impl ApiError {
@@ -57,7 +66,7 @@ impl ApiError {
     /// server's, a 500.
     pub fn generation(e: impl std::fmt::Display) -> Self {
         let text = e.to_string();
-        match crate::constrain::grammar_fault(&text) {
+        match grammar_fault(&text) {
             Some(why) => ApiError::grammar(why),
             None => ApiError::server(format!("generation failed: {text}")),
         }

@@ -445,11 +445,12 @@ fn plain_schema(port: u16) -> (u16, Value) {
     post(port, "/v1/completions", &completion(&s, false))
 }
 
-/// Both lanes: the recursive schema whole and streamed (a 4xx, or an error event naming
-/// the grammar), then fuzz schemas each beside a plain request: 200 or 400 (never 5xx),
+/// Both lanes: the recursive schema whole (on completions, chat, Responses and Messages)
+/// and streamed (a 4xx, or an error event naming the grammar), then fuzz schemas each beside a plain request: 200 or 400 (never 5xx),
 /// every finished answer valid; the plain request answered. The server answers after all.
 /// And `--grammar-step-fuel 10` turns a plain schema's answer into a 400 `grammar_error`
-/// (planted: `GrammarLimitsIgnored`, the flag not applied → a 200).
+/// (planted: `GrammarLimitsIgnored`, the flag not applied → a 200). Planted
+/// `GrammarFaultIsTheServers`: the recursive schema is a 500.
 #[test]
 fn the_server_answers_fuzzed_grammars_on_both_lanes_without_a_server_error() {
     let starve = ["--grammar-step-fuel", "10"];
@@ -462,6 +463,11 @@ fn the_server_answers_fuzzed_grammars_on_both_lanes_without_a_server_error() {
                 let dir = common::goldens().join("models").join(MODEL);
                 let env = [("ENGINE_PLANT", "GrammarLimitsIgnored")];
                 common::server::serve_dir_with_env(&dir, &starve, &env)
+            }),
+            sc.spawn(|| {
+                let dir = common::goldens().join("models").join(MODEL);
+                let env = [("ENGINE_PLANT", "GrammarFaultIsTheServers")];
+                common::server::serve_dir_with_env(&dir, &[], &env)
             }),
         ];
         starts.into_iter().map(|h| h.join().unwrap()).collect()
@@ -476,11 +482,37 @@ fn the_server_answers_fuzzed_grammars_on_both_lanes_without_a_server_error() {
     );
     let (status, r) = plain_schema(servers[3].port);
     assert_eq!(status, 200, "GrammarLimitsIgnored was not caught: {r}");
+    // Planted: a grammar's fault taken for the server's.
+    let (status, r) = post(
+        servers[4].port,
+        "/v1/completions",
+        &completion(&recursive(), false),
+    );
+    assert_eq!(status, 500, "GrammarFaultIsTheServers was not caught: {r}");
     for (srv, extra) in servers.iter().zip([&[][..], &["--batch", "4"][..]]) {
         let port = srv.port;
         let (status, r) = post(port, "/v1/completions", &completion(&recursive(), false));
         assert!(status == 400, "{extra:?}: {status} {r}");
         assert_eq!(r["error"]["code"], "grammar_error", "{r}");
+        // The same schema on chat, Responses and Messages: a 400 in each API's shape.
+        let user = json!([{"role": "user", "content": "hi"}]);
+        let format = json!({"type": "json_schema", "json_schema":
+                            {"name": "t", "schema": recursive(), "strict": true}});
+        let chat = json!({"messages": user, "max_tokens": 16, "response_format": format});
+        let responses = json!({"input": "hi", "max_output_tokens": 16, "text": {"format":
+            {"type": "json_schema", "name": "t", "schema": recursive(), "strict": true}}});
+        let messages = json!({"model": "m", "messages": user, "max_tokens": 16,
+            "output_config": {"format": {"type": "json_schema", "schema": recursive()}}});
+        for (path, body) in [
+            ("/v1/chat/completions", chat),
+            ("/v1/responses", responses),
+            ("/v1/messages", messages),
+        ] {
+            let (status, r) = post(port, path, &body);
+            assert_eq!(status, 400, "{extra:?} {path}: {r}");
+            let kind = r["error"]["type"].as_str().unwrap_or_default();
+            assert_eq!(kind, "invalid_request_error", "{extra:?} {path}: {r}");
+        }
         let body = completion(&recursive(), true).to_string();
         let (status, text) = http(port, "POST", "/v1/completions", body.as_bytes());
         match status {
