@@ -7,7 +7,7 @@
 //! `FleetLoadTimeoutIgnored` (a load kept waiting by busy models must end in a 503),
 //! `TurnNeverPassed` (two busy models must stream at once).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -505,44 +505,53 @@ fn a_load_kept_waiting_by_a_busy_model_is_a_503_with_retry_after_and_the_next_tr
     );
 }
 
-/// A streamed completion's text and when each of its text chunks arrived.
-fn timed_stream(port: u16, body: &Value) -> (String, Vec<Instant>) {
+/// A streamed completion read chunk by chunk: its text chunks, and whether the stream ended by itself (`[DONE]`). `go_on(chunks so far)` is asked after each
+/// chunk; `false` drops the connection, which cancels the request.
+struct Streamed {
+    chunks: Vec<String>,
+    ended: bool,
+}
+
+fn stream_chunks(port: u16, body: &Value, mut go_on: impl FnMut(usize) -> bool) -> Streamed {
     use std::io::BufRead;
     let conn = common::server::send_stream(port, body);
-    let (mut text, mut times) = (String::new(), Vec::new());
+    let mut out = Streamed {
+        chunks: Vec::new(),
+        ended: false,
+    };
     for line in std::io::BufReader::new(conn).lines() {
         let line = line.unwrap();
         let Some(data) = line.strip_prefix("data: ") else {
             continue;
         };
         if data == "[DONE]" {
+            out.ended = true;
             break;
         }
         let v: Value = serde_json::from_str(data).unwrap();
         if let Some(piece) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
-            text.push_str(piece);
-            times.push(Instant::now());
+            out.chunks.push(piece.to_string());
+            if !go_on(out.chunks.len()) {
+                break;
+            }
         }
     }
-    assert!(!times.is_empty(), "no text streamed");
-    (text, times)
-}
-
-/// The share of `these` chunks that arrived while the `other` stream was streaming.
-fn share_during(these: &[Instant], other: &[Instant]) -> f64 {
-    let (from, to) = (other[0], other[other.len() - 1]);
-    let inside = these.iter().filter(|t| (from..=to).contains(t)).count();
-    inside as f64 / these.len() as f64
+    assert!(!out.chunks.is_empty(), "no text streamed");
+    out
 }
 
 /// `--max-models 2`, both models busy at once: each answers exactly what it answers alone
 /// (their model threads share the process's MLX, one step at a time), and the two streams
-/// run together: at least a quarter of each one's chunks arrive while the other streams
-/// (the MLX turn is handed over at every step; alone, one stream would end before the
-/// other began). 400 tokens each, EOS banned by `logit_bias`. Planted: the turn is never
-/// offered → the streams run one after the other.
+/// run together (the MLX turn is handed over at every step). A long stream of model A
+/// (up to 2,500 tokens) is kept open until a 100-token stream of model B, sent once A's
+/// first chunk is in, has ended: B must run from start to end while A is mid-answer. That
+/// claim does not depend on when B's request lands or how the client's reader threads are
+/// scheduled (A cannot end first unless B waits 2,500 of A's steps); the step-by-step
+/// alternation itself is `serve::turn`'s unit test. EOS banned by `logit_bias`. Planted: the
+/// turn is never offered → B starts only after A has ended.
 #[test]
 fn two_busy_models_stream_at_once_and_each_answers_as_alone() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let servers = start_all(2, |i| match i {
         0 => fleet(&["--max-models", "2"], &[]),
         _ => fleet(
@@ -551,40 +560,58 @@ fn two_busy_models_stream_at_once_and_each_answers_as_alone() {
         ),
     });
     // Both models' EOS ids (their generation_config.json: 6 and 2; 8 and 2).
-    let body = |model: &str| {
-        json!({"model": model, "prompt": "Once upon a time", "max_tokens": 400,
+    let body = |model: &str, max_tokens: u32| {
+        json!({"model": model, "prompt": "Once upon a time", "max_tokens": max_tokens,
                "stream": true, "logit_bias": {"2": -100, "6": -100, "8": -100}})
     };
-    // The smaller share of either stream's chunks that arrived during the other.
+    const SHORT: usize = 100;
+    // Whether B ended while A was still mid-answer.
     let together = |port: u16| {
-        let alone: Vec<String> = [A, B]
-            .iter()
-            .map(|m| timed_stream(port, &body(m)).0)
-            .collect();
+        let alone = |m: &str| stream_chunks(port, &body(m, SHORT as u32), |_| true).chunks;
+        let (alone_a, alone_b) = (alone(A), alone(B));
+        let (a_started, b_done) = (std::sync::mpsc::channel(), AtomicBool::new(false));
         let (a, b) = std::thread::scope(|s| {
-            let a = s.spawn(|| timed_stream(port, &body(A)));
-            let b = s.spawn(|| timed_stream(port, &body(B)));
-            (a.join().unwrap(), b.join().unwrap())
+            let (started, b_done) = (a_started.0, &b_done);
+            let a = s.spawn(move || {
+                stream_chunks(port, &body(A, 2500), |n| {
+                    if n == 1 {
+                        started.send(()).unwrap();
+                    }
+                    !b_done.load(SeqCst)
+                })
+            });
+            a_started
+                .1
+                .recv_timeout(Duration::from_secs(120))
+                .expect("A never streamed");
+            let b = stream_chunks(port, &body(B, SHORT as u32), |_| true);
+            b_done.store(true, SeqCst);
+            (a.join().unwrap(), b)
         });
+        assert!(b.ended, "B's stream did not end");
+        assert_eq!(b.chunks, alone_b, "B answers differently beside A");
+        // A's answer so far is its answer alone (the last chunk of a capped stream may
+        // hold back partial UTF-8, so it is left out of the comparison).
+        let n = (alone_a.len() - 1).min(a.chunks.len());
         assert_eq!(
-            [&a.0, &b.0],
-            [&alone[0], &alone[1]],
-            "answers differ when both run"
+            a.chunks[..n],
+            alone_a[..n],
+            "A answers differently beside B"
         );
-        share_during(&a.1, &b.1).min(share_during(&b.1, &a.1))
+        // A was cut (by the reader, after B's end) rather than ended by itself.
+        !a.ended
     };
     let (clean, planted) = std::thread::scope(|s| {
         let planted = s.spawn(|| together(servers[1].port));
         (together(servers[0].port), planted.join().unwrap())
     });
-    eprintln!("chunks streamed during the other model's: {clean:.2} (planted {planted:.2})");
     assert!(
-        clean >= 0.25,
-        "the two models did not stream together: {clean:.2}"
+        clean,
+        "the two models did not stream together: A ended before B"
     );
     assert!(
-        planted < 0.25,
-        "TurnNeverPassed was not caught: {planted:.2}"
+        !planted,
+        "TurnNeverPassed was not caught: B ran while A was mid-answer"
     );
 }
 
