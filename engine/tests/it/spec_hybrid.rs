@@ -55,6 +55,10 @@ const MORE_HYBRIDS: [&str; 4] = [
     "tiny-granite-h",
 ];
 const MORE_SPEC: usize = 3;
+/// How many L1 prompts each gate takes (their first ones; for lookup, with their echoes).
+const SPEC_PROMPTS: usize = 3;
+const LOOKUP_PROMPTS: usize = 3;
+const MORE_LOOKUP_PROMPTS: usize = 2;
 const SPEC_GAMMAS: [usize; 2] = [2, 4];
 const LOOKUP_GAMMAS: [usize; 2] = [4, 10];
 
@@ -172,14 +176,19 @@ fn spec_tally(name: &str, prompts: usize) -> Tally {
     tally
 }
 
-/// The L1 prompts, an echo of each (see the module header), and each echo with its copy of
+/// The first `prompts` L1 prompts, an echo of each (see the module header), and each echo with its copy of
 /// the continuation wrong at one id (the fourth): drafts copied across it are accepted up
 /// to there and rejected from there, also on models whose continuation is one id repeated
 /// (tiny-lfm2, tiny-falcon-h1), whose plain echoes are accepted whole. Each with its plain
 /// greedy ids.
-fn lookup_prompts(target: &dyn LanguageModel, name: &str) -> Vec<(Vec<u32>, Vec<u32>)> {
+fn lookup_prompts(
+    target: &dyn LanguageModel,
+    name: &str,
+    prompts: usize,
+) -> Vec<(Vec<u32>, Vec<u32>)> {
     let l1: Vec<(Vec<u32>, Vec<u32>)> = l1_prompts(name)
         .into_iter()
+        .take(prompts)
         .map(|p| {
             let want = greedy(target, &p);
             (p, want)
@@ -199,12 +208,13 @@ fn lookup_prompts(target: &dyn LanguageModel, name: &str) -> Vec<(Vec<u32>, Vec<
     l1.iter().cloned().chain(echoes).collect()
 }
 
-/// Prompt lookup on `name` against plain greedy (`only`: a subset of the prompts, by their
-/// index in `lookup_prompts`).
-fn lookup_tally(name: &str, only: Option<&[usize]>) -> Tally {
+/// Prompt lookup on `name` against plain greedy over `lookup_prompts(.., prompts)` (`only`: a
+/// subset of them, by their index there).
+fn lookup_tally(name: &str, prompts: usize, only: Option<&[usize]>) -> Tally {
     let target = model(name);
     let mut tally = Tally::default();
-    for (p, (prompt, want)) in lookup_prompts(target.as_ref(), name).iter().enumerate() {
+    let all = lookup_prompts(target.as_ref(), name, prompts);
+    for (p, (prompt, want)) in all.iter().enumerate() {
         if only.is_some_and(|o| !o.contains(&p)) {
             continue;
         }
@@ -219,14 +229,14 @@ fn lookup_tally(name: &str, only: Option<&[usize]>) -> Tally {
 #[test]
 fn speculative_decoding_over_recurrent_states_emits_plain_greedy_ids() {
     for name in SPEC_MODELS {
-        spec_tally(name, usize::MAX).check(&format!("{name} + its q4 drafter"));
+        spec_tally(name, SPEC_PROMPTS).check(&format!("{name} + its q4 drafter"));
     }
 }
 
 #[test]
 fn prompt_lookup_over_recurrent_states_emits_plain_greedy_ids() {
     for name in LOOKUP_MODELS {
-        lookup_tally(name, None).check(&format!("{name} prompt lookup"));
+        lookup_tally(name, LOOKUP_PROMPTS, None).check(&format!("{name} prompt lookup"));
     }
 }
 
@@ -236,7 +246,7 @@ fn speculation_and_lookup_over_the_other_hybrid_families_emit_plain_greedy_ids()
         spec_tally(name, 2).check(&format!("{name} + its q4 drafter"));
     }
     for name in MORE_HYBRIDS {
-        lookup_tally(name, None).check(&format!("{name} prompt lookup"));
+        lookup_tally(name, MORE_LOOKUP_PROMPTS, None).check(&format!("{name} prompt lookup"));
     }
 }
 
@@ -253,7 +263,7 @@ fn planted_rollback_defects_fail_the_greedy_gate() {
     for defect in PLANTS {
         let planted = plant::on(defect).unwrap();
         let spec = spec_tally("tiny-qwen3-5", 2);
-        let lookup = lookup_tally("tiny-mamba2", Some(&[7, 9]));
+        let lookup = lookup_tally("tiny-mamba2", 3, Some(&[5, 7]));
         let next = spec_tally("tiny-qwen3-next", 1);
         drop(planted);
         assert!(
