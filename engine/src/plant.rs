@@ -393,6 +393,9 @@ pub enum Defect {
     /// Serve, /v1/messages: a stream's `message_delta` comes before the last
     /// `content_block_stop`. Caught by the stream-order check (`tests/it/messages.rs`).
     MessagesEventsOutOfOrder,
+    /// Serve, images: a `file://` image outside `--allow-local-files DIR` (by `..` or a
+    /// link) is read. Caught by `serve::images`' unit test and `tests/it/serve_images.rs`.
+    ImageOutsideAllowedDir,
     /// `/v1/embeddings`' last-token pooling takes the token before the last (an off-by-one
     /// over the appended end-of-text token). Caught by the bit-exact gate against mlx-lm
     /// and the cosine gate against sentence-transformers (`tests/it/embeddings.rs`).
@@ -648,6 +651,7 @@ pub fn on_from_env() -> Result<(), String> {
             "FleetAdaptersOnEveryModel" => Defect::FleetAdaptersOnEveryModel,
             "BudgetEmbeddingsUnreserved" => Defect::BudgetEmbeddingsUnreserved,
             "BudgetOtherModelsCacheUncounted" => Defect::BudgetOtherModelsCacheUncounted,
+            "ImageOutsideAllowedDir" => Defect::ImageOutsideAllowedDir,
             "VisionResizeNearest" => Defect::VisionResizeNearest,
             "VisionMeanOff" => Defect::VisionMeanOff,
             "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,

@@ -111,9 +111,24 @@ pub struct ServeArgs {
     /// api_key so); the chat page asks for it. Also read from ENGINE_API_KEY.
     #[arg(long, env = "ENGINE_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Largest request body accepted, in bytes.
+    /// Largest request body accepted, in bytes (images come inline, base64: raise it for
+    /// large ones).
     #[arg(long, default_value_t = 4 << 20)]
     pub max_body_bytes: usize,
+    /// Images given as `file://` paths (or absolute paths) are read from under this
+    /// directory only; without it, only inline data: URLs and base64 blocks are read.
+    #[arg(long, value_name = "DIR")]
+    pub allow_local_files: Option<PathBuf>,
+    /// Most images one request may carry.
+    #[arg(long, default_value_t = 8)]
+    pub max_images_per_request: usize,
+    /// Largest image accepted, in pixels (width × height, read from its header before it
+    /// is decoded).
+    #[arg(long, default_value_t = crate::vision::Limits::DEFAULT.max_pixels)]
+    pub max_image_pixels: u64,
+    /// Longest image side accepted, in pixels.
+    #[arg(long, default_value_t = crate::vision::Limits::DEFAULT.max_side)]
+    pub max_image_side: u32,
     /// Structured outputs: lexer fuel to compile one request's grammar (JSON schema,
     /// regex, Lark, strict tools); bounds its compile time (1M: ~20 ms). Over it: a 400.
     #[arg(long, default_value_t = crate::constrain::LIMITS.initial_lexer_fuel)]
@@ -170,4 +185,39 @@ pub struct ServeArgs {
     /// Under mlx.launch: rank 0 serves HTTP, the other ranks follow it (docs/distributed.md).
     #[command(flatten)]
     pub dist: crate::dist::DistArgs,
+}
+
+impl ServeArgs {
+    /// The image rules requests are read under (`serve::images`); `--allow-local-files` is
+    /// canonical here (`check_images` made it so at startup).
+    pub fn image_rules(&self) -> super::images::Rules {
+        super::images::Rules {
+            local_dir: self.allow_local_files.clone(),
+            max_images: self.max_images_per_request,
+            limits: crate::vision::Limits {
+                max_side: self.max_image_side,
+                max_pixels: self.max_image_pixels,
+            },
+            reads_images: false,
+        }
+    }
+
+    /// Startup checks of the image flags; makes `--allow-local-files` canonical.
+    pub fn check_images(&mut self) -> anyhow::Result<()> {
+        if let Some(dir) = &self.allow_local_files {
+            let real = dir.canonicalize().ok().filter(|d| d.is_dir());
+            let Some(real) = real else {
+                anyhow::bail!(
+                    "--allow-local-files {}: not a directory; name an existing directory",
+                    dir.display()
+                );
+            };
+            self.allow_local_files = Some(real);
+        }
+        anyhow::ensure!(
+            self.max_image_pixels > 0 && self.max_image_side > 0,
+            "--max-image-pixels and --max-image-side must be above 0"
+        );
+        Ok(())
+    }
 }

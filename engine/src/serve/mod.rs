@@ -17,6 +17,7 @@ pub mod error;
 mod fleet;
 mod follower;
 pub mod guard;
+pub mod images;
 mod lead;
 pub mod messages;
 pub mod metrics;
@@ -286,6 +287,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         crate::constrain::set_work(work),
         "the grammar limits were set already in this process"
     );
+    args.check_images()?;
     if fleet::wanted(&args) {
         return fleet::run(args);
     }
@@ -641,6 +643,7 @@ fn app_state(
             context,
             vocab,
             template_kwargs: config.template_kwargs,
+            images: args.image_rules(),
         },
         jobs: Mutex::new(Some(jobs)),
         counters,

@@ -21,6 +21,8 @@ pub struct Defaults {
     pub vocab: usize,
     /// `--chat-template-args`: template kwargs every chat request starts from.
     pub template_kwargs: Map<String, Value>,
+    /// What image inputs are read, and whether the model reads any (`serve::images`).
+    pub images: super::images::Rules,
 }
 
 #[cfg(test)]
@@ -37,6 +39,7 @@ impl Defaults {
             context: 2048,
             vocab: 1000,
             template_kwargs: Map::new(),
+            images: Default::default(),
         }
     }
 }
@@ -95,6 +98,8 @@ pub struct GenRequest {
     pub think_budget: Option<usize>,
     /// The `model` the client named: the base model or an adapter (`adapters::Registry`).
     pub model: Option<String>,
+    /// The request's images, checked, in the order they appear (`serve::images`).
+    pub images: Vec<super::images::Image>,
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

@@ -29,14 +29,18 @@ pub struct Limits {
     pub max_pixels: u64,
 }
 
-impl Default for Limits {
+impl Limits {
     /// 16384 px a side (no camera makes more; a 1×100000 strip is refused), 40 MP in all
     /// (a 120 MB RGB buffer; Pillow warns past 89 MP and refuses past 179 MP).
+    pub const DEFAULT: Limits = Limits {
+        max_side: 16384,
+        max_pixels: 40_000_000,
+    };
+}
+
+impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_side: 16384,
-            max_pixels: 40_000_000,
-        }
+        Limits::DEFAULT
     }
 }
 

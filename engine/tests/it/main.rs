@@ -28,6 +28,7 @@ mod serve_adapters;
 mod serve_budget;
 mod serve_fleet;
 mod serve_hardening;
+mod serve_images;
 mod serve_limits;
 mod serve_metrics;
 mod serve_tools;

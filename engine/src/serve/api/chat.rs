@@ -13,6 +13,7 @@ use super::knobs::{Knobs, Logprobs};
 use super::parts::{Kinds, Parts};
 use super::{read, Obj};
 use crate::serve::error::ApiError;
+use crate::serve::images;
 use crate::serve::request::{Chat, Defaults, GenRequest, Prompt};
 
 /// The chat API's own fields.
@@ -55,15 +56,15 @@ struct Message {
 /// `process_message_content`: a string, or a list of `{type: "text", text}` parts joined.
 type Content = Parts<ChatParts>;
 
-/// The chat API's parts: `{"type": "text", "text": …}` (no images: the engine reads text
-/// only).
+/// The chat API's parts: `{"type": "text", "text": …}` and `{"type": "image_url", …}`.
 #[derive(Debug)]
 enum ChatParts {}
 
 impl Kinds for ChatParts {
     const TYPES: &'static [&'static str] = &["text"];
-    const REFUSAL: &'static str =
-        "only {\"type\": \"text\", \"text\": …} content parts are supported";
+    const IMAGE: &'static str = "image_url";
+    const REFUSAL: &'static str = "only {\"type\": \"text\", \"text\": …} and \
+         {\"type\": \"image_url\", \"image_url\": {\"url\": …}} content parts are supported";
 }
 
 /// An assistant message's tool call; only `function.arguments` is read (the template
@@ -143,7 +144,9 @@ pub fn parse(body: &Value, d: &Defaults) -> Result<GenRequest, ApiError> {
     };
     template_kwargs(&mut chat, b.chat_template_kwargs, &d.template_kwargs)?;
     let logprobs = b.logprobs.map(Logprobs::Flag);
-    knobs.into_request(Prompt::Chat(Box::new(chat)), logprobs, d)
+    let mut request = knobs.into_request(Prompt::Chat(Box::new(chat)), logprobs, d)?;
+    request.images = images::read(images::in_chat(body)?, &d.images)?;
+    Ok(request)
 }
 
 /// The messages for the template: each raw dict with its content made text and its

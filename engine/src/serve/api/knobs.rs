@@ -153,6 +153,7 @@ impl Knobs {
             return_progress: self.return_progress.unwrap_or(false),
             think_budget: None,
             model: self.model.clone(),
+            images: Vec::new(),
         })
     }
 

@@ -1,5 +1,6 @@
 //! A message content read as text: a string, or a list of text parts joined. The chat and
 //! Responses APIs read it alike and differ only in the part `type`s they take (`Kinds`).
+//! Image parts are let through here and read by `serve::images` from the body.
 
 use std::marker::PhantomData;
 
@@ -8,10 +9,12 @@ use serde::Deserialize;
 
 use super::Obj;
 
-/// The text parts an API takes (no images or files: the engine reads text only).
+/// The parts an API takes: text, and its image part (no files).
 pub trait Kinds {
-    /// The part `type`s taken.
+    /// The text part `type`s taken.
     const TYPES: &'static [&'static str];
+    /// The image part's `type` (no text of its own: `serve::images` reads it).
+    const IMAGE: &'static str;
     /// The refusal of any other part (clients and tests read it as written).
     const REFUSAL: &'static str;
 }
@@ -65,6 +68,7 @@ impl<'de, K: Kinds> Deserialize<'de> for TextPart<K> {
         let p = RawPart::deserialize(d)?;
         match (p.kind.as_deref(), p.text) {
             (Some(kind), Some(t)) if K::TYPES.contains(&kind) => Ok(TextPart(t, PhantomData)),
+            (Some(kind), _) if kind == K::IMAGE => Ok(TextPart(String::new(), PhantomData)),
             _ => Err(de::Error::custom(K::REFUSAL)),
         }
     }

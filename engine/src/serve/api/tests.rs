@@ -54,7 +54,7 @@ fn refusals_name_the_field() {
         (json!({"messages": [{"role": "bot"}]}), "messages[0].role"),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
-            "messages[0].content[0]",
+            "messages[0].content[0].image_url",
         ),
         (
             json!({"messages": [{"role": "assistant", "tool_calls": [{"function": {"arguments": "{x"}}]}]}),

@@ -23,6 +23,7 @@ use super::super::api::chat::template_kwargs;
 use super::super::api::knobs::{Knobs, Stop};
 use super::super::api::{read, read_at, Obj, TextOr};
 use super::super::error::ApiError;
+use super::super::images;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::super::tools::{Family, Markers};
 use super::body::{Block, Body, Content, MessageParam, OutputConfig, Thinking, Tool, ToolChoice};
@@ -124,6 +125,7 @@ pub fn translate(
         .into_request(Prompt::Chat(Box::new(chat)), None, d)
         .map_err(renamed)?;
     request.think_budget = think_budget;
+    request.images = images::read(images::in_messages(body)?, &d.images)?;
     Ok(Translated {
         request,
         model: b.model,
@@ -245,6 +247,9 @@ fn user(blocks: Vec<Obj<Block>>, at: &str, out: &mut Vec<Value>) -> Result<(), A
                 text.push_str(&text_block(b, &bat)?);
                 any_text = true;
             }
+            // Read from the body by `serve::images`; the message stays (an image alone is
+            // a user turn).
+            "image" => any_text = true,
             other => return Err(unsupported(other, &bat)),
         }
     }

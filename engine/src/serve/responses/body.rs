@@ -96,16 +96,16 @@ pub struct Item {
 /// A content: a string, or a list of `input_text` / `output_text` parts, joined.
 pub type Parts = parts::Parts<ResponsesParts>;
 
-/// The Responses API's parts: `input_text` / `output_text` (no images or files: the engine
-/// reads text).
+/// The Responses API's parts: `input_text` / `output_text`, and `input_image` (no files).
 #[derive(Debug)]
 pub enum ResponsesParts {}
 
 impl Kinds for ResponsesParts {
     const TYPES: &'static [&'static str] = &["input_text", "output_text"];
+    const IMAGE: &'static str = "input_image";
     const REFUSAL: &'static str =
-        "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} parts are \
-         supported (no images or files)";
+        "only {\"type\": \"input_text\" | \"output_text\", \"text\": …} and \
+         {\"type\": \"input_image\", \"image_url\": …} parts are supported (no files)";
 }
 
 /// A flat function tool, `{"type": "function", "name", "description", "parameters",

@@ -9,6 +9,7 @@ use super::super::api::chat::template_kwargs;
 use super::super::api::knobs::Knobs;
 use super::super::api::{read, read_at, Obj, TextOr};
 use super::super::error::ApiError;
+use super::super::images;
 use super::super::request::{Chat, Defaults, GenRequest, Prompt};
 use super::body::{Body, Format, Input, Item, Parts, Text, Tool, ToolChoice};
 use super::store::Store;
@@ -130,9 +131,10 @@ pub fn translate(body: &Value, store: &Store, d: &Defaults) -> Result<Translated
         stop: b.stop,
         ..Knobs::default()
     };
-    let request = knobs
+    let mut request = knobs
         .into_request(Prompt::Chat(Box::new(chat)), None, d)
         .map_err(renamed)?;
+    request.images = images::read(images::in_responses(body)?, &d.images)?;
     Ok(Translated {
         request,
         conversation,

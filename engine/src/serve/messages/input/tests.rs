@@ -96,7 +96,7 @@ fn bad_fields_are_refused_by_name() {
         (
             json!({"max_tokens": 5, "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "data": "", "media_type": "image/png"}}]}]}),
-            "messages[0].content[0].type",
+            "messages[0].content[0]",
         ),
         (
             json!({"max_tokens": 5, "messages": msgs, "tool_choice": {"type": "sometimes"}}),

@@ -52,7 +52,7 @@ fn refusals_name_the_responses_field() {
         (json!({"input": "x", "text": {"colour": 1}}), "text.colour"),
         (
             json!({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
-            "input[0].content[0]",
+            "input[0].content[0].image_url",
         ),
         (
             json!({"input": [{"type": "function_call_output", "call_id": "c"}]}),
