@@ -299,38 +299,18 @@ fn spec_equals_greedy_on_the_newer_families_and_a_short_rollback_is_caught() {
             }
             let label = format!("{name} {case}");
             let greedy = greedy_with_margins(target.as_ref(), &prompt);
-            let all = [1, 2, 3, 4];
-            let honest = divergences(
-                target.as_ref(),
-                llama_draft.as_ref(),
-                &label,
-                &prompt,
-                &greedy,
-                &all,
-            );
+            let run = |draft: &dyn LanguageModel, gammas: &[usize]| {
+                divergences(target.as_ref(), draft, &label, &prompt, &greedy, gammas)
+            };
+            let honest = run(llama_draft.as_ref(), &[1, 2, 3, 4]);
             if i < 2 {
                 only_at_ties(&label, greedy.tie_free(), &honest);
-                let own = divergences(
-                    target.as_ref(),
-                    itself.as_ref(),
-                    &label,
-                    &prompt,
-                    &greedy,
-                    &[2, 4],
-                );
+                let own = run(itself.as_ref(), &[2, 4]);
                 only_at_ties(&format!("{label} (itself)"), greedy.tie_free(), &own);
             }
             if !caught {
                 let _planted = plant::on(Defect::SpecTargetTrimShort).unwrap();
-                let short = divergences(
-                    target.as_ref(),
-                    llama_draft.as_ref(),
-                    &label,
-                    &prompt,
-                    &greedy,
-                    &all,
-                );
-                caught = short != honest;
+                caught = run(llama_draft.as_ref(), &[1, 2, 3, 4]) != honest;
             }
         }
         assert!(caught, "{name}: a short rollback changed nothing");
