@@ -20,6 +20,9 @@ Writes:
       get_input_embeddings returns them), the logits of every prompt position over the full
       vocabulary (bf16), and 6 greedy ids from mlx-vlm's own generate_step.
 
+Its row in goldens/models/manifest.json names this script (`gen_vision_gemma3:main`): it needs
+mlx-vlm, so oracles/make_models.py (the mlx-lm venv) does not make it; run this script instead.
+
 The logits are the language model run from the merged embeddings with a fresh prompt cache
 and no mask argument, as mlx-vlm's generate_step runs it (get_input_embeddings' 4-D mask is
 handed on as `attention_mask_4d`, which gemma3's LanguageModel ignores: attention is causal,

@@ -20,7 +20,7 @@ use engine::plant::{self, Defect};
 use engine::vision::gemma3::Gemma3Processor;
 use engine::vision::gemma3_tower::{Gemma3Vision, ImageInputError};
 use engine::vision::{decode, Limits};
-use mlx_rs::ops::indexing::argmax_axis;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
@@ -114,15 +114,10 @@ fn pixels(g: &Golden) -> Vec<Array> {
         .collect()
 }
 
-/// mlx-vlm's greedy pick: the argmax of the logprobs (`logits − logsumexp`, in the logits'
-/// dtype, where near logits can tie and the first index wins).
+/// The engine's greedy pick (`generate::greedy`: the argmax of the logprobs, in the logits'
+/// bf16, where near logits can tie and the first index wins, as in mlx-vlm's generate_step).
 fn greedy(last: &Array) -> u32 {
-    let lp = last
-        .subtract(last.logsumexp_axis(-1, true).unwrap())
-        .unwrap();
-    let id = argmax_axis(&lp, -1, None).unwrap();
-    id.eval().unwrap();
-    id.as_slice::<u32>()[0]
+    engine::generate::greedy(last).unwrap()
 }
 
 /// Per image: (tower, features) max |Δ|.
@@ -176,8 +171,6 @@ fn prompt_runs(m: &Gemma3Vision, g: &Golden, px: &[Array]) -> Vec<(f32, f32, Vec
         })
         .collect()
 }
-
-use mlx_rs::ops::indexing::IndexOp;
 
 #[test]
 fn gemma3_tower_projector_and_image_prompts_are_bit_exact_with_mlx_vlm() {
