@@ -464,6 +464,14 @@ pub enum Defect {
     /// Vision preprocessing: the prompt expansion writes one image token too many. Caught
     /// by the preprocessing gate (`tests/it/vision_preprocess.rs`).
     VisionTokenCountOffByOne,
+    /// gemma3's vision tower: the SigLIP post-layernorm takes the layers' eps (1e-6) instead
+    /// of `nn.LayerNorm`'s default 1e-5 that mlx-vlm gives it. Caught by the gemma3 vision
+    /// gate (`tests/it/vision_gemma3.rs`): the tower's output differs from mlx-vlm's.
+    VisionTowerNormOff,
+    /// gemma3's image merge: the image features are placed one position after the image
+    /// tokens. Caught by the gemma3 vision gate (`tests/it/vision_gemma3.rs`): the merged
+    /// embeddings and the logits differ from mlx-vlm's.
+    ImageFeaturesOffByOne,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -655,6 +663,8 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionResizeNearest" => Defect::VisionResizeNearest,
             "VisionMeanOff" => Defect::VisionMeanOff,
             "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
+            "VisionTowerNormOff" => Defect::VisionTowerNormOff,
+            "ImageFeaturesOffByOne" => Defect::ImageFeaturesOffByOne,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

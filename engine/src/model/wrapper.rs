@@ -256,6 +256,17 @@ pub fn build(config: &ModelConfig, mut w: Weights) -> Result<Box<dyn LanguageMod
     }))
 }
 
+/// gemma3's language model as the bare `Decoder`, with this wrapper's text config and
+/// sanitize (the vision path, `vision::gemma3_tower`, runs it from merged embeddings).
+pub(crate) fn gemma3_decoder(
+    config: &ModelConfig,
+    mut w: Weights,
+) -> Result<super::decoder::Decoder, LoadError> {
+    let text = GEMMA3.text_config(config)?;
+    GEMMA3.sanitize(config, &mut w)?;
+    gemma::load(&text, w)
+}
+
 impl LanguageModel for Wrapped {
     fn model_type(&self) -> &str {
         self.model_type

@@ -22,14 +22,19 @@
 //!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`;
 //!   `Qwen3VLProcessor`'s prompt expansion.
 //!
-//! Not here yet: the vision towers, gemma4's prompt expansion, serving images
+//! - [`siglip`], [`gemma3_tower`]: gemma3's SigLIP tower, its multimodal projector and the
+//!   merge of image features into the prompt's embeddings, as mlx-vlm's gemma3 `Model`.
+//!
+//! Not here yet: gemma4's and Qwen's towers, gemma4's prompt expansion, serving images
 //! (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
+pub mod gemma3_tower;
 pub mod gemma4;
 pub mod qwen_vl;
 pub mod resize;
+pub mod siglip;
 
 pub use decode::{decode, Limits, RgbImage};
 

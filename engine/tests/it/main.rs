@@ -40,4 +40,5 @@ mod tool_parsers;
 mod train;
 mod train_families;
 mod train_moe2;
+mod vision_gemma3;
 mod vision_preprocess;
