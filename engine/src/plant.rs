@@ -461,6 +461,14 @@ pub enum Defect {
     /// Vision preprocessing: the prompt expansion writes one image token too many. Caught
     /// by the preprocessing gate (`tests/it/vision_preprocess.rs`).
     VisionTokenCountOffByOne,
+    /// Qwen3-VL's vision tower: the 2-D rotary angles of a patch take its column for its
+    /// row and its row for its column. Caught by the Qwen3-VL gate
+    /// (`tests/it/vision_qwen3vl.rs`): the tower's output differs from mlx-vlm's.
+    VisionRopeAxesSwapped,
+    /// Qwen3-VL's image path: the deepstack features are not added to the hidden states
+    /// after the first layers. Caught by the Qwen3-VL gate (`tests/it/vision_qwen3vl.rs`):
+    /// the logits of the image prompts differ from mlx-vlm's.
+    DeepstackSkipped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -651,6 +659,8 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionResizeNearest" => Defect::VisionResizeNearest,
             "VisionMeanOff" => Defect::VisionMeanOff,
             "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
+            "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
+            "DeepstackSkipped" => Defect::DeepstackSkipped,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -40,3 +40,4 @@ mod train;
 mod train_families;
 mod train_moe2;
 mod vision_preprocess;
+mod vision_qwen3vl;
