@@ -469,6 +469,10 @@ pub enum Defect {
     /// after the first layers. Caught by the Qwen3-VL gate (`tests/it/vision_qwen3vl.rs`):
     /// the logits of the image prompts differ from mlx-vlm's.
     DeepstackSkipped,
+    /// Qwen3-VL's image path: decode steps after an image prompt take their cache offset as
+    /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3-VL gate
+    /// (`tests/it/vision_qwen3vl.rs`): the decode steps' logits differ from mlx-vlm's.
+    MropeDeltaDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -661,6 +665,7 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
             "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
             "DeepstackSkipped" => Defect::DeepstackSkipped,
+            "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

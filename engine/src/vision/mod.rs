@@ -28,6 +28,7 @@
 pub mod decode;
 pub mod gemma3;
 pub mod gemma4;
+pub mod qwen3vl_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;
 pub mod resize;

@@ -235,7 +235,7 @@ fn conv_in_mlx_layout(shape: &[i32]) -> bool {
 /// mlx-vlm's sanitize, one name: `Model.sanitize` (`model.visual` → `vision_tower`, for a
 /// name with `model` in it) then `VisionModel.sanitize` (`position_ids` dropped). None: not a
 /// tower tensor (or dropped).
-fn tower_name(name: &str) -> Option<String> {
+pub(crate) fn tower_name(name: &str) -> Option<String> {
     if name.contains("model.language_model") {
         return None;
     }
@@ -251,6 +251,16 @@ impl QwenVit {
     /// safetensors' tower tensors).
     pub fn load(dir: &Path) -> Result<Self, QwenVitError> {
         let raw = crate::load::read_json(&dir.join("config.json"))?;
+        let all = Weights::load(dir)?.into_tensors();
+        Self::from_checkpoint(&raw, all)
+    }
+
+    /// The tower from a checkpoint's config.json and all its tensors (the others are left
+    /// alone: they are the language model's).
+    pub fn from_checkpoint(
+        raw: &serde_json::Value,
+        all: HashMap<String, Array>,
+    ) -> Result<Self, QwenVitError> {
         let cfg: VisionConfig = match raw.get("vision_config") {
             Some(v) => serde_json::from_value(v.clone())
                 .map_err(|e| QwenVitError::Config(e.to_string()))?,
@@ -262,7 +272,13 @@ impl QwenVit {
                 ))
             }
         };
-        let all = Weights::load(dir)?.into_tensors();
+        if raw.get("quantization").is_some() {
+            return Err(QwenVitError::Config(
+                "a quantized checkpoint: the image path loads dense (f32 / bf16 / f16) \
+                 checkpoints only so far; use the unquantized one"
+                    .into(),
+            ));
+        }
         let tensors: HashMap<String, Array> = all
             .into_iter()
             .filter_map(|(n, a)| tower_name(&n).map(|n| (n, a)))

@@ -1,20 +1,25 @@
-//! The Qwen3-VL vision gate: `engine::vision::qwen_vit` (the tower) against mlx-vlm 0.7.10 on
-//! the tiny model goldens/models/tiny-qwen3-vl-vision (mlx-vlm's own classes, random weights),
-//! with the goldens of goldens/vision/qwen3vl-l1 (oracles/gen_vision_qwen3vl.py).
+//! The Qwen3-VL vision gate: `engine::vision::qwen_vit` (the tower) and
+//! `engine::vision::qwen3vl_lm` (the image path of the language model) against mlx-vlm
+//! 0.7.10 on the tiny model goldens/models/tiny-qwen3-vl-vision (mlx-vlm's own classes, random
+//! weights), with the goldens of goldens/vision/qwen3vl-l1 (oracles/gen_vision_qwen3vl.py).
 //!
 //! Three test images (non-square, square, a large JPEG downscaled) go through the engine's
 //! decode and Qwen3-VL processor (their patches' SHA-256 must be the reference's), then
 //! through the tower in one call: the merged features and both deepstack features must equal
 //! mlx-vlm's bit for bit (max |Δ| = 0), from the checkpoint's Hugging Face layout and from the
-//! same tensors in mlx-community's layout. A planted defect (the ViT's 2-D rotary with the
-//! row and column swapped) must fail it.
+//! same tensors in mlx-community's layout. Then a 1-image and a 2-image prompt: the M-RoPE
+//! positions and rope delta, the logits at every position (full vocab), 4 greedy decode steps'
+//! logits and the greedy ids must all be mlx-vlm's. Planted defects (the ViT's 2-D rotary with
+//! row and column swapped, deepstack skipped, the rope delta dropped in decoding) must fail it.
 
 use std::path::PathBuf;
 
 use engine::plant::{self, Defect};
+use engine::vision::qwen3vl_lm::{rope_index, Qwen3VlImageModel};
 use engine::vision::qwen_vit::QwenVit;
 use engine::vision::qwen_vl::QwenVlProcessor;
 use engine::vision::{decode, Limits};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -92,13 +97,12 @@ impl Golden {
     }
 }
 
-/// The golden's images through the engine's decode and processor: the patches of all of
-/// them in order, and their grids.
-fn patches(g: &Golden) -> (Array, Vec<[i32; 3]>) {
+/// The golden's images through the engine's decode and processor: each one's patches and
+/// grid.
+fn images(g: &Golden) -> Vec<(Vec<f32>, [i32; 3])> {
     let cfg = std::fs::read_to_string(model_dir().join("preprocessor_config.json")).unwrap();
     let proc = QwenVlProcessor::from_json(&cfg).unwrap();
-    let mut data = Vec::new();
-    let mut grids = Vec::new();
+    let mut out = Vec::new();
     for img in g.json["images"].as_array().unwrap() {
         let file = img["file"].as_str().unwrap();
         let bytes = std::fs::read(goldens().join("vision").join(file)).unwrap();
@@ -116,9 +120,19 @@ fn patches(g: &Golden) -> (Array, Vec<[i32; 3]>) {
             img["grid_thw"],
             "{file}"
         );
-        data.extend_from_slice(&p.pixels.data);
-        grids.push(grid);
+        out.push((p.pixels.data, grid));
     }
+    out
+}
+
+/// The patches of images `chosen` (indices into the golden's images) in one tensor, and their
+/// grids.
+fn patches_of(all: &[(Vec<f32>, [i32; 3])], chosen: &[usize]) -> (Array, Vec<[i32; 3]>) {
+    let data: Vec<f32> = chosen
+        .iter()
+        .flat_map(|&i| all[i].0.iter().copied())
+        .collect();
+    let grids = chosen.iter().map(|&i| all[i].1).collect();
     let row = 3 * 2 * 16 * 16;
     let n = (data.len() / row) as i32;
     (Array::from_slice(&data, &[n, row as i32]), grids)
@@ -126,7 +140,7 @@ fn patches(g: &Golden) -> (Array, Vec<[i32; 3]>) {
 
 /// The tower's outputs against the golden's: every mismatch.
 fn tower_mismatches(vit: &QwenVit, g: &Golden, what: &str) -> Vec<String> {
-    let (x, grids) = patches(g);
+    let (x, grids) = patches_of(&images(g), &[0, 1, 2]);
     let out = vit.forward(&x, &grids).unwrap();
     let want = &g.json["tower"];
     let mut bad = Vec::new();
@@ -190,5 +204,116 @@ fn qwen3_vl_tower_output_is_bit_exact_with_mlx_vlm_from_both_layouts() {
     assert!(
         bad.iter().any(|m| m.contains("merged")),
         "the swapped vision rotary went unnoticed"
+    );
+}
+
+/// The first index of the largest value (`mx.argmax`).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// One golden prompt through the image path: every mismatch (M-RoPE positions, rope delta,
+/// the prompt's logits at every position, each greedy step's logits and id).
+fn prompt_mismatches(
+    model: &Qwen3VlImageModel,
+    g: &Golden,
+    imgs: &[(Vec<f32>, [i32; 3])],
+    p: &Value,
+) -> Vec<String> {
+    let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(p["ids"].clone()).unwrap();
+    let what = format!("{}-image prompt", chosen.len());
+    let (x, grids) = patches_of(imgs, &chosen);
+    let mut bad = Vec::new();
+    let (rows, delta) = rope_index(&ids, &grids, model.ids, 2).unwrap();
+    if serde_json::to_value(&rows).unwrap() != p["position_ids"]
+        || Some(delta as i64) != p["rope_delta"].as_i64()
+    {
+        bad.push(format!(
+            "{what}: M-RoPE positions / delta {delta} differ from get_rope_index's"
+        ));
+    }
+    let mut caches = model.make_caches();
+    let out = model.prefill(&ids, &x, &grids, &mut caches).unwrap();
+    assert_eq!(out.rope_delta, delta);
+    let logits = out.logits.index(0);
+    bad.extend(g.differs(&format!("{what} logits"), &logits, &p["logits"]));
+    let (_, want_steps) = g.tensor(&p["step_logits"]);
+    let vocab = logits.shape()[1] as usize;
+    let last = logits.index(-1).as_dtype(mlx_rs::Dtype::Float32).unwrap();
+    let mut y = argmax(last.as_slice::<f32>());
+    let mut greedy = vec![y];
+    for (s, want) in want_steps.chunks_exact(vocab).enumerate() {
+        let step = model.decode(&[y], out.rope_delta, &mut caches).unwrap();
+        let row = step
+            .index((0, -1))
+            .as_dtype(mlx_rs::Dtype::Float32)
+            .unwrap();
+        let got = row.as_slice::<f32>();
+        if got
+            .iter()
+            .zip(want)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            let max = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            bad.push(format!(
+                "{what} decode step {s}: logits differ, max |Δ| {max}"
+            ));
+        }
+        y = argmax(got);
+        greedy.push(y);
+    }
+    let want_greedy: Vec<u32> = serde_json::from_value(p["greedy"].clone()).unwrap();
+    if greedy != want_greedy {
+        bad.push(format!(
+            "{what}: greedy ids {greedy:?}, mlx-vlm's {want_greedy:?}"
+        ));
+    }
+    bad
+}
+
+/// The logits of a 1-image and a 2-image prompt (full vocab, every position) and of 4
+/// greedy decode steps after each equal mlx-vlm's bit for bit, and the greedy ids match; from
+/// mlx-community's layout too; skipping deepstack, or the rope delta in decoding, is caught.
+#[test]
+fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
+    let g = golden();
+    let imgs = images(&g);
+    let prompts = g.json["prompts"].as_array().unwrap();
+    let model = Qwen3VlImageModel::load(&model_dir()).unwrap();
+    let mut bad = Vec::new();
+    for p in prompts {
+        bad.extend(prompt_mismatches(&model, &g, &imgs, p));
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+
+    let mlx = mlx_layout_copy();
+    let model_mlx = Qwen3VlImageModel::load(mlx.path()).unwrap();
+    let bad = prompt_mismatches(&model_mlx, &g, &imgs, &prompts[0]);
+    assert!(bad.is_empty(), "mlx layout: {bad:#?}");
+
+    {
+        let _on = plant::on(Defect::DeepstackSkipped).unwrap();
+        let bad = prompt_mismatches(&model, &g, &imgs, &prompts[0]);
+        assert!(
+            bad.iter().any(|m| m.contains("prompt logits")),
+            "skipped deepstack went unnoticed: {bad:?}"
+        );
+    }
+    let _on = plant::on(Defect::MropeDeltaDropped).unwrap();
+    let bad = prompt_mismatches(&model, &g, &imgs, &prompts[1]);
+    assert!(
+        bad.iter().any(|m| m.contains("decode step 0")),
+        "the dropped rope delta went unnoticed: {bad:?}"
     );
 }
