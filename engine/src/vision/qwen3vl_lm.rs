@@ -37,6 +37,7 @@ use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::qwen_vit::ops_fused::rotate_half;
 use super::qwen_vit::{tower_name, QwenVit, QwenVitError};
 use crate::cache::{AttentionCache, Cache, KvCache, Mask};
 use crate::load::weights::Weights;
@@ -362,11 +363,7 @@ impl Qwen3VlImageModel {
             &spread(&out.merged.as_dtype(embeds.dtype())?)?,
             &embeds,
         )?;
-        let deep = out
-            .deepstack
-            .iter()
-            .map(|f| spread(f))
-            .collect::<R<Vec<_>>>()?;
+        let deep = out.deepstack.iter().map(spread).collect::<R<Vec<_>>>()?;
         let flat: Vec<i32> = rows.concat();
         let positions = Array::from_slice(&flat, &[3, 1, l]);
         let (cos, sin) = self.cos_sin_3d(&positions, h.dtype())?;
@@ -505,14 +502,6 @@ fn cos_sin(freqs: &Array, dtype: Dtype) -> R<(Array, Array)> {
     let cos = ops::cos(&emb)?.multiply(&one)?.as_dtype(dtype)?;
     let sin = ops::sin(&emb)?.multiply(&one)?.as_dtype(dtype)?;
     Ok((cos, sin))
-}
-
-/// `rotate_half` by slices: `[-x2, x1]`.
-fn rotate_half(x: &Array) -> R<Array> {
-    let d = *x.shape().last().unwrap();
-    let x1 = x.index((Ellipsis, ..d / 2));
-    let x2 = x.index((Ellipsis, d / 2..));
-    ops::concatenate(&[x2.negative()?, x1], -1)
 }
 
 /// `_apply_interleaved_rotary_pos_emb_axis1(q, k, cos, sin)`, an `mx.compile`d function in

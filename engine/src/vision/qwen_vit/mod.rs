@@ -29,20 +29,24 @@
 //! `[out, C, T, P, P]` moved to MLX's `[out, T, P, P, C]`, recognised by `check_array_shape`), so
 //! Hugging Face checkpoints and mlx-community conversions both load.
 
+mod config;
+pub(crate) mod ops_fused;
+
+use config::conv_in_mlx_layout;
+pub(crate) use config::tower_name;
+pub use config::VisionConfig;
+use ops_fused::{fused_sdpa, gelu, rotate_half, vision_cos_sin};
 use std::collections::HashMap;
 use std::path::Path;
 
 use mlx_rs::error::Exception;
-use mlx_rs::fast;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{self, LinspaceOptions};
-use mlx_rs::transforms::compile::compile;
 use mlx_rs::{Array, Dtype};
-use serde::Deserialize;
 
 use crate::load::weights::Weights;
 use crate::load::LoadError;
-use crate::model::layers::{compiled_shapeless, gelu_approx, weak, CompiledFn, Linear, RmsNorm};
+use crate::model::layers::{gelu_approx, weak, Linear, RmsNorm};
 use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
@@ -61,93 +65,6 @@ pub enum QwenVitError {
     Config(String),
     #[error("vision input: {0}")]
     Input(String),
-}
-
-/// config.json's `vision_config`, mlx-vlm's `VisionConfig` defaults for what it leaves out.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default)]
-pub struct VisionConfig {
-    pub model_type: String,
-    pub depth: usize,
-    pub hidden_size: i32,
-    pub intermediate_size: i32,
-    pub out_hidden_size: i32,
-    pub num_heads: i32,
-    pub patch_size: i32,
-    pub temporal_patch_size: i32,
-    pub spatial_merge_size: i32,
-    pub in_channels: i32,
-    pub num_position_embeddings: i32,
-    pub deepstack_visual_indexes: Vec<usize>,
-}
-
-impl Default for VisionConfig {
-    fn default() -> Self {
-        VisionConfig {
-            model_type: "qwen3_vl".into(),
-            depth: 32,
-            hidden_size: 1280,
-            intermediate_size: 3420,
-            out_hidden_size: 1536,
-            num_heads: 16,
-            patch_size: 14,
-            temporal_patch_size: 2,
-            spatial_merge_size: 2,
-            in_channels: 3,
-            num_position_embeddings: 2304,
-            deepstack_visual_indexes: Vec::new(),
-        }
-    }
-}
-
-/// The model types `VisionModel.__init__` accepts.
-const TOWER_TYPES: [&str; 7] = [
-    "qwen3_vl",
-    "qwen3_5",
-    "qwen3_5_moe",
-    "qwen3_5_vision",
-    "qwen3_5_moe_vision",
-    "qwen4_exp",
-    "qwen4_exp_vision",
-];
-
-impl VisionConfig {
-    fn check(&self) -> Result<(), QwenVitError> {
-        let bad = |m: String| Err(QwenVitError::Config(m));
-        if !TOWER_TYPES.contains(&self.model_type.as_str()) {
-            return bad(format!(
-                "model_type `{}` is not a Qwen3-VL tower (one of {TOWER_TYPES:?})",
-                self.model_type
-            ));
-        }
-        let side = (self.num_position_embeddings as f64).sqrt() as i32;
-        if self.num_heads < 1
-            || self.hidden_size % self.num_heads != 0
-            || (self.hidden_size / self.num_heads) % 4 != 0
-        {
-            return bad(format!(
-                "hidden_size {} over num_heads {}: need a head width that is a multiple of 4",
-                self.hidden_size, self.num_heads
-            ));
-        }
-        if side < 1 || self.spatial_merge_size < 1 || self.patch_size < 1 {
-            return bad(
-                "num_position_embeddings, spatial_merge_size and patch_size must be positive"
-                    .into(),
-            );
-        }
-        if let Some(i) = self
-            .deepstack_visual_indexes
-            .iter()
-            .find(|&&i| i >= self.depth)
-        {
-            return bad(format!(
-                "deepstack_visual_indexes names block {i} of a {}-block tower",
-                self.depth
-            ));
-        }
-        Ok(())
-    }
 }
 
 /// `PatchMerger`: `(LN →) reshape to m²·D → fc1 → gelu → fc2`; the norm before the shuffle
@@ -219,31 +136,6 @@ pub struct QwenVit {
 pub struct VitOutput {
     pub merged: Array,
     pub deepstack: Vec<Array>,
-}
-
-/// `check_array_shape` of mlx-vlm's vision.py: whether a 5-D Conv3d kernel is already in
-/// MLX's layout (`[out, T, P, P, C]`, read as `B, out_channels, kH, KW, t`: `t == 3`, or
-/// "out_channels" the largest with square kH, KW).
-fn conv_in_mlx_layout(shape: &[i32]) -> bool {
-    if shape.len() != 5 {
-        return false;
-    }
-    let (out, kh, kw, t) = (shape[1], shape[2], shape[3], shape[4]);
-    t == 3 || (out >= kh && out >= kw && kh == kw)
-}
-
-/// mlx-vlm's sanitize, one name: `Model.sanitize` (`model.visual` → `vision_tower`, for a
-/// name with `model` in it) then `VisionModel.sanitize` (`position_ids` dropped). None: not a
-/// tower tensor (or dropped).
-pub(crate) fn tower_name(name: &str) -> Option<String> {
-    if name.contains("model.language_model") {
-        return None;
-    }
-    let name = name.replace("model.visual", "vision_tower");
-    if name.contains("position_ids") {
-        return None;
-    }
-    name.strip_prefix("vision_tower.").map(str::to_owned)
 }
 
 impl QwenVit {
@@ -540,9 +432,9 @@ impl QwenVit {
             let rows = rows.multiply(&wts.as_dtype(rows.dtype())?.expand_dims(2)?)?;
             let e = rows
                 .index(0)
-                .add(&rows.index(1))?
-                .add(&rows.index(2))?
-                .add(&rows.index(3))?;
+                .add(rows.index(1))?
+                .add(rows.index(2))?
+                .add(rows.index(3))?;
             let dim = e.shape()[1];
             let e = ops::tile(&e, &[t, 1])?
                 .reshape(&[t, gh, gw, dim])?
@@ -589,113 +481,8 @@ impl QwenVit {
             std::mem::swap(&mut rows, &mut cols);
         }
         let n = rows.len() as i32;
-        let h = table.take_axis(&Array::from_slice(&rows, &[n]), 0)?;
-        let w = table.take_axis(&Array::from_slice(&cols, &[n]), 0)?;
+        let h = table.take_axis(Array::from_slice(&rows, &[n]), 0)?;
+        let w = table.take_axis(Array::from_slice(&cols, &[n]), 0)?;
         ops::concatenate(&[h, w], -1)
-    }
-}
-
-/// `apply_rotary_pos_emb_vision`'s cos and sin: `[1, n, 1, d]` (the angles tiled twice).
-fn vision_cos_sin(freqs: &Array) -> R<(Array, Array)> {
-    let shape =
-        |a: Array| -> R<Array> { ops::tile(&a.expand_dims(1)?, &[1, 1, 2])?.expand_dims(0) };
-    Ok((shape(ops::cos(freqs)?)?, shape(ops::sin(freqs)?)?))
-}
-
-/// `rotate_half`: `[-x2, x1]` of the last axis' halves.
-pub(crate) fn rotate_half(x: &Array) -> R<Array> {
-    let d = *x.shape().last().unwrap();
-    let parts = x.split_at_indices(&[d / 2], -1)?;
-    ops::concatenate(&[parts[1].negative()?, parts[0].clone()], -1)
-}
-
-/// mlx-vlm's `ensure_fused_sdpa` (an `mx.compile`d function, compiled here too: compiled, the
-/// SDPA's graph rounds differently by up to an ulp): the head dim zero-padded up to the first
-/// of 64, 80, 128 it fits (unchanged past 128), the fused SDPA without a mask, the padding cut
-/// off. `scale` is a constant of the compiled graph, as Python's float argument is.
-fn fused_sdpa(q: &Array, k: &Array, v: &Array, scale: f32) -> R<Array> {
-    let d = *q.shape().last().unwrap();
-    let key = (scale.to_bits(), d);
-    FUSED_SDPA.with_borrow_mut(|cache| {
-        let f = cache.entry(key).or_insert_with(|| {
-            let mut compiled = compile(
-                move |args: &[Array]| -> R<Vec<Array>> {
-                    let (q, k, v) = (&args[0], &args[1], &args[2]);
-                    let target = [64, 80, 128].into_iter().find(|&t| d <= t).unwrap_or(d);
-                    if target == d {
-                        return Ok(vec![fast::scaled_dot_product_attention(
-                            q, k, v, scale, None, None,
-                        )?]);
-                    }
-                    let mut widths = vec![(0, 0); q.ndim()];
-                    *widths.last_mut().unwrap() = (0, target - d);
-                    // The pad value as Python passes it (`mx.pad`'s default 0: an int the op casts).
-                    let pad = |a: &Array| ops::pad(a, widths.as_slice(), Array::from_int(0), None);
-                    let out = fast::scaled_dot_product_attention(
-                        pad(q)?,
-                        pad(k)?,
-                        pad(v)?,
-                        scale,
-                        None,
-                        None,
-                    )?;
-                    Ok(vec![out.index((.., .., .., ..d))])
-                },
-                false,
-            );
-            Box::new(move |args: &[Array]| compiled(args))
-        });
-        Ok(f(&[q.clone(), k.clone(), v.clone()])?.remove(0))
-    })
-}
-
-/// `nn.gelu`'s graph: `x · (1 + erf(x / √2)) / 2`, its Python scalars weak.
-fn gelu_graph(args: &[Array]) -> R<Vec<Array>> {
-    let x = &args[0];
-    let c = |v: f64| weak(v, x);
-    let inner = ops::erf(&x.divide(c(std::f64::consts::SQRT_2)?)?)?;
-    Ok(vec![x.multiply(&c(1.0)?.add(&inner)?)?.divide(c(2.0)?)?])
-}
-
-thread_local! {
-    static FUSED_SDPA: std::cell::RefCell<HashMap<(u32, i32), CompiledFn>> = Default::default();
-    static GELU: std::cell::RefCell<CompiledFn> = std::cell::RefCell::new(compiled_shapeless(gelu_graph));
-}
-
-/// `nn.gelu` (exact, erf), compiled shapeless as MLX compiles it.
-fn gelu(x: &Array) -> R<Array> {
-    GELU.with_borrow_mut(|f| Ok(f(std::slice::from_ref(x))?.remove(0)))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn conv_layout_is_told_as_mlx_vlm_tells_it() {
-        assert!(conv_in_mlx_layout(&[1152, 2, 16, 16, 3]), "MLX layout");
-        assert!(!conv_in_mlx_layout(&[1152, 3, 2, 16, 16]), "PyTorch layout");
-        assert!(
-            !conv_in_mlx_layout(&[16, 3, 2, 16, 16]),
-            "a narrow PyTorch kernel"
-        );
-    }
-
-    #[test]
-    fn tower_names_follow_the_sanitize_of_both_layouts() {
-        assert_eq!(
-            tower_name("model.visual.blocks.0.attn.qkv.weight").as_deref(),
-            Some("blocks.0.attn.qkv.weight")
-        );
-        assert_eq!(
-            tower_name("vision_tower.merger.norm.bias").as_deref(),
-            Some("merger.norm.bias")
-        );
-        assert_eq!(
-            tower_name("model.language_model.layers.0.mlp.up_proj.weight"),
-            None
-        );
-        assert_eq!(tower_name("lm_head.weight"), None);
-        assert_eq!(tower_name("vision_tower.position_ids"), None);
     }
 }
