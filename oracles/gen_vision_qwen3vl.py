@@ -22,7 +22,9 @@ Writes:
       and one with 2 images: `Model.__call__`'s logits at every position (full vocab) with a
       fresh cache, then 4 greedy decode steps through `language_model(y, cache)` as
       mlx_vlm.generate's decode loop calls it (rope deltas from the prompt), each step's logits
-      and ids; the rope deltas and the M-RoPE position ids of each prompt.
+      and ids; the rope deltas and the M-RoPE position ids of each prompt; then the same
+      model cast to bf16 (`set_dtype`, as a bf16 checkpoint of these weights loads): the
+      tower's outputs and the 1-image prompt's logits, steps and ids (`bf16`).
 tensors.bin is little-endian f32, the offsets and shapes in golden.json.
 """
 
@@ -187,6 +189,27 @@ def main() -> None:
                         "logits": put(logits[0]), "greedy": steps,
                         "step_logits": put(mx.stack(step_logits))})
 
+    # bf16 (the dtype of the released checkpoints): the same weights cast, as a bf16
+    # checkpoint of them loads; the tower on the three images and the 1-image prompt.
+    model.set_dtype(mx.bfloat16)
+    feats, deep = model.vision_tower(mx.array(np.concatenate(patches)).astype(mx.bfloat16), mx.array(grids))
+    bf16 = {"tower": {"merged": put(feats), "deepstack": [put(d) for d in deep]}}
+    p = prompts[0]
+    cache = make_prompt_cache(model.language_model)
+    pv = mx.array(np.concatenate([patches[i] for i in p["images"]]))
+    logits = model(mx.array([p["ids"]]), pixel_values=pv, cache=cache,
+                   image_grid_thw=mx.array([grids[i] for i in p["images"]])).logits
+    steps, step_logits = [], []
+    y = mx.argmax(logits[:, -1, :], axis=-1)
+    for _ in range(STEPS):
+        steps.append(int(y.item()))
+        out = model.language_model(y[None], cache=cache).logits
+        step_logits.append(out[0, -1])
+        y = mx.argmax(out[:, -1, :], axis=-1)
+    steps.append(int(y.item()))
+    bf16["prompt"] = {"index": 0, "logits": put(logits[0]), "greedy": steps,
+                      "step_logits": put(mx.stack(step_logits))}
+
     prov = provenance("mlx-vlm", "mlx-vlm")
     prov["generator"] = GENERATOR
     prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
@@ -196,7 +219,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     write_json(OUT / "golden.json", {"provenance": prov, "model": f"models/{NAME}",
                                      "tensors_bin": "tensors.bin", "images": images, "tower": tower,
-                                     "prompts": prompts})
+                                     "prompts": prompts, "bf16": bf16})
     (OUT / "tensors.bin").write_bytes(b"".join(blobs))
     print(f"{OUT}: {sum(map(len, blobs)) / 1e3:.0f} kB of tensors; greedy {[p['greedy'] for p in prompts]}")
 

@@ -155,7 +155,13 @@ fn tower_mismatches(vit: &QwenVit, g: &Golden, what: &str) -> Vec<String> {
 
 /// The tiny checkpoint rewritten in mlx-community's layout (`vision_tower.…` with the Conv3d
 /// kernel in MLX's `[out, T, P, P, C]`, `language_model.model.…`, `language_model.lm_head`).
-pub fn mlx_layout_copy() -> tempfile::TempDir {
+fn mlx_layout_copy() -> tempfile::TempDir {
+    rewritten(true, None)
+}
+
+/// The tiny checkpoint rewritten: in mlx-community's layout (`mlx`), every tensor cast to
+/// `dtype` (a bf16 checkpoint of the same weights).
+fn rewritten(mlx: bool, dtype: Option<mlx_rs::Dtype>) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(model_dir()).unwrap().flatten() {
         if f.file_name() != "model.safetensors" {
@@ -166,6 +172,13 @@ pub fn mlx_layout_copy() -> tempfile::TempDir {
     let renamed: Vec<(String, Array)> = tensors
         .into_iter()
         .map(|(name, a)| {
+            let a = match dtype {
+                Some(d) => a.as_dtype(d).unwrap(),
+                None => a,
+            };
+            if !mlx {
+                return (name, a);
+            }
             if let Some(rest) = name.strip_prefix("model.visual.") {
                 let a = match rest == "patch_embed.proj.weight" {
                     true => a.transpose_axes(&[0, 2, 3, 4, 1]).unwrap(),
@@ -316,4 +329,33 @@ fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
         bad.iter().any(|m| m.contains("decode step 0")),
         "the dropped rope delta went unnoticed: {bad:?}"
     );
+}
+
+/// The weights in bf16 (as the released checkpoints are): the tower's outputs and the
+/// 1-image prompt's logits, decode steps and greedy ids equal mlx-vlm's in bf16 bit for bit.
+#[test]
+fn qwen3_vl_in_bf16_is_bit_exact_with_mlx_vlm() {
+    let g = golden();
+    let imgs = images(&g);
+    let dir = rewritten(false, Some(mlx_rs::Dtype::Bfloat16));
+    let model = Qwen3VlImageModel::load(dir.path()).unwrap();
+    let want = &g.json["bf16"];
+    let (x, grids) = patches_of(&imgs, &[0, 1, 2]);
+    let out = model.vit.forward(&x, &grids).unwrap();
+    assert_eq!(out.merged.dtype(), mlx_rs::Dtype::Bfloat16);
+    let mut bad = Vec::new();
+    bad.extend(g.differs("bf16 merged", &out.merged, &want["tower"]["merged"]));
+    for (i, got) in out.deepstack.iter().enumerate() {
+        bad.extend(g.differs(
+            &format!("bf16 deepstack {i}"),
+            got,
+            &want["tower"]["deepstack"][i],
+        ));
+    }
+    let mut p = g.json["prompts"][0].clone();
+    for k in ["logits", "step_logits", "greedy"] {
+        p[k] = want["prompt"][k].clone();
+    }
+    bad.extend(prompt_mismatches(&model, &g, &imgs, &p));
+    assert!(bad.is_empty(), "{bad:#?}");
 }
