@@ -22,8 +22,10 @@ Writes:
       and one with 2 images: `Model.__call__`'s logits at every position (full vocab) with a
       fresh cache, then 4 greedy decode steps through `language_model(y, cache)` as
       mlx_vlm.generate's decode loop calls it (rope deltas from the prompt), each step's logits
-      and ids; the rope deltas and the M-RoPE position ids of each prompt; then the same
-      model cast to bf16 (`set_dtype`, as a bf16 checkpoint of these weights loads): the
+      and ids; the rope deltas and the M-RoPE position ids of each prompt;
+      mlx_vlm.generate's own generate_step (greedy) on both prompts: its ids, each step's
+      log-probabilities and the lengths its language-model calls took (the chunked prefill);
+      then the same model cast to bf16 (`set_dtype`, as a bf16 checkpoint of these weights loads): the
       tower's outputs and the 1-image prompt's logits, steps and ids (`bf16`).
 tensors.bin is little-endian f32, the offsets and shapes in golden.json.
 """
@@ -188,6 +190,34 @@ def main() -> None:
                         "position_ids": np.asarray(positions).reshape(3, -1).tolist(),
                         "logits": put(logits[0]), "greedy": steps,
                         "step_logits": put(mx.stack(step_logits))})
+
+    # mlx_vlm's own decode loop (generate_step, greedy): its prefill runs the prompt but its
+    # last token in chunks (prefill_step_size 2048), then the last token, then the steps; each
+    # step's log-probabilities and the ids, and the lengths the language model was called on.
+    from mlx_vlm.generate.ar import generate_step
+
+    lm_cls = type(model.language_model)
+    real_call = lm_cls.__call__
+    for p in prompts:
+        seen: list[int] = []
+
+        def spy(self, inputs, *a, **kw):
+            seen.append(int(inputs.shape[-1]))
+            return real_call(self, inputs, *a, **kw)
+
+        lm_cls.__call__ = spy
+        try:
+            pv = mx.array(np.concatenate([patches[i] for i in p["images"]]))
+            gen = generate_step(mx.array([p["ids"]]), model, pv, None, max_tokens=STEPS + 1,
+                                sampler=lambda lp: mx.argmax(lp, axis=-1),
+                                image_grid_thw=mx.array([grids[i] for i in p["images"]]))
+            ids, lps = [], []
+            for tok, lp in gen:
+                ids.append(int(tok))
+                lps.append(lp)
+        finally:
+            lm_cls.__call__ = real_call
+        p["generate"] = {"ids": ids, "logprobs": put(mx.stack(lps)), "calls": seen}
 
     # bf16 (the dtype of the released checkpoints): the same weights cast, as a bf16
     # checkpoint of them loads; the tower on the three images and the 1-image prompt.

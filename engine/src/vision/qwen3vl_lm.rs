@@ -312,8 +312,8 @@ impl Qwen3VlImageModel {
     }
 
     /// A prompt with its images (`patches` and `grids` as the processor gives them, the
-    /// images in prompt order) through fresh `caches`: every position's logits and the rope
-    /// delta for the decode steps ([`Self::decode`]).
+    /// images in prompt order) through fresh `caches` in one forward (`Model.__call__`):
+    /// every position's logits and the rope delta for the decode steps ([`Self::decode`]).
     pub fn prefill(
         &self,
         ids: &[u32],
@@ -321,6 +321,29 @@ impl Qwen3VlImageModel {
         grids: &[[i32; 3]],
         caches: &mut [KvCache],
     ) -> Result<Prefill, QwenVitError> {
+        self.prefill_in_chunks(ids, patches, grids, caches, &[ids.len()])
+    }
+
+    /// As [`Self::prefill`], the language model run on the prompt in chunks ending at `ends`
+    /// (increasing, the last the prompt's length), each with the prompt's M-RoPE positions
+    /// and deepstack rows, as mlx-vlm's `generate_step` prefills ([`generate_chunks`]); the
+    /// logits of every chunk, concatenated.
+    pub fn prefill_in_chunks(
+        &self,
+        ids: &[u32],
+        patches: &Array,
+        grids: &[[i32; 3]],
+        caches: &mut [KvCache],
+        ends: &[usize],
+    ) -> Result<Prefill, QwenVitError> {
+        let increasing = ends.windows(2).all(|w| w[0] < w[1]) && ends.first() != Some(&0);
+        if !increasing || ends.last() != Some(&ids.len()) {
+            return Err(QwenVitError::Input(format!(
+                "chunk ends {ends:?} for a prompt of {}: need increasing ends, the last the \
+                 prompt's length",
+                ids.len()
+            )));
+        }
         if caches.iter().any(|c| c.offset() != 0) {
             return Err(QwenVitError::Input(
                 "a prompt with images starts from empty caches (make_caches)".into(),
@@ -367,9 +390,24 @@ impl Qwen3VlImageModel {
         let flat: Vec<i32> = rows.concat();
         let positions = Array::from_slice(&flat, &[3, 1, l]);
         let (cos, sin) = self.cos_sin_3d(&positions, h.dtype())?;
-        let h = self.layers_forward(h, &cos, &sin, caches, Some((&visual, &deep)))?;
+        let mut logits = Vec::with_capacity(ends.len());
+        let mut start = 0;
+        for &end in ends {
+            let (a, b) = (start as i32, end as i32);
+            let cut = |t: &Array| t.index((.., a..b));
+            let deep = deep.iter().map(cut).collect::<Vec<_>>();
+            let hc = self.layers_forward(
+                cut(&h),
+                &cut(&cos),
+                &cut(&sin),
+                caches,
+                Some((&cut(&visual), &deep)),
+            )?;
+            logits.push(self.head(&hc)?);
+            start = end;
+        }
         Ok(Prefill {
-            logits: self.head(&h)?,
+            logits: ops::concatenate(&logits, 1)?,
             rope_delta,
         })
     }
@@ -494,6 +532,20 @@ impl Qwen3VlImageModel {
     }
 }
 
+/// The chunk ends of mlx-vlm's `generate_step` prefill for a prompt of `len` tokens: all but
+/// the last token in chunks of at most `step` (`prefill_step_size`, 2048 by default), then the
+/// last token by itself.
+pub fn generate_chunks(len: usize, step: usize) -> Vec<usize> {
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while len - at > 1 {
+        at += step.max(1).min(len - at - 1);
+        ends.push(at);
+    }
+    ends.push(len);
+    ends
+}
+
 /// `MRoPERotaryEmbedding.__call__` from its frequencies: cos / sin of `[freqs, freqs]`,
 /// times the attention scaling (1.0), cast to the hidden states' dtype.
 fn cos_sin(freqs: &Array, dtype: Dtype) -> R<(Array, Array)> {
@@ -549,6 +601,13 @@ mod tests {
         assert_eq!(rows[1], [0, 1, 2, 2, 2, 3, 3, 3, 5, 6]);
         assert_eq!(rows[2], [0, 1, 2, 3, 4, 2, 3, 4, 5, 6]);
         assert_eq!(delta, 7 - 10);
+    }
+
+    #[test]
+    fn generate_chunks_leave_the_last_token_alone() {
+        assert_eq!(generate_chunks(18, 2048), [17, 18]);
+        assert_eq!(generate_chunks(5, 2), [2, 4, 5]);
+        assert_eq!(generate_chunks(1, 2048), [1]);
     }
 
     #[test]

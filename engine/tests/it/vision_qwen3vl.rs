@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 
 use engine::plant::{self, Defect};
-use engine::vision::qwen3vl_lm::{rope_index, Qwen3VlImageModel};
+use engine::vision::qwen3vl_lm::{generate_chunks, rope_index, Qwen3VlImageModel};
 use engine::vision::qwen_vit::QwenVit;
 use engine::vision::qwen_vl::QwenVlProcessor;
 use engine::vision::{decode, Limits};
@@ -295,8 +295,78 @@ fn prompt_mismatches(
     bad
 }
 
+/// mlx-vlm's `generate_step` on one golden prompt, followed: the prompt prefilled in its
+/// chunks (all but the last token, then the last), then decode steps; every mismatch of the
+/// chunking, each step's log-probabilities (`logits − logsumexp`) and the ids.
+fn generate_mismatches(
+    model: &Qwen3VlImageModel,
+    g: &Golden,
+    imgs: &[(Vec<f32>, [i32; 3])],
+    p: &Value,
+) -> Vec<String> {
+    let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(p["ids"].clone()).unwrap();
+    let what = format!("{}-image generate_step", chosen.len());
+    let want = &p["generate"];
+    let (x, grids) = patches_of(imgs, &chosen);
+    let ends = generate_chunks(ids.len(), 2048);
+    let mut lens = vec![ends[0]];
+    lens.extend(ends.windows(2).map(|w| w[1] - w[0]));
+    let calls: Vec<usize> = serde_json::from_value(want["calls"].clone()).unwrap();
+    let mut bad = Vec::new();
+    if calls[..lens.len()] != lens[..] {
+        bad.push(format!(
+            "{what}: prefill chunks {lens:?}, mlx-vlm's calls {calls:?}"
+        ));
+    }
+    let mut caches = model.make_caches();
+    let out = model
+        .prefill_in_chunks(&ids, &x, &grids, &mut caches, &ends)
+        .unwrap();
+    let (_, want_lp) = g.tensor(&want["logprobs"]);
+    let vocab = out.logits.shape()[2] as usize;
+    let mut last = out.logits.index((.., -1, ..));
+    let mut got_ids = Vec::new();
+    for (s, want) in want_lp.chunks_exact(vocab).enumerate() {
+        let lp = last
+            .subtract(last.logsumexp_axis(-1, true).unwrap())
+            .unwrap()
+            .as_dtype(mlx_rs::Dtype::Float32)
+            .unwrap();
+        let got = lp.as_slice::<f32>();
+        if got
+            .iter()
+            .zip(want)
+            .any(|(a, b)| a.to_bits() != b.to_bits())
+        {
+            let max = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            bad.push(format!(
+                "{what} step {s}: log-probabilities differ, max |Δ| {max}"
+            ));
+        }
+        let y = argmax(got);
+        got_ids.push(y);
+        if s + 1 < want_lp.len() / vocab {
+            last = model
+                .decode(&[y], out.rope_delta, &mut caches)
+                .unwrap()
+                .index((.., -1, ..));
+        }
+    }
+    let want_ids: Vec<u32> = serde_json::from_value(want["ids"].clone()).unwrap();
+    if got_ids != want_ids {
+        bad.push(format!("{what}: ids {got_ids:?}, mlx-vlm's {want_ids:?}"));
+    }
+    bad
+}
+
 /// The logits of a 1-image and a 2-image prompt (full vocab, every position) and of 4
-/// greedy decode steps after each equal mlx-vlm's bit for bit, and the greedy ids match; from
+/// greedy decode steps after each equal mlx-vlm's bit for bit, and the greedy ids match; so
+/// do mlx-vlm's `generate_step` log-probabilities and ids (its chunked prefill); from
 /// mlx-community's layout too; skipping deepstack, or the rope delta in decoding, is caught.
 #[test]
 fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
@@ -307,6 +377,7 @@ fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
     let mut bad = Vec::new();
     for p in prompts {
         bad.extend(prompt_mismatches(&model, &g, &imgs, p));
+        bad.extend(generate_mismatches(&model, &g, &imgs, p));
     }
     assert!(bad.is_empty(), "{bad:#?}");
 
