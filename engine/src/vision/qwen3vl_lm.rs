@@ -39,6 +39,7 @@ use serde_json::Value;
 
 use super::qwen_vit::ops_fused::rotate_half;
 use super::qwen_vit::{tower_name, QwenVit, QwenVitError};
+use super::qwen_vl::QwenVlPixels;
 use crate::cache::{AttentionCache, Cache, KvCache, Mask};
 use crate::load::weights::Weights;
 use crate::model::layers::{weak, CompiledFn, Embedding, Glu, Linear, Mlp, RmsNorm};
@@ -530,6 +531,34 @@ impl Qwen3VlImageModel {
             .o_proj
             .forward(&out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
     }
+}
+
+/// The processor's images (in prompt order) as the tower takes them: their patches in one
+/// `[n, C·T·P·P]` f32 tensor and their grids (`Qwen3VLProcessor`'s `pixel_values`,
+/// `image_grid_thw`).
+pub fn patches_of(images: &[QwenVlPixels]) -> Result<(Array, Vec<[i32; 3]>), QwenVitError> {
+    let width = images.first().map_or(0, |i| i.pixels.shape[1]);
+    if images.is_empty()
+        || images
+            .iter()
+            .any(|i| i.pixels.shape.len() != 2 || i.pixels.shape[1] != width)
+    {
+        return Err(QwenVitError::Input(
+            "no images, or images from processors of different patch sizes: preprocess every \
+             image of a prompt with the checkpoint's one processor"
+                .into(),
+        ));
+    }
+    let data: Vec<f32> = images
+        .iter()
+        .flat_map(|i| i.pixels.data.iter().copied())
+        .collect();
+    let rows = (data.len() / width) as i32;
+    let grids = images
+        .iter()
+        .map(|i| i.grid_thw.map(|v| v as i32))
+        .collect();
+    Ok((Array::from_slice(&data, &[rows, width as i32]), grids))
 }
 
 /// The chunk ends of mlx-vlm's `generate_step` prefill for a prompt of `len` tokens: all but

@@ -15,9 +15,9 @@
 use std::path::PathBuf;
 
 use engine::plant::{self, Defect};
-use engine::vision::qwen3vl_lm::{generate_chunks, rope_index, Qwen3VlImageModel};
+use engine::vision::qwen3vl_lm::{self, generate_chunks, rope_index, Qwen3VlImageModel};
 use engine::vision::qwen_vit::QwenVit;
-use engine::vision::qwen_vl::QwenVlProcessor;
+use engine::vision::qwen_vl::{QwenVlPixels, QwenVlProcessor};
 use engine::vision::{decode, Limits};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
@@ -99,7 +99,7 @@ impl Golden {
 
 /// The golden's images through the engine's decode and processor: each one's patches and
 /// grid.
-fn images(g: &Golden) -> Vec<(Vec<f32>, [i32; 3])> {
+fn images(g: &Golden) -> Vec<QwenVlPixels> {
     let cfg = std::fs::read_to_string(model_dir().join("preprocessor_config.json")).unwrap();
     let proc = QwenVlProcessor::from_json(&cfg).unwrap();
     let mut out = Vec::new();
@@ -114,28 +114,21 @@ fn images(g: &Golden) -> Vec<(Vec<f32>, [i32; 3])> {
             img["patches_sha256"].as_str().unwrap(),
             "{file}: the patches differ from mlx-vlm's processor's"
         );
-        let grid = p.grid_thw.map(|v| v as i32);
         assert_eq!(
-            serde_json::to_value(grid).unwrap(),
+            serde_json::to_value(p.grid_thw).unwrap(),
             img["grid_thw"],
             "{file}"
         );
-        out.push((p.pixels.data, grid));
+        out.push(p);
     }
     out
 }
 
 /// The patches of images `chosen` (indices into the golden's images) in one tensor, and their
-/// grids.
-fn patches_of(all: &[(Vec<f32>, [i32; 3])], chosen: &[usize]) -> (Array, Vec<[i32; 3]>) {
-    let data: Vec<f32> = chosen
-        .iter()
-        .flat_map(|&i| all[i].0.iter().copied())
-        .collect();
-    let grids = chosen.iter().map(|&i| all[i].1).collect();
-    let row = 3 * 2 * 16 * 16;
-    let n = (data.len() / row) as i32;
-    (Array::from_slice(&data, &[n, row as i32]), grids)
+/// grids (the engine's `qwen3vl_lm::patches_of`).
+fn patches_of(all: &[QwenVlPixels], chosen: &[usize]) -> (Array, Vec<[i32; 3]>) {
+    let picked: Vec<QwenVlPixels> = chosen.iter().map(|&i| all[i].clone()).collect();
+    qwen3vl_lm::patches_of(&picked).unwrap()
 }
 
 /// The tower's outputs against the golden's: every mismatch.
@@ -212,6 +205,14 @@ fn qwen3_vl_tower_output_is_bit_exact_with_mlx_vlm_from_both_layouts() {
     let bad = tower_mismatches(&vit_mlx, &g, "mlx layout");
     assert!(bad.is_empty(), "{bad:#?}");
 
+    // Patches that do not fit the grids are refused, naming both.
+    let (x, _) = patches_of(&images(&g), &[0]);
+    let err = vit.forward(&x, &[[1, 4, 4]]).err().unwrap().to_string();
+    assert!(
+        err.contains("[24, 1536]") && err.contains("[16, 1536]"),
+        "{err}"
+    );
+
     let _on = plant::on(Defect::VisionRopeAxesSwapped).unwrap();
     let bad = tower_mismatches(&vit, &g, "planted");
     assert!(
@@ -236,7 +237,7 @@ fn argmax(row: &[f32]) -> u32 {
 fn prompt_mismatches(
     model: &Qwen3VlImageModel,
     g: &Golden,
-    imgs: &[(Vec<f32>, [i32; 3])],
+    imgs: &[QwenVlPixels],
     p: &Value,
 ) -> Vec<String> {
     let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
@@ -301,7 +302,7 @@ fn prompt_mismatches(
 fn generate_mismatches(
     model: &Qwen3VlImageModel,
     g: &Golden,
-    imgs: &[(Vec<f32>, [i32; 3])],
+    imgs: &[QwenVlPixels],
     p: &Value,
 ) -> Vec<String> {
     let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
