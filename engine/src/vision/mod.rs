@@ -22,7 +22,10 @@
 //!   bicubic resize, rescale, normalize, the patches `[n, C*T*P*P]` and `image_grid_thw`;
 //!   `Qwen3VLProcessor`'s prompt expansion.
 //!
-//! Not here yet: the vision towers, gemma4's prompt expansion, serving images
+//! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
+//!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
+//!
+//! Not here yet: gemma3's and gemma4's towers, gemma4's prompt expansion, serving images
 //! (docs/vision.md).
 
 pub mod decode;
