@@ -345,6 +345,15 @@ impl Qwen3VlImageModel {
                 ids.len()
             )));
         }
+        if ids.contains(&self.ids.video) {
+            // mlx-vlm counts video tokens as visual positions for deepstack; without video
+            // features that count no longer matches and its deepstack is skipped or misread.
+            return Err(QwenVitError::Input(format!(
+                "the prompt holds the video token (id {}): video input is not supported yet; \
+                 send images",
+                self.ids.video
+            )));
+        }
         if caches.iter().any(|c| c.offset() != 0) {
             return Err(QwenVitError::Input(
                 "a prompt with images starts from empty caches (make_caches)".into(),
