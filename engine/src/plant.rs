@@ -472,6 +472,18 @@ pub enum Defect {
     /// tokens. Caught by the gemma3 vision gate (`tests/it/vision_gemma3.rs`): the merged
     /// embeddings and the logits differ from mlx-vlm's.
     ImageFeaturesOffByOne,
+    /// Qwen3-VL's vision tower: the 2-D rotary angles of a patch take its column for its
+    /// row and its row for its column. Caught by the Qwen3-VL gate
+    /// (`tests/it/vision_qwen3vl.rs`): the tower's output differs from mlx-vlm's.
+    VisionRopeAxesSwapped,
+    /// Qwen3-VL's image path: the deepstack features are not added to the hidden states
+    /// after the first layers. Caught by the Qwen3-VL gate (`tests/it/vision_qwen3vl.rs`):
+    /// the logits of the image prompts differ from mlx-vlm's.
+    DeepstackSkipped,
+    /// Qwen3-VL's image path: decode steps after an image prompt take their cache offset as
+    /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3-VL gate
+    /// (`tests/it/vision_qwen3vl.rs`): the decode steps' logits differ from mlx-vlm's.
+    MropeDeltaDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -665,6 +677,9 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionTokenCountOffByOne" => Defect::VisionTokenCountOffByOne,
             "VisionTowerNormOff" => Defect::VisionTowerNormOff,
             "ImageFeaturesOffByOne" => Defect::ImageFeaturesOffByOne,
+            "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
+            "DeepstackSkipped" => Defect::DeepstackSkipped,
+            "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -24,14 +24,18 @@
 //!
 //! - [`siglip`], [`gemma3_tower`]: gemma3's SigLIP tower, its multimodal projector and the
 //!   merge of image features into the prompt's embeddings, as mlx-vlm's gemma3 `Model`.
+//! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
+//!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
 //!
-//! Not here yet: gemma4's and Qwen's towers, gemma4's prompt expansion, serving images
+//! Not here yet: gemma4's tower, gemma4's prompt expansion, serving images
 //! (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
 pub mod gemma3_tower;
 pub mod gemma4;
+pub mod qwen3vl_lm;
+pub mod qwen_vit;
 pub mod qwen_vl;
 pub mod resize;
 pub mod siglip;

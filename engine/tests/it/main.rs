@@ -42,3 +42,4 @@ mod train_families;
 mod train_moe2;
 mod vision_gemma3;
 mod vision_preprocess;
+mod vision_qwen3vl;
