@@ -128,6 +128,20 @@ def make_model(job=None) -> None:
                  "names and Conv3d layout; norms drawn away from one; tokenizer from tiny-qwen3-vl"})
 
 
+def greedy_steps(model, logits, cache):
+    """STEPS greedy decode steps after a prompt's `logits`: the ids (STEPS + 1) and each
+    step's last-position logits."""
+    steps, step_logits = [], []
+    y = mx.argmax(logits[:, -1, :], axis=-1)
+    for _ in range(STEPS):
+        steps.append(int(y.item()))
+        out = model.language_model(y[None], cache=cache).logits
+        step_logits.append(out[0, -1])
+        y = mx.argmax(out[:, -1, :], axis=-1)
+    steps.append(int(y.item()))
+    return steps, step_logits
+
+
 def main() -> None:
     for pkg, want in (("mlx-vlm", "0.7.10"), ("mlx", "0.32.2"), ("pillow", "13.0.0")):
         if md.version(pkg) != want:
@@ -178,14 +192,7 @@ def main() -> None:
         cache = make_prompt_cache(model.language_model)
         logits = model(x, pixel_values=pv, cache=cache, image_grid_thw=grid).logits
         mx.eval(logits)
-        steps, step_logits = [], []
-        y = mx.argmax(logits[:, -1, :], axis=-1)
-        for _ in range(STEPS):
-            steps.append(int(y.item()))
-            out = model.language_model(y[None], cache=cache).logits
-            step_logits.append(out[0, -1])
-            y = mx.argmax(out[:, -1, :], axis=-1)
-        steps.append(int(y.item()))
+        steps, step_logits = greedy_steps(model, logits, cache)
         prompts.append({"images": chosen, "ids": ids, "rope_delta": int(deltas.reshape(-1)[0].item()),
                         "position_ids": np.asarray(positions).reshape(3, -1).tolist(),
                         "logits": put(logits[0]), "greedy": steps,
@@ -229,14 +236,7 @@ def main() -> None:
     pv = mx.array(np.concatenate([patches[i] for i in p["images"]]))
     logits = model(mx.array([p["ids"]]), pixel_values=pv, cache=cache,
                    image_grid_thw=mx.array([grids[i] for i in p["images"]])).logits
-    steps, step_logits = [], []
-    y = mx.argmax(logits[:, -1, :], axis=-1)
-    for _ in range(STEPS):
-        steps.append(int(y.item()))
-        out = model.language_model(y[None], cache=cache).logits
-        step_logits.append(out[0, -1])
-        y = mx.argmax(out[:, -1, :], axis=-1)
-    steps.append(int(y.item()))
+    steps, step_logits = greedy_steps(model, logits, cache)
     bf16["prompt"] = {"index": 0, "logits": put(logits[0]), "greedy": steps,
                       "step_logits": put(mx.stack(step_logits))}
 

@@ -270,16 +270,7 @@ fn prompt_mismatches(
             .as_dtype(mlx_rs::Dtype::Float32)
             .unwrap();
         let got = row.as_slice::<f32>();
-        if got
-            .iter()
-            .zip(want)
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            let max = got
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+        if let Some(max) = max_delta_if_not_bit_equal(got, want) {
             bad.push(format!(
                 "{what} decode step {s}: logits differ, max |Δ| {max}"
             ));
@@ -294,6 +285,20 @@ fn prompt_mismatches(
         ));
     }
     bad
+}
+
+/// The largest |Δ| between `got` and `want`, where any value differs in its bits.
+fn max_delta_if_not_bit_equal(got: &[f32], want: &[f32]) -> Option<f32> {
+    let differs = got
+        .iter()
+        .zip(want)
+        .any(|(a, b)| a.to_bits() != b.to_bits());
+    differs.then(|| {
+        got.iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max)
+    })
 }
 
 /// mlx-vlm's `generate_step` on one golden prompt, followed: the prompt prefilled in its
@@ -335,16 +340,7 @@ fn generate_mismatches(
             .as_dtype(mlx_rs::Dtype::Float32)
             .unwrap();
         let got = lp.as_slice::<f32>();
-        if got
-            .iter()
-            .zip(want)
-            .any(|(a, b)| a.to_bits() != b.to_bits())
-        {
-            let max = got
-                .iter()
-                .zip(want)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
+        if let Some(max) = max_delta_if_not_bit_equal(got, want) {
             bad.push(format!(
                 "{what} step {s}: log-probabilities differ, max |Δ| {max}"
             ));
