@@ -355,6 +355,10 @@ pub enum Defect {
     /// Serve, many models: `--load-timeout` is ignored, so a load kept waiting by busy
     /// models waits on (caught by engine/tests/it/serve_fleet.rs: no 503).
     FleetLoadTimeoutIgnored,
+    /// Serve, many models under a budget: a first load whose measured need is more than
+    /// the estimate it made room for fails (a 500) instead of making room again and
+    /// loading. Caught by `tests/it/serve_fleet.rs` (the first load of the larger model).
+    FleetFirstLoadNotRetried,
     /// Serve, many models: a model thread never offers the MLX turn between steps (caught
     /// by engine/tests/it/serve_fleet.rs: two busy models' streams do not overlap).
     TurnNeverPassed,
@@ -632,6 +636,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,
+            "FleetFirstLoadNotRetried" => Defect::FleetFirstLoadNotRetried,
             "TurnNeverPassed" => Defect::TurnNeverPassed,
             "GrammarLimitsIgnored" => Defect::GrammarLimitsIgnored,
             "GrammarFaultLosesGroup" => Defect::GrammarFaultLosesGroup,

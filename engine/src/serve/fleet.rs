@@ -76,6 +76,8 @@ struct Life {
     /// With a budget: its least request need and MLX buffer cache as its last load
     /// measured them (what the next load makes room for beside its weights).
     least: Option<(u64, u64)>,
+    /// The last try at loading it measured `least` for the first time.
+    least_first_measured: bool,
     loads: u64,
     unloads: u64,
     load_ms: Option<f64>,
@@ -197,6 +199,7 @@ impl Fleet {
                     failed: None,
                     failed_status: StatusCode::INTERNAL_SERVER_ERROR,
                     least: None,
+                    least_first_measured: false,
                     loads: 0,
                     unloads: 0,
                     load_ms: None,
@@ -296,9 +299,66 @@ impl Fleet {
         }
     }
 
-    /// Loads model `i` (its phase is Loading), making room first.
+    /// Loads model `i` (its phase is Loading), making room first. A first load under a
+    /// budget makes room for an estimate (its weights' files, the least request of the
+    /// models loaded); when its own check then finds its measured need does not fit, the
+    /// load is tried once more, making room for what it measured (so the client gets the
+    /// model, or a 400/503 with the numbers, not the failed check).
     async fn load(self: Arc<Self>, i: usize) {
         let _one = self.loader.lock().await;
+        let entry = &self.entries[i];
+        let mut result = self.try_load(i).await;
+        if let Err((_, why)) = &result {
+            let measured_now = self.budget.is_some() && entry.life().least_first_measured;
+            if measured_now && !plant::is(Defect::FleetFirstLoadNotRetried) {
+                eprintln!(
+                    "engine serve: {} needs more than estimated ({why}); making room for \
+                     its measured need and loading again",
+                    entry.spec.name
+                );
+                result = self.try_load(i).await;
+            }
+        }
+        {
+            let mut life = entry.life();
+            match result {
+                Ok((started, took)) => {
+                    let router = super::routes::router(
+                        started.state.clone(),
+                        self.args.max_body_bytes,
+                        super::extra_routes(),
+                    );
+                    life.phase = Phase::Loaded(Arc::new(Loaded {
+                        state: started.state,
+                        router,
+                        thread: Mutex::new(Some(started.thread)),
+                    }));
+                    life.loads += 1;
+                    life.load_ms = Some(took.as_secs_f64() * 1e3);
+                    life.last_used = Instant::now();
+                    eprintln!(
+                        "engine serve: loaded {} in {:.0} ms",
+                        entry.spec.name,
+                        took.as_secs_f64() * 1e3
+                    );
+                }
+                Err((status, why)) => {
+                    eprintln!("engine serve: cannot load {}: {why}", entry.spec.name);
+                    life.phase = Phase::Unloaded;
+                    life.failed = Some((life.attempts, why));
+                    life.failed_status = status;
+                }
+            }
+        }
+        self.bump();
+    }
+
+    /// One try at loading model `i`: room made, weights held, the model started; its
+    /// measured least need recorded even when its own check refused it.
+    async fn try_load(
+        self: &Arc<Self>,
+        i: usize,
+    ) -> Result<(super::Started, Duration), (StatusCode, String)> {
         let entry = &self.entries[i];
         let estimate = self
             .budget
@@ -340,41 +400,12 @@ impl Fleet {
         if let (Err(_), Some(b)) = (&result, &self.budget) {
             b.release_weights(&key);
         }
-        {
-            let mut life = entry.life();
-            // Measured even when the load's own check refused it: the next try makes room
-            // for what it really needs.
-            life.least = least.or(life.least);
-            match result {
-                Ok((started, took)) => {
-                    let router = super::routes::router(
-                        started.state.clone(),
-                        self.args.max_body_bytes,
-                        super::extra_routes(),
-                    );
-                    life.phase = Phase::Loaded(Arc::new(Loaded {
-                        state: started.state,
-                        router,
-                        thread: Mutex::new(Some(started.thread)),
-                    }));
-                    life.loads += 1;
-                    life.load_ms = Some(took.as_secs_f64() * 1e3);
-                    life.last_used = Instant::now();
-                    eprintln!(
-                        "engine serve: loaded {} in {:.0} ms",
-                        entry.spec.name,
-                        took.as_secs_f64() * 1e3
-                    );
-                }
-                Err((status, why)) => {
-                    eprintln!("engine serve: cannot load {}: {why}", entry.spec.name);
-                    life.phase = Phase::Unloaded;
-                    life.failed = Some((life.attempts, why));
-                    life.failed_status = status;
-                }
-            }
-        }
-        self.bump();
+        // Measured even when the load's own check refused it: the next try makes room for
+        // what it really needs.
+        let mut life = entry.life();
+        life.least_first_measured = life.least.is_none() && least.is_some();
+        life.least = least.or(life.least);
+        result
     }
 
     /// Unloads least recently used models until model `keep` fits in `--max-models`

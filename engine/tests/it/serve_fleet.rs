@@ -5,7 +5,8 @@
 //! `FleetRoutesToDefault`, `FleetLoadsTwice`, `FleetTtlIgnored`, `FleetBudgetIgnored`,
 //! `MetricsDefaultModelOnly` (`/metrics` must give each model the numbers `/stats` does),
 //! `FleetLoadTimeoutIgnored` (a load kept waiting by busy models must end in a 503),
-//! `TurnNeverPassed` (two busy models must stream at once).
+//! `TurnNeverPassed` (two busy models must stream at once), `FleetFirstLoadNotRetried`
+//! (a first load that needs more than estimated must make room and load, not fail).
 
 use std::time::Duration;
 
@@ -776,6 +777,71 @@ fn a_shared_memory_budget_holds_one_model_at_a_time_and_both_answer() {
     ] {
         assert!(err.contains(part), "{part:?} not in {err}");
     }
+}
+
+/// A model's least request by the budget's own accounting (docs/serve.md "Memory budget"):
+/// its K/V for one token (the cache grows in steps of 256) and one token's activations at
+/// `--prefill-step-size 32`, from its row of `/stats`' `memory.budget.models`.
+fn one_token_need(m: &Value) -> u64 {
+    let u = |k: &str| m[k].as_u64().unwrap();
+    u("kv_fixed") + u("kv_per_token") * (1 + 256) + u("act_chunk") + u("act_per_token").div_ceil(32)
+}
+
+/// B's first load beside A, under a budget between what the fleet estimates before B is
+/// measured (A's weights and buffer cache, B's files, A's least request) and what B's own
+/// check then measures (both models' weights, B's buffer cache and least request): the
+/// first try's check refuses, the load makes room for the measured need (A, idle, goes)
+/// and B answers. Planted `FleetFirstLoadNotRetried`: the refused check is the client's
+/// answer, a 500. The budget comes from a probe server's measurements of both models.
+#[test]
+fn a_first_load_that_needs_more_than_estimated_makes_room_and_answers() {
+    let args = ["--max-models", "2", "--prefill-step-size", "32"];
+    let probe = {
+        let mut with = args.to_vec();
+        with.extend(["--memory-budget", "100000000"]);
+        fleet(&with, &[])
+    };
+    answer(probe.port, bodies(B)[2].0, &bodies(B)[2].1);
+    let st = stats(probe.port);
+    drop(probe);
+    let models = &st["memory"]["budget"]["models"];
+    let row = |name: &str| {
+        let end = format!("/{name}");
+        let rows = models.as_object().unwrap();
+        rows.iter().find(|(k, _)| k.ends_with(&end)).unwrap().1
+    };
+    let (a, b) = (row(A), row(B));
+    let u = |m: &Value, k: &str| m[k].as_u64().unwrap();
+    let b_files = std::fs::metadata(std::path::Path::new(&dir(B)).join("model.safetensors"))
+        .unwrap()
+        .len();
+    let estimate = u(a, "weights") + u(a, "act_chunk") + b_files + one_token_need(a);
+    let measured = u(a, "weights")
+        + u(b, "weights")
+        + u(a, "act_chunk").max(u(b, "act_chunk"))
+        + one_token_need(b);
+    assert!(
+        estimate + 20_000 < measured,
+        "no room between the estimate {estimate} and B's measured need {measured}: {st}"
+    );
+    let budget = ((estimate + measured) / 2).to_string();
+    let mut with = args.to_vec();
+    with.extend(["--memory-budget", &budget]);
+    let servers = start_all(2, |i| match i {
+        0 => fleet(&with, &[]),
+        _ => fleet(&with, &[("ENGINE_PLANT", "FleetFirstLoadNotRetried")]),
+    });
+    let (path, body) = &bodies(B)[2];
+    let (status, text) = http(servers[0].port, "POST", path, body.to_string().as_bytes());
+    let st = stats(servers[0].port);
+    assert_eq!(status, 200, "budget {budget}: {text} {st}");
+    assert_eq!(st["models"][A]["loaded"], false, "{st}");
+    assert_eq!(st["models"][B]["loaded"], true, "{st}");
+    let (status, text) = http(servers[1].port, "POST", path, body.to_string().as_bytes());
+    assert_eq!(
+        status, 500,
+        "FleetFirstLoadNotRetried was not caught (budget {budget}): {status} {text}"
+    );
 }
 
 /// ~3.2 MB beside both models' weights and MLX's buffer cache (~2.6 MB): room for one of
