@@ -23,7 +23,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub max_models: Option<usize>,
     /// Many models: unload a model after this many seconds without requests (0 = never).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = seconds)]
     pub model_ttl: f64,
     /// Many models: keep this model (a name, as in /v1/models) loaded from startup on.
     /// Repeatable.
@@ -31,7 +31,7 @@ pub struct ServeArgs {
     pub pin: Vec<String>,
     /// Many models: how long a request waits for its model to load (or for room to load
     /// it) before a 503.
-    #[arg(long, default_value_t = 300.0)]
+    #[arg(long, default_value_t = 300.0, value_parser = seconds)]
     pub load_timeout: f64,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -142,7 +142,7 @@ pub struct ServeArgs {
     pub grammar_step_items: usize,
     /// Cut a request whose client has read nothing for this many seconds while its answer
     /// waits (0 = never).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
     pub stall_timeout: f64,
     /// Requests that may wait for the model (arrived, not yet running); more get 429 with
     /// Retry-After (0 = no cap).
@@ -150,11 +150,11 @@ pub struct ServeArgs {
     pub max_queue: usize,
     /// A request's wall-clock limit in seconds from arrival, queueing included (0 = none);
     /// past it the request ends with a 504 error.
-    #[arg(long, default_value_t = 600.0)]
+    #[arg(long, default_value_t = 600.0, value_parser = seconds)]
     pub request_timeout: f64,
     /// On SIGTERM / Ctrl-C: seconds running requests may take to finish before they are
     /// cut and the server exits.
-    #[arg(long, default_value_t = 30.0)]
+    #[arg(long, default_value_t = 30.0, value_parser = seconds)]
     pub drain_timeout: f64,
     /// Serial lane: up to this many requests take turns, one token each (1 = one at a time,
     /// in arrival order).
@@ -163,7 +163,7 @@ pub struct ServeArgs {
     /// SSE streams: send a `: keep-alive` comment line after this many seconds without an
     /// event (0 = never), so that clients with idle timeouts stay connected while a long
     /// prompt prefills.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
     pub sse_keep_alive: f64,
     /// `/v1/embeddings`: how an input's final hidden states become one vector: `last`
     /// (the last token's, as Qwen3-Embedding and sentence-transformers' "lasttoken") or
@@ -178,7 +178,7 @@ pub struct ServeArgs {
     #[arg(long)]
     pub memory_budget: Option<String>,
     /// With --memory-budget: seconds a request may wait for room before 429.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = seconds)]
     pub budget_wait: f64,
     #[command(flatten)]
     pub tier: crate::tiers::TierArgs,
@@ -219,5 +219,20 @@ impl ServeArgs {
             "--max-image-pixels and --max-image-side must be above 0"
         );
         Ok(())
+    }
+}
+
+/// The longest any seconds flag takes: ten years (a larger one is a typo; `Duration` itself
+/// overflows past ~1.8e19 s and `inf` would panic there).
+const MAX_SECONDS: f64 = 315_576_000.0;
+
+/// A seconds flag (0 = none/never): a finite number, 0 or more, at most ten years.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if (0.0..=MAX_SECONDS).contains(&v) => Ok(v),
+        Ok(_) => Err(format!(
+            "{s}: give a number of seconds from 0 (none) to {MAX_SECONDS} (ten years)"
+        )),
+        Err(_) => Err(format!("`{s}` is not a number of seconds")),
     }
 }

@@ -123,6 +123,38 @@ fn a_bad_model_dir_is_a_clear_error() {
     );
 }
 
+/// Every seconds flag of `engine serve` refuses what no clock can wait (`inf`, `1e300`, NaN,
+/// a negative) when the command line is read, naming the flag and the range: before, a huge
+/// finite value panicked in `Duration` after the model loaded.
+#[test]
+fn serve_seconds_flags_refuse_what_no_clock_can_wait() {
+    let flags = [
+        "--stall-timeout",
+        "--request-timeout",
+        "--drain-timeout",
+        "--sse-keep-alive",
+        "--budget-wait",
+        "--model-ttl",
+        "--load-timeout",
+    ];
+    let tiny = model("tiny-llama");
+    for flag in flags {
+        for value in ["inf", "1e300", "NaN", "-1"] {
+            let out = engine()
+                .args(["serve", "--model", &tiny, "--port", "0"])
+                .arg(format!("{flag}={value}"))
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{flag}={value}: {err}");
+            assert!(
+                err.contains(flag) && err.contains("ten years"),
+                "{flag}={value}: {err}"
+            );
+        }
+    }
+}
+
 /// A model with a recurrent state (lfm2's short convolutions) drafts like any other: as
 /// target with a draft model, as the draft model, and with prompt lookup, `engine generate`
 /// prints the text plain decoding prints (the states roll back by checkpoint; the gate is
