@@ -82,7 +82,7 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
         // For the gate: the prompt's ids as the model takes them (stderr).
         eprintln!("prompt_ids: {:?}", prompt.ids);
     }
-    let mut text = TextStream::new(&tokenizer, args.stop.iter().cloned());
+    let mut text = TextStream::new(&tokenizer, args.stop.iter().cloned()).as_mlx_vlm();
     let mut stdout = std::io::stdout().lock();
     let start = std::time::Instant::now();
     let step = args.prefill_step_size.unwrap_or(2048);
