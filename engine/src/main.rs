@@ -13,6 +13,8 @@ use engine::load::tokenizer::Tokenizer;
 use engine::runtime;
 use engine::serve::tools::infer_thinking;
 
+mod images;
+
 /// An LLM engine on MLX.
 #[derive(Parser)]
 #[command(name = "engine", disable_version_flag = true)]
@@ -163,6 +165,15 @@ struct GenerateArgs {
     /// As a rank under mlx.launch (tensor parallel, or --pipeline).
     #[command(flatten)]
     dist: engine::dist::DistArgs,
+    /// An image for the prompt (repeatable; PNG, JPEG, WebP or GIF), for a model with a
+    /// vision tower this engine runs (gemma3, Qwen3-VL): the prompt is built as
+    /// mlx_vlm.generate builds it (docs/vision.md).
+    #[arg(long, value_name = "PATH")]
+    image: Vec<PathBuf>,
+    /// Largest --image accepted, in pixels (width × height, read from its header before it
+    /// is decoded).
+    #[arg(long, default_value_t = engine::vision::Limits::DEFAULT.max_pixels)]
+    max_image_pixels: u64,
 }
 
 /// mlx-lm's `str2bool`: true/t/1/yes and false/f/0/no, any case.
@@ -271,6 +282,10 @@ fn generate(args: GenerateArgs) -> Result<()> {
     if engine::dist::init(&args.dist)?.is_none() {
         return generate_on_rank(args);
     }
+    anyhow::ensure!(
+        args.image.is_empty(),
+        "--image is not supported across ranks; run it on one machine"
+    );
     if args.prompt_lookup_num_tokens.is_some() {
         anyhow::bail!("--prompt-lookup is not supported across ranks; run it on one machine");
     }
@@ -293,6 +308,9 @@ fn generate(args: GenerateArgs) -> Result<()> {
 
 /// `engine generate` on one machine, or as one rank of a group (only rank 0 writes).
 fn generate_on_rank(args: GenerateArgs) -> Result<()> {
+    if !args.image.is_empty() {
+        return images::generate(&args);
+    }
     let dir = &args.model;
     let model = engine::model::load(dir)
         .with_context(|| format!("loading model from {}", dir.display()))?;

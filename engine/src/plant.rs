@@ -488,6 +488,11 @@ pub enum Defect {
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3-VL gate
     /// (`tests/it/vision_qwen3vl.rs`): the decode steps' logits differ from mlx-vlm's.
     MropeDeltaDropped,
+    /// `vision::prompt`: a message's images placed on the wrong side of its text (gemma3's
+    /// markers before the text, Qwen3-VL's image entries after it). Caught by the image
+    /// generate gate (`tests/it/vision_generate.rs`): the templated prompt and its ids differ
+    /// from mlx_vlm.generate's.
+    ImageMarkerBeforeText,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -685,6 +690,7 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
             "DeepstackSkipped" => Defect::DeepstackSkipped,
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
+            "ImageMarkerBeforeText" => Defect::ImageMarkerBeforeText,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

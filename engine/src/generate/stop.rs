@@ -91,6 +91,12 @@ impl<'t> TextStream<'t> {
         }
     }
 
+    /// With mlx-vlm's detokenizer spacing ([`StreamingDetokenizer::as_mlx_vlm`]).
+    pub fn as_mlx_vlm(mut self) -> Self {
+        self.detok = self.detok.as_mlx_vlm();
+        self
+    }
+
     /// The text released by id `id`, and Stop once a stop string completed.
     pub fn push(&mut self, id: u32) -> Result<(String, Flow), LoadError> {
         let piece = self.detok.push(id)?;

@@ -27,6 +27,9 @@
 //! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
 //!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
 //!
+//! - [`prompt`], [`model`], [`generate`]: `engine generate --image` as `mlx_vlm.generate`
+//!   runs it: the messages with images, both families behind [`model::ImageModel`], the loop.
+//!
 //! Not here yet: gemma4's tower, gemma4's prompt expansion, serving images
 //! (docs/vision.md).
 
@@ -34,6 +37,9 @@ pub mod decode;
 pub mod gemma3;
 pub mod gemma3_tower;
 pub mod gemma4;
+pub mod generate;
+pub mod model;
+pub mod prompt;
 pub mod qwen3vl_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;

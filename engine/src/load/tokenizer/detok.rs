@@ -133,9 +133,18 @@ pub struct StreamingDetokenizer<'t> {
     /// The text released so far (mlx-lm's `text`) and how much of it was handed out.
     text: String,
     offset: usize,
+    /// The BPE stream drops its first leading space (mlx-lm); mlx-vlm's keeps it.
+    bpe_trims: bool,
 }
 
 impl<'t> StreamingDetokenizer<'t> {
+    /// As mlx-vlm's detokenizer for this tokenizer: the same, but its BPE one keeps the
+    /// stream's leading space (mlx_vlm/tokenizer_utils.py: `trim_space=False`).
+    pub fn as_mlx_vlm(mut self) -> Self {
+        self.bpe_trims = false;
+        self
+    }
+
     pub fn new(tokenizer: &'t Tokenizer) -> Self {
         let state = match (tokenizer.detokenizer_kind(), tokenizer.detok_table()) {
             (Kind::Spm { trim_space }, Table::Spm(tokens)) => State::Spm {
@@ -158,12 +167,13 @@ impl<'t> StreamingDetokenizer<'t> {
             state,
             text: String::new(),
             offset: 0,
+            bpe_trims: true,
         }
     }
 
     /// The stream's first leading space is dropped (mlx-lm's `_maybe_trim_space`).
     fn release(&mut self, mut piece: String) {
-        if self.text.is_empty() && piece.starts_with(' ') {
+        if self.bpe_trims && self.text.is_empty() && piece.starts_with(' ') {
             piece.remove(0);
         }
         self.text.push_str(&piece);

@@ -1,0 +1,277 @@
+//! A checkpoint with a vision tower this engine runs, behind one type: gemma3 with a
+//! `vision_config` ([`super::gemma3_tower::Gemma3Vision`]) and Qwen3-VL
+//! ([`super::qwen3vl_lm::Qwen3VlImageModel`]), each with its image processor.
+//!
+//! The flow is mlx-vlm 0.7.10's `generate_step` (mlx_vlm/generate/ar.py): the processor turns
+//! images into pixels and expands the templated prompt's image markers ([`ImageModel::
+//! prepare`]); the prompt with its images runs through fresh caches, all but the last token
+//! in chunks of at most `prefill_step_size` (2048), then the last ([`ImageModel::prefill`]:
+//! the last position's logits); each later token goes in by id ([`ImageRun::decode`]), for
+//! Qwen3-VL at position `offset + rope delta`.
+
+use std::path::Path;
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use super::gemma3::Gemma3Processor;
+use super::gemma3_tower::{Gemma3Vision, ImageInputError};
+use super::prompt::ImageLayout;
+use super::qwen3vl_lm::{self, Qwen3VlImageModel};
+use super::qwen_vit::QwenVitError;
+use super::qwen_vl::{self, QwenVlProcessor};
+use super::{RgbImage, VisionError};
+use crate::cache::{Cache, KvCache};
+use crate::load::LoadError;
+use crate::model::LanguageModel;
+
+/// Why a vision model could not be loaded or run. Each message names the cause and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageModelError {
+    #[error(
+        "{dir}: model_type `{model_type}` has no vision tower this engine runs (gemma3 with a \
+         vision_config, qwen3_vl): drop the images, or use one of those checkpoints"
+    )]
+    NoVision { dir: String, model_type: String },
+    #[error("{0}")]
+    Load(#[from] LoadError),
+    #[error("{0}")]
+    Image(#[from] VisionError),
+    #[error("{0}")]
+    Gemma3(#[from] ImageInputError),
+    #[error("{0}")]
+    Qwen(#[from] QwenVitError),
+    #[error("MLX: {0}")]
+    Mlx(#[from] mlx_rs::error::Exception),
+    #[error("{0}")]
+    Io(String),
+}
+
+type R<T> = Result<T, ImageModelError>;
+
+/// Which family's image path a checkpoint takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VisionFamily {
+    Gemma3,
+    Qwen3Vl,
+}
+
+/// A model directory's vision family from its config.json: `Ok(None)` for a model without a
+/// tower this engine runs (a text model, or a family whose tower is not here yet); the
+/// `model_type` read comes back too, for the refusal.
+pub fn detect(dir: &Path) -> R<(Option<VisionFamily>, String)> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ImageModelError::Io(format!("{}: {e}", path.display())))?;
+    let cfg: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ImageModelError::Io(format!("{}: {e}", path.display())))?;
+    let model_type = cfg["model_type"].as_str().unwrap_or("").to_owned();
+    let family = match model_type.as_str() {
+        "gemma3" if cfg.get("vision_config").is_some_and(|v| v.is_object()) => {
+            Some(VisionFamily::Gemma3)
+        }
+        "qwen3_vl" => Some(VisionFamily::Qwen3Vl),
+        _ => None,
+    };
+    Ok((family, model_type))
+}
+
+fn qwen_vocab(dir: &Path) -> R<usize> {
+    let path = dir.join("config.json");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| ImageModelError::Io(format!("{}: {e}", path.display())))?;
+    let cfg: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ImageModelError::Io(format!("{}: {e}", path.display())))?;
+    cfg["text_config"]["vocab_size"]
+        .as_u64()
+        .or(cfg["vocab_size"].as_u64())
+        .map(|v| v as usize)
+        .ok_or_else(|| {
+            ImageModelError::Io(format!("{}: no text_config.vocab_size", path.display()))
+        })
+}
+
+/// The loaded model and its processor.
+pub enum ImageModel {
+    Gemma3 {
+        model: Box<Gemma3Vision>,
+        processor: Gemma3Processor,
+    },
+    Qwen3Vl {
+        model: Box<Qwen3VlImageModel>,
+        processor: QwenVlProcessor,
+        /// text_config's vocab_size: the logits' width.
+        vocab: usize,
+    },
+}
+
+/// The images of one prompt as the model takes them.
+pub enum ImageInputs {
+    /// One `[1, 3, S, S]` f32 tensor per image.
+    Gemma3(Vec<Array>),
+    /// The patches `[n, C·T·P·P]` and each image's grid.
+    Qwen3Vl(Array, Vec<[i32; 3]>),
+}
+
+/// A generation under way: the caches after the prompt (and the rope delta).
+pub enum ImageRun<'m> {
+    Gemma3 {
+        model: &'m Gemma3Vision,
+        caches: Vec<Box<dyn Cache>>,
+    },
+    Qwen3Vl {
+        model: &'m Qwen3VlImageModel,
+        caches: Vec<KvCache>,
+        rope_delta: i32,
+    },
+}
+
+impl ImageModel {
+    /// Loads `dir`'s model with its tower and its preprocessor_config.json; refuses a model
+    /// without a tower this engine runs.
+    pub fn load(dir: &Path) -> R<Self> {
+        let (family, model_type) = detect(dir)?;
+        let family = family.ok_or_else(|| ImageModelError::NoVision {
+            dir: dir.display().to_string(),
+            model_type,
+        })?;
+        let pre = dir.join("preprocessor_config.json");
+        let pre = std::fs::read_to_string(&pre).map_err(|e| {
+            ImageModelError::Io(format!(
+                "{}: {e} (the image processor's config ships with the checkpoint)",
+                pre.display()
+            ))
+        })?;
+        Ok(match family {
+            VisionFamily::Gemma3 => ImageModel::Gemma3 {
+                model: Box::new(Gemma3Vision::load(dir)?),
+                processor: Gemma3Processor::from_json(&pre)?,
+            },
+            VisionFamily::Qwen3Vl => ImageModel::Qwen3Vl {
+                model: Box::new(Qwen3VlImageModel::load(dir)?),
+                processor: QwenVlProcessor::from_json(&pre)?,
+                vocab: qwen_vocab(dir)?,
+            },
+        })
+    }
+
+    /// The width of the logits.
+    pub fn vocab_size(&self) -> usize {
+        match self {
+            ImageModel::Gemma3 { model, .. } => model.text.vocab_size(),
+            ImageModel::Qwen3Vl { vocab, .. } => *vocab,
+        }
+    }
+
+    /// How this family's messages hold their images ([`super::prompt`]).
+    pub fn layout(&self) -> ImageLayout {
+        match self {
+            ImageModel::Gemma3 { .. } => ImageLayout::of("gemma3"),
+            ImageModel::Qwen3Vl { .. } => ImageLayout::of("qwen3_vl"),
+        }
+        .expect("both families have a layout")
+    }
+
+    /// The processor's work on a templated prompt and its images (in prompt order): the
+    /// prompt text with each image marker expanded, and the pixel inputs.
+    pub fn prepare(&self, templated: &str, images: &[RgbImage]) -> R<(String, ImageInputs)> {
+        match self {
+            ImageModel::Gemma3 { processor, .. } => {
+                let text = processor.expand_prompt(templated, images.len())?;
+                let pixels = images
+                    .iter()
+                    .map(|img| {
+                        let t = processor.preprocess(img);
+                        let shape: Vec<i32> = t.shape.iter().map(|&s| s as i32).collect();
+                        Array::from_slice(&t.data, &shape)
+                    })
+                    .collect();
+                Ok((text, ImageInputs::Gemma3(pixels)))
+            }
+            ImageModel::Qwen3Vl { processor, .. } => {
+                let pixels = images
+                    .iter()
+                    .map(|img| processor.preprocess(img))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let tokens: Vec<usize> = pixels.iter().map(|p| p.tokens).collect();
+                let text = qwen_vl::expand_prompt(templated, &tokens)?;
+                let (patches, grids) = qwen3vl_lm::patches_of(&pixels)?;
+                Ok((text, ImageInputs::Qwen3Vl(patches, grids)))
+            }
+        }
+    }
+
+    /// The prompt's ids with its images through fresh caches, as generate_step prefills
+    /// (chunks of at most `step`, then the last token): the run to decode from and the last
+    /// position's logits `[1, vocab]`.
+    pub fn prefill(
+        &self,
+        ids: &[u32],
+        inputs: &ImageInputs,
+        step: usize,
+    ) -> R<(ImageRun<'_>, Array)> {
+        if ids.is_empty() {
+            return Err(ImageModelError::Io(
+                "the prompt encodes to no tokens; give some text".into(),
+            ));
+        }
+        let ends = qwen3vl_lm::generate_chunks(ids.len(), step.max(1));
+        match (self, inputs) {
+            (ImageModel::Gemma3 { model, .. }, ImageInputs::Gemma3(pixels)) => {
+                let embeds = model.embed_with_images(ids, pixels)?;
+                let mut caches = model.make_caches();
+                let mut start = 0i32;
+                let mut logits = None;
+                for &end in &ends {
+                    let chunk = embeds.index((.., start..end as i32));
+                    let out = model.forward_embeddings(chunk, &mut caches)?;
+                    start = end as i32;
+                    logits = Some(out);
+                }
+                let logits = logits.expect("at least one chunk");
+                let last = logits.index((.., -1, ..));
+                Ok((
+                    ImageRun::Gemma3 {
+                        model: model.as_ref(),
+                        caches,
+                    },
+                    last,
+                ))
+            }
+            (ImageModel::Qwen3Vl { model, .. }, ImageInputs::Qwen3Vl(patches, grids)) => {
+                let mut caches = model.make_caches();
+                let p = model.prefill_in_chunks(ids, patches, grids, &mut caches, &ends)?;
+                let last = p.logits.index((.., -1, ..));
+                Ok((
+                    ImageRun::Qwen3Vl {
+                        model: model.as_ref(),
+                        caches,
+                        rope_delta: p.rope_delta,
+                    },
+                    last,
+                ))
+            }
+            _ => Err(ImageModelError::Io(
+                "image inputs of another family: prepare them with this model".into(),
+            )),
+        }
+    }
+}
+
+impl ImageRun<'_> {
+    /// The next token by id: its logits `[1, vocab]`.
+    pub fn decode(&mut self, id: u32) -> R<Array> {
+        let logits = match self {
+            ImageRun::Gemma3 { model, caches } => {
+                let ids = Array::from_slice(&[id as i32], &[1, 1]);
+                model.text.forward(&ids, caches)?
+            }
+            ImageRun::Qwen3Vl {
+                model,
+                caches,
+                rope_delta,
+            } => model.decode(&[id], *rope_delta, caches)?,
+        };
+        Ok(logits.index((.., -1, ..)))
+    }
+}

@@ -1,0 +1,215 @@
+//! The `engine generate --image` gate (issue 41): the prompt and the greedy ids against
+//! `mlx_vlm.generate`'s CLI path (mlx-vlm 0.7.10), goldens/vision/generate/generate.json made
+//! by oracles/gen_vision_generate.py.
+//!
+//! For tiny-gemma3-vl and tiny-qwen3-vl-vision (each with the overlay of
+//! goldens/vision/generate/<model>/: config, tokenizer with the multimodal tokens, chat
+//! template), with 1 and 2 images: the templated prompt string, the prompt's ids and 8 greedy
+//! ids identical, through the library functions the binary calls; the binary itself, on the
+//! 2-image prompt of each, prints the same prompt ids and the same text. A planted defect (the
+//! images on the wrong side of the text) must fail it. Refusals: a text model given --image,
+//! a corrupt image and one over --max-image-pixels, each naming the cause.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use engine::generate::sampler::{Sampler, SamplingParams};
+use engine::generate::Flow;
+use engine::load::tokenizer::Tokenizer;
+use engine::plant::{self, Defect};
+use engine::vision::generate::{cli_prompt, generate, read_images};
+use engine::vision::model::ImageModel;
+use engine::vision::Limits;
+use serde_json::Value;
+
+use crate::common::goldens;
+
+fn golden() -> Value {
+    let path = goldens().join("vision/generate/generate.json");
+    serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The fixture's weights and processor config with the generator's overlay over them.
+fn assembled(model: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let base = goldens().join("models").join(model);
+    for f in [
+        "model.safetensors",
+        "preprocessor_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
+    }
+    for entry in std::fs::read_dir(goldens().join("vision/generate").join(model)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+fn image_paths(case: &Value) -> Vec<PathBuf> {
+    case["images"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| goldens().join("vision").join(p.as_str().unwrap()))
+        .collect()
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The golden generated ids as the engine reports them: an EOS that stopped mlx-vlm is not
+/// a generated token here.
+fn want_generated(case: &Value, eos: &[u32]) -> Vec<u32> {
+    let mut out = ids(&case["generated"]);
+    if case["finish_reason"] == "stop" && out.last().is_some_and(|t| eos.contains(t)) {
+        out.pop();
+    }
+    out
+}
+
+/// Every mismatch of one case through the library (what `engine generate --image` calls).
+fn case_mismatches(model: &ImageModel, tok: &Tokenizer, dir: &Path, case: &Value) -> Vec<String> {
+    let what = format!(
+        "{} with {} image(s)",
+        case["model"],
+        case["images"].as_array().unwrap().len()
+    );
+    let images = read_images(&image_paths(case), &Limits::default()).unwrap();
+    let prompt = cli_prompt(
+        model,
+        tok,
+        dir,
+        None,
+        case["prompt"].as_str().unwrap(),
+        &images,
+        serde_json::Map::new(),
+    )
+    .unwrap();
+    let mut bad = Vec::new();
+    if prompt.templated != case["templated"].as_str().unwrap() {
+        bad.push(format!(
+            "{what}: templated prompt {:?}, mlx-vlm {:?}",
+            prompt.templated, case["templated"]
+        ));
+    }
+    if prompt.ids != ids(&case["prompt_ids"]) {
+        bad.push(format!("{what}: prompt ids {:?}", prompt.ids));
+        return bad;
+    }
+    let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+    let max = case["generated"].as_array().unwrap().len();
+    let (got, _) = generate(
+        model,
+        &prompt,
+        &mut sampler,
+        max,
+        &tok.eos_token_ids,
+        2048,
+        &mut |_| Ok(Flow::Continue),
+    )
+    .unwrap();
+    let want = want_generated(case, &tok.eos_token_ids);
+    if got != want {
+        bad.push(format!("{what}: generated {got:?}, mlx-vlm {want:?}"));
+    }
+    bad
+}
+
+fn run_engine(dir: &Path, images: &[PathBuf], extra: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_engine"));
+    cmd.args(["generate", "--model"])
+        .arg(dir)
+        .args(["-p", "Describe this.", "-m", "8", "--verbose", "false"])
+        .args(extra)
+        .env("ENGINE_PRINT_PROMPT_IDS", "1")
+        .env_remove("ENGINE_PLANT");
+    for i in images {
+        cmd.arg("--image").arg(i);
+    }
+    cmd.output().unwrap()
+}
+
+#[test]
+fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_ids() {
+    let g = golden();
+    let cases = g["cases"].as_array().unwrap();
+    let mut bad = Vec::new();
+    for name in ["tiny-gemma3-vl", "tiny-qwen3-vl-vision"] {
+        let dir = assembled(name);
+        let model = ImageModel::load(dir.path()).unwrap();
+        let tok = Tokenizer::load(dir.path()).unwrap();
+        let mine: Vec<&Value> = cases.iter().filter(|c| c["model"] == name).collect();
+        assert_eq!(mine.len(), 2, "{name}: a 1- and a 2-image case");
+        for case in &mine {
+            bad.extend(case_mismatches(&model, &tok, dir.path(), case));
+        }
+        // Planted: the images on the wrong side of the text; the prompt must differ.
+        {
+            let _on = plant::on(Defect::ImageMarkerBeforeText).unwrap();
+            let planted = case_mismatches(&model, &tok, dir.path(), mine[0]);
+            assert!(
+                planted.iter().any(|m| m.contains("templated prompt")),
+                "{name}: the planted image order went unnoticed: {planted:?}"
+            );
+        }
+        // The binary, on the 2-image case: the same prompt ids and text.
+        let case = mine[1];
+        let out = run_engine(dir.path(), &image_paths(case), &[]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{name}: {stderr}");
+        let want_ids = format!("prompt_ids: {:?}", ids(&case["prompt_ids"]));
+        if !stderr.contains(&want_ids) {
+            bad.push(format!("{name}: the binary's {stderr}"));
+        }
+        let stdout = String::from_utf8(out.stdout).unwrap();
+        if stdout.strip_suffix('\n') != case["text"].as_str() {
+            bad.push(format!(
+                "{name}: the binary printed {stdout:?}, mlx-vlm {:?}",
+                case["text"]
+            ));
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
+}
+
+#[test]
+fn engine_generate_refuses_images_for_a_text_model_and_bad_files_naming_the_cause() {
+    let img = goldens().join("vision/images/rgb_64x64.png");
+    // A text model: refused before anything loads.
+    let text_model = goldens().join("models/tiny-gemma3");
+    let out = run_engine(&text_model, std::slice::from_ref(&img), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("gemma3_text") && err.contains("no vision tower"),
+        "{err}"
+    );
+    let dir = assembled("tiny-qwen3-vl-vision");
+    // A corrupt file: refused naming it.
+    let bad = dir.path().join("broken.png");
+    let mut bytes = std::fs::read(&img).unwrap();
+    bytes.truncate(40);
+    std::fs::write(&bad, bytes).unwrap();
+    let out = run_engine(dir.path(), std::slice::from_ref(&bad), &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("broken.png") && err.contains("truncated"),
+        "{err}"
+    );
+    // Over --max-image-pixels (64x64 = 4096): refused from its header.
+    let out = run_engine(dir.path(), &[img], &["--max-image-pixels", "4000"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("rgb_64x64.png") && err.contains("over the limit of 4000"),
+        "{err}"
+    );
+}
