@@ -484,6 +484,14 @@ pub enum Defect {
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3-VL gate
     /// (`tests/it/vision_qwen3vl.rs`): the decode steps' logits differ from mlx-vlm's.
     MropeDeltaDropped,
+    /// gemma4's vision tower: the 2-D RoPE's halves take the row for the column and the
+    /// column for the row. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`):
+    /// the tower's output differs from mlx-vlm's.
+    Gemma4VisionRopeAxesSwapped,
+    /// gemma4's image merge: the image features placed in reverse order over the image
+    /// tokens. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`): the merged
+    /// embeddings and the logits differ from mlx-vlm's.
+    Gemma4ImageTokensReversed,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -680,6 +688,8 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
             "DeepstackSkipped" => Defect::DeepstackSkipped,
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
+            "Gemma4VisionRopeAxesSwapped" => Defect::Gemma4VisionRopeAxesSwapped,
+            "Gemma4ImageTokensReversed" => Defect::Gemma4ImageTokensReversed,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

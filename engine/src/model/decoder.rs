@@ -525,6 +525,26 @@ impl Decoder {
         self.head(&h)
     }
 
+    /// Input embeddings scaled as the family scales them (the first hidden state of
+    /// `forward_first_hidden`).
+    pub fn scale_embeddings(&self, h: Array) -> R<Array> {
+        self.scaled(h)
+    }
+
+    /// The forward from a first hidden state (already scaled), the side inputs made from
+    /// `side_ids` and it: what mlx-vlm's gemma4 runs from merged image embeddings, whose
+    /// per-layer inputs read image tokens as 0.
+    pub fn forward_first_hidden(
+        &self,
+        h: Array,
+        side_ids: &Array,
+        caches: &mut [Box<dyn Cache>],
+    ) -> R<Array> {
+        let side = self.side_inputs(side_ids, &h)?;
+        let h = self.hidden_states(h, side, caches)?;
+        self.head(&h)
+    }
+
     /// The first hidden state and side inputs through the local layers (this rank's stage
     /// when pipelined): the hidden state before the final norm.
     fn hidden_states(

@@ -27,13 +27,17 @@
 //! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
 //!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
 //!
-//! Not here yet: gemma4's tower, gemma4's prompt expansion, serving images
-//! (docs/vision.md).
+//! - [`gemma4_vit`], [`gemma4_tower`]: gemma4's vision encoder, its embedder and the merge
+//!   (with the per-layer inputs' ids), as mlx-vlm's gemma4 `Model`.
+//!
+//! Not here yet: serving images (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
 pub mod gemma3_tower;
 pub mod gemma4;
+pub mod gemma4_tower;
+pub mod gemma4_vit;
 pub mod qwen3vl_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;

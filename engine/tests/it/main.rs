@@ -41,5 +41,6 @@ mod train;
 mod train_families;
 mod train_moe2;
 mod vision_gemma3;
+mod vision_gemma4;
 mod vision_preprocess;
 mod vision_qwen3vl;
