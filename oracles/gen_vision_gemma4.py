@@ -29,12 +29,15 @@ Writes:
 Its row in goldens/models/manifest.json names this script (`gen_vision_gemma4:main`).
 
 The logits are the language model run from get_input_embeddings' outputs with a fresh prompt
-cache, no mask and no mm_token_type_ids. That is what generate_step runs for this config:
-text_config.use_bidirectional_attention is unset (None), so _make_masks never applies the
-vision-block overlay even when the processor's mm_token_type_ids are passed (the masks are
-the caches' causal / windowed ones); the greedy ids are checked against generate_step given
-the mm_token_type_ids the processor would give. The ids are built by hand in
-Gemma4Processor's shape (`boi`, n image tokens, `eoi` per image) with this model's small ids.
+cache, no mask, and the processor's mm_token_type_ids (1 at image tokens), as generate_step runs
+it for this config: text_config.use_bidirectional_attention is "vision" (as in Google's gemma-4
+configs), so _make_masks builds boolean masks (causal, windowed on the sliding layers) OR'd
+with "same image block" (each run of image tokens attends to all of itself), and
+chunked_prefill_policy turns chunked prefill off for a prompt with images (one prefill call).
+Decode steps (one token) take the caches' plain masks. The greedy ids of mlx-vlm's own
+generate_step (given the same mm_token_type_ids) must equal the ones from these logits and
+cache. The ids are built by hand in Gemma4Processor's shape (`boi`, n image tokens, `eoi` per
+image) with this model's small ids.
 """
 
 from __future__ import annotations
@@ -84,6 +87,8 @@ TEXT = {
     "enable_moe_block": False,
     "tie_word_embeddings": True,
     "layer_types": ["sliding_attention", "sliding_attention", "full_attention"] * 2,
+    # As Google's gemma-4 configs set it: image tokens attend to their whole image block.
+    "use_bidirectional_attention": "vision",
 }
 VISION = {
     "model_type": "gemma4_vision",
@@ -242,8 +247,13 @@ def main() -> None:
         emb, pli = feats.inputs_embeds, feats.per_layer_inputs
         mx.eval(emb, pli)
         lc = vcache.make_prompt_cache(model.language_model)
+        types = mx.array([[1 if t == IMAGE_TOKEN else 0 for t in ids]])
         logits = model.language_model(input_ids, inputs_embeds=mx.array(emb), per_layer_inputs=pli,
-                                      cache=lc).logits
+                                      cache=lc, mm_token_type_ids=types).logits
+        # The overlay is real here: without the types the logits differ.
+        plain = model.language_model(input_ids, inputs_embeds=mx.array(emb), per_layer_inputs=pli,
+                                     cache=vcache.make_prompt_cache(model.language_model)).logits
+        assert bool(mx.any(plain != logits).item()), name
 
         def greedy(lg):
             return int(mx.argmax(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
@@ -252,7 +262,6 @@ def main() -> None:
         for _ in range(GREEDY - 1):
             step = model.language_model(mx.array([[own[-1]]]), cache=lc).logits
             own.append(greedy(step[0, -1]))
-        types = mx.array([[1 if t == IMAGE_TOKEN else 0 for t in ids]])
         gen = []
         for tok, _ in generate_step(input_ids, model, px, None, max_tokens=GREEDY, temperature=0.0,
                                     mm_token_type_ids=types):
@@ -267,7 +276,7 @@ def main() -> None:
     prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
     prov["reference"] = ("mlx_vlm.utils.load_model(goldens/models/tiny-gemma4-vl); Gemma4ImageProcessor -> "
                          "vision_tower(pixels NCHW f32) -> embed_vision -> get_input_embeddings -> "
-                         "language_model(ids, inputs_embeds, per_layer_inputs, fresh prompt cache); greedy "
+                         "language_model(ids, inputs_embeds, per_layer_inputs, fresh prompt cache, mm_token_type_ids); greedy "
                          "ids from mlx_vlm.generate.ar.generate_step(temperature=0, mm_token_type_ids)")
     golden = {"provenance": prov, "model": "models/tiny-gemma4-vl", "image_processor": IMAGE_PROCESSOR,
               "tensors_bin": "tensors.bin", "images": images, "prompts": prompts}

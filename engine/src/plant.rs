@@ -492,6 +492,10 @@ pub enum Defect {
     /// tokens. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`): the merged
     /// embeddings and the logits differ from mlx-vlm's.
     Gemma4ImageTokensReversed,
+    /// gemma4's image prompt: no "same image block" overlay on the attention masks (image
+    /// tokens attend causally). Caught by the gemma4 vision gate
+    /// (`tests/it/vision_gemma4.rs`): the logits of the image prompts differ from mlx-vlm's.
+    Gemma4ImageBlocksCausal,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -690,6 +694,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             "Gemma4VisionRopeAxesSwapped" => Defect::Gemma4VisionRopeAxesSwapped,
             "Gemma4ImageTokensReversed" => Defect::Gemma4ImageTokensReversed,
+            "Gemma4ImageBlocksCausal" => Defect::Gemma4ImageBlocksCausal,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

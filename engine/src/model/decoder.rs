@@ -533,15 +533,23 @@ impl Decoder {
 
     /// The forward from a first hidden state (already scaled), the side inputs made from
     /// `side_ids` and it: what mlx-vlm's gemma4 runs from merged image embeddings, whose
-    /// per-layer inputs read image tokens as 0.
+    /// per-layer inputs read image tokens as 0. `overlay` (boolean, [1, 1, L, L], fresh
+    /// caches only): positions it allows are attended to whatever the causal or windowed
+    /// mask says (gemma4's image blocks), every attention mask then an explicit array.
     pub fn forward_first_hidden(
         &self,
         h: Array,
         side_ids: &Array,
+        overlay: Option<&Array>,
         caches: &mut [Box<dyn Cache>],
     ) -> R<Array> {
         let side = self.side_inputs(side_ids, &h)?;
-        let h = self.hidden_states(h, side, caches)?;
+        let n = h.shape()[1];
+        let mut masks = self.masks(caches, n)?;
+        if let Some(o) = overlay {
+            masks = masks.or_overlay(o, n, caches)?;
+        }
+        let h = self.hidden_states_masked(h, side, caches, masks)?;
         self.head(&h)
     }
 
@@ -554,6 +562,17 @@ impl Decoder {
         caches: &mut [Box<dyn Cache>],
     ) -> R<Array> {
         let masks = self.masks(caches, h.shape()[1])?;
+        self.hidden_states_masked(h, side, caches, masks)
+    }
+
+    /// As `hidden_states`, with the masks given.
+    fn hidden_states_masked(
+        &self,
+        h: Array,
+        side: Option<Vec<Array>>,
+        caches: &mut [Box<dyn Cache>],
+        masks: Masks,
+    ) -> R<Array> {
         let all = 0..self.layers.len();
         let mut step = Step {
             lent: vec![None; self.layers.len()],

@@ -216,7 +216,11 @@ mod tests {
         );
         assert!(matches!(
             m.expand_prompt("a<|image|>b", &[2, 1]),
-            Err(VisionError::MarkerCount { markers: 1, images: 2, .. })
+            Err(VisionError::MarkerCount {
+                markers: 1,
+                images: 2,
+                ..
+            })
         ));
         let missing = Gemma4ImageMarkers::from_tokenizer_config(&serde_json::json!({}));
         assert!(missing.unwrap_err().to_string().contains("image_token"));

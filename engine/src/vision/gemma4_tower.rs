@@ -18,10 +18,15 @@
 //!   token id, when the config names one) replaced by 0, and from the merged h
 //!
 //! and the language model runs from the merged h unscaled (`inputs_embeds` skips the
-//! embedding scale). Later tokens are ids, as in mlx-lm. Attention is causal (windowed on the
-//! sliding layers): the vision-block bidirectional overlay of `Gemma4TextModel._make_masks`
-//! applies only when text_config.use_bidirectional_attention is "vision", which this loader
-//! refuses until it is mirrored.
+//! embedding scale). Later tokens are ids, as in mlx-lm.
+//!
+//! Masks (`Gemma4TextModel._make_masks`, with the processor's mm_token_type_ids): when
+//! text_config.use_bidirectional_attention is "vision" (Google's gemma-4 configs) and the
+//! prompt (more than one token) holds image tokens, every attention mask is the boolean
+//! causal one (windowed on the sliding layers) OR'd with "same image block" — each maximal
+//! run of image tokens attends to all of itself; mlx-vlm then prefills the prompt in one
+//! call (`chunked_prefill_policy`). Otherwise, and for every decode step, the caches' own
+//! masks.
 //!
 //! Checkpoint layouts (`Model.sanitize`): Hugging Face's (`model.vision_tower.…`,
 //! `model.embed_vision.…`, `model.language_model.…`) and mlx-community's (`vision_tower.…`,
@@ -77,6 +82,8 @@ pub struct Gemma4Vision {
     pub image_token: u32,
     /// Ids the per-layer inputs read as 0 (image, audio, video tokens).
     multimodal_tokens: Vec<u32>,
+    /// text_config.use_bidirectional_attention == "vision": image blocks attend within.
+    bidirectional_vision: bool,
 }
 
 /// A prompt's merged input: the first hidden state [1, L, Dt] and the ids its per-layer
@@ -84,6 +91,9 @@ pub struct Gemma4Vision {
 pub struct MergedPrompt {
     pub embeddings: Array,
     pub per_layer_ids: Array,
+    /// "Same image block" [1, 1, L, L] (boolean), for a config with bidirectional vision
+    /// attention and a prompt of more than one token holding images.
+    pub overlay: Option<Array>,
 }
 
 fn id(raw: &Value, key: &str, default: i64) -> i64 {
@@ -113,16 +123,10 @@ impl Gemma4Vision {
             message,
         };
         let text_raw = raw.get("text_config").cloned().unwrap_or(Value::Null);
-        if let Some(mode) = text_raw
+        let bidirectional_vision = text_raw
             .get("use_bidirectional_attention")
             .and_then(Value::as_str)
-        {
-            return Err(LoadError::Unsupported(format!(
-                "text_config.use_bidirectional_attention `{mode}`: mlx-vlm then lets image tokens \
-                 attend to their whole image block, which this engine does not mirror yet; use \
-                 a checkpoint without it (causal attention)"
-            )));
-        }
+            == Some("vision");
         let vision_raw = raw.get("vision_config").cloned().unwrap_or(Value::Null);
         let vc: Gemma4VisionConfig =
             serde_json::from_value(vision_raw).map_err(|e| bad(format!("vision_config: {e}")))?;
@@ -180,6 +184,7 @@ impl Gemma4Vision {
             text,
             image_token,
             multimodal_tokens,
+            bidirectional_vision,
         })
     }
 
@@ -239,10 +244,12 @@ impl Gemma4Vision {
             })
             .collect();
         let per_layer_ids = Array::from_slice(&side, &[1, l]);
+        let overlay = self.block_overlay(ids);
         if tokens == 0 {
             return Ok(MergedPrompt {
                 embeddings: h,
                 per_layer_ids,
+                overlay,
             });
         }
         let d = h.shape()[2];
@@ -275,7 +282,39 @@ impl Gemma4Vision {
         Ok(MergedPrompt {
             embeddings: table.take_axis(&index, 0)?.expand_dims(0)?,
             per_layer_ids,
+            overlay,
         })
+    }
+
+    /// `_apply_blockwise_bidirectional_overlay`'s "same block" for `ids`: q and k in one
+    /// maximal run of image tokens. None where mlx-vlm applies no overlay.
+    fn block_overlay(&self, ids: &[u32]) -> Option<Array> {
+        let is_image: Vec<bool> = ids.iter().map(|&t| t == self.image_token).collect();
+        if !self.bidirectional_vision || ids.len() < 2 || !is_image.contains(&true) {
+            return None;
+        }
+        if plant::is(Defect::Gemma4ImageBlocksCausal) {
+            // Planted: no overlay (image tokens attend causally, as in mlx-lm).
+            return None;
+        }
+        let mut block = vec![-1i32; ids.len()];
+        let mut next = -1;
+        for i in 0..ids.len() {
+            if is_image[i] {
+                if i == 0 || !is_image[i - 1] {
+                    next += 1;
+                }
+                block[i] = next;
+            }
+        }
+        let l = ids.len();
+        let same: Vec<bool> = (0..l * l)
+            .map(|i| {
+                let (q, k) = (block[i / l], block[i % l]);
+                q != -1 && q == k
+            })
+            .collect();
+        Some(Array::from_slice(&same, &[1, 1, l as i32, l as i32]))
     }
 
     /// Fresh caches for the text model.
@@ -290,7 +329,11 @@ impl Gemma4Vision {
         prompt: &MergedPrompt,
         caches: &mut [Box<dyn Cache>],
     ) -> Result<Array, Exception> {
-        self.text
-            .forward_first_hidden(prompt.embeddings.clone(), &prompt.per_layer_ids, caches)
+        self.text.forward_first_hidden(
+            prompt.embeddings.clone(),
+            &prompt.per_layer_ids,
+            prompt.overlay.as_ref(),
+            caches,
+        )
     }
 }

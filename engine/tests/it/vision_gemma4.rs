@@ -7,10 +7,12 @@
 //! linears, 2-D RoPE, pooling, standardization) and the embedded features bit-exact (max |Δ|
 //! = 0) for 3 images of 3 sizes; for a 1-image prompt, a 2-image prompt (two sizes: the
 //! tower runs them one by one) and the same image twice (one batch) the merged embeddings
-//! and the logits of every position over the full vocabulary bit-exact, and 6 greedy ids
+//! and the logits of every position over the full vocabulary bit-exact (the image blocks
+//! attending within themselves: use_bidirectional_attention "vision"), and 6 greedy ids
 //! (mlx-vlm's generate_step) identical. The same model in mlx-community's layout loads to
-//! the same tower. Planted defects (the 2-D RoPE's axes swapped, the image rows reversed)
-//! must fail it, and a prompt with the wrong number of image tokens is refused.
+//! the same tower. Planted defects (the 2-D RoPE's axes swapped, the image rows reversed,
+//! no image-block overlay) must fail it, and a prompt with the wrong number of image tokens
+//! is refused.
 
 use std::path::PathBuf;
 
@@ -245,6 +247,17 @@ fn gemma4_encoder_embedder_and_image_prompts_are_bit_exact_with_mlx_vlm() {
         assert!(
             d.iter().all(|&(dt, df)| dt > 0.0 && df > 0.0),
             "Gemma4VisionRopeAxesSwapped went unnoticed: {d:?}"
+        );
+    }
+    // Planted: no image-block overlay (causal image tokens) — the logits differ wherever
+    // an image block has more than one token (every prompt here).
+    {
+        let _on = plant::on(Defect::Gemma4ImageBlocksCausal).unwrap();
+        let runs = prompt_runs(&m, &g, &px);
+        assert!(
+            runs.iter().all(|(de, dl, _)| *de == 0.0 && *dl > 0.0),
+            "Gemma4ImageBlocksCausal went unnoticed: {:?}",
+            runs.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>()
         );
     }
     // Planted: the image rows in reverse order — the embeddings and logits differ.
