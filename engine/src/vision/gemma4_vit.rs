@@ -4,30 +4,38 @@
 //!
 //! Patches (`VisionPatchEmbedder._patchify`), p = patch_size, P = (H/p)·(W/p):
 //!
-//!   x [B, 3, H, W] f32 → [B, 3, H/p, p, W/p, p] → [B, H/p, W/p, p, p, 3] → [B, P, 3p²]
+//! ```text
+//! x [B, 3, H, W] f32 → [B, 3, H/p, p, W/p, p] → [B, H/p, W/p, p, p, 3] → [B, P, 3p²]
 //!   → 2 · (x − 0.5) (f32) → bf16 → · W_inᵀ (no bias)
-//!   + Σ_axis one_hot(pos[axis], S) · table[axis]   (pos = (column, row), S = position_embedding_size;
-//!                                                    the one-hot matmul, then the sum over the 2 axes)
+//!   + Σ_axis one_hot(pos[axis], S) · table[axis]
+//! ```
+//!
+//! with pos = (column, row) and S = position_embedding_size (the one-hot matmul, then the
+//! sum over the 2 axes).
 //!
 //! Each block (`VisionTransformerBlock`), norms `fast.rms_norm(·, w)` (the weight itself):
 //!
-//!   h = x + post_attn_norm(attn(input_norm(x)));  out = h + post_ffw_norm(mlp(pre_ffw_norm(h)))
-//!   mlp(x) = down(gelu_approx(gate(x)) · up(x))
-//!   attn: q, k, v projections → [B, P, heads, d]; q, k: `VisionRMSNorm` (f32: x · rsqrt(mean(x²)
-//!   + eps) · w, cast back), v: the same without w; 2-D RoPE on q, k (`apply_multidimensional_rope`:
-//!   the head split in 2 halves of c = 2·⌊d/4⌋ channels, the first rotated by the column, the second
-//!   by the row, angles pos / base^(2i/c) in f32, cos/sin cast to bf16, rotate_half within each
-//!   half); sdpa with scale 1 and an additive mask of zeros (bf16 [B, 1, P, P]: mlx-vlm's padding
-//!   mask, with no padding), q/k/v zero-padded on the head axis to the next fused size
-//!   (64, 80, 128: `ensure_fused_sdpa`) and cut back.
+//! ```text
+//! h   = x + post_attn_norm(attn(input_norm(x)))
+//! out = h + post_ffw_norm(down(gelu_approx(gate(n)) · up(n))),  n = pre_ffw_norm(h)
+//! ```
 //!
-//! Every projection is a `ClippableLinear`: with `use_clipped_linears`, clip(x, in_min, in_max)
-//! before and clip(·, out_min, out_max) after (the bounds are checkpoint scalars).
+//! Attention: q, k, v projections → [B, P, heads, d]; q and k through `VisionRMSNorm` (in f32:
+//! x · rsqrt(mean(x²) + eps) · w, cast back), v the same without w; 2-D RoPE on q and k
+//! (`apply_multidimensional_rope`: the head split in 2 halves of c = 2·⌊d/4⌋ channels, the
+//! first rotated by the column, the second by the row, angles pos / base^(2i/c) in f32,
+//! cos and sin cast to bf16, rotate_half within each half); sdpa with scale 1 and an additive
+//! mask of zeros (bf16 [B, 1, P, P]: mlx-vlm's padding mask, with no padding), q/k/v
+//! zero-padded on the head axis to the next fused size (64, 80, 128: `ensure_fused_sdpa`) and
+//! cut back.
 //!
-//! Pooler (`VisionPooler`, k = pooling_kernel_size, n = P / k²): when n < P, patch (x, y) goes to
-//! window ⌊x/k⌋ + (W/p / k)·⌊y/k⌋; out = einsum("bLl,bLd->bld", one_hot / k² (f32), x) cast back;
-//! then · √hidden (a weak scalar); the images' rows in turn [1, B·n, D]; with `standardize`,
-//! (x − std_bias) · std_scale.
+//! Every projection is a `ClippableLinear`: with `use_clipped_linears`, clip(x, in_min,
+//! in_max) before and clip(·, out_min, out_max) after (the bounds are checkpoint scalars).
+//!
+//! Pooler (`VisionPooler`, k = pooling_kernel_size, n = P / k²): when n < P, patch (x, y)
+//! goes to window ⌊x/k⌋ + (W/p / k)·⌊y/k⌋; out = einsum("bLl,bLd->bld", one_hot / k² (f32),
+//! x), cast back; then · √hidden (a weak scalar); the images' rows in turn [1, B·n, D]; with
+//! `standardize`, (x − std_bias) · std_scale.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
