@@ -493,6 +493,18 @@ pub enum Defect {
     /// generate gate (`tests/it/vision_generate.rs`): the templated prompt and its ids differ
     /// from mlx_vlm.generate's.
     ImageMarkerBeforeText,
+    /// gemma4's vision tower: the 2-D RoPE's halves take the row for the column and the
+    /// column for the row. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`):
+    /// the tower's output differs from mlx-vlm's.
+    Gemma4VisionRopeAxesSwapped,
+    /// gemma4's image merge: the image features placed in reverse order over the image
+    /// tokens. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`): the merged
+    /// embeddings and the logits differ from mlx-vlm's.
+    Gemma4ImageTokensReversed,
+    /// gemma4's image prompt: no "same image block" overlay on the attention masks (image
+    /// tokens attend causally). Caught by the gemma4 vision gate
+    /// (`tests/it/vision_gemma4.rs`): the logits of the image prompts differ from mlx-vlm's.
+    Gemma4ImageBlocksCausal,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -691,6 +703,9 @@ pub fn on_from_env() -> Result<(), String> {
             "DeepstackSkipped" => Defect::DeepstackSkipped,
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             "ImageMarkerBeforeText" => Defect::ImageMarkerBeforeText,
+            "Gemma4VisionRopeAxesSwapped" => Defect::Gemma4VisionRopeAxesSwapped,
+            "Gemma4ImageTokensReversed" => Defect::Gemma4ImageTokensReversed,
+            "Gemma4ImageBlocksCausal" => Defect::Gemma4ImageBlocksCausal,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

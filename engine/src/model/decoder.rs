@@ -525,6 +525,34 @@ impl Decoder {
         self.head(&h)
     }
 
+    /// Input embeddings scaled as the family scales them (the first hidden state of
+    /// `forward_first_hidden`).
+    pub fn scale_embeddings(&self, h: Array) -> R<Array> {
+        self.scaled(h)
+    }
+
+    /// The forward from a first hidden state (already scaled), the side inputs made from
+    /// `side_ids` and it: what mlx-vlm's gemma4 runs from merged image embeddings, whose
+    /// per-layer inputs read image tokens as 0. `overlay` (boolean, [1, 1, L, L], fresh
+    /// caches only): positions it allows are attended to whatever the causal or windowed
+    /// mask says (gemma4's image blocks), every attention mask then an explicit array.
+    pub fn forward_first_hidden(
+        &self,
+        h: Array,
+        side_ids: &Array,
+        overlay: Option<&Array>,
+        caches: &mut [Box<dyn Cache>],
+    ) -> R<Array> {
+        let side = self.side_inputs(side_ids, &h)?;
+        let n = h.shape()[1];
+        let mut masks = self.masks(caches, n)?;
+        if let Some(o) = overlay {
+            masks = masks.or_overlay(o, n, caches)?;
+        }
+        let h = self.hidden_states_masked(h, side, caches, masks)?;
+        self.head(&h)
+    }
+
     /// The first hidden state and side inputs through the local layers (this rank's stage
     /// when pipelined): the hidden state before the final norm.
     fn hidden_states(
@@ -534,6 +562,17 @@ impl Decoder {
         caches: &mut [Box<dyn Cache>],
     ) -> R<Array> {
         let masks = self.masks(caches, h.shape()[1])?;
+        self.hidden_states_masked(h, side, caches, masks)
+    }
+
+    /// As `hidden_states`, with the masks given.
+    fn hidden_states_masked(
+        &self,
+        h: Array,
+        side: Option<Vec<Array>>,
+        caches: &mut [Box<dyn Cache>],
+        masks: Masks,
+    ) -> R<Array> {
         let all = 0..self.layers.len();
         let mut step = Step {
             lent: vec![None; self.layers.len()],

@@ -499,6 +499,12 @@ mod tests {
             // a vision tower its sanitize drops, mlx-community's under `language_model.`.
             let stored: Vec<_> = stored(&dir)
                 .into_iter()
+                // A wrapper in Hugging Face's layout (tiny-gemma4-vl): `model.language_model.X`
+                // is mlx-community's `language_model.model.X`.
+                .map(|(n, s)| match n.strip_prefix("model.language_model.") {
+                    Some(rest) if wrapper => (format!("language_model.model.{rest}"), s),
+                    _ => (n, s),
+                })
                 .filter(|(n, _)| !wrapper || n.starts_with("language_model."))
                 .filter(|(n, _)| !n.starts_with("model.visual."))
                 // mistral3's Hugging Face layout keeps its tower and projector under `model.`.

@@ -267,6 +267,17 @@ pub(crate) fn gemma3_decoder(
     gemma::load(&text, w)
 }
 
+/// gemma4's language model as the bare `Decoder`, with this wrapper's text config and
+/// sanitize (the vision path, `vision::gemma4_tower`, runs it from merged embeddings).
+pub(crate) fn gemma4_decoder(
+    config: &ModelConfig,
+    mut w: Weights,
+) -> Result<super::decoder::Decoder, LoadError> {
+    let text = GEMMA4.text_config(config)?;
+    GEMMA4.sanitize(config, &mut w)?;
+    gemma4::load(&text, w)
+}
+
 impl LanguageModel for Wrapped {
     fn model_type(&self) -> &str {
         self.model_type

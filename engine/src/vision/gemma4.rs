@@ -142,3 +142,87 @@ impl Gemma4Processor {
         })
     }
 }
+
+/// The strings Gemma4Processor expands an image with: the tokenizer's `image_token` (the
+/// marker in the prompt, and each soft token), `boi_token` and `eoi_token`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gemma4ImageMarkers {
+    pub image: String,
+    pub boi: String,
+    pub eoi: String,
+}
+
+impl Gemma4ImageMarkers {
+    /// From tokenizer_config.json: the three names at its top level or under
+    /// `extra_special_tokens`, where the processor's tokenizer finds them.
+    pub fn from_tokenizer_config(cfg: &serde_json::Value) -> Result<Self, VisionError> {
+        let get = |key: &str| {
+            cfg.get(key)
+                .or_else(|| cfg.get("extra_special_tokens").and_then(|e| e.get(key)))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+                .ok_or_else(|| {
+                    VisionError::Config(format!(
+                        "tokenizer_config.json names no `{key}`: gemma4's processor expands \
+                         images with the tokenizer's image_token, boi_token and eoi_token"
+                    ))
+                })
+        };
+        Ok(Gemma4ImageMarkers {
+            image: get("image_token")?,
+            boi: get("boi_token")?,
+            eoi: get("eoi_token")?,
+        })
+    }
+
+    /// `prompt` with its i-th image marker replaced by `boi + image × tokens[i] + eoi`
+    /// (Gemma4Processor's `re.sub` over the image token: the replacements are not rescanned).
+    /// One marker per image, or refused.
+    pub fn expand_prompt(&self, prompt: &str, tokens: &[usize]) -> Result<String, VisionError> {
+        let markers = prompt.matches(self.image.as_str()).count();
+        if markers != tokens.len() {
+            return Err(VisionError::MarkerCount {
+                markers,
+                images: tokens.len(),
+                marker: self.image.clone(),
+            });
+        }
+        let mut out = String::with_capacity(prompt.len());
+        let mut parts = prompt.split(self.image.as_str());
+        out.push_str(parts.next().unwrap_or(""));
+        for (part, &n) in parts.zip(tokens) {
+            out.push_str(&self.boi);
+            out.push_str(&self.image.repeat(n));
+            out.push_str(&self.eoi);
+            out.push_str(part);
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_image_marker_expands_to_its_own_soft_token_count() {
+        let cfg = serde_json::json!({"image_token": "<|image|>",
+            "extra_special_tokens": {"boi_token": "<|image>", "eoi_token": "<image|>"}});
+        let m = Gemma4ImageMarkers::from_tokenizer_config(&cfg).unwrap();
+        let got = m.expand_prompt("a<|image|>b <|image|>", &[2, 1]).unwrap();
+        assert_eq!(
+            got,
+            "a<|image><|image|><|image|><image|>b <|image><|image|><image|>"
+        );
+        assert!(matches!(
+            m.expand_prompt("a<|image|>b", &[2, 1]),
+            Err(VisionError::MarkerCount {
+                markers: 1,
+                images: 2,
+                ..
+            })
+        ));
+        let missing = Gemma4ImageMarkers::from_tokenizer_config(&serde_json::json!({}));
+        assert!(missing.unwrap_err().to_string().contains("image_token"));
+    }
+}

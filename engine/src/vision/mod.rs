@@ -29,14 +29,17 @@
 //!
 //! - [`prompt`], [`model`], [`generate`]: `engine generate --image` as `mlx_vlm.generate`
 //!   runs it: the messages with images, both families behind [`model::ImageModel`], the loop.
+//! - [`gemma4_vit`], [`gemma4_tower`]: gemma4's vision encoder, its embedder and the merge
+//!   (with the per-layer inputs' ids), as mlx-vlm's gemma4 `Model`.
 //!
-//! Not here yet: gemma4's tower, gemma4's prompt expansion, serving images
-//! (docs/vision.md).
+//! Not here yet: serving images (docs/vision.md).
 
 pub mod decode;
 pub mod gemma3;
 pub mod gemma3_tower;
 pub mod gemma4;
+pub mod gemma4_tower;
+pub mod gemma4_vit;
 pub mod generate;
 pub mod model;
 pub mod prompt;

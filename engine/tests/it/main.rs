@@ -41,6 +41,7 @@ mod train;
 mod train_families;
 mod train_moe2;
 mod vision_gemma3;
+mod vision_gemma4;
 mod vision_generate;
 mod vision_preprocess;
 mod vision_qwen3vl;

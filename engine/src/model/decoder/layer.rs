@@ -329,6 +329,31 @@ impl Masks {
         Ok(Masks(masks.collect::<R<_>>()?))
     }
 
+    /// Each attention mask OR'd with `overlay` (boolean, broadcasting to [.., n, n]): a
+    /// causal mode becomes its array first, as mlx-vlm's gemma4 `_make_masks` builds it for
+    /// an image prompt. For a first forward only (every cache empty): the overlay is square.
+    pub fn or_overlay(self, overlay: &Array, n: i32, caches: &[Box<dyn Cache>]) -> R<Self> {
+        if let Some(c) = caches.iter().find(|c| c.offset() != 0) {
+            return Err(Exception::custom(format!(
+                "an attention overlay needs fresh caches (one is at offset {}): run the \
+                 image prompt first",
+                c.offset()
+            )));
+        }
+        let masks = self.0.into_iter().map(|(kind, mask)| {
+            let MaskKind::Attention(window) = kind else {
+                return Ok((kind, mask));
+            };
+            let base = match mask {
+                Mask::None => return Ok((kind, Mask::None)),
+                Mask::Causal => crate::cache::causal_mask(n, 0, window)?,
+                Mask::Array(a) => a,
+            };
+            Ok((kind, Mask::Array(base.logical_or(overlay)?)))
+        });
+        Ok(Masks(masks.collect::<R<_>>()?))
+    }
+
     /// The masks of a cache-less forward through `layers` (as `model(inputs)` makes them:
     /// a recurrent mixer reads none).
     pub fn cacheless(layers: &[Layer], n: i32) -> R<Self> {
