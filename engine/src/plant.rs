@@ -484,6 +484,15 @@ pub enum Defect {
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3-VL gate
     /// (`tests/it/vision_qwen3vl.rs`): the decode steps' logits differ from mlx-vlm's.
     MropeDeltaDropped,
+    /// Qwen3.5's image path: the delta net's chunked prefill carries its state out of a
+    /// 64-token chunk without that chunk's decay. Caught by the Qwen3.5 vision gate
+    /// (`tests/it/vision_qwen35.rs`): the decode steps after the 2-image prompt (two chunks)
+    /// differ from mlx-vlm's.
+    Qwen35ChunkDecayDropped,
+    /// Qwen3.5's image path: decode steps after an image prompt take their cache offset as
+    /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3.5 vision gate
+    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's.
+    Qwen35DeltaDropped,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -680,6 +689,8 @@ pub fn on_from_env() -> Result<(), String> {
             "VisionRopeAxesSwapped" => Defect::VisionRopeAxesSwapped,
             "DeepstackSkipped" => Defect::DeepstackSkipped,
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
+            "Qwen35ChunkDecayDropped" => Defect::Qwen35ChunkDecayDropped,
+            "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -34,6 +34,8 @@ pub mod decode;
 pub mod gemma3;
 pub mod gemma3_tower;
 pub mod gemma4;
+pub mod qwen35_gdn;
+pub mod qwen35_lm;
 pub mod qwen3vl_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;

@@ -42,4 +42,5 @@ mod train_families;
 mod train_moe2;
 mod vision_gemma3;
 mod vision_preprocess;
+mod vision_qwen35;
 mod vision_qwen3vl;
