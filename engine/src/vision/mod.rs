@@ -26,6 +26,9 @@
 //!   merge of image features into the prompt's embeddings, as mlx-vlm's gemma3 `Model`.
 //! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
 //!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
+//! - [`qwen35_lm`], [`qwen35_gdn`]: Qwen3.5's hybrid language model on a prompt with images
+//!   (gated delta nets with mlx-vlm's chunked prefill, gated M-RoPE attention), bit-exact
+//!   with mlx-vlm.
 //!
 //! Not here yet: gemma4's tower, gemma4's prompt expansion, serving images
 //! (docs/vision.md).

@@ -5,8 +5,9 @@
 //!
 //! The layer is the text model's (projections, causal depthwise conv with its cached window,
 //! SiLU, `g = exp(−exp(A_log)·softplus(a + dt_bias))`, `β = σ(b)`, gated RMSNorm, `out_proj`)
-//! but for q / k's l2 normalization, `rms_norm` with eps `1e-6 / Dk` (then q · Dk⁻¹, k · Dk^-½),
-//! and for the recurrence of a chunk of more than one token, which mlx-vlm computes as a
+//! but for q / k's l2 normalization written as mlx-vlm writes it, `rms_norm` with eps
+//! `1e-6 / Dk` (then q · inv_scale², k · inv_scale; the same f32 eps as mlx-lm's
+//! `1e-6 · inv_scale²` for widths 16 to 256), and for the recurrence of a chunk of more than one token, which mlx-vlm computes as a
 //! chunked scan (a single token runs the text model's step, `gated_delta_ops`):
 //!
 //!   pad T to a multiple of C = 64 (q, k, v, β zeros; g ones), per chunk (f32, heads first):

@@ -18,8 +18,8 @@
 //!   passes), causal SDPA over the cache, `o_proj(out · σ(gate))`;
 //! - gated delta net: as the text model's ([`crate::model::gated_delta`]) but for two things
 //!   mlx-vlm does its own way off Metal: a prompt of more than one token runs the recurrence
-//!   as `gated_delta_chunked` (chunks of 64, [`super::qwen35_gdn`]), and q / k are
-//!   l2-normalized with eps `1e-6 / Dk`;
+//!   as `gated_delta_chunked` (chunks of 64, [`super::qwen35_gdn`]), and q / k's eps is
+//!   written `1e-6 / Dk`;
 //! - decoding after the prompt (`language_model(y, cache)`): the position of the token at the
 //!   attention cache's offset `o` is `o + delta`, one position for all three rows.
 //!
