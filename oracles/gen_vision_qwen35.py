@@ -26,7 +26,9 @@ Writes:
       `language_model(y, cache)` as mlx_vlm.generate's decode loop calls it, each step's logits
       and ids; the rope deltas and M-RoPE position ids; mlx_vlm.generate's own generate_step
       (greedy) on both prompts: its ids, each step's log-probabilities and the lengths its
-      language-model calls took (the chunked prefill).
+      language-model calls took (the chunked prefill); then the same tensors cast to bf16 and
+      loaded as a bf16 checkpoint: the tower's output and the 2-image prompt's logits, steps
+      and ids (`bf16`).
 Run on the CPU (as the goldens are): the delta nets' prefill is then mlx-vlm's
 `gated_delta_chunked` (its Metal kernel is Apple-only), a decode step `gated_delta_ops`.
 tensors.bin is little-endian f32, the offsets and shapes in golden.json.
@@ -226,6 +228,37 @@ def main() -> None:
             lm_cls.__call__ = real_call
         p["generate"] = {"ids": ids, "logprobs": put(mx.stack(lps)), "calls": seen}
 
+    # bf16 (the dtype of the released checkpoints): the same tensors cast to bf16 and saved
+    # as a checkpoint, loaded as mlx-vlm loads one (its sanitize's +1 on the norms then runs in
+    # bf16); the tower on the three images and the 2-image prompt (two delta-net chunks; the
+    # decode steps take mlx-vlm's bf16 depthwise decode conv).
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for f in MODEL_DIR.iterdir():
+            if f.name != "model.safetensors":
+                shutil.copy(f, Path(tmp) / f.name)
+        cast = {k: v.astype(mx.bfloat16) for k, v in mx.load(str(MODEL_DIR / "model.safetensors")).items()}
+        mx.save_safetensors(str(Path(tmp) / "model.safetensors"), cast, metadata={"format": "pt"})
+        model = load_model(Path(tmp))
+    feats, _ = model.vision_tower(mx.array(np.concatenate(patches)).astype(mx.bfloat16), mx.array(grids))
+    bf16 = {"tower": {"merged": put(feats)}}
+    p = prompts[1]
+    cache = make_prompt_cache(model.language_model)
+    pv = mx.array(np.concatenate([patches[i] for i in p["images"]]))
+    logits = model(mx.array([p["ids"]]), pixel_values=pv, cache=cache,
+                   image_grid_thw=mx.array([grids[i] for i in p["images"]])).logits
+    steps, step_logits = [], []
+    y = mx.argmax(logits[:, -1, :], axis=-1)
+    for _ in range(STEPS):
+        steps.append(int(y.item()))
+        out = model.language_model(y[None], cache=cache).logits
+        step_logits.append(out[0, -1])
+        y = mx.argmax(out[:, -1, :], axis=-1)
+    steps.append(int(y.item()))
+    bf16["prompt"] = {"index": 1, "logits": put(logits[0]), "greedy": steps,
+                      "step_logits": put(mx.stack(step_logits))}
+
     prov = provenance("mlx-vlm", "mlx-vlm")
     prov["generator"] = GENERATOR
     prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
@@ -236,7 +269,7 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     write_json(OUT / "golden.json", {"provenance": prov, "model": f"models/{NAME}",
                                      "tensors_bin": "tensors.bin", "images": images, "tower": tower,
-                                     "prompts": prompts})
+                                     "prompts": prompts, "bf16": bf16})
     (OUT / "tensors.bin").write_bytes(b"".join(blobs))
     print(f"{OUT}: {sum(map(len, blobs)) / 1e3:.0f} kB of tensors; greedy {[p['greedy'] for p in prompts]}; "
           f"lengths {[len(p['ids']) for p in prompts]}; calls {[p['generate']['calls'] for p in prompts]}; "

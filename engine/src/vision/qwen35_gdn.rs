@@ -44,7 +44,13 @@ pub(crate) fn delta_forward(net: &GatedDeltaNet, x: &Array, cache: &mut ArraysCa
     let (b, s) = (x.shape()[0], x.shape()[1]);
     let (qkv, z, beta_in, a) = net.project(x)?;
     let input = net.conv_input(qkv, Some(&mut *cache))?;
-    let conv = conv1d(&input, &net.conv, 1, 0, 1, sh.conv_dim())?;
+    // mlx-vlm's own decode conv in half precision (on the tiny model's bf16 gate it gives
+    // the same bits as conv1d: followed for the shapes where it may not).
+    let half = matches!(net.conv.dtype(), Dtype::Bfloat16 | Dtype::Float16);
+    let conv = match s == 1 && input.shape()[1] == sh.conv_kernel && half {
+        true => decode_depthwise_conv(&input, &net.conv)?,
+        false => conv1d(&input, &net.conv, 1, 0, 1, sh.conv_dim())?,
+    };
     let conv = mlx_rs::nn::silu(&conv)?;
     let parts = conv.split_at_indices(&[sh.key_dim(), 2 * sh.key_dim()], -1)?;
     let q = parts[0].reshape(&[b, s, sh.k_heads, sh.k_dim])?;
@@ -73,6 +79,22 @@ pub(crate) fn delta_forward(net: &GatedDeltaNet, x: &Array, cache: &mut ArraysCa
     let normed = fast::rms_norm(&out, Some(&net.norm), sh.eps)?;
     let out = precise_swiglu(&out, &z, &normed)?;
     net.out_proj.forward(&out.reshape(&[b, s, -1])?)
+}
+
+/// `_qwen3_5_decode_depthwise_conv` (a half-precision decode step's conv): the window
+/// `[B, K, C]` times the kernel as `[K, C]`, both in f32, summed over K, cast back.
+fn decode_depthwise_conv(input: &Array, kernel: &Array) -> R<Array> {
+    let w = kernel
+        .index((.., .., 0))
+        .transpose()?
+        .as_dtype(Dtype::Float32)?;
+    let out = input
+        .as_dtype(Dtype::Float32)?
+        .multiply(w.index(NewAxis))?
+        .sum_axis(1, false)?
+        .as_dtype(input.dtype())?
+        .index((.., NewAxis, ..));
+    Ok(out)
 }
 
 /// `_invert_unit_lower(T, C)`: the inverse of unit lower-triangular `[…, C, C]` matrices,

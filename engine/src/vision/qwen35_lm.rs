@@ -28,8 +28,8 @@
 //! kernels in Hugging Face's [C, 1, K] moved to [C, K, 1]; the (1 + w) RMSNorms (layer norms,
 //! q / k norms, final norm) given their 1 when the checkpoint is in Hugging Face's layout
 //! (`mtp.` tensors or [C, 1, K] kernels) or the tensor's name is not `language_model.…`.
-//! Floating-point checkpoints as f32 are what the gate covers (the bf16 decode conv mlx-vlm
-//! runs as its own depthwise kernel is not followed yet).
+//! The gate covers f32 and bf16 checkpoints (in half precision a decode step's delta-net
+//! conv is mlx-vlm's f32 depthwise sum, [`super::qwen35_gdn`]).
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -315,3 +315,54 @@ fn qwen3_5_tower_and_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_v
         "the dropped rope delta went unnoticed: {bad:?}"
     );
 }
+
+/// The tiny checkpoint with every tensor cast to bf16 (a bf16 checkpoint of the same weights,
+/// as the generator writes one for mlx-vlm to load).
+fn bf16_copy() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in std::fs::read_dir(model_dir()).unwrap().flatten() {
+        if f.file_name() != "model.safetensors" {
+            std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+        }
+    }
+    let tensors = Array::load_safetensors(model_dir().join("model.safetensors")).unwrap();
+    let cast: Vec<(String, Array)> = tensors
+        .into_iter()
+        .map(|(n, a)| (n, a.as_dtype(mlx_rs::Dtype::Bfloat16).unwrap()))
+        .collect();
+    let meta = std::collections::HashMap::from([("format".to_owned(), "pt".to_owned())]);
+    Array::save_safetensors(cast, &meta, dir.path().join("model.safetensors")).unwrap();
+    dir
+}
+
+/// The weights in bf16 (as the released checkpoints are): the tower's output and the 2-image
+/// prompt's logits (two delta-net chunks), decode steps (mlx-vlm's bf16 depthwise decode
+/// conv) and greedy ids equal mlx-vlm's in bf16 bit for bit; the dropped inter-chunk decay is
+/// caught here too.
+#[test]
+fn qwen3_5_in_bf16_is_bit_exact_with_mlx_vlm() {
+    let g = golden();
+    let imgs = images(&g);
+    let dir = bf16_copy();
+    let model = Qwen35ImageModel::load(dir.path()).unwrap();
+    let want = &g.json["bf16"];
+    let (x, grids) = patches_of(&imgs, &[0, 1, 2]);
+    let out = model.vit.forward(&x, &grids).unwrap();
+    assert_eq!(out.merged.dtype(), mlx_rs::Dtype::Bfloat16);
+    let mut bad = Vec::new();
+    bad.extend(g.differs("bf16 merged", &out.merged, &want["tower"]["merged"]));
+    let index = want["prompt"]["index"].as_u64().unwrap() as usize;
+    let mut p = g.json["prompts"][index].clone();
+    for k in ["logits", "step_logits", "greedy"] {
+        p[k] = want["prompt"][k].clone();
+    }
+    bad.extend(prompt_mismatches(&model, &g, &imgs, &p));
+    assert!(bad.is_empty(), "{bad:#?}");
+
+    let _on = plant::on(Defect::Qwen35ChunkDecayDropped).unwrap();
+    let bad = prompt_mismatches(&model, &g, &imgs, &p);
+    assert!(
+        bad.iter().any(|m| m.contains("decode step 0")),
+        "the dropped inter-chunk decay went unnoticed in bf16: {bad:?}"
+    );
+}
