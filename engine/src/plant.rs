@@ -493,6 +493,10 @@ pub enum Defect {
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3.5 vision gate
     /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's.
     Qwen35DeltaDropped,
+    /// Qwen3.5's image path: a prompt's delta-net recurrence runs token by token (the text
+    /// model's `gated_delta_ops`, mlx-lm's path) instead of mlx-vlm's chunked scan. Caught by
+    /// the Qwen3.5 vision gate (`tests/it/vision_qwen35.rs`): the prompt logits differ.
+    Qwen35PrefillSequential,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -691,6 +695,7 @@ pub fn on_from_env() -> Result<(), String> {
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             "Qwen35ChunkDecayDropped" => Defect::Qwen35ChunkDecayDropped,
             "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
+            "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

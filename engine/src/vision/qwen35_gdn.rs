@@ -70,7 +70,8 @@ pub(crate) fn delta_forward(net: &GatedDeltaNet, x: &Array, cache: &mut ArraysCa
         Some(st) => st.clone(),
         None => zeros_dtype(&[b, sh.v_heads, sh.v_dim, sh.k_dim], Dtype::Float32)?,
     };
-    let (out, state) = match s > 1 {
+    let chunked = s > 1 && !plant::is(Defect::Qwen35PrefillSequential);
+    let (out, state) = match chunked {
         true => gated_delta_chunked(&q, &k, &v, &g, &beta, state)?,
         false => gated_delta_ops(&q, &k, &v, &g, &beta, Some(state), None)?,
     };

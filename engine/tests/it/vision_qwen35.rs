@@ -10,8 +10,9 @@
 //! delta-net chunk) and a 2-image prompt (72 tokens, two 64-token chunks): the M-RoPE positions
 //! and rope delta, the logits at every position (full vocab), 4 greedy decode steps' logits and
 //! the greedy ids, and mlx-vlm's `generate_step` (its chunked prefill, each step's
-//! log-probabilities and ids) must all be mlx-vlm's. Planted defects (the chunked scan's
-//! inter-chunk decay dropped, the rope delta dropped in decoding) must fail it.
+//! log-probabilities and ids) must all be mlx-vlm's, in f32 and in bf16. Planted defects (the
+//! chunked scan's inter-chunk decay dropped, the prompt's recurrence run token by token as
+//! the text path runs it, the rope delta dropped in decoding) must fail it.
 
 use std::path::PathBuf;
 
@@ -280,7 +281,8 @@ fn generate_mismatches(
 /// (full vocab, every position; the second prompt spans two of the delta net's prefill chunks)
 /// and of 4 greedy decode steps after each equal mlx-vlm's bit for bit, the greedy ids match,
 /// and so do mlx-vlm's `generate_step` log-probabilities and ids; dropping the chunked scan's
-/// inter-chunk decay, or the rope delta in decoding, is caught.
+/// inter-chunk decay, running the prompt's recurrence token by token (the text path's), or
+/// dropping the rope delta in decoding, is caught.
 #[test]
 fn qwen3_5_tower_and_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
     let g = golden();
@@ -306,6 +308,14 @@ fn qwen3_5_tower_and_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_v
             bad.iter()
                 .any(|m| m.contains("2-image prompt decode step 0")),
             "the dropped inter-chunk decay went unnoticed: {bad:?}"
+        );
+    }
+    {
+        let _on = plant::on(Defect::Qwen35PrefillSequential).unwrap();
+        let bad = prompt_mismatches(&model, &g, &imgs, &prompts[0]);
+        assert!(
+            bad.iter().any(|m| m.contains("prompt logits")),
+            "the sequential prefill recurrence went unnoticed: {bad:?}"
         );
     }
     let _on = plant::on(Defect::Qwen35DeltaDropped).unwrap();
