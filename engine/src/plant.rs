@@ -505,6 +505,19 @@ pub enum Defect {
     /// tokens attend causally). Caught by the gemma4 vision gate
     /// (`tests/it/vision_gemma4.rs`): the logits of the image prompts differ from mlx-vlm's.
     Gemma4ImageBlocksCausal,
+    /// Qwen3.5's image path: the delta net's chunked prefill carries its state out of a
+    /// 64-token chunk without that chunk's decay. Caught by the Qwen3.5 vision gate
+    /// (`tests/it/vision_qwen35.rs`): the decode steps after the 2-image prompt (two chunks)
+    /// differ from mlx-vlm's.
+    Qwen35ChunkDecayDropped,
+    /// Qwen3.5's image path: decode steps after an image prompt take their cache offset as
+    /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3.5 vision gate
+    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's.
+    Qwen35DeltaDropped,
+    /// Qwen3.5's image path: a prompt's delta-net recurrence runs token by token (the text
+    /// model's `gated_delta_ops`, mlx-lm's path) instead of mlx-vlm's chunked scan. Caught by
+    /// the Qwen3.5 vision gate (`tests/it/vision_qwen35.rs`): the prompt logits differ.
+    Qwen35PrefillSequential,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -706,6 +719,9 @@ pub fn on_from_env() -> Result<(), String> {
             "Gemma4VisionRopeAxesSwapped" => Defect::Gemma4VisionRopeAxesSwapped,
             "Gemma4ImageTokensReversed" => Defect::Gemma4ImageTokensReversed,
             "Gemma4ImageBlocksCausal" => Defect::Gemma4ImageBlocksCausal,
+            "Qwen35ChunkDecayDropped" => Defect::Qwen35ChunkDecayDropped,
+            "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
+            "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

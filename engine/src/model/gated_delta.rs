@@ -44,15 +44,15 @@ pub struct GdnShape {
 }
 
 impl GdnShape {
-    fn key_dim(&self) -> i32 {
+    pub(crate) fn key_dim(&self) -> i32 {
         self.k_heads * self.k_dim
     }
 
-    fn value_dim(&self) -> i32 {
+    pub(crate) fn value_dim(&self) -> i32 {
         self.v_heads * self.v_dim
     }
 
-    fn conv_dim(&self) -> i32 {
+    pub(crate) fn conv_dim(&self) -> i32 {
         2 * self.key_dim() + self.value_dim()
     }
 }
@@ -83,12 +83,12 @@ struct SplitProjections {
 pub struct GatedDeltaNet {
     proj: Projections,
     /// [conv_dim, K, 1] (MLX's depthwise layout).
-    conv: Array,
-    dt_bias: Array,
-    a_log: Array,
-    norm: Array,
-    out_proj: Linear,
-    shape: GdnShape,
+    pub(crate) conv: Array,
+    pub(crate) dt_bias: Array,
+    pub(crate) a_log: Array,
+    pub(crate) norm: Array,
+    pub(crate) out_proj: Linear,
+    pub(crate) shape: GdnShape,
 }
 
 impl GatedDeltaNet {
@@ -144,7 +144,7 @@ impl GatedDeltaNet {
     }
 
     /// The input as (qkv [B, S, conv_dim], z [B, S, Hv, Dv], b and a [B, S, Hv]).
-    fn project(&self, x: &Array) -> R<(Array, Array, Array, Array)> {
+    pub(crate) fn project(&self, x: &Array) -> R<(Array, Array, Array, Array)> {
         let sh = self.shape;
         let (b, s) = (x.shape()[0], x.shape()[1]);
         match &self.proj {
@@ -181,7 +181,7 @@ impl GatedDeltaNet {
 
     /// The conv's input with the state (or zeros) before it; with a cache, its state
     /// becomes the inputs the next step needs.
-    fn conv_input(&self, qkv: Array, state: Option<&mut ArraysCache>) -> R<Array> {
+    pub(crate) fn conv_input(&self, qkv: Array, state: Option<&mut ArraysCache>) -> R<Array> {
         let keep = self.shape.conv_kernel - 1;
         let s = qkv.shape()[1];
         let before = match state.as_ref().and_then(|c| c.get(0)) {
@@ -364,7 +364,7 @@ fn step(
 
 /// `gated_delta_ops`: the tokens one by one. q, k [B, T, Hk, Dk], v [B, T, Hv, Dv], g and β
 /// [B, T, Hv], state [B, Hv, Dv, Dk] (zeros when None); → y [B, T, Hv, Dv] and the state.
-fn gated_delta_ops(
+pub(crate) fn gated_delta_ops(
     q: &Array,
     k: &Array,
     v: &Array,
@@ -427,14 +427,14 @@ thread_local! {
 }
 
 /// mlx-lm's compiled `compute_g(A_log, a, dt_bias)`.
-fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> R<Array> {
+pub(crate) fn compute_g(a_log: &Array, a: &Array, dt_bias: &Array) -> R<Array> {
     let args = [a_log.clone(), a.clone(), dt_bias.clone()];
     COMPUTE_G.with_borrow_mut(|f| Ok(f(&args)?.remove(0)))
 }
 
 /// mlx-lm's compiled `precise_swiglu(h, gate, x)`: silu(gate) · x in float32, cast to h's
 /// dtype (the gated RMSNorm's output).
-fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> R<Array> {
+pub(crate) fn precise_swiglu(h: &Array, gate: &Array, x: &Array) -> R<Array> {
     let args = [h.clone(), gate.clone(), x.clone()];
     PRECISE_SWIGLU.with_borrow_mut(|f| Ok(f(&args)?.remove(0)))
 }

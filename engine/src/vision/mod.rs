@@ -26,7 +26,9 @@
 //!   merge of image features into the prompt's embeddings, as mlx-vlm's gemma3 `Model`.
 //! - [`qwen_vit`]: Qwen3-VL's (and Qwen3.5's) vision tower; [`qwen3vl_lm`]: Qwen3-VL's
 //!   language model on a prompt with images (M-RoPE, deepstack), bit-exact with mlx-vlm.
-//!
+//! - [`qwen35_lm`], [`qwen35_gdn`]: Qwen3.5's hybrid language model on a prompt with images
+//!   (gated delta nets with mlx-vlm's chunked prefill, gated M-RoPE attention), bit-exact
+//!   with mlx-vlm.
 //! - [`prompt`], [`model`], [`generate`]: `engine generate --image` as `mlx_vlm.generate`
 //!   runs it: the messages with images, both families behind [`model::ImageModel`], the loop.
 //! - [`gemma4_vit`], [`gemma4_tower`]: gemma4's vision encoder, its embedder and the merge
@@ -43,6 +45,8 @@ pub mod gemma4_vit;
 pub mod generate;
 pub mod model;
 pub mod prompt;
+pub mod qwen35_gdn;
+pub mod qwen35_lm;
 pub mod qwen3vl_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;

@@ -74,7 +74,7 @@ pub struct VisionIds {
 }
 
 impl VisionIds {
-    fn from_config(raw: &Value) -> Self {
+    pub(crate) fn from_config(raw: &Value) -> Self {
         let id = |k: &str, d: u64| raw.get(k).and_then(Value::as_u64).unwrap_or(d) as u32;
         let image = raw
             .get("image_token_index")
@@ -531,9 +531,7 @@ impl Qwen3VlImageModel {
             .forward(x)?
             .reshape(&[b, l, self.kv_heads, self.head_dim])?
             .transpose_axes(&[0, 2, 1, 3])?;
-        let mut rotated = INTERLEAVED.with_borrow_mut(|f| f(&[q, k, cos.clone(), sin.clone()]))?;
-        let k = rotated.pop().unwrap();
-        let q = rotated.pop().unwrap();
+        let (q, k) = apply_interleaved(q, k, cos, sin)?;
         let kv = cache.update_and_fetch(k, v)?;
         let out = crate::model::sdpa::attend(&q, &kv, self.scale, mask)?;
         layer
@@ -586,7 +584,7 @@ pub fn generate_chunks(len: usize, step: usize) -> Vec<usize> {
 
 /// `MRoPERotaryEmbedding.__call__` from its frequencies: cos / sin of `[freqs, freqs]`,
 /// times the attention scaling (1.0), cast to the hidden states' dtype.
-fn cos_sin(freqs: &Array, dtype: Dtype) -> R<(Array, Array)> {
+pub(crate) fn cos_sin(freqs: &Array, dtype: Dtype) -> R<(Array, Array)> {
     let emb = ops::concatenate(&[freqs, freqs], -1)?;
     let one = weak(1.0, &emb)?;
     let cos = ops::cos(&emb)?.multiply(&one)?.as_dtype(dtype)?;
@@ -611,6 +609,13 @@ fn interleaved_graph(args: &[Array]) -> R<Vec<Array>> {
         ops::concatenate(&[e, pass], -1)
     };
     Ok(vec![apply(q)?, apply(k)?])
+}
+
+/// q and k rotated by [`interleaved_graph`] (compiled, as mlx-vlm's); also Qwen3.5's.
+pub(crate) fn apply_interleaved(q: Array, k: Array, cos: &Array, sin: &Array) -> R<(Array, Array)> {
+    let mut rotated = INTERLEAVED.with_borrow_mut(|f| f(&[q, k, cos.clone(), sin.clone()]))?;
+    let k = rotated.pop().unwrap();
+    Ok((rotated.pop().unwrap(), k))
 }
 
 thread_local! {

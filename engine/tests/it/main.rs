@@ -44,4 +44,5 @@ mod vision_gemma3;
 mod vision_gemma4;
 mod vision_generate;
 mod vision_preprocess;
+mod vision_qwen35;
 mod vision_qwen3vl;
