@@ -555,7 +555,7 @@ mod switch {
         marker: [u8; 34],
     }
 
-    const WORDS: usize = 2;
+    const WORDS: usize = 4;
 
     #[used]
     pub(super) static SWITCH: Switch = Switch {
