@@ -33,9 +33,6 @@ small ids; the two-image prompt holds a pad id (0), which mlx-vlm's merge zeroes
 
 from __future__ import annotations
 
-import copy
-import json
-import shutil
 import sys
 from pathlib import Path
 
@@ -110,71 +107,44 @@ PROMPTS = [
 GREEDY = 6
 
 
-def randomize(model, seed: int) -> None:
-    """Seeded random values for every parameter (the constructors leave norms at 1/0 and the
-    projection at ones): matrices keep mlx's init scale, norms and biases get noise."""
-    import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
-
-    new = []
-    for i, (name, p) in enumerate(tree_flatten(model.parameters())):
-        noise = mx.random.normal(p.shape, key=mx.random.key(seed * 1000 + i))
-        if name.endswith("mm_input_projection_weight"):
-            v = noise * (p.shape[0] ** -0.5)
-        elif p.ndim == 1 and ("layer_norm" in name or "post_layernorm" in name) and name.endswith("weight"):
-            v = 1.0 + 0.1 * noise
-        elif p.ndim == 1:
-            v = 0.1 * noise  # biases, and gemma's (1 + w) RMSNorm weights
-        else:
-            v = p
-        new.append((name, v.astype(mx.bfloat16)))
-    model.update(tree_unflatten(new))
+def drawn(name: str, p, noise):
+    """A parameter's seeded random value from `noise` (a standard normal of its shape; the
+    constructors leave norms at 1/0 and the projection at ones): matrices keep mlx's init
+    scale, norms and biases get noise."""
+    if name.endswith("mm_input_projection_weight"):
+        v = noise * (p.shape[0] ** -0.5)
+    elif p.ndim == 1 and ("layer_norm" in name or "post_layernorm" in name) and name.endswith("weight"):
+        v = 1.0 + 0.1 * noise
+    elif p.ndim == 1:
+        v = 0.1 * noise  # biases, and gemma's (1 + w) RMSNorm weights
+    else:
+        v = p
+    return v
 
 
 def main() -> None:
-    import importlib.metadata as md
-
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.generate.ar import generate_step
     from mlx_vlm.models import cache as vcache
     from mlx_vlm.models.gemma3 import config as g3config, gemma3
     from mlx_vlm.utils import load_image, load_model
 
     from gen_vision_preprocess import reference_processor
-    from provenance import TensorFile, provenance
+    from provenance import TensorFile
+    from vision_l1 import check_pins, gemma_greedy_ids, gemma_model, write_golden, write_tiny_model
 
-    for pkg, want in (("mlx-vlm", "0.7.10"), ("mlx", "0.32.2"), ("pillow", "13.0.0")):
-        if md.version(pkg) != want:
-            sys.exit(f"{pkg} {md.version(pkg)} here, the goldens pin {want}: see oracles/requirements-vision.txt")
+    check_pins()
 
     # ---- the model, with mlx-vlm's classes, saved in Google's layout
-    mx.random.seed(SEED)
-    cfg = copy.deepcopy(CONFIG)
-    mc = g3config.ModelConfig.from_dict(cfg)
-    mc.text_config = g3config.TextConfig.from_dict(cfg["text_config"])
-    mc.vision_config = g3config.VisionConfig.from_dict(cfg["vision_config"])
-    model = gemma3.Model(mc)
-    randomize(model, SEED)
+    model = gemma_model(g3config, gemma3, CONFIG, SEED, drawn)
     weights = dict(tree_flatten(model.parameters()))
     weights.pop("language_model.lm_head.weight")  # tied, as the real checkpoints are
     conv = "vision_tower.vision_model.embeddings.patch_embedding.weight"
     weights[conv] = weights[conv].transpose(0, 3, 1, 2)  # PyTorch's [out, in, kh, kw]
-    if MODEL.exists():
-        shutil.rmtree(MODEL)
-    MODEL.mkdir(parents=True)
-    mx.save_safetensors(str(MODEL / "model.safetensors"), weights, metadata={"format": "mlx"})
-    (MODEL / "config.json").write_text(json.dumps(CONFIG, indent=1) + "\n")
-    (MODEL / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR, indent=1) + "\n")
-    src = REPO / "goldens" / "models" / "tiny-gemma3-mm"
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(src / f, MODEL / f)
-    prov = provenance("mlx-vlm", "mlx-vlm")
-    prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
-    (MODEL / "provenance.json").write_text(json.dumps({
-        "provenance": prov, "generator": GENERATOR,
-        "notes": f"mlx_vlm.models.gemma3.Model, random weights (seed {SEED}), bf16, tied; Google's layout "
-                 "(patch conv [out, in, kh, kw]); tokenizer files copied from tiny-gemma3-mm"}, indent=1) + "\n")
+    write_tiny_model(MODEL, weights, "mlx", {"config.json": CONFIG, "preprocessor_config.json": PREPROCESSOR},
+                     "tiny-gemma3-mm", GENERATOR,
+                     f"mlx_vlm.models.gemma3.Model, random weights (seed {SEED}), bf16, tied; Google's layout "
+                     "(patch conv [out, in, kh, kw]); tokenizer files copied from tiny-gemma3-mm")
 
     # ---- the reference: the saved model as mlx-vlm loads it (sanitize included)
     model = load_model(MODEL)
@@ -205,35 +175,17 @@ def main() -> None:
         # A copy: Gemma3Model scales its inputs_embeds in place (`h *= ...`).
         logits = model.language_model(input_ids, inputs_embeds=mx.array(emb), cache=lc).logits
 
-        def greedy(lg):
-            # generate_step's greedy: the argmax of the logprobs (logits - logsumexp, in the
-            # logits' bf16, where near logits can tie; the first index wins a tie).
-            return int(mx.argmax(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
-
-        # The same greedy steps, one token at a time through this cache.
-        own = [greedy(logits[0, -1])]
-        for _ in range(GREEDY - 1):
-            step = model.language_model(mx.array([[own[-1]]]), cache=lc).logits
-            own.append(greedy(step[0, -1]))
-        gen = []
-        for tok, _ in generate_step(input_ids, model, px, mask, max_tokens=GREEDY, temperature=0.0):
-            gen.append(int(tok))
-        assert gen == own, (name, gen, own)
+        gen = gemma_greedy_ids(model, logits, lc, GREEDY, name, input_ids, model, px, mask)
         prompts.append({"name": name, "ids": ids, "images": which, "embeddings": tf.add("embeddings", emb),
                         "logits": tf.add("logits", logits), "greedy": gen})
 
-    prov = provenance("mlx-vlm", "mlx-vlm")
-    prov["generator"] = GENERATOR
-    prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
-    prov["reference"] = ("mlx_vlm.utils.load_model(goldens/models/tiny-gemma3-vl); vision_tower(pixels "
-                         "NHWC, bf16) -> multi_modal_projector -> get_input_embeddings -> "
-                         "language_model(ids, inputs_embeds, fresh prompt cache); greedy ids from "
-                         "mlx_vlm.generate.ar.generate_step(temperature=0)")
-    golden = {"provenance": prov, "model": "models/tiny-gemma3-vl", "preprocessor": PREPROCESSOR,
+    reference = ("mlx_vlm.utils.load_model(goldens/models/tiny-gemma3-vl); vision_tower(pixels "
+                 "NHWC, bf16) -> multi_modal_projector -> get_input_embeddings -> "
+                 "language_model(ids, inputs_embeds, fresh prompt cache); greedy ids from "
+                 "mlx_vlm.generate.ar.generate_step(temperature=0)")
+    golden = {"model": "models/tiny-gemma3-vl", "preprocessor": PREPROCESSOR,
               "tensors_bin": "tensors.bin", "images": images, "prompts": prompts}
-    OUT.mkdir(parents=True, exist_ok=True)
-    tf.write(OUT / "tensors.bin")
-    (OUT / "gemma3-l1.json").write_text(json.dumps(golden, indent=1) + "\n")
+    write_golden(OUT, "gemma3-l1.json", GENERATOR, reference, golden, b"".join(tf.chunks))
     print(f"{len(images)} images, {len(prompts)} prompts, tensors {tf.offset} bytes; greedy "
           + "; ".join(f"{p['name']}: {p['greedy']}" for p in prompts))
 

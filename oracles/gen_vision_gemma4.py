@@ -42,10 +42,6 @@ image) with this model's small ids.
 
 from __future__ import annotations
 
-import copy
-import json
-import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -134,58 +130,43 @@ def image_run(n):
 GREEDY = 6
 
 
-def randomize(model, seed: int) -> None:
-    """Seeded random values for every parameter (the constructors leave norms at 1, the
-    position table at ones, the clip bounds at ±inf): matrices keep mlx's init scale, norm
-    weights and standardization get noise around their identity, clip bounds are finite."""
+def drawn(name: str, p, noise):
+    """A parameter's seeded random value from `noise` (a standard normal of its shape; the
+    constructors leave norms at 1, the position table at ones, the clip bounds at ±inf):
+    matrices keep mlx's init scale, norm weights and standardization get noise around their
+    identity, clip bounds are finite."""
     import mlx.core as mx
-    from mlx.utils import tree_flatten, tree_unflatten
 
-    new = []
-    for i, (name, p) in enumerate(tree_flatten(model.parameters())):
-        noise = mx.random.normal(p.shape, key=mx.random.key(seed * 1000 + i))
-        if name.endswith("position_embedding_table"):
-            v = 0.5 * noise
-        elif name.endswith(("input_min", "output_min")):
-            v = mx.array(-1.5 + 0.1 * noise.item())
-        elif name.endswith(("input_max", "output_max")):
-            v = mx.array(1.5 + 0.1 * noise.item())
-        elif name.endswith("std_bias"):
-            v = 0.1 * noise
-        elif p.ndim == 1:
-            v = 1.0 + 0.1 * noise  # gemma4's norms use their weight directly; std_scale
-        else:
-            v = p
-        new.append((name, v.astype(mx.bfloat16)))
-    model.update(tree_unflatten(new))
+    if name.endswith("position_embedding_table"):
+        v = 0.5 * noise
+    elif name.endswith(("input_min", "output_min")):
+        v = mx.array(-1.5 + 0.1 * noise.item())
+    elif name.endswith(("input_max", "output_max")):
+        v = mx.array(1.5 + 0.1 * noise.item())
+    elif name.endswith("std_bias"):
+        v = 0.1 * noise
+    elif p.ndim == 1:
+        v = 1.0 + 0.1 * noise  # gemma4's norms use their weight directly; std_scale
+    else:
+        v = p
+    return v
 
 
 def main() -> None:
-    import importlib.metadata as md
-
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_vlm.generate.ar import generate_step
     from mlx_vlm.models import cache as vcache
     from mlx_vlm.models.gemma4 import config as g4config, gemma4
     from mlx_vlm.models.gemma4.processing_gemma4 import Gemma4ImageProcessor
     from mlx_vlm.utils import load_image, load_model
 
-    from provenance import TensorFile, provenance
+    from provenance import TensorFile
+    from vision_l1 import check_pins, gemma_greedy_ids, gemma_model, write_golden, write_tiny_model
 
-    for pkg, want in (("mlx-vlm", "0.7.10"), ("mlx", "0.32.2"), ("pillow", "13.0.0")):
-        if md.version(pkg) != want:
-            sys.exit(f"{pkg} {md.version(pkg)} here, the goldens pin {want}: see oracles/requirements-vision.txt")
+    check_pins()
 
     # ---- the model, with mlx-vlm's classes, saved in Hugging Face's layout
-    mx.random.seed(SEED)
-    cfg = copy.deepcopy(CONFIG)
-    mc = g4config.ModelConfig.from_dict(cfg)
-    mc.text_config = g4config.TextConfig.from_dict(cfg["text_config"])
-    mc.vision_config = g4config.VisionConfig.from_dict(cfg["vision_config"])
-    mc.audio_config = None
-    model = gemma4.Model(mc)
-    randomize(model, SEED)
+    model = gemma_model(g4config, gemma4, CONFIG, SEED, drawn, audio_config=None)
     weights = {}
     for k, v in tree_flatten(model.parameters()):
         if k.startswith("language_model.model."):
@@ -194,22 +175,11 @@ def main() -> None:
             k = "model." + k
         weights[k] = v
     assert not any("lm_head" in k for k in weights), "gemma4's head is tied"
-    if MODEL.exists():
-        shutil.rmtree(MODEL)
-    MODEL.mkdir(parents=True)
-    mx.save_safetensors(str(MODEL / "model.safetensors"), weights, metadata={"format": "pt"})
-    (MODEL / "config.json").write_text(json.dumps(CONFIG, indent=1) + "\n")
-    (MODEL / "processor_config.json").write_text(json.dumps(PROCESSOR, indent=1) + "\n")
-    src = REPO / "goldens" / "models" / "tiny-gemma4-mm"
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(src / f, MODEL / f)
-    prov = provenance("mlx-vlm", "mlx-vlm")
-    prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
-    (MODEL / "provenance.json").write_text(json.dumps({
-        "provenance": prov, "generator": GENERATOR,
-        "notes": f"mlx_vlm.models.gemma4.Model (no audio), random weights (seed {SEED}), bf16, tied; "
-                 "Hugging Face's layout (model.vision_tower / model.embed_vision / "
-                 "model.language_model); tokenizer files copied from tiny-gemma4-mm"}, indent=1) + "\n")
+    write_tiny_model(MODEL, weights, "pt", {"config.json": CONFIG, "processor_config.json": PROCESSOR},
+                     "tiny-gemma4-mm", GENERATOR,
+                     f"mlx_vlm.models.gemma4.Model (no audio), random weights (seed {SEED}), bf16, tied; "
+                     "Hugging Face's layout (model.vision_tower / model.embed_vision / "
+                     "model.language_model); tokenizer files copied from tiny-gemma4-mm")
 
     # ---- the reference: the saved model as mlx-vlm loads it (sanitize included)
     model = load_model(MODEL)
@@ -255,34 +225,19 @@ def main() -> None:
                                      cache=vcache.make_prompt_cache(model.language_model)).logits
         assert bool(mx.any(plain != logits).item()), name
 
-        def greedy(lg):
-            return int(mx.argmax(lg - mx.logsumexp(lg, axis=-1, keepdims=True)).item())
-
-        own = [greedy(logits[0, -1])]
-        for _ in range(GREEDY - 1):
-            step = model.language_model(mx.array([[own[-1]]]), cache=lc).logits
-            own.append(greedy(step[0, -1]))
-        gen = []
-        for tok, _ in generate_step(input_ids, model, px, None, max_tokens=GREEDY, temperature=0.0,
-                                    mm_token_type_ids=types):
-            gen.append(int(tok))
-        assert gen == own, (name, gen, own)
+        gen = gemma_greedy_ids(model, logits, lc, GREEDY, name, input_ids, model, px, None,
+                               mm_token_type_ids=types)
         prompts.append({"name": name, "ids": ids, "images": which, "embeddings": tf.add("embeddings", emb),
                         "per_layer_inputs": tf.add("per_layer_inputs", pli),
                         "logits": tf.add("logits", logits), "greedy": gen})
 
-    prov = provenance("mlx-vlm", "mlx-vlm")
-    prov["generator"] = GENERATOR
-    prov["versions"].update({k: md.version(k) for k in ("mlx-vlm", "transformers", "pillow", "numpy")})
-    prov["reference"] = ("mlx_vlm.utils.load_model(goldens/models/tiny-gemma4-vl); Gemma4ImageProcessor -> "
-                         "vision_tower(pixels NCHW f32) -> embed_vision -> get_input_embeddings -> "
-                         "language_model(ids, inputs_embeds, per_layer_inputs, fresh prompt cache, mm_token_type_ids); greedy "
-                         "ids from mlx_vlm.generate.ar.generate_step(temperature=0, mm_token_type_ids)")
-    golden = {"provenance": prov, "model": "models/tiny-gemma4-vl", "image_processor": IMAGE_PROCESSOR,
+    reference = ("mlx_vlm.utils.load_model(goldens/models/tiny-gemma4-vl); Gemma4ImageProcessor -> "
+                 "vision_tower(pixels NCHW f32) -> embed_vision -> get_input_embeddings -> "
+                 "language_model(ids, inputs_embeds, per_layer_inputs, fresh prompt cache, mm_token_type_ids); greedy "
+                 "ids from mlx_vlm.generate.ar.generate_step(temperature=0, mm_token_type_ids)")
+    golden = {"model": "models/tiny-gemma4-vl", "image_processor": IMAGE_PROCESSOR,
               "tensors_bin": "tensors.bin", "images": images, "prompts": prompts}
-    OUT.mkdir(parents=True, exist_ok=True)
-    tf.write(OUT / "tensors.bin")
-    (OUT / "gemma4-l1.json").write_text(json.dumps(golden, indent=1) + "\n")
+    write_golden(OUT, "gemma4-l1.json", GENERATOR, reference, golden, b"".join(tf.chunks))
     print(f"{len(images)} images ({counts} soft tokens), {len(prompts)} prompts, tensors {tf.offset} bytes; "
           "greedy " + "; ".join(f"{p['name']}: {p['greedy']}" for p in prompts))
 

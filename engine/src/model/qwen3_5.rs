@@ -300,7 +300,7 @@ fn sanitize(w: &mut Weights, tied: bool) -> Result<(), LoadError> {
 }
 
 /// The (1 + w) RMSNorms Hugging Face's Qwen 3.5 / Qwen3-Next checkpoints store as w.
-const OFFSET_NORMS: [&str; 5] = [
+pub(crate) const OFFSET_NORMS: [&str; 5] = [
     ".input_layernorm.weight",
     ".post_attention_layernorm.weight",
     "model.norm.weight",

@@ -48,6 +48,7 @@ pub mod prompt;
 pub mod qwen35_gdn;
 pub mod qwen35_lm;
 pub mod qwen3vl_lm;
+pub mod qwen_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;
 pub mod resize;

@@ -787,21 +787,36 @@ fn one_token_need(m: &Value) -> u64 {
     u("kv_fixed") + u("kv_per_token") * (1 + 256) + u("act_chunk") + u("act_per_token").div_ceil(32)
 }
 
-/// B's first load beside A, under a budget between what the fleet estimates before B is
-/// measured (A's weights and buffer cache, B's files, A's least request) and what B's own
-/// check then measures (both models' weights, B's buffer cache and least request): the
-/// first try's check refuses, the load makes room for the measured need (A, idle, goes)
-/// and B answers. Planted `FleetFirstLoadNotRetried`: the refused check is the client's
-/// answer, a 500. The budget comes from a probe server's measurements of both models.
+/// A big model's first load beside a small one, under a budget between what the fleet
+/// estimates before the big one is measured (the small one's weights and buffer cache, the
+/// big one's files, the small one's least request) and what the big one's own check then
+/// measures (both models' weights, its buffer cache and least request): the first try's
+/// check refuses, the load makes room for the measured need (the small model, idle, goes)
+/// and the big one answers. Planted `FleetFirstLoadNotRetried`: the refused check is the
+/// client's answer, a 500. The budget comes from a probe server's measurements; the pair is
+/// tiny-llama (width 64) then tiny-llama-trained (width 128, 3× the K/V per token), so the
+/// window is ~0.5 MB wide where a process's activation measurement moves by ~45 KB.
 #[test]
 fn a_first_load_that_needs_more_than_estimated_makes_room_and_answers() {
-    let args = ["--max-models", "2", "--prefill-step-size", "32"];
-    let probe = {
-        let mut with = args.to_vec();
-        with.extend(["--memory-budget", "100000000"]);
-        fleet(&with, &[])
+    const SMALL: &str = "tiny-llama";
+    const BIG: &str = "tiny-llama-trained";
+    let start = |budget: &str, env: &[(&str, &str)]| {
+        let big = dir(BIG);
+        let extra = [
+            "--model",
+            &big,
+            "--max-models",
+            "2",
+            "--prefill-step-size",
+            "32",
+            "--memory-budget",
+            budget,
+        ];
+        common::server::serve_dir_with_env(std::path::Path::new(&dir(SMALL)), &extra, env)
     };
-    answer(probe.port, bodies(B)[2].0, &bodies(B)[2].1);
+    let probe = start("100000000", &[]);
+    let (path, body) = &bodies(BIG)[2];
+    answer(probe.port, path, body);
     let st = stats(probe.port);
     drop(probe);
     let models = &st["memory"]["budget"]["models"];
@@ -810,33 +825,31 @@ fn a_first_load_that_needs_more_than_estimated_makes_room_and_answers() {
         let rows = models.as_object().unwrap();
         rows.iter().find(|(k, _)| k.ends_with(&end)).unwrap().1
     };
-    let (a, b) = (row(A), row(B));
+    let (small, big) = (row(SMALL), row(BIG));
     let u = |m: &Value, k: &str| m[k].as_u64().unwrap();
-    let b_files = std::fs::metadata(std::path::Path::new(&dir(B)).join("model.safetensors"))
+    let big_files = std::fs::metadata(std::path::Path::new(&dir(BIG)).join("model.safetensors"))
         .unwrap()
         .len();
-    let estimate = u(a, "weights") + u(a, "act_chunk") + b_files + one_token_need(a);
-    let measured = u(a, "weights")
-        + u(b, "weights")
-        + u(a, "act_chunk").max(u(b, "act_chunk"))
-        + one_token_need(b);
+    let estimate = u(small, "weights") + u(small, "act_chunk") + big_files + one_token_need(small);
+    let measured = u(small, "weights")
+        + u(big, "weights")
+        + u(small, "act_chunk").max(u(big, "act_chunk"))
+        + one_token_need(big);
+    eprintln!("estimate {estimate}, measured {measured}");
     assert!(
-        estimate + 20_000 < measured,
-        "no room between the estimate {estimate} and B's measured need {measured}: {st}"
+        estimate + 200_000 < measured,
+        "no room between the estimate {estimate} and the measured need {measured}: {st}"
     );
     let budget = ((estimate + measured) / 2).to_string();
-    let mut with = args.to_vec();
-    with.extend(["--memory-budget", &budget]);
     let servers = start_all(2, |i| match i {
-        0 => fleet(&with, &[]),
-        _ => fleet(&with, &[("ENGINE_PLANT", "FleetFirstLoadNotRetried")]),
+        0 => start(&budget, &[]),
+        _ => start(&budget, &[("ENGINE_PLANT", "FleetFirstLoadNotRetried")]),
     });
-    let (path, body) = &bodies(B)[2];
     let (status, text) = http(servers[0].port, "POST", path, body.to_string().as_bytes());
     let st = stats(servers[0].port);
     assert_eq!(status, 200, "budget {budget}: {text} {st}");
-    assert_eq!(st["models"][A]["loaded"], false, "{st}");
-    assert_eq!(st["models"][B]["loaded"], true, "{st}");
+    assert_eq!(st["models"][SMALL]["loaded"], false, "{st}");
+    assert_eq!(st["models"][BIG]["loaded"], true, "{st}");
     let (status, text) = http(servers[1].port, "POST", path, body.to_string().as_bytes());
     assert_eq!(
         status, 500,

@@ -17,87 +17,21 @@
 use std::path::PathBuf;
 
 use engine::load::weights::Weights;
-use engine::model::LanguageModel;
-use engine::plant::{self, Defect};
+use engine::plant::Defect;
 use engine::vision::gemma4::Gemma4Processor;
 use engine::vision::gemma4_tower::{Gemma4ImageError, Gemma4Vision};
 use engine::vision::{decode, Limits};
-use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{Array, Dtype};
+use mlx_rs::Array;
 use serde_json::Value;
 
-use crate::common::{bytes, goldens};
+use crate::common::goldens;
+use crate::common::vision::{
+    assert_plant_caught, assert_prompts_bit_exact, assert_towers_bit_exact,
+    logits_delta_and_greedy, u32s, Golden,
+};
 
 fn model_dir() -> PathBuf {
     goldens().join("models").join("tiny-gemma4-vl")
-}
-
-struct Golden {
-    json: Value,
-    bin: Vec<u8>,
-}
-
-impl Golden {
-    fn read() -> Self {
-        let dir = goldens().join("vision").join("gemma4-l1");
-        let json: Value =
-            serde_json::from_slice(&std::fs::read(dir.join("gemma4-l1.json")).unwrap()).unwrap();
-        let bin = std::fs::read(dir.join(json["tensors_bin"].as_str().unwrap())).unwrap();
-        Golden { json, bin }
-    }
-
-    /// max |Δ| of `got` against the stored tensor `entry` (shape and dtype must match; NaN
-    /// counts as ∞; a nonzero difference is at least the smallest positive f32).
-    fn max_delta(&self, entry: &Value, got: &Array) -> f32 {
-        let off = entry["offset"].as_u64().unwrap() as usize;
-        let raw = &self.bin[off..off + entry["bytes"].as_u64().unwrap() as usize];
-        let shape: Vec<i32> = entry["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap() as i32)
-            .collect();
-        assert_eq!(got.shape(), shape.as_slice(), "shape");
-        let dtype = entry["dtype"].as_str().unwrap();
-        let want = match dtype {
-            "float32" => Dtype::Float32,
-            "bfloat16" => Dtype::Bfloat16,
-            d => panic!("dtype {d}"),
-        };
-        assert_eq!(got.dtype(), want, "dtype");
-        let ours = bytes(got);
-        if ours == raw {
-            return 0.0;
-        }
-        let vals = |b: &[u8]| -> Vec<f32> {
-            match want {
-                Dtype::Float32 => b
-                    .chunks(4)
-                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-                    .collect(),
-                _ => b
-                    .chunks(2)
-                    .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-                    .collect(),
-            }
-        };
-        vals(&ours)
-            .iter()
-            .zip(&vals(raw))
-            .map(|(x, y)| match (x - y).abs() {
-                d if d.is_nan() => f32::INFINITY,
-                d => d.max(f32::MIN_POSITIVE),
-            })
-            .fold(0.0, f32::max)
-    }
-}
-
-fn u32s(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 /// The golden images' pixel tensors and soft-token counts, through this engine's decode and
@@ -138,10 +72,8 @@ fn tower_deltas(m: &Gemma4Vision, g: &Golden, px: &[(Array, usize)]) -> Vec<(f32
         .collect()
 }
 
-/// Per prompt: (embeddings, logits) max |Δ| and the greedy ids (`generate::greedy`: the
-/// argmax of the bf16 logprobs, first index on a tie, as generate_step takes it).
+/// Per prompt: (embeddings, logits) max |Δ| and the greedy ids.
 fn prompt_runs(m: &Gemma4Vision, g: &Golden, px: &[(Array, usize)]) -> Vec<(f32, f32, Vec<u32>)> {
-    let greedy = |a: &Array| engine::generate::greedy(a).unwrap();
     g.json["prompts"]
         .as_array()
         .unwrap()
@@ -156,15 +88,7 @@ fn prompt_runs(m: &Gemma4Vision, g: &Golden, px: &[(Array, usize)]) -> Vec<(f32,
             let de = g.max_delta(&p["embeddings"], &merged.embeddings);
             let mut caches = m.make_caches();
             let logits = m.forward_embeddings(&merged, &mut caches).unwrap();
-            let dl = g.max_delta(&p["logits"], &logits);
-            let n = p["greedy"].as_array().unwrap().len();
-            let l = ids.len() as i32;
-            let mut out = vec![greedy(&logits.index((.., l - 1, ..)))];
-            while out.len() < n {
-                let step = Array::from_slice(&[*out.last().unwrap()], &[1, 1]);
-                let lg = m.text.forward(&step, &mut caches).unwrap();
-                out.push(greedy(&lg.index((.., 0, ..))));
-            }
+            let (dl, out) = logits_delta_and_greedy(g, p, &m.text, &logits, &mut caches);
             (de, dl, out)
         })
         .collect()
@@ -172,7 +96,7 @@ fn prompt_runs(m: &Gemma4Vision, g: &Golden, px: &[(Array, usize)]) -> Vec<(f32,
 
 #[test]
 fn gemma4_encoder_embedder_and_image_prompts_are_bit_exact_with_mlx_vlm() {
-    let g = Golden::read();
+    let g = Golden::read("gemma4-l1", "gemma4-l1.json");
     let m = Gemma4Vision::load(&model_dir()).unwrap();
     let px = pixels(&g);
 
@@ -191,19 +115,8 @@ fn gemma4_encoder_embedder_and_image_prompts_are_bit_exact_with_mlx_vlm() {
             img["file"]
         );
     }
-    for (i, (dt, df)) in tower_deltas(&m, &g, &px).into_iter().enumerate() {
-        assert_eq!((dt, df), (0.0, 0.0), "image {i}: tower / features max |Δ|");
-    }
-    let prompts = g.json["prompts"].as_array().unwrap();
-    for (p, (de, dl, ids)) in prompts.iter().zip(prompt_runs(&m, &g, &px)) {
-        let name = p["name"].as_str().unwrap();
-        assert_eq!(de, 0.0, "{name}: merged embeddings max |Δ|");
-        assert_eq!(
-            dl, 0.0,
-            "{name}: logits max |Δ| (every position, full vocabulary)"
-        );
-        assert_eq!(ids, u32s(&p["greedy"]), "{name}: greedy ids");
-    }
+    assert_towers_bit_exact(&tower_deltas(&m, &g, &px), "HF layout");
+    assert_prompts_bit_exact(&g, prompt_runs(&m, &g, &px));
 
     // mlx-community's layout (no `model.` prefix, `language_model.model.…`) loads to the
     // same tower and embedder.
@@ -217,9 +130,7 @@ fn gemma4_encoder_embedder_and_image_prompts_are_bit_exact_with_mlx_vlm() {
     });
     let config = engine::load::config::ModelConfig::read(&model_dir()).unwrap();
     let mlx_layout = Gemma4Vision::from_parts(&config, Weights::from_tensors(renamed)).unwrap();
-    for (i, (dt, df)) in tower_deltas(&mlx_layout, &g, &px).into_iter().enumerate() {
-        assert_eq!((dt, df), (0.0, 0.0), "image {i} (mlx-community layout)");
-    }
+    assert_towers_bit_exact(&tower_deltas(&mlx_layout, &g, &px), "mlx-community layout");
 
     // A prompt whose image tokens do not fit the images is refused, naming the counts.
     let err = m
@@ -241,33 +152,25 @@ fn gemma4_encoder_embedder_and_image_prompts_are_bit_exact_with_mlx_vlm() {
 
     // Planted: the 2-D RoPE's axes swapped — the tower's output differs on every image
     // (none of them is a square grid of one patch).
-    {
-        let _on = plant::on(Defect::Gemma4VisionRopeAxesSwapped).unwrap();
-        let d = tower_deltas(&m, &g, &px);
-        assert!(
-            d.iter().all(|&(dt, df)| dt > 0.0 && df > 0.0),
-            "Gemma4VisionRopeAxesSwapped went unnoticed: {d:?}"
-        );
-    }
+    assert_plant_caught(
+        Defect::Gemma4VisionRopeAxesSwapped,
+        "Gemma4VisionRopeAxesSwapped",
+        || tower_deltas(&m, &g, &px),
+        |d| d.iter().all(|&(dt, df)| dt > 0.0 && df > 0.0),
+    );
     // Planted: no image-block overlay (causal image tokens) — the logits differ wherever
     // an image block has more than one token (every prompt here).
-    {
-        let _on = plant::on(Defect::Gemma4ImageBlocksCausal).unwrap();
-        let runs = prompt_runs(&m, &g, &px);
-        assert!(
-            runs.iter().all(|(de, dl, _)| *de == 0.0 && *dl > 0.0),
-            "Gemma4ImageBlocksCausal went unnoticed: {:?}",
-            runs.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>()
-        );
-    }
+    assert_plant_caught(
+        Defect::Gemma4ImageBlocksCausal,
+        "Gemma4ImageBlocksCausal",
+        || prompt_runs(&m, &g, &px),
+        |runs| runs.iter().all(|(de, dl, _)| *de == 0.0 && *dl > 0.0),
+    );
     // Planted: the image rows in reverse order — the embeddings and logits differ.
-    {
-        let _on = plant::on(Defect::Gemma4ImageTokensReversed).unwrap();
-        let runs = prompt_runs(&m, &g, &px);
-        assert!(
-            runs.iter().all(|(de, dl, _)| *de > 0.0 && *dl > 0.0),
-            "Gemma4ImageTokensReversed went unnoticed: {:?}",
-            runs.iter().map(|r| (r.0, r.1)).collect::<Vec<_>>()
-        );
-    }
+    assert_plant_caught(
+        Defect::Gemma4ImageTokensReversed,
+        "Gemma4ImageTokensReversed",
+        || prompt_runs(&m, &g, &px),
+        |runs| runs.iter().all(|(de, dl, _)| *de > 0.0 && *dl > 0.0),
+    );
 }

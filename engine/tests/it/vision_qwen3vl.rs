@@ -14,136 +14,31 @@
 
 use std::path::PathBuf;
 
-use engine::plant::{self, Defect};
-use engine::vision::qwen3vl_lm::{self, generate_chunks, rope_index, Qwen3VlImageModel};
+use engine::plant::Defect;
+use engine::vision::qwen3vl_lm::Qwen3VlImageModel;
 use engine::vision::qwen_vit::QwenVit;
-use engine::vision::qwen_vl::{QwenVlPixels, QwenVlProcessor};
-use engine::vision::{decode, Limits};
-use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::Array;
-use serde_json::Value;
-use sha2::{Digest, Sha256};
+use engine::vision::qwen_vl::QwenVlPixels;
+use mlx_rs::Dtype;
 
 use crate::common::goldens;
+use crate::common::vision::{
+    all_prompt_mismatches, assert_plant_caught, assert_prompt_plants_caught, bf16_mismatches,
+    mentions, patches_of, prompt_mismatches, qwen_golden, rewritten_checkpoint, tower_mismatches,
+    Golden,
+};
 
 fn model_dir() -> PathBuf {
     goldens().join("models").join("tiny-qwen3-vl-vision")
 }
 
-struct Golden {
-    json: Value,
-    bin: Vec<u8>,
-}
-
-fn golden() -> Golden {
-    let dir = goldens().join("vision").join("qwen3vl-l1");
-    let json: Value =
-        serde_json::from_slice(&std::fs::read(dir.join("golden.json")).unwrap()).unwrap();
-    let bin = std::fs::read(dir.join(json["tensors_bin"].as_str().unwrap())).unwrap();
-    Golden { json, bin }
-}
-
-impl Golden {
-    /// A stored tensor: its shape and values.
-    fn tensor(&self, entry: &Value) -> (Vec<i32>, Vec<f32>) {
-        let shape = entry["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_i64().unwrap() as i32)
-            .collect();
-        let (at, len) = (
-            entry["offset"].as_u64().unwrap() as usize,
-            entry["len"].as_u64().unwrap() as usize,
-        );
-        let values = self.bin[at..at + len]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        (shape, values)
-    }
-
-    /// How `got` differs from the stored tensor `entry`: None when bit-identical, else the
-    /// shapes or the max |Δ| and where.
-    fn differs(&self, what: &str, got: &Array, entry: &Value) -> Option<String> {
-        let (shape, want) = self.tensor(entry);
-        let got = got.as_dtype(mlx_rs::Dtype::Float32).unwrap();
-        if got.shape() != shape.as_slice() {
-            return Some(format!(
-                "{what}: shape {:?}, reference {shape:?}",
-                got.shape()
-            ));
-        }
-        let got = got.as_slice::<f32>();
-        let mut worst = (0f32, 0usize);
-        let mut differing = 0;
-        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-            if a.to_bits() != b.to_bits() {
-                differing += 1;
-                let d = (a - b).abs();
-                if d > worst.0 || d.is_nan() {
-                    worst = (d, i);
-                }
-            }
-        }
-        (differing > 0).then(|| {
-            format!(
-                "{what}: {differing} of {} values differ, max |Δ| {} at {}",
-                want.len(),
-                worst.0,
-                worst.1
-            )
-        })
-    }
-}
-
-/// The golden's images through the engine's decode and processor: each one's patches and
-/// grid.
-fn images(g: &Golden) -> Vec<QwenVlPixels> {
-    let cfg = std::fs::read_to_string(model_dir().join("preprocessor_config.json")).unwrap();
-    let proc = QwenVlProcessor::from_json(&cfg).unwrap();
-    let mut out = Vec::new();
-    for img in g.json["images"].as_array().unwrap() {
-        let file = img["file"].as_str().unwrap();
-        let bytes = std::fs::read(goldens().join("vision").join(file)).unwrap();
-        let p = proc
-            .preprocess(&decode(&bytes, &Limits::default()).unwrap())
-            .unwrap();
-        assert_eq!(
-            format!("{:x}", Sha256::digest(p.pixels.le_bytes())),
-            img["patches_sha256"].as_str().unwrap(),
-            "{file}: the patches differ from mlx-vlm's processor's"
-        );
-        assert_eq!(
-            serde_json::to_value(p.grid_thw).unwrap(),
-            img["grid_thw"],
-            "{file}"
-        );
-        out.push(p);
-    }
-    out
-}
-
-/// The patches of images `chosen` (indices into the golden's images) in one tensor, and their
-/// grids (the engine's `qwen3vl_lm::patches_of`).
-fn patches_of(all: &[QwenVlPixels], chosen: &[usize]) -> (Array, Vec<[i32; 3]>) {
-    let picked: Vec<QwenVlPixels> = chosen.iter().map(|&i| all[i].clone()).collect();
-    qwen3vl_lm::patches_of(&picked).unwrap()
-}
-
-/// The tower's outputs against the golden's: every mismatch.
-fn tower_mismatches(vit: &QwenVit, g: &Golden, what: &str) -> Vec<String> {
-    let (x, grids) = patches_of(&images(g), &[0, 1, 2]);
-    let out = vit.forward(&x, &grids).unwrap();
-    let want = &g.json["tower"];
-    let mut bad = Vec::new();
-    bad.extend(g.differs(&format!("{what} merged"), &out.merged, &want["merged"]));
-    let deep = want["deepstack"].as_array().unwrap();
-    assert_eq!(out.deepstack.len(), deep.len(), "{what}: deepstack count");
-    for (i, (got, entry)) in out.deepstack.iter().zip(deep).enumerate() {
-        bad.extend(g.differs(&format!("{what} deepstack {i}"), got, entry));
-    }
-    bad
+/// The tower's f32 outputs against the golden's: every mismatch, named by `what`.
+fn f32_tower_mismatches(
+    vit: &QwenVit,
+    g: &Golden,
+    imgs: &[QwenVlPixels],
+    what: &str,
+) -> Vec<String> {
+    tower_mismatches(vit, g, imgs, &g.json["tower"], Dtype::Float32, what)
 }
 
 /// The tiny checkpoint rewritten in mlx-community's layout (`vision_tower.…` with the Conv3d
@@ -154,211 +49,58 @@ fn mlx_layout_copy() -> tempfile::TempDir {
 
 /// The tiny checkpoint rewritten: in mlx-community's layout (`mlx`), every tensor cast to
 /// `dtype` (a bf16 checkpoint of the same weights).
-fn rewritten(mlx: bool, dtype: Option<mlx_rs::Dtype>) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    for f in std::fs::read_dir(model_dir()).unwrap().flatten() {
-        if f.file_name() != "model.safetensors" {
-            std::fs::copy(f.path(), dir.path().join(f.file_name())).unwrap();
+fn rewritten(mlx: bool, dtype: Option<Dtype>) -> tempfile::TempDir {
+    rewritten_checkpoint(&model_dir(), "mlx", |name, a| {
+        let a = match dtype {
+            Some(d) => a.as_dtype(d).unwrap(),
+            None => a,
+        };
+        if !mlx {
+            return (name, a);
         }
-    }
-    let tensors = Array::load_safetensors(model_dir().join("model.safetensors")).unwrap();
-    let renamed: Vec<(String, Array)> = tensors
-        .into_iter()
-        .map(|(name, a)| {
-            let a = match dtype {
-                Some(d) => a.as_dtype(d).unwrap(),
-                None => a,
+        if let Some(rest) = name.strip_prefix("model.visual.") {
+            let a = match rest == "patch_embed.proj.weight" {
+                true => a.transpose_axes(&[0, 2, 3, 4, 1]).unwrap(),
+                false => a,
             };
-            if !mlx {
-                return (name, a);
-            }
-            if let Some(rest) = name.strip_prefix("model.visual.") {
-                let a = match rest == "patch_embed.proj.weight" {
-                    true => a.transpose_axes(&[0, 2, 3, 4, 1]).unwrap(),
-                    false => a,
-                };
-                (format!("vision_tower.{rest}"), a)
-            } else if let Some(rest) = name.strip_prefix("model.language_model.") {
-                (format!("language_model.model.{rest}"), a)
-            } else {
-                assert_eq!(name, "lm_head.weight");
-                ("language_model.lm_head.weight".into(), a)
-            }
-        })
-        .collect();
-    let meta = std::collections::HashMap::from([("format".to_owned(), "mlx".to_owned())]);
-    Array::save_safetensors(renamed, &meta, dir.path().join("model.safetensors")).unwrap();
-    dir
+            (format!("vision_tower.{rest}"), a)
+        } else if let Some(rest) = name.strip_prefix("model.language_model.") {
+            (format!("language_model.model.{rest}"), a)
+        } else {
+            assert_eq!(name, "lm_head.weight");
+            ("language_model.lm_head.weight".into(), a)
+        }
+    })
 }
 
 /// The tower's merged and deepstack features equal mlx-vlm's bit for bit on three images in
 /// one call, loaded from both layouts; the swapped 2-D rotary is caught.
 #[test]
 fn qwen3_vl_tower_output_is_bit_exact_with_mlx_vlm_from_both_layouts() {
-    let g = golden();
+    let (g, imgs) = qwen_golden("qwen3vl-l1", &model_dir());
     let vit = QwenVit::load(&model_dir()).unwrap();
-    let bad = tower_mismatches(&vit, &g, "HF layout");
+    let bad = f32_tower_mismatches(&vit, &g, &imgs, "HF layout");
     assert!(bad.is_empty(), "{bad:#?}");
 
     let mlx = mlx_layout_copy();
     let vit_mlx = QwenVit::load(mlx.path()).unwrap();
-    let bad = tower_mismatches(&vit_mlx, &g, "mlx layout");
+    let bad = f32_tower_mismatches(&vit_mlx, &g, &imgs, "mlx layout");
     assert!(bad.is_empty(), "{bad:#?}");
 
     // Patches that do not fit the grids are refused, naming both.
-    let (x, _) = patches_of(&images(&g), &[0]);
+    let (x, _) = patches_of(&imgs, &[0]);
     let err = vit.forward(&x, &[[1, 4, 4]]).err().unwrap().to_string();
     assert!(
         err.contains("[24, 1536]") && err.contains("[16, 1536]"),
         "{err}"
     );
 
-    let _on = plant::on(Defect::VisionRopeAxesSwapped).unwrap();
-    let bad = tower_mismatches(&vit, &g, "planted");
-    assert!(
-        bad.iter().any(|m| m.contains("merged")),
-        "the swapped vision rotary went unnoticed"
+    assert_plant_caught(
+        Defect::VisionRopeAxesSwapped,
+        "the swapped vision rotary",
+        || f32_tower_mismatches(&vit, &g, &imgs, "planted"),
+        |bad| mentions(bad, "merged"),
     );
-}
-
-/// The first index of the largest value (`mx.argmax`).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// One golden prompt through the image path: every mismatch (M-RoPE positions, rope delta,
-/// the prompt's logits at every position, each greedy step's logits and id).
-fn prompt_mismatches(
-    model: &Qwen3VlImageModel,
-    g: &Golden,
-    imgs: &[QwenVlPixels],
-    p: &Value,
-) -> Vec<String> {
-    let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
-    let ids: Vec<u32> = serde_json::from_value(p["ids"].clone()).unwrap();
-    let what = format!("{}-image prompt", chosen.len());
-    let (x, grids) = patches_of(imgs, &chosen);
-    let mut bad = Vec::new();
-    let (rows, delta) = rope_index(&ids, &grids, model.ids, 2).unwrap();
-    if serde_json::to_value(&rows).unwrap() != p["position_ids"]
-        || Some(delta as i64) != p["rope_delta"].as_i64()
-    {
-        bad.push(format!(
-            "{what}: M-RoPE positions / delta {delta} differ from get_rope_index's"
-        ));
-    }
-    let mut caches = model.make_caches();
-    let out = model.prefill(&ids, &x, &grids, &mut caches).unwrap();
-    assert_eq!(out.rope_delta, delta);
-    let logits = out.logits.index(0);
-    bad.extend(g.differs(&format!("{what} logits"), &logits, &p["logits"]));
-    let (_, want_steps) = g.tensor(&p["step_logits"]);
-    let vocab = logits.shape()[1] as usize;
-    let last = logits.index(-1).as_dtype(mlx_rs::Dtype::Float32).unwrap();
-    let mut y = argmax(last.as_slice::<f32>());
-    let mut greedy = vec![y];
-    for (s, want) in want_steps.chunks_exact(vocab).enumerate() {
-        let step = model.decode(&[y], out.rope_delta, &mut caches).unwrap();
-        let row = step
-            .index((0, -1))
-            .as_dtype(mlx_rs::Dtype::Float32)
-            .unwrap();
-        let got = row.as_slice::<f32>();
-        if let Some(max) = max_delta_if_not_bit_equal(got, want) {
-            bad.push(format!(
-                "{what} decode step {s}: logits differ, max |Δ| {max}"
-            ));
-        }
-        y = argmax(got);
-        greedy.push(y);
-    }
-    let want_greedy: Vec<u32> = serde_json::from_value(p["greedy"].clone()).unwrap();
-    if greedy != want_greedy {
-        bad.push(format!(
-            "{what}: greedy ids {greedy:?}, mlx-vlm's {want_greedy:?}"
-        ));
-    }
-    bad
-}
-
-/// The largest |Δ| between `got` and `want`, where any value differs in its bits.
-fn max_delta_if_not_bit_equal(got: &[f32], want: &[f32]) -> Option<f32> {
-    let differs = got
-        .iter()
-        .zip(want)
-        .any(|(a, b)| a.to_bits() != b.to_bits());
-    differs.then(|| {
-        got.iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max)
-    })
-}
-
-/// mlx-vlm's `generate_step` on one golden prompt, followed: the prompt prefilled in its
-/// chunks (all but the last token, then the last), then decode steps; every mismatch of the
-/// chunking, each step's log-probabilities (`logits − logsumexp`) and the ids.
-fn generate_mismatches(
-    model: &Qwen3VlImageModel,
-    g: &Golden,
-    imgs: &[QwenVlPixels],
-    p: &Value,
-) -> Vec<String> {
-    let chosen: Vec<usize> = serde_json::from_value(p["images"].clone()).unwrap();
-    let ids: Vec<u32> = serde_json::from_value(p["ids"].clone()).unwrap();
-    let what = format!("{}-image generate_step", chosen.len());
-    let want = &p["generate"];
-    let (x, grids) = patches_of(imgs, &chosen);
-    let ends = generate_chunks(ids.len(), 2048);
-    let mut lens = vec![ends[0]];
-    lens.extend(ends.windows(2).map(|w| w[1] - w[0]));
-    let calls: Vec<usize> = serde_json::from_value(want["calls"].clone()).unwrap();
-    let mut bad = Vec::new();
-    if calls[..lens.len()] != lens[..] {
-        bad.push(format!(
-            "{what}: prefill chunks {lens:?}, mlx-vlm's calls {calls:?}"
-        ));
-    }
-    let mut caches = model.make_caches();
-    let out = model
-        .prefill_in_chunks(&ids, &x, &grids, &mut caches, &ends)
-        .unwrap();
-    let (_, want_lp) = g.tensor(&want["logprobs"]);
-    let vocab = out.logits.shape()[2] as usize;
-    let mut last = out.logits.index((.., -1, ..));
-    let mut got_ids = Vec::new();
-    for (s, want) in want_lp.chunks_exact(vocab).enumerate() {
-        let lp = last
-            .subtract(last.logsumexp_axis(-1, true).unwrap())
-            .unwrap()
-            .as_dtype(mlx_rs::Dtype::Float32)
-            .unwrap();
-        let got = lp.as_slice::<f32>();
-        if let Some(max) = max_delta_if_not_bit_equal(got, want) {
-            bad.push(format!(
-                "{what} step {s}: log-probabilities differ, max |Δ| {max}"
-            ));
-        }
-        let y = argmax(got);
-        got_ids.push(y);
-        if s + 1 < want_lp.len() / vocab {
-            last = model
-                .decode(&[y], out.rope_delta, &mut caches)
-                .unwrap()
-                .index((.., -1, ..));
-        }
-    }
-    let want_ids: Vec<u32> = serde_json::from_value(want["ids"].clone()).unwrap();
-    if got_ids != want_ids {
-        bad.push(format!("{what}: ids {got_ids:?}, mlx-vlm's {want_ids:?}"));
-    }
-    bad
 }
 
 /// The logits of a 1-image and a 2-image prompt (full vocab, every position) and of 4
@@ -367,15 +109,10 @@ fn generate_mismatches(
 /// mlx-community's layout too; skipping deepstack, or the rope delta in decoding, is caught.
 #[test]
 fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
-    let g = golden();
-    let imgs = images(&g);
+    let (g, imgs) = qwen_golden("qwen3vl-l1", &model_dir());
     let prompts = g.json["prompts"].as_array().unwrap();
     let model = Qwen3VlImageModel::load(&model_dir()).unwrap();
-    let mut bad = Vec::new();
-    for p in prompts {
-        bad.extend(prompt_mismatches(&model, &g, &imgs, p));
-        bad.extend(generate_mismatches(&model, &g, &imgs, p));
-    }
+    let bad = all_prompt_mismatches(&model, &g, &imgs);
     assert!(bad.is_empty(), "{bad:#?}");
 
     let mlx = mlx_layout_copy();
@@ -383,19 +120,25 @@ fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
     let bad = prompt_mismatches(&model_mlx, &g, &imgs, &prompts[0]);
     assert!(bad.is_empty(), "mlx layout: {bad:#?}");
 
-    {
-        let _on = plant::on(Defect::DeepstackSkipped).unwrap();
-        let bad = prompt_mismatches(&model, &g, &imgs, &prompts[0]);
-        assert!(
-            bad.iter().any(|m| m.contains("prompt logits")),
-            "skipped deepstack went unnoticed: {bad:?}"
-        );
-    }
-    let _on = plant::on(Defect::MropeDeltaDropped).unwrap();
-    let bad = prompt_mismatches(&model, &g, &imgs, &prompts[1]);
-    assert!(
-        bad.iter().any(|m| m.contains("decode step 0")),
-        "the dropped rope delta went unnoticed: {bad:?}"
+    assert_prompt_plants_caught(
+        &model,
+        &g,
+        &imgs,
+        prompts,
+        &[
+            (
+                Defect::DeepstackSkipped,
+                "skipped deepstack",
+                0,
+                "prompt logits",
+            ),
+            (
+                Defect::MropeDeltaDropped,
+                "the dropped rope delta",
+                1,
+                "decode step 0",
+            ),
+        ],
     );
 }
 
@@ -403,27 +146,9 @@ fn qwen3_vl_image_prompt_logits_and_greedy_ids_are_bit_exact_with_mlx_vlm() {
 /// 1-image prompt's logits, decode steps and greedy ids equal mlx-vlm's in bf16 bit for bit.
 #[test]
 fn qwen3_vl_in_bf16_is_bit_exact_with_mlx_vlm() {
-    let g = golden();
-    let imgs = images(&g);
-    let dir = rewritten(false, Some(mlx_rs::Dtype::Bfloat16));
+    let (g, imgs) = qwen_golden("qwen3vl-l1", &model_dir());
+    let dir = rewritten(false, Some(Dtype::Bfloat16));
     let model = Qwen3VlImageModel::load(dir.path()).unwrap();
-    let want = &g.json["bf16"];
-    let (x, grids) = patches_of(&imgs, &[0, 1, 2]);
-    let out = model.vit.forward(&x, &grids).unwrap();
-    assert_eq!(out.merged.dtype(), mlx_rs::Dtype::Bfloat16);
-    let mut bad = Vec::new();
-    bad.extend(g.differs("bf16 merged", &out.merged, &want["tower"]["merged"]));
-    for (i, got) in out.deepstack.iter().enumerate() {
-        bad.extend(g.differs(
-            &format!("bf16 deepstack {i}"),
-            got,
-            &want["tower"]["deepstack"][i],
-        ));
-    }
-    let mut p = g.json["prompts"][0].clone();
-    for k in ["logits", "step_logits", "greedy"] {
-        p[k] = want["prompt"][k].clone();
-    }
-    bad.extend(prompt_mismatches(&model, &g, &imgs, &p));
+    let (bad, _) = bf16_mismatches(&model, &g, &imgs);
     assert!(bad.is_empty(), "{bad:#?}");
 }
