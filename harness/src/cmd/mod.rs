@@ -9,6 +9,7 @@ pub mod parity;
 pub mod probe;
 pub mod results;
 pub mod serve_check;
+pub mod serve_diff_vision;
 pub mod sweep;
 
 /// The built-in default model (committed under goldens/models).

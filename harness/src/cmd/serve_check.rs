@@ -12,12 +12,13 @@
 //! planted difference that must be caught. `harness serve-diff --ranks N`: the same with both
 //! servers as N tensor-parallel ranks on loopback — ours as N `harness leg-serve` processes
 //! given mlx.launch's environment, the peer under `mlx.launch --backend ring -n N`.
+//! `harness serve-diff --vision`: images, against `mlx_vlm.server` (serve_diff_vision.rs).
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-fn free_port() -> Result<u16> {
+pub(super) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
@@ -43,7 +44,7 @@ fn get(port: u16, path: &str) -> Option<(u16, String)> {
 /// `ours(body)` accepts it, while `gone()` says the server has not exited. A port picked by
 /// `free_port` can be taken by someone else before the server binds it: then the server
 /// exits (seen at once, not after the timeout) and a stranger's answer is not taken for it.
-fn wait_ready(
+pub(super) fn wait_ready(
     port: u16,
     what: &str,
     mut gone: impl FnMut() -> Option<String>,
@@ -69,7 +70,7 @@ fn wait_ready(
 
 /// `engine serve` for `model` (with `extra` flags) on a thread of this process; returns its
 /// port. (It stays up, idle, until the process ends.)
-fn serve_in_process(model: &std::path::Path, extra: &[String]) -> Result<u16> {
+pub(super) fn serve_in_process(model: &std::path::Path, extra: &[String]) -> Result<u16> {
     let port = free_port()?;
     let serve_args = super::bench::serve_args_with(model, port, extra)?;
     let (failed_tx, failed) = std::sync::mpsc::channel();
@@ -269,7 +270,7 @@ fn template_flags(model: &std::path::Path, comment: Option<&str>) -> Result<Vec<
 }
 
 /// Kills the peer server when the diff ends, however it ends.
-struct Peer(std::process::Child);
+pub(super) struct Peer(pub(super) std::process::Child);
 
 impl Drop for Peer {
     fn drop(&mut self) {
@@ -294,6 +295,13 @@ pub struct DiffArgs {
     serve_rank: Option<std::path::PathBuf>,
     #[arg(long, hide = true, default_value_t = 0)]
     port: u16,
+    /// Requests with images against mlx_vlm.server on the vision fixtures (its venv:
+    /// oracles/requirements-vision-serve.txt).
+    #[arg(long)]
+    vision: bool,
+    /// With --vision: mlx_vlm.server on both sides (checks the requests and the plant).
+    #[arg(long, requires = "vision")]
+    peer_only: bool,
 }
 
 pub fn diff(args: DiffArgs) -> Result<()> {
@@ -301,6 +309,9 @@ pub fn diff(args: DiffArgs) -> Result<()> {
         let mut serve = super::bench::serve_args(model, args.port)?;
         serve.dist.pipeline = args.pipeline;
         return engine::serve::run(serve);
+    }
+    if args.vision {
+        return super::serve_diff_vision::run(args.peer_only);
     }
     if args.ranks > 1 {
         return diff_ranks(args.ranks, args.pipeline);
