@@ -37,7 +37,15 @@ What mlx_vlm.server 0.7.10 does that its generate CLI does not (found here, not 
 it keeps the client's order of text and image parts in a user message, so the picture's
 tokens stand where the client put them; `mlx_vlm.generate` (prompt_utils with num_images,
 as the goldens in goldens/vision/generate were made) puts them before the text on Qwen3-VL
-and after it on Gemma 3. Hence both orders here.
+and after it on Gemma 3. Hence both orders here. And it strips whitespace at both ends of a
+non-streamed answer's text on all three APIs (server/responses_state.py `_split_thinking`,
+which every non-streamed answer goes through, thinking or not), while streamed chat and
+Messages deltas are sent as decoded; streamed Responses deltas drop the first delta's leading
+whitespace and hold trailing whitespace back into the next delta (openai.py `stream_delta`).
+These are compared as they are, not normalized: they are what its clients receive.
+
+The peer's plain chat answers are also held against goldens/vision/generate (mlx_vlm.generate,
+which the engine's vision gates use): prompt token count and the golden text as their start.
 
 `--plant`: our side's first picture is swapped for the other one (rgb_64x64 <-> rgb_97x61);
 the diff must then fail. Prints one line per request, naming for a failure the side that
@@ -228,6 +236,34 @@ def verdict(ours, peer):
     return None
 
 
+def against_goldens(model, answers):
+    """The peer's plain chat answers against goldens/vision/generate (mlx_vlm.generate, 8
+    tokens): for each golden case of this model, the answer with its pictures in the order the
+    golden prompt has them must have its prompt token count and start with its text (less
+    leading whitespace, which the server strips). Ties the server to the reference the
+    engine's vision gates use. Returns the failures."""
+    path = Path(__file__).resolve().parent.parent / "goldens/vision/generate/generate.json"
+    bad, seen = [], 0
+    for case in json.loads(path.read_text())["cases"]:
+        if case["model"] != Path(model).name or case["prompt"] != PROMPT:
+            continue
+        seen += 1
+        t = case["templated"]
+        marks = [t.find(m) for m in ("<start_of_image>", "<|vision_start|>") if m in t]
+        first = min(marks) < t.find(PROMPT)
+        images = [Path(i).name for i in case["images"]]
+        got = answers.get((tuple(images), first))
+        if got is None or "refused" in got:
+            bad.append(f"{images} (pictures {'first' if first else 'last'}): no answer: {got}")
+        elif (got["usage"][0] != len(case["prompt_ids"])
+              or not got["text"].startswith(case["text"].lstrip())):
+            bad.append(f"{images}: golden {len(case['prompt_ids'])} prompt tokens, "
+                       f"{case['text']!r}; mlx_vlm.server {got['usage'][0]}, {got['text']!r}")
+    if not seen:
+        bad.append(f"no case for {Path(model).name} (asking {PROMPT!r}) in {path}")
+    return bad, seen
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--ours", required=True)
@@ -238,10 +274,13 @@ def main() -> int:
     args = ap.parse_args()
     failed = refused_ours = refused_peer = chunks = 0
     todo = cases()
+    peer_chat = {}
     for api, images, first, stream in todo:
         b = body(api, images, first, stream, args.model)
         ob = body(api, planted(images), first, stream, args.model) if args.plant else b
         ours, peer = summary(api, args.ours, ob), summary(api, args.peer, b)
+        if api == "chat" and not stream:
+            peer_chat[(tuple(images), first)] = peer
         refused_ours += "refused" in ours
         refused_peer += "refused" in peer
         why = verdict(ours, peer)
@@ -255,7 +294,13 @@ def main() -> int:
             print(f"     {why}")
     print(f"{len(todo) - failed}/{len(todo)} answers identical ({chunks} streamed text chunks); "
           f"refused by ours: {refused_ours}, by mlx_vlm.server: {refused_peer}")
-    return 1 if failed else 0
+    off, seen = against_goldens(args.model, peer_chat)
+    for why in off:
+        print(f"FAIL mlx_vlm.server vs goldens/vision/generate: {why}")
+    if not off:
+        print(f"mlx_vlm.server's plain chat answers agree with goldens/vision/generate on its "
+              f"{seen} cases (prompt tokens, the golden's 8-token text as their start)")
+    return 1 if failed or off else 0
 
 
 if __name__ == "__main__":
