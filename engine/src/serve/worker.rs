@@ -498,8 +498,12 @@ impl Worker {
                 return self.end_failed(emit, e);
             }
             (Steps::Image(steps), Ok(finish)) => {
-                drop(steps);
-                return self.conclude(emit, None, prompt_ids, 0, finish, None, None);
+                let produced = self.finish_answer(emit, prompt_ids.len(), steps.cached, finish);
+                if let Some(produced) = produced {
+                    self.keep_image(steps, &produced);
+                    self.counters.running.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
             }
         };
         let (decode, result) = decode;
@@ -519,15 +523,7 @@ impl Worker {
             (Ok(_), Err(e)) => return self.end_failed(emit, e),
             (Ok(ended), Ok(finish)) => (ended, finish),
         };
-        self.conclude(
-            emit,
-            Some(session),
-            prompt_ids,
-            cached,
-            finish,
-            fed,
-            draft_caches,
-        )
+        self.conclude(emit, session, prompt_ids, cached, finish, fed, draft_caches)
     }
 
     /// A failed request: its error sent, counted.
@@ -543,32 +539,19 @@ impl Worker {
     #[allow(clippy::too_many_arguments)]
     fn conclude(
         &self,
-        mut emit: Emitter<'_>,
-        session: Option<Session<'_>>,
+        emit: Emitter<'_>,
+        mut session: Session<'_>,
         prompt_ids: Vec<u32>,
         cached: usize,
         finish: Finish,
         fed: Option<Vec<Box<dyn crate::cache::Cache>>>,
         behind: Option<Vec<Box<dyn crate::cache::Cache>>>,
     ) {
-        if emit.gone {
-            emit.end_cut(&self.counters);
-            self.counters.running.fetch_sub(1, Ordering::Relaxed);
-            return;
-        }
-        let tokens_len = prompt_ids.len();
-        if let Err(e) = emit.finish(finish, tokens_len, cached, |n| {
-            self.count_done(tokens_len, n)
-        }) {
-            return self.end_failed(emit, e);
-        }
-        // A request with images keeps no caches (`image`).
-        let Some(mut session) = session else {
-            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        let Some(produced) = self.finish_answer(emit, prompt_ids.len(), cached, finish) else {
             return;
         };
         let mut tokens = prompt_ids;
-        tokens.extend(&emit.produced);
+        tokens.extend(&produced);
         let mut caches = std::mem::take(&mut session.caches);
         drop(session);
         let drafter_caches = match (fed, &self.draft, behind) {
@@ -592,6 +575,29 @@ impl Worker {
             ),
         }
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The end of a request's answer told (or its cut), counted: the ids it produced, or
+    /// None when nothing is left to keep (cut or failed; no longer running then).
+    fn finish_answer(
+        &self,
+        mut emit: Emitter<'_>,
+        prompt_len: usize,
+        cached: usize,
+        finish: Finish,
+    ) -> Option<Vec<u32>> {
+        if emit.gone {
+            emit.end_cut(&self.counters);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        if let Err(e) = emit.finish(finish, prompt_len, cached, |n| {
+            self.count_done(prompt_len, n)
+        }) {
+            self.end_failed(emit, e);
+            return None;
+        }
+        Some(std::mem::take(&mut emit.produced))
     }
 
     /// How a request's output is split and limited (its Emitter's `Shape`).

@@ -248,12 +248,14 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     let qwen = vision_dir("tiny-qwen3-vl-vision");
     let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
     let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
-    let (g, q, planted_order, planted_cache) = std::thread::scope(|s| {
+    let (g, q, planted_order, planted_cache, uncached) = std::thread::scope(|s| {
         let q = s.spawn(|| serve_dir(qwen.path(), &[]));
+        let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
         let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
         let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
         let g = serve_dir(gemma.path(), &[]);
-        (g, q.join().unwrap(), po.join().unwrap(), pc.join().unwrap())
+        let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
+        (g, joined.0, joined.1, joined.2, u.join().unwrap())
     });
     let text = json!({"type": "text", "text": "Describe this."});
     let (a, b) = ("images/rgb_64x64.png", "images/rgb_97x61.png");
@@ -323,17 +325,49 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
         "planted ServedImageEntriesFirst: not caught"
     );
 
-    // A different image of the same token count never takes an earlier image's place
-    // (gemma3: every image is 4 tokens, so both prompts have the same ids).
-    let one = |port, name| answer(port, json!([text, url_part(name)]));
-    let alone = one(g.port, b);
-    let _ = one(g.port, a);
-    assert_eq!(one(g.port, b), alone, "an earlier image changed the answer");
-    let planted_first = one(planted_cache.port, b);
-    let _ = one(planted_cache.port, a);
+    // The prompt cache: a conversation goes on from its cached prefix (the image's run in
+    // it) and answers as a fresh prompt; the same conversation with another image of the
+    // same token count (gemma3: 4 tokens each, so the two prompts have the same ids) reuses
+    // only the text before the image.
+    let said = answer(g.port, json!([text, url_part(a)])).1;
+    let turns = |name| {
+        json!([{"role": "user", "content": [text, url_part(name)]},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "And the colors?"}])
+    };
+    let ask = |port, turns: &Value| {
+        let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
+            "messages": turns});
+        let (status, v) = post(port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        // The answer with its tokens' log-probabilities (the tiny model's texts repeat).
+        (v["choices"][0].clone(), reused.unwrap())
+    };
+    let (with_a, with_b) = (turns(a), turns(b));
+    let (got, reused) = ask(g.port, &with_a);
+    assert!(reused > 20, "no cached prefix: {reused}");
+    assert_eq!(
+        got,
+        ask(uncached.port, &with_a).0,
+        "a cached prefix changed the answer"
+    );
+    let fresh_b = ask(uncached.port, &with_b).0;
     assert_ne!(
-        one(planted_cache.port, b),
-        planted_first,
+        fresh_b,
+        ask(uncached.port, &with_a).0,
+        "the images give one answer"
+    );
+    let (got, reused) = ask(g.port, &with_b);
+    assert!(
+        reused < 17,
+        "another image's run was reused: {reused} tokens"
+    );
+    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
+    let _ = answer(planted_cache.port, json!([text, url_part(a)]));
+    assert_ne!(
+        ask(planted_cache.port, &with_b).0,
+        fresh_b,
         "planted ImageRequestCachedByIds: not caught"
     );
 
