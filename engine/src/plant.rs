@@ -493,6 +493,16 @@ pub enum Defect {
     /// generate gate (`tests/it/vision_generate.rs`): the templated prompt and its ids differ
     /// from mlx_vlm.generate's.
     ImageMarkerBeforeText,
+    /// `vision::served`: a served Qwen message's image entries moved before its text (the
+    /// CLI's order) instead of where the client put them. Caught by the served-images gate
+    /// (`tests/it/serve_images.rs`): the answer to a text-then-image message differs from
+    /// the one for the same prompt built in the client's order.
+    ServedImageEntriesFirst,
+    /// The serial lane: a request with images takes (and keeps) the prompt cache by its ids
+    /// alone, so two requests with the same text and different images of one size share a
+    /// cached prefix. Caught by the served-images gate (`tests/it/serve_images.rs`): the
+    /// second image's answer after the first differs from its answer alone.
+    ImageRequestCachedByIds,
     /// gemma4's vision tower: the 2-D RoPE's halves take the row for the column and the
     /// column for the row. Caught by the gemma4 vision gate (`tests/it/vision_gemma4.rs`):
     /// the tower's output differs from mlx-vlm's.
@@ -716,6 +726,8 @@ pub fn on_from_env() -> Result<(), String> {
             "DeepstackSkipped" => Defect::DeepstackSkipped,
             "MropeDeltaDropped" => Defect::MropeDeltaDropped,
             "ImageMarkerBeforeText" => Defect::ImageMarkerBeforeText,
+            "ServedImageEntriesFirst" => Defect::ServedImageEntriesFirst,
+            "ImageRequestCachedByIds" => Defect::ImageRequestCachedByIds,
             "Gemma4VisionRopeAxesSwapped" => Defect::Gemma4VisionRopeAxesSwapped,
             "Gemma4ImageTokensReversed" => Defect::Gemma4ImageTokensReversed,
             "Gemma4ImageBlocksCausal" => Defect::Gemma4ImageBlocksCausal,

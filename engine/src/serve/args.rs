@@ -119,6 +119,10 @@ pub struct ServeArgs {
     /// directory only; without it, only inline data: URLs and base64 blocks are read.
     #[arg(long, value_name = "DIR")]
     pub allow_local_files: Option<PathBuf>,
+    /// Serve a vision checkpoint as a text model: its vision tower is not loaded (its
+    /// memory saved) and requests with images are refused.
+    #[arg(long)]
+    pub text_only: bool,
     /// Most images one request may carry.
     #[arg(long, default_value_t = 8)]
     pub max_images_per_request: usize,
@@ -188,9 +192,10 @@ pub struct ServeArgs {
 }
 
 impl ServeArgs {
-    /// The image rules requests are read under (`serve::images`); `--allow-local-files` is
-    /// canonical here (`check_images` made it so at startup).
-    pub fn image_rules(&self) -> super::images::Rules {
+    /// The image rules requests are read under (`serve::images`), `text_only` saying why
+    /// this server reads none (None: it does); `--allow-local-files` is canonical here
+    /// (`check_images` made it so at startup).
+    pub fn image_rules(&self, text_only: Option<String>) -> super::images::Rules {
         super::images::Rules {
             local_dir: self.allow_local_files.clone(),
             max_images: self.max_images_per_request,
@@ -198,7 +203,7 @@ impl ServeArgs {
                 max_side: self.max_image_side,
                 max_pixels: self.max_image_pixels,
             },
-            reads_images: false,
+            text_only,
         }
     }
 

@@ -4,10 +4,13 @@
 use std::sync::Arc;
 
 use super::error::ApiError;
-use super::request::{Chat, Prompt};
+use super::images::ImageText;
+use super::request::{Chat, GenRequest, Prompt};
 use super::tools::Markers;
 use crate::load::template::{ChatTemplate, RenderArgs};
 use crate::load::tokenizer::Tokenizer;
+use crate::vision::served::{lay_out, Expander};
+use crate::vision::RgbImage;
 
 /// Turns a request's prompt into ids (chat template, tokenizer), off the model thread: the
 /// tokenizer and the template hold no MLX state and are safe to share between threads.
@@ -21,6 +24,9 @@ pub struct Encoder {
     pub context: usize,
     /// The model's vocabulary: a prompt id past it is refused.
     pub vocab: usize,
+    /// The prompt expansion of a model whose images this server reads (`serve::images::
+    /// served`).
+    pub images: Option<Arc<Expander>>,
 }
 
 impl Encoder {
@@ -32,6 +38,44 @@ impl Encoder {
             ),
             Prompt::Text(text) => (self.tokenizer.encode(text, true), "prompt"),
         };
+        self.checked(ids, field)
+    }
+
+    /// The request's prompt ids; with images, as mlx_vlm.server makes them: the messages
+    /// laid out for the family (`vision::served`), the template rendered, each image
+    /// marker expanded by the processor, and the text tokenized WITH the tokenizer's special
+    /// tokens (mlx-vlm's `prepare_inputs`, as `engine generate --image`:
+    /// `vision::generate`). The texts go with the request (`GenRequest::image_text`).
+    pub fn encode_request(&self, req: &mut GenRequest) -> Result<Vec<u32>, ApiError> {
+        if req.images.is_empty() {
+            return self.encode(&req.prompt);
+        }
+        let (Some(expander), Prompt::Chat(chat)) = (&self.images, &mut req.prompt) else {
+            return Err(ApiError::invalid(
+                "images come in chat messages: this server reads no images with a raw prompt",
+            ));
+        };
+        lay_out(expander.layout(), &mut chat.messages, req.images.len())
+            .map_err(|e| ApiError::field("messages", e.to_string()))?;
+        let templated = self.render(chat)?;
+        let pixels: Vec<&RgbImage> = req.images.iter().map(|i| i.pixels.as_ref()).collect();
+        let expanded = expander
+            .expand(&templated, &pixels)
+            .map_err(|e| ApiError::field("messages", e.to_string()))?;
+        let ids = self.checked(self.tokenizer.encode(&expanded, true), "messages")?;
+        req.image_text = Some(ImageText {
+            templated,
+            expanded,
+        });
+        Ok(ids)
+    }
+
+    /// Ids the model can take: some, fewer than the context, each within the vocabulary.
+    fn checked(
+        &self,
+        ids: Result<Vec<u32>, crate::load::LoadError>,
+        field: &str,
+    ) -> Result<Vec<u32>, ApiError> {
         let ids = ids.map_err(|e| ApiError::field(field, e.to_string()))?;
         if ids.is_empty() {
             return Err(ApiError::field(field, "the prompt encodes to no tokens"));

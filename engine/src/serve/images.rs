@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 use super::error::ApiError;
 use crate::plant::{self, Defect};
+use crate::vision::served::Expander;
 use crate::vision::{self, RgbImage};
 
 /// The server's image settings (`--allow-local-files`, `--max-images-per-request`,
@@ -35,9 +36,45 @@ pub struct Rules {
     pub local_dir: Option<PathBuf>,
     pub max_images: usize,
     pub limits: vision::Limits,
-    /// The model has a vision tower this server runs (none does yet: every request with an
-    /// image is refused after its images were checked).
-    pub reads_images: bool,
+    /// Why this server reads no images (refused after they were checked: a model without a
+    /// vision tower this engine runs, a distributed group, the batch lane); None: it does.
+    pub text_only: Option<String>,
+}
+
+/// Why a server reads no images: its model has no vision tower this engine runs.
+pub const NO_TOWER: &str = "this model reads text only: it has no vision tower this engine \
+     runs (gemma3 with a vision_config, qwen3_vl: docs/vision.md); send the request without \
+     images, or serve a vision checkpoint";
+
+/// Whether `args`' server reads images: the model's prompt expansion (`vision::served`),
+/// or why it reads none. The model thread loads the vision tower exactly when this is Ok.
+pub fn served(args: &super::args::ServeArgs) -> anyhow::Result<Result<Arc<Expander>, String>> {
+    let expander = Expander::load(&args.model).map_err(anyhow::Error::msg)?;
+    let Some(expander) = expander else {
+        return Ok(Err(NO_TOWER.into()));
+    };
+    let why = if args.text_only {
+        "this server reads text only (started with --text-only): restart it without \
+         --text-only to send images"
+    } else if crate::dist::active() {
+        "images are not served under a distributed group yet (the ranks run the text \
+         model only); serve the vision model on one machine to send images"
+    } else if args.batch > 1 {
+        "images are served on the serial lane only for now: restart the server without \
+         --batch to send images"
+    } else {
+        return Ok(Ok(Arc::new(expander)));
+    };
+    Ok(Err(why.into()))
+}
+
+/// A prompt with images as the HTTP side made it: the chat template's output, and the
+/// processor's text (each image marker expanded), whose ids the job carries. The model
+/// thread makes the pixels from the first and checks its text against the second.
+#[derive(Debug, Clone)]
+pub struct ImageText {
+    pub templated: String,
+    pub expanded: String,
 }
 
 impl Default for Rules {
@@ -46,7 +83,7 @@ impl Default for Rules {
             local_dir: None,
             max_images: 8,
             limits: vision::Limits::default(),
-            reads_images: false,
+            text_only: Some(NO_TOWER.into()),
         }
     }
 }
@@ -207,13 +244,8 @@ pub fn read(found: Vec<Found>, rules: &Rules) -> Result<Vec<Image>, ApiError> {
         .into_iter()
         .map(|f| read_one(&f, rules))
         .collect::<Result<Vec<_>, _>>()?;
-    if !rules.reads_images {
-        return Err(ApiError::field(
-            &first,
-            "this model reads text only: the server runs no vision tower for it (engine \
-             serve does not run vision towers yet: docs/vision.md); send the request without \
-             images",
-        ));
+    if let Some(why) = &rules.text_only {
+        return Err(ApiError::field(&first, why.clone()));
     }
     Ok(images)
 }
@@ -322,7 +354,7 @@ mod tests {
 
     fn vision_rules() -> Rules {
         Rules {
-            reads_images: true,
+            text_only: None,
             ..Rules::default()
         }
     }

@@ -512,6 +512,13 @@ fn load_worker(
         None => 0,
     };
     let model = crate::model::load(&args.model)?;
+    let vision = match images::served(args)? {
+        Ok(_) => Some(
+            crate::vision::model::ImageModel::load(&args.model)
+                .with_context(|| format!("loading {}'s vision tower", args.model.display()))?,
+        ),
+        Err(_) => None,
+    };
     let adapters = worker::adapters::Loaded::load(model.as_ref(), &args.adapter)?;
     let draft = match &args.draft_model {
         None => None,
@@ -549,6 +556,7 @@ fn load_worker(
         embeds: Default::default(),
         adapters,
         budget: None,
+        vision,
     })
     .and_then(|mut worker| {
         if let Some(b) = shared.budget {
@@ -627,6 +635,8 @@ fn app_state(
     metrics: metrics::ModelMetrics,
 ) -> AppState {
     let context = config.context;
+    // The model thread loaded (or not) the vision tower by the same rule.
+    let images = images::served(args).unwrap_or_else(|e| Err(e.to_string()));
     AppState {
         adapters: adapters::Registry::new(&config.model_id, &args.adapter),
         model_id: config.model_id,
@@ -643,7 +653,7 @@ fn app_state(
             context,
             vocab,
             template_kwargs: config.template_kwargs,
-            images: args.image_rules(),
+            images: args.image_rules(images.as_ref().err().cloned()),
         },
         jobs: Mutex::new(Some(jobs)),
         counters,
@@ -664,6 +674,7 @@ fn app_state(
             markers: config.markers,
             context,
             vocab,
+            images: images.ok(),
         }),
         big_prompts: tokio::sync::Semaphore::new(1),
         responses: Default::default(),

@@ -100,6 +100,8 @@ pub struct GenRequest {
     pub model: Option<String>,
     /// The request's images, checked, in the order they appear (`serve::images`).
     pub images: Vec<super::images::Image>,
+    /// With images: the prompt's text as the encoder made it (`Encoder::encode_request`).
+    pub image_text: Option<super::images::ImageText>,
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

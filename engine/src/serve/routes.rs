@@ -355,7 +355,8 @@ async fn encode(s: &AppState, req: GenRequest) -> Result<(GenRequest, Vec<u32>),
     };
     let encoder = s.encoder.clone();
     let (req, encoded) = tokio::task::spawn_blocking(move || {
-        let ids = encoder.encode(&req.prompt);
+        let mut req = req;
+        let ids = encoder.encode_request(&mut req);
         (req, ids)
     })
     .await

@@ -9,6 +9,7 @@
 
 pub mod adapters;
 mod embed;
+mod image;
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -114,6 +115,17 @@ pub struct Worker {
     pub adapters: adapters::Loaded,
     /// `--memory-budget`: the prompt cache is trimmed to what it leaves.
     pub budget: Option<super::budget::Share>,
+    /// The model with its vision tower, for requests with images (`image`; None: the
+    /// server reads no images, `serve::images::served`).
+    pub vision: Option<crate::vision::model::ImageModel>,
+}
+
+/// How a serial-lane request makes its tokens: the text decode core, or a prompt with
+/// images (`image`). Unboxed: a lane holds a few turns at most.
+#[allow(clippy::large_enum_variant)]
+enum Steps<'w> {
+    Text(Decode<'w>),
+    Image(image::ImageSteps<'w>),
 }
 
 /// A serial-lane request between two of its steps: its decoding (`Decode`: its sessions
@@ -124,7 +136,7 @@ struct Turn<'w> {
     /// The request's id in the round plans (under a group).
     id: u64,
     emit: Emitter<'w>,
-    decode: Decode<'w>,
+    steps: Steps<'w>,
     dec: Decoder<'w>,
     prompt_ids: Vec<u32>,
     cached: usize,
@@ -318,8 +330,12 @@ impl Worker {
             self.end_failed(emit, e);
             return None;
         }
-        let opts = self.opts_for(adapter.as_ref());
         emit.started(prompt_ids.len());
+        if !request.images.is_empty() {
+            let t = (emit, prompt_ids, max_tokens, adapter, budget);
+            return self.begin_image(&request, sampler, t);
+        }
+        let opts = self.opts_for(adapter.as_ref());
         let (mut caches, cached) = match self.cache_take(&prompt_ids) {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
@@ -333,20 +349,9 @@ impl Worker {
             cached,
             request.return_progress,
         );
-        let gamma = self
-            .draft
-            .as_ref()
-            .map(|(_, g)| request.num_draft_tokens.unwrap_or(*g));
-        let spec = self.draft.as_ref().zip(gamma).filter(|&((d, _), g)| {
-            g > 0
-                && crate::generate::drafter::can_draft(&sampler, d)
-                && request.prompt_lookup.is_none()
-        });
-        if self.draft.is_some() && spec.is_none() {
-            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
-        }
-        let draft =
-            spec.map(|((draft, _), gamma)| (draft, gamma, draft_caches.take().unwrap_or_default()));
+        let draft = self
+            .drafting(&request, &sampler)
+            .map(|(draft, gamma)| (draft, gamma, draft_caches.take().unwrap_or_default()));
         let eos = &self.tokenizer.eos_token_ids;
         let mut dec = Decoder::new(&prompt_ids, max_tokens, eos, sampler);
         let id = match self.share_admission(&request, &prompt_ids, max_tokens, cached) {
@@ -365,11 +370,75 @@ impl Worker {
             Ok(decode) => Some(Turn {
                 id,
                 emit,
-                decode,
+                steps: Steps::Text(decode),
                 dec,
                 prompt_ids,
                 cached,
                 draft_caches,
+                adapter,
+                budget,
+            }),
+        }
+    }
+
+    /// The drafter and γ a request drafts with: none without `--draft-model`, with
+    /// `num_draft_tokens` 0, prompt lookup, or logits processors the speculative policies
+    /// do not run (a fallback, counted).
+    fn drafting(
+        &self,
+        request: &GenRequest,
+        sampler: &crate::generate::sampler::Sampler,
+    ) -> Option<(&crate::generate::drafter::Drafter, usize)> {
+        let (draft, gamma) = self.draft.as_ref()?;
+        let gamma = request.num_draft_tokens.unwrap_or(*gamma);
+        let drafts = gamma > 0
+            && crate::generate::drafter::can_draft(sampler, draft)
+            && request.prompt_lookup.is_none();
+        if !drafts {
+            self.counters.spec_fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
+        drafts.then_some((draft, gamma))
+    }
+
+    /// Admits a request with images (`image`): the drafter, prompt lookup and the prompt
+    /// cache sit out; `t` is its emitter, prompt ids, token limit, adapter and reservation.
+    #[allow(clippy::type_complexity)]
+    fn begin_image<'w>(
+        &'w self,
+        request: &GenRequest,
+        sampler: crate::generate::sampler::Sampler,
+        t: (
+            Emitter<'w>,
+            Vec<u32>,
+            usize,
+            Option<super::adapters::Use>,
+            Option<super::budget::Reservation>,
+        ),
+    ) -> Option<Turn<'w>> {
+        let (emit, prompt_ids, max_tokens, adapter, budget) = t;
+        if adapter.is_some() {
+            let e = ApiError::invalid(
+                "adapters apply to the text model only: send images to the base model, or \
+                 the adapter's request without images",
+            );
+            self.end_failed(emit, e);
+            return None;
+        }
+        let eos = &self.tokenizer.eos_token_ids;
+        let mut dec = Decoder::new(&prompt_ids, max_tokens, eos, sampler);
+        match self.start_image(request, &prompt_ids, &mut dec) {
+            Err(e) => {
+                self.end_failed(emit, e);
+                None
+            }
+            Ok(steps) => Some(Turn {
+                id: 0,
+                emit,
+                steps: Steps::Image(steps),
+                dec,
+                prompt_ids,
+                cached: 0,
+                draft_caches: None,
                 adapter,
                 budget,
             }),
@@ -382,15 +451,19 @@ impl Worker {
             self.use_adapter(t.adapter.as_ref())?;
         }
         let emit = &mut t.emit;
+        let decode = match &mut t.steps {
+            Steps::Text(decode) => decode,
+            Steps::Image(steps) => {
+                return steps.advance(&mut t.dec, &mut |id, logprobs| emit.token(id, logprobs))
+            }
+        };
         let Some(lead) = &self.dist else {
-            return t
-                .decode
-                .advance(&mut t.dec, &mut |id, logprobs, _| emit.token(id, logprobs));
+            return decode.advance(&mut t.dec, &mut |id, logprobs, _| emit.token(id, logprobs));
         };
         let step = super::dist_plan::Op::Step { id: t.id };
         lead.send(Some(step)).map_err(|e| lead.lose(&e))?;
         lead.emit_failed.set(false);
-        let result = t.decode.advance(&mut t.dec, &mut |id, logprobs, _| {
+        let result = decode.advance(&mut t.dec, &mut |id, logprobs, _| {
             lead.flow(id, emit.token(id, logprobs))
                 .unwrap_or_else(|e| Err(lead.lose(&e)))
         });
@@ -409,7 +482,7 @@ impl Worker {
         let result = self.use_adapter(t.adapter.as_ref()).and(result);
         let Turn {
             emit,
-            decode,
+            steps,
             prompt_ids,
             cached,
             draft_caches,
@@ -418,6 +491,22 @@ impl Worker {
         } = t;
         // Its bytes are free again before its caches join the prompt cache (trimmed then).
         drop(budget);
+        let decode = match (steps, result) {
+            (Steps::Text(decode), result) => (decode, result),
+            (Steps::Image(steps), Err(e)) => {
+                drop(steps);
+                return self.end_failed(emit, e);
+            }
+            (Steps::Image(steps), Ok(finish)) => {
+                let produced = self.finish_answer(emit, prompt_ids.len(), steps.cached, finish);
+                if let Some(produced) = produced {
+                    self.keep_image(steps, &produced);
+                    self.counters.running.fetch_sub(1, Ordering::Relaxed);
+                }
+                return;
+            }
+        };
+        let (decode, result) = decode;
         if let (Some(spec), Ok(_)) = (decode.spec_stats(), &result) {
             let c = &self.counters;
             c.spec_drafted
@@ -450,7 +539,7 @@ impl Worker {
     #[allow(clippy::too_many_arguments)]
     fn conclude(
         &self,
-        mut emit: Emitter<'_>,
+        emit: Emitter<'_>,
         mut session: Session<'_>,
         prompt_ids: Vec<u32>,
         cached: usize,
@@ -458,19 +547,11 @@ impl Worker {
         fed: Option<Vec<Box<dyn crate::cache::Cache>>>,
         behind: Option<Vec<Box<dyn crate::cache::Cache>>>,
     ) {
-        if emit.gone {
-            emit.end_cut(&self.counters);
-            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+        let Some(produced) = self.finish_answer(emit, prompt_ids.len(), cached, finish) else {
             return;
-        }
-        let tokens_len = prompt_ids.len();
-        if let Err(e) = emit.finish(finish, tokens_len, cached, |n| {
-            self.count_done(tokens_len, n)
-        }) {
-            return self.end_failed(emit, e);
-        }
+        };
         let mut tokens = prompt_ids;
-        tokens.extend(&emit.produced);
+        tokens.extend(&produced);
         let mut caches = std::mem::take(&mut session.caches);
         drop(session);
         let drafter_caches = match (fed, &self.draft, behind) {
@@ -494,6 +575,29 @@ impl Worker {
             ),
         }
         self.counters.running.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// The end of a request's answer told (or its cut), counted: the ids it produced, or
+    /// None when nothing is left to keep (cut or failed; no longer running then).
+    fn finish_answer(
+        &self,
+        mut emit: Emitter<'_>,
+        prompt_len: usize,
+        cached: usize,
+        finish: Finish,
+    ) -> Option<Vec<u32>> {
+        if emit.gone {
+            emit.end_cut(&self.counters);
+            self.counters.running.fetch_sub(1, Ordering::Relaxed);
+            return None;
+        }
+        if let Err(e) = emit.finish(finish, prompt_len, cached, |n| {
+            self.count_done(prompt_len, n)
+        }) {
+            self.end_failed(emit, e);
+            return None;
+        }
+        Some(std::mem::take(&mut emit.produced))
     }
 
     /// How a request's output is split and limited (its Emitter's `Shape`).

@@ -52,6 +52,7 @@ pub mod qwen_lm;
 pub mod qwen_vit;
 pub mod qwen_vl;
 pub mod resize;
+pub mod served;
 pub mod siglip;
 
 pub use decode::{decode, Limits, RgbImage};

@@ -157,6 +157,14 @@ impl QwenVlProcessor {
         Ok((hb as u32, wb as u32))
     }
 
+    /// The tokens an H × W image takes in the prompt (its merged patches).
+    pub fn image_tokens(&self, height: u32, width: u32) -> Result<usize, VisionError> {
+        let (h, w) = self.smart_resize(height, width)?;
+        let (gh, gw) = (h as usize / self.patch_size, w as usize / self.patch_size);
+        let ms = self.merge_size;
+        Ok(gh * gw / (ms * ms) + usize::from(plant::is(Defect::VisionTokenCountOffByOne)))
+    }
+
     /// The patches of one decoded image.
     pub fn preprocess(&self, img: &RgbImage) -> Result<QwenVlPixels, VisionError> {
         let (h, w) = self.smart_resize(img.height, img.width)?;
@@ -196,7 +204,7 @@ impl QwenVlProcessor {
                 data,
             },
             grid_thw: [1, gh, gw],
-            tokens: gh * gw / (ms * ms) + usize::from(plant::is(Defect::VisionTokenCountOffByOne)),
+            tokens: self.image_tokens(img.height, img.width)?,
         })
     }
 }

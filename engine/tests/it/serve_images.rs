@@ -8,7 +8,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use crate::common;
-use crate::common::server::{post, serve_dir_with_env, Server};
+use crate::common::server::{post, serve_dir, serve_dir_with_env, Server};
 
 fn image(name: &str) -> Vec<u8> {
     std::fs::read(common::goldens().join("vision").join(name)).unwrap()
@@ -147,5 +147,231 @@ fn image_parts_are_checked_on_every_api_and_a_text_model_refuses_them_clearly() 
 
     // The server answers text as before.
     let (status, v) = post(port, "/v1/chat/completions", &common::server::ask("hi"));
+    assert_eq!(status, 200, "{v}");
+}
+
+/// A vision fixture served as mlx-vlm's generate goldens were made: its weights, processor
+/// and generation configs, then the generator's overlay (config, tokenizer, template).
+fn vision_dir(model: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let base = common::goldens().join("models").join(model);
+    for f in [
+        "model.safetensors",
+        "preprocessor_config.json",
+        "generation_config.json",
+    ] {
+        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
+    }
+    let overlay = common::goldens().join("vision/generate").join(model);
+    for entry in std::fs::read_dir(overlay).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+/// goldens/vision/generate/generate.json's case of `model` with `n` images.
+fn generate_case(model: &str, n: usize) -> Value {
+    let path = common::goldens().join("vision/generate/generate.json");
+    let g: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    g["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["model"] == model && c["images"].as_array().unwrap().len() == n)
+        .unwrap()
+        .clone()
+}
+
+fn url_part(name: &str) -> Value {
+    json!({"type": "image_url", "image_url": {"url": data_url(&image(name))}})
+}
+
+/// A greedy chat request for `content`: its answer's tokens (vocabulary strings, as
+/// `logprobs` names them), its text, its prompt tokens, and its first token's
+/// log-probability.
+fn answer(port: u16, content: Value) -> (Vec<String>, String, u64, f64) {
+    let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
+        "messages": [{"role": "user", "content": content}]});
+    let (status, v) = post(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let lp = v["choices"][0]["logprobs"]["content"].as_array().unwrap();
+    let tokens = lp.iter().map(|t| t["token"].as_str().unwrap().to_owned());
+    (
+        tokens.collect(),
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        lp[0]["logprob"].as_f64().unwrap(),
+    )
+}
+
+/// The golden case's generated ids as vocabulary strings.
+fn golden_tokens(dir: &std::path::Path, case: &Value) -> Vec<String> {
+    let tok = engine::load::tokenizer::Tokenizer::load(dir).unwrap();
+    case["generated"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| tok.id_to_token(id.as_u64().unwrap() as u32).unwrap())
+        .collect()
+}
+
+/// The deltas of a streamed chat request, joined.
+fn streamed(port: u16, content: Value) -> String {
+    let body = json!({"max_tokens": 8, "temperature": 0.0, "stream": true,
+        "messages": [{"role": "user", "content": content}]});
+    let (status, sse) = common::server::http(
+        port,
+        "POST",
+        "/v1/chat/completions",
+        body.to_string().as_bytes(),
+    );
+    assert_eq!(status, 200, "{sse}");
+    sse.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+#[test]
+fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
+    let gemma = vision_dir("tiny-gemma3-vl");
+    let qwen = vision_dir("tiny-qwen3-vl-vision");
+    let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
+    let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
+    let (g, q, planted_order, planted_cache, uncached) = std::thread::scope(|s| {
+        let q = s.spawn(|| serve_dir(qwen.path(), &[]));
+        let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
+        let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
+        let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
+        let g = serve_dir(gemma.path(), &[]);
+        let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
+        (g, joined.0, joined.1, joined.2, u.join().unwrap())
+    });
+    let text = json!({"type": "text", "text": "Describe this."});
+    let (a, b) = ("images/rgb_64x64.png", "images/rgb_97x61.png");
+
+    // gemma3: its markers after the text (mlx-vlm's CLI layout, so its goldens apply), with
+    // 1 and 2 images; the same answer streamed and through Responses and Messages.
+    for (n, content) in [
+        (1, json!([text, url_part(a)])),
+        (2, json!([text, url_part(a), url_part(b)])),
+    ] {
+        let case = generate_case("tiny-gemma3-vl", n);
+        let (got, text, prompt_tokens, _) = answer(g.port, content.clone());
+        assert_eq!(
+            got,
+            golden_tokens(gemma.path(), &case),
+            "gemma3, {n} image(s)"
+        );
+        assert_eq!(
+            prompt_tokens as usize,
+            case["prompt_ids"].as_array().unwrap().len()
+        );
+        assert_eq!(streamed(g.port, content), text, "gemma3 streamed");
+    }
+    let want = answer(g.port, json!([text, url_part(a)])).1;
+    let body = json!({"max_output_tokens": 8, "temperature": 0.0, "input": [{"role": "user",
+        "content": [{"type": "input_text", "text": "Describe this."},
+                    {"type": "input_image", "image_url": data_url(&image(a))}]}]});
+    let (status, v) = post(g.port, "/v1/responses", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["output"][0]["content"][0]["text"], want, "responses: {v}");
+    let body = json!({"max_tokens": 8, "temperature": 0.0, "messages": [{"role": "user",
+        "content": [{"type": "text", "text": "Describe this."},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": b64(&image(a))}}]}]});
+    let (status, v) = post(g.port, "/v1/messages", &body);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["content"][0]["text"], want, "messages: {v}");
+
+    // Qwen3-VL: image entries first (the CLI's layout) gives the goldens' answers; the
+    // client's order is kept, so text-then-image is another prompt.
+    for (n, content) in [
+        (1, json!([url_part(a), text])),
+        (2, json!([url_part(a), url_part(b), text])),
+    ] {
+        let case = generate_case("tiny-qwen3-vl-vision", n);
+        let (got, _, prompt_tokens, _) = answer(q.port, content);
+        assert_eq!(
+            got,
+            golden_tokens(qwen.path(), &case),
+            "qwen3-vl, {n} image(s)"
+        );
+        assert_eq!(
+            prompt_tokens as usize,
+            case["prompt_ids"].as_array().unwrap().len()
+        );
+    }
+    let image_first = answer(q.port, json!([url_part(a), text])).3;
+    let text_first = |port| answer(port, json!([text, url_part(a)])).3;
+    assert_ne!(
+        text_first(q.port),
+        image_first,
+        "the client's part order was not kept"
+    );
+    assert_eq!(
+        text_first(planted_order.port),
+        image_first,
+        "planted ServedImageEntriesFirst: not caught"
+    );
+
+    // The prompt cache: a conversation goes on from its cached prefix (the image's run in
+    // it) and answers as a fresh prompt; the same conversation with another image of the
+    // same token count (gemma3: 4 tokens each, so the two prompts have the same ids) reuses
+    // only the text before the image.
+    let said = answer(g.port, json!([text, url_part(a)])).1;
+    let turns = |name| {
+        json!([{"role": "user", "content": [text, url_part(name)]},
+            {"role": "assistant", "content": said},
+            {"role": "user", "content": "And the colors?"}])
+    };
+    let ask = |port, turns: &Value| {
+        let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
+            "messages": turns});
+        let (status, v) = post(port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        // The answer with its tokens' log-probabilities (the tiny model's texts repeat).
+        (v["choices"][0].clone(), reused.unwrap())
+    };
+    let (with_a, with_b) = (turns(a), turns(b));
+    let (got, reused) = ask(g.port, &with_a);
+    assert!(reused > 20, "no cached prefix: {reused}");
+    assert_eq!(
+        got,
+        ask(uncached.port, &with_a).0,
+        "a cached prefix changed the answer"
+    );
+    let fresh_b = ask(uncached.port, &with_b).0;
+    assert_ne!(
+        fresh_b,
+        ask(uncached.port, &with_a).0,
+        "the images give one answer"
+    );
+    let (got, reused) = ask(g.port, &with_b);
+    assert!(
+        reused < 17,
+        "another image's run was reused: {reused} tokens"
+    );
+    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
+    let _ = answer(planted_cache.port, json!([text, url_part(a)]));
+    assert_ne!(
+        ask(planted_cache.port, &with_b).0,
+        fresh_b,
+        "planted ImageRequestCachedByIds: not caught"
+    );
+
+    // The server goes on answering text.
+    let (status, v) = post(g.port, "/v1/chat/completions", &common::server::ask("Hi"));
     assert_eq!(status, 200, "{v}");
 }

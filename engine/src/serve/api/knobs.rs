@@ -154,6 +154,7 @@ impl Knobs {
             think_budget: None,
             model: self.model.clone(),
             images: Vec::new(),
+            image_text: None,
         })
     }
 

@@ -8,6 +8,7 @@ use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use super::Obj;
+use crate::vision::served::IMAGE_MARK;
 
 /// The parts an API takes: text, and its image part (no files).
 pub trait Kinds {
@@ -68,7 +69,8 @@ impl<'de, K: Kinds> Deserialize<'de> for TextPart<K> {
         let p = RawPart::deserialize(d)?;
         match (p.kind.as_deref(), p.text) {
             (Some(kind), Some(t)) if K::TYPES.contains(&kind) => Ok(TextPart(t, PhantomData)),
-            (Some(kind), _) if kind == K::IMAGE => Ok(TextPart(String::new(), PhantomData)),
+            // Where the image stood (`vision::served`); `serve::images` reads the image.
+            (Some(kind), _) if kind == K::IMAGE => Ok(TextPart(IMAGE_MARK.to_owned(), PhantomData)),
             _ => Err(de::Error::custom(K::REFUSAL)),
         }
     }

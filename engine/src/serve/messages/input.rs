@@ -247,9 +247,12 @@ fn user(blocks: Vec<Obj<Block>>, at: &str, out: &mut Vec<Value>) -> Result<(), A
                 text.push_str(&text_block(b, &bat)?);
                 any_text = true;
             }
-            // Read from the body by `serve::images`; the message stays (an image alone is
-            // a user turn).
-            "image" => any_text = true,
+            // Read from the body by `serve::images`; its place is marked (`vision::served`)
+            // and the message stays (an image alone is a user turn).
+            "image" => {
+                text.push_str(crate::vision::served::IMAGE_MARK);
+                any_text = true;
+            }
             other => return Err(unsupported(other, &bat)),
         }
     }

@@ -1,0 +1,243 @@
+//! Requests with images on the serial lane, as mlx_vlm.server runs them (its generate path
+//! is `generate_step`, mlx_vlm/generate/ar.py, as `engine generate --image` runs it:
+//! `vision::generate`). The HTTP side made the prompt's ids (`Encoder::encode_request`);
+//! here the model's processor makes the pixels from the templated text (and must expand it
+//! to the same text), the prompt with its images runs through fresh caches
+//! (`ImageModel::prefill`), and each later token goes in by id (`ImageRun::decode`: for the
+//! Qwen family at its position plus the prompt's M-RoPE delta). Each step is one token of
+//! this request, taking turns with the lane's other requests like a text request's step.
+//!
+//! The prompt cache (gemma3): an entry is keyed by token ids, and two prompts with different
+//! images of one size have the same ids, so a prompt with images is keyed by its ids with
+//! each image's token run replaced by ids past any vocabulary (bit 31 set) that carry the
+//! image's SHA-256: its first [`HASH_WORDS`] positions hold 31 bits of the hash each, the
+//! rest their place in the run. A cached prefix that stops inside an image's hash words
+//! (two hashes sharing their first words) is not used, so a prefix reaches into an image's
+//! run only when the whole hash matched (≥ 124 bits: runs of at least 4 tokens). Entries
+//! live in their own namespace ([`IMAGES_NS`]): the vision model's caches never serve a
+//! text request, nor the text model's an image one. A hit continues the prefill from the
+//! cached position with the prompt's embeddings (the images through the tower again),
+//! which gives the same logits as a fresh prefill, bit for bit (measured on
+//! tiny-gemma3-vl at cuts before, inside and after the images). Qwen3-VL prompts are not
+//! cached (its prefill does not start from a cached position yet).
+//!
+//! Adapters apply to the text model only, so a request naming one with images is refused.
+
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use super::Worker;
+use crate::generate::decode::Decoder;
+use crate::generate::{Finish, Flow};
+use crate::plant::{self, Defect};
+use crate::serve::error::ApiError;
+use crate::serve::request::GenRequest;
+use crate::vision::model::{ImageInputs, ImageModel, ImageModelError, ImageRun};
+use crate::vision::RgbImage;
+
+/// A request with images between two of its steps: its run (the caches after the prompt,
+/// the rope delta), the logits of the position whose id comes next, and its prompt's cache
+/// key (None: not cached).
+pub(super) struct ImageSteps<'w> {
+    run: ImageRun<'w>,
+    logits: Option<Array>,
+    key: Option<Vec<u32>>,
+    /// Prompt tokens a cached prefix gave.
+    pub(super) cached: usize,
+}
+
+/// The prompt cache's namespace of prompts with images (an adapter's is `name@hash`).
+const IMAGES_NS: &str = "#images";
+
+/// Positions of an image's token run that carry its hash (31 bits each).
+const HASH_WORDS: usize = 8;
+
+/// Bit 31: past any vocabulary.
+const PAST_VOCAB: u32 = 1 << 31;
+
+fn model_error(e: ImageModelError) -> ApiError {
+    ApiError::generation(e)
+}
+
+/// `ids` with the k-th run of `image_token`s carrying `hashes[k]`; None if the runs and the
+/// images do not pair up.
+fn cache_key(ids: &[u32], image_token: u32, hashes: &[[u8; 32]]) -> Option<Vec<u32>> {
+    let mut key = Vec::with_capacity(ids.len());
+    let (mut image, mut j) = (0usize, 0usize);
+    for &id in ids {
+        if id != image_token {
+            if j > 0 {
+                image += 1;
+            }
+            j = 0;
+            key.push(id);
+            continue;
+        }
+        let hash = hashes.get(image)?;
+        key.push(
+            match hash.get(4 * j..4 * j + 4).filter(|_| j < HASH_WORDS) {
+                Some(w) => PAST_VOCAB | (u32::from_le_bytes([w[0], w[1], w[2], w[3]]) >> 1),
+                None => PAST_VOCAB | j as u32,
+            },
+        );
+        j += 1;
+    }
+    let runs = image + usize::from(j > 0);
+    (runs == hashes.len()).then_some(key)
+}
+
+/// Whether a cached prefix of `reused` key tokens ends outside every image's hash words.
+fn whole_hashes(key: &[u32], reused: usize) -> bool {
+    let image = |p: usize| key.get(p).is_some_and(|&t| t & PAST_VOCAB != 0);
+    let starts = (0..key.len()).filter(|&p| image(p) && (p == 0 || !image(p - 1)));
+    starts.into_iter().all(|s| {
+        let words = (s..key.len())
+            .take_while(|&p| image(p))
+            .count()
+            .min(HASH_WORDS);
+        !(s < reused && reused < s + words)
+    })
+}
+
+impl Worker {
+    /// Prefills `request`'s prompt with its images: the steps to decode from.
+    pub(super) fn start_image<'w>(
+        &'w self,
+        request: &GenRequest,
+        prompt_ids: &[u32],
+        dec: &mut Decoder<'w>,
+    ) -> Result<ImageSteps<'w>, ApiError> {
+        let model = self.vision.as_ref().ok_or_else(|| {
+            ApiError::invalid("this model reads text only: send the request without images")
+        })?;
+        let text = request.image_text.as_ref().ok_or_else(|| {
+            ApiError::server("a request with images came without its prompt text")
+        })?;
+        let images: Vec<RgbImage> = request.images.iter().map(|i| (*i.pixels).clone()).collect();
+        let (expanded, inputs) = model
+            .prepare(&text.templated, &images)
+            .map_err(model_error)?;
+        if expanded != text.expanded {
+            return Err(ApiError::server(
+                "the model's processor expanded the prompt unlike the server's encoder",
+            ));
+        }
+        let (run, logits, key, cached) = self.prefill_image(request, prompt_ids, &inputs)?;
+        dec.prompt_done();
+        Ok(ImageSteps {
+            run,
+            logits: Some(logits),
+            key,
+            cached,
+        })
+    }
+
+    /// The prompt with its images through caches: a cached prefix's (gemma3) or fresh ones.
+    /// The run, the last position's logits, the prompt's cache key, the tokens reused.
+    fn prefill_image<'w>(
+        &'w self,
+        request: &GenRequest,
+        prompt_ids: &[u32],
+        inputs: &ImageInputs,
+    ) -> Result<(ImageRun<'w>, Array, Option<Vec<u32>>, usize), ApiError> {
+        let model = self.vision.as_ref().expect("checked by start_image");
+        let (ImageModel::Gemma3 { model: g, .. }, ImageInputs::Gemma3(pixels)) = (model, inputs)
+        else {
+            let (run, logits) = model
+                .prefill(prompt_ids, inputs, self.prefill_step)
+                .map_err(model_error)?;
+            return Ok((run, logits, None, 0));
+        };
+        let hashes: Vec<[u8; 32]> = request.images.iter().map(|i| i.sha256).collect();
+        let key = match plant::is(Defect::ImageRequestCachedByIds) {
+            // Planted: keyed by the ids alone.
+            true => Some(prompt_ids.to_vec()),
+            false => cache_key(prompt_ids, g.image_token, &hashes),
+        };
+        self.trim_to_budget();
+        let hit = key
+            .as_ref()
+            .and_then(|k| self.store.borrow_mut().take(IMAGES_NS, k))
+            .filter(|h| whole_hashes(key.as_deref().unwrap_or_default(), h.reused));
+        let (mut caches, start) = match hit {
+            Some(h) => (h.caches, h.reused),
+            None => (g.make_caches(), 0),
+        };
+        let embeds = g
+            .embed_with_images(prompt_ids, pixels)
+            .map_err(|e| model_error(e.into()))?;
+        // generate_step's chunks of what is left: all but the last token, then the last.
+        let ends =
+            crate::vision::qwen_lm::generate_chunks(prompt_ids.len() - start, self.prefill_step);
+        let (mut at, mut logits) = (start as i32, None);
+        for end in ends {
+            let end = (start + end) as i32;
+            let out = g.forward_embeddings(embeds.index((.., at..end)), &mut caches)?;
+            at = end;
+            logits = Some(out);
+        }
+        let last = logits
+            .expect("a prompt has a last token")
+            .index((.., -1, ..));
+        Ok((ImageRun::Gemma3 { model: g, caches }, last, key, start))
+    }
+
+    /// Keeps a finished request's caches in the prompt cache under its key and `produced`.
+    pub(super) fn keep_image(&self, steps: ImageSteps<'_>, produced: &[u32]) {
+        let (Some(mut tokens), ImageRun::Gemma3 { caches, .. }) = (steps.key, steps.run) else {
+            return;
+        };
+        tokens.extend(produced);
+        self.store.borrow_mut().keep_fed(IMAGES_NS, caches, tokens);
+        self.trim_to_budget();
+    }
+}
+
+impl ImageSteps<'_> {
+    /// One token: picked from the last logits, emitted, and (unless the request is over)
+    /// fed back for the next logits. Some(finish) when the request is over.
+    pub(super) fn advance(
+        &mut self,
+        dec: &mut Decoder<'_>,
+        on_token: &mut impl FnMut(u32, &Array) -> Result<Flow, ApiError>,
+    ) -> Result<Option<Finish>, ApiError> {
+        let logits = self
+            .logits
+            .take()
+            .ok_or_else(|| ApiError::server("an image request stepped after it ended"))?;
+        let (y, logprobs) = dec.pick(&logits)?;
+        y.eval()?;
+        let id = y.as_slice::<u32>()[0];
+        if let Some(finish) = dec.emit(id, &logprobs, false, &mut |id, lp, _| on_token(id, lp))? {
+            return Ok(Some(finish));
+        }
+        self.logits = Some(self.run.decode(id).map_err(model_error)?);
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_images_run_carries_its_hash_and_a_prefix_may_not_stop_inside_it() {
+        let (a, b) = ([1u8; 32], [2u8; 32]);
+        let ids = [5, 9, 9, 9, 9, 6, 9, 9, 9, 9, 7];
+        let key = cache_key(&ids, 9, &[a, b]).unwrap();
+        assert_eq!((key[0], key[5], key[10]), (5, 6, 7));
+        assert!(key[1..5]
+            .iter()
+            .chain(&key[6..10])
+            .all(|&t| t & PAST_VOCAB != 0));
+        assert_ne!(key[1..5], key[6..10], "two images, two runs");
+        let other = cache_key(&ids, 9, &[b, b]).unwrap();
+        assert_ne!(
+            key[1], other[1],
+            "another image differs at its run's first token"
+        );
+        assert_eq!(cache_key(&ids, 9, &[a]), None, "two runs, one image");
+        assert!(whole_hashes(&key, 1) && whole_hashes(&key, 5) && whole_hashes(&key, 10));
+        assert!(!whole_hashes(&key, 2) && !whole_hashes(&key, 4) && !whole_hashes(&key, 8));
+    }
+}
