@@ -16,7 +16,7 @@ chat whose picture is in an earlier user turn. All greedy (temperature 0), 16 to
 
 Compared, per request (the rest of each body is not: see below):
   chat/completions  message content, finish_reason, usage prompt/completion/total tokens,
-                    and (asked with logprobs: true) each token's text and log-probability;
+                    and (asked with logprobs: true) each token's log-probability;
                     streamed: every content delta in order, finish_reason, the usage chunk
                     (stream_options.include_usage)
   Responses         output text, status, incomplete_details.reason, usage input/output/
@@ -31,7 +31,10 @@ created_at, mlx_vlm.server's extra fields (`timings`, the null `reasoning_conten
 `reasoning` / `tool_calls` / `tool_call_id` / `name` in each message and delta, usage's
 `prompt_tokens_details` / `input_tokens_details` / cache counts that depend on what earlier
 requests left cached), the echoed request settings in a Response (temperature, top_p, store,
-…), and message_start's placeholder output_tokens (mlx_vlm.server says 1 before any token).
+…), message_start's placeholder output_tokens (mlx_vlm.server says 1 before any token), and
+the `token` of each log-probability entry (mlx_vlm.server: the token decoded alone, " one";
+ours, as for mlx_lm.server: the vocabulary piece, "Ġone"; the tokens themselves are compared
+through the text and chunks).
 
 What mlx_vlm.server 0.7.10 does that its generate CLI does not (found here, not documented):
 it keeps the client's order of text and image parts in a user message, so the picture's
@@ -140,7 +143,7 @@ def summary(api, base, b):
                         "usage": [u.get(k) for k in ("prompt_tokens", "completion_tokens",
                                                      "total_tokens")] if u else None}
             c, u = r["choices"][0], r["usage"]
-            lp = [(t["token"], t["logprob"]) for t in (c.get("logprobs") or {}).get("content", [])]
+            lp = [t["logprob"] for t in (c.get("logprobs") or {}).get("content", [])]
             return {"text": c["message"]["content"], "finish_reason": c["finish_reason"],
                     "usage": [u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]],
                     "logprobs": lp or None}
@@ -228,12 +231,12 @@ def verdict(ours, peer):
                                                                 ("mlx_vlm.server", peer))
                     if "refused" not in s]
         return "; ".join(sides + answered)
-    if ours == peer:
+    keys = [k for k in sorted(set(ours) | set(peer)) if ours.get(k) != peer.get(k)]
+    if not keys:
         return None
-    for k in sorted(set(ours) | set(peer)):
-        if ours.get(k) != peer.get(k):
-            return f"{k}: ours {ours.get(k)!r}, mlx_vlm.server {peer.get(k)!r}"
-    return None
+    k = keys[0]
+    return (f"differs in {', '.join(keys)}; {k}: ours {ours.get(k)!r}, "
+            f"mlx_vlm.server {peer.get(k)!r}")
 
 
 def against_goldens(model, answers):
