@@ -518,6 +518,10 @@ pub enum Defect {
     /// model's `gated_delta_ops`, mlx-lm's path) instead of mlx-vlm's chunked scan. Caught by
     /// the Qwen3.5 vision gate (`tests/it/vision_qwen35.rs`): the prompt logits differ.
     Qwen35PrefillSequential,
+    /// gemma4's prompt expansion: each image marker becomes its soft tokens without the
+    /// `boi` / `eoi` tokens around them. Caught by the image generate gate
+    /// (`tests/it/vision_generate.rs`): the prompt ids differ from mlx_vlm.generate's.
+    Gemma4ImageUnbracketed,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -722,6 +726,7 @@ pub fn on_from_env() -> Result<(), String> {
             "Qwen35ChunkDecayDropped" => Defect::Qwen35ChunkDecayDropped,
             "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
             "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
+            "Gemma4ImageUnbracketed" => Defect::Gemma4ImageUnbracketed,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -2,13 +2,15 @@
 //! `mlx_vlm.generate`'s CLI path (mlx-vlm 0.7.10), goldens/vision/generate/generate.json made
 //! by oracles/gen_vision_generate.py.
 //!
-//! For tiny-gemma3-vl and tiny-qwen3-vl-vision (each with the overlay of
-//! goldens/vision/generate/<model>/: config, tokenizer with the multimodal tokens, chat
-//! template), with 1 and 2 images: the templated prompt string, the prompt's ids and 8 greedy
-//! ids identical, through the library functions the binary calls; the binary itself, on the
-//! 2-image prompt of each, prints the same prompt ids and the same text. A planted defect (the
-//! images on the wrong side of the text) must fail it. Refusals: a text model given --image,
-//! a corrupt image and one over --max-image-pixels, each naming the cause.
+//! For tiny-gemma3-vl, tiny-qwen3-vl-vision, tiny-gemma4-vl and tiny-qwen3-5-vl (each with the
+//! overlay of goldens/vision/generate/<model>/: config, tokenizer with the multimodal tokens,
+//! chat template), with 1 and 2 images: the templated prompt string, the prompt's ids and 8
+//! greedy ids identical, through the library functions the binary calls; the binary itself,
+//! on the 2-image prompt of each, prints the same prompt ids and the same text. Planted
+//! defects must fail it: the images on the wrong side of the text (every family); gemma4's
+//! soft tokens without their boi / eoi (the prompt ids differ); Qwen3.5's decode steps
+//! without the rope delta (the greedy ids differ). Refusals: a text model given --image, a
+//! corrupt image and one over --max-image-pixels, each naming the cause.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -33,11 +35,12 @@ fn golden() -> Value {
 fn assembled(model: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let base = goldens().join("models").join(model);
-    for f in [
-        "model.safetensors",
-        "preprocessor_config.json",
-        "generation_config.json",
-    ] {
+    // gemma4's processor reads processor_config.json (the generator's `files`).
+    let processor = match model {
+        "tiny-gemma4-vl" => "processor_config.json",
+        _ => "preprocessor_config.json",
+    };
+    for f in ["model.safetensors", processor, "generation_config.json"] {
         std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
     }
     for entry in std::fs::read_dir(goldens().join("vision/generate").join(model)).unwrap() {
@@ -136,12 +139,28 @@ fn run_engine(dir: &Path, images: &[PathBuf], extra: &[&str]) -> std::process::O
     cmd.output().unwrap()
 }
 
+/// A defect only `name`'s family path can show, and what it must break: the first case's
+/// prompt ids or its generated ids.
+fn family_plant(name: &str) -> Option<(Defect, &'static str)> {
+    match name {
+        "tiny-gemma4-vl" => Some((Defect::Gemma4ImageUnbracketed, "prompt ids")),
+        "tiny-qwen3-5-vl" => Some((Defect::Qwen35DeltaDropped, "generated")),
+        _ => None,
+    }
+}
+
 #[test]
 fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_ids() {
     let g = golden();
     let cases = g["cases"].as_array().unwrap();
     let mut bad = Vec::new();
-    for name in ["tiny-gemma3-vl", "tiny-qwen3-vl-vision"] {
+    let models = [
+        "tiny-gemma3-vl",
+        "tiny-qwen3-vl-vision",
+        "tiny-gemma4-vl",
+        "tiny-qwen3-5-vl",
+    ];
+    for name in models {
         let dir = assembled(name);
         let model = ImageModel::load(dir.path()).unwrap();
         let tok = Tokenizer::load(dir.path()).unwrap();
@@ -157,6 +176,14 @@ fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_i
             assert!(
                 planted.iter().any(|m| m.contains("templated prompt")),
                 "{name}: the planted image order went unnoticed: {planted:?}"
+            );
+        }
+        if let Some((defect, breaks)) = family_plant(name) {
+            let _on = plant::on(defect).unwrap();
+            let planted = case_mismatches(&model, &tok, dir.path(), mine[0]);
+            assert!(
+                planted.iter().any(|m| m.contains(breaks)),
+                "{name}: planted {defect:?} went unnoticed: {planted:?}"
             );
         }
         // The binary, on the 2-image case: the same prompt ids and text.
