@@ -512,7 +512,8 @@ pub enum Defect {
     Qwen35ChunkDecayDropped,
     /// Qwen3.5's image path: decode steps after an image prompt take their cache offset as
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3.5 vision gate
-    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's.
+    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's; and by
+    /// the image generate gate (`tests/it/vision_generate.rs`): the greedy ids differ.
     Qwen35DeltaDropped,
     /// Qwen3.5's image path: a prompt's delta-net recurrence runs token by token (the text
     /// model's `gated_delta_ops`, mlx-lm's path) instead of mlx-vlm's chunked scan. Caught by
