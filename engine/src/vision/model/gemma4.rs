@@ -120,3 +120,43 @@ pub(super) fn prefill(
     };
     Ok((caches, logits.index((.., -1, ..))))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn processor_of(files: &[(&str, &str)]) -> Gemma4Processor {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        processor(dir.path()).unwrap()
+    }
+
+    #[test]
+    fn the_processor_config_is_found_where_gemma4s_from_pretrained_looks() {
+        let nested = r#"{"image_processor": {"image_processor_type": "Gemma4ImageProcessor",
+                         "patch_size": 4, "max_soft_tokens": 4, "pooling_kernel_size": 2}}"#;
+        let flat = r#"{"patch_size": 8, "max_soft_tokens": 9}"#;
+        // processor_config.json's image_processor, over preprocessor_config.json.
+        let p = processor_of(&[
+            ("processor_config.json", nested),
+            ("preprocessor_config.json", flat),
+        ]);
+        assert_eq!((p.patch_size, p.max_soft_tokens), (4, 4));
+        // A flat preprocessor_config.json when there is no processor_config.json.
+        let p = processor_of(&[("preprocessor_config.json", flat)]);
+        assert_eq!(
+            (p.patch_size, p.max_soft_tokens, p.pooling_kernel_size),
+            (8, 9, 3)
+        );
+        // A flat one naming its image_processor_type, or none: the class defaults.
+        let typed = r#"{"image_processor_type": "Gemma4ImageProcessor", "patch_size": 8}"#;
+        let defaults = (16, 280, 3);
+        for files in [&[("preprocessor_config.json", typed)][..], &[]] {
+            let p = processor_of(files);
+            let got = (p.patch_size, p.max_soft_tokens, p.pooling_kernel_size);
+            assert_eq!(got, defaults);
+        }
+    }
+}
