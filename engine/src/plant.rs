@@ -523,6 +523,11 @@ pub enum Defect {
     /// `boi` / `eoi` tokens around them. Caught by the image generate gate
     /// (`tests/it/vision_generate.rs`): the prompt ids differ from mlx_vlm.generate's.
     Gemma4ImageUnbracketed,
+    /// gemma4's image prompt prefilled in `prefill_step_size` chunks as a text prompt is
+    /// (its `chunked_prefill_policy` ignored; the chunks carry no image-block overlay).
+    /// Caught by the image generate gate (`tests/it/vision_generate.rs`): with a prefill
+    /// step shorter than the prompt, the greedy ids differ from mlx_vlm.generate's.
+    Gemma4ImagePromptChunked,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -728,6 +733,7 @@ pub fn on_from_env() -> Result<(), String> {
             "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
             "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
             "Gemma4ImageUnbracketed" => Defect::Gemma4ImageUnbracketed,
+            "Gemma4ImagePromptChunked" => Defect::Gemma4ImagePromptChunked,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

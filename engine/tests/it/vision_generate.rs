@@ -8,8 +8,10 @@
 //! greedy ids identical, through the library functions the binary calls; the binary itself,
 //! on the 2-image prompt of each, prints the same prompt ids and the same text. Planted
 //! defects must fail it: the images on the wrong side of the text (every family); gemma4's
-//! soft tokens without their boi / eoi (the prompt ids differ); Qwen3.5's decode steps
-//! without the rope delta (the greedy ids differ). Refusals: a text model given --image, a
+//! soft tokens without their boi / eoi (the prompt ids differ); gemma4's image prompt
+//! prefilled in chunks (its chunked_prefill_policy ignored: with a prefill step of 4 the
+//! greedy ids differ, where the engine's one forward keeps mlx-vlm's); Qwen3.5's decode
+//! steps without the rope delta (the greedy ids differ). Refusals: a text model given --image, a
 //! corrupt image and one over --max-image-pixels, each naming the cause.
 
 use std::path::{Path, PathBuf};
@@ -79,6 +81,17 @@ fn want_generated(case: &Value, eos: &[u32]) -> Vec<u32> {
 
 /// Every mismatch of one case through the library (what `engine generate --image` calls).
 fn case_mismatches(model: &ImageModel, tok: &Tokenizer, dir: &Path, case: &Value) -> Vec<String> {
+    case_mismatches_with_step(model, tok, dir, case, 2048)
+}
+
+/// As [`case_mismatches`], the prompt prefilled in chunks of `step` where the family chunks.
+fn case_mismatches_with_step(
+    model: &ImageModel,
+    tok: &Tokenizer,
+    dir: &Path,
+    case: &Value,
+    step: usize,
+) -> Vec<String> {
     let what = format!(
         "{} with {} image(s)",
         case["model"],
@@ -114,7 +127,7 @@ fn case_mismatches(model: &ImageModel, tok: &Tokenizer, dir: &Path, case: &Value
         &mut sampler,
         max,
         &tok.eos_token_ids,
-        2048,
+        step,
         &mut |_| Ok(Flow::Continue),
     )
     .unwrap();
@@ -176,6 +189,24 @@ fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_i
             assert!(
                 planted.iter().any(|m| m.contains("templated prompt")),
                 "{name}: the planted image order went unnoticed: {planted:?}"
+            );
+        }
+        if name == "tiny-gemma4-vl" {
+            // A prefill step shorter than the prompt: mlx-vlm still prefills an image prompt
+            // in one forward (chunked_prefill_policy), so the golden ids stand; planted
+            // chunks (no policy) must change them.
+            bad.extend(case_mismatches_with_step(
+                &model,
+                &tok,
+                dir.path(),
+                mine[0],
+                4,
+            ));
+            let _on = plant::on(Defect::Gemma4ImagePromptChunked).unwrap();
+            let planted = case_mismatches_with_step(&model, &tok, dir.path(), mine[0], 4);
+            assert!(
+                planted.iter().any(|m| m.contains("generated")),
+                "{name}: planted chunks of an image prompt went unnoticed: {planted:?}"
             );
         }
         if let Some((defect, breaks)) = family_plant(name) {

@@ -22,6 +22,7 @@ use serde_json::Value;
 
 use super::{ImageModelError, R};
 use crate::cache::Cache;
+use crate::plant::{self, Defect};
 use crate::vision::gemma4::{Gemma4Config, Gemma4ImageMarkers, Gemma4Processor};
 use crate::vision::gemma4_tower::{Gemma4Vision, MergedPrompt};
 use crate::vision::{RgbImage, VisionError};
@@ -101,9 +102,12 @@ pub(super) fn prefill(
 ) -> R<(Vec<Box<dyn Cache>>, Array)> {
     let merged = model.embed_with_images(ids, pixels)?;
     let mut caches = model.make_caches();
+    // Planted: the policy ignored, the image prompt chunked as a text prompt (mlx-vlm's own
+    // chunks would drop the overlay too: its mask no longer spans the token types).
+    let chunked = plant::is(Defect::Gemma4ImagePromptChunked);
     let logits = match merged.overlay {
-        Some(_) => model.forward_embeddings(&merged, &mut caches)?,
-        None => {
+        Some(_) if !chunked => model.forward_embeddings(&merged, &mut caches)?,
+        _ => {
             let mut last = None;
             let mut start = 0i32;
             for &end in ends {
