@@ -44,7 +44,8 @@ pub fn generate(args: &GenerateArgs) -> Result<()> {
     anyhow::ensure!(
         family.is_some(),
         "--image: {} is a `{model_type}` model, which has no vision tower this engine runs \
-         (gemma3 with a vision_config, qwen3_vl); drop --image or use one of those",
+         (gemma3 or gemma4 with a vision_config, qwen3_vl, qwen3_5); drop --image or use \
+         one of those",
         dir.display()
     );
     let limits = Limits {

@@ -522,12 +522,22 @@ pub enum Defect {
     Qwen35ChunkDecayDropped,
     /// Qwen3.5's image path: decode steps after an image prompt take their cache offset as
     /// their position, without the prompt's M-RoPE delta. Caught by the Qwen3.5 vision gate
-    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's.
+    /// (`tests/it/vision_qwen35.rs`): the decode steps' logits differ from mlx-vlm's; and by
+    /// the image generate gate (`tests/it/vision_generate.rs`): the greedy ids differ.
     Qwen35DeltaDropped,
     /// Qwen3.5's image path: a prompt's delta-net recurrence runs token by token (the text
     /// model's `gated_delta_ops`, mlx-lm's path) instead of mlx-vlm's chunked scan. Caught by
     /// the Qwen3.5 vision gate (`tests/it/vision_qwen35.rs`): the prompt logits differ.
     Qwen35PrefillSequential,
+    /// gemma4's prompt expansion: each image marker becomes its soft tokens without the
+    /// `boi` / `eoi` tokens around them. Caught by the image generate gate
+    /// (`tests/it/vision_generate.rs`): the prompt ids differ from mlx_vlm.generate's.
+    Gemma4ImageUnbracketed,
+    /// gemma4's image prompt prefilled in `prefill_step_size` chunks as a text prompt is
+    /// (its `chunked_prefill_policy` ignored; the chunks carry no image-block overlay).
+    /// Caught by the image generate gate (`tests/it/vision_generate.rs`): with a prefill
+    /// step shorter than the prompt, the greedy ids differ from mlx_vlm.generate's.
+    Gemma4ImagePromptChunked,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -734,6 +744,8 @@ pub fn on_from_env() -> Result<(), String> {
             "Qwen35ChunkDecayDropped" => Defect::Qwen35ChunkDecayDropped,
             "Qwen35DeltaDropped" => Defect::Qwen35DeltaDropped,
             "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
+            "Gemma4ImageUnbracketed" => Defect::Gemma4ImageUnbracketed,
+            "Gemma4ImagePromptChunked" => Defect::Gemma4ImagePromptChunked,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

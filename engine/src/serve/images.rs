@@ -43,8 +43,8 @@ pub struct Rules {
 
 /// Why a server reads no images: its model has no vision tower this engine runs.
 pub const NO_TOWER: &str = "this model reads text only: it has no vision tower this engine \
-     runs (gemma3 with a vision_config, qwen3_vl: docs/vision.md); send the request without \
-     images, or serve a vision checkpoint";
+     runs (gemma3 with a vision_config, gemma4, qwen3_vl, qwen3_5: docs/vision.md); send the \
+     request without images, or serve a vision checkpoint";
 
 /// Whether `args`' server reads images: the model's prompt expansion (`vision::served`),
 /// or why it reads none. The model thread loads the vision tower exactly when this is Ok.

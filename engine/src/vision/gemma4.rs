@@ -190,10 +190,16 @@ impl Gemma4ImageMarkers {
         let mut out = String::with_capacity(prompt.len());
         let mut parts = prompt.split(self.image.as_str());
         out.push_str(parts.next().unwrap_or(""));
+        // Planted: the soft tokens without their boi / eoi.
+        let bracket = !plant::is(Defect::Gemma4ImageUnbracketed);
         for (part, &n) in parts.zip(tokens) {
-            out.push_str(&self.boi);
+            if bracket {
+                out.push_str(&self.boi);
+            }
             out.push_str(&self.image.repeat(n));
-            out.push_str(&self.eoi);
+            if bracket {
+                out.push_str(&self.eoi);
+            }
             out.push_str(part);
         }
         Ok(out)

@@ -30,7 +30,8 @@
 //!   (gated delta nets with mlx-vlm's chunked prefill, gated M-RoPE attention), bit-exact
 //!   with mlx-vlm.
 //! - [`prompt`], [`model`], [`generate`]: `engine generate --image` as `mlx_vlm.generate`
-//!   runs it: the messages with images, both families behind [`model::ImageModel`], the loop.
+//!   runs it: the messages with images, the four families behind [`model::ImageModel`], the
+//!   loop.
 //! - [`gemma4_vit`], [`gemma4_tower`]: gemma4's vision encoder, its embedder and the merge
 //!   (with the per-layer inputs' ids), as mlx-vlm's gemma4 `Model`.
 //!

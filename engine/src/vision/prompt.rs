@@ -10,7 +10,12 @@
 //! - qwen3_vl (`MessageFormat.LIST_WITH_IMAGE_FIRST`, `_format_list_with_image(image_first=
 //!   True)`): the content becomes a list, one `{"type": "image"}` per image FIRST, then
 //!   `{"type": "text", "text": t, "content": t}`; the template writes each image entry as
-//!   `<|vision_start|><|image_pad|><|vision_end|>` and `Qwen3VLProcessor` expands the pads.
+//!   `<|vision_start|><|image_pad|><|vision_end|>` and `Qwen3VLProcessor` expands the pads;
+//!   qwen3_5 the same;
+//! - gemma4 (`MessageFormat.LIST_WITH_IMAGE_TYPE_TEXT`, `_format_list_with_image_type(
+//!   message_type="text")`): a list as qwen3_vl's, image entries first, then the text entry;
+//!   but an assistant message's content is its text as a string. The template writes each
+//!   image entry as the image token and `Gemma4Processor` expands it.
 //!
 //! Images go on user messages only (mlx-vlm skips the image tokens of system and assistant
 //! turns); a message of another role with images is refused here rather than dropped. The
@@ -26,8 +31,10 @@ use crate::plant::{self, Defect};
 pub enum ImageLayout {
     /// gemma3: a string content, the text then one marker per image.
     TextThenMarkers { marker: &'static str },
-    /// qwen3_vl: a list content, the image entries first, then the text entry.
+    /// qwen3_vl, qwen3_5: a list content, the image entries first, then the text entry.
     ImageEntriesFirst,
+    /// gemma4: as `ImageEntriesFirst`, an assistant message's content a string.
+    TypedEntriesFirst,
 }
 
 impl ImageLayout {
@@ -38,7 +45,8 @@ impl ImageLayout {
             "gemma3" => Some(ImageLayout::TextThenMarkers {
                 marker: super::gemma3::BOI_TOKEN,
             }),
-            "qwen3_vl" => Some(ImageLayout::ImageEntriesFirst),
+            "qwen3_vl" | "qwen3_5" => Some(ImageLayout::ImageEntriesFirst),
+            "gemma4" => Some(ImageLayout::TypedEntriesFirst),
             _ => None,
         }
     }
@@ -98,7 +106,11 @@ fn message(layout: ImageLayout, turn: &ChatTurn) -> Result<Value, PromptError> {
             };
             json!({"role": turn.role, "content": content})
         }
-        ImageLayout::ImageEntriesFirst => {
+        // `_format_list_with_image_type`: an assistant's content is its first entry's text.
+        ImageLayout::TypedEntriesFirst if turn.role == "assistant" => {
+            json!({"role": turn.role, "content": turn.text})
+        }
+        ImageLayout::ImageEntriesFirst | ImageLayout::TypedEntriesFirst => {
             let text = json!({"type": "text", "text": turn.text, "content": turn.text});
             let mut content: Vec<Value> = vec![json!({"type": "image"}); turn.images];
             match plant::is(Defect::ImageMarkerBeforeText) {
@@ -142,6 +154,28 @@ mod tests {
             json!([{"type": "image"}, {"type": "text", "text": "Hi", "content": "Hi"}])
         );
         assert_eq!(ImageLayout::of("llama"), None);
+        assert_eq!(
+            ImageLayout::of("qwen3_5"),
+            Some(ImageLayout::ImageEntriesFirst)
+        );
+    }
+
+    #[test]
+    fn gemma4_lists_its_image_entries_first_and_gives_an_assistant_a_string() {
+        let g = ImageLayout::of("gemma4").unwrap();
+        let turns = [
+            ChatTurn::new("system", "be brief", 0),
+            ChatTurn::new("user", "Hi", 2),
+            ChatTurn::new("assistant", "Hello", 0),
+        ];
+        let m = template_messages(g, &turns).unwrap();
+        let text = |t: &str| json!({"type": "text", "text": t, "content": t});
+        assert_eq!(m[0]["content"], json!([text("be brief")]));
+        assert_eq!(
+            m[1]["content"],
+            json!([{"type": "image"}, {"type": "image"}, text("Hi")])
+        );
+        assert_eq!(m[2], json!({"role": "assistant", "content": "Hello"}));
     }
 
     #[test]

@@ -25,7 +25,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::gemma3::Gemma3Processor;
-use super::model::{detect, VisionFamily};
+use super::gemma4::{Gemma4ImageMarkers, Gemma4Processor};
+use super::model::{detect, gemma4, ImageModelError, VisionFamily};
 use super::prompt::ImageLayout;
 use super::qwen_vl::{self, QwenVlProcessor};
 use super::{RgbImage, VisionError};
@@ -85,7 +86,9 @@ pub fn lay_out(
 /// memory budget) are known before the model thread takes the request.
 pub enum Expander {
     Gemma3(Gemma3Processor),
-    QwenVl(QwenVlProcessor),
+    Gemma4(Gemma4Processor, Gemma4ImageMarkers),
+    /// Qwen3-VL's and Qwen3.5's processor, and which of the two (its `model_type`).
+    QwenVl(QwenVlProcessor, &'static str),
 }
 
 impl Expander {
@@ -97,15 +100,23 @@ impl Expander {
             return Ok(None);
         };
         let path = dir.join("preprocessor_config.json");
-        let text =
-            std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let pre = || std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()));
         let why = |e: VisionError| format!("{}: {e}", path.display());
+        let why4 = |e: ImageModelError| e.to_string();
         Ok(Some(match family {
             VisionFamily::Gemma3 => {
-                Expander::Gemma3(Gemma3Processor::from_json(&text).map_err(why)?)
+                Expander::Gemma3(Gemma3Processor::from_json(&pre()?).map_err(why)?)
             }
-            VisionFamily::Qwen3Vl => {
-                Expander::QwenVl(QwenVlProcessor::from_json(&text).map_err(why)?)
+            VisionFamily::Gemma4 => Expander::Gemma4(
+                gemma4::processor(dir).map_err(why4)?,
+                gemma4::markers(dir).map_err(why4)?,
+            ),
+            VisionFamily::Qwen3Vl => Expander::QwenVl(
+                QwenVlProcessor::from_json(&pre()?).map_err(why)?,
+                "qwen3_vl",
+            ),
+            VisionFamily::Qwen35 => {
+                Expander::QwenVl(QwenVlProcessor::from_json(&pre()?).map_err(why)?, "qwen3_5")
             }
         }))
     }
@@ -114,7 +125,8 @@ impl Expander {
     pub fn layout(&self) -> ImageLayout {
         let model_type = match self {
             Expander::Gemma3(_) => "gemma3",
-            Expander::QwenVl(_) => "qwen3_vl",
+            Expander::Gemma4(..) => "gemma4",
+            Expander::QwenVl(_, model_type) => model_type,
         };
         ImageLayout::of(model_type).expect("every expander's family has a layout")
     }
@@ -124,7 +136,15 @@ impl Expander {
     pub fn expand(&self, templated: &str, images: &[&RgbImage]) -> Result<String, VisionError> {
         match self {
             Expander::Gemma3(p) => p.expand_prompt(templated, images.len()),
-            Expander::QwenVl(p) => {
+            // The soft tokens come with the resize (its aspect-preserving size).
+            Expander::Gemma4(p, markers) => {
+                let tokens = images
+                    .iter()
+                    .map(|img| p.preprocess(img).map(|t| t.tokens))
+                    .collect::<Result<Vec<_>, _>>()?;
+                markers.expand_prompt(templated, &tokens)
+            }
+            Expander::QwenVl(p, _) => {
                 let tokens = images
                     .iter()
                     .map(|img| p.image_tokens(img.height, img.width))
@@ -139,7 +159,8 @@ impl Expander {
 fn content(layout: ImageLayout, text: &str) -> Value {
     match layout {
         ImageLayout::TextThenMarkers { marker } => Value::String(text.replace(IMAGE_MARK, marker)),
-        ImageLayout::ImageEntriesFirst => {
+        // gemma4's typed entries differ only on assistant messages, which hold no images.
+        ImageLayout::ImageEntriesFirst | ImageLayout::TypedEntriesFirst => {
             let mut parts = Vec::new();
             for (i, piece) in text.split(IMAGE_MARK).enumerate() {
                 if i > 0 {

@@ -150,26 +150,6 @@ fn image_parts_are_checked_on_every_api_and_a_text_model_refuses_them_clearly() 
     assert_eq!(status, 200, "{v}");
 }
 
-/// A vision fixture served as mlx-vlm's generate goldens were made: its weights, processor
-/// and generation configs, then the generator's overlay (config, tokenizer, template).
-fn vision_dir(model: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let base = common::goldens().join("models").join(model);
-    for f in [
-        "model.safetensors",
-        "preprocessor_config.json",
-        "generation_config.json",
-    ] {
-        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
-    }
-    let overlay = common::goldens().join("vision/generate").join(model);
-    for entry in std::fs::read_dir(overlay).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
-    }
-    dir
-}
-
 /// goldens/vision/generate/generate.json's case of `model` with `n` images.
 fn generate_case(model: &str, n: usize) -> Value {
     let path = common::goldens().join("vision/generate/generate.json");
@@ -244,8 +224,8 @@ fn streamed(port: u16, content: Value) -> String {
 
 #[test]
 fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
-    let gemma = vision_dir("tiny-gemma3-vl");
-    let qwen = vision_dir("tiny-qwen3-vl-vision");
+    let gemma = common::vision::assembled("tiny-gemma3-vl");
+    let qwen = common::vision::assembled("tiny-qwen3-vl-vision");
     let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
     let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
     let (g, q, planted_order, planted_cache, uncached) = std::thread::scope(|s| {
@@ -294,23 +274,33 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["content"][0]["text"], want, "messages: {v}");
 
-    // Qwen3-VL: image entries first (the CLI's layout) gives the goldens' answers; the
-    // client's order is kept, so text-then-image is another prompt.
-    for (n, content) in [
-        (1, json!([url_part(a), text])),
-        (2, json!([url_part(a), url_part(b), text])),
-    ] {
-        let case = generate_case("tiny-qwen3-vl-vision", n);
-        let (got, _, prompt_tokens, _) = answer(q.port, content);
-        assert_eq!(
-            got,
-            golden_tokens(qwen.path(), &case),
-            "qwen3-vl, {n} image(s)"
-        );
-        assert_eq!(
-            prompt_tokens as usize,
-            case["prompt_ids"].as_array().unwrap().len()
-        );
+    // Qwen3-VL, gemma4 and Qwen3.5: image entries first (the CLI's layout) gives the
+    // goldens' answers; the client's order is kept, so text-then-image is another prompt.
+    let more = ["tiny-gemma4-vl", "tiny-qwen3-5-vl"].map(common::vision::assembled);
+    let more_servers = std::thread::scope(|s| {
+        let started = more
+            .each_ref()
+            .map(|d| s.spawn(|| serve_dir(d.path(), &[])));
+        started.map(|h| h.join().unwrap())
+    });
+    let models = [
+        ("tiny-qwen3-vl-vision", qwen.path(), q.port),
+        ("tiny-gemma4-vl", more[0].path(), more_servers[0].port),
+        ("tiny-qwen3-5-vl", more[1].path(), more_servers[1].port),
+    ];
+    for (model, dir, port) in models {
+        for (n, content) in [
+            (1, json!([url_part(a), text])),
+            (2, json!([url_part(a), url_part(b), text])),
+        ] {
+            let case = generate_case(model, n);
+            let (got, _, prompt_tokens, _) = answer(port, content);
+            assert_eq!(got, golden_tokens(dir, &case), "{model}, {n} image(s)");
+            assert_eq!(
+                prompt_tokens as usize,
+                case["prompt_ids"].as_array().unwrap().len()
+            );
+        }
     }
     let image_first = answer(q.port, json!([url_part(a), text])).3;
     let text_first = |port| answer(port, json!([text, url_part(a)])).3;

@@ -2,13 +2,17 @@
 //! `mlx_vlm.generate`'s CLI path (mlx-vlm 0.7.10), goldens/vision/generate/generate.json made
 //! by oracles/gen_vision_generate.py.
 //!
-//! For tiny-gemma3-vl and tiny-qwen3-vl-vision (each with the overlay of
-//! goldens/vision/generate/<model>/: config, tokenizer with the multimodal tokens, chat
-//! template), with 1 and 2 images: the templated prompt string, the prompt's ids and 8 greedy
-//! ids identical, through the library functions the binary calls; the binary itself, on the
-//! 2-image prompt of each, prints the same prompt ids and the same text. A planted defect (the
-//! images on the wrong side of the text) must fail it. Refusals: a text model given --image,
-//! a corrupt image and one over --max-image-pixels, each naming the cause.
+//! For tiny-gemma3-vl, tiny-qwen3-vl-vision, tiny-gemma4-vl and tiny-qwen3-5-vl (each with the
+//! overlay of goldens/vision/generate/<model>/: config, tokenizer with the multimodal tokens,
+//! chat template), with 1 and 2 images: the templated prompt string, the prompt's ids and 8
+//! greedy ids identical, through the library functions the binary calls; the binary itself,
+//! on the 2-image prompt of each, prints the same prompt ids and the same text. Planted
+//! defects must fail it: the images on the wrong side of the text (every family); gemma4's
+//! soft tokens without their boi / eoi (the prompt ids differ); gemma4's image prompt
+//! prefilled in chunks (its chunked_prefill_policy ignored: with a prefill step of 4 the
+//! greedy ids differ, where the engine's one forward keeps mlx-vlm's); Qwen3.5's decode
+//! steps without the rope delta (the greedy ids differ). Refusals: a text model given --image, a
+//! corrupt image and one over --max-image-pixels, each naming the cause.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,24 +31,6 @@ use crate::common::goldens;
 fn golden() -> Value {
     let path = goldens().join("vision/generate/generate.json");
     serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap()
-}
-
-/// The fixture's weights and processor config with the generator's overlay over them.
-fn assembled(model: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let base = goldens().join("models").join(model);
-    for f in [
-        "model.safetensors",
-        "preprocessor_config.json",
-        "generation_config.json",
-    ] {
-        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
-    }
-    for entry in std::fs::read_dir(goldens().join("vision/generate").join(model)).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
-    }
-    dir
 }
 
 fn image_paths(case: &Value) -> Vec<PathBuf> {
@@ -76,6 +62,17 @@ fn want_generated(case: &Value, eos: &[u32]) -> Vec<u32> {
 
 /// Every mismatch of one case through the library (what `engine generate --image` calls).
 fn case_mismatches(model: &ImageModel, tok: &Tokenizer, dir: &Path, case: &Value) -> Vec<String> {
+    case_mismatches_with_step(model, tok, dir, case, 2048)
+}
+
+/// As [`case_mismatches`], the prompt prefilled in chunks of `step` where the family chunks.
+fn case_mismatches_with_step(
+    model: &ImageModel,
+    tok: &Tokenizer,
+    dir: &Path,
+    case: &Value,
+    step: usize,
+) -> Vec<String> {
     let what = format!(
         "{} with {} image(s)",
         case["model"],
@@ -111,7 +108,7 @@ fn case_mismatches(model: &ImageModel, tok: &Tokenizer, dir: &Path, case: &Value
         &mut sampler,
         max,
         &tok.eos_token_ids,
-        2048,
+        step,
         &mut |_| Ok(Flow::Continue),
     )
     .unwrap();
@@ -136,13 +133,29 @@ fn run_engine(dir: &Path, images: &[PathBuf], extra: &[&str]) -> std::process::O
     cmd.output().unwrap()
 }
 
+/// A defect only `name`'s family path can show, and what it must break: the first case's
+/// prompt ids or its generated ids.
+fn family_plant(name: &str) -> Option<(Defect, &'static str)> {
+    match name {
+        "tiny-gemma4-vl" => Some((Defect::Gemma4ImageUnbracketed, "prompt ids")),
+        "tiny-qwen3-5-vl" => Some((Defect::Qwen35DeltaDropped, "generated")),
+        _ => None,
+    }
+}
+
 #[test]
 fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_ids() {
     let g = golden();
     let cases = g["cases"].as_array().unwrap();
     let mut bad = Vec::new();
-    for name in ["tiny-gemma3-vl", "tiny-qwen3-vl-vision"] {
-        let dir = assembled(name);
+    let models = [
+        "tiny-gemma3-vl",
+        "tiny-qwen3-vl-vision",
+        "tiny-gemma4-vl",
+        "tiny-qwen3-5-vl",
+    ];
+    for name in models {
+        let dir = crate::common::vision::assembled(name);
         let model = ImageModel::load(dir.path()).unwrap();
         let tok = Tokenizer::load(dir.path()).unwrap();
         let mine: Vec<&Value> = cases.iter().filter(|c| c["model"] == name).collect();
@@ -157,6 +170,32 @@ fn engine_generate_with_images_builds_mlx_vlms_prompt_and_generates_its_greedy_i
             assert!(
                 planted.iter().any(|m| m.contains("templated prompt")),
                 "{name}: the planted image order went unnoticed: {planted:?}"
+            );
+        }
+        if name == "tiny-gemma4-vl" {
+            // A prefill step shorter than the prompt: mlx-vlm still prefills an image prompt
+            // in one forward (chunked_prefill_policy), so the golden ids stand; planted
+            // chunks (no policy) must change them.
+            bad.extend(case_mismatches_with_step(
+                &model,
+                &tok,
+                dir.path(),
+                mine[0],
+                4,
+            ));
+            let _on = plant::on(Defect::Gemma4ImagePromptChunked).unwrap();
+            let planted = case_mismatches_with_step(&model, &tok, dir.path(), mine[0], 4);
+            assert!(
+                planted.iter().any(|m| m.contains("generated")),
+                "{name}: planted chunks of an image prompt went unnoticed: {planted:?}"
+            );
+        }
+        if let Some((defect, breaks)) = family_plant(name) {
+            let _on = plant::on(defect).unwrap();
+            let planted = case_mismatches(&model, &tok, dir.path(), mine[0]);
+            assert!(
+                planted.iter().any(|m| m.contains(breaks)),
+                "{name}: planted {defect:?} went unnoticed: {planted:?}"
             );
         }
         // The binary, on the 2-image case: the same prompt ids and text.
@@ -191,7 +230,7 @@ fn engine_generate_refuses_images_for_a_text_model_and_bad_files_naming_the_caus
         err.contains("gemma3_text") && err.contains("no vision tower"),
         "{err}"
     );
-    let dir = assembled("tiny-qwen3-vl-vision");
+    let dir = crate::common::vision::assembled("tiny-qwen3-vl-vision");
     // A corrupt file: refused naming it.
     let bad = dir.path().join("broken.png");
     let mut bytes = std::fs::read(&img).unwrap();

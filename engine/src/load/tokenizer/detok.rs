@@ -135,13 +135,20 @@ pub struct StreamingDetokenizer<'t> {
     offset: usize,
     /// The BPE stream drops its first leading space (mlx-lm); mlx-vlm's keeps it.
     bpe_trims: bool,
+    /// mlx-vlm's BPE stream: held until a token that starts with a space, the rest decoded
+    /// at the end with invalid bytes dropped (see [`Self::as_mlx_vlm`]).
+    bpe_words: bool,
 }
 
 impl<'t> StreamingDetokenizer<'t> {
-    /// As mlx-vlm's detokenizer for this tokenizer: the same, but its BPE one keeps the
-    /// stream's leading space (mlx_vlm/tokenizer_utils.py: `trim_space=False`).
+    /// As mlx-vlm's detokenizer for this tokenizer: the same, but its BPE one
+    /// (mlx_vlm/tokenizer_utils.py `BPEStreamingDetokenizer`) keeps the stream's leading
+    /// space (`trim_space=False`), releases the held text (invalid UTF-8 replaced) only when
+    /// a token starting with a space comes, and at the end DROPS invalid UTF-8 (`finalize`:
+    /// `errors="ignore"`, where mlx-lm replaces).
     pub fn as_mlx_vlm(mut self) -> Self {
         self.bpe_trims = false;
+        self.bpe_words = true;
         self
     }
 
@@ -168,6 +175,7 @@ impl<'t> StreamingDetokenizer<'t> {
             text: String::new(),
             offset: 0,
             bpe_trims: true,
+            bpe_words: false,
         }
     }
 
@@ -196,6 +204,17 @@ impl<'t> StreamingDetokenizer<'t> {
             State::Bpe { tokens, unflushed } => {
                 // mlx-lm's fallback for ids past the tokenizer: a padded vocabulary.
                 let token = tokens.get(id as usize).map_or("!", String::as_str);
+                if self.bpe_words {
+                    let spaced = token.chars().next().and_then(|c| byte_decoder().get(&c));
+                    if spaced == Some(&b' ') {
+                        let text = bpe_bytes(unflushed, false);
+                        *unflushed = token.to_owned();
+                        self.release(text);
+                    } else {
+                        unflushed.push_str(token);
+                    }
+                    return Ok(self.segment());
+                }
                 unflushed.push_str(token);
                 let text = bpe_bytes(unflushed, true);
                 let lone_space = {
@@ -266,7 +285,10 @@ impl<'t> StreamingDetokenizer<'t> {
     pub fn finish(&mut self) -> Result<String, LoadError> {
         match &mut self.state {
             State::Bpe { unflushed, .. } => {
-                let text = bpe_bytes(unflushed, false);
+                let text = match self.bpe_words {
+                    true => valid_utf8(&bpe_raw(unflushed, false)),
+                    false => bpe_bytes(unflushed, false),
+                };
                 unflushed.clear();
                 self.release(text);
             }
@@ -289,6 +311,11 @@ impl<'t> StreamingDetokenizer<'t> {
 /// one outside the table (its own UTF-8 bytes) — `if res:` — and its finalize does not; both
 /// kept.
 fn bpe_bytes(chars: &str, streaming: bool) -> String {
+    String::from_utf8_lossy(&bpe_raw(chars, streaming)).into_owned()
+}
+
+/// The bytes of [`bpe_bytes`], undecoded.
+fn bpe_raw(chars: &str, streaming: bool) -> Vec<u8> {
     let table = byte_decoder();
     let mut bytes = Vec::with_capacity(chars.len());
     for c in chars.chars() {
@@ -297,12 +324,27 @@ fn bpe_bytes(chars: &str, streaming: bool) -> String {
             _ => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
         }
     }
-    String::from_utf8_lossy(&bytes).into_owned()
+    bytes
+}
+
+/// `bytes.decode("utf-8", errors="ignore")`: the valid UTF-8, each invalid sequence dropped.
+fn valid_utf8(bytes: &[u8]) -> String {
+    bytes.utf8_chunks().map(|c| c.valid()).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mlx_vlms_end_drops_invalid_utf8_that_a_word_break_would_replace() {
+        assert_eq!(valid_utf8(b"gain\xc4\xe6agght"), "gainagght");
+        assert_eq!(
+            String::from_utf8_lossy(b"gain\xc4\xe6agght"),
+            "gain\u{FFFD}\u{FFFD}agght"
+        );
+        assert_eq!(valid_utf8("é!".as_bytes()), "é!");
+    }
 
     #[test]
     fn the_byte_table_is_gpt2s() {

@@ -122,31 +122,30 @@ impl Worker {
                 "the model's processor expanded the prompt unlike the server's encoder",
             ));
         }
-        let (run, logits, key, cached) = self.prefill_image(request, prompt_ids, &inputs)?;
+        let steps = self.prefill_image(request, prompt_ids, &inputs)?;
         dec.prompt_done();
-        Ok(ImageSteps {
-            run,
-            logits: Some(logits),
-            key,
-            cached,
-        })
+        Ok(steps)
     }
 
     /// The prompt with its images through caches: a cached prefix's (gemma3) or fresh ones.
-    /// The run, the last position's logits, the prompt's cache key, the tokens reused.
     fn prefill_image<'w>(
         &'w self,
         request: &GenRequest,
         prompt_ids: &[u32],
         inputs: &ImageInputs,
-    ) -> Result<(ImageRun<'w>, Array, Option<Vec<u32>>, usize), ApiError> {
+    ) -> Result<ImageSteps<'w>, ApiError> {
         let model = self.vision.as_ref().expect("checked by start_image");
         let (ImageModel::Gemma3 { model: g, .. }, ImageInputs::Gemma3(pixels)) = (model, inputs)
         else {
             let (run, logits) = model
                 .prefill(prompt_ids, inputs, self.prefill_step)
                 .map_err(model_error)?;
-            return Ok((run, logits, None, 0));
+            return Ok(ImageSteps {
+                run,
+                logits: Some(logits),
+                key: None,
+                cached: 0,
+            });
         };
         let hashes: Vec<[u8; 32]> = request.images.iter().map(|i| i.sha256).collect();
         let key = match plant::is(Defect::ImageRequestCachedByIds) {
@@ -179,7 +178,12 @@ impl Worker {
         let last = logits
             .expect("a prompt has a last token")
             .index((.., -1, ..));
-        Ok((ImageRun::Gemma3 { model: g, caches }, last, key, start))
+        Ok(ImageSteps {
+            run: ImageRun::Gemma3 { model: g, caches },
+            logits: Some(last),
+            key,
+            cached: start,
+        })
     }
 
     /// Keeps a finished request's caches in the prompt cache under its key and `produced`.

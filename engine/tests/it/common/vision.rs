@@ -506,3 +506,22 @@ pub fn rewritten_checkpoint(
     Array::save_safetensors(out, &meta, dir.path().join("model.safetensors")).unwrap();
     dir
 }
+
+/// The fixture's weights and processor config with the generator's overlay over them.
+pub fn assembled(model: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let base = super::goldens().join("models").join(model);
+    // gemma4's processor reads processor_config.json (the generator's `files`).
+    let processor = match model {
+        "tiny-gemma4-vl" => "processor_config.json",
+        _ => "preprocessor_config.json",
+    };
+    for f in ["model.safetensors", processor, "generation_config.json"] {
+        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
+    }
+    for entry in std::fs::read_dir(super::goldens().join("vision/generate").join(model)).unwrap() {
+        let p = entry.unwrap().path();
+        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
+    }
+    dir
+}
