@@ -4,9 +4,10 @@
     /work/vlmserve-venv/bin/python oracles/serve_diff_vision.py --ours URL --peer URL \
         --model DIR [--plant]
 
-(stdlib only: any Python runs it; the harness uses the vlm-serve venv's.) `harness serve-diff
---vision` starts both servers and runs this; `--ours` may be the peer's own URL (the harness's
-`--peer-only`), which checks the requests and the peer's determinism before ours serves images.
+(the harness runs it with the vlm-serve venv's Python: the goldens check below reads the
+model's tokenizer with transformers). `harness serve-diff --vision` starts both servers and
+runs this; `--ours` may be the peer's own URL (the harness's `--peer-only`), which checks the
+requests, the peer's determinism and the plant without our server.
 
 Requests: one and two PNG pictures (the vision goldens' goldens/vision/images/rgb_64x64.png
 and rgb_97x61.png, as `data:image/png;base64,` URLs or Anthropic base64 sources), each with
@@ -39,8 +40,8 @@ through the text and chunks).
 What mlx_vlm.server 0.7.10 does that its generate CLI does not (found here, not documented):
 it keeps the client's order of text and image parts in a user message, so the picture's
 tokens stand where the client put them; `mlx_vlm.generate` (prompt_utils with num_images,
-as the goldens in goldens/vision/generate were made) puts them before the text on Qwen3-VL
-and after it on Gemma 3. Hence both orders here. And it strips whitespace at both ends of a
+as the goldens in goldens/vision/generate were made) puts them before the text on Qwen3-VL,
+Qwen3.5 and gemma4, and after it on Gemma 3. Hence both orders here. And it strips whitespace at both ends of a
 non-streamed answer's text on all three APIs (server/responses_state.py `_split_thinking`,
 which every non-streamed answer goes through, thinking or not), while streamed chat and
 Messages deltas are sent as decoded; streamed Responses deltas drop the first delta's leading
@@ -48,7 +49,8 @@ whitespace and hold trailing whitespace back into the next delta (openai.py `str
 These are compared as they are, not normalized: they are what its clients receive.
 
 The peer's plain chat answers are also held against goldens/vision/generate (mlx_vlm.generate,
-which the engine's vision gates use): prompt token count and the golden text as their start.
+which the engine's vision gates use): prompt token count, and the golden ids as their first
+tokens (`against_goldens`).
 
 `--plant`: our side's first picture is swapped for the other one (rgb_64x64 <-> rgb_97x61);
 the diff must then fail. Prints one line per request, naming for a failure the side that
@@ -59,6 +61,7 @@ difference or refusal.
 import argparse
 import base64
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -143,10 +146,11 @@ def summary(api, base, b):
                         "usage": [u.get(k) for k in ("prompt_tokens", "completion_tokens",
                                                      "total_tokens")] if u else None}
             c, u = r["choices"][0], r["usage"]
-            lp = [t["logprob"] for t in (c.get("logprobs") or {}).get("content", [])]
+            lp = (c.get("logprobs") or {}).get("content", [])
             return {"text": c["message"]["content"], "finish_reason": c["finish_reason"],
                     "usage": [u["prompt_tokens"], u["completion_tokens"], u["total_tokens"]],
-                    "logprobs": lp or None}
+                    "logprobs": [t["logprob"] for t in lp] or None,
+                    "_tokens": [t["token"] for t in lp]}
         req = urllib.request.Request(base + path, data=json.dumps(b).encode(),
                                      headers={"content-type": "application/json"})
         with urllib.request.urlopen(req, timeout=120) as r:
@@ -218,7 +222,8 @@ def planted(images):
 def brief(s):
     """An answer's summary, shortened for a line that is about the other side's refusal."""
     text = s.get("text", "".join(s.get("chunks", [])))
-    rest = {k: v for k, v in s.items() if k not in ("text", "chunks", "logprobs")}
+    rest = {k: v for k, v in s.items()
+            if k not in ("text", "chunks", "logprobs") and not k.startswith("_")}
     return f"{text[:60]!r}{'…' if len(text) > 60 else ''} {rest}"
 
 
@@ -231,7 +236,8 @@ def verdict(ours, peer):
                                                                 ("mlx_vlm.server", peer))
                     if "refused" not in s]
         return "; ".join(sides + answered)
-    keys = [k for k in sorted(set(ours) | set(peer)) if ours.get(k) != peer.get(k)]
+    keys = [k for k in sorted(set(ours) | set(peer))
+            if not k.startswith("_") and ours.get(k) != peer.get(k)]
     if not keys:
         return None
     k = keys[0]
@@ -241,27 +247,34 @@ def verdict(ours, peer):
 
 def against_goldens(model, answers):
     """The peer's plain chat answers against goldens/vision/generate (mlx_vlm.generate, 8
-    tokens): for each golden case of this model, the answer with its pictures in the order the
-    golden prompt has them must have its prompt token count and start with its text (less
-    leading whitespace, which the server strips). Ties the server to the reference the
-    engine's vision gates use. Returns the failures."""
+    greedy ids): for each golden case of this model, the answer with its pictures in the order
+    the golden prompt has them must have its prompt token count, and its first tokens (the
+    `token` of its log-probability entries: the id decoded alone by the model's tokenizer,
+    app.py `_decode_token`) must be the golden ids decoded the same way. Ties the server to
+    the reference the engine's vision gates use. Returns the failures and the cases seen."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # no "PyTorch was not found"
+    from transformers import AutoTokenizer
+
     path = Path(__file__).resolve().parent.parent / "goldens/vision/generate/generate.json"
+    tok = AutoTokenizer.from_pretrained(model)
     bad, seen = [], 0
     for case in json.loads(path.read_text())["cases"]:
         if case["model"] != Path(model).name or case["prompt"] != PROMPT:
             continue
         seen += 1
         t = case["templated"]
-        marks = [t.find(m) for m in ("<start_of_image>", "<|vision_start|>") if m in t]
+        marks = [t.find(m) for m in ("<start_of_image>", "<|vision_start|>", "<|image|>") if m in t]
         first = min(marks) < t.find(PROMPT)
         images = [Path(i).name for i in case["images"]]
         got = answers.get((tuple(images), first))
+        want = [tok.decode([i]) for i in case["generated"]]
+        if case["finish_reason"] == "stop":
+            want = want[:-1]  # the EOS that stopped mlx_vlm.generate is not an answer token
         if got is None or "refused" in got:
             bad.append(f"{images} (pictures {'first' if first else 'last'}): no answer: {got}")
-        elif (got["usage"][0] != len(case["prompt_ids"])
-              or not got["text"].startswith(case["text"].lstrip())):
-            bad.append(f"{images}: golden {len(case['prompt_ids'])} prompt tokens, "
-                       f"{case['text']!r}; mlx_vlm.server {got['usage'][0]}, {got['text']!r}")
+        elif got["usage"][0] != len(case["prompt_ids"]) or got["_tokens"][:len(want)] != want:
+            bad.append(f"{images}: golden {len(case['prompt_ids'])} prompt tokens, {want}; "
+                       f"mlx_vlm.server {got['usage'][0]}, {got['_tokens'][:len(want)]}")
     if not seen:
         bad.append(f"no case for {Path(model).name} (asking {PROMPT!r}) in {path}")
     return bad, seen
@@ -302,7 +315,7 @@ def main() -> int:
         print(f"FAIL mlx_vlm.server vs goldens/vision/generate: {why}")
     if not off:
         print(f"mlx_vlm.server's plain chat answers agree with goldens/vision/generate on its "
-              f"{seen} cases (prompt tokens, the golden's 8-token text as their start)")
+              f"{seen} cases (prompt tokens, the golden's 8 ids as their first tokens)")
     return 1 if failed or off else 0
 
 

@@ -7,8 +7,8 @@
 //! normalized away by design); then once more with its planted client-side difference (our
 //! first picture swapped for the other one), which must be caught.
 //!
-//! A served model is assembled as engine/tests/it/vision_generate.rs assembles it: the tiny
-//! fixture's weights, preprocessor and generation configs from goldens/models/<m>, with
+//! A served model is assembled as engine/tests/it/common/vision.rs `assembled` does it: the
+//! tiny fixture's weights, processor and generation configs from goldens/models/<m>, with
 //! goldens/vision/generate/<m>/ (config, tokenizer, gemma3's processor config) over them.
 //! Both servers load that one directory and every request names its canonical path.
 //!
@@ -22,9 +22,13 @@ use anyhow::{bail, Context, Result};
 
 use super::serve_check::{free_port, serve_in_process, wait_ready, Peer};
 
-/// The models both servers read images on (the fixtures engine/tests/it/vision_generate.rs
-/// generates from).
-const MODELS: [&str; 2] = ["tiny-gemma3-vl", "tiny-qwen3-vl-vision"];
+/// The models both servers read images on (the fixtures of goldens/vision/generate).
+const MODELS: [&str; 4] = [
+    "tiny-gemma3-vl",
+    "tiny-qwen3-vl-vision",
+    "tiny-gemma4-vl",
+    "tiny-qwen3-5-vl",
+];
 
 /// `VLM_SERVE_VENV`, else /work/vlmserve-venv.
 fn venv() -> PathBuf {
@@ -37,11 +41,12 @@ fn assemble(model: &str, into: &Path) -> Result<PathBuf> {
     let dir = into.join(model);
     std::fs::create_dir_all(&dir)?;
     let base = goldens.join("models").join(model);
-    for f in [
-        "model.safetensors",
-        "preprocessor_config.json",
-        "generation_config.json",
-    ] {
+    // gemma4's processor reads processor_config.json (as tests/it/common/vision.rs has it).
+    let processor = match model {
+        "tiny-gemma4-vl" => "processor_config.json",
+        _ => "preprocessor_config.json",
+    };
+    for f in ["model.safetensors", processor, "generation_config.json"] {
         std::fs::copy(base.join(f), dir.join(f)).with_context(|| format!("{base:?}/{f}"))?;
     }
     let overlay = goldens.join("vision/generate").join(model);
