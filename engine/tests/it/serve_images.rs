@@ -222,20 +222,76 @@ fn streamed(port: u16, content: Value) -> String {
         .collect()
 }
 
+/// The prompt cache with images, on a server (`served`) against one without a prompt cache
+/// (`uncached`): a conversation goes on from its cached prefix (the image's run in it) and
+/// answers as a fresh prompt; the same conversation with another image of the same size (so
+/// the same ids) reuses only the text before the image, and answers as a fresh prompt; on
+/// `planted` (ids-only keys) it does not.
+fn prompt_cache_claims(served: u16, uncached: u16, planted: Option<u16>) {
+    // Two pictures of one size: the second is the first mirrored (EXIF orientation 2).
+    let (a, b) = (
+        "images/jpeg_orient1_48x32.jpg",
+        "images/jpeg_orient2_48x32.jpg",
+    );
+    let text = json!({"type": "text", "text": "Describe this."});
+    // The first turn alone, one token: its entry holds just the prompt (the answer's one
+    // token is not fed back), which the conversation below extends exactly (gemma3's
+    // sliding-window caches cannot be trimmed, so an entry is used only as a whole prefix).
+    let first = |port, name| {
+        let body = json!({"max_tokens": 1, "messages": [{"role": "user",
+            "content": [text, url_part(name)]}]});
+        assert_eq!(post(port, "/v1/chat/completions", &body).0, 200);
+    };
+    first(served, a);
+    let turns = |name| {
+        json!([{"role": "user", "content": [text, url_part(name)]},
+            {"role": "assistant", "content": "It is a picture."},
+            {"role": "user", "content": "And the colors?"}])
+    };
+    let ask = |port, turns: &Value| {
+        let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
+            "messages": turns});
+        let (status, v) = post(port, "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+        // The answer with its tokens' log-probabilities (the tiny models' texts repeat).
+        (v["choices"][0].clone(), reused.unwrap())
+    };
+    let (with_a, with_b) = (turns(a), turns(b));
+    let (fresh_a, fresh_b) = (ask(uncached, &with_a).0, ask(uncached, &with_b).0);
+    assert_ne!(fresh_a, fresh_b, "the two images give one answer");
+    let (got, reused_a) = ask(served, &with_a);
+    assert!(reused_a > 20, "no cached prefix: {reused_a}");
+    assert_eq!(got, fresh_a, "a cached prefix changed the answer");
+    let (got, reused_b) = ask(served, &with_b);
+    assert!(
+        reused_b < reused_a,
+        "another image's run was reused: {reused_b} tokens"
+    );
+    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
+    if let Some(planted) = planted {
+        first(planted, a);
+        let got = ask(planted, &with_b).0;
+        assert_ne!(got, fresh_b, "planted ImageRequestCachedByIds: not caught");
+    }
+}
+
 #[test]
 fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     let gemma = common::vision::assembled("tiny-gemma3-vl");
     let qwen = common::vision::assembled("tiny-qwen3-vl-vision");
     let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
     let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
-    let (g, q, planted_order, planted_cache, uncached) = std::thread::scope(|s| {
+    let (g, q, planted_order, planted_cache, (uncached, uncached_q)) = std::thread::scope(|s| {
         let q = s.spawn(|| serve_dir(qwen.path(), &[]));
         let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
+        let uq = s.spawn(|| serve_dir(qwen.path(), &["--prompt-cache-size", "0"]));
         let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
         let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
         let g = serve_dir(gemma.path(), &[]);
         let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
-        (g, joined.0, joined.1, joined.2, u.join().unwrap())
+        let uncached = (u.join().unwrap(), uq.join().unwrap());
+        (g, joined.0, joined.1, joined.2, uncached)
     });
     let text = json!({"type": "text", "text": "Describe this."});
     let (a, b) = ("images/rgb_64x64.png", "images/rgb_97x61.png");
@@ -315,51 +371,9 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
         "planted ServedImageEntriesFirst: not caught"
     );
 
-    // The prompt cache: a conversation goes on from its cached prefix (the image's run in
-    // it) and answers as a fresh prompt; the same conversation with another image of the
-    // same token count (gemma3: 4 tokens each, so the two prompts have the same ids) reuses
-    // only the text before the image.
-    let said = answer(g.port, json!([text, url_part(a)])).1;
-    let turns = |name| {
-        json!([{"role": "user", "content": [text, url_part(name)]},
-            {"role": "assistant", "content": said},
-            {"role": "user", "content": "And the colors?"}])
-    };
-    let ask = |port, turns: &Value| {
-        let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
-            "messages": turns});
-        let (status, v) = post(port, "/v1/chat/completions", &body);
-        assert_eq!(status, 200, "{v}");
-        let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
-        // The answer with its tokens' log-probabilities (the tiny model's texts repeat).
-        (v["choices"][0].clone(), reused.unwrap())
-    };
-    let (with_a, with_b) = (turns(a), turns(b));
-    let (got, reused) = ask(g.port, &with_a);
-    assert!(reused > 20, "no cached prefix: {reused}");
-    assert_eq!(
-        got,
-        ask(uncached.port, &with_a).0,
-        "a cached prefix changed the answer"
-    );
-    let fresh_b = ask(uncached.port, &with_b).0;
-    assert_ne!(
-        fresh_b,
-        ask(uncached.port, &with_a).0,
-        "the images give one answer"
-    );
-    let (got, reused) = ask(g.port, &with_b);
-    assert!(
-        reused < 17,
-        "another image's run was reused: {reused} tokens"
-    );
-    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
-    let _ = answer(planted_cache.port, json!([text, url_part(a)]));
-    assert_ne!(
-        ask(planted_cache.port, &with_b).0,
-        fresh_b,
-        "planted ImageRequestCachedByIds: not caught"
-    );
+    // The prompt cache (gemma3, Qwen3-VL); planted ids-only keys caught on gemma3.
+    prompt_cache_claims(g.port, uncached.port, Some(planted_cache.port));
+    prompt_cache_claims(q.port, uncached_q.port, None);
 
     // The server goes on answering text.
     let (status, v) = post(g.port, "/v1/chat/completions", &common::server::ask("Hi"));
