@@ -333,17 +333,19 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     let qwen = common::vision::assembled("tiny-qwen3-vl-vision");
     let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
     let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
-    let (g, q, planted_order, planted_cache, (uncached, uncached_q)) = std::thread::scope(|s| {
-        let q = s.spawn(|| serve_dir(qwen.path(), &[]));
-        let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
-        let uq = s.spawn(|| serve_dir(qwen.path(), &["--prompt-cache-size", "0"]));
-        let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
-        let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
-        let g = serve_dir(gemma.path(), &[]);
-        let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
-        let uncached = (u.join().unwrap(), uq.join().unwrap());
-        (g, joined.0, joined.1, joined.2, uncached)
-    });
+    let (g, q, planted_order, planted_cache, (uncached, uncached_q, batched)) =
+        std::thread::scope(|s| {
+            let q = s.spawn(|| serve_dir(qwen.path(), &[]));
+            let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
+            let uq = s.spawn(|| serve_dir(qwen.path(), &["--prompt-cache-size", "0"]));
+            let bg = s.spawn(|| serve_dir(gemma.path(), &["--batch", "4"]));
+            let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
+            let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
+            let g = serve_dir(gemma.path(), &[]);
+            let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
+            let uncached = (u.join().unwrap(), uq.join().unwrap(), bg.join().unwrap());
+            (g, joined.0, joined.1, joined.2, uncached)
+        });
     let text = json!({"type": "text", "text": "Describe this."});
     let (a, b) = ("images/rgb_64x64.png", "images/rgb_97x61.png");
 
@@ -427,6 +429,28 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     prompt_cache_claims(g.port, uncached.port, Some(planted_cache.port));
     prompt_cache_claims(q.port, uncached_q.port, None);
     ssd_tier_claims(qwen.path(), uncached_q.port);
+
+    // The batch lane: image rows answer as on the serial lane, beside text rows, and keep
+    // their prompts in the prompt cache.
+    let case = generate_case("tiny-gemma3-vl", 2);
+    let port = batched.port;
+    let text_row = std::thread::spawn(move || {
+        let body = json!({"max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]});
+        post(port, "/v1/chat/completions", &body)
+    });
+    let got = answer(port, json!([text, url_part(a), url_part(b)])).0;
+    assert_eq!(
+        got,
+        golden_tokens(gemma.path(), &case),
+        "gemma3 in the batch lane"
+    );
+    assert_eq!(text_row.join().unwrap().0, 200);
+    let lanes = &common::server::stats(port)["lanes"];
+    assert_eq!(
+        (&lanes["batch_slots"], &lanes["serial_reason"]),
+        (&json!(4), &Value::Null)
+    );
+    prompt_cache_claims(port, uncached.port, None);
 
     // The server goes on answering text.
     let (status, v) = post(g.port, "/v1/chat/completions", &common::server::ask("Hi"));

@@ -43,12 +43,12 @@ use crate::vision::RgbImage;
 /// A request with images between two of its steps: its run (the caches after the prompt,
 /// the rope delta), the logits of the position whose id comes next, and its prompt's cache
 /// key (None: not cached).
-pub(super) struct ImageSteps<'w> {
+pub(in crate::serve) struct ImageSteps<'w> {
     run: ImageRun<'w>,
     logits: Option<Array>,
     key: Option<Vec<u32>>,
     /// Prompt tokens a cached prefix gave.
-    pub(super) cached: usize,
+    pub(in crate::serve) cached: usize,
 }
 
 /// The prompt cache's namespace of prompts with images (an adapter's is `name@hash`).
@@ -106,7 +106,7 @@ fn whole_hashes(key: &[u32], reused: usize) -> bool {
 
 impl Worker {
     /// Prefills `request`'s prompt with its images: the steps to decode from.
-    pub(super) fn start_image<'w>(
+    pub(in crate::serve) fn start_image<'w>(
         &'w self,
         request: &GenRequest,
         prompt_ids: &[u32],
@@ -224,7 +224,7 @@ impl Worker {
     }
 
     /// Keeps a finished request's caches in the prompt cache under its key and `produced`.
-    pub(super) fn keep_image(&self, steps: ImageSteps<'_>, produced: &[u32]) {
+    pub(in crate::serve) fn keep_image(&self, steps: ImageSteps<'_>, produced: &[u32]) {
         let caches: Vec<Box<dyn Cache>> = match steps.run {
             ImageRun::Gemma3 { caches, .. } => caches,
             ImageRun::Qwen3Vl { caches, .. } => caches
@@ -245,7 +245,7 @@ impl Worker {
 impl ImageSteps<'_> {
     /// One token: picked from the last logits, emitted, and (unless the request is over)
     /// fed back for the next logits. Some(finish) when the request is over.
-    pub(super) fn advance(
+    pub(in crate::serve) fn advance(
         &mut self,
         dec: &mut Decoder<'_>,
         on_token: &mut impl FnMut(u32, &Array) -> Result<Flow, ApiError>,
