@@ -36,7 +36,7 @@ use crate::generate::{Finish, Flow};
 use crate::plant::{self, Defect};
 use crate::serve::error::ApiError;
 use crate::serve::request::GenRequest;
-use crate::vision::model::{ImageInputs, ImageModel, ImageModelError, ImageRun};
+use crate::vision::model::{gemma3_prefill, ImageInputs, ImageModel, ImageModelError, ImageRun};
 use crate::vision::qwen_lm::generate_chunks;
 use crate::vision::RgbImage;
 
@@ -168,17 +168,14 @@ impl Worker {
         let (run, logits, cached) = match (model, inputs) {
             (ImageModel::Gemma3 { model: g, .. }, ImageInputs::Gemma3(pixels)) => {
                 let mut caches = hit.map_or_else(|| g.make_caches(), |h| h.caches);
-                let embeds = g
-                    .embed_with_images(prompt_ids, pixels)
-                    .map_err(|e| model_error(e.into()))?;
-                let (mut at, mut logits) = (start as i32, None);
-                for &end in &ends {
-                    let chunk = embeds.index((.., at..end as i32));
-                    logits = Some(g.forward_embeddings(chunk, &mut caches)?);
-                    at = end as i32;
-                }
-                let logits = logits.expect("a prompt has a last token");
-                let last = logits.index((.., -1, ..));
+                let last = gemma3_prefill(
+                    g,
+                    prompt_ids,
+                    pixels,
+                    (&mut caches, start),
+                    self.prefill_step,
+                )
+                .map_err(model_error)?;
                 (ImageRun::Gemma3 { model: g, caches }, last, start)
             }
             (ImageModel::Qwen3Vl { model: q, .. }, ImageInputs::Qwen3Vl(patches, grids)) => {
