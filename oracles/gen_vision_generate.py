@@ -82,6 +82,10 @@ QWEN35_TEMPLATE = QWEN_TEMPLATE.replace(
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
 )
 
+# Qwen3-VL's and Qwen3.5's vision tokens and the config ids naming them (one tokenizer family).
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_IDS = {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
+            "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"}
 CASES = {
     "tiny-gemma3-vl": {
         "tokens": ["<start_of_turn>", "<end_of_turn>", "<start_of_image>", "<end_of_image>", "<image_soft_token>"],
@@ -94,9 +98,8 @@ CASES = {
         "processor": {"image_seq_length": 4, "processor_class": "Gemma3Processor"},
     },
     "tiny-qwen3-vl-vision": {
-        "tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
-        "ids": {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
-                "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
+        "tokens": QWEN_TOKENS,
+        "ids": QWEN_IDS,
         "template": QWEN_TEMPLATE,
         "extra": {},
     },
@@ -110,9 +113,8 @@ CASES = {
         "files": ("model.safetensors", "processor_config.json", "generation_config.json"),
     },
     "tiny-qwen3-5-vl": {
-        "tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"],
-        "ids": {"vision_start_token_id": "<|vision_start|>", "vision_end_token_id": "<|vision_end|>",
-                "image_token_id": "<|image_pad|>", "video_token_id": "<|video_pad|>"},
+        "tokens": QWEN_TOKENS,
+        "ids": QWEN_IDS,
         "template": QWEN35_TEMPLATE,
         "extra": {},
     },

@@ -22,6 +22,7 @@ use super::error::ApiError;
 use super::worker::{Job, Work, Worker};
 
 mod admit;
+mod images;
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
@@ -70,6 +71,8 @@ struct Lane<'w> {
     admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
     parked: Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
+    /// Requests with images: rows stepped by the vision model (`images`).
+    images: Vec<(Row<'w>, crate::serve::worker::ImageSteps<'w>)>,
     steps: usize,
     /// The adapter every row, admission and parked row of the lane runs under (None: the
     /// base model): rows of one adapter decode together; a request of another waits until
@@ -283,6 +286,7 @@ impl Worker {
             inflight: None,
             admissions: Vec::new(),
             parked: Vec::new(),
+            images: Vec::new(),
             steps: 0,
             group: None,
         };
@@ -302,7 +306,9 @@ impl Worker {
                 lane.batch = Batch::new(self.model.as_ref());
                 lane.inflight = None;
             }
-            if lane.rows.is_empty() && lane.admissions.is_empty() && !lane.admissible() {
+            let stepping = !lane.images.is_empty();
+            if lane.rows.is_empty() && lane.admissions.is_empty() && !stepping && !lane.admissible()
+            {
                 // Waiting for parked rows of the group to catch up or be cut.
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -325,6 +331,7 @@ impl Worker {
             }
             // At most one prefill step of prompt tokens per tick, between decode steps.
             self.prefill_tick(&mut lane);
+            self.image_tick(&mut lane);
             if lane.rows.is_empty() {
                 lane.inflight = None;
                 continue;
@@ -336,7 +343,8 @@ impl Worker {
     /// Takes new jobs (waiting for one when the lane is idle). False once every sender is
     /// gone and nothing is left to do.
     fn receive<'w>(&'w self, lane: &mut Lane<'w>, jobs: &mpsc::Receiver<Work>) -> bool {
-        if lane.rows.is_empty() && lane.waiting.is_empty() && lane.admissions.is_empty() {
+        let idle = lane.rows.is_empty() && lane.admissions.is_empty() && lane.images.is_empty();
+        if idle && lane.waiting.is_empty() {
             if lane.parked.is_empty() {
                 match self.next_job(jobs) {
                     Some(job) => lane.waiting.push_back(job),

@@ -37,7 +37,7 @@ pub struct Rules {
     pub max_images: usize,
     pub limits: vision::Limits,
     /// Why this server reads no images (refused after they were checked: a model without a
-    /// vision tower this engine runs, a distributed group, the batch lane); None: it does.
+    /// vision tower this engine runs, `--text-only`, a distributed group); None: it does.
     pub text_only: Option<String>,
 }
 
@@ -59,9 +59,6 @@ pub fn served(args: &super::args::ServeArgs) -> anyhow::Result<Result<Arc<Expand
     } else if crate::dist::active() {
         "images are not served under a distributed group yet (the ranks run the text \
          model only); serve the vision model on one machine to send images"
-    } else if args.batch > 1 {
-        "images are served on the serial lane only for now: restart the server without \
-         --batch to send images"
     } else {
         return Ok(Ok(Arc::new(expander)));
     };

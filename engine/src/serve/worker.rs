@@ -33,6 +33,7 @@ use crate::generate::{Finish, Session, SessionOptions};
 use crate::load::tokenizer::Tokenizer;
 use crate::model::LanguageModel;
 pub use embed::{EmbedJob, Pending};
+pub(in crate::serve) use image::ImageSteps;
 
 /// Requests held per `--interleave` / `--batch` slot at most, counting those waiting on
 /// their clients (paused or parked; each holds its KV caches until its stall timeout).
@@ -119,6 +120,10 @@ pub struct Worker {
     /// server reads no images, `serve::images::served`).
     pub vision: Option<crate::vision::model::ImageModel>,
 }
+
+/// The refusal of a request with images that names an adapter.
+pub const ADAPTER_WITH_IMAGES: &str = "adapters apply to the text model only: send images to \
+     the base model, or the adapter's request without images";
 
 /// How a serial-lane request makes its tokens: the text decode core, or a prompt with
 /// images (`image`). Unboxed: a lane holds a few turns at most.
@@ -417,10 +422,7 @@ impl Worker {
     ) -> Option<Turn<'w>> {
         let (emit, prompt_ids, max_tokens, adapter, budget) = t;
         if adapter.is_some() {
-            let e = ApiError::invalid(
-                "adapters apply to the text model only: send images to the base model, or \
-                 the adapter's request without images",
-            );
+            let e = ApiError::invalid(ADAPTER_WITH_IMAGES);
             self.end_failed(emit, e);
             return None;
         }

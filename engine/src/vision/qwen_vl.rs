@@ -167,6 +167,7 @@ impl QwenVlProcessor {
 
     /// The patches of one decoded image.
     pub fn preprocess(&self, img: &RgbImage) -> Result<QwenVlPixels, VisionError> {
+        let tokens = self.image_tokens(img.height, img.width)?;
         let (h, w) = self.smart_resize(img.height, img.width)?;
         let img = resize(img, w, h, Filter::Bicubic);
         let (ps, tps, ms) = (self.patch_size, self.temporal_patch_size, self.merge_size);
@@ -204,7 +205,7 @@ impl QwenVlProcessor {
                 data,
             },
             grid_thw: [1, gh, gw],
-            tokens: self.image_tokens(img.height, img.width)?,
+            tokens,
         })
     }
 }

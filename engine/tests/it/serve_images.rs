@@ -222,21 +222,130 @@ fn streamed(port: u16, content: Value) -> String {
         .collect()
 }
 
+/// Two pictures of one size: the second is the first mirrored (EXIF orientation 2).
+const SAME_SIZE: [&str; 2] = [
+    "images/jpeg_orient1_48x32.jpg",
+    "images/jpeg_orient2_48x32.jpg",
+];
+
+fn describe() -> Value {
+    json!({"type": "text", "text": "Describe this."})
+}
+
+/// The first turn alone, one token: its entry holds just the prompt (the answer's one token
+/// is not fed back), which [`conversation`] extends exactly (gemma3's sliding-window caches
+/// cannot be trimmed, so an entry is used only as a whole prefix).
+fn first_turn(port: u16, image: &str) {
+    let body = json!({"max_tokens": 1, "messages": [{"role": "user",
+        "content": [describe(), url_part(image)]}]});
+    assert_eq!(post(port, "/v1/chat/completions", &body).0, 200);
+}
+
+fn conversation(image: &str) -> Value {
+    json!([{"role": "user", "content": [describe(), url_part(image)]},
+        {"role": "assistant", "content": "It is a picture."},
+        {"role": "user", "content": "And the colors?"}])
+}
+
+/// A greedy answer to `turns` with its tokens' log-probabilities (the tiny models' texts
+/// repeat), and the prompt tokens the cache gave.
+fn ask_turns(port: u16, turns: &Value) -> (Value, u64) {
+    let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
+        "messages": turns});
+    let (status, v) = post(port, "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    (v["choices"][0].clone(), reused.unwrap())
+}
+
+/// The prompt cache with images, on a server (`served`) against one without a prompt cache
+/// (`uncached`): a conversation goes on from its cached prefix (the image's run in it) and
+/// answers as a fresh prompt; the same conversation with another image of the same size (so
+/// the same ids) reuses only the text before the image, and answers as a fresh prompt; on
+/// `planted` (ids-only keys) it does not.
+fn prompt_cache_claims(served: u16, uncached: u16, planted: Option<u16>) {
+    let [a, b] = SAME_SIZE;
+    first_turn(served, a);
+    let (with_a, with_b) = (conversation(a), conversation(b));
+    let (fresh_a, fresh_b) = (
+        ask_turns(uncached, &with_a).0,
+        ask_turns(uncached, &with_b).0,
+    );
+    assert_ne!(fresh_a, fresh_b, "the two images give one answer");
+    let (got, reused_a) = ask_turns(served, &with_a);
+    assert!(reused_a > 20, "no cached prefix: {reused_a}");
+    assert_eq!(got, fresh_a, "a cached prefix changed the answer");
+    let (got, reused_b) = ask_turns(served, &with_b);
+    assert!(
+        reused_b < reused_a,
+        "another image's run was reused: {reused_b} tokens"
+    );
+    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
+    if let Some(planted) = planted {
+        first_turn(planted, a);
+        let got = ask_turns(planted, &with_b).0;
+        assert_ne!(got, fresh_b, "planted ImageRequestCachedByIds: not caught");
+    }
+}
+
+/// The SSD tier across a restart: the first turn's entry written to disk by one server, the
+/// conversation restored from it by a new server over the same directory and answered as an
+/// uncached server answers it; the mirrored picture's conversation reuses less.
+fn ssd_tier_claims(model: &std::path::Path, uncached: u16) {
+    let [a, b] = SAME_SIZE;
+    let ssd = tempfile::tempdir().unwrap();
+    let opts = [
+        "--ssd-cache",
+        ssd.path().to_str().unwrap(),
+        "--ssd-cache-debounce-ms",
+        "0",
+    ];
+    let first = serve_dir(model, &opts);
+    first_turn(first.port, a);
+    let limit = std::time::Duration::from_secs(30);
+    common::server::wait_for(first.port, "the entry on disk", limit, |st| {
+        st["ssd_cache"]["spills"] == 1
+    });
+    drop(first);
+    let second = serve_dir(model, &opts);
+    let (got, reused_a) = ask_turns(second.port, &conversation(a));
+    assert!(reused_a > 20, "not restored from disk: {reused_a}");
+    assert_eq!(
+        got,
+        ask_turns(uncached, &conversation(a)).0,
+        "restored, it answers otherwise"
+    );
+    assert_eq!(
+        common::server::stats(second.port)["ssd_cache"]["restores"],
+        1
+    );
+    let (got, reused_b) = ask_turns(second.port, &conversation(b));
+    assert!(
+        reused_b < reused_a,
+        "the mirrored picture's run was reused: {reused_b}"
+    );
+    assert_eq!(got, ask_turns(uncached, &conversation(b)).0);
+}
+
 #[test]
 fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
     let gemma = common::vision::assembled("tiny-gemma3-vl");
     let qwen = common::vision::assembled("tiny-qwen3-vl-vision");
     let order = [("ENGINE_PLANT", "ServedImageEntriesFirst")];
     let cache = [("ENGINE_PLANT", "ImageRequestCachedByIds")];
-    let (g, q, planted_order, planted_cache, uncached) = std::thread::scope(|s| {
-        let q = s.spawn(|| serve_dir(qwen.path(), &[]));
-        let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
-        let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
-        let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
-        let g = serve_dir(gemma.path(), &[]);
-        let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
-        (g, joined.0, joined.1, joined.2, u.join().unwrap())
-    });
+    let (g, q, planted_order, planted_cache, (uncached, uncached_q, batched)) =
+        std::thread::scope(|s| {
+            let q = s.spawn(|| serve_dir(qwen.path(), &[]));
+            let u = s.spawn(|| serve_dir(gemma.path(), &["--prompt-cache-size", "0"]));
+            let uq = s.spawn(|| serve_dir(qwen.path(), &["--prompt-cache-size", "0"]));
+            let bg = s.spawn(|| serve_dir(gemma.path(), &["--batch", "4"]));
+            let po = s.spawn(|| serve_dir_with_env(qwen.path(), &[], &order));
+            let pc = s.spawn(|| serve_dir_with_env(gemma.path(), &[], &cache));
+            let g = serve_dir(gemma.path(), &[]);
+            let joined = (q.join().unwrap(), po.join().unwrap(), pc.join().unwrap());
+            let uncached = (u.join().unwrap(), uq.join().unwrap(), bg.join().unwrap());
+            (g, joined.0, joined.1, joined.2, uncached)
+        });
     let text = json!({"type": "text", "text": "Describe this."});
     let (a, b) = ("images/rgb_64x64.png", "images/rgb_97x61.png");
 
@@ -315,51 +424,33 @@ fn a_served_vision_model_answers_images_as_mlx_vlm_generates_on_every_api() {
         "planted ServedImageEntriesFirst: not caught"
     );
 
-    // The prompt cache: a conversation goes on from its cached prefix (the image's run in
-    // it) and answers as a fresh prompt; the same conversation with another image of the
-    // same token count (gemma3: 4 tokens each, so the two prompts have the same ids) reuses
-    // only the text before the image.
-    let said = answer(g.port, json!([text, url_part(a)])).1;
-    let turns = |name| {
-        json!([{"role": "user", "content": [text, url_part(name)]},
-            {"role": "assistant", "content": said},
-            {"role": "user", "content": "And the colors?"}])
-    };
-    let ask = |port, turns: &Value| {
-        let body = json!({"max_tokens": 8, "temperature": 0.0, "logprobs": true,
-            "messages": turns});
-        let (status, v) = post(port, "/v1/chat/completions", &body);
-        assert_eq!(status, 200, "{v}");
-        let reused = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
-        // The answer with its tokens' log-probabilities (the tiny model's texts repeat).
-        (v["choices"][0].clone(), reused.unwrap())
-    };
-    let (with_a, with_b) = (turns(a), turns(b));
-    let (got, reused) = ask(g.port, &with_a);
-    assert!(reused > 20, "no cached prefix: {reused}");
+    // The prompt cache (gemma3, Qwen3-VL; the SSD tier on Qwen3-VL); planted ids-only keys
+    // caught on gemma3.
+    prompt_cache_claims(g.port, uncached.port, Some(planted_cache.port));
+    prompt_cache_claims(q.port, uncached_q.port, None);
+    ssd_tier_claims(qwen.path(), uncached_q.port);
+
+    // The batch lane: image rows answer as on the serial lane, beside text rows, and keep
+    // their prompts in the prompt cache.
+    let case = generate_case("tiny-gemma3-vl", 2);
+    let port = batched.port;
+    let text_row = std::thread::spawn(move || {
+        let body = json!({"max_tokens": 64, "messages": [{"role": "user", "content": "Hi"}]});
+        post(port, "/v1/chat/completions", &body)
+    });
+    let got = answer(port, json!([text, url_part(a), url_part(b)])).0;
     assert_eq!(
         got,
-        ask(uncached.port, &with_a).0,
-        "a cached prefix changed the answer"
+        golden_tokens(gemma.path(), &case),
+        "gemma3 in the batch lane"
     );
-    let fresh_b = ask(uncached.port, &with_b).0;
-    assert_ne!(
-        fresh_b,
-        ask(uncached.port, &with_a).0,
-        "the images give one answer"
+    assert_eq!(text_row.join().unwrap().0, 200);
+    let lanes = &common::server::stats(port)["lanes"];
+    assert_eq!(
+        (&lanes["batch_slots"], &lanes["serial_reason"]),
+        (&json!(4), &Value::Null)
     );
-    let (got, reused) = ask(g.port, &with_b);
-    assert!(
-        reused < 17,
-        "another image's run was reused: {reused} tokens"
-    );
-    assert_eq!(got, fresh_b, "another image's prefix changed the answer");
-    let _ = answer(planted_cache.port, json!([text, url_part(a)]));
-    assert_ne!(
-        ask(planted_cache.port, &with_b).0,
-        fresh_b,
-        "planted ImageRequestCachedByIds: not caught"
-    );
+    prompt_cache_claims(port, uncached.port, None);
 
     // The server goes on answering text.
     let (status, v) = post(g.port, "/v1/chat/completions", &common::server::ask("Hi"));

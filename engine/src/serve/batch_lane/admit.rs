@@ -27,6 +27,7 @@ use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Session};
 use crate::serve::emit::{Emitter, Outbox};
 use crate::serve::error::ApiError;
+use crate::serve::request::GenRequest;
 use crate::serve::worker::{Job, Worker};
 
 /// A request being admitted: its prompt is prefilled chunk by chunk.
@@ -48,10 +49,14 @@ impl Admission<'_> {
 impl Worker {
     /// Starts admitting waiting requests while there are free slots.
     pub(super) fn start_admissions<'w>(&'w self, lane: &mut Lane<'w>) {
-        while lane.rows.len() + lane.admissions.len() < lane.slots && lane.admissible() {
+        while super::images::busy(lane) < lane.slots && lane.admissible() {
             let Some(job) = lane.waiting.pop_front() else {
                 break;
             };
+            if !job.request.images.is_empty() {
+                self.start_image_row(lane, job);
+                continue;
+            }
             if lane.idle() {
                 lane.group = job.adapter.as_ref().map(|u| u.name().to_owned());
             }
@@ -68,6 +73,31 @@ impl Worker {
 
     /// Starts admitting a request: its limits checked, prompt cache consulted, session made.
     fn start<'w>(&'w self, job: Job) -> Option<Admission<'w>> {
+        let (row, request, prompt) = self.open_row(job)?;
+        let (caches, cached) = match self.cache_take(&prompt) {
+            Some(h) => (h.caches, h.reused),
+            None => (self.make_caches(), 0),
+        };
+        let opts = self.opts_for(row.adapter.as_ref());
+        let mut session = Session::with_caches(self.model.as_ref(), &opts, caches);
+        session.prefill_step = self.prefill_step;
+        session.on_prefill = crate::serve::progress::prefill_hook(
+            row.emit.weak_events(),
+            prompt.len(),
+            cached,
+            request.return_progress,
+        );
+        Some(Admission {
+            row: Row { cached, ..row },
+            session,
+            prompt,
+            fed: cached,
+        })
+    }
+
+    /// A request's row, once its limits are checked and its sampler made (it counts as
+    /// running from here): the row, the request and its prompt ids.
+    pub(super) fn open_row<'w>(&'w self, job: Job) -> Option<(Row<'w>, GenRequest, Vec<u32>)> {
         let Job {
             request,
             prompt_ids: prompt,
@@ -106,35 +136,17 @@ impl Worker {
         };
         emit.started(prompt.len());
         self.counters.running.fetch_add(1, Ordering::Relaxed);
-        let (caches, cached) = match self.cache_take(&prompt) {
-            Some(h) => (h.caches, h.reused),
-            None => (self.make_caches(), 0),
-        };
-        let opts = self.opts_for(adapter.as_ref());
-        let mut session = Session::with_caches(self.model.as_ref(), &opts, caches);
-        session.prefill_step = self.prefill_step;
-        session.on_prefill = crate::serve::progress::prefill_hook(
-            emit.weak_events(),
-            prompt.len(),
-            cached,
-            request.return_progress,
-        );
         let row = Row {
             emit,
             dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),
             prompt_tokens: prompt.len(),
-            cached,
+            cached: 0,
             next: 0,
             since: Instant::now(),
             adapter,
             budget,
         };
-        Some(Admission {
-            row,
-            session,
-            prompt,
-            fed: cached,
-        })
+        Some((row, request, prompt))
     }
 
     /// One tick of prefill: admissions get their next chunks within the tick's budget (one

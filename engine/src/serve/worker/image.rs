@@ -7,7 +7,7 @@
 //! Qwen family at its position plus the prompt's M-RoPE delta). Each step is one token of
 //! this request, taking turns with the lane's other requests like a text request's step.
 //!
-//! The prompt cache (gemma3): an entry is keyed by token ids, and two prompts with different
+//! The prompt cache (gemma3, Qwen3-VL): an entry is keyed by token ids, and two prompts with different
 //! images of one size have the same ids, so a prompt with images is keyed by its ids with
 //! each image's token run replaced by ids past any vocabulary (bit 31 set) that carry the
 //! image's SHA-256: its first [`HASH_WORDS`] positions hold 31 bits of the hash each, the
@@ -18,8 +18,11 @@
 //! text request, nor the text model's an image one. A hit continues the prefill from the
 //! cached position with the prompt's embeddings (the images through the tower again),
 //! which gives the same logits as a fresh prefill, bit for bit (measured on
-//! tiny-gemma3-vl at cuts before, inside and after the images). Qwen3-VL prompts are not
-//! cached (its prefill does not start from a cached position yet).
+//! tiny-gemma3-vl at cuts before, inside and after the images; gated on both families).
+//! Qwen3-VL's positions and deepstack rows are the whole prompt's, sliced from the cached
+//! position. Not cached: gemma4 (its image blocks attend both ways, so a prefix may not
+//! stop inside one, and mlx-vlm prefills its image prompts in one forward) and Qwen3.5 (a
+//! gated delta net's chunked scan depends on where its chunks start).
 //!
 //! Adapters apply to the text model only, so a request naming one with images is refused.
 
@@ -27,23 +30,25 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::Worker;
+use crate::cache::{Cache, KvCache};
 use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Flow};
 use crate::plant::{self, Defect};
 use crate::serve::error::ApiError;
 use crate::serve::request::GenRequest;
-use crate::vision::model::{ImageInputs, ImageModel, ImageModelError, ImageRun};
+use crate::vision::model::{gemma3_prefill, ImageInputs, ImageModel, ImageModelError, ImageRun};
+use crate::vision::qwen_lm::generate_chunks;
 use crate::vision::RgbImage;
 
 /// A request with images between two of its steps: its run (the caches after the prompt,
 /// the rope delta), the logits of the position whose id comes next, and its prompt's cache
 /// key (None: not cached).
-pub(super) struct ImageSteps<'w> {
+pub(in crate::serve) struct ImageSteps<'w> {
     run: ImageRun<'w>,
     logits: Option<Array>,
     key: Option<Vec<u32>>,
     /// Prompt tokens a cached prefix gave.
-    pub(super) cached: usize,
+    pub(in crate::serve) cached: usize,
 }
 
 /// The prompt cache's namespace of prompts with images (an adapter's is `name@hash`).
@@ -101,7 +106,7 @@ fn whole_hashes(key: &[u32], reused: usize) -> bool {
 
 impl Worker {
     /// Prefills `request`'s prompt with its images: the steps to decode from.
-    pub(super) fn start_image<'w>(
+    pub(in crate::serve) fn start_image<'w>(
         &'w self,
         request: &GenRequest,
         prompt_ids: &[u32],
@@ -127,7 +132,8 @@ impl Worker {
         Ok(steps)
     }
 
-    /// The prompt with its images through caches: a cached prefix's (gemma3) or fresh ones.
+    /// The prompt with its images through caches: a cached prefix's (gemma3, Qwen3-VL) or
+    /// fresh ones.
     fn prefill_image<'w>(
         &'w self,
         request: &GenRequest,
@@ -135,60 +141,96 @@ impl Worker {
         inputs: &ImageInputs,
     ) -> Result<ImageSteps<'w>, ApiError> {
         let model = self.vision.as_ref().expect("checked by start_image");
-        let (ImageModel::Gemma3 { model: g, .. }, ImageInputs::Gemma3(pixels)) = (model, inputs)
-        else {
-            let (run, logits) = model
-                .prefill(prompt_ids, inputs, self.prefill_step)
-                .map_err(model_error)?;
-            return Ok(ImageSteps {
-                run,
-                logits: Some(logits),
-                key: None,
-                cached: 0,
-            });
-        };
         let hashes: Vec<[u8; 32]> = request.images.iter().map(|i| i.sha256).collect();
-        let key = match plant::is(Defect::ImageRequestCachedByIds) {
+        // The families whose prefill starts from a cached position, by their image token.
+        let image_token = match model {
+            ImageModel::Gemma3 { model: g, .. } => Some(g.image_token),
+            ImageModel::Qwen3Vl { model: q, .. } => Some(q.ids.image),
+            _ => None,
+        };
+        let key = image_token.and_then(|token| match plant::is(Defect::ImageRequestCachedByIds) {
             // Planted: keyed by the ids alone.
             true => Some(prompt_ids.to_vec()),
-            false => cache_key(prompt_ids, g.image_token, &hashes),
-        };
+            false => cache_key(prompt_ids, token, &hashes),
+        });
         self.trim_to_budget();
         let hit = key
             .as_ref()
             .and_then(|k| self.store.borrow_mut().take(IMAGES_NS, k))
             .filter(|h| whole_hashes(key.as_deref().unwrap_or_default(), h.reused));
-        let (mut caches, start) = match hit {
-            Some(h) => (h.caches, h.reused),
-            None => (g.make_caches(), 0),
+        let start = hit.as_ref().map_or(0, |h| h.reused);
+        // generate_step's chunks of what is left (all but the last token, then the last).
+        let ends: Vec<usize> = generate_chunks(prompt_ids.len() - start, self.prefill_step)
+            .into_iter()
+            .map(|end| start + end)
+            .collect();
+        // The run, the last position's logits `[1, vocab]`, the tokens the cache gave.
+        let (run, logits, cached) = match (model, inputs) {
+            (ImageModel::Gemma3 { model: g, .. }, ImageInputs::Gemma3(pixels)) => {
+                let mut caches = hit.map_or_else(|| g.make_caches(), |h| h.caches);
+                let last = gemma3_prefill(
+                    g,
+                    prompt_ids,
+                    pixels,
+                    (&mut caches, start),
+                    self.prefill_step,
+                )
+                .map_err(model_error)?;
+                (ImageRun::Gemma3 { model: g, caches }, last, start)
+            }
+            (ImageModel::Qwen3Vl { model: q, .. }, ImageInputs::Qwen3Vl(patches, grids)) => {
+                // The entry's caches back as the model's own (a snapshot's parts, no copy).
+                let restored = hit.and_then(|h| {
+                    let own = h
+                        .caches
+                        .iter()
+                        .map(|c| KvCache::from_state(c.snapshot()?).ok());
+                    own.collect::<Option<Vec<_>>>()
+                });
+                let (mut caches, start, ends) = match restored {
+                    Some(caches) => (caches, start, ends),
+                    None => (
+                        q.make_caches(),
+                        0,
+                        generate_chunks(prompt_ids.len(), self.prefill_step),
+                    ),
+                };
+                let p = q
+                    .prefill_in_chunks_from(prompt_ids, (patches, grids), &mut caches, start, &ends)
+                    .map_err(|e| model_error(e.into()))?;
+                let run = ImageRun::Qwen3Vl {
+                    model: q,
+                    caches,
+                    rope_delta: p.rope_delta,
+                };
+                (run, p.logits.index((.., -1, ..)), start)
+            }
+            _ => {
+                let (run, logits) = model
+                    .prefill(prompt_ids, inputs, self.prefill_step)
+                    .map_err(model_error)?;
+                (run, logits, 0)
+            }
         };
-        let embeds = g
-            .embed_with_images(prompt_ids, pixels)
-            .map_err(|e| model_error(e.into()))?;
-        // generate_step's chunks of what is left: all but the last token, then the last.
-        let ends =
-            crate::vision::qwen_lm::generate_chunks(prompt_ids.len() - start, self.prefill_step);
-        let (mut at, mut logits) = (start as i32, None);
-        for end in ends {
-            let end = (start + end) as i32;
-            let out = g.forward_embeddings(embeds.index((.., at..end)), &mut caches)?;
-            at = end;
-            logits = Some(out);
-        }
-        let last = logits
-            .expect("a prompt has a last token")
-            .index((.., -1, ..));
         Ok(ImageSteps {
-            run: ImageRun::Gemma3 { model: g, caches },
-            logits: Some(last),
+            run,
+            logits: Some(logits),
             key,
-            cached: start,
+            cached,
         })
     }
 
     /// Keeps a finished request's caches in the prompt cache under its key and `produced`.
-    pub(super) fn keep_image(&self, steps: ImageSteps<'_>, produced: &[u32]) {
-        let (Some(mut tokens), ImageRun::Gemma3 { caches, .. }) = (steps.key, steps.run) else {
+    pub(in crate::serve) fn keep_image(&self, steps: ImageSteps<'_>, produced: &[u32]) {
+        let caches: Vec<Box<dyn Cache>> = match steps.run {
+            ImageRun::Gemma3 { caches, .. } => caches,
+            ImageRun::Qwen3Vl { caches, .. } => caches
+                .into_iter()
+                .map(|c| Box::new(c) as Box<dyn Cache>)
+                .collect(),
+            _ => return,
+        };
+        let Some(mut tokens) = steps.key else {
             return;
         };
         tokens.extend(produced);
@@ -200,7 +242,7 @@ impl Worker {
 impl ImageSteps<'_> {
     /// One token: picked from the last logits, emitted, and (unless the request is over)
     /// fed back for the next logits. Some(finish) when the request is over.
-    pub(super) fn advance(
+    pub(in crate::serve) fn advance(
         &mut self,
         dec: &mut Decoder<'_>,
         on_token: &mut impl FnMut(u32, &Array) -> Result<Flow, ApiError>,

@@ -281,25 +281,10 @@ impl ImageModel {
         let ends = qwen3vl_lm::generate_chunks(ids.len(), step.max(1));
         match (self, inputs) {
             (ImageModel::Gemma3 { model, .. }, ImageInputs::Gemma3(pixels)) => {
-                let embeds = model.embed_with_images(ids, pixels)?;
                 let mut caches = model.make_caches();
-                let mut start = 0i32;
-                let mut logits = None;
-                for &end in &ends {
-                    let chunk = embeds.index((.., start..end as i32));
-                    let out = model.forward_embeddings(chunk, &mut caches)?;
-                    start = end as i32;
-                    logits = Some(out);
-                }
-                let logits = logits.expect("at least one chunk");
-                let last = logits.index((.., -1, ..));
-                Ok((
-                    ImageRun::Gemma3 {
-                        model: model.as_ref(),
-                        caches,
-                    },
-                    last,
-                ))
+                let last = gemma3_prefill(model, ids, pixels, (&mut caches, 0), step)?;
+                let model = model.as_ref();
+                Ok((ImageRun::Gemma3 { model, caches }, last))
             }
             (ImageModel::Gemma4 { model, .. }, ImageInputs::Gemma4(pixels)) => {
                 let (caches, last) = gemma4::prefill(model, ids, pixels, &ends)?;
@@ -337,6 +322,30 @@ impl ImageModel {
             )),
         }
     }
+}
+
+/// gemma3's prompt with its images through `caches`, which hold its first `start` positions
+/// (0: fresh; a cached prefix otherwise: `serve::worker::image`): the merged embeddings of
+/// the whole prompt, the rest in generate_step's chunks (all but the last token in chunks of
+/// at most `step`, then the last). The last position's logits `[1, vocab]`.
+pub(crate) fn gemma3_prefill(
+    model: &Gemma3Vision,
+    ids: &[u32],
+    pixels: &[Array],
+    (caches, start): (&mut [Box<dyn Cache>], usize),
+    step: usize,
+) -> R<Array> {
+    let embeds = model.embed_with_images(ids, pixels)?;
+    let ends = qwen3vl_lm::generate_chunks(ids.len() - start, step.max(1));
+    let (mut at, mut logits) = (start as i32, None);
+    for end in ends {
+        let end = (start + end) as i32;
+        logits = Some(model.forward_embeddings(embeds.index((.., at..end)), caches)?);
+        at = end;
+    }
+    Ok(logits
+        .expect("a prompt has a last token")
+        .index((.., -1, ..)))
 }
 
 impl ImageRun<'_> {

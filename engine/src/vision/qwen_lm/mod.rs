@@ -132,7 +132,26 @@ impl<M: QwenMixer> QwenImageModel<M> {
         caches: &mut [M::Cache],
         ends: &[usize],
     ) -> Result<Prefill, QwenVitError> {
-        let fresh = M::fresh(caches, self.blocks.len());
+        self.prefill_in_chunks_from(ids, (patches, grids), caches, 0, ends)
+    }
+
+    /// As [`Self::prefill_in_chunks`], the caches already holding the prompt's first `start`
+    /// positions (a cached prefix: the serve prompt cache): the whole prompt's embeddings,
+    /// positions and deepstack rows are made, and the chunks from `start` run (`ends` past
+    /// it); the logits of those chunks. Attention-only models: a recurrent state's chunked
+    /// scan depends on where its chunks start.
+    pub fn prefill_in_chunks_from(
+        &self,
+        ids: &[u32],
+        (patches, grids): (&Array, &[[i32; 3]]),
+        caches: &mut [M::Cache],
+        start: usize,
+        ends: &[usize],
+    ) -> Result<Prefill, QwenVitError> {
+        let fresh = match start {
+            0 => M::fresh(caches, self.blocks.len()),
+            _ => M::offset(caches) == start as i32,
+        };
         let vid = self.ids;
         let input = self
             .trunk
@@ -155,7 +174,7 @@ impl<M: QwenMixer> QwenImageModel<M> {
                 Some((visual, feats))
             }
         };
-        let logits = run_chunks(ends, |a, b| {
+        let logits = run_chunks_from(start, ends, |a, b| {
             let cut = |t: &Array| t.index((.., a..b));
             let deep = deepstack
                 .as_ref()
@@ -261,11 +280,14 @@ pub fn generate_chunks(len: usize, step: usize) -> Vec<usize> {
     ends
 }
 
-/// The prompt's chunks `[a, b)` (ending at `ends`) through `chunk`, which gives each one's
-/// logits; all of them concatenated along the sequence.
-pub(crate) fn run_chunks(ends: &[usize], mut chunk: impl FnMut(i32, i32) -> R<Array>) -> R<Array> {
+/// The prompt's chunks `[a, b)` (the first from `start`, ending at `ends`) through `chunk`,
+/// which gives each one's logits; all of them concatenated along the sequence.
+fn run_chunks_from(
+    mut start: usize,
+    ends: &[usize],
+    mut chunk: impl FnMut(i32, i32) -> R<Array>,
+) -> R<Array> {
     let mut logits = Vec::with_capacity(ends.len());
-    let mut start = 0;
     for &end in ends {
         logits.push(chunk(start as i32, end as i32)?);
         start = end;
