@@ -97,6 +97,12 @@ impl<'t> TextStream<'t> {
         self
     }
 
+    /// As mlx_vlm.server streams an answer ([`StreamingDetokenizer::as_mlx_vlm_server`]).
+    pub fn as_mlx_vlm_server(mut self) -> Self {
+        self.detok = self.detok.as_mlx_vlm_server();
+        self
+    }
+
     /// The text released by id `id`, and Stop once a stop string completed.
     pub fn push(&mut self, id: u32) -> Result<(String, Flow), LoadError> {
         let piece = self.detok.push(id)?;

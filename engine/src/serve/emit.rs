@@ -296,6 +296,8 @@ pub struct Emitter<'t> {
     logprobs: bool,
     top_logprobs: usize,
     pub produced: Vec<u32>,
+    /// `GenRequest::strip`: the answer's end whitespace held back.
+    strip: Option<Strip>,
     /// The request was cut (its client gone, stalled, timed out, drained): it is not
     /// finished normally and its caches are not kept.
     pub gone: bool,
@@ -321,12 +323,19 @@ impl<'t> Emitter<'t> {
             out: Some(out),
             limits,
             tokenizer,
-            text: TextStream::new(tokenizer, request.stop.iter().cloned()),
+            text: match request.images.is_empty() {
+                true => TextStream::new(tokenizer, request.stop.iter().cloned()),
+                // An answer about images streams as mlx_vlm.server streams it.
+                false => {
+                    TextStream::new(tokenizer, request.stop.iter().cloned()).as_mlx_vlm_server()
+                }
+            },
             split: Splitter::new(shape.markers, shape.machine.clone(), tools, initial),
             max_tokens: shape.max_tokens,
             logprobs: request.logprobs,
             top_logprobs: request.top_logprobs,
             produced: Vec::new(),
+            strip: request.strip.then(Strip::default),
             gone: false,
             cut: None,
         }
@@ -406,8 +415,10 @@ impl<'t> Emitter<'t> {
                 .finish(Finish::Length)
                 .map_err(|e| ApiError::server(e.to_string()))?;
             text.push_str(&tail);
+            let text = self.stripped(text);
             self.split.push_last(&text)
         } else {
+            let text = self.stripped(text);
             self.split.push(&text)
         };
         let lp = if self.logprobs {
@@ -423,6 +434,14 @@ impl<'t> Emitter<'t> {
             });
         }
         Ok(flow)
+    }
+
+    /// `text` with the answer's end whitespace held back (`GenRequest::strip`).
+    fn stripped(&mut self, text: String) -> String {
+        match self.strip.as_mut() {
+            Some(strip) => strip.delta(&text),
+            None => text,
+        }
     }
 
     /// Flushes held-back text (unless a stop string ended it) and sends Done. `counted`
@@ -443,6 +462,7 @@ impl<'t> Emitter<'t> {
                 .text
                 .finish(finish)
                 .map_err(|e| ApiError::server(e.to_string()))?;
+            let tail = self.stripped(tail);
             if let Some(delta) = self.split.push_last(&tail) {
                 self.push(Event::Text {
                     delta,
@@ -477,5 +497,47 @@ impl<'t> Emitter<'t> {
             out.close(Some(done));
         }
         Ok(())
+    }
+}
+
+/// mlx_vlm.server's whitespace rule for an answer (its Responses stream's `stream_delta`,
+/// and `str.strip()` of its whole answers): nothing is sent before the first
+/// non-whitespace; each piece's trailing whitespace is held and goes out in front of the
+/// next piece that has more; what is held at the end is dropped.
+#[derive(Default)]
+struct Strip {
+    started: bool,
+    held: String,
+}
+
+impl Strip {
+    /// Python's `str.isspace` (Rust's White_Space plus U+001C–U+001F).
+    fn space(c: char) -> bool {
+        c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
+    }
+
+    fn delta(&mut self, piece: &str) -> String {
+        let mut text = std::mem::take(&mut self.held) + piece;
+        if !self.started {
+            text = text.trim_start_matches(Self::space).to_owned();
+        }
+        let kept = text.trim_end_matches(Self::space).len();
+        self.held = text.split_off(kept);
+        self.started |= !text.is_empty();
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Strip;
+
+    #[test]
+    fn strip_holds_the_answers_end_whitespace_as_mlx_vlm_server_does() {
+        let mut st = Strip::default();
+        let pieces = ["\n", " one", " two ", "\n", "three", "  \n"];
+        let out: Vec<String> = pieces.iter().map(|p| st.delta(p)).collect();
+        assert_eq!(out, ["", "one", " two", "", " \nthree", ""]);
+        assert_eq!(out.concat(), "\n one two \nthree  \n".trim());
     }
 }

@@ -102,6 +102,10 @@ pub struct GenRequest {
     pub images: Vec<super::images::Image>,
     /// With images: the prompt's text as the encoder made it (`Encoder::encode_request`).
     pub image_text: Option<super::images::ImageText>,
+    /// The answer's whitespace at both ends is never sent, as mlx_vlm.server strips it:
+    /// requests with images, non-streamed on every API and streamed on Responses (each
+    /// delta's trailing whitespace held for the next, dropped at the end).
+    pub strip: bool,
 }
 
 /// Refuses a prompt holding ids the model cannot read (a tokenizer whose added tokens lie

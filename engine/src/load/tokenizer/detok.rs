@@ -138,6 +138,59 @@ pub struct StreamingDetokenizer<'t> {
     /// mlx-vlm's BPE stream: held until a token that starts with a space, the rest decoded
     /// at the end with invalid bytes dropped (see [`Self::as_mlx_vlm`]).
     bpe_words: bool,
+    /// mlx_vlm.server's per-token text (see [`Self::as_mlx_vlm_server`]).
+    per_token: Option<PerToken>,
+}
+
+/// mlx_vlm.server's streamer state (`_ServerTokenStreamer`): the bytes of an incomplete
+/// UTF-8 sequence, and whether any text went out yet.
+#[derive(Default)]
+struct PerToken {
+    pending: Vec<u8>,
+    started: bool,
+}
+
+impl PerToken {
+    /// Python's incremental UTF-8 decoder with `errors="replace"`: `bytes` after the held
+    /// ones, each invalid sequence as U+FFFD at once, an incomplete one at the end held
+    /// (`final`: as U+FFFD too).
+    fn decode(&mut self, bytes: &[u8], last: bool) -> String {
+        self.pending.extend_from_slice(bytes);
+        let mut out = String::new();
+        let mut rest: &[u8] = &self.pending;
+        while !rest.is_empty() {
+            let chunk = match std::str::from_utf8(rest) {
+                Ok(all) => all.len(),
+                Err(e) => e.valid_up_to(),
+            };
+            let (valid, after) = rest.split_at(chunk);
+            out.push_str(std::str::from_utf8(valid).unwrap_or_default());
+            rest = after;
+            match std::str::from_utf8(rest).err().map(|e| e.error_len()) {
+                None => break,
+                Some(Some(n)) => {
+                    out.push('\u{FFFD}');
+                    rest = &rest[n..];
+                }
+                Some(None) if last => {
+                    out.push('\u{FFFD}');
+                    rest = &[];
+                }
+                Some(None) => break,
+            }
+        }
+        self.pending = rest.to_vec();
+        out
+    }
+
+    /// `_emit_text`: the stream's first leading space dropped where the detokenizer trims.
+    fn emit(&mut self, mut text: String, trim_space: bool) -> String {
+        if !self.started && trim_space && text.starts_with(' ') {
+            text.remove(0);
+        }
+        self.started |= !text.is_empty();
+        text
+    }
 }
 
 impl<'t> StreamingDetokenizer<'t> {
@@ -150,6 +203,70 @@ impl<'t> StreamingDetokenizer<'t> {
         self.bpe_trims = false;
         self.bpe_words = true;
         self
+    }
+
+    /// As mlx_vlm.server 0.7.10 streams an answer (mlx_vlm/tokenizer_utils.py
+    /// `_ServerTokenStreamer`), for a byte-level BPE or SentencePiece tokenizer: each token's
+    /// text at once — its bytes (BPE: the token's byte characters; SentencePiece: a `<0xNN>`
+    /// token's byte) through an incremental UTF-8 decoder that replaces what can never be
+    /// valid and holds an incomplete sequence for the next token; a SentencePiece token's
+    /// other pieces as text with `▁` as a space; the first leading space dropped only where
+    /// the SentencePiece decoder strips it (BPE keeps it). Other tokenizers: mlx-vlm's
+    /// detokenizer, as [`Self::as_mlx_vlm`]. (A SentencePiece byte token below 0x80 is taken
+    /// as text, where mlx-vlm decodes it: the same unless a sequence is incomplete.)
+    pub fn as_mlx_vlm_server(self) -> Self {
+        let mut d = self.as_mlx_vlm();
+        if !matches!(d.state, State::Naive { .. }) {
+            d.per_token = Some(PerToken::default());
+        }
+        d
+    }
+
+    /// One id's text in [`Self::as_mlx_vlm_server`]'s way.
+    fn push_per_token(&mut self, id: u32) -> Result<String, LoadError> {
+        let Some(stream) = self.per_token.as_mut() else {
+            return Ok(String::new());
+        };
+        let (text, trim) = match &self.state {
+            State::Bpe { tokens, .. } => {
+                let table = byte_decoder();
+                let bytes = tokens.get(id as usize).and_then(|t| {
+                    t.chars()
+                        .map(|c| table.get(&c).copied())
+                        .collect::<Option<Vec<u8>>>()
+                });
+                match bytes {
+                    Some(bytes) => (stream.decode(&bytes, false), false),
+                    // Outside the table: the tokenizer's own decode of the id (`_fallback_decode`).
+                    None => (
+                        self.tokenizer
+                            .decode_with_special(&[id])
+                            .unwrap_or_default(),
+                        false,
+                    ),
+                }
+            }
+            State::Spm {
+                tokens, trim_space, ..
+            } => match tokens.get(id as usize).map(Vec::as_slice) {
+                Some(&[b]) if b >= 0x80 => (stream.decode(&[b], false), *trim_space),
+                Some(piece) => (
+                    String::from_utf8_lossy(piece).replace('\u{2581}', " "),
+                    *trim_space,
+                ),
+                None => (
+                    self.tokenizer
+                        .decode_with_special(&[id])
+                        .unwrap_or_default(),
+                    *trim_space,
+                ),
+            },
+            State::Naive { .. } => (String::new(), false),
+        };
+        let stream = self.per_token.as_mut().expect("checked above");
+        let text = stream.emit(text, trim);
+        self.text.push_str(&text);
+        Ok(self.segment())
     }
 
     pub fn new(tokenizer: &'t Tokenizer) -> Self {
@@ -176,6 +293,7 @@ impl<'t> StreamingDetokenizer<'t> {
             offset: 0,
             bpe_trims: true,
             bpe_words: false,
+            per_token: None,
         }
     }
 
@@ -200,6 +318,9 @@ impl<'t> StreamingDetokenizer<'t> {
 
     /// Adds one id; returns the newly released text (possibly empty).
     pub fn push(&mut self, id: u32) -> Result<String, LoadError> {
+        if self.per_token.is_some() {
+            return self.push_per_token(id);
+        }
         match &mut self.state {
             State::Bpe { tokens, unflushed } => {
                 // mlx-lm's fallback for ids past the tokenizer: a padded vocabulary.
@@ -283,6 +404,19 @@ impl<'t> StreamingDetokenizer<'t> {
 
     /// Whatever is still held back (mlx-lm's `finalize`, then `last_segment`).
     pub fn finish(&mut self) -> Result<String, LoadError> {
+        if let Some(stream) = self.per_token.as_mut() {
+            let trim = matches!(
+                self.state,
+                State::Spm {
+                    trim_space: true,
+                    ..
+                }
+            );
+            let tail = stream.decode(&[], true);
+            let text = stream.emit(tail, trim);
+            self.text.push_str(&text);
+            return Ok(self.segment());
+        }
         match &mut self.state {
             State::Bpe { unflushed, .. } => {
                 let text = match self.bpe_words {
@@ -344,6 +478,26 @@ mod tests {
             "gain\u{FFFD}\u{FFFD}agght"
         );
         assert_eq!(valid_utf8("é!".as_bytes()), "é!");
+    }
+
+    #[test]
+    fn mlx_vlm_servers_decoder_replaces_at_once_and_holds_an_incomplete_sequence() {
+        let mut d = PerToken::default();
+        // An impossible byte at once; "é" split over two tokens held, then whole.
+        assert_eq!(d.decode(b"a\xff", false), "a\u{FFFD}");
+        assert_eq!(d.decode(b"\xc3", false), "");
+        assert_eq!(d.decode(b"\xa9b", false), "\u{e9}b");
+        // Not completed: replaced in front of what follows, or at the end.
+        assert_eq!(d.decode(b"\xe2\x96", false), "");
+        assert_eq!(d.decode(b"x", false), "\u{FFFD}x");
+        assert_eq!(d.decode(b"\xe2", false), "");
+        assert_eq!(d.decode(b"", true), "\u{FFFD}");
+        assert_eq!(d.emit(" hi".into(), false), " hi");
+        let mut d = PerToken::default();
+        assert_eq!(
+            (d.emit(String::new(), true), d.emit(" a".into(), true)),
+            ("".into(), "a".into())
+        );
     }
 
     #[test]

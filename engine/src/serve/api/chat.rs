@@ -146,6 +146,8 @@ pub fn parse(body: &Value, d: &Defaults) -> Result<GenRequest, ApiError> {
     let logprobs = b.logprobs.map(Logprobs::Flag);
     let mut request = knobs.into_request(Prompt::Chat(Box::new(chat)), logprobs, d)?;
     request.images = images::read(images::in_chat(body)?, &d.images)?;
+    // mlx_vlm.server strips its answers (`serve::emit`, `Strip`).
+    request.strip = !request.images.is_empty() && !request.stream;
     Ok(request)
 }
 

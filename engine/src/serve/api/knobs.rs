@@ -155,6 +155,7 @@ impl Knobs {
             model: self.model.clone(),
             images: Vec::new(),
             image_text: None,
+            strip: false,
         })
     }
 

@@ -42,6 +42,8 @@ pub struct Machine {
     /// Whitespace-only text not yet given to a text block (a tool-calling answer's
     /// "\n\n" before its call makes no block).
     pending: String,
+    /// Whitespace-only text opens a text block at once (`sending_space`).
+    sends_space: bool,
     pub calls: usize,
 }
 
@@ -95,8 +97,15 @@ impl Machine {
             open: Open::None,
             text: String::new(),
             pending: String::new(),
+            sends_space: false,
             calls: 0,
         }
+    }
+
+    /// Whitespace-only text opens the text block as it comes, as mlx_vlm.server streams.
+    pub fn sending_space(mut self) -> Self {
+        self.sends_space = true;
+        self
     }
 
     fn message(&self, content: Value, stop: Value, stop_sequence: Value, usage: Value) -> Value {
@@ -172,7 +181,7 @@ impl Machine {
             self.write(Open::Thinking, &d.reasoning, &mut out);
         }
         if !d.text.is_empty() {
-            if self.open != Open::Text && d.text.trim().is_empty() {
+            if self.open != Open::Text && !self.sends_space && d.text.trim().is_empty() {
                 self.pending.push_str(&d.text);
             } else {
                 let piece = std::mem::take(&mut self.pending) + &d.text;

@@ -126,6 +126,8 @@ pub fn translate(
         .map_err(renamed)?;
     request.think_budget = think_budget;
     request.images = images::read(images::in_messages(body)?, &d.images)?;
+    // mlx_vlm.server strips its answers (`serve::emit`, `Strip`).
+    request.strip = !request.images.is_empty() && !request.stream;
     Ok(Translated {
         request,
         model: b.model,

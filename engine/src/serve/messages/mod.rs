@@ -99,6 +99,7 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
     let t =
         input::translate(&v, &s.defaults, &s.encoder.markers, Purpose::Create).map_err(reject)?;
     let stream = t.request.stream;
+    let images = !t.request.images.is_empty();
     let (prompt_tokens, events) = routes::submit_started(s, t.request)
         .await
         .map_err(Refusal::Shaped)?;
@@ -111,6 +112,11 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
         model: t.model.unwrap_or_else(|| s.model_id.clone()),
         input_tokens: prompt_tokens,
     });
+    // An answer about images is sent as mlx_vlm.server sends it: leading whitespace too.
+    let machine = match images {
+        true => machine.sending_space(),
+        false => machine,
+    };
     if stream {
         Ok(streamed(events, machine, s.sse_keep_alive))
     } else {

@@ -135,6 +135,8 @@ pub fn translate(body: &Value, store: &Store, d: &Defaults) -> Result<Translated
         .into_request(Prompt::Chat(Box::new(chat)), None, d)
         .map_err(renamed)?;
     request.images = images::read(images::in_responses(body)?, &d.images)?;
+    // mlx_vlm.server strips its answers (`serve::emit`, `Strip`).
+    request.strip = !request.images.is_empty();
     Ok(Translated {
         request,
         conversation,
