@@ -221,10 +221,10 @@ fn exchange(
     let [a, b] = PICKED.map(data_url);
     let c = data_url(DROPPED);
 
-    pick(&page, &PICKED)?;
+    pick(page, &PICKED)?;
     out.check(
         "picker",
-        attached(&page, 2, "the picked images' thumbnails")
+        attached(page, 2, "the picked images' thumbnails")
             .and_then(|got| same_urls(&got, &[a.clone(), b.clone()], "picked")),
     );
     if last == Some("picker") {
@@ -233,12 +233,12 @@ fn exchange(
 
     let dropped = std::fs::read(image_path(DROPPED)).unwrap();
     drop_files(
-        &page,
+        page,
         &json!([["dropped.webp", "image/webp", b64(&dropped)]]),
     )?;
     out.check(
         "drop",
-        attached(&page, 3, "the dropped image's thumbnail")
+        attached(page, 3, "the dropped image's thumbnail")
             .and_then(|got| same_urls(&got, &[a.clone(), b.clone(), c.clone()], "after the drop")),
     );
     if last == Some("drop") {
@@ -249,7 +249,7 @@ fn exchange(
     out.check(
         "remove",
         click(&page.tab, "#attachments .thumb:nth-child(2) .remove")
-            .and_then(|()| attached(&page, 2, "the thumbnails after a ×"))
+            .and_then(|()| attached(page, 2, "the thumbnails after a ×"))
             .and_then(|got| same_urls(&got, &[a.clone(), c.clone()], "after removing the second")),
     );
     if last == Some("remove") {
@@ -358,8 +358,8 @@ fn refused(
     history: Vec<Value>,
 ) -> Result<bool, String> {
     let done = history.len() / 2;
-    pick(&page, &PICKED[1..])?;
-    attached(&page, 1, "the image for the refused message")?;
+    pick(page, &PICKED[1..])?;
+    attached(page, 1, "the image for the refused message")?;
     type_into(&page.tab, "#input", REFUSED_TEXT)?;
     page.tab.press_key("Enter").map_err(|x| x.to_string())?;
     wait_js(
@@ -426,8 +426,8 @@ fn limits(page: &CannedPage) -> Result<(), String> {
         json!(["huge.png", "image/png", 21 << 20]),
     ];
     files.extend((1..=9).map(|k| json!([format!("img{k}.png"), "image/png", png])));
-    drop_files(&page, &Value::Array(files))?;
-    let got = attached(&page, 8, "eight of the dropped images")?;
+    drop_files(page, &Value::Array(files))?;
+    let got = attached(page, 8, "eight of the dropped images")?;
     same_urls(&got, &vec![a.clone(); 8], "the attached images")?;
     let notice = js(
         &page.tab,
