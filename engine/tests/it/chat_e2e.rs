@@ -21,10 +21,10 @@
 //! first entry with a notice; the live case checks the picker lists the real server's
 //! entries and has the first chosen.
 //!
-//! Images (chat_e2e/attach.rs): two images picked (DOM.setFileInputFiles) and one dropped
-//! on the composer, one removed with its ×, sent as a content list of exactly those bytes in
-//! order, shown in the sent message, sent again by Regenerate; a 400 refusing an image shown
-//! naming it and kept out of the next request; a non-image, an image over 20 MB and a 9th
+//! Images (chat_e2e/attach.rs): two images picked (the file input's files and change
+//! event) and one dropped on the composer, one removed with its ×, sent as a content list of exactly those bytes in
+//! order, shown in the sent message, sent again by Regenerate; one pasted; a 400 refusing it
+//! shown naming it and kept out of the next request; a non-image, an image over 20 MB and a 9th
 //! image named in a notice. Live: an `engine serve` on tiny-gemma3-vl, the page sends a
 //! picked image with its message and shows the model's answer.
 //!
@@ -421,7 +421,7 @@ fn the_page_attaches_images_and_sends_them_in_order(fx: &Fixture) {
         attach::run(fx, None, None).unwrap_or_else(|e| panic!("the image case did not run: {e}"));
     println!("{}", out.report());
     assert!(out.failed.is_empty(), "{}", out.report());
-    assert_eq!(out.passed.len(), 9, "{}", out.report());
+    assert_eq!(out.passed.len(), 10, "{}", out.report());
     println!(
         "screenshot: {}",
         e2e_dir().join("chat-images.png").display()
@@ -453,6 +453,17 @@ fn a_page_taking_drops_on_the_text_box_only_is_caught(fx: &Fixture) {
         Plant {
             from: "window.addEventListener(\"drop\"",
             to: "input.addEventListener(\"drop\"",
+        },
+    );
+}
+
+fn a_page_ignoring_pasted_images_is_caught(fx: &Fixture) {
+    let _ = attach_plant_fails(
+        fx,
+        "paste",
+        Plant {
+            from: "const files = Array.from((e.clipboardData && e.clipboardData.files) || []);",
+            to: "const files = [];",
         },
     );
 }
@@ -603,6 +614,10 @@ const CASES: &[Case] = &[
         a_remove_button_dropping_the_last_image_is_caught,
     ),
     (
+        "a_page_ignoring_pasted_images_is_caught",
+        a_page_ignoring_pasted_images_is_caught,
+    ),
+    (
         "a_page_taking_drops_on_the_text_box_only_is_caught",
         a_page_taking_drops_on_the_text_box_only_is_caught,
     ),
@@ -687,8 +702,9 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// How many Chromiums run the cases at once (each case waits on DevTools round trips far
-/// more than it computes).
-const WORKERS: usize = 4;
+/// more than it computes): with the image cases, 5 took a run from ≈50 s to ≈42 s on 2
+/// cores.
+const WORKERS: usize = 5;
 
 /// Runs `case`, returning what its panic said if it did not hold.
 fn run_case(fx: &Fixture, (claim, case): &Case) -> Result<(), String> {

@@ -1,12 +1,12 @@
 //! Images in the chat page (issue 41; docs/serve.md, "The chat page"): attached with the
-//! picker (DOM.setFileInputFiles on the page's file input: what choosing files in the
-//! dialog does) and by a drop on the composer (a DragEvent carrying a DataTransfer with the
-//! file, as the browser dispatches for a file dragged in), shown as thumbnails each with a
-//! ×, sent as a content list (the text part, then one image_url part per image, in order,
-//! each a data: URL of exactly the file's bytes), shown in the sent message, sent again by
-//! Regenerate; a 400 naming an image shown as that error, the refused exchange kept out of
-//! the next request; the limits (a non-image, an image over 20 MB, a 9th image) named in a
-//! notice, nothing else attached.
+//! picker (the file input given files, then its change event, as after the dialog), by a
+//! drop on the composer (dragenter/dragover/drop carrying a DataTransfer with the file, as
+//! the browser fires them for a file dragged in) and by a paste into the message box;
+//! shown as thumbnails each with a ×, sent as a content list (the text part, then one
+//! image_url part per image, in order, each a data: URL of exactly the file's bytes), shown
+//! in the sent message, sent again by Regenerate; a 400 naming an image shown as that
+//! error, the refused exchange kept out of the next request; the limits (a non-image, an
+//! image over 20 MB, a 9th image) named in a notice, nothing else attached.
 //!
 //! Canned: the chat requests are answered and captured as in canned.rs; each check has a
 //! planted page that must fail it (chat_e2e.rs). Live (`live`): an `engine serve` on
@@ -185,7 +185,7 @@ fn replies(fresh: bool) -> Vec<Reply> {
 /// checks and the limits' hold on a page of their own too: for those `last`, the steps
 /// before them are skipped (the refused message is then the first).
 pub fn run(fx: &Fixture, plant: Option<&Plant>, last: Option<&str>) -> Result<Outcome, String> {
-    let fresh = matches!(last, Some("error" | "after-error" | "limits"));
+    let fresh = matches!(last, Some("paste" | "error" | "after-error" | "limits"));
     let page = CannedPage::start_with_replies(fx, plant, replies(fresh), None, (1000, 800))?;
     page.open("")?;
     let mut out = Outcome::default();
@@ -349,8 +349,9 @@ fn exchange(
     ]))
 }
 
-/// A message whose image the server refuses after `history`: the page shows the refusal,
-/// naming the image, and the next message goes without it. False when stopped at `last`.
+/// A message whose image (pasted) the server refuses after `history`: the page shows the
+/// refusal, naming the image, and the next message goes without it. False when stopped
+/// (at `last`, or the paste failed).
 fn refused(
     page: &CannedPage,
     out: &mut Outcome,
@@ -358,8 +359,27 @@ fn refused(
     history: Vec<Value>,
 ) -> Result<bool, String> {
     let done = history.len() / 2;
-    pick(page, &PICKED[1..])?;
-    attached(page, 1, "the image for the refused message")?;
+    // Pasted into the message box (a paste event whose clipboard holds the file).
+    js(
+        &page.tab,
+        &format!(
+            "(() => {{ const dt = new DataTransfer(); for (const f of {}) dt.items.add(f); \
+              document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', \
+                {{ clipboardData: dt, bubbles: true, cancelable: true }})); return true; }})()",
+            file_list(&json!([[
+                "image.png",
+                "image/png",
+                b64(&std::fs::read(image_path(PICKED[0])).unwrap())
+            ]]))
+        ),
+    )?;
+    let pasted = attached(page, 1, "the pasted image's thumbnail")
+        .and_then(|got| same_urls(&got, &[data_url(PICKED[0])], "pasted"));
+    let ok = pasted.is_ok();
+    out.check("paste", pasted);
+    if !ok || last == Some("paste") {
+        return Ok(false);
+    }
     type_into(&page.tab, "#input", REFUSED_TEXT)?;
     page.tab.press_key("Enter").map_err(|x| x.to_string())?;
     wait_js(
