@@ -549,12 +549,32 @@ fn a_page_attaching_any_file_is_caught(fx: &Fixture) {
 }
 
 fn the_page_sends_an_image_to_a_vision_model_and_shows_its_answer(fx: &Fixture) {
-    let answer = attach::live(fx).unwrap_or_else(|e| panic!("{e}"));
+    let answer = attach::live(fx, None).unwrap_or_else(|e| panic!("{e}"));
     println!("tiny-gemma3-vl's answer in the page: {answer:?}");
     println!(
         "screenshot: {}",
         e2e_dir().join("chat-image-live.png").display()
     );
+}
+
+fn a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model(fx: &Fixture) {
+    // The page's request with its content list turned around (images first): the model's
+    // prompt, and so its greedy answer, is then not mlx-vlm's for text-then-image.
+    let script = r#"const realFetch = window.fetch;
+window.fetch = (url, init) => {
+  if (url === "/v1/chat/completions" && init && typeof init.body === "string") {
+    const body = JSON.parse(init.body);
+    for (const m of body.messages) if (Array.isArray(m.content)) m.content.reverse();
+    init = Object.assign({}, init, { body: JSON.stringify(body) });
+  }
+  return realFetch(url, init);
+};"#;
+    let err = match attach::live(fx, Some(script)) {
+        Ok(answer) => panic!("planted defect not caught: the answer {answer:?}"),
+        Err(err) => err,
+    };
+    assert!(err.contains("mlx-vlm's greedy answer is"), "{err}");
+    println!("caught: {err}");
 }
 
 /// A claim, and the case that shows it (panics when it does not hold).
@@ -576,6 +596,10 @@ const CASES: &[Case] = &[
     (
         "the_page_sends_an_image_to_a_vision_model_and_shows_its_answer",
         the_page_sends_an_image_to_a_vision_model_and_shows_its_answer,
+    ),
+    (
+        "a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model",
+        a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model,
     ),
     (
         "the_page_attaches_images_and_sends_them_in_order",

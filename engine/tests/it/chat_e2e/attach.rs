@@ -11,7 +11,9 @@
 //! Canned: the chat requests are answered and captured as in canned.rs; each check has a
 //! planted page that must fail it (chat_e2e.rs). Live (`live`): an `engine serve` on
 //! tiny-gemma3-vl (fixture weights with the goldens/vision/generate overlay, as
-//! vision_generate.rs assembles it): the page sends a picked image and shows the answer.
+//! vision_generate.rs assembles it): the page sends a picked image and shows the answer,
+//! which is mlx-vlm's greedy answer to that image and prompt (generate.json); planted, a
+//! page sending the image before the text gets another answer.
 
 use base64::Engine as _;
 use serde_json::{json, Value};
@@ -480,9 +482,35 @@ fn abbreviate(v: &Value) -> String {
     v.to_string()
 }
 
-/// The image and the prompt of vision_generate's first tiny-gemma3-vl case.
+/// The image and the prompt of vision_generate's one-image tiny-gemma3-vl case.
 const LIVE_IMAGE: &str = "images/rgb_64x64.png";
 const LIVE_PROMPT: &str = "Describe this.";
+
+/// mlx-vlm's greedy answer to LIVE_PROMPT with LIVE_IMAGE on tiny-gemma3-vl and its length
+/// in tokens (goldens/vision/generate/generate.json, made by oracles/gen_vision_generate.py).
+fn live_golden() -> (String, usize) {
+    let path = common::goldens().join("vision/generate/generate.json");
+    let golden: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let case = golden["cases"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c["model"] == "tiny-gemma3-vl"
+                && c["images"] == json!([LIVE_IMAGE])
+                && c["prompt"] == LIVE_PROMPT
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "{}: no tiny-gemma3-vl case for {LIVE_IMAGE}",
+                path.display()
+            )
+        });
+    (
+        case["text"].as_str().unwrap().to_owned(),
+        case["generated"].as_array().unwrap().len(),
+    )
+}
 
 /// tiny-gemma3-vl's weights and processor config with the generator's overlay (config,
 /// tokenizer with the image tokens, chat template), as vision_generate.rs assembles it.
@@ -506,16 +534,24 @@ fn assembled(model: &str) -> tempfile::TempDir {
 
 /// The live claim: a real `engine serve` on tiny-gemma3-vl; the page (as the server serves
 /// it) gets an image through its picker and a message, sends them, and shows the model's
-/// answer finished — not an error — while the server counts one completed request.
-pub fn live(fx: &Fixture) -> Result<String, String> {
+/// answer finished — not an error, and mlx-vlm's greedy answer to that image and prompt —
+/// while the server counts one completed request.
+/// `planted`: a script run before the page's own (the planted page's edit).
+pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
     let dir = assembled("tiny-gemma3-vl");
     let server = common::server::serve_dir(dir.path(), &["--no-open"]);
     let case_tab = fx.tab((900, 600))?;
     let tab = &case_tab.0;
-    // Greedy and short: settings as the page keeps them.
+    if let Some(script) = planted {
+        add_script(tab, script)?;
+    }
+    // Greedy, as long as the golden's answer: settings as the page keeps them.
+    let (want, tokens) = live_golden();
     add_script(
         tab,
-        r#"localStorage.setItem("engine-chat-settings", JSON.stringify({ temperature: "0", maxTokens: "8" }));"#,
+        &format!(
+            r#"localStorage.setItem("engine-chat-settings", JSON.stringify({{ temperature: "0", maxTokens: "{tokens}" }}));"#
+        ),
     )?;
     let url = format!("http://127.0.0.1:{}/#/chat", server.port);
     tab.navigate_to(&url)
@@ -564,7 +600,12 @@ pub fn live(fx: &Fixture) -> Result<String, String> {
             true,
         )
         .map_err(|x| x.to_string())?;
-    std::fs::write(e2e_dir().join("chat-image-live.png"), png).map_err(|x| x.to_string())?;
+    let shot = if planted.is_some() {
+        "chat-image-live-planted.png"
+    } else {
+        "chat-image-live.png"
+    };
+    std::fs::write(e2e_dir().join(shot), png).map_err(|x| x.to_string())?;
     ensure(got["error"] == false, || {
         format!("the page's answer is an error: {}", got["text"])
     })?;
@@ -574,6 +615,9 @@ pub fn live(fx: &Fixture) -> Result<String, String> {
     let answer = got["answer"].as_str().unwrap_or_default().to_owned();
     ensure(!answer.trim().is_empty(), || {
         format!("the page finished with an empty answer: {got}")
+    })?;
+    ensure(answer == want, || {
+        format!("the page shows the answer {answer:?}; mlx-vlm's greedy answer is {want:?}")
     })?;
     ensure(got["finish"] == "stop" || got["finish"] == "length", || {
         format!("the answer has no finish reason: {got}")
