@@ -21,7 +21,7 @@
 //! first entry with a notice; the live case checks the picker lists the real server's
 //! entries and has the first chosen.
 //!
-//! Images (chat_e2e/attach.rs): two images picked (the file input's files and change
+//! Images (chat_e2e/attach.rs, live_image.rs; the cases in image_cases.rs): two images picked (the file input's files and change
 //! event) and one dropped on the composer, one removed with its ×, sent as a content list of exactly those bytes in
 //! order, shown in the sent message, sent again by Regenerate; one pasted; a 400 refusing it
 //! shown naming it and kept out of the next request; a non-image, an image over 20 MB and a 9th
@@ -48,6 +48,8 @@ use common::server::stats;
 mod attach;
 mod browser;
 mod canned;
+mod image_cases;
+mod live_image;
 mod markdown;
 mod picker;
 mod stream;
@@ -416,167 +418,6 @@ fn a_renderer_linking_any_scheme_is_caught(fx: &Fixture) {
     println!("caught: {bad:?}");
 }
 
-fn the_page_attaches_images_and_sends_them_in_order(fx: &Fixture) {
-    let out =
-        attach::run(fx, None, None).unwrap_or_else(|e| panic!("the image case did not run: {e}"));
-    println!("{}", out.report());
-    assert!(out.failed.is_empty(), "{}", out.report());
-    assert_eq!(out.passed.len(), 10, "{}", out.report());
-    println!(
-        "screenshot: {}",
-        e2e_dir().join("chat-images.png").display()
-    );
-}
-
-/// A planted page must fail the image case's `check`; returns why it did.
-fn attach_plant_fails(fx: &Fixture, check: &str, plant: Plant) -> String {
-    let out = attach::run(fx, Some(&plant), Some(check))
-        .unwrap_or_else(|e| panic!("the image case did not run: {e}"));
-    caught(&out, "attach", check)
-}
-
-fn a_picker_taking_only_the_first_file_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "picker",
-        Plant {
-            from: "addFiles(fileInput.files)",
-            to: "addFiles([fileInput.files[0]])",
-        },
-    );
-}
-
-fn a_page_taking_drops_on_the_text_box_only_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "drop",
-        Plant {
-            from: "window.addEventListener(\"drop\"",
-            to: "input.addEventListener(\"drop\"",
-        },
-    );
-}
-
-fn a_page_ignoring_pasted_images_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "paste",
-        Plant {
-            from: "const files = Array.from((e.clipboardData && e.clipboardData.files) || []);",
-            to: "const files = [];",
-        },
-    );
-}
-
-fn a_remove_button_dropping_the_last_image_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "remove",
-        Plant {
-            from: "attached.splice(k, 1);",
-            to: "attached.pop();",
-        },
-    );
-}
-
-fn a_page_sending_images_out_of_order_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "request",
-        Plant {
-            from: "for (const a of images) parts.push(",
-            to: "for (const a of images.slice().reverse()) parts.push(",
-        },
-    );
-}
-
-fn a_sent_message_without_its_thumbnails_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "shown",
-        Plant {
-            from: "if (images.length) {\n    const thumbs",
-            to: "if (false) {\n    const thumbs",
-        },
-    );
-}
-
-fn a_page_dropping_images_from_its_history_is_caught(fx: &Fixture) {
-    // The images leave the history once answered: Regenerate sends the text alone.
-    let _ = attach_plant_fails(
-        fx,
-        "regenerate",
-        Plant {
-            from: "  } else {\n    messages.push(message);\n  }",
-            to: "  } else {\n    messages.push(message);\n    for (const m of messages) if (Array.isArray(m.content)) m.content = m.content.filter(p => p.type === \"text\");\n  }",
-        },
-    );
-}
-
-fn a_page_hiding_the_servers_refusal_is_caught(fx: &Fixture) {
-    let why = attach_plant_fails(
-        fx,
-        "error",
-        Plant {
-            from: "throw new Error(refusal(j.error, body, res.status));",
-            to: "throw new Error(\"HTTP \" + res.status);",
-        },
-    );
-    assert!(why.contains("HTTP 400"), "{why}");
-}
-
-fn a_page_resending_a_refused_image_is_caught(fx: &Fixture) {
-    let _ = attach_plant_fails(
-        fx,
-        "after-error",
-        Plant {
-            from: "t.wrap.unsent = messages.pop();",
-            to: "t.wrap.unsent = messages[messages.length - 1];",
-        },
-    );
-}
-
-fn a_page_attaching_any_file_is_caught(fx: &Fixture) {
-    let why = attach_plant_fails(
-        fx,
-        "limits",
-        Plant {
-            from: "const isImage = f => IMAGE_TYPES.includes(f.type);",
-            to: "const isImage = f => true;",
-        },
-    );
-    assert!(why.contains("data:text/plain"), "{why}");
-}
-
-fn the_page_sends_an_image_to_a_vision_model_and_shows_its_answer(fx: &Fixture) {
-    let answer = attach::live(fx, None).unwrap_or_else(|e| panic!("{e}"));
-    println!("tiny-gemma3-vl's answer in the page: {answer:?}");
-    println!(
-        "screenshot: {}",
-        e2e_dir().join("chat-image-live.png").display()
-    );
-}
-
-fn a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model(fx: &Fixture) {
-    // The page's request with its content list turned around (images first): the model's
-    // prompt, and so its greedy answer, is then not mlx-vlm's for text-then-image.
-    let script = r#"const realFetch = window.fetch;
-window.fetch = (url, init) => {
-  if (url === "/v1/chat/completions" && init && typeof init.body === "string") {
-    const body = JSON.parse(init.body);
-    for (const m of body.messages) if (Array.isArray(m.content)) m.content.reverse();
-    init = Object.assign({}, init, { body: JSON.stringify(body) });
-  }
-  return realFetch(url, init);
-};"#;
-    let err = match attach::live(fx, Some(script)) {
-        Ok(answer) => panic!("planted defect not caught: the answer {answer:?}"),
-        Err(err) => err,
-    };
-    assert!(err.contains("mlx-vlm's greedy answer is"), "{err}");
-    println!("caught: {err}");
-}
-
 /// A claim, and the case that shows it (panics when it does not hold).
 type Case = (&'static str, fn(&Fixture));
 
@@ -595,15 +436,15 @@ const CASES: &[Case] = &[
     ),
     (
         "the_page_sends_an_image_to_a_vision_model_and_shows_its_answer",
-        the_page_sends_an_image_to_a_vision_model_and_shows_its_answer,
+        image_cases::the_page_sends_an_image_to_a_vision_model_and_shows_its_answer,
     ),
     (
         "a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model",
-        a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model,
+        image_cases::a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model,
     ),
     (
         "the_page_attaches_images_and_sends_them_in_order",
-        the_page_attaches_images_and_sends_them_in_order,
+        image_cases::the_page_attaches_images_and_sends_them_in_order,
     ),
     (
         "the_chat_page_renders_what_real_models_stream",
@@ -611,43 +452,43 @@ const CASES: &[Case] = &[
     ),
     (
         "a_page_attaching_any_file_is_caught",
-        a_page_attaching_any_file_is_caught,
+        image_cases::a_page_attaching_any_file_is_caught,
     ),
     (
         "a_page_resending_a_refused_image_is_caught",
-        a_page_resending_a_refused_image_is_caught,
+        image_cases::a_page_resending_a_refused_image_is_caught,
     ),
     (
         "a_page_hiding_the_servers_refusal_is_caught",
-        a_page_hiding_the_servers_refusal_is_caught,
+        image_cases::a_page_hiding_the_servers_refusal_is_caught,
     ),
     (
         "a_page_dropping_images_from_its_history_is_caught",
-        a_page_dropping_images_from_its_history_is_caught,
+        image_cases::a_page_dropping_images_from_its_history_is_caught,
     ),
     (
         "a_sent_message_without_its_thumbnails_is_caught",
-        a_sent_message_without_its_thumbnails_is_caught,
+        image_cases::a_sent_message_without_its_thumbnails_is_caught,
     ),
     (
         "a_page_sending_images_out_of_order_is_caught",
-        a_page_sending_images_out_of_order_is_caught,
+        image_cases::a_page_sending_images_out_of_order_is_caught,
     ),
     (
         "a_remove_button_dropping_the_last_image_is_caught",
-        a_remove_button_dropping_the_last_image_is_caught,
+        image_cases::a_remove_button_dropping_the_last_image_is_caught,
     ),
     (
         "a_page_ignoring_pasted_images_is_caught",
-        a_page_ignoring_pasted_images_is_caught,
+        image_cases::a_page_ignoring_pasted_images_is_caught,
     ),
     (
         "a_page_taking_drops_on_the_text_box_only_is_caught",
-        a_page_taking_drops_on_the_text_box_only_is_caught,
+        image_cases::a_page_taking_drops_on_the_text_box_only_is_caught,
     ),
     (
         "a_picker_taking_only_the_first_file_is_caught",
-        a_picker_taking_only_the_first_file_is_caught,
+        image_cases::a_picker_taking_only_the_first_file_is_caught,
     ),
     (
         "a_page_rendering_model_html_is_caught",
