@@ -21,12 +21,13 @@
 //! first entry with a notice; the live case checks the picker lists the real server's
 //! entries and has the first chosen.
 //!
-//! Images (chat_e2e/attach.rs, live_image.rs; the cases in image_cases.rs): two images picked (the file input's files and change
-//! event) and one dropped on the composer, one removed with its ×, sent as a content list of exactly those bytes in
-//! order, shown in the sent message, sent again by Regenerate; one pasted; a 400 refusing it
-//! shown naming it and kept out of the next request; a non-image, an image over 20 MB and a 9th
-//! image named in a notice. Live: an `engine serve` on tiny-gemma3-vl, the page sends a
-//! picked image with its message and shows the model's answer.
+//! Images (chat_e2e/attach.rs, live_image.rs; the cases in image_cases.rs): two images
+//! picked (the file input's files and change event) and one dropped on the composer, one
+//! removed with its ×, sent as a content list of exactly those bytes in order, shown in the
+//! sent message, sent again by Regenerate; one pasted; a 400 refusing it shown naming it and
+//! kept out of the next request; a non-image, an image over 20 MB and a 9th image named in a
+//! notice. Live: an `engine serve` on tiny-gemma3-vl, the page sends a picked image with its
+//! message and shows the model's answer, mlx-vlm's greedy one.
 //!
 //! Every case runs in one #[test] on one server, each case in a browser context of its
 //! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
