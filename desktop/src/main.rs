@@ -53,6 +53,11 @@ fn main() {
                 WebviewWindowBuilder::new(app, "main", WebviewUrl::App("index.html".into()))
                     .title("engine")
                     .inner_size(960.0, 680.0)
+                    // Files dropped on the window go to the page (its drop handler attaches
+                    // images) instead of to Tauri's own handler, which claims every file
+                    // drop for IPC events (this shell has no IPC) and on Linux and macOS
+                    // keeps it from the webview.
+                    .disable_drag_drop_handler()
                     .on_page_load(|_, payload| {
                         if payload.event() == PageLoadEvent::Finished {
                             eprintln!("engine-desktop: page loaded: {}", payload.url());

@@ -21,6 +21,14 @@
 //! first entry with a notice; the live case checks the picker lists the real server's
 //! entries and has the first chosen.
 //!
+//! Images (chat_e2e/attach.rs, live_image.rs; the cases in image_cases.rs): two images
+//! picked (the file input's files and change event) and one dropped on the composer, one
+//! removed with its ×, sent as a content list of exactly those bytes in order, shown in the
+//! sent message, sent again by Regenerate; one pasted; a 400 refusing it shown naming it and
+//! kept out of the next request; a non-image, an image over 20 MB and a 9th image named in a
+//! notice. Live: an `engine serve` on tiny-gemma3-vl, the page sends a picked image with its
+//! message and shows the model's answer, mlx-vlm's greedy one.
+//!
 //! Every case runs in one #[test] on one server, each case in a browser context of its
 //! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
 //! ~0.1 s (its socket reader holds the connection for reads of up to 100 ms), so the cases
@@ -38,8 +46,11 @@ use std::time::{Duration, Instant};
 use crate::common;
 use common::server::stats;
 
+mod attach;
 mod browser;
 mod canned;
+mod image_cases;
+mod live_image;
 mod markdown;
 mod picker;
 mod stream;
@@ -425,8 +436,60 @@ const CASES: &[Case] = &[
         a_page_posting_to_a_wrong_path_is_caught,
     ),
     (
+        "the_page_sends_an_image_to_a_vision_model_and_shows_its_answer",
+        image_cases::the_page_sends_an_image_to_a_vision_model_and_shows_its_answer,
+    ),
+    (
+        "a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model",
+        image_cases::a_page_sending_the_image_before_the_text_is_caught_by_the_vision_model,
+    ),
+    (
+        "the_page_attaches_images_and_sends_them_in_order",
+        image_cases::the_page_attaches_images_and_sends_them_in_order,
+    ),
+    (
         "the_chat_page_renders_what_real_models_stream",
         the_chat_page_renders_what_real_models_stream,
+    ),
+    (
+        "a_page_attaching_any_file_is_caught",
+        image_cases::a_page_attaching_any_file_is_caught,
+    ),
+    (
+        "a_page_resending_a_refused_image_is_caught",
+        image_cases::a_page_resending_a_refused_image_is_caught,
+    ),
+    (
+        "a_page_hiding_the_servers_refusal_is_caught",
+        image_cases::a_page_hiding_the_servers_refusal_is_caught,
+    ),
+    (
+        "a_page_dropping_images_from_its_history_is_caught",
+        image_cases::a_page_dropping_images_from_its_history_is_caught,
+    ),
+    (
+        "a_sent_message_without_its_thumbnails_is_caught",
+        image_cases::a_sent_message_without_its_thumbnails_is_caught,
+    ),
+    (
+        "a_page_sending_images_out_of_order_is_caught",
+        image_cases::a_page_sending_images_out_of_order_is_caught,
+    ),
+    (
+        "a_remove_button_dropping_the_last_image_is_caught",
+        image_cases::a_remove_button_dropping_the_last_image_is_caught,
+    ),
+    (
+        "a_page_ignoring_pasted_images_is_caught",
+        image_cases::a_page_ignoring_pasted_images_is_caught,
+    ),
+    (
+        "a_page_taking_drops_on_the_text_box_only_is_caught",
+        image_cases::a_page_taking_drops_on_the_text_box_only_is_caught,
+    ),
+    (
+        "a_picker_taking_only_the_first_file_is_caught",
+        image_cases::a_picker_taking_only_the_first_file_is_caught,
     ),
     (
         "a_page_rendering_model_html_is_caught",
@@ -505,8 +568,9 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// How many Chromiums run the cases at once (each case waits on DevTools round trips far
-/// more than it computes).
-const WORKERS: usize = 4;
+/// more than it computes): with the image cases, 5 took a run from ≈50 s to ≈42 s on 2
+/// cores.
+const WORKERS: usize = 5;
 
 /// Runs `case`, returning what its panic said if it did not hold.
 fn run_case(fx: &Fixture, (claim, case): &Case) -> Result<(), String> {

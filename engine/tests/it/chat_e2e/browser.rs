@@ -159,13 +159,41 @@ pub struct Plant {
     pub to: &'static str,
 }
 
+/// An answer to one chat request.
+#[derive(Clone)]
+pub struct Reply {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+impl Reply {
+    /// A 200 of server-sent events (see `sse`).
+    pub fn sse(body: String) -> Reply {
+        Reply {
+            status: 200,
+            content_type: "text/event-stream",
+            body,
+        }
+    }
+
+    /// A JSON answer with this status (an error, as the server sends it).
+    pub fn json(status: u16, body: Value) -> Reply {
+        Reply {
+            status,
+            content_type: "application/json",
+            body: body.to_string(),
+        }
+    }
+}
+
 /// What the interceptor shares with the test.
 #[derive(Default)]
 struct Shared {
     /// The page to serve at / instead of the server's (a planted variant).
     page: Option<String>,
-    /// Bodies for the coming chat requests, in order (the last one repeats).
-    replies: VecDeque<String>,
+    /// Answers to the coming chat requests, in order (the last one repeats).
+    replies: VecDeque<Reply>,
     /// The JSON bodies the page posted to /v1/chat/completions.
     requests: Vec<String>,
     /// The body for GET /v1/models, when the case lists models of its own.
@@ -204,6 +232,19 @@ impl<'f> CannedPage<'f> {
         fx: &'f Fixture<'_>,
         plant: Option<&Plant>,
         replies: Vec<String>,
+        models: Option<Value>,
+        window: (u32, u32),
+    ) -> Result<CannedPage<'f>, String> {
+        let replies = replies.into_iter().map(Reply::sse).collect();
+        Self::start_with_replies(fx, plant, replies, models, window)
+    }
+
+    /// As `start_with_models`, each chat request answered by the next `Reply` (its status,
+    /// type and body).
+    pub fn start_with_replies(
+        fx: &'f Fixture<'_>,
+        plant: Option<&Plant>,
+        replies: Vec<Reply>,
         models: Option<Value>,
         window: (u32, u32),
     ) -> Result<CannedPage<'f>, String> {
@@ -339,30 +380,30 @@ fn planted_page(port: u16, plant: &Plant) -> String {
 fn intercept(shared: &Mutex<Shared>, event: RequestPausedEvent) -> RequestPausedDecision {
     let p = event.params;
     let mut s = shared.lock().unwrap();
-    let (content_type, body) = if p.request.url.ends_with("/v1/chat/completions") {
+    let (status, content_type, body) = if p.request.url.ends_with("/v1/chat/completions") {
         s.requests.push(post_body(&p.request));
-        let body = if s.replies.len() > 1 {
+        let reply = if s.replies.len() > 1 {
             s.replies.pop_front()
         } else {
             s.replies.front().cloned()
         };
-        match body {
-            Some(body) => ("text/event-stream", body),
+        match reply {
+            Some(r) => (r.status, r.content_type, r.body),
             None => {
                 s.errors.push("a chat request with no reply left".into());
-                ("text/event-stream", String::new())
+                (200, "text/event-stream", String::new())
             }
         }
     } else if let (true, Some(models)) = (p.request.url.ends_with("/v1/models"), &s.models) {
-        ("application/json", models.clone())
+        (200, "application/json", models.clone())
     } else if let Some(page) = &s.page {
-        ("text/html; charset=utf-8", page.clone())
+        (200, "text/html; charset=utf-8", page.clone())
     } else {
         return RequestPausedDecision::Continue(None);
     };
     RequestPausedDecision::Fulfill(FulfillRequest {
         request_id: p.request_id,
-        response_code: 200,
+        response_code: status as u32,
         response_headers: Some(vec![HeaderEntry {
             name: "Content-Type".into(),
             value: content_type.into(),
