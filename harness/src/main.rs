@@ -140,6 +140,7 @@ fn main() -> Result<()> {
         Command::LegEngine(args) => cmd::bench::leg(args),
         Command::FreezePerfOracle { model } => cmd::parity::freeze(model),
         Command::ServeCheck => cmd::serve_check::run(),
+        Command::ServeDiff(args) if args.vision => cmd::serve_diff_vision::run(args.peer_only),
         Command::ServeDiff(args) => cmd::serve_check::diff(args),
         Command::LegServe(args) => cmd::bench::leg_serve(args),
         Command::LegRestart(args) => cmd::bench::leg_restart(args),

@@ -46,14 +46,15 @@ pub const NO_TOWER: &str = "this model reads text only: it has no vision tower t
      runs (gemma3 with a vision_config, gemma4, qwen3_vl, qwen3_5: docs/vision.md); send the \
      request without images, or serve a vision checkpoint";
 
-/// Whether `args`' server reads images: the model's prompt expansion (`vision::served`),
-/// or why it reads none. The model thread loads the vision tower exactly when this is Ok.
-pub fn served(args: &super::args::ServeArgs) -> anyhow::Result<Result<Arc<Expander>, String>> {
-    let expander = Expander::load(&args.model).map_err(anyhow::Error::msg)?;
+/// Whether a server of `model` reads images: the model's prompt expansion
+/// (`vision::served`), or why it reads none (`--text-only`, no tower, a group). The model
+/// thread loads the vision tower exactly when this is Ok.
+pub fn served(model: &Path, text_only: bool) -> anyhow::Result<Result<Arc<Expander>, String>> {
+    let expander = Expander::load(model).map_err(anyhow::Error::msg)?;
     let Some(expander) = expander else {
         return Ok(Err(NO_TOWER.into()));
     };
-    let why = if args.text_only {
+    let why = if text_only {
         "this server reads text only (started with --text-only): restart it without \
          --text-only to send images"
     } else if crate::dist::active() {

@@ -512,7 +512,7 @@ fn load_worker(
         None => 0,
     };
     let model = crate::model::load(&args.model)?;
-    let vision = match images::served(args)? {
+    let vision = match images::served(&args.model, args.text_only)? {
         Ok(_) => Some(
             crate::vision::model::ImageModel::load(&args.model)
                 .with_context(|| format!("loading {}'s vision tower", args.model.display()))?,
@@ -636,7 +636,7 @@ fn app_state(
 ) -> AppState {
     let context = config.context;
     // The model thread loaded (or not) the vision tower by the same rule.
-    let images = images::served(args).unwrap_or_else(|e| Err(e.to_string()));
+    let images = images::served(&args.model, args.text_only).unwrap_or_else(|e| Err(e.to_string()));
     AppState {
         adapters: adapters::Registry::new(&config.model_id, &args.adapter),
         model_id: config.model_id,

@@ -298,10 +298,10 @@ pub struct DiffArgs {
     /// Requests with images against mlx_vlm.server on the vision fixtures (its venv:
     /// oracles/requirements-vision-serve.txt).
     #[arg(long)]
-    vision: bool,
+    pub vision: bool,
     /// With --vision: mlx_vlm.server on both sides (checks the requests and the plant).
     #[arg(long, requires = "vision")]
-    peer_only: bool,
+    pub peer_only: bool,
 }
 
 pub fn diff(args: DiffArgs) -> Result<()> {
@@ -309,9 +309,6 @@ pub fn diff(args: DiffArgs) -> Result<()> {
         let mut serve = super::bench::serve_args(model, args.port)?;
         serve.dist.pipeline = args.pipeline;
         return engine::serve::run(serve);
-    }
-    if args.vision {
-        return super::serve_diff_vision::run(args.peer_only);
     }
     if args.ranks > 1 {
         return diff_ranks(args.ranks, args.pipeline);

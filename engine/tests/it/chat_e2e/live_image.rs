@@ -43,33 +43,13 @@ fn live_golden() -> (String, usize) {
     )
 }
 
-/// tiny-gemma3-vl's weights and processor config with the generator's overlay (config,
-/// tokenizer with the image tokens, chat template), as vision_generate.rs assembles it.
-fn assembled(model: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let base = common::goldens().join("models").join(model);
-    for f in [
-        "model.safetensors",
-        "preprocessor_config.json",
-        "generation_config.json",
-    ] {
-        std::fs::copy(base.join(f), dir.path().join(f)).unwrap();
-    }
-    let overlay = common::goldens().join("vision/generate").join(model);
-    for entry in std::fs::read_dir(overlay).unwrap() {
-        let p = entry.unwrap().path();
-        std::fs::copy(&p, dir.path().join(p.file_name().unwrap())).unwrap();
-    }
-    dir
-}
-
 /// The live claim: a real `engine serve` on tiny-gemma3-vl; the page (as the server serves
 /// it) gets an image through its picker and a message, sends them, and shows the model's
 /// answer finished — not an error, and mlx-vlm's greedy answer to that image and prompt —
 /// while the server counts one completed request.
 /// `planted`: a script run before the page's own (the planted page's edit).
 pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
-    let dir = assembled("tiny-gemma3-vl");
+    let dir = common::vision::assembled("tiny-gemma3-vl");
     let server = common::server::serve_dir(dir.path(), &["--no-open"]);
     let case_tab = fx.tab((900, 600))?;
     let tab = &case_tab.0;
