@@ -50,9 +50,16 @@ pub const NO_TOWER: &str = "this model reads text only: it has no vision tower t
 /// (`vision::served`), or why it reads none (`--text-only`, no tower, a group). The model
 /// thread loads the vision tower exactly when this is Ok.
 pub fn served(model: &Path, text_only: bool) -> anyhow::Result<Result<Arc<Expander>, String>> {
-    let expander = Expander::load(model).map_err(anyhow::Error::msg)?;
-    let Some(expander) = expander else {
-        return Ok(Err(NO_TOWER.into()));
+    let expander = match Expander::load(model) {
+        Ok(Some(expander)) => expander,
+        Ok(None) => return Ok(Err(NO_TOWER.into())),
+        // Served as a text model (as mlx_lm.server serves it), images refused with the cause.
+        Err(e) => {
+            return Ok(Err(format!(
+                "this model reads text only here: its vision side did not load ({e}); send \
+                 the request without images, or serve the checkpoint with its processor config"
+            )))
+        }
     };
     let why = if text_only {
         "this server reads text only (started with --text-only): restart it without \

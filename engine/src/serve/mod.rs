@@ -513,10 +513,17 @@ fn load_worker(
     };
     let model = crate::model::load(&args.model)?;
     let vision = match images::served(&args.model, args.text_only)? {
-        Ok(_) => Some(
-            crate::vision::model::ImageModel::load(&args.model)
-                .with_context(|| format!("loading {}'s vision tower", args.model.display()))?,
-        ),
+        // A tower that does not load leaves a text server: its image requests are refused.
+        Ok(_) => match crate::vision::model::ImageModel::load(&args.model) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                eprintln!(
+                    "engine serve: {}: the vision tower did not load ({e}); serving text only",
+                    args.model.display()
+                );
+                None
+            }
+        },
         Err(_) => None,
     };
     let adapters = worker::adapters::Loaded::load(model.as_ref(), &args.adapter)?;

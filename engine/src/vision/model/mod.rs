@@ -86,8 +86,8 @@ pub fn detect(dir: &Path) -> R<(Option<VisionFamily>, String)> {
     let family = match model_type.as_str() {
         "gemma3" if tower => Some(VisionFamily::Gemma3),
         "gemma4" if tower => Some(VisionFamily::Gemma4),
-        "qwen3_vl" => Some(VisionFamily::Qwen3Vl),
-        "qwen3_5" => Some(VisionFamily::Qwen35),
+        "qwen3_vl" if tower => Some(VisionFamily::Qwen3Vl),
+        "qwen3_5" if tower => Some(VisionFamily::Qwen35),
         _ => None,
     };
     Ok((family, model_type))
