@@ -94,6 +94,10 @@ pub enum Defect {
     /// one cross-entropy over the chosen half of the batch). Caught by the B = 4
     /// unequal-length ORPO gate (`engine/tests/it/train.rs`, both scopes).
     OrpoNllPerPairMean,
+    /// GRPO: advantages centred on the whole batch's mean reward instead of each prompt's
+    /// group. Caught by the advantage and loss gate against the float64 TRL port
+    /// (`engine/tests/it/train_grpo.rs`).
+    GrpoBatchMeanBaseline,
     /// ORPO's prefix-shared forward: the continuation reads the shared prefix's K/V with
     /// their gradient stopped (the prompt's forward learns nothing from the responses).
     /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/it/orpo_prefix.rs`).

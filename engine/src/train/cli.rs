@@ -20,6 +20,7 @@ use crate::load::tokenizer::Tokenizer;
 pub enum MethodArg {
     Sft,
     Orpo,
+    Grpo,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -127,6 +128,8 @@ pub struct TrainArgs {
     pub lambda_law: LambdaLawArg,
     #[command(flatten)]
     pub lambda_knobs: LambdaKnobs,
+    #[command(flatten)]
+    pub grpo: super::grpo_cli::GrpoArgs,
     /// No progress bar or messages (metrics.jsonl is still written).
     #[arg(long)]
     pub quiet: bool,
@@ -224,6 +227,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         tokenizer: &tokenizer,
         template: template.as_ref(),
     };
+    if args.method == MethodArg::Grpo {
+        return super::grpo_cli::run(&args, model.as_ref(), &tokenizer, &encoder);
+    }
     let (train_set, valid_set) = args.datasets(&encoder)?;
     let adaptive = args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive;
     if adaptive && args.method == MethodArg::Orpo && valid_set.is_none() {
@@ -274,6 +280,7 @@ impl TrainArgs {
                     Dataset::Sft(read_jsonl(&file, |v| encoder.sft(v, self.mask_prompt))?)
                 }
                 MethodArg::Orpo => Dataset::Orpo(read_jsonl(&file, |v| encoder.pair(v))?),
+                MethodArg::Grpo => unreachable!("GRPO reads its prompts in grpo_cli"),
             }))
         };
         let train_set = load("train.jsonl")?.with_context(|| {
@@ -286,7 +293,7 @@ impl TrainArgs {
     }
 
     /// The adapters' settings, as adapter_config.json records them.
-    fn adapter_config(&self) -> AdapterConfig {
+    pub(super) fn adapter_config(&self) -> AdapterConfig {
         let scale = match self.lora_alpha {
             Some(alpha) if self.rslora => alpha / (self.lora_rank as f32).sqrt(),
             Some(alpha) => alpha / self.lora_rank as f32,
@@ -306,7 +313,7 @@ impl TrainArgs {
     }
 
     /// The learning-rate schedule.
-    fn schedule(&self) -> Schedule {
+    pub(super) fn schedule(&self) -> Schedule {
         match self.lr_schedule {
             ScheduleArg::Constant => Schedule::Constant(self.learning_rate),
             ScheduleArg::Cosine => Schedule::WarmupCosine {
@@ -325,6 +332,7 @@ impl TrainArgs {
             method: match self.method {
                 MethodArg::Sft => Method::Sft,
                 MethodArg::Orpo => Method::Orpo,
+                MethodArg::Grpo => unreachable!("GRPO runs from grpo_cli"),
             },
             iters: self.iters,
             batch_size: self.batch_size,
@@ -376,7 +384,7 @@ impl TrainArgs {
 }
 
 /// A bar over the iterations (hidden with --quiet).
-fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
+pub(super) fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
     let bar = if quiet {
         indicatif::ProgressBar::hidden()
     } else {
@@ -391,7 +399,7 @@ fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
 
 /// A step moves the bar and shows its loss, learning rate and speed; an eval prints a line,
 /// and a λ change its own line on stdout (not with --quiet).
-fn show_progress(
+pub(super) fn show_progress(
     bar: &indicatif::ProgressBar,
     quiet: bool,
     r: &StepReport,

@@ -158,6 +158,28 @@ impl Encoder<'_> {
     }
 }
 
+impl Encoder<'_> {
+    /// One GRPO prompt from a parsed line: `prompt` a string (one user turn) or a message
+    /// list, rendered with the generation prompt (without a chat template: the string's
+    /// tokens, BOS included) — its ids and the text reward functions see.
+    pub fn grpo_prompt(&self, v: &Value) -> Result<(Vec<u32>, String), String> {
+        let messages = match v.get("prompt") {
+            Some(Value::String(p)) if self.template.is_none() => {
+                let ids = self.tokenizer.encode(p, true).map_err(|e| e.to_string())?;
+                return Ok((ids, p.clone()));
+            }
+            Some(Value::String(p)) => vec![Message::new("user", p)],
+            Some(list @ Value::Array(_)) => Self::messages(list)?,
+            _ => return Err("expected {\"prompt\": a string or a message list, …}".into()),
+        };
+        let text = messages
+            .last()
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+        Ok((self.chat(&messages, true)?, text))
+    }
+}
+
 /// Reads a jsonl file line by line through `parse`; empty lines are skipped, a bad one is
 /// an error naming the file and line.
 pub fn read_jsonl<T>(

@@ -385,6 +385,21 @@ impl<'m> Adapters<'m> {
         Ok(())
     }
 
+    /// Runs `f` on the base model: every adapter is taken off for the call and put back
+    /// after it (GRPO's reference log-probabilities).
+    pub fn without<T>(&self, f: impl FnOnce() -> T) -> T {
+        let taken: Vec<_> = self
+            .slots
+            .iter()
+            .map(|(_, slot)| slot.lora.borrow_mut().take())
+            .collect();
+        let out = f();
+        for ((_, slot), lora) in self.slots.iter().zip(taken) {
+            *slot.lora.borrow_mut() = lora;
+        }
+        out
+    }
+
     /// Removes the adapters from the model.
     pub fn detach(self) {
         for (_, slot) in &self.slots {

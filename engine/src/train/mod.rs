@@ -4,12 +4,16 @@
 
 pub mod cli;
 pub mod data;
+pub mod grpo;
+pub mod grpo_cli;
+pub mod grpo_train;
 pub mod lambda;
 pub mod lora;
 pub mod loss;
 pub mod optim;
 pub mod orpo;
 pub mod orpo_prefix;
+pub mod reward;
 pub mod segmented;
 pub mod trainer;
 

@@ -83,7 +83,7 @@ fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
 }
 
 /// A seeded permutation (Fisher–Yates over a 64-bit LCG).
-fn permutation(n: usize, state: &mut u64) -> Vec<usize> {
+pub(super) fn permutation(n: usize, state: &mut u64) -> Vec<usize> {
     let mut p: Vec<usize> = (0..n).collect();
     for i in (1..n).rev() {
         *state = state
@@ -358,7 +358,7 @@ pub struct StepReport {
 
 impl StepReport {
     /// What `on_step` sees with an eval's results: the step, no training numbers.
-    fn at_eval(step: usize) -> Self {
+    pub(super) fn at_eval(step: usize) -> Self {
         StepReport {
             step,
             loss: f64::NAN,

@@ -39,6 +39,7 @@ mod ssd_store;
 mod tool_parsers;
 mod train;
 mod train_families;
+mod train_grpo;
 mod train_moe2;
 mod vision_gemma3;
 mod vision_gemma4;
