@@ -158,9 +158,9 @@ fn token_logps(
     } else {
         logits.divide(crate::scalar::weak(temperature as f64, &logits)?)?
     };
-    Ok(super::loss::cross_entropy(&logits, &ids.index((.., 1..)))?
+    super::loss::cross_entropy(&logits, &ids.index((.., 1..)))?
         .as_dtype(Dtype::Float32)?
-        .negative()?)
+        .negative()
 }
 
 /// Every completion's reward by every function, and the texts' token counts.
