@@ -97,6 +97,9 @@ enum Command {
     /// One train-suite leg in this fresh process (used by `harness bench --suite train`).
     #[command(hide = true)]
     LegTrain(cmd::bench::LegTrainArgs),
+    /// One GRPO train-suite leg in this fresh process (used by `harness bench --suite train`).
+    #[command(hide = true)]
+    LegGrpo(harness::bench::train_grpo::LegArgs),
     /// One spec-suite leg in this fresh process (used by `harness bench --suite spec`).
     #[command(hide = true)]
     LegSpec(cmd::bench::LegSpecArgs),
@@ -146,6 +149,7 @@ fn main() -> Result<()> {
         Command::LegRestart(args) => cmd::bench::leg_restart(args),
         Command::LegSpec(args) => cmd::bench::leg_spec(args),
         Command::LegTrain(args) => cmd::bench::leg_train(args),
+        Command::LegGrpo(args) => harness::bench::train_grpo::leg_main(args),
         Command::LegDist(args) => harness::bench::distributed::leg(args),
         Command::LegConstrain(args) => harness::bench::constrain::leg(args),
     }

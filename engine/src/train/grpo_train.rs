@@ -221,19 +221,27 @@ fn scalar(a: &Array) -> Result<f64, Exception> {
 }
 
 /// What one generation gives the steps that use it.
-struct Generation {
+pub struct Generation {
     ids: Array,
     mask: Array,
     advantages: Array,
     old: Option<Array>,
     reference: Option<Array>,
     line: Value,
-    tokens: usize,
+    /// Prompt and completion tokens (the padded batch's size).
+    pub tokens: usize,
 }
 
-/// Samples, scores and prepares one generation of `prompts`.
+impl Generation {
+    /// The completions' mean length in tokens.
+    pub fn completion_tokens(&self) -> f64 {
+        self.line["completion_length"].as_f64().unwrap_or(f64::NAN)
+    }
+}
+
+/// Samples, scores and prepares one generation of `prompts` (indices into `data`).
 #[allow(clippy::too_many_arguments)]
-fn generation(
+pub fn generation(
     model: &dyn LanguageModel,
     adapters: &Adapters,
     tokenizer: &Tokenizer,
@@ -291,6 +299,32 @@ fn generation(
     })
 }
 
+/// One optimizer step on generation `g`: the GRPO terms ([loss, kl, clip_ratio]) and the
+/// gradient norm, evaluated with the update.
+pub fn update(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    opt: &mut AdamW,
+    g: &Generation,
+    cfg: &GrpoConfig,
+) -> Result<(Vec<Array>, Array), Exception> {
+    let (outputs, grads) = value_and_grad(adapters, || {
+        let lp = token_logps(model, &g.ids, cfg.temperature)?;
+        grpo_terms(
+            &lp,
+            g.old.as_ref(),
+            g.reference.as_ref(),
+            &g.mask,
+            &g.advantages,
+            &cfg.loss,
+        )
+        .map(GrpoTerms::into_vec)
+    })?;
+    let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
+    super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
+    Ok((outputs, norm))
+}
+
 /// Trains `adapters` by GRPO on `train`'s prompts, validating on `valid`'s, writing
 /// `metrics` and saving the adapters to `out` every `save_every` steps and at the end.
 #[allow(clippy::too_many_arguments)]
@@ -339,21 +373,8 @@ pub fn train_grpo(
             )?);
         }
         let g = current.as_ref().expect("generated");
-        let (outputs, grads) = value_and_grad(adapters, || {
-            let lp = token_logps(model, &g.ids, cfg.temperature)?;
-            grpo_terms(
-                &lp,
-                g.old.as_ref(),
-                g.reference.as_ref(),
-                &g.mask,
-                &g.advantages,
-                &cfg.loss,
-            )
-            .map(GrpoTerms::into_vec)
-        })?;
-        let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
         let lr = opt.learning_rate()? as f64;
-        super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
+        let (outputs, norm) = update(model, adapters, opt, g, cfg)?;
         let report = StepReport {
             step,
             loss: scalar(&outputs[0])?,

@@ -164,11 +164,15 @@ pub struct TrainResult {
     pub legs: Vec<TrainLeg>,
 }
 
+/// A model the train suite runs: its name, directory, vocabulary, blocks (all adapted) and
+/// the ORPO rows' response length.
+pub type Target = (String, PathBuf, i32, usize, usize);
+
 /// The models: the committed trained tiny model and the `tiny` bench model (random
 /// weights, twice as wide). The `small` one takes ~16 s per step on a 2-core CPU.
-pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> {
+pub fn targets() -> Result<Vec<Target>> {
     let bench = super::models::by_name("tiny").context("bench model tiny")?;
-    let targets: Vec<(String, PathBuf, i32, usize, usize)> = vec![
+    Ok(vec![
         (
             "tiny-llama-trained".into(),
             crate::goldens::model_dir("tiny-llama-trained")?,
@@ -183,7 +187,12 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             bench.layers as usize,
             64,
         ),
-    ];
+    ])
+}
+
+/// Whether the peer is installed (an error saying how to install it, when asked for and
+/// missing).
+pub fn check_peer(peer: bool) -> Result<()> {
     if peer
         && !crate::oracle::repo_root()
             .join("oracles/.lora-peer/mlx_lm_lora")
@@ -191,8 +200,14 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
     {
         bail!("the train bench's peer is missing: run `bash oracles/setup_lora_peer.sh` (or pass --no-peer)");
     }
+    Ok(())
+}
+
+/// The ORPO rows on every target.
+pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> {
+    check_peer(peer)?;
     let mut results = Vec::new();
-    for (name, dir, vocab, layers, response) in targets {
+    for (name, dir, vocab, layers, response) in targets()? {
         let tmp = tempfile::tempdir()?;
         let file = tmp.path().join("pairs.json");
         let prompt = response / 2;

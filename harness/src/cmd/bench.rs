@@ -262,6 +262,22 @@ fn run_train(args: &Args) -> Result<()> {
             }
         }
     }
+    for (model, legs) in harness::bench::train_grpo::run(args.rounds, 3, !args.no_peer)? {
+        print!("{}", harness::bench::train_grpo::table(&model, &legs));
+        let params = serde_json::json!({"method": "grpo", "prompts": harness::bench::train_grpo::PROMPTS, "group": harness::bench::train_grpo::GROUP, "completion": harness::bench::train_grpo::COMPLETION, "rank": train::RANK, "steps": 3, "rounds": args.rounds});
+        for l in &legs {
+            let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
+            for m in [
+                ("iteration_ms", (l.generate_s + l.update_s) * 1e3, "ms"),
+                ("generate_ms", l.generate_s * 1e3, "ms"),
+                ("update_ms", l.update_s * 1e3, "ms"),
+                ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
+            ] {
+                db.insert(&ctx.row("train", &model, m, &l.stack, peer.clone(), params.clone()))?;
+                n += 1;
+            }
+        }
+    }
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
         before.verdict(),
