@@ -29,6 +29,9 @@ pub struct Lora {
     /// Training-time dropout on the adapter's input: the drop probability and this step's
     /// key (no key: no dropout, as at inference).
     pub dropout: Option<(f32, Array)>,
+    /// DoRA's magnitude (mlx-lm's `DoRALinear.m`, [out], f32): with it the layer computes
+    /// DoRA (`train::lora::dora`), without it LoRA.
+    pub m: Option<Array>,
 }
 
 /// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
@@ -71,7 +74,13 @@ impl Linear {
         if self.reduce {
             return self.forward_reduced(x);
         }
+        if let Some(y) = crate::train::lora::dora::forward_if_any(self, x)? {
+            return Ok(y);
+        }
         let y = match (&self.quantized, &self.bias) {
+            (Some(_), _) if crate::train::lora::dora::planted_dequantized_base(self) => {
+                crate::train::lora::dora::dequantized_base(self, x)?
+            }
             (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
             (Some(q), None) => q.matmul_t(x, &self.weight)?,
             (None, Some(b)) => addmm(b, x, self.weight.t(), None, None)?,

@@ -18,6 +18,7 @@ use crate::model::layers::{Linear, Lora};
 use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
+pub mod dora;
 mod owned;
 pub use owned::{apply, OwnedAdapter};
 
@@ -53,6 +54,8 @@ fn lora_kind() -> String {
 /// stacked experts (`LoRASwitchLinear`).
 struct Slot<'m> {
     lora: &'m RefCell<Option<Lora>>,
+    /// The linear (None: stacked experts), whose weight DoRA's magnitude starts from.
+    linear: Option<&'m Linear>,
     input_dims: i32,
     a_shape: Vec<i32>,
     b_shape: Vec<i32>,
@@ -63,6 +66,7 @@ impl<'m> Slot<'m> {
         let (i, o) = (l.input_dims(), l.output_dims());
         Slot {
             lora: &l.lora,
+            linear: Some(l),
             input_dims: i,
             a_shape: vec![i, rank],
             b_shape: vec![rank, o],
@@ -73,6 +77,7 @@ impl<'m> Slot<'m> {
         let (i, o, e) = (s.input_dims(), s.output_dims(), s.num_experts());
         Slot {
             lora: &s.lora,
+            linear: None,
             input_dims: i,
             a_shape: vec![e, rank, i],
             b_shape: vec![e, o, rank],
@@ -151,7 +156,27 @@ fn select<'m>(
             "lora_parameters.keys {keys:?} match no linear layer of this model"
         )));
     }
+    check_kind(config, &chosen)?;
     Ok(chosen)
+}
+
+/// The fine-tune types that attach here (`lora`, `dora`), and DoRA only on linears: mlx-lm
+/// 0.32.2 raises "SwitchLinear doesn't support DoRA yet" on stacked experts.
+fn check_kind(config: &AdapterConfig, chosen: &[(String, Slot)]) -> Result<(), TrainError> {
+    match config.fine_tune_type.as_str() {
+        "lora" => Ok(()),
+        "dora" => match chosen.iter().find(|(_, s)| s.linear.is_none()) {
+            None => Ok(()),
+            Some((name, _)) => Err(TrainError::Unsupported(format!(
+                "DoRA on stacked experts (`{name}`) is not available: mlx-lm 0.32.2 has no \
+                 DoRA for SwitchLinear; use --fine-tune-type lora, or --lora-keys naming \
+                 the block's other linears"
+            ))),
+        },
+        other => Err(TrainError::Unsupported(format!(
+            "fine_tune_type `{other}` does not attach adapters (lora and dora do)"
+        ))),
+    }
 }
 
 /// Linears of a block that mlx-lm 0.32.2's LoRA cannot wrap, per family: its gemma3n AltUp
@@ -218,12 +243,6 @@ fn read<'m>(
     let text = std::fs::read_to_string(&path).map_err(|e| TrainError::Io(path.clone(), e))?;
     let config: AdapterConfig = serde_json::from_str(&text)
         .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))?;
-    if config.fine_tune_type != "lora" {
-        return Err(TrainError::Unsupported(format!(
-            "fine_tune_type `{}` (only lora adapters load)",
-            config.fine_tune_type
-        )));
-    }
     let file = dir.join("adapters.safetensors");
     let tensors = Array::load_safetensors(&file)
         .map_err(|e| TrainError::Config(format!("{}: {e}", file.display())))?;
@@ -248,11 +267,16 @@ fn read<'m>(
             }
             Ok(t)
         };
+        let m = match config.fine_tune_type == "dora" {
+            true => Some(get("m", &slot.b_shape[1..])?),
+            false => None,
+        };
         let lora = Lora {
             a: get("lora_a", &slot.a_shape)?,
             b: get("lora_b", &slot.b_shape)?,
             scale,
             dropout: None,
+            m,
         };
         layers.push((name, slot, lora));
     }
@@ -275,11 +299,16 @@ impl<'m> Adapters<'m> {
             let bound = 1.0 / (slot.input_dims as f32).sqrt();
             let a = random::uniform::<_, f32>(-bound, bound, &slot.a_shape[..], &sub)?;
             let b = mlx_rs::ops::zeros::<f32>(&slot.b_shape[..])?;
+            let m = match (config.fine_tune_type.as_str(), slot.linear) {
+                ("dora", Some(linear)) => Some(dora::magnitude(linear)?),
+                _ => None,
+            };
             *slot.lora.borrow_mut() = Some(Lora {
                 a,
                 b,
                 scale: config.lora_parameters.scale,
                 dropout: None,
+                m,
             });
         }
         Ok(Adapters { config, slots })
@@ -298,45 +327,61 @@ impl<'m> Adapters<'m> {
         Ok(Adapters { config, slots })
     }
 
-    /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` per layer.
+    /// The trainable arrays of each layer: A and B, and DoRA's magnitude m.
+    fn per_layer(&self) -> usize {
+        match self.config.fine_tune_type == "dora" {
+            true => 3,
+            false => 2,
+        }
+    }
+
+    /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` (and DoRA's
+    /// `<layer>.m`) per layer.
     pub fn names(&self) -> Vec<String> {
+        let parts = &["lora_a", "lora_b", "m"][..self.per_layer()];
         self.slots
             .iter()
-            .flat_map(|(n, _)| [format!("{n}.lora_a"), format!("{n}.lora_b")])
+            .flat_map(|(n, _)| parts.iter().map(move |p| format!("{n}.{p}")))
             .collect()
     }
 
-    /// The trainable arrays: A then B of every layer.
+    /// The trainable arrays: A then B (then m) of every layer.
     pub fn params(&self) -> Vec<Array> {
+        let per = self.per_layer();
         self.slots
             .iter()
             .flat_map(|(_, slot)| {
                 let lora = slot.lora.borrow();
                 let lora = lora.as_ref().expect("attached");
-                [lora.a.clone(), lora.b.clone()]
+                let mut all = vec![lora.a.clone(), lora.b.clone()];
+                all.extend(lora.m.iter().cloned());
+                all.truncate(per);
+                all
             })
             .collect()
     }
 
     /// Positions in `params` of the adapters on blocks `layers`.
     pub fn params_in_layers(&self, layers: &std::ops::Range<usize>) -> Vec<usize> {
+        let per = self.per_layer();
         self.slots
             .iter()
             .enumerate()
             .filter(|(_, (n, _))| layer_index(n).is_some_and(|i| layers.contains(&i)))
-            .flat_map(|(i, _)| [2 * i, 2 * i + 1])
+            .flat_map(|(i, _)| (per * i)..(per * i + per))
             .collect()
     }
 
     /// Replaces some trainable arrays: `values[k]` goes to position `at[k]` of `params`.
     pub fn set_some(&self, at: &[usize], values: &[Array]) {
+        let per = self.per_layer();
         for (&k, v) in at.iter().zip(values) {
-            let (_, slot) = &self.slots[k / 2];
+            let (_, slot) = &self.slots[k / per];
             if let Some(lora) = slot.lora.borrow_mut().as_mut() {
-                if k % 2 == 0 {
-                    lora.a = v.clone();
-                } else {
-                    lora.b = v.clone();
+                match k % per {
+                    0 => lora.a = v.clone(),
+                    1 => lora.b = v.clone(),
+                    _ => lora.m = Some(v.clone()),
                 }
             }
         }
@@ -344,12 +389,8 @@ impl<'m> Adapters<'m> {
 
     /// Replaces the trainable arrays (same order as `params`).
     pub fn set(&self, params: &[Array]) {
-        for ((_, slot), ab) in self.slots.iter().zip(params.chunks(2)) {
-            if let Some(lora) = slot.lora.borrow_mut().as_mut() {
-                lora.a = ab[0].clone();
-                lora.b = ab[1].clone();
-            }
-        }
+        let at: Vec<usize> = (0..params.len()).collect();
+        self.set_some(&at, params);
     }
 
     /// Writes `adapters.safetensors` and `adapter_config.json` into `dir` (each atomically).

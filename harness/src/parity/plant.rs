@@ -60,6 +60,8 @@ const NAMED: &[(&str, Plant, &str)] = &[
     ("perf-path", Plant::Engine(Defect::PerfDecodeDropsNewest), "the L3 decode path leaves the newest position out of attention"),
     ("argmax-first-64k", Plant::Engine(Defect::GreedyFirst64k), "greedy argmax over the first 65 536 ids only"),
     ("recurrent-in-proj-lora-dropped", Plant::Engine(Defect::RecurrentInProjLoraDropped), "the recurrent mixers' input projections get no LoRA adapter"),
+    ("dora-norm-with-gradient", Plant::Engine(Defect::DoraNormWithGradient), "DoRA's weight norm is not gradient-stopped"),
+    ("qlora-dequantized-base", Plant::Engine(Defect::QloraDequantizedBase), "a quantized base under LoRA runs on its dequantized weight"),
     ("mla-latent-proj-lora-dropped", Plant::Engine(Defect::MlaLatentProjLoraDropped), "multi-head latent attention's kv_a_proj_with_mqa gets no LoRA adapter"),
     ("moe-top-k-off-by-one", Plant::Engine(Defect::MoeTopKOffByOne), "the router keeps the experts ranked 2..k+1"),
     ("no-post-processor", Plant::Engine(Defect::EncodeSkipsPostProcessor), "encode forgets the post-processor (no bos)"),

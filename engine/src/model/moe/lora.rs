@@ -39,7 +39,7 @@ impl SwitchLinear {
 
 /// The input the adapter sees: `x` with training-time dropout (`nn.Dropout`: keep with
 /// probability 1 − p, scaled by 1 / (1 − p)), or `x` itself.
-fn dropped(x: &Array, dropout: &Option<(f32, Array)>) -> R<Array> {
+pub(crate) fn dropped(x: &Array, dropout: &Option<(f32, Array)>) -> R<Array> {
     match dropout {
         Some((p, key)) if *p > 0.0 => {
             let keep = mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;

@@ -241,15 +241,34 @@ pub static TRAIN: Gate = Gate {
         "weight-decay",
         "recurrent-in-proj-lora-dropped",
         "mla-latent-proj-lora-dropped",
+        "qlora-dequantized-base",
     ],
-    run: |g, t, p| {
-        let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
-        boxed(train::run(t.model, &g.open(t)?, |opt| {
-            if decay {
-                opt.weight_decay *= 1.1;
-            }
-        }))
-    },
+    run: run_train,
+    ..BASE
+};
+
+/// The training gates' run: the harness's own plant (weight decay × 1.1) or none.
+fn run_train(g: &Gate, t: &Target, p: Option<&Plant>) -> Result<Box<dyn Report>> {
+    let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
+    boxed(train::run(t.model, &g.open(t)?, |opt| {
+        if decay {
+            opt.weight_decay *= 1.1;
+        }
+    }))
+}
+
+/// DoRA (`--fine-tune-type dora`, mlx-lm's `DoRALinear`) through the same steps as `train`,
+/// on a dense and on quantized bases: goldens/train/<model>-dora.
+pub static TRAIN_DORA: Gate = Gate {
+    name: "train-dora",
+    group: "train",
+    suffix: "-dora",
+    generator: Some((
+        "gen_train.py",
+        &["{model}", "--fine-tune-type", "dora", "--suffix=-dora"],
+    )),
+    plants: &["weight-decay", "dora-norm-with-gradient"],
+    run: run_train,
     ..BASE
 };
 
@@ -369,6 +388,7 @@ pub static GATES: &[&Gate] = &[
     &TOKENIZE,
     &TEMPLATES,
     &TRAIN,
+    &TRAIN_DORA,
     &SAMPLING,
     &EVAL_PPL,
     &L2,
