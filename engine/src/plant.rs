@@ -546,6 +546,9 @@ pub enum Defect {
     /// (`x @ dequantize(W).T`) instead of `quantized_matmul`, under a LoRA adapter. Caught
     /// by the LoRA training gate on the quantized rows (`tests/it/train_lora.rs`).
     QloraDequantizedBase,
+    /// `engine fuse`: the adapter's scale applied twice in the fused weight. Caught by the
+    /// fuse gate against mlx_lm.fuse (`engine/tests/it/fuse.rs`).
+    FuseScaleTwice,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -756,6 +759,7 @@ pub fn on_from_env() -> Result<(), String> {
             "Gemma4ImagePromptChunked" => Defect::Gemma4ImagePromptChunked,
             "DoraNormWithGradient" => Defect::DoraNormWithGradient,
             "QloraDequantizedBase" => Defect::QloraDequantizedBase,
+            "FuseScaleTwice" => Defect::FuseScaleTwice,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

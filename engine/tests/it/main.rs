@@ -12,6 +12,7 @@ mod constrained_tools;
 mod convert;
 mod dist;
 mod embeddings;
+mod fuse;
 mod hub;
 mod kvstore;
 mod loading;

@@ -38,7 +38,7 @@ pub fn magnitude(linear: &Linear) -> R<Array> {
 }
 
 /// `mx.linalg.norm(w, axis=1)`: MLX's ord-less norm over the input axis.
-fn row_norms(w: &Array) -> R<Array> {
+pub fn row_norms(w: &Array) -> R<Array> {
     norm_l2(
         w,
         NormOptions {
