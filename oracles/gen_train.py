@@ -158,7 +158,9 @@ def main(name, out_root, fine_tune_type="lora", suffix="") -> None:
     mx.random.seed(7)
     num_layers, lora = make_trainable(model, name, fine_tune_type)
     data = TensorFile()
-    initial = [{"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
+    # Full fine-tuning starts from the model's own weights (goldens/models): not stored again.
+    initial = [] if fine_tune_type == "full" else [
+        {"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
     batch, lengths = batch_of(tokenizer)
     opt = optim.AdamW(learning_rate=1e-3, weight_decay=0.01)
     loss_vg = nn.value_and_grad(model, default_loss)

@@ -549,6 +549,9 @@ pub enum Defect {
     /// `engine fuse`: the adapter's scale applied twice in the fused weight. Caught by the
     /// fuse gate against mlx_lm.fuse (`engine/tests/it/fuse.rs`).
     FuseScaleTwice,
+    /// Full fine-tuning unfreezes one block more than `num_layers`. Caught by the full
+    /// fine-tuning gate (`tests/it/train_dora.rs`): its trainable set is not mlx-lm's.
+    FullOneLayerTooMany,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -760,6 +763,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DoraNormWithGradient" => Defect::DoraNormWithGradient,
             "QloraDequantizedBase" => Defect::QloraDequantizedBase,
             "FuseScaleTwice" => Defect::FuseScaleTwice,
+            "FullOneLayerTooMany" => Defect::FullOneLayerTooMany,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

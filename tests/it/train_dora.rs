@@ -11,11 +11,15 @@
 //! - QLoRA: the LoRA gate's rows tiny-llama-trained-q4 and tiny-qwen3-q8 (`LoRALinear` over
 //!   `QuantizedLinear`: quantized_matmul, then the f32 adapter).
 //!
+//! - `train-full` (`gates::TRAIN_FULL`, goldens/train/<model>-full): `--fine-tune-type full`
+//!   on tiny-llama-trained, the last block's 9 weights (bf16) trained, saved and loaded.
+//!
 //! Planted: DoRA's norm left differentiable fails every DoRA row at step 0's gradients; a
-//! 4-bit base under LoRA run on its dequantized weight fails the 4-bit row.
+//! 4-bit base under LoRA run on its dequantized weight fails the 4-bit row; full
+//! fine-tuning with one block too many trainable fails the full gate.
 
 use engine::plant::Defect;
-use harness::parity::gates::{Gate, Plant, TRAIN, TRAIN_DORA};
+use harness::parity::gates::{Gate, Plant, Tweak, TRAIN, TRAIN_DORA, TRAIN_FULL};
 
 const QUANTIZED: [&str; 2] = ["tiny-llama-trained-q4", "tiny-qwen3-q8"];
 
@@ -62,6 +66,19 @@ fn planted_dora_norm_with_gradient_fails_every_dora_row() {
     }
 }
 
+/// The LoRA gate's own plant, a weight decay off by 10 %, fails every DoRA row (A, B and m
+/// are f32).
+#[test]
+fn planted_weight_decay_fails_every_dora_row() {
+    for model in TRAIN_DORA.models() {
+        let r = TRAIN_DORA
+            .run(model, Some(&Plant::Harness(Tweak::WeightDecay)))
+            .unwrap();
+        println!("{model}: planted weight decay caught: {}", r.summary());
+        assert!(!r.passed(), "{model}");
+    }
+}
+
 /// The 4-bit base under LoRA computed as x·dequantize(W)ᵀ: the same weights, another
 /// matmul, so step 0's loss already differs. (On the 8-bit row this plant changes nothing on
 /// the CPU — MLX 0.32.2's 8-bit quantized_matmul there gives x·dequantize(W)ᵀ bit for bit,
@@ -70,4 +87,28 @@ fn planted_dora_norm_with_gradient_fails_every_dora_row() {
 fn planted_dequantized_qlora_base_fails_the_4_bit_row() {
     let defect = Defect::QloraDequantizedBase;
     assert_fails(&TRAIN, QUANTIZED[0], defect, "first failure: step 0 loss");
+}
+
+#[test]
+fn full_fine_tuning_steps_match_mlx_lm() {
+    assert_passes(&TRAIN_FULL, "tiny-llama-trained");
+}
+
+/// One block too many made trainable: the trainable set is not mlx-lm's (the gate stops at
+/// a gradient mlx-lm has no tensor for). (The LoRA gate's weight-decay plant cannot fail
+/// here: in bf16 the decay factor 1 − lr·wd = 1 − 1e-5, ×1.1 or not, rounds to 1.)
+#[test]
+fn planted_one_block_too_many_fails_the_full_gate() {
+    let model = "tiny-llama-trained";
+    let plant = Plant::Engine(Defect::FullOneLayerTooMany);
+    match TRAIN_FULL.run(model, Some(&plant)) {
+        Err(e) => {
+            println!("planted FullOneLayerTooMany caught: {e}");
+            assert!(e.to_string().contains("model.layers.1."), "{e}");
+        }
+        Ok(r) => panic!(
+            "planted FullOneLayerTooMany passed the check: {}",
+            r.summary()
+        ),
+    }
 }

@@ -84,9 +84,10 @@ pub struct TrainArgs {
     /// Blocks (from the last) that get adapters.
     #[arg(long, default_value_t = 16)]
     pub num_layers: usize,
-    /// mlx-lm's --fine-tune-type: lora, or dora (`DoRALinear`: a learned magnitude per
-    /// output row over the normalized adapted weight; docs/training.md).
-    #[arg(long, default_value = "lora", value_parser = ["lora", "dora"])]
+    /// mlx-lm's --fine-tune-type: lora, dora (`DoRALinear`: a learned magnitude per output
+    /// row over the normalized adapted weight) or full (every weight of the last
+    /// --num-layers blocks; docs/training.md).
+    #[arg(long, default_value = "lora", value_parser = ["lora", "dora", "full"])]
     pub fine_tune_type: String,
     #[arg(long, default_value_t = 8)]
     pub lora_rank: i32,

@@ -19,6 +19,7 @@ use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
 pub mod dora;
+mod full;
 mod owned;
 pub use owned::{apply, OwnedAdapter};
 
@@ -89,6 +90,8 @@ impl<'m> Slot<'m> {
 pub struct Adapters<'m> {
     pub config: AdapterConfig,
     slots: Vec<(String, Slot<'m>)>,
+    /// Full fine-tuning (`fine_tune_type: "full"`): the blocks' own weights, no slots.
+    full: Option<full::Full<'m>>,
 }
 
 /// The block a layer path belongs to: `model.layers.{i}.…` (Mamba-2's and Nemotron-H's
@@ -223,14 +226,8 @@ fn refusal(model_type: &str) -> String {
 /// model, its adapter (not yet attached).
 type Read<'m> = (String, Slot<'m>, Lora);
 
-/// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
-/// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
-/// model has, every tensor present with the shape its layer takes. Each selected layer with
-/// its adapter, not yet attached. Shared by `Adapters::load` and `OwnedAdapter::load`.
-fn read<'m>(
-    model: &'m dyn LanguageModel,
-    dir: &Path,
-) -> Result<(AdapterConfig, Vec<Read<'m>>), TrainError> {
+/// An adapter directory's `adapter_config.json` (a directory without one is refused).
+fn read_config(dir: &Path) -> Result<AdapterConfig, TrainError> {
     let path = dir.join("adapter_config.json");
     if !path.is_file() {
         return Err(TrainError::Config(format!(
@@ -241,8 +238,26 @@ fn read<'m>(
         )));
     }
     let text = std::fs::read_to_string(&path).map_err(|e| TrainError::Io(path.clone(), e))?;
-    let config: AdapterConfig = serde_json::from_str(&text)
-        .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))?;
+    serde_json::from_str(&text).map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))
+}
+
+/// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
+/// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
+/// model has, every tensor present with the shape its layer takes. Each selected layer with
+/// its adapter, not yet attached. Shared by `Adapters::load` and `OwnedAdapter::load`.
+fn read<'m>(
+    model: &'m dyn LanguageModel,
+    dir: &Path,
+) -> Result<(AdapterConfig, Vec<Read<'m>>), TrainError> {
+    let config = read_config(dir)?;
+    if config.fine_tune_type == "full" {
+        return Err(TrainError::Unsupported(format!(
+            "{}: fully fine-tuned weights (fine_tune_type full) replace the base model's own \
+             and cannot be switched per request; load them with `engine generate \
+             --adapter-path`",
+            dir.display()
+        )));
+    }
     let file = dir.join("adapters.safetensors");
     let tensors = Array::load_safetensors(&file)
         .map_err(|e| TrainError::Config(format!("{}: {e}", file.display())))?;
@@ -291,6 +306,14 @@ impl<'m> Adapters<'m> {
         config: AdapterConfig,
         seed: u64,
     ) -> Result<Self, TrainError> {
+        if config.fine_tune_type == "full" {
+            let full = Some(full::Full::select(model, &config)?);
+            return Ok(Adapters {
+                config,
+                slots: Vec::new(),
+                full,
+            });
+        }
         let slots = select(model, &config)?;
         let mut key = random::key(seed)?;
         for (_, slot) in &slots {
@@ -311,11 +334,25 @@ impl<'m> Adapters<'m> {
                 m,
             });
         }
-        Ok(Adapters { config, slots })
+        Ok(Adapters {
+            config,
+            slots,
+            full: None,
+        })
     }
 
-    /// Loads adapters from a directory mlx-lm (or we) wrote (`read`) and attaches them.
+    /// Loads adapters from a directory mlx-lm (or we) wrote (`read`) and attaches them;
+    /// fully fine-tuned blocks' weights replace the model's (`full::Full::load`).
     pub fn load(model: &'m dyn LanguageModel, dir: &Path) -> Result<Self, TrainError> {
+        let config = read_config(dir)?;
+        if config.fine_tune_type == "full" {
+            let full = Some(full::Full::load(model, &config, dir)?);
+            return Ok(Adapters {
+                config,
+                slots: Vec::new(),
+                full,
+            });
+        }
         let (config, layers) = read(model, dir)?;
         let slots = layers
             .into_iter()
@@ -324,7 +361,11 @@ impl<'m> Adapters<'m> {
                 (name, slot)
             })
             .collect();
-        Ok(Adapters { config, slots })
+        Ok(Adapters {
+            config,
+            slots,
+            full: None,
+        })
     }
 
     /// The trainable arrays of each layer: A and B, and DoRA's magnitude m.
@@ -338,6 +379,9 @@ impl<'m> Adapters<'m> {
     /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` (and DoRA's
     /// `<layer>.m`) per layer.
     pub fn names(&self) -> Vec<String> {
+        if let Some(full) = &self.full {
+            return full.names();
+        }
         let parts = &["lora_a", "lora_b", "m"][..self.per_layer()];
         self.slots
             .iter()
@@ -347,6 +391,9 @@ impl<'m> Adapters<'m> {
 
     /// The trainable arrays: A then B (then m) of every layer.
     pub fn params(&self) -> Vec<Array> {
+        if let Some(full) = &self.full {
+            return full.params();
+        }
         let per = self.per_layer();
         self.slots
             .iter()
@@ -363,6 +410,9 @@ impl<'m> Adapters<'m> {
 
     /// Positions in `params` of the adapters on blocks `layers`.
     pub fn params_in_layers(&self, layers: &std::ops::Range<usize>) -> Vec<usize> {
+        if let Some(full) = &self.full {
+            return full.params_in_layers(layers);
+        }
         let per = self.per_layer();
         self.slots
             .iter()
@@ -374,6 +424,9 @@ impl<'m> Adapters<'m> {
 
     /// Replaces some trainable arrays: `values[k]` goes to position `at[k]` of `params`.
     pub fn set_some(&self, at: &[usize], values: &[Array]) {
+        if let Some(full) = &self.full {
+            return full.set_some(at, values);
+        }
         let per = self.per_layer();
         for (&k, v) in at.iter().zip(values) {
             let (_, slot) = &self.slots[k / per];
@@ -426,8 +479,11 @@ impl<'m> Adapters<'m> {
         Ok(())
     }
 
-    /// Removes the adapters from the model.
+    /// Removes the adapters from the model (fully fine-tuned blocks get their weights back).
     pub fn detach(self) {
+        if let Some(full) = &self.full {
+            full.restore();
+        }
         for (_, slot) in &self.slots {
             *slot.lora.borrow_mut() = None;
         }

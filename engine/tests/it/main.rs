@@ -40,6 +40,7 @@ mod ssd_store;
 mod tool_parsers;
 mod train;
 mod train_families;
+mod train_kinds;
 mod train_moe2;
 mod vision_gemma3;
 mod vision_gemma4;

@@ -61,6 +61,7 @@ const NAMED: &[(&str, Plant, &str)] = &[
     ("argmax-first-64k", Plant::Engine(Defect::GreedyFirst64k), "greedy argmax over the first 65 536 ids only"),
     ("recurrent-in-proj-lora-dropped", Plant::Engine(Defect::RecurrentInProjLoraDropped), "the recurrent mixers' input projections get no LoRA adapter"),
     ("dora-norm-with-gradient", Plant::Engine(Defect::DoraNormWithGradient), "DoRA's weight norm is not gradient-stopped"),
+    ("full-one-layer-too-many", Plant::Engine(Defect::FullOneLayerTooMany), "full fine-tuning unfreezes one block too many"),
     ("qlora-dequantized-base", Plant::Engine(Defect::QloraDequantizedBase), "a quantized base under LoRA runs on its dequantized weight"),
     ("mla-latent-proj-lora-dropped", Plant::Engine(Defect::MlaLatentProjLoraDropped), "multi-head latent attention's kv_a_proj_with_mqa gets no LoRA adapter"),
     ("moe-top-k-off-by-one", Plant::Engine(Defect::MoeTopKOffByOne), "the router keeps the experts ranked 2..k+1"),

@@ -261,12 +261,15 @@ pub fn run(
         },
     };
     let initial: Vec<Value> = field(&golden.index, "initial")?;
-    let init: Vec<Array> = Check::by_name(&initial, &adapters.names(), "init/")?
-        .iter()
-        .map(|e| check.f32_array(e))
-        .collect::<Result<_, _>>()?;
-    check.initial_magnitudes(&adapters, &initial)?;
-    adapters.set(&init);
+    // Full fine-tuning starts from the model's own weights (no initial tensors stored).
+    if adapters.config.fine_tune_type != "full" {
+        let init: Vec<Array> = Check::by_name(&initial, &adapters.names(), "init/")?
+            .iter()
+            .map(|e| check.f32_array(e))
+            .collect::<Result<_, _>>()?;
+        check.initial_magnitudes(&adapters, &initial)?;
+        adapters.set(&init);
+    }
     let opt_cfg = &settings["optimizer"];
     let mut opt = AdamW::new(
         Schedule::Constant(field(opt_cfg, "learning_rate")?),

@@ -272,6 +272,22 @@ pub static TRAIN_DORA: Gate = Gate {
     ..BASE
 };
 
+/// Full fine-tuning (`--fine-tune-type full`: every weight of the last block) through the
+/// same steps as `train`: goldens/train/<model>-full.
+pub static TRAIN_FULL: Gate = Gate {
+    name: "train-full",
+    group: "train",
+    suffix: "-full",
+    generator: Some((
+        "gen_train.py",
+        &["{model}", "--fine-tune-type", "full", "--suffix=-full"],
+    )),
+    // Not the weight-decay plant: on bf16 weights 1 − lr·wd rounds to 1 either way.
+    plants: &["full-one-layer-too-many"],
+    run: run_train,
+    ..BASE
+};
+
 pub static SAMPLING: Gate = Gate {
     name: "sampling",
     group: "sampling",
@@ -389,6 +405,7 @@ pub static GATES: &[&Gate] = &[
     &TEMPLATES,
     &TRAIN,
     &TRAIN_DORA,
+    &TRAIN_FULL,
     &SAMPLING,
     &EVAL_PPL,
     &L2,
