@@ -19,7 +19,9 @@ The outputs themselves are not stored.
   dense, then `dequantize_model` (the 8-bit lm_head, the embedding) and no quantization in
   the config;
 - qwen3-q8-lora-dequantize: tiny-qwen3-q8 (tied, its quantized embedding the head) + LoRA
-  with --dequantize.
+  with --dequantize;
+- llama-full: tiny-llama-trained + fully fine-tuned last block (no `fuse()`: the saved
+  weights replace the base's, as `load_adapters` loads them).
 
 Output: goldens/fuse/index.json
 """
@@ -40,6 +42,7 @@ CASES = [
     ("llama-q4-dora-dequantize", "models/tiny-llama-trained-q4",
      "train/tiny-llama-trained-q4-dora/adapters", ["--dequantize"]),
     ("qwen3-q8-lora-dequantize", "models/tiny-qwen3-q8", "train/tiny-qwen3-q8/adapters", ["--dequantize"]),
+    ("llama-full", "models/tiny-llama-trained", "train/tiny-llama-trained-full/adapters", []),
 ]
 
 

@@ -11,6 +11,8 @@
 //! module (`dequantize_model`) and drops `quantization` / `quantization_config` from the
 //! config. The model is saved as mlx-lm's `save` saves it (convert's `write`: shards in
 //! parameter order, the index, the sorted config, the tokenizer, the copied files, the card).
+//! Fully fine-tuned blocks (`fine_tune_type: "full"`) have no `fuse()`: their saved weights
+//! replace the base's, as `load_adapters` loads them.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -22,7 +24,7 @@ use super::{family, load_config, load_weights, quant, total_parameters, write, M
 use crate::load::config::{ModelConfig, QuantParams};
 use crate::model::layers::{weak, Linear, Lora};
 use crate::plant::{self, Defect};
-use crate::train::lora::{dora, OwnedAdapter};
+use crate::train::lora::{dora, read_config, Adapters, OwnedAdapter};
 
 /// `mlx_lm fuse`'s flags (names and defaults).
 #[derive(clap::Args, Debug, Clone)]
@@ -51,8 +53,17 @@ pub fn fuse(args: &FuseArgs) -> Result<()> {
         .unwrap_or("")
         .to_string();
     let model = crate::model::load(src)?;
-    let adapter = OwnedAdapter::load(model.as_ref(), &args.adapter_path)?;
     let mut weights = load_weights(src)?;
+    if read_config(&args.adapter_path)?.fine_tune_type == "full" {
+        // Fully fine-tuned blocks: their weights replace the base's (`load_weights`).
+        Adapters::load(model.as_ref(), &args.adapter_path)?;
+        let file = args.adapter_path.join("adapters.safetensors");
+        for (k, v) in Array::load_safetensors(&file)? {
+            weights.insert(k, v);
+        }
+        return save(args, config, model_type, weights, BTreeMap::new());
+    }
+    let adapter = OwnedAdapter::load(model.as_ref(), &args.adapter_path)?;
     let quantization = ModelConfig::read(src)?.quantization;
     let mut bits: BTreeMap<String, i32> = BTreeMap::new();
     for module in quantized_modules(&weights) {
@@ -75,6 +86,18 @@ pub fn fuse(args: &FuseArgs) -> Result<()> {
         config.remove("quantization");
         config.remove("quantization_config");
     }
+    save(args, config, model_type, weights, bits)
+}
+
+/// The fused model written as mlx-lm's `save` writes it, its tensors in parameter order.
+fn save(
+    args: &FuseArgs,
+    config: serde_json::Map<String, serde_json::Value>,
+    model_type: String,
+    weights: BTreeMap<String, Array>,
+    bits: BTreeMap<String, i32>,
+) -> Result<()> {
+    let src = &args.model;
     let mut keyed = Vec::with_capacity(weights.len());
     for (k, v) in weights {
         keyed.push((family::order_key(&model_type, &k)?, k, v));

@@ -227,7 +227,7 @@ fn refusal(model_type: &str) -> String {
 type Read<'m> = (String, Slot<'m>, Lora);
 
 /// An adapter directory's `adapter_config.json` (a directory without one is refused).
-fn read_config(dir: &Path) -> Result<AdapterConfig, TrainError> {
+pub(crate) fn read_config(dir: &Path) -> Result<AdapterConfig, TrainError> {
     let path = dir.join("adapter_config.json");
     if !path.is_file() {
         return Err(TrainError::Config(format!(
