@@ -17,6 +17,8 @@ type R<T> = Result<T, Exception>;
 
 pub use super::quantized::Quantized;
 
+pub mod dora;
+
 pub use crate::scalar::weak;
 
 /// A low-rank adapter on a linear layer (mlx-lm's `LoRALinear`): y + scale·((x·A)·B), the
@@ -47,6 +49,19 @@ pub struct Linear {
     pub reduce: bool,
 }
 
+/// `nn.Dropout(p)` in training on an adapter's input: a Bernoulli keep-mask from this
+/// step's key, the kept values scaled by 1/(1 − p); the input as it is without a key.
+pub fn dropped(x: &Array, dropout: &Option<(f32, Array)>) -> R<Array> {
+    match dropout {
+        Some((p, key)) if *p > 0.0 => {
+            let keep = mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
+            x.multiply(&keep)?
+                .multiply(weak(1.0 / (1.0 - *p as f64), x)?)
+        }
+        _ => Ok(x.clone()),
+    }
+}
+
 impl Linear {
     /// `<prefix>.weight` (and `.bias`), which config.json makes `[out, in]` (`[out]`): dense,
     /// or quantized with that dense shape.
@@ -74,12 +89,12 @@ impl Linear {
         if self.reduce {
             return self.forward_reduced(x);
         }
-        if let Some(y) = crate::train::lora::dora::forward_if_any(self, x)? {
+        if let Some(y) = dora::forward_if_any(self, x)? {
             return Ok(y);
         }
         let y = match (&self.quantized, &self.bias) {
-            (Some(_), _) if crate::train::lora::dora::planted_dequantized_base(self) => {
-                crate::train::lora::dora::dequantized_base(self, x)?
+            (Some(_), _) if dora::planted_dequantized_base(self) => {
+                dora::dequantized_base(self, x)?
             }
             (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
             (Some(q), None) => q.matmul_t(x, &self.weight)?,
@@ -89,15 +104,7 @@ impl Linear {
         match &*self.lora.borrow() {
             None => Ok(y),
             Some(l) => {
-                let x = match &l.dropout {
-                    Some((p, key)) if *p > 0.0 => {
-                        let keep =
-                            mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
-                        x.multiply(&keep)?
-                            .multiply(weak(1.0 / (1.0 - *p as f64), x)?)?
-                    }
-                    _ => x.clone(),
-                };
+                let x = dropped(x, &l.dropout)?;
                 let z = x.matmul(&l.a)?.matmul(&l.b)?;
                 let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
                 y.add(&z)

@@ -18,7 +18,7 @@ use crate::model::layers::{Linear, Lora};
 use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
-pub mod dora;
+pub use crate::model::layers::dora;
 mod full;
 mod owned;
 pub use owned::{apply, OwnedAdapter};

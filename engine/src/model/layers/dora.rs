@@ -10,13 +10,15 @@
 //! rows' norms of W in f32 (`set_linear`: `norm(W.astype(float32), axis=1)`). The norm's
 //! gradient is stopped, as mlx-lm stops it, so A and B learn only through y.
 //!
-//! Also the QLoRA plant's dequantized base (`plant::Defect::QloraDequantizedBase`).
+//! The layer math lives with the layers (`Linear::forward` calls it); training attaches
+//! the adapter (`train::lora`). Also the QLoRA plant's dequantized base
+//! (`plant::Defect::QloraDequantizedBase`).
 
 use mlx_rs::error::Exception;
 use mlx_rs::linalg::{norm_l2, NormOptions};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::layers::{weak, Linear, Lora};
+use super::{dropped, weak, Linear, Lora};
 use crate::model::quantized::ops::dequantize;
 use crate::plant::{self, Defect};
 
@@ -62,7 +64,7 @@ fn forward(linear: &Linear, x: &Array, l: &Lora) -> R<Array> {
     let m = l.m.as_ref().expect("a DoRA adapter has its magnitude");
     let w = dequantized_weight(linear)?;
     let y = x.matmul(w.t())?;
-    let xd = crate::model::moe::lora::dropped(x, &l.dropout)?;
+    let xd = dropped(x, &l.dropout)?;
     let z = xd.matmul(&l.a)?.matmul(&l.b)?;
     let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
     let out = y.add(&z)?;
