@@ -159,3 +159,48 @@ impl<'m> Full<'m> {
         self.set_all(&self.originals);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::train::lora::{AdapterConfig, Adapters, LoraParams};
+
+    fn config(kind: &str) -> AdapterConfig {
+        AdapterConfig {
+            fine_tune_type: kind.into(),
+            num_layers: 1,
+            lora_parameters: LoraParams {
+                rank: 4,
+                scale: 20.0,
+                dropout: 0.0,
+                keys: None,
+            },
+            extra: Default::default(),
+        }
+    }
+
+    /// What each fine-tune type refuses, and why: full on a family whose blocks hold more
+    /// than linears and two norms, full on quantized layers, DoRA on stacked experts.
+    #[test]
+    fn refusals_name_the_cause_and_the_way_out() {
+        let goldens = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models");
+        let refusal = |model: &str, kind: &str| {
+            let m = crate::model::load(&goldens.join(model)).unwrap();
+            let err = Adapters::attach(m.as_ref(), config(kind), 0).err();
+            err.map(|e| e.to_string()).unwrap_or_default()
+        };
+        let gemma = refusal("tiny-gemma3", "full");
+        assert!(
+            gemma.contains("full fine-tuning of `gemma3_text` is not available"),
+            "{gemma}"
+        );
+        assert!(gemma.contains("llama, mistral, qwen2"), "{gemma}");
+        let q4 = refusal("tiny-llama-trained-q4", "full");
+        assert!(q4.contains("full fine-tuning of a quantized layer"), "{q4}");
+        let moe = refusal("tiny-qwen3-moe", "dora");
+        assert!(moe.contains("DoRA on stacked experts"), "{moe}");
+        assert!(moe.contains("--fine-tune-type lora"), "{moe}");
+        assert_eq!(refusal("tiny-llama-trained", "full"), "");
+    }
+}
