@@ -70,6 +70,11 @@ impl<'m> Full<'m> {
                 all.push((format!("{n}.bias"), b));
             }
         }
+        if all.is_empty() {
+            return Err(TrainError::Unsupported(format!(
+                "full fine-tuning of `{t}`: this model lists no linear layers to train"
+            )));
+        }
         for (n, norm) in model.block_norms() {
             all.push((format!("{n}.weight"), &norm.weight));
         }
