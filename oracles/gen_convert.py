@@ -230,10 +230,9 @@ def tensors(path: Path) -> dict:
     return out
 
 
-def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
-    out = tmp / name
-    cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path", str(out), *args]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+def record(out: Path) -> dict:
+    """A written model dir as the gates compare it: every file's sha256 and size, each
+    safetensors file's tensors, and the config.json object."""
     files = {}
     tensor_map = {}
     for f in sorted(out.iterdir()):
@@ -242,7 +241,14 @@ def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
         if f.suffix == ".safetensors":
             tensor_map[f.name] = tensors(f)
     config = json.loads((out / "config.json").read_text())
-    result = {"name": name, "args": args, "files": files, "tensors": tensor_map, "config": config}
+    return {"files": files, "tensors": tensor_map, "config": config}
+
+
+def run(name: str, src: Path, args: list[str], tmp: Path) -> dict:
+    out = tmp / name
+    cmd = [sys.executable, "-m", "mlx_lm", "convert", "--hf-path", str(src), "--mlx-path", str(out), *args]
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    result = {"name": name, "args": args, **record(out)}
     if name in GENERATE_CASES:
         result["generate"] = {"args": GENERATE_ARGS, "text": generate(out)}
     return result

@@ -51,7 +51,13 @@ batch, and of its first row's first 8 tokens (fewer than 64 routing entries: the
 experts' unsorted path); without a cache, but tiny-gemma3n's with a fresh prompt cache
 (with one its KV-shared layers borrow, without they do not).
 
-Output: goldens/train/<model>/{index.json, data.bin, adapters/}.
+With `--fine-tune-type dora` (`--suffix=-dora`) the same run with mlx-lm's `DoRALinear`
+(`linear_to_lora_layers(..., use_dora=True)`: lora_a, lora_b and the magnitude `m`
+trainable) — on tiny-llama-trained and the quantized tiny-llama-trained-q4 / tiny-qwen3-q8;
+with `--fine-tune-type full` (`--suffix=-full`) mlx_lm.lora's full fine-tuning: the last
+FULL_NUM_LAYERS block(s) unfrozen, every parameter of them trained and saved.
+
+Output: goldens/train/<model><suffix>/{index.json, data.bin, adapters/}.
 """
 
 import argparse
@@ -103,6 +109,8 @@ DEFAULT_KEYS = {"tiny-phi3", "tiny-qwen3-moe", "tiny-qwen3-moe-q4", "tiny-mixtra
                 "tiny-minicpm3", "tiny-llama4", "tiny-ministral3", "tiny-mistral3", "tiny-qwen3-vl",
                 "tiny-gpt-oss", "tiny-gpt-oss-mxfp4"}
 CACHED_LOGITS = {"tiny-gemma3n"}
+# Full fine-tuning trains whole blocks: one keeps the golden small.
+FULL_NUM_LAYERS = 1
 LORA = {"rank": 4, "scale": 20.0, "dropout": 0.0, "keys": KEYS}
 PAIRS = [("What color is the sky?", "The sky is blue."),
          ("Who came to the workshop?", "A girl named Mira came to the workshop.")]
@@ -126,19 +134,33 @@ def batch_of(tokenizer):
     return mx.array(arr), mx.array(list(zip(offsets, lengths)))
 
 
-def main(name, out_root) -> None:
-    mx.set_default_device(mx.cpu)
-    model_dir = resolve(f"models/{name}")
-    model, tokenizer = load(str(model_dir))
-    mx.random.seed(7)
+def make_trainable(model, name, fine_tune_type):
+    """What mlx_lm.lora's `train_model` makes trainable: LoRA / DoRA layers on the chosen
+    linears of the last blocks, or (`full`) every parameter of the last blocks."""
     model.freeze()
     lora = {**LORA, "keys": KEYS + EXTRA_KEYS.get(name, [])}
     if name in DEFAULT_KEYS:
         del lora["keys"]
-    num_layers = NUM_LAYERS.get(name, 3)
-    linear_to_lora_layers(model, num_layers, lora)
+    if fine_tune_type == "full":
+        num_layers = FULL_NUM_LAYERS
+        for layer in model.layers[-max(num_layers, 0):]:
+            layer.unfreeze()
+    else:
+        num_layers = NUM_LAYERS.get(name, 3)
+        linear_to_lora_layers(model, num_layers, lora, use_dora=fine_tune_type == "dora")
+    return num_layers, lora
+
+
+def main(name, out_root, fine_tune_type="lora", suffix="") -> None:
+    mx.set_default_device(mx.cpu)
+    model_dir = resolve(f"models/{name}")
+    model, tokenizer = load(str(model_dir))
+    mx.random.seed(7)
+    num_layers, lora = make_trainable(model, name, fine_tune_type)
     data = TensorFile()
-    initial = [{"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
+    # Full fine-tuning starts from the model's own weights (goldens/models): not stored again.
+    initial = [] if fine_tune_type == "full" else [
+        {"name": k, **data.add(f"init/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
     batch, lengths = batch_of(tokenizer)
     opt = optim.AdamW(learning_rate=1e-3, weight_decay=0.01)
     loss_vg = nn.value_and_grad(model, default_loss)
@@ -156,12 +178,12 @@ def main(name, out_root) -> None:
         mx.eval(model.parameters(), opt.state)
         print(f"step {step}: loss {loss.item():.6f} ntoks {int(ntoks.item())}")
     final = [{"name": k, **data.add(f"final/{k}", v)} for k, v in tree_flatten(model.trainable_parameters())]
-    dest = Path(out_root) / name if out_root else golden_dir(f"train/{name}")
+    dest = Path(out_root) / f"{name}{suffix}" if out_root else golden_dir(f"train/{name}{suffix}")
     adapters = dest / "adapters"
     adapters.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(adapters / "adapters.safetensors"), dict(tree_flatten(model.trainable_parameters())))
     (adapters / "adapter_config.json").write_text(json.dumps(
-        {"fine_tune_type": "lora", "num_layers": num_layers, "lora_parameters": lora}, indent=2) + "\n")
+        {"fine_tune_type": fine_tune_type, "num_layers": num_layers, "lora_parameters": lora}, indent=2) + "\n")
     # The adapters loaded the way mlx_lm.generate --adapter-path loads them: one forward.
     fresh, _ = load(str(model_dir))
     load_adapters(fresh, str(adapters))
@@ -180,7 +202,7 @@ def main(name, out_root) -> None:
         "generator": "oracles/gen_train.py",
         "model": f"models/{name}",
         "data": "data.bin",
-        "settings": {"seed": 7, "num_layers": num_layers, "lora_parameters": lora,
+        "settings": {"seed": 7, "fine_tune_type": fine_tune_type, "num_layers": num_layers, "lora_parameters": lora,
                      "optimizer": {"name": "adamw", "learning_rate": 1e-3, "weight_decay": 0.01,
                                    "betas": [0.9, 0.999], "eps": 1e-8},
                      "loss": "mlx_lm.tuner.trainer.default_loss", "steps": STEPS,
@@ -202,5 +224,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("model", nargs="?", default="tiny-llama-trained")
     ap.add_argument("--out", help="write <out>/<model>/ instead of the goldens (live diffs)")
+    ap.add_argument("--fine-tune-type", choices=["lora", "dora", "full"], default="lora",
+                    help="mlx_lm.lora's --fine-tune-type (dora: `DoRALinear`; full: the last "
+                         f"{FULL_NUM_LAYERS} block(s) unfrozen)")
+    ap.add_argument("--suffix", default="", help="golden name suffix: train/<model><suffix>")
     args = ap.parse_args()
-    main(args.model, args.out)
+    main(args.model, args.out, args.fine_tune_type, args.suffix)

@@ -38,6 +38,8 @@ enum Command {
     Train(Box<engine::train::cli::TrainArgs>),
     /// Convert a Hugging Face model dir to MLX (dtype cast, quantization), as mlx_lm.convert.
     Convert(Box<engine::convert::ConvertArgs>),
+    /// Fuse LoRA / DoRA adapters into the base model, as mlx_lm.fuse.
+    Fuse(Box<engine::convert::fuse::FuseArgs>),
 }
 
 /// `engine generate`: mlx_lm.generate's flags where they mean the same here (names, short
@@ -242,6 +244,7 @@ fn main() -> Result<()> {
         Some(Command::Serve(args)) => engine::serve::run(*args),
         Some(Command::Train(args)) => engine::train::cli::run(*args),
         Some(Command::Convert(args)) => engine::convert::convert(&args),
+        Some(Command::Fuse(args)) => engine::convert::fuse::fuse(&args),
         None if cli.version => {
             print_version();
             Ok(())

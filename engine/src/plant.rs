@@ -542,6 +542,20 @@ pub enum Defect {
     /// Caught by the image generate gate (`tests/it/vision_generate.rs`): with a prefill
     /// step shorter than the prompt, the greedy ids differ from mlx_vlm.generate's.
     Gemma4ImagePromptChunked,
+    /// DoRA: the weight norm of the adapted weight is not gradient-stopped (mlx-lm's
+    /// `DoRALinear` stops it), so A and B get gradients through the norm too. Caught by the
+    /// DoRA training gate (`tests/it/train_lora.rs`) at step 0's gradients.
+    DoraNormWithGradient,
+    /// QLoRA: a quantized base's output is computed from its dequantized weight
+    /// (`x @ dequantize(W).T`) instead of `quantized_matmul`, under a LoRA adapter. Caught
+    /// by the LoRA training gate on the quantized rows (`tests/it/train_lora.rs`).
+    QloraDequantizedBase,
+    /// `engine fuse`: the adapter's scale applied twice in the fused weight. Caught by the
+    /// fuse gate against mlx_lm.fuse (`engine/tests/it/fuse.rs`).
+    FuseScaleTwice,
+    /// Full fine-tuning unfreezes one block more than `num_layers`. Caught by the full
+    /// fine-tuning gate (`tests/it/train_dora.rs`): its trainable set is not mlx-lm's.
+    FullOneLayerTooMany,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -750,6 +764,10 @@ pub fn on_from_env() -> Result<(), String> {
             "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
             "Gemma4ImageUnbracketed" => Defect::Gemma4ImageUnbracketed,
             "Gemma4ImagePromptChunked" => Defect::Gemma4ImagePromptChunked,
+            "DoraNormWithGradient" => Defect::DoraNormWithGradient,
+            "QloraDequantizedBase" => Defect::QloraDequantizedBase,
+            "FuseScaleTwice" => Defect::FuseScaleTwice,
+            "FullOneLayerTooMany" => Defect::FullOneLayerTooMany,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

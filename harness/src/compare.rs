@@ -84,6 +84,8 @@ fn decode_as<T: Element>(bytes: &[u8]) -> Vec<f64> {
 
 /// The array's values as f64 plus their raw little-endian bytes.
 pub fn values_and_bytes(array: &Array) -> Result<(Vec<f64>, Vec<u8>), mlx_rs::error::Exception> {
+    // Row-major first: a gradient can come out as a transposed view (x·Wᵀ's, of W).
+    let array = &array.contiguous()?;
     array.eval()?;
     Ok(match array.dtype() {
         Dtype::Float32 => values_and_bytes_of::<f32>(array),

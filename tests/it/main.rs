@@ -15,4 +15,5 @@ mod spec_decode;
 mod spec_l2;
 mod templates;
 mod tokenize;
+mod train_dora;
 mod train_lora;

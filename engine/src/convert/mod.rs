@@ -6,6 +6,7 @@
 
 pub mod families;
 pub mod family;
+pub mod fuse;
 pub mod pyjson;
 pub mod quant;
 pub mod write;
@@ -159,19 +160,7 @@ fn progress_bar(quiet: bool, len: usize) -> indicatif::ProgressBar {
 /// `load_config` (generation_config.json's `eos_token_id` into the config) and the
 /// weights, sanitized and in parameter order.
 fn load(src: &Path) -> Result<Model> {
-    let cfg_path = src.join("config.json");
-    // Python's `Infinity` (bare or tagged) read as f64::MAX, tagged again by `save_config`.
-    let mut config: Map<String, Value> = match crate::load::read_json(&cfg_path)? {
-        Value::Object(m) => m,
-        _ => anyhow::bail!("{}: not a JSON object", cfg_path.display()),
-    };
-    if let Ok(gen) = fs::read_to_string(src.join("generation_config.json")) {
-        if let Ok(Value::Object(gen)) = serde_json::from_str::<Value>(&gen) {
-            if let Some(eos) = gen.get("eos_token_id").filter(|v| truthy(v)) {
-                config.insert("eos_token_id".into(), eos.clone());
-            }
-        }
-    }
+    let mut config = load_config(src)?;
     let model_type = config
         .get("model_type")
         .and_then(Value::as_str)
@@ -204,6 +193,25 @@ fn load(src: &Path) -> Result<Model> {
         params,
         quantized_bits: BTreeMap::new(),
     })
+}
+
+/// mlx-lm's `load_config`: config.json, and generation_config.json's `eos_token_id` (when
+/// truthy) over the config's.
+fn load_config(src: &Path) -> Result<Map<String, Value>> {
+    let cfg_path = src.join("config.json");
+    // Python's `Infinity` (bare or tagged) read as f64::MAX, tagged again by `save_config`.
+    let mut config: Map<String, Value> = match crate::load::read_json(&cfg_path)? {
+        Value::Object(m) => m,
+        _ => anyhow::bail!("{}: not a JSON object", cfg_path.display()),
+    };
+    if let Ok(gen) = fs::read_to_string(src.join("generation_config.json")) {
+        if let Ok(Value::Object(gen)) = serde_json::from_str::<Value>(&gen) {
+            if let Some(eos) = gen.get("eos_token_id").filter(|v| truthy(v)) {
+                config.insert("eos_token_id".into(), eos.clone());
+            }
+        }
+    }
+    Ok(config)
 }
 
 /// Python's truthiness of a JSON value (`if eos := gen.get(..., False)`).

@@ -648,6 +648,22 @@ impl LanguageModel for Decoder {
         pipeline::checkpoint_names(self.stage.as_ref(), all)
     }
 
+    fn block_norms(&self) -> Vec<(String, &RmsNorm)> {
+        let mut all = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let named = [
+                ("input_layernorm", &l.norm_in),
+                ("post_attention_layernorm", &l.norm_post),
+            ];
+            for (n, norm) in named {
+                if let Some(norm) = norm {
+                    all.push((self.lora_path(i, n), norm));
+                }
+            }
+        }
+        all
+    }
+
     fn switch_linears(&self) -> Vec<(String, &SwitchLinear)> {
         if !self.lora {
             return Vec::new();

@@ -17,6 +17,8 @@ type R<T> = Result<T, Exception>;
 
 pub use super::quantized::Quantized;
 
+pub mod dora;
+
 pub use crate::scalar::weak;
 
 /// A low-rank adapter on a linear layer (mlx-lm's `LoRALinear`): y + scale·((x·A)·B), the
@@ -29,6 +31,9 @@ pub struct Lora {
     /// Training-time dropout on the adapter's input: the drop probability and this step's
     /// key (no key: no dropout, as at inference).
     pub dropout: Option<(f32, Array)>,
+    /// DoRA's magnitude (mlx-lm's `DoRALinear.m`, [out], f32): with it the layer computes
+    /// DoRA (`train::lora::dora`), without it LoRA.
+    pub m: Option<Array>,
 }
 
 /// `nn.Linear` (`x @ W.T`, or `addmm(b, x, W.T)` with a bias) or `nn.QuantizedLinear`
@@ -42,6 +47,19 @@ pub struct Linear {
     /// Tensor parallel, row-split (mlx's `ShardedToAllLinear`): this rank's partial product
     /// is summed over the ranks (`all_sum`) before the bias is added once.
     pub reduce: bool,
+}
+
+/// `nn.Dropout(p)` in training on an adapter's input: a Bernoulli keep-mask from this
+/// step's key, the kept values scaled by 1/(1 − p); the input as it is without a key.
+pub fn dropped(x: &Array, dropout: &Option<(f32, Array)>) -> R<Array> {
+    match dropout {
+        Some((p, key)) if *p > 0.0 => {
+            let keep = mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
+            x.multiply(&keep)?
+                .multiply(weak(1.0 / (1.0 - *p as f64), x)?)
+        }
+        _ => Ok(x.clone()),
+    }
 }
 
 impl Linear {
@@ -71,7 +89,13 @@ impl Linear {
         if self.reduce {
             return self.forward_reduced(x);
         }
+        if let Some(y) = dora::forward_if_any(self, x)? {
+            return Ok(y);
+        }
         let y = match (&self.quantized, &self.bias) {
+            (Some(_), _) if dora::planted_dequantized_base(self) => {
+                dora::dequantized_base(self, x)?
+            }
             (Some(q), Some(b)) => q.matmul_t(x, &self.weight)?.add(b)?,
             (Some(q), None) => q.matmul_t(x, &self.weight)?,
             (None, Some(b)) => addmm(b, x, self.weight.t(), None, None)?,
@@ -80,15 +104,7 @@ impl Linear {
         match &*self.lora.borrow() {
             None => Ok(y),
             Some(l) => {
-                let x = match &l.dropout {
-                    Some((p, key)) if *p > 0.0 => {
-                        let keep =
-                            mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
-                        x.multiply(&keep)?
-                            .multiply(weak(1.0 / (1.0 - *p as f64), x)?)?
-                    }
-                    _ => x.clone(),
-                };
+                let x = dropped(x, &l.dropout)?;
                 let z = x.matmul(&l.a)?.matmul(&l.b)?;
                 let z = z.multiply(weak(l.scale as f64, &z)?)?.as_dtype(x.dtype())?;
                 y.add(&z)

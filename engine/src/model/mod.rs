@@ -96,6 +96,13 @@ pub trait LanguageModel {
     fn linears(&self) -> Vec<(String, &layers::Linear)> {
         Vec::new()
     }
+    /// The blocks' pre-mixer and pre-feed-forward norms, named by checkpoint path without
+    /// `.weight` as Llama names them (`model.layers.0.input_layernorm`), for full
+    /// fine-tuning (`train::lora::full`, which lists the families whose blocks hold nothing
+    /// else but these and `linears`). Empty where a family does not list them.
+    fn block_norms(&self) -> Vec<(String, &layers::RmsNorm)> {
+        Vec::new()
+    }
     /// Every stack of experts of the blocks (`SwitchLinear`, e.g.
     /// `model.layers.0.mlp.switch_mlp.gate_proj`), in layer order — where LoRA attaches a
     /// `LoRASwitchLinear`. Empty for dense families.

@@ -85,6 +85,11 @@ pub struct TrainArgs {
     /// Blocks (from the last) that get adapters.
     #[arg(long, default_value_t = 16)]
     pub num_layers: usize,
+    /// mlx-lm's --fine-tune-type: lora, dora (`DoRALinear`: a learned magnitude per output
+    /// row over the normalized adapted weight) or full (every weight of the last
+    /// --num-layers blocks; docs/training.md).
+    #[arg(long, default_value = "lora", value_parser = ["lora", "dora", "full"])]
+    pub fine_tune_type: String,
     #[arg(long, default_value_t = 8)]
     pub lora_rank: i32,
     /// mlx-lm's LoRA scale (the multiplier itself).
@@ -300,7 +305,7 @@ impl TrainArgs {
             None => self.lora_scale,
         };
         AdapterConfig {
-            fine_tune_type: "lora".into(),
+            fine_tune_type: self.fine_tune_type.clone(),
             num_layers: self.num_layers,
             lora_parameters: LoraParams {
                 rank: self.lora_rank,

@@ -18,6 +18,8 @@ use crate::model::layers::{Linear, Lora};
 use crate::model::moe::SwitchLinear;
 use crate::model::LanguageModel;
 
+pub use crate::model::layers::dora;
+mod full;
 mod owned;
 pub use owned::{apply, OwnedAdapter};
 
@@ -53,6 +55,8 @@ fn lora_kind() -> String {
 /// stacked experts (`LoRASwitchLinear`).
 struct Slot<'m> {
     lora: &'m RefCell<Option<Lora>>,
+    /// The linear (None: stacked experts), whose weight DoRA's magnitude starts from.
+    linear: Option<&'m Linear>,
     input_dims: i32,
     a_shape: Vec<i32>,
     b_shape: Vec<i32>,
@@ -63,6 +67,7 @@ impl<'m> Slot<'m> {
         let (i, o) = (l.input_dims(), l.output_dims());
         Slot {
             lora: &l.lora,
+            linear: Some(l),
             input_dims: i,
             a_shape: vec![i, rank],
             b_shape: vec![rank, o],
@@ -73,6 +78,7 @@ impl<'m> Slot<'m> {
         let (i, o, e) = (s.input_dims(), s.output_dims(), s.num_experts());
         Slot {
             lora: &s.lora,
+            linear: None,
             input_dims: i,
             a_shape: vec![e, rank, i],
             b_shape: vec![e, o, rank],
@@ -84,6 +90,8 @@ impl<'m> Slot<'m> {
 pub struct Adapters<'m> {
     pub config: AdapterConfig,
     slots: Vec<(String, Slot<'m>)>,
+    /// Full fine-tuning (`fine_tune_type: "full"`): the blocks' own weights, no slots.
+    full: Option<full::Full<'m>>,
 }
 
 /// The block a layer path belongs to: `model.layers.{i}.…` (Mamba-2's and Nemotron-H's
@@ -151,7 +159,27 @@ fn select<'m>(
             "lora_parameters.keys {keys:?} match no linear layer of this model"
         )));
     }
+    check_kind(config, &chosen)?;
     Ok(chosen)
+}
+
+/// The fine-tune types that attach here (`lora`, `dora`), and DoRA only on linears: mlx-lm
+/// 0.32.2 raises "SwitchLinear doesn't support DoRA yet" on stacked experts.
+fn check_kind(config: &AdapterConfig, chosen: &[(String, Slot)]) -> Result<(), TrainError> {
+    match config.fine_tune_type.as_str() {
+        "lora" => Ok(()),
+        "dora" => match chosen.iter().find(|(_, s)| s.linear.is_none()) {
+            None => Ok(()),
+            Some((name, _)) => Err(TrainError::Unsupported(format!(
+                "DoRA on stacked experts (`{name}`) is not available: mlx-lm 0.32.2 has no \
+                 DoRA for SwitchLinear; use --fine-tune-type lora, or --lora-keys naming \
+                 the block's other linears"
+            ))),
+        },
+        other => Err(TrainError::Unsupported(format!(
+            "fine_tune_type `{other}` does not attach adapters (lora and dora do)"
+        ))),
+    }
 }
 
 /// Linears of a block that mlx-lm 0.32.2's LoRA cannot wrap, per family: its gemma3n AltUp
@@ -198,14 +226,8 @@ fn refusal(model_type: &str) -> String {
 /// model, its adapter (not yet attached).
 type Read<'m> = (String, Slot<'m>, Lora);
 
-/// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
-/// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
-/// model has, every tensor present with the shape its layer takes. Each selected layer with
-/// its adapter, not yet attached. Shared by `Adapters::load` and `OwnedAdapter::load`.
-fn read<'m>(
-    model: &'m dyn LanguageModel,
-    dir: &Path,
-) -> Result<(AdapterConfig, Vec<Read<'m>>), TrainError> {
+/// An adapter directory's `adapter_config.json` (a directory without one is refused).
+pub(crate) fn read_config(dir: &Path) -> Result<AdapterConfig, TrainError> {
     let path = dir.join("adapter_config.json");
     if !path.is_file() {
         return Err(TrainError::Config(format!(
@@ -216,12 +238,24 @@ fn read<'m>(
         )));
     }
     let text = std::fs::read_to_string(&path).map_err(|e| TrainError::Io(path.clone(), e))?;
-    let config: AdapterConfig = serde_json::from_str(&text)
-        .map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))?;
-    if config.fine_tune_type != "lora" {
+    serde_json::from_str(&text).map_err(|e| TrainError::Config(format!("{}: {e}", path.display())))
+}
+
+/// Reads an adapter directory mlx-lm (or we) wrote — `adapter_config.json` and
+/// `adapters.safetensors` — and checks it against `model`: a LoRA config whose layers this
+/// model has, every tensor present with the shape its layer takes. Each selected layer with
+/// its adapter, not yet attached. Shared by `Adapters::load` and `OwnedAdapter::load`.
+fn read<'m>(
+    model: &'m dyn LanguageModel,
+    dir: &Path,
+) -> Result<(AdapterConfig, Vec<Read<'m>>), TrainError> {
+    let config = read_config(dir)?;
+    if config.fine_tune_type == "full" {
         return Err(TrainError::Unsupported(format!(
-            "fine_tune_type `{}` (only lora adapters load)",
-            config.fine_tune_type
+            "{}: fully fine-tuned weights (fine_tune_type full) replace the base model's own \
+             and cannot be switched per request; load them with `engine generate \
+             --adapter-path`",
+            dir.display()
         )));
     }
     let file = dir.join("adapters.safetensors");
@@ -248,11 +282,16 @@ fn read<'m>(
             }
             Ok(t)
         };
+        let m = match config.fine_tune_type == "dora" {
+            true => Some(get("m", &slot.b_shape[1..])?),
+            false => None,
+        };
         let lora = Lora {
             a: get("lora_a", &slot.a_shape)?,
             b: get("lora_b", &slot.b_shape)?,
             scale,
             dropout: None,
+            m,
         };
         layers.push((name, slot, lora));
     }
@@ -267,6 +306,14 @@ impl<'m> Adapters<'m> {
         config: AdapterConfig,
         seed: u64,
     ) -> Result<Self, TrainError> {
+        if config.fine_tune_type == "full" {
+            let full = Some(full::Full::select(model, &config)?);
+            return Ok(Adapters {
+                config,
+                slots: Vec::new(),
+                full,
+            });
+        }
         let slots = select(model, &config)?;
         let mut key = random::key(seed)?;
         for (_, slot) in &slots {
@@ -275,18 +322,37 @@ impl<'m> Adapters<'m> {
             let bound = 1.0 / (slot.input_dims as f32).sqrt();
             let a = random::uniform::<_, f32>(-bound, bound, &slot.a_shape[..], &sub)?;
             let b = mlx_rs::ops::zeros::<f32>(&slot.b_shape[..])?;
+            let m = match (config.fine_tune_type.as_str(), slot.linear) {
+                ("dora", Some(linear)) => Some(dora::magnitude(linear)?),
+                _ => None,
+            };
             *slot.lora.borrow_mut() = Some(Lora {
                 a,
                 b,
                 scale: config.lora_parameters.scale,
                 dropout: None,
+                m,
             });
         }
-        Ok(Adapters { config, slots })
+        Ok(Adapters {
+            config,
+            slots,
+            full: None,
+        })
     }
 
-    /// Loads adapters from a directory mlx-lm (or we) wrote (`read`) and attaches them.
+    /// Loads adapters from a directory mlx-lm (or we) wrote (`read`) and attaches them;
+    /// fully fine-tuned blocks' weights replace the model's (`full::Full::load`).
     pub fn load(model: &'m dyn LanguageModel, dir: &Path) -> Result<Self, TrainError> {
+        let config = read_config(dir)?;
+        if config.fine_tune_type == "full" {
+            let full = Some(full::Full::load(model, &config, dir)?);
+            return Ok(Adapters {
+                config,
+                slots: Vec::new(),
+                full,
+            });
+        }
         let (config, layers) = read(model, dir)?;
         let slots = layers
             .into_iter()
@@ -295,48 +361,80 @@ impl<'m> Adapters<'m> {
                 (name, slot)
             })
             .collect();
-        Ok(Adapters { config, slots })
+        Ok(Adapters {
+            config,
+            slots,
+            full: None,
+        })
     }
 
-    /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` per layer.
+    /// The trainable arrays of each layer: A and B, and DoRA's magnitude m.
+    fn per_layer(&self) -> usize {
+        match self.config.fine_tune_type == "dora" {
+            true => 3,
+            false => 2,
+        }
+    }
+
+    /// Parameter names in `params` order: `<layer>.lora_a`, `<layer>.lora_b` (and DoRA's
+    /// `<layer>.m`) per layer.
     pub fn names(&self) -> Vec<String> {
+        if let Some(full) = &self.full {
+            return full.names();
+        }
+        let parts = &["lora_a", "lora_b", "m"][..self.per_layer()];
         self.slots
             .iter()
-            .flat_map(|(n, _)| [format!("{n}.lora_a"), format!("{n}.lora_b")])
+            .flat_map(|(n, _)| parts.iter().map(move |p| format!("{n}.{p}")))
             .collect()
     }
 
-    /// The trainable arrays: A then B of every layer.
+    /// The trainable arrays: A then B (then m) of every layer.
     pub fn params(&self) -> Vec<Array> {
+        if let Some(full) = &self.full {
+            return full.params();
+        }
+        let per = self.per_layer();
         self.slots
             .iter()
             .flat_map(|(_, slot)| {
                 let lora = slot.lora.borrow();
                 let lora = lora.as_ref().expect("attached");
-                [lora.a.clone(), lora.b.clone()]
+                let mut all = vec![lora.a.clone(), lora.b.clone()];
+                all.extend(lora.m.iter().cloned());
+                all.truncate(per);
+                all
             })
             .collect()
     }
 
     /// Positions in `params` of the adapters on blocks `layers`.
     pub fn params_in_layers(&self, layers: &std::ops::Range<usize>) -> Vec<usize> {
+        if let Some(full) = &self.full {
+            return full.params_in_layers(layers);
+        }
+        let per = self.per_layer();
         self.slots
             .iter()
             .enumerate()
             .filter(|(_, (n, _))| layer_index(n).is_some_and(|i| layers.contains(&i)))
-            .flat_map(|(i, _)| [2 * i, 2 * i + 1])
+            .flat_map(|(i, _)| (per * i)..(per * i + per))
             .collect()
     }
 
     /// Replaces some trainable arrays: `values[k]` goes to position `at[k]` of `params`.
     pub fn set_some(&self, at: &[usize], values: &[Array]) {
+        if let Some(full) = &self.full {
+            return full.set_some(at, values);
+        }
+        let per = self.per_layer();
         for (&k, v) in at.iter().zip(values) {
-            let (_, slot) = &self.slots[k / 2];
+            let (_, slot) = &self.slots[k / per];
             if let Some(lora) = slot.lora.borrow_mut().as_mut() {
-                if k % 2 == 0 {
-                    lora.a = v.clone();
-                } else {
-                    lora.b = v.clone();
+                match k % per {
+                    0 => lora.a = v.clone(),
+                    1 => lora.b = v.clone(),
+                    _ => lora.m = Some(v.clone()),
                 }
             }
         }
@@ -344,12 +442,8 @@ impl<'m> Adapters<'m> {
 
     /// Replaces the trainable arrays (same order as `params`).
     pub fn set(&self, params: &[Array]) {
-        for ((_, slot), ab) in self.slots.iter().zip(params.chunks(2)) {
-            if let Some(lora) = slot.lora.borrow_mut().as_mut() {
-                lora.a = ab[0].clone();
-                lora.b = ab[1].clone();
-            }
-        }
+        let at: Vec<usize> = (0..params.len()).collect();
+        self.set_some(&at, params);
     }
 
     /// Writes `adapters.safetensors` and `adapter_config.json` into `dir` (each atomically).
@@ -385,9 +479,18 @@ impl<'m> Adapters<'m> {
         Ok(())
     }
 
-    /// Runs `f` on the base model: every adapter is taken off for the call and put back
-    /// after it (GRPO's reference log-probabilities).
+    /// Runs `f` on the base model: every adapter is taken off for the call (fully
+    /// fine-tuned blocks get their original weights) and put back after it (the reference
+    /// log-probabilities of DPO and GRPO).
     pub fn without<T>(&self, f: impl FnOnce() -> T) -> T {
+        if let Some(full) = &self.full {
+            let trained = full.params();
+            full.restore();
+            let out = f();
+            let at: Vec<usize> = (0..trained.len()).collect();
+            full.set_some(&at, &trained);
+            return out;
+        }
         let taken: Vec<_> = self
             .slots
             .iter()
@@ -400,8 +503,11 @@ impl<'m> Adapters<'m> {
         out
     }
 
-    /// Removes the adapters from the model.
+    /// Removes the adapters from the model (fully fine-tuned blocks get their weights back).
     pub fn detach(self) {
+        if let Some(full) = &self.full {
+            full.restore();
+        }
         for (_, slot) in &self.slots {
             *slot.lora.borrow_mut() = None;
         }

@@ -13,7 +13,7 @@ use engine::plant::{self, Defect};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-fn goldens() -> PathBuf {
+pub(super) fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
 }
 
@@ -108,7 +108,7 @@ fn tensors(path: &Path) -> BTreeMap<String, (String, Vec<usize>, String)> {
 }
 
 /// The first difference of the output dir from the golden case, named.
-fn first_difference(case: &Value, out: &Path) -> Option<String> {
+pub(super) fn first_difference(case: &Value, out: &Path) -> Option<String> {
     let name = case["name"].as_str().unwrap();
     let files = case["files"].as_object().unwrap();
     let mut ours: Vec<String> = std::fs::read_dir(out)
@@ -390,7 +390,7 @@ fn planted_routers_at_top_bits_fail_qwen3_moe_minimax_and_gpt_oss() {
     }
 }
 
-fn engine() -> Command {
+pub(super) fn engine() -> Command {
     Command::new(env!("CARGO_BIN_EXE_engine"))
 }
 

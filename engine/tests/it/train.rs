@@ -161,7 +161,7 @@ fn full_scope_nll_with_a_one_token_prompt_is_the_sft_loss() {
 }
 
 /// `engine train` on tiny-llama-trained with `data`, adapters and metrics to `out`.
-fn engine_train(data: &Path, out: &Path, args: &[&str]) -> std::process::Output {
+pub(super) fn engine_train(data: &Path, out: &Path, args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_engine"))
         .args(["train", "--quiet", "--model"])
         .arg(goldens().join("models/tiny-llama-trained"))

@@ -277,7 +277,7 @@ pub struct Registered {
 /// Goldens an oracle script writes that no parity gate reads (every tiny model is the
 /// manifest's): the CLI gate's mlx_lm.generate transcripts (engine/tests/it/cli.rs).
 #[allow(clippy::type_complexity)]
-const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
+const OUTSIDE_GATES: [(&str, &str, &[&str]); 7] = [
     ("cli", "gen_cli.py", &[]),
     // MLA prefilled one token at a time (tests/it/l1_models/mla.rs): mlx-lm's absorbed path
     // from the first token, whose logits differ from the chunked prefill's in the last bits.
@@ -307,6 +307,8 @@ const OUTSIDE_GATES: [(&str, &str, &[&str]); 6] = [
     // the Hugging Face layout source it converts.
     ("convert", "gen_convert.py", &[]),
     ("convert/tiny-llama-hf", "gen_convert.py", &[]),
+    // engine fuse's gate (engine/tests/it/fuse.rs): mlx_lm.fuse's output hashes.
+    ("fuse", "gen_fuse.py", &[]),
 ];
 
 /// The distributed L1 gate's modes (tensor and pipeline parallel). Its goldens are
@@ -395,6 +397,7 @@ pub fn groups() -> Vec<&'static str> {
         "data",
         "cli",
         "convert",
+        "fuse",
         "l1-dist",
         "eval",
         "tool_parsers",

@@ -21,6 +21,8 @@ use crate::goldens::{TensorEntry, TensorGolden};
 
 #[derive(Debug, Clone, Default)]
 pub struct TrainReport {
+    /// The fine-tune type (`lora`, `dora`).
+    pub kind: String,
     pub model: String,
     pub tensors: usize,
     pub exact: usize,
@@ -36,8 +38,9 @@ impl Report for TrainReport {
 
     fn summary(&self) -> String {
         format!(
-            "L1 train (LoRA) {}: {} steps: {}/{} tensors bit-exact (losses, gradients, adapters, \
+            "L1 train ({}) {}: {} steps: {}/{} tensors bit-exact (losses, gradients, adapters, \
              adapted logits; max |Δ| {:e}){}",
+            self.kind,
             self.model,
             self.steps,
             self.exact,
@@ -111,6 +114,23 @@ impl Check<'_> {
                 serde_json::from_value(e.clone()).map_err(index_err)
             })
             .collect()
+    }
+
+    /// DoRA's magnitudes as we start them (from the weights' row norms) against mlx-lm's
+    /// initial `m` (A is drawn from another RNG and B is zero: only m can be compared).
+    fn initial_magnitudes(
+        &mut self,
+        adapters: &Adapters,
+        initial: &[Value],
+    ) -> Result<(), ParityError> {
+        let names = adapters.names();
+        let entries = Self::by_name(initial, &names, "init/")?;
+        for ((p, e), n) in adapters.params().iter().zip(entries).zip(&names) {
+            if n.ends_with(".m") {
+                self.tensor(p, &e, format!("initial magnitude {n}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Every step: loss, token count and gradients, then the AdamW update.
@@ -224,8 +244,9 @@ pub fn run(
     let settings = &golden.index["settings"];
     let dir = crate::goldens::model_dir(model)?;
     let m = engine::model::load(&dir)?;
+    let kind: Option<String> = field(settings, "fine_tune_type")?;
     let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
+        fine_tune_type: kind.unwrap_or_else(|| "lora".into()),
         num_layers: field(settings, "num_layers")?,
         lora_parameters: field::<LoraParams>(settings, "lora_parameters")?,
         extra: Default::default(),
@@ -234,16 +255,21 @@ pub fn run(
     let mut check = Check {
         golden,
         report: TrainReport {
+            kind: adapters.config.fine_tune_type.clone(),
             model: model.to_owned(),
             ..Default::default()
         },
     };
     let initial: Vec<Value> = field(&golden.index, "initial")?;
-    let init: Vec<Array> = Check::by_name(&initial, &adapters.names(), "init/")?
-        .iter()
-        .map(|e| check.f32_array(e))
-        .collect::<Result<_, _>>()?;
-    adapters.set(&init);
+    // Full fine-tuning starts from the model's own weights (no initial tensors stored).
+    if adapters.config.fine_tune_type != "full" {
+        let init: Vec<Array> = Check::by_name(&initial, &adapters.names(), "init/")?
+            .iter()
+            .map(|e| check.f32_array(e))
+            .collect::<Result<_, _>>()?;
+        check.initial_magnitudes(&adapters, &initial)?;
+        adapters.set(&init);
+    }
     let opt_cfg = &settings["optimizer"];
     let mut opt = AdamW::new(
         Schedule::Constant(field(opt_cfg, "learning_rate")?),

@@ -13,7 +13,7 @@ use mlx_rs::ops::gather_mm;
 use mlx_rs::Array;
 
 use super::SwitchLinear;
-use crate::model::layers::{weak, Lora};
+use crate::model::layers::{dropped, weak, Lora};
 use crate::plant::{self, Defect};
 
 type R<T> = Result<T, Exception>;
@@ -34,19 +34,6 @@ impl SwitchLinear {
 
     pub fn num_experts(&self) -> i32 {
         self.weight.shape()[0]
-    }
-}
-
-/// The input the adapter sees: `x` with training-time dropout (`nn.Dropout`: keep with
-/// probability 1 − p, scaled by 1 / (1 − p)), or `x` itself.
-fn dropped(x: &Array, dropout: &Option<(f32, Array)>) -> R<Array> {
-    match dropout {
-        Some((p, key)) if *p > 0.0 => {
-            let keep = mlx_rs::random::bernoulli(&Array::from_f32(1.0 - p), x.shape(), key)?;
-            x.multiply(&keep)?
-                .multiply(weak(1.0 / (1.0 - *p as f64), x)?)
-        }
-        _ => Ok(x.clone()),
     }
 }
 

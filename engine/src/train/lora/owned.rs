@@ -113,4 +113,31 @@ mod tests {
             .to_string();
         assert!(err.contains("is not an adapter directory"), "{err}");
     }
+
+    /// mlx-lm's DoRA adapters (with their magnitudes) switch on and off as LoRA's do, and
+    /// give the borrowed loader's logits; fully fine-tuned weights are refused (they replace
+    /// the base's own).
+    #[test]
+    fn dora_adapters_switch_and_full_weights_are_refused() {
+        let goldens = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens");
+        let model = crate::model::load(&goldens.join("models/tiny-llama-trained")).unwrap();
+        let base = logits(model.as_ref());
+        let dir = goldens.join("train/tiny-llama-trained-dora/adapters");
+        let owned = OwnedAdapter::load(model.as_ref(), &dir).unwrap();
+        assert!(owned.layers.iter().all(|(_, l)| l.m.is_some()));
+        apply(model.as_ref(), Some(&owned));
+        let adapted = logits(model.as_ref());
+        assert_ne!(adapted, base);
+        apply(model.as_ref(), None);
+        assert_eq!(logits(model.as_ref()), base);
+        let borrowed = Adapters::load(model.as_ref(), &dir).unwrap();
+        assert_eq!(logits(model.as_ref()), adapted);
+        borrowed.detach();
+        let full = goldens.join("train/tiny-llama-trained-full/adapters");
+        let err = OwnedAdapter::load(model.as_ref(), &full)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("fully fine-tuned weights"), "{err}");
+    }
 }

@@ -241,15 +241,50 @@ pub static TRAIN: Gate = Gate {
         "weight-decay",
         "recurrent-in-proj-lora-dropped",
         "mla-latent-proj-lora-dropped",
+        "qlora-dequantized-base",
     ],
-    run: |g, t, p| {
-        let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
-        boxed(train::run(t.model, &g.open(t)?, |opt| {
-            if decay {
-                opt.weight_decay *= 1.1;
-            }
-        }))
-    },
+    run: run_train,
+    ..BASE
+};
+
+/// The training gates' run: the harness's own plant (weight decay × 1.1) or none.
+fn run_train(g: &Gate, t: &Target, p: Option<&Plant>) -> Result<Box<dyn Report>> {
+    let decay = p == Some(&Plant::Harness(Tweak::WeightDecay));
+    boxed(train::run(t.model, &g.open(t)?, |opt| {
+        if decay {
+            opt.weight_decay *= 1.1;
+        }
+    }))
+}
+
+/// DoRA (`--fine-tune-type dora`, mlx-lm's `DoRALinear`) through the same steps as `train`,
+/// on a dense and on quantized bases: goldens/train/<model>-dora.
+pub static TRAIN_DORA: Gate = Gate {
+    name: "train-dora",
+    group: "train",
+    suffix: "-dora",
+    generator: Some((
+        "gen_train.py",
+        &["{model}", "--fine-tune-type", "dora", "--suffix=-dora"],
+    )),
+    plants: &["weight-decay", "dora-norm-with-gradient"],
+    run: run_train,
+    ..BASE
+};
+
+/// Full fine-tuning (`--fine-tune-type full`: every weight of the last block) through the
+/// same steps as `train`: goldens/train/<model>-full.
+pub static TRAIN_FULL: Gate = Gate {
+    name: "train-full",
+    group: "train",
+    suffix: "-full",
+    generator: Some((
+        "gen_train.py",
+        &["{model}", "--fine-tune-type", "full", "--suffix=-full"],
+    )),
+    // Not the weight-decay plant: on bf16 weights 1 − lr·wd rounds to 1 either way.
+    plants: &["full-one-layer-too-many"],
+    run: run_train,
     ..BASE
 };
 
@@ -369,6 +404,8 @@ pub static GATES: &[&Gate] = &[
     &TOKENIZE,
     &TEMPLATES,
     &TRAIN,
+    &TRAIN_DORA,
+    &TRAIN_FULL,
     &SAMPLING,
     &EVAL_PPL,
     &L2,
