@@ -10,6 +10,9 @@ pub mod loss;
 pub mod optim;
 pub mod orpo;
 pub mod orpo_prefix;
+pub mod preference;
+pub mod preference_cli;
+pub mod preference_data;
 pub mod segmented;
 pub mod trainer;
 
