@@ -488,6 +488,9 @@ fn evaluate_and_steer(
 ) -> Result<(EvalMetrics, Option<String>), TrainError> {
     let m = evaluate(model, valid, cfg)?;
     let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
+    if let (Method::Pairs(_), Some(fields)) = (cfg.method, line.as_object_mut()) {
+        fields.remove("lambda"); // ORPO's weight, not theirs
+    }
     for (k, x) in &m {
         line[*k] = json!(x);
     }

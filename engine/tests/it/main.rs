@@ -40,6 +40,7 @@ mod tool_parsers;
 mod train;
 mod train_families;
 mod train_moe2;
+mod train_preference;
 mod vision_gemma3;
 mod vision_gemma4;
 mod vision_generate;
