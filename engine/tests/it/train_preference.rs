@@ -76,7 +76,8 @@ fn reference_gap() -> (f64, f64) {
             let f = |x: &[Array]| -> Result<Vec<Array>, Exception> {
                 Ok(vec![pref_terms(&obj, &x[0], &mask, reference)?.loss])
             };
-            let (_, grad) = mlx_rs::transforms::value_and_grad(f)(&[lp.clone()]).unwrap();
+            let (_, grad) =
+                mlx_rs::transforms::value_and_grad(f)(std::slice::from_ref(&lp)).unwrap();
             let want_grad: Vec<Vec<f64>> = serde_json::from_value(case["grad"].clone()).unwrap();
             let mut pairs: Vec<(f64, f64)> = floats(&grad[0])
                 .into_iter()
