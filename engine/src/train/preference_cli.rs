@@ -154,3 +154,65 @@ pub fn refuse_orpo_only(orpo_forward_given: bool, adaptive_lambda: bool) -> Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_trl_1_16s() {
+        let none = PrefArgs::default();
+        assert_eq!(
+            none.objective(PairMethod::Dpo),
+            PairObjective::Dpo {
+                beta: 0.1,
+                loss: DpoLoss::Sigmoid,
+                label_smoothing: 0.0
+            }
+        );
+        assert_eq!(
+            none.objective(PairMethod::Cpo),
+            PairObjective::Cpo {
+                beta: 0.1,
+                label_smoothing: 0.0,
+                cpo_alpha: 1.0
+            }
+        );
+        assert_eq!(
+            none.objective(PairMethod::Simpo),
+            PairObjective::Simpo {
+                beta: 0.1,
+                label_smoothing: 0.0,
+                cpo_alpha: 0.0,
+                gamma: 0.5
+            }
+        );
+        for m in [PairMethod::Dpo, PairMethod::Cpo, PairMethod::Simpo] {
+            assert_eq!(none.check(Some(m)), Ok(()));
+        }
+        assert_eq!(none.check(None), Ok(()));
+    }
+
+    #[test]
+    fn out_of_range_values_are_refused() {
+        let with = |f: fn(&mut PrefArgs)| {
+            let mut a = PrefArgs::default();
+            f(&mut a);
+            a
+        };
+        let robust = |a: &mut PrefArgs| {
+            a.dpo_loss = Some(DpoLoss::Robust);
+            a.label_smoothing = Some(0.5);
+        };
+        assert!(with(robust).check(Some(PairMethod::Dpo)).is_err());
+        assert!(with(|a| a.beta = Some(0.0))
+            .check(Some(PairMethod::Cpo))
+            .is_err());
+        assert!(with(|a| a.cpo_alpha = Some(-1.0))
+            .check(Some(PairMethod::Simpo))
+            .is_err());
+        assert!(with(|a| a.label_smoothing = Some(0.2))
+            .check(Some(PairMethod::Simpo))
+            .is_ok());
+    }
+}
