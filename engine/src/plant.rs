@@ -110,6 +110,9 @@ pub enum Defect {
     /// SimPO: the target margin γ is subtracted from the log-prob gap undivided by β. Caught
     /// by the preference-loss gate (`engine/tests/it/train_preference.rs`).
     SimpoGammaNotOverBeta,
+    /// DPO's reference pass keeps the adapters' B (the policy, not the base model, scores
+    /// the reference). Caught by the reference-pass test (`engine/tests/it/train_preference.rs`).
+    DpoReferenceKeepsAdapters,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -758,6 +761,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DpoBetaTwice" => Defect::DpoBetaTwice,
             "DpoReferenceFromPolicy" => Defect::DpoReferenceFromPolicy,
             "SimpoGammaNotOverBeta" => Defect::SimpoGammaNotOverBeta,
+            "DpoReferenceKeepsAdapters" => Defect::DpoReferenceKeepsAdapters,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

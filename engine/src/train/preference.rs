@@ -385,7 +385,8 @@ pub fn reference_logps(
         .iter()
         .enumerate()
         .map(|(k, p)| {
-            if k % 2 == 1 {
+            // Planted: B kept, so the reference is the policy.
+            if k % 2 == 1 && !plant::is(Defect::DpoReferenceKeepsAdapters) {
                 mlx_rs::ops::zeros_like(p)
             } else {
                 Ok(p.clone())

@@ -179,6 +179,9 @@ fn the_reference_pass_is_the_base_model_even_over_trained_adapters() {
     assert_ne!(policy, base, "the trained adapters change the log-probs");
     assert_eq!(reference, base);
     assert_eq!(summed_logps(m.as_ref(), &pairs, 2).unwrap(), policy);
+    let _on = engine::plant::on(engine::plant::Defect::DpoReferenceKeepsAdapters).unwrap();
+    let planted = reference_logps(m.as_ref(), &adapters, &pairs, 2).unwrap();
+    assert_ne!(planted, base, "the planted reference pass passed");
 }
 
 /// `engine train` on tiny-llama-trained with `data`, adapters and metrics to `out`.
@@ -295,33 +298,108 @@ fn dpo_and_simpo_learn_to_prefer_uppercase_and_swapped_pairs_do_not() {
     assert!(acc(&last) <= 0.01, "swapped: {last}");
 }
 
-/// `--segment-size` trains the same DPO adapters as the whole-model backward (the segmented
-/// backward takes any loss of the logits), byte for byte.
-#[test]
-fn segmented_dpo_trains_the_same_adapters() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = |extra: &[&str], out: &Path| {
-        let mut args = vec!["--method", "dpo", "--iters", "3", "--batch-size", "2"];
-        args.extend([
-            "--learning-rate",
-            "1e-3",
-            "--num-layers",
-            "3",
-            "--lora-rank",
-            "4",
-        ]);
-        args.extend(extra);
-        let run = engine_train(&goldens().join("data/uppercase"), out, &args);
-        assert!(
-            run.status.success(),
-            "{}",
-            String::from_utf8_lossy(&run.stderr)
-        );
-        std::fs::read(out.join("adapters.safetensors")).unwrap()
+/// DPO's loss and gradients on one batch of 2 pairs, whole or with `--segment-size 1`.
+fn dpo_batch_grads(segment_size: Option<usize>) -> Vec<Vec<f64>> {
+    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use engine::train::preference_data::PairSet;
+    use engine::train::trainer::{batch_grads, Dataset, Method, TrainConfig};
+    let m = model("tiny-llama-trained");
+    let tok =
+        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
+            .unwrap();
+    let enc = |t: &str| tok.encode(t, true).unwrap();
+    let pairs = vec![
+        engine::train::data::Pair {
+            prompt_len: 3,
+            chosen: enc("The robot took a spring from the jar."),
+            rejected: enc("The robot sold it."),
+        },
+        engine::train::data::Pair {
+            prompt_len: 2,
+            chosen: enc("A cat sat."),
+            rejected: enc("A cat sat on the warm mat by the door."),
+        },
+    ];
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers: 3,
+        lora_parameters: LoraParams {
+            rank: 4,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
     };
-    let whole = run(&[], &dir.path().join("whole"));
-    let seg = run(&["--segment-size", "1"], &dir.path().join("seg"));
-    assert_eq!(whole, seg);
+    let adapters = Adapters::attach(m.as_ref(), config, 0).unwrap();
+    // Adapters with B ≠ 0, so A's gradients are not zero either.
+    let moved: Vec<Array> = adapters
+        .params()
+        .iter()
+        .enumerate()
+        .map(|(k, p)| {
+            let key = mlx_rs::random::key(100 + k as u64).unwrap();
+            let noise = mlx_rs::random::normal::<f32>(p.shape(), None, Some(0.01), &key).unwrap();
+            if k % 2 == 1 {
+                noise
+            } else {
+                p.clone()
+            }
+        })
+        .collect();
+    adapters.set(&moved);
+    let reference = engine::train::preference::reference_logps(m.as_ref(), &adapters, &pairs, 2);
+    let data = Dataset::Pairs(PairSet {
+        pairs,
+        reference: Some(reference.unwrap()),
+    });
+    let cfg = TrainConfig {
+        method: Method::Pairs(PairObjective::Dpo {
+            beta: 0.1,
+            loss: DpoLoss::Sigmoid,
+            label_smoothing: 0.0,
+        }),
+        iters: 1,
+        batch_size: 2,
+        grad_accumulation: 1,
+        max_grad_norm: None,
+        steps_per_eval: usize::MAX,
+        val_batches: 0,
+        save_every: 0,
+        max_seq_length: 2048,
+        seed: 0,
+        orpo_lambda: 0.1,
+        sft_scope: engine::train::orpo::SftScope::Full,
+        segment_size,
+        orpo_forward: Default::default(),
+        lambda_controller: None,
+    };
+    let (out, grads) = batch_grads(m.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut ()).unwrap();
+    out.iter().chain(&grads).map(floats).collect()
+}
+
+/// The segmented backward (`--segment-size`, any loss of the logits) gives DPO's loss and
+/// gradients of the whole backward (measured bit-identical; gate 1e-6 of the largest
+/// gradient); the planted dropped cotangent fails it.
+#[test]
+fn segmented_dpo_gives_the_whole_backwards_loss_and_gradients() {
+    let whole = dpo_batch_grads(None);
+    let gap = |other: &[Vec<f64>]| {
+        let scale = whole.iter().flatten().fold(0.0f64, |a, x| a.max(x.abs()));
+        let worst = whole
+            .iter()
+            .flatten()
+            .zip(other.iter().flatten())
+            .fold(0.0f64, |a, (x, y)| a.max((x - y).abs()));
+        worst / scale
+    };
+    let seg = gap(&dpo_batch_grads(Some(1)));
+    println!("segmented vs whole: largest gap / largest value {seg:e}");
+    assert!(seg <= 1e-6, "{seg:e}");
+    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
+    let planted = gap(&dpo_batch_grads(Some(1)));
+    println!("planted DropCotangent: {planted:e}");
+    assert!(planted > 1e-3, "{planted:e}");
 }
 
 /// Malformed preference data is refused before any step, naming the file and line, and
