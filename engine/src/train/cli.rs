@@ -125,13 +125,12 @@ pub struct TrainArgs {
     /// ORPO: what the NLL term covers (full: prompt and response, as TRL; response only).
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
-    /// ORPO: the forward over chosen and rejected (prefix-shared: the prompt both share
+    /// ORPO, DPO, CPO, SimPO: the forward over chosen and rejected (prefix-shared: the prompt both share
     /// runs once per pair; joint: one forward of 2B rows, TRL's; the same losses, the same
     /// gradients up to rounding, prefix-shared with less memory and time). Segmented runs
     /// are joint.
-    /// [default: prefix-shared]
-    #[arg(long, value_enum)]
-    pub orpo_forward: Option<super::orpo_prefix::OrpoForward>,
+    #[arg(long, value_enum, default_value = "prefix-shared")]
+    pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// Segmented backward: run the backward this many blocks at a time (less memory; the
     /// same loss and gradients).
     #[arg(long)]
@@ -329,7 +328,6 @@ impl TrainArgs {
         self.pref.check(pair)?;
         if pair.is_some() {
             super::preference_cli::refuse_orpo_only(
-                self.orpo_forward.is_some(),
                 self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive,
             )?;
         }
@@ -393,7 +391,7 @@ impl TrainArgs {
                 ScopeArg::Response => SftScope::Response,
             },
             segment_size: self.segment_size,
-            orpo_forward: self.orpo_forward.unwrap_or_default(),
+            orpo_forward: self.orpo_forward,
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
                     self.lambda_knobs.config(match self.lambda_law {

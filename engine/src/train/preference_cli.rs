@@ -135,16 +135,8 @@ impl PrefArgs {
     }
 }
 
-/// Refuses the other flags a pair method does not take: the ORPO forward and the
-/// dynamic-λ controller (ORPO's λ).
-pub fn refuse_orpo_only(orpo_forward_given: bool, adaptive_lambda: bool) -> Result<(), String> {
-    if orpo_forward_given {
-        return Err(
-            "--orpo-forward applies to --method orpo (dpo, cpo and simpo run one joint \
-                    forward over chosen and rejected): drop it"
-                .into(),
-        );
-    }
+/// Refuses the ORPO flag a pair method does not take: the dynamic-λ controller (ORPO's λ).
+pub fn refuse_orpo_only(adaptive_lambda: bool) -> Result<(), String> {
     if adaptive_lambda {
         return Err(
             "--orpo-lambda-schedule adaptive steers ORPO's λ; dpo, cpo and simpo have \

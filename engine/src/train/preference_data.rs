@@ -184,6 +184,40 @@ pub fn batch_loss(set: &PairSet, batch: &[usize], method: &Method) -> (Array, Lo
     (inputs, Box::new(loss))
 }
 
+/// A batch's terms by the prefix-shared forward (`orpo_prefix.rs`: the prompt both rows of
+/// a pair share runs once, the same per-token log-probs as the joint forward), or by the
+/// joint forward where the pairs share no prefix.
+pub fn prefix_shared_outputs(
+    model: &dyn LanguageModel,
+    set: &PairSet,
+    batch: &[usize],
+    method: &Method,
+) -> Result<Vec<Array>, Exception> {
+    let Method::Pairs(obj) = method else {
+        return Err(Exception::custom(
+            "preference pairs train with --method dpo, cpo or simpo",
+        ));
+    };
+    let pairs: Vec<&Pair> = batch.iter().map(|&i| &set.pairs[i]).collect();
+    let (ids, _, rm) = super::orpo::pair_batch(&pairs);
+    let t = ids.shape()[1];
+    let p = super::orpo_prefix::shared_prefix_len(&pairs, t as usize);
+    let logps = if p == 0 {
+        let logits = model.forward(
+            &ids.index((.., ..t - 1)),
+            &mut crate::cache::none::none_for(&model.make_caches()),
+        )?;
+        super::preference::token_logps(&logits, &ids)?
+    } else {
+        super::orpo_prefix::prefix_shared_logps(model, &ids, p as i32)?
+    };
+    let reference = set.reference.as_ref().map(|r| reference_rows(r, batch));
+    if obj.needs_reference() && reference.is_none() {
+        return Err(Exception::custom("DPO without reference log-probs"));
+    }
+    Ok(super::preference::pref_terms(obj, &logps, &rm, reference.as_ref())?.into_vec())
+}
+
 /// The progress bar's note for a step's terms: reward accuracy and margin.
 pub fn step_note(method: &Method, outputs: &[Array]) -> Option<String> {
     let Method::Pairs(_) = method else {

@@ -174,7 +174,7 @@ fn batch_outputs(
 
 /// Whether `data`'s batches run the prefix-shared ORPO forward.
 fn takes_prefix_shared(data: &Dataset, cfg: &TrainConfig) -> bool {
-    matches!(data, Dataset::Orpo(_))
+    matches!(data, Dataset::Orpo(_) | Dataset::Pairs(_))
         && cfg.orpo_forward == super::orpo_prefix::OrpoForward::PrefixShared
         && cfg.segment_size.is_none()
 }
@@ -188,12 +188,16 @@ fn prefix_shared_outputs(
     cfg: &TrainConfig,
 ) -> Option<Result<Vec<Array>, Exception>> {
     use super::orpo_prefix::{orpo_loss_by, OrpoForward};
-    let Dataset::Orpo(v) = data else {
-        return None;
-    };
     if !takes_prefix_shared(data, cfg) {
         return None;
     }
+    if let Dataset::Pairs(set) = data {
+        let out = super::preference_data::prefix_shared_outputs(model, set, batch, &cfg.method);
+        return Some(out);
+    }
+    let Dataset::Orpo(v) = data else {
+        return None;
+    };
     let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
     let terms = orpo_loss_by(
         model,
@@ -225,7 +229,7 @@ pub fn batch_grads(
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
     if takes_prefix_shared(data, cfg) {
         let (out, grads) = value_and_grad(adapters, || {
-            prefix_shared_outputs(model, data, batch, cfg).expect("an ORPO batch")
+            prefix_shared_outputs(model, data, batch, cfg).expect("a pair batch")
         })?;
         mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
         phases.phase("forward+backward");

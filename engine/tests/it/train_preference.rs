@@ -4,12 +4,13 @@
 //! sequence lengths, padded; each DPO loss type, label smoothing, CPO's α, SimPO's γ), with
 //! three planted defects failing it; the reference pass equals the base model even over
 //! trained adapters; a DPO and a SimPO run learn the "prefer uppercase" preference and the
-//! swapped data does not; segmented DPO trains the same adapters; malformed data and flags
+//! swapped data does not; segmented and prefix-shared DPO agree with the joint step; malformed data and flags
 //! that do not apply are refused with the line or flag named, before anything is written.
 
 use crate::common;
 
 use common::{goldens, model};
+use engine::train::orpo_prefix::OrpoForward;
 use engine::train::preference::{pref_terms, DpoLoss, PairObjective};
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
@@ -298,8 +299,12 @@ fn dpo_and_simpo_learn_to_prefer_uppercase_and_swapped_pairs_do_not() {
     assert!(acc(&last) <= 0.01, "swapped: {last}");
 }
 
-/// DPO's loss and gradients on one batch of 2 pairs, whole or with `--segment-size 1`.
-fn dpo_batch_grads(segment_size: Option<usize>) -> Vec<Vec<f64>> {
+/// DPO's terms and gradients on one batch of 2 pairs, whole or with `--segment-size 1`, by
+/// `forward`.
+fn dpo_batch_grads(
+    segment_size: Option<usize>,
+    forward: OrpoForward,
+) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
     use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
     use engine::train::preference_data::PairSet;
     use engine::train::trainer::{batch_grads, Dataset, Method, TrainConfig};
@@ -371,19 +376,33 @@ fn dpo_batch_grads(segment_size: Option<usize>) -> Vec<Vec<f64>> {
         orpo_lambda: 0.1,
         sft_scope: engine::train::orpo::SftScope::Full,
         segment_size,
-        orpo_forward: Default::default(),
+        orpo_forward: forward,
         lambda_controller: None,
     };
     let (out, grads) = batch_grads(m.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut ()).unwrap();
-    out.iter().chain(&grads).map(floats).collect()
+    (
+        out.iter().map(floats).collect(),
+        grads.iter().map(floats).collect(),
+    )
 }
 
-/// The segmented backward (`--segment-size`, any loss of the logits) gives DPO's loss and
-/// gradients of the whole backward (measured bit-identical; gate 1e-6 of the largest
-/// gradient); the planted dropped cotangent fails it.
+/// The segmented backward (`--segment-size`, any loss of the logits; it runs the joint
+/// forward) gives DPO's terms and gradients of the whole joint backward (measured
+/// bit-identical; gate 1e-6 of the largest value), and the planted dropped cotangent fails
+/// it; the prefix-shared forward (the default) gives the joint forward's terms bit for bit
+/// (its gradients differ by rounding only: `orpo_prefix.rs`'s gate, the same log-probs).
 #[test]
-fn segmented_dpo_gives_the_whole_backwards_loss_and_gradients() {
-    let whole = dpo_batch_grads(None);
+fn segmented_and_prefix_shared_dpo_agree_with_the_joint_step() {
+    let (terms, grads) = dpo_batch_grads(None, OrpoForward::Joint);
+    let (shared, _) = dpo_batch_grads(None, OrpoForward::PrefixShared);
+    println!("joint terms {terms:?}\nprefix-shared terms {shared:?}");
+    assert_eq!(shared, terms);
+    let whole: Vec<Vec<f64>> = terms.into_iter().chain(grads).collect();
+    let seg = |planted: bool| {
+        let _on = planted.then(|| engine::plant::on(engine::plant::Defect::DropCotangent).unwrap());
+        let (t, g) = dpo_batch_grads(Some(1), OrpoForward::Joint);
+        t.into_iter().chain(g).collect::<Vec<_>>()
+    };
     let gap = |other: &[Vec<f64>]| {
         let scale = whole.iter().flatten().fold(0.0f64, |a, x| a.max(x.abs()));
         let worst = whole
@@ -393,11 +412,10 @@ fn segmented_dpo_gives_the_whole_backwards_loss_and_gradients() {
             .fold(0.0f64, |a, (x, y)| a.max((x - y).abs()));
         worst / scale
     };
-    let seg = gap(&dpo_batch_grads(Some(1)));
-    println!("segmented vs whole: largest gap / largest value {seg:e}");
-    assert!(seg <= 1e-6, "{seg:e}");
-    let _on = engine::plant::on(engine::plant::Defect::DropCotangent).unwrap();
-    let planted = gap(&dpo_batch_grads(Some(1)));
+    let segmented = gap(&seg(false));
+    println!("segmented vs whole: largest gap / largest value {segmented:e}");
+    assert!(segmented <= 1e-6, "{segmented:e}");
+    let planted = gap(&seg(true));
     println!("planted DropCotangent: {planted:e}");
     assert!(planted > 1e-3, "{planted:e}");
 }
@@ -511,8 +529,8 @@ fn flags_that_do_not_apply_are_refused_by_name() {
             "pass --dpo-loss robust",
         ),
         (
-            &["--method", "simpo", "--orpo-forward", "joint"],
-            "--orpo-forward applies to --method orpo",
+            &["--method", "cpo", "--simpo-gamma", "1"],
+            "--simpo-gamma applies to --method simpo, not cpo",
         ),
         (
             &["--method", "dpo", "--orpo-lambda-schedule", "adaptive"],

@@ -1,5 +1,5 @@
-//! The train suite's DPO legs: one DPO step (sigmoid loss, β 0.1) — a joint forward over
-//! chosen and rejected, LoRA gradients, AdamW update — with the reference log-probs
+//! The train suite's DPO legs: one DPO step (sigmoid loss, β 0.1) — the engine's default
+//! prefix-shared forward over chosen and rejected, LoRA gradients, AdamW update — with the reference log-probs
 //! computed once before the timed steps (the engine's `precompute_ref_log_probs`, the base
 //! model), against mlx-lm-lora 5.10.2's DPO step (`oracles/train_leg.py --method dpo`: its
 //! `get_token_scores`, `compute_score` and `dpo_loss` under `nn.value_and_grad`, compiled,
@@ -14,9 +14,8 @@ use engine::train::data::Pair;
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::preference::{
-    reference_logps, reference_rows, terms_from_logits, DpoLoss, PairObjective,
+    pref_terms, reference_logps, reference_rows, DpoLoss, PairObjective,
 };
-use mlx_rs::ops::indexing::IndexOp;
 use serde::Deserialize;
 
 use super::median;
@@ -63,7 +62,7 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
     let reference = reference_rows(&reference, &all);
     let refs: Vec<&Pair> = pairs.iter().collect();
     let (ids, _, rm) = engine::train::orpo::pair_batch(&refs);
-    let inputs = ids.index((.., ..ids.shape()[1] - 1));
+    let p = engine::train::orpo_prefix::shared_prefix_len(&refs, ids.shape()[1] as usize) as i32;
     let obj = PairObjective::Dpo {
         beta: 0.1,
         loss: DpoLoss::Sigmoid,
@@ -77,11 +76,8 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
         }
         let t0 = Instant::now();
         let (out, grads) = engine::train::value_and_grad(&adapters, || {
-            let logits = m.forward(
-                &inputs,
-                &mut engine::cache::none::none_for(&m.make_caches()),
-            )?;
-            Ok(terms_from_logits(&obj, &logits, &ids, &rm, Some(&reference))?.into_vec())
+            let logps = engine::train::orpo_prefix::prefix_shared_logps(m.as_ref(), &ids, p)?;
+            Ok(pref_terms(&obj, &logps, &rm, Some(&reference))?.into_vec())
         })?;
         engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
         if i >= 2 {
