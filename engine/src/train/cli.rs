@@ -125,10 +125,10 @@ pub struct TrainArgs {
     /// ORPO: what the NLL term covers (full: prompt and response, as TRL; response only).
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
-    /// ORPO, DPO, CPO, SimPO: the forward over chosen and rejected (prefix-shared: the prompt both share
-    /// runs once per pair; joint: one forward of 2B rows, TRL's; the same losses, the same
-    /// gradients up to rounding, prefix-shared with less memory and time). Segmented runs
-    /// are joint.
+    /// ORPO, DPO, CPO, SimPO: the forward over chosen and rejected (prefix-shared: the
+    /// prompt both share runs once per pair; joint: one forward of 2B rows, TRL's; the same
+    /// losses, the same gradients up to rounding, prefix-shared with less memory and time).
+    /// Segmented runs are joint.
     #[arg(long, value_enum, default_value = "prefix-shared")]
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// Segmented backward: run the backward this many blocks at a time (less memory; the
