@@ -9,7 +9,12 @@ not losses.
 mlx-lm-lora asks for mlx 0.32.4; it is installed without dependencies next to the pinned
 0.32.2 (oracles/setup_lora_peer.sh) and imported from oracles/.lora-peer.
 
-    python oracles/train_leg.py --model DIR --pairs FILE --steps N --rank R --num-layers L
+With --method dpo, the step is its `train_dpo`'s instead: `get_token_scores` (two
+forwards), `compute_score` and `dpo_loss` (sigmoid, beta 0.1), the reference scores computed
+once before the steps from the model with fresh LoRA (the base model), as the engine's DPO
+leg precomputes them.
+
+    python oracles/train_leg.py --model DIR --pairs FILE --steps N --rank R --num-layers L [--method dpo]
 """
 
 import argparse
@@ -27,6 +32,7 @@ import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
+from mlx_lm_lora.trainer.dpo_trainer import compute_score, dpo_loss, get_token_scores  # noqa: E402
 from mlx_lm_lora.trainer.orpo_trainer import orpo_loss_from_model  # noqa: E402
 
 
@@ -51,6 +57,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--num-layers", type=int, required=True)
+    ap.add_argument("--method", choices=("orpo", "dpo"), default="orpo")
     args = ap.parse_args()
     mx.random.seed(0)
     model, _ = load_model(Path(args.model))
@@ -63,6 +70,20 @@ def main() -> None:
     def loss_wrapper(model, chosen, rejected, chosen_masks, rejected_masks, scores):
         loss, _, _, _ = orpo_loss_from_model(model, chosen, rejected, chosen_masks, rejected_masks, scores, beta=0.1)
         return loss
+
+    if args.method == "dpo":
+        chosen, rejected, cm, rm, _ = data
+        ref = [mx.stop_gradient(compute_score(get_token_scores(model, x, m), m, "sigmoid"))
+               for x, m in ((chosen, cm), (rejected, rm))]
+        mx.eval(ref)
+        data = data[:4]
+
+        def loss_wrapper(model, chosen, rejected, chosen_masks, rejected_masks):
+            pc = compute_score(get_token_scores(model, chosen, chosen_masks), chosen_masks, "sigmoid")
+            pr = compute_score(get_token_scores(model, rejected, rejected_masks), rejected_masks, "sigmoid")
+            loss, _, _, _ = dpo_loss(pc, pr, ref[0], ref[1], chosen_masks, rejected_masks,
+                                     beta=0.1, delta=50.0, loss_type="sigmoid")
+            return loss
 
     value_and_grad = nn.value_and_grad(model, loss_wrapper)
     state = [model.state, opt.state, mx.random.state]
@@ -82,7 +103,8 @@ def main() -> None:
         mx.eval(state, loss)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    print(json.dumps({"stack": "mlx-lm-lora", "step_s": float(np.median(times)),
+    stack = "mlx-lm-lora-dpo" if args.method == "dpo" else "mlx-lm-lora"
+    print(json.dumps({"stack": stack, "step_s": float(np.median(times)),
                       "peak_memory_bytes": mx.get_peak_memory()}))
 
 

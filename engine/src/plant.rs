@@ -105,6 +105,18 @@ pub enum Defect {
     /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
     /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/it/orpo_prefix.rs`).
     OrpoRejectedSkipsPrefix,
+    /// DPO: β applied twice (the loss reads β²·Δ). Caught by the preference-loss gate
+    /// against `oracles/preference_reference.py` (`engine/tests/it/train_preference.rs`).
+    DpoBetaTwice,
+    /// DPO: the reference log-probs are the policy's own (gradient stopped), so every reward
+    /// is 0. Caught by the preference-loss gate (`engine/tests/it/train_preference.rs`).
+    DpoReferenceFromPolicy,
+    /// SimPO: the target margin γ is subtracted from the log-prob gap undivided by β. Caught
+    /// by the preference-loss gate (`engine/tests/it/train_preference.rs`).
+    SimpoGammaNotOverBeta,
+    /// DPO's reference pass keeps the adapters on (the policy, not the base model, scores
+    /// the reference). Caught by the reference-pass test (`engine/tests/it/train_preference.rs`).
+    DpoReferenceKeepsAdapters,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -768,6 +780,10 @@ pub fn on_from_env() -> Result<(), String> {
             "QloraDequantizedBase" => Defect::QloraDequantizedBase,
             "FuseScaleTwice" => Defect::FuseScaleTwice,
             "FullOneLayerTooMany" => Defect::FullOneLayerTooMany,
+            "DpoBetaTwice" => Defect::DpoBetaTwice,
+            "DpoReferenceFromPolicy" => Defect::DpoReferenceFromPolicy,
+            "SimpoGammaNotOverBeta" => Defect::SimpoGammaNotOverBeta,
+            "DpoReferenceKeepsAdapters" => Defect::DpoReferenceKeepsAdapters,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

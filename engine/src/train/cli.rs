@@ -12,6 +12,7 @@ use super::lambda::{ControllerConfig, Eps, Law};
 use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
+use super::preference_cli::{PairMethod, PrefArgs};
 use super::trainer::{train, Dataset, Method, Metrics, StepReport, TrainConfig};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
@@ -21,6 +22,21 @@ pub enum MethodArg {
     Sft,
     Orpo,
     Grpo,
+    Dpo,
+    Cpo,
+    Simpo,
+}
+
+impl MethodArg {
+    /// The pair objective this method trains (None: sft, orpo, grpo).
+    fn pair_method(self) -> Option<PairMethod> {
+        match self {
+            MethodArg::Sft | MethodArg::Orpo | MethodArg::Grpo => None,
+            MethodArg::Dpo => Some(PairMethod::Dpo),
+            MethodArg::Cpo => Some(PairMethod::Cpo),
+            MethodArg::Simpo => Some(PairMethod::Simpo),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -44,7 +60,8 @@ pub struct TrainArgs {
     /// Directory with train.jsonl (and valid.jsonl for validation), mlx-lm's formats.
     #[arg(long)]
     pub data: PathBuf,
-    /// sft (next-token cross-entropy) or orpo (preference pairs).
+    /// sft (next-token cross-entropy), or a preference method on pairs: orpo, dpo, cpo,
+    /// simpo (docs/training.md).
     #[arg(long, value_enum, default_value = "sft")]
     pub method: MethodArg,
     /// Where adapters.safetensors, adapter_config.json and metrics.jsonl go.
@@ -114,10 +131,10 @@ pub struct TrainArgs {
     /// ORPO: what the NLL term covers (full: prompt and response, as TRL; response only).
     #[arg(long, value_enum, default_value = "full")]
     pub sft_scope: ScopeArg,
-    /// ORPO: the forward over chosen and rejected (prefix-shared: the prompt both share
-    /// runs once per pair; joint: one forward of 2B rows, TRL's; the same losses, the same
-    /// gradients up to rounding, prefix-shared with less memory and time). Segmented runs
-    /// are joint.
+    /// ORPO, DPO, CPO, SimPO: the forward over chosen and rejected (prefix-shared: the
+    /// prompt both share runs once per pair; joint: one forward of 2B rows, TRL's; the same
+    /// losses, the same gradients up to rounding, prefix-shared with less memory and time).
+    /// Segmented runs are joint.
     #[arg(long, value_enum, default_value = "prefix-shared")]
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// Segmented backward: run the backward this many blocks at a time (less memory; the
@@ -133,6 +150,9 @@ pub struct TrainArgs {
     pub lambda_law: LambdaLawArg,
     #[command(flatten)]
     pub lambda_knobs: LambdaKnobs,
+    /// DPO, CPO, SimPO: β, label smoothing, loss type, α, γ.
+    #[command(flatten)]
+    pub pref: PrefArgs,
     #[command(flatten)]
     pub grpo: super::grpo_cli::GrpoArgs,
     /// No progress bar or messages (metrics.jsonl is still written).
@@ -218,6 +238,7 @@ pub enum LambdaLawArg {
 }
 
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
+    args.check_pair_flags().map_err(anyhow::Error::msg)?;
     let model = crate::model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
     if args.segment_size.is_some() && super::segmented::layered(model.as_ref()).is_none() {
@@ -235,7 +256,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if args.method == MethodArg::Grpo {
         return super::grpo_cli::run(&args, model.as_ref(), &tokenizer, &encoder);
     }
-    let (train_set, valid_set) = args.datasets(&encoder)?;
+    let (mut train_set, mut valid_set) = args.datasets(&encoder)?;
     let adaptive = args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive;
     if adaptive && args.method == MethodArg::Orpo && valid_set.is_none() {
         anyhow::bail!(super::lambda::needs_validation(
@@ -246,6 +267,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let adapters = Adapters::attach(model.as_ref(), adapter_config.clone(), args.seed)?;
     let mut opt = AdamW::new(args.schedule(), args.weight_decay);
     let cfg = args.train_config();
+    let scored = super::preference_data::fill_reference(
+        model.as_ref(),
+        &adapters,
+        &cfg.method,
+        &mut [Some(&mut train_set), valid_set.as_mut()],
+        args.batch_size,
+    )?;
+    if scored > 0 && !args.quiet {
+        println!("reference log-probs: {scored} pairs scored by the base model (adapters off)");
+    }
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
     let bar = progress_bar(args.quiet, args.iters);
@@ -286,6 +317,12 @@ impl TrainArgs {
                 }
                 MethodArg::Orpo => Dataset::Orpo(read_jsonl(&file, |v| encoder.pair(v))?),
                 MethodArg::Grpo => unreachable!("GRPO reads its prompts in grpo_cli"),
+                m => Dataset::Pairs(super::preference_data::read_pairs(
+                    &file,
+                    encoder,
+                    &self.pref.objective(m.pair_method().expect("a pair method")),
+                    self.max_seq_length,
+                )?),
             }))
         };
         let train_set = load("train.jsonl")?.with_context(|| {
@@ -295,6 +332,18 @@ impl TrainArgs {
             )
         })?;
         Ok((train_set, load("valid.jsonl")?))
+    }
+
+    /// Refuses flags the method does not take (before anything is loaded or written).
+    fn check_pair_flags(&self) -> Result<(), String> {
+        let pair = self.method.pair_method();
+        self.pref.check(pair)?;
+        if pair.is_some() {
+            super::preference_cli::refuse_orpo_only(
+                self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive,
+            )?;
+        }
+        Ok(())
     }
 
     /// The adapters' settings, as adapter_config.json records them.
@@ -338,6 +387,7 @@ impl TrainArgs {
                 MethodArg::Sft => Method::Sft,
                 MethodArg::Orpo => Method::Orpo,
                 MethodArg::Grpo => unreachable!("GRPO runs from grpo_cli"),
+                m => Method::Pairs(self.pref.objective(m.pair_method().expect("a pair method"))),
             },
             iters: self.iters,
             batch_size: self.batch_size,
@@ -422,8 +472,13 @@ pub(super) fn show_progress(
         }
         None => {
             bar.set_position(r.step as u64);
+            let note = r
+                .note
+                .as_deref()
+                .map(|n| format!(" {n}"))
+                .unwrap_or_default();
             bar.set_message(format!(
-                "loss {:.4} lr {:.2e} {:.0} tok/s",
+                "loss {:.4}{note} lr {:.2e} {:.0} tok/s",
                 r.loss, r.lr, r.tokens_per_s
             ));
         }

@@ -186,9 +186,14 @@ pub fn read_jsonl<T>(
     file: &Path,
     mut parse: impl FnMut(&Value) -> Result<T, String>,
 ) -> Result<Vec<T>, TrainError> {
-    let text = std::fs::read_to_string(file).map_err(|e| TrainError::Io(file.to_path_buf(), e))?;
+    let bytes = std::fs::read(file).map_err(|e| TrainError::Io(file.to_path_buf(), e))?;
     let mut out = Vec::new();
-    for (i, line) in text.lines().enumerate() {
+    // Line by line, so bytes that are not UTF-8 are named with their line.
+    for (i, line) in bytes.split(|&b| b == b'\n').enumerate() {
+        let line = std::str::from_utf8(line).map_err(|e| {
+            let at = e.valid_up_to() + 1;
+            bad(file, i + 1, format!("not UTF-8 (byte {at} of the line)"))
+        })?;
         if line.trim().is_empty() {
             continue;
         }

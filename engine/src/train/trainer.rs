@@ -20,11 +20,13 @@ use super::orpo::{OrpoTerms, SftScope};
 use super::{value_and_grad, TrainError};
 use crate::model::LanguageModel;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Method {
     Sft,
     Orpo,
+    /// DPO, CPO or SimPO (`preference.rs`).
+    Pairs(super::preference::PairObjective),
 }
 
 /// What to train and how (the CLI's flags, resolved).
@@ -54,6 +56,8 @@ pub struct TrainConfig {
 pub enum Dataset {
     Sft(Vec<Example>),
     Orpo(Vec<Pair>),
+    /// DPO, CPO, SimPO: pairs with their reference log-probs (`preference_data.rs`).
+    Pairs(super::preference_data::PairSet),
 }
 
 impl Dataset {
@@ -61,6 +65,7 @@ impl Dataset {
         match self {
             Dataset::Sft(v) => v.len(),
             Dataset::Orpo(v) => v.len(),
+            Dataset::Pairs(s) => s.pairs.len(),
         }
     }
 
@@ -68,6 +73,7 @@ impl Dataset {
         match self {
             Dataset::Sft(v) => v[i].tokens.len(),
             Dataset::Orpo(v) => v[i].chosen.len().max(v[i].rejected.len()),
+            Dataset::Pairs(s) => s.pairs[i].chosen.len().max(s.pairs[i].rejected.len()),
         }
     }
 }
@@ -148,6 +154,7 @@ pub fn batch_loss(data: &Dataset, batch: &[usize], cfg: &TrainConfig) -> (Array,
             };
             (inputs, Box::new(loss))
         }
+        Dataset::Pairs(set) => super::preference_data::batch_loss(set, batch, &cfg.method),
     }
 }
 
@@ -167,7 +174,7 @@ fn batch_outputs(
 
 /// Whether `data`'s batches run the prefix-shared ORPO forward.
 fn takes_prefix_shared(data: &Dataset, cfg: &TrainConfig) -> bool {
-    matches!(data, Dataset::Orpo(_))
+    matches!(data, Dataset::Orpo(_) | Dataset::Pairs(_))
         && cfg.orpo_forward == super::orpo_prefix::OrpoForward::PrefixShared
         && cfg.segment_size.is_none()
 }
@@ -181,12 +188,16 @@ fn prefix_shared_outputs(
     cfg: &TrainConfig,
 ) -> Option<Result<Vec<Array>, Exception>> {
     use super::orpo_prefix::{orpo_loss_by, OrpoForward};
-    let Dataset::Orpo(v) = data else {
-        return None;
-    };
     if !takes_prefix_shared(data, cfg) {
         return None;
     }
+    if let Dataset::Pairs(set) = data {
+        let out = super::preference_data::prefix_shared_outputs(model, set, batch, &cfg.method);
+        return Some(out);
+    }
+    let Dataset::Orpo(v) = data else {
+        return None;
+    };
     let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
     let terms = orpo_loss_by(
         model,
@@ -218,7 +229,7 @@ pub fn batch_grads(
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
     if takes_prefix_shared(data, cfg) {
         let (out, grads) = value_and_grad(adapters, || {
-            prefix_shared_outputs(model, data, batch, cfg).expect("an ORPO batch")
+            prefix_shared_outputs(model, data, batch, cfg).expect("a pair batch")
         })?;
         mlx_rs::transforms::eval(out.iter().chain(grads.iter()))?;
         phases.phase("forward+backward");
@@ -310,12 +321,12 @@ pub fn evaluate(
     } else {
         cfg.val_batches.min(all.len())
     };
-    let mut sums = [0.0f64; 7];
+    let mut sums = [0.0f64; 8];
     let mut weight = 0.0;
     let mut lw_rows: Vec<f64> = Vec::new();
     for b in &all[..take] {
         let out = batch_outputs(model, data, b, cfg)?;
-        if let Some(rows) = out.get(OrpoTerms::NAMES.len()) {
+        if let (Dataset::Orpo(_), Some(rows)) = (data, out.get(OrpoTerms::NAMES.len())) {
             let rows = rows.as_dtype(mlx_rs::Dtype::Float32)?;
             rows.eval()?;
             lw_rows.extend(rows.as_slice::<f32>().iter().map(|&x| x as f64));
@@ -326,7 +337,7 @@ pub fn evaluate(
                 sums[0] += scalar(&out[0])? * n;
                 weight += n;
             }
-            Dataset::Orpo(_) => {
+            Dataset::Orpo(_) | Dataset::Pairs(_) => {
                 for (s, o) in sums.iter_mut().zip(&out) {
                     *s += scalar(o)? * b.len() as f64;
                 }
@@ -341,6 +352,12 @@ pub fn evaluate(
             .zip(sums)
             .map(|(&n, s)| (n, s / weight))
             .chain([("lw_se", super::lambda::standard_error(&lw_rows))])
+            .collect(),
+        Dataset::Pairs(_) => super::preference_data::names(&cfg.method)
+            .unwrap_or_default()
+            .iter()
+            .zip(sums)
+            .map(|(&n, s)| (n, s / weight))
             .collect(),
     })
 }
@@ -448,7 +465,7 @@ pub fn train(
             grad_norm: scalar(&norm)?,
             lr,
             tokens_per_s: tokens as f64 / elapsed.max(1e-9),
-            note: None,
+            note: super::preference_data::step_note(&cfg.method, &outputs),
         };
         metrics.write(train_line(&report, cfg, &outputs)?)?;
         on_step(&report, None);
@@ -475,6 +492,9 @@ fn evaluate_and_steer(
 ) -> Result<(EvalMetrics, Option<String>), TrainError> {
     let m = evaluate(model, valid, cfg)?;
     let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
+    if let (Method::Pairs(_), Some(fields)) = (cfg.method, line.as_object_mut()) {
+        fields.remove("lambda"); // ORPO's weight, not theirs
+    }
     for (k, x) in &m {
         line[*k] = json!(x);
     }
@@ -535,6 +555,15 @@ fn train_line(
         for (name, o) in OrpoTerms::NAMES.iter().zip(outputs).skip(1).take(4) {
             line[*name] = json!(scalar(o)?);
         }
+    }
+    // DPO, CPO, SimPO: every term TRL logs.
+    for (name, o) in super::preference_data::names(&cfg.method)
+        .unwrap_or_default()
+        .iter()
+        .zip(outputs)
+        .skip(1)
+    {
+        line[*name] = json!(scalar(o)?);
     }
     Ok(line)
 }

@@ -43,6 +43,7 @@ mod train_families;
 mod train_grpo;
 mod train_kinds;
 mod train_moe2;
+mod train_preference;
 mod vision_gemma3;
 mod vision_gemma4;
 mod vision_generate;

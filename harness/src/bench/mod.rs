@@ -13,6 +13,7 @@ pub mod restart;
 pub mod serve;
 pub mod spec;
 pub mod train;
+pub mod train_dpo;
 pub mod train_grpo;
 
 use std::path::{Path, PathBuf};

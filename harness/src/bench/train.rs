@@ -132,7 +132,15 @@ fn run_leg(
     steps: usize,
     layers: usize,
 ) -> Result<TrainLeg> {
-    let mut cmd = if let Some(forward) = forward_of(stack) {
+    let mut cmd = if stack == super::train_dpo::ENGINE {
+        let mut c = Command::new(std::env::current_exe()?);
+        c.arg("leg-train")
+            .arg("--num-layers")
+            .arg(layers.to_string())
+            .arg("--method")
+            .arg("dpo");
+        c
+    } else if let Some(forward) = forward_of(stack) {
         let mut c = Command::new(std::env::current_exe()?);
         c.arg("leg-train")
             .arg("--num-layers")
@@ -147,6 +155,9 @@ fn run_leg(
             .arg(RANK.to_string())
             .arg("--num-layers")
             .arg(layers.to_string());
+        if stack == super::train_dpo::PEER {
+            c.arg("--method").arg("dpo");
+        }
         c
     };
     cmd.arg("--model")
@@ -216,9 +227,15 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             serde_json::to_string(&pairs(vocab, 17, prompt, response))?,
         )?;
         let stacks: Vec<&'static str> = if peer {
-            vec!["engine", "engine-joint", "mlx-lm-lora"]
+            vec![
+                "engine",
+                "engine-joint",
+                "mlx-lm-lora",
+                super::train_dpo::ENGINE,
+                super::train_dpo::PEER,
+            ]
         } else {
-            vec!["engine", "engine-joint"]
+            vec!["engine", "engine-joint", super::train_dpo::ENGINE]
         };
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());
@@ -252,12 +269,20 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
 impl TrainResult {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "train (ORPO step, {PAIRS} pairs × {} tokens, LoRA rank {RANK}) on {}\n",
+            "train (ORPO step; -dpo: DPO step, {PAIRS} pairs × {} tokens, LoRA rank {RANK}) on {}\n",
             self.tokens_per_pair, self.model
         );
         let engine = self.legs.iter().find(|l| l.stack == "engine");
         for l in &self.legs {
-            let ratio = engine.map_or(f64::NAN, |e| l.step_s / e.step_s);
+            // DPO legs against the engine's DPO leg, ORPO legs against the engine's ORPO.
+            let base = if l.stack.ends_with("-dpo") {
+                self.legs
+                    .iter()
+                    .find(|l| l.stack == super::train_dpo::ENGINE)
+            } else {
+                engine
+            };
+            let ratio = base.map_or(f64::NAN, |e| l.step_s / e.step_s);
             s += &format!(
                 "  {:12} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
                 l.stack,

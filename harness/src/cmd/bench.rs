@@ -248,11 +248,22 @@ fn run_train(args: &Args) -> Result<()> {
     for r in &results {
         print!("{}", r.table());
         for l in &r.legs {
-            let mut params = serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
+            let method = if l.stack.ends_with("-dpo") {
+                "dpo"
+            } else {
+                "orpo"
+            };
+            let mut params = serde_json::json!({"method": method, "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
             if let Some(f) = train::forward_of(&l.stack) {
                 params["forward"] = serde_json::json!(f.name());
             }
-            let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
+            let peer = match l.stack.as_str() {
+                "engine" => Some("mlx-lm-lora"),
+                harness::bench::train_dpo::ENGINE => Some(harness::bench::train_dpo::PEER),
+                _ => None,
+            }
+            .filter(|_| !args.no_peer)
+            .map(str::to_owned);
             for m in [
                 ("step_ms", l.step_s * 1e3, "ms"),
                 ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
@@ -371,9 +382,18 @@ pub struct LegTrainArgs {
     /// The ORPO forward (prefix-shared or joint).
     #[arg(long, value_enum, default_value = "prefix-shared")]
     forward: engine::train::orpo_prefix::OrpoForward,
+    /// orpo (the forward above) or dpo (one joint forward, reference precomputed).
+    #[arg(long, default_value = "orpo")]
+    method: String,
 }
 
 pub fn leg_train(args: LegTrainArgs) -> Result<()> {
+    if args.method == "dpo" {
+        let leg =
+            harness::bench::train_dpo::leg(&args.model, &args.pairs, args.steps, args.num_layers)?;
+        println!("{}", serde_json::to_string(&leg)?);
+        return Ok(());
+    }
     let leg = harness::bench::train::leg(
         &args.model,
         &args.pairs,
