@@ -98,6 +98,10 @@ pub enum Defect {
     /// group. Caught by the advantage and loss gate against the float64 TRL port
     /// (`engine/tests/it/train_grpo.rs`).
     GrpoBatchMeanBaseline,
+    /// The dynamic-weight controller's value is not written into a DPO/CPO/SimPO objective
+    /// (its β or γ stays as given). Caught by the actuator test
+    /// (`engine/tests/it/train_preference.rs`).
+    WeightNotActuated,
     /// ORPO's prefix-shared forward: the continuation reads the shared prefix's K/V with
     /// their gradient stopped (the prompt's forward learns nothing from the responses).
     /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/it/orpo_prefix.rs`).

@@ -141,10 +141,20 @@ pub struct TrainArgs {
     /// same loss and gradients).
     #[arg(long)]
     pub segment_size: Option<usize>,
-    /// ORPO: λ fixed (static) or moved by the dynamic-λ controller after each eval
-    /// (adaptive; docs/dynamic-lambda.md).
-    #[arg(long, value_enum, default_value = "static")]
+    /// The objective's weight fixed (static) or moved by the dynamic-λ controller after
+    /// each eval (adaptive; docs/dynamic-lambda.md): ORPO's λ, or the weight
+    /// --adaptive-weight names for dpo, cpo and simpo.
+    #[arg(
+        long,
+        value_enum,
+        default_value = "static",
+        visible_alias = "weight-schedule"
+    )]
     pub orpo_lambda_schedule: LambdaScheduleArg,
+    /// The weight the adaptive schedule moves: lambda (orpo), beta (dpo, cpo, simpo) or
+    /// gamma (simpo) [default: the method's: lambda, beta, beta, gamma].
+    #[arg(long, value_enum)]
+    pub adaptive_weight: Option<super::lambda::Actuated>,
     /// The adaptive schedule's control law.
     #[arg(long, value_enum, default_value = "aimd")]
     pub lambda_law: LambdaLawArg,
@@ -258,7 +268,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     }
     let (mut train_set, mut valid_set) = args.datasets(&encoder)?;
     let adaptive = args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive;
-    if adaptive && args.method == MethodArg::Orpo && valid_set.is_none() {
+    if adaptive && valid_set.is_none() {
         anyhow::bail!(super::lambda::needs_validation(
             &args.data.display().to_string()
         ));
@@ -338,12 +348,17 @@ impl TrainArgs {
     fn check_pair_flags(&self) -> Result<(), String> {
         let pair = self.method.pair_method();
         self.pref.check(pair)?;
-        if pair.is_some() {
-            super::preference_cli::refuse_orpo_only(
-                self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive,
-            )?;
-        }
-        Ok(())
+        self.actuated().map(|_| ())
+    }
+
+    /// The weight the controller moves (checked against the method).
+    fn actuated(&self) -> Result<super::lambda::Actuated, String> {
+        let method = clap::ValueEnum::to_possible_value(&self.method).expect("a named method");
+        super::preference_cli::actuated_weight(
+            method.get_name(),
+            self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive,
+            self.adaptive_weight,
+        )
     }
 
     /// The adapters' settings, as adapter_config.json records them.
@@ -405,6 +420,7 @@ impl TrainArgs {
             },
             segment_size: self.segment_size,
             orpo_forward: self.orpo_forward,
+            actuated: self.actuated().expect("checked before loading"),
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
                     self.lambda_knobs.config(match self.lambda_law {
@@ -505,6 +521,8 @@ mod tests {
             dir,
             "--data",
             dir,
+            "--method",
+            "orpo",
             "--orpo-lambda-schedule",
         ];
         let parse = |extra: &[&str]| {

@@ -1,7 +1,10 @@
-//! The dynamic-λ controller for ORPO, as the design specifies it
+//! The dynamic-λ controller, as the design specifies it for ORPO
 //! (`shared/reference/orpo-dynamic-lambda.md`): λ is a process variable, pushed as high as
 //! the model bears while the chosen responses stay likely, pulled back on displacement. It
-//! runs after each validation eval on the response-only ℓw and ℓr.
+//! runs after each validation eval on the response-only ℓw and ℓr. The value it moves is any
+//! objective's weight (`Actuated`): ORPO's λ, DPO's or CPO's β, SimPO's β or γ, with the
+//! same laws; ℓw and ℓr are then the objective's own response scores (SimPO's means, DPO's
+//! and CPO's sums), and "λ" below reads as that weight.
 //!
 //! - ε_sft and ε_disp are multiples of the measured noise of ΔLw, unless set to fixed
 //!   values: each eval measures the standard error of validation ℓw's mean over the
@@ -22,6 +25,38 @@
 //! console (`λ 0.100 → 0.150 (SFT saturated, ramping)`).
 
 use serde::Serialize;
+
+/// The objective weight the controller moves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Actuated {
+    /// ORPO's odds-ratio weight λ.
+    Lambda,
+    /// DPO's, CPO's or SimPO's β.
+    Beta,
+    /// SimPO's target margin γ.
+    Gamma,
+}
+
+impl Actuated {
+    /// The key of its value in metrics.jsonl lines.
+    pub fn key(self) -> &'static str {
+        match self {
+            Actuated::Lambda => "lambda",
+            Actuated::Beta => "beta",
+            Actuated::Gamma => "gamma",
+        }
+    }
+
+    /// Its symbol in console lines.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            Actuated::Lambda => "λ",
+            Actuated::Beta => "β",
+            Actuated::Gamma => "γ",
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -139,7 +174,18 @@ pub struct Change {
 impl Change {
     /// The console line: `λ 0.100 → 0.150 (SFT saturated, ramping)`.
     pub fn line(&self) -> String {
-        format!("λ {:.3} → {:.3} ({})", self.from, self.to, self.cause)
+        self.line_for(Actuated::Lambda)
+    }
+
+    /// The console line for the weight `w` moves: `γ 0.100 → 0.150 (…)`.
+    pub fn line_for(&self, w: Actuated) -> String {
+        format!(
+            "{} {:.3} → {:.3} ({})",
+            w.symbol(),
+            self.from,
+            self.to,
+            self.cause
+        )
     }
 }
 

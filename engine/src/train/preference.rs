@@ -79,6 +79,9 @@ pub struct PrefTerms {
     pub logps_rejected: Array,
     /// CPO/SimPO only.
     pub nll: Option<Array>,
+    /// Each pair's chosen score ℓ⁺ [B] (gradient-stopped; evals measure its noise for the
+    /// dynamic-weight controller). After the named terms in `into_vec`.
+    pub chosen_rows: Array,
 }
 
 const DPO_NAMES: [&str; 7] = [
@@ -113,6 +116,7 @@ impl PrefTerms {
             self.logps_rejected,
         ];
         v.extend(self.nll);
+        v.push(self.chosen_rows);
         v
     }
 }
@@ -132,6 +136,32 @@ impl PairObjective {
             PairObjective::Cpo { .. } => "cpo",
             PairObjective::Simpo { .. } => "simpo",
         }
+    }
+
+    /// The weight `w` of this objective (None: it has no such weight).
+    pub fn weight(&self, w: super::lambda::Actuated) -> Option<f32> {
+        use super::lambda::Actuated;
+        match (*self, w) {
+            (_, Actuated::Beta) => Some(self.beta()),
+            (PairObjective::Simpo { gamma, .. }, Actuated::Gamma) => Some(gamma),
+            _ => None,
+        }
+    }
+
+    /// This objective with weight `w` set to `value` (unchanged where it has no such weight).
+    pub fn with_weight(mut self, w: super::lambda::Actuated, value: f32) -> Self {
+        use super::lambda::Actuated;
+        match (&mut self, w) {
+            (
+                PairObjective::Dpo { beta, .. }
+                | PairObjective::Cpo { beta, .. }
+                | PairObjective::Simpo { beta, .. },
+                Actuated::Beta,
+            ) => *beta = value,
+            (PairObjective::Simpo { gamma, .. }, Actuated::Gamma) => *gamma = value,
+            _ => {}
+        }
+        self
     }
 
     pub fn beta(&self) -> f32 {
@@ -295,6 +325,7 @@ pub fn pref_terms(
         logps_chosen: mlx_rs::stop_gradient(mean(&c)?)?,
         logps_rejected: mlx_rs::stop_gradient(mean(&r)?)?,
         nll,
+        chosen_rows: mlx_rs::stop_gradient(&c)?,
     })
 }
 

@@ -2,6 +2,7 @@
 //! `DPOConfig` and `CPOConfig`) and the refusals of flags that do not apply, each naming the
 //! cause and the fix.
 
+use super::lambda::Actuated;
 use super::preference::{DpoLoss, PairObjective};
 
 /// Which pair objective a `--method` names.
@@ -135,16 +136,49 @@ impl PrefArgs {
     }
 }
 
-/// Refuses the ORPO flag a pair method does not take: the dynamic-λ controller (ORPO's λ).
-pub fn refuse_orpo_only(adaptive_lambda: bool) -> Result<(), String> {
-    if adaptive_lambda {
-        return Err(
-            "--orpo-lambda-schedule adaptive steers ORPO's λ; dpo, cpo and simpo have \
-                    no λ: drop it (or train with --method orpo)"
-                .into(),
-        );
+/// The weight `--orpo-lambda-schedule adaptive` moves for `method` (`requested`, or the
+/// method's default: ORPO's λ, DPO's and CPO's β, SimPO's γ); refused where the method has
+/// no such weight, or where a weight is named without the adaptive schedule.
+pub fn actuated_weight(
+    method: &str,
+    adaptive: bool,
+    requested: Option<Actuated>,
+) -> Result<Actuated, String> {
+    let allowed: &[Actuated] = match method {
+        "orpo" => &[Actuated::Lambda],
+        "dpo" | "cpo" => &[Actuated::Beta],
+        "simpo" => &[Actuated::Gamma, Actuated::Beta],
+        _ => &[],
+    };
+    if !adaptive {
+        if let Some(w) = requested {
+            return Err(format!(
+                "--adaptive-weight {} names the weight the controller moves: add \
+                 --orpo-lambda-schedule adaptive, or drop it",
+                w.key()
+            ));
+        }
+        return Ok(allowed.first().copied().unwrap_or(Actuated::Lambda));
     }
-    Ok(())
+    let Some(&default) = allowed.first() else {
+        return Err(format!(
+            "--orpo-lambda-schedule adaptive moves a preference objective's weight, and \
+             --method {method} has none: train with orpo, dpo, cpo or simpo, or drop it"
+        ));
+    };
+    match requested {
+        None => Ok(default),
+        Some(w) if allowed.contains(&w) => Ok(w),
+        Some(w) => Err(format!(
+            "--method {method} has no {} to move: --adaptive-weight takes {}",
+            w.key(),
+            allowed
+                .iter()
+                .map(|a| a.key())
+                .collect::<Vec<_>>()
+                .join(" or ")
+        )),
+    }
 }
 
 #[cfg(test)]

@@ -48,8 +48,36 @@ pub struct TrainConfig {
     pub segment_size: Option<usize>,
     /// ORPO: the forward over chosen and rejected (segmented runs take the joint one).
     pub orpo_forward: super::orpo_prefix::OrpoForward,
-    /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
+    /// The dynamic-λ controller (None: every weight stays as given).
     pub lambda_controller: Option<super::lambda::ControllerConfig>,
+    /// The objective weight the controller moves (ORPO's λ; DPO's, CPO's or SimPO's β;
+    /// SimPO's γ).
+    pub actuated: super::lambda::Actuated,
+}
+
+impl TrainConfig {
+    /// The value of the weight the controller moves (None: the method has no such weight).
+    pub fn weight(&self) -> Option<f64> {
+        use super::lambda::Actuated;
+        match (self.method, self.actuated) {
+            (Method::Orpo, Actuated::Lambda) => Some(self.orpo_lambda as f64),
+            (Method::Pairs(obj), w) => obj.weight(w).map(f64::from),
+            _ => None,
+        }
+    }
+
+    /// Sets the weight the controller moves (nothing where the method has no such weight).
+    pub fn set_weight(&mut self, value: f64) {
+        match self.method {
+            Method::Orpo => self.orpo_lambda = value as f32,
+            // Planted: the objective keeps its weight, whatever the controller says.
+            Method::Pairs(_) if crate::plant::is(crate::plant::Defect::WeightNotActuated) => {}
+            Method::Pairs(obj) => {
+                self.method = Method::Pairs(obj.with_weight(self.actuated, value as f32))
+            }
+            _ => {}
+        }
+    }
 }
 
 /// The training data, by method.
@@ -321,12 +349,17 @@ pub fn evaluate(
     } else {
         cfg.val_batches.min(all.len())
     };
+    let names = super::preference_data::names(&cfg.method).unwrap_or_default();
     let mut sums = [0.0f64; 8];
     let mut weight = 0.0;
     let mut lw_rows: Vec<f64> = Vec::new();
     for b in &all[..take] {
         let out = batch_outputs(model, data, b, cfg)?;
-        if let (Dataset::Orpo(_), Some(rows)) = (data, out.get(OrpoTerms::NAMES.len())) {
+        let rows_at = match data {
+            Dataset::Pairs(_) => names.len(),
+            _ => OrpoTerms::NAMES.len(),
+        };
+        if let (Dataset::Orpo(_) | Dataset::Pairs(_), Some(rows)) = (data, out.get(rows_at)) {
             let rows = rows.as_dtype(mlx_rs::Dtype::Float32)?;
             rows.eval()?;
             lw_rows.extend(rows.as_slice::<f32>().iter().map(|&x| x as f64));
@@ -338,7 +371,7 @@ pub fn evaluate(
                 weight += n;
             }
             Dataset::Orpo(_) | Dataset::Pairs(_) => {
-                for (s, o) in sums.iter_mut().zip(&out) {
+                for (s, o) in sums.iter_mut().zip(&out[..rows_at]) {
                     *s += scalar(o)? * b.len() as f64;
                 }
                 weight += b.len() as f64;
@@ -353,12 +386,27 @@ pub fn evaluate(
             .map(|(&n, s)| (n, s / weight))
             .chain([("lw_se", super::lambda::standard_error(&lw_rows))])
             .collect(),
-        Dataset::Pairs(_) => super::preference_data::names(&cfg.method)
-            .unwrap_or_default()
-            .iter()
-            .zip(sums)
-            .map(|(&n, s)| (n, s / weight))
-            .collect(),
+        Dataset::Pairs(_) => {
+            let mut m: EvalMetrics = names
+                .iter()
+                .zip(sums)
+                .map(|(&n, s)| (n, s / weight))
+                .collect();
+            // The controller's signals under ORPO's names: the chosen and rejected scores
+            // (SimPO's means, DPO's and CPO's sums) and the noise of the chosen one.
+            let get = |k: &str| {
+                m.iter()
+                    .find(|(n, _)| *n == k)
+                    .map_or(f64::NAN, |(_, v)| *v)
+            };
+            let (lw, lr) = (get("logps/chosen"), get("logps/rejected"));
+            m.extend([
+                ("lw", lw),
+                ("lr", lr),
+                ("lw_se", super::lambda::standard_error(&lw_rows)),
+            ]);
+            m
+        }
     })
 }
 
@@ -411,17 +459,17 @@ pub fn train(
     let mut controller = cfg
         .lambda_controller
         .clone()
-        .filter(|_| cfg.method == Method::Orpo)
+        .filter(|_| cfg.weight().is_some())
         .map(super::lambda::Controller::new);
     if controller.is_some() && valid.is_none() {
         return Err(TrainError::Config(super::lambda::needs_validation(
             "the data directory",
         )));
     }
-    // The configuration this run uses, λ updated as the controller moves it.
+    // The configuration this run uses, its weight updated as the controller moves it.
     let mut run_cfg = cfg.clone();
     if let Some(c) = &controller {
-        run_cfg.orpo_lambda = c.lambda as f32;
+        run_cfg.set_weight(c.lambda);
     }
     let cfg = &mut run_cfg;
     let all = batches(train, cfg.batch_size);
@@ -479,9 +527,10 @@ pub fn train(
 /// An eval's named results.
 type EvalMetrics = Vec<(&'static str, f64)>;
 
-/// Evaluates on `valid` and writes the eval line; with a λ controller, feeds it the eval's
-/// ℓw and ℓr (the first eval calibrates it from ℓw's noise) and, where it moves λ or its
-/// phase, writes the change, sets `cfg.orpo_lambda` and returns the change's console line.
+/// Evaluates on `valid` and writes the eval line (with the objective's weight); with a
+/// controller, feeds it the eval's ℓw and ℓr (the first eval calibrates it from ℓw's noise)
+/// and, where it moves the weight or its phase, writes the change, sets the weight in `cfg`
+/// and returns the change's console line.
 fn evaluate_and_steer(
     model: &dyn LanguageModel,
     valid: &Dataset,
@@ -491,9 +540,9 @@ fn evaluate_and_steer(
     step: usize,
 ) -> Result<(EvalMetrics, Option<String>), TrainError> {
     let m = evaluate(model, valid, cfg)?;
-    let mut line = json!({"type": "eval", "step": step, "lambda": cfg.orpo_lambda});
-    if let (Method::Pairs(_), Some(fields)) = (cfg.method, line.as_object_mut()) {
-        fields.remove("lambda"); // ORPO's weight, not theirs
+    let mut line = json!({"type": "eval", "step": step});
+    if let Some(w) = cfg.weight() {
+        line[cfg.actuated.key()] = json!(w);
     }
     for (k, x) in &m {
         line[*k] = json!(x);
@@ -513,12 +562,15 @@ fn evaluate_and_steer(
         return Ok((m, None));
     };
     metrics.write(json!({
-        "type": "lambda", "step": step, "from": change.from, "to": change.to,
-        "cause": change.cause, "phase": change.phase,
+        "type": "lambda", "weight": cfg.actuated.key(), "step": step, "from": change.from,
+        "to": change.to, "cause": change.cause, "phase": change.phase,
         "eps_sft": c.eps_sft, "eps_disp": c.eps_disp,
     }))?;
-    cfg.orpo_lambda = c.lambda as f32;
-    Ok((m, Some(format!("step {step}: {}", change.line()))))
+    cfg.set_weight(c.lambda);
+    Ok((
+        m,
+        Some(format!("step {step}: {}", change.line_for(cfg.actuated))),
+    ))
 }
 
 /// This batch's gradients added to those accumulated so far (if any).
@@ -555,6 +607,9 @@ fn train_line(
         for (name, o) in OrpoTerms::NAMES.iter().zip(outputs).skip(1).take(4) {
             line[*name] = json!(scalar(o)?);
         }
+    }
+    if let (Method::Pairs(_), Some(w)) = (cfg.method, cfg.weight()) {
+        line[cfg.actuated.key()] = json!(w);
     }
     // DPO, CPO, SimPO: every term TRL logs.
     for (name, o) in super::preference_data::names(&cfg.method)

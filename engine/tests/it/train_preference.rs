@@ -378,6 +378,7 @@ fn dpo_batch_grads(
         segment_size,
         orpo_forward: forward,
         lambda_controller: None,
+        actuated: engine::train::lambda::Actuated::Lambda,
     };
     let (out, grads) = batch_grads(m.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut ()).unwrap();
     (
@@ -507,7 +508,7 @@ fn malformed_preference_data_is_named_by_line_and_nothing_is_written() {
 fn flags_that_do_not_apply_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let data = goldens().join("data/uppercase");
-    let cases: [(&[&str], &str); 7] = [
+    let cases: [(&[&str], &str); 9] = [
         (
             &["--method", "dpo", "--simpo-gamma", "1"],
             "--simpo-gamma applies to --method simpo, not dpo",
@@ -533,8 +534,23 @@ fn flags_that_do_not_apply_are_refused_by_name() {
             "--simpo-gamma applies to --method simpo, not cpo",
         ),
         (
-            &["--method", "dpo", "--orpo-lambda-schedule", "adaptive"],
-            "dpo, cpo and simpo have no λ",
+            &[
+                "--method",
+                "dpo",
+                "--orpo-lambda-schedule",
+                "adaptive",
+                "--adaptive-weight",
+                "gamma",
+            ],
+            "--method dpo has no gamma to move: --adaptive-weight takes beta",
+        ),
+        (
+            &["--method", "sft", "--orpo-lambda-schedule", "adaptive"],
+            "--method sft has none",
+        ),
+        (
+            &["--method", "simpo", "--adaptive-weight", "beta"],
+            "add --orpo-lambda-schedule adaptive",
         ),
     ];
     for (i, (args, what)) in cases.iter().enumerate() {
@@ -547,4 +563,111 @@ fn flags_that_do_not_apply_are_refused_by_name() {
         );
         assert!(!out.exists());
     }
+}
+
+/// The dynamic-λ controller as an actuator of SimPO's γ: with thresholds no eval can cross
+/// (warm-up ends at the second eval, then a ramp step per eval), a 12-step SimPO run moves
+/// γ from λ_min 0.05 up by 0.05 per eval to 0.25, each move a `lambda` line naming `gamma`,
+/// and each eval line carries the γ its steps trained with; in process, the weight the controller
+/// sets is the objective's (planted `WeightNotActuated`, which leaves the objective's γ
+/// as given, fails it).
+#[test]
+fn the_controller_moves_simpos_gamma_and_the_objective_takes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("adaptive");
+    let args = [
+        "--method",
+        "simpo",
+        "--beta",
+        "2.0",
+        "--iters",
+        "12",
+        "--batch-size",
+        "2",
+        "--learning-rate",
+        "2e-3",
+        "--num-layers",
+        "3",
+        "--lora-rank",
+        "8",
+        "--val-batches",
+        "0",
+        "--steps-per-eval",
+        "3",
+        "--orpo-lambda-schedule",
+        "adaptive",
+        "--lambda-k",
+        "1",
+        "--lambda-eps-sft",
+        "100",
+        "--lambda-eps-disp",
+        "100",
+    ];
+    let run = engine_train(&goldens().join("data/uppercase"), &out, &args);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let moves = metrics_of(&out, "lambda");
+    let gammas: Vec<f64> = metrics_of(&out, "eval")
+        .iter()
+        .map(|v| v["gamma"].as_f64().unwrap())
+        .collect();
+    println!("γ at evals {gammas:?}; moves {moves:?}");
+    assert!(moves.iter().all(|m| m["weight"] == "gamma"), "{moves:?}");
+    assert_eq!(gammas[0], 0.05f32 as f64, "warm-up starts at λ_min");
+    assert!(gammas.windows(2).all(|w| w[1] >= w[0]), "{gammas:?}");
+    // An eval line carries the γ its steps trained with: a move's `from`.
+    let evals = metrics_of(&out, "eval");
+    for m in &moves {
+        let at = evals.iter().find(|e| e["step"] == m["step"]).unwrap();
+        let (was, from) = (at["gamma"].as_f64().unwrap(), m["from"].as_f64().unwrap());
+        assert!(
+            (was - from).abs() < 1e-6,
+            "step {}: {was} vs {from}",
+            m["step"]
+        );
+    }
+    assert!(
+        moves.last().unwrap()["to"].as_f64().unwrap() > 0.2,
+        "{moves:?}"
+    );
+
+    let simpo = |gamma| PairObjective::Simpo {
+        beta: 2.0,
+        label_smoothing: 0.0,
+        cpo_alpha: 0.0,
+        gamma,
+    };
+    use engine::train::trainer::{Method, TrainConfig};
+    let actuated = |planted: bool| {
+        let _on =
+            planted.then(|| engine::plant::on(engine::plant::Defect::WeightNotActuated).unwrap());
+        let mut cfg = TrainConfig {
+            method: Method::Pairs(simpo(0.5)),
+            iters: 1,
+            batch_size: 2,
+            grad_accumulation: 1,
+            max_grad_norm: None,
+            steps_per_eval: 1,
+            val_batches: 0,
+            save_every: 0,
+            max_seq_length: 2048,
+            seed: 0,
+            orpo_lambda: 0.1,
+            sft_scope: engine::train::orpo::SftScope::Full,
+            segment_size: None,
+            orpo_forward: Default::default(),
+            lambda_controller: None,
+            actuated: engine::train::lambda::Actuated::Gamma,
+        };
+        cfg.set_weight(0.25);
+        cfg.method == Method::Pairs(simpo(0.25)) && cfg.weight() == Some(0.25)
+    };
+    assert!(
+        actuated(false),
+        "the controller's γ did not reach the objective"
+    );
+    assert!(!actuated(true), "planted WeightNotActuated was not caught");
 }
