@@ -1,5 +1,6 @@
 //! `harness sweep lambda`: the static-λ sweep against the dynamic-λ controller. Every run
-//! is `engine train --method orpo` on a preference set × a tiny trained model × a seed, for
+//! is `engine train --method orpo` (the `simpo` study: `--method simpo`, whose γ is the
+//! weight swept and moved) on a preference set × a tiny trained model × a seed, for
 //! each λ configuration (a static λ, or an adaptive law with optional knob overrides); per
 //! run the final validation accuracy, margin, ℓw and ℓw's drop from its best (a coherence
 //! signal), the controller's back-offs, and the λ/ℓw/ℓr trajectories for the plots.
@@ -18,10 +19,43 @@ use std::sync::Mutex;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
-pub use report::{plots, table, verdict};
+pub use report::{plots, table, verdict, verdict_against};
 
 /// The λ the trainer uses when none is given (`engine train --orpo-lambda`'s default).
 pub const DEFAULT_STATIC: f64 = 0.1;
+
+/// The objective a study trains and the weight it sweeps: ORPO's λ, or SimPO's γ.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Objective {
+    pub method: &'static str,
+    /// The flag that sets the weight of a static config.
+    pub static_flag: &'static str,
+    /// The weight's key in eval lines.
+    pub key: &'static str,
+    /// The trainer's default value of the weight.
+    pub default: f64,
+    /// Further fixed flags of the method.
+    pub extra: &'static [&'static str],
+}
+
+/// ORPO's λ (`--orpo-lambda`, default 0.1).
+pub const ORPO: Objective = Objective {
+    method: "orpo",
+    static_flag: "--orpo-lambda",
+    key: "lambda",
+    default: DEFAULT_STATIC,
+    extra: &[],
+};
+
+/// SimPO's γ (`--simpo-gamma`, TRL's default 0.5), at β 2 (the SimPO paper's range; TRL's
+/// β 0.1 would shift the logits by γ/β = 5 at the default γ).
+pub const SIMPO: Objective = Objective {
+    method: "simpo",
+    static_flag: "--simpo-gamma",
+    key: "gamma",
+    default: 0.5,
+    extra: &["--beta", "2.0"],
+};
 
 /// The controller's knobs a config may override (`--lambda-<knob>`).
 pub const KNOBS: [&str; 13] = [
@@ -108,10 +142,10 @@ impl std::fmt::Display for Config {
 }
 
 impl Config {
-    /// The `engine train` flags that select this configuration.
-    pub fn args(&self) -> Vec<String> {
+    /// The `engine train` flags that select this configuration of `objective`'s weight.
+    pub fn args(&self, objective: &Objective) -> Vec<String> {
         match self {
-            Config::Static(l) => vec!["--orpo-lambda".into(), l.to_string()],
+            Config::Static(l) => vec![objective.static_flag.into(), l.to_string()],
             Config::Adaptive { law, knobs } => {
                 let mut a: Vec<String> = vec![
                     "--orpo-lambda-schedule".into(),
@@ -132,6 +166,7 @@ impl Config {
 #[derive(Debug, Clone)]
 pub struct Study {
     pub name: String,
+    pub objective: Objective,
     /// Preference-set directories (train.jsonl + valid.jsonl).
     pub datasets: Vec<PathBuf>,
     /// Model names under goldens/models.
@@ -149,6 +184,7 @@ impl Study {
         let data = crate::goldens::goldens_root().join("data");
         Study {
             name: "classic".into(),
+            objective: ORPO,
             datasets: vec![data.join("uppercase"), data.join("brevity")],
             models: vec!["tiny-llama-trained".into(), "tiny-llama-draft".into()],
             configs: configs(
@@ -171,6 +207,7 @@ impl Study {
         let data = crate::goldens::goldens_root().join("data/study");
         Study {
             name: "displace".into(),
+            objective: ORPO,
             datasets: vec![data.join("complete"), data.join("shout")],
             models: vec!["tiny-llama-draft".into(), "tiny-llama-trained".into()],
             configs: configs(
@@ -184,11 +221,34 @@ impl Study {
         }
     }
 
+    /// The displacement study's regime with SimPO's γ as the weight (issue 42: the
+    /// controller as an actuator of a second objective): the same two preference sets, 240
+    /// iterations, on tiny-llama-trained; static γ from 0.1 to 5 (TRL's default 0.5) and the
+    /// same two adaptive configs.
+    pub fn simpo() -> Self {
+        let data = crate::goldens::goldens_root().join("data/study");
+        Study {
+            name: "simpo".into(),
+            objective: SIMPO,
+            datasets: vec![data.join("complete"), data.join("shout")],
+            models: vec!["tiny-llama-trained".into()],
+            configs: configs(
+                &["0.1", "0.25", "0.5", "1", "2", "5"],
+                &["aimd", "aimd+max=5+step=0.25"],
+            ),
+            seeds: vec![0, 1, 2],
+            iters: 240,
+            learning_rate: 2e-3,
+            steps_per_eval: 10,
+        }
+    }
+
     pub fn named(name: &str) -> Result<Self> {
         match name {
             "classic" => Ok(Self::classic()),
             "displace" => Ok(Self::displace()),
-            _ => bail!("unknown study `{name}`: classic or displace"),
+            "simpo" => Ok(Self::simpo()),
+            _ => bail!("unknown study `{name}`: classic, displace or simpo"),
         }
     }
 
@@ -265,7 +325,7 @@ pub struct RunSpec {
 pub fn train_args(study: &Study, spec: &RunSpec) -> Vec<String> {
     let mut argv: Vec<String> = [
         "--method",
-        "orpo",
+        study.objective.method,
         "--batch-size",
         "2",
         "--warmup",
@@ -300,7 +360,8 @@ pub fn train_args(study: &Study, spec: &RunSpec) -> Vec<String> {
         "--adapter-path".into(),
         path(&spec.out),
     ]);
-    argv.extend(spec.config.args());
+    argv.extend(study.objective.extra.iter().map(|s| s.to_string()));
+    argv.extend(spec.config.args(&study.objective));
     argv
 }
 
@@ -344,7 +405,7 @@ fn run_one(study: &Study, spec: &RunSpec, engine: Option<&Path>) -> Result<Run> 
         }
     }
     let metrics = std::fs::read_to_string(spec.out.join("metrics.jsonl"))?;
-    let r = results(spec, &metrics)?;
+    let r = results(spec, &metrics, &study.objective)?;
     std::fs::write(
         spec.out.join("result.json"),
         serde_json::to_string(&r)? + "\n",
@@ -360,13 +421,13 @@ pub fn finished(study: &Study, spec: &RunSpec) -> Option<Run> {
         return serde_json::from_str(&text).ok();
     }
     let metrics = std::fs::read_to_string(spec.out.join("metrics.jsonl")).ok()?;
-    let r = results(spec, &metrics).ok()?;
+    let r = results(spec, &metrics, &study.objective).ok()?;
     (r.trace.last()?.0 == study.iters as f64).then_some(r)
 }
 
 /// A run's results from its metrics.jsonl text: the last eval's accuracy, margin and ℓw,
 /// ℓw's drop from its best after the first eval, the λ changes and the per-eval trace.
-pub fn results(spec: &RunSpec, metrics: &str) -> Result<Run> {
+pub fn results(spec: &RunSpec, metrics: &str, objective: &Objective) -> Result<Run> {
     let lines: Vec<Value> = metrics
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -374,6 +435,14 @@ pub fn results(spec: &RunSpec, metrics: &str) -> Result<Run> {
     let evals: Vec<&Value> = lines.iter().filter(|v| v["type"] == "eval").collect();
     let last = evals.last().context("no eval")?;
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(f64::NAN);
+    // ORPO's accuracy is ℓw > ℓr; the pair objectives log TRL's reward accuracy (the same
+    // comparison for SimPO, whose rewards are β·ℓ).
+    let accuracy = |v: &Value| {
+        v.get("accuracy")
+            .or_else(|| v.get("rewards/accuracies"))
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NAN)
+    };
     let best_lw = evals
         .iter()
         .skip(1)
@@ -393,17 +462,22 @@ pub fn results(spec: &RunSpec, metrics: &str) -> Result<Run> {
         model: name(&spec.model),
         config: spec.config.to_string(),
         seed: spec.seed,
-        accuracy: f(last, "accuracy"),
-        margin: f(last, "margin"),
+        accuracy: accuracy(last),
+        // ORPO logs the mean ℓw − ℓr; the pair objectives' margin is of rewards, so take
+        // ℓw − ℓr from their scores (SimPO's means, as ORPO's).
+        margin: last
+            .get("margin")
+            .and_then(Value::as_f64)
+            .unwrap_or(f(last, "lw") - f(last, "lr")),
         lw: f(last, "lw"),
         lw_drop: best_lw - f(last, "lw"),
         lambda_changes: lambda.iter().filter(|v| v["from"] != v["to"]).count(),
         backoffs: caused("displacement"),
         hard_stops: caused("hard stop"),
-        final_lambda: f(last, "lambda"),
+        final_lambda: f(last, objective.key),
         trace: evals
             .iter()
-            .map(|v| (f(v, "step"), f(v, "lambda"), f(v, "lw"), f(v, "lr")))
+            .map(|v| (f(v, "step"), f(v, objective.key), f(v, "lw"), f(v, "lr")))
             .collect(),
     })
 }
@@ -502,12 +576,12 @@ mod tests {
     #[test]
     fn a_config_selects_its_engine_flags() {
         assert_eq!(
-            Config::Static(0.2).args(),
+            Config::Static(0.2).args(&ORPO),
             ["--orpo-lambda", "0.2"].map(String::from)
         );
         let c: Config = "adaptive-pd+max=2+k=2".parse().unwrap();
         assert_eq!(
-            c.args().join(" "),
+            c.args(&ORPO).join(" "),
             "--orpo-lambda-schedule adaptive --lambda-law pd --lambda-max 2 --lambda-k 2"
         );
     }
@@ -531,7 +605,7 @@ mod tests {
 {"type":"eval","step":20,"lambda":0.1,"lw":-2.5,"lr":-4.0,"accuracy":1.0,"margin":1.5}
 {"type":"lambda","step":20,"from":0.1,"to":0.05,"cause":"displacement (dLw -0.5), backing off"}
 "#;
-        let r = results(&spec("adaptive-aimd"), metrics).unwrap();
+        let r = results(&spec("adaptive-aimd"), metrics, &ORPO).unwrap();
         assert_eq!(
             (r.dataset.as_str(), r.model.as_str()),
             ("swap", "tiny-llama-draft")
@@ -541,13 +615,21 @@ mod tests {
         assert_eq!((r.lambda_changes, r.backoffs, r.hard_stops), (2, 1, 0));
         assert_eq!(r.final_lambda, 0.1);
         assert_eq!(r.trace.len(), 3);
-        assert!(results(&spec("static-1"), "").is_err());
+        assert!(results(&spec("static-1"), "", &ORPO).is_err());
+        // SimPO's eval lines: γ is the weight, TRL's reward accuracy, margin from ℓw − ℓr.
+        let simpo = r#"{"type":"eval","step":1,"gamma":0.05,"lw":-9.0,"lr":-9.5,"rewards/accuracies":0.5,"rewards/margins":1.0}
+{"type":"eval","step":10,"gamma":0.25,"lw":-2.0,"lr":-3.5,"rewards/accuracies":0.75,"rewards/margins":3.0}
+"#;
+        let r = results(&spec("adaptive-aimd"), simpo, &SIMPO).unwrap();
+        assert_eq!((r.accuracy, r.margin, r.final_lambda), (0.75, 1.5, 0.25));
+        assert_eq!(r.trace[0].1, 0.05);
     }
 
     #[test]
     fn a_run_gets_the_studys_settings_and_its_own() {
-        let study = Study {
+        let mut study = Study {
             name: "t".into(),
+            objective: ORPO,
             datasets: vec![],
             models: vec![],
             configs: vec![],
@@ -568,5 +650,13 @@ mod tests {
         ] {
             assert!(a.contains(part), "{part} in {a}");
         }
+        study.objective = SIMPO;
+        let a = train_args(&study, &spec("static-2")).join(" ");
+        assert!(
+            a.contains("--method simpo") && a.contains("--beta 2.0 --simpo-gamma 2"),
+            "{a}"
+        );
+        let a = train_args(&study, &spec("adaptive-aimd")).join(" ");
+        assert!(a.contains("--orpo-lambda-schedule adaptive"), "{a}");
     }
 }

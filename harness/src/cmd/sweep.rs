@@ -8,7 +8,9 @@ pub enum Command {
     /// λ ∈ {0.05, 0.1, 0.2, 0.5, 1.0} and aimd, p, pd, pid on the uppercase and brevity sets,
     /// 120 iterations. `--study displace`: λ ∈ {0.05, 0.1, 0.2, 0.5, 1, 2}, adaptive-aimd,
     /// adaptive-pd and adaptive-aimd+max=2 on goldens/data/study/{contradict,swap}, 300
-    /// iterations. Both × tiny-llama-trained and tiny-llama-draft × seeds; a results table,
+    /// iterations. Both × tiny-llama-trained and tiny-llama-draft × seeds. `--study simpo`:
+    /// the displace sets with SimPO's γ as the weight (static 0.1–5, the same adaptive
+    /// configs), on tiny-llama-trained. Each: a results table,
     /// the verdict table, DB rows (suite lambda-sweep) and SVG plots. Finished runs (a
     /// result.json in their directory) are reused.
     Lambda {
@@ -86,12 +88,16 @@ pub fn run(command: Command) -> Result<()> {
     )?;
     bar.finish_and_clear();
     let table = harness::sweep::table(&runs);
-    let verdict = harness::sweep::verdict(&runs);
+    let verdict = harness::sweep::verdict_against(&runs, study.objective.default);
     print!("{table}\n{verdict}");
     std::fs::create_dir_all(&out)?;
     std::fs::write(out.join("results.md"), format!("{table}\n{verdict}"))?;
     std::fs::write(out.join("runs.json"), serde_json::to_string_pretty(&runs)?)?;
-    let prefix = format!("{}-", harness::machine::machine_key());
+    // The ORPO studies' plots keep their names; another objective's are prefixed by it.
+    let prefix = match study.objective.method {
+        "orpo" => format!("{}-", harness::machine::machine_key()),
+        m => format!("{}-{m}-", harness::machine::machine_key()),
+    };
     for p in harness::sweep::plots(&runs, &plots, &prefix)? {
         println!("plot: {}", p.display());
     }

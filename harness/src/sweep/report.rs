@@ -113,10 +113,15 @@ fn is_static(c: &str) -> bool {
 /// the difference over seeds); then per adaptive config the count of cells where it is
 /// within noise of (or above) the best static, and above the default.
 pub fn verdict(runs: &[Run]) -> String {
+    verdict_against(runs, DEFAULT_STATIC)
+}
+
+/// `verdict` with the trainer's default weight `default` (ORPO's λ 0.1, SimPO's γ 0.5).
+pub fn verdict_against(runs: &[Run], default: f64) -> String {
     let configs = keys(runs, |r| r.config.clone());
     let adaptive: Vec<&String> = configs.iter().filter(|c| !is_static(c)).collect();
-    let default = format!("static-{DEFAULT_STATIC}");
-    let mut s = String::from("| dataset · model | metric | best static | default (static-0.1) |");
+    let default = format!("static-{default}");
+    let mut s = format!("| dataset · model | metric | best static | default ({default}) |");
     for a in &adaptive {
         s += &format!(" {a} (vs best, vs default) |");
     }
