@@ -105,6 +105,14 @@ pub enum Defect {
     /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
     /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/it/orpo_prefix.rs`).
     OrpoRejectedSkipsPrefix,
+    /// The compiled training step's graph key leaves out the shared prefix length P, so an
+    /// ORPO batch reuses the trace of another batch of its shape with another P. Caught by
+    /// the compiled-vs-eager gate (`engine/tests/it/train_compiled.rs`).
+    CompiledStepKeyWithoutPrefix,
+    /// The compiled training step's graph key leaves out λ, so a batch keeps the λ of the
+    /// graph's first trace after the dynamic-λ controller moves it. Caught by the
+    /// compiled-vs-eager gate (`engine/tests/it/train_compiled.rs`).
+    CompiledStepKeyWithoutLambda,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -750,6 +758,8 @@ pub fn on_from_env() -> Result<(), String> {
             "Qwen35PrefillSequential" => Defect::Qwen35PrefillSequential,
             "Gemma4ImageUnbracketed" => Defect::Gemma4ImageUnbracketed,
             "Gemma4ImagePromptChunked" => Defect::Gemma4ImagePromptChunked,
+            "CompiledStepKeyWithoutPrefix" => Defect::CompiledStepKeyWithoutPrefix,
+            "CompiledStepKeyWithoutLambda" => Defect::CompiledStepKeyWithoutLambda,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -128,6 +128,10 @@ pub struct TrainArgs {
     pub lambda_law: LambdaLawArg,
     #[command(flatten)]
     pub lambda_knobs: LambdaKnobs,
+    /// The training step compiled (one MLX graph per batch shape) or eager: auto times
+    /// both on the first batch and keeps the faster (docs/training.md).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub compile_step: super::compiled::CompileStep,
     #[command(flatten)]
     pub grpo: super::grpo_cli::GrpoArgs,
     /// No progress bar or messages (metrics.jsonl is still written).
@@ -349,6 +353,7 @@ impl TrainArgs {
                 ScopeArg::Response => SftScope::Response,
             },
             segment_size: self.segment_size,
+            compile_step: self.compile_step,
             orpo_forward: self.orpo_forward,
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {

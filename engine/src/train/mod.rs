@@ -3,6 +3,7 @@
 //! gradients from MLX's autodiff over the same forward the engine decodes with.
 
 pub mod cli;
+pub mod compiled;
 pub mod data;
 pub mod grpo;
 pub mod grpo_cli;

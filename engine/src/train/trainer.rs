@@ -48,6 +48,8 @@ pub struct TrainConfig {
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
     pub lambda_controller: Option<super::lambda::ControllerConfig>,
+    /// Whether the step runs compiled (`compiled.rs`: probe and keep by default).
+    pub compile_step: super::compiled::CompileStep,
 }
 
 /// The training data, by method.
@@ -412,6 +414,7 @@ pub fn train(
     let mut order: Vec<usize> = Vec::new();
     let mut accum: Option<Vec<Array>> = None;
     let accum_steps = cfg.grad_accumulation.max(1);
+    let mut steps = super::compiled::Steps::new(model, adapters, train, cfg, metrics)?;
     crate::runtime::reset_peak_memory().map_err(|e| TrainError::Config(e.to_string()))?;
     let mut tic = Instant::now();
     for step in 1..=cfg.iters {
@@ -428,7 +431,8 @@ pub fn train(
         }
         let batch = &all[order.pop().expect("non-empty")];
         adapters.seed_dropout(cfg.seed, step as u64)?;
-        let (outputs, grads) = batch_grads(model, adapters, train, batch, cfg, &mut ())?;
+        let (outputs, grads) =
+            steps.grads(model, adapters, train, batch, cfg, metrics, &mut tic)?;
         let grads = add_grads(accum.take(), grads)?;
         let tokens: usize = batch.iter().map(|&i| train.item_len(i)).sum();
         if step % accum_steps != 0 {

@@ -251,6 +251,9 @@ fn run_train(args: &Args) -> Result<()> {
             let mut params = serde_json::json!({"method": "orpo", "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
             if let Some(f) = train::forward_of(&l.stack) {
                 params["forward"] = serde_json::json!(f.name());
+                if l.stack == train::COMPILED {
+                    params["compiled"] = serde_json::json!(true);
+                }
             }
             let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
             for m in [
@@ -355,6 +358,9 @@ pub struct LegTrainArgs {
     /// The ORPO forward (prefix-shared or joint).
     #[arg(long, value_enum, default_value = "prefix-shared")]
     forward: engine::train::orpo_prefix::OrpoForward,
+    /// Loss and gradients through the compiled step.
+    #[arg(long)]
+    compiled: bool,
 }
 
 pub fn leg_train(args: LegTrainArgs) -> Result<()> {
@@ -364,6 +370,7 @@ pub fn leg_train(args: LegTrainArgs) -> Result<()> {
         args.steps,
         args.num_layers,
         args.forward,
+        args.compiled,
     )?;
     println!("{}", serde_json::to_string(&leg)?);
     Ok(())
