@@ -158,14 +158,66 @@ fn pair_inputs(
     forward: OrpoForward,
 ) -> (GraphKey, Vec<Array>) {
     let (ids, pm, rm) = pair_batch(pairs);
+    let key = pair_key(pairs, ids.shape()[1] as usize, lambda, scope, forward);
+    (key, vec![ids, pm, rm])
+}
+
+/// The key of a batch of pairs `width` tokens wide.
+fn pair_key(
+    pairs: &[&Pair],
+    width: usize,
+    lambda: f32,
+    scope: SftScope,
+    forward: OrpoForward,
+) -> GraphKey {
     let lambda = lambda.to_bits();
-    let p = shared_prefix_len(pairs, ids.shape()[1] as usize) as i32;
-    let key = if forward == OrpoForward::PrefixShared && p > 0 {
+    let p = shared_prefix_len(pairs, width) as i32;
+    if forward == OrpoForward::PrefixShared && p > 0 {
         GraphKey::PrefixShared { p, lambda, scope }
     } else {
         GraphKey::Joint { lambda, scope }
+    }
+}
+
+/// A batch's graph: its key and its (rows, width), as `graph_batch` would build it.
+fn signature(
+    data: &Dataset,
+    batch: &[usize],
+    cfg: &TrainConfig,
+) -> Option<(GraphKey, usize, usize)> {
+    if let Dataset::Sft(v) = data {
+        let longest = batch.iter().map(|&i| v[i].tokens.len()).max().unwrap_or(1);
+        let width = (1 + 32 * longest.div_ceil(32)).min(cfg.max_seq_length);
+        return Some((GraphKey::Sft, batch.len(), width));
+    }
+    let Dataset::Orpo(v) = data else {
+        return None;
     };
-    (key, vec![ids, pm, rm])
+    let pairs: Vec<&Pair> = batch.iter().map(|&i| &v[i]).collect();
+    let width = pairs
+        .iter()
+        .map(|p| p.chosen.len().max(p.rejected.len()))
+        .max()?;
+    let key = pair_key(
+        &pairs,
+        width,
+        cfg.orpo_lambda,
+        cfg.sft_scope,
+        cfg.orpo_forward,
+    );
+    Some((key, 2 * batch.len(), width))
+}
+
+/// How many graphs the run's batches trace (one per distinct key and shape).
+fn graphs_needed(data: &Dataset, cfg: &TrainConfig) -> usize {
+    let mut seen = Vec::new();
+    for b in super::trainer::batches(data, cfg.batch_size) {
+        let sig = signature(data, &b, cfg);
+        if !seen.contains(&sig) {
+            seen.push(sig);
+        }
+    }
+    seen.len()
 }
 
 /// The forward training runs (as `trainer`'s): no cache.
@@ -387,6 +439,8 @@ pub struct Steps<'a> {
     compiled: Option<CompiledStep<'a>>,
     /// Whether the probe has still to run (auto, on the first batch).
     probe_pending: bool,
+    /// How many graphs the run's batches trace (auto weighs their cost).
+    graphs: usize,
 }
 
 impl<'a> Steps<'a> {
@@ -416,16 +470,17 @@ impl<'a> Steps<'a> {
         }
         let compiled =
             (mode != CompileStep::Off && eligible).then(|| CompiledStep::new(model, adapters));
+        let probe_pending = mode == CompileStep::Auto && compiled.is_some();
         Ok(Steps {
             mode,
-            probe_pending: mode == CompileStep::Auto && compiled.is_some(),
+            graphs: if probe_pending {
+                graphs_needed(data, cfg)
+            } else {
+                0
+            },
+            probe_pending,
             compiled,
         })
-    }
-
-    /// Whether the run is taking the compiled step.
-    pub fn is_compiled(&self) -> bool {
-        self.compiled.is_some()
     }
 
     /// One batch's loss outputs and gradients, evaluated. The first call of `auto` probes
@@ -455,7 +510,9 @@ impl<'a> Steps<'a> {
         Ok(batch_grads(model, adapters, data, batch, cfg, &mut ())?)
     }
 
-    /// Times both paths on `batch`, keeps the compiled one where it was faster and matched.
+    /// Times both paths on `batch` and keeps the compiled one where it matched and its
+    /// saving per step over the run's steps outweighs tracing each of the run's graphs
+    /// (a trace costs the probe's first compiled call less a compiled step).
     fn probe_and_keep(
         &mut self,
         model: &dyn LanguageModel,
@@ -466,28 +523,39 @@ impl<'a> Steps<'a> {
         metrics: &mut Metrics,
     ) -> Result<(), TrainError> {
         let compiled = self.compiled.as_mut().expect("auto with a compiled step");
+        let graphs = self.graphs.clamp(1, cfg.iters.max(1));
         let (result, reason) = match probe(compiled, model, adapters, data, batch, cfg) {
             Ok(Some(r)) => {
                 let matched = r.outputs_rel <= OUTPUT_BOUND && r.grads_rel <= GRAD_BOUND;
-                let faster = median(&r.compiled_ms) < median(&r.eager_ms);
-                let reason = match (matched, faster) {
-                    (false, _) => "the compiled outputs differ from the eager ones",
-                    (true, false) => "eager was faster",
-                    (true, true) => "compiled was faster and matched",
+                let c = median(&r.compiled_ms);
+                let saved = (median(&r.eager_ms) - c) * cfg.iters as f64;
+                let traces = (r.trace_ms - c).max(0.0) * graphs as f64;
+                let reason = match (matched, saved > traces) {
+                    (false, _) => "the compiled outputs differ from the eager ones".into(),
+                    (true, false) => format!(
+                        "eager: compiled saves {saved:.0} ms over {} steps, tracing {graphs} \
+                         graphs costs {traces:.0} ms",
+                        cfg.iters
+                    ),
+                    (true, true) => format!(
+                        "compiled: saves {saved:.0} ms over {} steps, tracing {graphs} graphs \
+                         costs {traces:.0} ms",
+                        cfg.iters
+                    ),
                 };
-                (Some(r), reason.to_string())
+                (Some(r), reason)
             }
             Ok(None) => (None, "the first batch has no compiled form".into()),
             Err(e) => (None, format!("the compiled step failed: {e}")),
         };
-        let keep = reason.starts_with("compiled");
+        let keep = reason.starts_with("compiled:");
         if !keep {
             self.compiled = None;
         }
         metrics.write(json!({
             "type": "compile", "mode": self.mode,
             "choice": if keep { "compiled" } else { "eager" },
-            "reason": reason, "probe": result,
+            "reason": reason, "graphs": graphs, "probe": result,
         }))?;
         Ok(())
     }

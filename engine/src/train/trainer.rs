@@ -76,7 +76,7 @@ impl Dataset {
 
 /// Batches of indices: sorted by length, cut into `batch_size` (a short tail dropped, as
 /// mlx-lm's `iterate_batches` does).
-fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
+pub(super) fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
     let mut idx: Vec<usize> = (0..data.len()).collect();
     idx.sort_by_key(|&i| data.item_len(i));
     idx.chunks_exact(batch_size)
