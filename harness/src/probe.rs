@@ -112,7 +112,6 @@ pub fn memory(
                 seed: 0,
                 orpo_lambda: 0.1,
                 sft_scope: SftScope::Full,
-                compile_step: engine::train::compiled::CompileStep::Off,
                 segment_size: segment,
                 orpo_forward: Default::default(),
                 lambda_controller: None,

@@ -12,7 +12,7 @@ use super::lambda::{ControllerConfig, Eps, Law};
 use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
-use super::trainer::{train, Dataset, Method, Metrics, StepReport, TrainConfig};
+use super::trainer::{Dataset, Method, Metrics, StepReport, TrainConfig};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 
@@ -247,8 +247,16 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let cfg = args.train_config();
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
+    let mut steps = super::compiled::Steps::new(
+        model.as_ref(),
+        &adapters,
+        &train_set,
+        &cfg,
+        args.compile_step,
+        &mut metrics,
+    )?;
     let bar = progress_bar(args.quiet, args.iters);
-    train(
+    super::trainer::train_with(
         model.as_ref(),
         &adapters,
         &mut opt,
@@ -257,6 +265,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         &cfg,
         &mut metrics,
         &args.adapter_path,
+        &mut steps,
         |r, eval| show_progress(&bar, args.quiet, r, eval),
     )?;
     bar.finish();
@@ -353,7 +362,6 @@ impl TrainArgs {
                 ScopeArg::Response => SftScope::Response,
             },
             segment_size: self.segment_size,
-            compile_step: self.compile_step,
             orpo_forward: self.orpo_forward,
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {

@@ -35,7 +35,7 @@ use super::data::{Example, Pair};
 use super::lora::Adapters;
 use super::orpo::{orpo_from_logits, orpo_terms, pair_batch, SftScope};
 use super::orpo_prefix::{prefix_shared_logps, shared_prefix_len, OrpoForward};
-use super::trainer::{batch_grads, sft_batch, Dataset, Metrics, TrainConfig};
+use super::trainer::{batch_grads, sft_batch, Dataset, Metrics, StepGrads, TrainConfig};
 use super::TrainError;
 use crate::model::LanguageModel;
 use crate::plant::{self, Defect};
@@ -124,6 +124,9 @@ impl GraphKey {
         }
     }
 }
+
+/// A step's loss outputs and the adapters' gradients.
+pub type LossAndGrads = (Vec<Array>, Vec<Array>);
 
 type StepFn = Box<dyn FnMut(&[Array]) -> Result<Vec<Array>, Exception>>;
 
@@ -301,7 +304,7 @@ impl<'a> CompiledStep<'a> {
         data: &Dataset,
         batch: &[usize],
         cfg: &TrainConfig,
-    ) -> Result<Option<(Vec<Array>, Vec<Array>)>, Exception> {
+    ) -> Result<Option<LossAndGrads>, Exception> {
         let Some((key, arrays)) = graph_batch(data, batch, cfg) else {
             return Ok(None);
         };
@@ -315,17 +318,13 @@ impl<'a> CompiledStep<'a> {
         lambda: f32,
         scope: SftScope,
         forward: OrpoForward,
-    ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    ) -> Result<LossAndGrads, Exception> {
         let (key, arrays) = pair_inputs(pairs, lambda, scope, forward);
         self.run(key, arrays)
     }
 
     /// `key`'s graph on the adapters' parameters and `arrays`: (loss outputs, gradients).
-    fn run(
-        &mut self,
-        key: GraphKey,
-        arrays: Vec<Array>,
-    ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    fn run(&mut self, key: GraphKey, arrays: Vec<Array>) -> Result<LossAndGrads, Exception> {
         let params = self.adapters.params();
         let n = params.len();
         let mut args = params.clone();
@@ -450,9 +449,9 @@ impl<'a> Steps<'a> {
         adapters: &'a Adapters<'a>,
         data: &Dataset,
         cfg: &TrainConfig,
+        mode: CompileStep,
         metrics: &mut Metrics,
     ) -> Result<Self, TrainError> {
-        let mode = cfg.compile_step;
         let why_not = ineligible(adapters, data, cfg);
         if let (CompileStep::On, Some(why)) = (mode, &why_not) {
             return Err(TrainError::Config(format!(
@@ -481,33 +480,6 @@ impl<'a> Steps<'a> {
             probe_pending,
             compiled,
         })
-    }
-
-    /// One batch's loss outputs and gradients, evaluated. The first call of `auto` probes
-    /// both paths first (writing the `compile` line) and then restarts `tic`, so the probe
-    /// stays out of the step's timing.
-    #[allow(clippy::too_many_arguments)]
-    pub fn grads(
-        &mut self,
-        model: &dyn LanguageModel,
-        adapters: &Adapters,
-        data: &Dataset,
-        batch: &[usize],
-        cfg: &TrainConfig,
-        metrics: &mut Metrics,
-        tic: &mut Instant,
-    ) -> Result<(Vec<Array>, Vec<Array>), TrainError> {
-        if self.probe_pending {
-            self.probe_pending = false;
-            self.probe_and_keep(model, adapters, data, batch, cfg, metrics)?;
-            *tic = Instant::now();
-        }
-        if let Some(c) = &mut self.compiled {
-            if let Some(r) = c.grads(data, batch, cfg)? {
-                return Ok(r);
-            }
-        }
-        Ok(batch_grads(model, adapters, data, batch, cfg, &mut ())?)
     }
 
     /// Times both paths on `batch` and keeps the compiled one where it matched and its
@@ -558,6 +530,34 @@ impl<'a> Steps<'a> {
             "reason": reason, "graphs": graphs, "probe": result,
         }))?;
         Ok(())
+    }
+}
+
+impl StepGrads for Steps<'_> {
+    /// One batch's loss outputs and gradients, evaluated. The first call of `auto` probes
+    /// both paths first (writing the `compile` line) and then restarts `tic`, so the probe
+    /// stays out of the step's timing.
+    fn grads(
+        &mut self,
+        model: &dyn LanguageModel,
+        adapters: &Adapters,
+        data: &Dataset,
+        batch: &[usize],
+        cfg: &TrainConfig,
+        metrics: &mut Metrics,
+        tic: &mut Instant,
+    ) -> Result<LossAndGrads, TrainError> {
+        if self.probe_pending {
+            self.probe_pending = false;
+            self.probe_and_keep(model, adapters, data, batch, cfg, metrics)?;
+            *tic = Instant::now();
+        }
+        if let Some(c) = &mut self.compiled {
+            if let Some(r) = c.grads(data, batch, cfg)? {
+                return Ok(r);
+            }
+        }
+        Ok(batch_grads(model, adapters, data, batch, cfg, &mut ())?)
     }
 }
 

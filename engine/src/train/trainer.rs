@@ -48,8 +48,6 @@ pub struct TrainConfig {
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
     pub lambda_controller: Option<super::lambda::ControllerConfig>,
-    /// Whether the step runs compiled (`compiled.rs`: probe and keep by default).
-    pub compile_step: super::compiled::CompileStep,
 }
 
 /// The training data, by method.
@@ -374,6 +372,7 @@ impl StepReport {
 
 /// Trains `adapters` on `train` (validating on `valid`), writing `metrics` and saving the
 /// adapters to `out` every `save_every` steps and at the end; `on_step` sees each step.
+/// Every step eager (`train_with` takes another step, e.g. `compiled::Steps`).
 #[allow(clippy::too_many_arguments)]
 pub fn train(
     model: &dyn LanguageModel,
@@ -384,6 +383,60 @@ pub fn train(
     cfg: &TrainConfig,
     metrics: &mut Metrics,
     out: &Path,
+    on_step: impl FnMut(&StepReport, Option<&[(&'static str, f64)]>),
+) -> Result<(), TrainError> {
+    train_with(
+        model, adapters, opt, train, valid, cfg, metrics, out, &mut Eager, on_step,
+    )
+}
+
+/// Where each step's loss outputs and gradients come from: `batch_grads` (`Eager`), or a
+/// compiled graph (`compiled::Steps`, `--compile-step`). `tic` times the step: a source
+/// that does untimed work first (a probe) restarts it.
+pub trait StepGrads {
+    #[allow(clippy::too_many_arguments)]
+    fn grads(
+        &mut self,
+        model: &dyn LanguageModel,
+        adapters: &Adapters,
+        data: &Dataset,
+        batch: &[usize],
+        cfg: &TrainConfig,
+        metrics: &mut Metrics,
+        tic: &mut Instant,
+    ) -> Result<(Vec<Array>, Vec<Array>), TrainError>;
+}
+
+/// Every step by `batch_grads`.
+pub struct Eager;
+
+impl StepGrads for Eager {
+    fn grads(
+        &mut self,
+        model: &dyn LanguageModel,
+        adapters: &Adapters,
+        data: &Dataset,
+        batch: &[usize],
+        cfg: &TrainConfig,
+        _metrics: &mut Metrics,
+        _tic: &mut Instant,
+    ) -> Result<(Vec<Array>, Vec<Array>), TrainError> {
+        Ok(batch_grads(model, adapters, data, batch, cfg, &mut ())?)
+    }
+}
+
+/// `train` with each step's gradients from `steps`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_with(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    opt: &mut AdamW,
+    train: &Dataset,
+    valid: Option<&Dataset>,
+    cfg: &TrainConfig,
+    metrics: &mut Metrics,
+    out: &Path,
+    steps: &mut dyn StepGrads,
     mut on_step: impl FnMut(&StepReport, Option<&[(&'static str, f64)]>),
 ) -> Result<(), TrainError> {
     if train.len() < cfg.batch_size {
@@ -414,7 +467,6 @@ pub fn train(
     let mut order: Vec<usize> = Vec::new();
     let mut accum: Option<Vec<Array>> = None;
     let accum_steps = cfg.grad_accumulation.max(1);
-    let mut steps = super::compiled::Steps::new(model, adapters, train, cfg, metrics)?;
     crate::runtime::reset_peak_memory().map_err(|e| TrainError::Config(e.to_string()))?;
     let mut tic = Instant::now();
     for step in 1..=cfg.iters {

@@ -353,7 +353,6 @@ fn training_loop_matches(name: &str, defect: Defect) {
             orpo_lambda: 0.1,
             sft_scope: SftScope::Full,
             segment_size,
-            compile_step: engine::train::compiled::CompileStep::Off,
             orpo_forward: Default::default(),
             lambda_controller: None,
         };

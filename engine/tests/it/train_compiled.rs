@@ -22,13 +22,14 @@ use std::path::{Path, PathBuf};
 use common::goldens;
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
+use engine::train::compiled::Steps;
 use engine::train::compiled::{CompileStep, CompiledStep, GRAD_BOUND, OUTPUT_BOUND};
 use engine::train::data::{Example, Pair};
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::orpo::SftScope;
 use engine::train::orpo_prefix::OrpoForward;
-use engine::train::trainer::{batch_grads, train, Dataset, Method, Metrics, TrainConfig};
+use engine::train::trainer::{batch_grads, train_with, Dataset, Method, Metrics, TrainConfig};
 use mlx_rs::{Array, Dtype};
 
 const MODEL: &str = "tiny-llama-trained";
@@ -115,7 +116,7 @@ fn sft_examples() -> Vec<Example> {
         .collect()
 }
 
-fn config(method: Method, forward: OrpoForward, compile_step: CompileStep) -> TrainConfig {
+fn config(method: Method, forward: OrpoForward) -> TrainConfig {
     TrainConfig {
         method,
         iters: 3,
@@ -132,7 +133,6 @@ fn config(method: Method, forward: OrpoForward, compile_step: CompileStep) -> Tr
         segment_size: None,
         orpo_forward: forward,
         lambda_controller: None,
-        compile_step,
     }
 }
 
@@ -179,7 +179,7 @@ fn batch_gaps(
 
 /// The ORPO runs: both batches (one shape, P = 7 then 3), then both again at λ = 1.
 fn orpo_runs(forward: OrpoForward) -> Vec<(TrainConfig, Vec<usize>)> {
-    let cfg = config(Method::Orpo, forward, CompileStep::On);
+    let cfg = config(Method::Orpo, forward);
     let mut other = cfg.clone();
     other.orpo_lambda = 1.0;
     [
@@ -201,12 +201,13 @@ fn three_steps(
 ) -> (Vec<Array>, serde_json::Value) {
     let adapters = attach(m);
     let data = Dataset::Orpo(pairs());
-    let cfg = config(Method::Orpo, OrpoForward::PrefixShared, compile_step);
+    let cfg = config(Method::Orpo, OrpoForward::PrefixShared);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("metrics.jsonl");
     let mut metrics = Metrics::create(&file, serde_json::json!({})).unwrap();
     let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);
-    train(
+    let mut steps = Steps::new(m, &adapters, &data, &cfg, compile_step, &mut metrics).unwrap();
+    train_with(
         m,
         &adapters,
         &mut opt,
@@ -215,9 +216,11 @@ fn three_steps(
         &cfg,
         &mut metrics,
         dir.path(),
+        &mut steps,
         |_, _| {},
     )
     .unwrap();
+    drop(steps);
     let out = adapters.params();
     mlx_rs::transforms::eval(out.iter()).unwrap();
     adapters.detach();
@@ -244,7 +247,7 @@ fn gaps(dir: &Path, label: &str, exact: bool) -> Vec<(String, f32, f32)> {
         found.push((format!("{name} gradients"), g, bound(GRAD_BOUND)));
     }
     let sft = Dataset::Sft(sft_examples());
-    let cfg = config(Method::Sft, OrpoForward::Joint, CompileStep::On);
+    let cfg = config(Method::Sft, OrpoForward::Joint);
     let (o, g) = batch_gaps(m, &sft, &[(cfg, vec![0, 1])]);
     found.push((format!("{label} sft outputs"), o, bound(OUTPUT_BOUND)));
     found.push((format!("{label} sft gradients"), g, bound(GRAD_BOUND)));
