@@ -247,7 +247,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let cfg = args.train_config();
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
-    let mut steps = super::compiled::Steps::new(
+    let mut steps = super::compiled_probe::Steps::new(
         model.as_ref(),
         &adapters,
         &train_set,

@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod compiled;
+pub mod compiled_probe;
 pub mod data;
 pub mod grpo;
 pub mod grpo_cli;

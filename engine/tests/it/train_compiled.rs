@@ -1,4 +1,4 @@
-//! The compiled training step (`engine/src/train/compiled.rs`) against the eager one, both
+//! The compiled training step (`engine/src/train/compiled.rs`, `compiled_probe.rs`) against the eager one, both
 //! ours: the same forward, loss and autodiff, one of them traced into an MLX graph. On
 //! tiny-llama-trained (bf16) and its f32 copy: SFT, ORPO joint and ORPO prefix-shared
 //! batches (loss outputs and gradients of one step; the ORPO batches of one shape with
@@ -22,8 +22,8 @@ use std::path::{Path, PathBuf};
 use common::goldens;
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
-use engine::train::compiled::Steps;
-use engine::train::compiled::{CompileStep, CompiledStep, GRAD_BOUND, OUTPUT_BOUND};
+use engine::train::compiled::{CompileStep, CompiledStep};
+use engine::train::compiled_probe::{Steps, GRAD_BOUND, OUTPUT_BOUND};
 use engine::train::data::{Example, Pair};
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
