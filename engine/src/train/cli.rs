@@ -245,6 +245,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let adapters = Adapters::attach(model.as_ref(), adapter_config.clone(), args.seed)?;
     let mut opt = AdamW::new(args.schedule(), args.weight_decay);
     let cfg = args.train_config();
+    super::compiled_probe::refuse(args.compile_step, &adapters, &train_set, &cfg)?;
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
     let mut steps = super::compiled_probe::Steps::new(

@@ -75,6 +75,22 @@ fn graphs_needed(data: &Dataset, cfg: &TrainConfig) -> usize {
     seen.len()
 }
 
+/// `--compile-step on` for a run that cannot take the compiled step: refused, naming the
+/// cause (the CLI asks before it writes anything).
+pub fn refuse(
+    mode: CompileStep,
+    adapters: &Adapters,
+    data: &Dataset,
+    cfg: &TrainConfig,
+) -> Result<(), TrainError> {
+    match (mode, ineligible(adapters, data, cfg)) {
+        (CompileStep::On, Some(why)) => Err(TrainError::Config(format!(
+            "--compile-step on: {why}; pass --compile-step auto (or off)"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Why a run cannot take the compiled step (None: it can).
 pub fn ineligible(adapters: &Adapters, data: &Dataset, cfg: &TrainConfig) -> Option<String> {
     if adapters.config.lora_parameters.dropout > 0.0 {
@@ -144,12 +160,8 @@ impl<'a> Steps<'a> {
         mode: CompileStep,
         metrics: &mut Metrics,
     ) -> Result<Self, TrainError> {
+        refuse(mode, adapters, data, cfg)?;
         let why_not = ineligible(adapters, data, cfg);
-        if let (CompileStep::On, Some(why)) = (mode, &why_not) {
-            return Err(TrainError::Config(format!(
-                "--compile-step on: {why}; pass --compile-step auto (or off)"
-            )));
-        }
         let eligible = why_not.is_none();
         if mode == CompileStep::Off || !eligible {
             let reason = why_not.unwrap_or_else(|| "--compile-step off".into());

@@ -23,7 +23,7 @@ use common::goldens;
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
 use engine::train::compiled::{CompileStep, CompiledStep};
-use engine::train::compiled_probe::{Steps, GRAD_BOUND, OUTPUT_BOUND};
+use engine::train::compiled_probe::{refuse, Steps, GRAD_BOUND, OUTPUT_BOUND};
 use engine::train::data::{Example, Pair};
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
@@ -289,6 +289,15 @@ fn the_compiled_step_is_bit_exact_in_bf16_and_within_measured_bounds_in_f32() {
     );
     assert_eq!(line["probe"]["grads_rel"], 0.0, "{line}");
     assert_eq!(rel_gap(&eager, &auto), 0.0);
+    // `on` refuses a run the graph cannot take (segmented backward here), naming it.
+    let adapters = attach(m.as_ref());
+    let mut cfg = config(Method::Orpo, OrpoForward::PrefixShared);
+    cfg.segment_size = Some(1);
+    let data = Dataset::Orpo(pairs());
+    let refused = refuse(CompileStep::On, &adapters, &data, &cfg).unwrap_err();
+    assert!(refused.to_string().contains("segmented"), "{refused}");
+    assert!(refuse(CompileStep::Auto, &adapters, &data, &cfg).is_ok());
+    adapters.detach();
 }
 
 /// The planted key defects, each on the prefix-shared ORPO runs of the bf16 model (where
