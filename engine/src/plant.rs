@@ -121,6 +121,14 @@ pub enum Defect {
     /// DPO's reference pass keeps the adapters on (the policy, not the base model, scores
     /// the reference). Caught by the reference-pass test (`engine/tests/it/train_preference.rs`).
     DpoReferenceKeepsAdapters,
+    /// The compiled training step's graph key leaves out the shared prefix length P, so an
+    /// ORPO batch reuses the trace of another batch of its shape with another P. Caught by
+    /// the compiled-vs-eager gate (`engine/tests/it/train_compiled.rs`).
+    CompiledStepKeyWithoutPrefix,
+    /// The compiled training step's graph key leaves out λ, so a batch keeps the λ of the
+    /// graph's first trace after the dynamic-λ controller moves it. Caught by the
+    /// compiled-vs-eager gate (`engine/tests/it/train_compiled.rs`).
+    CompiledStepKeyWithoutLambda,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -788,6 +796,8 @@ pub fn on_from_env() -> Result<(), String> {
             "DpoReferenceFromPolicy" => Defect::DpoReferenceFromPolicy,
             "SimpoGammaNotOverBeta" => Defect::SimpoGammaNotOverBeta,
             "DpoReferenceKeepsAdapters" => Defect::DpoReferenceKeepsAdapters,
+            "CompiledStepKeyWithoutPrefix" => Defect::CompiledStepKeyWithoutPrefix,
+            "CompiledStepKeyWithoutLambda" => Defect::CompiledStepKeyWithoutLambda,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -13,7 +13,7 @@ use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
 use super::preference_cli::{PairMethod, PrefArgs};
-use super::trainer::{train, Dataset, Method, Metrics, StepReport, TrainConfig};
+use super::trainer::{Dataset, Method, Metrics, StepReport, TrainConfig};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 
@@ -163,6 +163,10 @@ pub struct TrainArgs {
     /// DPO, CPO, SimPO: β, label smoothing, loss type, α, γ.
     #[command(flatten)]
     pub pref: PrefArgs,
+    /// The training step compiled (one MLX graph per batch shape) or eager: auto times
+    /// both on the first batch and keeps the faster (docs/training.md).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub compile_step: super::compiled::CompileStep,
     #[command(flatten)]
     pub grpo: super::grpo_cli::GrpoArgs,
     /// No progress bar or messages (metrics.jsonl is still written).
@@ -287,10 +291,19 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     if scored > 0 && !args.quiet {
         println!("reference log-probs: {scored} pairs scored by the base model (adapters off)");
     }
+    super::compiled_probe::refuse(args.compile_step, &adapters, &train_set, &cfg)?;
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = args.open_metrics(&cfg, &adapter_config)?;
+    let mut steps = super::compiled_probe::Steps::new(
+        model.as_ref(),
+        &adapters,
+        &train_set,
+        &cfg,
+        args.compile_step,
+        &mut metrics,
+    )?;
     let bar = progress_bar(args.quiet, args.iters);
-    train(
+    super::trainer::train_with(
         model.as_ref(),
         &adapters,
         &mut opt,
@@ -299,6 +312,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         &cfg,
         &mut metrics,
         &args.adapter_path,
+        &mut steps,
         |r, eval| show_progress(&bar, args.quiet, r, eval),
     )?;
     bar.finish();

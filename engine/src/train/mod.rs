@@ -3,6 +3,8 @@
 //! gradients from MLX's autodiff over the same forward the engine decodes with.
 
 pub mod cli;
+pub mod compiled;
+pub mod compiled_probe;
 pub mod data;
 pub mod grpo;
 pub mod grpo_cli;

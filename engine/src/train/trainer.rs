@@ -108,7 +108,7 @@ impl Dataset {
 
 /// Batches of indices: sorted by length, cut into `batch_size` (a short tail dropped, as
 /// mlx-lm's `iterate_batches` does).
-fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
+pub(super) fn batches(data: &Dataset, batch_size: usize) -> Vec<Vec<usize>> {
     let mut idx: Vec<usize> = (0..data.len()).collect();
     idx.sort_by_key(|&i| data.item_len(i));
     idx.chunks_exact(batch_size)
@@ -437,6 +437,7 @@ impl StepReport {
 
 /// Trains `adapters` on `train` (validating on `valid`), writing `metrics` and saving the
 /// adapters to `out` every `save_every` steps and at the end; `on_step` sees each step.
+/// Every step eager (`train_with` takes another step, e.g. `compiled::Steps`).
 #[allow(clippy::too_many_arguments)]
 pub fn train(
     model: &dyn LanguageModel,
@@ -447,6 +448,60 @@ pub fn train(
     cfg: &TrainConfig,
     metrics: &mut Metrics,
     out: &Path,
+    on_step: impl FnMut(&StepReport, Option<&[(&'static str, f64)]>),
+) -> Result<(), TrainError> {
+    train_with(
+        model, adapters, opt, train, valid, cfg, metrics, out, &mut Eager, on_step,
+    )
+}
+
+/// Where each step's loss outputs and gradients come from: `batch_grads` (`Eager`), or a
+/// compiled graph (`compiled::Steps`, `--compile-step`). `tic` times the step: a source
+/// that does untimed work first (a probe) restarts it.
+pub trait StepGrads {
+    #[allow(clippy::too_many_arguments)]
+    fn grads(
+        &mut self,
+        model: &dyn LanguageModel,
+        adapters: &Adapters,
+        data: &Dataset,
+        batch: &[usize],
+        cfg: &TrainConfig,
+        metrics: &mut Metrics,
+        tic: &mut Instant,
+    ) -> Result<(Vec<Array>, Vec<Array>), TrainError>;
+}
+
+/// Every step by `batch_grads`.
+pub struct Eager;
+
+impl StepGrads for Eager {
+    fn grads(
+        &mut self,
+        model: &dyn LanguageModel,
+        adapters: &Adapters,
+        data: &Dataset,
+        batch: &[usize],
+        cfg: &TrainConfig,
+        _metrics: &mut Metrics,
+        _tic: &mut Instant,
+    ) -> Result<(Vec<Array>, Vec<Array>), TrainError> {
+        Ok(batch_grads(model, adapters, data, batch, cfg, &mut ())?)
+    }
+}
+
+/// `train` with each step's gradients from `steps`.
+#[allow(clippy::too_many_arguments)]
+pub fn train_with(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    opt: &mut AdamW,
+    train: &Dataset,
+    valid: Option<&Dataset>,
+    cfg: &TrainConfig,
+    metrics: &mut Metrics,
+    out: &Path,
+    steps: &mut dyn StepGrads,
     mut on_step: impl FnMut(&StepReport, Option<&[(&'static str, f64)]>),
 ) -> Result<(), TrainError> {
     if train.len() < cfg.batch_size {
@@ -493,7 +548,8 @@ pub fn train(
         }
         let batch = &all[order.pop().expect("non-empty")];
         adapters.seed_dropout(cfg.seed, step as u64)?;
-        let (outputs, grads) = batch_grads(model, adapters, train, batch, cfg, &mut ())?;
+        let (outputs, grads) =
+            steps.grads(model, adapters, train, batch, cfg, metrics, &mut tic)?;
         let grads = add_grads(accum.take(), grads)?;
         let tokens: usize = batch.iter().map(|&i| train.item_len(i)).sum();
         if step % accum_steps != 0 {

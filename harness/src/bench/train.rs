@@ -5,7 +5,9 @@
 //! canonical (response-only NLL; log-odds of its own kind), so only time and memory are
 //! compared. The engine runs its default forward (prefix-shared: the prompt both rows of
 //! a pair share runs once) as `engine`, and the joint one (one forward of 2B rows, TRL's)
-//! as `engine-joint`.
+//! as `engine-joint`, and the default forward through the compiled step (one MLX graph for
+//! loss and gradients, `engine/src/train/compiled.rs`; the update stays eager) as
+//! `engine-compiled`.
 //! Fresh process per leg, ABBA over rounds, median of the steps in a leg and of the legs.
 
 use std::path::{Path, PathBuf};
@@ -64,6 +66,7 @@ pub fn leg(
     steps: usize,
     num_layers: usize,
     forward: OrpoForward,
+    compiled: bool,
 ) -> Result<TrainLeg> {
     let m = engine::model::load(model)?;
     let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
@@ -89,22 +92,33 @@ pub fn leg(
     };
     let adapters = Adapters::attach(m.as_ref(), config, 0)?;
     let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
+    let mut graph =
+        compiled.then(|| engine::train::compiled::CompiledStep::new(m.as_ref(), &adapters));
     let mut times = Vec::new();
     for i in 0..steps + 2 {
         if i == 2 {
             engine::runtime::reset_peak_memory()?;
         }
         let t0 = Instant::now();
-        let (out, grads) = engine::train::value_and_grad(&adapters, || {
-            Ok(orpo_loss_by(m.as_ref(), &refs, 0.1, SftScope::Full, forward)?.into_vec())
-        })?;
+        let (out, grads) = match &mut graph {
+            Some(g) => g.pair_grads(&refs, 0.1, SftScope::Full, forward)?,
+            None => engine::train::value_and_grad(&adapters, || {
+                Ok(orpo_loss_by(m.as_ref(), &refs, 0.1, SftScope::Full, forward)?.into_vec())
+            })?,
+        };
         engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
         if i >= 2 {
             times.push(t0.elapsed().as_secs_f64());
         }
     }
+    drop(graph);
     Ok(TrainLeg {
-        stack: stack_of(forward).into(),
+        stack: if compiled {
+            COMPILED
+        } else {
+            stack_of(forward)
+        }
+        .into(),
         step_s: median(times),
         peak_memory_bytes: engine::runtime::memory()?.peak as f64,
     })
@@ -118,8 +132,14 @@ pub fn stack_of(forward: OrpoForward) -> &'static str {
     }
 }
 
+/// The engine stack whose step runs compiled (the default forward).
+pub const COMPILED: &str = "engine-compiled";
+
 /// The forward of an engine stack (None: the peer).
 pub fn forward_of(stack: &str) -> Option<OrpoForward> {
+    if stack == COMPILED {
+        return Some(OrpoForward::PrefixShared);
+    }
     [OrpoForward::PrefixShared, OrpoForward::Joint]
         .into_iter()
         .find(|&f| stack_of(f) == stack)
@@ -147,6 +167,9 @@ fn run_leg(
             .arg(layers.to_string())
             .arg("--forward")
             .arg(forward.name());
+        if stack == COMPILED {
+            c.arg("--compiled");
+        }
         c
     } else {
         let mut c = Command::new(crate::oracle::python());
@@ -229,13 +252,14 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
         let stacks: Vec<&'static str> = if peer {
             vec![
                 "engine",
+                COMPILED,
                 "engine-joint",
                 "mlx-lm-lora",
                 super::train_dpo::ENGINE,
                 super::train_dpo::PEER,
             ]
         } else {
-            vec!["engine", "engine-joint", super::train_dpo::ENGINE]
+            vec!["engine", COMPILED, "engine-joint", super::train_dpo::ENGINE]
         };
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());
@@ -284,7 +308,7 @@ impl TrainResult {
             };
             let ratio = base.map_or(f64::NAN, |e| l.step_s / e.step_s);
             s += &format!(
-                "  {:12} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
+                "  {:15} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
                 l.stack,
                 l.step_s * 1e3,
                 ratio,

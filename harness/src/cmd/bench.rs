@@ -256,6 +256,9 @@ fn run_train(args: &Args) -> Result<()> {
             let mut params = serde_json::json!({"method": method, "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
             if let Some(f) = train::forward_of(&l.stack) {
                 params["forward"] = serde_json::json!(f.name());
+                if l.stack == train::COMPILED {
+                    params["compiled"] = serde_json::json!(true);
+                }
             }
             let peer = match l.stack.as_str() {
                 "engine" => Some("mlx-lm-lora"),
@@ -385,6 +388,9 @@ pub struct LegTrainArgs {
     /// orpo (the forward above) or dpo (one joint forward, reference precomputed).
     #[arg(long, default_value = "orpo")]
     method: String,
+    /// Loss and gradients through the compiled step.
+    #[arg(long)]
+    compiled: bool,
 }
 
 pub fn leg_train(args: LegTrainArgs) -> Result<()> {
@@ -400,6 +406,7 @@ pub fn leg_train(args: LegTrainArgs) -> Result<()> {
         args.steps,
         args.num_layers,
         args.forward,
+        args.compiled,
     )?;
     println!("{}", serde_json::to_string(&leg)?);
     Ok(())
