@@ -101,6 +101,13 @@ pub enum Defect {
     /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
     /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/it/orpo_prefix.rs`).
     OrpoRejectedSkipsPrefix,
+    /// Chunked cross-entropy: every chunk after the first reads the hidden states one row
+    /// early (its first token scored from the row before it: one token dropped, one counted
+    /// twice). Caught by the chunked vs plain gate (`engine/tests/it/train_chunked.rs`).
+    LossChunkOffByOne,
+    /// Chunked cross-entropy: the head's gradient is stopped in every chunk after the first
+    /// (no dh reaches those rows). Caught by `engine/tests/it/train_chunked.rs`'s gradients.
+    LossChunkHeadNoGrad,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -683,6 +690,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesPreviousDropped" => Defect::ResponsesPreviousDropped,
             "ResponsesToolOutputDropped" => Defect::ResponsesToolOutputDropped,
             "MetricsMalformedLine" => Defect::MetricsMalformedLine,
+            "LossChunkOffByOne" => Defect::LossChunkOffByOne,
+            "LossChunkHeadNoGrad" => Defect::LossChunkHeadNoGrad,
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,

@@ -115,6 +115,7 @@ pub fn memory(
                 segment_size: segment,
                 orpo_forward: Default::default(),
                 lambda_controller: None,
+                loss_chunk: None,
             };
             let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
             let mut active = Vec::new();

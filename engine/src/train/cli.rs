@@ -118,6 +118,11 @@ pub struct TrainArgs {
     /// same loss and gradients).
     #[arg(long)]
     pub segment_size: Option<usize>,
+    /// Chunked cross-entropy: apply the head and the loss this many tokens at a time, so
+    /// the full [tokens × vocab] logits never exist (the same loss and gradients; ORPO runs
+    /// its joint forward). Off: the whole logits.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub loss_chunk: Option<u64>,
     /// ORPO: λ fixed (static) or moved by the dynamic-λ controller after each eval
     /// (adaptive; docs/dynamic-lambda.md).
     #[arg(long, value_enum, default_value = "static")]
@@ -212,6 +217,9 @@ pub enum LambdaLawArg {
 pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     let model = crate::model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
+    if args.loss_chunk.is_some() && super::segmented::layered(model.as_ref()).is_none() {
+        anyhow::bail!(super::chunked::refusal(model.model_type()));
+    }
     if args.segment_size.is_some() && super::segmented::layered(model.as_ref()).is_none() {
         anyhow::bail!(
             "{}; train this model without it",
@@ -342,6 +350,7 @@ impl TrainArgs {
             },
             segment_size: self.segment_size,
             orpo_forward: self.orpo_forward,
+            loss_chunk: self.loss_chunk.map(|n| n as usize),
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
                     self.lambda_knobs.config(match self.lambda_law {

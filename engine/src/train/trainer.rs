@@ -48,6 +48,8 @@ pub struct TrainConfig {
     pub orpo_forward: super::orpo_prefix::OrpoForward,
     /// ORPO: the dynamic-λ controller (None: λ stays `orpo_lambda`).
     pub lambda_controller: Option<super::lambda::ControllerConfig>,
+    /// The chunked cross-entropy: tokens per chunk of the head (None: the whole logits).
+    pub loss_chunk: Option<usize>,
 }
 
 /// The training data, by method.
@@ -158,6 +160,9 @@ fn batch_outputs(
     batch: &[usize],
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
+    if let Some(chunk) = cfg.loss_chunk {
+        return super::chunked::batch_outputs(model, data, batch, cfg, chunk);
+    }
     if let Some(out) = prefix_shared_outputs(model, data, batch, cfg) {
         return out;
     }
@@ -170,6 +175,7 @@ fn takes_prefix_shared(data: &Dataset, cfg: &TrainConfig) -> bool {
     matches!(data, Dataset::Orpo(_))
         && cfg.orpo_forward == super::orpo_prefix::OrpoForward::PrefixShared
         && cfg.segment_size.is_none()
+        && cfg.loss_chunk.is_none()
 }
 
 /// An ORPO batch's loss outputs by the prefix-shared forward, where `cfg` asks for it and
@@ -216,6 +222,9 @@ pub fn batch_grads(
     cfg: &TrainConfig,
     phases: &mut dyn super::segmented::Phases,
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    if let Some(chunk) = cfg.loss_chunk {
+        return super::chunked::batch_grads(model, adapters, data, batch, cfg, chunk, phases);
+    }
     if takes_prefix_shared(data, cfg) {
         let (out, grads) = value_and_grad(adapters, || {
             prefix_shared_outputs(model, data, batch, cfg).expect("an ORPO batch")

@@ -38,6 +38,7 @@ mod ssd_hardening;
 mod ssd_store;
 mod tool_parsers;
 mod train;
+mod train_chunked;
 mod train_families;
 mod train_moe2;
 mod vision_gemma3;
