@@ -191,6 +191,7 @@ pub fn memory_modes(
             let mut warm = times.split_off(1.min(times.len()));
             warm.sort_by(f64::total_cmp);
             let ms = warm.get(warm.len() / 2).copied().unwrap_or(f64::NAN);
+            eprintln!("{mode} seq {seq}: step peak {step_peak:.1} MB above start, {ms:.0} ms");
             result.step_ms.push((mode.clone(), seq, ms));
             result.steps.push((
                 mode,
@@ -206,8 +207,9 @@ pub fn memory_modes(
 
 impl ProbeResult {
     pub fn table(&self) -> String {
-        let mut s =
-            String::from("mode                      seq   phase                 peak MB   above start MB\n");
+        let mut s = String::from(
+            "mode                      seq   phase                 peak MB   above start MB\n",
+        );
         for p in &self.phases {
             s += &format!(
                 "{:25} {:5} {:20} {:9.1} {:12.1}\n",
@@ -258,7 +260,9 @@ impl ProbeResult {
             title: title.into(),
             legend: modes.clone(),
             panels: vec![
-                panel("step peak above start (MB)", |r, m, s| r.at(m, s).map(|x| x.0)),
+                panel("step peak above start (MB)", |r, m, s| {
+                    r.at(m, s).map(|x| x.0)
+                }),
                 panel("step time (ms)", |r, m, s| r.at(m, s).map(|x| x.1)),
             ],
         })

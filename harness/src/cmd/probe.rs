@@ -65,7 +65,10 @@ pub fn run(command: Command) -> Result<()> {
         long_context_summary(&r, &seqs, segment_size, n);
     }
     if let Some(path) = plot {
-        let title = format!("training step memory, {name} ({})", harness::machine::machine_key());
+        let title = format!(
+            "training step memory, {name} ({})",
+            harness::machine::machine_key()
+        );
         std::fs::write(&path, r.plot(&title)).with_context(|| path.display().to_string())?;
         println!("plot: {}", path.display());
     }
@@ -77,7 +80,10 @@ pub fn run(command: Command) -> Result<()> {
     };
     let seg = |s: usize| {
         let name = format!("segmented-{segment_size}");
-        r.steps.iter().find(|x| x.0 == name && x.1 == s).map(|x| x.2)
+        r.steps
+            .iter()
+            .find(|x| x.0 == name && x.1 == s)
+            .map(|x| x.2)
     };
     for s in seqs {
         if let (Some(w), Some(g)) = (whole(s), seg(s)) {
@@ -133,12 +139,16 @@ fn long_modes(segment_size: usize, loss_chunk: usize) -> Vec<harness::probe::Mod
 /// Prints the 8× claim (chunked + segmented at 8× --seq against the whole step at 1×) and
 /// the step-time overheads of segments and chunks at each length.
 fn long_context_summary(r: &harness::probe::ProbeResult, seqs: &[usize], seg: usize, n: usize) {
-    let names = long_modes(seg, n).iter().map(|m| m.name()).collect::<Vec<_>>();
+    let names = long_modes(seg, n)
+        .iter()
+        .map(|m| m.name())
+        .collect::<Vec<_>>();
     let (base, top) = (seqs[0], seqs[seqs.len() - 1]);
     if let (Some(w), Some(c)) = (r.at(&names[0], base), r.at(&names[3], top)) {
         let verdict = if c.0 <= w.0 { "within" } else { "ABOVE" };
         println!(
-            "{} at seq {top} ({}×): step peak {:.1} MB, {verdict} the whole step's {:.1} MB at              seq {base} ({:.0} %)",
+            "{} at seq {top} ({}×): step peak {:.1} MB, {verdict} the whole step's {:.1} MB at \
+             seq {base} ({:.0} %)",
             names[3],
             top / base,
             c.0,
@@ -149,7 +159,8 @@ fn long_context_summary(r: &harness::probe::ProbeResult, seqs: &[usize], seg: us
     for &s in seqs {
         let t = |i: usize| r.at(&names[i], s).map_or(f64::NAN, |x| x.1);
         println!(
-            "seq {s}: step time segmented / whole {:.2}×, chunked / whole {:.2}×,              chunked+segmented / chunked {:.2}× (the segments' overhead)",
+            "seq {s}: step time segmented / whole {:.2}×, chunked / whole {:.2}×, \
+             chunked+segmented / chunked {:.2}× (the segments' overhead)",
             t(1) / t(0),
             t(2) / t(0),
             t(3) / t(2)
