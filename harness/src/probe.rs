@@ -36,6 +36,34 @@ pub struct ProbeResult {
     pub steps: Vec<(String, usize, f64, f64, f64)>,
     /// (mode, seq, step wall time ms: the median over the steps after the first).
     pub step_ms: Vec<(String, usize, f64)>,
+    /// (mode, seq, the process's CPU time per step, ms, median likewise): what the step
+    /// costs whatever else shares the machine.
+    pub step_cpu_ms: Vec<(String, usize, f64)>,
+}
+
+/// The median of the steps after the first (which builds the optimizer state).
+fn warm_median(mut v: Vec<f64>) -> f64 {
+    let mut warm = v.split_off(1.min(v.len()));
+    warm.sort_by(f64::total_cmp);
+    warm.get(warm.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The process's user + system CPU time so far, ms (`/proc/self/stat`, in USER_HZ = 100
+/// ticks a second; NaN where there is no procfs).
+fn cpu_ms() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th.
+    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    match (f.get(11), f.get(12)) {
+        (Some(u), Some(s)) => (u + s) * 10.0,
+        _ => f64::NAN,
+    }
 }
 
 struct Recorder {
@@ -126,6 +154,7 @@ pub fn memory_modes(
         phases: Vec::new(),
         steps: Vec::new(),
         step_ms: Vec::new(),
+        step_cpu_ms: Vec::new(),
     };
     for &seq in seqs {
         let data = Dataset::Sft(
@@ -160,7 +189,7 @@ pub fn memory_modes(
             let mut active = Vec::new();
             let mut last = Vec::new();
             let mut step_peak = 0.0f64;
-            let mut times = Vec::new();
+            let (mut times, mut cpu) = (Vec::new(), Vec::new());
             for _ in 0..steps {
                 mlx_rs::memory::clear_cache()?;
                 let start = mb(engine::runtime::memory()?.active);
@@ -171,11 +200,12 @@ pub fn memory_modes(
                     start,
                     rows: Vec::new(),
                 };
-                let tic = std::time::Instant::now();
+                let (tic, cpu0) = (std::time::Instant::now(), cpu_ms());
                 let (out, grads) =
                     batch_grads(model.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut rec)?;
                 engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
                 times.push(tic.elapsed().as_secs_f64() * 1e3);
+                cpu.push(cpu_ms() - cpu0);
                 rec.phase("optimizer");
                 drop((out, grads));
                 step_peak = rec
@@ -187,12 +217,13 @@ pub fn memory_modes(
                 last = rec.rows;
             }
             result.phases.extend(last);
-            // The median of the steps after the first (which builds the optimizer state).
-            let mut warm = times.split_off(1.min(times.len()));
-            warm.sort_by(f64::total_cmp);
-            let ms = warm.get(warm.len() / 2).copied().unwrap_or(f64::NAN);
-            eprintln!("{mode} seq {seq}: step peak {step_peak:.1} MB above start, {ms:.0} ms");
+            let (ms, cpu_ms) = (warm_median(times), warm_median(cpu));
+            eprintln!(
+                "{mode} seq {seq}: step peak {step_peak:.1} MB above start, {ms:.0} ms, \
+                 {cpu_ms:.0} ms CPU"
+            );
             result.step_ms.push((mode.clone(), seq, ms));
+            result.step_cpu_ms.push((mode.clone(), seq, cpu_ms));
             result.steps.push((
                 mode,
                 seq,
@@ -216,9 +247,10 @@ impl ProbeResult {
                 p.mode, p.seq, p.phase, p.peak_mb, p.above_start_mb
             );
         }
-        s += "\nmode                      seq   step peak above start MB   step ms   active after step 1 → last (MB)\n";
-        for ((mode, seq, peak, a0, a1), (_, _, ms)) in self.steps.iter().zip(&self.step_ms) {
-            s += &format!("{mode:25} {seq:5} {peak:26.1} {ms:9.1}   {a0:.1} → {a1:.1}\n");
+        s += "\nmode                      seq   step peak above start MB   step ms    CPU ms   active after step 1 → last (MB)\n";
+        let times = self.step_ms.iter().zip(&self.step_cpu_ms);
+        for ((mode, seq, peak, a0, a1), ((_, _, ms), (_, _, cpu))) in self.steps.iter().zip(times) {
+            s += &format!("{mode:25} {seq:5} {peak:26.1} {ms:9.1} {cpu:9.1}   {a0:.1} → {a1:.1}\n");
         }
         s
     }
@@ -230,6 +262,15 @@ impl ProbeResult {
         let peak = self.steps.iter().find(|x| x.0 == mode && x.1 == seq)?.2;
         let ms = self.step_ms.iter().find(|x| x.0 == mode && x.1 == seq)?.2;
         Some((peak, ms))
+    }
+
+    /// A mode's CPU time per step (ms) at `seq`.
+    pub fn cpu_at(&self, mode: &str, seq: usize) -> Option<f64> {
+        let x = self
+            .step_cpu_ms
+            .iter()
+            .find(|x| x.0 == mode && x.1 == seq)?;
+        Some(x.2)
     }
 
     /// Step peak and step time against the sequence length, one line per mode (log x).
@@ -263,7 +304,8 @@ impl ProbeResult {
                 panel("step peak above start (MB)", |r, m, s| {
                     r.at(m, s).map(|x| x.0)
                 }),
-                panel("step time (ms)", |r, m, s| r.at(m, s).map(|x| x.1)),
+                panel("step wall time (ms)", |r, m, s| r.at(m, s).map(|x| x.1)),
+                panel("step CPU time (ms)", |r, m, s| r.cpu_at(m, s)),
             ],
         })
     }

@@ -96,13 +96,15 @@ pub fn run(command: Command) -> Result<()> {
     let state = harness::preflight::check(&harness::preflight::Thresholds::from_env());
     let db = Db::open_default()?;
     let ctx = harness::db::RowContext::at(&state, "single-process");
-    for ((mode, s, peak, a0, a1), (_, _, ms)) in r.steps.iter().zip(&r.step_ms) {
+    let times = r.step_ms.iter().zip(&r.step_cpu_ms);
+    for ((mode, s, peak, a0, a1), ((_, _, ms), (_, _, cpu))) in r.steps.iter().zip(times) {
         let params =
             serde_json::json!({"mode": mode, "seq": s, "batch": 2, "rank": 8, "steps": steps});
         for m in [
             ("step_peak_above_start_mb", *peak, "MB"),
             ("active_growth_mb", a1 - a0, "MB"),
             ("step_ms", *ms, "ms"),
+            ("step_cpu_ms", *cpu, "ms"),
         ] {
             db.insert(&ctx.row("memory-probe", &name, m, "engine", None, params.clone()))?;
         }
@@ -158,12 +160,16 @@ fn long_context_summary(r: &harness::probe::ProbeResult, seqs: &[usize], seg: us
     }
     for &s in seqs {
         let t = |i: usize| r.at(&names[i], s).map_or(f64::NAN, |x| x.1);
+        let c = |i: usize| r.cpu_at(&names[i], s).unwrap_or(f64::NAN);
         println!(
-            "seq {s}: step time segmented / whole {:.2}×, chunked / whole {:.2}×, \
-             chunked+segmented / chunked {:.2}× (the segments' overhead)",
+            "seq {s}: step time (wall; CPU) segmented / whole {:.2}×; {:.2}×, chunked / whole \
+             {:.2}×; {:.2}×, chunked+segmented / chunked {:.2}×; {:.2}× (the segments' overhead)",
             t(1) / t(0),
+            c(1) / c(0),
             t(2) / t(0),
-            t(3) / t(2)
+            c(2) / c(0),
+            t(3) / t(2),
+            c(3) / c(2)
         );
     }
 }
