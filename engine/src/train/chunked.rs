@@ -7,10 +7,12 @@
 //! put back together and the loss (`loss::sft_loss_from_ce`, or ORPO's `orpo_terms` of −CE)
 //! reduces it exactly as the plain path does, so no sum is reordered.
 //!
-//! Backward, by recomputation (a hand-made VJP of h ↦ CE): the loss's value-and-grad over
-//! the per-token CE gives dCE [B, T] (tiny); then per chunk, the chunk's head and CE are
-//! replayed under a vjp with cotangent dCE_chunk → dh_chunk, evaluated before the next
-//! chunk starts, so one chunk's [N × vocab] logits (and their gradient) live at a time. The
+//! Backward, a hand-made VJP of h ↦ CE: the loss's value-and-grad over the per-token CE
+//! gives dCE [B, T] (tiny); then per chunk, the chunk's head and CE run under a vjp with
+//! cotangent dCE_chunk → dh_chunk, evaluated before the next chunk starts, so one chunk's
+//! [N × vocab] logits (and their gradient) live at a time. ORPO's loss needs the CE before
+//! dCE, so its chunks run twice (the CE pass, then the vjp: recomputation); SFT's is linear
+//! in the CE, so its dCE is taken at zeros and one vjp per chunk gives both. The
 //! adapters' gradients come from the segmented backward (`segmented::
 //! segmented_value_and_grad_by`) with dh at the last boundary; without `--segment-size` the
 //! blocks run as one segment (one extra forward of the blocks: the price of not holding the
@@ -77,39 +79,68 @@ pub fn token_ce(
     concatenate(&parts, 0)?.reshape(&[b, t])
 }
 
+/// The loss outputs at `ce` and the gradient of the first with respect to `ce`.
+fn loss_and_dce(
+    loss_from_ce: &mut dyn FnMut(&Array) -> R<Vec<Array>>,
+    ce: &Array,
+) -> R<(Vec<Array>, Array)> {
+    let f = |x: &[Array]| loss_from_ce(&x[0]);
+    let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(f, &[0][..]);
+    let (o, g) = vg(std::slice::from_ref(ce))?;
+    Ok((o, g.into_iter().next().expect("one gradient")))
+}
+
 /// The loss outputs of `loss_from_ce(cross_entropy(head(h), targets))` and the gradient of
-/// the first with respect to h, chunk by chunk (see the module doc).
+/// the first with respect to h, chunk by chunk (see the module doc). `linear`: the loss is
+/// linear in the CE (SFT's masked sum over a count), so dCE does not depend on the CE's
+/// values: it is taken at zeros and each chunk's CE and dh come from one vjp (the head
+/// runs once per chunk, not twice). Otherwise (ORPO) the CE comes first, then dCE, then
+/// each chunk is replayed under a vjp.
 pub fn value_and_dh(
     head: &dyn Fn(&Array) -> R<Array>,
     h: &Array,
     targets: &Array,
     chunk: usize,
     loss_from_ce: &mut dyn FnMut(&Array) -> R<Vec<Array>>,
+    linear: bool,
 ) -> R<(Vec<Array>, Array)> {
-    let ce = token_ce(head, h, targets, chunk)?;
-    let (outputs, dce) = {
-        let f = |x: &[Array]| loss_from_ce(&x[0]);
-        let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(f, &[0][..]);
-        let (o, g) = vg(std::slice::from_ref(&ce))?;
-        (o, g.into_iter().next().expect("one gradient"))
-    };
-    mlx_rs::transforms::eval(outputs.iter().chain(std::iter::once(&dce)))?;
     let (b, t, d) = (h.shape()[0], h.shape()[1], h.shape()[2]);
     let flat = h.reshape(&[b * t, d])?;
-    let (tflat, dflat) = (targets.reshape(&[b * t])?, dce.reshape(&[b * t])?);
-    let mut dh = Vec::new();
+    let tflat = targets.reshape(&[b * t])?;
+    let (outputs, dce) = if linear {
+        // The CE's dtype, from a graph that is never evaluated.
+        let dtype = chunk_ce(head, &flat.index(0..1), &tflat.index(0..1))?.dtype();
+        let zeros = mlx_rs::ops::zeros::<f32>(&[b, t])?.as_dtype(dtype)?;
+        (None, loss_and_dce(loss_from_ce, &zeros)?.1)
+    } else {
+        let (o, g) = loss_and_dce(loss_from_ce, &token_ce(head, h, targets, chunk)?)?;
+        (Some(o), g)
+    };
+    dce.eval()?;
+    let dflat = dce.reshape(&[b * t])?;
+    let (mut ce, mut dh) = (Vec::new(), Vec::new());
     for (k, r) in chunks(b * t, chunk).into_iter().enumerate() {
         let tc = tflat.index(r.clone());
         let replay = |p: &[Array]| -> R<Vec<Array>> { Ok(vec![chunk_ce(head, &p[0], &tc)?]) };
         let primal = rows(&flat, &r)?;
-        let (_, g) = mlx_rs::transforms::fallible_vjp(replay, &[primal], &[dflat.index(r)])?;
+        let (out, g) = mlx_rs::transforms::fallible_vjp(replay, &[primal], &[dflat.index(r)])?;
         let mut g = g.into_iter().next().expect("one cotangent");
         if k > 0 && crate::plant::is(crate::plant::Defect::LossChunkHeadNoGrad) {
             g = mlx_rs::ops::zeros_like(&g)?;
         }
-        g.eval()?;
+        let out = out.into_iter().next().expect("one output");
+        mlx_rs::transforms::eval([&out, &g])?;
+        ce.push(out);
         dh.push(g);
     }
+    let outputs = match outputs {
+        Some(o) => o,
+        None => {
+            let o = loss_from_ce(&concatenate(&ce, 0)?.reshape(&[b, t])?)?;
+            mlx_rs::transforms::eval(&o)?;
+            o
+        }
+    };
     Ok((outputs, concatenate(&dh, 0)?.reshape(&[b, t, d])?))
 }
 
@@ -203,6 +234,8 @@ pub fn batch_grads(
 ) -> R<(Vec<Array>, Vec<Array>)> {
     let layered = layered_or_refuse(model)?;
     let (inputs, targets, mut loss) = batch_loss_from_ce(data, batch, cfg);
+    // SFT's loss (`sft_loss_from_ce`: Σ mask·CE / count) is linear in the CE; ORPO's is not.
+    let linear = matches!(data, Dataset::Sft(_));
     let size = cfg.segment_size.unwrap_or(layered.num_blocks());
     let mut head = |last: &Array| {
         value_and_dh(
@@ -211,6 +244,7 @@ pub fn batch_grads(
             &targets,
             chunk,
             &mut loss,
+            linear,
         )
     };
     super::segmented::segmented_value_and_grad_by(
