@@ -275,8 +275,13 @@ impl ProbeResult {
 
     /// Step peak and step time against the sequence length, one line per mode (log x).
     pub fn plot(&self, title: &str) -> String {
-        let mut modes: Vec<String> = self.steps.iter().map(|x| x.0.clone()).collect();
-        modes.dedup();
+        // Each mode once, in the order first measured (rows run seq by seq).
+        let mut modes: Vec<String> = Vec::new();
+        for x in &self.steps {
+            if !modes.contains(&x.0) {
+                modes.push(x.0.clone());
+            }
+        }
         let series = |pick: fn(&Self, &str, usize) -> Option<f64>| -> Vec<Option<Series>> {
             let mut seqs: Vec<usize> = self.steps.iter().map(|x| x.1).collect();
             seqs.sort_unstable();

@@ -65,8 +65,12 @@ pub fn run(command: Command) -> Result<()> {
         long_context_summary(&r, &seqs, segment_size, n);
     }
     if let Some(path) = plot {
+        // A model directory is named by its last component.
+        let short = std::path::Path::new(&name)
+            .file_name()
+            .map_or(name.clone(), |n| n.to_string_lossy().into_owned());
         let title = format!(
-            "training step memory, {name} ({})",
+            "training step memory, {short} ({})",
             harness::machine::machine_key()
         );
         std::fs::write(&path, r.plot(&title)).with_context(|| path.display().to_string())?;
