@@ -129,6 +129,13 @@ pub enum Defect {
     /// graph's first trace after the dynamic-λ controller moves it. Caught by the
     /// compiled-vs-eager gate (`engine/tests/it/train_compiled.rs`).
     CompiledStepKeyWithoutLambda,
+    /// Chunked cross-entropy: every chunk after the first reads the hidden states one row
+    /// early (its first token scored from the row before it: one token dropped, one counted
+    /// twice). Caught by the chunked vs plain gate (`engine/tests/it/train_chunked.rs`).
+    LossChunkOffByOne,
+    /// Chunked cross-entropy: the head's gradient is stopped in every chunk after the first
+    /// (no dh reaches those rows). Caught by `engine/tests/it/train_chunked.rs`'s gradients.
+    LossChunkHeadNoGrad,
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
@@ -725,6 +732,8 @@ pub fn on_from_env() -> Result<(), String> {
             "ResponsesPreviousDropped" => Defect::ResponsesPreviousDropped,
             "ResponsesToolOutputDropped" => Defect::ResponsesToolOutputDropped,
             "MetricsMalformedLine" => Defect::MetricsMalformedLine,
+            "LossChunkOffByOne" => Defect::LossChunkOffByOne,
+            "LossChunkHeadNoGrad" => Defect::LossChunkHeadNoGrad,
             "MetricsTokensOutUncounted" => Defect::MetricsTokensOutUncounted,
             "MetricsDefaultModelOnly" => Defect::MetricsDefaultModelOnly,
             "FleetLoadTimeoutIgnored" => Defect::FleetLoadTimeoutIgnored,

@@ -4,11 +4,15 @@
 //! backward and for segmented backward at 1×, 2× and 4× a base sequence length. Peaks are
 //! reported as measured (weights included) and above the step's starting active memory
 //! (what the step itself needs). A leak check compares active memory after the first and
-//! the last of several steps.
+//! the last of several steps. `memory_modes` takes any set of configurations (segmented
+//! backward and the chunked cross-entropy, each on or off) and also times each step, by
+//! wall clock and by the process's CPU time.
 
 use std::path::Path;
 
 use anyhow::Result;
+
+use crate::plot::{Figure, Panel, Series};
 use engine::train::data::Example;
 use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
@@ -32,6 +36,36 @@ pub struct ProbeResult {
     pub phases: Vec<PhasePeak>,
     /// (mode, seq, step peak above start MB, active MB after the first step, after the last).
     pub steps: Vec<(String, usize, f64, f64, f64)>,
+    /// (mode, seq, step wall time ms: the median over the steps after the first).
+    pub step_ms: Vec<(String, usize, f64)>,
+    /// (mode, seq, the process's CPU time per step, ms, median likewise): what the step
+    /// costs whatever else shares the machine.
+    pub step_cpu_ms: Vec<(String, usize, f64)>,
+}
+
+/// The median of the steps after the first (which builds the optimizer state).
+fn warm_median(mut v: Vec<f64>) -> f64 {
+    let mut warm = v.split_off(1.min(v.len()));
+    warm.sort_by(f64::total_cmp);
+    warm.get(warm.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The process's user + system CPU time so far, ms (`/proc/self/stat`, in USER_HZ = 100
+/// ticks a second; NaN where there is no procfs).
+fn cpu_ms() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return f64::NAN;
+    };
+    // Fields after the command's closing parenthesis: state is the 3rd field, utime the 14th.
+    let rest = stat.rsplit_once(')').map_or("", |r| r.1);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(f64::NAN))
+        .collect();
+    match (f.get(11), f.get(12)) {
+        (Some(u), Some(s)) => (u + s) * 10.0,
+        _ => f64::NAN,
+    }
 }
 
 struct Recorder {
@@ -59,11 +93,45 @@ impl Phases for Recorder {
     }
 }
 
+/// One configuration of the step: segmented backward and the chunked loss, each or not.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    pub segment_size: Option<usize>,
+    pub loss_chunk: Option<usize>,
+}
+
+impl Mode {
+    /// `whole`, `segmented-S`, `chunked-N`, `chunked-N+segmented-S`.
+    pub fn name(&self) -> String {
+        let seg = self.segment_size.map(|s| format!("segmented-{s}"));
+        let chunk = self.loss_chunk.map(|n| format!("chunked-{n}"));
+        match (chunk, seg) {
+            (None, None) => "whole".into(),
+            (Some(c), Some(s)) => format!("{c}+{s}"),
+            (c, s) => c.or(s).unwrap_or_default(),
+        }
+    }
+}
+
 /// Probes `model` at sequence lengths `seqs` (batch of 2), whole vs `segment_size`.
 pub fn memory(
     model_dir: &Path,
     seqs: &[usize],
     segment_size: usize,
+    steps: usize,
+) -> Result<ProbeResult> {
+    let modes = [None, Some(segment_size)].map(|segment_size| Mode {
+        segment_size,
+        loss_chunk: None,
+    });
+    memory_modes(model_dir, seqs, &modes, steps)
+}
+
+/// Probes `model` at sequence lengths `seqs` (batch of 2) in each of `modes`.
+pub fn memory_modes(
+    model_dir: &Path,
+    seqs: &[usize],
+    modes: &[Mode],
     steps: usize,
 ) -> Result<ProbeResult> {
     let model = engine::model::load(model_dir)?;
@@ -87,6 +155,8 @@ pub fn memory(
     let mut result = ProbeResult {
         phases: Vec::new(),
         steps: Vec::new(),
+        step_ms: Vec::new(),
+        step_cpu_ms: Vec::new(),
     };
     for &seq in seqs {
         let data = Dataset::Sft(
@@ -97,8 +167,8 @@ pub fn memory(
                 })
                 .collect(),
         );
-        for segment in [None, Some(segment_size)] {
-            let mode = segment.map_or("whole".to_owned(), |s| format!("segmented-{s}"));
+        for m in modes {
+            let mode = m.name();
             let cfg = TrainConfig {
                 method: Method::Sft,
                 iters: steps,
@@ -112,15 +182,17 @@ pub fn memory(
                 seed: 0,
                 orpo_lambda: 0.1,
                 sft_scope: SftScope::Full,
-                segment_size: segment,
+                segment_size: m.segment_size,
                 orpo_forward: Default::default(),
                 lambda_controller: None,
                 actuated: engine::train::lambda::Actuated::Lambda,
+                loss_chunk: m.loss_chunk,
             };
             let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
             let mut active = Vec::new();
             let mut last = Vec::new();
             let mut step_peak = 0.0f64;
+            let (mut times, mut cpu) = (Vec::new(), Vec::new());
             for _ in 0..steps {
                 mlx_rs::memory::clear_cache()?;
                 let start = mb(engine::runtime::memory()?.active);
@@ -131,9 +203,12 @@ pub fn memory(
                     start,
                     rows: Vec::new(),
                 };
+                let (tic, cpu0) = (std::time::Instant::now(), cpu_ms());
                 let (out, grads) =
                     batch_grads(model.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut rec)?;
                 engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
+                times.push(tic.elapsed().as_secs_f64() * 1e3);
+                cpu.push(cpu_ms() - cpu0);
                 rec.phase("optimizer");
                 drop((out, grads));
                 step_peak = rec
@@ -145,6 +220,13 @@ pub fn memory(
                 last = rec.rows;
             }
             result.phases.extend(last);
+            let (ms, cpu_ms) = (warm_median(times), warm_median(cpu));
+            eprintln!(
+                "{mode} seq {seq}: step peak {step_peak:.1} MB above start, {ms:.0} ms, \
+                 {cpu_ms:.0} ms CPU"
+            );
+            result.step_ms.push((mode.clone(), seq, ms));
+            result.step_cpu_ms.push((mode.clone(), seq, cpu_ms));
             result.steps.push((
                 mode,
                 seq,
@@ -159,18 +241,80 @@ pub fn memory(
 
 impl ProbeResult {
     pub fn table(&self) -> String {
-        let mut s =
-            String::from("mode          seq   phase                 peak MB   above start MB\n");
+        let mut s = String::from(
+            "mode                      seq   phase                 peak MB   above start MB\n",
+        );
         for p in &self.phases {
             s += &format!(
-                "{:13} {:5} {:20} {:9.1} {:12.1}\n",
+                "{:25} {:5} {:20} {:9.1} {:12.1}\n",
                 p.mode, p.seq, p.phase, p.peak_mb, p.above_start_mb
             );
         }
-        s += "\nmode          seq   step peak above start MB   active after step 1 → last (MB)\n";
-        for (mode, seq, peak, a0, a1) in &self.steps {
-            s += &format!("{mode:13} {seq:5} {peak:26.1}   {a0:.1} → {a1:.1}\n");
+        s += "\nmode                      seq   step peak above start MB   step ms    CPU ms   active after step 1 → last (MB)\n";
+        let times = self.step_ms.iter().zip(&self.step_cpu_ms);
+        for ((mode, seq, peak, a0, a1), ((_, _, ms), (_, _, cpu))) in self.steps.iter().zip(times) {
+            s += &format!("{mode:25} {seq:5} {peak:26.1} {ms:9.1} {cpu:9.1}   {a0:.1} → {a1:.1}\n");
         }
         s
+    }
+}
+
+impl ProbeResult {
+    /// A mode's step peak above start (MB) and step time (ms) at `seq`.
+    pub fn at(&self, mode: &str, seq: usize) -> Option<(f64, f64)> {
+        let peak = self.steps.iter().find(|x| x.0 == mode && x.1 == seq)?.2;
+        let ms = self.step_ms.iter().find(|x| x.0 == mode && x.1 == seq)?.2;
+        Some((peak, ms))
+    }
+
+    /// A mode's CPU time per step (ms) at `seq`.
+    pub fn cpu_at(&self, mode: &str, seq: usize) -> Option<f64> {
+        let x = self
+            .step_cpu_ms
+            .iter()
+            .find(|x| x.0 == mode && x.1 == seq)?;
+        Some(x.2)
+    }
+
+    /// Step peak and step time against the sequence length, one line per mode (log x).
+    pub fn plot(&self, title: &str) -> String {
+        // Each mode once, in the order first measured (rows run seq by seq).
+        let mut modes: Vec<String> = Vec::new();
+        for x in &self.steps {
+            if !modes.contains(&x.0) {
+                modes.push(x.0.clone());
+            }
+        }
+        let series = |pick: fn(&Self, &str, usize) -> Option<f64>| -> Vec<Option<Series>> {
+            let mut seqs: Vec<usize> = self.steps.iter().map(|x| x.1).collect();
+            seqs.sort_unstable();
+            seqs.dedup();
+            let line = |m: &String| Series {
+                name: m.clone(),
+                points: seqs
+                    .iter()
+                    .filter_map(|&s| pick(self, m, s).map(|v| (s as f64, v)))
+                    .collect(),
+            };
+            modes.iter().map(|m| Some(line(m))).collect()
+        };
+        let panel = |name: &str, pick: fn(&Self, &str, usize) -> Option<f64>| Panel {
+            title: name.into(),
+            x_label: "sequence length (tokens per row, batch 2)".into(),
+            series: series(pick),
+            log_x: true,
+            y_from_zero: true,
+        };
+        crate::plot::svg(&Figure {
+            title: title.into(),
+            legend: modes.clone(),
+            panels: vec![
+                panel("step peak above start (MB)", |r, m, s| {
+                    r.at(m, s).map(|x| x.0)
+                }),
+                panel("step wall time (ms)", |r, m, s| r.at(m, s).map(|x| x.1)),
+                panel("step CPU time (ms)", |r, m, s| r.cpu_at(m, s)),
+            ],
+        })
     }
 }

@@ -141,6 +141,11 @@ pub struct TrainArgs {
     /// same loss and gradients).
     #[arg(long)]
     pub segment_size: Option<usize>,
+    /// Chunked cross-entropy: apply the head and the loss this many tokens at a time, so
+    /// the full [tokens × vocab] logits never exist (the same loss and gradients; ORPO runs
+    /// its joint forward). Off: the whole logits.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub loss_chunk: Option<u64>,
     /// The objective's weight fixed (static) or moved by the dynamic-λ controller after
     /// each eval (adaptive; docs/dynamic-lambda.md): ORPO's λ, or the weight
     /// --adaptive-weight names for dpo, cpo and simpo.
@@ -255,6 +260,9 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
     args.check_pair_flags().map_err(anyhow::Error::msg)?;
     let model = crate::model::load(&args.model)
         .with_context(|| format!("loading model from {}", args.model.display()))?;
+    if args.loss_chunk.is_some() && super::segmented::layered(model.as_ref()).is_none() {
+        anyhow::bail!(super::chunked::refusal(model.model_type()));
+    }
     if args.segment_size.is_some() && super::segmented::layered(model.as_ref()).is_none() {
         anyhow::bail!(
             "{}; train this model without it",
@@ -435,6 +443,7 @@ impl TrainArgs {
             segment_size: self.segment_size,
             orpo_forward: self.orpo_forward,
             actuated: self.actuated().expect("checked before loading"),
+            loss_chunk: self.loss_chunk.map(|n| n as usize),
             lambda_controller: (self.orpo_lambda_schedule == LambdaScheduleArg::Adaptive).then(
                 || {
                     self.lambda_knobs.config(match self.lambda_law {

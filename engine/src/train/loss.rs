@@ -44,14 +44,24 @@ pub fn sft_loss(
     batch: &Array,
     lengths: &Array,
 ) -> Result<(Array, Array), Exception> {
-    let t = batch.shape()[1];
     let targets = batch.index((.., 1..));
+    sft_loss_from_ce(&cross_entropy(logits, &targets)?, batch, lengths)
+}
+
+/// `default_loss` from the per-token cross-entropy [B, T − 1] of `batch[:, :-1]` against
+/// `batch[:, 1:]` (what `cross_entropy` gives; the chunked loss makes it chunk by chunk).
+pub fn sft_loss_from_ce(
+    ce: &Array,
+    batch: &Array,
+    lengths: &Array,
+) -> Result<(Array, Array), Exception> {
+    let t = batch.shape()[1];
     let steps = arange::<_, i32>(1, t, 1)?;
     let mask = logical_and(
         steps.ge(lengths.index((.., 0..1)))?,
         steps.le(lengths.index((.., 1..)))?,
     )?;
-    let ce = cross_entropy(logits, &targets)?.multiply(&mask)?;
+    let ce = ce.multiply(&mask)?;
     let ntoks = mask.sum(None)?;
     let loss = ce.as_dtype(Dtype::Float32)?.sum(None)?.divide(&ntoks)?;
     Ok((loss, ntoks))

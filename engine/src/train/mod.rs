@@ -2,6 +2,7 @@
 //! mlx.optimizers runs them (`optim`), and one training step: the loss and the adapters'
 //! gradients from MLX's autodiff over the same forward the engine decodes with.
 
+pub mod chunked;
 pub mod cli;
 pub mod compiled;
 pub mod compiled_probe;

@@ -91,6 +91,30 @@ pub fn segmented_value_and_grad(
     mut loss_from_logits: impl FnMut(&Array) -> Result<Vec<Array>, Exception>,
     phases: &mut dyn Phases,
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    let mut head = |last: &Array| -> Result<(Vec<Array>, Array), Exception> {
+        let f = |x: &[Array]| -> Result<Vec<Array>, Exception> {
+            loss_from_logits(&model.head_logits(&x[0])?)
+        };
+        let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(f, &[0][..]);
+        let (o, g) = vg(std::slice::from_ref(last))?;
+        Ok((o, g.into_iter().next().expect("one gradient")))
+    };
+    segmented_value_and_grad_by(model, adapters, ids, segment_size, &mut head, phases)
+}
+
+/// The head phase: from the last boundary's hidden state, the loss outputs and the
+/// gradient of the first with respect to that hidden state.
+pub type HeadPhase<'a> = dyn FnMut(&Array) -> Result<(Vec<Array>, Array), Exception> + 'a;
+
+/// `segmented_value_and_grad` with the head phase given (the chunked loss's, `chunked`).
+pub fn segmented_value_and_grad_by(
+    model: &dyn Layered,
+    adapters: &Adapters,
+    ids: &Array,
+    segment_size: usize,
+    head: &mut HeadPhase<'_>,
+    phases: &mut dyn Phases,
+) -> Result<(Vec<Array>, Vec<Array>), Exception> {
     let plain = Plain(model);
     let blocks: &dyn Carried = model.carried().unwrap_or(&plain);
     let params = adapters.params();
@@ -118,14 +142,7 @@ pub fn segmented_value_and_grad(
     phases.phase("forward");
     // The head: loss and dh at the last boundary.
     let last = boundaries.last().expect("one").h.clone();
-    let head = |x: &[Array]| -> Result<Vec<Array>, Exception> {
-        loss_from_logits(&model.head_logits(&x[0])?)
-    };
-    let (outputs, dh) = {
-        let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(head, &[0][..]);
-        let (o, g) = vg(std::slice::from_ref(&last))?;
-        (o, g.into_iter().next().expect("one gradient"))
-    };
+    let (outputs, dh) = head(&last)?;
     mlx_rs::transforms::eval(outputs.iter().chain(std::iter::once(&dh)))?;
     phases.phase("head");
     // Backward, segment by segment: the cotangents of the boundary after each (its hidden

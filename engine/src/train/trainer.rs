@@ -53,6 +53,8 @@ pub struct TrainConfig {
     /// The objective weight the controller moves (ORPO's λ; DPO's, CPO's or SimPO's β;
     /// SimPO's γ).
     pub actuated: super::lambda::Actuated,
+    /// The chunked cross-entropy: tokens per chunk of the head (None: the whole logits).
+    pub loss_chunk: Option<usize>,
 }
 
 impl TrainConfig {
@@ -193,6 +195,9 @@ fn batch_outputs(
     batch: &[usize],
     cfg: &TrainConfig,
 ) -> Result<Vec<Array>, Exception> {
+    if let Some(chunk) = cfg.loss_chunk {
+        return super::chunked::batch_outputs(model, data, batch, cfg, chunk);
+    }
     if let Some(out) = prefix_shared_outputs(model, data, batch, cfg) {
         return out;
     }
@@ -205,6 +210,7 @@ fn takes_prefix_shared(data: &Dataset, cfg: &TrainConfig) -> bool {
     matches!(data, Dataset::Orpo(_) | Dataset::Pairs(_))
         && cfg.orpo_forward == super::orpo_prefix::OrpoForward::PrefixShared
         && cfg.segment_size.is_none()
+        && cfg.loss_chunk.is_none()
 }
 
 /// An ORPO batch's loss outputs by the prefix-shared forward, where `cfg` asks for it and
@@ -255,6 +261,9 @@ pub fn batch_grads(
     cfg: &TrainConfig,
     phases: &mut dyn super::segmented::Phases,
 ) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    if let Some(chunk) = cfg.loss_chunk {
+        return super::chunked::batch_grads(model, adapters, data, batch, cfg, chunk, phases);
+    }
     if takes_prefix_shared(data, cfg) {
         let (out, grads) = value_and_grad(adapters, || {
             prefix_shared_outputs(model, data, batch, cfg).expect("a pair batch")

@@ -39,6 +39,7 @@ mod ssd_hardening;
 mod ssd_store;
 mod tool_parsers;
 mod train;
+mod train_chunked;
 mod train_compiled;
 mod train_families;
 mod train_grpo;

@@ -356,6 +356,7 @@ fn training_loop_matches(name: &str, defect: Defect) {
             orpo_forward: Default::default(),
             lambda_controller: None,
             actuated: engine::train::lambda::Actuated::Lambda,
+            loss_chunk: None,
         };
         let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);
         let dir = tempfile::tempdir().unwrap();

@@ -133,6 +133,8 @@ fn config(method: Method, forward: OrpoForward) -> TrainConfig {
         segment_size: None,
         orpo_forward: forward,
         lambda_controller: None,
+        actuated: engine::train::lambda::Actuated::Lambda,
+        loss_chunk: None,
     }
 }
 

@@ -379,6 +379,7 @@ fn dpo_batch_grads(
         orpo_forward: forward,
         lambda_controller: None,
         actuated: engine::train::lambda::Actuated::Lambda,
+        loss_chunk: None,
     };
     let (out, grads) = batch_grads(m.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut ()).unwrap();
     (
@@ -661,6 +662,7 @@ fn the_controller_moves_simpos_gamma_and_the_objective_takes_it() {
             orpo_forward: Default::default(),
             lambda_controller: None,
             actuated: engine::train::lambda::Actuated::Gamma,
+            loss_chunk: None,
         };
         cfg.set_weight(0.25);
         cfg.method == Method::Pairs(simpo(0.25)) && cfg.weight() == Some(0.25)
