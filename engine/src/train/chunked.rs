@@ -28,7 +28,7 @@ use mlx_rs::{Array, Dtype};
 use super::data::{Example, Pair};
 use super::lora::Adapters;
 use super::segmented::Phases;
-use super::trainer::{Dataset, TrainConfig};
+use super::setup::{Dataset, TrainConfig};
 use crate::model::{LanguageModel, Layered};
 
 type R<T> = Result<T, Exception>;
@@ -168,7 +168,7 @@ pub fn batch_loss_from_ce(
     let (ids, loss): (Array, LossFromCe) = match data {
         Dataset::Sft(v) => {
             let ex: Vec<&Example> = batch.iter().map(|&i| &v[i]).collect();
-            let (ids, lengths) = super::trainer::sft_batch(&ex, cfg.max_seq_length);
+            let (ids, lengths) = super::setup::sft_batch(&ex, cfg.max_seq_length);
             let batch_ids = ids.clone();
             let loss = move |ce: &Array| {
                 let (l, n) = super::loss::sft_loss_from_ce(ce, &batch_ids, &lengths)?;
@@ -195,7 +195,7 @@ pub fn batch_loss_from_ce(
                 .as_ref()
                 .map(|r| super::preference::reference_rows(r, batch));
             let objective = match cfg.method {
-                super::trainer::Method::Pairs(obj) => Some(obj),
+                super::setup::Method::Pairs(obj) => Some(obj),
                 _ => None,
             };
             // The pair objectives' log-probs: −CE in f32, as `preference::token_logps`.

@@ -13,7 +13,7 @@ use super::lora::{AdapterConfig, Adapters, LoraParams};
 use super::optim::{AdamW, Schedule};
 use super::orpo::SftScope;
 use super::preference_cli::{PairMethod, PrefArgs};
-use super::trainer::{Dataset, Method, Metrics, StepReport, TrainConfig};
+use super::trainer::{Dataset, Method, Metrics, TrainConfig};
 use crate::load::template::ChatTemplate;
 use crate::load::tokenizer::Tokenizer;
 
@@ -276,7 +276,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         template: template.as_ref(),
     };
     if args.method == MethodArg::Grpo {
-        return super::grpo_cli::run(&args, model.as_ref(), &tokenizer, &encoder);
+        return super::grpo_cli::run(&args.grpo_run(), model.as_ref(), &tokenizer, &encoder);
     }
     let (mut train_set, mut valid_set) = args.datasets(&encoder)?;
     let adaptive = args.orpo_lambda_schedule == LambdaScheduleArg::Adaptive;
@@ -310,7 +310,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         args.compile_step,
         &mut metrics,
     )?;
-    let bar = progress_bar(args.quiet, args.iters);
+    let bar = super::progress::bar(args.quiet, args.iters);
     super::trainer::train_with(
         model.as_ref(),
         &adapters,
@@ -321,7 +321,7 @@ pub fn run(args: TrainArgs) -> anyhow::Result<()> {
         &mut metrics,
         &args.adapter_path,
         &mut steps,
-        |r, eval| show_progress(&bar, args.quiet, r, eval),
+        |r, eval| super::progress::show(&bar, args.quiet, r, eval),
     )?;
     bar.finish();
     if args.quiet {
@@ -383,8 +383,33 @@ impl TrainArgs {
         )
     }
 
+    /// What a GRPO run reads of these flags.
+    fn grpo_run(&self) -> super::grpo_cli::GrpoRun<'_> {
+        super::grpo_cli::GrpoRun {
+            grpo: &self.grpo,
+            model: &self.model,
+            data: &self.data,
+            adapter_path: &self.adapter_path,
+            iters: self.iters,
+            batch_size: self.batch_size,
+            max_seq_length: self.max_seq_length,
+            max_grad_norm: self.max_grad_norm,
+            steps_per_eval: self.steps_per_eval,
+            save_every: self.save_every,
+            seed: self.seed,
+            quiet: self.quiet,
+            lora_dropout: self.lora_dropout,
+            segmented: self.segment_size.is_some() || self.loss_chunk.is_some(),
+            grad_accumulation_steps: self.grad_accumulation_steps,
+            learning_rate: self.learning_rate,
+            weight_decay: self.weight_decay,
+            adapter_config: self.adapter_config(),
+            schedule: self.schedule(),
+        }
+    }
+
     /// The adapters' settings, as adapter_config.json records them.
-    pub(super) fn adapter_config(&self) -> AdapterConfig {
+    fn adapter_config(&self) -> AdapterConfig {
         let scale = match self.lora_alpha {
             Some(alpha) if self.rslora => alpha / (self.lora_rank as f32).sqrt(),
             Some(alpha) => alpha / self.lora_rank as f32,
@@ -404,7 +429,7 @@ impl TrainArgs {
     }
 
     /// The learning-rate schedule.
-    pub(super) fn schedule(&self) -> Schedule {
+    fn schedule(&self) -> Schedule {
         match self.lr_schedule {
             ScheduleArg::Constant => Schedule::Constant(self.learning_rate),
             ScheduleArg::Cosine => Schedule::WarmupCosine {
@@ -474,53 +499,6 @@ impl TrainArgs {
                 "started": crate::clock::now_utc(),
             }),
         )?)
-    }
-}
-
-/// A bar over the iterations (hidden with --quiet).
-pub(super) fn progress_bar(quiet: bool, iters: usize) -> indicatif::ProgressBar {
-    let bar = if quiet {
-        indicatif::ProgressBar::hidden()
-    } else {
-        indicatif::ProgressBar::new(iters as u64)
-    };
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} ({elapsed}<{eta})")
-            .expect("valid template"),
-    );
-    bar
-}
-
-/// A step moves the bar and shows its loss, learning rate and speed; an eval prints a line,
-/// and a λ change its own line on stdout (not with --quiet).
-pub(super) fn show_progress(
-    bar: &indicatif::ProgressBar,
-    quiet: bool,
-    r: &StepReport,
-    eval: Option<&[(&'static str, f64)]>,
-) {
-    match eval {
-        Some(m) => {
-            let parts: Vec<String> = m.iter().map(|(k, v)| format!("{k} {v:.4}")).collect();
-            bar.println(format!("step {}: eval {}", r.step, parts.join(", ")));
-            // λ changes reach the console whether or not it is a terminal (the bar's own
-            // lines do not when it is hidden).
-            if let (Some(note), false) = (&r.note, quiet) {
-                bar.suspend(|| println!("{note}"));
-            }
-        }
-        None => {
-            bar.set_position(r.step as u64);
-            let note = r
-                .note
-                .as_deref()
-                .map(|n| format!(" {n}"))
-                .unwrap_or_default();
-            bar.set_message(format!(
-                "loss {:.4}{note} lr {:.2e} {:.0} tok/s",
-                r.loss, r.lr, r.tokens_per_s
-            ));
-        }
     }
 }
 

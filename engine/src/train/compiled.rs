@@ -29,7 +29,7 @@ use super::data::{Example, Pair};
 use super::lora::Adapters;
 use super::orpo::{orpo_from_logits, orpo_terms, pair_batch, SftScope};
 use super::orpo_prefix::{prefix_shared_logps, shared_prefix_len, OrpoForward};
-use super::trainer::{sft_batch, Dataset, TrainConfig};
+use super::setup::{sft_batch, Dataset, TrainConfig};
 use crate::model::LanguageModel;
 use crate::plant::{self, Defect};
 

@@ -28,6 +28,14 @@ pub struct Pair {
     pub rejected: Vec<u32>,
 }
 
+/// The pairs of one file and, for DPO, the reference's summed response log-probs of each
+/// ([chosen, rejected]): read from the data, or computed before training.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairSet {
+    pub pairs: Vec<Pair>,
+    pub reference: Option<Vec<[f32; 2]>>,
+}
+
 pub struct Encoder<'t> {
     pub tokenizer: &'t Tokenizer,
     pub template: Option<&'t ChatTemplate>,

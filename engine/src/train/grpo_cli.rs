@@ -8,12 +8,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use serde_json::json;
 
-use super::cli::TrainArgs;
 use super::data::{read_jsonl, Encoder};
 use super::grpo::{GrpoLoss, GrpoLossConfig, RewardScale};
 use super::grpo_train::{train_grpo, GrpoConfig, GrpoExample};
-use super::lora::Adapters;
-use super::optim::AdamW;
+use super::lora::{AdapterConfig, Adapters};
+use super::optim::{AdamW, Schedule};
 use super::reward::Rewards;
 use super::trainer::Metrics;
 use crate::load::tokenizer::Tokenizer;
@@ -112,9 +111,33 @@ fn prompts(
     })?)
 }
 
+/// What a GRPO run reads of `engine train`'s flags.
+pub struct GrpoRun<'a> {
+    pub grpo: &'a GrpoArgs,
+    pub model: &'a std::path::Path,
+    pub data: &'a std::path::Path,
+    pub adapter_path: &'a std::path::Path,
+    pub iters: usize,
+    pub batch_size: usize,
+    pub max_seq_length: usize,
+    pub max_grad_norm: Option<f32>,
+    pub steps_per_eval: usize,
+    pub save_every: usize,
+    pub seed: u64,
+    pub quiet: bool,
+    pub lora_dropout: f32,
+    /// --segment-size or --loss-chunk (not taken by GRPO).
+    pub segmented: bool,
+    pub grad_accumulation_steps: usize,
+    pub learning_rate: f64,
+    pub weight_decay: f64,
+    pub adapter_config: AdapterConfig,
+    pub schedule: Schedule,
+}
+
 /// `engine train --method grpo` after the model and tokenizer are loaded.
 pub fn run(
-    args: &TrainArgs,
+    args: &GrpoRun,
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     encoder: &Encoder,
@@ -127,10 +150,10 @@ pub fn run(
              they stand, so train GRPO without dropout"
         );
     }
-    if args.segment_size.is_some() || args.grad_accumulation_steps > 1 {
+    if args.segmented || args.grad_accumulation_steps > 1 {
         anyhow::bail!(
-            "--segment-size and --grad-accumulation-steps are not supported with --method grpo; \
-             drop them (raise --batch-size or --grpo-group-size instead)"
+            "--segment-size, --loss-chunk and --grad-accumulation-steps are not supported \
+             with --method grpo; drop them (raise --batch-size or --grpo-group-size instead)"
         );
     }
     let opts = crate::generate::SessionOptions::default();
@@ -183,9 +206,9 @@ pub fn run(
         save_every: args.save_every,
         seed: args.seed,
     };
-    let adapter_config = args.adapter_config();
+    let adapter_config = args.adapter_config.clone();
     let adapters = Adapters::attach(model, adapter_config.clone(), args.seed)?;
-    let mut opt = AdamW::new(args.schedule(), args.weight_decay);
+    let mut opt = AdamW::new(args.schedule.clone(), args.weight_decay);
     std::fs::create_dir_all(&args.adapter_path)?;
     let mut metrics = Metrics::create(
         &args.adapter_path.join("metrics.jsonl"),
@@ -202,7 +225,7 @@ pub fn run(
             "started": crate::clock::now_utc(),
         }),
     )?;
-    let bar = super::cli::progress_bar(args.quiet, args.iters);
+    let bar = super::progress::bar(args.quiet, args.iters);
     train_grpo(
         model,
         tokenizer,
@@ -214,7 +237,7 @@ pub fn run(
         &cfg,
         &mut metrics,
         &args.adapter_path,
-        |r, eval| super::cli::show_progress(&bar, args.quiet, r, eval),
+        |r, eval| super::progress::show(&bar, args.quiet, r, eval),
     )?;
     bar.finish();
     Ok(())

@@ -19,8 +19,10 @@ pub mod orpo_prefix;
 pub mod preference;
 pub mod preference_cli;
 pub mod preference_data;
+pub mod progress;
 pub mod reward;
 pub mod segmented;
+pub mod setup;
 pub mod trainer;
 
 use std::path::{Path, PathBuf};

@@ -13,17 +13,11 @@ use serde_json::Value;
 use super::data::{read_jsonl, Encoder, Pair};
 use super::lora::Adapters;
 use super::preference::{reference_logps, reference_rows, terms_from_logits, PairObjective};
-use super::trainer::{Dataset, LossFromLogits, Method};
+use super::setup::{Dataset, LossFromLogits, Method};
 use super::TrainError;
 use crate::model::LanguageModel;
 
-/// The pairs of one file and, for DPO, the reference's summed response log-probs of each
-/// ([chosen, rejected]): read from the data, or computed before training.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PairSet {
-    pub pairs: Vec<Pair>,
-    pub reference: Option<Vec<[f32; 2]>>,
-}
+pub use super::data::PairSet;
 
 const REF_KEYS: [&str; 2] = ["ref_chosen_logps", "ref_rejected_logps"];
 

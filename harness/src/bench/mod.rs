@@ -15,6 +15,7 @@ pub mod spec;
 pub mod train;
 pub mod train_dpo;
 pub mod train_grpo;
+pub mod train_leg;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -24,15 +24,8 @@ use serde::{Deserialize, Serialize};
 
 use super::median;
 
-pub const RANK: i32 = 8;
+pub use super::train_leg::{TrainLeg, RANK};
 pub const PAIRS: usize = 4;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TrainLeg {
-    pub stack: String,
-    pub step_s: f64,
-    pub peak_memory_bytes: f64,
-}
 
 #[derive(Serialize, Deserialize)]
 struct PairIds {

@@ -19,7 +19,7 @@ use engine::train::preference::{
 use serde::Deserialize;
 
 use super::median;
-use super::train::{TrainLeg, RANK};
+use super::train_leg::{TrainLeg, RANK};
 
 /// The engine's DPO stack name.
 pub const ENGINE: &str = "engine-dpo";

@@ -22,7 +22,7 @@ use engine::train::reward::Rewards;
 use serde::{Deserialize, Serialize};
 
 use super::median;
-use super::train::RANK;
+use super::train_leg::RANK;
 
 pub const PROMPTS: usize = 2;
 pub const GROUP: usize = 4;
