@@ -209,7 +209,7 @@ pub fn run(
     let adapter_config = args.adapter_config.clone();
     let adapters = Adapters::attach(model, adapter_config.clone(), args.seed)?;
     let mut opt = AdamW::new(args.schedule.clone(), args.weight_decay);
-    std::fs::create_dir_all(&args.adapter_path)?;
+    std::fs::create_dir_all(args.adapter_path)?;
     let mut metrics = Metrics::create(
         &args.adapter_path.join("metrics.jsonl"),
         json!({
@@ -236,7 +236,7 @@ pub fn run(
         &rewards,
         &cfg,
         &mut metrics,
-        &args.adapter_path,
+        args.adapter_path,
         |r, eval| super::progress::show(&bar, args.quiet, r, eval),
     )?;
     bar.finish();
