@@ -188,37 +188,8 @@ pub fn memory_modes(
                 actuated: engine::train::lambda::Actuated::Lambda,
                 loss_chunk: m.loss_chunk,
             };
-            let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
-            let mut active = Vec::new();
-            let mut last = Vec::new();
-            let mut step_peak = 0.0f64;
-            let (mut times, mut cpu) = (Vec::new(), Vec::new());
-            for _ in 0..steps {
-                mlx_rs::memory::clear_cache()?;
-                let start = mb(engine::runtime::memory()?.active);
-                engine::runtime::reset_peak_memory()?;
-                let mut rec = Recorder {
-                    mode: mode.clone(),
-                    seq,
-                    start,
-                    rows: Vec::new(),
-                };
-                let (tic, cpu0) = (std::time::Instant::now(), cpu_ms());
-                let (out, grads) =
-                    batch_grads(model.as_ref(), &adapters, &data, &[0, 1], &cfg, &mut rec)?;
-                engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;
-                times.push(tic.elapsed().as_secs_f64() * 1e3);
-                cpu.push(cpu_ms() - cpu0);
-                rec.phase("optimizer");
-                drop((out, grads));
-                step_peak = rec
-                    .rows
-                    .iter()
-                    .map(|r| r.above_start_mb)
-                    .fold(0.0, f64::max);
-                active.push(mb(engine::runtime::memory()?.active));
-                last = rec.rows;
-            }
+            let (last, step_peak, active, times, cpu) =
+                run_steps(model.as_ref(), &adapters, &data, &cfg, &mode, seq)?;
             result.phases.extend(last);
             let (ms, cpu_ms) = (warm_median(times), warm_median(cpu));
             eprintln!(
@@ -237,6 +208,51 @@ pub fn memory_modes(
         }
     }
     Ok(result)
+}
+
+/// The probe steps of one mode at one length: the last step's phases, the step peak above
+/// its start, active memory after each step, and wall and CPU times (ms).
+type StepRun = (Vec<PhasePeak>, f64, Vec<f64>, Vec<f64>, Vec<f64>);
+
+fn run_steps(
+    model: &dyn engine::model::LanguageModel,
+    adapters: &Adapters,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    mode: &str,
+    seq: usize,
+) -> Result<StepRun> {
+    let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
+    let mut active = Vec::new();
+    let mut last = Vec::new();
+    let mut step_peak = 0.0f64;
+    let (mut times, mut cpu) = (Vec::new(), Vec::new());
+    for _ in 0..cfg.iters {
+        mlx_rs::memory::clear_cache()?;
+        let start = mb(engine::runtime::memory()?.active);
+        engine::runtime::reset_peak_memory()?;
+        let mut rec = Recorder {
+            mode: mode.to_string(),
+            seq,
+            start,
+            rows: Vec::new(),
+        };
+        let (tic, cpu0) = (std::time::Instant::now(), cpu_ms());
+        let (out, grads) = batch_grads(model, adapters, data, &[0, 1], cfg, &mut rec)?;
+        engine::train::apply_update(&mut opt, adapters, &grads, &[&out[0]])?;
+        times.push(tic.elapsed().as_secs_f64() * 1e3);
+        cpu.push(cpu_ms() - cpu0);
+        rec.phase("optimizer");
+        drop((out, grads));
+        step_peak = rec
+            .rows
+            .iter()
+            .map(|r| r.above_start_mb)
+            .fold(0.0, f64::max);
+        active.push(mb(engine::runtime::memory()?.active));
+        last = rec.rows;
+    }
+    Ok((last, step_peak, active, times, cpu))
 }
 
 impl ProbeResult {
