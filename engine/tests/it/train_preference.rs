@@ -273,7 +273,8 @@ fn swapped_data(dir: &Path) -> std::path::PathBuf {
 
 /// The positive control: 12 seeded steps of DPO (and of SimPO, whose base-model margin
 /// starts negative: the base prefers lowercase) on the uppercase pairs raise the validation
-/// reward margin above 0 with reward accuracy 1 on the 4 unseen pairs; DPO with chosen and
+/// reward margin above 0 with reward accuracy 1 on the 4 unseen pairs (CPO's summed margin
+/// closes more than half its starting gap); DPO with chosen and
 /// rejected swapped in the training pairs drives the margin below 0 with accuracy 0, so the
 /// gate can fail.
 #[test]
@@ -290,6 +291,11 @@ fn dpo_and_simpo_learn_to_prefer_uppercase_and_swapped_pairs_do_not() {
         );
         assert!(acc(&last) >= 0.99, "{method}: {last}");
     }
+    // CPO scores summed log-probs, and the capitals' rows are longer: its reward margin
+    // starts far below 0 (−23) and 12 steps close most of the gap without flipping it.
+    let (first, last) = control_run(&data, &dir.path().join("cpo"), "cpo", &[]);
+    let rise = margin(&last) - margin(&first);
+    assert!(rise > 0.5 * margin(&first).abs(), "cpo: {first} -> {last}");
     let swapped = swapped_data(dir.path());
     let (first, last) = control_run(&swapped, &dir.path().join("swapped"), "dpo", &[]);
     assert!(

@@ -236,6 +236,11 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<(String, Vec<G
     };
     let mut results = Vec::new();
     for (name, dir, vocab, layers, _) in super::train::targets()? {
+        // Completions are decoded for their reward: a bench model gets its word-level
+        // tokenizer (no EOS, so every completion runs the whole budget on both stacks).
+        if let Some(bench) = name.strip_prefix("bench-").and_then(super::models::by_name) {
+            bench.ensure_tokenizer(&dir)?;
+        }
         let tmp = tempfile::tempdir()?;
         let file = tmp.path().join("prompts.json");
         std::fs::write(&file, serde_json::to_string(&prompts(vocab))?)?;

@@ -1,7 +1,9 @@
 //! The plots `harness promote` puts in RESULTS.md, from promotable rows of one machine:
 //! decode tok/s against prompt length per stack (the newest context sweep of each model:
 //! `harness bench --contexts`), and serve TTFT and throughput against clients per stack
-//! (the newest serve run of each model). A plot takes the rows of one run only (one
+//! (the newest serve run of each model), and the training step's peak memory against
+//! sequence length per mode — whole, segmented, chunked loss, both — (the newest
+//! `harness probe memory` run of each model). A plot takes the rows of one run only (one
 //! timestamp), so a curve never mixes runs; it needs at least two x values.
 
 use std::collections::BTreeMap;
@@ -189,10 +191,68 @@ fn serve_plots(machine: &str, rows: &[&Row]) -> Vec<Plot> {
     out
 }
 
+/// A probe row's mode and sequence length (params `{"mode", "seq"}`).
+fn mode_and_seq(r: &Row) -> Option<(String, f64)> {
+    let p: serde_json::Value = serde_json::from_str(&r.params).ok()?;
+    Some((
+        p.get("mode")?.as_str()?.to_string(),
+        p.get("seq")?.as_f64()?,
+    ))
+}
+
+/// The training step's peak memory above its start against sequence length, one curve per
+/// mode, per model (the newest memory probe).
+fn memory_plots(machine: &str, rows: &[&Row]) -> Vec<Plot> {
+    let probe = rows
+        .iter()
+        .copied()
+        .filter(|r| r.suite == "memory-probe" && r.metric == "step_peak_above_start_mb");
+    let mut out = Vec::new();
+    for (model, run) in newest_run(probe) {
+        // The modes take the place of stacks: one series each.
+        let by_mode: Vec<Row> = run
+            .iter()
+            .filter_map(|r| {
+                let (mode, _) = mode_and_seq(r)?;
+                let mut r = (*r).clone();
+                r.stack = mode;
+                Some(r)
+            })
+            .collect();
+        let refs: Vec<&Row> = by_mode.iter().collect();
+        let legend = stack_order(refs.iter().map(|r| r.stack.clone()));
+        let p = panel(
+            "step peak above start, MB",
+            "tokens per row",
+            &legend,
+            &refs,
+            |r| mode_and_seq(r).map(|m| m.1),
+        );
+        if distinct_x(&p) < 2 {
+            continue;
+        }
+        let commit = &run[0].commit;
+        out.push(Plot {
+            file: format!("{}-train-memory-{}.svg", slug(machine), slug(&model)),
+            caption: format!(
+                "training step peak memory vs sequence length, with and without the chunked \
+                 loss, {model} (commit {commit})"
+            ),
+            svg: super::svg(&Figure {
+                title: format!("{model}: training step memory vs length · {machine} · {commit}"),
+                legend,
+                panels: vec![p],
+            }),
+        });
+    }
+    out
+}
+
 /// Every plot for `machine` from its promotable `rows`.
 pub fn plots(machine: &str, rows: &[&Row]) -> Vec<Plot> {
     let mut out = decode_plots(machine, rows);
     out.extend(serve_plots(machine, rows));
+    out.extend(memory_plots(machine, rows));
     out
 }
 
@@ -264,6 +324,36 @@ mod tests {
         let serve = &plots[1].svg;
         assert_eq!(serve.matches("<polyline").count(), 4, "2 panels × 2 stacks");
         assert_eq!(plots, super::plots("cpu-x", &refs), "deterministic");
+        // A memory probe: one curve per mode over the lengths (the step peak only).
+        let mut probe = vec![];
+        for (seq, whole, chunked) in [(16, 80.0, 39.0), (32, 160.0, 39.2), (128, 650.0, 40.6)] {
+            for (mode, v) in [("whole", whole), ("chunked-16+segmented-1", chunked)] {
+                let params = serde_json::json!({"mode": mode, "seq": seq}).to_string();
+                probe.push(row(
+                    "t5",
+                    "memory-probe",
+                    "step_peak_above_start_mb",
+                    "engine",
+                    v,
+                    &params,
+                ));
+                probe.push(row("t5", "memory-probe", "step_ms", "engine", 1.0, &params));
+            }
+        }
+        let refs: Vec<&Row> = probe.iter().collect();
+        let mem = super::plots("cpu-x", &refs);
+        assert_eq!(mem.len(), 1);
+        assert_eq!(mem[0].file, "cpu-x-train-memory-tiny.svg");
+        assert_eq!(
+            mem[0].svg.matches("<polyline").count(),
+            2,
+            "one curve per mode"
+        );
+        assert_eq!(
+            mem[0].svg.matches("<circle").count(),
+            6,
+            "3 lengths × 2 modes"
+        );
         // One x value only: no plot.
         let one: Vec<&Row> = rows
             .iter()
