@@ -30,7 +30,7 @@ use common::goldens;
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
 use engine::train::data::Pair;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::Adapters;
 use engine::train::orpo::SftScope;
 use engine::train::orpo_prefix::{orpo_loss_by, shared_prefix_len, OrpoForward};
 use mlx_rs::{Array, Dtype};
@@ -59,38 +59,7 @@ const F32_GRAD_REL: f32 = 1e-5;
 const BF16_ERROR_RATIO: f32 = 1.5;
 
 fn attach(m: &dyn LanguageModel) -> Adapters<'_> {
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: usize::MAX,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m, config, 3).unwrap();
-    // Nonzero B, so every adapter parameter gets a gradient; values that bf16 holds
-    // exactly, so a bf16 model and its f32 copy start from the same adapters.
-    let params: Vec<Array> = adapters
-        .params()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let key = mlx_rs::random::key(100 + i as u64).unwrap();
-            mlx_rs::random::normal::<f32>(p.shape(), None, None, &key)
-                .unwrap()
-                .multiply(Array::from_f32(0.01))
-                .unwrap()
-                .as_dtype(Dtype::Bfloat16)
-                .unwrap()
-                .as_dtype(p.dtype())
-                .unwrap()
-        })
-        .collect();
-    adapters.set(&params);
-    adapters
+    crate::common::train::attach_nonzero(m, 100)
 }
 
 /// Four pairs: prompts of 4 lengths, chosen and rejected of unequal lengths.

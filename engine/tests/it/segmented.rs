@@ -340,23 +340,9 @@ fn training_loop_matches(name: &str, defect: Defect) {
     let run = |segment_size: Option<usize>, plant: bool| -> Vec<Vec<u8>> {
         let adapters = attach(m.as_ref());
         let cfg = TrainConfig {
-            method: Method::Sft,
             iters: 3,
-            batch_size: 2,
-            grad_accumulation: 1,
-            max_grad_norm: None,
-            steps_per_eval: usize::MAX,
-            val_batches: 0,
-            save_every: 0,
-            max_seq_length: 2048,
-            seed: 0,
-            orpo_lambda: 0.1,
-            sft_scope: SftScope::Full,
             segment_size,
-            orpo_forward: Default::default(),
-            lambda_controller: None,
-            actuated: engine::train::lambda::Actuated::Lambda,
-            loss_chunk: None,
+            ..crate::common::train::config(Method::Sft)
         };
         let mut opt = AdamW::new(Schedule::Constant(1e-3), 0.01);
         let dir = tempfile::tempdir().unwrap();

@@ -26,8 +26,7 @@ use std::path::{Path, PathBuf};
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
 use engine::train::data::{Example, Pair};
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
-use engine::train::orpo::SftScope;
+use engine::train::lora::Adapters;
 use engine::train::orpo_prefix::OrpoForward;
 use engine::train::trainer::{batch_grads, Dataset, Method, TrainConfig};
 use mlx_rs::{Array, Dtype};
@@ -41,37 +40,7 @@ const GATED: [&str; 2] = ["tiny-llama-trained", "tiny-gemma4"];
 const BF16_ERROR_RATIO: f32 = 1.5;
 
 fn attach(m: &dyn LanguageModel) -> Adapters<'_> {
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: usize::MAX,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m, config, 3).unwrap();
-    // Nonzero B (every parameter gets a gradient), values bf16 holds exactly.
-    let params: Vec<Array> = adapters
-        .params()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let key = mlx_rs::random::key(200 + i as u64).unwrap();
-            mlx_rs::random::normal::<f32>(p.shape(), None, None, &key)
-                .unwrap()
-                .multiply(Array::from_f32(0.01))
-                .unwrap()
-                .as_dtype(Dtype::Bfloat16)
-                .unwrap()
-                .as_dtype(p.dtype())
-                .unwrap()
-        })
-        .collect();
-    adapters.set(&params);
-    adapters
+    crate::common::train::attach_nonzero(m, 200)
 }
 
 fn datasets(dir: &Path) -> [Dataset; 2] {
@@ -106,23 +75,10 @@ fn datasets(dir: &Path) -> [Dataset; 2] {
 
 fn config(method: Method, loss_chunk: Option<usize>, segment_size: Option<usize>) -> TrainConfig {
     TrainConfig {
-        method,
-        iters: 1,
-        batch_size: 2,
-        grad_accumulation: 1,
-        max_grad_norm: None,
-        steps_per_eval: usize::MAX,
-        val_batches: 0,
-        save_every: 0,
-        max_seq_length: 2048,
-        seed: 0,
-        orpo_lambda: 0.1,
-        sft_scope: SftScope::Full,
         segment_size,
         orpo_forward: OrpoForward::Joint,
-        lambda_controller: None,
         loss_chunk,
-        actuated: engine::train::lambda::Actuated::Lambda,
+        ..crate::common::train::config(method)
     }
 }
 

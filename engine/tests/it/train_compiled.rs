@@ -25,9 +25,8 @@ use engine::plant::{self, Defect};
 use engine::train::compiled::{CompileStep, CompiledStep};
 use engine::train::compiled_probe::{refuse, Steps, GRAD_BOUND, OUTPUT_BOUND};
 use engine::train::data::{Example, Pair};
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::Adapters;
 use engine::train::optim::{AdamW, Schedule};
-use engine::train::orpo::SftScope;
 use engine::train::orpo_prefix::OrpoForward;
 use engine::train::trainer::{batch_grads, train_with, Dataset, Method, Metrics, TrainConfig};
 use mlx_rs::{Array, Dtype};
@@ -40,37 +39,7 @@ const MODEL: &str = "tiny-llama-trained";
 const ADAPTER_BOUND: f32 = 2e-3;
 
 fn attach(m: &dyn LanguageModel) -> Adapters<'_> {
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: usize::MAX,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m, config, 3).unwrap();
-    // Nonzero B (every parameter gets a gradient), values bf16 holds exactly.
-    let params: Vec<Array> = adapters
-        .params()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let key = mlx_rs::random::key(200 + i as u64).unwrap();
-            mlx_rs::random::normal::<f32>(p.shape(), None, None, &key)
-                .unwrap()
-                .multiply(Array::from_f32(0.01))
-                .unwrap()
-                .as_dtype(Dtype::Bfloat16)
-                .unwrap()
-                .as_dtype(p.dtype())
-                .unwrap()
-        })
-        .collect();
-    adapters.set(&params);
-    adapters
+    crate::common::train::attach_nonzero(m, 200)
 }
 
 /// `MODEL` converted to float32 under `tmp`.
@@ -118,23 +87,9 @@ fn sft_examples() -> Vec<Example> {
 
 fn config(method: Method, forward: OrpoForward) -> TrainConfig {
     TrainConfig {
-        method,
         iters: 3,
-        batch_size: 2,
-        grad_accumulation: 1,
-        max_grad_norm: None,
-        steps_per_eval: usize::MAX,
-        val_batches: 0,
-        save_every: 0,
-        max_seq_length: 2048,
-        seed: 0,
-        orpo_lambda: 0.1,
-        sft_scope: SftScope::Full,
-        segment_size: None,
         orpo_forward: forward,
-        lambda_controller: None,
-        actuated: engine::train::lambda::Actuated::Lambda,
-        loss_chunk: None,
+        ..crate::common::train::config(method)
     }
 }
 

@@ -652,23 +652,9 @@ fn the_controller_moves_simpos_gamma_and_the_objective_takes_it() {
         let _on =
             planted.then(|| engine::plant::on(engine::plant::Defect::WeightNotActuated).unwrap());
         let mut cfg = TrainConfig {
-            method: Method::Pairs(simpo(0.5)),
-            iters: 1,
-            batch_size: 2,
-            grad_accumulation: 1,
-            max_grad_norm: None,
             steps_per_eval: 1,
-            val_batches: 0,
-            save_every: 0,
-            max_seq_length: 2048,
-            seed: 0,
-            orpo_lambda: 0.1,
-            sft_scope: engine::train::orpo::SftScope::Full,
-            segment_size: None,
-            orpo_forward: Default::default(),
-            lambda_controller: None,
             actuated: engine::train::lambda::Actuated::Gamma,
-            loss_chunk: None,
+            ..crate::common::train::config(Method::Pairs(simpo(0.5)))
         };
         cfg.set_weight(0.25);
         cfg.method == Method::Pairs(simpo(0.25)) && cfg.weight() == Some(0.25)

@@ -16,7 +16,6 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use engine::train::data::Pair;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::orpo::SftScope;
 use engine::train::orpo_prefix::{orpo_loss_by, OrpoForward};
@@ -72,18 +71,7 @@ pub fn leg(
         })
         .collect();
     let refs: Vec<&Pair> = pairs.iter().collect();
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers,
-        lora_parameters: LoraParams {
-            rank: RANK,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m.as_ref(), config, 0)?;
+    let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
     let mut graph =
         compiled.then(|| engine::train::compiled::CompiledStep::new(m.as_ref(), &adapters));

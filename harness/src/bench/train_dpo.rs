@@ -11,7 +11,6 @@ use std::time::Instant;
 
 use anyhow::Result;
 use engine::train::data::Pair;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::preference::{
     pref_terms, reference_logps, reference_rows, DpoLoss, PairObjective,
@@ -19,7 +18,7 @@ use engine::train::preference::{
 use serde::Deserialize;
 
 use super::median;
-use super::train_leg::{TrainLeg, RANK};
+use super::train_leg::TrainLeg;
 
 /// The engine's DPO stack name.
 pub const ENGINE: &str = "engine-dpo";
@@ -45,18 +44,7 @@ pub fn leg(model: &Path, pairs_file: &Path, steps: usize, num_layers: usize) -> 
             rejected: p.rejected,
         })
         .collect();
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers,
-        lora_parameters: LoraParams {
-            rank: RANK,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m.as_ref(), config, 0)?;
+    let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let reference = reference_logps(m.as_ref(), &adapters, &pairs, pairs.len())?;
     let all: Vec<usize> = (0..pairs.len()).collect();
     let reference = reference_rows(&reference, &all);

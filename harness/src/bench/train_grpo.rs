@@ -16,7 +16,6 @@ use std::time::Instant;
 use anyhow::Result;
 use engine::train::grpo::{GrpoLoss, GrpoLossConfig, RewardScale};
 use engine::train::grpo_train::{generation, update, GrpoConfig, GrpoExample};
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::reward::Rewards;
 use serde::{Deserialize, Serialize};
@@ -64,18 +63,7 @@ pub fn leg(model: &Path, prompts_file: &Path, steps: usize, num_layers: usize) -
         r#"[{{"kind": "length", "target": {COMPLETION}, "unit": "tokens"}}]"#
     ))
     .map_err(anyhow::Error::msg)?;
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers,
-        lora_parameters: LoraParams {
-            rank: RANK,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
-    let adapters = Adapters::attach(m.as_ref(), config, 0)?;
+    let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let mut opt = AdamW::new(Schedule::Constant(1e-6), 0.01);
     let cfg = GrpoConfig {
         iters: steps,

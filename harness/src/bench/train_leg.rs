@@ -1,5 +1,7 @@
 //! What every train-suite leg shares: the LoRA rank and the leg's result line.
 
+use engine::model::LanguageModel;
+use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
 use serde::{Deserialize, Serialize};
 
 /// LoRA rank on every linear of every block, for every stack.
@@ -11,4 +13,21 @@ pub struct TrainLeg {
     pub stack: String,
     pub step_s: f64,
     pub peak_memory_bytes: f64,
+}
+
+/// Every stack's adapters: LoRA rank `RANK`, scale 20, on every linear of the last
+/// `num_layers` blocks (mlx-lm's `linear_to_lora_layers` on the peer's side), seed 0.
+pub fn attach(m: &dyn LanguageModel, num_layers: usize) -> anyhow::Result<Adapters<'_>> {
+    let config = AdapterConfig {
+        fine_tune_type: "lora".into(),
+        num_layers,
+        lora_parameters: LoraParams {
+            rank: RANK,
+            scale: 20.0,
+            dropout: 0.0,
+            keys: None,
+        },
+        extra: Default::default(),
+    };
+    Ok(Adapters::attach(m, config, 0)?)
 }

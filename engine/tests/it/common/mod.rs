@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod server;
+pub mod train;
 pub mod vision;
 
 use std::path::{Path, PathBuf};
