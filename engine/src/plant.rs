@@ -855,7 +855,7 @@ mod tests {
     /// 64 places before it.
     #[test]
     fn defects_past_64_have_their_own_bit() {
-        let (low, high) = (Defect::SpecKeepDraftTail, Defect::SsdListPartsUnchecked);
+        let (low, high) = (Defect::SpecKeepDraftTail, Defect::KvRepeatAfterShard);
         assert_eq!(
             (low as usize, high as usize % 64),
             (0, 0),
