@@ -125,16 +125,14 @@ fn preference_losses_and_gradients_equal_the_trl_reference() {
 /// The reference pass zeroes every adapter's B: over adapters with B ≠ 0 it gives the base
 /// model's log-probs bit for bit (the model with the adapters detached), and it leaves the
 /// adapters as they were.
-#[test]
-fn the_reference_pass_is_the_base_model_even_over_trained_adapters() {
-    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
-    use engine::train::preference::{reference_logps, summed_logps};
-    let m = model("tiny-llama-trained");
+/// Two pairs of unequal lengths on tiny-llama-trained's tokenizer (the longer response
+/// chosen in one, rejected in the other).
+fn two_pairs() -> Vec<engine::train::data::Pair> {
     let tok =
         engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
             .unwrap();
     let enc = |t: &str| tok.encode(t, true).unwrap();
-    let pairs = vec![
+    vec![
         engine::train::data::Pair {
             prompt_len: 3,
             chosen: enc("The robot took a spring from the jar."),
@@ -145,7 +143,15 @@ fn the_reference_pass_is_the_base_model_even_over_trained_adapters() {
             chosen: enc("A cat sat."),
             rejected: enc("A cat sat on the warm mat by the door."),
         },
-    ];
+    ]
+}
+
+#[test]
+fn the_reference_pass_is_the_base_model_even_over_trained_adapters() {
+    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use engine::train::preference::{reference_logps, summed_logps};
+    let m = model("tiny-llama-trained");
+    let pairs = two_pairs();
     let base = summed_logps(m.as_ref(), &pairs, 2).unwrap();
     let config = AdapterConfig {
         fine_tune_type: "lora".into(),
@@ -315,22 +321,7 @@ fn dpo_batch_grads(
     use engine::train::preference_data::PairSet;
     use engine::train::trainer::{batch_grads, Dataset, Method, TrainConfig};
     let m = model("tiny-llama-trained");
-    let tok =
-        engine::load::tokenizer::Tokenizer::load(&goldens().join("models/tiny-llama-trained"))
-            .unwrap();
-    let enc = |t: &str| tok.encode(t, true).unwrap();
-    let pairs = vec![
-        engine::train::data::Pair {
-            prompt_len: 3,
-            chosen: enc("The robot took a spring from the jar."),
-            rejected: enc("The robot sold it."),
-        },
-        engine::train::data::Pair {
-            prompt_len: 2,
-            chosen: enc("A cat sat."),
-            rejected: enc("A cat sat on the warm mat by the door."),
-        },
-    ];
+    let pairs = two_pairs();
     let config = AdapterConfig {
         fine_tune_type: "lora".into(),
         num_layers: 3,
