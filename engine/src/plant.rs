@@ -587,6 +587,11 @@ pub enum Defect {
     /// Full fine-tuning unfreezes one block more than `num_layers`. Caught by the full
     /// fine-tuning gate (`tests/it/train_dora.rs`): its trainable set is not mlx-lm's.
     FullOneLayerTooMany,
+    /// GRPO's micro-batched update: each micro-batch's terms are normalized by its own
+    /// token and row counts instead of the whole batch's, so the accumulated loss and
+    /// gradients are not the batch's. Caught by the micro-batch gate
+    /// (`engine/tests/it/train_grpo.rs`).
+    GrpoMicroBatchOwnTotals,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -13,6 +13,11 @@
 //! reduced over the completion tokens: "grpo" the mean over rows of each row's token mean,
 //! "bnpo" and "dapo" (one process, no accumulation: the same) Σ ℓ·mask / Σ mask, "dr_grpo"
 //! Σ ℓ·mask / (rows · max completion length). The float64 oracle is `oracles/grpo_reference.py`.
+//!
+//! A micro-batch of the rows (the update runs one prompt's group at a time, as mlx-lm-lora
+//! does, so one group's activations live at a time) takes the whole batch's token and row
+//! counts (`BatchTotals`) as its denominators: every reduction above is a sum over rows
+//! divided by one of them, so the micro-batches' terms and gradients add up to the batch's.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::{clip, exp, maximum, minimum};
@@ -66,6 +71,15 @@ impl GrpoTerms {
     pub fn into_vec(self) -> Vec<Array> {
         vec![self.loss, self.kl, self.clip_ratio]
     }
+}
+
+/// The whole batch's denominators, for terms taken over a micro-batch of its rows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BatchTotals {
+    /// Completion tokens (Σ mask) of the whole batch.
+    pub tokens: f32,
+    /// Rows of the whole batch.
+    pub rows: f32,
 }
 
 /// The sample standard deviation (n − 1) of the finite values, NaN below two.
@@ -149,7 +163,24 @@ pub fn grpo_terms(
     advantages: &Array,
     cfg: &GrpoLossConfig,
 ) -> Result<GrpoTerms, Exception> {
+    grpo_terms_of_part(logps, old, reference, mask, advantages, cfg, None)
+}
+
+/// `grpo_terms` over a micro-batch of a batch whose denominators are `totals` (None: this
+/// is the whole batch): the micro-batches' terms sum to the batch's.
+pub fn grpo_terms_of_part(
+    logps: &Array,
+    old: Option<&Array>,
+    reference: Option<&Array>,
+    mask: &Array,
+    advantages: &Array,
+    cfg: &GrpoLossConfig,
+    totals: Option<BatchTotals>,
+) -> Result<GrpoTerms, Exception> {
     let f = |x: f32| Array::from_f32(x);
+    // Planted: each micro-batch divides by its own counts, as if it were the batch.
+    let totals =
+        totals.filter(|_| !crate::plant::is(crate::plant::Defect::GrpoMicroBatchOwnTotals));
     let old = match old {
         Some(o) => o.clone(),
         None => mlx_rs::stop_gradient(logps)?,
@@ -159,7 +190,10 @@ pub fn grpo_terms(
     let clipped = clip(&ratio, (f(lo), f(hi)))?;
     let a = advantages.expand_dims(-1)?;
     let mut per_token = minimum(ratio.multiply(&a)?, clipped.multiply(&a)?)?.negative()?;
-    let n_tokens = maximum(mask.sum(None)?, f(1.0))?;
+    let n_tokens = match totals {
+        Some(t) => f(t.tokens.max(1.0)),
+        None => maximum(mask.sum(None)?, f(1.0))?,
+    };
     let masked_mean =
         |x: &Array| -> Result<Array, Exception> { x.multiply(mask)?.sum(None)?.divide(&n_tokens) };
     let kl = match (cfg.beta != 0.0, reference) {
@@ -180,15 +214,18 @@ pub fn grpo_terms(
     let low = ratio.lt(f(lo))?.logical_and(&a.lt(&zero)?)?;
     let high = ratio.gt(f(hi))?.logical_and(&a.gt(&zero)?)?;
     let clip_ratio = masked_mean(&low.logical_or(&high)?.as_dtype(Dtype::Float32)?)?;
-    let rows = logps.shape()[0] as f32;
+    let rows = totals.map_or(logps.shape()[0] as f32, |t| t.rows);
     let loss = match cfg.loss_type {
         GrpoLoss::Grpo => {
             let per_row = maximum(mask.sum_axis(-1, false)?, f(1.0))?;
-            per_token
+            let row_means = per_token
                 .multiply(mask)?
                 .sum_axis(-1, false)?
-                .divide(&per_row)?
-                .mean(None)?
+                .divide(&per_row)?;
+            match totals {
+                Some(_) => row_means.sum(None)?.divide(f(rows))?,
+                None => row_means.mean(None)?,
+            }
         }
         GrpoLoss::Bnpo | GrpoLoss::Dapo => masked_mean(&per_token)?,
         GrpoLoss::DrGrpo => per_token

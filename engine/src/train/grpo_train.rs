@@ -13,6 +13,9 @@
 //! `grpo::grpo_terms` — against the log-probabilities at generation (μ > 1) and, with
 //! β ≠ 0, the reference model's (the base model: the adapters taken off for that forward).
 //! The completion mask runs through the first EOS, which is learned as TRL learns it.
+//! The update runs one prompt's group of rows at a time (as mlx-lm-lora's
+//! `_grpo_value_and_grad` does), each trimmed to its longest row and evaluated before the
+//! next, against the whole batch's denominators (`grpo::BatchTotals`); the gradients add up.
 //! Validation: one greedy completion per validation prompt, its mean reward.
 
 use std::path::Path;
@@ -25,7 +28,8 @@ use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 
 use super::grpo::{
-    advantages, grpo_terms, nanmean, nanstd, GrpoLossConfig, GrpoTerms, RewardScale,
+    advantages, grpo_terms_of_part, nanmean, nanstd, BatchTotals, GrpoLossConfig, GrpoTerms,
+    RewardScale,
 };
 use super::lora::Adapters;
 use super::optim::AdamW;
@@ -228,6 +232,10 @@ pub struct Generation {
     old: Option<Array>,
     reference: Option<Array>,
     line: Value,
+    /// Each row's prompt + completion length.
+    lens: Vec<usize>,
+    /// Completion tokens of all rows (Σ mask).
+    completion_total: usize,
     /// Prompt and completion tokens (the padded batch's size).
     pub tokens: usize,
 }
@@ -236,6 +244,11 @@ impl Generation {
     /// The completions' mean length in tokens.
     pub fn completion_tokens(&self) -> f64 {
         self.line["completion_length"].as_f64().unwrap_or(f64::NAN)
+    }
+
+    /// Each row's prompt + completion length.
+    pub fn row_lengths(&self) -> &[usize] {
+        &self.lens
     }
 }
 
@@ -266,6 +279,9 @@ pub fn generation(
         cfg.scale_rewards,
     );
     let (ids, mask) = sequences(data, &r);
+    let lens: Vec<usize> = (r.prompts.iter().zip(&r.completions))
+        .map(|(&p, c)| data[p].prompt.len() + c.len())
+        .collect();
     let old = if cfg.iterations > 1 {
         let lp = token_logps(model, &ids, cfg.temperature)?;
         lp.eval()?;
@@ -296,11 +312,66 @@ pub fn generation(
         old,
         reference,
         line,
+        lens,
+        completion_total: r.completions.iter().map(Vec::len).sum(),
     })
 }
 
-/// One optimizer step on generation `g`: the GRPO terms ([loss, kl, clip_ratio]) and the
-/// gradient norm, evaluated with the update.
+/// The GRPO terms ([loss, kl, clip_ratio]) and the adapters' gradients on generation `g`,
+/// `part` rows at a time (0 or ≥ the rows: all at once). Each part is trimmed to its
+/// longest row (the padding after it is masked, and causal attention keeps it from the
+/// tokens before) and evaluated, with the sums so far, before the next part starts.
+pub fn terms_and_grads(
+    model: &dyn LanguageModel,
+    adapters: &Adapters,
+    g: &Generation,
+    cfg: &GrpoConfig,
+    part: usize,
+) -> Result<(Vec<Array>, Vec<Array>), Exception> {
+    let n = g.lens.len();
+    let part = if part == 0 { n } else { part.min(n) };
+    let totals = (part < n).then_some(BatchTotals {
+        tokens: g.completion_total as f32,
+        rows: n as f32,
+    });
+    let mut sums: Option<(Vec<Array>, Vec<Array>)> = None;
+    for start in (0..n).step_by(part.max(1)) {
+        let end = (start + part).min(n);
+        let rows = start as i32..end as i32;
+        let width = g.lens[start..end].iter().copied().max().unwrap_or(2).max(2) as i32;
+        let ids = g.ids.index((rows.clone(), ..width));
+        let mask = g.mask.index((rows.clone(), ..width - 1));
+        let cut = |a: &Option<Array>| a.as_ref().map(|a| a.index((rows.clone(), ..width - 1)));
+        let (old, reference) = (cut(&g.old), cut(&g.reference));
+        let adv = g.advantages.index(rows.clone());
+        let (outputs, grads) = value_and_grad(adapters, || {
+            let lp = token_logps(model, &ids, cfg.temperature)?;
+            grpo_terms_of_part(
+                &lp,
+                old.as_ref(),
+                reference.as_ref(),
+                &mask,
+                &adv,
+                &cfg.loss,
+                totals,
+            )
+            .map(GrpoTerms::into_vec)
+        })?;
+        let add = |a: Vec<Array>, b: Vec<Array>| -> Result<Vec<Array>, Exception> {
+            a.iter().zip(&b).map(|(x, y)| x.add(y)).collect()
+        };
+        let next = match sums.take() {
+            None => (outputs, grads),
+            Some((o, gr)) => (add(o, outputs)?, add(gr, grads)?),
+        };
+        mlx_rs::transforms::eval(next.0.iter().chain(&next.1))?;
+        sums = Some(next);
+    }
+    Ok(sums.expect("at least one row"))
+}
+
+/// One optimizer step on generation `g`, one prompt's group of rows at a time: the GRPO
+/// terms ([loss, kl, clip_ratio]) and the gradient norm, evaluated with the update.
 pub fn update(
     model: &dyn LanguageModel,
     adapters: &Adapters,
@@ -308,18 +379,7 @@ pub fn update(
     g: &Generation,
     cfg: &GrpoConfig,
 ) -> Result<(Vec<Array>, Array), Exception> {
-    let (outputs, grads) = value_and_grad(adapters, || {
-        let lp = token_logps(model, &g.ids, cfg.temperature)?;
-        grpo_terms(
-            &lp,
-            g.old.as_ref(),
-            g.reference.as_ref(),
-            &g.mask,
-            &g.advantages,
-            &cfg.loss,
-        )
-        .map(GrpoTerms::into_vec)
-    })?;
+    let (outputs, grads) = terms_and_grads(model, adapters, g, cfg, cfg.group_size)?;
     let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
     super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
     Ok((outputs, norm))
