@@ -12,9 +12,13 @@ mlx-lm-lora asks for mlx 0.32.4; it is installed without dependencies next to th
 With --method dpo, the step is its `train_dpo`'s instead: `get_token_scores` (two
 forwards), `compute_score` and `dpo_loss` (sigmoid, beta 0.1), the reference scores computed
 once before the steps from the model with fresh LoRA (the base model), as the engine's DPO
-leg precomputes them.
+leg precomputes them. With --method cpo, its `cpo_loss_from_model` (sigmoid, beta 0.1; no
+NLL term). With --method simpo, which mlx-lm-lora lacks, its nearest step: CPO with
+length-normalized scores (`loss_type` "ipo": the mean log-prob per response, two forwards,
+no reference, as SimPO's), reported as mlx-lm-lora-cpo-mean.
 
-    python oracles/train_leg.py --model DIR --pairs FILE --steps N --rank R --num-layers L [--method dpo]
+    python oracles/train_leg.py --model DIR --pairs FILE --steps N --rank R --num-layers L \
+        [--method orpo|dpo|cpo|simpo]
 """
 
 import argparse
@@ -32,6 +36,7 @@ import mlx.optimizers as optim  # noqa: E402
 import numpy as np  # noqa: E402
 from mlx_lm.tuner.utils import linear_to_lora_layers  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
+from mlx_lm_lora.trainer.cpo_trainer import cpo_loss_from_model  # noqa: E402
 from mlx_lm_lora.trainer.dpo_trainer import compute_score, dpo_loss, get_token_scores  # noqa: E402
 from mlx_lm_lora.trainer.orpo_trainer import orpo_loss_from_model  # noqa: E402
 
@@ -57,7 +62,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, required=True)
     ap.add_argument("--rank", type=int, required=True)
     ap.add_argument("--num-layers", type=int, required=True)
-    ap.add_argument("--method", choices=("orpo", "dpo"), default="orpo")
+    ap.add_argument("--method", choices=("orpo", "dpo", "cpo", "simpo"), default="orpo")
     args = ap.parse_args()
     mx.random.seed(0)
     model, _ = load_model(Path(args.model))
@@ -85,6 +90,15 @@ def main() -> None:
                                      beta=0.1, delta=50.0, loss_type="sigmoid")
             return loss
 
+    if args.method in ("cpo", "simpo"):
+        data = data[:4]
+        kind = "sigmoid" if args.method == "cpo" else "ipo"
+
+        def loss_wrapper(model, chosen, rejected, chosen_masks, rejected_masks):
+            loss, _, _, _ = cpo_loss_from_model(model, chosen, rejected, chosen_masks, rejected_masks,
+                                                beta=0.1, delta=50.0, loss_type=kind)
+            return loss
+
     value_and_grad = nn.value_and_grad(model, loss_wrapper)
     state = [model.state, opt.state, mx.random.state]
 
@@ -103,7 +117,8 @@ def main() -> None:
         mx.eval(state, loss)
         if i >= 2:
             times.append(time.perf_counter() - t0)
-    stack = "mlx-lm-lora-dpo" if args.method == "dpo" else "mlx-lm-lora"
+    stack = {"orpo": "mlx-lm-lora", "dpo": "mlx-lm-lora-dpo", "cpo": "mlx-lm-lora-cpo",
+             "simpo": "mlx-lm-lora-cpo-mean"}[args.method]
     print(json.dumps({"stack": stack, "step_s": float(np.median(times)),
                       "peak_memory_bytes": mx.get_peak_memory()}))
 

@@ -13,9 +13,9 @@ pub mod restart;
 pub mod serve;
 pub mod spec;
 pub mod train;
-pub mod train_dpo;
 pub mod train_grpo;
 pub mod train_leg;
+pub mod train_pref;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -133,13 +133,14 @@ fn run_leg(
     steps: usize,
     layers: usize,
 ) -> Result<TrainLeg> {
-    let mut cmd = if stack == super::train_dpo::ENGINE {
+    let method = super::train_pref::method_of(stack);
+    let mut cmd = if let (Some(m), true) = (method, stack.starts_with("engine")) {
         let mut c = Command::new(std::env::current_exe()?);
         c.arg("leg-train")
             .arg("--num-layers")
             .arg(layers.to_string())
             .arg("--method")
-            .arg("dpo");
+            .arg(m);
         c
     } else if let Some(forward) = forward_of(stack) {
         let mut c = Command::new(std::env::current_exe()?);
@@ -159,8 +160,8 @@ fn run_leg(
             .arg(RANK.to_string())
             .arg("--num-layers")
             .arg(layers.to_string());
-        if stack == super::train_dpo::PEER {
-            c.arg("--method").arg("dpo");
+        if let Some(m) = method {
+            c.arg("--method").arg(m);
         }
         c
     };
@@ -230,18 +231,16 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             &file,
             serde_json::to_string(&pairs(vocab, 17, prompt, response))?,
         )?;
-        let stacks: Vec<&'static str> = if peer {
-            vec![
-                "engine",
-                COMPILED,
-                "engine-joint",
-                "mlx-lm-lora",
-                super::train_dpo::ENGINE,
-                super::train_dpo::PEER,
-            ]
-        } else {
-            vec!["engine", COMPILED, "engine-joint", super::train_dpo::ENGINE]
-        };
+        let mut stacks: Vec<&'static str> = vec!["engine", COMPILED, "engine-joint"];
+        if peer {
+            stacks.push("mlx-lm-lora");
+        }
+        for (_, engine, peer_stack) in super::train_pref::METHODS {
+            stacks.push(engine);
+            if peer {
+                stacks.push(peer_stack);
+            }
+        }
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());
         let mut all = Vec::new();
@@ -274,22 +273,23 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
 impl TrainResult {
     pub fn table(&self) -> String {
         let mut s = format!(
-            "train (ORPO step; -dpo: DPO step, {PAIRS} pairs × {} tokens, LoRA rank {RANK}) on {}\n",
+            "train (ORPO step; -dpo, -cpo, -simpo: that method's step, {PAIRS} pairs × {} tokens, LoRA rank {RANK}) on {}\n",
             self.tokens_per_pair, self.model
         );
         let engine = self.legs.iter().find(|l| l.stack == "engine");
         for l in &self.legs {
-            // DPO legs against the engine's DPO leg, ORPO legs against the engine's ORPO.
-            let base = if l.stack.ends_with("-dpo") {
-                self.legs
-                    .iter()
-                    .find(|l| l.stack == super::train_dpo::ENGINE)
-            } else {
-                engine
+            // A preference method's legs against the engine's leg of that method, ORPO
+            // legs against the engine's ORPO.
+            let base = match super::train_pref::method_of(&l.stack) {
+                Some(m) => {
+                    let e = super::train_pref::engine_stack(m);
+                    self.legs.iter().find(|l| Some(l.stack.as_str()) == e)
+                }
+                None => engine,
             };
             let ratio = base.map_or(f64::NAN, |e| l.step_s / e.step_s);
             s += &format!(
-                "  {:15} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
+                "  {:20} step {:8.1} ms ({:.2}× engine)  peak {:8.1} MB\n",
                 l.stack,
                 l.step_s * 1e3,
                 ratio,

@@ -248,11 +248,7 @@ fn run_train(args: &Args) -> Result<()> {
     for r in &results {
         print!("{}", r.table());
         for l in &r.legs {
-            let method = if l.stack.ends_with("-dpo") {
-                "dpo"
-            } else {
-                "orpo"
-            };
+            let method = harness::bench::train_pref::method_of(&l.stack).unwrap_or("orpo");
             let mut params = serde_json::json!({"method": method, "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
             if let Some(f) = train::forward_of(&l.stack) {
                 params["forward"] = serde_json::json!(f.name());
@@ -262,7 +258,8 @@ fn run_train(args: &Args) -> Result<()> {
             }
             let peer = match l.stack.as_str() {
                 "engine" => Some("mlx-lm-lora"),
-                harness::bench::train_dpo::ENGINE => Some(harness::bench::train_dpo::PEER),
+                s if s.starts_with("engine-") => harness::bench::train_pref::method_of(s)
+                    .and_then(harness::bench::train_pref::peer_stack),
                 _ => None,
             }
             .filter(|_| !args.no_peer)
@@ -385,7 +382,8 @@ pub struct LegTrainArgs {
     /// The ORPO forward (prefix-shared or joint).
     #[arg(long, value_enum, default_value = "prefix-shared")]
     forward: engine::train::orpo_prefix::OrpoForward,
-    /// orpo (the forward above) or dpo (one joint forward, reference precomputed).
+    /// orpo (the forward above), or dpo, cpo, simpo (the prefix-shared forward; DPO's
+    /// reference precomputed).
     #[arg(long, default_value = "orpo")]
     method: String,
     /// Loss and gradients through the compiled step.
@@ -394,9 +392,14 @@ pub struct LegTrainArgs {
 }
 
 pub fn leg_train(args: LegTrainArgs) -> Result<()> {
-    if args.method == "dpo" {
-        let leg =
-            harness::bench::train_dpo::leg(&args.model, &args.pairs, args.steps, args.num_layers)?;
+    if args.method != "orpo" {
+        let leg = harness::bench::train_pref::leg(
+            &args.model,
+            &args.pairs,
+            args.steps,
+            args.num_layers,
+            &args.method,
+        )?;
         println!("{}", serde_json::to_string(&leg)?);
         return Ok(());
     }
