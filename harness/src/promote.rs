@@ -321,6 +321,9 @@ fn performance_section(out: &mut String, rows: &[&Row]) {
     if let Some(table) = crate::bench::constrain::promote_table(rows) {
         out.push_str(&table);
     }
+    if let Some(table) = crate::bench::train_promote::promote_table(rows) {
+        out.push_str(&table);
+    }
 }
 
 /// A performance line from the newest row of each stack (None without any).

@@ -16,6 +16,7 @@ pub mod train;
 pub mod train_grpo;
 pub mod train_leg;
 pub mod train_pref;
+pub mod train_promote;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

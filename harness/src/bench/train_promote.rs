@@ -1,0 +1,217 @@
+//! RESULTS.md's training table: per bench model and method, the engine's step against
+//! mlx-lm-lora's (the newest `harness bench --suite train` run of that model), the speed-up
+//! and both peaks, and whether the row meets the bar the training work set itself: a step
+//! at least 1.2× faster at no more than the peer's peak memory.
+
+use crate::db::Row;
+
+/// The speed-up a row must reach (peer step / engine step).
+pub const SPEEDUP_BAR: f64 = 1.2;
+
+/// A row's training method (its parameters' `method`).
+fn method_of(r: &Row) -> String {
+    serde_json::from_str::<serde_json::Value>(&r.params)
+        .ok()
+        .and_then(|p| p["method"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The table over the train suite's rows (None without any engine row that has a peer).
+pub fn promote_table(rows: &[&Row]) -> Option<String> {
+    let mine: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.suite == "train")
+        .collect();
+    let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
+    models.sort();
+    models.dedup();
+    let mut lines = Vec::new();
+    for model in models {
+        let newest = mine
+            .iter()
+            .filter(|r| r.model == model)
+            .map(|r| r.ts.as_str())
+            .max()?;
+        let run: Vec<&Row> = mine
+            .iter()
+            .copied()
+            .filter(|r| r.model == model && r.ts == newest)
+            .collect();
+        // ORPO's and GRPO's legs share stack names: a row is found by its method too.
+        let get = |stack: &str, metric: &str, method: &str| {
+            run.iter()
+                .find(|r| r.stack == stack && r.metric == metric && method_of(r) == method)
+                .map(|r| r.value)
+        };
+        for e in run
+            .iter()
+            .filter(|r| ["step_ms", "iteration_ms"].contains(&r.metric.as_str()))
+        {
+            let Some(peer) = e.peer.as_deref() else {
+                continue;
+            };
+            let method = method_of(e);
+            let Some(peer_step) = get(peer, &e.metric, &method) else {
+                continue;
+            };
+            let (ep, pp) = (
+                get(&e.stack, "peak_memory_mb", &method),
+                get(peer, "peak_memory_mb", &method),
+            );
+            let speedup = peer_step / e.value;
+            let meets = match (ep, pp) {
+                (Some(a), Some(b)) => {
+                    if speedup >= SPEEDUP_BAR && a <= b {
+                        "yes"
+                    } else {
+                        "no"
+                    }
+                }
+                _ => "-",
+            };
+            let mb = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} MB"));
+            lines.push(format!(
+                "| {model} | {method} | {} {:.1} ms | {peer} {:.1} ms | {speedup:.2}× | {} | {} | {meets} | {} | {} |\n",
+                e.stack,
+                e.value,
+                peer_step,
+                mb(ep),
+                mb(pp),
+                e.commit,
+                e.ts.get(..10).unwrap_or(&e.ts),
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return None;
+    }
+    let mut out = String::from(
+        "\n#### Training vs mlx-lm-lora\n\n\
+         | model | method | engine step | mlx-lm-lora step | speed-up | engine peak | mlx-lm-lora peak | ≥ 1.2× at ≤ its peak | commit | date |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    out.extend(lines);
+    out.push_str(
+        "\n`harness bench --suite train`: one training step (GRPO: one iteration, sampling and update) per \
+         leg, medians of fresh-process legs in ABBA order; speed-up = mlx-lm-lora's step / the engine's. \
+         Peaks are MLX's peak memory over the timed steps of each leg. The methods' legs are described in \
+         docs/training.md.\n",
+    );
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::RowContext;
+
+    fn ctx(ts: &str) -> RowContext {
+        RowContext {
+            ts: ts.into(),
+            commit: "0123456789ab".into(),
+            dirty: false,
+            machine_key: "m".into(),
+            machine_state: "{}".into(),
+            preflight: "clean".into(),
+            tags: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_row_meets_the_bar_only_when_faster_by_enough_and_no_larger() {
+        let c = ctx("2026-12-06T08:00:00Z");
+        let dpo = serde_json::json!({"method": "dpo"});
+        let grpo = serde_json::json!({"method": "grpo"});
+        let peer = |s: &str| Some(s.to_owned());
+        let rows = vec![
+            // ORPO's engine leg shares GRPO's stack name; its peak is not GRPO's.
+            c.row(
+                "train",
+                "tiny",
+                ("peak_memory_mb", 5.0, "MB"),
+                "engine",
+                None,
+                serde_json::json!({"method": "orpo"}),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("step_ms", 100.0, "ms"),
+                "engine-dpo",
+                peer("mlx-lm-lora-dpo"),
+                dpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("step_ms", 130.0, "ms"),
+                "mlx-lm-lora-dpo",
+                None,
+                dpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("peak_memory_mb", 10.0, "MB"),
+                "engine-dpo",
+                None,
+                dpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("peak_memory_mb", 12.0, "MB"),
+                "mlx-lm-lora-dpo",
+                None,
+                dpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("iteration_ms", 100.0, "ms"),
+                "engine",
+                peer("mlx-lm-lora"),
+                grpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("iteration_ms", 113.0, "ms"),
+                "mlx-lm-lora",
+                None,
+                grpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("peak_memory_mb", 50.0, "MB"),
+                "engine",
+                None,
+                grpo.clone(),
+            ),
+            c.row(
+                "train",
+                "tiny",
+                ("peak_memory_mb", 26.0, "MB"),
+                "mlx-lm-lora",
+                None,
+                grpo.clone(),
+            ),
+            // An older run's number never shows.
+            ctx("2026-12-01T08:00:00Z").row(
+                "train",
+                "tiny",
+                ("step_ms", 1.0, "ms"),
+                "engine-dpo",
+                peer("mlx-lm-lora-dpo"),
+                dpo,
+            ),
+        ];
+        let refs: Vec<&Row> = rows.iter().collect();
+        let md = promote_table(&refs).unwrap();
+        assert!(md.contains("| tiny | dpo | engine-dpo 100.0 ms | mlx-lm-lora-dpo 130.0 ms | 1.30× | 10.0 MB | 12.0 MB | yes |"), "{md}");
+        assert!(md.contains("| tiny | grpo | engine 100.0 ms | mlx-lm-lora 113.0 ms | 1.13× | 50.0 MB | 26.0 MB | no |"), "{md}");
+        assert!(!md.contains(" 1.0 ms"), "{md}");
+    }
+}
