@@ -51,6 +51,11 @@ pub struct GrpoArgs {
     /// GRPO: advantages divided by the group's reward std, the batch's, or not at all.
     #[arg(long, value_enum, default_value = "group")]
     pub grpo_scale_rewards: RewardScale,
+    /// GRPO: completions per forward and backward of the update (default: --batch-size, as
+    /// mlx-lm-lora, so the group size does not multiply the update's peak memory). The
+    /// gradients add up to the whole batch's either way.
+    #[arg(long)]
+    pub grpo_micro_batch: Option<usize>,
 }
 
 impl GrpoArgs {
@@ -201,6 +206,7 @@ pub fn run(
             beta: g.grpo_beta,
             max_completion_length: g.max_completion_length,
         },
+        micro_batch: g.grpo_micro_batch.unwrap_or(args.batch_size),
         max_grad_norm: args.max_grad_norm,
         steps_per_eval: args.steps_per_eval,
         save_every: args.save_every,

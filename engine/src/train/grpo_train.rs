@@ -13,9 +13,11 @@
 //! `grpo::grpo_terms` — against the log-probabilities at generation (μ > 1) and, with
 //! β ≠ 0, the reference model's (the base model: the adapters taken off for that forward).
 //! The completion mask runs through the first EOS, which is learned as TRL learns it.
-//! The update runs one prompt's group of rows at a time (as mlx-lm-lora's
-//! `_grpo_value_and_grad` does), each trimmed to its longest row and evaluated before the
-//! next, against the whole batch's denominators (`grpo::BatchTotals`); the gradients add up.
+//! The update runs `micro_batch` rows at a time (default: as many as there are prompts, as
+//! mlx-lm-lora's `_grpo_value_and_grad`, so the group size does not multiply its peak),
+//! each part cut to its longest row, its vocabulary log-softmax taken only from its
+//! shortest prompt's end on (where its completions start), and evaluated before the next,
+//! against the whole batch's denominators (`grpo::BatchTotals`); the gradients add up.
 //! Validation: one greedy completion per validation prompt, its mean reward.
 
 use std::path::Path;
@@ -63,6 +65,8 @@ pub struct GrpoConfig {
     pub iterations: usize,
     pub scale_rewards: RewardScale,
     pub loss: GrpoLossConfig,
+    /// Completions per forward and backward of the update (0: all at once).
+    pub micro_batch: usize,
     pub max_grad_norm: Option<f32>,
     pub steps_per_eval: usize,
     pub save_every: usize,
@@ -145,24 +149,31 @@ fn sequences(data: &[GrpoExample], r: &Rollout) -> (Array, Array) {
     )
 }
 
-/// Per-token log-probabilities [N, L − 1] (f32) of `ids`' next tokens under `model`, of
-/// logits / temperature.
+/// Per-token log-probabilities [N, L − 1 − from] (f32) of `ids`' next tokens under
+/// `model`, of logits / temperature, for the target steps from `from` on (the logits
+/// before it are computed, as the causal context needs them, but not normalized).
 fn token_logps(
     model: &dyn LanguageModel,
     ids: &Array,
     temperature: f32,
+    from: i32,
 ) -> Result<Array, Exception> {
     let t = ids.shape()[1];
     let logits = model.forward(
         &ids.index((.., ..t - 1)),
         &mut crate::cache::none::none_for(&model.make_caches()),
     )?;
+    let logits = if from > 0 {
+        logits.index((.., from..))
+    } else {
+        logits
+    };
     let logits = if temperature == 1.0 {
         logits
     } else {
         logits.divide(crate::scalar::weak(temperature as f64, &logits)?)?
     };
-    super::loss::cross_entropy(&logits, &ids.index((.., 1..)))?
+    super::loss::cross_entropy(&logits, &ids.index((.., 1 + from..)))?
         .as_dtype(Dtype::Float32)?
         .negative()
 }
@@ -234,6 +245,8 @@ pub struct Generation {
     line: Value,
     /// Each row's prompt + completion length.
     lens: Vec<usize>,
+    /// Each row's prompt length.
+    prompt_lens: Vec<usize>,
     /// Completion tokens of all rows (Σ mask).
     completion_total: usize,
     /// Prompt and completion tokens (the padded batch's size).
@@ -283,14 +296,14 @@ pub fn generation(
         .map(|(&p, c)| data[p].prompt.len() + c.len())
         .collect();
     let old = if cfg.iterations > 1 {
-        let lp = token_logps(model, &ids, cfg.temperature)?;
+        let lp = token_logps(model, &ids, cfg.temperature, 0)?;
         lp.eval()?;
         Some(lp)
     } else {
         None
     };
     let reference = if cfg.loss.beta != 0.0 {
-        let lp = adapters.without(|| token_logps(model, &ids, cfg.temperature))?;
+        let lp = adapters.without(|| token_logps(model, &ids, cfg.temperature, 0))?;
         lp.eval()?;
         Some(lp)
     } else {
@@ -313,14 +326,16 @@ pub fn generation(
         reference,
         line,
         lens,
+        prompt_lens: r.prompts.iter().map(|&p| data[p].prompt.len()).collect(),
         completion_total: r.completions.iter().map(Vec::len).sum(),
     })
 }
 
 /// The GRPO terms ([loss, kl, clip_ratio]) and the adapters' gradients on generation `g`,
-/// `part` rows at a time (0 or ≥ the rows: all at once). Each part is trimmed to its
-/// longest row (the padding after it is masked, and causal attention keeps it from the
-/// tokens before) and evaluated, with the sums so far, before the next part starts.
+/// `part` rows at a time (0 or ≥ the rows: all at once). Each part is cut to its longest
+/// row (the padding after it is masked, and causal attention keeps it from the tokens
+/// before), its log-softmax is taken from its shortest prompt's end on (no earlier step is
+/// scored), and it is evaluated, with the sums so far, before the next part starts.
 pub fn terms_and_grads(
     model: &dyn LanguageModel,
     adapters: &Adapters,
@@ -339,13 +354,22 @@ pub fn terms_and_grads(
         let end = (start + part).min(n);
         let rows = start as i32..end as i32;
         let width = g.lens[start..end].iter().copied().max().unwrap_or(2).max(2) as i32;
+        // Target step s predicts token s + 1; the first completion token is predicted at
+        // step prompt_len − 1, so no step before the shortest prompt's end is scored.
+        let from = g.prompt_lens[start..end]
+            .iter()
+            .copied()
+            .min()
+            .unwrap_or(1)
+            .max(1) as i32
+            - 1;
         let ids = g.ids.index((rows.clone(), ..width));
-        let mask = g.mask.index((rows.clone(), ..width - 1));
-        let cut = |a: &Option<Array>| a.as_ref().map(|a| a.index((rows.clone(), ..width - 1)));
-        let (old, reference) = (cut(&g.old), cut(&g.reference));
+        let cut = |a: &Array| a.index((rows.clone(), from..width - 1));
+        let mask = cut(&g.mask);
+        let (old, reference) = (g.old.as_ref().map(cut), g.reference.as_ref().map(cut));
         let adv = g.advantages.index(rows.clone());
         let (outputs, grads) = value_and_grad(adapters, || {
-            let lp = token_logps(model, &ids, cfg.temperature)?;
+            let lp = token_logps(model, &ids, cfg.temperature, from)?;
             grpo_terms_of_part(
                 &lp,
                 old.as_ref(),
@@ -370,8 +394,8 @@ pub fn terms_and_grads(
     Ok(sums.expect("at least one row"))
 }
 
-/// One optimizer step on generation `g`, one prompt's group of rows at a time: the GRPO
-/// terms ([loss, kl, clip_ratio]) and the gradient norm, evaluated with the update.
+/// One optimizer step on generation `g`, `micro_batch` rows at a time: the GRPO terms
+/// ([loss, kl, clip_ratio]) and the gradient norm, evaluated with the update.
 pub fn update(
     model: &dyn LanguageModel,
     adapters: &Adapters,
@@ -379,7 +403,7 @@ pub fn update(
     g: &Generation,
     cfg: &GrpoConfig,
 ) -> Result<(Vec<Array>, Array), Exception> {
-    let (outputs, grads) = terms_and_grads(model, adapters, g, cfg, cfg.group_size)?;
+    let (outputs, grads) = terms_and_grads(model, adapters, g, cfg, cfg.micro_batch)?;
     let (grads, norm) = clip_grad_norm(grads, cfg.max_grad_norm)?;
     super::apply_update(opt, adapters, &grads, &[&outputs[0], &norm])?;
     Ok((outputs, norm))

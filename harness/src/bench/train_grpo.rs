@@ -80,6 +80,7 @@ pub fn leg(model: &Path, prompts_file: &Path, steps: usize, num_layers: usize) -
             beta: 0.0,
             max_completion_length: COMPLETION,
         },
+        micro_batch: PROMPTS,
         max_grad_norm: None,
         steps_per_eval: usize::MAX,
         save_every: 0,

@@ -48,7 +48,11 @@ pub fn run(command: Command) -> Result<()> {
                     models::NAMES
                 );
             }
-            (model.clone(), dir)
+            // Rows and plots name the model by its directory's name, not the whole path.
+            let name = dir
+                .file_name()
+                .map_or(model.clone(), |n| n.to_string_lossy().into_owned());
+            (name, dir)
         }
     };
     let mut seqs = vec![seq, 2 * seq, 4 * seq];
