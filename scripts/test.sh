@@ -22,6 +22,14 @@ if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
 fi
 # The real tokenizers the tokenization and detokenizer gates run on (cache dir, pinned sha256).
 bash scripts/fetch_fixtures.sh
+# MLX's CPU JIT shares one kernel directory between processes and loads a library another
+# process may still be writing; the wrapper makes each library appear whole (see its
+# header). Every test process and the engines they start inherit this PATH.
+export PATH="$PWD/scripts/jit-cxx:$PATH"
+if [ "$(command -v g++ || true)" != "$PWD/scripts/jit-cxx/g++" ]; then
+  echo "scripts/jit-cxx/g++ is not the g++ the tests will find: MLX's JIT could race" >&2
+  exit 1
+fi
 # The desktop shell's smoke tests compile in the background at the lowest priority: the
 # workspace's build and tests come first, and the shell's build takes what CPU they leave
 # (the test lanes below wait on sockets and browsers much of the time). Its own cargo

@@ -53,7 +53,7 @@ pub struct GrpoArgs {
     pub grpo_scale_rewards: RewardScale,
     /// GRPO: completions per forward and backward of the update (default: --batch-size, as
     /// mlx-lm-lora, so the group size does not multiply the update's peak memory). The
-    /// gradients add up to the whole batch's either way.
+    /// gradients add up to the whole batch's either way; 0: all rows at once.
     #[arg(long)]
     pub grpo_micro_batch: Option<usize>,
 }
