@@ -61,8 +61,11 @@ fn params_label(params: &str) -> Option<String> {
         _ => match (
             p.get("mode").and_then(|v| v.as_str()),
             p.get("seq").and_then(|v| v.as_u64()),
+            p.get("method").and_then(|v| v.as_str()),
         ) {
-            (Some(mode), Some(seq)) => format!("{mode}, seq {seq}"),
+            (Some(mode), Some(seq), _) => format!("{mode}, seq {seq}"),
+            // Train rows: one line per method (ORPO's and GRPO's legs share stack names).
+            (_, _, Some(method)) => method.to_owned(),
             _ => return None,
         },
     };

@@ -86,6 +86,15 @@ pub fn promote_table(rows: &[&Row]) -> Option<String> {
     if lines.is_empty() {
         return None;
     }
+    // Per model, the methods in the order the bench runs them.
+    let rank = |line: &str| {
+        let method = line.split(" | ").nth(1).unwrap_or("");
+        ["orpo", "dpo", "cpo", "simpo", "grpo"]
+            .iter()
+            .position(|m| *m == method)
+            .unwrap_or(usize::MAX)
+    };
+    lines.sort_by_key(|l| (l.split(" | ").next().map(str::to_owned), rank(l)));
     let mut out = String::from(
         "\n#### Training vs mlx-lm-lora\n\n\
          | model | method | engine step | mlx-lm-lora step | speed-up | engine peak | mlx-lm-lora peak | ≥ 1.2× at ≤ its peak | commit | date |\n\
