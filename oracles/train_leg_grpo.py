@@ -3,7 +3,7 @@
 --group completions of each prompt at temperature 1 (top-p 1, no top-k / min-p, as the
 engine samples), a length reward gives group-normalized advantages (computed here as TRL
 does), then its train step: `nn.value_and_grad(model, grpo_loss)` through
-`_grpo_value_and_grad` (its micro-batches of one prompt's worth of rows) and
+`_grpo_value_and_grad` (its micro-batches of as many rows as there are prompts) and
 `optimizer.update`. LoRA layers by mlx-lm's `linear_to_lora_layers`. One warm-up
 iteration, then --steps timed ones; prints one JSON line (median generate and update
 times, peak memory, mean completion length).
