@@ -29,6 +29,25 @@ pub enum Command {
     },
 }
 
+/// A bench model (made if missing) or a model directory: its name in the rows and plots
+/// (a directory's own name, not the whole path) and its directory.
+fn resolve(model: &str) -> Result<(String, std::path::PathBuf)> {
+    if let Some(m) = models::by_name(model) {
+        return Ok((m.name.to_owned(), m.ensure()?));
+    }
+    let dir = std::path::PathBuf::from(model);
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "`{model}` is neither a bench model ({}) nor a model directory",
+            models::NAMES
+        );
+    }
+    let name = dir
+        .file_name()
+        .map_or(model.to_owned(), |n| n.to_string_lossy().into_owned());
+    Ok((name, dir))
+}
+
 pub fn run(command: Command) -> Result<()> {
     let Command::Memory {
         model,
@@ -38,23 +57,7 @@ pub fn run(command: Command) -> Result<()> {
         loss_chunk,
         plot,
     } = command;
-    let (name, dir) = match models::by_name(&model) {
-        Some(m) => (m.name.to_owned(), m.ensure()?),
-        None => {
-            let dir = std::path::PathBuf::from(&model);
-            if !dir.join("config.json").is_file() {
-                bail!(
-                    "`{model}` is neither a bench model ({}) nor a model directory",
-                    models::NAMES
-                );
-            }
-            // Rows and plots name the model by its directory's name, not the whole path.
-            let name = dir
-                .file_name()
-                .map_or(model.clone(), |n| n.to_string_lossy().into_owned());
-            (name, dir)
-        }
-    };
+    let (name, dir) = resolve(&model)?;
     let mut seqs = vec![seq, 2 * seq, 4 * seq];
     let r = match loss_chunk {
         None => harness::probe::memory(&dir, &seqs, segment_size, steps.max(2)),
