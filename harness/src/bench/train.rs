@@ -51,6 +51,19 @@ fn pairs(vocab: i32, seed: u64, prompt: usize, response: usize) -> Vec<PairIds> 
         .collect()
 }
 
+/// The token pairs a leg trains on (written by `run`).
+pub fn load_pairs(pairs_file: &Path) -> Result<Vec<Pair>> {
+    let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
+    Ok(ids
+        .into_iter()
+        .map(|p| Pair {
+            prompt_len: p.prompt_len,
+            chosen: p.chosen,
+            rejected: p.rejected,
+        })
+        .collect())
+}
+
 /// One engine leg in this process (`harness leg-train`).
 pub fn leg(
     model: &Path,
@@ -61,15 +74,7 @@ pub fn leg(
     compiled: bool,
 ) -> Result<TrainLeg> {
     let m = engine::model::load(model)?;
-    let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
-    let pairs: Vec<Pair> = ids
-        .into_iter()
-        .map(|p| Pair {
-            prompt_len: p.prompt_len,
-            chosen: p.chosen,
-            rejected: p.rejected,
-        })
-        .collect();
+    let pairs = load_pairs(pairs_file)?;
     let refs: Vec<&Pair> = pairs.iter().collect();
     let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);

@@ -19,7 +19,6 @@ use engine::train::data::Pair;
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::preference::{pref_terms, reference_logps, reference_rows};
 use engine::train::preference_cli::{PairMethod, PrefArgs};
-use serde::Deserialize;
 
 use super::median;
 use super::train_leg::TrainLeg;
@@ -64,13 +63,6 @@ fn pair_method(method: &str) -> Result<PairMethod> {
     })
 }
 
-#[derive(Deserialize)]
-struct PairIds {
-    prompt_len: usize,
-    chosen: Vec<u32>,
-    rejected: Vec<u32>,
-}
-
 /// One engine leg of `method` in this process (`harness leg-train --method dpo|cpo|simpo`).
 pub fn leg(
     model: &Path,
@@ -82,15 +74,7 @@ pub fn leg(
     let stack = engine_stack(method).unwrap_or("engine");
     let obj = PrefArgs::default().objective(pair_method(method)?);
     let m = engine::model::load(model)?;
-    let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
-    let pairs: Vec<Pair> = ids
-        .into_iter()
-        .map(|p| Pair {
-            prompt_len: p.prompt_len,
-            chosen: p.chosen,
-            rejected: p.rejected,
-        })
-        .collect();
+    let pairs = super::train::load_pairs(pairs_file)?;
     let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let all: Vec<usize> = (0..pairs.len()).collect();
     let reference = match obj.needs_reference() {

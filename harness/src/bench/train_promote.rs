@@ -18,26 +18,10 @@ fn method_of(r: &Row) -> String {
 
 /// The table over the train suite's rows (None without any engine row that has a peer).
 pub fn promote_table(rows: &[&Row]) -> Option<String> {
-    let mine: Vec<&Row> = rows
-        .iter()
-        .copied()
-        .filter(|r| r.suite == "train")
-        .collect();
-    let mut models: Vec<&str> = mine.iter().map(|r| r.model.as_str()).collect();
-    models.sort();
-    models.dedup();
+    let runs =
+        crate::plot::results::newest_run(rows.iter().copied().filter(|r| r.suite == "train"));
     let mut lines = Vec::new();
-    for model in models {
-        let newest = mine
-            .iter()
-            .filter(|r| r.model == model)
-            .map(|r| r.ts.as_str())
-            .max()?;
-        let run: Vec<&Row> = mine
-            .iter()
-            .copied()
-            .filter(|r| r.model == model && r.ts == newest)
-            .collect();
+    for (model, run) in &runs {
         // ORPO's and GRPO's legs share stack names: a row is found by its method too.
         let get = |stack: &str, metric: &str, method: &str| {
             run.iter()

@@ -41,7 +41,7 @@ fn slug(s: &str) -> String {
 }
 
 /// Per model, the rows of its newest run among `rows` (newest timestamp).
-fn newest_run<'a>(rows: impl Iterator<Item = &'a Row>) -> BTreeMap<String, Vec<&'a Row>> {
+pub fn newest_run<'a>(rows: impl Iterator<Item = &'a Row>) -> BTreeMap<String, Vec<&'a Row>> {
     let mut by_model: BTreeMap<String, Vec<&Row>> = BTreeMap::new();
     for r in rows {
         by_model.entry(r.model.clone()).or_default().push(r);
