@@ -19,19 +19,12 @@ use engine::train::data::Pair;
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::orpo::SftScope;
 use engine::train::orpo_prefix::{orpo_loss_by, OrpoForward};
-use serde::{Deserialize, Serialize};
 
 use super::median;
 
+use super::train_leg::PairIds;
 pub use super::train_leg::{TrainLeg, RANK};
 pub const PAIRS: usize = 4;
-
-#[derive(Serialize, Deserialize)]
-struct PairIds {
-    prompt_len: usize,
-    chosen: Vec<u32>,
-    rejected: Vec<u32>,
-}
 
 /// Deterministic pairs: a shared prompt of `prompt` ids, responses of `response` ids.
 fn pairs(vocab: i32, seed: u64, prompt: usize, response: usize) -> Vec<PairIds> {
@@ -51,19 +44,6 @@ fn pairs(vocab: i32, seed: u64, prompt: usize, response: usize) -> Vec<PairIds> 
         .collect()
 }
 
-/// The token pairs a leg trains on (written by `run`).
-pub fn load_pairs(pairs_file: &Path) -> Result<Vec<Pair>> {
-    let ids: Vec<PairIds> = serde_json::from_str(&std::fs::read_to_string(pairs_file)?)?;
-    Ok(ids
-        .into_iter()
-        .map(|p| Pair {
-            prompt_len: p.prompt_len,
-            chosen: p.chosen,
-            rejected: p.rejected,
-        })
-        .collect())
-}
-
 /// One engine leg in this process (`harness leg-train`).
 pub fn leg(
     model: &Path,
@@ -74,7 +54,7 @@ pub fn leg(
     compiled: bool,
 ) -> Result<TrainLeg> {
     let m = engine::model::load(model)?;
-    let pairs = load_pairs(pairs_file)?;
+    let pairs = super::train_leg::load_pairs(pairs_file)?;
     let refs: Vec<&Pair> = pairs.iter().collect();
     let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);

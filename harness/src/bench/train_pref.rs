@@ -74,7 +74,7 @@ pub fn leg(
     let stack = engine_stack(method).unwrap_or("engine");
     let obj = PrefArgs::default().objective(pair_method(method)?);
     let m = engine::model::load(model)?;
-    let pairs = super::train::load_pairs(pairs_file)?;
+    let pairs = super::train_leg::load_pairs(pairs_file)?;
     let adapters = super::train_leg::attach(m.as_ref(), num_layers)?;
     let all: Vec<usize> = (0..pairs.len()).collect();
     let reference = match obj.needs_reference() {
