@@ -102,9 +102,11 @@ pub enum Defect {
     /// (its β or γ stays as given). Caught by the actuator test
     /// (`engine/tests/it/train_preference.rs`).
     WeightNotActuated,
-    /// ORPO's prefix-shared forward: the continuation reads the shared prefix's K/V with
-    /// their gradient stopped (the prompt's forward learns nothing from the responses).
-    /// Caught by the prefix-shared vs joint gradient gate (`engine/tests/it/orpo_prefix.rs`).
+    /// The prefix-shared forward (ORPO's and the preference methods' pairs, a GRPO part's
+    /// common prompt): the continuation reads the shared prefix's K/V with their gradient
+    /// stopped (the prompt's forward learns nothing from the responses). Caught by the
+    /// prefix-shared vs joint gradient gate (`engine/tests/it/orpo_prefix.rs`) and by GRPO's
+    /// micro-batch gate (`engine/tests/it/train_grpo.rs`).
     OrpoPrefixKvNoGrad,
     /// ORPO's prefix-shared forward: the rejected rows read zeros for the shared prefix's
     /// values. Caught by the prefix-shared vs joint loss gate (`engine/tests/it/orpo_prefix.rs`).

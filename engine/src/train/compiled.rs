@@ -191,7 +191,7 @@ fn graph_loss(
             Ok(orpo_from_logits(&logits, ids, &arrays[1], &arrays[2], lambda, scope)?.into_vec())
         }
         GraphKey::PrefixShared { p, lambda, scope } => {
-            let logps = prefix_shared_logps(model, ids, p)?;
+            let logps = prefix_shared_logps(model, ids, p, 0)?;
             let lambda = f32::from_bits(lambda);
             Ok(orpo_terms(&logps, &arrays[1], &arrays[2], lambda, scope)?.into_vec())
         }

@@ -150,21 +150,38 @@ fn sequences(data: &[GrpoExample], r: &Rollout) -> (Array, Array) {
 }
 
 /// Per-token log-probabilities [N, L − 1 − from] (f32) of `ids`' next tokens under
-/// `model`, of logits / temperature, for the target steps from `from` on (the logits
-/// before it are computed, as the causal context needs them, but not normalized).
+/// `model`, of logits / temperature, for the target steps from `from` on. The first
+/// Q = min(`shared`, `from`) tokens, which every row has in common (`shared`: the rows'
+/// common prompt), run once (`orpo_prefix::continuation_logits`: the rows attend to that
+/// prefix's K/V, its gradient flows back through them); the head and the log-softmax are
+/// applied only where they are read (the logits of steps after Q and before `from` are
+/// computed, as the causal context needs them, but not normalized).
 fn token_logps(
     model: &dyn LanguageModel,
     ids: &Array,
     temperature: f32,
     from: i32,
+    shared: i32,
 ) -> Result<Array, Exception> {
     let t = ids.shape()[1];
-    let logits = model.forward(
-        &ids.index((.., ..t - 1)),
-        &mut crate::cache::none::none_for(&model.make_caches()),
-    )?;
-    let logits = if from > 0 {
-        logits.index((.., from..))
+    let q = if ids.shape()[0] > 1 {
+        shared.min(from).max(0)
+    } else {
+        0
+    };
+    let logits = match q {
+        0 => model.forward(
+            &ids.index((.., ..t - 1)),
+            &mut crate::cache::none::none_for(&model.make_caches()),
+        )?,
+        _ => super::orpo_prefix::continuation_logits(
+            model,
+            &ids.index((..1, ..q)),
+            &ids.index((.., q..t - 1)),
+        )?,
+    };
+    let logits = if from > q {
+        logits.index((.., from - q..))
     } else {
         logits
     };
@@ -176,6 +193,18 @@ fn token_logps(
     super::loss::cross_entropy(&logits, &ids.index((.., 1 + from..)))?
         .as_dtype(Dtype::Float32)?
         .negative()
+}
+
+/// How many leading tokens `prompts` all share.
+fn shared_len(prompts: &[Vec<u32>]) -> i32 {
+    let Some(first) = prompts.first() else {
+        return 0;
+    };
+    prompts
+        .iter()
+        .map(|p| p.iter().zip(first).take_while(|(a, b)| a == b).count())
+        .min()
+        .unwrap_or(0) as i32
 }
 
 /// Every completion's reward by every function, and the texts' token counts.
@@ -245,8 +274,8 @@ pub struct Generation {
     line: Value,
     /// Each row's prompt + completion length.
     lens: Vec<usize>,
-    /// Each row's prompt length.
-    prompt_lens: Vec<usize>,
+    /// Each row's prompt.
+    prompts: Vec<Vec<u32>>,
     /// Completion tokens of all rows (Σ mask).
     completion_total: usize,
     /// Prompt and completion tokens (the padded batch's size).
@@ -296,14 +325,14 @@ pub fn generation(
         .map(|(&p, c)| data[p].prompt.len() + c.len())
         .collect();
     let old = if cfg.iterations > 1 {
-        let lp = token_logps(model, &ids, cfg.temperature, 0)?;
+        let lp = token_logps(model, &ids, cfg.temperature, 0, 0)?;
         lp.eval()?;
         Some(lp)
     } else {
         None
     };
     let reference = if cfg.loss.beta != 0.0 {
-        let lp = adapters.without(|| token_logps(model, &ids, cfg.temperature, 0))?;
+        let lp = adapters.without(|| token_logps(model, &ids, cfg.temperature, 0, 0))?;
         lp.eval()?;
         Some(lp)
     } else {
@@ -326,7 +355,7 @@ pub fn generation(
         reference,
         line,
         lens,
-        prompt_lens: r.prompts.iter().map(|&p| data[p].prompt.len()).collect(),
+        prompts: r.prompts.iter().map(|&p| data[p].prompt.clone()).collect(),
         completion_total: r.completions.iter().map(Vec::len).sum(),
     })
 }
@@ -356,20 +385,15 @@ pub fn terms_and_grads(
         let width = g.lens[start..end].iter().copied().max().unwrap_or(2).max(2) as i32;
         // Target step s predicts token s + 1; the first completion token is predicted at
         // step prompt_len − 1, so no step before the shortest prompt's end is scored.
-        let from = g.prompt_lens[start..end]
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(1)
-            .max(1) as i32
-            - 1;
+        let prompts = &g.prompts[start..end];
+        let from = prompts.iter().map(Vec::len).min().unwrap_or(1).max(1) as i32 - 1;
         let ids = g.ids.index((rows.clone(), ..width));
         let cut = |a: &Array| a.index((rows.clone(), from..width - 1));
         let mask = cut(&g.mask);
         let (old, reference) = (g.old.as_ref().map(cut), g.reference.as_ref().map(cut));
         let adv = g.advantages.index(rows.clone());
         let (outputs, grads) = value_and_grad(adapters, || {
-            let lp = token_logps(model, &ids, cfg.temperature, from)?;
+            let lp = token_logps(model, &ids, cfg.temperature, from, shared_len(prompts))?;
             grpo_terms_of_part(
                 &lp,
                 old.as_ref(),

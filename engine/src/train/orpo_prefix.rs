@@ -89,28 +89,32 @@ pub fn shared_prefix_len(pairs: &[&Pair], width: usize) -> usize {
 }
 
 /// A layer's cache for the two forwards: the first (the prefix, B rows) passes its K/V
-/// through and keeps them; the second (2B rows at offset P) gets them, twice over, in front
-/// of its own.
-#[derive(Default)]
+/// through and keeps them; the second (`copies` × B rows at offset P: ORPO's 2B, a GRPO
+/// group's rows over their one prompt) gets them, `copies` times over, in front of its own.
 struct SharedPrefix {
     prefix: Option<(Array, Array)>,
+    /// How many times over the continuation's rows repeat the prefix's rows.
+    copies: usize,
 }
 
 impl SharedPrefix {
-    /// The prefix's K/V for all 2B rows ahead of the continuation's `new` ones.
-    fn ahead(prefix: &Array, new: Array, values: bool) -> Result<Array, Exception> {
+    /// The prefix's K/V for all the continuation's rows (`copies` × the prefix's, copy
+    /// after copy) ahead of their `new` ones.
+    fn ahead(&self, prefix: &Array, new: Array, values: bool) -> Result<Array, Exception> {
         use crate::plant::{is, Defect};
         let p = if is(Defect::OrpoPrefixKvNoGrad) {
             mlx_rs::stop_gradient(prefix)?
         } else {
             prefix.clone()
         };
-        let second = if values && is(Defect::OrpoRejectedSkipsPrefix) {
+        let later = if values && is(Defect::OrpoRejectedSkipsPrefix) {
             mlx_rs::ops::zeros_like(&p)?
         } else {
             p.clone()
         };
-        concatenate(&[concatenate(&[&p, &second], 0)?, new], 2)
+        let mut copies = vec![&p];
+        copies.extend(std::iter::repeat_n(&later, self.copies.max(1) - 1));
+        concatenate(&[concatenate(&copies, 0)?, new], 2)
     }
 }
 
@@ -152,27 +156,70 @@ impl AttentionCache for SharedPrefix {
                 Ok(Kv::Dense(keys, values))
             }
             Some((pk, pv)) => Ok(Kv::Dense(
-                Self::ahead(pk, keys, false)?,
-                Self::ahead(pv, values, true)?,
+                self.ahead(pk, keys, false)?,
+                self.ahead(pv, values, true)?,
             )),
         }
     }
 }
 
+/// The logits [copies × B, L, V] of `rest` [copies × B, L] (row r continues prefix row
+/// r mod B) after `prefix` [B, Q] (Q > 0), the prefix run once: its K/V are handed to every
+/// copy, its own logits are never asked for (MLX is lazy: its head is not computed).
+pub fn continuation_logits(
+    model: &dyn LanguageModel,
+    prefix: &Array,
+    rest: &Array,
+) -> Result<Array, Exception> {
+    let copies = (rest.shape()[0] / prefix.shape()[0].max(1)) as usize;
+    let mut caches = shared_caches(model, copies);
+    model.forward(prefix, &mut caches)?;
+    model.forward(rest, &mut caches)
+}
+
+fn shared_caches(model: &dyn LanguageModel, copies: usize) -> Vec<Box<dyn Cache>> {
+    model
+        .make_caches()
+        .iter()
+        .map(|_| {
+            Box::new(SharedPrefix {
+                prefix: None,
+                copies,
+            }) as Box<dyn Cache>
+        })
+        .collect()
+}
+
 /// Per-token log-probabilities [2B, T − 1] (f32) of a `pair_batch`'s `ids` [2B, T] with the
-/// first `p` tokens of every pair run once (0 < p ≤ T − 2).
+/// first `p` tokens of every pair run once (0 < p ≤ T − 2). Target steps before `from` are
+/// not scored by the caller: where none of the prefix's steps past its last one is
+/// (`from` ≥ P − 1, a response-only loss), the prefix stops at Q = min(`from`, P), the rows
+/// run on from there, no head is applied to the prefix, and the Q unscored columns are 0.
+/// Otherwise (ORPO's full-row NLL) the prefix's logits are shared by both rows.
 pub fn prefix_shared_logps(
     model: &dyn LanguageModel,
     ids: &Array,
     p: i32,
+    from: i32,
 ) -> Result<Array, Exception> {
     let (rows, t) = (ids.shape()[0], ids.shape()[1]);
     let b = rows / 2;
-    let mut caches: Vec<Box<dyn Cache>> = model
-        .make_caches()
-        .iter()
-        .map(|_| Box::new(SharedPrefix::default()) as Box<dyn Cache>)
-        .collect();
+    if from >= p - 1 {
+        let q = from.min(p);
+        let rest = match q {
+            0 => model.forward(
+                &ids.index((.., ..t - 1)),
+                &mut crate::cache::none::none_for(&model.make_caches()),
+            )?,
+            _ => continuation_logits(model, &ids.index((..b, ..q)), &ids.index((.., q..t - 1)))?,
+        };
+        let scored = cross_entropy(&rest, &ids.index((.., q + 1..)))?
+            .as_dtype(Dtype::Float32)?
+            .negative()?;
+        let unscored = mlx_rs::ops::zeros::<f32>(&[rows, q])?;
+        return concatenate(&[unscored, scored], 1);
+    }
+    let mut caches = shared_caches(model, 2);
     let prefix_logits = model.forward(&ids.index((..b, ..p)), &mut caches)?;
     let rest_logits = model.forward(&ids.index((.., p..t - 1)), &mut caches)?;
     let prefix = prefix_logps(&prefix_logits, &ids.index((.., 1..p + 1)), b)?;
@@ -180,6 +227,12 @@ pub fn prefix_shared_logps(
     concatenate(&[prefix, rest], 1)?
         .as_dtype(Dtype::Float32)?
         .negative()
+}
+
+/// The first target step a response-only loss scores in a `pair_batch` of `pairs`: the
+/// step that predicts the first response token of the shortest prompt.
+pub fn first_response_step(pairs: &[&Pair]) -> i32 {
+    pairs.iter().map(|p| p.prompt_len).min().unwrap_or(1).max(1) as i32 - 1
 }
 
 /// `cross_entropy` of the shared prefix logits [B, P, V] against both halves' targets
@@ -211,6 +264,10 @@ pub fn orpo_loss_by(
     if forward == OrpoForward::Joint || p == 0 {
         return super::orpo::orpo_loss(model, pairs, lambda, scope);
     }
-    let logps = prefix_shared_logps(model, &ids, p as i32)?;
+    let from = match scope {
+        SftScope::Full => 0,
+        SftScope::Response => first_response_step(pairs),
+    };
+    let logps = prefix_shared_logps(model, &ids, p as i32, from)?;
     orpo_terms(&logps, &prompt_mask, &response_mask, lambda, scope)
 }

@@ -203,7 +203,12 @@ pub fn prefix_shared_outputs(
         )?;
         super::preference::token_logps(&logits, &ids)?
     } else {
-        super::orpo_prefix::prefix_shared_logps(model, &ids, p as i32)?
+        super::orpo_prefix::prefix_shared_logps(
+            model,
+            &ids,
+            p as i32,
+            super::orpo_prefix::first_response_step(&pairs),
+        )?
     };
     let reference = set.reference.as_ref().map(|r| reference_rows(r, batch));
     if obj.needs_reference() && reference.is_none() {

@@ -130,23 +130,6 @@ fn list_max(a: &[Array]) -> f32 {
         .fold(0.0f32, f32::max)
 }
 
-/// A committed model's directory.
-fn committed(name: &str) -> PathBuf {
-    goldens().join("models").join(name)
-}
-
-/// `name` converted to float32 (same weights, upcast) under `tmp`; an f32 model as it is.
-fn f32_copy(name: &str, tmp: &Path) -> PathBuf {
-    if common::model(name).activation_dtype() == Dtype::Float32 {
-        return committed(name);
-    }
-    let out = tmp.join(name);
-    let mut args = engine::convert::ConvertArgs::new(committed(name), &out);
-    args.dtype = Some("float32".into());
-    engine::convert::convert(&args).unwrap();
-    out
-}
-
 /// One ORPO step's loss terms and adapter gradients for the model in `dir` by `forward`.
 struct Step {
     losses: Vec<Array>,
@@ -201,7 +184,7 @@ fn prefix_shared_gradients_match_the_joint_ones_in_f32() {
     let tmp = tempfile::tempdir().unwrap();
     let mut failed = Vec::new();
     for name in GATED {
-        let dir = f32_copy(name, tmp.path());
+        let dir = common::f32_copy(name, tmp.path());
         for scope in [SftScope::Full, SftScope::Response] {
             let (loss, grad, scale) = f32_gaps(name, &dir, scope);
             assert!(scale > 0.0, "{name}: all-zero gradients");
@@ -216,7 +199,7 @@ fn prefix_shared_gradients_match_the_joint_ones_in_f32() {
 /// bf16 errors of `name` (a bf16 model) in `scope` against its f32 copy's joint gradients
 /// (`exact_dir`): (loss-term gap between the forwards, joint error, prefix-shared error).
 fn bf16_errors(name: &str, exact_dir: &Path, scope: SftScope) -> (f32, f32, f32) {
-    let dir = committed(name);
+    let dir = common::committed(name);
     let exact = step(exact_dir, scope, OrpoForward::Joint);
     let joint = step(&dir, scope, OrpoForward::Joint);
     let shared = step(&dir, scope, OrpoForward::PrefixShared);
@@ -244,7 +227,7 @@ fn prefix_shared_gradients_are_as_accurate_as_the_joint_ones_in_bf16() {
             continue;
         }
         gated += 1;
-        let exact_dir = f32_copy(name, tmp.path());
+        let exact_dir = common::f32_copy(name, tmp.path());
         for scope in [SftScope::Full, SftScope::Response] {
             let (loss, e_joint, e_shared) = bf16_errors(name, &exact_dir, scope);
             if loss > LOSS_BOUND || e_shared > BF16_ERROR_RATIO * e_joint {
@@ -263,7 +246,7 @@ fn prefix_shared_gradients_are_as_accurate_as_the_joint_ones_in_bf16() {
 #[test]
 fn planted_prefix_kv_without_gradient_fails_the_bf16_gate() {
     let tmp = tempfile::tempdir().unwrap();
-    let exact_dir = f32_copy("tiny-qwen3-tools", tmp.path());
+    let exact_dir = common::f32_copy("tiny-qwen3-tools", tmp.path());
     let _on = plant::on(Defect::OrpoPrefixKvNoGrad).unwrap();
     let (_, e_joint, e_shared) = bf16_errors("tiny-qwen3-tools", &exact_dir, SftScope::Full);
     assert!(
@@ -277,7 +260,7 @@ fn planted_prefix_kv_without_gradient_fails_the_bf16_gate() {
 #[test]
 fn planted_prefix_kv_without_gradient_fails_the_gradient_gate() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = f32_copy(GATED[0], tmp.path());
+    let dir = common::f32_copy(GATED[0], tmp.path());
     let _on = plant::on(Defect::OrpoPrefixKvNoGrad).unwrap();
     let (loss, grad, scale) = f32_gaps(GATED[0], &dir, SftScope::Full);
     assert!(loss <= LOSS_BOUND, "the loss should not see it: {loss:e}");
@@ -291,7 +274,7 @@ fn planted_prefix_kv_without_gradient_fails_the_gradient_gate() {
 #[test]
 fn planted_rejected_rows_without_the_prefix_fail_the_loss_gate() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = f32_copy(GATED[0], tmp.path());
+    let dir = common::f32_copy(GATED[0], tmp.path());
     let _on = plant::on(Defect::OrpoRejectedSkipsPrefix).unwrap();
     let (loss, _, _) = f32_gaps(GATED[0], &dir, SftScope::Full);
     assert!(loss > LOSS_BOUND, "planted: loss gap {loss:e}");

@@ -267,19 +267,28 @@ fn grpo_moves_the_reward_it_is_given_and_refuses_bad_inputs_before_a_step() {
     }
 }
 
-/// The update's micro-batches (parts of one prompt's group, and parts of 3 rows that cut
-/// across groups; each cut to its longest row and scored from its shortest prompt's end)
-/// against the whole batch at once, on a sampled generation of tiny-llama-trained (2
-/// prompts of different lengths × 4 completions of unequal length, μ = 2 and β ≠ 0 so the
-/// old and reference log-probs are cut too), for every loss type: the loss, KL, clip
-/// fraction and every adapter gradient agree to f32 rounding (the parts sum in another
-/// order and their matmuls have fewer rows; measured ≤ 9.6e-7 relative to each tensor's
-/// largest entry, the bound is 1e-5). Planted: each part divides by its own counts → caught.
+/// The update's micro-batches (parts of one prompt's group, parts of 3 rows that cut
+/// across groups, and single rows; each cut to its longest row and scored from its
+/// shortest prompt's end) against the whole batch at once, on a sampled generation of
+/// tiny-llama-trained (2 prompts of different lengths × 4 completions of unequal length,
+/// μ = 2 and β ≠ 0 so the old and reference log-probs are cut too; its f32 copy), for
+/// every loss type:
+/// the loss, KL, clip fraction and every adapter gradient agree to f32 rounding (the parts
+/// sum in another order and their matmuls have fewer rows; measured ≤ 9.6e-7 relative to
+/// each tensor's largest entry, the bound is 1e-5). The rows of a part run their common
+/// prompt once (a group's whole prompt; "Shout:" across groups; nothing for a single row,
+/// the plain forward), so this is also the prefix-shared forward's gate against the plain
+/// one. Planted: each part divides by its own counts, or the shared prompt's K/V pass no
+/// gradient → caught.
 #[test]
 fn grpo_micro_batches_add_up_to_the_whole_batch() {
     use engine::train::grpo_train::{generation, terms_and_grads, GrpoConfig, GrpoExample};
     use engine::train::reward::Rewards;
-    let m = crate::common::model("tiny-llama-trained");
+    // In f32: the shared prompt's forward is a matmul of other shapes, which bf16 would
+    // round apart by its epsilon (the bf16 bound is `orpo_prefix.rs`'s).
+    let tmp = tempfile::tempdir().unwrap();
+    let m =
+        engine::model::load(&crate::common::f32_copy("tiny-llama-trained", tmp.path())).unwrap();
     let dir = goldens().join("models/tiny-llama-trained");
     let tokenizer = engine::load::tokenizer::Tokenizer::load(&dir).unwrap();
     let adapters = crate::common::train::attach_nonzero(m.as_ref(), 40);
@@ -340,7 +349,7 @@ fn grpo_micro_batches_add_up_to_the_whole_batch() {
         let (wo, wg) = terms_and_grads(m.as_ref(), &adapters, &g, cfg, 0).unwrap();
         let mut worst = 0.0f64;
         // A group per part, and parts of 3 that cut across groups (the last one of 2).
-        for part in [4, 3] {
+        for part in [4, 3, 1] {
             let (po, pg) = terms_and_grads(m.as_ref(), &adapters, &g, cfg, part).unwrap();
             for (w, p) in wo.iter().chain(&wg).zip(po.iter().chain(&pg)) {
                 let (w, p) = (floats(w), floats(p));
@@ -367,5 +376,14 @@ fn grpo_micro_batches_add_up_to_the_whole_batch() {
     assert!(
         planted > 1e-2,
         "micro-batches over their own counts were not caught ({planted:e})"
+    );
+    let planted = {
+        let _on = engine::plant::on(engine::plant::Defect::OrpoPrefixKvNoGrad).unwrap();
+        gap(&cfg)
+    };
+    println!("planted prompt K/V without gradient: worst relative gap {planted:.2e}");
+    assert!(
+        planted > 1e-2,
+        "a shared prompt without gradient was not caught ({planted:e})"
     );
 }

@@ -87,6 +87,7 @@ pub fn leg(
     let refs: Vec<&Pair> = pairs.iter().collect();
     let (ids, _, rm) = engine::train::orpo::pair_batch(&refs);
     let p = engine::train::orpo_prefix::shared_prefix_len(&refs, ids.shape()[1] as usize) as i32;
+    let from = engine::train::orpo_prefix::first_response_step(&refs);
     let mut opt = AdamW::new(Schedule::Constant(1e-4), 0.01);
     let mut times = Vec::new();
     for i in 0..steps + 2 {
@@ -95,7 +96,7 @@ pub fn leg(
         }
         let t0 = Instant::now();
         let (out, grads) = engine::train::value_and_grad(&adapters, || {
-            let logps = engine::train::orpo_prefix::prefix_shared_logps(m.as_ref(), &ids, p)?;
+            let logps = engine::train::orpo_prefix::prefix_shared_logps(m.as_ref(), &ids, p, from)?;
             Ok(pref_terms(&obj, &logps, &rm, reference.as_ref())?.into_vec())
         })?;
         engine::train::apply_update(&mut opt, &adapters, &grads, &[&out[0]])?;

@@ -96,6 +96,23 @@ pub fn model(name: &str) -> Box<dyn engine::model::LanguageModel> {
     engine::model::load(&goldens().join("models").join(name)).unwrap()
 }
 
+/// A committed model's directory.
+pub fn committed(name: &str) -> std::path::PathBuf {
+    goldens().join("models").join(name)
+}
+
+/// `name` converted to float32 (same weights, upcast) under `tmp`; an f32 model as it is.
+pub fn f32_copy(name: &str, tmp: &std::path::Path) -> std::path::PathBuf {
+    if model(name).activation_dtype() == mlx_rs::Dtype::Float32 {
+        return committed(name);
+    }
+    let out = tmp.join(name);
+    let mut args = engine::convert::ConvertArgs::new(committed(name), &out);
+    args.dtype = Some("float32".into());
+    engine::convert::convert(&args).unwrap();
+    out
+}
+
 /// An SSD-store identity of tiny-llama-trained with config fingerprint `fp`.
 pub fn ssd_identity(fp: &str) -> engine::cache::kvstore::Identity {
     engine::cache::kvstore::Identity {
