@@ -14,7 +14,7 @@ use anyhow::Result;
 
 use crate::plot::{Figure, Panel, Series};
 use engine::train::data::Example;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::{AdapterConfig, Adapters};
 use engine::train::optim::{AdamW, Schedule};
 use engine::train::orpo::SftScope;
 use engine::train::segmented::Phases;
@@ -140,17 +140,7 @@ pub fn memory_modes(
     )?)?["vocab_size"]
         .as_i64()
         .unwrap_or(1024) as i32;
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: usize::MAX,
-        lora_parameters: LoraParams {
-            rank: 8,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(usize::MAX, 8);
     let adapters = Adapters::attach(model.as_ref(), config, 0)?;
     let mut result = ProbeResult {
         phases: Vec::new(),

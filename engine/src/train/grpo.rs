@@ -154,21 +154,10 @@ pub fn advantages(
 
 /// The GRPO terms from the completions' per-token log-probabilities [N, T] (f32), the
 /// old policy's (None: these, gradient-stopped), the reference's (needed when β ≠ 0), the
-/// completion mask [N, T] (f32) and the advantages [N].
+/// completion mask [N, T] (f32) and the advantages [N]; over a micro-batch of a batch whose
+/// denominators are `totals` (None: this is the whole batch), so that the micro-batches'
+/// terms sum to the batch's.
 pub fn grpo_terms(
-    logps: &Array,
-    old: Option<&Array>,
-    reference: Option<&Array>,
-    mask: &Array,
-    advantages: &Array,
-    cfg: &GrpoLossConfig,
-) -> Result<GrpoTerms, Exception> {
-    grpo_terms_of_part(logps, old, reference, mask, advantages, cfg, None)
-}
-
-/// `grpo_terms` over a micro-batch of a batch whose denominators are `totals` (None: this
-/// is the whole batch): the micro-batches' terms sum to the batch's.
-pub fn grpo_terms_of_part(
     logps: &Array,
     old: Option<&Array>,
     reference: Option<&Array>,

@@ -30,8 +30,7 @@ use mlx_rs::{Array, Dtype};
 use serde_json::{json, Value};
 
 use super::grpo::{
-    advantages, grpo_terms_of_part, nanmean, nanstd, BatchTotals, GrpoLossConfig, GrpoTerms,
-    RewardScale,
+    advantages, grpo_terms, nanmean, nanstd, BatchTotals, GrpoLossConfig, GrpoTerms, RewardScale,
 };
 use super::lora::Adapters;
 use super::optim::AdamW;
@@ -394,7 +393,7 @@ pub fn terms_and_grads(
         let adv = g.advantages.index(rows.clone());
         let (outputs, grads) = value_and_grad(adapters, || {
             let lp = token_logps(model, &ids, cfg.temperature, from, shared_len(prompts))?;
-            grpo_terms_of_part(
+            grpo_terms(
                 &lp,
                 old.as_ref(),
                 reference.as_ref(),

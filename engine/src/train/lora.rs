@@ -50,6 +50,24 @@ fn lora_kind() -> String {
     "lora".into()
 }
 
+impl AdapterConfig {
+    /// LoRA of `rank` on every linear of the last `num_layers` blocks, with mlx-lm's
+    /// defaults otherwise (scale 20, no dropout).
+    pub fn lora(num_layers: usize, rank: i32) -> Self {
+        AdapterConfig {
+            fine_tune_type: lora_kind(),
+            num_layers,
+            lora_parameters: LoraParams {
+                rank,
+                scale: 20.0,
+                dropout: 0.0,
+                keys: None,
+            },
+            extra: Default::default(),
+        }
+    }
+}
+
 /// One adapted layer: where its adapter lives and the shapes of A and B — [in, rank] and
 /// [rank, out] on a linear (`LoRALinear`), [experts, rank, in] and [experts, out, rank] on
 /// stacked experts (`LoRASwitchLinear`).
@@ -516,7 +534,7 @@ impl<'m> Adapters<'m> {
 
 #[cfg(test)]
 mod tests {
-    use super::{layer_index, refusal, AdapterConfig, Adapters, LoraParams};
+    use super::{layer_index, refusal, AdapterConfig, Adapters};
     use crate::cache::Cache;
     use mlx_rs::{error::Exception, Array};
 
@@ -543,17 +561,7 @@ mod tests {
 
     #[test]
     fn a_model_without_adaptable_layers_is_refused_by_name() {
-        let config = AdapterConfig {
-            fine_tune_type: "lora".into(),
-            num_layers: 16,
-            lora_parameters: LoraParams {
-                rank: 8,
-                scale: 20.0,
-                dropout: 0.0,
-                keys: None,
-            },
-            extra: Default::default(),
-        };
+        let config = AdapterConfig::lora(16, 8);
         let err = Adapters::attach(&Bare, config, 0)
             .err()
             .unwrap()

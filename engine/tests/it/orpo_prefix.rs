@@ -24,9 +24,8 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use common::goldens;
 use engine::model::LanguageModel;
 use engine::plant::{self, Defect};
 use engine::train::data::Pair;

@@ -10,7 +10,7 @@ use crate::common;
 
 use common::{goldens, model};
 use engine::plant::{self, Defect};
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::{AdapterConfig, Adapters};
 use engine::train::orpo::{orpo_from_logits, pair_batch, SftScope};
 use engine::train::segmented::segmented_value_and_grad;
 use mlx_rs::ops::indexing::IndexOp;
@@ -40,17 +40,7 @@ fn attach(m: &dyn engine::model::LanguageModel) -> Adapters<'_> {
     } else {
         3
     };
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(num_layers, 4);
     Adapters::attach(m, config, 3).unwrap()
 }
 

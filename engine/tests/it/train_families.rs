@@ -325,21 +325,12 @@ pub(crate) fn segmented_gap(name: &str) -> f32 {
 
 /// `segmented_gap` with LoRA on the linears `keys` names (None: every linear of a block).
 fn segmented_gap_keyed(name: &str, keys: Option<Vec<String>>) -> f32 {
-    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use engine::train::lora::{AdapterConfig, Adapters};
     use mlx_rs::ops::indexing::IndexOp;
     use mlx_rs::Array;
     let m = common::model(name);
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: 16,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys,
-        },
-        extra: Default::default(),
-    };
+    let mut config = AdapterConfig::lora(16, 4);
+    config.lora_parameters.keys = keys;
     let adapters = Adapters::attach(m.as_ref(), config, 3).unwrap();
     let params: Vec<Array> = (adapters.params().iter().enumerate())
         .map(|(i, p)| {

@@ -98,7 +98,7 @@ fn worst_gap() -> f64 {
         let old = (c["old"] == "given").then_some(&old);
         let refr = (cfg.beta != 0.0).then_some(&refr);
         let terms = |x: &[Array]| -> Result<Vec<Array>, mlx_rs::error::Exception> {
-            let t = grpo_terms(&x[0], old, refr, &mask, &adv, &cfg)?;
+            let t = grpo_terms(&x[0], old, refr, &mask, &adv, &cfg, None)?;
             Ok(vec![t.loss, t.kl, t.clip_ratio])
         };
         let mut vg = mlx_rs::transforms::value_and_grad_with_argnums(terms, &[0]);

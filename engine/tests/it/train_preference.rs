@@ -148,22 +148,12 @@ fn two_pairs() -> Vec<engine::train::data::Pair> {
 
 #[test]
 fn the_reference_pass_is_the_base_model_even_over_trained_adapters() {
-    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use engine::train::lora::{AdapterConfig, Adapters};
     use engine::train::preference::{reference_logps, summed_logps};
     let m = model("tiny-llama-trained");
     let pairs = two_pairs();
     let base = summed_logps(m.as_ref(), &pairs, 2).unwrap();
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: 2,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(2, 4);
     let adapters = Adapters::attach(m.as_ref(), config, 0).unwrap();
     // "Trained" adapters: every B non-zero.
     let trained: Vec<Array> = adapters
@@ -317,22 +307,12 @@ fn dpo_batch_grads(
     segment_size: Option<usize>,
     forward: OrpoForward,
 ) -> (Vec<Vec<f64>>, Vec<Vec<f64>>) {
-    use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+    use engine::train::lora::{AdapterConfig, Adapters};
     use engine::train::preference_data::PairSet;
     use engine::train::trainer::{batch_grads, Dataset, Method, TrainConfig};
     let m = model("tiny-llama-trained");
     let pairs = two_pairs();
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: 3,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(3, 4);
     let adapters = Adapters::attach(m.as_ref(), config, 0).unwrap();
     // Adapters with B ≠ 0, so A's gradients are not zero either.
     let moved: Vec<Array> = adapters

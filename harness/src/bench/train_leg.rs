@@ -1,7 +1,7 @@
 //! What every train-suite leg shares: the LoRA rank and the leg's result line.
 
 use engine::model::LanguageModel;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::{AdapterConfig, Adapters};
 use serde::{Deserialize, Serialize};
 
 /// LoRA rank on every linear of every block, for every stack.
@@ -39,16 +39,6 @@ pub fn load_pairs(pairs_file: &std::path::Path) -> anyhow::Result<Vec<engine::tr
 /// Every stack's adapters: LoRA rank `RANK`, scale 20, on every linear of the last
 /// `num_layers` blocks (mlx-lm's `linear_to_lora_layers` on the peer's side), seed 0.
 pub fn attach(m: &dyn LanguageModel, num_layers: usize) -> anyhow::Result<Adapters<'_>> {
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers,
-        lora_parameters: LoraParams {
-            rank: RANK,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(num_layers, RANK);
     Ok(Adapters::attach(m, config, 0)?)
 }

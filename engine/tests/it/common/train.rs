@@ -2,7 +2,7 @@
 //! adapters whose every parameter gets a gradient.
 
 use engine::model::LanguageModel;
-use engine::train::lora::{AdapterConfig, Adapters, LoraParams};
+use engine::train::lora::{AdapterConfig, Adapters};
 use engine::train::trainer::{Method, TrainConfig};
 use mlx_rs::{Array, Dtype};
 
@@ -35,17 +35,7 @@ pub fn config(method: Method) -> TrainConfig {
 /// gradient) drawn from keys `key_base + i`, in values bf16 holds exactly (a bf16 model
 /// and its f32 copy start from the same adapters).
 pub fn attach_nonzero(m: &dyn LanguageModel, key_base: u64) -> Adapters<'_> {
-    let config = AdapterConfig {
-        fine_tune_type: "lora".into(),
-        num_layers: usize::MAX,
-        lora_parameters: LoraParams {
-            rank: 4,
-            scale: 20.0,
-            dropout: 0.0,
-            keys: None,
-        },
-        extra: Default::default(),
-    };
+    let config = AdapterConfig::lora(usize::MAX, 4);
     let adapters = Adapters::attach(m, config, 3).unwrap();
     let params: Vec<Array> = adapters
         .params()
