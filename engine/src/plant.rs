@@ -594,6 +594,10 @@ pub enum Defect {
     /// gradients are not the batch's. Caught by the micro-batch gate
     /// (`engine/tests/it/train_grpo.rs`).
     GrpoMicroBatchOwnTotals,
+    /// Preflight's run window counts every busy CPU jiffy as the harness's own, so a
+    /// neighbour that burned CPU during the run is not seen. Caught by the window's
+    /// burner test (`harness/src/preflight/window.rs`).
+    PreflightForeignCpuAsOurs,
 }
 
 /// `plant::on` in a build without the `plant` feature.

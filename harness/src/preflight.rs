@@ -1,6 +1,11 @@
 //! Preflight: is this machine quiet enough for a number to mean something? Reads load,
 //! memory, swap, big foreign processes, CPU frequency and temperature (where the OS shows
-//! them), the commit, and the versions in play; returns clean or dirty with reasons.
+//! them), the commit, and the versions in play; returns clean or dirty with reasons. The
+//! check after a run also judges the run's window since the check before it (`window`: CPU
+//! steal, other processes' CPU time, CPU pressure).
+
+mod window;
+pub use window::{CpuCounters, Window};
 
 use std::path::Path;
 use std::process::Command;
@@ -9,7 +14,8 @@ use serde::Serialize;
 
 /// Limits a clean machine stays within. Defaults documented in docs/harness.md; each can be
 /// set through the environment (`HARNESS_MAX_LOAD`, `HARNESS_MIN_FREE_PCT`,
-/// `HARNESS_MAX_SWAP_MB`, `HARNESS_MAX_FOREIGN_RSS_MB`, `HARNESS_MAX_TEMP_C`).
+/// `HARNESS_MAX_SWAP_MB`, `HARNESS_MAX_FOREIGN_RSS_MB`, `HARNESS_MAX_TEMP_C`,
+/// `HARNESS_MAX_STEAL_PCT`, `HARNESS_MAX_FOREIGN_CPU_PCT`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Thresholds {
     /// 1-minute load average, per core.
@@ -18,6 +24,10 @@ pub struct Thresholds {
     pub max_swap_mb: f64,
     pub max_foreign_rss_mb: f64,
     pub max_temp_c: f64,
+    /// CPU steal during a run, % of the machine's CPU time.
+    pub max_steal_pct: f64,
+    /// Other processes' CPU time during a run, % of the machine's CPU time.
+    pub max_foreign_cpu_pct: f64,
 }
 
 impl Default for Thresholds {
@@ -28,6 +38,8 @@ impl Default for Thresholds {
             max_swap_mb: 512.0,
             max_foreign_rss_mb: 2048.0,
             max_temp_c: 90.0,
+            max_steal_pct: 2.0,
+            max_foreign_cpu_pct: 10.0,
         }
     }
 }
@@ -45,6 +57,8 @@ impl Thresholds {
         read("HARNESS_MAX_SWAP_MB", &mut t.max_swap_mb);
         read("HARNESS_MAX_FOREIGN_RSS_MB", &mut t.max_foreign_rss_mb);
         read("HARNESS_MAX_TEMP_C", &mut t.max_temp_c);
+        read("HARNESS_MAX_STEAL_PCT", &mut t.max_steal_pct);
+        read("HARNESS_MAX_FOREIGN_CPU_PCT", &mut t.max_foreign_cpu_pct);
         t
     }
 }
@@ -78,6 +92,10 @@ pub struct MachineState {
     pub clean: bool,
     pub reasons: Vec<String>,
     pub at: String,
+    /// The run's window since the check before it (after-checks only).
+    pub window: Option<Window>,
+    #[serde(skip)]
+    pub counters: CpuCounters,
 }
 
 fn meminfo_mb(info: &str, key: &str) -> Option<f64> {
@@ -244,6 +262,7 @@ pub fn reasons(r: &Readings, t: &Thresholds) -> Vec<String> {
 
 /// Reads the machine now and judges it against `t`.
 pub fn check(t: &Thresholds) -> MachineState {
+    let counters = CpuCounters::read();
     let r = read_machine(t);
     let reasons = reasons(&r, t);
     let repo = crate::oracle::repo_root();
@@ -273,7 +292,25 @@ pub fn check(t: &Thresholds) -> MachineState {
         clean: reasons.is_empty(),
         reasons,
         at: now_utc(),
+        window: None,
+        counters,
     }
+}
+
+/// The check after a run: `check`, and the window since `before` judged too (steal and
+/// other processes' CPU time during the run, which the machine may no longer show).
+pub fn check_since(before: &MachineState, t: &Thresholds) -> MachineState {
+    let mut after = check(t);
+    after.window = before.counters.window_to(&after.counters);
+    if let Some(w) = &after.window {
+        after.reasons.extend(window::window_reasons(
+            w,
+            t.max_steal_pct,
+            t.max_foreign_cpu_pct,
+        ));
+        after.clean = after.reasons.is_empty();
+    }
+    after
 }
 
 /// Time as the settle wait sees it: injectable, so its test neither sleeps nor races.
@@ -330,7 +367,7 @@ pub fn settle(
 /// The after-check of a suite that loads every core itself (N ranks, a server and its 32
 /// clients): waits (up to two minutes) for that load to decay, then judges. It is there to
 /// catch what else ran during the run, which a foreign load still shows after the wait.
-pub fn check_after_own_load(t: &Thresholds) -> MachineState {
+pub fn check_after_own_load(before: &MachineState, t: &Thresholds) -> MachineState {
     let _ = settle(
         t,
         std::time::Duration::from_secs(120),
@@ -339,7 +376,7 @@ pub fn check_after_own_load(t: &Thresholds) -> MachineState {
         &mut WallClock::start(),
         |_, _| {},
     );
-    check(t)
+    check_since(before, t)
 }
 
 impl MachineState {
@@ -348,6 +385,14 @@ impl MachineState {
             "clean"
         } else {
             "dirty"
+        }
+    }
+
+    /// The verdict, with its reasons when dirty (the line a bench ends with).
+    pub fn summary(&self) -> String {
+        match self.clean {
+            true => "clean".into(),
+            false => format!("dirty: {}", self.reasons.join("; ")),
         }
     }
 
@@ -369,6 +414,16 @@ impl MachineState {
         s.push_str(&format!("swap used    {}\n", opt(self.swap_used_mb, " MB")));
         s.push_str(&format!("cpu freq     {}\n", opt(self.cpu_mhz, " MHz")));
         s.push_str(&format!("temperature  {}\n", opt(self.max_temp_c, " °C")));
+        if let Some(w) = &self.window {
+            s.push_str(&format!(
+                "during run   {:.0} s: steal {:.1}%, other processes {:.1}% of the CPU time, \
+                 CPU pressure {}\n",
+                w.seconds,
+                w.steal_pct,
+                w.foreign_cpu_pct,
+                opt(w.cpu_pressure_pct, "%")
+            ));
+        }
         s.push_str(&format!(
             "commit       {}{}\n",
             self.commit,
@@ -413,6 +468,7 @@ mod tests {
             max_swap_mb: 1e12,
             max_foreign_rss_mb: 1e12,
             max_temp_c: 1e9,
+            ..Thresholds::default()
         };
         assert!(check(&lax).clean);
     }

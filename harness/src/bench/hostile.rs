@@ -242,7 +242,7 @@ pub fn main(model_name: &str, normals: usize) -> Result<()> {
     let before = preflight::check(&thresholds);
     let dir = super::serve::model_dir(model_name)?;
     let outcomes = run(&dir, normals.max(1))?;
-    let after = preflight::check(&thresholds);
+    let after = preflight::check_since(&before, &thresholds);
     print!("{}", table(model_name, &outcomes));
     let db = crate::db::Db::open_default()?;
     let mut labels = super::run_labels(1, "fresh-server-processes", &before, &after)?;
@@ -270,8 +270,8 @@ pub fn main(model_name: &str, normals: usize) -> Result<()> {
     }
     println!(
         "recorded {rows} rows (preflight before: {}, after: {})",
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }

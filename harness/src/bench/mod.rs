@@ -314,7 +314,7 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
         }
     }
     progress.finish();
-    let after = preflight::check(&thresholds);
+    let after = preflight::check_since(&before, &thresholds);
     Ok((results, before, after))
 }
 

@@ -350,7 +350,7 @@ pub fn run(
         })
         .collect::<Result<_, _>>()?;
     // The servers and their 32 clients load every core: let that decay before judging.
-    let after = preflight::check_after_own_load(&thresholds);
+    let after = preflight::check_after_own_load(&before, &thresholds);
     Ok((
         ServeResult {
             stacks,

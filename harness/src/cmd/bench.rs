@@ -151,7 +151,7 @@ fn run_restart(args: &Args) -> Result<()> {
     };
     let kv_config = opts.kv_config.clone();
     let r = restart::run(&opts)?;
-    let after = harness::preflight::check(&thresholds);
+    let after = harness::preflight::check_since(&before, &thresholds);
     let via = if server { "server" } else { "session" };
     let kv = kv_config.as_ref().map(|p| p.display().to_string());
     let setting = match &kv {
@@ -187,8 +187,8 @@ fn run_restart(args: &Args) -> Result<()> {
     println!(
         "recorded {} rows (preflight before: {}, after: {})",
         rows.len(),
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }
@@ -197,7 +197,7 @@ fn run_spec(args: &Args) -> Result<()> {
     use harness::bench::spec;
     let (thresholds, before) = preflight_gate(args, "spec")?;
     let results = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
-    let after = harness::preflight::check(&thresholds);
+    let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
     let mut labels =
         harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
@@ -230,8 +230,8 @@ fn run_spec(args: &Args) -> Result<()> {
     }
     println!(
         "recorded {n} rows tagged spec-bench[{id}] (preflight before: {}, after: {})",
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }
@@ -240,7 +240,7 @@ fn run_train(args: &Args) -> Result<()> {
     use harness::bench::train;
     let (thresholds, before) = preflight_gate(args, "train")?;
     let results = train::run(args.rounds, 10, !args.no_peer)?;
-    let after = harness::preflight::check(&thresholds);
+    let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
     let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
@@ -291,8 +291,8 @@ fn run_train(args: &Args) -> Result<()> {
     }
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }
@@ -302,7 +302,7 @@ fn run_constrain(args: &Args) -> Result<()> {
     use harness::bench::constrain;
     let (thresholds, before) = preflight_gate(args, "constrain")?;
     let results = constrain::run(args.rounds, args.max_tokens)?;
-    let after = harness::preflight::check(&thresholds);
+    let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
     let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
@@ -312,8 +312,8 @@ fn run_constrain(args: &Args) -> Result<()> {
     let n = constrain::record(&db, &ctx, &results, args.rounds, args.max_tokens)?;
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }
@@ -342,7 +342,7 @@ fn run_distributed(args: &Args) -> Result<()> {
         .map(|m| distributed::run(m, &opts))
         .collect::<Result<Vec<_>>>()?;
     // The suite's own N ranks load every core (2 ranks on 2 cores: a load average near 2).
-    let after = harness::preflight::check_after_own_load(&thresholds);
+    let after = harness::preflight::check_after_own_load(&before, &thresholds);
     let db = Db::open_default()?;
     let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
@@ -354,8 +354,8 @@ fn run_distributed(args: &Args) -> Result<()> {
     }
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     let failed = results
         .iter()
@@ -486,8 +486,8 @@ fn run_serve(args: &Args) -> Result<()> {
     println!(
         "recorded {n} rows in {} (preflight before: {}, after: {})",
         harness::db::default_path().display(),
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     Ok(())
 }
@@ -652,8 +652,8 @@ pub fn run(args: Args) -> Result<()> {
     println!(
         "recorded {n} rows in {} (preflight before: {}, after: {})",
         harness::db::default_path().display(),
-        before.verdict(),
-        after.verdict()
+        before.summary(),
+        after.summary()
     );
     if before.clean && !after.clean {
         println!("the machine went dirty during the run; rows are tagged went-dirty and will not be promoted:");

@@ -159,7 +159,7 @@ pub fn run(args: Args) -> Result<()> {
         }
         results.push((report, oracle));
     }
-    let after = preflight::check(&Thresholds::from_env());
+    let after = preflight::check_since(&before, &Thresholds::from_env());
     if !args.no_record {
         record(&results, &corpus, &before, &after)?;
     }
