@@ -319,7 +319,7 @@ fn performance_section(out: &mut String, rows: &[&Row]) {
             out.push_str(&line);
         }
     }
-    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. Where a run kept its legs (decode, `--rounds auto`), the ratio is followed by its exact 95 % interval over paired rounds, marked wide when it is wider than ±3 % of the ratio (docs/harness.md). The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
     // The constrain suite's rows have a table of their own.
     if let Some(table) = crate::bench::constrain::promote_table(rows) {
         out.push_str(&table);
@@ -343,7 +343,9 @@ fn perf_line(
     let cell =
         |r: Option<&&Row>| r.map_or("-".to_owned(), |r| format!("{} {unit}", fmt_value(r.value)));
     let ratio = match (e, p) {
-        (Some(e), Some(p)) if p.value > 0.0 => format!("{:.2}×", e.value / p.value),
+        (Some(e), Some(p)) if p.value > 0.0 => {
+            format!("{:.2}×{}", e.value / p.value, interval_note(e))
+        }
         _ => "-".to_owned(),
     };
     // Tier presets and other peers (engine-l2, engine-l3, mlx-optiq, …).
@@ -367,6 +369,24 @@ fn perf_line(
         newest.commit,
         date(&newest.ts)
     ))
+}
+
+/// The paired legs' interval of an engine row's ratio, where its run stored one (decode
+/// suite since `--rounds auto`): ` [lo–hi]`, and ` wide` past `--rounds auto`'s bound.
+fn interval_note(engine: &Row) -> String {
+    let params: serde_json::Value = serde_json::from_str(&engine.params).unwrap_or_default();
+    let Ok(i) = serde_json::from_value::<crate::bench::spread::RatioInterval>(
+        params["ratio_interval"].clone(),
+    ) else {
+        return String::new();
+    };
+    let wide = i.relative_half_width() > crate::bench::spread::AUTO_BOUND;
+    format!(
+        " [{:.2}–{:.2}]{}",
+        i.lo,
+        i.hi,
+        if wide { " wide" } else { "" }
+    )
 }
 
 /// The Quality table of `harness eval`'s rows (harness::eval::render).
@@ -437,6 +457,29 @@ mod tests {
         assert_eq!(md, render(&rows), "deterministic");
         assert!(!md.contains("9999"), "dirty rows are never rendered");
         insta::assert_snapshot!(md);
+    }
+
+    /// A ratio whose run kept its legs shows their interval, marked wide past ±3 %; a row
+    /// without one shows the ratio alone.
+    #[test]
+    fn ratios_show_their_interval_and_wide_ones_are_marked() {
+        let with = |lo: f64, hi: f64| {
+            let mut r = row("decode", "tiny", "decode_tps", "engine", 110.0, "tok/s");
+            r.params = serde_json::json!({"ratio_interval": {
+                "median": 1.1, "lo": lo, "hi": hi, "coverage": 0.969, "rounds": 6}})
+            .to_string();
+            r
+        };
+        let line = |e: Row| {
+            let peer = row("decode", "tiny", "decode_tps", "mlx-lm", 100.0, "tok/s");
+            let stacks: BTreeMap<String, &Row> =
+                [("engine".to_owned(), &e), ("mlx-lm".to_owned(), &peer)].into();
+            perf_line("decode", "tiny", "decode_tps", &stacks).unwrap()
+        };
+        assert!(line(with(1.08, 1.12)).contains("| 1.10× [1.08–1.12] |"));
+        assert!(line(with(0.95, 1.3)).contains("| 1.10× [0.95–1.30] wide |"));
+        let plain = row("decode", "tiny", "decode_tps", "engine", 110.0, "tok/s");
+        assert!(line(plain).contains("| 1.10× |"));
     }
 
     /// A line's stacks all come from its newest run: an older run's peer never completes

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod restart;
 pub mod serve;
 pub mod spec;
+pub mod spread;
 pub mod train;
 pub mod train_grpo;
 pub mod train_leg;
@@ -47,7 +48,7 @@ pub struct Leg {
 
 pub struct Options {
     pub models: Vec<BenchModel>,
-    pub rounds: usize,
+    pub rounds: spread::Rounds,
     /// The prompt lengths to measure at (one: a plain run; several: a context sweep, one
     /// set of rows per length).
     pub contexts: Vec<usize>,
@@ -164,9 +165,14 @@ pub struct ModelResult {
     pub model: BenchModel,
     pub prompt_tokens: usize,
     pub medians: Vec<(String, Metrics)>,
+    /// Every leg's figures, in the order they ran (a stack's i-th leg ran in round i).
+    pub legs: Vec<(String, Metrics)>,
+    pub rounds: usize,
+    /// Why `--rounds auto` stopped adding rounds (None: a fixed count).
+    pub ended: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct Metrics {
     pub decode_tps: f64,
     pub prefill_tps: f64,
@@ -189,14 +195,26 @@ impl Metrics {
     }
 }
 
-fn medians(legs: &[Leg]) -> Metrics {
-    let m = |f: fn(&Leg) -> f64| median(legs.iter().map(f).collect());
+/// A leg's figures in the table's units.
+fn metrics(l: &Leg) -> Metrics {
     Metrics {
-        decode_tps: m(|l| l.decode_tps),
-        prefill_tps: m(|l| l.prefill_tps),
-        ttft_ms: m(|l| l.ttft_s * 1e3),
-        peak_mb: m(|l| l.peak_memory_bytes / 1e6),
-        kv_mb: m(|l| l.kv_bytes.map_or(f64::NAN, |b| b / 1e6)),
+        decode_tps: l.decode_tps,
+        prefill_tps: l.prefill_tps,
+        ttft_ms: l.ttft_s * 1e3,
+        peak_mb: l.peak_memory_bytes / 1e6,
+        kv_mb: l.kv_bytes.map_or(f64::NAN, |b| b / 1e6),
+    }
+}
+
+/// Each figure's median over `legs`.
+fn medians(legs: &[Metrics]) -> Metrics {
+    let m = |i: usize| median(legs.iter().map(|l| l.named()[i].1).collect());
+    Metrics {
+        decode_tps: m(0),
+        prefill_tps: m(1),
+        ttft_ms: m(2),
+        peak_mb: m(3),
+        kv_mb: m(4),
     }
 }
 
@@ -266,11 +284,15 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
     if opts.peer {
         stacks.push("mlx-lm");
     }
-    let order = leg_order(opts.rounds, &stacks);
+    let first = match opts.rounds {
+        spread::Rounds::Fixed(n) => n,
+        spread::Rounds::Auto if opts.peer => spread::AUTO_FIRST,
+        spread::Rounds::Auto => spread::AUTO_FIXED,
+    };
     let tmp = tempfile::tempdir()?;
     let progress = Progress::new(
         "decode",
-        opts.models.len() * opts.contexts.len() * order.len(),
+        opts.models.len() * opts.contexts.len() * first * stacks.len(),
     );
     let mut results = Vec::new();
     for model in &opts.models {
@@ -286,22 +308,19 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
                 .path()
                 .join(format!("{}-{prompt_tokens}.json", model.name));
             std::fs::write(&ids_file, serde_json::to_string(&ids)?)?;
-            let mut legs: Vec<(String, Leg)> = Vec::new();
-            for stack in &order {
-                progress.start(format!("{} · prompt {prompt_tokens} · {stack}", model.name));
-                legs.push((
-                    stack.to_string(),
-                    run_leg(stack, &dir, &ids_file, opts.max_tokens)?,
-                ));
-                progress.done();
-            }
+            let what = format!("{} · prompt {prompt_tokens}", model.name);
+            let LegRounds {
+                legs,
+                rounds,
+                ended,
+            } = rounds_of_legs(opts, &stacks, first, &progress, &what, &dir, &ids_file)?;
             let medians = stacks
                 .iter()
                 .map(|s| {
-                    let mine: Vec<Leg> = legs
+                    let mine: Vec<Metrics> = legs
                         .iter()
                         .filter(|(k, _)| k == s)
-                        .map(|(_, l)| l.clone())
+                        .map(|(_, m)| *m)
                         .collect();
                     (s.to_string(), medians(&mine))
                 })
@@ -310,12 +329,70 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
                 model: *model,
                 prompt_tokens,
                 medians,
+                legs,
+                rounds,
+                ended,
             });
         }
     }
     progress.finish();
     let after = preflight::check_since(&before, &thresholds);
     Ok((results, before, after))
+}
+
+/// One model and prompt length's legs, round after round (ABBA), until `opts.rounds` says
+/// stop (`auto`: `spread::auto_ended`).
+fn rounds_of_legs(
+    opts: &Options,
+    stacks: &[&'static str],
+    first: usize,
+    progress: &Progress,
+    what: &str,
+    dir: &Path,
+    ids_file: &Path,
+) -> Result<LegRounds> {
+    let auto = opts.rounds == spread::Rounds::Auto && opts.peer;
+    let mut legs: Vec<(String, Metrics)> = Vec::new();
+    let started = std::time::Instant::now();
+    let mut rounds = 0;
+    let ended = loop {
+        for stack in leg_order(rounds + 1, stacks).split_off(rounds * stacks.len()) {
+            progress.start(format!("{what} · {stack}"));
+            let leg = run_leg(stack, dir, ids_file, opts.max_tokens)?;
+            legs.push((stack.to_string(), metrics(&leg)));
+            progress.done();
+        }
+        rounds += 1;
+        if !auto {
+            if rounds >= first {
+                break (opts.rounds == spread::Rounds::Auto)
+                    .then(|| format!("no peer to compare with: {rounds} rounds"));
+            }
+            continue;
+        }
+        // Rounds are added in ABBA pairs, so each stack leads as often as it trails.
+        if rounds >= first && rounds % 2 == 0 {
+            let decode = spread::paired(&legs, "engine", "mlx-lm", 0);
+            if let Some(why) = spread::auto_ended(decode.as_ref(), rounds, started.elapsed()) {
+                break Some(why);
+            }
+        }
+        if rounds >= first {
+            progress.add_legs(stacks.len());
+        }
+    };
+    Ok(LegRounds {
+        legs,
+        rounds,
+        ended,
+    })
+}
+
+/// What `rounds_of_legs` ran (as `ModelResult` keeps it).
+struct LegRounds {
+    legs: Vec<(String, Metrics)>,
+    rounds: usize,
+    ended: Option<String>,
 }
 
 /// The table printed after a run: each metric per stack, and engine / mlx-lm.
@@ -452,8 +529,11 @@ pub fn record(
     before: &MachineState,
     after: &MachineState,
 ) -> Result<usize> {
-    let (mut tags, preflight, state) =
-        run_labels(opts.rounds, "fresh-process-legs", before, after)?;
+    let fewest = results.iter().map(|r| r.rounds).min().unwrap_or(0);
+    let (mut tags, preflight, state) = run_labels(fewest, "fresh-process-legs", before, after)?;
+    if opts.rounds == spread::Rounds::Auto {
+        tags.push("rounds-auto".into());
+    }
     if opts.contexts.len() > 1 {
         // The rows of one sweep share this tag (and their timestamp): promote plots them.
         tags.push("context-sweep".into());
@@ -461,10 +541,17 @@ pub fn record(
     let mut n = 0;
     for r in results {
         for (stack, metrics) in &r.medians {
-            for (metric, value, unit, _) in metrics.named() {
+            for (i, (metric, value, unit, _)) in metrics.named().into_iter().enumerate() {
                 if value.is_nan() {
                     continue;
                 }
+                let peer = match stack.as_str() {
+                    "engine-l2" | "engine-l3" if opts.peer => Some("mlx-optiq"),
+                    s if s.starts_with("engine") && opts.peer => Some("mlx-lm"),
+                    _ => None,
+                };
+                // Every leg's figure, and the ratio's interval against the peer's legs.
+                let interval = peer.and_then(|p| spread::paired(&r.legs, stack, p, i));
                 db.insert(&Row {
                     ts: after.at.clone(),
                     commit: before.commit.clone(),
@@ -478,15 +565,14 @@ pub fn record(
                     value,
                     unit: unit.into(),
                     stack: stack.clone(),
-                    peer: match stack.as_str() {
-                        "engine-l2" | "engine-l3" if opts.peer => Some("mlx-optiq".into()),
-                        s if s.starts_with("engine") && opts.peer => Some("mlx-lm".into()),
-                        _ => None,
-                    },
+                    peer: peer.map(str::to_owned),
                     params: serde_json::json!({
                         "prompt_tokens": r.prompt_tokens,
                         "max_tokens": opts.max_tokens,
-                        "rounds": opts.rounds,
+                        "rounds": r.rounds,
+                        "legs": spread::legs_of(&r.legs, stack, i),
+                        "ratio_interval": interval,
+                        "rounds_ended": r.ended,
                         "params_m": (r.model.parameter_count()? as f64 / 1e5).round() / 10.0,
                     })
                     .to_string(),

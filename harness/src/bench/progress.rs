@@ -14,7 +14,7 @@ pub struct Progress {
     bar: ProgressBar,
     plain: bool,
     suite: String,
-    total: usize,
+    total: Cell<usize>,
     done: Cell<usize>,
     started: Instant,
     leg_started: Cell<Instant>,
@@ -48,12 +48,18 @@ impl Progress {
             bar,
             plain: !tty,
             suite: suite.to_owned(),
-            total,
+            total: Cell::new(total),
             done: Cell::new(0),
             started: now,
             leg_started: Cell::new(now),
             current: RefCell::new(String::new()),
         }
+    }
+
+    /// `n` more legs than announced (a suite that adds rounds as it goes).
+    pub fn add_legs(&self, n: usize) {
+        self.total.set(self.total.get() + n);
+        self.bar.inc_length(n as u64);
     }
 
     /// A leg starts: `what` names it (model, stack, setting).
@@ -76,11 +82,11 @@ impl Progress {
                 plain_line(&LegLine {
                     suite: &self.suite,
                     done,
-                    total: self.total,
+                    total: self.total.get(),
                     what: &self.current.borrow(),
                     leg: self.leg_started.get().elapsed(),
                     elapsed,
-                    eta: eta(done, self.total, elapsed),
+                    eta: eta(done, self.total.get(), elapsed),
                 })
             );
         }

@@ -66,9 +66,11 @@ pub struct Args {
     /// bench model's kv_config.json), with KV memory; use a long --prompt-tokens to see it.
     #[arg(long)]
     tiers: bool,
-    /// Rounds of legs per stack (median over them; at least 3).
-    #[arg(long, default_value_t = 3)]
-    rounds: usize,
+    /// Rounds of legs per stack (median over them; at least 3), or `auto`: the decode suite
+    /// adds ABBA rounds (from 6) until the decode ratio's exact 95 % interval is within ±3 %
+    /// of its median, or 16 rounds or 15 minutes per model; the other suites run 3.
+    #[arg(long, default_value = "auto")]
+    rounds: harness::bench::spread::Rounds,
     /// Prompt length in tokens.
     #[arg(long, default_value_t = 256)]
     prompt_tokens: usize,
@@ -93,9 +95,6 @@ fn preflight_gate(
     harness::preflight::MachineState,
 )> {
     use harness::preflight::{self, Thresholds};
-    if args.rounds < 3 {
-        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
-    }
     wait_until_settled(args)?;
     let thresholds = Thresholds::from_env();
     let before = preflight::check(&thresholds);
@@ -136,7 +135,7 @@ fn run_restart(args: &Args) -> Result<()> {
         model,
         prompt_tokens,
         max_tokens: args.max_tokens,
-        rounds: args.rounds,
+        rounds: args.rounds.count(),
         server,
         kv_config: None,
     };
@@ -171,10 +170,11 @@ fn run_restart(args: &Args) -> Result<()> {
         );
     }
     let db = Db::open_default()?;
-    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels =
+        harness::bench::run_labels(args.rounds.count(), "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
     let rows = r.rows();
-    let mut params = serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds});
+    let mut params = serde_json::json!({"prompt_tokens": prompt_tokens, "max_tokens": args.max_tokens, "rounds": args.rounds.count()});
     if server {
         params["via"] = "server".into();
         params["kv_config"] = kv.map_or(serde_json::Value::Null, |_| {
@@ -196,11 +196,11 @@ fn run_restart(args: &Args) -> Result<()> {
 fn run_spec(args: &Args) -> Result<()> {
     use harness::bench::spec;
     let (thresholds, before) = preflight_gate(args, "spec")?;
-    let results = spec::run(args.rounds, args.max_tokens, !args.no_peer)?;
+    let results = spec::run(args.rounds.count(), args.max_tokens, !args.no_peer)?;
     let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
     let mut labels =
-        harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+        harness::bench::run_labels(args.rounds.count(), "fresh-process-legs", &before, &after)?;
     let id: String = after.at.chars().filter(char::is_ascii_digit).collect();
     labels.0.push(format!("spec-bench[{id}]"));
     let ctx = harness::db::RowContext::between(&before, &after, labels);
@@ -212,7 +212,7 @@ fn run_spec(args: &Args) -> Result<()> {
             .find(|p| p.0 == r.target)
             .map(|p| p.2.to_owned());
         for (stack, gamma, metric, value, unit) in r.rows() {
-            let params = serde_json::json!({"draft": r.draft, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds, "prompts": r.prompts});
+            let params = serde_json::json!({"draft": r.draft, "gamma": gamma, "max_tokens": args.max_tokens, "rounds": args.rounds.count(), "prompts": r.prompts});
             let metric = format!("g{gamma}_{metric}");
             let peer = (stack == "engine" && !args.no_peer)
                 .then(|| peer.clone())
@@ -239,17 +239,18 @@ fn run_spec(args: &Args) -> Result<()> {
 fn run_train(args: &Args) -> Result<()> {
     use harness::bench::train;
     let (thresholds, before) = preflight_gate(args, "train")?;
-    let results = train::run(args.rounds, 10, !args.no_peer)?;
+    let results = train::run(args.rounds.count(), 10, !args.no_peer)?;
     let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
-    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels =
+        harness::bench::run_labels(args.rounds.count(), "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
     let mut n = 0;
     for r in &results {
         print!("{}", r.table());
         for l in &r.legs {
             let method = harness::bench::train_pref::method_of(&l.stack).unwrap_or("orpo");
-            let mut params = serde_json::json!({"method": method, "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds});
+            let mut params = serde_json::json!({"method": method, "pairs": train::PAIRS, "tokens": r.tokens_per_pair, "rank": train::RANK, "steps": 10, "rounds": args.rounds.count()});
             if let Some(f) = train::forward_of(&l.stack) {
                 params["forward"] = serde_json::json!(f.name());
                 if l.stack == train::COMPILED {
@@ -273,9 +274,9 @@ fn run_train(args: &Args) -> Result<()> {
             }
         }
     }
-    for (model, legs) in harness::bench::train_grpo::run(args.rounds, 3, !args.no_peer)? {
+    for (model, legs) in harness::bench::train_grpo::run(args.rounds.count(), 3, !args.no_peer)? {
         print!("{}", harness::bench::train_grpo::table(&model, &legs));
-        let params = serde_json::json!({"method": "grpo", "prompts": harness::bench::train_grpo::PROMPTS, "group": harness::bench::train_grpo::GROUP, "completion": harness::bench::train_grpo::COMPLETION, "rank": train::RANK, "steps": 3, "rounds": args.rounds});
+        let params = serde_json::json!({"method": "grpo", "prompts": harness::bench::train_grpo::PROMPTS, "group": harness::bench::train_grpo::GROUP, "completion": harness::bench::train_grpo::COMPLETION, "rank": train::RANK, "steps": 3, "rounds": args.rounds.count()});
         for l in &legs {
             let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
             for m in [
@@ -301,15 +302,16 @@ fn run_train(args: &Args) -> Result<()> {
 fn run_constrain(args: &Args) -> Result<()> {
     use harness::bench::constrain;
     let (thresholds, before) = preflight_gate(args, "constrain")?;
-    let results = constrain::run(args.rounds, args.max_tokens)?;
+    let results = constrain::run(args.rounds.count(), args.max_tokens)?;
     let after = harness::preflight::check_since(&before, &thresholds);
     let db = Db::open_default()?;
-    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels =
+        harness::bench::run_labels(args.rounds.count(), "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
     for r in &results {
         print!("{}", r.table());
     }
-    let n = constrain::record(&db, &ctx, &results, args.rounds, args.max_tokens)?;
+    let n = constrain::record(&db, &ctx, &results, args.rounds.count(), args.max_tokens)?;
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
         before.summary(),
@@ -331,7 +333,7 @@ fn run_distributed(args: &Args) -> Result<()> {
         .collect::<Result<Vec<_>>>()?;
     let (thresholds, before) = preflight_gate(args, "distributed")?;
     let opts = distributed::Options {
-        rounds: args.rounds,
+        rounds: args.rounds.count(),
         prompt_tokens: args.prompt_tokens,
         max_tokens: args.max_tokens,
         peer: !args.no_peer,
@@ -344,7 +346,8 @@ fn run_distributed(args: &Args) -> Result<()> {
     // The suite's own N ranks load every core (2 ranks on 2 cores: a load average near 2).
     let after = harness::preflight::check_after_own_load(&before, &thresholds);
     let db = Db::open_default()?;
-    let labels = harness::bench::run_labels(args.rounds, "fresh-process-legs", &before, &after)?;
+    let labels =
+        harness::bench::run_labels(args.rounds.count(), "fresh-process-legs", &before, &after)?;
     let ctx = harness::db::RowContext::between(&before, &after, labels);
     let mut n = 0;
     for (r, m) in results.iter().zip(&chosen) {
@@ -470,7 +473,7 @@ fn run_serve(args: &Args) -> Result<()> {
     use harness::bench::serve;
     let opts = serve::ServeOptions {
         model: args.serve_model.clone(),
-        rounds: args.rounds,
+        rounds: args.rounds.count(),
         per_client: args.per_client,
         max_tokens: args.max_tokens,
         peer: !args.no_peer,
@@ -619,9 +622,6 @@ pub fn run(args: Args) -> Result<()> {
             bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain)")
         }
     }
-    if args.rounds < 3 {
-        bail!("--rounds must be at least 3 (a median of fewer is not a number to record)");
-    }
     let mut chosen = Vec::new();
     for name in &args.model {
         chosen.push(
@@ -647,6 +647,7 @@ pub fn run(args: Args) -> Result<()> {
     wait_until_settled(&args)?;
     let (results, before, after) = bench::run(&opts)?;
     print!("{}", bench::table(&results));
+    print!("{}", bench::spread::summary(&results));
     let db = Db::open_default()?;
     let n = bench::record(&db, &opts, &results, &before, &after)?;
     println!(
