@@ -319,7 +319,7 @@ fn performance_section(out: &mut String, rows: &[&Row]) {
             out.push_str(&line);
         }
     }
-    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. Where a run kept its legs (decode, `--rounds auto`), the ratio is followed by its exact 95 % interval over paired rounds, marked wide when it is wider than ±3 % of the ratio (docs/harness.md). The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. Where a run kept its legs (decode, `--rounds auto`), the ratio is the median of the paired rounds' ratios, followed by its exact 95 % interval, marked wide when it is wider than ±3 % of the ratio (docs/harness.md). The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
     // The constrain suite's rows have a table of their own.
     if let Some(table) = crate::bench::constrain::promote_table(rows) {
         out.push_str(&table);
@@ -343,9 +343,7 @@ fn perf_line(
     let cell =
         |r: Option<&&Row>| r.map_or("-".to_owned(), |r| format!("{} {unit}", fmt_value(r.value)));
     let ratio = match (e, p) {
-        (Some(e), Some(p)) if p.value > 0.0 => {
-            format!("{:.2}×{}", e.value / p.value, interval_note(e))
-        }
+        (Some(e), Some(p)) if p.value > 0.0 => ratio_cell(e, e.value / p.value),
         _ => "-".to_owned(),
     };
     // Tier presets and other peers (engine-l2, engine-l3, mlx-optiq, …).
@@ -371,18 +369,20 @@ fn perf_line(
     ))
 }
 
-/// The paired legs' interval of an engine row's ratio, where its run stored one (decode
-/// suite since `--rounds auto`): ` [lo–hi]`, and ` wide` past `--rounds auto`'s bound.
-fn interval_note(engine: &Row) -> String {
+/// An engine row's ratio to its peer: where its run kept its legs (decode suite since
+/// `--rounds auto`), the median of the paired rounds' ratios with its interval `[lo–hi]`,
+/// marked `wide` past `--rounds auto`'s bound; else the ratio of the medians.
+fn ratio_cell(engine: &Row, of_medians: f64) -> String {
     let params: serde_json::Value = serde_json::from_str(&engine.params).unwrap_or_default();
     let Ok(i) = serde_json::from_value::<crate::bench::spread::RatioInterval>(
         params["ratio_interval"].clone(),
     ) else {
-        return String::new();
+        return format!("{of_medians:.2}×");
     };
     let wide = i.relative_half_width() > crate::bench::spread::AUTO_BOUND;
     format!(
-        " [{:.2}–{:.2}]{}",
+        "{:.2}× [{:.2}–{:.2}]{}",
+        i.median,
         i.lo,
         i.hi,
         if wide { " wide" } else { "" }
