@@ -598,6 +598,10 @@ pub enum Defect {
     /// neighbour that burned CPU during the run is not seen. Caught by the window's
     /// burner test (`harness/src/preflight/window.rs`).
     PreflightForeignCpuAsOurs,
+    /// Preflight's run window ignores its CPU-clock samples, so a clock that fell during
+    /// the run (throttling, a power cap) is not seen. Caught by the window's clock test
+    /// (`harness/src/preflight/window.rs`).
+    PreflightClockDropUnseen,
 }
 
 /// `plant::on` in a build without the `plant` feature.

@@ -28,6 +28,8 @@ pub struct Thresholds {
     pub max_steal_pct: f64,
     /// Other processes' CPU time during a run, % of the machine's CPU time.
     pub max_foreign_cpu_pct: f64,
+    /// How far the mean CPU clock may fall below its highest sample during a run, %.
+    pub max_freq_drop_pct: f64,
 }
 
 impl Default for Thresholds {
@@ -40,6 +42,7 @@ impl Default for Thresholds {
             max_temp_c: 90.0,
             max_steal_pct: 2.0,
             max_foreign_cpu_pct: 10.0,
+            max_freq_drop_pct: 10.0,
         }
     }
 }
@@ -59,6 +62,7 @@ impl Thresholds {
         read("HARNESS_MAX_TEMP_C", &mut t.max_temp_c);
         read("HARNESS_MAX_STEAL_PCT", &mut t.max_steal_pct);
         read("HARNESS_MAX_FOREIGN_CPU_PCT", &mut t.max_foreign_cpu_pct);
+        read("HARNESS_MAX_FREQ_DROP_PCT", &mut t.max_freq_drop_pct);
         t
     }
 }
@@ -218,8 +222,7 @@ pub fn read_machine(t: &Thresholds) -> Readings {
         free_pct,
         swap_used_mb: swap_used,
         big_foreign_procs: big_processes(t.max_foreign_rss_mb),
-        cpu_mhz: read_f64("/sys/devices/system/cpu/cpu0/cpufreq/scaling_cur_freq")
-            .map(|khz| khz / 1000.0),
+        cpu_mhz: window::cpu_mhz(),
         max_temp_c: max_thermal_c(),
     }
 }
@@ -303,11 +306,7 @@ pub fn check_since(before: &MachineState, t: &Thresholds) -> MachineState {
     let mut after = check(t);
     after.window = before.counters.window_to(&after.counters);
     if let Some(w) = &after.window {
-        after.reasons.extend(window::window_reasons(
-            w,
-            t.max_steal_pct,
-            t.max_foreign_cpu_pct,
-        ));
+        after.reasons.extend(window::window_reasons(w, t));
         after.clean = after.reasons.is_empty();
     }
     after

@@ -373,20 +373,8 @@ fn perf_line(
 /// `--rounds auto`), the median of the paired rounds' ratios with its interval `[lo–hi]`,
 /// marked `wide` past `--rounds auto`'s bound; else the ratio of the medians.
 fn ratio_cell(engine: &Row, of_medians: f64) -> String {
-    let params: serde_json::Value = serde_json::from_str(&engine.params).unwrap_or_default();
-    let Ok(i) = serde_json::from_value::<crate::bench::spread::RatioInterval>(
-        params["ratio_interval"].clone(),
-    ) else {
-        return format!("{of_medians:.2}×");
-    };
-    let wide = i.relative_half_width() > crate::bench::spread::AUTO_BOUND;
-    format!(
-        "{:.2}× [{:.2}–{:.2}]{}",
-        i.median,
-        i.lo,
-        i.hi,
-        if wide { " wide" } else { "" }
-    )
+    crate::bench::spread::RatioInterval::of_params(&engine.params)
+        .map_or_else(|| format!("{of_medians:.2}×"), |i| i.cell())
 }
 
 /// The Quality table of `harness eval`'s rows (harness::eval::render).

@@ -121,6 +121,8 @@ pub struct ConstrainResult {
     pub prompt_tokens: usize,
     pub plain: ConstrainLeg,
     pub schema: ConstrainLeg,
+    /// Every leg's `decode_tps` and `ttft_ms`, in the order they ran.
+    pub kept: super::kept::Kept,
 }
 
 /// The median leg of `legs` (all one stack); counts and completeness from the first (greedy
@@ -159,6 +161,7 @@ pub fn run(rounds: usize, max_tokens: usize) -> Result<Vec<ConstrainResult>> {
         let file = tmp.path().join(format!("{name}.json"));
         std::fs::write(&file, serde_json::to_string(&ids)?)?;
         let mut all = Vec::new();
+        let mut kept = super::kept::Kept::default();
         for stack in &order {
             bar.start(format!("{name} · {stack}"));
             let mut cmd = Command::new(std::env::current_exe()?);
@@ -172,10 +175,15 @@ pub fn run(rounds: usize, max_tokens: usize) -> Result<Vec<ConstrainResult>> {
             if *stack == SCHEMA {
                 cmd.arg("--constrained");
             }
-            all.push(super::run_json_leg::<ConstrainLeg>(
-                &mut cmd,
-                &format!("{name} {stack}"),
-            )?);
+            let leg = super::run_json_leg::<ConstrainLeg>(&mut cmd, &format!("{name} {stack}"))?;
+            kept.push(
+                stack,
+                [
+                    ("decode_tps".to_owned(), leg.decode_tps),
+                    ("ttft_ms".to_owned(), leg.ttft_s * 1e3),
+                ],
+            );
+            all.push(leg);
             bar.done();
         }
         let of = |s: &str| median_leg(&all.iter().filter(|l| l.stack == s).collect::<Vec<_>>());
@@ -185,6 +193,7 @@ pub fn run(rounds: usize, max_tokens: usize) -> Result<Vec<ConstrainResult>> {
             prompt_tokens: ids.len(),
             plain: of(PLAIN),
             schema: of(SCHEMA),
+            kept,
         });
     }
     bar.finish();
@@ -244,6 +253,13 @@ impl ConstrainResult {
     }
 
     pub fn table(&self) -> String {
+        let words = self
+            .kept
+            .lines(&[("decode_tps", "tok/s", true)], SCHEMA, Some(PLAIN));
+        self.medians_table() + &words
+    }
+
+    fn medians_table(&self) -> String {
         let (p, s) = (&self.plain, &self.schema);
         let opt = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
         format!(
@@ -290,13 +306,21 @@ pub fn record(
             "vocab": r.vocab, "schema": SCHEMA_NAME,
         });
         for (stack, metric, value, unit) in r.rows() {
+            // Each leg, and the constrained/plain decode ratio's interval over paired rounds.
+            let params = match metric {
+                "decode_ratio_vs_plain" => {
+                    r.kept
+                        .row_params(params.clone(), SCHEMA, Some(PLAIN), "decode_tps")
+                }
+                _ => r.kept.row_params(params.clone(), stack, None, metric),
+            };
             db.insert(&ctx.row(
                 "constrain",
                 &r.model,
                 (metric, value, unit),
                 stack,
                 None,
-                params.clone(),
+                params,
             ))?;
             n += 1;
         }
@@ -340,6 +364,7 @@ mod tests {
             prompt_tokens: 40,
             plain: median_leg(&plain.iter().collect::<Vec<_>>()),
             schema: median_leg(&schema.iter().collect::<Vec<_>>()),
+            kept: Default::default(),
         }
     }
 

@@ -302,6 +302,13 @@ pub struct Cell {
 pub struct DistResult {
     pub model: String,
     pub cells: Vec<Cell>,
+    /// Every leg's figures, its stack named `kept_stack(stack, split)`, as they ran.
+    pub kept: super::kept::Kept,
+}
+
+/// A (stack, split)'s name among the kept legs.
+pub fn kept_stack(stack: &str, split: Split) -> String {
+    format!("{stack} {}", split.label())
 }
 
 pub struct Options {
@@ -337,6 +344,7 @@ pub fn run(model: &BenchModel, opts: &Options) -> Result<DistResult> {
     let bar = super::Progress::new("distributed", order.len());
     let mut legs: Vec<Vec<Vec<RankLeg>>> = vec![Vec::new(); combos.len()];
     let mut failed: Vec<Option<String>> = vec![None; combos.len()];
+    let mut kept = super::kept::Kept::default();
     for i in order {
         let (split, stack) = combos[i];
         let what = format!("{stack} {}", split.label());
@@ -347,7 +355,14 @@ pub fn run(model: &BenchModel, opts: &Options) -> Result<DistResult> {
         }
         let make = || rank_command(stack, split, &dm.dir, &ids_file, opts.max_tokens);
         match launch(split.ranks(), &make, opts.leg_timeout, &what) {
-            Ok(l) => legs[i].push(l),
+            Ok(l) => {
+                let figures = DistMetrics::of(std::slice::from_ref(&l)).rows();
+                kept.push(
+                    &kept_stack(stack, split),
+                    figures.into_iter().map(|(n, v, _)| (n, v)),
+                );
+                legs[i].push(l);
+            }
             Err(e) => {
                 bar.println(format!("{what}: {e:#}"));
                 failed[i] = Some(format!("{e:#}"));
@@ -371,6 +386,7 @@ pub fn run(model: &BenchModel, opts: &Options) -> Result<DistResult> {
     Ok(DistResult {
         model: dm.name,
         cells,
+        kept,
     })
 }
 

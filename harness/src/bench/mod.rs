@@ -7,6 +7,7 @@
 pub mod constrain;
 pub mod distributed;
 pub mod hostile;
+pub mod kept;
 pub mod models;
 pub mod progress;
 pub mod restart;
@@ -166,7 +167,7 @@ pub struct ModelResult {
     pub prompt_tokens: usize,
     pub medians: Vec<(String, Metrics)>,
     /// Every leg's figures, in the order they ran (a stack's i-th leg ran in round i).
-    pub legs: Vec<(String, Metrics)>,
+    pub legs: kept::Kept,
     pub rounds: usize,
     /// Why `--rounds auto` stopped adding rounds (None: a fixed count).
     pub ended: Option<String>,
@@ -183,6 +184,15 @@ pub struct Metrics {
 }
 
 impl Metrics {
+    /// The figures a kept leg stores (NaN ones left out).
+    pub fn figures(&self) -> Vec<(String, f64)> {
+        self.named()
+            .into_iter()
+            .filter(|(_, v, _, _)| !v.is_nan())
+            .map(|(n, v, _, _)| (n.to_owned(), v))
+            .collect()
+    }
+
     pub fn named(&self) -> [(&'static str, f64, &'static str, bool); 5] {
         // (metric, value, unit, higher is better)
         [
@@ -206,15 +216,15 @@ fn metrics(l: &Leg) -> Metrics {
     }
 }
 
-/// Each figure's median over `legs`.
-fn medians(legs: &[Metrics]) -> Metrics {
-    let m = |i: usize| median(legs.iter().map(|l| l.named()[i].1).collect());
+/// Each figure's median over `stack`'s legs.
+fn medians(legs: &kept::Kept, stack: &str) -> Metrics {
+    let m = |figure: &str| legs.median(stack, figure);
     Metrics {
-        decode_tps: m(0),
-        prefill_tps: m(1),
-        ttft_ms: m(2),
-        peak_mb: m(3),
-        kv_mb: m(4),
+        decode_tps: m("decode_tps"),
+        prefill_tps: m("prefill_tps"),
+        ttft_ms: m("ttft_ms"),
+        peak_mb: m("peak_memory_mb"),
+        kv_mb: m("kv_memory_mb"),
     }
 }
 
@@ -316,14 +326,7 @@ pub fn run(opts: &Options) -> Result<(Vec<ModelResult>, MachineState, MachineSta
             } = rounds_of_legs(opts, &stacks, first, &progress, &what, &dir, &ids_file)?;
             let medians = stacks
                 .iter()
-                .map(|s| {
-                    let mine: Vec<Metrics> = legs
-                        .iter()
-                        .filter(|(k, _)| k == s)
-                        .map(|(_, m)| *m)
-                        .collect();
-                    (s.to_string(), medians(&mine))
-                })
+                .map(|s| (s.to_string(), medians(&legs, s)))
                 .collect();
             results.push(ModelResult {
                 model: *model,
@@ -352,14 +355,14 @@ fn rounds_of_legs(
     ids_file: &Path,
 ) -> Result<LegRounds> {
     let auto = opts.rounds == spread::Rounds::Auto && opts.peer;
-    let mut legs: Vec<(String, Metrics)> = Vec::new();
+    let mut legs = kept::Kept::default();
     let started = std::time::Instant::now();
     let mut rounds = 0;
     let ended = loop {
         for stack in leg_order(rounds + 1, stacks).split_off(rounds * stacks.len()) {
             progress.start(format!("{what} · {stack}"));
             let leg = run_leg(stack, dir, ids_file, opts.max_tokens)?;
-            legs.push((stack.to_string(), metrics(&leg)));
+            legs.push(stack, metrics(&leg).figures());
             progress.done();
         }
         rounds += 1;
@@ -372,7 +375,7 @@ fn rounds_of_legs(
         }
         // Rounds are added in ABBA pairs, so each stack leads as often as it trails.
         if rounds >= first && rounds % 2 == 0 {
-            let decode = spread::paired(&legs, "engine", "mlx-lm", 0);
+            let decode = legs.interval("engine", "mlx-lm", "decode_tps");
             if let Some(why) = spread::auto_ended(decode.as_ref(), rounds, started.elapsed()) {
                 break Some(why);
             }
@@ -390,7 +393,7 @@ fn rounds_of_legs(
 
 /// What `rounds_of_legs` ran (as `ModelResult` keeps it).
 struct LegRounds {
-    legs: Vec<(String, Metrics)>,
+    legs: kept::Kept,
     rounds: usize,
     ended: Option<String>,
 }
@@ -541,7 +544,7 @@ pub fn record(
     let mut n = 0;
     for r in results {
         for (stack, metrics) in &r.medians {
-            for (i, (metric, value, unit, _)) in metrics.named().into_iter().enumerate() {
+            for (metric, value, unit, _) in metrics.named() {
                 if value.is_nan() {
                     continue;
                 }
@@ -550,8 +553,6 @@ pub fn record(
                     s if s.starts_with("engine") && opts.peer => Some("mlx-lm"),
                     _ => None,
                 };
-                // Every leg's figure, and the ratio's interval against the peer's legs.
-                let interval = peer.and_then(|p| spread::paired(&r.legs, stack, p, i));
                 db.insert(&Row {
                     ts: after.at.clone(),
                     commit: before.commit.clone(),
@@ -566,16 +567,22 @@ pub fn record(
                     unit: unit.into(),
                     stack: stack.clone(),
                     peer: peer.map(str::to_owned),
-                    params: serde_json::json!({
-                        "prompt_tokens": r.prompt_tokens,
-                        "max_tokens": opts.max_tokens,
-                        "rounds": r.rounds,
-                        "legs": spread::legs_of(&r.legs, stack, i),
-                        "ratio_interval": interval,
-                        "rounds_ended": r.ended,
-                        "params_m": (r.model.parameter_count()? as f64 / 1e5).round() / 10.0,
-                    })
-                    .to_string(),
+                    // Every leg's figure, and the ratio's interval against the peer's legs.
+                    params: r
+                        .legs
+                        .row_params(
+                            serde_json::json!({
+                                "prompt_tokens": r.prompt_tokens,
+                                "max_tokens": opts.max_tokens,
+                                "rounds": r.rounds,
+                                "rounds_ended": r.ended,
+                                "params_m": (r.model.parameter_count()? as f64 / 1e5).round() / 10.0,
+                            }),
+                            stack,
+                            peer,
+                            metric,
+                        )
+                        .to_string(),
                     tags: tags.join(" "),
                 })?;
                 n += 1;

@@ -143,6 +143,8 @@ pub struct RestartResult {
     pub prompt_tokens: usize,
     pub fresh: RestartLeg,
     pub restored: RestartLeg,
+    /// Every leg's `decode_tps` and `ttft_ms` (stacks "fresh" and "restored"), as they ran.
+    pub kept: super::kept::Kept,
 }
 
 /// How the restart suite runs its legs.
@@ -228,6 +230,16 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
         progress.done();
     }
     progress.finish();
+    let mut kept = super::kept::Kept::default();
+    for l in &legs {
+        kept.push(
+            &l.mode,
+            [
+                ("decode_tps".to_owned(), l.decode_tps),
+                ("ttft_ms".to_owned(), l.ttft_s * 1e3),
+            ],
+        );
+    }
     let med = |mode: &str| {
         let mine: Vec<&RestartLeg> = legs.iter().filter(|l| l.mode == mode).collect();
         RestartLeg {
@@ -249,6 +261,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
         prompt_tokens: opts.prompt_tokens,
         fresh: med("fresh"),
         restored: med("restored"),
+        kept,
     })
 }
 
@@ -284,6 +297,25 @@ pub fn criteria(r: &RestartResult) -> Vec<Criterion> {
 }
 
 impl RestartResult {
+    /// A row's parameters: decode rows keep their legs, and the decode overhead the interval
+    /// of restored / fresh decode over paired rounds.
+    pub fn row_params(&self, params: serde_json::Value, metric: &str) -> serde_json::Value {
+        let k = &self.kept;
+        match metric {
+            "decode_tps_ssd_off" => k.row_params(params, "fresh", None, "decode_tps"),
+            "decode_tps_ssd_on" | "decode_overhead_pct" => {
+                k.row_params(params, "restored", Some("fresh"), "decode_tps")
+            }
+            _ => params,
+        }
+    }
+
+    /// The decode figures in words (restored against fresh).
+    pub fn words(&self) -> String {
+        self.kept
+            .lines(&[("decode_tps", "tok/s", true)], "restored", Some("fresh"))
+    }
+
     pub fn rows(&self) -> Vec<(&'static str, f64, &'static str)> {
         let passed = criteria(self).iter().filter(|c| c.3).count() as f64;
         let mut rows = self.measured();
@@ -359,6 +391,7 @@ mod tests {
             prompt_tokens: 16384,
             fresh: leg("fresh", 20.0, cpu.0),
             restored: leg("restored", 19.8, cpu.1),
+            kept: Default::default(),
         }
     }
 

@@ -35,6 +35,27 @@ pub struct Level {
     pub throughput_tps: f64,
 }
 
+impl Level {
+    /// (figure, unit, higher is better) of one level, named as its results-DB metric.
+    pub fn kinds(clients: usize) -> [(String, &'static str, bool); 3] {
+        [
+            (format!("ttft_ms_c{clients}"), "ms", false),
+            (format!("decode_tps_c{clients}"), "tok/s", true),
+            (format!("throughput_tps_c{clients}"), "tok/s", true),
+        ]
+    }
+
+    /// This level's figures, as `kinds` names them.
+    pub fn figures(&self) -> Vec<(String, f64)> {
+        let [t, d, p] = Self::kinds(self.clients);
+        vec![
+            (t.0, self.ttft_ms),
+            (d.0, self.decode_tps),
+            (p.0, self.throughput_tps),
+        ]
+    }
+}
+
 pub struct Server {
     child: Child,
     pub port: u16,
@@ -262,9 +283,11 @@ pub struct ServeOptions {
     pub batch: usize,
 }
 
-/// Medians over rounds, per stack and level; plus direct generation's decode tok/s.
+/// Medians over rounds, per stack and level, and every leg's figures; plus direct
+/// generation's decode tok/s.
 pub struct ServeResult {
     pub stacks: Vec<(String, Vec<Level>)>,
+    pub legs: super::kept::Kept,
     pub direct_decode_tps: f64,
 }
 
@@ -300,13 +323,13 @@ pub fn run(
     }
     let order = super::leg_order(opts.rounds, &stacks);
     let bar = super::Progress::new("serve", order.len());
-    let mut runs: Vec<(&str, Vec<Level>)> = Vec::new();
+    let mut legs = super::kept::Kept::default();
     for stack in &order {
         bar.start(format!("{} · {stack}", opts.model));
         let server = start(stack, &dir, opts.batch)?;
         let measured = levels(server.port, opts.per_client, opts.max_tokens)
             .with_context(|| format!("serving with {stack}"))?;
-        runs.push((stack, measured));
+        legs.push(stack, measured.iter().flat_map(Level::figures));
         drop(server);
         bar.done();
     }
@@ -314,19 +337,15 @@ pub fn run(
     let stacks = stacks
         .iter()
         .map(|s| {
-            let mine: Vec<&Vec<Level>> = runs
+            let levels = LEVELS
                 .iter()
-                .filter(|(k, _)| k == s)
-                .map(|(_, l)| l)
-                .collect();
-            let levels = (0..LEVELS.len())
-                .map(|i| {
-                    let m = |f: fn(&Level) -> f64| median(mine.iter().map(|l| f(&l[i])).collect());
+                .map(|&c| {
+                    let m = |name: &str| legs.median(s, &format!("{name}_c{c}"));
                     Level {
-                        clients: LEVELS[i],
-                        ttft_ms: m(|l| l.ttft_ms),
-                        decode_tps: m(|l| l.decode_tps),
-                        throughput_tps: m(|l| l.throughput_tps),
+                        clients: c,
+                        ttft_ms: m("ttft_ms"),
+                        decode_tps: m("decode_tps"),
+                        throughput_tps: m("throughput_tps"),
                     }
                 })
                 .collect();
@@ -349,11 +368,15 @@ pub fn run(
             .map(|l| l.decode_tps)
         })
         .collect::<Result<_, _>>()?;
+    for v in &direct {
+        legs.push("engine", [("direct_decode_tps".to_owned(), *v)]);
+    }
     // The servers and their 32 clients load every core: let that decay before judging.
     let after = preflight::check_after_own_load(&before, &thresholds);
     Ok((
         ServeResult {
             stacks,
+            legs,
             direct_decode_tps: median(direct),
         },
         before,
@@ -399,6 +422,13 @@ pub fn table(model: &str, r: &ServeResult) -> String {
             100.0 * (1.0 - served / r.direct_decode_tps)
         ));
     }
+    let peer = p.map(|_| "mlx-lm");
+    for c in LEVELS {
+        s.push_str(&format!("{c} client(s):\n"));
+        let kinds = Level::kinds(c);
+        let kinds: Vec<_> = kinds.iter().map(|(n, u, h)| (n.as_str(), *u, *h)).collect();
+        s.push_str(&r.legs.lines(&kinds, "engine", peer));
+    }
     s
 }
 
@@ -415,20 +445,11 @@ pub fn record(
     let mut rows: Vec<(String, String, f64, &str)> = Vec::new();
     for (stack, levels) in &r.stacks {
         for l in levels {
-            let c = l.clients;
-            rows.push((stack.clone(), format!("ttft_ms_c{c}"), l.ttft_ms, "ms"));
-            rows.push((
-                stack.clone(),
-                format!("decode_tps_c{c}"),
-                l.decode_tps,
-                "tok/s",
-            ));
-            rows.push((
-                stack.clone(),
-                format!("throughput_tps_c{c}"),
-                l.throughput_tps,
-                "tok/s",
-            ));
+            for ((metric, unit, _), (_, value)) in
+                Level::kinds(l.clients).into_iter().zip(l.figures())
+            {
+                rows.push((stack.clone(), metric, value, unit));
+            }
         }
     }
     if let Some((_, e)) = r.stacks.iter().find(|(k, _)| k == "engine") {
@@ -460,11 +481,19 @@ pub fn record(
             unit: (*unit).into(),
             stack: stack.clone(),
             peer: (stack == "engine" && opts.peer).then(|| "mlx-lm".into()),
-            params: serde_json::json!({
-                "per_client": opts.per_client, "max_tokens": opts.max_tokens,
-                "rounds": opts.rounds, "levels": LEVELS, "prompt": PROMPT, "engine_batch": opts.batch,
-            })
-            .to_string(),
+            params: r
+                .legs
+                .row_params(
+                    serde_json::json!({
+                        "per_client": opts.per_client, "max_tokens": opts.max_tokens,
+                        "rounds": opts.rounds, "levels": LEVELS, "prompt": PROMPT,
+                        "engine_batch": opts.batch,
+                    }),
+                    stack,
+                    (stack == "engine" && opts.peer).then_some("mlx-lm"),
+                    metric,
+                )
+                .to_string(),
             tags: tags.join(" "),
         })?;
     }

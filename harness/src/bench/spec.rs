@@ -219,12 +219,30 @@ fn run_leg(
     super::run_json_leg(&mut cmd, &format!("{stack} γ={gamma}"))
 }
 
-/// Median legs per (stack, γ) of one pair.
+/// Median legs per (stack, γ) of one pair, and every leg's figures (named as the results
+/// DB's metrics: `g{γ}_decode_tps`, `g{γ}_ttft_ms`, `g{γ}_speedup_vs_nonspec`).
 pub struct SpecResult {
     pub target: &'static str,
     pub draft: &'static str,
     pub legs: Vec<SpecLeg>,
+    pub kept: super::kept::Kept,
     pub prompts: usize,
+}
+
+/// Keeps `leg`'s figures; a γ > 0 leg's speed-up is over the same stack's γ = 0 leg of the
+/// same round (γ = 0 runs first in every sweep).
+fn keep(kept: &mut super::kept::Kept, leg: &SpecLeg) {
+    let g = leg.gamma;
+    let mut figures = vec![
+        (format!("g{g}_decode_tps"), leg.decode_tps),
+        (format!("g{g}_ttft_ms"), leg.ttft_s * 1e3),
+    ];
+    if let Some(&plain) = kept.values(&leg.stack, "g0_decode_tps").last() {
+        if g > 0 {
+            figures.push((format!("g{g}_speedup_vs_nonspec"), leg.decode_tps / plain));
+        }
+    }
+    kept.push(&leg.stack, figures);
 }
 
 /// The L1 cases' prompts of `target`.
@@ -267,16 +285,13 @@ pub fn run_lookup(w: Workload, rounds: usize, max_tokens: usize) -> Result<SpecR
     let drafter = PathBuf::from(format!("{LOOKUP_DRAFTER}:{LOOKUP_NGRAM}"));
     let bar = super::Progress::new("spec", rounds * LOOKUP_GAMMAS.len());
     let mut all = Vec::new();
+    let mut kept = super::kept::Kept::default();
     for _ in 0..rounds {
         for gamma in LOOKUP_GAMMAS {
             bar.start(format!("{} + {LOOKUP_DRAFTER} · γ={gamma}", w.label()));
-            all.push(run_leg(
-                "engine",
-                gamma,
-                (&dir, &drafter),
-                &file,
-                max_tokens,
-            )?);
+            let leg = run_leg("engine", gamma, (&dir, &drafter), &file, max_tokens)?;
+            keep(&mut kept, &leg);
+            all.push(leg);
             bar.done();
         }
     }
@@ -285,6 +300,7 @@ pub fn run_lookup(w: Workload, rounds: usize, max_tokens: usize) -> Result<SpecR
         target: w.label(),
         draft: LOOKUP_DRAFTER,
         legs: medians(&all, &["engine"], &LOOKUP_GAMMAS),
+        kept,
         prompts: prompts.len(),
     })
 }
@@ -329,12 +345,15 @@ fn run_pair(
     let order = super::leg_order(rounds, &stacks);
     let bar = super::Progress::new("spec", order.len() * GAMMAS.len());
     let mut all = Vec::new();
+    let mut kept = super::kept::Kept::default();
     for stack in order {
         for gamma in GAMMAS {
             bar.start(format!(
                 "{target_name} + {draft_name} · {stack} · γ={gamma}"
             ));
-            all.push(run_leg(stack, gamma, (&target, &draft), &file, max_tokens)?);
+            let leg = run_leg(stack, gamma, (&target, &draft), &file, max_tokens)?;
+            keep(&mut kept, &leg);
+            all.push(leg);
             bar.done();
         }
     }
@@ -343,6 +362,7 @@ fn run_pair(
         target: target_name,
         draft: draft_name,
         legs: medians(&all, &stacks, &GAMMAS),
+        kept,
         prompts: prompts.len(),
     })
 }
@@ -398,6 +418,27 @@ impl SpecResult {
                 "  {:9} {:2}   {:11.1}  {:6.2}×  {acc}\n",
                 l.stack, l.gamma, l.decode_tps, speedup
             );
+        }
+        let peer = self
+            .legs
+            .iter()
+            .map(|l| l.stack.as_str())
+            .find(|s| *s != "engine");
+        for g in self
+            .legs
+            .iter()
+            .filter(|l| l.stack == "engine")
+            .map(|l| l.gamma)
+        {
+            let names = [
+                format!("g{g}_decode_tps"),
+                format!("g{g}_speedup_vs_nonspec"),
+            ];
+            let kinds = [
+                (names[0].as_str(), "tok/s", true),
+                (names[1].as_str(), "×", true),
+            ];
+            s += &self.kept.lines(&kinds, "engine", peer);
         }
         s
     }

@@ -17,8 +17,10 @@ use super::{Metrics, ModelResult};
 pub const COVERAGE: f64 = 0.95;
 
 /// `--rounds`: a fixed count, or `auto` — the decode suite adds ABBA rounds until the decode
-/// ratio's interval is within ±`AUTO_BOUND` of its median, or a cap ends it; the other
-/// suites take `AUTO_FIXED` rounds.
+/// ratio's interval is within ±`AUTO_BOUND` of its median, or a cap ends it; the serve
+/// suite takes `AUTO_FIRST` rounds (its 15 ratios cannot all be narrowed in a sitting), and
+/// the suites whose legs take minutes (train, spec, constrain, restart, distributed)
+/// `AUTO_FIXED`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rounds {
     Fixed(usize),
@@ -55,9 +57,14 @@ impl std::str::FromStr for Rounds {
 impl Rounds {
     /// The count a suite without adaptive rounds runs.
     pub fn count(self) -> usize {
+        self.fixed_or(AUTO_FIXED)
+    }
+
+    /// The fixed count, or `auto` for `Auto`.
+    pub fn fixed_or(self, auto: usize) -> usize {
         match self {
             Rounds::Fixed(n) => n,
-            Rounds::Auto => AUTO_FIXED,
+            Rounds::Auto => auto,
         }
     }
 }
@@ -166,6 +173,34 @@ impl RatioInterval {
         })
     }
 
+    /// The interval a results-DB row's parameters keep (`ratio_interval`), if any.
+    pub fn of_params(params: &str) -> Option<RatioInterval> {
+        let p: serde_json::Value = serde_json::from_str(params).ok()?;
+        serde_json::from_value(p.get("ratio_interval")?.clone()).ok()
+    }
+
+    /// The peer-to-engine ratio's interval (a speed-up from a ratio of times).
+    pub fn inverse(&self) -> RatioInterval {
+        RatioInterval {
+            median: 1.0 / self.median,
+            lo: 1.0 / self.hi,
+            hi: 1.0 / self.lo,
+            ..*self
+        }
+    }
+
+    /// `1.10× [0.95–1.30]`, with ` wide` past `--rounds auto`'s bound.
+    pub fn cell(&self) -> String {
+        let wide = self.relative_half_width() > AUTO_BOUND;
+        format!(
+            "{:.2}× [{:.2}–{:.2}]{}",
+            self.median,
+            self.lo,
+            self.hi,
+            if wide { " wide" } else { "" }
+        )
+    }
+
     /// The interval's half-width relative to its median (what `--rounds auto` narrows).
     pub fn relative_half_width(&self) -> f64 {
         (self.hi - self.lo) / 2.0 / self.median
@@ -201,24 +236,6 @@ impl RatioInterval {
     }
 }
 
-/// Figure `metric` (its index in `Metrics::named`) of `stack`'s legs, in round order.
-pub fn legs_of(legs: &[(String, Metrics)], stack: &str, metric: usize) -> Vec<f64> {
-    legs.iter()
-        .filter(|(s, _)| s == stack)
-        .map(|(_, m)| m.named()[metric].1)
-        .collect()
-}
-
-/// `stack` / `peer` on figure `metric`, paired by round.
-pub fn paired(
-    legs: &[(String, Metrics)],
-    stack: &str,
-    peer: &str,
-    metric: usize,
-) -> Option<RatioInterval> {
-    RatioInterval::paired(&legs_of(legs, stack, metric), &legs_of(legs, peer, metric))
-}
-
 /// The lines a decode run ends with: per model and figure, each stack's min / median / max
 /// and the engine / mlx-lm ratio's interval, in words.
 pub fn summary(results: &[ModelResult]) -> String {
@@ -233,33 +250,12 @@ pub fn summary(results: &[ModelResult]) -> String {
                 .as_ref()
                 .map_or(String::new(), |e| format!(" (ended: {e})"))
         );
-        for (i, (name, _, unit, higher_better)) in Metrics::default().named().iter().enumerate() {
-            let spread = |stack: &str| {
-                let v = legs_of(&r.legs, stack, i);
-                let sp = Spread::of(&v);
-                (!v.is_empty() && !sp.median.is_nan()).then(|| {
-                    format!(
-                        "{stack} {:.1} / {:.1} / {:.1} {unit}",
-                        sp.min, sp.median, sp.max
-                    )
-                })
-            };
-            let Some(engine) = spread("engine") else {
-                continue;
-            };
-            let peer = spread("mlx-lm");
-            let ratio = paired(&r.legs, "engine", "mlx-lm", i);
-            s += &format!(
-                "  {name:<15} {engine}{}{}\n",
-                peer.map_or(String::new(), |p| format!("; {p} (min / median / max)")),
-                ratio.map_or(String::new(), |q| format!(
-                    "\n  {:<15} engine / mlx-lm {}: {}",
-                    "",
-                    q.describe(),
-                    q.verdict(*higher_better)
-                ))
-            );
-        }
+        let figures: Vec<_> = Metrics::default()
+            .named()
+            .iter()
+            .map(|(name, _, unit, higher)| (*name, *unit, *higher))
+            .collect();
+        s += &r.legs.lines(&figures, "engine", Some("mlx-lm"));
     }
     s
 }

@@ -159,10 +159,24 @@ fn run_leg(
     super::run_json_leg(&mut cmd, stack)
 }
 
+/// The peer stack an engine stack's legs are compared with (None: an engine variant or a
+/// peer itself).
+pub fn peer_of(stack: &str) -> Option<&'static str> {
+    match stack {
+        "engine" => Some("mlx-lm-lora"),
+        s if s.starts_with("engine-") => {
+            super::train_pref::method_of(s).and_then(super::train_pref::peer_stack)
+        }
+        _ => None,
+    }
+}
+
 pub struct TrainResult {
     pub model: String,
     pub tokens_per_pair: usize,
     pub legs: Vec<TrainLeg>,
+    /// Every leg's `step_ms` and `peak_memory_mb`, in the order they ran.
+    pub kept: super::kept::Kept,
 }
 
 /// A model the train suite runs: its name, directory, vocabulary, blocks (all adapted) and
@@ -229,9 +243,18 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train", order.len());
         let mut all = Vec::new();
+        let mut kept = super::kept::Kept::default();
         for stack in order {
             bar.start(format!("{name} · {stack}"));
-            all.push(run_leg(stack, &dir, &file, steps, layers)?);
+            let leg = run_leg(stack, &dir, &file, steps, layers)?;
+            kept.push(
+                stack,
+                [
+                    ("step_ms".to_owned(), leg.step_s * 1e3),
+                    ("peak_memory_mb".to_owned(), leg.peak_memory_bytes / 1e6),
+                ],
+            );
+            all.push(leg);
             bar.done();
         }
         bar.finish();
@@ -250,6 +273,7 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<TrainResult>> 
             model: name,
             tokens_per_pair: prompt + response,
             legs,
+            kept,
         });
     }
     Ok(results)
@@ -280,6 +304,11 @@ impl TrainResult {
                 ratio,
                 l.peak_memory_bytes / 1e6
             );
+        }
+        for l in self.legs.iter().filter(|l| peer_of(&l.stack).is_some()) {
+            let kinds = [("step_ms", "ms", false), ("peak_memory_mb", "MB", false)];
+            s += &format!("  {}:\n", l.stack);
+            s += &self.kept.lines(&kinds, &l.stack, peer_of(&l.stack));
         }
         s
     }

@@ -215,8 +215,22 @@ pub fn leg_main(args: LegArgs) -> Result<()> {
     Ok(())
 }
 
-/// The GRPO rows on every train-suite target: (model, each stack's median leg).
-pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<(String, Vec<GrpoLeg>)>> {
+/// A GRPO leg's figures, named as the results DB's metrics (ms, MB).
+pub fn figures(l: &GrpoLeg) -> [(&'static str, f64, &'static str); 4] {
+    [
+        ("iteration_ms", (l.generate_s + l.update_s) * 1e3, "ms"),
+        ("generate_ms", l.generate_s * 1e3, "ms"),
+        ("update_ms", l.update_s * 1e3, "ms"),
+        ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
+    ]
+}
+
+/// The GRPO rows on every train-suite target: (model, each stack's median leg, every leg).
+pub fn run(
+    rounds: usize,
+    steps: usize,
+    peer: bool,
+) -> Result<Vec<(String, Vec<GrpoLeg>, super::kept::Kept)>> {
     super::train::check_peer(peer)?;
     let stacks: Vec<&'static str> = if peer {
         vec!["engine", "mlx-lm-lora"]
@@ -236,13 +250,16 @@ pub fn run(rounds: usize, steps: usize, peer: bool) -> Result<Vec<(String, Vec<G
         let order = super::leg_order(rounds, &stacks);
         let bar = super::Progress::new("train-grpo", order.len());
         let mut all = Vec::new();
+        let mut kept = super::kept::Kept::default();
         for stack in order {
             bar.start(format!("{name} · grpo · {stack}"));
-            all.push(run_leg(stack, &dir, &file, steps, layers)?);
+            let leg = run_leg(stack, &dir, &file, steps, layers)?;
+            kept.push(stack, figures(&leg).map(|(n, v, _)| (n.to_owned(), v)));
+            all.push(leg);
             bar.done();
         }
         bar.finish();
-        results.push((name, summarize(&stacks, &all)));
+        results.push((name, summarize(&stacks, &all), kept));
     }
     Ok(results)
 }

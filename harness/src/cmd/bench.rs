@@ -68,7 +68,8 @@ pub struct Args {
     tiers: bool,
     /// Rounds of legs per stack (median over them; at least 3), or `auto`: the decode suite
     /// adds ABBA rounds (from 6) until the decode ratio's exact 95 % interval is within ±3 %
-    /// of its median, or 16 rounds or 15 minutes per model; the other suites run 3.
+    /// of its median, or 16 rounds or 15 minutes per model; the serve suite runs 6, the
+    /// others 3.
     #[arg(long, default_value = "auto")]
     rounds: harness::bench::spread::Rounds,
     /// Prompt length in tokens.
@@ -163,6 +164,7 @@ fn run_restart(args: &Args) -> Result<()> {
             r.model
         );
     }
+    print!("{}", r.words());
     for (what, measured, limit, passed) in restart::criteria(&r) {
         println!(
             "exit criterion {what}: {measured} (limit {limit}): {}",
@@ -182,7 +184,8 @@ fn run_restart(args: &Args) -> Result<()> {
         });
     }
     for m in &rows {
-        db.insert(&ctx.row("restart", r.model, *m, "engine", None, params.clone()))?;
+        let params = r.row_params(params.clone(), m.0);
+        db.insert(&ctx.row("restart", r.model, *m, "engine", None, params))?;
     }
     println!(
         "recorded {} rows (preflight before: {}, after: {})",
@@ -217,6 +220,7 @@ fn run_spec(args: &Args) -> Result<()> {
             let peer = (stack == "engine" && !args.no_peer)
                 .then(|| peer.clone())
                 .flatten();
+            let params = r.kept.row_params(params, &stack, peer.as_deref(), &metric);
             db.insert(&ctx.row(
                 "spec",
                 r.target,
@@ -257,35 +261,35 @@ fn run_train(args: &Args) -> Result<()> {
                     params["compiled"] = serde_json::json!(true);
                 }
             }
-            let peer = match l.stack.as_str() {
-                "engine" => Some("mlx-lm-lora"),
-                s if s.starts_with("engine-") => harness::bench::train_pref::method_of(s)
-                    .and_then(harness::bench::train_pref::peer_stack),
-                _ => None,
-            }
-            .filter(|_| !args.no_peer)
-            .map(str::to_owned);
+            let peer = train::peer_of(&l.stack).filter(|_| !args.no_peer);
             for m in [
                 ("step_ms", l.step_s * 1e3, "ms"),
                 ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
             ] {
-                db.insert(&ctx.row("train", &r.model, m, &l.stack, peer.clone(), params.clone()))?;
+                let params = r.kept.row_params(params.clone(), &l.stack, peer, m.0);
+                let peer = peer.map(str::to_owned);
+                db.insert(&ctx.row("train", &r.model, m, &l.stack, peer, params))?;
                 n += 1;
             }
         }
     }
-    for (model, legs) in harness::bench::train_grpo::run(args.rounds.count(), 3, !args.no_peer)? {
+    for (model, legs, kept) in
+        harness::bench::train_grpo::run(args.rounds.count(), 3, !args.no_peer)?
+    {
         print!("{}", harness::bench::train_grpo::table(&model, &legs));
+        let kinds: Vec<_> = harness::bench::train_grpo::figures(&legs[0])
+            .iter()
+            .map(|(n, _, u)| (*n, *u, false))
+            .collect();
+        let peer = (!args.no_peer).then_some("mlx-lm-lora");
+        print!("{}", kept.lines(&kinds, "engine", peer));
         let params = serde_json::json!({"method": "grpo", "prompts": harness::bench::train_grpo::PROMPTS, "group": harness::bench::train_grpo::GROUP, "completion": harness::bench::train_grpo::COMPLETION, "rank": train::RANK, "steps": 3, "rounds": args.rounds.count()});
         for l in &legs {
-            let peer = (l.stack == "engine" && !args.no_peer).then(|| "mlx-lm-lora".to_owned());
-            for m in [
-                ("iteration_ms", (l.generate_s + l.update_s) * 1e3, "ms"),
-                ("generate_ms", l.generate_s * 1e3, "ms"),
-                ("update_ms", l.update_s * 1e3, "ms"),
-                ("peak_memory_mb", l.peak_memory_bytes / 1e6, "MB"),
-            ] {
-                db.insert(&ctx.row("train", &model, m, &l.stack, peer.clone(), params.clone()))?;
+            let peer = (l.stack == "engine" && !args.no_peer).then_some("mlx-lm-lora");
+            for m in harness::bench::train_grpo::figures(l) {
+                let params = kept.row_params(params.clone(), &l.stack, peer, m.0);
+                let peer = peer.map(str::to_owned);
+                db.insert(&ctx.row("train", &model, m, &l.stack, peer, params))?;
                 n += 1;
             }
         }
@@ -473,7 +477,7 @@ fn run_serve(args: &Args) -> Result<()> {
     use harness::bench::serve;
     let opts = serve::ServeOptions {
         model: args.serve_model.clone(),
-        rounds: args.rounds.count(),
+        rounds: args.rounds.fixed_or(harness::bench::spread::AUTO_FIRST),
         per_client: args.per_client,
         max_tokens: args.max_tokens,
         peer: !args.no_peer,

@@ -12,9 +12,80 @@
 //! - foreign % = (Δbusy − Δours) / Δtotal, busy = user + nice + system + irq + softirq
 //!   (guest time is inside user),
 //! - pressure % = Δsome / wall time (reported, not judged: our own legs' threads wait for
-//!   the two cores too).
+//!   the two cores too),
+//! - frequency drop % = 1 − min / max of the mean CPU clock, sampled once a second by a
+//!   thread from the start reading until the window is taken (a throttled or power-capped
+//!   CPU runs later legs slower than earlier ones).
+
+use std::sync::{Arc, Mutex, Weak};
 
 use serde::Serialize;
+
+/// How often the frequency watch samples the CPU clock.
+const FREQ_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The mean clock of the machine's CPUs now (MHz): cpufreq's `scaling_cur_freq` where the
+/// kernel exposes it, else `/proc/cpuinfo`'s `cpu MHz` lines (virtual machines).
+pub fn cpu_mhz() -> Option<f64> {
+    let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+    let sys: Vec<f64> = std::fs::read_dir("/sys/devices/system/cpu")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("cpufreq/scaling_cur_freq")).ok())
+        .filter_map(|s| s.trim().parse::<f64>().ok().map(|khz| khz / 1000.0))
+        .collect();
+    mean(sys).or_else(|| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+        mean(
+            info.lines()
+                .filter(|l| l.starts_with("cpu MHz"))
+                .filter_map(|l| l.split(':').nth(1)?.trim().parse().ok())
+                .collect(),
+        )
+    })
+}
+
+/// The lowest and highest clock seen since the watch started (MHz).
+#[derive(Debug, Default)]
+pub struct FreqWatch {
+    seen: Mutex<Option<(f64, f64)>>,
+}
+
+impl FreqWatch {
+    /// Starts sampling; the thread ends once the last handle is dropped.
+    pub fn start() -> Arc<FreqWatch> {
+        let watch = Arc::new(FreqWatch::default());
+        watch.sample();
+        let weak: Weak<FreqWatch> = Arc::downgrade(&watch);
+        let _ = std::thread::Builder::new()
+            .name("preflight-freq".into())
+            .spawn(move || loop {
+                std::thread::sleep(FREQ_PERIOD);
+                match weak.upgrade() {
+                    Some(w) => w.sample(),
+                    None => break,
+                }
+            });
+        watch
+    }
+
+    fn sample(&self) {
+        if let Some(mhz) = cpu_mhz() {
+            self.record(mhz);
+        }
+    }
+
+    fn record(&self, mhz: f64) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        *seen = Some(seen.map_or((mhz, mhz), |(lo, hi)| (lo.min(mhz), hi.max(mhz))));
+    }
+
+    /// (min, max) so far.
+    pub fn range(&self) -> Option<(f64, f64)> {
+        *self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// A reading of the counters a window is judged from.
 #[derive(Debug, Clone, Default)]
@@ -29,6 +100,8 @@ pub struct CpuCounters {
     /// `/proc/pressure/cpu` `some total` (µs), where the kernel has PSI.
     pub psi_some_us: Option<u64>,
     pub at: Option<std::time::Instant>,
+    /// The CPU clock from this reading on (the start of a window).
+    pub freq: Option<Arc<FreqWatch>>,
 }
 
 /// The window's shares, stored with the after-check.
@@ -38,6 +111,19 @@ pub struct Window {
     pub steal_pct: f64,
     pub foreign_cpu_pct: f64,
     pub cpu_pressure_pct: Option<f64>,
+    /// The lowest and highest mean CPU clock sampled during the window (MHz).
+    pub mhz_min: Option<f64>,
+    pub mhz_max: Option<f64>,
+}
+
+impl Window {
+    /// How far the clock fell below its highest sample, % (None where it is not readable).
+    pub fn freq_drop_pct(&self) -> Option<f64> {
+        match (self.mhz_min, self.mhz_max) {
+            (Some(lo), Some(hi)) if hi > 0.0 => Some(100.0 * (1.0 - lo / hi)),
+            _ => None,
+        }
+    }
 }
 
 /// `/proc/stat`'s aggregate line → (total, busy, steal).
@@ -127,6 +213,7 @@ impl CpuCounters {
             ours: our_cpu(),
             psi_some_us: psi_some_us(),
             at: Some(std::time::Instant::now()),
+            freq: Some(FreqWatch::start()),
         }
     }
 
@@ -155,18 +242,41 @@ impl CpuCounters {
             }
             _ => None,
         };
+        // The clock over the window: the start's watch, and the end's own first sample.
+        // Planted: the samples are ignored.
+        let unseen = engine::plant::is(engine::plant::Defect::PreflightClockDropUnseen);
+        let mut range = self.freq.as_ref().and_then(|f| f.range());
+        if let Some((lo, hi)) = end.freq.as_ref().and_then(|f| f.range()) {
+            range = Some(range.map_or((lo, hi), |(a, b)| (a.min(lo), b.max(hi))));
+        }
+        if unseen {
+            range = None;
+        }
         Some(Window {
             seconds,
             steal_pct: pct(end.steal.saturating_sub(self.steal)),
             foreign_cpu_pct: pct(foreign),
             cpu_pressure_pct: pressure,
+            mhz_min: range.map(|r| r.0),
+            mhz_max: range.map(|r| r.1),
         })
     }
 }
 
-/// One reason per limit the window breaks (steal, foreign CPU); empty means clean.
-pub fn window_reasons(w: &Window, max_steal_pct: f64, max_foreign_cpu_pct: f64) -> Vec<String> {
+/// One reason per limit the window breaks (steal, foreign CPU, clock drop); empty means
+/// clean.
+pub fn window_reasons(w: &Window, t: &super::Thresholds) -> Vec<String> {
+    let (max_steal_pct, max_foreign_cpu_pct) = (t.max_steal_pct, t.max_foreign_cpu_pct);
     let mut reasons = Vec::new();
+    if let Some(drop) = w.freq_drop_pct().filter(|d| *d > t.max_freq_drop_pct) {
+        reasons.push(format!(
+            "the CPU clock fell {drop:.1}% during the run ({:.0} → {:.0} MHz) > {:.1}% \
+             (throttling or a power cap slowed later legs)",
+            w.mhz_max.unwrap_or(f64::NAN),
+            w.mhz_min.unwrap_or(f64::NAN),
+            t.max_freq_drop_pct
+        ));
+    }
     if w.steal_pct > max_steal_pct {
         reasons.push(format!(
             "CPU steal {:.1}% of the machine's CPU time during the run > {max_steal_pct:.1}% \
@@ -213,12 +323,55 @@ mod tests {
             .window_to(&counters(2000, 1100, 60, 900))
             .unwrap();
         assert_eq!((w.steal_pct, w.foreign_cpu_pct), (5.0, 10.0));
-        let r = window_reasons(&w, 2.0, 5.0);
+        let r = window_reasons(&w, &limits(2.0, 5.0));
         assert_eq!(r.len(), 2, "{r:?}");
         assert!(
             r[0].starts_with("CPU steal 5.0%") && r[1].starts_with("other processes used 10.0%")
         );
-        assert!(window_reasons(&w, 5.0, 10.0).is_empty());
+        assert!(window_reasons(&w, &limits(5.0, 10.0)).is_empty());
+    }
+
+    fn limits(steal: f64, foreign: f64) -> super::super::Thresholds {
+        super::super::Thresholds {
+            max_steal_pct: steal,
+            max_foreign_cpu_pct: foreign,
+            ..Default::default()
+        }
+    }
+
+    /// A window whose clock fell from 2300 to 1900 MHz (17 %) between the start's samples
+    /// and the end's is dirty, and one at a steady clock is not. Planted: the samples are
+    /// ignored → caught.
+    #[test]
+    fn a_clock_that_fell_during_the_window_makes_it_dirty() {
+        let at = |mhz: &[f64]| {
+            let w = Arc::new(FreqWatch::default());
+            mhz.iter().for_each(|m| w.record(*m));
+            CpuCounters {
+                freq: Some(w),
+                ..counters(1000, 0, 0, 0)
+            }
+        };
+        let judge = |start: &[f64], end: &[f64]| {
+            let mut end = at(end);
+            end.total = 2000;
+            let w = at(start).window_to(&end).unwrap();
+            window_reasons(&w, &limits(100.0, 100.0))
+        };
+        let gate = || {
+            let fell = judge(&[2300.0, 2290.0], &[1900.0]);
+            let steady = judge(&[2300.0, 2298.0], &[2299.0]);
+            fell.len() == 1
+                && fell[0].starts_with("the CPU clock fell 17.4% during the run (2300 → 1900 MHz)")
+                && steady.is_empty()
+        };
+        assert!(gate(), "{:?}", judge(&[2300.0, 2290.0], &[1900.0]));
+        assert!(
+            cpu_mhz().is_some_and(|m| m > 0.0),
+            "this machine's clock is readable"
+        );
+        let _on = engine::plant::on(engine::plant::Defect::PreflightClockDropUnseen).unwrap();
+        assert!(!gate(), "the planted defect was not caught");
     }
 
     /// A CPU burner that is not ours (its shell exits without waiting for it, so its time
@@ -261,7 +414,7 @@ mod tests {
                 return Err(format!("the burner did not run: {burned_pct}"));
             }
             if w.foreign_cpu_pct < 0.9 * burned_pct
-                || window_reasons(&w, 100.0, 0.9 * burned_pct).is_empty()
+                || window_reasons(&w, &limits(100.0, 0.9 * burned_pct)).is_empty()
             {
                 return Err(format!("{w:?} missed the burner's {burned_pct:.1}%"));
             }

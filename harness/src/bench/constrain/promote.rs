@@ -66,11 +66,20 @@ pub fn promote_table(rows: &[&Row]) -> Option<String> {
             (Some(m), Some(b)) => format!("{m:.0} µs ({b:.0} µs)"),
             (m, _) => f(m, " µs", 0),
         };
+        // Where the run kept its legs: the paired rounds' ratio and its interval.
+        let ratio = run
+            .iter()
+            .find(|r| r.stack == SCHEMA && r.metric == "decode_ratio_vs_plain")
+            .and_then(|r| crate::bench::spread::RatioInterval::of_params(&r.params))
+            .map_or_else(
+                || f(get(SCHEMA, "decode_ratio_vs_plain"), "×", 3),
+                |i| i.cell(),
+            );
         out.push_str(&format!(
             "| {model} | {vocab} | {} | {} | {} | {} | {} | {} | {tokens} | {} | {} |\n",
             f(get(PLAIN, "decode_tps"), " tok/s", 1),
             f(get(SCHEMA, "decode_tps"), " tok/s", 1),
-            f(get(SCHEMA, "decode_ratio_vs_plain"), "×", 3),
+            ratio,
             f(get(SCHEMA, "decode_cost_pct"), " %", 1),
             f(get(SCHEMA, "added_us_per_token"), " µs", 0),
             mask,

@@ -82,6 +82,18 @@ impl DistResult {
                 );
             }
         }
+        for &split in &splits {
+            let kinds = [
+                ("decode_tps", "tok/s", true),
+                ("prefill_tps", "tok/s", true),
+                ("ttft_ms", "ms", false),
+            ];
+            let peer = super::kept_stack("mlx-lm", split);
+            let peer = self.get(split, "mlx-lm").map(|_| peer.as_str());
+            s += &self
+                .kept
+                .lines(&kinds, &super::kept_stack("engine", split), peer);
+        }
         for c in &self.cells {
             if let Err(e) = &c.result {
                 s += &format!(
@@ -115,14 +127,24 @@ impl DistResult {
                 "params_m": params_m,
             });
             let peer = (c.stack == "engine" && opts.peer).then(|| "mlx-lm".to_owned());
+            let (mine, theirs) = (
+                super::kept_stack(c.stack, c.split),
+                super::kept_stack("mlx-lm", c.split),
+            );
             for (metric, value, unit) in m.rows() {
+                let params = self.kept.row_params(
+                    params.clone(),
+                    &mine,
+                    peer.as_ref().map(|_| theirs.as_str()),
+                    &metric,
+                );
                 db.insert(&ctx.row(
                     "distributed",
                     &self.model,
                     (&metric, value, unit),
                     c.stack,
                     peer.clone(),
-                    params.clone(),
+                    params,
                 ))?;
                 n += 1;
             }
