@@ -57,8 +57,9 @@ pub struct DistArgs {
 /// The longest timeout a flag takes: a week (a bound, where `inf` would never fire).
 const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
-/// A timeout flag's value: seconds, finite, positive, at most a week.
-fn seconds(s: &str) -> Result<f64, String> {
+/// A timeout flag's value: seconds, finite, positive, at most a week (the parser of every
+/// distributed timeout flag, the harness's rank commands' too).
+pub fn seconds(s: &str) -> Result<f64, String> {
     let v: f64 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
@@ -68,6 +69,17 @@ fn seconds(s: &str) -> Result<f64, String> {
         ));
     }
     Ok(v)
+}
+
+/// A timeout from seconds that a caller may have built without `seconds` (a struct literal):
+/// clamped to 0.1 s … a week (NaN: a week), so neither `Duration` nor a deadline overflows.
+fn timeout(secs: f64) -> Duration {
+    let secs = if secs.is_nan() {
+        MAX_TIMEOUT_S
+    } else {
+        secs.clamp(0.1, MAX_TIMEOUT_S)
+    };
+    Duration::from_secs_f64(secs)
 }
 
 impl Default for DistArgs {
@@ -203,16 +215,13 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
         format!("rank {rank} (backend {})", args.dist_backend)
     };
     let what = addresses.clone();
-    let connect = watchdog::Deadline::start(
-        Duration::from_secs_f64(args.dist_connect_timeout.max(0.1)),
-        move || {
-            eprintln!(
-                "error: the distributed group did not form ({what}): is every rank started, \
+    let connect = watchdog::Deadline::start(timeout(args.dist_connect_timeout), move || {
+        eprintln!(
+            "error: the distributed group did not form ({what}): is every rank started, \
                  with the same hostfile, and is the port reachable? (--dist-connect-timeout)"
-            );
-            exit::CONNECT
-        },
-    );
+        );
+        exit::CONNECT
+    });
     let backend = std::ffi::CString::new(args.dist_backend.as_str())
         .map_err(|_| DistError::Env("--dist-backend has a NUL byte".into()))?;
     // SAFETY: `raw` is a fresh handle written by init; the backend string outlives the call.
@@ -248,7 +257,7 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
     if size < 2 {
         return Ok(None);
     }
-    watchdog::set_timeout(Duration::from_secs_f64(args.dist_timeout.max(0.1)));
+    watchdog::set_timeout(timeout(args.dist_timeout));
     let _ = GROUP.set(Group {
         raw,
         rank,

@@ -602,6 +602,14 @@ pub enum Defect {
     /// the run (throttling, a power cap) is not seen. Caught by the window's clock test
     /// (`harness/src/preflight/window.rs`).
     PreflightClockDropUnseen,
+    /// `/stats` reads `requests` before the counters of how requests ended, so a request
+    /// that starts and ends between the loads shows more ends than requests. Caught by
+    /// `serve::routes`'s counter test.
+    StatsRequestsReadFirst,
+    /// `engine serve`'s connections never time out a blocked write, so a client that
+    /// stops reading holds its connection until shutdown. Caught by
+    /// `serve_limits::a_client_that_stops_reading_loses_its_connection`.
+    WriteDeadlineOff,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -822,6 +830,7 @@ pub fn on_from_env() -> Result<(), String> {
             "DpoReferenceKeepsAdapters" => Defect::DpoReferenceKeepsAdapters,
             "CompiledStepKeyWithoutPrefix" => Defect::CompiledStepKeyWithoutPrefix,
             "CompiledStepKeyWithoutLambda" => Defect::CompiledStepKeyWithoutLambda,
+            "WriteDeadlineOff" => Defect::WriteDeadlineOff,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -149,7 +149,7 @@ impl Worker {
                 }) {
                     Ok(()) => {}
                     Err(e) => {
-                        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                        self.counters.failed.fetch_add(1, Ordering::Release);
                         row.emit.fail(e);
                     }
                 }

@@ -111,7 +111,7 @@ async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<R
     }
     let deadline = s.limits.request_timeout.map(|d| Instant::now() + d);
     let Some(queued) = QueueSlot::take(&s.counters, s.max_queue) else {
-        s.counters.throttled.fetch_add(1, Ordering::Relaxed);
+        s.counters.throttled.fetch_add(1, Ordering::Release);
         return Err(
             ApiError::invalid("the server's queue is full (--max-queue); retry later")
                 .with_status(StatusCode::TOO_MANY_REQUESTS),

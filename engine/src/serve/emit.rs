@@ -31,9 +31,11 @@ use crate::load::tokenizer::Tokenizer;
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TokenLogprob {
     pub id: u32,
-    pub token: String,
+    /// The id's vocabulary string; None (JSON null) for an id past the tokenizer's
+    /// vocabulary (a model's padding rows), as mlx_lm.server's `convert_ids_to_tokens` gives.
+    pub token: Option<String>,
     pub logprob: f32,
-    pub top: Vec<(u32, String, f32)>,
+    pub top: Vec<(u32, Option<String>, f32)>,
 }
 
 #[derive(Debug)]
@@ -122,7 +124,7 @@ pub fn logprob(
     let chosen = flat.index(id as i32);
     chosen.eval()?;
     // mlx_lm.server names tokens by their vocabulary strings (`Ġsky`), not decoded text.
-    let decode = |i: u32| tokenizer.id_to_token(i).unwrap_or_default();
+    let decode = |i: u32| tokenizer.id_to_token(i);
     let mut alternatives = Vec::new();
     if top > 0 {
         let order = argsort_axis(flat.negative()?, -1)?.index(..top as i32);
@@ -380,15 +382,17 @@ impl<'t> Emitter<'t> {
 
     /// Ends a cut request: its error to the client (if any is left to tell), counted.
     pub fn end_cut(&mut self, counters: &Counters) {
-        use std::sync::atomic::Ordering::Relaxed;
+        use std::sync::atomic::Ordering::Release;
         let cut = self.cut.unwrap_or(Cut::Gone);
         match cut {
-            Cut::Gone | Cut::Draining => counters.cancelled.fetch_add(1, Relaxed),
+            Cut::Gone | Cut::Draining => counters.cancelled.fetch_add(1, Release),
+            // A stalled request is a cancelled one: cancelled first, so a reader (which
+            // loads stalled first) never sees more stalled than cancelled.
             Cut::Stalled => {
-                counters.stalled.fetch_add(1, Relaxed);
-                counters.cancelled.fetch_add(1, Relaxed)
+                counters.cancelled.fetch_add(1, Release);
+                counters.stalled.fetch_add(1, Release)
             }
-            Cut::TimedOut => counters.timed_out.fetch_add(1, Relaxed),
+            Cut::TimedOut => counters.timed_out.fetch_add(1, Release),
         };
         let error = cut.error(self.limits);
         if let Some(out) = self.out.take() {

@@ -38,22 +38,24 @@ fn grammar_fault(message: &str) -> Option<&str> {
 }
 
 impl ApiError {
-    /// A bad value in one field of the request.
+    /// A bad value in one field of the request. The text may quote an MLX error (a
+    /// mounted adapter's tensors, a grammar): its source locations are removed.
     pub fn field(param: &str, message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
-            message: message.into(),
+            message: scrub_locations(&message.into()),
             param: Some(param.to_owned()),
             kind: "invalid_request_error",
             code: None,
         }
     }
 
-    /// A bad request as a whole (not JSON, not an object, …).
+    /// A bad request as a whole (not JSON, not an object, …); source locations removed, as
+    /// in `field`.
     pub fn invalid(message: impl Into<String>) -> Self {
         ApiError {
             status: StatusCode::BAD_REQUEST,
-            message: message.into(),
+            message: scrub_locations(&message.into()),
             param: None,
             kind: "invalid_request_error",
             code: None,

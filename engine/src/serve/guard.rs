@@ -71,9 +71,7 @@ pub async fn check(State(s): State<Arc<AppState>>, request: Request, next: Next)
     match refusal(&s.guard, &request) {
         None => next.run(request).await,
         Some(e) => {
-            s.counters
-                .rejected
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            s.counters.refused_at_the_door();
             if super::error::anthropic::owns(request.uri().path()) {
                 return super::error::anthropic::reshape(e).await;
             }

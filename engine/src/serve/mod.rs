@@ -30,6 +30,7 @@ mod tokenize;
 pub mod tools;
 pub mod turn;
 pub mod worker;
+mod write_deadline;
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -113,7 +114,14 @@ impl Counters {
             true => &self.rejected,
             false => &self.failed,
         };
-        counter.fetch_add(1, Ordering::Relaxed);
+        counter.fetch_add(1, Ordering::Release);
+    }
+
+    /// A request refused before any handler counted it (the API-key guard): counted as a
+    /// request, then as rejected, so `/stats` never shows more rejected than requests.
+    pub fn refused_at_the_door(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.rejected.fetch_add(1, Ordering::Release);
     }
 }
 
@@ -729,6 +737,15 @@ async fn serve_http(
     }
     let stopping = Arc::new(tokio::sync::Notify::new());
     let (signalled, marked) = (stopping.clone(), limits.clone());
+    // Writes blocked for twice the stall timeout drop their connection (write_deadline):
+    // twice, so that a blocked request is cut as stalled first, and counted so.
+    let after = (limits.stall != Duration::MAX)
+        .then(|| limits.stall.checked_mul(2))
+        .flatten();
+    let listener = write_deadline::Deadlined {
+        inner: listener,
+        after,
+    };
     let server = axum::serve(listener, app).with_graceful_shutdown(async move {
         stop_signal().await;
         marked.draining.store(true, Ordering::Relaxed);

@@ -109,23 +109,38 @@ pub(super) fn stats_json(s: &AppState) -> Value {
     v
 }
 
-/// A model's request counters (`/stats`; the fleet's for a model not loaded now).
+/// A model's request counters (`/stats`; the fleet's for a model not loaded now). Every
+/// request is counted in `requests` before its end is counted (with Release), and a stalled
+/// one as cancelled before stalled: loading the ends first (Acquire, stalled before
+/// cancelled) and `requests` last keeps what a reader sees consistent — no more ends than
+/// requests, no more stalled than cancelled — while requests come and go.
 pub(super) fn counted(c: &super::Counters) -> Value {
-    let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    json!({
-        "requests": n(&c.requests),
-        "completed": n(&c.completed),
-        "failed": n(&c.failed),
-        "rejected": n(&c.rejected),
-        "cancelled": n(&c.cancelled),
-        "stalled": n(&c.stalled),
-        "timed_out": n(&c.timed_out),
-        "throttled": n(&c.throttled),
+    let end = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Acquire);
+    // Planted: `requests` read first, as it was.
+    let early = crate::plant::is(crate::plant::Defect::StatsRequestsReadFirst)
+        .then(|| c.requests.load(Ordering::Acquire));
+    let stalled = end(&c.stalled);
+    let ends = [
+        ("completed", end(&c.completed)),
+        ("failed", end(&c.failed)),
+        ("rejected", end(&c.rejected)),
+        ("cancelled", end(&c.cancelled)),
+        ("timed_out", end(&c.timed_out)),
+        ("throttled", end(&c.throttled)),
+    ];
+    let requests = early.unwrap_or_else(|| c.requests.load(Ordering::Acquire));
+    let mut v = json!({
+        "requests": requests,
+        "stalled": stalled,
         "queued": c.queued.load(Ordering::Relaxed),
         "running": c.running.load(Ordering::Relaxed),
-        "prompt_tokens": n(&c.prompt_tokens),
-        "completion_tokens": n(&c.completion_tokens),
-    })
+        "prompt_tokens": c.prompt_tokens.load(Ordering::Relaxed),
+        "completion_tokens": c.completion_tokens.load(Ordering::Relaxed),
+    });
+    for (name, n) in ends {
+        v[name] = json!(n);
+    }
+    v
 }
 
 pub(super) fn body_json(body: Result<Bytes, BytesRejection>) -> Result<Value, ApiError> {
@@ -225,7 +240,7 @@ async fn handle(
     let req = body_json(body)
         .and_then(|v| super::api::parse(&v, chat, &s.defaults))
         .inspect_err(|_| {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            s.counters.rejected.fetch_add(1, Ordering::Release);
         })?;
     let meta = s.meta(chat, req.stream);
     let (stream, include_usage) = (req.stream, req.include_usage);
@@ -273,14 +288,14 @@ pub(super) async fn submit_started(
         ));
     }
     let adapter = s.adapters.resolve(req.model.as_deref()).map_err(|e| {
-        s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+        s.counters.rejected.fetch_add(1, Ordering::Release);
         e.into_response()
     })?;
     // The deadline counts from arrival: time spent queued or encoding is part of it.
     let arrival = Instant::now();
     let deadline = s.limits.request_timeout.map(|d| arrival + d);
     let Some(queued) = QueueSlot::take(&s.counters, s.max_queue) else {
-        s.counters.throttled.fetch_add(1, Ordering::Relaxed);
+        s.counters.throttled.fetch_add(1, Ordering::Release);
         return Err(refuse(
             StatusCode::TOO_MANY_REQUESTS,
             "the server's queue is full (--max-queue); retry later",
@@ -369,7 +384,7 @@ async fn encode(s: &AppState, req: GenRequest) -> Result<(GenRequest, Vec<u32>),
             ))
         })
         .inspect_err(|_| {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            s.counters.rejected.fetch_add(1, Ordering::Release);
         })?;
     Ok(req)
 }
@@ -477,4 +492,41 @@ fn refuse(status: StatusCode, message: &str) -> Response {
         axum::http::HeaderValue::from_static("1"),
     );
     response
+}
+
+#[cfg(test)]
+mod counted_tests {
+    use std::sync::atomic::Ordering;
+
+    /// A writer counts requests that start and complete as fast as it can while `/stats`
+    /// is read 100 000 times: no reading shows more completed than requests. Planted: the
+    /// old order, `requests` first → caught.
+    #[test]
+    fn stats_never_show_more_ended_than_started_requests() {
+        let worst = || {
+            let c = std::sync::Arc::new(super::super::Counters::default());
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let writer = {
+                let (c, stop) = (c.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        c.requests.fetch_add(1, Ordering::Relaxed);
+                        c.completed.fetch_add(1, Ordering::Release);
+                    }
+                })
+            };
+            let mut worst = 0i64;
+            for _ in 0..100_000 {
+                let v = super::counted(&c);
+                let ahead = v["completed"].as_i64().unwrap() - v["requests"].as_i64().unwrap();
+                worst = worst.max(ahead);
+            }
+            stop.store(true, Ordering::Relaxed);
+            writer.join().unwrap();
+            worst
+        };
+        assert_eq!(worst(), 0, "a reading showed more completed than requests");
+        let _on = crate::plant::on(crate::plant::Defect::StatsRequestsReadFirst).unwrap();
+        assert!(worst() > 0, "the planted defect was not caught");
+    }
 }

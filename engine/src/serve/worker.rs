@@ -259,7 +259,7 @@ impl Worker {
         }
         let (id, prompt_len) = (turn.id, turn.prompt_ids.len());
         if catch_unwind(AssertUnwindSafe(|| self.end_turn(turn, result))).is_err() {
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            self.counters.failed.fetch_add(1, Ordering::Release);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
         }
         if let Some(lead) = &self.dist {
@@ -273,7 +273,7 @@ impl Worker {
         match catch_unwind(AssertUnwindSafe(|| self.begin(job))) {
             Ok(turn) => turn,
             Err(panic) => {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.counters.failed.fetch_add(1, Ordering::Release);
                 let _ = events.try_send(Event::Failed(self.lose_on_panic(panic)));
                 self.counters.running.fetch_sub(1, Ordering::Relaxed);
                 None
@@ -305,7 +305,7 @@ impl Worker {
         drop(queued);
         self.counters.running.fetch_add(1, Ordering::Relaxed);
         let Some(out) = Outbox::new(events, deadline) else {
-            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            self.counters.cancelled.fetch_add(1, Ordering::Release);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return None;
         };
@@ -637,7 +637,7 @@ impl Worker {
         self.counters
             .completion_tokens
             .fetch_add(generated as u64, Ordering::Relaxed);
-        self.counters.completed.fetch_add(1, Ordering::Relaxed);
+        self.counters.completed.fetch_add(1, Ordering::Release);
     }
 
     /// Waits for the next job. Pending write-behind snapshots are written once the lane has
@@ -662,7 +662,7 @@ impl Worker {
         let error = || ApiError::server(super::dist_plan::lost_message(why));
         for t in turns.iter_mut() {
             t.emit.fail(error());
-            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+            self.counters.failed.fetch_add(1, Ordering::Release);
         }
         let queued = jobs.try_iter().filter_map(|w| self.divert(w));
         for job in held.into_iter().chain(queued) {

@@ -11,7 +11,9 @@ use std::process::Command;
 use serde_json::{json, Value};
 
 use crate::common::goldens;
-use crate::common::server::{engine_bin, http, post, serve_dir_with_env, stats, Server};
+use crate::common::server::{
+    assert_no_source_paths, engine_bin, http, post, serve_dir_with_env, stats, Server,
+};
 
 const STORY: &str = "Tell me a story.";
 
@@ -215,6 +217,37 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     drop(planted);
     let planted = server(&[], "AdapterSetOnceAtAdmission");
     assert!(interleaved_equal_solo(planted.port).is_err());
+}
+
+/// An adapter directory whose tensors file is damaged is a 400 that says so, in words a
+/// client can act on: MLX's reading error is quoted without its source locations (the
+/// C++ file and line, our crate's path), which it carried before (issue 43's leftover).
+#[test]
+fn a_damaged_adapter_is_refused_without_source_paths() {
+    let s = server(&[], "");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(
+        adapter().join("adapter_config.json"),
+        dir.path().join("adapter_config.json"),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("adapters.safetensors"),
+        b"not a tensors file",
+    )
+    .unwrap();
+    let path = dir.path().display().to_string();
+    let (st, v) = post(
+        s.port,
+        "/v1/adapters",
+        &json!({"name": "damaged", "path": path}),
+    );
+    refused(st, &v, 400);
+    assert!(
+        v["error"]["message"].as_str().unwrap_or("").contains(&path),
+        "{v}"
+    );
+    assert_no_source_paths(&v.to_string().replace(&path, "ADAPTER"));
 }
 
 #[test]

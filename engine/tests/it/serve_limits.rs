@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::common;
-use common::server::{http_with, post, serve_model, stats, wait_for, Server};
+use common::server::{http_with, post, serve_dir_with_env, serve_model, stats, wait_for, Server};
 
 fn serve(extra: &[&str]) -> Server {
     serve_model("tiny-llama-trained", extra)
@@ -408,4 +408,54 @@ fn a_full_batch_lane_takes_turns_and_answers_unchanged() {
         );
         assert_eq!(r["usage"]["completion_tokens"], 1200);
     }
+}
+
+/// The server's open sockets (Linux: its `/proc/PID/fd` links to `socket:`).
+fn sockets(server: &Server) -> usize {
+    std::fs::read_dir(format!("/proc/{}/fd", server.child.id()))
+        .map(|d| {
+            d.flatten()
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// Four clients that stop reading a long stream: the stall timeout (1 s) cuts their
+/// requests (counted as stalled), and then their connections are dropped too (2 s of
+/// blocked writes) — the server's sockets go back to what it had before they came. Before (and planted, `WriteDeadlineOff`): the cut
+/// requests' last events waited forever to be written, and the four connections stayed
+/// open until shutdown (issue 43's leftover).
+#[test]
+#[cfg(target_os = "linux")]
+fn a_client_that_stops_reading_loses_its_connection() {
+    let run = |plant: &str| -> Result<(), String> {
+        let dir = common::goldens().join("models/tiny-llama-trained");
+        let s = serve_dir_with_env(&dir, &["--stall-timeout", "1"], &[("ENGINE_PLANT", plant)]);
+        let before = sockets(&s);
+        let _unread: Vec<TcpStream> = (0..4).map(|_| unread_stream(s.port)).collect();
+        wait_for(s.port, "the four are cut", Duration::from_secs(120), |st| {
+            n(st, "stalled") == 4 && n(st, "running") == 0
+        });
+        // The error events then block for twice the stall timeout; a generous margin.
+        let start = Instant::now();
+        loop {
+            let now = sockets(&s);
+            if now <= before {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(20) {
+                return Err(format!("{now} sockets open, {before} before the four came"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    run("").unwrap();
+    assert!(
+        run("WriteDeadlineOff").is_err(),
+        "the planted defect was not caught"
+    );
 }

@@ -169,7 +169,7 @@ pub struct LegArgs {
     #[arg(long)]
     pipeline: bool,
     /// Seconds to wait for the group to form, and for a step's peer.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = engine::dist::seconds)]
     dist_timeout: f64,
 }
 

@@ -43,10 +43,10 @@ pub struct L1Args {
     #[arg(long, default_value = "any")]
     dist_backend: String,
     /// Seconds a rank waits for the group to form before it gives up (exit 3).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = engine::dist::seconds)]
     dist_connect_timeout: f64,
     /// Seconds a step may wait on the other ranks before this rank gives up (exit 5).
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(long, default_value_t = 60.0, value_parser = engine::dist::seconds)]
     dist_timeout: f64,
 }
 

@@ -63,3 +63,33 @@ fn goldens_check_passes_and_list_shows_layers() {
         "{text}"
     );
 }
+
+/// The rank commands' timeout flags are read as the engine's are: `inf`, `1e300`, NaN or 0
+/// is a usage error (exit 2) naming the bound, not a panic in `Duration` once the rank
+/// starts (issue 43's leftover; it panicked with 101 before).
+#[test]
+fn rank_timeouts_past_a_week_are_usage_errors_not_panics() {
+    for (command, flag) in [
+        (&["dist-rank", "l1"][..], "--dist-connect-timeout"),
+        (&["dist-rank", "l1"][..], "--dist-timeout"),
+        (&["leg-dist"][..], "--dist-timeout"),
+    ] {
+        for value in ["inf", "1e300", "NaN", "0"] {
+            let out = harness()
+                .args(command)
+                .args([flag, value])
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(
+                out.status.code(),
+                Some(2),
+                "{command:?} {flag} {value}: {err}"
+            );
+            assert!(
+                err.contains("at most 604800 (a week)"),
+                "{command:?} {flag} {value}: {err}"
+            );
+        }
+    }
+}

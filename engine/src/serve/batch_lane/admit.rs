@@ -61,7 +61,7 @@ impl Worker {
                 lane.group = job.adapter.as_ref().map(|u| u.name().to_owned());
             }
             if let Err(e) = self.use_named(lane.group.as_deref()) {
-                self.counters.failed.fetch_add(1, Ordering::Relaxed);
+                self.counters.failed.fetch_add(1, Ordering::Release);
                 let _ = job.events.try_send(crate::serve::emit::Event::Failed(e));
                 continue;
             }
@@ -109,7 +109,7 @@ impl Worker {
         } = job;
         drop(queued);
         let Some(out) = Outbox::new(events, deadline) else {
-            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            self.counters.cancelled.fetch_add(1, Ordering::Release);
             return None;
         };
         let max_tokens = request.max_tokens.min(self.context - prompt.len());

@@ -37,11 +37,11 @@ pub(crate) async fn admit_need(
     match b.reserve(&s.model_id, need, deadline).await {
         Ok(r) => Ok(Some(r)),
         Err(e @ Refusal::TooBig { .. }) => {
-            s.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            s.counters.rejected.fetch_add(1, Ordering::Release);
             Err(crate::serve::error::ApiError::invalid(e.to_string()).into_response())
         }
         Err(e) => {
-            s.counters.throttled.fetch_add(1, Ordering::Relaxed);
+            s.counters.throttled.fetch_add(1, Ordering::Release);
             let mut response = crate::serve::error::ApiError::server(e.to_string())
                 .with_status(axum::http::StatusCode::TOO_MANY_REQUESTS)
                 .into_response();

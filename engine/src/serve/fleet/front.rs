@@ -10,7 +10,6 @@
 //! `/metrics` is the one registry every model writes to (`serve::metrics`: each series
 //! labelled `model`); what the front answers itself is counted under `model=""`.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use axum::body::{Body, HttpBody};
@@ -82,10 +81,7 @@ async fn answer(f: &Front, request: Request) -> (Option<&'static str>, Response)
     let path = request.uri().path().to_owned();
     let own = OWN.into_iter().find(|r| *r == path);
     if let Some(refused) = guard::refusal(&f.guard, &request) {
-        f.fleet.entries[0]
-            .counters
-            .rejected
-            .fetch_add(1, Ordering::Relaxed);
+        f.fleet.entries[0].counters.refused_at_the_door();
         let route = Some(own.unwrap_or("unrouted"));
         if anthropic::owns(&path) {
             return (route, anthropic::reshape(refused).await);

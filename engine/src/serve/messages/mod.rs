@@ -92,7 +92,9 @@ enum Refusal {
 async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, Refusal> {
     s.counters.requests.fetch_add(1, Relaxed);
     let reject = |e: ApiError| {
-        s.counters.rejected.fetch_add(1, Relaxed);
+        s.counters
+            .rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         Refusal::Api(e)
     };
     let v = routes::body_json(body).map_err(reject)?;

@@ -53,7 +53,9 @@ fn refused(r: Refused) -> Response {
 async fn run(s: &Arc<AppState>, body: Result<Bytes, BytesRejection>) -> Result<Response, Response> {
     s.counters.requests.fetch_add(1, Relaxed);
     let reject = |r: Refused| {
-        s.counters.rejected.fetch_add(1, Relaxed);
+        s.counters
+            .rejected
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
         refused(r)
     };
     let v = routes::body_json(body).map_err(|e| reject(e.into()))?;

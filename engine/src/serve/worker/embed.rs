@@ -163,12 +163,12 @@ impl Worker {
             self.counters.running.fetch_add(1, Ordering::Relaxed);
         }
         if job.reply.is_closed() {
-            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            self.counters.cancelled.fetch_add(1, Ordering::Release);
             self.counters.running.fetch_sub(1, Ordering::Relaxed);
             return true;
         }
         if job.deadline.is_some_and(|d| Instant::now() >= d) {
-            self.counters.timed_out.fetch_add(1, Ordering::Relaxed);
+            self.counters.timed_out.fetch_add(1, Ordering::Release);
             let late = ApiError::invalid("the request ran past the server's --request-timeout")
                 .with_status(StatusCode::REQUEST_TIMEOUT);
             self.answer(job, Err(late));
@@ -245,7 +245,7 @@ impl Worker {
         if result.is_ok() {
             let tokens: usize = job.inputs.iter().map(Vec::len).sum();
             c.prompt_tokens.fetch_add(tokens as u64, Ordering::Relaxed);
-            c.completed.fetch_add(1, Ordering::Relaxed);
+            c.completed.fetch_add(1, Ordering::Release);
         }
         let _ = job.reply.send(result);
         c.running.fetch_sub(1, Ordering::Relaxed);

@@ -177,3 +177,14 @@ pub fn send_stream(port: u16, body: &Value) -> TcpStream {
     .unwrap();
     conn
 }
+
+/// Fails on a source location or a build machine's path in a response's text: those say
+/// where we were built, nothing a client can act on.
+pub fn assert_no_source_paths(text: &str) {
+    for needle in [".rs:", ".cpp:", "/root/", "/home/", "/Users/", ".cargo"] {
+        assert!(
+            !text.contains(needle),
+            "a source path in a response: {text}"
+        );
+    }
+}
