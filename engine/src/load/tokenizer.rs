@@ -229,6 +229,13 @@ fn no_tokenizer_json(dir: &Path, config: &Value) -> LoadError {
     LoadError::Tokenizer { path, message }
 }
 
+/// The one part of tokenizer.json read as written (the rest is skipped, not kept).
+#[derive(serde::Deserialize)]
+struct DecoderOnly {
+    #[serde(default)]
+    decoder: Value,
+}
+
 impl Tokenizer {
     pub fn load(dir: &Path) -> Result<Self, LoadError> {
         let path = dir.join("tokenizer.json");
@@ -236,20 +243,29 @@ impl Tokenizer {
         if !path.is_file() {
             return Err(no_tokenizer_json(dir, &config));
         }
-        let mut file = read_json(&path)?;
-        // mlx-lm picks its detokenizer by matching the decoder as written in the file.
-        let detok_kind = detok::Kind::of_decoder(&file["decoder"]);
-        let class = tokenizer_class(dir, &config)?;
-        let inner = if class.rebuilds() {
-            class.rebuild(&mut file);
-            file.to_string().parse::<tokenizers::Tokenizer>()
-        } else {
-            tokenizers::Tokenizer::from_file(&path)
-        }
-        .map_err(|e| LoadError::Tokenizer {
+        // One read, and one parse into the tokenizer: a Gemma 3 tokenizer.json is 33 MB,
+        // and parsing it into a JSON tree first (then again from the text) took most of a
+        // server's start. Only a class that rewrites the file parses the tree (issue 43).
+        let bytes = std::fs::read(&path).map_err(|source| LoadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let bad = |e: serde_json::Error| LoadError::Tokenizer {
             path: path.clone(),
             message: e.to_string(),
-        })?;
+        };
+        // mlx-lm picks its detokenizer by matching the decoder as written in the file.
+        let head: DecoderOnly = serde_json::from_slice(&bytes).map_err(bad)?;
+        let detok_kind = detok::Kind::of_decoder(&head.decoder);
+        let class = tokenizer_class(dir, &config)?;
+        let inner: tokenizers::Tokenizer = if class.rebuilds() {
+            let mut file: Value = serde_json::from_slice(&bytes).map_err(bad)?;
+            class.rebuild(&mut file);
+            serde_json::from_value(file)
+        } else {
+            serde_json::from_slice(&bytes)
+        }
+        .map_err(bad)?;
         let flag = |key: &str| config.get(key).and_then(Value::as_bool).unwrap_or(false);
         // transformers 5 skips the clean-up for a BPE model unless told to anyway.
         let bpe = matches!(inner.get_model(), tokenizers::ModelWrapper::BPE(_));

@@ -10,6 +10,7 @@ pub mod hostile;
 pub mod kept;
 pub mod models;
 pub mod progress;
+pub mod ready;
 pub mod restart;
 pub mod serve;
 pub mod spec;

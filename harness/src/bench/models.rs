@@ -144,6 +144,24 @@ pub const QWEN3_VOCAB_TINY: BenchModel = BenchModel {
     max_positions: DEFAULT_POSITIONS,
 };
 
+/// ~17 M parameters, nearly all of them the tied embedding: a 6-layer gemma3_text (one
+/// window pattern: mlx-lm's gemma3_text takes its global mask from layer 6) of width 64 with
+/// the real Gemma 3 vocabulary (262 208 rows) and the real Gemma 3 tokenizer (the `gemma3`
+/// fixture, 33 MB of tokenizer.json), so what loading a server costs is what a
+/// Gemma-3-sized tokenizer costs (`harness bench --suite ready`).
+pub const GEMMA3_VOCAB_TINY: BenchModel = BenchModel {
+    name: "gemma3-vocab-tiny",
+    family: Family::Gemma3,
+    hidden: 64,
+    layers: 6,
+    heads: 2,
+    kv_heads: 1,
+    intermediate: 128,
+    vocab: 262_208,
+    seed: 4680,
+    max_positions: DEFAULT_POSITIONS,
+};
+
 /// ~33 M parameters, Qwen 3.5 layout (see `Family::Qwen35`): 8 layers, 6 of them gated
 /// delta nets (4 key heads, 8 value heads of 64).
 pub const QWEN3_5_TINY: BenchModel = BenchModel {
@@ -160,8 +178,8 @@ pub const QWEN3_5_TINY: BenchModel = BenchModel {
 };
 
 /// Names of the built-in bench models, for messages.
-pub const NAMES: &str =
-    "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny, qwen3-vocab-tiny, qwen3-5-tiny";
+pub const NAMES: &str = "tiny, small, gemma-tiny, gemma4-tiny, moe-tiny, qwen3-vocab-tiny, \
+                         gemma3-vocab-tiny, qwen3-5-tiny";
 
 pub fn by_name(name: &str) -> Option<BenchModel> {
     [
@@ -171,6 +189,7 @@ pub fn by_name(name: &str) -> Option<BenchModel> {
         GEMMA4_TINY,
         MOE_TINY,
         QWEN3_VOCAB_TINY,
+        GEMMA3_VOCAB_TINY,
         QWEN3_5_TINY,
     ]
     .into_iter()
@@ -451,7 +470,11 @@ impl BenchModel {
     /// The tokenizer fixture (`harness::fixtures`) a bench model ships with, if it has a
     /// real tokenizer rather than `ensure_tokenizer`'s word-level one.
     pub fn real_tokenizer(&self) -> Option<&'static str> {
-        (self.family == Family::Qwen3).then_some("qwen3")
+        match self.name {
+            "qwen3-vocab-tiny" => Some("qwen3"),
+            "gemma3-vocab-tiny" => Some("gemma3"),
+            _ => None,
+        }
     }
 
     /// The model dir, generated first if missing. Written to a temporary sibling and
@@ -567,6 +590,18 @@ mod tests {
         assert_eq!(TINY.real_tokenizer(), None);
         // ~42 M parameters, 39 M of them the embedding.
         assert!((40_000_000..45_000_000).contains(&m.parameter_count().unwrap()));
+    }
+
+    /// The ready suite's model: the Gemma 3 vocabulary and tokenizer on 6 small layers, so
+    /// the tokenizer is most of what a server loads (and gemma-tiny keeps its own).
+    #[test]
+    fn gemma3_vocab_tiny_has_the_gemma3_vocabulary_and_tokenizer() {
+        let m = by_name("gemma3-vocab-tiny").unwrap();
+        assert_eq!((m.vocab, m.real_tokenizer()), (262_208, Some("gemma3")));
+        assert_eq!(m.config()["model_type"], "gemma3_text");
+        assert_eq!(GEMMA_TINY.real_tokenizer(), None);
+        // ~17 M parameters, 16.8 M of them the tied embedding.
+        assert!((16_000_000..18_000_000).contains(&m.parameter_count().unwrap()));
     }
 
     /// The loader's order seeds the bench weights (weight i gets seed + i), so a change of

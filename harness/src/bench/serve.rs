@@ -76,6 +76,21 @@ fn free_port() -> Result<u16> {
 
 /// Starts `stack`'s server on `model` and waits for /health.
 pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
+    let server = spawn(stack, model, batch)?;
+    let start = Instant::now();
+    loop {
+        if let Ok((200, _)) = get(server.port, "/health") {
+            return Ok(server);
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!("the {stack} server did not answer /health within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Starts `stack`'s server on `model` on a free port, without waiting for it.
+pub fn spawn(stack: &str, model: &Path, batch: usize) -> Result<Server> {
     let port = free_port()?;
     let mut cmd = if stack == "engine" {
         let mut c = Command::new(std::env::current_exe()?);
@@ -95,17 +110,7 @@ pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
     let child = cmd
         .spawn()
         .with_context(|| format!("starting the {stack} server"))?;
-    let server = Server { child, port };
-    let start = Instant::now();
-    loop {
-        if let Ok((200, _)) = get(port, "/health") {
-            return Ok(server);
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("the {stack} server did not answer /health within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    Ok(Server { child, port })
 }
 
 /// GET `path` on a local server: (status, body); bounded by a 30 s read timeout.
@@ -182,7 +187,7 @@ fn stream_attempt(port: u16, max_tokens: usize, sent: Instant) -> Result<Sample>
 /// One greedy streaming `/v1/completions` request of `prompt` to the server on `port`
 /// (either stack): `on_text` runs at the arrival of every chunk that carries text. Returns
 /// the first 4 KiB of what the server sent (for an error message when no text came).
-pub(super) fn stream_completion(
+pub fn stream_completion(
     port: u16,
     prompt: &str,
     max_tokens: usize,

@@ -24,7 +24,9 @@ pub struct Args {
     /// (speculative decoding's γ sweep 1–4 vs the same model without a drafter) or
     /// distributed (1 rank vs 2 loopback ranks, tensor and pipeline, on --model) or
     /// constrain (decode with and without a JSON-schema mask, on tiny-llama-trained and the
-    /// 151 936-id qwen3-vocab-tiny; engine only).
+    /// 151 936-id qwen3-vocab-tiny; engine only) or ready (spawn to the first answer,
+    /// `engine serve` vs `mlx_lm.server`, on gemma3-vocab-tiny: the 262 k-id Gemma 3
+    /// tokenizer).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens:
@@ -293,6 +295,55 @@ fn run_train(args: &Args) -> Result<()> {
                 n += 1;
             }
         }
+    }
+    println!(
+        "recorded {n} rows (preflight before: {}, after: {})",
+        before.summary(),
+        after.summary()
+    );
+    Ok(())
+}
+
+/// The ready suite: spawn to first answer, `engine serve` vs `mlx_lm.server`, on a model
+/// with the Gemma 3 tokenizer.
+fn run_ready(args: &Args) -> Result<()> {
+    use harness::bench::ready;
+    let (thresholds, before) = preflight_gate(args, "ready")?;
+    let rounds = args.rounds.fixed_or(harness::bench::spread::AUTO_FIRST);
+    let kept = ready::run(rounds, !args.no_peer)?;
+    let after = harness::preflight::check_since(&before, &thresholds);
+    let peer = (!args.no_peer).then_some("mlx-lm");
+    print!(
+        "ready: spawn to the first answer on {} ({rounds} rounds)\n{}",
+        ready::MODEL,
+        kept.lines(&[("ready_ms", "ms", false)], "engine", peer)
+    );
+    let db = Db::open_default()?;
+    let labels = harness::bench::run_labels(rounds, "fresh-server-processes", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
+    let mut n = 0;
+    for stack in ["engine", "mlx-lm"]
+        .into_iter()
+        .take(1 + usize::from(peer.is_some()))
+    {
+        let theirs = (stack == "engine").then_some(peer).flatten();
+        let params = kept.row_params(
+            serde_json::json!({"rounds": rounds, "prompt": "Hello", "max_tokens": 1}),
+            stack,
+            theirs,
+            "ready_ms",
+        );
+        let value = kept.median(stack, "ready_ms");
+        let peer = theirs.map(str::to_owned);
+        db.insert(&ctx.row(
+            "ready",
+            ready::MODEL,
+            ("ready_ms", value, "ms"),
+            stack,
+            peer,
+            params,
+        ))?;
+        n += 1;
     }
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
@@ -622,8 +673,9 @@ pub fn run(args: Args) -> Result<()> {
         "train" => return run_train(&args),
         "distributed" => return run_distributed(&args),
         "constrain" => return run_constrain(&args),
+        "ready" => return run_ready(&args),
         other => {
-            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain)")
+            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain, ready)")
         }
     }
     let mut chosen = Vec::new();
