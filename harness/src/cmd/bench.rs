@@ -189,12 +189,7 @@ fn run_restart(args: &Args) -> Result<()> {
         let params = r.row_params(params.clone(), m.0);
         db.insert(&ctx.row("restart", r.model, *m, "engine", None, params))?;
     }
-    println!(
-        "recorded {} rows (preflight before: {}, after: {})",
-        rows.len(),
-        before.summary(),
-        after.summary()
-    );
+    recorded(rows.len(), &before, &after);
     Ok(())
 }
 
@@ -296,12 +291,21 @@ fn run_train(args: &Args) -> Result<()> {
             }
         }
     }
+    recorded(n, &before, &after);
+    Ok(())
+}
+
+/// The last line of a suite's run: how many rows, and the machine before and after.
+fn recorded(
+    n: usize,
+    before: &harness::preflight::MachineState,
+    after: &harness::preflight::MachineState,
+) {
     println!(
         "recorded {n} rows (preflight before: {}, after: {})",
         before.summary(),
         after.summary()
     );
-    Ok(())
 }
 
 /// The ready suite: spawn to first answer, `engine serve` vs `mlx_lm.server`, on a model
@@ -345,11 +349,7 @@ fn run_ready(args: &Args) -> Result<()> {
         ))?;
         n += 1;
     }
-    println!(
-        "recorded {n} rows (preflight before: {}, after: {})",
-        before.summary(),
-        after.summary()
-    );
+    recorded(n, &before, &after);
     Ok(())
 }
 
@@ -367,11 +367,7 @@ fn run_constrain(args: &Args) -> Result<()> {
         print!("{}", r.table());
     }
     let n = constrain::record(&db, &ctx, &results, args.rounds.count(), args.max_tokens)?;
-    println!(
-        "recorded {n} rows (preflight before: {}, after: {})",
-        before.summary(),
-        after.summary()
-    );
+    recorded(n, &before, &after);
     Ok(())
 }
 
@@ -410,11 +406,7 @@ fn run_distributed(args: &Args) -> Result<()> {
         let params_m = (m.parameter_count()? as f64 / 1e5).round() / 10.0;
         n += r.record(&db, &ctx, &opts, params_m)?;
     }
-    println!(
-        "recorded {n} rows (preflight before: {}, after: {})",
-        before.summary(),
-        after.summary()
-    );
+    recorded(n, &before, &after);
     let failed = results
         .iter()
         .flat_map(|r| &r.cells)
