@@ -319,7 +319,7 @@ fn performance_section(out: &mut String, rows: &[&Row]) {
             out.push_str(&line);
         }
     }
-    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. Where a run kept its legs (decode, `--rounds auto`), the ratio is the median of the paired rounds' ratios, followed by its exact 95 % interval, marked wide when it is wider than ±3 % of the ratio (docs/harness.md). The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
+    out.push_str("\nMedians of fresh-process legs in ABBA order (memory probes: one process); each row's tags and parameters are in the results DB. Where a run kept its legs (every suite's runs since `--rounds auto`), the ratio is the median of the paired rounds' ratios, followed by its exact 95 % interval, marked wide when it is wider than ±3 % of the ratio (docs/harness.md). The static-λ study's per-run numbers are in docs/dynamic-lambda.md.\n");
     // The constrain suite's rows have a table of their own.
     if let Some(table) = crate::bench::constrain::promote_table(rows) {
         out.push_str(&table);
