@@ -125,6 +125,64 @@ fn model_paths(c: &mut Criterion) {
         );
     }
     g.finish();
+    lone_row(c, model.as_ref(), &prompt);
+}
+
+/// 64 greedy decode steps of one sequence after a 64-token prompt, timed without the
+/// prefill: a single-sequence session (`engine generate`'s path) against the same row
+/// alone in a batch (the batch lane's step: batch cache, explicit mask, per-row offsets).
+fn lone_row(c: &mut Criterion, model: &dyn engine::model::LanguageModel, prompt: &[u32]) {
+    use engine::generate::batch::Batch;
+    use std::time::{Duration, Instant};
+    const STEPS: usize = 64;
+    let argmax = |l: &Array| mlx_rs::ops::indexing::argmax_axis(l, -1, None).unwrap();
+    let mut g = c.benchmark_group("lone_row_64_steps/tiny-llama-trained");
+    for (name, compile) in [
+        ("session", engine::generate::CompileDecode::WherePays),
+        ("session_eager", engine::generate::CompileDecode::Off),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let mut s = Session::with_compile(model, compile);
+                    let mut y = argmax(&s.prefill(prompt).unwrap());
+                    y.eval().unwrap();
+                    let start = Instant::now();
+                    for _ in 0..STEPS {
+                        let logits = s.step_array(&y.reshape(&[1]).unwrap()).unwrap();
+                        y = argmax(&logits);
+                        y.eval().unwrap();
+                    }
+                    total += start.elapsed();
+                }
+                total
+            })
+        });
+    }
+    g.bench_function("batch_of_one", |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let mut s = Session::new(model);
+                s.prefill(&prompt[..prompt.len() - 1])
+                    .unwrap()
+                    .eval()
+                    .unwrap();
+                let mut batch = Batch::new(model);
+                let mut y = argmax(&batch.admit(vec![s], &prompt[prompt.len() - 1..]).unwrap());
+                y.eval().unwrap();
+                let start = Instant::now();
+                for _ in 0..STEPS {
+                    y = argmax(&batch.step_ids(&y.reshape(&[1]).unwrap()).unwrap());
+                    y.eval().unwrap();
+                }
+                total += start.elapsed();
+            }
+            total
+        })
+    });
+    g.finish();
 }
 
 criterion_group!(benches, ops, model_paths);

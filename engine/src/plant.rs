@@ -610,6 +610,9 @@ pub enum Defect {
     /// stops reading holds its connection until shutdown. Caught by
     /// `serve_limits::a_client_that_stops_reading_loses_its_connection`.
     WriteDeadlineOff,
+    /// The batch lane's last row, going on alone, loses its newest cached position. Caught
+    /// by `serve::a_lone_row_steps_alone_and_answers_as_the_serial_lane`.
+    LoneRowLosesNewest,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -831,6 +834,7 @@ pub fn on_from_env() -> Result<(), String> {
             "CompiledStepKeyWithoutPrefix" => Defect::CompiledStepKeyWithoutPrefix,
             "CompiledStepKeyWithoutLambda" => Defect::CompiledStepKeyWithoutLambda,
             "WriteDeadlineOff" => Defect::WriteDeadlineOff,
+            "LoneRowLosesNewest" => Defect::LoneRowLosesNewest,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

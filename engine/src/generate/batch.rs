@@ -5,7 +5,8 @@
 //! `BatchRotatingKvCache` for sliding windows, `ArraysCache` with one row per sequence for
 //! the hybrids' recurrent layers (short conv, gated delta net, Mamba-2: mlx-lm's
 //! `ArraysCache.merge` stacks the rows' states, `filter`/`extend` take and append rows).
-//! Rows join and leave between steps.
+//! Rows join and leave between steps. In the lane's batch (`for_lane`) a lone row steps as
+//! a single-sequence session instead (the compiled step where it pays).
 //!
 //! `join` merges the rows' caches as they stand into the running batch. `admit` is
 //! mlx-lm's `BatchGenerator` path for new prompts: rows whose caches hold all their prompt
@@ -39,6 +40,10 @@ pub struct Batch<'m> {
     /// step as each row's session applies it (the batch lane takes plans that start at 0,
     /// so every cache converts at once).
     kv_quant: Option<KvQuantPlan>,
+    /// Whether a lone row runs as a single-sequence session (`lone`).
+    lone: bool,
+    /// The lone row, while it is the batch's only row (`caches` is then empty).
+    solo: Option<Session<'m>>,
 }
 
 /// The kinds the lane does not batch: dynamic RoPE's integer-offset cache and Llama 4's
@@ -131,7 +136,73 @@ impl<'m> Batch<'m> {
             model,
             caches: Vec::new(),
             kv_quant: None,
+            lone: false,
+            solo: None,
         }
+    }
+
+    /// The batch lane's batch: while it holds one row, that row steps as a single-sequence
+    /// session (`engine generate`'s step: no batch mask, an integer RoPE offset, the compiled
+    /// graph where it pays) instead of a batch of one, which costs a lone request ~25 % of its
+    /// speed on a small model. Full-attention `KvCache` models only: a row's K/V move between
+    /// the two forms by slicing and merging, which the batch gate checks; a sliding-window
+    /// ring or a recurrent state would need layouts the gate does not cover.
+    pub fn for_lane(model: &'m dyn LanguageModel) -> Self {
+        let lone = model
+            .make_caches()
+            .iter()
+            .all(|c| c.kind() == Some(kv::KIND));
+        Batch {
+            lone,
+            ..Batch::new(model)
+        }
+    }
+
+    /// Whether the only row is stepping alone (a single-sequence session).
+    pub fn is_solo(&self) -> bool {
+        self.solo.is_some()
+    }
+
+    /// Takes the only row `session` alone, when this batch is the lane's and empty.
+    fn solo_from(&mut self, sessions: &mut Vec<Session<'m>>) -> bool {
+        if !self.lone || sessions.len() != 1 || !self.caches.is_empty() || self.solo.is_some() {
+            return false;
+        }
+        self.solo = sessions.pop();
+        true
+    }
+
+    /// The lone row back into batch form (before another row joins).
+    fn unsolo(&mut self) -> Result<(), Exception> {
+        if let Some(session) = self.solo.take() {
+            let group = self.merged(vec![session])?;
+            self.caches = group.caches;
+            self.kv_quant = group.kv_quant;
+        }
+        Ok(())
+    }
+
+    /// When one row is left in batch form, it goes on alone (`for_lane`), as a session
+    /// with `opts` (its request's: its adapter's compile policy, the lane's KV plan).
+    pub fn go_solo(&mut self, opts: &SessionOptions) -> Result<(), Exception> {
+        if !self.lone || self.solo.is_some() || self.caches.is_empty() || self.rows() != 1 {
+            return Ok(());
+        }
+        let caches = self
+            .caches
+            .iter()
+            .map(|c| c.extract(0, i32::MAX))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut caches = caches;
+        if crate::plant::is(crate::plant::Defect::LoneRowLosesNewest) {
+            caches.iter_mut().for_each(|c| {
+                c.trim(1);
+            });
+        }
+        self.caches.clear();
+        self.kv_quant = None;
+        self.solo = Some(Session::with_caches(self.model, opts, caches));
+        Ok(())
     }
 
     /// A batch of `sessions` merged as they stand, with their quantization plan.
@@ -143,13 +214,16 @@ impl<'m> Batch<'m> {
             ));
         }
         Ok(Batch {
-            model: self.model,
             caches: merge_sessions(&sessions)?,
             kv_quant,
+            ..Batch::new(self.model)
         })
     }
 
     pub fn rows(&mut self) -> usize {
+        if self.solo.is_some() {
+            return 1;
+        }
         self.caches.first().and_then(|c| c.rows()).unwrap_or(0)
     }
 
@@ -172,10 +246,11 @@ impl<'m> Batch<'m> {
     }
 
     /// Adds sessions as new rows (after the existing ones), their caches as they stand.
-    pub fn join(&mut self, sessions: Vec<Session>) -> Result<(), Exception> {
-        if sessions.is_empty() {
+    pub fn join(&mut self, mut sessions: Vec<Session<'m>>) -> Result<(), Exception> {
+        if sessions.is_empty() || self.solo_from(&mut sessions) {
             return Ok(());
         }
+        self.unsolo()?;
         let group = self.merged(sessions)?;
         self.extend(group)
     }
@@ -184,10 +259,19 @@ impl<'m> Batch<'m> {
     /// the last (`last`, one per session); they are merged into a batch of their own, which
     /// feeds `last` in one step, and then appended after the existing rows. Returns that
     /// step's logits [new rows, vocab] (each row's first).
-    pub fn admit(&mut self, sessions: Vec<Session>, last: &[u32]) -> Result<Array, Exception> {
+    pub fn admit(
+        &mut self,
+        mut sessions: Vec<Session<'m>>,
+        last: &[u32],
+    ) -> Result<Array, Exception> {
         if sessions.len() != last.len() || sessions.is_empty() {
             return Err(Exception::custom("one last prompt token per admitted row"));
         }
+        if self.solo_from(&mut sessions) {
+            let solo = self.solo.as_mut().expect("just taken");
+            return solo.step(last);
+        }
+        self.unsolo()?;
         let mut group = self.merged(sessions)?;
         let logits = group.step(last)?;
         self.extend(group)?;
@@ -207,13 +291,13 @@ impl<'m> Batch<'m> {
         if prompts.is_empty() || prompts.iter().any(|p| p.is_empty()) {
             return Err(Exception::custom("a prompt batch of non-empty prompts"));
         }
+        self.unsolo()?;
         let fresh: Vec<Vec<Box<dyn Cache>>> =
             prompts.iter().map(|_| self.model.make_caches()).collect();
         let rows: Vec<&[Box<dyn Cache>]> = fresh.iter().map(|c| &c[..]).collect();
         let mut group = Batch {
-            model: self.model,
             caches: merge_rows(&rows)?,
-            kv_quant: None,
+            ..Batch::new(self.model)
         };
         if prompts.iter().any(|p| p.len() > 1) {
             let bodies: Vec<&[u32]> = prompts.iter().map(|p| &p[..p.len() - 1]).collect();
@@ -264,11 +348,26 @@ impl<'m> Batch<'m> {
 
     /// Row `row`'s caches holding its first `len` tokens, one single-sequence cache per layer.
     pub fn row_caches(&mut self, row: usize, len: i32) -> Result<Vec<Box<dyn Cache>>, Exception> {
-        let caches: Vec<Box<dyn Cache>> = self
-            .caches
-            .iter()
-            .map(|c| c.extract(row, len))
-            .collect::<Result<_, Exception>>()?;
+        let caches: Vec<Box<dyn Cache>> = match &self.solo {
+            Some(_) if row != 0 => return Err(Exception::custom("the lone row is row 0")),
+            // Copies that share the arrays (MLX copies a shared buffer before writing it).
+            Some(solo) => solo
+                .caches
+                .iter()
+                .map(|c| {
+                    let mut copy = crate::cache::duplicate(c.as_ref()).ok_or_else(|| {
+                        Exception::custom("a lone row's cache without a snapshot")
+                    })?;
+                    copy.trim((copy.offset() - len).max(0));
+                    Ok(copy)
+                })
+                .collect::<Result<_, Exception>>()?,
+            None => self
+                .caches
+                .iter()
+                .map(|c| c.extract(row, len))
+                .collect::<Result<_, Exception>>()?,
+        };
         let state: Vec<&Array> = caches.iter().flat_map(|c| c.state()).collect();
         mlx_rs::transforms::eval(state)?;
         Ok(caches)
@@ -278,7 +377,14 @@ impl<'m> Batch<'m> {
     pub fn keep(&mut self, keep: &[usize]) -> Result<(), Exception> {
         if keep.is_empty() {
             self.caches.clear();
+            self.solo = None;
             return Ok(());
+        }
+        if self.solo.is_some() {
+            return match keep {
+                [0] => Ok(()),
+                _ => Err(Exception::custom("the lone row is the batch's only row")),
+            };
         }
         for c in self.caches.iter_mut() {
             c.filter(keep)?;
@@ -296,6 +402,9 @@ impl<'m> Batch<'m> {
     pub fn step_ids(&mut self, ids: &Array) -> Result<Array, Exception> {
         if ids.size() != self.rows() {
             return Err(Exception::custom("one token per batch row"));
+        }
+        if let Some(solo) = self.solo.as_mut() {
+            return solo.step_array(&ids.reshape(&[1])?);
         }
         let logits = self
             .model

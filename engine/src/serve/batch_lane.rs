@@ -41,7 +41,6 @@ struct Row<'w> {
     /// When the row last took its slot (joined or rejoined the batch).
     since: Instant,
     /// The request's adapter: the lane's group's (`Lane::group`).
-    #[allow(dead_code)]
     adapter: Option<super::adapters::Use>,
     /// Its `--memory-budget` reservation, released when the row is dropped.
     #[allow(dead_code)]
@@ -281,7 +280,7 @@ impl Worker {
         let mut lane = Lane {
             slots,
             waiting: VecDeque::new(),
-            batch: Batch::new(self.model.as_ref()),
+            batch: Batch::for_lane(self.model.as_ref()),
             rows: Vec::new(),
             inflight: None,
             admissions: Vec::new(),
@@ -303,7 +302,7 @@ impl Worker {
                 for row in lane.rows.drain(..) {
                     self.close(row, Outcome::Failed(e.clone()));
                 }
-                lane.batch = Batch::new(self.model.as_ref());
+                lane.batch = Batch::for_lane(self.model.as_ref());
                 lane.inflight = None;
             }
             let stepping = !lane.images.is_empty();
@@ -367,7 +366,7 @@ impl Worker {
             // Rows that joined after that step have nothing to emit.
             outcomes.resize_with(lane.rows.len(), || None);
             if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, None) {
-                lane.batch = Batch::new(self.model.as_ref());
+                lane.batch = Batch::for_lane(self.model.as_ref());
             }
         }
     }
@@ -396,7 +395,7 @@ impl Worker {
         if park && lane.rows.len() >= slots {
             if let Some(i) = Self::victim(&mut lane.rows) {
                 if !self.park(i, &mut lane.rows, &mut lane.batch, &mut lane.parked) {
-                    lane.batch = Batch::new(self.model.as_ref());
+                    lane.batch = Batch::for_lane(self.model.as_ref());
                 }
             }
         }
@@ -434,6 +433,17 @@ impl Worker {
     /// emitted ids are fed; every row's next id is sampled and queued; while that runs,
     /// what was fed is emitted, and rows that finished leave.
     fn decode_step<'w>(&'w self, lane: &mut Lane<'w>) {
+        if let [row] = &lane.rows[..] {
+            // One row left of several: it goes on alone (`Batch::for_lane`).
+            if let Err(e) = lane.batch.go_solo(&self.opts_for(row.adapter.as_ref())) {
+                eprintln!("engine serve: the lone row stays in the batch: {e}");
+            }
+        }
+        if lane.batch.is_solo() {
+            self.counters
+                .batch_lone_steps
+                .fetch_add(1, Ordering::Relaxed);
+        }
         let logits = match Self::feed(lane).and_then(|f| lane.batch.step_ids(&f)) {
             Ok(l) => l,
             Err(e) => {
@@ -445,7 +455,7 @@ impl Worker {
                         Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
                     );
                 }
-                lane.batch = Batch::new(self.model.as_ref());
+                lane.batch = Batch::for_lane(self.model.as_ref());
                 lane.inflight = None;
                 return;
             }
@@ -482,7 +492,7 @@ impl Worker {
             }
         }
         if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, Some(&mut next)) {
-            lane.batch = Batch::new(self.model.as_ref());
+            lane.batch = Batch::for_lane(self.model.as_ref());
             return;
         }
         lane.inflight = (!lane.rows.is_empty()).then_some(next);

@@ -98,6 +98,8 @@ pub struct Counters {
     pub batch_peak: AtomicUsize,
     /// Batch lane: rows that gave their slot up to a waiting request (parked).
     pub batch_parks: AtomicU64,
+    /// Batch lane: steps its only row took alone (a single-sequence step, `Batch::for_lane`).
+    pub batch_lone_steps: AtomicU64,
     /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
     /// and requests that ran without it (their logits processors need the plain path).
     pub spec_drafted: AtomicU64,

@@ -486,6 +486,48 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
     println!("batch lane: {st}");
 }
 
+/// On the batch lane a lone request steps alone (as a single-sequence session: no batch
+/// mask, the compiled step where it pays), joins the batch when a second one arrives, and
+/// goes on alone again when that one leaves: every token's top-10 log-probabilities equal
+/// the serial lane's, across both moves.
+#[test]
+fn a_lone_row_steps_alone_and_answers_as_the_serial_lane() {
+    let (alone, batched, st) = lone_row_run(&[]);
+    assert_eq!(
+        batched, alone,
+        "the row after the other left vs the serial lane"
+    );
+    assert!(
+        st["lanes"]["batch_lone_steps"].as_u64().unwrap() > 8,
+        "the last row never stepped alone: {st}"
+    );
+    assert_eq!(st["failed"], 0, "{st}");
+}
+
+#[test]
+fn planted_lone_row_losing_its_newest_position_is_caught() {
+    let (alone, batched, _) = lone_row_run(&[("ENGINE_PLANT", "LoneRowLosesNewest")]);
+    assert_ne!(batched, alone, "the planted defect went unseen");
+}
+
+/// `a_row_left_behind` on tiny-llama-trained (EOS ids 6 and 2 biased away) on a
+/// `--batch 4` server (environment `env`) against a serial one; and the batch server's
+/// /stats after it.
+fn lone_row_run(env: &[(&str, &str)]) -> (Vec<Value>, Vec<Value>, Value) {
+    let serial = serve(&[]);
+    let batched = common::server::serve_dir_with_env(
+        &common::goldens().join("models/tiny-llama-trained"),
+        &["--batch", "4"],
+        env,
+    );
+    let bias: serde_json::Map<String, Value> = [("6", json!(-100)), ("2", json!(-100))]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    let (batched_lp, alone_lp) = a_row_left_behind(batched.port, serial.port, &bias);
+    (alone_lp, batched_lp, stats(batched.port))
+}
+
 /// The SSD tier across a restart: turn 1 on one server, turn 2 on a new server over the
 /// same --ssd-cache directory restores the prefix from disk and answers exactly as a
 /// server without caches does.

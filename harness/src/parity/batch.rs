@@ -235,10 +235,10 @@ struct Run<'a, 'g> {
 
 /// Admits the rows that join at step `t`: prompts but the last token prefilled alone, then
 /// one step of their own for the last tokens (checked: each row's first logits).
-fn admit<'g>(
-    run: &Run<'_, 'g>,
+fn admit<'a, 'g>(
+    run: &Run<'a, 'g>,
     t: usize,
-    batch: &mut Batch,
+    batch: &mut Batch<'a>,
     rows: &mut Vec<Row<'g>>,
     report: &mut BatchReport,
 ) -> Result<(), ParityError> {

@@ -221,7 +221,7 @@ impl Worker {
             .fetch_max(lane.rows.len(), Ordering::Relaxed);
         // Only joined rows can end here: the queued samples still match the rows before.
         if !self.settle(&mut lane.rows, &mut lane.batch, all, None) {
-            lane.batch = crate::generate::batch::Batch::new(self.model.as_ref());
+            lane.batch = crate::generate::batch::Batch::for_lane(self.model.as_ref());
             lane.inflight = None;
         }
     }
