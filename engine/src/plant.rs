@@ -613,6 +613,12 @@ pub enum Defect {
     /// The batch lane's last row, going on alone, loses its newest cached position. Caught
     /// by `serve::a_lone_row_steps_alone_and_answers_as_the_serial_lane`.
     LoneRowLosesNewest,
+    /// Not a defect: a fault the containment gate injects. A batch-lane forward fed id
+    /// 1000 fails (as a forward that cannot be built or evaluated would).
+    BatchFaultOnId1000,
+    /// A failed batch-lane forward fails every row (no retry alone). Caught by
+    /// `serve_hardening::a_failing_row_fails_alone_and_the_batch_goes_on`.
+    BatchFailureNotContained,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -835,6 +841,8 @@ pub fn on_from_env() -> Result<(), String> {
             "CompiledStepKeyWithoutLambda" => Defect::CompiledStepKeyWithoutLambda,
             "WriteDeadlineOff" => Defect::WriteDeadlineOff,
             "LoneRowLosesNewest" => Defect::LoneRowLosesNewest,
+            "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
+            "BatchFailureNotContained" => Defect::BatchFailureNotContained,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

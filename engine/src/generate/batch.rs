@@ -346,6 +346,18 @@ impl<'m> Batch<'m> {
         Ok(())
     }
 
+    /// Appends `other`'s rows after this batch's (a batch of one taken as it is, lone or
+    /// not, when this one is empty).
+    pub fn append(&mut self, mut other: Batch<'m>) -> Result<(), Exception> {
+        if self.rows() == 0 {
+            *self = other;
+            return Ok(());
+        }
+        self.unsolo()?;
+        other.unsolo()?;
+        self.extend(other)
+    }
+
     /// Row `row`'s caches holding its first `len` tokens, one single-sequence cache per layer.
     pub fn row_caches(&mut self, row: usize, len: i32) -> Result<Vec<Box<dyn Cache>>, Exception> {
         let caches: Vec<Box<dyn Cache>> = match &self.solo {
@@ -402,6 +414,13 @@ impl<'m> Batch<'m> {
     pub fn step_ids(&mut self, ids: &Array) -> Result<Array, Exception> {
         if ids.size() != self.rows() {
             return Err(Exception::custom("one token per batch row"));
+        }
+        if crate::plant::is(crate::plant::Defect::BatchFaultOnId1000) {
+            let fed = ids.as_dtype(mlx_rs::Dtype::Uint32)?;
+            fed.eval()?;
+            if fed.as_slice::<u32>().contains(&1000) {
+                return Err(Exception::custom("injected fault: a forward fed id 1000"));
+            }
         }
         if let Some(solo) = self.solo.as_mut() {
             return solo.step_array(&ids.reshape(&[1])?);

@@ -22,6 +22,7 @@ use super::error::ApiError;
 use super::worker::{Job, Work, Worker};
 
 mod admit;
+mod contain;
 mod images;
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
@@ -447,16 +448,8 @@ impl Worker {
         let logits = match Self::feed(lane).and_then(|f| lane.batch.step_ids(&f)) {
             Ok(l) => l,
             Err(e) => {
-                // A failed forward cannot be pinned on one row: every row fails, the lane
-                // starts empty, later requests are unaffected.
-                for row in lane.rows.drain(..) {
-                    self.close(
-                        row,
-                        Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
-                    );
-                }
-                lane.batch = Batch::for_lane(self.model.as_ref());
-                lane.inflight = None;
+                // A failed forward is not pinned on every row: each is retried alone.
+                self.contain(lane, &e);
                 return;
             }
         };

@@ -27,6 +27,86 @@ fn with(mut body: Value, extra: Value) -> Value {
     body
 }
 
+/// A batch-lane forward that fails fails only the row that causes it (issue 43 item 7).
+/// Injected fault: any forward fed id 1000 fails. A long answer decodes; a request whose
+/// logit bias makes it sample id 1000 joins it: their batched step fails, each row is
+/// retried alone, the poisoned one fails (500) and the long answer goes on, ending exactly
+/// as the serial lane answers it; the lane serves more requests after.
+#[test]
+fn a_failing_row_fails_alone_and_the_batch_goes_on() {
+    let (long, poisoned, after, st) = contained_run("BatchFaultOnId1000");
+    assert_eq!(poisoned.0, 500, "{}", poisoned.1);
+    assert_no_source_paths(&poisoned.1.to_string());
+    assert_eq!(
+        long.0, 200,
+        "the long answer failed with the poisoned row: {}",
+        long.1
+    );
+    let serial = serve_model(MODEL, &[]);
+    let (code, alone) = post(serial.port, "/v1/completions", &long_body());
+    assert_eq!(code, 200, "{alone}");
+    assert_eq!(long.1["choices"][0]["text"], alone["choices"][0]["text"]);
+    assert!(after.iter().all(|&c| c == 200), "{after:?}");
+    assert_eq!(st["failed"], 1, "{st}");
+    assert!(
+        st["lanes"]["batch_retried_alone"].as_u64().unwrap() >= 2,
+        "the two rows never shared the failing step: {st}"
+    );
+}
+
+#[test]
+fn planted_uncontained_batch_failure_is_caught() {
+    let (long, poisoned, _, _) = contained_run("BatchFaultOnId1000,BatchFailureNotContained");
+    assert_eq!(poisoned.0, 500, "{}", poisoned.1);
+    assert_ne!(long.0, 200, "the planted defect went unseen: {}", long.1);
+}
+
+/// 2000 greedy tokens, EOS ids (6, 2) biased away.
+fn long_body() -> Value {
+    json!({"prompt": "The little robot", "max_tokens": 2000,
+           "logit_bias": {"6": -100, "2": -100}})
+}
+
+/// On a `--batch 4` server planted with `plant`: the long answer (`long_body`), the
+/// poisoned request sent while it decodes, two plain requests after both; and /stats.
+fn contained_run(plant: &str) -> ((u16, Value), (u16, Value), Vec<u16>, Value) {
+    let s = common::server::serve_dir_with_env(
+        &common::goldens().join("models").join(MODEL),
+        &["--batch", "4"],
+        &[("ENGINE_PLANT", plant)],
+    );
+    let port = s.port;
+    let long = std::thread::spawn(move || post(port, "/v1/completions", &long_body()));
+    wait_for(
+        port,
+        "the long answer decoding",
+        Duration::from_secs(60),
+        |st| st["running"] == 1,
+    );
+    let poisoned = post(
+        port,
+        "/v1/completions",
+        &json!({"prompt": "The", "max_tokens": 5, "logit_bias": {"1000": 100}}),
+    );
+    let long = long.join().unwrap();
+    let after: Vec<u16> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                post(
+                    port,
+                    "/v1/completions",
+                    &json!({"prompt": "The little robot", "max_tokens": 8}),
+                )
+                .0
+            })
+        })
+        .collect::<Vec<_>>()
+        .into_iter()
+        .map(|h| h.join().unwrap())
+        .collect();
+    (long, poisoned, after, stats(port))
+}
+
 /// Issue 18 item 1: a logit_bias id at or past the vocabulary crashed the process (SIGSEGV
 /// or a double free: MLX's scatter wrote outside the logits), serial and batch lane alike;
 /// top_k ≥ vocab answered 500 with a source path. Now each is a 400 naming the field.
