@@ -619,6 +619,9 @@ pub enum Defect {
     /// A failed batch-lane forward fails every row (no retry alone). Caught by
     /// `serve_hardening::a_failing_row_fails_alone_and_the_batch_goes_on`.
     BatchFailureNotContained,
+    /// The batch lane's all-rows greedy pick leaves the log-softmax out (its log-probabilities
+    /// are the raw logits). Caught by `generate::decode`'s `greedy_rows` test.
+    GreedyRowsUnnormalized,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -843,6 +846,7 @@ pub fn on_from_env() -> Result<(), String> {
             "LoneRowLosesNewest" => Defect::LoneRowLosesNewest,
             "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
             "BatchFailureNotContained" => Defect::BatchFailureNotContained,
+            "GreedyRowsUnnormalized" => Defect::GreedyRowsUnnormalized,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -78,6 +78,13 @@ impl<'e, S: BorrowMut<Sampler>> Decoder<'e, S> {
         self.sampler.borrow_mut().pick(logits, &self.history)
     }
 
+    /// Whether this request samples plain greedy: temperature 0 and no logits processor
+    /// (its rows of a batch step may then be picked together: `greedy_rows`).
+    pub fn plain_greedy(&mut self) -> bool {
+        let sampler = self.sampler.borrow_mut();
+        sampler.params.temp == 0.0 && !sampler.has_processors()
+    }
+
     /// Every row's choice from logits [n, vocab] at once (a verify pass; no processors):
     /// (ids [n], log-probabilities [n, vocab]).
     pub fn pick_rows(&mut self, logits: &Array) -> Result<(Array, Array), Exception> {
@@ -119,6 +126,23 @@ impl<'e, S: BorrowMut<Sampler>> Decoder<'e, S> {
         self.stats.generation_time = self.decode_start.elapsed();
         self.stats.clone()
     }
+}
+
+/// The greedy choice of every row of a batch step at once, for rows that sample plain
+/// greedy (`Decoder::plain_greedy`): (ids [B], log-probabilities [B, vocab]) from one
+/// log-softmax and one argmax over the logits [B, vocab]. Row i's are bitwise what
+/// `Sampler::pick` gives for row i's logits alone (the gate below); B rows cost the ops of
+/// one instead of B.
+pub fn greedy_rows(logits: &Array) -> Result<(Array, Array), Exception> {
+    let logprobs = if crate::plant::is(crate::plant::Defect::GreedyRowsUnnormalized) {
+        logits.clone()
+    } else {
+        logits.subtract(logits.logsumexp_axis(-1, true)?)?
+    };
+    Ok((
+        mlx_rs::ops::indexing::argmax_axis(&logprobs, -1, None)?,
+        logprobs,
+    ))
 }
 
 fn read(y: &Array) -> Result<u32, Exception> {
@@ -243,5 +267,62 @@ impl Plain {
             Some(pending) => pending.eval(),
             None => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::{random, Array, Dtype};
+
+    use super::greedy_rows;
+    use crate::generate::sampler::{Sampler, SamplingParams};
+
+    /// For each row of `logits` [B, vocab]: whether `greedy_rows` gives exactly the id and
+    /// log-probabilities (max |Δ| = 0) that `Sampler::pick` gives for that row alone.
+    fn rows_match(logits: &Array) -> bool {
+        let (ids, lp) = greedy_rows(logits).unwrap();
+        let mut sampler = Sampler::new(SamplingParams::default()).unwrap();
+        (0..logits.dim(0)).all(|i| {
+            let alone = logits.index(i).reshape(&[1, -1]).unwrap();
+            let (y, lp1) = sampler.pick(&alone, &[]).unwrap();
+            let f32s = |a: &Array| {
+                a.as_dtype(Dtype::Float32)
+                    .unwrap()
+                    .as_slice::<f32>()
+                    .to_vec()
+            };
+            let row = lp.index(i..i + 1);
+            y.as_slice::<u32>()[0] == ids.as_slice::<u32>()[i as usize]
+                && f32s(&lp1)
+                    .iter()
+                    .zip(f32s(&row))
+                    .all(|(a, b)| a.to_bits() == b.to_bits())
+        })
+    }
+
+    fn logits(dtype: Dtype, seed: u64) -> Array {
+        let key = random::key(seed).unwrap();
+        random::normal::<f32>(&[7, 1031], None, Some(4.0), &key)
+            .unwrap()
+            .as_dtype(dtype)
+            .unwrap()
+    }
+
+    #[test]
+    fn all_rows_picked_at_once_are_each_rows_pick_alone() {
+        for (dtype, seed) in [
+            (Dtype::Float32, 1),
+            (Dtype::Bfloat16, 2),
+            (Dtype::Float16, 3),
+        ] {
+            assert!(rows_match(&logits(dtype, seed)), "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn planted_unnormalized_rows_are_caught() {
+        let _on = crate::plant::on(crate::plant::Defect::GreedyRowsUnnormalized).unwrap();
+        assert!(!rows_match(&logits(Dtype::Float32, 1)));
     }
 }

@@ -24,10 +24,12 @@ use super::worker::{Job, Work, Worker};
 mod admit;
 mod contain;
 mod images;
+mod samples;
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Session};
+use samples::Samples;
 
 struct Row<'w> {
     emit: Emitter<'w>,
@@ -66,7 +68,7 @@ struct Lane<'w> {
     rows: Vec<Row<'w>>,
     /// Samples of the last step, not yet emitted: one per row of that step, which are the
     /// first rows of `rows` (rows that joined since come after them).
-    inflight: Option<Vec<(Array, Array)>>,
+    inflight: Option<Samples>,
     /// Requests whose prompts are being prefilled, in arrival order.
     admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
@@ -112,9 +114,9 @@ impl Worker {
         row.dec.pick(logits).map_err(ApiError::from)
     }
 
-    /// Emits `row`'s evaluated next id and says whether the row goes on.
-    fn emit_next(row: &mut Row<'_>, y: &Array, logprobs: &Array) -> Outcome {
-        let id = y.as_slice::<u32>()[0];
+    /// Emits `row`'s next id (`logprobs`: what it was sampled from) and says whether the
+    /// row goes on.
+    fn emit_next(row: &mut Row<'_>, id: u32, logprobs: &Array) -> Outcome {
         row.next = id;
         let emit = &mut row.emit;
         match row
@@ -133,7 +135,7 @@ impl Worker {
             y.eval().map_err(ApiError::from)?;
             Ok((y, lp))
         }) {
-            Ok((y, lp)) => Self::emit_next(row, &y, &lp),
+            Ok((y, lp)) => Self::emit_next(row, y.as_slice::<u32>()[0], &lp),
             Err(e) => Outcome::Failed(e),
         }
     }
@@ -171,7 +173,7 @@ impl Worker {
         rows: &mut Vec<Row<'w>>,
         batch: &mut Batch<'_>,
         mut outcomes: Vec<Option<Outcome>>,
-        samples: Option<&mut Vec<(Array, Array)>>,
+        samples: Option<&mut Samples>,
     ) -> bool {
         if outcomes.iter().all(Option::is_none) {
             return true;
@@ -194,13 +196,16 @@ impl Worker {
             return false;
         }
         if let Some(samples) = samples {
-            let old = std::mem::take(samples);
-            samples.extend(
-                old.into_iter()
-                    .enumerate()
-                    .filter(|(i, _)| keep.contains(i))
-                    .map(|(_, s)| s),
-            );
+            let old = std::mem::replace(samples, Samples::PerRow(Vec::new()));
+            match old.keep(&keep) {
+                Ok(kept) => *samples = kept,
+                Err(e) => {
+                    for row in rows.drain(..) {
+                        self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+                    }
+                    return false;
+                }
+            }
         }
         let old = std::mem::take(rows);
         for (row, outcome) in old.into_iter().zip(outcomes.iter_mut()) {
@@ -251,22 +256,27 @@ impl Worker {
     }
 
     /// Evaluates `samples` (one per row) and emits them; the outcome of each row.
-    fn emit_all(&self, rows: &mut [Row<'_>], samples: &[(Array, Array)]) -> Vec<Option<Outcome>> {
-        let ys: Vec<&Array> = samples.iter().map(|(y, _)| y).collect();
-        if let Err(e) = mlx_rs::transforms::eval(ys) {
-            let msg = format!("generation failed: {e}");
-            return rows
-                .iter()
-                .map(|_| Some(Outcome::Failed(ApiError::server(msg.clone()))))
-                .collect();
-        }
+    fn emit_all(&self, rows: &mut [Row<'_>], samples: &Samples) -> Vec<Option<Outcome>> {
+        let ids = match samples.host_ids() {
+            Ok(ids) => ids,
+            Err(e) => {
+                let msg = format!("generation failed: {e}");
+                return rows
+                    .iter()
+                    .map(|_| Some(Outcome::Failed(ApiError::server(msg.clone()))))
+                    .collect();
+            }
+        };
         rows.iter_mut()
-            .zip(samples)
-            .map(|(row, (y, lp))| match Self::emit_next(row, y, lp) {
-                Outcome::Continue if !row.emit.gone => None,
-                Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
-                other => Some(other),
-            })
+            .zip(ids)
+            .enumerate()
+            .map(
+                |(i, (row, id))| match Self::emit_next(row, id, &samples.logprobs(i)) {
+                    Outcome::Continue if !row.emit.gone => None,
+                    Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
+                    other => Some(other),
+                },
+            )
             .collect()
     }
 
@@ -417,17 +427,55 @@ impl Worker {
     /// the last step, then the ids on the host (`next`) of the rows after them — every row
     /// after a flush, the rows that have joined since that step otherwise.
     fn feed(lane: &Lane<'_>) -> Result<Array, mlx_rs::error::Exception> {
-        let pending = lane.inflight.as_deref().unwrap_or(&[]);
-        let ids: Vec<u32> = lane.rows[pending.len()..].iter().map(|r| r.next).collect();
+        let queued = lane.inflight.as_ref().map_or(0, Samples::len);
+        let ids: Vec<u32> = lane.rows[queued..].iter().map(|r| r.next).collect();
         let host = Array::from_slice(&ids, &[ids.len() as i32]);
-        if pending.is_empty() {
+        let Some(pending) = lane.inflight.as_ref().filter(|p| p.len() > 0) else {
             return Ok(host);
+        };
+        let pending = pending.ids()?;
+        if ids.is_empty() {
+            return Ok(pending);
         }
-        let mut parts: Vec<&Array> = pending.iter().map(|(y, _)| y).collect();
-        if !ids.is_empty() {
-            parts.push(&host);
+        mlx_rs::ops::concatenate(&[&pending, &host], 0)
+    }
+
+    /// Every row's next id from the step's logits [rows, vocab], lazily: all at once when
+    /// every row samples plain greedy (`Samples::Whole`), else each with its own sampler
+    /// (a row whose sampling fails gets its outcome; the others are unaffected).
+    fn sample_rows(
+        rows: &mut [Row<'_>],
+        logits: &Array,
+    ) -> Result<(Samples, Vec<Option<Outcome>>), mlx_rs::error::Exception> {
+        if rows.len() > 1 && rows.iter_mut().all(|r| r.dec.plain_greedy()) {
+            let (ids, logprobs) = crate::generate::decode::greedy_rows(logits)?;
+            let samples = Samples::Whole {
+                ids,
+                logprobs,
+                rows: rows.len(),
+            };
+            return Ok((samples, rows.iter().map(|_| None).collect()));
         }
-        mlx_rs::ops::concatenate(&parts, 0)
+        let mut next: Vec<(Array, Array)> = Vec::with_capacity(rows.len());
+        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter_mut().enumerate() {
+            let sampled = logits
+                .index(i as i32)
+                .reshape(&[1, -1])
+                .map_err(|e| ApiError::server(e.to_string()))
+                .and_then(|l| Self::sample(row, &l));
+            match sampled {
+                Ok(pair) => {
+                    next.push(pair);
+                    outcomes.push(None);
+                }
+                Err(e) => {
+                    next.push((Array::from_slice(&[0u32], &[1]), Array::from_f32(0.0)));
+                    outcomes.push(Some(Outcome::Failed(e)));
+                }
+            }
+        }
+        Ok((Samples::PerRow(next), outcomes))
     }
 
     /// One batched decode step: the queued samples (still lazy) or, after a flush, the
@@ -453,26 +501,14 @@ impl Worker {
                 return;
             }
         };
-        let mut next: Vec<(Array, Array)> = Vec::with_capacity(lane.rows.len());
-        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(lane.rows.len());
-        for (i, row) in lane.rows.iter_mut().enumerate() {
-            let sampled = logits
-                .index(i as i32)
-                .reshape(&[1, -1])
-                .map_err(|e| ApiError::server(e.to_string()))
-                .and_then(|l| Self::sample(row, &l));
-            match sampled {
-                Ok(pair) => {
-                    next.push(pair);
-                    outcomes.push(None);
-                }
-                Err(e) => {
-                    next.push((Array::from_slice(&[0u32], &[1]), Array::from_f32(0.0)));
-                    outcomes.push(Some(Outcome::Failed(e)));
-                }
+        let (mut next, mut outcomes) = match Self::sample_rows(&mut lane.rows, &logits) {
+            Ok(sampled) => sampled,
+            Err(e) => {
+                self.contain(lane, &e);
+                return;
             }
-        }
-        let _ = mlx_rs::transforms::async_eval(next.iter().map(|(y, _)| y));
+        };
+        next.queue();
         // While that step runs: emit what was fed to it.
         if let Some(pending) = lane.inflight.take() {
             for (o, emitted) in outcomes

@@ -253,7 +253,7 @@ impl Worker {
             .zip(picked)
             .map(|(row, p)| match p {
                 Err(e) => Some(Outcome::Failed(e)),
-                Ok((y, lp)) => match Self::emit_next(row, &y, &lp) {
+                Ok((y, lp)) => match Self::emit_next(row, y.as_slice::<u32>()[0], &lp) {
                     Outcome::Continue if !row.emit.gone => None,
                     Outcome::Continue => Some(Outcome::Done(Finish::Stop)),
                     other => Some(other),

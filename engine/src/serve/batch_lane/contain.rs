@@ -32,7 +32,7 @@ impl Worker {
     /// header); the lane's batch is rebuilt from the rows that went on.
     pub(super) fn contain<'w>(&'w self, lane: &mut Lane<'w>, cause: &Exception) {
         let rows = std::mem::take(&mut lane.rows);
-        let pending = lane.inflight.take().unwrap_or_default();
+        let pending = lane.inflight.take();
         let broken = std::mem::replace(&mut lane.batch, Batch::for_lane(self.model.as_ref()));
         if crate::plant::is(crate::plant::Defect::BatchFailureNotContained) {
             for row in rows {
@@ -43,9 +43,12 @@ impl Worker {
         let mut taken: Vec<(Row<'w>, Vec<Box<dyn Cache>>)> = Vec::new();
         let mut broken = broken;
         for (i, mut row) in rows.into_iter().enumerate() {
-            if let Some((y, lp)) = pending.get(i) {
-                let outcome = match y.eval() {
-                    Ok(()) => Self::emit_next(&mut row, y, lp),
+            if let Some(queued) = pending.as_ref().filter(|p| i < p.len()) {
+                let outcome = match queued.row(i).and_then(|(y, lp)| {
+                    y.eval()?;
+                    Ok((y.as_slice::<u32>()[0], lp))
+                }) {
+                    Ok((id, lp)) => Self::emit_next(&mut row, id, &lp),
                     Err(e) => failed(e),
                 };
                 match outcome {
