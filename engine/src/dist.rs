@@ -10,6 +10,7 @@
 
 mod fingerprint;
 mod mlx_error;
+mod peers;
 mod watchdog;
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
 pub use fingerprint::{check_fingerprints, Fingerprint};
+pub use peers::done;
 pub use watchdog::{arm, bound, tick};
 
 type R<T> = Result<T, Exception>;

@@ -622,6 +622,9 @@ pub enum Defect {
     /// The batch lane's all-rows greedy pick leaves the log-softmax out (its log-probabilities
     /// are the raw logits). Caught by `generate::decode`'s `greedy_rows` test.
     GreedyRowsUnnormalized,
+    /// The distributed peer watch polls for nothing, so a peer's hang-up goes unseen.
+    /// Caught by `dist::peers`'s hang-up test.
+    PeerWatchDeaf,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -847,6 +850,7 @@ pub fn on_from_env() -> Result<(), String> {
             "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
             "BatchFailureNotContained" => Defect::BatchFailureNotContained,
             "GreedyRowsUnnormalized" => Defect::GreedyRowsUnnormalized,
+            "PeerWatchDeaf" => Defect::PeerWatchDeaf,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -99,6 +99,10 @@ pub fn arm(what: &'static str) {
     *last = Some((Instant::now(), what));
     drop(last);
     std::thread::spawn(|| watch(steps()));
+    // A dead peer is seen by its sockets' hang-up, whatever MLX's ring does about it.
+    if let Some(g) = super::group() {
+        super::peers::watch(g.rank);
+    }
 }
 
 /// Progress: the rank finished a step that needed every rank (`what` names the next one).

@@ -50,7 +50,10 @@ impl Worker {
                             "the round plan steps request {id}, which this rank does not hold"
                         ))),
                     },
-                    Op::Shutdown => return,
+                    Op::Shutdown => {
+                        crate::dist::done();
+                        return;
+                    }
                 };
                 if let Err(e) = applied {
                     crate::dist::fatal(&e)

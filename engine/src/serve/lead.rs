@@ -67,6 +67,8 @@ impl Worker {
                 },
                 Err(RecvTimeoutError::Timeout) => lead.heartbeat(),
                 Err(RecvTimeoutError::Disconnected) => {
+                    // Followers end on this plan: their hang-ups are expected from here.
+                    crate::dist::done();
                     if let Err(e) = lead.send(Some(Op::Shutdown)) {
                         crate::dist::fatal(&e)
                     }

@@ -659,6 +659,8 @@ impl Worker {
         jobs: &mpsc::Receiver<Work>,
         why: &str,
     ) -> ! {
+        // This rank ends in order from here: the peer watch leaves the exit to it.
+        crate::dist::done();
         let error = || ApiError::server(super::dist_plan::lost_message(why));
         for t in turns.iter_mut() {
             t.emit.fail(error());

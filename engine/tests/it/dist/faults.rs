@@ -156,29 +156,6 @@ fn expect_exit(r: &mut Rank, who: &str, code: i32, says: &[&str], t0: Instant, w
     took
 }
 
-/// A rank whose peer was killed: status 4 when MLX's failed collective reaches the rank's
-/// eval (most runs), else 5 from the step watchdog after --dist-timeout (MLX's ring fails
-/// its pending tasks, "[ring] Too many send/recv errors", but now and then the eval waiting
-/// on them never returns: about 1 run in 15 here).
-fn expect_peer_gone(r: &mut Rank, who: &str, t0: Instant, within: f64) -> f64 {
-    let status = r.wait_until(t0 + Duration::from_secs_f64(within));
-    let took = t0.elapsed().as_secs_f64();
-    let err = r.stderr();
-    let Some(status) = status else {
-        panic!("{who} still running after {within} s (killed); stderr:\n{err}");
-    };
-    let says: &[&str] = match status.code() {
-        Some(PEER_LOST) => &["a distributed step failed", "a peer was lost"],
-        Some(STALLED) => &["no progress for", "a decode step", "--dist-timeout"],
-        _ => panic!("{who} exited {status} after {took:.1} s, expected 4 or 5; stderr:\n{err}"),
-    };
-    for s in says {
-        assert!(err.contains(s), "{who}'s stderr does not say `{s}`:\n{err}");
-    }
-    eprintln!("{who}: status {} after {took:.1} s", status.code().unwrap());
-    took
-}
-
 /// A long decode: ranks that are still generating when the fault is made.
 const DECODE: &[&str] = &["--prompt", "hello", "-m", "100000", "--verbose", "false"];
 
@@ -201,6 +178,10 @@ fn decoding(dir: &Path, timeout: &str) -> (Rank, Rank) {
     (r0, r1)
 }
 
+/// A killed peer ends the survivor with status 4 within a second, every time: MLX's failed
+/// collective, or the peer watch (`dist::peers`) where MLX 0.32.2's ring never fails the
+/// collective queued on the dead socket (about 1 kill in 15 ended with 5 after
+/// --dist-timeout before the watch).
 #[test]
 fn killed_follower_mid_decode_ends_rank_0_in_bounded_time() {
     let dir = tempfile::tempdir().unwrap();
@@ -208,7 +189,7 @@ fn killed_follower_mid_decode_ends_rank_0_in_bounded_time() {
     let t0 = Instant::now();
     r1.child.kill().unwrap();
     let _ = r1.wait_until(t0 + Duration::from_secs(5));
-    expect_peer_gone(&mut r0, "rank 0", t0, 10.0 + 15.0);
+    expect_exit(&mut r0, "rank 0", PEER_LOST, &["a peer was lost"], t0, 1.0);
 }
 
 #[test]
@@ -218,7 +199,7 @@ fn killed_rank_0_mid_decode_ends_the_follower_in_bounded_time() {
     let t0 = Instant::now();
     r0.child.kill().unwrap();
     let _ = r0.wait_until(t0 + Duration::from_secs(5));
-    expect_peer_gone(&mut r1, "rank 1", t0, 10.0 + 15.0);
+    expect_exit(&mut r1, "rank 1", PEER_LOST, &["a peer was lost"], t0, 1.0);
 }
 
 #[test]
