@@ -433,3 +433,91 @@ fn families_without_a_batch_reference_are_refused_by_the_batch_lane() {
     }
     assert_eq!(refusal(load("tiny-olmo2").as_ref(), &opts), None);
 }
+
+/// The worst |Δ| between each row of a prompt batch (`Batch::admit_prompts`, prefill step
+/// `step`, then 8 greedy steps of the batch) and that prompt run alone (a session's prefill
+/// with the same step, then the same ids), over every step's logits, on `model`.
+fn prompt_batch_vs_alone(model: &str, step: usize) -> f32 {
+    use mlx_rs::ops::indexing::IndexOp;
+    let m = engine::model::load(&harness::goldens::model_dir(model).unwrap()).unwrap();
+    let prompts: Vec<Vec<u32>> = [(9, 5, 7), (23, 11, 3), (16, 17, 5)]
+        .iter()
+        .map(|&(n, a, b)| (0..n).map(|i| a + i * b).collect())
+        .collect();
+    let refs: Vec<&[u32]> = prompts.iter().map(|p| &p[..]).collect();
+    let diff = |a: &mlx_rs::Array, b: &mlx_rs::Array| {
+        let f = |x: &mlx_rs::Array| x.as_dtype(mlx_rs::Dtype::Float32).unwrap();
+        let d = f(a)
+            .subtract(f(b))
+            .unwrap()
+            .abs()
+            .unwrap()
+            .max(None)
+            .unwrap();
+        d.item_exact::<f32>()
+    };
+    let mut batch = Batch::new(m.as_ref());
+    let mut logits = batch.admit_prompts(&refs, step).unwrap();
+    let mut alone: Vec<Session> = Vec::new();
+    let mut worst = 0f32;
+    let mut ids: Vec<u32> = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut s = Session::with_options(
+            m.as_ref(),
+            &SessionOptions::from(engine::generate::CompileDecode::Off),
+        );
+        s.prefill_step = step;
+        let want = s.prefill(p).unwrap();
+        worst = worst.max(diff(
+            &logits.index(i as i32).reshape(&[1, -1]).unwrap(),
+            &want,
+        ));
+        alone.push(s);
+    }
+    for _ in 0..8 {
+        let next = mlx_rs::ops::indexing::argmax_axis(&logits, -1, None).unwrap();
+        ids = next.as_slice::<u32>().to_vec();
+        logits = batch.step(&ids).unwrap();
+        for (i, s) in alone.iter_mut().enumerate() {
+            let want = s.step(&[ids[i]]).unwrap();
+            worst = worst.max(diff(
+                &logits.index(i as i32).reshape(&[1, -1]).unwrap(),
+                &want,
+            ));
+        }
+    }
+    assert_eq!(ids.len(), prompts.len());
+    worst
+}
+
+/// The models of the batched-prefill gate: f32, bf16 and f16 dense, a mixture of experts, a
+/// hybrid with recurrent states.
+const PROMPT_BATCH_ROWS: [&str; 5] = [
+    "tiny-qwen3",
+    "tiny-llama-trained",
+    "tiny-qwen2",
+    "tiny-mixtral",
+    "tiny-qwen3-5",
+];
+
+/// Issue 43 item 3: the batch lane prefills uncached prompts that arrive together in one
+/// right-padded forward per prefill step (BatchGenerator's prompt batch), and every row —
+/// its first logits and 8 decode steps after — is bit-exact (max |Δ| = 0) against that
+/// prompt prefilled alone, in f32, bf16 and f16, whether the bodies fit one prefill step or
+/// span several. So the lane's rows keep the serial lane's numbers and no envelope is needed.
+#[test]
+fn prompt_batch_rows_are_bit_exact_against_prefill_alone() {
+    for model in PROMPT_BATCH_ROWS {
+        for step in [512, 4] {
+            let worst = prompt_batch_vs_alone(model, step);
+            println!("{model} (prefill step {step}): max |Δ| = {worst:e}");
+            assert_eq!(worst, 0.0, "{model}, prefill step {step}");
+        }
+    }
+}
+
+#[test]
+fn planted_unmasked_padding_fails_the_prompt_batch_rows() {
+    let _on = engine::plant::on(engine::plant::Defect::BatchUnmaskedPadding).unwrap();
+    assert!(prompt_batch_vs_alone("tiny-llama-trained", 512) > 0.0);
+}

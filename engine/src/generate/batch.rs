@@ -20,9 +20,9 @@
 //! prompts but their last tokens right-padded into one forward per prefill step with each
 //! row's length given to the caches (`prepare`: the recurrent mixers' mask and their
 //! states taken at each row's own end; the K/V rows' padding rolled to the front by
-//! `finalize`), then the last tokens stepped. The lane does not use it (it prefills rows
-//! alone, which gives the same numbers); it is how the gate checks the mixers' batched
-//! prefill against mlx-lm. Sliding-window and quantized caches have no batched prefill.
+//! `finalize`), then the last tokens stepped. The lane uses it for uncached prompts that
+//! arrive together (each row bitwise its prefill alone: the `prompt_batch_rows` gate); the
+//! BatchGenerator gate checks the mixers' batched prefill against mlx-lm with it. Sliding-window and quantized caches have no batched prefill.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -98,6 +98,19 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
         return Some("quantized KV from a later position (--quantized-kv-start > 0)");
     }
     rings.then_some("quantized sliding-window caches (mlx-lm cannot batch them)")
+}
+
+/// Whether `model`'s prompts can be prefilled together (`Batch::admit_prompts`): its caches
+/// are standard K/V or recurrent states (or lists of them); sliding-window rings have no
+/// batched prefill here (nor in mlx-lm for a wrapped ring).
+pub fn takes_prompt_batches(model: &dyn LanguageModel) -> bool {
+    fn takes(c: &dyn Cache) -> bool {
+        match (c.kind(), c.sub_caches()) {
+            (Some(list::KIND), Some(parts)) => parts.iter().all(|p| takes(p.as_ref())),
+            (kind, _) => matches!(kind, Some(kv::KIND | arrays::KIND)),
+        }
+    }
+    model.make_caches().iter().all(|c| takes(c.as_ref()))
 }
 
 /// Whether `c` is a cache the lane batches: standard, sliding-window or recurrent-state,

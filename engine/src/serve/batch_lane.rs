@@ -69,6 +69,8 @@ struct Lane<'w> {
     /// Samples of the last step, not yet emitted: one per row of that step, which are the
     /// first rows of `rows` (rows that joined since come after them).
     inflight: Option<Samples>,
+    /// Whether the model's prompts can be prefilled together (`batch::takes_prompt_batches`).
+    prompt_batches: bool,
     /// Requests whose prompts are being prefilled, in arrival order.
     admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
@@ -294,6 +296,7 @@ impl Worker {
             batch: Batch::for_lane(self.model.as_ref()),
             rows: Vec::new(),
             inflight: None,
+            prompt_batches: crate::generate::batch::takes_prompt_batches(self.model.as_ref()),
             admissions: Vec::new(),
             parked: Vec::new(),
             images: Vec::new(),

@@ -102,6 +102,8 @@ pub struct Counters {
     pub batch_lone_steps: AtomicU64,
     /// Batch lane: rows stepped alone after a batched forward failed (`batch_lane::contain`).
     pub batch_retried_alone: AtomicU64,
+    /// Batch lane: uncached prompts prefilled together, in one batched forward per step.
+    pub batch_prompt_batches: AtomicU64,
     /// Speculative decoding (`--draft-model`): drafts proposed and accepted, verify passes,
     /// and requests that ran without it (their logits processors need the plain path).
     pub spec_drafted: AtomicU64,

@@ -89,6 +89,7 @@ pub(super) fn stats_json(s: &AppState) -> Value {
             "batch_parks": n(&c.batch_parks),
             "batch_lone_steps": n(&c.batch_lone_steps),
             "batch_retried_alone": n(&c.batch_retried_alone),
+            "batch_prompt_batches": n(&c.batch_prompt_batches),
             // How the batch lane serves rows of different adapters (null: no batch lane).
             "batch_adapters": (c.batch_slots.load(Ordering::Relaxed) > 0).then_some("grouped"),
         },

@@ -510,6 +510,72 @@ fn planted_lone_row_losing_its_newest_position_is_caught() {
     assert_ne!(batched, alone, "the planted defect went unseen");
 }
 
+/// Uncached prompts that arrive together are prefilled together (issue 43 item 3): while
+/// the lane prefills a ~3000-token prompt in one forward (no prompt cache), four short
+/// completions arrive;
+/// the next tick prefills them in one right-padded forward (/stats
+/// `lanes.batch_prompt_batches`), and every token's top-5 log-probabilities of each answer
+/// equal the serial lane's.
+#[test]
+fn prompts_arriving_together_are_prefilled_together_exactly() {
+    let bodies: Vec<Value> = [
+        ("The little robot", 12),
+        ("On Friday the robot went to the market.", 9),
+        ("Question: What color is the grass? Answer:", 10),
+        ("Once upon a time", 8),
+    ]
+    .iter()
+    .map(|(p, n)| json!({"prompt": p, "max_tokens": n, "logprobs": 5}))
+    .collect();
+    let lp = |r: &Value| r["choices"][0]["logprobs"]["content"].clone();
+    let serial = serve(&[]);
+    let alone: Vec<Value> = bodies
+        .iter()
+        .map(|b| lp(&post(serial.port, "/v1/completions", b).1))
+        .collect();
+    drop(serial);
+    // No prompt cache: a hit (here every prompt shares at least BOS with the long one)
+    // sends a prompt to its own prefill after the cached prefix.
+    let batched = serve(&[
+        "--batch",
+        "8",
+        "--prefill-step-size",
+        "4096",
+        "--prompt-cache-size",
+        "0",
+    ]);
+    let port = batched.port;
+    let long =
+        json!({"prompt": "The little robot went to the market. ".repeat(330), "max_tokens": 1});
+    let long = std::thread::spawn(move || post(port, "/v1/completions", &long));
+    wait_for(
+        port,
+        "the long prompt admitted",
+        Duration::from_secs(60),
+        |st| st["running"] == 1,
+    );
+    let handles: Vec<_> = bodies
+        .iter()
+        .cloned()
+        .map(|b| std::thread::spawn(move || post(port, "/v1/completions", &b)))
+        .collect();
+    for (h, want) in handles.into_iter().zip(&alone) {
+        let (code, r) = h.join().unwrap();
+        assert_eq!(code, 200, "{r}");
+        assert_eq!(
+            &lp(&r),
+            want,
+            "a row of the prompt batch vs the serial lane"
+        );
+    }
+    assert_eq!(long.join().unwrap().0, 200);
+    let st = stats(port);
+    assert!(
+        st["lanes"]["batch_prompt_batches"].as_u64().unwrap() >= 1,
+        "the four prompts were never prefilled together: {st}"
+    );
+}
+
 /// `a_row_left_behind` on tiny-llama-trained (EOS ids 6 and 2 biased away) on a
 /// `--batch 4` server (environment `env`) against a serial one; and the batch server's
 /// /stats after it.

@@ -12,6 +12,10 @@
 //! prompt tokens between two of their steps, and short prompts — or prompts mostly in the
 //! prompt cache — are admitted many per tick.
 //!
+//! Uncached prompts that fit one tick's budget together (rows × longest body) are
+//! prefilled as one prompt batch instead (`prompt_batch`, `Batch::admit_prompts`: each row
+//! bitwise its prefill alone, the `prompt_batch_rows` gate).
+//!
 //! Admissions whose caches hold all their prompts but the last token join the batch
 //! together, as BatchGenerator admits a prompt batch (`Batch::admit`): one step of the
 //! joining rows alone feeds their last prompt tokens, their first ids are sampled and sent
@@ -154,7 +158,8 @@ impl Worker {
     /// batch together.
     pub(super) fn prefill_tick<'w>(&'w self, lane: &mut Lane<'w>) {
         let budget = self.prefill_step;
-        let mut spent = 0;
+        let together = self.prompt_batch(lane, budget);
+        let mut spent = together.len() * together.iter().map(|a| a.to_feed()).max().unwrap_or(0);
         let (mut ready, mut alone) = (Vec::new(), Vec::new());
         for mut adm in std::mem::take(&mut lane.admissions) {
             // A long prompt's admission spans ticks: its client may leave or its time run out.
@@ -187,6 +192,81 @@ impl Worker {
         }
         self.join_rows(lane, alone);
         self.admit_rows(lane, ready);
+        self.admit_together(lane, together);
+    }
+
+    /// Uncached prompts that arrived together and fit the tick's budget padded to the
+    /// longest (rows × longest body ≤ one prefill step): at least two of them, taken out of
+    /// the admissions in arrival order to be prefilled in one batched forward. None where
+    /// the model's caches have no batched prefill or the lane quantizes its KV.
+    fn prompt_batch<'w>(&self, lane: &mut Lane<'w>, budget: usize) -> Vec<Admission<'w>> {
+        if !lane.prompt_batches || self.opts.kv_quant.is_some() {
+            return Vec::new();
+        }
+        let (mut picked, mut longest) = (Vec::new(), 0);
+        for (i, a) in lane.admissions.iter().enumerate() {
+            let body = a.to_feed();
+            if a.fed > 0 || body == 0 || body > a.session.prefill_step {
+                continue;
+            }
+            if (picked.len() + 1) * longest.max(body) > budget {
+                continue;
+            }
+            longest = longest.max(body);
+            picked.push(i);
+        }
+        if picked.len() < 2 {
+            return Vec::new();
+        }
+        let mut out = Vec::with_capacity(picked.len());
+        for (k, i) in picked.into_iter().enumerate() {
+            out.push(lane.admissions.remove(i - k));
+        }
+        out
+    }
+
+    /// Prefills `together` as mlx_lm.server's BatchGenerator prefills a prompt batch
+    /// (`Batch::admit_prompts`: the bodies right-padded into one forward per prefill step,
+    /// then their last tokens in one step; each row's numbers are its single prefill's, the
+    /// `batched_prefill` gate) and seats the rows with their first ids.
+    fn admit_together<'w>(&'w self, lane: &mut Lane<'w>, together: Vec<Admission<'w>>) {
+        let mut kept = Vec::with_capacity(together.len());
+        for mut a in together {
+            // As in the tick's loop: a client gone or out of time is ended, not prefilled.
+            if a.row.emit.check() {
+                self.close(a.row, Outcome::Done(Finish::Stop));
+            } else {
+                kept.push(a);
+            }
+        }
+        let together = kept;
+        if together.is_empty() {
+            return;
+        }
+        let prompts: Vec<&[u32]> = together.iter().map(|a| &a.prompt[..]).collect();
+        let logits = match lane.batch.admit_prompts(&prompts, self.prefill_step) {
+            Ok(l) => l,
+            Err(e) => {
+                let e = format!("generation failed: {e}");
+                for a in together {
+                    self.close(a.row, Outcome::Failed(ApiError::server(e.clone())));
+                }
+                return;
+            }
+        };
+        self.counters
+            .batch_prompt_batches
+            .fetch_add(1, Ordering::Relaxed);
+        let rows = together
+            .into_iter()
+            .map(|mut a| {
+                if let Some(hook) = a.session.on_prefill.as_mut() {
+                    hook(a.prompt.len() - 1);
+                }
+                a.row
+            })
+            .collect();
+        self.seat(lane, rows, &logits);
     }
 
     /// Admissions whose prompts are in but the last token join (`Batch::admit`): their
@@ -196,7 +276,7 @@ impl Worker {
             return;
         }
         let last: Vec<u32> = ready.iter().map(|a| a.prompt[a.fed]).collect();
-        let (mut rows, sessions): (Vec<Row<'w>>, Vec<Session<'w>>) =
+        let (rows, sessions): (Vec<Row<'w>>, Vec<Session<'w>>) =
             ready.into_iter().map(|a| (a.row, a.session)).unzip();
         let logits = match lane.batch.admit(sessions, &last) {
             Ok(l) => l,
@@ -208,7 +288,13 @@ impl Worker {
                 return;
             }
         };
-        let outcomes = self.first_ids(&mut rows, &logits);
+        self.seat(lane, rows, &logits);
+    }
+
+    /// Rows just appended to the batch, with their first logits (row i of `logits`): their
+    /// first ids sampled and sent; they join the running rows; rows that end there leave.
+    fn seat<'w>(&'w self, lane: &mut Lane<'w>, mut rows: Vec<Row<'w>>, logits: &mlx_rs::Array) {
+        let outcomes = self.first_ids(&mut rows, logits);
         let now = Instant::now();
         let mut all: Vec<Option<Outcome>> = lane.rows.iter().map(|_| None).collect();
         all.extend(outcomes);
