@@ -461,12 +461,18 @@ impl Worker {
         }
         let mut next: Vec<(Array, Array)> = Vec::with_capacity(rows.len());
         let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(rows.len());
+        let lone = rows.len() == 1 && logits.shape()[0] == 1;
         for (i, row) in rows.iter_mut().enumerate() {
-            let sampled = logits
-                .index(i as i32)
-                .reshape(&[1, -1])
-                .map_err(|e| ApiError::server(e.to_string()))
-                .and_then(|l| Self::sample(row, &l));
+            let sampled = if lone {
+                // Already [1, vocab]: no view ops for a lone row.
+                Ok(logits.clone())
+            } else {
+                logits
+                    .index(i as i32)
+                    .reshape(&[1, -1])
+                    .map_err(|e| ApiError::server(e.to_string()))
+            }
+            .and_then(|l| Self::sample(row, &l));
             match sampled {
                 Ok(pair) => {
                     next.push(pair);

@@ -28,6 +28,8 @@ impl Samples {
     /// The ids to feed the next step, [rows] (lazy).
     pub fn ids(&self) -> Result<Array, Exception> {
         match self {
+            // One row (a lone request): its sample as it is, no copy.
+            Samples::PerRow(v) if v.len() == 1 => Ok(v[0].0.clone()),
             Samples::PerRow(v) => {
                 let ys: Vec<&Array> = v.iter().map(|(y, _)| y).collect();
                 mlx_rs::ops::concatenate(&ys, 0)
