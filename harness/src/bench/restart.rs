@@ -44,6 +44,10 @@ pub struct RestartLeg {
     pub checksum_ms: f64,
     #[serde(default)]
     pub checksum_wait_ms: f64,
+    /// In-process legs: the one-token steps that ran through the compiled graph (the
+    /// `WherePays` probe picks per session: a leg that decoded eagerly says so here).
+    #[serde(default)]
+    pub compiled_steps: Option<usize>,
 }
 
 fn identity() -> Identity {
@@ -85,6 +89,7 @@ pub fn leg(
                 restore_ms: 0.0,
                 checksum_ms: 0.0,
                 checksum_wait_ms: 0.0,
+                compiled_steps: None,
             });
         }
         "restored" => {
@@ -115,6 +120,7 @@ pub fn leg(
         restore_ms: restore_ms.0,
         checksum_ms: restore_ms.1,
         checksum_wait_ms: restore_ms.2,
+        compiled_steps: Some(session.compiled_steps()),
     })
 }
 
@@ -232,12 +238,15 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     progress.finish();
     let mut kept = super::kept::Kept::default();
     for l in &legs {
+        let compiled = l.compiled_steps.map(|n| ("compiled_steps".to_owned(), n as f64));
         kept.push(
             &l.mode,
             [
                 ("decode_tps".to_owned(), l.decode_tps),
                 ("ttft_ms".to_owned(), l.ttft_s * 1e3),
-            ],
+            ]
+            .into_iter()
+            .chain(compiled),
         );
     }
     let med = |mode: &str| {
@@ -254,6 +263,7 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
             restore_ms: median(mine.iter().map(|l| l.restore_ms).collect()),
             checksum_ms: median(mine.iter().map(|l| l.checksum_ms).collect()),
             checksum_wait_ms: median(mine.iter().map(|l| l.checksum_wait_ms).collect()),
+            compiled_steps: mine.iter().filter_map(|l| l.compiled_steps).min(),
         }
     };
     Ok(RestartResult {
@@ -312,8 +322,19 @@ impl RestartResult {
 
     /// The decode figures in words (restored against fresh).
     pub fn words(&self) -> String {
-        self.kept
-            .lines(&[("decode_tps", "tok/s", true)], "restored", Some("fresh"))
+        let mut s = self
+            .kept
+            .lines(&[("decode_tps", "tok/s", true)], "restored", Some("fresh"));
+        // Which decode path each in-process leg took (the compiled step's probe decides per
+        // session): a decode overhead with one side eager is that, not the restore.
+        let steps = |mode| self.kept.values(mode, "compiled_steps");
+        let (fresh, restored) = (steps("fresh"), steps("restored"));
+        if !fresh.is_empty() || !restored.is_empty() {
+            s.push_str(&format!(
+                "compiled decode steps per leg: fresh {fresh:?}, restored {restored:?}\n"
+            ));
+        }
+        s
     }
 
     pub fn rows(&self) -> Vec<(&'static str, f64, &'static str)> {
@@ -382,6 +403,7 @@ mod tests {
             restore_ms: 10.0,
             checksum_ms: 1.0,
             checksum_wait_ms: 0.0,
+            compiled_steps: None,
         }
     }
 

@@ -261,6 +261,7 @@ pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
         restore_ms: 0.0,
         checksum_ms: 0.0,
         checksum_wait_ms: 0.0,
+        compiled_steps: None,
     };
     if mode == "restored" {
         let (_, body) = get(server.port, "/stats")?;
