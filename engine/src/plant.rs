@@ -849,8 +849,6 @@ pub fn on_from_env() -> Result<(), String> {
             "LoneRowLosesNewest" => Defect::LoneRowLosesNewest,
             "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
             "BatchFailureNotContained" => Defect::BatchFailureNotContained,
-            "GreedyRowsUnnormalized" => Defect::GreedyRowsUnnormalized,
-            "PeerWatchDeaf" => Defect::PeerWatchDeaf,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -238,7 +238,9 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
     progress.finish();
     let mut kept = super::kept::Kept::default();
     for l in &legs {
-        let compiled = l.compiled_steps.map(|n| ("compiled_steps".to_owned(), n as f64));
+        let compiled = l
+            .compiled_steps
+            .map(|n| ("compiled_steps".to_owned(), n as f64));
         kept.push(
             &l.mode,
             [
