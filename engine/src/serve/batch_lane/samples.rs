@@ -87,6 +87,9 @@ impl Samples {
         if keep.len() == self.len() && keep.iter().enumerate().all(|(i, &k)| i == k) {
             return Ok(self);
         }
+        if keep.is_empty() {
+            return Ok(Samples::PerRow(Vec::new()));
+        }
         Ok(match self {
             Samples::PerRow(v) => Samples::PerRow(
                 v.into_iter()
@@ -105,5 +108,46 @@ impl Samples {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::Array;
+
+    use super::Samples;
+
+    fn whole() -> Samples {
+        let logits = Array::from_slice(&[0.0f32, 2.0, 1.0, 3.0, 0.5, 0.1, 0.2, 0.3, 9.0], &[3, 3]);
+        let (ids, logprobs) = crate::generate::decode::greedy_rows(&logits).unwrap();
+        Samples::Whole {
+            ids,
+            logprobs,
+            rows: 3,
+        }
+    }
+
+    #[test]
+    fn kept_rows_keep_their_own_ids_and_log_probabilities() {
+        let all = whole();
+        assert_eq!(all.host_ids().unwrap(), vec![1, 0, 2]);
+        let last = all.logprobs(2);
+        let kept = all.keep(&[0, 2]).unwrap();
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.host_ids().unwrap(), vec![1, 2]);
+        assert_eq!(kept.ids().unwrap().as_slice::<u32>(), &[1, 2]);
+        let moved = kept.logprobs(1);
+        moved.eval().unwrap();
+        last.eval().unwrap();
+        assert_eq!(moved.as_slice::<f32>(), last.as_slice::<f32>());
+        assert_eq!(kept.keep(&[]).unwrap().len(), 0);
+    }
+
+    #[test]
+    fn one_row_feeds_its_sample_as_it_is() {
+        let y = Array::from_slice(&[7u32], &[1]);
+        let one = Samples::PerRow(vec![(y, Array::from_f32(0.0))]);
+        assert_eq!(one.ids().unwrap().as_slice::<u32>(), &[7]);
+        assert_eq!(one.host_ids().unwrap(), vec![7]);
     }
 }
