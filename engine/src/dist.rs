@@ -390,6 +390,18 @@ pub fn depends(x: &Array, dep: &Array) -> R<Array> {
     }
 }
 
+/// The ranks' orderly end: a barrier (an `all_sum` of one, evaluated), then [`done`]. Ranks
+/// that ran without a collective for a while (a planted defect drops them, or each rank
+/// works alone after its last step) would otherwise end apart, and the first to exit would
+/// look like a lost peer to the others. A no-op outside a group.
+pub fn finish() -> R<()> {
+    if active() {
+        all_sum(&Array::from_f32(1.0))?.eval()?;
+    }
+    done();
+    Ok(())
+}
+
 /// Rank 0's bytes on every rank, in mlx_lm.server's framing: an `all_sum` of the length
 /// (the others add 0), then of the bytes (the others add zeros). Every rank calls it; only
 /// rank 0's `bytes` are read.

@@ -401,8 +401,8 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     let stats = dec.finish();
     let spec_stats = decode.spec_stats().cloned();
     decode.end()?;
-    // The last collective is behind this rank: a peer that exits now is no loss.
-    engine::dist::done();
+    // The ranks end together: a peer that exits after this is no loss.
+    engine::dist::finish()?;
     let finish = finish?;
     let tail = text.finish(finish)?;
     if !writer {

@@ -78,7 +78,9 @@ fn l1_rank(args: L1Args) -> Result<()> {
             );
         }
     }
-    let report = match check(&golden, &args) {
+    // Every rank passes the end together (with a defect planted that drops the collectives,
+    // the ranks would otherwise finish apart, and the first to exit look like a lost peer).
+    let report = match check(&golden, &args).and_then(|r| Ok(engine::dist::finish().map(|()| r)?)) {
         Ok(report) => report,
         // A failed step leaves the ring unusable: this rank exits (status 4), so that the
         // launcher and the other ranks stop too.
