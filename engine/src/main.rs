@@ -318,6 +318,7 @@ fn generate_on_rank(args: GenerateArgs) -> Result<()> {
     let model = engine::model::load(dir)
         .with_context(|| format!("loading model from {}", dir.display()))?;
     let tokenizer = std::sync::Arc::new(Tokenizer::load(dir)?);
+    tokenizer.prepare_in_background();
     let _adapters = match &args.adapter_path {
         Some(path) => Some(
             engine::train::lora::Adapters::load(model.as_ref(), path)

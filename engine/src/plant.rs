@@ -141,6 +141,9 @@ pub enum Defect {
     /// Tokenization: `encode` forgets the post-processor (no bos, no template tokens, when
     /// asked for special tokens). Caught by the tokenization gate (`tests/it/tokenize.rs`).
     EncodeSkipsPostProcessor,
+    /// Tokenizer load: the one-pass BPE loader forgets the file's `byte_fallback`. Caught
+    /// by `load::tokenizer::fast`'s test that it loads as the tokenizers crate loads.
+    FastTokenizerNoByteFallback,
     /// SentencePiece streaming detokenizer: the stream's leading space is kept where
     /// mlx-lm trims it. Caught by the detokenizer gate on the real tokenizers
     /// (`tests/it/detok.rs`).

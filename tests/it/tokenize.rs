@@ -62,3 +62,68 @@ fn planted_every_class_llama_fails() {
         assert!(!r.passed(), "{fixture}: {}", r.summary());
     }
 }
+
+/// Every tokenizer.json we have — the fetched real ones and every tiny model's — loads
+/// through the engine's one-pass loader (`engine::load::tokenizer::fast`) into the tokenizer
+/// the tokenizers crate's own deserializer makes: the two serialize to the same JSON
+/// (vocabulary, merges in rank order, flags, added tokens, pipeline), and the decoder as
+/// written is the file's.
+#[test]
+fn the_one_pass_loader_builds_what_the_tokenizers_crate_builds() {
+    let files = tokenizer_files();
+    let mut bpe = 0;
+    for path in &files {
+        let (fast, slow, file) = both_ways(path);
+        assert!(
+            fast == slow,
+            "{}: the one-pass loader differs",
+            path.display()
+        );
+        assert_eq!(fast["decoder"], file["decoder"], "{}", path.display());
+        bpe += usize::from(file["model"]["type"] == "BPE");
+    }
+    harness::announce(&format!(
+        "tokenizer.json one-pass load: {} files as the tokenizers crate loads them ({bpe} BPE)",
+        files.len()
+    ));
+    assert!(bpe >= 10, "only {bpe} BPE tokenizers were compared");
+}
+
+/// Planted: the one-pass loader forgets the file's `byte_fallback`; Gemma 3's and Mistral's
+/// tokenizers (which fall back to bytes) then differ from the crate's.
+#[test]
+fn planted_forgotten_byte_fallback_fails_the_one_pass_loader_gate() {
+    let _on = engine::plant::on(engine::plant::Defect::FastTokenizerNoByteFallback).unwrap();
+    for name in ["gemma3", "mistral-v3"] {
+        let path = harness::fixtures::tokenizer(name).join("tokenizer.json");
+        let (fast, slow, _) = both_ways(&path);
+        assert!(fast != slow, "{name}: the planted loader was not caught");
+    }
+}
+
+/// The fetched tokenizers' files and every tiny model's.
+fn tokenizer_files() -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = harness::fixtures::TOKENIZERS
+        .iter()
+        .map(|name| harness::fixtures::tokenizer(name).join("tokenizer.json"))
+        .collect();
+    let models = harness::goldens::goldens_root().join("models");
+    for entry in std::fs::read_dir(&models).unwrap() {
+        let file = entry.unwrap().path().join("tokenizer.json");
+        if file.is_file() {
+            files.push(file);
+        }
+    }
+    files
+}
+
+/// `path` loaded by the one-pass loader and by the crate, each serialized, and the file.
+fn both_ways(path: &std::path::Path) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+    let bytes = std::fs::read(path).unwrap();
+    let (fast, decoder) = engine::load::tokenizer::fast::from_slice(&bytes).unwrap();
+    let slow: tokenizers::Tokenizer = serde_json::from_slice(&bytes).unwrap();
+    let file: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(decoder, file["decoder"], "{}", path.display());
+    let json = |t: &tokenizers::Tokenizer| serde_json::to_value(t).unwrap();
+    (json(&fast), json(&slow), file)
+}

@@ -225,6 +225,7 @@ impl Config {
         // The tokenizer and template hold no MLX state: loaded here, shared by the HTTP side
         // (which encodes prompts) and the model thread (which decodes).
         let tokenizer = Arc::new(Tokenizer::load(&args.model)?);
+        tokenizer.prepare_in_background();
         let template = match &args.chat_template {
             Some(src) => Some(ChatTemplate::new(src, &tokenizer)?),
             None => ChatTemplate::from_tokenizer(&tokenizer)?,
