@@ -619,6 +619,10 @@ pub enum Defect {
     /// Not a defect: a fault the containment gate injects. A batch-lane forward fed id
     /// 1000 fails (as a forward that cannot be built or evaluated would).
     BatchFaultOnId1000,
+    /// Not a defect: a condition a gate sets up. The idle batch lane takes its first job
+    /// only once four are waiting (a minute at most), so that they arrive together
+    /// whatever the machine's load (`serve::prompts_arriving_together_are_prefilled_together_exactly`).
+    BatchGathersFour,
     /// A failed batch-lane forward fails every row (no retry alone). Caught by
     /// `serve_hardening::a_failing_row_fails_alone_and_the_batch_goes_on`.
     BatchFailureNotContained,
@@ -852,6 +856,7 @@ pub fn on_from_env() -> Result<(), String> {
             "LoneRowLosesNewest" => Defect::LoneRowLosesNewest,
             "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
             "BatchFailureNotContained" => Defect::BatchFailureNotContained,
+            "BatchGathersFour" => Defect::BatchGathersFour,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.
