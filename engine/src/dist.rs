@@ -119,6 +119,9 @@ pub struct Group {
     pub mode: Mode,
     /// "listening on …; connecting to rank k at …" for error messages.
     pub addresses: String,
+    /// The ring's addresses per rank, from `MLX_HOSTFILE` (empty for other backends): the
+    /// peer watch finds the ring's sockets by them.
+    ring_hosts: Vec<Vec<String>>,
 }
 
 // SAFETY: the handle is created once and never mutated; mlx-c only reads it, and every
@@ -157,7 +160,7 @@ pub enum DistError {
 
 /// Where a ring rank listens and whom it connects to, read from `MLX_HOSTFILE` (a JSON list
 /// per rank of `ip:port` strings, as mlx.launch writes it).
-fn ring_addresses(rank: usize) -> Result<(usize, String), DistError> {
+fn ring_addresses(rank: usize) -> Result<(Vec<Vec<String>>, String), DistError> {
     let path = PathBuf::from(std::env::var("MLX_HOSTFILE").unwrap_or_default());
     let text = std::fs::read_to_string(&path).map_err(|e| {
         DistError::Env(format!(
@@ -180,14 +183,12 @@ fn ring_addresses(rank: usize) -> Result<(usize, String), DistError> {
         )));
     }
     let next = (rank + 1) % size;
-    Ok((
-        size,
-        format!(
-            "rank {rank} listening on {}; connecting to rank {next} at {}",
-            hosts[rank].join(", "),
-            hosts[next].join(", ")
-        ),
-    ))
+    let addresses = format!(
+        "rank {rank} listening on {}; connecting to rank {next} at {}",
+        hosts[rank].join(", "),
+        hosts[next].join(", ")
+    );
+    Ok((hosts, addresses))
 }
 
 /// Joins the group `mlx.launch` describes in the environment, once, before the model loads.
@@ -207,14 +208,15 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
         .parse()
         .map_err(|_| DistError::Env(format!("MLX_RANK=`{rank}` is not a rank number")))?;
     let ring = std::env::var("MLX_HOSTFILE").is_ok_and(|h| !h.is_empty());
-    let addresses = if ring {
-        let (size, addresses) = ring_addresses(rank)?;
-        if size == 1 {
+    let (ring_hosts, addresses) = if ring {
+        let (hosts, addresses) = ring_addresses(rank)?;
+        if hosts.len() == 1 {
             return Ok(None);
         }
-        addresses
+        (hosts, addresses)
     } else {
-        format!("rank {rank} (backend {})", args.dist_backend)
+        let addresses = format!("rank {rank} (backend {})", args.dist_backend);
+        (Vec::new(), addresses)
     };
     let what = addresses.clone();
     let connect = watchdog::Deadline::start(timeout(args.dist_connect_timeout), move || {
@@ -270,6 +272,7 @@ pub fn init(args: &DistArgs) -> Result<Option<&'static Group>, DistError> {
             Mode::Tensor
         },
         addresses,
+        ring_hosts,
     });
     Ok(GROUP.get())
 }

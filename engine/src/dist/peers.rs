@@ -28,27 +28,18 @@ pub fn done() {
     DONE.store(true, Ordering::SeqCst);
 }
 
-/// The ring addresses of every rank, from `MLX_HOSTFILE` (entries that do not parse as
-/// `ip:port` are left out).
-fn hostfile() -> Option<Vec<Vec<SocketAddr>>> {
-    let path = std::env::var("MLX_HOSTFILE").ok()?;
-    let hosts: Vec<Vec<String>> =
-        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
-    Some(
-        hosts
-            .iter()
-            .map(|h| h.iter().filter_map(|a| a.parse().ok()).collect())
-            .collect(),
-    )
-}
-
 /// Starts the watch once (a no-op without a ring hostfile, or off Linux).
-pub(super) fn watch(rank: usize) {
+pub(super) fn watch(group: &super::Group) {
     if STARTED.swap(true, Ordering::SeqCst) {
         return;
     }
-    let Some(hosts) = hostfile() else { return };
-    let fds = ring_sockets(&hosts, rank);
+    // Entries that do not parse as `ip:port` (a host name) are left out.
+    let hosts: Vec<Vec<SocketAddr>> = group
+        .ring_hosts
+        .iter()
+        .map(|h| h.iter().filter_map(|a| a.parse().ok()).collect())
+        .collect();
+    let fds = ring_sockets(&hosts, group.rank);
     if fds.is_empty() {
         return;
     }

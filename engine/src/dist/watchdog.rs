@@ -101,7 +101,7 @@ pub fn arm(what: &'static str) {
     std::thread::spawn(|| watch(steps()));
     // A dead peer is seen by its sockets' hang-up, whatever MLX's ring does about it.
     if let Some(g) = super::group() {
-        super::peers::watch(g.rank);
+        super::peers::watch(g);
     }
 }
 
