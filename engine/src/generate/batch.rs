@@ -104,21 +104,25 @@ pub fn refusal(model: &dyn LanguageModel, opts: &SessionOptions) -> Option<&'sta
 /// are standard K/V or recurrent states (or lists of them); sliding-window rings have no
 /// batched prefill here (nor in mlx-lm for a wrapped ring).
 pub fn takes_prompt_batches(model: &dyn LanguageModel) -> bool {
-    fn takes(c: &dyn Cache) -> bool {
-        match (c.kind(), c.sub_caches()) {
-            (Some(list::KIND), Some(parts)) => parts.iter().all(|p| takes(p.as_ref())),
-            (kind, _) => matches!(kind, Some(kv::KIND | arrays::KIND)),
-        }
-    }
-    model.make_caches().iter().all(|c| takes(c.as_ref()))
+    let kinds = [kv::KIND, arrays::KIND];
+    model
+        .make_caches()
+        .iter()
+        .all(|c| of_kinds(c.as_ref(), &kinds))
 }
 
 /// Whether `c` is a cache the lane batches: standard, sliding-window or recurrent-state,
-/// or a `CacheList` of such parts (mlx-lm's `CacheList.merge` merges part by part).
+/// or a `CacheList` of such parts.
 fn batchable(c: &dyn Cache) -> bool {
+    of_kinds(c, &[kv::KIND, rotating::KIND, arrays::KIND])
+}
+
+/// Whether `c` is of one of `kinds`, a `CacheList` counting as its parts (mlx-lm's
+/// `CacheList.merge` merges part by part).
+fn of_kinds(c: &dyn Cache, kinds: &[&str]) -> bool {
     match (c.kind(), c.sub_caches()) {
-        (Some(list::KIND), Some(parts)) => parts.iter().all(|p| batchable(p.as_ref())),
-        (kind, _) => matches!(kind, Some(kv::KIND | rotating::KIND | arrays::KIND)),
+        (Some(list::KIND), Some(parts)) => parts.iter().all(|p| of_kinds(p.as_ref(), kinds)),
+        (kind, _) => kind.is_some_and(|k| kinds.contains(&k)),
     }
 }
 
@@ -161,6 +165,8 @@ impl<'m> Batch<'m> {
     /// the two forms by slicing and merging, which the batch gate checks; a sliding-window
     /// ring or a recurrent state would need layouts the gate does not cover.
     pub fn for_lane(model: &'m dyn LanguageModel) -> Self {
+        // Plain K/V layers only, not lists of them: the lone row's session is checked
+        // against the serial lane on those.
         let lone = model
             .make_caches()
             .iter()
