@@ -208,12 +208,18 @@ fn template_args(text: &str) -> anyhow::Result<serde_json::Map<String, serde_jso
 }
 
 impl Config {
-    fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
+    /// The session options and context length the model thread needs before the rest of
+    /// the configuration (it starts loading while the tokenizer loads).
+    fn model_plan(args: &ServeArgs) -> anyhow::Result<(SessionOptions, usize)> {
         let config = ModelConfig::read(&args.model)?;
         let context = config.raw["max_position_embeddings"]
             .as_u64()
             .unwrap_or(131_072) as usize;
-        let opts = args.tier.resolve(&args.model)?;
+        Ok((args.tier.resolve(&args.model)?, context))
+    }
+
+    fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {
+        let (opts, context) = Self::model_plan(args)?;
         let model_id = args
             .model
             .canonicalize()
@@ -321,7 +327,7 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     if group.is_some_and(|g| g.rank != 0) {
         let config = Config::from_args(&args)?;
         let shared = shared(&args, &config, Arc::new(Counters::default()));
-        let worker = load_worker(&args, config.opts.clone(), config.context, shared)?;
+        let worker = load_worker(&args, config.opts.clone(), config.context, || Ok(shared))?;
         return follower::follow(worker);
     }
     let started = start_model(&args, Host::default())?;
@@ -390,7 +396,22 @@ struct Host {
 /// HTTP side's state, sharing what `host` gives.
 fn start_model(args: &ServeArgs, host: Host) -> anyhow::Result<Started> {
     let began = Instant::now();
-    let mut config = Config::from_args(args)?;
+    // The model thread loads the weights while this one loads the tokenizer and the
+    // templates (on a 262 k vocabulary, half a second of the ready time; issue 43), then
+    // hands it what the two sides share.
+    let (opts, context) = Config::model_plan(args)?;
+    let (shared_tx, shared_rx) = mpsc::channel::<Shared>();
+    let (tx, rx) = mpsc::channel::<worker::Work>();
+    let loading = spawn_model_thread(args, opts, context, shared_rx, rx)?;
+    let mut config = match Config::from_args(args) {
+        Ok(config) => config,
+        Err(e) => {
+            // The model thread stops once it sees no configuration coming.
+            drop(shared_tx);
+            let _ = loading.ready();
+            return Err(e);
+        }
+    };
     if let Some(limits) = host.limits {
         config.limits = limits;
     }
@@ -399,9 +420,8 @@ fn start_model(args: &ServeArgs, host: Host) -> anyhow::Result<Started> {
     }
     let shared = shared(args, &config, host.counters);
     let (counters, mirror) = (shared.counters.clone(), shared.mirror.clone());
-    let (tx, rx) = mpsc::channel::<worker::Work>();
-    let (thread, vocab) =
-        spawn_model_thread(args, config.opts.clone(), config.context, shared, rx)?;
+    let _ = shared_tx.send(shared);
+    let (thread, vocab) = loading.ready()?;
     let took = began.elapsed();
     let metrics = match host.metrics {
         Some((all, i)) => all.loaded(i, mirror.clone(), took),
@@ -458,11 +478,16 @@ fn spawn_model_thread(
     args: &ServeArgs,
     opts: SessionOptions,
     context: usize,
-    shared: Shared,
+    shared: mpsc::Receiver<Shared>,
     jobs: mpsc::Receiver<worker::Work>,
-) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
+) -> anyhow::Result<Loading> {
     let args = args.clone();
     let (ready_tx, ready_rx) = mpsc::channel::<anyhow::Result<usize>>();
+    let shared = move || {
+        shared
+            .recv()
+            .context("the server's configuration did not load")
+    };
     let thread = std::thread::Builder::new()
         .name("model".into())
         // The MLX turn is this thread's while it works (`turn`): from the load on.
@@ -507,10 +532,27 @@ fn spawn_model_thread(
                 }
             },
         )?;
-    let vocab = ready_rx
-        .recv()
-        .context("the model thread exited while loading")??;
-    Ok((thread, vocab))
+    Ok(Loading {
+        thread,
+        ready: ready_rx,
+    })
+}
+
+/// A model thread that is loading.
+struct Loading {
+    thread: std::thread::JoinHandle<()>,
+    ready: mpsc::Receiver<anyhow::Result<usize>>,
+}
+
+impl Loading {
+    /// Waits for the load: the thread and the model's vocabulary size, or why it failed.
+    fn ready(self) -> anyhow::Result<(std::thread::JoinHandle<()>, usize)> {
+        let vocab = self
+            .ready
+            .recv()
+            .context("the model thread exited while loading")??;
+        Ok((self.thread, vocab))
+    }
 }
 
 /// The model thread's worker: the model, the drafter (`--draft-model`) and the prompt
@@ -519,13 +561,11 @@ fn load_worker(
     args: &ServeArgs,
     opts: SessionOptions,
     context: usize,
-    shared: Shared,
+    shared: impl FnOnce() -> anyhow::Result<Shared>,
 ) -> anyhow::Result<worker::Worker> {
     // What the other models (fleet) hold before this one loads: not this one's weights.
-    let before = match shared.budget {
-        Some(_) => budget::active()?,
-        None => 0,
-    };
+    // (Taken whether or not a budget is kept: the configuration that says so comes later.)
+    let before = budget::active()?;
     let model = crate::model::load(&args.model)?;
     let vision = match images::served(&args.model, args.text_only)? {
         // A tower that does not load leaves a text server: its image requests are refused.
@@ -542,6 +582,8 @@ fn load_worker(
         Err(_) => None,
     };
     let adapters = worker::adapters::Loaded::load(model.as_ref(), &args.adapter)?;
+    // Other models' threads (fleet) take their steps meanwhile.
+    let shared = turn::outside(shared)?;
     let draft = match &args.draft_model {
         None => None,
         Some(d) => Some((
