@@ -7,7 +7,7 @@
 mod window;
 pub use window::{CpuCounters, Window};
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde::Serialize;
@@ -182,6 +182,37 @@ pub fn commit_state(repo: &Path) -> (String, bool) {
     let dirty = git(repo, &["status", "--porcelain", "--untracked-files=no"])
         .is_some_and(|s| !s.is_empty());
     (commit, dirty)
+}
+
+/// Why this binary may not be the code in `repo` (None when it is): a tracked file of the
+/// crates compiled into it changed after it was built. Running `target/release/harness` by
+/// hand after an edit measures the old code under the new commit; `cargo run` rebuilds.
+pub fn stale_binary(repo: &Path) -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let built = exe.metadata().ok()?.modified().ok()?;
+    let files = git(
+        repo,
+        &["ls-files", "engine", "harness", "Cargo.toml", "Cargo.lock"],
+    )?;
+    let paths: Vec<PathBuf> = files.lines().map(|f| repo.join(f)).collect();
+    newer_than(&paths, built).map(|newer| {
+        format!(
+            "{} was built before {} last changed: it would measure older code than the \
+             commit it records. Rebuild first (`cargo run --release -p harness -- bench …` \
+             does)",
+            exe.display(),
+            newer.display()
+        )
+    })
+}
+
+/// The first of `paths` modified after `time`.
+fn newer_than(paths: &[PathBuf], time: std::time::SystemTime) -> Option<&PathBuf> {
+    paths.iter().find(|p| {
+        std::fs::metadata(p)
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| m > time)
+    })
 }
 
 pub use engine::clock::now_utc;
@@ -447,6 +478,22 @@ impl MachineState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source file touched after the binary was built makes it stale; one from before
+    /// does not.
+    #[test]
+    fn a_binary_built_before_a_source_edit_is_stale() {
+        let dir = tempfile::tempdir().unwrap();
+        let (old, new) = (dir.path().join("old.rs"), dir.path().join("new.rs"));
+        let now = std::time::SystemTime::now();
+        let hour = std::time::Duration::from_secs(3600);
+        for (path, at) in [(&old, now - hour), (&new, now + hour)] {
+            let f = std::fs::File::create(path).unwrap();
+            f.set_modified(at).unwrap();
+        }
+        assert_eq!(newer_than(std::slice::from_ref(&old), now), None);
+        assert_eq!(newer_than(&[old.clone(), new.clone()], now), Some(&new));
+    }
 
     #[test]
     fn a_tight_threshold_makes_the_machine_dirty_with_a_reason() {

@@ -656,6 +656,9 @@ fn wait_until_settled(args: &Args) -> Result<()> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if let Some(why) = harness::preflight::stale_binary(&harness::oracle::repo_root()) {
+        bail!("{why}");
+    }
     match args.suite.as_str() {
         "decode" => {}
         "serve" => return run_serve(&args),
