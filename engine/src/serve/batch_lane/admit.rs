@@ -12,7 +12,8 @@
 //! prompt tokens between two of their steps, and short prompts — or prompts mostly in the
 //! prompt cache — are admitted many per tick.
 //!
-//! Uncached prompts that fit one tick's budget together (rows × longest body) are
+//! Uncached prompts that fit one tick's budget together (rows × longest body; the shortest
+//! first, so a long prompt does not keep the short ones apart) are
 //! prefilled as one prompt batch instead (`prompt_batch`, `Batch::admit_prompts`: each row
 //! bitwise its prefill alone, the `prompt_batch_rows` gate).
 //!
@@ -203,21 +204,15 @@ impl Worker {
         if !lane.prompt_batches || self.opts.kv_quant.is_some() {
             return Vec::new();
         }
-        let (mut picked, mut longest) = (Vec::new(), 0);
-        for (i, a) in lane.admissions.iter().enumerate() {
-            let body = a.to_feed();
-            if a.fed > 0 || body == 0 || body > a.session.prefill_step {
-                continue;
-            }
-            if (picked.len() + 1) * longest.max(body) > budget {
-                continue;
-            }
-            longest = longest.max(body);
-            picked.push(i);
-        }
-        if picked.len() < 2 {
-            return Vec::new();
-        }
+        let bodies: Vec<Option<usize>> = lane
+            .admissions
+            .iter()
+            .map(|a| {
+                let body = a.to_feed();
+                (a.fed == 0 && body > 0 && body <= a.session.prefill_step).then_some(body)
+            })
+            .collect();
+        let picked = pick_prompt_batch(&bodies, budget);
         let mut out = Vec::with_capacity(picked.len());
         for (k, i) in picked.into_iter().enumerate() {
             out.push(lane.admissions.remove(i - k));
@@ -392,5 +387,56 @@ impl Worker {
                 }
             }
         }
+    }
+}
+
+/// Which of the candidate bodies (None: not a candidate) form the prompt batch, as indices
+/// in arrival order: the most rows whose count × longest body fits `budget` — the shortest
+/// first, so one long prompt does not keep the short ones from batching — and none unless
+/// at least two fit.
+fn pick_prompt_batch(bodies: &[Option<usize>], budget: usize) -> Vec<usize> {
+    let mut by_length: Vec<(usize, usize)> = bodies
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| Some((i, (*b)?)))
+        .collect();
+    by_length.sort_by_key(|&(_, body)| body);
+    let fits = by_length
+        .iter()
+        .enumerate()
+        .take_while(|&(k, &(_, body))| (k + 1) * body <= budget)
+        .count();
+    if fits < 2 {
+        return Vec::new();
+    }
+    let mut picked: Vec<usize> = by_length[..fits].iter().map(|&(i, _)| i).collect();
+    picked.sort_unstable();
+    picked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_prompt_batch;
+
+    /// A long prompt first in line does not keep three short ones from one batch; it is
+    /// left for its own prefill.
+    #[test]
+    fn a_long_prompt_first_leaves_the_short_ones_their_batch() {
+        let bodies = [Some(2600), Some(10), None, Some(12), Some(9)];
+        assert_eq!(pick_prompt_batch(&bodies, 4096), vec![1, 3, 4]);
+    }
+
+    /// As many rows as fit: the padded size is rows × the longest taken.
+    #[test]
+    fn the_batch_takes_as_many_rows_as_fit_padded() {
+        let bodies = [Some(100), Some(300), Some(200), Some(150)];
+        // 3 × 200 = 600 fits 700; 4 × 300 = 1200 does not.
+        assert_eq!(pick_prompt_batch(&bodies, 700), vec![0, 2, 3]);
+        // One row is no batch.
+        assert_eq!(pick_prompt_batch(&bodies, 150), Vec::<usize>::new());
+        assert_eq!(
+            pick_prompt_batch(&[None, Some(5)], 4096),
+            Vec::<usize>::new()
+        );
     }
 }
