@@ -12,6 +12,8 @@
 //! holds both ways equal, serialized back, on every tokenizer.json we have (planted
 //! `FastTokenizerNoByteFallback` is caught).
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use tokenizers::models::bpe::BPE;
@@ -21,28 +23,6 @@ use tokenizers::{
 };
 
 type E = serde_json::Error;
-
-/// The file's top level, each part left unparsed until its type is known.
-#[derive(Deserialize)]
-struct File<'a> {
-    version: Option<&'a str>,
-    #[serde(borrow)]
-    truncation: Option<&'a RawValue>,
-    #[serde(borrow)]
-    padding: Option<&'a RawValue>,
-    #[serde(borrow)]
-    added_tokens: Option<&'a RawValue>,
-    #[serde(borrow)]
-    normalizer: Option<&'a RawValue>,
-    #[serde(borrow)]
-    pre_tokenizer: Option<&'a RawValue>,
-    #[serde(borrow)]
-    model: Option<&'a RawValue>,
-    #[serde(borrow)]
-    decoder: Option<&'a RawValue>,
-    #[serde(borrow)]
-    post_processor: Option<&'a RawValue>,
-}
 
 /// An added token as the file lists it: its id (only checked by the crate, with a warning)
 /// and the token.
@@ -63,7 +43,7 @@ struct ModelType<'a> {
 
 /// A BPE model's fields, as `BPEVisitor` reads them (a null flag is the builder's default).
 #[derive(Deserialize)]
-struct BpeFile<'a> {
+struct BpeFile {
     dropout: Option<f32>,
     unk_token: Option<String>,
     continuing_subword_prefix: Option<String>,
@@ -71,10 +51,8 @@ struct BpeFile<'a> {
     fuse_unk: Option<bool>,
     byte_fallback: Option<bool>,
     ignore_merges: Option<bool>,
-    #[serde(borrow)]
-    vocab: Option<&'a RawValue>,
-    #[serde(borrow)]
-    merges: Option<&'a RawValue>,
+    vocab: Option<ahash::AHashMap<String, u32>>,
+    merges: Option<Vec<Merge>>,
 }
 
 /// One merge: a pair, or in the legacy form "a b" (read without buffering, where an
@@ -120,32 +98,32 @@ impl<'de> Deserialize<'de> for Merge {
 /// The tokenizer `tokenizers::Tokenizer`'s deserializer makes of `bytes`, and the file's
 /// decoder as written (mlx-lm picks its detokenizer by it), in one parse.
 pub fn from_slice(bytes: &[u8]) -> Result<(tokenizers::Tokenizer, serde_json::Value), E> {
-    let file: File = serde_json::from_slice(bytes)?;
-    let decoder_as_written = match file.decoder {
-        Some(raw) => serde_json::from_str(raw.get())?,
+    // The top level, each part left unparsed until its type is known.
+    let file: BTreeMap<String, &RawValue> = serde_json::from_slice(bytes)?;
+    let raw = |key: &str| file.get(key).copied();
+    let decoder_as_written = match raw("decoder") {
+        Some(r) => serde_json::from_str(r.get())?,
         None => serde_json::Value::Null,
     };
-    if let Some(v) = file.version {
+    if let Some(v) = part::<String>(raw("version"))? {
         if v != "1.0" {
             return Err(serde::de::Error::custom(format!(
                 "Unknown tokenizer version '{v}'"
             )));
         }
     }
-    let model_raw = file
-        .model
-        .ok_or_else(|| <E as serde::de::Error>::missing_field("model"))?;
+    let model_raw = raw("model").ok_or_else(|| <E as serde::de::Error>::missing_field("model"))?;
     let kind: ModelType = serde_json::from_str(model_raw.get())?;
     if kind.kind != Some("BPE") {
         return Ok((serde_json::from_slice(bytes)?, decoder_as_written));
     }
-    let normalizer: Option<NormalizerWrapper> = part(file.normalizer)?;
-    let pre_tokenizer: Option<PreTokenizerWrapper> = part(file.pre_tokenizer)?;
-    let decoder: Option<DecoderWrapper> = part(file.decoder)?;
-    let post_processor: Option<PostProcessorWrapper> = part(file.post_processor)?;
-    let truncation: Option<TruncationParams> = part(file.truncation)?;
-    let padding: Option<PaddingParams> = part(file.padding)?;
-    let added: Vec<AddedTokenWithId> = part(file.added_tokens)?.unwrap_or_default();
+    let normalizer: Option<NormalizerWrapper> = part(raw("normalizer"))?;
+    let pre_tokenizer: Option<PreTokenizerWrapper> = part(raw("pre_tokenizer"))?;
+    let decoder: Option<DecoderWrapper> = part(raw("decoder"))?;
+    let post_processor: Option<PostProcessorWrapper> = part(raw("post_processor"))?;
+    let truncation: Option<TruncationParams> = part(raw("truncation"))?;
+    let padding: Option<PaddingParams> = part(raw("padding"))?;
+    let added: Vec<AddedTokenWithId> = part(raw("added_tokens"))?.unwrap_or_default();
     let model = bpe(serde_json::from_str(model_raw.get())?)?;
     let built = TokenizerBuilder::<ModelWrapper, _, _, _, _>::new()
         .with_model(model.into())
@@ -165,7 +143,7 @@ pub fn from_slice(bytes: &[u8]) -> Result<(tokenizers::Tokenizer, serde_json::Va
 
 /// A part of the file, None where it is absent or null.
 fn part<T: serde::de::DeserializeOwned>(raw: Option<&RawValue>) -> Result<Option<T>, E> {
-    raw.map_or(Ok(None), |r| serde_json::from_str(r.get()))
+    raw.map_or(Ok(None), |r| serde_json::from_str::<Option<T>>(r.get()))
 }
 
 /// `BPEVisitor`'s model: the builder with the file's flags, vocabulary and merges.
@@ -199,8 +177,6 @@ fn bpe(file: BpeFile) -> Result<BPE, E> {
     let (Some(vocab), Some(merges)) = (file.vocab, file.merges) else {
         return Err(custom("Missing vocab/merges".into()));
     };
-    let vocab: ahash::AHashMap<String, u32> = serde_json::from_str(vocab.get())?;
-    let merges: Vec<Merge> = serde_json::from_str(merges.get())?;
     // As the crate's untagged list: all pairs, or all legacy lines (its
     // `convert_merges_to_hashmap`: "#version" lines skipped, then exactly two parts split at
     // spaces); a list of both is no merges list.
