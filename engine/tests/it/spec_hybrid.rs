@@ -62,6 +62,24 @@ const MORE_LOOKUP_PROMPTS: usize = 2;
 const SPEC_GAMMAS: [usize; 2] = [2, 4];
 const LOOKUP_GAMMAS: [usize; 2] = [4, 10];
 
+/// Plain greedy ids of `name` (loaded as `m`) on `prompt`, decoded once per test process:
+/// the gates here compare against the same ones (the planted one reruns two policies over
+/// prompts the others already decoded). Kept only when no defect is planted, so a plant
+/// that touched plain decoding could not leave a wrong reference behind.
+fn greedy_of(name: &str, m: &dyn LanguageModel, prompt: &[u32]) -> Vec<u32> {
+    type Memo = std::collections::BTreeMap<(String, Vec<u32>), Vec<u32>>;
+    static MEMO: std::sync::Mutex<Memo> = std::sync::Mutex::new(Memo::new());
+    let key = (name.to_owned(), prompt.to_vec());
+    if let Some(ids) = MEMO.lock().unwrap().get(&key) {
+        return ids.clone();
+    }
+    let ids = greedy(m, prompt);
+    if !plant::any() {
+        MEMO.lock().unwrap().insert(key, ids.clone());
+    }
+    ids
+}
+
 fn greedy(m: &dyn LanguageModel, prompt: &[u32]) -> Vec<u32> {
     let mut ids = Vec::new();
     generate_greedy(m, prompt, STEPS, &[], |id, _| {
@@ -167,7 +185,7 @@ fn spec_tally(name: &str, prompts: usize) -> Tally {
     let (_dir, draft) = quantized(name);
     let mut tally = Tally::default();
     for (p, prompt) in l1_prompts(name).iter().take(prompts).enumerate() {
-        let want = greedy(target.as_ref(), prompt);
+        let want = greedy_of(name, target.as_ref(), prompt);
         for gamma in SPEC_GAMMAS {
             let (ids, spec) = spec_run(target.as_ref(), draft.as_ref(), prompt, gamma);
             tally.add(p, gamma, &ids, &want, &spec);
@@ -190,7 +208,7 @@ fn lookup_prompts(
         .into_iter()
         .take(prompts)
         .map(|p| {
-            let want = greedy(target, &p);
+            let want = greedy_of(name, target, &p);
             (p, want)
         })
         .collect();
@@ -202,7 +220,7 @@ fn lookup_prompts(
         echoes.push([&p[..], &copy[..], &p[..]].concat());
     }
     let echoes = echoes.into_iter().map(|p| {
-        let want = greedy(target, &p);
+        let want = greedy_of(name, target, &p);
         (p, want)
     });
     l1.iter().cloned().chain(echoes).collect()
@@ -260,6 +278,15 @@ const PLANTS: [Defect; 2] = [Defect::SpecStateNotRestored, Defect::SpecRefeedOne
 /// on tiny-mamba2, the echoes of two prompts).
 #[test]
 fn planted_rollback_defects_fail_the_greedy_gate() {
+    // The plain greedy references, decoded before any plant (`greedy_of` keeps them).
+    let mamba2 = model("tiny-mamba2");
+    let _ = lookup_prompts(mamba2.as_ref(), "tiny-mamba2", 3);
+    for (name, prompts) in [("tiny-qwen3-5", 2), ("tiny-qwen3-next", 1)] {
+        let target = model(name);
+        for prompt in l1_prompts(name).iter().take(prompts) {
+            greedy_of(name, target.as_ref(), prompt);
+        }
+    }
     for defect in PLANTS {
         let planted = plant::on(defect).unwrap();
         let spec = spec_tally("tiny-qwen3-5", 2);
