@@ -1,5 +1,6 @@
 //! Criterion benches for the engine's hot paths. Group names say what varies:
-//! `ops/<op>/<size>`, `decode_step/<model>`, `prefill/<model>/<tokens>`.
+//! `ops/<op>/<size>`, `decode_step/<model>`, `prefill/<model>/<tokens>`,
+//! `ssd_restore/<what>/<size>`.
 //! Run: `cargo bench --bench engine` (single-threaded MLX use: criterion runs one bench at a time).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
@@ -185,5 +186,56 @@ fn lone_row(c: &mut Criterion, model: &dyn engine::model::LanguageModel, prompt:
     g.finish();
 }
 
-criterion_group!(benches, ops, model_paths);
+/// `ssd_restore/*/<size>`: one SSD-tier entry of 16 full-attention layers, f32 K/V of 8 heads
+/// × 8192 positions × 128 dims (1 GiB of tensors). `read` is a whole restore
+/// (`kvstore::read`: the file mapped and paged in, every tensor's checksum on a second
+/// thread, the bytes copied into MLX arrays); `copy_into_mlx` is that copy alone, from host
+/// memory: what a restore that handed MLX the mapped bytes would save. MLX 0.32.2's CPU
+/// backend has no such path (a buffer given to `mlx_array_new_data_managed` is copied and
+/// its deleter called at once: `mlx_runtime::mlx_copies_every_buffer_it_is_given`).
+fn ssd_restore(c: &mut Criterion) {
+    use engine::cache::{kv, kvstore, Meta, Snapshot};
+    const LAYERS: u64 = 16;
+    const POSITIONS: i32 = 8192;
+    let shape = [1, 8, POSITIONS, 128];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("entry.kv");
+    let snapshots: Vec<Snapshot> = (0..LAYERS)
+        .map(|l| Snapshot {
+            kind: kv::KIND.to_owned(),
+            offset: POSITIONS,
+            quant: None,
+            meta: Meta::new(),
+            tensors: vec![normal(&shape, 2 * l), normal(&shape, 2 * l + 1)],
+        })
+        .collect();
+    let id = kvstore::Identity {
+        model_id: "bench".into(),
+        config_fingerprint: "bench".into(),
+        ns: "bench".into(),
+        tokenizer_hash: "bench".into(),
+    };
+    let tokens: Vec<u32> = (0..POSITIONS as u32).collect();
+    let bytes = kvstore::write(&path, &id, &tokens, &snapshots, "2026-12-06T00:00:00Z").unwrap();
+    drop(snapshots);
+    let size = format!("{}MiB", bytes >> 20);
+    let mut g = c.benchmark_group("ssd_restore");
+    g.sample_size(10);
+    g.bench_function(BenchmarkId::new("read", &size), |b| {
+        b.iter(|| kvstore::read(&path, false).unwrap())
+    });
+    // The same tensor bytes, already in host memory, copied into MLX arrays one tensor each.
+    let tensor = shape.iter().product::<i32>() as usize;
+    let host: Vec<f32> = vec![0.5; tensor * 2 * LAYERS as usize];
+    g.bench_function(BenchmarkId::new("copy_into_mlx", &size), |b| {
+        b.iter(|| {
+            host.chunks(tensor)
+                .map(|t| Array::from_slice(t, &shape))
+                .collect::<Vec<_>>()
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, ops, model_paths, ssd_restore);
 criterion_main!(benches);

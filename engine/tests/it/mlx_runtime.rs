@@ -190,3 +190,52 @@ fn memory_counters_track_allocations_and_peak_resets() -> R {
     );
     Ok(())
 }
+
+/// Whether MLX kept the buffer it was given (no copy), as (same pointer, deleter not yet
+/// called), for a managed f32 buffer of 1 Mi values.
+fn managed_buffer_is_wrapped() -> (bool, bool) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static FREED: AtomicBool = AtomicBool::new(false);
+    extern "C" fn freed(_: *mut std::ffi::c_void) {
+        FREED.store(true, Ordering::SeqCst);
+    }
+    // The buffer outlives the array: MLX may only borrow it until its deleter runs.
+    let mut buf = vec![1.0f32; 1 << 20];
+    let shape = [1i32 << 20];
+    // SAFETY: `buf` holds shape's 1 Mi f32s and outlives the array, freed just below.
+    unsafe {
+        let a = mlx_sys::mlx_array_new_data_managed(
+            buf.as_mut_ptr().cast(),
+            shape.as_ptr(),
+            1,
+            mlx_sys::mlx_dtype__MLX_FLOAT32,
+            Some(freed),
+        );
+        let kept_at_once = !FREED.load(Ordering::SeqCst);
+        let data = mlx_sys::mlx_array_data_float32(a);
+        let same = std::ptr::eq(data, buf.as_ptr());
+        mlx_sys::mlx_array_free(a);
+        (same, kept_at_once)
+    }
+}
+
+/// The SSD tier copies an entry's mapped bytes into MLX arrays (`kvstore::read`) because
+/// MLX 0.32.2's CPU backend copies any buffer it is given: `mlx_array_new_data_managed`
+/// calls the deleter before it returns and the array's data lives elsewhere. Should a later
+/// MLX wrap the buffer instead, this fails: a restore can then hand MLX the mapped bytes
+/// and skip the copy (`ssd_restore/copy_into_mlx` in benches/engine.rs measures it).
+#[test]
+fn mlx_copies_every_buffer_it_is_given() {
+    let (same, kept) = managed_buffer_is_wrapped();
+    println!(
+        "{} backend: managed buffer wrapped in place: {same}, deleter deferred: {kept}",
+        engine::runtime::backend()
+    );
+    if engine::runtime::backend() == "cpu" {
+        assert!(
+            !same && !kept,
+            "MLX's CPU backend now wraps a given buffer (same pointer: {same}, deleter \
+             deferred: {kept}): restore SSD entries without the copy"
+        );
+    }
+}
