@@ -56,6 +56,17 @@ pub fn token_times(
     cached: usize,
     max_tokens: usize,
 ) -> Result<Vec<Instant>, Exception> {
+    token_times_until(session, ids, cached, max_tokens, &[])
+}
+
+/// As `token_times`, stopping at any of `eos` (a server's answer ends there).
+fn token_times_until(
+    session: &mut super::Session,
+    ids: &[u32],
+    cached: usize,
+    max_tokens: usize,
+    eos: &[u32],
+) -> Result<Vec<Instant>, Exception> {
     let mut times = Vec::with_capacity(max_tokens);
     let mut sampler = Sampler::new(SamplingParams::default())?;
     super::generate_in(
@@ -63,7 +74,7 @@ pub fn token_times(
         ids,
         cached,
         max_tokens,
-        &[],
+        eos,
         &mut sampler,
         |_, _| {
             times.push(Instant::now());
@@ -77,14 +88,16 @@ fn run_once(
     model: &dyn LanguageModel,
     ids: &[u32],
     max_tokens: usize,
+    eos: &[u32],
     opts: &SessionOptions,
 ) -> Result<(f64, f64, usize), Exception> {
     let start = Instant::now();
-    let times = token_times(
+    let times = token_times_until(
         &mut super::Session::with_options(model, opts),
         ids,
         0,
         max_tokens,
+        eos,
     )?;
     let (ttft, after_first, span) = token_timing(start, &times);
     Ok((ttft, decode_rate(after_first, span), times.len()))
@@ -107,7 +120,8 @@ fn kv_bytes(
     Ok(session.caches.iter().map(|c| c.nbytes()).sum())
 }
 
-/// One leg of `stack` (e.g. "engine", "engine-eager", "engine-l2") run with `opts`.
+/// One leg of `stack` (e.g. "engine", "engine-eager", "engine-l2") run with `opts`: all of
+/// `max_tokens`, never stopping at an EOS.
 pub fn run_leg(
     model: &dyn LanguageModel,
     ids: &[u32],
@@ -115,11 +129,24 @@ pub fn run_leg(
     stack: &'static str,
     opts: &SessionOptions,
 ) -> Result<LegResult, Exception> {
+    run_leg_until(model, ids, max_tokens, &[], stack, opts)
+}
+
+/// As `run_leg`, stopping at any of `eos` as a server's answer does (the serve suite's
+/// direct leg: the tokens the served answers decode).
+pub fn run_leg_until(
+    model: &dyn LanguageModel,
+    ids: &[u32],
+    max_tokens: usize,
+    eos: &[u32],
+    stack: &'static str,
+    opts: &SessionOptions,
+) -> Result<LegResult, Exception> {
     assert!(max_tokens > 0 && !ids.is_empty());
-    run_once(model, ids, max_tokens, opts)?; // warm-up, discarded
+    run_once(model, ids, max_tokens, eos, opts)?; // warm-up, discarded
     mlx_rs::memory::clear_cache()?;
     mlx_rs::memory::reset_peak_memory()?;
-    let (ttft, decode, n) = run_once(model, ids, max_tokens, opts)?;
+    let (ttft, decode, n) = run_once(model, ids, max_tokens, eos, opts)?;
     let peak = mlx_rs::memory::peak_memory()?;
     Ok(LegResult {
         stack,

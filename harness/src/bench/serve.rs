@@ -357,16 +357,18 @@ pub fn run(
             (s.to_string(), levels)
         })
         .collect();
-    // Direct generation on the same model and prompt, no HTTP (engine generate's path).
+    // Direct generation on the same model and prompt, no HTTP (engine generate's path),
+    // stopping at the model's EOS as the served answers do: the same tokens.
     let model = engine::model::load(&dir)?;
     let tokenizer = engine::load::tokenizer::Tokenizer::load(&dir)?;
     let ids = tokenizer.encode(PROMPT, true)?;
     let direct: Vec<f64> = (0..opts.rounds)
         .map(|_| {
-            engine::generate::bench::run_leg(
+            engine::generate::bench::run_leg_until(
                 model.as_ref(),
                 &ids,
                 opts.max_tokens,
+                &tokenizer.eos_token_ids,
                 "engine-direct",
                 &engine::generate::SessionOptions::default(),
             )
