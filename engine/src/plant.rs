@@ -633,6 +633,10 @@ pub enum Defect {
     /// `tests/it/tokenize.rs`'s one-pass loader gate. (New variants go last: the 64-bit
     /// switch's test counts on the ones before.)
     FastTokenizerNoByteFallback,
+    /// Batched speculation: a batch cache gives back one token fewer than asked on every
+    /// row that rejected drafts (`BatchKvCache::trim_rows`). Caught by
+    /// `lookup::batched_lookup_rows_are_plain_greedy_and_a_short_row_trim_is_caught`.
+    BatchRowTrimShort,
 }
 
 /// `plant::on` in a build without the `plant` feature.

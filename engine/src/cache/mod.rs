@@ -179,6 +179,11 @@ pub trait Cache {
     fn finalize(&mut self) -> Result<(), Exception> {
         Err(refused("finalize", "has no batched prefill"))
     }
+    /// Drops the last `n[r]` tokens of each row `r` (a batched speculative verify's
+    /// rejected drafts, a count per row).
+    fn trim_rows(&mut self, _n: &[i32]) -> Result<(), Exception> {
+        Err(refused("trim_rows", "cannot give tokens back row by row"))
+    }
 }
 
 /// What attention needs on top of [`Cache`]: K/V storage (mlx-lm's `update_and_fetch`),

@@ -23,6 +23,10 @@
 //! `finalize`), then the last tokens stepped. The lane uses it for uncached prompts that
 //! arrive together (each row bitwise its prefill alone: the `prompt_batch_rows` gate); the
 //! BatchGenerator gate checks the mixers' batched prefill against mlx-lm with it. Sliding-window and quantized caches have no batched prefill.
+//!
+//! `verify` feeds every row a run of ids of one length in one forward (a speculative
+//! verify over the batch, `batch_lookup`), and `trim_rows` gives back each row's own
+//! number of rejected positions.
 
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -419,6 +423,36 @@ impl<'m> Batch<'m> {
         }
         for c in self.caches.iter_mut() {
             c.filter(keep)?;
+        }
+        Ok(())
+    }
+
+    /// Feeds every row a run of ids of one common length (its next id and its drafts) in
+    /// one forward; returns the logits of every position, [B, len, vocab]. A lone row goes
+    /// back into batch form first.
+    pub fn verify(&mut self, runs: &[Vec<u32>]) -> Result<Array, Exception> {
+        self.unsolo()?;
+        let len = runs.first().map_or(0, Vec::len);
+        if runs.len() != self.rows() || len == 0 || runs.iter().any(|r| r.len() != len) {
+            return Err(Exception::custom(
+                "one run of ids per batch row, every run of one length",
+            ));
+        }
+        let ids: Vec<i32> = runs.iter().flatten().map(|&i| i as i32).collect();
+        let ids = Array::from_slice(&ids, &[runs.len() as i32, len as i32]);
+        let logits = self.model.forward(&ids, &mut self.caches)?;
+        if let Some(plan) = &self.kv_quant {
+            plan.apply(&mut self.caches)?;
+        }
+        Ok(logits)
+    }
+
+    /// Drops the last `n[r]` tokens of each row `r` from every layer's cache (a verify's
+    /// rejected drafts; `Cache::trim_rows`).
+    pub fn trim_rows(&mut self, n: &[usize]) -> Result<(), Exception> {
+        let n: Vec<i32> = n.iter().map(|&k| k as i32).collect();
+        for c in self.caches.iter_mut() {
+            c.trim_rows(&n)?;
         }
         Ok(())
     }

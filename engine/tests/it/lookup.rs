@@ -417,3 +417,125 @@ fn sliding_window_rings_draft_until_their_window() {
     check("tiny-gemma3", &out);
     assert_eq!(out.drafted, 0, "drafts on a wrapped ring");
 }
+
+/// Prompt lookup over a batch (`generate::batch_lookup`), rows decoded `STEPS` ids each: the
+/// copy texts start together (left-padded to the longest), the last two prompts join after
+/// the second round (left-padded to the running rows' position), and rows leave as they
+/// reach `STEPS`. Returns each row's
+/// ids (in `prompts` order) and the drafts made and accepted over all rows.
+fn batched_lookup<'m>(
+    target: &'m dyn LanguageModel,
+    prompts: &[Vec<u32>],
+    gamma: usize,
+) -> (Vec<Vec<u32>>, usize, usize) {
+    use engine::generate::batch::Batch;
+    use engine::generate::batch_lookup::round;
+    let mut batch = Batch::new(target);
+    // (prompt index, text) of the rows in the batch, in batch order.
+    let mut rows: Vec<(usize, Vec<u32>)> = Vec::new();
+    let admit = |batch: &mut Batch<'m>, rows: &mut Vec<(usize, Vec<u32>)>, which: &[usize]| {
+        let opts = SessionOptions::default();
+        let sessions: Vec<Session<'m>> = which
+            .iter()
+            .map(|&p| {
+                let mut s = Session::with_options(target, &opts);
+                s.prefill(&prompts[p][..prompts[p].len() - 1]).unwrap();
+                s
+            })
+            .collect();
+        let last: Vec<u32> = which.iter().map(|&p| *prompts[p].last().unwrap()).collect();
+        let logits = batch.admit(sessions, &last).unwrap();
+        let first = mlx_rs::ops::indexing::argmax_axis(&logits, -1, None).unwrap();
+        let first = first.as_dtype(mlx_rs::Dtype::Uint32).unwrap();
+        first.eval().unwrap();
+        for (&p, &id) in which.iter().zip(first.as_slice::<u32>()) {
+            rows.push((p, [&prompts[p][..], &[id]].concat()));
+        }
+    };
+    let (starting, joining): (Vec<usize>, Vec<usize>) =
+        (0..prompts.len()).partition(|&p| p < prompts.len() - 2);
+    admit(&mut batch, &mut rows, &starting);
+    let mut done: Vec<Option<Vec<u32>>> = vec![None; prompts.len()];
+    let (mut drafted, mut accepted) = (0, 0);
+    for r in 0.. {
+        if r == 2 {
+            admit(&mut batch, &mut rows, &joining);
+        }
+        let mut texts: Vec<Vec<u32>> = rows.iter().map(|(_, t)| t.clone()).collect();
+        for row in round(&mut batch, &mut texts, gamma, 2).unwrap() {
+            drafted += row.drafted;
+            accepted += row.accepted;
+        }
+        let mut keep = Vec::new();
+        for (i, ((p, text), new)) in rows.iter_mut().zip(texts).enumerate() {
+            *text = new;
+            let emitted = &text[prompts[*p].len()..];
+            if emitted.len() >= STEPS {
+                done[*p] = Some(emitted[..STEPS].to_vec());
+            } else {
+                keep.push(i);
+            }
+        }
+        batch.keep(&keep).unwrap();
+        rows = keep.iter().map(|&i| rows[i].clone()).collect();
+        if rows.is_empty() && r >= 2 {
+            break;
+        }
+    }
+    let ids = done
+        .into_iter()
+        .map(|d| d.expect("every row ran"))
+        .collect();
+    (ids, drafted, accepted)
+}
+
+/// Batched prompt lookup (issue 43, item 4's first part): the copy texts and two L1 prompts
+/// decode together, one forward per round verifying every row's drafts, each row's rejected
+/// drafts rolled out of the batch cache on its own (`Batch::trim_rows`); rows join and
+/// leave between rounds. Each row's ids are its plain greedy ids, a divergence allowed only
+/// where plain greedy's top-two gap is at most TIE on a prompt with an exact tie somewhere
+/// (as the serial gate above). Drafts are accepted and rejected (both paths run). Planted,
+/// `BatchRowTrimShort` (one rejected position per row kept) changes the rows' ids.
+#[test]
+fn batched_lookup_rows_are_plain_greedy_and_a_short_row_trim_is_caught() {
+    let target = model("tiny-llama-trained");
+    let all = prompts();
+    // The copy texts first (they start together), then two L1 prompts (they join).
+    let chosen: Vec<(String, Vec<u32>)> = all[all.len() - COPY_TEXTS.len()..]
+        .iter()
+        .chain(&all[..2])
+        .cloned()
+        .collect();
+    let prompts: Vec<Vec<u32>> = chosen.iter().map(|(_, p)| p.clone()).collect();
+    for gamma in [2, 5] {
+        let (rows, drafted, accepted) = batched_lookup(target.as_ref(), &prompts, gamma);
+        println!("batched lookup γ={gamma}: accepted {accepted}/{drafted}");
+        assert!(
+            accepted > 0 && drafted > accepted,
+            "γ={gamma}: the rounds need accepted and rejected drafts ({accepted}/{drafted})"
+        );
+        for ((name, prompt), ids) in chosen.iter().zip(&rows) {
+            let (want, want_lps) = greedy_run(&mut Session::new(target.as_ref()), prompt, 0, STEPS);
+            let margins: Vec<f32> = want_lps.iter().map(|lp| margin(lp)).collect();
+            let out = Outcome {
+                tie_free: margins.iter().all(|&m| m > 0.0),
+                divergences: ids
+                    .iter()
+                    .zip(&want)
+                    .position(|(a, b)| a != b)
+                    .map(|k| (gamma, 2, k, margins[k]))
+                    .into_iter()
+                    .collect(),
+                ..Outcome::default()
+            };
+            check(&format!("batched {name}"), &out);
+        }
+        let planted = engine::plant::on(engine::plant::Defect::BatchRowTrimShort).unwrap();
+        let (short, _, _) = batched_lookup(target.as_ref(), &prompts, gamma);
+        drop(planted);
+        assert_ne!(
+            short, rows,
+            "γ={gamma}: a short row trim changed no row's ids"
+        );
+    }
+}

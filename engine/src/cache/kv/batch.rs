@@ -314,6 +314,31 @@ impl Cache for BatchKvCache {
         Ok(())
     }
 
+    /// Each row's last `n[r]` positions become padding at its front: they are rolled there
+    /// as `finalize` rolls a prefill's right padding (the row then ends at the shared write
+    /// position again, one position per token it keeps), and masked from then on.
+    fn trim_rows(&mut self, n: &[i32]) -> Result<(), Exception> {
+        if n.len() != self.rows() {
+            return Err(Exception::custom(
+                "one count of tokens to drop per batch row",
+            ));
+        }
+        if n.iter()
+            .zip(&self.lengths)
+            .any(|(&k, &len)| k < 0 || k > len)
+        {
+            return Err(Exception::custom(
+                "a row cannot give back more tokens than it holds",
+            ));
+        }
+        let mut n = n.to_vec();
+        if crate::plant::is(crate::plant::Defect::BatchRowTrimShort) {
+            n.iter_mut().filter(|k| **k > 0).for_each(|k| *k -= 1);
+        }
+        self.right_padding = n.iter().any(|&k| k > 0).then_some(n);
+        self.finalize()
+    }
+
     /// mlx-lm's `finalize`: each row's right padding rolled to its front (`dynamic_roll`
     /// over the whole buffer, as mlx-lm rolls it), so the row ends at the write position
     /// like a merged row; its padding joins the left padding, its length loses it.
