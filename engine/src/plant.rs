@@ -635,7 +635,9 @@ pub enum Defect {
     FastTokenizerNoByteFallback,
     /// Batched speculation: a batch cache gives back one token fewer than asked on every
     /// row that rejected drafts (`BatchKvCache::trim_rows`). Caught by
-    /// `lookup::batched_lookup_rows_are_plain_greedy_and_a_short_row_trim_is_caught`.
+    /// `lookup::batched_lookup_rows_are_plain_greedy_and_a_short_row_trim_is_caught` and,
+    /// through `engine serve`, by
+    /// `lookup::batch_lane_lookup_rows_answer_as_plain_greedy_and_a_short_row_trim_is_caught`.
     BatchRowTrimShort,
 }
 
@@ -862,6 +864,7 @@ pub fn on_from_env() -> Result<(), String> {
             "BatchFaultOnId1000" => Defect::BatchFaultOnId1000,
             "BatchFailureNotContained" => Defect::BatchFailureNotContained,
             "BatchGathersFour" => Defect::BatchGathersFour,
+            "BatchRowTrimShort" => Defect::BatchRowTrimShort,
             other => return Err(format!("ENGINE_PLANT: no planted defect named {other}")),
         };
         // On for the life of the process.

@@ -115,6 +115,16 @@ pub fn takes_prompt_batches(model: &dyn LanguageModel) -> bool {
         .all(|c| of_kinds(c.as_ref(), &kinds))
 }
 
+/// Whether `model`'s batch caches give positions back row by row (`Batch::trim_rows`, a
+/// speculative verify over the batch): standard K/V only (a ring may have overwritten what
+/// a row gives back; a recurrent state cannot be rewound).
+pub fn trims_rows(model: &dyn LanguageModel) -> bool {
+    model
+        .make_caches()
+        .iter()
+        .all(|c| c.kind() == Some(kv::KIND))
+}
+
 /// Whether `c` is a cache the lane batches: standard, sliding-window or recurrent-state,
 /// or a `CacheList` of such parts.
 fn batchable(c: &dyn Cache) -> bool {

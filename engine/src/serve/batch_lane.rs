@@ -24,6 +24,7 @@ use super::worker::{Job, Work, Worker};
 mod admit;
 mod contain;
 mod images;
+mod lookup;
 mod samples;
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
@@ -45,6 +46,8 @@ struct Row<'w> {
     since: Instant,
     /// The request's adapter: the lane's group's (`Lane::group`).
     adapter: Option<super::adapters::Use>,
+    /// The request's prompt lookup (`lookup`: rounds while every row samples plain greedy).
+    lookup: Option<crate::generate::lookup::LookupParams>,
     /// Its `--memory-budget` reservation, released when the row is dropped.
     #[allow(dead_code)]
     budget: Option<crate::serve::budget::Reservation>,
@@ -71,6 +74,9 @@ struct Lane<'w> {
     inflight: Option<Samples>,
     /// Whether the model's prompts can be prefilled together (`batch::takes_prompt_batches`).
     prompt_batches: bool,
+    /// Whether its batch caches give positions back row by row (`batch::trims_rows`): rows
+    /// that ask for prompt lookup get it (`lookup`).
+    row_trims: bool,
     /// Requests whose prompts are being prefilled, in arrival order.
     admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
@@ -297,6 +303,7 @@ impl Worker {
             rows: Vec::new(),
             inflight: None,
             prompt_batches: crate::generate::batch::takes_prompt_batches(self.model.as_ref()),
+            row_trims: crate::generate::batch::trims_rows(self.model.as_ref()),
             admissions: Vec::new(),
             parked: Vec::new(),
             images: Vec::new(),
@@ -500,7 +507,12 @@ impl Worker {
     /// emitted ids are fed; every row's next id is sampled and queued; while that runs,
     /// what was fed is emitted, and rows that finished leave.
     fn decode_step<'w>(&'w self, lane: &mut Lane<'w>) {
-        if let [row] = &lane.rows[..] {
+        if self.lookup_round(lane) {
+            return;
+        }
+        // A lone lookup row stays in batch form between its rounds (they verify there).
+        let lone = lane.rows.len() == 1 && !Self::lookup_due(lane);
+        if let (true, [row]) = (lone, &lane.rows[..]) {
             // One row left of several: it goes on alone (`Batch::for_lane`).
             if let Err(e) = lane.batch.go_solo(&self.opts_for(row.adapter.as_ref())) {
                 eprintln!("engine serve: the lone row stays in the batch: {e}");

@@ -284,7 +284,10 @@ impl Worker {
     /// The request's prompt lookup, where this worker can run it: on one process only (a
     /// group's followers decode plainly). Recurrent states are rolled back by checkpoint
     /// (`generate::rollback`), so every model can.
-    fn lookup_for(&self, request: &GenRequest) -> Option<crate::generate::lookup::LookupParams> {
+    pub(super) fn lookup_for(
+        &self,
+        request: &GenRequest,
+    ) -> Option<crate::generate::lookup::LookupParams> {
         request.prompt_lookup.filter(|_| self.dist.is_none())
     }
 

@@ -314,9 +314,11 @@ impl Cache for BatchKvCache {
         Ok(())
     }
 
-    /// Each row's last `n[r]` positions become padding at its front: they are rolled there
-    /// as `finalize` rolls a prefill's right padding (the row then ends at the shared write
-    /// position again, one position per token it keeps), and masked from then on.
+    /// Each row gives back its last `n[r]` positions. What every row gives back moves the
+    /// shared write position back (as `trim` would); the rest of a row's becomes padding at
+    /// its front, rolled there as `finalize` rolls a prefill's right padding (the row then
+    /// ends at the write position again), and masked from then on. So the buffer grows by
+    /// the most any row kept, not by the verify's length.
     fn trim_rows(&mut self, n: &[i32]) -> Result<(), Exception> {
         if n.len() != self.rows() {
             return Err(Exception::custom(
@@ -335,6 +337,10 @@ impl Cache for BatchKvCache {
         if crate::plant::is(crate::plant::Defect::BatchRowTrimShort) {
             n.iter_mut().filter(|k| **k > 0).for_each(|k| *k -= 1);
         }
+        let shared = n.iter().copied().min().unwrap_or(0);
+        self.idx -= shared;
+        self.lengths.iter_mut().for_each(|l| *l -= shared);
+        n.iter_mut().for_each(|k| *k -= shared);
         self.right_padding = n.iter().any(|&k| k > 0).then_some(n);
         self.finalize()
     }

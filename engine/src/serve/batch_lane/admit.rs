@@ -141,8 +141,10 @@ impl Worker {
         };
         emit.started(prompt.len());
         self.counters.running.fetch_add(1, Ordering::Relaxed);
+        let lookup = self.lookup_for(&request);
         let row = Row {
             emit,
+            lookup,
             dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),
             prompt_tokens: prompt.len(),
             cached: 0,
