@@ -4,6 +4,7 @@
 //! Preflight runs before and after: `--clean` refuses a dirty machine, and a run that went
 //! dirty is tagged `went-dirty` and never promoted.
 
+pub mod batch_spec;
 pub mod constrain;
 pub mod distributed;
 pub mod hostile;

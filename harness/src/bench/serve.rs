@@ -197,8 +197,19 @@ pub fn stream_completion(
     let body = serde_json::json!({
         "prompt": prompt, "max_tokens": max_tokens,
         "temperature": 0.0, "stream": true,
-    })
-    .to_string();
+    });
+    stream_body(port, &body, read_timeout, |now, _| on_text(now))
+}
+
+/// `stream_completion` of a whole request `body` (its `stream` must be true); `on_text`
+/// gets each chunk's text too.
+pub fn stream_body(
+    port: u16,
+    body: &serde_json::Value,
+    read_timeout: Duration,
+    mut on_text: impl FnMut(Instant, &str),
+) -> Result<String> {
+    let body = body.to_string();
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(read_timeout))?;
     write!(
@@ -225,11 +236,8 @@ pub fn stream_completion(
                 continue;
             };
             let v: serde_json::Value = serde_json::from_str(data).unwrap_or_default();
-            if v["choices"][0]["text"]
-                .as_str()
-                .is_some_and(|t| !t.is_empty())
-            {
-                on_text(now);
+            if let Some(text) = v["choices"][0]["text"].as_str().filter(|t| !t.is_empty()) {
+                on_text(now, text);
             }
         }
     }

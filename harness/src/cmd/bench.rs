@@ -26,7 +26,8 @@ pub struct Args {
     /// constrain (decode with and without a JSON-schema mask, on tiny-llama-trained and the
     /// 151 936-id qwen3-vocab-tiny; engine only) or ready (spawn to the first answer,
     /// `engine serve` vs `mlx_lm.server`, on gemma3-vocab-tiny: the 262 k-id Gemma 3
-    /// tokenizer).
+    /// tokenizer) or batch-spec (prompt lookup in the batch lane vs the plain batch lane
+    /// and vs the serial lane's lookup, 4 clients on tiny-llama-trained; engine only).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens:
@@ -353,6 +354,70 @@ fn run_ready(args: &Args) -> Result<()> {
     Ok(())
 }
 
+/// The batch-spec suite: prompt lookup in the batch lane vs the plain batch lane and vs the
+/// serial lane's lookup (engine legs only).
+fn run_batch_spec(args: &Args) -> Result<()> {
+    use harness::bench::batch_spec::{self, FIGURES, MODEL, STACKS, WORKLOADS};
+    let (thresholds, before) = preflight_gate(args, "batch-spec")?;
+    let rounds = args.rounds.fixed_or(harness::bench::spread::AUTO_FIRST);
+    let kept = batch_spec::run(rounds, args.per_client, args.max_tokens)?;
+    let after = harness::preflight::check_since(&before, &thresholds);
+    println!(
+        "batch-spec on {MODEL}: {} clients, γ {}, {rounds} rounds",
+        batch_spec::CLIENTS,
+        batch_spec::GAMMA
+    );
+    let db = Db::open_default()?;
+    let labels = harness::bench::run_labels(rounds, "fresh-server-processes", &before, &after)?;
+    let ctx = harness::db::RowContext::between(&before, &after, labels);
+    let mut n = 0;
+    for workload in WORKLOADS {
+        let named: Vec<(String, &str, bool)> = FIGURES
+            .iter()
+            .map(|(f, u, h)| (format!("{f}_{workload}"), *u, *h))
+            .collect();
+        let kinds: Vec<_> = named.iter().map(|(f, u, h)| (f.as_str(), *u, *h)).collect();
+        println!("{workload}:");
+        for (peer, _, _) in &STACKS[1..] {
+            print!("{}", kept.lines(&kinds[..2], "engine", Some(peer)));
+        }
+        print!("{}", kept.lines(&kinds[2..], "engine", Some(STACKS[2].0)));
+        for (stack, batch, lookup) in STACKS {
+            for &(figure, unit, _) in &kinds {
+                if figure.starts_with("accepted_pct") && !lookup {
+                    continue;
+                }
+                // The batch lane with lookup against the plain batch lane (the serial
+                // lookup leg, the other peer, is in the table above).
+                let theirs = (stack == "engine").then_some(STACKS[1].0);
+                let params = kept.row_params(
+                    serde_json::json!({
+                        "rounds": rounds, "clients": batch_spec::CLIENTS,
+                        "per_client": args.per_client, "max_tokens": args.max_tokens,
+                        "gamma": batch_spec::GAMMA, "max_ngram": batch_spec::MAX_NGRAM,
+                        "engine_batch": batch, "workload": workload,
+                    }),
+                    stack,
+                    theirs,
+                    figure,
+                );
+                let value = kept.median(stack, figure);
+                db.insert(&ctx.row(
+                    "batch-spec",
+                    MODEL,
+                    (figure, value, unit),
+                    stack,
+                    theirs.map(str::to_owned),
+                    params,
+                ))?;
+                n += 1;
+            }
+        }
+    }
+    recorded(n, &before, &after);
+    Ok(())
+}
+
 /// The constrain suite: plain vs JSON-schema-constrained decode (engine legs only).
 fn run_constrain(args: &Args) -> Result<()> {
     use harness::bench::constrain;
@@ -669,8 +734,9 @@ pub fn run(args: Args) -> Result<()> {
         "distributed" => return run_distributed(&args),
         "constrain" => return run_constrain(&args),
         "ready" => return run_ready(&args),
+        "batch-spec" => return run_batch_spec(&args),
         other => {
-            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain, ready)")
+            bail!("suite `{other}` does not exist (available: decode, serve, hostile, restart, spec, train, distributed, constrain, ready, batch-spec)")
         }
     }
     let mut chosen = Vec::new();

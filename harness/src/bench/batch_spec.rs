@@ -1,0 +1,174 @@
+//! `harness bench --suite batch-spec`: prompt lookup inside the batch lane (issue 43 item 4)
+//! against the plain batch lane and against the serial lane's prompt lookup, engine legs
+//! only (mlx-lm 0.32.2 has neither prompt lookup nor speculation in its batch generator).
+//! Each leg is a fresh `engine serve` (`harness leg-serve`); `CLIENTS` clients at once each
+//! stream `per_client` greedy completions of texts that repeat themselves (where lookup
+//! finds drafts). Per leg: the median per-stream decode tok/s, the throughput (tokens over
+//! the leg's wall time) and, with lookup, the share of drafts accepted (/stats).
+//!
+//! One workload, `text`: the model's own answers to four prompts that repeat themselves.
+//! An edit-style workload (an answer that copies the prompt, where lookup pays most) needs a
+//! model that copies: tiny-llama-trained does not (a prompt holding its own continuation
+//! twice gets 0–6 of 12–40 drafts accepted), and the bench models that loop have no
+//! tokenizer for a server (the spec suite's `tiny/edit` rows run them in process).
+//!
+//! Stacks: `engine` is the batch lane with lookup; its peers are `engine-batch-plain` (the
+//! same lane, no lookup) and `engine-serial-lookup` (`--batch 1`: one request at a time,
+//! each with lookup).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use super::kept::Kept;
+use super::median;
+
+/// The committed model the suite runs on.
+pub const MODEL: &str = "tiny-llama-trained";
+/// Clients at once (and the batch lane's rows).
+pub const CLIENTS: usize = 4;
+/// γ and the longest n-gram of the lookup legs.
+pub const GAMMA: usize = 4;
+pub const MAX_NGRAM: usize = 2;
+/// Client i sends `PROMPTS[i % 4]`.
+pub const PROMPTS: [&str; 4] = [
+    "On Monday the robot cleans the table. On Tuesday the robot sorts the bolts. On",
+    "One, two, three, four, five, six, seven, eight, nine, ten. Two and two make four.",
+    "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and",
+    "The little robot went to the market. The little robot bought a clock. The little robot",
+];
+
+/// (stack, `--batch`, whether its requests ask for lookup).
+pub const STACKS: [(&str, usize, bool); 3] = [
+    ("engine", CLIENTS, true),
+    ("engine-batch-plain", CLIENTS, false),
+    ("engine-serial-lookup", 1, true),
+];
+
+/// Workloads (figures are named `{figure}_{workload}`).
+pub const WORKLOADS: [&str; 1] = ["text"];
+
+/// The figures of one leg per workload, named `{figure}_{workload}`: (name, unit, higher is
+/// better).
+pub const FIGURES: [(&str, &str, bool); 3] = [
+    ("decode_tps_per_stream", "tok/s", true),
+    ("throughput_tps", "tok/s", true),
+    ("accepted_pct", "%", true),
+];
+
+/// One streamed request: (per-stream decode tok/s, text chunks).
+fn request(port: u16, prompt: &str, max_tokens: usize, lookup: bool) -> Result<(f64, usize)> {
+    let mut body = serde_json::json!({
+        "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
+    });
+    if lookup {
+        body["prompt_lookup_num_tokens"] = GAMMA.into();
+        body["max_matching_ngram_size"] = MAX_NGRAM.into();
+    }
+    let (mut first, mut last, mut chunks) = (None, None, 0usize);
+    super::serve::stream_body(port, &body, Duration::from_secs(300), |now, _| {
+        chunks += 1;
+        first.get_or_insert(now);
+        last = Some(now);
+    })?;
+    let (Some(first), Some(last)) = (first, last) else {
+        bail!("a streamed request produced no text");
+    };
+    let span = last.duration_since(first).as_secs_f64();
+    let tps = if chunks > 1 && span > 0.0 {
+        (chunks - 1) as f64 / span
+    } else {
+        0.0
+    };
+    Ok((tps, chunks))
+}
+
+/// `CLIENTS` clients at once, each sending `per_client` requests (client i: `prompts[i % 4]`)
+/// to the server on `port`: the figures of `workload`.
+fn clients(
+    port: u16,
+    prompts: &[String],
+    workload: &str,
+    (per_client, max_tokens, lookup): (usize, usize, bool),
+) -> Result<Vec<(String, f64)>> {
+    let spec = || -> Result<(f64, f64)> {
+        let (_, body) = super::serve::get(port, "/stats")?;
+        let st: serde_json::Value = serde_json::from_str(&body).context("/stats")?;
+        let n = |k: &str| st["speculative"][k].as_f64().unwrap_or(0.0);
+        Ok((n("drafted"), n("accepted")))
+    };
+    let (drafted0, accepted0) = spec()?;
+    let start = Instant::now();
+    let handles: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let prompt = prompts[i % prompts.len()].clone();
+            std::thread::spawn(move || -> Result<Vec<(f64, usize)>> {
+                (0..per_client)
+                    .map(|_| request(port, &prompt, max_tokens, lookup))
+                    .collect()
+            })
+        })
+        .collect();
+    let mut samples = Vec::new();
+    for h in handles {
+        samples.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
+        );
+    }
+    let wall = start.elapsed().as_secs_f64();
+    let (drafted, accepted) = spec()?;
+    let tokens: usize = samples.iter().map(|s| s.1).sum();
+    let name = |i: usize| format!("{}_{workload}", FIGURES[i].0);
+    let mut figures = vec![
+        (name(0), median(samples.iter().map(|s| s.0).collect())),
+        (name(1), tokens as f64 / wall),
+    ];
+    if lookup {
+        let share = 100.0 * (accepted - accepted0) / (drafted - drafted0).max(1.0);
+        figures.push((name(2), share));
+    }
+    Ok(figures)
+}
+
+/// One leg of `stack`: a fresh server on `model`, a warm-up request, then each workload.
+fn leg(
+    stack: &str,
+    model: &std::path::Path,
+    workloads: &[(&str, Vec<String>)],
+    per_client: usize,
+    max_tokens: usize,
+) -> Result<Vec<(String, f64)>> {
+    let &(_, batch, lookup) = STACKS
+        .iter()
+        .find(|(s, _, _)| *s == stack)
+        .expect("a stack of STACKS");
+    let server = super::serve::start("engine", model, batch)?;
+    request(server.port, PROMPTS[0], max_tokens, lookup)?;
+    let mut figures = Vec::new();
+    for (workload, prompts) in workloads {
+        let how = (per_client, max_tokens, lookup);
+        figures.extend(clients(server.port, prompts, workload, how)?);
+    }
+    Ok(figures)
+}
+
+/// Every leg, stacks ABBA over `rounds`.
+pub fn run(rounds: usize, per_client: usize, max_tokens: usize) -> Result<Kept> {
+    let dir = super::serve::model_dir(MODEL)?;
+    let stacks: Vec<&'static str> = STACKS.iter().map(|s| s.0).collect();
+    let order = super::leg_order(rounds, &stacks);
+    let progress = super::Progress::new("batch-spec", order.len());
+    let text: Vec<String> = PROMPTS.iter().map(|p| p.to_string()).collect();
+    let workloads = [(WORKLOADS[0], text)];
+    let mut kept = Kept::default();
+    for stack in order {
+        progress.start(format!("{MODEL} · {stack}"));
+        let figures = leg(stack, &dir, &workloads, per_client, max_tokens)
+            .with_context(|| format!("the {stack} leg"))?;
+        kept.push(stack, figures);
+        progress.done();
+    }
+    progress.finish();
+    Ok(kept)
+}
