@@ -28,7 +28,16 @@ fn header(rows: &[&Row]) -> String {
     if let Some(v) = s.get("mlx_version").and_then(|v| v.as_str()) {
         parts.push(format!("MLX {v}"));
     }
-    if let Some(map) = s.get("oracle_versions").and_then(|v| v.as_object()) {
+    // The peers' versions from the newest row that ran them (an engine-only run, say
+    // `--no-peer`, records none).
+    let mut newest_first: Vec<&&Row> = rows.iter().collect();
+    newest_first.sort_by(|a, b| b.ts.cmp(&a.ts));
+    let versions = newest_first.iter().find_map(|r| {
+        let state: serde_json::Value = serde_json::from_str(&r.machine_state).ok()?;
+        let s = state.get("before").unwrap_or(&state);
+        s.get("oracle_versions")?.as_object().cloned()
+    });
+    if let Some(map) = versions {
         for key in ["mlx-lm", "mlx-optiq", "transformers"] {
             if let Some(v) = map.get(key).and_then(|v| v.as_str()) {
                 parts.push(format!("{key} {v}"));
@@ -472,6 +481,21 @@ mod tests {
 
     /// A line's stacks all come from its newest run: an older run's peer never completes
     /// a newer run's engine (nor its ratio).
+    /// An engine-only run (no peer, no oracle versions recorded) after a run with peers: the
+    /// header still names the peers' versions the rows below were measured against.
+    #[test]
+    fn the_header_keeps_the_peer_versions_after_an_engine_only_run() {
+        let with_peer = on("m", "serve", "tiny", "decode_tps", "mlx-lm", 1.0, "tok/s");
+        let mut engine_only = on("m", "spec", "tiny", "decode_tps", "engine", 1.0, "tok/s");
+        engine_only.ts = "2026-11-30T18:00:00Z".into();
+        engine_only.machine_state = r#"{"before":{"cores":2,"mlx_version":"0.32.2"}}"#.into();
+        let line = header(&[&with_peer, &engine_only]);
+        assert!(
+            line.contains("mlx-lm 0.32.2 · transformers 5.12.1"),
+            "{line}"
+        );
+    }
+
     #[test]
     fn a_line_never_mixes_runs() {
         let at = |ts: &str, stack: &str, value: f64| {

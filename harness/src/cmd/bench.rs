@@ -382,7 +382,7 @@ fn run_batch_spec(args: &Args) -> Result<()> {
             print!("{}", kept.lines(&kinds[..2], "engine", Some(peer)));
         }
         print!("{}", kept.lines(&kinds[2..], "engine", Some(STACKS[2].0)));
-        for (stack, batch, lookup) in STACKS {
+        for (stack, _, lookup) in STACKS {
             for &(figure, unit, _) in &kinds {
                 if figure.starts_with("accepted_pct") && !lookup {
                     continue;
@@ -395,7 +395,7 @@ fn run_batch_spec(args: &Args) -> Result<()> {
                         "rounds": rounds, "clients": batch_spec::CLIENTS,
                         "per_client": args.per_client, "max_tokens": args.max_tokens,
                         "gamma": batch_spec::GAMMA, "max_ngram": batch_spec::MAX_NGRAM,
-                        "engine_batch": batch, "workload": workload,
+                        "workload": workload,
                     }),
                     stack,
                     theirs,
