@@ -22,6 +22,13 @@ const KEY_COLUMNS: [&str; 7] = [
 pub(super) fn carry_over(old: &str, new: &str) -> String {
     let old = Section::parse(old);
     let mut new = Section::parse(new);
+    for line in new.head.iter_mut() {
+        if let Some(was) = old.head.iter().find(|l| l.starts_with(HEADER_START)) {
+            if line.starts_with(HEADER_START) {
+                *line = merge_header(was, line);
+            }
+        }
+    }
     for (i, (heading, body)) in old.parts.iter().enumerate() {
         match new.parts.iter_mut().find(|(h, _)| h == heading) {
             Some((_, mine)) => *mine = merge_body(body, mine),
@@ -37,6 +44,32 @@ pub(super) fn carry_over(old: &str, new: &str) -> String {
         }
     }
     new.render()
+}
+
+/// How a section's machine/toolchain line starts (`promote::header`).
+const HEADER_START: &str = "machine `";
+
+/// The peers whose versions the header names.
+const PEERS: [&str; 3] = ["mlx-lm", "mlx-optiq", "transformers"];
+
+/// The `new` header line, plus the peers' versions `old` names and `new` does not (rows of
+/// the carried section were measured against them; a new engine-only run records none).
+fn merge_header(old: &str, new: &str) -> String {
+    let peer_of = |part: &str| {
+        part.rsplit_once(' ')
+            .map(|(k, _)| k)
+            .filter(|k| PEERS.contains(k))
+            .map(str::to_owned)
+    };
+    let named: Vec<String> = new.split(" · ").filter_map(peer_of).collect();
+    let mut line = new.to_owned();
+    for part in old.split(" · ") {
+        if peer_of(part).is_some_and(|k| !named.contains(&k)) {
+            line.push_str(" · ");
+            line.push_str(part);
+        }
+    }
+    line
 }
 
 /// A section as its lines before the first subsection heading, then (heading, body) parts.
@@ -226,6 +259,22 @@ Medians of legs.\n\n#### Structured outputs: mask cost\n\n| model | vocab | plai
         assert!(got.contains("![shared, newer]") && got.contains("![old plot](docs/plots/p1.svg)"));
         // Merging again changes nothing.
         assert_eq!(carry_over(&got, &got), got);
+    }
+
+    /// A new engine-only run names no peer: the carried rows' peers stay named, and a peer
+    /// the new line names keeps its new version.
+    #[test]
+    fn the_header_keeps_the_peer_versions_the_new_run_lacks() {
+        let old = "## Machine `m`\n\nmachine `m` · MLX 1 · mlx-lm 0.32.2 · mlx-optiq 0.7.7 · transformers 5.12.1\n";
+        let new = "## Machine `m`\n\nmachine `m` · MLX 2 · mlx-optiq 0.8.0\n";
+        let got = carry_over(old, new);
+        assert!(
+            got.contains(
+                "machine `m` · MLX 2 · mlx-optiq 0.8.0 · mlx-lm 0.32.2 · transformers 5.12.1\n"
+            ),
+            "{got}"
+        );
+        assert!(!got.contains("0.7.7") && !got.contains("MLX 1"), "{got}");
     }
 
     #[test]
