@@ -16,12 +16,13 @@
 //! same lane, no lookup) and `engine-serial-lookup` (`--batch 1`: one request at a time,
 //! each with lookup).
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use super::kept::Kept;
 use super::median;
+use super::serve::Sample;
 
 /// The committed model the suite runs on.
 pub const MODEL: &str = "tiny-llama-trained";
@@ -56,8 +57,8 @@ pub const FIGURES: [(&str, &str, bool); 3] = [
     ("accepted_pct", "%", true),
 ];
 
-/// One streamed request: (per-stream decode tok/s, text chunks).
-fn request(port: u16, prompt: &str, max_tokens: usize, lookup: bool) -> Result<(f64, usize)> {
+/// One streamed request, timed.
+fn request(port: u16, prompt: &str, max_tokens: usize, lookup: bool) -> Result<Sample> {
     let mut body = serde_json::json!({
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
     });
@@ -65,22 +66,7 @@ fn request(port: u16, prompt: &str, max_tokens: usize, lookup: bool) -> Result<(
         body["prompt_lookup_num_tokens"] = GAMMA.into();
         body["max_matching_ngram_size"] = MAX_NGRAM.into();
     }
-    let (mut first, mut last, mut chunks) = (None, None, 0usize);
-    super::serve::stream_body(port, &body, Duration::from_secs(300), |now, _| {
-        chunks += 1;
-        first.get_or_insert(now);
-        last = Some(now);
-    })?;
-    let (Some(first), Some(last)) = (first, last) else {
-        bail!("a streamed request produced no text");
-    };
-    let span = last.duration_since(first).as_secs_f64();
-    let tps = if chunks > 1 && span > 0.0 {
-        (chunks - 1) as f64 / span
-    } else {
-        0.0
-    };
-    Ok((tps, chunks))
+    super::serve::timed_stream(port, &body, Instant::now())
 }
 
 /// `CLIENTS` clients at once, each sending `per_client` requests (client i: `prompts[i % 4]`)
@@ -98,30 +84,18 @@ fn clients(
         Ok((n("drafted"), n("accepted")))
     };
     let (drafted0, accepted0) = spec()?;
-    let start = Instant::now();
-    let handles: Vec<_> = (0..CLIENTS)
-        .map(|i| {
-            let prompt = prompts[i % prompts.len()].clone();
-            std::thread::spawn(move || -> Result<Vec<(f64, usize)>> {
-                (0..per_client)
-                    .map(|_| request(port, &prompt, max_tokens, lookup))
-                    .collect()
-            })
-        })
-        .collect();
-    let mut samples = Vec::new();
-    for h in handles {
-        samples.extend(
-            h.join()
-                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
-        );
-    }
-    let wall = start.elapsed().as_secs_f64();
+    let prompts: Vec<String> = prompts.to_vec();
+    let (samples, wall) = super::serve::fan_out(CLIENTS, per_client, move |i| {
+        request(port, &prompts[i % prompts.len()], max_tokens, lookup)
+    })?;
     let (drafted, accepted) = spec()?;
-    let tokens: usize = samples.iter().map(|s| s.1).sum();
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
     let name = |i: usize| format!("{}_{workload}", FIGURES[i].0);
     let mut figures = vec![
-        (name(0), median(samples.iter().map(|s| s.0).collect())),
+        (
+            name(0),
+            median(samples.iter().map(|s| s.decode_tps).collect()),
+        ),
         (name(1), tokens as f64 / wall),
     ];
     if lookup {

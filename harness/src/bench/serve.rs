@@ -20,10 +20,10 @@ const PROMPT: &str = "The little robot";
 
 /// One request's timings.
 #[derive(Debug, Clone, Copy)]
-struct Sample {
-    ttft: f64,
-    decode_tps: f64,
-    tokens: usize,
+pub(super) struct Sample {
+    pub ttft: f64,
+    pub decode_tps: f64,
+    pub tokens: usize,
 }
 
 /// One level's medians.
@@ -163,8 +163,17 @@ fn is_refused(e: &anyhow::Error) -> bool {
 
 fn stream_attempt(port: u16, max_tokens: usize, sent: Instant) -> Result<Sample> {
     // No "model" field: mlx_lm.server would try to fetch a model of that name.
+    let body = serde_json::json!({
+        "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
+    });
+    timed_stream(port, &body, sent)
+}
+
+/// One streamed request `body`, timed from `sent`: TTFT, per-stream decode tok/s (over the
+/// chunks after the first) and the chunks that carried text.
+pub(super) fn timed_stream(port: u16, body: &serde_json::Value, sent: Instant) -> Result<Sample> {
     let (mut first, mut last, mut chunks) = (None, None, 0usize);
-    stream_completion(port, PROMPT, max_tokens, Duration::from_secs(300), |now| {
+    stream_body(port, body, Duration::from_secs(300), |now, _| {
         chunks += 1;
         first.get_or_insert(now);
         last = Some(now);
@@ -182,6 +191,33 @@ fn stream_attempt(port: u16, max_tokens: usize, sent: Instant) -> Result<Sample>
         },
         tokens: chunks,
     })
+}
+
+/// `clients` threads at once, each making `per_client` calls of `call(client)`: every
+/// result, and the wall time from the first start to the last end.
+pub(super) fn fan_out<T: Send + 'static>(
+    clients: usize,
+    per_client: usize,
+    call: impl Fn(usize) -> Result<T> + Send + Sync + 'static,
+) -> Result<(Vec<T>, f64)> {
+    let call = std::sync::Arc::new(call);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let call = call.clone();
+            std::thread::spawn(move || -> Result<Vec<T>> {
+                (0..per_client).map(|_| call(i)).collect()
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.extend(
+            h.join()
+                .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
+        );
+    }
+    Ok((out, start.elapsed().as_secs_f64()))
 }
 
 /// One greedy streaming `/v1/completions` request of `prompt` to the server on `port`
@@ -248,24 +284,7 @@ pub fn levels(port: u16, per_client: usize, max_tokens: usize) -> Result<Vec<Lev
     stream_once(port, max_tokens)?; // warm-up
     let mut out = Vec::new();
     for clients in LEVELS {
-        let start = Instant::now();
-        let handles: Vec<_> = (0..clients)
-            .map(|_| {
-                std::thread::spawn(move || -> Result<Vec<Sample>> {
-                    (0..per_client)
-                        .map(|_| stream_once(port, max_tokens))
-                        .collect()
-                })
-            })
-            .collect();
-        let mut samples = Vec::new();
-        for h in handles {
-            samples.extend(
-                h.join()
-                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
-            );
-        }
-        let wall = start.elapsed().as_secs_f64();
+        let (samples, wall) = fan_out(clients, per_client, move |_| stream_once(port, max_tokens))?;
         let tokens: usize = samples.iter().map(|s| s.tokens).sum();
         out.push(Level {
             clients,
