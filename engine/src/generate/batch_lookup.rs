@@ -5,14 +5,13 @@
 //! The rejected positions leave the batch cache row by row (`Batch::trim_rows`: those every
 //! row rejects move the write position back, the rest become padding at the row's front, as
 //! a batched prefill's right padding does in mlx-lm's `finalize`). γ of a round is the most
-//! drafts any row found; a row with fewer is padded with its next id, and a pad that greedy
-//! agrees with is what greedy emits there, so it is kept like a draft.
+//! drafts any row found; a row with fewer is padded with its next id (a pad is never kept:
+//! the row emits its picks up to the first draft they disagree with, or past its drafts).
 //!
-//! Rows are greedy only (the acceptance is an argmax per position, `greedy_rows`, so each
-//! id and its log-probabilities are what a plain step's `greedy_rows` gives); standard K/V
-//! caches only (`batch::trims_rows`). The batch lane runs these rounds itself
-//! (`serve/batch_lane/lookup.rs`: rows may end mid-run there); `round` is the whole round
-//! for rows that do not end. The verify's [B, γ+1] forward may round differently from a
+//! `round` is the whole round for greedy rows that do not end (the acceptance an argmax per
+//! position, `GreedyPicks`); the batch lane runs its rounds itself
+//! (`serve/batch_lane/lookup.rs`: rows may end mid-run there, and rows that sample
+//! otherwise pick with their own samplers). Standard K/V caches only (`batch::trims_rows`). The verify's [B, γ+1] forward may round differently from a
 //! one-token step, as the serial verify does: its gate allows a divergence only at a
 //! near-tie of plain greedy decoding.
 
@@ -33,68 +32,66 @@ pub struct RowRound {
     pub accepted: usize,
 }
 
-/// The verify pass of one round: every row's run (its next id, then its drafts, padded with
-/// the next id to the longest run) in one forward.
-pub struct Verify {
-    pub runs: Vec<Vec<u32>>,
-    /// Greedy's pick at every position of every row, row-major [B × run length].
-    pub picks: Vec<u32>,
-    /// Their log-probabilities, [B × run length, vocab] (lazy).
-    pub logprobs: Array,
+/// Every row's run for one verify: its next id, then its drafts, shorter runs padded with
+/// the next id to the longest (γ + 1 ids each, γ the most drafts any row has).
+pub fn runs(next: &[u32], drafts: &[Vec<u32>]) -> Vec<Vec<u32>> {
+    let len = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
+    next.iter()
+        .zip(drafts)
+        .map(|(&y, d)| {
+            let mut run = Vec::with_capacity(len);
+            run.push(y);
+            run.extend(d);
+            run.resize(len, y);
+            run
+        })
+        .collect()
 }
 
-impl Verify {
-    /// Feeds `next[r]` and `drafts[r]` of every row (the batch holds each row's text but
-    /// its next id).
-    pub fn run(batch: &mut Batch, next: &[u32], drafts: &[Vec<u32>]) -> Result<Self, Exception> {
-        let len = 1 + drafts.iter().map(Vec::len).max().unwrap_or(0);
-        let runs: Vec<Vec<u32>> = next
-            .iter()
-            .zip(drafts)
-            .map(|(&y, d)| {
-                let mut run = Vec::with_capacity(len);
-                run.push(y);
-                run.extend(d);
-                run.resize(len, y);
-                run
-            })
-            .collect();
-        let logits = batch.verify(&runs)?;
-        let vocab = *logits.shape().last().expect("logits have a vocab axis");
+/// How many leading drafts the verify's picks agree with (pick j stands where draft j was
+/// fed), at most `kept` (a constraint may cut the drafts short).
+pub fn agreed(picks: &[u32], drafts: &[u32], kept: usize) -> usize {
+    drafts
+        .iter()
+        .zip(picks)
+        .take(kept)
+        .take_while(|(d, p)| d == p)
+        .count()
+}
+
+/// The picks of a verify whose rows all sample plain greedy: one log-softmax and one argmax
+/// over every position of every row (`greedy_rows`: each row's are what its own pick gives).
+pub struct GreedyPicks {
+    picks: Vec<u32>,
+    /// [rows × run length, vocab] (lazy).
+    logprobs: Array,
+    len: usize,
+}
+
+impl GreedyPicks {
+    /// From a verify's logits [rows, run length, vocab].
+    pub fn of(logits: &Array) -> Result<Self, Exception> {
+        let (len, vocab) = (logits.shape()[1], logits.shape()[2]);
         let (picks, logprobs) = greedy_rows(&logits.reshape(&[-1, vocab])?)?;
         let picks = picks.as_dtype(mlx_rs::Dtype::Uint32)?;
         picks.eval()?;
-        Ok(Verify {
+        Ok(GreedyPicks {
             picks: picks.as_slice::<u32>().to_vec(),
-            runs,
             logprobs,
+            len: len as usize,
         })
     }
 
-    /// The run length (γ + 1).
-    pub fn run_len(&self) -> usize {
-        self.runs.first().map_or(0, Vec::len)
-    }
-
     /// Row `r`'s picks, one per position of its run.
-    pub fn greedy(&self, r: usize) -> &[u32] {
-        &self.picks[r * self.run_len()..(r + 1) * self.run_len()]
+    pub fn row(&self, r: usize) -> &[u32] {
+        &self.picks[r * self.len..(r + 1) * self.len]
     }
 
-    /// Row `r`'s leading positions whose runs greedy agrees with: pick j stands where
-    /// run[j + 1] was fed, so the row emits picks 0..=accepted.
-    pub fn accepted(&self, r: usize) -> usize {
-        let (run, greedy) = (&self.runs[r], self.greedy(r));
-        (0..self.run_len() - 1)
-            .take_while(|&j| run[j + 1] == greedy[j])
-            .count()
-    }
-
-    /// The log-probabilities row `r`'s pick `j` was taken from, [1, vocab].
-    pub fn logprobs(&self, r: usize, j: usize) -> Array {
+    /// Row `r`'s log-probabilities, [run length, vocab].
+    pub fn logprobs(&self, r: usize) -> Array {
         use mlx_rs::ops::indexing::IndexOp;
-        let k = (r * self.run_len() + j) as i32;
-        self.logprobs.index(k..k + 1)
+        let at = (r * self.len) as i32;
+        self.logprobs.index(at..at + self.len as i32)
     }
 }
 
@@ -112,20 +109,20 @@ pub fn round(
         .map(|t| *t.last().expect("a row's text is never empty"))
         .collect();
     let drafts: Vec<Vec<u32>> = texts.iter().map(|t| propose(t, max_ngram, gamma)).collect();
-    let verify = Verify::run(batch, &next, &drafts)?;
-    let gamma = verify.run_len() - 1;
-    let mut rejected = Vec::with_capacity(texts.len());
+    let runs = runs(&next, &drafts);
+    let picks = GreedyPicks::of(&batch.verify(&runs)?)?;
+    let mut given_back = Vec::with_capacity(texts.len());
     let mut rounds = Vec::with_capacity(texts.len());
     for (r, text) in texts.iter_mut().enumerate() {
-        let accepted = verify.accepted(r);
-        text.extend(&verify.greedy(r)[..=accepted]);
-        rejected.push(gamma - accepted);
+        let accepted = agreed(picks.row(r), &drafts[r], drafts[r].len());
+        text.extend(&picks.row(r)[..=accepted]);
+        given_back.push(runs[r].len() - (accepted + 1));
         rounds.push(RowRound {
             emitted: accepted + 1,
             drafted: drafts[r].len(),
-            accepted: accepted.min(drafts[r].len()),
+            accepted,
         });
     }
-    batch.trim_rows(&rejected)?;
+    batch.trim_rows(&given_back)?;
     Ok(rounds)
 }

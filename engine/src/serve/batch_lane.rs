@@ -46,7 +46,7 @@ struct Row<'w> {
     since: Instant,
     /// The request's adapter: the lane's group's (`Lane::group`).
     adapter: Option<super::adapters::Use>,
-    /// The request's prompt lookup (`lookup`: rounds while every row samples plain greedy).
+    /// The request's prompt lookup (`lookup`: the lane's steps are lookup rounds then).
     lookup: Option<crate::generate::lookup::LookupParams>,
     /// Its `--memory-budget` reservation, released when the row is dropped.
     #[allow(dead_code)]

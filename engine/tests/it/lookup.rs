@@ -541,27 +541,31 @@ fn batched_lookup_rows_are_plain_greedy_and_a_short_row_trim_is_caught() {
 }
 
 /// The requests of the served batch-lane gate: the copy texts asking for prompt lookup and
-/// a plain row beside them (greedy, so the steps stay lookup rounds), then one more lookup
-/// request that joins later.
-fn lane_lookup_bodies() -> Vec<serde_json::Value> {
+/// a plain row beside them (greedy, or with a repetition penalty when `penalized`: then the
+/// rounds pick row by row), then one more lookup request that joins later.
+fn lane_lookup_bodies(penalized: bool) -> Vec<serde_json::Value> {
     use serde_json::json;
     let lookup = |p: &str, gamma: usize| {
         json!({"prompt": p, "max_tokens": 40, "temperature": 0,
                "prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2})
     };
+    let mut plain = json!({"prompt": "The little robot", "max_tokens": 40, "temperature": 0});
+    if penalized {
+        plain["repetition_penalty"] = 1.3.into();
+    }
     vec![
         lookup(COPY_TEXTS[0], 4),
         lookup(COPY_TEXTS[1], 2),
         lookup(COPY_TEXTS[2], 6),
-        json!({"prompt": "The little robot", "max_tokens": 40, "temperature": 0}),
+        plain,
         lookup(COPY_TEXTS[2], 10),
     ]
 }
 
-/// `lane_lookup_bodies` on a `--batch 4` server (planted `plants` beside `BatchGathersFour`,
-/// which makes the first four requests start together; the fifth joins later): their texts
-/// and the server's /stats.
-fn lane_lookup_run(plants: &str) -> (Vec<String>, serde_json::Value) {
+/// `bodies` on a `--batch 4` server (planted `plants` beside `BatchGathersFour`, which
+/// makes the first four requests start together; the fifth joins later): their texts and
+/// the server's /stats.
+fn lane_lookup_run(bodies: &[serde_json::Value], plants: &str) -> (Vec<String>, serde_json::Value) {
     use common::server::{post, serve_dir_with_env, stats, wait_for};
     use std::time::Duration;
     let server = serve_dir_with_env(
@@ -570,7 +574,6 @@ fn lane_lookup_run(plants: &str) -> (Vec<String>, serde_json::Value) {
         &[("ENGINE_PLANT", &format!("BatchGathersFour,{plants}"))],
     );
     let port = server.port;
-    let bodies = lane_lookup_bodies();
     let spawn = |b: &serde_json::Value| {
         let b = b.clone();
         std::thread::spawn(move || post(port, "/v1/completions", &b))
@@ -597,43 +600,64 @@ fn lane_lookup_run(plants: &str) -> (Vec<String>, serde_json::Value) {
 /// a plain row start together on a `--batch 4` server, and each round verifies every row's
 /// drafts in one forward and gives back each row's rejected positions on its own; a fifth
 /// lookup row (γ 10) joins when a slot frees (and runs its last rounds alone in batch form
-/// when it outlasts the others). Every answer is the serial lane's
-/// plain greedy answer, drafts were both accepted and rejected (/stats `speculative`), and
-/// the four rows shared steps. Planted, `BatchRowTrimShort` (each row keeps one rejected
-/// position) changes an answer.
+/// when it outlasts the others). Twice: the plain row greedy (one argmax for every row of a
+/// round) and with a repetition penalty (each row picks with its own sampler, the plain one
+/// with its processors over its history). Every answer is the serial lane's answer without
+/// lookup, drafts were both accepted and rejected (/stats `speculative`), and the four rows
+/// shared steps. Planted, `BatchRowTrimShort` (each row keeps one rejected position) changes
+/// an answer in both.
 #[test]
 fn batch_lane_lookup_rows_answer_as_plain_greedy_and_a_short_row_trim_is_caught() {
     use common::server::{post, serve_model};
     let serial = serve_model("tiny-llama-trained", &[]);
-    let plain: Vec<String> = lane_lookup_bodies()
+    let plain_answers = |bodies: &[serde_json::Value]| -> Vec<String> {
+        bodies
+            .iter()
+            .map(|b| {
+                let mut b = b.clone();
+                let o = b.as_object_mut().unwrap();
+                o.remove("prompt_lookup_num_tokens");
+                o.remove("max_matching_ngram_size");
+                let (code, r) = post(serial.port, "/v1/completions", &b);
+                assert_eq!(code, 200, "{r}");
+                r["choices"][0]["text"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let runs: Vec<(bool, Vec<serde_json::Value>, Vec<String>)> = [false, true]
         .into_iter()
-        .map(|mut b| {
-            let b = b.as_object_mut().unwrap();
-            b.remove("prompt_lookup_num_tokens");
-            b.remove("max_matching_ngram_size");
-            let (code, r) = post(serial.port, "/v1/completions", &serde_json::json!(b));
-            assert_eq!(code, 200, "{r}");
-            r["choices"][0]["text"].as_str().unwrap().to_owned()
+        .map(|penalized| {
+            let bodies = lane_lookup_bodies(penalized);
+            let plain = plain_answers(&bodies);
+            (penalized, bodies, plain)
         })
         .collect();
     drop(serial);
-    let (served, st) = lane_lookup_run("");
-    assert_eq!(served, plain, "batch-lane lookup vs plain greedy: {st}");
-    let spec = &st["speculative"];
-    let (drafted, accepted) = (
-        spec["drafted"].as_u64().unwrap(),
-        spec["accepted"].as_u64().unwrap(),
-    );
-    println!("batch-lane lookup: {spec}");
-    assert!(
-        accepted > 0 && drafted > accepted,
-        "drafts accepted and rejected: {st}"
-    );
-    assert!(
-        st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 4,
-        "the rows never shared a round: {st}"
-    );
-    assert_eq!(st["failed"], 0, "{st}");
-    let (planted, _) = lane_lookup_run("BatchRowTrimShort");
-    assert_ne!(planted, plain, "a short row trim changed no answer");
+    for (penalized, bodies, plain) in &runs {
+        let (served, st) = lane_lookup_run(bodies, "");
+        assert_eq!(
+            &served, plain,
+            "batch-lane lookup vs the serial lane (penalized row: {penalized}): {st}"
+        );
+        let spec = &st["speculative"];
+        let (drafted, accepted) = (
+            spec["drafted"].as_u64().unwrap(),
+            spec["accepted"].as_u64().unwrap(),
+        );
+        println!("batch-lane lookup (penalized row: {penalized}): {spec}");
+        assert!(
+            accepted > 0 && drafted > accepted,
+            "drafts accepted and rejected: {st}"
+        );
+        assert!(
+            st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 4,
+            "the rows never shared a round: {st}"
+        );
+        assert_eq!(st["failed"], 0, "{st}");
+        let (planted, _) = lane_lookup_run(bodies, "BatchRowTrimShort");
+        assert_ne!(
+            &planted, plain,
+            "a short row trim changed no answer (penalized row: {penalized})"
+        );
+    }
 }

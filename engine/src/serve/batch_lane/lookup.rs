@@ -1,37 +1,123 @@
 //! Prompt lookup inside the batch lane (issue 43 item 4): while some row asks for it
-//! (`prompt_lookup_num_tokens`) and every row samples plain greedy, a decode step is a
-//! lookup round (`generate::batch_lookup`): each lookup row drafts from its own text (up
-//! to its γ and the ids it still may emit), the other rows draft nothing, one forward
-//! verifies every row, and each row emits what plain greedy decoding emits — its accepted
-//! drafts and greedy's own id after them — one id at a time through the decode core, so a
-//! stop string, EOS or the token limit ends it mid-run as on a plain step. Each row gives
-//! back the positions it fed past what it emitted (`Batch::trim_rows`).
+//! (`prompt_lookup_num_tokens`), a decode step is a lookup round (`generate::batch_lookup`):
+//! each lookup row drafts from its own text (up to its γ and the ids it still may emit),
+//! the other rows draft nothing, and one forward verifies every row. Each row then picks
+//! as the serial lane's verify does — a lookup row with its sampler over its run
+//! (`Sampler::pick_verify`: greedy, sampled or under a grammar), any other row its next id
+//! from its first position with its own processors (`Decoder::pick`); when every row samples
+//! plain greedy, one argmax for all (`GreedyPicks`) — and emits its picks up to the first
+//! draft they disagree with, one id at a time through the decode core, so a stop string,
+//! EOS or the token limit ends it mid-run as on a plain step. Each row gives back the
+//! positions it fed past what it emitted (`Batch::trim_rows`).
 //!
 //! A round needs the rows' texts on the host, so the queued samples of the last step are
 //! emitted first (the round is not pipelined, as the serial lane's lookup is not). Where no
-//! row finds a draft, the step is a plain one. Rows that sample otherwise (temperature,
-//! processors) make every step plain while they run: their lookup rows decode plainly,
-//! which emits the same ids. Models whose caches cannot give positions back row by row
-//! (sliding-window rings, recurrent states: `batch::trims_rows`) decode lookup rows
-//! plainly in the lane. Counted in /stats `speculative` as the serial lane's lookup is.
+//! row finds a draft, the step is a plain one. Models whose caches cannot give positions
+//! back row by row (sliding-window rings, recurrent states: `batch::trims_rows`) decode
+//! lookup rows plainly in the lane. Counted in /stats `speculative` as the serial lane's
+//! lookup is.
 
 use std::sync::atomic::Ordering;
 
-use super::{Lane, Outcome};
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
+
+use super::{Lane, Outcome, Row};
 use crate::generate::batch::Batch;
-use crate::generate::batch_lookup::Verify;
+use crate::generate::batch_lookup::{agreed, runs, GreedyPicks};
 use crate::generate::lookup::propose;
 use crate::generate::Finish;
 use crate::serve::error::ApiError;
 use crate::serve::worker::Worker;
 
+/// A row's picks over its run: ids (host), their log-probabilities [ids, vocab], and how
+/// many of its drafts they may accept.
+struct Picked {
+    ids: Vec<u32>,
+    logprobs: Array,
+    kept: usize,
+}
+
+fn failed(e: impl std::fmt::Display) -> Outcome {
+    Outcome::Failed(ApiError::server(format!("generation failed: {e}")))
+}
+
 impl Worker {
-    /// Whether this lane's steps are lookup rounds now: the model's caches trim by row,
-    /// some row asks for lookup, and every row samples plain greedy.
-    pub(super) fn lookup_due(lane: &mut Lane<'_>) -> bool {
-        lane.row_trims
-            && lane.rows.iter().any(|r| r.lookup.is_some())
-            && lane.rows.iter_mut().all(|r| r.dec.plain_greedy())
+    /// Whether this lane's steps are lookup rounds now: the model's caches trim by row and
+    /// some row asks for lookup.
+    pub(super) fn lookup_due(lane: &Lane<'_>) -> bool {
+        lane.row_trims && lane.rows.iter().any(|r| r.lookup.is_some())
+    }
+
+    /// Each row's picks from the verify's `logits` [rows, run length, vocab] (lazy where
+    /// they can be; read back together), or the row's failure.
+    fn pick_rounds(
+        rows: &mut [Row<'_>],
+        logits: &Array,
+        drafts: &[Vec<u32>],
+    ) -> Result<Vec<Result<Picked, Exception>>, Exception> {
+        if rows.iter_mut().all(|r| r.dec.plain_greedy()) {
+            let greedy = GreedyPicks::of(logits)?;
+            return Ok((0..rows.len())
+                .map(|r| {
+                    Ok(Picked {
+                        ids: greedy.row(r).to_vec(),
+                        logprobs: greedy.logprobs(r),
+                        kept: drafts[r].len(),
+                    })
+                })
+                .collect());
+        }
+        let lazy: Vec<Result<(usize, Array, Array), Exception>> = rows
+            .iter_mut()
+            .enumerate()
+            .map(|(r, row)| {
+                if row.lookup.is_some() {
+                    let history = match row.dec.sampler().is_constrained() {
+                        true => row.dec.history().to_vec(),
+                        false => Vec::new(),
+                    };
+                    let run = logits.index(r as i32);
+                    row.dec.sampler().pick_verify(&run, &history, &drafts[r])
+                } else {
+                    let first = logits.index((r as i32, 0..1));
+                    let (y, lp) = row.dec.pick(&first)?;
+                    Ok((0, y, lp))
+                }
+            })
+            .collect();
+        let ids: Vec<&Array> = lazy.iter().flatten().map(|(_, ids, _)| ids).collect();
+        // One read back for every row (a row whose ids fail to evaluate fails the lot, as
+        // a step's samples do).
+        mlx_rs::transforms::eval(ids)?;
+        Ok(lazy
+            .into_iter()
+            .map(|picked| {
+                let (kept, ids, logprobs) = picked?;
+                let ids = ids.as_dtype(mlx_rs::Dtype::Uint32)?;
+                Ok(Picked {
+                    ids: ids.as_slice::<u32>().to_vec(),
+                    logprobs,
+                    kept,
+                })
+            })
+            .collect())
+    }
+
+    /// Emits row `row`'s picks up to the first draft they disagree with; its outcome, and
+    /// the ids it emitted (pushed to its history) and drafts accepted among them.
+    fn emit_round(row: &mut Row<'_>, picked: &Picked, drafts: &[u32]) -> (Option<Outcome>, usize) {
+        let accepted = agreed(&picked.ids, drafts, picked.kept);
+        for (j, &id) in picked.ids[..=accepted].iter().enumerate() {
+            let j = j as i32;
+            match Self::emit_next(row, id, &picked.logprobs.index(j..j + 1)) {
+                Outcome::Continue if !row.emit.gone => {}
+                Outcome::Continue => return (Some(Outcome::Done(Finish::Stop)), accepted),
+                other => return (Some(other), accepted),
+            }
+        }
+        (None, accepted)
     }
 
     /// Runs this step as a lookup round when one is due and some row finds drafts (true);
@@ -57,43 +143,38 @@ impl Worker {
             return false;
         }
         let next: Vec<u32> = lane.rows.iter().map(|r| r.next).collect();
-        let verify = match Verify::run(&mut lane.batch, &next, &drafts) {
-            Ok(v) => v,
+        let runs = runs(&next, &drafts);
+        let picks = lane
+            .batch
+            .verify(&runs)
+            .and_then(|logits| Self::pick_rounds(&mut lane.rows, &logits, &drafts));
+        let picks = match picks {
+            Ok(p) => p,
             Err(e) => {
                 // As a failed step: every row retried alone from the ids it had fed.
                 self.contain(lane, &e);
                 return true;
             }
         };
-        let fed = verify.run_len();
+        let fed = runs[0].len();
         let (mut drafted, mut accepted) = (0, 0);
         let mut outcomes = Vec::with_capacity(lane.rows.len());
         let mut given_back = Vec::with_capacity(lane.rows.len());
-        for (r, row) in lane.rows.iter_mut().enumerate() {
+        for ((row, picked), drafts) in lane.rows.iter_mut().zip(&picks).zip(&drafts) {
             let before = row.dec.history().len();
-            let mut outcome = None;
-            for j in 0..=verify.accepted(r) {
-                match Self::emit_next(row, verify.greedy(r)[j], &verify.logprobs(r, j)) {
-                    Outcome::Continue if !row.emit.gone => {}
-                    Outcome::Continue => {
-                        outcome = Some(Outcome::Done(Finish::Stop));
-                        break;
-                    }
-                    other => {
-                        outcome = Some(other);
-                        break;
-                    }
+            let outcome = match picked {
+                Ok(picked) => {
+                    let (outcome, agreed) = Self::emit_round(row, picked, drafts);
+                    accepted += agreed;
+                    outcome
                 }
-            }
+                Err(e) => Some(failed(e)),
+            };
             // The row keeps its next id and the drafts it emitted after it (an EOS id is
             // not emitted: the next id alone stays).
             let emitted = row.dec.history().len() - before;
             given_back.push(fed - emitted.max(1));
-            drafted += drafts[r].len();
-            accepted += verify
-                .accepted(r)
-                .min(drafts[r].len())
-                .min(emitted.saturating_sub(1));
+            drafted += drafts.len();
             outcomes.push(outcome);
         }
         let c = &self.counters;
@@ -104,9 +185,7 @@ impl Worker {
         if let Err(e) = lane.batch.trim_rows(&given_back) {
             let rows = std::mem::take(&mut lane.rows);
             for (row, outcome) in rows.into_iter().zip(outcomes) {
-                let failed =
-                    || Outcome::Failed(ApiError::server(format!("generation failed: {e}")));
-                self.close(row, outcome.unwrap_or_else(failed));
+                self.close(row, outcome.unwrap_or_else(|| failed(&e)));
             }
             lane.batch = Batch::for_lane(self.model.as_ref());
             return true;
