@@ -639,6 +639,10 @@ pub enum Defect {
     /// through `engine serve`, by
     /// `lookup::batch_lane_lookup_rows_answer_as_plain_greedy_and_a_short_row_trim_is_caught`.
     BatchRowTrimShort,
+    /// Not a defect: a fault the containment gate injects. Every batch-lane verify forward
+    /// (a lookup round, `Batch::verify`) fails as it is built
+    /// (`serve_hardening::a_failing_lookup_verify_is_contained_and_answers_as_plain_greedy`).
+    BatchVerifyFails,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -876,6 +880,7 @@ fn named(name: &str) -> Option<Defect> {
         "BatchFailureNotContained" => Defect::BatchFailureNotContained,
         "BatchGathersFour" => Defect::BatchGathersFour,
         "BatchRowTrimShort" => Defect::BatchRowTrimShort,
+        "BatchVerifyFails" => Defect::BatchVerifyFails,
         _ => return None,
     })
 }

@@ -448,6 +448,9 @@ impl<'m> Batch<'m> {
                 "one run of ids per batch row, every run of one length",
             ));
         }
+        if crate::plant::is(crate::plant::Defect::BatchVerifyFails) {
+            return Err(Exception::custom("injected fault: a verify forward"));
+        }
         let ids: Vec<i32> = runs.iter().flatten().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[runs.len() as i32, len as i32]);
         let logits = self.model.forward(&ids, &mut self.caches)?;

@@ -61,6 +61,68 @@ fn planted_uncontained_batch_failure_is_caught() {
     assert_ne!(long.0, 200, "the planted defect went unseen: {}", long.1);
 }
 
+/// A lookup round whose verify forward fails is contained as a failed step is (issue 43
+/// items 4 and 7). Injected fault: every verify fails. Two prompt-lookup requests on a
+/// `--batch 4` server: each round's verify fails, every row steps alone from the ids it had
+/// fed, and both answers equal the serial lane's without lookup; nothing fails. Planted,
+/// `BatchFailureNotContained` fails the rows instead.
+#[test]
+fn a_failing_lookup_verify_is_contained_and_answers_as_plain_greedy() {
+    let bodies: Vec<Value> = [
+        "On Monday the robot cleans the table. On Tuesday the robot sorts the bolts. On",
+        "The days of the week are Monday, Tuesday, Wednesday, Thursday, Friday, Saturday and",
+    ]
+    .iter()
+    .map(|p| json!({"prompt": p, "max_tokens": 24, "prompt_lookup_num_tokens": 4}))
+    .collect();
+    let serial = serve_model(MODEL, &[]);
+    let plain: Vec<Value> = bodies
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            b.as_object_mut()
+                .unwrap()
+                .remove("prompt_lookup_num_tokens");
+            let (code, r) = post(serial.port, "/v1/completions", &b);
+            assert_eq!(code, 200, "{r}");
+            r["choices"][0]["text"].clone()
+        })
+        .collect();
+    drop(serial);
+    let run = |plant: &str| {
+        let s = common::server::serve_dir_with_env(
+            &common::goldens().join("models").join(MODEL),
+            &["--batch", "4"],
+            &[("ENGINE_PLANT", plant)],
+        );
+        let port = s.port;
+        let answers: Vec<(u16, Value)> = bodies
+            .iter()
+            .cloned()
+            .map(|b| std::thread::spawn(move || post(port, "/v1/completions", &b)))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        (answers, stats(port))
+    };
+    let (answers, st) = run("BatchVerifyFails");
+    for ((code, r), want) in answers.iter().zip(&plain) {
+        assert_eq!(*code, 200, "{r}");
+        assert_eq!(&r["choices"][0]["text"], want, "{st}");
+    }
+    assert_eq!(st["failed"], 0, "{st}");
+    assert!(
+        st["lanes"]["batch_retried_alone"].as_u64().unwrap() >= 1,
+        "no verify failed and was contained: {st}"
+    );
+    let (answers, _) = run("BatchVerifyFails,BatchFailureNotContained");
+    assert!(
+        answers.iter().any(|(code, _)| *code != 200),
+        "the planted defect went unseen: {answers:?}"
+    );
+}
+
 /// 2000 greedy tokens, EOS ids (6, 2) biased away.
 fn long_body() -> Value {
     json!({"prompt": "The little robot", "max_tokens": 2000,
