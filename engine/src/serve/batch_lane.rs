@@ -510,6 +510,11 @@ impl Worker {
         if self.lookup_round(lane) {
             return;
         }
+        // Its flush may have ended every row.
+        if lane.rows.is_empty() {
+            lane.inflight = None;
+            return;
+        }
         // A lone lookup row stays in batch form between its rounds (they verify there).
         let lone = lane.rows.len() == 1 && !Self::lookup_due(lane);
         if let (true, [row]) = (lone, &lane.rows[..]) {
