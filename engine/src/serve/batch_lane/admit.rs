@@ -141,7 +141,11 @@ impl Worker {
         };
         emit.started(prompt.len());
         self.counters.running.fetch_add(1, Ordering::Relaxed);
-        let lookup = self.lookup_for(&request);
+        // A processor the API lets through beside lookup (a thinking budget) needs each
+        // position's history, which a verify does not keep: that row decodes plainly.
+        let lookup = self
+            .lookup_for(&request)
+            .filter(|_| !sampler.has_penalties());
         let row = Row {
             emit,
             lookup,

@@ -23,7 +23,7 @@ use crate::generate::{Finish, Session};
 use crate::serve::error::ApiError;
 use crate::serve::worker::Worker;
 
-fn failed(e: impl std::fmt::Display) -> Outcome {
+pub(super) fn failed(e: impl std::fmt::Display) -> Outcome {
     Outcome::Failed(ApiError::server(format!("generation failed: {e}")))
 }
 

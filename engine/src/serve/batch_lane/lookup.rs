@@ -23,12 +23,12 @@ use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
+use super::contain::failed;
 use super::{Lane, Outcome, Row};
 use crate::generate::batch::Batch;
 use crate::generate::batch_lookup::{agreed, runs, GreedyPicks};
 use crate::generate::lookup::propose;
 use crate::generate::Finish;
-use crate::serve::error::ApiError;
 use crate::serve::worker::Worker;
 
 /// A row's picks over its run: ids (host), their log-probabilities [ids, vocab], and how
@@ -37,10 +37,6 @@ struct Picked {
     ids: Vec<u32>,
     logprobs: Array,
     kept: usize,
-}
-
-fn failed(e: impl std::fmt::Display) -> Outcome {
-    Outcome::Failed(ApiError::server(format!("generation failed: {e}")))
 }
 
 impl Worker {
