@@ -643,6 +643,11 @@ pub enum Defect {
     /// (a lookup round, `Batch::verify`) fails as it is built
     /// (`serve_hardening::a_failing_lookup_verify_is_contained_and_answers_as_plain_greedy`).
     BatchVerifyFails,
+    /// Batched drafting: each drafter row keeps one rejected position while counting it as
+    /// given back (`DraftBatch::settle`), so its next drafts read a stale id. Caught by
+    /// `lookup::batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught`
+    /// (drafts by the target itself stop being accepted).
+    BatchDraftTrimShort,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -881,6 +886,7 @@ fn named(name: &str) -> Option<Defect> {
         "BatchGathersFour" => Defect::BatchGathersFour,
         "BatchRowTrimShort" => Defect::BatchRowTrimShort,
         "BatchVerifyFails" => Defect::BatchVerifyFails,
+        "BatchDraftTrimShort" => Defect::BatchDraftTrimShort,
         _ => return None,
     })
 }

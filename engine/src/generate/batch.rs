@@ -451,6 +451,19 @@ impl<'m> Batch<'m> {
         if crate::plant::is(crate::plant::Defect::BatchVerifyFails) {
             return Err(Exception::custom("injected fault: a verify forward"));
         }
+        self.feed_runs(runs)
+    }
+
+    /// Feeds every row its run of ids (one length for all) in one forward: the logits of
+    /// every position, [B, len, vocab] (a drafter's first step, `batch_draft`).
+    pub fn feed_runs(&mut self, runs: &[Vec<u32>]) -> Result<Array, Exception> {
+        self.unsolo()?;
+        let len = runs.first().map_or(0, Vec::len);
+        if runs.len() != self.rows() || len == 0 || runs.iter().any(|r| r.len() != len) {
+            return Err(Exception::custom(
+                "one run of ids per batch row, every run of one length",
+            ));
+        }
         let ids: Vec<i32> = runs.iter().flatten().map(|&i| i as i32).collect();
         let ids = Array::from_slice(&ids, &[runs.len() as i32, len as i32]);
         let logits = self.model.forward(&ids, &mut self.caches)?;

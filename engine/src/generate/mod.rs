@@ -5,6 +5,7 @@
 
 pub mod assistant;
 pub mod batch;
+pub mod batch_draft;
 pub mod batch_lookup;
 pub mod bench;
 pub mod budget;

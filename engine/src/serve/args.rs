@@ -76,9 +76,11 @@ pub struct ServeArgs {
     #[arg(long, alias = "decode-concurrency", default_value_t = 1)]
     pub batch: usize,
     /// Speculative decoding: a smaller model sharing the tokenizer drafts tokens that the
-    /// model verifies (mlx_lm.server's --draft-model). Requests run on the serial lane;
-    /// requests with logits processors (penalties, logit bias) run without drafting. A
-    /// directory or a hub repo id from the local cache, as --model.
+    /// model verifies (mlx_lm.server's --draft-model). With --batch N the rows draft
+    /// together in the batch lane where both models' caches are standard K/V (else the
+    /// serial lane serves, and says why); requests with logits processors (penalties,
+    /// logit bias) run without drafting. A directory or a hub repo id from the local
+    /// cache, as --model.
     #[arg(long, value_parser = crate::load::hub::model_arg)]
     pub draft_model: Option<PathBuf>,
     /// A LoRA adapter to serve beside the model, as NAME=DIR (repeatable; DIR an mlx-lm

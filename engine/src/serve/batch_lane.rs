@@ -48,6 +48,13 @@ struct Row<'w> {
     adapter: Option<super::adapters::Use>,
     /// The request's prompt lookup (`lookup`: the lane's steps are lookup rounds then).
     lookup: Option<crate::generate::lookup::LookupParams>,
+    /// Its γ when it drafts with `--draft-model` (the lane's drafter batch, `lookup`).
+    draft: Option<usize>,
+    /// The row's key in the drafter batch (unique in the lane's life).
+    key: u64,
+    /// Drafter caches to start its drafter row from (its cache entry's), or to keep with
+    /// its entry when it ends (its drafter row's).
+    draft_seed: Option<Vec<Box<dyn Cache>>>,
     /// Its `--memory-budget` reservation, released when the row is dropped.
     #[allow(dead_code)]
     budget: Option<crate::serve::budget::Reservation>,
@@ -77,6 +84,9 @@ struct Lane<'w> {
     /// Whether its batch caches give positions back row by row (`batch::trims_rows`): rows
     /// that ask for prompt lookup get it (`lookup`).
     row_trims: bool,
+    /// The draft model's rows (`--draft-model`: `generate::batch_draft`), one per row
+    /// that drafts.
+    drafter: Option<crate::generate::batch_draft::DraftBatch<'w>>,
     /// Requests whose prompts are being prefilled, in arrival order.
     admissions: Vec<admit::Admission<'w>>,
     /// Rows out of the batch, with their caches, while their clients catch up.
@@ -111,10 +121,41 @@ impl Worker {
     /// Why this worker cannot take the batch lane (what it holds that the lane lacks), or
     /// None when it can.
     pub fn not_batchable(&self) -> Option<&'static str> {
-        if self.draft.is_some() {
-            return Some("speculative decoding (--draft-model)");
+        use crate::generate::batch::trims_rows;
+        use crate::generate::drafter::Drafter;
+        match &self.draft {
+            Some((Drafter::Assistant(_), _)) => {
+                return Some("speculative decoding with an assistant drafter (--draft-model)")
+            }
+            Some((Drafter::Model(m), _))
+                if !trims_rows(self.model.as_ref()) || !trims_rows(m.as_ref()) =>
+            {
+                return Some(
+                    "speculative decoding (--draft-model) where the model's or the drafter's \
+                     caches cannot give positions back row by row (sliding-window or \
+                     recurrent layers)",
+                )
+            }
+            Some((Drafter::Model(_), _)) if self.opts.kv_quant.is_some() => {
+                return Some("speculative decoding (--draft-model) with quantized KV")
+            }
+            _ => {}
         }
         crate::generate::batch::refusal(self.model.as_ref(), &self.opts)
+    }
+
+    /// The lane's drafter batch: with a draft model (`--draft-model`), else None.
+    fn drafter_batch(&self) -> Option<crate::generate::batch_draft::DraftBatch<'_>> {
+        match &self.draft {
+            Some((crate::generate::drafter::Drafter::Model(m), _)) => {
+                Some(crate::generate::batch_draft::DraftBatch::new(
+                    m.as_ref(),
+                    &self.opts,
+                    self.prefill_step,
+                ))
+            }
+            _ => None,
+        }
     }
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
@@ -189,11 +230,12 @@ impl Worker {
         let keep: Vec<usize> = (0..rows.len()).filter(|&i| outcomes[i].is_none()).collect();
         // Rows that finished well leave their caches to the prompt cache (and SSD tier).
         let mut kept = Vec::new();
-        for (i, row) in rows.iter().enumerate() {
+        for (i, row) in rows.iter_mut().enumerate() {
             if matches!(outcomes[i], Some(Outcome::Done(_))) && !row.emit.gone {
                 if let Ok(caches) = batch.row_caches(i, row.dec.history().len() as i32) {
                     let fed = caches.first().map_or(0, |c| c.offset()) as usize;
-                    kept.push((row.dec.history()[..fed].to_vec(), caches));
+                    let tokens = row.dec.history()[..fed].to_vec();
+                    kept.push((tokens, caches, row.draft_seed.take()));
                 }
             }
         }
@@ -222,8 +264,8 @@ impl Worker {
                 Some(o) => self.close(row, o),
             }
         }
-        for (tokens, caches) in kept {
-            self.keep(tokens, caches);
+        for (tokens, caches, draft_seed) in kept {
+            self.keep_whole(tokens, caches, draft_seed);
         }
         true
     }
@@ -304,6 +346,7 @@ impl Worker {
             inflight: None,
             prompt_batches: crate::generate::batch::takes_prompt_batches(self.model.as_ref()),
             row_trims: crate::generate::batch::trims_rows(self.model.as_ref()),
+            drafter: self.drafter_batch(),
             admissions: Vec::new(),
             parked: Vec::new(),
             images: Vec::new(),

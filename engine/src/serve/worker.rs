@@ -392,7 +392,7 @@ impl Worker {
     /// The drafter and γ a request drafts with: none without `--draft-model`, with
     /// `num_draft_tokens` 0, prompt lookup, or logits processors the speculative policies
     /// do not run (a fallback, counted).
-    fn drafting(
+    pub(super) fn drafting(
         &self,
         request: &GenRequest,
         sampler: &crate::generate::sampler::Sampler,
@@ -629,7 +629,7 @@ impl Worker {
     }
 
     /// How many of an entry's caches are the model's (the rest are the drafter's).
-    fn model_layers(&self) -> usize {
+    pub(super) fn model_layers(&self) -> usize {
         self.model.make_caches().len()
     }
 
@@ -685,7 +685,9 @@ impl Worker {
         tokens.extend(produced);
         let caches = std::mem::take(&mut session.caches);
         drop(session);
-        self.keep_fed(caches, tokens);
+        if let Some(caches) = self.with_drafter(caches, &tokens, None) {
+            self.keep_fed(caches, tokens);
+        }
     }
 
     // Entries are kept and found under the namespace of the adapter on the model
@@ -700,6 +702,50 @@ impl Worker {
             .borrow_mut()
             .keep_fed(&self.namespace(), caches, tokens);
         self.trim_to_budget();
+    }
+
+    /// Keeps caches holding exactly `tokens`, whole (`with_drafter`).
+    pub(super) fn keep_whole(
+        &self,
+        tokens: Vec<u32>,
+        caches: Vec<Box<dyn crate::cache::Cache>>,
+        seed: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    ) {
+        if let Some(caches) = self.with_drafter(caches, &tokens, seed) {
+            self.keep(tokens, caches);
+        }
+    }
+
+    /// An entry made whole: with a draft model, caches of the model's layers only (the
+    /// batch lane's) get the drafter's caught up on the `tokens` they hold — from `seed`,
+    /// the row's drafter caches, or from nothing — as the serial lane's entries have them.
+    /// None (nothing to keep) when the catch-up fails.
+    fn with_drafter(
+        &self,
+        mut caches: Vec<Box<dyn crate::cache::Cache>>,
+        tokens: &[u32],
+        seed: Option<Vec<Box<dyn crate::cache::Cache>>>,
+    ) -> Option<Vec<Box<dyn crate::cache::Cache>>> {
+        let Some((draft @ crate::generate::drafter::Drafter::Model(_), _)) = &self.draft else {
+            return Some(caches);
+        };
+        if caches.len() != self.model_layers() {
+            return Some(caches);
+        }
+        let fed = &tokens[..crate::cache::common_len(&caches, tokens.len())];
+        let seed = seed.unwrap_or_else(|| draft.make_caches());
+        match draft.catch_up(seed, &self.opts, fed, self.prefill_step) {
+            Ok(drafter) => {
+                caches.extend(drafter);
+                Some(caches)
+            }
+            Err(e) => {
+                eprintln!(
+                    "engine serve: not caching this conversation: drafter catch-up failed: {e}"
+                );
+                None
+            }
+        }
     }
 
     /// Keeps caches holding exactly `tokens` (`PromptStore::keep`).

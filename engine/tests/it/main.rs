@@ -2,6 +2,7 @@
 //! (one link instead of one per file: the test build's time goes to linking on a small
 //! machine). Run one module with `cargo test -p engine --test it MODULE::`.
 
+mod batch_draft;
 mod chat_e2e;
 mod cli;
 mod common;

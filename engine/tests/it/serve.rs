@@ -755,13 +755,10 @@ fn serve_with_a_draft_model() {
         "{st}"
     );
     assert_eq!(
-        st["lanes"]["batch_slots"], 0,
-        "a drafter keeps requests on the serial lane"
+        st["lanes"]["batch_slots"], 4,
+        "a draft model drafts in the batch lane (batch_draft::)"
     );
-    assert_eq!(
-        st["lanes"]["serial_reason"], "speculative decoding (--draft-model)",
-        "{st}"
-    );
+    assert_eq!(st["lanes"]["serial_reason"], Value::Null, "{st}");
     let mut penalised = ask("What color is the sky?");
     penalised["repetition_penalty"] = json!(1.3);
     assert_eq!(post(spec.port, "/v1/chat/completions", &penalised).0, 200);
@@ -791,9 +788,13 @@ fn serve_with_a_draft_model() {
         cached > c1["usage"]["prompt_tokens"].as_u64().unwrap(),
         "the undrafted turn's entry was not reused: {c2}"
     );
+    // The same lane (the batch lane drafts from the drafter's own batch, fed otherwise
+    // than the serial lane's drafter: its acceptance is its own).
     let fresh = serve(&[
         "--draft-model",
         draft.to_str().unwrap(),
+        "--batch",
+        "4",
         "--prompt-cache-size",
         "0",
     ]);
@@ -861,6 +862,21 @@ fn a_model_the_batch_lane_cannot_take_says_why() {
     let gemma = serve_model("tiny-gemma3", &["--batch", "4"]);
     assert_eq!(stats(gemma.port)["lanes"]["batch_slots"], 4);
     assert_eq!(post(gemma.port, "/v1/chat/completions", &ask("Hi")).0, 200);
+    // A draft model where the batch cannot give a row's positions back (gemma3's sliding
+    // windows): drafting stays on the serial lane, and says why.
+    let drafter = common::goldens().join("models/tiny-gemma3");
+    let drafted = serve_model(
+        "tiny-gemma3",
+        &["--batch", "4", "--draft-model", drafter.to_str().unwrap()],
+    );
+    let st = stats(drafted.port);
+    assert_eq!(st["lanes"]["batch_slots"], 0, "{st}");
+    let why = st["lanes"]["serial_reason"].as_str().unwrap_or_default();
+    assert!(why.contains("row by row"), "{st}");
+    assert_eq!(
+        post(drafted.port, "/v1/chat/completions", &ask("Hi")).0,
+        200
+    );
 }
 
 /// `--batch N` on a hybrid (gated delta nets' recurrent states beside attention layers):

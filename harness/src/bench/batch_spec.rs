@@ -1,10 +1,11 @@
-//! `harness bench --suite batch-spec`: prompt lookup inside the batch lane (issue 43 item 4)
-//! against the plain batch lane and against the serial lane's prompt lookup, engine legs
-//! only (mlx-lm 0.32.2 has neither prompt lookup nor speculation in its batch generator).
-//! Each leg is a fresh `engine serve` (`harness leg-serve`); `CLIENTS` clients at once each
-//! stream `per_client` greedy completions of texts that repeat themselves (where lookup
-//! finds drafts). Per leg: the median per-stream decode tok/s, the throughput (tokens over
-//! the leg's wall time) and, with lookup, the share of drafts accepted (/stats).
+//! `harness bench --suite batch-spec`: speculation inside the batch lane (issue 43 item 4)
+//! — prompt lookup, and a draft model — against the plain batch lane and against the same
+//! speculation on the serial lane, engine legs only (mlx-lm 0.32.2 has neither prompt lookup
+//! nor speculation in its batch generator). Each leg is a fresh `engine serve` (`harness
+//! leg-serve`); `CLIENTS` clients at once each stream `per_client` greedy completions of
+//! texts that repeat themselves (where lookup finds drafts). Per leg: the median per-stream
+//! decode tok/s, the throughput (tokens over the leg's wall time) and, when it speculates,
+//! the share of drafts accepted (/stats).
 //!
 //! One workload, `text`: the model's own answers to four prompts that repeat themselves.
 //! An edit-style workload (an answer that copies the prompt, where lookup pays most) needs a
@@ -12,9 +13,10 @@
 //! twice gets 0–6 of 12–40 drafts accepted), and the bench models that loop have no
 //! tokenizer for a server (the spec suite's `tiny/edit` rows run them in process).
 //!
-//! Stacks: `engine` is the batch lane with lookup; its peers are `engine-batch-plain` (the
-//! same lane, no lookup) and `engine-serial-lookup` (`--batch 1`: one request at a time,
-//! each with lookup).
+//! Stacks: `engine` is the batch lane with lookup, `engine-batch-draft` the batch lane with
+//! the draft model (`DRAFTER`, the spec suite's pair); their peers are `engine-batch-plain`
+//! (the same lane, no speculation), `engine-serial-lookup` and `engine-serial-draft`
+//! (`--batch 1`: one request at a time, each speculating the same way).
 
 use std::time::Instant;
 
@@ -39,11 +41,34 @@ pub const PROMPTS: [&str; 4] = [
     "The little robot went to the market. The little robot bought a clock. The little robot",
 ];
 
-/// (stack, `--batch`, whether its requests ask for lookup).
-pub const STACKS: [(&str, usize, bool); 3] = [
-    ("engine", CLIENTS, true),
-    ("engine-batch-plain", CLIENTS, false),
-    ("engine-serial-lookup", 1, true),
+/// The drafter of the draft-model legs (tiny-llama-trained's in the spec suite).
+pub const DRAFTER: &str = "tiny-llama-draft";
+
+/// How a stack's requests speculate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculate {
+    No,
+    /// Prompt lookup, asked for by each request.
+    Lookup,
+    /// The server's draft model (`--draft-model DRAFTER --num-draft-tokens GAMMA`).
+    Draft,
+}
+
+/// (stack, `--batch`, how it speculates).
+pub const STACKS: [(&str, usize, Speculate); 5] = [
+    ("engine", CLIENTS, Speculate::Lookup),
+    ("engine-batch-plain", CLIENTS, Speculate::No),
+    ("engine-serial-lookup", 1, Speculate::Lookup),
+    ("engine-batch-draft", CLIENTS, Speculate::Draft),
+    ("engine-serial-draft", 1, Speculate::Draft),
+];
+
+/// The comparisons the suite reports: (stack, against).
+pub const PAIRS: [(&str, &str); 4] = [
+    ("engine", "engine-batch-plain"),
+    ("engine", "engine-serial-lookup"),
+    ("engine-batch-draft", "engine-batch-plain"),
+    ("engine-batch-draft", "engine-serial-draft"),
 ];
 
 /// Workloads (figures are named `{figure}_{workload}`).
@@ -58,11 +83,11 @@ pub const FIGURES: [(&str, &str, bool); 3] = [
 ];
 
 /// One streamed request, timed.
-fn request(port: u16, prompt: &str, max_tokens: usize, lookup: bool) -> Result<Sample> {
+fn request(port: u16, prompt: &str, max_tokens: usize, how: Speculate) -> Result<Sample> {
     let mut body = serde_json::json!({
         "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stream": true,
     });
-    if lookup {
+    if how == Speculate::Lookup {
         body["prompt_lookup_num_tokens"] = GAMMA.into();
         body["max_matching_ngram_size"] = MAX_NGRAM.into();
     }
@@ -75,7 +100,7 @@ fn clients(
     port: u16,
     prompts: &[String],
     workload: &str,
-    (per_client, max_tokens, lookup): (usize, usize, bool),
+    (per_client, max_tokens, how): (usize, usize, Speculate),
 ) -> Result<Vec<(String, f64)>> {
     let spec = || -> Result<(f64, f64)> {
         let (_, body) = super::serve::get(port, "/stats")?;
@@ -86,7 +111,7 @@ fn clients(
     let (drafted0, accepted0) = spec()?;
     let prompts: Vec<String> = prompts.to_vec();
     let (samples, wall) = super::serve::fan_out(CLIENTS, per_client, move |i| {
-        request(port, &prompts[i % prompts.len()], max_tokens, lookup)
+        request(port, &prompts[i % prompts.len()], max_tokens, how)
     })?;
     let (drafted, accepted) = spec()?;
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
@@ -98,7 +123,7 @@ fn clients(
         ),
         (name(1), tokens as f64 / wall),
     ];
-    if lookup {
+    if how != Speculate::No {
         let share = 100.0 * (accepted - accepted0) / (drafted - drafted0).max(1.0);
         figures.push((name(2), share));
     }
@@ -113,16 +138,28 @@ fn leg(
     per_client: usize,
     max_tokens: usize,
 ) -> Result<Vec<(String, f64)>> {
-    let &(_, batch, lookup) = STACKS
+    let &(_, batch, how) = STACKS
         .iter()
         .find(|(s, _, _)| *s == stack)
         .expect("a stack of STACKS");
-    let server = super::serve::start("engine", model, batch)?;
-    request(server.port, PROMPTS[0], max_tokens, lookup)?;
+    let extra = match how {
+        Speculate::Draft => {
+            let drafter = super::serve::model_dir(DRAFTER)?;
+            vec![
+                "--draft-model".to_owned(),
+                drafter.display().to_string(),
+                "--num-draft-tokens".to_owned(),
+                GAMMA.to_string(),
+            ]
+        }
+        _ => Vec::new(),
+    };
+    let server = super::serve::start_with("engine", model, batch, &extra)?;
+    request(server.port, PROMPTS[0], max_tokens, how)?;
     let mut figures = Vec::new();
     for (workload, prompts) in workloads {
-        let how = (per_client, max_tokens, lookup);
-        figures.extend(clients(server.port, prompts, workload, how)?);
+        let leg = (per_client, max_tokens, how);
+        figures.extend(clients(server.port, prompts, workload, leg)?);
     }
     Ok(figures)
 }

@@ -76,7 +76,13 @@ fn free_port() -> Result<u16> {
 
 /// Starts `stack`'s server on `model` and waits for /health.
 pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
-    let server = spawn(stack, model, batch)?;
+    start_with(stack, model, batch, &[])
+}
+
+/// `start`, the engine given more `engine serve` flags (`extra`; the batch-spec suite's
+/// `--draft-model`).
+pub fn start_with(stack: &str, model: &Path, batch: usize, extra: &[String]) -> Result<Server> {
+    let server = spawn_with(stack, model, batch, extra)?;
     let start = Instant::now();
     loop {
         if let Ok((200, _)) = get(server.port, "/health") {
@@ -91,6 +97,10 @@ pub fn start(stack: &str, model: &Path, batch: usize) -> Result<Server> {
 
 /// Starts `stack`'s server on `model` on a free port, without waiting for it.
 pub fn spawn(stack: &str, model: &Path, batch: usize) -> Result<Server> {
+    spawn_with(stack, model, batch, &[])
+}
+
+fn spawn_with(stack: &str, model: &Path, batch: usize, extra: &[String]) -> Result<Server> {
     let port = free_port()?;
     let mut cmd = if stack == "engine" {
         let mut c = Command::new(std::env::current_exe()?);
@@ -107,6 +117,10 @@ pub fn spawn(stack: &str, model: &Path, batch: usize) -> Result<Server> {
         .arg(port.to_string())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    if stack == "engine" && !extra.is_empty() {
+        // `engine serve` flags for leg-serve, after its own.
+        cmd.arg("--").args(extra);
+    }
     let child = cmd
         .spawn()
         .with_context(|| format!("starting the {stack} server"))?;

@@ -26,8 +26,9 @@ pub struct Args {
     /// constrain (decode with and without a JSON-schema mask, on tiny-llama-trained and the
     /// 151 936-id qwen3-vocab-tiny; engine only) or ready (spawn to the first answer,
     /// `engine serve` vs `mlx_lm.server`, on gemma3-vocab-tiny: the 262 k-id Gemma 3
-    /// tokenizer) or batch-spec (prompt lookup in the batch lane vs the plain batch lane
-    /// and vs the serial lane's lookup, 4 clients on tiny-llama-trained; engine only).
+    /// tokenizer) or batch-spec (prompt lookup and a draft model in the batch lane vs the
+    /// plain batch lane and vs the serial lane's same speculation, 4 clients on
+    /// tiny-llama-trained; engine only).
     #[arg(long, default_value = "decode")]
     suite: String,
     /// The bench model the restart suite runs on (its prompt is at least 4096 tokens:
@@ -354,10 +355,10 @@ fn run_ready(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// The batch-spec suite: prompt lookup in the batch lane vs the plain batch lane and vs the
-/// serial lane's lookup (engine legs only).
+/// The batch-spec suite: prompt lookup and a draft model in the batch lane vs the plain batch
+/// lane and vs the serial lane's same speculation (engine legs only).
 fn run_batch_spec(args: &Args) -> Result<()> {
-    use harness::bench::batch_spec::{self, FIGURES, MODEL, STACKS, WORKLOADS};
+    use harness::bench::batch_spec::{self, Speculate, FIGURES, MODEL, PAIRS, STACKS, WORKLOADS};
     let (thresholds, before) = preflight_gate(args, "batch-spec")?;
     let rounds = args.rounds.fixed_or(harness::bench::spread::AUTO_FIRST);
     let kept = batch_spec::run(rounds, args.per_client, args.max_tokens)?;
@@ -378,18 +379,20 @@ fn run_batch_spec(args: &Args) -> Result<()> {
             .collect();
         let kinds: Vec<_> = named.iter().map(|(f, u, h)| (f.as_str(), *u, *h)).collect();
         println!("{workload}:");
-        for (peer, _, _) in &STACKS[1..] {
-            print!("{}", kept.lines(&kinds[..2], "engine", Some(peer)));
+        for (ours, theirs) in PAIRS {
+            print!("{}", kept.lines(&kinds[..2], ours, Some(theirs)));
+            if theirs != "engine-batch-plain" {
+                print!("{}", kept.lines(&kinds[2..], ours, Some(theirs)));
+            }
         }
-        print!("{}", kept.lines(&kinds[2..], "engine", Some(STACKS[2].0)));
-        for (stack, _, lookup) in STACKS {
+        for (stack, _, how) in STACKS {
             for &(figure, unit, _) in &kinds {
-                if figure.starts_with("accepted_pct") && !lookup {
+                if figure.starts_with("accepted_pct") && how == Speculate::No {
                     continue;
                 }
-                // The batch lane with lookup against the plain batch lane (the serial
-                // lookup leg, the other peer, is in the table above).
-                let theirs = (stack == "engine").then_some(STACKS[1].0);
+                // Speculation in the batch lane against the plain batch lane (the serial
+                // legs, the other peers, are in the table above).
+                let theirs = PAIRS.iter().find(|p| p.0 == stack).map(|p| p.1);
                 let params = kept.row_params(
                     serde_json::json!({
                         "rounds": rounds, "clients": batch_spec::CLIENTS,

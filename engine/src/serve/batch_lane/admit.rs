@@ -35,6 +35,9 @@ use crate::serve::error::ApiError;
 use crate::serve::request::GenRequest;
 use crate::serve::worker::{Job, Worker};
 
+/// The next row's key (`Row::key`).
+static NEXT_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// A request being admitted: its prompt is prefilled chunk by chunk.
 pub(super) struct Admission<'w> {
     row: Row<'w>,
@@ -79,10 +82,13 @@ impl Worker {
     /// Starts admitting a request: its limits checked, prompt cache consulted, session made.
     fn start<'w>(&'w self, job: Job) -> Option<Admission<'w>> {
         let (row, request, prompt) = self.open_row(job)?;
-        let (caches, cached) = match self.cache_take(&prompt) {
+        let (mut caches, cached) = match self.cache_take(&prompt) {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
         };
+        // An entry's drafter layers (`--draft-model`) start the row's drafter row.
+        let seed = caches.split_off(self.model_layers().min(caches.len()));
+        let draft_seed = (row.draft.is_some() && !seed.is_empty()).then_some(seed);
         let opts = self.opts_for(row.adapter.as_ref());
         let mut session = Session::with_caches(self.model.as_ref(), &opts, caches);
         session.prefill_step = self.prefill_step;
@@ -93,7 +99,11 @@ impl Worker {
             request.return_progress,
         );
         Some(Admission {
-            row: Row { cached, ..row },
+            row: Row {
+                cached,
+                draft_seed,
+                ..row
+            },
             session,
             prompt,
             fed: cached,
@@ -146,9 +156,14 @@ impl Worker {
         let lookup = self
             .lookup_for(&request)
             .filter(|_| !sampler.has_penalties());
+        // With `--draft-model`, as the serial lane drafts (`Worker::drafting`).
+        let draft = self.drafting(&request, &sampler).map(|(_, gamma)| gamma);
         let row = Row {
             emit,
             lookup,
+            draft,
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
+            draft_seed: None,
             dec: Decoder::new(&prompt, max_tokens, &self.tokenizer.eos_token_ids, sampler),
             prompt_tokens: prompt.len(),
             cached: 0,

@@ -43,7 +43,79 @@ impl Worker {
     /// Whether this lane's steps are lookup rounds now: the model's caches trim by row and
     /// some row asks for lookup.
     pub(super) fn lookup_due(lane: &Lane<'_>) -> bool {
-        lane.row_trims && lane.rows.iter().any(|r| r.lookup.is_some())
+        lane.row_trims
+            && lane
+                .rows
+                .iter()
+                .any(|r| r.lookup.is_some() || r.draft.is_some())
+    }
+
+    /// The draft model's drafts for the rows that draft with it (`batch_draft`), into
+    /// `drafts` (each cut to its row's γ and what it may still emit); the indices of those
+    /// rows. A failure of the drafter ends drafting for them (they decode on, counted as
+    /// fallbacks).
+    fn model_drafts(&self, lane: &mut Lane<'_>, drafts: &mut [Vec<u32>]) -> Vec<usize> {
+        use crate::generate::batch_draft::DraftRow;
+        let Some(drafter) = lane.drafter.as_mut() else {
+            return Vec::new();
+        };
+        let drafting: Vec<usize> = (0..lane.rows.len())
+            .filter(|&i| lane.rows[i].draft.is_some())
+            .collect();
+        if drafting.is_empty() {
+            drafter.clear();
+            return drafting;
+        }
+        let mut seeds: Vec<(u64, Vec<Box<dyn crate::cache::Cache>>)> = drafting
+            .iter()
+            .filter_map(|&i| {
+                let row = &mut lane.rows[i];
+                Some((row.key, row.draft_seed.take()?))
+            })
+            .collect();
+        let gamma = drafting
+            .iter()
+            .filter_map(|&i| lane.rows[i].draft)
+            .max()
+            .unwrap_or(1);
+        let rows: Vec<DraftRow> = drafting
+            .iter()
+            .map(|&i| DraftRow {
+                key: lane.rows[i].key,
+                text: lane.rows[i].dec.history(),
+            })
+            .collect();
+        let seed = |key: u64| {
+            let at = seeds.iter().position(|(k, _)| *k == key)?;
+            Some(seeds.swap_remove(at).1)
+        };
+        match drafter
+            .sync(&rows, seed)
+            .and_then(|()| drafter.draft(&rows, gamma))
+        {
+            Ok(proposed) => {
+                for (&i, d) in drafting.iter().zip(proposed) {
+                    let row = &lane.rows[i];
+                    let limit = row
+                        .draft
+                        .unwrap_or(0)
+                        .min(row.dec.remaining().saturating_sub(1));
+                    drafts[i] = d[..limit.min(d.len())].to_vec();
+                }
+                drafting
+            }
+            Err(e) => {
+                eprintln!("engine serve: the running rows decode on without drafting: {e}");
+                drafter.clear();
+                for &i in &drafting {
+                    lane.rows[i].draft = None;
+                }
+                self.counters
+                    .spec_fallbacks
+                    .fetch_add(drafting.len() as u64, Ordering::Relaxed);
+                Vec::new()
+            }
+        }
     }
 
     /// Each row's picks from the verify's `logits` [rows, run length, vocab] (lazy where
@@ -69,7 +141,7 @@ impl Worker {
             .iter_mut()
             .enumerate()
             .map(|(r, row)| {
-                if row.lookup.is_some() {
+                if row.lookup.is_some() || row.draft.is_some() {
                     let history = match row.dec.sampler().is_constrained() {
                         true => row.dec.history().to_vec(),
                         false => Vec::new(),
@@ -124,7 +196,7 @@ impl Worker {
         }
         // Drafts come from the rows' texts: the queued samples are emitted first.
         self.flush(lane);
-        let drafts: Vec<Vec<u32>> = lane
+        let mut drafts: Vec<Vec<u32>> = lane
             .rows
             .iter()
             .map(|r| match r.lookup {
@@ -135,6 +207,7 @@ impl Worker {
                 None => Vec::new(),
             })
             .collect();
+        let drafted = self.model_drafts(lane, &mut drafts);
         if drafts.iter().all(Vec::is_empty) {
             return false;
         }
@@ -153,7 +226,7 @@ impl Worker {
             }
         };
         let fed = runs[0].len();
-        let (mut drafted, mut accepted) = (0, 0);
+        let (mut n_drafts, mut accepted) = (0, 0);
         let mut outcomes = Vec::with_capacity(lane.rows.len());
         let mut given_back = Vec::with_capacity(lane.rows.len());
         for ((row, picked), drafts) in lane.rows.iter_mut().zip(&picks).zip(&drafts) {
@@ -170,11 +243,12 @@ impl Worker {
             // not emitted: the next id alone stays).
             let emitted = row.dec.history().len() - before;
             given_back.push(fed - emitted.max(1));
-            drafted += drafts.len();
+            n_drafts += drafts.len();
             outcomes.push(outcome);
         }
+        self.settle_drafter(lane, &drafted, &given_back, fed, &outcomes);
         let c = &self.counters;
-        c.spec_drafted.fetch_add(drafted as u64, Ordering::Relaxed);
+        c.spec_drafted.fetch_add(n_drafts as u64, Ordering::Relaxed);
         c.spec_accepted
             .fetch_add(accepted as u64, Ordering::Relaxed);
         c.spec_target_calls.fetch_add(1, Ordering::Relaxed);
@@ -191,5 +265,37 @@ impl Worker {
         }
         lane.steps += 1;
         true
+    }
+
+    /// After a round's emission: the drafter rows give back what their rows did not keep
+    /// (row i emitted `fed − given_back[i]` ids), and a row that ends takes its drafter
+    /// caches to its cache entry. A drafter that fails here is cleared (its rows are
+    /// prefilled again at the next round).
+    fn settle_drafter(
+        &self,
+        lane: &mut Lane<'_>,
+        drafted: &[usize],
+        given_back: &[usize],
+        fed: usize,
+        outcomes: &[Option<Outcome>],
+    ) {
+        let Some(drafter) = lane.drafter.as_mut() else {
+            return;
+        };
+        if drafted.is_empty() {
+            return;
+        }
+        let emitted: Vec<usize> = drafted.iter().map(|&i| fed - given_back[i]).collect();
+        if let Err(e) = drafter.settle(&emitted) {
+            eprintln!("engine serve: the drafter rows start over: {e}");
+            drafter.clear();
+            return;
+        }
+        for &i in drafted {
+            if matches!(outcomes[i], Some(Outcome::Done(_))) {
+                let row = &mut lane.rows[i];
+                row.draft_seed = drafter.row_caches(row.key);
+            }
+        }
     }
 }

@@ -1,0 +1,150 @@
+//! Draft-model rows in the batch lane (issue 43 item 4, its draft-model part): with
+//! `--draft-model`, the lane's rows draft together in the drafter's own batch
+//! (`generate::batch_draft`), every row's drafts are verified in one forward of the model,
+//! and each row gives back its own rejected positions, in the model's batch and in the
+//! drafter's. Served answers must be the serial lane's plain greedy answers.
+
+use serde_json::{json, Value};
+
+use crate::common::goldens;
+use crate::common::server::{post, serve_dir_with_env, serve_model, stats, wait_for};
+
+/// The requests: three rows drafting with their own γ (2, 3, 5) and a fourth beside them
+/// that does not draft — `num_draft_tokens` 0, or a repetition penalty (which the
+/// speculative policies do not run: it falls back to plain decoding with its processor) —
+/// then a fifth drafting row (γ 4) that joins later.
+fn bodies(penalized: bool) -> Vec<Value> {
+    let drafted = |p: &str, gamma: usize| json!({"prompt": p, "max_tokens": 40, "temperature": 0, "num_draft_tokens": gamma});
+    let mut plain = json!({"prompt": "In the morning", "max_tokens": 40, "temperature": 0});
+    match penalized {
+        true => plain["repetition_penalty"] = 1.3.into(),
+        false => plain["num_draft_tokens"] = 0.into(),
+    }
+    vec![
+        drafted("The little robot", 2),
+        drafted("Once upon a time", 3),
+        drafted("Question: Who brought the broken clock?", 5),
+        plain,
+        drafted("The cat sat", 4),
+    ]
+}
+
+/// `bodies` on a `--batch 4` server drafting with `drafter` (planted `plants` beside
+/// `BatchGathersFour`, which makes the first four start together; the fifth joins later):
+/// their texts and the server's /stats.
+fn run(bodies: &[Value], drafter: &str, plants: &str) -> (Vec<String>, Value) {
+    let drafter = goldens().join("models").join(drafter);
+    let server = serve_dir_with_env(
+        &goldens().join("models/tiny-llama-trained"),
+        &[
+            "--batch",
+            "4",
+            "--prompt-cache-size",
+            "0",
+            "--draft-model",
+            drafter.to_str().unwrap(),
+        ],
+        &[("ENGINE_PLANT", &format!("BatchGathersFour,{plants}"))],
+    );
+    let port = server.port;
+    let spawn = |b: &Value| {
+        let b = b.clone();
+        std::thread::spawn(move || post(port, "/v1/completions", &b))
+    };
+    let mut handles: Vec<_> = bodies[..4].iter().map(spawn).collect();
+    wait_for(
+        port,
+        "the four started",
+        std::time::Duration::from_secs(60),
+        |st| st["running"].as_u64() > Some(0) || st["completed"].as_u64() > Some(0),
+    );
+    handles.push(spawn(&bodies[4]));
+    let texts = handles
+        .into_iter()
+        .map(|h| {
+            let (code, r) = h.join().unwrap();
+            assert_eq!(code, 200, "{r}");
+            r["choices"][0]["text"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    (texts, stats(port))
+}
+
+/// Drafts accepted over drafts made, from /stats.
+fn acceptance(st: &Value) -> f64 {
+    let s = &st["speculative"];
+    s["accepted"].as_f64().unwrap() / s["drafted"].as_f64().unwrap().max(1.0)
+}
+
+/// Draft-model rows in the batch lane (issue 43 item 4): three rows drafting with γ 2, 3
+/// and 5 and a row that does not draft start together on a `--batch 4` server; a fifth
+/// drafting row (γ 4) joins when a slot frees. The drafter is the model itself, so plain
+/// greedy decoding would accept every draft. Twice: the non-drafting row greedy
+/// (`num_draft_tokens` 0: one argmax for every row of a round) and under a repetition
+/// penalty (every row picks with its own sampler).
+///
+/// Every answer is the serial lane's plain greedy answer and at least 95 % of the drafts
+/// are accepted. Planted: `BatchRowTrimShort` (each row of the model's batch keeps one
+/// rejected position) changes an answer; `BatchDraftTrimShort` (each drafter row keeps one
+/// rejected position while counting it given back) leaves the answers alone — drafts never
+/// choose an id — but its drafts read stale ids and the acceptance falls below 95 %.
+#[test]
+fn batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught() {
+    let serial = serve_model("tiny-llama-trained", &["--prompt-cache-size", "0"]);
+    let plain_answers = |bodies: &[Value]| -> Vec<String> {
+        bodies
+            .iter()
+            .map(|b| {
+                let mut b = b.clone();
+                b.as_object_mut().unwrap().remove("num_draft_tokens");
+                let (code, r) = post(serial.port, "/v1/completions", &b);
+                assert_eq!(code, 200, "{r}");
+                r["choices"][0]["text"].as_str().unwrap().to_owned()
+            })
+            .collect()
+    };
+    let runs: Vec<(bool, Vec<Value>, Vec<String>)> = [false, true]
+        .into_iter()
+        .map(|penalized| {
+            let bodies = bodies(penalized);
+            let plain = plain_answers(&bodies);
+            (penalized, bodies, plain)
+        })
+        .collect();
+    drop(serial);
+    for (penalized, bodies, plain) in &runs {
+        let (served, st) = run(bodies, "tiny-llama-trained", "");
+        println!(
+            "batch-lane drafting (penalized row: {penalized}): {}",
+            st["speculative"]
+        );
+        assert_eq!(&served, plain, "drafted rows vs the serial lane: {st}");
+        assert!(
+            acceptance(&st) >= 0.95,
+            "the model drafting for itself: {st}"
+        );
+        assert_eq!(
+            st["speculative"]["fallbacks"], 1,
+            "the non-drafting row: {st}"
+        );
+        assert!(
+            st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 4,
+            "the rows never shared a round: {st}"
+        );
+        assert_eq!(st["lanes"]["serial_reason"], Value::Null, "{st}");
+        assert_eq!(st["failed"], 0, "{st}");
+
+        let (short, _) = run(bodies, "tiny-llama-trained", "BatchRowTrimShort");
+        assert_ne!(&short, plain, "a short row trim changed no answer");
+        let (stale, st) = run(bodies, "tiny-llama-trained", "BatchDraftTrimShort");
+        println!(
+            "stale drafter (penalized row: {penalized}): {}",
+            st["speculative"]
+        );
+        assert_eq!(&stale, plain, "drafts chose an id: {st}");
+        assert!(
+            acceptance(&st) < 0.95,
+            "a stale drafter row went unnoticed: {st}"
+        );
+    }
+}
