@@ -7,7 +7,7 @@
 use serde_json::{json, Value};
 
 use crate::common::goldens;
-use crate::common::server::{post, serve_dir_with_env, serve_model, stats, wait_for};
+use crate::common::lane::{four_then_one, plain_runs};
 
 /// The requests: three rows drafting with their own γ (2, 3, 5) and a fourth beside them
 /// that does not draft — `num_draft_tokens` 0, or a repetition penalty (which the
@@ -29,45 +29,12 @@ fn bodies(penalized: bool) -> Vec<Value> {
     ]
 }
 
-/// `bodies` on a `--batch 4` server drafting with `drafter` (planted `plants` beside
-/// `BatchGathersFour`, which makes the first four start together; the fifth joins later):
-/// their texts and the server's /stats.
-fn run(bodies: &[Value], drafter: &str, plants: &str) -> (Vec<String>, Value) {
-    let drafter = goldens().join("models").join(drafter);
-    let server = serve_dir_with_env(
-        &goldens().join("models/tiny-llama-trained"),
-        &[
-            "--batch",
-            "4",
-            "--prompt-cache-size",
-            "0",
-            "--draft-model",
-            drafter.to_str().unwrap(),
-        ],
-        &[("ENGINE_PLANT", &format!("BatchGathersFour,{plants}"))],
-    );
-    let port = server.port;
-    let spawn = |b: &Value| {
-        let b = b.clone();
-        std::thread::spawn(move || post(port, "/v1/completions", &b))
-    };
-    let mut handles: Vec<_> = bodies[..4].iter().map(spawn).collect();
-    wait_for(
-        port,
-        "the four started",
-        std::time::Duration::from_secs(60),
-        |st| st["running"].as_u64() > Some(0) || st["completed"].as_u64() > Some(0),
-    );
-    handles.push(spawn(&bodies[4]));
-    let texts = handles
-        .into_iter()
-        .map(|h| {
-            let (code, r) = h.join().unwrap();
-            assert_eq!(code, 200, "{r}");
-            r["choices"][0]["text"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    (texts, stats(port))
+/// `bodies` on a `--batch 4` tiny-llama-trained server drafting with itself
+/// (`common::lane::four_then_one`, planted `plants`).
+fn run(bodies: &[Value], plants: &str) -> (Vec<String>, Value) {
+    let model = goldens().join("models/tiny-llama-trained");
+    let flags = ["--draft-model", model.to_str().unwrap()];
+    four_then_one(&model, &flags, plants, bodies)
 }
 
 /// Drafts accepted over drafts made, from /stats.
@@ -90,30 +57,9 @@ fn acceptance(st: &Value) -> f64 {
 /// choose an id — but its drafts read stale ids and the acceptance falls below 95 %.
 #[test]
 fn batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught() {
-    let serial = serve_model("tiny-llama-trained", &["--prompt-cache-size", "0"]);
-    let plain_answers = |bodies: &[Value]| -> Vec<String> {
-        bodies
-            .iter()
-            .map(|b| {
-                let mut b = b.clone();
-                b.as_object_mut().unwrap().remove("num_draft_tokens");
-                let (code, r) = post(serial.port, "/v1/completions", &b);
-                assert_eq!(code, 200, "{r}");
-                r["choices"][0]["text"].as_str().unwrap().to_owned()
-            })
-            .collect()
-    };
-    let runs: Vec<(bool, Vec<Value>, Vec<String>)> = [false, true]
-        .into_iter()
-        .map(|penalized| {
-            let bodies = bodies(penalized);
-            let plain = plain_answers(&bodies);
-            (penalized, bodies, plain)
-        })
-        .collect();
-    drop(serial);
+    let runs = plain_runs(bodies, &["num_draft_tokens"]);
     for (penalized, bodies, plain) in &runs {
-        let (served, st) = run(bodies, "tiny-llama-trained", "");
+        let (served, st) = run(bodies, "");
         println!(
             "batch-lane drafting (penalized row: {penalized}): {}",
             st["speculative"]
@@ -134,9 +80,9 @@ fn batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught() 
         assert_eq!(st["lanes"]["serial_reason"], Value::Null, "{st}");
         assert_eq!(st["failed"], 0, "{st}");
 
-        let (short, _) = run(bodies, "tiny-llama-trained", "BatchRowTrimShort");
+        let (short, _) = run(bodies, "BatchRowTrimShort");
         assert_ne!(&short, plain, "a short row trim changed no answer");
-        let (stale, st) = run(bodies, "tiny-llama-trained", "BatchDraftTrimShort");
+        let (stale, st) = run(bodies, "BatchDraftTrimShort");
         println!(
             "stale drafter (penalized row: {penalized}): {}",
             st["speculative"]

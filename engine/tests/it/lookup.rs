@@ -562,38 +562,10 @@ fn lane_lookup_bodies(penalized: bool) -> Vec<serde_json::Value> {
     ]
 }
 
-/// `bodies` on a `--batch 4` server (planted `plants` beside `BatchGathersFour`, which
-/// makes the first four requests start together; the fifth joins later): their texts and
-/// the server's /stats.
+/// `bodies` on a `--batch 4` tiny-llama-trained server (`common::lane::four_then_one`).
 fn lane_lookup_run(bodies: &[serde_json::Value], plants: &str) -> (Vec<String>, serde_json::Value) {
-    use common::server::{post, serve_dir_with_env, stats, wait_for};
-    use std::time::Duration;
-    let server = serve_dir_with_env(
-        &goldens().join("models/tiny-llama-trained"),
-        &["--batch", "4", "--prompt-cache-size", "0"],
-        &[("ENGINE_PLANT", &format!("BatchGathersFour,{plants}"))],
-    );
-    let port = server.port;
-    let spawn = |b: &serde_json::Value| {
-        let b = b.clone();
-        std::thread::spawn(move || post(port, "/v1/completions", &b))
-    };
-    let mut handles: Vec<_> = bodies[..4].iter().map(spawn).collect();
-    // The fifth arrives once the four have started (an idle lane would wait for four
-    // arrivals again): it waits for a free slot and joins the rows still running.
-    wait_for(port, "the four started", Duration::from_secs(60), |st| {
-        st["running"].as_u64() > Some(0) || st["completed"].as_u64() > Some(0)
-    });
-    handles.push(spawn(&bodies[4]));
-    let texts: Vec<String> = handles
-        .into_iter()
-        .map(|h| {
-            let (code, r) = h.join().unwrap();
-            assert_eq!(code, 200, "{r}");
-            r["choices"][0]["text"].as_str().unwrap().to_owned()
-        })
-        .collect();
-    (texts, stats(port))
+    let model = goldens().join("models/tiny-llama-trained");
+    common::lane::four_then_one(&model, &[], plants, bodies)
 }
 
 /// Prompt lookup inside the batch lane (issue 43 item 4): three lookup rows (γ 4, 2, 6) and
@@ -608,31 +580,8 @@ fn lane_lookup_run(bodies: &[serde_json::Value], plants: &str) -> (Vec<String>, 
 /// an answer in both.
 #[test]
 fn batch_lane_lookup_rows_answer_as_plain_greedy_and_a_short_row_trim_is_caught() {
-    use common::server::{post, serve_model};
-    let serial = serve_model("tiny-llama-trained", &[]);
-    let plain_answers = |bodies: &[serde_json::Value]| -> Vec<String> {
-        bodies
-            .iter()
-            .map(|b| {
-                let mut b = b.clone();
-                let o = b.as_object_mut().unwrap();
-                o.remove("prompt_lookup_num_tokens");
-                o.remove("max_matching_ngram_size");
-                let (code, r) = post(serial.port, "/v1/completions", &b);
-                assert_eq!(code, 200, "{r}");
-                r["choices"][0]["text"].as_str().unwrap().to_owned()
-            })
-            .collect()
-    };
-    let runs: Vec<(bool, Vec<serde_json::Value>, Vec<String>)> = [false, true]
-        .into_iter()
-        .map(|penalized| {
-            let bodies = lane_lookup_bodies(penalized);
-            let plain = plain_answers(&bodies);
-            (penalized, bodies, plain)
-        })
-        .collect();
-    drop(serial);
+    let keys = ["prompt_lookup_num_tokens", "max_matching_ngram_size"];
+    let runs = common::lane::plain_runs(lane_lookup_bodies, &keys);
     for (penalized, bodies, plain) in &runs {
         let (served, st) = lane_lookup_run(bodies, "");
         assert_eq!(

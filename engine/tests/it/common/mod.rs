@@ -1,6 +1,7 @@
 //! Helpers shared by the engine's integration tests (each test binary uses a subset).
 #![allow(dead_code)]
 
+pub mod lane;
 pub mod server;
 pub mod train;
 pub mod vision;
