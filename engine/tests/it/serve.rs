@@ -716,9 +716,10 @@ fn ssd_write_behind_waits_for_idle_and_spills_on_eviction_and_stop() {
     );
 }
 
-/// Speculative decoding in the server (`--draft-model`): greedy answers equal a plain
-/// server's, drafts are counted, a chat's second turn reuses the model's and the drafter's
-/// caches, and requests with logits processors or `num_draft_tokens: 0` run without drafting.
+/// Speculative decoding in the server (`--draft-model`, rows drafting in the batch lane):
+/// greedy answers equal a plain server's, drafts are counted, a chat's second turn reuses
+/// the model's and the drafter's caches, and requests with logits processors or
+/// `num_draft_tokens: 0` run without drafting.
 #[test]
 fn serve_with_a_draft_model() {
     let draft = Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens/models/tiny-llama-draft");
