@@ -861,10 +861,21 @@ fn fuzzed_request_bodies_never_crash_the_serial_lane() {
 }
 
 /// The same fuzz against the batch lane, from 4 clients at once so that rows batch (other
-/// bodies: another seed).
+/// bodies: another seed), with a draft model: bodies that do not turn drafting off
+/// (`num_draft_tokens` 0, penalties, prompt lookup) draft in the lane's drafter batch
+/// beside rows that do not (the tool-calling fuzz below covers a lane without a drafter).
 #[test]
 fn fuzzed_request_bodies_never_crash_the_batch_lane() {
-    fuzz(&["--batch", "8"], 2, 4);
+    let drafter = common::goldens().join("models/tiny-llama-draft");
+    let st = fuzz(
+        &["--batch", "8", "--draft-model", drafter.to_str().unwrap()],
+        2,
+        4,
+    );
+    assert!(
+        st["speculative"]["target_calls"].as_u64() > Some(0),
+        "no fuzzed row drafted: {st}"
+    );
 }
 
 /// Why a fuzz answer is wrong, if it is.
@@ -894,11 +905,12 @@ fn wrong_answer(code: u16, text: &str) -> Option<String> {
     None
 }
 
-fn fuzz(extra: &[&str], seed: u8, clients: usize) {
+fn fuzz(extra: &[&str], seed: u8, clients: usize) -> Value {
     fuzz_model(MODEL, extra, seed, clients)
 }
 
-fn fuzz_model(model: &str, extra: &[&str], seed: u8, clients: usize) {
+/// Fuzzes `model`'s server (with `extra` flags) from `clients` clients; its /stats after.
+fn fuzz_model(model: &str, extra: &[&str], seed: u8, clients: usize) -> Value {
     let s = serve_model(model, extra);
     let port = s.port;
     // A fixed seed: the same bodies on every run.
@@ -965,4 +977,5 @@ fn fuzz_model(model: &str, extra: &[&str], seed: u8, clients: usize) {
         );
     }
     assert_eq!(http(port, "GET", "/health", b"").0, 200);
+    st
 }
