@@ -12,7 +12,9 @@ use crate::common::lane::{four_then_one, plain_runs};
 /// The requests: three rows drafting with their own γ (2, 3, 5) and a fourth beside them
 /// that does not draft — `num_draft_tokens` 0, or a repetition penalty (which the
 /// speculative policies do not run: it falls back to plain decoding with its processor) —
-/// then a fifth drafting row (γ 4) that joins later.
+/// then a fifth drafting row (γ 4) that joins later. With the penalty, the second row
+/// samples at temperature 1 from its top 1 (the sampled verify's path, `pick_verify`
+/// drawing every position, whose draws are greedy's ids).
 fn bodies(penalized: bool) -> Vec<Value> {
     let drafted = |p: &str, gamma: usize| json!({"prompt": p, "max_tokens": 40, "temperature": 0, "num_draft_tokens": gamma});
     let mut plain = json!({"prompt": "In the morning", "max_tokens": 40, "temperature": 0});
@@ -20,9 +22,14 @@ fn bodies(penalized: bool) -> Vec<Value> {
         true => plain["repetition_penalty"] = 1.3.into(),
         false => plain["num_draft_tokens"] = 0.into(),
     }
+    let mut sampled = drafted("Once upon a time", 3);
+    if penalized {
+        sampled["temperature"] = 1.0.into();
+        sampled["top_k"] = 1.into();
+    }
     vec![
         drafted("The little robot", 2),
-        drafted("Once upon a time", 3),
+        sampled,
         drafted("Question: Who brought the broken clock?", 5),
         plain,
         drafted("The cat sat", 4),
@@ -48,7 +55,8 @@ fn acceptance(st: &Value) -> f64 {
 /// drafting row (γ 4) joins when a slot frees. The drafter is the model itself, so plain
 /// greedy decoding would accept every draft. Twice: the non-drafting row greedy
 /// (`num_draft_tokens` 0: one argmax for every row of a round) and under a repetition
-/// penalty (every row picks with its own sampler).
+/// penalty (every row picks with its own sampler, one of the drafting rows sampling at
+/// temperature 1 from its top 1).
 ///
 /// Every answer is the serial lane's plain greedy answer and at least 95 % of the drafts
 /// are accepted. Planted: `BatchRowTrimShort` (each row of the model's batch keeps one

@@ -550,12 +550,17 @@ fn lane_lookup_bodies(penalized: bool) -> Vec<serde_json::Value> {
                "prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2})
     };
     let mut plain = json!({"prompt": "The little robot", "max_tokens": 40, "temperature": 0});
+    // Penalized, the second lookup row samples at temperature 1 from its top 1 (the sampled
+    // verify's path, whose draws are greedy's ids).
+    let mut sampled = lookup(COPY_TEXTS[1], 2);
     if penalized {
         plain["repetition_penalty"] = 1.3.into();
+        sampled["temperature"] = 1.0.into();
+        sampled["top_k"] = 1.into();
     }
     vec![
         lookup(COPY_TEXTS[0], 4),
-        lookup(COPY_TEXTS[1], 2),
+        sampled,
         lookup(COPY_TEXTS[2], 6),
         plain,
         lookup(COPY_TEXTS[2], 10),
@@ -574,7 +579,8 @@ fn lane_lookup_run(bodies: &[serde_json::Value], plants: &str) -> (Vec<String>, 
 /// lookup row (γ 10) joins when a slot frees (and runs its last rounds alone in batch form
 /// when it outlasts the others). Twice: the plain row greedy (one argmax for every row of a
 /// round) and with a repetition penalty (each row picks with its own sampler, the plain one
-/// with its processors over its history). Every answer is the serial lane's answer without
+/// with its processors over its history, one lookup row sampling at temperature 1 from its
+/// top 1). Every answer is the serial lane's answer without
 /// lookup, drafts were both accepted and rejected (/stats `speculative`), and the four rows
 /// shared steps. Planted, `BatchRowTrimShort` (each row keeps one rejected position) changes
 /// an answer in both.
