@@ -23,6 +23,7 @@ use super::worker::{Job, Work, Worker};
 
 mod admit;
 mod contain;
+mod draft;
 mod images;
 mod lookup;
 mod samples;
@@ -142,20 +143,6 @@ impl Worker {
             _ => {}
         }
         crate::generate::batch::refusal(self.model.as_ref(), &self.opts)
-    }
-
-    /// The lane's drafter batch: with a draft model (`--draft-model`), else None.
-    fn drafter_batch(&self) -> Option<crate::generate::batch_draft::DraftBatch<'_>> {
-        match &self.draft {
-            Some((crate::generate::drafter::Drafter::Model(m), _)) => {
-                Some(crate::generate::batch_draft::DraftBatch::new(
-                    m.as_ref(),
-                    &self.opts,
-                    self.prefill_step,
-                ))
-            }
-            _ => None,
-        }
     }
 
     /// Samples `row`'s next id from its logits [1, vocab], lazily: (id [1], log-probs).
