@@ -645,7 +645,7 @@ pub enum Defect {
     BatchVerifyFails,
     /// Batched drafting: each drafter row keeps one rejected position while counting it as
     /// given back (`DraftBatch::settle`), so its next drafts read a stale id. Caught by
-    /// `lookup::batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught`
+    /// `batch_draft::batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught`
     /// (drafts by the target itself stop being accepted).
     BatchDraftTrimShort,
 }

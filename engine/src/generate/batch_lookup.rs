@@ -10,10 +10,11 @@
 //!
 //! `round` is the whole round for greedy rows that do not end (the acceptance an argmax per
 //! position, `GreedyPicks`); the batch lane runs its rounds itself
-//! (`serve/batch_lane/lookup.rs`: rows may end mid-run there, and rows that sample
-//! otherwise pick with their own samplers). Standard K/V caches only (`batch::trims_rows`). The verify's [B, γ+1] forward may round differently from a
-//! one-token step, as the serial verify does: its gate allows a divergence only at a
-//! near-tie of plain greedy decoding.
+//! (`serve/batch_lane/lookup.rs`: rows may end mid-run there, rows that sample otherwise
+//! pick with their own samplers, and rows may draft with a draft model instead,
+//! `batch_draft`). Standard K/V caches only (`batch::trims_rows`). The verify's [B, γ+1]
+//! forward may round differently from a one-token step, as the serial verify does: its gate
+//! allows a divergence only at a near-tie of plain greedy decoding.
 
 use mlx_rs::error::Exception;
 use mlx_rs::Array;

@@ -83,7 +83,7 @@ struct Lane<'w> {
     /// Whether the model's prompts can be prefilled together (`batch::takes_prompt_batches`).
     prompt_batches: bool,
     /// Whether its batch caches give positions back row by row (`batch::trims_rows`): rows
-    /// that ask for prompt lookup get it (`lookup`).
+    /// that ask for prompt lookup, or draft with `--draft-model`, speculate (`lookup`).
     row_trims: bool,
     /// The draft model's rows (`--draft-model`: `generate::batch_draft`), one per row
     /// that drafts.

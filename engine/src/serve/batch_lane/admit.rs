@@ -156,8 +156,12 @@ impl Worker {
         let lookup = self
             .lookup_for(&request)
             .filter(|_| !sampler.has_penalties());
-        // With `--draft-model`, as the serial lane drafts (`Worker::drafting`).
-        let draft = self.drafting(&request, &sampler).map(|(_, gamma)| gamma);
+        // With `--draft-model`, as the serial lane drafts (`Worker::drafting`); a request
+        // with images is stepped by the vision model, without a drafter (as there).
+        let draft = match request.images.is_empty() {
+            true => self.drafting(&request, &sampler).map(|(_, gamma)| gamma),
+            false => None,
+        };
         let row = Row {
             emit,
             lookup,
