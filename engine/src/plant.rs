@@ -648,6 +648,10 @@ pub enum Defect {
     /// `batch_draft::batch_lane_draft_rows_answer_as_plain_greedy_and_a_stale_drafter_is_caught`
     /// (drafts by the target itself stop being accepted).
     BatchDraftTrimShort,
+    /// Tokenizer: the engine's BPE ranks every merge alike, so the leftmost mergeable pair of
+    /// a word merges first (`Bpe::merge_all`). Caught by `tests/it/tokenize.rs`'s one-pass
+    /// loader gate (ids against the crate's BPE).
+    FastBpeMergesByPosition,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -887,6 +891,7 @@ fn named(name: &str) -> Option<Defect> {
         "BatchRowTrimShort" => Defect::BatchRowTrimShort,
         "BatchVerifyFails" => Defect::BatchVerifyFails,
         "BatchDraftTrimShort" => Defect::BatchDraftTrimShort,
+        "FastBpeMergesByPosition" => Defect::FastBpeMergesByPosition,
         _ => return None,
     })
 }

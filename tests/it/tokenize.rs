@@ -63,30 +63,56 @@ fn planted_every_class_llama_fails() {
     }
 }
 
+/// A tokenizer serialized (as tokenizer.json is written).
+macro_rules! serialized {
+    ($t:expr) => {
+        serde_json::to_value($t).unwrap()
+    };
+}
+
 /// Every tokenizer.json we have — the fetched real ones and every tiny model's — loads
 /// through the engine's one-pass loader (`engine::load::tokenizer::fast`) into the tokenizer
 /// the tokenizers crate's own deserializer makes: the two serialize to the same JSON
-/// (vocabulary, merges in rank order, flags, added tokens, pipeline), and the decoder as
-/// written is the file's.
+/// (vocabulary, merges in rank order, flags, added tokens, pipeline), the decoder as written
+/// is the file's, and the engine's BPE gives the crate's ids, pieces and offsets on every
+/// text of [`texts`], with and without special tokens.
 #[test]
 fn the_one_pass_loader_builds_what_the_tokenizers_crate_builds() {
     let files = tokenizer_files();
-    let mut bpe = 0;
+    let (mut bpe, mut encoded) = (0, 0);
     for path in &files {
         let (fast, slow, file) = both_ways(path);
         assert!(
-            fast == slow,
+            serialized!(&fast) == serialized!(&slow),
             "{}: the one-pass loader differs",
             path.display()
         );
-        assert_eq!(fast["decoder"], file["decoder"], "{}", path.display());
-        bpe += usize::from(file["model"]["type"] == "BPE");
+        assert_eq!(
+            serialized!(&fast)["decoder"],
+            file["decoder"],
+            "{}",
+            path.display()
+        );
+        if let Some(text) = first_encoding_difference(&fast, &slow) {
+            panic!(
+                "{}: the engine's BPE encodes {text:?} otherwise",
+                path.display()
+            );
+        }
+        encoded += texts(&slow).len();
+        if matches!(
+            fast.get_model(),
+            engine::load::tokenizer::fast::Model::Bpe(_)
+        ) {
+            bpe += 1;
+        }
     }
     harness::announce(&format!(
-        "tokenizer.json one-pass load: {} files as the tokenizers crate loads them ({bpe} BPE)",
+        "tokenizer.json one-pass load: {} files as the tokenizers crate loads them ({bpe} on \
+         the engine's BPE), {encoded} texts encoded alike",
         files.len()
     ));
-    assert!(bpe >= 10, "only {bpe} BPE tokenizers were compared");
+    assert!(bpe >= 10, "only {bpe} tokenizers ran on the engine's BPE");
 }
 
 /// Planted: the one-pass loader forgets the file's `byte_fallback`; Gemma 3's and Mistral's
@@ -97,7 +123,25 @@ fn planted_forgotten_byte_fallback_fails_the_one_pass_loader_gate() {
     for name in ["gemma3", "mistral-v3"] {
         let path = harness::fixtures::tokenizer(name).join("tokenizer.json");
         let (fast, slow, _) = both_ways(&path);
-        assert!(fast != slow, "{name}: the planted loader was not caught");
+        assert!(
+            serialized!(&fast) != serialized!(&slow),
+            "{name}: the planted loader was not caught"
+        );
+    }
+}
+
+/// Planted: the engine's BPE merges the leftmost pair first whatever its rank; the ids
+/// differ from the crate's on each real tokenizer tried.
+#[test]
+fn planted_merges_by_position_fail_the_one_pass_loader_gate() {
+    let _on = engine::plant::on(engine::plant::Defect::FastBpeMergesByPosition).unwrap();
+    for name in ["gemma3", "llama3.1", "qwen3"] {
+        let path = harness::fixtures::tokenizer(name).join("tokenizer.json");
+        let (fast, slow, _) = both_ways(&path);
+        assert!(
+            first_encoding_difference(&fast, &slow).is_some(),
+            "{name}: the planted BPE was not caught"
+        );
     }
 }
 
@@ -117,13 +161,88 @@ fn tokenizer_files() -> Vec<std::path::PathBuf> {
     files
 }
 
-/// `path` loaded by the one-pass loader and by the crate, each serialized, and the file.
-fn both_ways(path: &std::path::Path) -> (serde_json::Value, serde_json::Value, serde_json::Value) {
+/// `path` loaded by the one-pass loader and by the crate, and the file.
+fn both_ways(
+    path: &std::path::Path,
+) -> (
+    engine::load::tokenizer::fast::Inner,
+    tokenizers::Tokenizer,
+    serde_json::Value,
+) {
     let bytes = std::fs::read(path).unwrap();
     let (fast, decoder) = engine::load::tokenizer::fast::from_slice(&bytes).unwrap();
     let slow: tokenizers::Tokenizer = serde_json::from_slice(&bytes).unwrap();
     let file: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(decoder, file["decoder"], "{}", path.display());
-    let json = |t: &tokenizers::Tokenizer| serde_json::to_value(t).unwrap();
-    (json(&fast), json(&slow), file)
+    (fast, slow, file)
+}
+
+/// The first of [`texts`] whose encoding (ids, pieces, offsets, with or without special
+/// tokens) differs between the two tokenizers, or whose vocabulary size differs.
+fn first_encoding_difference(
+    fast: &engine::load::tokenizer::fast::Inner,
+    slow: &tokenizers::Tokenizer,
+) -> Option<String> {
+    if fast.get_vocab_size(true) != slow.get_vocab_size(true) {
+        return Some("(the vocabulary size)".into());
+    }
+    for text in texts(slow) {
+        for special in [false, true] {
+            let (a, b) = (
+                fast.encode(text.as_str(), special).unwrap(),
+                slow.encode(text.as_str(), special).unwrap(),
+            );
+            if a.get_ids() != b.get_ids()
+                || a.get_tokens() != b.get_tokens()
+                || a.get_offsets() != b.get_offsets()
+            {
+                return Some(text);
+            }
+        }
+        // Twice: the second time comes from the engine's word cache.
+        let again = fast.encode(text.as_str(), false).unwrap();
+        if again.get_ids() != slow.encode(text.as_str(), false).unwrap().get_ids() {
+            return Some(text);
+        }
+    }
+    None
+}
+
+/// Texts to encode both ways: fixed ones (scripts, code, emoji, whitespace runs, digits,
+/// long words, bytes no vocabulary has) and 40 of pieces drawn from the tokenizer's own
+/// vocabulary and glued together, so that merges across piece boundaries are exercised.
+fn texts(t: &tokenizers::Tokenizer) -> Vec<String> {
+    let mut texts: Vec<String> = [
+        "Hello world! How are you doing today?",
+        "  leading spaces, trailing spaces   ",
+        "Ünïcödé façade naïve café — “quotes” ‘single’ … ellipsis",
+        "日本語のテキストと中文文本，还有한국어 텍스트.",
+        "Здравствуйте, как дела? Ελληνικά κείμενα. עברית. العربية.",
+        "fn main() {\n\tlet x = vec![1, 2, 3];\n    println!(\"{x:?}\");\n}\n",
+        "emoji 🤗🚀👩‍👩‍👧‍👦 and flags 🇫🇷🇯🇵",
+        "1234567890 3.14159 2026-12-07 0x1F 1e-9 1,000,000",
+        "supercalifragilisticexpialidocious antidisestablishmentarianism",
+        "\n\n\n\t\t  \r\n mixed\u{a0}whitespace\u{3000}runs",
+        "<s> </s> <unk> <|endoftext|> <bos> <start_of_turn>user",
+        "\u{1}\u{7f}\u{fffd} rare \u{10ffff} code points \u{e000}",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut pieces: Vec<String> = t.get_vocab(false).into_keys().collect();
+    pieces.sort();
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        state = state
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1);
+        (state >> 33) as usize
+    };
+    for _ in 0..40 {
+        let ids: Vec<u32> = (0..12)
+            .map(|_| t.token_to_id(&pieces[next() % pieces.len()]).unwrap())
+            .collect();
+        texts.push(t.decode(&ids, true).unwrap());
+    }
+    texts
 }
