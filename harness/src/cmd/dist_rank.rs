@@ -4,8 +4,10 @@
 //! the golden was made with `--pipeline`), and runs the L1 check on a golden of
 //! `goldens/l1-dist/<tp|pp>/<model>`: every stored logit vector bit-exact and every greedy
 //! id identical. Every rank runs the same computation (the collectives must match); rank 0
-//! alone prints the verdict, as one JSON line, and its exit status is the gate's (0 passed,
-//! 1 failed). A rank whose step fails exits with `engine::dist::exit::PEER_LOST`.
+//! alone prints the verdict, as one JSON line per golden, and its exit status is the gate's
+//! (0 all passed, 1 one failed). Several goldens of one mode run one after another in the
+//! same group, so a gate over all of them pays for starting the ranks and forming the ring
+//! once. A rank whose step fails exits with `engine::dist::exit::PEER_LOST`.
 
 use std::path::PathBuf;
 
@@ -33,10 +35,11 @@ pub enum Command {
 #[derive(clap::Args)]
 pub struct L1Args {
     /// The golden under goldens/ (machine layer first, then the reference set), e.g.
-    /// `l1-dist/tp/tiny-llama`; its settings.mode `pp` runs pipeline parallel.
-    #[arg(long)]
-    golden: String,
-    /// The model directory (default: the golden's own model under goldens/models).
+    /// `l1-dist/tp/tiny-llama`; its settings.mode `pp` runs pipeline parallel. Repeat it to
+    /// run several goldens of one mode in turn.
+    #[arg(long, required = true)]
+    golden: Vec<String>,
+    /// The model directory (default: each golden's own model under goldens/models).
     #[arg(long)]
     model: Option<PathBuf>,
     /// MLX's distributed backend (ring, mpi, nccl, jaccl; any = the first that works).
@@ -60,8 +63,23 @@ pub fn run(command: Command) -> Result<()> {
 fn l1_rank(args: L1Args) -> Result<()> {
     #[cfg(feature = "plant")]
     engine::plant::on_from_env().map_err(anyhow::Error::msg)?;
-    let golden = TensorGolden::open(&args.golden)?;
-    let mode = golden_mode(&golden)?;
+    let goldens = (args.golden.iter())
+        .map(|name| TensorGolden::open(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    let modes = goldens
+        .iter()
+        .map(golden_mode)
+        .collect::<Result<Vec<_>>>()?;
+    let mode = modes[0];
+    if let Some(other) = modes.iter().position(|&m| m != mode) {
+        bail!(
+            "{} is {} parallel and {} is {}: one group runs goldens of one mode",
+            args.golden[0],
+            mode.name(),
+            args.golden[other],
+            modes[other].name()
+        );
+    }
     let dist = DistArgs {
         pipeline: mode == Mode::Pipeline,
         dist_backend: args.dist_backend.clone(),
@@ -70,18 +88,21 @@ fn l1_rank(args: L1Args) -> Result<()> {
     };
     let group = engine::dist::init(&dist)?;
     let ranks = group.map_or(1, |g| g.size);
-    if let Some(want) = golden.index["settings"]["ranks"].as_u64() {
-        if group.is_some() && want as usize != ranks {
-            bail!(
-                "{} was made on {want} ranks; this group has {ranks}",
-                args.golden
-            );
+    for (golden, name) in goldens.iter().zip(&args.golden) {
+        if let Some(want) = golden.index["settings"]["ranks"].as_u64() {
+            if group.is_some() && want as usize != ranks {
+                bail!("{name} was made on {want} ranks; this group has {ranks}");
+            }
         }
     }
     // Every rank passes the end together (with a defect planted that drops the collectives,
     // the ranks would otherwise finish apart, and the first to exit look like a lost peer).
-    let report = match check(&golden, &args).and_then(|r| Ok(engine::dist::finish().map(|()| r)?)) {
-        Ok(report) => report,
+    let checked = (goldens.iter().zip(&args.golden))
+        .map(|(golden, name)| check(golden, name, &args))
+        .collect::<Result<Vec<_>>>()
+        .and_then(|r| Ok(engine::dist::finish().map(|()| r)?));
+    let reports = match checked {
+        Ok(reports) => reports,
         // A failed step leaves the ring unusable: this rank exits (status 4), so that the
         // launcher and the other ranks stop too.
         Err(e) if group.is_some() => engine::dist::fatal(&format!("{e:#}")),
@@ -90,8 +111,10 @@ fn l1_rank(args: L1Args) -> Result<()> {
     if !engine::dist::is_writer() {
         return Ok(());
     }
-    println!("{}", verdict(&args.golden, mode, ranks, &report));
-    if !report.passed() {
+    for (report, name) in reports.iter().zip(&args.golden) {
+        println!("{}", verdict(name, mode, ranks, report));
+    }
+    if !reports.iter().all(ModelReport::passed) {
         std::process::exit(1);
     }
     Ok(())
@@ -109,7 +132,7 @@ fn golden_mode(golden: &TensorGolden) -> Result<Mode> {
 
 /// Loads this rank's part of the model (`engine::model::load` shards under a group) and runs
 /// every case of the golden through it, with the golden's session options and prefill chunk.
-fn check(golden: &TensorGolden, args: &L1Args) -> Result<ModelReport> {
+fn check(golden: &TensorGolden, name: &str, args: &L1Args) -> Result<ModelReport> {
     let dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {
@@ -136,7 +159,7 @@ fn check(golden: &TensorGolden, args: &L1Args) -> Result<ModelReport> {
         prefill_step,
         &l1::options(golden),
     )?;
-    report.model = args.golden.clone();
+    report.model = name.to_owned();
     Ok(report)
 }
 

@@ -14,8 +14,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// Past this a run's ranks are killed and the test fails (two ranks share 2 cores).
-const DEADLINE: Duration = Duration::from_secs(300);
+/// Past this a run's ranks are killed and the test fails (two ranks share 2 cores), plus
+/// [`PER_GOLDEN`] for each golden the run checks (one takes ~1–4 s here).
+const DEADLINE: Duration = Duration::from_secs(240);
+const PER_GOLDEN: Duration = Duration::from_secs(60);
 
 fn goldens() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens")
@@ -55,9 +57,9 @@ impl Drop for Ranks {
 }
 
 impl Ranks {
-    /// Waits for every rank, polling until `DEADLINE`; past it, kills them all.
-    fn wait(mut self, what: &str, logs: &Path) -> Vec<ExitStatus> {
-        let end = Instant::now() + DEADLINE;
+    /// Waits for every rank, polling until `deadline`; past it, kills them all.
+    fn wait(mut self, what: &str, logs: &Path, deadline: Duration) -> Vec<ExitStatus> {
+        let end = Instant::now() + deadline;
         loop {
             let done: Vec<Option<ExitStatus>> = self
                 .0
@@ -73,7 +75,7 @@ impl Ranks {
                     std::fs::read_to_string(logs.join(format!("r{r}.err"))).unwrap_or_default()
                 };
                 panic!(
-                    "{what}: still running after {DEADLINE:?}, both ranks killed\n\
+                    "{what}: still running after {deadline:?}, both ranks killed\n\
                      rank 0 stderr:\n{}\nrank 1 stderr:\n{}",
                     log(0),
                     log(1)
@@ -84,9 +86,9 @@ impl Ranks {
     }
 }
 
-/// Two ranks of `harness dist-rank l1 --golden GOLDEN ARGS…`, with `plant` (a defect's
+/// Two ranks of `harness dist-rank l1 --golden GOLDEN… ARGS…`, with `plant` (a defect's
 /// name) in their ENGINE_PLANT.
-fn run_ranks(golden: &str, args: &[&str], plant: Option<&str>) -> Vec<Rank> {
+fn run_ranks(goldens: &[&str], args: &[&str], plant: Option<&str>) -> Vec<Rank> {
     let tmp = tempfile::tempdir().unwrap();
     let hosts: Vec<Vec<String>> = free_ports(2)
         .into_iter()
@@ -98,7 +100,8 @@ fn run_ranks(golden: &str, args: &[&str], plant: Option<&str>) -> Vec<Rank> {
     for rank in 0..2 {
         let file = |ext: &str| std::fs::File::create(tmp.path().join(format!("r{rank}.{ext}")));
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_harness"));
-        cmd.args(["dist-rank", "l1", "--golden", golden])
+        cmd.args(["dist-rank", "l1"])
+            .args(goldens.iter().flat_map(|g| ["--golden", g]))
             .args(["--dist-connect-timeout", "60", "--dist-timeout", "120"])
             .args(args)
             .env("MLX_RANK", rank.to_string())
@@ -112,7 +115,8 @@ fn run_ranks(golden: &str, args: &[&str], plant: Option<&str>) -> Vec<Rank> {
         }
         children.0.push(cmd.spawn().expect("starting a rank"));
     }
-    let statuses = children.wait(golden, tmp.path());
+    let deadline = DEADLINE + PER_GOLDEN * goldens.len() as u32;
+    let statuses = children.wait(&goldens.join(" "), tmp.path(), deadline);
     statuses
         .into_iter()
         .enumerate()
@@ -129,9 +133,11 @@ fn run_ranks(golden: &str, args: &[&str], plant: Option<&str>) -> Vec<Rank> {
         .collect()
 }
 
-/// Rank 0's verdict line, after checking both statuses: rank 1 exits 0 and prints nothing,
-/// rank 0 exits 0 when the gate passed and 1 when it failed.
-fn verdict(golden: &str, ranks: &[Rank]) -> Value {
+/// Rank 0's verdict lines, one per golden of `goldens` in order, after checking both
+/// statuses: rank 1 exits 0 and prints nothing, rank 0 exits 0 when every golden passed and 1
+/// when one failed.
+fn verdicts(goldens: &[&str], ranks: &[Rank]) -> Vec<Value> {
+    let what = goldens.join(" ");
     let show = || {
         ranks
             .iter()
@@ -142,22 +148,43 @@ fn verdict(golden: &str, ranks: &[Rank]) -> Value {
     };
     assert!(
         ranks[1].status.success() && ranks[1].stdout.is_empty(),
-        "{golden}: rank 1\n{}",
+        "{what}: rank 1\n{}",
         show()
     );
-    let line = ranks[0].stdout.lines().last().unwrap_or_default();
-    let verdict: Value = serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("{golden}: rank 0 printed no verdict ({e})\n{}", show()));
-    let passed = verdict["passed"].as_bool().expect("passed");
+    let verdicts: Vec<Value> = ranks[0]
+        .stdout
+        .lines()
+        .map(|line| {
+            serde_json::from_str(line)
+                .unwrap_or_else(|e| panic!("{what}: rank 0 printed no verdict ({e})\n{}", show()))
+        })
+        .collect();
+    let named: Vec<&str> = verdicts
+        .iter()
+        .map(|v| v["golden"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        named,
+        goldens,
+        "{what}: the verdicts name other goldens\n{}",
+        show()
+    );
+    let passed = verdicts
+        .iter()
+        .all(|v| v["passed"].as_bool().expect("passed"));
     let want = if passed { 0 } else { 1 };
-    assert_eq!(ranks[0].status.code(), Some(want), "{golden}\n{}", show());
-    verdict
+    assert_eq!(ranks[0].status.code(), Some(want), "{what}\n{}", show());
+    verdicts
+}
+
+/// The one verdict of a run on `golden` alone.
+fn verdict(golden: &str, ranks: &[Rank]) -> Value {
+    verdicts(&[golden], ranks).remove(0)
 }
 
 /// Why the gate on `golden` does not pass (every logit vector bit-exact, max |Δ| 0, and every
-/// greedy id), or None when it does. Ranks that fail to run panic in `verdict`.
-fn bit_exact_failure(golden: &str) -> Option<String> {
-    let v = verdict(golden, &run_ranks(golden, &[], None));
+/// greedy id), or None when it does, from its verdict `v`.
+fn bit_exact_failure(golden: &str, v: &Value) -> Option<String> {
     println!("{}", v["summary"]);
     if !(v["passed"] == true && v["max_abs_diff"] == 0.0) {
         return Some(format!("{golden}: {}\n{:#}", v["summary"], v["details"]));
@@ -171,7 +198,7 @@ fn bit_exact_failure(golden: &str) -> Option<String> {
 
 /// The gate on `golden` with the planted defect fails, from the first logit vector of a case.
 fn assert_plant_fails(golden: &str, plant: &str) {
-    let v = verdict(golden, &run_ranks(golden, &[], Some(plant)));
+    let v = verdict(golden, &run_ranks(&[golden], &[], Some(plant)));
     println!("{plant}: {}", v["summary"]);
     assert_eq!(
         v["passed"], false,
@@ -186,15 +213,22 @@ fn assert_plant_fails(golden: &str, plant: &str) {
     );
 }
 
-/// Every distributed golden (the manifest's `l1-dist-tp` / `l1-dist-pp` rows) passes, one
-/// pair of ranks after another; every failure is reported, not only the first.
+/// Every distributed golden (the manifest's `l1-dist-tp` / `l1-dist-pp` rows) passes: one
+/// pair of ranks runs every tensor-parallel golden in turn, another every pipeline one;
+/// every failure is reported, not only the first.
 #[test]
 fn every_l1_dist_golden_is_bit_exact() {
     let goldens = harness::parity::gates::l1_dist_goldens();
-    let failed: Vec<String> = goldens
-        .iter()
-        .filter_map(|g| bit_exact_failure(g))
-        .collect();
+    let mut failed = Vec::new();
+    for mode in harness::parity::gates::L1_DIST_MODES {
+        let prefix = format!("l1-dist/{mode}/");
+        let run: Vec<&str> = (goldens.iter())
+            .filter(|g| g.starts_with(&prefix))
+            .map(String::as_str)
+            .collect();
+        let verdicts = verdicts(&run, &run_ranks(&run, &[], None));
+        failed.extend((run.iter().zip(&verdicts)).filter_map(|(g, v)| bit_exact_failure(g, v)));
+    }
     assert!(
         failed.is_empty(),
         "distributed L1 failed:\n{}",
@@ -276,10 +310,33 @@ fn planted_reversed_stages_fail_pp_glm4_moe() {
 }
 
 /// The gated delta net's conv kernel cut as one block, not per [q | k | v] segment: its
-/// channels no longer meet in_proj_qkv's.
+/// channels no longer meet in_proj_qkv's. Run after tiny-llama (no delta net) in the same
+/// group, as the whole gate runs them: the failure is qwen3_5's alone, llama still passes.
 #[test]
 fn planted_unsegmented_conv_shard_fails_tp_gated_delta_net() {
-    assert_plant_fails("l1-dist/tp/tiny-qwen3-5", "GdnConvShardUnsegmented");
+    let run = ["l1-dist/tp/tiny-llama", "l1-dist/tp/tiny-qwen3-5"];
+    let v = verdicts(&run, &run_ranks(&run, &[], Some("GdnConvShardUnsegmented")));
+    assert_eq!(bit_exact_failure(run[0], &v[0]), None);
+    assert_eq!(v[1]["passed"], false, "{}", v[1]["summary"]);
+}
+
+/// One group runs goldens of one mode: a tensor and a pipeline golden together are refused
+/// before any rank joins a group, naming both.
+#[test]
+fn goldens_of_two_modes_are_refused_together() {
+    let out = Command::new(env!("CARGO_BIN_EXE_harness"))
+        .args(["dist-rank", "l1", "--golden", "l1-dist/tp/tiny-llama"])
+        .args(["--golden", "l1-dist/pp/tiny-qwen2"])
+        .env_remove("MLX_RANK")
+        .env_remove("MLX_HOSTFILE")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("l1-dist/tp/tiny-llama") && stderr.contains("l1-dist/pp/tiny-qwen2"),
+        "{stderr}"
+    );
 }
 
 /// One K/V head over two ranks: each rank's half of the head, repeated after the split,
@@ -389,7 +446,7 @@ fn another_models_golden_fails() {
     let model = harness::goldens::model_dir("tiny-llama").unwrap();
     let model = model.to_str().unwrap();
     let golden = "l1/tiny-llama-trained";
-    let v = verdict(golden, &run_ranks(golden, &["--model", model], None));
+    let v = verdict(golden, &run_ranks(&[golden], &["--model", model], None));
     assert_eq!(v["passed"], false, "{}", v["summary"]);
     assert_eq!(v["mode"], "tensor");
 }
@@ -428,7 +485,7 @@ fn mlx_launch_runs_the_gate() {
     .stdin(Stdio::null());
     // Its own process group, so that a deadline ends the launcher and both ranks.
     std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
-    let out = output_within(cmd, DEADLINE);
+    let out = output_within(cmd, DEADLINE + PER_GOLDEN);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // mlx.launch exits 0 even when a rank fails; it says so on stderr.
