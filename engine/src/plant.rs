@@ -652,6 +652,14 @@ pub enum Defect {
     /// a word merges first (`Bpe::merge_all`). Caught by `tests/it/tokenize.rs`'s one-pass
     /// loader gate (ids against the crate's BPE).
     FastBpeMergesByPosition,
+    /// Batched lookup: a sampled row draws over the round's longest run, not its own drafts
+    /// + 1 positions (`Worker::pick_rounds`). Caught by
+    /// `lookup::batch_lane_sampled_lookup_rows_answer_as_the_serial_lane_with_the_same_seeds`.
+    BatchLookupDrawsPadded,
+    /// Batched lookup: a lookup row's first id is sampled when it joins (`prefill_tick`; and
+    /// lookup rows prefill in prompt batches, which sample it too), not drawn in its first
+    /// round. Caught by the same gate.
+    BatchLookupFirstIdAtAdmission,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -892,6 +900,8 @@ fn named(name: &str) -> Option<Defect> {
         "BatchVerifyFails" => Defect::BatchVerifyFails,
         "BatchDraftTrimShort" => Defect::BatchDraftTrimShort,
         "FastBpeMergesByPosition" => Defect::FastBpeMergesByPosition,
+        "BatchLookupDrawsPadded" => Defect::BatchLookupDrawsPadded,
+        "BatchLookupFirstIdAtAdmission" => Defect::BatchLookupFirstIdAtAdmission,
         _ => return None,
     })
 }

@@ -616,3 +616,59 @@ fn batch_lane_lookup_rows_answer_as_plain_greedy_and_a_short_row_trim_is_caught(
         );
     }
 }
+
+/// Five lookup rows sampling at temperature 0.8 from their top 5, each with its own seed.
+fn sampled_lookup_bodies(reseeded: bool) -> Vec<serde_json::Value> {
+    let seed = |s: u64| if reseeded { s + 100 } else { s };
+    let row = |p: &str, gamma: usize, s: u64| {
+        serde_json::json!({"prompt": p, "max_tokens": 40, "temperature": 0.8, "top_k": 5,
+            "seed": seed(s), "prompt_lookup_num_tokens": gamma, "max_matching_ngram_size": 2})
+    };
+    vec![
+        row(COPY_TEXTS[0], 4, 1),
+        row(COPY_TEXTS[1], 2, 2),
+        row(COPY_TEXTS[2], 6, 3),
+        row(COPY_TEXTS[0], 3, 4),
+        row(COPY_TEXTS[2], 10, 5),
+    ]
+}
+
+/// Lookup rows that sample from more than one id (issue 43 item 4): four start together on a
+/// `--batch 4` server and a fifth joins, each seeded; every answer is the one the serial
+/// lane gives the same request, lookup and seed included. A row joins holding its prompt
+/// but the last id (its first round feeds it before the drafts) and draws each round over
+/// its own drafts + 1 positions, as the serial lane's verify does, so the seeded draws are
+/// the same. Twice, with two sets of seeds (whose answers differ: the rows do sample).
+/// Planted, each of `BatchLookupDrawsPadded` (a row draws over the round's longest run),
+/// `BatchLookupFirstIdAtAdmission` (a row's first id is sampled when it joins) and
+/// `BatchRowTrimShort` changes an answer.
+#[test]
+fn batch_lane_sampled_lookup_rows_answer_as_the_serial_lane_with_the_same_seeds() {
+    let runs = common::lane::plain_runs(sampled_lookup_bodies, &[]);
+    assert_ne!(runs[0].2, runs[1].2, "other seeds, the same answers");
+    for (reseeded, bodies, serial) in &runs {
+        let (served, st) = lane_lookup_run(bodies, "");
+        assert_eq!(&served, serial, "reseeded: {reseeded}: {st}");
+        let spec = &st["speculative"];
+        let (drafted, accepted) = (
+            spec["drafted"].as_u64().unwrap(),
+            spec["accepted"].as_u64().unwrap(),
+        );
+        println!("batch-lane sampled lookup (reseeded: {reseeded}): {spec}");
+        assert!(accepted > 0 && drafted > accepted, "{st}");
+        assert!(
+            st["lanes"]["batch_peak_rows"].as_u64().unwrap() >= 4,
+            "{st}"
+        );
+        assert_eq!(st["failed"], 0, "{st}");
+    }
+    let (_, bodies, serial) = &runs[0];
+    for plant in [
+        "BatchLookupDrawsPadded",
+        "BatchLookupFirstIdAtAdmission",
+        "BatchRowTrimShort",
+    ] {
+        let (planted, _) = lane_lookup_run(bodies, plant);
+        assert_ne!(&planted, serial, "{plant} changed no answer");
+    }
+}

@@ -23,6 +23,9 @@
 //! at once, and the rows are appended after the running ones; the next batched step feeds
 //! those ids beside the running rows' queued samples. A one-token prompt with nothing
 //! cached has no caches to merge: its token is stepped alone and it joins as it stands.
+//! A prompt-lookup row joins holding all its prompt but the last id, which its first round
+//! feeds before its drafts (as the serial lane's first verify), and is never in a prompt
+//! batch.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -212,6 +215,16 @@ impl Worker {
                 lane.admissions.push(adm);
             } else if adm.fed == 0 {
                 alone.extend(self.first_alone(adm));
+            } else if adm.row.lookup.is_some()
+                // Planted: the lookup row's first id is sampled as it joins.
+                && !crate::plant::is(crate::plant::Defect::BatchLookupFirstIdAtAdmission)
+            {
+                // A lookup row joins holding its prompt but the last id, which its first
+                // round feeds before its drafts, as the serial lane's first verify does
+                // (`LookupRound::start`): a sampled row then draws its first ids over the
+                // same shape, so its seeded answer is the serial lane's.
+                adm.row.next = adm.prompt[adm.fed];
+                alone.push((adm.row, adm.session));
             } else {
                 ready.push(adm);
             }
@@ -234,7 +247,11 @@ impl Worker {
             .iter()
             .map(|a| {
                 let body = a.to_feed();
-                (a.fed == 0 && body > 0 && body <= a.session.prefill_step).then_some(body)
+                // Planted (as in `prefill_tick`): lookup rows prefill in prompt batches.
+                let first_id_at_admission =
+                    crate::plant::is(crate::plant::Defect::BatchLookupFirstIdAtAdmission);
+                let batched = a.fed == 0 && (a.row.lookup.is_none() || first_id_at_admission);
+                (batched && body > 0 && body <= a.session.prefill_step).then_some(body)
             })
             .collect();
         let picked = pick_prompt_batch(&bodies, budget);

@@ -4,8 +4,9 @@
 //! from its own text, each drafting row from the drafter's batch (`draft.rs`), up to its γ
 //! and the ids it still may emit; the other rows draft nothing, and one forward verifies
 //! every row. Each row then picks as the serial lane's verify does — a speculating row
-//! with its sampler over its run
-//! (`Sampler::pick_verify`: greedy, sampled or under a grammar), any other row its next id
+//! with its sampler over its own run, its drafts + 1 positions (so a seeded lookup row
+//! draws what it draws on the serial lane; it also joins holding its prompt but the last
+//! id, `admit.rs`) (`Sampler::pick_verify`: greedy, sampled or under a grammar), any other row its next id
 //! from its first position with its own processors (`Decoder::pick`); when every row samples
 //! plain greedy, one argmax for all (`GreedyPicks`) — and emits its picks up to the first
 //! draft they disagree with, one id at a time through the decode core, so a stop string,
@@ -80,7 +81,14 @@ impl Worker {
                         true => row.dec.history().to_vec(),
                         false => Vec::new(),
                     };
-                    let run = logits.index(r as i32);
+                    // The row's own positions only: a sampled row then draws over the shape
+                    // the serial lane's verify draws over, so its seeded answer is the same.
+                    let own = match crate::plant::is(crate::plant::Defect::BatchLookupDrawsPadded) {
+                        // Planted: the row draws over the round's longest run.
+                        true => logits.shape()[1],
+                        false => drafts[r].len() as i32 + 1,
+                    };
+                    let run = logits.index((r as i32, 0..own));
                     row.dec.sampler().pick_verify(&run, &history, &drafts[r])
                 } else {
                     let first = logits.index((r as i32, 0..1));
