@@ -652,8 +652,8 @@ pub enum Defect {
     /// a word merges first (`Bpe::merge_all`). Caught by `tests/it/tokenize.rs`'s one-pass
     /// loader gate (ids against the crate's BPE).
     FastBpeMergesByPosition,
-    /// Batched lookup: a sampled row draws over the round's longest run, not its own drafts
-    /// + 1 positions (`Worker::pick_rounds`). Caught by
+    /// Batched lookup: a sampled row draws over the round's longest run, not its own
+    /// positions (drafts and one more; `Worker::pick_rounds`). Caught by
     /// `lookup::batch_lane_sampled_lookup_rows_answer_as_the_serial_lane_with_the_same_seeds`.
     BatchLookupDrawsPadded,
     /// Batched lookup: a lookup row's first id is sampled when it joins (`prefill_tick`; and
