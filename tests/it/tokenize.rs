@@ -145,6 +145,85 @@ fn planted_merges_by_position_fail_the_one_pass_loader_gate() {
     }
 }
 
+/// Small files at the edges of the format load as the crate loads them, or fail where it
+/// fails: a decoder written twice (the last counts), `version` or `added_tokens` null
+/// (refused), a model without `type`, legacy "a b" merges. Merges whose right piece lacks
+/// the continuing-subword prefix are refused with an error, with or without merge dropout
+/// (the crate's build panics on them).
+#[test]
+fn edge_case_files_load_as_the_crate_loads_them_and_never_panic() {
+    let file = |top: &str, model: &str| {
+        format!(
+            r###"{{"version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": null, "post_processor": null, {top}
+            "model": {{"dropout": null, "unk_token": null, "end_of_word_suffix": null,
+            "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": {{"a": 0, "b": 1, "ab": 2, "abab": 3, "##b": 4}}, {model}}}}}"###
+        )
+    };
+    let pair =
+        r#""type": "BPE", "continuing_subword_prefix": null, "merges": [["a", "b"], ["ab", "ab"]]"#;
+    let loads_alike = |json: &str| {
+        let fast = engine::load::tokenizer::fast::from_slice(json.as_bytes());
+        let slow = serde_json::from_slice::<tokenizers::Tokenizer>(json.as_bytes());
+        match (fast, slow) {
+            (Ok((fast, decoder)), Ok(slow)) => {
+                assert_eq!(serialized!(&fast), serialized!(&slow), "{json}");
+                assert_eq!(first_encoding_difference(&fast, &slow), None, "{json}");
+                let ids = fast.encode("abab ab b", false).unwrap().get_ids().to_vec();
+                assert_eq!(
+                    ids,
+                    slow.encode("abab ab b", false).unwrap().get_ids(),
+                    "{json}"
+                );
+                Some(decoder)
+            }
+            (Err(_), Err(_)) => None,
+            (fast, slow) => panic!(
+                "{json}: the engine {} and the crate {}",
+                if fast.is_ok() { "loads it" } else { "fails" },
+                if slow.is_ok() { "loads it" } else { "fails" }
+            ),
+        }
+    };
+    assert_eq!(
+        loads_alike(&file(r#""decoder": null,"#, pair)),
+        Some(serde_json::Value::Null)
+    );
+    let twice = r#""decoder": {"type": "Fuse"}, "decoder": null,"#;
+    assert_eq!(
+        loads_alike(&file(twice, pair)),
+        Some(serde_json::Value::Null)
+    );
+    let untyped = r#""continuing_subword_prefix": null, "merges": [["a", "b"]]"#;
+    assert!(loads_alike(&file(r#""decoder": null,"#, untyped)).is_some());
+    let legacy = r#""type": "BPE", "continuing_subword_prefix": null, "merges": ["a b", "ab ab"]"#;
+    assert!(loads_alike(&file(r#""decoder": null,"#, legacy)).is_some());
+    for null in ["version", "added_tokens"] {
+        let json = file(r#""decoder": null,"#, pair).replace(
+            &format!(
+                r#""{null}": {}"#,
+                if null == "version" { r#""1.0""# } else { "[]" }
+            ),
+            &format!(r#""{null}": null"#),
+        );
+        assert_eq!(loads_alike(&json), None, "{null}: null");
+    }
+    // "##" longer than "b": only the engine is asked (the crate's build panics).
+    for dropout in ["null", "0.5"] {
+        let prefixed =
+            r###""type": "BPE", "continuing_subword_prefix": "##", "merges": [["a", "b"]]"###;
+        let json = file(r#""decoder": null,"#, prefixed)
+            .replace(r#""dropout": null"#, &format!(r#""dropout": {dropout}"#));
+        let err = engine::load::tokenizer::fast::from_slice(json.as_bytes()).err();
+        let err = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            err.contains("continuing-subword prefix"),
+            "dropout {dropout}: {err:?}"
+        );
+    }
+}
+
 /// The fetched tokenizers' files and every tiny model's.
 fn tokenizer_files() -> Vec<std::path::PathBuf> {
     let mut files: Vec<_> = harness::fixtures::TOKENIZERS
@@ -183,7 +262,7 @@ fn first_encoding_difference(
     fast: &engine::load::tokenizer::fast::Inner,
     slow: &tokenizers::Tokenizer,
 ) -> Option<String> {
-    if fast.get_vocab_size(true) != slow.get_vocab_size(true) {
+    if engine::load::tokenizer::fast::vocab_size(fast) != slow.get_vocab_size(true) {
         return Some("(the vocabulary size)".into());
     }
     for text in texts(slow) {

@@ -360,22 +360,11 @@ impl Tokenizer {
         self.detok_table.get_or_init(|| detok::Table::build(self))
     }
 
-    /// The vocabulary size, added tokens included (HF's `len(tokenizer)`): the pieces of the
-    /// model and the added tokens, each string once. The crate's `get_vocab_size(true)`
-    /// counts the same by copying the whole vocabulary into a map (70 ms on 262 k pieces);
-    /// the engine's BPE counts the added strings it lacks.
+    /// The vocabulary size, added tokens included (HF's `len(tokenizer)`; `fast::vocab_size`).
     pub fn vocab_size(&self) -> usize {
         *self
             .vocab_size
-            .get_or_init(|| match self.inner.get_model() {
-                fast::Model::Bpe(model) => {
-                    use tokenizers::Model as _;
-                    let added = self.inner.get_added_vocabulary().get_vocab();
-                    let missing = added.keys().filter(|t| model.token_to_id(t).is_none());
-                    model.get_vocab_size() + missing.count()
-                }
-                fast::Model::Crate(_) => self.inner.get_vocab_size(true),
-            })
+            .get_or_init(|| fast::vocab_size(&self.inner))
     }
 
     /// Builds the detokenizers' table on a thread of its own, while the caller goes on to

@@ -133,6 +133,9 @@ fn golden_mode(golden: &TensorGolden) -> Result<Mode> {
 /// Loads this rank's part of the model (`engine::model::load` shards under a group) and runs
 /// every case of the golden through it, with the golden's session options and prefill chunk.
 fn check(golden: &TensorGolden, name: &str, args: &L1Args) -> Result<ModelReport> {
+    // After an earlier golden of the run the step watchdog is armed: the load starts its
+    // clock afresh (a rank of the first golden loads before it is armed).
+    engine::dist::tick("loading the next golden's model");
     let dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {

@@ -49,16 +49,36 @@ fn resolve(
     let mut out = Vec::with_capacity(merges.len());
     for (i, &(a, b)) in merges.iter().enumerate() {
         let (a_id, b_id) = (id(a)?, id(b)?);
-        let tail = b.get(prefix..).ok_or_else(|| BuildError::ShortMergePiece {
-            rank: base + i,
-            b: b.to_string(),
-        })?;
+        let tail = tail(b, prefix, base + i)?;
         joined.clear();
         joined.push_str(a);
         joined.push_str(tail);
         out.push(((a_id, b_id), id(&joined)?));
     }
     Ok(out)
+}
+
+/// `b` past the continuing-subword prefix's `prefix` bytes (what the joined piece takes of
+/// it), or the error where it is shorter or the cut is inside a character (the crate's build
+/// would panic there).
+fn tail(b: &str, prefix: usize, rank: usize) -> std::result::Result<&str, BuildError> {
+    b.get(prefix..).ok_or_else(|| BuildError::ShortMergePiece {
+        rank,
+        b: b.to_owned(),
+    })
+}
+
+/// Refuses a merge whose right piece cannot lose the continuing-subword prefix: for a model
+/// the crate builds (with merge dropout), whose build would panic on it.
+pub fn check_tails(flags: &Flags, merges: &[(&str, &str)]) -> std::result::Result<(), BuildError> {
+    let prefix = flags
+        .continuing_subword_prefix
+        .as_deref()
+        .map_or(0, str::len);
+    for (rank, &(_, b)) in merges.iter().enumerate() {
+        tail(b, prefix, rank)?;
+    }
+    Ok(())
 }
 
 /// The crate's cache bounds: words of up to 255 bytes, 10 000 of them.
@@ -80,11 +100,12 @@ pub struct Flags {
 /// Why a file's vocabulary and merges make no model.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("merge token {0:?} is not in the vocabulary")]
+    /// The crate's wording (`tokenizers::models::bpe::Error`).
+    #[error("Token `{0}` out of vocabulary")]
     MergeTokenOutOfVocabulary(String),
     #[error(
-        "merge {rank}: {b:?} is shorter than the continuing-subword prefix, so the pair \
-         names no merged piece"
+        "merge {rank}: {b:?} does not start with a whole continuing-subword prefix, so the \
+         pair names no merged piece"
     )]
     ShortMergePiece { rank: usize, b: String },
 }
@@ -244,8 +265,9 @@ impl Bpe {
             }
             if let Some(unk_token) = &f.unk_token {
                 let unk_id = || {
-                    self.vocab.get(unk_token).copied().ok_or_else(|| {
-                        format!("the unknown token {unk_token:?} is not in the vocabulary")
+                    // The crate's wording.
+                    (self.vocab.get(unk_token).copied()).ok_or_else(|| {
+                        format!("Unk token `{unk_token}` not found in the vocabulary")
                     })
                 };
                 unk = Some(match (unk, f.fuse_unk) {

@@ -25,7 +25,8 @@
 //! cached has no caches to merge: its token is stepped alone and it joins as it stands.
 //! A prompt-lookup row joins holding all its prompt but the last id, which its first round
 //! feeds before its drafts (as the serial lane's first verify), and is never in a prompt
-//! batch.
+//! batch (a one-token prompt with nothing cached is stepped alone as above: the serial
+//! lane's first verify of it has no drafts, and draws over the same one position).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
