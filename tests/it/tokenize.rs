@@ -266,6 +266,7 @@ fn first_encoding_difference(
         return Some("(the vocabulary size)".into());
     }
     for text in texts(slow) {
+        // With special tokens second: the same words then come from the engine's word cache.
         for special in [false, true] {
             let (a, b) = (
                 fast.encode(text.as_str(), special).unwrap(),
@@ -277,11 +278,6 @@ fn first_encoding_difference(
             {
                 return Some(text);
             }
-        }
-        // Twice: the second time comes from the engine's word cache.
-        let again = fast.encode(text.as_str(), false).unwrap();
-        if again.get_ids() != slow.encode(text.as_str(), false).unwrap().get_ids() {
-            return Some(text);
         }
     }
     None

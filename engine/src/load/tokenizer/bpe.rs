@@ -71,10 +71,7 @@ fn tail(b: &str, prefix: usize, rank: usize) -> std::result::Result<&str, BuildE
 /// Refuses a merge whose right piece cannot lose the continuing-subword prefix: for a model
 /// the crate builds (with merge dropout), whose build would panic on it.
 pub fn check_tails(flags: &Flags, merges: &[(&str, &str)]) -> std::result::Result<(), BuildError> {
-    let prefix = flags
-        .continuing_subword_prefix
-        .as_deref()
-        .map_or(0, str::len);
+    let prefix = flags.prefix_len();
     for (rank, &(_, b)) in merges.iter().enumerate() {
         tail(b, prefix, rank)?;
     }
@@ -95,6 +92,15 @@ pub struct Flags {
     pub fuse_unk: bool,
     pub byte_fallback: bool,
     pub ignore_merges: bool,
+}
+
+impl Flags {
+    /// The continuing-subword prefix's length in bytes (0 without one).
+    fn prefix_len(&self) -> usize {
+        self.continuing_subword_prefix
+            .as_deref()
+            .map_or(0, str::len)
+    }
 }
 
 /// Why a file's vocabulary and merges make no model.
@@ -190,10 +196,7 @@ impl Bpe {
         vocab: &AHashMap<String, u32>,
         merges: &[(&str, &str)],
     ) -> std::result::Result<AHashMap<Pair, (u32, u32)>, BuildError> {
-        let prefix = flags
-            .continuing_subword_prefix
-            .as_deref()
-            .map_or(0, str::len);
+        let prefix = flags.prefix_len();
         let (first, second) = merges.split_at(merges.len() / 2);
         let (first, second) = std::thread::scope(|s| {
             let second = s.spawn(|| resolve(vocab, prefix, second, first.len()));
