@@ -660,6 +660,10 @@ pub enum Defect {
     /// lookup rows prefill in prompt batches, which sample it too), not drawn in its first
     /// round. Caught by the same gate.
     BatchLookupFirstIdAtAdmission,
+    /// The batch lane under a group: a follower feeds rank 0's step ids to its rows in
+    /// reverse order (its rows drift from rank 0's). Caught by
+    /// `dist::serve::batch_lane_ranks_answer_concurrent_clients_as_one_process`.
+    FollowerRowsReversed,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -902,6 +906,7 @@ fn named(name: &str) -> Option<Defect> {
         "FastBpeMergesByPosition" => Defect::FastBpeMergesByPosition,
         "BatchLookupDrawsPadded" => Defect::BatchLookupDrawsPadded,
         "BatchLookupFirstIdAtAdmission" => Defect::BatchLookupFirstIdAtAdmission,
+        "FollowerRowsReversed" => Defect::FollowerRowsReversed,
         _ => return None,
     })
 }

@@ -26,11 +26,13 @@ mod contain;
 mod draft;
 mod images;
 mod lookup;
+mod mirror;
 mod samples;
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Session};
+pub(super) use mirror::{LaneOp, Mirror};
 use samples::Samples;
 
 struct Row<'w> {
@@ -142,6 +144,12 @@ impl Worker {
             }
             _ => {}
         }
+        if crate::dist::group().is_some_and(|g| g.mode == crate::dist::Mode::Pipeline) {
+            return Some(
+                "pipeline-parallel ranks (--pipeline): a stage's caches carry its send to the \
+                 next rank, which the lane's batched caches do not merge",
+            );
+        }
         crate::generate::batch::refusal(self.model.as_ref(), &self.opts)
     }
 
@@ -216,14 +224,22 @@ impl Worker {
         }
         let keep: Vec<usize> = (0..rows.len()).filter(|&i| outcomes[i].is_none()).collect();
         // Rows that finished well leave their caches to the prompt cache (and SSD tier).
+        let ended: Vec<usize> = (0..rows.len())
+            .filter(|&i| matches!(outcomes[i], Some(Outcome::Done(_))) && !rows[i].emit.gone)
+            .collect();
+        // A failed share has lost the group: the lane ends at its next tick.
+        let _ = self.mirror(|| mirror::LaneOp::Settle {
+            keep: keep.clone(),
+            ended: ended
+                .iter()
+                .map(|&i| (i, rows[i].dec.history().to_vec()))
+                .collect(),
+        });
         let mut kept = Vec::new();
-        for (i, row) in rows.iter_mut().enumerate() {
-            if matches!(outcomes[i], Some(Outcome::Done(_))) && !row.emit.gone {
-                if let Ok(caches) = batch.row_caches(i, row.dec.history().len() as i32) {
-                    let fed = caches.first().map_or(0, |c| c.offset()) as usize;
-                    let tokens = row.dec.history()[..fed].to_vec();
-                    kept.push((tokens, caches, row.draft_seed.take()));
-                }
+        for i in ended {
+            let row = &mut rows[i];
+            if let Some((tokens, caches)) = mirror::ended_entry(batch, i, row.dec.history()) {
+                kept.push((tokens, caches, row.draft_seed.take()));
             }
         }
         if let Err(e) = batch.keep(&keep) {
@@ -277,6 +293,8 @@ impl Worker {
         parked: &mut Vec<(Row<'w>, Vec<Box<dyn Cache>>)>,
     ) -> bool {
         let fed = rows[i].dec.history().len() as i32 - 1;
+        let key = rows[i].key;
+        let _ = self.mirror(|| mirror::LaneOp::Park { row: i, fed, key });
         let Ok(caches) = batch.row_caches(i, fed) else {
             return true;
         };
@@ -296,6 +314,8 @@ impl Worker {
     fn emit_all(&self, rows: &mut [Row<'_>], samples: &Samples) -> Vec<Option<Outcome>> {
         let ids = match samples.host_ids() {
             Ok(ids) => ids,
+            // Under a group the rows fail as the lane ends, at its next tick (`lane_lost`).
+            Err(e) if self.lose_group(&e) => return rows.iter().map(|_| None).collect(),
             Err(e) => {
                 let msg = format!("generation failed: {e}");
                 return rows
@@ -343,6 +363,9 @@ impl Worker {
         loop {
             // Another model's thread may have a step to run (`turn`).
             super::turn::pass();
+            if let Some(why) = self.dist.as_ref().and_then(|l| l.lost()) {
+                self.lane_lost(lane, &jobs, &why);
+            }
             if !self.receive(&mut lane, &jobs) {
                 return;
             }
@@ -353,7 +376,7 @@ impl Worker {
                 for row in lane.rows.drain(..) {
                     self.close(row, Outcome::Failed(e.clone()));
                 }
-                lane.batch = Batch::for_lane(self.model.as_ref());
+                self.fresh_batch(&mut lane);
                 lane.inflight = None;
             }
             let stepping = !lane.images.is_empty();
@@ -365,6 +388,8 @@ impl Worker {
             // Parked rows are cut as any other (stalled, gone, out of time).
             for (mut row, caches) in std::mem::take(&mut lane.parked) {
                 if row.emit.check() {
+                    let (key, keep) = (row.key, None);
+                    let _ = self.mirror(|| mirror::LaneOp::Close { key, keep });
                     self.close(row, Outcome::Done(Finish::Stop));
                 } else {
                     lane.parked.push((row, caches));
@@ -382,11 +407,17 @@ impl Worker {
             // At most one prefill step of prompt tokens per tick, between decode steps.
             self.prefill_tick(&mut lane);
             self.image_tick(&mut lane);
-            if lane.rows.is_empty() {
+            if !lane.rows.is_empty() {
+                self.decode_step(&mut lane);
+            } else {
                 lane.inflight = None;
-                continue;
             }
-            self.decode_step(&mut lane);
+            // Followers wait on the next plan: one at least every HEARTBEAT.
+            if let Some(lead) = &self.dist {
+                if let Err(e) = lead.heartbeat() {
+                    lead.lose(&e);
+                }
+            }
         }
     }
 
@@ -426,7 +457,7 @@ impl Worker {
             // Rows that joined after that step have nothing to emit.
             outcomes.resize_with(lane.rows.len(), || None);
             if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, None) {
-                lane.batch = Batch::for_lane(self.model.as_ref());
+                self.fresh_batch(lane);
             }
         }
     }
@@ -455,7 +486,7 @@ impl Worker {
         if park && lane.rows.len() >= slots {
             if let Some(i) = Self::victim(&mut lane.rows) {
                 if !self.park(i, &mut lane.rows, &mut lane.batch, &mut lane.parked) {
-                    lane.batch = Batch::for_lane(self.model.as_ref());
+                    self.fresh_batch(lane);
                 }
             }
         }
@@ -463,6 +494,8 @@ impl Worker {
             if let Some(j) = ready(&mut lane.parked) {
                 let (mut row, caches) = lane.parked.remove(j);
                 row.since = Instant::now();
+                let key = row.key;
+                let _ = self.mirror(|| mirror::LaneOp::Rejoin { key });
                 let session = Session::with_caches(self.model.as_ref(), &self.opts, caches);
                 match lane.batch.join(vec![session]) {
                     Ok(()) => lane.rows.push(row),
@@ -487,6 +520,23 @@ impl Worker {
             return Ok(pending);
         }
         mlx_rs::ops::concatenate(&[&pending, &host], 0)
+    }
+
+    /// `feed`, shared: under a group the ids are read back (the followers feed them too)
+    /// and the step shared before it runs.
+    fn feed_shared(&self, lane: &Lane<'_>) -> Result<Array, mlx_rs::error::Exception> {
+        if self.dist.is_none() {
+            return Self::feed(lane);
+        }
+        let queued = lane
+            .inflight
+            .as_ref()
+            .map_or(Ok(Vec::new()), Samples::host_ids)?;
+        let mut ids = queued;
+        ids.extend(lane.rows[ids.len()..].iter().map(|r| r.next));
+        let fed = mirror::step_ids(&ids);
+        self.mirror(|| mirror::LaneOp::Step { ids })?;
+        Ok(fed)
     }
 
     /// Every row's next id from the step's logits [rows, vocab], lazily: all at once when
@@ -549,6 +599,7 @@ impl Worker {
         let lone = lane.rows.len() == 1 && !Self::lookup_due(lane);
         if let (true, [row]) = (lone, &lane.rows[..]) {
             // One row left of several: it goes on alone (`Batch::for_lane`).
+            let _ = self.mirror(|| mirror::LaneOp::GoSolo);
             if let Err(e) = lane.batch.go_solo(&self.opts_for(row.adapter.as_ref())) {
                 eprintln!("engine serve: the lone row stays in the batch: {e}");
             }
@@ -558,7 +609,7 @@ impl Worker {
                 .batch_lone_steps
                 .fetch_add(1, Ordering::Relaxed);
         }
-        let logits = match Self::feed(lane).and_then(|f| lane.batch.step_ids(&f)) {
+        let logits = match self.feed_shared(lane).and_then(|f| lane.batch.step_ids(&f)) {
             Ok(l) => l,
             Err(e) => {
                 // A failed forward is not pinned on every row: each is retried alone.
@@ -566,6 +617,7 @@ impl Worker {
                 return;
             }
         };
+        self.queue_forward(&logits);
         let (mut next, mut outcomes) = match Self::sample_rows(&mut lane.rows, &logits) {
             Ok(sampled) => sampled,
             Err(e) => {
@@ -586,7 +638,7 @@ impl Worker {
             }
         }
         if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, Some(&mut next)) {
-            lane.batch = Batch::for_lane(self.model.as_ref());
+            self.fresh_batch(lane);
             return;
         }
         lane.inflight = (!lane.rows.is_empty()).then_some(next);

@@ -11,7 +11,9 @@
 //!   prompt tokens the prompt store gave), a decode step of one request, or shutdown;
 //! * while idle, an empty plan at most every [`HEARTBEAT`] (which also notices a lost peer);
 //! * at each emitted token, the emitter's decision (go on, stop, failed) — stop strings
-//!   and cut clients are known on rank 0 only, and a step that goes on may run a forward.
+//!   and cut clients are known on rank 0 only, and a step that goes on may run a forward;
+//! * under `--batch N`, the batch lane's changes to its caches instead (`Op::Lane`,
+//!   `batch_lane::mirror`): followers mirror the lane's forwards with rank 0's ids.
 //!
 //! Any failed collective is fatal: the ring cannot recover.
 
@@ -117,6 +119,8 @@ pub enum Op {
     },
     /// Rank 0 stops serving: followers exit 0.
     Shutdown,
+    /// A change to the batch lane's caches (`batch_lane::mirror`).
+    Lane(super::batch_lane::LaneOp),
 }
 
 /// The emitter's decision at a token, shared so every rank's decoder does the same.
@@ -168,6 +172,11 @@ impl Leader {
             .take()
             .map(|mut t| t.split_off(prompt_len));
         self.pending.borrow_mut().push(Op::End { id, keep });
+    }
+
+    /// Notes `op` for the next plan (it runs no forward: it may wait).
+    pub fn defer(&self, op: Op) {
+        self.pending.borrow_mut().push(op);
     }
 
     /// Shares the pending ends and then `op` (None: only the ends, a heartbeat).
@@ -281,10 +290,6 @@ pub fn follow_flow(id: u32) -> Result<Flow, Exception> {
         _ => Err(Exception::custom("a token decision that does not parse")),
     }
 }
-
-/// Why `--batch N` serves on the serial lane under a group (`/stats` lanes.serial_reason).
-pub const SERIAL_REASON: &str =
-    "requests across distributed ranks (the batch lane's rounds are not shared yet)";
 
 /// Joins the group mlx.launch describes (None outside one) and refuses what ranks cannot
 /// serve together.

@@ -1,12 +1,14 @@
 //! A rank other than 0 under `engine serve`: no HTTP, no emitter. It applies rank 0's round
 //! plans (`dist_plan`) in order with the same model shard, sampler and prompt store, so
-//! that every forward — and every collective in it — matches rank 0's. Any failure is
+//! that every forward — and every collective in it — matches rank 0's (the batch lane's
+//! through a `batch_lane::Mirror`). Any failure is
 //! fatal (`dist::fatal`, exit 4); rank 0's shutdown ends it with status 0.
 
 use std::collections::HashMap;
 
 use mlx_rs::error::Exception;
 
+use super::batch_lane::Mirror;
 use super::dist_plan::{self, Admit, Op};
 use super::worker::Worker;
 use crate::generate::decode::Decoder;
@@ -26,6 +28,8 @@ impl Worker {
     pub fn follow(self) {
         crate::dist::arm("the first round plan");
         let mut requests: HashMap<u64, Followed<'_>> = HashMap::new();
+        // Rank 0's batch lane (`--batch N`), mirrored from its first op on.
+        let mut lane: Option<Mirror<'_>> = None;
         loop {
             let ops = dist_plan::receive().unwrap_or_else(|e| crate::dist::fatal(&e));
             for op in ops {
@@ -50,6 +54,7 @@ impl Worker {
                             "the round plan steps request {id}, which this rank does not hold"
                         ))),
                     },
+                    Op::Lane(op) => lane.get_or_insert_with(|| Mirror::new(&self)).apply(op),
                     Op::Shutdown => {
                         crate::dist::done();
                         return;

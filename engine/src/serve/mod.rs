@@ -497,10 +497,7 @@ fn spawn_model_thread(
                     let slots = args.batch.max(1);
                     worker.dist = crate::dist::active().then(dist_plan::Leader::default);
                     // Why `--batch N` cannot batch, said before the server reports ready.
-                    let lane = (slots > 1).then(|| match worker.dist {
-                        Some(_) => Some(dist_plan::SERIAL_REASON),
-                        None => worker.not_batchable(),
-                    });
+                    let lane = (slots > 1).then(|| worker.not_batchable());
                     match lane {
                         Some(Some(why)) => {
                             let _ = worker.counters.serial_reason.set(why);

@@ -664,11 +664,24 @@ impl Worker {
     ) -> ! {
         // This rank ends in order from here: the peer watch leaves the exit to it.
         crate::dist::done();
-        let error = || ApiError::server(super::dist_plan::lost_message(why));
         for t in turns.iter_mut() {
-            t.emit.fail(error());
+            t.emit
+                .fail(ApiError::server(super::dist_plan::lost_message(why)));
             self.counters.failed.fetch_add(1, Ordering::Release);
         }
+        self.end_lost(held, jobs, why)
+    }
+
+    /// The end of `peer_lost` (and the batch lane's `lane_lost`), once the requests in
+    /// flight have failed: the jobs not started fail too, the HTTP side gets a moment to
+    /// send that, and the process exits.
+    pub(super) fn end_lost(
+        &self,
+        held: impl IntoIterator<Item = Job>,
+        jobs: &mpsc::Receiver<Work>,
+        why: &str,
+    ) -> ! {
+        let error = || ApiError::server(super::dist_plan::lost_message(why));
         let queued = jobs.try_iter().filter_map(|w| self.divert(w));
         for job in held.into_iter().chain(queued) {
             let _ = job.events.try_send(Event::Failed(error()));

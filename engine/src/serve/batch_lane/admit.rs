@@ -31,6 +31,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use super::mirror::LaneOp;
 use super::{Lane, Outcome, Row};
 use crate::generate::decode::Decoder;
 use crate::generate::{Finish, Session};
@@ -44,7 +45,7 @@ static NEXT_KEY: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::ne
 
 /// A request being admitted: its prompt is prefilled chunk by chunk.
 pub(super) struct Admission<'w> {
-    row: Row<'w>,
+    pub(super) row: Row<'w>,
     session: Session<'w>,
     prompt: Vec<u32>,
     /// Prompt tokens in the session's caches.
@@ -90,6 +91,13 @@ impl Worker {
             Some(h) => (h.caches, h.reused),
             None => (self.make_caches(), 0),
         };
+        let key = row.key;
+        // A failed share has lost the group: the lane ends at its next tick.
+        let _ = self.mirror(|| LaneOp::Open {
+            key,
+            prompt: prompt.clone(),
+            cached,
+        });
         // An entry's drafter layers (`--draft-model`) start the row's drafter row.
         let seed = caches.split_off(self.model_layers().min(caches.len()));
         let draft_seed = (row.draft.is_some() && !seed.is_empty()).then_some(seed);
@@ -194,7 +202,7 @@ impl Worker {
         for mut adm in std::mem::take(&mut lane.admissions) {
             // A long prompt's admission spans ticks: its client may leave or its time run out.
             if adm.row.emit.check() {
-                self.close(adm.row, Outcome::Done(Finish::Stop));
+                self.drop_admission(adm.row);
                 continue;
             }
             let n = adm.to_feed().min(adm.session.prefill_step);
@@ -204,7 +212,12 @@ impl Worker {
             }
             if n > 0 {
                 let chunk = &adm.prompt[adm.fed..adm.fed + n];
-                if let Err(e) = adm.session.prefill_chunk(chunk) {
+                let key = adm.row.key;
+                let prefilled = self
+                    .mirror(|| LaneOp::Chunk { key, n })
+                    .and_then(|()| adm.session.prefill_chunk(chunk));
+                if let Err(e) = prefilled {
+                    self.lose_group(&e);
                     let e = ApiError::server(format!("generation failed: {e}"));
                     self.close(adm.row, Outcome::Failed(e));
                     continue;
@@ -272,7 +285,7 @@ impl Worker {
         for mut a in together {
             // As in the tick's loop: a client gone or out of time is ended, not prefilled.
             if a.row.emit.check() {
-                self.close(a.row, Outcome::Done(Finish::Stop));
+                self.drop_admission(a.row);
             } else {
                 kept.push(a);
             }
@@ -282,9 +295,14 @@ impl Worker {
             return;
         }
         let prompts: Vec<&[u32]> = together.iter().map(|a| &a.prompt[..]).collect();
-        let logits = match lane.batch.admit_prompts(&prompts, self.prefill_step) {
+        let keys = together.iter().map(|a| a.row.key).collect();
+        let admitted = self
+            .mirror(|| LaneOp::Together { keys })
+            .and_then(|()| lane.batch.admit_prompts(&prompts, self.prefill_step));
+        let logits = match admitted {
             Ok(l) => l,
             Err(e) => {
+                self.lose_group(&e);
                 let e = format!("generation failed: {e}");
                 for a in together {
                     self.close(a.row, Outcome::Failed(ApiError::server(e.clone())));
@@ -292,6 +310,7 @@ impl Worker {
                 return;
             }
         };
+        self.queue_forward(&logits);
         self.counters
             .batch_prompt_batches
             .fetch_add(1, Ordering::Relaxed);
@@ -316,9 +335,14 @@ impl Worker {
         let last: Vec<u32> = ready.iter().map(|a| a.prompt[a.fed]).collect();
         let (rows, sessions): (Vec<Row<'w>>, Vec<Session<'w>>) =
             ready.into_iter().map(|a| (a.row, a.session)).unzip();
-        let logits = match lane.batch.admit(sessions, &last) {
+        let keys = rows.iter().map(|r| r.key).collect();
+        let admitted = self
+            .mirror(|| LaneOp::Admit { keys })
+            .and_then(|()| lane.batch.admit(sessions, &last));
+        let logits = match admitted {
             Ok(l) => l,
             Err(e) => {
+                self.lose_group(&e);
                 let e = format!("generation failed: {e}");
                 for row in rows {
                     self.close(row, Outcome::Failed(ApiError::server(e.clone())));
@@ -326,6 +350,7 @@ impl Worker {
                 return;
             }
         };
+        self.queue_forward(&logits);
         self.seat(lane, rows, &logits);
     }
 
@@ -345,7 +370,7 @@ impl Worker {
             .fetch_max(lane.rows.len(), Ordering::Relaxed);
         // Only joined rows can end here: the queued samples still match the rows before.
         if !self.settle(&mut lane.rows, &mut lane.batch, all, None) {
-            lane.batch = crate::generate::batch::Batch::for_lane(self.model.as_ref());
+            self.fresh_batch(lane);
             lane.inflight = None;
         }
     }
@@ -367,6 +392,7 @@ impl Worker {
             .collect();
         let ys: Vec<&mlx_rs::Array> = picked.iter().flatten().map(|(y, _)| y).collect();
         if let Err(e) = mlx_rs::transforms::eval(ys) {
+            self.lose_group(&e);
             let msg = format!("generation failed: {e}");
             return rows
                 .iter()
@@ -389,15 +415,27 @@ impl Worker {
     /// A one-token prompt with nothing cached: its token stepped alone, its first id
     /// sampled and emitted. The row and session to join, unless it is over already.
     fn first_alone<'w>(&'w self, mut adm: Admission<'w>) -> Option<(Row<'w>, Session<'w>)> {
-        let outcome = match adm.session.step(&adm.prompt) {
-            Ok(logits) => self.advance(&mut adm.row, &logits),
-            Err(e) => Outcome::Failed(ApiError::server(format!("generation failed: {e}"))),
+        let key = adm.row.key;
+        let stepped = self
+            .mirror(|| LaneOp::Alone { key })
+            .and_then(|()| adm.session.step(&adm.prompt));
+        let outcome = match stepped {
+            Ok(logits) => {
+                self.queue_forward(&logits);
+                self.advance(&mut adm.row, &logits)
+            }
+            Err(e) => {
+                self.lose_group(&e);
+                Outcome::Failed(ApiError::server(format!("generation failed: {e}")))
+            }
         };
         match outcome {
             Outcome::Continue => Some((adm.row, adm.session)),
             done => {
                 let finished = matches!(done, Outcome::Done(_)) && !adm.row.emit.gone;
                 let produced = adm.row.emit.produced.clone();
+                let keep = finished.then(|| produced.clone());
+                let _ = self.mirror(|| LaneOp::Close { key, keep });
                 self.close(adm.row, done);
                 if finished {
                     self.keep_caches(adm.session, &adm.prompt, produced);
@@ -407,12 +445,21 @@ impl Worker {
         }
     }
 
+    /// An admission whose client left or ran out of time before it joined: ended.
+    fn drop_admission(&self, row: Row<'_>) {
+        let (key, keep) = (row.key, None);
+        let _ = self.mirror(|| LaneOp::Close { key, keep });
+        self.close(row, Outcome::Done(Finish::Stop));
+    }
+
     /// Rows whose caches hold all they were fed but `next` join the batch as they stand.
     fn join_rows<'w>(&'w self, lane: &mut Lane<'w>, ready: Vec<(Row<'w>, Session<'w>)>) {
         if ready.is_empty() {
             return;
         }
         let (rows, sessions): (Vec<Row<'w>>, Vec<Session<'w>>) = ready.into_iter().unzip();
+        let keys = rows.iter().map(|r| r.key).collect();
+        let _ = self.mirror(|| LaneOp::Join { keys });
         match lane.batch.join(sessions) {
             Ok(()) => {
                 let now = Instant::now();

@@ -31,6 +31,10 @@ impl Worker {
     /// After the batched forward failed with `cause`: every row retried alone (module
     /// header); the lane's batch is rebuilt from the rows that went on.
     pub(super) fn contain<'w>(&'w self, lane: &mut Lane<'w>, cause: &Exception) {
+        // Under a group the ranks no longer agree: the lane ends at its next tick.
+        if self.lose_group(cause) {
+            return;
+        }
         let rows = std::mem::take(&mut lane.rows);
         let pending = lane.inflight.take();
         let broken = std::mem::replace(&mut lane.batch, Batch::for_lane(self.model.as_ref()));

@@ -28,7 +28,6 @@ use mlx_rs::Array;
 
 use super::contain::failed;
 use super::{Lane, Outcome, Row};
-use crate::generate::batch::Batch;
 use crate::generate::batch_lookup::{agreed, runs, GreedyPicks};
 use crate::generate::lookup::propose;
 use crate::generate::Finish;
@@ -199,11 +198,11 @@ impl Worker {
             for (row, outcome) in rows.into_iter().zip(outcomes) {
                 self.close(row, outcome.unwrap_or_else(|| failed(&e)));
             }
-            lane.batch = Batch::for_lane(self.model.as_ref());
+            self.fresh_batch(lane);
             return true;
         }
         if !self.settle(&mut lane.rows, &mut lane.batch, outcomes, None) {
-            lane.batch = Batch::for_lane(self.model.as_ref());
+            self.fresh_batch(lane);
         }
         lane.steps += 1;
         true

@@ -281,21 +281,21 @@ fn a_dropped_reduce_changes_the_answer() {
     assert_eq!(status.code(), Some(4), "rank 0: {status}");
 }
 
-/// `--batch 4` across ranks takes the serial lane and says why in /stats. Rank 1 killed
-/// mid-stream: the request in flight ends with an error event naming the
+/// Rank 1 killed mid-stream: the request in flight ends with an error event naming the
 /// lost peer, and rank 0 exits with status 4 (mlx_lm.server stays up, unhealthy; the
-/// issue asks for an exit).
+/// issue asks for an exit) — on the serial lane and on the batch lane (`--batch 4`).
 #[test]
 fn a_lost_peer_fails_the_request_and_ends_rank_0() {
-    let mut ranks = start_ranks(launch(&["--batch", "4"]));
-    // --batch N across ranks serves on the serial lane, and says why.
-    let reason = stats(ranks.port)["lanes"]["serial_reason"].clone();
-    assert!(
-        reason
-            .as_str()
-            .is_some_and(|r| r.contains("distributed ranks")),
-        "{reason}"
-    );
+    lose_the_peer_mid_stream(&[]);
+    lose_the_peer_mid_stream(&["--batch", "4"]);
+}
+
+fn lose_the_peer_mid_stream(flags: &[&str]) {
+    let mut ranks = start_ranks(launch(flags));
+    let lanes = stats(ranks.port)["lanes"].clone();
+    let batched = !flags.is_empty();
+    assert_eq!(lanes["batch_slots"], json!(if batched { 4 } else { 0 }));
+    assert_eq!(lanes["serial_reason"], Value::Null, "{lanes}");
     let body = json!({"prompt": "Once", "max_tokens": 3000, "stream": true,
         "logit_bias": {"2": -100, "6": -100}});
     let body = body.to_string();
@@ -326,7 +326,134 @@ fn a_lost_peer_fails_the_request_and_ends_rank_0() {
         &text[text.len().saturating_sub(800)..]
     );
     let status = wait_exit(&mut ranks.children[0], Duration::from_secs(30));
-    assert_eq!(status.code(), Some(4), "rank 0: {status}");
+    assert_eq!(status.code(), Some(4), "rank 0 ({flags:?}): {status}");
+}
+
+/// Two waves of four requests (path, body), each wave's sent at once; the second repeats
+/// two prompts of the first, which the prompt store holds by then.
+fn batch_waves() -> Vec<Vec<(&'static str, Value)>> {
+    let ban = json!({"2": -100, "6": -100});
+    let wave = |prompts: [&str; 4], lengths: [u32; 4]| -> Vec<(&'static str, Value)> {
+        let mut out = Vec::new();
+        for (i, (p, n)) in prompts.iter().zip(lengths).enumerate() {
+            let (path, mut b) = match i % 2 {
+                0 => ("/v1/chat/completions", chat(p)),
+                _ => ("/v1/completions", json!({"prompt": p, "logit_bias": ban})),
+            };
+            b["max_tokens"] = json!(n);
+            if i == 1 {
+                b["stream"] = json!(true);
+            }
+            if i == 2 {
+                b["stop"] = json!(["blue"]);
+            }
+            out.push((path, b));
+        }
+        out
+    };
+    vec![
+        wave(
+            [
+                "What color is the sky?",
+                "Once upon a time",
+                "Tell me a story",
+                "The robot",
+            ],
+            [12, 40, 24, 6],
+        ),
+        wave(
+            [
+                "What color is the sky?",
+                "Once upon a time there",
+                "Who fixed the clock?",
+                "The robot",
+            ],
+            [30, 8, 20, 16],
+        ),
+    ]
+}
+
+/// Each wave's answers (ids taken out: the schedule numbers them), its four requests sent
+/// at once; the server gathers four arrivals before it starts (`BatchGathersFour`).
+fn wave_answers(port: u16) -> Vec<Vec<Value>> {
+    let mut out = Vec::new();
+    for wave in batch_waves() {
+        let sent: Vec<_> = wave
+            .into_iter()
+            .map(|(path, body)| {
+                std::thread::spawn(move || http(port, "POST", path, body.to_string().as_bytes()))
+            })
+            .collect();
+        for h in sent {
+            let (code, text) = h.join().unwrap();
+            let mut chunks = normalized(&text);
+            for c in &mut chunks {
+                c.as_object_mut().map(|o| o.remove("id"));
+            }
+            chunks.insert(0, json!(code));
+            out.push(chunks);
+        }
+    }
+    out
+}
+
+/// The batch lane across two ranks (`--batch 4`): rank 0 schedules the rows and the
+/// follower mirrors each change to the lane's caches (`batch_lane::mirror`). Two waves of
+/// four clients at once (uncached prompts prefilled together, prompts the store holds
+/// admitted through their last ids, rows leaving at different lengths and at a stop
+/// string, the last row stepping alone) answer exactly as a one-process `--batch 4`
+/// server does, and the rows did share steps (tensor parallel, tiny-llama-trained).
+/// Planted `FollowerRowsReversed` (the follower feeds rank 0's ids to its rows in reverse
+/// order) changes the answers. Pipeline-parallel ranks (tiny-qwen2) serve `--batch 4` on
+/// the serial lane, say why, and answer the same clients as one process's batch lane.
+#[test]
+fn batch_lane_ranks_answer_concurrent_clients_as_one_process() {
+    let (single, st) = lane_answers_match(MODEL, &[]);
+    let lanes = &st["lanes"];
+    assert_eq!(lanes["batch_peak_rows"], 4, "{lanes}");
+    assert!(lanes["batch_prompt_batches"].as_u64() >= Some(1), "{lanes}");
+    assert!(lanes["batch_lone_steps"].as_u64() >= Some(1), "{lanes}");
+    let ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "BatchGathersFour,FollowerRowsReversed")],
+        dist_timeout: "5",
+        ..launch(&["--batch", "4"])
+    });
+    let planted = wave_answers(ranks.port);
+    assert_ne!(planted, single, "FollowerRowsReversed was not caught");
+    drop(ranks);
+    let (_, st) = lane_answers_match("tiny-qwen2", &["--pipeline"]);
+    let reason = &st["lanes"]["serial_reason"];
+    assert!(
+        reason.as_str().is_some_and(|r| r.contains("--pipeline")),
+        "{reason}"
+    );
+}
+
+/// `wave_answers` of `model` on two ranks (with `flags`) against one process, both with
+/// `--batch 4`: the one process's answers and rank 0's /stats.
+fn lane_answers_match(model: &str, flags: &[&str]) -> (Vec<Vec<Value>>, Value) {
+    let gather = [("ENGINE_PLANT", "BatchGathersFour")];
+    let dir = common::goldens().join("models").join(model);
+    let one = common::server::serve_dir_with_env(&dir, &["--batch", "4"], &gather);
+    let single = wave_answers(one.port);
+    let mut rank_flags = vec!["--batch", "4"];
+    rank_flags.extend(flags);
+    let ranks = start_ranks(Launch {
+        model,
+        env: &gather,
+        ..launch(&rank_flags)
+    });
+    let dist = wave_answers(ranks.port);
+    for (i, (d, s)) in dist.iter().zip(&single).enumerate() {
+        assert_eq!(d, s, "{model} {flags:?}: answer {i}");
+    }
+    assert_eq!(dist.len(), 8);
+    let st = stats(ranks.port);
+    assert_eq!(st["failed"], 0, "{st}");
+    // The second wave's first prompt came from the store.
+    let cached = &dist[4][1]["usage"]["prompt_tokens_details"]["cached_tokens"];
+    assert!(cached.as_u64() > Some(0), "{:?}", dist[4]);
+    (single, st)
 }
 
 /// --draft-model across ranks is refused by every rank, as mlx_lm.server refuses it.
