@@ -11,7 +11,7 @@ reasoning; whole responses and whole streamed chunk sequences are compared, all 
 the ones that differ by design (see serve_diff_tools.normalize).
 `--suite dist` (both servers as ranks of a tensor-parallel group, `harness serve-diff --ranks
 N`): the basic suite plus seeded sampled requests (temperature, top_p, seed), which every rank
-must sample alike.
+must sample alike, and five greedy requests sent at once, which both servers decode together.
 `--plant` perturbs our side (basic: at most 4 tokens; tools: the request loses its `tools`
 and `chat_template_kwargs`): the check must then fail.
 Prints one line per request and exits non-zero on any difference.
@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 PROMPTS = ["What color is the sky?", "Who fixed the clock?", "Tell me about Mira.",
            "Héllo — what is 日本語? 🙂"]
@@ -80,6 +81,21 @@ def sampled_cases():
         cases += [("chat", "/v1/chat/completions", chat, False),
                   ("chat", "/v1/chat/completions", chat, True),
                   ("text", "/v1/completions", {"prompt": p, **sampling}, True)]
+    return cases
+
+
+def concurrent_cases():
+    """Greedy requests sent at once, which both servers decode together (mlx_lm.server's
+    BatchGenerator on every rank; our batch lane, `--batch`, whose followers mirror rank 0's
+    rows): rows of different lengths, streamed and not, one with log-probabilities."""
+    cases = []
+    for i, (p, n) in enumerate(zip(PROMPTS, [12, 32, 20, 28])):
+        chat = {"messages": [{"role": "user", "content": p + " Tell me more."}], "max_tokens": n}
+        if i == 2:
+            chat["logprobs"] = True
+        cases.append(("chat", "/v1/chat/completions", chat, i % 2 == 1))
+    cases.append(("text", "/v1/completions", {"prompt": "Once upon a time", "max_tokens": 24},
+                  False))
     return cases
 
 
@@ -145,8 +161,7 @@ def main() -> int:
         ban = {str(i): -100 for i in tokenless_ids(args.model)}
         if ban:
             print(f"({len(ban)} ids without a token banned by logit_bias)")
-    chunks = 0
-    for kind, path, extra, stream in cases:
+    def bodies(extra, stream):
         body = {"model": args.model, "max_tokens": MAX_TOKENS, "temperature": 0.0, "stream": stream,
                 **extra}
         if ban:
@@ -155,13 +170,43 @@ def main() -> int:
         if args.ours_model:
             ours_body = dict(ours_body, model=args.ours_model)
         peer_body = dict(body, adapters=args.peer_adapters) if args.peer_adapters else body
-        ours = summary(kind, post(args.ours, path, ours_body), False)
-        peer = summary(kind, post(args.peer, path, peer_body), True)
+        return ours_body, peer_body
+
+    def answer(base, kind, path, body, peer):
+        return summary(kind, post(base, path, body), peer)
+
+    def answers_at_once(base, group, peer):
+        """The group's requests sent at once (each from its own thread): their answers, in the
+        group's order."""
+        with ThreadPoolExecutor(len(group)) as pool:
+            sent = [pool.submit(answer, base, kind, path, body, peer)
+                    for kind, path, body in group]
+            return [f.result() for f in sent]
+
+    results = []
+    for kind, path, extra, stream in cases:
+        ours_body, peer_body = bodies(extra, stream)
+        results.append(("", path, extra, stream, answer(args.ours, kind, path, ours_body, False),
+                        answer(args.peer, kind, path, peer_body, True)))
+    if args.suite == "dist":
+        group = concurrent_cases()
+        cases += group
+        ours_group, peer_group = [], []
+        for kind, path, extra, stream in group:
+            ours_body, peer_body = bodies(extra, stream)
+            ours_group.append((kind, path, ours_body))
+            peer_group.append((kind, path, peer_body))
+        ours = answers_at_once(args.ours, ours_group, False)
+        peer = answers_at_once(args.peer, peer_group, True)
+        for (kind, path, extra, stream), o, p in zip(group, ours, peer):
+            results.append((f"[{len(group)} at once] ", path, extra, stream, o, p))
+    chunks = 0
+    for tag, path, extra, stream, ours, peer in results:
         same = ours == peer
         failed += not same
         chunks += len(ours.get("chunks", []))
         count = f" ({len(ours['chunks'])} chunks)" if stream else ""
-        label = f"{path} {'stream' if stream else 'plain'}{count} {json.dumps(extra, ensure_ascii=False)[:48]}"
+        label = f"{tag}{path} {'stream' if stream else 'plain'}{count} {json.dumps(extra, ensure_ascii=False)[:48]}"
         print(f"{'ok  ' if same else 'FAIL'} {label}")
         if not same:
             print(f"     ours: {ours}\n     peer: {peer}")

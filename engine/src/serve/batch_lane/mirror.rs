@@ -82,13 +82,12 @@ impl LaneOp {
     }
 }
 
+/// A prompt-store entry: the tokens its caches hold, and the caches.
+pub(super) type Entry = (Vec<u32>, Vec<Box<dyn Cache>>);
+
 /// Row `row`'s caches to keep as it ends with `history` fed (the last id maybe not):
 /// the tokens they hold and the caches (`Worker::settle`; the same on every rank).
-pub(super) fn ended_entry(
-    batch: &mut Batch<'_>,
-    row: usize,
-    history: &[u32],
-) -> Option<(Vec<u32>, Vec<Box<dyn Cache>>)> {
+pub(super) fn ended_entry(batch: &mut Batch<'_>, row: usize, history: &[u32]) -> Option<Entry> {
     let caches = batch.row_caches(row, history.len() as i32).ok()?;
     let fed = caches.first().map_or(0, |c| c.offset()) as usize;
     Some((history[..fed.min(history.len())].to_vec(), caches))

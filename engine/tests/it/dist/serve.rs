@@ -456,6 +456,46 @@ fn lane_answers_match(model: &str, flags: &[&str]) -> (Vec<Vec<Value>>, Value) {
     (single, st)
 }
 
+/// Rows take turns across ranks: with both slots of `--batch 2` busy and a third request
+/// waiting, a row yields its slot after its time slice (parked with its caches on every
+/// rank) and rejoins later; every answer is the serial lane's on the same ranks (one
+/// process's drifts from both after ~100 tokens here: tensor parallel sums partial
+/// products, so near-ties fall otherwise, on either lane alike).
+#[test]
+fn a_full_batch_lane_across_ranks_takes_turns_and_answers_unchanged() {
+    let prompts = ["The little robot", "Once upon a time", "The old clock"];
+    let body =
+        |p: &str| json!({"prompt": p, "max_tokens": 300, "logit_bias": {"2": -100, "6": -100}});
+    let ranks = start_ranks(launch(&["--batch", "2"]));
+    let port = ranks.port;
+    let sent: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let b = body(p).to_string();
+            std::thread::spawn(move || http(port, "POST", "/v1/completions", b.as_bytes()))
+        })
+        .collect();
+    let answers: Vec<(u16, String)> = sent.into_iter().map(|h| h.join().unwrap()).collect();
+    let st = stats(port);
+    assert!(
+        st["lanes"]["batch_parks"].as_u64() > Some(0),
+        "rows took turns: {st}"
+    );
+    drop(ranks);
+    let serial = start_ranks(launch(&["--prompt-cache-size", "0"]));
+    for (p, (code, text)) in prompts.iter().zip(&answers) {
+        assert_eq!(*code, 200, "{text}");
+        let want = http(
+            serial.port,
+            "POST",
+            "/v1/completions",
+            body(p).to_string().as_bytes(),
+        );
+        let text_of = |t: &str| normalized(t)[0]["choices"][0]["text"].clone();
+        assert_eq!(text_of(text), text_of(&want.1), "prompt {p}");
+    }
+}
+
 /// --draft-model across ranks is refused by every rank, as mlx_lm.server refuses it.
 #[test]
 fn draft_model_is_refused_across_ranks() {
