@@ -211,11 +211,17 @@ impl<'w> Mirror<'w> {
         keys.iter().map(|&k| self.take(k)).collect()
     }
 
-    fn session(&self, caches: Vec<Box<dyn Cache>>) -> Session<'w> {
+    /// Holds `caches` under `key` as a session, with its prompt and the prompt tokens fed.
+    fn hold(&mut self, key: u64, caches: Vec<Box<dyn Cache>>, prompt: Vec<u32>, fed: usize) {
         let w = self.worker;
         let mut session = Session::with_caches(w.model.as_ref(), &w.opts, caches);
         session.prefill_step = w.prefill_step;
-        session
+        let held = Held {
+            session,
+            prompt,
+            fed,
+        };
+        self.held.insert(key, held);
     }
 
     /// Applies one of rank 0's ops. An error is a forward (or a store) that did not go as
@@ -228,29 +234,7 @@ impl<'w> Mirror<'w> {
                 key,
                 prompt,
                 cached,
-            } => {
-                let (mut caches, reused) = match w.cache_take(&prompt) {
-                    Some(hit) => (hit.caches, hit.reused),
-                    None => (w.make_caches(), 0),
-                };
-                if reused != cached {
-                    return Err(Exception::custom(format!(
-                        "the prompt stores diverged: rank 0 reused {cached} prompt tokens, \
-                         this rank {reused}"
-                    )));
-                }
-                caches.truncate(w.model_layers());
-                let session = self.session(caches);
-                let fed = cached;
-                self.held.insert(
-                    key,
-                    Held {
-                        session,
-                        prompt,
-                        fed,
-                    },
-                );
-            }
+            } => self.open(key, prompt, cached)?,
             LaneOp::Chunk { key, n } => {
                 let h = self.held.get_mut(&key).ok_or_else(|| missing(key))?;
                 let chunk = h
@@ -275,16 +259,7 @@ impl<'w> Mirror<'w> {
                 // Rank 0 fails the rows of a join that fails, and goes on.
                 let _ = self.batch.join(sessions);
             }
-            LaneOp::Admit { keys } => {
-                let held = self.takes(&keys)?;
-                let last = held
-                    .iter()
-                    .map(|h| h.prompt.get(h.fed).copied())
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| Exception::custom("an admission with its prompt all fed"))?;
-                let sessions = held.into_iter().map(|h| h.session).collect();
-                self.batch.admit(sessions, &last)?.eval()?;
-            }
+            LaneOp::Admit { keys } => self.admit(&keys)?,
             LaneOp::Together { keys } => {
                 let held = self.takes(&keys)?;
                 let prompts: Vec<&[u32]> = held.iter().map(|h| &h.prompt[..]).collect();
@@ -296,35 +271,8 @@ impl<'w> Mirror<'w> {
                 }
                 self.batch.step_ids(&step_ids(&ids))?.eval()?;
             }
-            LaneOp::Settle { keep, ended } => {
-                let kept: Vec<_> = ended
-                    .iter()
-                    .filter_map(|(row, history)| ended_entry(&mut self.batch, *row, history))
-                    .collect();
-                // A failed keep fails rank 0's rows; its Reset follows.
-                let _ = self.batch.keep(&keep);
-                for (tokens, caches) in kept {
-                    w.keep_whole(tokens, caches, None);
-                }
-            }
-            LaneOp::Park { row, fed, key } => {
-                if let Ok(caches) = self.batch.row_caches(row, fed) {
-                    let rows = self.batch.rows();
-                    let keep: Vec<usize> = (0..rows).filter(|&k| k != row).collect();
-                    if self.batch.keep(&keep).is_ok() {
-                        let session = self.session(caches);
-                        let (prompt, fed) = (Vec::new(), 0);
-                        self.held.insert(
-                            key,
-                            Held {
-                                session,
-                                prompt,
-                                fed,
-                            },
-                        );
-                    }
-                }
-            }
+            LaneOp::Settle { keep, ended } => self.settle(&keep, &ended),
+            LaneOp::Park { row, fed, key } => self.park(row, fed, key),
             LaneOp::Rejoin { key } => {
                 let h = self.take(key)?;
                 let _ = self.batch.join(vec![h.session]);
@@ -335,6 +283,61 @@ impl<'w> Mirror<'w> {
             LaneOp::Reset => self.batch = Batch::for_lane(w.model.as_ref()),
         }
         Ok(())
+    }
+
+    /// `Open`: the prompt store gives what it gave rank 0.
+    fn open(&mut self, key: u64, prompt: Vec<u32>, cached: usize) -> Result<(), Exception> {
+        let w = self.worker;
+        let (mut caches, reused) = match w.cache_take(&prompt) {
+            Some(hit) => (hit.caches, hit.reused),
+            None => (w.make_caches(), 0),
+        };
+        if reused != cached {
+            return Err(Exception::custom(format!(
+                "the prompt stores diverged: rank 0 reused {cached} prompt tokens, this rank \
+                 {reused}"
+            )));
+        }
+        caches.truncate(w.model_layers());
+        self.hold(key, caches, prompt, cached);
+        Ok(())
+    }
+
+    /// `Admit`: the admissions' last prompt ids in one step of their own.
+    fn admit(&mut self, keys: &[u64]) -> Result<(), Exception> {
+        let held = self.takes(keys)?;
+        let last = held
+            .iter()
+            .map(|h| h.prompt.get(h.fed).copied())
+            .collect::<Option<Vec<u32>>>()
+            .ok_or_else(|| Exception::custom("an admission with its prompt all fed"))?;
+        let sessions = held.into_iter().map(|h| h.session).collect();
+        self.batch.admit(sessions, &last)?.eval()
+    }
+
+    /// `Settle`: the ended rows' caches kept, the rest of the rows kept in the batch.
+    fn settle(&mut self, keep: &[usize], ended: &[(usize, Vec<u32>)]) {
+        let kept: Vec<Entry> = ended
+            .iter()
+            .filter_map(|(row, history)| ended_entry(&mut self.batch, *row, history))
+            .collect();
+        // A failed keep fails rank 0's rows; its Reset follows.
+        let _ = self.batch.keep(keep);
+        for (tokens, caches) in kept {
+            self.worker.keep_whole(tokens, caches, None);
+        }
+    }
+
+    /// `Park`: row `row` out of the batch with its first `fed` tokens, held under `key`.
+    fn park(&mut self, row: usize, fed: i32, key: u64) {
+        let Ok(caches) = self.batch.row_caches(row, fed) else {
+            return;
+        };
+        let rows = self.batch.rows();
+        let keep: Vec<usize> = (0..rows).filter(|&k| k != row).collect();
+        if self.batch.keep(&keep).is_ok() {
+            self.hold(key, caches, Vec::new(), 0);
+        }
     }
 }
 
