@@ -54,7 +54,7 @@ cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"
 # CARGO_MANIFEST_DIR set), and its source as a label.
 field() { sed -nE "s/.*\"$1\":\"([^\"]*)\".*/\1/p" <<<"$2"; }
 engine_it=() other=()
-split_off=(train_families:: orpo_prefix:: segmented:: constrained:: constrained_fuzz:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget:: serve_adapters:: vision_preprocess::)
+split_off=(train_families:: orpo_prefix:: segmented:: constrained:: constrained_fuzz:: compiled_decode:: ssd_store:: chat_e2e:: embeddings:: serve_metrics:: serve_budget:: serve_adapters:: vision_preprocess:: lookup:: batch_draft::)
 harness=()
 while IFS= read -r line; do
   exe="$(field executable "$line")"
@@ -68,7 +68,9 @@ while IFS= read -r line; do
     # preprocessing), the chat page's browser tests and the embeddings, /metrics,
     # memory-budget and adapter servers (their servers bind port 0 themselves) go to the
     # other lane, to balance the two (measured in a fresh-clone CI run of b5de748: 650 s and
-    # 618 s before the last two moves); libtest's filters and --skips match the same names.
+    # 618 s before the last two moves; the served lookup and draft gates moved after the
+    # batch lane's distributed gates joined the first lane); libtest's filters and --skips
+    # match the same names.
     engine_it+=("$entry|${split_off[*]/#/--skip }")
     other+=("$entry|${split_off[*]}")
   elif [[ "$src" == "$PWD/harness/"* ]]; then

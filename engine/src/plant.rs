@@ -664,6 +664,10 @@ pub enum Defect {
     /// reverse order (its rows drift from rank 0's). Caught by
     /// `dist::serve::batch_lane_ranks_answer_concurrent_clients_as_one_process`.
     FollowerRowsReversed,
+    /// A gate's set-up, not a defect: the batch lane's time slice is 20 ms instead of 500, so
+    /// rows take turns within short answers on any machine
+    /// (`dist::serve::a_full_batch_lane_across_ranks_takes_turns_and_answers_unchanged`).
+    BatchSliceShort,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -907,6 +911,7 @@ fn named(name: &str) -> Option<Defect> {
         "BatchLookupDrawsPadded" => Defect::BatchLookupDrawsPadded,
         "BatchLookupFirstIdAtAdmission" => Defect::BatchLookupFirstIdAtAdmission,
         "FollowerRowsReversed" => Defect::FollowerRowsReversed,
+        "BatchSliceShort" => Defect::BatchSliceShort,
         _ => return None,
     })
 }

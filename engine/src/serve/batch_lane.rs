@@ -35,7 +35,7 @@ use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::decode::Decoder;
 use crate::generate::Finish;
-pub(super) use mirror::{LaneOp, Mirror};
+pub(super) use mirror::Mirror;
 use samples::Samples;
 
 struct Row<'w> {

@@ -120,7 +120,62 @@ pub enum Op {
     /// Rank 0 stops serving: followers exit 0.
     Shutdown,
     /// A change to the batch lane's caches (`batch_lane::mirror`).
-    Lane(super::batch_lane::LaneOp),
+    Lane(LaneOp),
+}
+
+/// One change to the batch lane's caches (the lane call it mirrors in brackets).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum LaneOp {
+    /// A request starts its admission: the prompt store gives `cached` prompt tokens
+    /// (`admit::start`).
+    Open {
+        key: u64,
+        prompt: Vec<u32>,
+        cached: usize,
+    },
+    /// An admission's next `n` prompt tokens are prefilled (`Session::prefill_chunk`).
+    Chunk { key: u64, n: usize },
+    /// A one-token prompt with nothing cached is stepped alone (`first_alone`).
+    Alone { key: u64 },
+    /// An admission or a parked row leaves without joining; `keep`: the ids generated
+    /// after its prompt that its caches are kept under (a row over at its first id).
+    Close { key: u64, keep: Option<Vec<u32>> },
+    /// Admissions join the batch as they stand (`Batch::join`).
+    Join { keys: Vec<u64> },
+    /// Admissions join through one step of their last prompt ids (`Batch::admit`).
+    Admit { keys: Vec<u64> },
+    /// Uncached admissions prefilled as one prompt batch (`Batch::admit_prompts`).
+    Together { keys: Vec<u64> },
+    /// One decode step, one id per row (`Batch::step_ids`).
+    Step { ids: Vec<u32> },
+    /// Rows leave (`Worker::settle`): `ended` (row, its history) keep their caches, then
+    /// only rows `keep` stay.
+    Settle {
+        keep: Vec<usize>,
+        ended: Vec<(usize, Vec<u32>)>,
+    },
+    /// Row `row` is parked with its first `fed` tokens under `key` (`Worker::park`).
+    Park { row: usize, fed: i32, key: u64 },
+    /// A parked row joins again (`share_slots`).
+    Rejoin { key: u64 },
+    /// The last row steps alone (`Batch::go_solo`).
+    GoSolo,
+    /// The lane's batch starts afresh (after a failure).
+    Reset,
+}
+
+impl LaneOp {
+    /// Whether the op runs a forward (so it is shared before rank 0 runs it).
+    pub fn runs_forward(&self) -> bool {
+        matches!(
+            self,
+            LaneOp::Chunk { .. }
+                | LaneOp::Alone { .. }
+                | LaneOp::Admit { .. }
+                | LaneOp::Together { .. }
+                | LaneOp::Step { .. }
+        )
+    }
 }
 
 /// The emitter's decision at a token, shared so every rank's decoder does the same.

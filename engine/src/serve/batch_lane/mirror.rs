@@ -19,68 +19,13 @@ use std::collections::HashMap;
 
 use mlx_rs::error::Exception;
 use mlx_rs::Array;
-use serde::{Deserialize, Serialize};
 
 use crate::cache::Cache;
 use crate::generate::batch::Batch;
 use crate::generate::Session;
+pub(super) use crate::serve::dist_plan::LaneOp;
 use crate::serve::error::ApiError;
 use crate::serve::worker::Worker;
-
-/// One change to the batch lane's caches (the lane call it mirrors in brackets).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum LaneOp {
-    /// A request starts its admission: the prompt store gives `cached` prompt tokens
-    /// (`admit::start`).
-    Open {
-        key: u64,
-        prompt: Vec<u32>,
-        cached: usize,
-    },
-    /// An admission's next `n` prompt tokens are prefilled (`Session::prefill_chunk`).
-    Chunk { key: u64, n: usize },
-    /// A one-token prompt with nothing cached is stepped alone (`first_alone`).
-    Alone { key: u64 },
-    /// An admission or a parked row leaves without joining; `keep`: the ids generated
-    /// after its prompt that its caches are kept under (a row over at its first id).
-    Close { key: u64, keep: Option<Vec<u32>> },
-    /// Admissions join the batch as they stand (`Batch::join`).
-    Join { keys: Vec<u64> },
-    /// Admissions join through one step of their last prompt ids (`Batch::admit`).
-    Admit { keys: Vec<u64> },
-    /// Uncached admissions prefilled as one prompt batch (`Batch::admit_prompts`).
-    Together { keys: Vec<u64> },
-    /// One decode step, one id per row (`Batch::step_ids`).
-    Step { ids: Vec<u32> },
-    /// Rows leave (`Worker::settle`): `ended` (row, its history) keep their caches, then
-    /// only rows `keep` stay.
-    Settle {
-        keep: Vec<usize>,
-        ended: Vec<(usize, Vec<u32>)>,
-    },
-    /// Row `row` is parked with its first `fed` tokens under `key` (`Worker::park`).
-    Park { row: usize, fed: i32, key: u64 },
-    /// A parked row joins again (`share_slots`).
-    Rejoin { key: u64 },
-    /// The last row steps alone (`Batch::go_solo`).
-    GoSolo,
-    /// The lane's batch starts afresh (after a failure).
-    Reset,
-}
-
-impl LaneOp {
-    /// Whether the op runs a forward (so it is shared before rank 0 runs it).
-    fn runs_forward(&self) -> bool {
-        matches!(
-            self,
-            LaneOp::Chunk { .. }
-                | LaneOp::Alone { .. }
-                | LaneOp::Admit { .. }
-                | LaneOp::Together { .. }
-                | LaneOp::Step { .. }
-        )
-    }
-}
 
 /// A prompt-store entry: the tokens its caches hold, and the caches.
 pub(super) type Entry = (Vec<u32>, Vec<Box<dyn Cache>>);
@@ -108,10 +53,10 @@ impl Worker {
         };
         let op = op();
         if !op.runs_forward() {
-            lead.defer(super::super::dist_plan::Op::Lane(op));
+            lead.defer(crate::serve::dist_plan::Op::Lane(op));
             return Ok(());
         }
-        lead.send(Some(super::super::dist_plan::Op::Lane(op)))
+        lead.send(Some(crate::serve::dist_plan::Op::Lane(op)))
             .inspect_err(|e| {
                 lead.lose(e);
             })

@@ -460,13 +460,17 @@ fn lane_answers_match(model: &str, flags: &[&str]) -> (Vec<Vec<Value>>, Value) {
 /// waiting, a row yields its slot after its time slice (parked with its caches on every
 /// rank) and rejoins later; every answer is the serial lane's on the same ranks (one
 /// process's drifts from both after ~100 tokens here: tensor parallel sums partial
-/// products, so near-ties fall otherwise, on either lane alike).
+/// products, so near-ties fall otherwise, on either lane alike). The slice is 20 ms
+/// (`BatchSliceShort`), so rows take turns on any machine.
 #[test]
 fn a_full_batch_lane_across_ranks_takes_turns_and_answers_unchanged() {
     let prompts = ["The little robot", "Once upon a time", "The old clock"];
     let body =
-        |p: &str| json!({"prompt": p, "max_tokens": 300, "logit_bias": {"2": -100, "6": -100}});
-    let ranks = start_ranks(launch(&["--batch", "2"]));
+        |p: &str| json!({"prompt": p, "max_tokens": 120, "logit_bias": {"2": -100, "6": -100}});
+    let ranks = start_ranks(Launch {
+        env: &[("ENGINE_PLANT", "BatchSliceShort")],
+        ..launch(&["--batch", "2"])
+    });
     let port = ranks.port;
     let sent: Vec<_> = prompts
         .iter()
