@@ -245,35 +245,36 @@ impl Worker {
                 kept.push((tokens, caches, row.draft_seed.take()));
             }
         }
-        if let Err(e) = batch.keep(&keep) {
-            for row in rows.drain(..) {
-                self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
-            }
-            return false;
-        }
-        if let Some(samples) = samples {
+        let mut broke = batch.keep(&keep).err();
+        if let (None, Some(samples)) = (&broke, samples) {
             let old = std::mem::replace(samples, Samples::PerRow(Vec::new()));
             match old.keep(&keep) {
                 Ok(kept) => *samples = kept,
-                Err(e) => {
-                    for row in rows.drain(..) {
-                        self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+                Err(e) => broke = Some(e),
+            }
+        }
+        match &broke {
+            Some(e) => {
+                for row in rows.drain(..) {
+                    self.close(row, Outcome::Failed(ApiError::server(e.to_string())));
+                }
+            }
+            None => {
+                let old = std::mem::take(rows);
+                for (row, outcome) in old.into_iter().zip(outcomes.iter_mut()) {
+                    match outcome.take() {
+                        None => rows.push(row),
+                        Some(o) => self.close(row, o),
                     }
-                    return false;
                 }
             }
         }
-        let old = std::mem::take(rows);
-        for (row, outcome) in old.into_iter().zip(outcomes.iter_mut()) {
-            match outcome.take() {
-                None => rows.push(row),
-                Some(o) => self.close(row, o),
-            }
-        }
+        // Kept even when the batch broke: the caches are copies taken before, and a
+        // follower's mirror keeps them alike (`Mirror::settle`).
         for (tokens, caches, draft_seed) in kept {
             self.keep_whole(tokens, caches, draft_seed);
         }
-        true
+        broke.is_none()
     }
 
     /// Evaluates `samples` (one per row) and emits them; the outcome of each row.
@@ -378,8 +379,9 @@ impl Worker {
             } else {
                 lane.inflight = None;
             }
-            // Followers wait on the next plan: one at least every HEARTBEAT.
-            if let Some(lead) = &self.dist {
+            // Followers wait on the next plan: one at least every HEARTBEAT (none once the
+            // group is lost: no collective runs after a failed one).
+            if let Some(lead) = self.dist.as_ref().filter(|l| l.lost().is_none()) {
                 if let Err(e) = lead.heartbeat() {
                     lead.lose(&e);
                 }
@@ -522,7 +524,9 @@ impl Worker {
         let lone = lane.rows.len() == 1 && !Self::lookup_due(lane);
         if let (true, [row]) = (lone, &lane.rows[..]) {
             // One row left of several: it goes on alone (`Batch::for_lane`).
-            let _ = self.mirror(|| mirror::LaneOp::GoSolo);
+            if !lane.batch.is_solo() {
+                let _ = self.mirror(|| mirror::LaneOp::GoSolo);
+            }
             if let Err(e) = lane.batch.go_solo(&self.opts_for(row.adapter.as_ref())) {
                 eprintln!("engine serve: the lone row stays in the batch: {e}");
             }

@@ -51,6 +51,13 @@ impl Worker {
         let Some(lead) = &self.dist else {
             return Ok(());
         };
+        // No collective runs after a failed one: the lane ends at its next tick, and what
+        // was about to run fails here.
+        if let Some(why) = lead.lost() {
+            return Err(Exception::custom(crate::serve::dist_plan::lost_message(
+                &why,
+            )));
+        }
         let op = op();
         if !op.runs_forward() {
             lead.defer(crate::serve::dist_plan::Op::Lane(op));
@@ -234,8 +241,10 @@ impl<'w> Mirror<'w> {
     fn open(&mut self, key: u64, prompt: Vec<u32>, cached: usize) -> Result<(), Exception> {
         let w = self.worker;
         let (mut caches, reused) = match w.cache_take(&prompt) {
-            Some(hit) => (hit.caches, hit.reused),
-            None => (w.make_caches(), 0),
+            Some(hit) if hit.reused == cached => (hit.caches, hit.reused),
+            // Rank 0 found nothing (as the serial follower: `follow_admit`): start afresh.
+            _ if cached == 0 => (w.make_caches(), 0),
+            hit => (Vec::new(), hit.map_or(0, |h| h.reused)),
         };
         if reused != cached {
             return Err(Exception::custom(format!(

@@ -239,17 +239,23 @@ fn two_ranks_answer_as_one_process() {
 }
 
 /// Pipeline parallel (tiny-qwen2, one layer per rank; rank 0 holds the last): the same
-/// answers as one process, bit for bit (no product is split).
+/// answers as one process, bit for bit (no product is split). `--batch 4` serves on the
+/// serial lane there, and says why.
 #[test]
 fn pipeline_ranks_answer_as_one_process() {
     let single = answers(serve_model("tiny-qwen2", &[]).port);
     let ranks = start_ranks(Launch {
         model: "tiny-qwen2",
-        ..launch(&["--pipeline"])
+        ..launch(&["--pipeline", "--batch", "4"])
     });
     let dist = answers(ranks.port);
     assert_eq!(dist, single);
     let st = stats(ranks.port);
+    let reason = &st["lanes"]["serial_reason"];
+    assert!(
+        reason.as_str().is_some_and(|r| r.contains("--pipeline")),
+        "{reason}"
+    );
     assert_eq!(
         st["group"],
         json!({"rank": 0, "size": 2, "mode": "pipeline"})
@@ -366,7 +372,8 @@ fn batch_waves() -> Vec<Vec<(&'static str, Value)>> {
                 "What color is the sky?",
                 "Once upon a time there",
                 "Who fixed the clock?",
-                "The robot",
+                // A one-token prompt (its BOS id) with nothing cached: stepped alone.
+                "",
             ],
             [30, 8, 20, 16],
         ),
@@ -400,12 +407,12 @@ fn wave_answers(port: u16) -> Vec<Vec<Value>> {
 /// The batch lane across two ranks (`--batch 4`): rank 0 schedules the rows and the
 /// follower mirrors each change to the lane's caches (`batch_lane::mirror`). Two waves of
 /// four clients at once (uncached prompts prefilled together, prompts the store holds
-/// admitted through their last ids, rows leaving at different lengths and at a stop
-/// string, the last row stepping alone) answer exactly as a one-process `--batch 4`
+/// admitted through their last ids, a one-token prompt stepped alone, rows leaving at
+/// different lengths and at a stop string, the last row stepping alone) answer exactly as
+/// a one-process `--batch 4`
 /// server does, and the rows did share steps (tensor parallel, tiny-llama-trained).
 /// Planted `FollowerRowsReversed` (the follower feeds rank 0's ids to its rows in reverse
-/// order) changes the answers. Pipeline-parallel ranks (tiny-qwen2) serve `--batch 4` on
-/// the serial lane, say why, and answer the same clients as one process's batch lane.
+/// order) changes the answers.
 #[test]
 fn batch_lane_ranks_answer_concurrent_clients_as_one_process() {
     let (single, st) = lane_answers_match(MODEL, &[]);
@@ -419,14 +426,9 @@ fn batch_lane_ranks_answer_concurrent_clients_as_one_process() {
         ..launch(&["--batch", "4"])
     });
     let planted = wave_answers(ranks.port);
+    // Answered (not failed): the rows' ids went to other rows, and the answers changed.
+    assert!(planted.iter().all(|a| a[0] == 200), "{planted:?}");
     assert_ne!(planted, single, "FollowerRowsReversed was not caught");
-    drop(ranks);
-    let (_, st) = lane_answers_match("tiny-qwen2", &["--pipeline"]);
-    let reason = &st["lanes"]["serial_reason"];
-    assert!(
-        reason.as_str().is_some_and(|r| r.contains("--pipeline")),
-        "{reason}"
-    );
 }
 
 /// `wave_answers` of `model` on two ranks (with `flags`) against one process, both with
