@@ -665,8 +665,8 @@ pub enum Defect {
     /// `dist::serve::batch_lane_ranks_answer_concurrent_clients_as_one_process`.
     FollowerRowsReversed,
     /// A gate's set-up, not a defect: the batch lane's time slice is 20 ms instead of 500, so
-    /// rows take turns within short answers on any machine
-    /// (`dist::serve::a_full_batch_lane_across_ranks_takes_turns_and_answers_unchanged`).
+    /// rows take turns within short answers on any machine (the `a_full_batch_lane_*`
+    /// gates of `serve_limits` and `dist::serve`).
     BatchSliceShort,
 }
 

@@ -468,7 +468,7 @@ fn lane_answers_match(model: &str, flags: &[&str]) -> (Vec<Vec<Value>>, Value) {
 fn a_full_batch_lane_across_ranks_takes_turns_and_answers_unchanged() {
     let prompts = ["The little robot", "Once upon a time", "The old clock"];
     let body =
-        |p: &str| json!({"prompt": p, "max_tokens": 120, "logit_bias": {"2": -100, "6": -100}});
+        |p: &str| json!({"prompt": p, "max_tokens": 60, "logit_bias": {"2": -100, "6": -100}});
     let ranks = start_ranks(Launch {
         env: &[("ENGINE_PLANT", "BatchSliceShort")],
         ..launch(&["--batch", "2"])
