@@ -450,17 +450,12 @@ impl Worker {
     /// `feed`, shared: under a group the ids are read back (the followers feed them too)
     /// and the step shared before it runs.
     fn feed_shared(&self, lane: &Lane<'_>) -> Result<Array, mlx_rs::error::Exception> {
-        if self.dist.is_none() {
-            return Self::feed(lane);
+        let fed = Self::feed(lane)?;
+        if self.dist.is_some() {
+            fed.eval()?;
+            let ids = fed.as_slice::<u32>().to_vec();
+            self.mirror(|| mirror::LaneOp::Step { ids })?;
         }
-        let queued = lane
-            .inflight
-            .as_ref()
-            .map_or(Ok(Vec::new()), Samples::host_ids)?;
-        let mut ids = queued;
-        ids.extend(lane.rows[ids.len()..].iter().map(|r| r.next));
-        let fed = mirror::step_ids(&ids);
-        self.mirror(|| mirror::LaneOp::Step { ids })?;
         Ok(fed)
     }
 
