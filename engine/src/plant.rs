@@ -253,6 +253,11 @@ pub enum Defect {
     /// 4,096-token L1 gate on tiny-nemotron-h, whose attention reads the positions it
     /// changed (`tests/it/l1_models.rs`).
     SsmChunkStateDropped,
+    /// Chunked prefill: each chunk after the first starts again at the previous chunk's
+    /// last id (the prompt sliced one short), so the caches hold that id twice. Caught by
+    /// the chunked-prefill L1 gate over its compared steps (`tests/it/l1_models.rs`); a
+    /// prompt prefilled in one chunk never sees it.
+    PrefillChunksOverlap,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).

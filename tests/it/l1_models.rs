@@ -89,13 +89,16 @@ fn planted_defect_fails_l1_on_a_quantized_model() {
 
 /// Chunked prefill (mlx-lm's prefill_step_size) stays bit-exact for any chunk size, down to
 /// one token per step. (On this CPU backend mlx-lm's own logits do not depend on the chunk
-/// size either, so these runs are checked against the standard goldens.)
+/// size either, so these runs are checked against the standard goldens.) Each case runs its
+/// compared steps: the prefill's logits and 16 decode steps', every one to the bit, read
+/// all the chunks left in the caches; the greedy steps past them do not depend on how the
+/// prompt was chunked, and `every_l1_model_is_bit_exact` runs them.
 #[test]
 fn chunked_prefill_is_bit_exact() {
     use engine::load::template::ChatTemplate;
     use engine::load::tokenizer::Tokenizer;
     use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::check_model_with;
+    use harness::parity::l1::{check_model_with, Stop};
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
     // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
@@ -118,26 +121,58 @@ fn chunked_prefill_is_bit_exact() {
         let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
         let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
         for step in [1, 5, 16] {
-            let report =
-                check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
-                    .unwrap();
+            let report = check_model_with(
+                &golden,
+                model.as_ref(),
+                &tokenizer,
+                template.as_ref(),
+                step,
+                Stop::AtLastComparedLogits,
+            )
+            .unwrap();
             harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
             assert!(report.passed(), "{}", report.details().join("\n"));
         }
     }
 }
 
+/// Planted: chunks that overlap by one id (the prompt sliced one short). The chunked gate,
+/// over its compared steps only, fails at the prefill; prefilled in one chunk (the golden's
+/// 2048) the same prompts pass, so the defect is the chunking's alone.
+#[test]
+fn planted_overlapping_chunks_fail_the_chunked_gate() {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    use harness::parity::l1::{check_model_with, Stop};
+    let _on = engine::plant::on(engine::plant::Defect::PrefillChunksOverlap).unwrap();
+    let name = "tiny-llama-trained";
+    let dir = model_dir(name).unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+    let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
+    let run = |step| {
+        let stop = Stop::AtLastComparedLogits;
+        check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step, stop)
+            .unwrap()
+    };
+    assert!(run(2048).passed(), "one chunk never overlaps");
+    assert_fails_at_prefill(&run(2), "chunks of 2 overlapping by one id");
+}
+
 /// Long sequences (the `l1-long` gate: a 4,096-token prompt on each mixer kind — the gated
 /// delta net split and fused, the short conv, Mamba-2 alone and beside attention): logits
-/// and greedy ids equal mlx-lm's, prefilled in its chunks of 2048 (the golden's) and in
-/// chunks of 1000 — recurrent states agree at a prefill chunk boundary that is not the
-/// golden's, and across the Mamba-2 scan's own chunks of 256.
+/// and greedy ids equal mlx-lm's, prefilled in its chunks of 2048 (the golden's; every
+/// greedy step) and in chunks of 1000 (the compared steps) — recurrent states agree at a
+/// prefill chunk boundary that is not the golden's, and across the Mamba-2 scan's own
+/// chunks of 256.
 #[test]
 fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
     use engine::load::template::ChatTemplate;
     use engine::load::tokenizer::Tokenizer;
     use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::check_model_with;
+    use harness::parity::l1::{check_model_with, Stop};
     let models = L1_LONG.models();
     for kind in [
         "tiny-qwen3-5",
@@ -161,10 +196,17 @@ fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
                 .len(),
             4096
         );
-        for step in [2048, 1000] {
-            let report =
-                check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step)
-                    .unwrap();
+        // The golden's own chunks run every greedy step; the other chunking, the compared ones.
+        for (step, stop) in [(2048, Stop::AtEnd), (1000, Stop::AtLastComparedLogits)] {
+            let report = check_model_with(
+                &golden,
+                model.as_ref(),
+                &tokenizer,
+                template.as_ref(),
+                step,
+                stop,
+            )
+            .unwrap();
             harness::announce(&format!(
                 "{name}, 4096 tokens in chunks of {step}: {}",
                 report.summary()

@@ -277,7 +277,11 @@ impl<'m> Session<'m> {
         while rest.len() > 1 {
             let n = self.prefill_step.min(rest.len() - 1);
             self.prefill_chunk(&rest[..n])?;
-            rest = &rest[n..];
+            let another_chunk = rest.len() - n > 1;
+            let overlap = n > 1
+                && another_chunk
+                && crate::plant::is(crate::plant::Defect::PrefillChunksOverlap);
+            rest = &rest[n - usize::from(overlap)..];
         }
         self.step(rest)
     }

@@ -107,6 +107,11 @@ pub enum Stop {
     /// A case stops at its first inexact logit vector, or at its first greedy id past the
     /// compared logits that differs from the oracle's.
     AtFirstDifference,
+    /// A case runs the steps that have a stored logit vector (the prefill and the first
+    /// decode steps), then stops. For a run that changes only how the prompt is prefilled
+    /// (its chunk size), these steps read everything the prefill left in the caches, each
+    /// to the bit; the greedy steps past them are the standard gate's, which runs them all.
+    AtLastComparedLogits,
 }
 
 /// Top-2 logit gap (f32 logits) under which a greedy step counts as a tie.
@@ -342,22 +347,23 @@ pub(super) fn check_in_dir(
 }
 
 /// Runs every case of `golden` through `model` with the default session options, prefilling
-/// in chunks of `prefill_step`.
+/// in chunks of `prefill_step`, each case until `stop`.
 pub fn check_model_with(
     golden: &TensorGolden,
     model: &dyn LanguageModel,
     tokenizer: &Tokenizer,
     template: Option<&ChatTemplate>,
     prefill_step: usize,
+    stop: Stop,
 ) -> Result<ModelReport, ParityError> {
-    check_model_opts(
-        golden,
-        model,
+    let cases = Cases {
         tokenizer,
         template,
         prefill_step,
-        &SessionOptions::default(),
-    )
+        opts: &SessionOptions::default(),
+        stop,
+    };
+    cases.check(golden, model)
 }
 
 /// As `check_model_with`, with explicit session options (KV quantization for L2/L3).
@@ -429,7 +435,11 @@ impl Cases<'_> {
         let mut comparisons = Vec::new();
         let mut greedy_ids = Vec::new();
         let mut stopped_at = None;
-        for step in 0..case.greedy_ids.len() {
+        let steps = match self.stop {
+            Stop::AtLastComparedLogits => case.logits.len().min(case.greedy_ids.len()),
+            Stop::AtEnd | Stop::AtFirstDifference => case.greedy_ids.len(),
+        };
+        for step in 0..steps {
             let mut differs = false;
             if let Some(entry) = case.logits.get(step) {
                 let (entry, bytes) = golden.tensor_at(entry)?;
@@ -446,7 +456,7 @@ impl Cases<'_> {
                 stopped_at = Some(step);
                 break;
             }
-            if step + 1 < case.greedy_ids.len() {
+            if step + 1 < steps {
                 logits = session.step(&[id])?;
             }
         }
@@ -475,7 +485,7 @@ impl Cases<'_> {
             template_match,
             logits: comparisons,
             greedy_matching,
-            greedy_total: case.greedy_ids.len(),
+            greedy_total: steps,
             first_divergent_step,
             tie_at,
             stopped_at,

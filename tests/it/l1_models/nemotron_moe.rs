@@ -51,7 +51,7 @@ fn engine_convert_output_of_nemotron_h_moe_is_bit_exact_on_l1() {
     use engine::load::template::ChatTemplate;
     use engine::load::tokenizer::Tokenizer;
     use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::check_model_with;
+    use harness::parity::l1::{check_model_with, Stop};
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("q4");
     let mut args = ConvertArgs::new(model_dir("tiny-nemotron-h-moe").unwrap(), &out);
@@ -70,7 +70,8 @@ fn engine_convert_output_of_nemotron_h_moe_is_bit_exact_on_l1() {
     let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
     let golden = TensorGolden::open("l1/tiny-nemotron-h-moe-q4").unwrap();
     let report =
-        check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), 2048).unwrap();
+        check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), 2048, Stop::AtEnd)
+            .unwrap();
     harness::announce(&format!("engine convert -q output: {}", report.summary()));
     assert!(report.passed(), "{}", report.details().join("\n"));
 }
