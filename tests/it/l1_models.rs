@@ -154,8 +154,15 @@ fn planted_overlapping_chunks_fail_the_chunked_gate() {
     let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
     let run = |step| {
         let stop = Stop::AtLastComparedLogits;
-        check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), step, stop)
-            .unwrap()
+        check_model_with(
+            &golden,
+            model.as_ref(),
+            &tokenizer,
+            template.as_ref(),
+            step,
+            stop,
+        )
+        .unwrap()
     };
     assert!(run(2048).passed(), "one chunk never overlaps");
     assert_fails_at_prefill(&run(2), "chunks of 2 overlapping by one id");

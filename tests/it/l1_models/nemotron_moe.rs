@@ -69,9 +69,15 @@ fn engine_convert_output_of_nemotron_h_moe_is_bit_exact_on_l1() {
     let tokenizer = Tokenizer::load(&out).unwrap();
     let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
     let golden = TensorGolden::open("l1/tiny-nemotron-h-moe-q4").unwrap();
-    let report =
-        check_model_with(&golden, model.as_ref(), &tokenizer, template.as_ref(), 2048, Stop::AtEnd)
-            .unwrap();
+    let report = check_model_with(
+        &golden,
+        model.as_ref(),
+        &tokenizer,
+        template.as_ref(),
+        2048,
+        Stop::AtEnd,
+    )
+    .unwrap();
     harness::announce(&format!("engine convert -q output: {}", report.summary()));
     assert!(report.passed(), "{}", report.details().join("\n"));
 }
