@@ -21,7 +21,7 @@ use mlx_rs::error::Exception;
 use mlx_rs::{Array, Stream};
 
 pub use fingerprint::{check_fingerprints, Fingerprint};
-pub use peers::done;
+pub use peers::{done, on_lost};
 pub use watchdog::{arm, bound, tick};
 
 type R<T> = Result<T, Exception>;

@@ -253,11 +253,6 @@ pub enum Defect {
     /// 4,096-token L1 gate on tiny-nemotron-h, whose attention reads the positions it
     /// changed (`tests/it/l1_models.rs`).
     SsmChunkStateDropped,
-    /// Chunked prefill: each chunk after the first starts again at the previous chunk's
-    /// last id (the prompt sliced one short), so the caches hold that id twice. Caught by
-    /// the chunked-prefill L1 gate over its compared steps (`tests/it/l1_models.rs`); a
-    /// prompt prefilled in one chunk never sees it.
-    PrefillChunksOverlap,
     /// Tensor parallel: o_proj keeps the next rank's slice of its inputs; pipeline
     /// parallel: the stages are reversed. Caught by the distributed L1 gate
     /// (`harness/tests/it/l1_dist.rs`).
@@ -673,6 +668,19 @@ pub enum Defect {
     /// rows take turns within short answers on any machine (the `a_full_batch_lane_*`
     /// gates of `serve_limits` and `dist::serve`).
     BatchSliceShort,
+    /// Chunked prefill: each chunk after the first starts again at the previous chunk's
+    /// last id (the prompt sliced one short), so the caches hold that id twice. Caught by
+    /// the chunked-prefill L1 gate over its compared steps (`tests/it/l1_models.rs`); a
+    /// prompt prefilled in one chunk never sees it.
+    PrefillChunksOverlap,
+    /// A gate's set-up, not a defect: a failed collective's error never reaches the serving
+    /// lane (`Leader::lose` blocks for good), as MLX's ring now and then leaves the
+    /// collective on a dead peer waiting forever; the peer watch must end rank 0 and tell its
+    /// requests (`dist::serve::a_lost_peer_fails_the_request_and_ends_rank_0`).
+    LostCollectiveHangs,
+    /// The peer watch ends a serving rank without telling its open requests of the loss
+    /// (its hook skipped). Caught by `dist::serve::a_peer_watch_that_ends_rank_0_untold_is_caught`.
+    LostPeerUntold,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -917,6 +925,8 @@ fn named(name: &str) -> Option<Defect> {
         "BatchLookupFirstIdAtAdmission" => Defect::BatchLookupFirstIdAtAdmission,
         "FollowerRowsReversed" => Defect::FollowerRowsReversed,
         "BatchSliceShort" => Defect::BatchSliceShort,
+        "LostCollectiveHangs" => Defect::LostCollectiveHangs,
+        "LostPeerUntold" => Defect::LostPeerUntold,
         _ => return None,
     })
 }

@@ -17,6 +17,12 @@ use std::time::Duration;
 /// Set when this rank's last collective is behind it.
 static DONE: AtomicBool = AtomicBool::new(false);
 static STARTED: AtomicBool = AtomicBool::new(false);
+/// What the rank says to those it serves before the watch ends it (`on_lost`).
+static ON_LOST: std::sync::OnceLock<fn(&str)> = std::sync::OnceLock::new();
+
+/// How long the rank waits after `ON_LOST` before it exits: the HTTP side's moment to send
+/// what the hook gave it (as `engine serve`'s own end on a failed collective waits).
+const TELL: Duration = Duration::from_millis(500);
 
 /// How long a hang-up waits for an orderly end to be declared (a peer's planned exit races
 /// this rank's own last steps by milliseconds).
@@ -26,6 +32,13 @@ const GRACE: Duration = Duration::from_millis(300);
 /// serve`'s rank 0 answers its requests first): from now on the watch does nothing.
 pub fn done() {
     DONE.store(true, Ordering::SeqCst);
+}
+
+/// Registers what a lost peer's hang-up does before the rank exits (`engine serve`'s rank 0
+/// fails every open request naming the loss): the model thread may wait forever inside a
+/// collective, so the watch's thread does it. The first registration wins.
+pub fn on_lost(hook: fn(&str)) {
+    let _ = ON_LOST.set(hook);
 }
 
 /// Starts the watch once (a no-op without a ring hostfile, or off Linux).
@@ -45,7 +58,13 @@ pub(super) fn watch(group: &super::Group) {
     }
     std::thread::spawn(move || {
         if poll_until_hang_up(&fds) {
-            super::fatal(&"a peer rank closed its ring connection");
+            let why = "a peer rank closed its ring connection";
+            let untold = crate::plant::is(crate::plant::Defect::LostPeerUntold);
+            if let Some(hook) = ON_LOST.get().filter(|_| !untold) {
+                hook(why);
+                std::thread::sleep(TELL);
+            }
+            super::fatal(&why);
         }
     });
 }

@@ -327,6 +327,8 @@ impl Worker {
             steps: 0,
             group: None,
         };
+        // Under a group: the step watchdog and the peer watch, as on the serial lane.
+        crate::dist::arm("the first round plan");
         loop {
             // Another model's thread may have a step to run (`turn`).
             super::turn::pass();

@@ -201,6 +201,9 @@ pub struct Leader {
 impl Leader {
     /// Marks the group lost (the first cause is kept); the error for the request at hand.
     pub fn lose(&self, why: &dyn std::fmt::Display) -> ApiError {
+        while crate::plant::is(crate::plant::Defect::LostCollectiveHangs) {
+            std::thread::park(); // as if the collective never returned
+        }
         let mut lost = self.lost.borrow_mut();
         let why = lost.get_or_insert_with(|| why.to_string()).clone();
         ApiError::server(lost_message(&why))

@@ -19,6 +19,7 @@ mod follower;
 pub mod guard;
 pub mod images;
 mod lead;
+mod lost;
 pub mod messages;
 pub mod metrics;
 pub mod progress;
@@ -329,6 +330,9 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         let shared = shared(&args, &config, Arc::new(Counters::default()));
         let worker = load_worker(&args, config.opts.clone(), config.context, || Ok(shared))?;
         return follower::follow(worker);
+    }
+    if group.is_some() {
+        crate::dist::on_lost(lost::fail_open_requests);
     }
     let started = start_model(&args, Host::default())?;
     let (state, model_thread) = (started.state, started.thread);

@@ -307,6 +307,7 @@ pub(super) async fn submit_started(
     let (req, prompt_ids) = encode(s, req).await.map_err(IntoResponse::into_response)?;
     let budget = super::budget::admit(s, prompt_ids.len(), req.max_tokens, deadline).await?;
     let (tx, rx) = mpsc::channel(EVENT_SLOTS);
+    super::lost::track(&tx);
     let job = Job {
         request: req,
         prompt_ids,

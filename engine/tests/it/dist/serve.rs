@@ -4,7 +4,7 @@
 //! interleaved requests; SIGTERM stops both ranks cleanly; a lost peer fails the request in
 //! flight and ends rank 0 with status 4; what mlx_lm.server refuses across ranks is refused.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
@@ -43,7 +43,7 @@ fn hostfile() -> PathBuf {
 }
 
 /// How the ranks are started: the model, extra flags, extra environment.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 struct Launch<'a> {
     model: &'a str,
     extra: &'a [&'a str],
@@ -289,17 +289,51 @@ fn a_dropped_reduce_changes_the_answer() {
 
 /// Rank 1 killed mid-stream: the request in flight ends with an error event naming the
 /// lost peer, and rank 0 exits with status 4 (mlx_lm.server stays up, unhealthy; the
-/// issue asks for an exit) — on the serial lane and on the batch lane (`--batch 4`).
+/// issue asks for an exit) — on the serial lane and on the batch lane (`--batch 4`), and
+/// on the batch lane when the failed collective never returns (`LostCollectiveHangs`: as
+/// MLX's ring now and then leaves it, with the model thread blocked; the peer watch then
+/// tells the request and ends the rank).
 #[test]
 fn a_lost_peer_fails_the_request_and_ends_rank_0() {
-    lose_the_peer_mid_stream(&[]);
-    lose_the_peer_mid_stream(&["--batch", "4"]);
+    let hangs = [("ENGINE_PLANT", "LostCollectiveHangs")];
+    for how in [
+        launch(&[]),
+        launch(&["--batch", "4"]),
+        Launch {
+            env: &hangs,
+            ..launch(&["--batch", "4"])
+        },
+    ] {
+        let (text, status) = lose_the_peer_mid_stream(how);
+        assert!(text.contains("a peer rank was lost"), "{how:?}: {text}");
+        assert!(
+            !text.contains("\"finish_reason\":\"length\""),
+            "{how:?}: {}",
+            &text[text.len().saturating_sub(800)..]
+        );
+        assert_eq!(status.code(), Some(4), "rank 0 ({how:?}): {status}");
+    }
 }
 
-fn lose_the_peer_mid_stream(flags: &[&str]) {
-    let mut ranks = start_ranks(launch(flags));
+/// Planted: the peer watch ends rank 0 without telling the request in flight (its hook
+/// skipped) while the collective hangs. The rank still exits 4, but the stream ends
+/// without naming the loss, and the gate above would see it.
+#[test]
+fn a_peer_watch_that_ends_rank_0_untold_is_caught() {
+    let (text, status) = lose_the_peer_mid_stream(Launch {
+        env: &[("ENGINE_PLANT", "LostCollectiveHangs,LostPeerUntold")],
+        ..launch(&["--batch", "4"])
+    });
+    assert_eq!(status.code(), Some(4), "rank 0: {status}");
+    assert!(!text.contains("a peer rank was lost"), "{text}");
+}
+
+/// Kills rank 1 once a long stream is decoding on both ranks: what the client read until
+/// rank 0 closed the stream (a minute at most), and rank 0's exit status.
+fn lose_the_peer_mid_stream(how: Launch) -> (String, ExitStatus) {
+    let mut ranks = start_ranks(how);
     let lanes = stats(ranks.port)["lanes"].clone();
-    let batched = !flags.is_empty();
+    let batched = !how.extra.is_empty();
     assert_eq!(lanes["batch_slots"], json!(if batched { 4 } else { 0 }));
     assert_eq!(lanes["serial_reason"], Value::Null, "{lanes}");
     let body = json!({"prompt": "Once", "max_tokens": 3000, "stream": true,
@@ -323,16 +357,20 @@ fn lose_the_peer_mid_stream(flags: &[&str]) {
         seen.extend_from_slice(&buf[..n]);
     }
     ranks.children[1].kill().unwrap();
-    let _ = s.read_to_end(&mut seen);
-    let text = String::from_utf8_lossy(&seen);
-    assert!(text.contains("a peer rank was lost"), "{text}");
-    assert!(
-        !text.contains("\"finish_reason\":\"length\""),
-        "{}",
-        &text[text.len().saturating_sub(800)..]
-    );
+    // Until rank 0 closes the stream, for a minute at most (a stream kept open by a stuck
+    // rank fails the test instead of hanging it).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
     let status = wait_exit(&mut ranks.children[0], Duration::from_secs(30));
-    assert_eq!(status.code(), Some(4), "rank 0 ({flags:?}): {status}");
+    (String::from_utf8_lossy(&seen).into_owned(), status)
 }
 
 /// Two waves of four requests (path, body), each wave's sent at once; the second repeats
