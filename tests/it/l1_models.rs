@@ -5,7 +5,7 @@
 //! Run single-threaded (MLX is not thread-safe): `bash scripts/test.sh`.
 
 use harness::parity::gates::{Plant, KV_BITS, L1, L1_LONG};
-use harness::parity::l1::ModelReport;
+use harness::parity::l1::{check_model_with, ModelReport, Stop};
 use harness::parity::Report;
 
 /// The L1 gate of `name`, with `plant` (`KEY=VALUE` in its config.json) if given.
@@ -95,10 +95,6 @@ fn planted_defect_fails_l1_on_a_quantized_model() {
 /// prompt was chunked, and `every_l1_model_is_bit_exact` runs them.
 #[test]
 fn chunked_prefill_is_bit_exact() {
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::{check_model_with, Stop};
     // tiny-gemma3 chunked: multi-token updates of a rotating cache that already holds keys
     // (temporal reorder + trim) and windowed prefill masks.
     // tiny-gemma4: the same, with layers that borrow another layer's K/V mid-chunk.
@@ -115,24 +111,35 @@ fn chunked_prefill_is_bit_exact() {
         "tiny-nemotron-h",
         "tiny-falcon-h1",
     ] {
-        let dir = model_dir(name).unwrap();
-        let model = engine::model::load(&dir).unwrap();
-        let tokenizer = Tokenizer::load(&dir).unwrap();
-        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-        let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
-        for step in [1, 5, 16] {
-            let report = check_model_with(
-                &golden,
-                model.as_ref(),
-                &tokenizer,
-                template.as_ref(),
-                step,
-                Stop::AtLastComparedLogits,
-            )
-            .unwrap();
-            harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
-            assert!(report.passed(), "{}", report.details().join("\n"));
-        }
+        assert_chunked_runs_pass(name, "", &[1, 5, 16], Stop::AtLastComparedLogits);
+    }
+}
+
+/// `name`'s golden `l1/<name><suffix>` run with the prefill in chunks of each of `steps`,
+/// each case until `stop`: the reports, in the order of `steps`.
+fn chunked_runs(name: &str, suffix: &str, steps: &[usize], stop: Stop) -> Vec<ModelReport> {
+    use engine::load::template::ChatTemplate;
+    use engine::load::tokenizer::Tokenizer;
+    use harness::goldens::{model_dir, TensorGolden};
+    let dir = model_dir(name).unwrap();
+    let model = engine::model::load(&dir).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
+    let golden = TensorGolden::open(&format!("l1/{name}{suffix}")).unwrap();
+    let (model, template) = (model.as_ref(), template.as_ref());
+    (steps.iter())
+        .map(|&step| check_model_with(&golden, model, &tokenizer, template, step, stop).unwrap())
+        .collect()
+}
+
+/// `chunked_runs`, each announced and asserted to pass.
+fn assert_chunked_runs_pass(name: &str, suffix: &str, steps: &[usize], stop: Stop) {
+    for (step, report) in steps.iter().zip(chunked_runs(name, suffix, steps, stop)) {
+        let summary = report.summary();
+        harness::announce(&format!(
+            "{name}{suffix}, prefill chunks of {step}: {summary}"
+        ));
+        assert!(report.passed(), "{}", report.details().join("\n"));
     }
 }
 
@@ -141,31 +148,13 @@ fn chunked_prefill_is_bit_exact() {
 /// 2048) the same prompts pass, so the defect is the chunking's alone.
 #[test]
 fn planted_overlapping_chunks_fail_the_chunked_gate() {
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::{check_model_with, Stop};
     let _on = engine::plant::on(engine::plant::Defect::PrefillChunksOverlap).unwrap();
-    let name = "tiny-llama-trained";
-    let dir = model_dir(name).unwrap();
-    let model = engine::model::load(&dir).unwrap();
-    let tokenizer = Tokenizer::load(&dir).unwrap();
-    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-    let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
-    let run = |step| {
-        let stop = Stop::AtLastComparedLogits;
-        check_model_with(
-            &golden,
-            model.as_ref(),
-            &tokenizer,
-            template.as_ref(),
-            step,
-            stop,
-        )
-        .unwrap()
-    };
-    assert!(run(2048).passed(), "one chunk never overlaps");
-    assert_fails_at_prefill(&run(2), "chunks of 2 overlapping by one id");
+    let stop = Stop::AtLastComparedLogits;
+    let [whole, chunked] =
+        <[ModelReport; 2]>::try_from(chunked_runs("tiny-llama-trained", "", &[2048, 2], stop))
+            .unwrap();
+    assert!(whole.passed(), "one chunk never overlaps");
+    assert_fails_at_prefill(&chunked, "chunks of 2 overlapping by one id");
 }
 
 /// Long sequences (the `l1-long` gate: a 4,096-token prompt on each mixer kind — the gated
@@ -176,10 +165,7 @@ fn planted_overlapping_chunks_fail_the_chunked_gate() {
 /// chunks of 256.
 #[test]
 fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::{check_model_with, Stop};
+    use harness::goldens::TensorGolden;
     let models = L1_LONG.models();
     for kind in [
         "tiny-qwen3-5",
@@ -191,39 +177,12 @@ fn a_4096_token_prompt_is_bit_exact_on_every_mixer_kind() {
         assert!(models.contains(&kind), "{kind} is not in the l1-long gate");
     }
     for name in models {
-        let dir = model_dir(name).unwrap();
-        let model = engine::model::load(&dir).unwrap();
-        let tokenizer = Tokenizer::load(&dir).unwrap();
-        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
         let golden = TensorGolden::open(&format!("l1/{name}-long")).unwrap();
-        assert_eq!(
-            golden.index["cases"][0]["prompt_ids"]
-                .as_array()
-                .unwrap()
-                .len(),
-            4096
-        );
+        let prompt = golden.index["cases"][0]["prompt_ids"].as_array().unwrap();
+        assert_eq!(prompt.len(), 4096);
         // The golden's own chunks run every greedy step; the other chunking, the compared ones.
-        for (step, stop) in [(2048, Stop::AtEnd), (1000, Stop::AtLastComparedLogits)] {
-            let report = check_model_with(
-                &golden,
-                model.as_ref(),
-                &tokenizer,
-                template.as_ref(),
-                step,
-                stop,
-            )
-            .unwrap();
-            harness::announce(&format!(
-                "{name}, 4096 tokens in chunks of {step}: {}",
-                report.summary()
-            ));
-            assert!(
-                report.passed(),
-                "{name} ({step}): {}",
-                report.details().join("\n")
-            );
-        }
+        assert_chunked_runs_pass(name, "-long", &[2048], Stop::AtEnd);
+        assert_chunked_runs_pass(name, "-long", &[1000], Stop::AtLastComparedLogits);
     }
 }
 

@@ -101,32 +101,9 @@ fn planted_indexer_defects_fail_l1_on_deepseek_v32() {
 /// byte for byte on tiny-deepseek-v3 and -v32).
 #[test]
 fn chunked_prefill_is_bit_exact_on_mla() {
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::{check_model_with, Stop};
+    use harness::parity::l1::Stop;
     for name in FIXTURES {
-        let dir = model_dir(name).unwrap();
-        let model = engine::model::load(&dir).unwrap();
-        let tokenizer = Tokenizer::load(&dir).unwrap();
-        let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-        let golden = TensorGolden::open(&format!("l1/{name}")).unwrap();
-        for step in [5, 16] {
-            let report = check_model_with(
-                &golden,
-                model.as_ref(),
-                &tokenizer,
-                template.as_ref(),
-                step,
-                Stop::AtLastComparedLogits,
-            )
-            .unwrap();
-            harness::announce(&format!(
-                "{name}, prefill chunks of {step}: {}",
-                report.summary()
-            ));
-            assert!(report.passed(), "{}", report.details().join("\n"));
-        }
+        super::assert_chunked_runs_pass(name, "", &[5, 16], Stop::AtLastComparedLogits);
     }
 }
 

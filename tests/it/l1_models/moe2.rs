@@ -125,26 +125,7 @@ fn the_batch_lane_refuses_llama4_s_chunked_caches() {
 /// as `chunked_prefill_is_bit_exact`).
 #[test]
 fn chunked_prefill_is_bit_exact_on_llama4() {
-    use engine::load::template::ChatTemplate;
-    use engine::load::tokenizer::Tokenizer;
-    use harness::goldens::{model_dir, TensorGolden};
-    use harness::parity::l1::{check_model_with, Stop};
-    let dir = model_dir("tiny-llama4").unwrap();
-    let model = engine::model::load(&dir).unwrap();
-    let tokenizer = Tokenizer::load(&dir).unwrap();
-    let template = ChatTemplate::from_tokenizer(&tokenizer).unwrap();
-    let golden = TensorGolden::open("l1/tiny-llama4").unwrap();
-    for step in [1, 5, 16] {
-        let report = check_model_with(
-            &golden,
-            model.as_ref(),
-            &tokenizer,
-            template.as_ref(),
-            step,
-            Stop::AtLastComparedLogits,
-        )
-        .unwrap();
-        harness::announce(&format!("prefill chunks of {step}: {}", report.summary()));
-        assert!(report.passed(), "{}", report.details().join("\n"));
-    }
+    use harness::parity::l1::Stop;
+    let steps = [1, 5, 16];
+    super::assert_chunked_runs_pass("tiny-llama4", "", &steps, Stop::AtLastComparedLogits);
 }
