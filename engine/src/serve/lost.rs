@@ -14,8 +14,12 @@ use super::error::ApiError;
 
 static OPEN: Mutex<Vec<WeakSender<Event>>> = Mutex::new(Vec::new());
 
-/// Follows the request whose events go to `events` (the ended ones are dropped meanwhile).
+/// Follows the request whose events go to `events` under a group (the ended ones are
+/// dropped meanwhile); one process has no peer to lose, and keeps no list.
 pub(super) fn track(events: &Sender<Event>) {
+    if !crate::dist::active() {
+        return;
+    }
     let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
     open.retain(|w| w.strong_count() > 0);
     open.push(events.downgrade());
