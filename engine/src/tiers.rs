@@ -153,6 +153,7 @@ impl TierArgs {
                 start: self.quantized_kv_start,
                 sdpa,
             }),
+            probe_memo: Default::default(),
         })
     }
 }

@@ -49,11 +49,14 @@ pub enum CompileDecode {
     Always,
 }
 
-/// How a session runs: the compiled-decode policy and KV quantization.
+/// How a session runs: the compiled-decode policy and KV quantization, and the probe
+/// choices it shares with the owner's other sessions.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionOptions {
     pub compile: CompileDecode,
     pub kv_quant: Option<KvQuantPlan>,
+    /// `WherePays`: recent probe choices its clones share (`probe::Memo`; none by default).
+    pub probe_memo: probe::Memo,
 }
 
 impl Default for SessionOptions {
@@ -61,6 +64,7 @@ impl Default for SessionOptions {
         SessionOptions {
             compile: CompileDecode::WherePays,
             kv_quant: None,
+            probe_memo: probe::Memo::default(),
         }
     }
 }
@@ -74,12 +78,25 @@ impl From<CompileDecode> for SessionOptions {
     }
 }
 
+impl SessionOptions {
+    /// These options, their sessions sharing probe choices (a server's, a warm bench leg's).
+    pub fn sharing_probe_choices(self) -> Self {
+        SessionOptions {
+            probe_memo: probe::Memo::shared(),
+            ..self
+        }
+    }
+}
+
 /// One sequence being generated: the model, its caches, and the step logic.
 pub struct Session<'m> {
     // Declared first so it is dropped before anything else: it borrows `model`.
     compiled: Option<compiled::CompiledDecode>,
     /// `WherePays`: timing both paths until it has chosen.
     probe: Option<probe::CompileProbe>,
+    /// The choices shared with the owner's other sessions, and this one's key there.
+    probe_memo: probe::Memo,
+    memo_key: Option<probe::MemoKey>,
     /// Compiled steps of a compiled step dropped after the probe chose eager.
     compiled_before: usize,
     model: &'m dyn LanguageModel,
@@ -150,6 +167,8 @@ impl<'m> Session<'m> {
             }),
             probe: (on && opts.compile == CompileDecode::WherePays)
                 .then(probe::CompileProbe::default),
+            probe_memo: opts.probe_memo.clone(),
+            memo_key: None,
             compiled_before: 0,
             model,
             caches,
@@ -192,7 +211,19 @@ impl<'m> Session<'m> {
         let Some(probe) = self.probe.as_mut() else {
             return true;
         };
+        if probe.untouched() {
+            let context = self.caches.first().map_or(0, |c| c.offset());
+            let key = probe::MemoKey::new(self.model, context, self.kv_quant.is_some());
+            if let Some(path) = self.probe_memo.adopt(key) {
+                probe.adopt(path);
+            }
+            self.memo_key = Some(key);
+        }
+        let timing = probe.decided().is_none();
         let path = probe.next(std::time::Instant::now());
+        if let (true, Some(chosen), Some(key)) = (timing, probe.decided(), self.memo_key) {
+            self.probe_memo.record(key, chosen);
+        }
         if probe.decided() == Some(probe::Path::Eager) {
             if let Some(c) = self.compiled.take() {
                 // Dropping the compiled step frees its graphs; the probe stays as the record.

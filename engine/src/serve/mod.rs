@@ -216,7 +216,9 @@ impl Config {
         let context = config.raw["max_position_embeddings"]
             .as_u64()
             .unwrap_or(131_072) as usize;
-        Ok((args.tier.resolve(&args.model)?, context))
+        // One memo for the process: every request's session after a probe takes its choice.
+        let opts = args.tier.resolve(&args.model)?.sharing_probe_choices();
+        Ok((opts, context))
     }
 
     fn from_args(args: &ServeArgs) -> anyhow::Result<Self> {

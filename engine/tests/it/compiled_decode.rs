@@ -7,8 +7,8 @@ use crate::common;
 
 use common::model;
 
-use engine::generate::probe::{Path, PHASE};
-use engine::generate::{CompileDecode, Session};
+use engine::generate::probe::{MemoKey, Path, PHASE};
+use engine::generate::{CompileDecode, Session, SessionOptions};
 use engine::plant::{self, Defect};
 use mlx_rs::Array;
 
@@ -31,12 +31,21 @@ fn trajectory(name: &str, policy: CompileDecode, steps: usize) -> (Vec<Vec<u8>>,
 /// `trajectory` after `prompt`, also giving the compile probe's choice.
 fn trajectory_from(
     name: &str,
-    policy: CompileDecode,
+    opts: impl Into<SessionOptions>,
     prompt: &[u32],
     steps: usize,
 ) -> (Vec<Vec<u8>>, usize, Option<Path>) {
-    let m = model(name);
-    let mut s = Session::with_compile(m.as_ref(), policy);
+    trajectory_of(model(name).as_ref(), opts, prompt, steps)
+}
+
+/// `trajectory_from` on a loaded model (sessions sharing a memo share their model).
+fn trajectory_of(
+    m: &dyn engine::model::LanguageModel,
+    opts: impl Into<SessionOptions>,
+    prompt: &[u32],
+    steps: usize,
+) -> (Vec<Vec<u8>>, usize, Option<Path>) {
+    let mut s = Session::with_options(m, &opts.into());
     let mut logits = s.prefill(prompt).unwrap();
     let mut out = vec![bytes(&logits)];
     for _ in 0..steps {
@@ -161,6 +170,80 @@ fn a_short_bound_in_the_probe_phase_is_caught() {
     let (short, _, _) = trajectory_from(name, CompileDecode::WherePays, &prompt, 40);
     let first_diff = eager.iter().zip(&short).position(|(a, b)| a != b);
     assert_eq!(first_diff, Some(9), "the short bound went unnoticed");
+}
+
+/// Sessions sharing a memo (a server's): the second takes the first's choice from its first
+/// one-token step, without timing, and every logit vector stays bit-equal to eager.
+#[test]
+fn sessions_sharing_probe_choices_take_the_first_choice_at_once_and_stay_bit_exact() {
+    let name = "tiny-llama-trained";
+    let prompt = long_prompt();
+    let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 60);
+    let opts = SessionOptions::default().sharing_probe_choices();
+    let m = model(name);
+    let (first, _, chosen) = trajectory_of(m.as_ref(), opts.clone(), &prompt, 60);
+    let chosen = chosen.expect("the first session's probe chose");
+    let mut s = Session::with_options(m.as_ref(), &opts);
+    let logits = s.prefill(&prompt).unwrap();
+    s.step(&[engine::generate::greedy(&logits).unwrap()])
+        .unwrap();
+    assert_eq!(
+        s.compile_choice(),
+        Some(chosen),
+        "not taken at the first step"
+    );
+    assert_eq!(
+        s.compile_probe_medians(),
+        None,
+        "the second session timed its steps"
+    );
+    drop(s);
+    let (second, ran, _) = trajectory_of(m.as_ref(), opts, &prompt, 60);
+    // The prompt's last id is a one-token step too: 61 of them.
+    let want = if chosen == Path::Compiled { 61 } else { 0 };
+    assert_eq!(
+        ran, want,
+        "{chosen:?} taken, yet {ran} of 61 steps compiled"
+    );
+    for (run, what) in [
+        (&first, "the probing session"),
+        (&second, "the adopting one"),
+    ] {
+        let first_diff = eager.iter().zip(run).position(|(a, b)| a != b);
+        assert_eq!(first_diff, None, "{what}'s logits differ from eager");
+    }
+}
+
+/// A 108-token prompt feeds position 128 (attention bound 128 crossed) at one-token step 21, logit vector 21: in
+/// the probe's eager phase, so only a session that took "compiled" from a memo runs it
+/// compiled there.
+fn prompt_crossing_128_in_the_eager_phase() -> Vec<u32> {
+    (0..108).map(|i| 1 + (i * 41 % 500) as u32).collect()
+}
+
+/// Planted defect: the bound one short. A probing session runs step 21 eagerly and shows
+/// nothing; a session that took "compiled" from the memo runs it compiled, and the comparison
+/// with eager catches it there — so the memo's choice really decides the path (a memo that
+/// were ignored would leave this session probing, and it would pass unnoticed).
+#[test]
+fn a_short_bound_after_a_memo_choice_is_caught_where_the_probe_would_run_eagerly() {
+    let name = "tiny-llama-trained";
+    let prompt = prompt_crossing_128_in_the_eager_phase();
+    let (eager, _, _) = trajectory_from(name, CompileDecode::Off, &prompt, 30);
+    let opts = SessionOptions::default().sharing_probe_choices();
+    let m = model(name);
+    let key = MemoKey::new(m.as_ref(), prompt.len() as i32, false);
+    opts.probe_memo.record(key, Path::Compiled);
+    let _on = plant::on(Defect::CompiledBoundShort).unwrap();
+    let diff = |run: &Vec<Vec<u8>>| eager.iter().zip(run).position(|(a, b)| a != b);
+    let (probing, _, _) = trajectory_from(name, CompileDecode::WherePays, &prompt, 30);
+    assert_eq!(diff(&probing), None, "step 21 ran compiled while probing");
+    let (taken, ran, _) = trajectory_of(m.as_ref(), opts, &prompt, 30);
+    assert_eq!(
+        ran, 31,
+        "every one-token step compiled, the prompt's last id's too"
+    );
+    assert_eq!(diff(&taken), Some(21), "the short bound went unnoticed");
 }
 
 /// The manifest's tiny models, those that load (assistant drafters load through their

@@ -2,7 +2,7 @@
 //! each a fresh server process, driven over loopback HTTP by 1, 4, 8, 16 and 32 concurrent
 //! streaming clients. Per level: median TTFT (request sent → first content chunk), median
 //! per-request decode tok/s, and throughput (completion tokens / wall time of the level).
-//! Direct generation (`engine generate`'s path, no HTTP) at one client gives the served
+//! Direct generation (`engine generate`'s path in a warm process, no HTTP) at one client gives the served
 //! overhead.
 
 use std::io::{Read, Write};
@@ -403,6 +403,9 @@ pub fn run(
     let model = engine::model::load(&dir)?;
     let tokenizer = engine::load::tokenizer::Tokenizer::load(&dir)?;
     let ids = tokenizer.encode(PROMPT, true)?;
+    // A warm process, as the server is: the compile probe's choice carries over from the
+    // warm-up to the measured generations (`probe::Memo`), as it does between requests.
+    let session = engine::generate::SessionOptions::default().sharing_probe_choices();
     let direct: Vec<f64> = (0..opts.rounds)
         .map(|_| {
             engine::generate::bench::run_leg_until(
@@ -411,7 +414,7 @@ pub fn run(
                 opts.max_tokens,
                 &tokenizer.eos_token_ids,
                 "engine-direct",
-                &engine::generate::SessionOptions::default(),
+                &session,
             )
             .map(|l| l.decode_tps)
         })

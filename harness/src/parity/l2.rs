@@ -24,6 +24,7 @@ pub fn options(golden: &TensorGolden) -> Result<SessionOptions, ParityError> {
             start: settings["quantized_kv_start"].as_i64().unwrap_or(0) as i32,
             sdpa: QuantSdpa::OptiqFused,
         }),
+        ..SessionOptions::default()
     })
 }
 
