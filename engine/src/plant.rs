@@ -681,6 +681,11 @@ pub enum Defect {
     /// The peer watch ends a serving rank without telling its open requests of the loss
     /// (its hook skipped). Caught by `dist::serve::a_peer_watch_that_ends_rank_0_untold_is_caught`.
     LostPeerUntold,
+    /// Not a defect: a condition a gate sets up. The idle serial lane admits its first job
+    /// only once four are waiting (a minute at most), so that they interleave whatever the
+    /// machine's load (`serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone`'s
+    /// planted half).
+    SerialGathersFour,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -828,7 +833,7 @@ pub fn on_from_env() -> Result<(), String> {
 
 /// The defects a process-level gate switches on through `ENGINE_PLANT`, by their names.
 #[cfg(feature = "plant")]
-const NAMED: [Defect; 97] = [
+const NAMED: [Defect; 98] = [
     Defect::ToolCallTextInContent,
     Defect::ToolCallFinishStaysStop,
     Defect::ReasoningInContent,
@@ -916,6 +921,7 @@ const NAMED: [Defect; 97] = [
     Defect::BatchFaultOnId1000,
     Defect::BatchFailureNotContained,
     Defect::BatchGathersFour,
+    Defect::SerialGathersFour,
     Defect::BatchRowTrimShort,
     Defect::BatchVerifyFails,
     Defect::BatchDraftTrimShort,

@@ -410,12 +410,8 @@ impl Worker {
         }
         // A gate's set-up: the idle lane starts on four arrivals at once.
         if idle && crate::plant::is(crate::plant::Defect::BatchGathersFour) {
-            let until = Instant::now() + Duration::from_secs(60);
-            while lane.waiting.len() < 4 && Instant::now() < until {
-                if let Ok(job) = self.job_within(jobs, Duration::from_millis(50)) {
-                    lane.waiting.push_back(job);
-                }
-            }
+            let more = self.gather_four(jobs, lane.waiting.len());
+            lane.waiting.extend(more);
         }
         true
     }

@@ -174,6 +174,8 @@ impl Worker {
         let slots = self.limits.interleave.max(1);
         let mut turns: VecDeque<Turn<'_>> = VecDeque::new();
         let mut held: Option<Job> = None;
+        // Jobs a gate's set-up gathered (`SerialGathersFour`), taken before new ones.
+        let mut gathered: VecDeque<Job> = VecDeque::new();
         crate::dist::arm("the first round plan");
         loop {
             // Another model's thread may have a step to run (`turn`).
@@ -181,14 +183,17 @@ impl Worker {
             if let Some(why) = self.dist.as_ref().and_then(|l| l.lost()) {
                 self.peer_lost(&mut turns, held.take(), &jobs, &why);
             }
-            if turns.is_empty() && held.is_none() {
+            if turns.is_empty() && held.is_none() && gathered.is_empty() {
                 match self.next_job(&jobs) {
                     Some(job) => held = Some(job),
                     None => return,
                 }
+                if crate::plant::is(crate::plant::Defect::SerialGathersFour) {
+                    gathered.extend(self.gather_four(&jobs, 1));
+                }
             }
             if held.is_none() {
-                held = self.try_job(&jobs);
+                held = gathered.pop_front().or_else(|| self.try_job(&jobs));
             }
             if held.is_some() {
                 let mut active = 0;

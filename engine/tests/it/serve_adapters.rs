@@ -77,17 +77,23 @@ fn long(port: u16, model: &str, prompt: &str) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_owned()
 }
 
-/// Base and adapted requests sent together each get their solo answer.
-fn interleaved_equal_solo(port: u16) -> Result<(), String> {
-    let cases: Vec<(&str, &str)> = vec![
-        ("tiny-llama-trained", "Once upon a time"),
-        ("trained", "Once upon a time"),
-        ("tiny-llama-trained", "The robot"),
-        ("trained", "The robot"),
-    ];
-    let solo: Vec<String> = cases.iter().map(|(m, p)| long(port, m, p)).collect();
+/// The requests `interleaved_equal_solo` sends: base and adapted, two prompts.
+const CASES: [(&str, &str); 4] = [
+    ("tiny-llama-trained", "Once upon a time"),
+    ("trained", "Once upon a time"),
+    ("tiny-llama-trained", "The robot"),
+    ("trained", "The robot"),
+];
+
+/// Each of `CASES` answered alone, one after another.
+fn solo_answers(port: u16) -> Vec<String> {
+    CASES.iter().map(|(m, p)| long(port, m, p)).collect()
+}
+
+/// Base and adapted requests sent together each get their `solo` answer.
+fn interleaved_equal_solo(port: u16, solo: &[String]) -> Result<(), String> {
     let together: Vec<String> = std::thread::scope(|s| {
-        let handles: Vec<_> = cases
+        let handles: Vec<_> = CASES
             .iter()
             .map(|&(m, p)| s.spawn(move || long(port, m, p)))
             .collect();
@@ -137,7 +143,8 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     assert_eq!(chat(p, None, STORY).unwrap(), without);
     assert_eq!(chat(p, Some("tiny-llama-trained"), STORY).unwrap(), without);
     cache_keeps_adapters_apart(p, &fresh).unwrap();
-    interleaved_equal_solo(p).unwrap();
+    let solo = solo_answers(p);
+    interleaved_equal_solo(p, &solo).unwrap();
 
     // /v1/models lists the adapter after the base.
     let models: Value = serde_json::from_str(&http(p, "GET", "/v1/models", b"").1).unwrap();
@@ -215,8 +222,10 @@ fn adapted_answers_match_the_cli_and_leave_the_base_alone() {
     let planted = server(&[], "AdapterCacheSharedWithBase");
     assert!(cache_keeps_adapters_apart(planted.port, &fresh).is_err());
     drop(planted);
-    let planted = server(&[], "AdapterSetOnceAtAdmission");
-    assert!(interleaved_equal_solo(planted.port).is_err());
+    // The planted lane gathers the four before it starts, so they interleave however
+    // loaded the machine is (a request could otherwise end before the next arrives).
+    let planted = server(&[], "AdapterSetOnceAtAdmission,SerialGathersFour");
+    assert!(interleaved_equal_solo(planted.port, &solo).is_err());
 }
 
 /// An adapter directory whose tensors file is damaged is a 400 that says so, in words a
@@ -253,13 +262,15 @@ fn a_damaged_adapter_is_refused_without_source_paths() {
 #[test]
 fn the_batch_lane_groups_rows_by_adapter() {
     let s = server(&["--batch", "4"], "");
-    interleaved_equal_solo(s.port).unwrap();
+    let solo = solo_answers(s.port);
+    interleaved_equal_solo(s.port, &solo).unwrap();
     let st = stats(s.port);
     assert_eq!(st["lanes"]["batch_adapters"], "grouped", "{st}");
     assert_eq!(st["lanes"]["batch_slots"], 4, "{st}");
     drop(s);
-    let planted = server(&["--batch", "4"], "AdapterBatchMixed");
-    assert!(interleaved_equal_solo(planted.port).is_err());
+    // Gathered before the lane starts, the four rows share the batch whatever the load.
+    let planted = server(&["--batch", "4"], "AdapterBatchMixed,BatchGathersFour");
+    assert!(interleaved_equal_solo(planted.port, &solo).is_err());
 }
 
 /// An adapter in use is not unmounted (409 naming the requests), then is once they end.

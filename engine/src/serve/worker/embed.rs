@@ -114,6 +114,20 @@ impl Worker {
         None
     }
 
+    /// A gate's set-up (`BatchGathersFour`, `SerialGathersFour`): with `have` jobs in hand, the
+    /// jobs that make them four, waiting a minute at most, so that a gate's requests arrive
+    /// together whatever the machine's load.
+    pub(in crate::serve) fn gather_four(&self, jobs: &Receiver<Work>, have: usize) -> Vec<Job> {
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        let mut got = Vec::new();
+        while have + got.len() < 4 && std::time::Instant::now() < until {
+            if let Ok(job) = self.job_within(jobs, Duration::from_millis(50)) {
+                got.push(job);
+            }
+        }
+        got
+    }
+
     /// `recv_timeout` for generation jobs; an embeddings job arriving ends the wait early
     /// (as a timeout) so that the lane runs it.
     pub(in crate::serve) fn job_within(
