@@ -15,7 +15,7 @@
 //! straddle the switch (a step of the other path still in flight) and hold the trace.
 //!
 //! A long-lived owner of many sessions (a server's model thread) shares one [`Memo`]: a
-//! session starting where a recent probe chose (same model, same context-length octave, same
+//! session starting where a recent probe chose (same model, same context-length octave (under 256 one), same
 //! KV quantization) takes that path from its first step instead of timing both. The probe
 //! costs a session its `PHASE` eager steps (on tiny-llama-trained 2.2 ms against 1.5 ms
 //! compiled: ~13 % of a 56-token answer), so served requests paid it on every answer. Every
@@ -109,8 +109,8 @@ impl CompileProbe {
 pub const REUSES: usize = 15;
 
 /// Where a probe's choice holds: the model (its address while it lives: a server's sessions
-/// share it), the octave of the context length the session decoded from (the compiled step's
-/// cost grows with the bound it attends over), and whether KV is quantized.
+/// share it), the octave of the context length the session decoded from (`octave`: the
+/// compiled step's cost grows with the bound it attends over), and whether KV is quantized.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MemoKey {
     model: usize,
@@ -128,9 +128,12 @@ impl MemoKey {
     }
 }
 
-/// The bit length of a context length: 1 for 0 and 1, 2 for 2–3, 3 for 4–7, …
+/// The bit length of a context length, contexts under two attention bounds of the compiled
+/// step (`compiled::BOUND_STEP`, 128) counted as one: 8 for 0–255, 9 for 256–511, 10 for
+/// 512–1023, … (short prompts differ in length much, and the step attends over 128 or 256
+/// positions for all of them alike).
 fn octave(context: i32) -> u32 {
-    u32::BITS - (context.max(1) as u32).leading_zeros()
+    u32::BITS - (context.max(super::compiled::BOUND_STEP) as u32).leading_zeros()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -319,9 +322,9 @@ mod tests {
     }
 
     #[test]
-    fn context_octaves_split_at_powers_of_two() {
+    fn context_octaves_split_at_powers_of_two_from_256() {
         let o = octave;
-        assert_eq!((o(0), o(1), o(2), o(3), o(4)), (1, 1, 2, 2, 3));
-        assert_eq!((o(63), o(64), o(127), o(128)), (6, 7, 7, 8));
+        assert_eq!((o(0), o(5), o(127), o(128), o(255)), (8, 8, 8, 8, 8));
+        assert_eq!((o(256), o(511), o(512), o(16_511)), (9, 9, 10, 15));
     }
 }

@@ -111,6 +111,9 @@ pub struct Counters {
     pub spec_accepted: AtomicU64,
     pub spec_target_calls: AtomicU64,
     pub spec_fallbacks: AtomicU64,
+    /// Serial lane: one-token steps its requests ran through the compiled graph (the
+    /// `WherePays` probe's choice, per request: `Session::compiled_steps`).
+    pub compiled_steps: AtomicU64,
 }
 
 impl Counters {

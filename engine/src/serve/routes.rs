@@ -99,6 +99,8 @@ pub(super) fn stats_json(s: &AppState) -> Value {
             "target_calls": n(&c.spec_target_calls),
             "fallbacks": n(&c.spec_fallbacks),
         },
+        // Serial lane: one-token steps its ended requests ran through the compiled graph.
+        "decode": { "compiled_steps": n(&c.compiled_steps) },
         "group": crate::dist::group().map(|g| json!({
             "rank": g.rank, "size": g.size, "mode": g.mode.name(),
         })),

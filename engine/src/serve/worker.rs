@@ -533,6 +533,10 @@ impl Worker {
             (Ok(_), Err(e)) => return self.end_failed(emit, e),
             (Ok(ended), Ok(finish)) => (ended, finish),
         };
+        let compiled = session.compiled_steps() as u64;
+        self.counters
+            .compiled_steps
+            .fetch_add(compiled, Ordering::Relaxed);
         self.conclude(emit, session, prompt_ids, cached, finish, fed, draft_caches)
     }
 

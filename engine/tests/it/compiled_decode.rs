@@ -306,3 +306,36 @@ fn forcing_compile_on_families_measured_inexact_is_caught() {
         );
     }
 }
+
+/// `engine serve` shares one memo between its requests: the first request's probe chooses,
+/// and the next request at the same context octave runs every one-token step on that path
+/// (`/stats` `decode.compiled_steps`: all of them or none). A server whose requests each
+/// probed would show a part (the probe's compiled phase).
+#[test]
+fn served_requests_after_the_first_take_its_probe_choice_for_every_step() {
+    use crate::common::server::{post, serve_dir, stats};
+    let server = serve_dir(&common::goldens().join("models/tiny-llama-trained"), &[]);
+    let compiled = |port| stats(port)["decode"]["compiled_steps"].as_u64().unwrap();
+    let ask = |prompt: &str| {
+        let body = serde_json::json!({
+            "prompt": prompt, "max_tokens": 48, "temperature": 0.0,
+            "logit_bias": {"2": -100, "6": -100},
+        });
+        let (status, v) = post(server.port, "/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    };
+    let first = ask("Once upon a time");
+    assert_eq!(first, 48);
+    let probed = compiled(server.port);
+    assert!(
+        probed >= PHASE as u64 - 1,
+        "the first request's probe: {probed}"
+    );
+    let tokens = ask("The little robot");
+    let taken = compiled(server.port) - probed;
+    assert!(
+        taken == 0 || taken >= tokens,
+        "the second request ran {taken} of its {tokens} steps compiled: it probed again"
+    );
+}

@@ -236,6 +236,16 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The server's `/stats` count of one-token steps run through the compiled graph.
+fn compiled_steps(port: u16) -> Result<u64> {
+    let (_, body) = get(port, "/stats")?;
+    let stats: serde_json::Value =
+        serde_json::from_str(&body).with_context(|| format!("/stats is not JSON: {body}"))?;
+    stats["decode"]["compiled_steps"]
+        .as_u64()
+        .with_context(|| format!("/stats has no decode.compiled_steps: {body}"))
+}
+
 /// A "fresh" (SSD tier off) or "restored" (on a copy of the store) leg; `n` numbers the
 /// leg's files.
 pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
@@ -251,8 +261,11 @@ pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
     let server = start(legs, ssd.as_deref(), &format!("{mode}-{n}"))?;
     let pid = server.child.id();
     stream(server.port, pid, legs.warmup, 8).context("the warm-up request")?;
+    let before = compiled_steps(server.port)?;
     let got = stream(server.port, pid, legs.prompt, legs.max_tokens)
         .with_context(|| format!("the {mode} leg's request:\n{}", server.log_tail()))?;
+    // The measured request's own: the `WherePays` probe chooses per session.
+    let compiled = compiled_steps(server.port)? - before;
     let mut out = RestartLeg {
         mode: mode.into(),
         ttft_s: got.ttft_s,
@@ -261,7 +274,7 @@ pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
         restore_ms: 0.0,
         checksum_ms: 0.0,
         checksum_wait_ms: 0.0,
-        compiled_steps: None,
+        compiled_steps: Some(compiled as usize),
     };
     if mode == "restored" {
         let (_, body) = get(server.port, "/stats")?;
