@@ -231,6 +231,9 @@ fn copy_dir(from: &Path, to: &Path) -> Result<()> {
             copy_dir(&src, &dst)?;
         } else {
             std::fs::copy(&src, &dst)?;
+            // On disk before the leg starts: the kernel's writeback of the copy would
+            // otherwise run during the restored leg's decode, on the same two cores.
+            std::fs::File::open(&dst)?.sync_all()?;
         }
     }
     Ok(())
