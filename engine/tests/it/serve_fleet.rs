@@ -858,11 +858,12 @@ fn a_first_load_that_needs_more_than_estimated_makes_room_and_answers() {
 }
 
 /// ~3.2 MB beside both models' weights and MLX's buffer cache (~2.6 MB): room for one of
-/// A's ~600-token requests (~1.4 MB) and two of its prompt-cache entries (~0.9 MB each),
-/// or for one of B's 850-token requests (~2.65 MB), not beside even one of A's entries.
+/// A's ~600-token requests (~1.4 MB) and one or two of its prompt-cache entries (~0.9 MB
+/// each), and for one B request sized to need more than A's cache leaves (`sized_for_b`).
 const CACHES_BUDGET: u64 = 5_800_000;
 
-/// A distinct prompt of `groups` × 4 words (90: ~600 tokens for A, 120: 850 for B).
+/// A distinct prompt of `groups` × 4 words (90: ~600 tokens for A; 7 tokens a group for B
+/// while `i * 7 + groups` < 1000, so `b_prompt_tokens`).
 fn long_prompt(i: usize, groups: usize) -> String {
     let words: Vec<String> = (0..groups)
         .map(|j| format!("w{} the cat sat", i * 7 + j))
@@ -870,10 +871,43 @@ fn long_prompt(i: usize, groups: usize) -> String {
     format!("client {i} says: {}", words.join(" "))
 }
 
-/// A's prompt cache fills the room the budget leaves; then B's requests need it. Returns
-/// /stats' budget after B's requests, and A's prompt-cache bytes before and after them.
+/// B's tokens for `long_prompt(100, groups)` ("client 100 says:" 10, and 7 a group: `w`, three
+/// digits, three words); the request's usage checks it.
+fn b_prompt_tokens(groups: usize) -> u64 {
+    10 + 7 * groups as u64
+}
+
+/// What a request of `prompt` tokens and `max_tokens` reserves by model `m`'s measured
+/// bounds in /stats (docs/serve.md "Memory budget": kv(T) + act(P, T), chunk 32).
+fn reservation(m: &Value, prompt: u64, max_tokens: u64) -> u64 {
+    let u = |k: &str| m[k].as_u64().unwrap();
+    let (chunk, total) = (32, prompt + max_tokens);
+    let kv = u("kv_fixed") + u("kv_per_token") * (total + 256);
+    let act = u("act_chunk")
+        + u("act_per_token") * prompt.saturating_sub(chunk)
+        + u("act_per_token").div_ceil(chunk) * total;
+    kv + act
+}
+
+/// Groups of a B prompt whose reservation lies halfway between what the budget leaves
+/// beside A's cache (`a_cache`) and what it leaves without it: admitted only once A's
+/// cache gives way. Sized from the bounds this server measured at startup, which vary
+/// between processes (B's act_per_token 675 in one CI run, 1304 here: a fixed prompt fit
+/// beside A's cache there).
+fn sized_for_b(budget: &Value, b: &str, a_cache: u64) -> usize {
+    let u = |k: &str| budget[k].as_u64().unwrap();
+    let room = CACHES_BUDGET - u("weights") - u("mlx_cache_limit");
+    let target = room - a_cache / 2;
+    (1..300)
+        .find(|&g| reservation(&budget["models"][b], b_prompt_tokens(g), 8) >= target)
+        .expect("a B prompt under 300 groups reaches the target")
+}
+
+/// A's prompt cache fills the room the budget leaves; then a B request needs it. Returns
+/// /stats' budget after B's request, and A's prompt-cache bytes before and after it.
 fn caches_then_other_model(port: u16) -> (Value, u64, u64) {
-    let a = std::fs::canonicalize(dir(A)).unwrap().display().to_string();
+    let path = |m: &str| std::fs::canonicalize(dir(m)).unwrap().display().to_string();
+    let (a, b) = (path(A), path(B));
     let cache = |st: &Value| st["memory"]["budget"]["models"][&a]["prompt_cache"].as_u64();
     // B loaded first (a load beside A's full cache is not what this shows).
     answer(port, bodies(B)[2].0, &bodies(B)[2].1);
@@ -886,10 +920,17 @@ fn caches_then_other_model(port: u16) -> (Value, u64, u64) {
         st["memory"]["budget"]["reservations"] == 0
     });
     let before = cache(&st).expect("A's prompt cache in /stats");
-    for i in 0..3 {
-        let body = json!({"model": B, "prompt": long_prompt(100 + i, 120), "max_tokens": 8});
-        answer(port, "/v1/completions", &body);
-    }
+    assert!(before > 0, "A's requests left no prompt cache: {st}");
+    let groups = sized_for_b(&st["memory"]["budget"], &b, before);
+    let body = json!({"model": B, "prompt": long_prompt(100, groups), "max_tokens": 8});
+    let (status, text) = http(port, "POST", "/v1/completions", body.to_string().as_bytes());
+    assert_eq!(status, 200, "B's request of {groups} groups: {text}");
+    let usage: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        usage["usage"]["prompt_tokens"].as_u64(),
+        Some(b_prompt_tokens(groups)),
+        "B's prompt is not the size its reservation was computed for: {text}"
+    );
     let st = stats(port);
     let after = cache(&st).unwrap();
     // A's thread trimmed and goes on serving.
@@ -920,9 +961,9 @@ fn one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget() {
     });
     let u = |b: &Value, k: &str| b[k].as_u64().unwrap();
 
-    // B's requests answer (`answer` asserts 200): A's cache gave them room, and what the
-    // ledger held (weights, MLX's buffer cache, reservations, both caches) never passed
-    // the budget.
+    // B's request, sized to need more than A's cache leaves, answers (200): A's cache gave
+    // it room, and what the ledger held (weights, MLX's buffer cache, reservations, both
+    // caches) never passed the budget.
     let (b, before, after) = caches_then_other_model(servers[0].port);
     let room = CACHES_BUDGET - u(&b, "weights") - u(&b, "mlx_cache_limit");
     assert!(
@@ -942,7 +983,7 @@ fn one_models_prompt_cache_gives_way_to_anothers_requests_within_the_budget() {
         u(&b, "peak_held")
     );
 
-    // Planted: A's cache is not counted against B: B's requests run beside it, past the
+    // Planted: A's cache is not counted against B: B's request runs beside it, past the
     // budget.
     let (b, _, _) = caches_then_other_model(servers[1].port);
     eprintln!(

@@ -68,6 +68,11 @@ impl Budget {
         room
     }
 
+    /// What the ledger counts for model `name`'s prompt cache.
+    fn prompt_cache_counted(&self, name: &str) -> u64 {
+        self.ledger().caches.get(name).copied().unwrap_or(0)
+    }
+
     /// Model `name`'s prompt cache holds `held` bytes after a trim (never more than its
     /// claim); a smaller count wakes the requests waiting for room.
     pub fn set_prompt_cache(&self, name: &str, held: u64) {
@@ -155,9 +160,17 @@ impl Share {
     /// throughout.
     pub fn trim(&self, held: impl Fn(u64) -> u64, trim: impl FnOnce(u64, u64)) {
         let slack = self.budget.entry_slack();
+        let counted = self.budget.prompt_cache_counted(&self.key);
         let room = self.budget.claim_prompt_cache(&self.key, held(slack));
         trim(room, slack);
-        self.budget.set_prompt_cache(&self.key, held(slack));
+        let kept = held(slack);
+        self.budget.set_prompt_cache(&self.key, kept);
+        // The claim already lowered the count to the room, so a trim down to the room (or
+        // to 0 at a room of 0) is no lower than it: the waiters are woken against the
+        // count before the claim, or they would wait out `--budget-wait` for nothing.
+        if kept < counted {
+            self.budget.freed.notify_waiters();
+        }
     }
 }
 

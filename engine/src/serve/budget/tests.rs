@@ -29,7 +29,12 @@ fn the_activation_bound_grows_past_the_chunk() {
 }
 
 fn ledger() -> Arc<Budget> {
-    let b = Budget::new(1000, Duration::from_millis(50));
+    ledger_waiting(Duration::from_millis(50))
+}
+
+/// `ledger` whose requests wait up to `wait` for room.
+fn ledger_waiting(wait: Duration) -> Arc<Budget> {
+    let b = Budget::new(1000, wait);
     b.reserve_weights("m", 300);
     let act = ActBound {
         at_chunk: 50,
@@ -156,7 +161,12 @@ fn an_embedding_needs_its_longest_inputs_forward_at_once() {
 /// Two models, `m` (weights 300) and `n` (weights 100), cache 50: 550 left for
 /// reservations and prompt caches.
 fn two() -> Arc<Budget> {
-    let b = ledger();
+    two_waiting(Duration::from_millis(50))
+}
+
+/// `two` whose requests wait up to `wait` for room.
+fn two_waiting(wait: Duration) -> Arc<Budget> {
+    let b = ledger_waiting(wait);
     b.reserve_weights("n", 100);
     let (kv, act) = b.ledger().bounds["m"];
     b.set_measured("n", kv, act);
@@ -220,4 +230,47 @@ fn a_waiting_request_presses_the_other_models_cache_to_give_way() {
     assert_eq!(s.models["m"].prompt_cache, 550 - 326);
     assert!(s.peak_held <= 1000, "{s:?}");
     assert!(b.ledger().waiting.is_empty());
+}
+
+/// The thread's trim (`Share::trim`) first claims its cache at the room, then trims: a trim
+/// that lands exactly on the room leaves the count where the claim put it, and the waiter
+/// must still be woken (it was not: a CI run's request waited out `--budget-wait` and got
+/// a 429 while the other model's cache stood trimmed to 0).
+#[test]
+fn a_trim_down_to_exactly_the_room_wakes_the_waiting_request() {
+    let wait = Duration::from_secs(10);
+    let b = two_waiting(wait);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    b.claim_prompt_cache("m", 550);
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let tx = std::sync::Mutex::new(tx);
+    b.on_pressure("m", move || {
+        let _ = tx.lock().unwrap().send(());
+    });
+    let (back, kept) = std::sync::mpsc::channel();
+    let b2 = b.clone();
+    let thread = std::thread::spawn(move || {
+        if rx.recv_timeout(wait).is_ok() {
+            // m's thread: its cache drops whole entries, here down to the room exactly.
+            let share = Share {
+                budget: b2,
+                key: "m".to_owned(),
+            };
+            let held = std::cell::Cell::new(550);
+            share.trim(|_| held.get(), |room, _| held.set(room));
+            // Kept alive past the wait: dropping a share wakes the waiters too.
+            let _ = back.send(share);
+        }
+    });
+    let need = b.need("m", 10, 10);
+    let start = std::time::Instant::now();
+    let got = rt.block_on(b.reserve("n", need, None));
+    thread.join().unwrap();
+    let _share = kept.recv().expect("m's cache was pressed");
+    assert!(got.is_ok(), "{got:?} after {:?}", start.elapsed());
+    assert!(start.elapsed() < wait);
+    assert_eq!(b.snapshot().models["m"].prompt_cache, 550 - 326);
 }
