@@ -168,9 +168,16 @@ pub struct StageCache {
     sent: Option<Array>,
 }
 
+// Everything but the send is the inner cache's, the batch protocol included: the batch lane
+// merges a stage's row caches by their kind and snapshots, and the batch cache a forward
+// wrapped (`tie_send`) goes on taking rows, filters and prepares as an unwrapped one does.
 impl Cache for StageCache {
     fn offset(&self) -> i32 {
         self.inner.offset()
+    }
+
+    fn kind(&self) -> Option<&'static str> {
+        self.inner.kind()
     }
 
     fn snapshot(&self) -> Option<Snapshot> {
@@ -204,8 +211,8 @@ impl Cache for StageCache {
     }
 
     // Its own K/V side, not the inner cache's: a staged cache keeps the send in its state,
-    // so it takes neither the compiled step nor the batch lane. A recurrent layer's cache
-    // (the hybrids') has no K/V side: its state is the inner `ArraysCache`.
+    // so it does not take the compiled step. A recurrent layer's cache (the hybrids') has
+    // no K/V side: its state is the inner `ArraysCache`.
     fn as_kv(&mut self) -> Option<&mut dyn AttentionCache> {
         self.inner.as_kv_ref()?;
         Some(self)
@@ -233,6 +240,59 @@ impl Cache for StageCache {
     fn carry(&mut self, dep: &Array) -> bool {
         self.sent = Some(dep.clone());
         true
+    }
+
+    fn rollback(&mut self, n: i32) -> Result<(), Exception> {
+        self.inner.rollback(n)
+    }
+
+    fn rollback_room(&self) -> Option<i32> {
+        self.inner.rollback_room()
+    }
+
+    fn can_checkpoint(&self) -> bool {
+        self.inner.can_checkpoint()
+    }
+
+    fn checkpoint(&self) -> Option<Snapshot> {
+        self.inner.checkpoint()
+    }
+
+    fn restore_checkpoint(&mut self, c: Snapshot) -> Result<(), Exception> {
+        self.inner.restore_checkpoint(c)
+    }
+
+    fn rows(&self) -> Option<usize> {
+        self.inner.rows()
+    }
+
+    // The merged batch is the inner kind's, unwrapped: the next forward's send wraps it.
+    fn merge(&self, rows: &[&dyn Cache]) -> Result<Box<dyn Cache>, Exception> {
+        self.inner.merge(rows)
+    }
+
+    fn filter(&mut self, keep: &[usize]) -> Result<(), Exception> {
+        self.inner.filter(keep)
+    }
+
+    fn extend(&mut self, other: &dyn Cache) -> Result<(), Exception> {
+        self.inner.extend(other)
+    }
+
+    fn extract(&self, row: usize, len: i32) -> Result<Box<dyn Cache>, Exception> {
+        self.inner.extract(row, len)
+    }
+
+    fn prepare(&mut self, lengths: &[i32]) -> Result<(), Exception> {
+        self.inner.prepare(lengths)
+    }
+
+    fn finalize(&mut self) -> Result<(), Exception> {
+        self.inner.finalize()
+    }
+
+    fn trim_rows(&mut self, n: &[i32]) -> Result<(), Exception> {
+        self.inner.trim_rows(n)
     }
 }
 

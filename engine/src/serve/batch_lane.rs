@@ -147,12 +147,6 @@ impl Worker {
             }
             _ => {}
         }
-        if crate::dist::group().is_some_and(|g| g.mode == crate::dist::Mode::Pipeline) {
-            return Some(
-                "pipeline-parallel ranks (--pipeline): a stage's caches carry its send to the \
-                 next rank, which the lane's batched caches do not merge",
-            );
-        }
         crate::generate::batch::refusal(self.model.as_ref(), &self.opts)
     }
 

@@ -309,7 +309,7 @@ pub fn diff(args: DiffArgs) -> Result<()> {
         let mut serve = super::bench::serve_args(model, args.port)?;
         serve.dist.pipeline = args.pipeline;
         // Requests sent at once decode together, as mlx_lm.server's BatchGenerator decodes
-        // them (its --prompt-concurrency: 8); pipeline ranks serve them one at a time.
+        // them (its --prompt-concurrency: 8), tensor-parallel or pipeline ranks alike.
         serve.batch = 8;
         return engine::serve::run(serve);
     }
@@ -590,13 +590,13 @@ fn compare_ranks(
     };
     println!("== engine serve vs mlx_lm.server, {n} ranks each");
     let same = compare(false)?;
-    // The requests sent at once did decode together on our ranks (tensor parallel).
+    // The requests sent at once did decode together on our ranks.
     let lanes = get(ours, "/stats")
         .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(&body).ok())
         .map(|st| st["lanes"].clone())
         .context("rank 0's /stats")?;
     println!("our rank 0's lanes: {lanes}");
-    if !pipeline && lanes["batch_peak_rows"].as_u64() < Some(2) {
+    if lanes["batch_peak_rows"].as_u64() < Some(2) {
         bail!("our ranks did not decode the requests sent at once together: {lanes}");
     }
     if compare(true)? {
