@@ -121,7 +121,11 @@ fn a_waiting_reservation_gets_the_bytes_a_finished_one_frees() {
     // Nothing frees: refused once the wait is over.
     let busy = rt.block_on(b.reserve("m", need, None));
     assert!(matches!(busy, Err(Refusal::Busy { .. })));
-    // Freed while waiting: granted.
+    // Freed while waiting: granted (a long wait, so a stalled machine does not time the
+    // waiter out before the freer runs).
+    drop(held);
+    let b = ledger_waiting(PRESS_WAIT);
+    let held = b.try_reserve("m", need).unwrap();
     let b2 = b.clone();
     let got = rt.block_on(async move {
         let waiter = b2.reserve("m", need, None);
@@ -201,23 +205,40 @@ fn one_models_prompt_cache_counts_against_the_others_room_and_requests() {
     assert_eq!(b.snapshot().prompt_caches, 100);
 }
 
-#[test]
-fn a_waiting_request_presses_the_other_models_cache_to_give_way() {
-    let b = two();
+/// How long the tests' requests wait for room freed by another thread or task, which may
+/// start late on a loaded machine.
+const PRESS_WAIT: Duration = Duration::from_secs(10);
+
+/// `two` with m's prompt cache claiming `held` bytes and its requests waiting up to
+/// `PRESS_WAIT`; a runtime for `Budget::reserve`, and how m's "thread" hears it is pressed.
+fn pressed(
+    held: u64,
+) -> (
+    Arc<Budget>,
+    tokio::runtime::Runtime,
+    std::sync::mpsc::Receiver<()>,
+) {
+    let b = two_waiting(PRESS_WAIT);
+    b.claim_prompt_cache("m", held);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .unwrap();
-    b.claim_prompt_cache("m", 600);
-    // m's "thread": on pressure it trims to its room, which the waiter's need lowers.
     let (tx, rx) = std::sync::mpsc::channel::<()>();
     let tx = std::sync::Mutex::new(tx);
     b.on_pressure("m", move || {
         let _ = tx.lock().unwrap().send(());
     });
+    (b, rt, rx)
+}
+
+#[test]
+fn a_waiting_request_presses_the_other_models_cache_to_give_way() {
+    // m's "thread": on pressure it trims to its room, which the waiter's need lowers.
+    let (b, rt, rx) = pressed(600);
     let b2 = b.clone();
     let thread = std::thread::spawn(move || {
-        if rx.recv_timeout(Duration::from_secs(5)).is_ok() {
+        if rx.recv_timeout(PRESS_WAIT).is_ok() {
             let room = b2.prompt_cache_room("m");
             b2.set_prompt_cache("m", room);
         }
@@ -238,22 +259,11 @@ fn a_waiting_request_presses_the_other_models_cache_to_give_way() {
 /// a 429 while the other model's cache stood trimmed to 0).
 #[test]
 fn a_trim_down_to_exactly_the_room_wakes_the_waiting_request() {
-    let wait = Duration::from_secs(10);
-    let b = two_waiting(wait);
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .build()
-        .unwrap();
-    b.claim_prompt_cache("m", 550);
-    let (tx, rx) = std::sync::mpsc::channel::<()>();
-    let tx = std::sync::Mutex::new(tx);
-    b.on_pressure("m", move || {
-        let _ = tx.lock().unwrap().send(());
-    });
+    let (b, rt, rx) = pressed(550);
     let (back, kept) = std::sync::mpsc::channel();
     let b2 = b.clone();
     let thread = std::thread::spawn(move || {
-        if rx.recv_timeout(wait).is_ok() {
+        if rx.recv_timeout(PRESS_WAIT).is_ok() {
             // m's thread: its cache drops whole entries, here down to the room exactly.
             let share = Share {
                 budget: b2,
@@ -271,6 +281,6 @@ fn a_trim_down_to_exactly_the_room_wakes_the_waiting_request() {
     thread.join().unwrap();
     let _share = kept.recv().expect("m's cache was pressed");
     assert!(got.is_ok(), "{got:?} after {:?}", start.elapsed());
-    assert!(start.elapsed() < wait);
+    assert!(start.elapsed() < PRESS_WAIT);
     assert_eq!(b.snapshot().models["m"].prompt_cache, 550 - 326);
 }
