@@ -48,6 +48,10 @@ pub struct RestartLeg {
     /// `WherePays` probe picks per session: a leg that decoded eagerly says so here).
     #[serde(default)]
     pub compiled_steps: Option<usize>,
+    /// Through the server: the minor page faults its process took per decoded token (a
+    /// leg whose allocations miss the allocator's free memory faults fresh pages in).
+    #[serde(default)]
+    pub minor_faults_per_token: Option<f64>,
 }
 
 fn identity() -> Identity {
@@ -90,6 +94,7 @@ pub fn leg(
                 checksum_ms: 0.0,
                 checksum_wait_ms: 0.0,
                 compiled_steps: None,
+                minor_faults_per_token: None,
             });
         }
         "restored" => {
@@ -121,6 +126,7 @@ pub fn leg(
         checksum_ms: restore_ms.1,
         checksum_wait_ms: restore_ms.2,
         compiled_steps: Some(session.compiled_steps()),
+        minor_faults_per_token: None,
     })
 }
 
@@ -241,6 +247,9 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
         let compiled = l
             .compiled_steps
             .map(|n| ("compiled_steps".to_owned(), n as f64));
+        let faults = l
+            .minor_faults_per_token
+            .map(|f| ("minor_faults_per_token".to_owned(), f));
         kept.push(
             &l.mode,
             [
@@ -248,7 +257,8 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
                 ("ttft_ms".to_owned(), l.ttft_s * 1e3),
             ]
             .into_iter()
-            .chain(compiled),
+            .chain(compiled)
+            .chain(faults),
         );
     }
     let med = |mode: &str| {
@@ -266,6 +276,11 @@ pub fn run(opts: &RestartOptions) -> Result<RestartResult> {
             checksum_ms: median(mine.iter().map(|l| l.checksum_ms).collect()),
             checksum_wait_ms: median(mine.iter().map(|l| l.checksum_wait_ms).collect()),
             compiled_steps: mine.iter().filter_map(|l| l.compiled_steps).min(),
+            minor_faults_per_token: mine
+                .iter()
+                .map(|l| l.minor_faults_per_token)
+                .collect::<Option<Vec<f64>>>()
+                .map(median),
         }
     };
     Ok(RestartResult {
@@ -334,6 +349,13 @@ impl RestartResult {
         if !fresh.is_empty() || !restored.is_empty() {
             s.push_str(&format!(
                 "compiled decode steps per leg: fresh {fresh:?}, restored {restored:?}\n"
+            ));
+        }
+        let faults = |mode| self.kept.values(mode, "minor_faults_per_token");
+        let (fresh, restored) = (faults("fresh"), faults("restored"));
+        if !fresh.is_empty() || !restored.is_empty() {
+            s.push_str(&format!(
+                "minor page faults per decoded token: fresh {fresh:.0?}, restored {restored:.0?}\n"
             ));
         }
         s
@@ -406,6 +428,7 @@ mod tests {
             checksum_ms: 1.0,
             checksum_wait_ms: 0.0,
             compiled_steps: None,
+            minor_faults_per_token: None,
         }
     }
 

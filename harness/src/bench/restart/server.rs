@@ -130,6 +130,18 @@ fn cpu_seconds(pid: u32) -> f64 {
         * 1e-9
 }
 
+/// Minor page faults process `pid` has taken so far (`/proc/PID/stat` field 10, all its
+/// threads); NaN where /proc cannot tell.
+fn minor_faults(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return f64::NAN;
+    };
+    // The fields after the command name, which ends at the last ')': state is field 3.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(7)?.parse::<f64>().ok())
+        .unwrap_or(f64::NAN)
+}
+
 /// One streamed completion as a client sees it.
 struct Streamed {
     ttft_s: f64,
@@ -137,6 +149,8 @@ struct Streamed {
     /// The server's CPU time (all threads) between the first and the last chunk, per
     /// token after the first: less sensitive to other load than the wall-clock rate.
     decode_cpu_ms_per_token: f64,
+    /// The server's minor page faults over the same span, per token after the first.
+    minor_faults_per_token: f64,
 }
 
 /// One greedy streaming completion to the server `pid` listening on `port`.
@@ -144,14 +158,17 @@ fn stream(port: u16, pid: u32, prompt: &str, max_tokens: usize) -> Result<Stream
     let sent = Instant::now();
     let (mut first, mut last, mut chunks) = (None, None, 0usize);
     let (mut cpu_first, mut cpu_last) = (f64::NAN, f64::NAN);
+    let (mut faults_first, mut faults_last) = (f64::NAN, f64::NAN);
     let head = stream_completion(port, prompt, max_tokens, READ_TIMEOUT, |now| {
         chunks += 1;
         if first.is_none() {
             cpu_first = cpu_seconds(pid);
+            faults_first = minor_faults(pid);
         }
         first.get_or_insert(now);
         last = Some(now);
         cpu_last = cpu_seconds(pid);
+        faults_last = minor_faults(pid);
     })?;
     let (Some(first), Some(last)) = (first, last) else {
         bail!(
@@ -165,15 +182,15 @@ fn stream(port: u16, pid: u32, prompt: &str, max_tokens: usize) -> Result<Stream
     } else {
         0.0
     };
-    let cpu_ms = if chunks > 1 {
-        (cpu_last - cpu_first) * 1e3 / (chunks - 1) as f64
-    } else {
-        f64::NAN
+    let per_token = |first: f64, last: f64| match chunks > 1 {
+        true => (last - first) / (chunks - 1) as f64,
+        false => f64::NAN,
     };
     Ok(Streamed {
         ttft_s: first.duration_since(sent).as_secs_f64(),
         decode_tps: tps,
-        decode_cpu_ms_per_token: cpu_ms,
+        decode_cpu_ms_per_token: per_token(cpu_first, cpu_last) * 1e3,
+        minor_faults_per_token: per_token(faults_first, faults_last),
     })
 }
 
@@ -278,6 +295,7 @@ pub fn leg(legs: &ServerLegs, mode: &str, n: usize) -> Result<RestartLeg> {
         checksum_ms: 0.0,
         checksum_wait_ms: 0.0,
         compiled_steps: Some(compiled as usize),
+        minor_faults_per_token: Some(got.minor_faults_per_token),
     };
     if mode == "restored" {
         let (_, body) = get(server.port, "/stats")?;
