@@ -15,8 +15,9 @@
 //! straddle the switch (a step of the other path still in flight) and hold the trace.
 //!
 //! A long-lived owner of many sessions (a server's model thread) shares one [`Memo`]: a
-//! session starting where a recent probe chose (same model, same context-length octave (under 256 one), same
-//! KV quantization) takes that path from its first step instead of timing both. The probe
+//! session starting where a recent probe chose (same model, same context-length octave,
+//! contexts under 256 counted as one, same KV quantization) takes that path from its first
+//! step instead of timing both. The probe
 //! costs a session its `PHASE` eager steps (on tiny-llama-trained 2.2 ms against 1.5 ms
 //! compiled: ~13 % of a 56-token answer), so served requests paid it on every answer. Every
 //! [`REUSES`] + 1-th session at a key probes again, so a choice made on a noisy moment does
