@@ -1,6 +1,7 @@
 //! The engine: an LLM runtime on MLX (through mlx-rs). See `docs/` for one page per
 //! subsystem. MLX is not thread-safe: all MLX work of one model stays on one thread.
 
+mod alloc;
 pub mod cache;
 pub mod clock;
 pub mod constrain;
