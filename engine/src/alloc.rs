@@ -5,7 +5,7 @@
 //! node, shared pointers and output buffer on the calling thread and frees them on the
 //! stream's thread, and glibc's arenas serialize those cross-thread frees on a lock (a
 //! 64-step decode of a tiny model spent ~20 % of its time in malloc, free and the futex
-//! waits of their locks). The numbers are in docs/build.md ("Allocator").
+//! waits of their locks). The numbers are in docs/build.md ("The process allocator").
 //!
 //! A library may name the global allocator: every binary that links the engine (the
 //! `engine` and `harness` binaries, the test binaries) gets it. macOS keeps its own
