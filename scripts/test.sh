@@ -48,7 +48,11 @@ desktop_build=$!
 # one after another.
 artifacts="$(mktemp)"
 trap 'rm -f "$artifacts" "$artifacts".* "$desktop_log"' EXIT
-cargo test --workspace --no-run --message-format=json-render-diagnostics "$@" >"$artifacts"
+# Every target, benches included (criterion's, built as plain binaries and not run here): a
+# bench that stops compiling fails the test command, and where .ci/run lints through this
+# build (clippy-driver as the workspace's rustc wrapper) it lints what `cargo clippy
+# --all-targets` would.
+cargo test --workspace --all-targets --no-run --message-format=json-render-diagnostics "$@" >"$artifacts"
 # One line per test binary (the profile's "test": true; the plain binaries the tests run
 # are artifacts too): its executable, the package directory cargo runs it in (with
 # CARGO_MANIFEST_DIR set), and its source as a label.
@@ -59,6 +63,7 @@ harness=()
 while IFS= read -r line; do
   exe="$(field executable "$line")"
   [ -n "$exe" ] || continue
+  [[ "$line" != *'"kind":["bench"]'* ]] || continue # criterion's benches: `cargo bench` runs them
   dir="$(dirname "$(field manifest_path "$line")")"
   src="$(field src_path "$line")"
   entry="$exe|$dir|${src#"$PWD"/}"
