@@ -6,11 +6,15 @@
 //! 4. generate the bindings with bindgen (finding or installing a libclang);
 //! 5. link libmlx and publish its location to dependents as `DEP_MLX_*`.
 //!
+//! Steps 3 and 4 are skipped when an earlier run built the same from the same inputs
+//! (`reuse`: cargo runs this script again whenever anything it depends on changes hash).
+//!
 //! `docs/build.md` explains each step and every environment override.
 
 mod cache;
 mod libclang;
 mod mlxc;
+mod reuse;
 mod runtime;
 
 use std::env;
@@ -34,9 +38,16 @@ fn main() {
 
     let runtime = runtime::locate(&target);
     let mlx_c = mlxc::locate_sources(&out_dir);
-    mlxc::compile(&target, &mlx_c, &runtime);
-    libclang::ensure(&target);
-    mlxc::generate_bindings(&target, &mlx_c, &runtime, &out_dir);
+    let entry = reuse::entry(&target, &mlx_c, &runtime, &out_dir);
+    if reuse::restore(&entry, &out_dir) {
+        mlxc::link_restored(&target, &out_dir);
+    } else {
+        mlxc::compile(&target, &mlx_c, &runtime);
+        libclang::ensure(&target);
+        mlxc::generate_bindings(&target, &mlx_c, &runtime, &out_dir);
+        reuse::store(&entry, &out_dir);
+    }
+    mlxc::compile_shims(&target);
     runtime.link(&target);
 }
 

@@ -130,7 +130,21 @@ pub fn compile(target: &Target, mlx_c: &Path, runtime: &Runtime) {
         build.define("ACCELERATE_NEW_LAPACK", None);
     }
     build.compile("mlxc");
+}
 
+/// Links the `libmlxc.a` that `reuse::restore` put into OUT_DIR, with the lines cc's
+/// `compile` prints for it.
+pub fn link_restored(target: &Target, out_dir: &Path) {
+    println!("cargo:rustc-link-lib=static=mlxc");
+    println!("cargo:rustc-link-search=native={}", out_dir.display());
+    println!(
+        "cargo:rustc-link-lib={}",
+        if target.is_macos() { "c++" } else { "stdc++" }
+    );
+}
+
+/// The small shims Linux needs (one C file, compiled every time).
+pub fn compile_shims(target: &Target) {
     if !target.is_macos() {
         cc::Build::new()
             .file(csrc("linux_shims.c"))
