@@ -51,7 +51,16 @@ const TOOL_VARS: [&str; 16] = [
 pub fn entry(target: &Target, mlx_c: &Path, runtime: &Runtime, out_dir: &Path) -> PathBuf {
     let mut hasher = DefaultHasher::new();
     (&target.os, &target.arch, target.cuda).hash(&mut hasher);
-    for var in ["TARGET", "HOST", "OPT_LEVEL", "DEBUG", "PROFILE"] {
+    // cc also reads the rustflags (frame pointers, code model) and the target's features.
+    for var in [
+        "TARGET",
+        "HOST",
+        "OPT_LEVEL",
+        "DEBUG",
+        "PROFILE",
+        "CARGO_ENCODED_RUSTFLAGS",
+        "CARGO_CFG_TARGET_FEATURE",
+    ] {
         env::var(var).ok().hash(&mut hasher);
     }
     let mut tool_vars: Vec<(String, String)> = env::vars()
