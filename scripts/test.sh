@@ -8,6 +8,36 @@
 # without them, it says what to install and those tests are reported as not run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# MLX's CPU JIT shares one kernel directory between processes and loads a library another
+# process may still be writing; the wrapper makes each library appear whole (see its
+# header). Every test process and the engines they start inherit this PATH.
+export PATH="$PWD/scripts/jit-cxx:$PATH"
+if [ "$(command -v g++ || true)" != "$PWD/scripts/jit-cxx/g++" ]; then
+  echo "scripts/jit-cxx/g++ is not the g++ the tests will find: MLX's JIT could race" >&2
+  exit 1
+fi
+# Build every test binary once, then run them in two lanes side by side: MLX work stays on
+# one thread inside each binary (--test-threads=1), and separate processes share nothing
+# but the disk. One lane: the engine's integration tests less some in-process modules, then
+# the harness's binaries — every test that takes a loopback port free-then-bound (distributed
+# ranks: engine/tests/it/dist, harness/tests/it/l1_dist, the harness's launch tests) is
+# in it, so no two of them run at once; servers bind port 0 themselves. The other lane:
+# every other binary, and those engine modules. Each line of output is prefixed with its
+# lane; each lane runs all its binaries and the script fails if any test failed. `cargo test` alone still runs them all
+# one after another.
+artifacts="$(mktemp)"
+trap 'kill "${build:-}" 2>/dev/null || true; rm -f "$artifacts" "$artifacts".* "${desktop_log:-}"' EXIT
+# Every target, benches included (criterion's, built as plain binaries and not run here): a
+# bench that stops compiling fails the test command, and where .ci/run lints through this
+# build (clippy-driver as the workspace's rustc wrapper) it lints what `cargo clippy
+# --all-targets` would.
+#
+# The build starts first, in the background, and what the tests need besides it is fetched
+# while it compiles (Debian's chromium, the real tokenizers, the desktop shell's libraries):
+# on a fresh machine those are downloads and installs, which held the build back
+# when they ran before it.
+cargo test --workspace --all-targets --no-run --message-format=json-render-diagnostics "$@" >"$artifacts" &
+build=$!
 if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing Debian's chromium for the chat page's end-to-end test" >&2
@@ -20,16 +50,6 @@ if [ -z "${CHROMIUM:-}" ] && ! command -v chromium >/dev/null 2>&1; then
     echo "chromium is missing: install it (Debian: sudo apt-get install -y chromium) or set CHROMIUM" >&2
   fi
 fi
-# The real tokenizers the tokenization and detokenizer gates run on (cache dir, pinned sha256).
-bash scripts/fetch_fixtures.sh
-# MLX's CPU JIT shares one kernel directory between processes and loads a library another
-# process may still be writing; the wrapper makes each library appear whole (see its
-# header). Every test process and the engines they start inherit this PATH.
-export PATH="$PWD/scripts/jit-cxx:$PATH"
-if [ "$(command -v g++ || true)" != "$PWD/scripts/jit-cxx/g++" ]; then
-  echo "scripts/jit-cxx/g++ is not the g++ the tests will find: MLX's JIT could race" >&2
-  exit 1
-fi
 # The desktop shell's smoke tests compile in the background at the lowest priority: the
 # workspace's build and tests come first, and the shell's build takes what CPU they leave
 # (the test lanes below wait on sockets and browsers much of the time). Its own cargo
@@ -37,22 +57,13 @@ fi
 desktop_log="$(mktemp)"
 nice -n 19 bash desktop/run.sh build-tests >"$desktop_log" 2>&1 &
 desktop_build=$!
-# Build every test binary once, then run them in two lanes side by side: MLX work stays on
-# one thread inside each binary (--test-threads=1), and separate processes share nothing
-# but the disk. One lane: the engine's integration tests less some in-process modules, then
-# the harness's binaries — every test that takes a loopback port free-then-bound (distributed
-# ranks: engine/tests/it/dist, harness/tests/it/l1_dist, the harness's launch tests) is
-# in it, so no two of them run at once; servers bind port 0 themselves. The other lane:
-# every other binary, and those engine modules. Each line of output is prefixed with its
-# lane; each lane runs all its binaries and the script fails if any test failed. `cargo test` alone still runs them all
-# one after another.
-artifacts="$(mktemp)"
-trap 'rm -f "$artifacts" "$artifacts".* "$desktop_log"' EXIT
-# Every target, benches included (criterion's, built as plain binaries and not run here): a
-# bench that stops compiling fails the test command, and where .ci/run lints through this
-# build (clippy-driver as the workspace's rustc wrapper) it lints what `cargo clippy
-# --all-targets` would.
-cargo test --workspace --all-targets --no-run --message-format=json-render-diagnostics "$@" >"$artifacts"
+# The real tokenizers the tokenization and detokenizer gates run on (cache dir, pinned sha256).
+bash scripts/fetch_fixtures.sh
+if ! wait "$build"; then
+  echo "the test build failed (cargo's errors above)" >&2
+  exit 1
+fi
+build=""
 # One line per test binary (the profile's "test": true; the plain binaries the tests run
 # are artifacts too): its executable, the package directory cargo runs it in (with
 # CARGO_MANIFEST_DIR set), and its source as a label.
