@@ -1,5 +1,6 @@
 //! The chat page end to end in headless Chromium (Debian's `chromium`, or $CHROMIUM;
-//! `scripts/test.sh` installs it), driven over the DevTools protocol (headless_chrome).
+//! `scripts/test.sh` installs it), driven over the DevTools protocol by our own client
+//! (chat_e2e/cdp.rs: `--remote-debugging-pipe`).
 //!
 //! Live: an `engine serve` on the trained tiny model, the page loaded with a first message
 //! in its link (#/chat?q=…); the page's own JavaScript sends it and streams the answer.
@@ -30,13 +31,10 @@
 //! message and shows the model's answer, mlx-vlm's greedy one.
 //!
 //! Every case runs in one #[test] on one server, each case in a browser context of its
-//! own. A case's time is mostly waiting: each DevTools call through headless_chrome takes
-//! ~0.1 s (its socket reader holds the connection for reads of up to 100 ms), so the cases
-//! run side by side on WORKERS Chromiums (one case at a time each).
+//! own, side by side on WORKERS Chromiums (one case at a time each).
 //! Each case is a claim (named as a test would be), run whatever the others did; the test
 //! fails naming every claim that did not hold.
 
-use headless_chrome::protocol::cdp::Page;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -49,13 +47,14 @@ use common::server::stats;
 mod attach;
 mod browser;
 mod canned;
+mod cdp;
 mod image_cases;
 mod live_image;
 mod markdown;
 mod picker;
 mod stream;
 
-use browser::{e2e_dir, http_models, js, Fixture, Plant};
+use browser::{add_script, e2e_dir, http_models, js, wait_js_within, Fixture, Plant};
 
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -71,7 +70,6 @@ struct Finished {
 /// request to a path the server does not serve (the planted defect). The server is
 /// shared: its counters are read before, and the page's request must move them by one.
 fn run_page(fx: &Fixture, plant_wrong_path: bool, shot: &Path) -> Result<Finished, String> {
-    let e = |e: &dyn std::fmt::Display| e.to_string();
     let server = fx.server;
     let before = stats(server.port);
     let count = |st: &serde_json::Value, key: &str| st[key].as_u64().unwrap_or(0);
@@ -79,42 +77,40 @@ fn run_page(fx: &Fixture, plant_wrong_path: bool, shot: &Path) -> Result<Finishe
     let tab = &case_tab.0;
     if plant_wrong_path {
         // Runs before the page's own script: every fetch of the chat endpoint goes astray.
-        tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
-            source: r#"const realFetch = window.fetch;
-window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/chat/complete" : url, init);"#
-                .into(),
-            world_name: None,
-            include_command_line_api: None,
-            run_immediately: None,
-        })
-        .map_err(|x| e(&x))?;
+        add_script(
+            tab,
+            r#"const realFetch = window.fetch;
+window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/chat/complete" : url, init);"#,
+        )?;
     }
     let url = format!(
         "http://127.0.0.1:{}/#/chat?q=What%20color%20is%20the%20sky%3F",
         server.port
     );
-    tab.navigate_to(&url)
-        .and_then(|t| t.wait_until_navigated())
+    tab.navigate(&url)
         .map_err(|x| format!("loading {url}: {x}"))?;
     // The page sets data-done on the assistant's message once its request has ended
     // (answer complete, error or abort) and drops data-streaming.
-    let done = tab
-        .wait_for_element_with_custom_timeout(".msg.assistant[data-done]", ANSWER_TIMEOUT)
-        .map_err(|x| {
-            let html = tab.get_content().unwrap_or_default();
-            format!(
-                "the page did not finish its answer within {ANSWER_TIMEOUT:?} ({x}); page: {html}"
-            )
-        })?;
-    let answer = done.get_inner_text().map_err(|x| e(&x))?;
-    let class = done
-        .get_attribute_value("class")
-        .map_err(|x| e(&x))?
-        .unwrap_or_default();
-    let shot_png = tab
-        .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
-        .map_err(|x| e(&x))?;
-    std::fs::write(shot, &shot_png).map_err(|x| e(&x))?;
+    const DONE: &str = ".msg.assistant[data-done]";
+    wait_js_within(
+        tab,
+        &format!("document.querySelector('{DONE}') !== null"),
+        "the page to finish its answer",
+        ANSWER_TIMEOUT,
+    )
+    .map_err(|x| {
+        let html = js(tab, "document.documentElement.outerHTML").unwrap_or_default();
+        let html = html.as_str().unwrap_or_default();
+        format!("the page did not finish its answer within {ANSWER_TIMEOUT:?} ({x}); page: {html}")
+    })?;
+    let done = js(
+        tab,
+        &format!("(e => [e.innerText, e.className])(document.querySelector('{DONE}'))"),
+    )?;
+    let answer = done[0].as_str().unwrap_or_default().to_owned();
+    let class = done[1].as_str().unwrap_or_default().to_owned();
+    let shot_png = tab.screenshot_png()?;
+    std::fs::write(shot, &shot_png).map_err(|x| x.to_string())?;
     if class.split(' ').any(|c| c == "error") {
         return Err(format!("the page's answer is an error: {answer}"));
     }

@@ -58,9 +58,10 @@ pub(super) fn ensure(ok: bool, what: impl FnOnce() -> String) -> Result<(), Stri
 }
 
 /// `names` as a file dialog returns them: set as the file input's files, then its change
-/// event. (DOM.setFileInputFiles would be closer to the dialog, but under headless_chrome a
-/// file it sets is now and then unreadable by the page — FileReader's NotReadableError on
-/// either the first or a later pick — so the files are made in the page from their bytes.)
+/// event. (DOM.setFileInputFiles would be closer to the dialog, but under the
+/// `headless_chrome` crate the tests used before, a file it set was now and then unreadable
+/// by the page — FileReader's NotReadableError on either the first or a later pick — so the
+/// files are made in the page from their bytes.)
 fn pick(page: &CannedPage, names: &[&str]) -> Result<(), String> {
     let files: Vec<Value> = names
         .iter()
@@ -251,7 +252,7 @@ fn exchange(
     }
 
     type_into(&page.tab, "#input", TEXT)?;
-    page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+    page.tab.press_key("Enter")?;
     wait_js(
         &page.tab,
         "document.querySelectorAll('.msg.assistant[data-done]').length === 1",
@@ -375,7 +376,7 @@ fn refused(
         return Ok(false);
     }
     type_into(&page.tab, "#input", REFUSED_TEXT)?;
-    page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+    page.tab.press_key("Enter")?;
     wait_js(
         &page.tab,
         &format!(
@@ -404,7 +405,7 @@ fn refused(
         "after-error",
         (|| {
             type_into(&page.tab, "#input", FOLLOW_UP)?;
-            page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+            page.tab.press_key("Enter")?;
             wait_js(
                 &page.tab,
                 &format!(

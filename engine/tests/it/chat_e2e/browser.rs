@@ -10,25 +10,16 @@
 //! (`Fixture`: the server and one Chromium). Each case gets a browser context of its own
 //! (Target.createBrowserContext, an incognito profile: its own localStorage, cache and
 //! cookies, so one case's saved settings cannot make another's pass) with one tab, sized
-//! as the case asks.
+//! as the case asks. Chromium is driven over its DevTools pipe by our own client (cdp.rs).
 
-use headless_chrome::browser::tab::point::Point;
-use headless_chrome::browser::tab::RequestPausedDecision;
-use headless_chrome::protocol::cdp::Fetch::events::RequestPausedEvent;
-use headless_chrome::protocol::cdp::Fetch::{
-    FulfillRequest, HeaderEntry, RequestPattern, RequestStage,
-};
-use headless_chrome::protocol::cdp::Network::ResourceType;
-use headless_chrome::protocol::cdp::Target::CreateTarget;
-use headless_chrome::protocol::cdp::{Emulation, Input, Page};
-use headless_chrome::{Browser, LaunchOptions, Tab};
-use serde_json::Value;
+use base64::Engine as _;
+use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::cdp::{Browser, Paused, Tab};
 use super::common::server::{http, serve_model, Server};
 
 /// How long a DOM condition may take to hold (the page reacts in milliseconds).
@@ -56,19 +47,41 @@ fn which_chromium(name: &str) -> Option<PathBuf> {
     })
 }
 
+/// Chromium's flags besides the profile and the pipe (cdp.rs adds those).
+const FLAGS: &[&str] = &[
+    "--headless",
+    // Root in a container: Chromium's sandbox needs user namespaces it may not have.
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    // A small /dev/shm in a container would crash renderers.
+    "--disable-dev-shm-usage",
+    // Nothing but the test's pages: no first-run, update, sync or background traffic.
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--disable-extensions",
+    "--disable-breakpad",
+    "--metrics-recording-only",
+    "--password-store=basic",
+    "--use-mock-keychain",
+    // Several Chromiums share the cores: no page may be throttled as hidden or hung.
+    "--disable-background-timer-throttling",
+    "--disable-backgrounding-occluded-windows",
+    "--disable-renderer-backgrounding",
+    "--disable-hang-monitor",
+    "--disable-ipc-flooding-protection",
+    "--disable-popup-blocking",
+    "--force-color-profile=srgb",
+    "--enable-automation",
+];
+
 pub fn launch(window: (u32, u32)) -> Result<Browser, String> {
-    Browser::new(LaunchOptions {
-        path: Some(chromium()),
-        headless: true,
-        // Root in a container: Chromium's sandbox needs user namespaces it may not have.
-        sandbox: false,
-        window_size: Some(window),
-        args: vec![OsStr::new("--disable-quic")],
-        // The connection outlives every case; a quiet spell between them must not end it.
-        idle_browser_timeout: Duration::from_secs(300),
-        ..LaunchOptions::default()
-    })
-    .map_err(|x| format!("starting chromium: {x}"))
+    let mut args: Vec<String> = FLAGS.iter().map(|f| f.to_string()).collect();
+    args.push(format!("--window-size={},{}", window.0, window.1));
+    Browser::launch(&chromium(), &args).map_err(|x| format!("starting chromium: {x}"))
 }
 
 /// The server every case shares (the page and /v1/models come from it).
@@ -92,47 +105,12 @@ impl<'s> Fixture<'s> {
     /// A tab in a new browser context (nothing shared with earlier cases' pages), its
     /// viewport `window` (width, height) in CSS pixels; closed when dropped.
     pub fn tab(&self, window: (u32, u32)) -> Result<CaseTab, String> {
-        let context = self
-            .browser
-            .new_context()
-            .map_err(|x| format!("Target.createBrowserContext: {x}"))?;
-        let tab = self
-            .browser
-            .new_tab_with_options(CreateTarget {
-                url: "about:blank".into(),
-                left: None,
-                top: None,
-                width: Some(window.0),
-                height: Some(window.1),
-                window_state: None,
-                browser_context_id: Some(context.get_id().to_owned()),
-                enable_begin_frame_control: None,
-                new_window: None,
-                background: None,
-                for_tab: None,
-                hidden: None,
-            })
-            .map_err(|x| format!("Target.createTarget: {x}"))?;
-        let tab = CaseTab(tab);
+        let tab = CaseTab(Arc::new(self.browser.new_tab(window.0, window.1)?));
         // The viewport the case was written for, whatever size the window came out.
-        tab.0
-            .call_method(Emulation::SetDeviceMetricsOverride {
-                width: window.0,
-                height: window.1,
-                device_scale_factor: 1.0,
-                mobile: false,
-                scale: None,
-                screen_width: None,
-                screen_height: None,
-                position_x: None,
-                position_y: None,
-                dont_set_visible_size: None,
-                screen_orientation: None,
-                viewport: None,
-                display_feature: None,
-                device_posture: None,
-            })
-            .map_err(|x| format!("Emulation.setDeviceMetricsOverride: {x}"))?;
+        tab.0.call(
+            "Emulation.setDeviceMetricsOverride",
+            json!({ "width": window.0, "height": window.1, "deviceScaleFactor": 1, "mobile": false }),
+        )?;
         Ok(tab)
     }
 }
@@ -143,7 +121,7 @@ pub struct CaseTab(pub Arc<Tab>);
 
 impl Drop for CaseTab {
     fn drop(&mut self) {
-        let _ = self.0.close_target();
+        let _ = self.0.close();
     }
 }
 
@@ -260,31 +238,16 @@ impl<'f> CannedPage<'f> {
         let case_tab = fx.tab(window)?;
         let tab = case_tab.0.clone();
         let mut patterns = vec![
-            RequestPattern {
-                url_pattern: Some("*/v1/chat/completions".into()),
-                resource_Type: None,
-                request_stage: Some(RequestStage::Request),
-            },
-            RequestPattern {
-                url_pattern: Some("*".into()),
-                resource_Type: Some(ResourceType::Document),
-                request_stage: Some(RequestStage::Request),
-            },
+            json!({ "urlPattern": "*/v1/chat/completions", "requestStage": "Request" }),
+            json!({ "urlPattern": "*", "resourceType": "Document", "requestStage": "Request" }),
         ];
         if stub_models {
-            patterns.push(RequestPattern {
-                url_pattern: Some("*/v1/models".into()),
-                resource_Type: None,
-                request_stage: Some(RequestStage::Request),
-            });
+            patterns.push(json!({ "urlPattern": "*/v1/models", "requestStage": "Request" }));
         }
-        tab.enable_fetch(Some(&patterns), None)
-            .map_err(|x| format!("Fetch.enable: {x}"))?;
         let for_events = shared.clone();
-        tab.enable_request_interception(Arc::new(move |_transport, _session, event| {
+        tab.intercept(Value::Array(patterns), move |event| {
             intercept(&for_events, event)
-        }))
-        .map_err(|x| x.to_string())?;
+        })?;
         add_script(&tab, CLIPBOARD_STUB)?;
         Ok(CannedPage {
             server,
@@ -298,8 +261,7 @@ impl<'f> CannedPage<'f> {
     pub fn open(&self, query: &str) -> Result<(), String> {
         let url = format!("http://127.0.0.1:{}/#/chat{query}", self.server.port);
         self.tab
-            .navigate_to(&url)
-            .and_then(|t| t.wait_until_navigated())
+            .navigate(&url)
             .map_err(|x| format!("loading {url}: {x}"))?;
         wait_js(
             &self.tab,
@@ -317,9 +279,7 @@ impl<'f> CannedPage<'f> {
     /// knows the model.
     pub fn reload(&self) -> Result<(), String> {
         js(&self.tab, "window.__old_document = true")?;
-        self.tab
-            .reload(false, None)
-            .map_err(|x| format!("reloading: {x}"))?;
+        self.tab.reload().map_err(|x| format!("reloading: {x}"))?;
         wait_js(
             &self.tab,
             "window.__old_document === undefined && document.getElementById('model').dataset.refreshed >= 1",
@@ -341,10 +301,7 @@ impl<'f> CannedPage<'f> {
     }
 
     pub fn screenshot(&self, name: &str) -> Result<PathBuf, String> {
-        let png = self
-            .tab
-            .capture_screenshot(Page::CaptureScreenshotFormatOption::Png, None, None, true)
-            .map_err(|x| x.to_string())?;
+        let png = self.tab.screenshot_png()?;
         let path = e2e_dir().join(name);
         std::fs::write(&path, png).map_err(|x| x.to_string())?;
         Ok(path)
@@ -377,11 +334,13 @@ fn planted_page(port: u16, plant: &Plant) -> String {
     page.replace(plant.from, plant.to)
 }
 
-fn intercept(shared: &Mutex<Shared>, event: RequestPausedEvent) -> RequestPausedDecision {
-    let p = event.params;
+/// The answer to a paused request (Fetch.requestPaused's params), on cdp.rs's reader thread.
+fn intercept(shared: &Mutex<Shared>, paused: &Value) -> Paused {
+    let request = &paused["request"];
+    let url = request["url"].as_str().unwrap_or_default();
     let mut s = shared.lock().unwrap();
-    let (status, content_type, body) = if p.request.url.ends_with("/v1/chat/completions") {
-        s.requests.push(post_body(&p.request));
+    let (status, content_type, body) = if url.ends_with("/v1/chat/completions") {
+        s.requests.push(post_body(request));
         let reply = if s.replies.len() > 1 {
             s.replies.pop_front()
         } else {
@@ -394,84 +353,42 @@ fn intercept(shared: &Mutex<Shared>, event: RequestPausedEvent) -> RequestPaused
                 (200, "text/event-stream", String::new())
             }
         }
-    } else if let (true, Some(models)) = (p.request.url.ends_with("/v1/models"), &s.models) {
+    } else if let (true, Some(models)) = (url.ends_with("/v1/models"), &s.models) {
         (200, "application/json", models.clone())
     } else if let Some(page) = &s.page {
         (200, "text/html; charset=utf-8", page.clone())
     } else {
-        return RequestPausedDecision::Continue(None);
+        return Paused::Continue;
     };
-    RequestPausedDecision::Fulfill(FulfillRequest {
-        request_id: p.request_id,
-        response_code: status as u32,
-        response_headers: Some(vec![HeaderEntry {
-            name: "Content-Type".into(),
-            value: content_type.into(),
-        }]),
-        binary_response_headers: None,
-        body: Some(base64(body.as_bytes())),
-        response_phrase: None,
-    })
+    Paused::Fulfill {
+        status,
+        headers: vec![("Content-Type".into(), content_type.into())],
+        body: body.into_bytes(),
+    }
 }
 
-/// A request's body: postData, or its postDataEntries (base64) joined.
-fn post_body(request: &headless_chrome::protocol::cdp::Network::Request) -> String {
-    if let Some(data) = &request.post_data {
-        return data.clone();
+/// A request's body (Network.Request): postData, or its postDataEntries (base64) joined.
+fn post_body(request: &Value) -> String {
+    if let Some(data) = request["postData"].as_str() {
+        return data.to_owned();
     }
-    let bytes: Vec<u8> = request
-        .post_data_entries
-        .iter()
+    let bytes: Vec<u8> = request["postDataEntries"]
+        .as_array()
+        .into_iter()
         .flatten()
-        .filter_map(|e| e.bytes.as_deref())
-        .flat_map(unbase64)
+        .filter_map(|e| e["bytes"].as_str())
+        .flat_map(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b)
+                .unwrap_or_default()
+        })
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-fn base64(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = chunk.iter().fold(0u32, |n, &b| n << 8 | b as u32) << (8 * (3 - chunk.len()));
-        for k in 0..4 {
-            if k <= chunk.len() {
-                out.push(B64[(n >> (18 - 6 * k)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
-fn unbase64(text: &str) -> Vec<u8> {
-    let mut out = Vec::new();
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in text.bytes() {
-        let Some(v) = B64.iter().position(|&b| b == c) else {
-            continue; // padding
-        };
-        acc = acc << 6 | v as u32;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
-}
-
+/// Runs `source` in the tab's every new document, before the page's own scripts.
 pub fn add_script(tab: &Tab, source: &str) -> Result<(), String> {
-    tab.call_method(Page::AddScriptToEvaluateOnNewDocument {
-        source: source.into(),
-        world_name: None,
-        include_command_line_api: None,
-        run_immediately: None,
-    })
-    .map(|_| ())
-    .map_err(|x| x.to_string())
+    tab.add_script(source)
 }
 
 /// The JSON value of a JavaScript expression in the page (an exception is an error).
@@ -479,12 +396,10 @@ pub fn js(tab: &Tab, expr: &str) -> Result<Value, String> {
     let wrapped = format!(
         "(() => {{ try {{ return JSON.stringify({{ ok: ({expr}) }}); }} catch (e) {{ return JSON.stringify({{ err: String(e) }}); }} }})()"
     );
-    let out = tab.evaluate(&wrapped, false).map_err(|x| x.to_string())?;
+    let out = tab.evaluate(&wrapped)?;
     let text = out
-        .value
-        .as_ref()
-        .and_then(Value::as_str)
-        .ok_or_else(|| format!("`{expr}` gave no value: {out:?}"))?;
+        .as_str()
+        .ok_or_else(|| format!("`{expr}` gave no value: {out}"))?;
     let v: Value = serde_json::from_str(text).map_err(|x| x.to_string())?;
     match v.get("err") {
         Some(err) => Err(format!("`{expr}` threw {err}")),
@@ -510,8 +425,7 @@ pub fn click(tab: &Tab, selector: &str) -> Result<(), String> {
     let (Some(x), Some(y)) = (at[0].as_f64(), at[1].as_f64()) else {
         return Err(format!("cannot click {selector}: {at}"));
     };
-    tab.click_point(Point { x, y })
-        .map(|_| ())
+    tab.click_point(x, y)
         .map_err(|e| format!("clicking {selector}: {e}"))
 }
 
@@ -519,8 +433,7 @@ pub fn click(tab: &Tab, selector: &str) -> Result<(), String> {
 /// Input.insertText: the field's input event fires, as for typing).
 pub fn type_into(tab: &Tab, selector: &str, text: &str) -> Result<(), String> {
     click(tab, selector)?;
-    tab.call_method(Input::InsertText { text: text.into() })
-        .map(|_| ())
+    tab.insert_text(text)
         .map_err(|x| format!("typing into {selector}: {x}"))
 }
 
@@ -539,8 +452,15 @@ pub fn wait_js_within(tab: &Tab, cond: &str, what: &str, limit: Duration) -> Res
         }
         if Instant::now() > deadline {
             let body = js(tab, "document.getElementById('log').outerHTML").unwrap_or_default();
+            // An answer to a paused request that Chromium refused leaves the page waiting.
+            let refused = tab.intercept_failures();
+            let refused = if refused.is_empty() {
+                String::new()
+            } else {
+                format!("; answers Chromium refused: {refused:?}")
+            };
             return Err(format!(
-                "waited {limit:?} for {what} (`{cond}` is {last:?}); the log: {body}"
+                "waited {limit:?} for {what} (`{cond}` is {last:?}); the log: {body}{refused}"
             ));
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -566,15 +486,4 @@ pub fn sse(deltas: &[Value], finish: &str) -> String {
         chunk(&serde_json::json!({}), Value::String(finish.into()))
     );
     out + "data: [DONE]\n\n"
-}
-
-#[test]
-fn base64_round_trips() {
-    for s in ["", "a", "ab", "abc", "abcd", "data: {\"x\": \"é\"}\n\n"] {
-        let enc = base64(s.as_bytes());
-        assert_eq!(enc.len() % 4, 0);
-        assert_eq!(unbase64(&enc), s.as_bytes(), "{s:?} → {enc}");
-    }
-    assert_eq!(base64(b"Man"), "TWFu");
-    assert_eq!(base64(b"Ma"), "TWE=");
 }

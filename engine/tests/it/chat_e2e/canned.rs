@@ -129,7 +129,7 @@ fn ask_first(page: &CannedPage) -> Result<(), String> {
     type_into(page, "#set-temperature", TEMPERATURE)?;
     type_into(page, "#set-max-tokens", MAX_TOKENS)?;
     type_into(page, "#input", FIRST)?;
-    page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+    page.tab.press_key("Enter")?;
     wait_js(
         &page.tab,
         "document.querySelectorAll('.msg.assistant[data-done]').length === 1",
@@ -358,7 +358,7 @@ fn check_regenerate(page: &CannedPage) -> Result<(), String> {
 
 fn check_history(page: &CannedPage) -> Result<(), String> {
     type_into(page, "#input", FOLLOW_UP)?;
-    page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+    page.tab.press_key("Enter")?;
     wait_js(
         &page.tab,
         "document.querySelectorAll('.msg.assistant[data-done]').length === 2",

@@ -65,8 +65,7 @@ pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
         ),
     )?;
     let url = format!("http://127.0.0.1:{}/#/chat", server.port);
-    tab.navigate_to(&url)
-        .and_then(|t| t.wait_until_navigated())
+    tab.navigate(&url)
         .map_err(|x| format!("loading {url}: {x}"))?;
     wait_js(
         tab,
@@ -90,7 +89,7 @@ pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
         "the picked image's thumbnail",
     )?;
     type_into(tab, "#input", LIVE_PROMPT)?;
-    tab.press_key("Enter").map_err(|x| x.to_string())?;
+    tab.press_key("Enter")?;
     wait_js_within(
         tab,
         "document.querySelectorAll('.msg.assistant[data-done]').length === 1",
@@ -103,14 +102,7 @@ pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
            answer: m.querySelector('.content').textContent, finish: m.dataset.finish || null, \
            thumbs: Array.from(document.querySelectorAll('.msg.user .thumbs img')).map(i => i.src) }))(document.querySelector('.msg.assistant'))",
     )?;
-    let png = tab
-        .capture_screenshot(
-            headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption::Png,
-            None,
-            None,
-            true,
-        )
-        .map_err(|x| x.to_string())?;
+    let png = tab.screenshot_png()?;
     let shot = if planted.is_some() {
         "chat-image-live-planted.png"
     } else {

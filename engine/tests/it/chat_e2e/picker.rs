@@ -36,7 +36,7 @@ fn listing(base: &str, with_adapter: bool) -> Value {
 /// Sends `text` and waits until the page shows `n` finished answers.
 fn ask(page: &CannedPage, text: &str, n: usize) -> Result<(), String> {
     type_into(&page.tab, "#input", text)?;
-    page.tab.press_key("Enter").map_err(|x| x.to_string())?;
+    page.tab.press_key("Enter")?;
     wait_js(
         &page.tab,
         &format!("document.querySelectorAll('.msg.assistant[data-done]').length === {n}"),
