@@ -686,6 +686,10 @@ pub enum Defect {
     /// machine's load (`serve_adapters::adapted_answers_match_the_cli_and_leave_the_base_alone`'s
     /// planted half).
     SerialGathersFour,
+    /// A request joining a running batch is fed its second-to-last prompt token again
+    /// instead of its last (an off-by-one in the admission that joins without a step of its
+    /// own). Caught by `serve::planted_joining_row_fed_the_wrong_token_is_caught`.
+    JoinedRowRefeeds,
 }
 
 /// `plant::on` in a build without the `plant` feature.
@@ -833,7 +837,7 @@ pub fn on_from_env() -> Result<(), String> {
 
 /// The defects a process-level gate switches on through `ENGINE_PLANT`, by their names.
 #[cfg(feature = "plant")]
-const NAMED: [Defect; 98] = [
+const NAMED: [Defect; 99] = [
     Defect::ToolCallTextInContent,
     Defect::ToolCallFinishStaysStop,
     Defect::ReasoningInContent,
@@ -932,6 +936,7 @@ const NAMED: [Defect; 98] = [
     Defect::BatchSliceShort,
     Defect::LostCollectiveHangs,
     Defect::LostPeerUntold,
+    Defect::JoinedRowRefeeds,
 ];
 
 /// The defect `ENGINE_PLANT` calls `name` (None: no process-level gate needs it).

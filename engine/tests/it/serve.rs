@@ -488,8 +488,9 @@ fn batch_lane_answers_exactly_like_the_serial_lane() {
 
 /// On the batch lane a lone request steps alone (as a single-sequence session: no batch
 /// mask, the compiled step where it pays), joins the batch when a second one arrives, and
-/// goes on alone again when that one leaves: every token's top-10 log-probabilities equal
-/// the serial lane's, across both moves.
+/// goes on alone again when that one leaves: every token of the second one (which joins the
+/// running row without a step of its own, `admit::joins_running`) has top-10
+/// log-probabilities equal to the serial lane's, across both moves.
 #[test]
 fn a_lone_row_steps_alone_and_answers_as_the_serial_lane() {
     let (alone, batched, st) = lone_row_run(&[]);
@@ -507,6 +508,16 @@ fn a_lone_row_steps_alone_and_answers_as_the_serial_lane() {
 #[test]
 fn planted_lone_row_losing_its_newest_position_is_caught() {
     let (alone, batched, _) = lone_row_run(&[("ENGINE_PLANT", "LoneRowLosesNewest")]);
+    assert_ne!(batched, alone, "the planted defect went unseen");
+}
+
+/// The second request of `lone_row_run` joins a running batch without a step of its own
+/// (`admit::joins_running`): its first id comes from the batched step that feeds its last
+/// prompt token, so its log-probabilities from the first token on are that path's. Planted,
+/// it is fed the token before instead.
+#[test]
+fn planted_joining_row_fed_the_wrong_token_is_caught() {
+    let (alone, batched, _) = lone_row_run(&[("ENGINE_PLANT", "JoinedRowRefeeds")]);
     assert_ne!(batched, alone, "the planted defect went unseen");
 }
 
