@@ -21,7 +21,9 @@
 //! together, as BatchGenerator admits a prompt batch (`Batch::admit`): one step of the
 //! joining rows alone feeds their last prompt tokens, their first ids are sampled and sent
 //! at once, and the rows are appended after the running ones; the next batched step feeds
-//! those ids beside the running rows' queued samples. A one-token prompt with nothing
+//! those ids beside the running rows' queued samples. Into a running batch of standard K/V
+//! rows such a row joins as it stands instead (`joins_running`): the next batched step feeds
+//! its last prompt token beside the running rows' ids. A one-token prompt with nothing
 //! cached has no caches to merge: its token is stepped alone and it joins as it stands.
 //! A prompt-lookup row joins holding all its prompt but the last id, which its first round
 //! feeds before its drafts (as the serial lane's first verify), and is never in a prompt
@@ -493,9 +495,9 @@ impl Worker {
 /// where rows are running and every cache is standard K/V, whose rows give the same
 /// numbers either way (a ring or a recurrent state is laid out as BatchGenerator lays it
 /// out only by `admit`). The admit step is a forward of its own, and its first ids are
-/// read back before the next batched step can be queued: with rows coming and going, ~5 %
-/// of the lane's throughput (docs/serve.md). Rows that draft keep `admit` (their drafter
-/// rows start from it).
+/// read back before the next batched step can be queued: with rows coming and going, a few
+/// per cent of the lane's throughput (docs/serve.md). Rows that draft keep `admit` (their
+/// drafter rows start from it).
 fn joins_running(lane: &Lane<'_>, adm: &Admission<'_>) -> bool {
     lane.row_trims && !lane.rows.is_empty() && adm.row.draft.is_none() && adm.fed > 0
 }
