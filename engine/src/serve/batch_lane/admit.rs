@@ -241,7 +241,7 @@ impl Worker {
                 // same shape, so its seeded answer is the serial lane's.
                 adm.row.next = adm.prompt[adm.fed];
                 alone.push((adm.row, adm.session));
-            } else if joins_running(lane, &adm) {
+            } else if joins_running(lane, &adm, self.opts.kv_quant.is_some()) {
                 // Its last prompt token is fed by the next batched step beside the running
                 // rows: no forward of its own, and no wait for its first id.
                 adm.row.next = match crate::plant::is(crate::plant::Defect::JoinedRowRefeeds) {
@@ -492,14 +492,14 @@ impl Worker {
 
 /// Whether admission `adm` (its prompt in but the last token) joins the running batch as
 /// it stands instead of stepping its last token in a batch of its own (`Batch::admit`):
-/// where rows are running and every cache is standard K/V, whose rows give the same
-/// numbers either way (a ring or a recurrent state is laid out as BatchGenerator lays it
-/// out only by `admit`). The admit step is a forward of its own, and its first ids are
+/// where rows are running and every cache is standard K/V, unquantized, whose rows give the
+/// same numbers either way (a ring or a recurrent state is laid out as BatchGenerator lays
+/// it out only by `admit`; quantized batches are gated on `admit` only). The admit step is a forward of its own, and its first ids are
 /// read back before the next batched step can be queued: with rows coming and going, a few
 /// per cent of the lane's throughput (docs/serve.md). Rows that draft keep `admit` (their
 /// drafter rows start from it).
-fn joins_running(lane: &Lane<'_>, adm: &Admission<'_>) -> bool {
-    lane.row_trims && !lane.rows.is_empty() && adm.row.draft.is_none() && adm.fed > 0
+fn joins_running(lane: &Lane<'_>, adm: &Admission<'_>, quantized: bool) -> bool {
+    lane.row_trims && !quantized && !lane.rows.is_empty() && adm.row.draft.is_none() && adm.fed > 0
 }
 
 /// Which of the candidate bodies (None: not a candidate) form the prompt batch, as indices
