@@ -565,7 +565,8 @@ fn panic_text(payload: Box<dyn std::any::Any + Send>) -> String {
 
 /// How many Chromiums run the cases at once (each case waits on DevTools round trips far
 /// more than it computes): with the image cases, 5 took a run from ≈50 s to ≈42 s on 2
-/// cores.
+/// cores, under the old DevTools crate; on our pipe client (`cdp.rs`) a run takes ≈19–24 s
+/// with 5, not re-tuned since.
 const WORKERS: usize = 5;
 
 /// Runs `case`, returning what its panic said if it did not hold.
