@@ -54,7 +54,7 @@ mod markdown;
 mod picker;
 mod stream;
 
-use browser::{add_script, e2e_dir, http_models, js, wait_js_within, Fixture, Plant};
+use browser::{e2e_dir, http_models, js, wait_js_within, Fixture, Plant};
 
 /// How long the page may take to finish its answer (the tiny model needs well under 1 s).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
@@ -77,8 +77,7 @@ fn run_page(fx: &Fixture, plant_wrong_path: bool, shot: &Path) -> Result<Finishe
     let tab = &case_tab.0;
     if plant_wrong_path {
         // Runs before the page's own script: every fetch of the chat endpoint goes astray.
-        add_script(
-            tab,
+        tab.add_script(
             r#"const realFetch = window.fetch;
 window.fetch = (url, init) => realFetch(url === "/v1/chat/completions" ? "/v1/chat/complete" : url, init);"#,
         )?;

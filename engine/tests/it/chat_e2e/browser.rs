@@ -248,7 +248,7 @@ impl<'f> CannedPage<'f> {
         tab.intercept(Value::Array(patterns), move |event| {
             intercept(&for_events, event)
         })?;
-        add_script(&tab, CLIPBOARD_STUB)?;
+        tab.add_script(CLIPBOARD_STUB)?;
         Ok(CannedPage {
             server,
             _tab: case_tab,
@@ -384,11 +384,6 @@ fn post_body(request: &Value) -> String {
         })
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
-}
-
-/// Runs `source` in the tab's every new document, before the page's own scripts.
-pub fn add_script(tab: &Tab, source: &str) -> Result<(), String> {
-    tab.add_script(source)
 }
 
 /// The JSON value of a JavaScript expression in the page (an exception is an error).

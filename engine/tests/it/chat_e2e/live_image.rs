@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
 use super::attach::{data_url, ensure, file_list};
-use super::browser::{add_script, e2e_dir, js, type_into, wait_js, wait_js_within, Fixture};
+use super::browser::{e2e_dir, js, type_into, wait_js, wait_js_within, Fixture};
 use crate::common::{self, server::stats};
 
 /// The image and the prompt of vision_generate's one-image tiny-gemma3-vl case.
@@ -54,13 +54,11 @@ pub fn live(fx: &Fixture, planted: Option<&str>) -> Result<String, String> {
     let case_tab = fx.tab((900, 600))?;
     let tab = &case_tab.0;
     if let Some(script) = planted {
-        add_script(tab, script)?;
+        tab.add_script(script)?;
     }
     // Greedy, as long as the golden's answer: settings as the page keeps them.
     let (want, tokens) = live_golden();
-    add_script(
-        tab,
-        &format!(
+    tab.add_script(&format!(
             r#"localStorage.setItem("engine-chat-settings", JSON.stringify({{ temperature: "0", maxTokens: "{tokens}" }}));"#
         ),
     )?;

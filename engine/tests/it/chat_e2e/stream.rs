@@ -37,7 +37,7 @@ const MSG: &str = "document.querySelector('.msg.assistant')";
 /// in a tab of `fx`'s browser.
 pub fn run(fx: &Fixture, plant: Option<&Plant>) -> Result<(), String> {
     let page = CannedPage::start(fx, plant, vec![], (900, 700))?;
-    super::browser::add_script(&page.tab, FEED_STUB)?;
+    page.tab.add_script(FEED_STUB)?;
     page.open("?q=Why%3F")?;
     let tab = &page.tab;
     wait_js(
